@@ -1,0 +1,209 @@
+//! The engine: validates a request, splits it into (table, bag-run) tasks and pools each task from
+//! the tier that holds the table.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use nearrec_format::{AlignedBuf, ProgressFn, StoreReader, TableMeta};
+use nearrec_kernels::{BagsOut, IndexError, PoolJob, RowIndex, TableView};
+use rayon::prelude::*;
+
+use crate::config::EngineConfig;
+use crate::error::{EngineError, Result};
+use crate::request::{Checked, Indices, Request, check};
+use crate::workers::Workers;
+
+/// Serves pooled lookups from a store whose tables are resident in DRAM.
+#[derive(Debug)]
+pub struct Engine {
+    tables: Vec<TableMeta>,
+    by_name: HashMap<String, usize>,
+    /// Each table's data region, laid out exactly as on disk.
+    dram: Vec<AlignedBuf>,
+    workers: Workers,
+    config: EngineConfig,
+}
+
+/// A validated request: its batch size, output width and per-table bag bounds.
+#[derive(Debug)]
+pub struct Prepared {
+    batch: usize,
+    width: usize,
+    tables: Vec<(usize, usize, Checked)>, // (table id, output column, bounds)
+    lookups: usize,
+}
+
+impl Prepared {
+    /// Bags per table (the output's rows).
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Σ dim over the requested tables (the output's columns).
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    pub fn lookups(&self) -> usize {
+        self.lookups
+    }
+}
+
+impl Engine {
+    /// Opens the store at `path` and loads every table into DRAM.
+    pub fn open(path: impl AsRef<Path>, config: EngineConfig, progress: Option<&ProgressFn>) -> Result<Self> {
+        config.validate()?;
+        let reader = StoreReader::open(path)?;
+        let workers = Workers::new(config.resolved_threads());
+        let dram = workers.get().install(|| {
+            (0..reader.tables().len())
+                .into_par_iter()
+                .map(|i| reader.read_table(i, config.verify_checksums, progress))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let tables = reader.manifest().tables.clone();
+        let by_name = tables.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(Self { tables, by_name, dram, workers, config })
+    }
+
+    pub fn tables(&self) -> &[TableMeta] {
+        &self.tables
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn threads(&self) -> usize {
+        self.workers.threads()
+    }
+
+    /// The id of table `name`, or `UnknownTable`.
+    pub fn table_id(&self, name: &str) -> Result<usize> {
+        self.by_name.get(name).copied().ok_or_else(|| EngineError::UnknownTable {
+            name: name.to_owned(),
+            available: self.tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// Table `id`'s data region in DRAM, laid out as in the table file.
+    pub fn table_data(&self, id: usize) -> &[u8] {
+        self.dram[id].as_slice()
+    }
+
+    fn view(&self, id: usize) -> TableView<'_> {
+        let t = &self.tables[id];
+        TableView::new(self.dram[id].as_slice(), t.layout(), t.dtype, t.dim).expect("loaded table matches its layout")
+    }
+
+    /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size.
+    pub fn prepare(&self, req: &Request<'_>) -> Result<Prepared> {
+        let mut tables = Vec::with_capacity(req.tables.len());
+        let (mut width, mut lookups) = (0usize, 0usize);
+        let mut batch: Option<(usize, &str)> = None;
+        for t in &req.tables {
+            let id = self.table_id(t.table)?;
+            let checked = check(t, self.tables[id].rows)?;
+            match batch {
+                Some((b, first)) if b != checked.batch() => {
+                    return Err(EngineError::invalid(
+                        t.table,
+                        format!("has {} bags but table {first:?} has {b}; every table needs one bag per sample", checked.batch()),
+                    ));
+                }
+                _ => batch = Some((checked.batch(), t.table)),
+            }
+            lookups += checked.bounds[checked.batch()] - checked.bounds[0];
+            tables.push((id, width, checked));
+            width += self.tables[id].dim as usize;
+        }
+        Ok(Prepared { batch: batch.map_or(0, |b| b.0), width, tables, lookups })
+    }
+
+    /// Pools `req` into `out`, a row-major `[batch, width]` matrix (`prepared` from [`Self::prepare`]
+    /// on the same request).
+    pub fn execute(&self, req: &Request<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
+        assert_eq!(out.len(), prepared.batch * prepared.width, "output has the wrong size");
+        assert_eq!(req.tables.len(), prepared.tables.len(), "prepared for another request");
+        if prepared.batch == 0 || prepared.width == 0 {
+            return Ok(());
+        }
+        // Tasks: runs of bags of one table, about `task_lookups` lookups each.
+        let mut tasks = Vec::new();
+        for (k, (_, _, checked)) in prepared.tables.iter().enumerate() {
+            let per_bag = (checked.bounds[prepared.batch] / prepared.batch).max(1);
+            let step = (self.config.task_lookups / per_bag).clamp(1, prepared.batch);
+            tasks.extend((0..prepared.batch).step_by(step).map(|b0| (k, b0, (b0 + step).min(prepared.batch))));
+        }
+        let base = OutPtr(out.as_mut_ptr());
+        let run = |&(k, b0, b1): &(usize, usize, usize)| {
+            let (id, col, checked) = &prepared.tables[k];
+            let dim = self.tables[*id].dim as usize;
+            // SAFETY: tasks cover disjoint (table, bag) cells: each table owns columns
+            // [col, col + dim) and each task of that table owns rows [b0, b1). `out` outlives the
+            // tasks, and its length was checked above.
+            let mut cells = unsafe { BagsOut::from_raw(base.at(b0 * prepared.width + col), prepared.width, dim, b1 - b0) };
+            self.pool(&req.tables[k], checked, *id, b0, b1, &mut cells)
+        };
+        if prepared.lookups <= self.config.inline_lookups || self.workers.threads() == 1 || tasks.len() == 1 {
+            tasks.iter().try_for_each(run)
+        } else {
+            self.workers.get().install(|| tasks.par_iter().try_for_each(run))
+        }
+    }
+
+    /// Validates and pools `req` into a new `[batch, width]` vector.
+    pub fn lookup(&self, req: &Request<'_>) -> Result<(Prepared, Vec<f32>)> {
+        let prepared = self.prepare(req)?;
+        let mut out = vec![0f32; prepared.batch * prepared.width];
+        self.execute(req, &prepared, &mut out)?;
+        Ok((prepared, out))
+    }
+
+    fn pool(
+        &self,
+        t: &crate::request::TableRequest<'_>,
+        checked: &Checked,
+        id: usize,
+        b0: usize,
+        b1: usize,
+        out: &mut BagsOut<'_>,
+    ) -> Result<()> {
+        let view = self.view(id);
+        fn job<'a, I: RowIndex>(
+            indices: &'a [I],
+            t: &crate::request::TableRequest<'a>,
+            bounds: &'a [usize],
+            padding: Option<u64>,
+        ) -> PoolJob<'a, I> {
+            PoolJob { indices, bounds, weights: t.per_sample_weights, mode: t.mode, padding_idx: padding }
+        }
+        let bounds = &checked.bounds[b0..=b1];
+        let res = match t.indices {
+            Indices::I32(ix) => nearrec_kernels::pool_bags(&view, &job(ix, t, bounds, checked.padding), out),
+            Indices::I64(ix) => nearrec_kernels::pool_bags(&view, &job(ix, t, bounds, checked.padding), out),
+        };
+        res.map_err(|IndexError { position, value }| EngineError::IndexOutOfRange {
+            table: t.table.to_owned(),
+            position,
+            bag: checked.bounds.partition_point(|&s| s <= position).saturating_sub(1),
+            value,
+            rows: view.rows(),
+        })
+    }
+}
+
+/// The output matrix's base pointer, shared by the pooling tasks (see the SAFETY note in `execute`).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint cells through it; see `Engine::execute`.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: callers pass offsets inside the output matrix.
+        unsafe { self.0.add(offset) }
+    }
+}

@@ -1,0 +1,33 @@
+use nearrec_format::FormatError;
+
+/// Errors from serving requests. Every request error names the table and, where there is one, the
+/// position in the caller's array.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+
+    #[error("unknown table {name:?}; the store has: {available}")]
+    UnknownTable { name: String, available: String },
+
+    #[error("table {table:?}: {reason}")]
+    InvalidRequest { table: String, reason: String },
+
+    #[error(
+        "table {table:?}: index {value} at position {position} (bag {bag}) is out of range; \
+         the table has {rows} rows"
+    )]
+    IndexOutOfRange { table: String, position: usize, bag: usize, value: i64, rows: u64 },
+
+    #[error("invalid engine config: {0}")]
+    Config(String),
+}
+
+impl EngineError {
+    pub(crate) fn invalid(table: &str, reason: impl Into<String>) -> Self {
+        Self::InvalidRequest { table: table.to_owned(), reason: reason.into() }
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

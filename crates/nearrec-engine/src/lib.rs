@@ -1,0 +1,18 @@
+//! Batch execution of pooled embedding lookups.
+//!
+//! A [`Request`] names, per table, the indices of a batch of bags and the pooling; the [`Engine`]
+//! validates it ([`Engine::prepare`]), splits it into (table, bag-run) tasks across a fork-safe
+//! worker pool and pools every bag straight into its cell of the `[batch, Σ dim]` output
+//! ([`Engine::execute`]). Tables are resident in DRAM; the SSD tier plugs in behind the same
+//! request type.
+
+mod config;
+mod engine;
+mod error;
+mod request;
+mod workers;
+
+pub use config::EngineConfig;
+pub use engine::{Engine, Prepared};
+pub use error::{EngineError, Result};
+pub use request::{Bags, Indices, PoolingMode, Request, TableRequest};

@@ -1,0 +1,60 @@
+use std::path::PathBuf;
+
+/// Everything that can go wrong creating, opening or checking a store.
+///
+/// Each variant names the store path and, where there is one, the table, so the one-line
+/// `Display` tells the user what to fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FormatError {
+    #[error("no nearrec store at {path}: {source}")]
+    NotFound {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("a store already exists at {path}; pass overwrite=True to replace it")]
+    AlreadyExists { path: PathBuf },
+
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("store at {path} is corrupted: {reason}. Rebuild it or restore it from a copy")]
+    Corrupted { path: PathBuf, reason: String },
+
+    #[error(
+        "store at {path} has format version {found}; this nearrec reads versions up to {supported}. \
+         Upgrade nearrec"
+    )]
+    UnsupportedVersion { path: PathBuf, found: u32, supported: u32 },
+
+    #[error("table {table:?}: {reason}")]
+    InvalidTable { table: String, reason: String },
+
+    #[error("table {table:?}: expected {expected} rows, {written} were written")]
+    RowCount { table: String, expected: u64, written: u64 },
+
+    #[error("unknown dtype {0:?}; expected one of fp32, fp16, bf16, int8")]
+    UnknownDType(String),
+}
+
+impl FormatError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { path: path.into(), source }
+    }
+
+    pub(crate) fn corrupted(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Self::Corrupted { path: path.into(), reason: reason.into() }
+    }
+
+    pub(crate) fn invalid_table(table: &str, reason: impl Into<String>) -> Self {
+        Self::InvalidTable { table: table.to_owned(), reason: reason.into() }
+    }
+}
+
+pub type Result<T, E = FormatError> = std::result::Result<T, E>;

@@ -1,0 +1,32 @@
+//! The nearrec store: a directory holding a manifest and one file per embedding table.
+//!
+//! Layout, byte diagrams and invariants are specified in `docs/format.md`. In short:
+//! - `MANIFEST` — a 32-byte envelope (magic `NRSTORE\0`, version, length, CRC-32C) around a JSON
+//!   body listing the tables;
+//! - `table-NNNN.nrt` — a 4 KiB header block (magic `NRTABLE\0`, shape, dtype, CRC-32C of the data
+//!   and of the header) followed by the rows, placed by [`RowLayout`] so that no row straddles a
+//!   block boundary.
+//!
+//! Stores are written by [`StoreWriter`] (streaming, bounded memory, atomic commit) and opened by
+//! [`StoreReader`] (validating).
+
+mod aligned;
+mod dtype;
+mod error;
+mod header;
+mod init;
+mod layout;
+mod manifest;
+mod reader;
+mod sync;
+mod writer;
+
+pub use aligned::{AlignedBuf, BUF_ALIGN};
+pub use dtype::{DType, int8_scale_bias};
+pub use error::{FormatError, Result};
+pub use header::{TABLE_MAGIC, TableHeader};
+pub use init::UniformInit;
+pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
+pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, TableMeta};
+pub use reader::{StoreReader, TableCheck};
+pub use writer::{CHUNK_BYTES, ProgressFn, StoreOptions, StoreWriter, TableSpec, TableWriter};

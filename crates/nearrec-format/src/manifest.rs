@@ -1,0 +1,140 @@
+//! The store manifest: a checksummed binary envelope around a JSON body.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::layout::RowLayout;
+
+pub const MANIFEST_FILE: &str = "MANIFEST";
+pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
+/// The newest format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+const ENVELOPE_BYTES: usize = 32;
+
+/// One table as the manifest records it. The table file's header repeats the layout fields; the
+/// reader requires both to agree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableMeta {
+    pub name: String,
+    /// File name relative to the store directory.
+    pub file: String,
+    pub rows: u64,
+    pub dim: u32,
+    pub dtype: DType,
+    pub row_bytes: u64,
+    pub block_bytes: u32,
+    pub data_bytes: u64,
+    /// CRC-32C of the data region, as also stored in the table header.
+    pub data_crc32c: u32,
+}
+
+impl TableMeta {
+    pub fn layout(&self) -> RowLayout {
+        RowLayout::new(self.rows, self.row_bytes, u64::from(self.block_bytes))
+    }
+}
+
+/// The decoded manifest body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    /// The writing software, e.g. `nearrec 0.1.0`.
+    pub created_by: String,
+    /// How the store was made (source, model, seed, ...): free-form, recorded for reproducibility.
+    #[serde(default)]
+    pub params: serde_json::Value,
+    pub tables: Vec<TableMeta>,
+}
+
+impl Manifest {
+    /// Encodes the manifest: 32-byte envelope (magic, version, body length, body CRC-32C) + JSON.
+    pub fn encode(&self) -> Vec<u8> {
+        let body = serde_json::to_vec_pretty(self).expect("manifest serialises");
+        let mut out = Vec::with_capacity(ENVELOPE_BYTES + body.len());
+        out.extend_from_slice(&MANIFEST_MAGIC);
+        out.extend_from_slice(&self.format_version.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes()); // flags, reserved
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes()); // reserved
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Decodes a manifest. `Err(Ok(version))` is a well-formed manifest of an unsupported version;
+    /// `Err(Err(reason))` is corruption.
+    pub fn decode(b: &[u8]) -> Result<Self, Result<u32, String>> {
+        if b.len() < ENVELOPE_BYTES {
+            return Err(Err(format!("manifest is {} bytes, shorter than its envelope", b.len())));
+        }
+        if b[0..8] != MANIFEST_MAGIC {
+            return Err(Err("bad manifest magic (not a nearrec store)".into()));
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        if version == 0 || version > FORMAT_VERSION {
+            return Err(Ok(version));
+        }
+        let len = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(b[24..28].try_into().expect("4 bytes"));
+        let body = &b[ENVELOPE_BYTES..];
+        if body.len() as u64 != len {
+            return Err(Err(format!("manifest body is {} bytes, envelope says {len}", body.len())));
+        }
+        let actual = crc32c::crc32c(body);
+        if actual != crc {
+            return Err(Err(format!("manifest checksum mismatch (stored {crc:#010x}, computed {actual:#010x})")));
+        }
+        let m: Manifest =
+            serde_json::from_slice(body).map_err(|e| Err(format!("manifest body is not valid: {e}")))?;
+        if m.format_version != version {
+            return Err(Err(format!(
+                "manifest body says version {}, envelope says {version}",
+                m.format_version
+            )));
+        }
+        Ok(m)
+    }
+
+    pub fn table_index(&self, name: &str) -> Option<usize> {
+        self.tables.iter().position(|t| t.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            created_by: "test".into(),
+            params: serde_json::json!({"seed": 3}),
+            tables: vec![TableMeta {
+                name: "t0".into(),
+                file: "table-0000.nrt".into(),
+                rows: 10,
+                dim: 4,
+                dtype: DType::Fp16,
+                row_bytes: 8,
+                block_bytes: 4096,
+                data_bytes: 4096,
+                data_crc32c: 7,
+            }],
+        }
+    }
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let m = sample();
+        let b = m.encode();
+        assert_eq!(Manifest::decode(&b).unwrap(), m);
+        let mut bad = b.clone();
+        let n = bad.len();
+        bad[n - 3] ^= 1;
+        assert!(matches!(Manifest::decode(&bad), Err(Err(_))));
+        assert!(matches!(Manifest::decode(&b[..b.len() - 1]), Err(Err(_))));
+        let mut future = b.clone();
+        future[8..12].copy_from_slice(&99u32.to_le_bytes());
+        assert_eq!(Manifest::decode(&future), Err(Ok(99)));
+    }
+}

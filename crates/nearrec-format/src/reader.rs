@@ -1,0 +1,196 @@
+//! Opening and checking stores.
+//!
+//! `StoreReader::open` validates everything that is cheap — manifest magic, version and checksum,
+//! every table header (magic, checksum, agreement with the manifest) and every file size — so a
+//! store that opens has the shape it claims. Data bytes are checked by CRC-32C when a table is read
+//! whole (`read_table`) and by `verify`.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::aligned::AlignedBuf;
+use crate::error::{FormatError, Result};
+use crate::header::{HEADER_BYTES, TableHeader};
+use crate::layout::DATA_OFFSET;
+use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
+use crate::writer::{CHUNK_BYTES, ProgressFn};
+
+/// An open store: its manifest and one open file per table.
+#[derive(Debug)]
+pub struct StoreReader {
+    path: PathBuf,
+    manifest: Manifest,
+    files: Vec<File>,
+}
+
+/// The outcome of checking one table's data bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCheck {
+    pub table: String,
+    pub bytes: u64,
+    /// `None` when every byte matched its checksum.
+    pub error: Option<String>,
+}
+
+impl StoreReader {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let mpath = path.join(MANIFEST_FILE);
+        let bytes = std::fs::read(&mpath).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => FormatError::NotFound { path: path.clone(), source: e },
+            _ => FormatError::io(&mpath, e),
+        })?;
+        let manifest = Manifest::decode(&bytes).map_err(|e| match e {
+            Ok(found) => FormatError::UnsupportedVersion {
+                path: path.clone(),
+                found,
+                supported: crate::manifest::FORMAT_VERSION,
+            },
+            Err(reason) => FormatError::corrupted(&mpath, reason),
+        })?;
+        let mut files = Vec::with_capacity(manifest.tables.len());
+        for (i, meta) in manifest.tables.iter().enumerate() {
+            if manifest.tables[..i].iter().any(|t| t.name == meta.name) {
+                return Err(FormatError::corrupted(&mpath, format!("table {:?} is listed twice", meta.name)));
+            }
+            files.push(open_table(&path, meta)?);
+        }
+        Ok(Self { path, manifest, files })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn tables(&self) -> &[TableMeta] {
+        &self.manifest.tables
+    }
+
+    /// The open data file of table `i` (the data region starts at `DATA_OFFSET`).
+    pub fn file(&self, i: usize) -> &File {
+        &self.files[i]
+    }
+
+    /// Reads table `i`'s data region into an aligned buffer, checking its CRC-32C on the way when
+    /// `check` is set (cheap next to the read itself).
+    pub fn read_table(&self, i: usize, check: bool, progress: Option<&ProgressFn>) -> Result<AlignedBuf> {
+        let meta = &self.manifest.tables[i];
+        let len = usize::try_from(meta.data_bytes).map_err(|_| {
+            FormatError::invalid_table(&meta.name, "table is larger than this machine's address space")
+        })?;
+        let mut buf = AlignedBuf::zeroed(len);
+        let mut crc = 0u32;
+        for (k, chunk) in buf.as_mut_slice().chunks_mut(CHUNK_BYTES as usize).enumerate() {
+            let at = DATA_OFFSET + k as u64 * CHUNK_BYTES;
+            self.files[i].read_exact_at(chunk, at).map_err(|e| self.read_error(i, e))?;
+            if check {
+                crc = crc32c::crc32c_append(crc, chunk);
+            }
+            if let Some(p) = progress {
+                p(chunk.len() as u64);
+            }
+        }
+        if check && crc != meta.data_crc32c {
+            return Err(self.crc_error(i, crc));
+        }
+        Ok(buf)
+    }
+
+    /// Checks every data byte of every table against its CRC-32C, streaming in bounded memory.
+    pub fn verify(&self, progress: Option<&ProgressFn>) -> Vec<TableCheck> {
+        let mut buf = vec![0u8; CHUNK_BYTES as usize];
+        (0..self.files.len())
+            .map(|i| {
+                let meta = &self.manifest.tables[i];
+                let mut crc = 0u32;
+                let mut at = 0u64;
+                let mut error = None;
+                while at < meta.data_bytes {
+                    let n = CHUNK_BYTES.min(meta.data_bytes - at) as usize;
+                    if let Err(e) = self.files[i].read_exact_at(&mut buf[..n], DATA_OFFSET + at) {
+                        error = Some(self.read_error(i, e).to_string());
+                        break;
+                    }
+                    crc = crc32c::crc32c_append(crc, &buf[..n]);
+                    at += n as u64;
+                    if let Some(p) = progress {
+                        p(n as u64);
+                    }
+                }
+                if error.is_none() && crc != meta.data_crc32c {
+                    error = Some(self.crc_error(i, crc).to_string());
+                }
+                TableCheck { table: meta.name.clone(), bytes: meta.data_bytes, error }
+            })
+            .collect()
+    }
+
+    fn read_error(&self, i: usize, e: std::io::Error) -> FormatError {
+        let meta = &self.manifest.tables[i];
+        let path = self.path.join(&meta.file);
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            FormatError::corrupted(path, format!("table {:?} is truncated", meta.name))
+        } else {
+            FormatError::io(path, e)
+        }
+    }
+
+    fn crc_error(&self, i: usize, crc: u32) -> FormatError {
+        let meta = &self.manifest.tables[i];
+        FormatError::corrupted(
+            self.path.join(&meta.file),
+            format!(
+                "table {:?} data checksum mismatch (stored {:#010x}, computed {crc:#010x})",
+                meta.name, meta.data_crc32c
+            ),
+        )
+    }
+}
+
+fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
+    let bad = |reason: String| FormatError::corrupted(root.join(&meta.file), format!("table {:?}: {reason}", meta.name));
+    if meta.file.contains('/') || meta.file.starts_with('.') || meta.file.is_empty() {
+        return Err(bad(format!("file name {:?} escapes the store directory", meta.file)));
+    }
+    let fpath = root.join(&meta.file);
+    let file = File::open(&fpath).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => bad("table file is missing".into()),
+        _ => FormatError::io(&fpath, e),
+    })?;
+    let mut head = [0u8; HEADER_BYTES];
+    file.read_exact_at(&mut head, 0).map_err(|_| bad("table file is shorter than its header".into()))?;
+    let h = TableHeader::decode(&head).map_err(bad)?;
+    let agree = h.dtype == meta.dtype
+        && h.dim == meta.dim
+        && h.rows == meta.rows
+        && h.row_bytes == meta.row_bytes
+        && h.block_bytes == meta.block_bytes
+        && h.data_bytes == meta.data_bytes
+        && h.data_crc32c == meta.data_crc32c
+        && h.data_offset == DATA_OFFSET;
+    if !agree {
+        return Err(bad("table header disagrees with the manifest".into()));
+    }
+    if h.version != 1 {
+        return Err(bad(format!("table version {} is not supported", h.version)));
+    }
+    if !h.block_bytes.is_power_of_two() || h.block_bytes < 512 || h.dim == 0 {
+        return Err(bad("invalid block size or dim".into()));
+    }
+    if meta.dtype.row_bytes(meta.dim) != meta.row_bytes || meta.layout().data_bytes() != meta.data_bytes {
+        return Err(bad("row size or data size does not match rows, dim and dtype".into()));
+    }
+    let len = file.metadata().map_err(|e| FormatError::io(&fpath, e))?.len();
+    if len != DATA_OFFSET + meta.data_bytes {
+        return Err(bad(format!(
+            "table file is {len} bytes, expected {} (truncated or extended)",
+            DATA_OFFSET + meta.data_bytes
+        )));
+    }
+    Ok(file)
+}

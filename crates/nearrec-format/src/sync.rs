@@ -1,0 +1,94 @@
+//! Durable, atomic directory replacement.
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use crate::error::{FormatError, Result};
+use crate::manifest::{MANIFEST_FILE, MANIFEST_MAGIC};
+
+/// fsyncs a directory so that renames and creations inside it are durable.
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| FormatError::io(dir, e))
+}
+
+/// True if `path` is an empty directory or holds a nearrec manifest: the only things a build
+/// with `overwrite` may replace.
+pub(crate) fn is_store_or_empty(path: &Path) -> bool {
+    if let Ok(mut entries) = fs::read_dir(path) {
+        if entries.next().is_none() {
+            return true;
+        }
+    }
+    let mut magic = [0u8; 8];
+    File::open(path.join(MANIFEST_FILE))
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok_and(|()| magic == MANIFEST_MAGIC)
+}
+
+/// Moves the finished store `tmp` to `target` in one step and makes it durable.
+///
+/// With `overwrite`, an existing target is swapped out with `renameat2(RENAME_EXCHANGE)` (readers
+/// see the old store or the new one, never neither) and then deleted. Without it,
+/// `RENAME_NOREPLACE` refuses to clobber a target that appeared meanwhile.
+pub(crate) fn commit_dir(tmp: &Path, target: &Path, overwrite: bool) -> Result<()> {
+    let parent = target.parent().unwrap_or(Path::new("/"));
+    let exists = target.exists();
+    if exists && !overwrite {
+        return Err(FormatError::AlreadyExists { path: target.to_path_buf() });
+    }
+    let flags = if exists { libc::RENAME_EXCHANGE } else { libc::RENAME_NOREPLACE };
+    match rename2(tmp, target, flags) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            return Err(FormatError::AlreadyExists { path: target.to_path_buf() });
+        }
+        // Filesystems without renameat2 flags: fall back to plain renames (a crash between the
+        // two leaves the old store under `tmp`'s sibling name and none at the target).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+            if exists {
+                let old = tmp.with_extension("old");
+                fs::rename(target, &old).map_err(|e| FormatError::io(target, e))?;
+                fs::rename(tmp, target).map_err(|e| FormatError::io(target, e))?;
+                fsync_dir(parent)?;
+                let _ = fs::remove_dir_all(&old);
+                return Ok(());
+            }
+            fs::rename(tmp, target).map_err(|e| FormatError::io(target, e))?;
+        }
+        Err(e) => return Err(FormatError::io(target, e)),
+    }
+    fsync_dir(parent)?;
+    if exists {
+        // `tmp` now holds the old store.
+        let _ = fs::remove_dir_all(tmp);
+    }
+    Ok(())
+}
+
+fn rename2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result<()> {
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: both are valid NUL-terminated paths; AT_FDCWD is accepted for absolute and relative paths.
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), flags) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// Removes temporary build directories for `base` left by writers that no longer run (killed
+/// builds). Best effort: errors are ignored.
+pub(crate) fn remove_stale_temps(parent: &Path, base: &str) {
+    let prefix = format!(".{base}.nrtmp-");
+    let Ok(entries) = fs::read_dir(parent) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}

@@ -1,0 +1,426 @@
+//! Streaming, atomic store creation.
+//!
+//! A store is written into a hidden temporary directory beside the target and becomes visible in
+//! one `rename` after every file and the directory are fsynced; a crash or kill before that leaves
+//! the old store (or none) in place, never a torn one. Rows stream through fixed-size chunk buffers
+//! (`CHUNK_BYTES`, `PIPELINE_DEPTH` of them) to a writer thread, so memory stays bounded whatever
+//! the table size, and encoding the next chunk overlaps writing the last one.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+
+use rayon::prelude::*;
+
+use crate::dtype::DType;
+use crate::error::{FormatError, Result};
+use crate::header::TableHeader;
+use crate::layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
+use crate::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, TableMeta};
+use crate::sync::{commit_dir, fsync_dir, is_store_or_empty};
+
+/// Target size of one streaming chunk, in bytes.
+pub const CHUNK_BYTES: u64 = 16 << 20;
+/// Chunk buffers in flight per table: one being encoded, the rest queued for the writer thread.
+const PIPELINE_DEPTH: usize = 3;
+
+/// Called with the number of bytes just written; used for progress bars.
+pub type ProgressFn = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// How a store is created.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Replace an existing store at the target path (never a directory that is not a store).
+    pub overwrite: bool,
+    /// Free-form creation parameters recorded in the manifest.
+    pub params: serde_json::Value,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self { overwrite: false, params: serde_json::Value::Null }
+    }
+}
+
+/// The shape of one table to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSpec {
+    pub name: String,
+    pub rows: u64,
+    pub dim: u32,
+    pub dtype: DType,
+    /// Alignment unit of the row layout; a power of two ≥ 512 (default 4096).
+    pub block_bytes: u32,
+}
+
+impl TableSpec {
+    pub fn new(name: impl Into<String>, rows: u64, dim: u32, dtype: DType) -> Self {
+        Self { name: name.into(), rows, dim, dtype, block_bytes: DEFAULT_BLOCK_BYTES }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |r: &str| Err(FormatError::invalid_table(&self.name, r));
+        if self.name.is_empty() || self.name.len() > 255 || self.name.chars().any(char::is_control) {
+            return bad("table names must be 1-255 printable characters");
+        }
+        if self.dim == 0 || self.dim > 1 << 20 {
+            return bad("dim must be between 1 and 1048576");
+        }
+        if !self.block_bytes.is_power_of_two() || self.block_bytes < 512 {
+            return bad("block_bytes must be a power of two of at least 512");
+        }
+        if self.rows > 1 << 48 {
+            return bad("more than 2^48 rows");
+        }
+        Ok(())
+    }
+
+    pub fn layout(&self) -> RowLayout {
+        RowLayout::new(self.rows, self.dtype.row_bytes(self.dim), u64::from(self.block_bytes))
+    }
+}
+
+/// Builds a store; nothing is visible at the target until `commit`.
+pub struct StoreWriter {
+    target: PathBuf,
+    tmp: PathBuf,
+    options: StoreOptions,
+    tables: Vec<TableMeta>,
+    progress: Option<ProgressFn>,
+    committed: bool,
+}
+
+impl StoreWriter {
+    pub fn create(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
+        let target = absolute(path.as_ref())?;
+        if target.exists() && !options.overwrite {
+            return Err(FormatError::AlreadyExists { path: target });
+        }
+        if target.exists() && !is_store_or_empty(&target) {
+            return Err(FormatError::invalid_table(
+                "-",
+                format!("{} exists and is not a nearrec store; refusing to replace it", target.display()),
+            ));
+        }
+        let parent = target.parent().unwrap_or(Path::new("/")).to_path_buf();
+        fs::create_dir_all(&parent).map_err(|e| FormatError::io(&parent, e))?;
+        let base = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        crate::sync::remove_stale_temps(&parent, &base);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let tmp = parent.join(format!(".{base}.nrtmp-{}-{nanos}", std::process::id()));
+        fs::create_dir(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
+        Ok(Self { target, tmp, options, tables: Vec::new(), progress: None, committed: false })
+    }
+
+    /// Reports bytes written as they reach the writer thread.
+    pub fn with_progress(mut self, progress: ProgressFn) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.target
+    }
+
+    /// Starts the next table. Rows must then be written in order, all of them, before `finish`.
+    pub fn table(&mut self, spec: TableSpec) -> Result<TableWriter<'_>> {
+        spec.validate()?;
+        if self.tables.iter().any(|t| t.name == spec.name) {
+            return Err(FormatError::invalid_table(&spec.name, "a table of that name was already written"));
+        }
+        let file_name = format!("table-{:04}.nrt", self.tables.len());
+        let path = self.tmp.join(&file_name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| FormatError::io(&path, e))?;
+        let layout = spec.layout();
+        let spans_per_chunk = (CHUNK_BYTES / layout.span_bytes()).max(1);
+        let chunk_bytes = (spans_per_chunk * layout.span_bytes()) as usize;
+        let pipeline = WritePipeline::start(file, path.clone(), self.progress.clone());
+        Ok(TableWriter {
+            store: self,
+            spec,
+            layout,
+            file_name,
+            path,
+            pipeline,
+            chunk: None,
+            chunk_rows: spans_per_chunk * layout.rows_per_span(),
+            chunk_bytes,
+            rows_written: 0,
+        })
+    }
+
+    /// Writes the manifest and makes the store visible atomically.
+    pub fn commit(mut self) -> Result<Manifest> {
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            created_by: format!("nearrec {}", env!("CARGO_PKG_VERSION")),
+            params: self.options.params.clone(),
+            tables: std::mem::take(&mut self.tables),
+        };
+        let mpath = self.tmp.join(MANIFEST_FILE);
+        let mut f = File::create(&mpath).map_err(|e| FormatError::io(&mpath, e))?;
+        f.write_all(&manifest.encode()).and_then(|()| f.sync_all()).map_err(|e| FormatError::io(&mpath, e))?;
+        drop(f);
+        fsync_dir(&self.tmp)?;
+        commit_dir(&self.tmp, &self.target, self.options.overwrite)?;
+        self.committed = true;
+        Ok(manifest)
+    }
+}
+
+impl Drop for StoreWriter {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreWriter").field("target", &self.target).field("tables", &self.tables.len()).finish()
+    }
+}
+
+/// Streams the rows of one table into its file.
+pub struct TableWriter<'a> {
+    store: &'a mut StoreWriter,
+    spec: TableSpec,
+    layout: RowLayout,
+    file_name: String,
+    path: PathBuf,
+    pipeline: WritePipeline,
+    /// The chunk being filled; rows `[chunk_index * chunk_rows, ...)` of the table.
+    chunk: Option<Vec<u8>>,
+    chunk_rows: u64,
+    chunk_bytes: usize,
+    rows_written: u64,
+}
+
+impl TableWriter<'_> {
+    pub fn spec(&self) -> &TableSpec {
+        &self.spec
+    }
+
+    pub fn rows_written(&self) -> u64 {
+        self.rows_written
+    }
+
+    /// Appends rows given as a row-major `[n, dim]` fp32 array, encoding them to the table's dtype.
+    pub fn write_f32(&mut self, values: &[f32]) -> Result<()> {
+        let dim = self.spec.dim as usize;
+        if values.len() % dim != 0 {
+            return Err(FormatError::invalid_table(
+                &self.spec.name,
+                format!("got {} values, not a whole number of rows of dim {dim}", values.len()),
+            ));
+        }
+        let first = self.rows_written;
+        self.write_with((values.len() / dim) as u64, |row, out| {
+            let i = (row - first) as usize * dim;
+            out.copy_from_slice(&values[i..i + dim]);
+        })
+    }
+
+    /// Appends rows already encoded in the table's dtype, back to back (`row_bytes` each).
+    pub fn write_encoded(&mut self, bytes: &[u8]) -> Result<()> {
+        let rb = self.layout.row_bytes as usize;
+        if bytes.len() % rb != 0 {
+            return Err(FormatError::invalid_table(
+                &self.spec.name,
+                format!("got {} bytes, not a whole number of {rb}-byte rows", bytes.len()),
+            ));
+        }
+        let first = self.rows_written;
+        self.write_rows((bytes.len() / rb) as u64, |row, out, _| {
+            let i = (row - first) as usize * rb;
+            out.copy_from_slice(&bytes[i..i + rb]);
+        })
+    }
+
+    /// Appends `n` rows produced by `fill(row, values)` (fp32, encoded here), in parallel.
+    pub fn write_with(&mut self, n: u64, fill: impl Fn(u64, &mut [f32]) + Sync) -> Result<()> {
+        let dtype = self.spec.dtype;
+        self.write_rows(n, |row, out, scratch| match bytemuck::try_cast_slice_mut::<u8, f32>(out) {
+            // fp32 rows are filled in place (chunks are 4-byte aligned, rows 4-byte multiples).
+            Ok(values) if dtype == DType::Fp32 => fill(row, values),
+            _ => {
+                fill(row, scratch);
+                dtype.encode_row(scratch, out);
+            }
+        })
+    }
+
+    /// Places rows `rows_written..rows_written + n` with `place(row, encoded_row, fp32_scratch)`,
+    /// spans in parallel, handing each full chunk to the writer thread.
+    fn write_rows(&mut self, n: u64, place: impl Fn(u64, &mut [u8], &mut Vec<f32>) + Sync) -> Result<()> {
+        let end = self.rows_written + n;
+        if end > self.spec.rows {
+            return Err(FormatError::RowCount { table: self.spec.name.clone(), expected: self.spec.rows, written: end });
+        }
+        let (layout, dim) = (self.layout, self.spec.dim as usize);
+        let rps = layout.rows_per_span();
+        let rb = layout.row_bytes as usize;
+        while self.rows_written < end {
+            let chunk_first = self.rows_written / self.chunk_rows * self.chunk_rows;
+            let stop = end.min(chunk_first + self.chunk_rows);
+            let lo = self.rows_written;
+            let mut chunk = match self.chunk.take() {
+                Some(c) => c,
+                None => self.pipeline.empty_buffer(self.chunk_bytes),
+            };
+            chunk.par_chunks_mut(layout.span_bytes() as usize).enumerate().for_each_init(
+                || vec![0f32; dim],
+                |scratch, (s, span)| {
+                    let span_first = chunk_first + s as u64 * rps;
+                    for row in span_first.max(lo)..(span_first + rps).min(stop) {
+                        let at = ((row - span_first) as usize) * rb;
+                        place(row, &mut span[at..at + rb], scratch);
+                    }
+                },
+            );
+            self.rows_written = stop;
+            if stop == chunk_first + self.chunk_rows {
+                self.pipeline.send(chunk, self.chunk_bytes)?;
+            } else {
+                self.chunk = Some(chunk);
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes, fsyncs and seals the table (writes its header). All rows must have been written.
+    pub fn finish(mut self) -> Result<()> {
+        if self.rows_written != self.spec.rows {
+            return Err(FormatError::RowCount {
+                table: self.spec.name.clone(),
+                expected: self.spec.rows,
+                written: self.rows_written,
+            });
+        }
+        let total = self.layout.data_bytes();
+        if let Some(chunk) = self.chunk.take() {
+            let chunk_first = (self.rows_written - 1) / self.chunk_rows * self.chunk_rows;
+            let start = self.layout.row_offset(chunk_first);
+            self.pipeline.send(chunk, (total - start) as usize)?;
+        }
+        let (file, data_crc32c) = self.pipeline.finish()?;
+        let header = TableHeader {
+            version: FORMAT_VERSION,
+            dtype: self.spec.dtype,
+            dim: self.spec.dim,
+            block_bytes: self.spec.block_bytes,
+            rows: self.spec.rows,
+            row_bytes: self.layout.row_bytes,
+            data_offset: DATA_OFFSET,
+            data_bytes: total,
+            data_crc32c,
+        };
+        let io = |e| FormatError::io(&self.path, e);
+        file.write_all_at(&header.encode(), 0).map_err(io)?;
+        file.set_len(DATA_OFFSET + total).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        self.store.tables.push(TableMeta {
+            name: self.spec.name.clone(),
+            file: self.file_name.clone(),
+            rows: self.spec.rows,
+            dim: self.spec.dim,
+            dtype: self.spec.dtype,
+            row_bytes: self.layout.row_bytes,
+            block_bytes: self.spec.block_bytes,
+            data_bytes: total,
+            data_crc32c,
+        });
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for TableWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableWriter").field("spec", &self.spec).field("rows_written", &self.rows_written).finish()
+    }
+}
+
+/// A writer thread fed with full chunks; it checksums and appends them in order and hands the
+/// buffers back for reuse.
+struct WritePipeline {
+    full: Option<SyncSender<(Vec<u8>, usize)>>,
+    empty: Receiver<Vec<u8>>,
+    spare: usize,
+    thread: Option<JoinHandle<std::io::Result<(File, u32)>>>,
+    path: PathBuf,
+}
+
+impl WritePipeline {
+    fn start(file: File, path: PathBuf, progress: Option<ProgressFn>) -> Self {
+        let (full_tx, full_rx) = sync_channel::<(Vec<u8>, usize)>(PIPELINE_DEPTH - 1);
+        let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(PIPELINE_DEPTH);
+        let thread = std::thread::Builder::new()
+            .name("nearrec-writer".into())
+            .spawn(move || {
+                let mut crc = 0u32;
+                let mut at = DATA_OFFSET;
+                for (mut buf, len) in full_rx {
+                    let data = &buf[..len];
+                    crc = crc32c::crc32c_append(crc, data);
+                    file.write_all_at(data, at)?;
+                    at += len as u64;
+                    if let Some(p) = &progress {
+                        p(len as u64);
+                    }
+                    buf.fill(0);
+                    let _ = empty_tx.try_send(buf);
+                }
+                Ok((file, crc))
+            })
+            .expect("spawn writer thread");
+        Self { full: Some(full_tx), empty: empty_rx, spare: PIPELINE_DEPTH, thread: Some(thread), path }
+    }
+
+    /// A zeroed chunk buffer: a recycled one, or a new one while fewer than `PIPELINE_DEPTH` exist.
+    fn empty_buffer(&mut self, bytes: usize) -> Vec<u8> {
+        if self.spare > 0 {
+            self.spare -= 1;
+            return vec![0u8; bytes];
+        }
+        // The writer thread returns every buffer it is sent; if it died, start a fresh one and
+        // let `send` report its error.
+        self.empty.recv().unwrap_or_else(|_| vec![0u8; bytes])
+    }
+
+    fn send(&mut self, buf: Vec<u8>, len: usize) -> Result<()> {
+        let ok = self.full.as_ref().is_some_and(|tx| tx.send((buf, len)).is_ok());
+        if ok { Ok(()) } else { self.join().map(|_| ()) }
+    }
+
+    fn join(&mut self) -> Result<(File, u32)> {
+        self.full = None;
+        let handle = self.thread.take().ok_or_else(|| {
+            FormatError::io(&self.path, std::io::Error::other("table writer already finished"))
+        })?;
+        match handle.join() {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(e)) => Err(FormatError::io(&self.path, e)),
+            Err(_) => Err(FormatError::io(&self.path, std::io::Error::other("writer thread panicked"))),
+        }
+    }
+
+    fn finish(&mut self) -> Result<(File, u32)> {
+        self.join()
+    }
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).map_err(|e| FormatError::io(p, e))
+}

@@ -1,0 +1,15 @@
+//! Pooling kernels: reduce the rows of each bag (sum, weighted sum, mean, max) straight into the
+//! bag's output row, decoding fp16 / bf16 / int8 rows on the fly.
+//!
+//! [`pool_bags`] is the fast path (fixed-width register accumulators, software prefetch, wide
+//! SIMD chosen at run time); [`reference::pool_bags`] is its plain scalar twin, which every parity
+//! test compares against.
+
+mod fast;
+mod job;
+pub mod reference;
+mod table;
+
+pub use fast::pool_bags;
+pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
+pub use table::TableView;

@@ -1,0 +1,46 @@
+//! The scalar reference twin of the fast kernels: decode each row, then reduce it, one value at a
+//! time. Slow and obviously right; the parity tests hold the fast path to it.
+
+use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
+use crate::table::TableView;
+
+/// Pools every bag of `job` from `table` into `out` (same contract as [`crate::pool_bags`]).
+pub fn pool_bags<I: RowIndex>(table: &TableView<'_>, job: &PoolJob<'_, I>, out: &mut BagsOut<'_>) -> Result<(), IndexError> {
+    let dim = table.dim();
+    let mut row = vec![0f32; dim];
+    let mut acc = vec![0f32; dim];
+    for b in 0..job.bags() {
+        let init = if job.mode == PoolingMode::Max { f32::NEG_INFINITY } else { 0.0 };
+        acc.iter_mut().for_each(|a| *a = init);
+        let mut count = 0usize;
+        for pos in job.bounds[b]..job.bounds[b + 1] {
+            let value = job.indices[pos].to_i64();
+            if value < 0 || value as u64 >= table.rows() {
+                return Err(IndexError { position: pos, value });
+            }
+            if job.padding_idx == Some(value as u64) {
+                continue;
+            }
+            count += 1;
+            table.dtype().decode_row(table.row(value as u64), &mut row);
+            let w = job.weights.map_or(1.0, |w| w[pos]);
+            for (a, &v) in acc.iter_mut().zip(&row) {
+                match job.mode {
+                    PoolingMode::Sum | PoolingMode::Mean => *a += w * v,
+                    PoolingMode::Max => *a = a.max(v),
+                }
+            }
+        }
+        let dst = out.bag(b);
+        if count == 0 {
+            dst.fill(0.0);
+        } else if job.mode == PoolingMode::Mean {
+            for (d, a) in dst.iter_mut().zip(&acc) {
+                *d = a / count as f32;
+            }
+        } else {
+            dst.copy_from_slice(&acc);
+        }
+    }
+    Ok(())
+}

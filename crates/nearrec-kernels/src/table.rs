@@ -1,0 +1,65 @@
+use nearrec_format::{DType, RowLayout};
+
+/// A read-only view of one table's data region, with the row arithmetic the kernels need.
+#[derive(Debug, Clone, Copy)]
+pub struct TableView<'a> {
+    data: &'a [u8],
+    layout: RowLayout,
+    dtype: DType,
+    dim: usize,
+    /// `Some(row_bytes)` when rows are back to back (no padding), so a row's offset is one multiply.
+    dense_stride: Option<usize>,
+}
+
+impl<'a> TableView<'a> {
+    /// `data` must hold the whole data region (`layout.data_bytes()` bytes); `None` otherwise.
+    pub fn new(data: &'a [u8], layout: RowLayout, dtype: DType, dim: u32) -> Option<Self> {
+        if (data.len() as u64) < layout.data_bytes() || dtype.row_bytes(dim) != layout.row_bytes {
+            return None;
+        }
+        let dense_stride = layout.is_dense().then_some(layout.row_bytes as usize);
+        Some(Self { data, layout, dtype, dim: dim as usize, dense_stride })
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.layout.rows
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.layout.row_bytes as usize
+    }
+
+    /// Byte offset of `row` in the data region.
+    #[inline(always)]
+    pub fn offset(&self, row: u64) -> usize {
+        match self.dense_stride {
+            Some(s) => row as usize * s,
+            None => self.layout.row_offset(row) as usize,
+        }
+    }
+
+    /// The encoded bytes of `row`, which must be `< rows()`.
+    #[inline(always)]
+    pub fn row(&self, row: u64) -> &'a [u8] {
+        debug_assert!(row < self.layout.rows);
+        let at = self.offset(row);
+        let rb = self.layout.row_bytes as usize;
+        // SAFETY: `new` checked that data covers the layout, and every row < rows lies inside it.
+        unsafe { self.data.get_unchecked(at..at + rb) }
+    }
+
+    /// Pointer to the start of `row`, for prefetching; `row` must be `< rows()`.
+    #[inline(always)]
+    pub(crate) fn row_ptr(&self, row: u64) -> *const u8 {
+        // SAFETY: as in `row`.
+        unsafe { self.data.as_ptr().add(self.offset(row)) }
+    }
+}
