@@ -129,13 +129,17 @@ impl StoreWriter {
         &self.target
     }
 
-    /// Starts the next table. Rows must then be written in order, all of them, before `finish`.
-    pub fn table(&mut self, spec: TableSpec) -> Result<TableWriter<'_>> {
+    /// Starts the next table. Rows must then be written in order, all of them, and the table
+    /// handed back to [`Self::finish_table`]. One table is written at a time.
+    pub fn table(&mut self, spec: TableSpec) -> Result<TableWriter> {
         spec.validate()?;
         if self.tables.iter().any(|t| t.name == spec.name) {
             return Err(FormatError::invalid_table(&spec.name, "a table of that name was already written"));
         }
         let file_name = format!("table-{:04}.nrt", self.tables.len());
+        if self.tmp.join(&file_name).exists() {
+            return Err(FormatError::invalid_table(&spec.name, "the previous table was not finished"));
+        }
         let path = self.tmp.join(&file_name);
         let file = OpenOptions::new()
             .write(true)
@@ -147,7 +151,6 @@ impl StoreWriter {
         let chunk_bytes = (spans_per_chunk * layout.span_bytes()) as usize;
         let pipeline = WritePipeline::start(file, path.clone(), self.progress.clone());
         Ok(TableWriter {
-            store: self,
             spec,
             layout,
             file_name,
@@ -158,6 +161,17 @@ impl StoreWriter {
             chunk_bytes,
             rows_written: 0,
         })
+    }
+
+    /// Flushes, fsyncs and seals `table` (writes its header) and records it in the manifest. All
+    /// its rows must have been written.
+    pub fn finish_table(&mut self, table: TableWriter) -> Result<()> {
+        if table.path.parent() != Some(self.tmp.as_path()) {
+            return Err(FormatError::invalid_table(&table.spec.name, "table belongs to another store writer"));
+        }
+        let meta = table.finish()?;
+        self.tables.push(meta);
+        Ok(())
     }
 
     /// Writes the manifest and makes the store visible atomically.
@@ -194,8 +208,7 @@ impl std::fmt::Debug for StoreWriter {
 }
 
 /// Streams the rows of one table into its file.
-pub struct TableWriter<'a> {
-    store: &'a mut StoreWriter,
+pub struct TableWriter {
     spec: TableSpec,
     layout: RowLayout,
     file_name: String,
@@ -208,7 +221,7 @@ pub struct TableWriter<'a> {
     rows_written: u64,
 }
 
-impl TableWriter<'_> {
+impl TableWriter {
     pub fn spec(&self) -> &TableSpec {
         &self.spec
     }
@@ -300,8 +313,7 @@ impl TableWriter<'_> {
         Ok(())
     }
 
-    /// Flushes, fsyncs and seals the table (writes its header). All rows must have been written.
-    pub fn finish(mut self) -> Result<()> {
+    fn finish(mut self) -> Result<TableMeta> {
         if self.rows_written != self.spec.rows {
             return Err(FormatError::RowCount {
                 table: self.spec.name.clone(),
@@ -331,7 +343,7 @@ impl TableWriter<'_> {
         file.write_all_at(&header.encode(), 0).map_err(io)?;
         file.set_len(DATA_OFFSET + total).map_err(io)?;
         file.sync_all().map_err(io)?;
-        self.store.tables.push(TableMeta {
+        Ok(TableMeta {
             name: self.spec.name.clone(),
             file: self.file_name.clone(),
             rows: self.spec.rows,
@@ -341,12 +353,11 @@ impl TableWriter<'_> {
             block_bytes: self.spec.block_bytes,
             data_bytes: total,
             data_crc32c,
-        });
-        Ok(())
+        })
     }
 }
 
-impl std::fmt::Debug for TableWriter<'_> {
+impl std::fmt::Debug for TableWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TableWriter").field("spec", &self.spec).field("rows_written", &self.rows_written).finish()
     }

@@ -1,0 +1,18 @@
+//! The limits a benchmark compares itself against, measured in the same run as the systems under
+//! test (numbers from another day or machine are not comparable here: runs vary by ±20 %).
+
+mod disk;
+mod memory;
+
+pub use disk::sequential_write;
+pub use memory::{gather_rows, stream_read};
+
+/// One measured limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    /// Bytes moved per second.
+    pub bytes_per_s: f64,
+    /// Items (rows, chunks) per second.
+    pub items_per_s: f64,
+    pub seconds: f64,
+}

@@ -1,0 +1,44 @@
+//! Rust errors → the Python exception tree of `nearrec.errors` (classes defined in Python so they
+//! can inherit from both `NearrecError` and the matching builtin).
+
+use nearrec_engine::EngineError;
+use nearrec_format::FormatError;
+use pyo3::prelude::*;
+
+/// Builds `nearrec.errors.<class>(message, table=..., position=...)`.
+pub(crate) fn raise(py: Python<'_>, class: &str, message: String, table: Option<&str>, position: Option<usize>) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let cls = py.import("nearrec.errors")?.getattr(class)?;
+        let exc = cls.call1((message.clone(), table, position))?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+pub(crate) fn format_err(py: Python<'_>, e: FormatError) -> PyErr {
+    let msg = e.to_string();
+    match &e {
+        FormatError::NotFound { .. } => raise(py, "StoreNotFound", msg, None, None),
+        FormatError::AlreadyExists { .. } => raise(py, "StoreExists", msg, None, None),
+        FormatError::Io { .. } => raise(py, "StoreIOError", msg, None, None),
+        FormatError::Corrupted { .. } => raise(py, "StoreCorrupted", msg, None, None),
+        FormatError::UnsupportedVersion { .. } => raise(py, "UnsupportedVersion", msg, None, None),
+        FormatError::InvalidTable { table, .. } | FormatError::RowCount { table, .. } => {
+            raise(py, "InvalidRequest", msg, Some(table.as_str()), None)
+        }
+        _ => raise(py, "InvalidRequest", msg, None, None),
+    }
+}
+
+pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        EngineError::Format(f) => format_err(py, f),
+        EngineError::UnknownTable { name, .. } => raise(py, "UnknownTable", msg, Some(&name), None),
+        EngineError::IndexOutOfRange { table, position, .. } => {
+            raise(py, "IndexOutOfRange", msg, Some(&table), Some(position))
+        }
+        EngineError::InvalidRequest { table, .. } => raise(py, "InvalidRequest", msg, Some(&table), None),
+        _ => raise(py, "InvalidRequest", msg, None, None),
+    }
+}

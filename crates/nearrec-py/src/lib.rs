@@ -1,0 +1,26 @@
+//! `nearrec._native`: the private extension module. Each file binds one core concept; the typed
+//! public API lives in the pure-Python package `nearrec` above it.
+
+mod error;
+mod limits;
+mod lookup;
+mod progress;
+mod store;
+mod writer;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("FORMAT_VERSION", nearrec_format::FORMAT_VERSION)?;
+    m.add_class::<store::NativeStore>()?;
+    m.add_class::<writer::NativeStoreWriter>()?;
+    m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
+    m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::table_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::stream_read, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! Binding of an open store (the engine over its DRAM-resident tables).
+
+use std::path::PathBuf;
+
+use nearrec_engine::{Engine, EngineConfig, Request};
+use nearrec_format::{DType, StoreReader};
+use numpy::{PyArray2, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::error::{engine_err, format_err, raise};
+use crate::lookup::TableArgs;
+use crate::progress;
+
+/// An open store whose tables are resident in DRAM.
+#[pyclass(module = "nearrec._native", frozen)]
+pub(crate) struct NativeStore {
+    engine: Engine,
+    path: PathBuf,
+    manifest_json: String,
+}
+
+#[pymethods]
+impl NativeStore {
+    #[new]
+    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false))]
+    fn new(py: Python<'_>, path: PathBuf, threads: usize, verify_checksums: bool, progress: bool) -> PyResult<Self> {
+        let config = EngineConfig::default().with_threads(threads).with_verify_checksums(verify_checksums);
+        let manifest_json = read_manifest(py, path.clone())?;
+        let total: u64 = StoreReader::open(&path)
+            .map_err(|e| format_err(py, e))?
+            .tables()
+            .iter()
+            .map(|t| t.data_bytes)
+            .sum();
+        let bar = progress::bar(progress, total, "loading");
+        let cb = progress::callback(&bar);
+        let engine = py.detach(|| Engine::open(&path, config, cb.as_ref())).map_err(|e| engine_err(py, e))?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        Ok(Self { engine, path, manifest_json })
+    }
+
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    #[getter]
+    fn threads(&self) -> usize {
+        self.engine.threads()
+    }
+
+    /// The manifest as JSON (tables, creation parameters).
+    #[getter]
+    fn manifest_json(&self) -> &str {
+        &self.manifest_json
+    }
+
+    /// Pools a batch: `tables` is a list of per-table argument tuples (see `nearrec.store`).
+    /// Returns the `[batch, Σ dim]` float32 output. The GIL is released while pooling.
+    fn lookup<'py>(&self, py: Python<'py>, tables: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let args = tables.iter().map(|t| TableArgs::extract(&t)).collect::<PyResult<Vec<_>>>()?;
+        let req = Request::new(args.iter().map(|a| a.request(py)).collect::<PyResult<Vec<_>>>()?);
+        let prepared = self.engine.prepare(&req).map_err(|e| engine_err(py, e))?;
+        let out = PyArray2::<f32>::zeros(py, [prepared.batch(), prepared.width()], false);
+        {
+            let mut rw = out.readwrite();
+            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
+            py.detach(|| self.engine.execute(&req, &prepared, slice)).map_err(|e| engine_err(py, e))?;
+        }
+        Ok(out)
+    }
+
+    /// A zero-copy read-only `[rows, dim]` float32 view of a dense fp32 table (for peers and
+    /// tests); other layouts raise.
+    fn table_array<'py>(slf: Bound<'py, Self>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        let id = this.engine.table_id(name).map_err(|e| engine_err(py, e))?;
+        let meta = &this.engine.tables()[id];
+        if meta.dtype != DType::Fp32 || !meta.layout().is_dense() {
+            return Err(raise(
+                py,
+                "InvalidRequest",
+                format!("table {name:?} is {} with a padded layout; only dense fp32 tables have an array view", meta.dtype),
+                Some(name),
+                None,
+            ));
+        }
+        let data = this.engine.table_data(id);
+        let floats = (meta.rows * u64::from(meta.dim)) as usize;
+        // SAFETY: the buffer is 4 KiB-aligned, dense fp32 rows are 4-byte values, and it lives as
+        // long as `slf`, which the array keeps alive as its base object.
+        let arr = unsafe {
+            let view = numpy::ndarray::ArrayView2::from_shape_ptr(
+                (meta.rows as usize, meta.dim as usize),
+                data.as_ptr().cast::<f32>(),
+            );
+            debug_assert!(floats * 4 <= data.len());
+            PyArray2::borrow_from_array(&view, slf.clone().into_any())
+        };
+        arr.readwrite().make_nonwriteable();
+        Ok(arr.into_any())
+    }
+}
+
+/// Checks every data byte of a store; returns `[(table, bytes, error or None)]`.
+#[pyfunction]
+#[pyo3(signature = (path, progress = false))]
+pub(crate) fn verify_store(py: Python<'_>, path: PathBuf, progress: bool) -> PyResult<Vec<(String, u64, Option<String>)>> {
+    let reader = StoreReader::open(&path).map_err(|e| format_err(py, e))?;
+    let total = reader.tables().iter().map(|t| t.data_bytes).sum();
+    let bar = progress::bar(progress, total, "verifying");
+    let cb = progress::callback(&bar);
+    let checks = py.detach(|| reader.verify(cb.as_ref()));
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(checks.into_iter().map(|c| (c.table, c.bytes, c.error)).collect())
+}
+
+/// Opens and validates a store's manifest and table headers; returns the manifest as JSON.
+#[pyfunction]
+pub(crate) fn read_manifest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    let reader = StoreReader::open(&path).map_err(|e| format_err(py, e))?;
+    Ok(serde_json::to_string(reader.manifest()).expect("manifest serialises"))
+}

@@ -1,0 +1,161 @@
+//! Binding of the streaming store writer. Python feeds rows chunk by chunk (from `.npy` memory
+//! maps or tensors) or asks for seeded random rows; memory stays bounded either way.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use indicatif::ProgressBar;
+use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec, TableWriter, UniformInit};
+use numpy::{PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+use crate::error::{format_err, raise};
+use crate::progress;
+
+struct State {
+    store: Option<StoreWriter>,
+    table: Option<TableWriter>,
+    bar: Option<ProgressBar>,
+}
+
+/// Writes a store into a hidden temporary directory; `commit` makes it visible atomically and a
+/// writer dropped without `commit` leaves nothing behind.
+#[pyclass(module = "nearrec._native")]
+pub(crate) struct NativeStoreWriter {
+    state: Mutex<State>,
+}
+
+fn dtype(py: Python<'_>, s: &str) -> PyResult<DType> {
+    s.parse::<DType>().map_err(|e| format_err(py, e))
+}
+
+impl NativeStoreWriter {
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> PyResult<R>) -> PyResult<R> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.store.is_none() {
+            return Err(raise(py, "InvalidRequest", "store writer is already committed or aborted".into(), None, None));
+        }
+        f(&mut st)
+    }
+
+    fn table<'a>(py: Python<'_>, st: &'a mut State) -> PyResult<&'a mut TableWriter> {
+        st.table
+            .as_mut()
+            .ok_or_else(|| raise(py, "InvalidRequest", "no table is being written; call begin_table first".into(), None, None))
+    }
+}
+
+#[pymethods]
+impl NativeStoreWriter {
+    #[new]
+    #[pyo3(signature = (path, overwrite = false, params_json = "null", total_bytes = 0, progress = false))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        overwrite: bool,
+        params_json: &str,
+        total_bytes: u64,
+        progress: bool,
+    ) -> PyResult<Self> {
+        let params = serde_json::from_str(params_json)
+            .map_err(|e| raise(py, "InvalidRequest", format!("params are not valid JSON: {e}"), None, None))?;
+        let bar = progress::bar(progress, total_bytes, "building");
+        let mut store = StoreWriter::create(&path, StoreOptions { overwrite, params }).map_err(|e| format_err(py, e))?;
+        if let Some(cb) = progress::callback(&bar) {
+            store = store.with_progress(cb);
+        }
+        Ok(Self { state: Mutex::new(State { store: Some(store), table: None, bar }) })
+    }
+
+    /// Starts a table of `rows` rows of `dim` values stored as `dtype`.
+    #[pyo3(signature = (name, rows, dim, dtype_name = "fp32", block_bytes = 4096))]
+    fn begin_table(&self, py: Python<'_>, name: String, rows: u64, dim: u32, dtype_name: &str, block_bytes: u32) -> PyResult<()> {
+        let dtype = dtype(py, dtype_name)?;
+        self.with(py, |st| {
+            if st.table.is_some() {
+                return Err(raise(py, "InvalidRequest", "finish the current table first".into(), Some(&name), None));
+            }
+            let spec = TableSpec { name, rows, dim, dtype, block_bytes };
+            let store = st.store.as_mut().expect("checked in with()");
+            st.table = Some(store.table(spec).map_err(|e| format_err(py, e))?);
+            Ok(())
+        })
+    }
+
+    /// Appends rows from a C-contiguous `[n, dim]` float32 array (encoded to the table's dtype).
+    fn write_f32(&self, py: Python<'_>, values: PyReadonlyArray2<'_, f32>) -> PyResult<()> {
+        self.with(py, |st| {
+            let t = Self::table(py, st)?;
+            let name = t.spec().name.clone();
+            let [_, cols] = values.shape() else { unreachable!("2-D") };
+            if *cols != t.spec().dim as usize {
+                return Err(raise(
+                    py,
+                    "InvalidRequest",
+                    format!("table {name:?}: rows have {cols} columns, the table's dim is {}", t.spec().dim),
+                    Some(&name),
+                    None,
+                ));
+            }
+            let slice = values
+                .as_slice()
+                .map_err(|_| raise(py, "InvalidRequest", "rows must be C-contiguous".into(), Some(&name), None))?;
+            py.detach(|| t.write_f32(slice)).map_err(|e| format_err(py, e))
+        })
+    }
+
+    /// Fills the rest of the current table with seeded U(−√(1/rows), √(1/rows)) values.
+    fn write_random(&self, py: Python<'_>, seed: u64, table_index: u64) -> PyResult<()> {
+        self.with(py, |st| {
+            let t = Self::table(py, st)?;
+            let init = UniformInit::new(seed, table_index, t.spec().rows);
+            let left = t.spec().rows - t.rows_written();
+            py.detach(|| t.write_with(left, |row, out| init.fill(row, out))).map_err(|e| format_err(py, e))
+        })
+    }
+
+    /// Seals the current table: all its rows must have been written.
+    fn finish_table(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |st| {
+            let t = st.table.take().ok_or_else(|| raise(py, "InvalidRequest", "no table to finish".into(), None, None))?;
+            let store = st.store.as_mut().expect("checked in with()");
+            py.detach(|| store.finish_table(t)).map_err(|e| format_err(py, e))
+        })
+    }
+
+    /// Writes the manifest and publishes the store; returns the manifest as JSON.
+    fn commit(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |st| {
+            if let Some(t) = &st.table {
+                let name = t.spec().name.clone();
+                return Err(raise(py, "InvalidRequest", format!("table {name:?} was not finished"), Some(&name), None));
+            }
+            let store = st.store.take().expect("checked in with()");
+            let manifest = py.detach(|| store.commit()).map_err(|e| format_err(py, e))?;
+            if let Some(bar) = st.bar.take() {
+                bar.finish_and_clear();
+            }
+            Ok(serde_json::to_string(&manifest).expect("manifest serialises"))
+        })
+    }
+
+    /// Discards everything written; the target is left as it was.
+    fn abort(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.table = None;
+        st.store = None;
+        if let Some(bar) = st.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// `(row_bytes, data_bytes, rows_per_block, padding_ratio)` of a table of this shape.
+#[pyfunction]
+#[pyo3(signature = (rows, dim, dtype_name = "fp32", block_bytes = 4096))]
+pub(crate) fn table_layout(py: Python<'_>, rows: u64, dim: u32, dtype_name: &str, block_bytes: u32) -> PyResult<(u64, u64, u64, f64)> {
+    let spec = TableSpec { name: "-".into(), rows, dim, dtype: dtype(py, dtype_name)?, block_bytes };
+    spec.validate().map_err(|e| format_err(py, e))?;
+    let l = spec.layout();
+    Ok((l.row_bytes, l.data_bytes(), l.rows_per_span(), l.padding_ratio()))
+}

@@ -1,0 +1,68 @@
+"""nearrec: embedding tables larger than memory, pooled where the rows are read.
+
+Quick start::
+
+    import numpy as np, nearrec
+    nearrec.from_numpy("/tmp/store", {"t0": np.random.rand(1000, 16).astype(np.float32)})
+    store = nearrec.open("/tmp/store")
+    pooled = store.lookup("t0", np.array([1, 2, 3]), offsets=np.array([0, 2]))  # [2, 16]
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._native import __version__
+from .build import build, from_numpy, from_state_dict, remove
+from .errors import (
+    IndexOutOfRange,
+    InvalidRequest,
+    NearrecError,
+    StoreCorrupted,
+    StoreExists,
+    StoreIOError,
+    StoreNotFound,
+    UnknownTable,
+    UnsupportedVersion,
+)
+from .specs import MODELS, ModelSpec, model_spec
+from .store import (
+    PooledBatch,
+    Store,
+    StoreInfo,
+    TableCheck,
+    TableInfo,
+    TableLookup,
+    info,
+    verify,
+)
+from .store import open_store as open  # noqa: A001  (nearrec.open mirrors the builtin's role)
+
+__all__ = [
+    "MODELS",
+    "IndexOutOfRange",
+    "InvalidRequest",
+    "ModelSpec",
+    "NearrecError",
+    "PooledBatch",
+    "Store",
+    "StoreCorrupted",
+    "StoreExists",
+    "StoreIOError",
+    "StoreInfo",
+    "StoreNotFound",
+    "TableCheck",
+    "TableInfo",
+    "TableLookup",
+    "UnknownTable",
+    "UnsupportedVersion",
+    "__version__",
+    "build",
+    "errors",
+    "from_numpy",
+    "from_state_dict",
+    "info",
+    "model_spec",
+    "open",
+    "remove",
+    "verify",
+]

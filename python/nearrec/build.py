@@ -1,0 +1,197 @@
+"""Creating stores: from numpy arrays or ``.npy`` files, from PyTorch state dicts, and from the
+benchmark model specs with seeded random rows. Every builder streams in bounded memory (16 MiB
+chunks) and publishes the store atomically: an interrupted build leaves the old store or none."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _native
+from .errors import InvalidRequest
+from .specs import Variant, model_spec, scaled_rows
+from .store import StoreInfo, StorePath
+
+#: rows are fed to the writer in chunks of about this many bytes
+CHUNK_BYTES = 16 << 20
+
+_DTYPES = ("fp32", "fp16", "bf16", "int8")
+
+
+def _check_dtype(dtype: str) -> str:
+    if dtype not in _DTYPES:
+        raise InvalidRequest(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
+    return dtype
+
+
+def _progress(progress: bool | None) -> bool:
+    if progress is None:
+        return os.isatty(2)
+    return progress
+
+
+def _data_bytes(rows: int, dim: int, dtype: str, block_bytes: int) -> int:
+    return _native.table_layout(rows, dim, dtype, block_bytes)[1]
+
+
+class _Writer:
+    """A native store writer that is aborted (leaving nothing) unless committed."""
+
+    def __init__(self, path: StorePath, overwrite: bool, params: Any, total_bytes: int,
+                 progress: bool | None):
+        self.path = path
+        self.native = _native.NativeStoreWriter(
+            os.fspath(path), overwrite, json.dumps(params), total_bytes, _progress(progress)
+        )
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.native.abort()
+
+    def commit(self) -> StoreInfo:
+        return StoreInfo._from_json(self.path, self.native.commit())
+
+
+def _feed(w: _native.NativeStoreWriter, name: str, rows: int, dim: int,
+          chunk: Callable[[int, int], npt.NDArray[Any]]) -> None:
+    """Feeds rows [i, j) of a table as float32 chunks of about CHUNK_BYTES."""
+    step = max(1, CHUNK_BYTES // (4 * max(dim, 1)))
+    for i in range(0, rows, step):
+        block = np.ascontiguousarray(chunk(i, min(rows, i + step)), dtype=np.float32)
+        w.write_f32(block)
+
+
+def _source_array(name: str, a: Any) -> npt.NDArray[Any]:
+    if isinstance(a, str | os.PathLike):
+        a = np.load(os.fspath(a), mmap_mode="r")
+    arr = np.asarray(a) if not isinstance(a, np.ndarray) else a
+    if arr.ndim != 2:
+        raise InvalidRequest(f"table {name!r}: expected a 2-D [rows, dim] array, got shape "
+                             f"{arr.shape}", table=name)
+    if arr.dtype.kind != "f":
+        raise InvalidRequest(f"table {name!r}: expected floating-point rows, got {arr.dtype}",
+                             table=name)
+    return arr
+
+
+def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str = "fp32", *,
+               overwrite: bool = False, block_bytes: int = 4096,
+               progress: bool | None = None) -> StoreInfo:
+    """Creates a store from ``{name: array}``; an array may be a ``.npy`` path, which is
+    memory-mapped and streamed, so tables larger than RAM build in bounded memory.
+
+    Rows are stored as ``dtype`` (``fp32``, ``fp16``, ``bf16`` or ``int8`` row-wise quantised).
+    """
+    _check_dtype(dtype)
+    srcs = {name: _source_array(name, a) for name, a in arrays.items()}
+    total = sum(_data_bytes(a.shape[0], a.shape[1], dtype, block_bytes) for a in srcs.values())
+    params = {"source": "numpy", "dtype": dtype}
+    with _Writer(path, overwrite, params, total, progress) as w:
+        for name, a in srcs.items():
+            rows, dim = a.shape
+            w.native.begin_table(name, rows, dim, dtype, block_bytes)
+            _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])
+            w.native.finish_table()
+        return w.commit()
+
+
+def _state_dict_tables(state_dict: Mapping[str, Any],
+                       tables: Iterable[str] | None) -> dict[str, Any]:
+    """Embedding weights of a state dict by table name: TorchRec's
+    ``embedding_bags.<name>.weight``, or any 2-D floating ``<prefix>.weight`` (``nn.EmbeddingBag``
+    / ``nn.Embedding`` modules, named by their prefix)."""
+    found: dict[str, Any] = {}
+    for key, t in state_dict.items():
+        if not key.endswith("weight") or getattr(t, "ndim", 0) != 2:
+            continue
+        if not getattr(t, "is_floating_point", lambda: False)():
+            continue
+        name = key[: -len("weight")].rstrip(".") or "weight"
+        if name.startswith("embedding_bags."):
+            name = name[len("embedding_bags."):]
+        found[name] = t
+    if tables is not None:
+        wanted = list(tables)
+        missing = [n for n in wanted if n not in found]
+        if missing:
+            raise InvalidRequest(f"state dict has no embedding weights for {missing}; found "
+                                 f"{sorted(found)}")
+        found = {n: found[n] for n in wanted}
+    if not found:
+        raise InvalidRequest("state dict holds no 2-D floating-point '*weight' tensors")
+    return found
+
+
+def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
+                    dtype: str = "fp32", *, tables: Iterable[str] | None = None,
+                    overwrite: bool = False, block_bytes: int = 4096,
+                    progress: bool | None = None) -> StoreInfo:
+    """Creates a store from the embedding weights of a PyTorch ``state_dict`` (of
+    ``nn.EmbeddingBag`` modules or a TorchRec ``EmbeddingBagCollection``), or from a saved
+    ``.pt`` file (memory-mapped)."""
+    import torch
+
+    _check_dtype(dtype)
+    if isinstance(state_dict, str | os.PathLike):
+        state_dict = torch.load(os.fspath(state_dict), map_location="cpu", mmap=True,
+                                weights_only=True)
+    assert isinstance(state_dict, Mapping)
+    weights = _state_dict_tables(state_dict, tables)
+    total = sum(_data_bytes(t.shape[0], t.shape[1], dtype, block_bytes) for t in weights.values())
+    params = {"source": "state_dict", "dtype": dtype}
+    with _Writer(path, overwrite, params, total, progress) as w, torch.no_grad():
+        for name, t in weights.items():
+            rows, dim = t.shape
+            w.native.begin_table(name, rows, dim, dtype, block_bytes)
+            _feed(w.native, name, rows, dim,
+                  lambda i, j, t=t: t[i:j].detach().to("cpu", torch.float32).numpy())
+            w.native.finish_table()
+        return w.commit()
+
+
+def build(path: StorePath, model: str = "rmc1", *, rows: int | None = None,
+          table_bytes: int | None = None, seed: int = 0, dtype: str = "fp32",
+          variant: Variant = "deeprecsys", overwrite: bool = False, block_bytes: int = 4096,
+          progress: bool | None = None) -> StoreInfo:
+    """Creates a store with the tables of a benchmark model (``rmc1`` ... ``dien``), filled with
+    seeded U(−√(1/n), √(1/n)) rows (DeepRecInfra's initialisation).
+
+    ``rows`` sets every table's row count; ``table_bytes`` scales the tables (keeping their
+    proportions) to about that many bytes in total — to make a table set several times larger
+    than the DRAM budget of a run.
+    """
+    _check_dtype(dtype)
+    spec = model_spec(model)
+    dim = spec.table_dim(variant)
+    row_bytes = _native.table_layout(1, dim, dtype, block_bytes)[0]
+    table_rows = scaled_rows(spec, variant, rows=rows, table_bytes=table_bytes,
+                             row_bytes=row_bytes)
+    if any(r <= 0 for r in table_rows):
+        raise InvalidRequest(f"rows must be positive, got {rows}")
+    total = sum(_data_bytes(r, dim, dtype, block_bytes) for r in table_rows)
+    params = {"source": "random", "model": spec.name, "variant": variant, "seed": seed,
+              "dtype": dtype, "init": "uniform(-sqrt(1/rows), sqrt(1/rows))",
+              "pooling_factor": spec.pooling_factor(variant)}
+    with _Writer(path, overwrite, params, total, progress) as w:
+        for i, r in enumerate(table_rows):
+            w.native.begin_table(f"t{i}", r, dim, dtype, block_bytes)
+            w.native.write_random(seed, i)
+            w.native.finish_table()
+        return w.commit()
+
+
+def remove(path: StorePath) -> None:
+    """Deletes a store directory (only if it is a nearrec store)."""
+    import shutil
+
+    p = Path(path)
+    _native.read_manifest(os.fspath(p))  # raises unless it is a store
+    shutil.rmtree(p)

@@ -1,0 +1,73 @@
+"""The exception tree every nearrec error belongs to.
+
+``NearrecError`` is the root. Each class also derives from the builtin a caller would catch
+without knowing nearrec: bad requests are ``ValueError`` (out-of-range indices also
+``IndexError``, unknown tables also ``KeyError``), I/O failures are ``OSError``.
+"""
+
+from __future__ import annotations
+
+
+class NearrecError(Exception):
+    """Root of every error raised by nearrec.
+
+    ``table`` and ``position`` name the table and the position in the caller's array the error
+    is about, when there is one.
+    """
+
+    def __init__(self, message: str, table: str | None = None, position: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.table = table
+        self.position = position
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidRequest(NearrecError, ValueError):
+    """A request or argument is malformed (shapes, dtypes, offsets, modes, weights...)."""
+
+
+class IndexOutOfRange(InvalidRequest, IndexError):
+    """An index is negative or not below the table's row count."""
+
+
+class UnknownTable(InvalidRequest, KeyError):
+    """A request names a table the store does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.message
+
+
+class StoreIOError(NearrecError, OSError):
+    """Reading or writing the store failed at the operating-system level."""
+
+
+class StoreNotFound(StoreIOError, FileNotFoundError):
+    """There is no store at the given path."""
+
+
+class StoreExists(StoreIOError, FileExistsError):
+    """A store already exists where a new one was to be written (pass ``overwrite=True``)."""
+
+
+class StoreCorrupted(NearrecError):
+    """The store failed a check: bad magic, checksum mismatch, truncated or inconsistent files."""
+
+
+class UnsupportedVersion(StoreCorrupted):
+    """The store was written in a format version this nearrec cannot read."""
+
+
+__all__ = [
+    "IndexOutOfRange",
+    "InvalidRequest",
+    "NearrecError",
+    "StoreCorrupted",
+    "StoreExists",
+    "StoreIOError",
+    "StoreNotFound",
+    "UnknownTable",
+    "UnsupportedVersion",
+]

@@ -1,0 +1,362 @@
+"""Opening stores and serving pooled lookups from them."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _native
+from .errors import InvalidRequest
+
+PoolingModeName = Literal["sum", "mean", "max"]
+StorePath = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """One table of a store, as its manifest records it."""
+
+    name: str
+    rows: int
+    dim: int
+    dtype: str
+    file: str
+    row_bytes: int
+    block_bytes: int
+    data_bytes: int
+    data_crc32c: int
+
+    @property
+    def padding_ratio(self) -> float:
+        """Share of the data region lost to block padding (0.0 for power-of-two rows)."""
+        return _native.table_layout(self.rows, self.dim, self.dtype, self.block_bytes)[3]
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """A store's manifest: where it is, its tables and how it was made."""
+
+    path: Path
+    format_version: int
+    created_by: str
+    params: Any
+    tables: tuple[TableInfo, ...]
+
+    @classmethod
+    def _from_json(cls, path: StorePath, text: str) -> StoreInfo:
+        m = json.loads(text)
+        return cls(
+            path=Path(path),
+            format_version=m["format_version"],
+            created_by=m["created_by"],
+            params=m.get("params"),
+            tables=tuple(TableInfo(**t) for t in m["tables"]),
+        )
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.data_bytes for t in self.tables)
+
+    def open(self, **config: Any) -> Store:
+        """Opens this store (see :func:`nearrec.open`)."""
+        return open_store(self.path, **config)
+
+
+def info(path: StorePath) -> StoreInfo:
+    """Reads and validates a store's manifest and table headers without loading any rows."""
+    return StoreInfo._from_json(path, _native.read_manifest(os.fspath(path)))
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    table: str
+    bytes: int
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def verify(path: StorePath, progress: bool = False) -> list[TableCheck]:
+    """Checks every data byte of every table against its CRC-32C."""
+    return [TableCheck(*c) for c in _native.verify_store(os.fspath(path), progress)]
+
+
+@dataclass(frozen=True)
+class TableLookup:
+    """The bags of one table in a batched lookup (``torch.nn.EmbeddingBag`` arguments).
+
+    Give ``offsets`` (with ``include_last_offset``), or ``lengths``, or a 2-D ``indices``
+    ``[batch, bag_size]`` with neither.
+    """
+
+    table: str
+    indices: Any
+    offsets: Any = None
+    lengths: Any = None
+    per_sample_weights: Any = None
+    mode: PoolingModeName = "sum"
+    include_last_offset: bool = False
+    padding_idx: int | None = None
+
+
+@dataclass(frozen=True)
+class PooledBatch:
+    """The pooled output of a batched lookup: ``values`` is ``[batch, Σ dim]``, tables in request
+    order; ``batch[name]`` is that table's ``[batch, dim]`` view (TorchRec's KeyedTensor shape)."""
+
+    values: npt.NDArray[np.float32]
+    keys: tuple[str, ...]
+    dims: tuple[int, ...]
+    _cols: dict[str, slice] = field(repr=False, default_factory=dict)
+
+    def __getitem__(self, table: str) -> npt.NDArray[np.float32]:
+        return self.values[:, self._cols[table]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys)
+
+    def to_dict(self) -> dict[str, npt.NDArray[np.float32]]:
+        return {k: self[k] for k in self.keys}
+
+
+_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _as_array(x: Any) -> npt.NDArray[Any]:
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor: zero-copy on CPU
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        return np.asarray(x.numpy())
+    return np.asarray(x)
+
+
+def _index_array(x: Any, table: str, what: str) -> npt.NDArray[Any]:
+    a = _as_array(x)
+    if a.dtype not in _INDEX_DTYPES:
+        if a.size == 0 and a.dtype == np.float64:  # an empty Python list
+            return np.zeros(0, dtype=np.int64)
+        if isinstance(x, list | tuple) and a.dtype.kind in "iu":
+            a = a.astype(np.int64)
+        else:
+            raise InvalidRequest(
+                f"table {table!r}: {what} must be int32 or int64, got {a.dtype}", table=table
+            )
+    return a
+
+
+def _table_args(req: TableLookup) -> tuple[tuple[Any, ...], int | None]:
+    """The native argument tuple for one table, and the batch size of a 2-D input with 0 columns
+    (which the engine cannot express: those bags are all empty)."""
+    t = req.table
+    idx = _index_array(req.indices, t, "indices")
+    weights = None
+    if req.per_sample_weights is not None:
+        weights = _as_array(req.per_sample_weights)
+        if weights.dtype != np.float32:
+            raise InvalidRequest(
+                f"table {t!r}: per_sample_weights must be float32, got {weights.dtype}", table=t
+            )
+        if weights.shape != idx.shape:
+            raise InvalidRequest(
+                f"table {t!r}: per_sample_weights has shape {weights.shape} but indices have "
+                f"shape {idx.shape}",
+                table=t,
+            )
+        weights = np.ascontiguousarray(weights).reshape(-1)
+    bag_size = None
+    offsets = lengths = None
+    if idx.ndim == 2:
+        if req.offsets is not None or req.lengths is not None:
+            raise InvalidRequest(
+                f"table {t!r}: 2-D indices [batch, bag_size] take no offsets or lengths", table=t
+            )
+        if idx.shape[1] == 0:
+            return (), idx.shape[0]
+        bag_size = idx.shape[1]
+        idx = np.ascontiguousarray(idx).reshape(-1)
+    elif idx.ndim == 1:
+        if req.offsets is None and req.lengths is None:
+            raise InvalidRequest(
+                f"table {t!r}: 1-D indices need offsets or lengths (or pass 2-D indices)", table=t
+            )
+        if req.offsets is not None and req.lengths is not None:
+            raise InvalidRequest(f"table {t!r}: give offsets or lengths, not both", table=t)
+        if req.offsets is not None:
+            offsets = np.ascontiguousarray(_index_array(req.offsets, t, "offsets"))
+            if offsets.ndim != 1:
+                raise InvalidRequest(f"table {t!r}: offsets must be 1-D", table=t)
+        else:
+            lengths = np.ascontiguousarray(_index_array(req.lengths, t, "lengths"))
+            if lengths.ndim != 1:
+                raise InvalidRequest(f"table {t!r}: lengths must be 1-D", table=t)
+        idx = np.ascontiguousarray(idx)
+    else:
+        raise InvalidRequest(
+            f"table {t!r}: indices must be 1-D (with offsets) or 2-D, got {idx.ndim}-D", table=t
+        )
+    if req.mode not in ("sum", "mean", "max"):
+        raise InvalidRequest(
+            f"table {t!r}: mode must be 'sum', 'mean' or 'max', not {req.mode!r}", table=t
+        )
+    return (
+        t,
+        idx,
+        offsets,
+        lengths,
+        bag_size,
+        bool(req.include_last_offset),
+        weights,
+        req.mode,
+        req.padding_idx,
+    ), None
+
+
+class Store:
+    """An open store. Tables are resident in DRAM (the SSD tier arrives behind the same calls).
+
+    Safe to share between threads; lookups release the GIL.
+    """
+
+    def __init__(self, path: StorePath, threads: int = 0, verify_checksums: bool = True,
+                 progress: bool = False):
+        self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums, progress)
+        self._info = StoreInfo._from_json(path, self._native.manifest_json)
+        self._tables = {t.name: t for t in self._info.tables}
+
+    @property
+    def path(self) -> Path:
+        return self._info.path
+
+    @property
+    def info(self) -> StoreInfo:
+        return self._info
+
+    @property
+    def tables(self) -> dict[str, TableInfo]:
+        """The tables by name, in store order."""
+        return dict(self._tables)
+
+    @property
+    def threads(self) -> int:
+        return self._native.threads
+
+    def table(self, name: str) -> TableInfo:
+        from .errors import UnknownTable
+
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise UnknownTable(
+                f"unknown table {name!r}; the store has: {', '.join(self._tables)}", table=name
+            ) from None
+
+    def lookup(
+        self,
+        table: str,
+        indices: Any,
+        offsets: Any = None,
+        per_sample_weights: Any = None,
+        mode: PoolingModeName = "sum",
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        lengths: Any = None,
+    ) -> npt.NDArray[np.float32]:
+        """Pools the bags of one table exactly as ``torch.nn.EmbeddingBag`` does; returns
+        ``[batch, dim]`` float32."""
+        req = TableLookup(table, indices, offsets, lengths, per_sample_weights, mode,
+                          include_last_offset, padding_idx)
+        return self.lookup_many([req]).values
+
+    def lookup_many(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> PooledBatch:
+        """Pools several tables' bags in one call (one bag per sample per table), in parallel;
+        returns the ``[batch, Σ dim]`` output with per-table views.
+
+        ``requests`` is a sequence of :class:`TableLookup`, or a mapping from table name to
+        ``(indices, offsets)`` pairs / :class:`TableLookup`.
+        """
+        reqs = _normalise(requests)
+        args: list[tuple[Any, ...]] = []
+        empty_batch: int | None = None
+        for r in reqs:
+            a, empty = _table_args(r)
+            if empty is not None:
+                self.table(r.table)
+                empty_batch = empty
+            else:
+                args.append(a)
+        keys = tuple(r.table for r in reqs)
+        dims = tuple(self.table(k).dim for k in keys)
+        if empty_batch is not None:
+            values = self._with_empty_bags(reqs, args, empty_batch, dims)
+        else:
+            values = self._native.lookup(args)
+        cols: dict[str, slice] = {}
+        at = 0
+        for k, d in zip(keys, dims, strict=True):
+            cols[k] = slice(at, at + d)
+            at += d
+        return PooledBatch(values, keys, dims, cols)
+
+    def _with_empty_bags(self, reqs: Sequence[TableLookup], args: list[tuple[Any, ...]],
+                         batch: int, dims: tuple[int, ...]) -> npt.NDArray[np.float32]:
+        # Tables given as [batch, 0] pool to zeros; pool the rest and place them around those.
+        pooled = self._native.lookup(args) if args else np.zeros((batch, 0), np.float32)
+        if pooled.shape[0] != batch and args:
+            raise InvalidRequest(
+                f"tables have {pooled.shape[0]} and {batch} bags; every table needs one bag "
+                "per sample"
+            )
+        out = np.zeros((batch, sum(dims)), np.float32)
+        at = src = 0
+        by_table = {a[0] for a in args}
+        for r, d in zip(reqs, dims, strict=True):
+            if r.table in by_table:
+                out[:, at:at + d] = pooled[:, src:src + d]
+                src += d
+            at += d
+        return out
+
+    def table_array(self, name: str) -> npt.NDArray[np.float32]:
+        """A read-only zero-copy ``[rows, dim]`` view of a dense fp32 table."""
+        return self._native.table_array(name)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r}, tables={len(self._tables)}, threads={self.threads})"
+
+
+def _normalise(requests: Sequence[TableLookup] | Mapping[str, Any]) -> list[TableLookup]:
+    if isinstance(requests, Mapping):
+        out = []
+        for name, r in requests.items():
+            if isinstance(r, TableLookup):
+                out.append(r)
+            elif isinstance(r, tuple) and len(r) == 2:
+                out.append(TableLookup(name, r[0], r[1]))
+            else:
+                out.append(TableLookup(name, r))
+        return out
+    out = list(requests)
+    for r in out:
+        if not isinstance(r, TableLookup):
+            raise InvalidRequest(f"lookup_many takes TableLookup items, got {type(r).__name__}")
+    return out
+
+
+def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
+               progress: bool = False) -> Store:
+    """Opens the store at ``path``: validates it and loads its tables into DRAM.
+
+    ``threads`` = 0 uses every core; ``verify_checksums`` checks each table's CRC-32C as it
+    loads (cheap next to the read).
+    """
+    return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress)
