@@ -82,22 +82,26 @@ def _source_array(name: str, a: Any) -> npt.NDArray[Any]:
     return arr
 
 
-def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str = "fp32", *,
+def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[str, str] = "fp32",
+               *,
                overwrite: bool = False, block_bytes: int = 4096,
                progress: bool | None = None) -> StoreInfo:
     """Creates a store from ``{name: array}``; an array may be a ``.npy`` path, which is
     memory-mapped and streamed, so tables larger than RAM build in bounded memory.
 
-    Rows are stored as ``dtype`` (``fp32``, ``fp16``, ``bf16`` or ``int8`` row-wise quantised).
+    Rows are stored as ``dtype`` (``fp32``, ``fp16``, ``bf16`` or ``int8`` row-wise quantised),
+    one for all tables or ``{name: dtype}`` (unlisted tables are fp32).
     """
-    _check_dtype(dtype)
     srcs = {name: _source_array(name, a) for name, a in arrays.items()}
-    total = sum(_data_bytes(a.shape[0], a.shape[1], dtype, block_bytes) for a in srcs.values())
-    params = {"source": "numpy", "dtype": dtype}
+    dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
+              for n in srcs}
+    total = sum(_data_bytes(a.shape[0], a.shape[1], dtypes[n], block_bytes)
+                for n, a in srcs.items())
+    params = {"source": "numpy", "dtype": dtypes}
     with _Writer(path, overwrite, params, total, progress) as w:
         for name, a in srcs.items():
             rows, dim = a.shape
-            w.native.begin_table(name, rows, dim, dtype, block_bytes)
+            w.native.begin_table(name, rows, dim, dtypes[name], block_bytes)
             _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])
             w.native.finish_table()
         return w.commit()

@@ -326,6 +326,11 @@ class Store:
             at += d
         return out
 
+    def read_rows(self, table: str, rows: Any) -> npt.NDArray[np.float32]:
+        """The given rows of a table, decoded to float32: ``[len(rows), dim]``."""
+        self.table(table)
+        return self._native.read_rows(table, np.ascontiguousarray(_as_array(rows), dtype=np.int64))
+
     def table_array(self, name: str) -> npt.NDArray[np.float32]:
         """A read-only zero-copy ``[rows, dim]`` view of a dense fp32 table."""
         return self._native.table_array(name)

@@ -91,6 +91,28 @@ impl Engine {
         self.dram[id].as_slice()
     }
 
+    /// Decodes rows `rows` of table `id` into `out` (`rows.len() * dim` floats), for callers that
+    /// need the rows themselves (inspection, reference checks). Errors name the first bad position.
+    pub fn read_rows(&self, id: usize, rows: &[i64], out: &mut [f32]) -> Result<()> {
+        let meta = &self.tables[id];
+        let dim = meta.dim as usize;
+        assert_eq!(out.len(), rows.len() * dim, "output has the wrong size");
+        let view = self.view(id);
+        for (position, (&r, dst)) in rows.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
+            if r < 0 || r as u64 >= meta.rows {
+                return Err(EngineError::IndexOutOfRange {
+                    table: meta.name.clone(),
+                    position,
+                    bag: position,
+                    value: r,
+                    rows: meta.rows,
+                });
+            }
+            meta.dtype.decode_row(view.row(r as u64), dst);
+        }
+        Ok(())
+    }
+
     fn view(&self, id: usize) -> TableView<'_> {
         let t = &self.tables[id];
         TableView::new(self.dram[id].as_slice(), t.layout(), t.dtype, t.dim).expect("loaded table matches its layout")

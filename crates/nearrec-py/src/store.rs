@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use nearrec_engine::{Engine, EngineConfig, Request};
 use nearrec_format::{DType, StoreReader};
-use numpy::{PyArray2, PyArrayMethods};
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
@@ -69,6 +69,20 @@ impl NativeStore {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
             py.detach(|| self.engine.execute(&req, &prepared, slice)).map_err(|e| engine_err(py, e))?;
+        }
+        Ok(out)
+    }
+
+    /// Decodes the given rows of a table to a `[n, dim]` float32 array.
+    fn read_rows<'py>(&self, py: Python<'py>, name: &str, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let id = self.engine.table_id(name).map_err(|e| engine_err(py, e))?;
+        let dim = self.engine.tables()[id].dim as usize;
+        let rows = rows.as_slice().map_err(|_| raise(py, "InvalidRequest", "rows must be contiguous".into(), Some(name), None))?;
+        let out = PyArray2::<f32>::zeros(py, [rows.len(), dim], false);
+        {
+            let mut rw = out.readwrite();
+            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
+            py.detach(|| self.engine.read_rows(id, rows, slice)).map_err(|e| engine_err(py, e))?;
         }
         Ok(out)
     }

@@ -1,0 +1,219 @@
+"""PyTorch modules over a nearrec store: drop-in ``nn.EmbeddingBag`` and a TorchRec-shaped
+``EmbeddingBagCollection`` whose rows live in the store, not in parameters.
+
+Requires the ``torch`` extra (``pip install nearrec[torch]``). Lookups run in the nearrec engine
+(GIL released); outputs are float32 tensors that share memory with the engine's result (no copy),
+moved to the input's device when it is not the CPU. The modules are inference-only: they hold no
+parameters and produce no gradients for the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .errors import InvalidRequest
+from .store import PoolingModeName, Store, TableLookup
+
+
+def _numpy(t: Any) -> Any:
+    if isinstance(t, Tensor):
+        t = t.detach()
+        return t.cpu().numpy() if t.device.type != "cpu" else t.numpy()
+    return t
+
+
+def _device_of(*xs: Any) -> torch.device:
+    for x in xs:
+        if isinstance(x, Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+class EmbeddingBag(nn.Module):
+    """``torch.nn.EmbeddingBag`` over one table of a store.
+
+    ``forward(input, offsets=None, per_sample_weights=None)`` behaves like
+    ``nn.EmbeddingBag.forward``: 1-D ``input`` with ``offsets`` (``include_last_offset`` as in
+    PyTorch), or 2-D ``[batch, bag_size]`` input without; empty bags give zeros; ``padding_idx``
+    rows are skipped and not counted for mean; ``per_sample_weights`` only with ``mode="sum"``.
+    """
+
+    def __init__(self, store: Store, table: str, mode: PoolingModeName = "sum",
+                 include_last_offset: bool = False, padding_idx: int | None = None):
+        super().__init__()
+        info = store.table(table)
+        if mode not in ("sum", "mean", "max"):
+            raise InvalidRequest(f"mode must be 'sum', 'mean' or 'max', not {mode!r}", table=table)
+        if padding_idx is not None and not -info.rows <= padding_idx < info.rows:
+            raise InvalidRequest(
+                f"table {table!r}: padding_idx {padding_idx} is out of range for {info.rows} rows",
+                table=table,
+            )
+        self.store = store
+        self.table = table
+        self.mode: PoolingModeName = mode
+        self.include_last_offset = include_last_offset
+        self.padding_idx = padding_idx if padding_idx is None or padding_idx >= 0 \
+            else padding_idx + info.rows
+        self.num_embeddings = info.rows
+        self.embedding_dim = info.dim
+
+    def forward(self, input: Tensor, offsets: Tensor | None = None,
+                per_sample_weights: Tensor | None = None) -> Tensor:
+        out = self.store.lookup(
+            self.table, _numpy(input), offsets=_numpy(offsets),
+            per_sample_weights=_numpy(per_sample_weights), mode=self.mode,
+            include_last_offset=self.include_last_offset, padding_idx=self.padding_idx,
+        )
+        result = torch.from_numpy(out)
+        device = _device_of(input)
+        return result if device.type == "cpu" else result.to(device)
+
+    def extra_repr(self) -> str:
+        return (f"{self.table!r}, {self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
+                + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""))
+
+
+class KeyedJaggedTensor:
+    """A minimal TorchRec ``KeyedJaggedTensor``: per key (feature) a jagged batch of ids, stored
+    key-major: ``values`` concatenates every key's bags; ``lengths`` has ``len(keys) * batch``
+    entries (or ``offsets`` one more). ``torchrec.KeyedJaggedTensor`` is accepted wherever this
+    is."""
+
+    def __init__(self, keys: Sequence[str], values: Tensor, lengths: Tensor | None = None,
+                 offsets: Tensor | None = None, weights: Tensor | None = None):
+        if (lengths is None) == (offsets is None):
+            raise InvalidRequest("KeyedJaggedTensor needs lengths or offsets (exactly one)")
+        self._keys = list(keys)
+        self._values = values
+        self._lengths = lengths
+        self._offsets = offsets
+        self._weights = weights
+
+    def keys(self) -> list[str]:
+        return self._keys
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def weights_or_none(self) -> Tensor | None:
+        return self._weights
+
+    def lengths(self) -> Tensor:
+        if self._lengths is None:
+            assert self._offsets is not None
+            self._lengths = self._offsets[1:] - self._offsets[:-1]
+        return self._lengths
+
+    def offsets(self) -> Tensor:
+        if self._offsets is None:
+            lengths = self.lengths()
+            self._offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+        return self._offsets
+
+    def stride(self) -> int:
+        n = len(self._keys)
+        return self.lengths().numel() // n if n else 0
+
+
+class KeyedTensor:
+    """Pooled output of an :class:`EmbeddingBagCollection`, shaped like TorchRec's KeyedTensor:
+    ``values()`` is ``[batch, Σ dim]``; ``kt[key]`` / ``to_dict()`` give per-table views."""
+
+    def __init__(self, keys: Sequence[str], length_per_key: Sequence[int], values: Tensor):
+        self._keys = list(keys)
+        self._lengths = list(length_per_key)
+        self._values = values
+        self._offsets = np.concatenate([[0], np.cumsum(self._lengths)]).tolist()
+
+    def keys(self) -> list[str]:
+        return self._keys
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def length_per_key(self) -> list[int]:
+        return self._lengths
+
+    def offset_per_key(self) -> list[int]:
+        return self._offsets
+
+    def __getitem__(self, key: str) -> Tensor:
+        i = self._keys.index(key)
+        return self._values[:, self._offsets[i]:self._offsets[i + 1]]
+
+    def to_dict(self) -> dict[str, Tensor]:
+        return {k: self[k] for k in self._keys}
+
+
+class EmbeddingBagCollection(nn.Module):
+    """TorchRec's ``EmbeddingBagCollection`` over a store's tables: the sparse part of a DLRM.
+
+    ``forward(features)`` takes a KeyedJaggedTensor (nearrec's or torchrec's) whose keys name the
+    tables (or map to them through ``feature_names``), pools every table's bags in one engine
+    call and returns a :class:`KeyedTensor` whose ``values()`` is the ``[batch, Σ dim]`` tensor.
+    Keys of ``features`` that no table uses are ignored (a KJT may feed several collections);
+    a table whose feature is missing is an error.
+    """
+
+    def __init__(self, store: Store, tables: Sequence[str] | None = None,
+                 pooling: PoolingModeName | Mapping[str, PoolingModeName] = "sum",
+                 feature_names: Mapping[str, str] | None = None):
+        super().__init__()
+        self.store = store
+        self.tables = list(tables) if tables is not None else list(store.tables)
+        for t in self.tables:
+            store.table(t)
+        self.pooling = {t: pooling if isinstance(pooling, str) else pooling.get(t, "sum")
+                        for t in self.tables}
+        # feature -> table
+        self.feature_names = dict(feature_names) if feature_names else {t: t for t in self.tables}
+        self._feature_of = {table: feat for feat, table in self.feature_names.items()}
+        missing = [t for t in self.tables if t not in self._feature_of]
+        if missing:
+            raise InvalidRequest(f"feature_names maps no feature to tables {missing}")
+        self.dims = [store.table(t).dim for t in self.tables]
+
+    def forward(self, features: Any) -> KeyedTensor:
+        keys = list(features.keys())
+        values = _numpy(features.values())
+        lengths = np.ascontiguousarray(_numpy(features.lengths()))
+        weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
+        weights = _numpy(weights) if weights is not None else None
+        if len(keys) == 0:
+            raise InvalidRequest("the KeyedJaggedTensor has no keys")
+        if lengths.size % len(keys):
+            raise InvalidRequest(f"lengths has {lengths.size} entries, not a multiple of "
+                                 f"{len(keys)} keys")
+        batch = lengths.size // len(keys)
+        bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        if bounds[-1] != len(values):
+            raise InvalidRequest(f"lengths add up to {bounds[-1]} but there are {len(values)} "
+                                 "values")
+        position = {k: i for i, k in enumerate(keys)}
+        reqs = []
+        for table in self.tables:
+            feat = self._feature_of[table]
+            if feat not in position:
+                raise InvalidRequest(f"features have no key {feat!r} for table {table!r}",
+                                     table=table)
+            k = position[feat]
+            lo, hi = int(bounds[k * batch]), int(bounds[(k + 1) * batch])
+            reqs.append(TableLookup(
+                table, values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
+                per_sample_weights=None if weights is None else weights[lo:hi],
+                mode=self.pooling[table]))
+        pooled = self.store.lookup_many(reqs)
+        out = torch.from_numpy(pooled.values)
+        device = _device_of(features.values())
+        if device.type != "cpu":
+            out = out.to(device)
+        return KeyedTensor(self.tables, self.dims, out)
+
+
+__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedJaggedTensor", "KeyedTensor"]
