@@ -110,11 +110,14 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
 def _state_dict_tables(state_dict: Mapping[str, Any],
                        tables: Iterable[str] | None) -> dict[str, Any]:
     """Embedding weights of a state dict by table name: TorchRec's
-    ``embedding_bags.<name>.weight``, or any 2-D floating ``<prefix>.weight`` (``nn.EmbeddingBag``
-    / ``nn.Embedding`` modules, named by their prefix)."""
+    ``embedding_bags.<name>.weight``, or any 2-D floating ``<prefix>.weight`` without a
+    ``<prefix>.bias`` beside it (``nn.EmbeddingBag`` / ``nn.Embedding`` modules, not ``nn.Linear``),
+    named by its prefix. ``tables`` picks and orders them explicitly."""
     found: dict[str, Any] = {}
     for key, t in state_dict.items():
         if not key.endswith("weight") or getattr(t, "ndim", 0) != 2:
+            continue
+        if key[: -len("weight")] + "bias" in state_dict:
             continue
         if not getattr(t, "is_floating_point", lambda: False)():
             continue

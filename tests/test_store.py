@@ -1,0 +1,248 @@
+"""Building, opening and checking stores: atomicity, validation, corruption, sources."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nearrec
+
+FIXTURE = Path(__file__).parent / "fixtures" / "v1"
+
+
+def small(tmp_path: Path, name: str = "s", **kw) -> Path:
+    rng = np.random.default_rng(0)
+    path = tmp_path / name
+    nearrec.from_numpy(path, {"a": rng.random((1000, 16), np.float32),
+                              "b": rng.random((300, 5), np.float32)}, **kw)
+    return path
+
+
+def test_frozen_v1_fixture_still_opens_and_pools():
+    store = nearrec.open(FIXTURE)
+    assert store.info.format_version == 1
+    assert [t.dtype for t in store.tables.values()] == ["fp32", "fp16", "bf16", "int8"]
+    expected = np.load(FIXTURE.parent / "v1_expected.npz")
+    for name in store.tables:
+        got = store.lookup(name, expected["indices"], expected["offsets"])
+        np.testing.assert_array_equal(got, expected[name])
+    assert all(c.ok for c in nearrec.verify(FIXTURE))
+
+
+def test_info_and_layout(tmp_path):
+    info = nearrec.info(small(tmp_path))
+    a, b = info.tables
+    assert (a.name, a.rows, a.dim, a.row_bytes, a.data_bytes) == ("a", 1000, 16, 64, 64 * 4096 // 64 * 16)
+    assert a.padding_ratio == 0.0
+    assert b.row_bytes == 20 and b.padding_ratio == pytest.approx(16 / 4096)
+    assert info.params["source"] == "numpy"
+
+
+def test_existing_store_needs_overwrite(tmp_path):
+    path = small(tmp_path)
+    with pytest.raises(nearrec.StoreExists):
+        small(tmp_path)
+    rng = np.random.default_rng(1)
+    nearrec.from_numpy(path, {"c": rng.random((10, 4), np.float32)}, overwrite=True)
+    assert list(nearrec.open(path).tables) == ["c"]
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_store(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+    with pytest.raises(nearrec.InvalidRequest, match="not a nearrec store"):
+        nearrec.from_numpy(tmp_path / "mine", {"a": np.zeros((2, 2), np.float32)},
+                           overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
+
+
+def test_missing_store(tmp_path):
+    with pytest.raises(nearrec.StoreNotFound):
+        nearrec.open(tmp_path / "nothing")
+
+
+def test_corrupt_data_byte(tmp_path):
+    path = small(tmp_path)
+    f = path / "table-0000.nrt"
+    data = bytearray(f.read_bytes())
+    data[4096 + 777] ^= 0x40
+    f.write_bytes(bytes(data))
+    with pytest.raises(nearrec.StoreCorrupted, match="checksum"):
+        nearrec.open(path)
+    checks = nearrec.verify(path)
+    assert [c.ok for c in checks] == [False, True]
+    # Without load-time checks it opens; verify is how to find out.
+    nearrec.open(path, verify_checksums=False)
+
+
+@pytest.mark.parametrize("where", [0, 9, 30, 60])
+def test_corrupt_header(tmp_path, where):
+    path = small(tmp_path)
+    f = path / "table-0001.nrt"
+    data = bytearray(f.read_bytes())
+    data[where] ^= 0x01
+    f.write_bytes(bytes(data))
+    with pytest.raises(nearrec.StoreCorrupted):
+        nearrec.open(path)
+
+
+def test_truncated_table(tmp_path):
+    path = small(tmp_path)
+    f = path / "table-0000.nrt"
+    os.truncate(f, f.stat().st_size - 4096)
+    with pytest.raises(nearrec.StoreCorrupted, match="truncated"):
+        nearrec.open(path)
+
+
+def test_missing_table_file(tmp_path):
+    path = small(tmp_path)
+    (path / "table-0001.nrt").unlink()
+    with pytest.raises(nearrec.StoreCorrupted, match="missing"):
+        nearrec.open(path)
+
+
+def test_corrupt_manifest_and_unknown_version(tmp_path):
+    path = small(tmp_path)
+    m = path / "MANIFEST"
+    good = m.read_bytes()
+    bad = bytearray(good)
+    bad[-5] ^= 0x01
+    m.write_bytes(bytes(bad))
+    with pytest.raises(nearrec.StoreCorrupted, match="checksum"):
+        nearrec.open(path)
+    future = bytearray(good)
+    future[8:12] = (2).to_bytes(4, "little")
+    m.write_bytes(bytes(future))
+    with pytest.raises(nearrec.UnsupportedVersion):
+        nearrec.open(path)
+    m.write_bytes(b"garbage")
+    with pytest.raises(nearrec.StoreCorrupted):
+        nearrec.open(path)
+
+
+KILL_SCRIPT = """
+import sys, nearrec
+nearrec.build(sys.argv[1], "rmc1", rows=2_000_000, seed=int(sys.argv[2]), overwrite=True,
+              progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_killed_build_leaves_old_store_or_none(tmp_path):
+    path = tmp_path / "s"
+    # 1) no store before: a killed build leaves none.
+    # 2) a store before: a killed rebuild leaves the old one, intact.
+    for attempt in range(2):
+        proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(path), str(attempt + 1)])
+        deadline = time.time() + 60
+        # Kill once the build is well under way (temp files growing).
+        while time.time() < deadline:
+            temps = [p for p in tmp_path.iterdir() if ".nrtmp-" in p.name]
+            if temps and sum(f.stat().st_size for f in temps[0].iterdir()) > 64 << 20:
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if attempt == 0:
+            assert not path.exists()
+            nearrec.build(path, "rmc1", rows=1000, seed=0)
+        else:
+            store = nearrec.open(path)
+            assert store.info.params["seed"] == 0 and store.table("t0").rows == 1000
+            assert all(c.ok for c in nearrec.verify(path))
+    # The next build removes the dead builds' temporary directories.
+    nearrec.build(path, "rmc1", rows=10, overwrite=True)
+    assert not [p for p in tmp_path.iterdir() if ".nrtmp-" in p.name]
+
+
+def test_build_model_spec_and_knobs(tmp_path):
+    info = nearrec.build(tmp_path / "r", "rmc2", rows=1000, seed=3)
+    assert len(info.tables) == 32 and {t.dim for t in info.tables} == {64}
+    assert {t.rows for t in info.tables} == {1000}
+    info = nearrec.build(tmp_path / "m", "mtwnd", table_bytes=8 << 20)
+    rows = [t.rows for t in info.tables]
+    assert len(rows) == 43 and abs(rows[-1] - 10 * rows[0]) <= 10  # proportions kept
+    assert abs(info.total_bytes - (8 << 20)) / (8 << 20) < 0.1
+    with pytest.raises(nearrec.InvalidRequest, match="unknown model"):
+        nearrec.build(tmp_path / "x", "rmc9", rows=10)
+
+
+def test_random_init_is_seeded_and_bounded(tmp_path):
+    a = nearrec.open(nearrec.build(tmp_path / "a", "rmc3", rows=5000, seed=1).path)
+    b = nearrec.open(nearrec.build(tmp_path / "b", "rmc3", rows=5000, seed=1).path)
+    c = nearrec.open(nearrec.build(tmp_path / "c", "rmc3", rows=5000, seed=2).path)
+    ta, tb, tc = (s.table_array("t4") for s in (a, b, c))
+    np.testing.assert_array_equal(ta, tb)
+    assert not np.array_equal(ta, tc)
+    bound = np.sqrt(1 / 5000)
+    assert ta.min() >= -bound and ta.max() < bound
+    assert abs(ta.mean()) < bound * 0.02
+    assert not np.array_equal(a.table_array("t0"), a.table_array("t1"))
+
+
+def test_from_npy_files_memory_mapped(tmp_path):
+    rng = np.random.default_rng(0)
+    arr = rng.random((5000, 24)).astype(np.float64)  # converted chunk by chunk
+    np.save(tmp_path / "x.npy", arr)
+    nearrec.from_numpy(tmp_path / "s", {"x": tmp_path / "x.npy"}, dtype="fp16")
+    got = nearrec.open(tmp_path / "s").read_rows("x", np.arange(5000))
+    np.testing.assert_array_equal(got, arr.astype(np.float32).astype(np.float16).astype(np.float32))
+
+
+def test_from_state_dict(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.ModuleDict({"user": torch.nn.EmbeddingBag(50, 8),
+                                 "item": torch.nn.EmbeddingBag(70, 4)})
+    model.add_module("dense", torch.nn.Linear(3, 3))
+    sd = model.state_dict()
+    info = nearrec.from_state_dict(tmp_path / "s", sd)
+    assert [t.name for t in info.tables] == ["user", "item"]
+    store = nearrec.open(tmp_path / "s")
+    np.testing.assert_array_equal(store.table_array("item"), sd["item.weight"].numpy())
+    # TorchRec EmbeddingBagCollection keys, from a saved file.
+    trec = {"embedding_bags.t0.weight": torch.randn(20, 4), "over.weight": torch.randn(2, 2, 2)}
+    torch.save(trec, tmp_path / "m.pt")
+    info = nearrec.from_state_dict(tmp_path / "t", tmp_path / "m.pt", dtype="bf16")
+    assert [(t.name, t.dtype) for t in info.tables] == [("t0", "bf16")]
+    with pytest.raises(nearrec.InvalidRequest, match="no embedding weights"):
+        nearrec.from_state_dict(tmp_path / "u", sd, tables=["nope"])
+
+
+def test_failed_build_leaves_nothing(tmp_path):
+    with pytest.raises(nearrec.InvalidRequest):
+        nearrec.from_numpy(tmp_path / "s", {"a": np.zeros((3, 2), np.float32),
+                                            "b": np.zeros((3,), np.float32)})
+    rng = np.random.default_rng(0)
+    good = {"a": rng.random((3, 2), np.float32), "b": np.array([[1]], np.int64)}
+    with pytest.raises(nearrec.InvalidRequest):
+        nearrec.from_numpy(tmp_path / "s", good)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lookup_works_in_forked_child(tmp_path):
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork")
+    store = nearrec.open(small(tmp_path))
+    idx = np.random.default_rng(0).integers(0, 1000, 50_000)
+    off = np.arange(0, 50_000, 10)
+    want = store.lookup("a", idx, off)  # parent's worker threads are running
+    pid = os.fork()
+    if pid == 0:  # child: must not hang on the parent's (absent) threads
+        ok = np.array_equal(store.lookup("a", idx, off), want)
+        os._exit(0 if ok else 1)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("lookup hung in a forked child")
