@@ -22,7 +22,7 @@ def make_store(root: Path, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     path = root / "store"
     arrays = {}
-    for name, rows, dim, dtype in TABLES:
+    for name, rows, dim, _dtype in TABLES:
         a = rng.standard_normal((rows, dim), dtype=np.float32)
         arrays[name] = a
     nearrec.from_numpy(path, arrays, dtype={t[0]: t[3] for t in TABLES})

@@ -16,7 +16,7 @@ import numpy.typing as npt
 from . import _native
 from .errors import InvalidRequest
 from .specs import Variant, model_spec, scaled_rows
-from .store import StoreInfo, StorePath
+from .store import StoreInfo, StorePath, progress_enabled
 
 #: rows are fed to the writer in chunks of about this many bytes
 CHUNK_BYTES = 16 << 20
@@ -30,12 +30,6 @@ def _check_dtype(dtype: str) -> str:
     return dtype
 
 
-def _progress(progress: bool | None) -> bool:
-    if progress is None:
-        return os.isatty(2)
-    return progress
-
-
 def _data_bytes(rows: int, dim: int, dtype: str, block_bytes: int) -> int:
     return _native.table_layout(rows, dim, dtype, block_bytes)[1]
 
@@ -47,7 +41,7 @@ class _Writer:
                  progress: bool | None):
         self.path = path
         self.native = _native.NativeStoreWriter(
-            os.fspath(path), overwrite, json.dumps(params), total_bytes, _progress(progress)
+            os.fspath(path), overwrite, json.dumps(params), total_bytes, progress_enabled(progress)
         )
 
     def __enter__(self) -> _Writer:
@@ -102,7 +96,7 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
         for name, a in srcs.items():
             rows, dim = a.shape
             w.native.begin_table(name, rows, dim, dtypes[name], block_bytes)
-            _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])
+            _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])  # type: ignore[misc]
             w.native.finish_table()
         return w.commit()
 
@@ -159,7 +153,7 @@ def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
             rows, dim = t.shape
             w.native.begin_table(name, rows, dim, dtype, block_bytes)
             _feed(w.native, name, rows, dim,
-                  lambda i, j, t=t: t[i:j].detach().to("cpu", torch.float32).numpy())
+                  lambda i, j, t=t: t[i:j].detach().to("cpu", torch.float32).numpy())  # type: ignore[misc]
             w.native.finish_table()
         return w.commit()
 

@@ -69,6 +69,11 @@ class StoreInfo:
         return open_store(self.path, **config)
 
 
+def progress_enabled(progress: bool | None) -> bool:
+    """Progress bars: as asked, or by default when stderr is a terminal."""
+    return os.isatty(2) if progress is None else bool(progress)
+
+
 def info(path: StorePath) -> StoreInfo:
     """Reads and validates a store's manifest and table headers without loading any rows."""
     return StoreInfo._from_json(path, _native.read_manifest(os.fspath(path)))
@@ -85,9 +90,10 @@ class TableCheck:
         return self.error is None
 
 
-def verify(path: StorePath, progress: bool = False) -> list[TableCheck]:
+def verify(path: StorePath, progress: bool | None = None) -> list[TableCheck]:
     """Checks every data byte of every table against its CRC-32C."""
-    return [TableCheck(*c) for c in _native.verify_store(os.fspath(path), progress)]
+    return [TableCheck(*c)
+            for c in _native.verify_store(os.fspath(path), progress_enabled(progress))]
 
 
 @dataclass(frozen=True)
@@ -228,8 +234,9 @@ class Store:
     """
 
     def __init__(self, path: StorePath, threads: int = 0, verify_checksums: bool = True,
-                 progress: bool = False):
-        self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums, progress)
+                 progress: bool | None = None):
+        self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums,
+                                           progress_enabled(progress))
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._tables = {t.name: t for t in self._info.tables}
 
@@ -358,7 +365,7 @@ def _normalise(requests: Sequence[TableLookup] | Mapping[str, Any]) -> list[Tabl
 
 
 def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
-               progress: bool = False) -> Store:
+               progress: bool | None = None) -> Store:
     """Opens the store at ``path``: validates it and loads its tables into DRAM.
 
     ``threads`` = 0 uses every core; ``verify_checksums`` checks each table's CRC-32C as it

@@ -129,7 +129,7 @@ class KeyedTensor:
         self._keys = list(keys)
         self._lengths = list(length_per_key)
         self._values = values
-        self._offsets = np.concatenate([[0], np.cumsum(self._lengths)]).tolist()
+        self._offsets: list[int] = [0, *np.cumsum(self._lengths).tolist()]
 
     def keys(self) -> list[str]:
         return self._keys

@@ -13,7 +13,11 @@ pub fn sequential_write(dir: &Path, bytes: u64) -> std::io::Result<Limit> {
     let path = dir.join(format!(".nearrec-seqwrite-{}", std::process::id()));
     let buf: Vec<u8> = (0..CHUNK).map(|i| (i * 31 % 251) as u8).collect();
     let result = (|| {
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&path)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
         let t = Instant::now();
         let mut left = bytes;
         while left > 0 {
@@ -23,7 +27,11 @@ pub fn sequential_write(dir: &Path, bytes: u64) -> std::io::Result<Limit> {
         }
         f.sync_all()?;
         let s = t.elapsed().as_secs_f64();
-        Ok(Limit { bytes_per_s: bytes as f64 / s, items_per_s: bytes as f64 / CHUNK as f64 / s, seconds: s })
+        Ok(Limit {
+            bytes_per_s: bytes as f64 / s,
+            items_per_s: bytes as f64 / CHUNK as f64 / s,
+            seconds: s,
+        })
     })();
     let _ = std::fs::remove_file(&path);
     result

@@ -19,7 +19,12 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { threads: 0, verify_checksums: true, inline_lookups: 4096, task_lookups: 8192 }
+        Self {
+            threads: 0,
+            verify_checksums: true,
+            inline_lookups: 4096,
+            task_lookups: 8192,
+        }
     }
 }
 
@@ -36,10 +41,15 @@ impl EngineConfig {
 
     pub fn validate(&self) -> Result<()> {
         if self.threads > 1024 {
-            return Err(EngineError::Config(format!("threads = {} is more than 1024", self.threads)));
+            return Err(EngineError::Config(format!(
+                "threads = {} is more than 1024",
+                self.threads
+            )));
         }
         if self.task_lookups == 0 {
-            return Err(EngineError::Config("task_lookups must be at least 1".into()));
+            return Err(EngineError::Config(
+                "task_lookups must be at least 1".into(),
+            ));
         }
         Ok(())
     }

@@ -51,7 +51,11 @@ impl Prepared {
 
 impl Engine {
     /// Opens the store at `path` and loads every table into DRAM.
-    pub fn open(path: impl AsRef<Path>, config: EngineConfig, progress: Option<&ProgressFn>) -> Result<Self> {
+    pub fn open(
+        path: impl AsRef<Path>,
+        config: EngineConfig,
+        progress: Option<&ProgressFn>,
+    ) -> Result<Self> {
         config.validate()?;
         let reader = StoreReader::open(path)?;
         let workers = Workers::new(config.resolved_threads());
@@ -62,8 +66,18 @@ impl Engine {
                 .collect::<Result<Vec<_>, _>>()
         })?;
         let tables = reader.manifest().tables.clone();
-        let by_name = tables.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        Ok(Self { tables, by_name, dram, workers, config })
+        let by_name = tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(Self {
+            tables,
+            by_name,
+            dram,
+            workers,
+            config,
+        })
     }
 
     pub fn tables(&self) -> &[TableMeta] {
@@ -80,10 +94,18 @@ impl Engine {
 
     /// The id of table `name`, or `UnknownTable`.
     pub fn table_id(&self, name: &str) -> Result<usize> {
-        self.by_name.get(name).copied().ok_or_else(|| EngineError::UnknownTable {
-            name: name.to_owned(),
-            available: self.tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", "),
-        })
+        self.by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| EngineError::UnknownTable {
+                name: name.to_owned(),
+                available: self
+                    .tables
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
     }
 
     /// Table `id`'s data region in DRAM, laid out as in the table file.
@@ -115,7 +137,8 @@ impl Engine {
 
     fn view(&self, id: usize) -> TableView<'_> {
         let t = &self.tables[id];
-        TableView::new(self.dram[id].as_slice(), t.layout(), t.dtype, t.dim).expect("loaded table matches its layout")
+        TableView::new(self.dram[id].as_slice(), t.layout(), t.dtype, t.dim)
+            .expect("loaded table matches its layout")
     }
 
     /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size.
@@ -130,7 +153,10 @@ impl Engine {
                 Some((b, first)) if b != checked.batch() => {
                     return Err(EngineError::invalid(
                         t.table,
-                        format!("has {} bags but table {first:?} has {b}; every table needs one bag per sample", checked.batch()),
+                        format!(
+                            "has {} bags but table {first:?} has {b}; every table needs one bag per sample",
+                            checked.batch()
+                        ),
                     ));
                 }
                 _ => batch = Some((checked.batch(), t.table)),
@@ -139,14 +165,27 @@ impl Engine {
             tables.push((id, width, checked));
             width += self.tables[id].dim as usize;
         }
-        Ok(Prepared { batch: batch.map_or(0, |b| b.0), width, tables, lookups })
+        Ok(Prepared {
+            batch: batch.map_or(0, |b| b.0),
+            width,
+            tables,
+            lookups,
+        })
     }
 
     /// Pools `req` into `out`, a row-major `[batch, width]` matrix (`prepared` from [`Self::prepare`]
     /// on the same request).
     pub fn execute(&self, req: &Request<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
-        assert_eq!(out.len(), prepared.batch * prepared.width, "output has the wrong size");
-        assert_eq!(req.tables.len(), prepared.tables.len(), "prepared for another request");
+        assert_eq!(
+            out.len(),
+            prepared.batch * prepared.width,
+            "output has the wrong size"
+        );
+        assert_eq!(
+            req.tables.len(),
+            prepared.tables.len(),
+            "prepared for another request"
+        );
         if prepared.batch == 0 || prepared.width == 0 {
             return Ok(());
         }
@@ -155,7 +194,11 @@ impl Engine {
         for (k, (_, _, checked)) in prepared.tables.iter().enumerate() {
             let per_bag = (checked.bounds[prepared.batch] / prepared.batch).max(1);
             let step = (self.config.task_lookups / per_bag).clamp(1, prepared.batch);
-            tasks.extend((0..prepared.batch).step_by(step).map(|b0| (k, b0, (b0 + step).min(prepared.batch))));
+            tasks.extend(
+                (0..prepared.batch)
+                    .step_by(step)
+                    .map(|b0| (k, b0, (b0 + step).min(prepared.batch))),
+            );
         }
         let base = OutPtr(out.as_mut_ptr());
         let run = |&(k, b0, b1): &(usize, usize, usize)| {
@@ -164,13 +207,25 @@ impl Engine {
             // SAFETY: tasks cover disjoint (table, bag) cells: each table owns columns
             // [col, col + dim) and each task of that table owns rows [b0, b1). `out` outlives the
             // tasks, and its length was checked above.
-            let mut cells = unsafe { BagsOut::from_raw(base.at(b0 * prepared.width + col), prepared.width, dim, b1 - b0) };
+            let mut cells = unsafe {
+                BagsOut::from_raw(
+                    base.at(b0 * prepared.width + col),
+                    prepared.width,
+                    dim,
+                    b1 - b0,
+                )
+            };
             self.pool(&req.tables[k], checked, *id, b0, b1, &mut cells)
         };
-        if prepared.lookups <= self.config.inline_lookups || self.workers.threads() == 1 || tasks.len() == 1 {
+        if prepared.lookups <= self.config.inline_lookups
+            || self.workers.threads() == 1
+            || tasks.len() == 1
+        {
             tasks.iter().try_for_each(run)
         } else {
-            self.workers.get().install(|| tasks.par_iter().try_for_each(run))
+            self.workers
+                .get()
+                .install(|| tasks.par_iter().try_for_each(run))
         }
     }
 
@@ -198,20 +253,35 @@ impl Engine {
             bounds: &'a [usize],
             padding: Option<u64>,
         ) -> PoolJob<'a, I> {
-            PoolJob { indices, bounds, weights: t.per_sample_weights, mode: t.mode, padding_idx: padding }
+            PoolJob {
+                indices,
+                bounds,
+                weights: t.per_sample_weights,
+                mode: t.mode,
+                padding_idx: padding,
+            }
         }
         let bounds = &checked.bounds[b0..=b1];
         let res = match t.indices {
-            Indices::I32(ix) => nearrec_kernels::pool_bags(&view, &job(ix, t, bounds, checked.padding), out),
-            Indices::I64(ix) => nearrec_kernels::pool_bags(&view, &job(ix, t, bounds, checked.padding), out),
+            Indices::I32(ix) => {
+                nearrec_kernels::pool_bags(&view, &job(ix, t, bounds, checked.padding), out)
+            }
+            Indices::I64(ix) => {
+                nearrec_kernels::pool_bags(&view, &job(ix, t, bounds, checked.padding), out)
+            }
         };
-        res.map_err(|IndexError { position, value }| EngineError::IndexOutOfRange {
-            table: t.table.to_owned(),
-            position,
-            bag: checked.bounds.partition_point(|&s| s <= position).saturating_sub(1),
-            value,
-            rows: view.rows(),
-        })
+        res.map_err(
+            |IndexError { position, value }| EngineError::IndexOutOfRange {
+                table: t.table.to_owned(),
+                position,
+                bag: checked
+                    .bounds
+                    .partition_point(|&s| s <= position)
+                    .saturating_sub(1),
+                value,
+                rows: view.rows(),
+            },
+        )
     }
 }
 

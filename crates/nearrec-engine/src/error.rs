@@ -18,7 +18,13 @@ pub enum EngineError {
         "table {table:?}: index {value} at position {position} (bag {bag}) is out of range; \
          the table has {rows} rows"
     )]
-    IndexOutOfRange { table: String, position: usize, bag: usize, value: i64, rows: u64 },
+    IndexOutOfRange {
+        table: String,
+        position: usize,
+        bag: usize,
+        value: i64,
+        rows: u64,
+    },
 
     #[error("invalid engine config: {0}")]
     Config(String),
@@ -26,7 +32,10 @@ pub enum EngineError {
 
 impl EngineError {
     pub(crate) fn invalid(table: &str, reason: impl Into<String>) -> Self {
-        Self::InvalidRequest { table: table.to_owned(), reason: reason.into() }
+        Self::InvalidRequest {
+            table: table.to_owned(),
+            reason: reason.into(),
+        }
     }
 }
 

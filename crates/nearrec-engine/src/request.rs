@@ -42,7 +42,10 @@ impl Indices<'_> {
 pub enum Bags<'a> {
     /// Start position of each bag; with `include_last_offset` one more entry closes the last bag
     /// (indices after it are not part of any bag, as in PyTorch).
-    Offsets { offsets: Indices<'a>, include_last_offset: bool },
+    Offsets {
+        offsets: Indices<'a>,
+        include_last_offset: bool,
+    },
     /// Number of indices in each bag; they must add up to the number of indices.
     Lengths(Indices<'a>),
     /// Every bag has `bag_size` indices (2-D `[batch, bag_size]` input).
@@ -65,7 +68,14 @@ pub struct TableRequest<'a> {
 impl<'a> TableRequest<'a> {
     /// A sum-pooled request with `offsets` (PyTorch's defaults otherwise).
     pub fn new(table: &'a str, indices: Indices<'a>, bags: Bags<'a>) -> Self {
-        Self { table, indices, bags, per_sample_weights: None, mode: PoolingMode::Sum, padding_idx: None }
+        Self {
+            table,
+            indices,
+            bags,
+            per_sample_weights: None,
+            mode: PoolingMode::Sum,
+            padding_idx: None,
+        }
     }
 
     pub fn with_mode(mut self, mode: PoolingMode) -> Self {
@@ -121,13 +131,19 @@ pub(crate) fn check(req: &TableRequest<'_>, rows: u64) -> Result<Checked> {
         if req.mode != PoolingMode::Sum {
             return Err(EngineError::invalid(
                 name,
-                format!("per_sample_weights are only supported with mode='sum', not mode='{}'", req.mode.name()),
+                format!(
+                    "per_sample_weights are only supported with mode='sum', not mode='{}'",
+                    req.mode.name()
+                ),
             ));
         }
         if w.len() != n {
             return Err(EngineError::invalid(
                 name,
-                format!("per_sample_weights has {} values but there are {n} indices", w.len()),
+                format!(
+                    "per_sample_weights has {} values but there are {n} indices",
+                    w.len()
+                ),
             ));
         }
     }
@@ -136,7 +152,10 @@ pub(crate) fn check(req: &TableRequest<'_>, rows: u64) -> Result<Checked> {
         Some(p) => {
             let r = rows as i64;
             if p < -r || p >= r {
-                return Err(EngineError::invalid(name, format!("padding_idx {p} is out of range for {rows} rows")));
+                return Err(EngineError::invalid(
+                    name,
+                    format!("padding_idx {p} is out of range for {rows} rows"),
+                ));
             }
             Some(if p < 0 { (p + r) as u64 } else { p as u64 })
         }
@@ -146,10 +165,16 @@ pub(crate) fn check(req: &TableRequest<'_>, rows: u64) -> Result<Checked> {
             if bag_size == 0 {
                 // PyTorch: a [B, 0] input is B empty bags; B is unknowable from 0 indices, so the
                 // caller must pass offsets instead.
-                return Err(EngineError::invalid(name, "2-D input with 0 columns: pass offsets instead"));
+                return Err(EngineError::invalid(
+                    name,
+                    "2-D input with 0 columns: pass offsets instead",
+                ));
             }
             if n % bag_size != 0 {
-                return Err(EngineError::invalid(name, format!("{n} indices do not split into bags of {bag_size}")));
+                return Err(EngineError::invalid(
+                    name,
+                    format!("{n} indices do not split into bags of {bag_size}"),
+                ));
             }
             (0..=n / bag_size).map(|b| b * bag_size).collect()
         }
@@ -160,32 +185,50 @@ pub(crate) fn check(req: &TableRequest<'_>, rows: u64) -> Result<Checked> {
             for i in 0..lengths.len() {
                 let l = lengths.get(i);
                 if l < 0 {
-                    return Err(EngineError::invalid(name, format!("lengths[{i}] = {l} is negative")));
+                    return Err(EngineError::invalid(
+                        name,
+                        format!("lengths[{i}] = {l} is negative"),
+                    ));
                 }
                 at = at.saturating_add(l as usize);
                 bounds.push(at);
             }
             if at != n {
-                return Err(EngineError::invalid(name, format!("lengths add up to {at} but there are {n} indices")));
+                return Err(EngineError::invalid(
+                    name,
+                    format!("lengths add up to {at} but there are {n} indices"),
+                ));
             }
             bounds
         }
-        Bags::Offsets { offsets, include_last_offset } => {
+        Bags::Offsets {
+            offsets,
+            include_last_offset,
+        } => {
             let m = offsets.len();
             if include_last_offset && m == 0 {
-                return Err(EngineError::invalid(name, "include_last_offset needs at least one offset"));
+                return Err(EngineError::invalid(
+                    name,
+                    "include_last_offset needs at least one offset",
+                ));
             }
             let mut bounds = Vec::with_capacity(m + 1);
             let mut prev = 0i64;
             for i in 0..m {
                 let o = offsets.get(i);
                 if i == 0 && o != 0 {
-                    return Err(EngineError::invalid(name, format!("offsets[0] must be 0, got {o}")));
+                    return Err(EngineError::invalid(
+                        name,
+                        format!("offsets[0] must be 0, got {o}"),
+                    ));
                 }
                 if o < prev {
                     return Err(EngineError::invalid(
                         name,
-                        format!("offsets must not decrease: offsets[{i}] = {o} < offsets[{}] = {prev}", i - 1),
+                        format!(
+                            "offsets must not decrease: offsets[{i}] = {o} < offsets[{}] = {prev}",
+                            i - 1
+                        ),
                     ));
                 }
                 if o as u64 > n as u64 {
@@ -217,15 +260,24 @@ mod tests {
         TableRequest::new(
             "t",
             Indices::I64(idx),
-            Bags::Offsets { offsets: Indices::I64(off), include_last_offset: last },
+            Bags::Offsets {
+                offsets: Indices::I64(off),
+                include_last_offset: last,
+            },
         )
     }
 
     #[test]
     fn offsets_make_bounds() {
         let idx = [1, 2, 3, 4];
-        assert_eq!(check(&offsets(&idx, &[0, 1, 1], false), 10).unwrap().bounds, vec![0, 1, 1, 4]);
-        assert_eq!(check(&offsets(&idx, &[0, 1, 2], true), 10).unwrap().bounds, vec![0, 1, 2]);
+        assert_eq!(
+            check(&offsets(&idx, &[0, 1, 1], false), 10).unwrap().bounds,
+            vec![0, 1, 1, 4]
+        );
+        assert_eq!(
+            check(&offsets(&idx, &[0, 1, 2], true), 10).unwrap().bounds,
+            vec![0, 1, 2]
+        );
         assert_eq!(check(&offsets(&[], &[], false), 10).unwrap().batch(), 0);
     }
 
@@ -238,7 +290,9 @@ mod tests {
             (&[0, 5][..], true, "past the end"),
             (&[][..], true, "at least one offset"),
         ] {
-            let e = check(&offsets(&idx, off, last), 10).unwrap_err().to_string();
+            let e = check(&offsets(&idx, off, last), 10)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want) && e.contains("\"t\""), "{e}");
         }
     }
@@ -246,10 +300,23 @@ mod tests {
     #[test]
     fn lengths_and_fixed() {
         let idx = [1i64, 2, 3, 4];
-        let r = TableRequest::new("t", Indices::I64(&idx), Bags::Lengths(Indices::I32(&[1, 0, 3])));
+        let r = TableRequest::new(
+            "t",
+            Indices::I64(&idx),
+            Bags::Lengths(Indices::I32(&[1, 0, 3])),
+        );
         assert_eq!(check(&r, 10).unwrap().bounds, vec![0, 1, 1, 4]);
-        let r = TableRequest::new("t", Indices::I64(&idx), Bags::Lengths(Indices::I32(&[1, 2])));
-        assert!(check(&r, 10).unwrap_err().to_string().contains("add up to 3"));
+        let r = TableRequest::new(
+            "t",
+            Indices::I64(&idx),
+            Bags::Lengths(Indices::I32(&[1, 2])),
+        );
+        assert!(
+            check(&r, 10)
+                .unwrap_err()
+                .to_string()
+                .contains("add up to 3")
+        );
         let r = TableRequest::new("t", Indices::I64(&idx), Bags::Fixed { bag_size: 2 });
         assert_eq!(check(&r, 10).unwrap().bounds, vec![0, 2, 4]);
     }
@@ -262,7 +329,10 @@ mod tests {
         assert!(check(&base.with_weights(&w[..1]), 10).is_err());
         assert!(check(&base.with_weights(&w).with_mode(PoolingMode::Mean), 10).is_err());
         assert!(check(&base.with_weights(&w), 10).is_ok());
-        assert_eq!(check(&base.with_padding_idx(-1), 10).unwrap().padding, Some(9));
+        assert_eq!(
+            check(&base.with_padding_idx(-1), 10).unwrap().padding,
+            Some(9)
+        );
         assert!(check(&base.with_padding_idx(10), 10).is_err());
     }
 }

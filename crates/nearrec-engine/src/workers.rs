@@ -16,7 +16,10 @@ pub(crate) struct Workers {
 
 impl Workers {
     pub(crate) fn new(threads: usize) -> Self {
-        Self { threads, pool: Mutex::new(None) }
+        Self {
+            threads,
+            pool: Mutex::new(None),
+        }
     }
 
     pub(crate) fn threads(&self) -> usize {

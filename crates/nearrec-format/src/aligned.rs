@@ -21,7 +21,10 @@ impl AlignedBuf {
     /// Allocates `len` zero bytes. Panics only if the allocator fails (as `Vec` does).
     pub fn zeroed(len: usize) -> Self {
         if len == 0 {
-            return Self { ptr: NonNull::<[u8; BUF_ALIGN]>::dangling().cast(), len: 0 };
+            return Self {
+                ptr: NonNull::<[u8; BUF_ALIGN]>::dangling().cast(),
+                len: 0,
+            };
         }
         let layout = Self::layout(len);
         // SAFETY: layout has non-zero size.
@@ -64,7 +67,9 @@ impl Drop for AlignedBuf {
 
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .finish()
     }
 }
 

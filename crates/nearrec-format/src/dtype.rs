@@ -87,8 +87,14 @@ impl DType {
             DType::Int8 => {
                 let (min, max) = values
                     .iter()
-                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-                let (min, max) = if values.is_empty() { (0.0, 0.0) } else { (min, max) };
+                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+                        (lo.min(v), hi.max(v))
+                    });
+                let (min, max) = if values.is_empty() {
+                    (0.0, 0.0)
+                } else {
+                    (min, max)
+                };
                 let scale = (max - min) / 255.0;
                 let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
                 let (codes, tail) = out.split_at_mut(values.len());

@@ -31,13 +31,21 @@ pub enum FormatError {
         "store at {path} has format version {found}; this nearrec reads versions up to {supported}. \
          Upgrade nearrec"
     )]
-    UnsupportedVersion { path: PathBuf, found: u32, supported: u32 },
+    UnsupportedVersion {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
 
     #[error("table {table:?}: {reason}")]
     InvalidTable { table: String, reason: String },
 
     #[error("table {table:?}: expected {expected} rows, {written} were written")]
-    RowCount { table: String, expected: u64, written: u64 },
+    RowCount {
+        table: String,
+        expected: u64,
+        written: u64,
+    },
 
     #[error("unknown dtype {0:?}; expected one of fp32, fp16, bf16, int8")]
     UnknownDType(String),
@@ -45,15 +53,24 @@ pub enum FormatError {
 
 impl FormatError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     pub(crate) fn corrupted(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        Self::Corrupted { path: path.into(), reason: reason.into() }
+        Self::Corrupted {
+            path: path.into(),
+            reason: reason.into(),
+        }
     }
 
     pub(crate) fn invalid_table(table: &str, reason: impl Into<String>) -> Self {
-        Self::InvalidTable { table: table.to_owned(), reason: reason.into() }
+        Self::InvalidTable {
+            table: table.to_owned(),
+            reason: reason.into(),
+        }
     }
 }
 

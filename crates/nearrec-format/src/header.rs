@@ -50,7 +50,10 @@ impl TableHeader {
     /// Decodes and checks a header; the error string says which check failed.
     pub fn decode(b: &[u8]) -> Result<Self, String> {
         if b.len() < HEADER_BYTES {
-            return Err(format!("table header is {} bytes, expected {HEADER_BYTES}", b.len()));
+            return Err(format!(
+                "table header is {} bytes, expected {HEADER_BYTES}",
+                b.len()
+            ));
         }
         if b[0..8] != TABLE_MAGIC {
             return Err("bad table magic (not a nearrec table file)".into());
@@ -60,9 +63,12 @@ impl TableHeader {
         let stored_crc = u32_at(HEADER_CRC_AT);
         let crc = crc32c::crc32c(&b[..HEADER_CRC_AT]);
         if stored_crc != crc {
-            return Err(format!("table header checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x})"));
+            return Err(format!(
+                "table header checksum mismatch (stored {stored_crc:#010x}, computed {crc:#010x})"
+            ));
         }
-        let dtype = DType::from_code(b[12]).ok_or_else(|| format!("unknown dtype code {}", b[12]))?;
+        let dtype =
+            DType::from_code(b[12]).ok_or_else(|| format!("unknown dtype code {}", b[12]))?;
         Ok(Self {
             version: u32_at(8),
             dtype,
@@ -107,7 +113,10 @@ mod tests {
         for i in 0..HEADER_BYTES {
             let mut b = bytes.clone();
             b[i] ^= 0x10;
-            assert!(TableHeader::decode(&b).is_err(), "flip at byte {i} not caught");
+            assert!(
+                TableHeader::decode(&b).is_err(),
+                "flip at byte {i} not caught"
+            );
         }
     }
 }

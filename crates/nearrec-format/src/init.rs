@@ -26,8 +26,10 @@ impl UniformInit {
 
     /// Fills `out` with row `row`'s values.
     pub fn fill(&self, row: u64, out: &mut [f32]) {
-        let key = splitmix(splitmix(self.seed ^ 0x6e65_6172_7265_6321) ^ self.table.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-            ^ row;
+        let key = splitmix(
+            splitmix(self.seed ^ 0x6e65_6172_7265_6321)
+                ^ self.table.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ) ^ row;
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(key);
         let scale = 2.0 * self.bound / (1u32 << 24) as f32;
         for pair in out.chunks_mut(2) {

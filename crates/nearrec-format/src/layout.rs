@@ -28,7 +28,11 @@ pub struct RowLayout {
 impl RowLayout {
     pub fn new(rows: u64, row_bytes: u64, block_bytes: u64) -> Self {
         debug_assert!(row_bytes > 0 && block_bytes.is_power_of_two());
-        Self { rows, row_bytes, block_bytes }
+        Self {
+            rows,
+            row_bytes,
+            block_bytes,
+        }
     }
 
     /// Bytes of one span: one block, or the whole blocks a single oversized row needs.

@@ -65,7 +65,10 @@ impl Manifest {
     /// `Err(Err(reason))` is corruption.
     pub fn decode(b: &[u8]) -> Result<Self, Result<u32, String>> {
         if b.len() < ENVELOPE_BYTES {
-            return Err(Err(format!("manifest is {} bytes, shorter than its envelope", b.len())));
+            return Err(Err(format!(
+                "manifest is {} bytes, shorter than its envelope",
+                b.len()
+            )));
         }
         if b[0..8] != MANIFEST_MAGIC {
             return Err(Err("bad manifest magic (not a nearrec store)".into()));
@@ -78,14 +81,19 @@ impl Manifest {
         let crc = u32::from_le_bytes(b[24..28].try_into().expect("4 bytes"));
         let body = &b[ENVELOPE_BYTES..];
         if body.len() as u64 != len {
-            return Err(Err(format!("manifest body is {} bytes, envelope says {len}", body.len())));
+            return Err(Err(format!(
+                "manifest body is {} bytes, envelope says {len}",
+                body.len()
+            )));
         }
         let actual = crc32c::crc32c(body);
         if actual != crc {
-            return Err(Err(format!("manifest checksum mismatch (stored {crc:#010x}, computed {actual:#010x})")));
+            return Err(Err(format!(
+                "manifest checksum mismatch (stored {crc:#010x}, computed {actual:#010x})"
+            )));
         }
-        let m: Manifest =
-            serde_json::from_slice(body).map_err(|e| Err(format!("manifest body is not valid: {e}")))?;
+        let m: Manifest = serde_json::from_slice(body)
+            .map_err(|e| Err(format!("manifest body is not valid: {e}")))?;
         if m.format_version != version {
             return Err(Err(format!(
                 "manifest body says version {}, envelope says {version}",

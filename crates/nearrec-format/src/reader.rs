@@ -38,7 +38,10 @@ impl StoreReader {
         let path = path.as_ref().to_path_buf();
         let mpath = path.join(MANIFEST_FILE);
         let bytes = std::fs::read(&mpath).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => FormatError::NotFound { path: path.clone(), source: e },
+            std::io::ErrorKind::NotFound => FormatError::NotFound {
+                path: path.clone(),
+                source: e,
+            },
             _ => FormatError::io(&mpath, e),
         })?;
         let manifest = Manifest::decode(&bytes).map_err(|e| match e {
@@ -52,11 +55,18 @@ impl StoreReader {
         let mut files = Vec::with_capacity(manifest.tables.len());
         for (i, meta) in manifest.tables.iter().enumerate() {
             if manifest.tables[..i].iter().any(|t| t.name == meta.name) {
-                return Err(FormatError::corrupted(&mpath, format!("table {:?} is listed twice", meta.name)));
+                return Err(FormatError::corrupted(
+                    &mpath,
+                    format!("table {:?} is listed twice", meta.name),
+                ));
             }
             files.push(open_table(&path, meta)?);
         }
-        Ok(Self { path, manifest, files })
+        Ok(Self {
+            path,
+            manifest,
+            files,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -78,16 +88,30 @@ impl StoreReader {
 
     /// Reads table `i`'s data region into an aligned buffer, checking its CRC-32C on the way when
     /// `check` is set (cheap next to the read itself).
-    pub fn read_table(&self, i: usize, check: bool, progress: Option<&ProgressFn>) -> Result<AlignedBuf> {
+    pub fn read_table(
+        &self,
+        i: usize,
+        check: bool,
+        progress: Option<&ProgressFn>,
+    ) -> Result<AlignedBuf> {
         let meta = &self.manifest.tables[i];
         let len = usize::try_from(meta.data_bytes).map_err(|_| {
-            FormatError::invalid_table(&meta.name, "table is larger than this machine's address space")
+            FormatError::invalid_table(
+                &meta.name,
+                "table is larger than this machine's address space",
+            )
         })?;
         let mut buf = AlignedBuf::zeroed(len);
         let mut crc = 0u32;
-        for (k, chunk) in buf.as_mut_slice().chunks_mut(CHUNK_BYTES as usize).enumerate() {
+        for (k, chunk) in buf
+            .as_mut_slice()
+            .chunks_mut(CHUNK_BYTES as usize)
+            .enumerate()
+        {
             let at = DATA_OFFSET + k as u64 * CHUNK_BYTES;
-            self.files[i].read_exact_at(chunk, at).map_err(|e| self.read_error(i, e))?;
+            self.files[i]
+                .read_exact_at(chunk, at)
+                .map_err(|e| self.read_error(i, e))?;
             if check {
                 crc = crc32c::crc32c_append(crc, chunk);
             }
@@ -125,7 +149,11 @@ impl StoreReader {
                 if error.is_none() && crc != meta.data_crc32c {
                     error = Some(self.crc_error(i, crc).to_string());
                 }
-                TableCheck { table: meta.name.clone(), bytes: meta.data_bytes, error }
+                TableCheck {
+                    table: meta.name.clone(),
+                    bytes: meta.data_bytes,
+                    error,
+                }
             })
             .collect()
     }
@@ -153,9 +181,17 @@ impl StoreReader {
 }
 
 fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
-    let bad = |reason: String| FormatError::corrupted(root.join(&meta.file), format!("table {:?}: {reason}", meta.name));
+    let bad = |reason: String| {
+        FormatError::corrupted(
+            root.join(&meta.file),
+            format!("table {:?}: {reason}", meta.name),
+        )
+    };
     if meta.file.contains('/') || meta.file.starts_with('.') || meta.file.is_empty() {
-        return Err(bad(format!("file name {:?} escapes the store directory", meta.file)));
+        return Err(bad(format!(
+            "file name {:?} escapes the store directory",
+            meta.file
+        )));
     }
     let fpath = root.join(&meta.file);
     let file = File::open(&fpath).map_err(|e| match e.kind() {
@@ -163,7 +199,8 @@ fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
         _ => FormatError::io(&fpath, e),
     })?;
     let mut head = [0u8; HEADER_BYTES];
-    file.read_exact_at(&mut head, 0).map_err(|_| bad("table file is shorter than its header".into()))?;
+    file.read_exact_at(&mut head, 0)
+        .map_err(|_| bad("table file is shorter than its header".into()))?;
     let h = TableHeader::decode(&head).map_err(bad)?;
     let agree = h.dtype == meta.dtype
         && h.dim == meta.dim
@@ -182,10 +219,17 @@ fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
     if !h.block_bytes.is_power_of_two() || h.block_bytes < 512 || h.dim == 0 {
         return Err(bad("invalid block size or dim".into()));
     }
-    if meta.dtype.row_bytes(meta.dim) != meta.row_bytes || meta.layout().data_bytes() != meta.data_bytes {
-        return Err(bad("row size or data size does not match rows, dim and dtype".into()));
+    if meta.dtype.row_bytes(meta.dim) != meta.row_bytes
+        || meta.layout().data_bytes() != meta.data_bytes
+    {
+        return Err(bad(
+            "row size or data size does not match rows, dim and dtype".into(),
+        ));
     }
-    let len = file.metadata().map_err(|e| FormatError::io(&fpath, e))?.len();
+    let len = file
+        .metadata()
+        .map_err(|e| FormatError::io(&fpath, e))?
+        .len();
     if len != DATA_OFFSET + meta.data_bytes {
         return Err(bad(format!(
             "table file is {len} bytes, expected {} (truncated or extended)",

@@ -10,7 +10,9 @@ use crate::manifest::{MANIFEST_FILE, MANIFEST_MAGIC};
 
 /// fsyncs a directory so that renames and creations inside it are durable.
 pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| FormatError::io(dir, e))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| FormatError::io(dir, e))
 }
 
 /// True if `path` is an empty directory or holds a nearrec manifest: the only things a build
@@ -36,13 +38,21 @@ pub(crate) fn commit_dir(tmp: &Path, target: &Path, overwrite: bool) -> Result<(
     let parent = target.parent().unwrap_or(Path::new("/"));
     let exists = target.exists();
     if exists && !overwrite {
-        return Err(FormatError::AlreadyExists { path: target.to_path_buf() });
+        return Err(FormatError::AlreadyExists {
+            path: target.to_path_buf(),
+        });
     }
-    let flags = if exists { libc::RENAME_EXCHANGE } else { libc::RENAME_NOREPLACE };
+    let flags = if exists {
+        libc::RENAME_EXCHANGE
+    } else {
+        libc::RENAME_NOREPLACE
+    };
     match rename2(tmp, target, flags) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-            return Err(FormatError::AlreadyExists { path: target.to_path_buf() });
+            return Err(FormatError::AlreadyExists {
+                path: target.to_path_buf(),
+            });
         }
         // Filesystems without renameat2 flags: fall back to plain renames (a crash between the
         // two leaves the old store under `tmp`'s sibling name and none at the target).
@@ -71,19 +81,37 @@ fn rename2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result<()> {
     let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
     let (from, to) = (c(from)?, c(to)?);
     // SAFETY: both are valid NUL-terminated paths; AT_FDCWD is accepted for absolute and relative paths.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), flags) };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Removes temporary build directories for `base` left by writers that no longer run (killed
 /// builds). Best effort: errors are ignored.
 pub(crate) fn remove_stale_temps(parent: &Path, base: &str) {
     let prefix = format!(".{base}.nrtmp-");
-    let Ok(entries) = fs::read_dir(parent) else { return };
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
         // SAFETY: kill with signal 0 only checks whether the process exists.
         let alive = unsafe { libc::kill(pid, 0) } == 0
             || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);

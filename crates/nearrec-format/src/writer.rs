@@ -42,7 +42,10 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self { overwrite: false, params: serde_json::Value::Null }
+        Self {
+            overwrite: false,
+            params: serde_json::Value::Null,
+        }
     }
 }
 
@@ -59,19 +62,27 @@ pub struct TableSpec {
 
 impl TableSpec {
     pub fn new(name: impl Into<String>, rows: u64, dim: u32, dtype: DType) -> Self {
-        Self { name: name.into(), rows, dim, dtype, block_bytes: DEFAULT_BLOCK_BYTES }
+        Self {
+            name: name.into(),
+            rows,
+            dim,
+            dtype,
+            block_bytes: DEFAULT_BLOCK_BYTES,
+        }
     }
 
     pub fn validate(&self) -> Result<()> {
         let bad = |r: &str| Err(FormatError::invalid_table(&self.name, r));
-        if self.name.is_empty() || self.name.len() > 255 || self.name.chars().any(char::is_control) {
+        if self.name.is_empty() || self.name.len() > 255 || self.name.chars().any(char::is_control)
+        {
             return bad("table names must be 1-255 printable characters");
         }
         if self.dim == 0 || self.dim > 1 << 20 {
             return bad("dim must be between 1 and 1048576");
         }
-        if !self.block_bytes.is_power_of_two() || self.block_bytes < 512 {
-            return bad("block_bytes must be a power of two of at least 512");
+        // The data region starts at file offset 4096, so blocks up to 4 KiB stay aligned in the file.
+        if !self.block_bytes.is_power_of_two() || !(512..=4096).contains(&self.block_bytes) {
+            return bad("block_bytes must be a power of two between 512 and 4096");
         }
         if self.rows > 1 << 48 {
             return bad("more than 2^48 rows");
@@ -80,7 +91,11 @@ impl TableSpec {
     }
 
     pub fn layout(&self) -> RowLayout {
-        RowLayout::new(self.rows, self.dtype.row_bytes(self.dim), u64::from(self.block_bytes))
+        RowLayout::new(
+            self.rows,
+            self.dtype.row_bytes(self.dim),
+            u64::from(self.block_bytes),
+        )
     }
 }
 
@@ -103,12 +118,18 @@ impl StoreWriter {
         if target.exists() && !is_store_or_empty(&target) {
             return Err(FormatError::invalid_table(
                 "-",
-                format!("{} exists and is not a nearrec store; refusing to replace it", target.display()),
+                format!(
+                    "{} exists and is not a nearrec store; refusing to replace it",
+                    target.display()
+                ),
             ));
         }
         let parent = target.parent().unwrap_or(Path::new("/")).to_path_buf();
         fs::create_dir_all(&parent).map_err(|e| FormatError::io(&parent, e))?;
-        let base = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let base = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         crate::sync::remove_stale_temps(&parent, &base);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -116,7 +137,14 @@ impl StoreWriter {
             .unwrap_or(0);
         let tmp = parent.join(format!(".{base}.nrtmp-{}-{nanos}", std::process::id()));
         fs::create_dir(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
-        Ok(Self { target, tmp, options, tables: Vec::new(), progress: None, committed: false })
+        Ok(Self {
+            target,
+            tmp,
+            options,
+            tables: Vec::new(),
+            progress: None,
+            committed: false,
+        })
     }
 
     /// Reports bytes written as they reach the writer thread.
@@ -134,11 +162,17 @@ impl StoreWriter {
     pub fn table(&mut self, spec: TableSpec) -> Result<TableWriter> {
         spec.validate()?;
         if self.tables.iter().any(|t| t.name == spec.name) {
-            return Err(FormatError::invalid_table(&spec.name, "a table of that name was already written"));
+            return Err(FormatError::invalid_table(
+                &spec.name,
+                "a table of that name was already written",
+            ));
         }
         let file_name = format!("table-{:04}.nrt", self.tables.len());
         if self.tmp.join(&file_name).exists() {
-            return Err(FormatError::invalid_table(&spec.name, "the previous table was not finished"));
+            return Err(FormatError::invalid_table(
+                &spec.name,
+                "the previous table was not finished",
+            ));
         }
         let path = self.tmp.join(&file_name);
         let file = OpenOptions::new()
@@ -167,7 +201,10 @@ impl StoreWriter {
     /// its rows must have been written.
     pub fn finish_table(&mut self, table: TableWriter) -> Result<()> {
         if table.path.parent() != Some(self.tmp.as_path()) {
-            return Err(FormatError::invalid_table(&table.spec.name, "table belongs to another store writer"));
+            return Err(FormatError::invalid_table(
+                &table.spec.name,
+                "table belongs to another store writer",
+            ));
         }
         let meta = table.finish()?;
         self.tables.push(meta);
@@ -184,7 +221,9 @@ impl StoreWriter {
         };
         let mpath = self.tmp.join(MANIFEST_FILE);
         let mut f = File::create(&mpath).map_err(|e| FormatError::io(&mpath, e))?;
-        f.write_all(&manifest.encode()).and_then(|()| f.sync_all()).map_err(|e| FormatError::io(&mpath, e))?;
+        f.write_all(&manifest.encode())
+            .and_then(|()| f.sync_all())
+            .map_err(|e| FormatError::io(&mpath, e))?;
         drop(f);
         fsync_dir(&self.tmp)?;
         commit_dir(&self.tmp, &self.target, self.options.overwrite)?;
@@ -203,7 +242,10 @@ impl Drop for StoreWriter {
 
 impl std::fmt::Debug for StoreWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreWriter").field("target", &self.target).field("tables", &self.tables.len()).finish()
+        f.debug_struct("StoreWriter")
+            .field("target", &self.target)
+            .field("tables", &self.tables.len())
+            .finish()
     }
 }
 
@@ -236,7 +278,10 @@ impl TableWriter {
         if values.len() % dim != 0 {
             return Err(FormatError::invalid_table(
                 &self.spec.name,
-                format!("got {} values, not a whole number of rows of dim {dim}", values.len()),
+                format!(
+                    "got {} values, not a whole number of rows of dim {dim}",
+                    values.len()
+                ),
             ));
         }
         let first = self.rows_written;
@@ -252,7 +297,10 @@ impl TableWriter {
         if bytes.len() % rb != 0 {
             return Err(FormatError::invalid_table(
                 &self.spec.name,
-                format!("got {} bytes, not a whole number of {rb}-byte rows", bytes.len()),
+                format!(
+                    "got {} bytes, not a whole number of {rb}-byte rows",
+                    bytes.len()
+                ),
             ));
         }
         let first = self.rows_written;
@@ -265,22 +313,32 @@ impl TableWriter {
     /// Appends `n` rows produced by `fill(row, values)` (fp32, encoded here), in parallel.
     pub fn write_with(&mut self, n: u64, fill: impl Fn(u64, &mut [f32]) + Sync) -> Result<()> {
         let dtype = self.spec.dtype;
-        self.write_rows(n, |row, out, scratch| match bytemuck::try_cast_slice_mut::<u8, f32>(out) {
-            // fp32 rows are filled in place (chunks are 4-byte aligned, rows 4-byte multiples).
-            Ok(values) if dtype == DType::Fp32 => fill(row, values),
-            _ => {
-                fill(row, scratch);
-                dtype.encode_row(scratch, out);
+        self.write_rows(n, |row, out, scratch| {
+            match bytemuck::try_cast_slice_mut::<u8, f32>(out) {
+                // fp32 rows are filled in place (chunks are 4-byte aligned, rows 4-byte multiples).
+                Ok(values) if dtype == DType::Fp32 => fill(row, values),
+                _ => {
+                    fill(row, scratch);
+                    dtype.encode_row(scratch, out);
+                }
             }
         })
     }
 
     /// Places rows `rows_written..rows_written + n` with `place(row, encoded_row, fp32_scratch)`,
     /// spans in parallel, handing each full chunk to the writer thread.
-    fn write_rows(&mut self, n: u64, place: impl Fn(u64, &mut [u8], &mut Vec<f32>) + Sync) -> Result<()> {
+    fn write_rows(
+        &mut self,
+        n: u64,
+        place: impl Fn(u64, &mut [u8], &mut Vec<f32>) + Sync,
+    ) -> Result<()> {
         let end = self.rows_written + n;
         if end > self.spec.rows {
-            return Err(FormatError::RowCount { table: self.spec.name.clone(), expected: self.spec.rows, written: end });
+            return Err(FormatError::RowCount {
+                table: self.spec.name.clone(),
+                expected: self.spec.rows,
+                written: end,
+            });
         }
         let (layout, dim) = (self.layout, self.spec.dim as usize);
         let rps = layout.rows_per_span();
@@ -293,16 +351,19 @@ impl TableWriter {
                 Some(c) => c,
                 None => self.pipeline.empty_buffer(self.chunk_bytes),
             };
-            chunk.par_chunks_mut(layout.span_bytes() as usize).enumerate().for_each_init(
-                || vec![0f32; dim],
-                |scratch, (s, span)| {
-                    let span_first = chunk_first + s as u64 * rps;
-                    for row in span_first.max(lo)..(span_first + rps).min(stop) {
-                        let at = ((row - span_first) as usize) * rb;
-                        place(row, &mut span[at..at + rb], scratch);
-                    }
-                },
-            );
+            chunk
+                .par_chunks_mut(layout.span_bytes() as usize)
+                .enumerate()
+                .for_each_init(
+                    || vec![0f32; dim],
+                    |scratch, (s, span)| {
+                        let span_first = chunk_first + s as u64 * rps;
+                        for row in span_first.max(lo)..(span_first + rps).min(stop) {
+                            let at = ((row - span_first) as usize) * rb;
+                            place(row, &mut span[at..at + rb], scratch);
+                        }
+                    },
+                );
             self.rows_written = stop;
             if stop == chunk_first + self.chunk_rows {
                 self.pipeline.send(chunk, self.chunk_bytes)?;
@@ -359,7 +420,10 @@ impl TableWriter {
 
 impl std::fmt::Debug for TableWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TableWriter").field("spec", &self.spec).field("rows_written", &self.rows_written).finish()
+        f.debug_struct("TableWriter")
+            .field("spec", &self.spec)
+            .field("rows_written", &self.rows_written)
+            .finish()
     }
 }
 
@@ -396,7 +460,13 @@ impl WritePipeline {
                 Ok((file, crc))
             })
             .expect("spawn writer thread");
-        Self { full: Some(full_tx), empty: empty_rx, spare: PIPELINE_DEPTH, thread: Some(thread), path }
+        Self {
+            full: Some(full_tx),
+            empty: empty_rx,
+            spare: PIPELINE_DEPTH,
+            thread: Some(thread),
+            path,
+        }
     }
 
     /// A zeroed chunk buffer: a recycled one, or a new one while fewer than `PIPELINE_DEPTH` exist.
@@ -411,19 +481,28 @@ impl WritePipeline {
     }
 
     fn send(&mut self, buf: Vec<u8>, len: usize) -> Result<()> {
-        let ok = self.full.as_ref().is_some_and(|tx| tx.send((buf, len)).is_ok());
+        let ok = self
+            .full
+            .as_ref()
+            .is_some_and(|tx| tx.send((buf, len)).is_ok());
         if ok { Ok(()) } else { self.join().map(|_| ()) }
     }
 
     fn join(&mut self) -> Result<(File, u32)> {
         self.full = None;
         let handle = self.thread.take().ok_or_else(|| {
-            FormatError::io(&self.path, std::io::Error::other("table writer already finished"))
+            FormatError::io(
+                &self.path,
+                std::io::Error::other("table writer already finished"),
+            )
         })?;
         match handle.join() {
             Ok(Ok(done)) => Ok(done),
             Ok(Err(e)) => Err(FormatError::io(&self.path, e)),
-            Err(_) => Err(FormatError::io(&self.path, std::io::Error::other("writer thread panicked"))),
+            Err(_) => Err(FormatError::io(
+                &self.path,
+                std::io::Error::other("writer thread panicked"),
+            )),
         }
     }
 

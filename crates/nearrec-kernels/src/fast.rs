@@ -21,7 +21,11 @@ const PREFETCH_AHEAD: usize = 16;
 /// Matches `torch.nn.EmbeddingBag`: sum (optionally weighted), mean over the rows that are not
 /// `padding_idx`, element-wise max; a bag with no counted rows gives zeros. Returns the first
 /// out-of-range index met (bags before it are written, the rest are not).
-pub fn pool_bags<I: RowIndex>(table: &TableView<'_>, job: &PoolJob<'_, I>, out: &mut BagsOut<'_>) -> Result<(), IndexError> {
+pub fn pool_bags<I: RowIndex>(
+    table: &TableView<'_>,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+) -> Result<(), IndexError> {
     debug_assert_eq!(out.bags(), job.bags());
     macro_rules! by_dim {
         ($dec:ty) => {
@@ -56,11 +60,6 @@ struct Bf16;
 struct Int8;
 
 #[inline(always)]
-fn f32_at(row: &[u8], j: usize) -> f32 {
-    f32::from_le_bytes([row[4 * j], row[4 * j + 1], row[4 * j + 2], row[4 * j + 3]])
-}
-
-#[inline(always)]
 fn u16_at(row: &[u8], j: usize) -> u16 {
     u16::from_le_bytes([row[2 * j], row[2 * j + 1]])
 }
@@ -73,23 +72,38 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let shifted = (h & 0x7fff) << 13;
     // Re-bias the exponent by multiplying by 2^112; subnormals come out right by the same multiply.
     let scaled = f32::from_bits(shifted) * f32::from_bits(0x7780_0000);
-    let bits = if (h & 0x7c00) == 0x7c00 { shifted | 0x7f80_0000 } else { scaled.to_bits() };
+    let bits = if (h & 0x7c00) == 0x7c00 {
+        shifted | 0x7f80_0000
+    } else {
+        scaled.to_bits()
+    };
     f32::from_bits(bits | ((h & 0x8000) << 16))
+}
+
+/// The row's values as `f32`s: fp32 rows are 4-byte aligned (`TableView::new` checks the
+/// buffer; row offsets are multiples of 4), so this is a plain reinterpretation, which the
+/// compiler turns into wide vector loads.
+#[inline(always)]
+fn f32_row(row: &[u8], dim: usize) -> &[f32] {
+    assert!(row.len() >= dim * 4);
+    debug_assert_eq!(row.as_ptr() as usize % 4, 0);
+    // SAFETY: length checked above; alignment is a TableView invariant for fp32 tables.
+    unsafe { std::slice::from_raw_parts(row.as_ptr().cast::<f32>(), dim) }
 }
 
 impl Decode for Fp32 {
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
-        let row = &row[..acc.len() * 4];
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a += w * f32_at(row, j);
+        let dim = acc.len();
+        for (a, &v) in acc.iter_mut().zip(f32_row(row, dim)) {
+            *a += w * v;
         }
     }
     #[inline(always)]
     fn max(row: &[u8], acc: &mut [f32]) {
-        let row = &row[..acc.len() * 4];
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = a.max(f32_at(row, j));
+        let dim = acc.len();
+        for (a, &v) in acc.iter_mut().zip(f32_row(row, dim)) {
+            *a = a.max(v);
         }
     }
 }
@@ -153,15 +167,15 @@ fn prefetch(p: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let mut off = 0;
-        while off < bytes {
+        // Every cache line the row touches, from its first byte's line to its last byte's.
+        let first = p as usize & !63;
+        let last = (p as usize + bytes - 1) & !63;
+        let mut line = first;
+        while line <= last {
             // SAFETY: prefetch never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast()) };
-            off += 64;
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line - p as usize).cast()) };
+            line += 64;
         }
-        // A row that is not 64-byte aligned may end in one more line.
-        // SAFETY: as above.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, bytes);
@@ -200,32 +214,65 @@ fn accumulate<I: RowIndex, Dec: Decode>(
     end: usize,
     acc: &mut [f32],
 ) -> Result<usize, IndexError> {
+    // One specialised loop per reduction, so the per-lookup body has no mode branch.
+    match (job.mode, job.weights) {
+        (PoolingMode::Max, _) => {
+            acc.fill(f32::NEG_INFINITY);
+            reduce(table, job, start, end, |row, _| Dec::max(row, acc))
+        }
+        (_, Some(w)) => {
+            acc.fill(0.0);
+            reduce(table, job, start, end, |row, pos| {
+                Dec::axpy(row, w[pos], acc)
+            })
+        }
+        (_, None) => {
+            acc.fill(0.0);
+            reduce(table, job, start, end, |row, _| Dec::axpy(row, 1.0, acc))
+        }
+    }
+}
+
+/// Walks one bag: range-checks each index, skips padding, prefetches ahead and hands each row
+/// (with its position) to `step`. Returns the rows counted.
+#[inline(always)]
+fn reduce<I: RowIndex>(
+    table: &TableView<'_>,
+    job: &PoolJob<'_, I>,
+    start: usize,
+    end: usize,
+    mut step: impl FnMut(&[u8], usize),
+) -> Result<usize, IndexError> {
     let (rows, row_bytes) = (table.rows(), table.row_bytes());
-    let all_end = job.bounds[job.bags()];
-    acc.fill(if job.mode == PoolingMode::Max { f32::NEG_INFINITY } else { 0.0 });
+    // Prefetch only within this job's indices; `u64::MAX` never equals a valid row.
+    let ahead_end = job.bounds[job.bags()].min(job.indices.len());
+    let padding = job.padding_idx.unwrap_or(u64::MAX);
     let mut count = 0usize;
-    for pos in start..end {
-        if pos + PREFETCH_AHEAD < all_end {
-            let ahead = job.indices[pos + PREFETCH_AHEAD].to_i64() as u64;
+    for (pos, ix) in job.indices[start..end]
+        .iter()
+        .enumerate()
+        .map(|(k, ix)| (start + k, ix))
+    {
+        if pos + PREFETCH_AHEAD < ahead_end {
+            // SAFETY: pos + PREFETCH_AHEAD < ahead_end <= indices.len().
+            let ahead = unsafe { job.indices.get_unchecked(pos + PREFETCH_AHEAD) }.to_i64() as u64;
             if ahead < rows {
                 prefetch(table.row_ptr(ahead), row_bytes);
             }
         }
-        let value = job.indices[pos].to_i64();
+        let value = ix.to_i64();
         // A negative index wraps to a huge u64, so one compare catches both cases.
         if value as u64 >= rows {
-            return Err(IndexError { position: pos, value });
+            return Err(IndexError {
+                position: pos,
+                value,
+            });
         }
-        if job.padding_idx == Some(value as u64) {
+        if value as u64 == padding {
             continue;
         }
         count += 1;
-        let row = table.row(value as u64);
-        match (job.mode, job.weights) {
-            (PoolingMode::Max, _) => Dec::max(row, acc),
-            (_, Some(w)) => Dec::axpy(row, w[pos], acc),
-            (_, None) => Dec::axpy(row, 1.0, acc),
-        }
+        step(table.row(value as u64), pos);
     }
     Ok(count)
 }

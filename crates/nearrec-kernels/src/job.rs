@@ -84,14 +84,26 @@ impl<'a> BagsOut<'a> {
     /// Output for `bags` bags whose rows are `stride` apart in `out`, each `dim` wide.
     pub fn from_slice(out: &'a mut [f32], stride: usize, dim: usize, bags: usize) -> Self {
         assert!(dim <= stride && (bags == 0 || (bags - 1) * stride + dim <= out.len()));
-        Self { ptr: out.as_mut_ptr(), stride, dim, bags, _out: PhantomData }
+        Self {
+            ptr: out.as_mut_ptr(),
+            stride,
+            dim,
+            bags,
+            _out: PhantomData,
+        }
     }
 
     /// # Safety
     /// For every `b < bags`, `ptr + b * stride .. + dim` must be valid for writes for `'a` and not
     /// accessed through any other reference or `BagsOut` meanwhile.
     pub unsafe fn from_raw(ptr: *mut f32, stride: usize, dim: usize, bags: usize) -> Self {
-        Self { ptr, stride, dim, bags, _out: PhantomData }
+        Self {
+            ptr,
+            stride,
+            dim,
+            bags,
+            _out: PhantomData,
+        }
     }
 
     pub fn bags(&self) -> usize {

@@ -5,18 +5,29 @@ use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 use crate::table::TableView;
 
 /// Pools every bag of `job` from `table` into `out` (same contract as [`crate::pool_bags`]).
-pub fn pool_bags<I: RowIndex>(table: &TableView<'_>, job: &PoolJob<'_, I>, out: &mut BagsOut<'_>) -> Result<(), IndexError> {
+pub fn pool_bags<I: RowIndex>(
+    table: &TableView<'_>,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+) -> Result<(), IndexError> {
     let dim = table.dim();
     let mut row = vec![0f32; dim];
     let mut acc = vec![0f32; dim];
     for b in 0..job.bags() {
-        let init = if job.mode == PoolingMode::Max { f32::NEG_INFINITY } else { 0.0 };
+        let init = if job.mode == PoolingMode::Max {
+            f32::NEG_INFINITY
+        } else {
+            0.0
+        };
         acc.iter_mut().for_each(|a| *a = init);
         let mut count = 0usize;
         for pos in job.bounds[b]..job.bounds[b + 1] {
             let value = job.indices[pos].to_i64();
             if value < 0 || value as u64 >= table.rows() {
-                return Err(IndexError { position: pos, value });
+                return Err(IndexError {
+                    position: pos,
+                    value,
+                });
             }
             if job.padding_idx == Some(value as u64) {
                 continue;

@@ -17,8 +17,18 @@ impl<'a> TableView<'a> {
         if (data.len() as u64) < layout.data_bytes() || dtype.row_bytes(dim) != layout.row_bytes {
             return None;
         }
+        // fp32 rows are read as f32 slices: the data region must be 4-byte aligned.
+        if dtype == DType::Fp32 && data.as_ptr() as usize % 4 != 0 {
+            return None;
+        }
         let dense_stride = layout.is_dense().then_some(layout.row_bytes as usize);
-        Some(Self { data, layout, dtype, dim: dim as usize, dense_stride })
+        Some(Self {
+            data,
+            layout,
+            dtype,
+            dim: dim as usize,
+            dense_stride,
+        })
     }
 
     pub fn rows(&self) -> u64 {

@@ -6,7 +6,13 @@ use nearrec_format::FormatError;
 use pyo3::prelude::*;
 
 /// Builds `nearrec.errors.<class>(message, table=..., position=...)`.
-pub(crate) fn raise(py: Python<'_>, class: &str, message: String, table: Option<&str>, position: Option<usize>) -> PyErr {
+pub(crate) fn raise(
+    py: Python<'_>,
+    class: &str,
+    message: String,
+    table: Option<&str>,
+    position: Option<usize>,
+) -> PyErr {
     let build = || -> PyResult<PyErr> {
         let cls = py.import("nearrec.errors")?.getattr(class)?;
         let exc = cls.call1((message.clone(), table, position))?;
@@ -35,10 +41,12 @@ pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
     match e {
         EngineError::Format(f) => format_err(py, f),
         EngineError::UnknownTable { name, .. } => raise(py, "UnknownTable", msg, Some(&name), None),
-        EngineError::IndexOutOfRange { table, position, .. } => {
-            raise(py, "IndexOutOfRange", msg, Some(&table), Some(position))
+        EngineError::IndexOutOfRange {
+            table, position, ..
+        } => raise(py, "IndexOutOfRange", msg, Some(&table), Some(position)),
+        EngineError::InvalidRequest { table, .. } => {
+            raise(py, "InvalidRequest", msg, Some(&table), None)
         }
-        EngineError::InvalidRequest { table, .. } => raise(py, "InvalidRequest", msg, Some(&table), None),
         _ => raise(py, "InvalidRequest", msg, None, None),
     }
 }

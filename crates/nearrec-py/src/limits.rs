@@ -7,13 +7,22 @@ use nearrec_bench::Limit;
 use pyo3::prelude::*;
 
 fn as_dict(l: Limit) -> HashMap<&'static str, f64> {
-    HashMap::from([("bytes_per_s", l.bytes_per_s), ("items_per_s", l.items_per_s), ("seconds", l.seconds)])
+    HashMap::from([
+        ("bytes_per_s", l.bytes_per_s),
+        ("items_per_s", l.items_per_s),
+        ("seconds", l.seconds),
+    ])
 }
 
 /// Streaming-read bandwidth of memory (best of `passes`).
 #[pyfunction]
 #[pyo3(signature = (bytes, passes = 3, threads = 2))]
-pub(crate) fn stream_read(py: Python<'_>, bytes: usize, passes: usize, threads: usize) -> HashMap<&'static str, f64> {
+pub(crate) fn stream_read(
+    py: Python<'_>,
+    bytes: usize,
+    passes: usize,
+    threads: usize,
+) -> HashMap<&'static str, f64> {
     as_dict(py.detach(|| nearrec_bench::stream_read(bytes, passes, threads)))
 }
 
@@ -28,11 +37,19 @@ pub(crate) fn gather_rows(
     passes: usize,
     threads: usize,
 ) -> HashMap<&'static str, f64> {
-    as_dict(py.detach(|| nearrec_bench::gather_rows(table_bytes, row_bytes, gathers, passes, threads)))
+    as_dict(
+        py.detach(|| nearrec_bench::gather_rows(table_bytes, row_bytes, gathers, passes, threads)),
+    )
 }
 
 /// Sequential-write bandwidth of the disk under `dir` (buffered writes + fsync).
 #[pyfunction]
-pub(crate) fn sequential_write(py: Python<'_>, dir: PathBuf, bytes: u64) -> PyResult<HashMap<&'static str, f64>> {
-    Ok(as_dict(py.detach(|| nearrec_bench::sequential_write(&dir, bytes))?))
+pub(crate) fn sequential_write(
+    py: Python<'_>,
+    dir: PathBuf,
+    bytes: u64,
+) -> PyResult<HashMap<&'static str, f64>> {
+    Ok(as_dict(
+        py.detach(|| nearrec_bench::sequential_write(&dir, bytes))?,
+    ))
 }

@@ -23,15 +23,25 @@ impl<'py> IndexArray<'py> {
         Err(raise(
             obj.py(),
             "InvalidRequest",
-            format!("table {table:?}: {what} must be a 1-D int32 or int64 array, got {}", describe(obj)),
+            format!(
+                "table {table:?}: {what} must be a 1-D int32 or int64 array, got {}",
+                describe(obj)
+            ),
             Some(table),
             None,
         ))
     }
 
     pub(crate) fn indices(&self, py: Python<'_>, table: &str, what: &str) -> PyResult<Indices<'_>> {
-        let not_contiguous =
-            || raise(py, "InvalidRequest", format!("table {table:?}: {what} must be contiguous"), Some(table), None);
+        let not_contiguous = || {
+            raise(
+                py,
+                "InvalidRequest",
+                format!("table {table:?}: {what} must be contiguous"),
+                Some(table),
+                None,
+            )
+        };
         Ok(match self {
             Self::I32(a) => Indices::I32(a.as_slice().map_err(|_| not_contiguous())?),
             Self::I64(a) => Indices::I64(a.as_slice().map_err(|_| not_contiguous())?),
@@ -42,7 +52,10 @@ impl<'py> IndexArray<'py> {
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     match obj.cast::<numpy::PyUntypedArray>() {
         Ok(a) => format!("a {}-D array of {}", a.ndim(), a.dtype()),
-        Err(_) => obj.get_type().name().map_or_else(|_| "an unknown object".into(), |n| n.to_string()),
+        Err(_) => obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "an unknown object".into(), |n| n.to_string()),
     }
 }
 
@@ -75,8 +88,17 @@ type RawArgs<'py> = (
 impl<'py> TableArgs<'py> {
     pub(crate) fn extract(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
         let py = obj.py();
-        let (table, indices, offsets, lengths, bag_size, include_last_offset, weights, mode, padding_idx): RawArgs<'py> =
-            obj.extract()?;
+        let (
+            table,
+            indices,
+            offsets,
+            lengths,
+            bag_size,
+            include_last_offset,
+            weights,
+            mode,
+            padding_idx,
+        ): RawArgs<'py> = obj.extract()?;
         let t = table.as_str();
         let mode = match mode.as_str() {
             "sum" => PoolingMode::Sum,
@@ -98,7 +120,10 @@ impl<'py> TableArgs<'py> {
                     raise(
                         py,
                         "InvalidRequest",
-                        format!("table {t:?}: per_sample_weights must be a 1-D float32 array, got {}", describe(&w)),
+                        format!(
+                            "table {t:?}: per_sample_weights must be a 1-D float32 array, got {}",
+                            describe(&w)
+                        ),
                         Some(t),
                         None,
                     )
@@ -107,8 +132,12 @@ impl<'py> TableArgs<'py> {
             .transpose()?;
         Ok(Self {
             indices: IndexArray::extract(&indices, t, "indices")?,
-            offsets: offsets.map(|o| IndexArray::extract(&o, t, "offsets")).transpose()?,
-            lengths: lengths.map(|l| IndexArray::extract(&l, t, "lengths")).transpose()?,
+            offsets: offsets
+                .map(|o| IndexArray::extract(&o, t, "offsets"))
+                .transpose()?,
+            lengths: lengths
+                .map(|l| IndexArray::extract(&l, t, "lengths"))
+                .transpose()?,
             table,
             bag_size,
             include_last_offset,
@@ -140,7 +169,13 @@ impl<'py> TableArgs<'py> {
         };
         let weights = match &self.weights {
             Some(w) => Some(w.as_slice().map_err(|_| {
-                raise(py, "InvalidRequest", format!("table {t:?}: per_sample_weights must be contiguous"), Some(t), None)
+                raise(
+                    py,
+                    "InvalidRequest",
+                    format!("table {t:?}: per_sample_weights must be contiguous"),
+                    Some(t),
+                    None,
+                )
             })?),
             None => None,
         };

@@ -24,8 +24,16 @@ pub(crate) struct NativeStore {
 impl NativeStore {
     #[new]
     #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false))]
-    fn new(py: Python<'_>, path: PathBuf, threads: usize, verify_checksums: bool, progress: bool) -> PyResult<Self> {
-        let config = EngineConfig::default().with_threads(threads).with_verify_checksums(verify_checksums);
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        threads: usize,
+        verify_checksums: bool,
+        progress: bool,
+    ) -> PyResult<Self> {
+        let config = EngineConfig::default()
+            .with_threads(threads)
+            .with_verify_checksums(verify_checksums);
         let manifest_json = read_manifest(py, path.clone())?;
         let total: u64 = StoreReader::open(&path)
             .map_err(|e| format_err(py, e))?
@@ -35,11 +43,17 @@ impl NativeStore {
             .sum();
         let bar = progress::bar(progress, total, "loading");
         let cb = progress::callback(&bar);
-        let engine = py.detach(|| Engine::open(&path, config, cb.as_ref())).map_err(|e| engine_err(py, e))?;
+        let engine = py
+            .detach(|| Engine::open(&path, config, cb.as_ref()))
+            .map_err(|e| engine_err(py, e))?;
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        Ok(Self { engine, path, manifest_json })
+        Ok(Self {
+            engine,
+            path,
+            manifest_json,
+        })
     }
 
     #[getter]
@@ -60,29 +74,55 @@ impl NativeStore {
 
     /// Pools a batch: `tables` is a list of per-table argument tuples (see `nearrec.store`).
     /// Returns the `[batch, Σ dim]` float32 output. The GIL is released while pooling.
-    fn lookup<'py>(&self, py: Python<'py>, tables: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let args = tables.iter().map(|t| TableArgs::extract(&t)).collect::<PyResult<Vec<_>>>()?;
-        let req = Request::new(args.iter().map(|a| a.request(py)).collect::<PyResult<Vec<_>>>()?);
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        tables: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let args = tables
+            .iter()
+            .map(|t| TableArgs::extract(&t))
+            .collect::<PyResult<Vec<_>>>()?;
+        let req = Request::new(
+            args.iter()
+                .map(|a| a.request(py))
+                .collect::<PyResult<Vec<_>>>()?,
+        );
         let prepared = self.engine.prepare(&req).map_err(|e| engine_err(py, e))?;
         let out = PyArray2::<f32>::zeros(py, [prepared.batch(), prepared.width()], false);
         {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            py.detach(|| self.engine.execute(&req, &prepared, slice)).map_err(|e| engine_err(py, e))?;
+            py.detach(|| self.engine.execute(&req, &prepared, slice))
+                .map_err(|e| engine_err(py, e))?;
         }
         Ok(out)
     }
 
     /// Decodes the given rows of a table to a `[n, dim]` float32 array.
-    fn read_rows<'py>(&self, py: Python<'py>, name: &str, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    fn read_rows<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        rows: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let id = self.engine.table_id(name).map_err(|e| engine_err(py, e))?;
         let dim = self.engine.tables()[id].dim as usize;
-        let rows = rows.as_slice().map_err(|_| raise(py, "InvalidRequest", "rows must be contiguous".into(), Some(name), None))?;
+        let rows = rows.as_slice().map_err(|_| {
+            raise(
+                py,
+                "InvalidRequest",
+                "rows must be contiguous".into(),
+                Some(name),
+                None,
+            )
+        })?;
         let out = PyArray2::<f32>::zeros(py, [rows.len(), dim], false);
         {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            py.detach(|| self.engine.read_rows(id, rows, slice)).map_err(|e| engine_err(py, e))?;
+            py.detach(|| self.engine.read_rows(id, rows, slice))
+                .map_err(|e| engine_err(py, e))?;
         }
         Ok(out)
     }
@@ -98,7 +138,10 @@ impl NativeStore {
             return Err(raise(
                 py,
                 "InvalidRequest",
-                format!("table {name:?} is {} with a padded layout; only dense fp32 tables have an array view", meta.dtype),
+                format!(
+                    "table {name:?} is {} with a padded layout; only dense fp32 tables have an array view",
+                    meta.dtype
+                ),
                 Some(name),
                 None,
             ));
@@ -123,7 +166,11 @@ impl NativeStore {
 /// Checks every data byte of a store; returns `[(table, bytes, error or None)]`.
 #[pyfunction]
 #[pyo3(signature = (path, progress = false))]
-pub(crate) fn verify_store(py: Python<'_>, path: PathBuf, progress: bool) -> PyResult<Vec<(String, u64, Option<String>)>> {
+pub(crate) fn verify_store(
+    py: Python<'_>,
+    path: PathBuf,
+    progress: bool,
+) -> PyResult<Vec<(String, u64, Option<String>)>> {
     let reader = StoreReader::open(&path).map_err(|e| format_err(py, e))?;
     let total = reader.tables().iter().map(|t| t.data_bytes).sum();
     let bar = progress::bar(progress, total, "verifying");
@@ -132,7 +179,10 @@ pub(crate) fn verify_store(py: Python<'_>, path: PathBuf, progress: bool) -> PyR
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    Ok(checks.into_iter().map(|c| (c.table, c.bytes, c.error)).collect())
+    Ok(checks
+        .into_iter()
+        .map(|c| (c.table, c.bytes, c.error))
+        .collect())
 }
 
 /// Opens and validates a store's manifest and table headers; returns the manifest as JSON.

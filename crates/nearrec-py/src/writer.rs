@@ -33,15 +33,27 @@ impl NativeStoreWriter {
     fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut State) -> PyResult<R>) -> PyResult<R> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.store.is_none() {
-            return Err(raise(py, "InvalidRequest", "store writer is already committed or aborted".into(), None, None));
+            return Err(raise(
+                py,
+                "InvalidRequest",
+                "store writer is already committed or aborted".into(),
+                None,
+                None,
+            ));
         }
         f(&mut st)
     }
 
     fn table<'a>(py: Python<'_>, st: &'a mut State) -> PyResult<&'a mut TableWriter> {
-        st.table
-            .as_mut()
-            .ok_or_else(|| raise(py, "InvalidRequest", "no table is being written; call begin_table first".into(), None, None))
+        st.table.as_mut().ok_or_else(|| {
+            raise(
+                py,
+                "InvalidRequest",
+                "no table is being written; call begin_table first".into(),
+                None,
+                None,
+            )
+        })
     }
 }
 
@@ -57,25 +69,59 @@ impl NativeStoreWriter {
         total_bytes: u64,
         progress: bool,
     ) -> PyResult<Self> {
-        let params = serde_json::from_str(params_json)
-            .map_err(|e| raise(py, "InvalidRequest", format!("params are not valid JSON: {e}"), None, None))?;
+        let params = serde_json::from_str(params_json).map_err(|e| {
+            raise(
+                py,
+                "InvalidRequest",
+                format!("params are not valid JSON: {e}"),
+                None,
+                None,
+            )
+        })?;
         let bar = progress::bar(progress, total_bytes, "building");
-        let mut store = StoreWriter::create(&path, StoreOptions { overwrite, params }).map_err(|e| format_err(py, e))?;
+        let mut store = StoreWriter::create(&path, StoreOptions { overwrite, params })
+            .map_err(|e| format_err(py, e))?;
         if let Some(cb) = progress::callback(&bar) {
             store = store.with_progress(cb);
         }
-        Ok(Self { state: Mutex::new(State { store: Some(store), table: None, bar }) })
+        Ok(Self {
+            state: Mutex::new(State {
+                store: Some(store),
+                table: None,
+                bar,
+            }),
+        })
     }
 
     /// Starts a table of `rows` rows of `dim` values stored as `dtype`.
     #[pyo3(signature = (name, rows, dim, dtype_name = "fp32", block_bytes = 4096))]
-    fn begin_table(&self, py: Python<'_>, name: String, rows: u64, dim: u32, dtype_name: &str, block_bytes: u32) -> PyResult<()> {
+    fn begin_table(
+        &self,
+        py: Python<'_>,
+        name: String,
+        rows: u64,
+        dim: u32,
+        dtype_name: &str,
+        block_bytes: u32,
+    ) -> PyResult<()> {
         let dtype = dtype(py, dtype_name)?;
         self.with(py, |st| {
             if st.table.is_some() {
-                return Err(raise(py, "InvalidRequest", "finish the current table first".into(), Some(&name), None));
+                return Err(raise(
+                    py,
+                    "InvalidRequest",
+                    "finish the current table first".into(),
+                    Some(&name),
+                    None,
+                ));
             }
-            let spec = TableSpec { name, rows, dim, dtype, block_bytes };
+            let spec = TableSpec {
+                name,
+                rows,
+                dim,
+                dtype,
+                block_bytes,
+            };
             let store = st.store.as_mut().expect("checked in with()");
             st.table = Some(store.table(spec).map_err(|e| format_err(py, e))?);
             Ok(())
@@ -87,20 +133,32 @@ impl NativeStoreWriter {
         self.with(py, |st| {
             let t = Self::table(py, st)?;
             let name = t.spec().name.clone();
-            let [_, cols] = values.shape() else { unreachable!("2-D") };
+            let [_, cols] = values.shape() else {
+                unreachable!("2-D")
+            };
             if *cols != t.spec().dim as usize {
                 return Err(raise(
                     py,
                     "InvalidRequest",
-                    format!("table {name:?}: rows have {cols} columns, the table's dim is {}", t.spec().dim),
+                    format!(
+                        "table {name:?}: rows have {cols} columns, the table's dim is {}",
+                        t.spec().dim
+                    ),
                     Some(&name),
                     None,
                 ));
             }
-            let slice = values
-                .as_slice()
-                .map_err(|_| raise(py, "InvalidRequest", "rows must be C-contiguous".into(), Some(&name), None))?;
-            py.detach(|| t.write_f32(slice)).map_err(|e| format_err(py, e))
+            let slice = values.as_slice().map_err(|_| {
+                raise(
+                    py,
+                    "InvalidRequest",
+                    "rows must be C-contiguous".into(),
+                    Some(&name),
+                    None,
+                )
+            })?;
+            py.detach(|| t.write_f32(slice))
+                .map_err(|e| format_err(py, e))
         })
     }
 
@@ -110,16 +168,26 @@ impl NativeStoreWriter {
             let t = Self::table(py, st)?;
             let init = UniformInit::new(seed, table_index, t.spec().rows);
             let left = t.spec().rows - t.rows_written();
-            py.detach(|| t.write_with(left, |row, out| init.fill(row, out))).map_err(|e| format_err(py, e))
+            py.detach(|| t.write_with(left, |row, out| init.fill(row, out)))
+                .map_err(|e| format_err(py, e))
         })
     }
 
     /// Seals the current table: all its rows must have been written.
     fn finish_table(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |st| {
-            let t = st.table.take().ok_or_else(|| raise(py, "InvalidRequest", "no table to finish".into(), None, None))?;
+            let t = st.table.take().ok_or_else(|| {
+                raise(
+                    py,
+                    "InvalidRequest",
+                    "no table to finish".into(),
+                    None,
+                    None,
+                )
+            })?;
             let store = st.store.as_mut().expect("checked in with()");
-            py.detach(|| store.finish_table(t)).map_err(|e| format_err(py, e))
+            py.detach(|| store.finish_table(t))
+                .map_err(|e| format_err(py, e))
         })
     }
 
@@ -128,10 +196,18 @@ impl NativeStoreWriter {
         self.with(py, |st| {
             if let Some(t) = &st.table {
                 let name = t.spec().name.clone();
-                return Err(raise(py, "InvalidRequest", format!("table {name:?} was not finished"), Some(&name), None));
+                return Err(raise(
+                    py,
+                    "InvalidRequest",
+                    format!("table {name:?} was not finished"),
+                    Some(&name),
+                    None,
+                ));
             }
             let store = st.store.take().expect("checked in with()");
-            let manifest = py.detach(|| store.commit()).map_err(|e| format_err(py, e))?;
+            let manifest = py
+                .detach(|| store.commit())
+                .map_err(|e| format_err(py, e))?;
             if let Some(bar) = st.bar.take() {
                 bar.finish_and_clear();
             }
@@ -153,9 +229,26 @@ impl NativeStoreWriter {
 /// `(row_bytes, data_bytes, rows_per_block, padding_ratio)` of a table of this shape.
 #[pyfunction]
 #[pyo3(signature = (rows, dim, dtype_name = "fp32", block_bytes = 4096))]
-pub(crate) fn table_layout(py: Python<'_>, rows: u64, dim: u32, dtype_name: &str, block_bytes: u32) -> PyResult<(u64, u64, u64, f64)> {
-    let spec = TableSpec { name: "-".into(), rows, dim, dtype: dtype(py, dtype_name)?, block_bytes };
+pub(crate) fn table_layout(
+    py: Python<'_>,
+    rows: u64,
+    dim: u32,
+    dtype_name: &str,
+    block_bytes: u32,
+) -> PyResult<(u64, u64, u64, f64)> {
+    let spec = TableSpec {
+        name: "-".into(),
+        rows,
+        dim,
+        dtype: dtype(py, dtype_name)?,
+        block_bytes,
+    };
     spec.validate().map_err(|e| format_err(py, e))?;
     let l = spec.layout();
-    Ok((l.row_bytes, l.data_bytes(), l.rows_per_span(), l.padding_ratio()))
+    Ok((
+        l.row_bytes,
+        l.data_bytes(),
+        l.rows_per_span(),
+        l.padding_ratio(),
+    ))
 }

@@ -1,0 +1,55 @@
+# One entry point for people and CI. `make demo` runs the main job; `make test` is what CI runs.
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+PIP       := $(PY) -m pip
+TORCH     ?= torch==2.14.1
+DEMO_STORE ?= bench/scratch/demo-rmc1
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: demo test develop rust-check py-check bench bench-quick bench-deps clean
+
+# The environment: a virtualenv with the build tool, test tools and PyTorch (CPU use of the
+# default wheel). Re-made when pyproject.toml changes.
+$(VENV)/.deps: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy $(TORCH)
+	touch $@
+
+# Build the Rust extension (release) into the virtualenv, with the package importable in place.
+develop: $(VENV)/.deps
+	$(VENV)/bin/maturin develop --release -q
+
+# The main job: a synthetic RMC1 store (8 tables x 1M rows x dim 32, 1 GiB), then pooled lookups.
+demo: develop
+	nearrec build $(DEMO_STORE) --model rmc1 --rows 1000000 --overwrite
+	nearrec info $(DEMO_STORE)
+	nearrec lookup $(DEMO_STORE) --batch 256 --pooling 80 --repeat 50
+	$(PY) examples/quickstart.py
+
+rust-check:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo test --workspace -q
+
+py-check: develop
+	$(VENV)/bin/ruff check python tests examples
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q
+	$(PY) examples/quickstart.py
+
+test: rust-check py-check
+
+# Optional peers for the benchmarks (FBGEMM's CPU build; see shared/specs/baselines.md).
+bench-deps: $(VENV)/.deps
+	$(PIP) install -q fbgemm-gpu-cpu==1.9.0
+
+bench: develop bench-deps
+	nearrec bench build
+	nearrec bench sls
+
+bench-quick: develop bench-deps
+	nearrec bench sls --quick
+
+clean:
+	rm -rf target bench/scratch

@@ -1,0 +1,41 @@
+"""The README's quick start, run in CI: build a store from numpy, pool bags like
+torch.nn.EmbeddingBag, and use it as the sparse part of a model."""
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import nearrec
+
+with tempfile.TemporaryDirectory() as tmp:
+    rng = np.random.default_rng(0)
+    users = rng.standard_normal((10_000, 32), dtype=np.float32)
+    items = rng.standard_normal((50_000, 16), dtype=np.float32)
+    nearrec.from_numpy(Path(tmp) / "store", {"users": users, "items": items},
+                       dtype={"items": "int8"})
+
+    store = nearrec.open(Path(tmp) / "store")
+    print(store, {n: (t.rows, t.dim, t.dtype) for n, t in store.tables.items()})
+
+    # Two bags: users[1] + users[2], and users[3] (EmbeddingBag's indices + offsets).
+    pooled = store.lookup("users", np.array([1, 2, 3]), offsets=np.array([0, 2]))
+    assert np.allclose(pooled[0], users[1] + users[2]) and np.allclose(pooled[1], users[3])
+
+    # Several tables in one call: one bag per sample per table -> [batch, 32 + 16].
+    batch = store.lookup_many({
+        "users": (np.array([5, 6, 7, 8]), np.array([0, 1, 3])),
+        "items": (np.array([10, 20, 30]), np.array([0, 0, 2])),
+    })
+    print("pooled", batch.values.shape, "items view", batch["items"].shape)
+
+    try:
+        import torch
+
+        import nearrec.torch as ntorch
+
+        bag = ntorch.EmbeddingBag(store, "users", mode="mean")
+        out = bag(torch.tensor([[1, 2], [3, 4]]))
+        print("nearrec.torch.EmbeddingBag ->", tuple(out.shape))
+    except ImportError:
+        print("torch not installed; skipping the nearrec.torch part")

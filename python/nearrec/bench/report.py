@@ -1,0 +1,112 @@
+"""Benchmark records and their JSON / Markdown reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Record:
+    """One measured cell: a system on one (model, batch, distribution)."""
+
+    bench: str
+    model: str
+    batch: int
+    dist: str
+    system: str
+    samples_per_s: float
+    lookups_per_s: float
+    p50_us: float = 0.0
+    p99_us: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def environment() -> dict[str, Any]:
+    env: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count(),
+                           "python": platform.python_version(),
+                           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    try:
+        import nearrec
+
+        env["nearrec"] = nearrec.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def summarise(records: list[Record]) -> None:
+    """Adds each cell's ratio to every peer (nearrec ÷ peer) into nearrec's record."""
+    cells: dict[tuple[str, str, int, str], dict[str, Record]] = {}
+    for r in records:
+        cells.setdefault((r.bench, r.model, r.batch, r.dist), {})[r.system] = r
+    for cell in cells.values():
+        ours = cell.get("nearrec")
+        if ours is None:
+            continue
+        for name, peer in cell.items():
+            if name != "nearrec" and peer.samples_per_s > 0:
+                ours.extra[f"ratio_vs_{name}"] = round(ours.samples_per_s / peer.samples_per_s, 3)
+
+
+def write(records: list[Record], out_dir: Path, name: str, command: str,
+          markdown: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js = out_dir / f"{name}.json"
+    md = out_dir / f"{name}.md"
+    js.write_text(json.dumps({"command": command, "environment": environment(),
+                              "records": [asdict(r) for r in records]}, indent=1))
+    md.write_text(f"<!-- produced by: {command} -->\n" + markdown)
+    return js, md
+
+
+def sls_markdown(records: list[Record], command: str) -> str:
+    systems = ["nearrec", "torch.EmbeddingBag", "fbgemm.SplitTBE", "torchrec.IntNBitTBE"]
+    present = [s for s in systems if any(r.system == s for r in records)]
+    lines = [f"Command: `{command}`", "",
+             "Samples/s (median of rounds), nearrec p50/p99 latency, and nearrec's ratio to each "
+             "peer. Tables in DRAM, sum pooling, 2 threads.", "",
+             "| model | dist | batch | " + " | ".join(present) + " | nearrec p50 / p99 µs | "
+             + " | ".join(f"× {s}" for s in present[1:]) + " |",
+             "|---|---|---:|" + "---:|" * len(present) + "---:|" + "---:|" * (len(present) - 1)]
+    cells: dict[tuple[str, str, int], dict[str, Record]] = {}
+    for r in records:
+        if r.batch:
+            cells.setdefault((r.model, r.dist, r.batch), {})[r.system] = r
+    for (model, dist, batch), c in cells.items():
+        ours = c["nearrec"]
+        vals = [f"{c[s].samples_per_s:,.0f}" if s in c else "—" for s in present]
+        ratios = [f"{ours.extra[f'ratio_vs_{s}']:.2f}" if f"ratio_vs_{s}" in ours.extra else "—"
+                  for s in present[1:]]
+        lines.append(f"| {model} | {dist} | {batch} | " + " | ".join(vals)
+                     + f" | {ours.p50_us:,.0f} / {ours.p99_us:,.0f} | " + " | ".join(ratios) + " |")
+    lines += ["", "Limits measured in the same run:", ""]
+    for r in records:
+        if r.system.startswith("limit."):
+            bps = r.extra.get("bytes_per_s", 0) / 1e9
+            what = (f"{r.lookups_per_s / 1e6:,.1f}M rows/s of {r.extra.get('row_bytes')} B "
+                    if r.system == "limit.random_gather" else "")
+            lines.append(f"- {r.model} {r.system}: {what}{bps:.1f} GB/s")
+    best: dict[str, float] = {}
+    for (model, _dist, batch), c in cells.items():
+        if batch >= 64:
+            best[model] = max(best.get(model, 0.0), c["nearrec"].extra["useful_bytes_per_s"])
+    for model, b in best.items():
+        stream = next((r.extra["bytes_per_s"] for r in records
+                       if r.model == model and r.system == "limit.stream_read"), 0.0)
+        if stream:
+            lines.append(f"- {model}: best nearrec useful bytes {b / 1e9:.1f} GB/s = "
+                         f"{100 * b / stream:.0f} % of streaming read")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,228 @@
+"""``nearrec bench sls``: pooled lookups with tables in DRAM, nearrec side by side with its peers
+on the same indices, plus the machine's memory limits measured in the same run.
+
+Peers: ``torch.nn.EmbeddingBag`` (one per table, sum, outputs concatenated — the strongest CPU
+peer), FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` (CPU, under ``torch.no_grad()``) and
+TorchRec's inference ``IntNBitTableBatchedEmbeddingBagsCodegen`` (fp32) when installed. Systems run
+round-robin, several rounds, so drift on a shared machine hits them alike.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import nearrec
+
+from .report import Record, summarise
+
+BATCHES = (1, 16, 64, 256, 1024)
+DISTS = ("uniform", "zipf1.05")
+
+
+@dataclass
+class SlsConfig:
+    models: tuple[str, ...] = ("rmc1", "rmc2", "rmc3")
+    rows: int = 1_000_000
+    batches: tuple[int, ...] = BATCHES
+    dists: tuple[str, ...] = DISTS
+    threads: int = 2
+    rounds: int = 3
+    #: seconds each system runs per round and cell
+    seconds: float = 0.15
+    distinct_batches: int = 8
+    seed: int = 0
+    scratch: Path = Path("bench/scratch")
+
+    @classmethod
+    def quick(cls) -> SlsConfig:
+        return cls(rows=200_000, batches=(1, 64, 1024), rounds=3, seconds=0.08)
+
+
+def zipf_rows(rng: np.random.Generator, rows: int, alpha: float, n: int,
+              perm: np.ndarray) -> np.ndarray:
+    """``n`` draws of Zipf(alpha) over ranks 1..rows, mapped through a random permutation."""
+    cdf = np.cumsum(1.0 / np.arange(1, rows + 1, dtype=np.float64) ** alpha)
+    cdf /= cdf[-1]
+    ranks = np.searchsorted(cdf, rng.random(n))
+    return perm[np.minimum(ranks, rows - 1)]
+
+
+def make_batches(cfg: SlsConfig, tables: list[int], pooling: int, batch: int, dist: str,
+                 rng: np.random.Generator, perms: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """``distinct_batches`` batches; each a list of per-table int64 index arrays of B × L."""
+    out = []
+    for _ in range(cfg.distinct_batches):
+        per_table = []
+        for t, rows in enumerate(tables):
+            n = batch * pooling
+            if dist == "uniform":
+                idx = rng.integers(0, rows, n)
+            else:
+                idx = zipf_rows(rng, rows, float(dist[4:]), n, perms[t])
+            per_table.append(idx.astype(np.int64))
+        out.append(per_table)
+    return out
+
+
+def _time_calls(fn: Callable[[int], Any], seconds: float, n_batches: int) -> list[float]:
+    lat = []
+    start = time.perf_counter()
+    i = 0
+    while True:
+        t0 = time.perf_counter()
+        fn(i % n_batches)
+        t1 = time.perf_counter()
+        lat.append(t1 - t0)
+        i += 1
+        if t1 - start >= seconds and i >= 3:
+            return lat
+
+
+def _peers(store: nearrec.Store, names: list[str], threads: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(threads)
+    peers: dict[str, Any] = {}
+    weights = [torch.from_numpy(store.table_array(n)) for n in names]
+    peers["torch.EmbeddingBag"] = [
+        torch.nn.EmbeddingBag.from_pretrained(w, mode="sum", freeze=True) for w in weights]
+    try:
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+            EmbeddingLocation,
+        )
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(w.shape[0], w.shape[1], EmbeddingLocation.HOST, ComputeDevice.CPU)
+             for w in weights])
+        with torch.no_grad():
+            for k, w in enumerate(weights):
+                tbe.split_embedding_weights()[k].copy_(w)
+        peers["fbgemm.SplitTBE"] = tbe
+    except Exception as e:  # not installed, or an incompatible build
+        peers["fbgemm.SplitTBE"] = f"unavailable: {type(e).__name__}: {e}"[:200]
+    try:
+        from fbgemm_gpu.split_embedding_configs import SparseType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+            EmbeddingLocation as Loc,
+        )
+        from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
+            IntNBitTableBatchedEmbeddingBagsCodegen,
+        )
+
+        inbit = IntNBitTableBatchedEmbeddingBagsCodegen(
+            [(f"t{k}", w.shape[0], w.shape[1], SparseType.FP32, Loc.HOST)
+             for k, w in enumerate(weights)], device="cpu")
+        inbit.fill_random_weights()
+        peers["torchrec.IntNBitTBE"] = inbit
+    except Exception as e:
+        peers["torchrec.IntNBitTBE"] = f"unavailable: {type(e).__name__}: {e}"[:200]
+    return peers
+
+
+def run(cfg: SlsConfig, log: Callable[[str], None] = print) -> list[Record]:
+    import torch
+
+    records: list[Record] = []
+    rng = np.random.default_rng(cfg.seed)
+    cfg.scratch.mkdir(parents=True, exist_ok=True)
+    for model in cfg.models:
+        spec = nearrec.model_spec(model)
+        path = cfg.scratch / f"sls-{model}-{cfg.rows}"
+        log(f"[{model}] building {len(spec.rows)} tables x {cfg.rows} rows x dim {spec.dim}")
+        nearrec.build(path, model, rows=cfg.rows, seed=cfg.seed, overwrite=True, progress=False)
+        store = nearrec.open(path, threads=cfg.threads)
+        names = list(store.tables)
+        rows = [store.table(n).rows for n in names]
+        row_bytes = store.table(names[0]).row_bytes
+        table_bytes = sum(store.table(n).data_bytes for n in names)
+        L = spec.lookups
+        peers = _peers(store, names, cfg.threads)
+        for name, p in peers.items():
+            if isinstance(p, str):
+                log(f"  {name}: {p}")
+        # The machine's limits, measured now, beside the systems.
+        gather = nearrec._native.gather_rows(table_bytes, row_bytes, 4_000_000, 3, cfg.threads)
+        stream = nearrec._native.stream_read(1 << 30, 3, cfg.threads)
+        records.append(Record("sls", model, 0, "-", "limit.random_gather",
+                              samples_per_s=0.0, lookups_per_s=gather["items_per_s"],
+                              extra={"bytes_per_s": gather["bytes_per_s"],
+                                     "row_bytes": row_bytes}))
+        records.append(Record("sls", model, 0, "-", "limit.stream_read", samples_per_s=0.0,
+                              lookups_per_s=0.0, extra={"bytes_per_s": stream["bytes_per_s"]}))
+        perms = [rng.permutation(r) for r in rows]
+        for dist in cfg.dists:
+            for batch in cfg.batches:
+                sets = make_batches(cfg, rows, L, batch, dist, rng, perms)
+                offsets = np.arange(0, batch * L, L, dtype=np.int64)
+                reqs = [[nearrec.TableLookup(n, idx, offsets) for n, idx in zip(names, s,
+                                                                                 strict=True)]
+                        for s in sets]
+                t_idx = [[torch.from_numpy(i) for i in s] for s in sets]
+                t_off = torch.from_numpy(offsets)
+                cat_idx = [torch.cat(s) for s in t_idx]
+                cat_off = [torch.arange(0, batch * L * len(names) + 1, L, dtype=torch.int64)
+                           for _ in sets]
+                systems: dict[str, Callable[[int], Any]] = {
+                    "nearrec": lambda i, reqs=reqs, store=store: store.lookup_many(reqs[i]),
+                }
+                bags = peers["torch.EmbeddingBag"]
+
+                def torch_eb(i: int, t_idx=t_idx, bags=bags, t_off=t_off) -> Any:
+                    with torch.no_grad():
+                        return torch.cat([b(x, t_off) for b, x in zip(bags, t_idx[i],
+                                                                       strict=True)], 1)
+
+                systems["torch.EmbeddingBag"] = torch_eb
+                for pname in ("fbgemm.SplitTBE", "torchrec.IntNBitTBE"):
+                    mod = peers[pname]
+                    if isinstance(mod, str):
+                        continue
+                    if pname == "torchrec.IntNBitTBE" and batch * L * len(names) > 2_000_000:
+                        continue  # a scalar kernel: minutes per cell at this size
+                    if pname == "fbgemm.SplitTBE":
+                        def run_tbe(i: int, mod=mod, cat_idx=cat_idx, cat_off=cat_off) -> Any:
+                            with torch.no_grad():
+                                return mod(cat_idx[i], cat_off[i])
+                    else:
+                        def run_tbe(i: int, mod=mod, cat_idx=cat_idx, cat_off=cat_off) -> Any:
+                            with torch.no_grad():
+                                return mod(cat_idx[i].int(), cat_off[i].int())
+                    systems[pname] = run_tbe
+                lat: dict[str, list[float]] = {s: [] for s in systems}
+                for fn in systems.values():  # warm-up
+                    _time_calls(fn, 0.02, len(sets))
+                thr: dict[str, list[float]] = {s: [] for s in systems}
+                for _ in range(cfg.rounds):
+                    for s, fn in systems.items():
+                        ls = _time_calls(fn, cfg.seconds, len(sets))
+                        lat[s].extend(ls)
+                        thr[s].append(batch * len(ls) / sum(ls))
+                for s in systems:
+                    ls = np.array(lat[s]) * 1e6
+                    sps = float(np.median(thr[s]))
+                    records.append(Record(
+                        "sls", model, batch, dist, s, samples_per_s=sps,
+                        lookups_per_s=sps * L * len(names), p50_us=float(np.percentile(ls, 50)),
+                        p99_us=float(np.percentile(ls, 99)),
+                        extra={"rounds_samples_per_s": [round(x, 1) for x in thr[s]],
+                               "useful_bytes_per_s": sps * L * len(names) * row_bytes}))
+                cell = {s: np.median(thr[s]) for s in systems}
+                ratio = cell["nearrec"] / cell["torch.EmbeddingBag"]
+                log(f"  {dist:9} B={batch:5}: " + ", ".join(
+                    f"{s} {v:,.0f}/s" for s, v in cell.items()) + f"  (x{ratio:.2f} vs torch)")
+        del store, peers
+        gc.collect()
+        nearrec.remove(path)
+    summarise(records)
+    return records

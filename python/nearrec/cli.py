@@ -1,0 +1,237 @@
+"""The ``nearrec`` command line: build, info, verify, lookup, bench.
+
+Human-readable output by default, ``--json`` for machines; progress bars on long work when
+stderr is a terminal. Errors print one line and exit with status 2 (bad input) or 1 (store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import nearrec
+
+from .errors import InvalidRequest, NearrecError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
+          "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"16GiB"`` → 17179869184; ``"4GB"`` → 4000000000; plain numbers are bytes."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512MiB, 16GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=1, default=str) if args.json else text)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    t = time.perf_counter()
+    if args.npy:
+        arrays = {}
+        for item in args.npy:
+            name, _, file = item.partition("=")
+            if not file:
+                raise InvalidRequest(f"--npy takes NAME=FILE.npy, got {item!r}")
+            arrays[name] = Path(file)
+        info = nearrec.from_numpy(args.path, arrays, dtype=args.dtype, overwrite=args.overwrite,
+                                  progress=args.progress)
+    elif args.state_dict:
+        info = nearrec.from_state_dict(args.path, Path(args.state_dict), dtype=args.dtype,
+                                       overwrite=args.overwrite, progress=args.progress)
+    else:
+        info = nearrec.build(args.path, args.model, rows=args.rows, table_bytes=args.table_bytes,
+                             seed=args.seed, dtype=args.dtype, variant=args.variant,
+                             overwrite=args.overwrite, progress=args.progress)
+    s = time.perf_counter() - t
+    _emit(args, {"path": str(info.path), "tables": len(info.tables), "bytes": info.total_bytes,
+                 "seconds": s, "bytes_per_s": info.total_bytes / s},
+          f"built {info.path}: {len(info.tables)} tables, {info.total_bytes / 1e9:.3f} GB in "
+          f"{s:.2f} s ({info.total_bytes / s / 1e9:.2f} GB/s)")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = nearrec.info(args.path)
+    data = {"path": str(info.path), "format_version": info.format_version,
+            "created_by": info.created_by, "params": info.params,
+            "total_bytes": info.total_bytes,
+            "tables": [asdict(t) | {"padding_ratio": t.padding_ratio} for t in info.tables]}
+    lines = [f"{info.path}  (format v{info.format_version}, {info.created_by}, "
+             f"{info.total_bytes / 1e9:.3f} GB)", f"params: {json.dumps(info.params)}",
+             f"{'table':<20} {'rows':>12} {'dim':>6} {'dtype':>6} {'row B':>6} {'pad %':>6}"]
+    for t in info.tables:
+        lines.append(f"{t.name:<20} {t.rows:>12,} {t.dim:>6} {t.dtype:>6} {t.row_bytes:>6} "
+                     f"{100 * t.padding_ratio:>6.2f}")
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    checks = nearrec.verify(args.path, progress=args.progress)
+    bad = [c for c in checks if not c.ok]
+    _emit(args, {"ok": not bad, "tables": [asdict(c) for c in checks]},
+          "\n".join(f"{'ok ' if c.ok else 'BAD'} {c.table}: {c.bytes:,} bytes"
+                    + (f" — {c.error}" if c.error else "") for c in checks)
+          + f"\n{len(checks) - len(bad)}/{len(checks)} tables ok")
+    return 1 if bad else 0
+
+
+def cmd_lookup(args: argparse.Namespace) -> int:
+    store = nearrec.open(args.path, threads=args.threads, progress=args.progress)
+    tables = args.table or list(store.tables)
+    rng = np.random.default_rng(args.seed)
+    reqs = []
+    for name in tables:
+        rows = store.table(name).rows
+        if args.indices:
+            idx = np.load(args.indices)
+            off = np.load(args.offsets) if args.offsets else None
+            if off is None and idx.ndim == 1:
+                off = np.arange(0, len(idx), args.pooling)
+        else:
+            idx = rng.integers(0, rows, args.batch * args.pooling)
+            off = np.arange(0, len(idx), args.pooling)
+        reqs.append(nearrec.TableLookup(name, idx, off, mode=args.mode))
+    lat = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        out = store.lookup_many(reqs)
+        lat.append(time.perf_counter() - t)
+    b = out.values.shape[0]
+    p50, p99 = np.percentile(np.array(lat) * 1e6, [50, 99])
+    n_lookups = sum(len(np.asarray(r.indices).reshape(-1)) for r in reqs)
+    data = {"shape": list(out.values.shape), "p50_us": p50, "p99_us": p99,
+            "samples_per_s": b / float(np.median(lat)),
+            "lookups_per_s": n_lookups / float(np.median(lat)),
+            "first_row": out.values[0, :8].tolist() if b else []}
+    if args.output:
+        np.save(args.output, out.values)
+    _emit(args, data, f"pooled {b} bags x {len(tables)} tables -> {tuple(out.values.shape)}; "
+                      f"p50 {p50:.0f} µs, p99 {p99:.0f} µs, "
+                      f"{data['lookups_per_s'] / 1e6:.1f}M lookups/s\n"
+                      f"first row: {np.array2string(out.values[0, :8], precision=4) if b else '-'}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import report
+
+    command = "nearrec " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("nearrec") \
+        else "nearrec bench " + " ".join(sys.argv[2:])
+    out = Path(args.out)
+    if args.what == "sls":
+        from .bench import sls
+
+        cfg = sls.SlsConfig.quick() if args.quick else sls.SlsConfig()
+        if args.models:
+            cfg.models = tuple(args.models.split(","))
+        if args.rows:
+            cfg.rows = args.rows
+        cfg.scratch = Path(args.scratch)
+        records = sls.run(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "sls-quick" if args.quick else "sls"
+        md = report.sls_markdown(records, command)
+    else:
+        from .bench import build
+
+        size = args.table_bytes or (1 << 30 if args.quick else 4 << 30)
+        records = build.run(Path(args.scratch), size,
+                            log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "build-quick" if args.quick else "build"
+        md = build.markdown(records, command)
+    js, mdp = report.write(records, out, name, command, md)
+    _emit(args, {"json": str(js), "markdown": str(mdp)}, md + f"\nwrote {js} and {mdp}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nearrec", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"nearrec {nearrec.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--json", action="store_true", help="print JSON for machines")
+        sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bars (default: when stderr is a terminal)")
+
+    b = sub.add_parser("build", help="create a store (model spec, .npy files or a state dict)")
+    b.add_argument("path")
+    b.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS))
+    b.add_argument("--variant", default="deeprecsys", choices=["deeprecsys", "recssd"])
+    size = b.add_mutually_exclusive_group()
+    size.add_argument("--rows", type=int, help="rows of every table")
+    size.add_argument("--table-bytes", type=parse_bytes, help="total table bytes, e.g. 16GiB")
+    b.add_argument("--npy", action="append", metavar="NAME=FILE.npy", help="a table from .npy")
+    b.add_argument("--state-dict", metavar="FILE.pt", help="tables from a saved state dict")
+    b.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "int8"])
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--overwrite", action="store_true")
+    common(b)
+    b.set_defaults(func=cmd_build)
+
+    i = sub.add_parser("info", help="show a store's manifest")
+    i.add_argument("path")
+    common(i)
+    i.set_defaults(func=cmd_info)
+
+    v = sub.add_parser("verify", help="check every data byte against its checksum")
+    v.add_argument("path")
+    common(v)
+    v.set_defaults(func=cmd_verify)
+
+    lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
+    lk.add_argument("path")
+    lk.add_argument("--table", action="append", help="table(s) to query (default: all)")
+    lk.add_argument("--batch", type=int, default=16)
+    lk.add_argument("--pooling", type=int, default=20, help="lookups per bag")
+    lk.add_argument("--mode", default="sum", choices=["sum", "mean", "max"])
+    lk.add_argument("--indices", help=".npy of indices (1-D with --offsets, or 2-D)")
+    lk.add_argument("--offsets", help=".npy of offsets")
+    lk.add_argument("--output", help="save the pooled [batch, Σ dim] array to this .npy")
+    lk.add_argument("--repeat", type=int, default=20)
+    lk.add_argument("--threads", type=int, default=0)
+    lk.add_argument("--seed", type=int, default=0)
+    common(lk)
+    lk.set_defaults(func=cmd_lookup)
+
+    be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
+    be.add_argument("what", choices=["sls", "build"])
+    be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
+    be.add_argument("--models", help="comma-separated models (sls; default rmc1,rmc2,rmc3)")
+    be.add_argument("--rows", type=int, help="rows per table (sls)")
+    be.add_argument("--table-bytes", type=parse_bytes, help="bytes to write (build)")
+    be.add_argument("--out", default="bench/results")
+    be.add_argument("--scratch", default="bench/scratch", help="where stores are built")
+    common(be)
+    be.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except InvalidRequest as e:
+        print(f"nearrec: error: {e}", file=sys.stderr)
+        return 2
+    except NearrecError as e:
+        print(f"nearrec: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
