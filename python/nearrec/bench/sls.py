@@ -138,9 +138,12 @@ def run(cfg: SlsConfig, log: Callable[[str], None] = print) -> list[Record]:
     cfg.scratch.mkdir(parents=True, exist_ok=True)
     for model in cfg.models:
         spec = nearrec.model_spec(model)
-        path = cfg.scratch / f"sls-{model}-{cfg.rows}"
-        log(f"[{model}] building {len(spec.rows)} tables x {cfg.rows} rows x dim {spec.dim}")
-        nearrec.build(path, model, rows=cfg.rows, seed=cfg.seed, overwrite=True, progress=False)
+        # Never more rows than the model's DeepRecSys tables: RMC2 (32 x 500K x dim 64 = 4 GB)
+        # is held three times here (nearrec, FBGEMM's copy, TorchRec's copy).
+        n_rows = min(cfg.rows, max(spec.rows))
+        path = cfg.scratch / f"sls-{model}-{n_rows}"
+        log(f"[{model}] building {len(spec.rows)} tables x {n_rows} rows x dim {spec.dim}")
+        nearrec.build(path, model, rows=n_rows, seed=cfg.seed, overwrite=True, progress=False)
         store = nearrec.open(path, threads=cfg.threads)
         names = list(store.tables)
         rows = [store.table(n).rows for n in names]
