@@ -50,6 +50,9 @@ pub fn pool_bags<I: RowIndex>(
 
 /// Row decoding for one dtype: `acc[j] += w * row[j]` and `acc[j] = max(acc[j], row[j])`.
 trait Decode {
+    /// Bytes of one encoded row: from the width when it is known at compile time (`D > 0`), so
+    /// the prefetch unrolls, else from the table.
+    fn row_bytes(d: usize, table: &TableView<'_>) -> usize;
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]);
     fn max(row: &[u8], acc: &mut [f32]);
 }
@@ -93,6 +96,10 @@ fn f32_row(row: &[u8], dim: usize) -> &[f32] {
 
 impl Decode for Fp32 {
     #[inline(always)]
+    fn row_bytes(d: usize, table: &TableView<'_>) -> usize {
+        if d == 0 { table.row_bytes() } else { d * 4 }
+    }
+    #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let dim = acc.len();
         for (a, &v) in acc.iter_mut().zip(f32_row(row, dim)) {
@@ -109,6 +116,10 @@ impl Decode for Fp32 {
 }
 
 impl Decode for Fp16 {
+    #[inline(always)]
+    fn row_bytes(d: usize, table: &TableView<'_>) -> usize {
+        if d == 0 { table.row_bytes() } else { d * 2 }
+    }
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let row = &row[..acc.len() * 2];
@@ -127,6 +138,10 @@ impl Decode for Fp16 {
 
 impl Decode for Bf16 {
     #[inline(always)]
+    fn row_bytes(d: usize, table: &TableView<'_>) -> usize {
+        if d == 0 { table.row_bytes() } else { d * 2 }
+    }
+    #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let row = &row[..acc.len() * 2];
         for (j, a) in acc.iter_mut().enumerate() {
@@ -143,6 +158,10 @@ impl Decode for Bf16 {
 }
 
 impl Decode for Int8 {
+    #[inline(always)]
+    fn row_bytes(d: usize, table: &TableView<'_>) -> usize {
+        if d == 0 { table.row_bytes() } else { d + 8 }
+    }
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let dim = acc.len();
@@ -162,23 +181,38 @@ impl Decode for Int8 {
     }
 }
 
+/// Asks for the cache line holding `p`. Never faults, whatever `p`.
 #[inline(always)]
-fn prefetch(p: *const u8, bytes: usize) {
+fn prefetch_line(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // Every cache line the row touches, from its first byte's line to its last byte's.
+    // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Prefetches every cache line of the `row_bytes`-byte row at `p` (any address: never faults).
+#[inline(always)]
+pub fn prefetch_row(p: *const u8, row_bytes: usize) {
+    if row_bytes % 64 == 0 {
+        // Rows of whole lines start on a line (the data region is block-aligned), so the row is
+        // exactly these lines; with a compile-time width this unrolls to straight-line code.
+        for line in (0..row_bytes).step_by(64) {
+            prefetch_line(p.wrapping_add(line));
+        }
+    } else if row_bytes <= 64 {
+        // At most two lines: the first byte's and the last byte's.
+        prefetch_line(p);
+        prefetch_line(p.wrapping_add(row_bytes - 1));
+    } else {
         let first = p as usize & !63;
-        let last = (p as usize + bytes - 1) & !63;
-        let mut line = first;
-        while line <= last {
-            // SAFETY: prefetch never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line - p as usize).cast()) };
-            line += 64;
+        let last = (p as usize).wrapping_add(row_bytes - 1) & !63;
+        for line in (first..=last).step_by(64) {
+            prefetch_line(p.wrapping_add(line.wrapping_sub(p as usize)));
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
 }
 
 /// The bag loop for one (dtype, width). `D == 0` means "width known only at run time": the
@@ -194,10 +228,10 @@ fn run<I: RowIndex, Dec: Decode, const D: usize>(
         let (start, end) = (job.bounds[b], job.bounds[b + 1]);
         if D == 0 {
             let dst = out.bag(b);
-            let count = accumulate::<I, Dec>(table, job, start, end, dst)?;
+            let count = accumulate::<I, Dec, D>(table, job, start, end, dst)?;
             finish(job.mode, count, dst);
         } else {
-            let count = accumulate::<I, Dec>(table, job, start, end, &mut fixed)?;
+            let count = accumulate::<I, Dec, D>(table, job, start, end, &mut fixed)?;
             finish(job.mode, count, &mut fixed);
             out.bag(b).copy_from_slice(&fixed);
         }
@@ -207,58 +241,85 @@ fn run<I: RowIndex, Dec: Decode, const D: usize>(
 
 /// Reduces the rows of `indices[start..end]` into `acc`; returns how many were counted.
 #[inline(always)]
-fn accumulate<I: RowIndex, Dec: Decode>(
+fn accumulate<I: RowIndex, Dec: Decode, const D: usize>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     start: usize,
     end: usize,
     acc: &mut [f32],
 ) -> Result<usize, IndexError> {
-    // One specialised loop per reduction, so the per-lookup body has no mode branch.
+    // One specialised loop per reduction and per padding / no padding, so the per-lookup body has
+    // no mode branch and, in the common case, no padding compare.
+    macro_rules! walk {
+        ($pad:literal, $step:expr) => {
+            reduce::<I, $pad>(table, job, Dec::row_bytes(D, table), start, end, $step)
+        };
+    }
+    let pad = job.padding_idx.is_some();
     match (job.mode, job.weights) {
         (PoolingMode::Max, _) => {
             acc.fill(f32::NEG_INFINITY);
-            reduce(table, job, start, end, |row, _| Dec::max(row, acc))
+            let step = |row: &[u8], _| Dec::max(row, acc);
+            if pad {
+                walk!(true, step)
+            } else {
+                walk!(false, step)
+            }
         }
         (_, Some(w)) => {
             acc.fill(0.0);
-            reduce(table, job, start, end, |row, pos| {
-                Dec::axpy(row, w[pos], acc)
-            })
+            let step = |row: &[u8], pos: usize| Dec::axpy(row, w[pos], acc);
+            if pad {
+                walk!(true, step)
+            } else {
+                walk!(false, step)
+            }
         }
         (_, None) => {
             acc.fill(0.0);
-            reduce(table, job, start, end, |row, _| Dec::axpy(row, 1.0, acc))
+            let step = |row: &[u8], _| Dec::axpy(row, 1.0, acc);
+            if pad {
+                walk!(true, step)
+            } else {
+                walk!(false, step)
+            }
         }
     }
 }
 
-/// Walks one bag: range-checks each index, skips padding, prefetches ahead and hands each row
-/// (with its position) to `step`. Returns the rows counted.
+/// Walks one bag: range-checks each index, skips padding (when `PAD`), prefetches the row
+/// `PREFETCH_AHEAD` lookups ahead and hands each row (with its position) to `step`. Returns the
+/// rows counted.
+///
+/// The body is kept short on purpose: the loop is bound by memory latency, and the fewer
+/// instructions a lookup takes, the more lookups the out-of-order window holds in flight.
 #[inline(always)]
-fn reduce<I: RowIndex>(
+fn reduce<I: RowIndex, const PAD: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
+    row_bytes: usize,
     start: usize,
     end: usize,
     mut step: impl FnMut(&[u8], usize),
 ) -> Result<usize, IndexError> {
-    let (rows, row_bytes) = (table.rows(), table.row_bytes());
-    // Prefetch only within this job's indices; `u64::MAX` never equals a valid row.
-    let ahead_end = job.bounds[job.bags()].min(job.indices.len());
+    let rows = table.rows();
+    // Prefetch only within this job's indices.
+    let prefetch_end = job.bounds[job.bags()]
+        .min(job.indices.len())
+        .saturating_sub(PREFETCH_AHEAD);
     let padding = job.padding_idx.unwrap_or(u64::MAX);
-    let mut count = 0usize;
+    let mut skipped = 0usize;
     for (pos, ix) in job.indices[start..end]
         .iter()
         .enumerate()
         .map(|(k, ix)| (start + k, ix))
     {
-        if pos + PREFETCH_AHEAD < ahead_end {
-            // SAFETY: pos + PREFETCH_AHEAD < ahead_end <= indices.len().
-            let ahead = unsafe { job.indices.get_unchecked(pos + PREFETCH_AHEAD) }.to_i64() as u64;
-            if ahead < rows {
-                prefetch(table.row_ptr(ahead), row_bytes);
-            }
+        if pos < prefetch_end {
+            // SAFETY: pos + PREFETCH_AHEAD < indices.len() by `prefetch_end`.
+            let ahead = unsafe { job.indices.get_unchecked(pos + PREFETCH_AHEAD) }.to_i64();
+            // An out-of-range index prefetches a meaningless address, which is harmless; it is
+            // reported when the loop reaches it.
+            prefetch_row(table.row_addr(ahead as u64), row_bytes);
         }
         let value = ix.to_i64();
         // A negative index wraps to a huge u64, so one compare catches both cases.
@@ -268,13 +329,13 @@ fn reduce<I: RowIndex>(
                 value,
             });
         }
-        if value as u64 == padding {
+        if PAD && value as u64 == padding {
+            skipped += 1;
             continue;
         }
-        count += 1;
         step(table.row(value as u64), pos);
     }
-    Ok(count)
+    Ok(end - start - skipped)
 }
 
 /// Turns an accumulator into the bag's result: zeros for an empty bag, divided by the count for

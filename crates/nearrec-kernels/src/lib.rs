@@ -10,6 +10,6 @@ mod job;
 pub mod reference;
 mod table;
 
-pub use fast::pool_bags;
+pub use fast::{pool_bags, prefetch_row};
 pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 pub use table::TableView;

@@ -66,10 +66,18 @@ impl<'a> TableView<'a> {
         unsafe { self.data.get_unchecked(at..at + rb) }
     }
 
-    /// Pointer to the start of `row`, for prefetching; `row` must be `< rows()`.
+    /// Where `row` would start, for prefetching only: any `row` is accepted, and the address of
+    /// one past the end is meaningless (never dereference it).
     #[inline(always)]
-    pub(crate) fn row_ptr(&self, row: u64) -> *const u8 {
-        // SAFETY: as in `row`.
-        unsafe { self.data.as_ptr().add(self.offset(row)) }
+    pub(crate) fn row_addr(&self, row: u64) -> *const u8 {
+        let at = match self.dense_stride {
+            Some(s) => (row as usize).wrapping_mul(s),
+            None => {
+                let (per, l) = (self.layout.rows_per_span(), &self.layout);
+                ((row / per).wrapping_mul(l.span_bytes()))
+                    .wrapping_add((row % per).wrapping_mul(l.row_bytes)) as usize
+            }
+        };
+        self.data.as_ptr().wrapping_add(at)
     }
 }

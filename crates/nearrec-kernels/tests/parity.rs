@@ -1,0 +1,231 @@
+//! The fast kernels against their scalar reference twin, over random tables, layouts and bags.
+//!
+//! Sum order is the same in both (row by row), so max and unweighted fp32 / fp16 / bf16 sums agree
+//! bit for bit; int8 folds the weight into scale and bias (`w·s·c + w·b` instead of
+//! `w·(s·c + b)`), so it is compared within fp32 rounding.
+
+use nearrec_format::{AlignedBuf, DType, RowLayout};
+use nearrec_kernels::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex, TableView, reference};
+use proptest::prelude::*;
+
+/// A table of `rows` random rows in `[-1, 1)`, encoded as `dtype` in the store's block layout.
+fn table(
+    dtype: DType,
+    rows: u64,
+    dim: u32,
+    block_bytes: u64,
+    seed: u64,
+) -> (AlignedBuf, RowLayout) {
+    let layout = RowLayout::new(rows, dtype.row_bytes(dim), block_bytes);
+    let mut buf = AlignedBuf::zeroed(layout.data_bytes() as usize);
+    let mut state = seed | 1;
+    let mut values = vec![0f32; dim as usize];
+    for r in 0..rows {
+        for v in &mut values {
+            // xorshift: reproducible values without another dependency
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *v = (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        }
+        let at = layout.row_offset(r) as usize;
+        dtype.encode_row(
+            &values,
+            &mut buf.as_mut_slice()[at..at + layout.row_bytes as usize],
+        );
+    }
+    (buf, layout)
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    dtype: DType,
+    dim: u32,
+    rows: u64,
+    block_bytes: u64,
+    /// Bag lengths; indices are drawn below `rows` except where `bad` puts one out of range.
+    lengths: Vec<usize>,
+    picks: Vec<u64>,
+    weighted: bool,
+    mode: PoolingMode,
+    padding: Option<u64>,
+    /// (position, value) of an index to make invalid, if any.
+    bad: Option<(usize, i64)>,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::sample::select(DType::ALL.to_vec()),
+        prop::sample::select(vec![1u32, 3, 8, 12, 16, 17, 32, 33, 64, 100, 128, 256, 300]),
+        1u64..300,
+        prop::sample::select(vec![512u64, 4096]),
+        prop::collection::vec(0usize..40, 0..12),
+        prop::sample::select(vec![PoolingMode::Sum, PoolingMode::Mean, PoolingMode::Max]),
+        any::<bool>(),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_flat_map(
+            |(dtype, dim, rows, block_bytes, lengths, mode, weighted, pad, seed)| {
+                let n: usize = lengths.iter().sum();
+                (
+                    prop::collection::vec(0..rows, n),
+                    if pad {
+                        (0..rows).prop_map(Some).boxed()
+                    } else {
+                        Just(None).boxed()
+                    },
+                    prop::option::weighted(
+                        0.2,
+                        (0..n.max(1), prop::sample::select(vec![-1i64, -7, 0])),
+                    ),
+                )
+                    .prop_map(move |(picks, padding, bad)| Case {
+                        dtype,
+                        dim,
+                        rows,
+                        block_bytes,
+                        lengths: lengths.clone(),
+                        picks,
+                        weighted: weighted && mode != PoolingMode::Max,
+                        mode,
+                        padding,
+                        // -1 and -7 stay negative; 0 becomes `rows` (one past the end)
+                        bad: bad
+                            .filter(|_| n > 0)
+                            .map(|(p, v)| (p, if v == 0 { rows as i64 } else { v })),
+                        seed,
+                    })
+            },
+        )
+}
+
+fn run<I: RowIndex>(c: &Case, indices: &[I], fast: bool) -> (Result<(), IndexError>, Vec<f32>) {
+    let (buf, layout) = table(c.dtype, c.rows, c.dim, c.block_bytes, c.seed);
+    let view = TableView::new(buf.as_slice(), layout, c.dtype, c.dim).expect("view");
+    let mut bounds = vec![0usize];
+    for l in &c.lengths {
+        bounds.push(bounds.last().unwrap() + l);
+    }
+    let weights: Vec<f32> = (0..indices.len())
+        .map(|i| 0.25 + (i % 7) as f32 * 0.5)
+        .collect();
+    let job = PoolJob {
+        indices,
+        bounds: &bounds,
+        weights: c.weighted.then_some(&weights[..]),
+        mode: c.mode,
+        padding_idx: c.padding,
+    };
+    let dim = c.dim as usize;
+    // A wider output row than the table's, so writes outside a bag's cells would show.
+    let stride = dim + 3;
+    let bags = c.lengths.len();
+    let mut out = vec![f32::NAN; bags * stride];
+    let mut cells = BagsOut::from_slice(&mut out, stride, dim, bags);
+    let res = if fast {
+        nearrec_kernels::pool_bags(&view, &job, &mut cells)
+    } else {
+        reference::pool_bags(&view, &job, &mut cells)
+    };
+    (res, out)
+}
+
+fn check_same(c: &Case, fast: &[f32], slow: &[f32]) -> Result<(), TestCaseError> {
+    let exact = c.dtype != DType::Int8 && !c.weighted;
+    let dim = c.dim as usize;
+    for (k, (&f, &s)) in fast.iter().zip(slow).enumerate() {
+        if k % (dim + 3) >= dim {
+            prop_assert!(f.is_nan(), "cell {k} is outside every bag but was written");
+        } else if f.is_nan() || s.is_nan() {
+            prop_assert!(
+                f.is_nan() && s.is_nan(),
+                "cell {k}: fast {f} vs reference {s}"
+            );
+        } else if exact {
+            prop_assert_eq!(
+                f.to_bits(),
+                s.to_bits(),
+                "cell {}: fast {} vs reference {}",
+                k,
+                f,
+                s
+            );
+        } else {
+            prop_assert!(
+                (f - s).abs() <= 1e-5 + 1e-5 * s.abs(),
+                "cell {k}: fast {f} vs reference {s}"
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn fast_matches_reference(c in case()) {
+        let mut picks: Vec<i64> = c.picks.iter().map(|&p| p as i64).collect();
+        if let Some((pos, value)) = c.bad {
+            picks[pos] = value;
+        }
+        let (fast_res, fast_out) = run(&c, &picks, true);
+        let (slow_res, slow_out) = run(&c, &picks, false);
+        prop_assert_eq!(fast_res, slow_res);
+        match fast_res {
+            // Bags before the bad index are written; which bags after it are is unspecified.
+            Err(IndexError { position, .. }) => {
+                let stride = c.dim as usize + 3;
+                let mut done = 0;
+                let mut at = 0;
+                for l in &c.lengths {
+                    if at + l > position { break; }
+                    at += l;
+                    done += 1;
+                }
+                check_same(&c, &fast_out[..done * stride], &slow_out[..done * stride])?;
+            }
+            Ok(()) => check_same(&c, &fast_out, &slow_out)?,
+        }
+        // i32 indices take the same path.
+        let narrow: Vec<i32> = picks.iter().map(|&p| p as i32).collect();
+        let (res32, out32) = run(&c, &narrow, true);
+        prop_assert_eq!(res32, fast_res);
+        if fast_res.is_ok() {
+            check_same(&c, &out32, &fast_out)?;
+        }
+    }
+}
+
+#[test]
+fn mean_skips_padding_and_empty_bags_are_zero() {
+    let c = Case {
+        dtype: DType::Fp32,
+        dim: 4,
+        rows: 10,
+        block_bytes: 512,
+        lengths: vec![3, 0, 2],
+        picks: vec![1, 2, 2, 2, 2],
+        weighted: false,
+        mode: PoolingMode::Mean,
+        padding: Some(2),
+        bad: None,
+        seed: 9,
+    };
+    let picks: Vec<i64> = c.picks.iter().map(|&p| p as i64).collect();
+    let (res, out) = run(&c, &picks, true);
+    assert_eq!(res, Ok(()));
+    let (buf, layout) = table(c.dtype, c.rows, c.dim, c.block_bytes, c.seed);
+    let mut row1 = vec![0f32; 4];
+    c.dtype.decode_row(
+        &buf.as_slice()[layout.row_offset(1) as usize..][..16],
+        &mut row1,
+    );
+    // bag 0: rows 1, 2, 2 with 2 the padding → the mean of row 1 alone
+    assert_eq!(&out[..4], &row1[..]);
+    // bag 1: empty; bag 2: only padding → zeros
+    assert_eq!(&out[7..11], &[0.0; 4]);
+    assert_eq!(&out[14..18], &[0.0; 4]);
+}
