@@ -56,8 +56,16 @@ impl Engine {
         config: EngineConfig,
         progress: Option<&ProgressFn>,
     ) -> Result<Self> {
+        Self::from_reader(&StoreReader::open(path)?, config, progress)
+    }
+
+    /// Loads every table of an opened (validated) store into DRAM.
+    pub fn from_reader(
+        reader: &StoreReader,
+        config: EngineConfig,
+        progress: Option<&ProgressFn>,
+    ) -> Result<Self> {
         config.validate()?;
-        let reader = StoreReader::open(path)?;
         let workers = Workers::new(config.resolved_threads());
         let dram = workers.get().install(|| {
             (0..reader.tables().len())

@@ -388,7 +388,7 @@ impl TableWriter {
             let start = self.layout.row_offset(chunk_first);
             self.pipeline.send(chunk, (total - start) as usize)?;
         }
-        let (file, data_crc32c) = self.pipeline.finish()?;
+        let (file, data_crc32c) = self.pipeline.join()?;
         let header = TableHeader {
             version: FORMAT_VERSION,
             dtype: self.spec.dtype,
@@ -504,10 +504,6 @@ impl WritePipeline {
                 std::io::Error::other("writer thread panicked"),
             )),
         }
-    }
-
-    fn finish(&mut self) -> Result<(File, u32)> {
-        self.join()
     }
 }
 

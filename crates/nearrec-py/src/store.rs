@@ -34,17 +34,15 @@ impl NativeStore {
         let config = EngineConfig::default()
             .with_threads(threads)
             .with_verify_checksums(verify_checksums);
-        let manifest_json = read_manifest(py, path.clone())?;
-        let total: u64 = StoreReader::open(&path)
-            .map_err(|e| format_err(py, e))?
-            .tables()
-            .iter()
-            .map(|t| t.data_bytes)
-            .sum();
+        let reader = py
+            .detach(|| StoreReader::open(&path))
+            .map_err(|e| format_err(py, e))?;
+        let manifest_json = manifest_json(&reader);
+        let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let bar = progress::bar(progress, total, "loading");
         let cb = progress::callback(&bar);
         let engine = py
-            .detach(|| Engine::open(&path, config, cb.as_ref()))
+            .detach(|| Engine::from_reader(&reader, config, cb.as_ref()))
             .map_err(|e| engine_err(py, e))?;
         if let Some(b) = bar {
             b.finish_and_clear();
@@ -189,5 +187,9 @@ pub(crate) fn verify_store(
 #[pyfunction]
 pub(crate) fn read_manifest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     let reader = StoreReader::open(&path).map_err(|e| format_err(py, e))?;
-    Ok(serde_json::to_string(reader.manifest()).expect("manifest serialises"))
+    Ok(manifest_json(&reader))
+}
+
+fn manifest_json(reader: &StoreReader) -> String {
+    serde_json::to_string(reader.manifest()).expect("manifest serialises")
 }
