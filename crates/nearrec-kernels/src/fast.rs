@@ -102,7 +102,14 @@ impl Decode for Fp32 {
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let dim = acc.len();
-        for (a, &v) in acc.iter_mut().zip(f32_row(row, dim)) {
+        let vals = f32_row(row, dim);
+        let (mut a8, mut v8) = (acc.chunks_exact_mut(8), vals.chunks_exact(8));
+        for (a, v) in (&mut a8).zip(&mut v8) {
+            for j in 0..8 {
+                a[j] += w * v[j];
+            }
+        }
+        for (a, &v) in a8.into_remainder().iter_mut().zip(v8.remainder()) {
             *a += w * v;
         }
     }
@@ -223,7 +230,6 @@ fn run<I: RowIndex, Dec: Decode, const D: usize>(
     job: &PoolJob<'_, I>,
     out: &mut BagsOut<'_>,
 ) -> Result<(), IndexError> {
-    let mut fixed = [0f32; D];
     for b in 0..job.bags() {
         let (start, end) = (job.bounds[b], job.bounds[b + 1]);
         if D == 0 {
@@ -231,6 +237,9 @@ fn run<I: RowIndex, Dec: Decode, const D: usize>(
             let count = accumulate::<I, Dec, D>(table, job, start, end, dst)?;
             finish(job.mode, count, dst);
         } else {
+            // A fresh accumulator per bag: dead on the error path, so the compiler keeps it in
+            // registers through the row loop instead of storing it back after every row.
+            let mut fixed = [0f32; D];
             let count = accumulate::<I, Dec, D>(table, job, start, end, &mut fixed)?;
             finish(job.mode, count, &mut fixed);
             out.bag(b).copy_from_slice(&fixed);
