@@ -3,17 +3,23 @@ VENV      ?= .venv
 PY        := $(VENV)/bin/python
 PIP       := $(PY) -m pip
 TORCH     ?= torch==2.14.1
+FBGEMM    ?= fbgemm-gpu-cpu==1.9.0
+TORCHREC  ?= torchrec==1.9.2
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test develop rust-check py-check bench bench-quick bench-deps clean
+.PHONY: demo test develop rust-check py-check bench bench-quick clean
 
-# The environment: a virtualenv with the build tool, test tools and PyTorch (CPU use of the
-# default wheel). Re-made when pyproject.toml changes.
-$(VENV)/.deps: pyproject.toml
+# The environment: a virtualenv with the build tool, test tools, PyTorch (CPU use of the default
+# wheel), FBGEMM's CPU build and TorchRec (the peers, and the KeyedJaggedTensor tests). TorchRec
+# names the CUDA fbgemm-gpu wheel as a dependency, which breaks the CPU one: it is installed
+# without dependencies, its pure-Python ones by hand (shared/specs/baselines.md).
+$(VENV)/.deps: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy $(TORCH)
+	$(PIP) install -q $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions
+	$(PIP) install -q --no-deps $(TORCHREC)
 	touch $@
 
 # Build the Rust extension (release) into the virtualenv, with the package importable in place.
@@ -40,15 +46,11 @@ py-check: develop
 
 test: rust-check py-check
 
-# Optional peers for the benchmarks (FBGEMM's CPU build; see shared/specs/baselines.md).
-bench-deps: $(VENV)/.deps
-	$(PIP) install -q fbgemm-gpu-cpu==1.9.0
-
-bench: develop bench-deps
+bench: develop
 	nearrec bench build
 	nearrec bench sls
 
-bench-quick: develop bench-deps
+bench-quick: develop
 	nearrec bench sls --quick
 
 clean:
