@@ -47,12 +47,17 @@ impl<'a> TableView<'a> {
         self.layout.row_bytes as usize
     }
 
-    /// Byte offset of `row` in the data region.
+    /// Byte offset of `row` in the data region. Defined (wrapping) for any `row`, so prefetching
+    /// may ask for rows not yet range-checked; only rows `< rows()` lie inside the region.
     #[inline(always)]
     pub fn offset(&self, row: u64) -> usize {
         match self.dense_stride {
-            Some(s) => row as usize * s,
-            None => self.layout.row_offset(row) as usize,
+            Some(s) => (row as usize).wrapping_mul(s),
+            None => {
+                let (per, l) = (self.layout.rows_per_span(), &self.layout);
+                ((row / per).wrapping_mul(l.span_bytes()))
+                    .wrapping_add((row % per).wrapping_mul(l.row_bytes)) as usize
+            }
         }
     }
 
@@ -70,14 +75,6 @@ impl<'a> TableView<'a> {
     /// one past the end is meaningless (never dereference it).
     #[inline(always)]
     pub(crate) fn row_addr(&self, row: u64) -> *const u8 {
-        let at = match self.dense_stride {
-            Some(s) => (row as usize).wrapping_mul(s),
-            None => {
-                let (per, l) = (self.layout.rows_per_span(), &self.layout);
-                ((row / per).wrapping_mul(l.span_bytes()))
-                    .wrapping_add((row % per).wrapping_mul(l.row_bytes)) as usize
-            }
-        };
-        self.data.as_ptr().wrapping_add(at)
+        self.data.as_ptr().wrapping_add(self.offset(row))
     }
 }
