@@ -86,6 +86,15 @@ def test_2d_input(mixed_store, mode):
 def test_2d_input_with_no_columns_is_empty_bags(mixed_store):
     got = mixed_store.lookup("f32_d32", np.zeros((4, 0), np.int64))
     np.testing.assert_array_equal(got, np.zeros((4, 32), np.float32))
+    # beside a table with rows, in one batched call
+    idx = np.array([[1, 2], [3, 4], [5, 6], [7, 8]])
+    out = mixed_store.lookup_many([nearrec.TableLookup("f32_d32", np.zeros((4, 0), np.int64)),
+                                   nearrec.TableLookup("f16_d16", idx)])
+    np.testing.assert_array_equal(out["f32_d32"], np.zeros((4, 32), np.float32))
+    assert_close(out["f16_d16"], reference(mixed_store, "f16_d16", idx), "sum")
+    with pytest.raises(nearrec.InvalidRequest, match="bags"):
+        mixed_store.lookup_many([nearrec.TableLookup("f32_d32", np.zeros((3, 0), np.int64)),
+                                 nearrec.TableLookup("f16_d16", idx)])
 
 
 def test_include_last_offset_ignores_trailing_indices_like_torch(mixed_store):

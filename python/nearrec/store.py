@@ -160,9 +160,8 @@ def _index_array(x: Any, table: str, what: str) -> npt.NDArray[Any]:
     return a
 
 
-def _table_args(req: TableLookup) -> tuple[tuple[Any, ...], int | None]:
-    """The native argument tuple for one table, and the batch size of a 2-D input with 0 columns
-    (which the engine cannot express: those bags are all empty)."""
+def _table_args(req: TableLookup) -> tuple[Any, ...]:
+    """The native argument tuple for one table."""
     t = req.table
     idx = _index_array(req.indices, t, "indices")
     weights = None
@@ -179,16 +178,14 @@ def _table_args(req: TableLookup) -> tuple[tuple[Any, ...], int | None]:
                 table=t,
             )
         weights = np.ascontiguousarray(weights).reshape(-1)
-    bag_size = None
+    shape = None
     offsets = lengths = None
     if idx.ndim == 2:
         if req.offsets is not None or req.lengths is not None:
             raise InvalidRequest(
                 f"table {t!r}: 2-D indices [batch, bag_size] take no offsets or lengths", table=t
             )
-        if idx.shape[1] == 0:
-            return (), idx.shape[0]
-        bag_size = idx.shape[1]
+        shape = (idx.shape[0], idx.shape[1])
         idx = np.ascontiguousarray(idx).reshape(-1)
     elif idx.ndim == 1:
         if req.offsets is None and req.lengths is None:
@@ -219,12 +216,12 @@ def _table_args(req: TableLookup) -> tuple[tuple[Any, ...], int | None]:
         idx,
         offsets,
         lengths,
-        bag_size,
+        shape,
         bool(req.include_last_offset),
         weights,
         req.mode,
         req.padding_idx,
-    ), None
+    )
 
 
 class Store:
@@ -292,46 +289,15 @@ class Store:
         ``(indices, offsets)`` pairs / :class:`TableLookup`.
         """
         reqs = _normalise(requests)
-        args: list[tuple[Any, ...]] = []
-        empty_batch: int | None = None
-        for r in reqs:
-            a, empty = _table_args(r)
-            if empty is not None:
-                self.table(r.table)
-                empty_batch = empty
-            else:
-                args.append(a)
+        values = self._native.lookup([_table_args(r) for r in reqs])
         keys = tuple(r.table for r in reqs)
         dims = tuple(self.table(k).dim for k in keys)
-        if empty_batch is not None:
-            values = self._with_empty_bags(reqs, args, empty_batch, dims)
-        else:
-            values = self._native.lookup(args)
         cols: dict[str, slice] = {}
         at = 0
         for k, d in zip(keys, dims, strict=True):
             cols[k] = slice(at, at + d)
             at += d
         return PooledBatch(values, keys, dims, cols)
-
-    def _with_empty_bags(self, reqs: Sequence[TableLookup], args: list[tuple[Any, ...]],
-                         batch: int, dims: tuple[int, ...]) -> npt.NDArray[np.float32]:
-        # Tables given as [batch, 0] pool to zeros; pool the rest and place them around those.
-        pooled = self._native.lookup(args) if args else np.zeros((batch, 0), np.float32)
-        if pooled.shape[0] != batch and args:
-            raise InvalidRequest(
-                f"tables have {pooled.shape[0]} and {batch} bags; every table needs one bag "
-                "per sample"
-            )
-        out = np.zeros((batch, sum(dims)), np.float32)
-        at = src = 0
-        by_table = {a[0] for a in args}
-        for r, d in zip(reqs, dims, strict=True):
-            if r.table in by_table:
-                out[:, at:at + d] = pooled[:, src:src + d]
-                src += d
-            at += d
-        return out
 
     def read_rows(self, table: str, rows: Any) -> npt.NDArray[np.float32]:
         """The given rows of a table, decoded to float32: ``[len(rows), dim]``."""

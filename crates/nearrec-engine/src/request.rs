@@ -48,8 +48,9 @@ pub enum Bags<'a> {
     },
     /// Number of indices in each bag; they must add up to the number of indices.
     Lengths(Indices<'a>),
-    /// Every bag has `bag_size` indices (2-D `[batch, bag_size]` input).
-    Fixed { bag_size: usize },
+    /// `batch` bags of `bag_size` indices each (2-D `[batch, bag_size]` input; `bag_size` 0 is
+    /// `batch` empty bags, as in PyTorch).
+    Fixed { batch: usize, bag_size: usize },
 }
 
 /// The part of a request that concerns one table.
@@ -161,22 +162,14 @@ pub(crate) fn check(req: &TableRequest<'_>, rows: u64) -> Result<Checked> {
         }
     };
     let bounds = match req.bags {
-        Bags::Fixed { bag_size } => {
-            if bag_size == 0 {
-                // PyTorch: a [B, 0] input is B empty bags; B is unknowable from 0 indices, so the
-                // caller must pass offsets instead.
+        Bags::Fixed { batch, bag_size } => {
+            if batch.checked_mul(bag_size) != Some(n) {
                 return Err(EngineError::invalid(
                     name,
-                    "2-D input with 0 columns: pass offsets instead",
+                    format!("{n} indices are not {batch} bags of {bag_size}"),
                 ));
             }
-            if n % bag_size != 0 {
-                return Err(EngineError::invalid(
-                    name,
-                    format!("{n} indices do not split into bags of {bag_size}"),
-                ));
-            }
-            (0..=n / bag_size).map(|b| b * bag_size).collect()
+            (0..=batch).map(|b| b * bag_size).collect()
         }
         Bags::Lengths(lengths) => {
             let mut bounds = Vec::with_capacity(lengths.len() + 1);
@@ -317,8 +310,20 @@ mod tests {
                 .to_string()
                 .contains("add up to 3")
         );
-        let r = TableRequest::new("t", Indices::I64(&idx), Bags::Fixed { bag_size: 2 });
-        assert_eq!(check(&r, 10).unwrap().bounds, vec![0, 2, 4]);
+        let fixed = |batch, bag_size| {
+            TableRequest::new("t", Indices::I64(&idx), Bags::Fixed { batch, bag_size })
+        };
+        assert_eq!(check(&fixed(2, 2), 10).unwrap().bounds, vec![0, 2, 4]);
+        assert!(check(&fixed(3, 2), 10).is_err());
+        let none = TableRequest::new(
+            "t",
+            Indices::I64(&[]),
+            Bags::Fixed {
+                batch: 3,
+                bag_size: 0,
+            },
+        );
+        assert_eq!(check(&none, 10).unwrap().bounds, vec![0, 0, 0, 0]);
     }
 
     #[test]

@@ -30,6 +30,7 @@ impl DType {
     pub const ALL: [DType; 4] = [DType::Fp32, DType::Fp16, DType::Bf16, DType::Int8];
 
     /// Bytes one encoded row of `dim` values takes, before any layout padding.
+    #[inline]
     pub fn row_bytes(self, dim: u32) -> u64 {
         let dim = u64::from(dim);
         match self {

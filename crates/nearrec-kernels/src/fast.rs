@@ -50,9 +50,7 @@ pub fn pool_bags<I: RowIndex>(
 
 /// Row decoding for one dtype: `acc[j] += w * row[j]` and `acc[j] = max(acc[j], row[j])`.
 trait Decode {
-    /// Bytes of one encoded row: from the width when it is known at compile time (`D > 0`), so
-    /// the prefetch unrolls, else from the table.
-    fn row_bytes(d: usize, table: &TableView<'_>) -> usize;
+    const DTYPE: DType;
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]);
     fn max(row: &[u8], acc: &mut [f32]);
 }
@@ -95,10 +93,7 @@ fn f32_row(row: &[u8], dim: usize) -> &[f32] {
 }
 
 impl Decode for Fp32 {
-    #[inline(always)]
-    fn row_bytes(d: usize, table: &TableView<'_>) -> usize {
-        if d == 0 { table.row_bytes() } else { d * 4 }
-    }
+    const DTYPE: DType = DType::Fp32;
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let dim = acc.len();
@@ -123,10 +118,7 @@ impl Decode for Fp32 {
 }
 
 impl Decode for Fp16 {
-    #[inline(always)]
-    fn row_bytes(d: usize, table: &TableView<'_>) -> usize {
-        if d == 0 { table.row_bytes() } else { d * 2 }
-    }
+    const DTYPE: DType = DType::Fp16;
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let row = &row[..acc.len() * 2];
@@ -144,10 +136,7 @@ impl Decode for Fp16 {
 }
 
 impl Decode for Bf16 {
-    #[inline(always)]
-    fn row_bytes(d: usize, table: &TableView<'_>) -> usize {
-        if d == 0 { table.row_bytes() } else { d * 2 }
-    }
+    const DTYPE: DType = DType::Bf16;
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let row = &row[..acc.len() * 2];
@@ -165,10 +154,7 @@ impl Decode for Bf16 {
 }
 
 impl Decode for Int8 {
-    #[inline(always)]
-    fn row_bytes(d: usize, table: &TableView<'_>) -> usize {
-        if d == 0 { table.row_bytes() } else { d + 8 }
-    }
+    const DTYPE: DType = DType::Int8;
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let dim = acc.len();
@@ -259,39 +245,34 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize>(
 ) -> Result<usize, IndexError> {
     // One specialised loop per reduction and per padding / no padding, so the per-lookup body has
     // no mode branch and, in the common case, no padding compare.
+    // Bytes of one row: a constant when the width is known at compile time, so the prefetch
+    // unrolls.
+    let row_bytes = if D == 0 {
+        table.row_bytes()
+    } else {
+        Dec::DTYPE.row_bytes(D as u32) as usize
+    };
     macro_rules! walk {
-        ($pad:literal, $step:expr) => {
-            reduce::<I, $pad>(table, job, Dec::row_bytes(D, table), start, end, $step)
+        ($step:expr) => {
+            if job.padding_idx.is_some() {
+                reduce::<I, true>(table, job, row_bytes, start, end, $step)
+            } else {
+                reduce::<I, false>(table, job, row_bytes, start, end, $step)
+            }
         };
     }
-    let pad = job.padding_idx.is_some();
     match (job.mode, job.weights) {
         (PoolingMode::Max, _) => {
             acc.fill(f32::NEG_INFINITY);
-            let step = |row: &[u8], _| Dec::max(row, acc);
-            if pad {
-                walk!(true, step)
-            } else {
-                walk!(false, step)
-            }
+            walk!(|row: &[u8], _| Dec::max(row, acc))
         }
         (_, Some(w)) => {
             acc.fill(0.0);
-            let step = |row: &[u8], pos: usize| Dec::axpy(row, w[pos], acc);
-            if pad {
-                walk!(true, step)
-            } else {
-                walk!(false, step)
-            }
+            walk!(|row: &[u8], pos: usize| Dec::axpy(row, w[pos], acc))
         }
         (_, None) => {
             acc.fill(0.0);
-            let step = |row: &[u8], _| Dec::axpy(row, 1.0, acc);
-            if pad {
-                walk!(true, step)
-            } else {
-                walk!(false, step)
-            }
+            walk!(|row: &[u8], _| Dec::axpy(row, 1.0, acc))
         }
     }
 }

@@ -60,13 +60,14 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
 }
 
 /// One table's arguments as the Python layer passes them:
-/// `(table, indices, offsets, lengths, bag_size, include_last_offset, weights, mode, padding_idx)`.
+/// `(table, indices, offsets, lengths, shape, include_last_offset, weights, mode, padding_idx)`,
+/// `shape` being `(batch, bag_size)` for 2-D input.
 pub(crate) struct TableArgs<'py> {
     table: String,
     indices: IndexArray<'py>,
     offsets: Option<IndexArray<'py>>,
     lengths: Option<IndexArray<'py>>,
-    bag_size: Option<usize>,
+    shape: Option<(usize, usize)>,
     include_last_offset: bool,
     weights: Option<PyReadonlyArray1<'py, f32>>,
     mode: PoolingMode,
@@ -78,7 +79,7 @@ type RawArgs<'py> = (
     Bound<'py, PyAny>,
     Option<Bound<'py, PyAny>>,
     Option<Bound<'py, PyAny>>,
-    Option<usize>,
+    Option<(usize, usize)>,
     bool,
     Option<Bound<'py, PyAny>>,
     String,
@@ -93,7 +94,7 @@ impl<'py> TableArgs<'py> {
             indices,
             offsets,
             lengths,
-            bag_size,
+            shape,
             include_last_offset,
             weights,
             mode,
@@ -139,7 +140,7 @@ impl<'py> TableArgs<'py> {
                 .map(|l| IndexArray::extract(&l, t, "lengths"))
                 .transpose()?,
             table,
-            bag_size,
+            shape,
             include_last_offset,
             weights,
             mode,
@@ -150,13 +151,13 @@ impl<'py> TableArgs<'py> {
     /// The engine's view of these arguments (borrows the arrays).
     pub(crate) fn request(&self, py: Python<'_>) -> PyResult<TableRequest<'_>> {
         let t = self.table.as_str();
-        let bags = match (&self.offsets, &self.lengths, self.bag_size) {
+        let bags = match (&self.offsets, &self.lengths, self.shape) {
             (Some(o), None, None) => Bags::Offsets {
                 offsets: o.indices(py, t, "offsets")?,
                 include_last_offset: self.include_last_offset,
             },
             (None, Some(l), None) => Bags::Lengths(l.indices(py, t, "lengths")?),
-            (None, None, Some(bag_size)) => Bags::Fixed { bag_size },
+            (None, None, Some((batch, bag_size))) => Bags::Fixed { batch, bag_size },
             _ => {
                 return Err(raise(
                     py,
