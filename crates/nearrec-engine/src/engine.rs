@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::request::{Checked, Indices, Request, check};
-use crate::workers::Workers;
+use nearrec_io::Workers;
 
 /// Serves pooled lookups from a store whose tables are resident in DRAM.
 #[derive(Debug)]

@@ -10,7 +10,6 @@ mod config;
 mod engine;
 mod error;
 mod request;
-mod workers;
 
 pub use config::EngineConfig;
 pub use engine::{Engine, Prepared};

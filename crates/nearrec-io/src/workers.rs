@@ -1,4 +1,4 @@
-//! A worker pool that survives `fork()`.
+//! A worker pool that survives `fork()` (pooling threads in the engine, read threads here).
 //!
 //! A forked child has only the thread that called fork; a rayon pool inherited from the parent
 //! would wait forever for workers that do not exist (PyTorch DataLoader workers fork). The pool is
@@ -9,25 +9,25 @@ use std::sync::{Arc, Mutex};
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
 #[derive(Debug)]
-pub(crate) struct Workers {
+pub struct Workers {
     threads: usize,
     pool: Mutex<Option<(u32, Arc<ThreadPool>)>>,
 }
 
 impl Workers {
-    pub(crate) fn new(threads: usize) -> Self {
+    pub fn new(threads: usize) -> Self {
         Self {
             threads,
             pool: Mutex::new(None),
         }
     }
 
-    pub(crate) fn threads(&self) -> usize {
+    pub fn threads(&self) -> usize {
         self.threads
     }
 
     /// The pool for this process, built on first use (and again after a fork).
-    pub(crate) fn get(&self) -> Arc<ThreadPool> {
+    pub fn get(&self) -> Arc<ThreadPool> {
         let pid = std::process::id();
         let mut slot = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         match slot.as_ref() {

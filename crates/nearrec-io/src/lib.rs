@@ -1,0 +1,30 @@
+//! Storage access for the SSD tier, behind one small trait.
+//!
+//! A [`BlockDevice`] reads aligned block ranges of a fixed set of files into one caller-owned
+//! buffer and reports each read the moment it completes, in any order, so the engine can pool a
+//! row as soon as its block lands. Three implementations pass one shared test suite
+//! (`tests/devices.rs`):
+//!
+//! - [`UringDevice`]: io_uring with `O_DIRECT`, registered (fixed) files, the whole batch submitted
+//!   together and kept at a configurable queue depth;
+//! - [`PreadDevice`]: positional reads on a thread pool (`O_DIRECT` where the file system takes
+//!   it), the fallback where io_uring or direct I/O is unavailable;
+//! - [`MemDevice`]: files held in memory, for tests and for the flash-device model.
+//!
+//! [`open_device`] picks the best one the machine allows and says why when it falls back.
+
+mod device;
+mod error;
+mod mem;
+mod open;
+mod pread;
+mod uring;
+mod workers;
+
+pub use device::{BlockDevice, ReadOp, check_batch};
+pub use error::{IoError, Result};
+pub use mem::MemDevice;
+pub use open::{DeviceKind, IoConfig, open_device};
+pub use pread::PreadDevice;
+pub use uring::UringDevice;
+pub use workers::Workers;
