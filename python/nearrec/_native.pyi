@@ -13,12 +13,23 @@ _Path = str | PathLike[str]
 
 class NativeStore:
     def __init__(
-        self, path: _Path, threads: int = 0, verify_checksums: bool = True, progress: bool = False
+        self,
+        path: _Path,
+        threads: int = 0,
+        verify_checksums: bool = True,
+        progress: bool = False,
+        tier: str = "dram",
+        direct_io: bool = True,
+        io_queue_depth: int = 128,
+        merge_gap_bytes: int = 0,
     ) -> None: ...
     @property
     def path(self) -> str: ...
     @property
     def threads(self) -> int: ...
+    @property
+    def tier(self) -> str: ...
+    def stats(self) -> list[tuple[str, float | str | bool]]: ...
     @property
     def manifest_json(self) -> str: ...
     def lookup(self, tables: list[tuple[Any, ...]]) -> npt.NDArray[np.float32]: ...

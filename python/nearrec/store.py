@@ -16,6 +16,7 @@ from . import _native
 from .errors import InvalidRequest
 
 PoolingModeName = Literal["sum", "mean", "max"]
+Tier = Literal["dram", "ssd"]
 StorePath = str | os.PathLike[str]
 
 
@@ -231,9 +232,11 @@ class Store:
     """
 
     def __init__(self, path: StorePath, threads: int = 0, verify_checksums: bool = True,
-                 progress: bool | None = None):
+                 progress: bool | None = None, tier: Tier = "dram", direct_io: bool = True,
+                 io_queue_depth: int = 128, merge_gap_bytes: int = 0):
         self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums,
-                                           progress_enabled(progress))
+                                           progress_enabled(progress), tier, direct_io,
+                                           io_queue_depth, merge_gap_bytes)
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._tables = {t.name: t for t in self._info.tables}
 
@@ -253,6 +256,19 @@ class Store:
     @property
     def threads(self) -> int:
         return self._native.threads
+
+    @property
+    def tier(self) -> Tier:
+        """Where rows are served from: ``"dram"`` or ``"ssd"``."""
+        return "ssd" if self._native.tier == "ssd" else "dram"
+
+    def stats(self) -> dict[str, float | str | bool]:
+        """The SSD tier's accounting since open: ``device_reads``, ``bytes_read``,
+        ``useful_bytes``, ``read_amplification``, reads saved by de-duplication and merging,
+        ``lookups``, ``unique_rows``, and p50 / p95 / p99 / p99.9 latencies in µs of the stages
+        ``route``, ``io_wait``, ``pool`` and ``end_to_end``; plus the ``device`` (``io_uring`` or
+        ``pread``), ``direct_io`` and ``block_bytes``. Empty for DRAM-resident stores."""
+        return dict(self._native.stats())
 
     def table(self, name: str) -> TableInfo:
         from .errors import UnknownTable
@@ -331,10 +347,17 @@ def _normalise(requests: Sequence[TableLookup] | Mapping[str, Any]) -> list[Tabl
 
 
 def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
-               progress: bool | None = None) -> Store:
-    """Opens the store at ``path``: validates it and loads its tables into DRAM.
+               progress: bool | None = None, tier: Tier = "dram", direct_io: bool = True,
+               io_queue_depth: int = 128, merge_gap_bytes: int = 0) -> Store:
+    """Opens the store at ``path`` and validates it.
 
-    ``threads`` = 0 uses every core; ``verify_checksums`` checks each table's CRC-32C as it
-    loads (cheap next to the read).
+    ``tier="dram"`` loads every table into DRAM (``threads`` = 0 uses every core;
+    ``verify_checksums`` checks each table's CRC-32C as it loads). ``tier="ssd"`` loads nothing:
+    each batch reads the blocks holding its rows from the table files with direct I/O
+    (io_uring, or pread threads where io_uring or ``O_DIRECT`` is unavailable), up to
+    ``io_queue_depth`` reads in flight, merging reads of rows at most ``merge_gap_bytes`` apart;
+    ``direct_io=False`` reads through the page cache (for comparisons only).
     """
-    return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress)
+    return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
+                 tier=tier, direct_io=direct_io, io_queue_depth=io_queue_depth,
+                 merge_gap_bytes=merge_gap_bytes)

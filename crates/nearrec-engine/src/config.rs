@@ -2,6 +2,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
 
+/// Where a store's rows are served from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Every table loaded into DRAM at open.
+    #[default]
+    Dram,
+    /// Rows read from the table files per batch, with direct I/O ([`crate::Engine`]'s SSD tier).
+    Ssd,
+}
+
+impl Tier {
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Dram => "dram",
+            Tier::Ssd => "ssd",
+        }
+    }
+}
+
 /// How an [`crate::Engine`] is built. `Default` gives the recommended settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -15,6 +35,17 @@ pub struct EngineConfig {
     pub inline_lookups: usize,
     /// Target lookups per parallel task; a task is a run of bags of one table.
     pub task_lookups: usize,
+    /// Where rows are served from.
+    pub tier: Tier,
+    /// SSD tier: bypass the page cache (`O_DIRECT`); off only for comparisons.
+    pub direct_io: bool,
+    /// SSD tier: reads in flight per io_uring ring.
+    pub io_queue_depth: u32,
+    /// SSD tier: rows whose blocks are at most this many bytes apart share one read (0 merges
+    /// only rows in the same or adjacent blocks).
+    pub merge_gap_bytes: u64,
+    /// SSD tier: the largest merged read, in bytes.
+    pub max_read_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -24,6 +55,11 @@ impl Default for EngineConfig {
             verify_checksums: true,
             inline_lookups: 4096,
             task_lookups: 8192,
+            tier: Tier::Dram,
+            direct_io: true,
+            io_queue_depth: 128,
+            merge_gap_bytes: 0,
+            max_read_bytes: 128 * 1024,
         }
     }
 }
@@ -39,7 +75,24 @@ impl EngineConfig {
         self
     }
 
+    pub fn with_tier(mut self, tier: Tier) -> Self {
+        self.tier = tier;
+        self
+    }
+
     pub fn validate(&self) -> Result<()> {
+        if self.io_queue_depth == 0 || self.io_queue_depth > 4096 {
+            return Err(EngineError::Config(format!(
+                "io_queue_depth = {} must be in 1..=4096",
+                self.io_queue_depth
+            )));
+        }
+        if self.max_read_bytes < 4096 || self.max_read_bytes > u64::from(u32::MAX) {
+            return Err(EngineError::Config(format!(
+                "max_read_bytes = {} must be in 4096..=4294967295",
+                self.max_read_bytes
+            )));
+        }
         if self.threads > 1024 {
             return Err(EngineError::Config(format!(
                 "threads = {} is more than 1024",

@@ -8,18 +8,22 @@ use nearrec_format::{AlignedBuf, ProgressFn, StoreReader, TableMeta};
 use nearrec_kernels::{BagsOut, IndexError, PoolJob, RowIndex, TableView};
 use rayon::prelude::*;
 
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, Tier};
 use crate::error::{EngineError, Result};
-use crate::request::{Checked, Indices, Request, check};
+use crate::request::{Bags, Checked, Indices, Request, TableRequest, check};
+use crate::ssd::{SsdJob, SsdTier};
+use crate::stats::IoStats;
 use nearrec_io::Workers;
 
-/// Serves pooled lookups from a store whose tables are resident in DRAM.
+/// Serves pooled lookups from a store whose tables are resident in DRAM or read from SSD.
 #[derive(Debug)]
 pub struct Engine {
     tables: Vec<TableMeta>,
     by_name: HashMap<String, usize>,
-    /// Each table's data region, laid out exactly as on disk.
+    /// Each DRAM-resident table's data region, laid out exactly as on disk (empty for the SSD
+    /// tier).
     dram: Vec<AlignedBuf>,
+    ssd: Option<SsdTier>,
     workers: Workers,
     config: EngineConfig,
 }
@@ -67,12 +71,25 @@ impl Engine {
     ) -> Result<Self> {
         config.validate()?;
         let workers = Workers::new(config.resolved_threads());
-        let dram = workers.get().install(|| {
-            (0..reader.tables().len())
-                .into_par_iter()
-                .map(|i| reader.read_table(i, config.verify_checksums, progress))
-                .collect::<Result<Vec<_>, _>>()
-        })?;
+        let (dram, ssd) = match config.tier {
+            Tier::Dram => {
+                let dram = workers.get().install(|| {
+                    (0..reader.tables().len())
+                        .into_par_iter()
+                        .map(|i| reader.read_table(i, config.verify_checksums, progress))
+                        .collect::<Result<Vec<_>, _>>()
+                })?;
+                (dram, None)
+            }
+            Tier::Ssd => {
+                let paths: Vec<_> = reader
+                    .tables()
+                    .iter()
+                    .map(|t| reader.path().join(&t.file))
+                    .collect();
+                (Vec::new(), Some(SsdTier::open(&paths, &config)?))
+            }
+        };
         let tables = reader.manifest().tables.clone();
         let by_name = tables
             .iter()
@@ -83,6 +100,7 @@ impl Engine {
             tables,
             by_name,
             dram,
+            ssd,
             workers,
             config,
         })
@@ -116,9 +134,20 @@ impl Engine {
             })
     }
 
-    /// Table `id`'s data region in DRAM, laid out as in the table file.
-    pub fn table_data(&self, id: usize) -> &[u8] {
-        self.dram[id].as_slice()
+    /// Table `id`'s data region in DRAM, laid out as in the table file (`None` on the SSD tier).
+    pub fn table_data(&self, id: usize) -> Option<&[u8]> {
+        self.dram.get(id).map(AlignedBuf::as_slice)
+    }
+
+    /// The SSD tier's counters and latency histograms (`None` when tables are in DRAM).
+    pub fn io_stats(&self) -> Option<&IoStats> {
+        self.ssd.as_ref().map(|s| &s.stats)
+    }
+
+    /// The SSD tier's block device: its kind (`"io_uring"`, `"pread"`), whether reads are
+    /// direct, its block size.
+    pub fn device(&self) -> Option<&dyn nearrec_io::BlockDevice> {
+        self.ssd.as_ref().map(SsdTier::device)
     }
 
     /// Decodes rows `rows` of table `id` into `out` (`rows.len() * dim` floats), for callers that
@@ -127,6 +156,19 @@ impl Engine {
         let meta = &self.tables[id];
         let dim = meta.dim as usize;
         assert_eq!(out.len(), rows.len() * dim, "output has the wrong size");
+        if self.ssd.is_some() {
+            // One-row sum bags: the row itself (0 + v, so only -0.0 comes back as +0.0).
+            let req = Request::new(vec![TableRequest::new(
+                &meta.name,
+                Indices::I64(rows),
+                Bags::Fixed {
+                    batch: rows.len(),
+                    bag_size: 1,
+                },
+            )]);
+            let prepared = self.prepare(&req)?;
+            return self.execute(&req, &prepared, out);
+        }
         let view = self.view(id);
         for (position, (&r, dst)) in rows.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
             if r < 0 || r as u64 >= meta.rows {
@@ -196,6 +238,21 @@ impl Engine {
         );
         if prepared.batch == 0 || prepared.width == 0 {
             return Ok(());
+        }
+        if let Some(ssd) = &self.ssd {
+            let jobs: Vec<SsdJob<'_>> = prepared
+                .tables
+                .iter()
+                .zip(&req.tables)
+                .map(|((id, col, checked), t)| SsdJob {
+                    id: *id,
+                    meta: &self.tables[*id],
+                    col: *col,
+                    req: t,
+                    checked,
+                })
+                .collect();
+            return ssd.execute(&jobs, prepared.batch, prepared.width, out);
         }
         // Tasks: runs of bags of one table, about `task_lookups` lookups each.
         let mut tasks = Vec::new();

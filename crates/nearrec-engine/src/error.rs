@@ -8,6 +8,9 @@ pub enum EngineError {
     #[error(transparent)]
     Format(#[from] FormatError),
 
+    #[error(transparent)]
+    Io(#[from] nearrec_io::IoError),
+
     #[error("unknown table {name:?}; the store has: {available}")]
     UnknownTable { name: String, available: String },
 

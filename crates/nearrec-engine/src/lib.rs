@@ -3,15 +3,18 @@
 //! A [`Request`] names, per table, the indices of a batch of bags and the pooling; the [`Engine`]
 //! validates it ([`Engine::prepare`]), splits it into (table, bag-run) tasks across a fork-safe
 //! worker pool and pools every bag straight into its cell of the `[batch, Σ dim]` output
-//! ([`Engine::execute`]). Tables are resident in DRAM; the SSD tier plugs in behind the same
-//! request type.
+//! ([`Engine::execute`]). Tables are resident in DRAM ([`Tier::Dram`]) or read per batch from
+//! their files with direct I/O ([`Tier::Ssd`], `ssd.rs`), behind the same request type.
 
 mod config;
 mod engine;
 mod error;
 mod request;
+mod ssd;
+mod stats;
 
-pub use config::EngineConfig;
+pub use config::{EngineConfig, Tier};
 pub use engine::{Engine, Prepared};
 pub use error::{EngineError, Result};
 pub use request::{Bags, Indices, PoolingMode, Request, TableRequest};
+pub use stats::{Histogram, IoStats};

@@ -47,6 +47,11 @@ pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
         EngineError::InvalidRequest { table, .. } => {
             raise(py, "InvalidRequest", msg, Some(&table), None)
         }
+        EngineError::Io(io) => match io {
+            // a malformed read is a bug of ours, not the device's
+            nearrec_io::IoError::InvalidRead { .. } => raise(py, "InvalidRequest", msg, None, None),
+            _ => raise(py, "StoreIOError", msg, None, None),
+        },
         _ => raise(py, "InvalidRequest", msg, None, None),
     }
 }

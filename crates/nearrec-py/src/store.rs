@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use nearrec_engine::{Engine, EngineConfig, Request};
+use nearrec_engine::{Engine, EngineConfig, Request, Tier};
 use nearrec_format::{DType, StoreReader};
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
@@ -23,17 +23,41 @@ pub(crate) struct NativeStore {
 #[pymethods]
 impl NativeStore {
     #[new]
-    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false))]
+    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "dram", direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0))]
+    #[allow(clippy::too_many_arguments)] // mirrors nearrec.open's keyword arguments
     fn new(
         py: Python<'_>,
         path: PathBuf,
         threads: usize,
         verify_checksums: bool,
         progress: bool,
+        tier: &str,
+        direct_io: bool,
+        io_queue_depth: u32,
+        merge_gap_bytes: u64,
     ) -> PyResult<Self> {
-        let config = EngineConfig::default()
-            .with_threads(threads)
-            .with_verify_checksums(verify_checksums);
+        let tier = match tier {
+            "dram" => Tier::Dram,
+            "ssd" => Tier::Ssd,
+            other => {
+                return Err(raise(
+                    py,
+                    "InvalidRequest",
+                    format!("tier must be 'dram' or 'ssd', not {other:?}"),
+                    None,
+                    None,
+                ));
+            }
+        };
+        let config = EngineConfig {
+            tier,
+            direct_io,
+            io_queue_depth,
+            merge_gap_bytes,
+            ..EngineConfig::default()
+        }
+        .with_threads(threads)
+        .with_verify_checksums(verify_checksums);
         let reader = py
             .detach(|| StoreReader::open(&path))
             .map_err(|e| format_err(py, e))?;
@@ -62,6 +86,35 @@ impl NativeStore {
     #[getter]
     fn threads(&self) -> usize {
         self.engine.threads()
+    }
+
+    /// `"dram"` or `"ssd"`.
+    #[getter]
+    fn tier(&self) -> &'static str {
+        self.engine.config().tier.name()
+    }
+
+    /// The SSD tier's counters and latency percentiles (µs), with the device's kind, whether
+    /// reads are direct and its block size; `{}` for DRAM-resident stores.
+    fn stats(&self) -> Vec<(String, PyStat)> {
+        let (Some(stats), Some(dev)) = (self.engine.io_stats(), self.engine.device()) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, PyStat)> = vec![
+            ("device".into(), PyStat::Text(dev.kind())),
+            ("direct_io".into(), PyStat::Flag(dev.direct())),
+            (
+                "block_bytes".into(),
+                PyStat::Number(dev.block_size() as f64),
+            ),
+        ];
+        out.extend(
+            stats
+                .snapshot()
+                .into_iter()
+                .map(|(k, v)| (k, PyStat::Number(v))),
+        );
+        out
     }
 
     /// The manifest as JSON (tables, creation parameters).
@@ -144,7 +197,17 @@ impl NativeStore {
                 None,
             ));
         }
-        let data = this.engine.table_data(id);
+        let Some(data) = this.engine.table_data(id) else {
+            return Err(raise(
+                py,
+                "InvalidRequest",
+                format!(
+                    "table {name:?} is served from SSD; only DRAM-resident tables have an array view"
+                ),
+                Some(name),
+                None,
+            ));
+        };
         let floats = (meta.rows * u64::from(meta.dim)) as usize;
         // SAFETY: the buffer is 4 KiB-aligned, dense fp32 rows are 4-byte values, and it lives as
         // long as `slf`, which the array keeps alive as its base object.
@@ -159,6 +222,14 @@ impl NativeStore {
         arr.readwrite().make_nonwriteable();
         Ok(arr.into_any())
     }
+}
+
+/// One value of `stats()`.
+#[derive(IntoPyObject)]
+pub(crate) enum PyStat {
+    Text(&'static str),
+    Flag(bool),
+    Number(f64),
 }
 
 /// Checks every data byte of a store; returns `[(table, bytes, error or None)]`.

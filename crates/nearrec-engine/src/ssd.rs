@@ -1,0 +1,307 @@
+//! The SSD tier: rows are read from the table files with direct I/O, only the blocks that hold
+//! them (RM-SSD's vector-grained reads), de-duplicated across bags and tables, merged when they
+//! share or neighbour a block (EMB-SSD's I/O merging), all submitted together, and pooled into
+//! every bag that wants them the moment their read completes (RecSSD's per-page processing).
+//! Only the pooled `[batch, Σ dim]` output leaves; no per-lookup row tensor is built.
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use nearrec_format::{AlignedBuf, DATA_OFFSET, TableMeta};
+use nearrec_io::{BlockDevice, IoConfig, ReadOp, open_device};
+
+use crate::config::EngineConfig;
+use crate::error::{EngineError, Result};
+use crate::request::{Checked, PoolingMode, TableRequest};
+use crate::stats::IoStats;
+
+/// Tables served from their files through a [`BlockDevice`] (file `i` is table `i`).
+#[derive(Debug)]
+pub(crate) struct SsdTier {
+    device: Box<dyn BlockDevice>,
+    merge_gap: u64,
+    max_read: u64,
+    /// Staging buffers, reused across batches.
+    buffers: Mutex<Vec<AlignedBuf>>,
+    pub(crate) stats: IoStats,
+}
+
+/// One table's part of a batch, as the engine hands it over.
+pub(crate) struct SsdJob<'a> {
+    pub id: usize,
+    pub meta: &'a TableMeta,
+    /// First output column of the table.
+    pub col: usize,
+    pub req: &'a TableRequest<'a>,
+    pub checked: &'a Checked,
+}
+
+/// A job's lookups, routed: `(row, position)` sorted by row, each position's bag, and the rows
+/// counted per bag (padding excluded).
+struct Routed {
+    entries: Vec<(u64, usize)>,
+    bag_of: Vec<usize>,
+    counts: Vec<usize>,
+}
+
+/// A batch's reads, where each distinct row lands, and which landings each read carries.
+#[derive(Default)]
+struct Plan {
+    reads: Vec<ReadOp>,
+    landings: Vec<Landing>,
+    by_read: Vec<Range<usize>>,
+    /// Staging bytes used by the closed reads (the open read starts here).
+    total: usize,
+}
+
+impl Plan {
+    /// Ends the open read (`lo..hi` of table file `file`): it carries the landings pushed since
+    /// the previous read ended.
+    fn close(&mut self, file: usize, (lo, hi): (u64, u64)) {
+        self.reads.push(ReadOp {
+            file: file as u32,
+            offset: lo,
+            len: (hi - lo) as u32,
+            buf_at: self.total,
+        });
+        let first = self.by_read.last().map_or(0, |r| r.end);
+        self.by_read.push(first..self.landings.len());
+        self.total += (hi - lo) as usize;
+    }
+}
+
+/// `(first index, length)` of each run of equal rows in row-sorted entries.
+fn runs(entries: &[(u64, usize)]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        (i < entries.len()).then(|| {
+            let row = entries[i].0;
+            let run = entries[i..].partition_point(|e| e.0 == row);
+            let at = i;
+            i += run;
+            (at, run)
+        })
+    })
+}
+
+/// Where one distinct row lands: in the staging buffer at `at`, wanted by `entries` of its job.
+struct Landing {
+    job: usize,
+    entries: Range<usize>,
+    at: usize,
+}
+
+impl SsdTier {
+    pub(crate) fn open(paths: &[PathBuf], config: &EngineConfig) -> Result<Self> {
+        let io = IoConfig::default()
+            .with_direct(config.direct_io)
+            .with_queue_depth(config.io_queue_depth);
+        Ok(Self {
+            device: open_device(paths, &io)?,
+            merge_gap: config.merge_gap_bytes,
+            max_read: config.max_read_bytes,
+            buffers: Mutex::new(Vec::new()),
+            stats: IoStats::default(),
+        })
+    }
+
+    pub(crate) fn device(&self) -> &dyn BlockDevice {
+        self.device.as_ref()
+    }
+
+    /// Pools `jobs` into `out`, a row-major `[batch, width]` matrix whose cells the jobs own.
+    pub(crate) fn execute(
+        &self,
+        jobs: &[SsdJob<'_>],
+        batch: usize,
+        width: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let start = Instant::now();
+        let routed = jobs
+            .iter()
+            .map(|j| route(j, batch))
+            .collect::<Result<Vec<_>>>()?;
+        let Plan {
+            reads,
+            landings,
+            by_read,
+            total: bytes,
+        } = self.plan(jobs, &routed);
+        let route_done = Instant::now();
+        self.stats.route.record(route_done - start);
+
+        for j in jobs {
+            let init = if j.req.mode == PoolingMode::Max {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            };
+            for b in 0..batch {
+                out[b * width + j.col..][..j.meta.dim as usize].fill(init);
+            }
+        }
+        let mut buf = self.buffer(bytes);
+        let max_dim = jobs.iter().map(|j| j.meta.dim as usize).max().unwrap_or(0);
+        let mut row = vec![0f32; max_dim];
+        let mut pooling = std::time::Duration::ZERO;
+        let res =
+            self.device
+                .read_batch(&reads, &mut buf.as_mut_slice()[..bytes], &mut |i, data| {
+                    let t = Instant::now();
+                    for land in &landings[by_read[i].clone()] {
+                        let job = &jobs[land.job];
+                        let (dim, rb) = (job.meta.dim as usize, job.meta.row_bytes as usize);
+                        let encoded = &data[land.at - reads[i].buf_at..][..rb];
+                        let row = &mut row[..dim];
+                        job.meta.dtype.decode_row(encoded, row);
+                        let r = &routed[land.job];
+                        for &(_, pos) in &r.entries[land.entries.clone()] {
+                            let cell = &mut out[r.bag_of[pos] * width + job.col..][..dim];
+                            match (job.req.mode, job.req.per_sample_weights) {
+                                (PoolingMode::Max, _) => {
+                                    cell.iter_mut().zip(&*row).for_each(|(a, &v)| *a = a.max(v));
+                                }
+                                (_, Some(w)) => {
+                                    let w = w[pos];
+                                    cell.iter_mut().zip(&*row).for_each(|(a, &v)| *a += w * v);
+                                }
+                                (_, None) => cell.iter_mut().zip(&*row).for_each(|(a, &v)| *a += v),
+                            }
+                        }
+                    }
+                    pooling += t.elapsed();
+                });
+        self.buffers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(buf);
+        res?;
+        let io_done = Instant::now();
+        self.stats.pool.record(pooling);
+        self.stats
+            .io_wait
+            .record((io_done - route_done).saturating_sub(pooling));
+
+        for (j, r) in jobs.iter().zip(&routed) {
+            for (b, &count) in r.counts.iter().enumerate() {
+                let cell = &mut out[b * width + j.col..][..j.meta.dim as usize];
+                if count == 0 {
+                    cell.fill(0.0);
+                } else if j.req.mode == PoolingMode::Mean {
+                    cell.iter_mut().for_each(|a| *a /= count as f32);
+                }
+            }
+        }
+        self.account(jobs, &routed, &reads, bytes);
+        self.stats.end_to_end.record(start.elapsed());
+        Ok(())
+    }
+
+    /// Reads for every distinct row: the aligned blocks that hold it, merged with the previous
+    /// read of the same file when they overlap or lie within `merge_gap` bytes and the merged read
+    /// stays within `max_read`. Returns the reads, where each row lands, and each read's landings.
+    fn plan(&self, jobs: &[SsdJob<'_>], routed: &[Routed]) -> Plan {
+        let block = self.device.block_size() as u64;
+        let mut plan = Plan::default();
+        for (k, (job, r)) in jobs.iter().zip(routed).enumerate() {
+            let layout = job.meta.layout();
+            // the open read, as (start, end) bytes of the file; its buffer offset is `plan.total`
+            let mut open: Option<(u64, u64)> = None;
+            for (i, run) in runs(&r.entries) {
+                let start = DATA_OFFSET + layout.row_offset(r.entries[i].0);
+                let lo = start / block * block;
+                let hi = (start + layout.row_bytes).div_ceil(block) * block;
+                open = match open {
+                    Some((olo, ohi)) if lo <= ohi + self.merge_gap && hi - olo <= self.max_read => {
+                        Some((olo, ohi.max(hi)))
+                    }
+                    previous => {
+                        if let Some(read) = previous {
+                            plan.close(job.id, read);
+                        }
+                        Some((lo, hi))
+                    }
+                };
+                let olo = open.map_or(lo, |o| o.0);
+                plan.landings.push(Landing {
+                    job: k,
+                    entries: i..i + run,
+                    at: plan.total + (start - olo) as usize,
+                });
+            }
+            if let Some(read) = open {
+                plan.close(job.id, read);
+            }
+        }
+        plan
+    }
+
+    /// A staging buffer of at least `bytes` bytes (reused when one is free).
+    fn buffer(&self, bytes: usize) -> AlignedBuf {
+        let mut free = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        match free.iter().position(|b| b.len() >= bytes) {
+            Some(i) => free.swap_remove(i),
+            None => AlignedBuf::zeroed(bytes.max(1 << 20).next_power_of_two()),
+        }
+    }
+
+    fn account(&self, jobs: &[SsdJob<'_>], routed: &[Routed], reads: &[ReadOp], bytes: usize) {
+        let s = &self.stats;
+        let (mut lookups, mut unique, mut useful) = (0u64, 0u64, 0u64);
+        for (j, r) in jobs.iter().zip(routed) {
+            lookups += r.entries.len() as u64;
+            let distinct = runs(&r.entries).count() as u64;
+            unique += distinct;
+            useful += distinct * j.meta.row_bytes;
+        }
+        IoStats::add(&s.batches, 1);
+        IoStats::add(&s.lookups, lookups);
+        IoStats::add(&s.unique_rows, unique);
+        IoStats::add(&s.device_reads, reads.len() as u64);
+        IoStats::add(&s.bytes_read, bytes as u64);
+        IoStats::add(&s.useful_bytes, useful);
+        IoStats::add(&s.reads_saved_dedup, lookups - unique);
+        IoStats::add(&s.reads_saved_merge, unique - reads.len() as u64);
+        s.max_batch_reads.fetch_max(reads.len() as u64, Relaxed);
+    }
+}
+
+/// Range-checks a job's indices (before any read: a bad index reads nothing) and routes them.
+fn route(job: &SsdJob<'_>, batch: usize) -> Result<Routed> {
+    let bounds = &job.checked.bounds;
+    let n = bounds[batch];
+    let mut bag_of = vec![0usize; n];
+    for b in 0..batch {
+        bag_of[bounds[b]..bounds[b + 1]].fill(b);
+    }
+    let mut counts = vec![0usize; batch];
+    let mut entries = Vec::with_capacity(n);
+    let rows = job.meta.rows;
+    for (pos, &bag) in bag_of.iter().enumerate() {
+        let value = job.req.indices.get(pos);
+        if value < 0 || value as u64 >= rows {
+            return Err(EngineError::IndexOutOfRange {
+                table: job.meta.name.clone(),
+                position: pos,
+                bag,
+                value,
+                rows,
+            });
+        }
+        if job.checked.padding == Some(value as u64) {
+            continue;
+        }
+        counts[bag] += 1;
+        entries.push((value as u64, pos));
+    }
+    entries.sort_unstable();
+    Ok(Routed {
+        entries,
+        bag_of,
+        counts,
+    })
+}

@@ -1,0 +1,140 @@
+"""The SSD tier against the DRAM tier (itself held to torch.nn.EmbeddingBag by test_parity): the
+same requests must give the same pooled output — bit for bit for max, within fp32 rounding where
+rows arrive in another order — and the same typed errors, with the reads accounted."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+import nearrec
+from conftest import TABLES, make_store
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[nearrec.Store, nearrec.Store]:
+    path, _ = make_store(tmp_path_factory.mktemp("ssd"))
+    return nearrec.open(path), nearrec.open(path, tier="ssd")
+
+
+def same(got: np.ndarray, want: np.ndarray, mode: str) -> None:
+    assert got.shape == want.shape and got.dtype == np.float32
+    if mode == "max":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("table", [t[0] for t in TABLES])
+@pytest.mark.parametrize("mode,include_last,padding,weighted", [
+    (m, ilo, p, w)
+    for m, ilo, p, w in itertools.product(["sum", "mean", "max"], [False, True], [None, 3, -1],
+                                          [False, True])
+    if not (w and m != "sum")
+])
+def test_ssd_matches_dram(stores, table, mode, include_last, padding, weighted):
+    dram, ssd = stores
+    rng = np.random.default_rng(hash((table, mode, include_last, padding, weighted)) % 2**32)
+    rows = dram.table(table).rows
+    lengths = rng.integers(0, 12, 40)
+    lengths[rng.random(40) < 0.2] = 0
+    # repeats, within and across bags, so de-duplication has work
+    idx = rng.integers(0, rows, int(lengths.sum())) // 3
+    if padding is not None and idx.size:
+        idx[rng.random(idx.size) < 0.3] = padding % rows
+    offsets = np.cumsum(lengths) - lengths
+    if include_last:
+        offsets = np.append(offsets, idx.size)
+    w = rng.random(idx.size).astype(np.float32) if weighted else None
+    kw = dict(per_sample_weights=w, mode=mode, include_last_offset=include_last,
+              padding_idx=padding)
+    same(ssd.lookup(table, idx, offsets, **kw), dram.lookup(table, idx, offsets, **kw), mode)
+
+
+def test_batched_tables_2d_and_empty(stores):
+    dram, ssd = stores
+    rng = np.random.default_rng(1)
+    reqs = [nearrec.TableLookup(t, rng.integers(0, rows, (16, 5))) for t, rows, _, _ in TABLES]
+    reqs.append(nearrec.TableLookup(TABLES[0][0], np.zeros((16, 0), np.int64)))
+    got, want = ssd.lookup_many(reqs), dram.lookup_many(reqs)
+    same(got.values, want.values, "sum")
+    np.testing.assert_array_equal(got.values[:, -TABLES[0][2]:], 0)
+
+
+def test_read_rows_and_single_row_bags_are_exact(stores):
+    dram, ssd = stores
+    for t, rows, _, _ in TABLES:
+        ids = np.arange(rows)[::-1].copy()
+        np.testing.assert_array_equal(ssd.read_rows(t, ids), dram.read_rows(t, ids))
+        one = np.arange(rows).reshape(-1, 1)
+        np.testing.assert_array_equal(ssd.lookup(t, one, mode="max"), dram.lookup(t, one))
+
+
+def test_bad_index_is_typed_and_reads_nothing(stores):
+    _, ssd = stores
+    before = ssd.stats()["device_reads"]
+    with pytest.raises(nearrec.IndexOutOfRange) as e:
+        ssd.lookup("f32_d32", np.array([1, 2, 300, 4]), np.array([0, 2]))
+    assert e.value.table == "f32_d32" and e.value.position == 2
+    assert "bag 1" in str(e.value)
+    with pytest.raises(nearrec.IndexOutOfRange):
+        ssd.lookup("f32_d32", np.array([-1]), np.array([0]))
+    assert ssd.stats()["device_reads"] == before
+
+
+def test_stats_account_every_read(tmp_path):
+    path, _ = make_store(tmp_path)
+    ssd = nearrec.open(path, tier="ssd")
+    assert nearrec.open(path).stats() == {}
+    rows = ssd.table("f32_d32").rows
+    # 100 bags of 8 lookups over 20 distinct rows: de-duplication saves 780 reads
+    idx = np.tile(np.arange(0, 20) * 7 % rows, 40)
+    ssd.lookup("f32_d32", idx, np.arange(0, 800, 8))
+    s = ssd.stats()
+    assert s["device"] in ("io_uring", "pread") and s["block_bytes"] >= 512
+    assert s["lookups"] == 800 and s["unique_rows"] == 20
+    assert s["reads_saved_dedup"] == 780
+    assert s["device_reads"] + s["reads_saved_merge"] == 20
+    assert s["useful_bytes"] == 20 * 128
+    assert s["bytes_read"] >= s["useful_bytes"] and s["bytes_read"] % s["block_bytes"] == 0
+    assert s["read_amplification"] == pytest.approx(s["bytes_read"] / s["useful_bytes"])
+    assert s["batches"] == 1 and s["end_to_end_p50_us"] > 0
+    for stage in ("route", "io_wait", "pool", "end_to_end"):
+        assert {f"{stage}_{q}_us" for q in ("p50", "p95", "p99", "p999")} <= s.keys()
+
+
+def test_merge_gap_merges_neighbouring_blocks(tmp_path):
+    path, _ = make_store(tmp_path)
+    rows = np.arange(0, 300, 40)  # f32_d32: 128 B rows, 32 a 4 KiB block: 40 rows apart ~ 1.25 blocks
+    plain = nearrec.open(path, tier="ssd")
+    merged = nearrec.open(path, tier="ssd", merge_gap_bytes=8192)
+    a = plain.lookup("f32_d32", rows, np.arange(rows.size))
+    b = merged.lookup("f32_d32", rows, np.arange(rows.size))
+    np.testing.assert_array_equal(a, b)
+    assert merged.stats()["device_reads"] < plain.stats()["device_reads"] == rows.size
+
+
+def test_ssd_tier_in_a_forked_child(stores):
+    dram, ssd = stores
+    idx, off = np.arange(50), np.arange(0, 50, 5)
+    want = dram.lookup("f16_d16", idx, off)
+    ssd.lookup("f16_d16", idx, off)  # the parent's rings / threads exist before the fork
+    pid = os.fork()
+    if pid == 0:
+        ok = np.array_equal(ssd.lookup("f16_d16", idx, off), want)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_bad_tier_and_array_view(tmp_path):
+    path, _ = make_store(tmp_path)
+    with pytest.raises(nearrec.InvalidRequest, match="tier"):
+        nearrec.open(path, tier="tape")  # type: ignore[arg-type]
+    ssd = nearrec.open(path, tier="ssd")
+    assert ssd.tier == "ssd"
+    with pytest.raises(nearrec.InvalidRequest, match="SSD"):
+        ssd.table_array("f32_d32")
