@@ -9,9 +9,9 @@ import os
 
 import numpy as np
 import pytest
+from conftest import TABLES, make_store
 
 import nearrec
-from conftest import TABLES, make_store
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_stats_account_every_read(tmp_path):
 
 def test_merge_gap_merges_neighbouring_blocks(tmp_path):
     path, _ = make_store(tmp_path)
-    rows = np.arange(0, 300, 40)  # f32_d32: 128 B rows, 32 a 4 KiB block: 40 rows apart ~ 1.25 blocks
+    rows = np.arange(0, 300, 40)  # f32_d32: 128 B rows, 32 to a 4 KiB block: 1.25 blocks apart
     plain = nearrec.open(path, tier="ssd")
     merged = nearrec.open(path, tier="ssd", merge_gap_bytes=8192)
     a = plain.lookup("f32_d32", rows, np.arange(rows.size))
@@ -138,3 +138,16 @@ def test_bad_tier_and_array_view(tmp_path):
     assert ssd.tier == "ssd"
     with pytest.raises(nearrec.InvalidRequest, match="SSD"):
         ssd.table_array("f32_d32")
+
+
+def test_dedup_and_merge_can_be_turned_off_for_comparisons(tmp_path):
+    path, _ = make_store(tmp_path)
+    plain = nearrec.open(path, tier="ssd", dedup=False, merge=False)
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, 300, 400) // 10  # many repeats, many rows sharing blocks
+    off = np.arange(0, 400, 4)
+    want = nearrec.open(path).lookup("f32_d32", idx, off)
+    same(plain.lookup("f32_d32", idx, off), want, "sum")
+    s = plain.stats()
+    assert s["device_reads"] == s["lookups"] == 400
+    assert s["reads_saved_dedup"] == s["reads_saved_merge"] == 0

@@ -91,7 +91,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_lookup(args: argparse.Namespace) -> int:
-    store = nearrec.open(args.path, threads=args.threads, progress=args.progress)
+    store = nearrec.open(args.path, threads=args.threads, progress=args.progress, tier=args.tier)
     tables = args.table or list(store.tables)
     rng = np.random.default_rng(args.seed)
     reqs = []
@@ -118,13 +118,38 @@ def cmd_lookup(args: argparse.Namespace) -> int:
             "samples_per_s": b / float(np.median(lat)),
             "lookups_per_s": n_lookups / float(np.median(lat)),
             "first_row": out.values[0, :8].tolist() if b else []}
+    stats = store.stats()
+    if stats:
+        data["stats"] = stats
     if args.output:
         np.save(args.output, out.values)
-    _emit(args, data, f"pooled {b} bags x {len(tables)} tables -> {tuple(out.values.shape)}; "
-                      f"p50 {p50:.0f} µs, p99 {p99:.0f} µs, "
-                      f"{data['lookups_per_s'] / 1e6:.1f}M lookups/s\n"
-                      f"first row: {np.array2string(out.values[0, :8], precision=4) if b else '-'}")
+    text = (f"pooled {b} bags x {len(tables)} tables -> {tuple(out.values.shape)}; "
+            f"p50 {p50:.0f} µs, p99 {p99:.0f} µs, {data['lookups_per_s'] / 1e6:.2f}M lookups/s\n"
+            f"first row: {np.array2string(out.values[0, :8], precision=4) if b else '-'}")
+    if stats:
+        text += "\n" + format_stats(stats)
+    _emit(args, data, text)
     return 0
+
+
+def format_stats(s: dict[str, float | str | bool]) -> str:
+    """The SSD tier's accounting, a few lines for people."""
+    def n(k: str) -> float:
+        return float(s[k])
+
+    lines = [f"ssd tier: {s['device']} ({'direct' if s['direct_io'] else 'buffered'}, "
+             f"{n('block_bytes'):.0f} B blocks); {n('batches'):.0f} batches, "
+             f"{n('lookups'):,.0f} lookups, {n('unique_rows'):,.0f} distinct rows, "
+             f"{n('device_reads'):,.0f} reads ({n('reads_saved_dedup'):,.0f} saved by "
+             f"de-duplication, {n('reads_saved_merge'):,.0f} by merging)",
+             f"  bytes read {n('bytes_read'):,.0f}, useful {n('useful_bytes'):,.0f} "
+             f"(amplification {n('read_amplification'):.2f}); most reads in one batch "
+             f"{n('max_batch_reads'):,.0f}"]
+    for stage in ("route", "io_wait", "pool", "end_to_end"):
+        lines.append(f"  {stage:10} p50 {n(stage + '_p50_us'):>8,.0f} µs  p95 "
+                     f"{n(stage + '_p95_us'):>8,.0f}  p99 {n(stage + '_p99_us'):>8,.0f}  "
+                     f"p99.9 {n(stage + '_p999_us'):>8,.0f}")
+    return "\n".join(lines)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -145,6 +170,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = sls.run(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "sls-quick" if args.quick else "sls"
         md = report.sls_markdown(records, command)
+    elif args.what == "ssd":
+        from .bench import ssd
+
+        scfg = ssd.SsdConfig.quick() if args.quick else ssd.SsdConfig()
+        if args.table_bytes:
+            scfg.table_bytes = args.table_bytes
+        scfg.scratch = Path(args.scratch)
+        records = ssd.run(scfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "ssd-quick" if args.quick else "ssd"
+        md = ssd.markdown(records, command)
     else:
         from .bench import build
 
@@ -205,15 +240,18 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--repeat", type=int, default=20)
     lk.add_argument("--threads", type=int, default=0)
     lk.add_argument("--seed", type=int, default=0)
+    lk.add_argument("--tier", default="dram", choices=["dram", "ssd"],
+                    help="serve from DRAM (load the store) or read rows from SSD per batch")
     common(lk)
     lk.set_defaults(func=cmd_lookup)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "build"])
+    be.add_argument("what", choices=["sls", "ssd", "build"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls; default rmc1,rmc2,rmc3)")
     be.add_argument("--rows", type=int, help="rows per table (sls)")
-    be.add_argument("--table-bytes", type=parse_bytes, help="bytes to write (build)")
+    be.add_argument("--table-bytes", type=parse_bytes,
+                    help="bytes to write (build) / table bytes of the store (ssd)")
     be.add_argument("--out", default="bench/results")
     be.add_argument("--scratch", default="bench/scratch", help="where stores are built")
     common(be)

@@ -233,10 +233,11 @@ class Store:
 
     def __init__(self, path: StorePath, threads: int = 0, verify_checksums: bool = True,
                  progress: bool | None = None, tier: Tier = "dram", direct_io: bool = True,
-                 io_queue_depth: int = 128, merge_gap_bytes: int = 0):
+                 io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
+                 merge: bool = True):
         self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums,
                                            progress_enabled(progress), tier, direct_io,
-                                           io_queue_depth, merge_gap_bytes)
+                                           io_queue_depth, merge_gap_bytes, dedup, merge)
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._tables = {t.name: t for t in self._info.tables}
 
@@ -348,7 +349,8 @@ def _normalise(requests: Sequence[TableLookup] | Mapping[str, Any]) -> list[Tabl
 
 def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
                progress: bool | None = None, tier: Tier = "dram", direct_io: bool = True,
-               io_queue_depth: int = 128, merge_gap_bytes: int = 0) -> Store:
+               io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
+               merge: bool = True) -> Store:
     """Opens the store at ``path`` and validates it.
 
     ``tier="dram"`` loads every table into DRAM (``threads`` = 0 uses every core;
@@ -356,8 +358,9 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     each batch reads the blocks holding its rows from the table files with direct I/O
     (io_uring, or pread threads where io_uring or ``O_DIRECT`` is unavailable), up to
     ``io_queue_depth`` reads in flight, merging reads of rows at most ``merge_gap_bytes`` apart;
-    ``direct_io=False`` reads through the page cache (for comparisons only).
+    ``direct_io=False`` reads through the page cache, and ``dedup=False`` / ``merge=False`` read
+    every lookup's row on its own (all three for comparisons only).
     """
     return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
                  tier=tier, direct_io=direct_io, io_queue_depth=io_queue_depth,
-                 merge_gap_bytes=merge_gap_bytes)
+                 merge_gap_bytes=merge_gap_bytes, dedup=dedup, merge=merge)

@@ -1,7 +1,12 @@
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use nearrec_format::AlignedBuf;
+use nearrec_io::{DeviceKind, IoConfig, ReadOp, open_device};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use rand_xoshiro::rand_core::{Rng, SeedableRng};
 
 use crate::Limit;
 
@@ -35,4 +40,48 @@ pub fn sequential_write(dir: &Path, bytes: u64) -> std::io::Result<Limit> {
     })();
     let _ = std::fs::remove_file(&path);
     result
+}
+
+/// The device's random-read limit at `queue_depth`: `reads` uniformly random block-sized direct
+/// reads over `paths` (each file in proportion to its size), submitted as one batch through
+/// io_uring (what `fio --rw=randread --direct=1 --iodepth=QD --bs=<block>` measures). `items_per_s`
+/// is reads/s.
+pub fn random_read(
+    paths: &[PathBuf],
+    reads: usize,
+    queue_depth: u32,
+) -> Result<Limit, nearrec_io::IoError> {
+    let cfg = IoConfig::default()
+        .with_kind(DeviceKind::Uring)
+        .with_queue_depth(queue_depth);
+    let dev = open_device(paths, &cfg)?;
+    let block = dev.block_size() as u64;
+    let lens = dev.file_lens().to_vec();
+    let total_blocks: u64 = lens.iter().map(|l| l / block).sum();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
+    let ops: Vec<ReadOp> = (0..reads)
+        .map(|i| {
+            let mut b = rng.next_u64() % total_blocks.max(1);
+            let mut file = 0;
+            while b >= lens[file] / block {
+                b -= lens[file] / block;
+                file += 1;
+            }
+            ReadOp {
+                file: file as u32,
+                offset: b * block,
+                len: block as u32,
+                buf_at: i * block as usize,
+            }
+        })
+        .collect();
+    let mut buf = AlignedBuf::zeroed(reads * block as usize);
+    let t = Instant::now();
+    dev.read_batch(&ops, buf.as_mut_slice(), &mut |_, _| {})?;
+    let s = t.elapsed().as_secs_f64();
+    Ok(Limit {
+        bytes_per_s: (reads as u64 * block) as f64 / s,
+        items_per_s: reads as f64 / s,
+        seconds: s,
+    })
 }

@@ -1,11 +1,14 @@
 //! The limits a benchmark compares itself against, measured in the same run as the systems under
-//! test (numbers from another day or machine are not comparable here: runs vary by ±20 %).
+//! test (numbers from another day or machine are not comparable here: runs vary by ±20 %), and
+//! the naive baselines that are not another project's code.
 
 mod disk;
 mod memory;
+mod naive;
 
-pub use disk::sequential_write;
+pub use disk::{random_read, sequential_write};
 pub use memory::{gather_rows, stream_read};
+pub use naive::pread_sls;
 
 /// One measured limit.
 #[derive(Debug, Clone, Copy, PartialEq)]

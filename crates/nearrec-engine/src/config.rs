@@ -46,6 +46,12 @@ pub struct EngineConfig {
     pub merge_gap_bytes: u64,
     /// SSD tier: the largest merged read, in bytes.
     pub max_read_bytes: u64,
+    /// SSD tier: read each distinct row once per batch, however many bags want it. Off only to
+    /// measure what it saves.
+    pub dedup: bool,
+    /// SSD tier: merge reads of rows in the same or neighbouring blocks. Off only to measure what
+    /// it saves.
+    pub merge: bool,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +66,8 @@ impl Default for EngineConfig {
             io_queue_depth: 128,
             merge_gap_bytes: 0,
             max_read_bytes: 128 * 1024,
+            dedup: true,
+            merge: true,
         }
     }
 }

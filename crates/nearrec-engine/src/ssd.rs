@@ -22,8 +22,10 @@ use crate::stats::IoStats;
 #[derive(Debug)]
 pub(crate) struct SsdTier {
     device: Box<dyn BlockDevice>,
-    merge_gap: u64,
+    /// `None`: no merging.
+    merge_gap: Option<u64>,
     max_read: u64,
+    dedup: bool,
     /// Staging buffers, reused across batches.
     buffers: Mutex<Vec<AlignedBuf>>,
     pub(crate) stats: IoStats,
@@ -73,13 +75,18 @@ impl Plan {
     }
 }
 
-/// `(first index, length)` of each run of equal rows in row-sorted entries.
-fn runs(entries: &[(u64, usize)]) -> impl Iterator<Item = (usize, usize)> + '_ {
+/// `(first index, length)` of each run of equal rows in row-sorted entries (each entry alone
+/// without `dedup`).
+fn runs(entries: &[(u64, usize)], dedup: bool) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut i = 0;
     std::iter::from_fn(move || {
         (i < entries.len()).then(|| {
             let row = entries[i].0;
-            let run = entries[i..].partition_point(|e| e.0 == row);
+            let run = if dedup {
+                entries[i..].partition_point(|e| e.0 == row)
+            } else {
+                1
+            };
             let at = i;
             i += run;
             (at, run)
@@ -101,8 +108,9 @@ impl SsdTier {
             .with_queue_depth(config.io_queue_depth);
         Ok(Self {
             device: open_device(paths, &io)?,
-            merge_gap: config.merge_gap_bytes,
+            merge_gap: config.merge.then_some(config.merge_gap_bytes),
             max_read: config.max_read_bytes,
+            dedup: config.dedup,
             buffers: Mutex::new(Vec::new()),
             stats: IoStats::default(),
         })
@@ -211,12 +219,16 @@ impl SsdTier {
             let layout = job.meta.layout();
             // the open read, as (start, end) bytes of the file; its buffer offset is `plan.total`
             let mut open: Option<(u64, u64)> = None;
-            for (i, run) in runs(&r.entries) {
+            for (i, run) in runs(&r.entries, self.dedup) {
                 let start = DATA_OFFSET + layout.row_offset(r.entries[i].0);
                 let lo = start / block * block;
                 let hi = (start + layout.row_bytes).div_ceil(block) * block;
                 open = match open {
-                    Some((olo, ohi)) if lo <= ohi + self.merge_gap && hi - olo <= self.max_read => {
+                    Some((olo, ohi))
+                        if self
+                            .merge_gap
+                            .is_some_and(|gap| lo <= ohi + gap && hi - olo <= self.max_read) =>
+                    {
                         Some((olo, ohi.max(hi)))
                     }
                     previous => {
@@ -254,7 +266,7 @@ impl SsdTier {
         let (mut lookups, mut unique, mut useful) = (0u64, 0u64, 0u64);
         for (j, r) in jobs.iter().zip(routed) {
             lookups += r.entries.len() as u64;
-            let distinct = runs(&r.entries).count() as u64;
+            let distinct = runs(&r.entries, self.dedup).count() as u64;
             unique += distinct;
             useful += distinct * j.meta.row_bytes;
         }
@@ -264,7 +276,7 @@ impl SsdTier {
         IoStats::add(&s.device_reads, reads.len() as u64);
         IoStats::add(&s.bytes_read, bytes as u64);
         IoStats::add(&s.useful_bytes, useful);
-        IoStats::add(&s.reads_saved_dedup, lookups - unique);
+        IoStats::add(&s.reads_saved_dedup, lookups - unique); // 0 without dedup: rows = lookups
         IoStats::add(&s.reads_saved_merge, unique - reads.len() as u64);
         s.max_batch_reads.fetch_max(reads.len() as u64, Relaxed);
     }

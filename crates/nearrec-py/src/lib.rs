@@ -22,5 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limits::stream_read, m)?)?;
     m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::random_read, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::naive_sls, m)?)?;
     Ok(())
 }

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use nearrec_bench::Limit;
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 
 fn as_dict(l: Limit) -> HashMap<&'static str, f64> {
@@ -52,4 +53,42 @@ pub(crate) fn sequential_write(
     Ok(as_dict(
         py.detach(|| nearrec_bench::sequential_write(&dir, bytes))?,
     ))
+}
+
+/// The disk's random-read limit: `reads` direct block reads over `paths` at `queue_depth`.
+#[pyfunction]
+pub(crate) fn random_read(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    reads: usize,
+    queue_depth: u32,
+) -> PyResult<HashMap<&'static str, f64>> {
+    py.detach(|| nearrec_bench::random_read(&paths, reads, queue_depth))
+        .map(as_dict)
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+}
+
+/// The naive SSD baseline: per-row synchronous `O_DIRECT` preads + host sum pooling, on
+/// `threads` threads; returns the `[batch, Σ dim]` output.
+#[pyfunction]
+pub(crate) fn naive_sls<'py>(
+    py: Python<'py>,
+    store: PathBuf,
+    indices: Vec<PyReadonlyArray1<'py, i64>>,
+    bag_size: usize,
+    threads: usize,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let slices = indices
+        .iter()
+        .map(|a| a.as_slice())
+        .collect::<Result<Vec<_>, _>>()?;
+    let width_batch = |out: &Vec<f32>| {
+        let batch = slices.first().map_or(0, |s| s.len() / bag_size.max(1));
+        (batch, out.len().checked_div(batch).unwrap_or(0))
+    };
+    let out = py
+        .detach(|| nearrec_bench::pread_sls(&store, &slices, bag_size, threads))
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+    let (batch, width) = width_batch(&out);
+    PyArray1::from_vec(py, out).reshape([batch, width])
 }

@@ -23,7 +23,7 @@ pub(crate) struct NativeStore {
 #[pymethods]
 impl NativeStore {
     #[new]
-    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "dram", direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0))]
+    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "dram", direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true))]
     #[allow(clippy::too_many_arguments)] // mirrors nearrec.open's keyword arguments
     fn new(
         py: Python<'_>,
@@ -35,6 +35,8 @@ impl NativeStore {
         direct_io: bool,
         io_queue_depth: u32,
         merge_gap_bytes: u64,
+        dedup: bool,
+        merge: bool,
     ) -> PyResult<Self> {
         let tier = match tier {
             "dram" => Tier::Dram,
@@ -54,6 +56,8 @@ impl NativeStore {
             direct_io,
             io_queue_depth,
             merge_gap_bytes,
+            dedup,
+            merge,
             ..EngineConfig::default()
         }
         .with_threads(threads)

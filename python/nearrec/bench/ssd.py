@@ -1,0 +1,237 @@
+"""``nearrec bench ssd``: pooled lookups served from SSD, nearrec side by side with the naive
+baseline and the device's own limit, on the same requests, in one run.
+
+Systems: ``naive.pread xT`` — for every lookup one synchronous ``O_DIRECT`` pread of the 512 B
+blocks holding the row, then pooling on the host, on T threads (RM-SSD's C++ SLS baseline);
+``nearrec[no-dedup,no-merge]`` — nearrec's SSD tier reading every lookup's row on its own;
+``nearrec`` — the SSD tier as shipped. Limits, measured by the harness itself beside them: the
+disk's random-read rate with direct I/O at nearrec's queue depth and at depth 1 (what fio's
+``randread --direct=1`` reports). The page cache is dropped before every system and cell; every
+system reads with ``O_DIRECT``, so it plays no part either way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import nearrec
+
+from .report import Record
+from .sls import zipf_rows
+
+
+@dataclass
+class SsdConfig:
+    model: str = "rmc1"
+    #: bytes of tables in the store (several times this machine's free memory would be ideal;
+    #: the default is what fits a session's time to build)
+    table_bytes: int = 16 << 30
+    batches: tuple[int, ...] = (1, 16, 64, 256)
+    dists: tuple[str, ...] = ("uniform", "zipf1.05")
+    #: seconds each system runs per cell (at least `min_calls` batches)
+    seconds: float = 2.0
+    min_calls: int = 2
+    queue_depth: int = 128
+    limit_reads: int = 200_000
+    distinct_batches: int = 4
+    seed: int = 0
+    scratch: Path = Path("bench/scratch")
+
+    @classmethod
+    def quick(cls) -> SsdConfig:
+        return cls(table_bytes=1 << 30, batches=(1, 16, 64), seconds=0.5, min_calls=1,
+                   limit_reads=50_000)
+
+
+def drop_page_cache() -> bool:
+    """Drops clean pages (root only); says whether it could."""
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def _store(cfg: SsdConfig, log: Callable[[str], None]) -> Path:
+    path = cfg.scratch / f"ssd-{cfg.model}-{cfg.table_bytes >> 20}m"
+    try:
+        info = nearrec.info(path)
+        if info.params.get("seed") == cfg.seed:
+            log(f"reusing {path}")
+            return path
+    except nearrec.NearrecError:
+        pass
+    log(f"building {path} ({cfg.table_bytes / 2**30:.1f} GiB)")
+    nearrec.build(path, cfg.model, table_bytes=cfg.table_bytes, seed=cfg.seed, overwrite=True,
+                  progress=False)
+    return path
+
+
+def _time(fn: Callable[[int], Any], cfg: SsdConfig, n: int) -> list[float]:
+    lat: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while i < cfg.min_calls or time.perf_counter() - start < cfg.seconds:
+        t = time.perf_counter()
+        fn(i % n)
+        lat.append(time.perf_counter() - t)
+        i += 1
+    return lat
+
+
+def run(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
+    cfg.scratch.mkdir(parents=True, exist_ok=True)
+    path = _store(cfg, log)
+    spec = nearrec.model_spec(cfg.model)
+    info = nearrec.info(path)
+    names = [t.name for t in info.tables]
+    rows = [t.rows for t in info.tables]
+    row_bytes = info.tables[0].row_bytes
+    L = spec.lookups
+    files = [str(path / t.file) for t in info.tables]
+    dropped = drop_page_cache()
+    # The disk's rate drifts on a shared machine: measure it at the start and again at the end
+    # of the run and hold the systems to the better of the two.
+    limit = nearrec._native.random_read(files, cfg.limit_reads, cfg.queue_depth)
+    qd1 = nearrec._native.random_read(files, max(cfg.limit_reads // 50, 500), 1)
+    qd1_us = 1e6 / qd1["items_per_s"]
+    log(f"disk: {limit['items_per_s']:,.0f} random reads/s at QD {cfg.queue_depth}, "
+        f"{qd1['items_per_s']:,.0f}/s at QD 1 ({qd1_us:.0f} µs)")
+    records = [
+        Record("ssd", cfg.model, 0, "-", "limit.random_read", samples_per_s=0.0,
+               lookups_per_s=0.0, extra={"reads_per_s": limit["items_per_s"],
+                                         "queue_depth": cfg.queue_depth,
+                                         "table_bytes": info.total_bytes}),
+        Record("ssd", cfg.model, 0, "-", "limit.random_read_qd1", samples_per_s=0.0,
+               lookups_per_s=0.0, extra={"reads_per_s": qd1["items_per_s"],
+                                         "latency_us": qd1_us}),
+    ]
+    stores = {
+        "nearrec[no-dedup,no-merge]": nearrec.open(path, tier="ssd", dedup=False, merge=False,
+                                                   io_queue_depth=cfg.queue_depth),
+        "nearrec": nearrec.open(path, tier="ssd", io_queue_depth=cfg.queue_depth),
+    }
+    log(f"nearrec reads through {stores['nearrec'].stats()['device']}")
+    rng = np.random.default_rng(cfg.seed)
+    perms: list[np.ndarray] = []
+    for dist in cfg.dists:
+        if dist != "uniform" and not perms:
+            perms = [rng.permutation(n) for n in rows]
+        for batch in cfg.batches:
+            sets = []
+            for _ in range(cfg.distinct_batches):
+                per_table = []
+                for t, n_rows in enumerate(rows):
+                    if dist == "uniform":
+                        idx = rng.integers(0, n_rows, batch * L)
+                    else:
+                        idx = zipf_rows(rng, n_rows, float(dist[4:]), batch * L, perms[t])
+                    per_table.append(idx.astype(np.int64))
+                sets.append(per_table)
+            offsets = np.arange(0, batch * L, L, dtype=np.int64)
+            reqs = [[nearrec.TableLookup(n, i, offsets) for n, i in zip(names, s, strict=True)]
+                    for s in sets]
+            systems: dict[str, Callable[[int], Any]] = {}
+            for threads in (1, 2):
+                systems[f"naive.pread x{threads}"] = (
+                    lambda i, t=threads, s=sets: nearrec._native.naive_sls(path, s[i], L, t))
+            for name, st in stores.items():
+                systems[name] = lambda i, st=st, r=reqs: st.lookup_many(r[i]).values
+            # the same answer from every system, before timing them
+            want = systems["naive.pread x2"](0)
+            for name, fn in systems.items():
+                np.testing.assert_allclose(fn(0), want, rtol=1e-4, atol=1e-5, err_msg=name)
+            cell: dict[str, float] = {}
+            for name, fn in systems.items():
+                drop_page_cache()
+                before = stores[name].stats() if name in stores else None
+                lat = np.array(_time(fn, cfg, len(sets)))
+                calls = len(lat)
+                lookups = calls * batch * L * len(names)
+                if before is not None:
+                    after = stores[name].stats()
+                    reads = float(after["device_reads"]) - float(before["device_reads"])
+                    read_bytes = float(after["bytes_read"]) - float(before["bytes_read"])
+                    useful = float(after["useful_bytes"]) - float(before["useful_bytes"])
+                else:  # one read of the 512 B blocks holding the row per lookup
+                    reads, useful = float(lookups), float(lookups * row_bytes)
+                    read_bytes = float(lookups * 512 * -(-row_bytes // 512))
+                sps = batch * calls / float(lat.sum())
+                reads_per_batch = reads / calls
+                floor_us = reads_per_batch / limit["items_per_s"] * 1e6 + qd1_us
+                p50, p99 = (float(x) for x in np.percentile(lat * 1e6, [50, 99]))
+                cell[name] = sps
+                records.append(Record(
+                    "ssd", cfg.model, batch, dist, name, samples_per_s=sps,
+                    lookups_per_s=sps * L * len(names), p50_us=p50, p99_us=p99,
+                    extra={"calls": calls, "reads_per_s": reads / float(lat.sum()),
+                           "reads_per_lookup": reads / lookups,
+                           "bytes_per_useful_byte": read_bytes / useful if useful else 0.0,
+                           "io_floor_us": floor_us, "p99_over_floor": p99 / floor_us,
+                           "of_device_limit": reads / float(lat.sum()) / limit["items_per_s"],
+                           "page_cache_dropped": dropped}))
+            log(f"  {dist:9} B={batch:4}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in cell.items())
+                + f"  (x{cell['nearrec'] / cell['naive.pread x2']:.2f} vs naive x2)")
+    again = nearrec._native.random_read(files, cfg.limit_reads, cfg.queue_depth)
+    log(f"disk at the end: {again['items_per_s']:,.0f} random reads/s")
+    best = max(limit["items_per_s"], again["items_per_s"])
+    records[0].extra.update(reads_per_s=best, start_end=[limit["items_per_s"],
+                                                         again["items_per_s"]])
+    for r in records:
+        if "of_device_limit" in r.extra:
+            r.extra["of_device_limit"] = r.extra["reads_per_s"] / best
+            r.extra["io_floor_us"] = (r.extra["io_floor_us"] - qd1_us) \
+                * limit["items_per_s"] / best + qd1_us
+            r.extra["p99_over_floor"] = r.p99_us / r.extra["io_floor_us"]
+    for r in records:
+        if r.system == "nearrec" and r.batch:
+            for peer in ("naive.pread x1", "naive.pread x2", "nearrec[no-dedup,no-merge]"):
+                other = next(o for o in records if o.system == peer and o.batch == r.batch
+                             and o.dist == r.dist)
+                r.extra[f"ratio_vs_{peer}"] = round(r.samples_per_s / other.samples_per_s, 3)
+    return records
+
+
+def markdown(records: list[Record], command: str) -> str:
+    lim = next(r for r in records if r.system == "limit.random_read")
+    qd1 = next(r for r in records if r.system == "limit.random_read_qd1")
+    systems = ["naive.pread x1", "naive.pread x2", "nearrec[no-dedup,no-merge]", "nearrec"]
+    lines = [
+        f"Command: `{command}`", "",
+        f"{lim.model.upper()} shapes, {lim.extra['table_bytes'] / 2**30:.1f} GiB of fp32 tables "
+        "read with O_DIRECT (the page cache dropped before every system and cell), sum pooling. "
+        f"Disk limit measured in the same run: {lim.extra['reads_per_s']:,.0f} random reads/s at "
+        f"queue depth {lim.extra['queue_depth']} (the better of "
+        f"{' and '.join(f'{x:,.0f}' for x in lim.extra['start_end'])} at the start and end), "
+        f"{qd1.extra['reads_per_s']:,.0f}/s "
+        f"({qd1.extra['latency_us']:.0f} µs) at depth 1.", "",
+        "| dist | batch | system | samples/s | lookups/s | p50 / p99 ms | reads / lookup | "
+        "bytes read / useful byte | reads/s (% of disk limit) | p99 ÷ I/O floor |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        if not r.batch or r.system not in systems:
+            continue
+        e = r.extra
+        lines.append(
+            f"| {r.dist} | {r.batch} | {r.system} | {r.samples_per_s:,.1f} | "
+            f"{r.lookups_per_s:,.0f} | {r.p50_us / 1e3:,.2f} / {r.p99_us / 1e3:,.2f} | "
+            f"{e['reads_per_lookup']:.3f} | {e['bytes_per_useful_byte']:.2f} | "
+            f"{e['reads_per_s']:,.0f} ({100 * e['of_device_limit']:.0f} %) | "
+            f"{e['p99_over_floor']:.2f} |")
+    lines += ["", "nearrec's ratios:", "",
+              "| dist | batch | × naive x1 | × naive x2 | × no-dedup,no-merge |",
+              "|---|---:|---:|---:|---:|"]
+    for r in records:
+        if r.system == "nearrec" and r.batch:
+            e = r.extra
+            lines.append(f"| {r.dist} | {r.batch} | {e['ratio_vs_naive.pread x1']:.2f} | "
+                         f"{e['ratio_vs_naive.pread x2']:.2f} | "
+                         f"{e['ratio_vs_nearrec[no-dedup,no-merge]']:.2f} |")
+    return "\n".join(lines) + "\n"
