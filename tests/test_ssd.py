@@ -151,3 +151,46 @@ def test_dedup_and_merge_can_be_turned_off_for_comparisons(tmp_path):
     s = plain.stats()
     assert s["device_reads"] == s["lookups"] == 400
     assert s["reads_saved_dedup"] == s["reads_saved_merge"] == 0
+
+
+@pytest.mark.parametrize("form", ["offsets", "offsets+last", "lengths", "2d", "weighted"])
+def test_sub_batches_and_submitted_batches_equal_one_call(stores, form):
+    dram, ssd = stores
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(0, 9, 100)
+    idx = rng.integers(0, 150, int(lengths.sum()))
+    off = np.cumsum(lengths) - lengths
+    reqs = {
+        "offsets": [nearrec.TableLookup("f32_d32", idx, off, mode="mean")],
+        "offsets+last": [nearrec.TableLookup("f32_d32", np.append(idx, [1, 2]),
+                                             np.append(off, idx.size), include_last_offset=True)],
+        "lengths": [nearrec.TableLookup("f16_d16", idx, lengths=lengths, mode="max")],
+        "2d": [nearrec.TableLookup("bf16_d64", rng.integers(0, 150, (100, 4))),
+               nearrec.TableLookup("i8_d32", rng.integers(0, 150, (100, 4)))],
+        "weighted": [nearrec.TableLookup("f32_d7", idx, off,
+                                         per_sample_weights=rng.random(idx.size, np.float32))],
+    }[form]
+    mode = reqs[0].mode
+    want = dram.lookup_many(reqs).values
+    for store in (dram, ssd):
+        same(store.lookup_many(reqs, sub_batch=7).values, want, mode)
+        handles = [store.submit(reqs) for _ in range(3)]
+        for h in handles:
+            same(h.result(timeout=60).values, want, mode)
+        got = list(store.lookup_stream([reqs, reqs, reqs], depth=2))
+        assert len(got) == 3
+        for g in got:
+            same(g.values, want, mode)
+
+
+def test_a_submitted_batch_raises_its_own_typed_error(stores):
+    _, ssd = stores
+    bad = ssd.submit([nearrec.TableLookup("f32_d32", np.array([1, 999]), np.array([0]))])
+    good = ssd.submit([nearrec.TableLookup("f32_d32", np.array([1, 2]), np.array([0]))])
+    with pytest.raises(nearrec.IndexOutOfRange):
+        bad.result(timeout=60)
+    assert good.result(timeout=60).values.shape == (1, 32)
+    # malformed requests are not cut into sub-batches: the engine names the fault
+    with pytest.raises(nearrec.InvalidRequest, match="offset"):
+        ssd.lookup_many([nearrec.TableLookup("f32_d32", np.array([1, 2]), np.array([1]))],
+                        sub_batch=1)

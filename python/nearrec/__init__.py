@@ -24,6 +24,7 @@ from .errors import (
     UnknownTable,
     UnsupportedVersion,
 )
+from .pipeline import Pending
 from .specs import MODELS, ModelSpec, model_spec
 from .store import (
     PooledBatch,
@@ -43,6 +44,7 @@ __all__ = [
     "InvalidRequest",
     "ModelSpec",
     "NearrecError",
+    "Pending",
     "PooledBatch",
     "Store",
     "StoreCorrupted",

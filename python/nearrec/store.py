@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from . import _native
 from .errors import InvalidRequest
+from .pipeline import Lanes, Pending, split, stream
 
 PoolingModeName = Literal["sum", "mean", "max"]
 Tier = Literal["dram", "ssd"]
@@ -239,6 +240,7 @@ class Store:
                                            progress_enabled(progress), tier, direct_io,
                                            io_queue_depth, merge_gap_bytes, dedup, merge)
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
+        self._lanes = Lanes(depth=4)
         self._tables = {t.name: t for t in self._info.tables}
 
     @property
@@ -298,14 +300,37 @@ class Store:
                           include_last_offset, padding_idx)
         return self.lookup_many([req]).values
 
-    def lookup_many(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> PooledBatch:
+    def lookup_many(self, requests: Sequence[TableLookup] | Mapping[str, Any],
+                    sub_batch: int | None = None) -> PooledBatch:
         """Pools several tables' bags in one call (one bag per sample per table), in parallel;
         returns the ``[batch, Σ dim]`` output with per-table views.
 
         ``requests`` is a sequence of :class:`TableLookup`, or a mapping from table name to
-        ``(indices, offsets)`` pairs / :class:`TableLookup`.
+        ``(indices, offsets)`` pairs / :class:`TableLookup`. With ``sub_batch``, the bags are
+        cut into sub-batches of that many that flow through the pipeline two at a time (one
+        reading while the other pools; useful for large batches on the SSD tier).
         """
         reqs = _normalise(requests)
+        parts = split(reqs, sub_batch) if sub_batch and sub_batch > 0 else None
+        if parts is None or len(parts) < 2:
+            return self._lookup(reqs)
+        done = list(stream(lambda p: self._lanes.submit(self._lookup, p), parts, depth=2))
+        return replace(done[0], values=np.concatenate([d.values for d in done]))
+
+    def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> Pending:
+        """Starts :meth:`lookup_many` in the background and returns at once; ``.result()`` on
+        the handle collects the :class:`PooledBatch` (or raises the lookup's error). Batches
+        submitted together run concurrently: the reads of one overlap the pooling of another
+        and whatever the caller does meanwhile."""
+        return self._lanes.submit(self.lookup_many, requests)
+
+    def lookup_stream(self, batches: Iterable[Sequence[TableLookup] | Mapping[str, Any]],
+                      depth: int = 2) -> Iterator[PooledBatch]:
+        """The results of ``batches`` in order, keeping ``depth`` of them in flight: batch
+        i + 1 is read while the caller works on batch i."""
+        return stream(self.submit, batches, depth)
+
+    def _lookup(self, reqs: list[TableLookup]) -> PooledBatch:
         values = self._native.lookup([_table_args(r) for r in reqs])
         keys = tuple(r.table for r in reqs)
         dims = tuple(self.table(k).dim for k in keys)

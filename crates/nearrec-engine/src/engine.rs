@@ -63,7 +63,35 @@ impl Engine {
         Self::from_reader(&StoreReader::open(path)?, config, progress)
     }
 
-    /// Loads every table of an opened (validated) store into DRAM.
+    /// Serves an opened store's tables from SSD through `device` (file `i` of the device holds
+    /// table `i`'s file): a flash-device model, or a fault-injecting device in tests.
+    pub fn with_device(
+        reader: &StoreReader,
+        config: EngineConfig,
+        device: Box<dyn nearrec_io::BlockDevice>,
+    ) -> Result<Self> {
+        config.validate()?;
+        if device.file_lens().len() != reader.tables().len() {
+            return Err(EngineError::Config(format!(
+                "the device has {} files but the store has {} tables",
+                device.file_lens().len(),
+                reader.tables().len()
+            )));
+        }
+        let config = config.with_tier(Tier::Ssd);
+        let ssd = SsdTier::new(device, &config);
+        let workers = Workers::new(config.resolved_threads());
+        Ok(Self::assemble(
+            reader,
+            config,
+            workers,
+            Vec::new(),
+            Some(ssd),
+        ))
+    }
+
+    /// Loads every table of an opened (validated) store into DRAM, or opens its files for the
+    /// SSD tier, as `config.tier` says.
     pub fn from_reader(
         reader: &StoreReader,
         config: EngineConfig,
@@ -90,20 +118,30 @@ impl Engine {
                 (Vec::new(), Some(SsdTier::open(&paths, &config)?))
             }
         };
+        Ok(Self::assemble(reader, config, workers, dram, ssd))
+    }
+
+    fn assemble(
+        reader: &StoreReader,
+        config: EngineConfig,
+        workers: Workers,
+        dram: Vec<AlignedBuf>,
+        ssd: Option<SsdTier>,
+    ) -> Self {
         let tables = reader.manifest().tables.clone();
         let by_name = tables
             .iter()
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
-        Ok(Self {
+        Self {
             tables,
             by_name,
             dram,
             ssd,
             workers,
             config,
-        })
+        }
     }
 
     pub fn tables(&self) -> &[TableMeta] {

@@ -102,18 +102,24 @@ struct Landing {
 }
 
 impl SsdTier {
+    /// The tier over the table files at `paths`, through the best device the machine offers.
     pub(crate) fn open(paths: &[PathBuf], config: &EngineConfig) -> Result<Self> {
         let io = IoConfig::default()
             .with_direct(config.direct_io)
             .with_queue_depth(config.io_queue_depth);
-        Ok(Self {
-            device: open_device(paths, &io)?,
+        Ok(Self::new(open_device(paths, &io)?, config))
+    }
+
+    /// The tier over `device`, whose file `i` holds table `i`.
+    pub(crate) fn new(device: Box<dyn BlockDevice>, config: &EngineConfig) -> Self {
+        Self {
+            device,
             merge_gap: config.merge.then_some(config.merge_gap_bytes),
             max_read: config.max_read_bytes,
             dedup: config.dedup,
             buffers: Mutex::new(Vec::new()),
             stats: IoStats::default(),
-        })
+        }
     }
 
     pub(crate) fn device(&self) -> &dyn BlockDevice {

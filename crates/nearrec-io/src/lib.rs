@@ -11,10 +11,13 @@
 //!   it), the fallback where io_uring or direct I/O is unavailable;
 //! - [`MemDevice`]: files held in memory, for tests and for the flash-device model.
 //!
+//! [`FaultyDevice`] wraps any of them and fails batches on purpose, for fault-injection tests.
+//!
 //! [`open_device`] picks the best one the machine allows and says why when it falls back.
 
 mod device;
 mod error;
+mod faulty;
 mod mem;
 mod open;
 mod pread;
@@ -23,6 +26,7 @@ mod workers;
 
 pub use device::{BlockDevice, ReadOp, check_batch};
 pub use error::{IoError, Result};
+pub use faulty::{Fault, FaultKind, FaultyDevice};
 pub use mem::MemDevice;
 pub use open::{DeviceKind, IoConfig, open_device};
 pub use pread::PreadDevice;
