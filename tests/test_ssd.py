@@ -194,3 +194,15 @@ def test_a_submitted_batch_raises_its_own_typed_error(stores):
     with pytest.raises(nearrec.InvalidRequest, match="offset"):
         ssd.lookup_many([nearrec.TableLookup("f32_d32", np.array([1, 2]), np.array([1]))],
                         sub_batch=1)
+
+
+def test_auto_tier_follows_the_dram_budget(tmp_path):
+    path, _ = make_store(tmp_path)
+    total = nearrec.info(path).total_bytes
+    assert nearrec.open(path).tier == "dram"  # small store, default budget: half of memory
+    assert nearrec.open(path, dram_budget=total).tier == "dram"
+    assert nearrec.open(path, dram_budget=total - 1).tier == "ssd"
+    assert nearrec.open(path, dram_budget="1KiB").tier == "ssd"
+    assert nearrec.open(path, tier="dram", dram_budget=1).tier == "dram"  # explicit wins
+    with pytest.raises(nearrec.InvalidRequest, match="not a size"):
+        nearrec.open(path, dram_budget="lots")

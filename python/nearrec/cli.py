@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from dataclasses import asdict
@@ -20,18 +19,15 @@ import numpy as np
 import nearrec
 
 from .errors import InvalidRequest, NearrecError
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
-          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
-          "tib": 2**40}
+from .units import parse_size
 
 
 def parse_bytes(text: str) -> int:
-    """``"16GiB"`` → 17179869184; ``"4GB"`` → 4000000000; plain numbers are bytes."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512MiB, 16GiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """A size argument (see :func:`nearrec.units.parse_size`)."""
+    try:
+        return parse_size(text)
+    except InvalidRequest as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:

@@ -15,9 +15,10 @@ import numpy.typing as npt
 from . import _native
 from .errors import InvalidRequest
 from .pipeline import Lanes, Pending, split, stream
+from .units import parse_size
 
 PoolingModeName = Literal["sum", "mean", "max"]
-Tier = Literal["dram", "ssd"]
+Tier = Literal["auto", "dram", "ssd"]
 StorePath = str | os.PathLike[str]
 
 
@@ -233,11 +234,13 @@ class Store:
     """
 
     def __init__(self, path: StorePath, threads: int = 0, verify_checksums: bool = True,
-                 progress: bool | None = None, tier: Tier = "dram", direct_io: bool = True,
+                 progress: bool | None = None, tier: Tier = "auto",
+                 dram_budget: int | str | None = None, direct_io: bool = True,
                  io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
                  merge: bool = True):
+        budget = 0 if dram_budget is None else max(parse_size(dram_budget), 1)
         self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums,
-                                           progress_enabled(progress), tier, direct_io,
+                                           progress_enabled(progress), tier, budget, direct_io,
                                            io_queue_depth, merge_gap_bytes, dedup, merge)
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._lanes = Lanes(depth=4)
@@ -262,7 +265,7 @@ class Store:
 
     @property
     def tier(self) -> Tier:
-        """Where rows are served from: ``"dram"`` or ``"ssd"``."""
+        """Where rows are served from: ``"dram"`` or ``"ssd"`` (``"auto"`` resolved at open)."""
         return "ssd" if self._native.tier == "ssd" else "dram"
 
     def stats(self) -> dict[str, float | str | bool]:
@@ -373,19 +376,23 @@ def _normalise(requests: Sequence[TableLookup] | Mapping[str, Any]) -> list[Tabl
 
 
 def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
-               progress: bool | None = None, tier: Tier = "dram", direct_io: bool = True,
+               progress: bool | None = None, tier: Tier = "auto",
+               dram_budget: int | str | None = None, direct_io: bool = True,
                io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
                merge: bool = True) -> Store:
     """Opens the store at ``path`` and validates it.
 
-    ``tier="dram"`` loads every table into DRAM (``threads`` = 0 uses every core;
-    ``verify_checksums`` checks each table's CRC-32C as it loads). ``tier="ssd"`` loads nothing:
-    each batch reads the blocks holding its rows from the table files with direct I/O
-    (io_uring, or pread threads where io_uring or ``O_DIRECT`` is unavailable), up to
+    ``tier="auto"`` (the default) serves the store from DRAM when its tables fit
+    ``dram_budget`` (bytes, or a size such as ``"4GiB"``; by default half of this machine's
+    memory) and from SSD otherwise. ``tier="dram"`` loads every table into DRAM (``threads`` = 0
+    uses every core; ``verify_checksums`` checks each table's CRC-32C as it loads).
+    ``tier="ssd"`` loads nothing: each batch reads the blocks holding its rows from the table
+    files with direct I/O (io_uring, or pread threads where io_uring or ``O_DIRECT`` is unavailable), up to
     ``io_queue_depth`` reads in flight, merging reads of rows at most ``merge_gap_bytes`` apart;
     ``direct_io=False`` reads through the page cache, and ``dedup=False`` / ``merge=False`` read
     every lookup's row on its own (all three for comparisons only).
     """
     return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
-                 tier=tier, direct_io=direct_io, io_queue_depth=io_queue_depth,
-                 merge_gap_bytes=merge_gap_bytes, dedup=dedup, merge=merge)
+                 tier=tier, dram_budget=dram_budget, direct_io=direct_io,
+                 io_queue_depth=io_queue_depth, merge_gap_bytes=merge_gap_bytes, dedup=dedup,
+                 merge=merge)

@@ -11,6 +11,8 @@ pub enum Tier {
     Dram,
     /// Rows read from the table files per batch, with direct I/O ([`crate::Engine`]'s SSD tier).
     Ssd,
+    /// DRAM when the tables fit `dram_budget_bytes`, else SSD.
+    Auto,
 }
 
 impl Tier {
@@ -18,6 +20,7 @@ impl Tier {
         match self {
             Tier::Dram => "dram",
             Tier::Ssd => "ssd",
+            Tier::Auto => "auto",
         }
     }
 }
@@ -37,6 +40,9 @@ pub struct EngineConfig {
     pub task_lookups: usize,
     /// Where rows are served from.
     pub tier: Tier,
+    /// Bytes of DRAM the tables may take ([`Tier::Auto`] loads them only if they fit); 0 means
+    /// half of this machine's memory.
+    pub dram_budget_bytes: u64,
     /// SSD tier: bypass the page cache (`O_DIRECT`); off only for comparisons.
     pub direct_io: bool,
     /// SSD tier: reads in flight per io_uring ring.
@@ -62,6 +68,7 @@ impl Default for EngineConfig {
             inline_lookups: 4096,
             task_lookups: 8192,
             tier: Tier::Dram,
+            dram_budget_bytes: 0,
             direct_io: true,
             io_queue_depth: 128,
             merge_gap_bytes: 0,
@@ -113,6 +120,30 @@ impl EngineConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The tier a store of `table_bytes` gets: [`Tier::Auto`] resolved against the DRAM budget.
+    pub fn resolved_tier(&self, table_bytes: u64) -> Tier {
+        match self.tier {
+            Tier::Auto if table_bytes <= self.resolved_dram_budget() => Tier::Dram,
+            Tier::Auto => Tier::Ssd,
+            t => t,
+        }
+    }
+
+    /// The DRAM budget in bytes (half of physical memory when not set).
+    pub fn resolved_dram_budget(&self) -> u64 {
+        if self.dram_budget_bytes > 0 {
+            return self.dram_budget_bytes;
+        }
+        // SAFETY: sysconf has no preconditions.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGE_SIZE),
+            )
+        };
+        (pages.max(0) as u64).saturating_mul(page.max(0) as u64) / 2
     }
 
     /// The thread count this config resolves to on this machine.

@@ -98,9 +98,12 @@ impl Engine {
         progress: Option<&ProgressFn>,
     ) -> Result<Self> {
         config.validate()?;
+        let total = reader.tables().iter().map(|t| t.data_bytes).sum();
+        let tier = config.resolved_tier(total);
+        let config = config.with_tier(tier);
         let workers = Workers::new(config.resolved_threads());
         let (dram, ssd) = match config.tier {
-            Tier::Dram => {
+            Tier::Dram | Tier::Auto => {
                 let dram = workers.get().install(|| {
                     (0..reader.tables().len())
                         .into_par_iter()

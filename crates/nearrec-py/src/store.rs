@@ -23,7 +23,7 @@ pub(crate) struct NativeStore {
 #[pymethods]
 impl NativeStore {
     #[new]
-    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "dram", direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true))]
+    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = 0, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true))]
     #[allow(clippy::too_many_arguments)] // mirrors nearrec.open's keyword arguments
     fn new(
         py: Python<'_>,
@@ -32,6 +32,7 @@ impl NativeStore {
         verify_checksums: bool,
         progress: bool,
         tier: &str,
+        dram_budget_bytes: u64,
         direct_io: bool,
         io_queue_depth: u32,
         merge_gap_bytes: u64,
@@ -41,11 +42,12 @@ impl NativeStore {
         let tier = match tier {
             "dram" => Tier::Dram,
             "ssd" => Tier::Ssd,
+            "auto" => Tier::Auto,
             other => {
                 return Err(raise(
                     py,
                     "InvalidRequest",
-                    format!("tier must be 'dram' or 'ssd', not {other:?}"),
+                    format!("tier must be 'auto', 'dram' or 'ssd', not {other:?}"),
                     None,
                     None,
                 ));
@@ -53,6 +55,7 @@ impl NativeStore {
         };
         let config = EngineConfig {
             tier,
+            dram_budget_bytes,
             direct_io,
             io_queue_depth,
             merge_gap_bytes,
