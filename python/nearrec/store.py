@@ -387,10 +387,11 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     memory) and from SSD otherwise. ``tier="dram"`` loads every table into DRAM (``threads`` = 0
     uses every core; ``verify_checksums`` checks each table's CRC-32C as it loads).
     ``tier="ssd"`` loads nothing: each batch reads the blocks holding its rows from the table
-    files with direct I/O (io_uring, or pread threads where io_uring or ``O_DIRECT`` is unavailable), up to
-    ``io_queue_depth`` reads in flight, merging reads of rows at most ``merge_gap_bytes`` apart;
-    ``direct_io=False`` reads through the page cache, and ``dedup=False`` / ``merge=False`` read
-    every lookup's row on its own (all three for comparisons only).
+    files with direct I/O (io_uring, or pread threads where io_uring or ``O_DIRECT`` is
+    unavailable), up to ``io_queue_depth`` reads in flight, merging reads of rows at most
+    ``merge_gap_bytes`` apart. ``direct_io=False`` reads through the page cache, and
+    ``dedup=False`` / ``merge=False`` read every lookup's row on its own (all three for
+    comparisons only).
     """
     return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
                  tier=tier, dram_budget=dram_budget, direct_io=direct_io,
