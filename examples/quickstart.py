@@ -29,6 +29,14 @@ with tempfile.TemporaryDirectory() as tmp:
     })
     print("pooled", batch.values.shape, "items view", batch["items"].shape)
 
+    # The same store served from SSD: nothing loaded, each batch reads only the blocks holding
+    # its rows (direct I/O), pooled as they land. Same answers; the reads are accounted.
+    ssd = nearrec.open(Path(tmp) / "store", tier="ssd")
+    assert np.allclose(ssd.lookup("users", np.array([1, 2, 3]), offsets=np.array([0, 2])), pooled)
+    pending = ssd.submit({"users": (np.array([5, 6]), np.array([0, 1]))})  # collect later
+    print("ssd", pending.result().values.shape, {k: ssd.stats()[k] for k in
+                                                  ("device", "device_reads", "bytes_read")})
+
     try:
         import torch
 

@@ -166,16 +166,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = sls.run(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "sls-quick" if args.quick else "sls"
         md = report.sls_markdown(records, command)
-    elif args.what == "ssd":
+    elif args.what in ("ssd", "ssd-tuning"):
         from .bench import ssd
 
         scfg = ssd.SsdConfig.quick() if args.quick else ssd.SsdConfig()
         if args.table_bytes:
             scfg.table_bytes = args.table_bytes
         scfg.scratch = Path(args.scratch)
-        records = ssd.run(scfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "ssd-quick" if args.quick else "ssd"
-        md = ssd.markdown(records, command)
+        log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        if args.what == "ssd":
+            records = ssd.run(scfg, log=log)
+            md = ssd.markdown(records, command)
+        else:
+            records = ssd.run_tuning(scfg, log=log)
+            md = ssd.tuning_markdown(records, command)
+        name = args.what + ("-quick" if args.quick else "")
     else:
         from .bench import build
 
@@ -242,7 +247,7 @@ def parser() -> argparse.ArgumentParser:
     lk.set_defaults(func=cmd_lookup)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "ssd", "build"])
+    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "build"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls; default rmc1,rmc2,rmc3)")
     be.add_argument("--rows", type=int, help="rows per table (sls)")

@@ -12,6 +12,7 @@ system reads with ``O_DIRECT``, so it plays no part either way.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -251,4 +252,93 @@ def markdown(records: list[Record], command: str) -> str:
             lines.append(f"| {r.dist} | {r.batch} | {e['ratio_vs_naive.pread x1']:.2f} | "
                          f"{e['ratio_vs_naive.pread x2']:.2f} | "
                          f"{e['ratio_vs_nearrec[no-dedup,no-merge]']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_tuning(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
+    """How the SSD tier's knobs behave on this disk: reads/s by queue depth, and what
+    pipelining (``lookup_stream``) gains when the caller has its own work per batch (a dense
+    layer standing in for the model's MLPs, sized to take about as long as one lookup)."""
+    path = _store(cfg, log)
+    spec = nearrec.model_spec(cfg.model)
+    info = nearrec.info(path)
+    names, rows, L = [t.name for t in info.tables], [t.rows for t in info.tables], spec.lookups
+    rng = np.random.default_rng(cfg.seed + 1)
+
+    def batches(batch: int, n: int) -> list[list[nearrec.TableLookup]]:
+        off = np.arange(0, batch * L, L)
+        return [[nearrec.TableLookup(t, rng.integers(0, r, batch * L), off)
+                 for t, r in zip(names, rows, strict=True)] for _ in range(n)]
+
+    records: list[Record] = []
+    reqs = batches(64, 4)
+    for qd in (8, 16, 32, 64, 128, 256, 512):
+        store = nearrec.open(path, tier="ssd", io_queue_depth=qd)
+        drop_page_cache()
+        timed = _time(lambda i, s=store: s.lookup_many(reqs[i]), cfg.seconds, 2, len(reqs))
+        lat = np.asarray(timed, dtype=np.float64)
+        reads = float(store.stats()["device_reads"])
+        records.append(Record("ssd-tuning", cfg.model, 64, "uniform", f"queue_depth={qd}",
+                              samples_per_s=64 * len(lat) / float(lat.sum()),
+                              lookups_per_s=64 * L * len(names) * len(lat) / float(lat.sum()),
+                              p50_us=float(np.median(lat) * 1e6),
+                              p99_us=float(np.percentile(lat, 99) * 1e6),
+                              extra={"reads_per_s": reads / float(lat.sum())}))
+        log(f"  queue depth {qd:4}: {records[-1].extra['reads_per_s']:,.0f} reads/s")
+    store = nearrec.open(path, tier="ssd", io_queue_depth=cfg.queue_depth)
+    for batch in (16, 64):
+        reqs = batches(batch, 8)
+        store.lookup_many(reqs[0])  # warm: rings, staging buffers
+        lookup_s = statistics.median(_time(lambda i, r=reqs: store.lookup_many(r[i]), 0.0, 3, 3))
+        # a dense layer over the pooled batch, repeated to last about one lookup
+        w = rng.standard_normal((len(names) * spec.dim, 512)).astype(np.float32)
+        t0 = time.perf_counter()
+        x = np.ones((batch, len(names) * spec.dim), np.float32)
+        reps = 0
+        while time.perf_counter() - t0 < lookup_s and reps < 100_000:
+            x @ w
+            reps += 1
+
+        def mlp(pooled: np.ndarray, reps: int = reps, w: np.ndarray = w) -> None:
+            for _ in range(reps):
+                pooled @ w
+
+        for name, depth in (("sequential", 0), ("stream depth 2", 2), ("stream depth 4", 4)):
+            drop_page_cache()
+            t0 = time.perf_counter()
+            if depth == 0:
+                for r in reqs:
+                    mlp(store.lookup_many(r).values)
+            else:
+                for out in store.lookup_stream(reqs, depth=depth):
+                    mlp(out.values)
+            secs = time.perf_counter() - t0
+            records.append(Record("ssd-tuning", cfg.model, batch, "uniform", name,
+                                  samples_per_s=batch * len(reqs) / secs,
+                                  lookups_per_s=batch * L * len(names) * len(reqs) / secs,
+                                  extra={"mlp_ms": lookup_s * 1e3}))
+            log(f"  B={batch} {name}: {records[-1].samples_per_s:,.0f} samples/s")
+    return records
+
+
+def tuning_markdown(records: list[Record], command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             "Reads/s of the SSD tier by io_uring queue depth (RMC1, batch 64, uniform):", "",
+             "| queue depth | reads/s | samples/s | p50 / p99 ms |", "|---:|---:|---:|---:|"]
+    for r in records:
+        if r.system.startswith("queue_depth="):
+            lines.append(f"| {r.system.split('=')[1]} | {r.extra['reads_per_s']:,.0f} | "
+                         f"{r.samples_per_s:,.1f} | {r.p50_us / 1e3:,.1f} / "
+                         f"{r.p99_us / 1e3:,.1f} |")
+    lines += ["", "Pipelining: the caller runs a dense layer on every pooled batch that takes "
+              "about as long as one lookup; `lookup_stream` keeps the next batches' reads in "
+              "flight meanwhile.", "",
+              "| batch | loop | samples/s | × sequential |", "|---:|---|---:|---:|"]
+    base: dict[int, float] = {}
+    for r in records:
+        if r.system == "sequential":
+            base[r.batch] = r.samples_per_s
+        if not r.system.startswith("queue_depth="):
+            lines.append(f"| {r.batch} | {r.system} (dense layer {r.extra['mlp_ms']:.0f} ms) | "
+                         f"{r.samples_per_s:,.1f} | {r.samples_per_s / base[r.batch]:.2f} |")
     return "\n".join(lines) + "\n"
