@@ -206,3 +206,14 @@ def test_auto_tier_follows_the_dram_budget(tmp_path):
     assert nearrec.open(path, tier="dram", dram_budget=1).tier == "dram"  # explicit wins
     with pytest.raises(nearrec.InvalidRequest, match="not a size"):
         nearrec.open(path, dram_budget="lots")
+
+
+def test_io_knobs_are_checked(tmp_path):
+    path, _ = make_store(tmp_path)
+    small = nearrec.open(path, tier="ssd", io_rings=1, io_queue_depth=4, pread_threads=2)
+    want = nearrec.open(path).lookup("f32_d32", np.arange(100), np.arange(0, 100, 10))
+    same(small.lookup("f32_d32", np.arange(100), np.arange(0, 100, 10)), want, "sum")
+    for bad, msg in [({"io_rings": 0}, "io_rings"), ({"io_queue_depth": 0}, "io_queue_depth"),
+                     ({"pread_threads": 0}, "pread_threads")]:
+        with pytest.raises(nearrec.InvalidRequest, match=msg):
+            nearrec.open(path, tier="ssd", **bad)

@@ -25,6 +25,8 @@ class NativeStore:
         merge_gap_bytes: int = 0,
         dedup: bool = True,
         merge: bool = True,
+        io_rings: int = 2,
+        pread_threads: int = 16,
     ) -> None: ...
     @property
     def path(self) -> str: ...

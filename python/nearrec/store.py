@@ -237,11 +237,12 @@ class Store:
                  progress: bool | None = None, tier: Tier = "auto",
                  dram_budget: int | str | None = None, direct_io: bool = True,
                  io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
-                 merge: bool = True):
+                 merge: bool = True, io_rings: int = 2, pread_threads: int = 16):
         budget = 0 if dram_budget is None else max(parse_size(dram_budget), 1)
         self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums,
                                            progress_enabled(progress), tier, budget, direct_io,
-                                           io_queue_depth, merge_gap_bytes, dedup, merge)
+                                           io_queue_depth, merge_gap_bytes, dedup, merge,
+                                           io_rings, pread_threads)
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._lanes = Lanes(depth=4)
         self._tables = {t.name: t for t in self._info.tables}
@@ -379,7 +380,7 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
                progress: bool | None = None, tier: Tier = "auto",
                dram_budget: int | str | None = None, direct_io: bool = True,
                io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
-               merge: bool = True) -> Store:
+               merge: bool = True, io_rings: int = 2, pread_threads: int = 16) -> Store:
     """Opens the store at ``path`` and validates it.
 
     ``tier="auto"`` (the default) serves the store from DRAM when its tables fit
@@ -388,7 +389,8 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     uses every core; ``verify_checksums`` checks each table's CRC-32C as it loads).
     ``tier="ssd"`` loads nothing: each batch reads the blocks holding its rows from the table
     files with direct I/O (io_uring, or pread threads where io_uring or ``O_DIRECT`` is
-    unavailable), up to ``io_queue_depth`` reads in flight, merging reads of rows at most
+    unavailable), up to ``io_queue_depth`` reads in flight per ring, ``io_rings`` rings (batches
+    reading at once; ``pread_threads`` threads for the fallback), merging reads of rows at most
     ``merge_gap_bytes`` apart. ``direct_io=False`` reads through the page cache, and
     ``dedup=False`` / ``merge=False`` read every lookup's row on its own (all three for
     comparisons only).
@@ -396,4 +398,4 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
                  tier=tier, dram_budget=dram_budget, direct_io=direct_io,
                  io_queue_depth=io_queue_depth, merge_gap_bytes=merge_gap_bytes, dedup=dedup,
-                 merge=merge)
+                 merge=merge, io_rings=io_rings, pread_threads=pread_threads)

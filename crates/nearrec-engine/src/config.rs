@@ -47,6 +47,10 @@ pub struct EngineConfig {
     pub direct_io: bool,
     /// SSD tier: reads in flight per io_uring ring.
     pub io_queue_depth: u32,
+    /// SSD tier: io_uring rings, i.e. batches that can read at the same time.
+    pub io_rings: usize,
+    /// SSD tier: read threads of the pread fallback (its queue depth).
+    pub pread_threads: usize,
     /// SSD tier: rows whose blocks are at most this many bytes apart share one read (0 merges
     /// only rows in the same or adjacent blocks).
     pub merge_gap_bytes: u64,
@@ -71,6 +75,8 @@ impl Default for EngineConfig {
             dram_budget_bytes: 0,
             direct_io: true,
             io_queue_depth: 128,
+            io_rings: 2,
+            pread_threads: 16,
             merge_gap_bytes: 0,
             max_read_bytes: 128 * 1024,
             dedup: true,
@@ -100,6 +106,16 @@ impl EngineConfig {
             return Err(EngineError::Config(format!(
                 "io_queue_depth = {} must be in 1..=4096",
                 self.io_queue_depth
+            )));
+        }
+        if self.io_rings == 0
+            || self.io_rings > 64
+            || self.pread_threads == 0
+            || self.pread_threads > 1024
+        {
+            return Err(EngineError::Config(format!(
+                "io_rings = {} must be in 1..=64 and pread_threads = {} in 1..=1024",
+                self.io_rings, self.pread_threads
             )));
         }
         if self.max_read_bytes < 4096 || self.max_read_bytes > u64::from(u32::MAX) {

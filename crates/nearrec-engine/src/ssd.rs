@@ -106,7 +106,9 @@ impl SsdTier {
     pub(crate) fn open(paths: &[PathBuf], config: &EngineConfig) -> Result<Self> {
         let io = IoConfig::default()
             .with_direct(config.direct_io)
-            .with_queue_depth(config.io_queue_depth);
+            .with_queue_depth(config.io_queue_depth)
+            .with_rings(config.io_rings)
+            .with_pread_threads(config.pread_threads);
         Ok(Self::new(open_device(paths, &io)?, config))
     }
 

@@ -88,7 +88,8 @@ pub struct IoStats {
     pub reads_saved_dedup: AtomicU64,
     /// Reads avoided by merging rows that share or neighbour a block: `unique_rows − device_reads`.
     pub reads_saved_merge: AtomicU64,
-    /// The most reads one batch had in flight at once (a batch submits all its reads).
+    /// The most reads one batch issued. A batch submits all its reads at once, so the device
+    /// queue holds `min(this, io_queue_depth)` of them in flight.
     pub max_batch_reads: AtomicU64,
     /// Validation, de-duplication and read planning.
     pub route: Histogram,

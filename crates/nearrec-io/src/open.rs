@@ -60,6 +60,16 @@ impl IoConfig {
         self.queue_depth = queue_depth;
         self
     }
+
+    pub fn with_rings(mut self, rings: usize) -> Self {
+        self.rings = rings;
+        self
+    }
+
+    pub fn with_pread_threads(mut self, threads: usize) -> Self {
+        self.pread_threads = threads;
+        self
+    }
 }
 
 /// The open files of a device, with what reading them demands.

@@ -23,7 +23,7 @@ pub(crate) struct NativeStore {
 #[pymethods]
 impl NativeStore {
     #[new]
-    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = 0, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true))]
+    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = 0, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true, io_rings = 2, pread_threads = 16))]
     #[allow(clippy::too_many_arguments)] // mirrors nearrec.open's keyword arguments
     fn new(
         py: Python<'_>,
@@ -38,6 +38,8 @@ impl NativeStore {
         merge_gap_bytes: u64,
         dedup: bool,
         merge: bool,
+        io_rings: usize,
+        pread_threads: usize,
     ) -> PyResult<Self> {
         let tier = match tier {
             "dram" => Tier::Dram,
@@ -61,6 +63,8 @@ impl NativeStore {
             merge_gap_bytes,
             dedup,
             merge,
+            io_rings,
+            pread_threads,
             ..EngineConfig::default()
         }
         .with_threads(threads)
