@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use nearrec_engine::{Bags, Engine, EngineConfig, EngineError, Indices, Request, TableRequest};
 use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
-use nearrec_io::{
-    BlockDevice, DeviceKind, Fault, FaultKind, FaultyDevice, IoConfig, IoError, ReadOp, open_device,
-};
+use nearrec_io::{DeviceKind, Fault, FaultKind, FaultyDevice, IoConfig, IoError, open_device};
 
 const ROWS: u64 = 5000;
 const DIM: u32 = 16;
@@ -28,33 +26,6 @@ fn store(dir: &Path) -> PathBuf {
     }
     w.commit().unwrap();
     path
-}
-
-/// A device shared between the engine and the test, so the test can arm it.
-#[derive(Debug, Clone)]
-struct Shared(Arc<FaultyDevice>);
-
-impl BlockDevice for Shared {
-    fn kind(&self) -> &'static str {
-        self.0.kind()
-    }
-    fn direct(&self) -> bool {
-        self.0.direct()
-    }
-    fn block_size(&self) -> usize {
-        self.0.block_size()
-    }
-    fn file_lens(&self) -> &[u64] {
-        self.0.file_lens()
-    }
-    fn read_batch(
-        &self,
-        ops: &[ReadOp],
-        buf: &mut [u8],
-        done: &mut dyn FnMut(usize, &[u8]),
-    ) -> nearrec_io::Result<()> {
-        self.0.read_batch(ops, buf, done)
-    }
 }
 
 fn lookup(engine: &Engine, idx: &[i64]) -> Result<Vec<f32>, EngineError> {
@@ -102,12 +73,9 @@ fn faults_are_typed_errors_and_the_store_recovers() {
     for kind in [DeviceKind::Uring, DeviceKind::Pread] {
         let inner = open_device(&files, &IoConfig::default().with_kind(kind)).unwrap();
         let faulty = Arc::new(FaultyDevice::new(inner));
-        let engine = Engine::with_device(
-            &reader,
-            EngineConfig::default(),
-            Box::new(Shared(faulty.clone())),
-        )
-        .unwrap();
+        let engine =
+            Engine::with_device(&reader, EngineConfig::default(), Box::new(faulty.clone()))
+                .unwrap();
         let before = lookup(&engine, &idx).unwrap();
         assert_close(&before, &want, &format!("{kind:?} before any fault"));
         for (fault, after) in [

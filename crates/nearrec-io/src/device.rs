@@ -41,6 +41,35 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     ) -> Result<()>;
 }
 
+/// A shared device is a device: one back-end can serve several engines, or stay in a test's hands
+/// (to arm a [`crate::FaultyDevice`]) while an engine reads through it.
+impl<D: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<D> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+
+    fn direct(&self) -> bool {
+        (**self).direct()
+    }
+
+    fn block_size(&self) -> usize {
+        (**self).block_size()
+    }
+
+    fn file_lens(&self) -> &[u64] {
+        (**self).file_lens()
+    }
+
+    fn read_batch(
+        &self,
+        ops: &[ReadOp],
+        buf: &mut [u8],
+        done: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        (**self).read_batch(ops, buf, done)
+    }
+}
+
 /// Checks that every op of a batch is aligned, inside its file and inside `buf`, and that no two
 /// write the same bytes of `buf`. Devices call it before issuing any read.
 pub fn check_batch(ops: &[ReadOp], buf: &[u8], block: usize, file_lens: &[u64]) -> Result<()> {
