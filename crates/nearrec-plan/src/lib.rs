@@ -1,0 +1,19 @@
+//! Traces and placement: what requests look like and where rows should live.
+//!
+//! - [`generate`]: seeded synthetic traces (uniform, Zipf, DLRM's stack-distance generator with
+//!   RecSSD's locality knob K, in its continuous and per-bag variants, over whole tables or
+//!   RecSSD's strided ids);
+//! - [`profile`]: stack-distance profiles and LRU hit-ratio curves (Mattson), O(log n) per access;
+//! - [`file`]: the binary trace file, mapped without copying.
+
+mod error;
+mod fenwick;
+pub mod file;
+pub mod generate;
+pub mod profile;
+mod stack;
+
+pub use error::{PlanError, Result};
+pub use file::{TableData, TableEntry, TraceFile, TraceHeader, write_trace};
+pub use generate::{Generator, Ids, Permutation, TableSpec, TableTrace, Variant};
+pub use profile::{Distances, Profile};
