@@ -19,6 +19,7 @@ import numpy as np
 import nearrec
 
 from .errors import InvalidRequest, NearrecError
+from .specs import scaled_rows
 from .units import parse_size
 
 
@@ -148,6 +149,72 @@ def format_stats(s: dict[str, float | str | bool]) -> str:
     return "\n".join(lines)
 
 
+def _trace_tables(args: argparse.Namespace) -> tuple[dict[str, int], int]:
+    """Tables (name → rows) and pooling factor of ``trace gen``: a store's, or a model's."""
+    if args.store:
+        tables = {t.name: t.rows for t in nearrec.info(args.store).tables}
+        return tables, args.pooling or 80
+    spec = nearrec.model_spec(args.model)
+    rows = scaled_rows(spec, args.variant, rows=args.rows)
+    return ({f"t{i}": r for i, r in enumerate(rows)},
+            args.pooling or spec.pooling_factor(args.variant))
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from . import trace as nt
+
+    if args.action == "gen":
+        if args.generator == "zipf":
+            gen = nt.Generator.zipf(args.alpha)
+        elif args.generator == "uniform":
+            gen = nt.Generator.uniform()
+        else:
+            gen = nt.Generator.stack_distance(args.k, args.sd_variant, args.ids)
+        tables, pooling = _trace_tables(args)
+        t = time.perf_counter()
+        tr = nt.generate(tables, args.bags, pooling, gen, seed=args.seed,
+                         batch_size=args.batch_size, path=args.path, overwrite=args.overwrite)
+        s = time.perf_counter() - t
+        lookups = sum(len(tt.indices) for tt in tr.tables.values())
+        _emit(args, {"path": str(tr.path), "tables": len(tr.tables), "bags": tr.bags,
+                     "lookups": lookups, "generator": str(gen), "seconds": s},
+              f"wrote {tr.path}: {len(tr.tables)} tables x {tr.bags:,} bags, {lookups:,} "
+              f"lookups, {gen}, in {s:.1f} s")
+        return 0
+    tr = nt.load(args.path)
+    rows = []
+    for name, tt in tr.tables.items():
+        row: dict[str, Any] = {"table": name, "rows": tt.rows, "pooling": tt.pooling,
+                               "bags": tt.bags, "lookups": len(tt.indices),
+                               "generator": str(tt.generator) if tt.generator else "imported",
+                               "first_reference_share": tt.first_reference_share}
+        if args.action == "profile":
+            p = tt.profile()
+            caps = [int(c * tt.rows) if c < 1 else int(c) for c in args.cache]
+            row |= {"working_set": p.working_set,
+                    "profiled_first_reference_share": p.first_reference_share,
+                    "lru_hit_ratio": dict(zip(map(str, caps),
+                                              map(float, p.lru_hit_ratio(caps)), strict=True))}
+        rows.append(row)
+    lines = [f"{tr.path}: {len(tr.tables)} tables x {tr.bags:,} bags, batch {tr.batch_size}, "
+             f"seed {tr.seed}"]
+    for r in rows:
+        share = r["first_reference_share"]
+        line = (f"  {r['table']:<12} {r['rows']:>11,} rows  L={r['pooling']:<4} "
+                f"{r['lookups']:>12,} lookups  {r['generator']}"
+                + (f"  first refs {100 * share:.1f} %" if share is not None else ""))
+        if "working_set" in r:
+            line += (f"\n    working set {r['working_set']:,} rows "
+                     f"({100 * r['working_set'] / r['rows']:.1f} %), first references "
+                     f"{100 * r['profiled_first_reference_share']:.1f} %; LRU hit ratio "
+                     + ", ".join(f"{int(c):,} rows {100 * h:.1f} %"
+                                 for c, h in r["lru_hit_ratio"].items()))
+        lines.append(line)
+    _emit(args, {"path": str(tr.path), "bags": tr.bags, "batch_size": tr.batch_size,
+                 "seed": tr.seed, "tables": rows}, "\n".join(lines))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import report
 
@@ -245,6 +312,39 @@ def parser() -> argparse.ArgumentParser:
                     help="serve from DRAM (load the store) or read rows from SSD per batch")
     common(lk)
     lk.set_defaults(func=cmd_lookup)
+
+    tr = sub.add_parser("trace", help="generate, inspect and profile request traces")
+    tsub = tr.add_subparsers(dest="action", required=True)
+    tg = tsub.add_parser("gen", help="write a synthetic trace file")
+    tg.add_argument("path")
+    src = tg.add_mutually_exclusive_group()
+    src.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS),
+                     help="tables and pooling factor of a benchmark model")
+    src.add_argument("--store", help="the tables of this store")
+    tg.add_argument("--variant", default="deeprecsys", choices=["deeprecsys", "recssd"],
+                    help="the model's row counts")
+    tg.add_argument("--rows", type=int, help="rows of every table (with --model)")
+    tg.add_argument("--pooling", type=int, help="lookups per bag (default: the model's, or 80)")
+    tg.add_argument("--bags", type=int, default=10_000, help="samples")
+    tg.add_argument("--batch-size", type=int, default=64, help="the batch size hint stored")
+    tg.add_argument("--generator", default="sd", choices=["sd", "zipf", "uniform"])
+    tg.add_argument("--k", type=float, default=1.0, help="stack-distance locality (0: most)")
+    tg.add_argument("--sd-variant", default="continuous", choices=["continuous", "per_bag"])
+    tg.add_argument("--ids", default="full", choices=["full", "recssd"],
+                    help="every row (full) or RecSSD's rows 0, 128, 256, ...")
+    tg.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent")
+    tg.add_argument("--seed", type=int, default=0)
+    tg.add_argument("--overwrite", action="store_true")
+    for name, help_ in (("info", "show a trace file's tables"),
+                        ("profile", "stack-distance profile and LRU hit ratios per table")):
+        tp = tsub.add_parser(name, help=help_)
+        tp.add_argument("path")
+        if name == "profile":
+            tp.add_argument("--cache", type=float, nargs="+", default=[0.01, 0.06, 0.25],
+                            help="LRU sizes: rows, or fractions of the table (< 1)")
+        common(tp)
+    common(tg)
+    tr.set_defaults(func=cmd_trace)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "build"])

@@ -49,7 +49,8 @@ class StoreNotFound(StoreIOError, FileNotFoundError):
 
 
 class StoreExists(StoreIOError, FileExistsError):
-    """A store already exists where a new one was to be written (pass ``overwrite=True``)."""
+    """A store (or trace file) already exists where a new one was to be written (pass
+    ``overwrite=True``)."""
 
 
 class StoreCorrupted(NearrecError):
@@ -60,9 +61,14 @@ class UnsupportedVersion(StoreCorrupted):
     """The store was written in a format version this nearrec cannot read."""
 
 
+class InvalidTrace(NearrecError, ValueError):
+    """A trace file is not one: bad magic, unknown version, truncated, or inconsistent arrays."""
+
+
 __all__ = [
     "IndexOutOfRange",
     "InvalidRequest",
+    "InvalidTrace",
     "NearrecError",
     "StoreCorrupted",
     "StoreExists",

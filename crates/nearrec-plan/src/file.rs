@@ -19,7 +19,7 @@ use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{PlanError, Result};
-use crate::generate::{Generator, TableTrace};
+use crate::generate::{Generator, TableSpec, TableTrace};
 
 pub const MAGIC: &[u8; 8] = b"NRTRACE\0";
 pub const VERSION: u32 = 1;
@@ -51,14 +51,31 @@ pub struct TableEntry {
     pub indices_at: u64,
 }
 
-/// A table's data to write: its description and its bags.
-#[derive(Debug)]
+/// A table's data to write: its description and its bags (CSR).
+#[derive(Debug, Clone)]
 pub struct TableData<'a> {
     pub name: &'a str,
     pub rows: u64,
     pub pooling: u32,
     pub generator: Option<Generator>,
-    pub trace: &'a TableTrace,
+    pub first_reference_share: Option<f64>,
+    pub offsets: &'a [i64],
+    pub indices: &'a [i64],
+}
+
+impl<'a> TableData<'a> {
+    /// A generated table, described by its spec.
+    pub fn generated(spec: &'a TableSpec, trace: &'a TableTrace) -> Self {
+        Self {
+            name: &spec.name,
+            rows: spec.rows,
+            pooling: spec.pooling,
+            generator: Some(spec.generator.clone()),
+            first_reference_share: trace.first_reference_share,
+            offsets: &trace.offsets,
+            indices: &trace.indices,
+        }
+    }
 }
 
 fn align(x: u64) -> u64 {
@@ -78,9 +95,9 @@ pub fn write_trace(
     }
     let bags = tables
         .first()
-        .map_or(0, |t| t.trace.offsets.len() as u64 - 1);
+        .map_or(0, |t| t.offsets.len().saturating_sub(1) as u64);
     for t in tables {
-        check_csr(t.name, t.rows, bags, &t.trace.offsets, &t.trace.indices)?;
+        check_csr(t.name, t.rows, bags, t.offsets, t.indices)?;
     }
     // two passes: the header's length depends on the offsets it holds
     let mut header = TraceHeader {
@@ -94,8 +111,8 @@ pub fn write_trace(
                 rows: t.rows,
                 pooling: t.pooling,
                 generator: t.generator.clone(),
-                first_reference_share: t.trace.first_reference_share,
-                lookups: t.trace.indices.len() as u64,
+                first_reference_share: t.first_reference_share,
+                lookups: t.indices.len() as u64,
                 offsets_at: u64::MAX,
                 indices_at: u64::MAX,
             })
@@ -105,9 +122,9 @@ pub fn write_trace(
     let mut at = align(16 + reserve);
     for (entry, t) in header.tables.iter_mut().zip(tables) {
         entry.offsets_at = at;
-        at = align(at + 8 * t.trace.offsets.len() as u64);
+        at = align(at + 8 * t.offsets.len() as u64);
         entry.indices_at = at;
-        at = align(at + 8 * t.trace.indices.len() as u64);
+        at = align(at + 8 * t.indices.len() as u64);
     }
     let mut json = serde_json::to_vec(&header).expect("serialisable");
     // offsets print no longer than u64::MAX did: pad the JSON with spaces to the reserved length
@@ -123,10 +140,7 @@ pub fn write_trace(
         w.write_all(&json)?;
         let mut written = 16 + json.len() as u64;
         for (entry, t) in header.tables.iter().zip(tables) {
-            for (at, data) in [
-                (entry.offsets_at, &t.trace.offsets),
-                (entry.indices_at, &t.trace.indices),
-            ] {
+            for (at, data) in [(entry.offsets_at, t.offsets), (entry.indices_at, t.indices)] {
                 w.write_all(&vec![0u8; (at - written) as usize])?;
                 for v in data {
                     w.write_all(&v.to_le_bytes())?;

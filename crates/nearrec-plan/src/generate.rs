@@ -8,7 +8,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{PlanError, Result};
-use crate::profile::Distances;
+use crate::profile::{Distances, LOCALITY_SEED};
 use crate::stack::LruStack;
 
 /// How a table's row ids are drawn.
@@ -160,9 +160,9 @@ impl TableSpec {
         let (draws, dist) = match variant {
             Variant::Continuous => (
                 2 * needed,
-                Distances::locality(k, rng.random()).scaled(pooling),
+                Distances::locality(k, LOCALITY_SEED).scaled(pooling),
             ),
-            Variant::PerBag => (needed, Distances::locality(k, rng.random())),
+            Variant::PerBag => (needed, Distances::locality(k, LOCALITY_SEED)),
         };
         // only the front `draws` ids can ever be reached
         let ids = id_count.min(draws.max(1)).min(u64::from(u32::MAX)) as usize;
@@ -220,6 +220,11 @@ impl TableSpec {
             }
         }
     }
+}
+
+/// The seed of table `table` of a trace seeded with `seed` (tables draw independent streams).
+pub fn table_seed(seed: u64, table: usize) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (table as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)
 }
 
 /// A seeded bijection of `0..n`, O(1) memory: a 4-round Feistel network over the smallest

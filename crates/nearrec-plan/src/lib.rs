@@ -15,5 +15,5 @@ mod stack;
 
 pub use error::{PlanError, Result};
 pub use file::{TableData, TableEntry, TraceFile, TraceHeader, write_trace};
-pub use generate::{Generator, Ids, Permutation, TableSpec, TableTrace, Variant};
+pub use generate::{Generator, Ids, Permutation, TableSpec, TableTrace, Variant, table_seed};
 pub use profile::{Distances, Profile};

@@ -17,7 +17,7 @@ fn sd(k: f64, variant: Variant, ids: Ids) -> TableSpec {
 /// of 2,000 rows at L = 80 hits about 84 / 44 / 29 %.
 #[test]
 fn continuous_traces_reproduce_the_published_locality() {
-    for (k, share, hit) in [(0.0, 0.14, 0.84), (1.0, 0.55, 0.44), (2.0, 0.715, 0.29)] {
+    for (k, share, hit) in [(0.0, 0.14, 0.84), (1.0, 0.55, 0.44), (2.0, 0.71, 0.29)] {
         let t = sd(k, Variant::Continuous, Ids::Full)
             .generate(5_000, 11)
             .unwrap();
@@ -116,13 +116,7 @@ fn trace_files_round_trip_and_reject_damage() {
     let data: Vec<_> = specs
         .iter()
         .zip(&traces)
-        .map(|(s, t)| TableData {
-            name: &s.name,
-            rows: s.rows,
-            pooling: s.pooling,
-            generator: Some(s.generator.clone()),
-            trace: t,
-        })
+        .map(|(s, t)| TableData::generated(s, t))
         .collect();
     let header = write_trace(&path, 16, 9, &data, false).unwrap();
     assert!(matches!(
@@ -147,13 +141,7 @@ fn trace_files_round_trip_and_reject_damage() {
     // an index outside its table is refused
     let mut bad = traces[1].clone();
     bad.indices[7] = 1000;
-    let data = [TableData {
-        name: "u",
-        rows: 1000,
-        pooling: 3,
-        generator: None,
-        trace: &bad,
-    }];
+    let data = [TableData::generated(&specs[1], &bad)];
     let err = write_trace(&path, 16, 9, &data, true).unwrap_err();
     assert!(err.to_string().contains("position 7"), "{err}");
 }

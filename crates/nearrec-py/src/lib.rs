@@ -6,6 +6,7 @@ mod limits;
 mod lookup;
 mod progress;
 mod store;
+mod trace;
 mod writer;
 
 use pyo3::prelude::*;
@@ -24,5 +25,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
     m.add_function(wrap_pyfunction!(limits::random_read, m)?)?;
     m.add_function(wrap_pyfunction!(limits::naive_sls, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_generate_table, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_write, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_open, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_profile, m)?)?;
     Ok(())
 }

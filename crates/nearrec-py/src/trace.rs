@@ -1,0 +1,146 @@
+//! Traces: generation, the trace file and stack-distance profiles (`nearrec-plan`).
+
+use std::path::PathBuf;
+
+use nearrec_plan::{PlanError, Profile, TableData, TableSpec, TraceFile, table_seed, write_trace};
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
+
+use crate::error::raise;
+
+pub(crate) fn plan_err(py: Python<'_>, e: PlanError) -> PyErr {
+    let msg = e.to_string();
+    match &e {
+        PlanError::Io { .. } => raise(py, "StoreIOError", msg, None, None),
+        PlanError::Exists { .. } => raise(py, "StoreExists", msg, None, None),
+        PlanError::BadTrace { .. } => raise(py, "InvalidTrace", msg, None, None),
+        PlanError::BadSpec { table, .. } => raise(py, "InvalidRequest", msg, Some(table), None),
+    }
+}
+
+fn spec(py: Python<'_>, json: &str) -> PyResult<TableSpec> {
+    serde_json::from_str(json)
+        .map_err(|e| raise(py, "InvalidRequest", format!("table spec: {e}"), None, None))
+}
+
+type Csr<'py> = (
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Option<f64>,
+);
+
+/// Generates table `table` (its position in the trace, which picks its seed) of a trace seeded
+/// with `seed`: `(offsets, indices, first_reference_share)`.
+#[pyfunction]
+pub(crate) fn trace_generate_table<'py>(
+    py: Python<'py>,
+    spec_json: &str,
+    bags: u64,
+    seed: u64,
+    table: usize,
+) -> PyResult<Csr<'py>> {
+    let spec = spec(py, spec_json)?;
+    let t = py
+        .detach(|| spec.generate(bags, table_seed(seed, table)))
+        .map_err(|e| plan_err(py, e))?;
+    Ok((
+        PyArray1::from_vec(py, t.offsets),
+        PyArray1::from_vec(py, t.indices),
+        t.first_reference_share,
+    ))
+}
+
+/// Writes a trace file from `(entry_json, offsets, indices)` per table, where the entry gives
+/// name, rows, pooling, generator and first_reference_share. Returns the header as JSON.
+#[pyfunction]
+pub(crate) fn trace_write(
+    py: Python<'_>,
+    path: PathBuf,
+    batch_size: u32,
+    seed: u64,
+    tables: Vec<(String, PyReadonlyArray1<'_, i64>, PyReadonlyArray1<'_, i64>)>,
+    overwrite: bool,
+) -> PyResult<String> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        name: String,
+        rows: u64,
+        pooling: u32,
+        generator: Option<nearrec_plan::Generator>,
+        first_reference_share: Option<f64>,
+    }
+    let entries = tables
+        .iter()
+        .map(|(json, _, _)| {
+            serde_json::from_str::<Entry>(json).map_err(|e| {
+                raise(
+                    py,
+                    "InvalidRequest",
+                    format!("table entry: {e}"),
+                    None,
+                    None,
+                )
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let slices = tables
+        .iter()
+        .map(|(_, o, i)| Ok((o.as_slice()?, i.as_slice()?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let data: Vec<TableData<'_>> = entries
+        .iter()
+        .zip(&slices)
+        .map(|(e, &(offsets, indices))| TableData {
+            name: &e.name,
+            rows: e.rows,
+            pooling: e.pooling,
+            generator: e.generator.clone(),
+            first_reference_share: e.first_reference_share,
+            offsets,
+            indices,
+        })
+        .collect();
+    let header = py
+        .detach(|| write_trace(&path, batch_size, seed, &data, overwrite))
+        .map_err(|e| plan_err(py, e))?;
+    Ok(serde_json::to_string(&header).expect("serialisable"))
+}
+
+/// Opens and validates a trace file; returns its header as JSON (Python maps the arrays).
+#[pyfunction]
+pub(crate) fn trace_open(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    let file = py
+        .detach(|| TraceFile::open(&path))
+        .map_err(|e| plan_err(py, e))?;
+    Ok(serde_json::to_string(file.header()).expect("serialisable"))
+}
+
+type ProfileArrays<'py> = (
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u64>>,
+);
+
+/// The stack-distance profile of `indices`: `(unique ids in first-use order, distances, counts)`.
+#[pyfunction]
+pub(crate) fn trace_profile<'py>(
+    py: Python<'py>,
+    indices: PyReadonlyArray1<'py, i64>,
+) -> PyResult<ProfileArrays<'py>> {
+    let ids = indices.as_slice()?;
+    if let Some(p) = ids.iter().position(|&i| i < 0) {
+        return Err(raise(
+            py,
+            "IndexOutOfRange",
+            format!("index {} at position {p} is negative", ids[p]),
+            None,
+            Some(p),
+        ));
+    }
+    let p = py.detach(|| Profile::of(ids.iter().map(|&i| i as u64)));
+    Ok((
+        PyArray1::from_vec(py, p.unique),
+        PyArray1::from_vec(py, p.distances),
+        PyArray1::from_vec(py, p.counts),
+    ))
+}
