@@ -1,0 +1,19 @@
+//! DRAM tiers in front of the SSD tier, each holding rows in their stored encoding:
+//!
+//! - [`HotPartition`] (RecSSD's static partitioning): rows chosen ahead from a profiled trace,
+//!   pinned, read without locks;
+//! - [`RowCache`]: a set-associative cache filled by misses, sharded so hits on different shards
+//!   never contend, with LRU or LFU victims and optional probabilistic admission (HS-Rec);
+//! - [`CacheStats`]: hits, misses, admissions, rejections and evictions, always on.
+//!
+//! Whole-table residency needs no type of its own: the engine keeps such a table's file image.
+
+mod hot;
+mod policy;
+mod row_cache;
+mod stats;
+
+pub use hot::HotPartition;
+pub use policy::{CacheConfig, Policy, PolicyParseError};
+pub use row_cache::{Offer, RowCache, SLOT_OVERHEAD};
+pub use stats::{CacheStats, CacheStatsSnapshot};

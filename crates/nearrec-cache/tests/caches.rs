@@ -1,0 +1,235 @@
+//! The row cache against plain reference models, its admission draw, its contents under
+//! concurrent use; the hot partition.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use nearrec_cache::{CacheConfig, HotPartition, Offer, Policy, RowCache, SLOT_OVERHEAD};
+use proptest::prelude::*;
+
+const RB: usize = 12;
+
+fn bytes_of(row: u64) -> [u8; RB] {
+    let mut b = [0u8; RB];
+    b[..8].copy_from_slice(&row.to_le_bytes());
+    b[8..].copy_from_slice(&(row as u32 ^ 0xA5A5_A5A5).to_le_bytes());
+    b
+}
+
+/// A cache with exactly one set of `ways` slots.
+fn one_set(ways: usize, policy: Policy, p: f64) -> RowCache {
+    let budget = ways as u64 * (RB as u64 + SLOT_OVERHEAD);
+    let c = RowCache::new(
+        budget,
+        RB,
+        CacheConfig {
+            policy,
+            admission_probability: p,
+            ways,
+            seed: 3,
+        },
+    );
+    assert_eq!(c.capacity_rows(), ways as u64);
+    c
+}
+
+/// Serves `trace` through `cache` the way the engine does (look up; on a miss, offer the row);
+/// returns which accesses hit.
+fn serve(cache: &RowCache, trace: &[u64]) -> Vec<bool> {
+    trace
+        .iter()
+        .map(|&r| {
+            let hit = cache.get(r, |b| assert_eq!(b, bytes_of(r))).is_some();
+            if !hit {
+                cache.offer(r, &bytes_of(r));
+            }
+            hit
+        })
+        .collect()
+}
+
+fn reference_lru(ways: usize, trace: &[u64]) -> Vec<bool> {
+    let mut q: VecDeque<u64> = VecDeque::new();
+    trace
+        .iter()
+        .map(|&r| {
+            if let Some(i) = q.iter().position(|&k| k == r) {
+                q.remove(i);
+                q.push_back(r);
+                true
+            } else {
+                if q.len() == ways {
+                    q.pop_front();
+                }
+                q.push_back(r);
+                false
+            }
+        })
+        .collect()
+}
+
+/// LFU over slots: a new row counts 1, a hit adds 1, the victim is the first slot with the
+/// smallest count.
+fn reference_lfu(ways: usize, trace: &[u64]) -> Vec<bool> {
+    let mut slots: Vec<Option<(u64, u64)>> = vec![None; ways];
+    trace
+        .iter()
+        .map(|&r| {
+            if let Some(s) = slots.iter_mut().flatten().find(|s| s.0 == r) {
+                s.1 += 1;
+                return true;
+            }
+            let at = slots.iter().position(Option::is_none).unwrap_or_else(|| {
+                (0..ways)
+                    .min_by_key(|&i| slots[i].map_or(0, |s| s.1))
+                    .unwrap()
+            });
+            slots[at] = Some((r, 1));
+            false
+        })
+        .collect()
+}
+
+proptest! {
+    #[test]
+    fn one_set_lru_is_exact_lru(ways in 1usize..9, trace in prop::collection::vec(0u64..12, 1..300)) {
+        let c = one_set(ways, Policy::Lru, 0.5);
+        prop_assert_eq!(serve(&c, &trace), reference_lru(ways, &trace));
+    }
+
+    #[test]
+    fn one_set_lfu_is_exact_lfu(ways in 1usize..9, trace in prop::collection::vec(0u64..12, 1..300)) {
+        let c = one_set(ways, Policy::Lfu, 0.5);
+        prop_assert_eq!(serve(&c, &trace), reference_lfu(ways, &trace));
+    }
+
+    /// Any shape of cache: hits return the row's own bytes, it never holds more than its
+    /// capacity, and the counters add up.
+    #[test]
+    fn hits_are_right_and_counters_add_up(
+        budget in 0u64..5_000,
+        ways in 1usize..20,
+        policy in prop::sample::select(Policy::ALL.to_vec()),
+        trace in prop::collection::vec(0u64..400, 0..600),
+    ) {
+        let c = RowCache::new(budget, RB, CacheConfig { policy, ways, ..CacheConfig::default() });
+        prop_assert!(c.bytes() <= budget);
+        let hits = serve(&c, &trace).into_iter().filter(|&h| h).count() as u64;
+        let s = c.stats();
+        prop_assert_eq!(s.hits, hits);
+        prop_assert_eq!(s.hits + s.misses, trace.len() as u64);
+        prop_assert_eq!(s.admissions + s.rejections, s.misses);
+        prop_assert!(c.len() <= c.capacity_rows());
+        prop_assert_eq!(c.len(), s.admissions - s.evictions);
+    }
+}
+
+#[test]
+fn admission_probability_is_honoured() {
+    for (p, lo, hi) in [(0.0, 0.0, 0.0), (0.5, 0.45, 0.55), (1.0, 1.0, 1.0)] {
+        let c = one_set(4, Policy::LfuPa, p);
+        // fill the set, then offer 4,000 fresh rows
+        for r in 0..4 {
+            assert_eq!(c.offer(r, &bytes_of(r)), Offer::Admitted { evicted: None });
+        }
+        let admitted = (100..4_100)
+            .filter(|&r| matches!(c.offer(r, &bytes_of(r)), Offer::Admitted { .. }))
+            .count() as f64
+            / 4_000.0;
+        assert!(
+            (lo..=hi).contains(&admitted),
+            "p = {p}: admitted {admitted}"
+        );
+    }
+    // free slots are always taken, whatever p
+    let c = one_set(4, Policy::LruPa, 0.0);
+    assert!(matches!(
+        c.offer(9, &bytes_of(9)),
+        Offer::Admitted { evicted: None }
+    ));
+    assert_eq!(c.offer(9, &bytes_of(9)), Offer::Present);
+}
+
+#[test]
+fn lfu_keeps_frequent_rows_that_lru_drops() {
+    // one hot row among one-off rows, three between its uses: a 3-way LRU loses it each time,
+    // LFU keeps it once it has been hit
+    let trace: Vec<u64> = [7, 7]
+        .into_iter()
+        .chain((0..2_000u64).flat_map(|i| [7, 10_000 + i, 20_000 + i, 30_000 + i]))
+        .collect();
+    let hit_ratio = |policy| {
+        let c = one_set(3, policy, 0.5);
+        let h = serve(&c, &trace).into_iter().filter(|&h| h).count();
+        h as f64 / trace.len() as f64
+    };
+    assert!(hit_ratio(Policy::Lfu) > 0.24, "{}", hit_ratio(Policy::Lfu));
+    assert!(hit_ratio(Policy::Lru) < 0.01, "{}", hit_ratio(Policy::Lru));
+}
+
+#[test]
+fn concurrent_readers_and_writers_see_whole_rows() {
+    let cache = Arc::new(RowCache::new(
+        64 * 1024,
+        RB,
+        CacheConfig {
+            ways: 4,
+            ..CacheConfig::default()
+        },
+    ));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let c = Arc::clone(&cache);
+            std::thread::spawn(move || {
+                let mut gets = 0u64;
+                let mut x = t + 1;
+                for _ in 0..50_000 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let r = (x >> 33) % 8_000;
+                    gets += 1;
+                    if c.get(r, |b| assert_eq!(b, bytes_of(r), "row {r}"))
+                        .is_none()
+                    {
+                        c.offer(r, &bytes_of(r));
+                    }
+                }
+                gets
+            })
+        })
+        .collect();
+    let gets: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let s = cache.stats();
+    assert_eq!(s.hits + s.misses, gets);
+    assert!(s.hits > 0 && s.evictions > 0);
+    assert!(cache.len() <= cache.capacity_rows());
+}
+
+#[test]
+fn zero_budget_caches_nothing() {
+    let c = RowCache::new(10, RB, CacheConfig::default());
+    assert_eq!(c.capacity_rows(), 0);
+    assert_eq!(c.offer(1, &bytes_of(1)), Offer::Rejected);
+    assert!(c.get(1, |_| ()).is_none());
+}
+
+#[test]
+fn hot_partition_serves_its_rows_only() {
+    let rows = [5u64, 900, 17];
+    let hot = HotPartition::new(&rows, RB, |rows, buf| {
+        for (r, dst) in rows.iter().zip(buf.chunks_exact_mut(RB)) {
+            dst.copy_from_slice(&bytes_of(*r));
+        }
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    assert_eq!(hot.rows(), 3);
+    for r in rows {
+        assert_eq!(hot.get(r), Some(&bytes_of(r)[..]));
+    }
+    assert_eq!(hot.get(6), None);
+    assert_eq!(hot.bytes(), HotPartition::bytes_for(3, RB));
+    let failed = HotPartition::new(&rows, RB, |_, _| Err("disk"));
+    assert_eq!(failed.unwrap_err(), "disk");
+}
