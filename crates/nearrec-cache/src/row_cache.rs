@@ -14,7 +14,8 @@ use crate::stats::{CacheStats, CacheStatsSnapshot};
 
 /// Bytes of bookkeeping per slot beside the row (key and mark).
 pub const SLOT_OVERHEAD: u64 = 16;
-const EMPTY: u64 = u64::MAX;
+/// Keys are stored as `row + 1`, so a fresh (zeroed, untouched) table is all empty slots.
+const EMPTY: u64 = 0;
 const MAX_SHARDS: usize = 256;
 
 /// What became of an offered row.
@@ -82,7 +83,7 @@ impl RowCache {
             shards: (0..shards)
                 .map(|_| {
                     Mutex::new(Shard {
-                        keys: vec![EMPTY; per_shard],
+                        keys: vec![EMPTY; per_shard], // zeroed pages: committed when used
                         marks: vec![0; per_shard],
                         data: vec![0; per_shard * row_bytes],
                         clock: 0,
@@ -148,12 +149,13 @@ impl RowCache {
 
     /// Looks `row` up; on a hit, calls `read` with its bytes (under the shard's lock: keep it
     /// short) and counts the hit.
+    /// Rows are below `u64::MAX`.
     pub fn get<R>(&self, row: u64, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let hit = self.locate(row).and_then(|(shard, base)| {
             let mut s = self.lock(shard);
             let way = s.keys[base..base + self.ways]
                 .iter()
-                .position(|&k| k == row)?;
+                .position(|&k| k == row + 1)?;
             let slot = base + way;
             s.clock += 1;
             s.marks[slot] = if self.config.policy.frequency() {
@@ -181,7 +183,7 @@ impl RowCache {
         };
         let mut s = self.lock(shard);
         let set = base..base + self.ways;
-        if s.keys[set.clone()].contains(&row) {
+        if s.keys[set.clone()].contains(&(row + 1)) {
             return Offer::Present;
         }
         let (slot, evicted) = match s.keys[set.clone()].iter().position(|&k| k == EMPTY) {
@@ -198,7 +200,7 @@ impl RowCache {
                 let way = (0..self.ways)
                     .min_by_key(|&w| s.marks[base + w])
                     .expect("a set has at least one way");
-                (base + way, Some(s.keys[base + way]))
+                (base + way, Some(s.keys[base + way] - 1))
             }
         };
         s.clock += 1;
@@ -208,7 +210,7 @@ impl RowCache {
             s.clock
         };
         s.data[slot * self.row_bytes..][..self.row_bytes].copy_from_slice(bytes);
-        s.keys[slot] = row;
+        s.keys[slot] = row + 1;
         CacheStats::add(&self.stats.admissions, 1);
         if evicted.is_some() {
             CacheStats::add(&self.stats.evictions, 1);

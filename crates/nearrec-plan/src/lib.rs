@@ -4,16 +4,19 @@
 //!   RecSSD's locality knob K, in its continuous and per-bag variants, over whole tables or
 //!   RecSSD's strided ids);
 //! - [`profile`]: stack-distance profiles and LRU hit-ratio curves (Mattson), O(log n) per access;
-//! - [`file`]: the binary trace file, mapped without copying.
+//! - [`file`]: the binary trace file, mapped without copying;
+//! - [`placement`]: which tables and rows live in DRAM (what the engine applies).
 
 mod error;
 mod fenwick;
 pub mod file;
 pub mod generate;
+pub mod placement;
 pub mod profile;
 mod stack;
 
 pub use error::{PlanError, Result};
 pub use file::{TableData, TableEntry, TraceFile, TraceHeader, write_trace};
 pub use generate::{Generator, Ids, Permutation, TableSpec, TableTrace, Variant, table_seed};
+pub use placement::{Placement, TablePlacement, TableSize};
 pub use profile::{Distances, Profile};
