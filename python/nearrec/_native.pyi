@@ -19,7 +19,7 @@ class NativeStore:
         verify_checksums: bool = True,
         progress: bool = False,
         tier: str = "auto",
-        dram_budget_bytes: int = 0,
+        dram_budget_bytes: int | None = None,
         direct_io: bool = True,
         io_queue_depth: int = 128,
         merge_gap_bytes: int = 0,
@@ -27,6 +27,10 @@ class NativeStore:
         merge: bool = True,
         io_rings: int = 2,
         pread_threads: int = 16,
+        cache_policy: str = "lfu_pa",
+        admission_probability: float = 0.5,
+        cache_ways: int = 16,
+        placement_json: str | None = None,
     ) -> None: ...
     @property
     def path(self) -> str: ...
@@ -35,6 +39,7 @@ class NativeStore:
     @property
     def tier(self) -> str: ...
     def stats(self) -> list[tuple[str, float | str | bool]]: ...
+    def tier_report(self) -> list[list[tuple[str, float | str | bool]]]: ...
     @property
     def manifest_json(self) -> str: ...
     def lookup(self, tables: list[tuple[Any, ...]]) -> npt.NDArray[np.float32]: ...

@@ -88,7 +88,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_lookup(args: argparse.Namespace) -> int:
-    store = nearrec.open(args.path, threads=args.threads, progress=args.progress, tier=args.tier)
+    store = nearrec.open(args.path, threads=args.threads, progress=args.progress, tier=args.tier,
+                         dram_budget=args.dram_budget, cache_policy=args.cache_policy,
+                         admission_probability=args.admission_probability)
     tables = args.table or list(store.tables)
     rng = np.random.default_rng(args.seed)
     reqs = []
@@ -142,6 +144,13 @@ def format_stats(s: dict[str, float | str | bool]) -> str:
              f"  bytes read {n('bytes_read'):,.0f}, useful {n('useful_bytes'):,.0f} "
              f"(amplification {n('read_amplification'):.2f}); most reads in one batch "
              f"{n('max_batch_reads'):,.0f}"]
+    if n("dram_tier_bytes") > 0:
+        lines.append(f"  dram tiers {n('dram_tier_bytes') / 2**20:,.1f} MiB served "
+                     f"{100 * n('dram_hit_ratio'):.1f} % of lookups (whole tables "
+                     f"{n('lookups_resident'):,.0f}, hot rows {n('lookups_hot'):,.0f}, row cache "
+                     f"{n('lookups_cache'):,.0f}; ssd {n('lookups_ssd'):,.0f}); cache admitted "
+                     f"{n('cache_admissions'):,.0f}, turned away {n('cache_rejections'):,.0f}, "
+                     f"evicted {n('cache_evictions'):,.0f}")
     for stage in ("route", "io_wait", "pool", "end_to_end"):
         lines.append(f"  {stage:10} p50 {n(stage + '_p50_us'):>8,.0f} µs  p95 "
                      f"{n(stage + '_p95_us'):>8,.0f}  p99 {n(stage + '_p99_us'):>8,.0f}  "
@@ -248,6 +257,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
             records = ssd.run_tuning(scfg, log=log)
             md = ssd.tuning_markdown(records, command)
         name = args.what + ("-quick" if args.quick else "")
+    elif args.what == "gpu":
+        from .bench import gpu
+
+        gcfg = gpu.GpuBenchConfig.quick() if args.quick else gpu.GpuBenchConfig()
+        if args.rows:
+            gcfg.rows = args.rows
+        gcfg.scratch = Path(args.scratch)
+        records = gpu.run(gcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "gpu-quick" if args.quick else "gpu"
+        md = gpu.markdown(records, command)
     else:
         from .bench import build
 
@@ -308,8 +327,13 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--repeat", type=int, default=20)
     lk.add_argument("--threads", type=int, default=0)
     lk.add_argument("--seed", type=int, default=0)
-    lk.add_argument("--tier", default="dram", choices=["dram", "ssd"],
-                    help="serve from DRAM (load the store) or read rows from SSD per batch")
+    lk.add_argument("--tier", default="dram", choices=["dram", "ssd", "auto"],
+                    help="serve from DRAM (load the store), read rows from SSD per batch, or "
+                         "DRAM if the store fits --dram-budget")
+    lk.add_argument("--dram-budget", type=parse_bytes,
+                    help="DRAM for the tiers in front of the SSD tier, e.g. 4GiB")
+    lk.add_argument("--cache-policy", default="lfu_pa", choices=["lru", "lfu", "lru_pa", "lfu_pa"])
+    lk.add_argument("--admission-probability", type=float, default=0.5)
     common(lk)
     lk.set_defaults(func=cmd_lookup)
 
@@ -347,7 +371,7 @@ def parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=cmd_trace)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "build"])
+    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "build", "gpu"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls; default rmc1,rmc2,rmc3)")
     be.add_argument("--rows", type=int, help="rows per table (sls)")

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _native
-from .errors import InvalidRequest
+from .errors import IndexOutOfRange, InvalidRequest
 from .pipeline import Lanes, Pending, split, stream
 from .units import parse_size
 
@@ -227,8 +227,32 @@ def _table_args(req: TableLookup) -> tuple[Any, ...]:
     )
 
 
+CachePolicy = Literal["lru", "lfu", "lru_pa", "lfu_pa"]
+
+
+def _placement_json(plan: Mapping[str, Mapping[str, Any]]) -> str:
+    """A placement (table → ``resident`` / ``hot_rows`` / ``cache_bytes``) as the engine reads
+    it; sizes may be strings such as ``"64MiB"``."""
+    out = {}
+    for table, p in plan.items():
+        unknown = set(p) - {"resident", "hot_rows", "cache_bytes"}
+        if unknown:
+            raise InvalidRequest(f"plan for table {table!r}: unknown keys {sorted(unknown)}",
+                                 table=table)
+        hot = np.asarray(p.get("hot_rows", ()), dtype=np.int64).ravel()
+        if hot.size and hot.min() < 0:
+            pos = int(np.argmax(hot < 0))
+            raise IndexOutOfRange(f"plan for table {table!r}: hot row {hot[pos]} at position "
+                                  f"{pos} is negative", table=table, position=pos)
+        out[table] = {"resident": bool(p.get("resident", False)),
+                      "hot_rows": hot.tolist(),
+                      "cache_bytes": parse_size(p.get("cache_bytes", 0))}
+    return json.dumps({"tables": out})
+
+
 class Store:
-    """An open store. Tables are resident in DRAM (the SSD tier arrives behind the same calls).
+    """An open store: tables resident in DRAM, or read from SSD with DRAM tiers in front (see
+    :func:`open`).
 
     Safe to share between threads; lookups release the GIL.
     """
@@ -237,12 +261,16 @@ class Store:
                  progress: bool | None = None, tier: Tier = "auto",
                  dram_budget: int | str | None = None, direct_io: bool = True,
                  io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
-                 merge: bool = True, io_rings: int = 2, pread_threads: int = 16):
-        budget = 0 if dram_budget is None else max(parse_size(dram_budget), 1)
+                 merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
+                 cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
+                 cache_ways: int = 16, plan: Mapping[str, Mapping[str, Any]] | None = None):
+        budget = None if dram_budget is None else parse_size(dram_budget)
         self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums,
                                            progress_enabled(progress), tier, budget, direct_io,
                                            io_queue_depth, merge_gap_bytes, dedup, merge,
-                                           io_rings, pread_threads)
+                                           io_rings, pread_threads, cache_policy,
+                                           float(admission_probability), cache_ways,
+                                           None if plan is None else _placement_json(plan))
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._lanes = Lanes(depth=4)
         self._tables = {t.name: t for t in self._info.tables}
@@ -345,6 +373,14 @@ class Store:
             at += d
         return PooledBatch(values, keys, dims, cols)
 
+    def tier_report(self) -> list[dict[str, Any]]:
+        """Per table, the DRAM tiers in front of the SSD tier: what they hold (``resident``,
+        ``hot_rows``, ``cache_rows``, ``bytes``), the lookups each tier served
+        (``lookups_resident`` / ``_hot`` / ``_cache`` / ``_ssd``) and the row cache's counters
+        (``cache_hits``, ``_misses``, ``_admissions``, ``_rejections``, ``_evictions``). Empty
+        for a DRAM-resident store."""
+        return [dict(r) for r in self._native.tier_report()]
+
     def read_rows(self, table: str, rows: Any) -> npt.NDArray[np.float32]:
         """The given rows of a table, decoded to float32: ``[len(rows), dim]``."""
         self.table(table)
@@ -380,7 +416,10 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
                progress: bool | None = None, tier: Tier = "auto",
                dram_budget: int | str | None = None, direct_io: bool = True,
                io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
-               merge: bool = True, io_rings: int = 2, pread_threads: int = 16) -> Store:
+               merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
+               cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
+               cache_ways: int = 16,
+               plan: Mapping[str, Mapping[str, Any]] | None = None) -> Store:
     """Opens the store at ``path`` and validates it.
 
     ``tier="auto"`` (the default) serves the store from DRAM when its tables fit
@@ -394,8 +433,21 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     ``merge_gap_bytes`` apart. ``direct_io=False`` reads through the page cache, and
     ``dedup=False`` / ``merge=False`` read every lookup's row on its own (all three for
     comparisons only).
+
+    On the SSD tier, DRAM tiers in front of the files share ``dram_budget`` (for
+    ``tier="auto"`` by default half of memory; for an explicit ``tier="ssd"`` none unless
+    given): tables small enough are kept whole, and the rest of the budget becomes a row cache
+    per table, in proportion to the tables' sizes. The caches are set-associative
+    (``cache_ways`` slots a set) with ``cache_policy`` ``"lru"``, ``"lfu"``, ``"lru_pa"`` or
+    ``"lfu_pa"`` (the ``_pa`` ones admit a miss into a full set with probability
+    ``admission_probability``). ``plan`` replaces that split: per table ``{"resident": bool,
+    "hot_rows": row ids to pin (RecSSD's static partition), "cache_bytes": size}``; with an
+    explicit ``dram_budget`` it must fit it. :meth:`Store.stats` and :meth:`Store.tier_report`
+    say what each tier served.
     """
     return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
                  tier=tier, dram_budget=dram_budget, direct_io=direct_io,
                  io_queue_depth=io_queue_depth, merge_gap_bytes=merge_gap_bytes, dedup=dedup,
-                 merge=merge, io_rings=io_rings, pread_threads=pread_threads)
+                 merge=merge, io_rings=io_rings, pread_threads=pread_threads,
+                 cache_policy=cache_policy, admission_probability=admission_probability,
+                 cache_ways=cache_ways, plan=plan)

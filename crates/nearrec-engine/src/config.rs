@@ -1,3 +1,5 @@
+use nearrec_cache::CacheConfig;
+use nearrec_plan::Placement;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
@@ -11,7 +13,7 @@ pub enum Tier {
     Dram,
     /// Rows read from the table files per batch, with direct I/O ([`crate::Engine`]'s SSD tier).
     Ssd,
-    /// DRAM when the tables fit `dram_budget_bytes`, else SSD.
+    /// DRAM when the tables fit `dram_budget_bytes`, else SSD with DRAM tiers in that budget.
     Auto,
 }
 
@@ -40,9 +42,16 @@ pub struct EngineConfig {
     pub task_lookups: usize,
     /// Where rows are served from.
     pub tier: Tier,
-    /// Bytes of DRAM the tables may take ([`Tier::Auto`] loads them only if they fit); 0 means
-    /// half of this machine's memory.
-    pub dram_budget_bytes: u64,
+    /// Bytes of DRAM the tables may take: [`Tier::Auto`] loads them only if they fit, and on the
+    /// SSD tier the DRAM tiers in front of it (whole tables, hot rows, row caches) share it.
+    /// `None`: half of this machine's memory for [`Tier::Auto`], no DRAM tiers for an explicit
+    /// [`Tier::Ssd`].
+    pub dram_budget_bytes: Option<u64>,
+    /// SSD tier: the row caches' policy, admission probability and set size.
+    pub cache: CacheConfig,
+    /// SSD tier: which tables are kept whole, which rows pinned, how much row cache each table
+    /// gets (the planner's output). `None`: [`Placement::by_size`] over the DRAM budget.
+    pub placement: Option<Placement>,
     /// SSD tier: bypass the page cache (`O_DIRECT`); off only for comparisons.
     pub direct_io: bool,
     /// SSD tier: reads in flight per io_uring ring.
@@ -72,7 +81,9 @@ impl Default for EngineConfig {
             inline_lookups: 4096,
             task_lookups: 8192,
             tier: Tier::Dram,
-            dram_budget_bytes: 0,
+            dram_budget_bytes: None,
+            cache: CacheConfig::default(),
+            placement: None,
             direct_io: true,
             io_queue_depth: 128,
             io_rings: 2,
@@ -130,6 +141,13 @@ impl EngineConfig {
                 self.threads
             )));
         }
+        let p = self.cache.admission_probability;
+        if !(0.0..=1.0).contains(&p) || self.cache.ways == 0 || self.cache.ways > 4096 {
+            return Err(EngineError::Config(format!(
+                "admission_probability = {p} must be in [0, 1] and cache ways = {} in 1..=4096",
+                self.cache.ways
+            )));
+        }
         if self.task_lookups == 0 {
             return Err(EngineError::Config(
                 "task_lookups must be at least 1".into(),
@@ -147,10 +165,19 @@ impl EngineConfig {
         }
     }
 
+    /// The bytes the DRAM tiers in front of the SSD tier may take (see `dram_budget_bytes`).
+    pub fn dram_tiers_budget(&self) -> u64 {
+        match (self.dram_budget_bytes, self.tier) {
+            (Some(b), _) => b,
+            (None, Tier::Ssd) => 0,
+            (None, _) => self.resolved_dram_budget(),
+        }
+    }
+
     /// The DRAM budget in bytes (half of physical memory when not set).
     pub fn resolved_dram_budget(&self) -> u64 {
-        if self.dram_budget_bytes > 0 {
-            return self.dram_budget_bytes;
+        if let Some(b) = self.dram_budget_bytes {
+            return b;
         }
         // SAFETY: sysconf has no preconditions.
         let (pages, page) = unsafe {

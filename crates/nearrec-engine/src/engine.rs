@@ -13,6 +13,7 @@ use crate::error::{EngineError, Result};
 use crate::request::{Bags, Checked, Indices, Request, TableRequest, check};
 use crate::ssd::{SsdJob, SsdTier};
 use crate::stats::IoStats;
+use crate::tiers::{self, TierReport};
 use nearrec_io::Workers;
 
 /// Serves pooled lookups from a store whose tables are resident in DRAM or read from SSD.
@@ -79,7 +80,9 @@ impl Engine {
             )));
         }
         let config = config.with_tier(Tier::Ssd);
-        let ssd = SsdTier::new(device, &config);
+        let budget = config.dram_tiers_budget();
+        let mut ssd = SsdTier::new(device, &config);
+        ssd.set_dram_tiers(tiers::place(reader, &config, budget, &ssd, None)?);
         let workers = Workers::new(config.resolved_threads());
         Ok(Self::assemble(
             reader,
@@ -100,6 +103,7 @@ impl Engine {
         config.validate()?;
         let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let tier = config.resolved_tier(total);
+        let budget = config.dram_tiers_budget();
         let config = config.with_tier(tier);
         let workers = Workers::new(config.resolved_threads());
         let (dram, ssd) = match config.tier {
@@ -118,7 +122,9 @@ impl Engine {
                     .iter()
                     .map(|t| reader.path().join(&t.file))
                     .collect();
-                (Vec::new(), Some(SsdTier::open(&paths, &config)?))
+                let mut ssd = SsdTier::open(&paths, &config)?;
+                ssd.set_dram_tiers(tiers::place(reader, &config, budget, &ssd, progress)?);
+                (Vec::new(), Some(ssd))
             }
         };
         Ok(Self::assemble(reader, config, workers, dram, ssd))
@@ -175,14 +181,29 @@ impl Engine {
             })
     }
 
-    /// Table `id`'s data region in DRAM, laid out as in the table file (`None` on the SSD tier).
+    /// Table `id`'s data region in DRAM, laid out as in the table file (`None` when it is read
+    /// from SSD).
     pub fn table_data(&self, id: usize) -> Option<&[u8]> {
-        self.dram.get(id).map(AlignedBuf::as_slice)
+        (id < self.tables.len())
+            .then(|| self.resident(id))
+            .flatten()
     }
 
     /// The SSD tier's counters and latency histograms (`None` when tables are in DRAM).
     pub fn io_stats(&self) -> Option<&IoStats> {
         self.ssd.as_ref().map(|s| &s.stats)
+    }
+
+    /// What each table's DRAM tiers in front of the SSD tier hold and served, in table order
+    /// (empty when the tables are resident in DRAM).
+    pub fn tier_report(&self) -> Vec<TierReport> {
+        self.ssd.as_ref().map_or_else(Vec::new, |s| {
+            s.dram_tiers()
+                .iter()
+                .zip(&self.tables)
+                .map(|(d, t)| d.report(&t.name))
+                .collect()
+        })
     }
 
     /// The SSD tier's block device: its kind (`"io_uring"`, `"pread"`), whether reads are
@@ -226,10 +247,30 @@ impl Engine {
         Ok(())
     }
 
+    /// Table `id`'s data region when it is whole in DRAM (the DRAM tier, or kept whole in front
+    /// of the SSD tier).
+    fn resident(&self, id: usize) -> Option<&[u8]> {
+        match &self.ssd {
+            None => Some(self.dram[id].as_slice()),
+            Some(ssd) => ssd
+                .dram_tiers()
+                .get(id)?
+                .resident
+                .as_ref()
+                .map(AlignedBuf::as_slice),
+        }
+    }
+
     fn view(&self, id: usize) -> TableView<'_> {
         let t = &self.tables[id];
-        TableView::new(self.dram[id].as_slice(), t.layout(), t.dtype, t.dim)
-            .expect("loaded table matches its layout")
+        TableView::new(
+            self.resident(id)
+                .expect("pooled from DRAM only when resident"),
+            t.layout(),
+            t.dtype,
+            t.dim,
+        )
+        .expect("loaded table matches its layout")
     }
 
     /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size.
@@ -281,10 +322,12 @@ impl Engine {
             return Ok(());
         }
         if let Some(ssd) = &self.ssd {
+            // tables kept whole in DRAM go through the DRAM path below; the rest read from SSD
             let jobs: Vec<SsdJob<'_>> = prepared
                 .tables
                 .iter()
                 .zip(&req.tables)
+                .filter(|((id, _, _), _)| self.resident(*id).is_none())
                 .map(|((id, col, checked), t)| SsdJob {
                     id: *id,
                     meta: &self.tables[*id],
@@ -293,11 +336,24 @@ impl Engine {
                     checked,
                 })
                 .collect();
-            return ssd.execute(&jobs, prepared.batch, prepared.width, out);
+            if !jobs.is_empty() {
+                ssd.execute(&jobs, prepared.batch, prepared.width, out)?;
+            }
         }
         // Tasks: runs of bags of one table, about `task_lookups` lookups each.
         let mut tasks = Vec::new();
-        for (k, (_, _, checked)) in prepared.tables.iter().enumerate() {
+        for (k, (id, _, checked)) in prepared.tables.iter().enumerate() {
+            if self.resident(*id).is_none() {
+                continue;
+            }
+            if let Some(ssd) = &self.ssd {
+                let (lo, hi) = (checked.bounds[0], checked.bounds[prepared.batch]);
+                let t = &req.tables[k];
+                let padding = checked.padding.map_or(0, |p| {
+                    (lo..hi).filter(|&i| t.indices.get(i) == p as i64).count()
+                });
+                ssd.count_resident(*id, (hi - lo - padding) as u64);
+            }
             let per_bag = (checked.bounds[prepared.batch] / prepared.batch).max(1);
             let step = (self.config.task_lookups / per_bag).clamp(1, prepared.batch);
             tasks.extend(
@@ -325,7 +381,7 @@ impl Engine {
         };
         if prepared.lookups <= self.config.inline_lookups
             || self.workers.threads() == 1
-            || tasks.len() == 1
+            || tasks.len() <= 1
         {
             tasks.iter().try_for_each(run)
         } else {

@@ -12,9 +12,11 @@ mod error;
 mod request;
 mod ssd;
 mod stats;
+mod tiers;
 
 pub use config::{EngineConfig, Tier};
 pub use engine::{Engine, Prepared};
 pub use error::{EngineError, Result};
 pub use request::{Bags, Indices, PoolingMode, Request, TableRequest};
 pub use stats::{Histogram, IoStats};
+pub use tiers::TierReport;

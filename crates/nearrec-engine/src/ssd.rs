@@ -3,6 +3,10 @@
 //! share or neighbour a block (EMB-SSD's I/O merging), all submitted together, and pooled into
 //! every bag that wants them the moment their read completes (RecSSD's per-page processing).
 //! Only the pooled `[batch, Σ dim]` output leaves; no per-lookup row tensor is built.
+//!
+//! In front of the files sit each table's DRAM tiers ([`DramTiers`]): the whole table, a pinned
+//! hot partition, a row cache. A batch's distinct rows are looked up there first and pooled at
+//! once; only the misses are planned and read, and every row read is offered to the cache.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -17,6 +21,7 @@ use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::request::{Checked, PoolingMode, TableRequest};
 use crate::stats::IoStats;
+use crate::tiers::DramTiers;
 
 /// Tables served from their files through a [`BlockDevice`] (file `i` is table `i`).
 #[derive(Debug)]
@@ -28,6 +33,8 @@ pub(crate) struct SsdTier {
     dedup: bool,
     /// Staging buffers, reused across batches.
     buffers: Mutex<Vec<AlignedBuf>>,
+    /// Per table (empty until [`SsdTier::place`]).
+    dram: Vec<DramTiers>,
     pub(crate) stats: IoStats,
 }
 
@@ -47,6 +54,8 @@ struct Routed {
     entries: Vec<(u64, usize)>,
     bag_of: Vec<usize>,
     counts: Vec<usize>,
+    /// `(first entry, run length)` of each distinct row the DRAM tiers did not hold.
+    misses: Vec<(usize, usize)>,
 }
 
 /// A batch's reads, where each distinct row lands, and which landings each read carries.
@@ -120,8 +129,68 @@ impl SsdTier {
             max_read: config.max_read_bytes,
             dedup: config.dedup,
             buffers: Mutex::new(Vec::new()),
+            dram: Vec::new(),
             stats: IoStats::default(),
         }
+    }
+
+    /// Installs each table's DRAM tiers (index = table id).
+    pub(crate) fn set_dram_tiers(&mut self, tiers: Vec<DramTiers>) {
+        self.dram = tiers;
+    }
+
+    pub(crate) fn dram_tiers(&self) -> &[DramTiers] {
+        &self.dram
+    }
+
+    /// Counts lookups of a table kept whole, which the engine pools on its DRAM path.
+    pub(crate) fn count_resident(&self, table: usize, lookups: u64) {
+        if let Some(t) = self.dram.get(table) {
+            IoStats::add(&t.served[0], lookups);
+        }
+    }
+
+    /// Reads rows `rows` (in range, any order) of table file `file` in their stored encoding into
+    /// `out` (`rows.len() × row_bytes`), a few thousand reads at a time.
+    pub(crate) fn read_raw(
+        &self,
+        file: usize,
+        meta: &TableMeta,
+        rows: &[u64],
+        out: &mut [u8],
+    ) -> Result<()> {
+        let block = self.device.block_size() as u64;
+        let (layout, rb) = (meta.layout(), meta.row_bytes as usize);
+        for (c, chunk) in rows.chunks(4096).enumerate() {
+            let mut reads = Vec::with_capacity(chunk.len());
+            let mut at = 0usize;
+            for &r in chunk {
+                let start = DATA_OFFSET + layout.row_offset(r);
+                let lo = start / block * block;
+                let len = ((start + rb as u64).div_ceil(block) * block - lo) as u32;
+                reads.push(ReadOp {
+                    file: file as u32,
+                    offset: lo,
+                    len,
+                    buf_at: at,
+                });
+                at += len as usize;
+            }
+            let mut buf = self.buffer(at);
+            let res =
+                self.device
+                    .read_batch(&reads, &mut buf.as_mut_slice()[..at], &mut |i, data| {
+                        let skip =
+                            (DATA_OFFSET + layout.row_offset(chunk[i]) - reads[i].offset) as usize;
+                        out[(c * 4096 + i) * rb..][..rb].copy_from_slice(&data[skip..][..rb]);
+                    });
+            self.buffers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(buf);
+            res?;
+        }
+        Ok(())
     }
 
     pub(crate) fn device(&self) -> &dyn BlockDevice {
@@ -137,19 +206,10 @@ impl SsdTier {
         out: &mut [f32],
     ) -> Result<()> {
         let start = Instant::now();
-        let routed = jobs
+        let mut routed = jobs
             .iter()
             .map(|j| route(j, batch))
             .collect::<Result<Vec<_>>>()?;
-        let Plan {
-            reads,
-            landings,
-            by_read,
-            total: bytes,
-        } = self.plan(jobs, &routed);
-        let route_done = Instant::now();
-        self.stats.route.record(route_done - start);
-
         for j in jobs {
             let init = if j.req.mode == PoolingMode::Max {
                 f32::NEG_INFINITY
@@ -160,9 +220,21 @@ impl SsdTier {
                 out[b * width + j.col..][..j.meta.dim as usize].fill(init);
             }
         }
-        let mut buf = self.buffer(bytes);
         let max_dim = jobs.iter().map(|j| j.meta.dim as usize).max().unwrap_or(0);
         let mut row = vec![0f32; max_dim];
+        for (job, r) in jobs.iter().zip(&mut routed) {
+            r.misses = self.serve_dram(job, r, &mut row, out, width);
+        }
+        let Plan {
+            reads,
+            landings,
+            by_read,
+            total: bytes,
+        } = self.plan(jobs, &routed);
+        let route_done = Instant::now();
+        self.stats.route.record(route_done - start);
+
+        let mut buf = self.buffer(bytes);
         let mut pooling = std::time::Duration::ZERO;
         let res =
             self.device
@@ -175,18 +247,9 @@ impl SsdTier {
                         let row = &mut row[..dim];
                         job.meta.dtype.decode_row(encoded, row);
                         let r = &routed[land.job];
-                        for &(_, pos) in &r.entries[land.entries.clone()] {
-                            let cell = &mut out[r.bag_of[pos] * width + job.col..][..dim];
-                            match (job.req.mode, job.req.per_sample_weights) {
-                                (PoolingMode::Max, _) => {
-                                    cell.iter_mut().zip(&*row).for_each(|(a, &v)| *a = a.max(v));
-                                }
-                                (_, Some(w)) => {
-                                    let w = w[pos];
-                                    cell.iter_mut().zip(&*row).for_each(|(a, &v)| *a += w * v);
-                                }
-                                (_, None) => cell.iter_mut().zip(&*row).for_each(|(a, &v)| *a += v),
-                            }
+                        pool_row(job, r, &r.entries[land.entries.clone()], row, out, width);
+                        if let Some(cache) = self.dram.get(job.id).and_then(|d| d.cache.as_ref()) {
+                            cache.offer(r.entries[land.entries.start].0, encoded);
                         }
                     }
                     pooling += t.elapsed();
@@ -227,7 +290,7 @@ impl SsdTier {
             let layout = job.meta.layout();
             // the open read, as (start, end) bytes of the file; its buffer offset is `plan.total`
             let mut open: Option<(u64, u64)> = None;
-            for (i, run) in runs(&r.entries, self.dedup) {
+            for &(i, run) in &r.misses {
                 let start = DATA_OFFSET + layout.row_offset(r.entries[i].0);
                 let lo = start / block * block;
                 let hi = (start + layout.row_bytes).div_ceil(block) * block;
@@ -273,10 +336,9 @@ impl SsdTier {
         let s = &self.stats;
         let (mut lookups, mut unique, mut useful) = (0u64, 0u64, 0u64);
         for (j, r) in jobs.iter().zip(routed) {
-            lookups += r.entries.len() as u64;
-            let distinct = runs(&r.entries, self.dedup).count() as u64;
-            unique += distinct;
-            useful += distinct * j.meta.row_bytes;
+            lookups += r.misses.iter().map(|m| m.1 as u64).sum::<u64>();
+            unique += r.misses.len() as u64;
+            useful += r.misses.len() as u64 * j.meta.row_bytes;
         }
         IoStats::add(&s.batches, 1);
         IoStats::add(&s.lookups, lookups);
@@ -287,6 +349,79 @@ impl SsdTier {
         IoStats::add(&s.reads_saved_dedup, lookups - unique); // 0 without dedup: rows = lookups
         IoStats::add(&s.reads_saved_merge, unique - reads.len() as u64);
         s.max_batch_reads.fetch_max(reads.len() as u64, Relaxed);
+    }
+}
+
+impl SsdTier {
+    /// Pools every distinct row of `r` that a DRAM tier of the job's table holds; returns the
+    /// runs left for the SSD.
+    fn serve_dram(
+        &self,
+        job: &SsdJob<'_>,
+        r: &Routed,
+        row: &mut [f32],
+        out: &mut [f32],
+        width: usize,
+    ) -> Vec<(usize, usize)> {
+        let all = runs(&r.entries, self.dedup);
+        let Some(tiers) = self.dram.get(job.id) else {
+            return all.collect();
+        };
+        if tiers.is_empty() {
+            IoStats::add(&tiers.served[3], r.entries.len() as u64);
+            return all.collect();
+        }
+        let (meta, row) = (job.meta, &mut row[..job.meta.dim as usize]);
+        let mut served = [0u64; 4];
+        let mut misses = Vec::new();
+        for (i, run) in all {
+            let id = r.entries[i].0;
+            let tier = if let Some(bytes) = tiers.hot.as_ref().and_then(|h| h.get(id)) {
+                meta.dtype.decode_row(bytes, row);
+                1
+            } else if tiers
+                .cache
+                .as_ref()
+                .and_then(|c| c.get(id, |bytes| meta.dtype.decode_row(bytes, row)))
+                .is_some()
+            {
+                2
+            } else {
+                misses.push((i, run));
+                served[3] += run as u64;
+                continue;
+            };
+            served[tier] += run as u64;
+            pool_row(job, r, &r.entries[i..i + run], row, out, width);
+        }
+        for (counter, n) in tiers.served.iter().zip(served) {
+            IoStats::add(counter, n);
+        }
+        misses
+    }
+}
+
+/// Adds a decoded row into the cells of the bags that want it (`entries`: its `(row, position)`
+/// entries).
+fn pool_row(
+    job: &SsdJob<'_>,
+    r: &Routed,
+    entries: &[(u64, usize)],
+    row: &[f32],
+    out: &mut [f32],
+    width: usize,
+) {
+    let dim = row.len();
+    for &(_, pos) in entries {
+        let cell = &mut out[r.bag_of[pos] * width + job.col..][..dim];
+        match (job.req.mode, job.req.per_sample_weights) {
+            (PoolingMode::Max, _) => cell.iter_mut().zip(row).for_each(|(a, &v)| *a = a.max(v)),
+            (_, Some(w)) => {
+                let w = w[pos];
+                cell.iter_mut().zip(row).for_each(|(a, &v)| *a += w * v);
+            }
+            (_, None) => cell.iter_mut().zip(row).for_each(|(a, &v)| *a += v),
+        }
     }
 }
 
@@ -323,5 +458,6 @@ fn route(job: &SsdJob<'_>, batch: usize) -> Result<Routed> {
         entries,
         bag_of,
         counts,
+        misses: Vec::new(),
     })
 }

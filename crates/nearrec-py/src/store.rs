@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
-use nearrec_engine::{Engine, EngineConfig, Request, Tier};
+use nearrec_cache::{CacheConfig, PolicyParseError};
+use nearrec_engine::{Engine, EngineConfig, Request, Tier, TierReport};
 use nearrec_format::{DType, StoreReader};
+use nearrec_plan::Placement;
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -23,7 +25,7 @@ pub(crate) struct NativeStore {
 #[pymethods]
 impl NativeStore {
     #[new]
-    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = 0, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true, io_rings = 2, pread_threads = 16))]
+    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = None, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true, io_rings = 2, pread_threads = 16, cache_policy = "lfu_pa", admission_probability = 0.5, cache_ways = 16, placement_json = None))]
     #[allow(clippy::too_many_arguments)] // mirrors nearrec.open's keyword arguments
     fn new(
         py: Python<'_>,
@@ -32,7 +34,7 @@ impl NativeStore {
         verify_checksums: bool,
         progress: bool,
         tier: &str,
-        dram_budget_bytes: u64,
+        dram_budget_bytes: Option<u64>,
         direct_io: bool,
         io_queue_depth: u32,
         merge_gap_bytes: u64,
@@ -40,7 +42,19 @@ impl NativeStore {
         merge: bool,
         io_rings: usize,
         pread_threads: usize,
+        cache_policy: &str,
+        admission_probability: f64,
+        cache_ways: usize,
+        placement_json: Option<&str>,
     ) -> PyResult<Self> {
+        let invalid = |msg: String| raise(py, "InvalidRequest", msg, None, None);
+        let policy = cache_policy
+            .parse()
+            .map_err(|e: PolicyParseError| invalid(e.to_string()))?;
+        let placement = placement_json
+            .map(serde_json::from_str::<Placement>)
+            .transpose()
+            .map_err(|e| invalid(format!("placement: {e}")))?;
         let tier = match tier {
             "dram" => Tier::Dram,
             "ssd" => Tier::Ssd,
@@ -65,6 +79,13 @@ impl NativeStore {
             merge,
             io_rings,
             pread_threads,
+            cache: CacheConfig {
+                policy,
+                admission_probability,
+                ways: cache_ways,
+                ..CacheConfig::default()
+            },
+            placement,
             ..EngineConfig::default()
         }
         .with_threads(threads)
@@ -125,7 +146,55 @@ impl NativeStore {
                 .into_iter()
                 .map(|(k, v)| (k, PyStat::Number(v))),
         );
+        let reports = self.engine.tier_report();
+        let sum = |f: fn(&TierReport) -> u64| reports.iter().map(f).sum::<u64>() as f64;
+        let lookups = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache + r.lookups_ssd);
+        let dram = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache);
+        for (k, v) in [
+            ("dram_tier_bytes", sum(|r| r.bytes)),
+            ("lookups_resident", sum(|r| r.lookups_resident)),
+            ("lookups_hot", sum(|r| r.lookups_hot)),
+            ("lookups_cache", sum(|r| r.lookups_cache)),
+            ("lookups_ssd", sum(|r| r.lookups_ssd)),
+            (
+                "dram_hit_ratio",
+                if lookups > 0.0 { dram / lookups } else { 0.0 },
+            ),
+            ("cache_admissions", sum(|r| r.cache.admissions)),
+            ("cache_rejections", sum(|r| r.cache.rejections)),
+            ("cache_evictions", sum(|r| r.cache.evictions)),
+        ] {
+            out.push((k.into(), PyStat::Number(v)));
+        }
         out
+    }
+
+    /// Per table: what its DRAM tiers hold (`resident`, `hot_rows`, `cache_rows`, `bytes`) and
+    /// the lookups each tier served, with the row cache's counters; `[]` for DRAM-resident stores.
+    fn tier_report(&self) -> Vec<Vec<(&'static str, PyStat)>> {
+        self.engine
+            .tier_report()
+            .into_iter()
+            .map(|r| {
+                let n = |v: u64| PyStat::Number(v as f64);
+                vec![
+                    ("table", PyStat::Owned(r.table)),
+                    ("resident", PyStat::Flag(r.resident)),
+                    ("hot_rows", n(r.hot_rows)),
+                    ("cache_rows", n(r.cache_rows)),
+                    ("bytes", n(r.bytes)),
+                    ("lookups_resident", n(r.lookups_resident)),
+                    ("lookups_hot", n(r.lookups_hot)),
+                    ("lookups_cache", n(r.lookups_cache)),
+                    ("lookups_ssd", n(r.lookups_ssd)),
+                    ("cache_hits", n(r.cache.hits)),
+                    ("cache_misses", n(r.cache.misses)),
+                    ("cache_admissions", n(r.cache.admissions)),
+                    ("cache_rejections", n(r.cache.rejections)),
+                    ("cache_evictions", n(r.cache.evictions)),
+                ]
+            })
+            .collect()
     }
 
     /// The manifest as JSON (tables, creation parameters).
@@ -239,6 +308,7 @@ impl NativeStore {
 #[derive(IntoPyObject)]
 pub(crate) enum PyStat {
     Text(&'static str),
+    Owned(String),
     Flag(bool),
     Number(f64),
 }

@@ -1,0 +1,317 @@
+//! The DRAM tiers in front of the SSD tier give the DRAM-resident path's results (within fp32
+//! rounding) in every placement, policy and pooling mode, also under concurrent readers; their
+//! counters add up; bad placements are typed errors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use nearrec_cache::{CacheConfig, Policy};
+use nearrec_engine::{
+    Bags, Engine, EngineConfig, EngineError, Indices, PoolingMode, Request, TableRequest, Tier,
+};
+use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
+use nearrec_plan::{Placement, TablePlacement};
+
+const ROWS: u64 = 3000;
+const TABLES: [(&str, u32, DType); 3] = [
+    ("a", 16, DType::Fp32),
+    ("b", 8, DType::Fp16),
+    ("c", 12, DType::Int8),
+];
+
+fn store(dir: &Path) -> PathBuf {
+    let path = dir.join("store");
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    for (t, &(name, dim, dtype)) in TABLES.iter().enumerate() {
+        let mut table = w.table(TableSpec::new(name, ROWS, dim, dtype)).unwrap();
+        let values: Vec<f32> = (0..ROWS * u64::from(dim))
+            .map(|i| ((i * 7919 + t as u64) % 1013) as f32 * 0.003 - 1.5)
+            .collect();
+        table.write_f32(&values).unwrap();
+        w.finish_table(table).unwrap();
+    }
+    w.commit().unwrap();
+    path
+}
+
+/// One batch: skewed indices (so caches hit), variable bags, weights / mean / max / padding.
+struct Batch {
+    indices: Vec<i64>,
+    offsets: Vec<i64>,
+    weights: Vec<f32>,
+}
+
+fn batch(seed: u64, bags: usize) -> Batch {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut indices, mut offsets) = (Vec::new(), Vec::new());
+    for _ in 0..bags {
+        offsets.push(indices.len() as i64);
+        for _ in 0..next() % 9 {
+            // half the lookups on 40 hot rows, the rest anywhere
+            let r = if next() % 2 == 0 {
+                next() % 40 * 71
+            } else {
+                next() % ROWS
+            };
+            indices.push(r as i64);
+        }
+    }
+    let weights = (0..indices.len()).map(|i| 0.25 + (i % 5) as f32).collect();
+    Batch {
+        indices,
+        offsets,
+        weights,
+    }
+}
+
+fn run(engine: &Engine, b: &Batch) -> Vec<f32> {
+    let tables = TABLES
+        .iter()
+        .enumerate()
+        .map(|(t, &(name, _, _))| {
+            let req = TableRequest::new(
+                name,
+                Indices::I64(&b.indices),
+                Bags::Offsets {
+                    offsets: Indices::I64(&b.offsets),
+                    include_last_offset: false,
+                },
+            );
+            match t {
+                0 => req.with_weights(&b.weights),
+                1 => req.with_mode(PoolingMode::Mean).with_padding_idx(0),
+                _ => req.with_mode(PoolingMode::Max),
+            }
+        })
+        .collect();
+    engine.lookup(&Request::new(tables)).unwrap().1
+}
+
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "{what}: cell {k}: {g} vs {w}"
+        );
+    }
+}
+
+fn ssd(placement: Placement, policy: Policy) -> EngineConfig {
+    EngineConfig {
+        tier: Tier::Ssd,
+        placement: Some(placement),
+        cache: CacheConfig {
+            policy,
+            ways: 4,
+            ..CacheConfig::default()
+        },
+        ..EngineConfig::default()
+    }
+}
+
+fn placement(entries: &[(&str, TablePlacement)]) -> Placement {
+    Placement {
+        tables: entries
+            .iter()
+            .map(|(n, p)| ((*n).to_owned(), p.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+fn cache(bytes: u64) -> TablePlacement {
+    TablePlacement {
+        cache_bytes: bytes,
+        ..TablePlacement::default()
+    }
+}
+
+fn hot(rows: impl Iterator<Item = u64>, cache_bytes: u64) -> TablePlacement {
+    TablePlacement {
+        hot_rows: rows.collect(),
+        cache_bytes,
+        ..TablePlacement::default()
+    }
+}
+
+fn resident() -> TablePlacement {
+    TablePlacement {
+        resident: true,
+        ..TablePlacement::default()
+    }
+}
+
+#[test]
+fn every_placement_and_policy_matches_the_dram_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader = StoreReader::open(store(dir.path())).unwrap();
+    let dram = Engine::from_reader(&reader, EngineConfig::default(), None).unwrap();
+    let batches: Vec<Batch> = (0..6).map(|s| batch(s + 1, 64)).collect();
+    let want: Vec<Vec<f32>> = batches.iter().map(|b| run(&dram, b)).collect();
+    let layouts = [
+        (
+            "caches",
+            placement(&[("a", cache(4096)), ("b", cache(2048)), ("c", cache(8192))]),
+        ),
+        (
+            "hot",
+            placement(&[
+                ("a", hot((0..40).map(|i| i * 71), 0)),
+                ("b", hot((0..20).map(|i| i * 71), 1024)),
+                ("c", hot([5, 2999].into_iter(), 0)),
+            ]),
+        ),
+        (
+            "mixed",
+            placement(&[("a", resident()), ("b", hot((0..40).map(|i| i * 71), 4096))]),
+        ),
+        (
+            "resident",
+            placement(&[("a", resident()), ("b", resident()), ("c", resident())]),
+        ),
+    ];
+    for (name, p) in &layouts {
+        for policy in Policy::ALL {
+            let engine = Engine::from_reader(&reader, ssd(p.clone(), policy), None).unwrap();
+            for (i, (b, w)) in batches.iter().zip(&want).enumerate() {
+                assert_close(&run(&engine, b), w, &format!("{name} {policy} batch {i}"));
+            }
+            let lookups: u64 = batches.iter().map(|b| b.indices.len() as u64).sum();
+            let padding: u64 = batches
+                .iter()
+                .map(|b| b.indices.iter().filter(|&&i| i == 0).count() as u64)
+                .sum();
+            let report = engine.tier_report();
+            for r in &report {
+                let served = r.lookups_resident + r.lookups_hot + r.lookups_cache + r.lookups_ssd;
+                let want = if r.table == "b" {
+                    lookups - padding
+                } else {
+                    lookups
+                };
+                assert_eq!(served, want, "{name} {policy}: table {}", r.table);
+                assert_eq!(r.cache.hits, r.cache.hits.min(r.lookups_cache));
+            }
+            let by = |t: &str| report.iter().find(|r| r.table == t).unwrap();
+            match *name {
+                "caches" => assert!(by("a").lookups_cache > 0, "{policy}: the cache hits"),
+                "hot" => assert!(by("a").lookups_hot > 0 && by("c").hot_rows == 2),
+                "mixed" => assert!(by("a").resident && by("a").lookups_ssd == 0),
+                _ => assert!(report.iter().all(|r| r.lookups_ssd == 0)),
+            }
+            if *name == "resident" {
+                assert_eq!(
+                    engine
+                        .io_stats()
+                        .unwrap()
+                        .device_reads
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    0
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn concurrent_readers_share_the_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader = StoreReader::open(store(dir.path())).unwrap();
+    let dram = Engine::from_reader(&reader, EngineConfig::default(), None).unwrap();
+    let p = placement(&[
+        ("a", cache(4096)),
+        ("b", hot((0..10).map(|i| i * 71), 2048)),
+        ("c", cache(1024)),
+    ]);
+    let engine = Engine::from_reader(&reader, ssd(p, Policy::LfuPa), None).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (engine, dram) = (&engine, &dram);
+            s.spawn(move || {
+                for i in 0..8 {
+                    let b = batch(100 * t + i, 32);
+                    assert_close(
+                        &run(engine, &b),
+                        &run(dram, &b),
+                        &format!("thread {t} batch {i}"),
+                    );
+                }
+            });
+        }
+    });
+    let a = &engine.tier_report()[0];
+    assert!(a.cache.hits > 0 && a.cache.admissions > 0);
+}
+
+#[test]
+fn default_placement_fills_the_budget_and_bad_placements_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader = StoreReader::open(store(dir.path())).unwrap();
+    let bytes: Vec<u64> = reader.tables().iter().map(|t| t.data_bytes).collect();
+    // a budget that keeps the smallest table whole (it fits a third) and caches the rest
+    let budget = bytes.iter().min().unwrap() * 3 + 1;
+    let engine = Engine::from_reader(
+        &reader,
+        EngineConfig {
+            tier: Tier::Ssd,
+            dram_budget_bytes: Some(budget),
+            ..EngineConfig::default()
+        },
+        None,
+    )
+    .unwrap();
+    let report = engine.tier_report();
+    assert_eq!(report.iter().filter(|r| r.resident).count(), 1);
+    assert!(
+        report
+            .iter()
+            .filter(|r| !r.resident)
+            .all(|r| r.cache_rows > 0)
+    );
+    assert!(report.iter().map(|r| r.bytes).sum::<u64>() <= budget);
+    // explicit tier = ssd without a budget: no DRAM tiers
+    let plain =
+        Engine::from_reader(&reader, EngineConfig::default().with_tier(Tier::Ssd), None).unwrap();
+    assert!(plain.tier_report().iter().all(|r| r.bytes == 0));
+
+    let open = |p: Placement, budget: Option<u64>| {
+        Engine::from_reader(
+            &reader,
+            EngineConfig {
+                dram_budget_bytes: budget,
+                ..ssd(p, Policy::Lru)
+            },
+            None,
+        )
+    };
+    assert!(matches!(
+        open(placement(&[("zz", cache(10))]), None),
+        Err(EngineError::UnknownTable { name, .. }) if name == "zz"
+    ));
+    assert!(matches!(
+        open(placement(&[("b", hot([1, 3000].into_iter(), 0))]), None),
+        Err(EngineError::IndexOutOfRange { table, position: 1, value: 3000, .. }) if table == "b"
+    ));
+    assert!(matches!(
+        open(placement(&[("b", hot([4, 4].into_iter(), 0))]), None),
+        Err(EngineError::InvalidRequest { table, .. }) if table == "b"
+    ));
+    assert!(matches!(
+        open(placement(&[("a", resident())]), Some(100)),
+        Err(EngineError::Config(msg)) if msg.contains("more than dram_budget")
+    ));
+    let bad_p = EngineConfig {
+        cache: CacheConfig {
+            admission_probability: 1.5,
+            ..CacheConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    assert!(matches!(bad_p.validate(), Err(EngineError::Config(_))));
+}
