@@ -17,7 +17,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 $(VENV)/.deps: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy $(TORCH)
+	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy matplotlib $(TORCH)
 	$(PIP) install -q $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions
 	$(PIP) install -q --no-deps $(TORCHREC)
 	touch $@

@@ -224,6 +224,24 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import make_plan
+
+    plan = make_plan(args.store, args.trace, args.budget)
+    out = plan.save(args.out)
+    png = plan.plot(args.plot) if args.plot else None
+    data = {"plan": str(out), "plot": str(png) if png else None, "bytes": plan.bytes,
+            "budget_bytes": plan.budget, "expected_hit_ratio": plan.expected_hit_ratio,
+            "tables": [{"table": t.table, "type": t.kind, "resident": t.resident,
+                        "hot_rows": len(t.hot_rows), "cache_bytes": t.cache_bytes,
+                        "bytes": t.bytes, "expected_hit_ratio": t.expected_hit_ratio,
+                        "working_set": t.working_set, "locality": t.locality}
+                       for t in plan.tables.values()]}
+    _emit(args, data, plan.text() + f"\nwrote {out}" + (f" and {png}" if png else "")
+          + f"\napply it: nearrec.open({str(args.store)!r}, plan={str(out)!r})")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import report
 
@@ -369,6 +387,15 @@ def parser() -> argparse.ArgumentParser:
         common(tp)
     common(tg)
     tr.set_defaults(func=cmd_trace)
+
+    pl = sub.add_parser("plan", help="place a store's rows in a DRAM budget from a trace")
+    pl.add_argument("store")
+    pl.add_argument("trace", help="a .nrtrace file (nearrec trace gen)")
+    pl.add_argument("--budget", type=parse_bytes, required=True, help="DRAM bytes, e.g. 4GiB")
+    pl.add_argument("--out", default="plan.toml", help="the plan file to write")
+    pl.add_argument("--plot", help="also save the hit-ratio curves here (PNG)")
+    common(pl)
+    pl.set_defaults(func=cmd_plan)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "build", "gpu"])

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +16,9 @@ from . import _native
 from .errors import IndexOutOfRange, InvalidRequest
 from .pipeline import Lanes, Pending, split, stream
 from .units import parse_size
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 PoolingModeName = Literal["sum", "mean", "max"]
 Tier = Literal["auto", "dram", "ssd"]
@@ -228,6 +231,8 @@ def _table_args(req: TableLookup) -> tuple[Any, ...]:
 
 
 CachePolicy = Literal["lru", "lfu", "lru_pa", "lfu_pa"]
+#: a plan file, a :class:`nearrec.plan.Plan`, or table → {resident, hot_rows, cache_bytes}
+PlanLike = Union[str, Path, "Plan", Mapping[str, Mapping[str, Any]]]
 
 
 def _placement_json(plan: Mapping[str, Mapping[str, Any]]) -> str:
@@ -263,8 +268,12 @@ class Store:
                  io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
                  merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
                  cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
-                 cache_ways: int = 16, plan: Mapping[str, Mapping[str, Any]] | None = None):
+                 cache_ways: int = 16, plan: PlanLike | None = None):
         budget = None if dram_budget is None else parse_size(dram_budget)
+        if plan is not None:
+            from .plan import as_placement
+
+            plan = as_placement(plan)
         self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums,
                                            progress_enabled(progress), tier, budget, direct_io,
                                            io_queue_depth, merge_gap_bytes, dedup, merge,
@@ -418,8 +427,7 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
                io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
                merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
                cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
-               cache_ways: int = 16,
-               plan: Mapping[str, Mapping[str, Any]] | None = None) -> Store:
+               cache_ways: int = 16, plan: PlanLike | None = None) -> Store:
     """Opens the store at ``path`` and validates it.
 
     ``tier="auto"`` (the default) serves the store from DRAM when its tables fit
@@ -440,9 +448,10 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     per table, in proportion to the tables' sizes. The caches are set-associative
     (``cache_ways`` slots a set) with ``cache_policy`` ``"lru"``, ``"lfu"``, ``"lru_pa"`` or
     ``"lfu_pa"`` (the ``_pa`` ones admit a miss into a full set with probability
-    ``admission_probability``). ``plan`` replaces that split: per table ``{"resident": bool,
-    "hot_rows": row ids to pin (RecSSD's static partition), "cache_bytes": size}``; with an
-    explicit ``dram_budget`` it must fit it. :meth:`Store.stats` and :meth:`Store.tier_report`
+    ``admission_probability``). ``plan`` replaces that split: a plan file written by
+    ``nearrec plan`` (:mod:`nearrec.plan`), or per table ``{"resident": bool, "hot_rows": row ids
+    to pin (RecSSD's static partition), "cache_bytes": size}``; with an explicit
+    ``dram_budget`` it must fit it. :meth:`Store.stats` and :meth:`Store.tier_report`
     say what each tier served.
     """
     return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
