@@ -110,3 +110,21 @@ def test_bad_plans_and_settings_are_typed_errors(store):
         nearrec.open(path, tier="ssd", plan={"mid": {"hot": [3]}})
     with pytest.raises(nearrec.InvalidRequest, match="more than dram_budget"):
         nearrec.open(path, tier="ssd", dram_budget="1KiB", plan={"big": {"resident": True}})
+
+
+def test_cache_study_matches_exact_lru_and_the_ssds_baseline_pools_right(store):
+    t = nt.zipf(2_000, 300, 10, alpha=1.0, seed=5)
+    for cap in (8, 64):
+        # one set as wide as the cache: exactly an LRU cache of `cap` rows
+        hits, misses, *_ = nearrec._native.cache_simulate(np.asarray(t.indices), cap, "lru",
+                                                           ways=cap)
+        assert hits + misses == len(t.indices)
+        assert hits / len(t.indices) == pytest.approx(t.profile().lru_hit_ratio(cap))
+    path, weights = store
+    mapped = nearrec._native.MappedStore(str(path), True)
+    ids = {n: i for i, n in enumerate(weights)}
+    tr = trace(40)
+    got = mapped.pool([(ids[r.table], np.asarray(r.indices), np.append(r.offsets, len(r.indices)))
+                       for r in tr.batch(0, 40)])
+    want = nearrec.open(path, tier="dram").lookup_many(tr.batch(0, 40)).values
+    np.testing.assert_allclose(got, want, rtol=1e-6)

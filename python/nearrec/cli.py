@@ -260,6 +260,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = sls.run(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "sls-quick" if args.quick else "sls"
         md = report.sls_markdown(records, command)
+    elif args.what == "cache":
+        from .bench import cache
+
+        ccfg = cache.CacheBenchConfig.quick() if args.quick else cache.CacheBenchConfig()
+        if args.models:
+            ccfg.models = tuple(args.models.split(","))
+        if args.table_bytes:
+            ccfg.table_bytes = args.table_bytes
+        ccfg.scratch = Path(args.scratch)
+        records = cache.run(ccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "cache-quick" if args.quick else "cache"
+        md = cache.markdown(records, command)
     elif args.what in ("ssd", "ssd-tuning"):
         from .bench import ssd
 
@@ -398,12 +410,12 @@ def parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plan)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "build", "gpu"])
+    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "build", "gpu"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
-    be.add_argument("--models", help="comma-separated models (sls; default rmc1,rmc2,rmc3)")
+    be.add_argument("--models", help="comma-separated models (sls, cache; default rmc1,rmc2,rmc3)")
     be.add_argument("--rows", type=int, help="rows per table (sls)")
     be.add_argument("--table-bytes", type=parse_bytes,
-                    help="bytes to write (build) / table bytes of the store (ssd)")
+                    help="bytes to write (build) / table bytes of the store (ssd, cache)")
     be.add_argument("--out", default="bench/results")
     be.add_argument("--scratch", default="bench/scratch", help="where stores are built")
     common(be)

@@ -3,10 +3,12 @@
 //! the naive baselines that are not another project's code.
 
 mod disk;
+mod mapped;
 mod memory;
 mod naive;
 
 pub use disk::{random_read, sequential_write};
+pub use mapped::{MappedBags, MappedStore};
 pub use memory::{gather_rows, stream_read};
 pub use naive::pread_sls;
 

@@ -1,6 +1,7 @@
 //! `nearrec._native`: the private extension module. Each file binds one core concept; the typed
 //! public API lives in the pure-Python package `nearrec` above it.
 
+mod cache;
 mod error;
 mod limits;
 mod lookup;
@@ -17,6 +18,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", nearrec_format::FORMAT_VERSION)?;
     m.add_class::<store::NativeStore>()?;
     m.add_class::<writer::NativeStoreWriter>()?;
+    m.add_class::<limits::MappedStore>()?;
+    m.add_function(wrap_pyfunction!(cache::cache_simulate, m)?)?;
     m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(writer::table_layout, m)?)?;

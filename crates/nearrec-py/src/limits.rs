@@ -92,3 +92,51 @@ pub(crate) fn naive_sls<'py>(
     let (batch, width) = width_batch(&out);
     PyArray1::from_vec(py, out).reshape([batch, width])
 }
+
+/// RM-SSD's SSD-S baseline over a store: tables mapped, rows faulted in through the page cache,
+/// pooled on the host (`nearrec_bench::MappedStore`).
+#[pyclass(module = "nearrec._native", frozen)]
+pub(crate) struct MappedStore {
+    inner: nearrec_bench::MappedStore,
+}
+
+#[pymethods]
+impl MappedStore {
+    #[new]
+    #[pyo3(signature = (path, random = true))]
+    fn new(py: Python<'_>, path: PathBuf, random: bool) -> PyResult<Self> {
+        let inner = py.detach(|| nearrec_bench::MappedStore::open(&path, random))?;
+        Ok(Self { inner })
+    }
+
+    /// Sum-pools `[(table id, indices, offsets of batch + 1)]` into `[batch, Σ dim]`.
+    fn pool<'py>(
+        &self,
+        py: Python<'py>,
+        requests: Vec<(
+            usize,
+            PyReadonlyArray1<'py, i64>,
+            PyReadonlyArray1<'py, i64>,
+        )>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let bounds: Vec<Vec<usize>> = requests
+            .iter()
+            .map(|(_, _, o)| Ok(o.as_slice()?.iter().map(|&v| v.max(0) as usize).collect()))
+            .collect::<PyResult<_>>()?;
+        let batch = bounds.first().map_or(0, |b| b.len().saturating_sub(1));
+        let bags = requests
+            .iter()
+            .zip(&bounds)
+            .map(|((t, i, _), b)| {
+                Ok(nearrec_bench::MappedBags {
+                    table: *t,
+                    indices: i.as_slice()?,
+                    bounds: b,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let out = py.detach(|| self.inner.pool(&bags, batch))?;
+        let width = out.len() / batch.max(1);
+        PyArray1::from_vec(py, out).reshape([batch, width])
+    }
+}
