@@ -39,24 +39,30 @@ impl Placement {
         order.sort_by_key(|t| t.bytes);
         let mut left = budget;
         let mut out = Placement::default();
-        let mut rest = Vec::new();
-        for (i, t) in order.iter().enumerate() {
-            let share = left / (order.len() - i) as u64;
-            if t.bytes <= share {
-                left -= t.bytes;
-                out.tables.insert(
-                    t.name.to_owned(),
-                    TablePlacement {
-                        resident: true,
-                        ..TablePlacement::default()
-                    },
-                );
-            } else {
-                rest.push(*t);
-            }
+        // smallest first: a table that does not fit its share leaves every larger one out too
+        let kept = order
+            .iter()
+            .enumerate()
+            .take_while(|&(i, t)| {
+                let fits = t.bytes <= left / (order.len() - i) as u64;
+                if fits {
+                    left -= t.bytes;
+                }
+                fits
+            })
+            .count();
+        for t in &order[..kept] {
+            out.tables.insert(
+                t.name.to_owned(),
+                TablePlacement {
+                    resident: true,
+                    ..TablePlacement::default()
+                },
+            );
         }
+        let rest = &order[kept..];
         let rest_bytes: u64 = rest.iter().map(|t| t.bytes).sum();
-        for t in rest {
+        for t in rest.iter() {
             let cache_bytes =
                 (u128::from(left) * u128::from(t.bytes) / u128::from(rest_bytes.max(1))) as u64;
             out.tables.insert(
@@ -88,6 +94,14 @@ mod tests {
         // everything fits: everything resident
         let all = Placement::by_size(&[t("a", 10), t("b", 20)], 30);
         assert!(all.tables.values().all(|p| p.resident));
+        // equal tables none of which fits its share: all caches, the budget split evenly
+        let equal = Placement::by_size(&[t("a", 100), t("b", 100), t("c", 100), t("d", 100)], 200);
+        assert!(
+            equal
+                .tables
+                .values()
+                .all(|p| !p.resident && p.cache_bytes == 50)
+        );
         // no budget: no tiers
         let none = Placement::by_size(&[t("a", 10)], 0);
         assert_eq!(none.tables["a"], TablePlacement::default());

@@ -73,9 +73,9 @@ class CacheBenchConfig:
     bags: dict[str, int] = field(default_factory=lambda: {"rmc1": 4_000, "rmc2": 2_000,
                                                           "rmc3": 8_000})
     #: samples served untimed before timing (the planner sees only these)
-    warm_share: float = 0.2
+    warm_share: float = 0.15
     #: most seconds a system spends on a cell's timed part (it may run out of requests first)
-    seconds: float = 1.5
+    seconds: float = 1.0
     limit_reads: int = 200_000
     seed: int = 0
     scratch: Path = Path("bench/scratch")
