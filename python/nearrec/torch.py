@@ -159,11 +159,21 @@ class EmbeddingBagCollection(nn.Module):
     call and returns a :class:`KeyedTensor` whose ``values()`` is the ``[batch, Σ dim]`` tensor.
     Keys of ``features`` that no table uses are ignored (a KJT may feed several collections);
     a table whose feature is missing is an error.
+
+    ``device="cuda"`` (or any ``hbm_budget``) turns on the GPU tier (:mod:`nearrec.gpu`): each
+    table's hot rows are cached in ``hbm_budget`` bytes of GPU memory (``"8GiB"`` by default,
+    split between tables by size), ``cache_policy`` ``"lru"``, ``"lfu"``, ``"lru_pa"`` or
+    ``"lfu_pa"`` with ``admission_probability`` for the ``_pa`` ones; misses come from the
+    store; the output is on ``device``. Pooling ``"sum"`` / ``"mean"`` only. On a CPU
+    ``device`` the tier runs its reference path (for tests). Without either, nothing changes.
     """
 
     def __init__(self, store: Store, tables: Sequence[str] | None = None,
                  pooling: PoolingModeName | Mapping[str, PoolingModeName] = "sum",
-                 feature_names: Mapping[str, str] | None = None):
+                 feature_names: Mapping[str, str] | None = None,
+                 device: torch.device | str | None = None,
+                 hbm_budget: int | str | None = None, cache_policy: str = "lfu_pa",
+                 admission_probability: float = 0.5):
         super().__init__()
         self.store = store
         self.tables = list(tables) if tables is not None else list(store.tables)
@@ -178,6 +188,21 @@ class EmbeddingBagCollection(nn.Module):
         if missing:
             raise InvalidRequest(f"feature_names maps no feature to tables {missing}")
         self.dims = [store.table(t).dim for t in self.tables]
+        self.gpu_tier: Any = None
+        if hbm_budget is not None or (device is not None and torch.device(device).type == "cuda"):
+            # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
+            from .gpu import GpuCacheConfig, GpuTier
+
+            if device is None:
+                raise InvalidRequest("hbm_budget needs a device (e.g. device='cuda')")
+            bad = [t for t, m in self.pooling.items() if m not in ("sum", "mean")]
+            if bad:
+                raise InvalidRequest(f"the GPU tier pools with 'sum' or 'mean'; tables {bad} "
+                                     "use 'max'", table=bad[0])
+            config = GpuCacheConfig(hbm_budget="8GiB" if hbm_budget is None else hbm_budget,
+                                    policy=cache_policy,
+                                    admission_probability=admission_probability)
+            self.gpu_tier = GpuTier(store, self.tables, config, device=device)
 
     def forward(self, features: Any) -> KeyedTensor:
         keys = list(features.keys())
@@ -196,6 +221,8 @@ class EmbeddingBagCollection(nn.Module):
             raise InvalidRequest(f"lengths add up to {bounds[-1]} but there are {len(values)} "
                                  "values")
         position = {k: i for i, k in enumerate(keys)}
+        if self.gpu_tier is not None:
+            return self._forward_gpu(values, lengths, weights, batch, bounds, position)
         reqs = []
         for table in self.tables:
             feat = self._feature_of[table]
@@ -214,6 +241,21 @@ class EmbeddingBagCollection(nn.Module):
         if device.type != "cpu":
             out = out.to(device)
         return KeyedTensor(self.tables, self.dims, out)
+
+    def _forward_gpu(self, values: Any, lengths: Any, weights: Any, batch: int, bounds: Any,
+                     position: dict[str, int]) -> KeyedTensor:
+        reqs = []
+        for table in self.tables:
+            feat = self._feature_of[table]
+            if feat not in position:
+                raise InvalidRequest(f"features have no key {feat!r} for table {table!r}",
+                                     table=table)
+            k = position[feat]
+            lo, hi = int(bounds[k * batch]), int(bounds[(k + 1) * batch])
+            offsets = bounds[k * batch:(k + 1) * batch] - lo
+            reqs.append((table, values[lo:hi], offsets,
+                         None if weights is None else weights[lo:hi], self.pooling[table]))
+        return KeyedTensor(self.tables, self.dims, self.gpu_tier.pool_concat(reqs))
 
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedJaggedTensor", "KeyedTensor"]
