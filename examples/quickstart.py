@@ -37,6 +37,20 @@ with tempfile.TemporaryDirectory() as tmp:
     print("ssd", pending.result().values.shape, {k: ssd.stats()[k] for k in
                                                   ("device", "device_reads", "bytes_read")})
 
+    # A trace, a plan for a small DRAM budget from it, and the store served behind that plan:
+    # pinned hot rows and row caches in front of the SSD tier, same answers.
+    import nearrec.plan as nplan
+    import nearrec.trace as nt
+
+    trace = nt.generate(store, bags=2_000, pooling=20, generator=nt.Generator.zipf(1.05))
+    plan = nplan.make_plan(store.info, trace, budget="256KiB")
+    cached = nearrec.open(Path(tmp) / "store", tier="ssd", dram_budget="256KiB", plan=plan)
+    for requests in trace.batches(64):
+        assert np.allclose(cached.lookup_many(requests).values,
+                           store.lookup_many(requests).values, atol=1e-5)
+    print(plan.text().splitlines()[0], "| served from DRAM:",
+          f"{100 * cached.stats()['dram_hit_ratio']:.0f} %")
+
     try:
         import torch
 

@@ -269,6 +269,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.table_bytes:
             ccfg.table_bytes = args.table_bytes
         ccfg.scratch = Path(args.scratch)
+        ccfg.progress_file = Path(args.out) / "cache-progress.jsonl"
+        ccfg.progress_file.parent.mkdir(parents=True, exist_ok=True)
+        ccfg.progress_file.unlink(missing_ok=True)
         records = cache.run(ccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "cache-quick" if args.quick else "cache"
         md = cache.markdown(records, command)

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,12 @@ class CacheBenchConfig:
     warm_share: float = 0.15
     #: most seconds a system spends on a cell's timed part (it may run out of requests first)
     seconds: float = 1.0
+    #: most seconds SSD-S may spend warming up: in a small cgroup it thrashes at a few samples/s
+    #: (the share it got through is recorded)
+    ssds_warm_seconds: float = 120.0
+    #: where each finished cell's records are appended (JSON lines), so a long run that stops
+    #: early keeps what it measured
+    progress_file: Path | None = None
     limit_reads: int = 200_000
     seed: int = 0
     scratch: Path = Path("bench/scratch")
@@ -128,10 +134,17 @@ def _batches(tr: nt.Trace, start: int, stop: int, batch: int) -> Iterator[list[A
         yield tr.batch(b, min(stop, b + batch))
 
 
-def _warm(fn: Callable[[list[Any]], Any], tr: nt.Trace, warm: int, batch: int) -> None:
-    """Serves the warm-up part, untimed (in batches of at least 64)."""
+def _warm(fn: Callable[[list[Any]], Any], tr: nt.Trace, warm: int, batch: int,
+          seconds: float = float("inf")) -> int:
+    """Serves the warm-up part, untimed (in batches of at least 64), for at most `seconds`;
+    returns the samples served."""
+    start, done = time.perf_counter(), 0
     for b in _batches(tr, 0, warm, max(batch, 64)):
         fn(b)
+        done += len(b[0].offsets)
+        if time.perf_counter() - start > seconds:
+            break
+    return done
 
 
 def _timed(fn: Callable[[list[Any]], Any], tr: nt.Trace, warm: int, batch: int,
@@ -191,9 +204,10 @@ def _ssds_worker() -> None:
         return mapped.pool([(ids[r.table], r.indices, np.append(r.offsets, len(r.indices)))
                             for r in reqs])
 
-    lat = _serve(fn, tr, job["warm"], job["batch"], job["seconds"])
+    warmed = _warm(fn, tr, job["warm"], job["batch"], job["warm_seconds"])
+    lat = _timed(fn, tr, job["warm"], job["batch"], job["seconds"])
     print(json.dumps({"lat": lat, "usage": int((cg / "memory.usage_in_bytes").read_text()),
-                      "limit": usage + job["budget"]}))
+                      "limit": usage + job["budget"], "warmed_samples": warmed}))
 
 
 def ssds_available() -> str | None:
@@ -206,11 +220,12 @@ def ssds_available() -> str | None:
 
 
 def _ssds(store: Path, trace: Path, cell: Cell, budget: int, warm: int, random: bool,
-          seconds: float) -> dict[str, Any]:
+          seconds: float, warm_seconds: float) -> dict[str, Any]:
     CGROUP.mkdir(exist_ok=True)
     (CGROUP / "memory.limit_in_bytes").write_text("-1")
     job = {"cgroup": str(CGROUP), "store": str(store), "trace": str(trace), "budget": budget,
-           "warm": warm, "batch": cell.batch, "random": random, "seconds": seconds}
+           "warm": warm, "batch": cell.batch, "random": random, "seconds": seconds,
+           "warm_seconds": warm_seconds}
     res = subprocess.run([sys.executable, "-c",
                           "from nearrec.bench.cache import _ssds_worker; _ssds_worker()"],
                          input=json.dumps(job), capture_output=True, text=True, check=False)
@@ -290,10 +305,11 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
                 for name, random in variants:
                     drop_page_cache()
                     res = _ssds(path, traces[cell.trace], cell, budget, warm, random,
-                                cfg.seconds)
+                                cfg.seconds, cfg.ssds_warm_seconds)
                     records.append(_record(cell, name, res["lat"], per_sample,
                                            common | {"cgroup_limit": res["limit"],
-                                                     "cgroup_usage": res["usage"]}))
+                                                     "cgroup_usage": res["usage"],
+                                                     "warmed_samples": res["warmed_samples"]}))
             plan = make_plan(info, nt.Trace({n: nt.TableTrace(
                 n, t.rows, t.pooling, t.offsets[:warm + 1], t.indices[:t.offsets[warm]])
                 for n, t in tr.tables.items()}), budget)
@@ -333,6 +349,10 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
                 del s
             by = {r.system: r for r in records if r.model == cell.model and r.batch == cell.batch
                   and r.dist == f"{cell.trace}@{round(cell.budget * 100)}%"}
+            if cfg.progress_file:
+                with open(cfg.progress_file, "a") as f:
+                    for r in by.values():
+                        f.write(json.dumps(asdict(r)) + "\n")
             log(f"  {cell.trace:>10} {round(cell.budget * 100):>3}% B={cell.batch:<4} "
                 + "  ".join(f"{k}={v.samples_per_s:,.0f}" for k, v in by.items()))
         del dram, ebags
