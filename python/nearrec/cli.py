@@ -268,6 +268,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ccfg.models = tuple(args.models.split(","))
         if args.table_bytes:
             ccfg.table_bytes = args.table_bytes
+        if args.budgets:
+            ccfg.budgets = tuple(float(b) for b in args.budgets.split(","))
+        if args.traces:
+            ccfg.traces = tuple(args.traces.split(","))
+        if args.batches:
+            ccfg.batches = tuple(int(b) for b in args.batches.split(","))
         ccfg.scratch = Path(args.scratch)
         ccfg.progress_file = Path(args.out) / "cache-progress.jsonl"
         ccfg.progress_file.parent.mkdir(parents=True, exist_ok=True)
@@ -417,6 +423,9 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache; default rmc1,rmc2,rmc3)")
     be.add_argument("--rows", type=int, help="rows per table (sls)")
+    be.add_argument("--budgets", help="cache: DRAM budgets as shares of the tables, e.g. 0.25,0.06")
+    be.add_argument("--traces", help="cache: traces, e.g. k1,zipf1.05 (k<K>[-recssd], zipf<a>)")
+    be.add_argument("--batches", help="cache: batch sizes, e.g. 1,64")
     be.add_argument("--table-bytes", type=parse_bytes,
                     help="bytes to write (build) / table bytes of the store (ssd, cache)")
     be.add_argument("--out", default="bench/results")

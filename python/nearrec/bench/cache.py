@@ -76,6 +76,9 @@ class CacheBenchConfig:
     warm_share: float = 0.15
     #: most seconds a system spends on a cell's timed part (it may run out of requests first)
     seconds: float = 1.0
+    #: SSD-S runs only where the budget is at least this share: at 6 % its cgroup thrashes (one
+    #: batch of 64 took over five minutes here), which no session can wait for
+    ssds_min_budget: float = 0.1
     #: most seconds SSD-S may spend warming up: in a small cgroup it thrashes at a few samples/s
     #: (the share it got through is recorded)
     ssds_warm_seconds: float = 120.0
@@ -298,7 +301,7 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
             for name, fn in (("dram.nearrec", dram.lookup_many), ("dram.torch", torch_fn)):
                 records.append(_record(cell, name, _serve(fn, tr, warm, cell.batch,
                                                           cfg.seconds), per_sample, common))
-            if not why_not:
+            if not why_not and cell.budget >= cfg.ssds_min_budget:
                 variants = [("ssds", True)]
                 if cell.batch == 64 and cell.trace in cfg.focus:
                     variants.append(("ssds.readahead", False))
