@@ -7,7 +7,7 @@ use nearrec_cache::{CacheConfig, Policy, RowCache, SLOT_OVERHEAD};
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 
-use crate::error::raise;
+use crate::error::{check_non_negative, raise};
 
 /// Serves `indices` through a cache of `capacity_rows` rows; returns `(hits, misses, admissions,
 /// rejections, evictions)`.
@@ -30,15 +30,7 @@ pub(crate) fn cache_simulate(
         )));
     }
     let ids = indices.as_slice()?;
-    if let Some(p) = ids.iter().position(|&i| i < 0) {
-        return Err(raise(
-            py,
-            "IndexOutOfRange",
-            format!("index {} at position {p} is negative", ids[p]),
-            None,
-            Some(p),
-        ));
-    }
+    check_non_negative(py, ids)?;
     // one-byte rows: the study is about which rows stay, not their bytes
     let cache = RowCache::new(
         capacity_rows * (1 + SLOT_OVERHEAD),

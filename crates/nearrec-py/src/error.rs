@@ -21,6 +21,20 @@ pub(crate) fn raise(
     build().unwrap_or_else(|e| e)
 }
 
+/// `IndexOutOfRange` at the first negative id, if any (row ids of traces and cache studies).
+pub(crate) fn check_non_negative(py: Python<'_>, ids: &[i64]) -> PyResult<()> {
+    match ids.iter().position(|&i| i < 0) {
+        Some(p) => Err(raise(
+            py,
+            "IndexOutOfRange",
+            format!("index {} at position {p} is negative", ids[p]),
+            None,
+            Some(p),
+        )),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn format_err(py: Python<'_>, e: FormatError) -> PyErr {
     let msg = e.to_string();
     match &e {

@@ -6,7 +6,7 @@ use nearrec_plan::{PlanError, Profile, TableData, TableSpec, TraceFile, table_se
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 
-use crate::error::raise;
+use crate::error::{check_non_negative, raise};
 
 pub(crate) fn plan_err(py: Python<'_>, e: PlanError) -> PyErr {
     let msg = e.to_string();
@@ -128,15 +128,7 @@ pub(crate) fn trace_profile<'py>(
     indices: PyReadonlyArray1<'py, i64>,
 ) -> PyResult<ProfileArrays<'py>> {
     let ids = indices.as_slice()?;
-    if let Some(p) = ids.iter().position(|&i| i < 0) {
-        return Err(raise(
-            py,
-            "IndexOutOfRange",
-            format!("index {} at position {p} is negative", ids[p]),
-            None,
-            Some(p),
-        ));
-    }
+    check_non_negative(py, ids)?;
     let p = py.detach(|| Profile::of(ids.iter().map(|&i| i as u64)));
     Ok((
         PyArray1::from_vec(py, p.unique),
