@@ -220,17 +220,14 @@ class EmbeddingBagCollection(nn.Module):
         if bounds[-1] != len(values):
             raise InvalidRequest(f"lengths add up to {bounds[-1]} but there are {len(values)} "
                                  "values")
-        position = {k: i for i, k in enumerate(keys)}
+        slices = self._slices(keys, batch, bounds)
         if self.gpu_tier is not None:
-            return self._forward_gpu(values, lengths, weights, batch, bounds, position)
+            return KeyedTensor(self.tables, self.dims, self.gpu_tier.pool_concat([
+                (table, values[lo:hi], bounds[k * batch:(k + 1) * batch] - lo,
+                 None if weights is None else weights[lo:hi], self.pooling[table])
+                for table, k, lo, hi in slices]))
         reqs = []
-        for table in self.tables:
-            feat = self._feature_of[table]
-            if feat not in position:
-                raise InvalidRequest(f"features have no key {feat!r} for table {table!r}",
-                                     table=table)
-            k = position[feat]
-            lo, hi = int(bounds[k * batch]), int(bounds[(k + 1) * batch])
+        for table, k, lo, hi in slices:
             reqs.append(TableLookup(
                 table, values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
                 per_sample_weights=None if weights is None else weights[lo:hi],
@@ -242,20 +239,19 @@ class EmbeddingBagCollection(nn.Module):
             out = out.to(device)
         return KeyedTensor(self.tables, self.dims, out)
 
-    def _forward_gpu(self, values: Any, lengths: Any, weights: Any, batch: int, bounds: Any,
-                     position: dict[str, int]) -> KeyedTensor:
-        reqs = []
+    def _slices(self, keys: list[str], batch: int,
+                bounds: Any) -> list[tuple[str, int, int, int]]:
+        """Per table: its feature's position among ``keys`` and its values' ``[lo, hi)``."""
+        position = {k: i for i, k in enumerate(keys)}
+        out = []
         for table in self.tables:
             feat = self._feature_of[table]
             if feat not in position:
                 raise InvalidRequest(f"features have no key {feat!r} for table {table!r}",
                                      table=table)
             k = position[feat]
-            lo, hi = int(bounds[k * batch]), int(bounds[(k + 1) * batch])
-            offsets = bounds[k * batch:(k + 1) * batch] - lo
-            reqs.append((table, values[lo:hi], offsets,
-                         None if weights is None else weights[lo:hi], self.pooling[table]))
-        return KeyedTensor(self.tables, self.dims, self.gpu_tier.pool_concat(reqs))
+            out.append((table, k, int(bounds[k * batch]), int(bounds[(k + 1) * batch])))
+        return out
 
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedJaggedTensor", "KeyedTensor"]

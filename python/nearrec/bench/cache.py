@@ -370,14 +370,15 @@ def hit_rate_table(cfg: CacheBenchConfig, log: Callable[[str], None]) -> list[Re
     rows = 1_000_000
     for tname in ("zipf1.05", "k1"):
         t = nt.generate_table("t", rows, 80, 20_000, generator(tname), seed=cfg.seed)
-        ws = t.profile().working_set
+        prof = t.profile()
+        ws = prof.working_set
         for share in (0.1, 0.2, 0.4, 0.6, 0.8):
             cap = int(ws * share)
             ratios = {}
             for p in POLICIES:
                 h, m, *_ = nearrec._native.cache_simulate(np.asarray(t.indices), cap, p)
                 ratios[p] = h / (h + m)
-            ratios["lru_full_assoc"] = float(t.profile().lru_hit_ratio(cap))
+            ratios["lru_full_assoc"] = float(prof.lru_hit_ratio(cap))
             out.append(Record("cache-hits", "-", 0, tname, f"cache={round(share * 100)}%",
                               0.0, 0.0, extra={"capacity_rows": cap, "working_set": ws,
                                                "hit_ratio": ratios}))
