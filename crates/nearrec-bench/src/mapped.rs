@@ -1,14 +1,16 @@
 //! RM-SSD's SSD-S baseline: the table files memory-mapped, rows faulted in through the page cache
 //! (whose size the caller caps, e.g. with a memory cgroup), pooled on the host with the same
 //! kernels as the DRAM tier. `random` advises `MADV_RANDOM` / `POSIX_FADV_RANDOM` so read-ahead
-//! does not fetch neighbours no one asked for; without it the kernel's read-ahead applies.
+//! does not fetch neighbours no one asked for; without it the kernel's read-ahead applies. Row ids
+//! of a co-located table go through its row order, as in the engine's SSD tier.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::Arc;
 
 use memmap2::{Advice, Mmap};
-use nearrec_format::{DATA_OFFSET, StoreReader, TableMeta};
+use nearrec_format::{DATA_OFFSET, RowOrder, StoreReader, TableMeta};
 use nearrec_kernels::{BagsOut, PoolJob, PoolingMode, TableView, pool_bags};
 use rayon::prelude::*;
 
@@ -17,6 +19,7 @@ use rayon::prelude::*;
 pub struct MappedStore {
     maps: Vec<Mmap>,
     metas: Vec<TableMeta>,
+    orders: Vec<Option<Arc<RowOrder>>>,
 }
 
 /// One table's bags: `bounds` has `batch + 1` positions into `indices`.
@@ -51,7 +54,12 @@ impl MappedStore {
                 Ok(map)
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(Self { maps, metas })
+        let orders = reader.orders().to_vec();
+        Ok(Self {
+            maps,
+            metas,
+            orders,
+        })
     }
 
     pub fn tables(&self) -> &[TableMeta] {
@@ -77,8 +85,22 @@ impl MappedStore {
                     .ok_or_else(|| std::io::Error::other("table file shorter than its layout"))?;
                 let dim = m.dim as usize;
                 let mut part = vec![0f32; batch * dim];
+                let slots: Vec<i64>;
+                let indices = match &self.orders[r.table] {
+                    None => r.indices,
+                    Some(order) => {
+                        // out-of-range ids pass through unmapped, for the kernel to report
+                        slots = (r.indices.iter())
+                            .map(|&i| match u64::try_from(i) {
+                                Ok(row) if row < order.rows() => order.slot(row) as i64,
+                                _ => i,
+                            })
+                            .collect();
+                        &slots
+                    }
+                };
                 let job = PoolJob {
-                    indices: r.indices,
+                    indices,
                     bounds: r.bounds,
                     weights: None,
                     mode: PoolingMode::Sum,

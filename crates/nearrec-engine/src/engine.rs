@@ -82,6 +82,7 @@ impl Engine {
         let config = config.with_tier(Tier::Ssd);
         let budget = config.dram_tiers_budget();
         let mut ssd = SsdTier::new(device, &config);
+        ssd.set_orders(reader.orders().to_vec());
         ssd.set_dram_tiers(tiers::place(reader, &config, budget, &ssd, None)?);
         let workers = Workers::new(config.resolved_threads());
         Ok(Self::assemble(
@@ -123,6 +124,7 @@ impl Engine {
                     .map(|t| reader.path().join(&t.file))
                     .collect();
                 let mut ssd = SsdTier::open(&paths, &config)?;
+                ssd.set_orders(reader.orders().to_vec());
                 ssd.set_dram_tiers(tiers::place(reader, &config, budget, &ssd, progress)?);
                 (Vec::new(), Some(ssd))
             }
@@ -181,8 +183,8 @@ impl Engine {
             })
     }
 
-    /// Table `id`'s data region in DRAM, laid out as in the table file (`None` when it is read
-    /// from SSD).
+    /// Table `id`'s data region in DRAM, rows in row-id order as the table's layout places them
+    /// (a co-located table's rows are put back in place at load; `None` when it is read from SSD).
     pub fn table_data(&self, id: usize) -> Option<&[u8]> {
         (id < self.tables.len())
             .then(|| self.resident(id))

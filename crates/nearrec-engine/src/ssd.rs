@@ -7,14 +7,18 @@
 //! In front of the files sit each table's DRAM tiers ([`DramTiers`]): the whole table, a pinned
 //! hot partition, a row cache. A batch's distinct rows are looked up there first and pooled at
 //! once; only the misses are planned and read, and every row read is offered to the cache.
+//!
+//! Past `route`, rows are *slots*, positions in the table file: a co-located table's row ids are
+//! mapped through its [`RowOrder`] there, so that rows stored together are read together; the
+//! hot partition and the row cache are keyed by slot too.
 
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nearrec_format::{AlignedBuf, DATA_OFFSET, TableMeta};
+use nearrec_format::{AlignedBuf, DATA_OFFSET, RowOrder, TableMeta};
 use nearrec_io::{BlockDevice, IoConfig, ReadOp, open_device};
 
 use crate::config::EngineConfig;
@@ -33,8 +37,10 @@ pub(crate) struct SsdTier {
     dedup: bool,
     /// Staging buffers, reused across batches.
     buffers: Mutex<Vec<AlignedBuf>>,
-    /// Per table (empty until [`SsdTier::place`]).
+    /// Per table (empty until [`SsdTier::set_dram_tiers`]).
     dram: Vec<DramTiers>,
+    /// Per table: where a co-located table's rows sit (empty: every table in row order).
+    orders: Vec<Option<Arc<RowOrder>>>,
     pub(crate) stats: IoStats,
 }
 
@@ -130,7 +136,21 @@ impl SsdTier {
             dedup: config.dedup,
             buffers: Mutex::new(Vec::new()),
             dram: Vec::new(),
+            orders: Vec::new(),
             stats: IoStats::default(),
+        }
+    }
+
+    /// Installs each table's row order (index = table id; `None`: row `r` at slot `r`).
+    pub(crate) fn set_orders(&mut self, orders: Vec<Option<Arc<RowOrder>>>) {
+        self.orders = orders;
+    }
+
+    /// The slot of `row` of table `table`.
+    pub(crate) fn slot(&self, table: usize, row: u64) -> u64 {
+        match self.orders.get(table) {
+            Some(Some(order)) => order.slot(row),
+            _ => row,
         }
     }
 
@@ -150,8 +170,8 @@ impl SsdTier {
         }
     }
 
-    /// Reads rows `rows` (in range, any order) of table file `file` in their stored encoding into
-    /// `out` (`rows.len() × row_bytes`), a few thousand reads at a time.
+    /// Reads the rows at slots `rows` (in range, any order) of table file `file` in their stored
+    /// encoding into `out` (`rows.len() × row_bytes`), a few thousand reads at a time.
     pub(crate) fn read_raw(
         &self,
         file: usize,
@@ -208,7 +228,7 @@ impl SsdTier {
         let start = Instant::now();
         let mut routed = jobs
             .iter()
-            .map(|j| route(j, batch))
+            .map(|j| route(j, batch, self.orders.get(j.id).and_then(Option::as_deref)))
             .collect::<Result<Vec<_>>>()?;
         for j in jobs {
             let init = if j.req.mode == PoolingMode::Max {
@@ -425,8 +445,9 @@ fn pool_row(
     }
 }
 
-/// Range-checks a job's indices (before any read: a bad index reads nothing) and routes them.
-fn route(job: &SsdJob<'_>, batch: usize) -> Result<Routed> {
+/// Range-checks a job's indices (before any read: a bad index reads nothing) and routes them,
+/// each as the slot `order` gives it.
+fn route(job: &SsdJob<'_>, batch: usize, order: Option<&RowOrder>) -> Result<Routed> {
     let bounds = &job.checked.bounds;
     let n = bounds[batch];
     let mut bag_of = vec![0usize; n];
@@ -451,7 +472,7 @@ fn route(job: &SsdJob<'_>, batch: usize) -> Result<Routed> {
             continue;
         }
         counts[bag] += 1;
-        entries.push((value as u64, pos));
+        entries.push((order.map_or(value as u64, |o| o.slot(value as u64)), pos));
     }
     entries.sort_unstable();
     Ok(Routed {

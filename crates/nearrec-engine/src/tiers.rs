@@ -145,7 +145,9 @@ pub(crate) fn place(
                 return Ok(t);
             }
             if !p.hot_rows.is_empty() {
-                t.hot = Some(HotPartition::new(&p.hot_rows, rb, |rows, buf| {
+                // keyed by slot, as the SSD tier routes rows (see `ssd.rs`)
+                let slots: Vec<u64> = p.hot_rows.iter().map(|&r| ssd.slot(i, r)).collect();
+                t.hot = Some(HotPartition::new(&slots, rb, |rows, buf| {
                     ssd.read_raw(i, meta, rows, buf)
                 })?);
             }

@@ -1,6 +1,7 @@
 //! The DRAM tiers in front of the SSD tier give the DRAM-resident path's results (within fp32
 //! rounding) in every placement, policy and pooling mode, also under concurrent readers; their
-//! counters add up; bad placements are typed errors.
+//! counters add up; bad placements are typed errors. A co-located copy of the store (rows
+//! permuted in the files) gives the same results and reads rows stored together together.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,11 @@ use nearrec_cache::{CacheConfig, Policy};
 use nearrec_engine::{
     Bags, Engine, EngineConfig, EngineError, Indices, PoolingMode, Request, TableRequest, Tier,
 };
-use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
+use std::sync::atomic::Ordering::Relaxed;
+
+use nearrec_format::{
+    DType, RowOrder, StoreOptions, StoreReader, StoreWriter, TableSpec, copy_ordered,
+};
 use nearrec_plan::{Placement, TablePlacement};
 
 const ROWS: u64 = 3000;
@@ -18,6 +23,34 @@ const TABLES: [(&str, u32, DType); 3] = [
     ("b", 8, DType::Fp16),
     ("c", 12, DType::Int8),
 ];
+
+/// A copy of the store at `src` with rows of tables `a` and `c` permuted (`c` reversed, `a`
+/// by `order_a`).
+fn colocated(src: &Path, order_a: RowOrder) -> PathBuf {
+    let dst = src.with_file_name("colocated");
+    let reversed = RowOrder::from_slots((0..ROWS as u32).rev().collect()).unwrap();
+    let reader = StoreReader::open(src).unwrap();
+    let opts = StoreOptions {
+        overwrite: true,
+        ..StoreOptions::default()
+    };
+    copy_ordered(
+        &reader,
+        &dst,
+        &[Some(order_a), None, Some(reversed)],
+        opts,
+        None,
+    )
+    .unwrap();
+    dst
+}
+
+/// Rows `0, 71, 142, ...` (the test batches' hot rows) first, the others after them.
+fn hot_first() -> RowOrder {
+    let mut rows: Vec<u32> = (0..40).map(|i| i * 71).collect();
+    rows.extend((0..ROWS as u32).filter(|r| r % 71 != 0 || *r >= 40 * 71));
+    RowOrder::from_rows_by_slot(&rows).unwrap()
+}
 
 fn store(dir: &Path) -> PathBuf {
     let path = dir.join("store");
@@ -150,10 +183,17 @@ fn resident() -> TablePlacement {
 #[test]
 fn every_placement_and_policy_matches_the_dram_tier() {
     let dir = tempfile::tempdir().unwrap();
-    let reader = StoreReader::open(store(dir.path())).unwrap();
-    let dram = Engine::from_reader(&reader, EngineConfig::default(), None).unwrap();
+    let path = store(dir.path());
+    let plain = StoreReader::open(&path).unwrap();
+    let moved = StoreReader::open(colocated(&path, hot_first())).unwrap();
+    let dram = Engine::from_reader(&plain, EngineConfig::default(), None).unwrap();
     let batches: Vec<Batch> = (0..6).map(|s| batch(s + 1, 64)).collect();
     let want: Vec<Vec<f32>> = batches.iter().map(|b| run(&dram, b)).collect();
+    // a co-located store loaded whole is put back in row order
+    let moved_dram = Engine::from_reader(&moved, EngineConfig::default(), None).unwrap();
+    for (b, w) in batches.iter().zip(&want) {
+        assert_close(&run(&moved_dram, b), w, "co-located, DRAM tier");
+    }
     let layouts = [
         (
             "caches",
@@ -176,11 +216,20 @@ fn every_placement_and_policy_matches_the_dram_tier() {
             placement(&[("a", resident()), ("b", resident()), ("c", resident())]),
         ),
     ];
-    for (name, p) in &layouts {
+    for (reader, name, p) in [&plain, &moved]
+        .into_iter()
+        .flat_map(|r| layouts.iter().map(move |(n, p)| (r, *n, p)))
+    {
+        let store = if reader.order(0).is_some() {
+            "co-located"
+        } else {
+            "plain"
+        };
         for policy in Policy::ALL {
-            let engine = Engine::from_reader(&reader, ssd(p.clone(), policy), None).unwrap();
+            let engine = Engine::from_reader(reader, ssd(p.clone(), policy), None).unwrap();
             for (i, (b, w)) in batches.iter().zip(&want).enumerate() {
-                assert_close(&run(&engine, b), w, &format!("{name} {policy} batch {i}"));
+                let what = format!("{store} {name} {policy} batch {i}");
+                assert_close(&run(&engine, b), w, &what);
             }
             let lookups: u64 = batches.iter().map(|b| b.indices.len() as u64).sum();
             let padding: u64 = batches
@@ -199,24 +248,51 @@ fn every_placement_and_policy_matches_the_dram_tier() {
                 assert_eq!(r.cache.hits, r.cache.hits.min(r.lookups_cache));
             }
             let by = |t: &str| report.iter().find(|r| r.table == t).unwrap();
-            match *name {
+            match name {
                 "caches" => assert!(by("a").lookups_cache > 0, "{policy}: the cache hits"),
                 "hot" => assert!(by("a").lookups_hot > 0 && by("c").hot_rows == 2),
                 "mixed" => assert!(by("a").resident && by("a").lookups_ssd == 0),
                 _ => assert!(report.iter().all(|r| r.lookups_ssd == 0)),
             }
-            if *name == "resident" {
-                assert_eq!(
-                    engine
-                        .io_stats()
-                        .unwrap()
-                        .device_reads
-                        .load(std::sync::atomic::Ordering::Relaxed),
-                    0
-                );
+            if name == "resident" {
+                assert_eq!(engine.io_stats().unwrap().device_reads.load(Relaxed), 0);
             }
         }
     }
+}
+
+#[test]
+fn rows_stored_together_are_read_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store(dir.path());
+    let moved = colocated(&path, hot_first());
+    // one bag of the 40 rows `i * 71`: 40 blocks apart in row order, one block co-located
+    let rows: Vec<i64> = (0..40).map(|i| i * 71).collect();
+    let reads = |store: &Path, merge: bool| {
+        let reader = StoreReader::open(store).unwrap();
+        let config = EngineConfig {
+            tier: Tier::Ssd,
+            merge,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::from_reader(&reader, config, None).unwrap();
+        let req = TableRequest::new(
+            "a",
+            Indices::I64(&rows),
+            Bags::Fixed {
+                batch: 1,
+                bag_size: rows.len(),
+            },
+        );
+        let got = engine.lookup(&Request::new(vec![req])).unwrap().1;
+        (engine.io_stats().unwrap().device_reads.load(Relaxed), got)
+    };
+    let (plain, want) = reads(&path, true);
+    let (together, got) = reads(&moved, true);
+    assert_close(&got, &want, "co-located bag");
+    assert_eq!((plain, together), (40, 1));
+    // without merging every row is its own read, wherever it sits
+    assert_eq!((reads(&path, false).0, reads(&moved, false).0), (40, 40));
 }
 
 #[test]

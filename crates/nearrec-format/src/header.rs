@@ -6,6 +6,8 @@ use crate::layout::{DATA_OFFSET, RowLayout};
 pub const TABLE_MAGIC: [u8; 8] = *b"NRTABLE\0";
 /// Bytes of the header that carry fields; the rest of the first block is zero.
 pub const HEADER_BYTES: usize = 64;
+/// The table file's own version: unchanged by row orders, which live beside the file.
+pub const TABLE_VERSION: u32 = 1;
 /// Offset of the header checksum, which covers bytes `0..HEADER_CRC_AT`.
 const HEADER_CRC_AT: usize = 60;
 

@@ -5,7 +5,9 @@
 //!   body listing the tables;
 //! - `table-NNNN.nrt` — a 4 KiB header block (magic `NRTABLE\0`, shape, dtype, CRC-32C of the data
 //!   and of the header) followed by the rows, placed by [`RowLayout`] so that no row straddles a
-//!   block boundary.
+//!   block boundary;
+//! - `table-NNNN.order` — only for co-located tables (version 2): the slot of each row
+//!   ([`RowOrder`]).
 //!
 //! Stores are written by [`StoreWriter`] (streaming, bounded memory, atomic commit) and opened by
 //! [`StoreReader`] (validating).
@@ -17,7 +19,9 @@ mod header;
 mod init;
 mod layout;
 mod manifest;
+mod order;
 mod reader;
+mod reorder;
 mod sync;
 mod writer;
 
@@ -28,5 +32,7 @@ pub use header::{TABLE_MAGIC, TableHeader};
 pub use init::UniformInit;
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, TableMeta};
+pub use order::{OrderMeta, RowOrder};
 pub use reader::{StoreReader, TableCheck};
+pub use reorder::copy_ordered;
 pub use writer::{CHUNK_BYTES, ProgressFn, StoreOptions, StoreWriter, TableSpec, TableWriter};

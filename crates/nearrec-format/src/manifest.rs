@@ -4,11 +4,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::layout::RowLayout;
+use crate::order::OrderMeta;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
-/// The newest format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format version this build reads. Stores are written as version 1 unless a table has
+/// a row order (co-location), which needs version 2.
+pub const FORMAT_VERSION: u32 = 2;
+/// The version of a store without row orders.
+const PLAIN_VERSION: u32 = 1;
 const ENVELOPE_BYTES: usize = 32;
 
 /// One table as the manifest records it. The table file's header repeats the layout fields; the
@@ -26,6 +30,10 @@ pub struct TableMeta {
     pub data_bytes: u64,
     /// CRC-32C of the data region, as also stored in the table header.
     pub data_crc32c: u32,
+    /// Where the rows sit when the table is co-located (format version 2); `None`: row `r` at
+    /// slot `r`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<OrderMeta>,
 }
 
 impl TableMeta {
@@ -47,6 +55,15 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The oldest format version that can describe `tables`.
+    pub fn version_for(tables: &[TableMeta]) -> u32 {
+        if tables.iter().any(|t| t.order.is_some()) {
+            FORMAT_VERSION
+        } else {
+            PLAIN_VERSION
+        }
+    }
+
     /// Encodes the manifest: 32-byte envelope (magic, version, body length, body CRC-32C) + JSON.
     pub fn encode(&self) -> Vec<u8> {
         let body = serde_json::to_vec_pretty(self).expect("manifest serialises");
@@ -100,6 +117,11 @@ impl Manifest {
                 m.format_version
             )));
         }
+        if version < Self::version_for(&m.tables) {
+            return Err(Err(format!(
+                "a version-{version} manifest cannot name row orders (version 2 does)"
+            )));
+        }
         Ok(m)
     }
 
@@ -114,7 +136,7 @@ mod tests {
 
     fn sample() -> Manifest {
         Manifest {
-            format_version: FORMAT_VERSION,
+            format_version: PLAIN_VERSION,
             created_by: "test".into(),
             params: serde_json::json!({"seed": 3}),
             tables: vec![TableMeta {
@@ -127,6 +149,7 @@ mod tests {
                 block_bytes: 4096,
                 data_bytes: 4096,
                 data_crc32c: 7,
+                order: None,
             }],
         }
     }
@@ -144,5 +167,22 @@ mod tests {
         let mut future = b.clone();
         future[8..12].copy_from_slice(&99u32.to_le_bytes());
         assert_eq!(Manifest::decode(&future), Err(Ok(99)));
+    }
+
+    #[test]
+    fn row_orders_need_version_2() {
+        let mut m = sample();
+        m.tables[0].order = Some(OrderMeta {
+            file: "table-0000.order".into(),
+            crc32c: 1,
+        });
+        // a version-1 envelope around an order is refused ...
+        assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));
+        // ... a version-2 one is read back whole
+        m.format_version = Manifest::version_for(&m.tables);
+        assert_eq!(m.format_version, 2);
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+        // and plain stores stay version 1, so older readers keep opening them
+        assert_eq!(Manifest::version_for(&sample().tables), 1);
     }
 }

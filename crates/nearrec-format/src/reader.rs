@@ -2,26 +2,30 @@
 //!
 //! `StoreReader::open` validates everything that is cheap — manifest magic, version and checksum,
 //! every table header (magic, checksum, agreement with the manifest) and every file size — so a
-//! store that opens has the shape it claims. Data bytes are checked by CRC-32C when a table is read
-//! whole (`read_table`) and by `verify`.
+//! store that opens has the shape it claims. Row orders of co-located tables are read and checked
+//! whole (CRC-32C, and that they are permutations). Data bytes are checked by CRC-32C when a table
+//! is read whole (`read_table`) and by `verify`.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::aligned::AlignedBuf;
 use crate::error::{FormatError, Result};
 use crate::header::{HEADER_BYTES, TableHeader};
 use crate::layout::DATA_OFFSET;
 use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
+use crate::order::RowOrder;
 use crate::writer::{CHUNK_BYTES, ProgressFn};
 
-/// An open store: its manifest and one open file per table.
+/// An open store: its manifest, one open file per table and the row orders of co-located tables.
 #[derive(Debug)]
 pub struct StoreReader {
     path: PathBuf,
     manifest: Manifest,
     files: Vec<File>,
+    orders: Vec<Option<Arc<RowOrder>>>,
 }
 
 /// The outcome of checking one table's data bytes.
@@ -62,10 +66,16 @@ impl StoreReader {
             }
             files.push(open_table(&path, meta)?);
         }
+        let orders = manifest
+            .tables
+            .iter()
+            .map(|meta| open_order(&path, meta))
+            .collect::<Result<_>>()?;
         Ok(Self {
             path,
             manifest,
             files,
+            orders,
         })
     }
 
@@ -86,8 +96,19 @@ impl StoreReader {
         &self.files[i]
     }
 
-    /// Reads table `i`'s data region into an aligned buffer, checking its CRC-32C on the way when
-    /// `check` is set (cheap next to the read itself).
+    /// Where table `i`'s rows sit in its file, when it is co-located (`None`: row `r` at slot `r`).
+    pub fn order(&self, i: usize) -> Option<&Arc<RowOrder>> {
+        self.orders[i].as_ref()
+    }
+
+    /// Every table's row order, in table order.
+    pub fn orders(&self) -> &[Option<Arc<RowOrder>>] {
+        &self.orders
+    }
+
+    /// Reads table `i`'s data region into an aligned buffer, rows in row-id order (a co-located
+    /// table's rows are put back in place), checking its CRC-32C on the way when `check` is set
+    /// (cheap next to the read itself).
     pub fn read_table(
         &self,
         i: usize,
@@ -103,20 +124,54 @@ impl StoreReader {
         })?;
         let mut buf = AlignedBuf::zeroed(len);
         let mut crc = 0u32;
-        for (k, chunk) in buf
-            .as_mut_slice()
-            .chunks_mut(CHUNK_BYTES as usize)
-            .enumerate()
-        {
-            let at = DATA_OFFSET + k as u64 * CHUNK_BYTES;
-            self.files[i]
-                .read_exact_at(chunk, at)
-                .map_err(|e| self.read_error(i, e))?;
-            if check {
-                crc = crc32c::crc32c_append(crc, chunk);
+        match self.orders[i].as_deref() {
+            None => {
+                for (k, chunk) in buf
+                    .as_mut_slice()
+                    .chunks_mut(CHUNK_BYTES as usize)
+                    .enumerate()
+                {
+                    let at = DATA_OFFSET + k as u64 * CHUNK_BYTES;
+                    self.files[i]
+                        .read_exact_at(chunk, at)
+                        .map_err(|e| self.read_error(i, e))?;
+                    if check {
+                        crc = crc32c::crc32c_append(crc, chunk);
+                    }
+                    if let Some(p) = progress {
+                        p(chunk.len() as u64);
+                    }
+                }
             }
-            if let Some(p) = progress {
-                p(chunk.len() as u64);
+            Some(order) => {
+                // Chunks hold whole spans, so each chunk's rows are put back in place as it lands.
+                let layout = meta.layout();
+                let rows_by_slot = order.rows_by_slot();
+                let span = layout.span_bytes() as usize;
+                let chunk_bytes = (CHUNK_BYTES as usize / span).max(1) * span;
+                let mut staging = vec![0u8; chunk_bytes];
+                let rb = meta.row_bytes as usize;
+                let out = buf.as_mut_slice();
+                let slots_per_chunk = (chunk_bytes / span) as u64 * layout.rows_per_span();
+                for k in 0..len.div_ceil(chunk_bytes) {
+                    let n = chunk_bytes.min(len - k * chunk_bytes);
+                    let at = DATA_OFFSET + (k * chunk_bytes) as u64;
+                    self.files[i]
+                        .read_exact_at(&mut staging[..n], at)
+                        .map_err(|e| self.read_error(i, e))?;
+                    if check {
+                        crc = crc32c::crc32c_append(crc, &staging[..n]);
+                    }
+                    let first = k as u64 * slots_per_chunk;
+                    for slot in first..(first + slots_per_chunk).min(meta.rows) {
+                        let from = (layout.row_offset(slot) - (k * chunk_bytes) as u64) as usize;
+                        let to = layout.row_offset(u64::from(rows_by_slot[slot as usize]));
+                        out[to as usize..][..rb].copy_from_slice(&staging[from..][..rb]);
+                    }
+                    if let Some(p) = progress {
+                        p(n as u64);
+                    }
+                }
             }
         }
         if check && crc != meta.data_crc32c {
@@ -180,6 +235,30 @@ impl StoreReader {
     }
 }
 
+/// Reads and checks a co-located table's order file.
+fn open_order(root: &Path, meta: &TableMeta) -> Result<Option<Arc<RowOrder>>> {
+    let Some(om) = &meta.order else {
+        return Ok(None);
+    };
+    let path = root.join(&om.file);
+    let bad = |reason: String| {
+        FormatError::corrupted(&path, format!("table {:?} row order: {reason}", meta.name))
+    };
+    if om.file.contains('/') || om.file.starts_with('.') || om.file.is_empty() {
+        return Err(bad(format!(
+            "file name {:?} escapes the store directory",
+            om.file
+        )));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => bad("order file is missing".into()),
+        _ => FormatError::io(&path, e),
+    })?;
+    RowOrder::decode(&bytes, meta.rows, om)
+        .map(|o| Some(Arc::new(o)))
+        .map_err(bad)
+}
+
 fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
     let bad = |reason: String| {
         FormatError::corrupted(
@@ -213,7 +292,7 @@ fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
     if !agree {
         return Err(bad("table header disagrees with the manifest".into()));
     }
-    if h.version != 1 {
+    if h.version != crate::header::TABLE_VERSION {
         return Err(bad(format!("table version {} is not supported", h.version)));
     }
     if !h.block_bytes.is_power_of_two() || h.block_bytes < 512 || h.dim == 0 {

@@ -18,9 +18,10 @@ use rayon::prelude::*;
 
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
-use crate::header::TableHeader;
+use crate::header::{TABLE_VERSION, TableHeader};
 use crate::layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
-use crate::manifest::{FORMAT_VERSION, MANIFEST_FILE, Manifest, TableMeta};
+use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
+use crate::order::{OrderMeta, RowOrder};
 use crate::sync::{commit_dir, fsync_dir, is_store_or_empty};
 
 /// Target size of one streaming chunk, in bytes.
@@ -200,13 +201,50 @@ impl StoreWriter {
     /// Flushes, fsyncs and seals `table` (writes its header) and records it in the manifest. All
     /// its rows must have been written.
     pub fn finish_table(&mut self, table: TableWriter) -> Result<()> {
+        self.finish_table_in(table, None)
+    }
+
+    /// As [`Self::finish_table`], for a table whose rows were written in slot order: the rows at
+    /// slots `0, 1, ...` were rows `order.rows_by_slot()`. Lookups keep using row ids; the store
+    /// becomes format version 2.
+    pub fn finish_table_ordered(&mut self, table: TableWriter, order: &RowOrder) -> Result<()> {
+        if order.rows() != table.spec.rows {
+            return Err(FormatError::invalid_table(
+                &table.spec.name,
+                format!(
+                    "the row order has {} rows, the table {}",
+                    order.rows(),
+                    table.spec.rows
+                ),
+            ));
+        }
+        self.finish_table_in(table, Some(order))
+    }
+
+    fn finish_table_in(&mut self, table: TableWriter, order: Option<&RowOrder>) -> Result<()> {
         if table.path.parent() != Some(self.tmp.as_path()) {
             return Err(FormatError::invalid_table(
                 &table.spec.name,
                 "table belongs to another store writer",
             ));
         }
-        let meta = table.finish()?;
+        let mut meta = table.finish()?;
+        if let Some(order) = order {
+            let file = meta.file.replace(".nrt", ".order");
+            let path = self.tmp.join(&file);
+            let bytes = order.encode();
+            let mut f = File::create(&path).map_err(|e| FormatError::io(&path, e))?;
+            f.write_all(&bytes)
+                .and_then(|()| f.sync_all())
+                .map_err(|e| FormatError::io(&path, e))?;
+            if let Some(p) = &self.progress {
+                p(bytes.len() as u64);
+            }
+            meta.order = Some(OrderMeta {
+                file,
+                crc32c: crc32c::crc32c(&bytes),
+            });
+        }
         self.tables.push(meta);
         Ok(())
     }
@@ -214,7 +252,7 @@ impl StoreWriter {
     /// Writes the manifest and makes the store visible atomically.
     pub fn commit(mut self) -> Result<Manifest> {
         let manifest = Manifest {
-            format_version: FORMAT_VERSION,
+            format_version: Manifest::version_for(&self.tables),
             created_by: format!("nearrec {}", env!("CARGO_PKG_VERSION")),
             params: self.options.params.clone(),
             tables: std::mem::take(&mut self.tables),
@@ -327,7 +365,7 @@ impl TableWriter {
 
     /// Places rows `rows_written..rows_written + n` with `place(row, encoded_row, fp32_scratch)`,
     /// spans in parallel, handing each full chunk to the writer thread.
-    fn write_rows(
+    pub(crate) fn write_rows(
         &mut self,
         n: u64,
         place: impl Fn(u64, &mut [u8], &mut Vec<f32>) + Sync,
@@ -390,7 +428,7 @@ impl TableWriter {
         }
         let (file, data_crc32c) = self.pipeline.join()?;
         let header = TableHeader {
-            version: FORMAT_VERSION,
+            version: TABLE_VERSION,
             dtype: self.spec.dtype,
             dim: self.spec.dim,
             block_bytes: self.spec.block_bytes,
@@ -414,6 +452,7 @@ impl TableWriter {
             block_bytes: self.spec.block_bytes,
             data_bytes: total,
             data_crc32c,
+            order: None,
         })
     }
 }
