@@ -90,6 +90,14 @@ def trace_profile(
     indices: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
 
+def colocation_order(
+    table: str, rows: int, indices: npt.NDArray[np.int64], how: str,
+) -> npt.NDArray[np.uint32]: ...
+def copy_store_ordered(
+    src: str, dst: str, orders: list[npt.NDArray[np.uint32] | None], overwrite: bool = False,
+    params_json: str = "null", progress: bool = False,
+) -> str: ...
+
 class MappedStore:
     def __init__(self, path: _Path, random: bool = True) -> None: ...
     def pool(

@@ -69,10 +69,11 @@ def cmd_info(args: argparse.Namespace) -> int:
             "tables": [asdict(t) | {"padding_ratio": t.padding_ratio} for t in info.tables]}
     lines = [f"{info.path}  (format v{info.format_version}, {info.created_by}, "
              f"{info.total_bytes / 1e9:.3f} GB)", f"params: {json.dumps(info.params)}",
-             f"{'table':<20} {'rows':>12} {'dim':>6} {'dtype':>6} {'row B':>6} {'pad %':>6}"]
+             f"{'table':<20} {'rows':>12} {'dim':>6} {'dtype':>6} {'row B':>6} {'pad %':>6}"
+             "  rows"]
     for t in info.tables:
         lines.append(f"{t.name:<20} {t.rows:>12,} {t.dim:>6} {t.dtype:>6} {t.row_bytes:>6} "
-                     f"{100 * t.padding_ratio:>6.2f}")
+                     f"{100 * t.padding_ratio:>6.2f}  {'co-located' if t.colocated else 'by id'}")
     _emit(args, data, "\n".join(lines))
     return 0
 
@@ -242,6 +243,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_colocate(args: argparse.Namespace) -> int:
+    from .plan import colocate
+
+    si = colocate(args.store, args.trace, args.out, how=args.how, tables=args.table,
+                  overwrite=args.overwrite, progress=args.progress)
+    moved = [t.name for t in si.tables if t.colocated]
+    _emit(args, {"path": str(si.path), "format_version": si.format_version, "how": args.how,
+                 "colocated": moved},
+          f"wrote {si.path} (format v{si.format_version}): {len(moved)} of {len(si.tables)} "
+          f"tables co-located by {args.how}: {', '.join(moved)}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import report
 
@@ -281,6 +295,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = cache.run(ccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "cache-quick" if args.quick else "cache"
         md = cache.markdown(records, command)
+    elif args.what == "colocate":
+        from .bench import colocate
+
+        kcfg = colocate.ColocateBenchConfig.quick() if args.quick \
+            else colocate.ColocateBenchConfig()
+        if args.table_bytes:
+            kcfg.table_bytes = args.table_bytes
+        if args.traces:
+            kcfg.traces = tuple(args.traces.split(","))
+        if args.budgets:
+            kcfg.drams = tuple(float(b) for b in args.budgets.split(","))
+        kcfg.scratch = Path(args.scratch)
+        records = colocate.run(kcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "colocate-quick" if args.quick else "colocate"
+        md = colocate.markdown(records, command)
     elif args.what in ("ssd", "ssd-tuning"):
         from .bench import ssd
 
@@ -418,13 +447,27 @@ def parser() -> argparse.ArgumentParser:
     common(pl)
     pl.set_defaults(func=cmd_plan)
 
+    co = sub.add_parser("colocate", help="copy a store with rows read together stored together")
+    co.add_argument("store")
+    co.add_argument("trace", help="a .nrtrace file whose reads the order follows")
+    co.add_argument("out", help="where to write the co-located copy")
+    co.add_argument("--how", choices=["frequency", "first_touch"], default="frequency",
+                    help="most-read rows first, or in the order the trace first reads them")
+    co.add_argument("--table", action="append", help="only this table (repeatable)")
+    co.add_argument("--overwrite", action="store_true", help="replace a store at OUT")
+    common(co)
+    co.set_defaults(func=cmd_colocate)
+
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "build", "gpu"])
+    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "colocate", "build",
+                                     "gpu"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache; default rmc1,rmc2,rmc3)")
     be.add_argument("--rows", type=int, help="rows per table (sls)")
-    be.add_argument("--budgets", help="cache: DRAM budgets as shares of the tables, e.g. 0.25,0.06")
-    be.add_argument("--traces", help="cache: traces, e.g. k1,zipf1.05 (k<K>[-recssd], zipf<a>)")
+    be.add_argument("--budgets", help="cache, colocate: DRAM budgets as shares of the tables, "
+                    "e.g. 0.25,0.06 (colocate: 0 = no DRAM tier)")
+    be.add_argument("--traces", help="cache, colocate: traces, e.g. k1,zipf1.05 "
+                    "(k<K>[-recssd], zipf<a>)")
     be.add_argument("--batches", help="cache: batch sizes, e.g. 1,64")
     be.add_argument("--table-bytes", type=parse_bytes,
                     help="bytes to write (build) / table bytes of the store (ssd, cache)")

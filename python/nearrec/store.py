@@ -38,6 +38,13 @@ class TableInfo:
     block_bytes: int
     data_bytes: int
     data_crc32c: int
+    #: for a co-located table (see :func:`nearrec.plan.colocate`): its order file and checksum
+    order: Any = None
+
+    @property
+    def colocated(self) -> bool:
+        """Whether the table's rows are stored in a co-located order (format version 2)."""
+        return self.order is not None
 
     @property
     def padding_ratio(self) -> float:

@@ -5,8 +5,11 @@
 //!   RecSSD's strided ids);
 //! - [`profile`]: stack-distance profiles and LRU hit-ratio curves (Mattson), O(log n) per access;
 //! - [`file`]: the binary trace file, mapped without copying;
-//! - [`placement`]: which tables and rows live in DRAM (what the engine applies).
+//! - [`placement`]: which tables and rows live in DRAM (what the engine applies);
+//! - [`colocate`](mod@colocate): an order of a table's rows that puts rows read together in the
+//!   same blocks (the format layer stores it).
 
+pub mod colocate;
 mod error;
 mod fenwick;
 pub mod file;
@@ -15,6 +18,7 @@ pub mod placement;
 pub mod profile;
 mod stack;
 
+pub use colocate::{Colocation, colocate};
 pub use error::{PlanError, Result};
 pub use file::{TableData, TableEntry, TraceFile, TraceHeader, write_trace};
 pub use generate::{Generator, Ids, Permutation, TableSpec, TableTrace, Variant, table_seed};

@@ -32,5 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::trace_write, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_open, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_profile, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::colocation_order, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::copy_store_ordered, m)?)?;
     Ok(())
 }

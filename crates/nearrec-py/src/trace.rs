@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
-use nearrec_plan::{PlanError, Profile, TableData, TableSpec, TraceFile, table_seed, write_trace};
+use nearrec_plan::{
+    Colocation, PlanError, Profile, TableData, TableSpec, TraceFile, colocate, table_seed,
+    write_trace,
+};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 
@@ -135,4 +138,24 @@ pub(crate) fn trace_profile<'py>(
         PyArray1::from_vec(py, p.distances),
         PyArray1::from_vec(py, p.counts),
     ))
+}
+
+/// The rows of table `table` (`rows` rows) in the slot order co-location `how` derives from the
+/// trace `indices`: entry `s` is the row to store at slot `s`.
+#[pyfunction]
+pub(crate) fn colocation_order<'py>(
+    py: Python<'py>,
+    table: &str,
+    rows: u64,
+    indices: PyReadonlyArray1<'py, i64>,
+    how: &str,
+) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    let how: Colocation = how
+        .parse()
+        .map_err(|e: String| raise(py, "InvalidRequest", e, Some(table), None))?;
+    let ids = indices.as_slice()?;
+    let order = py
+        .detach(|| colocate(table, rows, ids, how))
+        .map_err(|e| plan_err(py, e))?;
+    Ok(PyArray1::from_vec(py, order))
 }

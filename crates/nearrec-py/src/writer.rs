@@ -1,12 +1,16 @@
 //! Binding of the streaming store writer. Python feeds rows chunk by chunk (from `.npy` memory
-//! maps or tensors) or asks for seeded random rows; memory stays bounded either way.
+//! maps or tensors) or asks for seeded random rows; memory stays bounded either way. Also the
+//! co-located copy of a store (rows re-ordered in their files).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 use indicatif::ProgressBar;
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec, TableWriter, UniformInit};
-use numpy::{PyReadonlyArray2, PyUntypedArrayMethods};
+use nearrec_format::{
+    DType, RowOrder, StoreOptions, StoreReader, StoreWriter, TableSpec, TableWriter, UniformInit,
+    copy_ordered,
+};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use crate::error::{format_err, raise};
@@ -251,4 +255,78 @@ pub(crate) fn table_layout(
         l.rows_per_span(),
         l.padding_ratio(),
     ))
+}
+
+/// Copies the store at `src` to `dst` with table `i`'s rows stored in the order `orders[i]` gives
+/// (the row at each slot; `None`: row-id order). Returns the new manifest as JSON.
+#[pyfunction]
+#[pyo3(signature = (src, dst, orders, overwrite = false, params_json = "null", progress = false))]
+pub(crate) fn copy_store_ordered(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    orders: Vec<Option<PyReadonlyArray1<'_, u32>>>,
+    overwrite: bool,
+    params_json: &str,
+    progress: bool,
+) -> PyResult<String> {
+    let reader = StoreReader::open(&src).map_err(|e| format_err(py, e))?;
+    let params = serde_json::from_str(params_json).map_err(|e| {
+        raise(
+            py,
+            "InvalidRequest",
+            format!("params are not valid JSON: {e}"),
+            None,
+            None,
+        )
+    })?;
+    let orders = orders
+        .iter()
+        .zip(reader.tables())
+        .map(|(o, meta)| {
+            o.as_ref()
+                .map(|a| {
+                    RowOrder::from_rows_by_slot(a.as_slice()?).map_err(|reason| {
+                        raise(
+                            py,
+                            "InvalidRequest",
+                            format!("table {:?} row order: {reason}", meta.name),
+                            Some(&meta.name),
+                            None,
+                        )
+                    })
+                })
+                .transpose()
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    if orders.len() != reader.tables().len() {
+        return Err(raise(
+            py,
+            "InvalidRequest",
+            format!(
+                "{} row orders for {} tables",
+                orders.len(),
+                reader.tables().len()
+            ),
+            None,
+            None,
+        ));
+    }
+    let total = reader.tables().iter().map(|t| t.data_bytes).sum();
+    let bar = progress::bar(progress, total, "co-locating");
+    let manifest = py
+        .detach(|| {
+            copy_ordered(
+                &reader,
+                &dst,
+                &orders,
+                StoreOptions { overwrite, params },
+                progress::callback(&bar),
+            )
+        })
+        .map_err(|e| format_err(py, e))?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(serde_json::to_string(&manifest).expect("manifest serialises"))
 }
