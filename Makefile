@@ -5,6 +5,7 @@ PIP       := $(PY) -m pip
 TORCH     ?= torch==2.14.1
 FBGEMM    ?= fbgemm-gpu-cpu==1.9.0
 TORCHREC  ?= torchrec==1.9.2
+RECBOLE   ?= recbole==1.2.1
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -20,6 +21,9 @@ $(VENV)/.deps: pyproject.toml Makefile
 	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy matplotlib $(TORCH)
 	$(PIP) install -q $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions
 	$(PIP) install -q --no-deps $(TORCHREC)
+	# MovieLens-100K for the loader test, fetched (never committed: its licence forbids
+	# redistribution) inside the recbole wheel; the test skips if the registry is unreachable.
+	-$(PIP) download -q --no-deps $(RECBOLE) -d .cache/datasets
 	touch $@
 
 # Build the Rust extension (release) into the virtualenv, with the package importable in place.

@@ -16,6 +16,7 @@ from .build import build, from_numpy, from_state_dict, remove
 from .errors import (
     IndexOutOfRange,
     InvalidRequest,
+    InvalidTrace,
     NearrecError,
     StoreCorrupted,
     StoreExists,
@@ -42,6 +43,7 @@ __all__ = [
     "MODELS",
     "IndexOutOfRange",
     "InvalidRequest",
+    "InvalidTrace",
     "ModelSpec",
     "NearrecError",
     "Pending",

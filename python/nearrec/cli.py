@@ -191,6 +191,22 @@ def cmd_trace(args: argparse.Namespace) -> int:
               f"wrote {tr.path}: {len(tr.tables)} tables x {tr.bags:,} bags, {lookups:,} "
               f"lookups, {gen}, in {s:.1f} s")
         return 0
+    if args.action == "import":
+        from . import datasets
+
+        if args.format == "criteo":
+            tr = datasets.criteo(args.source, rows=None if args.dictionary else
+                                 (args.hash_rows or datasets.CRITEO_KAGGLE_ROWS),
+                                 samples=args.samples, batch_size=args.batch_size).trace
+        elif args.format == "fbgemm":
+            tr = datasets.fbgemm_file(args.source, batch_size=args.batch_size)
+        else:
+            tr = datasets.movielens_100k(args.source, history=args.history,
+                                         batch_size=args.batch_size)
+        tr = tr.save(args.path, overwrite=args.overwrite)
+        _emit(args, {"path": str(tr.path), "tables": len(tr.tables), "bags": tr.bags},
+              f"wrote {tr.path}: {len(tr.tables)} tables x {tr.bags:,} bags from {args.source}")
+        return 0
     tr = nt.load(args.path)
     rows = []
     for name, tt in tr.tables.items():
@@ -427,6 +443,21 @@ def parser() -> argparse.ArgumentParser:
     tg.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent")
     tg.add_argument("--seed", type=int, default=0)
     tg.add_argument("--overwrite", action="store_true")
+    ti = tsub.add_parser("import", help="a trace file from real data (a local copy)")
+    ti.add_argument("format", choices=["criteo", "fbgemm", "movielens"],
+                    help="Criteo TSV (.gz ok), a dlrm_datasets (indices, offsets, lengths) .pt, "
+                    "MovieLens-100K (u.data, ml-100k.inter or the recbole wheel)")
+    ti.add_argument("source")
+    ti.add_argument("path", help="the .nrtrace file to write")
+    ti.add_argument("--samples", type=int, help="criteo: read at most this many lines")
+    ti.add_argument("--hash-rows", type=int, help="criteo: one hash size for every table "
+                    "(default: Kaggle's cardinalities)")
+    ti.add_argument("--dictionary", action="store_true",
+                    help="criteo: number categories by first appearance instead of hashing")
+    ti.add_argument("--history", type=int, default=20, help="movielens: items in the history bag")
+    ti.add_argument("--batch-size", type=int, default=64, help="the batch size hint stored")
+    ti.add_argument("--overwrite", action="store_true")
+    common(ti)
     for name, help_ in (("info", "show a trace file's tables"),
                         ("profile", "stack-distance profile and LRU hit ratios per table")):
         tp = tsub.add_parser(name, help=help_)
