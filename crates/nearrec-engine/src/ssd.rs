@@ -8,9 +8,9 @@
 //! hot partition, a row cache. A batch's distinct rows are looked up there first and pooled at
 //! once; only the misses are planned and read, and every row read is offered to the cache.
 //!
-//! Past `route`, rows are *slots*, positions in the table file: a co-located table's row ids are
-//! mapped through its [`RowOrder`] there, so that rows stored together are read together; the
-//! hot partition and the row cache are keyed by slot too.
+//! A co-located table stores its rows permuted ([`RowOrder`]): only the misses' row ids are
+//! mapped to *slots* (positions in the file), when reads are planned, so rows stored together are
+//! read together while the DRAM tiers, keyed by row id, pay nothing for it.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -147,7 +147,7 @@ impl SsdTier {
     }
 
     /// The slot of `row` of table `table`.
-    pub(crate) fn slot(&self, table: usize, row: u64) -> u64 {
+    fn slot(&self, table: usize, row: u64) -> u64 {
         match self.orders.get(table) {
             Some(Some(order)) => order.slot(row),
             _ => row,
@@ -170,8 +170,8 @@ impl SsdTier {
         }
     }
 
-    /// Reads the rows at slots `rows` (in range, any order) of table file `file` in their stored
-    /// encoding into `out` (`rows.len() × row_bytes`), a few thousand reads at a time.
+    /// Reads rows `rows` (in range, any order) of table file `file` in their stored encoding into
+    /// `out` (`rows.len() × row_bytes`), a few thousand reads at a time.
     pub(crate) fn read_raw(
         &self,
         file: usize,
@@ -185,7 +185,7 @@ impl SsdTier {
             let mut reads = Vec::with_capacity(chunk.len());
             let mut at = 0usize;
             for &r in chunk {
-                let start = DATA_OFFSET + layout.row_offset(r);
+                let start = DATA_OFFSET + layout.row_offset(self.slot(file, r));
                 let lo = start / block * block;
                 let len = ((start + rb as u64).div_ceil(block) * block - lo) as u32;
                 reads.push(ReadOp {
@@ -200,8 +200,8 @@ impl SsdTier {
             let res =
                 self.device
                     .read_batch(&reads, &mut buf.as_mut_slice()[..at], &mut |i, data| {
-                        let skip =
-                            (DATA_OFFSET + layout.row_offset(chunk[i]) - reads[i].offset) as usize;
+                        let at = layout.row_offset(self.slot(file, chunk[i]));
+                        let skip = (DATA_OFFSET + at - reads[i].offset) as usize;
                         out[(c * 4096 + i) * rb..][..rb].copy_from_slice(&data[skip..][..rb]);
                     });
             self.buffers
@@ -228,7 +228,7 @@ impl SsdTier {
         let start = Instant::now();
         let mut routed = jobs
             .iter()
-            .map(|j| route(j, batch, self.orders.get(j.id).and_then(Option::as_deref)))
+            .map(|j| route(j, batch))
             .collect::<Result<Vec<_>>>()?;
         for j in jobs {
             let init = if j.req.mode == PoolingMode::Max {
@@ -300,18 +300,28 @@ impl SsdTier {
         Ok(())
     }
 
-    /// Reads for every distinct row: the aligned blocks that hold it, merged with the previous
-    /// read of the same file when they overlap or lie within `merge_gap` bytes and the merged read
-    /// stays within `max_read`. Returns the reads, where each row lands, and each read's landings.
+    /// Reads for every distinct row, in file order: the aligned blocks that hold it, merged with
+    /// the previous read of the same file when they overlap or lie within `merge_gap` bytes and
+    /// the merged read stays within `max_read`. Returns the reads, where each row lands, and each
+    /// read's landings.
     fn plan(&self, jobs: &[SsdJob<'_>], routed: &[Routed]) -> Plan {
         let block = self.device.block_size() as u64;
         let mut plan = Plan::default();
         for (k, (job, r)) in jobs.iter().zip(routed).enumerate() {
             let layout = job.meta.layout();
+            // (slot, first entry, run) of each miss, by slot (row ids are sorted already)
+            let mut misses: Vec<(u64, usize, usize)> = r
+                .misses
+                .iter()
+                .map(|&(i, run)| (self.slot(job.id, r.entries[i].0), i, run))
+                .collect();
+            if matches!(self.orders.get(job.id), Some(Some(_))) {
+                misses.sort_unstable();
+            }
             // the open read, as (start, end) bytes of the file; its buffer offset is `plan.total`
             let mut open: Option<(u64, u64)> = None;
-            for &(i, run) in &r.misses {
-                let start = DATA_OFFSET + layout.row_offset(r.entries[i].0);
+            for (slot, i, run) in misses {
+                let start = DATA_OFFSET + layout.row_offset(slot);
                 let lo = start / block * block;
                 let hi = (start + layout.row_bytes).div_ceil(block) * block;
                 open = match open {
@@ -445,9 +455,8 @@ fn pool_row(
     }
 }
 
-/// Range-checks a job's indices (before any read: a bad index reads nothing) and routes them,
-/// each as the slot `order` gives it.
-fn route(job: &SsdJob<'_>, batch: usize, order: Option<&RowOrder>) -> Result<Routed> {
+/// Range-checks a job's indices (before any read: a bad index reads nothing) and routes them.
+fn route(job: &SsdJob<'_>, batch: usize) -> Result<Routed> {
     let bounds = &job.checked.bounds;
     let n = bounds[batch];
     let mut bag_of = vec![0usize; n];
@@ -472,7 +481,7 @@ fn route(job: &SsdJob<'_>, batch: usize, order: Option<&RowOrder>) -> Result<Rou
             continue;
         }
         counts[bag] += 1;
-        entries.push((order.map_or(value as u64, |o| o.slot(value as u64)), pos));
+        entries.push((value as u64, pos));
     }
     entries.sort_unstable();
     Ok(Routed {

@@ -145,9 +145,7 @@ pub(crate) fn place(
                 return Ok(t);
             }
             if !p.hot_rows.is_empty() {
-                // keyed by slot, as the SSD tier routes rows (see `ssd.rs`)
-                let slots: Vec<u64> = p.hot_rows.iter().map(|&r| ssd.slot(i, r)).collect();
-                t.hot = Some(HotPartition::new(&slots, rb, |rows, buf| {
+                t.hot = Some(HotPartition::new(&p.hot_rows, rb, |rows, buf| {
                     ssd.read_raw(i, meta, rows, buf)
                 })?);
             }
