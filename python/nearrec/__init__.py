@@ -22,9 +22,12 @@ from .errors import (
     StoreExists,
     StoreIOError,
     StoreNotFound,
+    TableFull,
+    UnknownKey,
     UnknownTable,
     UnsupportedVersion,
 )
+from .keyed import KeyedTable
 from .pipeline import Pending
 from .specs import MODELS, ModelSpec, model_spec
 from .store import (
@@ -44,6 +47,7 @@ __all__ = [
     "IndexOutOfRange",
     "InvalidRequest",
     "InvalidTrace",
+    "KeyedTable",
     "ModelSpec",
     "NearrecError",
     "Pending",
@@ -55,8 +59,10 @@ __all__ = [
     "StoreInfo",
     "StoreNotFound",
     "TableCheck",
+    "TableFull",
     "TableInfo",
     "TableLookup",
+    "UnknownKey",
     "UnknownTable",
     "UnsupportedVersion",
     "__version__",

@@ -40,6 +40,17 @@ class UnknownTable(InvalidRequest, KeyError):
         return self.message
 
 
+class UnknownKey(InvalidRequest, KeyError):
+    """A keyed table was asked for a key it does not hold (its unknown-key policy is "error")."""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TableFull(NearrecError):
+    """A keyed table holds as many keys as its capacity allows and another was to be added."""
+
+
 class StoreIOError(NearrecError, OSError):
     """Reading or writing the store failed at the operating-system level."""
 
@@ -66,6 +77,8 @@ class InvalidTrace(NearrecError, ValueError):
 
 
 __all__ = [
+    "TableFull",
+    "UnknownKey",
     "IndexOutOfRange",
     "InvalidRequest",
     "InvalidTrace",

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import InvalidRequest
+from .keyed import KeyedTable
 from .store import PoolingModeName, Store, TableLookup
 
 
@@ -77,6 +78,47 @@ class EmbeddingBag(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.table!r}, {self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
                 + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""))
+
+
+class KeyedEmbeddingBag(nn.Module):
+    """``torch.nn.EmbeddingBag`` over a :class:`~nearrec.keyed.KeyedTable`: ``input`` holds
+    64-bit feature ids instead of row numbers (1-D with ``offsets``, or 2-D ``[batch, bag]``);
+    unknown ids follow the table's policy."""
+
+    def __init__(self, table: KeyedTable, mode: PoolingModeName = "sum",
+                 include_last_offset: bool = False):
+        super().__init__()
+        if mode not in ("sum", "mean", "max"):
+            raise InvalidRequest(f"mode must be 'sum', 'mean' or 'max', not {mode!r}",
+                                 table=table.name)
+        self.keyed = table
+        self.mode: PoolingModeName = mode
+        self.include_last_offset = include_last_offset
+        self.embedding_dim = table.dim
+
+    def forward(self, input: Tensor, offsets: Tensor | None = None,
+                per_sample_weights: Tensor | None = None) -> Tensor:
+        keys = _numpy(input)
+        last = self.include_last_offset and keys.ndim == 1
+        if keys.ndim == 2:
+            if offsets is not None:
+                raise InvalidRequest("2-D input takes no offsets", table=self.keyed.name)
+            starts = np.arange(0, keys.size, max(1, keys.shape[1]), dtype=np.int64)[
+                :keys.shape[0]]
+            keys = keys.reshape(-1)
+        elif offsets is None:
+            raise InvalidRequest("1-D input needs offsets", table=self.keyed.name)
+        else:
+            starts = _numpy(offsets)
+        weights = None if per_sample_weights is None else _numpy(per_sample_weights).reshape(-1)
+        out = self.keyed.lookup(keys, offsets=starts, mode=self.mode,
+                                per_sample_weights=weights, include_last_offset=last)
+        result = torch.from_numpy(out)
+        device = _device_of(input)
+        return result if device.type == "cpu" else result.to(device)
+
+    def extra_repr(self) -> str:
+        return f"{self.keyed!r}, mode={self.mode!r}"
 
 
 class KeyedJaggedTensor:
@@ -160,25 +202,40 @@ class EmbeddingBagCollection(nn.Module):
     Keys of ``features`` that no table uses are ignored (a KJT may feed several collections);
     a table whose feature is missing is an error.
 
+    ``keyed`` adds :class:`~nearrec.keyed.KeyedTable` s (features of unbounded 64-bit ids): their
+    columns follow the store's tables (``store`` may be ``None`` when every table is keyed).
+
     ``device="cuda"`` (or any ``hbm_budget``) turns on the GPU tier (:mod:`nearrec.gpu`): each
     table's hot rows are cached in ``hbm_budget`` bytes of GPU memory (``"8GiB"`` by default,
     split between tables by size), ``cache_policy`` ``"lru"``, ``"lfu"``, ``"lru_pa"`` or
     ``"lfu_pa"`` with ``admission_probability`` for the ``_pa`` ones; misses come from the
-    store; the output is on ``device``. Pooling ``"sum"`` / ``"mean"`` only. On a CPU
-    ``device`` the tier runs its reference path (for tests). Without either, nothing changes.
+    store or the keyed table; the output is on ``device``. A keyed table's ids are resolved to
+    its stable row indices on the host (its unknown-key policy applied there), and the GPU
+    caches those rows. Pooling ``"sum"`` / ``"mean"`` only. On a CPU ``device`` the tier runs
+    its reference path (for tests). Without either, nothing changes.
     """
 
-    def __init__(self, store: Store, tables: Sequence[str] | None = None,
+    def __init__(self, store: Store | None, tables: Sequence[str] | None = None,
                  pooling: PoolingModeName | Mapping[str, PoolingModeName] = "sum",
                  feature_names: Mapping[str, str] | None = None,
                  device: torch.device | str | None = None,
                  hbm_budget: int | str | None = None, cache_policy: str = "lfu_pa",
-                 admission_probability: float = 0.5):
+                 admission_probability: float = 0.5, keyed: Sequence[KeyedTable] = ()):
         super().__init__()
         self.store = store
-        self.tables = list(tables) if tables is not None else list(store.tables)
-        for t in self.tables:
-            store.table(t)
+        self.keyed = {k.name: k for k in keyed}
+        store_tables = [] if store is None else \
+            list(tables) if tables is not None else list(store.tables)
+        if store is None and tables:
+            raise InvalidRequest("tables name store tables, but there is no store")
+        for t in store_tables:
+            store.table(t)  # type: ignore[union-attr]  # an UnknownTable error if missing
+        clash = [t for t in store_tables if t in self.keyed]
+        if clash or len(self.keyed) != len(keyed):
+            raise InvalidRequest(f"table names must be unique, {clash or list(self.keyed)} are not")
+        self.tables = store_tables + list(self.keyed)
+        if not self.tables:
+            raise InvalidRequest("the collection has no tables")
         self.pooling = {t: pooling if isinstance(pooling, str) else pooling.get(t, "sum")
                         for t in self.tables}
         # feature -> table
@@ -187,7 +244,8 @@ class EmbeddingBagCollection(nn.Module):
         missing = [t for t in self.tables if t not in self._feature_of]
         if missing:
             raise InvalidRequest(f"feature_names maps no feature to tables {missing}")
-        self.dims = [store.table(t).dim for t in self.tables]
+        self.dims = [self.keyed[t].dim if t in self.keyed else store.table(t).dim  # type: ignore[union-attr]
+                     for t in self.tables]
         self.gpu_tier: Any = None
         if hbm_budget is not None or (device is not None and torch.device(device).type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
@@ -202,7 +260,8 @@ class EmbeddingBagCollection(nn.Module):
             config = GpuCacheConfig(hbm_budget="8GiB" if hbm_budget is None else hbm_budget,
                                     policy=cache_policy,
                                     admission_probability=admission_probability)
-            self.gpu_tier = GpuTier(store, self.tables, config, device=device)
+            self.gpu_tier = GpuTier(_Sources(store, self.keyed), self.tables, config,  # type: ignore[arg-type]
+                                    device=device)
 
     def forward(self, features: Any) -> KeyedTensor:
         keys = list(features.keys())
@@ -223,21 +282,37 @@ class EmbeddingBagCollection(nn.Module):
         slices = self._slices(keys, batch, bounds)
         if self.gpu_tier is not None:
             return KeyedTensor(self.tables, self.dims, self.gpu_tier.pool_concat([
-                (table, values[lo:hi], bounds[k * batch:(k + 1) * batch] - lo,
+                (table, self._gpu_ids(table, values[lo:hi]), bounds[k * batch:(k + 1) * batch] - lo,
                  None if weights is None else weights[lo:hi], self.pooling[table])
                 for table, k, lo, hi in slices]))
-        reqs = []
+        reqs, parts = [], []
         for table, k, lo, hi in slices:
+            w = None if weights is None else weights[lo:hi]
+            if table in self.keyed:
+                parts.append(self.keyed[table].lookup(
+                    values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
+                    mode=self.pooling[table], per_sample_weights=w))
+                continue
             reqs.append(TableLookup(
                 table, values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
-                per_sample_weights=None if weights is None else weights[lo:hi],
-                mode=self.pooling[table]))
-        pooled = self.store.lookup_many(reqs)
-        out = torch.from_numpy(pooled.values)
+                per_sample_weights=w, mode=self.pooling[table]))
+        if reqs:
+            parts.insert(0, self.store.lookup_many(reqs).values)  # type: ignore[union-attr]
+        out = torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))
         device = _device_of(features.values())
         if device.type != "cpu":
             out = out.to(device)
         return KeyedTensor(self.tables, self.dims, out)
+
+    def _gpu_ids(self, table: str, values: Any) -> Any:
+        """What the GPU tier caches by: row numbers; a keyed table's ids resolved to its row
+        indices (a zero row, where the policy gives one, is the row past its capacity)."""
+        if table not in self.keyed:
+            return values
+        kt = self.keyed[table]
+        rows = kt.resolve(values)
+        rows[rows < 0] = kt.capacity
+        return rows
 
     def _slices(self, keys: list[str], batch: int,
                 bounds: Any) -> list[tuple[str, int, int, int]]:
@@ -254,4 +329,51 @@ class EmbeddingBagCollection(nn.Module):
         return out
 
 
-__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedJaggedTensor", "KeyedTensor"]
+class _KeyedInfo:
+    """A keyed table as the GPU tier sees it: ``capacity + 1`` fp32 rows (the last one zeros)."""
+
+    def __init__(self, table: KeyedTable):
+        self.name, self.rows, self.dim, self.dtype = table.name, table.capacity + 1, \
+            table.dim, "fp32"
+
+
+class _Sources:
+    """A store's tables and keyed tables behind the one interface the GPU tier reads misses
+    through (keyed tables by row index, as :meth:`EmbeddingBagCollection._gpu_ids` gives)."""
+
+    def __init__(self, store: Store | None, keyed: Mapping[str, KeyedTable]):
+        self._store, self._keyed = store, keyed
+        self.tier = store.tier if store is not None else "keyed"
+        self.tables = (list(store.tables) if store is not None else []) + list(keyed)
+
+    def table(self, name: str) -> Any:
+        if name in self._keyed:
+            return _KeyedInfo(self._keyed[name])
+        return self._store.table(name)  # type: ignore[union-attr]
+
+    def table_array(self, name: str) -> Any:
+        if name in self._keyed:
+            raise InvalidRequest("keyed tables have no row array", table=name)
+        return self._store.table_array(name)  # type: ignore[union-attr]
+
+    def _rows(self, name: str, rows: Any) -> Any:
+        r = np.array(rows, dtype=np.int64)
+        r[r == self._keyed[name].capacity] = -1
+        return r
+
+    def read_rows(self, name: str, rows: Any) -> Any:
+        if name in self._keyed:
+            return self._keyed[name].read_rows(self._rows(name, rows))
+        return self._store.read_rows(name, rows)  # type: ignore[union-attr]
+
+    def lookup(self, name: str, indices: Any, offsets: Any = None,
+               per_sample_weights: Any = None, mode: PoolingModeName = "sum") -> Any:
+        if name in self._keyed:
+            return self._keyed[name].pool_rows(self._rows(name, indices), offsets, mode,
+                                               per_sample_weights)
+        return self._store.lookup(name, indices, offsets=offsets,  # type: ignore[union-attr]
+                                  per_sample_weights=per_sample_weights, mode=mode)
+
+
+__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedEmbeddingBag", "KeyedJaggedTensor",
+           "KeyedTensor"]

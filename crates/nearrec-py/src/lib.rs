@@ -3,6 +3,7 @@
 
 mod cache;
 mod error;
+mod keyed;
 mod limits;
 mod lookup;
 mod progress;
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::NativeStore>()?;
     m.add_class::<writer::NativeStoreWriter>()?;
     m.add_class::<limits::MappedStore>()?;
+    m.add_class::<keyed::NativeKeyedTable>()?;
     m.add_function(wrap_pyfunction!(cache::cache_simulate, m)?)?;
     m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;

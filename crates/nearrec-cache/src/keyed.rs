@@ -1,0 +1,480 @@
+//! Keyed tables: rows addressed by unbounded 64-bit feature ids (DeepRec's EmbeddingVariable),
+//! held in DRAM in a dense open-addressing hash table (HS-Rec §2.4).
+//!
+//! Slots keep a state byte (empty / being written / ready), the key and the index of the key's
+//! row; rows live apart, densely, in the order keys arrived. Inserts claim an empty slot with a
+//! compare-and-swap, write key, row index and row, then publish the slot with a release store;
+//! readers probe without locks, acquire the state and read what it publishes. Slots are at least
+//! twice the row capacity, so probes stay short and always meet an empty slot. Rows are fp32,
+//! kept as `AtomicU32` bits: no `unsafe`, and plain loads on the hit path.
+//!
+//! A key not in the table is handled by [`Unknown`]: an error naming its position, a zero row,
+//! or a row initialised from `(seed, key)` alone (so the same key gets the same row whichever
+//! thread, batch or run meets it first). Each outcome is counted.
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64};
+
+const EMPTY: u8 = 0;
+const BUSY: u8 = 1;
+const READY: u8 = 2;
+
+/// What a lookup of a key the table does not hold does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unknown {
+    /// Fail the lookup with [`KeyedError::UnknownKey`] (nothing is pooled).
+    Error,
+    /// Pool a row of zeros (it counts towards `mean`), and count it.
+    Zero,
+    /// Insert the key with a row drawn uniformly from `±init_scale`, seeded by `(seed, key)`.
+    Init,
+}
+
+impl std::str::FromStr for Unknown {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "error" => Ok(Self::Error),
+            "zero" => Ok(Self::Zero),
+            "init" => Ok(Self::Init),
+            _ => Err(format!(
+                "unknown-key policy {s:?}: expected error, zero or init"
+            )),
+        }
+    }
+}
+
+/// A keyed table's shape and policies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyedConfig {
+    pub dim: usize,
+    /// Most keys the table holds; inserting more is [`KeyedError::Full`].
+    pub capacity: u64,
+    pub unknown: Unknown,
+    /// `Unknown::Init` draws from `[-init_scale, init_scale)`.
+    pub init_scale: f32,
+    pub seed: u64,
+}
+
+/// How rows are pooled into bags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool {
+    Sum,
+    Mean,
+    Max,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KeyedError {
+    #[error(
+        "table {table:?}: key {key} at position {position} is not in the table (unknown=\"error\")"
+    )]
+    UnknownKey {
+        table: String,
+        position: usize,
+        key: i64,
+    },
+    #[error("table {table:?} is full: it holds {capacity} keys (raise its capacity)")]
+    Full { table: String, capacity: u64 },
+    #[error("table {table:?}: {reason}")]
+    Invalid { table: String, reason: String },
+}
+
+/// Counters of a keyed table's lookups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyedStats {
+    pub keys: u64,
+    pub capacity: u64,
+    /// Lookups that found their key.
+    pub hits: u64,
+    /// Unknown keys refused (`Unknown::Error`), pooled as zeros, inserted by `Unknown::Init`.
+    pub unknown_errors: u64,
+    pub unknown_zero: u64,
+    pub initialised: u64,
+}
+
+/// See the module docs.
+pub struct KeyedTable {
+    name: String,
+    config: KeyedConfig,
+    mask: usize,
+    state: Box<[AtomicU8]>,
+    keys: Box<[AtomicI64]>,
+    slot_rows: Box<[AtomicU32]>,
+    values: Box<[AtomicU32]>,
+    next_row: AtomicU64,
+    hits: AtomicU64,
+    unknown_errors: AtomicU64,
+    unknown_zero: AtomicU64,
+    initialised: AtomicU64,
+}
+
+impl KeyedTable {
+    pub fn new(name: &str, config: KeyedConfig) -> Result<Self, KeyedError> {
+        let invalid = |reason: &str| KeyedError::Invalid {
+            table: name.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if config.dim == 0 {
+            return Err(invalid("dim must be at least 1"));
+        }
+        if config.capacity == 0 || config.capacity > u64::from(u32::MAX) {
+            return Err(invalid("capacity must be between 1 and 2^32 - 1 keys"));
+        }
+        if !(config.init_scale.is_finite() && config.init_scale >= 0.0) {
+            return Err(invalid("init_scale must be finite and non-negative"));
+        }
+        let slots = (config.capacity as usize * 2).next_power_of_two();
+        let atomics = |n: usize| (0..n).map(|_| AtomicU32::new(0)).collect();
+        Ok(Self {
+            name: name.to_owned(),
+            config,
+            mask: slots - 1,
+            state: (0..slots).map(|_| AtomicU8::new(EMPTY)).collect(),
+            keys: (0..slots).map(|_| AtomicI64::new(0)).collect(),
+            slot_rows: atomics(slots),
+            values: atomics(config.capacity as usize * config.dim),
+            next_row: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            unknown_errors: AtomicU64::new(0),
+            unknown_zero: AtomicU64::new(0),
+            initialised: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes the table takes: slots and the rows for its whole capacity.
+    pub fn bytes_for(capacity: u64, dim: usize) -> u64 {
+        let slots = (capacity * 2).next_power_of_two();
+        slots * 13 + capacity * dim as u64 * 4
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn config(&self) -> &KeyedConfig {
+        &self.config
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> u64 {
+        self.next_row.load(Acquire).min(self.config.capacity)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn stats(&self) -> KeyedStats {
+        KeyedStats {
+            keys: self.len(),
+            capacity: self.config.capacity,
+            hits: self.hits.load(Relaxed),
+            unknown_errors: self.unknown_errors.load(Relaxed),
+            unknown_zero: self.unknown_zero.load(Relaxed),
+            initialised: self.initialised.load(Relaxed),
+        }
+    }
+
+    /// The row of `key`, if the table holds it. Lock-free.
+    pub fn find(&self, key: i64) -> Option<u32> {
+        let mut i = self.home(key);
+        loop {
+            match self.state[i].load(Acquire) {
+                EMPTY => return None,
+                READY if self.keys[i].load(Relaxed) == key => {
+                    return Some(self.slot_rows[i].load(Relaxed));
+                }
+                READY => i = (i + 1) & self.mask,
+                _ => std::hint::spin_loop(), // being written: look again
+            }
+        }
+    }
+
+    /// Inserts `key` with the row `fill` writes (fp32, `dim` values) unless the table holds it;
+    /// returns its row and whether it was inserted. Safe from many threads at once: one of
+    /// several racing inserts of a key wins, the others get its row.
+    pub fn insert(
+        &self,
+        key: i64,
+        fill: impl FnOnce(&mut [f32]),
+    ) -> Result<(u32, bool), KeyedError> {
+        // the row is made before a slot is claimed, so nothing can fail while it is claimed
+        let mut fill = Some(fill);
+        let mut values = Vec::new();
+        let mut i = self.home(key);
+        loop {
+            match self.state[i].load(Acquire) {
+                READY if self.keys[i].load(Relaxed) == key => {
+                    return Ok((self.slot_rows[i].load(Relaxed), false));
+                }
+                READY => i = (i + 1) & self.mask,
+                EMPTY => {
+                    if let Some(fill) = fill.take() {
+                        values.resize(self.config.dim, 0.0);
+                        fill(&mut values);
+                    }
+                    if self.state[i]
+                        .compare_exchange(EMPTY, BUSY, Acquire, Relaxed)
+                        .is_err()
+                    {
+                        continue; // taken meanwhile: look at it again
+                    }
+                    let row = self.next_row.fetch_add(1, Relaxed);
+                    if row >= self.config.capacity {
+                        self.next_row.fetch_sub(1, Relaxed);
+                        self.state[i].store(EMPTY, Release);
+                        return Err(KeyedError::Full {
+                            table: self.name.clone(),
+                            capacity: self.config.capacity,
+                        });
+                    }
+                    self.store_row(row as u32, &values);
+                    self.keys[i].store(key, Relaxed);
+                    self.slot_rows[i].store(row as u32, Relaxed);
+                    self.state[i].store(READY, Release);
+                    return Ok((row as u32, true));
+                }
+                _ => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// Sets `key`'s row to `values`, inserting the key if needed. Overwriting a row that other
+    /// threads read at the same time is not atomic per row: load before serving.
+    pub fn assign(&self, key: i64, values: &[f32]) -> Result<bool, KeyedError> {
+        self.check_width(values.len())?;
+        let (row, inserted) = self.insert(key, |v| v.copy_from_slice(values))?;
+        if !inserted {
+            self.store_row(row, values);
+        }
+        Ok(inserted)
+    }
+
+    /// Every key held and its row, in slot order (no meaning to it).
+    pub fn entries(&self) -> Vec<(i64, u32)> {
+        (0..=self.mask)
+            .filter(|&i| self.state[i].load(Acquire) == READY)
+            .map(|i| (self.keys[i].load(Relaxed), self.slot_rows[i].load(Relaxed)))
+            .collect()
+    }
+
+    /// Copies row `row` (as [`Self::find`] returns it) into `out` (`dim` values).
+    pub fn read_row(&self, row: u32, out: &mut [f32]) {
+        let at = row as usize * self.config.dim;
+        for (o, v) in out.iter_mut().zip(&self.values[at..at + self.config.dim]) {
+            *o = f32::from_bits(v.load(Relaxed));
+        }
+    }
+
+    /// The row of every key as the unknown-key policy has it (`None`: a zero row). Fails before
+    /// pooling anything on the first unknown key under `Unknown::Error`.
+    pub fn resolve(&self, keys: &[i64]) -> Result<Vec<Option<u32>>, KeyedError> {
+        let mut rows = Vec::with_capacity(keys.len());
+        let (mut hits, mut zero, mut init) = (0u64, 0u64, 0u64);
+        let mut result = Ok(());
+        for (position, &key) in keys.iter().enumerate() {
+            let row = match (self.find(key), self.config.unknown) {
+                (Some(r), _) => {
+                    hits += 1;
+                    Some(r)
+                }
+                (None, Unknown::Zero) => {
+                    zero += 1;
+                    None
+                }
+                (None, Unknown::Init) => match self.insert(key, |v| self.init_row(key, v)) {
+                    Ok((r, inserted)) => {
+                        init += u64::from(inserted);
+                        hits += u64::from(!inserted);
+                        Some(r)
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                },
+                (None, Unknown::Error) => {
+                    self.unknown_errors.fetch_add(1, Relaxed);
+                    result = Err(KeyedError::UnknownKey {
+                        table: self.name.clone(),
+                        position,
+                        key,
+                    });
+                    break;
+                }
+            };
+            rows.push(row);
+        }
+        self.hits.fetch_add(hits, Relaxed);
+        self.unknown_zero.fetch_add(zero, Relaxed);
+        self.initialised.fetch_add(init, Relaxed);
+        result.map(|()| rows)
+    }
+
+    /// Pools the bags `bounds` (`batch + 1` positions into `keys`) into `out` (`batch × dim`),
+    /// optionally weighted per key (`Pool::Sum` only). Empty bags give zeros.
+    pub fn pool(
+        &self,
+        keys: &[i64],
+        bounds: &[usize],
+        weights: Option<&[f32]>,
+        mode: Pool,
+        out: &mut [f32],
+    ) -> Result<(), KeyedError> {
+        self.check_bags(keys.len(), bounds, weights, mode, out.len())?;
+        let rows = self.resolve(keys)?;
+        self.pool_resolved(&rows, bounds, weights, mode, out);
+        Ok(())
+    }
+
+    /// As [`Self::pool`], for keys already resolved to rows ([`Self::resolve`]; `None`: a zero
+    /// row). A row the table does not hold is an error.
+    pub fn pool_rows(
+        &self,
+        rows: &[Option<u32>],
+        bounds: &[usize],
+        weights: Option<&[f32]>,
+        mode: Pool,
+        out: &mut [f32],
+    ) -> Result<(), KeyedError> {
+        self.check_bags(rows.len(), bounds, weights, mode, out.len())?;
+        let held = self.len();
+        if let Some(p) = rows
+            .iter()
+            .position(|r| r.is_some_and(|r| u64::from(r) >= held))
+        {
+            return Err(KeyedError::Invalid {
+                table: self.name.clone(),
+                reason: format!("row {:?} at position {p} is not held", rows[p]),
+            });
+        }
+        self.pool_resolved(rows, bounds, weights, mode, out);
+        Ok(())
+    }
+
+    fn check_bags(
+        &self,
+        n: usize,
+        bounds: &[usize],
+        weights: Option<&[f32]>,
+        mode: Pool,
+        out: usize,
+    ) -> Result<(), KeyedError> {
+        let dim = self.config.dim;
+        let invalid = |reason: String| KeyedError::Invalid {
+            table: self.name.clone(),
+            reason,
+        };
+        let batch = bounds.len().saturating_sub(1);
+        if bounds.first() != Some(&0)
+            || bounds.last() != Some(&n)
+            || bounds.windows(2).any(|w| w[0] > w[1])
+        {
+            return Err(invalid(format!(
+                "bag bounds must rise from 0 to the {n} keys"
+            )));
+        }
+        if out != batch * dim {
+            return Err(invalid(format!(
+                "output holds {out} values, not {batch} bags x dim {dim}"
+            )));
+        }
+        if let Some(w) = weights {
+            if w.len() != n {
+                return Err(invalid(format!("{} weights for {n} keys", w.len())));
+            }
+            if mode != Pool::Sum {
+                return Err(invalid("per-key weights need sum pooling".into()));
+            }
+        }
+        Ok(())
+    }
+
+    fn pool_resolved(
+        &self,
+        rows: &[Option<u32>],
+        bounds: &[usize],
+        weights: Option<&[f32]>,
+        mode: Pool,
+        out: &mut [f32],
+    ) {
+        let dim = self.config.dim;
+        let mut row = vec![0f32; dim];
+        for (b, cell) in out.chunks_exact_mut(dim).enumerate() {
+            let (lo, hi) = (bounds[b], bounds[b + 1]);
+            cell.fill(if mode == Pool::Max && hi > lo {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            });
+            for k in lo..hi {
+                match rows[k] {
+                    Some(r) => self.read_row(r, &mut row),
+                    None => row.fill(0.0),
+                }
+                let w = weights.map_or(1.0, |w| w[k]);
+                match mode {
+                    Pool::Max => cell.iter_mut().zip(&row).for_each(|(a, &v)| *a = a.max(v)),
+                    _ => cell.iter_mut().zip(&row).for_each(|(a, &v)| *a += w * v),
+                }
+            }
+            if mode == Pool::Mean && hi > lo {
+                let n = (hi - lo) as f32;
+                cell.iter_mut().for_each(|a| *a /= n);
+            }
+        }
+    }
+
+    /// `values` must be one row.
+    fn check_width(&self, n: usize) -> Result<(), KeyedError> {
+        if n == self.config.dim {
+            Ok(())
+        } else {
+            Err(KeyedError::Invalid {
+                table: self.name.clone(),
+                reason: format!("rows have {} values, got {n}", self.config.dim),
+            })
+        }
+    }
+
+    fn store_row(&self, row: u32, values: &[f32]) {
+        let at = row as usize * self.config.dim;
+        for (slot, v) in self.values[at..at + self.config.dim].iter().zip(values) {
+            slot.store(v.to_bits(), Relaxed);
+        }
+    }
+
+    /// The row `Unknown::Init` gives `key`: uniform in `±init_scale`, from `(seed, key)` only.
+    pub fn init_row(&self, key: i64, out: &mut [f32]) {
+        let base = mix(self.config.seed ^ mix(key as u64));
+        for (j, o) in out.iter_mut().enumerate() {
+            let bits = mix(base.wrapping_add(j as u64));
+            let unit = (bits >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+            *o = (2.0 * unit - 1.0) * self.config.init_scale;
+        }
+    }
+
+    fn home(&self, key: i64) -> usize {
+        mix(key as u64) as usize & self.mask
+    }
+}
+
+impl std::fmt::Debug for KeyedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedTable")
+            .field("name", &self.name)
+            .field("keys", &self.len())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// SplitMix64's finaliser: spreads keys (often small or strided) over the slots.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}

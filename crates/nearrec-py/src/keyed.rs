@@ -1,0 +1,270 @@
+//! Keyed tables (`nearrec_cache::KeyedTable`): rows by unbounded 64-bit keys, in DRAM.
+
+use nearrec_cache::{KeyedConfig, KeyedError, KeyedTable, Pool, Unknown};
+use numpy::{
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::error::raise;
+
+fn keyed_err(py: Python<'_>, e: KeyedError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        KeyedError::UnknownKey {
+            table, position, ..
+        } => raise(py, "UnknownKey", msg, Some(&table), Some(position)),
+        KeyedError::Full { table, .. } => raise(py, "TableFull", msg, Some(&table), None),
+        KeyedError::Invalid { table, .. } => raise(py, "InvalidRequest", msg, Some(&table), None),
+    }
+}
+
+/// A keyed table; safe to use from many threads (the GIL is released around every call).
+#[pyclass(module = "nearrec._native", frozen)]
+pub(crate) struct NativeKeyedTable {
+    table: KeyedTable,
+}
+
+impl NativeKeyedTable {
+    fn invalid(&self, py: Python<'_>, m: String) -> PyErr {
+        raise(py, "InvalidRequest", m, Some(self.table.name()), None)
+    }
+
+    fn mode(&self, py: Python<'_>, mode: &str) -> PyResult<Pool> {
+        match mode {
+            "sum" => Ok(Pool::Sum),
+            "mean" => Ok(Pool::Mean),
+            "max" => Ok(Pool::Max),
+            m => Err(self.invalid(py, format!("unknown mode {m:?}: sum, mean or max"))),
+        }
+    }
+}
+
+/// Bag bounds as positions (a negative one becomes one past any end, which the table refuses).
+fn bounds_of(bounds: &[i64]) -> Vec<usize> {
+    bounds
+        .iter()
+        .map(|&b| usize::try_from(b).unwrap_or(usize::MAX))
+        .collect()
+}
+
+#[pymethods]
+impl NativeKeyedTable {
+    #[new]
+    #[pyo3(signature = (name, dim, capacity, unknown = "error", init_scale = 0.01, seed = 0))]
+    fn new(
+        py: Python<'_>,
+        name: &str,
+        dim: usize,
+        capacity: u64,
+        unknown: &str,
+        init_scale: f32,
+        seed: u64,
+    ) -> PyResult<Self> {
+        let unknown: Unknown = unknown
+            .parse()
+            .map_err(|e: String| raise(py, "InvalidRequest", e, Some(name), None))?;
+        let config = KeyedConfig {
+            dim,
+            capacity,
+            unknown,
+            init_scale,
+            seed,
+        };
+        let table = KeyedTable::new(name, config).map_err(|e| keyed_err(py, e))?;
+        Ok(Self { table })
+    }
+
+    /// Bytes a table of this shape takes.
+    #[staticmethod]
+    fn bytes_for(capacity: u64, dim: usize) -> u64 {
+        KeyedTable::bytes_for(capacity, dim)
+    }
+
+    #[getter]
+    fn name(&self) -> String {
+        self.table.name().to_owned()
+    }
+
+    #[getter]
+    fn dim(&self) -> usize {
+        self.table.config().dim
+    }
+
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.table.config().capacity
+    }
+
+    fn __len__(&self) -> usize {
+        self.table.len() as usize
+    }
+
+    /// Sets the rows of `keys` (`[n, dim]` values), inserting keys not held; returns how many were
+    /// inserted.
+    fn assign(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, i64>,
+        values: PyReadonlyArray2<'_, f32>,
+    ) -> PyResult<u64> {
+        let (keys, dim) = (keys.as_slice()?, self.table.config().dim);
+        if values.shape() != [keys.len(), dim] {
+            return Err(self.invalid(
+                py,
+                format!(
+                    "values are {:?}, expected [{}, {dim}] (one row per key)",
+                    values.shape(),
+                    keys.len()
+                ),
+            ));
+        }
+        let values = values.as_slice()?;
+        py.detach(|| {
+            let mut inserted = 0;
+            for (k, row) in keys.iter().zip(values.chunks_exact(dim)) {
+                inserted += u64::from(self.table.assign(*k, row)?);
+            }
+            Ok(inserted)
+        })
+        .map_err(|e| keyed_err(py, e))
+    }
+
+    /// Pools bags (`bounds`: `batch + 1` positions into `keys`) into `[batch, dim]`.
+    #[pyo3(signature = (keys, bounds, mode = "sum", per_sample_weights = None))]
+    fn pool<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+        bounds: PyReadonlyArray1<'py, i64>,
+        mode: &str,
+        per_sample_weights: Option<PyReadonlyArray1<'py, f32>>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let mode = self.mode(py, mode)?;
+        let keys = keys.as_slice()?;
+        let bounds = bounds_of(bounds.as_slice()?);
+        let weights = per_sample_weights
+            .as_ref()
+            .map(|w| w.as_slice())
+            .transpose()?;
+        let batch = bounds.len().saturating_sub(1);
+        let out = PyArray2::<f32>::zeros(py, [batch, self.table.config().dim], false);
+        {
+            let mut rw = out.readwrite();
+            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
+            py.detach(|| self.table.pool(keys, &bounds, weights, mode, slice))
+                .map_err(|e| keyed_err(py, e))?;
+        }
+        Ok(out)
+    }
+
+    /// The row index of each key as the unknown-key policy has it (-1: a zero row). Row indices
+    /// stay valid for the table's life: keys are never removed.
+    fn resolve<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let keys = keys.as_slice()?;
+        let rows = py
+            .detach(|| self.table.resolve(keys))
+            .map_err(|e| keyed_err(py, e))?;
+        let rows = rows.into_iter().map(|r| r.map_or(-1, i64::from)).collect();
+        Ok(PyArray1::from_vec(py, rows))
+    }
+
+    /// Pools bags of row indices (as [`Self::resolve`] gives them; -1: a zero row).
+    #[pyo3(signature = (rows, bounds, mode = "sum", per_sample_weights = None))]
+    fn pool_rows<'py>(
+        &self,
+        py: Python<'py>,
+        rows: PyReadonlyArray1<'py, i64>,
+        bounds: PyReadonlyArray1<'py, i64>,
+        mode: &str,
+        per_sample_weights: Option<PyReadonlyArray1<'py, f32>>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let mode = self.mode(py, mode)?;
+        let rows: Vec<Option<u32>> = rows
+            .as_slice()?
+            .iter()
+            .map(|&r| u32::try_from(r).ok())
+            .collect();
+        let bounds = bounds_of(bounds.as_slice()?);
+        let weights = per_sample_weights
+            .as_ref()
+            .map(|w| w.as_slice())
+            .transpose()?;
+        let out = PyArray2::<f32>::zeros(py, [bounds.len().saturating_sub(1), self.dim()], false);
+        {
+            let mut rw = out.readwrite();
+            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
+            py.detach(|| self.table.pool_rows(&rows, &bounds, weights, mode, slice))
+                .map_err(|e| keyed_err(py, e))?;
+        }
+        Ok(out)
+    }
+
+    /// The rows of `keys` as `[n, dim]`, unknown keys handled by the table's policy.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let keys = keys.as_slice()?;
+        let bounds: Vec<usize> = (0..=keys.len()).collect();
+        let out = PyArray2::<f32>::zeros(py, [keys.len(), self.table.config().dim], false);
+        {
+            let mut rw = out.readwrite();
+            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
+            py.detach(|| self.table.pool(keys, &bounds, None, Pool::Sum, slice))
+                .map_err(|e| keyed_err(py, e))?;
+        }
+        Ok(out)
+    }
+
+    /// Whether each key is held (no policy applied, nothing counted).
+    fn contains<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        let keys = keys.as_slice()?;
+        let held: Vec<bool> =
+            py.detach(|| keys.iter().map(|&k| self.table.find(k).is_some()).collect());
+        Ok(PyArray1::from_vec(py, held))
+    }
+
+    /// Every key held and its row: `(keys [n], values [n, dim])`, keys in no particular order.
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<f32>>) {
+        let dim = self.table.config().dim;
+        let (keys, values) = py.detach(|| {
+            let entries = self.table.entries();
+            let mut values = vec![0f32; entries.len() * dim];
+            for ((_, row), out) in entries.iter().zip(values.chunks_exact_mut(dim)) {
+                self.table.read_row(*row, out);
+            }
+            (entries.into_iter().map(|e| e.0).collect::<Vec<_>>(), values)
+        });
+        let n = keys.len();
+        let values = PyArray1::from_vec(py, values)
+            .reshape([n, dim])
+            .expect("n * dim values");
+        (PyArray1::from_vec(py, keys), values)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.table.stats();
+        let d = PyDict::new(py);
+        d.set_item("keys", s.keys)?;
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("unknown_errors", s.unknown_errors)?;
+        d.set_item("unknown_zero", s.unknown_zero)?;
+        d.set_item("initialised", s.initialised)?;
+        Ok(d)
+    }
+}

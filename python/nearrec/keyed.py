@@ -1,0 +1,191 @@
+"""Keyed tables: embedding rows addressed by unbounded 64-bit feature ids (DeepRec's
+EmbeddingVariable), held in DRAM in a lock-free open-addressing hash table (HS-Rec §2.4).
+
+A keyed table holds at most ``capacity`` keys, each with one fp32 row of ``dim`` values; its
+memory (:meth:`KeyedTable.bytes_for`) is fixed when it is made. A key the table does not hold
+is handled by ``unknown``:
+
+- ``"error"``: the lookup fails with :class:`~nearrec.errors.UnknownKey`, naming the table and
+  the key's position; nothing is pooled or inserted;
+- ``"zero"``: the key pools as a row of zeros (counted in ``stats()["unknown_zero"]``);
+- ``"init"``: the key is inserted with a row drawn uniformly from ``±init_scale``, seeded by
+  ``(seed, key)`` alone, so every thread, batch and run gives a key the same row (counted in
+  ``stats()["initialised"]``). A full table raises :class:`~nearrec.errors.TableFull`.
+
+Lookups from many threads run at once (the GIL is released); inserts from several threads are
+safe, and racing inserts of one key agree on one row. ``nearrec.torch.EmbeddingBagCollection``
+takes keyed tables beside (or instead of) a store's tables, on the CPU or behind the GPU tier.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _native
+from .errors import InvalidRequest
+from .store import PoolingModeName
+
+UNKNOWN_POLICIES = ("error", "zero", "init")
+I64 = npt.NDArray[np.int64]
+F32 = npt.NDArray[np.float32]
+
+
+def _keys(keys: Any, table: str) -> I64:
+    a = np.asarray(keys)
+    if a.ndim != 1 or not (a.dtype.kind in "iu" or a.size == 0):
+        raise InvalidRequest(f"table {table!r}: keys must be a 1-D integer array, got "
+                             f"{a.dtype} of shape {a.shape}", table=table)
+    if a.dtype == np.uint64:
+        a = a.view(np.int64)  # unsigned 64-bit ids keep their bits
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table: str) -> I64:
+    if offsets is not None and lengths is not None:
+        raise InvalidRequest(f"table {table!r}: give offsets or lengths, not both", table=table)
+    if lengths is not None:
+        return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+    if offsets is None:
+        return np.arange(n + 1, dtype=np.int64)  # one key per bag
+    o = np.asarray(offsets, dtype=np.int64)
+    return o if include_last_offset else np.append(o, n)
+
+
+class KeyedTable:
+    """See the module docs."""
+
+    def __init__(self, name: str, dim: int, capacity: int, unknown: str = "error",
+                 init_scale: float = 0.01, seed: int = 0):
+        if unknown not in UNKNOWN_POLICIES:
+            raise InvalidRequest(f"unknown={unknown!r}: expected one of {UNKNOWN_POLICIES}",
+                                 table=name)
+        self._native = _native.NativeKeyedTable(name, dim, capacity, unknown, init_scale, seed)
+        self.unknown = unknown
+        self.init_scale = init_scale
+        self.seed = seed
+
+    @classmethod
+    def from_arrays(cls, name: str, keys: Any, values: Any, capacity: int | None = None,
+                    **config: Any) -> KeyedTable:
+        """A table holding ``keys`` with rows ``values`` (``[n, dim]``), room for ``capacity``
+        keys (default: twice as many)."""
+        k = _keys(keys, name)
+        v = np.ascontiguousarray(values, dtype=np.float32)
+        if v.ndim != 2:
+            raise InvalidRequest(f"table {name!r}: values must be [n, dim]", table=name)
+        t = cls(name, v.shape[1], capacity or max(1, 2 * len(k)), **config)
+        t.assign(k, v)
+        return t
+
+    @classmethod
+    def load(cls, path: str | Path, **config: Any) -> KeyedTable:
+        """Reads a table :meth:`save` wrote (``config`` overrides its saved policies)."""
+        with np.load(Path(path)) as f:
+            saved = {k: f[k].item() for k in ("name", "capacity", "unknown", "init_scale",
+                                              "seed")}
+            saved.update(config)
+            name = str(saved.pop("name"))
+            return cls.from_arrays(name, f["keys"], f["values"], **saved)
+
+    def save(self, path: str | Path) -> Path:
+        """Writes keys, rows and settings to one ``.npz`` file, atomically (a temporary file
+        renamed into place)."""
+        path = Path(path)
+        keys, values = self.export()
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, keys=keys, values=values, name=self.name, capacity=self.capacity,
+                         unknown=self.unknown, init_scale=self.init_scale, seed=self.seed)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    @staticmethod
+    def bytes_for(capacity: int, dim: int) -> int:
+        """DRAM a table of this shape takes: its slots and rows for the whole capacity."""
+        return int(_native.NativeKeyedTable.bytes_for(capacity, dim))
+
+    @property
+    def name(self) -> str:
+        return str(self._native.name)
+
+    @property
+    def dim(self) -> int:
+        return int(self._native.dim)
+
+    @property
+    def capacity(self) -> int:
+        return int(self._native.capacity)
+
+    def __len__(self) -> int:
+        return len(self._native)
+
+    def __repr__(self) -> str:
+        return (f"KeyedTable({self.name!r}, dim={self.dim}, keys={len(self)}/{self.capacity}, "
+                f"unknown={self.unknown!r})")
+
+    def assign(self, keys: Any, values: Any) -> int:
+        """Sets the rows of ``keys``, inserting keys not held; returns how many were new.
+        Overwriting rows while other threads read them is not atomic per row: load first."""
+        return int(self._native.assign(_keys(keys, self.name),
+                                       np.ascontiguousarray(values, dtype=np.float32)))
+
+    def lookup(self, keys: Any, offsets: Any = None, lengths: Any = None,
+               include_last_offset: bool = False, mode: PoolingModeName = "sum",
+               per_sample_weights: Any = None) -> F32:
+        """Pools bags of keys like ``torch.nn.EmbeddingBag``: ``offsets`` (or ``lengths``; with
+        neither, one key per bag); returns ``[bags, dim]`` float32."""
+        k = _keys(keys, self.name)
+        w = None if per_sample_weights is None else \
+            np.ascontiguousarray(per_sample_weights, dtype=np.float32)
+        return np.asarray(self._native.pool(
+            k, _bounds(len(k), offsets, lengths, include_last_offset, self.name), mode, w))
+
+    def read(self, keys: Any) -> F32:
+        """The rows of ``keys`` (``[n, dim]``), unknown keys handled by the policy."""
+        return np.asarray(self._native.read(_keys(keys, self.name)))
+
+    def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
+        """Whether each key is held (no policy applied, nothing counted)."""
+        return np.asarray(self._native.contains(_keys(keys, self.name)))
+
+    def resolve(self, keys: Any) -> I64:
+        """Each key's row index as the policy has it (-1: a zero row). Indices are stable:
+        keys are never removed."""
+        return np.asarray(self._native.resolve(_keys(keys, self.name)))
+
+    def read_rows(self, rows: Any) -> F32:
+        """Rows by index (as :meth:`resolve` gives them; -1: zeros), ``[n, dim]``."""
+        r = np.ascontiguousarray(rows, dtype=np.int64)
+        return np.asarray(self._native.pool_rows(r, np.arange(len(r) + 1, dtype=np.int64)))
+
+    def pool_rows(self, rows: Any, offsets: Any, mode: PoolingModeName = "sum",
+                  per_sample_weights: Any = None, include_last_offset: bool = False) -> F32:
+        """As :meth:`lookup`, for row indices from :meth:`resolve`."""
+        r = np.ascontiguousarray(rows, dtype=np.int64)
+        w = None if per_sample_weights is None else \
+            np.ascontiguousarray(per_sample_weights, dtype=np.float32)
+        return np.asarray(self._native.pool_rows(
+            r, _bounds(len(r), offsets, None, include_last_offset, self.name), mode, w))
+
+    def export(self) -> tuple[I64, F32]:
+        """Every key held and its row: ``(keys [n], values [n, dim])``, in no particular order."""
+        keys, values = self._native.export()
+        return np.asarray(keys), np.asarray(values)
+
+    def stats(self) -> dict[str, int]:
+        """Keys held, capacity, hits, and the unknown keys refused / pooled as zeros /
+        initialised."""
+        return {k: int(v) for k, v in self._native.stats().items()}
+
+
+__all__ = ["UNKNOWN_POLICIES", "KeyedTable"]
