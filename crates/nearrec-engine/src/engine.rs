@@ -339,7 +339,9 @@ impl Engine {
                 })
                 .collect();
             if !jobs.is_empty() {
-                ssd.execute(&jobs, prepared.batch, prepared.width, out)?;
+                let workers =
+                    (prepared.lookups > self.config.inline_lookups).then_some(&self.workers);
+                ssd.execute(&jobs, prepared.batch, prepared.width, out, workers)?;
             }
         }
         // Tasks: runs of bags of one table, about `task_lookups` lookups each.

@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nearrec_format::{AlignedBuf, DATA_OFFSET, RowOrder, TableMeta};
-use nearrec_io::{BlockDevice, IoConfig, ReadOp, open_device};
+use nearrec_io::{BlockDevice, IoConfig, ReadOp, Workers, open_device};
+use rayon::prelude::*;
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
@@ -54,15 +55,18 @@ pub(crate) struct SsdJob<'a> {
     pub checked: &'a Checked,
 }
 
-/// A job's lookups, routed: `(row, position)` sorted by row, each position's bag, and the rows
-/// counted per bag (padding excluded).
+/// A job's lookups, routed: the ones the SSD must serve as `(row, position, bag)` sorted by
+/// row (every lookup until [`SsdTier::serve_dram`] has pooled the DRAM tiers' hits), and the
+/// rows counted per bag (padding excluded).
 struct Routed {
-    entries: Vec<(u64, usize)>,
-    bag_of: Vec<usize>,
+    entries: Vec<Entry>,
     counts: Vec<usize>,
-    /// `(first entry, run length)` of each distinct row the DRAM tiers did not hold.
+    /// `(first entry, run length)` of each distinct row left for the SSD.
     misses: Vec<(usize, usize)>,
 }
+
+/// One lookup: `(row, position in the request, bag)`.
+type Entry = (u64, usize, usize);
 
 /// A batch's reads, where each distinct row lands, and which landings each read carries.
 #[derive(Default)]
@@ -92,7 +96,7 @@ impl Plan {
 
 /// `(first index, length)` of each run of equal rows in row-sorted entries (each entry alone
 /// without `dedup`).
-fn runs(entries: &[(u64, usize)], dedup: bool) -> impl Iterator<Item = (usize, usize)> + '_ {
+fn runs(entries: &[Entry], dedup: bool) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut i = 0;
     std::iter::from_fn(move || {
         (i < entries.len()).then(|| {
@@ -218,12 +222,14 @@ impl SsdTier {
     }
 
     /// Pools `jobs` into `out`, a row-major `[batch, width]` matrix whose cells the jobs own.
+    /// With `workers`, the DRAM tiers' hits of different tables are pooled in parallel.
     pub(crate) fn execute(
         &self,
         jobs: &[SsdJob<'_>],
         batch: usize,
         width: usize,
         out: &mut [f32],
+        workers: Option<&Workers>,
     ) -> Result<()> {
         let start = Instant::now();
         let mut routed = jobs
@@ -240,11 +246,18 @@ impl SsdTier {
                 out[b * width + j.col..][..j.meta.dim as usize].fill(init);
             }
         }
+        let cells = Cells::new(out, batch, width);
+        let serve = |(job, r): (&SsdJob<'_>, &mut Routed)| {
+            r.misses = self.serve_dram(job, r, &cells);
+        };
+        match workers {
+            Some(w) if jobs.len() > 1 && w.threads() > 1 => w
+                .get()
+                .install(|| jobs.par_iter().zip(routed.par_iter_mut()).for_each(serve)),
+            _ => jobs.iter().zip(routed.iter_mut()).for_each(serve),
+        }
         let max_dim = jobs.iter().map(|j| j.meta.dim as usize).max().unwrap_or(0);
         let mut row = vec![0f32; max_dim];
-        for (job, r) in jobs.iter().zip(&mut routed) {
-            r.misses = self.serve_dram(job, r, &mut row, out, width);
-        }
         let Plan {
             reads,
             landings,
@@ -267,7 +280,7 @@ impl SsdTier {
                         let row = &mut row[..dim];
                         job.meta.dtype.decode_row(encoded, row);
                         let r = &routed[land.job];
-                        pool_row(job, r, &r.entries[land.entries.clone()], row, out, width);
+                        pool_row(job, &r.entries[land.entries.clone()], row, &cells);
                         if let Some(cache) = self.dram.get(job.id).and_then(|d| d.cache.as_ref()) {
                             cache.offer(r.entries[land.entries.start].0, encoded);
                         }
@@ -383,67 +396,86 @@ impl SsdTier {
 }
 
 impl SsdTier {
-    /// Pools every distinct row of `r` that a DRAM tier of the job's table holds; returns the
-    /// runs left for the SSD.
-    fn serve_dram(
-        &self,
-        job: &SsdJob<'_>,
-        r: &Routed,
-        row: &mut [f32],
-        out: &mut [f32],
-        width: usize,
-    ) -> Vec<(usize, usize)> {
-        let all = runs(&r.entries, self.dedup);
-        let Some(tiers) = self.dram.get(job.id) else {
-            return all.collect();
-        };
-        if tiers.is_empty() {
-            IoStats::add(&tiers.served[3], r.entries.len() as u64);
-            return all.collect();
+    /// Pools every lookup of `r` whose row a DRAM tier of the job's table holds, in request
+    /// order (no sort, no de-duplication: a hit costs a probe, a decode and an add); keeps the
+    /// others, sorted by row, in `r.entries` and returns their runs of equal rows for the SSD.
+    fn serve_dram(&self, job: &SsdJob<'_>, r: &mut Routed, cells: &Cells) -> Vec<(usize, usize)> {
+        let tiers = self.dram.get(job.id).filter(|t| !t.is_empty());
+        if let Some(tiers) = tiers {
+            let (meta, dim) = (job.meta, job.meta.dim as usize);
+            let row = &mut vec![0f32; dim][..];
+            let mut served = [0u64; 3];
+            r.entries.retain(|e| {
+                let tier = if let Some(bytes) = tiers.hot.as_ref().and_then(|h| h.get(e.0)) {
+                    meta.dtype.decode_row(bytes, row);
+                    1
+                } else if tiers
+                    .cache
+                    .as_ref()
+                    .and_then(|c| c.get(e.0, |bytes| meta.dtype.decode_row(bytes, row)))
+                    .is_some()
+                {
+                    2
+                } else {
+                    return true;
+                };
+                served[tier] += 1;
+                pool_row(job, std::slice::from_ref(e), row, cells);
+                false
+            });
+            IoStats::add(&tiers.served[1], served[1]);
+            IoStats::add(&tiers.served[2], served[2]);
         }
-        let (meta, row) = (job.meta, &mut row[..job.meta.dim as usize]);
-        let mut served = [0u64; 4];
-        let mut misses = Vec::new();
-        for (i, run) in all {
-            let id = r.entries[i].0;
-            let tier = if let Some(bytes) = tiers.hot.as_ref().and_then(|h| h.get(id)) {
-                meta.dtype.decode_row(bytes, row);
-                1
-            } else if tiers
-                .cache
-                .as_ref()
-                .and_then(|c| c.get(id, |bytes| meta.dtype.decode_row(bytes, row)))
-                .is_some()
-            {
-                2
-            } else {
-                misses.push((i, run));
-                served[3] += run as u64;
-                continue;
-            };
-            served[tier] += run as u64;
-            pool_row(job, r, &r.entries[i..i + run], row, out, width);
+        if let Some(t) = self.dram.get(job.id) {
+            IoStats::add(&t.served[3], r.entries.len() as u64);
         }
-        for (counter, n) in tiers.served.iter().zip(served) {
-            IoStats::add(counter, n);
-        }
-        misses
+        r.entries.sort_unstable();
+        runs(&r.entries, self.dedup).collect()
     }
 }
 
-/// Adds a decoded row into the cells of the bags that want it (`entries`: its `(row, position)`
-/// entries).
-fn pool_row(
-    job: &SsdJob<'_>,
-    r: &Routed,
-    entries: &[(u64, usize)],
-    row: &[f32],
-    out: &mut [f32],
+/// The output matrix, shared by jobs that pool at once: each job owns the columns of its table,
+/// in every row, and writes no others.
+struct Cells {
+    base: *mut f32,
+    batch: usize,
     width: usize,
-) {
-    let dim = row.len();
-    for &(_, pos) in entries {
-        let cell = &mut out[r.bag_of[pos] * width + job.col..][..dim];
+}
+
+// SAFETY: jobs write disjoint cells through it (see `Cells::cell`).
+unsafe impl Sync for Cells {}
+
+impl Cells {
+    fn new(out: &mut [f32], batch: usize, width: usize) -> Self {
+        assert!(out.len() >= batch * width, "output has the wrong size");
+        Self {
+            base: out.as_mut_ptr(),
+            batch,
+            width,
+        }
+    }
+
+    /// Bag `bag`'s cell of the table whose columns start at `col`.
+    ///
+    /// # Safety
+    /// Only the job that owns columns `col..col + dim` may ask for them, and it may hold one such
+    /// cell at a time.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn cell(&self, bag: usize, col: usize, dim: usize) -> &mut [f32] {
+        assert!(
+            bag < self.batch && col + dim <= self.width,
+            "cell out of the matrix"
+        );
+        // SAFETY: in bounds (checked above); exclusive per the contract.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(bag * self.width + col), dim) }
+    }
+}
+
+/// Adds a decoded row into the cells of the bags that want it (`entries`: its lookups).
+fn pool_row(job: &SsdJob<'_>, entries: &[Entry], row: &[f32], cells: &Cells) {
+    for &(_, pos, bag) in entries {
+        // SAFETY: a job pools only into its own table's columns, one cell at a time
+        let cell = unsafe { cells.cell(bag, job.col, row.len()) };
         match (job.req.mode, job.req.per_sample_weights) {
             (PoolingMode::Max, _) => cell.iter_mut().zip(row).for_each(|(a, &v)| *a = a.max(v)),
             (_, Some(w)) => {
@@ -459,14 +491,11 @@ fn pool_row(
 fn route(job: &SsdJob<'_>, batch: usize) -> Result<Routed> {
     let bounds = &job.checked.bounds;
     let n = bounds[batch];
-    let mut bag_of = vec![0usize; n];
-    for b in 0..batch {
-        bag_of[bounds[b]..bounds[b + 1]].fill(b);
-    }
     let mut counts = vec![0usize; batch];
     let mut entries = Vec::with_capacity(n);
     let rows = job.meta.rows;
-    for (pos, &bag) in bag_of.iter().enumerate() {
+    let bags = (0..batch).flat_map(|b| (bounds[b]..bounds[b + 1]).map(move |pos| (pos, b)));
+    for (pos, bag) in bags {
         let value = job.req.indices.get(pos);
         if value < 0 || value as u64 >= rows {
             return Err(EngineError::IndexOutOfRange {
@@ -481,12 +510,10 @@ fn route(job: &SsdJob<'_>, batch: usize) -> Result<Routed> {
             continue;
         }
         counts[bag] += 1;
-        entries.push((value as u64, pos));
+        entries.push((value as u64, pos, bag));
     }
-    entries.sort_unstable();
     Ok(Routed {
         entries,
-        bag_of,
         counts,
         misses: Vec::new(),
     })

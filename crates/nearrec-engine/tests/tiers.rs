@@ -139,6 +139,9 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
 fn ssd(placement: Placement, policy: Policy) -> EngineConfig {
     EngineConfig {
         tier: Tier::Ssd,
+        // tables' hits pooled on parallel workers even for these small batches
+        threads: 3,
+        inline_lookups: 0,
         placement: Some(placement),
         cache: CacheConfig {
             policy,
