@@ -119,7 +119,7 @@ def test_corrupt_manifest_and_unknown_version(tmp_path):
     with pytest.raises(nearrec.StoreCorrupted, match="checksum"):
         nearrec.open(path)
     future = bytearray(good)
-    future[8:12] = (2).to_bytes(4, "little")
+    future[8:12] = (nearrec._native.FORMAT_VERSION + 1).to_bytes(4, "little")
     m.write_bytes(bytes(future))
     with pytest.raises(nearrec.UnsupportedVersion):
         nearrec.open(path)

@@ -5,8 +5,9 @@
 //! Only the pooled `[batch, Σ dim]` output leaves; no per-lookup row tensor is built.
 //!
 //! In front of the files sit each table's DRAM tiers ([`DramTiers`]): the whole table, a pinned
-//! hot partition, a row cache. A batch's distinct rows are looked up there first and pooled at
-//! once; only the misses are planned and read, and every row read is offered to the cache.
+//! hot partition, a row cache. Every lookup is tried there first and a hit pooled at once (tables
+//! in parallel on the worker pool); only the misses are sorted, de-duplicated, planned and read,
+//! and every row read is offered to the cache.
 //!
 //! A co-located table stores its rows permuted ([`RowOrder`]): only the misses' row ids are
 //! mapped to *slots* (positions in the file), when reads are planned, so rows stored together are

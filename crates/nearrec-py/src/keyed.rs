@@ -41,6 +41,22 @@ impl NativeKeyedTable {
     }
 }
 
+/// A new `[bags, dim]` array that `fill` pools into, the GIL released meanwhile.
+fn pooled<'py>(
+    py: Python<'py>,
+    bags: usize,
+    dim: usize,
+    fill: impl FnOnce(&mut [f32]) -> Result<(), KeyedError> + Send,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let out = PyArray2::<f32>::zeros(py, [bags, dim], false);
+    {
+        let mut rw = out.readwrite();
+        let slice = rw.as_slice_mut().expect("new arrays are contiguous");
+        py.detach(|| fill(slice)).map_err(|e| keyed_err(py, e))?;
+    }
+    Ok(out)
+}
+
 /// Bag bounds as positions (a negative one becomes one past any end, which the table refuses).
 fn bounds_of(bounds: &[i64]) -> Vec<usize> {
     bounds
@@ -148,15 +164,9 @@ impl NativeKeyedTable {
             .as_ref()
             .map(|w| w.as_slice())
             .transpose()?;
-        let batch = bounds.len().saturating_sub(1);
-        let out = PyArray2::<f32>::zeros(py, [batch, self.table.config().dim], false);
-        {
-            let mut rw = out.readwrite();
-            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            py.detach(|| self.table.pool(keys, &bounds, weights, mode, slice))
-                .map_err(|e| keyed_err(py, e))?;
-        }
-        Ok(out)
+        pooled(py, bounds.len().saturating_sub(1), self.dim(), |out| {
+            self.table.pool(keys, &bounds, weights, mode, out)
+        })
     }
 
     /// The row index of each key as the unknown-key policy has it (-1: a zero row). Row indices
@@ -195,14 +205,9 @@ impl NativeKeyedTable {
             .as_ref()
             .map(|w| w.as_slice())
             .transpose()?;
-        let out = PyArray2::<f32>::zeros(py, [bounds.len().saturating_sub(1), self.dim()], false);
-        {
-            let mut rw = out.readwrite();
-            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            py.detach(|| self.table.pool_rows(&rows, &bounds, weights, mode, slice))
-                .map_err(|e| keyed_err(py, e))?;
-        }
-        Ok(out)
+        pooled(py, bounds.len().saturating_sub(1), self.dim(), |out| {
+            self.table.pool_rows(&rows, &bounds, weights, mode, out)
+        })
     }
 
     /// The rows of `keys` as `[n, dim]`, unknown keys handled by the table's policy.
@@ -213,14 +218,9 @@ impl NativeKeyedTable {
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let keys = keys.as_slice()?;
         let bounds: Vec<usize> = (0..=keys.len()).collect();
-        let out = PyArray2::<f32>::zeros(py, [keys.len(), self.table.config().dim], false);
-        {
-            let mut rw = out.readwrite();
-            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            py.detach(|| self.table.pool(keys, &bounds, None, Pool::Sum, slice))
-                .map_err(|e| keyed_err(py, e))?;
-        }
-        Ok(out)
+        pooled(py, keys.len(), self.dim(), |out| {
+            self.table.pool(keys, &bounds, None, Pool::Sum, out)
+        })
     }
 
     /// Whether each key is held (no policy applied, nothing counted).

@@ -22,6 +22,19 @@ struct State {
     bar: Option<ProgressBar>,
 }
 
+/// The free-form creation parameters a manifest records, from JSON.
+fn params(py: Python<'_>, json: &str) -> PyResult<serde_json::Value> {
+    serde_json::from_str(json).map_err(|e| {
+        raise(
+            py,
+            "InvalidRequest",
+            format!("params are not valid JSON: {e}"),
+            None,
+            None,
+        )
+    })
+}
+
 /// Writes a store into a hidden temporary directory; `commit` makes it visible atomically and a
 /// writer dropped without `commit` leaves nothing behind.
 #[pyclass(module = "nearrec._native")]
@@ -73,15 +86,7 @@ impl NativeStoreWriter {
         total_bytes: u64,
         progress: bool,
     ) -> PyResult<Self> {
-        let params = serde_json::from_str(params_json).map_err(|e| {
-            raise(
-                py,
-                "InvalidRequest",
-                format!("params are not valid JSON: {e}"),
-                None,
-                None,
-            )
-        })?;
+        let params = params(py, params_json)?;
         let bar = progress::bar(progress, total_bytes, "building");
         let mut store = StoreWriter::create(&path, StoreOptions { overwrite, params })
             .map_err(|e| format_err(py, e))?;
@@ -271,15 +276,7 @@ pub(crate) fn copy_store_ordered(
     progress: bool,
 ) -> PyResult<String> {
     let reader = StoreReader::open(&src).map_err(|e| format_err(py, e))?;
-    let params = serde_json::from_str(params_json).map_err(|e| {
-        raise(
-            py,
-            "InvalidRequest",
-            format!("params are not valid JSON: {e}"),
-            None,
-            None,
-        )
-    })?;
+    let params = params(py, params_json)?;
     let orders = orders
         .iter()
         .zip(reader.tables())
