@@ -311,6 +311,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = cache.run(ccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "cache-quick" if args.quick else "cache"
         md = cache.markdown(records, command)
+    elif args.what == "keyed":
+        from .bench import keyed
+
+        kbcfg = keyed.KeyedBenchConfig.quick() if args.quick else keyed.KeyedBenchConfig()
+        if args.rows:
+            kbcfg.rows = args.rows
+        kbcfg.scratch = Path(args.scratch)
+        records = keyed.run(kbcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "keyed-quick" if args.quick else "keyed"
+        md = keyed.markdown(records, command)
     elif args.what == "colocate":
         from .bench import colocate
 
@@ -490,11 +500,11 @@ def parser() -> argparse.ArgumentParser:
     co.set_defaults(func=cmd_colocate)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "colocate", "build",
-                                     "gpu"])
+    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "colocate", "keyed",
+                                     "build", "gpu"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache; default rmc1,rmc2,rmc3)")
-    be.add_argument("--rows", type=int, help="rows per table (sls)")
+    be.add_argument("--rows", type=int, help="rows per table (sls, keyed)")
     be.add_argument("--budgets", help="cache, colocate: DRAM budgets as shares of the tables, "
                     "e.g. 0.25,0.06 (colocate: 0 = no DRAM tier)")
     be.add_argument("--traces", help="cache, colocate: traces, e.g. k1,zipf1.05 "

@@ -1,8 +1,10 @@
 //! Keyed tables: rows addressed by unbounded 64-bit feature ids (DeepRec's EmbeddingVariable),
 //! held in DRAM in a dense open-addressing hash table (HS-Rec §2.4).
 //!
-//! Slots keep a state byte (empty / being written / ready), the key and the index of the key's
-//! row; rows live apart, densely, in the order keys arrived. Inserts claim an empty slot with a
+//! Slots keep a state (empty / being written / ready), the key and the index of the key's row,
+//! 16 bytes together so that a probe touches one cache line; rows live apart, densely, in the
+//! order keys arrived. Lookups prefetch the slots and rows of keys a few positions ahead, so
+//! several cache misses are in flight at once (as the DRAM kernels do for rows). Inserts claim an empty slot with a
 //! compare-and-swap, write key, row index and row, then publish the slot with a release store;
 //! readers probe without locks, acquire the state and read what it publishes. Slots are at least
 //! twice the row capacity, so probes stay short and always meet an empty slot. Rows are fp32,
@@ -13,11 +15,24 @@
 //! thread, batch or run meets it first). Each outcome is counted.
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
-const EMPTY: u8 = 0;
-const BUSY: u8 = 1;
-const READY: u8 = 2;
+use nearrec_kernels::prefetch_row;
+
+const EMPTY: u32 = 0;
+const BUSY: u32 = 1;
+const READY: u32 = 2;
+/// Keys between a slot's prefetch and its probe (and between a row's prefetch and its use).
+const AHEAD: usize = 8;
+
+/// One slot of the hash table.
+#[derive(Default)]
+#[repr(C, align(16))]
+struct Slot {
+    key: AtomicI64,
+    row: AtomicU32,
+    state: AtomicU32,
+}
 
 /// What a lookup of a key the table does not hold does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,9 +114,7 @@ pub struct KeyedTable {
     name: String,
     config: KeyedConfig,
     mask: usize,
-    state: Box<[AtomicU8]>,
-    keys: Box<[AtomicI64]>,
-    slot_rows: Box<[AtomicU32]>,
+    slots: Box<[Slot]>,
     values: Box<[AtomicU32]>,
     next_row: AtomicU64,
     hits: AtomicU64,
@@ -126,15 +139,14 @@ impl KeyedTable {
             return Err(invalid("init_scale must be finite and non-negative"));
         }
         let slots = (config.capacity as usize * 2).next_power_of_two();
-        let atomics = |n: usize| (0..n).map(|_| AtomicU32::new(0)).collect();
         Ok(Self {
             name: name.to_owned(),
             config,
             mask: slots - 1,
-            state: (0..slots).map(|_| AtomicU8::new(EMPTY)).collect(),
-            keys: (0..slots).map(|_| AtomicI64::new(0)).collect(),
-            slot_rows: atomics(slots),
-            values: atomics(config.capacity as usize * config.dim),
+            slots: (0..slots).map(|_| Slot::default()).collect(),
+            values: (0..config.capacity as usize * config.dim)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
             next_row: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             unknown_errors: AtomicU64::new(0),
@@ -146,7 +158,7 @@ impl KeyedTable {
     /// Bytes the table takes: slots and the rows for its whole capacity.
     pub fn bytes_for(capacity: u64, dim: usize) -> u64 {
         let slots = (capacity * 2).next_power_of_two();
-        slots * 13 + capacity * dim as u64 * 4
+        slots * std::mem::size_of::<Slot>() as u64 + capacity * dim as u64 * 4
     }
 
     pub fn name(&self) -> &str {
@@ -181,11 +193,10 @@ impl KeyedTable {
     pub fn find(&self, key: i64) -> Option<u32> {
         let mut i = self.home(key);
         loop {
-            match self.state[i].load(Acquire) {
+            let slot = &self.slots[i];
+            match slot.state.load(Acquire) {
                 EMPTY => return None,
-                READY if self.keys[i].load(Relaxed) == key => {
-                    return Some(self.slot_rows[i].load(Relaxed));
-                }
+                READY if slot.key.load(Relaxed) == key => return Some(slot.row.load(Relaxed)),
                 READY => i = (i + 1) & self.mask,
                 _ => std::hint::spin_loop(), // being written: look again
             }
@@ -205,9 +216,10 @@ impl KeyedTable {
         let mut values = Vec::new();
         let mut i = self.home(key);
         loop {
-            match self.state[i].load(Acquire) {
-                READY if self.keys[i].load(Relaxed) == key => {
-                    return Ok((self.slot_rows[i].load(Relaxed), false));
+            let slot = &self.slots[i];
+            match slot.state.load(Acquire) {
+                READY if slot.key.load(Relaxed) == key => {
+                    return Ok((slot.row.load(Relaxed), false));
                 }
                 READY => i = (i + 1) & self.mask,
                 EMPTY => {
@@ -215,7 +227,8 @@ impl KeyedTable {
                         values.resize(self.config.dim, 0.0);
                         fill(&mut values);
                     }
-                    if self.state[i]
+                    if slot
+                        .state
                         .compare_exchange(EMPTY, BUSY, Acquire, Relaxed)
                         .is_err()
                     {
@@ -224,16 +237,16 @@ impl KeyedTable {
                     let row = self.next_row.fetch_add(1, Relaxed);
                     if row >= self.config.capacity {
                         self.next_row.fetch_sub(1, Relaxed);
-                        self.state[i].store(EMPTY, Release);
+                        slot.state.store(EMPTY, Release);
                         return Err(KeyedError::Full {
                             table: self.name.clone(),
                             capacity: self.config.capacity,
                         });
                     }
                     self.store_row(row as u32, &values);
-                    self.keys[i].store(key, Relaxed);
-                    self.slot_rows[i].store(row as u32, Relaxed);
-                    self.state[i].store(READY, Release);
+                    slot.key.store(key, Relaxed);
+                    slot.row.store(row as u32, Relaxed);
+                    slot.state.store(READY, Release);
                     return Ok((row as u32, true));
                 }
                 _ => std::hint::spin_loop(),
@@ -254,9 +267,10 @@ impl KeyedTable {
 
     /// Every key held and its row, in slot order (no meaning to it).
     pub fn entries(&self) -> Vec<(i64, u32)> {
-        (0..=self.mask)
-            .filter(|&i| self.state[i].load(Acquire) == READY)
-            .map(|i| (self.keys[i].load(Relaxed), self.slot_rows[i].load(Relaxed)))
+        self.slots
+            .iter()
+            .filter(|s| s.state.load(Acquire) == READY)
+            .map(|s| (s.key.load(Relaxed), s.row.load(Relaxed)))
             .collect()
     }
 
@@ -275,6 +289,10 @@ impl KeyedTable {
         let (mut hits, mut zero, mut init) = (0u64, 0u64, 0u64);
         let mut result = Ok(());
         for (position, &key) in keys.iter().enumerate() {
+            if let Some(&ahead) = keys.get(position + AHEAD) {
+                let slot = &self.slots[self.home(ahead)];
+                prefetch_row((slot as *const Slot).cast(), std::mem::size_of::<Slot>());
+            }
             let row = match (self.find(key), self.config.unknown) {
                 (Some(r), _) => {
                     hits += 1;
@@ -401,7 +419,11 @@ impl KeyedTable {
         out: &mut [f32],
     ) {
         let dim = self.config.dim;
-        let mut row = vec![0f32; dim];
+        let zero_row: Vec<AtomicU32> = (0..dim).map(|_| AtomicU32::new(0)).collect();
+        let row_of = |r: Option<u32>| match r {
+            Some(r) => &self.values[r as usize * dim..][..dim],
+            None => &zero_row[..],
+        };
         for (b, cell) in out.chunks_exact_mut(dim).enumerate() {
             let (lo, hi) = (bounds[b], bounds[b + 1]);
             cell.fill(if mode == Pool::Max && hi > lo {
@@ -410,14 +432,16 @@ impl KeyedTable {
                 0.0
             });
             for k in lo..hi {
-                match rows[k] {
-                    Some(r) => self.read_row(r, &mut row),
-                    None => row.fill(0.0),
+                if let Some(&Some(ahead)) = rows.get(k + AHEAD) {
+                    let p = self.values[ahead as usize * dim..].as_ptr();
+                    prefetch_row(p.cast(), dim * 4);
                 }
-                let w = weights.map_or(1.0, |w| w[k]);
-                match mode {
-                    Pool::Max => cell.iter_mut().zip(&row).for_each(|(a, &v)| *a = a.max(v)),
-                    _ => cell.iter_mut().zip(&row).for_each(|(a, &v)| *a += w * v),
+                let row = row_of(rows[k]);
+                let v = |j: usize| f32::from_bits(row[j].load(Relaxed));
+                match (mode, weights) {
+                    (Pool::Max, _) => (0..dim).for_each(|j| cell[j] = cell[j].max(v(j))),
+                    (_, Some(w)) => (0..dim).for_each(|j| cell[j] += w[k] * v(j)),
+                    (_, None) => (0..dim).for_each(|j| cell[j] += v(j)),
                 }
             }
             if mode == Pool::Mean && hi > lo {
