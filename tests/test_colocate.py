@@ -116,6 +116,10 @@ def test_bad_input_is_named(store, tmp_path):
         colocate(path, tr, tmp_path / "c")
     info = nearrec.info(tmp_path / "c")
     assert [t.colocated for t in info.tables] == [False, True]
+    # co-locating one more table keeps the order the other already has
+    again = colocate(tmp_path / "c", tr, tmp_path / "d", tables=["big"], progress=False)
+    assert [t.colocated for t in again.tables] == [True, True]
+    assert again.tables[1].order == info.tables[1].order
 
 
 def test_cli_colocate_and_info(store, tmp_path):

@@ -341,13 +341,13 @@ def colocate(store: str | Path, trace: str | Path | Trace, out: str | Path,
              how: str = "frequency", tables: list[str] | None = None, overwrite: bool = False,
              progress: bool | None = None) -> StoreInfo:
     """Writes a copy of ``store`` at ``out`` in which each table the trace covers (or each of
-    ``tables``) stores its rows in the order ``how`` derives from ``trace``: ``"frequency"``
-    puts the most-read rows first, ``"first_touch"`` puts rows in the order the trace first
-    reads them (rows read in the same bags and batches end up side by side). Rows the trace
-    never reads follow in id order. Lookups keep their row ids; the SSD tier maps them to where
-    the rows now sit, so a batch's rows that share a block cost one read (with read merging on,
-    the default). The copy is format version 2, which builds that read only version 1
-    refuse.
+    ``tables``; the others keep the order they have) stores its rows in the order ``how``
+    derives from ``trace``: ``"frequency"`` puts the most-read rows first, ``"first_touch"``
+    puts rows in the order the trace first reads them (rows read in the same bags and batches
+    end up side by side). Rows the trace never reads follow in id order. Lookups keep their row
+    ids; the SSD tier maps them to where the rows now sit, so a batch's rows that share a block
+    cost one read (with read merging on, the default). The copy is format version 2, which
+    builds that read only version 1 refuse.
 
     The source is checked against its checksums first; the copy appears atomically. Learn the
     order on one part of a trace and measure on another: ids first read later gain nothing.

@@ -11,8 +11,9 @@ use crate::order::RowOrder;
 use crate::reader::StoreReader;
 use crate::writer::{ProgressFn, StoreOptions, StoreWriter, TableSpec};
 
-/// Writes a copy of `src` at `dst` in which table `i`'s rows sit as `orders[i]` says (`None`: in
-/// row-id order). Row ids, values and everything else stay as they were. The source's data is
+/// Writes a copy of `src` at `dst` in which table `i`'s rows sit as `orders[i]` says (`None`: as
+/// they sit in `src`; the identity order: in row-id order, stored without an order file). Row
+/// ids, values and everything else stay as they were. The source's data is
 /// checked against its checksums first, so a damaged table is never copied under a fresh one;
 /// the copy appears atomically, like any store.
 pub fn copy_ordered(
@@ -60,7 +61,13 @@ pub fn copy_ordered(
             dtype: meta.dtype,
             block_bytes: meta.block_bytes,
         })?;
-        let rows_by_slot = order.as_ref().map(RowOrder::rows_by_slot);
+        // the order the copy gets: the one given, else the source's; none for the identity
+        let order = match order {
+            Some(o) => Some(o),
+            None => src.order(i).map(|o| o.as_ref()),
+        }
+        .filter(|o| !o.is_identity());
+        let rows_by_slot = order.map(RowOrder::rows_by_slot);
         let (layout, file, was) = (meta.layout(), src.file(i), src.order(i));
         let failed = Mutex::new(None);
         table.write_rows(meta.rows, |slot, out, _| {

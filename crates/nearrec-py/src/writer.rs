@@ -263,7 +263,7 @@ pub(crate) fn table_layout(
 }
 
 /// Copies the store at `src` to `dst` with table `i`'s rows stored in the order `orders[i]` gives
-/// (the row at each slot; `None`: row-id order). Returns the new manifest as JSON.
+/// (the row at each slot; `None`: as in the source). Returns the new manifest as JSON.
 #[pyfunction]
 #[pyo3(signature = (src, dst, orders, overwrite = false, params_json = "null", progress = false))]
 pub(crate) fn copy_store_ordered(
