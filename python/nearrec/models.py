@@ -1,0 +1,234 @@
+"""The eight DeepRecInfra benchmark models (``shared/specs/models.md``) as PyTorch modules whose
+sparse part is a :class:`nearrec.torch.EmbeddingBagCollection` over a store built by
+:func:`nearrec.build` (tables ``t0``, ``t1``, ...).
+
+``build("rmc1", store, seed=0)`` gives the model with the spec's exact layer shapes, dense layers
+initialised from ``seed``. ``forward(dense, features)`` takes the dense features ``[batch,
+dense_features]`` (``None`` for models without any) and a ``KeyedJaggedTensor`` whose keys name
+the tables. Every FC layer uses ReLU; DLRM (RMC1–3), WND and MTWND end in a sigmoid; NCF, DIN and
+DIEN use ReLU on every layer, their last included, as the spec has them.
+
+Where the spec leaves a choice, this module makes it and says so:
+
+- RMC1–3 concatenate (DeepRecInfra's configs) or take DLRM's ``"dot"`` interaction (the strictly
+  lower triangle of pairwise dot products of the bottom output and the pooled vectors, then the
+  bottom output); with ``dot`` the first top layer takes that width;
+- MTWND's task heads are 512-256-128 and then one sigmoid unit each (the spec ends the family in a
+  sigmoid); ``tasks`` heads (1, RecSSD 8);
+- DIN: table 0 is the profile, the last two the ad and the context, the ones between are
+  behaviour tables; its attention unit maps ``[beh, ad, beh + ad]`` (96) to 1 and then to 32, per
+  behaviour table, summed;
+- DIEN: tables 0–39 are the 40 behaviour steps, then profile, ad and context; two tanh RNN layers,
+  and the attention stand-in (FC 64→64 and softmax) added back onto the last hidden state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .errors import InvalidRequest
+from .specs import ModelSpec, Variant, model_spec
+from .store import Store
+from .torch import EmbeddingBagCollection, KeyedTensor
+
+
+def mlp(sizes: Sequence[int], last: str = "relu") -> nn.Sequential:
+    """FC layers ``sizes[0] → sizes[1] → ...``, ReLU between them, ``last`` (``"relu"``,
+    ``"sigmoid"`` or ``"none"``) after the last."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(a, b))
+        is_last = i == len(sizes) - 2
+        if not is_last or last == "relu":
+            layers.append(nn.ReLU())
+        elif last == "sigmoid":
+            layers.append(nn.Sigmoid())
+    return nn.Sequential(*layers)
+
+
+def linear_shapes(module: nn.Module) -> list[tuple[int, int]]:
+    """``(in, out)`` of every ``nn.Linear`` in ``module``, in order."""
+    return [(m.in_features, m.out_features) for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+class _Model(nn.Module):
+    """What every model shares: its spec, its sparse part, and the pooled vectors by table."""
+
+    def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str]):
+        super().__init__()
+        self.spec = spec
+        self.sparse = sparse
+        self.table_names = list(tables)
+
+    def pooled(self, features: Any) -> list[Tensor]:
+        out: KeyedTensor = self.sparse(features)
+        return [out[t] for t in self.table_names]
+
+
+class DLRM(_Model):
+    """RMC1 / RMC2 / RMC3: bottom MLP over the dense features, interaction with the pooled
+    vectors, top MLP to one sigmoid unit."""
+
+    lower: Tensor  # the (row, column) pairs of the strictly lower triangle, for "dot"
+
+    def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str],
+                 interaction: str = "cat", bottom: Sequence[int] | None = None):
+        super().__init__(spec, sparse, tables)
+        if interaction not in ("cat", "dot"):
+            raise InvalidRequest(f"interaction must be 'cat' or 'dot', not {interaction!r}")
+        self.interaction = interaction
+        bottom = tuple(bottom or spec.bottom_mlp)
+        self.bottom = mlp(bottom)
+        n = len(tables) + 1
+        top_in = n * bottom[-1] if interaction == "cat" else bottom[-1] + n * (n - 1) // 2
+        self.top = mlp((top_in, *spec.top_mlp[1:]), last="sigmoid")
+        self.register_buffer("lower", torch.tril_indices(n, n, offset=-1), persistent=False)
+
+    def forward(self, dense: Tensor, features: Any) -> Tensor:
+        x = self.bottom(dense)
+        vectors = [x, *self.pooled(features)]
+        if self.interaction == "cat":
+            z = torch.cat(vectors, dim=1)
+        else:
+            t = torch.stack(vectors, dim=1)  # [batch, n, dim]
+            dots = torch.bmm(t, t.transpose(1, 2))
+            z = torch.cat([x, dots[:, self.lower[0], self.lower[1]]], dim=1)
+        out: Tensor = self.top(z)
+        return out
+
+
+class WideAndDeep(_Model):
+    """WND: the pooled vectors and the dense features concatenated, one MLP to a sigmoid."""
+
+    def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str]):
+        super().__init__(spec, sparse, tables)
+        self.top = mlp(spec.top_mlp, last="sigmoid")
+
+    def forward(self, dense: Tensor, features: Any) -> Tensor:
+        out: Tensor = self.top(torch.cat([*self.pooled(features), dense], dim=1))
+        return out
+
+
+class MultiTaskWideAndDeep(_Model):
+    """MTWND: a shared 1888-1024-512 trunk, then per task a 512-256-128 head and a sigmoid unit;
+    returns ``[batch, tasks]``."""
+
+    def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str], tasks: int = 1):
+        super().__init__(spec, sparse, tables)
+        if tasks < 1:
+            raise InvalidRequest(f"tasks must be at least 1, not {tasks}")
+        self.trunk = mlp(spec.top_mlp)
+        self.heads = nn.ModuleList(mlp((spec.top_mlp[-1], 256, 128, 1), last="sigmoid")
+                                   for _ in range(tasks))
+
+    def forward(self, dense: Tensor, features: Any) -> Tensor:
+        h = self.trunk(torch.cat([*self.pooled(features), dense], dim=1))
+        return torch.cat([head(h) for head in self.heads], dim=1)
+
+
+class NCF(_Model):
+    """NCF: matrix factorisation of tables 0 and 1 (summed element-wise) beside an MLP over tables
+    2 and 3, joined by one FC layer; returns ``[batch, 64]``."""
+
+    def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str], dim: int):
+        super().__init__(spec, sparse, tables)
+        self.mlp = mlp((2 * dim, *spec.top_mlp))
+        self.predict = mlp((dim + spec.top_mlp[-1], 64))
+
+    def forward(self, dense: Tensor | None, features: Any) -> Tensor:
+        u, i, a, b = self.pooled(features)
+        out: Tensor = self.predict(torch.cat([u + i, self.mlp(torch.cat([a, b], dim=1))], dim=1))
+        return out
+
+
+class DIN(_Model):
+    """DIN: an attention unit per behaviour table, summed, then an MLP to 2 outputs."""
+
+    def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str], dim: int):
+        super().__init__(spec, sparse, tables)
+        if len(tables) < 4:
+            raise InvalidRequest("DIN needs a profile, behaviour, ad and context table")
+        self.attention = mlp((3 * dim, 1, dim))
+        self.top = mlp((4 * dim, *spec.top_mlp[1:]))
+
+    def forward(self, dense: Tensor | None, features: Any) -> Tensor:
+        profile, *behaviour, ad, context = self.pooled(features)
+        attn = torch.stack([self.attention(torch.cat([b, ad, b + ad], dim=1))
+                            for b in behaviour]).sum(dim=0)
+        out: Tensor = self.top(torch.cat([profile, attn, ad, context], dim=1))
+        return out
+
+
+class DIEN(_Model):
+    """DIEN: two tanh RNN layers over the 40 behaviour steps, the attention stand-in added back
+    onto the last hidden state, then an MLP to 2 outputs."""
+
+    STEPS = 40
+
+    def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str], dim: int):
+        super().__init__(spec, sparse, tables)
+        if len(tables) != self.STEPS + 3:
+            raise InvalidRequest(f"DIEN needs {self.STEPS} behaviour tables, then profile, ad "
+                                 f"and context ({self.STEPS + 3}), not {len(tables)}")
+        self.rnn = nn.RNN(dim, 64, num_layers=2, nonlinearity="tanh", batch_first=True)
+        self.attention = nn.Linear(64, 64)
+        self.top = mlp(spec.top_mlp)
+
+    def forward(self, dense: Tensor | None, features: Any) -> Tensor:
+        pooled = self.pooled(features)
+        steps = torch.stack(pooled[:self.STEPS], dim=1)  # [batch, 40, dim]
+        profile, ad, context = pooled[self.STEPS:]
+        hidden, _ = self.rnn(steps)
+        last = hidden[:, -1]
+        last = last + torch.softmax(self.attention(last), dim=1)
+        out: Tensor = self.top(torch.cat([last, profile, ad, context], dim=1))
+        return out
+
+
+def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "deeprecsys",
+          interaction: str = "cat", tasks: int = 1, sparse: nn.Module | None = None,
+          **collection: Any) -> _Model:
+    """Model ``name`` over ``store``'s tables ``t0``, ``t1``, ... (as :func:`nearrec.build` makes
+    them), dense layers initialised from ``seed``. ``sparse`` replaces the sparse part (any module
+    mapping a ``KeyedJaggedTensor`` to a ``KeyedTensor``); ``collection`` goes to
+    :class:`~nearrec.torch.EmbeddingBagCollection` (``device``, ``hbm_budget``, ...)."""
+    spec = model_spec(name)
+    dim = spec.table_dim(variant)
+    tables = [f"t{i}" for i in range(len(spec.table_rows(variant)))]
+    if sparse is None:
+        if store is None:
+            raise InvalidRequest("give a store or a sparse module")
+        missing = [t for t in tables if t not in store.tables]
+        if missing:
+            raise InvalidRequest(f"the store lacks {spec.name}'s tables {missing[:3]}... (build "
+                                 f"it with nearrec.build(path, {spec.name!r}))")
+        wrong = [t for t in tables if store.table(t).dim != dim]
+        if wrong:
+            raise InvalidRequest(f"{spec.name} needs dim {dim}; table {wrong[0]!r} has "
+                                 f"{store.table(wrong[0]).dim}", table=wrong[0])
+        sparse = EmbeddingBagCollection(store, tables, **collection)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model: _Model
+        if spec.name in ("rmc1", "rmc2", "rmc3"):
+            bottom = (128, 64, 64) if spec.name == "rmc2" and variant == "recssd" else None
+            model = DLRM(spec, sparse, tables, interaction, bottom)
+        elif spec.name == "wnd":
+            model = WideAndDeep(spec, sparse, tables)
+        elif spec.name == "mtwnd":
+            model = MultiTaskWideAndDeep(spec, sparse, tables, tasks)
+        elif spec.name == "ncf":
+            model = NCF(spec, sparse, tables, dim)
+        elif spec.name == "din":
+            model = DIN(spec, sparse, tables, dim)
+        else:
+            model = DIEN(spec, sparse, tables, dim)
+    return model.eval()
+
+
+__all__ = ["DIEN", "DIN", "DLRM", "NCF", "MultiTaskWideAndDeep", "WideAndDeep", "build",
+           "linear_shapes", "mlp"]

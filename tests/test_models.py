@@ -1,0 +1,97 @@
+"""The eight benchmark models: the spec's layer shapes (shared/specs/models.md), and outputs equal
+to the same model whose sparse part is torch.nn.EmbeddingBag over the same rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nearrec
+from nearrec.models import build, linear_shapes
+from nearrec.torch import KeyedJaggedTensor, KeyedTensor
+
+# (in, out) of every FC layer, in order, as the spec's table gives them
+SHAPES = {
+    "rmc1": [(128, 64), (64, 32), (288, 256), (256, 64), (64, 1)],
+    "rmc2": [(256, 128), (128, 64), (2112, 128), (128, 64), (64, 1)],
+    "rmc3": [(2560, 1024), (1024, 256), (256, 32), (352, 512), (512, 256), (256, 1)],
+    "wnd": [(1376, 1024), (1024, 512), (512, 256), (256, 1)],
+    "mtwnd": [(1888, 1024), (1024, 512), (512, 256), (256, 128), (128, 1)],
+    "ncf": [(128, 256), (256, 256), (256, 128), (128, 64), (128, 64)],
+    "din": [(96, 1), (1, 32), (128, 200), (200, 80), (80, 2)],
+    "dien": [(64, 64), (160, 200), (200, 80), (80, 2)],
+}
+OUT = {"rmc1": 1, "rmc2": 1, "rmc3": 1, "wnd": 1, "mtwnd": 1, "ncf": 64, "din": 2, "dien": 2}
+
+
+class TorchCollection(nn.Module):
+    """The reference sparse part: nn.EmbeddingBag (sum) over the store's rows."""
+
+    def __init__(self, weights: dict[str, np.ndarray]):
+        super().__init__()
+        self.names = list(weights)
+        self.bags = nn.ModuleDict({n: nn.EmbeddingBag.from_pretrained(torch.from_numpy(w),
+                                                                       mode="sum")
+                                   for n, w in weights.items()})
+
+    def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
+        keys, values, lengths = kjt.keys(), kjt.values(), kjt.lengths()
+        batch = lengths.numel() // len(keys)
+        bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+        out = []
+        for n in self.names:
+            k = keys.index(n)
+            lo, hi = int(bounds[k * batch]), int(bounds[(k + 1) * batch])
+            out.append(self.bags[n](values[lo:hi], bounds[k * batch:(k + 1) * batch] - lo))
+        return KeyedTensor(self.names, [o.shape[1] for o in out], torch.cat(out, dim=1))
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_shapes_and_outputs_match_the_torch_model(tmp_path, name):
+    spec = nearrec.model_spec(name)
+    path = tmp_path / name
+    nearrec.build(path, name, rows=64, seed=1, progress=False)
+    store = nearrec.open(path)
+    model = build(name, store, seed=3)
+    assert linear_shapes(model) == SHAPES[name]
+    weights = {t: np.array(store.table_array(t)) for t in store.tables}
+    reference = build(name, None, seed=3, sparse=TorchCollection(weights))
+    rng = np.random.default_rng(5)
+    batch, tables = 6, list(store.tables)
+    lengths = rng.integers(0, spec.lookups + 1, batch * len(tables))
+    lengths[0] = 0  # an empty bag
+    values = rng.integers(0, 64, int(lengths.sum()))
+    kjt = KeyedJaggedTensor(tables, torch.from_numpy(values), torch.from_numpy(lengths))
+    dense = torch.from_numpy(rng.standard_normal((batch, spec.dense_features)).astype(np.float32)) \
+        if spec.dense_features else None
+    with torch.inference_mode():
+        got, want = model(dense, kjt), reference(dense, kjt)
+    assert got.shape == (batch, OUT[name])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # the same seed gives the same dense weights; another seed others
+    other = build(name, store, seed=4)
+    assert not all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                    other.state_dict().values(), strict=True))
+
+
+def test_dot_interaction_variants_and_bad_input(tmp_path):
+    path = tmp_path / "rmc1"
+    nearrec.build(path, "rmc1", rows=32, seed=1, progress=False)
+    store = nearrec.open(path)
+    dot = build("rmc1", store, interaction="dot")
+    # 9 vectors: 36 pairwise dots plus the 32-wide bottom output
+    assert linear_shapes(dot.top)[0] == (36 + 32, 256)
+    kjt = KeyedJaggedTensor(list(store.tables), torch.arange(16) % 32,
+                            torch.full((16,), 1, dtype=torch.int64))
+    with torch.inference_mode():
+        out = dot(torch.zeros(2, 128), kjt)
+    assert out.shape == (2, 1) and bool(((out > 0) & (out < 1)).all())
+    assert len(build("mtwnd", None, tasks=8, sparse=nn.Identity()).heads) == 8
+    with pytest.raises(nearrec.InvalidRequest, match="interaction"):
+        build("rmc1", store, interaction="sum")
+    with pytest.raises(nearrec.InvalidRequest, match="lacks"):
+        build("wnd", store)
+    with pytest.raises(nearrec.InvalidRequest, match="unknown model"):
+        build("rmc9", store)
