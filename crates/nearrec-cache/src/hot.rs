@@ -49,6 +49,13 @@ impl HotPartition {
         Self::bytes_for(self.rows() as u64, self.row_bytes)
     }
 
+    /// `row`'s bytes, if pinned, its cache lines asked for (a later read finds them near).
+    pub fn get_prefetched(&self, row: u64) -> Option<&[u8]> {
+        let bytes = self.get(row)?;
+        nearrec_kernels::prefetch_row(bytes.as_ptr(), bytes.len());
+        Some(bytes)
+    }
+
     /// `row`'s bytes, if pinned.
     pub fn get(&self, row: u64) -> Option<&[u8]> {
         let slot = *self.slot_of.get(&row)? as usize;

@@ -9,6 +9,8 @@
 
 use std::sync::Mutex;
 
+use nearrec_kernels::prefetch_row;
+
 use crate::policy::CacheConfig;
 use crate::stats::{CacheStats, CacheStatsSnapshot};
 
@@ -38,6 +40,10 @@ struct Shard {
     clock: u64,
     /// Admission draws made so far (the draw is a hash of seed, shard and this count).
     draws: u64,
+    /// Lookups of this shard's sets, counted under its lock (a shared atomic would bounce
+    /// between the cores on every lookup).
+    hits: u64,
+    misses: u64,
 }
 
 /// A set-associative cache of encoded rows (see the module docs).
@@ -48,6 +54,9 @@ pub struct RowCache {
     sets: usize,
     shard_bits: u32,
     shards: Box<[Mutex<Shard>]>,
+    /// Each shard's `keys` and `marks` addresses, for prefetch hints only (never dereferenced;
+    /// the vectors are never resized).
+    addrs: Box<[(usize, usize)]>,
     config: CacheConfig,
     /// A draw below this admits (`p × 2^64`).
     admit_below: u64,
@@ -75,22 +84,33 @@ impl RowCache {
         let sets = sets / shards * shards;
         let per_shard = sets / shards * ways;
         let p = config.admission_probability.clamp(0.0, 1.0);
+        let shards: Box<[Mutex<Shard>]> = (0..shards)
+            .map(|_| {
+                Mutex::new(Shard {
+                    keys: vec![EMPTY; per_shard], // zeroed pages: committed when used
+                    marks: vec![0; per_shard],
+                    data: vec![0; per_shard * row_bytes],
+                    clock: 0,
+                    draws: 0,
+                    hits: 0,
+                    misses: 0,
+                })
+            })
+            .collect();
+        let addrs = shards
+            .iter()
+            .map(|m| {
+                let s = m.lock().unwrap_or_else(|e| e.into_inner());
+                (s.keys.as_ptr() as usize, s.marks.as_ptr() as usize)
+            })
+            .collect();
         Self {
             row_bytes,
             ways,
             sets,
-            shard_bits: shards.ilog2(),
-            shards: (0..shards)
-                .map(|_| {
-                    Mutex::new(Shard {
-                        keys: vec![EMPTY; per_shard], // zeroed pages: committed when used
-                        marks: vec![0; per_shard],
-                        data: vec![0; per_shard * row_bytes],
-                        clock: 0,
-                        draws: 0,
-                    })
-                })
-                .collect(),
+            shard_bits: shards.len().ilog2(),
+            shards,
+            addrs,
             config,
             admit_below: if p >= 1.0 {
                 u64::MAX
@@ -116,7 +136,13 @@ impl RowCache {
     }
 
     pub fn stats(&self) -> CacheStatsSnapshot {
-        self.stats.snapshot()
+        let mut snap = self.stats.snapshot();
+        for shard in &self.shards {
+            let s = self.lock(shard);
+            snap.hits += s.hits;
+            snap.misses += s.misses;
+        }
+        snap
     }
 
     /// Rows held now.
@@ -139,39 +165,54 @@ impl RowCache {
 
     /// The shard of `row`'s set, and the set's first slot inside the shard.
     fn locate(&self, row: u64) -> Option<(&Mutex<Shard>, usize)> {
+        self.locate_index(row)
+            .map(|(shard, base)| (&self.shards[shard], base))
+    }
+
+    fn locate_index(&self, row: u64) -> Option<(usize, usize)> {
         if self.sets == 0 {
             return None;
         }
         let set = (mix(row ^ self.config.seed) % self.sets as u64) as usize;
         let shard = set & ((1 << self.shard_bits) - 1);
-        Some((&self.shards[shard], (set >> self.shard_bits) * self.ways))
+        Some((shard, (set >> self.shard_bits) * self.ways))
+    }
+
+    /// Hints the processor to fetch the lines a [`Self::get`] of `row` will probe, so several
+    /// lookups' cache misses overlap. Reads nothing, takes no lock.
+    pub fn prefetch(&self, row: u64) {
+        if let Some((shard, base)) = self.locate_index(row) {
+            let (keys, marks) = self.addrs[shard];
+            prefetch_row((keys + base * 8) as *const u8, self.ways * 8);
+            prefetch_row((marks + base * 8) as *const u8, self.ways * 8);
+        }
     }
 
     /// Looks `row` up; on a hit, calls `read` with its bytes (under the shard's lock: keep it
     /// short) and counts the hit.
     /// Rows are below `u64::MAX`.
     pub fn get<R>(&self, row: u64, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        let hit = self.locate(row).and_then(|(shard, base)| {
-            let mut s = self.lock(shard);
-            let way = s.keys[base..base + self.ways]
-                .iter()
-                .position(|&k| k == row + 1)?;
-            let slot = base + way;
-            s.clock += 1;
-            s.marks[slot] = if self.config.policy.frequency() {
-                s.marks[slot].saturating_add(1)
-            } else {
-                s.clock
-            };
-            Some(read(&s.data[slot * self.row_bytes..][..self.row_bytes]))
-        });
-        let counter = if hit.is_some() {
-            &self.stats.hits
-        } else {
-            &self.stats.misses
+        let Some((shard, base)) = self.locate(row) else {
+            CacheStats::add(&self.stats.misses, 1);
+            return None;
         };
-        CacheStats::add(counter, 1);
-        hit
+        let mut s = self.lock(shard);
+        let Some(way) = s.keys[base..base + self.ways]
+            .iter()
+            .position(|&k| k == row + 1)
+        else {
+            s.misses += 1;
+            return None;
+        };
+        let slot = base + way;
+        s.hits += 1;
+        s.clock += 1;
+        s.marks[slot] = if self.config.policy.frequency() {
+            s.marks[slot].saturating_add(1)
+        } else {
+            s.clock
+        };
+        Some(read(&s.data[slot * self.row_bytes..][..self.row_bytes]))
     }
 
     /// Offers a row read from below after a miss (see the module docs).

@@ -69,6 +69,9 @@ struct Routed {
 /// One lookup: `(row, position in the request, bag)`.
 type Entry = (u64, usize, usize);
 
+/// Lookups between a DRAM-tier probe's prefetch and its use.
+const AHEAD: usize = 4;
+
 /// A batch's reads, where each distinct row lands, and which landings each read carries.
 #[derive(Default)]
 struct Plan {
@@ -405,25 +408,42 @@ impl SsdTier {
         if let Some(tiers) = tiers {
             let (meta, dim) = (job.meta, job.meta.dim as usize);
             let row = &mut vec![0f32; dim][..];
+            let (hot, cache) = (tiers.hot.as_ref(), tiers.cache.as_ref());
+            // Lookup `i + AHEAD` is probed in the hot partition (its row's lines asked for) or
+            // its cache set's lines asked for while lookup `i` is pooled: misses overlap.
+            let ahead = |i: usize| -> Option<&[u8]> {
+                let row = r.entries.get(i)?.0;
+                let found = hot.and_then(|h| h.get_prefetched(row));
+                if found.is_none() {
+                    cache.inspect(|c| c.prefetch(row));
+                }
+                found
+            };
+            let mut ring: [Option<&[u8]>; AHEAD] = [None; AHEAD];
+            for (i, slot) in ring.iter_mut().enumerate() {
+                *slot = ahead(i);
+            }
             let mut served = [0u64; 3];
-            r.entries.retain(|e| {
-                let tier = if let Some(bytes) = tiers.hot.as_ref().and_then(|h| h.get(e.0)) {
+            let mut misses = Vec::new();
+            for i in 0..r.entries.len() {
+                let pinned = std::mem::replace(&mut ring[i % AHEAD], ahead(i + AHEAD));
+                let e = r.entries[i];
+                let tier = if let Some(bytes) = pinned {
                     meta.dtype.decode_row(bytes, row);
                     1
-                } else if tiers
-                    .cache
-                    .as_ref()
+                } else if cache
                     .and_then(|c| c.get(e.0, |bytes| meta.dtype.decode_row(bytes, row)))
                     .is_some()
                 {
                     2
                 } else {
-                    return true;
+                    misses.push(e);
+                    continue;
                 };
                 served[tier] += 1;
-                pool_row(job, std::slice::from_ref(e), row, cells);
-                false
-            });
+                pool_row(job, std::slice::from_ref(&e), row, cells);
+            }
+            r.entries = misses;
             IoStats::add(&tiers.served[1], served[1]);
             IoStats::add(&tiers.served[2], served[2]);
         }
