@@ -51,7 +51,7 @@ def test_stack_distance_traces_get_caches_not_pinned_rows(store):
     plan = npl.make_plan(info, tr, info.total_bytes // 8)
     big = plan.tables["big"]
     # recency, not a fixed hot set: most of the share goes to the row cache
-    assert big.cache_bytes > len(big.hot_rows) * (big.row_bytes + npl.SLOT_OVERHEAD)
+    assert big.cache_bytes > len(big.hot_rows) * (big.row_bytes + npl.HOT_OVERHEAD)
     assert big.expected_hit_ratio > 0.5
 
 

@@ -8,6 +8,8 @@ import numpy.typing as npt
 
 __version__: str
 FORMAT_VERSION: int
+CACHE_SLOT_OVERHEAD: int
+HOT_ROW_OVERHEAD: int
 
 _Path = str | PathLike[str]
 

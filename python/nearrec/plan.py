@@ -52,8 +52,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-#: Bookkeeping bytes per cached or pinned row beside the row itself (as the engine counts them).
-SLOT_OVERHEAD = 16
+#: Bookkeeping bytes beside the row itself, as the engine counts them: per row-cache slot, and
+#: per pinned (hot) row.
+SLOT_OVERHEAD = int(_native.CACHE_SLOT_OVERHEAD)
+HOT_OVERHEAD = int(_native.HOT_ROW_OVERHEAD)
 #: Splits of a table's share tried between hot partition and row cache.
 SPLITS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -82,7 +84,7 @@ class TablePlan:
     def bytes(self) -> int:
         if self.resident:
             return self.table_bytes
-        return len(self.hot_rows) * (self.row_bytes + SLOT_OVERHEAD) + self.cache_bytes
+        return len(self.hot_rows) * (self.row_bytes + HOT_OVERHEAD) + self.cache_bytes
 
 
 @dataclass
@@ -213,23 +215,28 @@ class _Curves:
 
     @property
     def slot(self) -> int:
+        """Bytes of one row-cache slot."""
         return self.info.row_bytes + SLOT_OVERHEAD
+
+    @property
+    def pin(self) -> int:
+        """Bytes of one pinned row."""
+        return self.info.row_bytes + HOT_OVERHEAD
 
     def hits(self, nbytes: float) -> float:
         """Lookups served by the better of a hot partition and an LRU cache of ``nbytes``."""
         if nbytes >= self.info.data_bytes:
             return float(self.lookups)
-        k = int(nbytes // self.slot)
-        hot = float(self.hot_hits[min(k, len(self.hot_hits) - 1)])
-        return max(hot, float(self.lru.lru_hit_ratio(k)) * self.lookups)
+        hot = float(self.hot_hits[min(int(nbytes // self.pin), len(self.hot_hits) - 1)])
+        return max(hot, float(self.lru.lru_hit_ratio(int(nbytes // self.slot))) * self.lookups)
 
     def split(self, nbytes: int) -> tuple[float, int, int]:
         """The best split of ``nbytes`` into hot rows and cache bytes: (hits, hot rows, cache
         bytes)."""
         best = (-1.0, 0, 0)
         for f in SPLITS:
-            k = min(int(f * nbytes // self.slot), len(self.order))
-            cache = nbytes - k * self.slot
+            k = min(int(f * nbytes // self.pin), len(self.order))
+            cache = nbytes - k * self.pin
             if k:
                 rest = self.test[~np.isin(self.test, self.order[:k])]
             else:
@@ -305,8 +312,9 @@ def make_plan(store: str | Path | StoreInfo, trace: str | Path | Trace, budget: 
     tables: dict[str, TablePlan] = {}
     for n, c in curves.items():
         grid = np.linspace(0, min(total, c.info.data_bytes), 65)
+        pins = (grid // c.pin).astype(np.int64)
         slots = (grid // c.slot).astype(np.int64)
-        curve = (grid, c.hot_hits[np.minimum(slots, len(c.hot_hits) - 1)] / max(1, c.lookups),
+        curve = (grid, c.hot_hits[np.minimum(pins, len(c.hot_hits) - 1)] / max(1, c.lookups),
                  np.asarray(c.lru.lru_hit_ratio(slots), dtype=np.float64))
         tp = TablePlan(n, c.info.rows, c.info.row_bytes, c.info.data_bytes, c.lookups,
                        c.working_set, c.locality,

@@ -1,22 +1,45 @@
 //! The hot partition (RecSSD's static partitioning): rows picked ahead of time from a profiled
 //! trace, pinned in DRAM for the engine's life, read without locks.
+//!
+//! Pinned rows sit back to back; an open-addressing index (linear probing, at most half full)
+//! maps a row id to its place. The index is this type's own so that a lookup's probe can be
+//! prefetched a few lookups ahead ([`HotPartition::prefetch`]): a hash map's probe is a cache
+//! miss the caller cannot overlap.
 
-use rustc_hash::FxHashMap;
+use nearrec_kernels::prefetch_row;
+
+/// One index entry: `row + 1` (0: empty) and the row's place among the pinned rows.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C, packed)]
+struct Entry {
+    key: u64,
+    place: u32,
+}
+
+/// Index entries per pinned row: the index is at most half full.
+const ENTRIES_PER_ROW: usize = 2;
+/// Bytes of index per pinned row.
+const INDEX_BYTES: u64 = (ENTRIES_PER_ROW * std::mem::size_of::<Entry>()) as u64;
 
 /// Pinned rows of one table, in their stored encoding.
 #[derive(Debug, Default)]
 pub struct HotPartition {
-    slot_of: FxHashMap<u64, u32>,
+    index: Box<[Entry]>,
     data: Vec<u8>,
     row_bytes: usize,
+    rows: usize,
 }
 
-/// Bytes of index per pinned row (hash-map entry with its control byte, rounded up).
-const INDEX_BYTES: u64 = 16;
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
 
 impl HotPartition {
-    /// Pins `rows` (distinct), whose bytes `fill` writes: it gets the rows in order and a buffer
-    /// of `rows.len() × row_bytes` bytes.
+    /// Pins `rows` (distinct, below `u64::MAX`, fewer than 2^32), whose bytes `fill` writes: it
+    /// gets the rows in order and a buffer of `rows.len() × row_bytes` bytes.
     pub fn new<E>(
         rows: &[u64],
         row_bytes: usize,
@@ -24,41 +47,75 @@ impl HotPartition {
     ) -> Result<Self, E> {
         let mut data = vec![0u8; rows.len() * row_bytes];
         fill(rows, &mut data)?;
-        let slot_of = rows
-            .iter()
-            .enumerate()
-            .map(|(i, &r)| (r, i as u32))
-            .collect();
-        Ok(Self {
-            slot_of,
+        let mut hot = Self {
+            index: vec![Entry::default(); (rows.len() * ENTRIES_PER_ROW).max(1)].into(),
             data,
             row_bytes,
-        })
+            rows: rows.len(),
+        };
+        for (place, &row) in rows.iter().enumerate() {
+            let mut i = hot.home(row);
+            while hot.index[i].key != 0 && hot.index[i].key != row + 1 {
+                i = hot.next(i);
+            }
+            hot.index[i] = Entry {
+                key: row + 1,
+                place: place as u32,
+            };
+        }
+        Ok(hot)
     }
 
-    /// What pinning `rows` rows of `row_bytes` bytes costs.
+    /// Bytes of bookkeeping per pinned row beside the row itself.
+    pub const ROW_OVERHEAD: u64 = INDEX_BYTES;
+
+    /// What pinning `rows` rows of `row_bytes` bytes costs: the rows and their index.
     pub fn bytes_for(rows: u64, row_bytes: usize) -> u64 {
         rows * (row_bytes as u64 + INDEX_BYTES)
     }
 
     pub fn rows(&self) -> usize {
-        self.slot_of.len()
+        self.rows
     }
 
     pub fn bytes(&self) -> u64 {
-        Self::bytes_for(self.rows() as u64, self.row_bytes)
-    }
-
-    /// `row`'s bytes, if pinned, its cache lines asked for (a later read finds them near).
-    pub fn get_prefetched(&self, row: u64) -> Option<&[u8]> {
-        let bytes = self.get(row)?;
-        nearrec_kernels::prefetch_row(bytes.as_ptr(), bytes.len());
-        Some(bytes)
+        Self::bytes_for(self.rows as u64, self.row_bytes)
     }
 
     /// `row`'s bytes, if pinned.
     pub fn get(&self, row: u64) -> Option<&[u8]> {
-        let slot = *self.slot_of.get(&row)? as usize;
-        Some(&self.data[slot * self.row_bytes..][..self.row_bytes])
+        let mut i = self.home(row);
+        loop {
+            let Entry { key, place } = self.index[i];
+            if key == 0 {
+                return None;
+            }
+            if key == row.wrapping_add(1) {
+                return Some(&self.data[place as usize * self.row_bytes..][..self.row_bytes]);
+            }
+            i = self.next(i);
+        }
+    }
+
+    /// As [`Self::get`], and asks for the row's cache lines (a read soon after finds them near).
+    pub fn get_prefetched(&self, row: u64) -> Option<&[u8]> {
+        let bytes = self.get(row)?;
+        prefetch_row(bytes.as_ptr(), bytes.len());
+        Some(bytes)
+    }
+
+    /// Asks for the index line a [`Self::get`] of `row` starts at. Reads nothing.
+    pub fn prefetch(&self, row: u64) {
+        let entry: *const Entry = &self.index[self.home(row)];
+        prefetch_row(entry.cast(), std::mem::size_of::<Entry>());
+    }
+
+    /// Where `row`'s probe starts: the hash scaled onto the index (no power-of-two size needed).
+    fn home(&self, row: u64) -> usize {
+        ((u128::from(mix(row)) * self.index.len() as u128) >> 64) as usize
+    }
+
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.index.len() { 0 } else { i + 1 }
     }
 }

@@ -229,7 +229,32 @@ fn hot_partition_serves_its_rows_only() {
         assert_eq!(hot.get(r), Some(&bytes_of(r)[..]));
     }
     assert_eq!(hot.get(6), None);
+    assert_eq!(hot.get(u64::MAX), None);
     assert_eq!(hot.bytes(), HotPartition::bytes_for(3, RB));
     let failed = HotPartition::new(&rows, RB, |_, _| Err("disk"));
     assert_eq!(failed.unwrap_err(), "disk");
+}
+
+proptest! {
+    #[test]
+    fn hot_partition_finds_exactly_its_rows(
+        rows in prop::collection::hash_set(prop_oneof![0u64..200, 0u64..1 << 48], 0..300),
+        probes in prop::collection::vec(prop_oneof![0u64..200, 0u64..1 << 48], 0..100),
+    ) {
+        let rows: Vec<u64> = rows.into_iter().collect();
+        let hot = HotPartition::new(&rows, RB, |rows, buf| {
+            for (r, dst) in rows.iter().zip(buf.chunks_exact_mut(RB)) {
+                dst.copy_from_slice(&bytes_of(*r));
+            }
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        for &r in &rows {
+            prop_assert_eq!(hot.get(r), Some(&bytes_of(r)[..]));
+            prop_assert_eq!(hot.get_prefetched(r), Some(&bytes_of(r)[..]));
+        }
+        for p in probes {
+            prop_assert_eq!(hot.get(p).is_some(), rows.contains(&p));
+        }
+    }
 }

@@ -409,9 +409,13 @@ impl SsdTier {
             let (meta, dim) = (job.meta, job.meta.dim as usize);
             let row = &mut vec![0f32; dim][..];
             let (hot, cache) = (tiers.hot.as_ref(), tiers.cache.as_ref());
-            // Lookup `i + AHEAD` is probed in the hot partition (its row's lines asked for) or
-            // its cache set's lines asked for while lookup `i` is pooled: misses overlap.
+            // While lookup `i` is pooled, lookup `i + AHEAD` is probed in the hot partition (its
+            // row's lines asked for; else its cache set's lines), and the hot partition's index
+            // line of lookup `i + 2 AHEAD` is asked for: several misses overlap.
             let ahead = |i: usize| -> Option<&[u8]> {
+                if let (Some(h), Some(e)) = (hot, r.entries.get(i + AHEAD)) {
+                    h.prefetch(e.0);
+                }
                 let row = r.entries.get(i)?.0;
                 let found = hot.and_then(|h| h.get_prefetched(row));
                 if found.is_none() {

@@ -17,6 +17,11 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", nearrec_format::FORMAT_VERSION)?;
+    m.add("CACHE_SLOT_OVERHEAD", nearrec_cache::SLOT_OVERHEAD)?;
+    m.add(
+        "HOT_ROW_OVERHEAD",
+        nearrec_cache::HotPartition::ROW_OVERHEAD,
+    )?;
     m.add_class::<store::NativeStore>()?;
     m.add_class::<writer::NativeStoreWriter>()?;
     m.add_class::<limits::MappedStore>()?;
