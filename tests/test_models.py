@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import nearrec
-from nearrec.models import build, linear_shapes
+import nearrec.trace
+from nearrec.models import build, infer, linear_shapes
 from nearrec.torch import KeyedJaggedTensor, KeyedTensor
 
 # (in, out) of every FC layer, in order, as the spec's table gives them
@@ -95,3 +96,36 @@ def test_dot_interaction_variants_and_bad_input(tmp_path):
         build("wnd", store)
     with pytest.raises(nearrec.InvalidRequest, match="unknown model"):
         build("rmc9", store)
+
+
+@pytest.mark.parametrize("tier", ["dram", "ssd"])
+def test_pipelined_inference_equals_forward(tmp_path, tier):
+    path = tmp_path / "rmc3"
+    nearrec.build(path, "rmc3", rows=500, seed=2, progress=False)
+    store = nearrec.open(path, tier=tier)
+    model = build("rmc3", store, seed=1)
+    tr = nearrec.trace.generate(store, 6 * 16, 20, nearrec.trace.Generator.zipf(1.05), seed=4)
+    rng = np.random.default_rng(0)
+    batches = []
+    for b in range(6):
+        lookups = tr.batch(b * 16, (b + 1) * 16)
+        kjt = KeyedJaggedTensor([r.table for r in lookups],
+                                torch.from_numpy(np.concatenate([r.indices for r in lookups])),
+                                torch.from_numpy(np.concatenate(
+                                    [np.diff(np.append(r.offsets, len(r.indices)))
+                                     for r in lookups])))
+        batches.append((torch.from_numpy(rng.standard_normal((16, 2560), dtype=np.float32)),
+                        kjt))
+    with torch.inference_mode():
+        want = [model(d, f) for d, f in batches]
+    for depth in (0, 1, 3):
+        res = infer(model, batches, depth=depth)
+        assert res.samples == 96 and len(res.outputs) == 6
+        for got, w in zip(res.outputs, want, strict=True):
+            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+        assert 0 <= res.embedding_wait <= res.seconds and 0 < res.dense <= res.seconds
+    # a bad index in a later batch raises its typed error from the pipeline
+    dense, kjt = batches[0]
+    bad = KeyedJaggedTensor(kjt.keys(), kjt.values() + 10_000, kjt.lengths())
+    with pytest.raises(nearrec.IndexOutOfRange):
+        infer(model, [batches[0], (dense, bad)], depth=2)

@@ -259,6 +259,55 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_infer(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import models
+    from . import trace as nt
+    from .torch import KeyedJaggedTensor
+
+    def fresh() -> tuple[nearrec.Store, models._Model]:
+        """The store opened anew, caches empty: each run starts from the same state."""
+        store = nearrec.open(args.store, tier=args.tier, dram_budget=args.dram_budget,
+                             progress=args.progress)
+        return store, models.build(args.model, store, seed=args.seed)
+
+    spec = nearrec.model_spec(args.model)
+    tr = nt.load(args.trace)
+    rng = np.random.default_rng(args.seed)
+    batches = []
+    for b in range(min(args.batches, tr.bags // args.batch)):
+        lookups = tr.batch(b * args.batch, (b + 1) * args.batch)
+        values = np.concatenate([np.asarray(r.indices) for r in lookups])
+        lengths = np.concatenate([np.diff(np.append(r.offsets, len(r.indices)))
+                                  for r in lookups])
+        dense = torch.from_numpy(rng.standard_normal((args.batch, spec.dense_features),
+                                                     dtype=np.float32)) \
+            if spec.dense_features else None
+        batches.append((dense, KeyedJaggedTensor([r.table for r in lookups],
+                                                 torch.from_numpy(values),
+                                                 torch.from_numpy(lengths))))
+    runs: dict[str, dict[str, float]] = {}
+    tier = ""
+    for depth in (0, args.depth):
+        store, model = fresh()
+        tier = store.tier
+        res = models.infer(model, batches, depth)
+        runs["sequential" if depth == 0 else f"pipelined (depth {depth})"] = {
+            "samples_per_s": res.samples_per_s, "seconds": res.seconds,
+            "embedding_wait_s": res.embedding_wait, "dense_s": res.dense}
+        del model, store
+    lines = [f"{args.model} on {tier}, {len(batches)} batches of {args.batch}, each run from "
+             "a freshly opened store"]
+    for name, r in runs.items():
+        lines.append(f"  {name:<22} {r['samples_per_s']:>10,.0f} samples/s  (waiting for "
+                     f"embeddings {r['embedding_wait_s']:.2f} s, dense part {r['dense_s']:.2f} s"
+                     f", wall {r['seconds']:.2f} s)")
+    _emit(args, {"model": args.model, "tier": tier, "batch": args.batch,
+                 "batches": len(batches), "runs": runs}, "\n".join(lines))
+    return 0
+
+
 def cmd_colocate(args: argparse.Namespace) -> int:
     from .plan import colocate
 
@@ -478,6 +527,20 @@ def parser() -> argparse.ArgumentParser:
         common(tp)
     common(tg)
     tr.set_defaults(func=cmd_trace)
+
+    inf = sub.add_parser("infer", help="run a benchmark model over a trace, embeddings of the "
+                         "next batches overlapping the MLPs (and, for comparison, not)")
+    inf.add_argument("store", help="a store built for the model (nearrec build --model ...)")
+    inf.add_argument("trace", help="a .nrtrace file over the store's tables")
+    inf.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS))
+    inf.add_argument("--batch", type=int, default=64)
+    inf.add_argument("--batches", type=int, default=50)
+    inf.add_argument("--depth", type=int, default=2, help="batches whose embeddings are in flight")
+    inf.add_argument("--tier", default="auto", choices=["auto", "dram", "ssd"])
+    inf.add_argument("--dram-budget", type=parse_bytes, help="DRAM for the tiers, e.g. 256MiB")
+    inf.add_argument("--seed", type=int, default=0)
+    common(inf)
+    inf.set_defaults(func=cmd_infer)
 
     pl = sub.add_parser("plan", help="place a store's rows in a DRAM budget from a trace")
     pl.add_argument("store")

@@ -3,10 +3,12 @@ sparse part is a :class:`nearrec.torch.EmbeddingBagCollection` over a store buil
 :func:`nearrec.build` (tables ``t0``, ``t1``, ...).
 
 ``build("rmc1", store, seed=0)`` gives the model with the spec's exact layer shapes, dense layers
-initialised from ``seed``. ``forward(dense, features)`` takes the dense features ``[batch,
-dense_features]`` (``None`` for models without any) and a ``KeyedJaggedTensor`` whose keys name
-the tables. Every FC layer uses ReLU; DLRM (RMC1–3), WND and MTWND end in a sigmoid; NCF, DIN and
-DIEN use ReLU on every layer, their last included, as the spec has them.
+initialised from ``seed``; :func:`infer` runs it over a stream of batches with the next batches'
+embedding reads overlapping the current batch's MLPs, and says where the time went.
+``forward(dense, features)`` takes the dense features ``[batch, dense_features]`` (``None`` for
+models without any) and a ``KeyedJaggedTensor`` whose keys name the tables. Every FC layer uses
+ReLU; DLRM (RMC1–3), WND and MTWND end in a sigmoid; NCF, DIN and DIEN use ReLU on every layer,
+their last included, as the spec has them.
 
 Where the spec leaves a choice, this module makes it and says so:
 
@@ -24,7 +26,11 @@ Where the spec leaves a choice, this module makes it and says so:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,8 +71,22 @@ class _Model(nn.Module):
         self.table_names = list(tables)
 
     def pooled(self, features: Any) -> list[Tensor]:
+        """The sparse part: each table's pooled vectors."""
         out: KeyedTensor = self.sparse(features)
         return [out[t] for t in self.table_names]
+
+    def forward(self, dense: Tensor | None, features: Any) -> Tensor:
+        return self.dense_part(dense, self.pooled(features))
+
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+        """Everything after the embeddings, from the pooled vectors."""
+        raise NotImplementedError
+
+
+def _need(dense: Tensor | None) -> Tensor:
+    if dense is None:
+        raise InvalidRequest("this model needs dense features")
+    return dense
 
 
 class DLRM(_Model):
@@ -88,9 +108,9 @@ class DLRM(_Model):
         self.top = mlp((top_in, *spec.top_mlp[1:]), last="sigmoid")
         self.register_buffer("lower", torch.tril_indices(n, n, offset=-1), persistent=False)
 
-    def forward(self, dense: Tensor, features: Any) -> Tensor:
-        x = self.bottom(dense)
-        vectors = [x, *self.pooled(features)]
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+        x = self.bottom(_need(dense))
+        vectors = [x, *pooled]
         if self.interaction == "cat":
             z = torch.cat(vectors, dim=1)
         else:
@@ -108,8 +128,8 @@ class WideAndDeep(_Model):
         super().__init__(spec, sparse, tables)
         self.top = mlp(spec.top_mlp, last="sigmoid")
 
-    def forward(self, dense: Tensor, features: Any) -> Tensor:
-        out: Tensor = self.top(torch.cat([*self.pooled(features), dense], dim=1))
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+        out: Tensor = self.top(torch.cat([*pooled, _need(dense)], dim=1))
         return out
 
 
@@ -125,8 +145,8 @@ class MultiTaskWideAndDeep(_Model):
         self.heads = nn.ModuleList(mlp((spec.top_mlp[-1], 256, 128, 1), last="sigmoid")
                                    for _ in range(tasks))
 
-    def forward(self, dense: Tensor, features: Any) -> Tensor:
-        h = self.trunk(torch.cat([*self.pooled(features), dense], dim=1))
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+        h = self.trunk(torch.cat([*pooled, _need(dense)], dim=1))
         return torch.cat([head(h) for head in self.heads], dim=1)
 
 
@@ -139,8 +159,8 @@ class NCF(_Model):
         self.mlp = mlp((2 * dim, *spec.top_mlp))
         self.predict = mlp((dim + spec.top_mlp[-1], 64))
 
-    def forward(self, dense: Tensor | None, features: Any) -> Tensor:
-        u, i, a, b = self.pooled(features)
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+        u, i, a, b = pooled
         out: Tensor = self.predict(torch.cat([u + i, self.mlp(torch.cat([a, b], dim=1))], dim=1))
         return out
 
@@ -155,8 +175,8 @@ class DIN(_Model):
         self.attention = mlp((3 * dim, 1, dim))
         self.top = mlp((4 * dim, *spec.top_mlp[1:]))
 
-    def forward(self, dense: Tensor | None, features: Any) -> Tensor:
-        profile, *behaviour, ad, context = self.pooled(features)
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+        profile, *behaviour, ad, context = pooled
         attn = torch.stack([self.attention(torch.cat([b, ad, b + ad], dim=1))
                             for b in behaviour]).sum(dim=0)
         out: Tensor = self.top(torch.cat([profile, attn, ad, context], dim=1))
@@ -178,8 +198,7 @@ class DIEN(_Model):
         self.attention = nn.Linear(64, 64)
         self.top = mlp(spec.top_mlp)
 
-    def forward(self, dense: Tensor | None, features: Any) -> Tensor:
-        pooled = self.pooled(features)
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
         steps = torch.stack(pooled[:self.STEPS], dim=1)  # [batch, 40, dim]
         profile, ad, context = pooled[self.STEPS:]
         hidden, _ = self.rnn(steps)
@@ -187,6 +206,74 @@ class DIEN(_Model):
         last = last + torch.softmax(self.attention(last), dim=1)
         out: Tensor = self.top(torch.cat([last, profile, ad, context], dim=1))
         return out
+
+
+@dataclass
+class InferResult:
+    """Outputs of :func:`infer`, in order, and where the time went (seconds)."""
+
+    outputs: list[Tensor]
+    #: wall time of the whole run
+    seconds: float
+    #: the caller waiting for pooled vectors (all of the embedding time without overlap)
+    embedding_wait: float
+    #: the dense part (MLPs, interaction) on the caller's thread
+    dense: float
+    samples: int
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds else 0.0
+
+
+def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
+          depth: int = 2) -> InferResult:
+    """Runs ``model`` on ``(dense, features)`` batches with the embeddings of the next ``depth``
+    batches in flight while the dense part of the current one runs (RecSSD's SLS workers
+    feeding NN workers; the engine and PyTorch's kernels both release the GIL). ``depth=0``
+    runs each batch's embeddings then its dense part, nothing overlapped: the baseline the
+    overlap is measured against."""
+    if depth < 0:
+        raise InvalidRequest(f"depth must be 0 or more, not {depth}")
+    outputs: list[Tensor] = []
+    wait = dense_s = 0.0
+    samples = 0
+    start = time.perf_counter()
+    with torch.inference_mode(), ThreadPoolExecutor(max(1, depth)) as pool:
+        queue: deque[tuple[Tensor | None, Future[list[Tensor]]]] = deque()
+        items = iter(batches)
+
+        def fill() -> None:
+            while len(queue) < max(1, depth):
+                item = next(items, None)
+                if item is None:
+                    return
+                queue.append((item[0], pool.submit(_pooled, model, item[1])))
+
+        fill()
+        while queue:
+            dense, pending = queue.popleft()
+            t = time.perf_counter()
+            if depth == 0:
+                pooled = pending.result()
+            else:
+                fill()  # the next batches' reads start before this batch waits
+                pooled = pending.result()
+            t1 = time.perf_counter()
+            out = model.dense_part(dense, pooled)
+            t2 = time.perf_counter()
+            wait += t1 - t
+            dense_s += t2 - t1
+            outputs.append(out)
+            samples += out.shape[0]
+            if depth == 0:
+                fill()
+    return InferResult(outputs, time.perf_counter() - start, wait, dense_s, samples)
+
+
+def _pooled(model: _Model, features: Any) -> list[Tensor]:
+    with torch.inference_mode():
+        return model.pooled(features)
 
 
 def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "deeprecsys",
@@ -230,5 +317,5 @@ def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "dee
     return model.eval()
 
 
-__all__ = ["DIEN", "DIN", "DLRM", "NCF", "MultiTaskWideAndDeep", "WideAndDeep", "build",
-           "linear_shapes", "mlp"]
+__all__ = ["DIEN", "DIN", "DLRM", "NCF", "InferResult", "MultiTaskWideAndDeep", "WideAndDeep",
+           "build", "infer", "linear_shapes", "mlp"]
