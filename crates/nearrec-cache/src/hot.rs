@@ -8,6 +8,8 @@
 
 use nearrec_kernels::prefetch_row;
 
+use crate::hash::{mix, scale};
+
 /// One index entry: `row + 1` (0: empty) and the row's place among the pinned rows.
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C, packed)]
@@ -28,13 +30,6 @@ pub struct HotPartition {
     data: Vec<u8>,
     row_bytes: usize,
     rows: usize,
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 impl HotPartition {
@@ -112,7 +107,7 @@ impl HotPartition {
 
     /// Where `row`'s probe starts: the hash scaled onto the index (no power-of-two size needed).
     fn home(&self, row: u64) -> usize {
-        ((u128::from(mix(row)) * self.index.len() as u128) >> 64) as usize
+        scale(mix(row), self.index.len())
     }
 
     fn next(&self, i: usize) -> usize {

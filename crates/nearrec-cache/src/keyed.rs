@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 use nearrec_kernels::prefetch_row;
 
+use crate::hash::mix;
+
 const EMPTY: u32 = 0;
 const BUSY: u32 = 1;
 const READY: u32 = 2;
@@ -493,12 +495,4 @@ impl std::fmt::Debug for KeyedTable {
             .field("config", &self.config)
             .finish()
     }
-}
-
-/// SplitMix64's finaliser: spreads keys (often small or strided) over the slots.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }

@@ -10,6 +10,7 @@
 //!
 //! Whole-table residency needs no type of its own: the engine keeps such a table's file image.
 
+mod hash;
 mod hot;
 mod keyed;
 mod policy;

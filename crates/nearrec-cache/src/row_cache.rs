@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use nearrec_kernels::prefetch_row;
 
+use crate::hash::{mix, scale};
 use crate::policy::CacheConfig;
 use crate::stats::{CacheStats, CacheStatsSnapshot};
 
@@ -61,13 +62,6 @@ pub struct RowCache {
     /// A draw below this admits (`p × 2^64`).
     admit_below: u64,
     stats: CacheStats,
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 impl RowCache {
@@ -173,8 +167,7 @@ impl RowCache {
         if self.sets == 0 {
             return None;
         }
-        // the hash scaled onto the sets: a multiply, not a division, on every lookup
-        let set = ((u128::from(mix(row ^ self.config.seed)) * self.sets as u128) >> 64) as usize;
+        let set = scale(mix(row ^ self.config.seed), self.sets);
         let shard = set & ((1 << self.shard_bits) - 1);
         Some((shard, (set >> self.shard_bits) * self.ways))
     }

@@ -1,0 +1,14 @@
+//! The one hash the DRAM tiers place rows and keys with.
+
+/// SplitMix64's finaliser: spreads ids (often small, strided or sequential) over 64 bits.
+pub(crate) fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `hash` scaled onto `0..n`: a multiply, not a division, on every lookup (Lemire's reduction).
+pub(crate) fn scale(hash: u64, n: usize) -> usize {
+    ((u128::from(hash) * n as u128) >> 64) as usize
+}
