@@ -124,6 +124,9 @@ def test_pipelined_inference_equals_forward(tmp_path, tier):
         for got, w in zip(res.outputs, want, strict=True):
             torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
         assert 0 <= res.embedding_wait <= res.seconds and 0 < res.dense <= res.seconds
+        parts = res.breakdown
+        assert set(parts) == {"embedding_wait", "bottom_mlp", "interaction", "top_mlp"}
+        assert sum(parts.values()) - parts["embedding_wait"] == pytest.approx(res.dense, rel=0.05)
     # a bad index in a later batch raises its typed error from the pipeline
     dense, kjt = batches[0]
     bad = KeyedJaggedTensor(kjt.keys(), kjt.values() + 10_000, kjt.lengths())

@@ -287,7 +287,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         batches.append((dense, KeyedJaggedTensor([r.table for r in lookups],
                                                  torch.from_numpy(values),
                                                  torch.from_numpy(lengths))))
-    runs: dict[str, dict[str, float]] = {}
+    runs: dict[str, dict[str, Any]] = {}
     tier = ""
     for depth in (0, args.depth):
         store, model = fresh()
@@ -295,14 +295,15 @@ def cmd_infer(args: argparse.Namespace) -> int:
         res = models.infer(model, batches, depth)
         runs["sequential" if depth == 0 else f"pipelined (depth {depth})"] = {
             "samples_per_s": res.samples_per_s, "seconds": res.seconds,
-            "embedding_wait_s": res.embedding_wait, "dense_s": res.dense}
+            "embedding_wait_s": res.embedding_wait, "dense_s": res.dense,
+            "breakdown_s": res.breakdown}
         del model, store
     lines = [f"{args.model} on {tier}, {len(batches)} batches of {args.batch}, each run from "
              "a freshly opened store"]
     for name, r in runs.items():
-        lines.append(f"  {name:<22} {r['samples_per_s']:>10,.0f} samples/s  (waiting for "
-                     f"embeddings {r['embedding_wait_s']:.2f} s, dense part {r['dense_s']:.2f} s"
-                     f", wall {r['seconds']:.2f} s)")
+        lines.append(f"  {name:<22} {r['samples_per_s']:>10,.0f} samples/s, wall "
+                     f"{r['seconds']:.2f} s: " + ", ".join(
+                         f"{k.replace('_', ' ')} {v:.2f} s" for k, v in r["breakdown_s"].items()))
     _emit(args, {"model": args.model, "tier": tier, "batch": args.batch,
                  "batches": len(batches), "runs": runs}, "\n".join(lines))
     return 0

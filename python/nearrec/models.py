@@ -42,6 +42,29 @@ from .store import Store
 from .torch import EmbeddingBagCollection, KeyedTensor
 
 
+class Stages:
+    """Seconds spent per named stage of models' dense parts, summed over batches (CPU tensors:
+    the ops are synchronous, so wall time is theirs)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+
+    def mark(self, stage: str) -> None:
+        """Charges the time since the last mark (or start) to ``stage``."""
+        now = time.perf_counter()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self._t
+        self._t = now
+
+
+def _mark(stages: Stages | None, stage: str) -> None:
+    if stages is not None:
+        stages.mark(stage)
+
+
 def mlp(sizes: Sequence[int], last: str = "relu") -> nn.Sequential:
     """FC layers ``sizes[0] → sizes[1] → ...``, ReLU between them, ``last`` (``"relu"``,
     ``"sigmoid"`` or ``"none"``) after the last."""
@@ -78,8 +101,11 @@ class _Model(nn.Module):
     def forward(self, dense: Tensor | None, features: Any) -> Tensor:
         return self.dense_part(dense, self.pooled(features))
 
-    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
-        """Everything after the embeddings, from the pooled vectors."""
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
+                   stages: Stages | None = None) -> Tensor:
+        """Everything after the embeddings, from the pooled vectors; with ``stages``, the time
+        of each stage (DLRM: ``bottom_mlp``, ``interaction``, ``top_mlp``; the others:
+        ``dense_mlp``) is added there."""
         raise NotImplementedError
 
 
@@ -108,8 +134,10 @@ class DLRM(_Model):
         self.top = mlp((top_in, *spec.top_mlp[1:]), last="sigmoid")
         self.register_buffer("lower", torch.tril_indices(n, n, offset=-1), persistent=False)
 
-    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
+                   stages: Stages | None = None) -> Tensor:
         x = self.bottom(_need(dense))
+        _mark(stages, "bottom_mlp")
         vectors = [x, *pooled]
         if self.interaction == "cat":
             z = torch.cat(vectors, dim=1)
@@ -117,7 +145,9 @@ class DLRM(_Model):
             t = torch.stack(vectors, dim=1)  # [batch, n, dim]
             dots = torch.bmm(t, t.transpose(1, 2))
             z = torch.cat([x, dots[:, self.lower[0], self.lower[1]]], dim=1)
+        _mark(stages, "interaction")
         out: Tensor = self.top(z)
+        _mark(stages, "top_mlp")
         return out
 
 
@@ -128,8 +158,10 @@ class WideAndDeep(_Model):
         super().__init__(spec, sparse, tables)
         self.top = mlp(spec.top_mlp, last="sigmoid")
 
-    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
+                   stages: Stages | None = None) -> Tensor:
         out: Tensor = self.top(torch.cat([*pooled, _need(dense)], dim=1))
+        _mark(stages, "dense_mlp")
         return out
 
 
@@ -145,9 +177,12 @@ class MultiTaskWideAndDeep(_Model):
         self.heads = nn.ModuleList(mlp((spec.top_mlp[-1], 256, 128, 1), last="sigmoid")
                                    for _ in range(tasks))
 
-    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
+                   stages: Stages | None = None) -> Tensor:
         h = self.trunk(torch.cat([*pooled, _need(dense)], dim=1))
-        return torch.cat([head(h) for head in self.heads], dim=1)
+        out = torch.cat([head(h) for head in self.heads], dim=1)
+        _mark(stages, "dense_mlp")
+        return out
 
 
 class NCF(_Model):
@@ -159,9 +194,11 @@ class NCF(_Model):
         self.mlp = mlp((2 * dim, *spec.top_mlp))
         self.predict = mlp((dim + spec.top_mlp[-1], 64))
 
-    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
+                   stages: Stages | None = None) -> Tensor:
         u, i, a, b = pooled
         out: Tensor = self.predict(torch.cat([u + i, self.mlp(torch.cat([a, b], dim=1))], dim=1))
+        _mark(stages, "dense_mlp")
         return out
 
 
@@ -175,11 +212,13 @@ class DIN(_Model):
         self.attention = mlp((3 * dim, 1, dim))
         self.top = mlp((4 * dim, *spec.top_mlp[1:]))
 
-    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
+                   stages: Stages | None = None) -> Tensor:
         profile, *behaviour, ad, context = pooled
         attn = torch.stack([self.attention(torch.cat([b, ad, b + ad], dim=1))
                             for b in behaviour]).sum(dim=0)
         out: Tensor = self.top(torch.cat([profile, attn, ad, context], dim=1))
+        _mark(stages, "dense_mlp")
         return out
 
 
@@ -198,13 +237,15 @@ class DIEN(_Model):
         self.attention = nn.Linear(64, 64)
         self.top = mlp(spec.top_mlp)
 
-    def dense_part(self, dense: Tensor | None, pooled: list[Tensor]) -> Tensor:
+    def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
+                   stages: Stages | None = None) -> Tensor:
         steps = torch.stack(pooled[:self.STEPS], dim=1)  # [batch, 40, dim]
         profile, ad, context = pooled[self.STEPS:]
         hidden, _ = self.rnn(steps)
         last = hidden[:, -1]
         last = last + torch.softmax(self.attention(last), dim=1)
         out: Tensor = self.top(torch.cat([last, profile, ad, context], dim=1))
+        _mark(stages, "dense_mlp")
         return out
 
 
@@ -220,6 +261,8 @@ class InferResult:
     #: the dense part (MLPs, interaction) on the caller's thread
     dense: float
     samples: int
+    #: seconds per stage: ``embedding_wait`` and the dense part's stages (see ``dense_part``)
+    breakdown: dict[str, float]
 
     @property
     def samples_per_s(self) -> float:
@@ -236,6 +279,7 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
     if depth < 0:
         raise InvalidRequest(f"depth must be 0 or more, not {depth}")
     outputs: list[Tensor] = []
+    stages = Stages()
     wait = dense_s = 0.0
     samples = 0
     start = time.perf_counter()
@@ -260,7 +304,8 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
                 fill()  # the next batches' reads start before this batch waits
                 pooled = pending.result()
             t1 = time.perf_counter()
-            out = model.dense_part(dense, pooled)
+            stages.start()
+            out = model.dense_part(dense, pooled, stages)
             t2 = time.perf_counter()
             wait += t1 - t
             dense_s += t2 - t1
@@ -268,7 +313,8 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
             samples += out.shape[0]
             if depth == 0:
                 fill()
-    return InferResult(outputs, time.perf_counter() - start, wait, dense_s, samples)
+    return InferResult(outputs, time.perf_counter() - start, wait, dense_s, samples,
+                       {"embedding_wait": wait, **stages.seconds})
 
 
 def _pooled(model: _Model, features: Any) -> list[Tensor]:
@@ -317,5 +363,5 @@ def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "dee
     return model.eval()
 
 
-__all__ = ["DIEN", "DIN", "DLRM", "NCF", "InferResult", "MultiTaskWideAndDeep", "WideAndDeep",
-           "build", "infer", "linear_shapes", "mlp"]
+__all__ = ["DIEN", "DIN", "DLRM", "NCF", "InferResult", "MultiTaskWideAndDeep", "Stages",
+           "WideAndDeep", "build", "infer", "linear_shapes", "mlp"]
