@@ -10,7 +10,7 @@ from torch import nn
 
 import nearrec
 import nearrec.trace
-from nearrec.models import build, infer, linear_shapes
+from nearrec.models import build, infer, linear_shapes, load, save
 from nearrec.torch import KeyedJaggedTensor, KeyedTensor
 
 # (in, out) of every FC layer, in order, as the spec's table gives them
@@ -132,3 +132,30 @@ def test_pipelined_inference_equals_forward(tmp_path, tier):
     bad = KeyedJaggedTensor(kjt.keys(), kjt.values() + 10_000, kjt.lengths())
     with pytest.raises(nearrec.IndexOutOfRange):
         infer(model, [batches[0], (dense, bad)], depth=2)
+
+
+def test_models_are_kept_with_their_tables(tmp_path):
+    path = tmp_path / "mtwnd"
+    nearrec.build(path, "mtwnd", rows=40, seed=1, progress=False)
+    store = nearrec.open(path)
+    with pytest.raises(nearrec.InvalidRequest, match="keeps no model"):
+        load(store)
+    model = build("mtwnd", store, seed=7, tasks=3)
+    save(model, path)
+    info = nearrec.info(path)
+    assert info.format_version == 2 and set(info.attachments) == {"model.json", "dense.npz"}
+    assert all(c.ok for c in nearrec.verify(path))
+    again = load(nearrec.open(path))
+    assert len(again.heads) == 3
+    kjt = KeyedJaggedTensor(list(store.tables), torch.arange(43) % 40,
+                            torch.ones(43, dtype=torch.int64))
+    dense = torch.ones(1, 512)
+    with torch.inference_mode():
+        torch.testing.assert_close(again(dense, kjt), model(dense, kjt))
+    # a damaged weights blob is named, not loaded
+    blob = next(path.glob("attach-*-dense.npz"))
+    data = bytearray(blob.read_bytes())
+    data[100] ^= 1
+    blob.write_bytes(bytes(data))
+    with pytest.raises(nearrec.StoreCorrupted, match="dense.npz"):
+        load(nearrec.open(path))

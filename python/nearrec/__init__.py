@@ -37,7 +37,9 @@ from .store import (
     TableCheck,
     TableInfo,
     TableLookup,
+    attach,
     info,
+    read_attachment,
     verify,
 )
 from .store import open_store as open  # noqa: A001  (nearrec.open mirrors the builtin's role)
@@ -66,6 +68,7 @@ __all__ = [
     "UnknownTable",
     "UnsupportedVersion",
     "__version__",
+    "attach",
     "build",
     "errors",
     "from_numpy",
@@ -73,6 +76,7 @@ __all__ = [
     "info",
     "model_spec",
     "open",
+    "read_attachment",
     "remove",
     "verify",
 ]

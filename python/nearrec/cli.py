@@ -74,7 +74,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     for t in info.tables:
         lines.append(f"{t.name:<20} {t.rows:>12,} {t.dim:>6} {t.dtype:>6} {t.row_bytes:>6} "
                      f"{100 * t.padding_ratio:>6.2f}  {'co-located' if t.colocated else 'by id'}")
-    _emit(args, data, "\n".join(lines))
+    if info.attachments:
+        lines.append(f"attachments: {', '.join(info.attachments)}")
+    _emit(args, data | {"attachments": list(info.attachments)}, "\n".join(lines))
     return 0
 
 

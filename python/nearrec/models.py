@@ -4,7 +4,9 @@ sparse part is a :class:`nearrec.torch.EmbeddingBagCollection` over a store buil
 
 ``build("rmc1", store, seed=0)`` gives the model with the spec's exact layer shapes, dense layers
 initialised from ``seed``; :func:`infer` runs it over a stream of batches with the next batches'
-embedding reads overlapping the current batch's MLPs, and says where the time went.
+embedding reads overlapping the current batch's MLPs, and says where the time went;
+:func:`save` keeps a model's configuration and dense weights with the store's tables and
+:func:`load` rebuilds it from there.
 ``forward(dense, features)`` takes the dense features ``[batch, dense_features]`` (``None`` for
 models without any) and a ``KeyedJaggedTensor`` whose keys name the tables. Every FC layer uses
 ReLU; DLRM (RMC1–3), WND and MTWND end in a sigmoid; NCF, DIN and DIEN use ReLU on every layer,
@@ -26,19 +28,23 @@ Where the spec leaves a choice, this module makes it and says so:
 
 from __future__ import annotations
 
+import io
+import json
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .errors import InvalidRequest
 from .specs import ModelSpec, Variant, model_spec
-from .store import Store
+from .store import Store, attach, read_attachment
 from .torch import EmbeddingBagCollection, KeyedTensor
 
 
@@ -90,6 +96,7 @@ class _Model(nn.Module):
     def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str]):
         super().__init__()
         self.spec = spec
+        self.variant: Variant = "deeprecsys"
         self.sparse = sparse
         self.table_names = list(tables)
 
@@ -322,6 +329,49 @@ def _pooled(model: _Model, features: Any) -> list[Tensor]:
         return model.pooled(features)
 
 
+#: The attachments :func:`save` writes: the model's configuration and its dense weights.
+CONFIG_ATTACHMENT = "model.json"
+WEIGHTS_ATTACHMENT = "dense.npz"
+
+
+def save(model: _Model, store: str | Path | Store) -> None:
+    """Keeps ``model``'s configuration and dense weights with the store's tables (two
+    attachments, written atomically and checksummed; see :func:`nearrec.attach`), so
+    :func:`load` rebuilds it from the store alone. Weights go as a numpy ``.npz`` (no pickle)."""
+    path = store.info.path if isinstance(store, Store) else Path(store)
+    dense = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
+             if not k.startswith("sparse.")}
+    buf = io.BytesIO()
+    np.savez(buf, **dense)
+    config = {"model": model.spec.name, "variant": model.variant,
+              "interaction": getattr(model, "interaction", "cat"),
+              "tasks": len(getattr(model, "heads", [])) or 1}
+    attach(path, WEIGHTS_ATTACHMENT, buf.getvalue())
+    attach(path, CONFIG_ATTACHMENT, json.dumps(config).encode())
+
+
+def load(store: Store, **collection: Any) -> _Model:
+    """The model :func:`save` kept with ``store``'s tables, its sparse part over ``store``
+    (``collection`` as for :func:`build`)."""
+    path = store.info.path
+    raw = read_attachment(path, CONFIG_ATTACHMENT)
+    weights = read_attachment(path, WEIGHTS_ATTACHMENT)
+    if raw is None or weights is None:
+        raise InvalidRequest(f"the store at {path} keeps no model (save one with "
+                             "nearrec.models.save)")
+    config = json.loads(raw)
+    model = build(config["model"], store, variant=config["variant"],
+                  interaction=config["interaction"], tasks=config["tasks"], **collection)
+    with np.load(io.BytesIO(weights), allow_pickle=False) as f:
+        state = {k: torch.from_numpy(f[k]) for k in f.files}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("sparse.")]
+    if missing or unexpected:
+        raise InvalidRequest(f"the stored weights do not fit {config['model']}: missing "
+                             f"{missing[:3]}, unexpected {unexpected[:3]}")
+    return model
+
+
 def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "deeprecsys",
           interaction: str = "cat", tasks: int = 1, sparse: nn.Module | None = None,
           **collection: Any) -> _Model:
@@ -360,8 +410,9 @@ def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "dee
             model = DIN(spec, sparse, tables, dim)
         else:
             model = DIEN(spec, sparse, tables, dim)
+    model.variant = variant
     return model.eval()
 
 
 __all__ = ["DIEN", "DIN", "DLRM", "NCF", "InferResult", "MultiTaskWideAndDeep", "Stages",
-           "WideAndDeep", "build", "infer", "linear_shapes", "mlp"]
+           "WideAndDeep", "build", "infer", "linear_shapes", "load", "mlp", "save"]

@@ -61,6 +61,8 @@ class StoreInfo:
     created_by: str
     params: Any
     tables: tuple[TableInfo, ...]
+    #: names of the blobs kept with the tables (:func:`attach`)
+    attachments: tuple[str, ...] = ()
 
     @classmethod
     def _from_json(cls, path: StorePath, text: str) -> StoreInfo:
@@ -71,6 +73,7 @@ class StoreInfo:
             created_by=m["created_by"],
             params=m.get("params"),
             tables=tuple(TableInfo(**t) for t in m["tables"]),
+            attachments=tuple(a["name"] for a in m.get("attachments", [])),
         )
 
     @property
@@ -90,6 +93,18 @@ def progress_enabled(progress: bool | None) -> bool:
 def info(path: StorePath) -> StoreInfo:
     """Reads and validates a store's manifest and table headers without loading any rows."""
     return StoreInfo._from_json(path, _native.read_manifest(os.fspath(path)))
+
+
+def attach(path: StorePath, name: str, data: bytes) -> StoreInfo:
+    """Keeps ``data`` with the store's tables as attachment ``name`` (replacing one of that name),
+    atomically and checksummed: a model's dense weights, its configuration. The store becomes
+    format version 2."""
+    return StoreInfo._from_json(path, _native.store_attach(os.fspath(path), name, bytes(data)))
+
+
+def read_attachment(path: StorePath, name: str) -> bytes | None:
+    """Attachment ``name``'s bytes, checked against their checksum (``None`` if there is none)."""
+    return _native.store_read_attachment(os.fspath(path), name)
 
 
 @dataclass(frozen=True)

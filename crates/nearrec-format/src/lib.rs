@@ -7,12 +7,14 @@
 //!   and of the header) followed by the rows, placed by [`RowLayout`] so that no row straddles a
 //!   block boundary;
 //! - `table-NNNN.order` — only for co-located tables (version 2): the slot of each row
-//!   ([`RowOrder`]).
+//!   ([`RowOrder`]);
+//! - `attach-NNNN-name` — attachments (version 2): named blobs such as a model's dense weights.
 //!
 //! Stores are written by [`StoreWriter`] (streaming, bounded memory, atomic commit) and opened by
 //! [`StoreReader`] (validating).
 
 mod aligned;
+mod attach;
 mod dtype;
 mod error;
 mod header;
@@ -26,6 +28,7 @@ mod sync;
 mod writer;
 
 pub use aligned::{AlignedBuf, BUF_ALIGN};
+pub use attach::{Attachment, attach};
 pub use dtype::{DType, int8_scale_bias};
 pub use error::{FormatError, Result};
 pub use header::{TABLE_MAGIC, TableHeader};

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::attach::Attachment;
 use crate::dtype::DType;
 use crate::layout::RowLayout;
 use crate::order::OrderMeta;
@@ -9,7 +10,7 @@ use crate::order::OrderMeta;
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
 /// The newest format version this build reads. Stores are written as version 1 unless a table has
-/// a row order (co-location), which needs version 2.
+/// a row order (co-location) or the store has attachments, which need version 2.
 pub const FORMAT_VERSION: u32 = 2;
 /// The version of a store without row orders.
 const PLAIN_VERSION: u32 = 1;
@@ -52,12 +53,15 @@ pub struct Manifest {
     #[serde(default)]
     pub params: serde_json::Value,
     pub tables: Vec<TableMeta>,
+    /// Named blobs kept with the tables (version 2), e.g. a model's dense weights.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
 }
 
 impl Manifest {
-    /// The oldest format version that can describe `tables`.
-    pub fn version_for(tables: &[TableMeta]) -> u32 {
-        if tables.iter().any(|t| t.order.is_some()) {
+    /// The oldest format version that can describe this manifest.
+    pub fn needed_version(&self) -> u32 {
+        if self.tables.iter().any(|t| t.order.is_some()) || !self.attachments.is_empty() {
             FORMAT_VERSION
         } else {
             PLAIN_VERSION
@@ -117,9 +121,10 @@ impl Manifest {
                 m.format_version
             )));
         }
-        if version < Self::version_for(&m.tables) {
+        if version < m.needed_version() {
             return Err(Err(format!(
-                "a version-{version} manifest cannot name row orders (version 2 does)"
+                "a version-{version} manifest cannot name row orders or attachments (version 2 \
+                 does)"
             )));
         }
         Ok(m)
@@ -151,6 +156,7 @@ mod tests {
                 data_crc32c: 7,
                 order: None,
             }],
+            attachments: Vec::new(),
         }
     }
 
@@ -179,10 +185,20 @@ mod tests {
         // a version-1 envelope around an order is refused ...
         assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));
         // ... a version-2 one is read back whole
-        m.format_version = Manifest::version_for(&m.tables);
+        m.format_version = m.needed_version();
         assert_eq!(m.format_version, 2);
         assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
         // and plain stores stay version 1, so older readers keep opening them
-        assert_eq!(Manifest::version_for(&sample().tables), 1);
+        assert_eq!(sample().needed_version(), 1);
+        let mut with_blob = sample();
+        with_blob.attachments.push(Attachment {
+            name: "dense.npz".into(),
+            file: "attach-0000-dense.npz".into(),
+            bytes: 3,
+            crc32c: 9,
+        });
+        assert!(matches!(Manifest::decode(&with_blob.encode()), Err(Err(_))));
+        with_blob.format_version = with_blob.needed_version();
+        assert_eq!(Manifest::decode(&with_blob.encode()).unwrap(), with_blob);
     }
 }

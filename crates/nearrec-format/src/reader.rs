@@ -71,6 +71,9 @@ impl StoreReader {
             .iter()
             .map(|meta| open_order(&path, meta))
             .collect::<Result<_>>()?;
+        for a in &manifest.attachments {
+            check_attachment(&path, a)?;
+        }
         Ok(Self {
             path,
             manifest,
@@ -99,6 +102,34 @@ impl StoreReader {
     /// Where table `i`'s rows sit in its file, when it is co-located (`None`: row `r` at slot `r`).
     pub fn order(&self, i: usize) -> Option<&Arc<RowOrder>> {
         self.orders[i].as_ref()
+    }
+
+    /// The store's attachments, as the manifest lists them.
+    pub fn attachments(&self) -> &[crate::Attachment] {
+        &self.manifest.attachments
+    }
+
+    /// Attachment `name`'s bytes, checked against their CRC-32C (`None`: no such attachment).
+    pub fn read_attachment(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let Some(a) = self.manifest.attachments.iter().find(|a| a.name == name) else {
+            return Ok(None);
+        };
+        let path = self.path.join(&a.file);
+        let bytes = std::fs::read(&path).map_err(|e| FormatError::io(&path, e))?;
+        let crc = crc32c::crc32c(&bytes);
+        if bytes.len() as u64 != a.bytes || crc != a.crc32c {
+            return Err(FormatError::corrupted(
+                path,
+                format!(
+                    "attachment {name:?} is {} bytes with checksum {crc:#010x}, the manifest says \
+                     {} bytes, {:#010x}",
+                    bytes.len(),
+                    a.bytes,
+                    a.crc32c
+                ),
+            ));
+        }
+        Ok(Some(bytes))
     }
 
     /// Every table's row order, in table order.
@@ -180,8 +211,19 @@ impl StoreReader {
         Ok(buf)
     }
 
-    /// Checks every data byte of every table against its CRC-32C, streaming in bounded memory.
+    /// Checks every data byte of every table against its CRC-32C, streaming in bounded memory,
+    /// and then every attachment (reported as `attachment NAME`).
     pub fn verify(&self, progress: Option<&ProgressFn>) -> Vec<TableCheck> {
+        let mut checks = self.verify_tables(progress);
+        checks.extend(self.manifest.attachments.iter().map(|a| TableCheck {
+            table: format!("attachment {}", a.name),
+            bytes: a.bytes,
+            error: self.read_attachment(&a.name).err().map(|e| e.to_string()),
+        }));
+        checks
+    }
+
+    fn verify_tables(&self, progress: Option<&ProgressFn>) -> Vec<TableCheck> {
         let mut buf = vec![0u8; CHUNK_BYTES as usize];
         (0..self.files.len())
             .map(|i| {
@@ -232,6 +274,30 @@ impl StoreReader {
                 meta.name, meta.data_crc32c
             ),
         )
+    }
+}
+
+/// Checks that an attachment's file is where and as large as the manifest says.
+fn check_attachment(root: &Path, a: &crate::Attachment) -> Result<()> {
+    let path = root.join(&a.file);
+    let bad = |reason: String| {
+        FormatError::corrupted(&path, format!("attachment {:?}: {reason}", a.name))
+    };
+    if a.file.contains('/') || a.file.starts_with('.') || a.file.is_empty() {
+        return Err(bad(format!(
+            "file name {:?} escapes the store directory",
+            a.file
+        )));
+    }
+    match std::fs::metadata(&path) {
+        Ok(m) if m.len() == a.bytes => Ok(()),
+        Ok(m) => Err(bad(format!(
+            "file is {} bytes, the manifest says {}",
+            m.len(),
+            a.bytes
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(bad("file is missing".into())),
+        Err(e) => Err(FormatError::io(&path, e)),
     }
 }
 

@@ -13,7 +13,7 @@ use crate::writer::{ProgressFn, StoreOptions, StoreWriter, TableSpec};
 
 /// Writes a copy of `src` at `dst` in which table `i`'s rows sit as `orders[i]` says (`None`: as
 /// they sit in `src`; the identity order: in row-id order, stored without an order file). Row
-/// ids, values and everything else stay as they were. The source's data is
+/// ids, values, attachments and everything else stay as they were. The source's data is
 /// checked against its checksums first, so a damaged table is never copied under a fresh one;
 /// the copy appears atomically, like any store.
 pub fn copy_ordered(
@@ -89,6 +89,12 @@ pub fn copy_ordered(
             Some(o) => writer.finish_table_ordered(table, o)?,
             None => writer.finish_table(table)?,
         }
+    }
+    for a in src.attachments() {
+        let bytes = src
+            .read_attachment(&a.name)?
+            .expect("listed in the manifest");
+        writer.attach(&a.name, &bytes)?;
     }
     writer.commit()
 }

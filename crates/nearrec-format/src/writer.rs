@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 
 use rayon::prelude::*;
 
+use crate::attach::{Attachment, write_blob};
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::header::{TABLE_VERSION, TableHeader};
@@ -106,6 +107,7 @@ pub struct StoreWriter {
     tmp: PathBuf,
     options: StoreOptions,
     tables: Vec<TableMeta>,
+    attachments: Vec<Attachment>,
     progress: Option<ProgressFn>,
     committed: bool,
 }
@@ -143,6 +145,7 @@ impl StoreWriter {
             tmp,
             options,
             tables: Vec::new(),
+            attachments: Vec::new(),
             progress: None,
             committed: false,
         })
@@ -249,14 +252,26 @@ impl StoreWriter {
         Ok(())
     }
 
+    /// Keeps `bytes` with the store as attachment `name` (see [`crate::attach`]).
+    pub fn attach(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        if self.attachments.iter().any(|a| a.name == name) {
+            return Err(FormatError::invalid_table(name, "attached twice"));
+        }
+        let a = write_blob(&self.tmp, &self.attachments, name, bytes)?;
+        self.attachments.push(a);
+        Ok(())
+    }
+
     /// Writes the manifest and makes the store visible atomically.
     pub fn commit(mut self) -> Result<Manifest> {
-        let manifest = Manifest {
-            format_version: Manifest::version_for(&self.tables),
+        let mut manifest = Manifest {
+            format_version: 0,
             created_by: format!("nearrec {}", env!("CARGO_PKG_VERSION")),
             params: self.options.params.clone(),
             tables: std::mem::take(&mut self.tables),
+            attachments: std::mem::take(&mut self.attachments),
         };
+        manifest.format_version = manifest.needed_version();
         let mpath = self.tmp.join(MANIFEST_FILE);
         let mut f = File::create(&mpath).map_err(|e| FormatError::io(&mpath, e))?;
         f.write_all(&manifest.encode())

@@ -29,6 +29,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::cache_simulate, m)?)?;
     m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(store::store_attach, m)?)?;
+    m.add_function(wrap_pyfunction!(store::store_read_attachment, m)?)?;
     m.add_function(wrap_pyfunction!(writer::table_layout, m)?)?;
     m.add_function(wrap_pyfunction!(limits::stream_read, m)?)?;
     m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;

@@ -342,6 +342,33 @@ pub(crate) fn read_manifest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     Ok(manifest_json(&reader))
 }
 
+/// Adds (or replaces) attachment `name` of the store at `path`; returns the manifest as JSON.
+#[pyfunction]
+pub(crate) fn store_attach(
+    py: Python<'_>,
+    path: PathBuf,
+    name: &str,
+    data: &[u8],
+) -> PyResult<String> {
+    let manifest = py
+        .detach(|| nearrec_format::attach(&path, name, data))
+        .map_err(|e| format_err(py, e))?;
+    Ok(serde_json::to_string(&manifest).expect("manifest serialises"))
+}
+
+/// Attachment `name` of the store at `path`, checked (`None`: there is none of that name).
+#[pyfunction]
+pub(crate) fn store_read_attachment<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    name: &str,
+) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+    let bytes = py
+        .detach(|| StoreReader::open(&path).and_then(|r| r.read_attachment(name)))
+        .map_err(|e| format_err(py, e))?;
+    Ok(bytes.map(|b| pyo3::types::PyBytes::new(py, &b)))
+}
+
 fn manifest_json(reader: &StoreReader) -> String {
     serde_json::to_string(reader.manifest()).expect("manifest serialises")
 }
