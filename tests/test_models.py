@@ -118,8 +118,8 @@ def test_pipelined_inference_equals_forward(tmp_path, tier):
                         kjt))
     with torch.inference_mode():
         want = [model(d, f) for d, f in batches]
-    for depth in (0, 1, 3):
-        res = infer(model, batches, depth=depth)
+    for depth, sub in ((0, None), (1, None), (3, None), (2, 5), (0, 16)):
+        res = infer(model, batches, depth=depth, sub_batch=sub)
         assert res.samples == 96 and len(res.outputs) == 6
         for got, w in zip(res.outputs, want, strict=True):
             torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
@@ -127,6 +127,8 @@ def test_pipelined_inference_equals_forward(tmp_path, tier):
         parts = res.breakdown
         assert set(parts) == {"embedding_wait", "bottom_mlp", "interaction", "top_mlp"}
         assert sum(parts.values()) - parts["embedding_wait"] == pytest.approx(res.dense, rel=0.05)
+    with pytest.raises(nearrec.InvalidRequest, match="sub_batch"):
+        infer(model, batches, sub_batch=0)
     # a bad index in a later batch raises its typed error from the pipeline
     dense, kjt = batches[0]
     bad = KeyedJaggedTensor(kjt.keys(), kjt.values() + 10_000, kjt.lengths())

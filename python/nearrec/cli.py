@@ -294,8 +294,10 @@ def cmd_infer(args: argparse.Namespace) -> int:
     for depth in (0, args.depth):
         store, model = fresh()
         tier = store.tier
-        res = models.infer(model, batches, depth)
-        runs["sequential" if depth == 0 else f"pipelined (depth {depth})"] = {
+        res = models.infer(model, batches, depth, sub_batch=args.sub_batch if depth else None)
+        name = "sequential" if depth == 0 else f"pipelined (depth {depth}" + (
+            f", sub-batches of {args.sub_batch})" if args.sub_batch else ")")
+        runs[name] = {
             "samples_per_s": res.samples_per_s, "seconds": res.seconds,
             "embedding_wait_s": res.embedding_wait, "dense_s": res.dense,
             "breakdown_s": res.breakdown}
@@ -539,6 +541,8 @@ def parser() -> argparse.ArgumentParser:
     inf.add_argument("--batch", type=int, default=64)
     inf.add_argument("--batches", type=int, default=50)
     inf.add_argument("--depth", type=int, default=2, help="batches whose embeddings are in flight")
+    inf.add_argument("--sub-batch", type=int, help="pipelined run: cut each batch into parts of "
+                     "this many samples that flow through the pipeline")
     inf.add_argument("--tier", default="auto", choices=["auto", "dram", "ssd"])
     inf.add_argument("--dram-budget", type=parse_bytes, help="DRAM for the tiers, e.g. 256MiB")
     inf.add_argument("--seed", type=int, default=0)

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from .errors import InvalidRequest
 from .specs import ModelSpec, Variant, model_spec
 from .store import Store, attach, read_attachment
-from .torch import EmbeddingBagCollection, KeyedTensor
+from .torch import EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor
 
 
 class Stages:
@@ -276,15 +276,48 @@ class InferResult:
         return self.samples / self.seconds if self.seconds else 0.0
 
 
+def split(dense: Tensor | None, features: Any, size: int) -> list[tuple[Tensor | None, Any]]:
+    """One batch cut into batches of at most ``size`` samples (the last may be smaller):
+    ``dense`` by rows, ``features`` (a ``KeyedJaggedTensor``) by bags of every key."""
+    keys, values, lengths = features.keys(), features.values(), features.lengths()
+    batch = lengths.numel() // max(1, len(keys))
+    bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    out = []
+    for lo in range(0, batch, size):
+        hi = min(batch, lo + size)
+        vals, lens = [], []
+        for k in range(len(keys)):
+            a, b = k * batch + lo, k * batch + hi
+            vals.append(values[int(bounds[a]):int(bounds[b])])
+            lens.append(lengths[a:b])
+        out.append((None if dense is None else dense[lo:hi],
+                    KeyedJaggedTensor(keys, torch.cat(vals), torch.cat(lens))))
+    return out
+
+
 def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
-          depth: int = 2) -> InferResult:
+          depth: int = 2, sub_batch: int | None = None) -> InferResult:
     """Runs ``model`` on ``(dense, features)`` batches with the embeddings of the next ``depth``
     batches in flight while the dense part of the current one runs (RecSSD's SLS workers
     feeding NN workers; the engine and PyTorch's kernels both release the GIL). ``depth=0``
     runs each batch's embeddings then its dense part, nothing overlapped: the baseline the
-    overlap is measured against."""
+    overlap is measured against. With ``sub_batch``, each batch is cut into sub-batches of that
+    many samples that flow through the pipeline (RM-SSD's system-level pipeline: the reads of
+    one part of a large request overlap the MLPs of another); outputs come back one per
+    batch."""
     if depth < 0:
         raise InvalidRequest(f"depth must be 0 or more, not {depth}")
+    if sub_batch is not None and sub_batch < 1:
+        raise InvalidRequest(f"sub_batch must be at least 1, not {sub_batch}")
+    owner: list[int] = []  # the batch each flowing part belongs to
+
+    def parts() -> Iterable[tuple[Tensor | None, Any]]:
+        for n, (dense, features) in enumerate(batches):
+            for part in ([(dense, features)] if sub_batch is None
+                         else split(dense, features, sub_batch)):
+                owner.append(n)
+                yield part
+
     outputs: list[Tensor] = []
     stages = Stages()
     wait = dense_s = 0.0
@@ -292,7 +325,7 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
     start = time.perf_counter()
     with torch.inference_mode(), ThreadPoolExecutor(max(1, depth)) as pool:
         queue: deque[tuple[Tensor | None, Future[list[Tensor]]]] = deque()
-        items = iter(batches)
+        items = iter(parts())
 
         def fill() -> None:
             while len(queue) < max(1, depth):
@@ -320,7 +353,15 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
             samples += out.shape[0]
             if depth == 0:
                 fill()
-    return InferResult(outputs, time.perf_counter() - start, wait, dense_s, samples,
+    seconds = time.perf_counter() - start
+    if sub_batch is not None:  # one output per batch again
+        joined: list[list[Tensor]] = []
+        for n, out in zip(owner, outputs, strict=True):
+            if n == len(joined):
+                joined.append([])
+            joined[n].append(out)
+        outputs = [torch.cat(o) for o in joined]
+    return InferResult(outputs, seconds, wait, dense_s, samples,
                        {"embedding_wait": wait, **stages.seconds})
 
 
@@ -415,4 +456,4 @@ def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "dee
 
 
 __all__ = ["DIEN", "DIN", "DLRM", "NCF", "InferResult", "MultiTaskWideAndDeep", "Stages",
-           "WideAndDeep", "build", "infer", "linear_shapes", "load", "mlp", "save"]
+           "WideAndDeep", "build", "infer", "linear_shapes", "load", "mlp", "save", "split"]
