@@ -277,18 +277,22 @@ impl StoreReader {
     }
 }
 
+/// `Err(reason)` when a file name the manifest gives would leave the store directory.
+fn inside_store(file: &str) -> Result<(), String> {
+    if file.contains('/') || file.starts_with('.') || file.is_empty() {
+        Err(format!("file name {file:?} escapes the store directory"))
+    } else {
+        Ok(())
+    }
+}
+
 /// Checks that an attachment's file is where and as large as the manifest says.
 fn check_attachment(root: &Path, a: &crate::Attachment) -> Result<()> {
     let path = root.join(&a.file);
     let bad = |reason: String| {
         FormatError::corrupted(&path, format!("attachment {:?}: {reason}", a.name))
     };
-    if a.file.contains('/') || a.file.starts_with('.') || a.file.is_empty() {
-        return Err(bad(format!(
-            "file name {:?} escapes the store directory",
-            a.file
-        )));
-    }
+    inside_store(&a.file).map_err(bad)?;
     match std::fs::metadata(&path) {
         Ok(m) if m.len() == a.bytes => Ok(()),
         Ok(m) => Err(bad(format!(
@@ -310,12 +314,7 @@ fn open_order(root: &Path, meta: &TableMeta) -> Result<Option<Arc<RowOrder>>> {
     let bad = |reason: String| {
         FormatError::corrupted(&path, format!("table {:?} row order: {reason}", meta.name))
     };
-    if om.file.contains('/') || om.file.starts_with('.') || om.file.is_empty() {
-        return Err(bad(format!(
-            "file name {:?} escapes the store directory",
-            om.file
-        )));
-    }
+    inside_store(&om.file).map_err(bad)?;
     let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => bad("order file is missing".into()),
         _ => FormatError::io(&path, e),
@@ -332,12 +331,7 @@ fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
             format!("table {:?}: {reason}", meta.name),
         )
     };
-    if meta.file.contains('/') || meta.file.starts_with('.') || meta.file.is_empty() {
-        return Err(bad(format!(
-            "file name {:?} escapes the store directory",
-            meta.file
-        )));
-    }
+    inside_store(&meta.file).map_err(bad)?;
     let fpath = root.join(&meta.file);
     let file = File::open(&fpath).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => bad("table file is missing".into()),
