@@ -3,11 +3,14 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::AcqRel;
 
 use nearrec_format::{AlignedBuf, ProgressFn, StoreReader, TableMeta};
 use nearrec_kernels::{BagsOut, IndexError, PoolJob, RowIndex, TableView};
 use rayon::prelude::*;
 
+use crate::cells::Cells;
 use crate::config::{EngineConfig, Tier};
 use crate::error::{EngineError, Result};
 use crate::request::{Bags, Checked, Indices, Request, TableRequest, check};
@@ -25,7 +28,7 @@ pub struct Engine {
     /// tier).
     dram: Vec<AlignedBuf>,
     ssd: Option<SsdTier>,
-    workers: Workers,
+    pub(crate) workers: Workers,
     config: EngineConfig,
 }
 
@@ -310,6 +313,19 @@ impl Engine {
     /// Pools `req` into `out`, a row-major `[batch, width]` matrix (`prepared` from [`Self::prepare`]
     /// on the same request).
     pub fn execute(&self, req: &Request<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
+        self.run(req, prepared, out, None)
+    }
+
+    /// [`Self::execute`], handing each table's pooled `[batch, dim]` block to `ready` (with the
+    /// table's position in the request) the moment its last bag is final, from whichever thread
+    /// finished it: the SSD tier's as its last read lands, a pooling task's on the DRAM path.
+    pub(crate) fn run(
+        &self,
+        req: &Request<'_>,
+        prepared: &Prepared,
+        out: &mut [f32],
+        ready: Option<&Ready<'_>>,
+    ) -> Result<()> {
         assert_eq!(
             out.len(),
             prepared.batch * prepared.width,
@@ -329,8 +345,10 @@ impl Engine {
                 .tables
                 .iter()
                 .zip(&req.tables)
-                .filter(|((id, _, _), _)| self.resident(*id).is_none())
-                .map(|((id, col, checked), t)| SsdJob {
+                .enumerate()
+                .filter(|(_, ((id, _, _), _))| self.resident(*id).is_none())
+                .map(|(k, ((id, col, checked), t))| SsdJob {
+                    k,
                     id: *id,
                     meta: &self.tables[*id],
                     col: *col,
@@ -341,7 +359,7 @@ impl Engine {
             if !jobs.is_empty() {
                 let workers =
                     (prepared.lookups > self.config.inline_lookups).then_some(&self.workers);
-                ssd.execute(&jobs, prepared.batch, prepared.width, out, workers)?;
+                ssd.execute(&jobs, prepared.batch, prepared.width, out, workers, ready)?;
             }
         }
         // Tasks: runs of bags of one table, about `task_lookups` lookups each.
@@ -366,22 +384,32 @@ impl Engine {
                     .map(|b0| (k, b0, (b0 + step).min(prepared.batch))),
             );
         }
-        let base = OutPtr(out.as_mut_ptr());
+        // per table, its tasks not yet done (the last one hands the table to `ready`)
+        let mut left: Vec<AtomicUsize> = (0..prepared.tables.len())
+            .map(|_| AtomicUsize::new(0))
+            .collect();
+        for &(k, _, _) in &tasks {
+            *left[k].get_mut() += 1;
+        }
+        let cells = Cells::new(out, prepared.batch, prepared.width);
         let run = |&(k, b0, b1): &(usize, usize, usize)| {
             let (id, col, checked) = &prepared.tables[k];
             let dim = self.tables[*id].dim as usize;
             // SAFETY: tasks cover disjoint (table, bag) cells: each table owns columns
             // [col, col + dim) and each task of that table owns rows [b0, b1). `out` outlives the
             // tasks, and its length was checked above.
-            let mut cells = unsafe {
-                BagsOut::from_raw(
-                    base.at(b0 * prepared.width + col),
-                    prepared.width,
-                    dim,
-                    b1 - b0,
-                )
-            };
-            self.pool(&req.tables[k], checked, *id, b0, b1, &mut cells)
+            let mut bags =
+                unsafe { BagsOut::from_raw(cells.ptr(b0, *col), prepared.width, dim, b1 - b0) };
+            self.pool(&req.tables[k], checked, *id, b0, b1, &mut bags)?;
+            if let Some(ready) = ready
+                && left[k].fetch_sub(1, AcqRel) == 1
+            {
+                // SAFETY: every task of table k is done (the AcqRel count orders their writes
+                // before this read) and no task writes its columns again; the others write only
+                // their own columns.
+                ready(k, unsafe { cells.block(*col, dim) });
+            }
+            Ok(())
         };
         if prepared.lookups <= self.config.inline_lookups
             || self.workers.threads() == 1
@@ -451,17 +479,6 @@ impl Engine {
     }
 }
 
-/// The output matrix's base pointer, shared by the pooling tasks (see the SAFETY note in `execute`).
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint cells through it; see `Engine::execute`.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn at(self, offset: usize) -> *mut f32 {
-        // SAFETY: callers pass offsets inside the output matrix.
-        unsafe { self.0.add(offset) }
-    }
-}
+/// Where [`Engine::run`] hands each finished table: `(position in the request, pooled
+/// [batch, dim])`.
+pub(crate) type Ready<'a> = dyn Fn(usize, Vec<f32>) + Sync + 'a;

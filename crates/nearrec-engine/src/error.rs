@@ -31,6 +31,9 @@ pub enum EngineError {
 
     #[error("invalid engine config: {0}")]
     Config(String),
+
+    #[error("model: {0}")]
+    Model(#[from] crate::dense::ModelError),
 }
 
 impl EngineError {

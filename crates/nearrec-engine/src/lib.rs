@@ -5,10 +5,15 @@
 //! worker pool and pools every bag straight into its cell of the `[batch, Σ dim]` output
 //! ([`Engine::execute`]). Tables are resident in DRAM ([`Tier::Dram`]) or read per batch from
 //! their files with direct I/O ([`Tier::Ssd`], `ssd.rs`), behind the same request type.
+//! [`Engine::infer`] runs a whole model's dense layers ([`dense`]) next to the embeddings and
+//! returns only its outputs (RM-SSD's offload).
 
+mod cells;
 mod config;
+pub mod dense;
 mod engine;
 mod error;
+mod infer;
 mod request;
 mod ssd;
 mod stats;
@@ -17,6 +22,7 @@ mod tiers;
 pub use config::{EngineConfig, Tier};
 pub use engine::{Engine, Prepared};
 pub use error::{EngineError, Result};
+pub use infer::InferTimes;
 pub use request::{Bags, Indices, PoolingMode, Request, TableRequest};
 pub use stats::{Histogram, IoStats};
 pub use tiers::TierReport;

@@ -23,7 +23,9 @@ use nearrec_format::{AlignedBuf, DATA_OFFSET, RowOrder, TableMeta};
 use nearrec_io::{BlockDevice, IoConfig, ReadOp, Workers, open_device};
 use rayon::prelude::*;
 
+use crate::cells::Cells;
 use crate::config::EngineConfig;
+use crate::engine::Ready;
 use crate::error::{EngineError, Result};
 use crate::request::{Checked, PoolingMode, TableRequest};
 use crate::stats::IoStats;
@@ -48,6 +50,8 @@ pub(crate) struct SsdTier {
 
 /// One table's part of a batch, as the engine hands it over.
 pub(crate) struct SsdJob<'a> {
+    /// Position of the table in the request.
+    pub k: usize,
     pub id: usize,
     pub meta: &'a TableMeta,
     /// First output column of the table.
@@ -226,7 +230,9 @@ impl SsdTier {
     }
 
     /// Pools `jobs` into `out`, a row-major `[batch, width]` matrix whose cells the jobs own.
-    /// With `workers`, the DRAM tiers' hits of different tables are pooled in parallel.
+    /// With `workers`, the DRAM tiers' hits of different tables are pooled in parallel. Each job
+    /// is finished (means divided, empty bags zeroed) and handed to `ready` as soon as its last
+    /// row is in: after the DRAM tiers when they served it all, else as its last read lands.
     pub(crate) fn execute(
         &self,
         jobs: &[SsdJob<'_>],
@@ -234,6 +240,7 @@ impl SsdTier {
         width: usize,
         out: &mut [f32],
         workers: Option<&Workers>,
+        ready: Option<&Ready<'_>>,
     ) -> Result<()> {
         let start = Instant::now();
         let mut routed = jobs
@@ -259,6 +266,32 @@ impl SsdTier {
                 .get()
                 .install(|| jobs.par_iter().zip(routed.par_iter_mut()).for_each(serve)),
             _ => jobs.iter().zip(routed.iter_mut()).for_each(serve),
+        }
+        let finish = |j: &SsdJob<'_>, r: &Routed| {
+            let dim = j.meta.dim as usize;
+            for (b, &count) in r.counts.iter().enumerate() {
+                // SAFETY: the job's own columns; its last row is pooled, no one else writes them
+                let cell = unsafe { cells.cell(b, j.col, dim) };
+                if count == 0 {
+                    cell.fill(0.0);
+                } else if j.req.mode == PoolingMode::Mean {
+                    cell.iter_mut().for_each(|a| *a /= count as f32);
+                }
+            }
+            if let Some(ready) = ready {
+                // SAFETY: as above; the other jobs write only their own columns
+                ready(j.k, unsafe { cells.block(j.col, dim) });
+            }
+        };
+        // per job, its distinct rows still to land
+        let mut left: Vec<usize> = routed.iter().map(|r| r.misses.len()).collect();
+        for ((j, r), _) in jobs
+            .iter()
+            .zip(&routed)
+            .zip(&left)
+            .filter(|(_, n)| **n == 0)
+        {
+            finish(j, r);
         }
         let max_dim = jobs.iter().map(|j| j.meta.dim as usize).max().unwrap_or(0);
         let mut row = vec![0f32; max_dim];
@@ -288,6 +321,10 @@ impl SsdTier {
                         if let Some(cache) = self.dram.get(job.id).and_then(|d| d.cache.as_ref()) {
                             cache.offer(r.entries[land.entries.start].0, encoded);
                         }
+                        left[land.job] -= 1;
+                        if left[land.job] == 0 {
+                            finish(job, r);
+                        }
                     }
                     pooling += t.elapsed();
                 });
@@ -302,16 +339,6 @@ impl SsdTier {
             .io_wait
             .record((io_done - route_done).saturating_sub(pooling));
 
-        for (j, r) in jobs.iter().zip(&routed) {
-            for (b, &count) in r.counts.iter().enumerate() {
-                let cell = &mut out[b * width + j.col..][..j.meta.dim as usize];
-                if count == 0 {
-                    cell.fill(0.0);
-                } else if j.req.mode == PoolingMode::Mean {
-                    cell.iter_mut().for_each(|a| *a /= count as f32);
-                }
-            }
-        }
         self.account(jobs, &routed, &reads, bytes);
         self.stats.end_to_end.record(start.elapsed());
         Ok(())
@@ -456,43 +483,6 @@ impl SsdTier {
         }
         r.entries.sort_unstable();
         runs(&r.entries, self.dedup).collect()
-    }
-}
-
-/// The output matrix, shared by jobs that pool at once: each job owns the columns of its table,
-/// in every row, and writes no others.
-struct Cells {
-    base: *mut f32,
-    batch: usize,
-    width: usize,
-}
-
-// SAFETY: jobs write disjoint cells through it (see `Cells::cell`).
-unsafe impl Sync for Cells {}
-
-impl Cells {
-    fn new(out: &mut [f32], batch: usize, width: usize) -> Self {
-        assert!(out.len() >= batch * width, "output has the wrong size");
-        Self {
-            base: out.as_mut_ptr(),
-            batch,
-            width,
-        }
-    }
-
-    /// Bag `bag`'s cell of the table whose columns start at `col`.
-    ///
-    /// # Safety
-    /// Only the job that owns columns `col..col + dim` may ask for them, and it may hold one such
-    /// cell at a time.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn cell(&self, bag: usize, col: usize, dim: usize) -> &mut [f32] {
-        assert!(
-            bag < self.batch && col + dim <= self.width,
-            "cell out of the matrix"
-        );
-        // SAFETY: in bounds (checked above); exclusive per the contract.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(bag * self.width + col), dim) }
     }
 }
 

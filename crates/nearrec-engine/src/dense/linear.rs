@@ -1,0 +1,287 @@
+//! Fully connected layers in PyTorch's layout (`weight` is `[out, in]`, `y = x Wᵀ + b`), fp32,
+//! multiplied by `matrixmultiply`'s SGEMM; large products are cut by rows across the worker pool.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::ModelError;
+
+/// Multiply-adds above which a product is cut by rows across the pool's threads.
+const PARALLEL_FLOPS: usize = 1 << 21;
+
+/// What follows a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    None,
+    Relu,
+    Sigmoid,
+    Tanh,
+}
+
+impl Activation {
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "none" => Self::None,
+            "relu" => Self::Relu,
+            "sigmoid" => Self::Sigmoid,
+            "tanh" => Self::Tanh,
+            _ => return None,
+        })
+    }
+
+    fn apply(self, v: &mut [f32]) {
+        match self {
+            Self::None => {}
+            Self::Relu => v.iter_mut().for_each(|x| *x = x.max(0.0)),
+            Self::Sigmoid => v.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())),
+            Self::Tanh => v.iter_mut().for_each(|x| *x = x.tanh()),
+        }
+    }
+}
+
+/// One FC layer: `outputs × inputs` weights (row-major, as `nn.Linear.weight`), a bias, an
+/// activation.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    inputs: usize,
+    outputs: usize,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    activation: Activation,
+}
+
+impl Linear {
+    /// Checks that `weight` holds `outputs × inputs` values and `bias` `outputs`.
+    pub fn new(
+        weight: Vec<f32>,
+        bias: Vec<f32>,
+        outputs: usize,
+        inputs: usize,
+        activation: Activation,
+    ) -> Result<Self, ModelError> {
+        if outputs == 0 || inputs == 0 {
+            return Err(ModelError(format!(
+                "a layer needs at least one input and output, not {outputs}×{inputs}"
+            )));
+        }
+        if weight.len() != outputs * inputs {
+            return Err(ModelError(format!(
+                "weight has {} values, not {outputs}×{inputs}",
+                weight.len()
+            )));
+        }
+        if bias.len() != outputs {
+            return Err(ModelError(format!(
+                "bias has {} values, not {outputs}",
+                bias.len()
+            )));
+        }
+        Ok(Self {
+            inputs,
+            outputs,
+            weight,
+            bias,
+            activation,
+        })
+    }
+
+    pub fn inputs(&self) -> usize {
+        self.inputs
+    }
+
+    pub fn outputs(&self) -> usize {
+        self.outputs
+    }
+
+    /// `[batch, outputs]` from `x`, `[batch, inputs]`.
+    pub fn forward(&self, x: &[f32], batch: usize) -> Vec<f32> {
+        let mut y = vec![0f32; batch * self.outputs];
+        self.accumulate(x, self.inputs, 0..self.inputs, batch, &mut y);
+        self.finish(&mut y);
+        y
+    }
+
+    /// Adds the product of an input block with its weight slice into `y` (`[batch, outputs]`):
+    /// `x` holds `batch` rows of `x_stride` values whose first `cols.len()` are the layer's
+    /// inputs `cols`. Summing these over blocks that cover every input, then [`Self::finish`],
+    /// is the layer (RM-SSD's decomposed first top layer).
+    pub fn accumulate(
+        &self,
+        x: &[f32],
+        x_stride: usize,
+        cols: Range<usize>,
+        batch: usize,
+        y: &mut [f32],
+    ) {
+        let k = cols.len();
+        assert!(cols.end <= self.inputs, "columns beyond the layer's inputs");
+        assert!(k <= x_stride, "an input row shorter than its block");
+        assert!(
+            batch == 0 || x.len() >= (batch - 1) * x_stride + k,
+            "input too short"
+        );
+        assert_eq!(y.len(), batch * self.outputs, "output has the wrong size");
+        if batch == 0 || k == 0 {
+            return;
+        }
+        let n = self.outputs;
+        let w = &self.weight[cols.start..];
+        let product = |rows: usize, x: &[f32], y: &mut [f32]| {
+            // SAFETY: A = `rows × k` at x (row stride x_stride; the assert above keeps the last
+            // row in bounds), B = Wᵀ's rows `cols` (element (i, o) = weight[o·inputs +
+            // cols.start + i], in bounds as cols.end ≤ inputs), C = `rows × n` at y, which is
+            // exactly rows·n long; none overlaps C.
+            unsafe {
+                matrixmultiply::sgemm(
+                    rows,
+                    k,
+                    n,
+                    1.0,
+                    x.as_ptr(),
+                    x_stride as isize,
+                    1,
+                    w.as_ptr(),
+                    1,
+                    self.inputs as isize,
+                    1.0,
+                    y.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+        };
+        let threads = rayon::current_num_threads();
+        if threads > 1 && batch >= 2 && batch * k * n >= PARALLEL_FLOPS {
+            let per = batch.div_ceil(threads);
+            y.par_chunks_mut(per * n)
+                .enumerate()
+                .for_each(|(c, y)| product(y.len() / n, &x[c * per * x_stride..], y));
+        } else {
+            product(batch, x, y);
+        }
+    }
+
+    /// Adds the bias to every row of `y` and applies the activation.
+    pub fn finish(&self, y: &mut [f32]) {
+        for row in y.chunks_exact_mut(self.outputs) {
+            row.iter_mut().zip(&self.bias).for_each(|(a, b)| *a += b);
+        }
+        self.activation.apply(y);
+    }
+}
+
+/// FC layers applied in order.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    layers: Vec<Linear>,
+}
+
+impl Mlp {
+    /// Checks that each layer takes the previous one's outputs.
+    pub fn new(layers: Vec<Linear>) -> Result<Self, ModelError> {
+        if layers.is_empty() {
+            return Err(ModelError("an MLP needs at least one layer".into()));
+        }
+        for (i, pair) in layers.windows(2).enumerate() {
+            if pair[0].outputs != pair[1].inputs {
+                return Err(ModelError(format!(
+                    "layer {} has {} outputs but layer {} takes {} inputs",
+                    i,
+                    pair[0].outputs,
+                    i + 1,
+                    pair[1].inputs
+                )));
+            }
+        }
+        Ok(Self { layers })
+    }
+
+    pub fn inputs(&self) -> usize {
+        self.layers[0].inputs
+    }
+
+    pub fn outputs(&self) -> usize {
+        self.layers[self.layers.len() - 1].outputs
+    }
+
+    pub fn first(&self) -> &Linear {
+        &self.layers[0]
+    }
+
+    /// Every layer on `x` (`[batch, inputs]`).
+    pub fn forward(&self, x: &[f32], batch: usize) -> Vec<f32> {
+        self.forward_from(0, x.to_vec(), batch)
+    }
+
+    /// Layers `from..` on `x`, the output of layer `from - 1`.
+    pub fn forward_from(&self, from: usize, x: Vec<f32>, batch: usize) -> Vec<f32> {
+        self.layers[from..]
+            .iter()
+            .fold(x, |x, layer| layer.forward(&x, batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plain triple loop the SGEMM path is held to.
+    fn naive(l: &Linear, x: &[f32], batch: usize) -> Vec<f32> {
+        let mut y = vec![0f32; batch * l.outputs];
+        for b in 0..batch {
+            for o in 0..l.outputs {
+                let mut s = l.bias[o] as f64;
+                for i in 0..l.inputs {
+                    s += x[b * l.inputs + i] as f64 * l.weight[o * l.inputs + i] as f64;
+                }
+                y[b * l.outputs + o] = s as f32;
+            }
+        }
+        l.activation.apply(&mut y);
+        y
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32)
+            .map(|v| v / (1u32 << 24) as f32 - 0.5)
+            .collect()
+    }
+
+    #[test]
+    fn blocks_sum_to_the_layer() {
+        for (batch, inputs, outputs) in [(1, 7, 3), (5, 64, 33), (256, 352, 512), (3, 1, 1)] {
+            let l = Linear::new(
+                values(outputs * inputs, 1),
+                values(outputs, 2),
+                outputs,
+                inputs,
+                Activation::Relu,
+            )
+            .unwrap();
+            let x = values(batch * inputs, 3);
+            let want = naive(&l, &x, batch);
+            let got = l.forward(&x, batch);
+            // two blocks, the second given as its own strided view of x
+            let cut = inputs / 3;
+            let mut y = vec![0f32; batch * outputs];
+            l.accumulate(&x, inputs, 0..cut, batch, &mut y);
+            l.accumulate(&x[cut..], inputs, cut..inputs, batch, &mut y);
+            l.finish(&mut y);
+            for (g, w) in got.iter().chain(&y).zip(want.iter().chain(&want)) {
+                assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_are_checked() {
+        let err = Linear::new(vec![0.0; 6], vec![0.0; 2], 2, 4, Activation::None).unwrap_err();
+        assert!(err.0.contains("6 values"), "{err}");
+        let a = Linear::new(vec![0.0; 6], vec![0.0; 2], 2, 3, Activation::None).unwrap();
+        let b = Linear::new(vec![0.0; 3], vec![0.0; 1], 1, 3, Activation::None).unwrap();
+        let err = Mlp::new(vec![a, b]).unwrap_err();
+        assert!(err.0.contains("layer 0 has 2 outputs"), "{err}");
+    }
+}

@@ -1,0 +1,19 @@
+//! Dense layers for whole-model offload (RM-SSD): the bottom MLP, the interaction and the top MLP
+//! run in the engine, next to the embeddings, and only the model's outputs leave.
+//!
+//! `linear.rs` holds the FC layers (PyTorch's weight layout, SGEMM from `matrixmultiply`);
+//! `model.rs` the model families, each cut into the work the dense features allow alone, the
+//! work each table's pooled vectors allow alone (its slice of the first layer it feeds, RM-SSD's
+//! decomposed first top layer), and the rest. [`crate::Engine::infer`] schedules the parts.
+
+mod linear;
+mod model;
+
+pub use linear::{Activation, Linear, Mlp};
+pub(crate) use model::Early;
+pub use model::{DenseModel, Interaction};
+
+/// A model whose layers do not fit together, or a request that does not fit the model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ModelError(pub String);

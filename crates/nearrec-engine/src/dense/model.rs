@@ -1,0 +1,308 @@
+//! The dense part of a recommendation model, cut where RM-SSD cuts it: work that needs only the
+//! dense features, work that needs only one table's pooled vectors (that table's slice of the
+//! first layer it feeds), and the rest once everything is in. The three model families here are
+//! DeepRecInfra's DLRM (RMC1–3, concat or dot interaction), Wide & Deep (one or more sigmoid
+//! heads: WND, MTWND) and NCF; layer sizes are free.
+
+use super::{Mlp, ModelError};
+
+/// How DLRM joins the bottom MLP's output with the pooled vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interaction {
+    /// `[bottom, t0, t1, ...]` concatenated (DeepRecInfra's configs).
+    Cat,
+    /// DLRM's default: `[bottom, dots]`, the dots being the strictly lower triangle of the pairwise
+    /// dot products of `[bottom, t0, t1, ...]`, row by row.
+    Dot,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Dlrm {
+        bottom: Mlp,
+        interaction: Interaction,
+        top: Mlp,
+        tables: usize,
+    },
+    /// The first trunk layer takes `[t0, t1, ..., dense]`; with heads, each head maps the trunk's
+    /// output to one column of the result.
+    WideAndDeep {
+        trunk: Mlp,
+        heads: Vec<Mlp>,
+        dims: Vec<usize>,
+    },
+    /// Tables 0 and 1 summed (matrix factorisation), tables 2 and 3 through `mlp`, then
+    /// `predict` over `[t0 + t1, mlp output]`.
+    Ncf { mlp: Mlp, predict: Mlp, dim: usize },
+}
+
+/// A model's dense layers, ready to run next to the embeddings ([`crate::Engine::infer`]).
+#[derive(Debug, Clone)]
+pub struct DenseModel {
+    kind: Kind,
+}
+
+/// What the dense features give before any table is in: the bottom MLP's output (DLRM) and its
+/// share of the first top layer.
+#[derive(Debug, Default)]
+pub(crate) struct Early {
+    hidden: Vec<f32>,
+    partial: Vec<f32>,
+}
+
+impl DenseModel {
+    /// DLRM over `tables` pooled tables whose dim is the bottom MLP's output width.
+    pub fn dlrm(
+        bottom: Mlp,
+        interaction: Interaction,
+        top: Mlp,
+        tables: usize,
+    ) -> Result<Self, ModelError> {
+        let (d, n) = (bottom.outputs(), tables + 1);
+        let want = match interaction {
+            Interaction::Cat => n * d,
+            Interaction::Dot => d + n * (n - 1) / 2,
+        };
+        if top.inputs() != want {
+            return Err(ModelError(format!(
+                "the top MLP takes {} inputs; {tables} tables of dim {d} with {interaction:?} \
+                 interaction give {want}",
+                top.inputs()
+            )));
+        }
+        Ok(Self {
+            kind: Kind::Dlrm {
+                bottom,
+                interaction,
+                top,
+                tables,
+            },
+        })
+    }
+
+    /// Wide & Deep: `trunk` over `[t0, ..., dense]` (tables of dims `dims`); `heads` (empty for
+    /// WND) each map the trunk's output to one output column.
+    pub fn wide_and_deep(
+        trunk: Mlp,
+        heads: Vec<Mlp>,
+        dims: Vec<usize>,
+    ) -> Result<Self, ModelError> {
+        let tables: usize = dims.iter().sum();
+        if trunk.inputs() <= tables {
+            return Err(ModelError(format!(
+                "the trunk takes {} inputs, no more than the tables' {tables}: no dense features",
+                trunk.inputs()
+            )));
+        }
+        if let Some((i, h)) = heads
+            .iter()
+            .enumerate()
+            .find(|(_, h)| h.inputs() != trunk.outputs() || h.outputs() != 1)
+        {
+            return Err(ModelError(format!(
+                "head {i} maps {} to {}; it must map the trunk's {} outputs to 1",
+                h.inputs(),
+                h.outputs(),
+                trunk.outputs()
+            )));
+        }
+        Ok(Self {
+            kind: Kind::WideAndDeep { trunk, heads, dims },
+        })
+    }
+
+    /// NCF over four tables of dim `dim`.
+    pub fn ncf(mlp: Mlp, predict: Mlp, dim: usize) -> Result<Self, ModelError> {
+        if mlp.inputs() != 2 * dim {
+            return Err(ModelError(format!(
+                "the MLP path takes {} inputs, not tables 2 and 3's {}",
+                mlp.inputs(),
+                2 * dim
+            )));
+        }
+        if predict.inputs() != dim + mlp.outputs() {
+            return Err(ModelError(format!(
+                "the predict layer takes {} inputs, not {dim} + {}",
+                predict.inputs(),
+                mlp.outputs()
+            )));
+        }
+        Ok(Self {
+            kind: Kind::Ncf { mlp, predict, dim },
+        })
+    }
+
+    /// Dense features per sample.
+    pub fn dense_width(&self) -> usize {
+        match &self.kind {
+            Kind::Dlrm { bottom, .. } => bottom.inputs(),
+            Kind::WideAndDeep { trunk, dims, .. } => trunk.inputs() - dims.iter().sum::<usize>(),
+            Kind::Ncf { .. } => 0,
+        }
+    }
+
+    /// The dim of each table the model takes, in order.
+    pub fn table_dims(&self) -> Vec<usize> {
+        match &self.kind {
+            Kind::Dlrm { bottom, tables, .. } => vec![bottom.outputs(); *tables],
+            Kind::WideAndDeep { dims, .. } => dims.clone(),
+            Kind::Ncf { dim, .. } => vec![*dim; 4],
+        }
+    }
+
+    /// Outputs per sample.
+    pub fn outputs(&self) -> usize {
+        match &self.kind {
+            Kind::Dlrm { top, .. } => top.outputs(),
+            Kind::WideAndDeep { trunk, heads, .. } if heads.is_empty() => trunk.outputs(),
+            Kind::WideAndDeep { heads, .. } => heads.len(),
+            Kind::Ncf { predict, .. } => predict.outputs(),
+        }
+    }
+
+    /// The work the dense features allow on their own (`dense`: `[batch, dense_width]`).
+    pub(crate) fn early_dense(&self, dense: &[f32], batch: usize) -> Early {
+        match &self.kind {
+            Kind::Dlrm { bottom, top, .. } => {
+                let hidden = bottom.forward(dense, batch);
+                let d = bottom.outputs();
+                let mut partial = vec![0f32; batch * top.first().outputs()];
+                top.first()
+                    .accumulate(&hidden, d, 0..d, batch, &mut partial);
+                Early { hidden, partial }
+            }
+            Kind::WideAndDeep { trunk, dims, .. } => {
+                let (first, at) = (trunk.first(), dims.iter().sum::<usize>());
+                let mut partial = vec![0f32; batch * first.outputs()];
+                let w = self.dense_width();
+                first.accumulate(dense, w, at..at + w, batch, &mut partial);
+                Early {
+                    hidden: Vec::new(),
+                    partial,
+                }
+            }
+            Kind::Ncf { .. } => Early::default(),
+        }
+    }
+
+    /// Table `k`'s share of the first layer it feeds, from its pooled vectors (`[batch, dim]`);
+    /// `None` where the table only joins in at the end (DLRM's dot interaction).
+    pub(crate) fn early_table(&self, k: usize, pooled: &[f32], batch: usize) -> Option<Vec<f32>> {
+        let (layer, cols) = match &self.kind {
+            Kind::Dlrm {
+                interaction: Interaction::Dot,
+                ..
+            } => return None,
+            Kind::Dlrm { bottom, top, .. } => {
+                let d = bottom.outputs();
+                (top.first(), (k + 1) * d..(k + 2) * d)
+            }
+            Kind::WideAndDeep { trunk, dims, .. } => {
+                let at = dims[..k].iter().sum::<usize>();
+                (trunk.first(), at..at + dims[k])
+            }
+            Kind::Ncf { mlp, predict, dim } => match k {
+                0 | 1 => (predict.first(), 0..*dim), // (u + i) W = u W + i W
+                _ => (mlp.first(), (k - 2) * dim..(k - 1) * dim),
+            },
+        };
+        let mut partial = vec![0f32; batch * layer.outputs()];
+        layer.accumulate(pooled, cols.len(), cols, batch, &mut partial);
+        Some(partial)
+    }
+
+    /// The rest: the partial products summed in table order (so the result does not depend on
+    /// which read landed first), the interaction where it needs every table, the remaining layers.
+    /// `pooled` is the whole `[batch, width]` matrix, tables in the model's order.
+    pub(crate) fn finish(
+        &self,
+        early: Early,
+        parts: Vec<Option<Vec<f32>>>,
+        pooled: &[f32],
+        batch: usize,
+    ) -> Vec<f32> {
+        let sum = |mut acc: Vec<f32>, parts: &[Option<Vec<f32>>]| {
+            for p in parts.iter().flatten() {
+                acc.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+            }
+            acc
+        };
+        match &self.kind {
+            Kind::Dlrm {
+                bottom,
+                interaction,
+                top,
+                tables,
+            } => {
+                let mut z = sum(early.partial, &parts);
+                if *interaction == Interaction::Dot {
+                    let dots = lower_dots(&early.hidden, pooled, bottom.outputs(), *tables, batch);
+                    let d = bottom.outputs();
+                    let cols = d..top.inputs();
+                    top.first()
+                        .accumulate(&dots, cols.len(), cols, batch, &mut z);
+                }
+                top.first().finish(&mut z);
+                top.forward_from(1, z, batch)
+            }
+            Kind::WideAndDeep { trunk, heads, .. } => {
+                let mut h = sum(early.partial, &parts);
+                trunk.first().finish(&mut h);
+                let h = trunk.forward_from(1, h, batch);
+                if heads.is_empty() {
+                    return h;
+                }
+                let mut out = vec![0f32; batch * heads.len()];
+                for (t, head) in heads.iter().enumerate() {
+                    for (b, v) in head.forward(&h, batch).into_iter().enumerate() {
+                        out[b * heads.len() + t] = v;
+                    }
+                }
+                out
+            }
+            Kind::Ncf { mlp, predict, dim } => {
+                let mut parts = parts.into_iter().map(Option::unwrap_or_default);
+                let (u, i, a, b) = (
+                    parts.next().unwrap_or_default(),
+                    parts.next().unwrap_or_default(),
+                    parts.next().unwrap_or_default(),
+                    parts.next().unwrap_or_default(),
+                );
+                let mut m = sum(a, &[Some(b)]);
+                mlp.first().finish(&mut m);
+                let m = mlp.forward_from(1, m, batch);
+                let mut p = sum(u, &[Some(i)]);
+                let cols = *dim..predict.inputs();
+                predict
+                    .first()
+                    .accumulate(&m, mlp.outputs(), cols, batch, &mut p);
+                predict.first().finish(&mut p);
+                predict.forward_from(1, p, batch)
+            }
+        }
+    }
+}
+
+/// DLRM's dot interaction without the bottom output: for each sample, the dot products of the
+/// vectors `[hidden, t0, t1, ...]` at (i, j) for i > j, row by row (`torch.tril_indices(n, n,
+/// -1)`'s order).
+fn lower_dots(hidden: &[f32], pooled: &[f32], d: usize, tables: usize, batch: usize) -> Vec<f32> {
+    let n = tables + 1;
+    let pairs = n * (n - 1) / 2;
+    let mut out = Vec::with_capacity(batch * pairs);
+    for b in 0..batch {
+        let vector = |i: usize| -> &[f32] {
+            if i == 0 {
+                &hidden[b * d..][..d]
+            } else {
+                &pooled[b * tables * d + (i - 1) * d..][..d]
+            }
+        };
+        for i in 1..n {
+            for j in 0..i {
+                out.push(vector(i).iter().zip(vector(j)).map(|(x, y)| x * y).sum());
+            }
+        }
+    }
+    out
+}
