@@ -45,6 +45,12 @@ class NativeStore:
     @property
     def manifest_json(self) -> str: ...
     def lookup(self, tables: list[tuple[Any, ...]]) -> npt.NDArray[np.float32]: ...
+    def infer(
+        self,
+        model: NativeModel,
+        dense: npt.NDArray[np.float32] | None,
+        tables: list[tuple[Any, ...]],
+    ) -> tuple[npt.NDArray[np.float32], list[tuple[str, float]]]: ...
     def table_array(self, name: str) -> npt.NDArray[np.float32]: ...
     def read_rows(self, name: str, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]: ...
 
@@ -101,6 +107,26 @@ def copy_store_ordered(
     src: str, dst: str, orders: list[npt.NDArray[np.uint32] | None], overwrite: bool = False,
     params_json: str = "null", progress: bool = False,
 ) -> str: ...
+
+_Layer = tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], str]
+
+class NativeModel:
+    @staticmethod
+    def dlrm(
+        bottom: list[_Layer], top: list[_Layer], interaction: str, tables: int
+    ) -> NativeModel: ...
+    @staticmethod
+    def wide_and_deep(
+        trunk: list[_Layer], heads: list[list[_Layer]], dims: list[int]
+    ) -> NativeModel: ...
+    @staticmethod
+    def ncf(path: list[_Layer], predict: list[_Layer], dim: int) -> NativeModel: ...
+    @property
+    def dense_width(self) -> int: ...
+    @property
+    def outputs(self) -> int: ...
+    @property
+    def table_dims(self) -> list[int]: ...
 
 class NativeKeyedTable:
     name: str

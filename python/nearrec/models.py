@@ -6,7 +6,8 @@ sparse part is a :class:`nearrec.torch.EmbeddingBagCollection` over a store buil
 initialised from ``seed``; :func:`infer` runs it over a stream of batches with the next batches'
 embedding reads overlapping the current batch's MLPs, and says where the time went;
 :func:`save` keeps a model's configuration and dense weights with the store's tables and
-:func:`load` rebuilds it from there.
+:func:`load` rebuilds it from there; :func:`offload` runs a model whole in the engine, next to
+the embeddings (RM-SSD), so that only its outputs come back.
 ``forward(dense, features)`` takes the dense features ``[batch, dense_features]`` (``None`` for
 models without any) and a ``KeyedJaggedTensor`` whose keys name the tables. Every FC layer uses
 ReLU; DLRM (RMC1–3), WND and MTWND end in a sigmoid; NCF, DIN and DIEN use ReLU on every layer,
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from . import _native
 from .errors import InvalidRequest
 from .specs import ModelSpec, Variant, model_spec
 from .store import Store, attach, read_attachment
@@ -256,6 +258,96 @@ class DIEN(_Model):
         return out
 
 
+_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid",
+                                             nn.Tanh: "tanh"}
+
+
+def _layers(seq: nn.Module) -> list[tuple[np.ndarray, np.ndarray, str]]:
+    """``(weight, bias, activation)`` of each ``nn.Linear`` of a ``Sequential`` of linear layers
+    and activations, as the engine takes them."""
+    mods = list(seq.children()) if isinstance(seq, nn.Sequential) else [seq]
+    out: list[tuple[np.ndarray, np.ndarray, str]] = []
+    for i, m in enumerate(mods):
+        if isinstance(m, nn.Linear):
+            after = mods[i + 1] if i + 1 < len(mods) else None
+            bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
+            out.append((m.weight.detach().float().cpu().contiguous().numpy(),
+                        bias.detach().float().cpu().contiguous().numpy(),
+                        "none" if after is None else _ACTIVATIONS.get(type(after), "none")))
+        elif type(m) not in _ACTIVATIONS:
+            raise InvalidRequest(f"cannot offload a {type(m).__name__} layer (linear layers "
+                                 "and ReLU / sigmoid / tanh only)")
+    return out
+
+
+class Offloaded(nn.Module):
+    """A model run whole by its store's engine (RM-SSD's whole-model offload): the same
+    ``forward(dense, features)`` as the PyTorch model, equal within fp32 rounding, but the
+    bottom MLP, the interaction and the top MLP run next to the embeddings and only the
+    outputs come back. Each table's slice of the first top layer is multiplied as soon as its
+    rows are in, while other tables' reads are out. ``last_times`` holds the seconds per part of
+    the last call (``total``, ``embeddings``, ``dense``, ``blocks``, ``finish``; see
+    ``nearrec_engine::InferTimes``). The weights are copied at construction: offload again
+    after changing them.
+
+    DLRM (RMC1–3, cat and dot), WND, MTWND and NCF; DIN's per-table attention and DIEN's RNN
+    have no engine twin yet."""
+
+    def __init__(self, model: _Model):
+        super().__init__()
+        sparse = model.sparse
+        if not isinstance(sparse, EmbeddingBagCollection) or sparse.store is None \
+                or sparse.keyed or sparse.gpu_tier is not None:
+            raise InvalidRequest("whole-model offload needs the model's sparse part to be an "
+                                 "EmbeddingBagCollection over a store, without keyed tables or "
+                                 "a GPU tier")
+        self.model = model
+        self.store: Store = sparse.store
+        self.sparse = sparse
+        self.native = _native_model(model, sparse)
+        self.last_times: dict[str, float] = {}
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.spec
+
+    def forward(self, dense: Tensor | None, features: Any) -> Tensor:
+        out, self.last_times = self.run(dense, features)
+        return out
+
+    def run(self, dense: Tensor | None, features: Any) -> tuple[Tensor, dict[str, float]]:
+        """Outputs and the seconds per part, for one batch."""
+        if dense is None and self.native.dense_width:
+            raise InvalidRequest("this model needs dense features")
+        out, times = self.store._infer(self.native, dense, self.sparse.lookups(features))
+        return torch.from_numpy(out), times
+
+
+def _native_model(model: _Model, sparse: EmbeddingBagCollection) -> Any:
+    dims = [sparse.dims[sparse.tables.index(t)] for t in model.table_names]
+    if isinstance(model, DLRM):
+        return _native.NativeModel.dlrm(_layers(model.bottom), _layers(model.top),
+                                        model.interaction, len(model.table_names))
+    if isinstance(model, MultiTaskWideAndDeep):
+        return _native.NativeModel.wide_and_deep(_layers(model.trunk),
+                                                 [_layers(h) for h in model.heads], dims)
+    if isinstance(model, WideAndDeep):
+        return _native.NativeModel.wide_and_deep(_layers(model.top), [], dims)
+    if isinstance(model, NCF):
+        return _native.NativeModel.ncf(_layers(model.mlp), _layers(model.predict), dims[0])
+    raise InvalidRequest(f"{model.spec.name}: whole-model offload covers DLRM (RMC1–3), WND, "
+                         "MTWND and NCF; run DIN and DIEN with PyTorch MLPs")
+
+
+def offload(model: _Model) -> Offloaded:
+    """``model`` run whole by its store's engine; see :class:`Offloaded`."""
+    return Offloaded(model)
+
+
+#: The models :func:`offload` takes.
+OFFLOADABLE = ("rmc1", "rmc2", "rmc3", "wnd", "mtwnd", "ncf")
+
+
 @dataclass
 class InferResult:
     """Outputs of :func:`infer`, in order, and where the time went (seconds)."""
@@ -295,7 +387,7 @@ def split(dense: Tensor | None, features: Any, size: int) -> list[tuple[Tensor |
     return out
 
 
-def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
+def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]],
           depth: int = 2, sub_batch: int | None = None) -> InferResult:
     """Runs ``model`` on ``(dense, features)`` batches with the embeddings of the next ``depth``
     batches in flight while the dense part of the current one runs (RecSSD's SLS workers
@@ -304,7 +396,9 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
     overlap is measured against. With ``sub_batch``, each batch is cut into sub-batches of that
     many samples that flow through the pipeline (RM-SSD's system-level pipeline: the reads of
     one part of a large request overlap the MLPs of another); outputs come back one per
-    batch."""
+    batch. An :class:`Offloaded` model runs whole in the engine: the next batches are in
+    flight while the caller takes the current one's outputs, and the breakdown gives the
+    engine's parts (``engine.*``, thread time; its dense work overlaps the reads)."""
     if depth < 0:
         raise InvalidRequest(f"depth must be 0 or more, not {depth}")
     if sub_batch is not None and sub_batch < 1:
@@ -324,7 +418,7 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
     samples = 0
     start = time.perf_counter()
     with torch.inference_mode(), ThreadPoolExecutor(max(1, depth)) as pool:
-        queue: deque[tuple[Tensor | None, Future[list[Tensor]]]] = deque()
+        queue: deque[tuple[Tensor | None, Future[Any]]] = deque()
         items = iter(parts())
 
         def fill() -> None:
@@ -332,7 +426,7 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
                 item = next(items, None)
                 if item is None:
                     return
-                queue.append((item[0], pool.submit(_pooled, model, item[1])))
+                queue.append((item[0], pool.submit(_early, model, *item)))
 
         fill()
         while queue:
@@ -345,7 +439,14 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
                 pooled = pending.result()
             t1 = time.perf_counter()
             stages.start()
-            out = model.dense_part(dense, pooled, stages)
+            if isinstance(model, Offloaded):
+                out, times = pooled
+                for part, sec in times.items():
+                    if part != "total":
+                        stages.seconds[f"engine.{part}"] = \
+                            stages.seconds.get(f"engine.{part}", 0.0) + sec
+            else:
+                out = model.dense_part(dense, pooled, stages)
             t2 = time.perf_counter()
             wait += t1 - t
             dense_s += t2 - t1
@@ -365,8 +466,12 @@ def infer(model: _Model, batches: Iterable[tuple[Tensor | None, Any]],
                        {"embedding_wait": wait, **stages.seconds})
 
 
-def _pooled(model: _Model, features: Any) -> list[Tensor]:
+def _early(model: _Model | Offloaded, dense: Tensor | None, features: Any) -> Any:
+    """What runs ahead on the pipeline's threads: the pooled vectors, or for an offloaded model
+    the whole batch."""
     with torch.inference_mode():
+        if isinstance(model, Offloaded):
+            return model.run(dense, features)
         return model.pooled(features)
 
 
@@ -455,5 +560,6 @@ def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "dee
     return model.eval()
 
 
-__all__ = ["DIEN", "DIN", "DLRM", "NCF", "InferResult", "MultiTaskWideAndDeep", "Stages",
-           "WideAndDeep", "build", "infer", "linear_shapes", "load", "mlp", "save", "split"]
+__all__ = ["DIEN", "DIN", "DLRM", "NCF", "OFFLOADABLE", "InferResult", "MultiTaskWideAndDeep",
+           "Offloaded", "Stages", "WideAndDeep", "build", "infer", "linear_shapes", "load", "mlp",
+           "offload", "save", "split"]

@@ -305,6 +305,7 @@ class Store:
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._lanes = Lanes(depth=4)
         self._tables = {t.name: t for t in self._info.tables}
+        self._stored_model: Any = None  # the saved model, offloaded, on first `infer`
 
     @property
     def path(self) -> Path:
@@ -379,6 +380,40 @@ class Store:
             return self._lookup(reqs)
         done = list(stream(lambda p: self._lanes.submit(self._lookup, p), parts, depth=2))
         return replace(done[0], values=np.concatenate([d.values for d in done]))
+
+    def infer(self, dense: Any, features: Any, model: Any = None) -> npt.NDArray[np.float32]:
+        """Whole-model offload (RM-SSD): runs a model's bottom MLP, interaction and top MLP in
+        the engine, next to the embeddings, and returns only its outputs, ``[batch, outputs]``.
+
+        ``model`` is a :class:`nearrec.models.Offloaded` (or a model that
+        :func:`nearrec.models.offload` takes); by default the model kept with this store
+        (:func:`nearrec.models.save`), loaded on first use. ``dense`` is the ``[batch,
+        dense_width]`` float32 features (``None`` for NCF); ``features`` a KeyedJaggedTensor
+        whose keys name the model's tables, or one :class:`TableLookup` per model input, in
+        order.
+        """
+        from . import models
+
+        if model is None:
+            if self._stored_model is None:
+                self._stored_model = models.offload(models.load(self))
+            model = self._stored_model
+        elif not isinstance(model, models.Offloaded):
+            model = models.offload(model)
+        if not isinstance(features, Sequence):
+            features = model.sparse.lookups(features)
+        return self._infer(model.native, dense, features)[0]
+
+    def _infer(self, native_model: Any, dense: Any, reqs: Sequence[TableLookup]
+               ) -> tuple[npt.NDArray[np.float32], dict[str, float]]:
+        """The engine's ``infer``: outputs and the seconds per part."""
+        if dense is not None:
+            dense = np.ascontiguousarray(_as_array(dense), dtype=np.float32)
+            if dense.ndim != 2:
+                raise InvalidRequest(f"dense features must be [batch, features], not shape "
+                                     f"{dense.shape}")
+        out, times = self._native.infer(native_model, dense, [_table_args(r) for r in reqs])
+        return out, dict(times)
 
     def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> Pending:
         """Starts :meth:`lookup_many` in the background and returns at once; ``.result()`` on

@@ -263,7 +263,21 @@ class EmbeddingBagCollection(nn.Module):
             self.gpu_tier = GpuTier(_Sources(store, self.keyed), self.tables, config,  # type: ignore[arg-type]
                                     device=device)
 
-    def forward(self, features: Any) -> KeyedTensor:
+    def lookups(self, features: Any) -> list[TableLookup]:
+        """The engine's requests for ``features``: one :class:`~nearrec.TableLookup` per table,
+        in the collection's order (what whole-model offload sends; store tables only)."""
+        if self.keyed:
+            raise InvalidRequest(f"keyed tables {list(self.keyed)} are not in the store")
+        batch, values, lengths, _, weights, slices = self._parse(features)
+        return [TableLookup(table, values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
+                            per_sample_weights=None if weights is None else weights[lo:hi],
+                            mode=self.pooling[table])
+                for table, k, lo, hi in slices]
+
+    def _parse(self, features: Any
+               ) -> tuple[int, Any, Any, Any, Any, list[tuple[str, int, int, int]]]:
+        """``features`` checked: its batch, values, lengths, their bounds, weights and each
+        table's ``(table, key position, lo, hi)``."""
         keys = list(features.keys())
         values = _numpy(features.values())
         lengths = np.ascontiguousarray(_numpy(features.lengths()))
@@ -279,7 +293,10 @@ class EmbeddingBagCollection(nn.Module):
         if bounds[-1] != len(values):
             raise InvalidRequest(f"lengths add up to {bounds[-1]} but there are {len(values)} "
                                  "values")
-        slices = self._slices(keys, batch, bounds)
+        return batch, values, lengths, bounds, weights, self._slices(keys, batch, bounds)
+
+    def forward(self, features: Any) -> KeyedTensor:
+        batch, values, lengths, bounds, weights, slices = self._parse(features)
         if self.gpu_tier is not None:
             return KeyedTensor(self.tables, self.dims, self.gpu_tier.pool_concat([
                 (table, self._gpu_ids(table, values[lo:hi]), bounds[k * batch:(k + 1) * batch] - lo,
@@ -288,14 +305,14 @@ class EmbeddingBagCollection(nn.Module):
         reqs, parts = [], []
         for table, k, lo, hi in slices:
             w = None if weights is None else weights[lo:hi]
+            lens = lengths[k * batch:(k + 1) * batch]
             if table in self.keyed:
-                parts.append(self.keyed[table].lookup(
-                    values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
-                    mode=self.pooling[table], per_sample_weights=w))
-                continue
-            reqs.append(TableLookup(
-                table, values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
-                per_sample_weights=w, mode=self.pooling[table]))
+                parts.append(self.keyed[table].lookup(values[lo:hi], lengths=lens,
+                                                      mode=self.pooling[table],
+                                                      per_sample_weights=w))
+            else:
+                reqs.append(TableLookup(table, values[lo:hi], lengths=lens, per_sample_weights=w,
+                                        mode=self.pooling[table]))
         if reqs:
             parts.insert(0, self.store.lookup_many(reqs).values)  # type: ignore[union-attr]
         out = torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))

@@ -6,6 +6,7 @@ mod error;
 mod keyed;
 mod limits;
 mod lookup;
+mod model;
 mod progress;
 mod store;
 mod trace;
@@ -26,6 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::NativeStoreWriter>()?;
     m.add_class::<limits::MappedStore>()?;
     m.add_class::<keyed::NativeKeyedTable>()?;
+    m.add_class::<model::NativeModel>()?;
     m.add_function(wrap_pyfunction!(cache::cache_simulate, m)?)?;
     m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;

@@ -6,12 +6,13 @@ use nearrec_cache::{CacheConfig, PolicyParseError};
 use nearrec_engine::{Engine, EngineConfig, Request, Tier, TierReport};
 use nearrec_format::{DType, StoreReader};
 use nearrec_plan::Placement;
-use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1};
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::error::{engine_err, format_err, raise};
 use crate::lookup::TableArgs;
+use crate::model::NativeModel;
 use crate::progress;
 
 /// An open store whose tables are resident in DRAM.
@@ -228,6 +229,54 @@ impl NativeStore {
                 .map_err(|e| engine_err(py, e))?;
         }
         Ok(out)
+    }
+
+    /// Runs `model` (whole-model offload) on one batch: `dense` is `[batch, dense_width]`
+    /// float32 (`None` for models without dense features), `tables` one argument tuple per model
+    /// input, in order. Returns the `[batch, outputs]` float32 output and the seconds spent per
+    /// part (`total`, `embeddings`, `dense`, `blocks`, `finish`). The GIL is released meanwhile.
+    fn infer<'py>(
+        &self,
+        py: Python<'py>,
+        model: &NativeModel,
+        dense: Option<PyReadonlyArray2<'py, f32>>,
+        tables: &Bound<'py, PyList>,
+    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Vec<(&'static str, f64)>)> {
+        let args = tables
+            .iter()
+            .map(|t| TableArgs::extract(&t))
+            .collect::<PyResult<Vec<_>>>()?;
+        let req = Request::new(
+            args.iter()
+                .map(|a| a.request(py))
+                .collect::<PyResult<Vec<_>>>()?,
+        );
+        let dense = match &dense {
+            Some(d) => d.as_slice().map_err(|_| {
+                raise(
+                    py,
+                    "InvalidRequest",
+                    "dense features must be a contiguous float32 array".into(),
+                    None,
+                    None,
+                )
+            })?,
+            None => &[],
+        };
+        let (out, times) = py
+            .detach(|| self.engine.infer(&model.model, dense, &req))
+            .map_err(|e| engine_err(py, e))?;
+        let n = model.model.outputs();
+        let batch = out.len() / n;
+        let array = PyArray1::from_vec(py, out).reshape([batch, n])?;
+        let times = vec![
+            ("total", times.total.as_secs_f64()),
+            ("embeddings", times.embeddings.as_secs_f64()),
+            ("dense", times.dense.as_secs_f64()),
+            ("blocks", times.blocks.as_secs_f64()),
+            ("finish", times.finish.as_secs_f64()),
+        ];
+        Ok((array, times))
     }
 
     /// Decodes the given rows of a table to a `[n, dim]` float32 array.
