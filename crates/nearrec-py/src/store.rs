@@ -15,6 +15,9 @@ use crate::lookup::TableArgs;
 use crate::model::NativeModel;
 use crate::progress;
 
+/// Seconds per named part of a call.
+type Seconds = Vec<(&'static str, f64)>;
+
 /// An open store whose tables are resident in DRAM.
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativeStore {
@@ -241,7 +244,7 @@ impl NativeStore {
         model: &NativeModel,
         dense: Option<PyReadonlyArray2<'py, f32>>,
         tables: &Bound<'py, PyList>,
-    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Vec<(&'static str, f64)>)> {
+    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
         let args = tables
             .iter()
             .map(|t| TableArgs::extract(&t))
