@@ -96,6 +96,9 @@ def test_pipelined_offload_equals_forward(tmp_path, tier):
         assert {"embedding_wait", "engine.embeddings", "engine.dense", "engine.blocks",
                 "engine.finish"} == set(res.breakdown)
         assert res.breakdown["engine.dense"] > 0
+        parts = 5 if sub is None else 5 * 4  # 16 samples in parts of 5, 5, 5, 1
+        assert len(res.latencies) == len(res.finished) == parts
+        assert all(x > 0 for x in res.latencies) and res.finished == sorted(res.finished)
 
 
 def test_what_offload_cannot_run_is_a_typed_error(tmp_path):
@@ -126,3 +129,21 @@ def test_what_offload_cannot_run_is_a_typed_error(tmp_path):
         nearrec._native.NativeModel.ncf(
             [(np.zeros((4, 16), np.float32), np.zeros(4, np.float32), "gelu")],
             [(np.zeros((1, 12), np.float32), np.zeros(1, np.float32), "none")], 8)
+
+
+def test_infer_command_offloads(tmp_path, capsys):
+    import json
+
+    from nearrec.cli import main
+
+    path, tp = tmp_path / "ncf", tmp_path / "t.nrtrace"
+    nearrec.build(path, "ncf", rows=ROWS, seed=1, progress=False)
+    assert main(["trace", "gen", str(tp), "--store", str(path), "--bags", "64",
+                 "--pooling", "1"]) == 0
+    capsys.readouterr()
+    assert main(["infer", str(path), str(tp), "--model", "ncf", "--batch", "16", "--tier", "ssd",
+                 "--offload", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["offload"] and out["batches"] == 4 and out["tier"] == "ssd"
+    for run in out["runs"].values():
+        assert run["samples_per_s"] > 0 and run["breakdown_s"]["engine.blocks"] > 0

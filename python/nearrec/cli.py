@@ -268,11 +268,13 @@ def cmd_infer(args: argparse.Namespace) -> int:
     from . import trace as nt
     from .torch import KeyedJaggedTensor
 
-    def fresh() -> tuple[nearrec.Store, models._Model]:
-        """The store opened anew, caches empty: each run starts from the same state."""
+    def fresh() -> tuple[nearrec.Store, models._Model | models.Offloaded]:
+        """The store opened anew, caches empty: each run starts from the same state; the model
+        run whole by the engine with ``--offload``."""
         store = nearrec.open(args.store, tier=args.tier, dram_budget=args.dram_budget,
                              progress=args.progress)
-        return store, models.build(args.model, store, seed=args.seed)
+        model = models.build(args.model, store, seed=args.seed)
+        return store, models.offload(model) if args.offload else model
 
     spec = nearrec.model_spec(args.model)
     tr = nt.load(args.trace)
@@ -302,13 +304,13 @@ def cmd_infer(args: argparse.Namespace) -> int:
             "embedding_wait_s": res.embedding_wait, "dense_s": res.dense,
             "breakdown_s": res.breakdown}
         del model, store
-    lines = [f"{args.model} on {tier}, {len(batches)} batches of {args.batch}, each run from "
-             "a freshly opened store"]
+    lines = [f"{args.model}{' offloaded' if args.offload else ''} on {tier}, {len(batches)} "
+             f"batches of {args.batch}, each run from a freshly opened store"]
     for name, r in runs.items():
         lines.append(f"  {name:<22} {r['samples_per_s']:>10,.0f} samples/s, wall "
                      f"{r['seconds']:.2f} s: " + ", ".join(
                          f"{k.replace('_', ' ')} {v:.2f} s" for k, v in r["breakdown_s"].items()))
-    _emit(args, {"model": args.model, "tier": tier, "batch": args.batch,
+    _emit(args, {"model": args.model, "offload": args.offload, "tier": tier, "batch": args.batch,
                  "batches": len(batches), "runs": runs}, "\n".join(lines))
     return 0
 
@@ -390,6 +392,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = colocate.run(kcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "colocate-quick" if args.quick else "colocate"
         md = colocate.markdown(records, command)
+    elif args.what == "e2e":
+        from .bench import e2e
+
+        ecfg = e2e.E2EConfig.quick() if args.quick else e2e.E2EConfig()
+        if args.models:
+            ecfg.models = tuple(args.models.split(","))
+        if args.table_bytes:
+            ecfg.table_bytes = args.table_bytes
+        if args.batches:
+            ecfg.batches = tuple(int(b) for b in args.batches.split(","))
+        if args.no_recssd:
+            ecfg.recssd = False
+        ecfg.scratch = Path(args.scratch)
+        ecfg.progress_file = Path(args.out) / "e2e-progress.jsonl"
+        ecfg.progress_file.parent.mkdir(parents=True, exist_ok=True)
+        ecfg.progress_file.unlink(missing_ok=True)
+        records = e2e.run(ecfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "e2e-quick" if args.quick else "e2e"
+        md = e2e.markdown(records, command)
     elif args.what in ("ssd", "ssd-tuning"):
         from .bench import ssd
 
@@ -545,6 +566,8 @@ def parser() -> argparse.ArgumentParser:
                      "this many samples that flow through the pipeline")
     inf.add_argument("--tier", default="auto", choices=["auto", "dram", "ssd"])
     inf.add_argument("--dram-budget", type=parse_bytes, help="DRAM for the tiers, e.g. 256MiB")
+    inf.add_argument("--offload", action="store_true", help="run the whole model in the engine "
+                     "(RM-SSD's offload: rmc1-3, wnd, mtwnd, ncf)")
     inf.add_argument("--seed", type=int, default=0)
     common(inf)
     inf.set_defaults(func=cmd_infer)
@@ -571,17 +594,20 @@ def parser() -> argparse.ArgumentParser:
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "colocate", "keyed",
-                                     "build", "gpu"])
+                                     "e2e", "build", "gpu"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
-    be.add_argument("--models", help="comma-separated models (sls, cache; default rmc1,rmc2,rmc3)")
+    be.add_argument("--models", help="comma-separated models (sls, cache: default rmc1,rmc2,rmc3; "
+                    "e2e: all eight)")
     be.add_argument("--rows", type=int, help="rows per table (sls, keyed)")
     be.add_argument("--budgets", help="cache, colocate: DRAM budgets as shares of the tables, "
                     "e.g. 0.25,0.06 (colocate: 0 = no DRAM tier)")
     be.add_argument("--traces", help="cache, colocate: traces, e.g. k1,zipf1.05 "
                     "(k<K>[-recssd], zipf<a>)")
-    be.add_argument("--batches", help="cache: batch sizes, e.g. 1,64")
+    be.add_argument("--batches", help="cache, e2e: batch sizes, e.g. 1,64")
+    be.add_argument("--no-recssd", action="store_true",
+                    help="e2e: skip the pass at RecSSD's row counts")
     be.add_argument("--table-bytes", type=parse_bytes,
-                    help="bytes to write (build) / table bytes of the store (ssd, cache)")
+                    help="bytes to write (build) / table bytes of the store (ssd, cache, e2e)")
     be.add_argument("--out", default="bench/results")
     be.add_argument("--scratch", default="bench/scratch", help="where stores are built")
     common(be)

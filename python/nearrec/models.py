@@ -33,9 +33,10 @@ import io
 import json
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,8 @@ class _Model(nn.Module):
         self.variant: Variant = "deeprecsys"
         self.sparse = sparse
         self.table_names = list(tables)
+        #: dense features per sample (0: none)
+        self.dense_features = spec.dense_features
 
     def pooled(self, features: Any) -> list[Tensor]:
         """The sparse part: each table's pooled vectors."""
@@ -137,6 +140,7 @@ class DLRM(_Model):
             raise InvalidRequest(f"interaction must be 'cat' or 'dot', not {interaction!r}")
         self.interaction = interaction
         bottom = tuple(bottom or spec.bottom_mlp)
+        self.dense_features = bottom[0]
         self.bottom = mlp(bottom)
         n = len(tables) + 1
         top_in = n * bottom[-1] if interaction == "cat" else bottom[-1] + n * (n - 1) // 2
@@ -362,6 +366,10 @@ class InferResult:
     samples: int
     #: seconds per stage: ``embedding_wait`` and the dense part's stages (see ``dense_part``)
     breakdown: dict[str, float]
+    #: per batch (per part with ``sub_batch``): seconds from the start of its reads to its output
+    latencies: list[float] = field(default_factory=list)
+    #: per batch (per part): when its output was ready, in seconds since the run started
+    finished: list[float] = field(default_factory=list)
 
     @property
     def samples_per_s(self) -> float:
@@ -418,7 +426,9 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
     samples = 0
     start = time.perf_counter()
     with torch.inference_mode(), ThreadPoolExecutor(max(1, depth)) as pool:
-        queue: deque[tuple[Tensor | None, Future[Any]]] = deque()
+        queue: deque[tuple[Tensor | None, Callable[[], Any], float]] = deque()
+        latencies: list[float] = []
+        finished: list[float] = []
         items = iter(parts())
 
         def fill() -> None:
@@ -426,17 +436,20 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
                 item = next(items, None)
                 if item is None:
                     return
-                queue.append((item[0], pool.submit(_early, model, *item)))
+                # depth 0: run on this thread when taken (no hand-over to pay for)
+                job = partial(_early, model, *item)
+                queue.append((item[0], job if depth == 0 else pool.submit(job).result,
+                              time.perf_counter()))
 
         fill()
         while queue:
-            dense, pending = queue.popleft()
+            dense, pending, submitted = queue.popleft()
             t = time.perf_counter()
             if depth == 0:
-                pooled = pending.result()
+                pooled = pending()
             else:
                 fill()  # the next batches' reads start before this batch waits
-                pooled = pending.result()
+                pooled = pending()
             t1 = time.perf_counter()
             stages.start()
             if isinstance(model, Offloaded):
@@ -451,6 +464,8 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
             wait += t1 - t
             dense_s += t2 - t1
             outputs.append(out)
+            latencies.append(t2 - submitted)
+            finished.append(t2 - start)
             samples += out.shape[0]
             if depth == 0:
                 fill()
@@ -463,7 +478,7 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
             joined[n].append(out)
         outputs = [torch.cat(o) for o in joined]
     return InferResult(outputs, seconds, wait, dense_s, samples,
-                       {"embedding_wait": wait, **stages.seconds})
+                       {"embedding_wait": wait, **stages.seconds}, latencies, finished)
 
 
 def _early(model: _Model | Offloaded, dense: Tensor | None, features: Any) -> Any:

@@ -261,13 +261,12 @@ impl DenseModel {
                 out
             }
             Kind::Ncf { mlp, predict, dim } => {
-                let mut parts = parts.into_iter().map(Option::unwrap_or_default);
-                let (u, i, a, b) = (
-                    parts.next().unwrap_or_default(),
-                    parts.next().unwrap_or_default(),
-                    parts.next().unwrap_or_default(),
-                    parts.next().unwrap_or_default(),
-                );
+                let [u, i, a, b]: [Vec<f32>; 4] = parts
+                    .into_iter()
+                    .map(|p| p.expect("every NCF table has a share"))
+                    .collect::<Vec<_>>()
+                    .try_into()
+                    .expect("NCF takes four tables");
                 let mut m = sum(a, &[Some(b)]);
                 mlp.first().finish(&mut m);
                 let m = mlp.forward_from(1, m, batch);
