@@ -1,8 +1,9 @@
 //! Turning Python arguments (numpy arrays) into an engine [`Request`] without copying them.
 
-use nearrec_engine::{Bags, Indices, PoolingMode, TableRequest};
+use nearrec_engine::{Bags, Indices, PoolingMode, Request, TableRequest};
 use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
 use crate::error::raise;
 
@@ -146,6 +147,20 @@ impl<'py> TableArgs<'py> {
             mode,
             padding_idx,
         })
+    }
+
+    /// Every table's arguments of a list.
+    pub(crate) fn extract_list(tables: &Bound<'py, PyList>) -> PyResult<Vec<Self>> {
+        tables.iter().map(|t| Self::extract(&t)).collect()
+    }
+
+    /// The engine's request for a list's arguments (borrows their arrays).
+    pub(crate) fn requests<'a>(py: Python<'_>, args: &'a [Self]) -> PyResult<Request<'a>> {
+        Ok(Request::new(
+            args.iter()
+                .map(|a| a.request(py))
+                .collect::<PyResult<Vec<_>>>()?,
+        ))
     }
 
     /// The engine's view of these arguments (borrows the arrays).

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use nearrec_cache::{CacheConfig, PolicyParseError};
-use nearrec_engine::{Engine, EngineConfig, Request, Tier, TierReport};
+use nearrec_engine::{Engine, EngineConfig, Tier, TierReport};
 use nearrec_format::{DType, StoreReader};
 use nearrec_plan::Placement;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
@@ -214,15 +214,8 @@ impl NativeStore {
         py: Python<'py>,
         tables: &Bound<'py, PyList>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let args = tables
-            .iter()
-            .map(|t| TableArgs::extract(&t))
-            .collect::<PyResult<Vec<_>>>()?;
-        let req = Request::new(
-            args.iter()
-                .map(|a| a.request(py))
-                .collect::<PyResult<Vec<_>>>()?,
-        );
+        let args = TableArgs::extract_list(tables)?;
+        let req = TableArgs::requests(py, &args)?;
         let prepared = self.engine.prepare(&req).map_err(|e| engine_err(py, e))?;
         let out = PyArray2::<f32>::zeros(py, [prepared.batch(), prepared.width()], false);
         {
@@ -245,15 +238,8 @@ impl NativeStore {
         dense: Option<PyReadonlyArray2<'py, f32>>,
         tables: &Bound<'py, PyList>,
     ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
-        let args = tables
-            .iter()
-            .map(|t| TableArgs::extract(&t))
-            .collect::<PyResult<Vec<_>>>()?;
-        let req = Request::new(
-            args.iter()
-                .map(|a| a.request(py))
-                .collect::<PyResult<Vec<_>>>()?,
-        );
+        let args = TableArgs::extract_list(tables)?;
+        let req = TableArgs::requests(py, &args)?;
         let dense = match &dense {
             Some(d) => d.as_slice().map_err(|_| {
                 raise(
