@@ -1,4 +1,4 @@
-//! Binding of an open store (the engine over its DRAM-resident tables).
+//! Binding of an open store (the engine over its tables, wherever they are served from).
 
 use std::path::PathBuf;
 
@@ -18,7 +18,7 @@ use crate::progress;
 /// Seconds per named part of a call.
 type Seconds = Vec<(&'static str, f64)>;
 
-/// An open store whose tables are resident in DRAM.
+/// An open store: the engine over its tables, in DRAM or on SSD behind DRAM tiers.
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativeStore {
     engine: Engine,
