@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nearrec.bench.e2e import E2EConfig, markdown, summarise
+from nearrec.bench.e2e import markdown, summarise
 from nearrec.bench.report import Record
 
 
@@ -25,7 +25,7 @@ def test_ratios_and_floors():
         rec("ssd@25%", "offload", 800.0, io_floor_us=100_000.0, device_reads_per_batch=5000.0),
         rec("ssd@25%", "ssds", 100.0),
     ]
-    summarise(records, E2EConfig())
+    summarise(records)
     by = {(r.dist, r.system): r.extra for r in records}
     assert by[("dram", "nearrec")]["ratio_vs_ideal"] == pytest.approx(0.9)
     assert by[("dram", "offload")]["ratio_vs_nearrec"] == pytest.approx(1200 / 900)

@@ -453,16 +453,14 @@ def run(cfg: E2EConfig, log: Callable[[str], None] = print) -> list[Record]:
         for model in cfg.models:
             records += _model_run(cfg, model, "recssd", (cfg.recssd_batch,), ("dram", "ssd"),
                                   log)
-    summarise(records, cfg)
+    summarise(records)
     return records
 
 
-def summarise(records: list[Record], cfg: E2EConfig) -> None:
+def summarise(records: list[Record]) -> None:
     """Adds the goals' numbers to the records: ratios to the ideal and between systems, and each
     SSD cell's time per batch against max(MLP time in DRAM, its I/O floor)."""
-    by: dict[tuple[str, int, str], dict[str, Record]] = {}
-    for r in records:
-        by.setdefault((r.model, r.batch, r.dist), {})[r.system] = r
+    by = _cells(records)
     for (model, batch, place), cell in by.items():
         dram_place = "dram" + ("-recssd" if place.endswith("-recssd") else "")
         dram = by.get((model, batch, dram_place), {})
