@@ -41,34 +41,42 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     ) -> Result<()>;
 }
 
-/// A shared device is a device: one back-end can serve several engines, or stay in a test's hands
-/// (to arm a [`crate::FaultyDevice`]) while an engine reads through it.
-impl<D: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<D> {
-    fn kind(&self) -> &'static str {
-        (**self).kind()
-    }
+/// A shared or boxed device is a device: one back-end can serve several engines, stay in a test's
+/// hands (to arm a [`crate::FaultyDevice`]) while an engine reads through it, or sit, chosen at
+/// run time, inside a wrapper such as the flash-device model.
+macro_rules! forward_block_device {
+    ($($ptr:ident)::+) => {
+        impl<D: BlockDevice + ?Sized> BlockDevice for $($ptr)::+<D> {
+            fn kind(&self) -> &'static str {
+                (**self).kind()
+            }
 
-    fn direct(&self) -> bool {
-        (**self).direct()
-    }
+            fn direct(&self) -> bool {
+                (**self).direct()
+            }
 
-    fn block_size(&self) -> usize {
-        (**self).block_size()
-    }
+            fn block_size(&self) -> usize {
+                (**self).block_size()
+            }
 
-    fn file_lens(&self) -> &[u64] {
-        (**self).file_lens()
-    }
+            fn file_lens(&self) -> &[u64] {
+                (**self).file_lens()
+            }
 
-    fn read_batch(
-        &self,
-        ops: &[ReadOp],
-        buf: &mut [u8],
-        done: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        (**self).read_batch(ops, buf, done)
-    }
+            fn read_batch(
+                &self,
+                ops: &[ReadOp],
+                buf: &mut [u8],
+                done: &mut dyn FnMut(usize, &[u8]),
+            ) -> Result<()> {
+                (**self).read_batch(ops, buf, done)
+            }
+        }
+    };
 }
+
+forward_block_device!(std::sync::Arc);
+forward_block_device!(Box);
 
 /// Checks that every op of a batch is aligned, inside its file and inside `buf`, and that no two
 /// write the same bytes of `buf`. Devices call it before issuing any read.

@@ -1,0 +1,154 @@
+//! [`FlashDevice`]: the model as a [`BlockDevice`]. Bytes come from an inner device (memory or the
+//! real table files), so everything read through it is real; time comes from the simulation, so
+//! the engine above runs unchanged on a drive that does not exist.
+
+use std::sync::Mutex;
+
+use nearrec_io::{BlockDevice, ReadOp, Result, check_batch};
+use serde::Serialize;
+
+use crate::config::DeviceConfig;
+use crate::ftl::Ftl;
+use crate::sim::{self, Command, Piece, Resource, Servers, Step};
+
+/// What a [`FlashDevice`] has done, in simulated time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FlashStats {
+    /// `read_batch` calls.
+    pub batches: u64,
+    /// Host block commands (reads).
+    pub commands: u64,
+    /// Flash page reads (array reads).
+    pub flash_reads: u64,
+    /// Bytes moved over the channels.
+    pub channel_bytes: u64,
+    /// Bytes moved over the host link.
+    pub link_bytes: u64,
+    /// Simulated time the batches took, end to end, summed.
+    pub busy_ns: u64,
+    /// Simulated time of each batch, in call order.
+    pub batch_ns: Vec<u64>,
+}
+
+/// A simulated drive in front of real bytes.
+#[derive(Debug)]
+pub struct FlashDevice<D> {
+    inner: D,
+    config: DeviceConfig,
+    ftl: Ftl,
+    stats: Mutex<FlashStats>,
+}
+
+impl<D: BlockDevice> FlashDevice<D> {
+    /// The drive `config` (already validated) holding `inner`'s files, laid out back to back.
+    pub fn new(inner: D, config: DeviceConfig) -> Self {
+        let ftl = Ftl::contiguous(inner.file_lens(), &config.flash);
+        Self {
+            inner,
+            config,
+            ftl,
+            stats: Mutex::new(FlashStats::default()),
+        }
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> FlashStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The block commands `ops` become: the host's user-space I/O path, the firmware, one flash
+    /// read per page touched, the DMA back.
+    fn commands(&self, ops: &[ReadOp]) -> Vec<Command> {
+        let (h, f) = (&self.config.host, &self.config.flash);
+        let flush = f.flush_ns();
+        ops.iter()
+            .map(|op| {
+                let pieces = self
+                    .ftl
+                    .pages(op.file, op.offset, u64::from(op.len))
+                    .into_iter()
+                    .map(|(page, bytes)| {
+                        let moved = f.block_transfer_bytes(bytes);
+                        Piece {
+                            unit: page.unit,
+                            channel: page.channel,
+                            flush_ns: flush,
+                            transfer_ns: f.transfer_ns(moved),
+                            bytes: moved,
+                            after: None,
+                        }
+                    })
+                    .collect();
+                Command {
+                    release_ns: 0,
+                    pre: vec![
+                        Step::new(Resource::Host, h.user_io_ns),
+                        Step::new(Resource::Controller, self.config.controller.command_ns),
+                    ],
+                    pieces,
+                    post: vec![Step::new(
+                        Resource::Link,
+                        h.dma_transfer_ns(u64::from(op.len)),
+                    )],
+                }
+            })
+            .collect()
+    }
+}
+
+impl<D: BlockDevice> BlockDevice for FlashDevice<D> {
+    fn kind(&self) -> &'static str {
+        "flash-model"
+    }
+
+    fn direct(&self) -> bool {
+        true
+    }
+
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    fn file_lens(&self) -> &[u64] {
+        self.inner.file_lens()
+    }
+
+    fn read_batch(
+        &self,
+        ops: &[ReadOp],
+        buf: &mut [u8],
+        done: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        check_batch(ops, buf, self.block_size(), self.file_lens())?;
+        let commands = self.commands(ops);
+        let f = &self.config.flash;
+        let servers = Servers {
+            host: self.config.host.io_threads,
+            controller: self.config.controller.cores,
+            units: f.units(),
+            channels: f.channels,
+        };
+        let outcome = sim::run(&commands, servers, self.config.host.queue_depth);
+        // Bytes first (the inner device may complete in any order), then completions in the
+        // order the simulated drive finishes them.
+        self.inner.read_batch(ops, buf, &mut |_, _| {})?;
+        let mut order: Vec<usize> = (0..ops.len()).collect();
+        order.sort_by_key(|&i| (outcome.finish_ns[i], i));
+        for i in order {
+            let op = &ops[i];
+            done(i, &buf[op.buf_at..op.buf_at + op.len as usize]);
+        }
+        let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        st.batches += 1;
+        st.commands += ops.len() as u64;
+        st.flash_reads += outcome.flash_reads;
+        st.channel_bytes += outcome.channel_bytes;
+        st.link_bytes += ops.iter().map(|op| u64::from(op.len)).sum::<u64>();
+        st.busy_ns += outcome.end_ns;
+        st.batch_ns.push(outcome.end_ns);
+        Ok(())
+    }
+}
