@@ -1,4 +1,4 @@
-"""The ``nearrec`` command line: build, info, verify, lookup, bench.
+"""The ``nearrec`` command line: build, info, verify, lookup, infer, plan, simulate, bench.
 
 Human-readable output by default, ``--json`` for machines; progress bars on long work when
 stderr is a terminal. Errors print one line and exit with status 2 (bad input) or 1 (store).
@@ -328,6 +328,55 @@ def cmd_colocate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _values(text: str | None, cast: Any) -> list[Any] | None:
+    return None if text is None else [cast(v) for v in text.split(",")]
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from . import simulate as sim
+
+    dev = sim.device(args.device)
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidRequest(f"--set takes key=value, not {item!r}")
+        if value and value[-1].isalpha() and value[0].isdigit():
+            value = str(parse_size(value))
+        sim.set_field(dev, key, value)
+    modes = list(sim.MODES) if args.mode == "all" else args.mode.split(",")
+    over: dict[str, list[Any]] = {}
+    for key, cast in (("batch", int), ("k", float), ("pooling", int), ("dim", int),
+                      ("tables", int), ("rows", int)):
+        vals = _values(getattr(args, key), cast)
+        if vals is not None:
+            over[key] = vals
+    fixed: dict[str, Any] = {"batches": args.batches, "warmup": args.warmup,
+                             "placement": args.placement, "seed": args.seed}
+    if args.uniform:
+        over.pop("k", None)
+        fixed["k"] = None
+    if args.stride:
+        fixed["stride"] = args.stride
+    reports = sim.sweep(args.model.split(","), dev, modes, over=over, **fixed)
+    if args.out_json:
+        Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out_json).write_text(json.dumps({"device": dev, "reports": reports}, indent=1))
+    if args.png:
+        x = args.x or next(iter(over), "batch")
+        sim.plot(reports, x, args.y, args.png, logy=args.logy)
+    cols = ["model", "mode", *over, "latency_p50_ms", "latency_p99_ms", "throughput",
+            "flash_reads", "link_bytes", "read_amplification"]
+    lines = ["  ".join(f"{c:>14}" for c in cols)]
+    for r in reports:
+        cells = []
+        for c in cols:
+            v = r[c]
+            cells.append(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}")
+        lines.append("  ".join(cells))
+    _emit(args, reports, f"device {dev['name']} (simulated)\n" + "\n".join(lines))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import report
 
@@ -426,6 +475,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
             records = ssd.run_tuning(scfg, log=log)
             md = ssd.tuning_markdown(records, command)
         name = args.what + ("-quick" if args.quick else "")
+    elif args.what == "flash-repro":
+        from .bench import flash
+
+        fcfg = flash.FlashReproConfig.quick() if args.quick else flash.FlashReproConfig()
+        if args.table_bytes:
+            fcfg.table_bytes = args.table_bytes
+        fcfg.out = out
+        records = flash.run(fcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "flash-repro-quick" if args.quick else "flash-repro"
+        md = flash.markdown(records, command)
     elif args.what == "gpu":
         from .bench import gpu
 
@@ -592,9 +651,39 @@ def parser() -> argparse.ArgumentParser:
     common(co)
     co.set_defaults(func=cmd_colocate)
 
+    si = sub.add_parser("simulate", help="run designs on the flash device model (simulated "
+                        "time): sweeps, JSON, PNG")
+    si.add_argument("--model", default="rmc1", help="comma-separated models (default rmc1)")
+    si.add_argument("--device", default="rm-ssd",
+                    help="rm-ssd, cosmos-plus, this-disk, or a JSON parameter file")
+    si.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a device field, e.g. host.dram_bytes=2GiB (repeatable)")
+    si.add_argument("--mode", default="all", help="comma-separated designs, or all: "
+                    "ssd-s, emb-mmio, emb-pagesum, emb-vectorsum, recssd, rm-ssd, emb-ssd "
+                    "(emb-ssd:base / :merge / :cache switch its techniques)")
+    si.add_argument("--batch", default="1", help="batch sizes to sweep, e.g. 1,2,4,8")
+    si.add_argument("--k", help="RecSSD's locality knob K to sweep (default 0.3)")
+    si.add_argument("--uniform", action="store_true", help="uniform ids instead of K traces")
+    si.add_argument("--stride", type=int, help="strided ids (RecSSD's STR pattern)")
+    si.add_argument("--pooling", help="lookups per table per sample to sweep")
+    si.add_argument("--dim", help="embedding dimensions to sweep")
+    si.add_argument("--tables", help="table counts to sweep")
+    si.add_argument("--rows", help="rows per table to sweep")
+    si.add_argument("--placement", default="packed", choices=["packed", "one-per-page"])
+    si.add_argument("--batches", type=int, default=20, help="measured batches per point")
+    si.add_argument("--warmup", type=int, default=20, help="warm-up batches per point")
+    si.add_argument("--seed", type=int, default=0)
+    si.add_argument("--out-json", help="write the device and every report here")
+    si.add_argument("--png", help="plot Y over X here")
+    si.add_argument("--x", help="the swept key on the x axis (default: the first swept)")
+    si.add_argument("--y", default="throughput", help="a report field (default throughput)")
+    si.add_argument("--logy", action="store_true")
+    common(si)
+    si.set_defaults(func=cmd_simulate)
+
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "colocate", "keyed",
-                                     "e2e", "build", "gpu"])
+                                     "e2e", "build", "gpu", "flash-repro"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache: default rmc1,rmc2,rmc3; "
                     "e2e: all eight)")

@@ -111,13 +111,17 @@ pub struct HostConfig {
     pub link_mb_s: f64,
     /// Fixed cost of one DMA transfer, ns.
     pub dma_ns: u64,
-    /// One 64-byte memory-mapped I/O access, ns.
+    /// One 64-byte memory-mapped I/O load, ns (no paper gives it; 150 puts RM-SSD's EMB-MMIO near
+    /// the 60 % of SSD-S its Fig. 10 shows).
     pub mmio_ns: u64,
     /// Host pooling: per row, plus per element, ns.
     pub pool_row_ns: f64,
     pub pool_elem_ns: f64,
-    /// Host MLPs: sustained GFLOP/s, and a fixed cost per layer call, ns.
+    /// Host MLPs: sustained GFLOP/s, the rate weights stream from memory (a small batch's
+    /// layers are matrix-vector products, bound by reading the weights), and a fixed cost per
+    /// layer call (framework dispatch, activation), ns.
     pub mlp_gflops: f64,
+    pub mlp_weight_gb_s: f64,
     pub mlp_layer_ns: u64,
 }
 
@@ -166,11 +170,12 @@ fn default_host() -> HostConfig {
         dram_bytes: 0,
         link_mb_s: 3_500.0,
         dma_ns: 1_000,
-        mmio_ns: 50,
+        mmio_ns: 150,
         pool_row_ns: 15.0,
         pool_elem_ns: 0.25,
         mlp_gflops: 50.0,
-        mlp_layer_ns: 10 * US,
+        mlp_weight_gb_s: 10.0,
+        mlp_layer_ns: 30 * US,
     }
 }
 
@@ -221,10 +226,10 @@ impl DeviceConfig {
             controller: ControllerConfig {
                 cores: 1,
                 command_ns: 24 * US,
-                page_issue_ns: 2 * US,
+                page_issue_ns: 5 * US,
                 pair_ns: 300,
-                row_ns: 4 * US,
-                elem_ns: 20.0,
+                row_ns: US,
+                elem_ns: 10.0,
                 simd_lanes: 4,
                 dram_cache_bytes: 64 << 20,
                 fpga: default_fpga(),
@@ -302,8 +307,13 @@ impl DeviceConfig {
             return bad("the FPGA's DRAM width must be a power of two of at least 4 bytes");
         }
         let h = &self.host;
-        if h.io_threads == 0 || h.queue_depth == 0 || h.link_mb_s <= 0.0 || h.mlp_gflops <= 0.0 {
-            return bad("host threads, queue depth, link bandwidth and GFLOP/s must be positive");
+        if h.io_threads == 0
+            || h.queue_depth == 0
+            || h.link_mb_s <= 0.0
+            || h.mlp_gflops <= 0.0
+            || h.mlp_weight_gb_s <= 0.0
+        {
+            return bad("host threads, queue depth, link bandwidth and MLP rates must be positive");
         }
         Ok(())
     }

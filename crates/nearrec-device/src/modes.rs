@@ -3,7 +3,7 @@
 //! | mode | where rows are pooled | flash reads | host path |
 //! |---|---|---|---|
 //! | SSD-S | host | a page per page-cache miss (4 KiB, kernel file path, synchronous) | kernel, page cache in `host.dram_bytes` |
-//! | EMB-MMIO | host | a page per lookup | user space, pages loaded over MMIO |
+//! | EMB-MMIO | host | a page per lookup, all in flight | user space, pages loaded over MMIO |
 //! | EMB-PageSum | device (FPGA) | a page per lookup, all in flight | one command per batch |
 //! | EMB-VectorSum | device (FPGA) | one vector per lookup (`T_flush + EV/P · T_trans`) | one command per batch |
 //! | RM-SSD | device, MLPs too | as EMB-VectorSum | CTRs back over MMIO; MLPs by [`MlpEngine`] |
@@ -32,8 +32,11 @@ const OS_PAGE: u64 = 4096;
 pub enum Mode {
     SsdS,
     EmbMmio,
+    #[serde(rename = "emb-pagesum")]
     EmbPageSum,
+    #[serde(rename = "emb-vectorsum")]
     EmbVectorSum,
+    #[serde(rename = "recssd")]
     RecSsd,
     RmSsd,
     /// EMB-SSD, with its two techniques switchable (its Fig. 9 compares them).
@@ -126,6 +129,8 @@ pub struct BatchReport {
     pub channel_bytes: u64,
     /// Bytes over the host link, both ways.
     pub link_bytes: u64,
+    /// Of those, bytes read back by the host (RM-SSD's Table IV counts these).
+    pub link_read_bytes: u64,
     /// Commands the host issued.
     pub host_ios: u64,
     /// Rows served from host DRAM (page cache, hot partition).
@@ -350,10 +355,13 @@ impl Simulator {
         (rows as f64 * (c.row_ns as f64 + f64::from(dim) * c.elem_ns / f64::from(lanes))) as u64
     }
 
+    /// Host MLPs for a batch: the slower of the arithmetic and streaming the weights once, plus
+    /// the per-layer dispatch.
     fn host_mlp_ns(&self, samples: usize) -> f64 {
         let h = &self.config.host;
-        2.0 * samples as f64 * self.workload.mlp_macs() as f64 / h.mlp_gflops
-            + (self.workload.mlp_layers() as u64 * h.mlp_layer_ns) as f64
+        let flops = 2.0 * samples as f64 * self.workload.mlp_macs() as f64 / h.mlp_gflops;
+        let weights = self.workload.mlp_weight_bytes() as f64 / h.mlp_weight_gb_s;
+        flops.max(weights) + (self.workload.mlp_layers() as u64 * h.mlp_layer_ns) as f64
     }
 
     /// Runs one batch.
@@ -438,6 +446,7 @@ impl Simulator {
                     .collect();
                 rep.host_ios += 1;
                 rep.link_bytes += OS_PAGE;
+                rep.link_read_bytes += OS_PAGE;
                 cmds.push(Command {
                     release_ns: 0,
                     pre: vec![
@@ -452,7 +461,8 @@ impl Simulator {
         (cmds, h.io_threads, pool / f64::from(h.io_threads))
     }
 
-    /// EMB-MMIO: every lookup's page loaded into user space over MMIO, pooled on the host.
+    /// EMB-MMIO: every lookup's page read (all in flight across the channels) and loaded into
+    /// user space over MMIO, one page after another, then pooled on the host.
     fn emb_mmio(
         &mut self,
         batch: &[TableBatch<'_>],
@@ -468,6 +478,7 @@ impl Simulator {
                 let (p, _) = self.page_of(t, r as u64);
                 rep.host_ios += 1;
                 rep.link_bytes += page;
+                rep.link_read_bytes += page;
                 cmds.push(Command {
                     release_ns: 0,
                     pre: vec![Step::new(Resource::Host, h.mmio_ns)],
@@ -476,7 +487,7 @@ impl Simulator {
                 });
             }
         }
-        (cmds, h.io_threads, pool / f64::from(h.io_threads))
+        (cmds, h.queue_depth, pool / f64::from(h.io_threads))
     }
 
     /// The indices of a batch sent to the drive by DMA (8-byte rows, 8-byte offsets).
@@ -517,6 +528,7 @@ impl Simulator {
         let sent = Self::indices_bytes(batch) + dense_in;
         rep.host_ios += 1;
         rep.link_bytes += sent + result;
+        rep.link_read_bytes += result;
         let translate = fpga.cycles_ns((lookups * u64::from(fpga.translate_cycles)) as f64) as u64;
         let back = if self.mode == Mode::RmSsd {
             Step::new(Resource::Link, h.mmio_transfer_ns(result))
@@ -590,6 +602,7 @@ impl Simulator {
             let result = 4 * b.bags() as u64 * u64::from(dim);
             rep.host_ios += 2;
             rep.link_bytes += config_bytes + result;
+            rep.link_read_bytes += result;
             cmds.push(Command {
                 release_ns: 0,
                 pre: vec![
@@ -665,6 +678,7 @@ impl Simulator {
         let result = 4 * batch[0].bags() as u64 * self.workload.pooled_width() as u64;
         rep.host_ios += 1;
         rep.link_bytes += sent + result;
+        rep.link_read_bytes += result;
         let cmd = Command {
             release_ns: 0,
             pre: vec![

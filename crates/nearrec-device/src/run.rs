@@ -46,6 +46,8 @@ pub struct SimReport {
     pub flash_reads: u64,
     pub channel_bytes: u64,
     pub link_bytes: u64,
+    /// Bytes the host read back over the link.
+    pub link_read_bytes: u64,
     pub useful_bytes: u64,
     /// Bytes moved off the flash array ÷ bytes of the rows looked up.
     pub read_amplification: f64,
@@ -156,6 +158,7 @@ fn summarise(spec: &SimSpec, sim: &Simulator, reports: &[BatchReport]) -> SimRep
         flash_reads: sum(&|r| r.flash_reads),
         channel_bytes: channel,
         link_bytes: sum(&|r| r.link_bytes),
+        link_read_bytes: sum(&|r| r.link_read_bytes),
         useful_bytes: useful,
         read_amplification: if useful > 0 {
             channel as f64 / useful as f64

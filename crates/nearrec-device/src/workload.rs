@@ -93,6 +93,11 @@ impl Workload {
         pairs(&self.bottom) + pairs(&self.top)
     }
 
+    /// Bytes of the dense layers' fp32 weights.
+    pub fn mlp_weight_bytes(&self) -> u64 {
+        4 * self.mlp_macs()
+    }
+
     /// Dense layers (bottom and top), for fixed per-call costs.
     pub fn mlp_layers(&self) -> usize {
         self.bottom.len().saturating_sub(1) + self.top.len().saturating_sub(1)

@@ -16,6 +16,9 @@ use crate::stack::LruStack;
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Generator {
     Uniform,
+    /// Consecutive rows from a random start, wrapping: RecSSD's SEQ pattern (contiguous ids,
+    /// the most page locality a trace can have).
+    Sequential,
     /// Zipf(α) ranks mapped to rows through a seeded random permutation.
     Zipf {
         alpha: f64,
@@ -121,6 +124,14 @@ impl TableSpec {
                     .map(|_| rng.random_range(0..self.rows) as i64)
                     .collect(),
             ),
+            Generator::Sequential => {
+                let start = rng.random_range(0..self.rows);
+                fixed(
+                    (0..lookups as u64)
+                        .map(|i| ((start + i) % self.rows) as i64)
+                        .collect(),
+                )
+            }
             Generator::Zipf { alpha } => {
                 let zipf = Zipf::new(self.rows as f64, alpha).map_err(|e| PlanError::BadSpec {
                     table: self.name.clone(),
@@ -289,5 +300,20 @@ mod tests {
         }
         let (a, b) = (Permutation::new(1000, 1), Permutation::new(1000, 2));
         assert!((0..1000).any(|i| a.at(i) != b.at(i)));
+    }
+
+    #[test]
+    fn sequential_ids_run_on_and_wrap() {
+        let spec = TableSpec {
+            name: "t".into(),
+            rows: 10,
+            pooling: 4,
+            generator: Generator::Sequential,
+        };
+        let tr = spec.generate(4, 3).unwrap();
+        assert_eq!(tr.offsets, [0, 4, 8, 12, 16]);
+        for w in tr.indices.windows(2) {
+            assert_eq!(w[1], (w[0] + 1) % 10);
+        }
     }
 }

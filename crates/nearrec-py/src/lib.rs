@@ -2,6 +2,7 @@
 //! public API lives in the pure-Python package `nearrec` above it.
 
 mod cache;
+mod device;
 mod error;
 mod keyed;
 mod limits;
@@ -29,6 +30,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<keyed::NativeKeyedTable>()?;
     m.add_class::<model::NativeModel>()?;
     m.add_function(wrap_pyfunction!(cache::cache_simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_preset, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_fit, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_read_rate, m)?)?;
     m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_attach, m)?)?;

@@ -3,8 +3,12 @@
 use std::path::PathBuf;
 
 use nearrec_cache::{CacheConfig, PolicyParseError};
+use std::sync::Arc;
+
+use nearrec_device::FlashDevice;
 use nearrec_engine::{Engine, EngineConfig, Tier, TierReport};
 use nearrec_format::{DType, StoreReader};
+use nearrec_io::MemDevice;
 use nearrec_plan::Placement;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -22,6 +26,8 @@ type Seconds = Vec<(&'static str, f64)>;
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativeStore {
     engine: Engine,
+    /// The simulated drive the SSD tier reads through, when opened on one.
+    flash: Option<Arc<FlashDevice<MemDevice>>>,
     path: PathBuf,
     manifest_json: String,
 }
@@ -29,7 +35,7 @@ pub(crate) struct NativeStore {
 #[pymethods]
 impl NativeStore {
     #[new]
-    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = None, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true, io_rings = 2, pread_threads = 16, cache_policy = "lfu_pa", admission_probability = 0.5, cache_ways = 16, placement_json = None))]
+    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = None, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true, io_rings = 2, pread_threads = 16, cache_policy = "lfu_pa", admission_probability = 0.5, cache_ways = 16, placement_json = None, flash_json = None))]
     #[allow(clippy::too_many_arguments)] // mirrors nearrec.open's keyword arguments
     fn new(
         py: Python<'_>,
@@ -50,6 +56,7 @@ impl NativeStore {
         admission_probability: f64,
         cache_ways: usize,
         placement_json: Option<&str>,
+        flash_json: Option<&str>,
     ) -> PyResult<Self> {
         let invalid = |msg: String| raise(py, "InvalidRequest", msg, None, None);
         let policy = cache_policy
@@ -101,17 +108,44 @@ impl NativeStore {
         let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let bar = progress::bar(progress, total, "loading");
         let cb = progress::callback(&bar);
+        let flash = match flash_json {
+            None => None,
+            Some(json) => {
+                let cfg = crate::device::parse_device(py, json)?;
+                let files = py
+                    .detach(|| {
+                        reader
+                            .tables()
+                            .iter()
+                            .map(|t| std::fs::read(reader.path().join(&t.file)))
+                            .collect::<std::io::Result<Vec<_>>>()
+                    })
+                    .map_err(|e| raise(py, "StoreIOError", e.to_string(), None, None))?;
+                Some(Arc::new(FlashDevice::new(MemDevice::new(files, 512), cfg)))
+            }
+        };
         let engine = py
-            .detach(|| Engine::from_reader(&reader, config, cb.as_ref()))
+            .detach(|| match &flash {
+                None => Engine::from_reader(&reader, config, cb.as_ref()),
+                Some(dev) => Engine::with_device(&reader, config, Box::new(dev.clone())),
+            })
             .map_err(|e| engine_err(py, e))?;
         if let Some(b) = bar {
             b.finish_and_clear();
         }
         Ok(Self {
             engine,
+            flash,
             path,
             manifest_json,
         })
+    }
+
+    /// What the simulated drive has done (JSON of `nearrec_device::FlashStats`), or None when the
+    /// store is not on one.
+    fn flash_stats(&self) -> Option<String> {
+        let st = self.flash.as_ref()?.stats();
+        serde_json::to_string(&st).ok()
     }
 
     #[getter]

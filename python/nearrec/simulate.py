@@ -1,0 +1,204 @@
+"""``nearrec.simulate``: the flash device model (``nearrec-device``) from Python.
+
+A simulation feeds a model's tables a generated trace, batch after batch, through one design
+(``MODES``: SSD-S, EMB-MMIO, EMB-PageSum, EMB-VectorSum, RecSSD, RM-SSD, EMB-SSD) on one drive
+(``DEVICES``: RM-SSD's emulated SSD, RecSSD's Cosmos+ OpenSSD, this machine's disk as fitted), and
+reports simulated latency (p50 / p99), throughput, flash reads, link bytes and read amplification.
+Everything here is simulated time; nothing is measured on this machine except by ``calibrate``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import _native
+from .errors import InvalidRequest
+from .specs import model_spec, scaled_rows
+
+DEVICES = ("rm-ssd", "cosmos-plus", "this-disk")
+MODES = ("ssd-s", "emb-mmio", "emb-pagesum", "emb-vectorsum", "recssd", "rm-ssd", "emb-ssd")
+#: EMB-SSD with one technique or none (its Fig. 9)
+EMB_SSD_VARIANTS = ("emb-ssd:base", "emb-ssd:merge", "emb-ssd:cache")
+#: what a sweep may vary
+SWEEPABLE = ("batch", "k", "pooling", "dim", "tables", "rows")
+
+
+def device(spec: str | dict[str, Any] | Path = "rm-ssd", **overrides: Any) -> dict[str, Any]:
+    """A drive's parameter set: a preset's name, a JSON file, or a dict; ``overrides`` set fields by
+    dotted path with ``__`` for the dot (``host__dram_bytes=1 << 30``)."""
+    if isinstance(spec, dict):
+        cfg = json.loads(json.dumps(spec))
+    elif str(spec) in DEVICES:
+        cfg = json.loads(_native.device_preset(str(spec)))
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise InvalidRequest(f"no device {spec!r}: a preset ({', '.join(DEVICES)}) or a "
+                                 "JSON file")
+        cfg = json.loads(path.read_text())
+    for key, value in overrides.items():
+        set_field(cfg, key.replace("__", "."), value)
+    return cfg
+
+
+def set_field(cfg: dict[str, Any], dotted: str, value: Any) -> None:
+    """Sets ``a.b.c`` in a nested parameter set, refusing names it does not have."""
+    *path, last = dotted.split(".")
+    node = cfg
+    for part in path:
+        if not isinstance(node.get(part), dict):
+            raise InvalidRequest(f"device has no section {dotted!r}")
+        node = node[part]
+    if last not in node:
+        raise InvalidRequest(f"device has no field {dotted!r}; it has {', '.join(node)}")
+    node[last] = type(node[last])(value) if not isinstance(node[last], float) else float(value)
+
+
+def workload(model: str, rows: int | None = None, dim: int | None = None,
+             tables: int | None = None, placement: str = "packed",
+             variant: str = "deeprecsys", table_bytes: int | None = None) -> dict[str, Any]:
+    """A benchmark model's tables and dense layers as the drive sees them; ``rows``, ``dim`` and
+    ``tables`` replace the model's own (for sweeps), ``table_bytes`` scales the rows to a total;
+    ``placement="one-per-page"`` stores one row per flash page, as RecSSD's evaluation assumes."""
+    spec = model_spec(model)
+    d = dim or spec.table_dim(variant)  # type: ignore[arg-type]
+    n_rows = scaled_rows(spec, variant, rows=rows,  # type: ignore[arg-type]
+                         table_bytes=table_bytes, row_bytes=4 * d)
+    n = tables or len(n_rows)
+    row_counts = [n_rows[i % len(n_rows)] for i in range(n)]
+    bottom = list(spec.bottom_mlp)
+    top = list(spec.top_mlp)
+    if top:
+        # The top MLP's input holds the pooled tables beside dense inputs; a sweep over tables or
+        # dim changes only the pooled part.
+        base_d = spec.table_dim(variant)  # type: ignore[arg-type]
+        top[0] += n * d - len(n_rows) * base_d
+    if top and top[-1] not in (1, 2):
+        top.append(1)
+    return {
+        "tables": [{"name": f"{model}-{i}", "rows": r, "dim": d, "row_bytes": 4 * d}
+                   for i, r in enumerate(row_counts)],
+        "bottom": bottom,
+        "top": top,
+        "placement": placement,
+    }
+
+
+def generator(k: float | None = 0.3, stride: int | None = None,
+              sequential: bool = False) -> dict[str, Any]:
+    """RecSSD's locality-controlled stack-distance trace (``k``; higher: less locality), with
+    strided ids when ``stride`` is given (its STR pattern); ``k=None`` is uniform;
+    ``sequential`` gives consecutive ids (its SEQ pattern)."""
+    if sequential:
+        return {"kind": "sequential"}
+    if k is None:
+        return {"kind": "uniform"}
+    ids: dict[str, Any] = {"kind": "strided", "stride": stride} if stride else {"kind": "full"}
+    return {"kind": "stack_distance", "k": k, "variant": "continuous", "ids": ids}
+
+
+def _mode(name: str) -> dict[str, Any]:
+    if name.startswith("emb-ssd"):
+        variant = name.partition(":")[2] or "both"
+        if variant not in ("both", "base", "merge", "cache"):
+            raise InvalidRequest(f"unknown mode {name!r}")
+        return {"kind": "emb-ssd", "merging": variant in ("both", "merge"),
+                "caching": variant in ("both", "cache")}
+    if name not in MODES:
+        raise InvalidRequest(f"unknown mode {name!r}; expected one of "
+                             f"{', '.join(MODES + EMB_SSD_VARIANTS)}")
+    return {"kind": name}
+
+
+def run(model: str | dict[str, Any] = "rmc1", dev: str | dict[str, Any] = "rm-ssd",
+        mode: str = "rm-ssd", batch: int = 1, batches: int = 20, warmup: int = 20,
+        pooling: int | None = None, k: float | None = 0.3, stride: int | None = None,
+        sequential: bool = False, seed: int = 0, **workload_args: Any) -> dict[str, Any]:
+    """One simulation; returns its report (simulated times in ms, throughput in samples/s)."""
+    w = workload(model, **workload_args) if isinstance(model, str) else model
+    name = model if isinstance(model, str) else "custom"
+    if pooling is None:
+        pooling = model_spec(model).lookups if isinstance(model, str) else 1
+    spec = {
+        "workload": w, "device": device(dev), "mode": _mode(mode), "batch": batch,
+        "batches": batches, "warmup": warmup, "pooling": pooling,
+        "generator": generator(k, stride, sequential), "seed": seed,
+    }
+    report = json.loads(_native.device_simulate(json.dumps(spec)))
+    report.update(model=name, k=k, pooling=pooling, dim=w["tables"][0]["dim"],
+                  tables=len(w["tables"]), rows=w["tables"][0]["rows"])
+    return report
+
+
+def sweep(models: Sequence[str] = ("rmc1",), dev: str | dict[str, Any] = "rm-ssd",
+          modes: Sequence[str] = MODES, over: dict[str, Iterable[Any]] | None = None,
+          **fixed: Any) -> list[dict[str, Any]]:
+    """Every combination of model × mode × the values in ``over`` (keys from ``SWEEPABLE``)."""
+    over = {k: list(v) for k, v in (over or {}).items()}
+    for key in over:
+        if key not in SWEEPABLE:
+            raise InvalidRequest(f"cannot sweep {key!r}; sweepable: {', '.join(SWEEPABLE)}")
+    out = []
+    keys = list(over)
+    for model, mode, values in itertools.product(models, modes,
+                                                 itertools.product(*over.values())):
+        args = dict(fixed, **dict(zip(keys, values, strict=True)))
+        out.append(run(model, dev, mode, **args))
+    return out
+
+
+def plot(reports: Sequence[dict[str, Any]], x: str, y: str, path: str | Path,
+         title: str = "", logy: bool = False) -> Path:
+    """One line per (model, mode): ``y`` over ``x`` (PNG). Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    lines: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
+    for r in reports:
+        lines.setdefault((r["model"], r["mode"]), []).append((r[x], r[y]))
+    models = {m for m, _ in lines}
+    for (model, mode), pts in lines.items():
+        pts.sort()
+        label = mode if len(models) == 1 else f"{model} {mode}"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_title(title or f"{y} over {x} (simulated)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def read_rate(dev: str | dict[str, Any], queue_depth: int, nbytes: int = 512) -> float:
+    """The model's random-read rate (reads/s) at a queue depth."""
+    return float(_native.device_read_rate(json.dumps(device(dev)), queue_depth, nbytes))
+
+
+def calibrate(files: Sequence[str | Path], depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
+              reads: int = 20_000, base: str | dict[str, Any] = "this-disk"
+              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Measures this disk's direct random-read rate over ``files`` at each depth and fits the
+    model to it; returns the fitted parameter set and the points (measured and predicted)."""
+    points = []
+    for qd in depths:
+        r = _native.random_read([str(f) for f in files], max(reads, 200 * qd) if qd > 1
+                                else max(reads // 20, 500), qd)
+        points.append({"queue_depth": qd, "bytes": 512, "reads_per_s": r["items_per_s"]})
+    fitted = json.loads(_native.device_fit(json.dumps(device(base)), json.dumps(points)))
+    fitted["name"] = "this-disk"
+    for p in points:
+        p["predicted_reads_per_s"] = read_rate(fitted, p["queue_depth"], p["bytes"])
+    return fitted, points
