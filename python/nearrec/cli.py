@@ -357,6 +357,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         fixed["k"] = None
     if args.stride:
         fixed["stride"] = args.stride
+    if args.sequential:
+        fixed["sequential"] = True
     reports = sim.sweep(args.model.split(","), dev, modes, over=over, **fixed)
     if args.out_json:
         Path(args.out_json).parent.mkdir(parents=True, exist_ok=True)
@@ -485,6 +487,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = flash.run(fcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "flash-repro-quick" if args.quick else "flash-repro"
         md = flash.markdown(records, command)
+    elif args.what == "flash-check":
+        from .bench import flash
+
+        kccfg = flash.FlashCheckConfig.quick() if args.quick else flash.FlashCheckConfig()
+        if args.table_bytes:
+            kccfg.table_bytes = args.table_bytes
+        if args.batches:
+            kccfg.batches = tuple(int(b) for b in args.batches.split(","))
+        kccfg.scratch = Path(args.scratch)
+        records = flash.check(kccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "flash-check-quick" if args.quick else "flash-check"
+        md = flash.check_markdown(records, command)
     elif args.what == "gpu":
         from .bench import gpu
 
@@ -665,6 +679,8 @@ def parser() -> argparse.ArgumentParser:
     si.add_argument("--k", help="RecSSD's locality knob K to sweep (default 0.3)")
     si.add_argument("--uniform", action="store_true", help="uniform ids instead of K traces")
     si.add_argument("--stride", type=int, help="strided ids (RecSSD's STR pattern)")
+    si.add_argument("--sequential", action="store_true",
+                    help="consecutive ids (RecSSD's SEQ pattern)")
     si.add_argument("--pooling", help="lookups per table per sample to sweep")
     si.add_argument("--dim", help="embedding dimensions to sweep")
     si.add_argument("--tables", help="table counts to sweep")
@@ -683,7 +699,7 @@ def parser() -> argparse.ArgumentParser:
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "colocate", "keyed",
-                                     "e2e", "build", "gpu", "flash-repro"])
+                                     "e2e", "build", "gpu", "flash-repro", "flash-check"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache: default rmc1,rmc2,rmc3; "
                     "e2e: all eight)")

@@ -188,15 +188,22 @@ def read_rate(dev: str | dict[str, Any], queue_depth: int, nbytes: int = 512) ->
 
 
 def calibrate(files: Sequence[str | Path], depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
-              reads: int = 20_000, base: str | dict[str, Any] = "this-disk"
+              reads: int = 20_000, base: str | dict[str, Any] = "this-disk", seed: int = 0,
+              repeats: int = 3, weights: dict[int, float] | None = None
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Measures this disk's direct random-read rate over ``files`` at each depth and fits the
-    model to it; returns the fitted parameter set and the points (measured and predicted)."""
+    """Measures this disk's direct random-read rate over ``files`` at each depth (the median of
+    ``repeats`` probes, each at blocks never probed before, from ``seed``) and fits the model to
+    it, each depth counting ``weights[depth]`` (1 by default); returns the fitted parameter set and
+    the points (measured and predicted)."""
     points = []
-    for qd in depths:
-        r = _native.random_read([str(f) for f in files], max(reads, 200 * qd) if qd > 1
-                                else max(reads // 20, 500), qd)
-        points.append({"queue_depth": qd, "bytes": 512, "reads_per_s": r["items_per_s"]})
+    for i, qd in enumerate(depths):
+        n = max(reads, 200 * qd) if qd > 1 else max(reads // 20, 500)
+        rates = sorted(
+            _native.random_read([str(f) for f in files], n, qd,
+                                (seed * 1000 + i) * 16 + rep + 11)["items_per_s"]
+            for rep in range(max(1, repeats)))
+        points.append({"queue_depth": qd, "bytes": 512, "reads_per_s": rates[len(rates) // 2],
+                       "probes": rates, "weight": (weights or {}).get(qd, 1.0)})
     fitted = json.loads(_native.device_fit(json.dumps(device(base)), json.dumps(points)))
     fitted["name"] = "this-disk"
     for p in points:

@@ -290,8 +290,15 @@ class Store:
                  io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
                  merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
                  cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
-                 cache_ways: int = 16, plan: PlanLike | None = None):
+                 cache_ways: int = 16, plan: PlanLike | None = None,
+                 device: str | Mapping[str, Any] | None = None):
         budget = None if dram_budget is None else parse_size(dram_budget)
+        flash = None
+        if device is not None:
+            from .simulate import device as device_config
+
+            flash = json.dumps(device_config(device if isinstance(device, str)
+                                             else dict(device)))
         if plan is not None:
             from .plan import as_placement
 
@@ -301,7 +308,8 @@ class Store:
                                            io_queue_depth, merge_gap_bytes, dedup, merge,
                                            io_rings, pread_threads, cache_policy,
                                            float(admission_probability), cache_ways,
-                                           None if plan is None else _placement_json(plan))
+                                           None if plan is None else _placement_json(plan),
+                                           flash)
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._lanes = Lanes(depth=4)
         self._tables = {t.name: t for t in self._info.tables}
@@ -336,6 +344,15 @@ class Store:
         ``route``, ``io_wait``, ``pool`` and ``end_to_end``; plus the ``device`` (``io_uring`` or
         ``pread``), ``direct_io`` and ``block_bytes``. Empty for DRAM-resident stores."""
         return dict(self._native.stats())
+
+    def flash_stats(self) -> dict[str, Any] | None:
+        """On a simulated drive (``open(..., device=...)``): its simulated time and traffic —
+        ``batches``, ``commands``, ``flash_reads``, ``channel_bytes``, ``link_bytes``,
+        ``busy_ns`` (simulated), ``batch_ns`` (per batch), ``inner_ns`` (real time spent
+        fetching the bytes), ``callback_ns`` (real time pooling rows as they land) and
+        ``served_ns`` (simulated, with that pooling overlapping the reads). ``None`` otherwise."""
+        text = self._native.flash_stats()
+        return None if text is None else json.loads(text)
 
     def table(self, name: str) -> TableInfo:
         from .errors import UnknownTable
@@ -484,7 +501,8 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
                io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
                merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
                cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
-               cache_ways: int = 16, plan: PlanLike | None = None) -> Store:
+               cache_ways: int = 16, plan: PlanLike | None = None,
+               device: str | Mapping[str, Any] | None = None) -> Store:
     """Opens the store at ``path`` and validates it.
 
     ``tier="auto"`` (the default) serves the store from DRAM when its tables fit
@@ -510,10 +528,15 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     to pin (RecSSD's static partition), "cache_bytes": size}``; with an explicit
     ``dram_budget`` it must fit it. :meth:`Store.stats` and :meth:`Store.tier_report`
     say what each tier served.
+
+    ``device`` serves the SSD tier from a simulated drive instead of the disk (the flash device
+    model, :mod:`nearrec.simulate`: a preset name such as ``"rm-ssd"`` or a parameter set): the
+    tables' bytes are read into memory and each batch's reads are timed by the model;
+    :meth:`Store.flash_stats` reports the simulated time.
     """
     return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
                  tier=tier, dram_budget=dram_budget, direct_io=direct_io,
                  io_queue_depth=io_queue_depth, merge_gap_bytes=merge_gap_bytes, dedup=dedup,
                  merge=merge, io_rings=io_rings, pread_threads=pread_threads,
                  cache_policy=cache_policy, admission_probability=admission_probability,
-                 cache_ways=cache_ways, plan=plan)
+                 cache_ways=cache_ways, plan=plan, device=device)

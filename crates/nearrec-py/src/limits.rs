@@ -55,15 +55,18 @@ pub(crate) fn sequential_write(
     ))
 }
 
-/// The disk's random-read limit: `reads` direct block reads over `paths` at `queue_depth`.
+/// The disk's random-read limit: `reads` direct block reads over `paths` at `queue_depth`, at
+/// blocks chosen by `seed`.
 #[pyfunction]
+#[pyo3(signature = (paths, reads, queue_depth, seed = 7))]
 pub(crate) fn random_read(
     py: Python<'_>,
     paths: Vec<PathBuf>,
     reads: usize,
     queue_depth: u32,
+    seed: u64,
 ) -> PyResult<HashMap<&'static str, f64>> {
-    py.detach(|| nearrec_bench::random_read(&paths, reads, queue_depth))
+    py.detach(|| nearrec_bench::random_read(&paths, reads, queue_depth, seed))
         .map(as_dict)
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
 }

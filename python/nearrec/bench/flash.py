@@ -25,8 +25,8 @@ CRITEO_ROWS = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683
 class FlashReproConfig:
     #: total table bytes per model (RM-SSD: 30 GB)
     table_bytes: int = 30 * GiB
-    batches: int = 100
-    warmup: int = 400
+    batches: int = 40
+    warmup: int = 160
     out: Path = Path("bench/results")
 
     @classmethod
@@ -266,4 +266,179 @@ def markdown(records: list[Record], command: str) -> str:
         per = r["flash_reads"] / r["batches"]
         md.append(f"| {mode} | {per:,.0f} | {(r['flash_reads'] / base_reads - 1) * 100:+.0f} % "
                   f"| {p} |")
+    return "\n".join(md) + "\n"
+
+
+# --- the cross-check against the engine on this machine's disk ---------------------------
+
+@dataclass
+class FlashCheckConfig:
+    """``nearrec bench flash-check``: the SSD-tier benchmark's cells (RMC1, uniform and Zipf
+    1.05, batch 1 / 16 / 64 / 256, direct I/O, no DRAM tiers) measured on the disk and predicted
+    by the model fitted to the disk: once at the start of the run, and again just before each
+    cell (this disk's rate drifts by 2× within minutes)."""
+
+    model: str = "rmc1"
+    table_bytes: int = 4 * GiB
+    batches: tuple[int, ...] = (1, 16, 64, 256)
+    dists: tuple[str, ...] = ("uniform", "zipf1.05")
+    #: the fit's queue depths: 1 fixes a read's latency, the deep ones the rates the engine runs
+    #: at; the engine keeps up to 128 reads in flight in every cell, so that depth counts
+    #: `deep_weight` times (the model's knee is sharper than this disk's: it cannot match 32, 64
+    #: and 128 at once)
+    depths: tuple[int, ...] = (1, 32, 64, 128)
+    deep_weight: float = 4.0
+    seconds: float = 3.0
+    min_calls: int = 3
+    seed: int = 0
+    scratch: Path = Path("bench/scratch")
+
+    @classmethod
+    def quick(cls) -> FlashCheckConfig:
+        return cls(table_bytes=1 * GiB, batches=(1, 64), seconds=1.0)
+
+
+def check(cfg: FlashCheckConfig, log: Callable[[str], None] = print) -> list[Record]:
+    import time
+
+    import numpy as np
+
+    import nearrec
+
+    from .sls import zipf_rows
+    from .ssd import SsdConfig, _store, drop_page_cache
+
+    path = _store(SsdConfig(model=cfg.model, table_bytes=cfg.table_bytes, seed=cfg.seed,
+                            scratch=cfg.scratch), log)
+    info = nearrec.info(path)
+    files = [str(path / t.file) for t in info.tables]
+    names = [t.name for t in info.tables]
+    rows = [t.rows for t in info.tables]
+    L = nearrec.model_spec(cfg.model).lookups
+    drop_page_cache()
+    log("calibrating the model to the disk (direct 512 B random reads at each depth)")
+    weights = {max(cfg.depths): cfg.deep_weight}
+    fitted, points = sim.calibrate(files, cfg.depths, seed=cfg.seed, weights=weights)
+    for p in points:
+        log(f"  QD {p['queue_depth']:3}: {p['reads_per_s']:9,.0f} reads/s measured, "
+            f"{p['predicted_reads_per_s']:9,.0f} predicted")
+    records = [Record("flash-check", cfg.model, 0, "-", "calibration", 0.0, 0.0,
+                      extra={"device": fitted, "points": points})]
+    real = nearrec.open(path, tier="ssd", io_queue_depth=128)
+    start_model = nearrec.open(path, tier="ssd", device=fitted)
+    rng = np.random.default_rng(cfg.seed)
+    perms = [rng.permutation(n) for n in rows]
+    probes = iter(range(1, 1_000_000))
+    for dist in cfg.dists:
+        for batch in cfg.batches:
+            offsets = np.arange(0, batch * L, L, dtype=np.int64)
+
+            def fresh(batch: int = batch, dist: str = dist,
+                      offsets: np.ndarray = offsets) -> list[nearrec.TableLookup]:
+                # A new batch for every call: a repeat could be served by a cache under the disk.
+                out = []
+                for t, n in enumerate(rows):
+                    idx = (rng.integers(0, n, batch * L) if dist == "uniform"
+                           else zipf_rows(rng, n, float(dist[4:]), batch * L, perms[t]))
+                    out.append(nearrec.TableLookup(names[t], idx.astype(np.int64), offsets))
+                return out
+
+            first = fresh()
+            np.testing.assert_allclose(start_model.lookup_many(first).values,
+                                       real.lookup_many(first).values, rtol=1e-4, atol=1e-6)
+            cell_fit, cell_points = sim.calibrate(files, cfg.depths, seed=next(probes),
+                                                  weights=weights)
+            cell_model = nearrec.open(path, tier="ssd", device=cell_fit)
+            disk = cell_points[-1]["reads_per_s"]
+            # measured: the engine on the disk, each call a batch never read before
+            lat: list[float] = []
+            used: list[list[nearrec.TableLookup]] = []
+            start = time.perf_counter()
+            while len(lat) < cfg.min_calls or time.perf_counter() - start < cfg.seconds:
+                req = fresh()
+                t = time.perf_counter()
+                real.lookup_many(req)
+                lat.append(time.perf_counter() - t)
+                used.append(req)
+            measured = batch * len(lat) / sum(lat)
+
+            # predicted: the same batches on the fitted model; the engine's own work is real,
+            # the time to fetch the bytes is the model's
+            def predict(model: nearrec.Store, used: list[list[nearrec.TableLookup]] = used
+                        ) -> list[float]:
+                pred: list[float] = []
+                for req in used:
+                    before = model.flash_stats()
+                    t = time.perf_counter()
+                    model.lookup_many(req)
+                    wall = time.perf_counter() - t
+                    after = model.flash_stats()
+                    assert before is not None and after is not None
+                    # the engine's work outside the device, plus the device's time with the
+                    # pooling of each row run as its read completes (overlapping the rest)
+                    d = {k: (after[k] - before[k]) / 1e9
+                         for k in ("served_ns", "inner_ns", "callback_ns")}
+                    pred.append(max(wall - d["inner_ns"] - d["callback_ns"], 0.0)
+                                + d["served_ns"])
+                return pred
+
+            pred = predict(cell_model)
+            predicted = batch * len(pred) / sum(pred)
+            at_start = predict(start_model)
+            predicted_start = batch * len(at_start) / sum(at_start)
+            del cell_model
+            ratio = predicted / measured
+            log(f"  {dist:9} B={batch:4}: measured {measured:9,.1f}/s, predicted "
+                f"{predicted:9,.1f}/s ({ratio:.2f}x; {predicted_start / measured:.2f}x with the "
+                f"start's fit); disk {disk:,.0f} reads/s")
+            records.append(Record(
+                "flash-check", cfg.model, batch, dist, "nearrec", samples_per_s=measured,
+                lookups_per_s=measured * L * len(names),
+                p50_us=float(np.percentile(np.array(lat) * 1e6, 50)),
+                p99_us=float(np.percentile(np.array(lat) * 1e6, 99)),
+                extra={"predicted_samples_per_s": predicted, "predicted_over_measured": ratio,
+                       "predicted_p50_us": float(np.percentile(np.array(pred) * 1e6, 50)),
+                       "start_fit_samples_per_s": predicted_start,
+                       "start_fit_over_measured": predicted_start / measured,
+                       "cell_device": cell_fit, "cell_points": cell_points,
+                       "disk_reads_per_s": disk, "calls": len(lat)}))
+    again = nearrec._native.random_read(files, 20_000, 128, next(probes))["items_per_s"]
+    records[0].extra["end_reads_per_s"] = again
+    log(f"disk at the end: {again:,.0f} reads/s at QD 128")
+    return records
+
+
+def check_markdown(records: list[Record], command: str) -> str:
+    cal = records[0].extra
+    md = [f"Command: `{command}`", "",
+          "The model fitted to this disk in the same run (direct 512 B random reads at each "
+          "queue depth), then the SSD-tier benchmark's cells run on the disk by the engine and "
+          "predicted: the same batches through the engine on the fitted model — its own CPU "
+          "work real, the reads the model's simulated time, the pooling of each row started "
+          "when the model says its read completes (as it overlaps the reads on the disk).", "",
+          "| queue depth | measured reads/s | model reads/s | model ÷ measured |",
+          "|---:|---:|---:|---:|"]
+    for p in cal["points"]:
+        md.append(f"| {p['queue_depth']} | {p['reads_per_s']:,.0f} | "
+                  f"{p['predicted_reads_per_s']:,.0f} | "
+                  f"{p['predicted_reads_per_s'] / p['reads_per_s']:.2f} |")
+    dev = cal["device"]
+    f = dev["flash"]
+    md += ["", f"Fitted: {f['channels']} parallel units, {f['page_read_ns'] / 1e3:.0f} µs per "
+           f"page read, {dev['controller']['command_ns'] / 1e3:.1f} µs of command handling, "
+           f"{dev['host']['user_io_ns'] / 1e3:.1f} µs of host I/O work per read. The disk read "
+           f"{cal.get('end_reads_per_s', 0):,.0f}/s at depth 128 at the end of the run.", "",
+           "Each cell: the disk measured and the model fitted again just before it (\"cell's "
+           "fit\"), the engine timed on the disk, then the same batches predicted by the cell's "
+           "fit and by the fit from the start of the run.", "",
+           "| dist | batch | measured samples/s (p50 ms) | predicted, cell's fit | ÷ measured | "
+           "within ±25 % | predicted, start's fit | ÷ measured | disk reads/s at QD 128 "
+           "before the cell |", "|---|---:|---:|---:|---:|:---:|---:|---:|---:|"]
+    for r in records[1:]:
+        x = r.extra
+        ok = "yes" if abs(x["predicted_over_measured"] - 1) <= 0.25 else "no"
+        md.append(f"| {r.dist} | {r.batch} | {r.samples_per_s:,.1f} ({r.p50_us / 1e3:.1f}) | "
+                  f"{x['predicted_samples_per_s']:,.1f} | {x['predicted_over_measured']:.2f} | "
+                  f"{ok} | {x['start_fit_samples_per_s']:,.1f} | "
+                  f"{x['start_fit_over_measured']:.2f} | {x['disk_reads_per_s']:,.0f} |")
     return "\n".join(md) + "\n"
