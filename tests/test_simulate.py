@@ -53,6 +53,14 @@ def test_sweeps_vary_what_they_name_and_plot(tmp_path):
     assert rec[2.0]["flash_reads"] > rec[0.0]["flash_reads"], "less locality, more reads"
     png = sim.plot(reps, "pooling", "throughput", tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    red = sim.sweep(["rmc2"], "rm-ssd", ["ssd-s", "emb-vectorsum", "rm-ssd"],
+                    over={"batch": [1, 2]}, **{k: v for k, v in quick().items() if k != "batch"})
+    by = {(r["mode"], r["batch"]): r for r in red}
+    for b in (1, 2):
+        assert by[("ssd-s", b)]["traffic_reduction"] == 1.0
+        # RM-SSD returns a 64-byte word per batch where VectorSum returns 32 × 64 floats a sample
+        assert by[("rm-ssd", b)]["traffic_reduction"] > 100 * by[("emb-vectorsum", b)][
+            "traffic_reduction"] > 100
     dims = sim.sweep(["rmc1"], "rm-ssd", ["emb-vectorsum"], over={"dim": [16, 64],
                                                                    "tables": [2, 4]}, **quick())
     assert [(r["dim"], r["tables"]) for r in dims] == [(16, 2), (16, 4), (64, 2), (64, 4)]
@@ -82,7 +90,7 @@ def test_a_store_on_a_simulated_drive_pools_like_the_disk_and_embeddingbag(tmp_p
     drive = nearrec.open(path, tier="ssd", device="rm-ssd")
     assert disk.flash_stats() is None
     rng = np.random.default_rng(3)
-    for name, rows, dim, dtype in TABLES:
+    for name, rows, _dim, dtype in TABLES:
         idx = rng.integers(0, rows, 64)
         offsets = np.arange(0, 64, 4)
         want = dram.lookup(name, idx, offsets)

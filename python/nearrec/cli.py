@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -344,7 +345,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             value = str(parse_size(value))
         sim.set_field(dev, key, value)
     modes = list(sim.MODES) if args.mode == "all" else args.mode.split(",")
-    over: dict[str, list[Any]] = {}
+    over: dict[str, Iterable[Any]] = {}
     for key, cast in (("batch", int), ("k", float), ("pooling", int), ("dim", int),
                       ("tables", int), ("rows", int)):
         vals = _values(getattr(args, key), cast)
@@ -368,6 +369,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sim.plot(reports, x, args.y, args.png, logy=args.logy)
     cols = ["model", "mode", *over, "latency_p50_ms", "latency_p99_ms", "throughput",
             "flash_reads", "link_bytes", "read_amplification"]
+    if "ssd-s" in modes:
+        cols.append("traffic_reduction")
     lines = ["  ".join(f"{c:>14}" for c in cols)]
     for r in reports:
         cells = []

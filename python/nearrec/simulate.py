@@ -30,6 +30,7 @@ SWEEPABLE = ("batch", "k", "pooling", "dim", "tables", "rows")
 def device(spec: str | dict[str, Any] | Path = "rm-ssd", **overrides: Any) -> dict[str, Any]:
     """A drive's parameter set: a preset's name, a JSON file, or a dict; ``overrides`` set fields by
     dotted path with ``__`` for the dot (``host__dram_bytes=1 << 30``)."""
+    cfg: dict[str, Any]
     if isinstance(spec, dict):
         cfg = json.loads(json.dumps(spec))
     elif str(spec) in DEVICES:
@@ -128,7 +129,7 @@ def run(model: str | dict[str, Any] = "rmc1", dev: str | dict[str, Any] = "rm-ss
         "batches": batches, "warmup": warmup, "pooling": pooling,
         "generator": generator(k, stride, sequential), "seed": seed,
     }
-    report = json.loads(_native.device_simulate(json.dumps(spec)))
+    report: dict[str, Any] = json.loads(_native.device_simulate(json.dumps(spec)))
     report.update(model=name, k=k, pooling=pooling, dim=w["tables"][0]["dim"],
                   tables=len(w["tables"]), rows=w["tables"][0]["rows"])
     return report
@@ -137,7 +138,9 @@ def run(model: str | dict[str, Any] = "rmc1", dev: str | dict[str, Any] = "rm-ss
 def sweep(models: Sequence[str] = ("rmc1",), dev: str | dict[str, Any] = "rm-ssd",
           modes: Sequence[str] = MODES, over: dict[str, Iterable[Any]] | None = None,
           **fixed: Any) -> list[dict[str, Any]]:
-    """Every combination of model × mode × the values in ``over`` (keys from ``SWEEPABLE``)."""
+    """Every combination of model × mode × the values in ``over`` (keys from ``SWEEPABLE``).
+    When SSD-S is among the modes, each report gains ``traffic_reduction``: the bytes SSD-S read
+    back over the link at the same point ÷ this design's (RM-SSD's Table IV)."""
     over = {k: list(v) for k, v in (over or {}).items()}
     for key in over:
         if key not in SWEEPABLE:
@@ -148,6 +151,12 @@ def sweep(models: Sequence[str] = ("rmc1",), dev: str | dict[str, Any] = "rm-ssd
                                                  itertools.product(*over.values())):
         args = dict(fixed, **dict(zip(keys, values, strict=True)))
         out.append(run(model, dev, mode, **args))
+    point = ("model", *keys)
+    base = {tuple(r[k] for k in point): r for r in out if r["mode"] == "ssd-s"}
+    for r in out:
+        b = base.get(tuple(r[k] for k in point))
+        if b is not None:
+            r["traffic_reduction"] = b["link_read_bytes"] / max(1, r["link_read_bytes"])
     return out
 
 
@@ -195,7 +204,7 @@ def calibrate(files: Sequence[str | Path], depths: Sequence[int] = (1, 2, 4, 8, 
     ``repeats`` probes, each at blocks never probed before, from ``seed``) and fits the model to
     it, each depth counting ``weights[depth]`` (1 by default); returns the fitted parameter set and
     the points (measured and predicted)."""
-    points = []
+    points: list[dict[str, Any]] = []
     for i, qd in enumerate(depths):
         n = max(reads, 200 * qd) if qd > 1 else max(reads // 20, 500)
         rates = sorted(

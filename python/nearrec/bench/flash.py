@@ -51,7 +51,8 @@ def rm_ssd(cfg: FlashReproConfig, log: Callable[[str], None]) -> list[Record]:
     """RM-SSD Table IV, Fig. 10, Figs. 12–13, Fig. 14, Table V."""
     out: list[Record] = []
     dev = _rm_ssd_device(cfg.table_bytes)
-    common = {"batches": cfg.batches, "warmup": cfg.warmup, "table_bytes": cfg.table_bytes}
+    common: dict[str, Any] = {"batches": cfg.batches, "warmup": cfg.warmup,
+                              "table_bytes": cfg.table_bytes}
     log("RM-SSD Table IV and Figs. 12-13: RMC1-3 x batch x design")
     for model in ("rmc1", "rmc2", "rmc3"):
         for batch in (1, 2, 4, 8, 16, 32):
@@ -162,7 +163,8 @@ def markdown(records: list[Record], command: str) -> str:
           "papers' numbers are beside ours; `docs/reproductions.md` discusses each.", ""]
     # Table IV
     md += ["## RM-SSD Table IV: read I/O traffic reduction over SSD-S (batch 1)", "",
-           "| model | RecSSD (paper) | RecSSD (ours) | EMB-VectorSum (paper) | EMB-VectorSum (ours) "
+           "| model | RecSSD (paper) | RecSSD (ours) | EMB-VectorSum (paper) "
+           "| EMB-VectorSum (ours) "
            "| RM-SSD (paper) | RM-SSD (ours) |", "|---|---:|---:|---:|---:|---:|---:|"]
     paper4 = {"rmc1": (1989, 1989, 31826), "rmc2": (1071, 1071, 137142),
               "rmc3": (546, 546, 10914)}
@@ -190,7 +192,8 @@ def markdown(records: list[Record], command: str) -> str:
     # Fig 12/13
     md += ["", "## RM-SSD Figs. 12–13: throughput (samples/s) and p50 latency (ms) over batch", "",
            "| model | batch | SSD-S | EMB-VectorSum | RecSSD | RM-SSD | RM-SSD ÷ SSD-S | "
-           "RM-SSD ÷ RecSSD | RM-SSD latency vs VectorSum |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "RM-SSD ÷ RecSSD | RM-SSD latency vs VectorSum |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for model in ("rmc1", "rmc2", "rmc3"):
         for batch in sorted({r["batch"] for r in _get(records, "rmssd-fig12", model=model)}):
             c = {m: _one(records, "rmssd-fig12", model=model, batch=batch, mode=m)
@@ -241,7 +244,8 @@ def markdown(records: list[Record], command: str) -> str:
     md += ["", "Paper: NDP up to ≈ 4× on STR; on SEQ the baseline is faster (NDP < 1×).", ""]
     # RecSSD Fig 10
     md += ["## RecSSD Fig. 10(a–c): RecSSD (SSD-side cache) ÷ baseline (host LRU), end to end",
-           "", "| model | K | batch 1 | batch 8 | batch 32 | baseline host hits | RecSSD SSD-cache hits |",
+           "", "| model | K | batch 1 | batch 8 | batch 32 | baseline host hits "
+           "| RecSSD SSD-cache hits |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for model in ("rmc1", "rmc2", "rmc3"):
         for k in (0.0, 1.0, 2.0):
