@@ -40,6 +40,10 @@ pub struct FlashStats {
 }
 
 /// A simulated drive in front of real bytes.
+///
+/// Each `read_batch` is simulated from an idle drive: batches read one after another are timed
+/// right, but two batches in flight at once (pipelined lookups on several rings) are each timed as
+/// if alone, so their overlap is not charged.
 #[derive(Debug)]
 pub struct FlashDevice<D> {
     inner: D,

@@ -2,6 +2,7 @@
 //! parameter set, with its bytes from memory and from the real files.
 
 #[path = "../../nearrec-io/tests/suite/mod.rs"]
+#[macro_use]
 mod suite;
 
 use nearrec_device::{DeviceConfig, FlashDevice};
@@ -29,22 +30,4 @@ fn devices(fx: &Fixture) -> Vec<(String, Box<dyn BlockDevice>)> {
     out
 }
 
-#[test]
-fn reads_return_the_file_bytes_once_each_in_any_order() {
-    suite::reads_return_the_file_bytes_once_each_in_any_order(devices);
-}
-
-#[test]
-fn malformed_batches_are_refused_before_any_read() {
-    suite::malformed_batches_are_refused_before_any_read(devices);
-}
-
-#[test]
-fn a_file_that_shrank_gives_a_short_read_naming_it() {
-    suite::a_file_that_shrank_gives_a_short_read_naming_it(devices);
-}
-
-#[test]
-fn devices_work_in_a_forked_child() {
-    suite::devices_work_in_a_forked_child(devices);
-}
+block_device_suite!(devices);

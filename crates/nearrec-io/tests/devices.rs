@@ -1,5 +1,6 @@
 //! The block-device suite (`suite/mod.rs`) over io_uring, pread (direct and buffered) and memory.
 
+#[macro_use]
 mod suite;
 
 use nearrec_io::{BlockDevice, DeviceKind, IoConfig, MemDevice, open_device};
@@ -25,22 +26,4 @@ fn devices(fx: &Fixture) -> Vec<(String, Box<dyn BlockDevice>)> {
     out
 }
 
-#[test]
-fn reads_return_the_file_bytes_once_each_in_any_order() {
-    suite::reads_return_the_file_bytes_once_each_in_any_order(devices);
-}
-
-#[test]
-fn malformed_batches_are_refused_before_any_read() {
-    suite::malformed_batches_are_refused_before_any_read(devices);
-}
-
-#[test]
-fn a_file_that_shrank_gives_a_short_read_naming_it() {
-    suite::a_file_that_shrank_gives_a_short_read_naming_it(devices);
-}
-
-#[test]
-fn devices_work_in_a_forked_child() {
-    suite::devices_work_in_a_forked_child(devices);
-}
+block_device_suite!(devices);

@@ -10,6 +10,32 @@ use nearrec_io::{BlockDevice, IoError, ReadOp};
 /// The devices under test over a fixture's files, named (names with "memory" cannot shrink).
 pub type Devices = fn(&Fixture) -> Vec<(String, Box<dyn BlockDevice>)>;
 
+/// The suite's tests over the devices `$devices` returns: one `#[test]` each, so a failure names
+/// the check.
+macro_rules! block_device_suite {
+    ($devices:path) => {
+        #[test]
+        fn reads_return_the_file_bytes_once_each_in_any_order() {
+            suite::reads_return_the_file_bytes_once_each_in_any_order($devices);
+        }
+
+        #[test]
+        fn malformed_batches_are_refused_before_any_read() {
+            suite::malformed_batches_are_refused_before_any_read($devices);
+        }
+
+        #[test]
+        fn a_file_that_shrank_gives_a_short_read_naming_it() {
+            suite::a_file_that_shrank_gives_a_short_read_naming_it($devices);
+        }
+
+        #[test]
+        fn devices_work_in_a_forked_child() {
+            suite::devices_work_in_a_forked_child($devices);
+        }
+    };
+}
+
 /// The byte at `pos` of file `file`: distinct enough that a read from the wrong place shows.
 fn byte(file: usize, pos: u64) -> u8 {
     (pos.wrapping_mul(2654435761).wrapping_add(file as u64 * 97) >> 7) as u8
