@@ -69,6 +69,8 @@ def test_sweeps_vary_what_they_name_and_plot(tmp_path):
 def test_bad_configurations_are_typed_errors(tmp_path):
     with pytest.raises(nearrec.InvalidRequest, match="no field"):
         sim.device("rm-ssd", host__dram=1)
+    with pytest.raises(nearrec.InvalidRequest, match="takes a int"):
+        sim.device("rm-ssd", host__dram_bytes="lots")
     with pytest.raises(nearrec.InvalidRequest, match="unknown mode"):
         sim.run("rmc1", "rm-ssd", "ssd-x", **quick())
     with pytest.raises(nearrec.InvalidRequest, match="page size"):

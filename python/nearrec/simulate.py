@@ -56,7 +56,12 @@ def set_field(cfg: dict[str, Any], dotted: str, value: Any) -> None:
         node = node[part]
     if last not in node:
         raise InvalidRequest(f"device has no field {dotted!r}; it has {', '.join(node)}")
-    node[last] = type(node[last])(value) if not isinstance(node[last], float) else float(value)
+    kind = float if isinstance(node[last], float) else type(node[last])
+    try:
+        node[last] = kind(value)
+    except (TypeError, ValueError):
+        raise InvalidRequest(f"device field {dotted!r} takes a {kind.__name__}, not {value!r}"
+                             ) from None
 
 
 def workload(model: str, rows: int | None = None, dim: int | None = None,

@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::DeviceConfig;
-use crate::sim::{self, Command, Piece, Resource, Servers, Step};
+use crate::flash::block_command;
+use crate::ftl::Ftl;
+use crate::sim::{self, Command, Servers};
 
 /// One measurement: `reads_per_s` random reads of `bytes` at `queue_depth` in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -26,6 +28,8 @@ fn one() -> f64 {
 pub fn predicted_rate(cfg: &DeviceConfig, queue_depth: u32, bytes: u32) -> f64 {
     let f = &cfg.flash;
     let n = 2048u32.max(queue_depth * 32);
+    let page = u64::from(f.page_bytes);
+    let ftl = Ftl::contiguous(&[page << 30], f);
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
     let cmds: Vec<Command> = (0..n)
         .map(|_| {
@@ -33,31 +37,13 @@ pub fn predicted_rate(cfg: &DeviceConfig, queue_depth: u32, bytes: u32) -> f64 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let lpn = x % (1 << 30);
-            let channel = (lpn % u64::from(f.channels)) as u32;
-            let unit = channel * f.dies_per_channel * f.planes_per_die
-                + ((lpn / u64::from(f.channels)) % u64::from(f.dies_per_channel * f.planes_per_die))
-                    as u32;
-            let moved = f.block_transfer_bytes(u64::from(bytes));
-            Command {
-                release_ns: 0,
-                pre: vec![
-                    Step::new(Resource::Host, cfg.host.user_io_ns),
-                    Step::new(Resource::Controller, cfg.controller.command_ns),
-                ],
-                pieces: vec![Piece {
-                    unit,
-                    channel,
-                    flush_ns: f.flush_ns(),
-                    transfer_ns: f.transfer_ns(moved),
-                    bytes: moved,
-                    after: None,
-                }],
-                post: vec![Step::new(
-                    Resource::Link,
-                    cfg.host.dma_transfer_ns(u64::from(bytes)),
-                )],
-            }
+            let at = ftl.page_of((x % (1 << 30)) * page);
+            block_command(
+                cfg,
+                cfg.host.user_io_ns,
+                &[(at, u64::from(bytes))],
+                u64::from(bytes),
+            )
         })
         .collect();
     let servers = Servers {

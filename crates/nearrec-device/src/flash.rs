@@ -8,7 +8,7 @@ use nearrec_io::{BlockDevice, ReadOp, Result, check_batch};
 use serde::Serialize;
 
 use crate::config::DeviceConfig;
-use crate::ftl::Ftl;
+use crate::ftl::{Ftl, PageAddr};
 use crate::sim::{self, Command, Piece, Resource, Servers, Step};
 
 /// What a [`FlashDevice`] has done, in simulated time.
@@ -72,43 +72,54 @@ impl<D: BlockDevice> FlashDevice<D> {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The block commands `ops` become: the host's user-space I/O path, the firmware, one flash
-    /// read per page touched, the DMA back.
+    /// The block commands `ops` become, on the user-space I/O path the engine uses.
     fn commands(&self, ops: &[ReadOp]) -> Vec<Command> {
-        let (h, f) = (&self.config.host, &self.config.flash);
-        let flush = f.flush_ns();
         ops.iter()
             .map(|op| {
-                let pieces = self
-                    .ftl
-                    .pages(op.file, op.offset, u64::from(op.len))
-                    .into_iter()
-                    .map(|(page, bytes)| {
-                        let moved = f.block_transfer_bytes(bytes);
-                        Piece {
-                            unit: page.unit,
-                            channel: page.channel,
-                            flush_ns: flush,
-                            transfer_ns: f.transfer_ns(moved),
-                            bytes: moved,
-                            after: None,
-                        }
-                    })
-                    .collect();
-                Command {
-                    release_ns: 0,
-                    pre: vec![
-                        Step::new(Resource::Host, h.user_io_ns),
-                        Step::new(Resource::Controller, self.config.controller.command_ns),
-                    ],
-                    pieces,
-                    post: vec![Step::new(
-                        Resource::Link,
-                        h.dma_transfer_ns(u64::from(op.len)),
-                    )],
-                }
+                let pages = self.ftl.pages(op.file, op.offset, u64::from(op.len));
+                block_command(
+                    &self.config,
+                    self.config.host.user_io_ns,
+                    &pages,
+                    u64::from(op.len),
+                )
             })
             .collect()
+    }
+}
+
+/// One block read of `len` bytes: `host_ns` on a host I/O thread (the kernel's path or a
+/// user-space driver's), the firmware's command handling, one flash read per page touched (each
+/// moving the bytes the controller drains from it), the DMA back.
+pub(crate) fn block_command(
+    cfg: &DeviceConfig,
+    host_ns: u64,
+    pages: &[(PageAddr, u64)],
+    len: u64,
+) -> Command {
+    let f = &cfg.flash;
+    let pieces = pages
+        .iter()
+        .map(|&(page, bytes)| {
+            let moved = f.block_transfer_bytes(bytes);
+            Piece {
+                unit: page.unit,
+                channel: page.channel,
+                flush_ns: f.flush_ns(),
+                transfer_ns: f.transfer_ns(moved),
+                bytes: moved,
+                after: None,
+            }
+        })
+        .collect();
+    Command {
+        release_ns: 0,
+        pre: vec![
+            Step::new(Resource::Host, host_ns),
+            Step::new(Resource::Controller, cfg.controller.command_ns),
+        ],
+        pieces,
+        post: vec![Step::new(Resource::Link, cfg.host.dma_transfer_ns(len))],
     }
 }
 

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::DeviceConfig;
 use crate::error::{DeviceError, Result};
+use crate::flash::block_command;
 use crate::ftl::{Ftl, PageAddr};
 use crate::mlp::MlpEngine;
 use crate::sim::{self, Command, Piece, Resource, Servers, Step};
@@ -412,7 +413,7 @@ impl Simulator {
         batch: &[TableBatch<'_>],
         rep: &mut BatchReport,
     ) -> (Vec<Command>, u32, f64) {
-        let (h, c) = (&self.config.host, &self.config.controller);
+        let h = &self.config.host;
         let page = u64::from(self.config.flash.page_bytes);
         let mut cmds = Vec::new();
         let mut pool = 0.0;
@@ -437,25 +438,11 @@ impl Simulator {
                 if let Some(pc) = self.page_cache.as_mut() {
                     pc.put(key, ());
                 }
-                let f = &self.config.flash;
-                let pieces = self
-                    .ftl
-                    .pages(t as u32, key.1 * OS_PAGE, OS_PAGE)
-                    .into_iter()
-                    .map(|(p, bytes)| self.piece(p, f.block_transfer_bytes(bytes), None))
-                    .collect();
+                let pages = self.ftl.pages(t as u32, key.1 * OS_PAGE, OS_PAGE);
                 rep.host_ios += 1;
                 rep.link_bytes += OS_PAGE;
                 rep.link_read_bytes += OS_PAGE;
-                cmds.push(Command {
-                    release_ns: 0,
-                    pre: vec![
-                        Step::new(Resource::Host, h.kernel_io_ns),
-                        Step::new(Resource::Controller, c.command_ns),
-                    ],
-                    pieces,
-                    post: vec![Step::new(Resource::Link, h.dma_transfer_ns(OS_PAGE))],
-                });
+                cmds.push(block_command(&self.config, h.kernel_io_ns, &pages, OS_PAGE));
             }
         }
         (cmds, h.io_threads, pool / f64::from(h.io_threads))
