@@ -65,8 +65,8 @@ pub fn worst_error(cfg: &DeviceConfig, points: &[DiskPoint]) -> f64 {
 }
 
 /// Searches units (channels of one die), array time and command cost for the parameter set
-/// whose read rates best match `points` (least squares on the log of the rate), starting from
-/// `base` for everything else.
+/// whose read rates best match `points` (weighted least squares on the log of the rate), taking
+/// `base` for everything else; `base` itself wins if nothing on the grid matches better.
 pub fn fit(base: &DeviceConfig, points: &[DiskPoint]) -> DeviceConfig {
     let cost = |cfg: &DeviceConfig| -> f64 {
         points
@@ -78,8 +78,9 @@ pub fn fit(base: &DeviceConfig, points: &[DiskPoint]) -> DeviceConfig {
             })
             .sum()
     };
+    // Never worse than where it started.
     let mut best = base.clone();
-    let mut best_cost = f64::INFINITY;
+    let mut best_cost = cost(base);
     // Depth 1 fixes the sum of the serial costs; deep queues fix the units' throughput and the
     // command cost; so a coarse grid over those three, refined once, is enough.
     let qd1 = points
