@@ -142,6 +142,14 @@ pub struct BatchReport {
     pub useful_bytes: u64,
 }
 
+impl BatchReport {
+    /// Counts `sent` bytes to the drive and `read` bytes back over the link.
+    fn link(&mut self, sent: u64, read: u64) {
+        self.link_bytes += sent + read;
+        self.link_read_bytes += read;
+    }
+}
+
 /// One design on one drive, with the caches it keeps between batches.
 #[derive(Debug)]
 pub struct Simulator {
@@ -324,12 +332,12 @@ impl Simulator {
         ((h % self.direct.len() as u64) as usize, key)
     }
 
-    fn page_of(&self, t: usize, r: u64) -> (PageAddr, u64) {
+    fn page_of(&self, t: usize, r: u64) -> PageAddr {
         let page = u64::from(self.config.flash.page_bytes);
         let lba = self
             .ftl
             .lba_byte(t as u32, self.workload.row_offset(t, r, page));
-        (self.ftl.page_of(lba), lba)
+        self.ftl.page_of(lba)
     }
 
     fn piece(&self, page: PageAddr, transfer_bytes: u64, after: Option<Step>) -> Piece {
@@ -348,6 +356,15 @@ impl Simulator {
     fn host_pool_ns(&self, rows: u64, dim: u32) -> f64 {
         let h = &self.config.host;
         rows as f64 * (h.pool_row_ns + f64::from(dim) * h.pool_elem_ns)
+    }
+
+    /// Host pooling of every lookup of a batch, split over the host's I/O threads.
+    fn host_pool_batch_ns(&self, batch: &[TableBatch<'_>]) -> f64 {
+        let rows = |t: usize, b: &TableBatch<'_>| {
+            self.host_pool_ns(b.indices.len() as u64, self.workload.tables[t].dim)
+        };
+        let total: f64 = batch.iter().enumerate().map(|(t, b)| rows(t, b)).sum();
+        total / f64::from(self.config.host.io_threads)
     }
 
     /// Controller accumulation of `rows` rows of `dim` floats, `lanes` at a time.
@@ -416,10 +433,7 @@ impl Simulator {
         let h = &self.config.host;
         let page = u64::from(self.config.flash.page_bytes);
         let mut cmds = Vec::new();
-        let mut pool = 0.0;
         for (t, b) in batch.iter().enumerate() {
-            let dim = self.workload.tables[t].dim;
-            pool += self.host_pool_ns(b.indices.len() as u64, dim);
             for &r in b.indices {
                 let off = self.workload.row_offset(t, r as u64, page);
                 let key = (t as u32, off / OS_PAGE);
@@ -440,12 +454,11 @@ impl Simulator {
                 }
                 let pages = self.ftl.pages(t as u32, key.1 * OS_PAGE, OS_PAGE);
                 rep.host_ios += 1;
-                rep.link_bytes += OS_PAGE;
-                rep.link_read_bytes += OS_PAGE;
+                rep.link(0, OS_PAGE);
                 cmds.push(block_command(&self.config, h.kernel_io_ns, &pages, OS_PAGE));
             }
         }
-        (cmds, h.io_threads, pool / f64::from(h.io_threads))
+        (cmds, h.io_threads, self.host_pool_batch_ns(batch))
     }
 
     /// EMB-MMIO: every lookup's page read (all in flight across the channels) and loaded into
@@ -458,14 +471,11 @@ impl Simulator {
         let h = &self.config.host;
         let page = u64::from(self.config.flash.page_bytes);
         let mut cmds = Vec::new();
-        let mut pool = 0.0;
         for (t, b) in batch.iter().enumerate() {
-            pool += self.host_pool_ns(b.indices.len() as u64, self.workload.tables[t].dim);
             for &r in b.indices {
-                let (p, _) = self.page_of(t, r as u64);
+                let p = self.page_of(t, r as u64);
                 rep.host_ios += 1;
-                rep.link_bytes += page;
-                rep.link_read_bytes += page;
+                rep.link(0, page);
                 cmds.push(Command {
                     release_ns: 0,
                     pre: vec![Step::new(Resource::Host, h.mmio_ns)],
@@ -474,7 +484,7 @@ impl Simulator {
                 });
             }
         }
-        (cmds, h.queue_depth, pool / f64::from(h.io_threads))
+        (cmds, h.queue_depth, self.host_pool_batch_ns(batch))
     }
 
     /// The indices of a batch sent to the drive by DMA (8-byte rows, 8-byte offsets).
@@ -501,7 +511,7 @@ impl Simulator {
         for (t, b) in batch.iter().enumerate() {
             let rb = u64::from(self.workload.tables[t].row_bytes);
             for &r in b.indices {
-                let (p, _) = self.page_of(t, r as u64);
+                let p = self.page_of(t, r as u64);
                 pieces.push(self.piece(p, if vector { rb } else { page }, None));
             }
         }
@@ -514,8 +524,7 @@ impl Simulator {
         };
         let sent = Self::indices_bytes(batch) + dense_in;
         rep.host_ios += 1;
-        rep.link_bytes += sent + result;
-        rep.link_read_bytes += result;
+        rep.link(sent, result);
         let translate = fpga.cycles_ns((lookups * u64::from(fpga.translate_cycles)) as f64) as u64;
         let back = if self.mode == Mode::RmSsd {
             Step::new(Resource::Link, h.mmio_transfer_ns(result))
@@ -570,7 +579,7 @@ impl Simulator {
                     }
                     self.direct[slot] = key;
                 }
-                let (p, _) = self.page_of(t, r);
+                let p = self.page_of(t, r);
                 pages.entry(p.lpn).or_insert((p, 0)).1 += 1;
             }
             rep.device_hits += hits;
@@ -588,8 +597,7 @@ impl Simulator {
             let config_bytes = 8 * cold.len() as u64;
             let result = 4 * b.bags() as u64 * u64::from(dim);
             rep.host_ios += 2;
-            rep.link_bytes += config_bytes + result;
-            rep.link_read_bytes += result;
+            rep.link(config_bytes, result);
             cmds.push(Command {
                 release_ns: 0,
                 pre: vec![
@@ -642,7 +650,7 @@ impl Simulator {
                         c.put(r, ());
                     }
                 }
-                let (p, _) = self.page_of(t, r);
+                let p = self.page_of(t, r);
                 match merged.get(&p.lpn) {
                     Some(&i) if merging => reads[i].1 += 1,
                     _ => {
@@ -664,8 +672,7 @@ impl Simulator {
         let sent = Self::indices_bytes(batch);
         let result = 4 * batch[0].bags() as u64 * self.workload.pooled_width() as u64;
         rep.host_ios += 1;
-        rep.link_bytes += sent + result;
-        rep.link_read_bytes += result;
+        rep.link(sent, result);
         let cmd = Command {
             release_ns: 0,
             pre: vec![
