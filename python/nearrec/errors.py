@@ -76,13 +76,30 @@ class InvalidTrace(NearrecError, ValueError):
     """A trace file is not one: bad magic, unknown version, truncated, or inconsistent arrays."""
 
 
+class InsufficientMemory(NearrecError, MemoryError):
+    """Opening or loading would take more memory than the process can have (physical memory,
+    or its cgroup's limit): the message says how much was asked and how much there is."""
+
+
+class ResourceExhausted(NearrecError, OSError):
+    """The operating system refused a resource other than memory: threads, file descriptors,
+    io_uring rings."""
+
+
+class InternalError(NearrecError, RuntimeError):
+    """A bug in nearrec: a check inside it failed. The message says where; please report it."""
+
+
 __all__ = [
     "TableFull",
     "UnknownKey",
     "IndexOutOfRange",
+    "InsufficientMemory",
+    "InternalError",
     "InvalidRequest",
     "InvalidTrace",
     "NearrecError",
+    "ResourceExhausted",
     "StoreCorrupted",
     "StoreExists",
     "StoreIOError",
