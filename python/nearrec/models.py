@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from . import _native
 from .errors import InvalidRequest
+from .request import TableLookup
 from .specs import ModelSpec, Variant, model_spec
 from .store import Store, attach, read_attachment
 from .torch import EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor
@@ -318,6 +319,29 @@ class Offloaded(nn.Module):
     def forward(self, dense: Tensor | None, features: Any) -> Tensor:
         out, self.last_times = self.run(dense, features)
         return out
+
+    def arrange(self, lookups: Sequence[TableLookup]) -> list[TableLookup]:
+        """``lookups`` in the order of the model's inputs, matched by table name (not by their
+        order in the list): each input table exactly once, no other table."""
+        want = list(self.sparse.tables)
+        by_name: dict[str, TableLookup] = {}
+        for i, r in enumerate(lookups):
+            if not isinstance(r, TableLookup) or not isinstance(r.table, str):
+                raise InvalidRequest(f"features are TableLookup items naming a table, got "
+                                     f"{r!r:.60} at position {i}", position=i)
+            if r.table in by_name:
+                raise InvalidRequest(f"table {r.table!r} is given twice (position {i})",
+                                     table=r.table, position=i)
+            by_name[r.table] = r
+        missing = [t for t in want if t not in by_name]
+        extra = [t for t in by_name if t not in want]
+        if missing or extra:
+            raise InvalidRequest(
+                f"the lookups do not match the model's input tables {want}: "
+                + "; ".join(part for part in (f"missing {missing}" if missing else "",
+                                              f"not inputs {extra}" if extra else "") if part),
+                table=(missing or extra)[0])
+        return [by_name[t] for t in want]
 
     def run(self, dense: Tensor | None, features: Any) -> tuple[Tensor, dict[str, float]]:
         """Outputs and the seconds per part, for one batch."""

@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import InvalidRequest
+
 if TYPE_CHECKING:
-    from .store import PooledBatch, TableLookup
+    from .request import CheckedLookup
+    from .store import PooledBatch
 
 
 class Pending:
@@ -67,35 +70,36 @@ def stream(submit: Callable[[Any], Pending], batches: Iterable[Any],
         yield window.popleft().result()
 
 
-def _bounds(r: TableLookup) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each bag's (start, end) in the flattened indices, or None where the request is malformed
-    (it is then sent whole, so the engine names the fault)."""
-    idx = np.asarray(r.indices)
+def _bounds(r: CheckedLookup) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each bag's (start, end) in the flattened indices, or None where the bags are malformed
+    (the request is then sent whole, so the engine names the fault). ``r`` has passed
+    :func:`nearrec.request.check`: its arrays are int32 / int64, so widening them is exact."""
+    idx = r.indices
     if idx.ndim == 2:
         b, size = idx.shape
         starts = np.arange(b, dtype=np.int64) * size
         return starts, starts + size
     if r.lengths is not None:
-        lengths = np.asarray(r.lengths, dtype=np.int64)
-        if lengths.ndim != 1 or (lengths < 0).any() or lengths.sum() != idx.size:
+        lengths = r.lengths.astype(np.int64)
+        if (lengths < 0).any() or lengths.sum() != idx.size:
             return None
         ends = np.cumsum(lengths)
         return ends - lengths, ends
-    if r.offsets is None:
-        return None
-    off = np.asarray(r.offsets, dtype=np.int64)
-    if off.ndim != 1 or off.size == 0 or off[0] != 0 or (np.diff(off) < 0).any() \
-            or off[-1] > idx.size:
+    off = r.offsets.astype(np.int64)
+    if off.size == 0 or off[0] != 0 or (np.diff(off) < 0).any() or off[-1] > idx.size:
         return None
     if r.include_last_offset:
         return off[:-1], off[1:]
     return off, np.append(off[1:], idx.size)
 
 
-def split(requests: list[TableLookup], sub_batch: int) -> list[list[TableLookup]] | None:
-    """The same bags as ``requests`` in sub-batches of at most ``sub_batch`` bags (each table
-    cut at the same bags); None when they cannot be cut (malformed, or tables disagree on the
-    batch size: the whole request then goes to the engine, which says what is wrong)."""
+def split(requests: list[CheckedLookup], sub_batch: int) -> list[list[CheckedLookup]] | None:
+    """The same bags as ``requests`` (checked) in sub-batches of at most ``sub_batch`` bags
+    (each table cut at the same bags); None when they cannot be cut (malformed bags, or tables
+    disagree on the batch size: the whole request then goes to the engine, which says what is
+    wrong)."""
+    if sub_batch < 1:
+        raise InvalidRequest(f"sub_batch must be at least 1, not {sub_batch}")
     cuts = [_bounds(r) for r in requests]
     if any(c is None for c in cuts) or not cuts:
         return None
@@ -111,13 +115,12 @@ def split(requests: list[TableLookup], sub_batch: int) -> list[list[TableLookup]
             assert c is not None
             starts, ends = c
             lo, hi = (int(starts[b0]), int(ends[b1 - 1])) if b1 > b0 else (0, 0)
-            idx = np.asarray(r.indices)
-            w = None if r.per_sample_weights is None else np.asarray(r.per_sample_weights)
-            if idx.ndim == 2:
-                part.append(replace(r, indices=idx[b0:b1],
+            w = r.per_sample_weights
+            if r.indices.ndim == 2:
+                part.append(replace(r, indices=r.indices[b0:b1],
                                     per_sample_weights=None if w is None else w[b0:b1]))
             else:
-                part.append(replace(r, indices=idx[lo:hi], offsets=None,
+                part.append(replace(r, indices=r.indices[lo:hi], offsets=None,
                                     lengths=ends[b0:b1] - starts[b0:b1],
                                     include_last_offset=False,
                                     per_sample_weights=None if w is None else w[lo:hi]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -13,14 +13,24 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _native
-from .errors import IndexOutOfRange, InvalidRequest
+from .errors import IndexOutOfRange, InvalidRequest, UnknownTable
 from .pipeline import Lanes, Pending, split, stream
+from .request import (
+    CheckedLookup,
+    as_array,
+    check_all,
+    count,
+    index_array,
+    is_bool,
+    native_args,
+)
+from .request import PoolingModeName as PoolingModeName  # re-exported: the public names
+from .request import TableLookup as TableLookup
 from .units import parse_size
 
 if TYPE_CHECKING:
     from .plan import Plan
 
-PoolingModeName = Literal["sum", "mean", "max"]
 Tier = Literal["auto", "dram", "ssd"]
 StorePath = str | os.PathLike[str]
 
@@ -125,131 +135,42 @@ def verify(path: StorePath, progress: bool | None = None) -> list[TableCheck]:
 
 
 @dataclass(frozen=True)
-class TableLookup:
-    """The bags of one table in a batched lookup (``torch.nn.EmbeddingBag`` arguments).
-
-    Give ``offsets`` (with ``include_last_offset``), or ``lengths``, or a 2-D ``indices``
-    ``[batch, bag_size]`` with neither.
-    """
-
-    table: str
-    indices: Any
-    offsets: Any = None
-    lengths: Any = None
-    per_sample_weights: Any = None
-    mode: PoolingModeName = "sum"
-    include_last_offset: bool = False
-    padding_idx: int | None = None
-
-
-@dataclass(frozen=True)
 class PooledBatch:
     """The pooled output of a batched lookup: ``values`` is ``[batch, Σ dim]``, tables in request
-    order; ``batch[name]`` is that table's ``[batch, dim]`` view (TorchRec's KeyedTensor shape)."""
+    order; ``batch[name]`` is that table's ``[batch, dim]`` view (TorchRec's KeyedTensor shape)
+    and ``batch.block(i)`` the ``i``-th request's. A table requested more than once in the batch
+    (two features sharing it) has no single view: ``batch[name]`` then raises
+    :class:`~nearrec.errors.InvalidRequest` naming the requests, and ``block(i)`` picks one."""
 
     values: npt.NDArray[np.float32]
     keys: tuple[str, ...]
     dims: tuple[int, ...]
-    _cols: dict[str, slice] = field(repr=False, default_factory=dict)
+
+    def block(self, i: int) -> npt.NDArray[np.float32]:
+        """The ``[batch, dim]`` columns of request ``i`` (its position in the batch)."""
+        if not -len(self.keys) <= i < len(self.keys):
+            raise InvalidRequest(f"request {i} is not in a batch of {len(self.keys)}",
+                                 position=i)
+        i %= len(self.keys)
+        at = sum(self.dims[:i])
+        return self.values[:, at:at + self.dims[i]]
 
     def __getitem__(self, table: str) -> npt.NDArray[np.float32]:
-        return self.values[:, self._cols[table]]
+        where = [i for i, k in enumerate(self.keys) if k == table]
+        if not where:
+            raise UnknownTable(f"table {table!r} is not in this batch; it has: "
+                               f"{', '.join(self.keys)}", table=table)
+        if len(where) > 1:
+            raise InvalidRequest(f"table {table!r} is in this batch {len(where)} times (requests "
+                                 f"{where}): take each with block(i)", table=table,
+                                 position=where[1])
+        return self.block(where[0])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys)
 
     def to_dict(self) -> dict[str, npt.NDArray[np.float32]]:
         return {k: self[k] for k in self.keys}
-
-
-_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
-
-
-def _as_array(x: Any) -> npt.NDArray[Any]:
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor: zero-copy on CPU
-        x = x.detach()
-        if x.device.type != "cpu":
-            x = x.cpu()
-        return np.asarray(x.numpy())
-    return np.asarray(x)
-
-
-def _index_array(x: Any, table: str, what: str) -> npt.NDArray[Any]:
-    a = _as_array(x)
-    if a.dtype not in _INDEX_DTYPES:
-        if a.size == 0 and a.dtype == np.float64:  # an empty Python list
-            return np.zeros(0, dtype=np.int64)
-        if isinstance(x, list | tuple) and a.dtype.kind in "iu":
-            a = a.astype(np.int64)
-        else:
-            raise InvalidRequest(
-                f"table {table!r}: {what} must be int32 or int64, got {a.dtype}", table=table
-            )
-    return a
-
-
-def _table_args(req: TableLookup) -> tuple[Any, ...]:
-    """The native argument tuple for one table."""
-    t = req.table
-    idx = _index_array(req.indices, t, "indices")
-    weights = None
-    if req.per_sample_weights is not None:
-        weights = _as_array(req.per_sample_weights)
-        if weights.dtype != np.float32:
-            raise InvalidRequest(
-                f"table {t!r}: per_sample_weights must be float32, got {weights.dtype}", table=t
-            )
-        if weights.shape != idx.shape:
-            raise InvalidRequest(
-                f"table {t!r}: per_sample_weights has shape {weights.shape} but indices have "
-                f"shape {idx.shape}",
-                table=t,
-            )
-        weights = np.ascontiguousarray(weights).reshape(-1)
-    shape = None
-    offsets = lengths = None
-    if idx.ndim == 2:
-        if req.offsets is not None or req.lengths is not None:
-            raise InvalidRequest(
-                f"table {t!r}: 2-D indices [batch, bag_size] take no offsets or lengths", table=t
-            )
-        shape = (idx.shape[0], idx.shape[1])
-        idx = np.ascontiguousarray(idx).reshape(-1)
-    elif idx.ndim == 1:
-        if req.offsets is None and req.lengths is None:
-            raise InvalidRequest(
-                f"table {t!r}: 1-D indices need offsets or lengths (or pass 2-D indices)", table=t
-            )
-        if req.offsets is not None and req.lengths is not None:
-            raise InvalidRequest(f"table {t!r}: give offsets or lengths, not both", table=t)
-        if req.offsets is not None:
-            offsets = np.ascontiguousarray(_index_array(req.offsets, t, "offsets"))
-            if offsets.ndim != 1:
-                raise InvalidRequest(f"table {t!r}: offsets must be 1-D", table=t)
-        else:
-            lengths = np.ascontiguousarray(_index_array(req.lengths, t, "lengths"))
-            if lengths.ndim != 1:
-                raise InvalidRequest(f"table {t!r}: lengths must be 1-D", table=t)
-        idx = np.ascontiguousarray(idx)
-    else:
-        raise InvalidRequest(
-            f"table {t!r}: indices must be 1-D (with offsets) or 2-D, got {idx.ndim}-D", table=t
-        )
-    if req.mode not in ("sum", "mean", "max"):
-        raise InvalidRequest(
-            f"table {t!r}: mode must be 'sum', 'mean' or 'max', not {req.mode!r}", table=t
-        )
-    return (
-        t,
-        idx,
-        offsets,
-        lengths,
-        shape,
-        bool(req.include_last_offset),
-        weights,
-        req.mode,
-        req.padding_idx,
-    )
 
 
 CachePolicy = Literal["lru", "lfu", "lru_pa", "lfu_pa"]
@@ -259,21 +180,43 @@ PlanLike = Union[str, Path, "Plan", Mapping[str, Mapping[str, Any]]]
 
 def _placement_json(plan: Mapping[str, Mapping[str, Any]]) -> str:
     """A placement (table → ``resident`` / ``hot_rows`` / ``cache_bytes``) as the engine reads
-    it; sizes may be strings such as ``"64MiB"``."""
+    it; sizes may be strings such as ``"64MiB"``. ``resident`` must be a real bool (a string
+    such as ``"no"`` is refused, not read as true) and ``hot_rows`` a 1-D array of integer row
+    ids (floats are refused, not truncated; 2-D arrays are refused, not flattened)."""
+    if not isinstance(plan, Mapping):
+        raise InvalidRequest(f"a plan is a file, a Plan or a mapping from table name to its "
+                             f"placement, not {type(plan).__name__}")
     out = {}
     for table, p in plan.items():
+        if not isinstance(table, str):
+            raise InvalidRequest(f"plan: table names are str, not {type(table).__name__} "
+                                 f"{table!r}")
+        if not isinstance(p, Mapping):
+            raise InvalidRequest(f"plan for table {table!r}: expected a mapping with resident / "
+                                 f"hot_rows / cache_bytes, not {type(p).__name__}", table=table)
         unknown = set(p) - {"resident", "hot_rows", "cache_bytes"}
         if unknown:
-            raise InvalidRequest(f"plan for table {table!r}: unknown keys {sorted(unknown)}",
-                                 table=table)
-        hot = np.asarray(p.get("hot_rows", ()), dtype=np.int64).ravel()
+            raise InvalidRequest(f"plan for table {table!r}: unknown keys "
+                                 f"{sorted(unknown, key=str)}", table=table)
+        resident = p.get("resident", False)
+        if not is_bool(resident):
+            raise InvalidRequest(f"plan for table {table!r}: resident must be true or false, not "
+                                 f"{resident!r}", table=table)
+        hot = index_array(p.get("hot_rows", ()), table, "hot_rows")
+        if hot.ndim != 1:
+            raise InvalidRequest(f"plan for table {table!r}: hot_rows must be a 1-D array of row "
+                                 f"ids, got shape {hot.shape}", table=table)
         if hot.size and hot.min() < 0:
             pos = int(np.argmax(hot < 0))
             raise IndexOutOfRange(f"plan for table {table!r}: hot row {hot[pos]} at position "
                                   f"{pos} is negative", table=table, position=pos)
-        out[table] = {"resident": bool(p.get("resident", False)),
-                      "hot_rows": hot.tolist(),
-                      "cache_bytes": parse_size(p.get("cache_bytes", 0))}
+        try:
+            cache = parse_size(p.get("cache_bytes", 0))
+        except InvalidRequest as e:
+            raise InvalidRequest(f"plan for table {table!r}: cache_bytes: {e}",
+                                 table=table) from None
+        out[table] = {"resident": bool(resident), "hot_rows": hot.astype(np.int64).tolist(),
+                      "cache_bytes": cache}
     return json.dumps({"tables": out})
 
 
@@ -355,8 +298,8 @@ class Store:
         return None if text is None else json.loads(text)
 
     def table(self, name: str) -> TableInfo:
-        from .errors import UnknownTable
-
+        if not isinstance(name, str):
+            raise InvalidRequest(f"a table name is a str, not {type(name).__name__} {name!r}")
         try:
             return self._tables[name]
         except KeyError:
@@ -391,8 +334,8 @@ class Store:
         cut into sub-batches of that many that flow through the pipeline two at a time (one
         reading while the other pools; useful for large batches on the SSD tier).
         """
-        reqs = _normalise(requests)
-        parts = split(reqs, sub_batch) if sub_batch and sub_batch > 0 else None
+        reqs = check_all(requests)
+        parts = None if sub_batch is None else split(reqs, count(sub_batch, "sub_batch"))
         if parts is None or len(parts) < 2:
             return self._lookup(reqs)
         done = list(stream(lambda p: self._lanes.submit(self._lookup, p), parts, depth=2))
@@ -406,8 +349,9 @@ class Store:
         :func:`nearrec.models.offload` takes); by default the model kept with this store
         (:func:`nearrec.models.save`), loaded on first use. ``dense`` is the ``[batch,
         dense_width]`` float32 features (``None`` for NCF); ``features`` a KeyedJaggedTensor
-        whose keys name the model's tables, or one :class:`TableLookup` per model input, in
-        order.
+        whose keys name the model's tables, or one :class:`TableLookup` per model input, in any
+        order: each is matched to its input by table name (a missing, unknown or repeated table
+        is an :class:`~nearrec.errors.InvalidRequest` naming it).
         """
         from . import models
 
@@ -417,44 +361,50 @@ class Store:
             model = self._stored_model
         elif not isinstance(model, models.Offloaded):
             model = models.offload(model)
-        if not isinstance(features, Sequence):
+        if isinstance(features, Sequence) and not isinstance(features, str | bytes):
+            features = model.arrange(features)
+        else:
             features = model.sparse.lookups(features)
         return self._infer(model.native, dense, features)[0]
 
     def _infer(self, native_model: Any, dense: Any, reqs: Sequence[TableLookup]
                ) -> tuple[npt.NDArray[np.float32], dict[str, float]]:
-        """The engine's ``infer``: outputs and the seconds per part."""
+        """The engine's ``infer``: outputs and the seconds per part; ``reqs`` in the model's
+        input order."""
+        checked = check_all(reqs)
         if dense is not None:
-            dense = np.ascontiguousarray(_as_array(dense), dtype=np.float32)
+            dense = as_array(dense, "dense features")
+            if dense.dtype.kind not in "fiu":
+                raise InvalidRequest(f"dense features must be numbers (float32), not {dense.dtype}")
+            dense = np.ascontiguousarray(dense, dtype=np.float32)
             if dense.ndim != 2:
                 raise InvalidRequest(f"dense features must be [batch, features], not shape "
                                      f"{dense.shape}")
-        out, times = self._native.infer(native_model, dense, [_table_args(r) for r in reqs])
+        out, times = self._native.infer(native_model, dense, [native_args(r) for r in checked])
         return out, dict(times)
 
     def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> Pending:
         """Starts :meth:`lookup_many` in the background and returns at once; ``.result()`` on
         the handle collects the :class:`PooledBatch` (or raises the lookup's error). Batches
         submitted together run concurrently: the reads of one overlap the pooling of another
-        and whatever the caller does meanwhile."""
-        return self._lanes.submit(self.lookup_many, requests)
+        and whatever the caller does meanwhile. Malformed requests raise here, as
+        :meth:`lookup_many` would."""
+        return self._lanes.submit(self.lookup_many, check_all(requests))
 
     def lookup_stream(self, batches: Iterable[Sequence[TableLookup] | Mapping[str, Any]],
                       depth: int = 2) -> Iterator[PooledBatch]:
         """The results of ``batches`` in order, keeping ``depth`` of them in flight: batch
         i + 1 is read while the caller works on batch i."""
+        depth = count(depth, "depth")
+        if not isinstance(batches, Iterable):
+            raise InvalidRequest(f"batches must be an iterable of batches, not "
+                                 f"{type(batches).__name__}")
         return stream(self.submit, batches, depth)
 
-    def _lookup(self, reqs: list[TableLookup]) -> PooledBatch:
-        values = self._native.lookup([_table_args(r) for r in reqs])
+    def _lookup(self, reqs: list[CheckedLookup]) -> PooledBatch:
+        values = self._native.lookup([native_args(r) for r in reqs])
         keys = tuple(r.table for r in reqs)
-        dims = tuple(self.table(k).dim for k in keys)
-        cols: dict[str, slice] = {}
-        at = 0
-        for k, d in zip(keys, dims, strict=True):
-            cols[k] = slice(at, at + d)
-            at += d
-        return PooledBatch(values, keys, dims, cols)
+        return PooledBatch(values, keys, tuple(self.table(k).dim for k in keys))
 
     def tier_report(self) -> list[dict[str, Any]]:
         """Per table, the DRAM tiers in front of the SSD tier: what they hold (``resident``,
@@ -465,34 +415,23 @@ class Store:
         return [dict(r) for r in self._native.tier_report()]
 
     def read_rows(self, table: str, rows: Any) -> npt.NDArray[np.float32]:
-        """The given rows of a table, decoded to float32: ``[len(rows), dim]``."""
+        """The given rows of a table, decoded to float32: ``[len(rows), dim]``. ``rows`` is a
+        1-D int32 / int64 array or a list of ints (floats, bools and unsigned ids are refused,
+        not cast)."""
         self.table(table)
-        return self._native.read_rows(table, np.ascontiguousarray(_as_array(rows), dtype=np.int64))
+        ids = index_array(rows, table, "rows")
+        if ids.ndim != 1:
+            raise InvalidRequest(f"table {table!r}: rows must be 1-D, got shape {ids.shape}",
+                                 table=table)
+        return self._native.read_rows(table, np.ascontiguousarray(ids, dtype=np.int64))
 
     def table_array(self, name: str) -> npt.NDArray[np.float32]:
         """A read-only zero-copy ``[rows, dim]`` view of a dense fp32 table."""
+        self.table(name)
         return self._native.table_array(name)
 
     def __repr__(self) -> str:
         return f"Store({str(self.path)!r}, tables={len(self._tables)}, threads={self.threads})"
-
-
-def _normalise(requests: Sequence[TableLookup] | Mapping[str, Any]) -> list[TableLookup]:
-    if isinstance(requests, Mapping):
-        out = []
-        for name, r in requests.items():
-            if isinstance(r, TableLookup):
-                out.append(r)
-            elif isinstance(r, tuple) and len(r) == 2:
-                out.append(TableLookup(name, r[0], r[1]))
-            else:
-                out.append(TableLookup(name, r))
-        return out
-    out = list(requests)
-    for r in out:
-        if not isinstance(r, TableLookup):
-            raise InvalidRequest(f"lookup_many takes TableLookup items, got {type(r).__name__}")
-    return out
 
 
 def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,

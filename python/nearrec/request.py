@@ -1,0 +1,233 @@
+"""Lookup requests and their one validation path.
+
+Every entry point that pools (``Store.lookup``, ``lookup_many`` with or without ``sub_batch``,
+``submit``, ``lookup_stream``, ``infer``, the torch modules) sends each :class:`TableLookup`
+through :func:`check` once, before anything splits or converts it: arrays become contiguous
+int32 / int64 (indices, offsets, lengths) or float32 (weights) without any unsafe cast, flags
+must be real bools and ``padding_idx`` a real integer. What passes is a :class:`CheckedLookup`,
+which later stages trust; what does not is an :class:`~nearrec.errors.InvalidRequest` (or
+:class:`~nearrec.errors.IndexOutOfRange`) naming the table and, where there is one, the position.
+Value checks that need the table (row ranges, offsets against the indices) stay in the engine.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import IndexOutOfRange, InvalidRequest
+
+PoolingModeName = Literal["sum", "mean", "max"]
+MODES = ("sum", "mean", "max")
+_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+_I64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class TableLookup:
+    """The bags of one table in a batched lookup (``torch.nn.EmbeddingBag`` arguments).
+
+    Give ``offsets`` (with ``include_last_offset``), or ``lengths``, or a 2-D ``indices``
+    ``[batch, bag_size]`` with neither.
+    """
+
+    table: str
+    indices: Any
+    offsets: Any = None
+    lengths: Any = None
+    per_sample_weights: Any = None
+    mode: PoolingModeName = "sum"
+    include_last_offset: bool = False
+    padding_idx: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckedLookup(TableLookup):
+    """A :class:`TableLookup` that passed :func:`check`: ``indices`` a contiguous int32 / int64
+    array (1-D with ``offsets`` or ``lengths``, else 2-D), those 1-D int32 / int64 arrays,
+    ``per_sample_weights`` float32 of the indices' shape, ``include_last_offset`` a ``bool`` and
+    ``padding_idx`` an ``int`` or ``None``. Slicing its arrays keeps it valid."""
+
+
+def is_bool(x: Any) -> bool:
+    """Whether ``x`` is a real boolean (not a string such as ``"no"``, not a number)."""
+    return isinstance(x, bool | np.bool_)
+
+
+def as_array(x: Any, what: str, table: str | None = None) -> npt.NDArray[Any]:
+    """``x`` (an array, a CPU or GPU tensor, a list) as a numpy array, zero-copy where it can
+    be; anything numpy cannot make an array of is an ``InvalidRequest`` naming ``what``."""
+    where = f"table {table!r}: " if table is not None else ""
+    try:
+        if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor: zero-copy on CPU
+            x = x.detach()
+            if x.device.type != "cpu":
+                x = x.cpu()
+            return np.asarray(x.numpy())
+        return np.asarray(x)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as e:
+        raise InvalidRequest(f"{where}{what} is not an array: {e}", table=table) from None
+
+
+def index_array(x: Any, table: str | None, what: str) -> npt.NDArray[Any]:
+    """``x`` as an int32 / int64 array. Arrays of other dtypes (floats, bools, unsigned or
+    narrower integers) are refused rather than cast; Python lists of integers become int64,
+    and an empty list is an empty int64 array. An unsigned value past int64 (a list holding
+    2**63 or more) is an ``IndexOutOfRange`` at its position."""
+    where = f"table {table!r}: " if table is not None else ""
+    a = as_array(x, what, table)
+    if a.dtype in _INDEX_DTYPES:
+        return a
+    if a.size == 0 and a.dtype == np.float64:  # an empty Python list
+        return np.zeros(a.shape, dtype=np.int64)
+    if isinstance(x, list | tuple | range) and a.dtype.kind in "iu":
+        if a.dtype == np.uint64 and a.size and int(a.max()) > _I64_MAX:
+            pos = int(np.argmax(a > _I64_MAX))
+            raise IndexOutOfRange(f"{where}{what}[{pos}] = {int(a.flat[pos])} does not fit "
+                                  "int64", table=table, position=pos)
+        return a.astype(np.int64)
+    kind = "Python objects (mixed, or integers past 64 bits)" if a.dtype == object else a.dtype
+    raise InvalidRequest(f"{where}{what} must be int32 or int64, got {kind}", table=table)
+
+
+def _vector(x: Any, table: str, what: str) -> npt.NDArray[Any]:
+    a = index_array(x, table, what)
+    if a.ndim != 1:
+        raise InvalidRequest(f"table {table!r}: {what} must be 1-D, got {a.ndim}-D (shape "
+                             f"{a.shape})", table=table)
+    return np.ascontiguousarray(a)
+
+
+def count(x: Any, what: str, minimum: int = 1) -> int:
+    """``x`` as an ``int`` of at least ``minimum`` (a bool, a float or a string is refused)."""
+    if not is_bool(x):
+        try:
+            v = operator.index(x)
+        except TypeError:
+            pass
+        else:
+            if v >= minimum:
+                return v
+    raise InvalidRequest(f"{what} must be an integer of at least {minimum}, not {x!r}")
+
+
+def padding(p: Any, table: str | None) -> int | None:
+    """``padding_idx`` as an ``int``: ``None``, or an integer (not a bool: ``True`` is not
+    row 1) that fits int64."""
+    if p is None:
+        return None
+    where = f"table {table!r}: " if table is not None else ""
+    if is_bool(p):
+        raise InvalidRequest(f"{where}padding_idx must be an integer row or None, not the bool "
+                             f"{p!r}", table=table)
+    try:
+        v = operator.index(p)
+    except TypeError:
+        raise InvalidRequest(f"{where}padding_idx must be an integer row or None, not "
+                             f"{type(p).__name__} {p!r}", table=table) from None
+    if not -_I64_MAX - 1 <= v <= _I64_MAX:
+        raise InvalidRequest(f"{where}padding_idx {v} is out of range", table=table)
+    return v
+
+
+def check(req: Any, position: int | None = None) -> CheckedLookup:
+    """``req`` checked and converted once (see the module docs); ``position`` is its place in
+    the caller's list, named when the item is not a :class:`TableLookup` at all."""
+    if isinstance(req, CheckedLookup):
+        return req
+    at = "" if position is None else f" (request {position})"
+    if not isinstance(req, TableLookup):
+        raise InvalidRequest(f"a lookup takes TableLookup items, got {type(req).__name__}{at}",
+                             position=position)
+    t = req.table
+    if not isinstance(t, str):
+        raise InvalidRequest(f"the table name must be a str, not {type(t).__name__} {t!r}{at}",
+                             position=position)
+    idx = index_array(req.indices, t, "indices")
+    offsets = lengths = weights = None
+    if idx.ndim == 2:
+        if req.offsets is not None or req.lengths is not None:
+            raise InvalidRequest(
+                f"table {t!r}: 2-D indices [batch, bag_size] take no offsets or lengths", table=t
+            )
+    elif idx.ndim == 1:
+        if req.offsets is None and req.lengths is None:
+            raise InvalidRequest(
+                f"table {t!r}: 1-D indices need offsets or lengths (or pass 2-D indices)", table=t
+            )
+        if req.offsets is not None and req.lengths is not None:
+            raise InvalidRequest(f"table {t!r}: give offsets or lengths, not both", table=t)
+        if req.offsets is not None:
+            offsets = _vector(req.offsets, t, "offsets")
+        else:
+            lengths = _vector(req.lengths, t, "lengths")
+    else:
+        raise InvalidRequest(
+            f"table {t!r}: indices must be 1-D (with offsets) or 2-D, got {idx.ndim}-D", table=t
+        )
+    idx = np.ascontiguousarray(idx)
+    if req.per_sample_weights is not None:
+        weights = as_array(req.per_sample_weights, "per_sample_weights", t)
+        if weights.dtype != np.float32:
+            raise InvalidRequest(
+                f"table {t!r}: per_sample_weights must be float32, got {weights.dtype}", table=t
+            )
+        if weights.shape != idx.shape:
+            raise InvalidRequest(
+                f"table {t!r}: per_sample_weights has shape {weights.shape} but indices have "
+                f"shape {idx.shape}",
+                table=t,
+            )
+        weights = np.ascontiguousarray(weights)
+    if not isinstance(req.mode, str) or req.mode not in MODES:
+        raise InvalidRequest(
+            f"table {t!r}: mode must be 'sum', 'mean' or 'max', not {req.mode!r}", table=t
+        )
+    if not is_bool(req.include_last_offset):
+        raise InvalidRequest(f"table {t!r}: include_last_offset must be True or False, not "
+                             f"{req.include_last_offset!r}", table=t)
+    return CheckedLookup(t, idx, offsets, lengths, weights, req.mode,
+                         bool(req.include_last_offset), padding(req.padding_idx, t))
+
+
+def check_all(requests: Any) -> list[CheckedLookup]:
+    """A batch's requests (a sequence of :class:`TableLookup`, or a mapping from table name to
+    ``indices``, ``(indices, offsets)`` or a :class:`TableLookup`), each checked. A table may
+    appear more than once (features sharing a table); its columns are then found by position
+    (:meth:`~nearrec.PooledBatch.block`), not by name."""
+    if isinstance(requests, Mapping):
+        items: list[Any] = []
+        for name, r in requests.items():
+            if isinstance(r, TableLookup):
+                items.append(r)
+            elif isinstance(r, tuple) and len(r) == 2:
+                items.append(TableLookup(name, r[0], r[1]))
+            else:
+                items.append(TableLookup(name, r))
+    elif isinstance(requests, Sequence) and not isinstance(requests, str | bytes):
+        items = list(requests)
+    else:
+        raise InvalidRequest("a batch is a sequence of TableLookup or a mapping from table name "
+                             f"to its bags, not {type(requests).__name__}")
+    return [check(r, i) for i, r in enumerate(items)]
+
+
+def native_args(req: CheckedLookup) -> tuple[Any, ...]:
+    """The native argument tuple for one checked table request."""
+    idx = req.indices
+    shape = None
+    if idx.ndim == 2:
+        shape = (idx.shape[0], idx.shape[1])
+        idx = idx.reshape(-1)
+    weights = None if req.per_sample_weights is None else req.per_sample_weights.reshape(-1)
+    return (req.table, idx, req.offsets, req.lengths, shape, req.include_last_offset, weights,
+            req.mode, req.padding_idx)
+
+
+__all__ = ["CheckedLookup", "TableLookup", "as_array", "check", "check_all", "count",
+           "index_array", "is_bool", "native_args", "padding"]
