@@ -14,9 +14,11 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _native
-from .errors import InvalidRequest
+from .errors import InvalidRequest, StoreNotFound
+from .request import as_array, count, flag, path_arg
 from .specs import Variant, model_spec, scaled_rows
 from .store import StoreInfo, StorePath, progress_enabled
+from .units import parse_size
 
 #: rows are fed to the writer in chunks of about this many bytes
 CHUNK_BYTES = 16 << 20
@@ -25,7 +27,7 @@ _DTYPES = ("fp32", "fp16", "bf16", "int8")
 
 
 def _check_dtype(dtype: str) -> str:
-    if dtype not in _DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise InvalidRequest(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
     return dtype
 
@@ -41,7 +43,8 @@ class _Writer:
                  progress: bool | None):
         self.path = path
         self.native = _native.NativeStoreWriter(
-            os.fspath(path), overwrite, json.dumps(params), total_bytes, progress_enabled(progress)
+            path_arg(path), flag(overwrite, "overwrite"), json.dumps(params), total_bytes,
+            progress_enabled(progress)
         )
 
     def __enter__(self) -> _Writer:
@@ -64,9 +67,20 @@ def _feed(w: _native.NativeStoreWriter, name: str, rows: int, dim: int,
 
 
 def _source_array(name: str, a: Any) -> npt.NDArray[Any]:
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"a table name is a non-empty str, not {name!r}")
     if isinstance(a, str | os.PathLike):
-        a = np.load(os.fspath(a), mmap_mode="r")
-    arr = np.asarray(a) if not isinstance(a, np.ndarray) else a
+        try:
+            a = np.load(os.fspath(a), mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            raise StoreNotFound(f"table {name!r}: no file {os.fspath(a)!r}", table=name) from None
+        except (OSError, ValueError, EOFError) as e:
+            raise InvalidRequest(f"table {name!r}: {os.fspath(a)!r} is not a readable .npy "
+                                 f"file: {e}", table=name) from None
+        if not isinstance(a, np.ndarray):  # an .npz archive
+            raise InvalidRequest(f"table {name!r}: expected one .npy array, got an archive",
+                                 table=name)
+    arr = as_array(a, "the rows", name) if not isinstance(a, np.ndarray) else a
     if arr.ndim != 2:
         raise InvalidRequest(f"table {name!r}: expected a 2-D [rows, dim] array, got shape "
                              f"{arr.shape}", table=name)
@@ -86,6 +100,12 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
     Rows are stored as ``dtype`` (``fp32``, ``fp16``, ``bf16`` or ``int8`` row-wise quantised),
     one for all tables or ``{name: dtype}`` (unlisted tables are fp32).
     """
+    if not isinstance(arrays, Mapping):
+        raise InvalidRequest(f"arrays is a mapping from table name to rows, not "
+                             f"{type(arrays).__name__}")
+    if not isinstance(dtype, str | Mapping):
+        raise InvalidRequest(f"dtype is one name or a mapping from table to name, not {dtype!r}")
+    block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     srcs = {name: _source_array(name, a) for name, a in arrays.items()}
     dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
               for n in srcs}
@@ -141,10 +161,22 @@ def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
     import torch
 
     _check_dtype(dtype)
+    block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     if isinstance(state_dict, str | os.PathLike):
-        state_dict = torch.load(os.fspath(state_dict), map_location="cpu", mmap=True,
-                                weights_only=True)
-    assert isinstance(state_dict, Mapping)
+        file = os.fspath(state_dict)
+        if not os.path.exists(file):
+            raise StoreNotFound(f"no state dict file {file!r}")
+        try:
+            state_dict = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+        except Exception as e:  # torch raises RuntimeError, pickle's errors, EOFError, ...
+            raise InvalidRequest(f"{file!r} is not a loadable state dict (torch.save of a "
+                                 f"dict of tensors): {type(e).__name__}: {e}") from None
+    if not isinstance(state_dict, Mapping):
+        raise InvalidRequest(f"a state dict is a mapping from names to tensors (or a .pt file), "
+                             f"not {type(state_dict).__name__}")
+    if tables is not None and (isinstance(tables, str) or not all(isinstance(t, str)
+                                                                   for t in tables)):
+        raise InvalidRequest(f"tables is a list of table names, not {tables!r}")
     weights = _state_dict_tables(state_dict, tables)
     total = sum(_data_bytes(t.shape[0], t.shape[1], dtype, block_bytes) for t in weights.values())
     params = {"source": "state_dict", "dtype": dtype}
@@ -171,6 +203,16 @@ def build(path: StorePath, model: str = "rmc1", *, rows: int | None = None,
     """
     _check_dtype(dtype)
     spec = model_spec(model)
+    if variant not in ("deeprecsys", "recssd"):
+        raise InvalidRequest(f"variant must be 'deeprecsys' or 'recssd', not {variant!r}")
+    if rows is not None:
+        rows = count(rows, "rows", 1, 2**48)
+    if table_bytes is not None:
+        table_bytes = parse_size(table_bytes)
+        if table_bytes == 0:
+            raise InvalidRequest("table_bytes must be positive")
+    seed = count(seed, "seed", 0, 2**64 - 1)
+    block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     dim = spec.table_dim(variant)
     row_bytes = _native.table_layout(1, dim, dtype, block_bytes)[0]
     table_rows = scaled_rows(spec, variant, rows=rows, table_bytes=table_bytes,
@@ -193,6 +235,6 @@ def remove(path: StorePath) -> None:
     """Deletes a store directory (only if it is a nearrec store)."""
     import shutil
 
-    p = Path(path)
+    p = Path(path_arg(path))
     _native.read_manifest(os.fspath(p))  # raises unless it is a store
     shutil.rmtree(p)

@@ -90,6 +90,11 @@ class InternalError(NearrecError, RuntimeError):
     """A bug in nearrec: a check inside it failed. The message says where; please report it."""
 
 
+class TraceMismatch(InvalidTrace, InvalidRequest):
+    """A trace does not fit the store it is used with (a table the store lacks, another row
+    count, a row id past the table): an ``InvalidTrace`` and an ``InvalidRequest`` both."""
+
+
 __all__ = [
     "TableFull",
     "UnknownKey",
@@ -104,6 +109,7 @@ __all__ = [
     "StoreExists",
     "StoreIOError",
     "StoreNotFound",
+    "TraceMismatch",
     "UnknownTable",
     "UnsupportedVersion",
 ]

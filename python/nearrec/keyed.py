@@ -19,7 +19,10 @@ takes keyed tables beside (or instead of) a store's tables, on the CPU or behind
 
 from __future__ import annotations
 
+import math
 import os
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,8 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _native
-from .errors import InvalidRequest
+from .errors import InvalidRequest, StoreCorrupted, StoreIOError, StoreNotFound
+from .request import as_array, count, index_array, is_bool, path_arg
 from .store import PoolingModeName
 
 UNKNOWN_POLICIES = ("error", "zero", "init")
@@ -36,7 +40,7 @@ F32 = npt.NDArray[np.float32]
 
 
 def _keys(keys: Any, table: str) -> I64:
-    a = np.asarray(keys)
+    a = as_array(keys, "keys", table)
     if a.ndim != 1 or not (a.dtype.kind in "iu" or a.size == 0):
         raise InvalidRequest(f"table {table!r}: keys must be a 1-D integer array, got "
                              f"{a.dtype} of shape {a.shape}", table=table)
@@ -45,15 +49,61 @@ def _keys(keys: Any, table: str) -> I64:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
+def _vector(x: Any, table: str, what: str) -> I64:
+    """``offsets`` / ``lengths`` as int64, with the same checks as a store lookup's (floats,
+    bools and unsigned arrays refused, not cast)."""
+    a = index_array(x, table, what)
+    if a.ndim != 1:
+        raise InvalidRequest(f"table {table!r}: {what} must be 1-D, got shape {a.shape}",
+                             table=table)
+    return a.astype(np.int64)
+
+
 def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table: str) -> I64:
     if offsets is not None and lengths is not None:
         raise InvalidRequest(f"table {table!r}: give offsets or lengths, not both", table=table)
+    if not is_bool(include_last_offset):
+        raise InvalidRequest(f"table {table!r}: include_last_offset must be True or False, not "
+                             f"{include_last_offset!r}", table=table)
     if lengths is not None:
-        return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+        lens = _vector(lengths, table, "lengths")
+        if lens.size and lens.min() < 0:
+            pos = int(np.argmax(lens < 0))
+            raise InvalidRequest(f"table {table!r}: lengths[{pos}] = {lens[pos]} is negative",
+                                 table=table, position=pos)
+        return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     if offsets is None:
         return np.arange(n + 1, dtype=np.int64)  # one key per bag
-    o = np.asarray(offsets, dtype=np.int64)
+    o = _vector(offsets, table, "offsets")
     return o if include_last_offset else np.append(o, n)
+
+
+def _weights(w: Any, table: str) -> F32 | None:
+    """``per_sample_weights`` as float32: like a store lookup's, other dtypes are refused (a
+    float64 weight past float32's range would otherwise become inf)."""
+    if w is None:
+        return None
+    a = as_array(w, "per_sample_weights", table)
+    if a.dtype != np.float32:
+        raise InvalidRequest(f"table {table!r}: per_sample_weights must be float32, got "
+                             f"{a.dtype}", table=table)
+    return np.ascontiguousarray(a.reshape(-1))
+
+
+def _mode(mode: Any, table: str) -> str:
+    if not isinstance(mode, str) or mode not in ("sum", "mean", "max"):
+        raise InvalidRequest(f"table {table!r}: mode must be 'sum', 'mean' or 'max', not "
+                             f"{mode!r}", table=table)
+    return mode
+
+
+def _rows(x: Any, what: str, table: str) -> F32:
+    """Rows given as numbers (``values`` of :meth:`KeyedTable.assign`) as float32 ``[n, dim]``."""
+    a = as_array(x, what, table)
+    if a.dtype.kind not in "fiu" or a.ndim != 2:
+        raise InvalidRequest(f"table {table!r}: {what} must be a 2-D [n, dim] array of numbers, "
+                             f"got {a.dtype} of shape {a.shape}", table=table)
+    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 class KeyedTable:
@@ -61,10 +111,18 @@ class KeyedTable:
 
     def __init__(self, name: str, dim: int, capacity: int, unknown: str = "error",
                  init_scale: float = 0.01, seed: int = 0):
-        if unknown not in UNKNOWN_POLICIES:
+        if not isinstance(name, str):
+            raise InvalidRequest(f"a keyed table's name is a str, not {name!r}")
+        if not isinstance(unknown, str) or unknown not in UNKNOWN_POLICIES:
             raise InvalidRequest(f"unknown={unknown!r}: expected one of {UNKNOWN_POLICIES}",
                                  table=name)
-        self._native = _native.NativeKeyedTable(name, dim, capacity, unknown, init_scale, seed)
+        if is_bool(init_scale) or not isinstance(init_scale, int | float) \
+                or not math.isfinite(init_scale) or init_scale < 0:
+            raise InvalidRequest(f"table {name!r}: init_scale must be a finite number ≥ 0, not "
+                                 f"{init_scale!r}", table=name)
+        self._native = _native.NativeKeyedTable(
+            name, count(dim, "dim", 1, 2**20), count(capacity, "capacity", 1, 2**40), unknown,
+            float(init_scale), count(seed, "seed", 0, 2**64 - 1))
         self.unknown = unknown
         self.init_scale = init_scale
         self.seed = seed
@@ -75,27 +133,37 @@ class KeyedTable:
         """A table holding ``keys`` with rows ``values`` (``[n, dim]``), room for ``capacity``
         keys (default: twice as many)."""
         k = _keys(keys, name)
-        v = np.ascontiguousarray(values, dtype=np.float32)
-        if v.ndim != 2:
-            raise InvalidRequest(f"table {name!r}: values must be [n, dim]", table=name)
-        t = cls(name, v.shape[1], capacity or max(1, 2 * len(k)), **config)
+        v = _rows(values, "values", name)
+        t = cls(name, v.shape[1], max(1, 2 * len(k)) if capacity is None else capacity, **config)
         t.assign(k, v)
         return t
 
     @classmethod
     def load(cls, path: str | Path, **config: Any) -> KeyedTable:
         """Reads a table :meth:`save` wrote (``config`` overrides its saved policies)."""
-        with np.load(Path(path)) as f:
-            saved = {k: f[k].item() for k in ("name", "capacity", "unknown", "init_scale",
-                                              "seed")}
-            saved.update(config)
-            name = str(saved.pop("name"))
-            return cls.from_arrays(name, f["keys"], f["values"], **saved)
+        where = path_arg(path, "the keyed table file")
+        try:
+            f = np.load(where, allow_pickle=False)
+            if not isinstance(f, np.lib.npyio.NpzFile):
+                raise StoreCorrupted(f"{where}: not a saved keyed table (one .npy array, not an "
+                                     ".npz archive)")
+            with f:
+                saved = {k: f[k].item() for k in ("name", "capacity", "unknown", "init_scale",
+                                                  "seed")}
+                keys, values = f["keys"], f["values"]
+        except FileNotFoundError:
+            raise StoreNotFound(f"no keyed table file {where!r}") from None
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+            raise StoreCorrupted(f"{where}: not a readable saved keyed table: "
+                                 f"{type(e).__name__}: {e}") from None
+        saved.update(config)
+        name = str(saved.pop("name"))
+        return cls.from_arrays(name, keys, values, **saved)
 
     def save(self, path: str | Path) -> Path:
         """Writes keys, rows and settings to one ``.npz`` file, atomically (a temporary file
         renamed into place)."""
-        path = Path(path)
+        path = Path(path_arg(path, "the keyed table file"))
         keys, values = self.export()
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
@@ -105,6 +173,9 @@ class KeyedTable:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except OSError as e:
+            raise StoreIOError(f"table {self.name!r}: cannot save to {path}: {e}",
+                               table=self.name) from None
         finally:
             tmp.unlink(missing_ok=True)
         return path
@@ -112,7 +183,8 @@ class KeyedTable:
     @staticmethod
     def bytes_for(capacity: int, dim: int) -> int:
         """DRAM a table of this shape takes: its slots and rows for the whole capacity."""
-        return int(_native.NativeKeyedTable.bytes_for(capacity, dim))
+        return int(_native.NativeKeyedTable.bytes_for(count(capacity, "capacity", 1, 2**40),
+                                                      count(dim, "dim", 1, 2**20)))
 
     @property
     def name(self) -> str:
@@ -137,7 +209,7 @@ class KeyedTable:
         """Sets the rows of ``keys``, inserting keys not held; returns how many were new.
         Overwriting rows while other threads read them is not atomic per row: load first."""
         return int(self._native.assign(_keys(keys, self.name),
-                                       np.ascontiguousarray(values, dtype=np.float32)))
+                                       _rows(values, "values", self.name)))
 
     def lookup(self, keys: Any, offsets: Any = None, lengths: Any = None,
                include_last_offset: bool = False, mode: PoolingModeName = "sum",
@@ -145,10 +217,9 @@ class KeyedTable:
         """Pools bags of keys like ``torch.nn.EmbeddingBag``: ``offsets`` (or ``lengths``; with
         neither, one key per bag); returns ``[bags, dim]`` float32."""
         k = _keys(keys, self.name)
-        w = None if per_sample_weights is None else \
-            np.ascontiguousarray(per_sample_weights, dtype=np.float32)
         return np.asarray(self._native.pool(
-            k, _bounds(len(k), offsets, lengths, include_last_offset, self.name), mode, w))
+            k, _bounds(len(k), offsets, lengths, include_last_offset, self.name),
+            _mode(mode, self.name), _weights(per_sample_weights, self.name)))
 
     def read(self, keys: Any) -> F32:
         """The rows of ``keys`` (``[n, dim]``), unknown keys handled by the policy."""
@@ -165,17 +236,16 @@ class KeyedTable:
 
     def read_rows(self, rows: Any) -> F32:
         """Rows by index (as :meth:`resolve` gives them; -1: zeros), ``[n, dim]``."""
-        r = np.ascontiguousarray(rows, dtype=np.int64)
+        r = _vector(rows, self.name, "rows")
         return np.asarray(self._native.pool_rows(r, np.arange(len(r) + 1, dtype=np.int64)))
 
     def pool_rows(self, rows: Any, offsets: Any, mode: PoolingModeName = "sum",
                   per_sample_weights: Any = None, include_last_offset: bool = False) -> F32:
         """As :meth:`lookup`, for row indices from :meth:`resolve`."""
-        r = np.ascontiguousarray(rows, dtype=np.int64)
-        w = None if per_sample_weights is None else \
-            np.ascontiguousarray(per_sample_weights, dtype=np.float32)
+        r = _vector(rows, self.name, "rows")
         return np.asarray(self._native.pool_rows(
-            r, _bounds(len(r), offsets, None, include_last_offset, self.name), mode, w))
+            r, _bounds(len(r), offsets, None, include_last_offset, self.name),
+            _mode(mode, self.name), _weights(per_sample_weights, self.name)))
 
     def export(self) -> tuple[I64, F32]:
         """Every key held and its row: ``(keys [n], values [n, dim])``, in no particular order."""

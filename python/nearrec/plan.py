@@ -30,8 +30,9 @@ lookups; row ids do not change.
 from __future__ import annotations
 
 import json
-import os
 import sys
+import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,8 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _native
-from .errors import InvalidRequest
+from .errors import InvalidRequest, TraceMismatch
+from .request import count, flag, path_arg
 from .store import StoreInfo, TableInfo, progress_enabled
 from .store import info as store_info
 from .trace import Trace, load, profile
@@ -111,7 +113,7 @@ class Plan:
 
     def save(self, path: str | Path) -> Path:
         """Writes the plan as TOML, with its hot rows in ``<path>.hot.npz`` beside it."""
-        path = Path(path)
+        path = Path(path_arg(path, "the plan file"))
         hot = path.with_suffix(".hot.npz")
         arrays: dict[str, Any] = {t.table: t.hot_rows for t in self.tables.values()}
         np.savez(hot, **arrays)
@@ -180,17 +182,79 @@ def _quote(s: str) -> str:
 
 
 def load_plan(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Reads a plan file into the ``plan=`` mapping of :func:`nearrec.open`."""
-    path = Path(path)
+    """Reads a plan file into the ``plan=`` mapping of :func:`nearrec.open`. Anything wrong with
+    the file or its ``.hot.npz`` (unreadable, not TOML, a corrupted or truncated archive, a
+    ``resident`` that is not a bool, hot rows that are not 1-D integers) is an
+    :class:`~nearrec.errors.InvalidRequest` naming the file and the table."""
+    path = Path(path_arg(path, "the plan file"))
     try:
         doc = tomllib.loads(path.read_text())
-        hot = np.load(path.parent / doc["hot_rows_file"])
-        return {name: {"resident": t["resident"],
-                       "hot_rows": hot[name] if name in hot.files else np.zeros(0, np.int64),
-                       "cache_bytes": t["cache_bytes"]}
-                for name, t in doc["tables"].items()}
-    except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise InvalidRequest(f"{path}: not a readable plan: {e}") from None
+    tables, hot_name = doc.get("tables", {}), doc.get("hot_rows_file")
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise InvalidRequest(f"{path}: not a plan: [tables.NAME] must be tables of settings")
+    if not isinstance(hot_name, str) or not hot_name:
+        raise InvalidRequest(f"{path}: not a plan: hot_rows_file must name the .hot.npz file")
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        hot = np.load(path.parent / hot_name, allow_pickle=False)
+        if not isinstance(hot, np.lib.npyio.NpzFile):
+            raise InvalidRequest(f"{path}: {hot_name} is not an .npz archive")
+        with hot:
+            for name, t in tables.items():
+                rows = hot[name] if name in hot.files else np.zeros(0, np.int64)
+                out[name] = _plan_entry(path, name, t, rows)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise InvalidRequest(f"{path}: the hot rows in {hot_name} are unreadable: "
+                             f"{type(e).__name__}: {e}") from None
+    return out
+
+
+def _plan_entry(path: Path, name: str, t: Mapping[str, Any], rows: Any) -> dict[str, Any]:
+    """One table of a plan file, its types checked."""
+    where = f"{path}: table {name!r}"
+    resident = t.get("resident", False)
+    if not isinstance(resident, bool):
+        raise InvalidRequest(f"{where}: resident must be true or false, not {resident!r}",
+                             table=name)
+    try:
+        cache = parse_size(t.get("cache_bytes", 0))
+    except InvalidRequest as e:
+        raise InvalidRequest(f"{where}: cache_bytes: {e}", table=name) from None
+    if rows.dtype.kind not in "iu" or rows.ndim != 1:
+        raise InvalidRequest(f"{where}: hot rows must be a 1-D integer array, not {rows.dtype} "
+                             f"of shape {rows.shape}", table=name)
+    count_ = t.get("hot_rows")
+    if isinstance(count_, int) and not isinstance(count_, bool) and count_ != len(rows):
+        raise InvalidRequest(f"{where}: the plan lists {count_} hot rows but the .hot.npz holds "
+                             f"{len(rows)}", table=name)
+    return {"resident": resident, "hot_rows": rows, "cache_bytes": cache}
+
+
+def _check_trace(si: StoreInfo, tr: Trace, names: list[str] | None = None) -> None:
+    """The trace's tables (or ``names`` of them) against the store: each one the store has,
+    with the store's row count, and every row id in range -- at plan time, not at open."""
+    if not isinstance(tr, Trace):
+        raise InvalidRequest(f"a trace is a nearrec.trace.Trace or a trace file, not "
+                             f"{type(tr).__name__}")
+    by_name = {t.name: t for t in si.tables}
+    for n in tr.tables if names is None else names:
+        if n not in by_name:
+            raise TraceMismatch(f"the trace has table {n!r}, which the store lacks (it has "
+                               f"{list(by_name)})", table=n)
+        t, rows = tr[n], by_name[n].rows
+        if t.rows != rows:
+            raise TraceMismatch(f"the trace's table {n!r} has {t.rows} rows but the store's has "
+                               f"{rows}: the trace was made for another store", table=n)
+        ids = np.asarray(t.indices)
+        if ids.size:
+            bad = (ids < 0) | (ids >= rows)
+            if bad.any():
+                pos = int(np.argmax(bad))
+                raise TraceMismatch(f"the trace's table {n!r} reads row {int(ids[pos])} at "
+                                   f"position {pos}, outside the store's {rows} rows", table=n,
+                                   position=pos)
 
 
 def _kind(working_set: int, rows: int, locality: float) -> str:
@@ -271,13 +335,11 @@ def make_plan(store: str | Path | StoreInfo, trace: str | Path | Trace, budget: 
     """Plans ``budget`` bytes of DRAM for ``store``'s tables from ``trace`` (see the module
     docs). Tables the trace does not cover get nothing."""
     si = store if isinstance(store, StoreInfo) else store_info(store)
-    tr = trace if isinstance(trace, Trace) else load(trace)
+    tr = trace if isinstance(trace, Trace) else load(path_arg(trace, "the trace"))
     total = parse_size(budget)
+    steps = count(steps, "steps")
+    _check_trace(si, tr)
     by_name = {t.name: t for t in si.tables}
-    missing = [n for n in tr.tables if n not in by_name]
-    if missing:
-        raise InvalidRequest(f"the trace has tables the store lacks: {missing}",
-                             table=missing[0])
     curves = {n: _curves(by_name[n], tr[n].indices) for n in tr.tables}
     chunk = max(1, total // steps)
     given = dict.fromkeys(curves, 0)
@@ -362,8 +424,11 @@ def colocate(store: str | Path, trace: str | Path | Trace, out: str | Path,
     """
     if how not in COLOCATIONS:
         raise InvalidRequest(f"unknown co-location {how!r}; expected one of {COLOCATIONS}")
+    if tables is not None and (isinstance(tables, str) or not all(isinstance(n, str)
+                                                                   for n in tables)):
+        raise InvalidRequest(f"tables is a list of table names, not {tables!r}")
     si = store_info(store)
-    tr = trace if isinstance(trace, Trace) else load(trace)
+    tr = trace if isinstance(trace, Trace) else load(path_arg(trace, "the trace"))
     names = list(tr.tables) if tables is None else list(tables)
     by_name = {t.name: t for t in si.tables}
     for n in names:
@@ -371,13 +436,15 @@ def colocate(store: str | Path, trace: str | Path | Trace, out: str | Path,
             raise InvalidRequest(f"no table {n!r} in the store (it has {list(by_name)})", table=n)
         if n not in tr.tables:
             raise InvalidRequest(f"the trace has no table {n!r}", table=n)
+    _check_trace(si, tr, names)
     orders = [_native.colocation_order(t.name, t.rows, np.ascontiguousarray(tr[t.name].indices),
                                        how) if t.name in names else None
               for t in si.tables]
     params = {"source": si.params, "colocated": {
         "from": str(si.path), "trace": str(getattr(tr, "path", "") or ""), "how": how,
         "tables": names}}
-    text = _native.copy_store_ordered(os.fspath(store), os.fspath(out), orders, overwrite,
+    text = _native.copy_store_ordered(path_arg(store), path_arg(out, "out"), orders,
+                                      flag(overwrite, "overwrite"),
                                       json.dumps(params), progress_enabled(progress))
     return StoreInfo._from_json(out, text)
 

@@ -13,6 +13,7 @@ Value checks that need the table (row ranges, offsets against the indices) stay 
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -103,17 +104,39 @@ def _vector(x: Any, table: str, what: str) -> npt.NDArray[Any]:
     return np.ascontiguousarray(a)
 
 
-def count(x: Any, what: str, minimum: int = 1) -> int:
-    """``x`` as an ``int`` of at least ``minimum`` (a bool, a float or a string is refused)."""
+def count(x: Any, what: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """``x`` as an ``int`` in ``[minimum, maximum]`` (a bool, a float or a string is refused)."""
     if not is_bool(x):
         try:
             v = operator.index(x)
         except TypeError:
             pass
         else:
-            if v >= minimum:
+            if v >= minimum and (maximum is None or v <= maximum):
                 return v
-    raise InvalidRequest(f"{what} must be an integer of at least {minimum}, not {x!r}")
+    bound = f"at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    raise InvalidRequest(f"{what} must be an integer {bound}, not {x!r}")
+
+
+def flag(x: Any, what: str) -> bool:
+    """``x`` as a ``bool``: only ``True`` / ``False`` (``"no"`` is not false, nor true)."""
+    if not is_bool(x):
+        raise InvalidRequest(f"{what} must be True or False, not {x!r}")
+    return bool(x)
+
+
+def path_arg(x: Any, what: str = "path") -> str:
+    """A filesystem path argument as a ``str`` (``None`` or a number is refused)."""
+    try:
+        p = os.fspath(x)
+    except TypeError:
+        raise InvalidRequest(f"{what} must be a path (str or os.PathLike), not "
+                             f"{type(x).__name__} {x!r:.60}") from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p or "\0" in p:
+        raise InvalidRequest(f"{what} must be a non-empty path without NUL bytes, not {p!r}")
+    return str(p)
 
 
 def padding(p: Any, table: str | None) -> int | None:
@@ -229,5 +252,5 @@ def native_args(req: CheckedLookup) -> tuple[Any, ...]:
             req.mode, req.padding_idx)
 
 
-__all__ = ["CheckedLookup", "TableLookup", "as_array", "check", "check_all", "count",
-           "index_array", "is_bool", "native_args", "padding"]
+__all__ = ["CheckedLookup", "TableLookup", "as_array", "check", "check_all", "count", "flag",
+           "index_array", "is_bool", "native_args", "padding", "path_arg"]

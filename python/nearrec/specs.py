@@ -67,6 +67,9 @@ MODELS: dict[str, ModelSpec] = {
 def model_spec(name: str) -> ModelSpec:
     from .errors import InvalidRequest
 
+    if not isinstance(name, str):
+        raise InvalidRequest(f"a model is named by a str (one of {', '.join(MODELS)}), not "
+                             f"{name!r}")
     try:
         return MODELS[name.lower()]
     except KeyError:

@@ -20,9 +20,11 @@ from .request import (
     as_array,
     check_all,
     count,
+    flag,
     index_array,
     is_bool,
     native_args,
+    path_arg,
 )
 from .request import PoolingModeName as PoolingModeName  # re-exported: the public names
 from .request import TableLookup as TableLookup
@@ -97,24 +99,30 @@ class StoreInfo:
 
 def progress_enabled(progress: bool | None) -> bool:
     """Progress bars: as asked, or by default when stderr is a terminal."""
-    return os.isatty(2) if progress is None else bool(progress)
+    return os.isatty(2) if progress is None else flag(progress, "progress")
 
 
 def info(path: StorePath) -> StoreInfo:
     """Reads and validates a store's manifest and table headers without loading any rows."""
-    return StoreInfo._from_json(path, _native.read_manifest(os.fspath(path)))
+    return StoreInfo._from_json(path, _native.read_manifest(path_arg(path)))
 
 
 def attach(path: StorePath, name: str, data: bytes) -> StoreInfo:
     """Keeps ``data`` with the store's tables as attachment ``name`` (replacing one of that name),
     atomically and checksummed: a model's dense weights, its configuration. The store becomes
     format version 2."""
-    return StoreInfo._from_json(path, _native.store_attach(os.fspath(path), name, bytes(data)))
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"an attachment name is a non-empty str, not {name!r}")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidRequest(f"attachment {name!r}: data must be bytes, not {type(data).__name__}")
+    return StoreInfo._from_json(path, _native.store_attach(path_arg(path), name, bytes(data)))
 
 
 def read_attachment(path: StorePath, name: str) -> bytes | None:
     """Attachment ``name``'s bytes, checked against their checksum (``None`` if there is none)."""
-    return _native.store_read_attachment(os.fspath(path), name)
+    if not isinstance(name, str):
+        raise InvalidRequest(f"an attachment name is a str, not {name!r}")
+    return _native.store_read_attachment(path_arg(path), name)
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,7 @@ class TableCheck:
 def verify(path: StorePath, progress: bool | None = None) -> list[TableCheck]:
     """Checks every data byte of every table against its CRC-32C."""
     return [TableCheck(*c)
-            for c in _native.verify_store(os.fspath(path), progress_enabled(progress))]
+            for c in _native.verify_store(path_arg(path), progress_enabled(progress))]
 
 
 @dataclass(frozen=True)
@@ -220,6 +228,26 @@ def _placement_json(plan: Mapping[str, Mapping[str, Any]]) -> str:
     return json.dumps({"tables": out})
 
 
+#: more threads than any machine has cores: a typo, not a setting
+_MAX_THREADS = 2**16
+
+
+def _check_placement(plan: Mapping[str, Mapping[str, Any]], info: StoreInfo) -> None:
+    """A plan's tables and hot rows against the store (also where the engine ignores the plan:
+    a store that ``tier="auto"`` put in DRAM)."""
+    rows = {t.name: t.rows for t in info.tables}
+    for table, p in plan.items():
+        if table not in rows:
+            raise UnknownTable(f"the plan places table {table!r}, which the store does not have; "
+                               f"it has: {', '.join(rows)}", table=table)
+        hot = np.asarray(p.get("hot_rows", ()))
+        if hot.size and int(hot.max()) >= rows[table]:
+            pos = int(np.argmax(hot >= rows[table]))
+            raise IndexOutOfRange(f"plan for table {table!r}: hot row {int(hot[pos])} at "
+                                  f"position {pos} is past its {rows[table]} rows", table=table,
+                                  position=pos)
+
+
 class Store:
     """An open store: tables resident in DRAM, or read from SSD with DRAM tiers in front (see
     :func:`open`).
@@ -235,25 +263,45 @@ class Store:
                  cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
                  cache_ways: int = 16, plan: PlanLike | None = None,
                  device: str | Mapping[str, Any] | None = None):
+        # every argument checked here, so the engine sees only well-typed values
+        where = path_arg(path, "the store path")
+        if tier not in ("auto", "dram", "ssd"):
+            raise InvalidRequest(f"tier must be 'auto', 'dram' or 'ssd', not {tier!r}")
+        if cache_policy not in ("lru", "lfu", "lru_pa", "lfu_pa"):
+            raise InvalidRequest(f"unknown cache policy {cache_policy!r}: cache_policy must be "
+                                 "'lru', 'lfu', 'lru_pa' or 'lfu_pa'")
+        if is_bool(admission_probability) or not isinstance(admission_probability, int | float) \
+                or not 0.0 <= admission_probability <= 1.0:
+            raise InvalidRequest(f"admission_probability must be a number from 0 to 1, not "
+                                 f"{admission_probability!r}")
         budget = None if dram_budget is None else parse_size(dram_budget)
         flash = None
         if device is not None:
             from .simulate import device as device_config
 
+            if not isinstance(device, str | Mapping):
+                raise InvalidRequest(f"device is a preset name or a parameter mapping, not "
+                                     f"{type(device).__name__}")
             flash = json.dumps(device_config(device if isinstance(device, str)
                                              else dict(device)))
+        placement = placement_json = None
         if plan is not None:
             from .plan import as_placement
 
-            plan = as_placement(plan)
-        self._native = _native.NativeStore(os.fspath(path), threads, verify_checksums,
-                                           progress_enabled(progress), tier, budget, direct_io,
-                                           io_queue_depth, merge_gap_bytes, dedup, merge,
-                                           io_rings, pread_threads, cache_policy,
-                                           float(admission_probability), cache_ways,
-                                           None if plan is None else _placement_json(plan),
-                                           flash)
+            placement = as_placement(plan)
+            placement_json = _placement_json(placement)
+        self._native = _native.NativeStore(
+            where, count(threads, "threads", 0, _MAX_THREADS),
+            flag(verify_checksums, "verify_checksums"), progress_enabled(progress), tier, budget,
+            flag(direct_io, "direct_io"), count(io_queue_depth, "io_queue_depth", 1, 2**32 - 1),
+            parse_size(merge_gap_bytes), flag(dedup, "dedup"), flag(merge, "merge"),
+            count(io_rings, "io_rings", 1, _MAX_THREADS),
+            count(pread_threads, "pread_threads", 1, _MAX_THREADS), cache_policy,
+            float(admission_probability), count(cache_ways, "cache_ways", 1, 2**16),
+            placement_json, flash)
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
+        if placement is not None:
+            _check_placement(placement, self._info)
         self._lanes = Lanes(depth=4)
         self._tables = {t.name: t for t in self._info.tables}
         self._stored_model: Any = None  # the saved model, offloaded, on first `infer`
