@@ -82,7 +82,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    checks = nearrec.verify(args.path, progress=args.progress)
+    try:
+        checks = nearrec.verify(args.path, progress=args.progress)
+    except NearrecError as e:
+        if not args.json:
+            raise
+        # a store that does not open is still an answer a machine can read
+        print(json.dumps({"ok": False, "path": str(args.path), "error": str(e),
+                          "error_type": type(e).__name__, "tables": []}, indent=1))
+        return 2 if isinstance(e, InvalidRequest) else 1
     bad = [c for c in checks if not c.ok]
     _emit(args, {"ok": not bad, "tables": [asdict(c) for c in checks]},
           "\n".join(f"{'ok ' if c.ok else 'BAD'} {c.table}: {c.bytes:,} bytes"

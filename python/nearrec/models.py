@@ -32,6 +32,8 @@ from __future__ import annotations
 import io
 import json
 import time
+import zipfile
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,8 +47,8 @@ import torch
 from torch import Tensor, nn
 
 from . import _native
-from .errors import InvalidRequest
-from .request import TableLookup
+from .errors import InvalidRequest, StoreCorrupted
+from .request import TableLookup, count, path_arg
 from .specs import ModelSpec, Variant, model_spec
 from .store import Store, attach, read_attachment
 from .torch import EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor
@@ -300,6 +302,9 @@ class Offloaded(nn.Module):
 
     def __init__(self, model: _Model):
         super().__init__()
+        if not isinstance(model, _Model):
+            raise InvalidRequest(f"offload takes a nearrec.models model, not "
+                                 f"{type(model).__name__}")
         sparse = model.sparse
         if not isinstance(sparse, EmbeddingBagCollection) or sparse.store is None \
                 or sparse.keyed or sparse.gpu_tier is not None:
@@ -403,6 +408,7 @@ class InferResult:
 def split(dense: Tensor | None, features: Any, size: int) -> list[tuple[Tensor | None, Any]]:
     """One batch cut into batches of at most ``size`` samples (the last may be smaller):
     ``dense`` by rows, ``features`` (a ``KeyedJaggedTensor``) by bags of every key."""
+    size = count(size, "the sub-batch size")
     keys, values, lengths = features.keys(), features.values(), features.lengths()
     batch = lengths.numel() // max(1, len(keys))
     bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
@@ -431,10 +437,9 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
     batch. An :class:`Offloaded` model runs whole in the engine: the next batches are in
     flight while the caller takes the current one's outputs, and the breakdown gives the
     engine's parts (``engine.*``, thread time; its dense work overlaps the reads)."""
-    if depth < 0:
-        raise InvalidRequest(f"depth must be 0 or more, not {depth}")
-    if sub_batch is not None and sub_batch < 1:
-        raise InvalidRequest(f"sub_batch must be at least 1, not {sub_batch}")
+    depth = count(depth, "depth", 0)
+    if sub_batch is not None:
+        sub_batch = count(sub_batch, "sub_batch")
     owner: list[int] = []  # the batch each flowing part belongs to
 
     def parts() -> Iterable[tuple[Tensor | None, Any]]:
@@ -523,7 +528,9 @@ def save(model: _Model, store: str | Path | Store) -> None:
     """Keeps ``model``'s configuration and dense weights with the store's tables (two
     attachments, written atomically and checksummed; see :func:`nearrec.attach`), so
     :func:`load` rebuilds it from the store alone. Weights go as a numpy ``.npz`` (no pickle)."""
-    path = store.info.path if isinstance(store, Store) else Path(store)
+    if not isinstance(model, _Model):
+        raise InvalidRequest(f"save takes a nearrec.models model, not {type(model).__name__}")
+    path = store.info.path if isinstance(store, Store) else Path(path_arg(store, "the store"))
     dense = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
              if not k.startswith("sparse.")}
     buf = io.BytesIO()
@@ -538,17 +545,29 @@ def save(model: _Model, store: str | Path | Store) -> None:
 def load(store: Store, **collection: Any) -> _Model:
     """The model :func:`save` kept with ``store``'s tables, its sparse part over ``store``
     (``collection`` as for :func:`build`)."""
+    if not isinstance(store, Store):
+        raise InvalidRequest(f"load takes an open nearrec.Store, not {type(store).__name__}")
     path = store.info.path
     raw = read_attachment(path, CONFIG_ATTACHMENT)
     weights = read_attachment(path, WEIGHTS_ATTACHMENT)
     if raw is None or weights is None:
         raise InvalidRequest(f"the store at {path} keeps no model (save one with "
                              "nearrec.models.save)")
-    config = json.loads(raw)
-    model = build(config["model"], store, variant=config["variant"],
-                  interaction=config["interaction"], tasks=config["tasks"], **collection)
-    with np.load(io.BytesIO(weights), allow_pickle=False) as f:
-        state = {k: torch.from_numpy(f[k]) for k in f.files}
+    try:
+        config = json.loads(raw)
+        name, variant = config["model"], config["variant"]
+        interaction, tasks = config["interaction"], config["tasks"]
+    except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError is a ValueError
+        raise StoreCorrupted(f"the store at {path}: its {CONFIG_ATTACHMENT} is not a model "
+                             f"configuration: {type(e).__name__}: {e}") from None
+    model = build(name, store, variant=variant, interaction=interaction, tasks=tasks,
+                  **collection)
+    try:
+        with np.load(io.BytesIO(weights), allow_pickle=False) as f:
+            state = {k: torch.from_numpy(f[k]) for k in f.files}
+    except (OSError, ValueError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error) as e:
+        raise StoreCorrupted(f"the store at {path}: its {WEIGHTS_ATTACHMENT} is not a weights "
+                             f"archive: {type(e).__name__}: {e}") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("sparse.")]
     if missing or unexpected:
@@ -565,11 +584,19 @@ def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "dee
     mapping a ``KeyedJaggedTensor`` to a ``KeyedTensor``); ``collection`` goes to
     :class:`~nearrec.torch.EmbeddingBagCollection` (``device``, ``hbm_budget``, ...)."""
     spec = model_spec(name)
+    if variant not in ("deeprecsys", "recssd"):
+        raise InvalidRequest(f"variant must be 'deeprecsys' or 'recssd', not {variant!r}")
+    if interaction not in ("cat", "dot"):
+        raise InvalidRequest(f"interaction must be 'cat' or 'dot', not {interaction!r}")
+    seed = count(seed, "seed", 0, 2**63 - 1)
+    tasks = count(tasks, "tasks")
     dim = spec.table_dim(variant)
     tables = [f"t{i}" for i in range(len(spec.table_rows(variant)))]
     if sparse is None:
         if store is None:
             raise InvalidRequest("give a store or a sparse module")
+        if not isinstance(store, Store):
+            raise InvalidRequest(f"store is an open nearrec.Store, not {type(store).__name__}")
         missing = [t for t in tables if t not in store.tables]
         if missing:
             raise InvalidRequest(f"the store lacks {spec.name}'s tables {missing[:3]}... (build "
