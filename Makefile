@@ -9,7 +9,7 @@ RECBOLE   ?= recbole==1.2.1
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test develop rust-check py-check bench bench-quick clean
+.PHONY: demo test test-slow develop rust-check py-check bench bench-quick clean
 
 # The environment: a virtualenv with the build tool, test tools, PyTorch (CPU use of the default
 # wheel), FBGEMM's CPU build and TorchRec (the peers, and the KeyedJaggedTensor tests). TorchRec
@@ -49,6 +49,11 @@ py-check: develop
 	$(PY) examples/quickstart.py
 
 test: rust-check py-check
+
+# The slow sweeps (hypothesis with many examples against nn.EmbeddingBag on every tier), which
+# `pytest` leaves out by default.
+test-slow: develop
+	$(PY) -m pytest -q -m slow
 
 bench: develop
 	nearrec bench build
