@@ -4,7 +4,8 @@ stack-distance profiles (``../shared/specs/traces.md``).
 - Generators: uniform, Zipf(α) over a random permutation of the rows, and DLRM's stack-distance
   generator driven by RecSSD's locality knob ``k`` (higher ``k``, less locality) in RecSSD's
   continuous variant or DLRM's per-bag one, over the whole table or RecSSD's strided ids.
-- The trace file (``.nrtrace``) maps without copying: :func:`load` gives numpy memmaps.
+- The trace file (``.nrtrace``, checksummed): :func:`load` reads it into memory and checks it
+  (``mmap=True`` maps it instead, for files nobody changes while they are in use).
   :meth:`Trace.to_fbgemm` / :func:`from_fbgemm` convert to and from FBGEMM's layout.
 - :func:`profile` gives a trace's stack-distance profile and LRU hit-ratio curve.
 
@@ -182,6 +183,8 @@ class Trace:
     seed: int = 0
     #: the file it was loaded from or saved to
     path: Path | None = field(default=None, compare=False)
+    #: loaded from a file whose checksums matched (False for version-1 files, which have none)
+    verified: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         counts = {t.bags for t in self.tables.values()}
@@ -205,7 +208,9 @@ class Trace:
     def batches(self, batch_size: int | None = None) -> Iterator[list[TableLookup]]:
         """The trace cut into batches of ``batch_size`` samples (the file's hint by default; the
         last batch may be short)."""
-        size = batch_size or self.batch_size
+        size = self.batch_size if batch_size is None else batch_size
+        if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+            raise InvalidRequest(f"batch_size must be a positive integer, not {size!r}")
         for start in range(0, self.bags, size):
             yield self.batch(start, min(self.bags, start + size))
 
@@ -224,7 +229,7 @@ class Trace:
         return indices.astype(np.int64, copy=False), offsets, length.astype(np.int64)
 
     def save(self, path: str | Path, overwrite: bool = False) -> Trace:
-        """Writes the trace file (atomically) and returns it mapped from there."""
+        """Writes the trace file (atomically) and returns it as loaded from there."""
         _native.trace_write(
             Path(path), self.batch_size, self.seed,
             [(t._entry(), np.ascontiguousarray(t.offsets, np.int64),
@@ -276,20 +281,35 @@ def uniform(rows: int, bags: int, pooling: int, seed: int = 0) -> TableTrace:
     return generate_table("t0", rows, pooling, bags, Generator.uniform(), seed)
 
 
-def load(path: str | Path) -> Trace:
-    """Opens a trace file (validated) with its arrays as read-only numpy memmaps."""
+def load(path: str | Path, mmap: bool = False) -> Trace:
+    """Reads a trace file into memory and validates it (structure and checksums); its arrays
+    are read-only views of the bytes read. ``Trace.verified`` says whether the file carried
+    checksums (version-1 files have none; they load, unverified).
+
+    ``mmap=True`` maps the file instead of reading it (numpy memmaps, nothing copied). Only for
+    files nobody changes while they are in use: if another process truncates a mapped file, the
+    next access to the lost pages kills this process with ``SIGBUS``.
+    """
     p = Path(path)
-    header = json.loads(_native.trace_open(p))
+    text, verified, data = _native.trace_open(p, mmap)
+    header = json.loads(text)
     bags = header["bags"]
     tables: dict[str, TableTrace] = {}
+
+    def array(at: int, n: int) -> npt.NDArray[np.int64]:
+        if n == 0:
+            return np.zeros(0, np.int64)
+        if data is None:
+            return np.memmap(p, np.int64, "r", at, (n,))
+        return np.frombuffer(data, np.int64, n, at)
+
     for t in header["tables"]:
-        offsets = np.memmap(p, np.int64, "r", t["offsets_at"], (bags + 1,))
-        indices = (np.memmap(p, np.int64, "r", t["indices_at"], (t["lookups"],))
-                   if t["lookups"] else np.zeros(0, np.int64))
+        offsets = array(t["offsets_at"], bags + 1)
+        indices = array(t["indices_at"], t["lookups"])
         gen = Generator.from_json(t["generator"]) if t.get("generator") else None
         tables[t["name"]] = TableTrace(t["name"], t["rows"], t["pooling"], offsets, indices,
                                        gen, t.get("first_reference_share"))
-    return Trace(tables, header["batch_size"], header["seed"], p)
+    return Trace(tables, header["batch_size"], header["seed"], p, verified)
 
 
 def from_fbgemm(indices: Any, offsets: Any, tables: Mapping[str, int], batch_size: int = 64,

@@ -66,6 +66,20 @@ pub struct RowCache {
 
 impl RowCache {
     /// A cache of `row_bytes`-byte rows taking at most `budget_bytes` (rows and bookkeeping).
+    /// The smallest budget whose cache has a slot for each of `rows` rows (sets are rounded as
+    /// [`RowCache::new`] rounds them): more would never be used.
+    pub fn budget_for_rows(rows: u64, row_bytes: usize, ways: usize) -> u64 {
+        let ways = ways.max(1) as u64;
+        let sets = rows.div_ceil(ways).max(1);
+        let sets = if sets <= MAX_SHARDS as u64 {
+            sets.next_power_of_two()
+        } else {
+            sets.next_multiple_of(MAX_SHARDS as u64)
+        };
+        sets.saturating_mul(ways)
+            .saturating_mul(row_bytes as u64 + SLOT_OVERHEAD)
+    }
+
     pub fn new(budget_bytes: u64, row_bytes: usize, config: CacheConfig) -> Self {
         let ways = config.ways.max(1);
         let slot = row_bytes as u64 + SLOT_OVERHEAD;

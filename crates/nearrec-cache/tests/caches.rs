@@ -258,3 +258,16 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #[test]
+    fn budget_for_rows_holds_every_row_and_not_much_more(
+        rows in 0u64..200_000, ways in 1usize..33, row_bytes in 1usize..300,
+    ) {
+        let budget = RowCache::budget_for_rows(rows, row_bytes, ways);
+        let config = CacheConfig { ways, ..CacheConfig::default() };
+        let cache = RowCache::new(budget, row_bytes, config);
+        prop_assert!(cache.capacity_rows() >= rows);
+        prop_assert!(cache.capacity_rows() <= 2 * rows + 256 * ways as u64);
+    }
+}

@@ -156,10 +156,11 @@ impl EngineConfig {
         Ok(())
     }
 
-    /// The tier a store of `table_bytes` gets: [`Tier::Auto`] resolved against the DRAM budget.
-    pub fn resolved_tier(&self, table_bytes: u64) -> Tier {
+    /// The tier a store of `table_bytes` gets: [`Tier::Auto`] resolved against the DRAM budget
+    /// and the memory `available` now.
+    pub fn resolved_tier(&self, table_bytes: u64, available: u64) -> Tier {
         match self.tier {
-            Tier::Auto if table_bytes <= self.resolved_dram_budget() => Tier::Dram,
+            Tier::Auto if table_bytes <= self.resolved_dram_budget().min(available) => Tier::Dram,
             Tier::Auto => Tier::Ssd,
             t => t,
         }
@@ -174,19 +175,11 @@ impl EngineConfig {
         }
     }
 
-    /// The DRAM budget in bytes (half of physical memory when not set).
+    /// The DRAM budget in bytes (half of what this process may have when not set: physical
+    /// memory, or its cgroup's limit if lower).
     pub fn resolved_dram_budget(&self) -> u64 {
-        if let Some(b) = self.dram_budget_bytes {
-            return b;
-        }
-        // SAFETY: sysconf has no preconditions.
-        let (pages, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_PHYS_PAGES),
-                libc::sysconf(libc::_SC_PAGE_SIZE),
-            )
-        };
-        (pages.max(0) as u64).saturating_mul(page.max(0) as u64) / 2
+        self.dram_budget_bytes
+            .unwrap_or_else(|| crate::Memory::probe().limit / 2)
     }
 
     /// The thread count this config resolves to on this machine.

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::AcqRel;
 
@@ -13,11 +14,12 @@ use rayon::prelude::*;
 use crate::cells::Cells;
 use crate::config::{EngineConfig, Tier};
 use crate::error::{EngineError, Result};
+use crate::memory::Memory;
 use crate::request::{Bags, Checked, Indices, Request, TableRequest, check};
 use crate::ssd::{SsdJob, SsdTier};
 use crate::stats::IoStats;
 use crate::tiers::{self, TierReport};
-use nearrec_io::Workers;
+use nearrec_io::{Workers, fork_gate};
 
 /// Serves pooled lookups from a store whose tables are resident in DRAM or read from SSD.
 #[derive(Debug)]
@@ -28,7 +30,8 @@ pub struct Engine {
     /// tier).
     dram: Vec<AlignedBuf>,
     ssd: Option<SsdTier>,
-    pub(crate) workers: Workers,
+    /// The process's pooling threads, shared with its other stores.
+    pub(crate) workers: Arc<Workers>,
     config: EngineConfig,
 }
 
@@ -75,6 +78,7 @@ impl Engine {
         device: Box<dyn nearrec_io::BlockDevice>,
     ) -> Result<Self> {
         config.validate()?;
+        let _inside = fork_gate();
         if device.file_lens().len() != reader.tables().len() {
             return Err(EngineError::Config(format!(
                 "the device has {} files but the store has {} tables",
@@ -83,11 +87,13 @@ impl Engine {
             )));
         }
         let config = config.with_tier(Tier::Ssd);
+        let memory = Memory::probe();
+        check_budget(&config, &memory)?;
         let budget = config.dram_tiers_budget();
         let mut ssd = SsdTier::new(device, &config);
         ssd.set_orders(reader.orders().to_vec());
-        ssd.set_dram_tiers(tiers::place(reader, &config, budget, &ssd, None)?);
-        let workers = Workers::new(config.resolved_threads());
+        ssd.set_dram_tiers(tiers::place(reader, &config, budget, &memory, &ssd, None)?);
+        let workers = Workers::shared("pool", config.resolved_threads());
         Ok(Self::assemble(
             reader,
             config,
@@ -105,14 +111,26 @@ impl Engine {
         progress: Option<&ProgressFn>,
     ) -> Result<Self> {
         config.validate()?;
+        let _inside = fork_gate();
         let total = reader.tables().iter().map(|t| t.data_bytes).sum();
-        let tier = config.resolved_tier(total);
+        let memory = Memory::probe();
+        check_budget(&config, &memory)?;
+        let tier = config.resolved_tier(total, memory.available);
         let budget = config.dram_tiers_budget();
         let config = config.with_tier(tier);
-        let workers = Workers::new(config.resolved_threads());
+        let workers = Workers::shared("pool", config.resolved_threads());
         let (dram, ssd) = match config.tier {
             Tier::Dram | Tier::Auto => {
-                let dram = workers.get().install(|| {
+                memory.check(
+                    || {
+                        format!(
+                            "loading the store's {} tables whole (tier=\"dram\")",
+                            reader.tables().len()
+                        )
+                    },
+                    total,
+                )?;
+                let dram = workers.get()?.install(|| {
                     (0..reader.tables().len())
                         .into_par_iter()
                         .map(|i| reader.read_table(i, config.verify_checksums, progress))
@@ -128,7 +146,9 @@ impl Engine {
                     .collect();
                 let mut ssd = SsdTier::open(&paths, &config)?;
                 ssd.set_orders(reader.orders().to_vec());
-                ssd.set_dram_tiers(tiers::place(reader, &config, budget, &ssd, progress)?);
+                ssd.set_dram_tiers(tiers::place(
+                    reader, &config, budget, &memory, &ssd, progress,
+                )?);
                 (Vec::new(), Some(ssd))
             }
         };
@@ -138,7 +158,7 @@ impl Engine {
     fn assemble(
         reader: &StoreReader,
         config: EngineConfig,
-        workers: Workers,
+        workers: Arc<Workers>,
         dram: Vec<AlignedBuf>,
         ssd: Option<SsdTier>,
     ) -> Self {
@@ -202,6 +222,7 @@ impl Engine {
     /// What each table's DRAM tiers in front of the SSD tier hold and served, in table order
     /// (empty when the tables are resident in DRAM).
     pub fn tier_report(&self) -> Vec<TierReport> {
+        let _inside = fork_gate(); // the row caches' counters are behind their shards' locks
         self.ssd.as_ref().map_or_else(Vec::new, |s| {
             s.dram_tiers()
                 .iter()
@@ -220,6 +241,7 @@ impl Engine {
     /// Decodes rows `rows` of table `id` into `out` (`rows.len() * dim` floats), for callers that
     /// need the rows themselves (inspection, reference checks). Errors name the first bad position.
     pub fn read_rows(&self, id: usize, rows: &[i64], out: &mut [f32]) -> Result<()> {
+        let _inside = fork_gate();
         let meta = &self.tables[id];
         let dim = meta.dim as usize;
         assert_eq!(out.len(), rows.len() * dim, "output has the wrong size");
@@ -313,6 +335,7 @@ impl Engine {
     /// Pools `req` into `out`, a row-major `[batch, width]` matrix (`prepared` from [`Self::prepare`]
     /// on the same request).
     pub fn execute(&self, req: &Request<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
+        let _inside = fork_gate();
         self.run(req, prepared, out, None)
     }
 
@@ -358,7 +381,7 @@ impl Engine {
                 .collect();
             if !jobs.is_empty() {
                 let workers =
-                    (prepared.lookups > self.config.inline_lookups).then_some(&self.workers);
+                    (prepared.lookups > self.config.inline_lookups).then_some(&*self.workers);
                 ssd.execute(&jobs, prepared.batch, prepared.width, out, workers, ready)?;
             }
         }
@@ -418,7 +441,7 @@ impl Engine {
             tasks.iter().try_for_each(run)
         } else {
             self.workers
-                .get()
+                .get()?
                 .install(|| tasks.par_iter().try_for_each(run))
         }
     }
@@ -476,6 +499,20 @@ impl Engine {
                 rows: view.rows(),
             },
         )
+    }
+}
+
+/// An explicit DRAM budget above what the process may ever have is refused: it could not be
+/// kept, and the tiers planned in it would fail to allocate later.
+fn check_budget(config: &EngineConfig, memory: &Memory) -> Result<()> {
+    match config.dram_budget_bytes {
+        Some(b) if b > memory.limit => Err(EngineError::InsufficientMemory {
+            what: "dram_budget_bytes".into(),
+            asked: b,
+            available: memory.available,
+            limit: memory.limit,
+        }),
+        _ => Ok(()),
     }
 }
 

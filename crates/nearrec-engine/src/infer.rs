@@ -40,6 +40,7 @@ impl Engine {
         dense: &[f32],
         req: &Request<'_>,
     ) -> Result<(Vec<f32>, InferTimes)> {
+        let _inside = nearrec_io::fork_gate();
         let start = Instant::now();
         let prepared = self.prepare(req)?;
         let batch = prepared.batch();
@@ -54,7 +55,7 @@ impl Engine {
         let early: Mutex<Early> = Mutex::default();
         let spent = Mutex::new((Duration::ZERO, Duration::ZERO)); // (dense, blocks)
         let (parts, early_ref, spent_ref) = (&parts, &early, &spent);
-        let pool = self.workers.get();
+        let pool = self.workers.get()?;
         let embeddings = pool.scope(|s| {
             s.spawn(move |_| {
                 let t = Instant::now();

@@ -263,7 +263,7 @@ impl SsdTier {
         };
         match workers {
             Some(w) if jobs.len() > 1 && w.threads() > 1 => w
-                .get()
+                .get()?
                 .install(|| jobs.par_iter().zip(routed.par_iter_mut()).for_each(serve)),
             _ => jobs.iter().zip(routed.iter_mut()).for_each(serve),
         }

@@ -10,6 +10,7 @@ use nearrec_plan::{Placement, TableSize};
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
+use crate::memory::Memory;
 use crate::ssd::SsdTier;
 
 /// One table's DRAM tiers in front of its file, and the lookups each served.
@@ -73,11 +74,12 @@ pub(crate) fn place(
     reader: &StoreReader,
     config: &EngineConfig,
     budget: u64,
+    memory: &Memory,
     ssd: &SsdTier,
     progress: Option<&ProgressFn>,
 ) -> Result<Vec<DramTiers>> {
     let tables = reader.tables();
-    let placement = match &config.placement {
+    let mut placement = match &config.placement {
         Some(p) => p.clone(),
         None => {
             let sizes: Vec<TableSize<'_>> = tables
@@ -91,7 +93,7 @@ pub(crate) fn place(
         }
     };
     let mut needed = 0u64;
-    for (name, p) in &placement.tables {
+    for (name, p) in &mut placement.tables {
         let Some(meta) = tables.iter().find(|t| &t.name == name) else {
             return Err(EngineError::UnknownTable {
                 name: name.clone(),
@@ -119,6 +121,12 @@ pub(crate) fn place(
                 format!("hot rows name row {} more than once", w[0]),
             ));
         }
+        // A cache with a slot for every row is as large as it can usefully be.
+        p.cache_bytes = p.cache_bytes.min(RowCache::budget_for_rows(
+            meta.rows,
+            meta.row_bytes as usize,
+            config.cache.ways,
+        ));
         needed += if p.resident {
             meta.data_bytes
         } else {
@@ -131,6 +139,10 @@ pub(crate) fn place(
             "the placement takes {needed} bytes of DRAM, more than dram_budget_bytes = {budget}"
         )));
     }
+    memory.check(
+        || "the DRAM tiers in front of the SSD tier (whole tables, hot rows, row caches)".into(),
+        needed,
+    )?;
     tables
         .iter()
         .enumerate()

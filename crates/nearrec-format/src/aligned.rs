@@ -31,27 +31,31 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// Allocates `len` zero bytes. Panics only if the allocator fails (as `Vec` does).
     pub fn zeroed(len: usize) -> Self {
+        Self::try_zeroed(len).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(len)))
+    }
+
+    /// Allocates `len` zero bytes, or `None` when the memory cannot be had.
+    pub fn try_zeroed(len: usize) -> Option<Self> {
         if len == 0 {
-            return Self {
+            return Some(Self {
                 ptr: NonNull::<[u8; BUF_ALIGN]>::dangling().cast(),
                 len: 0,
                 map: None,
-            };
+            });
         }
         if len >= HUGE_PAGE
             && let Some(buf) = Self::mapped(len)
         {
-            return buf;
+            return Some(buf);
         }
-        let layout = Self::layout(len);
+        let layout = Layout::from_size_align(len, BUF_ALIGN).ok()?;
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Self {
-            ptr,
+        Some(Self {
+            ptr: NonNull::new(raw)?,
             len,
             map: None,
-        }
+        })
     }
 
     /// A huge-page-aligned anonymous mapping (zero-filled by the kernel), advised to use huge
@@ -150,6 +154,7 @@ mod tests {
         b.as_mut_slice()[9_999] = 1;
         assert_eq!(b.as_slice()[9_999], 1);
         assert!(AlignedBuf::zeroed(0).is_empty());
+        assert!(AlignedBuf::try_zeroed(usize::MAX / 2).is_none());
     }
 
     #[test]

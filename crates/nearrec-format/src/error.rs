@@ -37,6 +37,9 @@ pub enum FormatError {
         supported: u32,
     },
 
+    #[error("cannot allocate {bytes} bytes of memory for {what}")]
+    OutOfMemory { what: String, bytes: u64 },
+
     #[error("table {table:?}: {reason}")]
     InvalidTable { table: String, reason: String },
 
@@ -52,11 +55,14 @@ pub enum FormatError {
 }
 
 impl FormatError {
+    /// An I/O error on `path`; a store file that is not a regular file (see
+    /// [`crate::files::open_regular`]) is a corrupted store.
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io {
-            path: path.into(),
-            source,
+        let path = path.into();
+        if source.kind() == std::io::ErrorKind::InvalidInput {
+            return Self::corrupted(path, source.to_string());
         }
+        Self::Io { path, source }
     }
 
     pub(crate) fn corrupted(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {

@@ -17,6 +17,7 @@ mod aligned;
 mod attach;
 mod dtype;
 mod error;
+pub mod files;
 mod header;
 mod init;
 mod layout;

@@ -41,7 +41,7 @@ impl StoreReader {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let mpath = path.join(MANIFEST_FILE);
-        let bytes = std::fs::read(&mpath).map_err(|e| match e.kind() {
+        let bytes = crate::files::read_regular(&mpath).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => FormatError::NotFound {
                 path: path.clone(),
                 source: e,
@@ -115,7 +115,7 @@ impl StoreReader {
             return Ok(None);
         };
         let path = self.path.join(&a.file);
-        let bytes = std::fs::read(&path).map_err(|e| FormatError::io(&path, e))?;
+        let bytes = crate::files::read_regular(&path).map_err(|e| FormatError::io(&path, e))?;
         let crc = crc32c::crc32c(&bytes);
         if bytes.len() as u64 != a.bytes || crc != a.crc32c {
             return Err(FormatError::corrupted(
@@ -153,7 +153,10 @@ impl StoreReader {
                 "table is larger than this machine's address space",
             )
         })?;
-        let mut buf = AlignedBuf::zeroed(len);
+        let mut buf = AlignedBuf::try_zeroed(len).ok_or_else(|| FormatError::OutOfMemory {
+            what: format!("table {:?}", meta.name),
+            bytes: meta.data_bytes,
+        })?;
         let mut crc = 0u32;
         match self.orders[i].as_deref() {
             None => {
@@ -315,7 +318,7 @@ fn open_order(root: &Path, meta: &TableMeta) -> Result<Option<Arc<RowOrder>>> {
         FormatError::corrupted(&path, format!("table {:?} row order: {reason}", meta.name))
     };
     inside_store(&om.file).map_err(bad)?;
-    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+    let bytes = crate::files::read_regular(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => bad("order file is missing".into()),
         _ => FormatError::io(&path, e),
     })?;
@@ -333,7 +336,7 @@ fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
     };
     inside_store(&meta.file).map_err(bad)?;
     let fpath = root.join(&meta.file);
-    let file = File::open(&fpath).map_err(|e| match e.kind() {
+    let file = crate::files::open_regular(&fpath, 0).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => bad("table file is missing".into()),
         _ => FormatError::io(&fpath, e),
     })?;

@@ -24,7 +24,7 @@ pub(crate) fn is_store_or_empty(path: &Path) -> bool {
         }
     }
     let mut magic = [0u8; 8];
-    File::open(path.join(MANIFEST_FILE))
+    crate::files::open_regular(&path.join(MANIFEST_FILE), 0)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
         .is_ok_and(|()| magic == MANIFEST_MAGIC)
 }

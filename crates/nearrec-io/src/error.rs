@@ -36,6 +36,9 @@ pub enum IoError {
     #[error("read {op}: {reason}")]
     InvalidRead { op: usize, reason: String },
 
+    #[error("cannot start a pool of {threads} threads: {reason}")]
+    Threads { threads: usize, reason: String },
+
     #[error("cannot set up {device}: {reason}")]
     Setup {
         device: &'static str,

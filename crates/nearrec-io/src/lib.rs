@@ -31,4 +31,4 @@ pub use mem::MemDevice;
 pub use open::{DeviceKind, IoConfig, open_device};
 pub use pread::PreadDevice;
 pub use uring::UringDevice;
-pub use workers::Workers;
+pub use workers::{ForkGuard, Workers, fork_gate};

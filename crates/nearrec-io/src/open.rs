@@ -1,5 +1,4 @@
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::device::BlockDevice;
@@ -96,12 +95,8 @@ impl Files {
                 path: p.clone(),
                 source: e,
             };
-            let mut opts = OpenOptions::new();
-            opts.read(true);
-            if direct {
-                opts.custom_flags(libc::O_DIRECT);
-            }
-            let f = opts.open(p).map_err(open)?;
+            let flags = if direct { libc::O_DIRECT } else { 0 };
+            let f = nearrec_format::files::open_regular(p, flags).map_err(open)?;
             lens.push(f.metadata().map_err(open)?.len());
             if direct {
                 block = block.max(direct_io_alignment(p, &f)?);

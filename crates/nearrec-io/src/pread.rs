@@ -1,5 +1,5 @@
 use std::os::unix::fs::FileExt;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use crate::device::{BlockDevice, ReadOp, check_batch};
 use crate::error::{IoError, Result};
@@ -12,7 +12,7 @@ use crate::workers::Workers;
 #[derive(Debug)]
 pub struct PreadDevice {
     files: Files,
-    workers: Workers,
+    workers: Arc<Workers>,
 }
 
 impl PreadDevice {
@@ -20,7 +20,7 @@ impl PreadDevice {
     pub(crate) fn new(files: Files, threads: usize) -> Self {
         Self {
             files,
-            workers: Workers::new(threads.max(1)),
+            workers: Workers::shared("read", threads),
         }
     }
 
@@ -63,7 +63,7 @@ impl BlockDevice for PreadDevice {
     ) -> Result<()> {
         check_batch(ops, buf, self.files.block, &self.files.lens)?;
         let shared = SharedBuf(buf.as_mut_ptr());
-        let pool = self.workers.get();
+        let pool = self.workers.get()?;
         let mut first_error = None;
         // Every task finishes before `in_place_scope` returns, so no read outlives the call.
         pool.in_place_scope(|scope| {

@@ -1,53 +1,270 @@
-//! A worker pool that survives `fork()` (pooling threads in the engine, read threads here).
+//! Threads and locks that survive `fork()` (pooling threads in the engine, read threads here).
 //!
-//! A forked child has only the thread that called fork; a rayon pool inherited from the parent
-//! would wait forever for workers that do not exist (PyTorch DataLoader workers fork). The pool is
-//! therefore tagged with the pid that built it and rebuilt on first use in a new process.
+//! A forked child has only the thread that called fork. Two things break there:
+//!
+//! - a rayon pool inherited from the parent would wait forever for workers that do not exist
+//!   (PyTorch DataLoader workers fork). A [`Workers`] pool is therefore tagged with the pid that
+//!   built it and rebuilt on first use in a new process;
+//! - a lock another thread held at the moment of the fork stays held in the child forever (a
+//!   row-cache shard, the counters). Every engine call that takes locks runs inside the
+//!   [`fork_gate`]; a `pthread_atfork` handler closes the gate before `fork()`, waits for the
+//!   calls inside to finish, and opens it again in both processes after. No lock is held across
+//!   a fork, so none is held in the child.
+//!
+//! Pools are shared by every store of a process ([`Workers::shared`]): one pool per thread count,
+//! not one per open store (2,000 stores × cores threads would exhaust a host).
 
-use std::sync::{Arc, Mutex};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
+use crate::error::{IoError, Result};
+
 #[derive(Debug)]
 pub struct Workers {
+    /// What the threads do (`"pool"`, `"read"`): their names, and which pools may be shared.
+    role: &'static str,
     threads: usize,
     pool: Mutex<Option<(u32, Arc<ThreadPool>)>>,
 }
 
 impl Workers {
-    pub fn new(threads: usize) -> Self {
+    /// A pool of its own (tests, tools); stores use [`Workers::shared`].
+    pub fn new(role: &'static str, threads: usize) -> Self {
         Self {
-            threads,
+            role,
+            threads: threads.max(1),
             pool: Mutex::new(None),
         }
+    }
+
+    /// The process's pool of `threads` threads for `role`, shared with every other caller that
+    /// asks for the same. Its threads start on first use.
+    pub fn shared(role: &'static str, threads: usize) -> Arc<Workers> {
+        type Pools = HashMap<(&'static str, usize), Arc<Workers>>;
+        static POOLS: OnceLock<Mutex<Pools>> = OnceLock::new();
+        let _inside = fork_gate();
+        let mut pools = POOLS
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        pools
+            .entry((role, threads.max(1)))
+            .or_insert_with(|| Arc::new(Workers::new(role, threads)))
+            .clone()
     }
 
     pub fn threads(&self) -> usize {
         self.threads
     }
 
-    /// The pool for this process, built on first use (and again after a fork).
-    pub fn get(&self) -> Arc<ThreadPool> {
+    /// The pool for this process, built on first use (and again after a fork). Fails with
+    /// [`IoError::Threads`] when the threads cannot be started (a process or cgroup limit).
+    pub fn get(&self) -> Result<Arc<ThreadPool>> {
+        let _inside = fork_gate();
         let pid = std::process::id();
-        let mut slot = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
         match slot.as_ref() {
-            Some((owner, pool)) if *owner == pid => pool.clone(),
+            Some((owner, pool)) if *owner == pid => Ok(pool.clone()),
             stale => {
                 if let Some((_, old)) = stale {
                     // Its threads belong to the parent process; dropping it here would try to
                     // signal them. Leak the handle instead (once per fork).
                     std::mem::forget(old.clone());
                 }
-                let pool = Arc::new(
-                    ThreadPoolBuilder::new()
-                        .num_threads(self.threads)
-                        .thread_name(|i| format!("nearrec-pool-{i}"))
-                        .build()
-                        .expect("spawn pooling threads"),
-                );
+                let pool = ThreadPoolBuilder::new()
+                    .num_threads(self.threads)
+                    .thread_name({
+                        let role = self.role;
+                        move |i| format!("nearrec-{role}-{i}")
+                    })
+                    // A pool thread works only for a call that is inside the gate already (a
+                    // fork waits for that call), so it never waits at the gate itself.
+                    .start_handler(|_| DEPTH.set(1))
+                    .build()
+                    .map_err(|e| IoError::Threads {
+                        threads: self.threads,
+                        reason: e.to_string(),
+                    })?;
+                let pool = Arc::new(pool);
                 *slot = Some((pid, pool.clone()));
-                pool
+                Ok(pool)
             }
         }
+    }
+}
+
+/// Calls inside the gate, and whether a fork is waiting for them to leave.
+#[derive(Debug, Default)]
+struct GateState {
+    inside: usize,
+    forking: bool,
+}
+
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+static GATE: Gate = Gate {
+    state: Mutex::new(GateState {
+        inside: 0,
+        forking: false,
+    }),
+    changed: Condvar::new(),
+};
+
+thread_local! {
+    /// How deep this thread is inside the gate (calls nest: a lookup inside `read_rows`).
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// The gate's lock, held by the forking thread from `prepare` until after the fork.
+    static HELD: RefCell<Option<MutexGuard<'static, GateState>>> = const { RefCell::new(None) };
+}
+
+/// Proof that the calling thread is inside the fork gate: no `fork()` of this process starts
+/// until it is dropped. Calls nest freely.
+#[derive(Debug)]
+#[must_use = "the gate is left when the guard drops"]
+pub struct ForkGuard {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Enters the fork gate (waiting while a fork is in progress). Hold the guard for the whole of a
+/// call that takes locks; never across a wait for something the forking thread might hold.
+pub fn fork_gate() -> ForkGuard {
+    static HANDLERS: Once = Once::new();
+    HANDLERS.call_once(|| {
+        // SAFETY: the handlers are plain `extern "C"` functions that live for the process.
+        let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        debug_assert_eq!(rc, 0, "pthread_atfork");
+    });
+    let depth = DEPTH.get();
+    if depth == 0 {
+        let mut st = lock_gate();
+        while st.forking {
+            st = GATE
+                .changed
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        st.inside += 1;
+    }
+    DEPTH.set(depth + 1);
+    ForkGuard {
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+impl Drop for ForkGuard {
+    fn drop(&mut self) {
+        let depth = DEPTH.get() - 1;
+        DEPTH.set(depth);
+        if depth == 0 {
+            let mut st = lock_gate();
+            st.inside -= 1;
+            if st.inside == 0 {
+                GATE.changed.notify_all();
+            }
+        }
+    }
+}
+
+fn lock_gate() -> MutexGuard<'static, GateState> {
+    GATE.state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Before `fork()`: close the gate and wait until no call is inside; keep the gate's lock.
+extern "C" fn prepare() {
+    if DEPTH.get() > 0 {
+        // fork() from inside a call (a progress callback forking?): waiting would wait for
+        // ourselves. Go ahead; the child will not see this thread's calls finish.
+        return;
+    }
+    let mut st = lock_gate();
+    st.forking = true;
+    while st.inside > 0 {
+        st = GATE
+            .changed
+            .wait(st)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+    HELD.with_borrow_mut(|h| *h = Some(st));
+}
+
+/// After `fork()` in the parent: open the gate for the calls that waited.
+extern "C" fn parent() {
+    if let Some(mut st) = HELD.with_borrow_mut(Option::take) {
+        st.forking = false;
+        drop(st);
+        GATE.changed.notify_all();
+    }
+}
+
+/// After `fork()` in the child: only this thread exists, and nothing is inside.
+extern "C" fn child() {
+    if let Some(mut st) = HELD.with_borrow_mut(Option::take) {
+        st.forking = false;
+        st.inside = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_are_shared_per_thread_count() {
+        let a = Workers::shared("test", 3);
+        let b = Workers::shared("test", 3);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &Workers::shared("test", 2)));
+        assert!(!Arc::ptr_eq(&a, &Workers::shared("other", 3)));
+        assert_eq!(a.get().unwrap().current_num_threads(), 3);
+    }
+
+    #[test]
+    fn the_gate_nests_and_is_left_on_drop() {
+        {
+            let _a = fork_gate();
+            let _b = fork_gate();
+            assert_eq!(DEPTH.get(), 2);
+        }
+        assert_eq!(DEPTH.get(), 0);
+    }
+
+    #[test]
+    fn a_forked_child_finds_no_lock_held() {
+        // A thread keeps entering the gate and taking a lock while the test forks; each child
+        // must be able to take the lock at once.
+        static LOCK: Mutex<u64> = Mutex::new(0);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _g = fork_gate();
+                    *LOCK.lock().unwrap() += 1;
+                    std::thread::yield_now();
+                }
+            })
+        };
+        for _ in 0..50 {
+            // SAFETY: the child only takes a lock, enters the gate and exits.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let ok = LOCK.try_lock().is_ok();
+                drop(fork_gate());
+                // SAFETY: leaving the child without running the parent's destructors.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        busy.join().unwrap();
     }
 }

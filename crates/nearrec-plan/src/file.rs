@@ -1,28 +1,40 @@
-//! The binary trace file: one file per trace, little-endian, readable without copying from Rust
-//! (`TraceFile`, a memory map) and numpy (`np.memmap` at the offsets the header gives).
+//! The binary trace file: one file per trace, little-endian, its arrays at aligned offsets so
+//! that they can be used in place (numpy views over the bytes, or a memory map on request).
 //!
 //! ```text
+//! version 2 (written since the read path checks integrity):
 //! 0   magic "NRTRACE\0"
-//! 8   u32 version (1)
+//! 8   u32 version (2)
 //! 12  u32 header length H
-//! 16  H bytes of JSON: TraceHeader (bags, batch size, seed, per table: name, rows, pooling,
-//!     generator, lookups and the byte offsets of its two arrays)
+//! 16  u32 CRC-32C of the H header bytes
+//! 20  u32 zero
+//! 24  H bytes of JSON: TraceHeader (bags, batch size, seed, per table: name, rows, pooling,
+//!     generator, lookups, the byte offsets of its two arrays and their CRC-32Cs)
 //! ..  per table, each array 64-byte aligned: offsets i64 × (bags + 1), indices i64 × lookups
+//!
+//! version 1 (still read, flagged unverified): no checksums; the JSON starts at byte 16.
 //! ```
 //! The writer writes to a temporary name and renames, so a trace is either whole or absent.
+//!
+//! [`TraceFile::open`] reads the file into memory: a memory map of a file that another process
+//! truncates kills the reader with `SIGBUS`, which a server must not risk.
+//! [`TraceFile::map`] maps it instead, for files nobody changes.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
+use nearrec_format::files::open_regular;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{PlanError, Result};
 use crate::generate::{Generator, TableSpec, TableTrace};
 
 pub const MAGIC: &[u8; 8] = b"NRTRACE\0";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// Where a version-2 header's JSON starts (a version-1 header's starts at 16).
+const JSON_AT: usize = 24;
 const ALIGN: u64 = 64;
 
 /// What a trace file says about itself.
@@ -49,6 +61,11 @@ pub struct TableEntry {
     /// Byte offsets of the `offsets` and `indices` arrays.
     pub offsets_at: u64,
     pub indices_at: u64,
+    /// CRC-32C of the `offsets` and `indices` arrays (version 2; `None` in version 1 files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offsets_crc32c: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub indices_crc32c: Option<u32>,
 }
 
 /// A table's data to write: its description and its bags (CSR).
@@ -96,7 +113,13 @@ pub fn write_trace(
     let bags = tables
         .first()
         .map_or(0, |t| t.offsets.len().saturating_sub(1) as u64);
-    for t in tables {
+    for (i, t) in tables.iter().enumerate() {
+        if tables[..i].iter().any(|u| u.name == t.name) {
+            return Err(PlanError::BadSpec {
+                table: t.name.to_owned(),
+                reason: "appears twice in the trace".into(),
+            });
+        }
         check_csr(t.name, t.rows, bags, t.offsets, t.indices)?;
     }
     // two passes: the header's length depends on the offsets it holds
@@ -115,19 +138,23 @@ pub fn write_trace(
                 lookups: t.indices.len() as u64,
                 offsets_at: u64::MAX,
                 indices_at: u64::MAX,
+                offsets_crc32c: Some(u32::MAX),
+                indices_crc32c: Some(u32::MAX),
             })
             .collect(),
     };
     let reserve = serde_json::to_vec(&header).expect("serialisable").len() as u64;
-    let mut at = align(16 + reserve);
+    let mut at = align(JSON_AT as u64 + reserve);
     for (entry, t) in header.tables.iter_mut().zip(tables) {
         entry.offsets_at = at;
         at = align(at + 8 * t.offsets.len() as u64);
         entry.indices_at = at;
         at = align(at + 8 * t.indices.len() as u64);
+        entry.offsets_crc32c = Some(crc32c::crc32c(bytemuck::cast_slice(t.offsets)));
+        entry.indices_crc32c = Some(crc32c::crc32c(bytemuck::cast_slice(t.indices)));
     }
     let mut json = serde_json::to_vec(&header).expect("serialisable");
-    // offsets print no longer than u64::MAX did: pad the JSON with spaces to the reserved length
+    // numbers print no longer than the maxima did: pad the JSON with spaces to the reserved length
     json.resize(reserve as usize, b' ');
 
     let tmp = tmp_path(path);
@@ -137,8 +164,10 @@ pub fn write_trace(
         w.write_all(MAGIC)?;
         w.write_all(&VERSION.to_le_bytes())?;
         w.write_all(&(json.len() as u32).to_le_bytes())?;
+        w.write_all(&crc32c::crc32c(&json).to_le_bytes())?;
+        w.write_all(&[0u8; 4])?;
         w.write_all(&json)?;
-        let mut written = 16 + json.len() as u64;
+        let mut written = (JSON_AT + json.len()) as u64;
         for (entry, t) in header.tables.iter().zip(tables) {
             for (at, data) in [(entry.offsets_at, t.offsets), (entry.indices_at, t.indices)] {
                 w.write_all(&vec![0u8; (at - written) as usize])?;
@@ -156,6 +185,20 @@ pub fn write_trace(
     }
     std::fs::rename(&tmp, path).map_err(PlanError::io(path))?;
     Ok(header)
+}
+
+/// A trace path that is not a regular file is not a trace.
+fn not_regular(path: &Path) -> impl FnOnce(std::io::Error) -> PlanError {
+    move |e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => PlanError::BadTrace {
+            path: path.into(),
+            reason: e.to_string(),
+        },
+        _ => PlanError::Io {
+            path: path.into(),
+            source: e,
+        },
+    }
 }
 
 fn tmp_path(path: &Path) -> PathBuf {
@@ -192,15 +235,35 @@ fn check_csr(table: &str, rows: u64, bags: u64, offsets: &[i64], indices: &[i64]
     Ok(())
 }
 
-/// A trace file, mapped.
+/// A trace file, validated: read into memory ([`TraceFile::open`]) or mapped
+/// ([`TraceFile::map`]).
 #[derive(Debug)]
 pub struct TraceFile {
     path: PathBuf,
-    map: Mmap,
+    bytes: Bytes,
     header: TraceHeader,
+    verified: bool,
 }
 
-/// One table's bags in a mapped trace.
+/// A trace file's bytes: owned (8-byte aligned, so arrays can be borrowed as `i64`) or mapped.
+#[derive(Debug)]
+enum Bytes {
+    Owned { words: Vec<u64>, len: usize },
+    Mapped(Mmap),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Owned { words, len } => &bytemuck::cast_slice(words)[..*len],
+            Self::Mapped(map) => map,
+        }
+    }
+}
+
+/// One table's bags in a trace.
 #[derive(Debug, Clone, Copy)]
 pub struct TableSlices<'a> {
     pub entry: &'a TableEntry,
@@ -209,44 +272,99 @@ pub struct TableSlices<'a> {
 }
 
 impl TraceFile {
+    /// Reads the trace file at `path` into memory and validates it (checksums included).
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(PlanError::io(path))?;
-        // SAFETY: trace files are written once (renamed into place) and never modified in place.
+        let mut file = open_regular(path, 0).map_err(not_regular(path))?;
+        let len = file.metadata().map_err(PlanError::io(path))?.len() as usize;
+        let mut words = vec![0u64; len.div_ceil(8)];
+        std::io::Read::read_exact(&mut file, &mut bytemuck::cast_slice_mut(&mut words)[..len])
+            .map_err(PlanError::io(path))?;
+        Self::parse(path, Bytes::Owned { words, len })
+    }
+
+    /// Maps the trace file at `path` and validates it (checksums included). Only for files that
+    /// nobody changes while they are mapped: if another process truncates it, the next access
+    /// to the lost pages kills this process with `SIGBUS`.
+    pub fn map(path: &Path) -> Result<Self> {
+        let file = open_regular(path, 0).map_err(not_regular(path))?;
+        // SAFETY: the caller promises the file is not truncated or written while mapped (trace
+        // files are written once, under a temporary name, and renamed into place).
         let map = unsafe { Mmap::map(&file) }.map_err(PlanError::io(path))?;
+        Self::parse(path, Bytes::Mapped(map))
+    }
+
+    fn parse(path: &Path, bytes: Bytes) -> Result<Self> {
         let bad = |reason: String| PlanError::BadTrace {
             path: path.into(),
             reason,
         };
-        if map.len() < 16 || &map[..8] != MAGIC {
+        if bytes.len() < 16 || &bytes[..8] != MAGIC {
             return Err(bad("no NRTRACE magic".into()));
         }
-        let version = u32::from_le_bytes(map[8..12].try_into().expect("4 bytes"));
-        if version != VERSION {
-            return Err(bad(format!(
-                "version {version}, this build reads {VERSION}"
-            )));
+        let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let version = word(8);
+        let len = word(12) as usize;
+        let json = match version {
+            1 => bytes.get(16..16 + len),
+            VERSION => bytes.get(JSON_AT..JSON_AT + len),
+            _ => {
+                return Err(bad(format!(
+                    "version {version}, this build reads 1 and {VERSION}"
+                )));
+            }
         }
-        let len = u32::from_le_bytes(map[12..16].try_into().expect("4 bytes")) as usize;
-        let json = map
-            .get(16..16 + len)
-            .ok_or_else(|| bad("truncated header".into()))?;
+        .ok_or_else(|| bad("truncated header".into()))?;
+        if version == VERSION && crc32c::crc32c(json) != word(16) {
+            return Err(bad("the header fails its checksum".into()));
+        }
         let header: TraceHeader =
             serde_json::from_slice(json).map_err(|e| bad(format!("header: {e}")))?;
+        let mut names = std::collections::HashSet::new();
         for t in &header.tables {
-            let end_o = t.offsets_at + 8 * (header.bags + 1);
-            let end_i = t.indices_at + 8 * t.lookups;
-            if t.offsets_at % 8 != 0 || t.indices_at % 8 != 0 || end_o.max(end_i) > map.len() as u64
+            if !names.insert(t.name.as_str()) {
+                return Err(bad(format!("table {:?} appears twice", t.name)));
+            }
+            let end = |at: u64, n: u64| n.checked_mul(8).and_then(|b| b.checked_add(at));
+            let (Some(end_o), Some(end_i)) = (
+                header
+                    .bags
+                    .checked_add(1)
+                    .and_then(|n| end(t.offsets_at, n)),
+                end(t.indices_at, t.lookups),
+            ) else {
+                return Err(bad(format!("table {:?}: arrays outside the file", t.name)));
+            };
+            if t.offsets_at % 8 != 0
+                || t.indices_at % 8 != 0
+                || end_o.max(end_i) > bytes.len() as u64
             {
                 return Err(bad(format!("table {:?}: arrays outside the file", t.name)));
+            }
+            if version == VERSION && (t.offsets_crc32c.is_none() || t.indices_crc32c.is_none()) {
+                return Err(bad(format!("table {:?}: no checksums", t.name)));
             }
         }
         let trace = Self {
             path: path.into(),
-            map,
+            bytes,
             header,
+            verified: version == VERSION,
         };
         for i in 0..trace.header.tables.len() {
             let t = trace.table(i);
+            for (what, data, crc) in [
+                ("offsets", t.offsets, t.entry.offsets_crc32c),
+                ("indices", t.indices, t.entry.indices_crc32c),
+            ] {
+                if let Some(want) = crc
+                    && crc32c::crc32c(bytemuck::cast_slice(data)) != want
+                {
+                    return Err(bad(format!(
+                        "table {:?}: its {what} fail their checksum",
+                        t.entry.name
+                    )));
+                }
+            }
             check_csr(
                 &t.entry.name,
                 t.entry.rows,
@@ -259,6 +377,17 @@ impl TraceFile {
         Ok(trace)
     }
 
+    /// Whether the file carried checksums and they matched (false for version-1 files, which
+    /// have none).
+    pub fn verified(&self) -> bool {
+        self.verified
+    }
+
+    /// The file's bytes (the arrays sit at the header's offsets).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     pub fn header(&self) -> &TraceHeader {
         &self.header
     }
@@ -267,11 +396,11 @@ impl TraceFile {
         &self.path
     }
 
-    /// Table `i`'s arrays, borrowed from the mapping.
+    /// Table `i`'s arrays, borrowed from the file's bytes.
     pub fn table(&self, i: usize) -> TableSlices<'_> {
         let entry = &self.header.tables[i];
         let slice = |at: u64, n: u64| -> &[i64] {
-            bytemuck::cast_slice(&self.map[at as usize..(at + 8 * n) as usize])
+            bytemuck::cast_slice(&self.bytes[at as usize..(at + 8 * n) as usize])
         };
         TableSlices {
             entry,

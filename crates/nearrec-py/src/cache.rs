@@ -7,7 +7,7 @@ use nearrec_cache::{CacheConfig, Policy, RowCache, SLOT_OVERHEAD};
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 
-use crate::error::{check_non_negative, raise};
+use crate::error::{check_non_negative, detach, raise};
 
 /// Serves `indices` through a cache of `capacity_rows` rows; returns `(hits, misses, admissions,
 /// rejections, evictions)`.
@@ -42,13 +42,13 @@ pub(crate) fn cache_simulate(
             seed,
         },
     );
-    py.detach(|| {
+    detach(py, || {
         for &i in ids {
             if cache.get(i as u64, |_| ()).is_none() {
                 cache.offer(i as u64, &[0]);
             }
         }
-    });
+    })?;
     let s = cache.stats();
     Ok((s.hits, s.misses, s.admissions, s.rejections, s.evictions))
 }

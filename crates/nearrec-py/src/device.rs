@@ -5,7 +5,7 @@ use nearrec_device::calibrate::{self, DiskPoint};
 use nearrec_device::{DeviceConfig, DeviceError, SimSpec};
 use pyo3::prelude::*;
 
-use crate::error::raise;
+use crate::error::{detach, raise};
 
 pub(crate) fn device_err(py: Python<'_>, e: DeviceError) -> PyErr {
     let msg = e.to_string();
@@ -38,9 +38,7 @@ pub(crate) fn device_simulate(py: Python<'_>, spec_json: &str) -> PyResult<Strin
     let spec: SimSpec =
         serde_json::from_str(spec_json).map_err(|e| json_err(py, "simulation", e))?;
     spec.device.validate().map_err(|e| device_err(py, e))?;
-    let report = py
-        .detach(|| nearrec_device::simulate(&spec))
-        .map_err(|e| device_err(py, e))?;
+    let report = detach(py, || nearrec_device::simulate(&spec))?.map_err(|e| device_err(py, e))?;
     serde_json::to_string(&report).map_err(|e| json_err(py, "report", e))
 }
 
@@ -58,7 +56,7 @@ pub(crate) fn device_fit(py: Python<'_>, base_json: &str, points_json: &str) -> 
     let base = parse_device(py, base_json)?;
     let points: Vec<DiskPoint> =
         serde_json::from_str(points_json).map_err(|e| json_err(py, "points", e))?;
-    let fitted = py.detach(|| calibrate::fit(&base, &points));
+    let fitted = detach(py, || calibrate::fit(&base, &points))?;
     serde_json::to_string(&fitted).map_err(|e| json_err(py, "device", e))
 }
 
@@ -71,5 +69,7 @@ pub(crate) fn device_read_rate(
     bytes: u32,
 ) -> PyResult<f64> {
     let cfg = parse_device(py, device_json)?;
-    Ok(py.detach(|| calibrate::predicted_rate(&cfg, queue_depth.max(1), bytes.max(1))))
+    detach(py, || {
+        calibrate::predicted_rate(&cfg, queue_depth.max(1), bytes.max(1))
+    })
 }

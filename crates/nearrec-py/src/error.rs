@@ -41,6 +41,7 @@ pub(crate) fn format_err(py: Python<'_>, e: FormatError) -> PyErr {
         FormatError::NotFound { .. } => raise(py, "StoreNotFound", msg, None, None),
         FormatError::AlreadyExists { .. } => raise(py, "StoreExists", msg, None, None),
         FormatError::Io { .. } => raise(py, "StoreIOError", msg, None, None),
+        FormatError::OutOfMemory { .. } => raise(py, "InsufficientMemory", msg, None, None),
         FormatError::Corrupted { .. } => raise(py, "StoreCorrupted", msg, None, None),
         FormatError::UnsupportedVersion { .. } => raise(py, "UnsupportedVersion", msg, None, None),
         FormatError::InvalidTable { table, .. } | FormatError::RowCount { table, .. } => {
@@ -54,6 +55,7 @@ pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
     let msg = e.to_string();
     match e {
         EngineError::Format(f) => format_err(py, f),
+        EngineError::InsufficientMemory { .. } => raise(py, "InsufficientMemory", msg, None, None),
         EngineError::UnknownTable { name, .. } => raise(py, "UnknownTable", msg, Some(&name), None),
         EngineError::IndexOutOfRange {
             table, position, ..
@@ -63,9 +65,41 @@ pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
         }
         EngineError::Io(io) => match io {
             // a malformed read is a bug of ours, not the device's
-            nearrec_io::IoError::InvalidRead { .. } => raise(py, "InvalidRequest", msg, None, None),
+            nearrec_io::IoError::InvalidRead { .. } => raise(py, "InternalError", msg, None, None),
+            nearrec_io::IoError::Threads { .. } => raise(py, "ResourceExhausted", msg, None, None),
             _ => raise(py, "StoreIOError", msg, None, None),
         },
         _ => raise(py, "InvalidRequest", msg, None, None),
     }
+}
+
+/// `py.detach(f)` (the GIL released while `f` runs), with a panic inside `f` answered as
+/// `nearrec.errors.InternalError`: a panic crossing into Python would be a `PanicException`, a
+/// `BaseException` that `except Exception` does not catch.
+pub(crate) fn detach<T, F>(py: Python<'_>, f: F) -> PyResult<T>
+where
+    F: Send + FnOnce() -> T,
+    T: Send,
+{
+    py.detach(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
+        .map_err(|payload| {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic with no message".into());
+            raise(
+                py,
+                "InternalError",
+                format!("internal error (a bug in nearrec; please report it): {what}"),
+                None,
+                None,
+            )
+        })
+}
+
+/// Panics inside [`detach`], so that tests can see a panic arrive as `InternalError`.
+#[pyfunction]
+pub(crate) fn panic_at_the_boundary(py: Python<'_>, message: String) -> PyResult<()> {
+    detach(py, || -> () { panic!("{message}") })
 }

@@ -7,7 +7,7 @@ use numpy::{
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::error::raise;
+use crate::error::{detach, raise};
 
 fn keyed_err(py: Python<'_>, e: KeyedError) -> PyErr {
     let msg = e.to_string();
@@ -52,7 +52,7 @@ fn pooled<'py>(
     {
         let mut rw = out.readwrite();
         let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-        py.detach(|| fill(slice)).map_err(|e| keyed_err(py, e))?;
+        detach(py, || fill(slice))?.map_err(|e| keyed_err(py, e))?;
     }
     Ok(out)
 }
@@ -137,13 +137,13 @@ impl NativeKeyedTable {
             ));
         }
         let values = values.as_slice()?;
-        py.detach(|| {
+        detach(py, || {
             let mut inserted = 0;
             for (k, row) in keys.iter().zip(values.chunks_exact(dim)) {
                 inserted += u64::from(self.table.assign(*k, row)?);
             }
             Ok(inserted)
-        })
+        })?
         .map_err(|e| keyed_err(py, e))
     }
 
@@ -177,9 +177,7 @@ impl NativeKeyedTable {
         keys: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let keys = keys.as_slice()?;
-        let rows = py
-            .detach(|| self.table.resolve(keys))
-            .map_err(|e| keyed_err(py, e))?;
+        let rows = detach(py, || self.table.resolve(keys))?.map_err(|e| keyed_err(py, e))?;
         let rows = rows.into_iter().map(|r| r.map_or(-1, i64::from)).collect();
         Ok(PyArray1::from_vec(py, rows))
     }
@@ -230,30 +228,28 @@ impl NativeKeyedTable {
         keys: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Bound<'py, PyArray1<bool>>> {
         let keys = keys.as_slice()?;
-        let held: Vec<bool> =
-            py.detach(|| keys.iter().map(|&k| self.table.find(k).is_some()).collect());
+        let held: Vec<bool> = detach(py, || {
+            keys.iter().map(|&k| self.table.find(k).is_some()).collect()
+        })?;
         Ok(PyArray1::from_vec(py, held))
     }
 
     /// Every key held and its row: `(keys [n], values [n, dim])`, keys in no particular order.
-    fn export<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<f32>>) {
+    fn export<'py>(&self, py: Python<'py>) -> PyResult<KeysAndRows<'py>> {
         let dim = self.table.config().dim;
-        let (keys, values) = py.detach(|| {
+        let (keys, values) = detach(py, || {
             let entries = self.table.entries();
             let mut values = vec![0f32; entries.len() * dim];
             for ((_, row), out) in entries.iter().zip(values.chunks_exact_mut(dim)) {
                 self.table.read_row(*row, out);
             }
             (entries.into_iter().map(|e| e.0).collect::<Vec<_>>(), values)
-        });
+        })?;
         let n = keys.len();
         let values = PyArray1::from_vec(py, values)
             .reshape([n, dim])
             .expect("n * dim values");
-        (PyArray1::from_vec(py, keys), values)
+        Ok((PyArray1::from_vec(py, keys), values))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -268,3 +264,6 @@ impl NativeKeyedTable {
         Ok(d)
     }
 }
+
+/// Keys `[n]` and their rows `[n, dim]`.
+type KeysAndRows<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<f32>>);

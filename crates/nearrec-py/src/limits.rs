@@ -7,6 +7,8 @@ use nearrec_bench::Limit;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 
+use crate::error::detach;
+
 fn as_dict(l: Limit) -> HashMap<&'static str, f64> {
     HashMap::from([
         ("bytes_per_s", l.bytes_per_s),
@@ -23,8 +25,10 @@ pub(crate) fn stream_read(
     bytes: usize,
     passes: usize,
     threads: usize,
-) -> HashMap<&'static str, f64> {
-    as_dict(py.detach(|| nearrec_bench::stream_read(bytes, passes, threads)))
+) -> PyResult<HashMap<&'static str, f64>> {
+    Ok(as_dict(detach(py, || {
+        nearrec_bench::stream_read(bytes, passes, threads)
+    })?))
 }
 
 /// Random row-gather limit of memory (best of `passes`).
@@ -37,10 +41,10 @@ pub(crate) fn gather_rows(
     gathers: usize,
     passes: usize,
     threads: usize,
-) -> HashMap<&'static str, f64> {
-    as_dict(
-        py.detach(|| nearrec_bench::gather_rows(table_bytes, row_bytes, gathers, passes, threads)),
-    )
+) -> PyResult<HashMap<&'static str, f64>> {
+    Ok(as_dict(detach(py, || {
+        nearrec_bench::gather_rows(table_bytes, row_bytes, gathers, passes, threads)
+    })?))
 }
 
 /// Sequential-write bandwidth of the disk under `dir` (buffered writes + fsync).
@@ -50,9 +54,9 @@ pub(crate) fn sequential_write(
     dir: PathBuf,
     bytes: u64,
 ) -> PyResult<HashMap<&'static str, f64>> {
-    Ok(as_dict(
-        py.detach(|| nearrec_bench::sequential_write(&dir, bytes))?,
-    ))
+    Ok(as_dict(detach(py, || {
+        nearrec_bench::sequential_write(&dir, bytes)
+    })??))
 }
 
 /// The disk's random-read limit: `reads` direct block reads over `paths` at `queue_depth`, at
@@ -66,9 +70,11 @@ pub(crate) fn random_read(
     queue_depth: u32,
     seed: u64,
 ) -> PyResult<HashMap<&'static str, f64>> {
-    py.detach(|| nearrec_bench::random_read(&paths, reads, queue_depth, seed))
-        .map(as_dict)
-        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+    detach(py, || {
+        nearrec_bench::random_read(&paths, reads, queue_depth, seed)
+    })?
+    .map(as_dict)
+    .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
 }
 
 /// The naive SSD baseline: per-row synchronous `O_DIRECT` preads + host sum pooling, on
@@ -89,9 +95,10 @@ pub(crate) fn naive_sls<'py>(
         let batch = slices.first().map_or(0, |s| s.len() / bag_size.max(1));
         (batch, out.len().checked_div(batch).unwrap_or(0))
     };
-    let out = py
-        .detach(|| nearrec_bench::pread_sls(&store, &slices, bag_size, threads))
-        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+    let out = detach(py, || {
+        nearrec_bench::pread_sls(&store, &slices, bag_size, threads)
+    })?
+    .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
     let (batch, width) = width_batch(&out);
     PyArray1::from_vec(py, out).reshape([batch, width])
 }
@@ -108,7 +115,7 @@ impl MappedStore {
     #[new]
     #[pyo3(signature = (path, random = true))]
     fn new(py: Python<'_>, path: PathBuf, random: bool) -> PyResult<Self> {
-        let inner = py.detach(|| nearrec_bench::MappedStore::open(&path, random))?;
+        let inner = detach(py, || nearrec_bench::MappedStore::open(&path, random))??;
         Ok(Self { inner })
     }
 
@@ -138,7 +145,7 @@ impl MappedStore {
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let out = py.detach(|| self.inner.pool(&bags, batch))?;
+        let out = detach(py, || self.inner.pool(&bags, batch))??;
         let width = out.len() / batch.max(1);
         PyArray1::from_vec(py, out).reshape([batch, width])
     }

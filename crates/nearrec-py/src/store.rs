@@ -14,7 +14,7 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArra
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use crate::error::{engine_err, format_err, raise};
+use crate::error::{detach, engine_err, format_err, raise};
 use crate::lookup::TableArgs;
 use crate::model::NativeModel;
 use crate::progress;
@@ -101,9 +101,7 @@ impl NativeStore {
         }
         .with_threads(threads)
         .with_verify_checksums(verify_checksums);
-        let reader = py
-            .detach(|| StoreReader::open(&path))
-            .map_err(|e| format_err(py, e))?;
+        let reader = detach(py, || StoreReader::open(&path))?.map_err(|e| format_err(py, e))?;
         let manifest_json = manifest_json(&reader);
         let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let bar = progress::bar(progress, total, "loading");
@@ -112,24 +110,22 @@ impl NativeStore {
             None => None,
             Some(json) => {
                 let cfg = crate::device::parse_device(py, json)?;
-                let files = py
-                    .detach(|| {
-                        reader
-                            .tables()
-                            .iter()
-                            .map(|t| std::fs::read(reader.path().join(&t.file)))
-                            .collect::<std::io::Result<Vec<_>>>()
-                    })
-                    .map_err(|e| raise(py, "StoreIOError", e.to_string(), None, None))?;
+                let files = detach(py, || {
+                    reader
+                        .tables()
+                        .iter()
+                        .map(|t| nearrec_format::files::read_regular(&reader.path().join(&t.file)))
+                        .collect::<std::io::Result<Vec<_>>>()
+                })?
+                .map_err(|e| raise(py, "StoreIOError", e.to_string(), None, None))?;
                 Some(Arc::new(FlashDevice::new(MemDevice::new(files, 512), cfg)))
             }
         };
-        let engine = py
-            .detach(|| match &flash {
-                None => Engine::from_reader(&reader, config, cb.as_ref()),
-                Some(dev) => Engine::with_device(&reader, config, Box::new(dev.clone())),
-            })
-            .map_err(|e| engine_err(py, e))?;
+        let engine = detach(py, || match &flash {
+            None => Engine::from_reader(&reader, config, cb.as_ref()),
+            Some(dev) => Engine::with_device(&reader, config, Box::new(dev.clone())),
+        })?
+        .map_err(|e| engine_err(py, e))?;
         if let Some(b) = bar {
             b.finish_and_clear();
         }
@@ -255,7 +251,7 @@ impl NativeStore {
         {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            py.detach(|| self.engine.execute(&req, &prepared, slice))
+            detach(py, || self.engine.execute(&req, &prepared, slice))?
                 .map_err(|e| engine_err(py, e))?;
         }
         Ok(out)
@@ -286,8 +282,7 @@ impl NativeStore {
             })?,
             None => &[],
         };
-        let (out, times) = py
-            .detach(|| self.engine.infer(&model.model, dense, &req))
+        let (out, times) = detach(py, || self.engine.infer(&model.model, dense, &req))?
             .map_err(|e| engine_err(py, e))?;
         let n = model.model.outputs();
         let batch = out.len() / n;
@@ -324,7 +319,7 @@ impl NativeStore {
         {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            py.detach(|| self.engine.read_rows(id, rows, slice))
+            detach(py, || self.engine.read_rows(id, rows, slice))?
                 .map_err(|e| engine_err(py, e))?;
         }
         Ok(out)
@@ -397,7 +392,7 @@ pub(crate) fn verify_store(
     let total = reader.tables().iter().map(|t| t.data_bytes).sum();
     let bar = progress::bar(progress, total, "verifying");
     let cb = progress::callback(&bar);
-    let checks = py.detach(|| reader.verify(cb.as_ref()));
+    let checks = detach(py, || reader.verify(cb.as_ref()))?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -422,9 +417,8 @@ pub(crate) fn store_attach(
     name: &str,
     data: &[u8],
 ) -> PyResult<String> {
-    let manifest = py
-        .detach(|| nearrec_format::attach(&path, name, data))
-        .map_err(|e| format_err(py, e))?;
+    let manifest =
+        detach(py, || nearrec_format::attach(&path, name, data))?.map_err(|e| format_err(py, e))?;
     Ok(serde_json::to_string(&manifest).expect("manifest serialises"))
 }
 
@@ -435,9 +429,10 @@ pub(crate) fn store_read_attachment<'py>(
     path: PathBuf,
     name: &str,
 ) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
-    let bytes = py
-        .detach(|| StoreReader::open(&path).and_then(|r| r.read_attachment(name)))
-        .map_err(|e| format_err(py, e))?;
+    let bytes = detach(py, || {
+        StoreReader::open(&path).and_then(|r| r.read_attachment(name))
+    })?
+    .map_err(|e| format_err(py, e))?;
     Ok(bytes.map(|b| pyo3::types::PyBytes::new(py, &b)))
 }
 

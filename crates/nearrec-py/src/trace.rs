@@ -9,7 +9,7 @@ use nearrec_plan::{
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 
-use crate::error::{check_non_negative, raise};
+use crate::error::{check_non_negative, detach, raise};
 
 pub(crate) fn plan_err(py: Python<'_>, e: PlanError) -> PyErr {
     let msg = e.to_string();
@@ -43,8 +43,7 @@ pub(crate) fn trace_generate_table<'py>(
     table: usize,
 ) -> PyResult<Csr<'py>> {
     let spec = spec(py, spec_json)?;
-    let t = py
-        .detach(|| spec.generate(bags, table_seed(seed, table)))
+    let t = detach(py, || spec.generate(bags, table_seed(seed, table)))?
         .map_err(|e| plan_err(py, e))?;
     Ok((
         PyArray1::from_vec(py, t.offsets),
@@ -103,19 +102,34 @@ pub(crate) fn trace_write(
             indices,
         })
         .collect();
-    let header = py
-        .detach(|| write_trace(&path, batch_size, seed, &data, overwrite))
-        .map_err(|e| plan_err(py, e))?;
+    let header = detach(py, || {
+        write_trace(&path, batch_size, seed, &data, overwrite)
+    })?
+    .map_err(|e| plan_err(py, e))?;
     Ok(serde_json::to_string(&header).expect("serialisable"))
 }
 
-/// Opens and validates a trace file; returns its header as JSON (Python maps the arrays).
+/// Reads and validates a trace file: `(header JSON, verified, the file's bytes)`, the arrays at
+/// the header's offsets in the bytes. With `mapped`, the file is validated through a memory map
+/// and no bytes are returned (Python maps the arrays itself).
 #[pyfunction]
-pub(crate) fn trace_open(py: Python<'_>, path: PathBuf) -> PyResult<String> {
-    let file = py
-        .detach(|| TraceFile::open(&path))
-        .map_err(|e| plan_err(py, e))?;
-    Ok(serde_json::to_string(file.header()).expect("serialisable"))
+#[pyo3(signature = (path, mapped = false))]
+pub(crate) fn trace_open<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    mapped: bool,
+) -> PyResult<(String, bool, Option<Bound<'py, pyo3::types::PyBytes>>)> {
+    let file = detach(py, || {
+        if mapped {
+            TraceFile::map(&path)
+        } else {
+            TraceFile::open(&path)
+        }
+    })?
+    .map_err(|e| plan_err(py, e))?;
+    let header = serde_json::to_string(file.header()).expect("serialisable");
+    let bytes = (!mapped).then(|| pyo3::types::PyBytes::new(py, file.bytes()));
+    Ok((header, file.verified(), bytes))
 }
 
 type ProfileArrays<'py> = (
@@ -132,7 +146,7 @@ pub(crate) fn trace_profile<'py>(
 ) -> PyResult<ProfileArrays<'py>> {
     let ids = indices.as_slice()?;
     check_non_negative(py, ids)?;
-    let p = py.detach(|| Profile::of(ids.iter().map(|&i| i as u64)));
+    let p = detach(py, || Profile::of(ids.iter().map(|&i| i as u64)))?;
     Ok((
         PyArray1::from_vec(py, p.unique),
         PyArray1::from_vec(py, p.distances),
@@ -154,8 +168,6 @@ pub(crate) fn colocation_order<'py>(
         .parse()
         .map_err(|e: String| raise(py, "InvalidRequest", e, Some(table), None))?;
     let ids = indices.as_slice()?;
-    let order = py
-        .detach(|| colocate(table, rows, ids, how))
-        .map_err(|e| plan_err(py, e))?;
+    let order = detach(py, || colocate(table, rows, ids, how))?.map_err(|e| plan_err(py, e))?;
     Ok(PyArray1::from_vec(py, order))
 }

@@ -13,7 +13,7 @@ use nearrec_format::{
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use crate::error::{format_err, raise};
+use crate::error::{detach, format_err, raise};
 use crate::progress;
 
 struct State {
@@ -166,8 +166,7 @@ impl NativeStoreWriter {
                     None,
                 )
             })?;
-            py.detach(|| t.write_f32(slice))
-                .map_err(|e| format_err(py, e))
+            detach(py, || t.write_f32(slice))?.map_err(|e| format_err(py, e))
         })
     }
 
@@ -177,7 +176,7 @@ impl NativeStoreWriter {
             let t = Self::table(py, st)?;
             let init = UniformInit::new(seed, table_index, t.spec().rows);
             let left = t.spec().rows - t.rows_written();
-            py.detach(|| t.write_with(left, |row, out| init.fill(row, out)))
+            detach(py, || t.write_with(left, |row, out| init.fill(row, out)))?
                 .map_err(|e| format_err(py, e))
         })
     }
@@ -195,8 +194,7 @@ impl NativeStoreWriter {
                 )
             })?;
             let store = st.store.as_mut().expect("checked in with()");
-            py.detach(|| store.finish_table(t))
-                .map_err(|e| format_err(py, e))
+            detach(py, || store.finish_table(t))?.map_err(|e| format_err(py, e))
         })
     }
 
@@ -214,9 +212,7 @@ impl NativeStoreWriter {
                 ));
             }
             let store = st.store.take().expect("checked in with()");
-            let manifest = py
-                .detach(|| store.commit())
-                .map_err(|e| format_err(py, e))?;
+            let manifest = detach(py, || store.commit())?.map_err(|e| format_err(py, e))?;
             if let Some(bar) = st.bar.take() {
                 bar.finish_and_clear();
             }
@@ -311,17 +307,16 @@ pub(crate) fn copy_store_ordered(
     }
     let total = reader.tables().iter().map(|t| t.data_bytes).sum();
     let bar = progress::bar(progress, total, "co-locating");
-    let manifest = py
-        .detach(|| {
-            copy_ordered(
-                &reader,
-                &dst,
-                &orders,
-                StoreOptions { overwrite, params },
-                progress::callback(&bar),
-            )
-        })
-        .map_err(|e| format_err(py, e))?;
+    let manifest = detach(py, || {
+        copy_ordered(
+            &reader,
+            &dst,
+            &orders,
+            StoreOptions { overwrite, params },
+            progress::callback(&bar),
+        )
+    })?
+    .map_err(|e| format_err(py, e))?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

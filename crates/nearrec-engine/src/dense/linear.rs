@@ -33,7 +33,8 @@ impl Activation {
     fn apply(self, v: &mut [f32]) {
         match self {
             Self::None => {}
-            Self::Relu => v.iter_mut().for_each(|x| *x = x.max(0.0)),
+            // `max` would turn NaN into 0; PyTorch's relu keeps it
+            Self::Relu => v.iter_mut().filter(|x| **x < 0.0).for_each(|x| *x = 0.0),
             Self::Sigmoid => v.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())),
             Self::Tanh => v.iter_mut().for_each(|x| *x = x.tanh()),
         }

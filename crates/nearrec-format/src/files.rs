@@ -1,0 +1,79 @@
+//! Opening the files a store, a trace or a plan is made of: regular files only.
+//!
+//! `open(2)` on a FIFO blocks until a writer appears, and a read of a character device may never
+//! end. Every file nearrec reads is opened non-blocking and checked with `fstat` before a byte
+//! is read, so a FIFO or a device where a table or trace should be is refused at once.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Error, ErrorKind, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Opens `path` for reading (with `flags` such as `O_DIRECT` added), refusing anything but a
+/// regular file without blocking on it: the error is [`ErrorKind::InvalidInput`] and says what
+/// the path is.
+pub fn open_regular(path: &Path, flags: i32) -> std::io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_dir() {
+            "a directory"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a file"
+        };
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} is {what}, not a regular file", path.display()),
+        ));
+    }
+    // Regular files ignore O_NONBLOCK; clear it anyway so the descriptor is an ordinary one.
+    // SAFETY: fcntl on a descriptor we own, with integer arguments.
+    unsafe {
+        let fd = file.as_raw_fd();
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
+/// The whole of the regular file at `path` (see [`open_regular`]).
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file = open_regular(path, 0)?;
+    let mut bytes = Vec::with_capacity(file.metadata()?.len() as usize);
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifos_directories_and_devices_are_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for p in [fifo.as_path(), dir.path(), Path::new("/dev/zero")] {
+            let e = read_regular(p).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{p:?}");
+            assert!(e.to_string().contains("not a regular file"));
+        }
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"abc").unwrap();
+        assert_eq!(read_regular(&file).unwrap(), b"abc");
+    }
+}

@@ -1,0 +1,401 @@
+"""The process survives what adversarial testing threw at it: stores larger than memory, huge
+caches, truncated and corrupted trace files, panics, forks with lookups in flight, FIFOs where
+files should be (issue 23, items 1-6, 8 and 11). Cases that could kill or hang the test process
+run in a child process with a deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nearrec
+import nearrec.trace as nt
+from nearrec.errors import (
+    IndexOutOfRange,
+    InsufficientMemory,
+    InternalError,
+    InvalidTrace,
+    NearrecError,
+    StoreCorrupted,
+)
+
+CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
+CGROUP_PIDS = Path("/sys/fs/cgroup/pids")
+
+
+def run_child(code: str, timeout: float = 60, cgroup: Path | None = None,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a fresh Python (inside ``cgroup`` when given) and returns what it did;
+    a hang past ``timeout`` fails the test."""
+    prelude = ""
+    if cgroup is not None:
+        prelude = f"open({str(cgroup / 'cgroup.procs')!r}, 'w').write(str(__import__('os').getpid()))\n"
+    try:
+        return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **(env or {})})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the child hung for {timeout} s")
+
+
+def make_cgroup(root: Path, name: str, limits: dict[str, str]) -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("cgroups need root")
+    if not root.is_dir():
+        pytest.skip(f"no cgroup v1 controller at {root}")
+    cg = root / f"{name}-{os.getpid()}"
+    cg.mkdir(exist_ok=True)
+    for k, v in limits.items():
+        (cg / k).write_text(v)
+    return cg
+
+
+def remove_cgroup(cg: Path) -> None:
+    for _ in range(50):
+        try:
+            cg.rmdir()
+            return
+        except OSError:  # its last process is still exiting
+            time.sleep(0.1)
+
+
+# ---- item 1: a store larger than memory ----------------------------------------------------
+
+
+def test_a_budget_above_memory_is_a_typed_error(tmp_path):
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"t": np.ones((100, 8), np.float32)})
+    with pytest.raises(InsufficientMemory, match="dram_budget") as e:
+        nearrec.open(path, dram_budget="2TiB")
+    assert isinstance(e.value, MemoryError)
+    with pytest.raises(InsufficientMemory):
+        nearrec.open(path, tier="ssd", dram_budget=2**62)
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory) -> Path:
+    """192 MiB of tables, for children in a 128 MiB memory cgroup."""
+    path = tmp_path_factory.mktemp("big") / "s"
+    rng = np.random.default_rng(0)
+    nearrec.from_numpy(path, {f"t{i}": rng.standard_normal((196_608, 32), dtype=np.float32)
+                              for i in range(8)})
+    return path
+
+
+def test_loading_more_than_the_cgroup_allows_is_a_typed_error(big_store):
+    cg = make_cgroup(CGROUP_MEMORY, "nearrec-test-mem", {"memory.limit_in_bytes": str(128 << 20)})
+    try:
+        # the child itself (Python, numpy, nearrec) takes ~40 MiB of the 128
+        out = run_child(f"""
+            import nearrec, numpy as np
+            from nearrec.errors import InsufficientMemory
+            p = {str(big_store)!r}
+            for kw in (dict(tier="dram"), dict(tier="ssd", plan={{f"t{{i}}": {{"resident": True}}
+                                                                for i in range(6)}})):
+                try:
+                    nearrec.open(p, **kw)
+                    print("opened", kw)
+                except InsufficientMemory as e:
+                    print("refused:", e)
+            s = nearrec.open(p)  # auto: does not fit, so it is served from SSD
+            print("auto", s.tier, s.lookup("t0", np.array([1, 2]), np.array([0])).shape)
+            """, cgroup=cg)
+    finally:
+        remove_cgroup(cg)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("refused:") == 2, out.stdout
+    assert "is available now" in out.stdout
+    assert "auto ssd (1, 32)" in out.stdout
+
+
+# ---- item 2: caches larger than memory or than their table ---------------------------------
+
+
+@pytest.mark.parametrize("cache_bytes", [2**44, 9223372036854775807, "1TiB"])
+def test_a_cache_is_capped_at_its_table(tmp_path, cache_bytes):
+    path = tmp_path / "s"
+    rows = np.random.default_rng(0).standard_normal((300, 16), dtype=np.float32)
+    nearrec.from_numpy(path, {"t": rows})
+    store = nearrec.open(path, tier="ssd", plan={"t": {"cache_bytes": cache_bytes}})
+    (report,) = store.tier_report()
+    assert 300 <= report["cache_rows"] <= 2 * 300 + 16
+    assert report["bytes"] < 1 << 20
+    idx = np.arange(300)
+    np.testing.assert_array_equal(store.lookup("t", idx, idx), rows)
+    np.testing.assert_array_equal(store.lookup("t", idx, idx), rows)  # from the cache
+    assert store.stats()["lookups_cache"] > 250  # (a few sets overflow: hashing is not perfect)
+
+
+# ---- item 3: a trace truncated under a reader -----------------------------------------------
+
+
+def test_truncating_a_loaded_trace_does_not_kill_the_reader(tmp_path):
+    path = tmp_path / "t.nrtrace"
+    nt.generate({"a": 1000}, bags=20_000, pooling=20, generator=nt.Generator.uniform()).save(path)
+    out = run_child(f"""
+        import os, nearrec.trace as nt
+        t = nt.load({str(path)!r})
+        os.truncate({str(path)!r}, 4096)  # another process shrinks the file
+        print("sum", int(t["a"].indices.sum()) > 0)
+        """)
+    assert out.returncode == 0, f"rc {out.returncode}: {out.stderr}"
+    assert "sum True" in out.stdout
+
+
+def test_a_trace_can_still_be_mapped_on_request(tmp_path):
+    path = tmp_path / "t.nrtrace"
+    saved = nt.generate({"a": 1000}, bags=100, pooling=4, generator=nt.Generator.uniform()).save(path)
+    mapped = nt.load(path, mmap=True)
+    assert isinstance(mapped["a"].indices, np.memmap)
+    np.testing.assert_array_equal(mapped["a"].indices, saved["a"].indices)
+    assert mapped.verified and saved.verified
+
+
+# ---- item 4: no panic reaches Python; threads are shared ------------------------------------
+
+
+def test_a_panic_arrives_as_a_typed_internal_error():
+    with pytest.raises(InternalError, match="boom"):
+        nearrec._native.panic_at_the_boundary("boom")
+
+
+@pytest.mark.parametrize("tier", ["dram", "ssd"])
+def test_a_table_with_no_rows_serves_empty_bags_and_refuses_indices(tmp_path, tier):
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"empty": np.zeros((0, 8), np.float32),
+                              "t": np.ones((4, 8), np.float32)})
+    store = nearrec.open(path, tier=tier)
+    out = store.lookup("empty", np.zeros(0, np.int64), np.array([0, 0, 0]))
+    np.testing.assert_array_equal(out, np.zeros((3, 8), np.float32))
+    with pytest.raises(IndexOutOfRange, match="position 0"):
+        store.lookup("empty", np.array([0]), np.array([0]))
+    assert nearrec.verify(path)[0].ok
+
+
+def test_stores_share_their_threads(tmp_path):
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"t": np.ones((1000, 8), np.float32)})
+    idx = np.arange(100_000) % 1000
+    off = np.arange(0, 100_000, 10)
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    first = nearrec.open(path, threads=3)
+    first.lookup("t", idx, off)  # starts the pool of 3
+    before = threads()
+    stores = [nearrec.open(path, threads=3) for _ in range(40)]
+    for s in stores:
+        s.lookup("t", idx, off)
+    assert threads() - before <= 1
+
+
+def test_running_out_of_threads_is_a_typed_error(tmp_path):
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"t": np.ones((1000, 8), np.float32)})
+    cg = make_cgroup(CGROUP_PIDS, "nearrec-test-pids", {})
+    try:
+        out = run_child(f"""
+            import os, nearrec, numpy as np
+            from nearrec.errors import ResourceExhausted
+            # from here on, this process may have no more threads than it has now, plus 2
+            open({str(cg / 'pids.max')!r}, 'w').write(str(len(os.listdir('/proc/self/task')) + 2))
+            try:
+                s = nearrec.open({str(path)!r}, threads=64)
+                print("opened")
+            except ResourceExhausted as e:
+                print("refused:", e)
+            """, cgroup=cg)
+    finally:
+        remove_cgroup(cg)
+    assert out.returncode == 0, out.stderr
+    assert "refused: cannot start a pool of 64 threads" in out.stdout, out.stdout
+
+
+# ---- item 5: fork with lookups in flight ----------------------------------------------------
+
+
+def fork_with_lookups_in_flight(store: nearrec.Store, table: str, rows: int,
+                                forks: int = 25) -> None:
+    """Keeps two threads looking up while the main thread forks; every child must finish a
+    lookup of its own within the deadline."""
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, rows, 4_000)
+    off = np.arange(0, 4_000, 8)
+    want = store.lookup(table, idx, off)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def busy() -> None:
+        try:
+            while not stop.is_set():
+                store.lookup(table, idx, off)
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    workers = [threading.Thread(target=busy) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(forks):
+            time.sleep(0.005)
+            pid = os.fork()
+            if pid == 0:
+                try:  # (the SSD tier sums rows in the order they land: compare to rounding)
+                    ok = np.allclose(store.lookup(table, idx, off), want, rtol=1e-5, atol=1e-6)
+                    os._exit(0 if ok else 1)
+                finally:
+                    os._exit(2)
+            deadline = time.time() + 20
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    assert os.waitstatus_to_exitcode(status) == 0, "wrong rows in the child"
+                    break
+                if time.time() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    pytest.fail("a forked child deadlocked")
+                time.sleep(0.002)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("placement", ["dram", "ssd", "ssd-cache", "ssd-hot-cache", "auto-budget"])
+def test_fork_with_lookups_in_flight_never_deadlocks(tmp_path, placement):
+    path = tmp_path / "s"
+    rows = 5_000
+    nearrec.from_numpy(path, {"t": np.random.default_rng(1).standard_normal((rows, 16),
+                                                                            dtype=np.float32)})
+    options = {
+        "dram": dict(tier="dram"),
+        "ssd": dict(tier="ssd"),
+        "ssd-cache": dict(tier="ssd", dram_budget="64KiB"),
+        "ssd-hot-cache": dict(tier="ssd", plan={"t": {"hot_rows": list(range(0, rows, 7)),
+                                                      "cache_bytes": "64KiB"}}),
+        "auto-budget": dict(dram_budget="100KiB"),
+    }[placement]
+    fork_with_lookups_in_flight(nearrec.open(path, **options), "t", rows)
+
+
+# ---- item 6: FIFOs where files should be ----------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["MANIFEST", "table", "trace"])
+def test_a_fifo_is_refused_without_blocking(tmp_path, which):
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"t": np.ones((10, 4), np.float32)})
+    trace = tmp_path / "t.nrtrace"
+    target = {"MANIFEST": path / "MANIFEST", "table": path / nearrec.info(path).tables[0].file,
+              "trace": trace}[which]
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)
+    call = (f"nt.load({str(trace)!r})" if which == "trace"
+            else f"nearrec.open({str(path)!r})")
+    out = run_child(f"""
+        import nearrec, nearrec.trace as nt
+        from nearrec.errors import NearrecError
+        try:
+            {call}
+        except NearrecError as e:
+            print(type(e).__name__, e)
+        """, timeout=30)
+    assert out.returncode == 0, out.stderr
+    expected = "InvalidTrace" if which == "trace" else "StoreCorrupted"
+    assert out.stdout.startswith(expected) and "a FIFO, not a regular file" in out.stdout, \
+        out.stdout
+
+
+# ---- item 8: non-finite dense inputs --------------------------------------------------------
+
+
+def test_offload_propagates_non_finite_dense_inputs_as_pytorch_does(tmp_path):
+    import torch
+
+    from nearrec.models import build, offload
+    from nearrec.torch import KeyedJaggedTensor
+
+    path = tmp_path / "rmc1"
+    nearrec.build(path, "rmc1", rows=100, seed=1, progress=False)
+    store = nearrec.open(path)
+    model = build("rmc1", store, seed=3)
+    off = offload(model)
+    spec = nearrec.model_spec("rmc1")
+    tables = list(store.tables)
+    lengths = torch.full((4 * len(tables),), 2, dtype=torch.int64)
+    kjt = KeyedJaggedTensor(tables, torch.arange(int(lengths.sum())) % 100, lengths)
+    dense = torch.ones((4, spec.dense_features))
+    dense[0, 0] = float("nan")
+    dense[1, :] = float("inf")
+    dense[2, :] = -float("inf")
+    with torch.inference_mode():
+        want = model(dense, kjt)
+    got = off(dense, kjt)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6, equal_nan=True)
+    assert torch.isnan(got[0]).all()
+
+
+# ---- item 11: trace checksums ---------------------------------------------------------------
+
+
+def test_a_flipped_bit_in_a_trace_is_refused(tmp_path):
+    path = tmp_path / "t.nrtrace"
+    t = nt.generate({"a": 1000, "b": 50}, bags=200, pooling=4, generator=nt.Generator.uniform()).save(path)
+    data = bytearray(path.read_bytes())
+    header = json.loads(data[24:24 + struct.unpack_from("<I", data, 12)[0]])
+    flips = [header["tables"][1]["indices_at"] + 8 * 3,  # index 3 of b: 0..49, stays in range
+             header["tables"][0]["offsets_at"] + 8 * 7 + 1, 30]  # an offset; the header
+    for at in flips:
+        bad = bytearray(data)
+        bad[at] ^= 0x01
+        path.write_bytes(bad)
+        with pytest.raises(InvalidTrace, match="checksum"):
+            nt.load(path)
+    assert t.verified
+
+
+def test_a_version_1_trace_still_loads_unverified(tmp_path):
+    offsets = np.array([0, 2, 3], np.int64)
+    indices = np.array([5, 6, 7], np.int64)
+    entry = {"name": "a", "rows": 10, "pooling": 2, "generator": None,
+             "first_reference_share": None, "lookups": 3, "offsets_at": 0, "indices_at": 0}
+    header = {"bags": 2, "batch_size": 2, "seed": 0, "tables": [entry]}
+    entry["offsets_at"] = 256
+    entry["indices_at"] = 320
+    text = json.dumps(header).encode()
+    assert 16 + len(text) <= 256
+    blob = bytearray(384)
+    blob[:16] = b"NRTRACE\0" + struct.pack("<II", 1, len(text))
+    blob[16:16 + len(text)] = text
+    blob[256:256 + 24] = offsets.tobytes()
+    blob[320:320 + 24] = indices.tobytes()
+    path = tmp_path / "v1.nrtrace"
+    path.write_bytes(bytes(blob))
+    t = nt.load(path)
+    assert not t.verified
+    np.testing.assert_array_equal(t["a"].indices, indices)
+
+
+def test_a_trace_naming_a_table_twice_is_refused(tmp_path):
+    a = nt.generate_table("a", 10, 2, 5, nt.Generator.uniform())
+    with pytest.raises(NearrecError, match="twice"):
+        nt.Trace({"a": a, "b": a}, 2).save(tmp_path / "t.nrtrace")
+
+
+def test_errors_above_are_nearrec_errors():
+    for cls in (InsufficientMemory, InternalError, StoreCorrupted, InvalidTrace):
+        assert issubclass(cls, NearrecError)
