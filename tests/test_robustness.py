@@ -40,7 +40,8 @@ def run_child(code: str, timeout: float = 60, cgroup: Path | None = None,
     a hang past ``timeout`` fails the test."""
     prelude = ""
     if cgroup is not None:
-        prelude = f"open({str(cgroup / 'cgroup.procs')!r}, 'w').write(str(__import__('os').getpid()))\n"
+        procs = str(cgroup / "cgroup.procs")
+        prelude = f"open({procs!r}, 'w').write(str(__import__('os').getpid()))\n"
     try:
         return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
                               capture_output=True, text=True, timeout=timeout,
@@ -155,7 +156,8 @@ def test_truncating_a_loaded_trace_does_not_kill_the_reader(tmp_path):
 
 def test_a_trace_can_still_be_mapped_on_request(tmp_path):
     path = tmp_path / "t.nrtrace"
-    saved = nt.generate({"a": 1000}, bags=100, pooling=4, generator=nt.Generator.uniform()).save(path)
+    saved = nt.generate({"a": 1000}, bags=100, pooling=4,
+                        generator=nt.Generator.uniform()).save(path)
     mapped = nt.load(path, mmap=True)
     assert isinstance(mapped["a"].indices, np.memmap)
     np.testing.assert_array_equal(mapped["a"].indices, saved["a"].indices)
@@ -354,7 +356,8 @@ def test_offload_propagates_non_finite_dense_inputs_as_pytorch_does(tmp_path):
 
 def test_a_flipped_bit_in_a_trace_is_refused(tmp_path):
     path = tmp_path / "t.nrtrace"
-    t = nt.generate({"a": 1000, "b": 50}, bags=200, pooling=4, generator=nt.Generator.uniform()).save(path)
+    t = nt.generate({"a": 1000, "b": 50}, bags=200, pooling=4,
+                    generator=nt.Generator.uniform()).save(path)
     data = bytearray(path.read_bytes())
     header = json.loads(data[24:24 + struct.unpack_from("<I", data, 12)[0]])
     flips = [header["tables"][1]["indices_at"] + 8 * 3,  # index 3 of b: 0..49, stays in range
