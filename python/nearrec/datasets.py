@@ -15,9 +15,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import pickle
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +29,8 @@ from typing import Any, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from .errors import InvalidTrace
+from .errors import InvalidRequest, InvalidTrace, StoreIOError, StoreNotFound
+from .request import count, path_arg
 from .trace import TableTrace, Trace, from_fbgemm
 
 #: Distinct values of each categorical feature in Criteo Kaggle (traces.md), for look-alikes and
@@ -49,6 +53,35 @@ class ClickLog:
     labels: npt.NDArray[np.int8]
 
 
+def _source(path: Any, what: str = "path", dir_ok: bool = False) -> Path:
+    """``path`` checked: a path that exists (a file, or a directory where ``dir_ok``)."""
+    p = Path(path_arg(path, what))
+    if not p.exists():
+        raise StoreNotFound(f"{what} {str(p)!r} does not exist")
+    if p.is_dir() and not dir_ok:
+        raise StoreIOError(f"{what} {str(p)!r} is a directory, not a file")
+    return p
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Turns what reading ``path`` can raise into nearrec errors naming it."""
+    try:
+        yield
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise InvalidTrace(f"{path}: not a readable gzip file: {e}") from None
+    except EOFError as e:
+        raise InvalidTrace(f"{path}: truncated or empty file: {e}") from None
+    except UnicodeDecodeError as e:
+        raise InvalidTrace(f"{path}: not a text file (byte {e.start}: {e.reason})") from None
+    except FileNotFoundError as e:
+        raise StoreNotFound(f"{path}: {e.strerror or e}") from None
+    except OSError as e:
+        if isinstance(e, StoreIOError):
+            raise
+        raise StoreIOError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
 def _open_text(path: Path) -> TextIO:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="ascii", errors="strict")
@@ -63,20 +96,27 @@ def criteo(path: str | Path, rows: int | Sequence[int] | None = CRITEO_KAGGLE_RO
     order of first appearance (row 0 is "missing"). Tables are named ``C1`` ... ``C26``. A line
     without 40 fields, or with a non-hex category or non-integer feature, is an
     :class:`InvalidTrace` that names the file and line."""
-    path = Path(path)
+    path = _source(path)
+    if samples is not None:
+        samples = count(samples, "samples", minimum=0)
+    batch_size = count(batch_size, "batch_size")
+    chunk = count(chunk, "chunk")
     sizes: list[int] | None
     if rows is None:
         sizes = None
-    elif isinstance(rows, int):
+    elif isinstance(rows, int) and not isinstance(rows, bool):
         sizes = [rows] * CRITEO_SPARSE
+    elif isinstance(rows, str | bytes) or not isinstance(rows, Sequence | np.ndarray):
+        raise InvalidRequest(f"criteo rows must be one hash size, 26 of them or None, not "
+                             f"{rows!r:.60}")
     else:
-        sizes = [int(r) for r in rows]
+        sizes = [count(r, f"criteo rows[{i}]", minimum=-(1 << 62)) for i, r in enumerate(rows)]
     if sizes is not None and (len(sizes) != CRITEO_SPARSE or min(sizes) < 1):
         raise InvalidTrace(f"criteo needs 26 positive hash sizes, got {rows!r}")
     dicts: list[dict[str, int]] = [{"": 0} for _ in range(CRITEO_SPARSE)]
     ids_parts, dense_parts, label_parts = [], [], []
     seen = 0
-    with _open_text(path) as f:
+    with _reading(path), _open_text(path) as f:
         while samples is None or seen < samples:
             want = chunk if samples is None else min(chunk, samples - seen)
             lines = [line for _, line in zip(range(want), f, strict=False)]
@@ -126,12 +166,28 @@ def fbgemm_file(path: str | Path, rows: Sequence[int] | None = None,
     ``names`` are given; their row counts are ``rows``, or each table's largest id + 1."""
     import torch
 
+    path = _source(path)
+    if batch_size is not None:
+        batch_size = count(batch_size, "batch_size")
+    if names is not None and (isinstance(names, str | bytes) or not isinstance(names, Sequence)
+                              or not all(isinstance(n, str) for n in names)):
+        raise InvalidRequest(f"names must be a sequence of table names, not {names!r:.60}")
+    if rows is not None:
+        if isinstance(rows, str | bytes) or not isinstance(rows, Sequence | np.ndarray):
+            raise InvalidRequest(f"rows must be a sequence of row counts, not {rows!r:.60}")
+        rows = [count(r, f"rows[{i}]") for i, r in enumerate(rows)]
     try:
-        loaded = torch.load(Path(path), map_location="cpu", weights_only=True)
+        with _reading(path):
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
         indices, offsets, lengths = (np.asarray(x.numpy() if hasattr(x, "numpy") else x)
                                      for x in loaded)
-    except (ValueError, TypeError, RuntimeError) as e:
+    except (ValueError, TypeError, RuntimeError, pickle.UnpicklingError, AttributeError) as e:
         raise InvalidTrace(f"{path}: not an (indices, offsets, lengths) triple: {e}") from None
+    if indices.ndim != 1 or offsets.ndim != 1 or indices.dtype.kind not in "iu" \
+            or offsets.dtype.kind not in "iu" or lengths.dtype.kind not in "iu":
+        raise InvalidTrace(f"{path}: indices and offsets must be 1-D integer arrays, lengths a "
+                           f"2-D one; got {indices.shape} {indices.dtype}, {offsets.shape} "
+                           f"{offsets.dtype}, {lengths.shape} {lengths.dtype}")
     if lengths.ndim != 2 or len(offsets) != lengths.size + 1:
         raise InvalidTrace(f"{path}: lengths {lengths.shape} and {len(offsets)} offsets do not "
                            "describe tables x batch bags")
@@ -156,12 +212,14 @@ def _movielens_lines(source: Path) -> Iterator[str]:
     """Lines of ratings (``user item rating timestamp``) from a file, a directory holding
     ``u.data`` or ``ml-100k.inter``, or a recbole wheel."""
     if source.suffix == ".whl":
-        with zipfile.ZipFile(source) as z:
-            name = "recbole/dataset_example/ml-100k/ml-100k.inter"
-            try:
+        name = "recbole/dataset_example/ml-100k/ml-100k.inter"
+        try:
+            with zipfile.ZipFile(source) as z:
                 text = z.read(name).decode()
-            except KeyError:
-                raise InvalidTrace(f"{source} holds no {name}") from None
+        except KeyError:
+            raise InvalidTrace(f"{source} holds no {name}") from None
+        except zipfile.BadZipFile as e:
+            raise InvalidTrace(f"{source}: not a wheel (zip) file: {e}") from None
         yield from text.splitlines()[1:]
         return
     if source.is_dir():
@@ -171,7 +229,7 @@ def _movielens_lines(source: Path) -> Iterator[str]:
                 break
         else:
             raise InvalidTrace(f"{source} holds neither u.data nor ml-100k.inter")
-    with open(source) as f:
+    with open(source, encoding="utf-8", errors="strict") as f:
         lines = f.read().splitlines()
     yield from lines[1:] if lines and ":token" in lines[0] else lines
 
@@ -182,8 +240,13 @@ def movielens_100k(source: str | Path, history: int = 20, batch_size: int = 64) 
     ``history`` (the user's up to ``history`` previous items, newest last; empty for a user's
     first rating). ``source``: ``u.data``, ``ml-100k.inter``, a directory holding either, or a
     ``recbole`` wheel (e.g. from ``pip download recbole==1.2.1 --no-deps``)."""
+    src = _source(source, "source", dir_ok=True)
+    history = count(history, "history", minimum=0)
+    batch_size = count(batch_size, "batch_size")
     rows: list[tuple[int, str, str]] = []
-    for n, line in enumerate(_movielens_lines(Path(source))):
+    with _reading(src):
+        lines = list(_movielens_lines(src))
+    for n, line in enumerate(lines):
         parts = line.split()
         if not parts:
             continue

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import _native
-from .errors import InvalidRequest
+from .errors import InvalidRequest, NearrecError, StoreIOError, StoreNotFound
+from .request import count, path_arg
 from .specs import model_spec, scaled_rows
 
 DEVICES = ("rm-ssd", "cosmos-plus", "this-disk")
@@ -31,16 +33,31 @@ def device(spec: str | dict[str, Any] | Path = "rm-ssd", **overrides: Any) -> di
     """A drive's parameter set: a preset's name, a JSON file, or a dict; ``overrides`` set fields by
     dotted path with ``__`` for the dot (``host__dram_bytes=1 << 30``)."""
     cfg: dict[str, Any]
-    if isinstance(spec, dict):
-        cfg = json.loads(json.dumps(spec))
-    elif str(spec) in DEVICES:
-        cfg = json.loads(_native.device_preset(str(spec)))
+    if isinstance(spec, Mapping):
+        try:
+            cfg = json.loads(json.dumps(dict(spec)))
+        except (TypeError, ValueError) as e:
+            raise InvalidRequest(f"a device dict must hold JSON values only: {e}") from None
+    elif isinstance(spec, str) and spec in DEVICES:
+        cfg = json.loads(_native.device_preset(spec))
     else:
-        path = Path(spec)
+        if not isinstance(spec, str | os.PathLike):
+            raise InvalidRequest(f"device must be a preset ({', '.join(DEVICES)}), a JSON file "
+                                 f"or a dict, not {type(spec).__name__} {spec!r:.60}")
+        path = Path(path_arg(spec, "device"))
         if not path.exists():
             raise InvalidRequest(f"no device {spec!r}: a preset ({', '.join(DEVICES)}) or a "
                                  "JSON file")
-        cfg = json.loads(path.read_text())
+        try:
+            cfg = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InvalidRequest(f"device file {str(path)!r} is not JSON: {e}") from None
+        except OSError as e:
+            raise StoreIOError(f"device file {str(path)!r} cannot be read: {e.strerror or e}"
+                               ) from None
+        if not isinstance(cfg, dict):
+            raise InvalidRequest(f"device file {str(path)!r} must hold a JSON object, not "
+                                 f"{type(cfg).__name__}")
     for key, value in overrides.items():
         set_field(cfg, key.replace("__", "."), value)
     return cfg
@@ -48,6 +65,12 @@ def device(spec: str | dict[str, Any] | Path = "rm-ssd", **overrides: Any) -> di
 
 def set_field(cfg: dict[str, Any], dotted: str, value: Any) -> None:
     """Sets ``a.b.c`` in a nested parameter set, refusing names it does not have."""
+    if not isinstance(cfg, dict):
+        raise InvalidRequest(f"set_field takes a device dict, not {type(cfg).__name__} "
+                             f"{cfg!r:.60}")
+    if not isinstance(dotted, str) or not dotted:
+        raise InvalidRequest(f"a device field is a dotted name such as 'host.dram_bytes', not "
+                             f"{dotted!r:.60}")
     *path, last = dotted.split(".")
     node = cfg
     for part in path:
@@ -70,6 +93,10 @@ def workload(model: str, rows: int | None = None, dim: int | None = None,
     """A benchmark model's tables and dense layers as the drive sees them; ``rows``, ``dim`` and
     ``tables`` replace the model's own (for sweeps), ``table_bytes`` scales the rows to a total;
     ``placement="one-per-page"`` stores one row per flash page, as RecSSD's evaluation assumes."""
+    rows = None if rows is None else count(rows, "rows")
+    dim = None if dim is None else count(dim, "dim")
+    tables = None if tables is None else count(tables, "tables")
+    table_bytes = None if table_bytes is None else count(table_bytes, "table_bytes")
     spec = model_spec(model)
     d = dim or spec.table_dim(variant)  # type: ignore[arg-type]
     n_rows = scaled_rows(spec, variant, rows=rows,  # type: ignore[arg-type]
@@ -125,6 +152,11 @@ def run(model: str | dict[str, Any] = "rmc1", dev: str | dict[str, Any] = "rm-ss
         pooling: int | None = None, k: float | None = 0.3, stride: int | None = None,
         sequential: bool = False, seed: int = 0, **workload_args: Any) -> dict[str, Any]:
     """One simulation; returns its report (simulated times in ms, throughput in samples/s)."""
+    batch = count(batch, "batch")
+    batches = count(batches, "batches")
+    warmup = count(warmup, "warmup", minimum=0)
+    if pooling is not None:
+        pooling = count(pooling, "pooling")
     w = workload(model, **workload_args) if isinstance(model, str) else model
     name = model if isinstance(model, str) else "custom"
     if pooling is None:
@@ -198,6 +230,8 @@ def plot(reports: Sequence[dict[str, Any]], x: str, y: str, path: str | Path,
 
 def read_rate(dev: str | dict[str, Any], queue_depth: int, nbytes: int = 512) -> float:
     """The model's random-read rate (reads/s) at a queue depth."""
+    queue_depth = count(queue_depth, "queue_depth", maximum=1 << 20)
+    nbytes = count(nbytes, "nbytes", maximum=1 << 40)
     return float(_native.device_read_rate(json.dumps(device(dev)), queue_depth, nbytes))
 
 
@@ -209,16 +243,41 @@ def calibrate(files: Sequence[str | Path], depths: Sequence[int] = (1, 2, 4, 8, 
     ``repeats`` probes, each at blocks never probed before, from ``seed``) and fits the model to
     it, each depth counting ``weights[depth]`` (1 by default); returns the fitted parameter set and
     the points (measured and predicted)."""
+    if isinstance(files, str | bytes | os.PathLike) or not isinstance(files, Sequence):
+        raise InvalidRequest(f"calibrate takes a list of files, not {files!r:.60}")
+    if not files:
+        raise InvalidRequest("calibrate needs at least one file to read")
+    paths = [path_arg(f, f"files[{i}]") for i, f in enumerate(files)]
+    for fp in paths:
+        if not os.path.isfile(fp):
+            if os.path.exists(fp):
+                raise StoreIOError(f"calibrate reads files; {fp!r} is not a regular file")
+            raise StoreNotFound(f"calibrate: no file {fp!r}")
+    if isinstance(depths, str | bytes) or not isinstance(depths, Sequence) or not depths:
+        raise InvalidRequest(f"depths must be a non-empty list of queue depths, not "
+                             f"{depths!r:.60}")
+    depths = [count(d, f"depths[{i}]", maximum=1 << 20) for i, d in enumerate(depths)]
+    reads = count(reads, "reads")
+    repeats = count(repeats, "repeats")
+    seed = count(seed, "seed", minimum=0)
+    if weights is not None and not isinstance(weights, Mapping):
+        raise InvalidRequest(f"weights must map queue depth to weight, not {weights!r:.60}")
+    base_cfg = device(base)
     points: list[dict[str, Any]] = []
     for i, qd in enumerate(depths):
         n = max(reads, 200 * qd) if qd > 1 else max(reads // 20, 500)
-        rates = sorted(
-            _native.random_read([str(f) for f in files], n, qd,
-                                (seed * 1000 + i) * 16 + rep + 11)["items_per_s"]
-            for rep in range(max(1, repeats)))
+        try:
+            rates = sorted(
+                _native.random_read(paths, n, qd,
+                                    (seed * 1000 + i) * 16 + rep + 11)["items_per_s"]
+                for rep in range(repeats))
+        except OSError as e:
+            if isinstance(e, NearrecError):
+                raise
+            raise StoreIOError(f"calibrate: reading {paths} failed: {e}") from None
         points.append({"queue_depth": qd, "bytes": 512, "reads_per_s": rates[len(rates) // 2],
                        "probes": rates, "weight": (weights or {}).get(qd, 1.0)})
-    fitted = json.loads(_native.device_fit(json.dumps(device(base)), json.dumps(points)))
+    fitted = json.loads(_native.device_fit(json.dumps(base_cfg), json.dumps(points)))
     fitted["name"] = "this-disk"
     for p in points:
         p["predicted_reads_per_s"] = read_rate(fitted, p["queue_depth"], p["bytes"])

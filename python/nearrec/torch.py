@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, UnknownTable
 from .keyed import KeyedTable
+from .request import MODES, as_array, flag, padding
 from .store import PoolingModeName, Store, TableLookup
 
 
@@ -26,6 +27,37 @@ def _numpy(t: Any) -> Any:
         t = t.detach()
         return t.cpu().numpy() if t.device.type != "cpu" else t.numpy()
     return t
+
+
+def _mode_arg(mode: Any, table: str | None) -> PoolingModeName:
+    if not isinstance(mode, str) or mode not in MODES:
+        where = f"table {table!r}: " if table is not None else ""
+        raise InvalidRequest(f"{where}mode must be 'sum', 'mean' or 'max', not {mode!r}",
+                             table=table)
+    return mode  # type: ignore[return-value]
+
+
+def _table_name(table: Any) -> str:
+    if not isinstance(table, str):
+        raise InvalidRequest(f"a table name must be a str, not {type(table).__name__} "
+                             f"{table!r:.60}")
+    return table
+
+
+def _device_arg(device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise InvalidRequest(f"device must be a torch device such as 'cpu' or 'cuda', not "
+                             f"{device!r:.60}: {e}") from None
+
+
+def _features_arg(features: Any) -> None:
+    if not all(callable(getattr(features, m, None)) for m in ("keys", "values", "lengths")):
+        raise InvalidRequest("features must be a KeyedJaggedTensor (keys(), values(), "
+                             f"lengths()), not {type(features).__name__} {features!r:.60}")
 
 
 def _device_of(*xs: Any) -> torch.device:
@@ -47,9 +79,10 @@ class EmbeddingBag(nn.Module):
     def __init__(self, store: Store, table: str, mode: PoolingModeName = "sum",
                  include_last_offset: bool = False, padding_idx: int | None = None):
         super().__init__()
-        info = store.table(table)
-        if mode not in ("sum", "mean", "max"):
-            raise InvalidRequest(f"mode must be 'sum', 'mean' or 'max', not {mode!r}", table=table)
+        info = store.table(_table_name(table))
+        mode = _mode_arg(mode, table)
+        include_last_offset = flag(include_last_offset, "include_last_offset")
+        padding_idx = padding(padding_idx, table)
         if padding_idx is not None and not -info.rows <= padding_idx < info.rows:
             raise InvalidRequest(
                 f"table {table!r}: padding_idx {padding_idx} is out of range for {info.rows} rows",
@@ -88,9 +121,11 @@ class KeyedEmbeddingBag(nn.Module):
     def __init__(self, table: KeyedTable, mode: PoolingModeName = "sum",
                  include_last_offset: bool = False):
         super().__init__()
-        if mode not in ("sum", "mean", "max"):
-            raise InvalidRequest(f"mode must be 'sum', 'mean' or 'max', not {mode!r}",
-                                 table=table.name)
+        if not isinstance(table, KeyedTable):
+            raise InvalidRequest(f"KeyedEmbeddingBag takes a KeyedTable, not "
+                                 f"{type(table).__name__} {table!r:.60}")
+        mode = _mode_arg(mode, table.name)
+        include_last_offset = flag(include_last_offset, "include_last_offset")
         self.keyed = table
         self.mode: PoolingModeName = mode
         self.include_last_offset = include_last_offset
@@ -98,7 +133,14 @@ class KeyedEmbeddingBag(nn.Module):
 
     def forward(self, input: Tensor, offsets: Tensor | None = None,
                 per_sample_weights: Tensor | None = None) -> Tensor:
-        keys = _numpy(input)
+        name = self.keyed.name
+        if input is None:
+            raise InvalidRequest(f"table {name!r}: input must be a tensor of ids, not None",
+                                 table=name)
+        keys = as_array(input, "input", name)
+        if keys.ndim not in (1, 2):
+            raise InvalidRequest(f"table {name!r}: input must be 1-D (with offsets) or 2-D, got "
+                                 f"{keys.ndim}-D", table=name)
         last = self.include_last_offset and keys.ndim == 1
         if keys.ndim == 2:
             if offsets is not None:
@@ -109,8 +151,9 @@ class KeyedEmbeddingBag(nn.Module):
         elif offsets is None:
             raise InvalidRequest("1-D input needs offsets", table=self.keyed.name)
         else:
-            starts = _numpy(offsets)
-        weights = None if per_sample_weights is None else _numpy(per_sample_weights).reshape(-1)
+            starts = as_array(offsets, "offsets", name)
+        weights = None if per_sample_weights is None else \
+            as_array(per_sample_weights, "per_sample_weights", name).reshape(-1)
         out = self.keyed.lookup(keys, offsets=starts, mode=self.mode,
                                 per_sample_weights=weights, include_last_offset=last)
         result = torch.from_numpy(out)
@@ -186,7 +229,11 @@ class KeyedTensor:
         return self._offsets
 
     def __getitem__(self, key: str) -> Tensor:
-        i = self._keys.index(key)
+        try:
+            i = self._keys.index(key)
+        except ValueError:
+            raise UnknownTable(f"the KeyedTensor has no key {key!r}; it has {self._keys}",
+                               table=key if isinstance(key, str) else None) from None
         return self._values[:, self._offsets[i]:self._offsets[i + 1]]
 
     def to_dict(self) -> dict[str, Tensor]:
@@ -222,10 +269,25 @@ class EmbeddingBagCollection(nn.Module):
                  hbm_budget: int | str | None = None, cache_policy: str = "lfu_pa",
                  admission_probability: float = 0.5, keyed: Sequence[KeyedTable] = ()):
         super().__init__()
+        if isinstance(keyed, KeyedTable) or not isinstance(keyed, Sequence) or \
+                not all(isinstance(k, KeyedTable) for k in keyed):
+            raise InvalidRequest(f"keyed must be a sequence of KeyedTable, not {keyed!r:.60}")
+        if tables is not None and (isinstance(tables, str | bytes)
+                                   or not isinstance(tables, Sequence)):
+            raise InvalidRequest(f"tables must be a sequence of table names, not "
+                                 f"{type(tables).__name__} {tables!r:.60}")
+        if feature_names is not None and not isinstance(feature_names, Mapping):
+            raise InvalidRequest(f"feature_names must be a mapping from feature to table, not "
+                                 f"{type(feature_names).__name__} {feature_names!r:.60}")
+        if feature_names is not None and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in feature_names.items()):
+            raise InvalidRequest(f"feature_names must map str features to str tables, not "
+                                 f"{feature_names!r:.60}")
+        device = _device_arg(device)
         self.store = store
         self.keyed = {k.name: k for k in keyed}
         store_tables = [] if store is None else \
-            list(tables) if tables is not None else list(store.tables)
+            [_table_name(t) for t in tables] if tables is not None else list(store.tables)
         if store is None and tables:
             raise InvalidRequest("tables name store tables, but there is no store")
         for t in store_tables:
@@ -236,7 +298,16 @@ class EmbeddingBagCollection(nn.Module):
         self.tables = store_tables + list(self.keyed)
         if not self.tables:
             raise InvalidRequest("the collection has no tables")
-        self.pooling = {t: pooling if isinstance(pooling, str) else pooling.get(t, "sum")
+        if not isinstance(pooling, str | Mapping):
+            raise InvalidRequest(f"pooling must be 'sum', 'mean', 'max' or a mapping from table "
+                                 f"to one, not {pooling!r:.60}")
+        if isinstance(pooling, Mapping):
+            unknown = [t for t in pooling if t not in self.tables]
+            if unknown:
+                raise UnknownTable(f"pooling names tables {unknown} the collection does not have",
+                                   table=unknown[0] if isinstance(unknown[0], str) else None)
+        self.pooling = {t: _mode_arg(pooling if isinstance(pooling, str)
+                                     else pooling.get(t, "sum"), t)
                         for t in self.tables}
         # feature -> table
         self.feature_names = dict(feature_names) if feature_names else {t: t for t in self.tables}
@@ -247,7 +318,7 @@ class EmbeddingBagCollection(nn.Module):
         self.dims = [self.keyed[t].dim if t in self.keyed else store.table(t).dim  # type: ignore[union-attr]
                      for t in self.tables]
         self.gpu_tier: Any = None
-        if hbm_budget is not None or (device is not None and torch.device(device).type == "cuda"):
+        if hbm_budget is not None or (device is not None and device.type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
             from .gpu import GpuCacheConfig, GpuTier
 
@@ -278,6 +349,7 @@ class EmbeddingBagCollection(nn.Module):
                ) -> tuple[int, Any, Any, Any, Any, list[tuple[str, int, int, int]]]:
         """``features`` checked: its batch, values, lengths, their bounds, weights and each
         table's ``(table, key position, lo, hi)``."""
+        _features_arg(features)
         keys = list(features.keys())
         values = _numpy(features.values())
         lengths = np.ascontiguousarray(_numpy(features.lengths()))
