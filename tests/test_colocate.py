@@ -49,9 +49,9 @@ def test_colocated_copies_pool_like_the_original(store, tmp_path, how):
     tr = zipf()
     head, h = halves(tr)
     out = colocate(path, head, tmp_path / "c", how=how, progress=False)
-    assert out.format_version == 2 and all(t.colocated for t in out.tables)
+    assert out.format_version == 3 and all(t.colocated for t in out.tables)
     assert out.params["colocated"]["how"] == how
-    assert nearrec.info(path).format_version == 1
+    assert nearrec.info(path).format_version == 3
     plan = make_plan(nearrec.info(path), head, "200KiB")
     opened = [nearrec.open(out.path, tier="dram"), nearrec.open(out.path, tier="ssd"),
               nearrec.open(out.path, tier="ssd", plan=plan, dram_budget="200KiB")]
@@ -138,7 +138,7 @@ def test_cli_colocate_and_info(store, tmp_path):
 
 def test_frozen_v2_fixture_still_opens_and_pools():
     store = nearrec.open(FIXTURES / "v2")
-    assert store.info.format_version == 2
+    assert store.info.format_version == 3
     assert [t.colocated for t in store.info.tables] == [True, False, False, True]
     expected = np.load(FIXTURES / "v1_expected.npz")
     for tier, tol in (("dram", 0.0), ("ssd", 1e-5)):  # the SSD tier adds rows as they land

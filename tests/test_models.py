@@ -145,7 +145,7 @@ def test_models_are_kept_with_their_tables(tmp_path):
     model = build("mtwnd", store, seed=7, tasks=3)
     save(model, path)
     info = nearrec.info(path)
-    assert info.format_version == 2 and set(info.attachments) == {"model.json", "dense.npz"}
+    assert info.format_version == 3 and set(info.attachments) == {"model.json", "dense.npz"}
     assert all(c.ok for c in nearrec.verify(path))
     again = load(nearrec.open(path))
     assert len(again.heads) == 3

@@ -402,3 +402,98 @@ def test_a_trace_naming_a_table_twice_is_refused(tmp_path):
 def test_errors_above_are_nearrec_errors():
     for cls in (InsufficientMemory, InternalError, StoreCorrupted, InvalidTrace):
         assert issubclass(cls, NearrecError)
+
+
+# ---- item 7: integrity on the read path -----------------------------------------------------
+
+
+def corrupt_store(root: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """A store of every dtype; see `damage` for what is done to it."""
+    rng = np.random.default_rng(7)
+    arrays = {"f32": rng.standard_normal((600, 32), dtype=np.float32),
+              "f16": rng.standard_normal((500, 16), dtype=np.float32),
+              "i8": rng.standard_normal((700, 5), dtype=np.float32)}
+    path = root / "s"
+    nearrec.from_numpy(path, arrays, dtype={"f32": "fp32", "f16": "fp16", "i8": "int8"})
+    return path, arrays
+
+
+def damage(path: Path, table: str, how: str, at: int) -> None:
+    """Flips one bit (an exponent bit of fp32 rows: a NaN or a huge value), or zeroes a 512-byte
+    sector, at data-region byte ``at`` of ``table``'s file."""
+    t = next(t for t in nearrec.info(path).tables if t.name == table)
+    f = path / t.file
+    data = bytearray(f.read_bytes())
+    if how == "flip":
+        data[4096 + at] ^= 0x40
+    else:
+        lo = 4096 + at // 512 * 512
+        data[lo:lo + 512] = bytes(512)
+    f.write_bytes(bytes(data))
+
+
+OPENINGS = {
+    "ssd": dict(tier="ssd"),
+    "auto-over-budget": dict(dram_budget="16KiB"),
+    "ssd-cache": dict(tier="ssd", dram_budget="32KiB"),
+    "no-load-checks": dict(tier="ssd", verify_checksums=False),
+    "flash-model": dict(tier="ssd", device="rm-ssd"),
+}
+
+
+@pytest.mark.parametrize("opening", OPENINGS)
+@pytest.mark.parametrize(("table", "how", "at"), [
+    ("f32", "flip", 3 * 128 + 3), ("f32", "zero", 40 * 128), ("f16", "flip", 100 * 32 + 1),
+    ("i8", "flip", 5 * 13 + 2), ("i8", "zero", 0)])
+def test_damaged_rows_are_never_served(tmp_path, opening, table, how, at):
+    path, arrays = corrupt_store(tmp_path)
+    damage(path, table, how, at)
+    store = nearrec.open(path, **OPENINGS[opening])
+    assert store.tier == "ssd"
+    rows = arrays[table].shape[0]
+    idx = np.arange(rows)
+    with pytest.raises(StoreCorrupted, match="corrupted on disk") as e:
+        store.lookup(table, idx, np.arange(0, rows, 4))
+    assert e.value.table == table
+    assert store.stats()["corrupt_reads"] >= 1
+    assert store.stats()["unprotected_tables"] == 0
+    # the other tables still serve
+    other = "f16" if table != "f16" else "f32"
+    n = arrays[other].shape[0]
+    store.lookup(other, np.arange(n), np.arange(n))
+
+
+def test_a_damaged_hot_row_is_refused_at_open(tmp_path):
+    path, _ = corrupt_store(tmp_path)
+    damage(path, "f32", "flip", 10 * 128)
+    with pytest.raises(StoreCorrupted, match="row 10"):
+        nearrec.open(path, tier="ssd", plan={"f32": {"hot_rows": [1, 10, 20]}})
+
+
+def test_verify_reads_off_is_an_explicit_choice(tmp_path):
+    path, _ = corrupt_store(tmp_path)
+    damage(path, "f32", "flip", 3 * 128 + 3)
+    store = nearrec.open(path, tier="ssd", verify_reads=False)
+    out = store.lookup("f32", np.array([3]), np.array([0]))  # served, as asked
+    assert out.shape == (1, 32)
+    assert store.stats()["unprotected_tables"] == 3
+    # verify names the sector
+    checks = {c.table: c for c in nearrec.verify(path)}
+    assert not checks["f32"].ok and "sector 0" in checks["f32"].error
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_older_stores_open_and_say_they_are_unprotected(version):
+    path = Path(__file__).parent / "fixtures" / version
+    info = nearrec.info(path)
+    assert not any(t.protected for t in info.tables)
+    store = nearrec.open(path, tier="ssd")
+    assert store.stats()["unprotected_tables"] == len(info.tables)
+    t = info.tables[0]
+    store.lookup(t.name, np.arange(t.rows), np.arange(t.rows))
+
+
+def test_new_stores_are_protected(tmp_path):
+    path, _ = corrupt_store(tmp_path)
+    info = nearrec.info(path)
+    assert info.format_version == 3 and all(t.protected for t in info.tables)

@@ -34,6 +34,7 @@ class NativeStore:
         cache_ways: int = 16,
         placement_json: str | None = None,
         flash_json: str | None = None,
+        verify_reads: bool = True,
     ) -> None: ...
     def flash_stats(self) -> str | None: ...
     @property

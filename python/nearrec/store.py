@@ -52,6 +52,14 @@ class TableInfo:
     data_crc32c: int
     #: for a co-located table (see :func:`nearrec.plan.colocate`): its order file and checksum
     order: Any = None
+    #: its sector checksums' file and checksum (format version 3); None in older stores
+    sums: Any = None
+
+    @property
+    def protected(self) -> bool:
+        """Whether reads of single rows are checked as they land (format version 3 stores
+        keep a checksum of every 512-byte sector; older ones are unprotected on the SSD tier)."""
+        return self.sums is not None
 
     @property
     def colocated(self) -> bool:
@@ -262,7 +270,7 @@ class Store:
                  merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
                  cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
                  cache_ways: int = 16, plan: PlanLike | None = None,
-                 device: str | Mapping[str, Any] | None = None):
+                 device: str | Mapping[str, Any] | None = None, verify_reads: bool = True):
         # every argument checked here, so the engine sees only well-typed values
         where = path_arg(path, "the store path")
         if tier not in ("auto", "dram", "ssd"):
@@ -298,7 +306,7 @@ class Store:
             count(io_rings, "io_rings", 1, _MAX_THREADS),
             count(pread_threads, "pread_threads", 1, _MAX_THREADS), cache_policy,
             float(admission_probability), count(cache_ways, "cache_ways", 1, 2**16),
-            placement_json, flash)
+            placement_json, flash, flag(verify_reads, "verify_reads"))
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         if placement is not None:
             _check_placement(placement, self._info)
@@ -489,7 +497,8 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
                merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
                cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
                cache_ways: int = 16, plan: PlanLike | None = None,
-               device: str | Mapping[str, Any] | None = None) -> Store:
+               device: str | Mapping[str, Any] | None = None,
+               verify_reads: bool = True) -> Store:
     """Opens the store at ``path`` and validates it.
 
     ``tier="auto"`` (the default) serves the store from DRAM when its tables fit
@@ -520,10 +529,16 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     model, :mod:`nearrec.simulate`: a preset name such as ``"rm-ssd"`` or a parameter set): the
     tables' bytes are read into memory and each batch's reads are timed by the model;
     :meth:`Store.flash_stats` reports the simulated time.
+
+    ``verify_reads`` (on by default) checks every read of the SSD tier against the table's
+    sector checksums as it lands (format version 3 stores; older ones are unprotected, which
+    ``stats()["unprotected_tables"]`` counts): damaged data fails the batch with
+    :class:`nearrec.errors.StoreCorrupted` naming the table and row, counted in
+    ``stats()["corrupt_reads"]``. The checksums take 4 bytes of memory per 512 bytes of table.
     """
     return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
                  tier=tier, dram_budget=dram_budget, direct_io=direct_io,
                  io_queue_depth=io_queue_depth, merge_gap_bytes=merge_gap_bytes, dedup=dedup,
                  merge=merge, io_rings=io_rings, pread_threads=pread_threads,
                  cache_policy=cache_policy, admission_probability=admission_probability,
-                 cache_ways=cache_ways, plan=plan, device=device)
+                 cache_ways=cache_ways, plan=plan, device=device, verify_reads=verify_reads)

@@ -92,6 +92,7 @@ impl Engine {
         let budget = config.dram_tiers_budget();
         let mut ssd = SsdTier::new(device, &config);
         ssd.set_orders(reader.orders().to_vec());
+        ssd.set_sums(sector_sums(reader, &config, &memory)?);
         ssd.set_dram_tiers(tiers::place(reader, &config, budget, &memory, &ssd, None)?);
         let workers = Workers::shared("pool", config.resolved_threads());
         Ok(Self::assemble(
@@ -146,6 +147,7 @@ impl Engine {
                     .collect();
                 let mut ssd = SsdTier::open(&paths, &config)?;
                 ssd.set_orders(reader.orders().to_vec());
+                ssd.set_sums(sector_sums(reader, &config, &memory)?);
                 ssd.set_dram_tiers(tiers::place(
                     reader, &config, budget, &memory, &ssd, progress,
                 )?);
@@ -230,6 +232,12 @@ impl Engine {
                 .map(|(d, t)| d.report(&t.name))
                 .collect()
         })
+    }
+
+    /// Tables whose SSD reads are not checked against sector checksums (an older store, or
+    /// `verify_reads` off); 0 when tables are resident in DRAM (checked whole as they load).
+    pub fn unprotected_tables(&self) -> usize {
+        self.ssd.as_ref().map_or(0, SsdTier::unprotected)
     }
 
     /// The SSD tier's block device: its kind (`"io_uring"`, `"pread"`), whether reads are
@@ -500,6 +508,28 @@ impl Engine {
             },
         )
     }
+}
+
+/// Every table's sector checksums, for the SSD tier to check reads against (`None` for tables
+/// of older stores, and for all with `verify_reads` off).
+fn sector_sums(
+    reader: &StoreReader,
+    config: &EngineConfig,
+    memory: &Memory,
+) -> Result<Vec<Option<nearrec_format::SectorSums>>> {
+    if !config.verify_reads {
+        return Ok(vec![None; reader.tables().len()]);
+    }
+    let bytes = reader
+        .tables()
+        .iter()
+        .filter(|t| t.sums.is_some())
+        .map(|t| t.data_bytes / 128)
+        .sum();
+    memory.check(|| "the tables' sector checksums".into(), bytes)?;
+    (0..reader.tables().len())
+        .map(|i| reader.sector_sums(i).map_err(EngineError::from))
+        .collect()
 }
 
 /// An explicit DRAM budget above what the process may ever have is refused: it could not be

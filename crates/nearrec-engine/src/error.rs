@@ -40,6 +40,13 @@ pub enum EngineError {
         limit: u64,
     },
 
+    #[error("table {table:?}: row {row} is corrupted on disk: {reason}")]
+    Corrupted {
+        table: String,
+        row: u64,
+        reason: String,
+    },
+
     #[error("invalid engine config: {0}")]
     Config(String),
 

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nearrec_format::{AlignedBuf, DATA_OFFSET, RowOrder, TableMeta};
+use nearrec_format::{AlignedBuf, DATA_OFFSET, RowOrder, SECTOR_BYTES, SectorSums, TableMeta};
 use nearrec_io::{BlockDevice, IoConfig, ReadOp, Workers, open_device};
 use rayon::prelude::*;
 
@@ -45,6 +45,9 @@ pub(crate) struct SsdTier {
     dram: Vec<DramTiers>,
     /// Per table: where a co-located table's rows sit (empty: every table in row order).
     orders: Vec<Option<Arc<RowOrder>>>,
+    /// Per table: its sector checksums, each read checked against them as it lands (empty, or
+    /// `None` for a table: unprotected — an older store, or `verify_reads` off).
+    sums: Vec<Option<SectorSums>>,
     pub(crate) stats: IoStats,
 }
 
@@ -149,7 +152,57 @@ impl SsdTier {
             buffers: Mutex::new(Vec::new()),
             dram: Vec::new(),
             orders: Vec::new(),
+            sums: Vec::new(),
             stats: IoStats::default(),
+        }
+    }
+
+    /// Tables read without sector checks.
+    pub(crate) fn unprotected(&self) -> usize {
+        (0..self.device.file_lens().len())
+            .filter(|&i| !matches!(self.sums.get(i), Some(Some(_))))
+            .count()
+    }
+
+    /// Installs each table's sector checksums (index = table id).
+    pub(crate) fn set_sums(&mut self, sums: Vec<Option<SectorSums>>) {
+        self.sums = sums;
+    }
+
+    /// Checks read `op` of table `file` (its bytes `data`) against the table's sector sums:
+    /// `Err(byte offset in the data region)` of the first sector that does not match.
+    fn check(&self, op: &ReadOp, data: &[u8]) -> std::result::Result<(), u64> {
+        match self.sums.get(op.file as usize) {
+            Some(Some(sums)) => sums
+                .check(op.offset - DATA_OFFSET, data)
+                .map_err(|sector| sector * SECTOR_BYTES),
+            _ => Ok(()),
+        }
+    }
+
+    /// The error for a read of table `meta` whose sector at `at` (data-region offset) failed
+    /// its checksum, naming `row` (a row the caller wanted from that sector; by default the
+    /// first stored there), and counts it.
+    fn corrupted(&self, id: usize, meta: &TableMeta, at: u64, row: Option<u64>) -> EngineError {
+        IoStats::add(&self.stats.corrupt_reads, 1);
+        let row = row.unwrap_or_else(|| {
+            let layout = meta.layout();
+            let span = at / layout.span_bytes();
+            let slot = (span * layout.rows_per_span()
+                + (at % layout.span_bytes()) / meta.row_bytes)
+                .min(meta.rows.saturating_sub(1));
+            match self.orders.get(id) {
+                Some(Some(order)) => u64::from(order.rows_by_slot()[slot as usize]),
+                _ => slot,
+            }
+        });
+        EngineError::Corrupted {
+            table: meta.name.clone(),
+            row,
+            reason: format!(
+                "the 512-byte sector at byte {at} of its data region does not match its \
+                 checksum (the disk returned damaged data; run `nearrec verify`)"
+            ),
         }
     }
 
@@ -209,9 +262,14 @@ impl SsdTier {
                 at += len as usize;
             }
             let mut buf = self.buffer(at);
+            let mut bad = None;
             let res =
                 self.device
                     .read_batch(&reads, &mut buf.as_mut_slice()[..at], &mut |i, data| {
+                        if let Err(sector) = self.check(&reads[i], data) {
+                            bad.get_or_insert((sector, chunk[i]));
+                            return;
+                        }
                         let at = layout.row_offset(self.slot(file, chunk[i]));
                         let skip = (DATA_OFFSET + at - reads[i].offset) as usize;
                         out[(c * 4096 + i) * rb..][..rb].copy_from_slice(&data[skip..][..rb]);
@@ -221,6 +279,9 @@ impl SsdTier {
                 .unwrap_or_else(|e| e.into_inner())
                 .push(buf);
             res?;
+            if let Some((at, row)) = bad {
+                return Err(self.corrupted(file, meta, at, Some(row)));
+            }
         }
         Ok(())
     }
@@ -306,10 +367,16 @@ impl SsdTier {
 
         let mut buf = self.buffer(bytes);
         let mut pooling = std::time::Duration::ZERO;
+        let mut bad: Option<(usize, u64)> = None; // (read, sector's data-region offset)
         let res =
             self.device
                 .read_batch(&reads, &mut buf.as_mut_slice()[..bytes], &mut |i, data| {
                     let t = Instant::now();
+                    if let Err(at) = self.check(&reads[i], data) {
+                        // none of its rows is pooled or cached; the batch fails below
+                        bad.get_or_insert((i, at));
+                        return;
+                    }
                     for land in &landings[by_read[i].clone()] {
                         let job = &jobs[land.job];
                         let (dim, rb) = (job.meta.dim as usize, job.meta.row_bytes as usize);
@@ -333,6 +400,23 @@ impl SsdTier {
             .unwrap_or_else(|e| e.into_inner())
             .push(buf);
         res?;
+        if let Some((i, at)) = bad {
+            // the first row this read carried that sits in the bad sector
+            let op = &reads[i];
+            let sector = op.buf_at + (at + DATA_OFFSET - op.offset) as usize;
+            let sector = sector..sector + SECTOR_BYTES as usize;
+            let hit = landings[by_read[i].clone()].iter().find(|l| {
+                let rb = jobs[l.job].meta.row_bytes as usize;
+                l.at < sector.end && l.at + rb > sector.start
+            });
+            let row = hit.map(|l| routed[l.job].entries[l.entries.start].0);
+            let job = hit.map_or_else(
+                || jobs.iter().find(|j| j.id == op.file as usize),
+                |l| Some(&jobs[l.job]),
+            );
+            let job = job.expect("a read of a job's table");
+            return Err(self.corrupted(job.id, job.meta, at, row));
+        }
         let io_done = Instant::now();
         self.stats.pool.record(pooling);
         self.stats

@@ -91,6 +91,9 @@ pub struct IoStats {
     /// The most reads one batch issued. A batch submits all its reads at once, so the device
     /// queue holds `min(this, io_queue_depth)` of them in flight.
     pub max_batch_reads: AtomicU64,
+    /// Reads whose bytes failed their sector checksum (each failed its batch with
+    /// `EngineError::Corrupted`).
+    pub corrupt_reads: AtomicU64,
     /// Validation, de-duplication and read planning.
     pub route: Histogram,
     /// Waiting for the device (the read call less the pooling done inside it).
@@ -118,6 +121,7 @@ impl IoStats {
             ("reads_saved_dedup", &self.reads_saved_dedup),
             ("reads_saved_merge", &self.reads_saved_merge),
             ("max_batch_reads", &self.max_batch_reads),
+            ("corrupt_reads", &self.corrupt_reads),
         ]
         .iter()
         .map(|(k, v)| ((*k).to_owned(), v.load(Relaxed) as f64))

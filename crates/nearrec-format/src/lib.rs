@@ -25,6 +25,7 @@ mod manifest;
 mod order;
 mod reader;
 mod reorder;
+mod sums;
 mod sync;
 mod writer;
 
@@ -39,4 +40,5 @@ pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, Tabl
 pub use order::{OrderMeta, RowOrder};
 pub use reader::{StoreReader, TableCheck};
 pub use reorder::copy_ordered;
+pub use sums::{SECTOR_BYTES, SectorSums, SumsMeta};
 pub use writer::{CHUNK_BYTES, ProgressFn, StoreOptions, StoreWriter, TableSpec, TableWriter};

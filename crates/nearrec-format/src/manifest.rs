@@ -6,12 +6,16 @@ use crate::attach::Attachment;
 use crate::dtype::DType;
 use crate::layout::RowLayout;
 use crate::order::OrderMeta;
+use crate::sums::SumsMeta;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
-/// The newest format version this build reads. Stores are written as version 1 unless a table has
-/// a row order (co-location) or the store has attachments, which need version 2.
-pub const FORMAT_VERSION: u32 = 2;
+/// The newest format version this build reads and writes: version 3 adds sector checksums
+/// ([`crate::SectorSums`]), which every store written since has. Version 2 (row orders,
+/// attachments) and version 1 stores keep opening, without sector checks ("unprotected").
+pub const FORMAT_VERSION: u32 = 3;
+/// The version of a store with row orders or attachments but no sector checksums.
+const ORDERS_VERSION: u32 = 2;
 /// The version of a store without row orders.
 const PLAIN_VERSION: u32 = 1;
 const ENVELOPE_BYTES: usize = 32;
@@ -35,6 +39,10 @@ pub struct TableMeta {
     /// slot `r`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<OrderMeta>,
+    /// The sector checksums of the data region (format version 3); `None`: the table is
+    /// unprotected on the read path (an older store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sums: Option<SumsMeta>,
 }
 
 impl TableMeta {
@@ -61,8 +69,10 @@ pub struct Manifest {
 impl Manifest {
     /// The oldest format version that can describe this manifest.
     pub fn needed_version(&self) -> u32 {
-        if self.tables.iter().any(|t| t.order.is_some()) || !self.attachments.is_empty() {
+        if self.tables.iter().any(|t| t.sums.is_some()) {
             FORMAT_VERSION
+        } else if self.tables.iter().any(|t| t.order.is_some()) || !self.attachments.is_empty() {
+            ORDERS_VERSION
         } else {
             PLAIN_VERSION
         }
@@ -123,8 +133,8 @@ impl Manifest {
         }
         if version < m.needed_version() {
             return Err(Err(format!(
-                "a version-{version} manifest cannot name row orders or attachments (version 2 \
-                 does)"
+                "a version-{version} manifest cannot name what it names (row orders and \
+                 attachments need version 2, sector checksums version 3)"
             )));
         }
         Ok(m)
@@ -155,6 +165,7 @@ mod tests {
                 data_bytes: 4096,
                 data_crc32c: 7,
                 order: None,
+                sums: None,
             }],
             attachments: Vec::new(),
         }
@@ -173,6 +184,20 @@ mod tests {
         let mut future = b.clone();
         future[8..12].copy_from_slice(&99u32.to_le_bytes());
         assert_eq!(Manifest::decode(&future), Err(Ok(99)));
+    }
+
+    #[test]
+    fn sector_sums_need_version_3() {
+        let mut m = sample();
+        m.tables[0].sums = Some(SumsMeta {
+            file: "table-0000.sums".into(),
+            crc32c: 1,
+        });
+        m.format_version = 2;
+        assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));
+        m.format_version = m.needed_version();
+        assert_eq!(m.format_version, 3);
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::header::{HEADER_BYTES, TableHeader};
 use crate::layout::DATA_OFFSET;
 use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
 use crate::order::RowOrder;
+use crate::sums::{SECTOR_BYTES, SectorSums};
 use crate::writer::{CHUNK_BYTES, ProgressFn};
 
 /// An open store: its manifest, one open file per table and the row orders of co-located tables.
@@ -137,6 +138,30 @@ impl StoreReader {
         &self.orders
     }
 
+    /// Table `i`'s sector checksums, read from its sums file and checked (`None`: a table of
+    /// a store older than format version 3, unprotected on the read path).
+    pub fn sector_sums(&self, i: usize) -> Result<Option<SectorSums>> {
+        let meta = &self.manifest.tables[i];
+        let Some(sm) = &meta.sums else {
+            return Ok(None);
+        };
+        let path = self.path.join(&sm.file);
+        let bad = |reason: String| {
+            FormatError::corrupted(
+                &path,
+                format!("table {:?} sector sums: {reason}", meta.name),
+            )
+        };
+        inside_store(&sm.file).map_err(bad)?;
+        let bytes = crate::files::read_regular(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => bad("sums file is missing".into()),
+            _ => FormatError::io(&path, e),
+        })?;
+        SectorSums::decode(&bytes, meta.data_bytes, sm)
+            .map(Some)
+            .map_err(bad)
+    }
+
     /// Reads table `i`'s data region into an aligned buffer, rows in row-id order (a co-located
     /// table's rows are put back in place), checking its CRC-32C on the way when `check` is set
     /// (cheap next to the read itself).
@@ -233,7 +258,10 @@ impl StoreReader {
                 let meta = &self.manifest.tables[i];
                 let mut crc = 0u32;
                 let mut at = 0u64;
-                let mut error = None;
+                let (sums, mut error) = match self.sector_sums(i) {
+                    Ok(sums) => (sums, None),
+                    Err(e) => (None, Some(e.to_string())),
+                };
                 while at < meta.data_bytes {
                     let n = CHUNK_BYTES.min(meta.data_bytes - at) as usize;
                     if let Err(e) = self.files[i].read_exact_at(&mut buf[..n], DATA_OFFSET + at) {
@@ -241,6 +269,16 @@ impl StoreReader {
                         break;
                     }
                     crc = crc32c::crc32c_append(crc, &buf[..n]);
+                    if let Some(Err(sector)) = sums.as_ref().map(|s| s.check(at, &buf[..n]))
+                        && error.is_none()
+                    {
+                        error = Some(format!(
+                            "table {:?}: sector {sector} (bytes {} of the data region) does not \
+                             match its checksum",
+                            meta.name,
+                            sector * SECTOR_BYTES
+                        ));
+                    }
                     at += n as u64;
                     if let Some(p) = progress {
                         p(n as u64);

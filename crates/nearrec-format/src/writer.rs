@@ -23,6 +23,7 @@ use crate::header::{TABLE_VERSION, TableHeader};
 use crate::layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
 use crate::order::{OrderMeta, RowOrder};
+use crate::sums::{SectorSums, SumsMeta};
 use crate::sync::{commit_dir, fsync_dir, is_store_or_empty};
 
 /// Target size of one streaming chunk, in bytes.
@@ -231,25 +232,30 @@ impl StoreWriter {
                 "table belongs to another store writer",
             ));
         }
-        let mut meta = table.finish()?;
+        let (mut meta, sums) = table.finish()?;
+        let (file, crc32c) = self.write_beside(&meta, ".sums", &sums.encode())?;
+        meta.sums = Some(SumsMeta { file, crc32c });
         if let Some(order) = order {
-            let file = meta.file.replace(".nrt", ".order");
-            let path = self.tmp.join(&file);
-            let bytes = order.encode();
-            let mut f = File::create(&path).map_err(|e| FormatError::io(&path, e))?;
-            f.write_all(&bytes)
-                .and_then(|()| f.sync_all())
-                .map_err(|e| FormatError::io(&path, e))?;
-            if let Some(p) = &self.progress {
-                p(bytes.len() as u64);
-            }
-            meta.order = Some(OrderMeta {
-                file,
-                crc32c: crc32c::crc32c(&bytes),
-            });
+            let (file, crc32c) = self.write_beside(&meta, ".order", &order.encode())?;
+            meta.order = Some(OrderMeta { file, crc32c });
         }
         self.tables.push(meta);
         Ok(())
+    }
+
+    /// Writes and fsyncs a file kept beside `meta`'s table file (its name with `ext` for
+    /// `.nrt`); returns its name and CRC-32C.
+    fn write_beside(&self, meta: &TableMeta, ext: &str, bytes: &[u8]) -> Result<(String, u32)> {
+        let file = meta.file.replace(".nrt", ext);
+        let path = self.tmp.join(&file);
+        let mut f = File::create(&path).map_err(|e| FormatError::io(&path, e))?;
+        f.write_all(bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| FormatError::io(&path, e))?;
+        if let Some(p) = &self.progress {
+            p(bytes.len() as u64);
+        }
+        Ok((file, crc32c::crc32c(bytes)))
     }
 
     /// Keeps `bytes` with the store as attachment `name` (see [`crate::attach`]).
@@ -427,7 +433,9 @@ impl TableWriter {
         Ok(())
     }
 
-    fn finish(mut self) -> Result<TableMeta> {
+    /// Seals the table file; returns its manifest entry (without `sums`, which the store writer
+    /// fills in when it has written them) and its sector sums.
+    fn finish(mut self) -> Result<(TableMeta, SectorSums)> {
         if self.rows_written != self.spec.rows {
             return Err(FormatError::RowCount {
                 table: self.spec.name.clone(),
@@ -441,7 +449,7 @@ impl TableWriter {
             let start = self.layout.row_offset(chunk_first);
             self.pipeline.send(chunk, (total - start) as usize)?;
         }
-        let (file, data_crc32c) = self.pipeline.join()?;
+        let (file, data_crc32c, sums) = self.pipeline.join()?;
         let header = TableHeader {
             version: TABLE_VERSION,
             dtype: self.spec.dtype,
@@ -457,7 +465,7 @@ impl TableWriter {
         file.write_all_at(&header.encode(), 0).map_err(io)?;
         file.set_len(DATA_OFFSET + total).map_err(io)?;
         file.sync_all().map_err(io)?;
-        Ok(TableMeta {
+        let meta = TableMeta {
             name: self.spec.name.clone(),
             file: self.file_name.clone(),
             rows: self.spec.rows,
@@ -468,7 +476,9 @@ impl TableWriter {
             data_bytes: total,
             data_crc32c,
             order: None,
-        })
+            sums: None,
+        };
+        Ok((meta, sums))
     }
 }
 
@@ -481,13 +491,16 @@ impl std::fmt::Debug for TableWriter {
     }
 }
 
+/// What a table's writer thread leaves: the file, the data region's CRC-32C and its sector sums.
+type Written = (File, u32, SectorSums);
+
 /// A writer thread fed with full chunks; it checksums and appends them in order and hands the
 /// buffers back for reuse.
 struct WritePipeline {
     full: Option<SyncSender<(Vec<u8>, usize)>>,
     empty: Receiver<Vec<u8>>,
     spare: usize,
-    thread: Option<JoinHandle<std::io::Result<(File, u32)>>>,
+    thread: Option<JoinHandle<std::io::Result<Written>>>,
     path: PathBuf,
 }
 
@@ -499,10 +512,12 @@ impl WritePipeline {
             .name("nearrec-writer".into())
             .spawn(move || {
                 let mut crc = 0u32;
+                let mut sums = SectorSums::of(&[]);
                 let mut at = DATA_OFFSET;
                 for (mut buf, len) in full_rx {
                     let data = &buf[..len];
                     crc = crc32c::crc32c_append(crc, data);
+                    sums.extend(data);
                     file.write_all_at(data, at)?;
                     at += len as u64;
                     if let Some(p) = &progress {
@@ -511,7 +526,7 @@ impl WritePipeline {
                     buf.fill(0);
                     let _ = empty_tx.try_send(buf);
                 }
-                Ok((file, crc))
+                Ok((file, crc, sums))
             })
             .expect("spawn writer thread");
         Self {
@@ -542,7 +557,7 @@ impl WritePipeline {
         if ok { Ok(()) } else { self.join().map(|_| ()) }
     }
 
-    fn join(&mut self) -> Result<(File, u32)> {
+    fn join(&mut self) -> Result<Written> {
         self.full = None;
         let handle = self.thread.take().ok_or_else(|| {
             FormatError::io(

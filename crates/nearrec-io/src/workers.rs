@@ -233,38 +233,4 @@ mod tests {
         }
         assert_eq!(DEPTH.get(), 0);
     }
-
-    #[test]
-    fn a_forked_child_finds_no_lock_held() {
-        // A thread keeps entering the gate and taking a lock while the test forks; each child
-        // must be able to take the lock at once.
-        static LOCK: Mutex<u64> = Mutex::new(0);
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let busy = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let _g = fork_gate();
-                    *LOCK.lock().unwrap() += 1;
-                    std::thread::yield_now();
-                }
-            })
-        };
-        for _ in 0..50 {
-            // SAFETY: the child only takes a lock, enters the gate and exits.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                let ok = LOCK.try_lock().is_ok();
-                drop(fork_gate());
-                // SAFETY: leaving the child without running the parent's destructors.
-                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-            }
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        busy.join().unwrap();
-    }
 }

@@ -60,6 +60,9 @@ pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
         EngineError::IndexOutOfRange {
             table, position, ..
         } => raise(py, "IndexOutOfRange", msg, Some(&table), Some(position)),
+        EngineError::Corrupted { table, .. } => {
+            raise(py, "StoreCorrupted", msg, Some(&table), None)
+        }
         EngineError::InvalidRequest { table, .. } => {
             raise(py, "InvalidRequest", msg, Some(&table), None)
         }

@@ -35,7 +35,7 @@ pub(crate) struct NativeStore {
 #[pymethods]
 impl NativeStore {
     #[new]
-    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = None, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true, io_rings = 2, pread_threads = 16, cache_policy = "lfu_pa", admission_probability = 0.5, cache_ways = 16, placement_json = None, flash_json = None))]
+    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = None, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true, io_rings = 2, pread_threads = 16, cache_policy = "lfu_pa", admission_probability = 0.5, cache_ways = 16, placement_json = None, flash_json = None, verify_reads = true))]
     #[allow(clippy::too_many_arguments)] // mirrors nearrec.open's keyword arguments
     fn new(
         py: Python<'_>,
@@ -57,6 +57,7 @@ impl NativeStore {
         cache_ways: usize,
         placement_json: Option<&str>,
         flash_json: Option<&str>,
+        verify_reads: bool,
     ) -> PyResult<Self> {
         let invalid = |msg: String| raise(py, "InvalidRequest", msg, None, None);
         let policy = cache_policy
@@ -97,6 +98,7 @@ impl NativeStore {
                 ..CacheConfig::default()
             },
             placement,
+            verify_reads,
             ..EngineConfig::default()
         }
         .with_threads(threads)
@@ -197,6 +199,10 @@ impl NativeStore {
             ("cache_admissions", sum(|r| r.cache.admissions)),
             ("cache_rejections", sum(|r| r.cache.rejections)),
             ("cache_evictions", sum(|r| r.cache.evictions)),
+            (
+                "unprotected_tables",
+                self.engine.unprotected_tables() as f64,
+            ),
         ] {
             out.push((k.into(), PyStat::Number(v)));
         }
