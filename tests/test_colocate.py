@@ -133,7 +133,7 @@ def test_cli_colocate_and_info(store, tmp_path):
     assert json.loads(out.stdout)["colocated"] == ["big", "mid"]
     shown = subprocess.run([*cli, "info", str(tmp_path / "c")], capture_output=True, text=True,
                            check=True).stdout
-    assert "format v2" in shown and "co-located" in shown
+    assert "format v3" in shown and "co-located" in shown
 
 
 def test_frozen_v2_fixture_still_opens_and_pools():
