@@ -138,7 +138,7 @@ def test_cli_colocate_and_info(store, tmp_path):
 
 def test_frozen_v2_fixture_still_opens_and_pools():
     store = nearrec.open(FIXTURES / "v2")
-    assert store.info.format_version == 3
+    assert store.info.format_version == 2
     assert [t.colocated for t in store.info.tables] == [True, False, False, True]
     expected = np.load(FIXTURES / "v1_expected.npz")
     for tier, tol in (("dram", 0.0), ("ssd", 1e-5)):  # the SSD tier adds rows as they land
