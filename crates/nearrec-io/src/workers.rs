@@ -16,6 +16,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
@@ -96,31 +98,20 @@ impl Workers {
     }
 }
 
-/// Calls inside the gate, and whether a fork is waiting for them to leave.
-#[derive(Debug, Default)]
-struct GateState {
-    inside: usize,
-    forking: bool,
-}
-
-struct Gate {
-    state: Mutex<GateState>,
-    changed: Condvar,
-}
-
-static GATE: Gate = Gate {
-    state: Mutex::new(GateState {
-        inside: 0,
-        forking: false,
-    }),
-    changed: Condvar::new(),
-};
+/// Calls inside the gate (threads, not nesting depth).
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// Set from a fork's `prepare` until after it: new calls wait.
+static FORKING: AtomicBool = AtomicBool::new(false);
+/// Taken only while a fork is in progress: waits for the gate to empty or to open again. The
+/// forking thread holds it across `fork()`, so no other thread holds it in the child.
+static GATE: Mutex<()> = Mutex::new(());
+static CHANGED: Condvar = Condvar::new();
 
 thread_local! {
     /// How deep this thread is inside the gate (calls nest: a lookup inside `read_rows`).
     static DEPTH: Cell<usize> = const { Cell::new(0) };
     /// The gate's lock, held by the forking thread from `prepare` until after the fork.
-    static HELD: RefCell<Option<MutexGuard<'static, GateState>>> = const { RefCell::new(None) };
+    static HELD: RefCell<Option<MutexGuard<'static, ()>>> = const { RefCell::new(None) };
 }
 
 /// Proof that the calling thread is inside the fork gate: no `fork()` of this process starts
@@ -133,6 +124,10 @@ pub struct ForkGuard {
 
 /// Enters the fork gate (waiting while a fork is in progress). Hold the guard for the whole of a
 /// call that takes locks; never across a wait for something the forking thread might hold.
+///
+/// On the path of every lookup, so it takes no lock unless a fork is under way: two atomic
+/// operations in, one out. The `SeqCst` order of `INSIDE` and `FORKING` is what makes it sound:
+/// a call that saw no fork is counted before the fork reads the count.
 pub fn fork_gate() -> ForkGuard {
     static HANDLERS: Once = Once::new();
     HANDLERS.call_once(|| {
@@ -142,14 +137,18 @@ pub fn fork_gate() -> ForkGuard {
     });
     let depth = DEPTH.get();
     if depth == 0 {
-        let mut st = lock_gate();
-        while st.forking {
-            st = GATE
-                .changed
-                .wait(st)
-                .unwrap_or_else(PoisonError::into_inner);
+        loop {
+            INSIDE.fetch_add(1, SeqCst);
+            if !FORKING.load(SeqCst) {
+                break;
+            }
+            // a fork is waiting for the gate to empty: step back out, and wait for it to end
+            leave();
+            let mut held = lock_gate();
+            while FORKING.load(SeqCst) {
+                held = CHANGED.wait(held).unwrap_or_else(PoisonError::into_inner);
+            }
         }
-        st.inside += 1;
     }
     DEPTH.set(depth + 1);
     ForkGuard {
@@ -162,17 +161,21 @@ impl Drop for ForkGuard {
         let depth = DEPTH.get() - 1;
         DEPTH.set(depth);
         if depth == 0 {
-            let mut st = lock_gate();
-            st.inside -= 1;
-            if st.inside == 0 {
-                GATE.changed.notify_all();
-            }
+            leave();
         }
     }
 }
 
-fn lock_gate() -> MutexGuard<'static, GateState> {
-    GATE.state.lock().unwrap_or_else(PoisonError::into_inner)
+/// Counts a call out of the gate, waking a fork that waits for the last one.
+fn leave() {
+    if INSIDE.fetch_sub(1, SeqCst) == 1 && FORKING.load(SeqCst) {
+        let _held = lock_gate();
+        CHANGED.notify_all();
+    }
+}
+
+fn lock_gate() -> MutexGuard<'static, ()> {
+    GATE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Before `fork()`: close the gate and wait until no call is inside; keep the gate's lock.
@@ -182,31 +185,29 @@ extern "C" fn prepare() {
         // ourselves. Go ahead; the child will not see this thread's calls finish.
         return;
     }
-    let mut st = lock_gate();
-    st.forking = true;
-    while st.inside > 0 {
-        st = GATE
-            .changed
-            .wait(st)
-            .unwrap_or_else(PoisonError::into_inner);
+    let mut held = lock_gate();
+    FORKING.store(true, SeqCst);
+    while INSIDE.load(SeqCst) > 0 {
+        held = CHANGED.wait(held).unwrap_or_else(PoisonError::into_inner);
     }
-    HELD.with_borrow_mut(|h| *h = Some(st));
+    HELD.with_borrow_mut(|h| *h = Some(held));
 }
 
 /// After `fork()` in the parent: open the gate for the calls that waited.
 extern "C" fn parent() {
-    if let Some(mut st) = HELD.with_borrow_mut(Option::take) {
-        st.forking = false;
-        drop(st);
-        GATE.changed.notify_all();
+    if let Some(held) = HELD.with_borrow_mut(Option::take) {
+        FORKING.store(false, SeqCst);
+        drop(held);
+        CHANGED.notify_all();
     }
 }
 
 /// After `fork()` in the child: only this thread exists, and nothing is inside.
 extern "C" fn child() {
-    if let Some(mut st) = HELD.with_borrow_mut(Option::take) {
-        st.forking = false;
-        st.inside = 0;
+    if let Some(held) = HELD.with_borrow_mut(Option::take) {
+        FORKING.store(false, SeqCst);
+        INSIDE.store(0, SeqCst);
+        drop(held);
     }
 }
 
