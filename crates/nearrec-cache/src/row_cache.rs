@@ -65,7 +65,6 @@ pub struct RowCache {
 }
 
 impl RowCache {
-    /// A cache of `row_bytes`-byte rows taking at most `budget_bytes` (rows and bookkeeping).
     /// The smallest budget whose cache has a slot for each of `rows` rows (sets are rounded as
     /// [`RowCache::new`] rounds them): more would never be used.
     pub fn budget_for_rows(rows: u64, row_bytes: usize, ways: usize) -> u64 {
@@ -80,6 +79,7 @@ impl RowCache {
             .saturating_mul(row_bytes as u64 + SLOT_OVERHEAD)
     }
 
+    /// A cache of `row_bytes`-byte rows taking at most `budget_bytes` (rows and bookkeeping).
     pub fn new(budget_bytes: u64, row_bytes: usize, config: CacheConfig) -> Self {
         let ways = config.ways.max(1);
         let slot = row_bytes as u64 + SLOT_OVERHEAD;

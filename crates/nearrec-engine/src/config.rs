@@ -3,6 +3,7 @@ use nearrec_plan::Placement;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
+use crate::memory::Memory;
 
 /// Where a store's rows are served from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -163,29 +164,32 @@ impl EngineConfig {
     }
 
     /// The tier a store of `table_bytes` gets: [`Tier::Auto`] resolved against the DRAM budget
-    /// and the memory `available` now.
-    pub fn resolved_tier(&self, table_bytes: u64, available: u64) -> Tier {
+    /// and the memory available now.
+    pub fn resolved_tier(&self, table_bytes: u64, memory: &Memory) -> Tier {
         match self.tier {
-            Tier::Auto if table_bytes <= self.resolved_dram_budget().min(available) => Tier::Dram,
+            Tier::Auto
+                if table_bytes <= self.resolved_dram_budget(memory).min(memory.available) =>
+            {
+                Tier::Dram
+            }
             Tier::Auto => Tier::Ssd,
             t => t,
         }
     }
 
     /// The bytes the DRAM tiers in front of the SSD tier may take (see `dram_budget_bytes`).
-    pub fn dram_tiers_budget(&self) -> u64 {
+    pub fn dram_tiers_budget(&self, memory: &Memory) -> u64 {
         match (self.dram_budget_bytes, self.tier) {
             (Some(b), _) => b,
             (None, Tier::Ssd) => 0,
-            (None, _) => self.resolved_dram_budget(),
+            (None, _) => self.resolved_dram_budget(memory),
         }
     }
 
     /// The DRAM budget in bytes (half of what this process may have when not set: physical
     /// memory, or its cgroup's limit if lower).
-    pub fn resolved_dram_budget(&self) -> u64 {
-        self.dram_budget_bytes
-            .unwrap_or_else(|| crate::Memory::probe().limit / 2)
+    pub fn resolved_dram_budget(&self, memory: &Memory) -> u64 {
+        self.dram_budget_bytes.unwrap_or(memory.limit / 2)
     }
 
     /// The thread count this config resolves to on this machine.

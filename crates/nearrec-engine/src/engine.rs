@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::AcqRel;
 
-use nearrec_format::{AlignedBuf, ProgressFn, StoreReader, TableMeta};
+use nearrec_format::{AlignedBuf, ProgressFn, SectorSums, StoreReader, TableMeta};
 use nearrec_kernels::{BagsOut, IndexError, PoolJob, RowIndex, TableView};
 use rayon::prelude::*;
 
@@ -89,7 +89,7 @@ impl Engine {
         let config = config.with_tier(Tier::Ssd);
         let memory = Memory::probe();
         check_budget(&config, &memory)?;
-        let budget = config.dram_tiers_budget();
+        let budget = config.dram_tiers_budget(&memory);
         let mut ssd = SsdTier::new(device, &config);
         ssd.set_orders(reader.orders().to_vec());
         ssd.set_sums(sector_sums(reader, &config, &memory)?);
@@ -116,8 +116,8 @@ impl Engine {
         let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let memory = Memory::probe();
         check_budget(&config, &memory)?;
-        let tier = config.resolved_tier(total, memory.available);
-        let budget = config.dram_tiers_budget();
+        let tier = config.resolved_tier(total, &memory);
+        let budget = config.dram_tiers_budget(&memory);
         let config = config.with_tier(tier);
         let workers = Workers::shared("pool", config.resolved_threads());
         let (dram, ssd) = match config.tier {
@@ -516,7 +516,7 @@ fn sector_sums(
     reader: &StoreReader,
     config: &EngineConfig,
     memory: &Memory,
-) -> Result<Vec<Option<nearrec_format::SectorSums>>> {
+) -> Result<Vec<Option<SectorSums>>> {
     if !config.verify_reads {
         return Ok(vec![None; reader.tables().len()]);
     }
@@ -524,7 +524,7 @@ fn sector_sums(
         .tables()
         .iter()
         .filter(|t| t.sums.is_some())
-        .map(|t| t.data_bytes / 128)
+        .map(|t| SectorSums::bytes_for(t.data_bytes))
         .sum();
     memory.check(|| "the tables' sector checksums".into(), bytes)?;
     (0..reader.tables().len())

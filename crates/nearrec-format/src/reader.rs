@@ -145,21 +145,10 @@ impl StoreReader {
         let Some(sm) = &meta.sums else {
             return Ok(None);
         };
-        let path = self.path.join(&sm.file);
-        let bad = |reason: String| {
-            FormatError::corrupted(
-                &path,
-                format!("table {:?} sector sums: {reason}", meta.name),
-            )
-        };
-        inside_store(&sm.file).map_err(bad)?;
-        let bytes = crate::files::read_regular(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => bad("sums file is missing".into()),
-            _ => FormatError::io(&path, e),
-        })?;
-        SectorSums::decode(&bytes, meta.data_bytes, sm)
-            .map(Some)
-            .map_err(bad)
+        read_beside(&self.path, meta, &sm.file, "sector sums", |bytes| {
+            SectorSums::decode(bytes, meta.data_bytes, sm)
+        })
+        .map(Some)
     }
 
     /// Reads table `i`'s data region into an aligned buffer, rows in row-id order (a co-located
@@ -351,18 +340,31 @@ fn open_order(root: &Path, meta: &TableMeta) -> Result<Option<Arc<RowOrder>>> {
     let Some(om) = &meta.order else {
         return Ok(None);
     };
-    let path = root.join(&om.file);
+    read_beside(root, meta, &om.file, "row order", |bytes| {
+        RowOrder::decode(bytes, meta.rows, om)
+    })
+    .map(|o| Some(Arc::new(o)))
+}
+
+/// Reads `file`, kept beside table `meta` (its row order, its sector sums), and decodes it: a
+/// name outside the store, a missing file or bytes that do not decode are a corrupted store.
+fn read_beside<T>(
+    root: &Path,
+    meta: &TableMeta,
+    file: &str,
+    what: &str,
+    decode: impl FnOnce(&[u8]) -> std::result::Result<T, String>,
+) -> Result<T> {
+    let path = root.join(file);
     let bad = |reason: String| {
-        FormatError::corrupted(&path, format!("table {:?} row order: {reason}", meta.name))
+        FormatError::corrupted(&path, format!("table {:?} {what}: {reason}", meta.name))
     };
-    inside_store(&om.file).map_err(bad)?;
+    inside_store(file).map_err(bad)?;
     let bytes = crate::files::read_regular(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => bad("order file is missing".into()),
+        std::io::ErrorKind::NotFound => bad(format!("{what} file is missing")),
         _ => FormatError::io(&path, e),
     })?;
-    RowOrder::decode(&bytes, meta.rows, om)
-        .map(|o| Some(Arc::new(o)))
-        .map_err(bad)
+    decode(&bytes).map_err(bad)
 }
 
 fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {

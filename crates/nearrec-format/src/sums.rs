@@ -43,9 +43,9 @@ impl SectorSums {
         self.0.len() as u64
     }
 
-    /// Bytes the sums take in memory.
-    pub fn bytes(&self) -> u64 {
-        4 * self.sectors()
+    /// Bytes the sums of a data region of `data_bytes` bytes take (in memory, and on disk).
+    pub fn bytes_for(data_bytes: u64) -> u64 {
+        4 * data_bytes.div_ceil(SECTOR_BYTES)
     }
 
     /// `Err(sector)`: the first sector of `data`, read at byte `offset` of the data region (a
@@ -74,12 +74,12 @@ impl SectorSums {
                 meta.crc32c
             ));
         }
-        let sectors = data_bytes.div_ceil(SECTOR_BYTES);
-        if bytes.len() as u64 != 4 * sectors {
+        let want = Self::bytes_for(data_bytes);
+        if bytes.len() as u64 != want {
             return Err(format!(
-                "sums file has {} bytes, the data region's {sectors} sectors need {}",
+                "sums file has {} bytes, the data region's {} sectors need {want}",
                 bytes.len(),
-                4 * sectors
+                data_bytes.div_ceil(SECTOR_BYTES),
             ));
         }
         Ok(Self(

@@ -324,19 +324,14 @@ impl TraceFile {
             if !names.insert(t.name.as_str()) {
                 return Err(bad(format!("table {:?} appears twice", t.name)));
             }
-            let end = |at: u64, n: u64| n.checked_mul(8).and_then(|b| b.checked_add(at));
-            let (Some(end_o), Some(end_i)) = (
-                header
-                    .bags
-                    .checked_add(1)
-                    .and_then(|n| end(t.offsets_at, n)),
-                end(t.indices_at, t.lookups),
-            ) else {
-                return Err(bad(format!("table {:?}: arrays outside the file", t.name)));
+            // an array of `n` i64s at byte `at` lies inside the file, aligned (no overflow)
+            let inside = |at: u64, n: Option<u64>| {
+                n.and_then(|n| n.checked_mul(8))
+                    .and_then(|b| b.checked_add(at))
+                    .is_some_and(|end| at % 8 == 0 && end <= bytes.len() as u64)
             };
-            if t.offsets_at % 8 != 0
-                || t.indices_at % 8 != 0
-                || end_o.max(end_i) > bytes.len() as u64
+            if !inside(t.offsets_at, header.bags.checked_add(1))
+                || !inside(t.indices_at, Some(t.lookups))
             {
                 return Err(bad(format!("table {:?}: arrays outside the file", t.name)));
             }
