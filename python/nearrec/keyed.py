@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from . import _native
 from .errors import InvalidRequest, StoreCorrupted, StoreIOError, StoreNotFound
-from .request import as_array, count, index_array, is_bool, path_arg
+from .request import as_array, count, index_array, is_bool, mode_name, path_arg, weights_array
 from .store import PoolingModeName
 
 UNKNOWN_POLICIES = ("error", "zero", "init")
@@ -79,22 +79,9 @@ def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table
 
 
 def _weights(w: Any, table: str) -> F32 | None:
-    """``per_sample_weights`` as float32: like a store lookup's, other dtypes are refused (a
-    float64 weight past float32's range would otherwise become inf)."""
-    if w is None:
-        return None
-    a = as_array(w, "per_sample_weights", table)
-    if a.dtype != np.float32:
-        raise InvalidRequest(f"table {table!r}: per_sample_weights must be float32, got "
-                             f"{a.dtype}", table=table)
-    return np.ascontiguousarray(a.reshape(-1))
-
-
-def _mode(mode: Any, table: str) -> str:
-    if not isinstance(mode, str) or mode not in ("sum", "mean", "max"):
-        raise InvalidRequest(f"table {table!r}: mode must be 'sum', 'mean' or 'max', not "
-                             f"{mode!r}", table=table)
-    return mode
+    """``per_sample_weights`` checked as a store lookup's are, flattened."""
+    a = weights_array(w, table)
+    return None if a is None else a.reshape(-1)
 
 
 def _rows(x: Any, what: str, table: str) -> F32:
@@ -219,7 +206,7 @@ class KeyedTable:
         k = _keys(keys, self.name)
         return np.asarray(self._native.pool(
             k, _bounds(len(k), offsets, lengths, include_last_offset, self.name),
-            _mode(mode, self.name), _weights(per_sample_weights, self.name)))
+            mode_name(mode, self.name), _weights(per_sample_weights, self.name)))
 
     def read(self, keys: Any) -> F32:
         """The rows of ``keys`` (``[n, dim]``), unknown keys handled by the policy."""
@@ -245,7 +232,7 @@ class KeyedTable:
         r = _vector(rows, self.name, "rows")
         return np.asarray(self._native.pool_rows(
             r, _bounds(len(r), offsets, None, include_last_offset, self.name),
-            _mode(mode, self.name), _weights(per_sample_weights, self.name)))
+            mode_name(mode, self.name), _weights(per_sample_weights, self.name)))
 
     def export(self) -> tuple[I64, F32]:
         """Every key held and its row: ``(keys [n], values [n, dim])``, in no particular order."""

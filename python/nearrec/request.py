@@ -16,7 +16,7 @@ import operator
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -158,6 +158,29 @@ def padding(p: Any, table: str | None) -> int | None:
     return v
 
 
+def mode_name(mode: Any, table: str) -> PoolingModeName:
+    """``mode`` checked: ``"sum"``, ``"mean"`` or ``"max"``."""
+    if not isinstance(mode, str) or mode not in MODES:
+        raise InvalidRequest(
+            f"table {table!r}: mode must be 'sum', 'mean' or 'max', not {mode!r}", table=table
+        )
+    return cast(PoolingModeName, mode)
+
+
+def weights_array(w: Any, table: str) -> npt.NDArray[np.float32] | None:
+    """``per_sample_weights`` as a contiguous float32 array (``None`` stays ``None``). Other
+    dtypes are refused rather than cast: a float64 weight past float32's range would become
+    inf."""
+    if w is None:
+        return None
+    a = as_array(w, "per_sample_weights", table)
+    if a.dtype != np.float32:
+        raise InvalidRequest(
+            f"table {table!r}: per_sample_weights must be float32, got {a.dtype}", table=table
+        )
+    return np.ascontiguousarray(a)
+
+
 def check(req: Any, position: int | None = None) -> CheckedLookup:
     """``req`` checked and converted once (see the module docs); ``position`` is its place in
     the caller's list, named when the item is not a :class:`TableLookup` at all."""
@@ -172,7 +195,7 @@ def check(req: Any, position: int | None = None) -> CheckedLookup:
         raise InvalidRequest(f"the table name must be a str, not {type(t).__name__} {t!r}{at}",
                              position=position)
     idx = index_array(req.indices, t, "indices")
-    offsets = lengths = weights = None
+    offsets = lengths = None
     if idx.ndim == 2:
         if req.offsets is not None or req.lengths is not None:
             raise InvalidRequest(
@@ -194,27 +217,18 @@ def check(req: Any, position: int | None = None) -> CheckedLookup:
             f"table {t!r}: indices must be 1-D (with offsets) or 2-D, got {idx.ndim}-D", table=t
         )
     idx = np.ascontiguousarray(idx)
-    if req.per_sample_weights is not None:
-        weights = as_array(req.per_sample_weights, "per_sample_weights", t)
-        if weights.dtype != np.float32:
-            raise InvalidRequest(
-                f"table {t!r}: per_sample_weights must be float32, got {weights.dtype}", table=t
-            )
-        if weights.shape != idx.shape:
-            raise InvalidRequest(
-                f"table {t!r}: per_sample_weights has shape {weights.shape} but indices have "
-                f"shape {idx.shape}",
-                table=t,
-            )
-        weights = np.ascontiguousarray(weights)
-    if not isinstance(req.mode, str) or req.mode not in MODES:
+    weights = weights_array(req.per_sample_weights, t)
+    if weights is not None and weights.shape != idx.shape:
         raise InvalidRequest(
-            f"table {t!r}: mode must be 'sum', 'mean' or 'max', not {req.mode!r}", table=t
+            f"table {t!r}: per_sample_weights has shape {weights.shape} but indices have "
+            f"shape {idx.shape}",
+            table=t,
         )
+    mode = mode_name(req.mode, t)
     if not is_bool(req.include_last_offset):
         raise InvalidRequest(f"table {t!r}: include_last_offset must be True or False, not "
                              f"{req.include_last_offset!r}", table=t)
-    return CheckedLookup(t, idx, offsets, lengths, weights, req.mode,
+    return CheckedLookup(t, idx, offsets, lengths, weights, mode,
                          bool(req.include_last_offset), padding(req.padding_idx, t))
 
 
@@ -253,4 +267,5 @@ def native_args(req: CheckedLookup) -> tuple[Any, ...]:
 
 
 __all__ = ["CheckedLookup", "TableLookup", "as_array", "check", "check_all", "count", "flag",
-           "index_array", "is_bool", "native_args", "padding", "path_arg"]
+           "index_array", "is_bool", "mode_name", "native_args", "padding", "path_arg",
+           "weights_array"]
