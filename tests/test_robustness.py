@@ -497,3 +497,101 @@ def test_new_stores_are_protected(tmp_path):
     path, _ = corrupt_store(tmp_path)
     info = nearrec.info(path)
     assert info.format_version == 3 and all(t.protected for t in info.tables)
+
+
+# ---- item 14: what killed writers leave ------------------------------------------------------
+
+
+def killed_build(root: Path, name: str) -> None:
+    """A child that starts building ``root / name`` and is killed (SIGKILL) half-way."""
+    out = run_child(f"""
+        import os, signal, numpy as np, nearrec._native as n
+        w = n.NativeStoreWriter({str(root / name)!r})
+        w.begin_table("t", 1000, 64)
+        w.write_f32(np.ones((1000, 64), np.float32))
+        os.kill(os.getpid(), signal.SIGKILL)
+        """)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+
+
+def temps(root: Path) -> list[Path]:
+    return sorted(root.glob(".*.nrtmp-*"))
+
+
+def test_a_build_sweeps_what_killed_builds_of_any_name_left(tmp_path):
+    def left() -> list[str]:
+        return [p.name.split(".nrtmp")[0] for p in temps(tmp_path)]
+
+    killed_build(tmp_path, "a")
+    assert left() == [".a"]
+    killed_build(tmp_path, "b")  # its start swept a's
+    assert left() == [".b"]
+    nearrec.from_numpy(tmp_path / "other", {"t": np.ones((10, 4), np.float32)})
+    assert left() == []
+
+
+def test_gc_keeps_a_build_in_progress_and_an_interrupted_commit(tmp_path):
+    live = nearrec._native.NativeStoreWriter(str(tmp_path / "live"))  # this process's, open
+    # a finished store whose commit was cut between its renames (no target): the only copy
+    nearrec.from_numpy(tmp_path / "done", {"t": np.ones((10, 4), np.float32)})
+    (tmp_path / "done").rename(tmp_path / ".done.nrtmp-1-2")
+    killed_build(tmp_path, "dead")  # (its own start swept nothing: the others are kept)
+    assert len(temps(tmp_path)) == 3
+    report = nearrec.gc(tmp_path)
+    assert [x.path.name.split(".nrtmp")[0] for x in report.removed] == [".dead"]
+    kept = {x.path.name.split(".nrtmp")[0]: x.reason for x in report.kept}
+    assert "in progress" in kept[".live"] and "rename it" in kept[".done"]
+    del live
+
+
+def test_verify_reports_what_a_killed_attach_left_and_gc_removes_it(tmp_path):
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"t": np.ones((10, 4), np.float32)})
+    nearrec.attach(path, "model.json", b"{}")
+    # what an attach killed after writing its blob, before the manifest named it, leaves
+    (path / "attach-0007-dense.npz").write_bytes(b"x" * 4096)
+    (path / ".MANIFEST.tmp-123").write_bytes(b"y" * 100)
+    (path / "notes.txt").write_text("the user's own file")
+    bad = [c for c in nearrec.verify(path) if not c.ok]
+    assert sorted(Path(c.table.split()[-1]).name for c in bad) == [
+        ".MANIFEST.tmp-123", "attach-0007-dense.npz"]
+    report = nearrec.gc(path)
+    assert sorted(x.path.name for x in report.removed) == [".MANIFEST.tmp-123",
+                                                           "attach-0007-dense.npz"]
+    assert [x.path.name for x in report.kept] == ["notes.txt"]
+    assert report.removed_bytes == 4096 + 100
+    assert all(c.ok for c in nearrec.verify(path))
+    assert nearrec.read_attachment(path, "model.json") == b"{}"
+
+
+def test_gc_from_the_cli(tmp_path):
+    killed_build(tmp_path, "dead")
+    out = subprocess.run([sys.executable, "-m", "nearrec.cli", "gc", str(tmp_path), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["removed"]) == 1 and temps(tmp_path) == []
+
+
+# ---- item 15: a store's files are inside it -------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["table", "MANIFEST", "sums", "attachment"])
+def test_a_symlinked_store_file_is_refused(tmp_path, which):
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"t": np.ones((10, 4), np.float32)})
+    nearrec.attach(path, "model.json", b"{}")
+    t = nearrec.info(path).tables[0]
+    name = {"table": t.file, "MANIFEST": "MANIFEST", "sums": t.sums["file"],
+            "attachment": next(p.name for p in path.glob("attach-*"))}[which]
+    outside = tmp_path / "elsewhere"
+    (path / name).rename(outside)  # the same bytes, now outside the store, linked back in
+    (path / name).symlink_to(outside)
+    with pytest.raises(StoreCorrupted, match="symbolic link|not a regular file"):
+        nearrec.open(path, tier="ssd")
+
+
+def test_the_store_directory_itself_may_be_a_link(tmp_path):
+    path = tmp_path / "v1"
+    nearrec.from_numpy(path, {"t": np.ones((10, 4), np.float32)})
+    (tmp_path / "current").symlink_to(path)
+    assert nearrec.open(tmp_path / "current").lookup("t", [1], [0]).shape == (1, 4)

@@ -31,6 +31,7 @@ from .keyed import KeyedTable
 from .pipeline import Pending
 from .specs import MODELS, ModelSpec, model_spec
 from .store import (
+    GcReport,
     PooledBatch,
     Store,
     StoreInfo,
@@ -38,6 +39,7 @@ from .store import (
     TableInfo,
     TableLookup,
     attach,
+    gc,
     info,
     read_attachment,
     verify,
@@ -46,6 +48,7 @@ from .store import open_store as open  # noqa: A001  (nearrec.open mirrors the b
 
 __all__ = [
     "MODELS",
+    "GcReport",
     "IndexOutOfRange",
     "InvalidRequest",
     "InvalidTrace",
@@ -78,5 +81,6 @@ __all__ = [
     "open",
     "read_attachment",
     "remove",
+    "gc",
     "verify",
 ]

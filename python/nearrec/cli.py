@@ -1,4 +1,4 @@
-"""The ``nearrec`` command line: build, info, verify, lookup, infer, plan, simulate, bench.
+"""The ``nearrec`` command line: build, info, verify, gc, lookup, infer, plan, simulate, bench.
 
 Human-readable output by default, ``--json`` for machines; progress bars on long work when
 stderr is a terminal. Errors print one line and exit with status 2 (bad input) or 1 (store).
@@ -97,6 +97,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     + (f" — {c.error}" if c.error else "") for c in checks)
           + f"\n{len(checks) - len(bad)}/{len(checks)} tables ok")
     return 1 if bad else 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    report = nearrec.gc(args.path)
+    _emit(args, {"removed": [asdict(x) for x in report.removed],
+                 "kept": [asdict(x) for x in report.kept]},
+          "\n".join([f"removed {x.path} ({x.bytes:,} bytes): {x.reason}" for x in report.removed]
+                    + [f"kept    {x.path} ({x.bytes:,} bytes): {x.reason}" for x in report.kept]
+                    + [f"{len(report.removed)} removed ({report.removed_bytes:,} bytes), "
+                       f"{len(report.kept)} kept"]))
+    return 0
 
 
 def cmd_lookup(args: argparse.Namespace) -> int:
@@ -567,6 +578,12 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("path")
     common(v)
     v.set_defaults(func=cmd_verify)
+
+    g = sub.add_parser("gc", help="remove what killed builds and attaches left (at a store, or "
+                                  "in a directory of stores)")
+    g.add_argument("path")
+    common(g)
+    g.set_defaults(func=cmd_gc)
 
     lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
     lk.add_argument("path")

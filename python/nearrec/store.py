@@ -145,9 +145,42 @@ class TableCheck:
 
 
 def verify(path: StorePath, progress: bool | None = None) -> list[TableCheck]:
-    """Checks every data byte of every table against its CRC-32C."""
+    """Checks every data byte of every table against its CRC-32C and its sector checksums,
+    every attachment, and lists what interrupted writes left in the store (``orphan PATH``,
+    removed by :func:`gc`)."""
     return [TableCheck(*c)
             for c in _native.verify_store(path_arg(path), progress_enabled(progress))]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A file or directory a killed writer left (see :func:`gc`)."""
+
+    path: Path
+    bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class GcReport:
+    removed: tuple[Leftover, ...]
+    kept: tuple[Leftover, ...]
+
+    @property
+    def removed_bytes(self) -> int:
+        return sum(x.bytes for x in self.removed)
+
+
+def gc(path: StorePath) -> GcReport:
+    """Removes what killed writers left: at a store, the blobs of interrupted attaches (its
+    manifest does not name them; never while another process writes to it) and the stale build
+    temporaries beside it; at any other directory, the stale build temporaries in it. A
+    temporary is stale when its writer is gone (it held a lock on it), not by age. A temporary
+    holding a finished store whose target is missing is kept and reported: an interrupted
+    commit, the only copy."""
+    removed, kept = _native.store_gc(path_arg(path))
+    return GcReport(tuple(Leftover(Path(p), b, r) for p, b, r in removed),
+                    tuple(Leftover(Path(p), b, r) for p, b, r in kept))
 
 
 @dataclass(frozen=True)

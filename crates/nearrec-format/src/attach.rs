@@ -5,7 +5,8 @@
 //! [`attach`] adds or replaces one in an existing store without touching the tables: the blob is
 //! written and fsynced under a fresh file name, then a manifest naming it replaces the old one in
 //! one rename; a reader sees the old store or the new one, never a manifest naming a missing or
-//! half-written blob.
+//! half-written blob. It holds the store directory's lock meanwhile, so a blob a killed attach
+//! left can be told from one being written (see [`crate::gc`]).
 
 use std::fs::File;
 use std::io::Write;
@@ -80,6 +81,15 @@ pub(crate) fn write_blob(
 /// (see the module docs). Returns the new manifest.
 pub fn attach(path: impl AsRef<Path>, name: &str, bytes: &[u8]) -> Result<Manifest> {
     let path = path.as_ref();
+    // One attach at a time per store (two would each replace the manifest, and one would be
+    // lost), and no `gc` meanwhile: until the manifest names the new blob it looks orphaned.
+    let _lock = crate::files::lock_dir(path, true).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => FormatError::NotFound {
+            path: path.to_path_buf(),
+            source: e,
+        },
+        _ => FormatError::io(path, e),
+    })?;
     // opening validates the store: an attachment never joins a damaged one
     let reader = crate::StoreReader::open(path)?;
     let mut manifest = reader.manifest().clone();

@@ -3,6 +3,12 @@
 //! `open(2)` on a FIFO blocks until a writer appears, and a read of a character device may never
 //! end. Every file nearrec reads is opened non-blocking and checked with `fstat` before a byte
 //! is read, so a FIFO or a device where a table or trace should be is refused at once.
+//!
+//! A store's own files (its manifest, tables, row orders, sector sums, attachments) are opened
+//! with [`IN_STORE`]: a symbolic link among them is refused. Their names never hold a `/`, so a
+//! store's files are the ones inside its directory and nothing else — a store served to other
+//! users (the storage node) cannot be made to reach a file outside it. The store directory's own
+//! path may be a link.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Error, ErrorKind, Read};
@@ -10,14 +16,27 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-/// Opens `path` for reading (with `flags` such as `O_DIRECT` added), refusing anything but a
-/// regular file without blocking on it: the error is [`ErrorKind::InvalidInput`] and says what
-/// the path is.
+/// The open flag for a store's own files: a symbolic link is refused (see the module docs).
+pub const IN_STORE: i32 = libc::O_NOFOLLOW;
+
+/// Opens `path` for reading (with `flags` such as `O_DIRECT` or [`IN_STORE`] added), refusing
+/// anything but a regular file without blocking on it: the error is [`ErrorKind::InvalidInput`]
+/// and says what the path is.
 pub fn open_regular(path: &Path, flags: i32) -> std::io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(flags | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) if flags & IN_STORE != 0 => Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symbolic link; a store's files must be inside its directory",
+                    path.display()
+                ),
+            ),
+            _ => e,
+        })?;
     let kind = file.metadata()?.file_type();
     if !kind.is_file() {
         let what = if kind.is_fifo() {
@@ -49,11 +68,38 @@ pub fn open_regular(path: &Path, flags: i32) -> std::io::Result<File> {
 }
 
 /// The whole of the regular file at `path` (see [`open_regular`]).
-pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut file = open_regular(path, 0)?;
+pub fn read_regular(path: &Path, flags: i32) -> std::io::Result<Vec<u8>> {
+    let mut file = open_regular(path, flags)?;
     let mut bytes = Vec::with_capacity(file.metadata()?.len() as usize);
     file.read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+/// Takes an exclusive `flock` on directory `dir`, held until the returned file is dropped or
+/// the process ends, however it ends. With `wait`, waits for it; without, `Ok(None)` when
+/// another process (or another open of it) holds it.
+pub fn lock_dir(dir: &Path, wait: bool) -> std::io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)?;
+    let op = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(Some(file));
+        }
+        let e = Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) if !wait => return Ok(None),
+            _ => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -68,12 +114,27 @@ mod tests {
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         for p in [fifo.as_path(), dir.path(), Path::new("/dev/zero")] {
-            let e = read_regular(p).unwrap_err();
+            let e = read_regular(p, 0).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidInput, "{p:?}");
             assert!(e.to_string().contains("not a regular file"));
         }
         let file = dir.path().join("f");
         std::fs::write(&file, b"abc").unwrap();
-        assert_eq!(read_regular(&file).unwrap(), b"abc");
+        assert_eq!(read_regular(&file, 0).unwrap(), b"abc");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_regular(&link, 0).unwrap(), b"abc");
+        let e = read_regular(&link, IN_STORE).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("symbolic link"));
+    }
+
+    #[test]
+    fn a_directory_lock_is_exclusive_until_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = lock_dir(dir.path(), false).unwrap().expect("free");
+        assert!(lock_dir(dir.path(), false).unwrap().is_none());
+        drop(held);
+        assert!(lock_dir(dir.path(), false).unwrap().is_some());
     }
 }

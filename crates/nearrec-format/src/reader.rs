@@ -42,13 +42,16 @@ impl StoreReader {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let mpath = path.join(MANIFEST_FILE);
-        let bytes = crate::files::read_regular(&mpath).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => FormatError::NotFound {
-                path: path.clone(),
-                source: e,
-            },
-            _ => FormatError::io(&mpath, e),
-        })?;
+        let bytes =
+            crate::files::read_regular(&mpath, crate::files::IN_STORE).map_err(|e| {
+                match e.kind() {
+                    std::io::ErrorKind::NotFound => FormatError::NotFound {
+                        path: path.clone(),
+                        source: e,
+                    },
+                    _ => FormatError::io(&mpath, e),
+                }
+            })?;
         let manifest = Manifest::decode(&bytes).map_err(|e| match e {
             Ok(found) => FormatError::UnsupportedVersion {
                 path: path.clone(),
@@ -116,7 +119,8 @@ impl StoreReader {
             return Ok(None);
         };
         let path = self.path.join(&a.file);
-        let bytes = crate::files::read_regular(&path).map_err(|e| FormatError::io(&path, e))?;
+        let bytes = crate::files::read_regular(&path, crate::files::IN_STORE)
+            .map_err(|e| FormatError::io(&path, e))?;
         let crc = crc32c::crc32c(&bytes);
         if bytes.len() as u64 != a.bytes || crc != a.crc32c {
             return Err(FormatError::corrupted(
@@ -228,8 +232,9 @@ impl StoreReader {
         Ok(buf)
     }
 
-    /// Checks every data byte of every table against its CRC-32C, streaming in bounded memory,
-    /// and then every attachment (reported as `attachment NAME`).
+    /// Checks every data byte of every table against its CRC-32C and its sector sums, streaming
+    /// in bounded memory, then every attachment (reported as `attachment NAME`), then lists
+    /// what interrupted writes left in the store (`orphan PATH`, see [`crate::gc`]).
     pub fn verify(&self, progress: Option<&ProgressFn>) -> Vec<TableCheck> {
         let mut checks = self.verify_tables(progress);
         checks.extend(self.manifest.attachments.iter().map(|a| TableCheck {
@@ -237,6 +242,16 @@ impl StoreReader {
             bytes: a.bytes,
             error: self.read_attachment(&a.name).err().map(|e| e.to_string()),
         }));
+        // Files the manifest does not name; not while a writer holds the store (its new blob is
+        // not named yet).
+        if let Ok(Some(_lock)) = crate::files::lock_dir(&self.path, false) {
+            let orphans = crate::gc::orphans(&self.path, &self.manifest);
+            checks.extend(orphans.into_iter().filter(|o| o.ours).map(|o| TableCheck {
+                table: format!("orphan {}", o.path.display()),
+                bytes: o.bytes,
+                error: Some(o.reason),
+            }));
+        }
         checks
     }
 
@@ -323,7 +338,10 @@ fn check_attachment(root: &Path, a: &crate::Attachment) -> Result<()> {
         FormatError::corrupted(&path, format!("attachment {:?}: {reason}", a.name))
     };
     inside_store(&a.file).map_err(bad)?;
-    match std::fs::metadata(&path) {
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if !m.is_file() => Err(bad(
+            "is not a regular file inside the store (a link, a directory or a device)".into(),
+        )),
         Ok(m) if m.len() == a.bytes => Ok(()),
         Ok(m) => Err(bad(format!(
             "file is {} bytes, the manifest says {}",
@@ -360,10 +378,11 @@ fn read_beside<T>(
         FormatError::corrupted(&path, format!("table {:?} {what}: {reason}", meta.name))
     };
     inside_store(file).map_err(bad)?;
-    let bytes = crate::files::read_regular(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => bad(format!("{what} file is missing")),
-        _ => FormatError::io(&path, e),
-    })?;
+    let bytes =
+        crate::files::read_regular(&path, crate::files::IN_STORE).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => bad(format!("{what} file is missing")),
+            _ => FormatError::io(&path, e),
+        })?;
     decode(&bytes).map_err(bad)
 }
 
@@ -376,10 +395,11 @@ fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
     };
     inside_store(&meta.file).map_err(bad)?;
     let fpath = root.join(&meta.file);
-    let file = crate::files::open_regular(&fpath, 0).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => bad("table file is missing".into()),
-        _ => FormatError::io(&fpath, e),
-    })?;
+    let file =
+        crate::files::open_regular(&fpath, crate::files::IN_STORE).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => bad("table file is missing".into()),
+            _ => FormatError::io(&fpath, e),
+        })?;
     let mut head = [0u8; HEADER_BYTES];
     file.read_exact_at(&mut head, 0)
         .map_err(|_| bad("table file is shorter than its header".into()))?;

@@ -24,7 +24,7 @@ pub(crate) fn is_store_or_empty(path: &Path) -> bool {
         }
     }
     let mut magic = [0u8; 8];
-    crate::files::open_regular(&path.join(MANIFEST_FILE), 0)
+    crate::files::open_regular(&path.join(MANIFEST_FILE), crate::files::IN_STORE)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
         .is_ok_and(|()| magic == MANIFEST_MAGIC)
 }
@@ -94,29 +94,5 @@ fn rename2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Removes temporary build directories for `base` left by writers that no longer run (killed
-/// builds). Best effort: errors are ignored.
-pub(crate) fn remove_stale_temps(parent: &Path, base: &str) {
-    let prefix = format!(".{base}.nrtmp-");
-    let Ok(entries) = fs::read_dir(parent) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
-            continue;
-        };
-        // SAFETY: kill with signal 0 only checks whether the process exists.
-        let alive = unsafe { libc::kill(pid, 0) } == 0
-            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-        if !alive {
-            let _ = fs::remove_dir_all(entry.path());
-        }
     }
 }

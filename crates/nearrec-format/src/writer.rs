@@ -8,7 +8,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -106,6 +106,9 @@ impl TableSpec {
 pub struct StoreWriter {
     target: PathBuf,
     tmp: PathBuf,
+    /// The temporary directory's lock, held while this writer lives: while it is held, no
+    /// sweep of stale temporaries removes the directory (see [`crate::gc`]).
+    _lock: File,
     options: StoreOptions,
     tables: Vec<TableMeta>,
     attachments: Vec<Attachment>,
@@ -134,16 +137,12 @@ impl StoreWriter {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        crate::sync::remove_stale_temps(&parent, &base);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let tmp = parent.join(format!(".{base}.nrtmp-{}-{nanos}", std::process::id()));
-        fs::create_dir(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
+        crate::gc::sweep_temps(&parent, &mut crate::GcReport::default());
+        let (tmp, lock) = locked_temp(&parent, &base)?;
         Ok(Self {
             target,
             tmp,
+            _lock: lock,
             options,
             tables: Vec::new(),
             attachments: Vec::new(),
@@ -572,6 +571,34 @@ impl WritePipeline {
                 &self.path,
                 std::io::Error::other("writer thread panicked"),
             )),
+        }
+    }
+}
+
+/// A fresh temporary directory for a build of `base` in `parent`, and its lock. A sweep that
+/// took the lock between our `mkdir` and our `flock` has removed the directory: then try again
+/// under another name.
+fn locked_temp(parent: &Path, base: &str) -> Result<(PathBuf, File)> {
+    loop {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let tmp = parent.join(format!(
+            ".{base}{}{}-{nanos}",
+            crate::gc::TEMP_INFIX,
+            std::process::id()
+        ));
+        let io = |e| FormatError::io(&tmp, e);
+        fs::create_dir(&tmp).map_err(io)?;
+        let lock = match crate::files::lock_dir(&tmp, true) {
+            Ok(Some(lock)) => lock,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // swept already
+            Ok(None) => unreachable!("a waiting lock is taken or fails"),
+            Err(e) => return Err(io(e)),
+        };
+        if lock.metadata().map_err(io)?.nlink() > 0 {
+            return Ok((tmp, lock));
         }
     }
 }

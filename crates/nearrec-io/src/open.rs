@@ -95,7 +95,8 @@ impl Files {
                 path: p.clone(),
                 source: e,
             };
-            let flags = if direct { libc::O_DIRECT } else { 0 };
+            // (the table files of a store: no symbolic link, see nearrec_format::files)
+            let flags = nearrec_format::files::IN_STORE | if direct { libc::O_DIRECT } else { 0 };
             let f = nearrec_format::files::open_regular(p, flags).map_err(open)?;
             lens.push(f.metadata().map_err(open)?.len());
             if direct {

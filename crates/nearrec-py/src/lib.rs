@@ -35,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::device_fit, m)?)?;
     m.add_function(wrap_pyfunction!(device::device_read_rate, m)?)?;
     m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
+    m.add_function(wrap_pyfunction!(store::store_gc, m)?)?;
     m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_attach, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_read_attachment, m)?)?;

@@ -116,7 +116,13 @@ impl NativeStore {
                     reader
                         .tables()
                         .iter()
-                        .map(|t| nearrec_format::files::read_regular(&reader.path().join(&t.file)))
+                        .map(|t| {
+                            let path = reader.path().join(&t.file);
+                            nearrec_format::files::read_regular(
+                                &path,
+                                nearrec_format::files::IN_STORE,
+                            )
+                        })
                         .collect::<std::io::Result<Vec<_>>>()
                 })?
                 .map_err(|e| raise(py, "StoreIOError", e.to_string(), None, None))?;
@@ -406,6 +412,21 @@ pub(crate) fn verify_store(
         .into_iter()
         .map(|c| (c.table, c.bytes, c.error))
         .collect())
+}
+
+/// One leftover of a killed writer: `(path, bytes, reason)`.
+type Leftover = (PathBuf, u64, String);
+
+/// Removes what killed writers left at `path` (`nearrec_format::gc`): `(removed, kept)`.
+#[pyfunction]
+pub(crate) fn store_gc(py: Python<'_>, path: PathBuf) -> PyResult<(Vec<Leftover>, Vec<Leftover>)> {
+    let report = detach(py, || nearrec_format::gc(&path))?.map_err(|e| format_err(py, e))?;
+    let rows = |v: Vec<nearrec_format::Leftover>| {
+        v.into_iter()
+            .map(|l| (l.path, l.bytes, l.reason))
+            .collect::<Vec<_>>()
+    };
+    Ok((rows(report.removed), rows(report.kept)))
 }
 
 /// Opens and validates a store's manifest and table headers; returns the manifest as JSON.
