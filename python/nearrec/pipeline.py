@@ -15,7 +15,6 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -117,12 +116,12 @@ def split(requests: list[CheckedLookup], sub_batch: int) -> list[list[CheckedLoo
             lo, hi = (int(starts[b0]), int(ends[b1 - 1])) if b1 > b0 else (0, 0)
             w = r.per_sample_weights
             if r.indices.ndim == 2:
-                part.append(replace(r, indices=r.indices[b0:b1],
-                                    per_sample_weights=None if w is None else w[b0:b1]))
+                part.append(r._replace(indices=r.indices[b0:b1],
+                                       per_sample_weights=None if w is None else w[b0:b1]))
             else:
-                part.append(replace(r, indices=r.indices[lo:hi], offsets=None,
-                                    lengths=ends[b0:b1] - starts[b0:b1],
-                                    include_last_offset=False,
-                                    per_sample_weights=None if w is None else w[lo:hi]))
+                part.append(r._replace(indices=r.indices[lo:hi], offsets=None,
+                                       lengths=ends[b0:b1] - starts[b0:b1],
+                                       include_last_offset=False,
+                                       per_sample_weights=None if w is None else w[lo:hi]))
         out.append(part)
     return out

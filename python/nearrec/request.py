@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import operator
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from .errors import IndexOutOfRange, InvalidRequest
+from .errors import IndexOutOfRange, InvalidRequest, StoreIOError, StoreNotFound
 
 PoolingModeName = Literal["sum", "mean", "max"]
 MODES = ("sum", "mean", "max")
+_MODE_SET = frozenset(MODES)
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _I64_MAX = np.iinfo(np.int64).max
 
@@ -47,12 +49,22 @@ class TableLookup:
     padding_idx: int | None = None
 
 
-@dataclass(frozen=True)
-class CheckedLookup(TableLookup):
+class CheckedLookup(NamedTuple):
     """A :class:`TableLookup` that passed :func:`check`: ``indices`` a contiguous int32 / int64
     array (1-D with ``offsets`` or ``lengths``, else 2-D), those 1-D int32 / int64 arrays,
     ``per_sample_weights`` float32 of the indices' shape, ``include_last_offset`` a ``bool`` and
-    ``padding_idx`` an ``int`` or ``None``. Slicing its arrays keeps it valid."""
+    ``padding_idx`` an ``int`` or ``None``. Slicing its arrays keeps it valid. (A named tuple,
+    not a frozen dataclass: it is built for every table of every batch, and a frozen
+    dataclass's ``__init__`` cost about a microsecond each.)"""
+
+    table: str
+    indices: Any
+    offsets: Any
+    lengths: Any
+    per_sample_weights: Any
+    mode: PoolingModeName
+    include_last_offset: bool
+    padding_idx: int | None
 
 
 def is_bool(x: Any) -> bool:
@@ -118,6 +130,14 @@ def count(x: Any, what: str, minimum: int = 1, maximum: int | None = None) -> in
     raise InvalidRequest(f"{what} must be an integer {bound}, not {x!r}")
 
 
+def probability(x: Any, what: str) -> float:
+    """``x`` as a ``float`` in ``[0, 1]`` (a bool, a string or NaN is refused)."""
+    if is_bool(x) or not isinstance(x, int | float | np.floating | np.integer) \
+            or not 0.0 <= float(x) <= 1.0:
+        raise InvalidRequest(f"{what} must be a number from 0 to 1, not {x!r}")
+    return float(x)
+
+
 def flag(x: Any, what: str) -> bool:
     """``x`` as a ``bool``: only ``True`` / ``False`` (``"no"`` is not false, nor true)."""
     if not is_bool(x):
@@ -139,6 +159,25 @@ def path_arg(x: Any, what: str = "path") -> str:
     return str(p)
 
 
+def regular_file(x: Any, what: str = "path") -> str:
+    """A path argument naming a regular file: a missing one is
+    :class:`~nearrec.errors.StoreNotFound`, and a FIFO, device or directory is a
+    :class:`~nearrec.errors.StoreIOError` before it is opened (opening a FIFO would wait for a
+    writer forever)."""
+    p = path_arg(x, what)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise StoreNotFound(f"{what}: no file {p!r}") from None
+    except OSError as e:
+        raise StoreIOError(f"{what}: cannot read {p!r}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                else "a device or socket")
+        raise StoreIOError(f"{what}: cannot read {p!r}: it is {kind}, not a regular file")
+    return p
+
+
 def padding(p: Any, table: str | None) -> int | None:
     """``padding_idx`` as an ``int``: ``None``, or an integer (not a bool: ``True`` is not
     row 1) that fits int64."""
@@ -158,12 +197,12 @@ def padding(p: Any, table: str | None) -> int | None:
     return v
 
 
-def mode_name(mode: Any, table: str) -> PoolingModeName:
+def mode_name(mode: Any, table: str | None) -> PoolingModeName:
     """``mode`` checked: ``"sum"``, ``"mean"`` or ``"max"``."""
     if not isinstance(mode, str) or mode not in MODES:
-        raise InvalidRequest(
-            f"table {table!r}: mode must be 'sum', 'mean' or 'max', not {mode!r}", table=table
-        )
+        where = f"table {table!r}: " if table is not None else ""
+        raise InvalidRequest(f"{where}mode must be 'sum', 'mean' or 'max', not {mode!r}",
+                             table=table)
     return cast(PoolingModeName, mode)
 
 
@@ -224,12 +263,15 @@ def check(req: Any, position: int | None = None) -> CheckedLookup:
             f"shape {idx.shape}",
             table=t,
         )
-    mode = mode_name(req.mode, t)
-    if not is_bool(req.include_last_offset):
+    # (the common values first: this runs for every table of every batch)
+    mode = req.mode if type(req.mode) is str and req.mode in _MODE_SET \
+        else mode_name(req.mode, t)
+    last = req.include_last_offset
+    if last is not False and last is not True and not is_bool(last):
         raise InvalidRequest(f"table {t!r}: include_last_offset must be True or False, not "
-                             f"{req.include_last_offset!r}", table=t)
-    return CheckedLookup(t, idx, offsets, lengths, weights, mode,
-                         bool(req.include_last_offset), padding(req.padding_idx, t))
+                             f"{last!r}", table=t)
+    pad = None if req.padding_idx is None else padding(req.padding_idx, t)
+    return CheckedLookup(t, idx, offsets, lengths, weights, mode, bool(last), pad)
 
 
 def check_all(requests: Any) -> list[CheckedLookup]:
@@ -268,4 +310,4 @@ def native_args(req: CheckedLookup) -> tuple[Any, ...]:
 
 __all__ = ["CheckedLookup", "TableLookup", "as_array", "check", "check_all", "count", "flag",
            "index_array", "is_bool", "mode_name", "native_args", "padding", "path_arg",
-           "weights_array"]
+           "probability", "regular_file", "weights_array"]
