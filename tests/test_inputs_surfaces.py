@@ -104,6 +104,28 @@ TORCH_CASES: list[Case] = [
     ("keyedtensor missing key",
      lambda e: ntorch.EmbeddingBagCollection(e["store"])(_kjt())["missing"],
      UnknownTable, "missing"),
+    ("kjt keys a str", lambda e: ntorch.KeyedJaggedTensor("ab", torch.tensor([1, 2]),
+                                                          lengths=torch.tensor([1, 1])),
+     InvalidRequest, "keys"),
+    ("kjt values a list", lambda e: ntorch.KeyedJaggedTensor(["a"], [1, 2],
+                                                             lengths=torch.tensor([2])),
+     InvalidRequest, "values"),
+    ("kjt float lengths", lambda e: ntorch.KeyedJaggedTensor(["a"], torch.tensor([1, 2]),
+                                                             lengths=torch.tensor([2.0])),
+     InvalidRequest, "lengths"),
+    ("kjt bags not per key", lambda e: ntorch.KeyedJaggedTensor(
+        ["a", "b"], torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1])),
+     InvalidRequest, "same number"),
+    ("kjt weights shape", lambda e: ntorch.KeyedJaggedTensor(
+        ["a"], torch.tensor([1, 2]), lengths=torch.tensor([2]), weights=torch.ones(3)),
+     InvalidRequest, "weights"),
+    ("gpu probability str", lambda e: __import__("nearrec.gpu", fromlist=["x"]).GpuCacheConfig(
+        hbm_budget="1MiB", admission_probability="0.5").validate(), InvalidRequest,
+     "admission_probability"),
+    ("gpu slots float", lambda e: __import__("nearrec.gpu", fromlist=["x"]).GpuCacheConfig(
+        slots=100.5).validate(), InvalidRequest, "slots"),
+    ("gpu seed negative", lambda e: __import__("nearrec.gpu", fromlist=["x"]).GpuCacheConfig(
+        hbm_budget="1MiB", seed=-1).validate(), InvalidRequest, "seed"),
 ]
 
 
@@ -232,6 +254,12 @@ SIM_CASES: list[Case] = [
     ("workload rows -1", lambda f: sim.workload("rmc1", rows=-1), InvalidRequest, "rows"),
     ("workload dim 0", lambda f: sim.workload("rmc1", dim=0), InvalidRequest, "dim"),
     ("workload tables -2", lambda f: sim.workload("rmc1", tables=-2), InvalidRequest, "tables"),
+    ("sweep models a str", lambda f: sim.sweep("rmc1"), InvalidRequest, "models"),
+    ("sweep over a list", lambda f: sim.sweep(over=[("batch", [1])]), InvalidRequest, "over"),
+    ("sweep over value", lambda f: sim.sweep(over={"batch": 3}), InvalidRequest, "batch"),
+    ("generator k str", lambda f: sim.generator("0.3"), InvalidRequest, "k"),
+    ("generator stride 0", lambda f: sim.generator(0.3, stride=0), InvalidRequest, "stride"),
+    ("run seed -1", lambda f: sim.run(seed=-1), InvalidRequest, "seed"),
 ]
 
 

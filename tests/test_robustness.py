@@ -595,3 +595,32 @@ def test_the_store_directory_itself_may_be_a_link(tmp_path):
     nearrec.from_numpy(path, {"t": np.ones((10, 4), np.float32)})
     (tmp_path / "current").symlink_to(path)
     assert nearrec.open(tmp_path / "current").lookup("t", [1], [0]).shape == (1, 4)
+
+
+@pytest.mark.parametrize("reader", ["from_numpy npy", "plan file", "keyed table", "criteo",
+                                    "cli --indices", "calibrate"])
+def test_python_readers_refuse_a_fifo_without_blocking(tmp_path, reader):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    call = {
+        "from_numpy npy": f"nearrec.from_numpy({str(tmp_path / 's')!r}, {{'t': {str(fifo)!r}}})",
+        "plan file": f"nearrec.plan.load_plan({str(fifo)!r})",
+        "keyed table": f"nearrec.KeyedTable.load({str(fifo)!r})",
+        "criteo": f"nearrec.datasets.criteo({str(fifo)!r})",
+        "cli --indices": "nearrec.cli.main(['lookup', S, '--indices', F])",
+        "calibrate": f"nearrec.simulate.calibrate([{str(fifo)!r}])",
+    }[reader]
+    store = tmp_path / "store"
+    nearrec.from_numpy(store, {"t": np.ones((10, 4), np.float32)})
+    out = run_child(f"""
+        import nearrec, nearrec.plan, nearrec.datasets, nearrec.simulate, nearrec.cli
+        from nearrec.errors import NearrecError
+        S, F = {str(store)!r}, {str(fifo)!r}
+        try:
+            rc = {call}
+            print("returned", rc)
+        except NearrecError as e:
+            print(type(e).__name__, e)
+        """, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "a FIFO, not a regular file" in out.stdout + out.stderr, out.stdout + out.stderr

@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _native
-from .errors import InvalidRequest, StoreNotFound
-from .request import as_array, count, flag, path_arg
+from .errors import InvalidRequest
+from .request import as_array, count, flag, path_arg, regular_file
 from .specs import Variant, model_spec, scaled_rows
 from .store import StoreInfo, StorePath, progress_enabled
 from .units import parse_size
@@ -70,10 +70,9 @@ def _source_array(name: str, a: Any) -> npt.NDArray[Any]:
     if not isinstance(name, str) or not name:
         raise InvalidRequest(f"a table name is a non-empty str, not {name!r}")
     if isinstance(a, str | os.PathLike):
+        file = regular_file(a, f"table {name!r}")
         try:
-            a = np.load(os.fspath(a), mmap_mode="r", allow_pickle=False)
-        except FileNotFoundError:
-            raise StoreNotFound(f"table {name!r}: no file {os.fspath(a)!r}", table=name) from None
+            a = np.load(file, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as e:
             raise InvalidRequest(f"table {name!r}: {os.fspath(a)!r} is not a readable .npy "
                                  f"file: {e}", table=name) from None
@@ -163,9 +162,7 @@ def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
     _check_dtype(dtype)
     block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     if isinstance(state_dict, str | os.PathLike):
-        file = os.fspath(state_dict)
-        if not os.path.exists(file):
-            raise StoreNotFound(f"no state dict file {file!r}")
+        file = regular_file(state_dict, "the state dict file")
         try:
             state_dict = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
         except Exception as e:  # torch raises RuntimeError, pickle's errors, EOFError, ...

@@ -20,6 +20,7 @@ import numpy as np
 import nearrec
 
 from .errors import InvalidRequest, NearrecError
+from .request import regular_file
 from .specs import scaled_rows
 from .units import parse_size
 
@@ -110,6 +111,18 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_npy(path: str, what: str) -> np.ndarray:
+    """An ``.npy`` array named on the command line (a typed error for anything else)."""
+    file = regular_file(path, what)
+    try:
+        a = np.load(file, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise InvalidRequest(f"{what}: {file!r} is not a readable .npy file: {e}") from None
+    if not isinstance(a, np.ndarray):
+        raise InvalidRequest(f"{what}: {file!r} is an .npz archive, not one .npy array")
+    return a
+
+
 def cmd_lookup(args: argparse.Namespace) -> int:
     store = nearrec.open(args.path, threads=args.threads, progress=args.progress, tier=args.tier,
                          dram_budget=args.dram_budget, cache_policy=args.cache_policy,
@@ -120,8 +133,8 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     for name in tables:
         rows = store.table(name).rows
         if args.indices:
-            idx = np.load(args.indices)
-            off = np.load(args.offsets) if args.offsets else None
+            idx = _load_npy(args.indices, "--indices")
+            off = _load_npy(args.offsets, "--offsets") if args.offsets else None
             if off is None and idx.ndim == 1:
                 off = np.arange(0, len(idx), args.pooling)
         else:
@@ -484,7 +497,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = e2e.run(ecfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "e2e-quick" if args.quick else "e2e"
         md = e2e.markdown(records, command)
-    elif args.what in ("ssd", "ssd-tuning"):
+    elif args.what in ("ssd", "ssd-tuning", "ssd-verify"):
         from .bench import ssd
 
         scfg = ssd.SsdConfig.quick() if args.quick else ssd.SsdConfig()
@@ -495,6 +508,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.what == "ssd":
             records = ssd.run(scfg, log=log)
             md = ssd.markdown(records, command)
+        elif args.what == "ssd-verify":
+            records = ssd.run_verify(scfg, log=log)
+            md = ssd.verify_markdown(records, command)
         else:
             records = ssd.run_tuning(scfg, log=log)
             md = ssd.tuning_markdown(records, command)
@@ -726,8 +742,9 @@ def parser() -> argparse.ArgumentParser:
     si.set_defaults(func=cmd_simulate)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "cache", "colocate", "keyed",
-                                     "e2e", "build", "gpu", "flash-repro", "flash-check"])
+    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "cache",
+                                     "colocate", "keyed", "e2e", "build", "gpu", "flash-repro",
+                                     "flash-check"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache: default rmc1,rmc2,rmc3; "
                     "e2e: all eight)")

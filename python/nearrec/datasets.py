@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import InvalidRequest, InvalidTrace, StoreIOError, StoreNotFound
-from .request import count, path_arg
+from .request import count, path_arg, regular_file
 from .trace import TableTrace, Trace, from_fbgemm
 
 #: Distinct values of each categorical feature in Criteo Kaggle (traces.md), for look-alikes and
@@ -58,9 +58,11 @@ def _source(path: Any, what: str = "path", dir_ok: bool = False) -> Path:
     p = Path(path_arg(path, what))
     if not p.exists():
         raise StoreNotFound(f"{what} {str(p)!r} does not exist")
-    if p.is_dir() and not dir_ok:
+    if p.is_dir():
+        if dir_ok:
+            return p
         raise StoreIOError(f"{what} {str(p)!r} is a directory, not a file")
-    return p
+    return Path(regular_file(p, what))  # (a FIFO would block the read forever)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,16 @@ import numpy.typing as npt
 
 from . import _native
 from .errors import InvalidRequest, StoreCorrupted, StoreIOError, StoreNotFound
-from .request import as_array, count, index_array, is_bool, mode_name, path_arg, weights_array
+from .request import (
+    as_array,
+    count,
+    index_array,
+    is_bool,
+    mode_name,
+    path_arg,
+    regular_file,
+    weights_array,
+)
 from .store import PoolingModeName
 
 UNKNOWN_POLICIES = ("error", "zero", "init")
@@ -128,7 +137,7 @@ class KeyedTable:
     @classmethod
     def load(cls, path: str | Path, **config: Any) -> KeyedTable:
         """Reads a table :meth:`save` wrote (``config`` overrides its saved policies)."""
-        where = path_arg(path, "the keyed table file")
+        where = regular_file(path, "the keyed table file")
         try:
             f = np.load(where, allow_pickle=False)
             if not isinstance(f, np.lib.npyio.NpzFile):

@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from . import _native
 from .errors import InvalidRequest, TraceMismatch
-from .request import count, flag, path_arg
+from .request import count, flag, path_arg, regular_file
 from .store import StoreInfo, TableInfo, progress_enabled
 from .store import info as store_info
 from .trace import Trace, load, profile
@@ -186,7 +186,7 @@ def load_plan(path: str | Path) -> dict[str, dict[str, Any]]:
     the file or its ``.hot.npz`` (unreadable, not TOML, a corrupted or truncated archive, a
     ``resident`` that is not a bool, hot rows that are not 1-D integers) is an
     :class:`~nearrec.errors.InvalidRequest` naming the file and the table."""
-    path = Path(path_arg(path, "the plan file"))
+    path = Path(regular_file(path, "the plan file"))
     try:
         doc = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
@@ -198,7 +198,8 @@ def load_plan(path: str | Path) -> dict[str, dict[str, Any]]:
         raise InvalidRequest(f"{path}: not a plan: hot_rows_file must name the .hot.npz file")
     out: dict[str, dict[str, Any]] = {}
     try:
-        hot = np.load(path.parent / hot_name, allow_pickle=False)
+        hot = np.load(regular_file(path.parent / hot_name, f"{path}: hot_rows_file"),
+                      allow_pickle=False)
         if not isinstance(hot, np.lib.npyio.NpzFile):
             raise InvalidRequest(f"{path}: {hot_name} is not an .npz archive")
         with hot:

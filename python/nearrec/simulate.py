@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from . import _native
-from .errors import InvalidRequest, NearrecError, StoreIOError, StoreNotFound
-from .request import count, path_arg
+from .errors import InvalidRequest, NearrecError, StoreIOError
+from .request import count, flag, is_bool, path_arg, regular_file
 from .specs import model_spec, scaled_rows
 
 DEVICES = ("rm-ssd", "cosmos-plus", "this-disk")
@@ -48,6 +48,7 @@ def device(spec: str | dict[str, Any] | Path = "rm-ssd", **overrides: Any) -> di
         if not path.exists():
             raise InvalidRequest(f"no device {spec!r}: a preset ({', '.join(DEVICES)}) or a "
                                  "JSON file")
+        regular_file(path, "device")
         try:
             cfg = json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -126,10 +127,14 @@ def generator(k: float | None = 0.3, stride: int | None = None,
     """RecSSD's locality-controlled stack-distance trace (``k``; higher: less locality), with
     strided ids when ``stride`` is given (its STR pattern); ``k=None`` is uniform;
     ``sequential`` gives consecutive ids (its SEQ pattern)."""
-    if sequential:
+    if flag(sequential, "sequential"):
         return {"kind": "sequential"}
     if k is None:
         return {"kind": "uniform"}
+    if is_bool(k) or not isinstance(k, int | float) or not 0.0 <= k < float("inf"):
+        raise InvalidRequest(f"k (RecSSD's locality knob) must be a number ≥ 0 or None, not {k!r}")
+    if stride is not None:
+        stride = count(stride, "stride")
     ids: dict[str, Any] = {"kind": "strided", "stride": stride} if stride else {"kind": "full"}
     return {"kind": "stack_distance", "k": k, "variant": "continuous", "ids": ids}
 
@@ -155,6 +160,7 @@ def run(model: str | dict[str, Any] = "rmc1", dev: str | dict[str, Any] = "rm-ss
     batch = count(batch, "batch")
     batches = count(batches, "batches")
     warmup = count(warmup, "warmup", minimum=0)
+    seed = count(seed, "seed", minimum=0)
     if pooling is not None:
         pooling = count(pooling, "pooling")
     w = workload(model, **workload_args) if isinstance(model, str) else model
@@ -178,7 +184,16 @@ def sweep(models: Sequence[str] = ("rmc1",), dev: str | dict[str, Any] = "rm-ssd
     """Every combination of model × mode × the values in ``over`` (keys from ``SWEEPABLE``).
     When SSD-S is among the modes, each report gains ``traffic_reduction``: the bytes SSD-S read
     back over the link at the same point ÷ this design's (RM-SSD's Table IV)."""
-    over = {k: list(v) for k, v in (over or {}).items()}
+    for what, names in (("models", models), ("modes", modes)):
+        if isinstance(names, str) or not isinstance(names, Sequence):
+            raise InvalidRequest(f"{what} is a sequence of names, not {names!r:.60}")
+    if over is not None and not isinstance(over, Mapping):
+        raise InvalidRequest(f"over maps sweepable keys to their values, not {over!r:.60}")
+    over = dict(over or {})
+    for key, values in over.items():
+        if isinstance(values, str) or not isinstance(values, Iterable):
+            raise InvalidRequest(f"over[{key!r}] is the values to sweep, not {values!r:.60}")
+        over[key] = list(values)
     for key in over:
         if key not in SWEEPABLE:
             raise InvalidRequest(f"cannot sweep {key!r}; sweepable: {', '.join(SWEEPABLE)}")
@@ -247,12 +262,7 @@ def calibrate(files: Sequence[str | Path], depths: Sequence[int] = (1, 2, 4, 8, 
         raise InvalidRequest(f"calibrate takes a list of files, not {files!r:.60}")
     if not files:
         raise InvalidRequest("calibrate needs at least one file to read")
-    paths = [path_arg(f, f"files[{i}]") for i, f in enumerate(files)]
-    for fp in paths:
-        if not os.path.isfile(fp):
-            if os.path.exists(fp):
-                raise StoreIOError(f"calibrate reads files; {fp!r} is not a regular file")
-            raise StoreNotFound(f"calibrate: no file {fp!r}")
+    paths = [regular_file(f, f"calibrate: files[{i}]") for i, f in enumerate(files)]
     if isinstance(depths, str | bytes) or not isinstance(depths, Sequence) or not depths:
         raise InvalidRequest(f"depths must be a non-empty list of queue depths, not "
                              f"{depths!r:.60}")

@@ -25,6 +25,7 @@ from .request import (
     is_bool,
     native_args,
     path_arg,
+    probability,
 )
 from .request import PoolingModeName as PoolingModeName  # re-exported: the public names
 from .request import TableLookup as TableLookup
@@ -311,10 +312,7 @@ class Store:
         if cache_policy not in ("lru", "lfu", "lru_pa", "lfu_pa"):
             raise InvalidRequest(f"unknown cache policy {cache_policy!r}: cache_policy must be "
                                  "'lru', 'lfu', 'lru_pa' or 'lfu_pa'")
-        if is_bool(admission_probability) or not isinstance(admission_probability, int | float) \
-                or not 0.0 <= admission_probability <= 1.0:
-            raise InvalidRequest(f"admission_probability must be a number from 0 to 1, not "
-                                 f"{admission_probability!r}")
+        admission_probability = probability(admission_probability, "admission_probability")
         budget = None if dram_budget is None else parse_size(dram_budget)
         flash = None
         if device is not None:

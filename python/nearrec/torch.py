@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidRequest, UnknownTable
 from .keyed import KeyedTable
-from .request import MODES, as_array, flag, padding
+from .request import as_array, flag, mode_name, padding
 from .store import PoolingModeName, Store, TableLookup
 
 
@@ -27,14 +27,6 @@ def _numpy(t: Any) -> Any:
         t = t.detach()
         return t.cpu().numpy() if t.device.type != "cpu" else t.numpy()
     return t
-
-
-def _mode_arg(mode: Any, table: str | None) -> PoolingModeName:
-    if not isinstance(mode, str) or mode not in MODES:
-        where = f"table {table!r}: " if table is not None else ""
-        raise InvalidRequest(f"{where}mode must be 'sum', 'mean' or 'max', not {mode!r}",
-                             table=table)
-    return mode  # type: ignore[return-value]
 
 
 def _table_name(table: Any) -> str:
@@ -80,7 +72,7 @@ class EmbeddingBag(nn.Module):
                  include_last_offset: bool = False, padding_idx: int | None = None):
         super().__init__()
         info = store.table(_table_name(table))
-        mode = _mode_arg(mode, table)
+        mode = mode_name(mode, table)
         include_last_offset = flag(include_last_offset, "include_last_offset")
         padding_idx = padding(padding_idx, table)
         if padding_idx is not None and not -info.rows <= padding_idx < info.rows:
@@ -124,7 +116,7 @@ class KeyedEmbeddingBag(nn.Module):
         if not isinstance(table, KeyedTable):
             raise InvalidRequest(f"KeyedEmbeddingBag takes a KeyedTable, not "
                                  f"{type(table).__name__} {table!r:.60}")
-        mode = _mode_arg(mode, table.name)
+        mode = mode_name(mode, table.name)
         include_last_offset = flag(include_last_offset, "include_last_offset")
         self.keyed = table
         self.mode: PoolingModeName = mode
@@ -174,6 +166,22 @@ class KeyedJaggedTensor:
                  offsets: Tensor | None = None, weights: Tensor | None = None):
         if (lengths is None) == (offsets is None):
             raise InvalidRequest("KeyedJaggedTensor needs lengths or offsets (exactly one)")
+        if isinstance(keys, str) or not isinstance(keys, Sequence) \
+                or not all(isinstance(k, str) for k in keys):
+            raise InvalidRequest(f"KeyedJaggedTensor keys are a sequence of str, not {keys!r:.60}")
+        for what, t in (("values", values), ("lengths", lengths), ("offsets", offsets)):
+            if t is not None and not (isinstance(t, Tensor) and t.dim() == 1
+                                      and not t.is_floating_point() and t.dtype != torch.bool):
+                raise InvalidRequest(f"KeyedJaggedTensor {what} must be a 1-D integer tensor, not "
+                                     f"{type(t).__name__} {t!r:.60}")
+        bags = (lengths.numel() if lengths is not None
+                else offsets.numel() - 1 if offsets is not None else 0)
+        if keys and (bags < 0 or bags % len(keys)):
+            raise InvalidRequest(f"KeyedJaggedTensor has {bags} bags for {len(keys)} keys: every "
+                                 "key needs the same number (one per sample)")
+        if weights is not None and not (isinstance(weights, Tensor)
+                                        and weights.shape == values.shape):
+            raise InvalidRequest("KeyedJaggedTensor weights must be a tensor shaped like values")
         self._keys = list(keys)
         self._values = values
         self._lengths = lengths
@@ -306,7 +314,7 @@ class EmbeddingBagCollection(nn.Module):
             if unknown:
                 raise UnknownTable(f"pooling names tables {unknown} the collection does not have",
                                    table=unknown[0] if isinstance(unknown[0], str) else None)
-        self.pooling = {t: _mode_arg(pooling if isinstance(pooling, str)
+        self.pooling = {t: mode_name(pooling if isinstance(pooling, str)
                                      else pooling.get(t, "sum"), t)
                         for t in self.tables}
         # feature -> table

@@ -18,6 +18,7 @@ import numpy.typing as npt
 import torch
 
 from ..errors import InvalidRequest
+from ..request import count, probability
 from ..units import parse_size
 
 #: the key of a free slot (row-indexed tables never use negative keys)
@@ -129,9 +130,12 @@ class GpuCacheConfig:
         if self.near_data_pooling not in ("auto", "on", "off"):
             raise InvalidRequest("near_data_pooling must be 'auto', 'on' or 'off', not "
                                  f"{self.near_data_pooling!r}")
-        if not 0.0 <= float(self.admission_probability) <= 1.0:
-            raise InvalidRequest("admission_probability must be in [0, 1], not "
-                                 f"{self.admission_probability}")
+        probability(self.admission_probability, "admission_probability")
+        count(self.seed, "seed", 0, 2**64 - 1)
+        if self.hbm_budget is not None:
+            parse_size(self.hbm_budget)
+        if self.slots is not None:
+            count(self.slots, "slots", 1)
         for name in ("group_size", "groups_per_set"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1 or v & (v - 1):
