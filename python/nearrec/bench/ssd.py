@@ -4,10 +4,12 @@ baseline and the device's own limit, on the same requests, in one run.
 Systems: ``naive.pread xT`` — for every lookup one synchronous ``O_DIRECT`` pread of the 512 B
 blocks holding the row, then pooling on the host, on T threads (RM-SSD's C++ SLS baseline);
 ``nearrec[no-dedup,no-merge]`` — nearrec's SSD tier reading every lookup's row on its own;
-``nearrec`` — the SSD tier as shipped. Limits, measured by the harness itself beside them: the
-disk's random-read rate with direct I/O at nearrec's queue depth and at depth 1 (what fio's
-``randread --direct=1`` reports). The page cache is dropped before every system and cell; every
-system reads with ``O_DIRECT``, so it plays no part either way.
+``nearrec[no-verify]`` — the SSD tier without checking reads against the sector checksums
+(``verify_reads=False``: what the check costs); ``nearrec`` — the SSD tier as shipped.
+Limits, measured by the harness itself beside them: the disk's random-read rate with direct
+I/O at nearrec's queue depth and at depth 1 (what fio's ``randread --direct=1`` reports). The
+page cache is dropped before every system and cell; every system reads with ``O_DIRECT``, so it
+plays no part either way.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ class SsdConfig:
     batches: tuple[int, ...] = (1, 16, 64, 256)
     dists: tuple[str, ...] = ("uniform", "zipf1.05")
     #: seconds each system runs per cell, split over `rounds` (at least `min_calls` batches a
-    #: round)
-    seconds: float = 2.0
-    rounds: int = 2
+    #: round); each round starts at the next system, so with `rounds` a multiple of the five
+    #: systems every system runs in every position once
+    seconds: float = 5.0
+    rounds: int = 5
     min_calls: int = 1
     queue_depth: int = 128
     limit_reads: int = 200_000
@@ -48,7 +51,7 @@ class SsdConfig:
 
     @classmethod
     def quick(cls) -> SsdConfig:
-        return cls(table_bytes=1 << 30, batches=(1, 16, 64), seconds=0.5, limit_reads=50_000)
+        return cls(table_bytes=1 << 30, batches=(1, 16, 64), seconds=1.0, limit_reads=50_000)
 
 
 def drop_page_cache() -> bool:
@@ -65,7 +68,8 @@ def _store(cfg: SsdConfig, log: Callable[[str], None]) -> Path:
     path = cfg.scratch / f"ssd-{cfg.model}-{cfg.table_bytes >> 20}m"
     try:
         info = nearrec.info(path)
-        if info.params.get("seed") == cfg.seed:
+        # (a store from before format version 3 has no sector checksums to check)
+        if info.params.get("seed") == cfg.seed and all(t.protected for t in info.tables):
             log(f"reusing {path}")
             return path
     except nearrec.NearrecError:
@@ -118,8 +122,11 @@ def run(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
     stores = {
         "nearrec[no-dedup,no-merge]": nearrec.open(path, tier="ssd", dedup=False, merge=False,
                                                    io_queue_depth=cfg.queue_depth),
+        "nearrec[no-verify]": nearrec.open(path, tier="ssd", verify_reads=False,
+                                           io_queue_depth=cfg.queue_depth),
         "nearrec": nearrec.open(path, tier="ssd", io_queue_depth=cfg.queue_depth),
     }
+    assert stores["nearrec"].stats()["unprotected_tables"] == 0
     log(f"nearrec reads through {stores['nearrec'].stats()['device']}")
     rng = np.random.default_rng(cfg.seed)
     perms: list[np.ndarray] = []
@@ -157,11 +164,14 @@ def run(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
             io = {n: np.zeros(3) for n in systems}  # reads, bytes read, useful bytes
             disk, disk_qd1_us = [], []
             n_limit = max(batch * L * len(names), 20_000)
-            for _ in range(cfg.rounds):
+            # Each round starts at the next system: the disk serves the first system of a round
+            # faster than the last (a burst allowance?), which would otherwise favour one.
+            order = list(systems.items())
+            for k in range(cfg.rounds):
                 disk.append(nearrec._native.random_read(files, n_limit,
                                                         cfg.queue_depth)["items_per_s"])
                 disk_qd1_us.append(1e6 / nearrec._native.random_read(files, 300, 1)["items_per_s"])
-                for name, fn in systems.items():
+                for name, fn in order[k % len(order):] + order[:k % len(order)]:
                     drop_page_cache()
                     before = stores[name].stats() if name in stores else None
                     lat = _time(fn, cfg.seconds / cfg.rounds, cfg.min_calls, len(sets))
@@ -206,7 +216,8 @@ def run(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
     records[0].extra["end_reads_per_s"] = again["items_per_s"]
     for r in records:
         if r.system == "nearrec" and r.batch:
-            for peer in ("naive.pread x1", "naive.pread x2", "nearrec[no-dedup,no-merge]"):
+            for peer in ("naive.pread x1", "naive.pread x2", "nearrec[no-dedup,no-merge]",
+                         "nearrec[no-verify]"):
                 other = next(o for o in records if o.system == peer and o.batch == r.batch
                              and o.dist == r.dist)
                 r.extra[f"ratio_vs_{peer}"] = round(r.samples_per_s / other.samples_per_s, 3)
@@ -217,7 +228,8 @@ def markdown(records: list[Record], command: str) -> str:
     lim = next(r for r in records if r.system == "limit.random_read")
     qd1 = next(r for r in records if r.system == "limit.random_read_qd1")
     disk = {(r.dist, r.batch): r.extra for r in records if r.system == "disk.random_read"}
-    systems = ["naive.pread x1", "naive.pread x2", "nearrec[no-dedup,no-merge]", "nearrec"]
+    systems = ["naive.pread x1", "naive.pread x2", "nearrec[no-dedup,no-merge]",
+               "nearrec[no-verify]", "nearrec"]
     lines = [
         f"Command: `{command}`", "",
         f"{lim.model.upper()} shapes, {lim.extra['table_bytes'] / 2**30:.1f} GiB of fp32 tables "
@@ -243,15 +255,17 @@ def markdown(records: list[Record], command: str) -> str:
             f"{e['reads_per_lookup']:.3f} | {e['bytes_per_useful_byte']:.2f} | "
             f"{e['reads_per_s']:,.0f} ({100 * e['of_device_limit']:.0f} %) | "
             f"{e['p99_over_floor']:.2f} |")
-    lines += ["", "nearrec's ratios:", "",
-              "| dist | batch | × naive x1 | × naive x2 | × no-dedup,no-merge |",
-              "|---|---:|---:|---:|---:|"]
+    lines += ["", "nearrec's ratios (× no-verify: the sector-checksum check's cost, 1.00 = none):",
+              "",
+              "| dist | batch | × naive x1 | × naive x2 | × no-dedup,no-merge | × no-verify |",
+              "|---|---:|---:|---:|---:|---:|"]
     for r in records:
         if r.system == "nearrec" and r.batch:
             e = r.extra
             lines.append(f"| {r.dist} | {r.batch} | {e['ratio_vs_naive.pread x1']:.2f} | "
                          f"{e['ratio_vs_naive.pread x2']:.2f} | "
-                         f"{e['ratio_vs_nearrec[no-dedup,no-merge]']:.2f} |")
+                         f"{e['ratio_vs_nearrec[no-dedup,no-merge]']:.2f} | "
+                         f"{e['ratio_vs_nearrec[no-verify]']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -341,4 +355,89 @@ def tuning_markdown(records: list[Record], command: str) -> str:
         if not r.system.startswith("queue_depth="):
             lines.append(f"| {r.batch} | {r.system} (dense layer {r.extra['mlp_ms']:.0f} ms) | "
                          f"{r.samples_per_s:,.1f} | {r.samples_per_s / base[r.batch]:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_verify(cfg: SsdConfig, log: Callable[[str], None] = print,
+               rounds: int = 16) -> list[Record]:
+    """What checking every read against the sector checksums costs (``verify_reads``): the SSD
+    tier with and without the check over the same store, batch by batch in turn (the order
+    swapped every round), on the same requests. Two measures: throughput, whose ratio carries
+    the disk's drift (the median of the per-round ratios, and their spread, are given), and the
+    pooling stage's time per batch — the completion callbacks, where the check runs — which is
+    CPU time and drifts much less."""
+    path = _store(cfg, log)
+    spec = nearrec.model_spec(cfg.model)
+    info = nearrec.info(path)
+    names, rows, L = [t.name for t in info.tables], [t.rows for t in info.tables], spec.lookups
+    rng = np.random.default_rng(cfg.seed + 2)
+    records: list[Record] = []
+    for batch in (16, 64, 256):
+        off = np.arange(0, batch * L, L)
+        reqs = [[nearrec.TableLookup(t, rng.integers(0, r, batch * L), off)
+                 for t, r in zip(names, rows, strict=True)] for _ in range(cfg.distinct_batches)]
+        stores = {"nearrec[no-verify]": nearrec.open(path, tier="ssd", verify_reads=False,
+                                                     io_queue_depth=cfg.queue_depth),
+                  "nearrec": nearrec.open(path, tier="ssd", io_queue_depth=cfg.queue_depth)}
+        want = stores["nearrec[no-verify]"].lookup_many(reqs[0]).values
+        np.testing.assert_allclose(stores["nearrec"].lookup_many(reqs[0]).values, want,
+                                   rtol=1e-5, atol=1e-6)
+        lats: dict[str, list[float]] = {n: [] for n in stores}
+        ratios = []
+        drop_page_cache()
+        for k in range(rounds):
+            order = list(stores) if k % 2 == 0 else list(reversed(stores))
+            this: dict[str, float] = {}
+            for name in order:
+                t = time.perf_counter()
+                stores[name].lookup_many(reqs[k % len(reqs)])
+                this[name] = time.perf_counter() - t
+                lats[name].append(this[name])
+            ratios.append(this["nearrec[no-verify]"] / this["nearrec"])
+        for name, st in stores.items():
+            lat = np.array(lats[name])
+            stats = st.stats()
+            records.append(Record(
+                "ssd-verify", cfg.model, batch, "uniform", name,
+                samples_per_s=batch / float(np.median(lat)),
+                lookups_per_s=batch * L * len(names) / float(np.median(lat)),
+                p50_us=float(np.median(lat) * 1e6), p99_us=float(np.percentile(lat, 99) * 1e6),
+                extra={"rounds": rounds, "pool_p50_us": stats["pool_p50_us"],
+                       "corrupt_reads": stats["corrupt_reads"],
+                       "unprotected_tables": stats["unprotected_tables"],
+                       "reads_per_batch": float(stats["device_reads"])
+                       / float(stats["batches"])}))
+        on = records[-1]
+        on.extra.update(ratio_median=float(np.median(ratios)), ratio_min=float(min(ratios)),
+                        ratio_max=float(max(ratios)))
+        off_rec = records[-2]
+        log(f"  B={batch}: samples/s {on.samples_per_s:,.1f} with the check vs "
+            f"{off_rec.samples_per_s:,.1f} without (× {on.extra['ratio_median']:.3f}, rounds "
+            f"{on.extra['ratio_min']:.2f}-{on.extra['ratio_max']:.2f}); pooling per batch "
+            f"{on.extra['pool_p50_us']:,.0f} vs {off_rec.extra['pool_p50_us']:,.0f} µs")
+    return records
+
+
+def verify_markdown(records: list[Record], command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             "The sector-checksum check on the SSD tier's read path (`verify_reads`, on by "
+             "default) against the same tier without it: RMC1 shapes, uniform ids, "
+             f"{records[0].extra['rounds']} batches of each, taken in turn (the order swapped "
+             "every round), `O_DIRECT`. × = the check's throughput over no check's (median of "
+             "the per-round ratios, with their range: the disk drifts within a round too). "
+             "Pooling = the stage where rows are checked and pooled as their reads land (p50 "
+             "per batch), CPU time the disk's drift touches less.", "",
+             "| batch | reads / batch | samples/s with / without | × (range) | p50 / p99 ms "
+             "with | p50 / p99 ms without | pooling p50 µs with / without |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r.batch, r.system): r for r in records}
+    for batch in sorted({r.batch for r in records}):
+        on, off = by[(batch, "nearrec")], by[(batch, "nearrec[no-verify]")]
+        e = on.extra
+        lines.append(
+            f"| {batch} | {e['reads_per_batch']:,.0f} | {on.samples_per_s:,.1f} / "
+            f"{off.samples_per_s:,.1f} | {e['ratio_median']:.3f} ({e['ratio_min']:.2f}–"
+            f"{e['ratio_max']:.2f}) | {on.p50_us / 1e3:,.1f} / {on.p99_us / 1e3:,.1f} | "
+            f"{off.p50_us / 1e3:,.1f} / {off.p99_us / 1e3:,.1f} | "
+            f"{e['pool_p50_us']:,.0f} / {off.extra['pool_p50_us']:,.0f} |")
     return "\n".join(lines) + "\n"
