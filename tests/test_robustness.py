@@ -624,3 +624,41 @@ def test_python_readers_refuse_a_fifo_without_blocking(tmp_path, reader):
         """, timeout=30)
     assert out.returncode == 0, out.stderr
     assert "a FIFO, not a regular file" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+# ---- item 12: weights that overflow fp32 ------------------------------------------------------
+
+
+@pytest.mark.parametrize("tier", ["dram", "ssd"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "int8"])
+def test_overflowing_weights_give_infinities_where_torch_does(tmp_path, tier, dtype):
+    import torch
+
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((64, 8), dtype=np.float32) * 4
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"t": rows}, dtype=dtype)
+    store = nearrec.open(path, tier=tier)
+    weight = torch.from_numpy(store.read_rows("t", np.arange(64)))  # the stored (decoded) rows
+    bags, size = 400, 4
+    idx = rng.integers(0, 64, bags * size)
+    off = np.arange(0, bags * size, size)
+    w = (rng.choice([-1.0, 1.0], bags * size) * 10.0 ** rng.uniform(36, 38.5, bags * size)
+         ).astype(np.float32)
+    got = store.lookup("t", idx, off, per_sample_weights=w)
+    want = torch.nn.functional.embedding_bag(torch.from_numpy(idx), weight, torch.from_numpy(off),
+                                             mode="sum", per_sample_weights=torch.from_numpy(w))
+    want = want.numpy()
+    assert np.isinf(want).any() and np.isnan(want).sum() < want.size  # the case is exercised
+    # With the fused step no NaN comes from finite weights and rows, in any order (rounding
+    # the product first gave -inf + inf = NaN).
+    assert not np.isnan(got).any() and not np.isnan(want).any()
+    if tier == "dram":  # rows added in index order, as torch adds them: the same infinities
+        np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+    # (The SSD tier adds rows in the order their reads land: where a bag's partial sums pass
+    # f32::MAX, which of them overflow, and so the sign of the infinity, depends on that order.)
+    both = np.isfinite(want) & np.isfinite(got)
+    assert both.mean() > 0.3  # enough finite cells to compare
+    # (terms of ~1e38 summed in another order round differently: a few ulps of the terms)
+    np.testing.assert_allclose(got[both], want[both], rtol=1e-5, atol=1e33)

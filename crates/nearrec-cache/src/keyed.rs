@@ -442,7 +442,8 @@ impl KeyedTable {
                 let v = |j: usize| f32::from_bits(row[j].load(Relaxed));
                 match (mode, weights) {
                     (Pool::Max, _) => (0..dim).for_each(|j| cell[j] = cell[j].max(v(j))),
-                    (_, Some(w)) => (0..dim).for_each(|j| cell[j] += w[k] * v(j)),
+                    // one rounding, as PyTorch (and nearrec-kernels' fast.rs) add weighted rows
+                    (_, Some(w)) => (0..dim).for_each(|j| cell[j] = w[k].mul_add(v(j), cell[j])),
                     (_, None) => (0..dim).for_each(|j| cell[j] += v(j)),
                 }
             }

@@ -578,8 +578,11 @@ fn pool_row(job: &SsdJob<'_>, entries: &[Entry], row: &[f32], cells: &Cells) {
         match (job.req.mode, job.req.per_sample_weights) {
             (PoolingMode::Max, _) => cell.iter_mut().zip(row).for_each(|(a, &v)| *a = a.max(v)),
             (_, Some(w)) => {
+                // one rounding, as the DRAM kernels and PyTorch (nearrec-kernels' fast.rs)
                 let w = w[pos];
-                cell.iter_mut().zip(row).for_each(|(a, &v)| *a += w * v);
+                cell.iter_mut()
+                    .zip(row)
+                    .for_each(|(a, &v)| *a = w.mul_add(v, *a));
             }
             (_, None) => cell.iter_mut().zip(row).for_each(|(a, &v)| *a += v),
         }

@@ -48,9 +48,16 @@ pub fn pool_bags<I: RowIndex>(
     }
 }
 
-/// Row decoding for one dtype: `acc[j] += w * row[j]` and `acc[j] = max(acc[j], row[j])`.
+/// Row decoding for one dtype: `acc[j] += row[j]`, `acc[j] = fma(w, row[j], acc[j])` and
+/// `acc[j] = max(acc[j], row[j])`.
+///
+/// A weighted row is added with a fused multiply-add, as PyTorch's CPU kernels do: rounding
+/// `w * row[j]` first turns a product past `f32::MAX` into an infinity that PyTorch's fused step
+/// never forms (`-inf + inf = NaN` where PyTorch gives `-inf`). In the AVX2 / AVX-512 builds of
+/// the loop it is one instruction; the generic build (CPUs without FMA) calls `fmaf`.
 trait Decode {
     const DTYPE: DType;
+    fn add(row: &[u8], acc: &mut [f32]);
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]);
     fn max(row: &[u8], acc: &mut [f32]);
 }
@@ -81,6 +88,22 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits | ((h & 0x8000) << 16))
 }
 
+/// `step(acc[j], row[j])` over an fp32 row, eight lanes at a time (so the loop vectorises).
+#[inline(always)]
+fn f32_lanes(row: &[u8], acc: &mut [f32], step: impl Fn(&mut f32, f32)) {
+    let dim = acc.len();
+    let vals = f32_row(row, dim);
+    let (mut a8, mut v8) = (acc.chunks_exact_mut(8), vals.chunks_exact(8));
+    for (a, v) in (&mut a8).zip(&mut v8) {
+        for j in 0..8 {
+            step(&mut a[j], v[j]);
+        }
+    }
+    for (a, &v) in a8.into_remainder().iter_mut().zip(v8.remainder()) {
+        step(a, v);
+    }
+}
+
 /// The row's values as `f32`s: fp32 rows are 4-byte aligned (`TableView::new` checks the
 /// buffer; row offsets are multiples of 4), so this is a plain reinterpretation, which the
 /// compiler turns into wide vector loads.
@@ -95,18 +118,12 @@ fn f32_row(row: &[u8], dim: usize) -> &[f32] {
 impl Decode for Fp32 {
     const DTYPE: DType = DType::Fp32;
     #[inline(always)]
+    fn add(row: &[u8], acc: &mut [f32]) {
+        f32_lanes(row, acc, |a, v| *a += v);
+    }
+    #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
-        let dim = acc.len();
-        let vals = f32_row(row, dim);
-        let (mut a8, mut v8) = (acc.chunks_exact_mut(8), vals.chunks_exact(8));
-        for (a, v) in (&mut a8).zip(&mut v8) {
-            for j in 0..8 {
-                a[j] += w * v[j];
-            }
-        }
-        for (a, &v) in a8.into_remainder().iter_mut().zip(v8.remainder()) {
-            *a += w * v;
-        }
+        f32_lanes(row, acc, |a, v| *a = w.mul_add(v, *a));
     }
     #[inline(always)]
     fn max(row: &[u8], acc: &mut [f32]) {
@@ -120,10 +137,17 @@ impl Decode for Fp32 {
 impl Decode for Fp16 {
     const DTYPE: DType = DType::Fp16;
     #[inline(always)]
+    fn add(row: &[u8], acc: &mut [f32]) {
+        let row = &row[..acc.len() * 2];
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a += f16_to_f32(u16_at(row, j));
+        }
+    }
+    #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let row = &row[..acc.len() * 2];
         for (j, a) in acc.iter_mut().enumerate() {
-            *a += w * f16_to_f32(u16_at(row, j));
+            *a = w.mul_add(f16_to_f32(u16_at(row, j)), *a);
         }
     }
     #[inline(always)]
@@ -138,10 +162,17 @@ impl Decode for Fp16 {
 impl Decode for Bf16 {
     const DTYPE: DType = DType::Bf16;
     #[inline(always)]
+    fn add(row: &[u8], acc: &mut [f32]) {
+        let row = &row[..acc.len() * 2];
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a += f32::from_bits(u32::from(u16_at(row, j)) << 16);
+        }
+    }
+    #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
         let row = &row[..acc.len() * 2];
         for (j, a) in acc.iter_mut().enumerate() {
-            *a += w * f32::from_bits(u32::from(u16_at(row, j)) << 16);
+            *a = w.mul_add(f32::from_bits(u32::from(u16_at(row, j)) << 16), *a);
         }
     }
     #[inline(always)]
@@ -156,12 +187,21 @@ impl Decode for Bf16 {
 impl Decode for Int8 {
     const DTYPE: DType = DType::Int8;
     #[inline(always)]
-    fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
+    fn add(row: &[u8], acc: &mut [f32]) {
         let dim = acc.len();
         let (scale, bias) = nearrec_format::int8_scale_bias(row, dim);
-        let (ws, wb) = (w * scale, w * bias);
         for (a, &c) in acc.iter_mut().zip(&row[..dim]) {
-            *a += ws * f32::from(c) + wb;
+            *a += f32::from(c) * scale + bias;
+        }
+    }
+    #[inline(always)]
+    fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
+        // the row decoded first (as `DType::decode_row` does), then the fused step: folding `w`
+        // into scale and bias would overflow them for large weights
+        let dim = acc.len();
+        let (scale, bias) = nearrec_format::int8_scale_bias(row, dim);
+        for (a, &c) in acc.iter_mut().zip(&row[..dim]) {
+            *a = w.mul_add(f32::from(c) * scale + bias, *a);
         }
     }
     #[inline(always)]
@@ -272,7 +312,7 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize>(
         }
         (_, None) => {
             acc.fill(0.0);
-            walk!(|row: &[u8], _| Dec::axpy(row, 1.0, acc))
+            walk!(|row: &[u8], _| Dec::add(row, acc))
         }
     }
 }

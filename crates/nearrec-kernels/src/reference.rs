@@ -34,11 +34,13 @@ pub fn pool_bags<I: RowIndex>(
             }
             count += 1;
             table.dtype().decode_row(table.row(value as u64), &mut row);
-            let w = job.weights.map_or(1.0, |w| w[pos]);
+            let w = job.weights.map(|w| w[pos]);
             for (a, &v) in acc.iter_mut().zip(&row) {
-                match job.mode {
-                    PoolingMode::Sum | PoolingMode::Mean => *a += w * v,
-                    PoolingMode::Max => *a = a.max(v),
+                match (job.mode, w) {
+                    // a weighted row is added with one rounding, as PyTorch does (see fast.rs)
+                    (PoolingMode::Sum | PoolingMode::Mean, Some(w)) => *a = w.mul_add(v, *a),
+                    (PoolingMode::Sum | PoolingMode::Mean, None) => *a += v,
+                    (PoolingMode::Max, _) => *a = a.max(v),
                 }
             }
         }
