@@ -50,8 +50,8 @@ py-check: develop
 
 test: rust-check py-check
 
-# The slow sweeps (hypothesis with many examples against nn.EmbeddingBag on every tier), which
-# `pytest` leaves out by default.
+# The slow sweeps (hypothesis with many examples against nn.EmbeddingBag on every tier, 5,000
+# random bit flips in stores served from SSD), which `pytest` leaves out by default.
 test-slow: develop
 	$(PY) -m pytest -q -m slow
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import nearrec
+import nearrec.plan
 import nearrec.trace as nt
 from nearrec.errors import (
     IndexOutOfRange,
@@ -662,3 +663,60 @@ def test_overflowing_weights_give_infinities_where_torch_does(tmp_path, tier, dt
     assert both.mean() > 0.3  # enough finite cells to compare
     # (terms of ~1e38 summed in another order round differently: a few ulps of the terms)
     np.testing.assert_allclose(got[both], want[both], rtol=1e-5, atol=1e33)
+
+
+def corruption_sweep(root: Path, flips: int, seed: int) -> dict[str, int]:
+    """Flips one random bit in a random place of a random table's data, sums or order file,
+    ``flips`` times (each on a fresh copy of the store); every lookup of every row afterwards must
+    raise StoreCorrupted or return the stored rows exactly: never a wrong row."""
+    import shutil
+
+    rng = np.random.default_rng(seed)
+    base, arrays = corrupt_store(root)
+    nearrec.from_numpy(root / "c_src", {"f32": arrays["f32"]})
+    colocated = nearrec.plan.colocate(root / "c_src", nt.generate(
+        {"f32": 600}, bags=200, pooling=4, generator=nt.Generator.zipf(1.1)), root / "c")
+    outcomes = {"refused at open": 0, "refused at lookup": 0, "served exactly": 0}
+    stores = [(base, {n: nearrec.open(base, tier="dram").read_rows(n, np.arange(a.shape[0]))
+                      for n, a in arrays.items()}),
+              (colocated.path, {"f32": nearrec.open(colocated.path, tier="dram").read_rows(
+                  "f32", np.arange(600))})]
+    for k in range(flips):
+        src, want = stores[k % 2]
+        path = root / f"flip{k}"
+        shutil.copytree(src, path)
+        t = nearrec.info(path).tables[int(rng.integers(len(want)))]
+        targets = [(t.file, 4096), (t.sums["file"], 0)] + (
+            [(t.order["file"], 0)] if t.order else [])
+        name, start = targets[int(rng.integers(len(targets)))]
+        f = path / name
+        data = bytearray(f.read_bytes())
+        at = int(rng.integers(start, len(data)))
+        data[at] ^= 1 << int(rng.integers(8))
+        f.write_bytes(bytes(data))
+        try:
+            store = nearrec.open(path, tier="ssd", **({"dram_budget": "8KiB"} if k % 3 else {}))
+        except StoreCorrupted:
+            outcomes["refused at open"] += 1
+            continue
+        try:
+            for n, rows in want.items():
+                got = store.lookup(n, np.arange(rows.shape[0]), np.arange(rows.shape[0]))
+                np.testing.assert_array_equal(got, rows, err_msg=f"{name} byte {at}: wrong rows")
+        except StoreCorrupted:
+            outcomes["refused at lookup"] += 1
+            continue
+        outcomes["served exactly"] += 1  # the bit was padding, or in an unread sector's tail
+        shutil.rmtree(path)
+    return outcomes
+
+
+def test_random_corruptions_are_never_served(tmp_path):
+    outcomes = corruption_sweep(tmp_path, flips=200, seed=0)
+    assert outcomes["refused at lookup"] > 0 and outcomes["refused at open"] > 0, outcomes
+
+
+@pytest.mark.slow
+def test_random_corruptions_are_never_served_sweep(tmp_path):
+    outcomes = corruption_sweep(tmp_path, flips=5000, seed=1)
+    assert sum(outcomes.values()) == 5000, outcomes
