@@ -720,3 +720,13 @@ def test_random_corruptions_are_never_served(tmp_path):
 def test_random_corruptions_are_never_served_sweep(tmp_path):
     outcomes = corruption_sweep(tmp_path, flips=5000, seed=1)
     assert sum(outcomes.values()) == 5000, outcomes
+
+
+def test_a_keyed_table_larger_than_memory_is_a_typed_error():
+    with pytest.raises(InsufficientMemory, match="keyed table"):
+        nearrec.KeyedTable("k", 4096, 2**26)  # 1 TiB of rows
+
+
+def test_a_trace_larger_than_memory_is_a_typed_error():
+    with pytest.raises(InsufficientMemory, match="trace of"):
+        nt.generate({"a": 100}, bags=10**12, pooling=80, generator=nt.Generator.uniform())

@@ -96,6 +96,10 @@ pub enum KeyedError {
     Full { table: String, capacity: u64 },
     #[error("table {table:?}: {reason}")]
     Invalid { table: String, reason: String },
+    #[error("table {table:?}: cannot allocate the {bytes} bytes its capacity takes")]
+    OutOfMemory { table: String, bytes: u64 },
+    #[error(transparent)]
+    InsufficientMemory(#[from] nearrec_format::Shortfall),
 }
 
 /// Counters of a keyed table's lookups.
@@ -125,6 +129,14 @@ pub struct KeyedTable {
     initialised: AtomicU64,
 }
 
+/// `n` values from `make`, or `None` when the memory for them cannot be had.
+fn try_filled<T>(n: usize, make: impl Fn() -> T) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.extend((0..n).map(|_| make()));
+    Some(v)
+}
+
 impl KeyedTable {
     pub fn new(name: &str, config: KeyedConfig) -> Result<Self, KeyedError> {
         let invalid = |reason: &str| KeyedError::Invalid {
@@ -140,15 +152,29 @@ impl KeyedTable {
         if !(config.init_scale.is_finite() && config.init_scale >= 0.0) {
             return Err(invalid("init_scale must be finite and non-negative"));
         }
+        // A capacity the host cannot back is refused before anything is allocated (the allocator
+        // might grant it, leaving the OOM killer to the first writes); what the check lets
+        // through is still allocated fallibly.
+        nearrec_format::Memory::probe().check(
+            || format!("keyed table {name:?}"),
+            Self::bytes_for(config.capacity, config.dim),
+        )?;
         let slots = (config.capacity as usize * 2).next_power_of_two();
+        let oom = || KeyedError::OutOfMemory {
+            table: name.to_owned(),
+            bytes: Self::bytes_for(config.capacity, config.dim),
+        };
+        let slots_vec = try_filled(slots, Slot::default).ok_or_else(oom)?;
+        let values = (config.capacity as usize)
+            .checked_mul(config.dim)
+            .and_then(|n| try_filled(n, || AtomicU32::new(0)))
+            .ok_or_else(oom)?;
         Ok(Self {
             name: name.to_owned(),
             config,
             mask: slots - 1,
-            slots: (0..slots).map(|_| Slot::default()).collect(),
-            values: (0..config.capacity as usize * config.dim)
-                .map(|_| AtomicU32::new(0))
-                .collect(),
+            slots: slots_vec.into_boxed_slice(),
+            values: values.into_boxed_slice(),
             next_row: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             unknown_errors: AtomicU64::new(0),
@@ -160,7 +186,8 @@ impl KeyedTable {
     /// Bytes the table takes: slots and the rows for its whole capacity.
     pub fn bytes_for(capacity: u64, dim: usize) -> u64 {
         let slots = (capacity * 2).next_power_of_two();
-        slots * std::mem::size_of::<Slot>() as u64 + capacity * dim as u64 * 4
+        (slots * std::mem::size_of::<Slot>() as u64)
+            .saturating_add(capacity.saturating_mul(dim as u64).saturating_mul(4))
     }
 
     pub fn name(&self) -> &str {

@@ -242,3 +242,23 @@ fn concurrent_inserts_past_capacity_fill_it_exactly() {
         assert!(outcomes.contains(&(k, true)));
     }
 }
+
+#[test]
+fn a_capacity_beyond_memory_is_an_error_not_an_abort() {
+    let config = KeyedConfig {
+        dim: 1 << 20,
+        capacity: u64::from(u32::MAX),
+        unknown: Unknown::Zero,
+        init_scale: 0.5,
+        seed: 9,
+    };
+    match KeyedTable::new("huge", config) {
+        Err(KeyedError::InsufficientMemory(short)) => {
+            assert!(short.what.contains("huge") && short.asked > 1 << 50);
+        }
+        other => panic!(
+            "expected InsufficientMemory, got {:?}",
+            other.map(|t| t.len())
+        ),
+    }
+}

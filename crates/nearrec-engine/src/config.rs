@@ -3,7 +3,7 @@ use nearrec_plan::Placement;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::memory::Memory;
+use nearrec_format::Memory;
 
 /// Where a store's rows are served from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -14,11 +14,11 @@ use rayon::prelude::*;
 use crate::cells::Cells;
 use crate::config::{EngineConfig, Tier};
 use crate::error::{EngineError, Result};
-use crate::memory::Memory;
 use crate::request::{Bags, Checked, Indices, Request, TableRequest, check};
 use crate::ssd::{SsdJob, SsdTier};
 use crate::stats::IoStats;
 use crate::tiers::{self, TierReport};
+use nearrec_format::Memory;
 use nearrec_io::{Workers, fork_gate};
 
 /// Serves pooled lookups from a store whose tables are resident in DRAM or read from SSD.
@@ -536,12 +536,14 @@ fn sector_sums(
 /// kept, and the tiers planned in it would fail to allocate later.
 fn check_budget(config: &EngineConfig, memory: &Memory) -> Result<()> {
     match config.dram_budget_bytes {
-        Some(b) if b > memory.limit => Err(EngineError::InsufficientMemory {
-            what: "dram_budget_bytes".into(),
-            asked: b,
-            available: memory.available,
-            limit: memory.limit,
-        }),
+        Some(b) if b > memory.limit => {
+            Err(EngineError::InsufficientMemory(nearrec_format::Shortfall {
+                what: "dram_budget_bytes".into(),
+                asked: b,
+                available: memory.available,
+                limit: memory.limit,
+            }))
+        }
         _ => Ok(()),
     }
 }

@@ -29,16 +29,8 @@ pub enum EngineError {
         rows: u64,
     },
 
-    #[error(
-        "{what} needs {} of memory, but {} is available now (this process may have at most {})",
-        size(*asked), size(*available), size(*limit)
-    )]
-    InsufficientMemory {
-        what: String,
-        asked: u64,
-        available: u64,
-        limit: u64,
-    },
+    #[error(transparent)]
+    InsufficientMemory(#[from] nearrec_format::Shortfall),
 
     #[error("table {table:?}: row {row} is corrupted on disk: {reason}")]
     Corrupted {
@@ -60,22 +52,6 @@ impl EngineError {
             table: table.to_owned(),
             reason: reason.into(),
         }
-    }
-}
-
-/// Bytes for people: `1.5 GiB`, `512 B`.
-pub(crate) fn size(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
     }
 }
 

@@ -10,8 +10,8 @@ use nearrec_plan::{Placement, TableSize};
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
-use crate::memory::Memory;
 use crate::ssd::SsdTier;
+use nearrec_format::Memory;
 
 /// One table's DRAM tiers in front of its file, and the lookups each served.
 #[derive(Debug, Default)]

@@ -15,6 +15,8 @@ pub enum PlanError {
     BadSpec { table: String, reason: String },
     #[error("{path} already exists (pass overwrite to replace it)")]
     Exists { path: PathBuf },
+    #[error(transparent)]
+    InsufficientMemory(#[from] nearrec_format::Shortfall),
 }
 
 pub type Result<T, E = PlanError> = std::result::Result<T, E>;

@@ -108,6 +108,15 @@ impl TableSpec {
     /// Generates `bags` bags with `seed`.
     pub fn generate(&self, bags: u64, seed: u64) -> Result<TableTrace> {
         self.check()?;
+        // its offsets and indices, checked before they are allocated
+        let bytes = bags
+            .saturating_add(1)
+            .saturating_add(bags.saturating_mul(u64::from(self.pooling)))
+            .saturating_mul(8);
+        nearrec_format::Memory::probe().check(
+            || format!("a trace of {bags} bags for table {:?}", self.name),
+            bytes,
+        )?;
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
         let perm = Permutation::new(self.rows, rng.random());
         let lookups = (bags * u64::from(self.pooling)) as usize;

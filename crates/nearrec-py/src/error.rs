@@ -55,7 +55,7 @@ pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
     let msg = e.to_string();
     match e {
         EngineError::Format(f) => format_err(py, f),
-        EngineError::InsufficientMemory { .. } => raise(py, "InsufficientMemory", msg, None, None),
+        EngineError::InsufficientMemory(_) => raise(py, "InsufficientMemory", msg, None, None),
         EngineError::UnknownTable { name, .. } => raise(py, "UnknownTable", msg, Some(&name), None),
         EngineError::IndexOutOfRange {
             table, position, ..

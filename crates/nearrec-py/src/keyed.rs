@@ -17,6 +17,10 @@ fn keyed_err(py: Python<'_>, e: KeyedError) -> PyErr {
         } => raise(py, "UnknownKey", msg, Some(&table), Some(position)),
         KeyedError::Full { table, .. } => raise(py, "TableFull", msg, Some(&table), None),
         KeyedError::Invalid { table, .. } => raise(py, "InvalidRequest", msg, Some(&table), None),
+        KeyedError::OutOfMemory { table, .. } => {
+            raise(py, "InsufficientMemory", msg, Some(&table), None)
+        }
+        KeyedError::InsufficientMemory(_) => raise(py, "InsufficientMemory", msg, None, None),
     }
 }
 

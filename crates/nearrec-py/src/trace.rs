@@ -18,6 +18,7 @@ pub(crate) fn plan_err(py: Python<'_>, e: PlanError) -> PyErr {
         PlanError::Exists { .. } => raise(py, "StoreExists", msg, None, None),
         PlanError::BadTrace { .. } => raise(py, "InvalidTrace", msg, None, None),
         PlanError::BadSpec { table, .. } => raise(py, "InvalidRequest", msg, Some(table), None),
+        PlanError::InsufficientMemory(_) => raise(py, "InsufficientMemory", msg, None, None),
     }
 }
 

@@ -1,10 +1,9 @@
-//! How much memory this process may take: physical memory, narrowed by its cgroup's limit (v1
+//! How much memory this process may take (every layer that allocates by a caller's numbers
+//! checks against it): physical memory, narrowed by its cgroup's limit (v1
 //! or v2). Budgets and whole-table loads are checked against it before anything is allocated,
 //! so a store too large for the host is a typed error, not an abort in the allocator.
 
 use std::path::{Path, PathBuf};
-
-use crate::error::{EngineError, Result};
 
 /// This process's memory, in bytes, as the kernel reports it at the moment of the probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,17 +41,47 @@ impl Memory {
         memory
     }
 
-    /// `Err(InsufficientMemory)` unless `bytes` for `what` fit what is available now.
-    pub fn check(&self, what: impl FnOnce() -> String, bytes: u64) -> Result<()> {
+    /// `Err(Shortfall)` unless `bytes` for `what` fit what is available now.
+    pub fn check(&self, what: impl FnOnce() -> String, bytes: u64) -> Result<(), Shortfall> {
         if bytes <= self.available {
             return Ok(());
         }
-        Err(EngineError::InsufficientMemory {
+        Err(Shortfall {
             what: what(),
             asked: bytes,
             available: self.available,
             limit: self.limit,
         })
+    }
+}
+
+/// Something needs more memory than the process can have now (each layer's error type wraps it:
+/// `EngineError::InsufficientMemory`, `PlanError::InsufficientMemory`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} needs {} of memory, but {} is available now (this process may have at most {})",
+    size(*asked), size(*available), size(*limit)
+)]
+pub struct Shortfall {
+    pub what: String,
+    pub asked: u64,
+    pub available: u64,
+    pub limit: u64,
+}
+
+/// Bytes for people: `1.5 GiB`, `512 B`.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
     }
 }
 
