@@ -730,3 +730,9 @@ def test_a_keyed_table_larger_than_memory_is_a_typed_error():
 def test_a_trace_larger_than_memory_is_a_typed_error():
     with pytest.raises(InsufficientMemory, match="trace of"):
         nt.generate({"a": 100}, bags=10**12, pooling=80, generator=nt.Generator.uniform())
+
+
+def test_a_cache_study_larger_than_its_trace_is_capped():
+    ids = np.arange(1000, dtype=np.int64).repeat(2)
+    hits, misses, *_ = nearrec._native.cache_simulate(ids, 2**40)  # 2^40 rows asked
+    assert (hits, misses) == (1000, 1000)  # every row fits: its second read hits

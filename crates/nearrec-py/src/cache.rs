@@ -31,9 +31,14 @@ pub(crate) fn cache_simulate(
     }
     let ids = indices.as_slice()?;
     check_non_negative(py, ids)?;
-    // one-byte rows: the study is about which rows stay, not their bytes
+    // One-byte rows: the study is about which rows stay, not their bytes. A cache with a slot
+    // for every id of the trace is as large as it can usefully be (and a larger capacity would
+    // only allocate, up to more memory than the host has).
+    let budget = capacity_rows
+        .saturating_mul(1 + SLOT_OVERHEAD)
+        .min(RowCache::budget_for_rows(ids.len() as u64, 1, ways));
     let cache = RowCache::new(
-        capacity_rows * (1 + SLOT_OVERHEAD),
+        budget,
         1,
         CacheConfig {
             policy,
