@@ -1,4 +1,3 @@
-use nearrec_engine::EngineError;
 use nearrec_io::IoError;
 
 /// Everything the device model can refuse or fail at.
@@ -12,8 +11,6 @@ pub enum DeviceError {
     Request { table: String, reason: String },
     #[error(transparent)]
     Io(#[from] IoError),
-    #[error(transparent)]
-    Engine(#[from] EngineError),
 }
 
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;

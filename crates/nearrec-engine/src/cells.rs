@@ -57,3 +57,7 @@ impl Cells {
         v
     }
 }
+
+/// Where a tier hands each table the moment it is final: `(position in the request, pooled
+/// [batch, dim])` (whole-model offload multiplies it into the first dense layer at once).
+pub(crate) type Ready<'a> = dyn Fn(usize, Vec<f32>) + Sync + 'a;

@@ -11,9 +11,10 @@ use nearrec_format::{AlignedBuf, ProgressFn, SectorSums, StoreReader, TableMeta}
 use nearrec_kernels::{BagsOut, IndexError, PoolJob, RowIndex, TableView};
 use rayon::prelude::*;
 
-use crate::cells::Cells;
+use crate::cells::{Cells, Ready};
 use crate::config::{EngineConfig, Tier};
 use crate::error::{EngineError, Result};
+use crate::files::TableFiles;
 use crate::request::{Bags, Checked, Indices, Request, TableRequest, check};
 use crate::ssd::{SsdJob, SsdTier};
 use crate::stats::IoStats;
@@ -90,10 +91,13 @@ impl Engine {
         let memory = Memory::probe();
         check_budget(&config, &memory)?;
         let budget = config.dram_tiers_budget(&memory);
-        let mut ssd = SsdTier::new(device, &config);
-        ssd.set_orders(reader.orders().to_vec());
-        ssd.set_sums(sector_sums(reader, &config, &memory)?);
-        ssd.set_dram_tiers(tiers::place(reader, &config, budget, &memory, &ssd, None)?);
+        let files = TableFiles::new(
+            device,
+            reader.orders().to_vec(),
+            sector_sums(reader, &config, &memory)?,
+        );
+        let dram = tiers::place(reader, &config, budget, &memory, &files, None)?;
+        let ssd = SsdTier::new(files, dram, &config);
         let workers = Workers::shared("pool", config.resolved_threads());
         Ok(Self::assemble(
             reader,
@@ -145,13 +149,14 @@ impl Engine {
                     .iter()
                     .map(|t| reader.path().join(&t.file))
                     .collect();
-                let mut ssd = SsdTier::open(&paths, &config)?;
-                ssd.set_orders(reader.orders().to_vec());
-                ssd.set_sums(sector_sums(reader, &config, &memory)?);
-                ssd.set_dram_tiers(tiers::place(
-                    reader, &config, budget, &memory, &ssd, progress,
-                )?);
-                (Vec::new(), Some(ssd))
+                let files = TableFiles::open(
+                    &paths,
+                    &config,
+                    reader.orders().to_vec(),
+                    sector_sums(reader, &config, &memory)?,
+                )?;
+                let tiers = tiers::place(reader, &config, budget, &memory, &files, progress)?;
+                (Vec::new(), Some(SsdTier::new(files, tiers, &config)))
             }
         };
         Ok(Self::assemble(reader, config, workers, dram, ssd))
@@ -218,7 +223,7 @@ impl Engine {
 
     /// The SSD tier's counters and latency histograms (`None` when tables are in DRAM).
     pub fn io_stats(&self) -> Option<&IoStats> {
-        self.ssd.as_ref().map(|s| &s.stats)
+        self.ssd.as_ref().map(|s| &s.files().stats)
     }
 
     /// What each table's DRAM tiers in front of the SSD tier hold and served, in table order
@@ -237,13 +242,13 @@ impl Engine {
     /// Tables whose SSD reads are not checked against sector checksums (an older store, or
     /// `verify_reads` off); 0 when tables are resident in DRAM (checked whole as they load).
     pub fn unprotected_tables(&self) -> usize {
-        self.ssd.as_ref().map_or(0, SsdTier::unprotected)
+        self.ssd.as_ref().map_or(0, |s| s.files().unprotected())
     }
 
     /// The SSD tier's block device: its kind (`"io_uring"`, `"pread"`), whether reads are
     /// direct, its block size.
     pub fn device(&self) -> Option<&dyn nearrec_io::BlockDevice> {
-        self.ssd.as_ref().map(SsdTier::device)
+        self.ssd.as_ref().map(|s| s.files().device())
     }
 
     /// Decodes rows `rows` of table `id` into `out` (`rows.len() * dim` floats), for callers that
@@ -547,7 +552,3 @@ fn check_budget(config: &EngineConfig, memory: &Memory) -> Result<()> {
         _ => Ok(()),
     }
 }
-
-/// Where [`Engine::run`] hands each finished table: `(position in the request, pooled
-/// [batch, dim])`.
-pub(crate) type Ready<'a> = dyn Fn(usize, Vec<f32>) + Sync + 'a;

@@ -13,6 +13,7 @@ mod config;
 pub mod dense;
 mod engine;
 mod error;
+mod files;
 mod infer;
 mod request;
 mod ssd;

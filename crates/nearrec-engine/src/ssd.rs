@@ -14,41 +14,31 @@
 //! read together while the DRAM tiers, keyed by row id, pay nothing for it.
 
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nearrec_format::{AlignedBuf, DATA_OFFSET, RowOrder, SECTOR_BYTES, SectorSums, TableMeta};
-use nearrec_io::{BlockDevice, IoConfig, ReadOp, Workers, open_device};
+use nearrec_format::{DATA_OFFSET, SECTOR_BYTES, TableMeta};
+use nearrec_io::{ReadOp, Workers};
 use rayon::prelude::*;
 
-use crate::cells::Cells;
+use crate::cells::{Cells, Ready};
 use crate::config::EngineConfig;
-use crate::engine::Ready;
 use crate::error::{EngineError, Result};
+use crate::files::TableFiles;
 use crate::request::{Checked, PoolingMode, TableRequest};
 use crate::stats::IoStats;
 use crate::tiers::DramTiers;
 
-/// Tables served from their files through a [`BlockDevice`] (file `i` is table `i`).
+/// Tables served from their files ([`TableFiles`]) behind their DRAM tiers.
 #[derive(Debug)]
 pub(crate) struct SsdTier {
-    device: Box<dyn BlockDevice>,
+    files: TableFiles,
     /// `None`: no merging.
     merge_gap: Option<u64>,
     max_read: u64,
     dedup: bool,
-    /// Staging buffers, reused across batches.
-    buffers: Mutex<Vec<AlignedBuf>>,
-    /// Per table (empty until [`SsdTier::set_dram_tiers`]).
+    /// Per table.
     dram: Vec<DramTiers>,
-    /// Per table: where a co-located table's rows sit (empty: every table in row order).
-    orders: Vec<Option<Arc<RowOrder>>>,
-    /// Per table: its sector checksums, each read checked against them as it lands (empty, or
-    /// `None` for a table: unprotected — an older store, or `verify_reads` off).
-    sums: Vec<Option<SectorSums>>,
-    pub(crate) stats: IoStats,
 }
 
 /// One table's part of a batch, as the engine hands it over.
@@ -132,96 +122,19 @@ struct Landing {
 }
 
 impl SsdTier {
-    /// The tier over the table files at `paths`, through the best device the machine offers.
-    pub(crate) fn open(paths: &[PathBuf], config: &EngineConfig) -> Result<Self> {
-        let io = IoConfig::default()
-            .with_direct(config.direct_io)
-            .with_queue_depth(config.io_queue_depth)
-            .with_rings(config.io_rings)
-            .with_pread_threads(config.pread_threads);
-        Ok(Self::new(open_device(paths, &io)?, config))
-    }
-
-    /// The tier over `device`, whose file `i` holds table `i`.
-    pub(crate) fn new(device: Box<dyn BlockDevice>, config: &EngineConfig) -> Self {
+    /// The tier over `files`, with each table's DRAM tiers in front (index = table id).
+    pub(crate) fn new(files: TableFiles, dram: Vec<DramTiers>, config: &EngineConfig) -> Self {
         Self {
-            device,
+            files,
             merge_gap: config.merge.then_some(config.merge_gap_bytes),
             max_read: config.max_read_bytes,
             dedup: config.dedup,
-            buffers: Mutex::new(Vec::new()),
-            dram: Vec::new(),
-            orders: Vec::new(),
-            sums: Vec::new(),
-            stats: IoStats::default(),
+            dram,
         }
     }
 
-    /// Tables read without sector checks.
-    pub(crate) fn unprotected(&self) -> usize {
-        (0..self.device.file_lens().len())
-            .filter(|&i| !matches!(self.sums.get(i), Some(Some(_))))
-            .count()
-    }
-
-    /// Installs each table's sector checksums (index = table id).
-    pub(crate) fn set_sums(&mut self, sums: Vec<Option<SectorSums>>) {
-        self.sums = sums;
-    }
-
-    /// Checks read `op` of table `file` (its bytes `data`) against the table's sector sums:
-    /// `Err(byte offset in the data region)` of the first sector that does not match.
-    fn check(&self, op: &ReadOp, data: &[u8]) -> std::result::Result<(), u64> {
-        match self.sums.get(op.file as usize) {
-            Some(Some(sums)) => sums
-                .check(op.offset - DATA_OFFSET, data)
-                .map_err(|sector| sector * SECTOR_BYTES),
-            _ => Ok(()),
-        }
-    }
-
-    /// The error for a read of table `meta` whose sector at `at` (data-region offset) failed
-    /// its checksum, naming `row` (a row the caller wanted from that sector; by default the
-    /// first stored there), and counts it.
-    fn corrupted(&self, id: usize, meta: &TableMeta, at: u64, row: Option<u64>) -> EngineError {
-        IoStats::add(&self.stats.corrupt_reads, 1);
-        let row = row.unwrap_or_else(|| {
-            let layout = meta.layout();
-            let span = at / layout.span_bytes();
-            let slot = (span * layout.rows_per_span()
-                + (at % layout.span_bytes()) / meta.row_bytes)
-                .min(meta.rows.saturating_sub(1));
-            match self.orders.get(id) {
-                Some(Some(order)) => u64::from(order.rows_by_slot()[slot as usize]),
-                _ => slot,
-            }
-        });
-        EngineError::Corrupted {
-            table: meta.name.clone(),
-            row,
-            reason: format!(
-                "the 512-byte sector at byte {at} of its data region does not match its \
-                 checksum (the disk returned damaged data; run `nearrec verify`)"
-            ),
-        }
-    }
-
-    /// Installs each table's row order (index = table id; `None`: row `r` at slot `r`).
-    pub(crate) fn set_orders(&mut self, orders: Vec<Option<Arc<RowOrder>>>) {
-        self.orders = orders;
-    }
-
-    /// The slot of `row` of table `table`.
-    fn slot(&self, table: usize, row: u64) -> u64 {
-        match self.orders.get(table) {
-            Some(Some(order)) => order.slot(row),
-            _ => row,
-        }
-    }
-
-    /// Installs each table's DRAM tiers (index = table id).
-    pub(crate) fn set_dram_tiers(&mut self, tiers: Vec<DramTiers>) {
-        self.dram = tiers;
+    pub(crate) fn files(&self) -> &TableFiles {
+        &self.files
     }
 
     pub(crate) fn dram_tiers(&self) -> &[DramTiers] {
@@ -233,61 +146,6 @@ impl SsdTier {
         if let Some(t) = self.dram.get(table) {
             IoStats::add(&t.served[0], lookups);
         }
-    }
-
-    /// Reads rows `rows` (in range, any order) of table file `file` in their stored encoding into
-    /// `out` (`rows.len() × row_bytes`), a few thousand reads at a time.
-    pub(crate) fn read_raw(
-        &self,
-        file: usize,
-        meta: &TableMeta,
-        rows: &[u64],
-        out: &mut [u8],
-    ) -> Result<()> {
-        let block = self.device.block_size() as u64;
-        let (layout, rb) = (meta.layout(), meta.row_bytes as usize);
-        for (c, chunk) in rows.chunks(4096).enumerate() {
-            let mut reads = Vec::with_capacity(chunk.len());
-            let mut at = 0usize;
-            for &r in chunk {
-                let start = DATA_OFFSET + layout.row_offset(self.slot(file, r));
-                let lo = start / block * block;
-                let len = ((start + rb as u64).div_ceil(block) * block - lo) as u32;
-                reads.push(ReadOp {
-                    file: file as u32,
-                    offset: lo,
-                    len,
-                    buf_at: at,
-                });
-                at += len as usize;
-            }
-            let mut buf = self.buffer(at);
-            let mut bad = None;
-            let res =
-                self.device
-                    .read_batch(&reads, &mut buf.as_mut_slice()[..at], &mut |i, data| {
-                        if let Err(sector) = self.check(&reads[i], data) {
-                            bad.get_or_insert((sector, chunk[i]));
-                            return;
-                        }
-                        let at = layout.row_offset(self.slot(file, chunk[i]));
-                        let skip = (DATA_OFFSET + at - reads[i].offset) as usize;
-                        out[(c * 4096 + i) * rb..][..rb].copy_from_slice(&data[skip..][..rb]);
-                    });
-            self.buffers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(buf);
-            res?;
-            if let Some((at, row)) = bad {
-                return Err(self.corrupted(file, meta, at, Some(row)));
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn device(&self) -> &dyn BlockDevice {
-        self.device.as_ref()
     }
 
     /// Pools `jobs` into `out`, a row-major `[batch, width]` matrix whose cells the jobs own.
@@ -363,42 +221,41 @@ impl SsdTier {
             total: bytes,
         } = self.plan(jobs, &routed);
         let route_done = Instant::now();
-        self.stats.route.record(route_done - start);
+        self.files.stats.route.record(route_done - start);
 
-        let mut buf = self.buffer(bytes);
+        let mut buf = self.files.buffer(bytes);
         let mut pooling = std::time::Duration::ZERO;
         let mut bad: Option<(usize, u64)> = None; // (read, sector's data-region offset)
-        let res =
-            self.device
-                .read_batch(&reads, &mut buf.as_mut_slice()[..bytes], &mut |i, data| {
-                    let t = Instant::now();
-                    if let Err(at) = self.check(&reads[i], data) {
-                        // none of its rows is pooled or cached; the batch fails below
-                        bad.get_or_insert((i, at));
-                        return;
+        let res = self.files.device().read_batch(
+            &reads,
+            &mut buf.as_mut_slice()[..bytes],
+            &mut |i, data| {
+                let t = Instant::now();
+                if let Err(at) = self.files.check(&reads[i], data) {
+                    // none of its rows is pooled or cached; the batch fails below
+                    bad.get_or_insert((i, at));
+                    return;
+                }
+                for land in &landings[by_read[i].clone()] {
+                    let job = &jobs[land.job];
+                    let (dim, rb) = (job.meta.dim as usize, job.meta.row_bytes as usize);
+                    let encoded = &data[land.at - reads[i].buf_at..][..rb];
+                    let row = &mut row[..dim];
+                    job.meta.dtype.decode_row(encoded, row);
+                    let r = &routed[land.job];
+                    pool_row(job, &r.entries[land.entries.clone()], row, &cells);
+                    if let Some(cache) = self.dram.get(job.id).and_then(|d| d.cache.as_ref()) {
+                        cache.offer(r.entries[land.entries.start].0, encoded);
                     }
-                    for land in &landings[by_read[i].clone()] {
-                        let job = &jobs[land.job];
-                        let (dim, rb) = (job.meta.dim as usize, job.meta.row_bytes as usize);
-                        let encoded = &data[land.at - reads[i].buf_at..][..rb];
-                        let row = &mut row[..dim];
-                        job.meta.dtype.decode_row(encoded, row);
-                        let r = &routed[land.job];
-                        pool_row(job, &r.entries[land.entries.clone()], row, &cells);
-                        if let Some(cache) = self.dram.get(job.id).and_then(|d| d.cache.as_ref()) {
-                            cache.offer(r.entries[land.entries.start].0, encoded);
-                        }
-                        left[land.job] -= 1;
-                        if left[land.job] == 0 {
-                            finish(job, r);
-                        }
+                    left[land.job] -= 1;
+                    if left[land.job] == 0 {
+                        finish(job, r);
                     }
-                    pooling += t.elapsed();
-                });
-        self.buffers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(buf);
+                }
+                pooling += t.elapsed();
+            },
+        );
+        self.files.give_back(buf);
         res?;
         if let Some((i, at)) = bad {
             // the first row this read carried that sits in the bad sector
@@ -415,16 +272,17 @@ impl SsdTier {
                 |l| Some(&jobs[l.job]),
             );
             let job = job.expect("a read of a job's table");
-            return Err(self.corrupted(job.id, job.meta, at, row));
+            return Err(self.files.corrupted(job.id, job.meta, at, row));
         }
         let io_done = Instant::now();
-        self.stats.pool.record(pooling);
-        self.stats
+        self.files.stats.pool.record(pooling);
+        self.files
+            .stats
             .io_wait
             .record((io_done - route_done).saturating_sub(pooling));
 
         self.account(jobs, &routed, &reads, bytes);
-        self.stats.end_to_end.record(start.elapsed());
+        self.files.stats.end_to_end.record(start.elapsed());
         Ok(())
     }
 
@@ -433,7 +291,7 @@ impl SsdTier {
     /// the merged read stays within `max_read`. Returns the reads, where each row lands, and each
     /// read's landings.
     fn plan(&self, jobs: &[SsdJob<'_>], routed: &[Routed]) -> Plan {
-        let block = self.device.block_size() as u64;
+        let block = self.files.device().block_size() as u64;
         let mut plan = Plan::default();
         for (k, (job, r)) in jobs.iter().zip(routed).enumerate() {
             let layout = job.meta.layout();
@@ -441,9 +299,9 @@ impl SsdTier {
             let mut misses: Vec<(u64, usize, usize)> = r
                 .misses
                 .iter()
-                .map(|&(i, run)| (self.slot(job.id, r.entries[i].0), i, run))
+                .map(|&(i, run)| (self.files.slot(job.id, r.entries[i].0), i, run))
                 .collect();
-            if matches!(self.orders.get(job.id), Some(Some(_))) {
+            if self.files.colocated(job.id) {
                 misses.sort_unstable();
             }
             // the open read, as (start, end) bytes of the file; its buffer offset is `plan.total`
@@ -481,17 +339,8 @@ impl SsdTier {
         plan
     }
 
-    /// A staging buffer of at least `bytes` bytes (reused when one is free).
-    fn buffer(&self, bytes: usize) -> AlignedBuf {
-        let mut free = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        match free.iter().position(|b| b.len() >= bytes) {
-            Some(i) => free.swap_remove(i),
-            None => AlignedBuf::zeroed(bytes.max(1 << 20).next_power_of_two()),
-        }
-    }
-
     fn account(&self, jobs: &[SsdJob<'_>], routed: &[Routed], reads: &[ReadOp], bytes: usize) {
-        let s = &self.stats;
+        let s = &self.files.stats;
         let (mut lookups, mut unique, mut useful) = (0u64, 0u64, 0u64);
         for (j, r) in jobs.iter().zip(routed) {
             lookups += r.misses.iter().map(|m| m.1 as u64).sum::<u64>();

@@ -10,7 +10,7 @@ use nearrec_plan::{Placement, TableSize};
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
-use crate::ssd::SsdTier;
+use crate::files::TableFiles;
 use nearrec_format::Memory;
 
 /// One table's DRAM tiers in front of its file, and the lookups each served.
@@ -69,13 +69,13 @@ impl DramTiers {
 }
 
 /// Builds every table's DRAM tiers: `config.placement`, or [`Placement::by_size`] over `budget`.
-/// An explicit placement must fit an explicit budget; hot rows are read through `ssd`.
+/// An explicit placement must fit an explicit budget; hot rows are read from `files`.
 pub(crate) fn place(
     reader: &StoreReader,
     config: &EngineConfig,
     budget: u64,
     memory: &Memory,
-    ssd: &SsdTier,
+    files: &TableFiles,
     progress: Option<&ProgressFn>,
 ) -> Result<Vec<DramTiers>> {
     let tables = reader.tables();
@@ -158,7 +158,7 @@ pub(crate) fn place(
             }
             if !p.hot_rows.is_empty() {
                 t.hot = Some(HotPartition::new(&p.hot_rows, rb, |rows, buf| {
-                    ssd.read_raw(i, meta, rows, buf)
+                    files.read_raw(i, meta, rows, buf)
                 })?);
             }
             if p.cache_bytes > 0 {

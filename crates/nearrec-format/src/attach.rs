@@ -12,21 +12,9 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{FormatError, Result};
-use crate::manifest::{MANIFEST_FILE, Manifest};
+use crate::manifest::{Attachment, MANIFEST_FILE, Manifest};
 use crate::sync::fsync_dir;
-
-/// How the manifest lists one attachment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attachment {
-    pub name: String,
-    /// File name relative to the store directory.
-    pub file: String,
-    pub bytes: u64,
-    pub crc32c: u32,
-}
 
 /// Attachment names: 1–128 of `A-Z a-z 0-9 . _ -`, not starting with a dot.
 pub(crate) fn check_name(name: &str) -> Result<()> {

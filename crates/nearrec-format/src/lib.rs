@@ -32,14 +32,16 @@ mod sync;
 mod writer;
 
 pub use aligned::{AlignedBuf, BUF_ALIGN};
-pub use attach::{Attachment, attach};
+pub use attach::attach;
 pub use dtype::{DType, int8_scale_bias};
 pub use error::{FormatError, Result};
 pub use gc::{GcReport, Leftover, gc, orphans};
 pub use header::{TABLE_MAGIC, TableHeader};
 pub use init::UniformInit;
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
-pub use manifest::{FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, TableMeta};
+pub use manifest::{
+    Attachment, FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, TableMeta,
+};
 pub use memory::{Memory, Shortfall};
 pub use order::{OrderMeta, RowOrder};
 pub use reader::{StoreReader, TableCheck};

@@ -2,7 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::attach::Attachment;
 use crate::dtype::DType;
 use crate::layout::RowLayout;
 use crate::order::OrderMeta;
@@ -49,6 +48,16 @@ impl TableMeta {
     pub fn layout(&self) -> RowLayout {
         RowLayout::new(self.rows, self.row_bytes, u64::from(self.block_bytes))
     }
+}
+
+/// How the manifest lists one attachment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub name: String,
+    /// File name relative to the store directory.
+    pub file: String,
+    pub bytes: u64,
+    pub crc32c: u32,
 }
 
 /// The decoded manifest body.

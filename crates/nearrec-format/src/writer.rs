@@ -16,11 +16,12 @@ use std::thread::JoinHandle;
 
 use rayon::prelude::*;
 
-use crate::attach::{Attachment, write_blob};
+use crate::attach::write_blob;
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::header::{TABLE_VERSION, TableHeader};
 use crate::layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
+use crate::manifest::Attachment;
 use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
 use crate::order::{OrderMeta, RowOrder};
 use crate::sums::{SectorSums, SumsMeta};

@@ -18,6 +18,7 @@
 mod device;
 mod error;
 mod faulty;
+mod files;
 mod mem;
 mod open;
 mod pread;

@@ -3,7 +3,7 @@ use std::sync::{Arc, mpsc};
 
 use crate::device::{BlockDevice, ReadOp, check_batch};
 use crate::error::{IoError, Result};
-use crate::open::Files;
+use crate::files::Files;
 use crate::workers::Workers;
 
 /// Positional reads (`pread`) on a pool of threads, one read per task: as many reads in flight

@@ -5,7 +5,7 @@ use io_uring::{IoUring, opcode, types};
 
 use crate::device::{BlockDevice, ReadOp, check_batch, dest};
 use crate::error::{IoError, Result};
-use crate::open::Files;
+use crate::files::Files;
 
 /// io_uring reads: every read of a batch goes into the submission queue (up to `queue_depth`
 /// in flight), one `io_uring_enter` submits them and waits, and each completion is handed to the
