@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nearrec_device::{DeviceConfig, FlashDevice};
-use nearrec_engine::{Bags, Engine, EngineConfig, Indices, PoolingMode, Request, TableRequest};
+use nearrec_engine::{Bags, Batch, Engine, EngineConfig, Indices, PoolingMode, TableLookup};
 use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
 use nearrec_io::{BlockDevice, MemDevice};
 
@@ -48,7 +48,7 @@ fn run(engine: &Engine, idx: &[i64], offsets: &[i64]) -> Vec<f32> {
         .iter()
         .enumerate()
         .map(|(t, &(name, _, _))| {
-            let req = TableRequest::new(
+            let req = TableLookup::new(
                 name,
                 Indices::I64(idx),
                 Bags::Offsets {
@@ -63,7 +63,7 @@ fn run(engine: &Engine, idx: &[i64], offsets: &[i64]) -> Vec<f32> {
             }
         })
         .collect();
-    engine.lookup(&Request::new(tables)).unwrap().1
+    engine.lookup(&Batch::new(tables)).unwrap().1
 }
 
 fn files(reader: &StoreReader) -> Vec<Vec<u8>> {

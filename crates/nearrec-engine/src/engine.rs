@@ -15,7 +15,7 @@ use crate::cells::{Cells, Ready};
 use crate::config::{EngineConfig, Tier};
 use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
-use crate::request::{Bags, Checked, Indices, Request, TableRequest, check};
+use crate::request::{Bags, Batch, Checked, Indices, TableLookup, check};
 use crate::ssd::{SsdJob, SsdTier};
 use crate::stats::IoStats;
 use crate::tiers::{self, TierReport};
@@ -260,7 +260,7 @@ impl Engine {
         assert_eq!(out.len(), rows.len() * dim, "output has the wrong size");
         if self.ssd.is_some() {
             // One-row sum bags: the row itself (0 + v, so only -0.0 comes back as +0.0).
-            let req = Request::new(vec![TableRequest::new(
+            let req = Batch::new(vec![TableLookup::new(
                 &meta.name,
                 Indices::I64(rows),
                 Bags::Fixed {
@@ -314,7 +314,7 @@ impl Engine {
     }
 
     /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size.
-    pub fn prepare(&self, req: &Request<'_>) -> Result<Prepared> {
+    pub fn prepare(&self, req: &Batch<'_>) -> Result<Prepared> {
         let mut tables = Vec::with_capacity(req.tables.len());
         let (mut width, mut lookups) = (0usize, 0usize);
         let mut batch: Option<(usize, &str)> = None;
@@ -347,7 +347,7 @@ impl Engine {
 
     /// Pools `req` into `out`, a row-major `[batch, width]` matrix (`prepared` from [`Self::prepare`]
     /// on the same request).
-    pub fn execute(&self, req: &Request<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
+    pub fn execute(&self, req: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
         let _inside = fork_gate();
         self.run(req, prepared, out, None)
     }
@@ -357,7 +357,7 @@ impl Engine {
     /// finished it: the SSD tier's as its last read lands, a pooling task's on the DRAM path.
     pub(crate) fn run(
         &self,
-        req: &Request<'_>,
+        req: &Batch<'_>,
         prepared: &Prepared,
         out: &mut [f32],
         ready: Option<&Ready<'_>>,
@@ -460,7 +460,7 @@ impl Engine {
     }
 
     /// Validates and pools `req` into a new `[batch, width]` vector.
-    pub fn lookup(&self, req: &Request<'_>) -> Result<(Prepared, Vec<f32>)> {
+    pub fn lookup(&self, req: &Batch<'_>) -> Result<(Prepared, Vec<f32>)> {
         let prepared = self.prepare(req)?;
         let mut out = vec![0f32; prepared.batch * prepared.width];
         self.execute(req, &prepared, &mut out)?;
@@ -469,7 +469,7 @@ impl Engine {
 
     fn pool(
         &self,
-        t: &crate::request::TableRequest<'_>,
+        t: &crate::request::TableLookup<'_>,
         checked: &Checked,
         id: usize,
         b0: usize,
@@ -479,7 +479,7 @@ impl Engine {
         let view = self.view(id);
         fn job<'a, I: RowIndex>(
             indices: &'a [I],
-            t: &crate::request::TableRequest<'a>,
+            t: &crate::request::TableLookup<'a>,
             bounds: &'a [usize],
             padding: Option<u64>,
         ) -> PoolJob<'a, I> {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::dense::{DenseModel, Early, ModelError};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
-use crate::request::Request;
+use crate::request::Batch;
 
 /// Where the time of one [`Engine::infer`] went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -38,7 +38,7 @@ impl Engine {
         &self,
         model: &DenseModel,
         dense: &[f32],
-        req: &Request<'_>,
+        req: &Batch<'_>,
     ) -> Result<(Vec<f32>, InferTimes)> {
         let _inside = nearrec_io::fork_gate();
         let start = Instant::now();
@@ -96,7 +96,7 @@ impl Engine {
     fn check_model(
         &self,
         model: &DenseModel,
-        req: &Request<'_>,
+        req: &Batch<'_>,
         dense_len: usize,
         batch: usize,
     ) -> Result<()> {

@@ -1,6 +1,6 @@
 //! Batch execution of pooled embedding lookups.
 //!
-//! A [`Request`] names, per table, the indices of a batch of bags and the pooling; the [`Engine`]
+//! A [`Batch`] names, per table, the indices of a batch of bags and the pooling; the [`Engine`]
 //! validates it ([`Engine::prepare`]), splits it into (table, bag-run) tasks across a fork-safe
 //! worker pool and pools every bag straight into its cell of the `[batch, Σ dim]` output
 //! ([`Engine::execute`]). Tables are resident in DRAM ([`Tier::Dram`]) or read per batch from
@@ -25,6 +25,6 @@ pub use engine::{Engine, Prepared};
 pub use error::{EngineError, Result};
 pub use infer::InferTimes;
 pub use nearrec_format::Memory;
-pub use request::{Bags, Indices, PoolingMode, Request, TableRequest};
+pub use request::{Bags, Batch, Indices, PoolingMode, TableLookup};
 pub use stats::{Histogram, IoStats};
 pub use tiers::TierReport;

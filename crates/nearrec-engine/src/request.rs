@@ -1,6 +1,6 @@
 //! The request type shared by every tier and placement, and its validation.
 //!
-//! A [`Request`] holds, per table, the indices of a batch of bags, how the indices split into bags
+//! A [`Batch`] holds, per table, the indices of a batch of bags, how the indices split into bags
 //! (offsets, lengths, or a fixed bag size for 2-D input), optional per-sample weights and the
 //! pooling. Validation turns each into bag bounds the kernels use, or an error that names the table
 //! and the position.
@@ -55,7 +55,7 @@ pub enum Bags<'a> {
 
 /// The part of a request that concerns one table.
 #[derive(Debug, Clone, Copy)]
-pub struct TableRequest<'a> {
+pub struct TableLookup<'a> {
     pub table: &'a str,
     pub indices: Indices<'a>,
     pub bags: Bags<'a>,
@@ -66,7 +66,7 @@ pub struct TableRequest<'a> {
     pub padding_idx: Option<i64>,
 }
 
-impl<'a> TableRequest<'a> {
+impl<'a> TableLookup<'a> {
     /// A sum-pooled request with `offsets` (PyTorch's defaults otherwise).
     pub fn new(table: &'a str, indices: Indices<'a>, bags: Bags<'a>) -> Self {
         Self {
@@ -98,12 +98,12 @@ impl<'a> TableRequest<'a> {
 /// One batch: the same number of bags (samples) for every table. The output is
 /// `[batch, Σ dim]` fp32, tables in request order.
 #[derive(Debug, Clone, Default)]
-pub struct Request<'a> {
-    pub tables: Vec<TableRequest<'a>>,
+pub struct Batch<'a> {
+    pub tables: Vec<TableLookup<'a>>,
 }
 
-impl<'a> Request<'a> {
-    pub fn new(tables: Vec<TableRequest<'a>>) -> Self {
+impl<'a> Batch<'a> {
+    pub fn new(tables: Vec<TableLookup<'a>>) -> Self {
         Self { tables }
     }
 }
@@ -125,7 +125,7 @@ impl Checked {
 
 /// Validates one table request against a table of `rows` rows. Index values are range-checked by
 /// the kernels as they pool (one pass over the indices, not two).
-pub(crate) fn check(req: &TableRequest<'_>, rows: u64) -> Result<Checked> {
+pub(crate) fn check(req: &TableLookup<'_>, rows: u64) -> Result<Checked> {
     let name = req.table;
     let n = req.indices.len();
     if let Some(w) = req.per_sample_weights {
@@ -249,8 +249,8 @@ pub(crate) fn check(req: &TableRequest<'_>, rows: u64) -> Result<Checked> {
 mod tests {
     use super::*;
 
-    fn offsets<'a>(idx: &'a [i64], off: &'a [i64], last: bool) -> TableRequest<'a> {
-        TableRequest::new(
+    fn offsets<'a>(idx: &'a [i64], off: &'a [i64], last: bool) -> TableLookup<'a> {
+        TableLookup::new(
             "t",
             Indices::I64(idx),
             Bags::Offsets {
@@ -293,13 +293,13 @@ mod tests {
     #[test]
     fn lengths_and_fixed() {
         let idx = [1i64, 2, 3, 4];
-        let r = TableRequest::new(
+        let r = TableLookup::new(
             "t",
             Indices::I64(&idx),
             Bags::Lengths(Indices::I32(&[1, 0, 3])),
         );
         assert_eq!(check(&r, 10).unwrap().bounds, vec![0, 1, 1, 4]);
-        let r = TableRequest::new(
+        let r = TableLookup::new(
             "t",
             Indices::I64(&idx),
             Bags::Lengths(Indices::I32(&[1, 2])),
@@ -311,11 +311,11 @@ mod tests {
                 .contains("add up to 3")
         );
         let fixed = |batch, bag_size| {
-            TableRequest::new("t", Indices::I64(&idx), Bags::Fixed { batch, bag_size })
+            TableLookup::new("t", Indices::I64(&idx), Bags::Fixed { batch, bag_size })
         };
         assert_eq!(check(&fixed(2, 2), 10).unwrap().bounds, vec![0, 2, 4]);
         assert!(check(&fixed(3, 2), 10).is_err());
-        let none = TableRequest::new(
+        let none = TableLookup::new(
             "t",
             Indices::I64(&[]),
             Bags::Fixed {

@@ -25,7 +25,7 @@ use crate::cells::{Cells, Ready};
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
-use crate::request::{Checked, PoolingMode, TableRequest};
+use crate::request::{Checked, PoolingMode, TableLookup};
 use crate::stats::IoStats;
 use crate::tiers::DramTiers;
 
@@ -49,7 +49,7 @@ pub(crate) struct SsdJob<'a> {
     pub meta: &'a TableMeta,
     /// First output column of the table.
     pub col: usize,
-    pub req: &'a TableRequest<'a>,
+    pub req: &'a TableLookup<'a>,
     pub checked: &'a Checked,
 }
 

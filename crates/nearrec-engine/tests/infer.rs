@@ -6,9 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use nearrec_engine::dense::{Activation, DenseModel, Interaction, Linear, Mlp};
-use nearrec_engine::{
-    Bags, Engine, EngineConfig, EngineError, Indices, Request, TableRequest, Tier,
-};
+use nearrec_engine::{Bags, Batch, Engine, EngineConfig, EngineError, Indices, TableLookup, Tier};
 use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
 
 const ROWS: u64 = 700;
@@ -244,13 +242,13 @@ fn request_parts(batch: usize, seed: u64) -> Vec<(Vec<i64>, Vec<i64>)> {
         .collect()
 }
 
-fn request<'a>(parts: &'a [(Vec<i64>, Vec<i64>)]) -> Request<'a> {
-    Request::new(
+fn request<'a>(parts: &'a [(Vec<i64>, Vec<i64>)]) -> Batch<'a> {
+    Batch::new(
         parts
             .iter()
             .zip(TABLES)
             .map(|((idx, off), (name, _))| {
-                TableRequest::new(
+                TableLookup::new(
                     name,
                     Indices::I64(idx),
                     Bags::Offsets {
@@ -334,7 +332,7 @@ fn requests_that_do_not_fit_the_model_are_typed_errors() {
         "{err}"
     );
     // one table short
-    let short = Request::new(request(&parts).tables.into_iter().take(3).collect());
+    let short = Batch::new(request(&parts).tables.into_iter().take(3).collect());
     let err = engine
         .infer(&model, &values(3 * width, 1), &short)
         .unwrap_err();

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nearrec_engine::{Bags, Engine, EngineConfig, EngineError, Indices, Request, TableRequest};
+use nearrec_engine::{Bags, Batch, Engine, EngineConfig, EngineError, Indices, TableLookup};
 use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
 use nearrec_io::{DeviceKind, Fault, FaultKind, FaultyDevice, IoConfig, IoError, open_device};
 
@@ -29,11 +29,11 @@ fn store(dir: &Path) -> PathBuf {
 }
 
 fn lookup(engine: &Engine, idx: &[i64]) -> Result<Vec<f32>, EngineError> {
-    let req = Request::new(
+    let req = Batch::new(
         ["t0", "t1"]
             .iter()
             .map(|t| {
-                TableRequest::new(
+                TableLookup::new(
                     t,
                     Indices::I64(idx),
                     Bags::Fixed {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use nearrec_cache::{CacheConfig, Policy};
 use nearrec_engine::{
-    Bags, Engine, EngineConfig, EngineError, Indices, PoolingMode, Request, TableRequest, Tier,
+    Bags, Batch, Engine, EngineConfig, EngineError, Indices, PoolingMode, TableLookup, Tier,
 };
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -68,13 +68,13 @@ fn store(dir: &Path) -> PathBuf {
 }
 
 /// One batch: skewed indices (so caches hit), variable bags, weights / mean / max / padding.
-struct Batch {
+struct Sample {
     indices: Vec<i64>,
     offsets: Vec<i64>,
     weights: Vec<f32>,
 }
 
-fn batch(seed: u64, bags: usize) -> Batch {
+fn batch(seed: u64, bags: usize) -> Sample {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
         x ^= x << 13;
@@ -96,19 +96,19 @@ fn batch(seed: u64, bags: usize) -> Batch {
         }
     }
     let weights = (0..indices.len()).map(|i| 0.25 + (i % 5) as f32).collect();
-    Batch {
+    Sample {
         indices,
         offsets,
         weights,
     }
 }
 
-fn run(engine: &Engine, b: &Batch) -> Vec<f32> {
+fn run(engine: &Engine, b: &Sample) -> Vec<f32> {
     let tables = TABLES
         .iter()
         .enumerate()
         .map(|(t, &(name, _, _))| {
-            let req = TableRequest::new(
+            let req = TableLookup::new(
                 name,
                 Indices::I64(&b.indices),
                 Bags::Offsets {
@@ -123,7 +123,7 @@ fn run(engine: &Engine, b: &Batch) -> Vec<f32> {
             }
         })
         .collect();
-    engine.lookup(&Request::new(tables)).unwrap().1
+    engine.lookup(&Batch::new(tables)).unwrap().1
 }
 
 fn assert_close(got: &[f32], want: &[f32], what: &str) {
@@ -190,7 +190,7 @@ fn every_placement_and_policy_matches_the_dram_tier() {
     let plain = StoreReader::open(&path).unwrap();
     let moved = StoreReader::open(colocated(&path, hot_first())).unwrap();
     let dram = Engine::from_reader(&plain, EngineConfig::default(), None).unwrap();
-    let batches: Vec<Batch> = (0..6).map(|s| batch(s + 1, 64)).collect();
+    let batches: Vec<Sample> = (0..6).map(|s| batch(s + 1, 64)).collect();
     let want: Vec<Vec<f32>> = batches.iter().map(|b| run(&dram, b)).collect();
     // a co-located store loaded whole is put back in row order
     let moved_dram = Engine::from_reader(&moved, EngineConfig::default(), None).unwrap();
@@ -279,7 +279,7 @@ fn rows_stored_together_are_read_together() {
             ..EngineConfig::default()
         };
         let engine = Engine::from_reader(&reader, config, None).unwrap();
-        let req = TableRequest::new(
+        let req = TableLookup::new(
             "a",
             Indices::I64(&rows),
             Bags::Fixed {
@@ -287,7 +287,7 @@ fn rows_stored_together_are_read_together() {
                 bag_size: rows.len(),
             },
         );
-        let got = engine.lookup(&Request::new(vec![req])).unwrap().1;
+        let got = engine.lookup(&Batch::new(vec![req])).unwrap().1;
         (engine.io_stats().unwrap().device_reads.load(Relaxed), got)
     };
     let (plain, want) = reads(&path, true);

@@ -1,6 +1,6 @@
-//! Turning Python arguments (numpy arrays) into an engine [`Request`] without copying them.
+//! Turning Python arguments (numpy arrays) into an engine [`Batch`] without copying them.
 
-use nearrec_engine::{Bags, Indices, PoolingMode, Request, TableRequest};
+use nearrec_engine::{Bags, Batch, Indices, PoolingMode, TableLookup};
 use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -155,8 +155,8 @@ impl<'py> TableArgs<'py> {
     }
 
     /// The engine's request for a list's arguments (borrows their arrays).
-    pub(crate) fn requests<'a>(py: Python<'_>, args: &'a [Self]) -> PyResult<Request<'a>> {
-        Ok(Request::new(
+    pub(crate) fn requests<'a>(py: Python<'_>, args: &'a [Self]) -> PyResult<Batch<'a>> {
+        Ok(Batch::new(
             args.iter()
                 .map(|a| a.request(py))
                 .collect::<PyResult<Vec<_>>>()?,
@@ -164,7 +164,7 @@ impl<'py> TableArgs<'py> {
     }
 
     /// The engine's view of these arguments (borrows the arrays).
-    pub(crate) fn request(&self, py: Python<'_>) -> PyResult<TableRequest<'_>> {
+    pub(crate) fn request(&self, py: Python<'_>) -> PyResult<TableLookup<'_>> {
         let t = self.table.as_str();
         let bags = match (&self.offsets, &self.lengths, self.shape) {
             (Some(o), None, None) => Bags::Offsets {
@@ -195,7 +195,7 @@ impl<'py> TableArgs<'py> {
             })?),
             None => None,
         };
-        Ok(TableRequest {
+        Ok(TableLookup {
             table: t,
             indices: self.indices.indices(py, t, "indices")?,
             bags,
