@@ -5,7 +5,6 @@ mod cache;
 mod device;
 mod error;
 mod keyed;
-mod limits;
 mod lookup;
 mod model;
 mod progress;
@@ -26,7 +25,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add_class::<store::NativeStore>()?;
     m.add_class::<writer::NativeStoreWriter>()?;
-    m.add_class::<limits::MappedStore>()?;
     m.add_class::<keyed::NativeKeyedTable>()?;
     m.add_class::<model::NativeModel>()?;
     m.add_function(wrap_pyfunction!(cache::cache_simulate, m)?)?;
@@ -41,11 +39,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::store_attach, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_read_attachment, m)?)?;
     m.add_function(wrap_pyfunction!(writer::table_layout, m)?)?;
-    m.add_function(wrap_pyfunction!(limits::stream_read, m)?)?;
-    m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
-    m.add_function(wrap_pyfunction!(limits::random_read, m)?)?;
-    m.add_function(wrap_pyfunction!(limits::naive_sls, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_generate_table, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_write, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_open, m)?)?;

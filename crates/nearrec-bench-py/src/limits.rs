@@ -7,7 +7,7 @@ use nearrec_bench::Limit;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 
-use crate::error::detach;
+use crate::error::io_err;
 
 fn as_dict(l: Limit) -> HashMap<&'static str, f64> {
     HashMap::from([
@@ -25,10 +25,8 @@ pub(crate) fn stream_read(
     bytes: usize,
     passes: usize,
     threads: usize,
-) -> PyResult<HashMap<&'static str, f64>> {
-    Ok(as_dict(detach(py, || {
-        nearrec_bench::stream_read(bytes, passes, threads)
-    })?))
+) -> HashMap<&'static str, f64> {
+    as_dict(py.detach(|| nearrec_bench::stream_read(bytes, passes, threads)))
 }
 
 /// Random row-gather limit of memory (best of `passes`).
@@ -41,10 +39,10 @@ pub(crate) fn gather_rows(
     gathers: usize,
     passes: usize,
     threads: usize,
-) -> PyResult<HashMap<&'static str, f64>> {
-    Ok(as_dict(detach(py, || {
-        nearrec_bench::gather_rows(table_bytes, row_bytes, gathers, passes, threads)
-    })?))
+) -> HashMap<&'static str, f64> {
+    as_dict(
+        py.detach(|| nearrec_bench::gather_rows(table_bytes, row_bytes, gathers, passes, threads)),
+    )
 }
 
 /// Sequential-write bandwidth of the disk under `dir` (buffered writes + fsync).
@@ -54,13 +52,13 @@ pub(crate) fn sequential_write(
     dir: PathBuf,
     bytes: u64,
 ) -> PyResult<HashMap<&'static str, f64>> {
-    Ok(as_dict(detach(py, || {
-        nearrec_bench::sequential_write(&dir, bytes)
-    })??))
+    Ok(as_dict(
+        py.detach(|| nearrec_bench::sequential_write(&dir, bytes))?,
+    ))
 }
 
 /// The disk's random-read limit: `reads` direct block reads over `paths` at `queue_depth`, at
-/// blocks chosen by `seed`.
+/// blocks chosen by `seed` (the product's probe, `nearrec_io::measure_read_rate`).
 #[pyfunction]
 #[pyo3(signature = (paths, reads, queue_depth, seed = 7))]
 pub(crate) fn random_read(
@@ -70,11 +68,9 @@ pub(crate) fn random_read(
     queue_depth: u32,
     seed: u64,
 ) -> PyResult<HashMap<&'static str, f64>> {
-    detach(py, || {
-        nearrec_bench::random_read(&paths, reads, queue_depth, seed)
-    })?
-    .map(as_dict)
-    .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+    py.detach(|| nearrec_bench::random_read(&paths, reads, queue_depth, seed))
+        .map(as_dict)
+        .map_err(io_err)
 }
 
 /// The naive SSD baseline: per-row synchronous `O_DIRECT` preads + host sum pooling, on
@@ -91,21 +87,15 @@ pub(crate) fn naive_sls<'py>(
         .iter()
         .map(|a| a.as_slice())
         .collect::<Result<Vec<_>, _>>()?;
-    let width_batch = |out: &Vec<f32>| {
-        let batch = slices.first().map_or(0, |s| s.len() / bag_size.max(1));
-        (batch, out.len().checked_div(batch).unwrap_or(0))
-    };
-    let out = detach(py, || {
-        nearrec_bench::pread_sls(&store, &slices, bag_size, threads)
-    })?
-    .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
-    let (batch, width) = width_batch(&out);
+    let out = py.detach(|| nearrec_bench::pread_sls(&store, &slices, bag_size, threads))?;
+    let batch = slices.first().map_or(0, |s| s.len() / bag_size.max(1));
+    let width = out.len().checked_div(batch).unwrap_or(0);
     PyArray1::from_vec(py, out).reshape([batch, width])
 }
 
 /// RM-SSD's SSD-S baseline over a store: tables mapped, rows faulted in through the page cache,
 /// pooled on the host (`nearrec_bench::MappedStore`).
-#[pyclass(module = "nearrec._native", frozen)]
+#[pyclass(module = "nearrec_bench._native", frozen)]
 pub(crate) struct MappedStore {
     inner: nearrec_bench::MappedStore,
 }
@@ -115,7 +105,7 @@ impl MappedStore {
     #[new]
     #[pyo3(signature = (path, random = true))]
     fn new(py: Python<'_>, path: PathBuf, random: bool) -> PyResult<Self> {
-        let inner = detach(py, || nearrec_bench::MappedStore::open(&path, random))??;
+        let inner = py.detach(|| nearrec_bench::MappedStore::open(&path, random))?;
         Ok(Self { inner })
     }
 
@@ -145,7 +135,7 @@ impl MappedStore {
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let out = detach(py, || self.inner.pool(&bags, batch))??;
+        let out = py.detach(|| self.inner.pool(&bags, batch))?;
         let width = out.len() / batch.max(1);
         PyArray1::from_vec(py, out).reshape([batch, width])
     }
