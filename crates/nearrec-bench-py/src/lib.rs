@@ -2,6 +2,7 @@
 //! binds `nearrec-bench` (machine limits and naive baselines) for the harnesses in
 //! `nearrec_bench`; the product extension, `nearrec._native`, does not link it.
 
+mod baselines;
 mod error;
 mod limits;
 
@@ -11,8 +12,8 @@ use pyo3::prelude::*;
 #[pyo3(name = "_native")]
 fn nearrec_bench_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add_class::<limits::MappedStore>()?;
-    m.add_function(wrap_pyfunction!(limits::naive_sls, m)?)?;
+    m.add_class::<baselines::MappedStore>()?;
+    m.add_function(wrap_pyfunction!(baselines::naive_sls, m)?)?;
     m.add_function(wrap_pyfunction!(limits::stream_read, m)?)?;
     m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
