@@ -26,9 +26,13 @@ $(VENV)/.deps: pyproject.toml Makefile
 	-$(PIP) download -q --no-deps $(RECBOLE) -d .cache/datasets
 	touch $@
 
-# Build the Rust extension (release) into the virtualenv, with the package importable in place.
+# Build the Rust extensions (release) into the virtualenv, each package importable in place: the
+# product (`nearrec`), then the benchmark harnesses (`nearrec_bench`: bench/pyproject.toml, a
+# distribution of its own that the product wheel leaves out; maturin's -m takes only a Cargo.toml,
+# so it is built from bench/, and told which environment).
 develop: $(VENV)/.deps
 	$(VENV)/bin/maturin develop --release -q
+	cd bench && VIRTUAL_ENV=$(CURDIR)/$(VENV) $(CURDIR)/$(VENV)/bin/maturin develop --release -q
 
 # The main job: a synthetic RMC1 store (8 tables x 1M rows x dim 32, 1 GiB), then pooled lookups.
 demo: develop
@@ -43,7 +47,7 @@ rust-check:
 	cargo test --workspace -q
 
 py-check: develop
-	$(VENV)/bin/ruff check python tests examples
+	$(VENV)/bin/ruff check python bench/python tests examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 	$(PY) examples/quickstart.py

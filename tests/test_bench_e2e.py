@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nearrec.bench.e2e import markdown, summarise
-from nearrec.bench.report import Record
+from nearrec_bench.e2e import markdown, summarise
+from nearrec_bench.report import Record
 
 
 def rec(place: str, system: str, sps: float, **extra: float) -> Record:

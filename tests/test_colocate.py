@@ -16,6 +16,7 @@ import torch
 import nearrec
 import nearrec.trace as nt
 from nearrec.plan import COLOCATIONS, colocate, make_plan
+from nearrec_bench._native import MappedStore
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROWS = {"big": 40_000, "mid": 6_000}
@@ -71,7 +72,7 @@ def test_colocated_copies_pool_like_the_original(store, tmp_path, how):
     # the table read whole comes back in row order
     np.testing.assert_array_equal(opened[0].table_array("big"), weights["big"])
     # SSD-S maps row ids through the order as well
-    mapped = nearrec._native.MappedStore(str(out.path), True)
+    mapped = MappedStore(str(out.path), True)
     batch = tr.batch(h, h + 50)
     got = mapped.pool([(i, np.asarray(r.indices), np.append(r.offsets, len(r.indices)))
                        for i, r in enumerate(batch)])

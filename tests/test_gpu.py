@@ -273,7 +273,7 @@ def test_collection_turns_the_tier_on(store):
 
 
 def test_traces_for_the_benchmark():
-    from nearrec.bench.gpu import stack_distance_trace, zipf_trace
+    from nearrec_bench.gpu import stack_distance_trace, zipf_trace
 
     rng = np.random.default_rng(0)
     z = zipf_trace(rng, 1000, 1.05, 20_000)

@@ -10,6 +10,7 @@ import torch
 
 import nearrec
 import nearrec.trace as nt
+from nearrec_bench._native import MappedStore
 
 POLICIES = ["lru", "lfu", "lru_pa", "lfu_pa"]
 
@@ -121,7 +122,7 @@ def test_cache_study_matches_exact_lru_and_the_ssds_baseline_pools_right(store):
         assert hits + misses == len(t.indices)
         assert hits / len(t.indices) == pytest.approx(t.profile().lru_hit_ratio(cap))
     path, weights = store
-    mapped = nearrec._native.MappedStore(str(path), True)
+    mapped = MappedStore(str(path), True)
     ids = {n: i for i, n in enumerate(weights)}
     tr = trace(40)
     got = mapped.pool([(ids[r.table], np.asarray(r.indices), np.append(r.offsets, len(r.indices)))

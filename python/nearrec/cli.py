@@ -415,147 +415,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import report
-
+    # the harnesses are a separate distribution (bench/ in the repository), not in this wheel
+    try:
+        import nearrec_bench._native  # noqa: F401  (built, not only on the path)
+        from nearrec_bench.cli import run
+    except ImportError as e:
+        if not (e.name or "").startswith("nearrec_bench"):
+            raise
+        print("nearrec: error: `nearrec bench` needs the benchmark package (nearrec-bench), which "
+              "the nearrec wheel leaves out: in a checkout, run `make develop` or "
+              "`pip install ./bench`", file=sys.stderr)
+        return 2
     command = "nearrec " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("nearrec") \
         else "nearrec bench " + " ".join(sys.argv[2:])
-    out = Path(args.out)
-    if args.what == "sls":
-        from .bench import sls
-
-        cfg = sls.SlsConfig.quick() if args.quick else sls.SlsConfig()
-        if args.models:
-            cfg.models = tuple(args.models.split(","))
-        if args.rows:
-            cfg.rows = args.rows
-        cfg.scratch = Path(args.scratch)
-        records = sls.run(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "sls-quick" if args.quick else "sls"
-        md = report.sls_markdown(records, command)
-    elif args.what == "cache":
-        from .bench import cache
-
-        ccfg = cache.CacheBenchConfig.quick() if args.quick else cache.CacheBenchConfig()
-        if args.models:
-            ccfg.models = tuple(args.models.split(","))
-        if args.table_bytes:
-            ccfg.table_bytes = args.table_bytes
-        if args.budgets:
-            ccfg.budgets = tuple(float(b) for b in args.budgets.split(","))
-        if args.traces:
-            ccfg.traces = tuple(args.traces.split(","))
-        if args.batches:
-            ccfg.batches = tuple(int(b) for b in args.batches.split(","))
-        ccfg.scratch = Path(args.scratch)
-        ccfg.progress_file = Path(args.out) / "cache-progress.jsonl"
-        ccfg.progress_file.parent.mkdir(parents=True, exist_ok=True)
-        ccfg.progress_file.unlink(missing_ok=True)
-        records = cache.run(ccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "cache-quick" if args.quick else "cache"
-        md = cache.markdown(records, command)
-    elif args.what == "keyed":
-        from .bench import keyed
-
-        kbcfg = keyed.KeyedBenchConfig.quick() if args.quick else keyed.KeyedBenchConfig()
-        if args.rows:
-            kbcfg.rows = args.rows
-        kbcfg.scratch = Path(args.scratch)
-        records = keyed.run(kbcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "keyed-quick" if args.quick else "keyed"
-        md = keyed.markdown(records, command)
-    elif args.what == "colocate":
-        from .bench import colocate
-
-        kcfg = colocate.ColocateBenchConfig.quick() if args.quick \
-            else colocate.ColocateBenchConfig()
-        if args.table_bytes:
-            kcfg.table_bytes = args.table_bytes
-        if args.traces:
-            kcfg.traces = tuple(args.traces.split(","))
-        if args.budgets:
-            kcfg.drams = tuple(float(b) for b in args.budgets.split(","))
-        kcfg.scratch = Path(args.scratch)
-        records = colocate.run(kcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "colocate-quick" if args.quick else "colocate"
-        md = colocate.markdown(records, command)
-    elif args.what == "e2e":
-        from .bench import e2e
-
-        ecfg = e2e.E2EConfig.quick() if args.quick else e2e.E2EConfig()
-        if args.models:
-            ecfg.models = tuple(args.models.split(","))
-        if args.table_bytes:
-            ecfg.table_bytes = args.table_bytes
-        if args.batches:
-            ecfg.batches = tuple(int(b) for b in args.batches.split(","))
-        if args.no_recssd:
-            ecfg.recssd = False
-        ecfg.scratch = Path(args.scratch)
-        ecfg.progress_file = Path(args.out) / "e2e-progress.jsonl"
-        ecfg.progress_file.parent.mkdir(parents=True, exist_ok=True)
-        ecfg.progress_file.unlink(missing_ok=True)
-        records = e2e.run(ecfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "e2e-quick" if args.quick else "e2e"
-        md = e2e.markdown(records, command)
-    elif args.what in ("ssd", "ssd-tuning", "ssd-verify"):
-        from .bench import ssd
-
-        scfg = ssd.SsdConfig.quick() if args.quick else ssd.SsdConfig()
-        if args.table_bytes:
-            scfg.table_bytes = args.table_bytes
-        scfg.scratch = Path(args.scratch)
-        log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        if args.what == "ssd":
-            records = ssd.run(scfg, log=log)
-            md = ssd.markdown(records, command)
-        elif args.what == "ssd-verify":
-            records = ssd.run_verify(scfg, log=log)
-            md = ssd.verify_markdown(records, command)
-        else:
-            records = ssd.run_tuning(scfg, log=log)
-            md = ssd.tuning_markdown(records, command)
-        name = args.what + ("-quick" if args.quick else "")
-    elif args.what == "flash-repro":
-        from .bench import flash
-
-        fcfg = flash.FlashReproConfig.quick() if args.quick else flash.FlashReproConfig()
-        if args.table_bytes:
-            fcfg.table_bytes = args.table_bytes
-        fcfg.out = out
-        records = flash.run(fcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "flash-repro-quick" if args.quick else "flash-repro"
-        md = flash.markdown(records, command)
-    elif args.what == "flash-check":
-        from .bench import flash
-
-        kccfg = flash.FlashCheckConfig.quick() if args.quick else flash.FlashCheckConfig()
-        if args.table_bytes:
-            kccfg.table_bytes = args.table_bytes
-        if args.batches:
-            kccfg.batches = tuple(int(b) for b in args.batches.split(","))
-        kccfg.scratch = Path(args.scratch)
-        records = flash.check(kccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "flash-check-quick" if args.quick else "flash-check"
-        md = flash.check_markdown(records, command)
-    elif args.what == "gpu":
-        from .bench import gpu
-
-        gcfg = gpu.GpuBenchConfig.quick() if args.quick else gpu.GpuBenchConfig()
-        if args.rows:
-            gcfg.rows = args.rows
-        gcfg.scratch = Path(args.scratch)
-        records = gpu.run(gcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "gpu-quick" if args.quick else "gpu"
-        md = gpu.markdown(records, command)
-    else:
-        from .bench import build
-
-        size = args.table_bytes or (1 << 30 if args.quick else 4 << 30)
-        records = build.run(Path(args.scratch), size,
-                            log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "build-quick" if args.quick else "build"
-        md = build.markdown(records, command)
-    js, mdp = report.write(records, out, name, command, md)
+    js, mdp, md = run(args, command)
     _emit(args, {"json": str(js), "markdown": str(mdp)}, md + f"\nwrote {js} and {mdp}")
     return 0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _native
-from .errors import InvalidRequest, NearrecError, StoreIOError
+from .errors import InvalidRequest, StoreIOError
 from .request import count, flag, is_bool, path_arg, regular_file
 from .specs import model_spec, scaled_rows
 
@@ -276,15 +276,8 @@ def calibrate(files: Sequence[str | Path], depths: Sequence[int] = (1, 2, 4, 8, 
     points: list[dict[str, Any]] = []
     for i, qd in enumerate(depths):
         n = max(reads, 200 * qd) if qd > 1 else max(reads // 20, 500)
-        try:
-            rates = sorted(
-                _native.random_read(paths, n, qd,
-                                    (seed * 1000 + i) * 16 + rep + 11)["items_per_s"]
-                for rep in range(repeats))
-        except OSError as e:
-            if isinstance(e, NearrecError):
-                raise
-            raise StoreIOError(f"calibrate: reading {paths} failed: {e}") from None
+        rates = sorted(_native.disk_read_rate(paths, n, qd, (seed * 1000 + i) * 16 + rep + 11)
+                       for rep in range(repeats))
         points.append({"queue_depth": qd, "bytes": 512, "reads_per_s": rates[len(rates) // 2],
                        "probes": rates, "weight": (weights or {}).get(qd, 1.0)})
     fitted = json.loads(_native.device_fit(json.dumps(base_cfg), json.dumps(points)))

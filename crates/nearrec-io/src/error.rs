@@ -39,6 +39,10 @@ pub enum IoError {
     #[error("cannot start a pool of {threads} threads: {reason}")]
     Threads { threads: usize, reason: String },
 
+    /// A random-read probe that cannot measure anything (no reads, no whole block to read).
+    #[error("cannot probe random reads: {reason}")]
+    Probe { reason: String },
+
     #[error("cannot set up {device}: {reason}")]
     Setup {
         device: &'static str,

@@ -14,6 +14,9 @@
 //! [`FaultyDevice`] wraps any of them and fails batches on purpose, for fault-injection tests.
 //!
 //! [`open_device`] picks the best one the machine allows and says why when it falls back.
+//!
+//! [`measure_read_rate`] measures the disk's random-read rate through it (the flash model's
+//! calibration, and the limit benchmarks compare against).
 
 mod device;
 mod error;
@@ -22,6 +25,7 @@ mod files;
 mod mem;
 mod open;
 mod pread;
+mod probe;
 mod uring;
 mod workers;
 
@@ -31,5 +35,6 @@ pub use faulty::{Fault, FaultKind, FaultyDevice};
 pub use mem::MemDevice;
 pub use open::{DeviceKind, IoConfig, open_device};
 pub use pread::PreadDevice;
+pub use probe::{ReadRate, measure_read_rate};
 pub use uring::UringDevice;
 pub use workers::{ForkGuard, Workers, fork_gate};

@@ -1,11 +1,14 @@
-//! Binding of the flash device model: whole simulations and calibration, JSON in and out (the
-//! typed surface is `nearrec.simulate`).
+//! Binding of the flash device model: whole simulations and calibration (this disk's measured
+//! random-read rate, and the model fitted to it), JSON in and out (the typed surface is
+//! `nearrec.simulate`).
+
+use std::path::PathBuf;
 
 use nearrec_device::calibrate::{self, DiskPoint};
 use nearrec_device::{DeviceConfig, DeviceError, SimSpec};
 use pyo3::prelude::*;
 
-use crate::error::{detach, raise};
+use crate::error::{detach, io_err, raise};
 
 pub(crate) fn device_err(py: Python<'_>, e: DeviceError) -> PyErr {
     let msg = e.to_string();
@@ -72,4 +75,22 @@ pub(crate) fn device_read_rate(
     detach(py, || {
         calibrate::predicted_rate(&cfg, queue_depth.max(1), bytes.max(1))
     })
+}
+
+/// This disk's measured random-read rate (reads/s): `reads` direct block reads over `paths` at
+/// `queue_depth`, at blocks chosen by `seed` (`nearrec_io::measure_read_rate`). What
+/// `nearrec.simulate.calibrate` fits the model to; `device_read_rate` is the model's answer.
+#[pyfunction]
+pub(crate) fn disk_read_rate(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    reads: usize,
+    queue_depth: u32,
+    seed: u64,
+) -> PyResult<f64> {
+    detach(py, || {
+        nearrec_io::measure_read_rate(&paths, reads, queue_depth, seed)
+    })?
+    .map(|r| r.reads_per_s())
+    .map_err(|e| io_err(py, e))
 }

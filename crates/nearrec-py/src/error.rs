@@ -3,6 +3,7 @@
 
 use nearrec_engine::EngineError;
 use nearrec_format::FormatError;
+use nearrec_io::IoError;
 use pyo3::prelude::*;
 
 /// Builds `nearrec.errors.<class>(message, table=..., position=...)`.
@@ -66,13 +67,20 @@ pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
         EngineError::InvalidRequest { table, .. } => {
             raise(py, "InvalidRequest", msg, Some(&table), None)
         }
-        EngineError::Io(io) => match io {
-            // a malformed read is a bug of ours, not the device's
-            nearrec_io::IoError::InvalidRead { .. } => raise(py, "InternalError", msg, None, None),
-            nearrec_io::IoError::Threads { .. } => raise(py, "ResourceExhausted", msg, None, None),
-            _ => raise(py, "StoreIOError", msg, None, None),
-        },
+        EngineError::Io(io) => io_err(py, io),
         _ => raise(py, "InvalidRequest", msg, None, None),
+    }
+}
+
+/// A failed read (or a disk probe that cannot measure) as the matching `nearrec.errors` class.
+pub(crate) fn io_err(py: Python<'_>, e: IoError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        // a malformed read is a bug of ours, not the device's
+        IoError::InvalidRead { .. } => raise(py, "InternalError", msg, None, None),
+        IoError::Threads { .. } => raise(py, "ResourceExhausted", msg, None, None),
+        IoError::Probe { .. } => raise(py, "InvalidRequest", msg, None, None),
+        _ => raise(py, "StoreIOError", msg, None, None),
     }
 }
 

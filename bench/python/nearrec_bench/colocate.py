@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 import nearrec
+from nearrec import trace as nt
+from nearrec.plan import COLOCATIONS, colocate, make_plan
 
-from .. import trace as nt
-from ..plan import COLOCATIONS, colocate, make_plan
 from .cache import CacheBenchConfig, Cell, _record, _store, _timed, _warm, generator
 from .report import Record
 from .ssd import drop_page_cache

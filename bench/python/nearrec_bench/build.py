@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nearrec
 
+from . import _native
 from .report import Record
 
 
@@ -18,7 +19,7 @@ def run(scratch: Path, table_bytes: int, model: str = "rmc1", repeats: int = 3,
     records = []
     disk, build = [], []
     for k in range(repeats):
-        d = nearrec._native.sequential_write(str(scratch), table_bytes)
+        d = _native.sequential_write(str(scratch), table_bytes)
         disk.append(d["bytes_per_s"])
         path = scratch / "build-bench"
         t = time.perf_counter()

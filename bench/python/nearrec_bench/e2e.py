@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 
 import nearrec
+from nearrec import trace as nt
+from nearrec.plan import make_plan
 
-from .. import trace as nt
-from ..plan import make_plan
+from . import _native
 from .cache import CGROUP, generator, ssds_available
 from .report import Record
 from .ssd import drop_page_cache
@@ -132,7 +133,7 @@ def _trace(cfg: E2EConfig, path: Path, model: str, variant: str, trace: str) -> 
 def _kjt(lookups: list[Any]) -> Any:
     import torch
 
-    from ..torch import KeyedJaggedTensor
+    from nearrec.torch import KeyedJaggedTensor
 
     return KeyedJaggedTensor(
         [r.table for r in lookups],
@@ -168,7 +169,7 @@ def _measure(model: Any, batches: list[Any], depth: int, seconds: float,
              prerun: bool = True) -> dict[str, Any]:
     """Runs ``batches`` through ``model`` for about ``seconds``. ``prerun`` first runs two of
     them untimed (first-call costs); not where a cache could keep their rows (SSD cells)."""
-    from ..models import infer
+    from nearrec.models import infer
 
     if prerun:
         infer(model, batches[:2], depth=depth)
@@ -204,14 +205,14 @@ class _MappedCollection:
 
     def __init__(self, path: str, random: bool):
         info = nearrec.info(path)
-        self.mapped = nearrec._native.MappedStore(path, random)
+        self.mapped = _native.MappedStore(path, random)
         self.ids = {t.name: i for i, t in enumerate(info.tables)}
         self.dims = {t.name: t.dim for t in info.tables}
 
     def __call__(self, kjt: Any) -> Any:
         import torch
 
-        from ..torch import KeyedTensor
+        from nearrec.torch import KeyedTensor
 
         keys, values, lengths = kjt.keys(), kjt.values().numpy(), kjt.lengths().numpy()
         batch = len(lengths) // len(keys)
@@ -230,7 +231,7 @@ def _ssds_worker() -> None:
     size over the timed part with PyTorch MLPs; prints the measurements as JSON."""
     import torch
 
-    from ..models import build
+    from nearrec.models import build
 
     job = json.loads(sys.stdin.read())
     torch.set_num_threads(job["threads"])
@@ -283,7 +284,7 @@ def _ssds(cfg: E2EConfig, path: Path, model: str, variant: str, budget: int, war
            "seconds": cfg.seconds, "warm_seconds": cfg.ssds_warm_seconds,
            "threads": torch.get_num_threads()}
     res = subprocess.run([sys.executable, "-c",
-                          "from nearrec.bench.e2e import _ssds_worker; _ssds_worker()"],
+                          "from nearrec_bench.e2e import _ssds_worker; _ssds_worker()"],
                          input=json.dumps(job), capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"SSD-S worker exited with {res.returncode} (a negative code is the "
@@ -307,7 +308,7 @@ class _TorchCollection:
     def __call__(self, kjt: Any) -> Any:
         import torch
 
-        from ..torch import KeyedTensor
+        from nearrec.torch import KeyedTensor
 
         keys, values, lengths = kjt.keys(), kjt.values(), kjt.lengths()
         batch = lengths.numel() // len(keys)
@@ -324,7 +325,7 @@ class _TorchCollection:
 
 def _model_run(cfg: E2EConfig, model: str, variant: str, batches: tuple[int, ...],
                systems: tuple[str, ...], log: Callable[[str], None]) -> list[Record]:
-    from ..models import OFFLOADABLE, build, offload
+    from nearrec.models import OFFLOADABLE, build, offload
 
     spec = nearrec.model_spec(model)
     path = _store(cfg, model, variant, log)
@@ -339,7 +340,7 @@ def _model_run(cfg: E2EConfig, model: str, variant: str, batches: tuple[int, ...
     lookups = spec.pooling_factor(variant) * len(info.tables)  # type: ignore[arg-type]
     files = [str(path / t.file) for t in info.tables]
     drop_page_cache()
-    disk = nearrec._native.random_read(files, cfg.limit_reads, 128)["items_per_s"]
+    disk = _native.random_read(files, cfg.limit_reads, 128)["items_per_s"]
     budget = int(total * cfg.budget)
     # rate measured again after the SSD cells; the floor takes the faster of the two
     disk_rates = [disk]
@@ -418,7 +419,7 @@ def _model_run(cfg: E2EConfig, model: str, variant: str, batches: tuple[int, ...
             if offloadable:
                 cell("offload.serial", b, 0)
     drop_page_cache()
-    disk_rates.append(nearrec._native.random_read(files, cfg.limit_reads, 128)["items_per_s"])
+    disk_rates.append(_native.random_read(files, cfg.limit_reads, 128)["items_per_s"])
     log(f"  disk after: {disk_rates[-1]:,.0f} random reads/s")
     for r in records:
         if r.dist == place_ssd:

@@ -25,6 +25,7 @@ import numpy as np
 
 import nearrec
 
+from . import _native
 from .report import Record
 from .sls import zipf_rows
 
@@ -105,8 +106,8 @@ def run(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
     dropped = drop_page_cache()
     # The disk's rate drifts on a shared machine: measure it at the start and again at the end
     # of the run and hold the systems to the better of the two.
-    limit = nearrec._native.random_read(files, cfg.limit_reads, cfg.queue_depth)
-    qd1 = nearrec._native.random_read(files, max(cfg.limit_reads // 50, 500), 1)
+    limit = _native.random_read(files, cfg.limit_reads, cfg.queue_depth)
+    qd1 = _native.random_read(files, max(cfg.limit_reads // 50, 500), 1)
     qd1_us = 1e6 / qd1["items_per_s"]
     log(f"disk: {limit['items_per_s']:,.0f} random reads/s at QD {cfg.queue_depth}, "
         f"{qd1['items_per_s']:,.0f}/s at QD 1 ({qd1_us:.0f} µs)")
@@ -150,7 +151,7 @@ def run(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
             systems: dict[str, Callable[[int], Any]] = {}
             for threads in (1, 2):
                 systems[f"naive.pread x{threads}"] = (
-                    lambda i, t=threads, s=sets: nearrec._native.naive_sls(path, s[i], L, t))
+                    lambda i, t=threads, s=sets: _native.naive_sls(path, s[i], L, t))
             for name, st in stores.items():
                 systems[name] = lambda i, st=st, r=reqs: st.lookup_many(r[i]).values
             # the same answer from every system, before timing them
@@ -168,9 +169,9 @@ def run(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
             # faster than the last (a burst allowance?), which would otherwise favour one.
             order = list(systems.items())
             for k in range(cfg.rounds):
-                disk.append(nearrec._native.random_read(files, n_limit,
+                disk.append(_native.random_read(files, n_limit,
                                                         cfg.queue_depth)["items_per_s"])
-                disk_qd1_us.append(1e6 / nearrec._native.random_read(files, 300, 1)["items_per_s"])
+                disk_qd1_us.append(1e6 / _native.random_read(files, 300, 1)["items_per_s"])
                 for name, fn in order[k % len(order):] + order[:k % len(order)]:
                     drop_page_cache()
                     before = stores[name].stats() if name in stores else None
@@ -211,7 +212,7 @@ def run(cfg: SsdConfig, log: Callable[[str], None] = print) -> list[Record]:
             log(f"  {dist:9} B={batch:4}: disk {disk_rate:,.0f} reads/s; "
                 + ", ".join(f"{k} {v:,.0f}/s" for k, v in cell.items())
                 + f"  (x{cell['nearrec'] / cell['naive.pread x2']:.2f} vs naive x2)")
-    again = nearrec._native.random_read(files, cfg.limit_reads, cfg.queue_depth)
+    again = _native.random_read(files, cfg.limit_reads, cfg.queue_depth)
     log(f"disk at the end: {again['items_per_s']:,.0f} random reads/s")
     records[0].extra["end_reads_per_s"] = again["items_per_s"]
     for r in records:

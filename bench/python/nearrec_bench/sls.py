@@ -24,6 +24,7 @@ import numpy as np
 
 import nearrec
 
+from . import _native
 from .report import Record, summarise
 
 BATCHES = (1, 16, 64, 256, 1024)
@@ -164,9 +165,9 @@ def run(cfg: SlsConfig, log: Callable[[str], None] = print) -> list[Record]:
         # The machine's limits, measured now, beside the systems.
         # (over at most 1 GiB: far beyond the caches and the TLB's reach, and RMC2's tables are
         # already held four times here)
-        gather = nearrec._native.gather_rows(min(table_bytes, 1 << 30), row_bytes, 4_000_000, 3,
+        gather = _native.gather_rows(min(table_bytes, 1 << 30), row_bytes, 4_000_000, 3,
                                              cfg.threads)
-        stream = nearrec._native.stream_read(1 << 30, 3, cfg.threads)
+        stream = _native.stream_read(1 << 30, 3, cfg.threads)
         records.append(Record("sls", model, 0, "-", "limit.random_gather",
                               samples_per_s=0.0, lookups_per_s=gather["items_per_s"],
                               extra={"bytes_per_s": gather["bytes_per_s"],

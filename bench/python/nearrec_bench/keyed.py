@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 import nearrec
+from nearrec import trace as nt
 
-from .. import trace as nt
 from .report import Record
 
 

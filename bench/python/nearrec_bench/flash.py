@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import simulate as sim
+from nearrec import simulate as sim
+
+from . import _native
 from .report import Record
 
 GiB = 1 << 30
@@ -406,7 +408,7 @@ def check(cfg: FlashCheckConfig, log: Callable[[str], None] = print) -> list[Rec
                        "start_fit_over_measured": predicted_start / measured,
                        "cell_device": cell_fit, "cell_points": cell_points,
                        "disk_reads_per_s": disk, "calls": len(lat)}))
-    again = nearrec._native.random_read(files, 20_000, 128, next(probes))["items_per_s"]
+    again = _native.random_read(files, 20_000, 128, next(probes))["items_per_s"]
     records[0].extra["end_reads_per_s"] = again
     log(f"disk at the end: {again:,.0f} reads/s at QD 128")
     return records

@@ -123,8 +123,8 @@ def run(cfg: GpuBenchConfig, log: Callable[[str], None] = print) -> list[Record]
     import torch
     import torch.nn.functional as F
 
-    from ..gpu import GpuCacheConfig, GpuTier
-    from ..specs import model_spec
+    from nearrec.gpu import GpuCacheConfig, GpuTier
+    from nearrec.specs import model_spec
 
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -353,7 +353,7 @@ def _bandwidth(cfg: GpuBenchConfig, tier: Any, table: str, copy_bw: float, pool:
     """All-hit batches on one fully cached table: row bytes served per second vs the copy."""
     import torch
 
-    from ..gpu import kernels
+    from nearrec.gpu import kernels
 
     ct = tier.tables[table]
     cache = ct.cache
@@ -425,7 +425,7 @@ def _transfer(cfg: GpuBenchConfig, store: Any, names: list[str], pool: int, dev:
     """Zero-copy vs async copy, near-data pooling on vs off: a miss-heavy cache (10 %)."""
     import torch
 
-    from ..gpu import GpuCacheConfig, GpuTier
+    from nearrec.gpu import GpuCacheConfig, GpuTier
 
     rng = np.random.default_rng(2)
     batch = 2048
@@ -476,8 +476,8 @@ def _hit_rates(cfg: GpuBenchConfig, dev: Any, log: Callable[[str], None]) -> lis
     stack-distance trace; hit rates over the second half of each trace (the first warms)."""
     import torch
 
-    from ..gpu import GpuCacheConfig, GpuEmbeddingCache
-    from ..gpu.config import CachePolicy, admit
+    from nearrec.gpu import GpuCacheConfig, GpuEmbeddingCache
+    from nearrec.gpu.config import CachePolicy, admit
 
     rng = np.random.default_rng(3)
     zipf = zipf_trace(rng, cfg.sim_rows, cfg.alpha, cfg.sim_accesses)

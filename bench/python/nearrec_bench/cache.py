@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 
 import nearrec
+from nearrec import trace as nt
+from nearrec.plan import make_plan
 
-from .. import trace as nt
-from ..plan import make_plan
+from . import _native
 from .report import Record
 from .ssd import drop_page_cache
 
@@ -197,7 +198,7 @@ def _ssds_worker() -> None:
     tables = {n: nt.TableTrace(n, t.rows, t.pooling, np.array(t.offsets), np.array(t.indices))
               for n, t in tr.tables.items()}
     tr = nt.Trace(tables, tr.batch_size, tr.seed)
-    mapped = nearrec._native.MappedStore(job["store"], job["random"])
+    mapped = _native.MappedStore(job["store"], job["random"])
     ids = {t.name: i for i, t in enumerate(nearrec.info(job["store"]).tables)}
     (cg / "memory.force_empty").write_text("0")
     usage = int((cg / "memory.usage_in_bytes").read_text())
@@ -230,7 +231,7 @@ def _ssds(store: Path, trace: Path, cell: Cell, budget: int, warm: int, random: 
            "warm": warm, "batch": cell.batch, "random": random, "seconds": seconds,
            "warm_seconds": warm_seconds}
     res = subprocess.run([sys.executable, "-c",
-                          "from nearrec.bench.cache import _ssds_worker; _ssds_worker()"],
+                          "from nearrec_bench.cache import _ssds_worker; _ssds_worker()"],
                          input=json.dumps(job), capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"SSD-S worker failed: {res.stderr[-2000:]}")
@@ -259,7 +260,7 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
         total = info.total_bytes
         files = [str(path / t.file) for t in info.tables]
         drop_page_cache()
-        disk = nearrec._native.random_read(files, cfg.limit_reads, 128)["items_per_s"]
+        disk = _native.random_read(files, cfg.limit_reads, 128)["items_per_s"]
         log(f"{model}: {total / 2**30:.2f} GiB of tables; disk {disk:,.0f} random reads/s")
         records.append(Record("cache", model, 0, "-", "limit.random_read", 0.0, 0.0,
                               extra={"reads_per_s": disk, "table_bytes": total}))

@@ -1,0 +1,22 @@
+//! `nearrec_bench._native`: the private extension of the benchmark distribution (`bench/`). It
+//! binds `nearrec-bench` (machine limits and naive baselines) for the harnesses in
+//! `nearrec_bench`; the product extension, `nearrec._native`, does not link it.
+
+mod baselines;
+mod error;
+mod limits;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+#[pyo3(name = "_native")]
+fn nearrec_bench_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<baselines::MappedStore>()?;
+    m.add_function(wrap_pyfunction!(baselines::naive_sls, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::stream_read, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
+    m.add_function(wrap_pyfunction!(limits::random_read, m)?)?;
+    Ok(())
+}
