@@ -6,6 +6,7 @@
 //! - [`profile`]: stack-distance profiles and LRU hit-ratio curves (Mattson), O(log n) per access;
 //! - [`file`]: the binary trace file, mapped without copying;
 //! - [`placement`]: which tables and rows live in DRAM (what the engine applies);
+//! - [`units`]: byte sizes as people write them (`"64MiB"`);
 //! - [`colocate`](mod@colocate): an order of a table's rows that puts rows read together in the
 //!   same blocks (the format layer stores it).
 
@@ -17,10 +18,12 @@ pub mod generate;
 pub mod placement;
 pub mod profile;
 mod stack;
+pub mod units;
 
 pub use colocate::{Colocation, colocate};
 pub use error::{PlanError, Result};
 pub use file::{TableData, TableEntry, TraceFile, TraceHeader, write_trace};
 pub use generate::{Generator, Ids, Permutation, TableSpec, TableTrace, Variant, table_seed};
 pub use placement::{Placement, TablePlacement, TableSize};
-pub use profile::{Distances, Profile};
+pub use profile::{Distances, LruCurve, Profile};
+pub use units::{MAX_SIZE, SizeError, parse_size};
