@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-/// What can go wrong generating, reading or writing a trace.
+/// What can go wrong generating, reading or writing a trace, or planning from one.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error("{path}: {source}")]
@@ -17,6 +17,17 @@ pub enum PlanError {
     Exists { path: PathBuf },
     #[error(transparent)]
     InsufficientMemory(#[from] nearrec_format::Shortfall),
+    /// A trace does not fit the store it is planned for: a table the store lacks, another row
+    /// count, or a row id past the table (`position`: where in the table's indices).
+    #[error("{reason}")]
+    TraceMismatch {
+        table: String,
+        position: Option<usize>,
+        reason: String,
+    },
+    /// An argument outside its range (such as `steps` of 0).
+    #[error("{what} {reason}")]
+    InvalidArgument { what: &'static str, reason: String },
 }
 
 pub type Result<T, E = PlanError> = std::result::Result<T, E>;
