@@ -111,14 +111,13 @@ fn a_small_busy_table_is_kept_whole() {
     assert!(plan.tables.iter().all(|t| !t.resident));
 }
 
-/// Row `r` of `0..10` appears `10 - r` times in the first half: the first-half ranking is 0, 1,
-/// 2, ...; the second half reads them the other way round (9 most), between one-off rows that
-/// defeat any small LRU cache. The pinned rows are the first half's most frequent.
+/// Row `r` of `0..10` appears `r + 1` times in the first half: the first-half ranking is 9, 8,
+/// 7, ... (not the ids' order); the second half reads them the other way round (0 most),
+/// between one-off rows that defeat any small LRU cache. The pinned rows are the first half's
+/// most frequent, although others would serve more of the second half.
 #[test]
 fn hot_rows_are_the_first_halfs_most_frequent() {
-    let mut first: Vec<i64> = (0..10i64)
-        .flat_map(|r| vec![r; (10 - r) as usize])
-        .collect();
+    let mut first: Vec<i64> = (0..10i64).flat_map(|r| vec![r; (r + 1) as usize]).collect();
     let mut rng = lcg(5);
     for i in (1..first.len()).rev() {
         first.swap(i, rng(i as u64 + 1) as usize);
@@ -127,7 +126,7 @@ fn hot_rows_are_the_first_halfs_most_frequent() {
     let mut oneoff = 1_000i64;
     for round in 0..10i64 {
         for r in 0..10i64 {
-            if round < r + 1 {
+            if round < 10 - r {
                 second.extend([r, oneoff, oneoff + 1, oneoff + 2]);
                 oneoff += 3;
             }
@@ -144,10 +143,10 @@ fn hot_rows_are_the_first_halfs_most_frequent() {
     let plan = make_plan(&store, &[tr("t", 10_000, &ids)], 4 * pin, 4).unwrap();
     let t = &plan.tables[0];
     assert!(!t.hot_rows.is_empty(), "{t:?}");
-    let k = t.hot_rows.len();
-    assert_eq!(t.hot_rows, (0..k as u64).collect::<Vec<_>>());
-    // what they serve in the second half: rows 0..k appear 1..=k times there
-    let served: usize = (1..=k).sum();
+    let k = t.hot_rows.len() as u64;
+    assert_eq!(t.hot_rows, (10 - k..10).rev().collect::<Vec<_>>());
+    // what they serve in the second half: row r appears 10 - r times there
+    let served: u64 = (10 - k..10).map(|r| 10 - r).sum();
     assert!(t.expected_hit_ratio * t.lookups as f64 >= served as f64 - 1e-9);
 }
 
