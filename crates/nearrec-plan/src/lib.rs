@@ -4,7 +4,7 @@
 //!   RecSSD's locality knob K, in its continuous and per-bag variants, over whole tables or
 //!   RecSSD's strided ids);
 //! - [`profile`]: stack-distance profiles and LRU hit-ratio curves (Mattson), O(log n) per access;
-//! - [`file`]: the binary trace file, mapped without copying;
+//! - [`file`](mod@file): the binary trace file, mapped without copying;
 //! - [`curves`]: one table's value of DRAM bytes on a trace (hot-partition and LRU curves, ranked
 //!   on the first half, scored on the second);
 //! - [`planner`]: the greedy DRAM-budget planner over a store's tables, from a trace;

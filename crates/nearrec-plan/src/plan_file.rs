@@ -158,11 +158,14 @@ pub fn load_plan(path: &Path) -> Result<Placement> {
             PlanFileProblem::NotToml(e.to_string().trim_end().into()),
         )
     })?;
-    let empty = toml::Table::new();
-    let tables = match doc.get("tables") {
-        None => &empty,
-        Some(toml::Value::Table(t)) if t.values().all(toml::Value::is_table) => t,
-        Some(_) => return Err(bad(None, PlanFileProblem::TablesNotTables)),
+    let empty = toml::Value::Table(toml::Table::new());
+    let tables: Vec<(&String, &toml::Table)> = match doc.get("tables").unwrap_or(&empty) {
+        toml::Value::Table(t) => t
+            .iter()
+            .map(|(name, settings)| settings.as_table().map(|s| (name, s)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad(None, PlanFileProblem::TablesNotTables))?,
+        _ => return Err(bad(None, PlanFileProblem::TablesNotTables)),
     };
     let hot_name = match doc.get("hot_rows_file") {
         Some(toml::Value::String(s)) if !s.is_empty() => s.as_str(),
@@ -182,7 +185,6 @@ pub fn load_plan(path: &Path) -> Result<Placement> {
     let mut npz = NpzReader::new(file).map_err(|e| unreadable(None, e))?;
     let mut out = Placement::default();
     for (name, settings) in tables {
-        let settings = settings.as_table().expect("checked: tables of settings");
         let fail = |problem| bad(Some(name), problem);
         let rows = match npz.array(name) {
             Ok(rows) => rows.unwrap_or(crate::npz::Ints::Signed(Vec::new())),

@@ -2,7 +2,7 @@
 //!
 //! Per table it measures the hot-partition and LRU curves of [`curves`](crate::curves) (ranked on
 //! the first half of the trace, scored on the second), the working set and EMB-SSD's table type
-//! ([`TableKind`](crate::TableKind)). It then splits the budget across tables greedily by
+//! ([`TableKind`]). It then splits the budget across tables greedily by
 //! marginal gain: each step gives the next slice of bytes to the table whose lookups it saves
 //! most reads for (misses cost a device read each), looking ahead past steps such as "keep the
 //! whole table". Each table's share is then split between a hot partition and a row cache by
@@ -188,7 +188,7 @@ pub fn make_plan(
         if b >= c.table.data_bytes {
             tp.resident = true;
             tp.expected_hit_ratio = 1.0;
-        } else if b + leftover > 0 {
+        } else if b.saturating_add(leftover) > 0 {
             let (hits, k, cache) = c.split(b);
             tp.hot_rows = c.order[..k].to_vec();
             tp.cache_bytes = cache + leftover;
@@ -228,11 +228,11 @@ fn greedy(curves: &[TableCurves], budget: u64, steps: u64) -> (Vec<u64>, u64) {
             // look ahead: the best gain per byte over any number of further chunks
             for k in 1..=left / chunk {
                 let extra = k * chunk;
-                let gain = (c.hits(given[i] + extra) - now) / extra as f64;
+                let gain = (c.hits(given[i].saturating_add(extra)) - now) / extra as f64;
                 if best.is_none_or(|b| gain > b.0 + 1e-15) {
                     best = Some((gain, i, extra));
                 }
-                if given[i] + extra >= c.table.data_bytes {
+                if given[i].saturating_add(extra) >= c.table.data_bytes {
                     break;
                 }
             }
