@@ -201,7 +201,8 @@ fn not_regular(path: &Path) -> impl FnOnce(std::io::Error) -> PlanError {
     }
 }
 
-fn tmp_path(path: &Path) -> PathBuf {
+/// Where a file is written before it is renamed into place: `name.tmp` beside it.
+pub(crate) fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".tmp");
     path.with_file_name(name)

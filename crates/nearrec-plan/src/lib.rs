@@ -4,23 +4,44 @@
 //!   RecSSD's locality knob K, in its continuous and per-bag variants, over whole tables or
 //!   RecSSD's strided ids);
 //! - [`profile`]: stack-distance profiles and LRU hit-ratio curves (Mattson), O(log n) per access;
-//! - [`file`]: the binary trace file, mapped without copying;
+//! - [`file`](mod@file): the binary trace file, mapped without copying;
+//! - [`curves`]: one table's value of DRAM bytes on a trace (hot-partition and LRU curves, ranked
+//!   on the first half, scored on the second);
+//! - [`planner`]: the greedy DRAM-budget planner over a store's tables, from a trace;
+//! - [`plan`](mod@plan): what it decides ([`Plan`], [`TablePlan`], EMB-SSD's [`TableKind`]);
+//! - [`plan_file`]: the plan file (TOML, with its hot rows in a numpy `.hot.npz` beside it),
+//!   read and written only here;
 //! - [`placement`]: which tables and rows live in DRAM (what the engine applies);
+//! - [`units`]: byte sizes as people write them (`"64MiB"`);
 //! - [`colocate`](mod@colocate): an order of a table's rows that puts rows read together in the
 //!   same blocks (the format layer stores it).
 
 pub mod colocate;
+pub mod curves;
 mod error;
 mod fenwick;
 pub mod file;
 pub mod generate;
+mod npz;
 pub mod placement;
+pub mod plan;
+pub mod plan_file;
+pub mod planner;
 pub mod profile;
+mod pyliteral;
 mod stack;
+pub mod units;
 
 pub use colocate::{Colocation, colocate};
-pub use error::{PlanError, Result};
+pub use curves::{CURVE_POINTS, HOT_ROW_OVERHEAD, SLOT_OVERHEAD, SPLITS};
+pub use error::{PlanError, PlanFileProblem, Result};
 pub use file::{TableData, TableEntry, TraceFile, TraceHeader, write_trace};
 pub use generate::{Generator, Ids, Permutation, TableSpec, TableTrace, Variant, table_seed};
 pub use placement::{Placement, TablePlacement, TableSize};
-pub use profile::{Distances, Profile};
+pub use plan::{Curve, Plan, TableKind, TablePlan};
+pub use plan_file::{hot_rows_path, load_plan};
+pub use planner::{
+    DEFAULT_STEPS, PlanTable, TraceTable, check_trace, make_plan, plan_trace_file, trace_tables,
+};
+pub use profile::{Distances, LruCurve, Profile};
+pub use units::{MAX_SIZE, SizeError, parse_size};

@@ -145,6 +145,24 @@ impl Profile {
         hits as f64 / self.accesses().max(1) as f64
     }
 
+    /// The LRU hit-ratio curve of this profile, for many queries at O(log n) each.
+    pub fn lru_curve(&self) -> LruCurve {
+        let mut acc = 0u64;
+        let mut hits = Vec::with_capacity(self.counts.len() + 1);
+        hits.push(0);
+        for (&d, &c) in self.distances.iter().zip(&self.counts) {
+            if d > 0 {
+                acc += c;
+            }
+            hits.push(acc);
+        }
+        LruCurve {
+            distances: self.distances.clone(),
+            hits,
+            accesses: self.accesses(),
+        }
+    }
+
     /// The distribution the generator can replay.
     pub fn distribution(&self) -> Distances {
         let total = self.accesses().max(1) as f64;
@@ -160,6 +178,28 @@ impl Profile {
                 })
                 .collect(),
         }
+    }
+}
+
+/// A profile's LRU hit ratios by capacity, with the sums precomputed: the same numbers as
+/// [`Profile::lru_hit_ratio`], in O(log n) a query.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LruCurve {
+    distances: Vec<u64>,
+    /// `hits[i]`: the accesses at the first `i` distances, first references excluded.
+    hits: Vec<u64>,
+    accesses: u64,
+}
+
+impl LruCurve {
+    /// The hit ratio of an LRU cache of `capacity` rows (see [`Profile::lru_hit_ratio`]).
+    pub fn hit_ratio(&self, capacity: u64) -> f64 {
+        let end = self.distances.partition_point(|&d| d <= capacity);
+        self.hits[end] as f64 / self.accesses.max(1) as f64
+    }
+
+    pub fn accesses(&self) -> u64 {
+        self.accesses
     }
 }
 
@@ -200,5 +240,10 @@ mod tests {
         assert_eq!(p.lru_hit_ratio(0), 0.0);
         assert!((p.lru_hit_ratio(2) - 2.0 / 6.0).abs() < 1e-12);
         assert!((p.lru_hit_ratio(100) - 0.5).abs() < 1e-12);
+        let curve = p.lru_curve();
+        for c in 0..6 {
+            assert_eq!(curve.hit_ratio(c), p.lru_hit_ratio(c), "capacity {c}");
+        }
+        assert_eq!(Profile::default().lru_curve().hit_ratio(3), 0.0);
     }
 }
