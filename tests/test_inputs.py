@@ -90,22 +90,39 @@ ENTRY_POINTS = {
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 @pytest.mark.parametrize("case", list(BAD_LOOKUPS))
 def test_every_entry_point_refuses_the_same_inputs(store, entry, case):
+    """A TableLookup is native: it converts its arrays once, when it is made, so a bad input is
+    refused there, the same way for every entry point (store.lookup makes one from its
+    arguments), and no entry point sees an unconverted one."""
     kw, error = BAD_LOOKUPS[case]
-    req = _request(**kw)
-    with pytest.raises(error) as e:
-        ENTRY_POINTS[entry](store, req)
-    with pytest.raises(error) as plain:  # the same answer as the plain call
-        store.lookup_many([req])
-    assert str(e.value) == str(plain.value)
-    if isinstance(req.table, str):
-        assert e.value.table == "a"
+    with pytest.raises(error) as made:
+        _request(**kw)
+    if entry == "lookup":
+        args = dict(table="a", indices=I, offsets=O, lengths=None, per_sample_weights=None,
+                    mode="sum", include_last_offset=False, padding_idx=None)
+        args.update(kw)
+        with pytest.raises(error) as e:
+            store.lookup(**args)
+        assert str(e.value) == str(made.value)
+    else:  # anything that is not a TableLookup is refused by every entry point, by position
+        with pytest.raises(InvalidRequest, match="TableLookup") as e:
+            ENTRY_POINTS[entry](store, _NotALookup())
+        assert e.value.position == 0
+    if isinstance(kw.get("table", "a"), str):
+        assert made.value.table == "a"
+
+
+class _NotALookup:
+    """Looks like a lookup to duck typing; is not one."""
+
+    table, indices, offsets, lengths = "a", I, O, None
+    per_sample_weights, mode, include_last_offset, padding_idx = None, "sum", False, None
 
 
 def test_sub_batch_no_longer_truncates_float_offsets(store):
     """The sub_batch path cast offsets with astype(int64): 1.5 became 1 and the call ran."""
-    req = _request(indices=np.arange(6), offsets=np.array([0.0, 1.5, 4.0]))
     with pytest.raises(InvalidRequest, match="offsets must be int32 or int64"):
-        store.lookup_many([req], sub_batch=1)
+        store.lookup_many([_request(indices=np.arange(6), offsets=np.array([0.0, 1.5, 4.0]))],
+                          sub_batch=1)
 
 
 @pytest.mark.parametrize("sub_batch", [0, -1, 1.5, "2", True])

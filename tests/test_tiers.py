@@ -92,7 +92,7 @@ def test_no_budget_means_no_dram_tiers_and_auto_uses_the_budget(store):
 
 def test_bad_plans_and_settings_are_typed_errors(store):
     path, _ = store
-    with pytest.raises(nearrec.InvalidRequest, match="cache policy"):
+    with pytest.raises(nearrec.InvalidRequest, match="cache_policy"):
         nearrec.open(path, tier="ssd", cache_policy="fifo")  # type: ignore[arg-type]
     with pytest.raises(nearrec.InvalidRequest, match="admission_probability"):
         nearrec.open(path, tier="ssd", admission_probability=1.5)

@@ -4,7 +4,7 @@ Quick start::
 
     import numpy as np, nearrec
     nearrec.from_numpy("/tmp/store", {"t0": np.random.rand(1000, 16).astype(np.float32)})
-    store = nearrec.open("/tmp/store")
+    store = nearrec.open("/tmp/store")   # or open(path, config=nearrec.StoreConfig(...))
     pooled = store.lookup("t0", np.array([1, 2, 3]), offsets=np.array([0, 2]))  # [2, 16]
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 from . import errors
 from ._native import __version__
 from .build import build, from_numpy, from_state_dict, remove
+from .config import StoreConfig
 from .errors import (
     IndexOutOfRange,
     InvalidRequest,
@@ -28,10 +29,10 @@ from .errors import (
     UnsupportedVersion,
 )
 from .keyed import KeyedTable
-from .pipeline import Pending
 from .specs import MODELS, ModelSpec, model_spec
 from .store import (
     GcReport,
+    Pending,
     PooledBatch,
     Store,
     StoreInfo,
@@ -58,6 +59,7 @@ __all__ = [
     "Pending",
     "PooledBatch",
     "Store",
+    "StoreConfig",
     "StoreCorrupted",
     "StoreExists",
     "StoreIOError",

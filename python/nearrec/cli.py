@@ -316,7 +316,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     for b in range(min(args.batches, tr.bags // args.batch)):
         lookups = tr.batch(b * args.batch, (b + 1) * args.batch)
         values = np.concatenate([np.asarray(r.indices) for r in lookups])
-        lengths = np.concatenate([np.diff(np.append(r.offsets, len(r.indices)))
+        lengths = np.concatenate([np.diff(np.append(np.asarray(r.offsets), len(r.indices)))
                                   for r in lookups])
         dense = torch.from_numpy(rng.standard_normal((args.batch, spec.dense_features),
                                                      dtype=np.float32)) \

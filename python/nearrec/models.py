@@ -50,7 +50,7 @@ from . import _native
 from .errors import InvalidRequest, StoreCorrupted
 from .request import TableLookup, count, path_arg
 from .specs import ModelSpec, Variant, model_spec
-from .store import Store, attach, read_attachment
+from .store import Store, read_attachment
 from .torch import EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor
 
 
@@ -107,6 +107,10 @@ class _Model(nn.Module):
         self.table_names = list(tables)
         #: dense features per sample (0: none)
         self.dense_features = spec.dense_features
+
+    def offload(self) -> Offloaded:
+        """This model run whole by its store's engine (:func:`offload`)."""
+        return Offloaded(self)
 
     def pooled(self, features: Any) -> list[Tensor]:
         """The sparse part: each table's pooled vectors."""
@@ -526,20 +530,18 @@ WEIGHTS_ATTACHMENT = "dense.npz"
 
 def save(model: _Model, store: str | Path | Store) -> None:
     """Keeps ``model``'s configuration and dense weights with the store's tables (two
-    attachments, written atomically and checksummed; see :func:`nearrec.attach`), so
-    :func:`load` rebuilds it from the store alone. Weights go as a numpy ``.npz`` (no pickle)."""
+    attachments, written atomically and checksummed by the engine; see :func:`nearrec.attach`),
+    so :func:`load` rebuilds it from the store alone and :meth:`nearrec.Store.infer` runs it
+    with no Python model at all. Weights go as a numpy ``.npz`` (no pickle)."""
     if not isinstance(model, _Model):
         raise InvalidRequest(f"save takes a nearrec.models model, not {type(model).__name__}")
     path = store.info.path if isinstance(store, Store) else Path(path_arg(store, "the store"))
-    dense = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
-             if not k.startswith("sparse.")}
-    buf = io.BytesIO()
-    np.savez(buf, **dense)
+    dense = [(k, np.ascontiguousarray(v.detach().cpu().float().numpy()))
+             for k, v in model.state_dict().items() if not k.startswith("sparse.")]
     config = {"model": model.spec.name, "variant": model.variant,
               "interaction": getattr(model, "interaction", "cat"),
-              "tasks": len(getattr(model, "heads", [])) or 1}
-    attach(path, WEIGHTS_ATTACHMENT, buf.getvalue())
-    attach(path, CONFIG_ATTACHMENT, json.dumps(config).encode())
+              "tasks": len(getattr(model, "heads", [])) or 1, "tables": list(model.table_names)}
+    _native.model_save(str(path), json.dumps(config), dense)
 
 
 def load(store: Store, **collection: Any) -> _Model:

@@ -1,13 +1,11 @@
-"""Lookup requests and their one validation path.
+"""Lookup requests and argument conversion at the Python surface.
 
-Every entry point that pools (``Store.lookup``, ``lookup_many`` with or without ``sub_batch``,
-``submit``, ``lookup_stream``, ``infer``, the torch modules) sends each :class:`TableLookup`
-through :func:`check` once, before anything splits or converts it: arrays become contiguous
-int32 / int64 (indices, offsets, lengths) or float32 (weights) without any unsafe cast, flags
-must be real bools and ``padding_idx`` a real integer. What passes is a :class:`CheckedLookup`,
-which later stages trust; what does not is an :class:`~nearrec.errors.InvalidRequest` (or
-:class:`~nearrec.errors.IndexOutOfRange`) naming the table and, where there is one, the position.
-Value checks that need the table (row ranges, offsets against the indices) stay in the engine.
+:class:`TableLookup` is native (``nearrec._native.TableLookup``): its constructor converts its
+arrays once into what the engine reads (contiguous int32 / int64 indices, offsets or lengths;
+float32 weights; real bools; an integer ``padding_idx``) without any unsafe cast, and refuses
+what it cannot convert with an :class:`~nearrec.errors.InvalidRequest` naming the table. The
+engine then validates the values once (bags against indices, rows against tables). The helpers
+here convert the other arguments of Python calls the same way (counts, flags, paths, sizes).
 """
 
 from __future__ import annotations
@@ -15,56 +13,36 @@ from __future__ import annotations
 import operator
 import os
 import stat
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from . import _native
 from .errors import IndexOutOfRange, InvalidRequest, StoreIOError, StoreNotFound
 
 PoolingModeName = Literal["sum", "mean", "max"]
 MODES = ("sum", "mean", "max")
-_MODE_SET = frozenset(MODES)
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _I64_MAX = np.iinfo(np.int64).max
 
 
-@dataclass(frozen=True)
-class TableLookup:
-    """The bags of one table in a batched lookup (``torch.nn.EmbeddingBag`` arguments).
+class TableLookup(_native.TableLookup):
+    """The bags of one table in a batched lookup (``torch.nn.EmbeddingBag``'s arguments): give
+    ``offsets`` (with ``include_last_offset``), or ``lengths``, or a 2-D ``indices``
+    ``[batch, bag_size]`` with neither. A native object: its arrays are converted once, here
+    (contiguous int32 / int64 ids, float32 weights, never an unsafe cast), and read by the
+    engine without a copy; what cannot be converted is an
+    :class:`~nearrec.errors.InvalidRequest` naming the table."""
 
-    Give ``offsets`` (with ``include_last_offset``), or ``lengths``, or a 2-D ``indices``
-    ``[batch, bag_size]`` with neither.
-    """
+    __slots__ = ()
 
-    table: str
-    indices: Any
-    offsets: Any = None
-    lengths: Any = None
-    per_sample_weights: Any = None
-    mode: PoolingModeName = "sum"
-    include_last_offset: bool = False
-    padding_idx: int | None = None
-
-
-class CheckedLookup(NamedTuple):
-    """A :class:`TableLookup` that passed :func:`check`: ``indices`` a contiguous int32 / int64
-    array (1-D with ``offsets`` or ``lengths``, else 2-D), those 1-D int32 / int64 arrays,
-    ``per_sample_weights`` float32 of the indices' shape, ``include_last_offset`` a ``bool`` and
-    ``padding_idx`` an ``int`` or ``None``. Slicing its arrays keeps it valid. (A named tuple,
-    not a frozen dataclass: it is built for every table of every batch, and a frozen
-    dataclass's ``__init__`` cost about a microsecond each.)"""
-
-    table: str
-    indices: Any
-    offsets: Any
-    lengths: Any
-    per_sample_weights: Any
-    mode: PoolingModeName
-    include_last_offset: bool
-    padding_idx: int | None
+    def __new__(cls, table: str, indices: Any, offsets: Any = None, lengths: Any = None,
+                per_sample_weights: Any = None, mode: PoolingModeName = "sum",
+                include_last_offset: bool = False,
+                padding_idx: int | None = None) -> TableLookup:
+        return super().__new__(cls, table, indices, offsets, lengths, per_sample_weights, mode,
+                               include_last_offset, padding_idx)
 
 
 def is_bool(x: Any) -> bool:
@@ -220,94 +198,5 @@ def weights_array(w: Any, table: str) -> npt.NDArray[np.float32] | None:
     return np.ascontiguousarray(a)
 
 
-def check(req: Any, position: int | None = None) -> CheckedLookup:
-    """``req`` checked and converted once (see the module docs); ``position`` is its place in
-    the caller's list, named when the item is not a :class:`TableLookup` at all."""
-    if isinstance(req, CheckedLookup):
-        return req
-    at = "" if position is None else f" (request {position})"
-    if not isinstance(req, TableLookup):
-        raise InvalidRequest(f"a lookup takes TableLookup items, got {type(req).__name__}{at}",
-                             position=position)
-    t = req.table
-    if not isinstance(t, str):
-        raise InvalidRequest(f"the table name must be a str, not {type(t).__name__} {t!r}{at}",
-                             position=position)
-    idx = index_array(req.indices, t, "indices")
-    offsets = lengths = None
-    if idx.ndim == 2:
-        if req.offsets is not None or req.lengths is not None:
-            raise InvalidRequest(
-                f"table {t!r}: 2-D indices [batch, bag_size] take no offsets or lengths", table=t
-            )
-    elif idx.ndim == 1:
-        if req.offsets is None and req.lengths is None:
-            raise InvalidRequest(
-                f"table {t!r}: 1-D indices need offsets or lengths (or pass 2-D indices)", table=t
-            )
-        if req.offsets is not None and req.lengths is not None:
-            raise InvalidRequest(f"table {t!r}: give offsets or lengths, not both", table=t)
-        if req.offsets is not None:
-            offsets = _vector(req.offsets, t, "offsets")
-        else:
-            lengths = _vector(req.lengths, t, "lengths")
-    else:
-        raise InvalidRequest(
-            f"table {t!r}: indices must be 1-D (with offsets) or 2-D, got {idx.ndim}-D", table=t
-        )
-    idx = np.ascontiguousarray(idx)
-    weights = weights_array(req.per_sample_weights, t)
-    if weights is not None and weights.shape != idx.shape:
-        raise InvalidRequest(
-            f"table {t!r}: per_sample_weights has shape {weights.shape} but indices have "
-            f"shape {idx.shape}",
-            table=t,
-        )
-    # (the common values first: this runs for every table of every batch)
-    mode = req.mode if type(req.mode) is str and req.mode in _MODE_SET \
-        else mode_name(req.mode, t)
-    last = req.include_last_offset
-    if last is not False and last is not True and not is_bool(last):
-        raise InvalidRequest(f"table {t!r}: include_last_offset must be True or False, not "
-                             f"{last!r}", table=t)
-    pad = None if req.padding_idx is None else padding(req.padding_idx, t)
-    return CheckedLookup(t, idx, offsets, lengths, weights, mode, bool(last), pad)
-
-
-def check_all(requests: Any) -> list[CheckedLookup]:
-    """A batch's requests (a sequence of :class:`TableLookup`, or a mapping from table name to
-    ``indices``, ``(indices, offsets)`` or a :class:`TableLookup`), each checked. A table may
-    appear more than once (features sharing a table); its columns are then found by position
-    (:meth:`~nearrec.PooledBatch.block`), not by name."""
-    if isinstance(requests, Mapping):
-        items: list[Any] = []
-        for name, r in requests.items():
-            if isinstance(r, TableLookup):
-                items.append(r)
-            elif isinstance(r, tuple) and len(r) == 2:
-                items.append(TableLookup(name, r[0], r[1]))
-            else:
-                items.append(TableLookup(name, r))
-    elif isinstance(requests, Sequence) and not isinstance(requests, str | bytes):
-        items = list(requests)
-    else:
-        raise InvalidRequest("a batch is a sequence of TableLookup or a mapping from table name "
-                             f"to its bags, not {type(requests).__name__}")
-    return [check(r, i) for i, r in enumerate(items)]
-
-
-def native_args(req: CheckedLookup) -> tuple[Any, ...]:
-    """The native argument tuple for one checked table request."""
-    idx = req.indices
-    shape = None
-    if idx.ndim == 2:
-        shape = (idx.shape[0], idx.shape[1])
-        idx = idx.reshape(-1)
-    weights = None if req.per_sample_weights is None else req.per_sample_weights.reshape(-1)
-    return (req.table, idx, req.offsets, req.lengths, shape, req.include_last_offset, weights,
-            req.mode, req.padding_idx)
-
-
-__all__ = ["CheckedLookup", "TableLookup", "as_array", "check", "check_all", "count", "flag",
-           "index_array", "is_bool", "mode_name", "native_args", "padding", "path_arg",
-           "probability", "regular_file", "weights_array"]
+__all__ = ["TableLookup", "as_array", "count", "flag", "index_array", "is_bool", "mode_name",
+           "padding", "path_arg", "probability", "regular_file", "weights_array"]

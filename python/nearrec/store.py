@@ -2,39 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _native
-from .errors import IndexOutOfRange, InvalidRequest, UnknownTable
-from .pipeline import Lanes, Pending, split, stream
+from .config import CachePolicy as CachePolicy  # re-exported
+from .config import StoreConfig
+from .config import Tier as Tier
+from .errors import InvalidRequest, UnknownTable
 from .request import (
-    CheckedLookup,
-    as_array,
-    check_all,
-    count,
-    flag,
-    index_array,
-    is_bool,
-    native_args,
-    path_arg,
-    probability,
+    PoolingModeName as PoolingModeName,  # re-exported: the public names
 )
-from .request import PoolingModeName as PoolingModeName  # re-exported: the public names
 from .request import TableLookup as TableLookup
-from .units import parse_size
+from .request import as_array, count, flag, index_array, path_arg
 
-if TYPE_CHECKING:
-    from .plan import Plan
-
-Tier = Literal["auto", "dram", "ssd"]
 StorePath = str | os.PathLike[str]
 
 
@@ -223,73 +213,6 @@ class PooledBatch:
         return {k: self[k] for k in self.keys}
 
 
-CachePolicy = Literal["lru", "lfu", "lru_pa", "lfu_pa"]
-#: a plan file, a :class:`nearrec.plan.Plan`, or table → {resident, hot_rows, cache_bytes}
-PlanLike = Union[str, Path, "Plan", Mapping[str, Mapping[str, Any]]]
-
-
-def _placement_json(plan: Mapping[str, Mapping[str, Any]]) -> str:
-    """A placement (table → ``resident`` / ``hot_rows`` / ``cache_bytes``) as the engine reads
-    it; sizes may be strings such as ``"64MiB"``. ``resident`` must be a real bool (a string
-    such as ``"no"`` is refused, not read as true) and ``hot_rows`` a 1-D array of integer row
-    ids (floats are refused, not truncated; 2-D arrays are refused, not flattened)."""
-    if not isinstance(plan, Mapping):
-        raise InvalidRequest(f"a plan is a file, a Plan or a mapping from table name to its "
-                             f"placement, not {type(plan).__name__}")
-    out = {}
-    for table, p in plan.items():
-        if not isinstance(table, str):
-            raise InvalidRequest(f"plan: table names are str, not {type(table).__name__} "
-                                 f"{table!r}")
-        if not isinstance(p, Mapping):
-            raise InvalidRequest(f"plan for table {table!r}: expected a mapping with resident / "
-                                 f"hot_rows / cache_bytes, not {type(p).__name__}", table=table)
-        unknown = set(p) - {"resident", "hot_rows", "cache_bytes"}
-        if unknown:
-            raise InvalidRequest(f"plan for table {table!r}: unknown keys "
-                                 f"{sorted(unknown, key=str)}", table=table)
-        resident = p.get("resident", False)
-        if not is_bool(resident):
-            raise InvalidRequest(f"plan for table {table!r}: resident must be true or false, not "
-                                 f"{resident!r}", table=table)
-        hot = index_array(p.get("hot_rows", ()), table, "hot_rows")
-        if hot.ndim != 1:
-            raise InvalidRequest(f"plan for table {table!r}: hot_rows must be a 1-D array of row "
-                                 f"ids, got shape {hot.shape}", table=table)
-        if hot.size and hot.min() < 0:
-            pos = int(np.argmax(hot < 0))
-            raise IndexOutOfRange(f"plan for table {table!r}: hot row {hot[pos]} at position "
-                                  f"{pos} is negative", table=table, position=pos)
-        try:
-            cache = parse_size(p.get("cache_bytes", 0))
-        except InvalidRequest as e:
-            raise InvalidRequest(f"plan for table {table!r}: cache_bytes: {e}",
-                                 table=table) from None
-        out[table] = {"resident": bool(resident), "hot_rows": hot.astype(np.int64).tolist(),
-                      "cache_bytes": cache}
-    return json.dumps({"tables": out})
-
-
-#: more threads than any machine has cores: a typo, not a setting
-_MAX_THREADS = 2**16
-
-
-def _check_placement(plan: Mapping[str, Mapping[str, Any]], info: StoreInfo) -> None:
-    """A plan's tables and hot rows against the store (also where the engine ignores the plan:
-    a store that ``tier="auto"`` put in DRAM)."""
-    rows = {t.name: t.rows for t in info.tables}
-    for table, p in plan.items():
-        if table not in rows:
-            raise UnknownTable(f"the plan places table {table!r}, which the store does not have; "
-                               f"it has: {', '.join(rows)}", table=table)
-        hot = np.asarray(p.get("hot_rows", ()))
-        if hot.size and int(hot.max()) >= rows[table]:
-            pos = int(np.argmax(hot >= rows[table]))
-            raise IndexOutOfRange(f"plan for table {table!r}: hot row {int(hot[pos])} at "
-                                  f"position {pos} is past its {rows[table]} rows", table=table,
-                                  position=pos)
-
-
 class Store:
     """An open store: tables resident in DRAM, or read from SSD with DRAM tiers in front (see
     :func:`open`).
@@ -297,53 +220,19 @@ class Store:
     Safe to share between threads; lookups release the GIL.
     """
 
-    def __init__(self, path: StorePath, threads: int = 0, verify_checksums: bool = True,
-                 progress: bool | None = None, tier: Tier = "auto",
-                 dram_budget: int | str | None = None, direct_io: bool = True,
-                 io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
-                 merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
-                 cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
-                 cache_ways: int = 16, plan: PlanLike | None = None,
-                 device: str | Mapping[str, Any] | None = None, verify_reads: bool = True):
-        # every argument checked here, so the engine sees only well-typed values
-        where = path_arg(path, "the store path")
-        if tier not in ("auto", "dram", "ssd"):
-            raise InvalidRequest(f"tier must be 'auto', 'dram' or 'ssd', not {tier!r}")
-        if cache_policy not in ("lru", "lfu", "lru_pa", "lfu_pa"):
-            raise InvalidRequest(f"unknown cache policy {cache_policy!r}: cache_policy must be "
-                                 "'lru', 'lfu', 'lru_pa' or 'lfu_pa'")
-        admission_probability = probability(admission_probability, "admission_probability")
-        budget = None if dram_budget is None else parse_size(dram_budget)
-        flash = None
-        if device is not None:
-            from .simulate import device as device_config
-
-            if not isinstance(device, str | Mapping):
-                raise InvalidRequest(f"device is a preset name or a parameter mapping, not "
-                                     f"{type(device).__name__}")
-            flash = json.dumps(device_config(device if isinstance(device, str)
-                                             else dict(device)))
-        placement = placement_json = None
-        if plan is not None:
-            from .plan import as_placement
-
-            placement = as_placement(plan)
-            placement_json = _placement_json(placement)
-        self._native = _native.NativeStore(
-            where, count(threads, "threads", 0, _MAX_THREADS),
-            flag(verify_checksums, "verify_checksums"), progress_enabled(progress), tier, budget,
-            flag(direct_io, "direct_io"), count(io_queue_depth, "io_queue_depth", 1, 2**32 - 1),
-            parse_size(merge_gap_bytes), flag(dedup, "dedup"), flag(merge, "merge"),
-            count(io_rings, "io_rings", 1, _MAX_THREADS),
-            count(pread_threads, "pread_threads", 1, _MAX_THREADS), cache_policy,
-            float(admission_probability), count(cache_ways, "cache_ways", 1, 2**16),
-            placement_json, flash, flag(verify_reads, "verify_reads"))
+    def __init__(self, path: StorePath, config: StoreConfig | None = None, *,
+                 progress: bool | None = None, **overrides: Any):
+        if config is None:
+            config = StoreConfig(**_known(overrides))
+        elif not isinstance(config, StoreConfig):
+            raise InvalidRequest(f"config is a nearrec.StoreConfig, not {type(config).__name__}")
+        elif overrides:
+            config = config.replace(**overrides)
+        self.config = config
+        self._native = _native.NativeStore(path_arg(path, "the store path"), config.native(),
+                                           progress_enabled(progress))
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
-        if placement is not None:
-            _check_placement(placement, self._info)
-        self._lanes = Lanes(depth=4)
         self._tables = {t.name: t for t in self._info.tables}
-        self._stored_model: Any = None  # the saved model, offloaded, on first `infer`
 
     @property
     def path(self) -> Path:
@@ -417,48 +306,43 @@ class Store:
         returns the ``[batch, Σ dim]`` output with per-table views.
 
         ``requests`` is a sequence of :class:`TableLookup`, or a mapping from table name to
-        ``(indices, offsets)`` pairs / :class:`TableLookup`. With ``sub_batch``, the bags are
-        cut into sub-batches of that many that flow through the pipeline two at a time (one
+        ``indices``, ``(indices, offsets)`` pairs or :class:`TableLookup`. With ``sub_batch``,
+        the bags are cut into sub-batches of that many that flow through two at a time (one
         reading while the other pools; useful for large batches on the SSD tier).
         """
-        reqs = check_all(requests)
-        parts = None if sub_batch is None else split(reqs, count(sub_batch, "sub_batch"))
-        if parts is None or len(parts) < 2:
-            return self._lookup(reqs)
-        done = list(stream(lambda p: self._lanes.submit(self._lookup, p), parts, depth=2))
-        return replace(done[0], values=np.concatenate([d.values for d in done]))
+        reqs = lookups(requests)
+        sub = None if sub_batch is None else count(sub_batch, "sub_batch")
+        return self._pooled(self._native.lookup(reqs, sub), reqs)
 
     def infer(self, dense: Any, features: Any, model: Any = None) -> npt.NDArray[np.float32]:
         """Whole-model offload (RM-SSD): runs a model's bottom MLP, interaction and top MLP in
         the engine, next to the embeddings, and returns only its outputs, ``[batch, outputs]``.
 
-        ``model`` is a :class:`nearrec.models.Offloaded` (or a model that
-        :func:`nearrec.models.offload` takes); by default the model kept with this store
-        (:func:`nearrec.models.save`), loaded on first use. ``dense`` is the ``[batch,
+        By default the model kept with this store (:func:`nearrec.models.save`) runs, read from
+        the store by the engine on first use; ``model`` is a :class:`nearrec.models.Offloaded`
+        to run another (``nearrec.models.offload(model)``). ``dense`` is the ``[batch,
         dense_width]`` float32 features (``None`` for NCF); ``features`` a KeyedJaggedTensor
         whose keys name the model's tables, or one :class:`TableLookup` per model input, in any
         order: each is matched to its input by table name (a missing, unknown or repeated table
         is an :class:`~nearrec.errors.InvalidRequest` naming it).
         """
-        from . import models
-
-        if model is None:
-            if self._stored_model is None:
-                self._stored_model = models.offload(models.load(self))
-            model = self._stored_model
-        elif not isinstance(model, models.Offloaded):
-            model = models.offload(model)
+        if model is not None and not (hasattr(model, "native") and hasattr(model, "arrange")):
+            if not callable(getattr(model, "offload", None)):
+                raise InvalidRequest(f"model is a nearrec.models model or its Offloaded form, "
+                                     f"not {type(model).__name__}")
+            model = model.offload()
         if isinstance(features, Sequence) and not isinstance(features, str | bytes):
-            features = model.arrange(features)
+            reqs = lookups(features)
         else:
-            features = model.sparse.lookups(features)
-        return self._infer(model.native, dense, features)[0]
+            reqs = jagged_lookups(features)
+        if model is not None:
+            reqs = model.arrange(reqs)
+        return self._infer(None if model is None else model.native, dense, reqs)[0]
 
     def _infer(self, native_model: Any, dense: Any, reqs: Sequence[TableLookup]
                ) -> tuple[npt.NDArray[np.float32], dict[str, float]]:
-        """The engine's ``infer``: outputs and the seconds per part; ``reqs`` in the model's
-        input order."""
-        checked = check_all(reqs)
+        """The engine's ``infer``: outputs and the seconds per part (``native_model`` None: the
+        stored model, inputs matched by name; else ``reqs`` in its input order)."""
         if dense is not None:
             dense = as_array(dense, "dense features")
             if dense.dtype.kind not in "fiu":
@@ -467,7 +351,7 @@ class Store:
             if dense.ndim != 2:
                 raise InvalidRequest(f"dense features must be [batch, features], not shape "
                                      f"{dense.shape}")
-        out, times = self._native.infer(native_model, dense, [native_args(r) for r in checked])
+        out, times = self._native.infer(native_model, dense, list(reqs))
         return out, dict(times)
 
     def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> Pending:
@@ -476,7 +360,8 @@ class Store:
         submitted together run concurrently: the reads of one overlap the pooling of another
         and whatever the caller does meanwhile. Malformed requests raise here, as
         :meth:`lookup_many` would."""
-        return self._lanes.submit(self.lookup_many, check_all(requests))
+        reqs = lookups(requests)
+        return Pending(self, self._native.submit(reqs), reqs)
 
     def lookup_stream(self, batches: Iterable[Sequence[TableLookup] | Mapping[str, Any]],
                       depth: int = 2) -> Iterator[PooledBatch]:
@@ -486,12 +371,20 @@ class Store:
         if not isinstance(batches, Iterable):
             raise InvalidRequest(f"batches must be an iterable of batches, not "
                                  f"{type(batches).__name__}")
-        return stream(self.submit, batches, depth)
+        sent: deque[list[TableLookup]] = deque()
 
-    def _lookup(self, reqs: list[CheckedLookup]) -> PooledBatch:
-        values = self._native.lookup([native_args(r) for r in reqs])
+        def feed() -> Iterator[list[TableLookup]]:
+            for b in batches:
+                sent.append(lookups(b))
+                yield sent[-1]
+
+        native = self._native.stream(feed(), depth)
+        return (self._pooled(values, sent.popleft()) for values in native)
+
+    def _pooled(self, values: npt.NDArray[np.float32], reqs: Sequence[TableLookup]
+                ) -> PooledBatch:
         keys = tuple(r.table for r in reqs)
-        return PooledBatch(values, keys, tuple(self.table(k).dim for k in keys))
+        return PooledBatch(values, keys, tuple(self._tables[k].dim for k in keys))
 
     def tier_report(self) -> list[dict[str, Any]]:
         """Per table, the DRAM tiers in front of the SSD tier: what they hold (``resident``,
@@ -521,15 +414,8 @@ class Store:
         return f"Store({str(self.path)!r}, tables={len(self._tables)}, threads={self.threads})"
 
 
-def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
-               progress: bool | None = None, tier: Tier = "auto",
-               dram_budget: int | str | None = None, direct_io: bool = True,
-               io_queue_depth: int = 128, merge_gap_bytes: int = 0, dedup: bool = True,
-               merge: bool = True, io_rings: int = 2, pread_threads: int = 16,
-               cache_policy: CachePolicy = "lfu_pa", admission_probability: float = 0.5,
-               cache_ways: int = 16, plan: PlanLike | None = None,
-               device: str | Mapping[str, Any] | None = None,
-               verify_reads: bool = True) -> Store:
+def open_store(path: StorePath, config: StoreConfig | None = None, *,
+               progress: bool | None = None, **overrides: Any) -> Store:
     """Opens the store at ``path`` and validates it.
 
     ``tier="auto"`` (the default) serves the store from DRAM when its tables fit
@@ -567,9 +453,78 @@ def open_store(path: StorePath, threads: int = 0, verify_checksums: bool = True,
     :class:`nearrec.errors.StoreCorrupted` naming the table and row, counted in
     ``stats()["corrupt_reads"]``. The checksums take 4 bytes of memory per 512 bytes of table.
     """
-    return Store(path, threads=threads, verify_checksums=verify_checksums, progress=progress,
-                 tier=tier, dram_budget=dram_budget, direct_io=direct_io,
-                 io_queue_depth=io_queue_depth, merge_gap_bytes=merge_gap_bytes, dedup=dedup,
-                 merge=merge, io_rings=io_rings, pread_threads=pread_threads,
-                 cache_policy=cache_policy, admission_probability=admission_probability,
-                 cache_ways=cache_ways, plan=plan, device=device, verify_reads=verify_reads)
+    return Store(path, config, progress=progress, **overrides)
+
+
+class Pending:
+    """A submitted batch. :meth:`result` waits for it and returns its :class:`PooledBatch`, or
+    raises the error the lookup raised (typed, as a direct call would)."""
+
+    def __init__(self, store: Store, native: Any, reqs: list[TableLookup]):
+        self._store, self._native, self._reqs = store, native, reqs
+
+    def done(self) -> bool:
+        return bool(self._native.done())
+
+    def result(self, timeout: float | None = None) -> PooledBatch:
+        return self._store._pooled(self._native.result(timeout), self._reqs)
+
+
+def lookups(requests: Any) -> list[TableLookup]:
+    """A batch as a list of :class:`TableLookup`: a sequence of them, or a mapping from table
+    name to ``indices``, ``(indices, offsets)`` or a :class:`TableLookup`. A table may appear
+    more than once (features sharing a table); its columns are then found by position
+    (:meth:`PooledBatch.block`), not by name."""
+    if isinstance(requests, Mapping):
+        out: list[TableLookup] = []
+        for name, r in requests.items():
+            if isinstance(r, TableLookup):
+                out.append(r)
+            elif isinstance(r, tuple) and len(r) == 2:
+                out.append(TableLookup(name, r[0], r[1]))
+            else:
+                out.append(TableLookup(name, r))
+        return out
+    if isinstance(requests, Sequence) and not isinstance(requests, str | bytes):
+        return list(requests)
+    raise InvalidRequest("a batch is a sequence of TableLookup or a mapping from table name "
+                         f"to its bags, not {type(requests).__name__}")
+
+
+def jagged_lookups(features: Any) -> list[TableLookup]:
+    """A KeyedJaggedTensor's bags as one :class:`TableLookup` per key (the key naming the
+    table), each a slice of its values and lengths."""
+    if not all(hasattr(features, a) for a in ("keys", "values", "lengths")):
+        raise InvalidRequest(f"features are a KeyedJaggedTensor or a list of TableLookup, not "
+                             f"{type(features).__name__}")
+    keys = list(features.keys())
+    values = as_array(features.values(), "values")
+    lengths = index_array(features.lengths(), None, "lengths")
+    weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
+    weights = None if weights is None else as_array(weights, "weights")
+    if not keys or lengths.size % len(keys):
+        raise InvalidRequest(f"lengths has {lengths.size} entries, not a multiple of "
+                             f"{len(keys)} keys")
+    batch = lengths.size // len(keys)
+    bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    if bounds[-1] != len(values):
+        raise InvalidRequest(f"lengths add up to {bounds[-1]} but there are {len(values)} "
+                             "values")
+    out = []
+    for k, key in enumerate(keys):
+        lo, hi = int(bounds[k * batch]), int(bounds[(k + 1) * batch])
+        out.append(TableLookup(key, values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
+                               per_sample_weights=None if weights is None else weights[lo:hi]))
+    return out
+
+
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(StoreConfig))
+
+
+def _known(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``open``'s keyword settings, each a :class:`StoreConfig` field."""
+    unknown = sorted(set(overrides) - _SETTINGS)
+    if unknown:
+        raise InvalidRequest(f"unknown setting {unknown[0]!r}; the settings are: "
+                             f"{', '.join(sorted(_SETTINGS))}")
+    return overrides

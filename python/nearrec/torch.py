@@ -326,6 +326,7 @@ class EmbeddingBagCollection(nn.Module):
         self.dims = [self.keyed[t].dim if t in self.keyed else store.table(t).dim  # type: ignore[union-attr]
                      for t in self.tables]
         self.gpu_tier: Any = None
+        self._block_cache: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
         if hbm_budget is not None or (device is not None and device.type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
             from .gpu import GpuCacheConfig, GpuTier
@@ -376,6 +377,41 @@ class EmbeddingBagCollection(nn.Module):
         return batch, values, lengths, bounds, weights, self._slices(keys, batch, bounds)
 
     def forward(self, features: Any) -> KeyedTensor:
+        if self.keyed or self.gpu_tier is not None or self.store is None:
+            return self._forward_parts(features)
+        # store tables only: the engine reads the KJT's own buffers (no per-table copies)
+        _features_arg(features)
+        values = features.values()
+        weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
+        assert self.store is not None
+        out = self.store._native.lookup_jagged(
+            self._blocks(tuple(features.keys())), len(features.keys()), _numpy(values),
+            _numpy(features.lengths()), None if weights is None else _numpy(weights))
+        pooled = torch.from_numpy(out)
+        device = _device_of(values)
+        if device.type != "cpu":
+            pooled = pooled.to(device)
+        return KeyedTensor(self.tables, self.dims, pooled)
+
+    def _blocks(self, keys: tuple[str, ...]) -> list[tuple[str, int, str]]:
+        """Per output block ``(table, its feature's position among keys, mode)``, kept per
+        key order (a model sends the same keys batch after batch)."""
+        cached = self._block_cache.get(keys)
+        if cached is None:
+            position = {k: i for i, k in enumerate(keys)}
+            cached = []
+            for table in self.tables:
+                feat = self._feature_of[table]
+                if feat not in position:
+                    raise InvalidRequest(f"features have no key {feat!r} for table {table!r}",
+                                         table=table)
+                cached.append((table, position[feat], self.pooling[table]))
+            if len(self._block_cache) < 64:
+                self._block_cache[keys] = cached
+        return cached
+
+    def _forward_parts(self, features: Any) -> KeyedTensor:
+        """Keyed tables or the GPU tier beside the store: each part pooled where it lives."""
         batch, values, lengths, bounds, weights, slices = self._parse(features)
         if self.gpu_tier is not None:
             return KeyedTensor(self.tables, self.dims, self.gpu_tier.pool_concat([

@@ -59,6 +59,12 @@ impl Prepared {
     pub fn lookups(&self) -> usize {
         self.lookups
     }
+
+    /// Where each bag of request `k` starts in its indices, and where the last ends
+    /// (`batch + 1` ascending positions): what cutting a batch into sub-batches needs.
+    pub fn bag_bounds(&self, k: usize) -> &[usize] {
+        &self.tables[k].2.bounds
+    }
 }
 
 impl Engine {

@@ -16,7 +16,7 @@ pub enum Indices<'a> {
     I64(&'a [i64]),
 }
 
-impl Indices<'_> {
+impl<'a> Indices<'a> {
     pub fn len(&self) -> usize {
         match self {
             Indices::I32(s) => s.len(),
@@ -26,6 +26,14 @@ impl Indices<'_> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Indices `range` of these.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Indices<'a> {
+        match *self {
+            Indices::I32(s) => Indices::I32(&s[range]),
+            Indices::I64(s) => Indices::I64(&s[range]),
+        }
     }
 
     #[inline]

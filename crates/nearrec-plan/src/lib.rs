@@ -12,7 +12,7 @@
 //! - [`plan_file`]: the plan file (TOML, with its hot rows in a numpy `.hot.npz` beside it),
 //!   read and written only here;
 //! - [`placement`]: which tables and rows live in DRAM (what the engine applies);
-//! - [`units`]: byte sizes as people write them (`"64MiB"`);
+//! - [`units`]: byte sizes as people write them (`"64MiB"`), in config and plan files;
 //! - [`colocate`](mod@colocate): an order of a table's rows that puts rows read together in the
 //!   same blocks (the format layer stores it).
 
@@ -22,13 +22,11 @@ mod error;
 mod fenwick;
 pub mod file;
 pub mod generate;
-mod npz;
 pub mod placement;
 pub mod plan;
 pub mod plan_file;
 pub mod planner;
 pub mod profile;
-mod pyliteral;
 mod stack;
 pub mod units;
 
@@ -44,4 +42,4 @@ pub use planner::{
     DEFAULT_STEPS, PlanTable, TraceTable, check_trace, make_plan, plan_trace_file, trace_tables,
 };
 pub use profile::{Distances, LruCurve, Profile};
-pub use units::{MAX_SIZE, SizeError, parse_size};
+pub use units::{MAX_SIZE, Size, SizeError, parse_size};

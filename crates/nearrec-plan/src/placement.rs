@@ -6,19 +6,22 @@ use serde::{Deserialize, Serialize};
 
 /// DRAM placement of a store's tables, by table name. Tables it does not name get no DRAM tier.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Placement {
     pub tables: BTreeMap<String, TablePlacement>,
 }
 
 /// One table's DRAM tiers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TablePlacement {
     /// Keep the whole table in DRAM (the other fields are then ignored).
     pub resident: bool,
     /// Rows pinned in the hot partition (distinct).
     pub hot_rows: Vec<u64>,
-    /// Bytes of the dynamic row cache (0: none).
+    /// Bytes of the dynamic row cache (0: none); read as an integer or a size such as
+    /// `"64MiB"`.
+    #[serde(deserialize_with = "crate::units::bytes")]
     pub cache_bytes: u64,
 }
 

@@ -37,10 +37,10 @@ use std::path::{Path, PathBuf};
 use nearrec_format::files::{open_regular, read_regular};
 
 use crate::error::{PlanError, PlanFileProblem, Result};
-use crate::npz::{ArrayError, NpzReader, write_npz};
 use crate::placement::{Placement, TablePlacement};
 use crate::plan::Plan;
 use crate::units::{SizeError, parse_size, size_from_int};
+use nearrec_format::npz::{ArrayError, NpzReader, write_npz};
 
 /// Where the hot rows of the plan file at `plan` go: `p.toml` → `p.hot.npz`.
 pub fn hot_rows_path(plan: &Path) -> PathBuf {
@@ -187,7 +187,7 @@ pub fn load_plan(path: &Path) -> Result<Placement> {
     for (name, settings) in tables {
         let fail = |problem| bad(Some(name), problem);
         let rows = match npz.array(name) {
-            Ok(rows) => rows.unwrap_or(crate::npz::Ints::Signed(Vec::new())),
+            Ok(rows) => rows.unwrap_or(nearrec_format::npz::Ints::Signed(Vec::new())),
             Err(ArrayError::Unreadable(reason)) => return Err(unreadable(Some(name), reason)),
             Err(ArrayError::NotIntegers { dtype, shape }) => {
                 // Python reads the array, checks the settings, then the array's type

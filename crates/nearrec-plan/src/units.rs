@@ -4,6 +4,11 @@
 //! powers of 1000, binary ones (`kib`, `mib`, ...) powers of 1024; the value is computed in
 //! floating point and truncated to whole bytes, as Python does.
 
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
 /// The largest size the engine can hold (sizes are signed 64-bit there).
 pub const MAX_SIZE: u64 = i64::MAX as u64;
 
@@ -88,6 +93,80 @@ pub fn size_from_int(n: i128) -> Result<u64, SizeError> {
         .ok()
         .filter(|&n| n <= MAX_SIZE)
         .ok_or_else(|| SizeError::TooLarge(n.to_string()))
+}
+
+/// A byte count: an integer, or a string such as `"64MiB"` when read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Size(pub u64);
+
+impl Size {
+    pub fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl From<u64> for Size {
+    fn from(v: u64) -> Self {
+        Size(v)
+    }
+}
+
+impl FromStr for Size {
+    type Err = SizeError;
+
+    fn from_str(s: &str) -> Result<Self, SizeError> {
+        parse_size(s).map(Size)
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = Size;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size: bytes as an integer, or a string such as \"512MiB\"")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Size, E> {
+                if v > MAX_SIZE {
+                    return Err(E::custom(format!(
+                        "size {v} is too large (at most {MAX_SIZE} bytes)"
+                    )));
+                }
+                Ok(Size(v))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("a size cannot be negative: {v}")))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Size, E> {
+                parse_size(v).map(Size).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// Deserialises a `u64` field as a [`Size`] (`#[serde(deserialize_with = ...)]`).
+pub fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Size::deserialize(d).map(Size::bytes)
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 
 use nearrec_engine::EngineError;
 use nearrec_format::FormatError;
-use nearrec_io::IoError;
 use pyo3::prelude::*;
 
 /// Builds `nearrec.errors.<class>(message, table=..., position=...)`.
@@ -36,52 +35,124 @@ pub(crate) fn check_non_negative(py: Python<'_>, ids: &[i64]) -> PyResult<()> {
     }
 }
 
-pub(crate) fn format_err(py: Python<'_>, e: FormatError) -> PyErr {
-    let msg = e.to_string();
-    match &e {
-        FormatError::NotFound { .. } => raise(py, "StoreNotFound", msg, None, None),
-        FormatError::AlreadyExists { .. } => raise(py, "StoreExists", msg, None, None),
-        FormatError::Io { .. } => raise(py, "StoreIOError", msg, None, None),
-        FormatError::OutOfMemory { .. } => raise(py, "InsufficientMemory", msg, None, None),
-        FormatError::Corrupted { .. } => raise(py, "StoreCorrupted", msg, None, None),
-        FormatError::UnsupportedVersion { .. } => raise(py, "UnsupportedVersion", msg, None, None),
-        FormatError::InvalidTable { table, .. } | FormatError::RowCount { table, .. } => {
-            raise(py, "InvalidRequest", msg, Some(table.as_str()), None)
-        }
-        _ => raise(py, "InvalidRequest", msg, None, None),
-    }
-}
-
-pub(crate) fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
-    let msg = e.to_string();
+/// The Python class of each Rust error, with the table and position it names: the one table
+/// every binding call maps errors through. What it does not list is the root `NearrecError`,
+/// never a guess such as `InvalidRequest`.
+pub(crate) fn class_of(e: &nearrec::Error) -> (&'static str, Option<&str>, Option<usize>) {
+    use nearrec::Error as E;
     match e {
-        EngineError::Format(f) => format_err(py, f),
-        EngineError::InsufficientMemory(_) => raise(py, "InsufficientMemory", msg, None, None),
-        EngineError::UnknownTable { name, .. } => raise(py, "UnknownTable", msg, Some(&name), None),
-        EngineError::IndexOutOfRange {
+        E::Config { .. } => ("InvalidRequest", None, None),
+        E::InvalidRequest {
             table, position, ..
-        } => raise(py, "IndexOutOfRange", msg, Some(&table), Some(position)),
-        EngineError::Corrupted { table, .. } => {
-            raise(py, "StoreCorrupted", msg, Some(&table), None)
-        }
-        EngineError::InvalidRequest { table, .. } => {
-            raise(py, "InvalidRequest", msg, Some(&table), None)
-        }
-        EngineError::Io(io) => io_err(py, io),
-        _ => raise(py, "InvalidRequest", msg, None, None),
+        } => ("InvalidRequest", table.as_deref(), *position),
+        E::NoModel { .. } => ("InvalidRequest", None, None),
+        E::BadModel { .. } => ("StoreCorrupted", None, None),
+        E::Internal(_) => ("InternalError", None, None),
+        E::Engine(e) => engine_class(e),
+        E::Format(e) => format_class(e),
+        E::Plan(e) => plan_class(e),
+        E::Device(e) => device_class(e),
+        _ => ("NearrecError", None, None),
     }
 }
 
-/// A failed read (or a disk probe that cannot measure) as the matching `nearrec.errors` class.
-pub(crate) fn io_err(py: Python<'_>, e: IoError) -> PyErr {
-    let msg = e.to_string();
+fn format_class(e: &FormatError) -> (&'static str, Option<&str>, Option<usize>) {
+    match e {
+        FormatError::NotFound { .. } => ("StoreNotFound", None, None),
+        FormatError::AlreadyExists { .. } => ("StoreExists", None, None),
+        FormatError::Io { .. } => ("StoreIOError", None, None),
+        FormatError::OutOfMemory { .. } => ("InsufficientMemory", None, None),
+        FormatError::Corrupted { .. } => ("StoreCorrupted", None, None),
+        FormatError::UnsupportedVersion { .. } => ("UnsupportedVersion", None, None),
+        FormatError::InvalidTable { table, .. } | FormatError::RowCount { table, .. } => {
+            ("InvalidRequest", Some(table.as_str()), None)
+        }
+        FormatError::UnknownDType(_) => ("InvalidRequest", None, None),
+        _ => ("NearrecError", None, None),
+    }
+}
+
+fn io_class(e: &nearrec_io::IoError) -> (&'static str, Option<&str>, Option<usize>) {
+    use nearrec_io::IoError as I;
     match e {
         // a malformed read is a bug of ours, not the device's
-        IoError::InvalidRead { .. } => raise(py, "InternalError", msg, None, None),
-        IoError::Threads { .. } => raise(py, "ResourceExhausted", msg, None, None),
-        IoError::Probe { .. } => raise(py, "InvalidRequest", msg, None, None),
-        _ => raise(py, "StoreIOError", msg, None, None),
+        I::InvalidRead { .. } => ("InternalError", None, None),
+        I::Threads { .. } => ("ResourceExhausted", None, None),
+        // a disk probe with nothing to measure
+        I::Probe { .. } => ("InvalidRequest", None, None),
+        I::Open { .. } | I::Read { .. } | I::ShortRead { .. } | I::Setup { .. } => {
+            ("StoreIOError", None, None)
+        }
+        _ => ("NearrecError", None, None),
     }
+}
+
+fn engine_class(e: &EngineError) -> (&'static str, Option<&str>, Option<usize>) {
+    match e {
+        EngineError::Format(f) => format_class(f),
+        EngineError::Io(io) => io_class(io),
+        EngineError::InsufficientMemory(_) => ("InsufficientMemory", None, None),
+        EngineError::UnknownTable { name, .. } => ("UnknownTable", Some(name.as_str()), None),
+        EngineError::IndexOutOfRange {
+            table, position, ..
+        } => ("IndexOutOfRange", Some(table.as_str()), Some(*position)),
+        EngineError::Corrupted { table, .. } => ("StoreCorrupted", Some(table.as_str()), None),
+        EngineError::InvalidRequest { table, .. } => ("InvalidRequest", Some(table.as_str()), None),
+        EngineError::Config(_) | EngineError::Model(_) => ("InvalidRequest", None, None),
+        _ => ("NearrecError", None, None),
+    }
+}
+
+fn plan_class(e: &nearrec_plan::PlanError) -> (&'static str, Option<&str>, Option<usize>) {
+    use nearrec_plan::PlanError as P;
+    match e {
+        P::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            ("StoreNotFound", None, None)
+        }
+        P::Io { .. } => ("StoreIOError", None, None),
+        P::BadTrace { .. } => ("InvalidTrace", None, None),
+        P::TraceMismatch {
+            table, position, ..
+        } => ("TraceMismatch", Some(table.as_str()), *position),
+        P::InvalidArgument { .. } => ("InvalidRequest", None, None),
+        P::BadPlan { table, .. } => ("InvalidRequest", table.as_deref(), None),
+        P::BadSpec { table, .. } => ("InvalidRequest", Some(table.as_str()), None),
+        P::Exists { .. } => ("StoreExists", None, None),
+        P::InsufficientMemory(_) => ("InsufficientMemory", None, None),
+    }
+}
+
+fn device_class(e: &nearrec_device::DeviceError) -> (&'static str, Option<&str>, Option<usize>) {
+    use nearrec_device::DeviceError as D;
+    match e {
+        D::Config(_) => ("InvalidRequest", None, None),
+        D::Request { table, .. } => ("InvalidRequest", Some(table.as_str()), None),
+        D::Io(io) => io_class(io),
+        _ => ("NearrecError", None, None),
+    }
+}
+
+/// A failed read (or a disk probe that cannot measure) as its Python exception.
+pub(crate) fn io_err(py: Python<'_>, e: nearrec_io::IoError) -> PyErr {
+    let (class, table, position) = io_class(&e);
+    raise(py, class, e.to_string(), table, position)
+}
+
+/// A planner / trace error as its Python exception.
+pub(crate) fn plan_error(py: Python<'_>, e: nearrec_plan::PlanError) -> PyErr {
+    let (class, table, position) = plan_class(&e);
+    raise(py, class, e.to_string(), table, position)
+}
+
+/// A facade error as its Python exception.
+pub(crate) fn err(py: Python<'_>, e: nearrec::Error) -> PyErr {
+    let (class, table, position) = class_of(&e);
+    raise(py, class, e.to_string(), table, position)
+}
+
+pub(crate) fn format_err(py: Python<'_>, e: FormatError) -> PyErr {
+    let (class, table, position) = format_class(&e);
+    raise(py, class, e.to_string(), table, position)
 }
 
 /// `py.detach(f)` (the GIL released while `f` runs), with a panic inside `f` answered as

@@ -2,6 +2,7 @@
 //! public API lives in the pure-Python package `nearrec` above it.
 
 mod cache;
+mod config;
 mod device;
 mod error;
 mod keyed;
@@ -24,6 +25,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         nearrec_cache::HotPartition::ROW_OVERHEAD,
     )?;
     m.add_class::<store::NativeStore>()?;
+    m.add_class::<store::NativePending>()?;
+    m.add_class::<store::NativeStream>()?;
+    m.add_class::<config::NativeConfig>()?;
+    m.add_class::<lookup::PyTableLookup>()?;
+    m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(model::model_save, m)?)?;
     m.add_class::<writer::NativeStoreWriter>()?;
     m.add_class::<keyed::NativeKeyedTable>()?;
     m.add_class::<model::NativeModel>()?;

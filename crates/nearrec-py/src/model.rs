@@ -137,3 +137,48 @@ impl NativeModel {
         self.model.table_dims()
     }
 }
+
+/// Keeps a model with the store at `path` (`nearrec::model::save`): its configuration
+/// (`nearrec::model::ModelConfig` as JSON) and its dense weights, `(name, float32 array)` each.
+#[pyfunction]
+pub(crate) fn model_save(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    config_json: &str,
+    weights: Vec<(String, numpy::PyReadonlyArrayDyn<'_, f32>)>,
+) -> PyResult<()> {
+    let config: nearrec::model::ModelConfig = serde_json::from_str(config_json).map_err(|e| {
+        raise(
+            py,
+            "InvalidRequest",
+            format!("model configuration: {e}"),
+            None,
+            None,
+        )
+    })?;
+    let arrays = weights
+        .iter()
+        .map(|(name, a)| {
+            let values = a.as_slice().map_err(|_| {
+                raise(
+                    py,
+                    "InvalidRequest",
+                    format!("{name}: not contiguous"),
+                    None,
+                    None,
+                )
+            })?;
+            Ok((name.as_str(), a.shape().to_vec(), values))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let tensors: Vec<nearrec::model::Tensor<'_>> = arrays
+        .iter()
+        .map(|(name, shape, values)| nearrec::model::Tensor {
+            name,
+            shape,
+            values,
+        })
+        .collect();
+    crate::error::detach(py, || nearrec::model::save(&path, &config, &tensors))?
+        .map_err(|e| crate::error::err(py, e))
+}

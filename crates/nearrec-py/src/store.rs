@@ -1,224 +1,298 @@
-//! Binding of an open store (the engine over its tables, wherever they are served from).
+//! Binding of an open store: `nearrec::Store` (the facade) behind `nearrec.Store`. Lookups take
+//! native `TableLookup`s (or a KeyedJaggedTensor's own buffers) and release the GIL; pipelines
+//! and sub-batches run in Rust; `infer` runs the model kept with the store, read in Rust.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
 
-use nearrec_cache::{CacheConfig, PolicyParseError};
-use std::sync::Arc;
-
-use nearrec_device::FlashDevice;
-use nearrec_engine::{Engine, EngineConfig, Tier, TierReport};
+use nearrec::{AsBatch, Bags, Batch, Pending, Pooled, PoolingMode, Store, TableLookup};
 use nearrec_format::{DType, StoreReader};
-use nearrec_io::MemDevice;
-use nearrec_plan::Placement;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
 
-use crate::error::{detach, engine_err, format_err, raise};
-use crate::lookup::TableArgs;
+use crate::config::NativeConfig;
+use crate::error::{detach, err, format_err, raise};
+use crate::lookup::{HeldBatch, index_view, weights_view};
 use crate::model::NativeModel;
 use crate::progress;
 
 /// Seconds per named part of a call.
 type Seconds = Vec<(&'static str, f64)>;
 
-/// An open store: the engine over its tables, in DRAM or on SSD behind DRAM tiers.
+/// An open store.
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativeStore {
-    engine: Engine,
-    /// The simulated drive the SSD tier reads through, when opened on one.
-    flash: Option<Arc<FlashDevice<MemDevice>>>,
-    path: PathBuf,
+    store: Store,
     manifest_json: String,
+}
+
+/// A finished batch's output as a `[batch, width]` numpy array (the vector moves in, no copy).
+fn array(py: Python<'_>, p: Pooled) -> PyResult<Bound<'_, PyArray2<f32>>> {
+    let width = p.width();
+    PyArray1::from_vec(py, p.values).reshape([p.batch, width])
 }
 
 #[pymethods]
 impl NativeStore {
     #[new]
-    #[pyo3(signature = (path, threads = 0, verify_checksums = true, progress = false, tier = "auto", dram_budget_bytes = None, direct_io = true, io_queue_depth = 128, merge_gap_bytes = 0, dedup = true, merge = true, io_rings = 2, pread_threads = 16, cache_policy = "lfu_pa", admission_probability = 0.5, cache_ways = 16, placement_json = None, flash_json = None, verify_reads = true))]
-    #[allow(clippy::too_many_arguments)] // mirrors nearrec.open's keyword arguments
-    fn new(
-        py: Python<'_>,
-        path: PathBuf,
-        threads: usize,
-        verify_checksums: bool,
-        progress: bool,
-        tier: &str,
-        dram_budget_bytes: Option<u64>,
-        direct_io: bool,
-        io_queue_depth: u32,
-        merge_gap_bytes: u64,
-        dedup: bool,
-        merge: bool,
-        io_rings: usize,
-        pread_threads: usize,
-        cache_policy: &str,
-        admission_probability: f64,
-        cache_ways: usize,
-        placement_json: Option<&str>,
-        flash_json: Option<&str>,
-        verify_reads: bool,
-    ) -> PyResult<Self> {
-        let invalid = |msg: String| raise(py, "InvalidRequest", msg, None, None);
-        let policy = cache_policy
-            .parse()
-            .map_err(|e: PolicyParseError| invalid(e.to_string()))?;
-        let placement = placement_json
-            .map(serde_json::from_str::<Placement>)
-            .transpose()
-            .map_err(|e| invalid(format!("placement: {e}")))?;
-        let tier = match tier {
-            "dram" => Tier::Dram,
-            "ssd" => Tier::Ssd,
-            "auto" => Tier::Auto,
-            other => {
-                return Err(raise(
-                    py,
-                    "InvalidRequest",
-                    format!("tier must be 'auto', 'dram' or 'ssd', not {other:?}"),
-                    None,
-                    None,
-                ));
-            }
+    #[pyo3(signature = (path, config, progress = false))]
+    fn new(py: Python<'_>, path: PathBuf, config: &NativeConfig, progress: bool) -> PyResult<Self> {
+        let total = if progress {
+            let reader = detach(py, || StoreReader::open(&path))?.map_err(|e| format_err(py, e))?;
+            reader.tables().iter().map(|t| t.data_bytes).sum()
+        } else {
+            0
         };
-        let config = EngineConfig {
-            tier,
-            dram_budget_bytes,
-            direct_io,
-            io_queue_depth,
-            merge_gap_bytes,
-            dedup,
-            merge,
-            io_rings,
-            pread_threads,
-            cache: CacheConfig {
-                policy,
-                admission_probability,
-                ways: cache_ways,
-                ..CacheConfig::default()
-            },
-            placement,
-            verify_reads,
-            ..EngineConfig::default()
-        }
-        .with_threads(threads)
-        .with_verify_checksums(verify_checksums);
-        let reader = detach(py, || StoreReader::open(&path))?.map_err(|e| format_err(py, e))?;
-        let manifest_json = manifest_json(&reader);
-        let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let bar = progress::bar(progress, total, "loading");
         let cb = progress::callback(&bar);
-        let flash = match flash_json {
-            None => None,
-            Some(json) => {
-                let cfg = crate::device::parse_device(py, json)?;
-                let files = detach(py, || {
-                    reader
-                        .tables()
-                        .iter()
-                        .map(|t| {
-                            let path = reader.path().join(&t.file);
-                            nearrec_format::files::read_regular(
-                                &path,
-                                nearrec_format::files::IN_STORE,
-                            )
-                        })
-                        .collect::<std::io::Result<Vec<_>>>()
-                })?
-                .map_err(|e| raise(py, "StoreIOError", e.to_string(), None, None))?;
-                Some(Arc::new(FlashDevice::new(MemDevice::new(files, 512), cfg)))
-            }
-        };
-        let engine = detach(py, || match &flash {
-            None => Engine::from_reader(&reader, config, cb.as_ref()),
-            Some(dev) => Engine::with_device(&reader, config, Box::new(dev.clone())),
+        let store = detach(py, || {
+            Store::open_with_progress(&path, &config.config, cb.as_ref())
         })?
-        .map_err(|e| engine_err(py, e))?;
+        .map_err(|e| err(py, e))?;
         if let Some(b) = bar {
             b.finish_and_clear();
         }
+        let manifest_json = serde_json::to_string(store.manifest()).expect("manifest serialises");
         Ok(Self {
-            engine,
-            flash,
-            path,
+            store,
             manifest_json,
         })
     }
 
-    /// What the simulated drive has done (JSON of `nearrec_device::FlashStats`), or None when the
-    /// store is not on one.
-    fn flash_stats(&self) -> Option<String> {
-        let st = self.flash.as_ref()?.stats();
-        serde_json::to_string(&st).ok()
-    }
-
     #[getter]
     fn path(&self) -> PathBuf {
-        self.path.clone()
+        self.store.path().to_owned()
     }
 
     #[getter]
     fn threads(&self) -> usize {
-        self.engine.threads()
+        self.store.threads()
     }
 
     /// `"dram"` or `"ssd"`.
     #[getter]
     fn tier(&self) -> &'static str {
-        self.engine.config().tier.name()
+        self.store.tier().name()
+    }
+
+    /// The manifest as JSON (tables, creation parameters).
+    #[getter]
+    fn manifest_json(&self) -> &str {
+        &self.manifest_json
+    }
+
+    /// The config the store was opened with, as TOML.
+    fn config_toml(&self) -> String {
+        self.store.config().to_toml()
+    }
+
+    /// Pools a batch (a list of `TableLookup`): the `[batch, Σ dim]` float32 output. With
+    /// `sub_batch`, the bags flow through in sub-batches of that many, two at a time.
+    #[pyo3(signature = (lookups, sub_batch = None))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        lookups: &Bound<'py, PyAny>,
+        sub_batch: Option<usize>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let held = HeldBatch::extract(lookups)?;
+        let batch = held.as_batch();
+        if let Some(sub) = sub_batch {
+            let pooled =
+                detach(py, || self.store.lookup_split(&batch, sub))?.map_err(|e| err(py, e))?;
+            return array(py, pooled);
+        }
+        self.pool(py, &batch)
+    }
+
+    /// Starts a lookup in the background; returns its handle at once.
+    fn submit(&self, lookups: &Bound<'_, PyAny>) -> PyResult<NativePending> {
+        let held = HeldBatch::extract(lookups)?;
+        Ok(NativePending::new(self.store.submit(held)))
+    }
+
+    /// The results of `batches` (an iterable of lists of `TableLookup`) in order, `depth` of them
+    /// in flight.
+    fn stream(&self, batches: &Bound<'_, PyAny>, depth: usize) -> PyResult<NativeStream> {
+        Ok(NativeStream {
+            store: self.store.clone(),
+            batches: batches.try_iter()?.unbind(),
+            depth: depth.max(1),
+            window: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// Pools a KeyedJaggedTensor from its own buffers: `values` (int32 / int64), its `lengths`
+    /// (`keys × batch`), optional float32 `weights`; `tables` is per output block `(table, key
+    /// position, mode)`. Each table's ids and lengths are slices of the KJT's: nothing is copied.
+    #[pyo3(signature = (tables, keys, values, lengths, weights = None))]
+    fn lookup_jagged<'py>(
+        &self,
+        py: Python<'py>,
+        tables: Vec<(String, usize, String)>,
+        keys: usize,
+        values: &Bound<'py, PyAny>,
+        lengths: &Bound<'py, PyAny>,
+        weights: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let values_arr = index_view(py, values, "values")?;
+        let lengths_arr = index_view(py, lengths, "lengths")?;
+        let weights_arr = weights.map(|w| weights_view(py, w)).transpose()?;
+        // SAFETY: the arrays are borrowed from Python objects held for this call
+        let (ids, lens) = unsafe { (values_arr.1.indices(), lengths_arr.1.indices()) };
+        // SAFETY: as above
+        let w = weights_arr.as_ref().map(|w| unsafe { w.1.floats() });
+        let invalid = |msg: String| raise(py, "InvalidRequest", msg, None, None);
+        if keys == 0 {
+            return Err(invalid("the KeyedJaggedTensor has no keys".into()));
+        }
+        if lens.len() % keys != 0 {
+            return Err(invalid(format!(
+                "lengths has {} entries, not a multiple of {keys} keys",
+                lens.len()
+            )));
+        }
+        let batch = lens.len() / keys;
+        // where each key's values start (and the last ends)
+        let mut starts = Vec::with_capacity(keys + 1);
+        let mut at = 0i64;
+        for k in 0..keys {
+            starts.push(at);
+            for i in k * batch..(k + 1) * batch {
+                let l = lens.get(i);
+                if l < 0 {
+                    return Err(invalid(format!("lengths[{i}] = {l} is negative")));
+                }
+                at = at.saturating_add(l);
+            }
+        }
+        starts.push(at);
+        if at != ids.len() as i64 {
+            return Err(invalid(format!(
+                "lengths add up to {at} but there are {} values",
+                ids.len()
+            )));
+        }
+        if let Some(w) = w
+            && w.len() != ids.len()
+        {
+            return Err(invalid(format!(
+                "weights has {} values but there are {} values",
+                w.len(),
+                ids.len()
+            )));
+        }
+        let lookups = tables
+            .iter()
+            .map(|(table, k, mode)| {
+                if *k >= keys {
+                    return Err(invalid(format!("key position {k} of {keys} keys")));
+                }
+                let (lo, hi) = (starts[*k] as usize, starts[*k + 1] as usize);
+                let mode = match mode.as_str() {
+                    "sum" => PoolingMode::Sum,
+                    "mean" => PoolingMode::Mean,
+                    "max" => PoolingMode::Max,
+                    other => return Err(invalid(format!("mode {other:?}"))),
+                };
+                Ok(TableLookup {
+                    table,
+                    indices: ids.slice(lo..hi),
+                    bags: Bags::Lengths(lens.slice(k * batch..(k + 1) * batch)),
+                    per_sample_weights: w.map(|w| &w[lo..hi]),
+                    mode,
+                    padding_idx: None,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        self.pool(py, &Batch::new(lookups))
+    }
+
+    /// Runs a model on one batch (whole-model offload): `model` (None: the one kept with the
+    /// store, its inputs matched to `lookups` by table name; else the lookups in its input
+    /// order), `dense` `[batch, dense_width]` float32 or None. Returns the `[batch, outputs]`
+    /// output and the seconds per part (`total`, `embeddings`, `dense`, `blocks`, `finish`).
+    #[pyo3(signature = (model, dense, lookups))]
+    fn infer<'py>(
+        &self,
+        py: Python<'py>,
+        model: Option<&NativeModel>,
+        dense: Option<PyReadonlyArray2<'py, f32>>,
+        lookups: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
+        let held = HeldBatch::extract(lookups)?;
+        let batch = held.as_batch();
+        let dense = match &dense {
+            Some(d) => d.as_slice().map_err(|_| {
+                raise(
+                    py,
+                    "InvalidRequest",
+                    "dense features must be a contiguous float32 array".into(),
+                    None,
+                    None,
+                )
+            })?,
+            None => &[],
+        };
+        let out = detach(py, || match model {
+            Some(m) => self.store.infer_with(&m.model, dense, &batch),
+            None => self.store.infer(dense, &batch),
+        })?
+        .map_err(|e| err(py, e))?;
+        let t = out.times;
+        let array = PyArray1::from_vec(py, out.outputs).reshape([out.batch, out.width])?;
+        let times = vec![
+            ("total", t.total.as_secs_f64()),
+            ("embeddings", t.embeddings.as_secs_f64()),
+            ("dense", t.dense.as_secs_f64()),
+            ("blocks", t.blocks.as_secs_f64()),
+            ("finish", t.finish.as_secs_f64()),
+        ];
+        Ok((array, times))
+    }
+
+    /// The input tables of the model kept with the store, in input order.
+    fn model_tables(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let model = detach(py, || self.store.model())?.map_err(|e| err(py, e))?;
+        Ok(model.tables.clone())
+    }
+
+    /// What the simulated drive has done (JSON of `nearrec_device::FlashStats`), or None when the
+    /// store is not on one.
+    fn flash_stats(&self) -> Option<String> {
+        let st = self.store.flash_stats()?;
+        serde_json::to_string(&st).ok()
     }
 
     /// The SSD tier's counters and latency percentiles (µs), with the device's kind, whether
-    /// reads are direct and its block size; `{}` for DRAM-resident stores.
+    /// reads are direct and its block size; `[]` for DRAM-resident stores.
     fn stats(&self) -> Vec<(String, PyStat)> {
-        let (Some(stats), Some(dev)) = (self.engine.io_stats(), self.engine.device()) else {
+        let Some(stats) = self.store.stats() else {
             return Vec::new();
         };
         let mut out: Vec<(String, PyStat)> = vec![
-            ("device".into(), PyStat::Text(dev.kind())),
-            ("direct_io".into(), PyStat::Flag(dev.direct())),
+            ("device".into(), PyStat::Text(stats.device)),
+            ("direct_io".into(), PyStat::Flag(stats.direct_io)),
             (
                 "block_bytes".into(),
-                PyStat::Number(dev.block_size() as f64),
+                PyStat::Number(stats.block_bytes as f64),
             ),
         ];
         out.extend(
             stats
-                .snapshot()
+                .values
                 .into_iter()
                 .map(|(k, v)| (k, PyStat::Number(v))),
         );
-        let reports = self.engine.tier_report();
-        let sum = |f: fn(&TierReport) -> u64| reports.iter().map(f).sum::<u64>() as f64;
-        let lookups = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache + r.lookups_ssd);
-        let dram = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache);
-        for (k, v) in [
-            ("dram_tier_bytes", sum(|r| r.bytes)),
-            ("lookups_resident", sum(|r| r.lookups_resident)),
-            ("lookups_hot", sum(|r| r.lookups_hot)),
-            ("lookups_cache", sum(|r| r.lookups_cache)),
-            ("lookups_ssd", sum(|r| r.lookups_ssd)),
-            (
-                "dram_hit_ratio",
-                if lookups > 0.0 { dram / lookups } else { 0.0 },
-            ),
-            ("cache_admissions", sum(|r| r.cache.admissions)),
-            ("cache_rejections", sum(|r| r.cache.rejections)),
-            ("cache_evictions", sum(|r| r.cache.evictions)),
-            (
-                "unprotected_tables",
-                self.engine.unprotected_tables() as f64,
-            ),
-        ] {
-            out.push((k.into(), PyStat::Number(v)));
-        }
         out
     }
 
     /// Per table: what its DRAM tiers hold (`resident`, `hot_rows`, `cache_rows`, `bytes`) and
     /// the lookups each tier served, with the row cache's counters; `[]` for DRAM-resident stores.
     fn tier_report(&self) -> Vec<Vec<(&'static str, PyStat)>> {
-        self.engine
+        self.store
             .tier_report()
             .into_iter()
             .map(|r| {
@@ -243,72 +317,6 @@ impl NativeStore {
             .collect()
     }
 
-    /// The manifest as JSON (tables, creation parameters).
-    #[getter]
-    fn manifest_json(&self) -> &str {
-        &self.manifest_json
-    }
-
-    /// Pools a batch: `tables` is a list of per-table argument tuples (see `nearrec.store`).
-    /// Returns the `[batch, Σ dim]` float32 output. The GIL is released while pooling.
-    fn lookup<'py>(
-        &self,
-        py: Python<'py>,
-        tables: &Bound<'py, PyList>,
-    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let args = TableArgs::extract_list(tables)?;
-        let req = TableArgs::requests(py, &args)?;
-        let prepared = self.engine.prepare(&req).map_err(|e| engine_err(py, e))?;
-        let out = PyArray2::<f32>::zeros(py, [prepared.batch(), prepared.width()], false);
-        {
-            let mut rw = out.readwrite();
-            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            detach(py, || self.engine.execute(&req, &prepared, slice))?
-                .map_err(|e| engine_err(py, e))?;
-        }
-        Ok(out)
-    }
-
-    /// Runs `model` (whole-model offload) on one batch: `dense` is `[batch, dense_width]`
-    /// float32 (`None` for models without dense features), `tables` one argument tuple per model
-    /// input, in order. Returns the `[batch, outputs]` float32 output and the seconds spent per
-    /// part (`total`, `embeddings`, `dense`, `blocks`, `finish`). The GIL is released meanwhile.
-    fn infer<'py>(
-        &self,
-        py: Python<'py>,
-        model: &NativeModel,
-        dense: Option<PyReadonlyArray2<'py, f32>>,
-        tables: &Bound<'py, PyList>,
-    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
-        let args = TableArgs::extract_list(tables)?;
-        let req = TableArgs::requests(py, &args)?;
-        let dense = match &dense {
-            Some(d) => d.as_slice().map_err(|_| {
-                raise(
-                    py,
-                    "InvalidRequest",
-                    "dense features must be a contiguous float32 array".into(),
-                    None,
-                    None,
-                )
-            })?,
-            None => &[],
-        };
-        let (out, times) = detach(py, || self.engine.infer(&model.model, dense, &req))?
-            .map_err(|e| engine_err(py, e))?;
-        let n = model.model.outputs();
-        let batch = out.len() / n;
-        let array = PyArray1::from_vec(py, out).reshape([batch, n])?;
-        let times = vec![
-            ("total", times.total.as_secs_f64()),
-            ("embeddings", times.embeddings.as_secs_f64()),
-            ("dense", times.dense.as_secs_f64()),
-            ("blocks", times.blocks.as_secs_f64()),
-            ("finish", times.finish.as_secs_f64()),
-        ];
-        Ok((array, times))
-    }
-
     /// Decodes the given rows of a table to a `[n, dim]` float32 array.
     fn read_rows<'py>(
         &self,
@@ -316,8 +324,7 @@ impl NativeStore {
         name: &str,
         rows: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let id = self.engine.table_id(name).map_err(|e| engine_err(py, e))?;
-        let dim = self.engine.tables()[id].dim as usize;
+        let dim = self.store.table(name).map_err(|e| err(py, e))?.dim as usize;
         let rows = rows.as_slice().map_err(|_| {
             raise(
                 py,
@@ -331,8 +338,7 @@ impl NativeStore {
         {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            detach(py, || self.engine.read_rows(id, rows, slice))?
-                .map_err(|e| engine_err(py, e))?;
+            detach(py, || self.store.read_rows(name, rows, slice))?.map_err(|e| err(py, e))?;
         }
         Ok(out)
     }
@@ -342,8 +348,7 @@ impl NativeStore {
     fn table_array<'py>(slf: Bound<'py, Self>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let this = slf.get();
-        let id = this.engine.table_id(name).map_err(|e| engine_err(py, e))?;
-        let meta = &this.engine.tables()[id];
+        let meta = this.store.table(name).map_err(|e| err(py, e))?;
         if meta.dtype != DType::Fp32 || !meta.layout().is_dense() {
             return Err(raise(
                 py,
@@ -356,7 +361,7 @@ impl NativeStore {
                 None,
             ));
         }
-        let Some(data) = this.engine.table_data(id) else {
+        let Some(data) = this.store.table_data(name).map_err(|e| err(py, e))? else {
             return Err(raise(
                 py,
                 "InvalidRequest",
@@ -380,6 +385,148 @@ impl NativeStore {
         };
         arr.readwrite().make_nonwriteable();
         Ok(arr.into_any())
+    }
+}
+
+impl NativeStore {
+    /// Pools `batch` into a new numpy array, the GIL released meanwhile.
+    fn pool<'py>(&self, py: Python<'py>, batch: &Batch<'_>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let prepared = self.store.prepare(batch).map_err(|e| err(py, e))?;
+        let out = PyArray2::<f32>::zeros(py, [prepared.batch(), prepared.width()], false);
+        {
+            let mut rw = out.readwrite();
+            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
+            detach(py, || self.store.execute(batch, &prepared, slice))?.map_err(|e| err(py, e))?;
+        }
+        Ok(out)
+    }
+}
+
+/// A submitted batch (`nearrec.Pending` wraps it).
+#[pyclass(module = "nearrec._native", frozen)]
+pub(crate) struct NativePending {
+    state: Mutex<State>,
+}
+
+enum State {
+    Waiting(Pending),
+    Done(PyResult<Py<PyArray2<f32>>>),
+    /// Taken by a waiting thread.
+    Busy,
+}
+
+impl NativePending {
+    fn new(p: Pending) -> Self {
+        Self {
+            state: Mutex::new(State::Waiting(p)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[pymethods]
+impl NativePending {
+    fn done(&self) -> bool {
+        match &*self.lock() {
+            State::Waiting(p) => p.is_done(),
+            State::Done(_) => true,
+            State::Busy => false,
+        }
+    }
+
+    /// The batch's output (or its error); `TimeoutError` when `timeout` seconds pass first.
+    #[pyo3(signature = (timeout = None))]
+    fn result<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let taken = {
+            let mut s = self.lock();
+            match std::mem::replace(&mut *s, State::Busy) {
+                State::Done(r) => {
+                    let out = r
+                        .as_ref()
+                        .map(|a| a.clone_ref(py))
+                        .map_err(|e| e.clone_ref(py));
+                    *s = State::Done(r);
+                    return out.map(|a| a.into_bound(py));
+                }
+                State::Waiting(p) => Some(p),
+                State::Busy => None,
+            }
+        };
+        let Some(pending) = taken else {
+            // another thread waits on it: wait for its answer
+            loop {
+                py.detach(|| std::thread::sleep(Duration::from_micros(200)));
+                if let State::Done(_) = &*self.lock() {
+                    return self.result(py, None);
+                }
+            }
+        };
+        let waited = match timeout {
+            None => Ok(detach(py, || pending.wait())?),
+            Some(t) => detach(py, || {
+                pending.wait_timeout(Duration::from_secs_f64(t.max(0.0)))
+            })?,
+        };
+        let result = match waited {
+            Ok(r) => r,
+            Err(pending) => {
+                *self.lock() = State::Waiting(pending);
+                return Err(pyo3::exceptions::PyTimeoutError::new_err(
+                    "the batch is not done yet",
+                ));
+            }
+        };
+        let result = result
+            .map_err(|e| err(py, e))
+            .and_then(|p| array(py, p).map(Bound::unbind));
+        let out = result
+            .as_ref()
+            .map(|a| a.clone_ref(py).into_bound(py))
+            .map_err(|e| e.clone_ref(py));
+        *self.lock() = State::Done(result);
+        out
+    }
+}
+
+/// Batches in flight, results in order (`Store.lookup_stream`).
+#[pyclass(module = "nearrec._native", frozen)]
+pub(crate) struct NativeStream {
+    store: Store,
+    batches: Py<pyo3::types::PyIterator>,
+    depth: usize,
+    window: Mutex<VecDeque<Pending>>,
+}
+
+#[pymethods]
+impl NativeStream {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        while window.len() < self.depth {
+            match self.batches.bind(py).clone().next() {
+                Some(item) => {
+                    let held = HeldBatch::extract(&item?)?;
+                    window.push_back(self.store.submit(held));
+                }
+                None => break,
+            }
+        }
+        let Some(front) = window.pop_front() else {
+            return Ok(None);
+        };
+        drop(window);
+        let pooled = detach(py, || front.wait())?.map_err(|e| err(py, e))?;
+        array(py, pooled).map(Some)
     }
 }
 

@@ -12,14 +12,7 @@ use pyo3::prelude::*;
 use crate::error::{check_non_negative, detach, raise};
 
 pub(crate) fn plan_err(py: Python<'_>, e: PlanError) -> PyErr {
-    let msg = e.to_string();
-    match &e {
-        PlanError::Io { .. } => raise(py, "StoreIOError", msg, None, None),
-        PlanError::Exists { .. } => raise(py, "StoreExists", msg, None, None),
-        PlanError::BadTrace { .. } => raise(py, "InvalidTrace", msg, None, None),
-        PlanError::BadSpec { table, .. } => raise(py, "InvalidRequest", msg, Some(table), None),
-        PlanError::InsufficientMemory(_) => raise(py, "InsufficientMemory", msg, None, None),
-    }
+    crate::error::plan_error(py, e)
 }
 
 fn spec(py: Python<'_>, json: &str) -> PyResult<TableSpec> {

@@ -142,8 +142,9 @@ impl Parser {
     }
 }
 
-/// A `.npy` header's `descr` (`None`: a structured dtype, a list of fields) and `shape`.
-pub(crate) fn npy_header(text: &str) -> Result<(Option<String>, Vec<u64>), String> {
+/// A `.npy` header's `descr` (`None`: a structured dtype, a list of fields), `shape` and
+/// `fortran_order`.
+pub(crate) fn npy_header(text: &str) -> Result<(Option<String>, Vec<u64>, bool), String> {
     let mut p = Parser {
         chars: text.chars().collect(),
         at: 0,
@@ -171,9 +172,9 @@ pub(crate) fn npy_header(text: &str) -> Result<(Option<String>, Vec<u64>), Strin
     if !items.iter().all(|(k, _)| known(k)) || get("descr").is_none() || get("shape").is_none() {
         return Err("the keys must be descr, fortran_order and shape".into());
     }
-    if !matches!(get("fortran_order"), Some(Lit::Bool(_))) {
+    let Some(&Lit::Bool(fortran)) = get("fortran_order") else {
         return Err("fortran_order is not a bool".into());
-    }
+    };
     let shape = match get("shape") {
         Some(Lit::Tuple(dims)) => dims
             .iter()
@@ -189,7 +190,7 @@ pub(crate) fn npy_header(text: &str) -> Result<(Option<String>, Vec<u64>), Strin
         Some(Lit::List(_)) => None,
         _ => return Err("descr is not a type".into()),
     };
-    Ok((descr, shape))
+    Ok((descr, shape, fortran))
 }
 
 #[cfg(test)]
@@ -199,11 +200,11 @@ mod tests {
     #[test]
     fn numpys_headers() {
         let h = "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }            \n";
-        assert_eq!(npy_header(h), Ok((Some("<i8".into()), vec![3])));
+        assert_eq!(npy_header(h), Ok((Some("<i8".into()), vec![3], false)));
         let h = "{\"shape\": (2, 5L), \"descr\": \">u4\", \"fortran_order\": True}";
-        assert_eq!(npy_header(h), Ok((Some(">u4".into()), vec![2, 5])));
+        assert_eq!(npy_header(h), Ok((Some(">u4".into()), vec![2, 5], true)));
         let h = "{'descr': [('a', '<i4'), ('b', '<f8')], 'fortran_order': False, 'shape': ()}";
-        assert_eq!(npy_header(h), Ok((None, vec![])));
+        assert_eq!(npy_header(h), Ok((None, vec![], false)));
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! The `.hot.npz` archive beside a plan file: numpy's `np.savez` format, a zip of `.npy` files
-//! (one per array, named `<name>.npy`). Written as numpy writes it (stored, `.npy` version 1.0,
-//! headers padded to 64 bytes); read back from numpy's own files, stored or deflated, any
-//! integer type and byte order. Only 1-D integer arrays are accepted; anything else is refused
-//! without being read, and a `.npy` that claims more data than it holds is refused before any
-//! allocation of the size it claims.
+//! numpy's `np.savez` archives, a zip of `.npy` files (one per array, named `<name>.npy`): the
+//! hot rows beside a plan file (1-D integer arrays) and a model's dense weights kept as a store
+//! attachment (float32 arrays of any shape). Written as numpy writes them (stored, `.npy`
+//! version 1.0, headers padded to 64 bytes); read back from numpy's own files, stored or
+//! deflated, any integer type and byte order. Anything else is refused without being read, and a
+//! `.npy` that claims more data than it holds is refused before any allocation of the size it
+//! claims.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -19,12 +20,16 @@ const GROWTH_AXIS_MAX_DIGITS: usize = 21;
 
 /// A 1-D integer array as stored: signed or unsigned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Ints {
+pub enum Ints {
     Signed(Vec<i64>),
     Unsigned(Vec<u64>),
 }
 
 impl Ints {
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Self::Signed(v) => v.len(),
@@ -46,18 +51,18 @@ impl Ints {
 
 /// Why an array could not be had.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ArrayError {
+pub enum ArrayError {
     Unreadable(String),
     NotIntegers { dtype: String, shape: Vec<u64> },
 }
 
 /// Writes `arrays` as an `.npz` to `w` (int64, or uint64 where a value needs it).
-pub(crate) fn write_npz<W: Write + Seek>(w: W, arrays: &[(&str, &[u64])]) -> std::io::Result<()> {
+pub fn write_npz<W: Write + Seek>(w: W, arrays: &[(&str, &[u64])]) -> std::io::Result<()> {
     let mut zip = ZipWriter::new(w);
     for &(name, values) in arrays {
         let signed = values.iter().all(|&v| i64::try_from(v).is_ok());
         let descr = if signed { "<i8" } else { "<u8" };
-        let header = npy_header(descr, values.len());
+        let header = npy_header(descr, &[values.len() as u64]);
         let options = SimpleFileOptions::default()
             .compression_method(CompressionMethod::Stored)
             .large_file(header.len() + 8 * values.len() >= u32::MAX as usize);
@@ -74,10 +79,17 @@ pub(crate) fn write_npz<W: Write + Seek>(w: W, arrays: &[(&str, &[u64])]) -> std
     Ok(())
 }
 
-/// numpy's `.npy` version 1.0 header for a 1-D array of `n` elements.
-fn npy_header(descr: &str, n: usize) -> Vec<u8> {
-    let shape = n.to_string();
-    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({shape},), }}");
+/// numpy's `.npy` version 1.0 header for a C-order array of `shape`.
+fn npy_header(descr: &str, shape: &[u64]) -> Vec<u8> {
+    let shape = match shape {
+        [n] => format!("{n},"),
+        dims => dims
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({shape}), }}");
     dict.push_str(&" ".repeat(GROWTH_AXIS_MAX_DIGITS.saturating_sub(shape.len())));
     let hlen = dict.len() + 1;
     let pad = ALIGN - (MAGIC.len() + 2 + 2 + hlen) % ALIGN;
@@ -92,7 +104,8 @@ fn npy_header(descr: &str, n: usize) -> Vec<u8> {
 }
 
 /// An `.npz` archive open for reading.
-pub(crate) struct NpzReader {
+#[derive(Debug)]
+pub struct NpzReader {
     zip: ZipArchive<File>,
 }
 
@@ -121,7 +134,7 @@ impl NpzReader {
 }
 
 /// A `.npy` file's 1-D integer array.
-pub(crate) fn parse_npy(bytes: &[u8]) -> Result<Ints, ArrayError> {
+pub fn parse_npy(bytes: &[u8]) -> Result<Ints, ArrayError> {
     let bad = |s: String| ArrayError::Unreadable(s);
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
         return Err(bad("not a .npy array (no numpy magic)".into()));
@@ -146,7 +159,7 @@ pub(crate) fn parse_npy(bytes: &[u8]) -> Result<Ints, ArrayError> {
     } else {
         header.iter().map(|&b| char::from(b)).collect()
     };
-    let (descr, shape) =
+    let (descr, shape, _) =
         crate::pyliteral::npy_header(&text).map_err(|e| bad(format!(".npy header: {e}")))?;
     let dtype = descr.as_deref().and_then(int_dtype);
     let (Some((signed, size, little)), [n]) = (dtype, shape.as_slice()) else {
@@ -208,13 +221,139 @@ fn int_dtype(descr: &str) -> Option<(bool, usize, bool)> {
     Some((signed, size, little))
 }
 
+/// A float32 array of any shape, C order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Floats {
+    pub shape: Vec<u64>,
+    pub values: Vec<f32>,
+}
+
+/// Writes float32 `arrays` (`(name, shape, values)`) as an `.npz` to `w`.
+pub fn write_npz_f32<W: Write + Seek>(
+    w: W,
+    arrays: &[(&str, &[u64], &[f32])],
+) -> std::io::Result<()> {
+    let mut zip = ZipWriter::new(w);
+    for &(name, shape, values) in arrays {
+        let n: u64 = shape.iter().product();
+        if n != values.len() as u64 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{name}: shape {shape:?} holds {n} values, not {}",
+                    values.len()
+                ),
+            ));
+        }
+        let header = npy_header("<f4", shape);
+        let options = SimpleFileOptions::default()
+            .compression_method(CompressionMethod::Stored)
+            .large_file(header.len() + 4 * values.len() >= u32::MAX as usize);
+        zip.start_file(format!("{name}.npy"), options)
+            .map_err(std::io::Error::other)?;
+        zip.write_all(&header)?;
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        zip.write_all(&data)?;
+    }
+    zip.finish().map_err(std::io::Error::other)?;
+    Ok(())
+}
+
+/// Every float32 array of an `.npz` archive held in memory, by name (arrays of other types are
+/// left out); a damaged archive or array is an error naming it.
+pub fn read_npz_f32(bytes: &[u8]) -> Result<Vec<(String, Floats)>, String> {
+    let mut zip = ZipArchive::new(std::io::Cursor::new(bytes))
+        .map_err(|e| format!("not an .npz archive: {e}"))?;
+    let mut out = Vec::new();
+    for i in 0..zip.len() {
+        let mut member = zip.by_index(i).map_err(|e| e.to_string())?;
+        let Some(name) = member.name().strip_suffix(".npy").map(str::to_owned) else {
+            continue;
+        };
+        let mut data = Vec::new();
+        member
+            .read_to_end(&mut data)
+            .map_err(|e| format!("{name}: {e}"))?;
+        if let Some(floats) = parse_npy_f32(&data).map_err(|e| format!("{name}: {e}"))? {
+            out.push((name, floats));
+        }
+    }
+    Ok(out)
+}
+
+/// A `.npy` file's float32 array (`None`: another type).
+fn parse_npy_f32(bytes: &[u8]) -> Result<Option<Floats>, String> {
+    if bytes.len() < 10 || &bytes[..6] != MAGIC {
+        return Err("not a .npy array (no numpy magic)".into());
+    }
+    let (len, start): (usize, usize) = match bytes[6] {
+        1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize,
+            12,
+        ),
+        v => return Err(format!(".npy version {v} or a truncated header")),
+    };
+    let header = bytes
+        .get(start..start.saturating_add(len))
+        .ok_or("truncated .npy header")?;
+    let text: String = header.iter().map(|&b| char::from(b)).collect();
+    let (descr, shape, fortran) =
+        crate::pyliteral::npy_header(&text).map_err(|e| format!(".npy header: {e}"))?;
+    let little = match descr.as_deref() {
+        Some("<f4") => true,
+        Some(">f4") => false,
+        Some("=f4" | "f4") => cfg!(target_endian = "little"),
+        _ => return Ok(None),
+    };
+    if fortran && shape.len() > 1 {
+        return Err("a Fortran-order array".into());
+    }
+    let data = &bytes[start + len..];
+    let n = shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .filter(|&n| n.saturating_mul(4) <= data.len() as u64)
+        .ok_or_else(|| format!("truncated: shape {shape:?}, {} bytes of data", data.len()))?;
+    let values = data[..4 * n as usize]
+        .chunks_exact(4)
+        .map(|w| {
+            let w: [u8; 4] = w.try_into().expect("4 bytes");
+            if little {
+                f32::from_le_bytes(w)
+            } else {
+                f32::from_be_bytes(w)
+            }
+        })
+        .collect();
+    Ok(Some(Floats { shape, values }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn float_arrays_round_trip() {
+        let (a, b) = ([1.5f32, -2.0, 3.25, 0.0, 7.0, 8.5], [0.25f32]);
+        let mut buf = std::io::Cursor::new(Vec::new());
+        write_npz_f32(&mut buf, &[("w", &[2, 3], &a), ("b", &[1], &b)]).unwrap();
+        let mut got = read_npz_f32(buf.get_ref()).unwrap();
+        got.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(got[0].0, "b");
+        assert_eq!(
+            got[1].1,
+            Floats {
+                shape: vec![2, 3],
+                values: a.to_vec()
+            }
+        );
+        assert!(read_npz_f32(b"PK not a zip").is_err());
+    }
+
+    #[test]
     fn headers_are_numpys() {
-        let h = npy_header("<i8", 3);
+        let h = npy_header("<i8", &[3]);
         assert_eq!(h.len() % ALIGN, 0);
         let text = String::from_utf8_lossy(&h[10..]);
         assert!(text.starts_with("{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }"));
@@ -248,7 +387,7 @@ mod tests {
         ] {
             assert_eq!(int_dtype(d), None, "{d}");
         }
-        let mut npy = npy_header("<i8", 2);
+        let mut npy = npy_header("<i8", &[2]);
         npy.truncate(10);
         let dict = "{'descr': '>i2', 'fortran_order': False, 'shape': (3,), }\n";
         npy[8..10].copy_from_slice(&(dict.len() as u16).to_le_bytes());

@@ -1,0 +1,498 @@
+//! [`StoreConfig`]: how a store is opened and served — one object for every surface. Rust
+//! callers build it, Python's `nearrec.StoreConfig` mirrors it, `nearrec <verb> --config
+//! store.toml` reads it, and command-line flags override its fields. The defaults live here and
+//! nowhere else.
+//!
+//! It is serde: a TOML file holds its fields at the top level (sizes as integers or strings such
+//! as `"4GiB"`). A key it does not know is an error, so a typo is never silently ignored.
+//!
+//! ```toml
+//! tier = "ssd"
+//! dram_budget = "4GiB"
+//! cache_policy = "lfu_pa"
+//! plan = "rmc1.plan.toml"   # or [plan.tables.t0] resident = true ...
+//! device = "rm-ssd"         # or a [device] table: the flash model's full parameter set
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use nearrec_cache::{CacheConfig, Policy};
+use nearrec_device::DeviceConfig;
+use nearrec_engine::{EngineConfig, Tier};
+use nearrec_plan::{Placement, Size};
+use serde::de::{Deserializer, MapAccess, Visitor, value::MapAccessDeserializer};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::error::{Error, Result};
+
+/// How a store is opened and served. `Default` gives the recommended settings; every field is
+/// also a keyword of Python's `nearrec.open` and a flag of the `nearrec` command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Where rows are served from: `auto` (DRAM when the tables fit `dram_budget`, else SSD with
+    /// DRAM tiers in that budget), `dram` (every table loaded at open) or `ssd`.
+    pub tier: Tier,
+    /// Bytes of DRAM the store may take. `None`: half of this machine's memory (as its memory
+    /// cgroup narrows it) for `auto`; no DRAM tiers for an explicit `ssd`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dram_budget: Option<Size>,
+    /// Pooling threads; 0: one per available core.
+    pub threads: usize,
+    /// Check each table's CRC-32C while loading it into DRAM.
+    pub verify_checksums: bool,
+    /// SSD tier: check every read against the table's sector checksums as it lands (4 bytes of
+    /// memory per 512 bytes of table).
+    pub verify_reads: bool,
+    /// SSD tier: bypass the page cache (`O_DIRECT`); off only for comparisons.
+    pub direct_io: bool,
+    /// SSD tier: reads in flight per io_uring ring (1–4096).
+    pub io_queue_depth: u32,
+    /// SSD tier: io_uring rings, i.e. batches that can read at the same time (1–64).
+    pub io_rings: usize,
+    /// SSD tier: threads of the pread fallback (1–1024).
+    pub pread_threads: usize,
+    /// SSD tier: rows whose blocks are at most this many bytes apart share one read.
+    pub merge_gap_bytes: Size,
+    /// SSD tier: read each distinct row once per batch; off only to measure what it saves.
+    pub dedup: bool,
+    /// SSD tier: merge reads of neighbouring blocks; off only to measure what it saves.
+    pub merge: bool,
+    /// SSD tier: the row caches' policy: `lru`, `lfu`, `lru_pa` or `lfu_pa` (the `_pa` ones
+    /// admit a miss into a full set with probability `admission_probability`).
+    pub cache_policy: Policy,
+    /// SSD tier: the chance a miss enters a full cache set (`_pa` policies), in [0, 1].
+    pub admission_probability: f64,
+    /// SSD tier: slots per cache set (1–65536).
+    pub cache_ways: usize,
+    /// SSD tier: the DRAM placement — a plan file written by `nearrec plan`, or per table
+    /// `{resident, hot_rows, cache_bytes}`. `None`: tables kept whole smallest first, the rest
+    /// of the budget as row caches in proportion to the tables' sizes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanSource>,
+    /// Serve the SSD tier from a simulated drive (the flash device model) instead of the disk:
+    /// a preset (`rm-ssd`, `cosmos-plus`, `this-disk`) or a full parameter set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceSource>,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        let engine = EngineConfig::default();
+        Self {
+            tier: Tier::Auto,
+            dram_budget: engine.dram_budget_bytes.map(Size),
+            threads: engine.threads,
+            verify_checksums: engine.verify_checksums,
+            verify_reads: engine.verify_reads,
+            direct_io: engine.direct_io,
+            io_queue_depth: engine.io_queue_depth,
+            io_rings: engine.io_rings,
+            pread_threads: engine.pread_threads,
+            merge_gap_bytes: Size(engine.merge_gap_bytes),
+            dedup: engine.dedup,
+            merge: engine.merge,
+            cache_policy: engine.cache.policy,
+            admission_probability: engine.cache.admission_probability,
+            cache_ways: engine.cache.ways,
+            plan: None,
+            device: None,
+        }
+    }
+}
+
+/// Where a store's DRAM placement comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlanSource {
+    /// A plan file (`nearrec plan`, `nearrec_plan::Plan::save`).
+    File(PathBuf),
+    /// A placement given in place.
+    Placement(Placement),
+}
+
+/// Which simulated drive serves the SSD tier.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceSource {
+    /// A shipped parameter set (`rm-ssd`, `cosmos-plus`, `this-disk`), or a JSON file of one.
+    Preset(String),
+    /// A full parameter set.
+    Config(Box<DeviceConfig>),
+}
+
+impl DeviceSource {
+    /// The parameter set, checked.
+    pub fn resolve(&self) -> Result<DeviceConfig> {
+        let cfg = match self {
+            DeviceSource::Preset(name) if DeviceConfig::PRESETS.contains(&name.as_str()) => {
+                DeviceConfig::preset(name)?
+            }
+            DeviceSource::Preset(file) => {
+                let path = Path::new(file);
+                if !path.exists() {
+                    return Err(Error::Config {
+                        key: "device".into(),
+                        reason: format!(
+                            "no device {file:?}: a preset ({}) or a JSON file",
+                            DeviceConfig::PRESETS.join(", ")
+                        ),
+                    });
+                }
+                let bytes =
+                    nearrec_format::files::read_regular(path, 0).map_err(|e| Error::Config {
+                        key: "device".into(),
+                        reason: format!("{file}: {e}"),
+                    })?;
+                DeviceConfig::from_json(&String::from_utf8_lossy(&bytes))?
+            }
+            DeviceSource::Config(cfg) => (**cfg).clone(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+impl StoreConfig {
+    /// Reads a config from TOML text (unknown keys are errors).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let config: Self = toml::from_str(text).map_err(|e| Error::Config {
+            key: String::new(),
+            reason: e.to_string().trim_end().to_owned(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a config from JSON (how the Python binding hands one over); an error names the
+    /// field at fault.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let config: Self = serde_path_to_error::deserialize(de).map_err(|e| {
+            let reason = e.inner().to_string();
+            // (where in the JSON text means nothing to a caller that never wrote it)
+            let reason = match reason.rfind(" at line ") {
+                Some(i) => reason[..i].to_owned(),
+                None => reason,
+            };
+            Error::Config {
+                key: e.path().to_string().trim_start_matches('.').to_owned(),
+                reason,
+            }
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The config as JSON; [`StoreConfig::from_json`] reads it back equal.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a store config serialises to JSON")
+    }
+
+    /// Reads a config file (a regular file: a FIFO is refused, not waited on).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let bytes = nearrec_format::files::read_regular(path, 0).map_err(|e| Error::Config {
+            key: String::new(),
+            reason: format!("{}: {e}", path.display()),
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| Error::Config {
+            key: String::new(),
+            reason: format!("{}: not UTF-8 text", path.display()),
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            Error::Config { key, reason } => Error::Config {
+                key,
+                reason: format!("{}: {reason}", path.display()),
+            },
+            other => other,
+        })
+    }
+
+    /// The config as TOML; [`StoreConfig::from_toml`] reads it back equal.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a store config serialises to TOML")
+    }
+
+    /// Checks every field's range; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |key: &str, reason: String| {
+            Err(Error::Config {
+                key: key.into(),
+                reason,
+            })
+        };
+        if self.threads > 1024 {
+            return bad("threads", format!("{} is more than 1024", self.threads));
+        }
+        if !(1..=4096).contains(&self.io_queue_depth) {
+            return bad(
+                "io_queue_depth",
+                format!("{} must be in 1..=4096", self.io_queue_depth),
+            );
+        }
+        if !(1..=64).contains(&self.io_rings) {
+            return bad("io_rings", format!("{} must be in 1..=64", self.io_rings));
+        }
+        if !(1..=1024).contains(&self.pread_threads) {
+            return bad(
+                "pread_threads",
+                format!("{} must be in 1..=1024", self.pread_threads),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.admission_probability) {
+            return bad(
+                "admission_probability",
+                format!("{} must be in [0, 1]", self.admission_probability),
+            );
+        }
+        if !(1..=65536).contains(&self.cache_ways) {
+            return bad(
+                "cache_ways",
+                format!("{} must be in 1..=65536", self.cache_ways),
+            );
+        }
+        if let Some(device) = &self.device {
+            device.resolve().map_err(|e| Error::Config {
+                key: "device".into(),
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The engine's configuration, with the placement `plan` resolves to.
+    pub(crate) fn engine(&self, placement: Option<Placement>) -> EngineConfig {
+        EngineConfig {
+            tier: self.tier,
+            dram_budget_bytes: self.dram_budget.map(Size::bytes),
+            threads: self.threads,
+            verify_checksums: self.verify_checksums,
+            verify_reads: self.verify_reads,
+            direct_io: self.direct_io,
+            io_queue_depth: self.io_queue_depth,
+            io_rings: self.io_rings,
+            pread_threads: self.pread_threads,
+            merge_gap_bytes: self.merge_gap_bytes.bytes(),
+            dedup: self.dedup,
+            merge: self.merge,
+            cache: CacheConfig {
+                policy: self.cache_policy,
+                admission_probability: self.admission_probability,
+                ways: self.cache_ways,
+                ..CacheConfig::default()
+            },
+            placement,
+            ..EngineConfig::default()
+        }
+    }
+
+    pub fn with_tier(mut self, tier: Tier) -> Self {
+        self.tier = tier;
+        self
+    }
+
+    pub fn with_dram_budget(mut self, bytes: u64) -> Self {
+        self.dram_budget = Some(Size(bytes));
+        self
+    }
+
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    pub fn with_plan(mut self, plan: PlanSource) -> Self {
+        self.plan = Some(plan);
+        self
+    }
+
+    pub fn with_device(mut self, device: DeviceSource) -> Self {
+        self.device = Some(device);
+        self
+    }
+}
+
+impl Serialize for PlanSource {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            PlanSource::File(path) => path.serialize(s),
+            PlanSource::Placement(p) => p.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PlanSource {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = PlanSource;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a plan file's path, or a placement: {tables: {NAME: {resident, hot_rows, cache_bytes}}}")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<PlanSource, E> {
+                Ok(PlanSource::File(PathBuf::from(v)))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<PlanSource, A::Error> {
+                Placement::deserialize(MapAccessDeserializer::new(map)).map(PlanSource::Placement)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+impl Serialize for DeviceSource {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            DeviceSource::Preset(name) => name.serialize(s),
+            DeviceSource::Config(cfg) => cfg.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceSource {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = DeviceSource;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a device preset's name (rm-ssd, cosmos-plus, this-disk) or a parameter set",
+                )
+            }
+
+            fn visit_str<E: serde::de::Error>(
+                self,
+                v: &str,
+            ) -> std::result::Result<DeviceSource, E> {
+                Ok(DeviceSource::Preset(v.to_owned()))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<DeviceSource, A::Error> {
+                DeviceConfig::deserialize(MapAccessDeserializer::new(map))
+                    .map(|c| DeviceSource::Config(Box::new(c)))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nearrec_plan::TablePlacement;
+
+    #[test]
+    fn toml_round_trip_of_every_field() {
+        let mut placement = Placement::default();
+        placement.tables.insert(
+            "t0".into(),
+            TablePlacement {
+                resident: false,
+                hot_rows: vec![3, 1, 4],
+                cache_bytes: 1 << 20,
+            },
+        );
+        let configs = [
+            StoreConfig::default(),
+            StoreConfig {
+                tier: Tier::Ssd,
+                dram_budget: Some(Size(4 << 30)),
+                threads: 3,
+                verify_checksums: false,
+                verify_reads: false,
+                direct_io: false,
+                io_queue_depth: 64,
+                io_rings: 4,
+                pread_threads: 8,
+                merge_gap_bytes: Size(8192),
+                dedup: false,
+                merge: false,
+                cache_policy: Policy::Lru,
+                admission_probability: 0.25,
+                cache_ways: 8,
+                plan: Some(PlanSource::Placement(placement)),
+                device: Some(DeviceSource::Config(Box::new(DeviceConfig::rm_ssd()))),
+            },
+            StoreConfig::default()
+                .with_plan(PlanSource::File("a.plan.toml".into()))
+                .with_device(DeviceSource::Preset("cosmos-plus".into())),
+        ];
+        for c in configs {
+            let text = c.to_toml();
+            assert_eq!(StoreConfig::from_toml(&text).unwrap(), c, "{text}");
+            assert_eq!(StoreConfig::from_json(&c.to_json()).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        let c =
+            StoreConfig::from_toml("dram_budget = \"4GiB\"\nmerge_gap_bytes = \"8KiB\"").unwrap();
+        assert_eq!(c.dram_budget, Some(Size(4 << 30)));
+        assert_eq!(c.merge_gap_bytes, Size(8192));
+        assert!(StoreConfig::from_toml("dram_budget = -1").is_err());
+        assert!(StoreConfig::from_toml("dram_budget = \"lots\"").is_err());
+    }
+
+    #[test]
+    fn a_typo_is_an_error_naming_it() {
+        let e = StoreConfig::from_toml("tier = \"ssd\"\ncache_polcy = \"lru\"").unwrap_err();
+        assert!(e.to_string().contains("cache_polcy"), "{e}");
+        let e = StoreConfig::from_toml("[plan.tables.t0]\nresidnt = true").unwrap_err();
+        assert!(e.to_string().contains("residnt"), "{e}");
+        let e = StoreConfig::from_toml("tier = \"disk\"").unwrap_err();
+        assert!(e.to_string().contains("disk"), "{e}");
+    }
+
+    #[test]
+    fn json_errors_name_the_field() {
+        for (text, key) in [
+            (r#"{"threads": -1}"#, "threads"),
+            (r#"{"dram_budget": true}"#, "dram_budget"),
+            (r#"{"dram_budget": 1.5}"#, "dram_budget"),
+            (r#"{"tier": null}"#, "tier"),
+            (r#"{"plan": {"tables": {"a": {"resident": "no"}}}}"#, "plan"),
+        ] {
+            match StoreConfig::from_json(text) {
+                Err(Error::Config { key: k, .. }) => assert!(k.starts_with(key), "{text}: {k}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn ranges_are_checked_by_field() {
+        for (text, key) in [
+            ("io_queue_depth = 0", "io_queue_depth"),
+            ("io_rings = 65", "io_rings"),
+            ("pread_threads = 0", "pread_threads"),
+            ("admission_probability = 1.5", "admission_probability"),
+            ("cache_ways = 0", "cache_ways"),
+            ("threads = 100000", "threads"),
+            ("device = \"floppy\"", "device"),
+        ] {
+            match StoreConfig::from_toml(text) {
+                Err(Error::Config { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_engines() {
+        let (c, e) = (StoreConfig::default(), EngineConfig::default());
+        assert_eq!(c.tier, Tier::Auto);
+        assert_eq!(c.io_queue_depth, e.io_queue_depth);
+        assert_eq!(c.cache_policy, e.cache.policy);
+        assert_eq!(c.engine(None).cache, e.cache);
+    }
+}

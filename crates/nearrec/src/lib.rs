@@ -1,0 +1,64 @@
+//! nearrec: embedding tables larger than memory, served where the rows are read.
+//!
+//! This crate is the product: what Python (`nearrec`), the `nearrec` command and the storage
+//! node share. Open a [`Store`] with a [`StoreConfig`] (serde, TOML); pool a [`Batch`] of
+//! [`TableLookup`]s with [`Store::lookup`]; pipeline batches with [`Store::submit`] /
+//! [`Store::stream`] and cut large ones with [`Store::lookup_split`]; run the model kept with the
+//! store next to its embeddings with [`Store::infer`]. Plans (where rows live in a DRAM budget)
+//! come from [`plan`]; a plan file applies through [`StoreConfig::plan`].
+//!
+//! ```no_run
+//! use nearrec::{Batch, Indices, Bags, Store, StoreConfig, TableLookup};
+//!
+//! let config = StoreConfig::from_toml("tier = \"ssd\"\ndram_budget = \"1GiB\"")?;
+//! let store = Store::open("bench/scratch/demo-rmc1", &config)?;
+//! let (ids, lengths) = ([1i64, 2, 3], [2i64, 1]);
+//! let batch = Batch::new(vec![TableLookup::new(
+//!     "t0",
+//!     Indices::I64(&ids),
+//!     Bags::Lengths(Indices::I64(&lengths)),
+//! )]);
+//! let pooled = store.lookup(&batch)?; // [2, dim]
+//! # Ok::<(), nearrec::Error>(())
+//! ```
+//!
+//! The layers underneath, each its own crate: `nearrec-format` (the store on disk),
+//! `nearrec-kernels` (pooling), `nearrec-io` (block devices), `nearrec-cache` (DRAM tiers),
+//! `nearrec-plan` (traces and placement), `nearrec-device` (the flash model), `nearrec-engine`
+//! (serving).
+
+pub mod batch;
+pub mod config;
+mod error;
+pub mod model;
+pub mod pipeline;
+mod store;
+
+pub use batch::{
+    AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
+    PoolingMode, TableLookup,
+};
+pub use config::{DeviceSource, PlanSource, StoreConfig};
+pub use error::{Error, Result};
+pub use model::{Inferred, StoredModel};
+pub use pipeline::{Pending, Stream};
+pub use store::{Stats, Store};
+
+pub use nearrec_engine::{Prepared, Tier, TierReport};
+pub use nearrec_format::{
+    GcReport, Leftover, Manifest, ProgressFn, StoreReader, TableCheck, TableMeta, attach, gc,
+};
+pub use nearrec_plan::{Placement, Size, TablePlacement};
+
+/// The planner and traces: generators, trace files, profiles, the DRAM budget split, plan
+/// files (`nearrec-plan`).
+pub use nearrec_plan as plan;
+
+/// Checks every data byte of the store at `path` against its checksums, every attachment, and
+/// lists what interrupted writes left (`orphan PATH`).
+pub fn verify(
+    path: impl AsRef<std::path::Path>,
+    progress: Option<&ProgressFn>,
+) -> Result<Vec<TableCheck>> {
+    Ok(StoreReader::open(path)?.verify(progress))
+}

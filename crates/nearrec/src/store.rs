@@ -1,0 +1,279 @@
+//! [`Store`]: an open store, served as its [`StoreConfig`] says — the engine over its tables,
+//! the simulated drive when asked, the placement its plan resolves to, and the model kept with
+//! it. Cheap to clone; clones share everything, so one store serves many threads and the
+//! background pipelines ([`crate::pipeline`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use nearrec_device::{FlashDevice, FlashStats};
+use nearrec_engine::{Engine, Prepared, Tier, TierReport};
+use nearrec_format::{Manifest, ProgressFn, StoreReader, TableMeta, files};
+use nearrec_io::MemDevice;
+use nearrec_plan::Placement;
+
+use crate::batch::{Batch, Pooled};
+use crate::config::{PlanSource, StoreConfig};
+use crate::error::{Error, Result};
+use crate::model::StoredModel;
+
+/// An open store. Safe to share between threads.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) engine: Engine,
+    /// The simulated drive the SSD tier reads through, when the config names one.
+    flash: Option<Arc<FlashDevice<MemDevice>>>,
+    path: PathBuf,
+    manifest: Manifest,
+    config: StoreConfig,
+    /// The model kept with the store, loaded on first use.
+    model: OnceLock<Arc<StoredModel>>,
+}
+
+/// The SSD tier's counters: the device, then every counter and latency percentile (µs) of
+/// `nearrec_engine::IoStats`, then the DRAM tiers' totals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    /// `"io_uring"`, `"pread"`, `"flash-model"`, ...
+    pub device: &'static str,
+    pub direct_io: bool,
+    pub block_bytes: usize,
+    pub values: Vec<(String, f64)>,
+}
+
+impl Store {
+    /// Opens and validates the store at `path` as `config` says.
+    pub fn open(path: impl AsRef<Path>, config: &StoreConfig) -> Result<Self> {
+        Self::open_with_progress(path, config, None)
+    }
+
+    /// [`Store::open`], reporting bytes loaded to `progress`.
+    pub fn open_with_progress(
+        path: impl AsRef<Path>,
+        config: &StoreConfig,
+        progress: Option<&ProgressFn>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let path = path.as_ref();
+        let reader = StoreReader::open(path)?;
+        let placement = match &config.plan {
+            None => None,
+            Some(PlanSource::Placement(p)) => Some(p.clone()),
+            Some(PlanSource::File(file)) => Some(nearrec_plan::load_plan(file)?),
+        };
+        if let Some(p) = &placement {
+            check_placement(p, reader.tables())?;
+        }
+        let engine_config = config.engine(placement);
+        let (engine, flash) = match &config.device {
+            None => (Engine::from_reader(&reader, engine_config, progress)?, None),
+            Some(device) => {
+                let device = device.resolve()?;
+                let tables = reader
+                    .tables()
+                    .iter()
+                    .map(|t| files::read_regular(&reader.path().join(&t.file), files::IN_STORE))
+                    .collect::<std::io::Result<Vec<_>>>()
+                    .map_err(|e| nearrec_format::FormatError::Io {
+                        path: reader.path().to_owned(),
+                        source: e,
+                    })?;
+                let flash = Arc::new(FlashDevice::new(MemDevice::new(tables, 512), device));
+                let engine = Engine::with_device(&reader, engine_config, Box::new(flash.clone()))?;
+                (engine, Some(flash))
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                engine,
+                flash,
+                path: path.to_owned(),
+                manifest: reader.manifest().clone(),
+                config: config.clone(),
+                model: OnceLock::new(),
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The manifest: tables, attachments, how the store was made.
+    pub fn manifest(&self) -> &Manifest {
+        &self.inner.manifest
+    }
+
+    /// The config the store was opened with.
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    pub fn tables(&self) -> &[TableMeta] {
+        self.inner.engine.tables()
+    }
+
+    /// Table `name`, or [`nearrec_engine::EngineError::UnknownTable`] naming the others.
+    pub fn table(&self, name: &str) -> Result<&TableMeta> {
+        let id = self.inner.engine.table_id(name)?;
+        Ok(&self.tables()[id])
+    }
+
+    /// Where the store is served from: [`Tier::Dram`] or [`Tier::Ssd`] (`auto` resolved).
+    pub fn tier(&self) -> Tier {
+        self.inner.engine.config().tier
+    }
+
+    pub fn threads(&self) -> usize {
+        self.inner.engine.threads()
+    }
+
+    /// The engine underneath, for callers that need a part of it the facade does not show.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// Validates `batch` (known tables, well-formed bags, weights, padding, one batch size):
+    /// the output's shape, for a caller that pools into its own buffer with [`Store::execute`].
+    pub fn prepare(&self, batch: &Batch<'_>) -> Result<Prepared> {
+        Ok(self.inner.engine.prepare(batch)?)
+    }
+
+    /// Pools `batch` into `out`, row-major `[prepared.batch(), prepared.width()]`.
+    pub fn execute(&self, batch: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
+        Ok(self.inner.engine.execute(batch, prepared, out)?)
+    }
+
+    /// Pools `batch`: one `[batch, Σ dim]` output, tables in request order.
+    pub fn lookup(&self, batch: &Batch<'_>) -> Result<Pooled> {
+        let prepared = self.prepare(batch)?;
+        let mut values = vec![0f32; prepared.batch() * prepared.width()];
+        self.execute(batch, &prepared, &mut values)?;
+        Ok(self.pooled(batch, prepared.batch(), values))
+    }
+
+    pub(crate) fn pooled(&self, batch: &Batch<'_>, bags: usize, values: Vec<f32>) -> Pooled {
+        let tables = batch
+            .tables
+            .iter()
+            .map(|t| {
+                let dim = self.table(t.table).map_or(0, |m| m.dim as usize);
+                (t.table.to_owned(), dim)
+            })
+            .collect();
+        Pooled {
+            values,
+            batch: bags,
+            tables,
+        }
+    }
+
+    /// Decodes rows `rows` of table `table` into `out` (`rows.len() × dim` floats).
+    pub fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
+        let id = self.inner.engine.table_id(table)?;
+        let dim = self.tables()[id].dim as usize;
+        if out.len() != rows.len() * dim {
+            return Err(Error::invalid(format!(
+                "read_rows: {} rows of table {table:?} need {} floats, not {}",
+                rows.len(),
+                rows.len() * dim,
+                out.len()
+            )));
+        }
+        Ok(self.inner.engine.read_rows(id, rows, out)?)
+    }
+
+    /// Table `table`'s data region when it is whole in DRAM, rows in row-id order.
+    pub fn table_data(&self, table: &str) -> Result<Option<&[u8]>> {
+        let id = self.inner.engine.table_id(table)?;
+        Ok(self.inner.engine.table_data(id))
+    }
+
+    /// The SSD tier's counters and the DRAM tiers' totals (`None` for a DRAM-resident store).
+    pub fn stats(&self) -> Option<Stats> {
+        let engine = &self.inner.engine;
+        let (io, device) = (engine.io_stats()?, engine.device()?);
+        let mut values = io.snapshot();
+        let reports = engine.tier_report();
+        let sum = |f: fn(&TierReport) -> u64| reports.iter().map(f).sum::<u64>() as f64;
+        let lookups = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache + r.lookups_ssd);
+        let dram = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache);
+        values.extend(
+            [
+                ("dram_tier_bytes", sum(|r| r.bytes)),
+                ("lookups_resident", sum(|r| r.lookups_resident)),
+                ("lookups_hot", sum(|r| r.lookups_hot)),
+                ("lookups_cache", sum(|r| r.lookups_cache)),
+                ("lookups_ssd", sum(|r| r.lookups_ssd)),
+                (
+                    "dram_hit_ratio",
+                    if lookups > 0.0 { dram / lookups } else { 0.0 },
+                ),
+                ("cache_admissions", sum(|r| r.cache.admissions)),
+                ("cache_rejections", sum(|r| r.cache.rejections)),
+                ("cache_evictions", sum(|r| r.cache.evictions)),
+                ("unprotected_tables", engine.unprotected_tables() as f64),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        Some(Stats {
+            device: device.kind(),
+            direct_io: device.direct(),
+            block_bytes: device.block_size(),
+            values,
+        })
+    }
+
+    /// Per table: what its DRAM tiers hold and served (empty for a DRAM-resident store).
+    pub fn tier_report(&self) -> Vec<TierReport> {
+        self.inner.engine.tier_report()
+    }
+
+    /// What the simulated drive has done, when the store is served from one.
+    pub fn flash_stats(&self) -> Option<FlashStats> {
+        self.inner.flash.as_ref().map(|f| f.stats())
+    }
+
+    /// The model kept with the store (`nearrec.models.save`), read from its attachments on
+    /// first use.
+    pub fn model(&self) -> Result<Arc<StoredModel>> {
+        if let Some(m) = self.inner.model.get() {
+            return Ok(m.clone());
+        }
+        let model = Arc::new(StoredModel::load(self)?);
+        Ok(self.inner.model.get_or_init(|| model).clone())
+    }
+}
+
+/// A placement's tables and hot rows against the store, whatever tier `auto` picks.
+fn check_placement(p: &Placement, tables: &[TableMeta]) -> Result<()> {
+    for (name, t) in &p.tables {
+        let Some(meta) = tables.iter().find(|m| &m.name == name) else {
+            return Err(nearrec_engine::EngineError::UnknownTable {
+                name: name.clone(),
+                available: tables
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+            .into());
+        };
+        if let Some(position) = t.hot_rows.iter().position(|&r| r >= meta.rows) {
+            return Err(nearrec_engine::EngineError::IndexOutOfRange {
+                table: name.clone(),
+                position,
+                bag: 0,
+                value: t.hot_rows[position].min(i64::MAX as u64) as i64,
+                rows: meta.rows,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}

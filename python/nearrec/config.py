@@ -1,0 +1,196 @@
+"""How a store is opened and served: :class:`StoreConfig`, the Python mirror of the Rust
+``nearrec::StoreConfig``. Its defaults are read from Rust (they live there and nowhere else);
+its values are checked by Rust, which names the field at fault; ``to_toml`` / ``from_toml`` /
+``from_file`` read and write the same TOML file as ``nearrec <verb> --config store.toml`` and
+Rust callers.
+
+Only what is Python's own is converted here: a :class:`nearrec.plan.Plan` or a placement mapping
+holding numpy arrays, paths, numpy scalars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import numpy as np
+
+from . import _native
+from .errors import IndexOutOfRange, InvalidRequest
+from .request import index_array, is_bool, path_arg
+
+Tier = Literal["auto", "dram", "ssd"]
+CachePolicy = Literal["lru", "lfu", "lru_pa", "lfu_pa"]
+
+#: The defaults, from Rust.
+_DEFAULTS: dict[str, Any] = json.loads(_native.StoreConfig().to_json())
+
+
+def _default(name: str) -> Any:
+    return field(default=_DEFAULTS.get(name))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """How a store is opened and served (``nearrec.open(path, config=..., **overrides)``).
+
+    ``tier``: ``"auto"`` (DRAM when the tables fit ``dram_budget``, else SSD with DRAM tiers in
+    that budget), ``"dram"`` or ``"ssd"``. ``dram_budget``: bytes or a size such as ``"4GiB"``
+    (``None``: half of memory for ``auto``, no DRAM tiers for an explicit ``ssd``). ``threads``:
+    pooling threads (0: every core). ``verify_checksums``: check each table's CRC-32C as it
+    loads into DRAM; ``verify_reads``: check every SSD read against the sector checksums.
+    ``direct_io``, ``io_queue_depth``, ``io_rings``, ``pread_threads``, ``merge_gap_bytes``,
+    ``dedup``, ``merge``: how the SSD tier reads. ``cache_policy``, ``admission_probability``,
+    ``cache_ways``: the row caches. ``plan``: the DRAM placement — a plan file, a
+    :class:`nearrec.plan.Plan`, or per table ``{"resident", "hot_rows", "cache_bytes"}``.
+    ``device``: a simulated drive (a preset such as ``"rm-ssd"``, a JSON file, or a parameter
+    mapping). See :func:`nearrec.open` for what each does."""
+
+    tier: Tier = _default("tier")
+    dram_budget: int | str | None = _default("dram_budget")
+    threads: int = _default("threads")
+    verify_checksums: bool = _default("verify_checksums")
+    verify_reads: bool = _default("verify_reads")
+    direct_io: bool = _default("direct_io")
+    io_queue_depth: int = _default("io_queue_depth")
+    io_rings: int = _default("io_rings")
+    pread_threads: int = _default("pread_threads")
+    merge_gap_bytes: int | str = _default("merge_gap_bytes")
+    dedup: bool = _default("dedup")
+    merge: bool = _default("merge")
+    cache_policy: CachePolicy = _default("cache_policy")
+    admission_probability: float = _default("admission_probability")
+    cache_ways: int = _default("cache_ways")
+    plan: Any = None
+    device: Any = None
+
+    def __post_init__(self) -> None:
+        self.native()  # checked now: a bad value fails where it is given
+
+    def replace(self, **changes: Any) -> StoreConfig:
+        """A copy with ``changes`` (an unknown name is an :class:`InvalidRequest`)."""
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise InvalidRequest(f"unknown setting {unknown[0]!r}; the settings are: "
+                                 f"{', '.join(sorted(names))}")
+        return dataclasses.replace(self, **changes)
+
+    def native(self) -> Any:
+        """The checked Rust config (what crosses into the engine)."""
+        return _native.StoreConfig.from_json(json.dumps(self._json()))
+
+    def to_toml(self) -> str:
+        return str(self.native().to_toml())
+
+    @classmethod
+    def from_toml(cls, text: str) -> StoreConfig:
+        if not isinstance(text, str):
+            raise InvalidRequest(f"TOML text is a str, not {type(text).__name__}")
+        return cls._from_native(_native.StoreConfig.from_toml(text))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> StoreConfig:
+        """Reads a TOML config file (``nearrec <verb> --config FILE`` reads the same)."""
+        return cls._from_native(_native.StoreConfig.from_file(path_arg(path, "the config file")))
+
+    @classmethod
+    def _from_native(cls, native: Any) -> StoreConfig:
+        return cls(**json.loads(native.to_json()))
+
+    def _json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue  # an optional setting left out
+            if f.name == "plan":
+                value = _plan(value)
+            elif f.name == "device":
+                value = _device(value)
+            try:
+                out[f.name] = json.loads(json.dumps(value, default=_plain, allow_nan=False))
+            except (TypeError, ValueError) as e:
+                raise InvalidRequest(f"config: {f.name}: {value!r:.60} is not a setting: "
+                                     f"{e}") from None
+        return out
+
+
+def _plain(x: Any) -> Any:
+    """numpy scalars and paths as JSON values (nothing else: a bool stays a bool)."""
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        value = float(x)
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a number")
+        return value
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    raise TypeError(f"{type(x).__name__} is not a setting's type")
+
+
+def _device(device: Any) -> Any:
+    if isinstance(device, str):
+        return device  # a preset, or a JSON file Rust reads
+    if isinstance(device, os.PathLike):
+        return os.fspath(device)
+    if isinstance(device, Mapping):
+        return dict(device)
+    raise InvalidRequest(f"device is a preset name, a JSON file or a parameter mapping, not "
+                         f"{type(device).__name__}")
+
+
+def _plan(plan: Any) -> Any:
+    """A plan as the config holds it: a plan file's path, or ``{"tables": {...}}``."""
+    if isinstance(plan, str | os.PathLike):
+        return path_arg(plan, "the plan file")
+    placement = getattr(plan, "placement", None)
+    if callable(placement):  # a nearrec.plan.Plan
+        plan = placement()
+    if not isinstance(plan, Mapping):
+        raise InvalidRequest(f"a plan is a file, a Plan or a mapping from table name to its "
+                             f"placement, not {type(plan).__name__}")
+    return {"tables": {table: _placement(table, p) for table, p in plan.items()}}
+
+
+def _placement(table: Any, p: Any) -> dict[str, Any]:
+    """One table's placement: ``resident`` a real bool (a string such as ``"no"`` is refused,
+    not read as true), ``hot_rows`` a 1-D array of non-negative integer row ids (floats are
+    refused, not truncated; 2-D arrays refused, not flattened); ``cache_bytes`` a size (Rust
+    reads it)."""
+    if not isinstance(table, str):
+        raise InvalidRequest(f"plan: table names are str, not {type(table).__name__} {table!r}")
+    if not isinstance(p, Mapping):
+        raise InvalidRequest(f"plan for table {table!r}: expected a mapping with resident / "
+                             f"hot_rows / cache_bytes, not {type(p).__name__}", table=table)
+    unknown = set(p) - {"resident", "hot_rows", "cache_bytes"}
+    if unknown:
+        raise InvalidRequest(f"plan for table {table!r}: unknown keys "
+                             f"{sorted(unknown, key=str)}", table=table)
+    resident = p.get("resident", False)
+    if not is_bool(resident):
+        raise InvalidRequest(f"plan for table {table!r}: resident must be true or false, not "
+                             f"{resident!r}", table=table)
+    hot = index_array(p.get("hot_rows", ()), table, "hot_rows")
+    if hot.ndim != 1:
+        raise InvalidRequest(f"plan for table {table!r}: hot_rows must be a 1-D array of row "
+                             f"ids, got shape {hot.shape}", table=table)
+    if hot.size and hot.min() < 0:
+        pos = int(np.argmax(hot < 0))
+        raise IndexOutOfRange(f"plan for table {table!r}: hot row {hot[pos]} at position "
+                              f"{pos} is negative", table=table, position=pos)
+    out: dict[str, Any] = {"resident": bool(resident), "hot_rows": hot.astype(np.int64).tolist()}
+    if "cache_bytes" in p:
+        out["cache_bytes"] = p["cache_bytes"]
+    return out
+
+
+__all__ = ["CachePolicy", "StoreConfig", "Tier"]
