@@ -103,7 +103,9 @@ fn engine_class(e: &EngineError) -> (&'static str, Option<&str>, Option<usize>) 
     }
 }
 
-fn plan_class(e: &nearrec_plan::PlanError) -> (&'static str, Option<&str>, Option<usize>) {
+pub(crate) fn plan_class(
+    e: &nearrec_plan::PlanError,
+) -> (&'static str, Option<&str>, Option<usize>) {
     use nearrec_plan::PlanError as P;
     match e {
         P::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {

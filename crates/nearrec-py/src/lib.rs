@@ -8,6 +8,7 @@ mod error;
 mod keyed;
 mod lookup;
 mod model;
+mod plan;
 mod progress;
 mod store;
 mod trace;
@@ -31,6 +32,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lookup::PyTableLookup>()?;
     m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(model::model_save, m)?)?;
+    m.add_class::<plan::NativePlan>()?;
+    m.add_function(wrap_pyfunction!(plan::plan_make, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::plan_check_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::plan_load, m)?)?;
     m.add_class::<writer::NativeStoreWriter>()?;
     m.add_class::<keyed::NativeKeyedTable>()?;
     m.add_class::<model::NativeModel>()?;
