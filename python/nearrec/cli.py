@@ -33,6 +33,38 @@ def parse_bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+#: the store settings every verb that opens a store takes as flags: overrides of --config
+_STORE_FLAGS = ("tier", "threads", "dram_budget", "cache_policy", "admission_probability",
+                "io_queue_depth", "plan", "device")
+
+
+def store_flags(p: argparse.ArgumentParser) -> None:
+    """``--config FILE`` and the flags that override its settings (unset flags leave the
+    file's values, whose own defaults are ``nearrec.StoreConfig``'s: one copy, in Rust)."""
+    g = p.add_argument_group("store settings (override --config)")
+    g.add_argument("--config", help="a store config file (TOML), as nearrec.StoreConfig and "
+                   "nearrec::StoreConfig read it")
+    g.add_argument("--tier", choices=["auto", "dram", "ssd"],
+                   help="serve from DRAM, read rows from SSD per batch, or DRAM if the store "
+                        "fits --dram-budget (default: the config's, auto)")
+    g.add_argument("--threads", type=int, help="pooling threads (0: every core)")
+    g.add_argument("--dram-budget", help="DRAM for the store, e.g. 4GiB")
+    g.add_argument("--cache-policy", choices=["lru", "lfu", "lru_pa", "lfu_pa"])
+    g.add_argument("--admission-probability", type=float)
+    g.add_argument("--io-queue-depth", type=int)
+    g.add_argument("--plan", help="a plan file (nearrec plan) placing rows in DRAM")
+    g.add_argument("--device", help="serve the SSD tier from a simulated drive (a preset or a "
+                   "JSON parameter file)")
+
+
+def store_config(args: argparse.Namespace) -> nearrec.StoreConfig:
+    """The config ``--config`` names (or the defaults), with the flags given on top."""
+    base = (nearrec.StoreConfig.from_file(args.config) if getattr(args, "config", None)
+            else nearrec.StoreConfig())
+    return base.replace(**{k: getattr(args, k) for k in _STORE_FLAGS
+                           if getattr(args, k, None) is not None})
+
+
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, indent=1, default=str) if args.json else text)
 
@@ -124,9 +156,7 @@ def _load_npy(path: str, what: str) -> np.ndarray:
 
 
 def cmd_lookup(args: argparse.Namespace) -> int:
-    store = nearrec.open(args.path, threads=args.threads, progress=args.progress, tier=args.tier,
-                         dram_budget=args.dram_budget, cache_policy=args.cache_policy,
-                         admission_probability=args.admission_probability)
+    store = nearrec.open(args.path, store_config(args), progress=args.progress)
     tables = args.table or list(store.tables)
     rng = np.random.default_rng(args.seed)
     reqs = []
@@ -304,8 +334,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     def fresh() -> tuple[nearrec.Store, models._Model | models.Offloaded]:
         """The store opened anew, caches empty: each run starts from the same state; the model
         run whole by the engine with ``--offload``."""
-        store = nearrec.open(args.store, tier=args.tier, dram_budget=args.dram_budget,
-                             progress=args.progress)
+        store = nearrec.open(args.store, store_config(args), progress=args.progress)
         model = models.build(args.model, store, seed=args.seed)
         return store, models.offload(model) if args.offload else model
 
@@ -484,15 +513,8 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--offsets", help=".npy of offsets")
     lk.add_argument("--output", help="save the pooled [batch, Σ dim] array to this .npy")
     lk.add_argument("--repeat", type=int, default=20)
-    lk.add_argument("--threads", type=int, default=0)
     lk.add_argument("--seed", type=int, default=0)
-    lk.add_argument("--tier", default="dram", choices=["dram", "ssd", "auto"],
-                    help="serve from DRAM (load the store), read rows from SSD per batch, or "
-                         "DRAM if the store fits --dram-budget")
-    lk.add_argument("--dram-budget", type=parse_bytes,
-                    help="DRAM for the tiers in front of the SSD tier, e.g. 4GiB")
-    lk.add_argument("--cache-policy", default="lfu_pa", choices=["lru", "lfu", "lru_pa", "lfu_pa"])
-    lk.add_argument("--admission-probability", type=float, default=0.5)
+    store_flags(lk)
     common(lk)
     lk.set_defaults(func=cmd_lookup)
 
@@ -554,8 +576,7 @@ def parser() -> argparse.ArgumentParser:
     inf.add_argument("--depth", type=int, default=2, help="batches whose embeddings are in flight")
     inf.add_argument("--sub-batch", type=int, help="pipelined run: cut each batch into parts of "
                      "this many samples that flow through the pipeline")
-    inf.add_argument("--tier", default="auto", choices=["auto", "dram", "ssd"])
-    inf.add_argument("--dram-budget", type=parse_bytes, help="DRAM for the tiers, e.g. 256MiB")
+    store_flags(inf)
     inf.add_argument("--offload", action="store_true", help="run the whole model in the engine "
                      "(RM-SSD's offload: rmc1-3, wnd, mtwnd, ncf)")
     inf.add_argument("--seed", type=int, default=0)

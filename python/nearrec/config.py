@@ -101,7 +101,11 @@ class StoreConfig:
 
     @classmethod
     def _from_native(cls, native: Any) -> StoreConfig:
-        return cls(**json.loads(native.to_json()))
+        fields_ = json.loads(native.to_json())
+        plan = fields_.get("plan")
+        if isinstance(plan, dict):  # Rust's placement: {"tables": {name: ...}}
+            fields_["plan"] = plan["tables"]
+        return cls(**fields_)
 
     def _json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
