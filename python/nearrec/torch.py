@@ -9,6 +9,7 @@ parameters and produce no gradients for the rows.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,8 +25,9 @@ from .store import PoolingModeName, Store, TableLookup
 
 def _numpy(t: Any) -> Any:
     if isinstance(t, Tensor):
-        t = t.detach()
-        return t.cpu().numpy() if t.device.type != "cpu" else t.numpy()
+        if t.requires_grad:
+            t = t.detach()
+        return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
     return t
 
 
@@ -222,7 +224,7 @@ class KeyedTensor:
         self._keys = list(keys)
         self._lengths = list(length_per_key)
         self._values = values
-        self._offsets: list[int] = [0, *np.cumsum(self._lengths).tolist()]
+        self._offsets: list[int] = [0, *itertools.accumulate(self._lengths)]
 
     def keys(self) -> list[str]:
         return self._keys
@@ -380,18 +382,19 @@ class EmbeddingBagCollection(nn.Module):
         if self.keyed or self.gpu_tier is not None or self.store is None:
             return self._forward_parts(features)
         # store tables only: the engine reads the KJT's own buffers (no per-table copies)
-        _features_arg(features)
-        values = features.values()
+        try:
+            keys, values, lengths = features.keys(), features.values(), features.lengths()
+        except AttributeError:
+            _features_arg(features)
+            raise
         weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
         assert self.store is not None
-        out = self.store._native.lookup_jagged(
-            self._blocks(tuple(features.keys())), len(features.keys()), _numpy(values),
-            _numpy(features.lengths()), None if weights is None else _numpy(weights))
-        pooled = torch.from_numpy(out)
-        device = _device_of(values)
-        if device.type != "cpu":
-            pooled = pooled.to(device)
-        return KeyedTensor(self.tables, self.dims, pooled)
+        out = torch.from_numpy(self.store._native.lookup_jagged(
+            self._blocks(tuple(keys)), len(keys), _numpy(values), _numpy(lengths),
+            None if weights is None else _numpy(weights)))
+        if isinstance(values, Tensor) and values.device.type != "cpu":
+            out = out.to(values.device)
+        return KeyedTensor(self.tables, self.dims, out)
 
     def _blocks(self, keys: tuple[str, ...]) -> list[tuple[str, int, str]]:
         """Per output block ``(table, its feature's position among keys, mode)``, kept per

@@ -132,6 +132,18 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
         records = flash.check(kccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "flash-check-quick" if args.quick else "flash-check"
         md = flash.check_markdown(records, command)
+    elif args.what == "ebc":
+        from . import ebc
+
+        bcfg = ebc.EbcConfig.quick() if args.quick else ebc.EbcConfig()
+        if args.models:
+            bcfg.models = tuple(args.models.split(","))
+        if args.rows:
+            bcfg.rows = args.rows
+        bcfg.scratch = Path(args.scratch)
+        records = ebc.run(bcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "ebc-quick" if args.quick else "ebc"
+        md = ebc.markdown(records, command)
     elif args.what == "gpu":
         from . import gpu
 

@@ -1,0 +1,162 @@
+"""``nearrec bench ebc``: what the TorchRec-shaped surface costs over the engine. On the same
+batches of a model's tables (in DRAM), side by side: ``Store.lookup_many`` on prepared
+``TableLookup``s (the engine's call), ``nearrec.torch.EmbeddingBagCollection.forward`` on the
+same bags as a ``KeyedJaggedTensor`` (the KJT → request conversion included, which the
+binding does in Rust from the KJT's own buffers), and torch's ``nn.EmbeddingBag`` per table on
+the same weights (the peer a PyTorch user has). Rounds rotate the order of the systems; each
+cell is the median of the rounds' medians, with p50 / p99 per batch and the rounds' spread."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import nearrec
+
+from .report import Record
+
+SYSTEMS = ("nearrec.lookup_many", "nearrec.torch.EBC", "torch.EmbeddingBag")
+
+
+@dataclass
+class EbcConfig:
+    models: tuple[str, ...] = ("rmc1", "rmc2")
+    batches: tuple[int, ...] = (1, 64, 256, 1024)
+    rows: int = 200_000
+    rounds: int = 5
+    seconds: float = 1.0
+    seed: int = 0
+    threads: int = 2
+    scratch: Path = field(default_factory=lambda: Path("bench/scratch"))
+
+    @classmethod
+    def quick(cls) -> EbcConfig:
+        return cls(models=("rmc1",), batches=(1, 64, 1024), rows=50_000, rounds=3,
+                   seconds=0.3)
+
+
+def _time(fn: Callable[[int], Any], seconds: float, n: int) -> list[float]:
+    lat, start, i = [], time.perf_counter(), 0
+    while True:
+        t0 = time.perf_counter()
+        fn(i % n)
+        t1 = time.perf_counter()
+        lat.append(t1 - t0)
+        i += 1
+        if t1 - start >= seconds and i >= 3:
+            return lat
+
+
+def _systems(store: Any, ebc: Any, bags: list[Any], reqs: list[Any], kjts: list[Any],
+             t_ids: list[list[Any]], t_off: Any) -> dict[str, Callable[[int], Any]]:
+    """Each system's call on batch ``i`` (the same bags for all three)."""
+    import torch
+
+    def torch_eb(i: int) -> Any:
+        with torch.no_grad():
+            return torch.cat([b(x, t_off) for b, x in zip(bags, t_ids[i], strict=True)], 1)
+
+    return {"nearrec.lookup_many": lambda i: store.lookup_many(reqs[i]),
+            "nearrec.torch.EBC": lambda i: ebc(kjts[i]),
+            "torch.EmbeddingBag": torch_eb}
+
+
+def run(cfg: EbcConfig, log: Callable[[str], None] = print) -> list[Record]:
+    import torch
+
+    from nearrec.torch import EmbeddingBagCollection, KeyedJaggedTensor
+
+    torch.set_num_threads(cfg.threads)
+    rng = np.random.default_rng(cfg.seed)
+    records: list[Record] = []
+    cfg.scratch.mkdir(parents=True, exist_ok=True)
+    for model in cfg.models:
+        spec = nearrec.model_spec(model)
+        rows = min(cfg.rows, max(spec.rows))
+        path = cfg.scratch / f"ebc-{model}-{rows}"
+        log(f"[{model}] {len(spec.rows)} tables x {rows} rows x dim {spec.dim}")
+        nearrec.build(path, model, rows=rows, seed=cfg.seed, overwrite=True, progress=False)
+        store = nearrec.open(path, tier="dram", threads=cfg.threads)
+        names = list(store.tables)
+        ebc = EmbeddingBagCollection(store, names)
+        bags = [torch.nn.EmbeddingBag.from_pretrained(
+            torch.from_numpy(store.table_array(n)).clone(), mode="sum", freeze=True)
+            for n in names]
+        L = spec.lookups
+        for batch in cfg.batches:
+            n = 8
+            ids = [[rng.integers(0, store.table(t).rows, batch * L) for t in names]
+                   for _ in range(n)]
+            lengths = np.full(batch, L, dtype=np.int64)
+            offsets = np.arange(0, batch * L, L, dtype=np.int64)
+            reqs = [[nearrec.TableLookup(t, x, lengths=lengths) for t, x in zip(names, s,
+                                                                                 strict=True)]
+                    for s in ids]
+            kjts = [KeyedJaggedTensor(names, torch.from_numpy(np.concatenate(s)),
+                                      lengths=torch.from_numpy(np.tile(lengths, len(names))))
+                    for s in ids]
+            t_ids = [[torch.from_numpy(x) for x in s] for s in ids]
+            systems = _systems(store, ebc, bags, reqs, kjts, t_ids, torch.from_numpy(offsets))
+            torch_eb = systems["torch.EmbeddingBag"]
+            # the same answers, or the comparison means nothing
+            want = store.lookup_many(reqs[0]).values
+            np.testing.assert_allclose(ebc(kjts[0]).values().numpy(), want, rtol=1e-5,
+                                       atol=1e-5)
+            np.testing.assert_allclose(torch_eb(0).numpy(), want, rtol=1e-4, atol=1e-4)
+            per: dict[str, list[list[float]]] = {s: [] for s in systems}
+            order = list(systems)
+            for r in range(cfg.rounds):
+                for s in order[r % len(order):] + order[:r % len(order)]:
+                    per[s].append(_time(systems[s], cfg.seconds, n))
+            for s, rounds in per.items():
+                medians = [float(np.median(x)) for x in rounds]
+                all_lat = np.concatenate(rounds) * 1e6
+                med = float(np.median(medians))
+                records.append(Record(
+                    "ebc", model, batch, "uniform", s, samples_per_s=batch / med,
+                    lookups_per_s=batch * L * len(names) / med,
+                    p50_us=float(np.percentile(all_lat, 50)),
+                    p99_us=float(np.percentile(all_lat, 99)),
+                    extra={"rounds_samples_per_s": [batch / m for m in medians]}))
+            cell = {r.system: r for r in records[-len(systems):]}
+            ours = cell["nearrec.torch.EBC"]
+            ours.extra["overhead_vs_lookup_many"] = round(
+                cell["nearrec.lookup_many"].samples_per_s / ours.samples_per_s - 1, 4)
+            ours.extra["ratio_vs_torch"] = round(
+                ours.samples_per_s / cell["torch.EmbeddingBag"].samples_per_s, 3)
+            log(f"  batch {batch}: EBC overhead over lookup_many "
+                f"{100 * ours.extra['overhead_vs_lookup_many']:+.1f} %, EBC ÷ torch "
+                f"{ours.extra['ratio_vs_torch']:.2f}")
+    return records
+
+
+def markdown(records: list[Record], command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             "Samples/s (median of rounds, rounds in rotating order), p50 / p99 µs per batch. "
+             "Tables in DRAM, sum pooling, uniform ids, 2 threads. `EBC overhead` is how much "
+             "slower `nearrec.torch.EmbeddingBagCollection.forward` on a `KeyedJaggedTensor` is "
+             "than `Store.lookup_many` on the same bags as prepared `TableLookup`s "
+             "(lookup_many ÷ EBC − 1; the goal is ≤ 5 %); `EBC ÷ torch` compares it with torch's "
+             "`nn.EmbeddingBag` per table on the same weights.", "",
+             "| model | batch | lookup_many | EBC | torch.EmbeddingBag | EBC p50 / p99 µs | "
+             "EBC overhead | EBC ÷ torch | spread (EBC) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    cells: dict[tuple[str, int], dict[str, Record]] = {}
+    for r in records:
+        cells.setdefault((r.model, r.batch), {})[r.system] = r
+    for (model, batch), c in cells.items():
+        e = c["nearrec.torch.EBC"]
+        rounds = e.extra["rounds_samples_per_s"]
+        spread = 50 * (max(rounds) - min(rounds)) / e.samples_per_s if len(rounds) > 1 else 0
+        lines.append(
+            f"| {model} | {batch} | {c['nearrec.lookup_many'].samples_per_s:,.0f} | "
+            f"{e.samples_per_s:,.0f} | {c['torch.EmbeddingBag'].samples_per_s:,.0f} | "
+            f"{e.p50_us:,.0f} / {e.p99_us:,.0f} | "
+            f"{100 * e.extra['overhead_vs_lookup_many']:+.1f} % | "
+            f"{e.extra['ratio_vs_torch']:.2f}× | ±{spread:.0f} % |")
+    return "\n".join(lines) + "\n"
