@@ -122,6 +122,9 @@ impl Engine {
         progress: Option<&ProgressFn>,
     ) -> Result<Self> {
         config.validate()?;
+        if let Some(p) = &config.placement {
+            tiers::check_placement(p, reader.tables())?;
+        }
         let _inside = fork_gate();
         let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let memory = Memory::probe();

@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
 use nearrec_cache::{CacheConfig, CacheStatsSnapshot, HotPartition, RowCache};
-use nearrec_format::{AlignedBuf, ProgressFn, StoreReader};
+use nearrec_format::{AlignedBuf, ProgressFn, StoreReader, TableMeta};
 use nearrec_plan::{Placement, TableSize};
 
 use crate::config::EngineConfig;
@@ -68,32 +68,11 @@ impl DramTiers {
     }
 }
 
-/// Builds every table's DRAM tiers: `config.placement`, or [`Placement::by_size`] over `budget`.
-/// An explicit placement must fit an explicit budget; hot rows are read from `files`.
-pub(crate) fn place(
-    reader: &StoreReader,
-    config: &EngineConfig,
-    budget: u64,
-    memory: &Memory,
-    files: &TableFiles,
-    progress: Option<&ProgressFn>,
-) -> Result<Vec<DramTiers>> {
-    let tables = reader.tables();
-    let mut placement = match &config.placement {
-        Some(p) => p.clone(),
-        None => {
-            let sizes: Vec<TableSize<'_>> = tables
-                .iter()
-                .map(|t| TableSize {
-                    name: &t.name,
-                    bytes: t.data_bytes,
-                })
-                .collect();
-            Placement::by_size(&sizes, budget)
-        }
-    };
-    let mut needed = 0u64;
-    for (name, p) in &mut placement.tables {
+/// A placement against the store's tables: every table it names exists, its hot rows are in
+/// range and distinct. Checked whatever tier serves the store (an `auto` store in DRAM ignores
+/// its placement, but a wrong one is still an error where it is given).
+pub(crate) fn check_placement(placement: &Placement, tables: &[TableMeta]) -> Result<()> {
+    for (name, p) in &placement.tables {
         let Some(meta) = tables.iter().find(|t| &t.name == name) else {
             return Err(EngineError::UnknownTable {
                 name: name.clone(),
@@ -121,6 +100,43 @@ pub(crate) fn place(
                 format!("hot rows name row {} more than once", w[0]),
             ));
         }
+    }
+    Ok(())
+}
+
+/// Builds every table's DRAM tiers: `config.placement`, or [`Placement::by_size`] over `budget`.
+/// An explicit placement must fit an explicit budget; hot rows are read from `files`.
+pub(crate) fn place(
+    reader: &StoreReader,
+    config: &EngineConfig,
+    budget: u64,
+    memory: &Memory,
+    files: &TableFiles,
+    progress: Option<&ProgressFn>,
+) -> Result<Vec<DramTiers>> {
+    let tables = reader.tables();
+    let mut placement = match &config.placement {
+        Some(p) => p.clone(),
+        None => {
+            let sizes: Vec<TableSize<'_>> = tables
+                .iter()
+                .map(|t| TableSize {
+                    name: &t.name,
+                    bytes: t.data_bytes,
+                })
+                .collect();
+            Placement::by_size(&sizes, budget)
+        }
+    };
+    if config.placement.is_some() {
+        check_placement(&placement, tables)?;
+    }
+    let mut needed = 0u64;
+    for (name, p) in &mut placement.tables {
+        let meta = tables
+            .iter()
+            .find(|t| &t.name == name)
+            .expect("a checked placement names the store's tables");
         // A cache with a slot for every row is as large as it can usefully be.
         p.cache_bytes = p.cache_bytes.min(RowCache::budget_for_rows(
             meta.rows,

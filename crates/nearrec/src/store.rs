@@ -10,7 +10,6 @@ use nearrec_device::{FlashDevice, FlashStats};
 use nearrec_engine::{Engine, Prepared, Tier, TierReport};
 use nearrec_format::{Manifest, ProgressFn, StoreReader, TableMeta, files};
 use nearrec_io::MemDevice;
-use nearrec_plan::Placement;
 
 use crate::batch::{Batch, Pooled};
 use crate::config::{PlanSource, StoreConfig};
@@ -66,9 +65,6 @@ impl Store {
             Some(PlanSource::Placement(p)) => Some(p.clone()),
             Some(PlanSource::File(file)) => Some(nearrec_plan::load_plan(file)?),
         };
-        if let Some(p) = &placement {
-            check_placement(p, reader.tables())?;
-        }
         let engine_config = config.engine(placement);
         let (engine, flash) = match &config.device {
             None => (Engine::from_reader(&reader, engine_config, progress)?, None),
@@ -248,32 +244,4 @@ impl Store {
         let model = Arc::new(StoredModel::load(self)?);
         Ok(self.inner.model.get_or_init(|| model).clone())
     }
-}
-
-/// A placement's tables and hot rows against the store, whatever tier `auto` picks.
-fn check_placement(p: &Placement, tables: &[TableMeta]) -> Result<()> {
-    for (name, t) in &p.tables {
-        let Some(meta) = tables.iter().find(|m| &m.name == name) else {
-            return Err(nearrec_engine::EngineError::UnknownTable {
-                name: name.clone(),
-                available: tables
-                    .iter()
-                    .map(|t| t.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }
-            .into());
-        };
-        if let Some(position) = t.hot_rows.iter().position(|&r| r >= meta.rows) {
-            return Err(nearrec_engine::EngineError::IndexOutOfRange {
-                table: name.clone(),
-                position,
-                bag: 0,
-                value: t.hot_rows[position].min(i64::MAX as u64) as i64,
-                rows: meta.rows,
-            }
-            .into());
-        }
-    }
-    Ok(())
 }
