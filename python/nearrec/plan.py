@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _native
+from ._native import CACHE_SLOT_OVERHEAD, HOT_ROW_OVERHEAD, colocation_order, copy_store_ordered
 from .errors import InvalidRequest, TraceMismatch
 from .request import count, flag, path_arg, regular_file
 from .store import StoreInfo, TableInfo, progress_enabled
@@ -56,8 +56,8 @@ else:  # pragma: no cover
 
 #: Bookkeeping bytes beside the row itself, as the engine counts them: per row-cache slot, and
 #: per pinned (hot) row.
-SLOT_OVERHEAD = int(_native.CACHE_SLOT_OVERHEAD)
-HOT_OVERHEAD = int(_native.HOT_ROW_OVERHEAD)
+SLOT_OVERHEAD = int(CACHE_SLOT_OVERHEAD)
+HOT_OVERHEAD = int(HOT_ROW_OVERHEAD)
 #: Splits of a table's share tried between hot partition and row cache.
 SPLITS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -438,15 +438,15 @@ def colocate(store: str | Path, trace: str | Path | Trace, out: str | Path,
         if n not in tr.tables:
             raise InvalidRequest(f"the trace has no table {n!r}", table=n)
     _check_trace(si, tr, names)
-    orders = [_native.colocation_order(t.name, t.rows, np.ascontiguousarray(tr[t.name].indices),
-                                       how) if t.name in names else None
+    orders = [colocation_order(t.name, t.rows, np.ascontiguousarray(tr[t.name].indices),
+                               how) if t.name in names else None
               for t in si.tables]
     params = {"source": si.params, "colocated": {
         "from": str(si.path), "trace": str(getattr(tr, "path", "") or ""), "how": how,
         "tables": names}}
-    text = _native.copy_store_ordered(path_arg(store), path_arg(out, "out"), orders,
-                                      flag(overwrite, "overwrite"),
-                                      json.dumps(params), progress_enabled(progress))
+    text = copy_store_ordered(path_arg(store), path_arg(out, "out"), orders,
+                              flag(overwrite, "overwrite"),
+                              json.dumps(params), progress_enabled(progress))
     return StoreInfo._from_json(out, text)
 
 
