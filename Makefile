@@ -50,6 +50,9 @@ py-check: develop
 	$(VENV)/bin/ruff check python bench/python tests examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports  # the package's layers (pyproject.toml [tool.importlinter])
+	# the .pyi stubs against the built extensions; MYPYPATH makes the tree's stubs the ones found
+	# (stubtest passes a module whose stub it cannot find, and nearrec_bench has no py.typed)
+	MYPYPATH=python:bench/python $(PY) -m mypy.stubtest nearrec._native nearrec_bench._native
 	$(PY) -m pytest -q
 	$(PY) examples/quickstart.py
 
