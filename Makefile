@@ -18,7 +18,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 $(VENV)/.deps: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy matplotlib $(TORCH)
+	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy import-linter==2.16 matplotlib $(TORCH)
 	$(PIP) install -q $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions
 	$(PIP) install -q --no-deps $(TORCHREC)
 	# MovieLens-100K for the loader test, fetched (never committed: its licence forbids
@@ -49,6 +49,10 @@ rust-check:
 py-check: develop
 	$(VENV)/bin/ruff check python bench/python tests examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports  # the package's layers (pyproject.toml [tool.importlinter])
+	# the .pyi stubs against the built extensions; MYPYPATH makes the tree's stubs the ones found
+	# (stubtest passes a module whose stub it cannot find, and nearrec_bench has no py.typed)
+	MYPYPATH=python:bench/python $(PY) -m mypy.stubtest nearrec._native nearrec_bench._native
 	$(PY) -m pytest -q
 	$(PY) examples/quickstart.py
 

@@ -2,20 +2,32 @@
 
 from collections.abc import Iterable, Sequence
 from os import PathLike
-from typing import Any, Self
+from typing import Any, Self, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 __version__: str
 FORMAT_VERSION: int
 CACHE_SLOT_OVERHEAD: int
 HOT_ROW_OVERHEAD: int
 
+__all__ = [
+    "__version__", "FORMAT_VERSION", "CACHE_SLOT_OVERHEAD", "HOT_ROW_OVERHEAD", "NativeStore",
+    "NativePending", "NativeStream", "StoreConfig", "TableLookup", "parse_size", "model_save",
+    "NativeStoreWriter", "NativeKeyedTable", "NativeModel", "cache_simulate", "device_simulate",
+    "device_preset", "device_fit", "device_read_rate", "disk_read_rate", "verify_store", "store_gc",
+    "read_manifest", "store_attach", "store_read_attachment", "table_layout",
+    "trace_generate_table", "trace_write", "trace_open", "trace_profile", "colocation_order",
+    "copy_store_ordered", "panic_at_the_boundary",
+]
+
 _Path = str | PathLike[str]
 
+@final
 class StoreConfig:
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     @staticmethod
     def from_json(text: str) -> StoreConfig: ...
     @staticmethod
@@ -25,6 +37,9 @@ class StoreConfig:
     def to_json(self) -> str: ...
     def to_toml(self) -> str: ...
 
+# the one class declared `subclass` (request.TableLookup derives from it); its instances have
+# a native layout, so it cannot be mixed with another such base
+@disjoint_base
 class TableLookup:
     def __new__(
         cls,
@@ -54,16 +69,19 @@ class TableLookup:
     @property
     def padding_idx(self) -> int | None: ...
 
+@final
 class NativePending:
     def done(self) -> bool: ...
     def result(self, timeout: float | None = None) -> npt.NDArray[np.float32]: ...
 
+@final
 class NativeStream:
     def __iter__(self) -> NativeStream: ...
     def __next__(self) -> npt.NDArray[np.float32]: ...
 
+@final
 class NativeStore:
-    def __init__(self, path: _Path, config: StoreConfig, progress: bool = False) -> None: ...
+    def __new__(cls, path: _Path, config: StoreConfig, progress: bool = False) -> Self: ...
     def flash_stats(self) -> str | None: ...
     @property
     def path(self) -> str: ...
@@ -104,15 +122,16 @@ def model_save(
     path: _Path, config_json: str, weights: list[tuple[str, npt.NDArray[np.float32]]]
 ) -> None: ...
 
+@final
 class NativeStoreWriter:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         path: _Path,
         overwrite: bool = False,
         params_json: str = "null",
         total_bytes: int = 0,
         progress: bool = False,
-    ) -> None: ...
+    ) -> Self: ...
     def begin_table(
         self, name: str, rows: int, dim: int, dtype_name: str = "fp32", block_bytes: int = 4096
     ) -> None: ...
@@ -152,6 +171,7 @@ def copy_store_ordered(
 
 _Layer = tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], str]
 
+@final
 class NativeModel:
     @staticmethod
     def dlrm(
@@ -170,14 +190,18 @@ class NativeModel:
     @property
     def table_dims(self) -> list[int]: ...
 
+@final
 class NativeKeyedTable:
-    name: str
-    dim: int
-    capacity: int
-    def __init__(
-        self, name: str, dim: int, capacity: int, unknown: str = "error",
+    @property
+    def name(self) -> str: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    def __new__(
+        cls, name: str, dim: int, capacity: int, unknown: str = "error",
         init_scale: float = 0.01, seed: int = 0,
-    ) -> None: ...
+    ) -> Self: ...
     @staticmethod
     def bytes_for(capacity: int, dim: int) -> int: ...
     def __len__(self) -> int: ...

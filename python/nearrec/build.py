@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _native
+from ._native import NativeStoreWriter, read_manifest, table_layout
 from .errors import InvalidRequest
 from .request import as_array, count, flag, path_arg, regular_file
 from .specs import Variant, model_spec, scaled_rows
@@ -33,7 +33,7 @@ def _check_dtype(dtype: str) -> str:
 
 
 def _data_bytes(rows: int, dim: int, dtype: str, block_bytes: int) -> int:
-    return _native.table_layout(rows, dim, dtype, block_bytes)[1]
+    return table_layout(rows, dim, dtype, block_bytes)[1]
 
 
 class _Writer:
@@ -42,7 +42,7 @@ class _Writer:
     def __init__(self, path: StorePath, overwrite: bool, params: Any, total_bytes: int,
                  progress: bool | None):
         self.path = path
-        self.native = _native.NativeStoreWriter(
+        self.native = NativeStoreWriter(
             path_arg(path), flag(overwrite, "overwrite"), json.dumps(params), total_bytes,
             progress_enabled(progress)
         )
@@ -57,7 +57,7 @@ class _Writer:
         return StoreInfo._from_json(self.path, self.native.commit())
 
 
-def _feed(w: _native.NativeStoreWriter, name: str, rows: int, dim: int,
+def _feed(w: NativeStoreWriter, name: str, rows: int, dim: int,
           chunk: Callable[[int, int], npt.NDArray[Any]]) -> None:
     """Feeds rows [i, j) of a table as float32 chunks of about CHUNK_BYTES."""
     step = max(1, CHUNK_BYTES // (4 * max(dim, 1)))
@@ -211,7 +211,7 @@ def build(path: StorePath, model: str = "rmc1", *, rows: int | None = None,
     seed = count(seed, "seed", 0, 2**64 - 1)
     block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     dim = spec.table_dim(variant)
-    row_bytes = _native.table_layout(1, dim, dtype, block_bytes)[0]
+    row_bytes = table_layout(1, dim, dtype, block_bytes)[0]
     table_rows = scaled_rows(spec, variant, rows=rows, table_bytes=table_bytes,
                              row_bytes=row_bytes)
     if any(r <= 0 for r in table_rows):
@@ -233,5 +233,5 @@ def remove(path: StorePath) -> None:
     import shutil
 
     p = Path(path_arg(path))
-    _native.read_manifest(os.fspath(p))  # raises unless it is a store
+    read_manifest(os.fspath(p))  # raises unless it is a store
     shutil.rmtree(p)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import _native
+from ._native import StoreConfig as NativeStoreConfig
 from .errors import IndexOutOfRange, InvalidRequest
 from .request import index_array, is_bool, path_arg
 
@@ -28,7 +28,7 @@ Tier = Literal["auto", "dram", "ssd"]
 CachePolicy = Literal["lru", "lfu", "lru_pa", "lfu_pa"]
 
 #: The defaults, from Rust.
-_DEFAULTS: dict[str, Any] = json.loads(_native.StoreConfig().to_json())
+_DEFAULTS: dict[str, Any] = json.loads(NativeStoreConfig().to_json())
 
 
 def _default(name: str) -> Any:
@@ -83,7 +83,7 @@ class StoreConfig:
 
     def native(self) -> Any:
         """The checked Rust config (what crosses into the engine)."""
-        return _native.StoreConfig.from_json(json.dumps(self._json()))
+        return NativeStoreConfig.from_json(json.dumps(self._json()))
 
     def to_toml(self) -> str:
         return str(self.native().to_toml())
@@ -92,12 +92,12 @@ class StoreConfig:
     def from_toml(cls, text: str) -> StoreConfig:
         if not isinstance(text, str):
             raise InvalidRequest(f"TOML text is a str, not {type(text).__name__}")
-        return cls._from_native(_native.StoreConfig.from_toml(text))
+        return cls._from_native(NativeStoreConfig.from_toml(text))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> StoreConfig:
         """Reads a TOML config file (``nearrec <verb> --config FILE`` reads the same)."""
-        return cls._from_native(_native.StoreConfig.from_file(path_arg(path, "the config file")))
+        return cls._from_native(NativeStoreConfig.from_file(path_arg(path, "the config file")))
 
     @classmethod
     def _from_native(cls, native: Any) -> StoreConfig:

@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _native
+from ._native import NativeKeyedTable
 from .errors import InvalidRequest, StoreCorrupted, StoreIOError, StoreNotFound
 from .request import (
+    PoolingModeName,
     as_array,
     count,
     index_array,
@@ -41,7 +42,6 @@ from .request import (
     regular_file,
     weights_array,
 )
-from .store import PoolingModeName
 
 UNKNOWN_POLICIES = ("error", "zero", "init")
 I64 = npt.NDArray[np.int64]
@@ -116,7 +116,7 @@ class KeyedTable:
                 or not math.isfinite(init_scale) or init_scale < 0:
             raise InvalidRequest(f"table {name!r}: init_scale must be a finite number ≥ 0, not "
                                  f"{init_scale!r}", table=name)
-        self._native = _native.NativeKeyedTable(
+        self._native = NativeKeyedTable(
             name, count(dim, "dim", 1, 2**20), count(capacity, "capacity", 1, 2**40), unknown,
             float(init_scale), count(seed, "seed", 0, 2**64 - 1))
         self.unknown = unknown
@@ -179,8 +179,8 @@ class KeyedTable:
     @staticmethod
     def bytes_for(capacity: int, dim: int) -> int:
         """DRAM a table of this shape takes: its slots and rows for the whole capacity."""
-        return int(_native.NativeKeyedTable.bytes_for(count(capacity, "capacity", 1, 2**40),
-                                                      count(dim, "dim", 1, 2**20)))
+        return int(NativeKeyedTable.bytes_for(count(capacity, "capacity", 1, 2**40),
+                                              count(dim, "dim", 1, 2**20)))
 
     @property
     def name(self) -> str:

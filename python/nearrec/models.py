@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import _native
+from ._native import NativeModel, model_save
 from .errors import InvalidRequest, StoreCorrupted
 from .request import TableLookup, count, path_arg
 from .specs import ModelSpec, Variant, model_spec
@@ -363,15 +363,15 @@ class Offloaded(nn.Module):
 def _native_model(model: _Model, sparse: EmbeddingBagCollection) -> Any:
     dims = [sparse.dims[sparse.tables.index(t)] for t in model.table_names]
     if isinstance(model, DLRM):
-        return _native.NativeModel.dlrm(_layers(model.bottom), _layers(model.top),
-                                        model.interaction, len(model.table_names))
+        return NativeModel.dlrm(_layers(model.bottom), _layers(model.top),
+                                model.interaction, len(model.table_names))
     if isinstance(model, MultiTaskWideAndDeep):
-        return _native.NativeModel.wide_and_deep(_layers(model.trunk),
-                                                 [_layers(h) for h in model.heads], dims)
+        return NativeModel.wide_and_deep(_layers(model.trunk),
+                                         [_layers(h) for h in model.heads], dims)
     if isinstance(model, WideAndDeep):
-        return _native.NativeModel.wide_and_deep(_layers(model.top), [], dims)
+        return NativeModel.wide_and_deep(_layers(model.top), [], dims)
     if isinstance(model, NCF):
-        return _native.NativeModel.ncf(_layers(model.mlp), _layers(model.predict), dims[0])
+        return NativeModel.ncf(_layers(model.mlp), _layers(model.predict), dims[0])
     raise InvalidRequest(f"{model.spec.name}: whole-model offload covers DLRM (RMC1–3), WND, "
                          "MTWND and NCF; run DIN and DIEN with PyTorch MLPs")
 
@@ -541,7 +541,7 @@ def save(model: _Model, store: str | Path | Store) -> None:
     config = {"model": model.spec.name, "variant": model.variant,
               "interaction": getattr(model, "interaction", "cat"),
               "tasks": len(getattr(model, "heads", [])) or 1, "tables": list(model.table_names)}
-    _native.model_save(str(path), json.dumps(config), dense)
+    model_save(str(path), json.dumps(config), dense)
 
 
 def load(store: Store, **collection: Any) -> _Model:

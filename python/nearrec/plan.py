@@ -38,7 +38,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _native
+from ._native import (
+    CACHE_SLOT_OVERHEAD,
+    HOT_ROW_OVERHEAD,
+    colocation_order,
+    copy_store_ordered,
+    plan_check_trace,
+    plan_load,
+    plan_make,
+)
 from .errors import InvalidRequest
 from .request import count, flag, path_arg, regular_file
 from .store import StoreInfo, progress_enabled
@@ -48,8 +56,8 @@ from .units import parse_size
 
 #: Bookkeeping bytes beside the row itself, as the engine counts them: per row-cache slot, and
 #: per pinned (hot) row.
-SLOT_OVERHEAD = int(_native.CACHE_SLOT_OVERHEAD)
-HOT_OVERHEAD = int(_native.HOT_ROW_OVERHEAD)
+SLOT_OVERHEAD = int(CACHE_SLOT_OVERHEAD)
+HOT_OVERHEAD = int(HOT_ROW_OVERHEAD)
 
 
 @dataclass
@@ -154,7 +162,7 @@ def load_plan(path: str | Path) -> dict[str, dict[str, Any]]:
     the file or its ``.hot.npz`` (unreadable, not TOML, a corrupted or truncated archive, a
     ``resident`` that is not a bool, hot rows that are not 1-D integers) is an
     :class:`~nearrec.errors.InvalidRequest` naming the file and the table."""
-    placement = json.loads(_native.plan_load(regular_file(path, "the plan file")))
+    placement = json.loads(plan_load(regular_file(path, "the plan file")))
     return {name: {"resident": t["resident"], "hot_rows": np.asarray(t["hot_rows"], np.int64),
                    "cache_bytes": t["cache_bytes"]}
             for name, t in placement["tables"].items()}
@@ -178,7 +186,7 @@ def make_plan(store: str | Path | StoreInfo, trace: str | Path | Trace, budget: 
     docs; the planner is ``nearrec-plan``'s). Tables the trace does not cover get nothing."""
     si = store if isinstance(store, StoreInfo) else store_info(store)
     tr = trace if isinstance(trace, Trace) else load(path_arg(trace, "the trace"))
-    native = _native.plan_make(_tables(si), _trace(tr), parse_size(budget), count(steps, "steps"),
+    native = plan_make(_tables(si), _trace(tr), parse_size(budget), count(steps, "steps"),
                                str(getattr(tr, "path", "") or ""), str(si.path))
     return Plan._from_native(native)
 
@@ -226,16 +234,16 @@ def colocate(store: str | Path, trace: str | Path | Trace, out: str | Path,
             raise InvalidRequest(f"no table {n!r} in the store (it has {list(by_name)})", table=n)
         if n not in tr.tables:
             raise InvalidRequest(f"the trace has no table {n!r}", table=n)
-    _native.plan_check_trace(_tables(si), _trace(tr, names))
-    orders = [_native.colocation_order(t.name, t.rows, np.ascontiguousarray(tr[t.name].indices),
-                                       how) if t.name in names else None
+    plan_check_trace(_tables(si), _trace(tr, names))
+    orders = [colocation_order(t.name, t.rows, np.ascontiguousarray(tr[t.name].indices),
+                               how) if t.name in names else None
               for t in si.tables]
     params = {"source": si.params, "colocated": {
         "from": str(si.path), "trace": str(getattr(tr, "path", "") or ""), "how": how,
         "tables": names}}
-    text = _native.copy_store_ordered(path_arg(store), path_arg(out, "out"), orders,
-                                      flag(overwrite, "overwrite"),
-                                      json.dumps(params), progress_enabled(progress))
+    text = copy_store_ordered(path_arg(store), path_arg(out, "out"), orders,
+                              flag(overwrite, "overwrite"),
+                              json.dumps(params), progress_enabled(progress))
     return StoreInfo._from_json(out, text)
 
 

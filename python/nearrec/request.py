@@ -18,7 +18,7 @@ from typing import Any, Literal, cast
 import numpy as np
 import numpy.typing as npt
 
-from . import _native
+from ._native import TableLookup as NativeTableLookup
 from .errors import IndexOutOfRange, InvalidRequest, StoreIOError, StoreNotFound
 
 PoolingModeName = Literal["sum", "mean", "max"]
@@ -27,7 +27,7 @@ _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _I64_MAX = np.iinfo(np.int64).max
 
 
-class TableLookup(_native.TableLookup):
+class TableLookup(NativeTableLookup):
     """The bags of one table in a batched lookup (``torch.nn.EmbeddingBag``'s arguments): give
     ``offsets`` (with ``include_last_offset``), or ``lengths``, or a 2-D ``indices``
     ``[batch, bag_size]`` with neither. A native object: its arrays are converted once, here

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _native
+from ._native import device_fit, device_preset, device_read_rate, device_simulate, disk_read_rate
 from .errors import InvalidRequest, StoreIOError
 from .request import count, flag, is_bool, path_arg, regular_file
 from .specs import model_spec, scaled_rows
@@ -39,7 +39,7 @@ def device(spec: str | dict[str, Any] | Path = "rm-ssd", **overrides: Any) -> di
         except (TypeError, ValueError) as e:
             raise InvalidRequest(f"a device dict must hold JSON values only: {e}") from None
     elif isinstance(spec, str) and spec in DEVICES:
-        cfg = json.loads(_native.device_preset(spec))
+        cfg = json.loads(device_preset(spec))
     else:
         if not isinstance(spec, str | os.PathLike):
             raise InvalidRequest(f"device must be a preset ({', '.join(DEVICES)}), a JSON file "
@@ -172,7 +172,7 @@ def run(model: str | dict[str, Any] = "rmc1", dev: str | dict[str, Any] = "rm-ss
         "batches": batches, "warmup": warmup, "pooling": pooling,
         "generator": generator(k, stride, sequential), "seed": seed,
     }
-    report: dict[str, Any] = json.loads(_native.device_simulate(json.dumps(spec)))
+    report: dict[str, Any] = json.loads(device_simulate(json.dumps(spec)))
     report.update(model=name, k=k, pooling=pooling, dim=w["tables"][0]["dim"],
                   tables=len(w["tables"]), rows=w["tables"][0]["rows"])
     return report
@@ -247,7 +247,7 @@ def read_rate(dev: str | dict[str, Any], queue_depth: int, nbytes: int = 512) ->
     """The model's random-read rate (reads/s) at a queue depth."""
     queue_depth = count(queue_depth, "queue_depth", maximum=1 << 20)
     nbytes = count(nbytes, "nbytes", maximum=1 << 40)
-    return float(_native.device_read_rate(json.dumps(device(dev)), queue_depth, nbytes))
+    return float(device_read_rate(json.dumps(device(dev)), queue_depth, nbytes))
 
 
 def calibrate(files: Sequence[str | Path], depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
@@ -276,11 +276,11 @@ def calibrate(files: Sequence[str | Path], depths: Sequence[int] = (1, 2, 4, 8, 
     points: list[dict[str, Any]] = []
     for i, qd in enumerate(depths):
         n = max(reads, 200 * qd) if qd > 1 else max(reads // 20, 500)
-        rates = sorted(_native.disk_read_rate(paths, n, qd, (seed * 1000 + i) * 16 + rep + 11)
+        rates = sorted(disk_read_rate(paths, n, qd, (seed * 1000 + i) * 16 + rep + 11)
                        for rep in range(repeats))
         points.append({"queue_depth": qd, "bytes": 512, "reads_per_s": rates[len(rates) // 2],
                        "probes": rates, "weight": (weights or {}).get(qd, 1.0)})
-    fitted = json.loads(_native.device_fit(json.dumps(base_cfg), json.dumps(points)))
+    fitted = json.loads(device_fit(json.dumps(base_cfg), json.dumps(points)))
     fitted["name"] = "this-disk"
     for p in points:
         p["predicted_reads_per_s"] = read_rate(fitted, p["queue_depth"], p["bytes"])

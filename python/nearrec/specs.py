@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import InvalidRequest
+
 Variant = Literal["deeprecsys", "recssd"]
 
 K = 1_000
@@ -65,8 +67,6 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def model_spec(name: str) -> ModelSpec:
-    from .errors import InvalidRequest
-
     if not isinstance(name, str):
         raise InvalidRequest(f"a model is named by a str (one of {', '.join(MODELS)}), not "
                              f"{name!r}")
@@ -84,8 +84,6 @@ def scaled_rows(spec: ModelSpec, variant: Variant = "deeprecsys", rows: int | No
     proportions) so the tables total about ``table_bytes`` bytes of ``row_bytes``-byte rows."""
     base = spec.table_rows(variant)
     if rows is not None and table_bytes is not None:
-        from .errors import InvalidRequest
-
         raise InvalidRequest("give rows or table_bytes, not both")
     if rows is not None:
         return (int(rows),) * len(base)

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _native
+from ._native import (
+    NativeStore,
+    read_manifest,
+    store_attach,
+    store_gc,
+    store_read_attachment,
+    table_layout,
+    verify_store,
+)
 from .config import CachePolicy as CachePolicy  # re-exported
 from .config import StoreConfig
 from .config import Tier as Tier
@@ -60,7 +68,7 @@ class TableInfo:
     @property
     def padding_ratio(self) -> float:
         """Share of the data region lost to block padding (0.0 for power-of-two rows)."""
-        return _native.table_layout(self.rows, self.dim, self.dtype, self.block_bytes)[3]
+        return table_layout(self.rows, self.dim, self.dtype, self.block_bytes)[3]
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ def progress_enabled(progress: bool | None) -> bool:
 
 def info(path: StorePath) -> StoreInfo:
     """Reads and validates a store's manifest and table headers without loading any rows."""
-    return StoreInfo._from_json(path, _native.read_manifest(path_arg(path)))
+    return StoreInfo._from_json(path, read_manifest(path_arg(path)))
 
 
 def attach(path: StorePath, name: str, data: bytes) -> StoreInfo:
@@ -114,14 +122,14 @@ def attach(path: StorePath, name: str, data: bytes) -> StoreInfo:
         raise InvalidRequest(f"an attachment name is a non-empty str, not {name!r}")
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidRequest(f"attachment {name!r}: data must be bytes, not {type(data).__name__}")
-    return StoreInfo._from_json(path, _native.store_attach(path_arg(path), name, bytes(data)))
+    return StoreInfo._from_json(path, store_attach(path_arg(path), name, bytes(data)))
 
 
 def read_attachment(path: StorePath, name: str) -> bytes | None:
     """Attachment ``name``'s bytes, checked against their checksum (``None`` if there is none)."""
     if not isinstance(name, str):
         raise InvalidRequest(f"an attachment name is a str, not {name!r}")
-    return _native.store_read_attachment(path_arg(path), name)
+    return store_read_attachment(path_arg(path), name)
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,7 @@ def verify(path: StorePath, progress: bool | None = None) -> list[TableCheck]:
     every attachment, and lists what interrupted writes left in the store (``orphan PATH``,
     removed by :func:`gc`)."""
     return [TableCheck(*c)
-            for c in _native.verify_store(path_arg(path), progress_enabled(progress))]
+            for c in verify_store(path_arg(path), progress_enabled(progress))]
 
 
 @dataclass(frozen=True)
@@ -169,7 +177,7 @@ def gc(path: StorePath) -> GcReport:
     temporary is stale when its writer is gone (it held a lock on it), not by age. A temporary
     holding a finished store whose target is missing is kept and reported: an interrupted
     commit, the only copy."""
-    removed, kept = _native.store_gc(path_arg(path))
+    removed, kept = store_gc(path_arg(path))
     return GcReport(tuple(Leftover(Path(p), b, r) for p, b, r in removed),
                     tuple(Leftover(Path(p), b, r) for p, b, r in kept))
 
@@ -229,8 +237,8 @@ class Store:
         elif overrides:
             config = config.replace(**overrides)
         self.config = config
-        self._native = _native.NativeStore(path_arg(path, "the store path"), config.native(),
-                                           progress_enabled(progress))
+        self._native = NativeStore(path_arg(path, "the store path"), config.native(),
+                                   progress_enabled(progress))
         self._info = StoreInfo._from_json(path, self._native.manifest_json)
         self._tables = {t.name: t for t in self._info.tables}
 

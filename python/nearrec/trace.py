@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from . import _native
+from ._native import trace_generate_table, trace_open, trace_profile, trace_write
 from .errors import InvalidRequest
 from .store import Store, TableLookup
 
@@ -140,7 +140,7 @@ class Profile:
 def profile(indices: Any) -> Profile:
     """The stack-distance profile of a sequence of row ids (O(n log n))."""
     ids = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).ravel()
-    return Profile(*_native.trace_profile(ids))
+    return Profile(*trace_profile(ids))
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ class Trace:
 
     def save(self, path: str | Path, overwrite: bool = False) -> Trace:
         """Writes the trace file (atomically) and returns it as loaded from there."""
-        _native.trace_write(
+        trace_write(
             Path(path), self.batch_size, self.seed,
             [(t._entry(), np.ascontiguousarray(t.offsets, np.int64),
               np.ascontiguousarray(t.indices, np.int64)) for t in self.tables.values()],
@@ -246,7 +246,7 @@ def generate_table(name: str, rows: int, pooling: int, bags: int, generator: Gen
         raise InvalidRequest("bags and pooling must be ≥ 0", table=name)
     spec = json.dumps({"name": name, "rows": int(rows), "pooling": int(pooling),
                        "generator": generator.to_json()})
-    offsets, indices, share = _native.trace_generate_table(spec, int(bags), int(seed), int(table))
+    offsets, indices, share = trace_generate_table(spec, int(bags), int(seed), int(table))
     return TableTrace(name, int(rows), int(pooling), offsets, indices, generator, share)
 
 
@@ -291,7 +291,7 @@ def load(path: str | Path, mmap: bool = False) -> Trace:
     next access to the lost pages kills this process with ``SIGBUS``.
     """
     p = Path(path)
-    text, verified, data = _native.trace_open(p, mmap)
+    text, verified, data = trace_open(p, mmap)
     header = json.loads(text)
     bags = header["bags"]
     tables: dict[str, TableTrace] = {}

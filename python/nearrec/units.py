@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from . import _native
+from ._native import parse_size as native_parse_size
 from .errors import InvalidRequest
 
 #: The largest size the engine can hold (sizes are signed 64-bit there).
@@ -17,7 +17,7 @@ def parse_size(size: int | str | Any) -> int:
     Anything else (a bool, a float, ``None``, a negative or non-finite number, more than
     ``MAX_SIZE``) is an :class:`~nearrec.errors.InvalidRequest`."""
     if isinstance(size, str):
-        return int(_native.parse_size(size))
+        return int(native_parse_size(size))
     if isinstance(size, bool) or type(size).__name__ == "bool_":
         raise InvalidRequest(f"not a size: {size!r} (a bool)")
     try:

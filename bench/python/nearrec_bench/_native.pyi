@@ -2,11 +2,17 @@
 (``crates/nearrec-bench-py``). Each limit is ``{"bytes_per_s", "items_per_s", "seconds"}``."""
 
 from os import PathLike
+from typing import Self, final
 
 import numpy as np
 import numpy.typing as npt
 
 __version__: str
+
+__all__ = [
+    "__version__", "MappedStore", "naive_sls", "stream_read", "gather_rows", "sequential_write",
+    "random_read",
+]
 
 _Path = str | PathLike[str]
 
@@ -22,8 +28,9 @@ def naive_sls(
     store: _Path, indices: list[npt.NDArray[np.int64]], bag_size: int, threads: int
 ) -> npt.NDArray[np.float32]: ...
 
+@final
 class MappedStore:
-    def __init__(self, path: _Path, random: bool = True) -> None: ...
+    def __new__(cls, path: _Path, random: bool = True) -> Self: ...
     def pool(
         self, requests: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]]
     ) -> npt.NDArray[np.float32]: ...
