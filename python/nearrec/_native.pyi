@@ -20,7 +20,8 @@ __all__ = [
     "device_preset", "device_fit", "device_read_rate", "disk_read_rate", "verify_store", "store_gc",
     "read_manifest", "store_attach", "store_read_attachment", "table_layout",
     "trace_generate_table", "trace_write", "trace_open", "trace_profile", "colocation_order",
-    "copy_store_ordered", "panic_at_the_boundary",
+    "copy_store_ordered", "panic_at_the_boundary", "NativePlan", "plan_make",
+    "plan_check_trace", "plan_load",
 ]
 
 _Path = str | PathLike[str]
@@ -231,6 +232,7 @@ def cache_simulate(
 ) -> tuple[int, int, int, int, int]: ...
 def panic_at_the_boundary(message: str) -> None: ...
 
+@final
 class NativePlan:
     @property
     def budget(self) -> int: ...
@@ -251,8 +253,8 @@ def plan_make(
     trace: list[tuple[str, int, npt.NDArray[np.int64]]],
     budget: int,
     steps: int,
-    trace_path: str = "",
-    store_path: str = "",
+    trace_path: str = ...,
+    store_path: str = ...,
 ) -> NativePlan: ...
 def plan_check_trace(
     store: list[tuple[str, int, int, int]], trace: list[tuple[str, int, npt.NDArray[np.int64]]]
