@@ -30,6 +30,7 @@
 pub mod batch;
 pub mod config;
 mod error;
+mod infer;
 pub mod model;
 pub mod pipeline;
 mod store;

@@ -245,7 +245,7 @@ impl Store {
         if let Some(m) = self.inner.model.get() {
             return Ok(m.clone());
         }
-        let model = Arc::new(StoredModel::load(self)?);
+        let model = Arc::new(StoredModel::load(&StoreReader::open(self.path())?)?);
         Ok(self.inner.model.get_or_init(|| model).clone())
     }
 }
