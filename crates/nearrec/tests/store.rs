@@ -245,7 +245,7 @@ fn a_placement_in_the_config_is_applied_and_checked() {
         &expected(&b),
     );
     let stats = s.stats().unwrap();
-    let get = |k: &str| stats.values.iter().find(|v| v.0 == k).unwrap().1;
+    let get = |k: &str| stats.get(k).unwrap();
     assert!(get("lookups_resident") > 0.0 && get("lookups_ssd") > 0.0);
 
     // a hot row past the table, a table the store lacks: typed, named
