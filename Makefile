@@ -49,6 +49,7 @@ rust-check:
 	python3 scripts/check_layers.py
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace -q
+	cargo run -q -p nearrec --example serve --release
 
 py-check: develop
 	$(VENV)/bin/ruff check python bench/python tests examples scripts
