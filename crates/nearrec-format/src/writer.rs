@@ -329,7 +329,7 @@ impl TableWriter {
     /// Appends rows given as a row-major `[n, dim]` fp32 array, encoding them to the table's dtype.
     pub fn write_f32(&mut self, values: &[f32]) -> Result<()> {
         let dim = self.spec.dim as usize;
-        if values.len() % dim != 0 {
+        if !values.len().is_multiple_of(dim) {
             return Err(FormatError::invalid_table(
                 &self.spec.name,
                 format!(
@@ -348,7 +348,7 @@ impl TableWriter {
     /// Appends rows already encoded in the table's dtype, back to back (`row_bytes` each).
     pub fn write_encoded(&mut self, bytes: &[u8]) -> Result<()> {
         let rb = self.layout.row_bytes as usize;
-        if bytes.len() % rb != 0 {
+        if !bytes.len().is_multiple_of(rb) {
             return Err(FormatError::invalid_table(
                 &self.spec.name,
                 format!(
