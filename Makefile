@@ -41,13 +41,18 @@ demo: develop
 	nearrec lookup $(DEMO_STORE) --batch 256 --pooling 80 --repeat 50
 	$(PY) examples/quickstart.py
 
+# The Rust layer contract (scripts/check_layers.py: the crate ladder, no module cycles) runs
+# first: it takes a second and names the file and line at fault.
 rust-check:
 	cargo fmt --all --check
+	python3 scripts/check_layers.py --self-test
+	python3 scripts/check_layers.py
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace -q
+	cargo run -q -p nearrec --example serve --release
 
 py-check: develop
-	$(VENV)/bin/ruff check python bench/python tests examples
+	$(VENV)/bin/ruff check python bench/python tests examples scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports  # the package's layers (pyproject.toml [tool.importlinter])
 	# the .pyi stubs against the built extensions; MYPYPATH makes the tree's stubs the ones found

@@ -640,15 +640,13 @@ impl Simulator {
             let dim = self.workload.tables[t].dim;
             for &r in b.indices {
                 let r = r as u64;
-                if caching {
-                    if let Some(c) = self.selective[t].as_mut() {
-                        if c.get(&r).is_some() {
-                            rep.device_hits += 1;
-                            hit_ns += self.ctrl_pool_ns(1, dim, lanes);
-                            continue;
-                        }
-                        c.put(r, ());
+                if caching && let Some(c) = self.selective[t].as_mut() {
+                    if c.get(&r).is_some() {
+                        rep.device_hits += 1;
+                        hit_ns += self.ctrl_pool_ns(1, dim, lanes);
+                        continue;
                     }
+                    c.put(r, ());
                 }
                 let p = self.page_of(t, r);
                 match merged.get(&p.lpn) {

@@ -1,44 +1,13 @@
-//! What killed writers leave behind, and its removal.
-//!
-//! - A build writes its store in a temporary directory `.NAME.nrtmp-PID-NANOS` beside the
-//!   target and renames it into place at commit. The writer holds an exclusive `flock` on that
-//!   directory for as long as it runs; the kernel drops the lock when the process dies, however
-//!   it dies. A temporary is stale exactly when nobody holds its lock (no age or pid guess).
-//! - [`crate::attach`] writes its blob inside the store before the manifest names it, under the
-//!   store directory's lock. A blob the manifest does not name, found while nobody holds that
-//!   lock, was left by a killed attach: an orphan.
-//!
-//! Every build sweeps the stale temporaries beside its target (of any name); `verify` lists
-//! orphans; [`gc`] removes both.
+//! `gc`: removes what killed writers left (found by [`crate::leftovers`]), under the store's
+//! lock so that nothing an attach or a build is still writing goes.
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{FormatError, Result};
 use crate::files::lock_dir;
-use crate::manifest::{MANIFEST_FILE, Manifest};
-
-/// The infix of a build's temporary directory: `.NAME.nrtmp-PID-NANOS`.
-pub(crate) const TEMP_INFIX: &str = ".nrtmp-";
-
-/// A file or directory a killed writer left.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Leftover {
-    pub path: PathBuf,
-    pub bytes: u64,
-    /// Left by an interrupted nearrec write (not something else put in the directory).
-    pub ours: bool,
-    /// What it is, and why it was kept when it was.
-    pub reason: String,
-}
-
-/// What [`gc`] removed and what it left, with the reason.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GcReport {
-    pub removed: Vec<Leftover>,
-    pub kept: Vec<Leftover>,
-}
+use crate::leftovers::{GcReport, orphans, sweep_temps};
+use crate::manifest::MANIFEST_FILE;
 
 /// Removes what killed writers left at `path`: for a store, the blobs its manifest does not
 /// name (under the store's lock: never while an attach is under way) and the stale build
@@ -76,115 +45,10 @@ pub fn gc(path: &Path) -> Result<GcReport> {
     Ok(report)
 }
 
-/// The entries of store `dir` that `manifest` does not name: nearrec's own leftovers (a blob of
-/// a killed attach, a manifest's temporary) and anything else put there.
-pub fn orphans(dir: &Path, manifest: &Manifest) -> Vec<Leftover> {
-    let mut named: Vec<&str> = vec![MANIFEST_FILE];
-    for t in &manifest.tables {
-        named.push(&t.file);
-        named.extend(t.order.as_ref().map(|o| o.file.as_str()));
-        named.extend(t.sums.as_ref().map(|s| s.file.as_str()));
-    }
-    named.extend(manifest.attachments.iter().map(|a| a.file.as_str()));
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut out: Vec<Leftover> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            if named.contains(&name.as_str()) {
-                return None;
-            }
-            let ours = name.starts_with("attach-")
-                || name.starts_with(&format!(".{MANIFEST_FILE}.tmp-"))
-                || (name.starts_with("table-")
-                    && [".nrt", ".order", ".sums"]
-                        .iter()
-                        .any(|x| name.ends_with(x)));
-            let reason = if ours {
-                "left by an interrupted write; the manifest does not name it (`nearrec gc` \
-                 removes it)"
-            } else {
-                "not a file nearrec writes; left alone"
-            };
-            Some(Leftover {
-                bytes: size(&e.path()),
-                path: e.path(),
-                ours,
-                reason: reason.to_owned(),
-            })
-        })
-        .collect();
-    out.sort_by(|a, b| a.path.cmp(&b.path));
-    out
-}
-
-/// Removes the build temporaries in `dir` whose writer is gone (nobody holds their lock). A
-/// temporary holding a finished store whose target is missing is kept: a commit was
-/// interrupted between its two renames (filesystems without `renameat2`), and it is the only
-/// copy.
-pub(crate) fn sweep_temps(dir: &Path, report: &mut GcReport) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(target) = name
-            .strip_prefix('.')
-            .and_then(|n| n.split_once(TEMP_INFIX))
-            .map(|(base, _)| dir.join(base))
-        else {
-            continue;
-        };
-        let path = entry.path();
-        let leftover = |reason: &str| Leftover {
-            bytes: size(&path),
-            path: path.clone(),
-            ours: true,
-            reason: reason.to_owned(),
-        };
-        // Held while it is removed, so that a writer that opened it meanwhile sees it gone.
-        let lock = match lock_dir(&path, false) {
-            Ok(Some(lock)) => lock,
-            Ok(None) => {
-                report
-                    .kept
-                    .push(leftover("a build in progress (its writer holds the lock)"));
-                continue;
-            }
-            Err(_) => continue, // vanished, or not a directory
-        };
-        if path.join(MANIFEST_FILE).exists() && !target.exists() {
-            report.kept.push(leftover(&format!(
-                "a finished store whose commit was interrupted; rename it to {} to recover it",
-                target.display()
-            )));
-            continue;
-        }
-        let gone = leftover("a build whose writer is gone");
-        if fs::remove_dir_all(&path).is_ok() {
-            report.removed.push(gone);
-        }
-        drop(lock);
-    }
-}
-
 fn remove(path: &Path) -> std::io::Result<()> {
     if fs::symlink_metadata(path)?.is_dir() {
         fs::remove_dir_all(path)
     } else {
         fs::remove_file(path)
-    }
-}
-
-/// Bytes under `path` (a file, or a directory's files).
-fn size(path: &Path) -> u64 {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => fs::read_dir(path)
-            .map(|es| es.flatten().map(|e| size(&e.path())).sum())
-            .unwrap_or(0),
-        Ok(m) => m.size(),
-        Err(_) => 0,
     }
 }

@@ -15,6 +15,7 @@
 
 mod aligned;
 mod attach;
+mod chunks;
 mod dtype;
 mod error;
 pub mod files;
@@ -22,6 +23,7 @@ mod gc;
 mod header;
 mod init;
 mod layout;
+mod leftovers;
 mod manifest;
 mod memory;
 pub mod npz;
@@ -35,12 +37,14 @@ mod writer;
 
 pub use aligned::{AlignedBuf, BUF_ALIGN};
 pub use attach::attach;
+pub use chunks::{CHUNK_BYTES, ProgressFn};
 pub use dtype::{DType, int8_scale_bias};
 pub use error::{FormatError, Result};
-pub use gc::{GcReport, Leftover, gc, orphans};
+pub use gc::gc;
 pub use header::{TABLE_MAGIC, TableHeader};
 pub use init::UniformInit;
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
+pub use leftovers::{GcReport, Leftover, orphans};
 pub use manifest::{
     Attachment, FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, TableMeta,
 };
@@ -49,4 +53,4 @@ pub use order::{OrderMeta, RowOrder};
 pub use reader::{StoreReader, TableCheck};
 pub use reorder::copy_ordered;
 pub use sums::{SECTOR_BYTES, SectorSums, SumsMeta};
-pub use writer::{CHUNK_BYTES, ProgressFn, StoreOptions, StoreWriter, TableSpec, TableWriter};
+pub use writer::{StoreOptions, StoreWriter, TableSpec, TableWriter};

@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::aligned::AlignedBuf;
+use crate::chunks::{CHUNK_BYTES, ProgressFn};
 use crate::error::{FormatError, Result};
 use crate::header::{HEADER_BYTES, TableHeader};
 use crate::layout::DATA_OFFSET;
 use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
 use crate::order::RowOrder;
 use crate::sums::{SECTOR_BYTES, SectorSums};
-use crate::writer::{CHUNK_BYTES, ProgressFn};
 
 /// An open store: its manifest, one open file per table and the row orders of co-located tables.
 #[derive(Debug)]
@@ -245,7 +245,7 @@ impl StoreReader {
         // Files the manifest does not name; not while a writer holds the store (its new blob is
         // not named yet).
         if let Ok(Some(_lock)) = crate::files::lock_dir(&self.path, false) {
-            let orphans = crate::gc::orphans(&self.path, &self.manifest);
+            let orphans = crate::leftovers::orphans(&self.path, &self.manifest);
             checks.extend(orphans.into_iter().filter(|o| o.ours).map(|o| TableCheck {
                 table: format!("orphan {}", o.path.display()),
                 bytes: o.bytes,

@@ -4,12 +4,13 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Mutex;
 
+use crate::chunks::ProgressFn;
 use crate::error::{FormatError, Result};
 use crate::layout::DATA_OFFSET;
 use crate::manifest::Manifest;
 use crate::order::RowOrder;
 use crate::reader::StoreReader;
-use crate::writer::{ProgressFn, StoreOptions, StoreWriter, TableSpec};
+use crate::writer::{StoreOptions, StoreWriter, TableSpec};
 
 /// Writes a copy of `src` at `dst` in which table `i`'s rows sit as `orders[i]` says (`None`: as
 /// they sit in `src`; the identity order: in row-id order, stored without an order file). Row

@@ -18,10 +18,10 @@ pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
 /// True if `path` is an empty directory or holds a nearrec manifest: the only things a build
 /// with `overwrite` may replace.
 pub(crate) fn is_store_or_empty(path: &Path) -> bool {
-    if let Ok(mut entries) = fs::read_dir(path) {
-        if entries.next().is_none() {
-            return true;
-        }
+    if let Ok(mut entries) = fs::read_dir(path)
+        && entries.next().is_none()
+    {
+        return true;
     }
     let mut magic = [0u8; 8];
     crate::files::open_regular(&path.join(MANIFEST_FILE), crate::files::IN_STORE)

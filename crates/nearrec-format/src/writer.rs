@@ -10,13 +10,13 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 use rayon::prelude::*;
 
 use crate::attach::write_blob;
+use crate::chunks::{CHUNK_BYTES, ProgressFn};
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::header::{TABLE_VERSION, TableHeader};
@@ -27,13 +27,8 @@ use crate::order::{OrderMeta, RowOrder};
 use crate::sums::{SectorSums, SumsMeta};
 use crate::sync::{commit_dir, fsync_dir, is_store_or_empty};
 
-/// Target size of one streaming chunk, in bytes.
-pub const CHUNK_BYTES: u64 = 16 << 20;
 /// Chunk buffers in flight per table: one being encoded, the rest queued for the writer thread.
 const PIPELINE_DEPTH: usize = 3;
-
-/// Called with the number of bytes just written; used for progress bars.
-pub type ProgressFn = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// How a store is created.
 #[derive(Debug, Clone)]
@@ -138,7 +133,7 @@ impl StoreWriter {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        crate::gc::sweep_temps(&parent, &mut crate::GcReport::default());
+        crate::leftovers::sweep_temps(&parent, &mut crate::GcReport::default());
         let (tmp, lock) = locked_temp(&parent, &base)?;
         Ok(Self {
             target,
@@ -334,7 +329,7 @@ impl TableWriter {
     /// Appends rows given as a row-major `[n, dim]` fp32 array, encoding them to the table's dtype.
     pub fn write_f32(&mut self, values: &[f32]) -> Result<()> {
         let dim = self.spec.dim as usize;
-        if values.len() % dim != 0 {
+        if !values.len().is_multiple_of(dim) {
             return Err(FormatError::invalid_table(
                 &self.spec.name,
                 format!(
@@ -353,7 +348,7 @@ impl TableWriter {
     /// Appends rows already encoded in the table's dtype, back to back (`row_bytes` each).
     pub fn write_encoded(&mut self, bytes: &[u8]) -> Result<()> {
         let rb = self.layout.row_bytes as usize;
-        if bytes.len() % rb != 0 {
+        if !bytes.len().is_multiple_of(rb) {
             return Err(FormatError::invalid_table(
                 &self.spec.name,
                 format!(
@@ -587,7 +582,7 @@ fn locked_temp(parent: &Path, base: &str) -> Result<(PathBuf, File)> {
             .unwrap_or(0);
         let tmp = parent.join(format!(
             ".{base}{}{}-{nanos}",
-            crate::gc::TEMP_INFIX,
+            crate::leftovers::TEMP_INFIX,
             std::process::id()
         ));
         let io = |e| FormatError::io(&tmp, e);

@@ -104,7 +104,7 @@ pub fn check_batch(ops: &[ReadOp], buf: &[u8], block: usize, file_lens: &[u64]) 
                 ),
             );
         }
-        if (base + op.buf_at) % block != 0 {
+        if !(base + op.buf_at).is_multiple_of(block) {
             return bad(i, format!("destination is not {block}-byte aligned"));
         }
         if op

@@ -229,7 +229,7 @@ fn prefetch_line(p: *const u8) {
 /// Prefetches every cache line of the `row_bytes`-byte row at `p` (any address: never faults).
 #[inline(always)]
 pub fn prefetch_row(p: *const u8, row_bytes: usize) {
-    if row_bytes % 64 == 0 {
+    if row_bytes.is_multiple_of(64) {
         // Rows of whole lines start on a line (the data region is block-aligned), so the row is
         // exactly these lines; with a compile-time width this unrolls to straight-line code.
         for line in (0..row_bytes).step_by(64) {

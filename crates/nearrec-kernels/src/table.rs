@@ -19,7 +19,7 @@ impl<'a> TableView<'a> {
         }
         // fp32 rows are read as f32 slices: the data region must be 4-byte aligned.
         // (An empty region, a table of no rows, has nothing to read.)
-        if dtype == DType::Fp32 && !data.is_empty() && data.as_ptr() as usize % 4 != 0 {
+        if dtype == DType::Fp32 && !data.is_empty() && !(data.as_ptr() as usize).is_multiple_of(4) {
             return None;
         }
         let dense_stride = layout.is_dense().then_some(layout.row_bytes as usize);

@@ -14,10 +14,9 @@
 use std::borrow::Cow;
 use std::cmp::Reverse;
 
+use nearrec_format::TableMeta;
 use rustc_hash::FxHashSet;
 
-use crate::plan::Curve;
-use crate::planner::PlanTable;
 use crate::profile::{LruCurve, Profile};
 
 /// Bookkeeping bytes beside the row itself, as the engine counts them: per row-cache slot...
@@ -28,6 +27,37 @@ pub const HOT_ROW_OVERHEAD: u64 = nearrec_cache::HotPartition::ROW_OVERHEAD;
 pub const SPLITS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
 /// Points of the curve a plan keeps per table (for plots).
 pub const CURVE_POINTS: usize = 65;
+
+/// A store's table as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanTable {
+    pub name: String,
+    pub rows: u64,
+    pub row_bytes: u64,
+    /// The table's bytes (what keeping it whole in DRAM costs).
+    pub data_bytes: u64,
+}
+
+impl From<&TableMeta> for PlanTable {
+    fn from(t: &TableMeta) -> Self {
+        Self {
+            name: t.name.clone(),
+            rows: t.rows,
+            row_bytes: t.row_bytes,
+            data_bytes: t.data_bytes,
+        }
+    }
+}
+
+/// A table's hit ratios by DRAM bytes (scored on the trace's second half), for plots.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Curve {
+    pub bytes: Vec<f64>,
+    /// With the bytes spent on pinned rows.
+    pub hot: Vec<f64>,
+    /// With the bytes spent on an LRU row cache.
+    pub lru: Vec<f64>,
+}
 
 /// One table's curves, scored on the second half of its trace.
 #[derive(Debug, Clone)]

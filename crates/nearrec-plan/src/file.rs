@@ -329,7 +329,7 @@ impl TraceFile {
             let inside = |at: u64, n: Option<u64>| {
                 n.and_then(|n| n.checked_mul(8))
                     .and_then(|b| b.checked_add(at))
-                    .is_some_and(|end| at % 8 == 0 && end <= bytes.len() as u64)
+                    .is_some_and(|end| at.is_multiple_of(8) && end <= bytes.len() as u64)
             };
             if !inside(t.offsets_at, header.bags.checked_add(1))
                 || !inside(t.indices_at, Some(t.lookups))

@@ -31,15 +31,15 @@ mod stack;
 pub mod units;
 
 pub use colocate::{Colocation, colocate};
-pub use curves::{CURVE_POINTS, HOT_ROW_OVERHEAD, SLOT_OVERHEAD, SPLITS};
+pub use curves::{CURVE_POINTS, Curve, HOT_ROW_OVERHEAD, PlanTable, SLOT_OVERHEAD, SPLITS};
 pub use error::{PlanError, PlanFileProblem, Result};
 pub use file::{TableData, TableEntry, TraceFile, TraceHeader, write_trace};
 pub use generate::{Generator, Ids, Permutation, TableSpec, TableTrace, Variant, table_seed};
 pub use placement::{Placement, TablePlacement, TableSize};
-pub use plan::{Curve, Plan, TableKind, TablePlan};
+pub use plan::{Plan, TableKind, TablePlan};
 pub use plan_file::{hot_rows_path, load_plan};
 pub use planner::{
-    DEFAULT_STEPS, PlanTable, TraceTable, check_trace, make_plan, plan_trace_file, trace_tables,
+    DEFAULT_STEPS, TraceTable, check_trace, make_plan, plan_trace_file, trace_tables,
 };
 pub use profile::{Distances, LruCurve, Profile};
 pub use units::{MAX_SIZE, Size, SizeError, parse_size};

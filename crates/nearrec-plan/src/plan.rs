@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::curves::HOT_ROW_OVERHEAD;
+use crate::curves::{Curve, HOT_ROW_OVERHEAD};
 use crate::placement::{Placement, TablePlacement};
 
 /// EMB-SSD's table types, from the working set (small: at most 10 % of the rows) and the
@@ -45,16 +45,6 @@ impl fmt::Display for TableKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(self.name())
     }
-}
-
-/// A table's hit ratios by DRAM bytes (scored on the trace's second half), for plots.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Curve {
-    pub bytes: Vec<f64>,
-    /// With the bytes spent on pinned rows.
-    pub hot: Vec<f64>,
-    /// With the bytes spent on an LRU row cache.
-    pub lru: Vec<f64>,
 }
 
 /// One table's share of the budget.

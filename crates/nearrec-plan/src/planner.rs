@@ -12,37 +12,15 @@
 //!
 //! This is `nearrec.plan.make_plan` of the Python package, step for step.
 
-use nearrec_format::TableMeta;
 use rustc_hash::FxHashMap;
 
-use crate::curves::TableCurves;
+use crate::curves::{PlanTable, TableCurves};
 use crate::error::{PlanError, Result};
 use crate::file::TraceFile;
 use crate::plan::{Plan, TableKind, TablePlan};
 
 /// The greedy split's default number of slices of the budget.
 pub const DEFAULT_STEPS: u64 = 128;
-
-/// A store's table as the planner sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlanTable {
-    pub name: String,
-    pub rows: u64,
-    pub row_bytes: u64,
-    /// The table's bytes (what keeping it whole in DRAM costs).
-    pub data_bytes: u64,
-}
-
-impl From<&TableMeta> for PlanTable {
-    fn from(t: &TableMeta) -> Self {
-        Self {
-            name: t.name.clone(),
-            rows: t.rows,
-            row_bytes: t.row_bytes,
-            data_bytes: t.data_bytes,
-        }
-    }
-}
 
 /// A table of a trace: the row count it was made for and its lookups' row ids, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

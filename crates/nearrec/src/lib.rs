@@ -5,7 +5,8 @@
 //! [`TableLookup`]s with [`Store::lookup`]; pipeline batches with [`Store::submit`] /
 //! [`Store::stream`] and cut large ones with [`Store::lookup_split`]; run the model kept with the
 //! store next to its embeddings with [`Store::infer`]. Plans (where rows live in a DRAM budget)
-//! come from [`plan`]; a plan file applies through [`StoreConfig::plan`].
+//! come from [`plan`]; a plan file applies through [`StoreConfig::plan`]. `examples/serve.rs`
+//! walks through all of it (`cargo run -p nearrec --example serve --release`).
 //!
 //! ```no_run
 //! use nearrec::{Batch, Indices, Bags, Store, StoreConfig, TableLookup};
@@ -30,6 +31,7 @@
 pub mod batch;
 pub mod config;
 mod error;
+mod infer;
 pub mod model;
 pub mod pipeline;
 mod store;
@@ -53,6 +55,10 @@ pub use nearrec_plan::{Placement, Size, TablePlacement};
 /// The planner and traces: generators, trace files, profiles, the DRAM budget split, plan
 /// files (`nearrec-plan`).
 pub use nearrec_plan as plan;
+
+/// The store on disk: its writer (`StoreWriter`, `TableSpec`, `DType`, seeded `UniformInit`),
+/// reader, attachments and checks (`nearrec-format`).
+pub use nearrec_format as format;
 
 /// Checks every data byte of the store at `path` against its checksums, every attachment, and
 /// lists what interrupted writes left (`orphan PATH`).

@@ -1,20 +1,21 @@
-//! Whole-model inference (RM-SSD's offload) from the store alone: the model kept with a store's
-//! tables — its configuration (`model.json`) and dense weights (`dense.npz`, numpy's archive of
-//! a PyTorch `state_dict` without the sparse part), both checksummed attachments — read into the
-//! engine's [`DenseModel`], and [`Store::infer`], which runs it next to the embeddings and
-//! returns only its outputs. No Python and no model zoo on this path: the weights' names and the
-//! family's layer conventions (docs/format.md, "Model attachments") say everything.
+//! The model kept with a store's tables, for whole-model inference (RM-SSD's offload) from the
+//! store alone: its configuration (`model.json`) and dense weights (`dense.npz`, numpy's archive
+//! of a PyTorch `state_dict` without the sparse part), both checksummed attachments, written by
+//! [`save`] and read into the engine's [`DenseModel`] by [`StoredModel::load`];
+//! [`Store::infer`](crate::Store::infer) runs it next to the embeddings and returns only its
+//! outputs. No Python and no model zoo on this path: the weights' names and the family's layer
+//! conventions (docs/format.md, "Model attachments") say everything. This module reads a store
+//! through its reader, not the [`Store`](crate::Store), which holds the model it loads.
 
 use std::collections::HashMap;
 use std::io::Cursor;
 
 use nearrec_engine::dense::{Activation, DenseModel, Interaction, Linear, Mlp};
-use nearrec_engine::{Batch, InferTimes};
-use nearrec_format::StoreReader;
+use nearrec_engine::{Batch, EngineError, InferTimes};
+use nearrec_format::{StoreReader, TableMeta};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::store::Store;
 
 /// The configuration attachment (`nearrec.models.CONFIG_ATTACHMENT`).
 pub const CONFIG_ATTACHMENT: &str = "model.json";
@@ -50,8 +51,8 @@ pub struct Tensor<'a> {
 }
 
 /// Keeps a model with the store at `path`: its configuration and its dense weights as two
-/// checksummed attachments (each written atomically), what [`Store::infer`] and Python's
-/// `nearrec.models.load` read back. The weights go as a numpy `.npz` archive (no pickle).
+/// checksummed attachments (each written atomically), what
+/// [`Store::infer`](crate::Store::infer) and Python's `nearrec.models.load` read back. The weights go as a numpy `.npz` archive (no pickle).
 pub fn save(path: &std::path::Path, config: &ModelConfig, weights: &[Tensor<'_>]) -> Result<()> {
     let npz = write_npz(weights).map_err(|e| Error::invalid(format!("model weights: {e}")))?;
     nearrec_format::attach(path, WEIGHTS_ATTACHMENT, &npz)?;
@@ -108,10 +109,9 @@ pub struct Inferred {
 }
 
 impl StoredModel {
-    /// Reads the model kept with `store`.
-    pub fn load(store: &Store) -> Result<Self> {
-        let path = store.path().display().to_string();
-        let reader = StoreReader::open(store.path())?;
+    /// Reads the model kept with the store `reader` opened.
+    pub fn load(reader: &StoreReader) -> Result<Self> {
+        let path = reader.path().display().to_string();
         let (Some(config), Some(weights)) = (
             reader.read_attachment(CONFIG_ATTACHMENT)?,
             reader.read_attachment(WEIGHTS_ATTACHMENT)?,
@@ -131,11 +131,11 @@ impl StoredModel {
             Weights::read(&weights).map_err(|e| bad(format!("{WEIGHTS_ATTACHMENT}: {e}")))?;
         let tables = match config.tables.clone() {
             Some(t) => t,
-            None => numbered_tables(store),
+            None => numbered_tables(reader.tables()),
         };
         let dims = tables
             .iter()
-            .map(|t| store.table(t).map(|m| m.dim as usize))
+            .map(|t| table_dim(reader.tables(), t))
             .collect::<Result<Vec<_>>>()?;
         let dense = build(&config, &weights, &dims).map_err(|e| match e {
             Error::InvalidRequest { reason, .. } => Error::NoModel {
@@ -201,39 +201,25 @@ impl StoredModel {
     }
 }
 
-impl Store {
-    /// Runs the model kept with the store on one batch: `dense` is the row-major `[batch,
-    /// dense_width]` features (empty for models without them), `batch` one lookup per model
-    /// input table in any order. Returns only the model's outputs.
-    pub fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> Result<Inferred> {
-        let model = self.model()?;
-        let batch = model.arrange(batch)?;
-        self.infer_with(&model.dense, dense, &batch)
-    }
-
-    /// Runs `model` (a dense part built by the caller) on one batch whose lookups are in the
-    /// model's input order.
-    pub fn infer_with(
-        &self,
-        model: &DenseModel,
-        dense: &[f32],
-        batch: &Batch<'_>,
-    ) -> Result<Inferred> {
-        let (outputs, times) = self.engine().infer(model, dense, batch)?;
-        let width = model.outputs();
-        Ok(Inferred {
-            batch: outputs.len() / width.max(1),
-            outputs,
-            width,
-            times,
-        })
+/// Table `name`'s width, or the engine's [`EngineError::UnknownTable`] naming the others.
+fn table_dim(tables: &[TableMeta], name: &str) -> Result<usize> {
+    match tables.iter().find(|t| t.name == name) {
+        Some(t) => Ok(t.dim as usize),
+        None => Err(EngineError::UnknownTable {
+            name: name.to_owned(),
+            available: tables
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+        .into()),
     }
 }
 
 /// The store's tables named `t0`, `t1`, ... in number order.
-fn numbered_tables(store: &Store) -> Vec<String> {
-    let mut numbered: Vec<(u64, String)> = store
-        .tables()
+fn numbered_tables(tables: &[TableMeta]) -> Vec<String> {
+    let mut numbered: Vec<(u64, String)> = tables
         .iter()
         .filter_map(|t| {
             let n = t.name.strip_prefix('t')?.parse().ok()?;

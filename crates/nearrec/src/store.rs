@@ -45,6 +45,14 @@ pub struct Stats {
     pub values: Vec<(String, f64)>,
 }
 
+impl Stats {
+    /// The counter or percentile named `key` (`"device_reads"`, `"dram_hit_ratio"`,
+    /// `"end_to_end_p99_us"`, ...), the names Python's `store.stats()` has.
+    pub fn get(&self, key: &str) -> Option<f64> {
+        self.values.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+}
+
 impl Store {
     /// Opens and validates the store at `path` as `config` says.
     pub fn open(path: impl AsRef<Path>, config: &StoreConfig) -> Result<Self> {
@@ -241,7 +249,25 @@ impl Store {
         if let Some(m) = self.inner.model.get() {
             return Ok(m.clone());
         }
-        let model = Arc::new(StoredModel::load(self)?);
+        let model = Arc::new(StoredModel::load(&StoreReader::open(self.path())?)?);
         Ok(self.inner.model.get_or_init(|| model).clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stats;
+
+    #[test]
+    fn stats_are_read_by_name() {
+        let stats = Stats {
+            device: "pread",
+            direct_io: false,
+            block_bytes: 4096,
+            values: vec![("device_reads".into(), 7.0), ("dram_hit_ratio".into(), 0.5)],
+        };
+        assert_eq!(stats.get("device_reads"), Some(7.0));
+        assert_eq!(stats.get("dram_hit_ratio"), Some(0.5));
+        assert_eq!(stats.get("device_read"), None);
     }
 }

@@ -179,10 +179,11 @@ proptest! {
             for x in l { o.push(o.last().unwrap() + x); }
             o
         }).collect();
-        let weights: Vec<Vec<f32>> = owned.tables.iter()
-            .map(|t| (0..t.indices_len()).map(|i| 0.5 + i as f32 * 0.01).collect())
-            .collect();
         let fixed: Vec<i64> = (0..bags as i64 * 3).map(|i| (i * 37) % ROWS as i64).collect();
+        // one weight per index of either way of giving the bags (fixed bags have their own ids)
+        let weights: Vec<Vec<f32>> = owned.tables.iter()
+            .map(|t| (0..t.indices_len().max(fixed.len())).map(|i| 0.5 + i as f32 * 0.01).collect())
+            .collect();
         let tables: Vec<TableLookup<'_>> = owned.tables.iter().enumerate().map(|(k, t)| {
             let IndexVec::I64(ids) = &t.indices else { unreachable!() };
             let OwnedBags::Lengths(IndexVec::I64(l)) = &t.bags else { unreachable!() };
@@ -244,7 +245,7 @@ fn a_placement_in_the_config_is_applied_and_checked() {
         &expected(&b),
     );
     let stats = s.stats().unwrap();
-    let get = |k: &str| stats.values.iter().find(|v| v.0 == k).unwrap().1;
+    let get = |k: &str| stats.get(k).unwrap();
     assert!(get("lookups_resident") > 0.0 && get("lookups_ssd") > 0.0);
 
     // a hot row past the table, a table the store lacks: typed, named
