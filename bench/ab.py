@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def run_once(what: str, side: str, i: int, args: argparse.Namespace) -> list[dict]:
-    out = Path(args.tmp) / f"{side}-{i}"
+    out = Path(args.tmp) / what / f"{side}-{i}"
     env = dict(os.environ)
     if side == "before":
         env["PYTHONPATH"] = args.before_path
@@ -31,7 +31,7 @@ def run_once(what: str, side: str, i: int, args: argparse.Namespace) -> list[dic
            "--scratch", str(Path(args.tmp) / "scratch")]
     print(f"[{side} {i}] {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-    (js,) = out.glob("*.json")
+    js = out / f"{what}-quick.json"
     return list(json.loads(js.read_text())["records"])
 
 
