@@ -15,9 +15,9 @@ import numpy.typing as npt
 
 from ._native import NativeStoreWriter, read_manifest, table_layout
 from .errors import InvalidRequest
-from .request import as_array, count, flag, path_arg, regular_file
+from .request import as_array, count, flag, path_arg, progress_enabled, regular_file
 from .specs import Variant, model_spec, scaled_rows
-from .store import StoreInfo, StorePath, progress_enabled
+from .store import StoreInfo, StorePath
 from .units import parse_size
 
 #: rows are fed to the writer in chunks of about this many bytes

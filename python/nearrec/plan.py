@@ -48,8 +48,8 @@ from ._native import (
     plan_make,
 )
 from .errors import InvalidRequest
-from .request import count, flag, path_arg, regular_file
-from .store import StoreInfo, progress_enabled
+from .request import count, flag, path_arg, progress_enabled, regular_file
+from .store import StoreInfo
 from .store import info as store_info
 from .trace import Trace, load
 from .units import parse_size

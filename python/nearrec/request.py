@@ -123,6 +123,11 @@ def flag(x: Any, what: str) -> bool:
     return bool(x)
 
 
+def progress_enabled(progress: bool | None) -> bool:
+    """Progress bars: as asked, or by default when stderr is a terminal."""
+    return os.isatty(2) if progress is None else flag(progress, "progress")
+
+
 def path_arg(x: Any, what: str = "path") -> str:
     """A filesystem path argument as a ``str`` (``None`` or a number is refused)."""
     try:
@@ -199,4 +204,5 @@ def weights_array(w: Any, table: str) -> npt.NDArray[np.float32] | None:
 
 
 __all__ = ["TableLookup", "as_array", "count", "flag", "index_array", "is_bool", "mode_name",
-           "padding", "path_arg", "probability", "regular_file", "weights_array"]
+           "padding", "path_arg", "probability", "progress_enabled", "regular_file",
+           "weights_array"]

@@ -31,7 +31,7 @@ from .request import (
     PoolingModeName as PoolingModeName,  # re-exported: the public names
 )
 from .request import TableLookup as TableLookup
-from .request import as_array, count, flag, index_array, path_arg
+from .request import as_array, count, index_array, path_arg, progress_enabled
 
 StorePath = str | os.PathLike[str]
 
@@ -102,11 +102,6 @@ class StoreInfo:
     def open(self, **config: Any) -> Store:
         """Opens this store (see :func:`nearrec.open`)."""
         return open_store(self.path, **config)
-
-
-def progress_enabled(progress: bool | None) -> bool:
-    """Progress bars: as asked, or by default when stderr is a terminal."""
-    return os.isatty(2) if progress is None else flag(progress, "progress")
 
 
 def info(path: StorePath) -> StoreInfo:

@@ -224,7 +224,7 @@ class KeyedTensor:
         self._keys = list(keys)
         self._lengths = list(length_per_key)
         self._values = values
-        self._offsets: list[int] = [0, *itertools.accumulate(self._lengths)]
+        self._offsets: list[int] | None = None  # made when asked for: forward does not need it
 
     def keys(self) -> list[str]:
         return self._keys
@@ -236,6 +236,8 @@ class KeyedTensor:
         return self._lengths
 
     def offset_per_key(self) -> list[int]:
+        if self._offsets is None:
+            self._offsets = [0, *itertools.accumulate(self._lengths)]
         return self._offsets
 
     def __getitem__(self, key: str) -> Tensor:
@@ -244,7 +246,8 @@ class KeyedTensor:
         except ValueError:
             raise UnknownTable(f"the KeyedTensor has no key {key!r}; it has {self._keys}",
                                table=key if isinstance(key, str) else None) from None
-        return self._values[:, self._offsets[i]:self._offsets[i + 1]]
+        at = self.offset_per_key()
+        return self._values[:, at[i]:at[i + 1]]
 
     def to_dict(self) -> dict[str, Tensor]:
         return {k: self[k] for k in self._keys}
