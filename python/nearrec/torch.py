@@ -384,18 +384,19 @@ class EmbeddingBagCollection(nn.Module):
     def forward(self, features: Any) -> KeyedTensor:
         if self.keyed or self.gpu_tier is not None or self.store is None:
             return self._forward_parts(features)
-        # store tables only: the engine reads the KJT's own buffers (no per-table copies)
+        # store tables only: the engine reads the KJT's own buffers (tensors as they are: the
+        # binding takes their numpy views; no per-table copies)
         try:
             keys, values, lengths = features.keys(), features.values(), features.lengths()
         except AttributeError:
             _features_arg(features)
             raise
         weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
-        assert self.store is not None
+        key = tuple(keys)
+        blocks = self._block_cache.get(key) or self._blocks(key)
         out = torch.from_numpy(self.store._native.lookup_jagged(
-            self._blocks(tuple(keys)), len(keys), _numpy(values), _numpy(lengths),
-            None if weights is None else _numpy(weights)))
-        if isinstance(values, Tensor) and values.device.type != "cpu":
+            blocks, len(key), values, lengths, weights))
+        if isinstance(values, Tensor) and not values.is_cpu:
             out = out.to(values.device)
         return KeyedTensor(self.tables, self.dims, out)
 

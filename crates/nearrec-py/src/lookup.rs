@@ -391,6 +391,13 @@ fn as_array<'py>(
     if x.cast::<PyUntypedArray>().is_ok() {
         return Ok(x.clone());
     }
+    // a CPU tensor without grad: its numpy view in one call (whatever else answers `numpy()`
+    // is checked like any array; what does not takes the general path below)
+    if let Ok(view) = x.call_method0("numpy")
+        && view.cast::<PyUntypedArray>().is_ok()
+    {
+        return Ok(view);
+    }
     let convert = || -> PyResult<Bound<'py, PyAny>> {
         let mut x = x.clone();
         if x.hasattr("detach")? && x.hasattr("cpu")? {
@@ -435,8 +442,12 @@ fn index_array(
     if let Some(done) = contiguous(x) {
         return Ok(done);
     }
-    let np = py.import("numpy")?;
     let a = as_array(py, x, what, t)?;
+    // a tensor's numpy view, a list of ints: what numpy made of it is already right
+    if let Some(done) = contiguous(&a) {
+        return Ok(done);
+    }
+    let np = py.import("numpy")?;
     let arr = a.cast::<PyUntypedArray>()?;
     let dtype = arr.dtype();
     let (kind, size) = (dtype.kind(), arr.len());
