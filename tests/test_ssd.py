@@ -196,6 +196,46 @@ def test_a_submitted_batch_raises_its_own_typed_error(stores):
                         sub_batch=1)
 
 
+def test_one_handle_waited_on_from_many_threads(stores):
+    """Every thread waiting on one Pending gets the same answer (or the same error), and a
+    timeout gives the handle back for the next wait."""
+    import threading
+
+    _, ssd = stores
+    req = [nearrec.TableLookup("f32_d32", np.arange(2000) % 150, np.arange(0, 2000, 20))]
+    want = ssd.lookup_many(req).values
+    for bad in (False, True):
+        reqs = [nearrec.TableLookup("f32_d32", np.array([1, 999]), np.array([0]))] if bad \
+            else req
+        h = ssd.submit(reqs)
+        got: list = []
+
+        def wait(h=h, got=got) -> None:
+            try:
+                got.append(h.result(timeout=60).values)
+            except nearrec.IndexOutOfRange as e:
+                got.append(e)
+
+        threads = [threading.Thread(target=wait) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(got) == 4 and h.done()
+        for g in got:
+            if bad:
+                assert isinstance(g, nearrec.IndexOutOfRange) and g.position == 1
+            else:
+                np.testing.assert_array_equal(g, want)
+    slow = ssd.submit([nearrec.TableLookup("f32_d32", np.arange(200_000) % 150,
+                                           np.arange(0, 200_000, 20))])
+    try:
+        slow.result(timeout=0)
+    except TimeoutError:
+        pass  # not done yet: the handle is still good
+    assert slow.result(timeout=60).values.shape == (10_000, 32)
+
+
 def test_auto_tier_follows_the_dram_budget(tmp_path):
     path, _ = make_store(tmp_path)
     total = nearrec.info(path).total_bytes

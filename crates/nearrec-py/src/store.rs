@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use nearrec::{AsBatch, Bags, Batch, Pending, Pooled, PoolingMode, Store, TableLookup};
@@ -406,6 +406,8 @@ impl NativeStore {
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativePending {
     state: Mutex<State>,
+    /// Signalled whenever the state leaves `Busy`.
+    settled: Condvar,
 }
 
 enum State {
@@ -419,11 +421,18 @@ impl NativePending {
     fn new(p: Pending) -> Self {
         Self {
             state: Mutex::new(State::Waiting(p)),
+            settled: Condvar::new(),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Leaves `Busy` for `state` and wakes every thread waiting on the handle.
+    fn settle(&self, state: State) {
+        *self.lock() = state;
+        self.settled.notify_all();
     }
 }
 
@@ -460,24 +469,33 @@ impl NativePending {
             }
         };
         let Some(pending) = taken else {
-            // another thread waits on it: wait for its answer
-            loop {
-                py.detach(|| std::thread::sleep(Duration::from_micros(200)));
-                if let State::Done(_) = &*self.lock() {
-                    return self.result(py, None);
+            // another thread waits on it: wait until it has the answer (or gives the handle back)
+            py.detach(|| {
+                let mut state = self.lock();
+                while matches!(*state, State::Busy) {
+                    state = self.settled.wait(state).unwrap_or_else(|e| e.into_inner());
                 }
-            }
+            });
+            return self.result(py, timeout);
         };
         let waited = match timeout {
-            None => Ok(detach(py, || pending.wait())?),
+            None => detach(py, || Ok(pending.wait())),
             Some(t) => detach(py, || {
                 pending.wait_timeout(Duration::from_secs_f64(t.max(0.0)))
-            })?,
+            }),
+        };
+        let waited = match waited {
+            Ok(w) => w,
+            Err(e) => {
+                // (a panic while waiting: the handle answers it from now on, no one hangs)
+                self.settle(State::Done(Err(e.clone_ref(py))));
+                return Err(e);
+            }
         };
         let result = match waited {
             Ok(r) => r,
             Err(pending) => {
-                *self.lock() = State::Waiting(pending);
+                self.settle(State::Waiting(pending));
                 return Err(pyo3::exceptions::PyTimeoutError::new_err(
                     "the batch is not done yet",
                 ));
@@ -490,7 +508,7 @@ impl NativePending {
             .as_ref()
             .map(|a| a.clone_ref(py).into_bound(py))
             .map_err(|e| e.clone_ref(py));
-        *self.lock() = State::Done(result);
+        self.settle(State::Done(result));
         out
     }
 }
