@@ -113,6 +113,17 @@ impl Store {
         &self.inner.manifest
     }
 
+    /// What Python calls `info`: the manifest as the store was opened.
+    pub fn info(&self) -> &Manifest {
+        self.manifest()
+    }
+
+    /// Checks every data byte of the store's files against their checksums, every attachment,
+    /// and lists what interrupted writes left ([`crate::verify`] on this store's path).
+    pub fn verify(&self, progress: Option<&ProgressFn>) -> Result<Vec<nearrec_format::TableCheck>> {
+        crate::verify(self.path(), progress)
+    }
+
     /// The config the store was opened with.
     pub fn config(&self) -> &StoreConfig {
         &self.inner.config

@@ -244,6 +244,10 @@ fn a_placement_in_the_config_is_applied_and_checked() {
         &s.lookup(&nearrec::AsBatch::as_batch(&b)).unwrap().values,
         &expected(&b),
     );
+    assert_eq!(s.info().tables.len(), TABLES.len());
+    let checks = s.verify(None).unwrap();
+    assert!(checks.iter().all(|c| c.error.is_none()), "{checks:?}");
+    assert_eq!(checks.len(), TABLES.len());
     let stats = s.stats().unwrap();
     let get = |k: &str| stats.get(k).unwrap();
     assert!(get("lookups_resident") > 0.0 && get("lookups_ssd") > 0.0);
