@@ -8,7 +8,6 @@ cell is the median of the rounds' medians, with p50 / p99 per batch and the roun
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,8 @@ import numpy as np
 
 import nearrec
 
-from .report import Record
+from .report import Record, _spread
+from .sls import _time_calls
 
 SYSTEMS = ("nearrec.lookup_many", "nearrec.torch.EBC", "torch.EmbeddingBag")
 
@@ -38,18 +38,6 @@ class EbcConfig:
     def quick(cls) -> EbcConfig:
         return cls(models=("rmc1",), batches=(1, 64, 1024), rows=50_000, rounds=3,
                    seconds=0.3)
-
-
-def _time(fn: Callable[[int], Any], seconds: float, n: int) -> list[float]:
-    lat, start, i = [], time.perf_counter(), 0
-    while True:
-        t0 = time.perf_counter()
-        fn(i % n)
-        t1 = time.perf_counter()
-        lat.append(t1 - t0)
-        i += 1
-        if t1 - start >= seconds and i >= 3:
-            return lat
 
 
 def _systems(store: Any, ebc: Any, bags: list[Any], reqs: list[Any], kjts: list[Any],
@@ -112,7 +100,7 @@ def run(cfg: EbcConfig, log: Callable[[str], None] = print) -> list[Record]:
             order = list(systems)
             for r in range(cfg.rounds):
                 for s in order[r % len(order):] + order[:r % len(order)]:
-                    per[s].append(_time(systems[s], cfg.seconds, n))
+                    per[s].append(_time_calls(systems[s], cfg.seconds, n))
             for s, rounds in per.items():
                 medians = [float(np.median(x)) for x in rounds]
                 all_lat = np.concatenate(rounds) * 1e6
@@ -151,12 +139,10 @@ def markdown(records: list[Record], command: str) -> str:
         cells.setdefault((r.model, r.batch), {})[r.system] = r
     for (model, batch), c in cells.items():
         e = c["nearrec.torch.EBC"]
-        rounds = e.extra["rounds_samples_per_s"]
-        spread = 50 * (max(rounds) - min(rounds)) / e.samples_per_s if len(rounds) > 1 else 0
         lines.append(
             f"| {model} | {batch} | {c['nearrec.lookup_many'].samples_per_s:,.0f} | "
             f"{e.samples_per_s:,.0f} | {c['torch.EmbeddingBag'].samples_per_s:,.0f} | "
             f"{e.p50_us:,.0f} / {e.p99_us:,.0f} | "
             f"{100 * e.extra['overhead_vs_lookup_many']:+.1f} % | "
-            f"{e.extra['ratio_vs_torch']:.2f}× | ±{spread:.0f} % |")
+            f"{e.extra['ratio_vs_torch']:.2f}× | {_spread(e)} |")
     return "\n".join(lines) + "\n"
