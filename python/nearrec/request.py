@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import os
 import stat
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -203,6 +203,39 @@ def weights_array(w: Any, table: str) -> npt.NDArray[np.float32] | None:
     return np.ascontiguousarray(a)
 
 
-__all__ = ["TableLookup", "as_array", "count", "flag", "index_array", "is_bool", "mode_name",
-           "padding", "path_arg", "probability", "progress_enabled", "regular_file",
-           "weights_array"]
+class Jagged(NamedTuple):
+    """A KeyedJaggedTensor read once: its keys, ``batch`` bags per key, its values and
+    ``lengths`` as numpy (zero-copy for CPU tensors), the bags' ``bounds`` in the values
+    (``keys × batch + 1`` positions) and its weights, if any."""
+
+    keys: list[str]
+    batch: int
+    values: npt.NDArray[Any]
+    lengths: npt.NDArray[Any]
+    bounds: npt.NDArray[np.int64]
+    weights: npt.NDArray[Any] | None
+
+
+def jagged(features: Any) -> Jagged:
+    """``features`` (a KeyedJaggedTensor: nearrec's or TorchRec's) as :class:`Jagged`; a KJT
+    whose lengths do not fit its keys or its values is an :class:`InvalidRequest`."""
+    keys = list(features.keys())
+    values = as_array(features.values(), "values")
+    lengths = np.ascontiguousarray(index_array(features.lengths(), None, "lengths"))
+    weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
+    weights = None if weights is None else as_array(weights, "weights")
+    if not keys:
+        raise InvalidRequest("the KeyedJaggedTensor has no keys")
+    if lengths.size % len(keys):
+        raise InvalidRequest(f"lengths has {lengths.size} entries, not a multiple of "
+                             f"{len(keys)} keys")
+    bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    if bounds[-1] != len(values):
+        raise InvalidRequest(f"lengths add up to {bounds[-1]} but there are {len(values)} "
+                             "values")
+    return Jagged(keys, lengths.size // len(keys), values, lengths, bounds, weights)
+
+
+__all__ = ["Jagged", "TableLookup", "as_array", "count", "flag", "index_array", "is_bool",
+           "jagged", "mode_name", "padding", "path_arg", "probability", "progress_enabled",
+           "regular_file", "weights_array"]

@@ -31,7 +31,7 @@ from .request import (
     PoolingModeName as PoolingModeName,  # re-exported: the public names
 )
 from .request import TableLookup as TableLookup
-from .request import as_array, count, index_array, path_arg, progress_enabled
+from .request import as_array, count, index_array, jagged, path_arg, progress_enabled
 
 StorePath = str | os.PathLike[str]
 
@@ -500,24 +500,14 @@ def jagged_lookups(features: Any) -> list[TableLookup]:
     if not all(hasattr(features, a) for a in ("keys", "values", "lengths")):
         raise InvalidRequest(f"features are a KeyedJaggedTensor or a list of TableLookup, not "
                              f"{type(features).__name__}")
-    keys = list(features.keys())
-    values = as_array(features.values(), "values")
-    lengths = index_array(features.lengths(), None, "lengths")
-    weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
-    weights = None if weights is None else as_array(weights, "weights")
-    if not keys or lengths.size % len(keys):
-        raise InvalidRequest(f"lengths has {lengths.size} entries, not a multiple of "
-                             f"{len(keys)} keys")
-    batch = lengths.size // len(keys)
-    bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    if bounds[-1] != len(values):
-        raise InvalidRequest(f"lengths add up to {bounds[-1]} but there are {len(values)} "
-                             "values")
+    j = jagged(features)
     out = []
-    for k, key in enumerate(keys):
-        lo, hi = int(bounds[k * batch]), int(bounds[(k + 1) * batch])
-        out.append(TableLookup(key, values[lo:hi], lengths=lengths[k * batch:(k + 1) * batch],
-                               per_sample_weights=None if weights is None else weights[lo:hi]))
+    for k, key in enumerate(j.keys):
+        lo, hi = int(j.bounds[k * j.batch]), int(j.bounds[(k + 1) * j.batch])
+        out.append(TableLookup(key, j.values[lo:hi],
+                               lengths=j.lengths[k * j.batch:(k + 1) * j.batch],
+                               per_sample_weights=None if j.weights is None
+                               else j.weights[lo:hi]))
     return out
 
 

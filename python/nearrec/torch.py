@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from .errors import InvalidRequest, UnknownTable
 from .keyed import KeyedTable
-from .request import as_array, flag, mode_name, padding
+from .request import as_array, flag, jagged, mode_name, padding
 from .store import PoolingModeName, Store, TableLookup
 
 
@@ -364,22 +364,9 @@ class EmbeddingBagCollection(nn.Module):
         """``features`` checked: its batch, values, lengths, their bounds, weights and each
         table's ``(table, key position, lo, hi)``."""
         _features_arg(features)
-        keys = list(features.keys())
-        values = _numpy(features.values())
-        lengths = np.ascontiguousarray(_numpy(features.lengths()))
-        weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
-        weights = _numpy(weights) if weights is not None else None
-        if len(keys) == 0:
-            raise InvalidRequest("the KeyedJaggedTensor has no keys")
-        if lengths.size % len(keys):
-            raise InvalidRequest(f"lengths has {lengths.size} entries, not a multiple of "
-                                 f"{len(keys)} keys")
-        batch = lengths.size // len(keys)
-        bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-        if bounds[-1] != len(values):
-            raise InvalidRequest(f"lengths add up to {bounds[-1]} but there are {len(values)} "
-                                 "values")
-        return batch, values, lengths, bounds, weights, self._slices(keys, batch, bounds)
+        j = jagged(features)
+        return (j.batch, j.values, j.lengths, j.bounds, j.weights,
+                self._slices(j.keys, j.batch, j.bounds))
 
     def forward(self, features: Any) -> KeyedTensor:
         if self.keyed or self.gpu_tier is not None or self.store is None:
