@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use nearrec::{AsBatch, Bags, Batch, Pending, Pooled, PoolingMode, Store, TableLookup};
+use nearrec::{AsBatch, Batch, JaggedBlock, Pending, Pooled, PoolingMode, Store};
 use nearrec_format::{DType, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -144,70 +144,27 @@ impl NativeStore {
         let (ids, lens) = unsafe { (values_arr.1.indices(), lengths_arr.1.indices()) };
         // SAFETY: as above
         let w = weights_arr.as_ref().map(|w| unsafe { w.1.floats() });
-        let invalid = |msg: String| raise(py, "InvalidRequest", msg, None, None);
-        if keys == 0 {
-            return Err(invalid("the KeyedJaggedTensor has no keys".into()));
-        }
-        if lens.len() % keys != 0 {
-            return Err(invalid(format!(
-                "lengths has {} entries, not a multiple of {keys} keys",
-                lens.len()
-            )));
-        }
-        let batch = lens.len() / keys;
-        // where each key's values start (and the last ends)
-        let mut starts = Vec::with_capacity(keys + 1);
-        let mut at = 0i64;
-        for k in 0..keys {
-            starts.push(at);
-            for i in k * batch..(k + 1) * batch {
-                let l = lens.get(i);
-                if l < 0 {
-                    return Err(invalid(format!("lengths[{i}] = {l} is negative")));
-                }
-                at = at.saturating_add(l);
-            }
-        }
-        starts.push(at);
-        if at != ids.len() as i64 {
-            return Err(invalid(format!(
-                "lengths add up to {at} but there are {} values",
-                ids.len()
-            )));
-        }
-        if let Some(w) = w
-            && w.len() != ids.len()
-        {
-            return Err(invalid(format!(
-                "weights has {} values but there are {} values",
-                w.len(),
-                ids.len()
-            )));
-        }
-        let lookups = tables
+        let blocks = tables
             .iter()
-            .map(|(table, k, mode)| {
-                if *k >= keys {
-                    return Err(invalid(format!("key position {k} of {keys} keys")));
-                }
-                let (lo, hi) = (starts[*k] as usize, starts[*k + 1] as usize);
+            .map(|(table, key, mode)| {
                 let mode = match mode.as_str() {
                     "sum" => PoolingMode::Sum,
                     "mean" => PoolingMode::Mean,
                     "max" => PoolingMode::Max,
-                    other => return Err(invalid(format!("mode {other:?}"))),
+                    other => {
+                        let msg = format!("table {table:?}: mode {other:?}");
+                        return Err(raise(py, "InvalidRequest", msg, Some(table), None));
+                    }
                 };
-                Ok(TableLookup {
+                Ok(JaggedBlock {
                     table,
-                    indices: ids.slice(lo..hi),
-                    bags: Bags::Lengths(lens.slice(k * batch..(k + 1) * batch)),
-                    per_sample_weights: w.map(|w| &w[lo..hi]),
+                    key: *key,
                     mode,
-                    padding_idx: None,
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
-        self.pool(py, &Batch::new(lookups))
+        let batch = nearrec::jagged(&blocks, keys, ids, lens, w).map_err(|e| err(py, e))?;
+        self.pool(py, &batch)
     }
 
     /// Runs a model on one batch (whole-model offload): `model` (None: the one kept with the

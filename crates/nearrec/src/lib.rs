@@ -32,6 +32,7 @@ pub mod batch;
 pub mod config;
 mod error;
 mod infer;
+pub mod jagged;
 pub mod model;
 pub mod pipeline;
 mod store;
@@ -42,6 +43,7 @@ pub use batch::{
 };
 pub use config::{DeviceSource, PlanSource, StoreConfig};
 pub use error::{Error, Result};
+pub use jagged::{JaggedBlock, jagged};
 pub use model::{Inferred, StoredModel};
 pub use pipeline::{Pending, Stream};
 pub use store::{Stats, Store};
