@@ -322,26 +322,12 @@ impl Serialize for PlanSource {
 
 impl<'de> Deserialize<'de> for PlanSource {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> Visitor<'de> for Visit {
-            type Value = PlanSource;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a plan file's path, or a placement: {tables: {NAME: {resident, hot_rows, cache_bytes}}}")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<PlanSource, E> {
-                Ok(PlanSource::File(PathBuf::from(v)))
-            }
-
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                map: A,
-            ) -> std::result::Result<PlanSource, A::Error> {
-                Placement::deserialize(MapAccessDeserializer::new(map)).map(PlanSource::Placement)
-            }
-        }
-        d.deserialize_any(Visit)
+        d.deserialize_any(TextOrTable {
+            expecting: "a plan file's path, or a placement: \
+                        {tables: {NAME: {resident, hot_rows, cache_bytes}}}",
+            text: |v| PlanSource::File(PathBuf::from(v)),
+            table: PlanSource::Placement,
+        })
     }
 }
 
@@ -356,32 +342,36 @@ impl Serialize for DeviceSource {
 
 impl<'de> Deserialize<'de> for DeviceSource {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> Visitor<'de> for Visit {
-            type Value = DeviceSource;
+        d.deserialize_any(TextOrTable {
+            expecting: "a device preset's name (rm-ssd, cosmos-plus, this-disk), a JSON file, \
+                        or a parameter set",
+            text: |v| DeviceSource::Preset(v.to_owned()),
+            table: |c| DeviceSource::Config(Box::new(c)),
+        })
+    }
+}
 
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(
-                    "a device preset's name (rm-ssd, cosmos-plus, this-disk) or a parameter set",
-                )
-            }
+/// A setting given as a string (a name, a path) or as a table of type `M`, each made a `T`:
+/// how `plan` and `device` read.
+struct TextOrTable<M, T> {
+    expecting: &'static str,
+    text: fn(&str) -> T,
+    table: fn(M) -> T,
+}
 
-            fn visit_str<E: serde::de::Error>(
-                self,
-                v: &str,
-            ) -> std::result::Result<DeviceSource, E> {
-                Ok(DeviceSource::Preset(v.to_owned()))
-            }
+impl<'de, M: Deserialize<'de>, T> Visitor<'de> for TextOrTable<M, T> {
+    type Value = T;
 
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                map: A,
-            ) -> std::result::Result<DeviceSource, A::Error> {
-                DeviceConfig::deserialize(MapAccessDeserializer::new(map))
-                    .map(|c| DeviceSource::Config(Box::new(c)))
-            }
-        }
-        d.deserialize_any(Visit)
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<T, E> {
+        Ok((self.text)(v))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<T, A::Error> {
+        M::deserialize(MapAccessDeserializer::new(map)).map(self.table)
     }
 }
 
