@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections import deque
@@ -226,10 +225,10 @@ class Store:
     def __init__(self, path: StorePath, config: StoreConfig | None = None, *,
                  progress: bool | None = None, **overrides: Any):
         if config is None:
-            config = StoreConfig(**_known(overrides))
+            config = StoreConfig()
         elif not isinstance(config, StoreConfig):
             raise InvalidRequest(f"config is a nearrec.StoreConfig, not {type(config).__name__}")
-        elif overrides:
+        if overrides:
             config = config.replace(**overrides)
         self.config = config
         self._native = NativeStore(path_arg(path, "the store path"), config.native(),
@@ -509,15 +508,3 @@ def jagged_lookups(features: Any) -> list[TableLookup]:
                                per_sample_weights=None if j.weights is None
                                else j.weights[lo:hi]))
     return out
-
-
-_SETTINGS = frozenset(f.name for f in dataclasses.fields(StoreConfig))
-
-
-def _known(overrides: dict[str, Any]) -> dict[str, Any]:
-    """``open``'s keyword settings, each a :class:`StoreConfig` field."""
-    unknown = sorted(set(overrides) - _SETTINGS)
-    if unknown:
-        raise InvalidRequest(f"unknown setting {unknown[0]!r}; the settings are: "
-                             f"{', '.join(sorted(_SETTINGS))}")
-    return overrides
