@@ -39,16 +39,12 @@ impl NativeStore {
     #[new]
     #[pyo3(signature = (path, config, progress = false))]
     fn new(py: Python<'_>, path: PathBuf, config: &NativeConfig, progress: bool) -> PyResult<Self> {
-        let total = if progress {
-            let reader = detach(py, || StoreReader::open(&path))?.map_err(|e| format_err(py, e))?;
-            reader.tables().iter().map(|t| t.data_bytes).sum()
-        } else {
-            0
-        };
+        let reader = detach(py, || StoreReader::open(&path))?.map_err(|e| format_err(py, e))?;
+        let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let bar = progress::bar(progress, total, "loading");
         let cb = progress::callback(&bar);
         let store = detach(py, || {
-            Store::open_with_progress(&path, &config.config, cb.as_ref())
+            Store::from_reader(&reader, &config.config, cb.as_ref())
         })?
         .map_err(|e| err(py, e))?;
         if let Some(b) = bar {

@@ -65,9 +65,17 @@ impl Store {
         config: &StoreConfig,
         progress: Option<&ProgressFn>,
     ) -> Result<Self> {
+        Self::from_reader(&StoreReader::open(path)?, config, progress)
+    }
+
+    /// [`Store::open_with_progress`] of a store whose manifest and headers the caller has read
+    /// and validated already (to size a progress bar, say): nothing is read twice.
+    pub fn from_reader(
+        reader: &StoreReader,
+        config: &StoreConfig,
+        progress: Option<&ProgressFn>,
+    ) -> Result<Self> {
         config.validate()?;
-        let path = path.as_ref();
-        let reader = StoreReader::open(path)?;
         let placement = match &config.plan {
             None => None,
             Some(PlanSource::Placement(p)) => Some(p.clone()),
@@ -75,7 +83,7 @@ impl Store {
         };
         let engine_config = config.engine(placement);
         let (engine, flash) = match &config.device {
-            None => (Engine::from_reader(&reader, engine_config, progress)?, None),
+            None => (Engine::from_reader(reader, engine_config, progress)?, None),
             Some(device) => {
                 let device = device.resolve()?;
                 let tables = reader
@@ -88,7 +96,7 @@ impl Store {
                         source: e,
                     })?;
                 let flash = Arc::new(FlashDevice::new(MemDevice::new(tables, 512), device));
-                let engine = Engine::with_device(&reader, engine_config, Box::new(flash.clone()))?;
+                let engine = Engine::with_device(reader, engine_config, Box::new(flash.clone()))?;
                 (engine, Some(flash))
             }
         };
@@ -96,7 +104,7 @@ impl Store {
             inner: Arc::new(Inner {
                 engine,
                 flash,
-                path: path.to_owned(),
+                path: reader.path().to_owned(),
                 manifest: reader.manifest().clone(),
                 config: config.clone(),
                 model: OnceLock::new(),
