@@ -87,3 +87,77 @@ def test_collection_accepts_torchrec_kjt(fp32_store):
     np.testing.assert_allclose(kt["t0"][0].numpy(), want0, rtol=1e-6)
     np.testing.assert_array_equal(kt["t0"][1].numpy(), np.zeros(8, np.float32))
     np.testing.assert_allclose(kt["t2"][1].numpy(), tables["t2"][4], rtol=1e-6)
+
+
+def _kjt_want(tables, keys, values, lengths, weights, batch):
+    """Per key, torch.nn.EmbeddingBag's sum over the KJT's bags (the reference)."""
+    out, at = {}, 0
+    for k, name in enumerate(keys):
+        lens = lengths[k * batch:(k + 1) * batch]
+        n = int(lens.sum())
+        bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(tables[name]), mode="sum")
+        off = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lens, 0)[:-1]])
+        w = None if weights is None else weights[at:at + n].detach()
+        out[name] = bag(values[at:at + n].long(), off, per_sample_weights=w).detach()
+        at += n
+    return out
+
+
+@pytest.mark.parametrize("form", ["int64", "int32", "offset view", "strided view", "numpy",
+                                  "weights with grad", "weights strided", "empty"])
+def test_collection_reads_every_buffer_form(fp32_store, form):
+    """The EBC reads contiguous CPU tensors in place and converts every other form (views
+    with strides, numpy arrays, int32, weights that require grad): all pool the same bags."""
+    store, tables = fp32_store
+    ebc = ntorch.EmbeddingBagCollection(store)
+    keys, batch = ["t0", "t1", "t2"], 4
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(0, 5, (3 * batch,), generator=g)
+    if form == "empty":
+        lengths = torch.zeros(3 * batch, dtype=torch.long)
+    values = torch.cat([torch.randint(0, 100, (int(lengths[k * batch:(k + 1) * batch].sum()),),
+                                      generator=g) for k in range(3)])
+    weights = torch.rand(values.shape, generator=g) if form.startswith("weights") else None
+    want = _kjt_want(tables, keys, values, lengths, weights, batch)
+    v, ln, w = values, lengths, weights
+    if form == "int32":
+        v, ln = values.int(), lengths.int()
+    elif form == "offset view":
+        v = torch.cat([torch.tensor([7, 7]), values])[2:]
+        ln = torch.cat([lengths, lengths])[len(lengths):]
+        assert v.storage_offset() == 2 and ln.storage_offset() == len(lengths)
+    elif form == "strided view":
+        v = torch.stack([values, -values], 1)[:, 0]
+        assert not v.is_contiguous()
+    elif form == "numpy":
+        v, ln = values.numpy(), lengths.numpy()
+    elif form == "weights with grad":
+        w = weights.clone().requires_grad_(True)
+    elif form == "weights strided":
+        w = torch.stack([weights, weights * 0], 1)[:, 0]
+    if form == "numpy":  # a KJT-shaped object whose buffers are numpy arrays
+        kjt = type("NumpyKJT", (), {"keys": lambda self: keys, "values": lambda self: v,
+                                    "lengths": lambda self: ln,
+                                    "weights_or_none": lambda self: None})()
+    else:
+        kjt = ntorch.KeyedJaggedTensor(keys, v, lengths=ln, weights=w)
+    kt = ebc(kjt)
+    for name in keys:
+        torch.testing.assert_close(kt[name], want[name], rtol=1e-5, atol=1e-5)
+
+
+def test_collection_follows_the_key_order(fp32_store):
+    """The layout of a key order is kept between batches: another order, equal but not
+    identical key strings, and then a missing key must each be read afresh."""
+    store, tables = fp32_store
+    ebc = ntorch.EmbeddingBagCollection(store, tables=["t0", "t2"])
+    lengths = torch.tensor([1, 2, 1, 1])
+    for keys in (["t0", "t2"], ["t2", "t0"], ["".join(["t", "2"]), "t0", "t1"], ["t2", "t0"]):
+        values = torch.tensor([5, 6, 7, 8, 9][:int(lengths.sum())] + [3] * 2 * (len(keys) - 2))
+        ln = torch.cat([lengths, torch.ones(2 * (len(keys) - 2), dtype=torch.long)])
+        kt = ebc(ntorch.KeyedJaggedTensor(keys, values, lengths=ln))
+        want = _kjt_want(tables, keys, values, ln, None, 2)
+        for name in ("t0", "t2"):
+            torch.testing.assert_close(kt[name], want[name], rtol=1e-5, atol=1e-5)
+    with pytest.raises(nearrec.InvalidRequest, match="no key 't0'"):
+        ebc(ntorch.KeyedJaggedTensor(["t2"], torch.tensor([1, 2]), lengths=torch.tensor([1, 1])))

@@ -15,7 +15,8 @@ HOT_ROW_OVERHEAD: int
 
 __all__ = [
     "__version__", "FORMAT_VERSION", "CACHE_SLOT_OVERHEAD", "HOT_ROW_OVERHEAD", "NativeStore",
-    "NativePending", "NativeStream", "StoreConfig", "TableLookup", "parse_size", "model_save",
+    "NativePending", "NativeStream", "NativeCollection", "StoreConfig", "TableLookup",
+    "parse_size", "model_save",
     "NativeStoreWriter", "NativeKeyedTable", "NativeModel", "cache_simulate", "device_simulate",
     "device_preset", "device_fit", "device_read_rate", "disk_read_rate", "verify_store", "store_gc",
     "read_manifest", "store_attach", "store_read_attachment", "table_layout",
@@ -81,6 +82,11 @@ class NativeStream:
     def __next__(self) -> npt.NDArray[np.float32]: ...
 
 @final
+class NativeCollection:
+    def __new__(cls, store: NativeStore, tables: list[tuple[str, str, str]]) -> Self: ...
+    def forward(self, features: Any) -> Any: ...
+
+@final
 class NativeStore:
     def __new__(cls, path: _Path, config: StoreConfig, progress: bool = False) -> Self: ...
     def flash_stats(self) -> str | None: ...
@@ -100,14 +106,6 @@ class NativeStore:
     ) -> npt.NDArray[np.float32]: ...
     def submit(self, lookups: Sequence[TableLookup]) -> NativePending: ...
     def stream(self, batches: Iterable[Sequence[TableLookup]], depth: int) -> NativeStream: ...
-    def lookup_jagged(
-        self,
-        tables: list[tuple[str, int, str]],
-        keys: int,
-        values: Any,
-        lengths: Any,
-        weights: Any = None,
-    ) -> npt.NDArray[np.float32]: ...
     def infer(
         self,
         model: NativeModel | None,

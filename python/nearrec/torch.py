@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ._native import NativeCollection
 from .errors import InvalidRequest, UnknownTable
 from .keyed import KeyedTable
 from .request import as_array, flag, jagged, mode_name, padding
@@ -331,7 +332,8 @@ class EmbeddingBagCollection(nn.Module):
         self.dims = [self.keyed[t].dim if t in self.keyed else store.table(t).dim  # type: ignore[union-attr]
                      for t in self.tables]
         self.gpu_tier: Any = None
-        self._block_cache: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
+        self._native = None if store is None or self.keyed else NativeCollection(
+            store._native, [(t, self._feature_of[t], self.pooling[t]) for t in store_tables])
         if hbm_budget is not None or (device is not None and device.type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
             from .gpu import GpuCacheConfig, GpuTier
@@ -369,40 +371,15 @@ class EmbeddingBagCollection(nn.Module):
                 self._slices(j.keys, j.batch, j.bounds))
 
     def forward(self, features: Any) -> KeyedTensor:
-        if self.keyed or self.gpu_tier is not None or self.store is None:
+        if self._native is None or self.gpu_tier is not None:
             return self._forward_parts(features)
-        # store tables only: the engine reads the KJT's own buffers (tensors as they are: the
-        # binding takes their numpy views; no per-table copies)
+        # store tables only: one native call reads the KJT's own buffers (CPU tensors in place,
+        # no per-table copies), pools and returns the tensor
         try:
-            keys, values, lengths = features.keys(), features.values(), features.lengths()
+            return KeyedTensor(self.tables, self.dims, self._native.forward(features))
         except AttributeError:
             _features_arg(features)
             raise
-        weights = features.weights_or_none() if hasattr(features, "weights_or_none") else None
-        key = tuple(keys)
-        blocks = self._block_cache.get(key) or self._blocks(key)
-        out = torch.from_numpy(self.store._native.lookup_jagged(
-            blocks, len(key), values, lengths, weights))
-        if isinstance(values, Tensor) and not values.is_cpu:
-            out = out.to(values.device)
-        return KeyedTensor(self.tables, self.dims, out)
-
-    def _blocks(self, keys: tuple[str, ...]) -> list[tuple[str, int, str]]:
-        """Per output block ``(table, its feature's position among keys, mode)``, kept per
-        key order (a model sends the same keys batch after batch)."""
-        cached = self._block_cache.get(keys)
-        if cached is None:
-            position = {k: i for i, k in enumerate(keys)}
-            cached = []
-            for table in self.tables:
-                feat = self._feature_of[table]
-                if feat not in position:
-                    raise InvalidRequest(f"features have no key {feat!r} for table {table!r}",
-                                         table=table)
-                cached.append((table, position[feat], self.pooling[table]))
-            if len(self._block_cache) < 64:
-                self._block_cache[keys] = cached
-        return cached
 
     def _forward_parts(self, features: Any) -> KeyedTensor:
         """Keyed tables or the GPU tier beside the store: each part pooled where it lives."""

@@ -16,6 +16,13 @@ impl PoolingMode {
             PoolingMode::Max => "max",
         }
     }
+
+    /// The mode [`PoolingMode::name`] names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [PoolingMode::Sum, PoolingMode::Mean, PoolingMode::Max]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
 }
 
 /// An index element type accepted from callers (`int32` or `int64` arrays).

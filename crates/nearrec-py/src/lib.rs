@@ -2,6 +2,7 @@
 //! public API lives in the pure-Python package `nearrec` above it.
 
 mod cache;
+mod collection;
 mod config;
 mod device;
 mod error;
@@ -10,7 +11,9 @@ mod lookup;
 mod model;
 mod plan;
 mod progress;
+mod raw;
 mod store;
+mod tensor;
 mod trace;
 mod writer;
 
@@ -28,6 +31,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::NativeStore>()?;
     m.add_class::<store::NativePending>()?;
     m.add_class::<store::NativeStream>()?;
+    m.add_class::<collection::NativeCollection>()?;
     m.add_class::<config::NativeConfig>()?;
     m.add_class::<lookup::PyTableLookup>()?;
     m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;

@@ -9,64 +9,15 @@
 
 use std::sync::Arc;
 
-use nearrec::{AsBatch, Bags, Batch, Indices, PoolingMode, TableLookup};
+use nearrec::{AsBatch, Bags, Batch, PoolingMode, TableLookup};
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyList, PyString, PyTuple};
 
 use crate::error::raise;
-
-/// A contiguous 1-D array's data, of an array a [`PyTableLookup`] keeps alive.
-#[derive(Clone, Copy)]
-pub(crate) enum Raw {
-    I32(*const i32, usize),
-    I64(*const i64, usize),
-    F32(*const f32, usize),
-}
-
-// SAFETY: the pointers are into numpy arrays their `PyTableLookup` holds references to (which
-// keeps them from being freed or resized); reading them from another thread is what the GIL-free
-// lookup does. Writes by the caller while a lookup runs are the caller's race, as with torch.
-unsafe impl Send for Raw {}
-// SAFETY: as above; the data is only read.
-unsafe impl Sync for Raw {}
-
-impl Raw {
-    /// # Safety
-    /// The array the pointer came from must be alive for `'a`.
-    pub(crate) unsafe fn indices<'a>(self) -> Indices<'a> {
-        // SAFETY: the caller's promise; numpy gives a valid (possibly dangling for 0) pointer
-        unsafe {
-            match self {
-                Raw::I32(p, n) => Indices::I32(slice(p, n)),
-                Raw::I64(p, n) => Indices::I64(slice(p, n)),
-                Raw::F32(..) => unreachable!("weights are not indices"),
-            }
-        }
-    }
-
-    /// # Safety
-    /// As [`Raw::indices`].
-    pub(crate) unsafe fn floats<'a>(self) -> &'a [f32] {
-        match self {
-            // SAFETY: the caller's promise
-            Raw::F32(p, n) => unsafe { slice(p, n) },
-            _ => unreachable!("weights are float32"),
-        }
-    }
-}
-
-/// # Safety
-/// `p` points at `n` valid values (any pointer for `n == 0`).
-unsafe fn slice<'a, T>(p: *const T, n: usize) -> &'a [T] {
-    if n == 0 {
-        &[]
-    } else {
-        // SAFETY: the caller's promise
-        unsafe { std::slice::from_raw_parts(p, n) }
-    }
-}
+use crate::raw::Raw;
+use crate::tensor::{self, Want};
 
 /// The bags of one table in a batched lookup (`torch.nn.EmbeddingBag`'s arguments). Give
 /// `offsets` (with `include_last_offset`), or `lengths`, or a 2-D `indices` `[batch, bag_size]`
@@ -188,16 +139,11 @@ impl PyTableLookup {
                 (Some(a), Some(raw))
             }
         };
-        let mode = match mode.extract::<&str>().ok() {
-            Some("sum") => PoolingMode::Sum,
-            Some("mean") => PoolingMode::Mean,
-            Some("max") => PoolingMode::Max,
-            _ => {
-                return Err(invalid(format!(
-                    "table {t:?}: mode must be 'sum', 'mean' or 'max', not {}",
-                    repr(mode)
-                )));
-            }
+        let Some(mode) = mode.extract::<&str>().ok().and_then(PoolingMode::from_name) else {
+            return Err(invalid(format!(
+                "table {t:?}: mode must be 'sum', 'mean' or 'max', not {}",
+                repr(mode)
+            )));
         };
         let include_last_offset = real_bool(include_last_offset).ok_or_else(|| {
             invalid(format!(
@@ -605,11 +551,17 @@ pub(crate) fn index_view(
     x: &Bound<'_, PyAny>,
     what: &str,
 ) -> PyResult<(Py<PyAny>, Raw)> {
+    if let Some(done) = tensor::cpu_vector(py, x, Want::Index) {
+        return Ok(done);
+    }
     vector(py, x, "features", what)
 }
 
 /// A KeyedJaggedTensor's weights as a 1-D float32 view.
 pub(crate) fn weights_view(py: Python<'_>, w: &Bound<'_, PyAny>) -> PyResult<(Py<PyAny>, Raw)> {
+    if let Some(done) = tensor::cpu_vector(py, w, Want::F32) {
+        return Ok(done);
+    }
     let a = as_array(py, w, "weights", "features")?;
     let n = a.cast::<PyUntypedArray>()?.len();
     let ones = PyArray1::<f32>::zeros(py, [n], false).into_any();

@@ -7,14 +7,14 @@ use std::path::PathBuf;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use nearrec::{AsBatch, Batch, JaggedBlock, Pending, Pooled, PoolingMode, Store};
+use nearrec::{AsBatch, Batch, Pending, Pooled, Store};
 use nearrec_format::{DType, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 
 use crate::config::NativeConfig;
 use crate::error::{detach, err, format_err, raise};
-use crate::lookup::{HeldBatch, index_view, weights_view};
+use crate::lookup::HeldBatch;
 use crate::model::NativeModel;
 use crate::progress;
 
@@ -118,49 +118,6 @@ impl NativeStore {
             depth: depth.max(1),
             window: Mutex::new(VecDeque::new()),
         })
-    }
-
-    /// Pools a KeyedJaggedTensor from its own buffers: `values` (int32 / int64), its `lengths`
-    /// (`keys × batch`), optional float32 `weights`; `tables` is per output block `(table, key
-    /// position, mode)`. Each table's ids and lengths are slices of the KJT's: nothing is copied.
-    #[pyo3(signature = (tables, keys, values, lengths, weights = None))]
-    fn lookup_jagged<'py>(
-        &self,
-        py: Python<'py>,
-        tables: Vec<(String, usize, String)>,
-        keys: usize,
-        values: &Bound<'py, PyAny>,
-        lengths: &Bound<'py, PyAny>,
-        weights: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let values_arr = index_view(py, values, "values")?;
-        let lengths_arr = index_view(py, lengths, "lengths")?;
-        let weights_arr = weights.map(|w| weights_view(py, w)).transpose()?;
-        // SAFETY: the arrays are borrowed from Python objects held for this call
-        let (ids, lens) = unsafe { (values_arr.1.indices(), lengths_arr.1.indices()) };
-        // SAFETY: as above
-        let w = weights_arr.as_ref().map(|w| unsafe { w.1.floats() });
-        let blocks = tables
-            .iter()
-            .map(|(table, key, mode)| {
-                let mode = match mode.as_str() {
-                    "sum" => PoolingMode::Sum,
-                    "mean" => PoolingMode::Mean,
-                    "max" => PoolingMode::Max,
-                    other => {
-                        let msg = format!("table {table:?}: mode {other:?}");
-                        return Err(raise(py, "InvalidRequest", msg, Some(table), None));
-                    }
-                };
-                Ok(JaggedBlock {
-                    table,
-                    key: *key,
-                    mode,
-                })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        let batch = nearrec::jagged(&blocks, keys, ids, lens, w).map_err(|e| err(py, e))?;
-        self.pool(py, &batch)
     }
 
     /// Runs a model on one batch (whole-model offload): `model` (None: the one kept with the
@@ -343,7 +300,11 @@ impl NativeStore {
 
 impl NativeStore {
     /// Pools `batch` into a new numpy array, the GIL released meanwhile.
-    fn pool<'py>(&self, py: Python<'py>, batch: &Batch<'_>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    pub(crate) fn pool<'py>(
+        &self,
+        py: Python<'py>,
+        batch: &Batch<'_>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let prepared = self.store.prepare(batch).map_err(|e| err(py, e))?;
         let out = PyArray2::<f32>::zeros(py, [prepared.batch(), prepared.width()], false);
         {
