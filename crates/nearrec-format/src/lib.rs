@@ -33,6 +33,7 @@ mod reader;
 mod reorder;
 mod sums;
 mod sync;
+pub mod wal;
 mod writer;
 
 pub use aligned::{AlignedBuf, BUF_ALIGN};

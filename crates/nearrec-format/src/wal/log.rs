@@ -1,0 +1,571 @@
+//! The log itself: segment files of framed records in the store directory, appended with group
+//! commit and recovered on open (`docs/format.md` §12).
+//!
+//! Appends from many threads meet in one buffer. The first caller that finds no write in flight
+//! becomes the leader: it takes the whole buffer, writes it with one `pwrite` and, for
+//! [`Durability::Sync`], makes it durable with one `fdatasync`, while later callers fill the next
+//! buffer; then one of them leads the next group. A caller returns once its record is durable
+//! (`Sync`) or in the kernel (`Async`; a background thread syncs within the window), so an
+//! acknowledged record survives a killed process either way and a machine crash under `Sync`.
+//!
+//! A failed write or sync poisons the log: the kernel may have dropped the dirty pages, so
+//! nothing after it can be acknowledged; every later append fails until the store is reopened
+//! and recovered.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::{FormatError, Result};
+use crate::files::{IN_STORE, open_regular};
+use crate::sync::fsync_dir;
+use crate::wal::record::{self, Frame, Op, Record};
+
+/// Magic of a segment file's header.
+pub const WAL_MAGIC: [u8; 8] = *b"NRWAL\0\0\0";
+/// Bytes of a segment's header: magic, version, reserved, first sequence number, CRC-32C.
+pub const SEGMENT_HEADER: usize = 32;
+const SEGMENT_VERSION: u32 = 1;
+
+/// When an append returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Once its record is on stable storage (`fdatasync`).
+    Sync,
+    /// Once its record is written to the kernel: it survives the process being killed, and the
+    /// log is synced at least every `window`, so a machine crash loses at most that much.
+    Async { window: Duration },
+}
+
+/// How the log writes.
+#[derive(Debug, Clone, Copy)]
+pub struct WalConfig {
+    pub durability: Durability,
+    /// A new segment is started once the current one holds this many bytes.
+    pub segment_bytes: u64,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Sync,
+            segment_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Counters of a log since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalStats {
+    /// Records appended.
+    pub records: u64,
+    /// Groups written (one `pwrite` each; one `fdatasync` each under `Sync`).
+    pub groups: u64,
+    /// `fdatasync` calls, the background ones included.
+    pub syncs: u64,
+    /// Bytes in the segment files now.
+    pub bytes: u64,
+    /// Segment files now.
+    pub segments: u64,
+}
+
+/// A segment file: its first record's sequence number and its bytes so far.
+#[derive(Debug)]
+struct Segment {
+    first: u64,
+    file: Arc<File>,
+    bytes: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Framed records not yet handed to a leader.
+    pending: Vec<u8>,
+    /// The sequence number the next record gets.
+    next: u64,
+    /// The last record written to the kernel, and the last one synced.
+    written: u64,
+    synced: u64,
+    /// A leader is writing a group.
+    writing: bool,
+    /// Why the log stopped, once a write or a sync failed.
+    failed: Option<String>,
+    /// Segments, oldest first; the last one is appended to.
+    segments: Vec<Segment>,
+    stats: WalStats,
+    closing: bool,
+}
+
+/// The write-ahead log of one store (see the module docs).
+#[derive(Debug)]
+pub struct Wal {
+    shared: Arc<Shared>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    dir: PathBuf,
+    config: WalConfig,
+    state: Mutex<State>,
+    /// Signalled when a group is written or synced, and when the log closes.
+    changed: Condvar,
+}
+
+/// What recovery found.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The records after the one the caller had already applied, in order.
+    pub records: Vec<Record>,
+    /// Bytes dropped from the end of the log: a record cut short by a crash (never acknowledged).
+    pub torn_bytes: u64,
+}
+
+fn segment_name(first: u64) -> String {
+    format!("wal-{first:016x}.nrwal")
+}
+
+/// The first sequence number a segment's name gives, if it is a segment's name.
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix("wal-")?.strip_suffix(".nrwal")?;
+    (hex.len() == 16)
+        .then(|| u64::from_str_radix(hex, 16).ok())
+        .flatten()
+}
+
+fn header(first: u64) -> [u8; SEGMENT_HEADER] {
+    let mut h = [0u8; SEGMENT_HEADER];
+    h[..8].copy_from_slice(&WAL_MAGIC);
+    h[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+    h[16..24].copy_from_slice(&first.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..24]);
+    h[24..28].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// The first sequence number a segment's header names, or why it is not a valid header.
+fn read_header(bytes: &[u8]) -> std::result::Result<u64, String> {
+    if bytes.len() < SEGMENT_HEADER {
+        return Err(format!("{} bytes, short of a header", bytes.len()));
+    }
+    let h = &bytes[..SEGMENT_HEADER];
+    if h[..8] != WAL_MAGIC {
+        return Err("not a log segment (bad magic)".into());
+    }
+    let crc = u32::from_le_bytes(h[24..28].try_into().expect("4"));
+    if crc32c::crc32c(&h[..24]) != crc {
+        return Err("its header's checksum does not match".into());
+    }
+    let version = u32::from_le_bytes(h[8..12].try_into().expect("4"));
+    if version != SEGMENT_VERSION {
+        return Err(format!("segment version {version} is not supported"));
+    }
+    Ok(u64::from_le_bytes(h[16..24].try_into().expect("8")))
+}
+
+impl Wal {
+    /// Opens the log in store directory `dir` (making its first segment if there is none) and
+    /// recovers it: returns the records after `applied` (the last one already folded into the
+    /// tables), in order. A record cut short or damaged at the end of the newest segment is a
+    /// write that was never acknowledged: it is cut off the file. Damage anywhere else is
+    /// [`FormatError::Corrupted`].
+    pub fn open(dir: &Path, config: WalConfig, applied: u64) -> Result<(Wal, Recovered)> {
+        let mut found = Vec::new();
+        for entry in fs::read_dir(dir).map_err(|e| FormatError::io(dir, e))? {
+            let entry = entry.map_err(|e| FormatError::io(dir, e))?;
+            if let Some(first) = entry.file_name().to_str().and_then(parse_segment_name) {
+                found.push((first, entry.path()));
+            }
+        }
+        found.sort();
+        let corrupted = |path: &Path, reason: String| FormatError::Corrupted {
+            path: path.to_path_buf(),
+            reason: format!("write-ahead log: {reason}"),
+        };
+        let mut records = Vec::new();
+        let mut segments = Vec::new();
+        let mut torn_bytes = 0u64;
+        let mut next: Option<u64> = None;
+        let last = found.len().checked_sub(1);
+        for (i, (first, path)) in found.iter().enumerate() {
+            let newest = Some(i) == last;
+            let bytes =
+                crate::files::read_regular(path, IN_STORE).map_err(|e| FormatError::io(path, e))?;
+            let named = match read_header(&bytes) {
+                Ok(n) if n == *first => n,
+                Ok(n) => {
+                    let why = format!("segment {} says it starts at record {n}", path.display());
+                    return Err(corrupted(path, why));
+                }
+                // a crash while the newest segment was being made: it holds nothing acknowledged
+                Err(_) if newest && bytes.len() <= SEGMENT_HEADER => {
+                    torn_bytes += bytes.len() as u64;
+                    fs::remove_file(path).map_err(|e| FormatError::io(path, e))?;
+                    fsync_dir(dir)?;
+                    continue;
+                }
+                Err(why) => return Err(corrupted(path, format!("{}: {why}", path.display()))),
+            };
+            if next.is_none() && named > applied + 1 {
+                let why = format!(
+                    "the tables hold records up to {applied}, but the log starts at {named}"
+                );
+                return Err(corrupted(path, why));
+            }
+            if let Some(expected) = next
+                && named != expected
+            {
+                let why = format!(
+                    "segment {} starts at record {named}, but the one before it ends at {}",
+                    path.display(),
+                    expected - 1
+                );
+                return Err(corrupted(path, why));
+            }
+            let mut at = SEGMENT_HEADER;
+            let mut lsn = named;
+            while at < bytes.len() {
+                match record::decode(&bytes[at..], lsn) {
+                    Frame::Record(r, n) => {
+                        if r.lsn > applied {
+                            records.push(r);
+                        }
+                        at += n;
+                        lsn += 1;
+                    }
+                    Frame::Torn(_) if newest => {
+                        // the tail of the newest segment: a group cut by a crash before its sync
+                        // returned, so none of it was acknowledged
+                        torn_bytes += (bytes.len() - at) as u64;
+                        let file = OpenOptions::new()
+                            .write(true)
+                            .open(path)
+                            .map_err(|e| FormatError::io(path, e))?;
+                        file.set_len(at as u64)
+                            .and_then(|()| file.sync_all())
+                            .map_err(|e| FormatError::io(path, e))?;
+                        break;
+                    }
+                    Frame::Torn(why) => {
+                        let why = format!("{} at byte {at}: {why}", path.display());
+                        return Err(corrupted(path, why));
+                    }
+                }
+            }
+            next = Some(lsn);
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(path)
+                .map_err(|e| FormatError::io(path, e))?;
+            segments.push(Segment {
+                first: named,
+                file: Arc::new(file),
+                bytes: at as u64,
+            });
+        }
+        // records up to `applied` may have had their segments removed already
+        let next = next.unwrap_or(applied + 1).max(applied + 1);
+        if let Some(r) = records.first()
+            && r.lsn != applied + 1
+        {
+            let why = format!(
+                "the tables hold records up to {applied}, but the log's next is {}",
+                r.lsn
+            );
+            return Err(corrupted(dir, why));
+        }
+        if segments.is_empty() {
+            segments.push(create_segment(dir, next)?);
+        }
+        let stats = WalStats {
+            bytes: segments.iter().map(|s| s.bytes).sum(),
+            segments: segments.len() as u64,
+            ..WalStats::default()
+        };
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            config,
+            state: Mutex::new(State {
+                pending: Vec::new(),
+                next,
+                written: next - 1,
+                synced: next - 1,
+                writing: false,
+                failed: None,
+                segments,
+                stats,
+                closing: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let flusher = match config.durability {
+            Durability::Sync => None,
+            Durability::Async { window } => {
+                let shared = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("nearrec-wal-sync".into())
+                        .spawn(move || shared.flush_every(window))
+                        .map_err(|e| FormatError::io(dir, e))?,
+                )
+            }
+        };
+        Ok((
+            Wal { shared, flusher },
+            Recovered {
+                records,
+                torn_bytes,
+            },
+        ))
+    }
+
+    /// Appends one record of `ops` and returns its sequence number once it is as durable as
+    /// the log's [`Durability`] says. All of the record is recovered after a crash, or none of
+    /// it (then it was never acknowledged).
+    pub fn append(&self, ops: &[Op]) -> Result<u64> {
+        self.shared.append(ops)
+    }
+
+    /// Waits until every record appended so far is on stable storage.
+    pub fn sync(&self) -> Result<()> {
+        self.shared.sync_all()
+    }
+
+    /// Removes the segments whose records are all at or before `applied` (folded into the
+    /// tables). The segment being appended to stays.
+    pub fn release(&self, applied: u64) -> Result<()> {
+        let s = &self.shared;
+        let mut state = s.lock();
+        let mut removed = false;
+        while state.segments.len() > 1 && state.segments[1].first <= applied + 1 {
+            let old = state.segments.remove(0);
+            let path = s.dir.join(segment_name(old.first));
+            fs::remove_file(&path).map_err(|e| FormatError::io(&path, e))?;
+            state.stats.bytes -= old.bytes;
+            state.stats.segments -= 1;
+            removed = true;
+        }
+        drop(state);
+        if removed {
+            fsync_dir(&s.dir)?;
+        }
+        Ok(())
+    }
+
+    /// The sequence number the next record will get.
+    pub fn next_lsn(&self) -> u64 {
+        self.shared.lock().next
+    }
+
+    pub fn stats(&self) -> WalStats {
+        self.shared.lock().stats
+    }
+
+    pub fn config(&self) -> WalConfig {
+        self.shared.config
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        {
+            let mut state = self.shared.lock();
+            state.closing = true;
+        }
+        self.shared.changed.notify_all();
+        if let Some(f) = self.flusher.take() {
+            let _ = f.join();
+        }
+        // what async appends left unsynced is synced now (a clean close loses nothing)
+        let _ = self.shared.sync_all();
+    }
+}
+
+/// Makes segment `first`: header written and synced, then the directory synced, before any
+/// record goes in (so a segment that is not whole holds nothing acknowledged).
+fn create_segment(dir: &Path, first: u64) -> Result<Segment> {
+    let path = dir.join(segment_name(first));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| FormatError::io(&path, e))?;
+    file.write_all_at(&header(first), 0)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| FormatError::io(&path, e))?;
+    fsync_dir(dir)?;
+    // open_regular's checks, for symmetry with every other file of the store
+    drop(open_regular(&path, IN_STORE).map_err(|e| FormatError::io(&path, e))?);
+    Ok(Segment {
+        first,
+        file: Arc::new(file),
+        bytes: SEGMENT_HEADER as u64,
+    })
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn failed(&self, why: &str) -> FormatError {
+        FormatError::io(
+            &self.dir,
+            std::io::Error::other(format!(
+                "the write-ahead log stopped after a failed write ({why}); reopen the store"
+            )),
+        )
+    }
+
+    fn append(&self, ops: &[Op]) -> Result<u64> {
+        let mut state = self.lock();
+        if let Some(why) = &state.failed {
+            return Err(self.failed(why));
+        }
+        let lsn = state.next;
+        record::encode(lsn, ops, &mut state.pending).map_err(|reason| {
+            FormatError::InvalidTable {
+                table: ops.first().map_or("", Op::table).to_owned(),
+                reason,
+            }
+        })?;
+        state.next += 1;
+        state.stats.records += 1;
+        let sync = self.config.durability == Durability::Sync;
+        loop {
+            if let Some(why) = &state.failed {
+                return Err(self.failed(why));
+            }
+            let done = if sync { state.synced } else { state.written };
+            if done >= lsn {
+                return Ok(lsn);
+            }
+            if state.writing {
+                state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            state = self.lead(state, sync);
+        }
+    }
+
+    /// Writes (and with `sync`, syncs) everything pending as one group, the lock released
+    /// meanwhile; returns with the lock held again.
+    fn lead<'a>(&'a self, mut state: MutexGuard<'a, State>, sync: bool) -> MutexGuard<'a, State> {
+        let group = std::mem::take(&mut state.pending);
+        let last = state.next - 1;
+        state.writing = true;
+        let result = (|| -> std::io::Result<(Arc<File>, u64)> {
+            let full = state.segments.last().is_some_and(|s| {
+                s.bytes > SEGMENT_HEADER as u64
+                    && s.bytes + group.len() as u64 > self.config.segment_bytes
+            });
+            if full {
+                // the old segment is whole and synced before the next one starts
+                state.segments.last().expect("a segment").file.sync_data()?;
+                let first = state.written + 1;
+                let seg = create_segment(&self.dir, first).map_err(std::io::Error::other)?;
+                state.segments.push(seg);
+                state.stats.segments += 1;
+                state.stats.syncs += 1;
+            }
+            state.stats.bytes += group.len() as u64;
+            let seg = state.segments.last_mut().expect("a segment");
+            let at = seg.bytes;
+            seg.bytes += group.len() as u64;
+            Ok((seg.file.clone(), at))
+        })();
+        drop(state);
+        let result = result.and_then(|(file, at)| {
+            file.write_all_at(&group, at)?;
+            if sync {
+                file.sync_data()?;
+            }
+            Ok(())
+        });
+        let mut state = self.lock();
+        state.writing = false;
+        match result {
+            Ok(()) => {
+                state.written = last;
+                state.stats.groups += 1;
+                if sync {
+                    state.synced = last;
+                    state.stats.syncs += 1;
+                }
+            }
+            Err(e) => state.failed = Some(e.to_string()),
+        }
+        self.changed.notify_all();
+        state
+    }
+
+    /// Syncs everything written so far (writing what is pending first).
+    fn sync_all(&self) -> Result<()> {
+        let mut state = self.lock();
+        loop {
+            if let Some(why) = &state.failed {
+                return Err(self.failed(why));
+            }
+            if state.writing {
+                state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            if !state.pending.is_empty() {
+                state = self.lead(state, true);
+                continue;
+            }
+            if state.synced >= state.written {
+                return Ok(());
+            }
+            let target = state.written;
+            let file = state.segments.last().expect("a segment").file.clone();
+            drop(state);
+            let result = file.sync_data();
+            state = self.lock();
+            match result {
+                Ok(()) => {
+                    state.synced = state.synced.max(target);
+                    state.stats.syncs += 1;
+                }
+                Err(e) => state.failed = Some(e.to_string()),
+            }
+            self.changed.notify_all();
+        }
+    }
+
+    /// The background sync of an `Async` log: what was written is synced at least every
+    /// `window`.
+    fn flush_every(&self, window: Duration) {
+        let mut last_sync = Instant::now();
+        let mut state = self.lock();
+        loop {
+            let left = window.saturating_sub(last_sync.elapsed());
+            if !left.is_zero() {
+                state = self
+                    .changed
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            if state.closing || state.failed.is_some() {
+                return;
+            }
+            if last_sync.elapsed() < window {
+                continue;
+            }
+            last_sync = Instant::now();
+            if state.synced < state.written {
+                drop(state);
+                let _ = self.sync_all();
+                state = self.lock();
+            }
+        }
+    }
+}
