@@ -10,6 +10,7 @@
 
 mod cells;
 mod config;
+pub mod delta;
 pub mod dense;
 mod engine;
 mod error;

@@ -1,0 +1,364 @@
+//! The delta of one table in a live store (`docs/live.md`): the rows written or removed since
+//! its base, each entry tagged with the version (the log sequence number) that made it, so that
+//! a lookup at version `v` over a base that holds everything up to `b` reads, per row, the newest
+//! entry in `(b, v]`, or the base row when there is none.
+//!
+//! One writer inserts; any number of readers look up. The entries sit in a sharded map under
+//! `RwLock`s, and a **counting filter** in front of it answers "certainly not in the delta" for
+//! almost every row with one relaxed byte load, so a lookup takes a shard's lock only for rows
+//! that may have been written. An entry superseded by a newer one is pruned once no reader at an
+//! older version is left (the caller says which is the oldest), so a reader's row is never
+//! freed under it.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Bytes a delta entry costs beside its row (map slot, version, box): what the budget counts.
+pub const ENTRY_OVERHEAD: u64 = 48;
+const SHARDS: usize = 64;
+/// The filter's slots: 8 per row the delta is sized for, within these bounds.
+const MIN_SLOTS: usize = 1 << 12;
+const MAX_SLOTS: usize = 1 << 24;
+
+/// A row's entries, oldest first: `(version, Some(encoded row) | None = removed)`.
+type Entries = Vec<(u64, Option<Box<[u8]>>)>;
+
+/// What a delta holds for a row at a version.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DeltaRow<R> {
+    /// Written: the reader's result on the row's bytes.
+    Written(R),
+    /// Removed: it pools as a zero row.
+    Removed,
+}
+
+/// One table's delta (see the module docs).
+#[derive(Debug)]
+pub struct TableDelta {
+    row_bytes: usize,
+    shards: Box<[RwLock<HashMap<u64, Entries>>]>,
+    /// Per slot, how many rows with entries hash to it; saturated counters stay saturated
+    /// (they only cost false positives).
+    filter: Box<[AtomicU8]>,
+    /// Rows with at least one entry, and entries.
+    rows: AtomicU64,
+    entries: AtomicU64,
+}
+
+fn mix(x: u64) -> u64 {
+    // splitmix64's finaliser
+    let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl TableDelta {
+    /// A delta for rows of `row_bytes` bytes, its filter sized for `rows` rows in the delta.
+    pub fn new(row_bytes: usize, rows: u64) -> Self {
+        let slots = usize::try_from(rows.saturating_mul(8))
+            .unwrap_or(MAX_SLOTS)
+            .clamp(MIN_SLOTS, MAX_SLOTS)
+            .next_power_of_two();
+        Self {
+            row_bytes,
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            filter: (0..slots).map(|_| AtomicU8::new(0)).collect(),
+            rows: AtomicU64::new(0),
+            entries: AtomicU64::new(0),
+        }
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// No row has an entry: a lookup skips the delta.
+    pub fn is_empty(&self) -> bool {
+        self.rows.load(Relaxed) == 0
+    }
+
+    /// Rows with at least one entry.
+    pub fn rows(&self) -> u64 {
+        self.rows.load(Relaxed)
+    }
+
+    /// Bytes the entries cost (rows and bookkeeping).
+    pub fn bytes(&self) -> u64 {
+        self.entries.load(Relaxed) * (self.row_bytes as u64 + ENTRY_OVERHEAD)
+    }
+
+    fn slot(&self, row: u64) -> usize {
+        (mix(row) as usize) & (self.filter.len() - 1)
+    }
+
+    fn shard(&self, row: u64) -> usize {
+        (mix(row) >> 58) as usize % SHARDS
+    }
+
+    fn read(&self, row: u64) -> RwLockReadGuard<'_, HashMap<u64, Entries>> {
+        self.shards[self.shard(row)]
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self, row: u64) -> RwLockWriteGuard<'_, HashMap<u64, Entries>> {
+        self.shards[self.shard(row)]
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `row` may have entries (false: certainly not).
+    #[inline]
+    pub fn may_hold(&self, row: u64) -> bool {
+        self.filter[self.slot(row)].load(Relaxed) != 0
+    }
+
+    /// The newest entry of `row` made after `base` and at or before `version`, handed to `read`;
+    /// `None` when the base row stands.
+    pub fn get<R>(
+        &self,
+        row: u64,
+        base: u64,
+        version: u64,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Option<DeltaRow<R>> {
+        if !self.may_hold(row) {
+            return None;
+        }
+        let shard = self.read(row);
+        let (v, value) = shard.get(&row)?.iter().rev().find(|(v, _)| *v <= version)?;
+        if *v <= base {
+            return None;
+        }
+        Some(match value {
+            Some(bytes) => DeltaRow::Written(read(bytes)),
+            None => DeltaRow::Removed,
+        })
+    }
+
+    /// Adds `row`'s entry made by `version` (`None`: removed); `version` must not be older than
+    /// any entry before it. Entries a reader at `oldest` or later can no longer see go. Returns
+    /// the change in entries (`+1`, or less when some were pruned).
+    ///
+    /// The caller publishes `version` to readers only after every insert of it (release).
+    pub fn insert(&self, version: u64, row: u64, value: Option<&[u8]>, oldest: u64) -> i64 {
+        assert!(
+            value.is_none_or(|v| v.len() == self.row_bytes),
+            "a row of the table's size"
+        );
+        let mut shard = self.write(row);
+        let entries = shard.entry(row).or_default();
+        let fresh = entries.is_empty();
+        debug_assert!(entries.last().is_none_or(|(v, _)| *v <= version));
+        entries.push((version, value.map(Box::from)));
+        let pruned = prune(entries, oldest);
+        if fresh {
+            let counter = &self.filter[self.slot(row)];
+            // the writer is the only one to change counters: load + store is enough
+            let c = counter.load(Relaxed);
+            if c < u8::MAX {
+                counter.store(c + 1, Release);
+            }
+            self.rows.fetch_add(1, Relaxed);
+        }
+        let change = 1 - pruned as i64;
+        self.add_entries(change);
+        change
+    }
+
+    fn add_entries(&self, change: i64) {
+        if change >= 0 {
+            self.entries.fetch_add(change as u64, Relaxed);
+        } else {
+            self.entries.fetch_sub(change.unsigned_abs(), Relaxed);
+        }
+    }
+
+    /// After the base moved to `base` (it now holds every entry up to it), with no reader left
+    /// at a version older than `oldest` or on a base older than `oldest_base`: drops the entries
+    /// no reader can see any more — those superseded before `oldest`, and those at or before
+    /// `base` once every reader reads that base (`oldest_base >= base`). Returns how many went.
+    pub fn fold(&self, base: u64, oldest: u64, oldest_base: u64) -> u64 {
+        let mut gone = 0u64;
+        let mut rows_gone = 0u64;
+        for shard in self.shards.iter() {
+            let mut shard = shard.write().unwrap_or_else(|p| p.into_inner());
+            shard.retain(|&row, entries| {
+                gone += prune(entries, oldest) as u64;
+                if oldest_base >= base {
+                    let before = entries.len();
+                    entries.retain(|(v, _)| *v > base);
+                    gone += (before - entries.len()) as u64;
+                }
+                if entries.is_empty() {
+                    let counter = &self.filter[(mix(row) as usize) & (self.filter.len() - 1)];
+                    let c = counter.load(Relaxed);
+                    if c < u8::MAX {
+                        counter.store(c - 1, Release);
+                    }
+                    rows_gone += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.rows.fetch_sub(rows_gone, Relaxed);
+        self.entries.fetch_sub(gone, Relaxed);
+        gone
+    }
+
+    /// Every row's newest entry at or before `version` and after `base`, in row order: what a
+    /// compaction folds into the next base.
+    pub fn newest(&self, base: u64, version: u64) -> Vec<(u64, Option<Box<[u8]>>)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.read().unwrap_or_else(|p| p.into_inner());
+            for (&row, entries) in shard.iter() {
+                if let Some((v, value)) = entries.iter().rev().find(|(v, _)| *v <= version)
+                    && *v > base
+                {
+                    out.push((row, value.clone()));
+                }
+            }
+        }
+        out.sort_unstable_by_key(|(row, _)| *row);
+        out
+    }
+}
+
+/// Drops the entries of one row that no reader at `oldest` or later sees: all but the newest of
+/// those at or before `oldest`. Returns how many went.
+fn prune(entries: &mut Entries, oldest: u64) -> usize {
+    let seen = entries.iter().rposition(|(v, _)| *v <= oldest);
+    match seen {
+        Some(k) if k > 0 => {
+            entries.drain(..k);
+            k
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn row(byte: u8) -> Vec<u8> {
+        vec![byte; 4]
+    }
+
+    fn read(d: &TableDelta, r: u64, base: u64, v: u64) -> Option<DeltaRow<Vec<u8>>> {
+        d.get(r, base, v, <[u8]>::to_vec)
+    }
+
+    #[test]
+    fn a_reader_sees_the_newest_entry_of_its_version() {
+        let d = TableDelta::new(4, 100);
+        assert!(d.is_empty());
+        d.insert(3, 7, Some(&row(1)), 0);
+        d.insert(5, 7, None, 0);
+        d.insert(8, 7, Some(&row(2)), 0);
+        assert_eq!(read(&d, 7, 0, 2), None);
+        assert_eq!(read(&d, 7, 0, 3), Some(DeltaRow::Written(row(1))));
+        assert_eq!(read(&d, 7, 0, 6), Some(DeltaRow::Removed));
+        assert_eq!(read(&d, 7, 0, 9), Some(DeltaRow::Written(row(2))));
+        // a base that holds version 5 hides the entries up to it
+        assert_eq!(read(&d, 7, 5, 6), None);
+        assert_eq!(read(&d, 8, 0, 9), None);
+        assert_eq!((d.rows(), d.bytes()), (1, 3 * (4 + ENTRY_OVERHEAD)));
+    }
+
+    #[test]
+    fn entries_no_reader_sees_are_pruned() {
+        let d = TableDelta::new(4, 100);
+        d.insert(1, 7, Some(&row(1)), 0);
+        d.insert(2, 7, Some(&row(2)), 0);
+        // the oldest reader is at 2: version 1's entry is invisible to everyone
+        assert_eq!(d.insert(3, 7, Some(&row(3)), 2), 0);
+        assert_eq!(read(&d, 7, 0, 2), Some(DeltaRow::Written(row(2))));
+        assert_eq!(d.bytes(), 2 * (4 + ENTRY_OVERHEAD));
+        // the base now holds 3 and every reader reads it: the row leaves the delta
+        assert_eq!(d.fold(3, 3, 3), 2);
+        assert!(d.is_empty() && !d.may_hold(7));
+        assert_eq!(read(&d, 7, 3, 10), None);
+    }
+
+    /// What the delta must answer: per row, its whole history.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Write(u64, Option<u8>),
+        /// A reader starts (kept until a later `End`).
+        Begin,
+        End(prop::sample::Index),
+        /// Compaction moves the base to the current version.
+        Compact,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0u64..12, any::<Option<u8>>()).prop_map(|(r, b)| Step::Write(r, b)),
+            2 => Just(Step::Begin),
+            2 => any::<prop::sample::Index>().prop_map(Step::End),
+            1 => Just(Step::Compact),
+        ]
+    }
+
+    proptest! {
+        /// Random writes, readers coming and going and compactions, against a model that keeps
+        /// every row's full history: every live reader reads, for every row, exactly what the
+        /// model says it saw at its version, and nothing a reader could see is ever pruned.
+        #[test]
+        fn the_delta_matches_a_full_history(steps in prop::collection::vec(step(), 1..80)) {
+            let d = TableDelta::new(4, 16);
+            let mut history: Vec<(u64, u64, Option<u8>)> = Vec::new(); // (version, row, value)
+            let mut version = 0u64;
+            let mut base = 0u64;
+            let mut readers: Vec<(u64, u64)> = Vec::new(); // (base, version)
+            let oldest = |readers: &[(u64, u64)], version: u64| {
+                readers.iter().map(|r| r.1).min().unwrap_or(version)
+            };
+            let oldest_base = |readers: &[(u64, u64)], base: u64| {
+                readers.iter().map(|r| r.0).min().unwrap_or(base)
+            };
+            for s in steps {
+                match s {
+                    Step::Write(r, b) => {
+                        version += 1;
+                        let o = oldest(&readers, version - 1);
+                        d.insert(version, r, b.map(row).as_deref(), o);
+                        history.push((version, r, b));
+                    }
+                    Step::Begin => readers.push((base, version)),
+                    Step::End(i) if !readers.is_empty() => {
+                        readers.remove(i.index(readers.len()));
+                    }
+                    Step::End(_) => {}
+                    Step::Compact => {
+                        base = version;
+                        d.fold(base, oldest(&readers, version), oldest_base(&readers, base));
+                    }
+                }
+                readers.push((base, version)); // a reader at the newest version, this step only
+                for &(b, v) in &readers {
+                    for r in 0..12 {
+                        let want = history.iter().rev().find(|(hv, hr, _)| *hr == r && *hv <= v);
+                        let want = match want {
+                            Some((hv, _, value)) if *hv > b => Some(match value {
+                                Some(x) => DeltaRow::Written(row(*x)),
+                                None => DeltaRow::Removed,
+                            }),
+                            _ => None,
+                        };
+                        prop_assert_eq!(read(&d, r, b, v), want, "row {} at base {} version {}", r, b, v);
+                    }
+                }
+                readers.pop();
+            }
+        }
+    }
+}
