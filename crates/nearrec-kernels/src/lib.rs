@@ -7,9 +7,11 @@
 
 mod fast;
 mod job;
+mod patch;
 pub mod reference;
 mod table;
 
 pub use fast::{pool_bags, prefetch_row};
 pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
+pub use patch::RowPatch;
 pub use table::TableView;

@@ -1,5 +1,7 @@
 use nearrec_format::{DType, RowLayout};
 
+use crate::patch::RowPatch;
+
 /// A read-only view of one table's data region, with the row arithmetic the kernels need.
 #[derive(Debug, Clone, Copy)]
 pub struct TableView<'a> {
@@ -9,6 +11,8 @@ pub struct TableView<'a> {
     dim: usize,
     /// `Some(row_bytes)` when rows are back to back (no padding), so a row's offset is one multiply.
     dense_stride: Option<usize>,
+    /// Rows read from here instead of the table (a live store's delta).
+    patch: Option<&'a RowPatch>,
 }
 
 impl<'a> TableView<'a> {
@@ -29,7 +33,17 @@ impl<'a> TableView<'a> {
             dtype,
             dim: dim as usize,
             dense_stride,
+            patch: None,
         })
+    }
+
+    /// This view with `patch`'s rows standing in for the table's (an empty patch is none).
+    pub fn with_patch(self, patch: &'a RowPatch) -> Self {
+        assert!(patch.is_empty() || patch.row_bytes() == self.row_bytes());
+        Self {
+            patch: (!patch.is_empty()).then_some(patch),
+            ..self
+        }
     }
 
     pub fn rows(&self) -> u64 {
@@ -62,10 +76,15 @@ impl<'a> TableView<'a> {
         }
     }
 
-    /// The encoded bytes of `row`, which must be `< rows()`.
+    /// The encoded bytes of `row`, which must be `< rows()` (the patch's, if it has the row).
     #[inline(always)]
     pub fn row(&self, row: u64) -> &'a [u8] {
         debug_assert!(row < self.layout.rows);
+        if let Some(p) = self.patch
+            && let Some(bytes) = p.get(row)
+        {
+            return bytes;
+        }
         let at = self.offset(row);
         let rb = self.layout.row_bytes as usize;
         // SAFETY: `new` checked that data covers the layout, and every row < rows lies inside it.

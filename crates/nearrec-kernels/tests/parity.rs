@@ -5,7 +5,9 @@
 //! `w·(s·c + b)`), so it is compared within fp32 rounding.
 
 use nearrec_format::{AlignedBuf, DType, RowLayout};
-use nearrec_kernels::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex, TableView, reference};
+use nearrec_kernels::{
+    BagsOut, IndexError, PoolJob, PoolingMode, RowIndex, RowPatch, TableView, reference,
+};
 use proptest::prelude::*;
 
 /// A table of `rows` random rows in `[-1, 1)`, encoded as `dtype` in the store's block layout.
@@ -102,8 +104,39 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 fn run<I: RowIndex>(c: &Case, indices: &[I], fast: bool) -> (Result<(), IndexError>, Vec<f32>) {
-    let (buf, layout) = table(c.dtype, c.rows, c.dim, c.block_bytes, c.seed);
-    let view = TableView::new(buf.as_slice(), layout, c.dtype, c.dim).expect("view");
+    run_patched(c, indices, fast, &[], false)
+}
+
+/// Rows standing in for the table's: `(row, Some(values) | None = removed)`.
+type Patches = [(u64, Option<Vec<f32>>)];
+
+/// [`run`] with `patches` given as a [`RowPatch`], or (`in_table`) written into a copy of the
+/// table instead: what a patch must mean.
+fn run_patched<I: RowIndex>(
+    c: &Case,
+    indices: &[I],
+    fast: bool,
+    patches: &Patches,
+    in_table: bool,
+) -> (Result<(), IndexError>, Vec<f32>) {
+    let (mut buf, layout) = table(c.dtype, c.rows, c.dim, c.block_bytes, c.seed);
+    let rb = layout.row_bytes as usize;
+    let mut patch = RowPatch::new(rb);
+    for (row, values) in patches {
+        let mut bytes = vec![0u8; rb];
+        if let Some(v) = values {
+            c.dtype.encode_row(v, &mut bytes);
+        }
+        if in_table {
+            let at = layout.row_offset(*row) as usize;
+            buf.as_mut_slice()[at..at + rb].copy_from_slice(&bytes);
+        } else {
+            patch.set(*row, values.as_ref().map(|_| &bytes[..]));
+        }
+    }
+    let view = TableView::new(buf.as_slice(), layout, c.dtype, c.dim)
+        .expect("view")
+        .with_patch(&patch);
     let mut bounds = vec![0usize];
     for l in &c.lengths {
         bounds.push(bounds.last().unwrap() + l);
@@ -228,4 +261,37 @@ fn mean_skips_padding_and_empty_bags_are_zero() {
     // bag 1: empty; bag 2: only padding → zeros
     assert_eq!(&out[7..11], &[0.0; 4]);
     assert_eq!(&out[14..18], &[0.0; 4]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Rows patched in (written or removed) pool as if the table held them, in the fast kernels
+    /// and the reference alike.
+    #[test]
+    fn patched_rows_pool_as_if_written_into_the_table(
+        c in case().prop_filter("valid indices", |c| c.bad.is_none()),
+        which in prop::collection::vec((any::<prop::sample::Index>(), any::<bool>()), 0..8),
+    ) {
+        let mut patches: Vec<(u64, Option<Vec<f32>>)> = Vec::new();
+        for (i, (at, removed)) in which.iter().enumerate() {
+            let row = at.index(c.rows as usize) as u64;
+            if patches.iter().any(|(r, _)| *r == row) {
+                continue;
+            }
+            let values = (0..c.dim).map(|j| (i as f32 + 1.0) * 0.125 - j as f32 * 0.01).collect();
+            patches.push((row, (!removed).then_some(values)));
+        }
+        let picks: Vec<i64> = c.picks.iter().map(|&p| p as i64).collect();
+        let (fast_res, fast_out) = run_patched(&c, &picks, true, &patches, false);
+        let (slow_res, slow_out) = run_patched(&c, &picks, false, &patches, false);
+        let (want_res, want_out) = run_patched(&c, &picks, false, &patches, true);
+        prop_assert!(fast_res.is_ok() && slow_res.is_ok() && want_res.is_ok());
+        check_same(&c, &fast_out, &slow_out)?;
+        // the reference with a patch and on the patched table: the same rows, the same sums
+        for (k, (&a, &b)) in slow_out.iter().zip(&want_out).enumerate() {
+            prop_assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                         "cell {}: patched {} vs written {}", k, a, b);
+        }
+    }
 }
