@@ -11,10 +11,15 @@
 //! freed under it.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::AtomicU8;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, Release};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use nearrec_kernels::RowPatch;
+
+use crate::request::Indices;
 
 /// Bytes a delta entry costs beside its row (map slot, version, box): what the budget counts.
 pub const ENTRY_OVERHEAD: u64 = 48;
@@ -46,6 +51,9 @@ pub struct TableDelta {
     /// Rows with at least one entry, and entries.
     rows: AtomicU64,
     entries: AtomicU64,
+    /// Lookups served from the delta, and those of removed rows (pooled as zero rows).
+    served: AtomicU64,
+    removed_served: AtomicU64,
 }
 
 fn mix(x: u64) -> u64 {
@@ -68,7 +76,15 @@ impl TableDelta {
             filter: (0..slots).map(|_| AtomicU8::new(0)).collect(),
             rows: AtomicU64::new(0),
             entries: AtomicU64::new(0),
+            served: AtomicU64::new(0),
+            removed_served: AtomicU64::new(0),
         }
+    }
+
+    /// Distinct rows per batch served from the delta so far, and how many of them were removed
+    /// rows (pooled as zero rows).
+    pub fn served(&self) -> (u64, u64) {
+        (self.served.load(Relaxed), self.removed_served.load(Relaxed))
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -227,6 +243,68 @@ impl TableDelta {
         }
         out.sort_unstable_by_key(|(row, _)| *row);
         out
+    }
+}
+
+/// What a lookup reads of a live store's deltas: per table of the engine, its delta (`None`:
+/// none), and the base and version of the reader's snapshot.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaView<'a> {
+    tables: &'a [Option<Arc<TableDelta>>],
+    base: u64,
+    version: u64,
+}
+
+impl<'a> DeltaView<'a> {
+    /// No delta: every row is the base's (a store that is not live).
+    pub const NONE: DeltaView<'static> = DeltaView {
+        tables: &[],
+        base: 0,
+        version: 0,
+    };
+
+    pub fn new(tables: &'a [Option<Arc<TableDelta>>], base: u64, version: u64) -> Self {
+        Self {
+            tables,
+            base,
+            version,
+        }
+    }
+
+    /// Table `id`'s delta, if it holds anything.
+    fn table(&self, id: usize) -> Option<&'a TableDelta> {
+        self.tables.get(id)?.as_deref().filter(|d| !d.is_empty())
+    }
+
+    /// The rows the delta holds for `indices[positions]` (ids in `0..rows`; others are left for
+    /// the caller to refuse), as a patch; `None` when it holds none of them.
+    pub(crate) fn patch(
+        &self,
+        id: usize,
+        indices: Indices<'_>,
+        positions: Range<usize>,
+        rows: u64,
+    ) -> Option<RowPatch> {
+        let d = self.table(id)?;
+        let mut patch = RowPatch::new(d.row_bytes());
+        for pos in positions {
+            let v = indices.get(pos);
+            if v < 0 || v as u64 >= rows || !d.may_hold(v as u64) || patch.contains(v as u64) {
+                continue;
+            }
+            let r = v as u64;
+            if let Some(DeltaRow::Removed) =
+                d.get(r, self.base, self.version, |b| patch.set(r, Some(b)))
+            {
+                patch.set(r, None);
+            }
+        }
+        if patch.is_empty() {
+            return None;
+        }
+        d.served.fetch_add(patch.len() as u64, Relaxed);
+        d.removed_served.fetch_add(patch.removed(), Relaxed);
+        Some(patch)
     }
 }
 

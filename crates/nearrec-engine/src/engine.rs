@@ -13,6 +13,7 @@ use rayon::prelude::*;
 
 use crate::cells::{Cells, Ready};
 use crate::config::{EngineConfig, Tier};
+use crate::delta::DeltaView;
 use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
 use crate::request::{Bags, Batch, Checked, Indices, TableLookup, check};
@@ -357,8 +358,20 @@ impl Engine {
     /// Pools `req` into `out`, a row-major `[batch, width]` matrix (`prepared` from [`Self::prepare`]
     /// on the same request).
     pub fn execute(&self, req: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
+        self.execute_at(req, prepared, out, DeltaView::NONE)
+    }
+
+    /// [`Self::execute`] as a live store's snapshot sees it: each row the `deltas` hold for it
+    /// (written or removed since this engine's tables) stands in for the table's.
+    pub fn execute_at(
+        &self,
+        req: &Batch<'_>,
+        prepared: &Prepared,
+        out: &mut [f32],
+        deltas: DeltaView<'_>,
+    ) -> Result<()> {
         let _inside = fork_gate();
-        self.run(req, prepared, out, None)
+        self.run(req, prepared, out, None, deltas)
     }
 
     /// [`Self::execute`], handing each table's pooled `[batch, dim]` block to `ready` (with the
@@ -370,6 +383,7 @@ impl Engine {
         prepared: &Prepared,
         out: &mut [f32],
         ready: Option<&Ready<'_>>,
+        deltas: DeltaView<'_>,
     ) -> Result<()> {
         assert_eq!(
             out.len(),
@@ -399,6 +413,7 @@ impl Engine {
                     col: *col,
                     req: t,
                     checked,
+                    deltas,
                 })
                 .collect();
             if !jobs.is_empty() {
@@ -445,7 +460,7 @@ impl Engine {
             // tasks, and its length was checked above.
             let mut bags =
                 unsafe { BagsOut::from_raw(cells.ptr(b0, *col), prepared.width, dim, b1 - b0) };
-            self.pool(&req.tables[k], checked, *id, b0, b1, &mut bags)?;
+            self.pool(&req.tables[k], checked, *id, b0..b1, &mut bags, deltas)?;
             if let Some(ready) = ready
                 && left[k].fetch_sub(1, AcqRel) == 1
             {
@@ -481,11 +496,18 @@ impl Engine {
         t: &crate::request::TableLookup<'_>,
         checked: &Checked,
         id: usize,
-        b0: usize,
-        b1: usize,
+        bags: std::ops::Range<usize>,
         out: &mut BagsOut<'_>,
+        deltas: DeltaView<'_>,
     ) -> Result<()> {
+        let (b0, b1) = (bags.start, bags.end);
         let view = self.view(id);
+        let (lo, hi) = (checked.bounds[b0], checked.bounds[b1]);
+        let patch = deltas.patch(id, t.indices, lo..hi, view.rows());
+        let view = match &patch {
+            Some(p) => view.with_patch(p),
+            None => view,
+        };
         fn job<'a, I: RowIndex>(
             indices: &'a [I],
             t: &crate::request::TableLookup<'a>,

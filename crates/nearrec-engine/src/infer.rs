@@ -7,6 +7,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::delta::DeltaView;
 use crate::dense::{DenseModel, Early, ModelError};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
@@ -69,7 +70,7 @@ impl Engine {
                     lock(spent_ref).1 += t.elapsed();
                 });
             };
-            let res = self.run(req, &prepared, &mut pooled, Some(&ready));
+            let res = self.run(req, &prepared, &mut pooled, Some(&ready), DeltaView::NONE);
             (res, start.elapsed())
         });
         let (res, embeddings) = embeddings;

@@ -23,6 +23,7 @@ use rayon::prelude::*;
 
 use crate::cells::{Cells, Ready};
 use crate::config::EngineConfig;
+use crate::delta::DeltaView;
 use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
 use crate::request::{Checked, PoolingMode, TableLookup};
@@ -51,6 +52,8 @@ pub(crate) struct SsdJob<'a> {
     pub col: usize,
     pub req: &'a TableLookup<'a>,
     pub checked: &'a Checked,
+    /// The rows written or removed since the table's file (a live store's).
+    pub deltas: DeltaView<'a>,
 }
 
 /// A job's lookups, routed: the ones the SSD must serve as `(row, position, bag)` sorted by
@@ -178,6 +181,7 @@ impl SsdTier {
         }
         let cells = Cells::new(out, batch, width);
         let serve = |(job, r): (&SsdJob<'_>, &mut Routed)| {
+            serve_patch(job, r, batch, &cells);
             r.misses = self.serve_dram(job, r, &cells);
         };
         match workers {
@@ -417,6 +421,29 @@ impl SsdTier {
         r.entries.sort_unstable();
         runs(&r.entries, self.dedup).collect()
     }
+}
+
+/// Pools every lookup of `r` whose row the job's delta holds (written since the table's file,
+/// or removed: a zero row) and keeps the others: neither the DRAM tiers nor the disk are asked
+/// for a row the delta has.
+fn serve_patch(job: &SsdJob<'_>, r: &mut Routed, batch: usize, cells: &Cells) {
+    let bounds = &job.checked.bounds;
+    let positions = bounds[0]..bounds[batch];
+    let Some(patch) = job
+        .deltas
+        .patch(job.id, job.req.indices, positions, job.meta.rows)
+    else {
+        return;
+    };
+    let row = &mut vec![0f32; job.meta.dim as usize][..];
+    r.entries.retain(|e| match patch.get(e.0) {
+        Some(bytes) => {
+            job.meta.dtype.decode_row(bytes, row);
+            pool_row(job, std::slice::from_ref(e), row, cells);
+            false
+        }
+        None => true,
+    });
 }
 
 /// Adds a decoded row into the cells of the bags that want it (`entries`: its lookups).
