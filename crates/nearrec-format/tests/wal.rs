@@ -290,3 +290,31 @@ proptest! {
         prop_assert_eq!(replay(dir.path(), 0).len() as u64, whole + 1);
     }
 }
+
+#[test]
+fn a_reader_replays_what_is_whole_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(dir.path(), WalConfig::default(), 0).unwrap();
+    for call in calls(4) {
+        wal.append(&call).unwrap();
+    }
+    // the writer is in the middle of its next group: half a record at the end
+    let seg = &segments(dir.path())[0];
+    let whole = fs::read(seg).unwrap();
+    let mut more = Vec::new();
+    nearrec_format::wal::encode(5, &calls(5)[4], &mut more).unwrap();
+    let mut torn = whole.clone();
+    torn.extend_from_slice(&more[..more.len() / 2]);
+    fs::write(seg, &torn).unwrap();
+    let rec = Wal::read(dir.path(), 1).unwrap();
+    assert_eq!(
+        rec.records.iter().map(|r| r.lsn).collect::<Vec<_>>(),
+        [2, 3, 4]
+    );
+    assert_eq!(rec.torn_bytes, (more.len() / 2) as u64);
+    assert_eq!(
+        fs::read(seg).unwrap(),
+        torn,
+        "a reader leaves the log as it is"
+    );
+}

@@ -173,112 +173,28 @@ impl Wal {
     /// write that was never acknowledged: it is cut off the file. Damage anywhere else is
     /// [`FormatError::Corrupted`].
     pub fn open(dir: &Path, config: WalConfig, applied: u64) -> Result<(Wal, Recovered)> {
-        let mut found = Vec::new();
-        for entry in fs::read_dir(dir).map_err(|e| FormatError::io(dir, e))? {
-            let entry = entry.map_err(|e| FormatError::io(dir, e))?;
-            if let Some(first) = entry.file_name().to_str().and_then(parse_segment_name) {
-                found.push((first, entry.path()));
-            }
-        }
-        found.sort();
-        let corrupted = |path: &Path, reason: String| FormatError::Corrupted {
-            path: path.to_path_buf(),
-            reason: format!("write-ahead log: {reason}"),
-        };
-        let mut records = Vec::new();
-        let mut segments = Vec::new();
-        let mut torn_bytes = 0u64;
-        let mut next: Option<u64> = None;
-        let last = found.len().checked_sub(1);
-        for (i, (first, path)) in found.iter().enumerate() {
-            let newest = Some(i) == last;
-            let bytes =
-                crate::files::read_regular(path, IN_STORE).map_err(|e| FormatError::io(path, e))?;
-            let named = match read_header(&bytes) {
-                Ok(n) if n == *first => n,
-                Ok(n) => {
-                    let why = format!("segment {} says it starts at record {n}", path.display());
-                    return Err(corrupted(path, why));
-                }
-                // a crash while the newest segment was being made: it holds nothing acknowledged
-                Err(_) if newest && bytes.len() <= SEGMENT_HEADER => {
-                    torn_bytes += bytes.len() as u64;
-                    fs::remove_file(path).map_err(|e| FormatError::io(path, e))?;
-                    fsync_dir(dir)?;
-                    continue;
-                }
-                Err(why) => return Err(corrupted(path, format!("{}: {why}", path.display()))),
-            };
-            if next.is_none() && named > applied + 1 {
-                let why = format!(
-                    "the tables hold records up to {applied}, but the log starts at {named}"
-                );
-                return Err(corrupted(path, why));
-            }
-            if let Some(expected) = next
-                && named != expected
-            {
-                let why = format!(
-                    "segment {} starts at record {named}, but the one before it ends at {}",
-                    path.display(),
-                    expected - 1
-                );
-                return Err(corrupted(path, why));
-            }
-            let mut at = SEGMENT_HEADER;
-            let mut lsn = named;
-            while at < bytes.len() {
-                match record::decode(&bytes[at..], lsn) {
-                    Frame::Record(r, n) => {
-                        if r.lsn > applied {
-                            records.push(r);
-                        }
-                        at += n;
-                        lsn += 1;
-                    }
-                    Frame::Torn(_) if newest => {
-                        // the tail of the newest segment: a group cut by a crash before its sync
-                        // returned, so none of it was acknowledged
-                        torn_bytes += (bytes.len() - at) as u64;
-                        let file = OpenOptions::new()
-                            .write(true)
-                            .open(path)
-                            .map_err(|e| FormatError::io(path, e))?;
-                        file.set_len(at as u64)
-                            .and_then(|()| file.sync_all())
-                            .map_err(|e| FormatError::io(path, e))?;
-                        break;
-                    }
-                    Frame::Torn(why) => {
-                        let why = format!("{} at byte {at}: {why}", path.display());
-                        return Err(corrupted(path, why));
-                    }
-                }
-            }
-            next = Some(lsn);
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(path)
-                .map_err(|e| FormatError::io(path, e))?;
-            segments.push(Segment {
-                first: named,
-                file: Arc::new(file),
-                bytes: at as u64,
-            });
-        }
-        // records up to `applied` may have had their segments removed already
-        let next = next.unwrap_or(applied + 1).max(applied + 1);
-        if let Some(r) = records.first()
-            && r.lsn != applied + 1
-        {
-            let why = format!(
-                "the tables hold records up to {applied}, but the log's next is {}",
-                r.lsn
-            );
-            return Err(corrupted(dir, why));
-        }
+        let Scan {
+            records,
+            torn_bytes,
+            segments,
+            next,
+        } = scan(dir, applied, true)?;
+        let mut segments = segments
+            .into_iter()
+            .map(|(first, path, bytes)| {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                    .open(&path)
+                    .map_err(|e| FormatError::io(&path, e))?;
+                Ok(Segment {
+                    first,
+                    file: Arc::new(file),
+                    bytes,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         if segments.is_empty() {
             segments.push(create_segment(dir, next)?);
         }
@@ -322,6 +238,17 @@ impl Wal {
                 torn_bytes,
             },
         ))
+    }
+
+    /// The records after `applied` as the log holds them now, without writing anything: what
+    /// a reader in another process replays (the writer may be appending meanwhile; a record it
+    /// has not finished is not read). Damage is refused as [`Wal::open`] refuses it.
+    pub fn read(dir: &Path, applied: u64) -> Result<Recovered> {
+        let scan = scan(dir, applied, false)?;
+        Ok(Recovered {
+            records: scan.records,
+            torn_bytes: scan.torn_bytes,
+        })
     }
 
     /// Appends one record of `ops` and returns its sequence number once it is as durable as
@@ -384,6 +311,125 @@ impl Drop for Wal {
         // what async appends left unsynced is synced now (a clean close loses nothing)
         let _ = self.shared.sync_all();
     }
+}
+
+/// What the segment files hold: the records after `applied`, the bytes of a torn tail, each
+/// segment's first record, path and whole bytes, and the next record's number.
+struct Scan {
+    records: Vec<Record>,
+    torn_bytes: u64,
+    segments: Vec<(u64, PathBuf, u64)>,
+    next: u64,
+}
+
+/// Reads the log in `dir` (see [`Wal::open`]); with `repair`, cuts a torn tail off the file and
+/// removes a newest segment cut while being made.
+fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| FormatError::io(dir, e))? {
+        let entry = entry.map_err(|e| FormatError::io(dir, e))?;
+        if let Some(first) = entry.file_name().to_str().and_then(parse_segment_name) {
+            found.push((first, entry.path()));
+        }
+    }
+    found.sort();
+    let corrupted = |path: &Path, reason: String| FormatError::Corrupted {
+        path: path.to_path_buf(),
+        reason: format!("write-ahead log: {reason}"),
+    };
+    let mut records = Vec::new();
+    let mut segments = Vec::new();
+    let mut torn_bytes = 0u64;
+    let mut next: Option<u64> = None;
+    let last = found.len().checked_sub(1);
+    for (i, (first, path)) in found.iter().enumerate() {
+        let newest = Some(i) == last;
+        let bytes =
+            crate::files::read_regular(path, IN_STORE).map_err(|e| FormatError::io(path, e))?;
+        let named = match read_header(&bytes) {
+            Ok(n) if n == *first => n,
+            Ok(n) => {
+                let why = format!("segment {} says it starts at record {n}", path.display());
+                return Err(corrupted(path, why));
+            }
+            // a crash while the newest segment was being made: it holds nothing acknowledged
+            Err(_) if newest && bytes.len() <= SEGMENT_HEADER => {
+                torn_bytes += bytes.len() as u64;
+                if repair {
+                    fs::remove_file(path).map_err(|e| FormatError::io(path, e))?;
+                    fsync_dir(dir)?;
+                }
+                continue;
+            }
+            Err(why) => return Err(corrupted(path, format!("{}: {why}", path.display()))),
+        };
+        if next.is_none() && named > applied + 1 {
+            let why =
+                format!("the tables hold records up to {applied}, but the log starts at {named}");
+            return Err(corrupted(path, why));
+        }
+        if let Some(expected) = next
+            && named != expected
+        {
+            let why = format!(
+                "segment {} starts at record {named}, but the one before it ends at {}",
+                path.display(),
+                expected - 1
+            );
+            return Err(corrupted(path, why));
+        }
+        let mut at = SEGMENT_HEADER;
+        let mut lsn = named;
+        while at < bytes.len() {
+            match record::decode(&bytes[at..], lsn) {
+                Frame::Record(r, n) => {
+                    if r.lsn > applied {
+                        records.push(r);
+                    }
+                    at += n;
+                    lsn += 1;
+                }
+                Frame::Torn(_) if newest => {
+                    // the tail of the newest segment: a group cut by a crash before its sync
+                    // returned, so none of it was acknowledged
+                    torn_bytes += (bytes.len() - at) as u64;
+                    if repair {
+                        let file = OpenOptions::new()
+                            .write(true)
+                            .open(path)
+                            .map_err(|e| FormatError::io(path, e))?;
+                        file.set_len(at as u64)
+                            .and_then(|()| file.sync_all())
+                            .map_err(|e| FormatError::io(path, e))?;
+                    }
+                    break;
+                }
+                Frame::Torn(why) => {
+                    let why = format!("{} at byte {at}: {why}", path.display());
+                    return Err(corrupted(path, why));
+                }
+            }
+        }
+        next = Some(lsn);
+        segments.push((named, path.clone(), at as u64));
+    }
+    // records up to `applied` may have had their segments removed already
+    let next = next.unwrap_or(applied + 1).max(applied + 1);
+    if let Some(r) = records.first()
+        && r.lsn != applied + 1
+    {
+        let why = format!(
+            "the tables hold records up to {applied}, but the log's next is {}",
+            r.lsn
+        );
+        return Err(corrupted(dir, why));
+    }
+    Ok(Scan {
+        records,
+        torn_bytes,
+        segments,
+        next,
+    })
 }
 
 /// Makes segment `first`: header written and synced, then the directory synced, before any
