@@ -41,6 +41,17 @@ impl Engine {
         dense: &[f32],
         req: &Batch<'_>,
     ) -> Result<(Vec<f32>, InferTimes)> {
+        self.infer_at(model, dense, req, DeltaView::NONE)
+    }
+
+    /// [`Self::infer`] as a live store's snapshot sees the tables (see [`Self::execute_at`]).
+    pub fn infer_at(
+        &self,
+        model: &DenseModel,
+        dense: &[f32],
+        req: &Batch<'_>,
+        deltas: DeltaView<'_>,
+    ) -> Result<(Vec<f32>, InferTimes)> {
         let _inside = nearrec_io::fork_gate();
         let start = Instant::now();
         let prepared = self.prepare(req)?;
@@ -70,7 +81,7 @@ impl Engine {
                     lock(spent_ref).1 += t.elapsed();
                 });
             };
-            let res = self.run(req, &prepared, &mut pooled, Some(&ready), DeltaView::NONE);
+            let res = self.run(req, &prepared, &mut pooled, Some(&ready), deltas);
             (res, start.elapsed())
         });
         let (res, embeddings) = embeddings;

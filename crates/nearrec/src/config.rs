@@ -75,6 +75,28 @@ pub struct StoreConfig {
     /// a preset (`rm-ssd`, `cosmos-plus`, `this-disk`) or a full parameter set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceSource>,
+    /// Open for writing (`write`, `remove`): one writing process per store, held by a lock that
+    /// ends with the process however it ends. Other processes open it read-only.
+    pub writable: bool,
+    /// Writable stores: `sync` (a call returns once its rows are on disk) or `async` (once they
+    /// are in the kernel: they survive a killed process, and reach the disk within
+    /// `durability_window_ms`).
+    pub durability: DurabilityMode,
+    /// Writable stores, `async`: the longest a returned call waits to reach the disk, in ms
+    /// (1–10000).
+    pub durability_window_ms: u64,
+    /// Writable stores: memory for rows written since the tables' files (each row's encoded
+    /// bytes plus 48 bytes); a call that does not fit is refused until compaction frees it.
+    pub delta_budget: Size,
+}
+
+/// When a write call returns (see [`StoreConfig::durability`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityMode {
+    #[default]
+    Sync,
+    Async,
 }
 
 impl Default for StoreConfig {
@@ -98,6 +120,10 @@ impl Default for StoreConfig {
             cache_ways: engine.cache.ways,
             plan: None,
             device: None,
+            writable: false,
+            durability: DurabilityMode::Sync,
+            durability_window_ms: 10,
+            delta_budget: Size(256 << 20),
         }
     }
 }
@@ -248,6 +274,18 @@ impl StoreConfig {
             return bad(
                 "cache_ways",
                 format!("{} must be in 1..=65536", self.cache_ways),
+            );
+        }
+        if !(1..=10_000).contains(&self.durability_window_ms) {
+            return bad(
+                "durability_window_ms",
+                format!("{} must be in 1..=10000", self.durability_window_ms),
+            );
+        }
+        if self.delta_budget.0 < 1 << 20 {
+            return bad(
+                "delta_budget",
+                format!("{} bytes is less than 1 MiB", self.delta_budget.0),
             );
         }
         if let Some(device) = &self.device {
@@ -411,6 +449,10 @@ mod tests {
                 cache_ways: 8,
                 plan: Some(PlanSource::Placement(placement)),
                 device: Some(DeviceSource::Config(Box::new(DeviceConfig::rm_ssd()))),
+                writable: true,
+                durability: DurabilityMode::Async,
+                durability_window_ms: 50,
+                delta_budget: Size(64 << 20),
             },
             StoreConfig::default()
                 .with_plan(PlanSource::File("a.plan.toml".into()))

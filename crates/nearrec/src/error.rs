@@ -34,6 +34,21 @@ pub enum Error {
     #[error("the store at {path}: its model attachments are not a model: {reason}")]
     BadModel { path: String, reason: String },
 
+    /// A write to a store opened read-only.
+    #[error("the store at {path} is open read-only; open it with writable=True to change it")]
+    ReadOnly { path: String },
+
+    /// Another process (or another open in this one) holds the store for writing.
+    #[error("the store at {path} is open for writing elsewhere: a store has one writer at a time")]
+    Locked { path: String },
+
+    /// A write that does not fit the delta's budget: nothing of it was applied.
+    #[error(
+        "the store's delta is full: {used} of {budget} bytes in use, the call needs {asked}; \
+         raise delta_budget or wait for compaction"
+    )]
+    DeltaFull { used: u64, asked: u64, budget: u64 },
+
     /// A bug of ours (a panic caught at a thread boundary).
     #[error("internal error: {0}")]
     Internal(String),

@@ -28,7 +28,10 @@ impl Store {
         dense: &[f32],
         batch: &Batch<'_>,
     ) -> Result<Inferred> {
-        let (outputs, times) = self.engine().infer(model, dense, batch)?;
+        let snapshot = self.snapshot();
+        let (outputs, times) = self
+            .engine()
+            .infer_at(model, dense, batch, snapshot.view())?;
         let width = model.outputs();
         Ok(Inferred {
             batch: outputs.len() / width.max(1),

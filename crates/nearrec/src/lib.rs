@@ -4,7 +4,8 @@
 //! node share. Open a [`Store`] with a [`StoreConfig`] (serde, TOML); pool a [`Batch`] of
 //! [`TableLookup`]s with [`Store::lookup`]; pipeline batches with [`Store::submit`] /
 //! [`Store::stream`] and cut large ones with [`Store::lookup_split`]; run the model kept with the
-//! store next to its embeddings with [`Store::infer`]. Plans (where rows live in a DRAM budget)
+//! store next to its embeddings with [`Store::infer`]. A store opened `writable` takes
+//! [`Store::write_many`] / [`Store::remove`] while it serves (`docs/live.md`). Plans (where rows live in a DRAM budget)
 //! come from [`plan`]; a plan file applies through [`StoreConfig::plan`]. `examples/serve.rs`
 //! walks through all of it (`cargo run -p nearrec --example serve --release`).
 //!
@@ -33,6 +34,7 @@ pub mod config;
 mod error;
 mod infer;
 pub mod jagged;
+mod live;
 pub mod model;
 pub mod pipeline;
 mod store;
@@ -41,9 +43,10 @@ pub use batch::{
     AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
     PoolingMode, TableLookup,
 };
-pub use config::{DeviceSource, PlanSource, StoreConfig};
+pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
 pub use error::{Error, Result};
 pub use jagged::{JaggedBlock, jagged};
+pub use live::{RowWrite, Snapshot, WriteOptions};
 pub use model::{Inferred, StoredModel};
 pub use pipeline::{Pending, Stream};
 pub use store::{Stats, Store};

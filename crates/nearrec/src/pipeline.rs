@@ -167,6 +167,8 @@ impl Store {
             return self.lookup(batch);
         }
         let parts = split(batch, &prepared, sub_batch);
+        // every sub-batch reads the version the batch started at
+        let snapshot = self.snapshot();
         let mut values = vec![0f32; bags * width];
         let chunks: Vec<&mut [f32]> = values.chunks_mut(sub_batch * width.max(1)).collect();
         let work = Mutex::new(parts.iter().zip(chunks));
@@ -178,9 +180,9 @@ impl Store {
                         let item = work.lock().unwrap_or_else(|e| e.into_inner()).next();
                         let Some((part, out)) = item else { break };
                         let b = part.batch();
-                        let run = self
-                            .prepare(&b)
-                            .and_then(|p| self.execute(&b, &p, &mut out[..p.batch() * width]));
+                        let run = self.prepare(&b).and_then(|p| {
+                            self.execute_at(&b, &p, &mut out[..p.batch() * width], &snapshot)
+                        });
                         if let Err(e) = run {
                             failed
                                 .lock()

@@ -14,6 +14,7 @@ use nearrec_io::MemDevice;
 use crate::batch::{Batch, Pooled};
 use crate::config::{PlanSource, StoreConfig};
 use crate::error::{Error, Result};
+use crate::live::{Live, RowWrite, Snapshot, WriteOptions};
 use crate::model::StoredModel;
 
 /// An open store. Safe to share between threads.
@@ -32,6 +33,8 @@ pub(crate) struct Inner {
     config: StoreConfig,
     /// The model kept with the store, loaded on first use.
     model: OnceLock<Arc<StoredModel>>,
+    /// Rows written since the tables' files, and the writer when the store is writable.
+    live: Live,
 }
 
 /// The SSD tier's counters: the device, then every counter and latency percentile (µs) of
@@ -100,6 +103,7 @@ impl Store {
                 (engine, Some(flash))
             }
         };
+        let live = Live::open(reader.path(), reader.tables(), config)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 engine,
@@ -108,6 +112,7 @@ impl Store {
                 manifest: reader.manifest().clone(),
                 config: config.clone(),
                 model: OnceLock::new(),
+                live,
             }),
         })
     }
@@ -167,9 +172,79 @@ impl Store {
         Ok(self.inner.engine.prepare(batch)?)
     }
 
-    /// Pools `batch` into `out`, row-major `[prepared.batch(), prepared.width()]`.
+    /// Pools `batch` into `out`, row-major `[prepared.batch(), prepared.width()]`, as the
+    /// store is now (every write that returned before is seen).
     pub fn execute(&self, batch: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
-        Ok(self.inner.engine.execute(batch, prepared, out)?)
+        self.execute_at(batch, prepared, out, &self.snapshot())
+    }
+
+    /// [`Store::execute`] at `snapshot` (the parts of one batch read one version).
+    pub fn execute_at(
+        &self,
+        batch: &Batch<'_>,
+        prepared: &Prepared,
+        out: &mut [f32],
+        snapshot: &Snapshot,
+    ) -> Result<()> {
+        let view = snapshot.view();
+        Ok(self.inner.engine.execute_at(batch, prepared, out, view)?)
+    }
+
+    /// What a lookup starting now reads: the version of every table as of the last write that
+    /// returned.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.live.snapshot()
+    }
+
+    /// The store's version: the number of the last write applied (0 before any).
+    pub fn version(&self) -> u64 {
+        self.snapshot().version()
+    }
+
+    /// Whether the store was opened for writing.
+    pub fn writable(&self) -> bool {
+        self.inner.live.writable()
+    }
+
+    /// EMB_WRITE: upserts rows of several tables in one atomic call (all of its rows or none),
+    /// durable when it returns; every lookup that starts after sees them. Values are float32,
+    /// encoded with each table's dtype (int8 rows re-quantised row-wise). Returns the version
+    /// the call made.
+    pub fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
+        self.inner.live.write(writes, options)
+    }
+
+    /// [`Store::write_many`] of one table: rows `ids` become `values` (`ids.len() × dim`).
+    pub fn write(&self, table: &str, ids: &[i64], values: &[f32]) -> Result<u64> {
+        let w = RowWrite {
+            table,
+            ids,
+            values: Some(values),
+        };
+        self.write_many(&[w], WriteOptions::default())
+    }
+
+    /// EMB_REMOVE of rows: until written again they pool as zero rows (and are counted,
+    /// `removed_served`). Atomic and durable like [`Store::write_many`].
+    pub fn remove(&self, table: &str, ids: &[i64]) -> Result<u64> {
+        let w = RowWrite {
+            table,
+            ids,
+            values: None,
+        };
+        self.write_many(&[w], WriteOptions::default())
+    }
+
+    /// A store opened read-only moves to the newest version its writer has logged; returns the
+    /// version. (A writable store is always at its newest.)
+    pub fn refresh(&self) -> Result<u64> {
+        self.inner.live.refresh()
+    }
+
+    /// The write-ahead log's and the deltas' counters: `version`, `delta_rows`, `delta_bytes`,
+    /// `delta_served`, `removed_served`, `log_bytes`, `log_records`, `log_groups`, `log_syncs`.
+    pub fn live_stats(&self) -> Vec<(&'static str, f64)> {
+        self.inner.live.stats()
     }
 
     /// Pools `batch`: one `[batch, Σ dim]` output, tables in request order.

@@ -1,0 +1,413 @@
+//! Live stores (`docs/live.md`): writes and removes while the store serves, durable when they
+//! return and seen by every lookup that starts after.
+//!
+//! A call is validated and encoded, appended to the write-ahead log (group commit: many
+//! threads' calls share a sync), then applied to the tables' deltas in log order and published
+//! as the next [`Snapshot`]. A lookup takes the current snapshot when it starts and reads
+//! through it, so it sees each table at one version: never half of a call, never a torn row.
+//! On open, the log's records are replayed into the deltas; a store opened read-only in another
+//! process replays what the writer has logged when it opens and on [`crate::Store::refresh`].
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use nearrec_engine::delta::{DeltaView, ENTRY_OVERHEAD, TableDelta};
+use nearrec_format::wal::{Durability, Op, Record, Wal, WalConfig, WalStats};
+use nearrec_format::{FormatError, TableMeta, files};
+
+use crate::config::{DurabilityMode, StoreConfig};
+use crate::error::{Error, Result};
+
+/// What one lookup reads: the deltas as of `version`, over tables that hold everything up to
+/// `base`.
+#[derive(Debug)]
+pub struct Snapshot {
+    version: u64,
+    base: u64,
+    /// Per table of the store (`None`: never written).
+    deltas: Vec<Option<Arc<TableDelta>>>,
+}
+
+impl Snapshot {
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub(crate) fn view(&self) -> DeltaView<'_> {
+        DeltaView::new(&self.deltas, self.base, self.version)
+    }
+}
+
+/// One table's rows written by a call: ids and float32 values, `ids.len() × dim` of them.
+#[derive(Debug, Clone, Copy)]
+pub struct RowWrite<'a> {
+    pub table: &'a str,
+    pub ids: &'a [i64],
+    /// `None`: the rows are removed.
+    pub values: Option<&'a [f32]>,
+}
+
+/// How a call's rows are checked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteOptions {
+    /// Accept NaN and infinite values (refused by default: a NaN row poisons every bag).
+    pub allow_nonfinite: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Live {
+    dir: PathBuf,
+    tables: Vec<TableMeta>,
+    current: Mutex<Arc<Snapshot>>,
+    /// Every snapshot published, to find the oldest one still read.
+    published: Mutex<Vec<Weak<Snapshot>>>,
+    /// Rows to size a new delta's filter for (the budget's worth, at most the table's rows).
+    delta_rows: u64,
+    writer: Option<Writer>,
+}
+
+#[derive(Debug)]
+struct Writer {
+    /// The store directory's `flock`: one writing process per store.
+    _lock: File,
+    wal: Wal,
+    /// The last record applied and published; calls apply in log order.
+    applied: Mutex<u64>,
+    turn: Condvar,
+    budget: u64,
+    /// Bytes the deltas hold or calls in flight have reserved.
+    used: AtomicU64,
+}
+
+impl Live {
+    /// The live side of the store at `dir` with tables `tables`: with `config.writable`, its
+    /// lock and its log (recovered); else the log's records as they are, if it has one.
+    pub(crate) fn open(dir: &Path, tables: &[TableMeta], config: &StoreConfig) -> Result<Self> {
+        let budget = config.delta_budget.0;
+        let min_row = tables.iter().map(|t| t.row_bytes).min().unwrap_or(1).max(1);
+        let delta_rows = budget / (min_row + ENTRY_OVERHEAD);
+        let first = Arc::new(Snapshot {
+            version: 0,
+            base: 0,
+            deltas: vec![None; tables.len()],
+        });
+        let mut live = Self {
+            dir: dir.to_owned(),
+            tables: tables.to_vec(),
+            published: Mutex::new(vec![Arc::downgrade(&first)]),
+            current: Mutex::new(first),
+            delta_rows,
+            writer: None,
+        };
+        let records = if config.writable {
+            let lock = files::lock_dir(dir, false)
+                .map_err(|source| FormatError::Io {
+                    path: dir.to_owned(),
+                    source,
+                })?
+                .ok_or_else(|| Error::Locked {
+                    path: dir.display().to_string(),
+                })?;
+            let durability = match config.durability {
+                DurabilityMode::Sync => Durability::Sync,
+                DurabilityMode::Async => Durability::Async {
+                    window: Duration::from_millis(config.durability_window_ms),
+                },
+            };
+            let wal_config = WalConfig {
+                durability,
+                ..WalConfig::default()
+            };
+            let (wal, recovered) = Wal::open(dir, wal_config, 0)?;
+            live.writer = Some(Writer {
+                _lock: lock,
+                wal,
+                applied: Mutex::new(0),
+                turn: Condvar::new(),
+                budget,
+                used: AtomicU64::new(0),
+            });
+            recovered.records
+        } else {
+            Wal::read(dir, 0)?.records
+        };
+        for r in &records {
+            live.apply(r)?;
+        }
+        if let Some(w) = &live.writer {
+            *w.applied.lock().unwrap_or_else(|p| p.into_inner()) = live.snapshot().version;
+            w.used.store(live.delta_bytes(), Relaxed);
+        }
+        Ok(live)
+    }
+
+    /// The current snapshot: what a lookup starting now reads.
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
+        lock(&self.current).clone()
+    }
+
+    pub(crate) fn writable(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    /// The oldest version a live snapshot reads (the current one's when none other is held).
+    fn oldest(&self) -> u64 {
+        let mut published = lock(&self.published);
+        published.retain(|w| w.strong_count() > 0);
+        let current = self.snapshot().version;
+        published
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|s| s.version)
+            .min()
+            .unwrap_or(current)
+            .min(current)
+    }
+
+    fn delta_bytes(&self) -> u64 {
+        self.snapshot()
+            .deltas
+            .iter()
+            .flatten()
+            .map(|d| d.bytes())
+            .sum()
+    }
+
+    /// Applies record `r` (the next one) to the deltas and publishes it.
+    fn apply(&self, r: &Record) -> Result<()> {
+        let oldest = self.oldest();
+        let current = self.snapshot();
+        let mut deltas = current.deltas.clone();
+        for op in &r.ops {
+            let id = self.table_id(op.table())?;
+            let meta = &self.tables[id];
+            let delta = deltas[id].get_or_insert_with(|| {
+                Arc::new(TableDelta::new(
+                    meta.row_bytes as usize,
+                    self.delta_rows.min(meta.rows),
+                ))
+            });
+            match op {
+                Op::Write { ids, rows, .. } => {
+                    let rb = meta.row_bytes as usize;
+                    for (id, row) in ids.iter().zip(rows.chunks_exact(rb)) {
+                        delta.insert(r.lsn, *id, Some(row), oldest);
+                    }
+                }
+                Op::Remove { ids, .. } => {
+                    for id in ids {
+                        delta.insert(r.lsn, *id, None, oldest);
+                    }
+                }
+                Op::CreateTable { table, .. } | Op::DropTable { table } => {
+                    return Err(Error::invalid(format!(
+                        "the log creates or drops table {table:?}, which this nearrec cannot \
+                         apply yet"
+                    )));
+                }
+            }
+        }
+        let next = Arc::new(Snapshot {
+            version: r.lsn,
+            base: current.base,
+            deltas,
+        });
+        lock(&self.published).push(Arc::downgrade(&next));
+        *lock(&self.current) = next;
+        Ok(())
+    }
+
+    fn table_id(&self, name: &str) -> Result<usize> {
+        self.tables
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| {
+                Error::from(nearrec_engine::EngineError::UnknownTable {
+                    name: name.to_owned(),
+                    available: self
+                        .tables
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+            })
+    }
+
+    /// Checks and encodes one call's rows into log operations (nothing is applied).
+    fn encode(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<Vec<Op>> {
+        writes
+            .iter()
+            .map(|w| {
+                let id = self.table_id(w.table)?;
+                let meta = &self.tables[id];
+                let bad = |position: usize, reason: String| Error::InvalidRequest {
+                    table: Some(meta.name.clone()),
+                    position: Some(position),
+                    reason,
+                };
+                let ids = w
+                    .ids
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &v)| {
+                        u64::try_from(v)
+                            .ok()
+                            .filter(|&r| r < meta.rows)
+                            .ok_or_else(|| {
+                                bad(
+                                    k,
+                                    format!(
+                                        "ids[{k}] = {v} is not a row of its {} rows",
+                                        meta.rows
+                                    ),
+                                )
+                            })
+                    })
+                    .collect::<Result<Vec<u64>>>()?;
+                let Some(values) = w.values else {
+                    return Ok(Op::Remove {
+                        table: meta.name.clone(),
+                        ids,
+                    });
+                };
+                let dim = meta.dim as usize;
+                if values.len() != ids.len() * dim {
+                    return Err(Error::InvalidRequest {
+                        table: Some(meta.name.clone()),
+                        position: None,
+                        reason: format!(
+                            "{} ids need {} values ({} × dim {dim}), not {}",
+                            ids.len(),
+                            ids.len() * dim,
+                            ids.len(),
+                            values.len()
+                        ),
+                    });
+                }
+                if !options.allow_nonfinite
+                    && let Some(at) = values.iter().position(|v| !v.is_finite())
+                {
+                    let (row, col) = (at / dim, at % dim);
+                    return Err(bad(
+                        row,
+                        format!(
+                            "rows[{row}][{col}] is {} (pass allow_nonfinite to write it)",
+                            values[at]
+                        ),
+                    ));
+                }
+                let rb = meta.row_bytes as usize;
+                let mut rows = vec![0u8; ids.len() * rb];
+                for (out, v) in rows.chunks_exact_mut(rb).zip(values.chunks_exact(dim)) {
+                    meta.dtype.encode_row(v, out);
+                }
+                Ok(Op::Write {
+                    table: meta.name.clone(),
+                    ids,
+                    row_bytes: rb as u32,
+                    rows,
+                })
+            })
+            .collect()
+    }
+
+    /// One call: checked, logged (durable as the store's durability says), applied and
+    /// published; returns its version.
+    pub(crate) fn write(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
+        let w = self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
+            path: self.dir.display().to_string(),
+        })?;
+        let ops = self.encode(writes, options)?;
+        // what the deltas' entries will cost (a removed row's entry is counted like a row)
+        let need: u64 = ops
+            .iter()
+            .map(|op| match op {
+                Op::Write { table, ids, .. } | Op::Remove { table, ids } => {
+                    let rb = self
+                        .table_id(table)
+                        .map_or(0, |id| self.tables[id].row_bytes);
+                    ids.len() as u64 * (rb + ENTRY_OVERHEAD)
+                }
+                _ => 0,
+            })
+            .sum();
+        w.used
+            .fetch_update(Relaxed, Relaxed, |used| {
+                (used + need <= w.budget).then_some(used + need)
+            })
+            .map_err(|used| Error::DeltaFull {
+                used,
+                asked: need,
+                budget: w.budget,
+            })?;
+        let lsn = match w.wal.append(&ops) {
+            Ok(lsn) => lsn,
+            Err(e) => {
+                w.used.fetch_sub(need, Relaxed);
+                return Err(e.into());
+            }
+        };
+        // apply in log order: wait for the record before this one
+        let mut applied = lock(&w.applied);
+        while *applied + 1 < lsn {
+            applied = w.turn.wait(applied).unwrap_or_else(|p| p.into_inner());
+        }
+        let before = self.delta_bytes();
+        let result = self.apply(&Record { lsn, ops });
+        // what pruning freed (the reservation assumed every entry stays)
+        let freed = (before + need).saturating_sub(self.delta_bytes());
+        w.used.fetch_sub(freed, Relaxed);
+        *applied = lsn;
+        drop(applied);
+        w.turn.notify_all();
+        result.map(|()| lsn)
+    }
+
+    /// A read-only store: replays what the log holds beyond the current version.
+    pub(crate) fn refresh(&self) -> Result<u64> {
+        if self.writer.is_none() {
+            let version = self.snapshot().version;
+            for r in &Wal::read(&self.dir, version)?.records {
+                self.apply(r)?;
+            }
+        }
+        Ok(self.snapshot().version)
+    }
+
+    /// The log's and the deltas' counters.
+    pub(crate) fn stats(&self) -> Vec<(&'static str, f64)> {
+        let snap = self.snapshot();
+        let deltas = snap.deltas.iter().flatten();
+        let (served, removed) = deltas.clone().fold((0, 0), |(a, b), d| {
+            let (x, y) = d.served();
+            (a + x, b + y)
+        });
+        let log = self
+            .writer
+            .as_ref()
+            .map_or_else(WalStats::default, |w| w.wal.stats());
+        vec![
+            ("version", snap.version as f64),
+            (
+                "delta_rows",
+                deltas.clone().map(|d| d.rows()).sum::<u64>() as f64,
+            ),
+            ("delta_bytes", deltas.map(|d| d.bytes()).sum::<u64>() as f64),
+            ("delta_served", served as f64),
+            ("removed_served", removed as f64),
+            ("log_bytes", log.bytes as f64),
+            ("log_records", log.records as f64),
+            ("log_groups", log.groups as f64),
+            ("log_syncs", log.syncs as f64),
+        ]
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
