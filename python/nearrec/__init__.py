@@ -15,6 +15,7 @@ from ._native import __version__
 from .build import build, from_numpy, from_state_dict, remove
 from .config import StoreConfig
 from .errors import (
+    DeltaFull,
     IndexOutOfRange,
     InvalidRequest,
     InvalidTrace,
@@ -22,7 +23,9 @@ from .errors import (
     StoreCorrupted,
     StoreExists,
     StoreIOError,
+    StoreLocked,
     StoreNotFound,
+    StoreReadOnly,
     TableFull,
     UnknownKey,
     UnknownTable,
@@ -49,6 +52,7 @@ from .store import open_store as open  # noqa: A001  (nearrec.open mirrors the b
 
 __all__ = [
     "MODELS",
+    "DeltaFull",
     "GcReport",
     "IndexOutOfRange",
     "InvalidRequest",
@@ -64,7 +68,9 @@ __all__ = [
     "StoreExists",
     "StoreIOError",
     "StoreInfo",
+    "StoreLocked",
     "StoreNotFound",
+    "StoreReadOnly",
     "TableCheck",
     "TableFull",
     "TableInfo",

@@ -26,6 +26,7 @@ from .request import index_array, is_bool, path_arg
 
 Tier = Literal["auto", "dram", "ssd"]
 CachePolicy = Literal["lru", "lfu", "lru_pa", "lfu_pa"]
+Durability = Literal["sync", "async"]
 
 #: The defaults, from Rust.
 _DEFAULTS: dict[str, Any] = json.loads(NativeStoreConfig().to_json())
@@ -49,7 +50,10 @@ class StoreConfig:
     ``cache_ways``: the row caches. ``plan``: the DRAM placement — a plan file, a
     :class:`nearrec.plan.Plan`, or per table ``{"resident", "hot_rows", "cache_bytes"}``.
     ``device``: a simulated drive (a preset such as ``"rm-ssd"``, a JSON file, or a parameter
-    mapping). See :func:`nearrec.open` for what each does."""
+    mapping). ``writable``: open for ``write`` / ``remove`` (one writing process per store);
+    ``durability``: ``"sync"`` (a write returns once on disk) or ``"async"`` (once in the
+    kernel, on disk within ``durability_window_ms``); ``delta_budget``: memory for rows written
+    since the tables' files. See :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")
@@ -68,6 +72,10 @@ class StoreConfig:
     cache_ways: int = _default("cache_ways")
     plan: Any = None
     device: Any = None
+    writable: bool = _default("writable")
+    durability: Durability = _default("durability")
+    durability_window_ms: int = _default("durability_window_ms")
+    delta_budget: int | str = _default("delta_budget")
 
     def __post_init__(self) -> None:
         self.native()  # checked now: a bad value fails where it is given

@@ -90,12 +90,28 @@ class InternalError(NearrecError, RuntimeError):
     """A bug in nearrec: a check inside it failed. The message says where; please report it."""
 
 
+class StoreReadOnly(NearrecError):
+    """A write (``write``, ``remove``) to a store opened without ``writable=True``."""
+
+
+class StoreLocked(NearrecError):
+    """The store is open for writing elsewhere: a store has one writing process at a time (the
+    lock ends with that process, however it ends)."""
+
+
+class DeltaFull(NearrecError):
+    """A write that does not fit the store's ``delta_budget``: nothing of it was applied."""
+
+
 class TraceMismatch(InvalidTrace, InvalidRequest):
     """A trace does not fit the store it is used with (a table the store lacks, another row
     count, a row id past the table): an ``InvalidTrace`` and an ``InvalidRequest`` both."""
 
 
 __all__ = [
+    "DeltaFull",
+    "StoreLocked",
+    "StoreReadOnly",
     "TableFull",
     "UnknownKey",
     "IndexOutOfRange",

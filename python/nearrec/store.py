@@ -30,7 +30,15 @@ from .request import (
     PoolingModeName as PoolingModeName,  # re-exported: the public names
 )
 from .request import TableLookup as TableLookup
-from .request import as_array, count, index_array, jagged, path_arg, progress_enabled
+from .request import (
+    as_array,
+    count,
+    flag,
+    index_array,
+    jagged,
+    path_arg,
+    progress_enabled,
+)
 
 StorePath = str | os.PathLike[str]
 
@@ -257,6 +265,61 @@ class Store:
     def tier(self) -> Tier:
         """Where rows are served from: ``"dram"`` or ``"ssd"`` (``"auto"`` resolved at open)."""
         return "ssd" if self._native.tier == "ssd" else "dram"
+
+    # --- live stores (docs/live.md) ---------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The number of the last write applied (0 before any): every lookup that starts now
+        sees it and everything before it."""
+        return int(self._native.version)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self._native.writable)
+
+    def write(self, table: str, ids: Any, rows: Any, *, allow_nonfinite: bool = False) -> int:
+        """EMB_WRITE: rows ``ids`` of ``table`` become ``rows`` (``[len(ids), dim]`` floats,
+        encoded with the table's dtype; int8 rows re-quantised row-wise). Atomic and durable
+        when it returns (``durability``), and seen by every lookup that starts after. NaN and
+        infinite values are refused unless ``allow_nonfinite``. Returns the store's new
+        version. Needs a store opened with ``writable=True``."""
+        return self.write_many({table: (ids, rows)}, allow_nonfinite=allow_nonfinite)
+
+    def write_many(self, writes: Mapping[str, tuple[Any, Any]], *,
+                   allow_nonfinite: bool = False) -> int:
+        """Several tables' rows in one atomic call (all of them or none): ``{table: (ids,
+        rows)}``, each as :meth:`write` takes them."""
+        if not isinstance(writes, Mapping):
+            raise InvalidRequest(f"writes is a mapping from table to (ids, rows), not "
+                                 f"{type(writes).__name__}")
+        calls: list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]] = []
+        for table, pair in writes.items():
+            if not (isinstance(pair, tuple | list) and len(pair) == 2):
+                raise InvalidRequest(f"table {table!r}: a write is an (ids, rows) pair",
+                                     table=table if isinstance(table, str) else None)
+            ids, rows = pair
+            calls.append((table, _ids(table, ids), _rows(table, rows, allow_nonfinite)))
+        return int(self._native.write_many(calls, flag(allow_nonfinite, "allow_nonfinite")))
+
+    def remove(self, table: str, ids: Any) -> int:
+        """EMB_REMOVE: rows ``ids`` of ``table`` pool as zero rows until written again
+        (counted in ``live_stats()["removed_served"]``). Atomic and durable like :meth:`write`;
+        returns the new version."""
+        return int(self._native.write_many([(table, _ids(table, ids), None)]))
+
+    def refresh(self) -> int:
+        """A store opened read-only (its writer in another process) moves to the newest
+        version the writer has logged; returns it. Lookups in flight finish on the version
+        they started with."""
+        return int(self._native.refresh())
+
+    def live_stats(self) -> dict[str, float]:
+        """``version``; the write-ahead log's ``log_bytes``, ``log_records``, ``log_groups``
+        (appends that shared one write) and ``log_syncs``; the deltas' ``delta_rows`` and
+        ``delta_bytes``; rows served from them (``delta_served``), removed rows among those
+        (``removed_served``)."""
+        return dict(self._native.live_stats())
 
     def stats(self) -> dict[str, float | str | bool]:
         """The SSD tier's accounting since open: ``device_reads``, ``bytes_read``,
@@ -508,3 +571,36 @@ def jagged_lookups(features: Any) -> list[TableLookup]:
                                per_sample_weights=None if j.weights is None
                                else j.weights[lo:hi]))
     return out
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _ids(table: Any, ids: Any) -> npt.NDArray[np.int64]:
+    if not isinstance(table, str):
+        raise InvalidRequest(f"a table name is a str, not {type(table).__name__} {table!r:.60}")
+    a = index_array(ids, table, "ids")
+    if a.ndim != 1:
+        raise InvalidRequest(f"table {table!r}: ids must be 1-D, got shape {a.shape}",
+                             table=table)
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _rows(table: str, rows: Any, allow_nonfinite: bool) -> npt.NDArray[np.float32]:
+    """``rows`` as a contiguous float32 ``[n, dim]`` array: float32 as it is, float64 and
+    float16 converted (a float64 value past float32's range is refused at its row, not made
+    infinite); integers, bools and other dtypes are refused."""
+    a = as_array(rows, "rows", table)
+    if a.ndim != 2:
+        raise InvalidRequest(f"table {table!r}: rows must be 2-D [len(ids), dim], got shape "
+                             f"{a.shape}", table=table)
+    if a.dtype.kind != "f":
+        raise InvalidRequest(f"table {table!r}: rows must be floats, got {a.dtype}", table=table)
+    if a.dtype == np.float64 and not allow_nonfinite and a.size:
+        finite = np.isfinite(a)
+        big = finite & (np.abs(np.where(finite, a, 0.0)) > _F32_MAX)
+        if big.any():
+            row, col = (int(i) for i in np.argwhere(big)[0])
+            raise InvalidRequest(f"table {table!r}: rows[{row}][{col}] = {a[row, col]} does not "
+                                 "fit float32", table=table, position=row)
+    return np.ascontiguousarray(a, dtype=np.float32)

@@ -176,6 +176,66 @@ impl NativeStore {
         serde_json::to_string(&st).ok()
     }
 
+    /// One atomic, durable write call: per table `(name, ids, rows)` with int64 `ids` and
+    /// float32 `rows` `[len(ids), dim]`, or `None` rows to remove them. Returns the version.
+    #[pyo3(signature = (writes, allow_nonfinite = false))]
+    fn write_many(
+        &self,
+        py: Python<'_>,
+        writes: Vec<(
+            String,
+            PyReadonlyArray1<'_, i64>,
+            Option<PyReadonlyArray2<'_, f32>>,
+        )>,
+        allow_nonfinite: bool,
+    ) -> PyResult<u64> {
+        let slices = writes
+            .iter()
+            .map(|(table, ids, rows)| {
+                let ids = ids.as_slice().map_err(|_| {
+                    raise(
+                        py,
+                        "InvalidRequest",
+                        "ids must be contiguous".into(),
+                        Some(table),
+                        None,
+                    )
+                })?;
+                let values = rows
+                    .as_ref()
+                    .map(|r| r.as_slice())
+                    .transpose()
+                    .map_err(|_| {
+                        let msg = "rows must be contiguous".into();
+                        raise(py, "InvalidRequest", msg, Some(table), None)
+                    })?;
+                Ok(nearrec::RowWrite { table, ids, values })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let options = nearrec::WriteOptions { allow_nonfinite };
+        detach(py, || self.store.write_many(&slices, options))?.map_err(|e| err(py, e))
+    }
+
+    /// A read-only store moves to the newest version its writer has logged.
+    fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
+        detach(py, || self.store.refresh())?.map_err(|e| err(py, e))
+    }
+
+    #[getter]
+    fn version(&self) -> u64 {
+        self.store.version()
+    }
+
+    #[getter]
+    fn writable(&self) -> bool {
+        self.store.writable()
+    }
+
+    /// The log's and the deltas' counters.
+    fn live_stats(&self) -> Vec<(&'static str, f64)> {
+        self.store.live_stats()
+    }
+
     /// The SSD tier's counters and latency percentiles (µs), with the device's kind, whether
     /// reads are direct and its block size; `[]` for DRAM-resident stores.
     fn stats(&self) -> Vec<(String, PyStat)> {

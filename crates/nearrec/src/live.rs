@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use nearrec_engine::delta::{DeltaView, ENTRY_OVERHEAD, TableDelta};
 use nearrec_format::wal::{Durability, Op, Record, Wal, WalConfig, WalStats};
 use nearrec_format::{FormatError, TableMeta, files};
@@ -62,7 +63,8 @@ pub struct WriteOptions {
 pub(crate) struct Live {
     dir: PathBuf,
     tables: Vec<TableMeta>,
-    current: Mutex<Arc<Snapshot>>,
+    /// The snapshot lookups take: read without a lock (a fork can never catch one held).
+    current: ArcSwap<Snapshot>,
     /// Every snapshot published, to find the oldest one still read.
     published: Mutex<Vec<Weak<Snapshot>>>,
     /// Rows to size a new delta's filter for (the budget's worth, at most the table's rows).
@@ -99,7 +101,7 @@ impl Live {
             dir: dir.to_owned(),
             tables: tables.to_vec(),
             published: Mutex::new(vec![Arc::downgrade(&first)]),
-            current: Mutex::new(first),
+            current: ArcSwap::new(first),
             delta_rows,
             writer: None,
         };
@@ -147,7 +149,7 @@ impl Live {
 
     /// The current snapshot: what a lookup starting now reads.
     pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
-        lock(&self.current).clone()
+        self.current.load_full()
     }
 
     pub(crate) fn writable(&self) -> bool {
@@ -217,7 +219,7 @@ impl Live {
             deltas,
         });
         lock(&self.published).push(Arc::downgrade(&next));
-        *lock(&self.current) = next;
+        self.current.store(next);
         Ok(())
     }
 

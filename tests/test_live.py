@@ -1,0 +1,169 @@
+"""Live stores from Python: writes and removes are seen by the next lookup on every tier (held to
+torch.nn.EmbeddingBag over the same rows), survive a killed writer once acknowledged, reach
+read-only openers on refresh, and bad calls are typed errors that apply nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import nearrec
+
+torch = pytest.importorskip("torch")
+
+ROWS, DIM = 200, 8
+TIERS = [dict(tier="dram"), dict(tier="ssd"),
+         dict(tier="ssd", dram_budget="16KiB", cache_policy="lru")]
+
+
+@pytest.fixture
+def path(tmp_path):
+    rng = np.random.default_rng(0)
+    tables = {"a": rng.standard_normal((ROWS, DIM), dtype=np.float32),
+              "b": rng.standard_normal((ROWS, 4), dtype=np.float32)}
+    p = tmp_path / "s"
+    nearrec.from_numpy(p, tables)
+    return p, tables
+
+
+def pooled_by_torch(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(table), mode="sum")
+    return bag(torch.from_numpy(ids), torch.from_numpy(offsets)).detach().numpy()
+
+
+@pytest.mark.parametrize("tier", TIERS, ids=lambda t: "+".join(f"{k}={v}" for k, v in t.items()))
+def test_writes_match_embedding_bag_over_the_written_rows(path, tier):
+    p, tables = path
+    model = {k: v.copy() for k, v in tables.items()}
+    s = nearrec.open(p, writable=True, **tier)
+    rng = np.random.default_rng(1)
+    for step in range(40):
+        t = "a" if step % 3 else "b"
+        dim = model[t].shape[1]
+        ids = rng.integers(0, ROWS, rng.integers(1, 6))
+        if step % 4 == 3:
+            s.remove(t, ids)
+            model[t][ids] = 0.0
+        else:
+            rows = rng.standard_normal((len(ids), dim)).astype(np.float32)
+            s.write(t, ids, rows)
+            # a repeated id takes the last of its rows, as an upsert in order does
+            for i, r in zip(ids, rows, strict=True):
+                model[t][i] = r
+        look = rng.integers(0, ROWS, 30)
+        look[:5] = ids[:5] if len(ids) >= 5 else np.resize(ids, 5)
+        offsets = np.arange(0, 30, 3)
+        for name in ("a", "b"):
+            got = s.lookup(name, look, offsets=offsets)
+            np.testing.assert_allclose(got, pooled_by_torch(model[name], look, offsets),
+                                       rtol=1e-5, atol=1e-5)
+    assert s.version == 40
+    stats = s.live_stats()
+    assert stats["log_records"] == 40 and stats["removed_served"] > 0
+
+
+def test_collection_and_many_tables_at_once(path):
+    p, tables = path
+    s = nearrec.open(p, writable=True, tier="dram")
+    from nearrec.torch import EmbeddingBagCollection, KeyedJaggedTensor
+    ebc = EmbeddingBagCollection(s)
+    kjt = KeyedJaggedTensor(["a", "b"], torch.tensor([3, 4]), lengths=torch.tensor([1, 1]))
+    before = ebc(kjt).values().clone()
+    v = s.write_many({"a": ([3], np.full((1, DIM), 2.0)), "b": ([4], np.full((1, 4), -1.0))})
+    assert v == s.version == 1
+    after = ebc(kjt).values()
+    assert torch.equal(after, torch.tensor([[2.0] * DIM + [-1.0] * 4]))
+    assert not torch.equal(before, after)
+
+
+def test_bad_calls_are_typed_and_apply_nothing(path):
+    p, _ = path
+    s = nearrec.open(p, writable=True, tier="dram")
+    ok = np.zeros((1, DIM), np.float32)
+    cases = [
+        (lambda: s.write("a", [1, 2], ok), nearrec.InvalidRequest, "2 ids need 16 values"),
+        (lambda: s.write("a", [ROWS], ok), nearrec.InvalidRequest, f"ids[0] = {ROWS}"),
+        (lambda: s.write("a", [1], np.zeros((1, DIM), np.int64)), nearrec.InvalidRequest,
+         "must be floats"),
+        (lambda: s.write("a", [1], np.zeros(DIM, np.float32)), nearrec.InvalidRequest, "2-D"),
+        (lambda: s.write("a", [1.5], ok), nearrec.InvalidRequest, "int32 or int64"),
+        (lambda: s.write("a", [1], np.full((1, DIM), 1e39)), nearrec.InvalidRequest,
+         "does not fit float32"),
+        (lambda: s.write("a", [1], np.full((1, DIM), np.inf, np.float32)),
+         nearrec.InvalidRequest, "is inf"),
+        (lambda: s.write("zz", [1], ok), nearrec.UnknownTable, "zz"),
+        (lambda: s.write_many({"a": ([1], ok), "b": ([1], np.full((1, 4), np.nan))}),
+         nearrec.InvalidRequest, "NaN"),
+        (lambda: s.remove("a", [-1]), nearrec.InvalidRequest, "ids[0] = -1"),
+    ]
+    for call, cls, says in cases:
+        with pytest.raises(cls, match=says.replace("[", r"\[").replace("]", r"\]")):
+            call()
+    assert s.version == 0 and s.live_stats()["log_records"] == 0
+    with pytest.raises(nearrec.InvalidRequest) as e:
+        s.write("b", [7, 8], np.array([[0, 0, 0, 0], [0, np.nan, 0, 0]], np.float32))
+    assert (e.value.table, e.value.position) == ("b", 1)
+    s.write("a", [1], np.full((1, DIM), np.nan, np.float32), allow_nonfinite=True)
+    assert np.isnan(s.lookup("a", [1], offsets=[0])).all()
+
+
+def test_one_writer_and_read_only_openers(path):
+    p, _ = path
+    w = nearrec.open(p, writable=True)
+    with pytest.raises(nearrec.StoreLocked):
+        nearrec.open(p, writable=True)
+    r = nearrec.open(p, tier="ssd")
+    with pytest.raises(nearrec.StoreReadOnly):
+        r.remove("a", [1])
+    w.write("a", [1], np.full((1, DIM), 5.0))
+    assert r.version == 0 and not np.allclose(r.lookup("a", [1], offsets=[0]), 5.0)
+    assert r.refresh() == 1
+    np.testing.assert_array_equal(r.lookup("a", [1], offsets=[0]), np.full((1, DIM), 5.0))
+
+
+WRITER = textwrap.dedent("""
+    import sys, numpy as np, nearrec
+    s = nearrec.open(sys.argv[1], writable=True, tier="dram", durability=sys.argv[2])
+    for k in range(100000):
+        v = s.write("a", [k % 200], np.full((1, 8), float(k), np.float32))
+        print(k, v, flush=True)
+""")
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_killed_writer_keeps_every_acknowledged_write(path, durability):
+    """The writer prints each write once it returned; it is killed (SIGKILL) mid-stream. A
+    reopen holds every acknowledged write, no partial one, and a new writer can take over."""
+    p, _ = path
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(p), durability],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    acked = []
+    deadline = time.monotonic() + 60
+    while len(acked) < 40 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        acked.append(tuple(int(x) for x in line.split()))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(acked) >= 40, "the writer did not get going"
+    s = nearrec.open(p, writable=True, tier="dram")
+    last_v = acked[-1][1]
+    assert s.version >= last_v
+    # each row holds the last value written to it by a write up to the store's version
+    got = s.lookup("a", np.arange(ROWS), offsets=np.arange(ROWS))[:, 0]
+    for k, _ in acked:
+        # row k % ROWS holds k, or a later write's value
+        assert got[k % ROWS] >= k
+    # what reached the store is whole calls, the newest one's value in its row
+    newest = s.version - 1
+    assert got[newest % ROWS] == newest
+    s.write("a", [0], np.zeros((1, DIM), np.float32))
