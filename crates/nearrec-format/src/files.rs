@@ -75,6 +75,11 @@ pub fn read_regular(path: &Path, flags: i32) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// The file a live store's writer holds its lock on, beside the tables: one writing process
+/// per store, for as long as it is open. (The directory's own lock is the short one, taken by
+/// whatever replaces the manifest: attach, gc, compaction.)
+pub const WRITER_LOCK: &str = "WRITER.lock";
+
 /// Takes an exclusive `flock` on directory `dir`, held until the returned file is dropped or
 /// the process ends, however it ends. With `wait`, waits for it; without, `Ok(None)` when
 /// another process (or another open of it) holds it.
@@ -83,6 +88,29 @@ pub fn lock_dir(dir: &Path, wait: bool) -> std::io::Result<Option<File>> {
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(dir)?;
+    flock(file, wait)
+}
+
+/// [`lock_dir`] on the regular file `path` inside a store (made if missing; a link or anything
+/// but a regular file is refused).
+pub fn lock_file(path: &Path, wait: bool) -> std::io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(IN_STORE | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    flock(file, wait)
+}
+
+fn flock(file: File, wait: bool) -> std::io::Result<Option<File>> {
     let op = if wait {
         libc::LOCK_EX
     } else {

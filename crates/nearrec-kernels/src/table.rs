@@ -76,15 +76,28 @@ impl<'a> TableView<'a> {
         }
     }
 
+    /// Whether a patch stands in for some rows (the fast kernels take a separate loop then, so
+    /// the common one has no patch test in it).
+    #[inline(always)]
+    pub fn is_patched(&self) -> bool {
+        self.patch.is_some()
+    }
+
     /// The encoded bytes of `row`, which must be `< rows()` (the patch's, if it has the row).
     #[inline(always)]
     pub fn row(&self, row: u64) -> &'a [u8] {
-        debug_assert!(row < self.layout.rows);
         if let Some(p) = self.patch
             && let Some(bytes) = p.get(row)
         {
             return bytes;
         }
+        self.base_row(row)
+    }
+
+    /// The table's own bytes of `row`, which must be `< rows()`, whatever the patch says.
+    #[inline(always)]
+    pub(crate) fn base_row(&self, row: u64) -> &'a [u8] {
+        debug_assert!(row < self.layout.rows);
         let at = self.offset(row);
         let rb = self.layout.row_bytes as usize;
         // SAFETY: `new` checked that data covers the layout, and every row < rows lies inside it.

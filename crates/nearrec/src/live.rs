@@ -70,11 +70,13 @@ pub(crate) struct Live {
     /// Rows to size a new delta's filter for (the budget's worth, at most the table's rows).
     delta_rows: u64,
     writer: Option<Writer>,
+    /// One refresh at a time (two would apply the same records twice).
+    refreshing: Mutex<()>,
 }
 
 #[derive(Debug)]
 struct Writer {
-    /// The store directory's `flock`: one writing process per store.
+    /// The `flock` on the store's `WRITER.lock`: one writing process per store.
     _lock: File,
     wal: Wal,
     /// The last record applied and published; calls apply in log order.
@@ -104,9 +106,10 @@ impl Live {
             current: ArcSwap::new(first),
             delta_rows,
             writer: None,
+            refreshing: Mutex::new(()),
         };
         let records = if config.writable {
-            let lock = files::lock_dir(dir, false)
+            let lock = files::lock_file(&dir.join(files::WRITER_LOCK), false)
                 .map_err(|source| FormatError::Io {
                     path: dir.to_owned(),
                     source,
@@ -373,6 +376,7 @@ impl Live {
     /// A read-only store: replays what the log holds beyond the current version.
     pub(crate) fn refresh(&self) -> Result<u64> {
         if self.writer.is_none() {
+            let _one = lock(&self.refreshing);
             let version = self.snapshot().version;
             for r in &Wal::read(&self.dir, version)?.records {
                 self.apply(r)?;

@@ -141,6 +141,13 @@ fn one_writer_and_readers_that_refresh() {
     assert_eq!(reader.refresh().unwrap(), 2);
     assert_eq!(rows_of(&reader, 0, &[1])[0], encoded(0, &new_row(0, 7)));
     assert_eq!(rows_of(&reader, 1, &[2])[0], encoded(1, &new_row(1, 8)));
+    // a writer open does not keep an attach (which takes the directory's short lock) waiting,
+    // in this process or another
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || tx.send(nearrec::attach(&p, "note", b"hello").map(|_| ())));
+    let attached = rx.recv_timeout(std::time::Duration::from_secs(20));
+    assert!(matches!(attached, Ok(Ok(()))), "{attached:?}");
     // the lock goes with the writer
     drop(writer);
     let again = Store::open(&path, &config("tier = \"dram\"", true)).unwrap();
