@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::AcqRel;
 
 use nearrec_format::{AlignedBuf, ProgressFn, SectorSums, StoreReader, TableMeta};
-use nearrec_kernels::{BagsOut, IndexError, PoolJob, RowIndex, TableView};
+use nearrec_kernels::{BagsOut, IndexError, PoolJob, RowIndex, RowPatch, TableView};
 use rayon::prelude::*;
 
 use crate::cells::{Cells, Ready};
@@ -504,10 +504,6 @@ impl Engine {
         let view = self.view(id);
         let (lo, hi) = (checked.bounds[b0], checked.bounds[b1]);
         let patch = deltas.patch(id, t.indices, lo..hi, view.rows());
-        let view = match &patch {
-            Some(p) => view.with_patch(p),
-            None => view,
-        };
         fn job<'a, I: RowIndex>(
             indices: &'a [I],
             t: &crate::request::TableLookup<'a>,
@@ -523,13 +519,23 @@ impl Engine {
             }
         }
         let bounds = &checked.bounds[b0..=b1];
+        // a task that reads rows written since the table's file (rare) pools them from its
+        // patch with the reference kernel; the fast one's row loop stays free of the test
+        fn pool<I: RowIndex>(
+            view: &TableView<'_>,
+            job: &PoolJob<'_, I>,
+            out: &mut BagsOut<'_>,
+            patch: Option<&RowPatch>,
+        ) -> std::result::Result<(), IndexError> {
+            match patch {
+                None => nearrec_kernels::pool_bags(view, job, out),
+                Some(p) => nearrec_kernels::reference::pool_bags_patched(view, job, out, p),
+            }
+        }
+        let patch = patch.as_ref();
         let res = match t.indices {
-            Indices::I32(ix) => {
-                nearrec_kernels::pool_bags(&view, &job(ix, t, bounds, checked.padding), out)
-            }
-            Indices::I64(ix) => {
-                nearrec_kernels::pool_bags(&view, &job(ix, t, bounds, checked.padding), out)
-            }
+            Indices::I32(ix) => pool(&view, &job(ix, t, bounds, checked.padding), out, patch),
+            Indices::I64(ix) => pool(&view, &job(ix, t, bounds, checked.padding), out, patch),
         };
         res.map_err(
             |IndexError { position, value }| EngineError::IndexOutOfRange {

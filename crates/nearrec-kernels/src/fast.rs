@@ -294,13 +294,10 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize>(
     };
     macro_rules! walk {
         ($step:expr) => {
-            match (job.padding_idx.is_some(), table.is_patched()) {
-                (false, false) => {
-                    reduce::<I, false, false>(table, job, row_bytes, start, end, $step)
-                }
-                (true, false) => reduce::<I, true, false>(table, job, row_bytes, start, end, $step),
-                (false, true) => reduce::<I, false, true>(table, job, row_bytes, start, end, $step),
-                (true, true) => reduce::<I, true, true>(table, job, row_bytes, start, end, $step),
+            if job.padding_idx.is_some() {
+                reduce::<I, true>(table, job, row_bytes, start, end, $step)
+            } else {
+                reduce::<I, false>(table, job, row_bytes, start, end, $step)
             }
         };
     }
@@ -320,15 +317,14 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize>(
     }
 }
 
-/// Walks one bag: range-checks each index, skips padding (when `PAD`), reads patched rows from
-/// the patch (when `PATCH`), prefetches the row
+/// Walks one bag: range-checks each index, skips padding (when `PAD`), prefetches the row
 /// `PREFETCH_AHEAD` lookups ahead and hands each row (with its position) to `step`. Returns the
 /// rows counted.
 ///
 /// The body is kept short on purpose: the loop is bound by memory latency, and the fewer
 /// instructions a lookup takes, the more lookups the out-of-order window holds in flight.
 #[inline(always)]
-fn reduce<I: RowIndex, const PAD: bool, const PATCH: bool>(
+fn reduce<I: RowIndex, const PAD: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     row_bytes: usize,
@@ -367,13 +363,7 @@ fn reduce<I: RowIndex, const PAD: bool, const PATCH: bool>(
             skipped += 1;
             continue;
         }
-        // a live store's patched rows (rare) in their own loop: the common one has no test
-        let row = if PATCH {
-            table.row(value as u64)
-        } else {
-            table.base_row(value as u64)
-        };
-        step(row, pos);
+        step(table.row(value as u64), pos);
     }
     Ok(end - start - skipped)
 }

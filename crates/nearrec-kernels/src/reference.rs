@@ -2,6 +2,7 @@
 //! time. Slow and obviously right; the parity tests hold the fast path to it.
 
 use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
+use crate::patch::RowPatch;
 use crate::table::TableView;
 
 /// Pools every bag of `job` from `table` into `out` (same contract as [`crate::pool_bags`]).
@@ -9,6 +10,30 @@ pub fn pool_bags<I: RowIndex>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     out: &mut BagsOut<'_>,
+) -> Result<(), IndexError> {
+    pool_rows(table, job, out, |r| table.row(r))
+}
+
+/// [`pool_bags`] with `patch`'s rows standing in for the table's (a live store's written and
+/// removed rows). Tasks with a patch are rare and take this path, so the fast kernels' row loop
+/// has no patch test in it.
+pub fn pool_bags_patched<I: RowIndex>(
+    table: &TableView<'_>,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+    patch: &RowPatch,
+) -> Result<(), IndexError> {
+    assert!(patch.is_empty() || patch.row_bytes() == table.row_bytes());
+    pool_rows(table, job, out, |r| {
+        patch.get(r).unwrap_or_else(|| table.row(r))
+    })
+}
+
+fn pool_rows<'t, I: RowIndex>(
+    table: &TableView<'t>,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+    row_of: impl Fn(u64) -> &'t [u8],
 ) -> Result<(), IndexError> {
     let dim = table.dim();
     let mut row = vec![0f32; dim];
@@ -33,7 +58,7 @@ pub fn pool_bags<I: RowIndex>(
                 continue;
             }
             count += 1;
-            table.dtype().decode_row(table.row(value as u64), &mut row);
+            table.dtype().decode_row(row_of(value as u64), &mut row);
             let w = job.weights.map(|w| w[pos]);
             for (a, &v) in acc.iter_mut().zip(&row) {
                 match (job.mode, w) {

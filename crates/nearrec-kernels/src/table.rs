@@ -1,7 +1,5 @@
 use nearrec_format::{DType, RowLayout};
 
-use crate::patch::RowPatch;
-
 /// A read-only view of one table's data region, with the row arithmetic the kernels need.
 #[derive(Debug, Clone, Copy)]
 pub struct TableView<'a> {
@@ -11,8 +9,6 @@ pub struct TableView<'a> {
     dim: usize,
     /// `Some(row_bytes)` when rows are back to back (no padding), so a row's offset is one multiply.
     dense_stride: Option<usize>,
-    /// Rows read from here instead of the table (a live store's delta).
-    patch: Option<&'a RowPatch>,
 }
 
 impl<'a> TableView<'a> {
@@ -33,17 +29,7 @@ impl<'a> TableView<'a> {
             dtype,
             dim: dim as usize,
             dense_stride,
-            patch: None,
         })
-    }
-
-    /// This view with `patch`'s rows standing in for the table's (an empty patch is none).
-    pub fn with_patch(self, patch: &'a RowPatch) -> Self {
-        assert!(patch.is_empty() || patch.row_bytes() == self.row_bytes());
-        Self {
-            patch: (!patch.is_empty()).then_some(patch),
-            ..self
-        }
     }
 
     pub fn rows(&self) -> u64 {
@@ -76,27 +62,9 @@ impl<'a> TableView<'a> {
         }
     }
 
-    /// Whether a patch stands in for some rows (the fast kernels take a separate loop then, so
-    /// the common one has no patch test in it).
-    #[inline(always)]
-    pub fn is_patched(&self) -> bool {
-        self.patch.is_some()
-    }
-
-    /// The encoded bytes of `row`, which must be `< rows()` (the patch's, if it has the row).
+    /// The encoded bytes of `row`, which must be `< rows()`.
     #[inline(always)]
     pub fn row(&self, row: u64) -> &'a [u8] {
-        if let Some(p) = self.patch
-            && let Some(bytes) = p.get(row)
-        {
-            return bytes;
-        }
-        self.base_row(row)
-    }
-
-    /// The table's own bytes of `row`, which must be `< rows()`, whatever the patch says.
-    #[inline(always)]
-    pub(crate) fn base_row(&self, row: u64) -> &'a [u8] {
         debug_assert!(row < self.layout.rows);
         let at = self.offset(row);
         let rb = self.layout.row_bytes as usize;
