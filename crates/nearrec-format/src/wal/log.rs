@@ -552,32 +552,36 @@ impl Shared {
         state
     }
 
-    /// Syncs everything written so far (writing what is pending first).
+    /// Syncs every record appended before the call (writing what is pending first). Records
+    /// appended meanwhile are left to their own callers: under a steady stream of appends a
+    /// sync that chased them would never end (and would sync every group).
     fn sync_all(&self) -> Result<()> {
         let mut state = self.lock();
+        let target = state.next - 1;
         loop {
             if let Some(why) = &state.failed {
                 return Err(self.failed(why));
+            }
+            if state.synced >= target {
+                return Ok(());
             }
             if state.writing {
                 state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
                 continue;
             }
-            if !state.pending.is_empty() {
+            if state.written < target {
+                // some of ours are still pending: write them (and whatever joined them), synced
                 state = self.lead(state, true);
                 continue;
             }
-            if state.synced >= state.written {
-                return Ok(());
-            }
-            let target = state.written;
+            let upto = state.written;
             let file = state.segments.last().expect("a segment").file.clone();
             drop(state);
             let result = file.sync_data();
             state = self.lock();
             match result {
                 Ok(()) => {
-                    state.synced = state.synced.max(target);
+                    state.synced = state.synced.max(upto);
                     state.stats.syncs += 1;
                 }
                 Err(e) => state.failed = Some(e.to_string()),
