@@ -16,9 +16,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use nearrec_engine::Engine;
 use nearrec_engine::delta::{DeltaView, ENTRY_OVERHEAD, TableDelta};
 use nearrec_format::wal::{Durability, Op, Record, Wal, WalConfig, WalStats};
-use nearrec_format::{FormatError, TableMeta, files};
+use nearrec_format::{FormatError, files};
 
 use crate::config::{DurabilityMode, StoreConfig};
 use crate::error::{Error, Result};
@@ -62,7 +63,6 @@ pub struct WriteOptions {
 #[derive(Debug)]
 pub(crate) struct Live {
     dir: PathBuf,
-    tables: Vec<TableMeta>,
     /// The snapshot lookups take: read without a lock (a fork can never catch one held).
     current: ArcSwap<Snapshot>,
     /// Every snapshot published, to find the oldest one still read.
@@ -88,9 +88,10 @@ struct Writer {
 }
 
 impl Live {
-    /// The live side of the store at `dir` with tables `tables`: with `config.writable`, its
-    /// lock and its log (recovered); else the log's records as they are, if it has one.
-    pub(crate) fn open(dir: &Path, tables: &[TableMeta], config: &StoreConfig) -> Result<Self> {
+    /// The live side of the store at `dir` served by `engine`: with `config.writable`, its lock
+    /// and its log (recovered); else the log's records as they are, if it has one.
+    pub(crate) fn open(dir: &Path, engine: &Engine, config: &StoreConfig) -> Result<Self> {
+        let tables = engine.tables();
         let budget = config.delta_budget.0;
         let min_row = tables.iter().map(|t| t.row_bytes).min().unwrap_or(1).max(1);
         let delta_rows = budget / (min_row + ENTRY_OVERHEAD);
@@ -101,7 +102,6 @@ impl Live {
         });
         let mut live = Self {
             dir: dir.to_owned(),
-            tables: tables.to_vec(),
             published: Mutex::new(vec![Arc::downgrade(&first)]),
             current: ArcSwap::new(first),
             delta_rows,
@@ -141,7 +141,7 @@ impl Live {
             Wal::read(dir, 0)?.records
         };
         for r in &records {
-            live.apply(r)?;
+            live.apply(engine, r)?;
         }
         if let Some(w) = &live.writer {
             *w.applied.lock().unwrap_or_else(|p| p.into_inner()) = live.snapshot().version;
@@ -183,13 +183,13 @@ impl Live {
     }
 
     /// Applies record `r` (the next one) to the deltas and publishes it.
-    fn apply(&self, r: &Record) -> Result<()> {
+    fn apply(&self, engine: &Engine, r: &Record) -> Result<()> {
         let oldest = self.oldest();
         let current = self.snapshot();
         let mut deltas = current.deltas.clone();
         for op in &r.ops {
-            let id = self.table_id(op.table())?;
-            let meta = &self.tables[id];
+            let id = engine.table_id(op.table())?;
+            let meta = &engine.tables()[id];
             let delta = deltas[id].get_or_insert_with(|| {
                 Arc::new(TableDelta::new(
                     meta.row_bytes as usize,
@@ -226,30 +226,18 @@ impl Live {
         Ok(())
     }
 
-    fn table_id(&self, name: &str) -> Result<usize> {
-        self.tables
-            .iter()
-            .position(|t| t.name == name)
-            .ok_or_else(|| {
-                Error::from(nearrec_engine::EngineError::UnknownTable {
-                    name: name.to_owned(),
-                    available: self
-                        .tables
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })
-            })
-    }
-
     /// Checks and encodes one call's rows into log operations (nothing is applied).
-    fn encode(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<Vec<Op>> {
+    fn encode(
+        &self,
+        engine: &Engine,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> Result<Vec<Op>> {
         writes
             .iter()
             .map(|w| {
-                let id = self.table_id(w.table)?;
-                let meta = &self.tables[id];
+                let id = engine.table_id(w.table)?;
+                let meta = &engine.tables()[id];
                 let bad = |position: usize, reason: String| Error::InvalidRequest {
                     table: Some(meta.name.clone()),
                     position: Some(position),
@@ -323,19 +311,24 @@ impl Live {
 
     /// One call: checked, logged (durable as the store's durability says), applied and
     /// published; returns its version.
-    pub(crate) fn write(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
+    pub(crate) fn write(
+        &self,
+        engine: &Engine,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> Result<u64> {
         let w = self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
             path: self.dir.display().to_string(),
         })?;
-        let ops = self.encode(writes, options)?;
+        let ops = self.encode(engine, writes, options)?;
         // what the deltas' entries will cost (a removed row's entry is counted like a row)
         let need: u64 = ops
             .iter()
             .map(|op| match op {
                 Op::Write { table, ids, .. } | Op::Remove { table, ids } => {
-                    let rb = self
+                    let rb = engine
                         .table_id(table)
-                        .map_or(0, |id| self.tables[id].row_bytes);
+                        .map_or(0, |id| engine.tables()[id].row_bytes);
                     ids.len() as u64 * (rb + ENTRY_OVERHEAD)
                 }
                 _ => 0,
@@ -363,7 +356,7 @@ impl Live {
             applied = w.turn.wait(applied).unwrap_or_else(|p| p.into_inner());
         }
         let before = self.delta_bytes();
-        let result = self.apply(&Record { lsn, ops });
+        let result = self.apply(engine, &Record { lsn, ops });
         // what pruning freed (the reservation assumed every entry stays)
         let freed = (before + need).saturating_sub(self.delta_bytes());
         w.used.fetch_sub(freed, Relaxed);
@@ -374,12 +367,12 @@ impl Live {
     }
 
     /// A read-only store: replays what the log holds beyond the current version.
-    pub(crate) fn refresh(&self) -> Result<u64> {
+    pub(crate) fn refresh(&self, engine: &Engine) -> Result<u64> {
         if self.writer.is_none() {
             let _one = lock(&self.refreshing);
             let version = self.snapshot().version;
             for r in &Wal::read(&self.dir, version)?.records {
-                self.apply(r)?;
+                self.apply(engine, r)?;
             }
         }
         Ok(self.snapshot().version)

@@ -103,7 +103,7 @@ impl Store {
                 (engine, Some(flash))
             }
         };
-        let live = Live::open(reader.path(), reader.tables(), config)?;
+        let live = Live::open(reader.path(), &engine, config)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 engine,
@@ -211,7 +211,7 @@ impl Store {
     /// encoded with each table's dtype (int8 rows re-quantised row-wise). Returns the version
     /// the call made.
     pub fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
-        self.inner.live.write(writes, options)
+        self.inner.live.write(&self.inner.engine, writes, options)
     }
 
     /// [`Store::write_many`] of one table: rows `ids` become `values` (`ids.len() × dim`).
@@ -238,7 +238,7 @@ impl Store {
     /// A store opened read-only moves to the newest version its writer has logged; returns the
     /// version. (A writable store is always at its newest.)
     pub fn refresh(&self) -> Result<u64> {
-        self.inner.live.refresh()
+        self.inner.live.refresh(&self.inner.engine)
     }
 
     /// The write-ahead log's and the deltas' counters: `version`, `delta_rows`, `delta_bytes`,
