@@ -282,26 +282,17 @@ fn readers_never_see_half_of_a_call() {
         let mut c = config(tier, true);
         c.durability = nearrec::DurabilityMode::Async;
         let s = Store::open(&path, &c).unwrap();
-        let zero = |n| vec![0f32; n];
-        let (a, b, cc) = (zero(8), zero(4), zero(6));
-        let first = [
-            RowWrite {
-                table: "a",
+        // one call writes x into row 17 of every table (a = [x; 8], b = [x; 4], c = [x; 6])
+        let write_all = |x: f32| {
+            let (a, b, cc) = (vec![x; 8], vec![x; 4], vec![x; 6]);
+            let writes = [("a", &a), ("b", &b), ("c", &cc)].map(|(table, v)| RowWrite {
+                table,
                 ids: &[17],
-                values: Some(&a),
-            },
-            RowWrite {
-                table: "b",
-                ids: &[17],
-                values: Some(&b),
-            },
-            RowWrite {
-                table: "c",
-                ids: &[17],
-                values: Some(&cc),
-            },
-        ];
-        s.write_many(&first, WriteOptions::default()).unwrap();
+                values: Some(v.as_slice()),
+            });
+            s.write_many(&writes, WriteOptions::default()).unwrap();
+        };
+        write_all(0.0);
         let done = Arc::new(AtomicBool::new(false));
         let readers: Vec<_> = (0..3)
             .map(|_| {
@@ -335,26 +326,7 @@ fn readers_never_see_half_of_a_call() {
             .collect();
         for call in 1..=200u32 {
             // small integers: exact in fp32, fp16 and int8 (a constant row)
-            let x = (call % 50) as f32;
-            let (a, b, cc) = (vec![x; 8], vec![x; 4], vec![x; 6]);
-            let writes = [
-                RowWrite {
-                    table: "a",
-                    ids: &[17],
-                    values: Some(&a),
-                },
-                RowWrite {
-                    table: "b",
-                    ids: &[17],
-                    values: Some(&b),
-                },
-                RowWrite {
-                    table: "c",
-                    ids: &[17],
-                    values: Some(&cc),
-                },
-            ];
-            s.write_many(&writes, WriteOptions::default()).unwrap();
+            write_all((call % 50) as f32);
         }
         done.store(true, Ordering::Relaxed);
         for r in readers {
