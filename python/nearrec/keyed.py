@@ -35,7 +35,7 @@ from .request import (
     PoolingModeName,
     as_array,
     count,
-    index_array,
+    int64_vector,
     is_bool,
     mode_name,
     path_arg,
@@ -58,16 +58,6 @@ def _keys(keys: Any, table: str) -> I64:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def _vector(x: Any, table: str, what: str) -> I64:
-    """``offsets`` / ``lengths`` as int64, with the same checks as a store lookup's (floats,
-    bools and unsigned arrays refused, not cast)."""
-    a = index_array(x, table, what)
-    if a.ndim != 1:
-        raise InvalidRequest(f"table {table!r}: {what} must be 1-D, got shape {a.shape}",
-                             table=table)
-    return a.astype(np.int64)
-
-
 def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table: str) -> I64:
     if offsets is not None and lengths is not None:
         raise InvalidRequest(f"table {table!r}: give offsets or lengths, not both", table=table)
@@ -75,7 +65,7 @@ def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table
         raise InvalidRequest(f"table {table!r}: include_last_offset must be True or False, not "
                              f"{include_last_offset!r}", table=table)
     if lengths is not None:
-        lens = _vector(lengths, table, "lengths")
+        lens = int64_vector(lengths, table, "lengths")
         if lens.size and lens.min() < 0:
             pos = int(np.argmax(lens < 0))
             raise InvalidRequest(f"table {table!r}: lengths[{pos}] = {lens[pos]} is negative",
@@ -83,7 +73,7 @@ def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table
         return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     if offsets is None:
         return np.arange(n + 1, dtype=np.int64)  # one key per bag
-    o = _vector(offsets, table, "offsets")
+    o = int64_vector(offsets, table, "offsets")
     return o if include_last_offset else np.append(o, n)
 
 
@@ -232,13 +222,13 @@ class KeyedTable:
 
     def read_rows(self, rows: Any) -> F32:
         """Rows by index (as :meth:`resolve` gives them; -1: zeros), ``[n, dim]``."""
-        r = _vector(rows, self.name, "rows")
+        r = int64_vector(rows, self.name, "rows")
         return np.asarray(self._native.pool_rows(r, np.arange(len(r) + 1, dtype=np.int64)))
 
     def pool_rows(self, rows: Any, offsets: Any, mode: PoolingModeName = "sum",
                   per_sample_weights: Any = None, include_last_offset: bool = False) -> F32:
         """As :meth:`lookup`, for row indices from :meth:`resolve`."""
-        r = _vector(rows, self.name, "rows")
+        r = int64_vector(rows, self.name, "rows")
         return np.asarray(self._native.pool_rows(
             r, _bounds(len(r), offsets, None, include_last_offset, self.name),
             mode_name(mode, self.name), _weights(per_sample_weights, self.name)))

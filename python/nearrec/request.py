@@ -86,12 +86,14 @@ def index_array(x: Any, table: str | None, what: str) -> npt.NDArray[Any]:
     raise InvalidRequest(f"{where}{what} must be int32 or int64, got {kind}", table=table)
 
 
-def _vector(x: Any, table: str, what: str) -> npt.NDArray[Any]:
+def int64_vector(x: Any, table: str, what: str) -> npt.NDArray[np.int64]:
+    """``x`` as a contiguous 1-D int64 array, with the same checks as a lookup's indices
+    (floats, bools and unsigned arrays refused, not cast)."""
     a = index_array(x, table, what)
     if a.ndim != 1:
-        raise InvalidRequest(f"table {table!r}: {what} must be 1-D, got {a.ndim}-D (shape "
-                             f"{a.shape})", table=table)
-    return np.ascontiguousarray(a)
+        raise InvalidRequest(f"table {table!r}: {what} must be 1-D, got shape {a.shape}",
+                             table=table)
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def count(x: Any, what: str, minimum: int = 1, maximum: int | None = None) -> int:

@@ -35,6 +35,7 @@ from .request import (
     count,
     flag,
     index_array,
+    int64_vector,
     jagged,
     path_arg,
     progress_enabled,
@@ -579,11 +580,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 def _ids(table: Any, ids: Any) -> npt.NDArray[np.int64]:
     if not isinstance(table, str):
         raise InvalidRequest(f"a table name is a str, not {type(table).__name__} {table!r:.60}")
-    a = index_array(ids, table, "ids")
-    if a.ndim != 1:
-        raise InvalidRequest(f"table {table!r}: ids must be 1-D, got shape {a.shape}",
-                             table=table)
-    return np.ascontiguousarray(a, dtype=np.int64)
+    return int64_vector(ids, table, "ids")
 
 
 def _rows(table: str, rows: Any, allow_nonfinite: bool) -> npt.NDArray[np.float32]:
