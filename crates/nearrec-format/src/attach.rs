@@ -13,8 +13,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::error::{FormatError, Result};
-use crate::manifest::{Attachment, MANIFEST_FILE, Manifest};
-use crate::sync::fsync_dir;
+use crate::manifest::{Attachment, Manifest};
 
 /// Attachment names: 1–128 of `A-Z a-z 0-9 . _ -`, not starting with a dot.
 pub(crate) fn check_name(name: &str) -> Result<()> {
@@ -92,16 +91,10 @@ pub fn attach(path: impl AsRef<Path>, name: &str, bytes: &[u8]) -> Result<Manife
         }
     };
     manifest.format_version = manifest.needed_version();
-    let tmp = path.join(format!(".{MANIFEST_FILE}.tmp-{}", std::process::id()));
-    let written = File::create(&tmp)
-        .and_then(|mut f| f.write_all(&manifest.encode()).and_then(|()| f.sync_all()))
-        .and_then(|()| std::fs::rename(&tmp, path.join(MANIFEST_FILE)));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
+    if let Err(e) = manifest.publish(path) {
         let _ = std::fs::remove_file(&new_file);
-        return Err(FormatError::io(path.join(MANIFEST_FILE), e));
+        return Err(e);
     }
-    fsync_dir(path)?;
     if let Some(old) = old {
         let _ = std::fs::remove_file(path.join(old.file));
     }

@@ -1,6 +1,13 @@
 //! The store manifest: a checksummed binary envelope around a JSON body.
 
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
+
+use crate::error::{FormatError, Result};
+use crate::sync::fsync_dir;
 
 use crate::dtype::DType;
 use crate::layout::RowLayout;
@@ -9,10 +16,15 @@ use crate::sums::SumsMeta;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
-/// The newest format version this build reads and writes: version 3 adds sector checksums
-/// ([`crate::SectorSums`]), which every store written since has. Version 2 (row orders,
-/// attachments) and version 1 stores keep opening, without sector checks ("unprotected").
-pub const FORMAT_VERSION: u32 = 3;
+/// The newest format version this build reads and writes: version 4 is a live store's (its
+/// manifest records the log sequence number its tables hold, and the write-ahead log beside
+/// them holds the writes after it: an older reader, which would ignore the log, refuses it).
+/// Version 3 added sector checksums ([`crate::SectorSums`]), which every store written since
+/// has. Version 2 (row orders, attachments) and version 1 stores keep opening, without sector
+/// checks ("unprotected").
+pub const FORMAT_VERSION: u32 = 4;
+/// The version of a store with sector checksums that is not live.
+const SUMS_VERSION: u32 = 3;
 /// The version of a store with row orders or attachments but no sector checksums.
 const ORDERS_VERSION: u32 = 2;
 /// The version of a store without row orders.
@@ -73,13 +85,19 @@ pub struct Manifest {
     /// Named blobs kept with the tables (version 2), e.g. a model's dense weights.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<Attachment>,
+    /// A live store's (version 4): the last write-ahead log record its tables hold; the log's
+    /// later records are replayed on top of them at open. `None`: not live (no log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lsn: Option<u64>,
 }
 
 impl Manifest {
     /// The oldest format version that can describe this manifest.
     pub fn needed_version(&self) -> u32 {
-        if self.tables.iter().any(|t| t.sums.is_some()) {
+        if self.lsn.is_some() {
             FORMAT_VERSION
+        } else if self.tables.iter().any(|t| t.sums.is_some()) {
+            SUMS_VERSION
         } else if self.tables.iter().any(|t| t.order.is_some()) || !self.attachments.is_empty() {
             ORDERS_VERSION
         } else {
@@ -143,7 +161,7 @@ impl Manifest {
         if version < m.needed_version() {
             return Err(Err(format!(
                 "a version-{version} manifest cannot name what it names (row orders and \
-                 attachments need version 2, sector checksums version 3)"
+                 attachments need version 2, sector checksums version 3, a log position 4)"
             )));
         }
         Ok(m)
@@ -151,6 +169,22 @@ impl Manifest {
 
     pub fn table_index(&self, name: &str) -> Option<usize> {
         self.tables.iter().position(|t| t.name == name)
+    }
+
+    /// Makes this the manifest of store `dir`, atomically: written and synced under a temporary
+    /// name, renamed over `MANIFEST`, the directory synced. A reader sees the old manifest or
+    /// this one, never a mix; a crash leaves one of them (and perhaps the temporary, which
+    /// [`crate::gc()`] removes). The caller holds the store's directory lock.
+    pub fn publish(&self, dir: &Path) -> Result<()> {
+        let tmp = dir.join(format!(".{MANIFEST_FILE}.tmp-{}", std::process::id()));
+        let written = File::create(&tmp)
+            .and_then(|mut f| f.write_all(&self.encode()).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, dir.join(MANIFEST_FILE)));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(FormatError::io(dir.join(MANIFEST_FILE), e));
+        }
+        fsync_dir(dir)
     }
 }
 
@@ -177,6 +211,7 @@ mod tests {
                 sums: None,
             }],
             attachments: Vec::new(),
+            lsn: None,
         }
     }
 
@@ -206,6 +241,17 @@ mod tests {
         assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));
         m.format_version = m.needed_version();
         assert_eq!(m.format_version, 3);
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn a_log_position_needs_version_4() {
+        let mut m = sample();
+        m.lsn = Some(0);
+        m.format_version = 3;
+        assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));
+        m.format_version = m.needed_version();
+        assert_eq!(m.format_version, 4);
         assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
     }
 

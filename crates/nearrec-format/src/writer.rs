@@ -241,16 +241,11 @@ impl StoreWriter {
     /// Writes and fsyncs a file kept beside `meta`'s table file (its name with `ext` for
     /// `.nrt`); returns its name and CRC-32C.
     fn write_beside(&self, meta: &TableMeta, ext: &str, bytes: &[u8]) -> Result<(String, u32)> {
-        let file = meta.file.replace(".nrt", ext);
-        let path = self.tmp.join(&file);
-        let mut f = File::create(&path).map_err(|e| FormatError::io(&path, e))?;
-        f.write_all(bytes)
-            .and_then(|()| f.sync_all())
-            .map_err(|e| FormatError::io(&path, e))?;
+        let done = write_beside(&self.tmp, &meta.file, ext, bytes)?;
         if let Some(p) = &self.progress {
             p(bytes.len() as u64);
         }
-        Ok((file, crc32c::crc32c(bytes)))
+        Ok(done)
     }
 
     /// Keeps `bytes` with the store as attachment `name` (see [`crate::attach`]).
@@ -271,6 +266,7 @@ impl StoreWriter {
             params: self.options.params.clone(),
             tables: std::mem::take(&mut self.tables),
             attachments: std::mem::take(&mut self.attachments),
+            lsn: None,
         };
         manifest.format_version = manifest.needed_version();
         let mpath = self.tmp.join(MANIFEST_FILE);
@@ -456,10 +452,7 @@ impl TableWriter {
             data_bytes: total,
             data_crc32c,
         };
-        let io = |e| FormatError::io(&self.path, e);
-        file.write_all_at(&header.encode(), 0).map_err(io)?;
-        file.set_len(DATA_OFFSET + total).map_err(io)?;
-        file.sync_all().map_err(io)?;
+        seal(&file, &self.path, &header)?;
         let meta = TableMeta {
             name: self.spec.name.clone(),
             file: self.file_name.clone(),
@@ -486,12 +479,37 @@ impl std::fmt::Debug for TableWriter {
     }
 }
 
+/// Writes and fsyncs a file kept beside table file `table` in `dir` (its name with `ext` for
+/// `.nrt`); returns its name and CRC-32C.
+pub(crate) fn write_beside(
+    dir: &Path,
+    table: &str,
+    ext: &str,
+    bytes: &[u8],
+) -> Result<(String, u32)> {
+    let file = table.replace(".nrt", ext);
+    let path = dir.join(&file);
+    let mut f = File::create(&path).map_err(|e| FormatError::io(&path, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| FormatError::io(&path, e))?;
+    Ok((file, crc32c::crc32c(bytes)))
+}
+
+/// Seals a table file whose data region is written: its header, its length, fsynced.
+pub(crate) fn seal(file: &File, path: &Path, header: &TableHeader) -> Result<()> {
+    let io = |e| FormatError::io(path, e);
+    file.write_all_at(&header.encode(), 0).map_err(io)?;
+    file.set_len(DATA_OFFSET + header.data_bytes).map_err(io)?;
+    file.sync_all().map_err(io)
+}
+
 /// What a table's writer thread leaves: the file, the data region's CRC-32C and its sector sums.
 type Written = (File, u32, SectorSums);
 
 /// A writer thread fed with full chunks; it checksums and appends them in order and hands the
 /// buffers back for reuse.
-struct WritePipeline {
+pub(crate) struct WritePipeline {
     full: Option<SyncSender<(Vec<u8>, usize)>>,
     empty: Receiver<Vec<u8>>,
     spare: usize,
@@ -500,7 +518,7 @@ struct WritePipeline {
 }
 
 impl WritePipeline {
-    fn start(file: File, path: PathBuf, progress: Option<ProgressFn>) -> Self {
+    pub(crate) fn start(file: File, path: PathBuf, progress: Option<ProgressFn>) -> Self {
         let (full_tx, full_rx) = sync_channel::<(Vec<u8>, usize)>(PIPELINE_DEPTH - 1);
         let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(PIPELINE_DEPTH);
         let thread = std::thread::Builder::new()
@@ -534,7 +552,7 @@ impl WritePipeline {
     }
 
     /// A zeroed chunk buffer: a recycled one, or a new one while fewer than `PIPELINE_DEPTH` exist.
-    fn empty_buffer(&mut self, bytes: usize) -> Vec<u8> {
+    pub(crate) fn empty_buffer(&mut self, bytes: usize) -> Vec<u8> {
         if self.spare > 0 {
             self.spare -= 1;
             return vec![0u8; bytes];
@@ -544,7 +562,7 @@ impl WritePipeline {
         self.empty.recv().unwrap_or_else(|_| vec![0u8; bytes])
     }
 
-    fn send(&mut self, buf: Vec<u8>, len: usize) -> Result<()> {
+    pub(crate) fn send(&mut self, buf: Vec<u8>, len: usize) -> Result<()> {
         let ok = self
             .full
             .as_ref()
@@ -552,7 +570,7 @@ impl WritePipeline {
         if ok { Ok(()) } else { self.join().map(|_| ()) }
     }
 
-    fn join(&mut self) -> Result<Written> {
+    pub(crate) fn join(&mut self) -> Result<Written> {
         self.full = None;
         let handle = self.thread.take().ok_or_else(|| {
             FormatError::io(
