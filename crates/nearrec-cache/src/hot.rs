@@ -6,6 +6,7 @@
 //! prefetched a few lookups ahead ([`HotPartition::prefetch`]): a hash map's probe is a cache
 //! miss the caller cannot overlap.
 
+use nearrec_format::AlignedBuf;
 use nearrec_kernels::prefetch_row;
 
 use crate::hash::{mix, scale};
@@ -27,7 +28,7 @@ const INDEX_BYTES: u64 = (ENTRIES_PER_ROW * std::mem::size_of::<Entry>()) as u64
 #[derive(Debug, Default)]
 pub struct HotPartition {
     index: Box<[Entry]>,
-    data: Vec<u8>,
+    data: AlignedBuf,
     row_bytes: usize,
     rows: usize,
 }
@@ -40,8 +41,8 @@ impl HotPartition {
         row_bytes: usize,
         fill: impl FnOnce(&[u64], &mut [u8]) -> Result<(), E>,
     ) -> Result<Self, E> {
-        let mut data = vec![0u8; rows.len() * row_bytes];
-        fill(rows, &mut data)?;
+        let mut data = AlignedBuf::zeroed(rows.len() * row_bytes);
+        fill(rows, data.as_mut_slice())?;
         let mut hot = Self {
             index: vec![Entry::default(); (rows.len() * ENTRIES_PER_ROW).max(1)].into(),
             data,
@@ -79,6 +80,12 @@ impl HotPartition {
 
     /// `row`'s bytes, if pinned.
     pub fn get(&self, row: u64) -> Option<&[u8]> {
+        let at = self.place(row)? * self.row_bytes;
+        Some(&self.data.as_slice()[at..][..self.row_bytes])
+    }
+
+    /// Where `row` sits among the pinned rows, if pinned.
+    fn place(&self, row: u64) -> Option<usize> {
         let mut i = self.home(row);
         loop {
             let Entry { key, place } = self.index[i];
@@ -86,10 +93,26 @@ impl HotPartition {
                 return None;
             }
             if key == row.wrapping_add(1) {
-                return Some(&self.data[place as usize * self.row_bytes..][..self.row_bytes]);
+                return Some(place as usize);
             }
             i = self.next(i);
         }
+    }
+
+    /// Overwrites `row`'s bytes if it is pinned (a live store's compaction); returns whether it
+    /// was.
+    ///
+    /// # Safety
+    /// No reader reads `row` from this partition meanwhile (see
+    /// [`AlignedBuf::write_shared`]).
+    pub unsafe fn overwrite(&self, row: u64, bytes: &[u8]) -> bool {
+        assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
+        let Some(place) = self.place(row) else {
+            return false;
+        };
+        // SAFETY: the caller's contract
+        unsafe { self.data.write_shared(place * self.row_bytes, bytes) };
+        true
     }
 
     /// As [`Self::get`], and asks for the row's cache lines (a read soon after finds them near).

@@ -223,6 +223,25 @@ impl RowCache {
         Some(read(&s.data[slot * self.row_bytes..][..self.row_bytes]))
     }
 
+    /// Replaces `row`'s bytes if it is cached (a live store's compaction: the row changed
+    /// below); returns whether it was. Neither a hit nor an admission: no counter moves.
+    pub fn replace(&self, row: u64, bytes: &[u8]) -> bool {
+        assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
+        let Some((shard, base)) = self.locate(row) else {
+            return false;
+        };
+        let mut s = self.lock(shard);
+        let Some(way) = s.keys[base..base + self.ways]
+            .iter()
+            .position(|&k| k == row + 1)
+        else {
+            return false;
+        };
+        let slot = base + way;
+        s.data[slot * self.row_bytes..][..self.row_bytes].copy_from_slice(bytes);
+        true
+    }
+
     /// Offers a row read from below after a miss (see the module docs).
     pub fn offer(&self, row: u64, bytes: &[u8]) -> Offer {
         assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");

@@ -233,6 +233,27 @@ fn hot_partition_serves_its_rows_only() {
     assert_eq!(hot.bytes(), HotPartition::bytes_for(3, RB));
     let failed = HotPartition::new(&rows, RB, |_, _| Err("disk"));
     assert_eq!(failed.unwrap_err(), "disk");
+    // a live store's compaction overwrites pinned rows, and only those
+    // SAFETY: no reader on this thread or any other
+    assert!(unsafe { hot.overwrite(900, &bytes_of(1)) });
+    assert!(!unsafe { hot.overwrite(6, &bytes_of(1)) });
+    assert_eq!(hot.get(900), Some(&bytes_of(1)[..]));
+    assert_eq!(hot.get(5), Some(&bytes_of(5)[..]));
+    assert_eq!(hot.get(6), None);
+}
+
+#[test]
+fn replace_changes_a_cached_row_and_nothing_else() {
+    let c = one_set(2, Policy::Lru, 1.0);
+    assert!(matches!(c.offer(3, &bytes_of(3)), Offer::Admitted { .. }));
+    assert!(matches!(c.offer(4, &bytes_of(4)), Offer::Admitted { .. }));
+    let before = c.stats();
+    assert!(c.replace(3, &bytes_of(30)));
+    assert!(!c.replace(5, &bytes_of(50)));
+    assert_eq!(c.stats(), before);
+    assert_eq!(c.get(3, <[u8]>::to_vec), Some(bytes_of(30).to_vec()));
+    assert_eq!(c.get(4, <[u8]>::to_vec), Some(bytes_of(4).to_vec()));
+    assert_eq!(c.get(5, <[u8]>::to_vec), None);
 }
 
 proptest! {

@@ -172,12 +172,9 @@ impl TableDelta {
         entries.push((version, value.map(Box::from)));
         let pruned = prune(entries, oldest);
         if fresh {
-            let counter = &self.filter[self.slot(row)];
-            // the writer is the only one to change counters: load + store is enough
-            let c = counter.load(Relaxed);
-            if c < u8::MAX {
-                counter.store(c + 1, Release);
-            }
+            // saturated counters stay saturated (they only cost false positives)
+            let _ =
+                self.filter[self.slot(row)].fetch_update(Release, Relaxed, |c| c.checked_add(1));
             self.rows.fetch_add(1, Relaxed);
         }
         let change = 1 - pruned as i64;
@@ -210,11 +207,11 @@ impl TableDelta {
                     gone += (before - entries.len()) as u64;
                 }
                 if entries.is_empty() {
+                    // a compaction folds while the writer inserts: counters change atomically
                     let counter = &self.filter[(mix(row) as usize) & (self.filter.len() - 1)];
-                    let c = counter.load(Relaxed);
-                    if c < u8::MAX {
-                        counter.store(c - 1, Release);
-                    }
+                    let _ = counter.fetch_update(Release, Relaxed, |c| {
+                        (c < u8::MAX).then(|| c.saturating_sub(1))
+                    });
                     rows_gone += 1;
                     false
                 } else {

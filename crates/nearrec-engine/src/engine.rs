@@ -32,6 +32,9 @@ pub struct Engine {
     /// tier).
     dram: Vec<AlignedBuf>,
     ssd: Option<SsdTier>,
+    /// The SSD tier reads through a device the caller gave (a flash model, a faulty device),
+    /// which cannot be reopened on other files.
+    device_given: bool,
     /// The process's pooling threads, shared with its other stores.
     pub(crate) workers: Arc<Workers>,
     config: EngineConfig,
@@ -106,13 +109,9 @@ impl Engine {
         let dram = tiers::place(reader, &config, budget, &memory, &files, None)?;
         let ssd = SsdTier::new(files, dram, &config);
         let workers = Workers::shared("pool", config.resolved_threads());
-        Ok(Self::assemble(
-            reader,
-            config,
-            workers,
-            Vec::new(),
-            Some(ssd),
-        ))
+        let mut engine = Self::assemble(reader, config, workers, Vec::new(), Some(ssd));
+        engine.device_given = true;
+        Ok(engine)
     }
 
     /// Loads every table of an opened (validated) store into DRAM, or opens its files for the
@@ -154,17 +153,7 @@ impl Engine {
                 (dram, None)
             }
             Tier::Ssd => {
-                let paths: Vec<_> = reader
-                    .tables()
-                    .iter()
-                    .map(|t| reader.path().join(&t.file))
-                    .collect();
-                let files = TableFiles::open(
-                    &paths,
-                    &config,
-                    reader.orders().to_vec(),
-                    sector_sums(reader, &config, &memory)?,
-                )?;
+                let files = table_files(reader, &config, &memory)?;
                 let tiers = tiers::place(reader, &config, budget, &memory, &files, progress)?;
                 (Vec::new(), Some(SsdTier::new(files, tiers, &config)))
             }
@@ -190,9 +179,70 @@ impl Engine {
             by_name,
             dram,
             ssd,
+            device_given: false,
             workers,
             config,
         }
+    }
+
+    /// Brings the engine to a live store's new base (`docs/live.md`, compaction): each table's
+    /// rows `rows[table]` — `(row, encoded bytes)` — are overwritten wherever the engine keeps
+    /// them in DRAM (the resident copy, the hot partition, the row cache), and the SSD tier
+    /// reads `reader`'s table files from then on (batches under way finish on the old ones).
+    /// `reader` is the same store with new files: the same tables in the same order.
+    ///
+    /// # Safety
+    /// No lookup reads one of the given rows from the engine until this returns: every reader
+    /// takes them from its delta meanwhile, and the caller publishes the new base (with a
+    /// release) only after.
+    pub unsafe fn rebase(&self, reader: &StoreReader, rows: &[Vec<(u64, &[u8])>]) -> Result<()> {
+        let _inside = fork_gate();
+        let same = reader.tables().len() == self.tables.len()
+            && reader.tables().iter().zip(&self.tables).all(|(a, b)| {
+                (&a.name, a.rows, a.dim, a.dtype, a.row_bytes, a.block_bytes)
+                    == (&b.name, b.rows, b.dim, b.dtype, b.row_bytes, b.block_bytes)
+            });
+        if !same || rows.len() != self.tables.len() {
+            return Err(EngineError::Config(
+                "a new base must hold the same tables as the old one".into(),
+            ));
+        }
+        let files = match &self.ssd {
+            Some(_) if self.device_given => {
+                return Err(EngineError::Config(
+                    "a store served through a given device (a simulated drive) cannot move to \
+                     new table files"
+                        .into(),
+                ));
+            }
+            Some(_) => Some(table_files(reader, &self.config, &Memory::probe())?),
+            None => None,
+        };
+        for (id, rows) in rows.iter().enumerate() {
+            let layout = self.tables[id].layout();
+            let resident = match &self.ssd {
+                None => Some(&self.dram[id]),
+                Some(ssd) => ssd.dram_tiers()[id].resident.as_ref(),
+            };
+            let tiers = self.ssd.as_ref().map(|s| &s.dram_tiers()[id]);
+            for &(row, bytes) in rows {
+                if let Some(buf) = resident {
+                    // SAFETY: the caller's contract; a resident table is in row-id order
+                    unsafe { buf.write_shared(layout.row_offset(row) as usize, bytes) };
+                }
+                if let Some(hot) = tiers.and_then(|t| t.hot.as_ref()) {
+                    // SAFETY: the caller's contract
+                    unsafe { hot.overwrite(row, bytes) };
+                }
+                if let Some(cache) = tiers.and_then(|t| t.cache.as_ref()) {
+                    cache.replace(row, bytes);
+                }
+            }
+        }
+        if let (Some(ssd), Some(files)) = (&self.ssd, files) {
+            ssd.replace_files(files);
+        }
+        Ok(())
     }
 
     pub fn tables(&self) -> &[TableMeta] {
@@ -233,7 +283,7 @@ impl Engine {
 
     /// The SSD tier's counters and latency histograms (`None` when tables are in DRAM).
     pub fn io_stats(&self) -> Option<&IoStats> {
-        self.ssd.as_ref().map(|s| &s.files().stats)
+        self.ssd.as_ref().map(SsdTier::stats)
     }
 
     /// What each table's DRAM tiers in front of the SSD tier hold and served, in table order
@@ -257,8 +307,8 @@ impl Engine {
 
     /// The SSD tier's block device: its kind (`"io_uring"`, `"pread"`), whether reads are
     /// direct, its block size.
-    pub fn device(&self) -> Option<&dyn nearrec_io::BlockDevice> {
-        self.ssd.as_ref().map(|s| s.files().device())
+    pub fn device(&self) -> Option<Arc<dyn nearrec_io::BlockDevice>> {
+        self.ssd.as_ref().map(|s| s.files().shared_device())
     }
 
     /// Decodes rows `rows` of table `id` into `out` (`rows.len() * dim` floats), for callers that
@@ -554,6 +604,21 @@ impl Engine {
 
 /// Every table's sector checksums, for the SSD tier to check reads against (`None` for tables
 /// of older stores, and for all with `verify_reads` off).
+/// The table files of `reader`'s store as the SSD tier reads them.
+fn table_files(reader: &StoreReader, config: &EngineConfig, memory: &Memory) -> Result<TableFiles> {
+    let paths: Vec<_> = reader
+        .tables()
+        .iter()
+        .map(|t| reader.path().join(&t.file))
+        .collect();
+    TableFiles::open(
+        &paths,
+        config,
+        reader.orders().to_vec(),
+        sector_sums(reader, config, memory)?,
+    )
+}
+
 fn sector_sums(
     reader: &StoreReader,
     config: &EngineConfig,

@@ -18,7 +18,7 @@ use crate::stats::IoStats;
 /// The table files behind the SSD tier.
 #[derive(Debug)]
 pub(crate) struct TableFiles {
-    device: Box<dyn BlockDevice>,
+    device: Arc<dyn BlockDevice>,
     /// Per table: where a co-located table's rows sit (`None`: row `r` at slot `r`).
     orders: Vec<Option<Arc<RowOrder>>>,
     /// Per table: its sector checksums (`None`: unprotected — an older store, or
@@ -26,7 +26,8 @@ pub(crate) struct TableFiles {
     sums: Vec<Option<SectorSums>>,
     /// Staging buffers, reused across batches.
     buffers: Mutex<Vec<AlignedBuf>>,
-    pub(crate) stats: IoStats,
+    /// Shared with the files that replace these after a live store's compaction.
+    pub(crate) stats: Arc<IoStats>,
 }
 
 impl TableFiles {
@@ -53,16 +54,26 @@ impl TableFiles {
         sums: Vec<Option<SectorSums>>,
     ) -> Self {
         Self {
-            device,
+            device: Arc::from(device),
             orders,
             sums,
             buffers: Mutex::new(Vec::new()),
-            stats: IoStats::default(),
+            stats: Arc::default(),
         }
+    }
+
+    /// These files' counters become `stats` (files that replace others keep counting there).
+    pub(crate) fn with_stats(mut self, stats: Arc<IoStats>) -> Self {
+        self.stats = stats;
+        self
     }
 
     pub(crate) fn device(&self) -> &dyn BlockDevice {
         self.device.as_ref()
+    }
+
+    pub(crate) fn shared_device(&self) -> Arc<dyn BlockDevice> {
+        self.device.clone()
     }
 
     /// Tables read without sector checks.

@@ -14,9 +14,11 @@
 //! read together while the DRAM tiers, keyed by row id, pay nothing for it.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use nearrec_format::{DATA_OFFSET, SECTOR_BYTES, TableMeta};
 use nearrec_io::{ReadOp, Workers};
 use rayon::prelude::*;
@@ -33,7 +35,10 @@ use crate::tiers::DramTiers;
 /// Tables served from their files ([`TableFiles`]) behind their DRAM tiers.
 #[derive(Debug)]
 pub(crate) struct SsdTier {
-    files: TableFiles,
+    /// Replaced whole when a live store's compaction writes new table files: a batch reads
+    /// through the files it loaded when it started.
+    files: ArcSwap<TableFiles>,
+    stats: Arc<IoStats>,
     /// `None`: no merging.
     merge_gap: Option<u64>,
     max_read: u64,
@@ -128,7 +133,8 @@ impl SsdTier {
     /// The tier over `files`, with each table's DRAM tiers in front (index = table id).
     pub(crate) fn new(files: TableFiles, dram: Vec<DramTiers>, config: &EngineConfig) -> Self {
         Self {
-            files,
+            stats: files.stats.clone(),
+            files: ArcSwap::from_pointee(files),
             merge_gap: config.merge.then_some(config.merge_gap_bytes),
             max_read: config.max_read_bytes,
             dedup: config.dedup,
@@ -136,8 +142,19 @@ impl SsdTier {
         }
     }
 
-    pub(crate) fn files(&self) -> &TableFiles {
-        &self.files
+    /// The files a batch starting now reads.
+    pub(crate) fn files(&self) -> Arc<TableFiles> {
+        self.files.load_full()
+    }
+
+    /// Serves the table files `files` from now on (batches under way finish on the old ones).
+    pub(crate) fn replace_files(&self, files: TableFiles) {
+        self.files
+            .store(Arc::new(files.with_stats(self.stats.clone())));
+    }
+
+    pub(crate) fn stats(&self) -> &IoStats {
+        &self.stats
     }
 
     pub(crate) fn dram_tiers(&self) -> &[DramTiers] {
@@ -165,6 +182,8 @@ impl SsdTier {
         ready: Option<&Ready<'_>>,
     ) -> Result<()> {
         let start = Instant::now();
+        let files = self.files();
+        let files = files.as_ref();
         let mut routed = jobs
             .iter()
             .map(|j| route(j, batch))
@@ -223,43 +242,42 @@ impl SsdTier {
             landings,
             by_read,
             total: bytes,
-        } = self.plan(jobs, &routed);
+        } = self.plan(files, jobs, &routed);
         let route_done = Instant::now();
-        self.files.stats.route.record(route_done - start);
+        self.stats.route.record(route_done - start);
 
-        let mut buf = self.files.buffer(bytes);
+        let mut buf = files.buffer(bytes);
         let mut pooling = std::time::Duration::ZERO;
         let mut bad: Option<(usize, u64)> = None; // (read, sector's data-region offset)
-        let res = self.files.device().read_batch(
-            &reads,
-            &mut buf.as_mut_slice()[..bytes],
-            &mut |i, data| {
-                let t = Instant::now();
-                if let Err(at) = self.files.check(&reads[i], data) {
-                    // none of its rows is pooled or cached; the batch fails below
-                    bad.get_or_insert((i, at));
-                    return;
-                }
-                for land in &landings[by_read[i].clone()] {
-                    let job = &jobs[land.job];
-                    let (dim, rb) = (job.meta.dim as usize, job.meta.row_bytes as usize);
-                    let encoded = &data[land.at - reads[i].buf_at..][..rb];
-                    let row = &mut row[..dim];
-                    job.meta.dtype.decode_row(encoded, row);
-                    let r = &routed[land.job];
-                    pool_row(job, &r.entries[land.entries.clone()], row, &cells);
-                    if let Some(cache) = self.dram.get(job.id).and_then(|d| d.cache.as_ref()) {
-                        cache.offer(r.entries[land.entries.start].0, encoded);
+        let res =
+            files
+                .device()
+                .read_batch(&reads, &mut buf.as_mut_slice()[..bytes], &mut |i, data| {
+                    let t = Instant::now();
+                    if let Err(at) = files.check(&reads[i], data) {
+                        // none of its rows is pooled or cached; the batch fails below
+                        bad.get_or_insert((i, at));
+                        return;
                     }
-                    left[land.job] -= 1;
-                    if left[land.job] == 0 {
-                        finish(job, r);
+                    for land in &landings[by_read[i].clone()] {
+                        let job = &jobs[land.job];
+                        let (dim, rb) = (job.meta.dim as usize, job.meta.row_bytes as usize);
+                        let encoded = &data[land.at - reads[i].buf_at..][..rb];
+                        let row = &mut row[..dim];
+                        job.meta.dtype.decode_row(encoded, row);
+                        let r = &routed[land.job];
+                        pool_row(job, &r.entries[land.entries.clone()], row, &cells);
+                        if let Some(cache) = self.dram.get(job.id).and_then(|d| d.cache.as_ref()) {
+                            cache.offer(r.entries[land.entries.start].0, encoded);
+                        }
+                        left[land.job] -= 1;
+                        if left[land.job] == 0 {
+                            finish(job, r);
+                        }
                     }
-                }
-                pooling += t.elapsed();
-            },
-        );
-        self.files.give_back(buf);
+                    pooling += t.elapsed();
+                });
+        files.give_back(buf);
         res?;
         if let Some((i, at)) = bad {
             // the first row this read carried that sits in the bad sector
@@ -276,17 +294,16 @@ impl SsdTier {
                 |l| Some(&jobs[l.job]),
             );
             let job = job.expect("a read of a job's table");
-            return Err(self.files.corrupted(job.id, job.meta, at, row));
+            return Err(files.corrupted(job.id, job.meta, at, row));
         }
         let io_done = Instant::now();
-        self.files.stats.pool.record(pooling);
-        self.files
-            .stats
+        self.stats.pool.record(pooling);
+        self.stats
             .io_wait
             .record((io_done - route_done).saturating_sub(pooling));
 
         self.account(jobs, &routed, &reads, bytes);
-        self.files.stats.end_to_end.record(start.elapsed());
+        self.stats.end_to_end.record(start.elapsed());
         Ok(())
     }
 
@@ -294,8 +311,8 @@ impl SsdTier {
     /// the previous read of the same file when they overlap or lie within `merge_gap` bytes and
     /// the merged read stays within `max_read`. Returns the reads, where each row lands, and each
     /// read's landings.
-    fn plan(&self, jobs: &[SsdJob<'_>], routed: &[Routed]) -> Plan {
-        let block = self.files.device().block_size() as u64;
+    fn plan(&self, files: &TableFiles, jobs: &[SsdJob<'_>], routed: &[Routed]) -> Plan {
+        let block = files.device().block_size() as u64;
         let mut plan = Plan::default();
         for (k, (job, r)) in jobs.iter().zip(routed).enumerate() {
             let layout = job.meta.layout();
@@ -303,9 +320,9 @@ impl SsdTier {
             let mut misses: Vec<(u64, usize, usize)> = r
                 .misses
                 .iter()
-                .map(|&(i, run)| (self.files.slot(job.id, r.entries[i].0), i, run))
+                .map(|&(i, run)| (files.slot(job.id, r.entries[i].0), i, run))
                 .collect();
-            if self.files.colocated(job.id) {
+            if files.colocated(job.id) {
                 misses.sort_unstable();
             }
             // the open read, as (start, end) bytes of the file; its buffer offset is `plan.total`
@@ -344,7 +361,7 @@ impl SsdTier {
     }
 
     fn account(&self, jobs: &[SsdJob<'_>], routed: &[Routed], reads: &[ReadOp], bytes: usize) {
-        let s = &self.files.stats;
+        let s = &self.stats;
         let (mut lookups, mut unique, mut useful) = (0u64, 0u64, 0u64);
         for (j, r) in jobs.iter().zip(routed) {
             lookups += r.misses.iter().map(|m| m.1 as u64).sum::<u64>();

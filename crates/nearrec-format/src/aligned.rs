@@ -23,6 +23,13 @@ pub struct AlignedBuf {
     map: Option<(NonNull<u8>, usize)>,
 }
 
+impl Default for AlignedBuf {
+    /// An empty buffer.
+    fn default() -> Self {
+        Self::zeroed(0)
+    }
+}
+
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
 unsafe impl Send for AlignedBuf {}
 // SAFETY: shared access only hands out `&[u8]`.
@@ -116,6 +123,26 @@ impl AlignedBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and &mut self guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Overwrites `bytes.len()` bytes at `at` while others may hold the buffer shared: how a
+    /// live store's compaction brings a table kept in DRAM to its new rows (`docs/live.md`).
+    ///
+    /// # Safety
+    /// No thread reads or writes those bytes meanwhile: the caller has made sure that no reader
+    /// can want them (every reader takes those rows from elsewhere until this returns and it
+    /// publishes the change with a release). Readers of other bytes are not disturbed; the
+    /// write goes through the buffer's own pointer, never through a reference to its bytes.
+    pub unsafe fn write_shared(&self, at: usize, bytes: &[u8]) {
+        assert!(
+            at.checked_add(bytes.len())
+                .is_some_and(|end| end <= self.len),
+            "in bounds"
+        );
+        // SAFETY: in bounds (above); no one touches these bytes meanwhile (the contract)
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(at), bytes.len());
+        }
     }
 }
 
