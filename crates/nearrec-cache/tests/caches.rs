@@ -236,6 +236,7 @@ fn hot_partition_serves_its_rows_only() {
     // a live store's compaction overwrites pinned rows, and only those
     // SAFETY: no reader on this thread or any other
     assert!(unsafe { hot.overwrite(900, &bytes_of(1)) });
+    // SAFETY: as above
     assert!(!unsafe { hot.overwrite(6, &bytes_of(1)) });
     assert_eq!(hot.get(900), Some(&bytes_of(1)[..]));
     assert_eq!(hot.get(5), Some(&bytes_of(5)[..]));

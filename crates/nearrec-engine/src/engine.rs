@@ -314,6 +314,18 @@ impl Engine {
     /// Decodes rows `rows` of table `id` into `out` (`rows.len() * dim` floats), for callers that
     /// need the rows themselves (inspection, reference checks). Errors name the first bad position.
     pub fn read_rows(&self, id: usize, rows: &[i64], out: &mut [f32]) -> Result<()> {
+        self.read_rows_at(id, rows, out, DeltaView::NONE)
+    }
+
+    /// [`Self::read_rows`] as a live store's snapshot sees them (a written row is the delta's,
+    /// a removed one zeros).
+    pub fn read_rows_at(
+        &self,
+        id: usize,
+        rows: &[i64],
+        out: &mut [f32],
+        deltas: DeltaView<'_>,
+    ) -> Result<()> {
         let _inside = fork_gate();
         let meta = &self.tables[id];
         let dim = meta.dim as usize;
@@ -329,9 +341,10 @@ impl Engine {
                 },
             )]);
             let prepared = self.prepare(&req)?;
-            return self.execute(&req, &prepared, out);
+            return self.run(&req, &prepared, out, None, deltas);
         }
         let view = self.view(id);
+        let patch = deltas.patch(id, Indices::I64(rows), 0..rows.len(), meta.rows);
         for (position, (&r, dst)) in rows.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
             if r < 0 || r as u64 >= meta.rows {
                 return Err(EngineError::IndexOutOfRange {
@@ -342,7 +355,9 @@ impl Engine {
                     rows: meta.rows,
                 });
             }
-            meta.dtype.decode_row(view.row(r as u64), dst);
+            let row = patch.as_ref().and_then(|p| p.get(r as u64));
+            meta.dtype
+                .decode_row(row.unwrap_or_else(|| view.row(r as u64)), dst);
         }
         Ok(())
     }

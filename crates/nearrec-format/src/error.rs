@@ -50,6 +50,18 @@ pub enum FormatError {
         written: u64,
     },
 
+    /// A reader of a live store asked for log records its writer has released: it fell more
+    /// than one compaction behind.
+    #[error(
+        "the write-ahead log of the store at {path} starts at record {first}, after the {applied} \
+         this reader holds: the writer compacted and released what came between. Reopen the store"
+    )]
+    LogReleased {
+        path: PathBuf,
+        applied: u64,
+        first: u64,
+    },
+
     #[error("unknown dtype {0:?}; expected one of fp32, fp16, bf16, int8")]
     UnknownDType(String),
 }

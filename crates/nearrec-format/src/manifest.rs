@@ -1,13 +1,6 @@
 //! The store manifest: a checksummed binary envelope around a JSON body.
 
-use std::fs::File;
-use std::io::Write;
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
-
-use crate::error::{FormatError, Result};
-use crate::sync::fsync_dir;
 
 use crate::dtype::DType;
 use crate::layout::RowLayout;
@@ -169,22 +162,6 @@ impl Manifest {
 
     pub fn table_index(&self, name: &str) -> Option<usize> {
         self.tables.iter().position(|t| t.name == name)
-    }
-
-    /// Makes this the manifest of store `dir`, atomically: written and synced under a temporary
-    /// name, renamed over `MANIFEST`, the directory synced. A reader sees the old manifest or
-    /// this one, never a mix; a crash leaves one of them (and perhaps the temporary, which
-    /// [`crate::gc()`] removes). The caller holds the store's directory lock.
-    pub fn publish(&self, dir: &Path) -> Result<()> {
-        let tmp = dir.join(format!(".{MANIFEST_FILE}.tmp-{}", std::process::id()));
-        let written = File::create(&tmp)
-            .and_then(|mut f| f.write_all(&self.encode()).and_then(|()| f.sync_all()))
-            .and_then(|()| std::fs::rename(&tmp, dir.join(MANIFEST_FILE)));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(FormatError::io(dir.join(MANIFEST_FILE), e));
-        }
-        fsync_dir(dir)
     }
 }
 

@@ -1,18 +1,37 @@
-//! Durable, atomic directory replacement.
+//! Durable, atomic replacement: of a store directory (a build's commit), of its manifest.
 
 use std::ffi::CString;
 use std::fs::{self, File};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::error::{FormatError, Result};
-use crate::manifest::{MANIFEST_FILE, MANIFEST_MAGIC};
+use crate::manifest::{MANIFEST_FILE, MANIFEST_MAGIC, Manifest};
 
 /// fsyncs a directory so that renames and creations inside it are durable.
 pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| FormatError::io(dir, e))
+}
+
+impl Manifest {
+    /// Makes this the manifest of store `dir`, atomically: written and synced under a temporary
+    /// name, renamed over `MANIFEST`, the directory synced. A reader sees the old manifest or
+    /// this one, never a mix; a crash leaves one of them (and perhaps the temporary, which
+    /// [`crate::gc()`] removes). The caller holds the store's directory lock.
+    pub fn publish(&self, dir: &Path) -> Result<()> {
+        let tmp = dir.join(format!(".{MANIFEST_FILE}.tmp-{}", std::process::id()));
+        let written = File::create(&tmp)
+            .and_then(|mut f| f.write_all(&self.encode()).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, dir.join(MANIFEST_FILE)));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(FormatError::io(dir.join(MANIFEST_FILE), e));
+        }
+        fsync_dir(dir)
+    }
 }
 
 /// True if `path` is an empty directory or holds a nearrec manifest: the only things a build

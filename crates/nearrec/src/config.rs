@@ -86,8 +86,17 @@ pub struct StoreConfig {
     /// (1–10000).
     pub durability_window_ms: u64,
     /// Writable stores: memory for rows written since the tables' files (each row's encoded
-    /// bytes plus 48 bytes); a call that does not fit is refused until compaction frees it.
+    /// bytes plus 48 bytes); a call that does not fit waits for compaction to free it.
     pub delta_budget: Size,
+    /// Writable stores: fold the delta into new table files in the background whenever it
+    /// holds half its budget (off: only `compact()` does).
+    pub auto_compact: bool,
+    /// Writable stores: the most bytes per second a compaction writes (`0`: as fast as the
+    /// disk takes them), to leave the disk to lookups.
+    pub compaction_rate: Size,
+    /// Writable stores: how long a call that does not fit the delta waits for a compaction to
+    /// free room before it is refused (`DeltaFull`), in ms (0–600000).
+    pub write_wait_ms: u64,
 }
 
 /// When a write call returns (see [`StoreConfig::durability`]).
@@ -124,6 +133,9 @@ impl Default for StoreConfig {
             durability: DurabilityMode::Sync,
             durability_window_ms: 10,
             delta_budget: Size(256 << 20),
+            auto_compact: true,
+            compaction_rate: Size(0),
+            write_wait_ms: 10_000,
         }
     }
 }
@@ -288,6 +300,18 @@ impl StoreConfig {
                 format!("{} bytes is less than 1 MiB", self.delta_budget.0),
             );
         }
+        if self.write_wait_ms > 600_000 {
+            return bad(
+                "write_wait_ms",
+                format!("{} must be in 0..=600000", self.write_wait_ms),
+            );
+        }
+        if self.writable && self.device.is_some() {
+            return bad(
+                "writable",
+                "a store served from a simulated drive (device) is read-only".into(),
+            );
+        }
         if let Some(device) = &self.device {
             device.resolve().map_err(|e| Error::Config {
                 key: "device".into(),
@@ -449,10 +473,13 @@ mod tests {
                 cache_ways: 8,
                 plan: Some(PlanSource::Placement(placement)),
                 device: Some(DeviceSource::Config(Box::new(DeviceConfig::rm_ssd()))),
-                writable: true,
+                writable: false,
                 durability: DurabilityMode::Async,
                 durability_window_ms: 50,
                 delta_budget: Size(64 << 20),
+                auto_compact: false,
+                compaction_rate: Size(100 << 20),
+                write_wait_ms: 0,
             },
             StoreConfig::default()
                 .with_plan(PlanSource::File("a.plan.toml".into()))

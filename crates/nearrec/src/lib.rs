@@ -46,7 +46,7 @@ pub use batch::{
 pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
 pub use error::{Error, Result};
 pub use jagged::{JaggedBlock, jagged};
-pub use live::{RowWrite, Snapshot, WriteOptions};
+pub use live::{Compaction, RowWrite, Snapshot, WriteOptions};
 pub use model::{Inferred, StoredModel};
 pub use pipeline::{Pending, Stream};
 pub use store::{Stats, Store};

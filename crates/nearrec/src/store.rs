@@ -14,7 +14,7 @@ use nearrec_io::MemDevice;
 use crate::batch::{Batch, Pooled};
 use crate::config::{PlanSource, StoreConfig};
 use crate::error::{Error, Result};
-use crate::live::{Live, RowWrite, Snapshot, WriteOptions};
+use crate::live::{Compaction, Live, RowWrite, Snapshot, WriteOptions};
 use crate::model::StoredModel;
 
 /// An open store. Safe to share between threads.
@@ -103,18 +103,21 @@ impl Store {
                 (engine, Some(flash))
             }
         };
-        let live = Live::open(reader.path(), &engine, config)?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                engine,
-                flash,
-                path: reader.path().to_owned(),
-                manifest: reader.manifest().clone(),
-                config: config.clone(),
-                model: OnceLock::new(),
-                live,
-            }),
-        })
+        let live = Live::open(reader.path(), &engine, reader.manifest(), config)?;
+        let compactor = live.compactor_signal();
+        let inner = Arc::new(Inner {
+            engine,
+            flash,
+            path: reader.path().to_owned(),
+            manifest: reader.manifest().clone(),
+            config: config.clone(),
+            model: OnceLock::new(),
+            live,
+        });
+        if let Some(signal) = compactor {
+            crate::live::spawn(signal, Arc::downgrade(&inner), |i| (&i.live, &i.engine))?;
+        }
+        Ok(Self { inner })
     }
 
     pub fn path(&self) -> &Path {
@@ -241,8 +244,17 @@ impl Store {
         self.inner.live.refresh(&self.inner.engine)
     }
 
-    /// The write-ahead log's and the deltas' counters: `version`, `delta_rows`, `delta_bytes`,
-    /// `delta_served`, `removed_served`, `log_bytes`, `log_records`, `log_groups`, `log_syncs`.
+    /// Folds every write so far into new table files (copy-on-write) and moves the tables'
+    /// base to the current version: the delta's memory is freed and the log released. A
+    /// writable store also compacts by itself (`auto_compact`). Lookups go on meanwhile.
+    pub fn compact(&self) -> Result<Compaction> {
+        self.inner.live.compact(&self.inner.engine)
+    }
+
+    /// The write-ahead log's, the deltas' and compaction's counters: `version`,
+    /// `base_version`, `delta_rows`, `delta_bytes`, `delta_served`, `removed_served`,
+    /// `log_bytes`, `log_records`, `log_groups`, `log_syncs`, `log_segments`, `compactions`,
+    /// `compacted_rows`, `compaction_bytes`, `compaction_seconds`.
     pub fn live_stats(&self) -> Vec<(&'static str, f64)> {
         self.inner.live.stats()
     }
@@ -271,7 +283,8 @@ impl Store {
         }
     }
 
-    /// Decodes rows `rows` of table `table` into `out` (`rows.len() × dim` floats).
+    /// Decodes rows `rows` of table `table` into `out` (`rows.len() × dim` floats), as the store
+    /// is now (written rows as written, removed ones zeros).
     pub fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
         let id = self.inner.engine.table_id(table)?;
         let dim = self.tables()[id].dim as usize;
@@ -283,10 +296,15 @@ impl Store {
                 out.len()
             )));
         }
-        Ok(self.inner.engine.read_rows(id, rows, out)?)
+        let snapshot = self.snapshot();
+        Ok(self
+            .inner
+            .engine
+            .read_rows_at(id, rows, out, snapshot.view())?)
     }
 
-    /// Table `table`'s data region when it is whole in DRAM, rows in row-id order.
+    /// Table `table`'s data region when it is whole in DRAM, rows in row-id order: the tables'
+    /// base (a live store's rows written since its last compaction are not in it).
     pub fn table_data(&self, table: &str) -> Result<Option<&[u8]>> {
         let id = self.inner.engine.table_id(table)?;
         Ok(self.inner.engine.table_data(id))

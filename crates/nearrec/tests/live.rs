@@ -250,6 +250,7 @@ fn a_full_delta_refuses_the_call_whole() {
     let mut c = config("tier = \"dram\"", true);
     c.delta_budget = nearrec::Size(1 << 20);
     c.durability = nearrec::DurabilityMode::Async;
+    c.auto_compact = false;
     let s = Store::open(&path, &c).unwrap();
     // a reader that holds the first version keeps every later row in the delta
     let held = s.snapshot();
@@ -327,6 +328,10 @@ fn readers_never_see_half_of_a_call() {
         for call in 1..=200u32 {
             // small integers: exact in fp32, fp16 and int8 (a constant row)
             write_all((call % 50) as f32);
+            if call % 40 == 0 {
+                // the base moves under the readers
+                s.compact().unwrap();
+            }
         }
         done.store(true, Ordering::Relaxed);
         for r in readers {
@@ -340,6 +345,7 @@ enum Step {
     Write(usize, Vec<u64>, u64),
     Remove(usize, Vec<u64>),
     Look(usize, Vec<u64>),
+    Compact,
     Reopen,
 }
 
@@ -349,6 +355,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0usize..3, ids.clone(), any::<u64>()).prop_map(|(t, i, s)| Step::Write(t, i, s)),
         1 => (0usize..3, ids.clone()).prop_map(|(t, i)| Step::Remove(t, i)),
         3 => (0usize..3, ids).prop_map(|(t, i)| Step::Look(t, i)),
+        1 => Just(Step::Compact),
         1 => Just(Step::Reopen),
     ]
 }
@@ -356,7 +363,8 @@ fn step() -> impl Strategy<Value = Step> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 
-    /// Random writes, removes, lookups and reopens on each tier against a map of rows.
+    /// Random writes, removes, lookups, compactions and reopens on each tier against a map of
+    /// rows.
     #[test]
     fn a_live_store_is_its_rows(steps in prop::collection::vec(step(), 1..30), tier in 0usize..3) {
         let dir = tempfile::tempdir().unwrap();
@@ -395,6 +403,14 @@ proptest! {
                         let close = g.iter().zip(&w).all(|(a, b)| (a - b).abs() <= 1e-6 * b.abs().max(1.0));
                         prop_assert!(close, "table {} row {}: {:?} vs {:?}", t, r, g, w);
                     }
+                }
+                Step::Compact => {
+                    let version = s.version();
+                    let done = s.compact().unwrap();
+                    prop_assert_eq!(done.version, version);
+                    let stats: HashMap<_, _> = s.live_stats().into_iter().collect();
+                    prop_assert_eq!(stats["base_version"], version as f64);
+                    prop_assert_eq!(stats["delta_rows"], 0.0);
                 }
                 Step::Reopen => {
                     let version = s.version();

@@ -344,8 +344,14 @@ fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
     let last = found.len().checked_sub(1);
     for (i, (first, path)) in found.iter().enumerate() {
         let newest = Some(i) == last;
-        let bytes =
-            crate::files::read_regular(path, IN_STORE).map_err(|e| FormatError::io(path, e))?;
+        let bytes = match crate::files::read_regular(path, IN_STORE) {
+            Ok(bytes) => bytes,
+            // a reader's oldest segments may be released by the writer under it
+            Err(e) if !repair && next.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
+                continue;
+            }
+            Err(e) => return Err(FormatError::io(path, e)),
+        };
         let named = match read_header(&bytes) {
             Ok(n) if n == *first => n,
             Ok(n) => {
@@ -364,6 +370,14 @@ fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
             Err(why) => return Err(corrupted(path, format!("{}: {why}", path.display()))),
         };
         if next.is_none() && named > applied + 1 {
+            if !repair {
+                // a reader behind: the writer released these records after a compaction
+                return Err(FormatError::LogReleased {
+                    path: dir.to_path_buf(),
+                    applied,
+                    first: named,
+                });
+            }
             let why =
                 format!("the tables hold records up to {applied}, but the log starts at {named}");
             return Err(corrupted(path, why));

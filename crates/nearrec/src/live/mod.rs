@@ -7,22 +7,28 @@
 //! through it, so it sees each table at one version: never half of a call, never a torn row.
 //! On open, the log's records are replayed into the deltas; a store opened read-only in another
 //! process replays what the writer has logged when it opens and on [`crate::Store::refresh`].
+//! Compaction ([`compact`]) folds the deltas into new table files and moves the base.
+
+mod compact;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use nearrec_engine::Engine;
 use nearrec_engine::delta::{DeltaView, ENTRY_OVERHEAD, TableDelta};
 use nearrec_format::wal::{Durability, Op, Record, Wal, WalConfig, WalStats};
-use nearrec_format::{FormatError, files};
+use nearrec_format::{FormatError, Manifest, files};
 
 use crate::config::{DurabilityMode, StoreConfig};
 use crate::error::{Error, Result};
+
+pub use compact::Compaction;
+pub(crate) use compact::{CompactionStats, Signal, spawn};
 
 /// What one lookup reads: the deltas as of `version`, over tables that hold everything up to
 /// `base`.
@@ -63,6 +69,8 @@ pub struct WriteOptions {
 #[derive(Debug)]
 pub(crate) struct Live {
     dir: PathBuf,
+    /// Compactions run and what they did (a read-only store counts the ones it followed).
+    compactions: CompactionStats,
     /// The snapshot lookups take: read without a lock (a fork can never catch one held).
     current: ArcSwap<Snapshot>,
     /// Every snapshot published, to find the oldest one still read.
@@ -85,23 +93,41 @@ struct Writer {
     budget: u64,
     /// Bytes the deltas hold or calls in flight have reserved.
     used: AtomicU64,
+    /// Between calls and the compactor: work wanted, room freed, stop.
+    signal: Arc<Signal>,
+    auto_compact: bool,
+    /// Bytes per second a compaction writes at most (0: no bound).
+    compaction_rate: u64,
+    /// How long a call waits for room in the delta.
+    wait: Duration,
+    /// One compaction at a time; holds the version the previous one folded (the log is kept
+    /// back to it, so that readers one compaction behind can follow).
+    compacting: Mutex<u64>,
 }
 
 impl Live {
     /// The live side of the store at `dir` served by `engine`: with `config.writable`, its lock
     /// and its log (recovered); else the log's records as they are, if it has one.
-    pub(crate) fn open(dir: &Path, engine: &Engine, config: &StoreConfig) -> Result<Self> {
+    pub(crate) fn open(
+        dir: &Path,
+        engine: &Engine,
+        manifest: &Manifest,
+        config: &StoreConfig,
+    ) -> Result<Self> {
         let tables = engine.tables();
         let budget = config.delta_budget.0;
         let min_row = tables.iter().map(|t| t.row_bytes).min().unwrap_or(1).max(1);
         let delta_rows = budget / (min_row + ENTRY_OVERHEAD);
+        // the tables hold the log's records up to the manifest's position
+        let base = manifest.lsn.unwrap_or(0);
         let first = Arc::new(Snapshot {
-            version: 0,
-            base: 0,
+            version: base,
+            base,
             deltas: vec![None; tables.len()],
         });
         let mut live = Self {
             dir: dir.to_owned(),
+            compactions: CompactionStats::default(),
             published: Mutex::new(vec![Arc::downgrade(&first)]),
             current: ArcSwap::new(first),
             delta_rows,
@@ -117,6 +143,7 @@ impl Live {
                 .ok_or_else(|| Error::Locked {
                     path: dir.display().to_string(),
                 })?;
+            compact::prepare_dir(dir, manifest)?;
             let durability = match config.durability {
                 DurabilityMode::Sync => Durability::Sync,
                 DurabilityMode::Async => Durability::Async {
@@ -127,27 +154,40 @@ impl Live {
                 durability,
                 ..WalConfig::default()
             };
-            let (wal, recovered) = Wal::open(dir, wal_config, 0)?;
+            let (wal, recovered) = Wal::open(dir, wal_config, base)?;
             live.writer = Some(Writer {
                 _lock: lock,
                 wal,
-                applied: Mutex::new(0),
+                applied: Mutex::new(base),
                 turn: Condvar::new(),
                 budget,
                 used: AtomicU64::new(0),
+                signal: Arc::default(),
+                auto_compact: config.auto_compact,
+                compaction_rate: config.compaction_rate.0,
+                wait: Duration::from_millis(config.write_wait_ms),
+                compacting: Mutex::new(base),
             });
             recovered.records
         } else {
-            Wal::read(dir, 0)?.records
+            Wal::read(dir, base)?.records
         };
         for r in &records {
             live.apply(engine, r)?;
         }
         if let Some(w) = &live.writer {
-            *w.applied.lock().unwrap_or_else(|p| p.into_inner()) = live.snapshot().version;
+            *lock(&w.applied) = live.snapshot().version;
             w.used.store(live.delta_bytes(), Relaxed);
         }
         Ok(live)
+    }
+
+    /// What the background compactor waits on (`None`: the store does not compact by itself).
+    pub(crate) fn compactor_signal(&self) -> Option<Arc<Signal>> {
+        self.writer
+            .as_ref()
+            .filter(|w| w.auto_compact)
+            .map(|w| w.signal.clone())
     }
 
     /// The current snapshot: what a lookup starting now reads.
@@ -161,13 +201,22 @@ impl Live {
 
     /// The oldest version a live snapshot reads (the current one's when none other is held).
     fn oldest(&self) -> u64 {
+        self.oldest_by(|s| s.version)
+    }
+
+    /// The oldest base a live snapshot reads.
+    fn oldest_base(&self) -> u64 {
+        self.oldest_by(|s| s.base)
+    }
+
+    fn oldest_by(&self, key: impl Fn(&Snapshot) -> u64) -> u64 {
+        let current = key(&self.snapshot());
         let mut published = lock(&self.published);
         published.retain(|w| w.strong_count() > 0);
-        let current = self.snapshot().version;
         published
             .iter()
             .filter_map(Weak::upgrade)
-            .map(|s| s.version)
+            .map(|s| key(&s))
             .min()
             .unwrap_or(current)
             .min(current)
@@ -334,15 +383,7 @@ impl Live {
                 _ => 0,
             })
             .sum();
-        w.used
-            .fetch_update(Relaxed, Relaxed, |used| {
-                (used + need <= w.budget).then_some(used + need)
-            })
-            .map_err(|used| Error::DeltaFull {
-                used,
-                asked: need,
-                budget: w.budget,
-            })?;
+        w.reserve(need)?;
         let lsn = match w.wal.append(&ops) {
             Ok(lsn) => lsn,
             Err(e) => {
@@ -350,6 +391,7 @@ impl Live {
                 return Err(e.into());
             }
         };
+        fail::fail_point!("live::logged", |_| std::process::abort());
         // apply in log order: wait for the record before this one
         let mut applied = lock(&w.applied);
         while *applied + 1 < lsn {
@@ -363,17 +405,18 @@ impl Live {
         *applied = lsn;
         drop(applied);
         w.turn.notify_all();
+        if w.auto_compact && w.used.load(Relaxed) >= w.budget / 2 {
+            w.signal.want();
+        }
         result.map(|()| lsn)
     }
 
-    /// A read-only store: replays what the log holds beyond the current version.
+    /// A read-only store: replays what the log holds beyond the current version, and follows
+    /// the writer's compactions to its new table files.
     pub(crate) fn refresh(&self, engine: &Engine) -> Result<u64> {
         if self.writer.is_none() {
             let _one = lock(&self.refreshing);
-            let version = self.snapshot().version;
-            for r in &Wal::read(&self.dir, version)?.records {
-                self.apply(engine, r)?;
-            }
+            compact::follow(self, engine)?;
         }
         Ok(self.snapshot().version)
     }
@@ -390,8 +433,10 @@ impl Live {
             .writer
             .as_ref()
             .map_or_else(WalStats::default, |w| w.wal.stats());
+        let c = &self.compactions;
         vec![
             ("version", snap.version as f64),
+            ("base_version", snap.base as f64),
             (
                 "delta_rows",
                 deltas.clone().map(|d| d.rows()).sum::<u64>() as f64,
@@ -403,7 +448,47 @@ impl Live {
             ("log_records", log.records as f64),
             ("log_groups", log.groups as f64),
             ("log_syncs", log.syncs as f64),
+            ("log_segments", log.segments as f64),
+            ("compactions", c.count.load(Relaxed) as f64),
+            ("compacted_rows", c.rows.load(Relaxed) as f64),
+            ("compaction_bytes", c.bytes.load(Relaxed) as f64),
+            ("compaction_seconds", c.nanos.load(Relaxed) as f64 * 1e-9),
         ]
+    }
+}
+
+impl Writer {
+    /// Reserves `need` bytes of the delta's budget for a call, waiting up to the store's
+    /// `write_wait_ms` for a compaction to free them; else the call is refused whole.
+    fn reserve(&self, need: u64) -> Result<()> {
+        let deadline = Instant::now() + self.wait;
+        loop {
+            let taken = self.used.fetch_update(Relaxed, Relaxed, |used| {
+                (used + need <= self.budget).then_some(used + need)
+            });
+            let used = match taken {
+                Ok(_) => return Ok(()),
+                Err(used) => used,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !self.auto_compact || need > self.budget || left.is_zero() {
+                return Err(Error::DeltaFull {
+                    used,
+                    asked: need,
+                    budget: self.budget,
+                });
+            }
+            self.signal.want();
+            self.signal.wait_room(left.min(Duration::from_millis(50)));
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(w) = &self.writer {
+            w.signal.stop();
+        }
     }
 }
 

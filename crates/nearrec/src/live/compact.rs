@@ -1,0 +1,419 @@
+//! Compaction (`docs/live.md`): the deltas folded into new table files, and the base moved.
+//!
+//! 1. The rows to fold are the newest entry of every row written in `(base, c]`, `c` the
+//!    version when the compaction starts; removed rows become zero rows.
+//! 2. Each changed table is rewritten under a new name (`table-NNNN.<c>.nrt`, copy-on-write:
+//!    the old file stays for the readers on it), at most `compaction_rate` bytes a second.
+//! 3. A manifest naming the new files and `lsn = c` replaces the old one in one rename. A crash
+//!    before it leaves the old manifest (the log replays every record); after it, the new one
+//!    (the log's records up to `c` are skipped). The old files are removed at the end; files
+//!    a crash left unnamed are removed when the store is next opened for writing.
+//! 4. In memory ([`rebase`]): once no snapshot older than `c` is alive, no lookup reads the
+//!    changed rows from the tiers (they all take them from their deltas), so the engine
+//!    overwrites them in place and moves its SSD tier to the new files; then a snapshot on the
+//!    new base is published, and once no snapshot reads the old base, the folded entries leave
+//!    the deltas and their budget is freed.
+//! 5. The log is released back to the previous compaction's position: a reader in another
+//!    process one compaction behind still finds the records it needs ([`follow`]).
+//!
+//! A writable store compacts by itself ([`spawn`]) when its delta holds half its budget or a
+//! call waits for room; `Store::compact` runs one at once.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use nearrec_engine::Engine;
+use nearrec_format::wal::Wal;
+use nearrec_format::{FormatError, Manifest, StoreReader, files, orphans, rewrite_table};
+
+use super::{Live, Snapshot, lock};
+use crate::error::{Error, Result};
+
+/// Per table, the rows a compaction folds: `(row, encoded bytes)`.
+type Changed = Vec<Vec<(u64, Box<[u8]>)>>;
+
+/// How long a compaction waits for the lookups on older snapshots to end.
+const GRACE: Duration = Duration::from_secs(60);
+
+/// What one compaction did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Compaction {
+    /// The version the tables hold now (the log's records up to it are folded).
+    pub version: u64,
+    /// Tables rewritten.
+    pub tables: usize,
+    /// Rows folded into them.
+    pub rows: u64,
+    /// Bytes of table files written.
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// Compactions so far (run by a writer, followed by a reader).
+#[derive(Debug, Default)]
+pub(crate) struct CompactionStats {
+    pub count: AtomicU64,
+    pub rows: AtomicU64,
+    pub bytes: AtomicU64,
+    pub nanos: AtomicU64,
+    /// Background compactions that failed (the delta keeps its rows; calls wait or are refused).
+    pub errors: AtomicU64,
+}
+
+impl CompactionStats {
+    fn add(&self, c: &Compaction) {
+        self.count.fetch_add(1, Relaxed);
+        self.rows.fetch_add(c.rows, Relaxed);
+        self.bytes.fetch_add(c.bytes, Relaxed);
+        self.nanos.fetch_add((c.seconds * 1e9) as u64, Relaxed);
+    }
+}
+
+/// Between a writable store's calls and its compactor.
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    /// (a compaction is wanted, the store is gone)
+    state: Mutex<(bool, bool)>,
+    changed: Condvar,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Work {
+    Wanted,
+    Idle,
+    Stop,
+}
+
+impl Signal {
+    /// Asks the compactor for a compaction.
+    pub(crate) fn want(&self) {
+        let mut s = lock(&self.state);
+        if !s.0 {
+            s.0 = true;
+            self.changed.notify_all();
+        }
+    }
+
+    /// The store is gone: the compactor ends.
+    pub(crate) fn stop(&self) {
+        lock(&self.state).1 = true;
+        self.changed.notify_all();
+    }
+
+    /// A call waiting for room: until a compaction frees some, or `timeout`.
+    pub(crate) fn wait_room(&self, timeout: Duration) {
+        let s = lock(&self.state);
+        let _ = self.changed.wait_timeout(s, timeout);
+    }
+
+    fn room_freed(&self) {
+        self.changed.notify_all();
+    }
+
+    fn wait_work(&self, timeout: Duration) -> Work {
+        let mut s = lock(&self.state);
+        if !s.0 && !s.1 {
+            s = self
+                .changed
+                .wait_timeout(s, timeout)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        if s.1 {
+            return Work::Stop;
+        }
+        let wanted = std::mem::take(&mut s.0);
+        if wanted { Work::Wanted } else { Work::Idle }
+    }
+}
+
+/// Starts the background compactor of `store` (whose live side and engine `parts` finds),
+/// which waits on `signal`. It holds the store only while it compacts, and ends when the store
+/// is dropped.
+pub(crate) fn spawn<T: Send + Sync + 'static>(
+    signal: Arc<Signal>,
+    store: Weak<T>,
+    parts: fn(&T) -> (&Live, &Engine),
+) -> Result<()> {
+    let run = move || {
+        loop {
+            let work = signal.wait_work(Duration::from_secs(1));
+            if work == Work::Stop {
+                return;
+            }
+            let Some(inner) = store.upgrade() else {
+                return;
+            };
+            let (live, engine) = parts(&inner);
+            if (work == Work::Wanted || live.half_full()) && live.compact(engine).is_err() {
+                live.compactions.errors.fetch_add(1, Relaxed);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    std::thread::Builder::new()
+        .name("nearrec-compact".into())
+        .spawn(run)
+        .map(drop)
+        .map_err(|e| Error::Internal(format!("cannot start the compaction thread: {e}")))
+}
+
+/// A writable open of the store at `dir`: a store without a log position gets one (format
+/// version 4, which older readers that would ignore the log refuse), and table files that an
+/// interrupted compaction left unnamed are removed.
+pub(crate) fn prepare_dir(dir: &std::path::Path, opened: &Manifest) -> Result<()> {
+    let _dir = files::lock_dir(dir, true).map_err(|e| FormatError::Io {
+        path: dir.to_owned(),
+        source: e,
+    })?;
+    let reader = StoreReader::open(dir)?;
+    let manifest = reader.manifest();
+    if manifest.tables != opened.tables {
+        return Err(Error::invalid(format!(
+            "the store at {} changed while it was opened; open it again",
+            dir.display()
+        )));
+    }
+    if manifest.lsn.is_none() {
+        let mut m = manifest.clone();
+        m.lsn = Some(0);
+        m.format_version = m.needed_version();
+        m.publish(dir)?;
+    }
+    for o in orphans(dir, manifest) {
+        let name = o.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if o.ours && name.starts_with("table-") {
+            let _ = std::fs::remove_file(&o.path);
+        }
+    }
+    Ok(())
+}
+
+impl Live {
+    /// Whether the deltas hold half their budget.
+    fn half_full(&self) -> bool {
+        self.writer
+            .as_ref()
+            .is_some_and(|w| w.used.load(Relaxed) >= w.budget / 2)
+    }
+
+    /// Folds everything written so far into new table files and moves the base (see the module
+    /// docs); one at a time. Returns what it did.
+    pub(crate) fn compact(&self, engine: &Engine) -> Result<Compaction> {
+        let w = self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
+            path: self.dir.display().to_string(),
+        })?;
+        let mut previous = lock(&w.compacting);
+        let start = Instant::now();
+        let (c, changed) = {
+            let snap = self.snapshot();
+            (snap.version, changed_rows(engine, &snap))
+        };
+        let mut done = Compaction {
+            version: c,
+            ..Compaction::default()
+        };
+        if c == self.snapshot().base {
+            return Ok(done);
+        }
+        // the directory's short lock: no attach or gc while the new files are unnamed
+        let dir = files::lock_dir(&self.dir, true).map_err(|e| FormatError::Io {
+            path: self.dir.clone(),
+            source: e,
+        })?;
+        let old = StoreReader::open(&self.dir)?;
+        let mut manifest = old.manifest().clone();
+        let rate = w.compaction_rate;
+        let mut pace = |n: u64| {
+            done.bytes += n;
+            if rate > 0 {
+                let due = Duration::from_secs_f64(done.bytes as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        };
+        for (t, rows) in changed.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let rows: Vec<(u64, &[u8])> = rows.iter().map(|(r, b)| (*r, &b[..])).collect();
+            let file = format!("table-{t:04}.{c:016x}.nrt");
+            let order = old.order(t).map(AsRef::as_ref);
+            manifest.tables[t] =
+                rewrite_table(&self.dir, &old.tables()[t], order, &file, &rows, &mut pace)?;
+            fail::fail_point!("compact::table", |_| std::process::abort());
+        }
+        manifest.lsn = Some(c);
+        manifest.format_version = manifest.needed_version();
+        fail::fail_point!("compact::manifest", |_| std::process::abort());
+        manifest.publish(&self.dir)?;
+        fail::fail_point!("compact::published", |_| std::process::abort());
+        let new = StoreReader::open(&self.dir)?;
+        drop(dir);
+        rebase(self, engine, &new, c, &changed)?;
+        w.wal.release(*previous)?;
+        *previous = c;
+        remove_unnamed(&self.dir, old.manifest(), &manifest);
+        done.tables = changed.iter().filter(|r| !r.is_empty()).count();
+        done.rows = changed.iter().map(|r| r.len() as u64).sum();
+        done.seconds = start.elapsed().as_secs_f64();
+        self.compactions.add(&done);
+        w.signal.room_freed();
+        Ok(done)
+    }
+}
+
+/// A read-only store's refresh: the records its writer logged since this store's version,
+/// and the writer's compactions since its base, followed.
+pub(crate) fn follow(live: &Live, engine: &Engine) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        // the manifest before the log: the log holds every record up to the manifest's position
+        let reader = match StoreReader::open(&live.dir) {
+            Ok(r) => r,
+            // a newer compaction removed the files this manifest named: read the newer one
+            Err(_) if tries < 8 => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let c = reader.manifest().lsn.unwrap_or(0);
+        let version = live.snapshot().version;
+        for r in &Wal::read(&live.dir, version)?.records {
+            live.apply(engine, r)?;
+        }
+        let snap = live.snapshot();
+        if c <= snap.base {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let changed = changed_rows(engine, &snap);
+        drop(snap);
+        rebase(live, engine, &reader, c, &changed)?;
+        live.compactions.add(&Compaction {
+            version: c,
+            tables: changed.iter().filter(|r| !r.is_empty()).count(),
+            rows: changed.iter().map(|r| r.len() as u64).sum(),
+            bytes: 0,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+        return Ok(());
+    }
+}
+
+/// Per table, the newest entry of each row written after `snap`'s base up to its version, as
+/// encoded rows (a removed row is a zero row).
+fn changed_rows(engine: &Engine, snap: &Snapshot) -> Changed {
+    engine
+        .tables()
+        .iter()
+        .zip(&snap.deltas)
+        .map(|(meta, delta)| {
+            let Some(delta) = delta else {
+                return Vec::new();
+            };
+            let mut zero = vec![0u8; meta.row_bytes as usize];
+            meta.dtype
+                .encode_row(&vec![0f32; meta.dim as usize], &mut zero);
+            delta
+                .newest(snap.base, snap.version)
+                .into_iter()
+                .map(|(row, bytes)| (row, bytes.unwrap_or_else(|| zero.clone().into())))
+                .collect()
+        })
+        .collect()
+}
+
+/// Moves `live` to base `c`, whose tables are `reader`'s and hold `changed` (see the module
+/// docs, step 4).
+fn rebase(
+    live: &Live,
+    engine: &Engine,
+    reader: &StoreReader,
+    c: u64,
+    changed: &Changed,
+) -> Result<()> {
+    wait_until(|| live.oldest() >= c, c, "version")?;
+    let rows: Vec<Vec<(u64, &[u8])>> = changed
+        .iter()
+        .map(|rows| rows.iter().map(|(r, b)| (*r, &b[..])).collect())
+        .collect();
+    // SAFETY: every live snapshot is at `c` or later, so it reads each changed row from its
+    // delta (which holds the row's entry up to `c`), never from the tiers; the base moves in
+    // the snapshot published below, after this returns.
+    unsafe { engine.rebase(reader, &rows)? };
+    live.publishing(|| {
+        let current = live.snapshot();
+        let next = Arc::new(Snapshot {
+            version: current.version,
+            base: c,
+            deltas: current.deltas.clone(),
+        });
+        lock(&live.published).push(Arc::downgrade(&next));
+        live.current.store(next);
+    });
+    wait_until(|| live.oldest_base() >= c, c, "base")?;
+    live.publishing(|| {
+        let oldest = live.oldest();
+        let before = live.delta_bytes();
+        for d in live.snapshot().deltas.iter().flatten() {
+            d.fold(c, oldest, c);
+        }
+        let freed = before.saturating_sub(live.delta_bytes());
+        if let Some(w) = &live.writer {
+            w.used.fetch_sub(freed, Relaxed);
+        }
+    });
+    Ok(())
+}
+
+impl Live {
+    /// Runs `f`, which publishes a snapshot, with no write applying meanwhile (a read-only
+    /// store's refresh holds its own lock).
+    fn publishing<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _applied = self.writer.as_ref().map(|w| lock(&w.applied));
+        f()
+    }
+}
+
+/// Waits for the lookups on snapshots older than `c` to end.
+fn wait_until(done: impl Fn() -> bool, c: u64, what: &str) -> Result<()> {
+    let deadline = Instant::now() + GRACE;
+    while !done() {
+        if Instant::now() > deadline {
+            return Err(Error::Internal(format!(
+                "a snapshot at a {what} before {c} has been held for {GRACE:?}; the compaction \
+                 to {c} waits for it to end (a lookup that does not end?)"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// Removes the files `old` named and `new` does not (the tables' replaced files).
+fn remove_unnamed(dir: &std::path::Path, old: &Manifest, new: &Manifest) {
+    let named = |m: &Manifest| -> Vec<String> {
+        m.tables
+            .iter()
+            .flat_map(|t| {
+                [
+                    Some(&t.file),
+                    t.sums.as_ref().map(|s| &s.file),
+                    t.order.as_ref().map(|o| &o.file),
+                ]
+            })
+            .flatten()
+            .cloned()
+            .collect()
+    };
+    let keep = named(new);
+    for f in named(old).into_iter().filter(|f| !keep.contains(f)) {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+}
