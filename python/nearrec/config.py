@@ -53,7 +53,10 @@ class StoreConfig:
     mapping). ``writable``: open for ``write`` / ``remove`` (one writing process per store);
     ``durability``: ``"sync"`` (a write returns once on disk) or ``"async"`` (once in the
     kernel, on disk within ``durability_window_ms``); ``delta_budget``: memory for rows written
-    since the tables' files. See :func:`nearrec.open` for what each does."""
+    since the tables' files; ``auto_compact``: fold them into new table files in the background
+    when the delta is half full; ``compaction_rate``: bytes per second a compaction writes at
+    most (0: no bound); ``write_wait_ms``: how long a write waits for room in a full delta. See
+    :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")
@@ -76,6 +79,9 @@ class StoreConfig:
     durability: Durability = _default("durability")
     durability_window_ms: int = _default("durability_window_ms")
     delta_budget: int | str = _default("delta_budget")
+    auto_compact: bool = _default("auto_compact")
+    compaction_rate: int | str = _default("compaction_rate")
+    write_wait_ms: int = _default("write_wait_ms")
 
     def __post_init__(self) -> None:
         self.native()  # checked now: a bad value fails where it is given

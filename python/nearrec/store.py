@@ -315,11 +315,20 @@ class Store:
         they started with."""
         return int(self._native.refresh())
 
+    def compact(self) -> Compaction:
+        """Folds every write so far into new table files (copy-on-write: lookups go on, on the
+        old files until the switch) and moves the tables' base to the current version: the
+        delta's memory is freed and the write-ahead log released. A writable store also
+        compacts by itself when its delta is half full (``auto_compact``)."""
+        return Compaction(*self._native.compact())
+
     def live_stats(self) -> dict[str, float]:
-        """``version``; the write-ahead log's ``log_bytes``, ``log_records``, ``log_groups``
-        (appends that shared one write) and ``log_syncs``; the deltas' ``delta_rows`` and
-        ``delta_bytes``; rows served from them (``delta_served``), removed rows among those
-        (``removed_served``)."""
+        """``version`` and ``base_version`` (what the table files hold); the write-ahead log's
+        ``log_bytes``, ``log_records``, ``log_groups`` (appends that shared one write),
+        ``log_syncs`` and ``log_segments``; the deltas' ``delta_rows`` and ``delta_bytes``; rows
+        served from them (``delta_served``), removed rows among those (``removed_served``);
+        ``compactions`` run (or, read-only, followed), ``compacted_rows``, ``compaction_bytes``
+        written and ``compaction_seconds``."""
         return dict(self._native.live_stats())
 
     def stats(self) -> dict[str, float | str | bool]:
@@ -518,8 +527,31 @@ def open_store(path: StorePath, config: StoreConfig | None = None, *,
     ``stats()["unprotected_tables"]`` counts): damaged data fails the batch with
     :class:`nearrec.errors.StoreCorrupted` naming the table and row, counted in
     ``stats()["corrupt_reads"]``. The checksums take 4 bytes of memory per 512 bytes of table.
+
+    ``writable=True`` opens the store for :meth:`Store.write`, :meth:`Store.write_many` and
+    :meth:`Store.remove` (one writing process per store, held by a lock the kernel drops however
+    the process ends; other processes open it read-only and move to the newest version with
+    :meth:`Store.refresh`). A call is durable when it returns: ``durability="sync"`` syncs the
+    write-ahead log before (calls on many threads share one sync), ``"async"`` leaves it in the
+    kernel, on disk within ``durability_window_ms``. Written rows wait in memory
+    (``delta_budget`` bytes) until a compaction folds them into new table files
+    (:meth:`Store.compact`; by itself when the delta is half full with ``auto_compact``, at most
+    ``compaction_rate`` bytes a second); a call that does not fit waits up to ``write_wait_ms``
+    for room, then fails with :class:`nearrec.errors.DeltaFull`, applying nothing.
     """
     return Store(path, config, progress=progress, **overrides)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What :meth:`Store.compact` did: the ``version`` the table files hold now, the ``tables``
+    rewritten, the ``rows`` folded into them, the ``bytes`` written and the ``seconds`` taken."""
+
+    version: int
+    tables: int
+    rows: int
+    bytes: int
+    seconds: float
 
 
 class Pending:

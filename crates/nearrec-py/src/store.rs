@@ -221,6 +221,12 @@ impl NativeStore {
         detach(py, || self.store.refresh())?.map_err(|e| err(py, e))
     }
 
+    /// Folds the deltas into new table files: (version, tables, rows, bytes, seconds).
+    fn compact(&self, py: Python<'_>) -> PyResult<(u64, usize, u64, u64, f64)> {
+        let c = detach(py, || self.store.compact())?.map_err(|e| err(py, e))?;
+        Ok((c.version, c.tables, c.rows, c.bytes, c.seconds))
+    }
+
     #[getter]
     fn version(&self) -> u64 {
         self.store.version()
