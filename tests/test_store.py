@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,34 @@ def test_frozen_v1_fixture_still_opens_and_pools():
         got = store.lookup(name, expected["indices"], expected["offsets"])
         np.testing.assert_array_equal(got, expected[name])
     assert all(c.ok for c in nearrec.verify(FIXTURE))
+
+
+def test_frozen_v4_fixture_a_live_store_still_opens_and_pools(tmp_path):
+    """A live store (format version 4): v1's tables compacted once at version 8, and eight
+    more calls in its log."""
+    v4 = FIXTURE.parent / "v4"
+    expected = np.load(FIXTURE.parent / "v4_expected.npz")
+    store = nearrec.open(v4)
+    assert store.info.format_version == 4 and not store.writable
+    assert store.version == int(expected["version"]) == 16
+    assert store.live_stats()["base_version"] == 8
+    for name in store.tables:
+        got = store.lookup(name, expected["indices"], expected["offsets"])
+        np.testing.assert_array_equal(got, expected[name])
+    assert all(c.ok for c in nearrec.verify(v4))
+    # a writer takes over where the log ends (on a copy: the fixture stays frozen)
+    copy = tmp_path / "v4"
+    shutil.copytree(v4, copy)
+    w = nearrec.open(copy, writable=True, tier="ssd")
+    assert w.write("fp32", [0], np.ones((1, store.tables["fp32"].dim))) == 17
+
+
+def test_a_writable_open_makes_a_store_version_4(tmp_path):
+    path = small(tmp_path)
+    assert nearrec.info(path).format_version == 3
+    nearrec.open(path, writable=True)
+    # a reader that ignores the log must not open it any more
+    assert nearrec.info(path).format_version == 4
 
 
 def test_info_and_layout(tmp_path):
