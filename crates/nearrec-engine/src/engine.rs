@@ -26,6 +26,8 @@ use nearrec_io::{Workers, fork_gate};
 /// Serves pooled lookups from a store whose tables are resident in DRAM or read from SSD.
 #[derive(Debug)]
 pub struct Engine {
+    /// Unique in the process: a [`Prepared`] batch runs only on the engine that prepared it.
+    id: u64,
     tables: Vec<TableMeta>,
     by_name: HashMap<String, usize>,
     /// Each DRAM-resident table's data region, laid out exactly as on disk (empty for the SSD
@@ -43,6 +45,8 @@ pub struct Engine {
 /// A validated request: its batch size, output width and per-table bag bounds.
 #[derive(Debug)]
 pub struct Prepared {
+    /// The engine that prepared it ([`Engine::id`]): table ids are that engine's.
+    engine: u64,
     batch: usize,
     width: usize,
     tables: Vec<(usize, usize, Checked)>, // (table id, output column, bounds)
@@ -50,6 +54,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The [`Engine::id`] of the engine that prepared it (whose table ids it holds).
+    pub fn engine(&self) -> u64 {
+        self.engine
+    }
+
     /// Bags per table (the output's rows).
     pub fn batch(&self) -> usize {
         self.batch
@@ -174,7 +183,9 @@ impl Engine {
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             tables,
             by_name,
             dram,
@@ -247,6 +258,11 @@ impl Engine {
 
     pub fn tables(&self) -> &[TableMeta] {
         &self.tables
+    }
+
+    /// This engine's id, unique in the process.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -413,6 +429,7 @@ impl Engine {
             width += self.tables[id].dim as usize;
         }
         Ok(Prepared {
+            engine: self.id,
             batch: batch.map_or(0, |b| b.0),
             width,
             tables,
@@ -455,6 +472,13 @@ impl Engine {
             prepared.batch * prepared.width,
             "output has the wrong size"
         );
+        if prepared.engine != self.id {
+            return Err(EngineError::Config(
+                "the batch was prepared by another engine (the store's tables changed between \
+                 prepare and execute)"
+                    .into(),
+            ));
+        }
         assert_eq!(
             req.tables.len(),
             prepared.tables.len(),

@@ -349,19 +349,27 @@ impl NativeStore {
             ));
         };
         let floats = (meta.rows * u64::from(meta.dim)) as usize;
+        let ptr = data.as_ptr();
+        debug_assert!(floats * 4 <= data.len());
+        let holder = Bound::new(py, HeldTable { _table: data })?;
         // SAFETY: the buffer is 4 KiB-aligned, dense fp32 rows are 4-byte values, and it lives as
-        // long as `slf`, which the array keeps alive as its base object.
+        // long as the engine `holder` keeps, which the array keeps alive as its base object.
         let arr = unsafe {
             let view = numpy::ndarray::ArrayView2::from_shape_ptr(
                 (meta.rows as usize, meta.dim as usize),
-                data.as_ptr().cast::<f32>(),
+                ptr.cast::<f32>(),
             );
-            debug_assert!(floats * 4 <= data.len());
-            PyArray2::borrow_from_array(&view, slf.clone().into_any())
+            PyArray2::borrow_from_array(&view, holder.into_any())
         };
         arr.readwrite().make_nonwriteable();
         Ok(arr.into_any())
     }
+}
+
+/// The base object of a table's array view: it keeps the engine holding the rows.
+#[pyclass(frozen)]
+struct HeldTable {
+    _table: nearrec::TableData,
 }
 
 impl NativeStore {

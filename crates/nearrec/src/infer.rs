@@ -29,7 +29,7 @@ impl Store {
         batch: &Batch<'_>,
     ) -> Result<Inferred> {
         let snapshot = self.snapshot();
-        let (outputs, times) = self
+        let (outputs, times) = snapshot
             .engine()
             .infer_at(model, dense, batch, snapshot.view())?;
         let width = model.outputs();

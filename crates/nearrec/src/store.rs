@@ -25,7 +25,6 @@ pub struct Store {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub(crate) engine: Engine,
     /// The simulated drive the SSD tier reads through, when the config names one.
     flash: Option<Arc<FlashDevice<MemDevice>>>,
     path: PathBuf,
@@ -33,8 +32,40 @@ pub(crate) struct Inner {
     config: StoreConfig,
     /// The model kept with the store, loaded on first use.
     model: OnceLock<Arc<StoredModel>>,
-    /// Rows written since the tables' files, and the writer when the store is writable.
+    /// The engine over the tables (in each snapshot), the rows written since the tables' files,
+    /// and the writer when the store is writable.
     live: Live,
+}
+
+/// A store's tables as it serves them at one moment (a slice of [`TableMeta`]); it keeps the
+/// engine it read them from.
+#[derive(Debug, Clone)]
+pub struct Tables(Arc<Engine>);
+
+impl std::ops::Deref for Tables {
+    type Target = [TableMeta];
+
+    fn deref(&self) -> &[TableMeta] {
+        self.0.tables()
+    }
+}
+
+/// A table's data region kept whole in DRAM (a slice of bytes, rows in row-id order); it keeps
+/// the engine that holds it.
+#[derive(Debug, Clone)]
+pub struct TableData {
+    engine: Arc<Engine>,
+    id: usize,
+}
+
+impl std::ops::Deref for TableData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.engine
+            .table_data(self.id)
+            .expect("made only for a table in DRAM")
+    }
 }
 
 /// The SSD tier's counters: the device, then every counter and latency percentile (µs) of
@@ -103,10 +134,9 @@ impl Store {
                 (engine, Some(flash))
             }
         };
-        let live = Live::open(reader.path(), &engine, reader.manifest(), config)?;
+        let live = Live::open(reader.path(), Arc::new(engine), reader.manifest(), config)?;
         let compactor = live.compactor_signal();
         let inner = Arc::new(Inner {
-            engine,
             flash,
             path: reader.path().to_owned(),
             manifest: reader.manifest().clone(),
@@ -115,7 +145,7 @@ impl Store {
             live,
         });
         if let Some(signal) = compactor {
-            crate::live::spawn(signal, Arc::downgrade(&inner), |i| (&i.live, &i.engine))?;
+            crate::live::spawn(signal, Arc::downgrade(&inner), |i| &i.live)?;
         }
         Ok(Self { inner })
     }
@@ -145,34 +175,37 @@ impl Store {
         &self.inner.config
     }
 
-    pub fn tables(&self) -> &[TableMeta] {
-        self.inner.engine.tables()
+    /// The tables as the store serves them now.
+    pub fn tables(&self) -> Tables {
+        Tables(self.engine())
     }
 
     /// Table `name`, or [`nearrec_engine::EngineError::UnknownTable`] naming the others.
-    pub fn table(&self, name: &str) -> Result<&TableMeta> {
-        let id = self.inner.engine.table_id(name)?;
-        Ok(&self.tables()[id])
+    pub fn table(&self, name: &str) -> Result<TableMeta> {
+        let engine = self.engine();
+        let id = engine.table_id(name)?;
+        Ok(engine.tables()[id].clone())
     }
 
     /// Where the store is served from: [`Tier::Dram`] or [`Tier::Ssd`] (`auto` resolved).
     pub fn tier(&self) -> Tier {
-        self.inner.engine.config().tier
+        self.engine().config().tier
     }
 
     pub fn threads(&self) -> usize {
-        self.inner.engine.threads()
+        self.engine().threads()
     }
 
-    /// The engine underneath, for callers that need a part of it the facade does not show.
-    pub fn engine(&self) -> &Engine {
-        &self.inner.engine
+    /// The engine serving the store now, for callers that need a part of it the facade does
+    /// not show.
+    pub fn engine(&self) -> Arc<Engine> {
+        self.snapshot().engine().clone()
     }
 
     /// Validates `batch` (known tables, well-formed bags, weights, padding, one batch size):
     /// the output's shape, for a caller that pools into its own buffer with [`Store::execute`].
     pub fn prepare(&self, batch: &Batch<'_>) -> Result<Prepared> {
-        Ok(self.inner.engine.prepare(batch)?)
+        Ok(self.engine().prepare(batch)?)
     }
 
     /// Pools `batch` into `out`, row-major `[prepared.batch(), prepared.width()]`, as the
@@ -189,8 +222,19 @@ impl Store {
         out: &mut [f32],
         snapshot: &Snapshot,
     ) -> Result<()> {
-        let view = snapshot.view();
-        Ok(self.inner.engine.execute_at(batch, prepared, out, view)?)
+        let engine = snapshot.engine();
+        if prepared.engine() != engine.id() {
+            // prepared before the store's tables changed: valid now only for the same shape
+            let again = engine.prepare(batch)?;
+            if (again.batch(), again.width()) != (prepared.batch(), prepared.width()) {
+                return Err(Error::invalid(
+                    "the store's tables changed between prepare and execute, and the batch's \
+                     output shape with them; prepare it again",
+                ));
+            }
+            return Ok(engine.execute_at(batch, &again, out, snapshot.view())?);
+        }
+        Ok(engine.execute_at(batch, prepared, out, snapshot.view())?)
     }
 
     /// What a lookup starting now reads: the version of every table as of the last write that
@@ -214,7 +258,7 @@ impl Store {
     /// encoded with each table's dtype (int8 rows re-quantised row-wise). Returns the version
     /// the call made.
     pub fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
-        self.inner.live.write(&self.inner.engine, writes, options)
+        self.inner.live.write(writes, options)
     }
 
     /// [`Store::write_many`] of one table: rows `ids` become `values` (`ids.len() × dim`).
@@ -241,14 +285,14 @@ impl Store {
     /// A store opened read-only moves to the newest version its writer has logged; returns the
     /// version. (A writable store is always at its newest.)
     pub fn refresh(&self) -> Result<u64> {
-        self.inner.live.refresh(&self.inner.engine)
+        self.inner.live.refresh()
     }
 
     /// Folds every write so far into new table files (copy-on-write) and moves the tables'
     /// base to the current version: the delta's memory is freed and the log released. A
     /// writable store also compacts by itself (`auto_compact`). Lookups go on meanwhile.
     pub fn compact(&self) -> Result<Compaction> {
-        self.inner.live.compact(&self.inner.engine)
+        self.inner.live.compact()
     }
 
     /// The write-ahead log's, the deltas' and compaction's counters: `version`,
@@ -268,11 +312,14 @@ impl Store {
     }
 
     pub(crate) fn pooled(&self, batch: &Batch<'_>, bags: usize, values: Vec<f32>) -> Pooled {
+        let engine = self.engine();
         let tables = batch
             .tables
             .iter()
             .map(|t| {
-                let dim = self.table(t.table).map_or(0, |m| m.dim as usize);
+                let dim = engine
+                    .table_id(t.table)
+                    .map_or(0, |id| engine.tables()[id].dim as usize);
                 (t.table.to_owned(), dim)
             })
             .collect();
@@ -286,8 +333,10 @@ impl Store {
     /// Decodes rows `rows` of table `table` into `out` (`rows.len() × dim` floats), as the store
     /// is now (written rows as written, removed ones zeros).
     pub fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
-        let id = self.inner.engine.table_id(table)?;
-        let dim = self.tables()[id].dim as usize;
+        let snapshot = self.snapshot();
+        let engine = snapshot.engine();
+        let id = engine.table_id(table)?;
+        let dim = engine.tables()[id].dim as usize;
         if out.len() != rows.len() * dim {
             return Err(Error::invalid(format!(
                 "read_rows: {} rows of table {table:?} need {} floats, not {}",
@@ -296,23 +345,23 @@ impl Store {
                 out.len()
             )));
         }
-        let snapshot = self.snapshot();
-        Ok(self
-            .inner
-            .engine
-            .read_rows_at(id, rows, out, snapshot.view())?)
+        Ok(engine.read_rows_at(id, rows, out, snapshot.view())?)
     }
 
     /// Table `table`'s data region when it is whole in DRAM, rows in row-id order: the tables'
     /// base (a live store's rows written since its last compaction are not in it).
-    pub fn table_data(&self, table: &str) -> Result<Option<&[u8]>> {
-        let id = self.inner.engine.table_id(table)?;
-        Ok(self.inner.engine.table_data(id))
+    pub fn table_data(&self, table: &str) -> Result<Option<TableData>> {
+        let engine = self.engine();
+        let id = engine.table_id(table)?;
+        Ok(engine
+            .table_data(id)
+            .is_some()
+            .then_some(TableData { engine, id }))
     }
 
     /// The SSD tier's counters and the DRAM tiers' totals (`None` for a DRAM-resident store).
     pub fn stats(&self) -> Option<Stats> {
-        let engine = &self.inner.engine;
+        let engine = self.engine();
         let (io, device) = (engine.io_stats()?, engine.device()?);
         let mut values = io.snapshot();
         let reports = engine.tier_report();
@@ -347,7 +396,7 @@ impl Store {
 
     /// Per table: what its DRAM tiers hold and served (empty for a DRAM-resident store).
     pub fn tier_report(&self) -> Vec<TierReport> {
-        self.inner.engine.tier_report()
+        self.engine().tier_report()
     }
 
     /// What the simulated drive has done, when the store is served from one.

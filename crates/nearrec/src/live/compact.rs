@@ -129,13 +129,13 @@ impl Signal {
     }
 }
 
-/// Starts the background compactor of `store` (whose live side and engine `parts` finds),
+/// Starts the background compactor of `store` (whose live side `live` finds),
 /// which waits on `signal`. It holds the store only while it compacts, and ends when the store
 /// is dropped.
 pub(crate) fn spawn<T: Send + Sync + 'static>(
     signal: Arc<Signal>,
     store: Weak<T>,
-    parts: fn(&T) -> (&Live, &Engine),
+    live: fn(&T) -> &Live,
 ) -> Result<()> {
     let run = move || {
         loop {
@@ -146,8 +146,8 @@ pub(crate) fn spawn<T: Send + Sync + 'static>(
             let Some(inner) = store.upgrade() else {
                 return;
             };
-            let (live, engine) = parts(&inner);
-            if (work == Work::Wanted || live.half_full()) && live.compact(engine).is_err() {
+            let live = live(&inner);
+            if (work == Work::Wanted || live.half_full()) && live.compact().is_err() {
                 live.compactions.errors.fetch_add(1, Relaxed);
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -201,15 +201,15 @@ impl Live {
 
     /// Folds everything written so far into new table files and moves the base (see the module
     /// docs); one at a time. Returns what it did.
-    pub(crate) fn compact(&self, engine: &Engine) -> Result<Compaction> {
+    pub(crate) fn compact(&self) -> Result<Compaction> {
         let w = self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
             path: self.dir.display().to_string(),
         })?;
         let mut previous = lock(&w.compacting);
         let start = Instant::now();
-        let (c, changed) = {
+        let (c, changed, engine) = {
             let snap = self.snapshot();
-            (snap.version, changed_rows(engine, &snap))
+            (snap.version, changed_rows(&snap), snap.engine.clone())
         };
         let mut done = Compaction {
             version: c,
@@ -253,7 +253,7 @@ impl Live {
         fail::fail_point!("compact::published", |_| std::process::abort());
         let new = StoreReader::open(&self.dir)?;
         drop(dir);
-        rebase(self, engine, &new, c, &changed)?;
+        rebase(self, &engine, &new, c, &changed)?;
         w.wal.release(*previous)?;
         *previous = c;
         remove_unnamed(&self.dir, old.manifest(), &manifest);
@@ -268,7 +268,7 @@ impl Live {
 
 /// A read-only store's refresh: the records its writer logged since this store's version,
 /// and the writer's compactions since its base, followed.
-pub(crate) fn follow(live: &Live, engine: &Engine) -> Result<()> {
+pub(crate) fn follow(live: &Live) -> Result<()> {
     let mut tries = 0;
     loop {
         tries += 1;
@@ -285,16 +285,17 @@ pub(crate) fn follow(live: &Live, engine: &Engine) -> Result<()> {
         let c = reader.manifest().lsn.unwrap_or(0);
         let version = live.snapshot().version;
         for r in &Wal::read(&live.dir, version)?.records {
-            live.apply(engine, r)?;
+            live.apply(r)?;
         }
         let snap = live.snapshot();
         if c <= snap.base {
             return Ok(());
         }
         let start = Instant::now();
-        let changed = changed_rows(engine, &snap);
+        let changed = changed_rows(&snap);
+        let engine = snap.engine.clone();
         drop(snap);
-        rebase(live, engine, &reader, c, &changed)?;
+        rebase(live, &engine, &reader, c, &changed)?;
         live.compactions.add(&Compaction {
             version: c,
             tables: changed.iter().filter(|r| !r.is_empty()).count(),
@@ -308,8 +309,8 @@ pub(crate) fn follow(live: &Live, engine: &Engine) -> Result<()> {
 
 /// Per table, the newest entry of each row written after `snap`'s base up to its version, as
 /// encoded rows (a removed row is a zero row).
-fn changed_rows(engine: &Engine, snap: &Snapshot) -> Changed {
-    engine
+fn changed_rows(snap: &Snapshot) -> Changed {
+    snap.engine
         .tables()
         .iter()
         .zip(&snap.deltas)
@@ -352,6 +353,7 @@ fn rebase(
         let next = Arc::new(Snapshot {
             version: current.version,
             base: c,
+            engine: current.engine.clone(),
             deltas: current.deltas.clone(),
         });
         lock(&live.published).push(Arc::downgrade(&next));

@@ -30,19 +30,25 @@ use crate::error::{Error, Result};
 pub use compact::Compaction;
 pub(crate) use compact::{CompactionStats, Signal, spawn};
 
-/// What one lookup reads: the deltas as of `version`, over tables that hold everything up to
-/// `base`.
+/// What one lookup reads: the engine over the tables, which hold everything up to `base`, and
+/// the deltas as of `version`.
 #[derive(Debug)]
 pub struct Snapshot {
     version: u64,
     base: u64,
-    /// Per table of the store (`None`: never written).
+    engine: Arc<Engine>,
+    /// Per table of the engine (`None`: never written).
     deltas: Vec<Option<Arc<TableDelta>>>,
 }
 
 impl Snapshot {
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The engine serving the tables at this version.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     pub(crate) fn view(&self) -> DeltaView<'_> {
@@ -110,7 +116,7 @@ impl Live {
     /// and its log (recovered); else the log's records as they are, if it has one.
     pub(crate) fn open(
         dir: &Path,
-        engine: &Engine,
+        engine: Arc<Engine>,
         manifest: &Manifest,
         config: &StoreConfig,
     ) -> Result<Self> {
@@ -124,6 +130,7 @@ impl Live {
             version: base,
             base,
             deltas: vec![None; tables.len()],
+            engine,
         });
         let mut live = Self {
             dir: dir.to_owned(),
@@ -173,7 +180,7 @@ impl Live {
             Wal::read(dir, base)?.records
         };
         for r in &records {
-            live.apply(engine, r)?;
+            live.apply(r)?;
         }
         if let Some(w) = &live.writer {
             *lock(&w.applied) = live.snapshot().version;
@@ -232,9 +239,10 @@ impl Live {
     }
 
     /// Applies record `r` (the next one) to the deltas and publishes it.
-    fn apply(&self, engine: &Engine, r: &Record) -> Result<()> {
+    fn apply(&self, r: &Record) -> Result<()> {
         let oldest = self.oldest();
         let current = self.snapshot();
+        let engine = &current.engine;
         let mut deltas = current.deltas.clone();
         for op in &r.ops {
             let id = engine.table_id(op.table())?;
@@ -268,6 +276,7 @@ impl Live {
         let next = Arc::new(Snapshot {
             version: r.lsn,
             base: current.base,
+            engine: current.engine.clone(),
             deltas,
         });
         lock(&self.published).push(Arc::downgrade(&next));
@@ -276,12 +285,7 @@ impl Live {
     }
 
     /// Checks and encodes one call's rows into log operations (nothing is applied).
-    fn encode(
-        &self,
-        engine: &Engine,
-        writes: &[RowWrite<'_>],
-        options: WriteOptions,
-    ) -> Result<Vec<Op>> {
+    fn encode(engine: &Engine, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<Vec<Op>> {
         writes
             .iter()
             .map(|w| {
@@ -360,16 +364,12 @@ impl Live {
 
     /// One call: checked, logged (durable as the store's durability says), applied and
     /// published; returns its version.
-    pub(crate) fn write(
-        &self,
-        engine: &Engine,
-        writes: &[RowWrite<'_>],
-        options: WriteOptions,
-    ) -> Result<u64> {
+    pub(crate) fn write(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
         let w = self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
             path: self.dir.display().to_string(),
         })?;
-        let ops = self.encode(engine, writes, options)?;
+        let engine = self.snapshot().engine.clone();
+        let ops = Self::encode(&engine, writes, options)?;
         // what the deltas' entries will cost (a removed row's entry is counted like a row)
         let need: u64 = ops
             .iter()
@@ -398,7 +398,7 @@ impl Live {
             applied = w.turn.wait(applied).unwrap_or_else(|p| p.into_inner());
         }
         let before = self.delta_bytes();
-        let result = self.apply(engine, &Record { lsn, ops });
+        let result = self.apply(&Record { lsn, ops });
         // what pruning freed (the reservation assumed every entry stays)
         let freed = (before + need).saturating_sub(self.delta_bytes());
         w.used.fetch_sub(freed, Relaxed);
@@ -413,10 +413,10 @@ impl Live {
 
     /// A read-only store: replays what the log holds beyond the current version, and follows
     /// the writer's compactions to its new table files.
-    pub(crate) fn refresh(&self, engine: &Engine) -> Result<u64> {
+    pub(crate) fn refresh(&self) -> Result<u64> {
         if self.writer.is_none() {
             let _one = lock(&self.refreshing);
-            compact::follow(self, engine)?;
+            compact::follow(self)?;
         }
         Ok(self.snapshot().version)
     }
