@@ -31,8 +31,8 @@ pub struct Engine {
     tables: Vec<TableMeta>,
     by_name: HashMap<String, usize>,
     /// Each DRAM-resident table's data region, laid out exactly as on disk (empty for the SSD
-    /// tier).
-    dram: Vec<AlignedBuf>,
+    /// tier); shared with the engines derived from this one.
+    dram: Vec<Arc<AlignedBuf>>,
     ssd: Option<SsdTier>,
     /// The SSD tier reads through a device the caller gave (a flash model, a faulty device),
     /// which cannot be reopened on other files.
@@ -156,7 +156,11 @@ impl Engine {
                 let dram = workers.get()?.install(|| {
                     (0..reader.tables().len())
                         .into_par_iter()
-                        .map(|i| reader.read_table(i, config.verify_checksums, progress))
+                        .map(|i| {
+                            reader
+                                .read_table(i, config.verify_checksums, progress)
+                                .map(Arc::new)
+                        })
                         .collect::<Result<Vec<_>, _>>()
                 })?;
                 (dram, None)
@@ -174,7 +178,7 @@ impl Engine {
         reader: &StoreReader,
         config: EngineConfig,
         workers: Arc<Workers>,
-        dram: Vec<AlignedBuf>,
+        dram: Vec<Arc<AlignedBuf>>,
         ssd: Option<SsdTier>,
     ) -> Self {
         let tables = reader.manifest().tables.clone();
@@ -194,6 +198,71 @@ impl Engine {
             workers,
             config,
         }
+    }
+
+    /// An engine over `reader`'s tables (the same store with tables created or dropped) that
+    /// shares this one's tiers: new table `i` is this engine's table `keep[i]` (its resident
+    /// copy, DRAM tiers and counters shared, both engines serving the same rows), or, where
+    /// `keep[i]` is `None`, a table loaded as this engine's tier loads one (whole into DRAM;
+    /// on the SSD tier from its file, with no DRAM tiers in front).
+    pub fn derive(&self, reader: &StoreReader, keep: &[Option<usize>]) -> Result<Self> {
+        let _inside = fork_gate();
+        if keep.len() != reader.tables().len()
+            || keep.iter().flatten().any(|&o| o >= self.tables.len())
+        {
+            return Err(EngineError::Config(
+                "a derived engine keeps tables it does not have".into(),
+            ));
+        }
+        let memory = Memory::probe();
+        let (dram, ssd) = match &self.ssd {
+            None => {
+                let fresh = keep
+                    .iter()
+                    .zip(reader.tables())
+                    .filter(|(k, _)| k.is_none())
+                    .map(|(_, t)| t.data_bytes)
+                    .sum();
+                memory.check(
+                    || "the tables created, loaded whole (tier=\"dram\")".into(),
+                    fresh,
+                )?;
+                let dram = keep
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| match k {
+                        Some(old) => Ok(self.dram[*old].clone()),
+                        None => reader
+                            .read_table(i, self.config.verify_checksums, None)
+                            .map(Arc::new)
+                            .map_err(EngineError::from),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (dram, None)
+            }
+            Some(_) if self.device_given => {
+                return Err(EngineError::Config(
+                    "a store served through a given device (a simulated drive) cannot change \
+                     its tables"
+                        .into(),
+                ));
+            }
+            Some(ssd) => {
+                let files = table_files(reader, &self.config, &memory)?;
+                let tiers = keep
+                    .iter()
+                    .map(|k| k.map_or_else(Default::default, |old| ssd.dram_tiers()[old].clone()))
+                    .collect();
+                (Vec::new(), Some(ssd.derive(files, tiers)))
+            }
+        };
+        Ok(Self::assemble(
+            reader,
+            self.config.clone(),
+            self.workers.clone(),
+            dram,
+            ssd,
+        ))
     }
 
     /// Brings the engine to a live store's new base (`docs/live.md`, compaction): each table's
@@ -232,7 +301,7 @@ impl Engine {
         for (id, rows) in rows.iter().enumerate() {
             let layout = self.tables[id].layout();
             let resident = match &self.ssd {
-                None => Some(&self.dram[id]),
+                None => Some(self.dram[id].as_ref()),
                 Some(ssd) => ssd.dram_tiers()[id].resident.as_ref(),
             };
             let tiers = self.ssd.as_ref().map(|s| &s.dram_tiers()[id]);
@@ -258,6 +327,12 @@ impl Engine {
 
     pub fn tables(&self) -> &[TableMeta] {
         &self.tables
+    }
+
+    /// Whether the engine's tables can be read again from their store (false when it serves
+    /// them through a device its caller gave, such as a simulated drive).
+    pub fn reopenable(&self) -> bool {
+        !self.device_given
     }
 
     /// This engine's id, unique in the process.
@@ -382,7 +457,7 @@ impl Engine {
     /// of the SSD tier).
     fn resident(&self, id: usize) -> Option<&[u8]> {
         match &self.ssd {
-            None => Some(self.dram[id].as_slice()),
+            None => Some(self.dram[id].as_ref().as_slice()),
             Some(ssd) => ssd
                 .dram_tiers()
                 .get(id)?

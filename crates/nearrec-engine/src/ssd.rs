@@ -43,8 +43,8 @@ pub(crate) struct SsdTier {
     merge_gap: Option<u64>,
     max_read: u64,
     dedup: bool,
-    /// Per table.
-    dram: Vec<DramTiers>,
+    /// Per table; shared with the tiers of engines derived from this one.
+    dram: Vec<Arc<DramTiers>>,
 }
 
 /// One table's part of a batch, as the engine hands it over.
@@ -133,11 +133,24 @@ impl SsdTier {
     /// The tier over `files`, with each table's DRAM tiers in front (index = table id).
     pub(crate) fn new(files: TableFiles, dram: Vec<DramTiers>, config: &EngineConfig) -> Self {
         Self {
+            dram: dram.into_iter().map(Arc::new).collect(),
             stats: files.stats.clone(),
             files: ArcSwap::from_pointee(files),
             merge_gap: config.merge.then_some(config.merge_gap_bytes),
             max_read: config.max_read_bytes,
             dedup: config.dedup,
+        }
+    }
+
+    /// A tier over `files` (another set of tables) with `dram` in front, counting into this
+    /// tier's counters and reading as it reads.
+    pub(crate) fn derive(&self, files: TableFiles, dram: Vec<Arc<DramTiers>>) -> Self {
+        Self {
+            files: ArcSwap::from_pointee(files.with_stats(self.stats.clone())),
+            stats: self.stats.clone(),
+            merge_gap: self.merge_gap,
+            max_read: self.max_read,
+            dedup: self.dedup,
             dram,
         }
     }
@@ -157,7 +170,7 @@ impl SsdTier {
         &self.stats
     }
 
-    pub(crate) fn dram_tiers(&self) -> &[DramTiers] {
+    pub(crate) fn dram_tiers(&self) -> &[Arc<DramTiers>] {
         &self.dram
     }
 

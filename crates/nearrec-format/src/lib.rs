@@ -54,6 +54,6 @@ pub use memory::{Memory, Shortfall};
 pub use order::{OrderMeta, RowOrder};
 pub use reader::{StoreReader, TableCheck};
 pub use reorder::copy_ordered;
-pub use rewrite::rewrite_table;
+pub use rewrite::{rewrite_table, write_table};
 pub use sums::{SECTOR_BYTES, SectorSums, SumsMeta};
 pub use writer::{StoreOptions, StoreWriter, TableSpec, TableWriter};

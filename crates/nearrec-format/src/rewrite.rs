@@ -1,6 +1,7 @@
-//! Copy-on-write of one table: a live store's compaction folds the rows written since the
-//! table's file into a new file, under a new name, and leaves the old one untouched for the
-//! readers still on it (`docs/live.md`).
+//! Table files written into a live store (`docs/live.md`): [`rewrite_table`], the copy-on-write
+//! of one table — a compaction folds the rows written since the table's file into a new file,
+//! under a new name, and leaves the old one untouched for the readers still on it — and
+//! [`write_table`], a new table (`create_table`).
 //!
 //! The old data region streams through in [`CHUNK_BYTES`] chunks, the new rows are patched in
 //! at their slots, and the same writer thread a build uses checksums and writes each chunk (the
@@ -20,7 +21,7 @@ use crate::manifest::TableMeta;
 use crate::order::RowOrder;
 use crate::sums::SumsMeta;
 use crate::sync::fsync_dir;
-use crate::writer::{WritePipeline, seal, write_beside};
+use crate::writer::{TableSpec, TableWriter, WritePipeline, seal, write_beside};
 
 /// Writes table `meta` of store `dir` (its rows placed by `order` when it is co-located) as a
 /// new file `file` (a `.nrt` name no manifest uses yet; one left by an interrupted rewrite is
@@ -118,6 +119,42 @@ pub fn rewrite_table(
     })
 }
 
+/// Writes a new table `spec` as file `file` (a `.nrt` name no manifest uses yet; one left by
+/// an interrupted write is replaced) of store `dir`, row `r`'s values from `fill(r, row)`, with
+/// its sector sums beside it; file, sums and directory are fsynced. Returns its manifest entry.
+pub fn write_table(
+    dir: &Path,
+    file: &str,
+    spec: TableSpec,
+    fill: impl Fn(u64, &mut [f32]) + Sync,
+) -> Result<TableMeta> {
+    spec.validate()?;
+    if !file.ends_with(".nrt") || file.contains('/') {
+        return Err(FormatError::invalid_table(
+            &spec.name,
+            format!("{file:?} cannot be the name of a table's file"),
+        ));
+    }
+    let path = dir.join(file);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(FormatError::io(&path, e));
+        }
+        _ => {}
+    }
+    let rows = spec.rows;
+    let mut table = TableWriter::create(dir, file.to_owned(), spec, None)?;
+    table.write_with(rows, fill)?;
+    let (mut meta, sums) = table.finish()?;
+    let (sums_file, crc32c) = write_beside(dir, file, ".sums", &sums.encode())?;
+    meta.sums = Some(SumsMeta {
+        file: sums_file,
+        crc32c,
+    });
+    fsync_dir(dir)?;
+    Ok(meta)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +217,34 @@ mod tests {
         for r in [1, 6, CHUNK_BYTES / 64 + 1, rows - 2] {
             assert_eq!(row(r), r as f32);
         }
+    }
+
+    #[test]
+    fn a_new_table_joins_a_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("s");
+        let mut w = StoreWriter::create(&store, StoreOptions::default()).unwrap();
+        let mut t = w.table(TableSpec::new("t", 10, 4, DType::Fp32)).unwrap();
+        t.write_with(10, |_, out| out.fill(1.0)).unwrap();
+        w.finish_table(t).unwrap();
+        w.commit().unwrap();
+        let spec = TableSpec::new("new", 300, 8, DType::Int8);
+        let meta = write_table(&store, "table-0001.0000000000000003.nrt", spec, |r, out| {
+            out.fill(r as f32 * 0.5)
+        })
+        .unwrap();
+        let mut m = StoreReader::open(&store).unwrap().manifest().clone();
+        m.tables.push(meta);
+        m.publish(&store).unwrap();
+        let reader = StoreReader::open(&store).unwrap();
+        assert!(reader.verify(None).iter().all(|c| c.error.is_none()));
+        let data = reader.read_table(1, true, None).unwrap();
+        let t = &reader.tables()[1];
+        let mut row = [0f32; 8];
+        let at = t.layout().row_offset(299) as usize;
+        t.dtype
+            .decode_row(&data.as_slice()[at..][..t.row_bytes as usize], &mut row);
+        assert!((row[0] - 149.5).abs() < 1.0, "{row:?}");
     }
 
     #[test]

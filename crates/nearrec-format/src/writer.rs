@@ -174,27 +174,7 @@ impl StoreWriter {
                 "the previous table was not finished",
             ));
         }
-        let path = self.tmp.join(&file_name);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| FormatError::io(&path, e))?;
-        let layout = spec.layout();
-        let spans_per_chunk = (CHUNK_BYTES / layout.span_bytes()).max(1);
-        let chunk_bytes = (spans_per_chunk * layout.span_bytes()) as usize;
-        let pipeline = WritePipeline::start(file, path.clone(), self.progress.clone());
-        Ok(TableWriter {
-            spec,
-            layout,
-            file_name,
-            path,
-            pipeline,
-            chunk: None,
-            chunk_rows: spans_per_chunk * layout.rows_per_span(),
-            chunk_bytes,
-            rows_written: 0,
-        })
+        TableWriter::create(&self.tmp, file_name, spec, self.progress.clone())
     }
 
     /// Flushes, fsyncs and seals `table` (writes its header) and records it in the manifest. All
@@ -314,6 +294,36 @@ pub struct TableWriter {
 }
 
 impl TableWriter {
+    /// A writer of table `spec` into a new file `file_name` of directory `dir`.
+    pub(crate) fn create(
+        dir: &Path,
+        file_name: String,
+        spec: TableSpec,
+        progress: Option<ProgressFn>,
+    ) -> Result<Self> {
+        let path = dir.join(&file_name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| FormatError::io(&path, e))?;
+        let layout = spec.layout();
+        let spans_per_chunk = (CHUNK_BYTES / layout.span_bytes()).max(1);
+        let chunk_bytes = (spans_per_chunk * layout.span_bytes()) as usize;
+        let pipeline = WritePipeline::start(file, path.clone(), progress);
+        Ok(TableWriter {
+            spec,
+            layout,
+            file_name,
+            path,
+            pipeline,
+            chunk: None,
+            chunk_rows: spans_per_chunk * layout.rows_per_span(),
+            chunk_bytes,
+            rows_written: 0,
+        })
+    }
+
     pub fn spec(&self) -> &TableSpec {
         &self.spec
     }
@@ -426,7 +436,7 @@ impl TableWriter {
 
     /// Seals the table file; returns its manifest entry (without `sums`, which the store writer
     /// fills in when it has written them) and its sector sums.
-    fn finish(mut self) -> Result<(TableMeta, SectorSums)> {
+    pub(crate) fn finish(mut self) -> Result<(TableMeta, SectorSums)> {
         if self.rows_written != self.spec.rows {
             return Err(FormatError::RowCount {
                 table: self.spec.name.clone(),

@@ -50,7 +50,7 @@ impl NativeStore {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        let manifest_json = serde_json::to_string(store.manifest()).expect("manifest serialises");
+        let manifest_json = serde_json::to_string(&store.manifest()).expect("manifest serialises");
         Ok(Self {
             store,
             manifest_json,

@@ -8,7 +8,8 @@ use std::sync::{Arc, OnceLock};
 
 use nearrec_device::{FlashDevice, FlashStats};
 use nearrec_engine::{Engine, Prepared, Tier, TierReport};
-use nearrec_format::{Manifest, ProgressFn, StoreReader, TableMeta, files};
+use nearrec_format::wal::Init;
+use nearrec_format::{DType, Manifest, ProgressFn, StoreReader, TableMeta, files};
 use nearrec_io::MemDevice;
 
 use crate::batch::{Batch, Pooled};
@@ -154,13 +155,20 @@ impl Store {
         &self.inner.path
     }
 
-    /// The manifest: tables, attachments, how the store was made.
-    pub fn manifest(&self) -> &Manifest {
-        &self.inner.manifest
+    /// The manifest as the store serves it now: its tables (with those created or dropped
+    /// since it was opened), attachments and how it was made.
+    pub fn manifest(&self) -> Manifest {
+        let snapshot = self.snapshot();
+        let opened = &self.inner.manifest;
+        Manifest {
+            tables: snapshot.engine().tables().to_vec(),
+            lsn: opened.lsn.map(|_| snapshot.base()),
+            ..opened.clone()
+        }
     }
 
-    /// What Python calls `info`: the manifest as the store was opened.
-    pub fn info(&self) -> &Manifest {
+    /// What Python calls `info`: [`Store::manifest`].
+    pub fn info(&self) -> Manifest {
         self.manifest()
     }
 
@@ -280,6 +288,27 @@ impl Store {
             values: None,
         };
         self.write_many(&[w], WriteOptions::default())
+    }
+
+    /// RM_create_table: a new table of `rows` × `dim` values stored as `dtype`, every value 0
+    /// or drawn as `init` says, served from the next lookup on (on the SSD tier with no DRAM
+    /// tiers in front of it). Everything written before is compacted first; calls wait
+    /// meanwhile. Durable when it returns; returns the version that made it.
+    pub fn create_table(
+        &self,
+        name: &str,
+        rows: u64,
+        dim: u32,
+        dtype: DType,
+        init: Init,
+    ) -> Result<u64> {
+        self.inner.live.create_table(name, rows, dim, dtype, init)
+    }
+
+    /// EMB_REMOVE of a table: lookups under way finish on it, later ones get `UnknownTable`;
+    /// its files go. Compacts first, like [`Store::create_table`].
+    pub fn drop_table(&self, name: &str) -> Result<u64> {
+        self.inner.live.drop_table(name)
     }
 
     /// A store opened read-only moves to the newest version its writer has logged; returns the

@@ -28,7 +28,7 @@ use nearrec_engine::Engine;
 use nearrec_format::wal::Wal;
 use nearrec_format::{FormatError, Manifest, StoreReader, files, orphans, rewrite_table};
 
-use super::{Live, Snapshot, lock};
+use super::{Live, Snapshot, Writer, lock};
 use crate::error::{Error, Result};
 
 /// Per table, the rows a compaction folds: `(row, encoded bytes)`.
@@ -202,10 +202,13 @@ impl Live {
     /// Folds everything written so far into new table files and moves the base (see the module
     /// docs); one at a time. Returns what it did.
     pub(crate) fn compact(&self) -> Result<Compaction> {
-        let w = self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
-            path: self.dir.display().to_string(),
-        })?;
+        let w = self.writer()?;
         let mut previous = lock(&w.compacting);
+        self.compact_locked(w, &mut previous)
+    }
+
+    /// [`Live::compact`], by the caller that holds `w.compacting` (`previous`).
+    pub(super) fn compact_locked(&self, w: &Writer, previous: &mut u64) -> Result<Compaction> {
         let start = Instant::now();
         let (c, changed, engine) = {
             let snap = self.snapshot();
@@ -267,49 +270,80 @@ impl Live {
 }
 
 /// A read-only store's refresh: the records its writer logged since this store's version,
-/// and the writer's compactions since its base, followed.
+/// and the writer's compactions and changes of the tables since its base, followed.
 pub(crate) fn follow(live: &Live) -> Result<()> {
     let mut tries = 0;
-    loop {
+    let (reader, records) = loop {
         tries += 1;
-        // the manifest before the log: the log holds every record up to the manifest's position
-        let reader = match StoreReader::open(&live.dir) {
-            Ok(r) => r,
+        // the manifest before the log: the log holds every record after the manifest's position
+        let read = StoreReader::open(&live.dir)
+            .map_err(Error::from)
+            .and_then(|reader| Ok((reader, Wal::read(&live.dir, live.snapshot().version)?)));
+        match read {
+            Ok((reader, log)) => break (reader, log.records),
             // a newer compaction removed the files this manifest named: read the newer one
-            Err(_) if tries < 8 => {
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let c = reader.manifest().lsn.unwrap_or(0);
-        let version = live.snapshot().version;
-        for r in &Wal::read(&live.dir, version)?.records {
-            live.apply(r)?;
+            Err(_) if tries < 8 => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(e),
         }
-        let snap = live.snapshot();
-        if c <= snap.base {
-            return Ok(());
+    };
+    let c = reader.manifest().lsn.unwrap_or(0);
+    let snap = live.snapshot();
+    if records
+        .iter()
+        .any(|r| r.lsn <= c && super::tables::changes_tables(r))
+    {
+        // the writer created or dropped tables: this reader takes the manifest's tables whole
+        let engine = &snap.engine;
+        if !engine.reopenable() {
+            return Err(Error::invalid(
+                "a store served from a simulated drive cannot follow its writer's changes of \
+                 the tables; open it again",
+            ));
         }
-        let start = Instant::now();
-        let changed = changed_rows(&snap);
-        let engine = snap.engine.clone();
+        let engine = Arc::new(Engine::from_reader(&reader, engine.config().clone(), None)?);
+        let deltas = vec![None; engine.tables().len()];
         drop(snap);
-        rebase(live, &engine, &reader, c, &changed)?;
-        live.compactions.add(&Compaction {
+        let next = Arc::new(Snapshot {
             version: c,
-            tables: changed.iter().filter(|r| !r.is_empty()).count(),
-            rows: changed.iter().map(|r| r.len() as u64).sum(),
-            bytes: 0,
-            seconds: start.elapsed().as_secs_f64(),
+            base: c,
+            engine,
+            deltas,
         });
+        lock(&live.published).push(Arc::downgrade(&next));
+        live.current.store(next);
+        live.replay(
+            &records
+                .into_iter()
+                .filter(|r| r.lsn > c)
+                .collect::<Vec<_>>(),
+        )?;
+        live.compactions.count.fetch_add(1, Relaxed);
         return Ok(());
     }
+    drop(snap);
+    live.replay(&records)?;
+    let snap = live.snapshot();
+    if c <= snap.base {
+        return Ok(());
+    }
+    let start = Instant::now();
+    let changed = changed_rows(&snap);
+    let engine = snap.engine.clone();
+    drop(snap);
+    rebase(live, &engine, &reader, c, &changed)?;
+    live.compactions.add(&Compaction {
+        version: c,
+        tables: changed.iter().filter(|r| !r.is_empty()).count(),
+        rows: changed.iter().map(|r| r.len() as u64).sum(),
+        bytes: 0,
+        seconds: start.elapsed().as_secs_f64(),
+    });
+    Ok(())
 }
 
 /// Per table, the newest entry of each row written after `snap`'s base up to its version, as
 /// encoded rows (a removed row is a zero row).
-fn changed_rows(snap: &Snapshot) -> Changed {
+pub(super) fn changed_rows(snap: &Snapshot) -> Changed {
     snap.engine
         .tables()
         .iter()
@@ -332,7 +366,7 @@ fn changed_rows(snap: &Snapshot) -> Changed {
 
 /// Moves `live` to base `c`, whose tables are `reader`'s and hold `changed` (see the module
 /// docs, step 4).
-fn rebase(
+pub(super) fn rebase(
     live: &Live,
     engine: &Engine,
     reader: &StoreReader,
@@ -377,7 +411,7 @@ fn rebase(
 impl Live {
     /// Runs `f`, which publishes a snapshot, with no write applying meanwhile (a read-only
     /// store's refresh holds its own lock).
-    fn publishing<R>(&self, f: impl FnOnce() -> R) -> R {
+    pub(super) fn publishing<R>(&self, f: impl FnOnce() -> R) -> R {
         let _applied = self.writer.as_ref().map(|w| lock(&w.applied));
         f()
     }
@@ -399,7 +433,7 @@ fn wait_until(done: impl Fn() -> bool, c: u64, what: &str) -> Result<()> {
 }
 
 /// Removes the files `old` named and `new` does not (the tables' replaced files).
-fn remove_unnamed(dir: &std::path::Path, old: &Manifest, new: &Manifest) {
+pub(super) fn remove_unnamed(dir: &std::path::Path, old: &Manifest, new: &Manifest) {
     let named = |m: &Manifest| -> Vec<String> {
         m.tables
             .iter()

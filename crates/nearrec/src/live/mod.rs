@@ -10,12 +10,13 @@
 //! Compaction ([`compact`]) folds the deltas into new table files and moves the base.
 
 mod compact;
+mod tables;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -44,6 +45,11 @@ pub struct Snapshot {
 impl Snapshot {
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The version the tables' files hold (the rest is in the deltas).
+    pub fn base(&self) -> u64 {
+        self.base
     }
 
     /// The engine serving the tables at this version.
@@ -89,7 +95,7 @@ pub(crate) struct Live {
 }
 
 #[derive(Debug)]
-struct Writer {
+pub(super) struct Writer {
     /// The `flock` on the store's `WRITER.lock`: one writing process per store.
     _lock: File,
     wal: Wal,
@@ -109,6 +115,9 @@ struct Writer {
     /// One compaction at a time; holds the version the previous one folded (the log is kept
     /// back to it, so that readers one compaction behind can follow).
     compacting: Mutex<u64>,
+    /// Held shared by a call from its log append to its publication, and exclusively by a
+    /// change of the tables (`create_table`, `drop_table`), which then has the log to itself.
+    gate: RwLock<()>,
 }
 
 impl Live {
@@ -174,13 +183,15 @@ impl Live {
                 compaction_rate: config.compaction_rate.0,
                 wait: Duration::from_millis(config.write_wait_ms),
                 compacting: Mutex::new(base),
+                gate: RwLock::new(()),
             });
             recovered.records
         } else {
             Wal::read(dir, base)?.records
         };
-        for r in &records {
-            live.apply(r)?;
+        match &live.writer {
+            Some(w) if tables::redo(&live, w, &records)? => {}
+            _ => live.replay(&records)?,
         }
         if let Some(w) = &live.writer {
             *lock(&w.applied) = live.snapshot().version;
@@ -195,6 +206,13 @@ impl Live {
             .as_ref()
             .filter(|w| w.auto_compact)
             .map(|w| w.signal.clone())
+    }
+
+    /// The writer, or `ReadOnly`.
+    fn writer(&self) -> Result<&Writer> {
+        self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
+            path: self.dir.display().to_string(),
+        })
     }
 
     /// The current snapshot: what a lookup starting now reads.
@@ -238,6 +256,15 @@ impl Live {
             .sum()
     }
 
+    /// Applies `records` in order, up to the first that changes the tables: that one is the
+    /// writer's to publish (a reader moves past it when the manifest shows it, on refresh).
+    fn replay(&self, records: &[Record]) -> Result<()> {
+        for r in records.iter().take_while(|r| !tables::changes_tables(r)) {
+            self.apply(r)?;
+        }
+        Ok(())
+    }
+
     /// Applies record `r` (the next one) to the deltas and publishes it.
     fn apply(&self, r: &Record) -> Result<()> {
         let oldest = self.oldest();
@@ -266,9 +293,10 @@ impl Live {
                     }
                 }
                 Op::CreateTable { table, .. } | Op::DropTable { table } => {
-                    return Err(Error::invalid(format!(
-                        "the log creates or drops table {table:?}, which this nearrec cannot \
-                         apply yet"
+                    return Err(Error::Internal(format!(
+                        "record {} creates or drops table {table:?}: a change of the tables is \
+                         published, not applied",
+                        r.lsn
                     )));
                 }
             }
@@ -365,9 +393,8 @@ impl Live {
     /// One call: checked, logged (durable as the store's durability says), applied and
     /// published; returns its version.
     pub(crate) fn write(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
-        let w = self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
-            path: self.dir.display().to_string(),
-        })?;
+        let w = self.writer()?;
+        let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
         let engine = self.snapshot().engine.clone();
         let ops = Self::encode(&engine, writes, options)?;
         // what the deltas' entries will cost (a removed row's entry is counted like a row)
