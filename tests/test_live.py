@@ -134,6 +134,40 @@ def test_one_writer_and_read_only_openers(path):
     np.testing.assert_array_equal(r.lookup("a", [1], offsets=[0]), np.full((1, DIM), 5.0))
 
 
+@pytest.mark.parametrize("tier", TIERS, ids=lambda t: "+".join(f"{k}={v}" for k, v in t.items()))
+def test_created_and_dropped_tables(path, tier):
+    """A table created with zeros, written and pooled like any other (held to
+    torch.nn.EmbeddingBag over a numpy twin), dropped; a reader follows on refresh."""
+    p, tables = path
+    s = nearrec.open(p, writable=True, **tier)
+    reader = nearrec.open(p, **tier)
+    v = s.create_table("c", 300, 5, init="zeros")
+    assert v == s.version and list(s.tables) == ["a", "b", "c"]
+    assert s.tables["c"].rows == 300 and s.tables["c"].dim == 5
+    twin = np.zeros((300, 5), np.float32)
+    rng = np.random.default_rng(2)
+    ids = rng.choice(300, 40, replace=False)
+    rows = rng.standard_normal((40, 5)).astype(np.float32)
+    s.write("c", ids, rows)
+    twin[ids] = rows
+    look, offsets = rng.integers(0, 300, 60), np.arange(0, 60, 4)
+    np.testing.assert_allclose(s.lookup("c", look, offsets=offsets),
+                               pooled_by_torch(twin, look, offsets), rtol=1e-5, atol=1e-5)
+    with pytest.raises(nearrec.InvalidRequest, match="already"):
+        s.create_table("a", 10, 2)
+    s.drop_table("a")
+    assert list(s.tables) == ["b", "c"]
+    with pytest.raises(nearrec.UnknownTable):
+        s.lookup("a", [1], offsets=[0])
+    # the reader keeps its tables until it refreshes
+    assert list(reader.tables) == ["a", "b"]
+    assert reader.refresh() == s.version
+    assert list(reader.tables) == ["b", "c"]
+    np.testing.assert_allclose(reader.lookup("c", look, offsets=offsets),
+                               pooled_by_torch(twin, look, offsets), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(reader.lookup("b", [3], offsets=[0]), tables["b"][[3]])
+
+
 WRITER = textwrap.dedent("""
     import sys, numpy as np, nearrec
     s = nearrec.open(sys.argv[1], writable=True, tier=sys.argv[3], durability=sys.argv[2])

@@ -110,6 +110,13 @@ def count(x: Any, what: str, minimum: int = 1, maximum: int | None = None) -> in
     raise InvalidRequest(f"{what} must be an integer {bound}, not {x!r}")
 
 
+def text(x: Any, what: str) -> str:
+    """A str argument (a name, a dtype), refused as such when it is anything else."""
+    if not isinstance(x, str):
+        raise InvalidRequest(f"{what} is a str, not {type(x).__name__} {x!r}")
+    return x
+
+
 def probability(x: Any, what: str) -> float:
     """``x`` as a ``float`` in ``[0, 1]`` (a bool, a string or NaN is refused)."""
     if is_bool(x) or not isinstance(x, int | float | np.floating | np.integer) \

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from .request import (
     jagged,
     path_arg,
     progress_enabled,
+    text,
 )
 
 StorePath = str | os.PathLike[str]
@@ -242,7 +243,12 @@ class Store:
         self.config = config
         self._native = NativeStore(path_arg(path, "the store path"), config.native(),
                                    progress_enabled(progress))
-        self._info = StoreInfo._from_json(path, self._native.manifest_json)
+        self._path = path
+        self._read_tables()
+
+    def _read_tables(self) -> None:
+        """The tables as the store serves them now (after a create, drop or refresh)."""
+        self._info = StoreInfo._from_json(self._path, self._native.manifest_json)
         self._tables = {t.name: t for t in self._info.tables}
 
     @property
@@ -309,11 +315,34 @@ class Store:
         returns the new version."""
         return int(self._native.write_many([(table, _ids(table, ids), None)]))
 
+    def create_table(self, name: str, rows: int, dim: int, dtype: str = "fp32", *,
+                     init: str = "uniform", seed: int = 0) -> int:
+        """RM_create_table: a new table of ``rows`` × ``dim`` values stored as ``dtype``, every
+        value drawn from DeepRecInfra's U(−√(1/rows), √(1/rows)) seeded with ``seed``
+        (``init="uniform"``) or 0 (``init="zeros"``), served from the next lookup on (on the SSD
+        tier with no DRAM tiers in front of it). Everything written before is compacted first
+        and writes wait meanwhile. Durable when it returns; returns the version that made it."""
+        return self._change(lambda: self._native.create_table(
+            text(name, "name"), count(rows, "rows"), count(dim, "dim"), text(dtype, "dtype"),
+            text(init, "init"), count(seed, "seed", minimum=0)))
+
+    def drop_table(self, name: str) -> int:
+        """EMB_REMOVE of a table: lookups under way finish on it, later ones raise
+        :class:`nearrec.errors.UnknownTable`; its files go. Compacts first, like
+        :meth:`create_table`; returns the new version."""
+        return self._change(lambda: self._native.drop_table(text(name, "name")))
+
+    def _change(self, call: Callable[[], int]) -> int:
+        try:
+            return int(call())
+        finally:
+            self._read_tables()
+
     def refresh(self) -> int:
         """A store opened read-only (its writer in another process) moves to the newest
-        version the writer has logged; returns it. Lookups in flight finish on the version
-        they started with."""
-        return int(self._native.refresh())
+        version the writer has logged (with the tables it created or dropped); returns it.
+        Lookups in flight finish on the version they started with."""
+        return self._change(self._native.refresh)
 
     def compact(self) -> Compaction:
         """Folds every write so far into new table files (copy-on-write: lookups go on, on the

@@ -25,7 +25,6 @@ type Seconds = Vec<(&'static str, f64)>;
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativeStore {
     store: Store,
-    manifest_json: String,
 }
 
 /// A finished batch's output as a `[batch, width]` numpy array (the vector moves in, no copy).
@@ -50,11 +49,7 @@ impl NativeStore {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        let manifest_json = serde_json::to_string(&store.manifest()).expect("manifest serialises");
-        Ok(Self {
-            store,
-            manifest_json,
-        })
+        Ok(Self { store })
     }
 
     #[getter]
@@ -73,10 +68,41 @@ impl NativeStore {
         self.store.tier().name()
     }
 
-    /// The manifest as JSON (tables, creation parameters).
+    /// The manifest as JSON (tables as served now, creation parameters).
     #[getter]
-    fn manifest_json(&self) -> &str {
-        &self.manifest_json
+    fn manifest_json(&self) -> String {
+        serde_json::to_string(&self.store.manifest()).expect("manifest serialises")
+    }
+
+    /// A new table (RM_create_table): `init` is `"uniform"` (seeded) or `"zeros"`.
+    fn create_table(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        rows: u64,
+        dim: u32,
+        dtype: &str,
+        init: &str,
+        seed: u64,
+    ) -> PyResult<u64> {
+        let dtype = dtype
+            .parse::<nearrec::format::DType>()
+            .map_err(|e| format_err(py, e))?;
+        let init = match init {
+            "uniform" => nearrec::Init::Uniform { seed },
+            "zeros" => nearrec::Init::Zeros,
+            other => {
+                let msg = format!("init is \"uniform\" or \"zeros\", not {other:?}");
+                return Err(raise(py, "InvalidRequest", msg, Some(name), None));
+            }
+        };
+        detach(py, || self.store.create_table(name, rows, dim, dtype, init))?
+            .map_err(|e| err(py, e))
+    }
+
+    /// Drops a table (EMB_REMOVE of a table).
+    fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<u64> {
+        detach(py, || self.store.drop_table(name))?.map_err(|e| err(py, e))
     }
 
     /// The config the store was opened with, as TOML.
