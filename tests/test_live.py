@@ -168,6 +168,43 @@ def test_created_and_dropped_tables(path, tier):
     np.testing.assert_array_equal(reader.lookup("b", [3], offsets=[0]), tables["b"][[3]])
 
 
+@pytest.mark.parametrize("tier", TIERS, ids=lambda t: "+".join(f"{k}={v}" for k, v in t.items()))
+def test_swap_serves_the_new_version_with_no_failed_lookup(path, tier, tmp_path):
+    """Threads pool batches while the store swaps between two versions: every batch is one
+    version's (held to torch.nn.EmbeddingBag over it), none fails."""
+    import threading
+    p, v1 = path
+    v2 = {k: -a for k, a in v1.items()}
+    nearrec.from_numpy(tmp_path / "v2", v2)
+    s = nearrec.open(p, **tier)
+    look, offsets = np.arange(0, ROWS, 3), np.arange(0, len(np.arange(0, ROWS, 3)), 5)
+    want = [pooled_by_torch(v["a"], look, offsets) for v in (v1, v2)]
+    stop, errors, seen = threading.Event(), [], [0, 0]
+
+    def pool():
+        try:
+            while not stop.is_set():
+                got = s.lookup("a", look, offsets=offsets)
+                k = next(k for k in (0, 1) if np.allclose(got, want[k], rtol=1e-5, atol=1e-5))
+                seen[k] += 1
+        except Exception as e:  # noqa: BLE001  (any failure fails the test below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=pool) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for k in range(10):
+        s.swap(tmp_path / "v2" if k % 2 == 0 else p, warm=k % 3 == 0)
+        time.sleep(0.005)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sum(seen) > 0
+    assert s.path == p and s.swap(tmp_path / "v2") == 0 and s.path == tmp_path / "v2"
+    np.testing.assert_allclose(s.lookup("a", look, offsets=offsets), want[1], rtol=1e-5)
+
+
 WRITER = textwrap.dedent("""
     import sys, numpy as np, nearrec
     s = nearrec.open(sys.argv[1], writable=True, tier=sys.argv[3], durability=sys.argv[2])

@@ -243,12 +243,11 @@ class Store:
         self.config = config
         self._native = NativeStore(path_arg(path, "the store path"), config.native(),
                                    progress_enabled(progress))
-        self._path = path
         self._read_tables()
 
     def _read_tables(self) -> None:
-        """The tables as the store serves them now (after a create, drop or refresh)."""
-        self._info = StoreInfo._from_json(self._path, self._native.manifest_json)
+        """The tables as the store serves them now (after a create, drop, refresh or swap)."""
+        self._info = StoreInfo._from_json(self._native.path, self._native.manifest_json)
         self._tables = {t.name: t for t in self._info.tables}
 
     @property
@@ -322,15 +321,28 @@ class Store:
         (``init="uniform"``) or 0 (``init="zeros"``), served from the next lookup on (on the SSD
         tier with no DRAM tiers in front of it). Everything written before is compacted first
         and writes wait meanwhile. Durable when it returns; returns the version that made it."""
+        inits = {"uniform": count(seed, "seed", minimum=0), "zeros": None}
+        if text(init, "init") not in inits:
+            raise InvalidRequest(f'init is "uniform" or "zeros", not {init!r}', table=name)
         return self._change(lambda: self._native.create_table(
             text(name, "name"), count(rows, "rows"), count(dim, "dim"), text(dtype, "dtype"),
-            text(init, "init"), count(seed, "seed", minimum=0)))
+            inits[init]))
 
     def drop_table(self, name: str) -> int:
         """EMB_REMOVE of a table: lookups under way finish on it, later ones raise
         :class:`nearrec.errors.UnknownTable`; its files go. Compacts first, like
         :meth:`create_table`; returns the new version."""
         return self._change(lambda: self._native.drop_table(text(name, "name")))
+
+    def swap(self, path: StorePath, *, warm: bool = True) -> int:
+        """Serves the store at ``path`` (a new version built offline, e.g. a retrained model's
+        tables) from the next call on: lookups under way finish on the old one, none fails.
+        With ``warm``, the new store's row caches first get the rows the old one's DRAM tiers
+        hold, read from the new files, so that the switch does not start cold. A writable store
+        takes the new store's writer lock and log and lets the old one's go. Returns the new
+        store's version."""
+        return self._change(lambda: self._native.swap(path_arg(path, "the store path"),
+                                                      flag(warm, "warm")))
 
     def _change(self, call: Callable[[], int]) -> int:
         try:

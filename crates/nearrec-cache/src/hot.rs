@@ -84,6 +84,15 @@ impl HotPartition {
         Some(&self.data.as_slice()[at..][..self.row_bytes])
     }
 
+    /// The pinned rows, in no order.
+    pub fn row_ids(&self) -> Vec<u64> {
+        self.index
+            .iter()
+            .filter(|e| e.key != 0)
+            .map(|e| e.key - 1)
+            .collect()
+    }
+
     /// Where `row` sits among the pinned rows, if pinned.
     fn place(&self, row: u64) -> Option<usize> {
         let mut i = self.home(row);

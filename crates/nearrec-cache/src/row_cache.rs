@@ -223,6 +223,16 @@ impl RowCache {
         Some(read(&s.data[slot * self.row_bytes..][..self.row_bytes]))
     }
 
+    /// The rows cached now, in no order (what warms another cache for the same table).
+    pub fn rows(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let s = shard.lock().unwrap_or_else(|e| e.into_inner());
+            out.extend(s.keys.iter().filter(|&&k| k != EMPTY).map(|&k| k - 1));
+        }
+        out
+    }
+
     /// Replaces `row`'s bytes if it is cached (a live store's compaction: the row changed
     /// below); returns whether it was. Neither a hit nor an admission: no counter moves.
     pub fn replace(&self, row: u64, bytes: &[u8]) -> bool {

@@ -265,6 +265,48 @@ impl Engine {
         ))
     }
 
+    /// Fills this engine's row caches with the rows `old`'s DRAM tiers hold — its hot rows and
+    /// cached rows — of each table both have with the same shape, read from this engine's
+    /// files, up to each cache's size: a new version of a store (a swap) then starts with the
+    /// old one's working set. Rows this engine pins already are skipped. Returns the rows
+    /// loaded. Does nothing for tables kept whole.
+    pub fn warm_from(&self, old: &Engine) -> Result<u64> {
+        let _inside = fork_gate();
+        let (Some(ssd), Some(old_ssd)) = (&self.ssd, &old.ssd) else {
+            return Ok(0);
+        };
+        let files = ssd.files();
+        let mut loaded = 0u64;
+        for (id, meta) in self.tables.iter().enumerate() {
+            let tiers = &ssd.dram_tiers()[id];
+            let Some(cache) = &tiers.cache else {
+                continue;
+            };
+            let Ok(o) = old.table_id(&meta.name) else {
+                continue;
+            };
+            let was = &old.tables[o];
+            if (was.rows, was.dim, was.dtype) != (meta.rows, meta.dim, meta.dtype) {
+                continue;
+            }
+            let before = &old_ssd.dram_tiers()[o];
+            let mut rows: Vec<u64> = before.hot.as_ref().map(|h| h.row_ids()).unwrap_or_default();
+            rows.extend(before.cache.as_ref().map(|c| c.rows()).unwrap_or_default());
+            rows.retain(|&r| tiers.hot.as_ref().is_none_or(|h| h.get(r).is_none()));
+            rows.sort_unstable();
+            rows.dedup();
+            rows.truncate(cache.capacity_rows() as usize);
+            let rb = meta.row_bytes as usize;
+            let mut buf = vec![0u8; rows.len() * rb];
+            files.read_raw(id, meta, &rows, &mut buf)?;
+            for (&r, bytes) in rows.iter().zip(buf.chunks_exact(rb)) {
+                cache.offer(r, bytes);
+            }
+            loaded += rows.len() as u64;
+        }
+        Ok(loaded)
+    }
+
     /// Brings the engine to a live store's new base (`docs/live.md`, compaction): each table's
     /// rows `rows[table]` — `(row, encoded bytes)` — are overwritten wherever the engine keeps
     /// them in DRAM (the resident copy, the hot partition, the row cache), and the SSD tier

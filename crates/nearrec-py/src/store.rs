@@ -74,7 +74,8 @@ impl NativeStore {
         serde_json::to_string(&self.store.manifest()).expect("manifest serialises")
     }
 
-    /// A new table (RM_create_table): `init` is `"uniform"` (seeded) or `"zeros"`.
+    /// A new table (RM_create_table): uniform values drawn with `uniform_seed`, or zeros
+    /// (`None`).
     fn create_table(
         &self,
         py: Python<'_>,
@@ -82,22 +83,20 @@ impl NativeStore {
         rows: u64,
         dim: u32,
         dtype: &str,
-        init: &str,
-        seed: u64,
+        uniform_seed: Option<u64>,
     ) -> PyResult<u64> {
         let dtype = dtype
             .parse::<nearrec::format::DType>()
             .map_err(|e| format_err(py, e))?;
-        let init = match init {
-            "uniform" => nearrec::Init::Uniform { seed },
-            "zeros" => nearrec::Init::Zeros,
-            other => {
-                let msg = format!("init is \"uniform\" or \"zeros\", not {other:?}");
-                return Err(raise(py, "InvalidRequest", msg, Some(name), None));
-            }
-        };
+        let init =
+            uniform_seed.map_or(nearrec::Init::Zeros, |seed| nearrec::Init::Uniform { seed });
         detach(py, || self.store.create_table(name, rows, dim, dtype, init))?
             .map_err(|e| err(py, e))
+    }
+
+    /// Serves the store at `path` from the next call on; returns its version.
+    fn swap(&self, py: Python<'_>, path: PathBuf, warm: bool) -> PyResult<u64> {
+        detach(py, || self.store.swap(&path, warm))?.map_err(|e| err(py, e))
     }
 
     /// Drops a table (EMB_REMOVE of a table).

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use arc_swap::ArcSwap;
+
 use nearrec_device::{FlashDevice, FlashStats};
 use nearrec_engine::{Engine, Prepared, Tier, TierReport};
 use nearrec_format::wal::Init;
@@ -28,14 +30,40 @@ pub struct Store {
 pub(crate) struct Inner {
     /// The simulated drive the SSD tier reads through, when the config names one.
     flash: Option<Arc<FlashDevice<MemDevice>>>,
-    path: PathBuf,
-    manifest: Manifest,
     config: StoreConfig,
-    /// The model kept with the store, loaded on first use.
-    model: OnceLock<Arc<StoredModel>>,
-    /// The engine over the tables (in each snapshot), the rows written since the tables' files,
-    /// and the writer when the store is writable.
+    /// The store directory being served; replaced whole by [`Store::swap`].
+    served: ArcSwap<Served>,
+}
+
+/// One store directory as served: the engine over its tables (in each snapshot), the rows
+/// written since its tables' files, the writer when it is writable, and the model kept with
+/// it, loaded on first use.
+#[derive(Debug)]
+struct Served {
+    path: PathBuf,
+    /// As opened (its tables as served now are the snapshots' engine's).
+    manifest: Manifest,
     live: Live,
+    model: OnceLock<Arc<StoredModel>>,
+}
+
+impl Served {
+    /// Serves `reader`'s store through `engine`, as `config` says (its writer's lock and log,
+    /// its background compactor).
+    fn open(reader: &StoreReader, engine: Engine, config: &StoreConfig) -> Result<Arc<Self>> {
+        let live = Live::open(reader.path(), Arc::new(engine), reader.manifest(), config)?;
+        let compactor = live.compactor_signal();
+        let served = Arc::new(Self {
+            path: reader.path().to_owned(),
+            manifest: reader.manifest().clone(),
+            live,
+            model: OnceLock::new(),
+        });
+        if let Some(signal) = compactor {
+            crate::live::spawn(signal, Arc::downgrade(&served), |s| &s.live)?;
+        }
+        Ok(served)
+    }
 }
 
 /// A store's tables as it serves them at one moment (a slice of [`TableMeta`]); it keeps the
@@ -111,55 +139,68 @@ impl Store {
         progress: Option<&ProgressFn>,
     ) -> Result<Self> {
         config.validate()?;
-        let placement = match &config.plan {
-            None => None,
-            Some(PlanSource::Placement(p)) => Some(p.clone()),
-            Some(PlanSource::File(file)) => Some(nearrec_plan::load_plan(file)?),
-        };
-        let engine_config = config.engine(placement);
-        let (engine, flash) = match &config.device {
-            None => (Engine::from_reader(reader, engine_config, progress)?, None),
-            Some(device) => {
-                let device = device.resolve()?;
-                let tables = reader
-                    .tables()
-                    .iter()
-                    .map(|t| files::read_regular(&reader.path().join(&t.file), files::IN_STORE))
-                    .collect::<std::io::Result<Vec<_>>>()
-                    .map_err(|e| nearrec_format::FormatError::Io {
-                        path: reader.path().to_owned(),
-                        source: e,
-                    })?;
-                let flash = Arc::new(FlashDevice::new(MemDevice::new(tables, 512), device));
-                let engine = Engine::with_device(reader, engine_config, Box::new(flash.clone()))?;
-                (engine, Some(flash))
-            }
-        };
-        let live = Live::open(reader.path(), Arc::new(engine), reader.manifest(), config)?;
-        let compactor = live.compactor_signal();
-        let inner = Arc::new(Inner {
-            flash,
-            path: reader.path().to_owned(),
-            manifest: reader.manifest().clone(),
-            config: config.clone(),
-            model: OnceLock::new(),
-            live,
-        });
-        if let Some(signal) = compactor {
-            crate::live::spawn(signal, Arc::downgrade(&inner), |i| &i.live)?;
-        }
-        Ok(Self { inner })
+        let (engine, flash) = open_engine(reader, config, progress)?;
+        let served = Served::open(reader, engine, config)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                flash,
+                config: config.clone(),
+                served: ArcSwap::new(served),
+            }),
+        })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.inner.path
+    /// The store directory served now.
+    pub fn path(&self) -> PathBuf {
+        self.served().path.clone()
+    }
+
+    fn served(&self) -> Arc<Served> {
+        self.inner.served.load_full()
+    }
+
+    /// The store served now, without touching its count (for one call).
+    fn current(&self) -> arc_swap::Guard<Arc<Served>> {
+        self.inner.served.load()
+    }
+
+    /// Serves the store at `path` (a new version built offline) from the next call on: every
+    /// lookup that starts after this returns reads it, lookups under way finish on the old
+    /// one, none fails. With `warm`, the new store's row caches are filled first with the rows
+    /// the old one's DRAM tiers hold (read from the new store's files), so that the switch
+    /// does not start cold; its hot partitions come from the config's plan as at open. A
+    /// writable store takes the new store's writer lock and log; the old one's are let go.
+    /// Returns the new store's version.
+    pub fn swap(&self, path: impl AsRef<Path>, warm: bool) -> Result<u64> {
+        if self.inner.flash.is_some() {
+            return Err(Error::invalid(
+                "a store served from a simulated drive cannot swap; open the new one",
+            ));
+        }
+        let reader = StoreReader::open(path)?;
+        let old = self.served();
+        if reader.path() == old.path {
+            return Err(Error::invalid(format!(
+                "{} is the store being served; swap to another one",
+                old.path.display()
+            )));
+        }
+        let (engine, _) = open_engine(&reader, &self.inner.config, None)?;
+        if warm {
+            engine.warm_from(old.live.snapshot().engine())?;
+        }
+        let served = Served::open(&reader, engine, &self.inner.config)?;
+        let version = served.live.snapshot().version();
+        self.inner.served.store(served);
+        Ok(version)
     }
 
     /// The manifest as the store serves it now: its tables (with those created or dropped
     /// since it was opened), attachments and how it was made.
     pub fn manifest(&self) -> Manifest {
-        let snapshot = self.snapshot();
-        let opened = &self.inner.manifest;
+        let served = self.served();
+        let snapshot = served.live.snapshot();
+        let opened = &served.manifest;
         Manifest {
             tables: snapshot.engine().tables().to_vec(),
             lsn: opened.lsn.map(|_| snapshot.base()),
@@ -248,7 +289,7 @@ impl Store {
     /// What a lookup starting now reads: the version of every table as of the last write that
     /// returned.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.inner.live.snapshot()
+        self.current().live.snapshot()
     }
 
     /// The store's version: the number of the last write applied (0 before any).
@@ -258,7 +299,7 @@ impl Store {
 
     /// Whether the store was opened for writing.
     pub fn writable(&self) -> bool {
-        self.inner.live.writable()
+        self.current().live.writable()
     }
 
     /// EMB_WRITE: upserts rows of several tables in one atomic call (all of its rows or none),
@@ -266,7 +307,7 @@ impl Store {
     /// encoded with each table's dtype (int8 rows re-quantised row-wise). Returns the version
     /// the call made.
     pub fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
-        self.inner.live.write(writes, options)
+        self.current().live.write(writes, options)
     }
 
     /// [`Store::write_many`] of one table: rows `ids` become `values` (`ids.len() × dim`).
@@ -302,26 +343,28 @@ impl Store {
         dtype: DType,
         init: Init,
     ) -> Result<u64> {
-        self.inner.live.create_table(name, rows, dim, dtype, init)
+        self.current()
+            .live
+            .create_table(name, rows, dim, dtype, init)
     }
 
     /// EMB_REMOVE of a table: lookups under way finish on it, later ones get `UnknownTable`;
     /// its files go. Compacts first, like [`Store::create_table`].
     pub fn drop_table(&self, name: &str) -> Result<u64> {
-        self.inner.live.drop_table(name)
+        self.current().live.drop_table(name)
     }
 
     /// A store opened read-only moves to the newest version its writer has logged; returns the
     /// version. (A writable store is always at its newest.)
     pub fn refresh(&self) -> Result<u64> {
-        self.inner.live.refresh()
+        self.current().live.refresh()
     }
 
     /// Folds every write so far into new table files (copy-on-write) and moves the tables'
     /// base to the current version: the delta's memory is freed and the log released. A
     /// writable store also compacts by itself (`auto_compact`). Lookups go on meanwhile.
     pub fn compact(&self) -> Result<Compaction> {
-        self.inner.live.compact()
+        self.current().live.compact()
     }
 
     /// The write-ahead log's, the deltas' and compaction's counters: `version`,
@@ -329,7 +372,7 @@ impl Store {
     /// `log_bytes`, `log_records`, `log_groups`, `log_syncs`, `log_segments`, `compactions`,
     /// `compacted_rows`, `compaction_bytes`, `compaction_seconds`.
     pub fn live_stats(&self) -> Vec<(&'static str, f64)> {
-        self.inner.live.stats()
+        self.current().live.stats()
     }
 
     /// Pools `batch`: one `[batch, Σ dim]` output, tables in request order.
@@ -436,12 +479,47 @@ impl Store {
     /// The model kept with the store (`nearrec.models.save`), read from its attachments on
     /// first use.
     pub fn model(&self) -> Result<Arc<StoredModel>> {
-        if let Some(m) = self.inner.model.get() {
+        let served = self.served();
+        if let Some(m) = served.model.get() {
             return Ok(m.clone());
         }
-        let model = Arc::new(StoredModel::load(&StoreReader::open(self.path())?)?);
-        Ok(self.inner.model.get_or_init(|| model).clone())
+        let model = Arc::new(StoredModel::load(&StoreReader::open(&served.path)?)?);
+        Ok(served.model.get_or_init(|| model).clone())
     }
+}
+
+/// The engine over `reader`'s tables as `config` says (its plan resolved), and the simulated
+/// drive it reads through when the config names one.
+fn open_engine(
+    reader: &StoreReader,
+    config: &StoreConfig,
+    progress: Option<&ProgressFn>,
+) -> Result<(Engine, Option<Arc<FlashDevice<MemDevice>>>)> {
+    let placement = match &config.plan {
+        None => None,
+        Some(PlanSource::Placement(p)) => Some(p.clone()),
+        Some(PlanSource::File(file)) => Some(nearrec_plan::load_plan(file)?),
+    };
+    let engine_config = config.engine(placement);
+    let (engine, flash) = match &config.device {
+        None => (Engine::from_reader(reader, engine_config, progress)?, None),
+        Some(device) => {
+            let device = device.resolve()?;
+            let tables = reader
+                .tables()
+                .iter()
+                .map(|t| files::read_regular(&reader.path().join(&t.file), files::IN_STORE))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| nearrec_format::FormatError::Io {
+                    path: reader.path().to_owned(),
+                    source: e,
+                })?;
+            let flash = Arc::new(FlashDevice::new(MemDevice::new(tables, 512), device));
+            let engine = Engine::with_device(reader, engine_config, Box::new(flash.clone()))?;
+            (engine, Some(flash))
+        }
+    };
+    Ok((engine, flash))
 }
 
 #[cfg(test)]

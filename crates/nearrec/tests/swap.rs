@@ -1,0 +1,199 @@
+//! Snapshot swap: a store built offline (a new model version) served from the next lookup on,
+//! lookups under way finishing on the old one, none failing and none seeing half of each; row
+//! caches warmed from the old version; a writable store's lock and log moving with it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nearrec::{Bags, Batch, Error, Indices, Store, StoreConfig, TableLookup};
+use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+
+const ROWS: u64 = 4000;
+
+/// A store whose row `r` of each table is `sign × r` in every column.
+fn make_store(dir: &Path, name: &str, sign: f32) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    for (table, dim) in [("a", 16u32), ("b", 8)] {
+        let mut t = w
+            .table(TableSpec::new(table, ROWS, dim, DType::Fp32))
+            .unwrap();
+        t.write_with(ROWS, |r, out| out.fill(sign * r as f32))
+            .unwrap();
+        w.finish_table(t).unwrap();
+    }
+    w.commit().unwrap();
+    path
+}
+
+fn config(toml: &str) -> StoreConfig {
+    StoreConfig::from_toml(toml).unwrap()
+}
+
+const TIERS: [&str; 3] = [
+    "tier = \"dram\"",
+    "tier = \"ssd\"\ndram_budget = \"0\"",
+    "tier = \"ssd\"\ndram_budget = \"64KiB\"",
+];
+
+/// One bag per id of table `a` and of table `b`: `[a row | b row]` per id.
+fn both(s: &Store, ids: &[i64]) -> nearrec::Result<Vec<f32>> {
+    let lengths = vec![1i64; ids.len()];
+    let batch = Batch::new(
+        ["a", "b"]
+            .map(|t| TableLookup::new(t, Indices::I64(ids), Bags::Lengths(Indices::I64(&lengths))))
+            .to_vec(),
+    );
+    Ok(s.lookup(&batch)?.values)
+}
+
+#[test]
+fn a_swapped_store_serves_the_next_lookup() {
+    for tier in TIERS {
+        let dir = tempfile::tempdir().unwrap();
+        let (v1, v2) = (
+            make_store(dir.path(), "v1", 1.0),
+            make_store(dir.path(), "v2", -1.0),
+        );
+        let s = Store::open(&v1, &config(tier)).unwrap();
+        assert_eq!(
+            both(&s, &[5]).unwrap(),
+            [vec![5.0; 16], vec![5.0; 8]].concat()
+        );
+        // a batch prepared before the swap runs on the new version (the same shape)
+        let ids = [7i64];
+        let lengths = [1i64];
+        let batch = Batch::new(vec![TableLookup::new(
+            "a",
+            Indices::I64(&ids),
+            Bags::Lengths(Indices::I64(&lengths)),
+        )]);
+        let prepared = s.prepare(&batch).unwrap();
+        s.swap(&v2, false).unwrap();
+        assert_eq!(s.path(), v2.canonicalize().unwrap_or(v2.clone()));
+        assert_eq!(
+            both(&s, &[5]).unwrap(),
+            [vec![-5.0; 16], vec![-5.0; 8]].concat(),
+            "{tier}"
+        );
+        let mut out = vec![0f32; 16];
+        s.execute(&batch, &prepared, &mut out).unwrap();
+        assert_eq!(out, vec![-7.0; 16]);
+        // and back
+        s.swap(&v1, true).unwrap();
+        assert_eq!(
+            both(&s, &[9]).unwrap(),
+            [vec![9.0; 16], vec![9.0; 8]].concat()
+        );
+        let err = s.swap(&v1, false).unwrap_err();
+        assert!(err.to_string().contains("being served"), "{err}");
+        let err = s.swap(dir.path().join("nothing"), false).unwrap_err();
+        assert!(matches!(err, Error::Format(_)), "{err}");
+        assert_eq!(
+            both(&s, &[9]).unwrap()[0],
+            9.0,
+            "a failed swap changes nothing"
+        );
+    }
+}
+
+#[test]
+fn no_lookup_fails_or_mixes_versions_across_swaps() {
+    for tier in TIERS {
+        let dir = tempfile::tempdir().unwrap();
+        let (v1, v2) = (
+            make_store(dir.path(), "v1", 1.0),
+            make_store(dir.path(), "v2", -1.0),
+        );
+        let s = Store::open(&v1, &config(tier)).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..3)
+            .map(|k| {
+                let (s, done) = (s.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let ids: Vec<i64> = (0..64).map(|i| (i * 61 + k * 7) % ROWS as i64).collect();
+                    let mut seen = [0usize; 2];
+                    while !done.load(Ordering::Relaxed) || seen.iter().sum::<usize>() == 0 {
+                        let v = both(&s, &ids).unwrap();
+                        // one version for the whole batch: every value has one sign
+                        let sign = if v.iter().any(|&x| x < 0.0) {
+                            -1.0
+                        } else {
+                            1.0
+                        };
+                        for (i, &id) in ids.iter().enumerate() {
+                            assert_eq!(v[i * 24], sign * id as f32, "{tier}: a mixed batch");
+                            assert_eq!(v[i * 24 + 16], sign * id as f32, "{tier}: a mixed batch");
+                        }
+                        seen[usize::from(sign < 0.0)] += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        for k in 0..20 {
+            s.swap(if k % 2 == 0 { &v2 } else { &v1 }, k % 3 == 0)
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        done.store(true, Ordering::Relaxed);
+        for r in readers {
+            let seen = r.join().unwrap();
+            assert!(seen[0] + seen[1] > 0);
+        }
+    }
+}
+
+#[test]
+fn warm_swaps_start_with_the_old_working_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2) = (
+        make_store(dir.path(), "v1", 1.0),
+        make_store(dir.path(), "v2", -1.0),
+    );
+    let c = config("tier = \"ssd\"\ndram_budget = \"256KiB\"\ncache_policy = \"lru\"");
+    let hot: Vec<i64> = (0..200).map(|i| i * 13).collect();
+    for warm in [false, true] {
+        let s = Store::open(&v1, &c).unwrap();
+        both(&s, &hot).unwrap(); // the old version's working set, in its caches
+        s.swap(&v2, warm).unwrap();
+        let before = s.stats().unwrap().get("device_reads").unwrap();
+        let v = both(&s, &hot).unwrap();
+        assert_eq!(v[24], -13.0);
+        let reads = s.stats().unwrap().get("device_reads").unwrap() - before;
+        if warm {
+            assert_eq!(
+                reads, 0.0,
+                "a warm swap reads the working set before it switches"
+            );
+        } else {
+            assert!(reads > 0.0, "a cold swap reads it after");
+        }
+    }
+}
+
+#[test]
+fn a_writable_store_takes_the_new_stores_lock_and_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2) = (
+        make_store(dir.path(), "v1", 1.0),
+        make_store(dir.path(), "v2", -1.0),
+    );
+    let mut c = config("tier = \"dram\"");
+    c.writable = true;
+    let s = Store::open(&v1, &c).unwrap();
+    s.write("a", &[1], &[0.5; 16]).unwrap();
+    s.swap(&v2, true).unwrap();
+    assert_eq!(s.version(), 0);
+    s.write("a", &[2], &[0.25; 16]).unwrap();
+    let v = both(&s, &[1, 2]).unwrap();
+    assert_eq!((&v[..16], &v[24..40]), (&[-1.0; 16][..], &[0.25; 16][..]));
+    // the old store is free for another writer, and kept its write; the new one is held
+    let old = Store::open(&v1, &c).unwrap();
+    assert_eq!(both(&old, &[1]).unwrap()[..16], [0.5; 16]);
+    assert!(matches!(
+        Store::open(&v2, &c).unwrap_err(),
+        Error::Locked { .. }
+    ));
+}
