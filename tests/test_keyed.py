@@ -150,3 +150,31 @@ def test_end_to_end_from_torch(tmp_path):
                                VALUES[np.searchsorted(KEYS, id_vals[:2])], rtol=1e-6)
     with pytest.raises(nearrec.InvalidRequest, match="unique"):
         EmbeddingBagCollection(store, keyed=[KeyedTable("small", 4, 10)])
+
+
+def test_write_and_remove_match_a_dict_of_rows():
+    """Writes (upserts, the last row of a repeated key winning) and removes against a dict,
+    pooled like nn.EmbeddingBag over the rows the dict holds; removed keys are unknown (zeros
+    here) until written again; a bad call changes nothing."""
+    rng = np.random.default_rng(3)
+    t = KeyedTable("w", 4, 64, unknown="zero")
+    model: dict[int, np.ndarray] = {}
+    for step in range(60):
+        keys = rng.integers(-20, 20, rng.integers(1, 5))
+        if step % 4 == 3:
+            removed = t.remove(keys)
+            assert removed == sum(1 for k in set(keys.tolist()) if model.pop(k, None) is not None)
+        else:
+            rows = rng.standard_normal((len(keys), 4)).astype(np.float32)
+            t.write(keys, rows)
+            for k, r in zip(keys.tolist(), rows, strict=True):
+                model[k] = r
+        look = rng.integers(-20, 20, 12)
+        table = np.stack([model.get(k, np.zeros(4, np.float32)) for k in range(-20, 20)])
+        bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(table), mode="sum")
+        want = bag(torch.from_numpy(look + 20), torch.tensor([0, 4, 8])).numpy()
+        np.testing.assert_allclose(t.lookup(look, offsets=[0, 4, 8]), want, rtol=1e-6, atol=1e-6)
+        assert len(t) == len(model)
+    with pytest.raises(nearrec.InvalidRequest, match="NaN"):
+        t.write([1, 2], np.array([[0, 0, 0, 0], [0, np.nan, 0, 0]], np.float32))
+    assert len(t) == len(model)

@@ -35,6 +35,7 @@ from .request import (
     PoolingModeName,
     as_array,
     count,
+    flag,
     int64_vector,
     is_bool,
     mode_name,
@@ -121,7 +122,7 @@ class KeyedTable:
         k = _keys(keys, name)
         v = _rows(values, "values", name)
         t = cls(name, v.shape[1], max(1, 2 * len(k)) if capacity is None else capacity, **config)
-        t.assign(k, v)
+        t.write(k, v, allow_nonfinite=True)
         return t
 
     @classmethod
@@ -191,11 +192,25 @@ class KeyedTable:
         return (f"KeyedTable({self.name!r}, dim={self.dim}, keys={len(self)}/{self.capacity}, "
                 f"unknown={self.unknown!r})")
 
+    def write(self, keys: Any, values: Any, *, allow_nonfinite: bool = False) -> int:
+        """EMB_WRITE: sets the rows of ``keys`` (``[n, dim]`` values), inserting keys not held;
+        returns how many were new. A reader on another thread sees each row wholly before or
+        wholly after (each row is replaced atomically); the call is checked whole first — the
+        width, finite values unless ``allow_nonfinite``, room for the new keys — and changes
+        nothing when it fails. A repeated key takes its last row."""
+        return int(self._native.write(_keys(keys, self.name),
+                                      _rows(values, "values", self.name),
+                                      flag(allow_nonfinite, "allow_nonfinite")))
+
     def assign(self, keys: Any, values: Any) -> int:
-        """Sets the rows of ``keys``, inserting keys not held; returns how many were new.
-        Overwriting rows while other threads read them is not atomic per row: load first."""
-        return int(self._native.assign(_keys(keys, self.name),
-                                       _rows(values, "values", self.name)))
+        """:meth:`write` (the name it had first)."""
+        return self.write(keys, values)
+
+    def remove(self, keys: Any) -> int:
+        """EMB_REMOVE: ``keys`` become unknown (HS-Rec's deleted state) — lookups handle them
+        by the unknown-key policy — until written again, when they take their old slot and row
+        back. Keys not held are passed over; returns how many were removed."""
+        return int(self._native.remove(_keys(keys, self.name)))
 
     def lookup(self, keys: Any, offsets: Any = None, lengths: Any = None,
                include_last_offset: bool = False, mode: PoolingModeName = "sum",

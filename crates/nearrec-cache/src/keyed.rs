@@ -10,12 +10,19 @@
 //! twice the row capacity, so probes stay short and always meet an empty slot. Rows are fp32,
 //! kept as `AtomicU32` bits: no `unsafe`, and plain loads on the hit path.
 //!
+//! Writes ([`KeyedTable::write`]) replace a row atomically: each row has a sequence number, odd
+//! while a writer changes it (a seqlock), and readers copy a row and take it only if the number
+//! was even and unchanged around the copy, so a reader sees a row wholly before or wholly after
+//! a write. A removed key's slot turns *deleted* (HS-Rec's state bits): lookups treat the key as
+//! unknown, probes of other keys pass over it, and writing the key again revives the slot and
+//! its row.
+//!
 //! A key not in the table is handled by [`Unknown`]: an error naming its position, a zero row,
 //! or a row initialised from `(seed, key)` alone (so the same key gets the same row whichever
 //! thread, batch or run meets it first). Each outcome is counted.
 
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, fence};
 
 use nearrec_kernels::prefetch_row;
 
@@ -24,6 +31,8 @@ use crate::hash::mix;
 const EMPTY: u32 = 0;
 const BUSY: u32 = 1;
 const READY: u32 = 2;
+/// A removed key: its row is kept for the key's next write.
+const DELETED: u32 = 3;
 /// Keys between a slot's prefetch and its probe (and between a row's prefetch and its use).
 const AHEAD: usize = 8;
 
@@ -122,7 +131,11 @@ pub struct KeyedTable {
     mask: usize,
     slots: Box<[Slot]>,
     values: Box<[AtomicU32]>,
+    /// Per row: its seqlock's number (odd while a writer changes the row).
+    seqs: Box<[AtomicU32]>,
     next_row: AtomicU64,
+    /// Keys removed and not written again.
+    deleted: AtomicU64,
     hits: AtomicU64,
     unknown_errors: AtomicU64,
     unknown_zero: AtomicU64,
@@ -169,13 +182,16 @@ impl KeyedTable {
             .checked_mul(config.dim)
             .and_then(|n| try_filled(n, || AtomicU32::new(0)))
             .ok_or_else(oom)?;
+        let seqs = try_filled(config.capacity as usize, || AtomicU32::new(0)).ok_or_else(oom)?;
         Ok(Self {
             name: name.to_owned(),
             config,
             mask: slots - 1,
             slots: slots_vec.into_boxed_slice(),
             values: values.into_boxed_slice(),
+            seqs: seqs.into_boxed_slice(),
             next_row: AtomicU64::new(0),
+            deleted: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             unknown_errors: AtomicU64::new(0),
             unknown_zero: AtomicU64::new(0),
@@ -183,11 +199,12 @@ impl KeyedTable {
         })
     }
 
-    /// Bytes the table takes: slots and the rows for its whole capacity.
+    /// Bytes the table takes: slots and the rows (with their sequence numbers) for its whole
+    /// capacity.
     pub fn bytes_for(capacity: u64, dim: usize) -> u64 {
         let slots = (capacity * 2).next_power_of_two();
         (slots * std::mem::size_of::<Slot>() as u64)
-            .saturating_add(capacity.saturating_mul(dim as u64).saturating_mul(4))
+            .saturating_add(capacity.saturating_mul(dim as u64 + 1).saturating_mul(4))
     }
 
     pub fn name(&self) -> &str {
@@ -198,8 +215,14 @@ impl KeyedTable {
         &self.config
     }
 
-    /// Keys held.
+    /// Keys held (removed ones not counted).
     pub fn len(&self) -> u64 {
+        let rows = self.next_row.load(Acquire).min(self.config.capacity);
+        rows.saturating_sub(self.deleted.load(Relaxed))
+    }
+
+    /// Rows handed out so far (a removed key keeps its row for its next write).
+    fn rows_used(&self) -> u64 {
         self.next_row.load(Acquire).min(self.config.capacity)
     }
 
@@ -226,7 +249,8 @@ impl KeyedTable {
             match slot.state.load(Acquire) {
                 EMPTY => return None,
                 READY if slot.key.load(Relaxed) == key => return Some(slot.row.load(Relaxed)),
-                READY => i = (i + 1) & self.mask,
+                DELETED if slot.key.load(Relaxed) == key => return None,
+                READY | DELETED => i = (i + 1) & self.mask,
                 _ => std::hint::spin_loop(), // being written: look again
             }
         }
@@ -250,7 +274,26 @@ impl KeyedTable {
                 READY if slot.key.load(Relaxed) == key => {
                     return Ok((slot.row.load(Relaxed), false));
                 }
-                READY => i = (i + 1) & self.mask,
+                DELETED if slot.key.load(Relaxed) == key => {
+                    // a removed key written again: its slot and row come back
+                    if let Some(fill) = fill.take() {
+                        values.resize(self.config.dim, 0.0);
+                        fill(&mut values);
+                    }
+                    if slot
+                        .state
+                        .compare_exchange(DELETED, BUSY, Acquire, Relaxed)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    let row = slot.row.load(Relaxed);
+                    self.store_row(row, &values);
+                    self.deleted.fetch_sub(1, Relaxed);
+                    slot.state.store(READY, Release);
+                    return Ok((row, true));
+                }
+                READY | DELETED => i = (i + 1) & self.mask,
                 EMPTY => {
                     if let Some(fill) = fill.take() {
                         values.resize(self.config.dim, 0.0);
@@ -283,8 +326,8 @@ impl KeyedTable {
         }
     }
 
-    /// Sets `key`'s row to `values`, inserting the key if needed. Overwriting a row that other
-    /// threads read at the same time is not atomic per row: load before serving.
+    /// Sets `key`'s row to `values`, inserting the key if needed; a reader sees the old row or
+    /// the new one whole. Returns whether the key was inserted.
     pub fn assign(&self, key: i64, values: &[f32]) -> Result<bool, KeyedError> {
         self.check_width(values.len())?;
         let (row, inserted) = self.insert(key, |v| v.copy_from_slice(values))?;
@@ -292,6 +335,105 @@ impl KeyedTable {
             self.store_row(row, values);
         }
         Ok(inserted)
+    }
+
+    /// Upserts the rows of `keys` (`values`: `keys.len() × dim`, row after row; a repeated key
+    /// takes its last row), each replaced atomically. The call is checked whole before any row
+    /// changes: the width, finite values (unless `allow_nonfinite`), and room for the keys it
+    /// adds. Returns how many keys it inserted.
+    pub fn write(
+        &self,
+        keys: &[i64],
+        values: &[f32],
+        allow_nonfinite: bool,
+    ) -> Result<u64, KeyedError> {
+        let dim = self.config.dim;
+        if values.len() != keys.len() * dim {
+            return Err(KeyedError::Invalid {
+                table: self.name.clone(),
+                reason: format!(
+                    "{} keys need {} values ({} × dim {dim}), not {}",
+                    keys.len(),
+                    keys.len() * dim,
+                    keys.len(),
+                    values.len()
+                ),
+            });
+        }
+        if !allow_nonfinite && let Some(at) = values.iter().position(|v| !v.is_finite()) {
+            return Err(KeyedError::Invalid {
+                table: self.name.clone(),
+                reason: format!(
+                    "the row of key {} at position {} holds {} (pass allow_nonfinite to write it)",
+                    keys[at / dim],
+                    at / dim,
+                    values[at]
+                ),
+            });
+        }
+        let mut fresh: Vec<i64> = keys
+            .iter()
+            .copied()
+            .filter(|&k| !self.holds_slot(k))
+            .collect();
+        fresh.sort_unstable();
+        fresh.dedup();
+        if self.rows_used() + fresh.len() as u64 > self.config.capacity {
+            return Err(KeyedError::Full {
+                table: self.name.clone(),
+                capacity: self.config.capacity,
+            });
+        }
+        let mut inserted = 0;
+        for (&key, row) in keys.iter().zip(values.chunks_exact(dim)) {
+            inserted += u64::from(self.assign(key, row)?);
+        }
+        Ok(inserted)
+    }
+
+    /// Removes `keys` (EMB_REMOVE): their slots turn deleted, lookups treat them as unknown
+    /// until they are written again. Keys the table does not hold are passed over. Returns how
+    /// many were removed.
+    pub fn remove(&self, keys: &[i64]) -> u64 {
+        let mut removed = 0;
+        for &key in keys {
+            let mut i = self.home(key);
+            loop {
+                let slot = &self.slots[i];
+                match slot.state.load(Acquire) {
+                    EMPTY => break,
+                    READY if slot.key.load(Relaxed) == key => {
+                        if slot
+                            .state
+                            .compare_exchange(READY, DELETED, AcqRel, Relaxed)
+                            .is_ok()
+                        {
+                            self.deleted.fetch_add(1, Relaxed);
+                            removed += 1;
+                            break;
+                        }
+                    }
+                    DELETED if slot.key.load(Relaxed) == key => break,
+                    READY | DELETED => i = (i + 1) & self.mask,
+                    _ => std::hint::spin_loop(),
+                }
+            }
+        }
+        removed
+    }
+
+    /// Whether `key` has a slot (held or deleted): writing it takes no new row.
+    fn holds_slot(&self, key: i64) -> bool {
+        let mut i = self.home(key);
+        loop {
+            let slot = &self.slots[i];
+            match slot.state.load(Acquire) {
+                EMPTY => return false,
+                READY | DELETED if slot.key.load(Relaxed) == key => return true,
+                READY | DELETED => i = (i + 1) & self.mask,
+                _ => std::hint::spin_loop(),
+            }
+        }
     }
 
     /// Every key held and its row, in slot order (no meaning to it).
@@ -303,11 +445,24 @@ impl KeyedTable {
             .collect()
     }
 
-    /// Copies row `row` (as [`Self::find`] returns it) into `out` (`dim` values).
+    /// Copies row `row` (as [`Self::find`] returns it) into `out` (`dim` values), whole: as it
+    /// was before or after any write.
     pub fn read_row(&self, row: u32, out: &mut [f32]) {
         let at = row as usize * self.config.dim;
-        for (o, v) in out.iter_mut().zip(&self.values[at..at + self.config.dim]) {
-            *o = f32::from_bits(v.load(Relaxed));
+        let seq = &self.seqs[row as usize];
+        loop {
+            let before = seq.load(Acquire);
+            if before & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            for (o, v) in out.iter_mut().zip(&self.values[at..at + self.config.dim]) {
+                *o = f32::from_bits(v.load(Relaxed));
+            }
+            fence(Acquire);
+            if seq.load(Relaxed) == before {
+                return;
+            }
         }
     }
 
@@ -387,7 +542,7 @@ impl KeyedTable {
         out: &mut [f32],
     ) -> Result<(), KeyedError> {
         self.check_bags(rows.len(), bounds, weights, mode, out.len())?;
-        let held = self.len();
+        let held = self.rows_used();
         if let Some(p) = rows
             .iter()
             .position(|r| r.is_some_and(|r| u64::from(r) >= held))
@@ -448,11 +603,7 @@ impl KeyedTable {
         out: &mut [f32],
     ) {
         let dim = self.config.dim;
-        let zero_row: Vec<AtomicU32> = (0..dim).map(|_| AtomicU32::new(0)).collect();
-        let row_of = |r: Option<u32>| match r {
-            Some(r) => &self.values[r as usize * dim..][..dim],
-            None => &zero_row[..],
-        };
+        let mut row = vec![0f32; dim];
         for (b, cell) in out.chunks_exact_mut(dim).enumerate() {
             let (lo, hi) = (bounds[b], bounds[b + 1]);
             cell.fill(if mode == Pool::Max && hi > lo {
@@ -465,8 +616,11 @@ impl KeyedTable {
                     let p = self.values[ahead as usize * dim..].as_ptr();
                     prefetch_row(p.cast(), dim * 4);
                 }
-                let row = row_of(rows[k]);
-                let v = |j: usize| f32::from_bits(row[j].load(Relaxed));
+                match rows[k] {
+                    Some(r) => self.read_row(r, &mut row),
+                    None => row.fill(0.0),
+                }
+                let v = |j: usize| row[j];
                 match (mode, weights) {
                     (Pool::Max, _) => (0..dim).for_each(|j| cell[j] = cell[j].max(v(j))),
                     // one rounding, as PyTorch (and nearrec-kernels' fast.rs) add weighted rows
@@ -493,11 +647,27 @@ impl KeyedTable {
         }
     }
 
+    /// Writes row `row` under its seqlock (writers of one row take turns).
     fn store_row(&self, row: u32, values: &[f32]) {
+        let seq = &self.seqs[row as usize];
+        let mut s = seq.load(Relaxed);
+        loop {
+            if s & 1 == 1 {
+                std::hint::spin_loop();
+                s = seq.load(Relaxed);
+                continue;
+            }
+            match seq.compare_exchange_weak(s, s + 1, Acquire, Relaxed) {
+                Ok(_) => break,
+                Err(now) => s = now,
+            }
+        }
+        fence(Release);
         let at = row as usize * self.config.dim;
         for (slot, v) in self.values[at..at + self.config.dim].iter().zip(values) {
             slot.store(v.to_bits(), Relaxed);
         }
+        seq.store(s + 2, Release);
     }
 
     /// The row `Unknown::Init` gives `key`: uniform in `±init_scale`, from `(seed, key)` only.

@@ -30,24 +30,139 @@ fn row_of(t: &KeyedTable, key: i64) -> Option<Vec<f32>> {
 }
 
 proptest! {
+    /// Writes (one key or several per call), removes and reads against a map.
     #[test]
     fn behaves_like_a_hash_map(
-        ops in prop::collection::vec((prop_oneof![0i64..40, any::<i64>()], any::<bool>()), 1..300)
+        ops in prop::collection::vec((prop_oneof![0i64..40, any::<i64>()], 0u8..4), 1..300)
     ) {
         let t = table(512, Unknown::Error);
         let mut model: HashMap<i64, Vec<f32>> = HashMap::new();
-        for (n, &(key, write)) in ops.iter().enumerate() {
-            if write {
-                let v = vec![n as f32, key as f32, -1.0];
-                let inserted = t.assign(key, &v).unwrap();
-                prop_assert_eq!(inserted, model.insert(key, v).is_none());
+        for (n, &(key, op)) in ops.iter().enumerate() {
+            let v = vec![n as f32, key as f32, -1.0];
+            match op {
+                0 => {
+                    let inserted = t.assign(key, &v).unwrap();
+                    prop_assert_eq!(inserted, model.insert(key, v).is_none());
+                }
+                1 => {
+                    // the key twice in one call: the last row wins
+                    let w = [v.clone(), vec![0.5; 3]].concat();
+                    let inserted = t.write(&[key, key], &w, false).unwrap();
+                    prop_assert_eq!(inserted, u64::from(model.insert(key, vec![0.5; 3]).is_none()));
+                }
+                2 => {
+                    let removed = t.remove(&[key, key]);
+                    prop_assert_eq!(removed, u64::from(model.remove(&key).is_some()));
+                }
+                _ => {}
             }
             prop_assert_eq!(row_of(&t, key), model.get(&key).cloned());
+            prop_assert_eq!(t.len(), model.len() as u64);
         }
-        prop_assert_eq!(t.len(), model.len() as u64);
         for (k, v) in &model {
             prop_assert_eq!(row_of(&t, *k), Some(v.clone()));
         }
+        let mut held: Vec<i64> = t.entries().into_iter().map(|e| e.0).collect();
+        held.sort_unstable();
+        let mut want: Vec<i64> = model.keys().copied().collect();
+        want.sort_unstable();
+        prop_assert_eq!(held, want);
+    }
+}
+
+#[test]
+fn a_removed_key_is_unknown_until_written_again() {
+    for unknown in [Unknown::Error, Unknown::Zero, Unknown::Init] {
+        let t = table(4, unknown);
+        t.write(&[7, 8], &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0], false)
+            .unwrap();
+        assert_eq!(t.remove(&[7, 99]), 1);
+        let mut out = vec![0f32; 3];
+        let pooled = t.pool(&[7], &[0, 1], None, Pool::Sum, &mut out);
+        match unknown {
+            Unknown::Error => assert!(matches!(pooled, Err(KeyedError::UnknownKey { key: 7, .. }))),
+            Unknown::Zero => assert_eq!(out, [0.0; 3]),
+            Unknown::Init => {
+                let mut init = vec![0f32; 3];
+                t.init_row(7, &mut init);
+                assert_eq!(out, init);
+            }
+        }
+        // written again, the key takes its old slot and row: no capacity is used
+        t.write(&[7], &[3.0; 3], false).unwrap();
+        t.write(&[1, 2], &[0.0; 6], false).unwrap();
+        assert_eq!(row_of(&t, 7), Some(vec![3.0; 3]));
+        assert_eq!(t.len(), 4);
+        // a call that needs more room than is left changes nothing
+        let err = t.write(&[8, 50], &[9.0; 6], false).unwrap_err();
+        assert!(matches!(err, KeyedError::Full { .. }), "{err}");
+        assert_eq!(row_of(&t, 8), Some(vec![2.0; 3]));
+        let err = t.write(&[8], &[9.0; 4], false).unwrap_err();
+        assert!(matches!(err, KeyedError::Invalid { .. }), "{err}");
+        let err = t
+            .write(&[8, 1], &[0.0, 0.0, 0.0, 1.0, f32::NAN, 1.0], false)
+            .unwrap_err();
+        assert!(err.to_string().contains("key 1 at position 1"), "{err}");
+        assert_eq!(row_of(&t, 1), Some(vec![0.0; 3]));
+        t.write(&[1], &[f32::INFINITY; 3], true).unwrap();
+    }
+}
+
+/// Writers replace rows with constant rows (every value the same) while readers pool them: a
+/// reader never sees a row with two values in it.
+#[test]
+fn readers_never_see_a_torn_row() {
+    let t = Arc::new(
+        KeyedTable::new(
+            "t",
+            KeyedConfig {
+                dim: 64,
+                capacity: 16,
+                unknown: Unknown::Error,
+                init_scale: 0.0,
+                seed: 0,
+            },
+        )
+        .unwrap(),
+    );
+    let keys: Vec<i64> = (0..8).collect();
+    t.write(&keys, &vec![0.0; 8 * 64], false).unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (t, done, keys) = (t.clone(), done.clone(), keys.clone());
+            std::thread::spawn(move || {
+                let bounds: Vec<usize> = (0..=keys.len()).collect();
+                let mut out = vec![0f32; keys.len() * 64];
+                let mut n = 0u64;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) || n == 0 {
+                    t.pool(&keys, &bounds, None, Pool::Sum, &mut out).unwrap();
+                    for row in out.chunks(64) {
+                        assert!(row.iter().all(|&v| v == row[0]), "a torn row: {row:?}");
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let (t, keys) = (t.clone(), keys.clone());
+            std::thread::spawn(move || {
+                for k in 0..3000 {
+                    let x = (k * 2 + w) as f32;
+                    t.write(&keys[k % 8..k % 8 + 1], &[x; 64], false).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
     }
 }
 

@@ -121,13 +121,14 @@ impl NativeKeyedTable {
         self.table.len() as usize
     }
 
-    /// Sets the rows of `keys` (`[n, dim]` values), inserting keys not held; returns how many were
-    /// inserted.
-    fn assign(
+    /// Upserts the rows of `keys` (`[n, dim]` values), each replaced atomically, the call
+    /// checked whole first; returns how many keys were inserted.
+    fn write(
         &self,
         py: Python<'_>,
         keys: PyReadonlyArray1<'_, i64>,
         values: PyReadonlyArray2<'_, f32>,
+        allow_nonfinite: bool,
     ) -> PyResult<u64> {
         let (keys, dim) = (keys.as_slice()?, self.table.config().dim);
         if values.shape() != [keys.len(), dim] {
@@ -141,14 +142,14 @@ impl NativeKeyedTable {
             ));
         }
         let values = values.as_slice()?;
-        detach(py, || {
-            let mut inserted = 0;
-            for (k, row) in keys.iter().zip(values.chunks_exact(dim)) {
-                inserted += u64::from(self.table.assign(*k, row)?);
-            }
-            Ok(inserted)
-        })?
-        .map_err(|e| keyed_err(py, e))
+        detach(py, || self.table.write(keys, values, allow_nonfinite))?
+            .map_err(|e| keyed_err(py, e))
+    }
+
+    /// Removes `keys` (deleted until written again); returns how many were held.
+    fn remove(&self, py: Python<'_>, keys: PyReadonlyArray1<'_, i64>) -> PyResult<u64> {
+        let keys = keys.as_slice()?;
+        detach(py, || self.table.remove(keys))
     }
 
     /// Pools bags (`bounds`: `batch + 1` positions into `keys`) into `[batch, dim]`.
