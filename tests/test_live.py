@@ -205,6 +205,43 @@ def test_swap_serves_the_new_version_with_no_failed_lookup(path, tier, tmp_path)
     np.testing.assert_allclose(s.lookup("a", look, offsets=offsets), want[1], rtol=1e-5)
 
 
+@pytest.mark.parametrize("tier", TIERS, ids=lambda t: "+".join(f"{k}={v}" for k, v in t.items()))
+def test_the_gpu_tier_serves_no_stale_row(path, tier, tmp_path):
+    """The GPU tier (its reference path, on the CPU) over a live store: rows it cached are
+    dropped when a write changes them, across a compaction, and all of them across a swap;
+    what it pools always matches torch.nn.EmbeddingBag over the store's current rows."""
+    from nearrec.gpu import GpuCacheConfig, GpuTier
+    p, tables = path
+    model = tables["a"].copy()
+    s = nearrec.open(p, writable=True, **tier)
+    gpu = GpuTier(s, ["a", "b"], GpuCacheConfig(slots=ROWS * 2, policy="lru"), device="cpu")
+    look, offsets = np.arange(0, ROWS, 2), np.arange(0, ROWS // 2, 4)
+
+    def check():
+        got = gpu.pool_many([("a", look, offsets, None, "sum")])[0].numpy()
+        np.testing.assert_allclose(got, pooled_by_torch(model, look, offsets), rtol=1e-5,
+                                   atol=1e-5)
+
+    check()
+    check()  # now from the cache
+    rng = np.random.default_rng(5)
+    for step in range(6):
+        ids = rng.choice(ROWS // 2, 5, replace=False) * 2  # rows the cache holds
+        rows = rng.standard_normal((5, DIM)).astype(np.float32)
+        s.write("a", ids, rows)
+        model[ids] = rows
+        check()
+        if step == 2:
+            s.compact()
+    assert gpu.stats()["a"].invalidated >= 6 * 5
+    # a swap drops every cached row
+    v2 = {k: -a for k, a in tables.items()}
+    nearrec.from_numpy(tmp_path / "v2", v2)
+    s.swap(tmp_path / "v2")
+    model = v2["a"]
+    check()
+
+
 WRITER = textwrap.dedent("""
     import sys, numpy as np, nearrec
     s = nearrec.open(sys.argv[1], writable=True, tier=sys.argv[3], durability=sys.argv[2])

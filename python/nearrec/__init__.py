@@ -34,6 +34,7 @@ from .errors import (
 from .keyed import KeyedTable
 from .specs import MODELS, ModelSpec, model_spec
 from .store import (
+    Changes,
     Compaction,
     GcReport,
     Pending,
@@ -53,6 +54,7 @@ from .store import open_store as open  # noqa: A001  (nearrec.open mirrors the b
 
 __all__ = [
     "MODELS",
+    "Changes",
     "Compaction",
     "DeltaFull",
     "GcReport",

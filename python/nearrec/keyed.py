@@ -185,6 +185,12 @@ class KeyedTable:
     def capacity(self) -> int:
         return int(self._native.capacity)
 
+    @property
+    def version(self) -> int:
+        """How many calls have changed rows (``write``, ``remove``): caches above the table
+        (the GPU tier) start again when it moves."""
+        return int(self._native.version)
+
     def __len__(self) -> int:
         return len(self._native)
 

@@ -356,6 +356,12 @@ class Store:
         Lookups in flight finish on the version they started with."""
         return self._change(self._native.refresh)
 
+    def changes_since(self, version: int) -> Changes:
+        """What changed since ``version`` (one this store served), for a cache kept above it
+        — the GPU tier drops those rows before its next batch. See :class:`Changes`."""
+        v, base, engine, rows = self._native.changes_since(count(version, "version", minimum=0))
+        return Changes(v, base, engine, None if rows is None else dict(rows))
+
     def compact(self) -> Compaction:
         """Folds every write so far into new table files (copy-on-write: lookups go on, on the
         old files until the switch) and moves the tables' base to the current version: the
@@ -581,6 +587,20 @@ def open_store(path: StorePath, config: StoreConfig | None = None, *,
     for room, then fails with :class:`nearrec.errors.DeltaFull`, applying nothing.
     """
     return Store(path, config, progress=progress, **overrides)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What :meth:`Store.changes_since` tells a cache kept above the store: the store's
+    ``version``, the ``base`` version its table files hold, the id of the ``engine`` serving it
+    (it changes with a swap or a created or dropped table), and per table the ``rows`` written
+    or removed since the version asked about — ``None`` when that cannot be told any more
+    (then everything cached must go, as it must when ``engine`` changed)."""
+
+    version: int
+    base: int
+    engine: int
+    rows: dict[str, npt.NDArray[np.int64]] | None
 
 
 @dataclass(frozen=True)

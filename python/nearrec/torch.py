@@ -21,7 +21,7 @@ from ._native import NativeCollection
 from .errors import InvalidRequest, UnknownTable
 from .keyed import KeyedTable
 from .request import as_array, flag, jagged, mode_name, padding
-from .store import PoolingModeName, Store, TableLookup
+from .store import Changes, PoolingModeName, Store, TableLookup
 
 
 def _numpy(t: Any) -> Any:
@@ -454,6 +454,16 @@ class _Sources:
         if name in self._keyed:
             return _KeyedInfo(self._keyed[name])
         return self._store.table(name)  # type: ignore[union-attr]
+
+    def changes_since(self, version: int) -> Changes:
+        """The store's changes. Keyed tables' rows are cached by row index and a keyed write
+        changes rows in place: the keyed tables' write counts go into the engine's id, so that
+        a keyed write makes every cache above these sources start again."""
+        now = Changes(0, 0, 0, {}) if self._store is None else self._store.changes_since(version)
+        if not self._keyed:
+            return now
+        engine = hash((now.engine, *(t.version for t in self._keyed.values())))
+        return Changes(now.version, now.base, engine, now.rows)
 
     def table_array(self, name: str) -> Any:
         if name in self._keyed:

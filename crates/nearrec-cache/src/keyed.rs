@@ -136,6 +136,8 @@ pub struct KeyedTable {
     next_row: AtomicU64,
     /// Keys removed and not written again.
     deleted: AtomicU64,
+    /// Calls that changed rows (writes, removes): what a cache of rows above the table follows.
+    version: AtomicU64,
     hits: AtomicU64,
     unknown_errors: AtomicU64,
     unknown_zero: AtomicU64,
@@ -192,6 +194,7 @@ impl KeyedTable {
             seqs: seqs.into_boxed_slice(),
             next_row: AtomicU64::new(0),
             deleted: AtomicU64::new(0),
+            version: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             unknown_errors: AtomicU64::new(0),
             unknown_zero: AtomicU64::new(0),
@@ -213,6 +216,11 @@ impl KeyedTable {
 
     pub fn config(&self) -> &KeyedConfig {
         &self.config
+    }
+
+    /// How many calls have changed rows so far ([`Self::write`], [`Self::remove`], `assign`).
+    pub fn version(&self) -> u64 {
+        self.version.load(Acquire)
     }
 
     /// Keys held (removed ones not counted).
@@ -334,6 +342,7 @@ impl KeyedTable {
         if !inserted {
             self.store_row(row, values);
         }
+        self.version.fetch_add(1, Release);
         Ok(inserted)
     }
 
@@ -418,6 +427,9 @@ impl KeyedTable {
                     _ => std::hint::spin_loop(),
                 }
             }
+        }
+        if removed > 0 {
+            self.version.fetch_add(1, Release);
         }
         removed
     }

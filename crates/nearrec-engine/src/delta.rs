@@ -224,6 +224,22 @@ impl TableDelta {
         gone
     }
 
+    /// The rows with an entry made after `version` (written or removed since), in no order:
+    /// what a cache above the store must drop to follow it.
+    pub fn rows_after(&self, version: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.read().unwrap_or_else(|p| p.into_inner());
+            out.extend(
+                shard
+                    .iter()
+                    .filter(|(_, e)| e.last().is_some_and(|(v, _)| *v > version))
+                    .map(|(&row, _)| row),
+            );
+        }
+        out
+    }
+
     /// Every row's newest entry at or before `version` and after `base`, in row order: what a
     /// compaction folds into the next base.
     pub fn newest(&self, base: u64, version: u64) -> Vec<(u64, Option<Box<[u8]>>)> {
@@ -357,6 +373,8 @@ mod tests {
         assert_eq!(d.insert(3, 7, Some(&row(3)), 2), 0);
         assert_eq!(read(&d, 7, 0, 2), Some(DeltaRow::Written(row(2))));
         assert_eq!(d.bytes(), 2 * (4 + ENTRY_OVERHEAD));
+        assert_eq!(d.rows_after(2), [7]);
+        assert!(d.rows_after(3).is_empty());
         // the base now holds 3 and every reader reads it: the row leaves the delta
         assert_eq!(d.fold(3, 3, 3), 2);
         assert!(d.is_empty() && !d.may_hold(7));

@@ -146,6 +146,12 @@ impl NativeKeyedTable {
             .map_err(|e| keyed_err(py, e))
     }
 
+    /// Calls that changed rows so far.
+    #[getter]
+    fn version(&self) -> u64 {
+        self.table.version()
+    }
+
     /// Removes `keys` (deleted until written again); returns how many were held.
     fn remove(&self, py: Python<'_>, keys: PyReadonlyArray1<'_, i64>) -> PyResult<u64> {
         let keys = keys.as_slice()?;

@@ -94,6 +94,31 @@ impl NativeStore {
             .map_err(|e| err(py, e))
     }
 
+    /// What changed since `version`: (version, base, engine id, per table the rows written or
+    /// removed since as int64 arrays, or None when it cannot be told).
+    #[allow(clippy::type_complexity)]
+    fn changes_since<'py>(
+        &self,
+        py: Python<'py>,
+        version: u64,
+    ) -> (
+        u64,
+        u64,
+        u64,
+        Option<Vec<(String, Bound<'py, PyArray1<i64>>)>>,
+    ) {
+        let c = self.store.changes_since(version);
+        let rows = c.rows.map(|rows| {
+            rows.into_iter()
+                .map(|(t, r)| {
+                    let ids: Vec<i64> = r.into_iter().map(|x| x as i64).collect();
+                    (t, PyArray1::from_vec(py, ids))
+                })
+                .collect()
+        });
+        (c.version, c.base, c.engine, rows)
+    }
+
     /// Serves the store at `path` from the next call on; returns its version.
     fn swap(&self, py: Python<'_>, path: PathBuf, warm: bool) -> PyResult<u64> {
         detach(py, || self.store.swap(&path, warm))?.map_err(|e| err(py, e))

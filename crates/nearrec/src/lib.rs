@@ -49,7 +49,7 @@ pub use jagged::{JaggedBlock, jagged};
 pub use live::{Compaction, RowWrite, Snapshot, WriteOptions};
 pub use model::{Inferred, StoredModel};
 pub use pipeline::{Pending, Stream};
-pub use store::{Stats, Store, TableData, Tables};
+pub use store::{Changes, Stats, Store, TableData, Tables};
 
 pub use nearrec_engine::{Prepared, Tier, TierReport};
 pub use nearrec_format::wal::Init;

@@ -97,6 +97,17 @@ impl std::ops::Deref for TableData {
     }
 }
 
+/// What changed in a store since a version ([`Store::changes_since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changes {
+    pub version: u64,
+    pub base: u64,
+    /// The engine serving the store now ([`nearrec_engine::Engine::id`]).
+    pub engine: u64,
+    /// Per table with any, the rows written or removed since (`None`: unknown).
+    pub rows: Option<Vec<(String, Vec<u64>)>>,
+}
+
 /// The SSD tier's counters: the device, then every counter and latency percentile (µs) of
 /// `nearrec_engine::IoStats`, then the DRAM tiers' totals.
 #[derive(Debug, Clone, PartialEq)]
@@ -329,6 +340,32 @@ impl Store {
             values: None,
         };
         self.write_many(&[w], WriteOptions::default())
+    }
+
+    /// What changed since `version` (a version this store served), for a cache kept above the
+    /// store (the GPU tier) to follow it: the current version, the version its table files
+    /// hold, its engine's id, and per table the rows written or removed after `version` (the
+    /// last compaction's rows with them when `version` is older than the files) — `None` when
+    /// they cannot be told (compacted away twice since): then everything cached must go, as
+    /// it must when the engine's id changed (tables created or dropped, a store swapped in).
+    pub fn changes_since(&self, version: u64) -> Changes {
+        let snapshot = self.snapshot();
+        let engine = snapshot.engine();
+        let rows = snapshot.rows_after(version).map(|rows| {
+            engine
+                .tables()
+                .iter()
+                .zip(rows)
+                .filter(|(_, rows)| !rows.is_empty())
+                .map(|(t, rows)| (t.name.clone(), rows))
+                .collect()
+        });
+        Changes {
+            version: snapshot.version(),
+            base: snapshot.base(),
+            engine: engine.id(),
+            rows,
+        }
     }
 
     /// RM_create_table: a new table of `rows` × `dim` values stored as `dtype`, every value 0

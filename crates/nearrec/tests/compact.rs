@@ -356,3 +356,50 @@ fn a_writer_killed_at_each_point_loses_no_acknowledged_write() {
         }
     }
 }
+
+#[test]
+fn changes_since_tells_a_cache_above_the_store_what_to_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_store(dir.path());
+    let s = Store::open(&path, &config("tier = \"dram\"", true)).unwrap();
+    let rows = |c: &nearrec::Changes, t: &str| {
+        let mut r = c
+            .rows
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|(n, _)| n == t)
+            .unwrap()
+            .1
+            .clone();
+        r.sort_unstable();
+        r
+    };
+    s.write("a", &[3, 9], &[0.0; 32]).unwrap();
+    s.remove("b", &[4]).unwrap();
+    let c = s.changes_since(0);
+    assert_eq!((c.version, c.base), (2, 0));
+    assert_eq!((rows(&c, "a"), rows(&c, "b")), (vec![3, 9], vec![4]));
+    assert_eq!(
+        s.changes_since(1).rows.unwrap().len(),
+        1,
+        "only b changed after 1"
+    );
+    assert_eq!(s.changes_since(2).rows, Some(vec![]));
+    s.compact().unwrap();
+    s.write("a", &[5], &[0.0; 16]).unwrap();
+    // the compaction's rows are still told to a cache that looked before it
+    assert_eq!(rows(&s.changes_since(0), "a"), vec![3, 5, 9]);
+    assert_eq!(rows(&s.changes_since(2), "a"), vec![5]);
+    s.compact().unwrap();
+    assert_eq!(
+        s.changes_since(0).rows,
+        None,
+        "two compactions ago: drop everything"
+    );
+    assert_eq!(rows(&s.changes_since(2), "a"), vec![5]);
+    let engine = s.changes_since(3).engine;
+    s.create_table("n", 10, 2, DType::Fp32, nearrec::Init::Zeros)
+        .unwrap();
+    assert_ne!(s.changes_since(3).engine, engine);
+}

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import InvalidRequest
 from . import reference
-from .config import CachePolicy, GpuCacheConfig, set_index, slot_bytes
+from .config import EMPTY_KEY, CachePolicy, GpuCacheConfig, key_tag, set_index, slot_bytes
 from .state import CacheState
 
 Backend = Literal["auto", "triton", "reference"]
@@ -76,6 +76,9 @@ class CacheStats:
     partial_sums: int = 0
     bytes_to_gpu: int = 0
     batches: int = 0
+    #: cached rows dropped because the store changed them (a live store's writes, or all of
+    #: them when it cannot tell which: a swap, created or dropped tables)
+    invalidated: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -236,6 +239,20 @@ class GpuEmbeddingCache:
         ks, sets, src_row = self.plan_replace(k)
         self.replace(ks, sets, rows.to(self.device, torch.float32).contiguous(), src_row,
                      self.next_tick())
+
+    def invalidate(self, keys: torch.Tensor | None) -> int:
+        """Drops the cached rows of ``keys`` (every row with ``None``): the store changed them.
+        Returns how many slots it freed (counted in ``stats.invalidated``)."""
+        state = self.state
+        hit = state.keys >= 0 if keys is None else \
+            torch.isin(state.keys, keys.to(self.device, torch.int64))
+        n = int(hit.sum())
+        if n:
+            state.keys.masked_fill_(hit, EMPTY_KEY)
+            state.tags.masked_fill_(hit, key_tag(EMPTY_KEY))
+            state.counters.masked_fill_(hit, 0)
+        self.stats.invalidated += n
+        return n
 
     def device_stats(self) -> tuple[int, int]:
         """(rows inserted, occupied slots evicted), counted on the device."""

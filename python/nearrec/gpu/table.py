@@ -52,14 +52,37 @@ class CachedTable:
                                        slots=slots, state=state, clock=clock)
         self._staging = Staging(self.device, config.transfer_mode)
         self._lock = threading.Lock()
-        self._resident: torch.Tensor | None = None
-        if store.tier == "dram" and info.dtype == "fp32":
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # read-only view: only ever read
-                    self._resident = torch.from_numpy(np.asarray(store.table_array(table)))
-            except Exception:  # noqa: BLE001 - any table the view does not cover: read_rows
-                self._resident = None
+        self._dtype = info.dtype
+        # where the cache stands against the store: its version, base and engine
+        now = store.changes_since(0)
+        self._version, self._base, self._engine = now.version, now.base, now.engine
+        self._resident = self._resident_view()
+
+    def _resident_view(self) -> torch.Tensor | None:
+        """The table's rows in place, when the store keeps it whole in DRAM as fp32."""
+        if self.store.tier != "dram" or self._dtype != "fp32":
+            return None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # read-only view: only ever read
+                return torch.from_numpy(np.asarray(self.store.table_array(self.table)))
+        except Exception:  # noqa: BLE001 - any table the view does not cover: read_rows
+            return None
+
+    def sync(self) -> None:
+        """Follows the store before a batch (the caller holds the cache): the rows a live
+        store's writes changed since the last batch leave the cache (every row when the store
+        cannot tell which — a swap, tables created or dropped, two compactions since), so that
+        no row is served stale after a write returned. Counted in ``stats.invalidated``."""
+        now = self.store.changes_since(self._version)
+        if now.version == self._version and now.engine == self._engine and now.rows == {}:
+            return
+        if now.rows is None or now.engine != self._engine:
+            self.cache.invalidate(None)
+            self._resident = self._resident_view()
+        elif self.table in now.rows:
+            self.cache.invalidate(torch.from_numpy(now.rows[self.table]))
+        self._version, self._base, self._engine = now.version, now.base, now.engine
 
     @property
     def stats(self) -> CacheStats:
@@ -79,6 +102,7 @@ class CachedTable:
         req = self.prepare(indices, offsets, per_sample_weights, mode,
                            include_last_offset=include_last_offset)
         with self._lock:
+            self.sync()
             flags, out, tick = self.probe(req)
             miss = torch.nonzero(flags).flatten()
             self.finish(req, out, tick, miss)
@@ -148,7 +172,8 @@ class CachedTable:
 
     def _gather(self, keys: torch.Tensor, dst: torch.Tensor) -> None:
         """The rows of ``keys`` (host int64, in range) into ``dst`` (pinned host)."""
-        if self._resident is not None:
+        if self._resident is not None and self._version == self._base:
+            # no row of the store is newer than its table in DRAM
             torch.index_select(self._resident, 0, keys, out=dst)
         else:
             dst.copy_(torch.from_numpy(self.store.read_rows(self.table, keys.numpy())))

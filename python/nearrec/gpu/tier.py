@@ -131,6 +131,8 @@ class GpuTier:
                 for ct, r in zip(tables, requests, strict=True)]
         self._upload(reqs)
         with self._lock:
+            for ct in tables:
+                ct.sync()
             sizes = [int(q.off_h[-1]) for q in reqs]
             flags = torch.empty(sum(sizes), dtype=torch.int8, device=self.device)
             ends = np.cumsum(sizes)

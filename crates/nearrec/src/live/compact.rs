@@ -28,7 +28,7 @@ use nearrec_engine::Engine;
 use nearrec_format::wal::Wal;
 use nearrec_format::{FormatError, Manifest, StoreReader, files, orphans, rewrite_table};
 
-use super::{Live, Snapshot, Writer, lock};
+use super::{Folded, Live, Snapshot, Writer, lock};
 use crate::error::{Error, Result};
 
 /// Per table, the rows a compaction folds: `(row, encoded bytes)`.
@@ -308,6 +308,7 @@ pub(crate) fn follow(live: &Live) -> Result<()> {
             base: c,
             engine,
             deltas,
+            folded: None,
         });
         lock(&live.published).push(Arc::downgrade(&next));
         live.current.store(next);
@@ -389,6 +390,13 @@ pub(super) fn rebase(
             base: c,
             engine: current.engine.clone(),
             deltas: current.deltas.clone(),
+            folded: Some(Arc::new(Folded {
+                from: current.base,
+                rows: changed
+                    .iter()
+                    .map(|rows| rows.iter().map(|(r, _)| *r).collect())
+                    .collect(),
+            })),
         });
         lock(&live.published).push(Arc::downgrade(&next));
         live.current.store(next);

@@ -40,6 +40,16 @@ pub struct Snapshot {
     engine: Arc<Engine>,
     /// Per table of the engine (`None`: never written).
     deltas: Vec<Option<Arc<TableDelta>>>,
+    /// The last compaction's rows, for caches above the store that last looked before it.
+    folded: Option<Arc<Folded>>,
+}
+
+/// The rows one compaction folded into the tables: those written after `from` (the base it
+/// moved from) up to the new base, per table id.
+#[derive(Debug)]
+pub(crate) struct Folded {
+    pub(crate) from: u64,
+    pub(crate) rows: Vec<Vec<u64>>,
 }
 
 impl Snapshot {
@@ -50,6 +60,35 @@ impl Snapshot {
     /// The version the tables' files hold (the rest is in the deltas).
     pub fn base(&self) -> u64 {
         self.base
+    }
+
+    /// The rows of each table (by id) written or removed after `version`, or `None` when
+    /// they cannot be told any more (folded by a compaction before the last one).
+    pub fn rows_after(&self, version: u64) -> Option<Vec<Vec<u64>>> {
+        if version > self.version {
+            return None;
+        }
+        let folded = match &self.folded {
+            _ if version >= self.base => None,
+            Some(f) if version >= f.from => Some(f),
+            _ => return None,
+        };
+        Some(
+            (0..self.deltas.len())
+                .map(|id| {
+                    let mut rows = self.deltas[id]
+                        .as_ref()
+                        .map(|d| d.rows_after(version))
+                        .unwrap_or_default();
+                    if let Some(f) = folded {
+                        rows.extend_from_slice(&f.rows[id]);
+                        rows.sort_unstable();
+                        rows.dedup();
+                    }
+                    rows
+                })
+                .collect(),
+        )
     }
 
     /// The engine serving the tables at this version.
@@ -140,6 +179,7 @@ impl Live {
             base,
             deltas: vec![None; tables.len()],
             engine,
+            folded: None,
         });
         let mut live = Self {
             dir: dir.to_owned(),
@@ -306,6 +346,7 @@ impl Live {
             base: current.base,
             engine: current.engine.clone(),
             deltas,
+            folded: current.folded.clone(),
         });
         lock(&self.published).push(Arc::downgrade(&next));
         self.current.store(next);

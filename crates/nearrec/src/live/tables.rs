@@ -188,6 +188,7 @@ fn publish(
             base: lsn,
             engine,
             deltas,
+            folded: None,
         });
         lock(&live.published).push(Arc::downgrade(&next));
         live.current.store(next);
