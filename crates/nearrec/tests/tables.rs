@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use nearrec::{Bags, Batch, Error, Indices, Init, Store, StoreConfig, TableLookup};
 use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec, UniformInit};
+use proptest::prelude::*;
 
 const ROWS: u64 = 500;
 
@@ -263,4 +264,134 @@ fn a_writer_killed_after_logging_a_change_has_it_redone() {
         &rows(&r, "n", &[3]).unwrap()[..],
         &uniform_row(4, 2, 3, 6)[..]
     );
+}
+
+/// One step of the model-based test below.
+#[derive(Debug, Clone)]
+enum Step {
+    Write(prop::sample::Index, Vec<u64>, u8),
+    Remove(prop::sample::Index, Vec<u64>),
+    Create(u32),
+    Drop(prop::sample::Index),
+    Compact,
+    Swap,
+    Reopen,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let ids = prop::collection::vec(0u64..ROWS, 1..6);
+    let table = any::<prop::sample::Index>();
+    prop_oneof![
+        4 => (table.clone(), ids.clone(), any::<u8>()).prop_map(|(t, i, v)| Step::Write(t, i, v)),
+        2 => (table.clone(), ids).prop_map(|(t, i)| Step::Remove(t, i)),
+        1 => (1u32..6).prop_map(Step::Create),
+        1 => table.prop_map(Step::Drop),
+        1 => Just(Step::Compact),
+        1 => Just(Step::Swap),
+        1 => Just(Step::Reopen),
+    ]
+}
+
+/// A store as plain rows: per table, its rows (fp32, so exact).
+type Rows = std::collections::BTreeMap<String, Vec<Vec<f32>>>;
+
+fn initial(sign: f32) -> Rows {
+    [("a", 8usize), ("b", 4)]
+        .into_iter()
+        .map(|(t, dim)| {
+            let rows = (0..ROWS).map(|r| vec![sign * r as f32; dim]).collect();
+            (t.to_owned(), rows)
+        })
+        .collect()
+}
+
+fn make_signed(dir: &Path, name: &str, sign: f32) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    for (table, rows) in initial(sign) {
+        let dim = rows[0].len() as u32;
+        let mut t = w
+            .table(TableSpec::new(table, ROWS, dim, DType::Fp32))
+            .unwrap();
+        t.write_f32(&rows.concat()).unwrap();
+        w.finish_table(t).unwrap();
+    }
+    w.commit().unwrap();
+    path
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Random writes, removes, created and dropped tables, compactions, swaps between two
+    /// stores and reopens, on each tier, against plain rows per store: after every step each
+    /// table the model has is served whole and exactly, and no other.
+    #[test]
+    fn a_live_store_is_its_tables(steps in prop::collection::vec(step(), 1..25), tier in 0usize..3) {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = [make_signed(dir.path(), "one", 1.0), make_signed(dir.path(), "two", -1.0)];
+        let mut models = [initial(1.0), initial(-1.0)];
+        let mut at = 0usize;
+        let c = config(TIERS[tier], true);
+        let mut s = Store::open(&paths[0], &c).unwrap();
+        let mut created = 0;
+        for st in steps {
+            let model = &mut models[at];
+            let names: Vec<String> = model.keys().cloned().collect();
+            match st {
+                Step::Write(t, ids, v) => {
+                    let name = &names[t.index(names.len())];
+                    let dim = model[name][0].len();
+                    let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+                    let rows: Vec<Vec<f32>> =
+                        (0..ids.len()).map(|k| vec![f32::from(v) + k as f32 * 0.5; dim]).collect();
+                    s.write(name, &ids, &rows.concat()).unwrap();
+                    for (i, row) in ids.iter().zip(rows) {
+                        model.get_mut(name).unwrap()[*i as usize] = row;
+                    }
+                }
+                Step::Remove(t, ids) => {
+                    let name = &names[t.index(names.len())];
+                    let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+                    s.remove(name, &ids).unwrap();
+                    let dim = model[name][0].len();
+                    for i in ids {
+                        model.get_mut(name).unwrap()[i as usize] = vec![0.0; dim];
+                    }
+                }
+                Step::Create(dim) => {
+                    created += 1;
+                    let name = format!("n{created}");
+                    s.create_table(&name, ROWS, dim, DType::Fp32, Init::Zeros).unwrap();
+                    model.insert(name, vec![vec![0.0; dim as usize]; ROWS as usize]);
+                }
+                Step::Drop(t) if names.len() > 1 => {
+                    let name = &names[t.index(names.len())];
+                    s.drop_table(name).unwrap();
+                    model.remove(name);
+                }
+                Step::Drop(_) => {}
+                Step::Compact => {
+                    s.compact().unwrap();
+                }
+                Step::Swap => {
+                    at = 1 - at;
+                    s.swap(&paths[at], true).unwrap();
+                }
+                Step::Reopen => {
+                    let version = s.version();
+                    drop(s);
+                    s = Store::open(&paths[at], &c).unwrap();
+                    prop_assert_eq!(s.version(), version);
+                }
+            }
+            let model = &models[at];
+            let served: Vec<String> = s.tables().iter().map(|t| t.name.clone()).collect();
+            prop_assert_eq!(&served, &model.keys().cloned().collect::<Vec<_>>());
+            let ids: Vec<i64> = (0..ROWS as i64).collect();
+            for (name, want) in model {
+                prop_assert_eq!(rows(&s, name, &ids).unwrap(), want.concat(), "table {}", name);
+            }
+        }
+    }
 }
