@@ -288,3 +288,62 @@ def test_a_killed_writer_keeps_every_acknowledged_write(path, durability, tier, 
     s.write("a", [0], np.zeros((1, DIM), np.float32))
     s.compact()
     assert all(c.ok for c in nearrec.verify(p))
+
+
+def test_training_feeds(path, tmp_path):
+    """nearrec.update from an .npz, a state dict (.pt) and a module; sync_from on the torch
+    modules; the CLI's update: only the rows that differ are written, and every lookup after
+    matches nn.EmbeddingBag over the trainer's rows."""
+    p, tables = path
+    s = nearrec.open(p, writable=True, tier="ssd")
+    trained = {k: v.copy() for k, v in tables.items()}
+    trained["a"][[3, 7]] += 1.0
+    np.savez(tmp_path / "u.npz", a=trained["a"], **{"b.ids": np.array([2]),
+                                                   "b.rows": np.full((1, 4), 9.0, np.float32)})
+    trained["b"][2] = 9.0
+    done = nearrec.update(s, tmp_path / "u.npz")
+    assert (done["a"].compared, done["a"].written, done["b"].written) == (ROWS, 2, 1)
+    look, offsets = np.arange(ROWS), np.arange(0, ROWS, 5)
+    for t in ("a", "b"):
+        np.testing.assert_allclose(s.lookup(t, look, offsets=offsets),
+                                   pooled_by_torch(trained[t], look, offsets), rtol=1e-5)
+    # a TorchRec-shaped state dict saved to .pt, with a dense layer beside the tables
+    trained["a"][11] = 0.25
+    sd = {"embedding_bags.a.weight": torch.from_numpy(trained["a"]),
+          "over.weight": torch.zeros(2, 2), "over.bias": torch.zeros(2)}
+    torch.save(sd, tmp_path / "u.pt")
+    assert nearrec.update(s, tmp_path / "u.pt", tolerance=1e-6)["a"].written == 1
+    # the torch modules' sync_from
+    from nearrec.torch import EmbeddingBag, EmbeddingBagCollection
+    bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(trained["b"].copy()))
+    with torch.no_grad():
+        bag.weight[0] = -3.0
+    trained["b"][0] = -3.0
+    assert EmbeddingBag(s, "b").sync_from(bag).written == 1
+    trained["a"][0] = 4.0
+    assert EmbeddingBagCollection(s).sync_from(
+        {"embedding_bags.a.weight": torch.from_numpy(trained["a"])})["a"].written == 1
+    for t in ("a", "b"):
+        np.testing.assert_allclose(s.lookup(t, look, offsets=offsets),
+                                   pooled_by_torch(trained[t], look, offsets), rtol=1e-5)
+    del s
+    # the command line, on the store no one holds now
+    trained["a"][1] = 7.0
+    np.savez(tmp_path / "v.npz", a=trained["a"])
+    import contextlib
+    import io
+    import json
+
+    from nearrec import cli
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(["update", str(p), "--from", str(tmp_path / "v.npz"),
+                                 "--compact", "--json"]) == 0
+    report = json.loads(printed.getvalue())
+    assert report["tables"]["a"]["written"] == 1 and report["compaction"]["rows"] >= 1
+    r = nearrec.open(p)
+    np.testing.assert_allclose(r.lookup("a", look, offsets=offsets),
+                               pooled_by_torch(trained["a"], look, offsets), rtol=1e-5)
+    (tmp_path / "junk.npz").write_bytes(b"junk")
+    with pytest.raises(nearrec.InvalidRequest, match="not a readable"):
+        nearrec.update(nearrec.open(p, writable=True), tmp_path / "junk.npz")

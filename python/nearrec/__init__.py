@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from . import errors
 from ._native import __version__
-from .build import build, from_numpy, from_state_dict, remove
+from .build import build, from_numpy, from_state_dict, remove, update
 from .config import StoreConfig
 from .errors import (
     DeltaFull,
@@ -41,6 +41,7 @@ from .store import (
     PooledBatch,
     Store,
     StoreInfo,
+    Synced,
     TableCheck,
     TableInfo,
     TableLookup,
@@ -72,6 +73,7 @@ __all__ = [
     "StoreExists",
     "StoreIOError",
     "StoreInfo",
+    "Synced",
     "StoreLocked",
     "StoreNotFound",
     "StoreReadOnly",
@@ -93,6 +95,7 @@ __all__ = [
     "open",
     "read_attachment",
     "remove",
+    "update",
     "gc",
     "verify",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from ._native import NativeStoreWriter, read_manifest, table_layout
 from .errors import InvalidRequest
 from .request import as_array, count, flag, path_arg, progress_enabled, regular_file
 from .specs import Variant, model_spec, scaled_rows
-from .store import StoreInfo, StorePath
+from .store import Store, StoreInfo, StorePath, Synced
 from .units import parse_size
 
 #: rows are fed to the writer in chunks of about this many bytes
@@ -235,3 +236,78 @@ def remove(path: StorePath) -> None:
     p = Path(path_arg(path))
     read_manifest(os.fspath(p))  # raises unless it is a store
     shutil.rmtree(p)
+
+
+def update(store: Store, source: Any, *, tolerance: float = 0.0,
+           tables: Iterable[str] | None = None) -> dict[str, Synced]:
+    """A training feed: brings a writable store's tables to what a trainer holds now, writing
+    only the rows that differ (by more than ``tolerance`` in any value, compared as each table
+    stores them).
+
+    ``source`` is:
+
+    - an ``.npz`` file: an array named after a table (``[rows, dim]``, the whole table) is
+      compared with it; arrays ``TABLE.ids`` and ``TABLE.rows`` are written as given;
+    - a PyTorch ``state_dict`` (a mapping of tensors or a saved ``.pt`` file) of
+      ``nn.EmbeddingBag`` modules or a TorchRec ``EmbeddingBagCollection``
+      (``embedding_bags.NAME.weight``), or a module whose ``state_dict()`` it is;
+    - a mapping from table name to a whole table, or to an ``(ids, rows)`` pair.
+
+    ``tables`` picks the tables (default: every one the source names). Returns, per table,
+    what was compared and written (:class:`nearrec.Synced`). Torch is imported only for a
+    ``.pt`` file."""
+    if callable(getattr(source, "state_dict", None)):
+        source = source.state_dict()
+    if isinstance(source, str | os.PathLike):
+        file = regular_file(source, "the update file")
+        if file.endswith(".npz"):
+            source = _npz_tables(file)
+        else:
+            import torch
+
+            try:
+                source = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+            except Exception as e:  # torch raises RuntimeError, pickle's errors, EOFError, ...
+                raise InvalidRequest(f"{file!r} is neither an .npz of tables nor a loadable "
+                                     f"state dict: {type(e).__name__}: {e}") from None
+    if not isinstance(source, Mapping):
+        raise InvalidRequest(f"an update comes from an .npz or .pt file, a state dict, a module "
+                             f"or a mapping of tables, not {type(source).__name__}")
+    if not all(k in store.tables for k in source):
+        source = _state_dict_tables(source, tables)
+    elif tables is not None:
+        source = {t: source[t] for t in tables}
+    done: dict[str, Synced] = {}
+    for name, value in source.items():
+        if isinstance(value, tuple | list) and len(value) == 2:
+            ids, rows = value
+            v = store.write(name, ids, np.asarray(rows, dtype=np.float32))
+            n = len(np.asarray(ids))
+            done[name] = Synced(n, n, 1, v)
+        else:
+            if callable(getattr(value, "detach", None)):  # a torch tensor
+                value = value.detach().cpu().numpy()
+            done[name] = store.sync_table(name, value, tolerance=tolerance)
+    return done
+
+
+def _npz_tables(file: str) -> dict[str, Any]:
+    """An update archive's tables: ``NAME`` whole, or ``NAME.ids`` with ``NAME.rows``."""
+    try:
+        with np.load(file, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise InvalidRequest(f"{file!r} is not a readable .npz archive: {e}") from None
+    out: dict[str, Any] = {}
+    for key, a in arrays.items():
+        if key.endswith(".ids"):
+            name = key[: -len(".ids")]
+            if name + ".rows" not in arrays:
+                raise InvalidRequest(f"{file!r}: {key} has no {name}.rows beside it", table=name)
+            out[name] = (a, arrays[name + ".rows"])
+        elif key.endswith(".rows"):
+            if key[: -len(".rows")] + ".ids" not in arrays:
+                raise InvalidRequest(f"{file!r}: {key} has no .ids beside it")
+        else:
+            out[key] = a
+    return out

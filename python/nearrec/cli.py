@@ -1,4 +1,5 @@
-"""The ``nearrec`` command line: build, info, verify, gc, lookup, infer, plan, simulate, bench.
+"""The ``nearrec`` command line: build, info, verify, gc, update, lookup, infer, plan, simulate,
+bench.
 
 Human-readable output by default, ``--json`` for machines; progress bars on long work when
 stderr is a terminal. Errors print one line and exit with status 2 (bad input) or 1 (store).
@@ -140,6 +141,25 @@ def cmd_gc(args: argparse.Namespace) -> int:
                     + [f"kept    {x.path} ({x.bytes:,} bytes): {x.reason}" for x in report.kept]
                     + [f"{len(report.removed)} removed ({report.removed_bytes:,} bytes), "
                        f"{len(report.kept)} kept"]))
+    return 0
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    config = store_config(args).replace(writable=True, durability=args.durability)
+    store = nearrec.open(args.path, config, progress=args.progress)
+    tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
+    start = time.perf_counter()
+    done = nearrec.update(store, args.source, tolerance=args.tolerance, tables=tables)
+    compacted = store.compact() if args.compact else None
+    seconds = time.perf_counter() - start
+    rows = sum(d.written for d in done.values())
+    _emit(args, {"version": store.version, "seconds": seconds,
+                 "tables": {t: asdict(d) for t, d in done.items()},
+                 "compaction": asdict(compacted) if compacted else None},
+          "\n".join(f"{t}: {d.written:,} of {d.compared:,} rows written in {d.calls} call(s)"
+                     for t, d in done.items())
+          + f"\n{rows:,} rows in {seconds:.2f} s; the store is at version {store.version}"
+          + (f", compacted ({compacted.bytes:,} bytes written)" if compacted else ""))
     return 0
 
 
@@ -502,6 +522,22 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("path")
     common(g)
     g.set_defaults(func=cmd_gc)
+
+    up = sub.add_parser("update", help="write a trainer's rows into a store while it serves "
+                                       "(the rows that differ)")
+    up.add_argument("path")
+    up.add_argument("--from", dest="source", required=True, metavar="FILE",
+                    help="an .npz of tables (NAME = the whole table, or NAME.ids + NAME.rows) "
+                         "or a saved PyTorch / TorchRec state dict (.pt)")
+    up.add_argument("--tolerance", type=float, default=0.0,
+                    help="rows that differ by no more than this in every value are left")
+    up.add_argument("--tables", help="comma-separated tables to update (default: all given)")
+    up.add_argument("--durability", choices=["sync", "async"], default="sync")
+    up.add_argument("--compact", action="store_true",
+                    help="fold the written rows into the table files before exiting")
+    store_flags(up)
+    common(up)
+    up.set_defaults(func=cmd_update)
 
     lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
     lk.add_argument("path")

@@ -356,6 +356,20 @@ class Store:
         Lookups in flight finish on the version they started with."""
         return self._change(self._native.refresh)
 
+    def sync_table(self, table: str, values: Any, *, tolerance: float = 0.0) -> Synced:
+        """A training feed: writes the rows of ``table`` that differ from ``values`` (the
+        whole table, ``[rows, dim]`` floats, as a trainer holds it) by more than ``tolerance``
+        in any value — compared as the table stores them, so an fp16 or int8 table is not
+        rewritten for its rounding — in atomic, durable calls of up to 16,384 rows."""
+        arr = as_array(values, "values", text(table, "table"))
+        if arr.ndim != 2 or arr.dtype.kind != "f":
+            raise InvalidRequest(f"table {table!r}: values are a 2-D float array [rows, dim], "
+                                 f"not {arr.dtype} of shape {arr.shape}", table=table)
+        if isinstance(tolerance, bool) or not isinstance(tolerance, int | float):
+            raise InvalidRequest(f"tolerance is a number, not {tolerance!r}")
+        native = np.ascontiguousarray(arr, dtype=np.float32)
+        return Synced(*self._native.sync_table(table, native, float(tolerance)))
+
     def changes_since(self, version: int) -> Changes:
         """What changed since ``version`` (one this store served), for a cache kept above it
         — the GPU tier drops those rows before its next batch. See :class:`Changes`."""
@@ -601,6 +615,17 @@ class Changes:
     base: int
     engine: int
     rows: dict[str, npt.NDArray[np.int64]] | None
+
+
+@dataclass(frozen=True)
+class Synced:
+    """What :meth:`Store.sync_table` did: rows ``compared``, rows ``written`` (those that
+    differed), write ``calls`` made, and the store's ``version`` after them."""
+
+    compared: int
+    written: int
+    calls: int
+    version: int
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from ._native import NativeCollection
+from .build import update
 from .errors import InvalidRequest, UnknownTable
 from .keyed import KeyedTable
 from .request import as_array, flag, jagged, mode_name, padding
-from .store import Changes, PoolingModeName, Store, TableLookup
+from .store import Changes, PoolingModeName, Store, Synced, TableLookup
 
 
 def _numpy(t: Any) -> Any:
@@ -91,6 +92,17 @@ class EmbeddingBag(nn.Module):
             else padding_idx + info.rows
         self.num_embeddings = info.rows
         self.embedding_dim = info.dim
+
+    def sync_from(self, source: Any, *, tolerance: float = 0.0) -> Synced:
+        """A training feed: writes the rows of this table that differ from ``source`` — an
+        ``nn.EmbeddingBag`` / ``nn.Embedding`` being trained, or its weight tensor — by more
+        than ``tolerance`` into the (writable) store. See :meth:`nearrec.Store.sync_table`."""
+        weight = getattr(source, "weight", source)
+        if not isinstance(weight, Tensor):
+            raise InvalidRequest(f"sync_from takes an embedding module or its weight tensor, not "
+                                 f"{type(source).__name__}", table=self.table)
+        return self.store.sync_table(self.table, weight.detach().cpu().numpy(),
+                                     tolerance=tolerance)
 
     def forward(self, input: Tensor, offsets: Tensor | None = None,
                 per_sample_weights: Tensor | None = None) -> Tensor:
@@ -370,6 +382,19 @@ class EmbeddingBagCollection(nn.Module):
         return (j.batch, j.values, j.lengths, j.bounds, j.weights,
                 self._slices(j.keys, j.batch, j.bounds))
 
+    def sync_from(self, source: Any, *, tolerance: float = 0.0) -> dict[str, Synced]:
+        """A training feed: writes into the (writable) store the rows of this collection's
+        tables that differ from ``source`` by more than ``tolerance`` — a TorchRec
+        ``EmbeddingBagCollection`` (or any module holding embedding bags) being trained, its
+        ``state_dict()``, or a saved one. See :func:`nearrec.update`."""
+        if self.store is None:
+            raise InvalidRequest("the collection has no store to write to")
+        if isinstance(source, nn.Module):
+            source = source.state_dict()
+        wanted = [t for t in self.tables if t not in self.keyed]
+        return update(self.store, source, tolerance=tolerance,
+                      tables=[t for t in wanted if _names_table(source, t)])
+
     def forward(self, features: Any) -> KeyedTensor:
         if self._native is None or self.gpu_tier is not None:
             return self._forward_parts(features)
@@ -439,6 +464,14 @@ class _KeyedInfo:
     def __init__(self, table: KeyedTable):
         self.name, self.rows, self.dim, self.dtype = table.name, table.capacity + 1, \
             table.dim, "fp32"
+
+
+def _names_table(state_dict: Any, table: str) -> bool:
+    """Whether a state dict (or a mapping of tables) holds table ``table``'s weights."""
+    if not isinstance(state_dict, Mapping):
+        return True  # a file: let the update say what it holds
+    return table in state_dict or any(
+        k in state_dict for k in (f"{table}.weight", f"embedding_bags.{table}.weight"))
 
 
 class _Sources:

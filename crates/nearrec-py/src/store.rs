@@ -119,6 +119,23 @@ impl NativeStore {
         (c.version, c.base, c.engine, rows)
     }
 
+    /// Writes the rows of a table that differ from `values` (the whole table) by more than
+    /// `tolerance`: (compared, written, calls, version).
+    fn sync_table(
+        &self,
+        py: Python<'_>,
+        table: &str,
+        values: PyReadonlyArray2<'_, f32>,
+        tolerance: f32,
+    ) -> PyResult<(u64, u64, u64, u64)> {
+        let values = values.as_slice().map_err(|_| {
+            raise(py, "InvalidRequest", "values must be contiguous".into(), Some(table), None)
+        })?;
+        let done = detach(py, || self.store.sync_table(table, values, tolerance))?
+            .map_err(|e| err(py, e))?;
+        Ok((done.compared, done.written, done.calls, done.version))
+    }
+
     /// Serves the store at `path` from the next call on; returns its version.
     fn swap(&self, py: Python<'_>, path: PathBuf, warm: bool) -> PyResult<u64> {
         detach(py, || self.store.swap(&path, warm))?.map_err(|e| err(py, e))

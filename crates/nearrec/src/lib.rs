@@ -32,6 +32,7 @@
 pub mod batch;
 pub mod config;
 mod error;
+mod feed;
 mod infer;
 pub mod jagged;
 mod live;
@@ -45,6 +46,7 @@ pub use batch::{
 };
 pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
 pub use error::{Error, Result};
+pub use feed::Synced;
 pub use jagged::{JaggedBlock, jagged};
 pub use live::{Compaction, RowWrite, Snapshot, WriteOptions};
 pub use model::{Inferred, StoredModel};

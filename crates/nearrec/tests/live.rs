@@ -422,3 +422,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_table_synced_from_a_trainer_gets_the_rows_that_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store(dir.path());
+    let s = Store::open(&path, &config("tier = \"ssd\"", true)).unwrap();
+    for (t, &(name, dim, _)) in TABLES.iter().enumerate() {
+        let dim = dim as usize;
+        // the trainer's table: the store's rows, three changed (one by less than the tolerance)
+        let mut values: Vec<f32> = (0..ROWS as usize * dim)
+            .map(|i| base_value(t, i as u64))
+            .collect();
+        values[5 * dim..6 * dim].fill(0.5);
+        values[9 * dim] += 0.25;
+        values[11 * dim] += 1e-4;
+        let done = s.sync_table(name, &values, 1e-3).unwrap();
+        assert_eq!(
+            (done.compared, done.written, done.calls),
+            (ROWS, 2, 1),
+            "{name}"
+        );
+        assert_eq!(rows_of(&s, t, &[5])[0], encoded(t, &[0.5; 8][..dim]));
+        // nothing differs any more
+        assert_eq!(s.sync_table(name, &values, 1e-3).unwrap().written, 0);
+    }
+    let err = s.sync_table("a", &[0.0; 3], 0.0).unwrap_err();
+    assert!(err.to_string().contains("values"), "{err}");
+}
