@@ -129,7 +129,13 @@ impl NativeStore {
         tolerance: f32,
     ) -> PyResult<(u64, u64, u64, u64)> {
         let values = values.as_slice().map_err(|_| {
-            raise(py, "InvalidRequest", "values must be contiguous".into(), Some(table), None)
+            raise(
+                py,
+                "InvalidRequest",
+                "values must be contiguous".into(),
+                Some(table),
+                None,
+            )
         })?;
         let done = detach(py, || self.store.sync_table(table, values, tolerance))?
             .map_err(|e| err(py, e))?;
