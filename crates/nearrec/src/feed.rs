@@ -66,11 +66,10 @@ impl Store {
                 meta.dtype.encode_row(row, &mut encoded);
                 meta.dtype.decode_row(&encoded, &mut stored);
                 let now = &served[k * dim..][..dim];
-                if stored
-                    .iter()
-                    .zip(now)
-                    .any(|(a, b)| !((a - b).abs() <= tolerance))
-                {
+                // past the tolerance, or NaN on one side only
+                let differs =
+                    |(a, b): (&f32, &f32)| (a - b).abs() > tolerance || a.is_nan() != b.is_nan();
+                if stored.iter().zip(now).any(differs) {
                     changed.push(id);
                     new.extend_from_slice(row);
                 }
