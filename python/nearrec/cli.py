@@ -674,7 +674,7 @@ def parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "cache",
                                      "colocate", "keyed", "e2e", "ebc", "build", "gpu",
-                                     "flash-repro", "flash-check"])
+                                     "flash-repro", "flash-check", "update"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache: default rmc1,rmc2,rmc3; "
                     "e2e: all eight)")
@@ -687,7 +687,8 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--no-recssd", action="store_true",
                     help="e2e: skip the pass at RecSSD's row counts")
     be.add_argument("--table-bytes", type=parse_bytes,
-                    help="bytes to write (build) / table bytes of the store (ssd, cache, e2e)")
+                    help="bytes to write (build) / table bytes of the store (ssd, cache, e2e; "
+                         "update: per table)")
     be.add_argument("--out", default="bench/results")
     be.add_argument("--scratch", default="bench/scratch", help="where stores are built")
     common(be)

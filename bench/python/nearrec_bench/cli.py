@@ -144,6 +144,16 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
         records = ebc.run(bcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "ebc-quick" if args.quick else "ebc"
         md = ebc.markdown(records, command)
+    elif args.what == "update":
+        from . import update
+
+        ucfg = update.UpdateConfig.quick() if args.quick else update.UpdateConfig()
+        if args.table_bytes:
+            ucfg.table_bytes = args.table_bytes
+        ucfg.scratch = Path(args.scratch)
+        records = update.run(ucfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "update-quick" if args.quick else "update"
+        md = update.markdown(records, command)
     elif args.what == "gpu":
         from . import gpu
 
