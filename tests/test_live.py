@@ -341,6 +341,12 @@ def test_training_feeds(path, tmp_path):
                                  "--compact", "--json"]) == 0
     report = json.loads(printed.getvalue())
     assert report["tables"]["a"]["written"] == 1 and report["compaction"]["rows"] >= 1
+    nearrec.open(p, writable=True).write("a", [2], np.full((1, DIM), 6.0, np.float32))
+    trained["a"][2] = 6.0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(["compact", str(p), "--json"]) == 0
+    assert json.loads(printed.getvalue())["compaction"]["rows"] == 1
     r = nearrec.open(p)
     np.testing.assert_allclose(r.lookup("a", look, offsets=offsets),
                                pooled_by_torch(trained["a"], look, offsets), rtol=1e-5)

@@ -1,5 +1,5 @@
-"""The ``nearrec`` command line: build, info, verify, gc, update, lookup, infer, plan, simulate,
-bench.
+"""The ``nearrec`` command line: build, info, verify, gc, update, compact, lookup, infer, plan,
+simulate, bench.
 
 Human-readable output by default, ``--json`` for machines; progress bars on long work when
 stderr is a terminal. Errors print one line and exit with status 2 (bad input) or 1 (store).
@@ -160,6 +160,19 @@ def cmd_update(args: argparse.Namespace) -> int:
                      for t, d in done.items())
           + f"\n{rows:,} rows in {seconds:.2f} s; the store is at version {store.version}"
           + (f", compacted ({compacted.bytes:,} bytes written)" if compacted else ""))
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    store = nearrec.open(args.path, store_config(args).replace(writable=True, auto_compact=False),
+                         progress=args.progress)
+    before = store.live_stats()
+    done = store.compact()
+    _emit(args, {"version": done.version, "compaction": asdict(done),
+                 "log_bytes_before": before["log_bytes"],
+                 "log_bytes_after": store.live_stats()["log_bytes"]},
+          f"{done.rows:,} rows folded into {done.tables} table(s) ({done.bytes:,} bytes written "
+          f"in {done.seconds:.2f} s); the tables hold version {done.version}")
     return 0
 
 
@@ -538,6 +551,12 @@ def parser() -> argparse.ArgumentParser:
     store_flags(up)
     common(up)
     up.set_defaults(func=cmd_update)
+
+    cp = sub.add_parser("compact", help="fold a live store's logged writes into its table files")
+    cp.add_argument("path")
+    store_flags(cp)
+    common(cp)
+    cp.set_defaults(func=cmd_compact)
 
     lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
     lk.add_argument("path")
