@@ -3,7 +3,7 @@
 //! under a new name, and leaves the old one untouched for the readers still on it — and
 //! [`write_table`], a new table (`create_table`).
 //!
-//! The old data region streams through in [`CHUNK_BYTES`] chunks, the new rows are patched in
+//! The old data region streams through in 1 MiB chunks, the new rows are patched in
 //! at their slots, and the same writer thread a build uses checksums and writes each chunk (the
 //! data region's CRC-32C and the sector sums come out of it). The new file and its sums are
 //! fsynced, and so is the directory, before this returns: a manifest may name them at once.
@@ -12,7 +12,6 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::chunks::CHUNK_BYTES;
 use crate::error::{FormatError, Result};
 use crate::files;
 use crate::header::{TABLE_VERSION, TableHeader};
@@ -22,6 +21,9 @@ use crate::order::RowOrder;
 use crate::sums::SumsMeta;
 use crate::sync::fsync_dir;
 use crate::writer::{TableSpec, TableWriter, WritePipeline, seal, write_beside};
+
+/// Bytes read and written at a time by [`rewrite_table`].
+const REWRITE_CHUNK: u64 = 1 << 20;
 
 /// Writes table `meta` of store `dir` (its rows placed by `order` when it is co-located) as a
 /// new file `file` (a `.nrt` name no manifest uses yet; one left by an interrupted rewrite is
@@ -73,8 +75,10 @@ pub fn rewrite_table(
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(&path)
         .map_err(|e| FormatError::io(&path, e))?;
-    let mut pipeline = WritePipeline::start(new, path.clone(), None);
-    let chunk = (CHUNK_BYTES / layout.span_bytes()).max(1) * layout.span_bytes();
+    let mut pipeline = WritePipeline::start_with(new, path.clone(), None, true);
+    // small chunks: the disk alternates between them and the lookups' reads (a 16 MiB read
+    // or write holds it for milliseconds)
+    let chunk = (REWRITE_CHUNK / layout.span_bytes()).max(1) * layout.span_bytes();
     let mut next = 0usize; // the first patch not yet applied
     let mut at = 0u64;
     while at < meta.data_bytes {
@@ -82,6 +86,17 @@ pub fn rewrite_table(
         let mut buf = pipeline.empty_buffer(chunk as usize);
         old.read_exact_at(&mut buf[..len], DATA_OFFSET + at)
             .map_err(|e| FormatError::io(&old_path, e))?;
+        // read once: leave the page cache to what is read again
+        // SAFETY: advice on an open descriptor, nothing else
+        unsafe {
+            use std::os::fd::AsRawFd;
+            libc::posix_fadvise(
+                old.as_raw_fd(),
+                (DATA_OFFSET + at) as i64,
+                len as i64,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
         while let Some(&(off, bytes)) = patches.get(next)
             && off < at + len as u64
         {
@@ -166,14 +181,14 @@ mod tests {
         let store = dir.path().join("s");
         let mut w = StoreWriter::create(&store, StoreOptions::default()).unwrap();
         // enough rows for several chunks' worth of spans, and a short last chunk
-        let rows = 3 * CHUNK_BYTES / 64 + 77;
+        let rows = 3 * REWRITE_CHUNK / 64 + 77;
         let mut t = w.table(TableSpec::new("t", rows, 16, DType::Fp32)).unwrap();
         t.write_with(rows, |r, out| out.fill(r as f32)).unwrap();
         w.finish_table(t).unwrap();
         w.commit().unwrap();
         let reader = StoreReader::open(&store).unwrap();
         let meta = reader.tables()[0].clone();
-        let changed: Vec<(u64, Vec<u8>)> = [rows - 1, 0, CHUNK_BYTES / 64, 5]
+        let changed: Vec<(u64, Vec<u8>)> = [rows - 1, 0, REWRITE_CHUNK / 64, 5]
             .iter()
             .map(|&r| {
                 let mut b = vec![0u8; 64];
@@ -211,10 +226,10 @@ mod tests {
             DType::Fp32.decode_row(&data.as_slice()[at..at + 64], &mut out);
             out[0]
         };
-        for r in [0, 5, CHUNK_BYTES / 64, rows - 1] {
+        for r in [0, 5, REWRITE_CHUNK / 64, rows - 1] {
             assert_eq!(row(r), -(r as f32));
         }
-        for r in [1, 6, CHUNK_BYTES / 64 + 1, rows - 2] {
+        for r in [1, 6, REWRITE_CHUNK / 64 + 1, rows - 2] {
             assert_eq!(row(r), r as f32);
         }
     }

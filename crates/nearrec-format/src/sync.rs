@@ -34,6 +34,47 @@ impl Manifest {
     }
 }
 
+/// Starts the writeback of `len` bytes at `at` of `file`, then waits for the range before
+/// (`previous`) to reach the disk and drops its pages from the page cache: a steady writer's
+/// step (see `WritePipeline::start_with`).
+pub(crate) fn write_back(
+    file: &File,
+    at: u64,
+    len: u64,
+    previous: Option<(u64, u64)>,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let range = |r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // SAFETY: plain syscalls on an open descriptor; the ranges are within what was written
+    unsafe {
+        range(libc::sync_file_range(
+            fd,
+            at as i64,
+            len as i64,
+            libc::SYNC_FILE_RANGE_WRITE,
+        ))?;
+        if let Some((at, len)) = previous {
+            range(libc::sync_file_range(
+                fd,
+                at as i64,
+                len as i64,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            ))?;
+            libc::posix_fadvise(fd, at as i64, len as i64, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    Ok(())
+}
+
 /// True if `path` is an empty directory or holds a nearrec manifest: the only things a build
 /// with `overwrite` may replace.
 pub(crate) fn is_store_or_empty(path: &Path) -> bool {

@@ -529,6 +529,20 @@ pub(crate) struct WritePipeline {
 
 impl WritePipeline {
     pub(crate) fn start(file: File, path: PathBuf, progress: Option<ProgressFn>) -> Self {
+        Self::start_with(file, path, progress, false)
+    }
+
+    /// [`Self::start`]; with `steady`, each chunk's writeback starts as soon as it is written
+    /// and the chunk before it is waited for, so that at most two chunks are ever dirty: the
+    /// disk sees a steady stream instead of the kernel's bursts and a flush of everything at
+    /// the end (a live store's compaction, beside lookups that read the same disk), and the
+    /// written pages leave the page cache.
+    pub(crate) fn start_with(
+        file: File,
+        path: PathBuf,
+        progress: Option<ProgressFn>,
+        steady: bool,
+    ) -> Self {
         let (full_tx, full_rx) = sync_channel::<(Vec<u8>, usize)>(PIPELINE_DEPTH - 1);
         let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(PIPELINE_DEPTH);
         let thread = std::thread::Builder::new()
@@ -537,11 +551,16 @@ impl WritePipeline {
                 let mut crc = 0u32;
                 let mut sums = SectorSums::of(&[]);
                 let mut at = DATA_OFFSET;
+                let mut previous: Option<(u64, u64)> = None;
                 for (mut buf, len) in full_rx {
                     let data = &buf[..len];
                     crc = crc32c::crc32c_append(crc, data);
                     sums.extend(data);
                     file.write_all_at(data, at)?;
+                    if steady {
+                        crate::sync::write_back(&file, at, len as u64, previous)?;
+                        previous = Some((at, len as u64));
+                    }
                     at += len as u64;
                     if let Some(p) = &progress {
                         p(len as u64);
