@@ -161,9 +161,16 @@ impl SsdTier {
     }
 
     /// Serves the table files `files` from now on (batches under way finish on the old ones).
+    /// The old files are closed here, once the batches on them end (not by whichever batch
+    /// lets them go last: closing a device takes milliseconds).
     pub(crate) fn replace_files(&self, files: TableFiles) {
-        self.files
-            .store(Arc::new(files.with_stats(self.stats.clone())));
+        let old = self
+            .files
+            .swap(Arc::new(files.with_stats(self.stats.clone())));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while Arc::strong_count(&old) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     pub(crate) fn stats(&self) -> &IoStats {

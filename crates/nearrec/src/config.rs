@@ -91,8 +91,9 @@ pub struct StoreConfig {
     /// Writable stores: fold the delta into new table files in the background whenever it
     /// holds half its budget (off: only `compact()` does).
     pub auto_compact: bool,
-    /// Writable stores: the most bytes per second a compaction writes (`0`: as fast as the
-    /// disk takes them), to leave the disk to lookups.
+    /// The most bytes per second a compaction writes, and a swap reads to load the new
+    /// version's DRAM tiers while the old one serves (`0`: as fast as the disk goes), to leave
+    /// the disk to lookups.
     pub compaction_rate: Size,
     /// Writable stores: how long a call that does not fit the delta waits for a compaction to
     /// free room before it is refused (`DeltaFull`), in ms (0–600000).

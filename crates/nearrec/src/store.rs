@@ -177,10 +177,12 @@ impl Store {
 
     /// Serves the store at `path` (a new version built offline) from the next call on: every
     /// lookup that starts after this returns reads it, lookups under way finish on the old
-    /// one, none fails. With `warm`, the new store's row caches are filled first with the rows
-    /// the old one's DRAM tiers hold (read from the new store's files), so that the switch
-    /// does not start cold; its hot partitions come from the config's plan as at open. A
-    /// writable store takes the new store's writer lock and log; the old one's are let go.
+    /// one, none fails. The new store's DRAM tiers load at most `compaction_rate` bytes a
+    /// second while the old one serves. With `warm`, the new store's row caches are filled
+    /// first with the rows the old one's DRAM tiers hold (read from the new store's files), so
+    /// that the switch does not start cold; its hot partitions come from the config's plan as
+    /// at open. A writable store takes the new store's writer lock and log; the old one's are
+    /// let go.
     /// Returns the new store's version.
     pub fn swap(&self, path: impl AsRef<Path>, warm: bool) -> Result<u64> {
         if self.inner.flash.is_some() {
@@ -196,13 +198,28 @@ impl Store {
                 old.path.display()
             )));
         }
-        let (engine, _) = open_engine(&reader, &self.inner.config, None)?;
+        let pace = pacer(self.inner.config.compaction_rate.0);
+        let (engine, _) = open_engine(&reader, &self.inner.config, pace.as_ref())?;
         if warm {
             engine.warm_from(old.live.snapshot().engine())?;
         }
         let served = Served::open(&reader, engine, &self.inner.config)?;
         let version = served.live.snapshot().version();
+        let old_engine = old.live.snapshot().engine().clone();
         self.inner.served.store(served);
+        // the old version goes on a thread of its own, once the calls on it end, not on the
+        // thread of the lookup that happens to let it go last (its tables' memory, its
+        // device, its log take milliseconds to let go)
+        let reaper = move || {
+            last_holder(old);
+            last_holder(old_engine);
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("nearrec-reaper".into())
+            .spawn(reaper)
+        {
+            drop(e); // no thread: the old version goes wherever its last call ends
+        }
         Ok(version)
     }
 
@@ -523,6 +540,33 @@ impl Store {
         let model = Arc::new(StoredModel::load(&StoreReader::open(&served.path)?)?);
         Ok(served.model.get_or_init(|| model).clone())
     }
+}
+
+/// Waits (up to a minute) until `this` is the last reference, then drops it here.
+fn last_holder<T>(this: Arc<T>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while Arc::strong_count(&this) > 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A progress callback that sleeps to keep the bytes reported under `rate` a second (`None`
+/// for 0: no bound): what paces a swap's loading beside the lookups it must not starve.
+fn pacer(rate: u64) -> Option<ProgressFn> {
+    (rate > 0).then(|| {
+        let state = std::sync::Mutex::new((std::time::Instant::now(), 0u64));
+        Arc::new(move |bytes: u64| {
+            let wait = {
+                let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+                s.1 += bytes;
+                let due = std::time::Duration::from_secs_f64(s.1 as f64 / rate as f64);
+                due.checked_sub(s.0.elapsed())
+            };
+            if let Some(wait) = wait {
+                std::thread::sleep(wait);
+            }
+        }) as ProgressFn
+    })
 }
 
 /// The engine over `reader`'s tables as `config` says (its plan resolved), and the simulated
