@@ -55,8 +55,8 @@ class StoreConfig:
     kernel, on disk within ``durability_window_ms``); ``delta_budget``: memory for rows written
     since the tables' files; ``auto_compact``: fold them into new table files in the background
     when the delta is half full; ``compaction_rate``: bytes per second a compaction writes, and
-    a swap reads to load the new version, at most (0: no bound); ``write_wait_ms``: how long a write waits for room in a full delta. See
-    :func:`nearrec.open` for what each does."""
+    a swap reads to load the new version, at most (0: no bound); ``write_wait_ms``: how long a
+    write waits for room in a full delta. See :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")
