@@ -91,6 +91,35 @@ pub fn lock_dir(dir: &Path, wait: bool) -> std::io::Result<Option<File>> {
     flock(file, wait)
 }
 
+/// Removes the file at `path` a `step` of bytes at a time from its end, `pace` called with
+/// each step's bytes (it may sleep), then unlinks it: on a filesystem that discards freed
+/// blocks (ext4 `-o discard`), a large file unlinked at once frees them in one burst that
+/// stalls the disk's other reads for a hundred milliseconds and more. A file already gone is
+/// not an error.
+pub fn remove_gradually(path: &Path, step: u64, pace: &mut dyn FnMut(u64)) -> std::io::Result<()> {
+    let file = match std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut len = file.metadata()?.len();
+    while len > 0 {
+        let cut = len.min(step.max(1));
+        len -= cut;
+        file.set_len(len)?;
+        pace(cut);
+    }
+    drop(file);
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// [`lock_dir`] on the regular file `path` inside a store (made if missing; a link or anything
 /// but a regular file is refused).
 pub fn lock_file(path: &Path, wait: bool) -> std::io::Result<Option<File>> {

@@ -41,8 +41,45 @@ pub struct GcReport {
 }
 
 /// The entries of store `dir` that `manifest` does not name: nearrec's own leftovers (a blob of
-/// a killed attach, a manifest's temporary) and anything else put there.
+/// a killed attach, a manifest's temporary, the new files of an interrupted compaction) and
+/// anything else put there. A live store's table files that a compaction replaced (their
+/// version at or before the manifest's position: [`retired`]) are not leftovers: readers one
+/// compaction behind may still open them, and the next compaction removes them.
 pub fn orphans(dir: &Path, manifest: &Manifest) -> Vec<Leftover> {
+    let old = retired(dir, manifest);
+    let mut all = unnamed(dir, manifest);
+    all.retain(|o| !old.contains(&o.path));
+    all
+}
+
+/// The table files of live store `dir` that a compaction (or a dropped table) replaced: not
+/// named by `manifest`, and written at or before its log position (a plain `table-NNNN.nrt`,
+/// or `table-NNNN.<version>.nrt` with its version at most the position), with their sums.
+pub fn retired(dir: &Path, manifest: &Manifest) -> Vec<std::path::PathBuf> {
+    let Some(lsn) = manifest.lsn else {
+        return Vec::new();
+    };
+    unnamed(dir, manifest)
+        .into_iter()
+        .filter(|o| {
+            let name = o.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let Some(stem) = name
+                .strip_suffix(".nrt")
+                .or_else(|| name.strip_suffix(".sums"))
+                .and_then(|n| n.strip_prefix("table-"))
+            else {
+                return false;
+            };
+            match stem.split_once('.') {
+                None => stem.len() == 4,
+                Some((_, v)) => u64::from_str_radix(v, 16).is_ok_and(|v| v <= lsn),
+            }
+        })
+        .map(|o| o.path)
+        .collect()
+}
+
+fn unnamed(dir: &Path, manifest: &Manifest) -> Vec<Leftover> {
     let mut named: Vec<&str> = vec![MANIFEST_FILE];
     for t in &manifest.tables {
         named.push(&t.file);

@@ -46,7 +46,7 @@ pub use gc::gc;
 pub use header::{TABLE_MAGIC, TableHeader};
 pub use init::UniformInit;
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
-pub use leftovers::{GcReport, Leftover, orphans};
+pub use leftovers::{GcReport, Leftover, orphans, retired};
 pub use manifest::{
     Attachment, FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, TableMeta,
 };

@@ -162,8 +162,9 @@ pub(crate) fn spawn<T: Send + Sync + 'static>(
 
 /// A writable open of the store at `dir`: a store without a log position gets one (format
 /// version 4, which older readers that would ignore the log refuse), and table files that an
-/// interrupted compaction left unnamed are removed.
-pub(crate) fn prepare_dir(dir: &std::path::Path, opened: &Manifest) -> Result<()> {
+/// interrupted compaction left unnamed are removed. Returns the table files earlier
+/// compactions replaced, for this writer's first compaction to remove.
+pub(crate) fn prepare_dir(dir: &std::path::Path, opened: &Manifest) -> Result<Vec<String>> {
     let _dir = files::lock_dir(dir, true).map_err(|e| FormatError::Io {
         path: dir.to_owned(),
         source: e,
@@ -182,13 +183,18 @@ pub(crate) fn prepare_dir(dir: &std::path::Path, opened: &Manifest) -> Result<()
         m.format_version = m.needed_version();
         m.publish(dir)?;
     }
-    for o in orphans(dir, manifest) {
-        let name = o.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if o.ours && name.starts_with("table-") {
-            let _ = std::fs::remove_file(&o.path);
-        }
-    }
-    Ok(())
+    let left: Vec<String> = orphans(dir, manifest)
+        .into_iter()
+        .filter(|o| o.ours)
+        .filter_map(|o| o.path.file_name()?.to_str().map(str::to_owned))
+        .filter(|name| name.starts_with("table-"))
+        .collect();
+    remove_paced(dir, &left, 0);
+    // what an earlier writer's compactions replaced goes with this one's first compaction
+    Ok(nearrec_format::retired(dir, manifest)
+        .into_iter()
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+        .collect())
 }
 
 impl Live {
@@ -259,7 +265,9 @@ impl Live {
         rebase(self, &engine, &new, c, &changed)?;
         w.wal.release(*previous)?;
         *previous = c;
-        remove_unnamed(&self.dir, old.manifest(), &manifest);
+        // the files this compaction replaced stay until the next one (a reader in another
+        // process one compaction behind may still open them); the previous ones go now
+        w.retire(&self.dir, unnamed(old.manifest(), &manifest));
         done.tables = changed.iter().filter(|r| !r.is_empty()).count();
         done.rows = changed.iter().map(|r| r.len() as u64).sum();
         done.seconds = start.elapsed().as_secs_f64();
@@ -440,8 +448,8 @@ fn wait_until(done: impl Fn() -> bool, c: u64, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Removes the files `old` named and `new` does not (the tables' replaced files).
-pub(super) fn remove_unnamed(dir: &std::path::Path, old: &Manifest, new: &Manifest) {
+/// The files `old` named and `new` does not (the tables' replaced or dropped files).
+pub(super) fn unnamed(old: &Manifest, new: &Manifest) -> Vec<String> {
     let named = |m: &Manifest| -> Vec<String> {
         m.tables
             .iter()
@@ -457,7 +465,29 @@ pub(super) fn remove_unnamed(dir: &std::path::Path, old: &Manifest, new: &Manife
             .collect()
     };
     let keep = named(new);
-    for f in named(old).into_iter().filter(|f| !keep.contains(f)) {
-        let _ = std::fs::remove_file(dir.join(f));
+    named(old)
+        .into_iter()
+        .filter(|f| !keep.contains(f))
+        .collect()
+}
+
+/// Bytes a second old table files are removed at when compactions are not paced.
+const REMOVE_RATE: u64 = 1 << 30;
+
+/// Removes `files` of store `dir` a step at a time, at most `rate` bytes a second (see
+/// [`files::remove_gradually`]); what cannot be removed is left to the next writable open.
+pub(super) fn remove_paced(dir: &std::path::Path, files: &[String], rate: u64) {
+    let rate = if rate == 0 { REMOVE_RATE } else { rate };
+    let start = Instant::now();
+    let mut removed = 0u64;
+    let mut pace = |n: u64| {
+        removed += n;
+        let due = Duration::from_secs_f64(removed as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    };
+    for f in files {
+        let _ = files::remove_gradually(&dir.join(f), 16 << 20, &mut pace);
     }
 }

@@ -157,6 +157,9 @@ pub(super) struct Writer {
     /// Held shared by a call from its log append to its publication, and exclusively by a
     /// change of the tables (`create_table`, `drop_table`), which then has the log to itself.
     gate: RwLock<()>,
+    /// Table files let go of since the last compaction (by it, or by changes of the tables
+    /// since): removed, a step at a time, by the next compaction.
+    retired: Mutex<Vec<String>>,
 }
 
 impl Live {
@@ -199,7 +202,7 @@ impl Live {
                 .ok_or_else(|| Error::Locked {
                     path: dir.display().to_string(),
                 })?;
-            compact::prepare_dir(dir, manifest)?;
+            let retired = compact::prepare_dir(dir, manifest)?;
             let durability = match config.durability {
                 DurabilityMode::Sync => Durability::Sync,
                 DurabilityMode::Async => Durability::Async {
@@ -224,6 +227,7 @@ impl Live {
                 wait: Duration::from_millis(config.write_wait_ms),
                 compacting: Mutex::new(base),
                 gate: RwLock::new(()),
+                retired: Mutex::new(retired),
             });
             recovered.records
         } else {
@@ -526,6 +530,19 @@ impl Live {
 }
 
 impl Writer {
+    /// A compaction's files let go of: those retired before go (paced), these stay until the
+    /// next compaction (a reader in another process one compaction behind may still open
+    /// them).
+    fn retire(&self, dir: &Path, files: Vec<String>) {
+        let before = std::mem::replace(&mut *lock(&self.retired), files);
+        compact::remove_paced(dir, &before, self.compaction_rate);
+    }
+
+    /// A change of the tables' files let go of: kept with the last compaction's.
+    fn retire_more(&self, files: Vec<String>) {
+        lock(&self.retired).extend(files);
+    }
+
     /// Reserves `need` bytes of the delta's budget for a call, waiting up to the store's
     /// `write_wait_ms` for a compaction to free them; else the call is refused whole.
     fn reserve(&self, need: u64) -> Result<()> {

@@ -22,7 +22,7 @@ use nearrec_format::{
     DType, FormatError, StoreReader, TableMeta, TableSpec, UniformInit, files, write_table,
 };
 
-use super::compact::remove_unnamed;
+use super::compact::unnamed;
 use super::{Live, Snapshot, Writer, lock};
 use crate::error::{Error, Result};
 
@@ -197,6 +197,8 @@ fn publish(
         *lock(&w.applied) = lsn;
         w.turn.notify_all();
     }
-    remove_unnamed(&live.dir, old.manifest(), &manifest);
+    if let Some(w) = w {
+        w.retire_more(unnamed(old.manifest(), &manifest));
+    }
     Ok(())
 }
