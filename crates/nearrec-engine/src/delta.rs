@@ -302,15 +302,20 @@ impl<'a> DeltaView<'a> {
         let mut patch = RowPatch::new(d.row_bytes());
         for pos in positions {
             let v = indices.get(pos);
-            if v < 0 || v as u64 >= rows || !d.may_hold(v as u64) || patch.contains(v as u64) {
+            if v < 0 || v as u64 >= rows || !d.may_hold(v as u64) {
                 continue;
             }
             let r = v as u64;
-            if let Some(DeltaRow::Removed) =
-                d.get(r, self.base, self.version, |b| patch.set(r, Some(b)))
-            {
-                patch.set(r, None);
+            if patch.contains(r) {
+                patch.read_at(pos);
+                continue;
             }
+            match d.get(r, self.base, self.version, |b| patch.set(r, Some(b))) {
+                Some(DeltaRow::Removed) => patch.set(r, None),
+                Some(DeltaRow::Written(())) => {}
+                None => continue,
+            }
+            patch.read_at(pos);
         }
         if patch.is_empty() {
             return None;

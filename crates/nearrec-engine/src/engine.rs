@@ -725,8 +725,8 @@ impl Engine {
             }
         }
         let bounds = &checked.bounds[b0..=b1];
-        // a task that reads rows written since the table's file (rare) pools them from its
-        // patch with the reference kernel; the fast one's row loop stays free of the test
+        // a task that reads rows written since the table's file pools the bags that read them
+        // from its patch on the reference kernel, the others on the fast one
         fn pool<I: RowIndex>(
             view: &TableView<'_>,
             job: &PoolJob<'_, I>,
@@ -735,7 +735,7 @@ impl Engine {
         ) -> std::result::Result<(), IndexError> {
             match patch {
                 None => nearrec_kernels::pool_bags(view, job, out),
-                Some(p) => nearrec_kernels::reference::pool_bags_patched(view, job, out, p),
+                Some(p) => nearrec_kernels::pool_bags_patched(view, job, out, p),
             }
         }
         let patch = patch.as_ref();

@@ -117,6 +117,19 @@ impl<'a> BagsOut<'a> {
         self.bags
     }
 
+    /// Bags `range` of this output, as an output of their own (borrowing this one).
+    pub fn sub(&mut self, range: std::ops::Range<usize>) -> BagsOut<'_> {
+        assert!(range.start <= range.end && range.end <= self.bags);
+        BagsOut {
+            // SAFETY: in bounds (asserted), and the cells stay exclusive through &mut self
+            ptr: unsafe { self.ptr.add(range.start * self.stride) },
+            stride: self.stride,
+            dim: self.dim,
+            bags: range.end - range.start,
+            _out: PhantomData,
+        }
+    }
+
     #[inline(always)]
     pub fn bag(&mut self, b: usize) -> &mut [f32] {
         assert!(b < self.bags);

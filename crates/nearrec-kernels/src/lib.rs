@@ -13,5 +13,5 @@ mod table;
 
 pub use fast::{pool_bags, prefetch_row};
 pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
-pub use patch::RowPatch;
+pub use patch::{RowPatch, pool_bags_patched};
 pub use table::TableView;

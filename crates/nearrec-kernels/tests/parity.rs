@@ -104,13 +104,14 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 fn run<I: RowIndex>(c: &Case, indices: &[I], fast: bool) -> (Result<(), IndexError>, Vec<f32>) {
-    run_patched(c, indices, fast, &[], false)
+    run_patched(c, indices, fast, &[], false, false)
 }
 
 /// Rows standing in for the table's: `(row, Some(values) | None = removed)`.
 type Patches = [(u64, Option<Vec<f32>>)];
 
-/// [`run`] with `patches` given as a [`RowPatch`], or (`in_table`) written into a copy of the
+/// [`run`] with `patches` given as a [`RowPatch`] (with the positions that read them recorded,
+/// as the engine records them, when `record`), or (`in_table`) written into a copy of the
 /// table instead: what a patch must mean.
 fn run_patched<I: RowIndex>(
     c: &Case,
@@ -118,6 +119,7 @@ fn run_patched<I: RowIndex>(
     fast: bool,
     patches: &Patches,
     in_table: bool,
+    record: bool,
 ) -> (Result<(), IndexError>, Vec<f32>) {
     let (mut buf, layout) = table(c.dtype, c.rows, c.dim, c.block_bytes, c.seed);
     let rb = layout.row_bytes as usize;
@@ -132,6 +134,13 @@ fn run_patched<I: RowIndex>(
             buf.as_mut_slice()[at..at + rb].copy_from_slice(&bytes);
         } else {
             patch.set(*row, values.as_ref().map(|_| &bytes[..]));
+        }
+    }
+    if record {
+        for (pos, i) in indices.iter().enumerate() {
+            if u64::try_from(i.to_i64()).is_ok_and(|r| patch.contains(r)) {
+                patch.read_at(pos);
+            }
         }
     }
     let view = TableView::new(buf.as_slice(), layout, c.dtype, c.dim).expect("view");
@@ -155,7 +164,9 @@ fn run_patched<I: RowIndex>(
     let bags = c.lengths.len();
     let mut out = vec![f32::NAN; bags * stride];
     let mut cells = BagsOut::from_slice(&mut out, stride, dim, bags);
-    let res = if !patch.is_empty() {
+    let res = if !patch.is_empty() && fast {
+        nearrec_kernels::pool_bags_patched(&view, &job, &mut cells, &patch)
+    } else if !patch.is_empty() {
         reference::pool_bags_patched(&view, &job, &mut cells, &patch)
     } else if fast {
         nearrec_kernels::pool_bags(&view, &job, &mut cells)
@@ -282,12 +293,20 @@ proptest! {
             patches.push((row, (!removed).then_some(values)));
         }
         let picks: Vec<i64> = c.picks.iter().map(|&p| p as i64).collect();
-        let (slow_res, slow_out) = run_patched(&c, &picks, false, &patches, false);
-        let (want_res, want_out) = run_patched(&c, &picks, false, &patches, true);
-        let (fast_res, fast_out) = run_patched(&c, &picks, true, &patches, true);
+        let (slow_res, slow_out) = run_patched(&c, &picks, false, &patches, false, false);
+        let (want_res, want_out) = run_patched(&c, &picks, false, &patches, true, false);
+        let (fast_res, fast_out) = run_patched(&c, &picks, true, &patches, true, false);
         prop_assert!(fast_res.is_ok() && slow_res.is_ok() && want_res.is_ok());
         // the fast kernels on the patched table agree with the reference with the patch
         check_same(&c, &fast_out, &slow_out)?;
+        // and so does the engine's way with a patch: touched bags on the reference, the others
+        // on the fast kernels, the touched ones found by looking at every index or from the
+        // positions recorded
+        for record in [false, true] {
+            let (split_res, split_out) = run_patched(&c, &picks, true, &patches, false, record);
+            prop_assert!(split_res.is_ok());
+            check_same(&c, &split_out, &slow_out)?;
+        }
         // the reference with a patch and on the patched table: the same rows, the same sums
         for (k, (&a, &b)) in slow_out.iter().zip(&want_out).enumerate() {
             prop_assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
