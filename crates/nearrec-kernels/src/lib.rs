@@ -8,10 +8,12 @@
 mod fast;
 mod job;
 mod patch;
+mod patched;
 pub mod reference;
 mod table;
 
 pub use fast::{pool_bags, prefetch_row};
 pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
-pub use patch::{RowPatch, pool_bags_patched};
+pub use patch::RowPatch;
+pub use patched::pool_bags_patched;
 pub use table::TableView;
