@@ -37,6 +37,7 @@ mod infer;
 pub mod jagged;
 mod live;
 pub mod model;
+mod pace;
 pub mod pipeline;
 mod store;
 

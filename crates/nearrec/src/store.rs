@@ -19,6 +19,7 @@ use crate::config::{PlanSource, StoreConfig};
 use crate::error::{Error, Result};
 use crate::live::{Compaction, Live, RowWrite, Snapshot, WriteOptions};
 use crate::model::StoredModel;
+use crate::pace::Pace;
 
 /// An open store. Safe to share between threads.
 #[derive(Debug, Clone)]
@@ -554,18 +555,8 @@ fn last_holder<T>(this: Arc<T>) {
 /// for 0: no bound): what paces a swap's loading beside the lookups it must not starve.
 fn pacer(rate: u64) -> Option<ProgressFn> {
     (rate > 0).then(|| {
-        let state = std::sync::Mutex::new((std::time::Instant::now(), 0u64));
-        Arc::new(move |bytes: u64| {
-            let wait = {
-                let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-                s.1 += bytes;
-                let due = std::time::Duration::from_secs_f64(s.1 as f64 / rate as f64);
-                due.checked_sub(s.0.elapsed())
-            };
-            if let Some(wait) = wait {
-                std::thread::sleep(wait);
-            }
-        }) as ProgressFn
+        let pace = Pace::new(rate);
+        Arc::new(move |bytes: u64| pace.take(bytes)) as ProgressFn
     })
 }
 

@@ -26,10 +26,11 @@ use std::time::{Duration, Instant};
 
 use nearrec_engine::Engine;
 use nearrec_format::wal::Wal;
-use nearrec_format::{FormatError, Manifest, StoreReader, files, orphans, rewrite_table};
+use nearrec_format::{Manifest, StoreReader, files, orphans, rewrite_table};
 
-use super::{Folded, Live, Snapshot, Writer, lock};
+use super::{Folded, Live, Snapshot, Writer, lock, lock_store_dir};
 use crate::error::{Error, Result};
+use crate::pace::Pace;
 
 /// Per table, the rows a compaction folds: `(row, encoded bytes)`.
 type Changed = Vec<Vec<(u64, Box<[u8]>)>>;
@@ -165,10 +166,7 @@ pub(crate) fn spawn<T: Send + Sync + 'static>(
 /// interrupted compaction left unnamed are removed. Returns the table files earlier
 /// compactions replaced, for this writer's first compaction to remove.
 pub(crate) fn prepare_dir(dir: &std::path::Path, opened: &Manifest) -> Result<Vec<String>> {
-    let _dir = files::lock_dir(dir, true).map_err(|e| FormatError::Io {
-        path: dir.to_owned(),
-        source: e,
-    })?;
+    let _dir = lock_store_dir(dir)?;
     let reader = StoreReader::open(dir)?;
     let manifest = reader.manifest();
     if manifest.tables != opened.tables {
@@ -228,22 +226,10 @@ impl Live {
             return Ok(done);
         }
         // the directory's short lock: no attach or gc while the new files are unnamed
-        let dir = files::lock_dir(&self.dir, true).map_err(|e| FormatError::Io {
-            path: self.dir.clone(),
-            source: e,
-        })?;
+        let dir = lock_store_dir(&self.dir)?;
         let old = StoreReader::open(&self.dir)?;
         let mut manifest = old.manifest().clone();
-        let rate = w.compaction_rate;
-        let mut pace = |n: u64| {
-            done.bytes += n;
-            if rate > 0 {
-                let due = Duration::from_secs_f64(done.bytes as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(start.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-        };
+        let pace = Pace::new(w.compaction_rate);
         for (t, rows) in changed.iter().enumerate() {
             if rows.is_empty() {
                 continue;
@@ -252,7 +238,9 @@ impl Live {
             let file = format!("table-{t:04}.{c:016x}.nrt");
             let order = old.order(t).map(AsRef::as_ref);
             manifest.tables[t] =
-                rewrite_table(&self.dir, &old.tables()[t], order, &file, &rows, &mut pace)?;
+                rewrite_table(&self.dir, &old.tables()[t], order, &file, &rows, &mut |n| {
+                    pace.take(n)
+                })?;
             fail::fail_point!("compact::table", |_| std::process::abort());
         }
         manifest.lsn = Some(c);
@@ -268,6 +256,7 @@ impl Live {
         // the files this compaction replaced stay until the next one (a reader in another
         // process one compaction behind may still open them); the previous ones go now
         w.retire(&self.dir, unnamed(old.manifest(), &manifest));
+        done.bytes = pace.bytes();
         done.tables = changed.iter().filter(|r| !r.is_empty()).count();
         done.rows = changed.iter().map(|r| r.len() as u64).sum();
         done.seconds = start.elapsed().as_secs_f64();
@@ -309,17 +298,8 @@ pub(crate) fn follow(live: &Live) -> Result<()> {
             ));
         }
         let engine = Arc::new(Engine::from_reader(&reader, engine.config().clone(), None)?);
-        let deltas = vec![None; engine.tables().len()];
         drop(snap);
-        let next = Arc::new(Snapshot {
-            version: c,
-            base: c,
-            engine,
-            deltas,
-            folded: None,
-        });
-        lock(&live.published).push(Arc::downgrade(&next));
-        live.current.store(next);
+        live.publish(Snapshot::fresh(engine, c));
         live.replay(
             &records
                 .into_iter()
@@ -393,7 +373,7 @@ pub(super) fn rebase(
     unsafe { engine.rebase(reader, &rows)? };
     live.publishing(|| {
         let current = live.snapshot();
-        let next = Arc::new(Snapshot {
+        live.publish(Snapshot {
             version: current.version,
             base: c,
             engine: current.engine.clone(),
@@ -406,8 +386,6 @@ pub(super) fn rebase(
                     .collect(),
             })),
         });
-        lock(&live.published).push(Arc::downgrade(&next));
-        live.current.store(next);
     });
     wait_until(|| live.oldest_base() >= c, c, "base")?;
     live.publishing(|| {
@@ -477,17 +455,8 @@ const REMOVE_RATE: u64 = 1 << 30;
 /// Removes `files` of store `dir` a step at a time, at most `rate` bytes a second (see
 /// [`files::remove_gradually`]); what cannot be removed is left to the next writable open.
 pub(super) fn remove_paced(dir: &std::path::Path, files: &[String], rate: u64) {
-    let rate = if rate == 0 { REMOVE_RATE } else { rate };
-    let start = Instant::now();
-    let mut removed = 0u64;
-    let mut pace = |n: u64| {
-        removed += n;
-        let due = Duration::from_secs_f64(removed as f64 / rate as f64);
-        if let Some(wait) = due.checked_sub(start.elapsed()) {
-            std::thread::sleep(wait);
-        }
-    };
+    let pace = Pace::new(if rate == 0 { REMOVE_RATE } else { rate });
     for f in files {
-        let _ = files::remove_gradually(&dir.join(f), 16 << 20, &mut pace);
+        let _ = files::remove_gradually(&dir.join(f), 16 << 20, &mut |n| pace.take(n));
     }
 }

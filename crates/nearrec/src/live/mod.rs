@@ -53,6 +53,17 @@ pub(crate) struct Folded {
 }
 
 impl Snapshot {
+    /// Version `version` of tables that hold everything up to it: no delta.
+    fn fresh(engine: Arc<Engine>, version: u64) -> Self {
+        Self {
+            version,
+            base: version,
+            deltas: vec![None; engine.tables().len()],
+            engine,
+            folded: None,
+        }
+    }
+
     pub fn version(&self) -> u64 {
         self.version
     }
@@ -177,13 +188,7 @@ impl Live {
         let delta_rows = budget / (min_row + ENTRY_OVERHEAD);
         // the tables hold the log's records up to the manifest's position
         let base = manifest.lsn.unwrap_or(0);
-        let first = Arc::new(Snapshot {
-            version: base,
-            base,
-            deltas: vec![None; tables.len()],
-            engine,
-            folded: None,
-        });
+        let first = Arc::new(Snapshot::fresh(engine, base));
         let mut live = Self {
             dir: dir.to_owned(),
             compactions: CompactionStats::default(),
@@ -300,6 +305,14 @@ impl Live {
             .sum()
     }
 
+    /// Makes `next` the snapshot lookups take from now on (and one whose readers compactions
+    /// wait for).
+    fn publish(&self, next: Snapshot) {
+        let next = Arc::new(next);
+        lock(&self.published).push(Arc::downgrade(&next));
+        self.current.store(next);
+    }
+
     /// Applies `records` in order, up to the first that changes the tables: that one is the
     /// writer's to publish (a reader moves past it when the manifest shows it, on refresh).
     fn replay(&self, records: &[Record]) -> Result<()> {
@@ -345,15 +358,13 @@ impl Live {
                 }
             }
         }
-        let next = Arc::new(Snapshot {
+        self.publish(Snapshot {
             version: r.lsn,
             base: current.base,
             engine: current.engine.clone(),
             deltas,
             folded: current.folded.clone(),
         });
-        lock(&self.published).push(Arc::downgrade(&next));
-        self.current.store(next);
         Ok(())
     }
 
@@ -575,6 +586,18 @@ impl Drop for Live {
             w.signal.stop();
         }
     }
+}
+
+/// The store directory's short lock, held while its manifest changes (attach and gc take it
+/// too); waits for it.
+fn lock_store_dir(dir: &Path) -> Result<Option<File>> {
+    files::lock_dir(dir, true).map_err(|source| {
+        FormatError::Io {
+            path: dir.to_owned(),
+            source,
+        }
+        .into()
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

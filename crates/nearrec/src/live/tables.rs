@@ -19,11 +19,11 @@ use std::sync::Arc;
 
 use nearrec_format::wal::{Init, Op, Record};
 use nearrec_format::{
-    DType, FormatError, StoreReader, TableMeta, TableSpec, UniformInit, files, write_table,
+    DType, FormatError, StoreReader, TableMeta, TableSpec, UniformInit, write_table,
 };
 
 use super::compact::unnamed;
-use super::{Live, Snapshot, Writer, lock};
+use super::{Live, Snapshot, Writer, lock, lock_store_dir};
 use crate::error::{Error, Result};
 
 impl Live {
@@ -150,10 +150,7 @@ fn publish(
     lsn: u64,
     created: Option<TableMeta>,
 ) -> Result<()> {
-    let dir = files::lock_dir(&live.dir, true).map_err(|e| FormatError::Io {
-        path: live.dir.clone(),
-        source: e,
-    })?;
+    let dir = lock_store_dir(&live.dir)?;
     let old = StoreReader::open(&live.dir)?;
     let mut manifest = old.manifest().clone();
     match (op, created) {
@@ -183,15 +180,13 @@ fn publish(
         .collect();
     drop(current);
     live.publishing(|| {
-        let next = Arc::new(Snapshot {
+        live.publish(Snapshot {
             version: lsn,
             base: lsn,
             engine,
             deltas,
             folded: None,
         });
-        lock(&live.published).push(Arc::downgrade(&next));
-        live.current.store(next);
     });
     if let Some(w) = w {
         *lock(&w.applied) = lsn;
