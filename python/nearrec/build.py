@@ -163,12 +163,7 @@ def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
     _check_dtype(dtype)
     block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     if isinstance(state_dict, str | os.PathLike):
-        file = regular_file(state_dict, "the state dict file")
-        try:
-            state_dict = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
-        except Exception as e:  # torch raises RuntimeError, pickle's errors, EOFError, ...
-            raise InvalidRequest(f"{file!r} is not a loadable state dict (torch.save of a "
-                                 f"dict of tensors): {type(e).__name__}: {e}") from None
+        state_dict = _load_state_dict(regular_file(state_dict, "the state dict file"))
     if not isinstance(state_dict, Mapping):
         raise InvalidRequest(f"a state dict is a mapping from names to tensors (or a .pt file), "
                              f"not {type(state_dict).__name__}")
@@ -263,13 +258,7 @@ def update(store: Store, source: Any, *, tolerance: float = 0.0,
         if file.endswith(".npz"):
             source = _npz_tables(file)
         else:
-            import torch
-
-            try:
-                source = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
-            except Exception as e:  # torch raises RuntimeError, pickle's errors, EOFError, ...
-                raise InvalidRequest(f"{file!r} is neither an .npz of tables nor a loadable "
-                                     f"state dict: {type(e).__name__}: {e}") from None
+            source = _load_state_dict(file, "neither an .npz of tables nor a loadable state dict")
     if not isinstance(source, Mapping):
         raise InvalidRequest(f"an update comes from an .npz or .pt file, a state dict, a module "
                              f"or a mapping of tables, not {type(source).__name__}")
@@ -289,6 +278,17 @@ def update(store: Store, source: Any, *, tolerance: float = 0.0,
                 value = value.detach().cpu().numpy()
             done[name] = store.sync_table(name, value, tolerance=tolerance)
     return done
+
+
+def _load_state_dict(file: str, what: str = "not a loadable state dict (torch.save of a dict "
+                     "of tensors)") -> Any:
+    """A saved state dict, memory-mapped; anything torch cannot load is ``{file} is {what}``."""
+    import torch
+
+    try:
+        return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, pickle's errors, EOFError, ...
+        raise InvalidRequest(f"{file!r} is {what}: {type(e).__name__}: {e}") from None
 
 
 def _npz_tables(file: str) -> dict[str, Any]:

@@ -260,9 +260,9 @@ def _paced_writes(store: Any, rows: dict[str, int], calls_per_s: float, stop: th
                   seed: int) -> Callable[[], int]:
     """A thread writing 64-row calls (sync) at ``calls_per_s``, open-loop; returns a function
     that joins it and gives the rows written."""
-    done = [0]
 
-    def run() -> None:
+    def run() -> int:
+        done = 0
         rng = np.random.default_rng(seed)
         names = list(rows)
         values = {n: rng.standard_normal((64, ROW_DIMS[int(n[1:])]), dtype=np.float32)
@@ -276,17 +276,11 @@ def _paced_writes(store: Any, rows: dict[str, int], calls_per_s: float, stop: th
                 continue
             name = names[i % len(names)]
             store.write(name, rng.integers(0, rows[name], 64), values[name])
-            done[0] += 64
+            done += 64
             i += 1
+        return done
 
-    t = threading.Thread(target=run)
-    t.start()
-
-    def join() -> int:
-        t.join()
-        return done[0]
-
-    return join
+    return _spawn(run)
 
 
 def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
@@ -362,21 +356,14 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
 def _once(step: Callable[[], Any], after: float, stop: threading.Event) -> Callable[[], int]:
     """``step`` once, ``after`` seconds from now (unless ``stop`` comes first), on a thread;
     the join returns 1 if it ran."""
-    done = [0]
 
-    def run() -> None:
-        if not stop.wait(after):
-            step()
-            done[0] = 1
+    def run() -> int:
+        if stop.wait(after):
+            return 0
+        step()
+        return 1
 
-    t = threading.Thread(target=run)
-    t.start()
-
-    def join() -> int:
-        t.join()
-        return done[0]
-
-    return join
+    return _spawn(run)
 
 
 def _closed(store: Any, reqs: list[dict[str, Any]], seconds: float) -> int:
@@ -389,14 +376,25 @@ def _closed(store: Any, reqs: list[dict[str, Any]], seconds: float) -> int:
 
 def _background(step: Callable[[], Any], stop: threading.Event) -> Callable[[], int]:
     """``step`` run again and again on a thread until ``stop``; the join returns the count."""
-    done = [0]
 
-    def run() -> None:
+    def run() -> int:
+        done = 0
         while not stop.is_set():
             step()
-            done[0] += 1
+            done += 1
+        return done
 
-    t = threading.Thread(target=run)
+    return _spawn(run)
+
+
+def _spawn(run: Callable[[], int]) -> Callable[[], int]:
+    """``run`` on a thread of its own; returns a function that joins it and gives its count."""
+    done = [0]
+
+    def body() -> None:
+        done[0] = run()
+
+    t = threading.Thread(target=body)
     t.start()
 
     def join() -> int:

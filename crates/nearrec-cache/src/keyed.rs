@@ -383,7 +383,7 @@ impl KeyedTable {
         let mut fresh: Vec<i64> = keys
             .iter()
             .copied()
-            .filter(|&k| !self.holds_slot(k))
+            .filter(|&k| self.slot_of(k).is_none())
             .collect();
         fresh.sort_unstable();
         fresh.dedup();
@@ -406,25 +406,15 @@ impl KeyedTable {
     pub fn remove(&self, keys: &[i64]) -> u64 {
         let mut removed = 0;
         for &key in keys {
-            let mut i = self.home(key);
-            loop {
-                let slot = &self.slots[i];
-                match slot.state.load(Acquire) {
-                    EMPTY => break,
-                    READY if slot.key.load(Relaxed) == key => {
-                        if slot
-                            .state
-                            .compare_exchange(READY, DELETED, AcqRel, Relaxed)
-                            .is_ok()
-                        {
-                            self.deleted.fetch_add(1, Relaxed);
-                            removed += 1;
-                            break;
-                        }
+            while let Some(slot) = self.slot_of(key) {
+                match slot.state.compare_exchange(READY, DELETED, AcqRel, Relaxed) {
+                    Ok(_) => {
+                        self.deleted.fetch_add(1, Relaxed);
+                        removed += 1;
+                        break;
                     }
-                    DELETED if slot.key.load(Relaxed) == key => break,
-                    READY | DELETED => i = (i + 1) & self.mask,
-                    _ => std::hint::spin_loop(),
+                    Err(DELETED) => break,
+                    Err(_) => std::hint::spin_loop(), // being written: look again
                 }
             }
         }
@@ -434,14 +424,15 @@ impl KeyedTable {
         removed
     }
 
-    /// Whether `key` has a slot (held or deleted): writing it takes no new row.
-    fn holds_slot(&self, key: i64) -> bool {
+    /// The slot of `key`, held or deleted (a deleted key keeps its slot and row for its next
+    /// write); waits out a slot being written.
+    fn slot_of(&self, key: i64) -> Option<&Slot> {
         let mut i = self.home(key);
         loop {
             let slot = &self.slots[i];
             match slot.state.load(Acquire) {
-                EMPTY => return false,
-                READY | DELETED if slot.key.load(Relaxed) == key => return true,
+                EMPTY => return None,
+                READY | DELETED if slot.key.load(Relaxed) == key => return Some(slot),
                 READY | DELETED => i = (i + 1) & self.mask,
                 _ => std::hint::spin_loop(),
             }
