@@ -175,6 +175,17 @@ mod tests {
     use super::*;
     use crate::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
 
+    /// A store of one table `t`, 10 rows of 4 ones.
+    fn small_store(dir: &Path) -> std::path::PathBuf {
+        let store = dir.join("s");
+        let mut w = StoreWriter::create(&store, StoreOptions::default()).unwrap();
+        let mut t = w.table(TableSpec::new("t", 10, 4, DType::Fp32)).unwrap();
+        t.write_with(10, |_, out| out.fill(1.0)).unwrap();
+        w.finish_table(t).unwrap();
+        w.commit().unwrap();
+        store
+    }
+
     #[test]
     fn a_rewritten_table_has_the_new_rows_and_checks() {
         let dir = tempfile::tempdir().unwrap();
@@ -237,12 +248,7 @@ mod tests {
     #[test]
     fn a_new_table_joins_a_store() {
         let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("s");
-        let mut w = StoreWriter::create(&store, StoreOptions::default()).unwrap();
-        let mut t = w.table(TableSpec::new("t", 10, 4, DType::Fp32)).unwrap();
-        t.write_with(10, |_, out| out.fill(1.0)).unwrap();
-        w.finish_table(t).unwrap();
-        w.commit().unwrap();
+        let store = small_store(dir.path());
         let spec = TableSpec::new("new", 300, 8, DType::Int8);
         let meta = write_table(&store, "table-0001.0000000000000003.nrt", spec, |r, out| {
             out.fill(r as f32 * 0.5)
@@ -265,12 +271,7 @@ mod tests {
     #[test]
     fn rows_outside_the_table_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("s");
-        let mut w = StoreWriter::create(&store, StoreOptions::default()).unwrap();
-        let mut t = w.table(TableSpec::new("t", 10, 4, DType::Fp32)).unwrap();
-        t.write_with(10, |_, out| out.fill(1.0)).unwrap();
-        w.finish_table(t).unwrap();
-        w.commit().unwrap();
+        let store = small_store(dir.path());
         let meta = StoreReader::open(&store).unwrap().tables()[0].clone();
         let row = [0u8; 16];
         let err = rewrite_table(

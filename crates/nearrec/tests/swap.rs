@@ -27,6 +27,11 @@ fn make_store(dir: &Path, name: &str, sign: f32) -> PathBuf {
     path
 }
 
+/// Two versions of one store: `v1` (row `r` is `r`) and `v2` (row `r` is `-r`).
+fn two_versions(dir: &Path) -> (PathBuf, PathBuf) {
+    (make_store(dir, "v1", 1.0), make_store(dir, "v2", -1.0))
+}
+
 fn config(toml: &str) -> StoreConfig {
     StoreConfig::from_toml(toml).unwrap()
 }
@@ -52,10 +57,7 @@ fn both(s: &Store, ids: &[i64]) -> nearrec::Result<Vec<f32>> {
 fn a_swapped_store_serves_the_next_lookup() {
     for tier in TIERS {
         let dir = tempfile::tempdir().unwrap();
-        let (v1, v2) = (
-            make_store(dir.path(), "v1", 1.0),
-            make_store(dir.path(), "v2", -1.0),
-        );
+        let (v1, v2) = two_versions(dir.path());
         let s = Store::open(&v1, &config(tier)).unwrap();
         assert_eq!(
             both(&s, &[5]).unwrap(),
@@ -102,10 +104,7 @@ fn a_swapped_store_serves_the_next_lookup() {
 fn no_lookup_fails_or_mixes_versions_across_swaps() {
     for tier in TIERS {
         let dir = tempfile::tempdir().unwrap();
-        let (v1, v2) = (
-            make_store(dir.path(), "v1", 1.0),
-            make_store(dir.path(), "v2", -1.0),
-        );
+        let (v1, v2) = two_versions(dir.path());
         let s = Store::open(&v1, &config(tier)).unwrap();
         let done = Arc::new(AtomicBool::new(false));
         let readers: Vec<_> = (0..3)
@@ -148,10 +147,7 @@ fn no_lookup_fails_or_mixes_versions_across_swaps() {
 #[test]
 fn warm_swaps_start_with_the_old_working_set() {
     let dir = tempfile::tempdir().unwrap();
-    let (v1, v2) = (
-        make_store(dir.path(), "v1", 1.0),
-        make_store(dir.path(), "v2", -1.0),
-    );
+    let (v1, v2) = two_versions(dir.path());
     let c = config("tier = \"ssd\"\ndram_budget = \"256KiB\"\ncache_policy = \"lru\"");
     let hot: Vec<i64> = (0..200).map(|i| i * 13).collect();
     for warm in [false, true] {
@@ -176,10 +172,7 @@ fn warm_swaps_start_with_the_old_working_set() {
 #[test]
 fn a_writable_store_takes_the_new_stores_lock_and_log() {
     let dir = tempfile::tempdir().unwrap();
-    let (v1, v2) = (
-        make_store(dir.path(), "v1", 1.0),
-        make_store(dir.path(), "v2", -1.0),
-    );
+    let (v1, v2) = two_versions(dir.path());
     let mut c = config("tier = \"dram\"");
     c.writable = true;
     let s = Store::open(&v1, &c).unwrap();
