@@ -4,32 +4,37 @@
 //! entry in `(b, v]`, or the base row when there is none.
 //!
 //! One writer inserts; any number of readers look up. The entries sit in a sharded map under
-//! `RwLock`s, and a **counting filter** in front of it answers "certainly not in the delta" for
-//! almost every row with one relaxed byte load, so a lookup takes a shard's lock only for rows
-//! that may have been written. An entry superseded by a newer one is pruned once no reader at an
-//! older version is left (the caller says which is the oldest), so a reader's row is never
-//! freed under it.
+//! `RwLock`s, and a **filter** in front of it answers "certainly not in the delta" for almost
+//! every row with one relaxed load, so a lookup takes a shard's lock only for rows that may have
+//! been written. The filter is a bit per row when the table is at most eight times the rows the
+//! delta is sized for (exact, and small enough to stay in the CPU's caches: every lookup of a
+//! live table reads it), else a bit per hashed slot; each word of it belongs to one shard, which
+//! sets its bits on insert and recomputes them when rows leave it. An entry superseded by a newer
+//! one is pruned once no reader at an older version is left (the caller says which is the
+//! oldest), so a reader's row is never freed under it.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::ops::Range;
-use std::sync::atomic::AtomicU8;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use nearrec_kernels::RowPatch;
+use nearrec_kernels::{RowHasher, RowPatch};
 
 use crate::request::Indices;
 
 /// Bytes a delta entry costs beside its row (map slot, version, box): what the budget counts.
 pub const ENTRY_OVERHEAD: u64 = 48;
 const SHARDS: usize = 64;
-/// The filter's slots: 8 per row the delta is sized for, within these bounds.
-const MIN_SLOTS: usize = 1 << 12;
-const MAX_SLOTS: usize = 1 << 24;
+/// Filter bits per row the delta is sized for (a hashed filter's false positives: about 1 in 8
+/// when the delta is full), and the most bits a hashed filter has.
+const BITS_PER_ROW: u64 = 8;
+const MAX_HASHED_BITS: u64 = 1 << 30;
 
 /// A row's entries, oldest first: `(version, Some(encoded row) | None = removed)`.
 type Entries = Vec<(u64, Option<Box<[u8]>>)>;
+type Shard = HashMap<u64, Entries, BuildHasherDefault<RowHasher>>;
 
 /// What a delta holds for a row at a version.
 #[derive(Debug, PartialEq, Eq)]
@@ -44,10 +49,8 @@ pub enum DeltaRow<R> {
 #[derive(Debug)]
 pub struct TableDelta {
     row_bytes: usize,
-    shards: Box<[RwLock<HashMap<u64, Entries>>]>,
-    /// Per slot, how many rows with entries hash to it; saturated counters stay saturated
-    /// (they only cost false positives).
-    filter: Box<[AtomicU8]>,
+    shards: Box<[RwLock<Shard>]>,
+    filter: Filter,
     /// Rows with at least one entry, and entries.
     rows: AtomicU64,
     entries: AtomicU64,
@@ -63,17 +66,85 @@ fn mix(x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// The filter in front of a delta's map (see the module docs): bit `slot(row)` is set while
+/// `row` has entries (and may be set for rows that share its slot).
+#[derive(Debug)]
+struct Filter {
+    words: Box<[AtomicU64]>,
+    /// `None`: a bit per row; `Some(mask)`: a bit per hashed slot, `mix(row) & mask`.
+    hashed: Option<u64>,
+}
+
+impl Filter {
+    fn new(rows: u64, capacity: u64) -> Self {
+        let want = capacity.saturating_mul(BITS_PER_ROW);
+        let (bits, hashed) = if rows <= want {
+            (rows, None)
+        } else {
+            let bits = want.clamp(1 << 15, MAX_HASHED_BITS).next_power_of_two();
+            (bits, Some(bits - 1))
+        };
+        let words = usize::try_from(bits.div_ceil(64)).expect("a filter that fits in memory");
+        Self {
+            words: (0..words.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            hashed,
+        }
+    }
+
+    #[inline(always)]
+    fn slot(&self, row: u64) -> u64 {
+        match self.hashed {
+            None => row,
+            Some(mask) => mix(row) & mask,
+        }
+    }
+
+    #[inline(always)]
+    fn word(&self, row: u64) -> usize {
+        // rows past the table (refused by the caller) share the last word
+        ((self.slot(row) / 64) as usize).min(self.words.len() - 1)
+    }
+
+    #[inline(always)]
+    fn get(&self, row: u64) -> bool {
+        let bit = 1 << (self.slot(row) % 64);
+        self.words[self.word(row)].load(Relaxed) & bit != 0
+    }
+
+    /// Sets `row`'s bit; called under the lock of the shard that owns its word.
+    fn set(&self, row: u64) {
+        self.words[self.word(row)].fetch_or(1 << (self.slot(row) % 64), Release);
+    }
+
+    /// After rows `left` left a shard that still holds `kept` (its lock held): the words of the
+    /// rows that left, recomputed from the rows kept. A word belongs to one shard, so the store
+    /// clears only bits of rows that left — a row kept never reads as absent, not even for an
+    /// instant.
+    fn recompute(&self, left: Vec<u64>, kept: impl Iterator<Item = u64>) {
+        if left.is_empty() {
+            return;
+        }
+        let mut words: HashMap<usize, u64, BuildHasherDefault<RowHasher>> =
+            left.iter().map(|&row| (self.word(row), 0)).collect();
+        for row in kept {
+            if let Some(w) = words.get_mut(&self.word(row)) {
+                *w |= 1 << (self.slot(row) % 64);
+            }
+        }
+        for (w, bits) in words {
+            self.words[w].store(bits, Release);
+        }
+    }
+}
+
 impl TableDelta {
-    /// A delta for rows of `row_bytes` bytes, its filter sized for `rows` rows in the delta.
-    pub fn new(row_bytes: usize, rows: u64) -> Self {
-        let slots = usize::try_from(rows.saturating_mul(8))
-            .unwrap_or(MAX_SLOTS)
-            .clamp(MIN_SLOTS, MAX_SLOTS)
-            .next_power_of_two();
+    /// A delta for a table of `rows` rows of `row_bytes` bytes, its filter sized for `capacity`
+    /// rows in the delta.
+    pub fn new(row_bytes: usize, rows: u64, capacity: u64) -> Self {
         Self {
             row_bytes,
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
-            filter: (0..slots).map(|_| AtomicU8::new(0)).collect(),
+            filter: Filter::new(rows, capacity),
             rows: AtomicU64::new(0),
             entries: AtomicU64::new(0),
             served: AtomicU64::new(0),
@@ -106,21 +177,18 @@ impl TableDelta {
         self.entries.load(Relaxed) * (self.row_bytes as u64 + ENTRY_OVERHEAD)
     }
 
-    fn slot(&self, row: u64) -> usize {
-        (mix(row) as usize) & (self.filter.len() - 1)
-    }
-
+    /// The shard of `row`: the one that owns its filter word.
     fn shard(&self, row: u64) -> usize {
-        (mix(row) >> 58) as usize % SHARDS
+        (mix(self.filter.word(row) as u64) >> 58) as usize % SHARDS
     }
 
-    fn read(&self, row: u64) -> RwLockReadGuard<'_, HashMap<u64, Entries>> {
+    fn read(&self, row: u64) -> RwLockReadGuard<'_, Shard> {
         self.shards[self.shard(row)]
             .read()
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self, row: u64) -> RwLockWriteGuard<'_, HashMap<u64, Entries>> {
+    fn write(&self, row: u64) -> RwLockWriteGuard<'_, Shard> {
         self.shards[self.shard(row)]
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -129,7 +197,7 @@ impl TableDelta {
     /// Whether `row` may have entries (false: certainly not).
     #[inline]
     pub fn may_hold(&self, row: u64) -> bool {
-        self.filter[self.slot(row)].load(Relaxed) != 0
+        self.filter.get(row)
     }
 
     /// The newest entry of `row` made after `base` and at or before `version`, handed to `read`;
@@ -172,9 +240,7 @@ impl TableDelta {
         entries.push((version, value.map(Box::from)));
         let pruned = prune(entries, oldest);
         if fresh {
-            // saturated counters stay saturated (they only cost false positives)
-            let _ =
-                self.filter[self.slot(row)].fetch_update(Release, Relaxed, |c| c.checked_add(1));
+            self.filter.set(row);
             self.rows.fetch_add(1, Relaxed);
         }
         let change = 1 - pruned as i64;
@@ -199,6 +265,7 @@ impl TableDelta {
         let mut rows_gone = 0u64;
         for shard in self.shards.iter() {
             let mut shard = shard.write().unwrap_or_else(|p| p.into_inner());
+            let mut left = Vec::new();
             shard.retain(|&row, entries| {
                 gone += prune(entries, oldest) as u64;
                 if oldest_base >= base {
@@ -207,17 +274,12 @@ impl TableDelta {
                     gone += (before - entries.len()) as u64;
                 }
                 if entries.is_empty() {
-                    // a compaction folds while the writer inserts: counters change atomically
-                    let counter = &self.filter[(mix(row) as usize) & (self.filter.len() - 1)];
-                    let _ = counter.fetch_update(Release, Relaxed, |c| {
-                        (c < u8::MAX).then(|| c.saturating_sub(1))
-                    });
-                    rows_gone += 1;
-                    false
-                } else {
-                    true
+                    left.push(row);
                 }
+                !entries.is_empty()
             });
+            rows_gone += left.len() as u64;
+            self.filter.recompute(left, shard.keys().copied());
         }
         self.rows.fetch_sub(rows_gone, Relaxed);
         self.entries.fetch_sub(gone, Relaxed);
@@ -354,7 +416,7 @@ mod tests {
 
     #[test]
     fn a_reader_sees_the_newest_entry_of_its_version() {
-        let d = TableDelta::new(4, 100);
+        let d = TableDelta::new(4, 100, 100);
         assert!(d.is_empty());
         d.insert(3, 7, Some(&row(1)), 0);
         d.insert(5, 7, None, 0);
@@ -371,7 +433,7 @@ mod tests {
 
     #[test]
     fn entries_no_reader_sees_are_pruned() {
-        let d = TableDelta::new(4, 100);
+        let d = TableDelta::new(4, 100, 100);
         d.insert(1, 7, Some(&row(1)), 0);
         d.insert(2, 7, Some(&row(2)), 0);
         // the oldest reader is at 2: version 1's entry is invisible to everyone
@@ -393,8 +455,9 @@ mod tests {
         /// A reader starts (kept until a later `End`).
         Begin,
         End(prop::sample::Index),
-        /// Compaction moves the base to the current version.
-        Compact,
+        /// Compaction moves the base forward, up to the current version (a compaction folds
+        /// what was written before it started; the writer goes on meanwhile).
+        Compact(prop::sample::Index),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -402,7 +465,7 @@ mod tests {
             4 => (0u64..12, any::<Option<u8>>()).prop_map(|(r, b)| Step::Write(r, b)),
             2 => Just(Step::Begin),
             2 => any::<prop::sample::Index>().prop_map(Step::End),
-            1 => Just(Step::Compact),
+            1 => any::<prop::sample::Index>().prop_map(Step::Compact),
         ]
     }
 
@@ -411,8 +474,15 @@ mod tests {
         /// every row's full history: every live reader reads, for every row, exactly what the
         /// model says it saw at its version, and nothing a reader could see is ever pruned.
         #[test]
-        fn the_delta_matches_a_full_history(steps in prop::collection::vec(step(), 1..80)) {
-            let d = TableDelta::new(4, 16);
+        fn the_delta_matches_a_full_history(
+            steps in prop::collection::vec(step(), 1..80),
+            hashed in any::<bool>(),
+        ) {
+            // a bit per row, or every row in one word of 64 hashed slots (rows share bits)
+            let mut d = TableDelta::new(4, 16, 16);
+            if hashed {
+                d.filter = Filter { words: Box::new([AtomicU64::new(0)]), hashed: Some(63) };
+            }
             let mut history: Vec<(u64, u64, Option<u8>)> = Vec::new(); // (version, row, value)
             let mut version = 0u64;
             let mut base = 0u64;
@@ -436,8 +506,8 @@ mod tests {
                         readers.remove(i.index(readers.len()));
                     }
                     Step::End(_) => {}
-                    Step::Compact => {
-                        base = version;
+                    Step::Compact(to) => {
+                        base += to.index((version - base + 1) as usize) as u64;
                         d.fold(base, oldest(&readers, version), oldest_base(&readers, base));
                     }
                 }

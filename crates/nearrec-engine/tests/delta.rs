@@ -203,7 +203,7 @@ proptest! {
             .collect();
         let deltas: Vec<Option<Arc<TableDelta>>> = TABLES
             .iter()
-            .map(|&(_, dim, dtype)| Some(Arc::new(TableDelta::new(dtype.row_bytes(dim) as usize, 64))))
+            .map(|&(_, dim, dtype)| Some(Arc::new(TableDelta::new(dtype.row_bytes(dim) as usize, ROWS, 64))))
             .collect();
         let mut history: History = vec![BTreeMap::new(); TABLES.len()];
         let mut version = 0u64;

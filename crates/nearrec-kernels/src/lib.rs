@@ -14,6 +14,6 @@ mod table;
 
 pub use fast::{pool_bags, prefetch_row};
 pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
-pub use patch::RowPatch;
+pub use patch::{RowHasher, RowPatch};
 pub use patched::pool_bags_patched;
 pub use table::TableView;

@@ -92,7 +92,7 @@ impl RowPatch {
 }
 
 /// A row id mixed into a hash (splitmix64's finaliser): ids are often dense and sequential.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct RowHasher(u64);
 
 impl Hasher for RowHasher {

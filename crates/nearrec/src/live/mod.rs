@@ -334,7 +334,8 @@ impl Live {
             let delta = deltas[id].get_or_insert_with(|| {
                 Arc::new(TableDelta::new(
                     meta.row_bytes as usize,
-                    self.delta_rows.min(meta.rows),
+                    meta.rows,
+                    self.delta_rows,
                 ))
             });
             match op {
