@@ -20,7 +20,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use nearrec_kernels::{RowHasher, RowPatch};
+use nearrec_kernels::{RowHasher, RowPatch, prefetch_row};
+use smallvec::SmallVec;
 
 use crate::request::Indices;
 
@@ -32,8 +33,9 @@ const SHARDS: usize = 64;
 const BITS_PER_ROW: u64 = 8;
 const MAX_HASHED_BITS: u64 = 1 << 30;
 
-/// A row's entries, oldest first: `(version, Some(encoded row) | None = removed)`.
-type Entries = Vec<(u64, Option<Box<[u8]>>)>;
+/// A row's entries, oldest first: `(version, Some(encoded row) | None = removed)`. Most rows
+/// have one, kept in the map's slot: a lookup reads the slot, then the row.
+type Entries = SmallVec<[(u64, Option<Box<[u8]>>); 1]>;
 type Shard = HashMap<u64, Entries, BuildHasherDefault<RowHasher>>;
 
 /// What a delta holds for a row at a version.
@@ -212,12 +214,7 @@ impl TableDelta {
         if !self.may_hold(row) {
             return None;
         }
-        let shard = self.read(row);
-        let (v, value) = shard.get(&row)?.iter().rev().find(|(v, _)| *v <= version)?;
-        if *v <= base {
-            return None;
-        }
-        Some(match value {
+        Some(match newest(&self.read(row), row, base, version)? {
             Some(bytes) => DeltaRow::Written(read(bytes)),
             None => DeltaRow::Removed,
         })
@@ -352,7 +349,12 @@ impl<'a> DeltaView<'a> {
     }
 
     /// The rows the delta holds for `indices[positions]` (ids in `0..rows`; others are left for
-    /// the caller to refuse), as a patch; `None` when it holds none of them.
+    /// the caller to refuse), as a patch with the positions that read them; `None` when it holds
+    /// none of them.
+    ///
+    /// The lookups the filter lets through are taken shard by shard, each shard's lock once: a
+    /// lock per lookup (an atomic read-modify-write each) kept the processor from overlapping
+    /// their cache misses.
     pub(crate) fn patch(
         &self,
         id: usize,
@@ -361,31 +363,57 @@ impl<'a> DeltaView<'a> {
         rows: u64,
     ) -> Option<RowPatch> {
         let d = self.table(id)?;
-        let mut patch = RowPatch::new(d.row_bytes());
-        for pos in positions {
-            let v = indices.get(pos);
-            if v < 0 || v as u64 >= rows || !d.may_hold(v as u64) {
-                continue;
+        let mut maybe: Vec<(usize, u64, usize)> = positions
+            .filter_map(|pos| {
+                let r = u64::try_from(indices.get(pos)).ok()?;
+                (r < rows && d.may_hold(r)).then(|| (d.shard(r), r, pos))
+            })
+            .collect();
+        if maybe.is_empty() {
+            return None;
+        }
+        // by shard, then row: a row read at several positions is looked up once
+        maybe.sort_unstable();
+        let distinct = 1 + maybe.windows(2).filter(|w| w[0].1 != w[1].1).count();
+        let mut patch = RowPatch::with_capacity(d.row_bytes(), distinct);
+        let mut read_at = Vec::with_capacity(maybe.len());
+        for group in maybe.chunk_by(|a, b| a.0 == b.0) {
+            let shard = d.shards[group[0].0]
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            // the entries first, each row asked for as it is found, then the rows copied: their
+            // cache misses overlap
+            let mut found = Vec::with_capacity(group.len());
+            for rows in group.chunk_by(|a, b| a.1 == b.1) {
+                let r = rows[0].1;
+                if let Some(bytes) = newest(&shard, r, self.base, self.version) {
+                    if let Some(b) = bytes {
+                        prefetch_row(b.as_ptr(), b.len());
+                    }
+                    found.push((r, bytes.as_deref()));
+                    read_at.extend(rows.iter().map(|&(_, _, pos)| pos));
+                }
             }
-            let r = v as u64;
-            if patch.contains(r) {
-                patch.read_at(pos);
-                continue;
+            for &(r, bytes) in &found {
+                patch.set(r, bytes);
             }
-            match d.get(r, self.base, self.version, |b| patch.set(r, Some(b))) {
-                Some(DeltaRow::Removed) => patch.set(r, None),
-                Some(DeltaRow::Written(())) => {}
-                None => continue,
-            }
-            patch.read_at(pos);
         }
         if patch.is_empty() {
             return None;
         }
+        read_at.sort_unstable();
+        patch.read_at(read_at);
         d.served.fetch_add(patch.len() as u64, Relaxed);
         d.removed_served.fetch_add(patch.removed(), Relaxed);
         Some(patch)
     }
+}
+
+/// The newest entry of `row` in `shard` made after `base` and at or before `version`: `Some`
+/// of its bytes (`None`: removed), or `None` when the base row stands.
+fn newest(shard: &Shard, row: u64, base: u64, version: u64) -> Option<&Option<Box<[u8]>>> {
+    let (v, value) = shard.get(&row)?.iter().rev().find(|(v, _)| *v <= version)?;
+    (*v > base).then_some(value)
 }
 
 /// Drops the entries of one row that no reader at `oldest` or later sees: all but the newest of

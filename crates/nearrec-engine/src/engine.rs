@@ -725,8 +725,7 @@ impl Engine {
             }
         }
         let bounds = &checked.bounds[b0..=b1];
-        // a task that reads rows written since the table's file pools the bags that read them
-        // from its patch on the reference kernel, the others on the fast one
+        // a task that reads rows written since the table's file pools them from its patch
         fn pool<I: RowIndex>(
             view: &TableView<'_>,
             job: &PoolJob<'_, I>,

@@ -6,11 +6,17 @@
 //! prefetched, so several cache misses are in flight across bags as well as within them; (3) the
 //! whole loop is compiled for AVX-512 and AVX2+FMA as well as the baseline and the best one is
 //! chosen at run time. Decoding (fp16 / bf16 / int8) happens in registers.
+//!
+//! A task with a [`RowPatch`] (a live store's rows written since the table's file) runs the same
+//! loop with a cursor over the positions that read a patched row: one compare per lookup, and the
+//! patch's row instead of the table's where they meet. A task without one compiles without the
+//! cursor.
 
 use multiversion::multiversion;
 use nearrec_format::DType;
 
 use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
+use crate::patch::RowPatch;
 use crate::table::TableView;
 
 /// Lookups between a prefetch and its use: enough to keep ~16 misses in flight per core.
@@ -26,17 +32,78 @@ pub fn pool_bags<I: RowIndex>(
     job: &PoolJob<'_, I>,
     out: &mut BagsOut<'_>,
 ) -> Result<(), IndexError> {
+    dispatch::<I, false>(table, job, out, Patched::NONE)
+}
+
+/// [`pool_bags`] with `patch`'s rows standing in for the table's (a live store's written and
+/// removed rows), at the positions the patch recorded ([`RowPatch::read_at`]) or, when it
+/// recorded none, wherever an index names a patched row.
+pub fn pool_bags_patched<I: RowIndex>(
+    table: &TableView<'_>,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+    patch: &RowPatch,
+) -> Result<(), IndexError> {
+    assert!(patch.is_empty() || patch.row_bytes() == table.row_bytes());
+    let found;
+    let at = if patch.read_positions().is_empty() {
+        let (lo, hi) = (job.bounds[0], job.bounds[job.bags()]);
+        found = (lo..hi)
+            .filter(|&p| u64::try_from(job.indices[p].to_i64()).is_ok_and(|r| patch.contains(r)))
+            .collect::<Vec<_>>();
+        &found[..]
+    } else {
+        patch.read_positions()
+    };
+    debug_assert!(at.is_sorted(), "positions recorded in ascending order");
+    dispatch::<I, true>(
+        table,
+        job,
+        out,
+        Patched {
+            patch: Some(patch),
+            at,
+        },
+    )
+}
+
+/// The rows that stand in for the table's, and the ascending positions that read them.
+#[derive(Clone, Copy)]
+struct Patched<'p> {
+    patch: Option<&'p RowPatch>,
+    at: &'p [usize],
+}
+
+impl<'p> Patched<'p> {
+    const NONE: Patched<'static> = Patched {
+        patch: None,
+        at: &[],
+    };
+
+    /// The positions from `start` on (what the walk from bag `start` follows).
+    #[inline(always)]
+    fn from(self, start: usize) -> &'p [usize] {
+        &self.at[self.at.partition_point(|&p| p < start)..]
+    }
+}
+
+fn dispatch<I: RowIndex, const PATCHED: bool>(
+    table: &TableView<'_>,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+    patched: Patched<'_>,
+) -> Result<(), IndexError> {
     debug_assert_eq!(out.bags(), job.bags());
     macro_rules! by_dim {
         ($dec:ty) => {
             match table.dim() {
-                8 => run::<I, $dec, 8>(table, job, out),
-                16 => run::<I, $dec, 16>(table, job, out),
-                32 => run::<I, $dec, 32>(table, job, out),
-                64 => run::<I, $dec, 64>(table, job, out),
-                128 => run::<I, $dec, 128>(table, job, out),
-                256 => run::<I, $dec, 256>(table, job, out),
-                _ => run::<I, $dec, 0>(table, job, out),
+                8 => run::<I, $dec, 8, PATCHED>(table, job, out, patched),
+                16 => run::<I, $dec, 16, PATCHED>(table, job, out, patched),
+                32 => run::<I, $dec, 32, PATCHED>(table, job, out, patched),
+                64 => run::<I, $dec, 64, PATCHED>(table, job, out, patched),
+                128 => run::<I, $dec, 128, PATCHED>(table, job, out, patched),
+                256 => run::<I, $dec, 256, PATCHED>(table, job, out, patched),
+                _ => run::<I, $dec, 0, PATCHED>(table, job, out, patched),
             }
         };
     }
@@ -249,24 +316,35 @@ pub fn prefetch_row(p: *const u8, row_bytes: usize) {
 }
 
 /// The bag loop for one (dtype, width). `D == 0` means "width known only at run time": the
-/// accumulator is then the output row itself.
+/// accumulator is then the output row itself. `PATCHED`: `patched` stands in for some rows.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn run<I: RowIndex, Dec: Decode, const D: usize>(
+fn run<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     out: &mut BagsOut<'_>,
+    patched: Patched<'_>,
 ) -> Result<(), IndexError> {
+    let mut at = if PATCHED {
+        patched.from(job.bounds[0])
+    } else {
+        &[]
+    };
     for b in 0..job.bags() {
         let (start, end) = (job.bounds[b], job.bounds[b + 1]);
+        let walk = Walk {
+            start,
+            end,
+            patch: patched.patch,
+        };
         if D == 0 {
             let dst = out.bag(b);
-            let count = accumulate::<I, Dec, D>(table, job, start, end, dst)?;
+            let count = accumulate::<I, Dec, D, PATCHED>(table, job, walk, &mut at, dst)?;
             finish(job.mode, count, dst);
         } else {
             // A fresh accumulator per bag: dead on the error path, so the compiler keeps it in
             // registers through the row loop instead of storing it back after every row.
             let mut fixed = [0f32; D];
-            let count = accumulate::<I, Dec, D>(table, job, start, end, &mut fixed)?;
+            let count = accumulate::<I, Dec, D, PATCHED>(table, job, walk, &mut at, &mut fixed)?;
             finish(job.mode, count, &mut fixed);
             out.bag(b).copy_from_slice(&fixed);
         }
@@ -274,13 +352,22 @@ fn run<I: RowIndex, Dec: Decode, const D: usize>(
     Ok(())
 }
 
-/// Reduces the rows of `indices[start..end]` into `acc`; returns how many were counted.
-#[inline(always)]
-fn accumulate<I: RowIndex, Dec: Decode, const D: usize>(
-    table: &TableView<'_>,
-    job: &PoolJob<'_, I>,
+/// One bag's walk: `indices[start..end]`, and the patch its patched positions read.
+#[derive(Clone, Copy)]
+struct Walk<'p> {
     start: usize,
     end: usize,
+    patch: Option<&'p RowPatch>,
+}
+
+/// Reduces the rows of the walk's bag into `acc`; returns how many were counted. `at`: the
+/// patched positions not yet walked (empty unless `PATCHED`).
+#[inline(always)]
+fn accumulate<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool>(
+    table: &TableView<'_>,
+    job: &PoolJob<'_, I>,
+    walk: Walk<'_>,
+    at: &mut &[usize],
     acc: &mut [f32],
 ) -> Result<usize, IndexError> {
     // One specialised loop per reduction and per padding / no padding, so the per-lookup body has
@@ -295,9 +382,9 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize>(
     macro_rules! walk {
         ($step:expr) => {
             if job.padding_idx.is_some() {
-                reduce::<I, true>(table, job, row_bytes, start, end, $step)
+                reduce::<I, true, PATCHED>(table, job, row_bytes, walk, at, $step)
             } else {
-                reduce::<I, false>(table, job, row_bytes, start, end, $step)
+                reduce::<I, false, PATCHED>(table, job, row_bytes, walk, at, $step)
             }
         };
     }
@@ -318,20 +405,22 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize>(
 }
 
 /// Walks one bag: range-checks each index, skips padding (when `PAD`), prefetches the row
-/// `PREFETCH_AHEAD` lookups ahead and hands each row (with its position) to `step`. Returns the
+/// `PREFETCH_AHEAD` lookups ahead and hands each row (with its position) to `step` — the
+/// patch's row at the next position of `at` (when `PATCHED`), else the table's. Returns the
 /// rows counted.
 ///
 /// The body is kept short on purpose: the loop is bound by memory latency, and the fewer
 /// instructions a lookup takes, the more lookups the out-of-order window holds in flight.
 #[inline(always)]
-fn reduce<I: RowIndex, const PAD: bool>(
+fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     row_bytes: usize,
-    start: usize,
-    end: usize,
+    walk: Walk<'_>,
+    at: &mut &[usize],
     mut step: impl FnMut(&[u8], usize),
 ) -> Result<usize, IndexError> {
+    let (start, end) = (walk.start, walk.end);
     let rows = table.rows();
     // Prefetch only within this job's indices.
     let prefetch_end = job.bounds[job.bags()]
@@ -351,6 +440,10 @@ fn reduce<I: RowIndex, const PAD: bool>(
             // reported when the loop reaches it.
             prefetch_row(table.row_addr(ahead as u64), row_bytes);
         }
+        let patched = PATCHED && at.first() == Some(&pos);
+        if patched {
+            *at = &at[1..];
+        }
         let value = ix.to_i64();
         // A negative index wraps to a huge u64, so one compare catches both cases.
         if value as u64 >= rows {
@@ -363,7 +456,16 @@ fn reduce<I: RowIndex, const PAD: bool>(
             skipped += 1;
             continue;
         }
-        step(table.row(value as u64), pos);
+        let row = if patched {
+            // a position recorded for a row the patch lacks reads the table (never stale: the
+            // patch holds every row that differs)
+            walk.patch
+                .and_then(|p| p.get(value as u64))
+                .unwrap_or_else(|| table.row(value as u64))
+        } else {
+            table.row(value as u64)
+        };
+        step(row, pos);
     }
     Ok(end - start - skipped)
 }

@@ -8,12 +8,10 @@
 mod fast;
 mod job;
 mod patch;
-mod patched;
 pub mod reference;
 mod table;
 
-pub use fast::{pool_bags, prefetch_row};
+pub use fast::{pool_bags, pool_bags_patched, prefetch_row};
 pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 pub use patch::{RowHasher, RowPatch};
-pub use patched::pool_bags_patched;
 pub use table::TableView;

@@ -21,25 +21,30 @@ pub struct RowPatch {
 
 impl RowPatch {
     pub fn new(row_bytes: usize) -> Self {
+        Self::with_capacity(row_bytes, 0)
+    }
+
+    /// A patch with room for `rows` rows (it grows past them).
+    pub fn with_capacity(row_bytes: usize, rows: usize) -> Self {
         Self {
             row_bytes,
-            at: HashMap::default(),
-            data: Vec::new(),
+            at: HashMap::with_capacity_and_hasher(rows, Default::default()),
+            data: Vec::with_capacity(rows * row_bytes),
             removed: 0,
             read_at: Vec::new(),
         }
     }
 
-    /// The positions recorded by [`Self::read_at`], in the order recorded.
+    /// The positions recorded by [`Self::read_at`].
     pub fn read_positions(&self) -> &[usize] {
         &self.read_at
     }
 
-    /// Records that the index at `position` (of the task's indices) reads a patched row: with
-    /// every such position recorded, the kernels find the bags to patch without a look-up per
-    /// index.
-    pub fn read_at(&mut self, position: usize) {
-        self.read_at.push(position);
+    /// Records the positions (ascending) of the task's indices that read a patched row: with
+    /// every such position recorded, the kernels find them without a look-up per index.
+    pub fn read_at(&mut self, positions: Vec<usize>) {
+        assert!(positions.is_sorted(), "positions in ascending order");
+        self.read_at = positions;
     }
 
     pub fn row_bytes(&self) -> usize {

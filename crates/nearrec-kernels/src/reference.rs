@@ -15,8 +15,7 @@ pub fn pool_bags<I: RowIndex>(
 }
 
 /// [`pool_bags`] with `patch`'s rows standing in for the table's (a live store's written and
-/// removed rows). Tasks with a patch are rare and take this path, so the fast kernels' row loop
-/// has no patch test in it.
+/// removed rows): the twin of [`crate::pool_bags_patched`].
 pub fn pool_bags_patched<I: RowIndex>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,

@@ -137,11 +137,10 @@ fn run_patched<I: RowIndex>(
         }
     }
     if record {
-        for (pos, i) in indices.iter().enumerate() {
-            if u64::try_from(i.to_i64()).is_ok_and(|r| patch.contains(r)) {
-                patch.read_at(pos);
-            }
-        }
+        let positions = (0..indices.len())
+            .filter(|&pos| u64::try_from(indices[pos].to_i64()).is_ok_and(|r| patch.contains(r)))
+            .collect();
+        patch.read_at(positions);
     }
     let view = TableView::new(buf.as_slice(), layout, c.dtype, c.dim).expect("view");
     let mut bounds = vec![0usize];
