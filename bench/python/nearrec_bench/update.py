@@ -14,6 +14,8 @@ cost the lookups served meanwhile.
 (c) Compaction's write rate against the disk's sequential write rate, measured in the run.
 (d) Acknowledgement to visible: from a write's return to the first lookup on another thread
     that sees it (RocksDB: a get).
+(e) What the delta costs a lookup: closed-loop batches/s on one thread, DRAM and SSD tiers, with
+    growing numbers of written rows not yet compacted.
 
 Every cell is repeated (``rounds``, conditions interleaved) and reported as the median with
 the spread of the rounds."""
@@ -57,13 +59,15 @@ class UpdateConfig:
     lookup_batch: int = 64
     lookup_pooling: int = 16
     visible_samples: int = 300
+    #: rows written (uniformly over both tables) and left in the delta for (e)
+    delta_rows: tuple[int, ...] = (0, 25_000, 100_000, 400_000)
     seed: int = 0
     scratch: Path = field(default_factory=lambda: Path("bench/scratch"))
 
     @classmethod
     def quick(cls) -> UpdateConfig:
         return cls(table_bytes=32 << 20, seconds=0.8, rounds=2, load_seconds=1.5,
-                   visible_samples=100)
+                   visible_samples=100, delta_rows=(0, 10_000, 50_000))
 
 
 def _median(xs: list[float]) -> float:
@@ -522,6 +526,55 @@ def _visible_one(system: str, write: Callable[[int, float], None],
                   extra={"samples": len(seen)})
 
 
+def _delta_cost(cfg: UpdateConfig, path: Path, rows: dict[str, int],
+                log: Callable[[str], None]) -> list[Record]:
+    """(e): closed-loop lookups on one thread with ``cfg.delta_rows`` rows written since the
+    last compaction (a delta budget that holds them all, so none is compacted meanwhile)."""
+    reqs = _requests(rows, cfg, 64)
+    total = sum(rows.values())
+    out = []
+    for tier in ("dram", "ssd"):
+        got: dict[int, list[tuple[float, float, float]]] = {n: [] for n in cfg.delta_rows}
+        for rnd in range(cfg.rounds):
+            store = nearrec.open(path, writable=True, tier=tier, durability="async",
+                                 dram_budget=cfg.table_bytes // 2, delta_budget=1 << 30)
+            store.compact()
+            _closed(store, reqs, cfg.seconds)  # warm: the SSD tier's row caches fill
+            rng, written = np.random.default_rng(cfg.seed + rnd), 0
+            for n in sorted(cfg.delta_rows):
+                while written < n:
+                    for name, r in rows.items():
+                        k = max(1, min(4096, n - written) * r // total)
+                        store.write(name, rng.integers(0, r, k),
+                                    rng.standard_normal((k, ROW_DIMS[int(name[1:])]),
+                                                        dtype=np.float32))
+                        written += k
+                for q in reqs[:8]:
+                    store.lookup_many(q)  # warm
+                lat: list[float] = []
+                stop = time.perf_counter() + cfg.seconds
+                while time.perf_counter() < stop:
+                    t = time.perf_counter()
+                    store.lookup_many(reqs[len(lat) % len(reqs)])
+                    lat.append(time.perf_counter() - t)
+                us = np.array(lat) * 1e6
+                got[n].append((len(lat) / cfg.seconds, float(np.percentile(us, 50)),
+                               float(np.percentile(us, 99))))
+                log(f"round {rnd}: tier {tier}, {store.live_stats()['delta_rows']:,.0f} rows "
+                    f"in the delta: {got[n][-1][0]:,.0f} batches/s")
+            store.compact()
+            del store
+        idle = _median([g[0] for g in got[0]]) if 0 in got else 0.0
+        for n, g in got.items():
+            rate = _median([x[0] for x in g])
+            out.append(Record("update-delta", tier, cfg.lookup_batch, f"{n} rows", "nearrec",
+                              rate, rate * cfg.lookup_batch * cfg.lookup_pooling * 2,
+                              _median([x[1] for x in g]), _median([x[2] for x in g]),
+                              extra={"delta_rows": n, "spread": _spread([x[0] for x in g]),
+                                     "vs_empty": rate / idle if idle else 0.0}))
+    return out
+
+
 def run(cfg: UpdateConfig, log: Callable[[str], None] = print) -> list[Record]:
     cfg.scratch.mkdir(parents=True, exist_ok=True)
     rows = {f"r{b}": cfg.table_bytes // b for b in ROW_DIMS}
@@ -537,6 +590,7 @@ def run(cfg: UpdateConfig, log: Callable[[str], None] = print) -> list[Record]:
     records += _under_load(cfg, path, twin, rows, max_rate, log)
     records += _compaction_rate(cfg, path, rows, log)
     records += _visible(cfg, path, rows, log)
+    records += _delta_cost(cfg, path, rows, log)
     for p in (path, twin):
         shutil.rmtree(p, ignore_errors=True)
     shutil.rmtree(cfg.scratch / "update-rocks", ignore_errors=True)
@@ -605,4 +659,14 @@ def markdown(records: list[Record], command: str) -> str:
     for r in records:
         if r.bench == "update-visible":
             lines.append(f"| {r.system} | {r.p50_us:,.1f} | {r.p99_us:,.1f} |")
+    lines += ["", "**(e) What the delta costs a lookup** (closed loop, one thread, the batches "
+              "of (b); rows written uniformly over both tables and not yet compacted; median of "
+              "rounds, ± half their range):", "",
+              "| tier | rows in the delta | batches/s | ÷ empty delta | p50 µs | p99 µs |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for r in records:
+        if r.bench == "update-delta":
+            lines.append(f"| {r.model} | {r.extra['delta_rows']:,} | {r.samples_per_s:,.0f} "
+                         f"±{100 * r.extra['spread']:.0f} % | {r.extra['vs_empty']:.2f}× | "
+                         f"{r.p50_us:,.0f} | {r.p99_us:,.0f} |")
     return "\n".join(lines) + "\n"
