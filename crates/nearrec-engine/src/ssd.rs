@@ -473,13 +473,26 @@ fn serve_patch(job: &SsdJob<'_>, r: &mut Routed, batch: usize, cells: &Cells) {
         return;
     };
     let row = &mut vec![0f32; job.meta.dim as usize][..];
-    r.entries.retain(|e| match patch.get(e.0) {
-        Some(bytes) => {
-            job.meta.dtype.decode_row(bytes, row);
-            pool_row(job, std::slice::from_ref(e), row, cells);
-            false
+    // entries and the patch's positions both ascend: a cursor finds the patched entries
+    // without a look-up per entry
+    let mut at = patch.read_positions();
+    r.entries.retain(|e| {
+        // positions before this entry's have no entry (padding)
+        while at.first().is_some_and(|&p| p < e.1) {
+            at = &at[1..];
         }
-        None => true,
+        if at.first() != Some(&e.1) {
+            return true;
+        }
+        at = &at[1..];
+        match patch.get(e.0) {
+            Some(bytes) => {
+                job.meta.dtype.decode_row(bytes, row);
+                pool_row(job, std::slice::from_ref(e), row, cells);
+                false
+            }
+            None => true,
+        }
     });
 }
 
