@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use nearrec_kernels::{RowHasher, RowPatch, prefetch_row};
+use nearrec_kernels::{RowHasher, RowPatch};
 use smallvec::SmallVec;
 
 use crate::request::Indices;
@@ -381,21 +381,12 @@ impl<'a> DeltaView<'a> {
             let shard = d.shards[group[0].0]
                 .read()
                 .unwrap_or_else(|p| p.into_inner());
-            // the entries first, each row asked for as it is found, then the rows copied: their
-            // cache misses overlap
-            let mut found = Vec::with_capacity(group.len());
             for rows in group.chunk_by(|a, b| a.1 == b.1) {
                 let r = rows[0].1;
                 if let Some(bytes) = newest(&shard, r, self.base, self.version) {
-                    if let Some(b) = bytes {
-                        prefetch_row(b.as_ptr(), b.len());
-                    }
-                    found.push((r, bytes.as_deref()));
+                    patch.set(r, bytes.as_deref());
                     read_at.extend(rows.iter().map(|&(_, _, pos)| pos));
                 }
-            }
-            for &(r, bytes) in &found {
-                patch.set(r, bytes);
             }
         }
         if patch.is_empty() {
