@@ -3,15 +3,21 @@
 //! a lookup at version `v` over a base that holds everything up to `b` reads, per row, the newest
 //! entry in `(b, v]`, or the base row when there is none.
 //!
-//! One writer inserts; any number of readers look up. The entries sit in a sharded map under
-//! `RwLock`s, and a **filter** in front of it answers "certainly not in the delta" for almost
-//! every row with one relaxed load, so a lookup takes a shard's lock only for rows that may have
-//! been written. The filter is a bit per row when the table is at most eight times the rows the
-//! delta is sized for (exact, and small enough to stay in the CPU's caches: every lookup of a
-//! live table reads it), else a bit per hashed slot; each word of it belongs to one shard, which
-//! sets its bits on insert and recomputes them when rows leave it. An entry superseded by a newer
-//! one is pruned once no reader at an older version is left (the caller says which is the
-//! oldest), so a reader's row is never freed under it.
+//! One writer inserts; any number of readers look up. The entries sit in shards under
+//! `RwLock`s, and a **filter** in front of them answers "certainly not in the delta" for almost
+//! every row with one relaxed load, so a lookup goes to a shard only for rows that may have been
+//! written. The filter is a bit per row when the table is at most eight times the rows the delta
+//! is sized for (exact, and small enough to stay in the CPU's caches: every lookup of a live
+//! table reads it), else a bit per hashed slot; each word of it belongs to one shard, which sets
+//! its bits on insert and recomputes them when rows leave it.
+//!
+//! A shard keeps its entries in two slabs — versions, and row bytes at a fixed stride — found
+//! through an open-addressing index, so where a row's entry lies is arithmetic: a batch of
+//! lookups prefetches the index slots ahead, then the entries, and their cache misses overlap
+//! (behind a hash map and a box per row they came one after another: a delta hit cost 3–4
+//! dependent misses). An entry superseded by a newer one is pruned once no reader at an older
+//! version is left (the caller says which is the oldest), so a reader's row is never freed
+//! under it; its slot is reused.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -20,23 +26,22 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use nearrec_kernels::{RowHasher, RowPatch};
-use smallvec::SmallVec;
+use nearrec_kernels::{RowHasher, RowPatch, prefetch_row};
 
 use crate::request::Indices;
 
-/// Bytes a delta entry costs beside its row (map slot, version, box): what the budget counts.
+/// Bytes a delta entry costs beside its row (its version and link, and the index's share, at
+/// most half full): what the budget counts.
 pub const ENTRY_OVERHEAD: u64 = 48;
 const SHARDS: usize = 64;
 /// Filter bits per row the delta is sized for (a hashed filter's false positives: about 1 in 8
 /// when the delta is full), and the most bits a hashed filter has.
 const BITS_PER_ROW: u64 = 8;
 const MAX_HASHED_BITS: u64 = 1 << 30;
-
-/// A row's entries, oldest first: `(version, Some(encoded row) | None = removed)`. Most rows
-/// have one, kept in the map's slot: a lookup reads the slot, then the row.
-type Entries = SmallVec<[(u64, Option<Box<[u8]>>); 1]>;
-type Shard = HashMap<u64, Entries, BuildHasherDefault<RowHasher>>;
+/// How many lookups ahead a batch prefetches a row's index slot.
+const AHEAD: usize = 8;
+/// No entry.
+const NONE: u32 = u32::MAX;
 
 /// What a delta holds for a row at a version.
 #[derive(Debug, PartialEq, Eq)]
@@ -139,6 +144,173 @@ impl Filter {
     }
 }
 
+/// An entry: the version that made it, the row's next older entry (`NONE`: none), and whether
+/// it removed the row (its bytes then unused).
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    version: u64,
+    older: u32,
+    removed: bool,
+}
+
+/// One shard's rows: entry `e` is `heads[e]` and the `row_bytes` at `bytes[e * row_bytes..]`;
+/// a row's entries are a chain from its newest (in the index) down `older` links.
+#[derive(Debug, Default)]
+struct Shard {
+    /// `(row, newest entry + 1)` at `mix(row)`, linear probing; `(_, 0)`: an empty slot. Its
+    /// length is zero or a power of two, and it is at most half full.
+    index: Vec<(u64, u32)>,
+    rows: usize,
+    heads: Vec<Head>,
+    bytes: Vec<u8>,
+    /// Entries pruned, for reuse.
+    free: Vec<u32>,
+}
+
+impl Shard {
+    /// Where `row`'s probe starts (the index is not empty).
+    #[inline(always)]
+    fn home(&self, row: u64) -> usize {
+        mix(row) as usize & (self.index.len() - 1)
+    }
+
+    /// Asks for the index line where `row`'s probe starts.
+    #[inline(always)]
+    fn prefetch_slot(&self, row: u64) {
+        if !self.index.is_empty() {
+            let slot = self.index.as_ptr().wrapping_add(self.home(row));
+            prefetch_row(slot.cast(), size_of::<(u64, u32)>());
+        }
+    }
+
+    /// Asks for entry `e`'s lines: its head and its row.
+    #[inline(always)]
+    fn prefetch_entry(&self, e: u32, row_bytes: usize) {
+        let e = e as usize;
+        prefetch_row(
+            self.heads.as_ptr().wrapping_add(e).cast(),
+            size_of::<Head>(),
+        );
+        prefetch_row(self.bytes.as_ptr().wrapping_add(e * row_bytes), row_bytes);
+    }
+
+    /// `row`'s index slot: the one holding it, or the empty one where it would go.
+    #[inline]
+    fn slot(&self, row: u64) -> usize {
+        let mask = self.index.len() - 1;
+        let mut at = self.home(row);
+        while self.index[at].1 != 0 && self.index[at].0 != row {
+            at = (at + 1) & mask;
+        }
+        at
+    }
+
+    /// `row`'s newest entry.
+    #[inline]
+    fn find(&self, row: u64) -> Option<u32> {
+        if self.index.is_empty() {
+            return None;
+        }
+        self.index[self.slot(row)].1.checked_sub(1)
+    }
+
+    /// The newest entry from `e` down its older ones made at or before `version`, when it was
+    /// made after `base`: `Some` of its row (`None`: removed), or `None` when the base row
+    /// stands.
+    fn visible(
+        &self,
+        mut e: u32,
+        base: u64,
+        version: u64,
+        row_bytes: usize,
+    ) -> Option<Option<&[u8]>> {
+        loop {
+            let h = self.heads[e as usize];
+            if h.version <= version {
+                let at = e as usize * row_bytes;
+                return (h.version > base)
+                    .then(|| (!h.removed).then(|| &self.bytes[at..at + row_bytes]));
+            }
+            if h.older == NONE {
+                return None;
+            }
+            e = h.older;
+        }
+    }
+
+    /// Every row and its newest entry, in no order.
+    fn rows(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.index
+            .iter()
+            .filter(|s| s.1 != 0)
+            .map(|&(row, e)| (row, e - 1))
+    }
+
+    /// Makes `row`'s newest entry `head`, older ones below it; returns its number.
+    fn push(&mut self, row_bytes: usize, row: u64, head: Head, value: Option<&[u8]>) -> u32 {
+        if (self.rows + 1) * 2 > self.index.len() {
+            self.grow();
+        }
+        let at = self.slot(row);
+        let (older, fresh) = match self.index[at].1 {
+            0 => (NONE, true),
+            e => (e - 1, false),
+        };
+        let head = Head { older, ..head };
+        let e = match self.free.pop() {
+            Some(e) => {
+                self.heads[e as usize] = head;
+                e
+            }
+            None => {
+                let e = u32::try_from(self.heads.len())
+                    .ok()
+                    .filter(|&e| e != NONE)
+                    .expect("a delta shard of fewer than 2^32 - 1 entries");
+                self.heads.push(head);
+                self.bytes.resize(self.bytes.len() + row_bytes, 0);
+                e
+            }
+        };
+        if let Some(v) = value {
+            let at = e as usize * row_bytes;
+            self.bytes[at..at + row_bytes].copy_from_slice(v);
+        }
+        self.index[at] = (row, e + 1);
+        self.rows += usize::from(fresh);
+        e
+    }
+
+    /// Twice the index (at least 16 slots), every row placed again.
+    fn grow(&mut self) {
+        let len = (self.index.len() * 2).max(16);
+        let old = std::mem::replace(&mut self.index, vec![(0, 0); len]);
+        for (row, e) in old.into_iter().filter(|s| s.1 != 0) {
+            let at = self.slot(row);
+            self.index[at] = (row, e);
+        }
+    }
+
+    /// Drops the entries below `e` that no reader at `oldest` or later sees: all older than
+    /// the newest made at or before `oldest`. Returns how many went.
+    fn prune(&mut self, mut e: u32, oldest: u64) -> usize {
+        while self.heads[e as usize].version > oldest {
+            e = self.heads[e as usize].older;
+            if e == NONE {
+                return 0;
+            }
+        }
+        let mut next = std::mem::replace(&mut self.heads[e as usize].older, NONE);
+        let mut gone = 0;
+        while next != NONE {
+            self.free.push(next);
+            next = self.heads[next as usize].older;
+            gone += 1;
+        }
+        gone
+    }
+}
+
 impl TableDelta {
     /// A delta for a table of `rows` rows of `row_bytes` bytes, its filter sized for `capacity`
     /// rows in the delta.
@@ -184,14 +356,12 @@ impl TableDelta {
         (mix(self.filter.word(row) as u64) >> 58) as usize % SHARDS
     }
 
-    fn read(&self, row: u64) -> RwLockReadGuard<'_, Shard> {
-        self.shards[self.shard(row)]
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+    fn read_shard(&self, shard: usize) -> RwLockReadGuard<'_, Shard> {
+        self.shards[shard].read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self, row: u64) -> RwLockWriteGuard<'_, Shard> {
-        self.shards[self.shard(row)]
+    fn write_shard(&self, shard: usize) -> RwLockWriteGuard<'_, Shard> {
+        self.shards[shard]
             .write()
             .unwrap_or_else(|p| p.into_inner())
     }
@@ -214,7 +384,9 @@ impl TableDelta {
         if !self.may_hold(row) {
             return None;
         }
-        Some(match newest(&self.read(row), row, base, version)? {
+        let shard = self.read_shard(self.shard(row));
+        let e = shard.find(row)?;
+        Some(match shard.visible(e, base, version, self.row_bytes)? {
             Some(bytes) => DeltaRow::Written(read(bytes)),
             None => DeltaRow::Removed,
         })
@@ -230,12 +402,20 @@ impl TableDelta {
             value.is_none_or(|v| v.len() == self.row_bytes),
             "a row of the table's size"
         );
-        let mut shard = self.write(row);
-        let entries = shard.entry(row).or_default();
-        let fresh = entries.is_empty();
-        debug_assert!(entries.last().is_none_or(|(v, _)| *v <= version));
-        entries.push((version, value.map(Box::from)));
-        let pruned = prune(entries, oldest);
+        let mut shard = self.write_shard(self.shard(row));
+        let fresh = shard.find(row).is_none();
+        debug_assert!(
+            shard
+                .find(row)
+                .is_none_or(|e| shard.heads[e as usize].version <= version)
+        );
+        let head = Head {
+            version,
+            older: NONE,
+            removed: value.is_none(),
+        };
+        let e = shard.push(self.row_bytes, row, head, value);
+        let pruned = shard.prune(e, oldest);
         if fresh {
             self.filter.set(row);
             self.rows.fetch_add(1, Relaxed);
@@ -257,26 +437,48 @@ impl TableDelta {
     /// at a version older than `oldest` or on a base older than `oldest_base`: drops the entries
     /// no reader can see any more — those superseded before `oldest`, and those at or before
     /// `base` once every reader reads that base (`oldest_base >= base`). Returns how many went.
+    ///
+    /// Each shard is rebuilt from the entries it keeps (its memory goes with the rest), one
+    /// shard's lock at a time.
     pub fn fold(&self, base: u64, oldest: u64, oldest_base: u64) -> u64 {
+        let rb = self.row_bytes;
         let mut gone = 0u64;
         let mut rows_gone = 0u64;
-        for shard in self.shards.iter() {
-            let mut shard = shard.write().unwrap_or_else(|p| p.into_inner());
+        for s in 0..SHARDS {
+            let mut shard = self.write_shard(s);
+            let before = shard.heads.len() - shard.free.len();
+            let mut kept = Shard::default();
             let mut left = Vec::new();
-            shard.retain(|&row, entries| {
-                gone += prune(entries, oldest) as u64;
-                if oldest_base >= base {
-                    let before = entries.len();
-                    entries.retain(|(v, _)| *v > base);
-                    gone += (before - entries.len()) as u64;
+            let mut chain = Vec::new();
+            for (row, newest) in shard.rows() {
+                // the entries that stay, newest first: down to the newest a reader at `oldest`
+                // sees, less those the base now holds
+                chain.clear();
+                let mut e = newest;
+                while e != NONE {
+                    let h = shard.heads[e as usize];
+                    if oldest_base < base || h.version > base {
+                        chain.push(e);
+                    }
+                    if h.version <= oldest {
+                        break;
+                    }
+                    e = h.older;
                 }
-                if entries.is_empty() {
+                if chain.is_empty() {
                     left.push(row);
                 }
-                !entries.is_empty()
-            });
+                for &e in chain.iter().rev() {
+                    let h = shard.heads[e as usize];
+                    let at = e as usize * rb;
+                    let value = (!h.removed).then(|| &shard.bytes[at..at + rb]);
+                    kept.push(rb, row, h, value);
+                }
+            }
+            gone += (before - kept.heads.len()) as u64;
             rows_gone += left.len() as u64;
-            self.filter.recompute(left, shard.keys().copied());
+            self.filter.recompute(left, kept.rows().map(|(row, _)| row));
+            *shard = kept;
         }
         self.rows.fetch_sub(rows_gone, Relaxed);
         self.entries.fetch_sub(gone, Relaxed);
@@ -287,13 +489,13 @@ impl TableDelta {
     /// what a cache above the store must drop to follow it.
     pub fn rows_after(&self, version: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        for shard in self.shards.iter() {
-            let shard = shard.read().unwrap_or_else(|p| p.into_inner());
+        for s in 0..SHARDS {
+            let shard = self.read_shard(s);
             out.extend(
                 shard
-                    .iter()
-                    .filter(|(_, e)| e.last().is_some_and(|(v, _)| *v > version))
-                    .map(|(&row, _)| row),
+                    .rows()
+                    .filter(|&(_, e)| shard.heads[e as usize].version > version)
+                    .map(|(row, _)| row),
             );
         }
         out
@@ -303,15 +505,12 @@ impl TableDelta {
     /// compaction folds into the next base.
     pub fn newest(&self, base: u64, version: u64) -> Vec<(u64, Option<Box<[u8]>>)> {
         let mut out = Vec::new();
-        for shard in self.shards.iter() {
-            let shard = shard.read().unwrap_or_else(|p| p.into_inner());
-            for (&row, entries) in shard.iter() {
-                if let Some((v, value)) = entries.iter().rev().find(|(v, _)| *v <= version)
-                    && *v > base
-                {
-                    out.push((row, value.clone()));
-                }
-            }
+        for s in 0..SHARDS {
+            let shard = self.read_shard(s);
+            out.extend(shard.rows().filter_map(|(row, e)| {
+                let value = shard.visible(e, base, version, self.row_bytes)?;
+                Some((row, value.map(Box::from)))
+            }));
         }
         out.sort_unstable_by_key(|(row, _)| *row);
         out
@@ -352,9 +551,12 @@ impl<'a> DeltaView<'a> {
     /// the caller to refuse), as a patch with the positions that read them; `None` when it holds
     /// none of them.
     ///
-    /// The lookups the filter lets through are taken shard by shard, each shard's lock once: a
-    /// lock per lookup (an atomic read-modify-write each) kept the processor from overlapping
-    /// their cache misses.
+    /// Every shard's read lock is taken, in order (a writer holds one shard at a time, so
+    /// readers holding several cannot deadlock with it), and the lookups the filter lets through
+    /// are found in two passes — index slots prefetched `AHEAD` lookups ahead and each entry's
+    /// lines asked for as it is found, then the rows copied — so their cache misses overlap. A
+    /// lock per shard touched, taken in order, needed the lookups sorted: that sort cost more
+    /// than the 64 locks.
     pub(crate) fn patch(
         &self,
         id: usize,
@@ -363,60 +565,55 @@ impl<'a> DeltaView<'a> {
         rows: u64,
     ) -> Option<RowPatch> {
         let d = self.table(id)?;
-        let mut maybe: Vec<(usize, u64, usize)> = positions
+        let rb = d.row_bytes();
+        let maybe: Vec<(u64, usize)> = positions
             .filter_map(|pos| {
                 let r = u64::try_from(indices.get(pos)).ok()?;
-                (r < rows && d.may_hold(r)).then(|| (d.shard(r), r, pos))
+                (r < rows && d.may_hold(r)).then_some((r, pos))
             })
             .collect();
         if maybe.is_empty() {
             return None;
         }
-        // by shard, then row: a row read at several positions is looked up once
-        maybe.sort_unstable();
-        let distinct = 1 + maybe.windows(2).filter(|w| w[0].1 != w[1].1).count();
-        let mut patch = RowPatch::with_capacity(d.row_bytes(), distinct);
+        let shards: Vec<RwLockReadGuard<'_, Shard>> =
+            (0..SHARDS).map(|s| d.read_shard(s)).collect();
+        // pass 1: index slots ahead, entries found and their lines asked for
+        let found: Vec<u32> = (0..maybe.len())
+            .map(|i| {
+                if let Some(&(r, _)) = maybe.get(i + AHEAD) {
+                    shards[d.shard(r)].prefetch_slot(r);
+                }
+                let shard = &shards[d.shard(maybe[i].0)];
+                let e = shard.find(maybe[i].0).unwrap_or(NONE);
+                if e != NONE {
+                    shard.prefetch_entry(e, rb);
+                }
+                e
+            })
+            .collect();
+        // pass 2: the rows the reader's version sees, each copied once
+        let mut patch = RowPatch::with_capacity(rb, maybe.len());
         let mut read_at = Vec::with_capacity(maybe.len());
-        for group in maybe.chunk_by(|a, b| a.0 == b.0) {
-            let shard = d.shards[group[0].0]
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            for rows in group.chunk_by(|a, b| a.1 == b.1) {
-                let r = rows[0].1;
-                if let Some(bytes) = newest(&shard, r, self.base, self.version) {
-                    patch.set(r, bytes.as_deref());
-                    read_at.extend(rows.iter().map(|&(_, _, pos)| pos));
+        for (&(r, pos), &e) in maybe.iter().zip(&found) {
+            if e == NONE {
+                continue;
+            }
+            if !patch.contains(r) {
+                match shards[d.shard(r)].visible(e, self.base, self.version, rb) {
+                    Some(bytes) => patch.set(r, bytes),
+                    None => continue,
                 }
             }
+            read_at.push(pos);
         }
+        drop(shards);
         if patch.is_empty() {
             return None;
         }
-        read_at.sort_unstable();
         patch.read_at(read_at);
         d.served.fetch_add(patch.len() as u64, Relaxed);
         d.removed_served.fetch_add(patch.removed(), Relaxed);
         Some(patch)
-    }
-}
-
-/// The newest entry of `row` in `shard` made after `base` and at or before `version`: `Some`
-/// of its bytes (`None`: removed), or `None` when the base row stands.
-fn newest(shard: &Shard, row: u64, base: u64, version: u64) -> Option<&Option<Box<[u8]>>> {
-    let (v, value) = shard.get(&row)?.iter().rev().find(|(v, _)| *v <= version)?;
-    (*v > base).then_some(value)
-}
-
-/// Drops the entries of one row that no reader at `oldest` or later sees: all but the newest of
-/// those at or before `oldest`. Returns how many went.
-fn prune(entries: &mut Entries, oldest: u64) -> usize {
-    let seen = entries.iter().rposition(|(v, _)| *v <= oldest);
-    match seen {
-        Some(k) if k > 0 => {
-            entries.drain(..k);
-            k
-        }
-        _ => 0,
     }
 }
 
