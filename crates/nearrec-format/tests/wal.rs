@@ -131,6 +131,42 @@ fn segments_rotate_and_are_released_once_applied() {
     assert_eq!(replay(dir.path(), 40).len(), 1);
 }
 
+/// The newest segment is zero-filled past its records (its syncs then change no size); the
+/// zeros are where the log ends, not a torn record, and only the newest segment has them.
+#[test]
+fn only_the_newest_segment_ends_in_zeros_and_they_are_not_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let records_end = |wal: &Wal| wal.stats().bytes;
+    {
+        let (wal, _) = Wal::open(dir.path(), config(Durability::Sync, 300), 0).unwrap();
+        for call in calls(12) {
+            wal.append(&call).unwrap();
+        }
+        let segs = segments(dir.path());
+        assert!(segs.len() > 2);
+        let lens: Vec<u64> = segs
+            .iter()
+            .map(|p| fs::metadata(p).unwrap().len())
+            .collect();
+        // older segments were cut to their records when the next one started
+        let (_, older) = lens.split_last().unwrap();
+        assert!(older.iter().all(|&len| len < 1024), "{older:?}");
+        let n = fs::read(segs.last().unwrap()).unwrap();
+        let in_newest = records_end(&wal) - older.iter().sum::<u64>();
+        assert!(n.len() as u64 > in_newest, "zeros past the records");
+        assert!(n[in_newest as usize..].iter().all(|&b| b == 0));
+    }
+    let (wal, rec) = Wal::open(dir.path(), WalConfig::default(), 0).unwrap();
+    assert_eq!(rec.records.len(), 12);
+    assert_eq!(
+        rec.torn_bytes, 0,
+        "zeros never written over are not a torn record"
+    );
+    assert_eq!(wal.append(&calls(1)[0]).unwrap(), 13);
+    drop(wal);
+    assert_eq!(replay(dir.path(), 0).len(), 13);
+}
+
 #[test]
 fn damage_before_the_newest_segment_is_corruption() {
     let dir = tempfile::tempdir().unwrap();
@@ -158,6 +194,12 @@ fn a_newest_segment_cut_while_being_made_is_dropped() {
         for call in calls(3) {
             wal.append(&call).unwrap();
         }
+        // rotation cuts the old segment to its records first
+        let old = fs::OpenOptions::new()
+            .write(true)
+            .open(&segments(dir.path())[0])
+            .unwrap();
+        old.set_len(wal.stats().bytes).unwrap();
     }
     // a crash between creating the next segment and syncing its header
     fs::write(dir.path().join("wal-0000000000000004.nrwal"), b"NRWAL\0").unwrap();
@@ -298,20 +340,23 @@ fn a_reader_replays_what_is_whole_and_writes_nothing() {
     for call in calls(4) {
         wal.append(&call).unwrap();
     }
-    // the writer is in the middle of its next group: half a record at the end
+    // the writer is in the middle of its next group: half a record after the last one, over
+    // the zeros the segment holds past its records
     let seg = &segments(dir.path())[0];
-    let whole = fs::read(seg).unwrap();
+    let end = wal.stats().bytes as usize;
+    let mut torn = fs::read(seg).unwrap();
+    assert!(torn.len() > end && torn[end..].iter().all(|&b| b == 0));
     let mut more = Vec::new();
     nearrec_format::wal::encode(5, &calls(5)[4], &mut more).unwrap();
-    let mut torn = whole.clone();
-    torn.extend_from_slice(&more[..more.len() / 2]);
+    torn[end..end + more.len() / 2].copy_from_slice(&more[..more.len() / 2]);
     fs::write(seg, &torn).unwrap();
     let rec = Wal::read(dir.path(), 1).unwrap();
     assert_eq!(
         rec.records.iter().map(|r| r.lsn).collect::<Vec<_>>(),
         [2, 3, 4]
     );
-    assert_eq!(rec.torn_bytes, (more.len() / 2) as u64);
+    // the torn record and the zeros after it: all past the last whole record
+    assert_eq!(rec.torn_bytes, (torn.len() - end) as u64);
     assert_eq!(
         fs::read(seg).unwrap(),
         torn,
