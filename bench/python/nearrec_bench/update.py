@@ -9,7 +9,9 @@ cost the lookups served meanwhile.
 (b) A fixed, open-loop lookup load (requests scheduled at a constant rate, each latency taken
     from its scheduled start, so a stall delays every request behind it: no coordinated
     omission): p50 / p99 alone, while updates run at 25 % and 50 % of (a)'s rate (sync, 64
-    rows per call, themselves paced open-loop), while compactions run back to back, and across
+    rows per call, themselves paced open-loop), with the rows of the 25 % window written before
+    it and no writer (what the delta costs, apart from the writer), while compactions run back
+    to back, and across
     a swap to another version of the store (failed requests counted).
 (c) Compaction's write rate against the disk's sequential write rate, measured in the run.
 (d) Acknowledgement to visible: from a write's return to the first lookup on another thread
@@ -309,7 +311,7 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
         rate /= 2
     log(f"lookups: {closed:,.0f} batches/s closed-loop ({service_us:,.0f} µs each on "
         f"{ISSUERS} threads); the open-loop load is {rate:,.0f}/s")
-    conditions = ["idle", "updates 25%", "updates 50%", "compaction", "swap"]
+    conditions = ["idle", "updates 25%", "written 25%", "updates 50%", "compaction", "swap"]
     got: dict[str, dict[str, list[float]]] = {c: {} for c in conditions}
     for rnd in range(cfg.rounds):
         for cond in conditions:
@@ -318,6 +320,10 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
             if cond.startswith("updates"):
                 share = 0.25 if "25" in cond else 0.5
                 side = _paced_writes(store, rows, share * max_rate / 64, stop, cfg.seed + rnd)
+            elif cond == "written 25%":
+                # the rows the 25 % writer leaves in the delta, written before the window: the
+                # lookups' cost of the delta without the writer beside them
+                _prefill(store, rows, 0.25 * max_rate * cfg.load_seconds, cfg.seed + rnd)
             elif cond == "compaction":
                 side = _background(lambda: _compact_once(store, rows), stop)
             elif cond == "swap":
@@ -355,6 +361,19 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
                    "delta_rows_at_end": c["delta_rows"],
                    "offered_batches_per_s": rate}))
     return records
+
+
+def _prefill(store: Any, rows: dict[str, int], n: float, seed: int) -> None:
+    """Writes ``n`` rows as :func:`_paced_writes` spreads them (half per table, uniform ids),
+    in calls of 4,096, as fast as they go."""
+    rng = np.random.default_rng(seed)
+    for name, r in rows.items():
+        left = int(n) // len(rows)
+        while left > 0:
+            k = min(left, 4096)
+            store.write(name, rng.integers(0, r, k),
+                        rng.standard_normal((k, ROW_DIMS[int(name[1:])]), dtype=np.float32))
+            left -= k
 
 
 def _once(step: Callable[[], Any], after: float, stop: threading.Event) -> Callable[[], int]:
@@ -630,6 +649,8 @@ def markdown(records: list[Record], command: str) -> str:
               "it keeps up alone (p99 within 10× the closed-loop latency) — each latency from "
               "its scheduled start; tier `ssd`, DRAM tiers half the tables; "
               "updates: sync calls of 64 rows paced at a share of (a)'s 128 B rate; "
+              "written 25%: the rows the 25 % writer writes in a window, written before it "
+              "(the delta's cost to the lookups without the writer beside them); "
               "compaction: 4,096 rows per table written and compacted, back to back, at most "
               "128 MiB/s (`compaction_rate`); swap: to the other of two versions of the store, "
               "warm, half-way through the window (the new version is opened — its DRAM tiers "

@@ -246,8 +246,15 @@ impl Shard {
             .map(|&(row, e)| (row, e - 1))
     }
 
-    /// Makes `row`'s newest entry `head`, older ones below it; returns its number.
-    fn push(&mut self, row_bytes: usize, row: u64, head: Head, value: Option<&[u8]>) -> u32 {
+    /// Makes a new entry `row`'s newest — made by `version`, its row `value` (`None`:
+    /// removed) — older ones below it; returns its number and whether the row is new here.
+    fn push(
+        &mut self,
+        row_bytes: usize,
+        row: u64,
+        version: u64,
+        value: Option<&[u8]>,
+    ) -> (u32, bool) {
         if (self.rows + 1) * 2 > self.index.len() {
             self.grow();
         }
@@ -256,7 +263,12 @@ impl Shard {
             0 => (NONE, true),
             e => (e - 1, false),
         };
-        let head = Head { older, ..head };
+        debug_assert!(fresh || self.heads[older as usize].version <= version);
+        let head = Head {
+            version,
+            older,
+            removed: value.is_none(),
+        };
         let e = match self.free.pop() {
             Some(e) => {
                 self.heads[e as usize] = head;
@@ -278,7 +290,7 @@ impl Shard {
         }
         self.index[at] = (row, e + 1);
         self.rows += usize::from(fresh);
-        e
+        (e, fresh)
     }
 
     /// Twice the index (at least 16 slots), every row placed again.
@@ -403,18 +415,7 @@ impl TableDelta {
             "a row of the table's size"
         );
         let mut shard = self.write_shard(self.shard(row));
-        let fresh = shard.find(row).is_none();
-        debug_assert!(
-            shard
-                .find(row)
-                .is_none_or(|e| shard.heads[e as usize].version <= version)
-        );
-        let head = Head {
-            version,
-            older: NONE,
-            removed: value.is_none(),
-        };
-        let e = shard.push(self.row_bytes, row, head, value);
+        let (e, fresh) = shard.push(self.row_bytes, row, version, value);
         let pruned = shard.prune(e, oldest);
         if fresh {
             self.filter.set(row);
@@ -472,7 +473,7 @@ impl TableDelta {
                     let h = shard.heads[e as usize];
                     let at = e as usize * rb;
                     let value = (!h.removed).then(|| &shard.bytes[at..at + rb]);
-                    kept.push(rb, row, h, value);
+                    kept.push(rb, row, h.version, value);
                 }
             }
             gone += (before - kept.heads.len()) as u64;
