@@ -263,15 +263,15 @@ def _open_loop(store: Any, reqs: list[dict[str, Any]], rate: float, seconds: flo
 
 
 def _paced_writes(store: Any, rows: dict[str, int], calls_per_s: float, stop: threading.Event,
-                  seed: int) -> Callable[[], int]:
-    """A thread writing 64-row calls (sync) at ``calls_per_s``, open-loop; returns a function
-    that joins it and gives the rows written."""
+                  seed: int, per_call: int = 64) -> Callable[[], int]:
+    """A thread writing calls of ``per_call`` rows (sync) at ``calls_per_s``, open-loop;
+    returns a function that joins it and gives the rows written."""
 
     def run() -> int:
         done = 0
         rng = np.random.default_rng(seed)
         names = list(rows)
-        values = {n: rng.standard_normal((64, ROW_DIMS[int(n[1:])]), dtype=np.float32)
+        values = {n: rng.standard_normal((per_call, ROW_DIMS[int(n[1:])]), dtype=np.float32)
                   for n in names}
         start, i = time.perf_counter(), 0
         while not stop.is_set():
@@ -281,8 +281,8 @@ def _paced_writes(store: Any, rows: dict[str, int], calls_per_s: float, stop: th
                 time.sleep(min(wait, 0.05))
                 continue
             name = names[i % len(names)]
-            store.write(name, rng.integers(0, rows[name], 64), values[name])
-            done += 64
+            store.write(name, rng.integers(0, rows[name], per_call), values[name])
+            done += per_call
             i += 1
         return done
 
@@ -313,7 +313,8 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
         rate /= 2
     log(f"lookups: {closed:,.0f} batches/s closed-loop ({service_us:,.0f} µs each on "
         f"{ISSUERS} threads); the open-loop load is {rate:,.0f}/s")
-    conditions = ["idle", "updates 25%", "written 25%", "updates 50%", "compaction", "swap"]
+    conditions = ["idle", "updates 25%", "written 25%", "updates 25% ×4096", "updates 50%",
+                  "compaction", "swap"]
     got: dict[str, dict[str, list[float]]] = {c: {} for c in conditions}
     for rnd in range(cfg.rounds):
         for cond in conditions:
@@ -321,7 +322,8 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
             side: Callable[[], Any] = lambda: 0  # noqa: E731
             if cond.startswith("updates"):
                 share = 0.25 if "25" in cond else 0.5
-                side = _paced_writes(store, rows, share * max_rate / 64, stop, cfg.seed + rnd)
+                k = 4096 if "4096" in cond else 64
+                side = _paced_writes(store, rows, share * max_rate / k, stop, cfg.seed + rnd, k)
             elif cond == "written 25%":
                 # the rows the 25 % writer leaves in the delta, written before the window: the
                 # lookups' cost of the delta without the writer beside them
@@ -652,6 +654,8 @@ def markdown(records: list[Record], command: str) -> str:
               "its scheduled start; tier `ssd`, DRAM tiers half the tables; "
               "updates: sync calls of 64 rows paced at a share of (a)'s 128 B rate, into a "
               "delta budget they do not fill half of (no compaction starts in the window); "
+              "updates 25% ×4096: the same rows per second in calls of 4,096 (1/64 of the "
+              "calls and log syncs); "
               "written 25%: the rows the 25 % writer writes in a window, written before it "
               "(the delta's cost to the lookups without the writer beside them); "
               "compaction: 4,096 rows per table written and compacted, back to back, at most "
