@@ -567,10 +567,11 @@ impl<'a> DeltaView<'a> {
     ) -> Option<RowPatch> {
         let d = self.table(id)?;
         let rb = d.row_bytes();
-        let maybe: Vec<(u64, usize)> = positions
+        // (row, position, shard) of the lookups the filter lets through
+        let maybe: Vec<(u64, usize, usize)> = positions
             .filter_map(|pos| {
                 let r = u64::try_from(indices.get(pos)).ok()?;
-                (r < rows && d.may_hold(r)).then_some((r, pos))
+                (r < rows && d.may_hold(r)).then(|| (r, pos, d.shard(r)))
             })
             .collect();
         if maybe.is_empty() {
@@ -581,11 +582,12 @@ impl<'a> DeltaView<'a> {
         // pass 1: index slots ahead, entries found and their lines asked for
         let found: Vec<u32> = (0..maybe.len())
             .map(|i| {
-                if let Some(&(r, _)) = maybe.get(i + AHEAD) {
-                    shards[d.shard(r)].prefetch_slot(r);
+                if let Some(&(r, _, s)) = maybe.get(i + AHEAD) {
+                    shards[s].prefetch_slot(r);
                 }
-                let shard = &shards[d.shard(maybe[i].0)];
-                let e = shard.find(maybe[i].0).unwrap_or(NONE);
+                let (r, _, s) = maybe[i];
+                let shard = &shards[s];
+                let e = shard.find(r).unwrap_or(NONE);
                 if e != NONE {
                     shard.prefetch_entry(e, rb);
                 }
@@ -595,12 +597,12 @@ impl<'a> DeltaView<'a> {
         // pass 2: the rows the reader's version sees, each copied once
         let mut patch = RowPatch::with_capacity(rb, maybe.len());
         let mut read_at = Vec::with_capacity(maybe.len());
-        for (&(r, pos), &e) in maybe.iter().zip(&found) {
+        for (&(r, pos, s), &e) in maybe.iter().zip(&found) {
             if e == NONE {
                 continue;
             }
             if !patch.contains(r) {
-                match shards[d.shard(r)].visible(e, self.base, self.version, rb) {
+                match shards[s].visible(e, self.base, self.version, rb) {
                     Some(bytes) => patch.set(r, bytes),
                     None => continue,
                 }
