@@ -10,9 +10,10 @@ cost the lookups served meanwhile.
     from its scheduled start, so a stall delays every request behind it: no coordinated
     omission): p50 / p99 alone, while updates run at 25 % and 50 % of (a)'s rate (sync, 64
     rows per call, themselves paced open-loop), with the rows of the 25 % window written before
-    it and no writer (what the delta costs, apart from the writer), while compactions run back
-    to back, and across
-    a swap to another version of the store (failed requests counted).
+    it and no writer (what the delta costs, apart from the writer), with the 25 % writer aimed
+    at a third store instead (what sharing the machine costs, apart from the store), while
+    compactions run back to back, and across a swap to another version of the store (failed
+    requests counted).
 (c) Compaction's write rate against the disk's sequential write rate, measured in the run.
 (d) Acknowledgement to visible: from a write's return to the first lookup on another thread
     that sees it (RocksDB: a get).
@@ -289,15 +290,20 @@ def _paced_writes(store: Any, rows: dict[str, int], calls_per_s: float, stop: th
     return _spawn(run)
 
 
-def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
+def _under_load(cfg: UpdateConfig, path: Path, twin: Path, other: Path, rows: dict[str, int],
                 max_rate: float, log: Callable[[str], None]) -> list[Record]:
-    """(b): the open-loop lookup load alone and beside each kind of write traffic."""
+    """(b): the open-loop lookup load alone and beside each kind of write traffic. ``other``
+    is a third store of the same shape: the 25 % writer aimed at it instead shares only the
+    machine (cores, disk, page cache) with the lookups, not the store."""
     # a delta budget no update window fills half of: compactions run in their own condition,
     # not by chance at the end of an update window
     store = nearrec.open(path, writable=True, tier="ssd", durability="sync",
                          dram_budget=cfg.table_bytes // 2, delta_budget=4 * cfg.table_bytes,
                          compaction_rate=cfg.compaction_rate)
     store.compact()  # what (a) left
+    elsewhere = nearrec.open(other, writable=True, tier="ssd", durability="sync",
+                             dram_budget=cfg.table_bytes // 2, delta_budget=4 * cfg.table_bytes,
+                             compaction_rate=cfg.compaction_rate)
     reqs = _requests(rows, cfg, 64)
     for r in reqs[:8]:
         store.lookup_many(r)  # warm
@@ -313,8 +319,8 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
         rate /= 2
     log(f"lookups: {closed:,.0f} batches/s closed-loop ({service_us:,.0f} µs each on "
         f"{ISSUERS} threads); the open-loop load is {rate:,.0f}/s")
-    conditions = ["idle", "updates 25%", "written 25%", "updates 25% ×4096", "updates 50%",
-                  "compaction", "swap"]
+    conditions = ["idle", "updates 25%", "written 25%", "another store 25%",
+                  "updates 25% ×4096", "updates 50%", "compaction", "swap"]
     got: dict[str, dict[str, list[float]]] = {c: {} for c in conditions}
     for rnd in range(cfg.rounds):
         for cond in conditions:
@@ -328,6 +334,8 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
                 # the rows the 25 % writer leaves in the delta, written before the window: the
                 # lookups' cost of the delta without the writer beside them
                 _prefill(store, rows, 0.25 * max_rate * cfg.load_seconds, cfg.seed + rnd)
+            elif cond == "another store 25%":
+                side = _paced_writes(elsewhere, rows, 0.25 * max_rate / 64, stop, cfg.seed + rnd)
             elif cond == "compaction":
                 side = _background(lambda: _compact_once(store, rows), stop)
             elif cond == "swap":
@@ -341,6 +349,7 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, rows: dict[str, int],
                 store.swap(path, warm=True)
             delta_rows = store.live_stats()["delta_rows"]
             store.compact()
+            elsewhere.compact()
             c = got[cond]
             c.setdefault("p50", []).append(float(np.percentile(lat, 50)) if lat else 0.0)
             c.setdefault("p99", []).append(float(np.percentile(lat, 99)) if lat else 0.0)
@@ -602,19 +611,21 @@ def run(cfg: UpdateConfig, log: Callable[[str], None] = print) -> list[Record]:
     cfg.scratch.mkdir(parents=True, exist_ok=True)
     rows = {f"r{b}": cfg.table_bytes // b for b in ROW_DIMS}
     path, twin = cfg.scratch / "update-store", cfg.scratch / "update-twin"
-    log(f"building two stores of {len(rows)} tables ({cfg.table_bytes >> 20} MiB each)")
+    other = cfg.scratch / "update-other"
+    log(f"building three stores of {len(rows)} tables ({cfg.table_bytes >> 20} MiB each)")
     _build(path, rows, cfg.seed)
     _build(twin, rows, cfg.seed + 1)
+    _build(other, rows, cfg.seed + 2)
     records = _write_rates(cfg, path, rows, log)
     # the load runs beside updates at shares of the sync rate of 64-row calls of 128 B rows
     max_rate = next(r.lookups_per_s for r in records
                     if r.system == "nearrec" and r.model == "128B" and r.batch == 64
                     and r.dist == "sync")
-    records += _under_load(cfg, path, twin, rows, max_rate, log)
+    records += _under_load(cfg, path, twin, other, rows, max_rate, log)
     records += _compaction_rate(cfg, path, rows, log)
     records += _visible(cfg, path, rows, log)
     records += _delta_cost(cfg, path, rows, log)
-    for p in (path, twin):
+    for p in (path, twin, other):
         shutil.rmtree(p, ignore_errors=True)
     shutil.rmtree(cfg.scratch / "update-rocks", ignore_errors=True)
     return records
@@ -658,6 +669,8 @@ def markdown(records: list[Record], command: str) -> str:
               "calls and log syncs); "
               "written 25%: the rows the 25 % writer writes in a window, written before it "
               "(the delta's cost to the lookups without the writer beside them); "
+              "another store 25%: the 25 % writer aimed at a third store of the same shape "
+              "(what sharing the machine's two cores and one disk costs, without the store); "
               "compaction: 4,096 rows per table written and compacted, back to back, at most "
               "128 MiB/s (`compaction_rate`); swap: to the other of two versions of the store, "
               "warm, half-way through the window (the new version is opened — its DRAM tiers "
