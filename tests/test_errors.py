@@ -22,6 +22,26 @@ def test_exception_tree():
     assert issubclass(nearrec.UnsupportedVersion, nearrec.StoreCorrupted)
 
 
+
+def test_every_error_kind_of_the_core_is_a_class_here():
+    """The facade's ErrorKind names the class every surface raises (Python here, the storage
+    node's ErrorInfo reason): each must exist in nearrec.errors, under NearrecError."""
+    import nearrec.errors as errors
+    kinds = nearrec._native.error_kinds()
+    assert len(kinds) == len(set(kinds)) >= 17
+    for name in kinds:
+        cls = getattr(errors, name)
+        assert issubclass(cls, NearrecError), name
+
+
+def test_a_huge_batch_of_empty_bags_is_a_typed_error_not_an_abort(mixed_store):
+    """A [2**40, 0] id array is 0 bytes but declares 2**40 bags: refused before anything is
+    allocated (it was the allocator's abort, or the OOM killer)."""
+    ids = np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), shape=(1 << 40, 0),
+                                          strides=(0, 8))
+    with pytest.raises(nearrec.errors.InsufficientMemory):
+        mixed_store.lookup(T, ids)
+
 @pytest.mark.parametrize("bad", [300, -1, 2**40, -(2**40)])
 @pytest.mark.parametrize("itype", [np.int64, np.int32])
 def test_index_out_of_range_names_table_and_position(mixed_store, bad, itype):

@@ -21,7 +21,7 @@ __all__ = [
     "device_preset", "device_fit", "device_read_rate", "disk_read_rate", "verify_store", "store_gc",
     "read_manifest", "store_attach", "store_read_attachment", "table_layout",
     "trace_generate_table", "trace_write", "trace_open", "trace_profile", "colocation_order",
-    "copy_store_ordered", "panic_at_the_boundary", "NativePlan", "plan_make",
+    "copy_store_ordered", "panic_at_the_boundary", "error_kinds", "NativePlan", "plan_make",
     "plan_check_trace", "plan_load",
 ]
 
@@ -259,6 +259,7 @@ def cache_simulate(
     admission_probability: float = 0.5, ways: int = 16, seed: int = 0,
 ) -> tuple[int, int, int, int, int]: ...
 def panic_at_the_boundary(message: str) -> None: ...
+def error_kinds() -> list[str]: ...
 
 @final
 class NativePlan:

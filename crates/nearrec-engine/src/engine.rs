@@ -523,6 +523,7 @@ impl Engine {
 
     /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size.
     pub fn prepare(&self, req: &Batch<'_>) -> Result<Prepared> {
+        self.check_size(req)?;
         let mut tables = Vec::with_capacity(req.tables.len());
         let (mut width, mut lookups) = (0usize, 0usize);
         let mut batch: Option<(usize, &str)> = None;
@@ -552,6 +553,35 @@ impl Engine {
             tables,
             lookups,
         })
+    }
+
+    /// A request's shape is its caller's: a fixed batch of 2³¹ empty bags is a few bytes of
+    /// request but gigabytes of bag bounds and output. Past 64 MiB, what preparing and answering
+    /// it takes is checked against what the process may have first — a typed error, not an abort
+    /// in the allocator (smaller requests are not checked: the probe reads /proc).
+    fn check_size(&self, req: &Batch<'_>) -> Result<()> {
+        const CHECKED: u64 = 64 << 20;
+        let bags = req
+            .tables
+            .iter()
+            .map(TableLookup::declared_bags)
+            .max()
+            .unwrap_or(0) as u64;
+        let width: u64 = req
+            .tables
+            .iter()
+            .filter_map(|t| self.table_id(t.table).ok())
+            .map(|id| u64::from(self.tables[id].dim))
+            .sum();
+        let bounds = (bags + 1).saturating_mul(8 * req.tables.len() as u64);
+        let bytes = bounds.saturating_add(bags.saturating_mul(width).saturating_mul(4));
+        if bytes > CHECKED {
+            Memory::probe().check(
+                || format!("a batch of {bags} bags over {width} columns"),
+                bytes,
+            )?;
+        }
+        Ok(())
     }
 
     /// Pools `req` into `out`, a row-major `[batch, width]` matrix (`prepared` from [`Self::prepare`]

@@ -101,6 +101,19 @@ impl<'a> TableLookup<'a> {
         self.padding_idx = Some(padding_idx);
         self
     }
+
+    /// The bags this lookup declares, before anything is checked: the output's rows if it is
+    /// valid (what a caller's few bytes of request would make the engine allocate).
+    pub fn declared_bags(&self) -> usize {
+        match self.bags {
+            Bags::Fixed { batch, .. } => batch,
+            Bags::Lengths(lengths) => lengths.len(),
+            Bags::Offsets {
+                offsets,
+                include_last_offset,
+            } => offsets.len() - usize::from(include_last_offset && !offsets.is_empty()),
+        }
+    }
 }
 
 /// One batch: the same number of bags (samples) for every table. The output is

@@ -62,5 +62,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::colocation_order, m)?)?;
     m.add_function(wrap_pyfunction!(writer::copy_store_ordered, m)?)?;
     m.add_function(wrap_pyfunction!(error::panic_at_the_boundary, m)?)?;
+    m.add_function(wrap_pyfunction!(error::error_kinds, m)?)?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The product's error: every layer's error, wrapped, plus what the facade itself refuses (a
-//! config value, a stored model, a request that does not fit a model). Each surface maps it to
-//! its own terms (Python: one table from variant to exception class, in the binding).
+//! config value, a stored model, a request that does not fit a model). [`Error::kind`] is the one
+//! table from an error to what every surface calls it — Python's exception class, the storage
+//! node's gRPC status and `ErrorInfo` reason — with the table and position it names.
 
 use nearrec_device::DeviceError;
 use nearrec_engine::EngineError;
@@ -66,7 +67,138 @@ pub enum Error {
     Device(#[from] DeviceError),
 }
 
+/// What kind of failure an [`Error`] is, as every surface names it: the class of
+/// `nearrec.errors` Python raises ([`ErrorKind::name`]), the reason of the storage node's
+/// `google.rpc.ErrorInfo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A malformed request or argument.
+    InvalidRequest,
+    /// An id negative or not below its table's rows.
+    IndexOutOfRange,
+    /// A table the store does not have.
+    UnknownTable,
+    /// The operating system failed a read or write.
+    StoreIo,
+    /// No store where one was asked for.
+    StoreNotFound,
+    /// A store already where a new one was to be written.
+    StoreExists,
+    /// A check failed: magic, checksum, truncation.
+    StoreCorrupted,
+    /// A format version this build does not read.
+    UnsupportedVersion,
+    /// A trace file that is not one.
+    InvalidTrace,
+    /// A trace that does not fit the store.
+    TraceMismatch,
+    /// More memory than the process may take.
+    InsufficientMemory,
+    /// A resource other than memory refused: threads, file descriptors.
+    ResourceExhausted,
+    /// A write to a store opened read-only.
+    StoreReadOnly,
+    /// The store is open for writing elsewhere.
+    StoreLocked,
+    /// A write that does not fit the delta's budget.
+    DeltaFull,
+    /// A bug of ours.
+    Internal,
+    /// Anything the table above does not list.
+    Other,
+}
+
+impl ErrorKind {
+    /// Every kind, for tables kept in step with this one (the Python classes, the node's
+    /// statuses).
+    pub const ALL: [ErrorKind; 17] = [
+        Self::InvalidRequest,
+        Self::IndexOutOfRange,
+        Self::UnknownTable,
+        Self::StoreIo,
+        Self::StoreNotFound,
+        Self::StoreExists,
+        Self::StoreCorrupted,
+        Self::UnsupportedVersion,
+        Self::InvalidTrace,
+        Self::TraceMismatch,
+        Self::InsufficientMemory,
+        Self::ResourceExhausted,
+        Self::StoreReadOnly,
+        Self::StoreLocked,
+        Self::DeltaFull,
+        Self::Internal,
+        Self::Other,
+    ];
+
+    /// The name of the kind: the class of `nearrec.errors` that Python raises for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "InvalidRequest",
+            Self::IndexOutOfRange => "IndexOutOfRange",
+            Self::UnknownTable => "UnknownTable",
+            Self::StoreIo => "StoreIOError",
+            Self::StoreNotFound => "StoreNotFound",
+            Self::StoreExists => "StoreExists",
+            Self::StoreCorrupted => "StoreCorrupted",
+            Self::UnsupportedVersion => "UnsupportedVersion",
+            Self::InvalidTrace => "InvalidTrace",
+            Self::TraceMismatch => "TraceMismatch",
+            Self::InsufficientMemory => "InsufficientMemory",
+            Self::ResourceExhausted => "ResourceExhausted",
+            Self::StoreReadOnly => "StoreReadOnly",
+            Self::StoreLocked => "StoreLocked",
+            Self::DeltaFull => "DeltaFull",
+            Self::Internal => "InternalError",
+            Self::Other => "NearrecError",
+        }
+    }
+
+    /// The kind [`ErrorKind::name`] names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// A kind with the table and position it names.
+type Class<'a> = (ErrorKind, Option<&'a str>, Option<usize>);
+
 impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.class().0
+    }
+
+    /// The table the error names, where it names one.
+    pub fn table(&self) -> Option<&str> {
+        self.class().1
+    }
+
+    /// The position in the request (an id's index in its table's ids) the error names.
+    pub fn position(&self) -> Option<usize> {
+        self.class().2
+    }
+
+    fn class(&self) -> Class<'_> {
+        use ErrorKind as K;
+        match self {
+            Self::Config { .. } | Self::NoModel { .. } => (K::InvalidRequest, None, None),
+            Self::InvalidRequest {
+                table, position, ..
+            } => (K::InvalidRequest, table.as_deref(), *position),
+            Self::BadModel { .. } => (K::StoreCorrupted, None, None),
+            Self::Internal(_) => (K::Internal, None, None),
+            Self::ReadOnly { .. } => (K::StoreReadOnly, None, None),
+            Self::Locked { .. } => (K::StoreLocked, None, None),
+            Self::DeltaFull { .. } => (K::DeltaFull, None, None),
+            Self::Engine(e) => engine_class(e),
+            Self::Format(e) => format_class(e),
+            Self::Plan(e) => plan_class(e),
+            Self::Device(e) => device_class(e),
+        }
+    }
+
     pub(crate) fn invalid(reason: impl Into<String>) -> Self {
         Self::InvalidRequest {
             table: None,
@@ -77,3 +209,85 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn format_class(e: &FormatError) -> Class<'_> {
+    use ErrorKind as K;
+    match e {
+        FormatError::NotFound { .. } => (K::StoreNotFound, None, None),
+        FormatError::AlreadyExists { .. } => (K::StoreExists, None, None),
+        FormatError::Io { .. } => (K::StoreIo, None, None),
+        FormatError::OutOfMemory { .. } => (K::InsufficientMemory, None, None),
+        FormatError::Corrupted { .. } => (K::StoreCorrupted, None, None),
+        FormatError::UnsupportedVersion { .. } => (K::UnsupportedVersion, None, None),
+        FormatError::InvalidTable { table, .. } | FormatError::RowCount { table, .. } => {
+            (K::InvalidRequest, Some(table.as_str()), None)
+        }
+        FormatError::UnknownDType(_) => (K::InvalidRequest, None, None),
+        _ => (K::Other, None, None),
+    }
+}
+
+/// The kind of a block device's error (a failed read, a disk probe).
+fn io_kind(e: &nearrec_io::IoError) -> ErrorKind {
+    use nearrec_io::IoError as I;
+    match e {
+        // a malformed read is a bug of ours, not the device's
+        I::InvalidRead { .. } => ErrorKind::Internal,
+        I::Threads { .. } => ErrorKind::ResourceExhausted,
+        // a disk probe with nothing to measure
+        I::Probe { .. } => ErrorKind::InvalidRequest,
+        I::Open { .. } | I::Read { .. } | I::ShortRead { .. } | I::Setup { .. } => {
+            ErrorKind::StoreIo
+        }
+        _ => ErrorKind::Other,
+    }
+}
+
+fn engine_class(e: &EngineError) -> Class<'_> {
+    use ErrorKind as K;
+    match e {
+        EngineError::Format(f) => format_class(f),
+        EngineError::Io(io) => (io_kind(io), None, None),
+        EngineError::InsufficientMemory(_) => (K::InsufficientMemory, None, None),
+        EngineError::UnknownTable { name, .. } => (K::UnknownTable, Some(name.as_str()), None),
+        EngineError::IndexOutOfRange {
+            table, position, ..
+        } => (K::IndexOutOfRange, Some(table.as_str()), Some(*position)),
+        EngineError::Corrupted { table, .. } => (K::StoreCorrupted, Some(table.as_str()), None),
+        EngineError::InvalidRequest { table, .. } => {
+            (K::InvalidRequest, Some(table.as_str()), None)
+        }
+        EngineError::Config(_) | EngineError::Model(_) => (K::InvalidRequest, None, None),
+        _ => (K::Other, None, None),
+    }
+}
+
+/// The kind of a planner or trace error, with the table and position it names.
+fn plan_class(e: &PlanError) -> Class<'_> {
+    use ErrorKind as K;
+    match e {
+        PlanError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            (K::StoreNotFound, None, None)
+        }
+        PlanError::Io { .. } => (K::StoreIo, None, None),
+        PlanError::BadTrace { .. } => (K::InvalidTrace, None, None),
+        PlanError::TraceMismatch {
+            table, position, ..
+        } => (K::TraceMismatch, Some(table.as_str()), *position),
+        PlanError::InvalidArgument { .. } => (K::InvalidRequest, None, None),
+        PlanError::BadPlan { table, .. } => (K::InvalidRequest, table.as_deref(), None),
+        PlanError::BadSpec { table, .. } => (K::InvalidRequest, Some(table.as_str()), None),
+        PlanError::Exists { .. } => (K::StoreExists, None, None),
+        PlanError::InsufficientMemory(_) => (K::InsufficientMemory, None, None),
+    }
+}
+
+fn device_class(e: &DeviceError) -> Class<'_> {
+    use ErrorKind as K;
+    match e {
+        DeviceError::Config(_) => (K::InvalidRequest, None, None),
+        DeviceError::Request { table, .. } => (K::InvalidRequest, Some(table.as_str()), None),
+        DeviceError::Io(io) => (io_kind(io), None, None),
+        _ => (K::Other, None, None),
+    }
+}

@@ -39,6 +39,7 @@ mod live;
 pub mod model;
 mod pace;
 pub mod pipeline;
+mod raw;
 mod store;
 
 pub use batch::{
@@ -46,12 +47,13 @@ pub use batch::{
     PoolingMode, TableLookup,
 };
 pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use feed::Synced;
 pub use jagged::{JaggedBlock, jagged};
 pub use live::{Compaction, RowWrite, Snapshot, WriteOptions};
 pub use model::{Inferred, StoredModel};
 pub use pipeline::{Pending, Stream};
+pub use raw::Rows;
 pub use store::{Changes, Stats, Store, TableData, Tables};
 
 pub use nearrec_engine::{Prepared, Tier, TierReport};

@@ -432,9 +432,15 @@ impl Store {
 
     /// Pools `batch`: one `[batch, Σ dim]` output, tables in request order.
     pub fn lookup(&self, batch: &Batch<'_>) -> Result<Pooled> {
-        let prepared = self.prepare(batch)?;
+        self.lookup_at(batch, &self.snapshot())
+    }
+
+    /// [`Store::lookup`] at `snapshot`: every table read at that version (the storage node
+    /// answers with it).
+    pub fn lookup_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<Pooled> {
+        let prepared = snapshot.engine().prepare(batch)?;
         let mut values = vec![0f32; prepared.batch() * prepared.width()];
-        self.execute(batch, &prepared, &mut values)?;
+        self.execute_at(batch, &prepared, &mut values, snapshot)?;
         Ok(self.pooled(batch, prepared.batch(), values))
     }
 

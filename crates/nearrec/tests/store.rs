@@ -127,6 +127,42 @@ fn lookups_on_every_tier_equal_the_rows() {
     }
 }
 
+/// A fixed batch of 2⁴⁰ empty bags is a few bytes of request and terabytes of answer: a typed
+/// error on every tier and path, never an abort in the allocator (nor the OOM killer).
+#[test]
+fn a_huge_batch_of_empty_bags_is_refused_before_anything_is_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store(dir.path());
+    for config in configs() {
+        let s = Store::open(&path, &config).unwrap();
+        let empty: [i64; 0] = [];
+        let b = Batch::new(
+            TABLES
+                .iter()
+                .map(|t| {
+                    TableLookup::new(
+                        t,
+                        Indices::I64(&empty),
+                        Bags::Fixed {
+                            batch: 1 << 40,
+                            bag_size: 0,
+                        },
+                    )
+                })
+                .collect(),
+        );
+        for result in [
+            s.lookup(&b).map(|_| ()),
+            s.lookup_split(&b, 64).map(|_| ()),
+            s.lookup_rows(&b).map(|_| ()),
+            s.prepare(&b).map(|_| ()),
+        ] {
+            let e = result.unwrap_err();
+            assert_eq!(e.kind(), nearrec::ErrorKind::InsufficientMemory, "{e}");
+        }
+    }
+}
+
 #[test]
 fn submit_and_stream_equal_lookups_in_order() {
     let dir = tempfile::tempdir().unwrap();
