@@ -35,7 +35,9 @@ LADDER = [
     "nearrec-device",
     "nearrec-engine",
     "nearrec",  # the facade: the product every surface goes through
+    "nearrec-wire",  # the storage node's protocol, shared by the node and its clients
     # surfaces
+    "nearrec-server",
     "nearrec-py",
     "nearrec-bench",
     "nearrec-bench-py",

@@ -1,0 +1,32 @@
+//! How a node runs: where it listens and the limits that keep its tail short.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A node's settings (the `nearrec-server` / `nearrec serve` flags).
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Where the node listens: loopback unless asked otherwise.
+    pub listen: SocketAddr,
+    /// Engine calls running at once; more wait in the queue.
+    pub max_in_flight: usize,
+    /// Requests waiting for an engine slot; past them a request is refused
+    /// (`RESOURCE_EXHAUSTED`).
+    pub max_queued: usize,
+    /// The largest request or answer, in bytes.
+    pub max_message_bytes: usize,
+    /// How long a drain (SIGTERM) waits for requests in flight before it stops anyway.
+    pub drain_timeout: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            max_in_flight: 8,
+            max_queued: 256,
+            max_message_bytes: 64 << 20,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}

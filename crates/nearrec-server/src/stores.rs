@@ -1,0 +1,57 @@
+//! The stores a node serves, by name.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use nearrec::Store;
+use tonic::Status;
+
+/// Stores by name; a request's empty name means the only one.
+#[derive(Debug, Clone, Default)]
+pub struct Stores(BTreeMap<String, Arc<Store>>);
+
+impl Stores {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `store` as `name`; a name served twice is refused.
+    pub fn insert(&mut self, name: impl Into<String>, store: Store) -> Result<(), String> {
+        let name = name.into();
+        if self.0.contains_key(&name) {
+            return Err(format!(
+                "two stores are named {name:?}; give each its own (PATH=NAME)"
+            ));
+        }
+        self.0.insert(name, Arc::new(store));
+        Ok(())
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The store a request names (`NOT_FOUND` naming what the node serves otherwise).
+    pub fn get(&self, name: &str) -> Result<(&str, Arc<Store>), Status> {
+        if name.is_empty() && self.0.len() == 1 {
+            let (n, s) = self.0.iter().next().expect("one store");
+            return Ok((n, s.clone()));
+        }
+        let served = || self.names().collect::<Vec<_>>().join(", ");
+        match self.0.get_key_value(name) {
+            Some((n, s)) => Ok((n, s.clone())),
+            None if name.is_empty() => Err(Status::invalid_argument(format!(
+                "the node serves several stores ({}): name one",
+                served()
+            ))),
+            None => Err(Status::not_found(format!(
+                "the node serves no store named {name:?}; it serves: {}",
+                served()
+            ))),
+        }
+    }
+}

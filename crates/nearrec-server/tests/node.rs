@@ -1,0 +1,634 @@
+//! The node end to end on loopback: a server on a free port, the generated client against it.
+//! Answers over the network equal the embedded store's, bit for bit, on both tiers (pooled,
+//! raw, streamed); errors arrive with their kind, table and position; the node's own refusals
+//! (unknown store, expired deadline, full queue) have their codes; health and reflection answer.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearrec::{
+    AsBatch, ErrorKind, IndexVec, OwnedBags, OwnedBatch, OwnedLookup, PoolingMode, Store,
+    StoreConfig,
+};
+use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_server::{NodeConfig, NodeService, Shared, Stores, serve};
+use nearrec_wire::v1 as pb;
+use nearrec_wire::v1::node_client::NodeClient;
+use nearrec_wire::v1::node_server::Node as _;
+use nearrec_wire::{RemoteError, convert};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const ROWS: u64 = 400;
+const DIM: u32 = 8;
+
+fn build(dir: &Path) -> PathBuf {
+    let path = dir.join("store");
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    for (t, (name, dtype)) in [("t0", DType::Fp32), ("t1", DType::Fp16)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut table = w.table(TableSpec::new(name, ROWS, DIM, dtype)).unwrap();
+        let values: Vec<f32> = (0..ROWS * u64::from(DIM))
+            .map(|i| ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5)
+            .collect();
+        table.write_f32(&values).unwrap();
+        w.finish_table(table).unwrap();
+    }
+    w.commit().unwrap();
+    path
+}
+
+fn open(path: &Path, toml: &str) -> Store {
+    Store::open(path, &StoreConfig::from_toml(toml).unwrap()).unwrap()
+}
+
+/// A random batch of `bags` bags per table, every shape of bags and pooling mode.
+fn batch(seed: u64, bags: usize) -> OwnedBatch {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let tables = ["t0", "t1"]
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let lengths: Vec<i64> = (0..bags).map(|_| (next() % 6) as i64).collect();
+            let n: i64 = lengths.iter().sum();
+            let ids: Vec<i64> = (0..n).map(|_| (next() % ROWS) as i64).collect();
+            let mode =
+                [PoolingMode::Sum, PoolingMode::Mean, PoolingMode::Max][(seed as usize + k) % 3];
+            let mut l = if seed.is_multiple_of(2) {
+                OwnedLookup::with_lengths(*t, ids.clone(), lengths.clone()).mode(mode)
+            } else {
+                let mut offsets = vec![0i32];
+                for len in &lengths {
+                    offsets.push(offsets.last().unwrap() + *len as i32);
+                }
+                OwnedLookup {
+                    table: (*t).into(),
+                    indices: IndexVec::I32(ids.iter().map(|&i| i as i32).collect()),
+                    bags: OwnedBags::Offsets {
+                        offsets: IndexVec::I32(offsets),
+                        include_last_offset: true,
+                    },
+                    per_sample_weights: None,
+                    mode,
+                    padding_idx: None,
+                }
+            };
+            if mode == PoolingMode::Sum && seed.is_multiple_of(3) {
+                l = l.weights((0..n).map(|i| i as f32 * 0.25 - 1.0).collect());
+            }
+            l
+        })
+        .collect();
+    OwnedBatch::new(tables)
+}
+
+struct Node {
+    addr: std::net::SocketAddr,
+    runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Node {
+    fn start(stores: Stores, config: NodeConfig) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let done = runtime.spawn(async move {
+            serve(stores, config, listener, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        Self {
+            addr,
+            runtime,
+            stop: Some(tx),
+            done: Some(done),
+        }
+    }
+
+    fn client(&self) -> NodeClient<Channel> {
+        let url = format!("http://{}", self.addr);
+        self.runtime
+            .block_on(NodeClient::connect(url))
+            .unwrap()
+            .max_decoding_message_size(64 << 20)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(done) = self.done.take() {
+            let _ = self.runtime.block_on(done);
+        }
+    }
+}
+
+fn request(store: &str, batch: &OwnedBatch, raw: bool, id: u64) -> pb::LookupRequest {
+    pb::LookupRequest {
+        store: store.into(),
+        tables: convert::tables(&batch.as_batch()),
+        raw,
+        id,
+    }
+}
+
+/// Equal shapes and values; the SSD tier pools rows in the order they land, so sums may differ
+/// in their last bits between two runs (fp32 sum order), nothing more.
+fn same(got: &nearrec::Pooled, want: &nearrec::Pooled, what: &str) {
+    assert_eq!(
+        (got.batch, &got.tables),
+        (want.batch, &want.tables),
+        "{what}"
+    );
+    for (i, (a, b)) in got.values.iter().zip(&want.values).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + a.abs() + b.abs()),
+            "{what}: value {i}: {a} vs {b}"
+        );
+    }
+}
+
+fn remote(s: &tonic::Status) -> RemoteError {
+    RemoteError::from(s)
+}
+
+#[test]
+fn answers_over_the_network_equal_the_embedded_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let embedded = [
+        open(&path, "tier = \"dram\""),
+        open(&path, "tier = \"ssd\"\ndram_budget = \"4KiB\""),
+    ];
+    let mut stores = Stores::new();
+    stores
+        .insert("dram", open(&path, "tier = \"dram\""))
+        .unwrap();
+    stores
+        .insert("ssd", open(&path, "tier = \"ssd\"\ndram_budget = \"4KiB\""))
+        .unwrap();
+    let node = Node::start(stores, NodeConfig::default());
+    let mut client = node.client();
+    for seed in 0..24u64 {
+        let b = batch(seed, 1 + (seed as usize * 7) % 40);
+        for (name, local) in ["dram", "ssd"].iter().zip(&embedded) {
+            let want = local.lookup(&b.as_batch()).unwrap();
+            let got = node
+                .runtime
+                .block_on(client.lookup(request(name, &b, false, seed)))
+                .unwrap()
+                .into_inner();
+            assert_eq!(got.id, seed);
+            let got = convert::unpooled(&got).unwrap();
+            same(&got, &want, &format!("seed {seed} on {name}"));
+            // raw: every distinct id once, its row as the store reads it
+            let rows = node
+                .runtime
+                .block_on(client.lookup(request(name, &b, true, seed)))
+                .unwrap()
+                .into_inner();
+            let rows = convert::unraw(&rows).unwrap();
+            assert_eq!(rows.len(), 2);
+            for (r, t) in rows.iter().zip(&b.tables) {
+                let mut ids: Vec<i64> = match &t.indices {
+                    IndexVec::I64(v) => v.clone(),
+                    IndexVec::I32(v) => v.iter().map(|&i| i64::from(i)).collect(),
+                };
+                ids.sort_unstable();
+                ids.dedup();
+                assert_eq!(r.ids, ids);
+                let mut want = vec![0f32; ids.len() * DIM as usize];
+                local.read_rows(&t.table, &ids, &mut want).unwrap();
+                assert_eq!(r.values, want, "raw rows of {} on {name}", t.table);
+            }
+        }
+    }
+    // a stream: answers in order, each matching its request; a bad request in the middle
+    // answers with its error and the stream goes on
+    let batches: Vec<OwnedBatch> = (0..12u64).map(|s| batch(s, 8)).collect();
+    let mut reqs: Vec<pb::LookupRequest> = batches
+        .iter()
+        .enumerate()
+        .map(|(i, b)| request("ssd", b, false, i as u64))
+        .collect();
+    reqs[5].tables[0].table = "nope".into();
+    let answers: Vec<pb::LookupResponse> = node.runtime.block_on(async {
+        let mut s = client
+            .lookup_stream(tokio_stream::iter(reqs))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(a) = s.message().await.unwrap() {
+            out.push(a);
+        }
+        out
+    });
+    assert_eq!(answers.len(), 12);
+    for (i, a) in answers.iter().enumerate() {
+        assert_eq!(a.id, i as u64);
+        if i == 5 {
+            let e = RemoteError::from(a.error.as_ref().expect("an error"));
+            assert_eq!(e.kind, Some(ErrorKind::UnknownTable));
+            assert_eq!(e.table.as_deref(), Some("nope"));
+            continue;
+        }
+        assert!(a.error.is_none());
+        let want = embedded[1].lookup(&batches[i].as_batch()).unwrap();
+        same(
+            &convert::unpooled(a).unwrap(),
+            &want,
+            &format!("stream answer {i}"),
+        );
+    }
+}
+
+#[test]
+fn errors_arrive_typed_with_their_table_and_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut stores = Stores::new();
+    stores.insert("s", open(&path, "tier = \"dram\"")).unwrap();
+    let node = Node::start(stores, NodeConfig::default());
+    let mut client = node.client();
+    let mut ask = |req: pb::LookupRequest| {
+        node.runtime
+            .block_on(client.lookup(req))
+            .map(|r| r.into_inner())
+    };
+    let good = batch(2, 4);
+    // an id out of range, named by its table and position
+    let mut b = good.clone();
+    b.tables[1].indices = IndexVec::I64(vec![1, 2, ROWS as i64 + 5, 3]);
+    b.tables[1].bags = OwnedBags::Fixed {
+        batch: 4,
+        bag_size: 1,
+    };
+    b.tables[0].bags = OwnedBags::Fixed {
+        batch: 4,
+        bag_size: 0,
+    };
+    b.tables[0].indices = IndexVec::I64(vec![]);
+    b.tables[0].per_sample_weights = None;
+    b.tables[1].per_sample_weights = None;
+    let s = ask(request("s", &b, false, 0)).unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    let e = remote(&s);
+    assert_eq!(e.kind, Some(ErrorKind::IndexOutOfRange));
+    assert_eq!((e.table.as_deref(), e.position), (Some("t1"), Some(2)));
+    // malformed messages: ragged bytes, decreasing offsets, offsets past the end, no tables,
+    // no bags, an unknown index type, a 2 GiB answer
+    let base = request("s", &good, false, 0);
+    let mut cases: Vec<(pb::LookupRequest, Code, Option<&str>)> = Vec::new();
+    let mut r = base.clone();
+    r.tables[0].ids = r.tables[0].ids.slice(..r.tables[0].ids.len() - 3);
+    cases.push((r, Code::InvalidArgument, Some("t0")));
+    let mut r = base.clone();
+    r.tables[1].index_type = pb::IndexType::Int64 as i32;
+    r.tables[1].ids = nearrec_wire::arrays::encode(vec![1i64, 2, 3]);
+    r.tables[1].bags = Some(pb::table_lookup::Bags::Offsets(pb::Offsets {
+        offsets: nearrec_wire::arrays::encode(vec![0i64, 2, 1, 3]),
+        include_last_offset: false,
+    }));
+    r.tables[1].per_sample_weights = Default::default();
+    cases.push((r.clone(), Code::InvalidArgument, Some("t1")));
+    r.tables[1].bags = Some(pb::table_lookup::Bags::Offsets(pb::Offsets {
+        offsets: nearrec_wire::arrays::encode(vec![0i64, 1, 9, 3]),
+        include_last_offset: false,
+    }));
+    cases.push((r, Code::InvalidArgument, Some("t1")));
+    let mut r = base.clone();
+    r.tables.clear();
+    cases.push((r, Code::InvalidArgument, None));
+    let mut r = base.clone();
+    r.tables[0].bags = None;
+    cases.push((r, Code::InvalidArgument, Some("t0")));
+    let mut r = base.clone();
+    r.tables[0].index_type = 0;
+    cases.push((r, Code::InvalidArgument, Some("t0")));
+    let mut r = base.clone();
+    for t in &mut r.tables {
+        t.ids = Default::default();
+        t.per_sample_weights = Default::default();
+        t.bags = Some(pb::table_lookup::Bags::Fixed(pb::FixedBags {
+            batch: 1 << 31,
+            bag_size: 0,
+        }));
+    }
+    cases.push((r, Code::InvalidArgument, Some("t0")));
+    let mut r = base.clone();
+    r.tables[0].table = "missing".into();
+    cases.push((r, Code::NotFound, Some("missing")));
+    for (i, (req, code, table)) in cases.into_iter().enumerate() {
+        let s = ask(req).unwrap_err();
+        assert_eq!(s.code(), code, "case {i}: {s:?}");
+        let e = remote(&s);
+        assert!(
+            e.kind.is_some(),
+            "case {i}: a nearrec error carries its kind: {s:?}"
+        );
+        assert_eq!(e.table.as_deref(), table, "case {i}: {s:?}");
+    }
+    // the node's own refusals
+    let s = ask(request("other", &good, false, 0)).unwrap_err();
+    assert_eq!((s.code(), remote(&s).kind), (Code::NotFound, None));
+    assert!(s.message().contains("it serves: s"), "{}", s.message());
+    // the node still serves
+    assert!(ask(request("", &good, false, 0)).is_ok());
+}
+
+#[test]
+fn an_expired_deadline_costs_no_device_read_and_a_full_queue_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut stores = Stores::new();
+    stores
+        .insert("s", open(&path, "tier = \"ssd\"\ndram_budget = 0"))
+        .unwrap();
+    let store = stores.get("s").unwrap().1;
+    let config = NodeConfig {
+        max_in_flight: 1,
+        max_queued: 1,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(stores, config);
+    let mut client = node.client();
+    let reads = || store.stats().unwrap().get("device_reads").unwrap();
+    let before = reads();
+    // a deadline of 1 ns has passed by the time the node looks at the request. Over the wire
+    // tonic's client enforces it too (and may give up first), so the node's side is asked
+    // directly, through the service the server runs
+    let service = NodeService(Arc::new(Shared {
+        stores: {
+            let mut only = Stores::new();
+            only.insert("s", open(&path, "tier = \"ssd\"\ndram_budget = 0"))
+                .unwrap();
+            only
+        },
+        admission: nearrec_server::Admission::new(1, 1),
+        config: NodeConfig::default(),
+    }));
+    let direct = service.0.stores.get("s").unwrap().1;
+    let direct_reads = || direct.stats().unwrap().get("device_reads").unwrap();
+    let mut req = tonic::Request::new(request("s", &batch(4, 16), false, 0));
+    req.metadata_mut()
+        .insert("grpc-timeout", "1n".parse().unwrap());
+    let s = node.runtime.block_on(service.lookup(req)).unwrap_err();
+    assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
+    assert_eq!(direct_reads(), 0.0, "an expired request read the device");
+    assert_eq!(
+        service
+            .0
+            .admission
+            .expired
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // with a deadline it meets, the same request reads
+    let mut req = tonic::Request::new(request("s", &batch(4, 16), false, 0));
+    req.metadata_mut()
+        .insert("grpc-timeout", "10S".parse().unwrap());
+    node.runtime.block_on(service.lookup(req)).unwrap();
+    assert!(direct_reads() > 0.0);
+    // over the wire, a deadline that has passed is refused without a device read too
+    let mut req = tonic::Request::new(request("s", &batch(4, 16), false, 0));
+    req.set_timeout(Duration::from_nanos(1));
+    let s = node.runtime.block_on(client.lookup(req)).unwrap_err();
+    assert!(
+        matches!(s.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{s:?}"
+    );
+    assert_eq!(reads(), before, "an expired request read the device");
+    // flood: with one slot and one queue place, most of 64 concurrent requests are refused
+    let b = Arc::new(batch(6, 64));
+    let codes: Vec<Code> = node.runtime.block_on(async {
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let mut c = client.clone();
+                let b = b.clone();
+                tokio::spawn(async move {
+                    match c.lookup(request("s", &b, false, i)).await {
+                        Ok(_) => Code::Ok,
+                        Err(s) => s.code(),
+                    }
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    let refused = codes
+        .iter()
+        .filter(|c| **c == Code::ResourceExhausted)
+        .count();
+    let served = codes.iter().filter(|c| **c == Code::Ok).count();
+    assert_eq!(refused + served, 64, "{codes:?}");
+    assert!(refused > 0 && served >= 2, "{codes:?}");
+    // and the node stays healthy
+    assert!(
+        node.runtime
+            .block_on(client.lookup(request("s", &batch(1, 4), false, 0)))
+            .is_ok()
+    );
+}
+
+#[test]
+fn health_and_reflection_answer_and_info_describes_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut stores = Stores::new();
+    stores.insert("s", open(&path, "tier = \"dram\"")).unwrap();
+    let node = Node::start(stores, NodeConfig::default());
+    let channel = node
+        .runtime
+        .block_on(
+            Channel::from_shared(format!("http://{}", node.addr))
+                .unwrap()
+                .connect(),
+        )
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for service in ["", "nearrec.v1.Node"] {
+        let r = node
+            .runtime
+            .block_on(health.check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            }))
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.status(),
+            tonic_health::pb::health_check_response::ServingStatus::Serving
+        );
+    }
+    let info = node
+        .runtime
+        .block_on(node.client().info(pb::InfoRequest {
+            store: String::new(),
+        }))
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.store, "s");
+    assert_eq!(info.stores, vec!["s".to_owned()]);
+    let tables: Vec<(String, u64, u32, String)> = info
+        .tables
+        .iter()
+        .map(|t| (t.name.clone(), t.rows, t.dim, t.dtype.clone()))
+        .collect();
+    assert_eq!(
+        tables,
+        vec![
+            ("t0".into(), ROWS, DIM, "fp32".into()),
+            ("t1".into(), ROWS, DIM, "fp16".into())
+        ]
+    );
+    assert!(!info.writable && !info.model);
+}
+
+#[test]
+fn writes_over_the_network_are_seen_by_the_next_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut stores = Stores::new();
+    let writable = "tier = \"ssd\"\nwritable = true\ndram_budget = \"4KiB\"";
+    stores.insert("s", open(&path, writable)).unwrap();
+    let store = stores.get("s").unwrap().1;
+    let node = Node::start(stores, NodeConfig::default());
+    let mut c = node.client();
+    let rt = &node.runtime;
+    let ids = vec![3i64, 7, 399];
+    let rows: Vec<f32> = (0..ids.len() * DIM as usize)
+        .map(|i| i as f32 + 0.5)
+        .collect();
+    let v = rt
+        .block_on(c.write(pb::WriteRequest {
+            store: "s".into(),
+            writes: vec![pb::TableRows {
+                table: "t0".into(),
+                ids: nearrec_wire::arrays::encode(ids.clone()),
+                rows: nearrec_wire::arrays::encode(rows.clone()),
+            }],
+            allow_nonfinite: false,
+        }))
+        .unwrap()
+        .into_inner()
+        .version;
+    assert_eq!(v, store.version());
+    let one = OwnedBatch::new(vec![OwnedLookup::with_lengths(
+        "t0",
+        ids.clone(),
+        vec![1i64; 3],
+    )]);
+    let got = rt
+        .block_on(c.lookup(request("s", &one, false, 0)))
+        .unwrap()
+        .into_inner();
+    assert!(got.version >= v);
+    assert_eq!(convert::unpooled(&got).unwrap().values, rows);
+    // a NaN is refused by default, named by its table; nothing is applied
+    let s = rt
+        .block_on(c.write(pb::WriteRequest {
+            store: "s".into(),
+            writes: vec![pb::TableRows {
+                table: "t0".into(),
+                ids: nearrec_wire::arrays::encode(vec![1i64]),
+                rows: nearrec_wire::arrays::encode(vec![f32::NAN; DIM as usize]),
+            }],
+            allow_nonfinite: false,
+        }))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert_eq!(remote(&s).table.as_deref(), Some("t0"));
+    assert_eq!(store.version(), v);
+    // remove, create, drop
+    rt.block_on(c.remove(pb::RemoveRequest {
+        store: "s".into(),
+        table: "t0".into(),
+        ids: nearrec_wire::arrays::encode(vec![7i64]),
+    }))
+    .unwrap();
+    let got = rt
+        .block_on(c.lookup(request("s", &one, false, 0)))
+        .unwrap()
+        .into_inner();
+    let got = convert::unpooled(&got).unwrap().values;
+    assert!(
+        got[8..16].iter().all(|&x| x == 0.0),
+        "a removed row pools as zeros"
+    );
+    rt.block_on(c.create_table(pb::CreateTableRequest {
+        store: "s".into(),
+        name: "t9".into(),
+        rows: 10,
+        dim: 4,
+        dtype: "fp16".into(),
+        init: "zeros".into(),
+        seed: 0,
+    }))
+    .unwrap();
+    let info = rt
+        .block_on(c.info(pb::InfoRequest::default()))
+        .unwrap()
+        .into_inner();
+    assert!(
+        info.tables
+            .iter()
+            .any(|t| t.name == "t9" && t.dtype == "fp16")
+    );
+    rt.block_on(c.drop_table(pb::DropTableRequest {
+        store: "s".into(),
+        name: "t9".into(),
+    }))
+    .unwrap();
+    let s = rt
+        .block_on(c.drop_table(pb::DropTableRequest {
+            store: "s".into(),
+            name: "t9".into(),
+        }))
+        .unwrap_err();
+    assert_eq!(remote(&s).kind, Some(ErrorKind::UnknownTable));
+}
+
+#[test]
+fn a_read_only_store_refuses_writes_with_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut stores = Stores::new();
+    stores.insert("s", open(&path, "tier = \"dram\"")).unwrap();
+    let node = Node::start(stores, NodeConfig::default());
+    let s = node
+        .runtime
+        .block_on(node.client().remove(pb::RemoveRequest {
+            store: "s".into(),
+            table: "t0".into(),
+            ids: nearrec_wire::arrays::encode(vec![1i64]),
+        }))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::FailedPrecondition);
+    assert_eq!(remote(&s).kind, Some(ErrorKind::StoreReadOnly));
+}

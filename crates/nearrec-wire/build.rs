@@ -1,0 +1,20 @@
+//! Generates the nearrec.v1 messages, server and client from `proto/nearrec/v1/*.proto`, and
+//! keeps the encoded descriptor set for server reflection.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
+    let files = ["nearrec/v1/node.proto"];
+    for f in &files {
+        println!("cargo:rerun-if-changed={}", root.join(f).display());
+    }
+    let fds = protox::compile(files, [&root])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("nearrec_v1_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    tonic_prost_build::configure().bytes(".").compile_fds(fds)?;
+    Ok(())
+}

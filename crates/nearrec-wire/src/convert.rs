@@ -1,0 +1,243 @@
+//! Messages to and from the facade's types. A request's arrays are decoded once, here, into an
+//! [`OwnedBatch`]; what they mean (bags against ids, ids against rows, weights, padding) is the
+//! engine's one validation, as for every other surface.
+
+use nearrec::{
+    Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled, PoolingMode, Rows,
+    TableLookup,
+};
+
+use crate::arrays::{decode, encode, encode_slice};
+use crate::v1 as pb;
+
+fn invalid(table: &str, reason: String) -> nearrec::Error {
+    nearrec::Error::InvalidRequest {
+        table: Some(table.to_owned()),
+        position: None,
+        reason,
+    }
+}
+
+/// A request's tables as an owned batch; refuses an empty table list.
+pub fn batch(tables: &[pb::TableLookup]) -> nearrec::Result<OwnedBatch> {
+    if tables.is_empty() {
+        return Err(nearrec::Error::InvalidRequest {
+            table: None,
+            position: None,
+            reason: "the request names no table".into(),
+        });
+    }
+    Ok(OwnedBatch::new(
+        tables.iter().map(lookup).collect::<nearrec::Result<_>>()?,
+    ))
+}
+
+fn indices(
+    bytes: &[u8],
+    kind: pb::IndexType,
+    table: &str,
+    field: &str,
+) -> nearrec::Result<IndexVec> {
+    Ok(match kind {
+        pb::IndexType::Int32 => IndexVec::I32(decode(bytes, table, field)?),
+        _ => IndexVec::I64(decode(bytes, table, field)?),
+    })
+}
+
+/// One table's part of a request.
+pub fn lookup(t: &pb::TableLookup) -> nearrec::Result<OwnedLookup> {
+    let name = t.table.as_str();
+    let kind = match pb::IndexType::try_from(t.index_type) {
+        Ok(k @ (pb::IndexType::Int32 | pb::IndexType::Int64)) => k,
+        _ => {
+            return Err(invalid(
+                name,
+                format!(
+                    "index_type {} is not INDEX_TYPE_INT64 or INDEX_TYPE_INT32",
+                    t.index_type
+                ),
+            ));
+        }
+    };
+    let bags = match &t.bags {
+        Some(pb::table_lookup::Bags::Offsets(o)) => OwnedBags::Offsets {
+            offsets: indices(&o.offsets, kind, name, "offsets")?,
+            include_last_offset: o.include_last_offset,
+        },
+        Some(pb::table_lookup::Bags::Lengths(l)) => {
+            OwnedBags::Lengths(indices(l, kind, name, "lengths")?)
+        }
+        Some(pb::table_lookup::Bags::Fixed(f)) => {
+            let size = |v: u64, what: &str| {
+                usize::try_from(v)
+                    .map_err(|_| invalid(name, format!("fixed {what} {v} is too large")))
+            };
+            OwnedBags::Fixed {
+                batch: size(f.batch, "batch")?,
+                bag_size: size(f.bag_size, "bag_size")?,
+            }
+        }
+        None => {
+            return Err(invalid(
+                name,
+                "no bags: give offsets, lengths or fixed".into(),
+            ));
+        }
+    };
+    let mode = match pb::PoolingMode::try_from(t.mode) {
+        Ok(pb::PoolingMode::Sum) => PoolingMode::Sum,
+        Ok(pb::PoolingMode::Mean) => PoolingMode::Mean,
+        Ok(pb::PoolingMode::Max) => PoolingMode::Max,
+        Err(_) => return Err(invalid(name, format!("pooling mode {} is unknown", t.mode))),
+    };
+    Ok(OwnedLookup {
+        table: t.table.clone(),
+        indices: indices(&t.ids, kind, name, "ids")?,
+        bags,
+        per_sample_weights: (!t.per_sample_weights.is_empty())
+            .then(|| decode(&t.per_sample_weights, name, "per_sample_weights"))
+            .transpose()?,
+        mode,
+        padding_idx: t.padding_idx,
+    })
+}
+
+/// A batch as a request's tables (a client's side): each table's indices, bags and weights
+/// copied into the message once.
+pub fn tables(batch: &Batch<'_>) -> Vec<pb::TableLookup> {
+    batch.tables.iter().map(table).collect()
+}
+
+fn table(t: &TableLookup<'_>) -> pb::TableLookup {
+    // ids and bags share one width in the protocol: int32 when both are, else both int64
+    let bag_indices = match t.bags {
+        Bags::Offsets { offsets, .. } => Some(offsets),
+        Bags::Lengths(lengths) => Some(lengths),
+        Bags::Fixed { .. } => None,
+    };
+    let narrow = matches!(t.indices, Indices::I32(_))
+        && bag_indices.is_none_or(|i| matches!(i, Indices::I32(_)));
+    let put = |i: Indices<'_>| match i {
+        Indices::I32(v) if narrow => encode_slice(v),
+        Indices::I64(v) => encode_slice(v),
+        i => encode((0..i.len()).map(|k| i.get(k)).collect::<Vec<i64>>()),
+    };
+    let kind = if narrow {
+        pb::IndexType::Int32
+    } else {
+        pb::IndexType::Int64
+    };
+    let bags = match t.bags {
+        Bags::Offsets {
+            offsets,
+            include_last_offset,
+        } => pb::table_lookup::Bags::Offsets(pb::Offsets {
+            offsets: put(offsets),
+            include_last_offset,
+        }),
+        Bags::Lengths(l) => pb::table_lookup::Bags::Lengths(put(l)),
+        Bags::Fixed { batch, bag_size } => pb::table_lookup::Bags::Fixed(pb::FixedBags {
+            batch: batch as u64,
+            bag_size: bag_size as u64,
+        }),
+    };
+    pb::TableLookup {
+        table: t.table.to_owned(),
+        index_type: kind as i32,
+        ids: put(t.indices),
+        bags: Some(bags),
+        per_sample_weights: t.per_sample_weights.map(encode_slice).unwrap_or_default(),
+        mode: match t.mode {
+            PoolingMode::Sum => pb::PoolingMode::Sum,
+            PoolingMode::Mean => pb::PoolingMode::Mean,
+            PoolingMode::Max => pb::PoolingMode::Max,
+        } as i32,
+        padding_idx: t.padding_idx,
+    }
+}
+
+/// A pooled answer (the node's side).
+pub fn pooled(id: u64, version: u64, p: Pooled) -> pb::LookupResponse {
+    pb::LookupResponse {
+        id,
+        batch: p.batch as u64,
+        tables: p
+            .tables
+            .into_iter()
+            .map(|(table, dim)| pb::TableWidth {
+                table,
+                dim: dim as u32,
+            })
+            .collect(),
+        pooled: encode(p.values),
+        version,
+        ..Default::default()
+    }
+}
+
+/// A raw answer (the node's side).
+pub fn raw(id: u64, version: u64, rows: Vec<Rows>) -> pb::LookupResponse {
+    pb::LookupResponse {
+        id,
+        raw: rows
+            .into_iter()
+            .map(|r| pb::RawRows {
+                table: r.table,
+                dim: r.dim as u32,
+                ids: encode(r.ids),
+                rows: encode(r.values),
+            })
+            .collect(),
+        version,
+        ..Default::default()
+    }
+}
+
+/// A pooled answer back as the facade's (the client's side), its size checked.
+pub fn unpooled(r: &pb::LookupResponse) -> nearrec::Result<Pooled> {
+    let values: Vec<f32> = decode(&r.pooled, "", "pooled")?;
+    let tables: Vec<(String, usize)> = r
+        .tables
+        .iter()
+        .map(|t| (t.table.clone(), t.dim as usize))
+        .collect();
+    let width: usize = tables.iter().map(|t| t.1).sum();
+    let batch = usize::try_from(r.batch).unwrap_or(usize::MAX);
+    if Some(values.len()) != batch.checked_mul(width) {
+        return Err(nearrec::Error::Internal(format!(
+            "the node answered {} floats for a [{batch}, {width}] batch",
+            values.len()
+        )));
+    }
+    Ok(Pooled {
+        values,
+        batch,
+        tables,
+    })
+}
+
+/// A raw answer back as the facade's rows (the client's side), sizes checked.
+pub fn unraw(r: &pb::LookupResponse) -> nearrec::Result<Vec<Rows>> {
+    r.raw
+        .iter()
+        .map(|t| {
+            let ids: Vec<i64> = decode(&t.ids, &t.table, "ids")?;
+            let values: Vec<f32> = decode(&t.rows, &t.table, "rows")?;
+            if values.len() != ids.len() * t.dim as usize {
+                return Err(nearrec::Error::Internal(format!(
+                    "the node answered {} floats for {} rows of width {} of table {:?}",
+                    values.len(),
+                    ids.len(),
+                    t.dim,
+                    t.table
+                )));
+            }
+            Ok(Rows {
+                table: t.table.clone(),
+                dim: t.dim as usize,
+                ids,
+                values,
+            })
+        })
+        .collect()
+}

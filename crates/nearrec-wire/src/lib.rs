@@ -1,0 +1,27 @@
+//! The storage node's protocol, `nearrec.v1` (`proto/nearrec/v1/node.proto`,
+//! `docs/protocol.md`): the generated messages, server and client ([`v1`]), and the one
+//! translation between them and the facade — both the node (`nearrec-server`) and its clients
+//! go through it, so that a request means the same on both ends:
+//!
+//! - [`arrays`]: little-endian `bytes` fields to and from slices, every length checked and a
+//!   bad one named by table and field;
+//! - [`convert`]: `TableLookup` messages to the facade's [`nearrec::OwnedBatch`] and back, answers
+//!   to and from [`nearrec::Pooled`] and [`nearrec::Rows`];
+//! - [`status`]: a [`nearrec::Error`] as a gRPC status carrying a `google.rpc.ErrorInfo` (its
+//!   [`nearrec::ErrorKind`], table and position), and back as a [`RemoteError`].
+
+pub mod arrays;
+pub mod convert;
+pub mod status;
+
+pub use status::{RemoteError, status_of};
+
+/// The generated `nearrec.v1` package.
+pub mod v1 {
+    #![allow(missing_docs, missing_debug_implementations, clippy::all)]
+    tonic::include_proto!("nearrec.v1");
+
+    /// The package's encoded `FileDescriptorSet`, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/nearrec_v1_descriptor.bin"));
+}

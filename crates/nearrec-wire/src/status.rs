@@ -1,0 +1,164 @@
+//! Errors across the wire. The node answers a failed call with the gRPC status its
+//! [`ErrorKind`] maps to and a `google.rpc.ErrorInfo` detail (reason: the kind's name, domain
+//! `nearrec`, metadata: `table`, `position`), which stock clients show and nearrec's client turns
+//! back into the same typed error a local store raises ([`RemoteError`]). Refusals of the node
+//! itself — no token, no grant, a deadline, a full queue — carry no `ErrorInfo` and are known by
+//! their code alone.
+
+use std::collections::HashMap;
+
+use nearrec::ErrorKind;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::v1 as pb;
+
+/// The `ErrorInfo` domain of nearrec's errors.
+pub const DOMAIN: &str = "nearrec";
+
+/// The status code of each kind of error: what a stock gRPC client (and a retry policy) sees.
+pub fn code_of(kind: ErrorKind) -> Code {
+    use ErrorKind as K;
+    match kind {
+        K::InvalidRequest | K::IndexOutOfRange | K::InvalidTrace | K::TraceMismatch => {
+            Code::InvalidArgument
+        }
+        K::UnknownTable | K::StoreNotFound => Code::NotFound,
+        K::StoreExists => Code::AlreadyExists,
+        K::StoreReadOnly | K::StoreLocked | K::UnsupportedVersion => Code::FailedPrecondition,
+        // retryable: compaction frees the delta; memory and threads come back
+        K::DeltaFull | K::InsufficientMemory | K::ResourceExhausted => Code::ResourceExhausted,
+        K::StoreIo => Code::Unavailable,
+        K::StoreCorrupted => Code::DataLoss,
+        K::Internal => Code::Internal,
+        _ => Code::Unknown,
+    }
+}
+
+fn info(e: &nearrec::Error) -> HashMap<String, String> {
+    let mut meta = HashMap::new();
+    if let Some(t) = e.table() {
+        meta.insert("table".to_owned(), t.to_owned());
+    }
+    if let Some(p) = e.position() {
+        meta.insert("position".to_owned(), p.to_string());
+    }
+    meta
+}
+
+/// A facade error as the status a unary call answers with.
+pub fn status_of(e: &nearrec::Error) -> Status {
+    let kind = e.kind();
+    Status::with_error_details(
+        code_of(kind),
+        e.to_string(),
+        ErrorDetails::with_error_info(kind.name(), DOMAIN, info(e)),
+    )
+}
+
+/// A failed request of a stream, as its answer's error: the status it would have answered
+/// with, its `ErrorInfo` unpacked.
+pub fn stream_error(status: &Status) -> pb::Error {
+    let remote = RemoteError::from(status);
+    pb::Error {
+        code: status.code() as i32,
+        kind: remote.kind.map(|k| k.name().to_owned()).unwrap_or_default(),
+        message: remote.message,
+        table: remote.table,
+        position: remote.position.map(|p| p as u64),
+    }
+}
+
+/// An error as the node answered it: its code, and where the node named one, the kind of
+/// nearrec error with its table and position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteError {
+    pub code: Code,
+    pub kind: Option<ErrorKind>,
+    pub message: String,
+    pub table: Option<String>,
+    pub position: Option<usize>,
+}
+
+impl std::fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RemoteError {}
+
+impl From<&Status> for RemoteError {
+    fn from(s: &Status) -> Self {
+        let info = s.get_details_error_info().filter(|i| i.domain == DOMAIN);
+        let (kind, table, position) = match &info {
+            Some(i) => (
+                ErrorKind::from_name(&i.reason).or(Some(ErrorKind::Other)),
+                i.metadata.get("table").cloned(),
+                i.metadata.get("position").and_then(|p| p.parse().ok()),
+            ),
+            None => (None, None, None),
+        };
+        Self {
+            code: s.code(),
+            kind,
+            message: s.message().to_owned(),
+            table,
+            position,
+        }
+    }
+}
+
+impl From<&pb::Error> for RemoteError {
+    fn from(e: &pb::Error) -> Self {
+        Self {
+            code: Code::from_i32(e.code),
+            kind: (!e.kind.is_empty())
+                .then(|| ErrorKind::from_name(&e.kind).unwrap_or(ErrorKind::Other)),
+            message: e.message.clone(),
+            table: e.table.clone(),
+            position: e.position.and_then(|p| usize::try_from(p).ok()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_crosses_the_wire_with_its_kind_table_and_position() {
+        let e = nearrec::Error::InvalidRequest {
+            table: Some("t1".into()),
+            position: Some(7),
+            reason: "bad".into(),
+        };
+        let s = status_of(&e);
+        assert_eq!(s.code(), Code::InvalidArgument);
+        let back = RemoteError::from(&s);
+        assert_eq!(back.kind, Some(ErrorKind::InvalidRequest));
+        assert_eq!(back.table.as_deref(), Some("t1"));
+        assert_eq!(back.position, Some(7));
+        assert_eq!(back.message, e.to_string());
+        let streamed = RemoteError::from(&stream_error(&s));
+        assert_eq!(streamed, back);
+        let refused = RemoteError::from(&stream_error(&Status::resource_exhausted("full")));
+        assert_eq!(
+            (refused.code, refused.kind),
+            (Code::ResourceExhausted, None)
+        );
+        // a refusal of the node's own carries no kind
+        let plain = RemoteError::from(&Status::permission_denied("no"));
+        assert_eq!((plain.code, plain.kind), (Code::PermissionDenied, None));
+    }
+
+    #[test]
+    fn every_kind_has_a_name_that_comes_back_and_a_code() {
+        for k in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_name(k.name()), Some(k));
+            let _ = code_of(k);
+        }
+        assert_eq!(code_of(ErrorKind::IndexOutOfRange), Code::InvalidArgument);
+        assert_eq!(code_of(ErrorKind::DeltaFull), Code::ResourceExhausted);
+    }
+}
