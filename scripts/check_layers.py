@@ -38,6 +38,7 @@ LADDER = [
     "nearrec-wire",  # the storage node's protocol, shared by the node and its clients
     # surfaces
     "nearrec-server",
+    "nearrec-client",
     "nearrec-py",
     "nearrec-bench",
     "nearrec-bench-py",

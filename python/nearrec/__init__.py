@@ -15,11 +15,14 @@ from ._native import __version__
 from .build import build, from_numpy, from_state_dict, remove, update
 from .config import StoreConfig
 from .errors import (
+    DeadlineExceeded,
     DeltaFull,
     IndexOutOfRange,
     InvalidRequest,
     InvalidTrace,
     NearrecError,
+    Overloaded,
+    PermissionDenied,
     StoreCorrupted,
     StoreExists,
     StoreIOError,
@@ -27,11 +30,14 @@ from .errors import (
     StoreNotFound,
     StoreReadOnly,
     TableFull,
+    Unauthenticated,
+    Unavailable,
     UnknownKey,
     UnknownTable,
     UnsupportedVersion,
 )
 from .keyed import KeyedTable
+from .remote import RemotePending, RemoteStore, RemoteTable, connect
 from .specs import MODELS, ModelSpec, model_spec
 from .store import (
     Changes,
@@ -54,6 +60,15 @@ from .store import (
 from .store import open_store as open  # noqa: A001  (nearrec.open mirrors the builtin's role)
 
 __all__ = [
+    "DeadlineExceeded",
+    "Overloaded",
+    "PermissionDenied",
+    "RemotePending",
+    "RemoteStore",
+    "RemoteTable",
+    "Unauthenticated",
+    "Unavailable",
+    "connect",
     "MODELS",
     "Changes",
     "Compaction",

@@ -21,7 +21,7 @@ import numpy as np
 import nearrec
 
 from .errors import InvalidRequest, NearrecError
-from .request import regular_file
+from .request import count, regular_file
 from .specs import scaled_rows
 from .units import parse_size
 
@@ -188,8 +188,27 @@ def _load_npy(path: str, what: str) -> np.ndarray:
     return a
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from . import _native
+    config = store_config(args).replace(writable=args.writable)
+    _native.serve(args.stores, config.native(), args.listen, args.insecure,
+                  count(args.max_in_flight, "--max-in-flight"),
+                  count(args.max_queued, "--max-queued", minimum=0),
+                  count(args.max_message_bytes, "--max-message-bytes"),
+                  float(args.drain_timeout))
+    return 0
+
+
 def cmd_lookup(args: argparse.Namespace) -> int:
-    store = nearrec.open(args.path, store_config(args), progress=args.progress)
+    store: Any
+    if args.remote:
+        store = nearrec.connect(args.remote, args.path or "", token=args.token,
+                                timeout=args.timeout)
+    elif args.path:
+        store = nearrec.open(args.path, store_config(args), progress=args.progress)
+    else:
+        raise InvalidRequest("nearrec lookup needs a store: a PATH, or --remote HOST:PORT "
+                             "(and the store's name on the node as PATH)")
     tables = args.table or list(store.tables)
     rng = np.random.default_rng(args.seed)
     reqs = []
@@ -217,6 +236,8 @@ def cmd_lookup(args: argparse.Namespace) -> int:
             "lookups_per_s": n_lookups / float(np.median(lat)),
             "first_row": out.values[0, :8].tolist() if b else []}
     stats = store.stats()
+    if stats and "batches" not in stats:
+        stats = {}  # a DRAM-resident store on a node: nothing of the SSD tier to show
     if stats:
         data["stats"] = stats
     if args.output:
@@ -558,8 +579,35 @@ def parser() -> argparse.ArgumentParser:
     common(cp)
     cp.set_defaults(func=cmd_compact)
 
+    sv = sub.add_parser("serve", help="serve stores over gRPC: the storage node "
+                                      "(nearrec.connect, grpcurl, grpc.health.v1)")
+    sv.add_argument("stores", nargs="+", metavar="STORE[=NAME]",
+                    help="a store directory, named on the node by NAME (default: the "
+                         "directory's name)")
+    sv.add_argument("--listen", default="127.0.0.1:7070",
+                    help="HOST:PORT to listen on (port 0: a free one, printed once ready)")
+    sv.add_argument("--writable", action="store_true",
+                    help="open the stores for writing (Write, Remove, CreateTable, DropTable)")
+    sv.add_argument("--insecure", action="store_true",
+                    help="listen on an address other than loopback without an ACL")
+    sv.add_argument("--max-in-flight", type=int, default=8,
+                    help="engine calls running at once")
+    sv.add_argument("--max-queued", type=int, default=256,
+                    help="calls waiting for the engine; past them calls are refused "
+                         "(RESOURCE_EXHAUSTED)")
+    sv.add_argument("--max-message-bytes", type=int, default=64 << 20)
+    sv.add_argument("--drain-timeout", type=float, default=30.0,
+                    help="seconds SIGTERM waits for calls in flight")
+    store_flags(sv)
+    sv.set_defaults(func=cmd_serve)
+
     lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
-    lk.add_argument("path")
+    lk.add_argument("path", nargs="?",
+                    help="the store (with --remote: its name on the node; default: the "
+                         "node's only store)")
+    lk.add_argument("--remote", metavar="HOST:PORT", help="a storage node (nearrec serve)")
+    lk.add_argument("--token", help="with --remote: a bearer token")
+    lk.add_argument("--timeout", type=float, help="with --remote: each call's deadline, s")
     lk.add_argument("--table", action="append", help="table(s) to query (default: all)")
     lk.add_argument("--batch", type=int, default=16)
     lk.add_argument("--pooling", type=int, default=20, help="lookups per bag")

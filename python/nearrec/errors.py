@@ -108,7 +108,37 @@ class TraceMismatch(InvalidTrace, InvalidRequest):
     count, a row id past the table): an ``InvalidTrace`` and an ``InvalidRequest`` both."""
 
 
+# ---- a storage node's refusals (nearrec.connect): the node named no nearrec error, only why it
+# would not serve the call -------------------------------------------------------------------
+
+
+class Unauthenticated(NearrecError, PermissionError):
+    """The node needs a token and the call had none, or one it does not know."""
+
+
+class PermissionDenied(NearrecError, PermissionError):
+    """The call's token does not grant what it asked (read, write or admin of a table)."""
+
+
+class DeadlineExceeded(NearrecError, TimeoutError):
+    """The call's deadline (``timeout``) passed before it was served; a request still waiting
+    for the node's engine at its deadline is dropped before it reads the device."""
+
+
+class Overloaded(NearrecError, ConnectionError):
+    """The node's admission queue is full: nothing of the call ran. Retry later."""
+
+
+class Unavailable(NearrecError, ConnectionError):
+    """The node cannot be reached (no connection, or it is draining). Retry later."""
+
+
 __all__ = [
+    "DeadlineExceeded",
+    "Overloaded",
+    "PermissionDenied",
+    "Unauthenticated",
+    "Unavailable",
     "DeltaFull",
     "StoreLocked",
     "StoreReadOnly",

@@ -9,9 +9,11 @@ mod error;
 mod keyed;
 mod lookup;
 mod model;
+mod node;
 mod plan;
 mod progress;
 mod raw;
+mod remote;
 mod store;
 mod tensor;
 mod trace;
@@ -29,6 +31,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         nearrec_cache::HotPartition::ROW_OVERHEAD,
     )?;
     m.add_class::<store::NativeStore>()?;
+    m.add_class::<remote::NativeRemote>()?;
+    m.add_class::<remote::NativeRemotePending>()?;
+    m.add_function(wrap_pyfunction!(node::serve, m)?)?;
     m.add_class::<store::NativePending>()?;
     m.add_class::<store::NativeStream>()?;
     m.add_class::<collection::NativeCollection>()?;

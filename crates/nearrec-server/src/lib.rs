@@ -74,3 +74,48 @@ pub async fn serve(
     }
     Ok(())
 }
+
+/// Runs a node until SIGTERM or SIGINT, then drains: the `nearrec-server` binary and
+/// `nearrec serve`. `ready` gets the address once the node listens (port 0 picks a free one).
+/// Refuses an address other than loopback unless `insecure` (a node reachable from other hosts
+/// needs an ACL).
+pub fn run(
+    stores: Stores,
+    config: NodeConfig,
+    insecure: bool,
+    ready: impl FnOnce(std::net::SocketAddr, &Stores),
+) -> Result<(), String> {
+    if !config.listen.ip().is_loopback() && !insecure {
+        return Err(format!(
+            "{} is not a loopback address: a node reachable from other hosts needs an ACL \
+             (not yet supported) or --insecure",
+            config.listen
+        ));
+    }
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("cannot start the node's runtime: {e}"))?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        ready(addr, &stores);
+        let stop = stop_signal()?;
+        serve(stores, config, listener, stop)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// SIGTERM or SIGINT, whichever comes first.
+fn stop_signal() -> Result<impl Future<Output = ()> + Send, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}

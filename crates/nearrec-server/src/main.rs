@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use nearrec::{Store, StoreConfig};
-use nearrec_server::{NodeConfig, Stores, serve};
+use nearrec::StoreConfig;
+use nearrec_server::{NodeConfig, Stores, run};
 
 /// Serves nearrec stores over gRPC (nearrec.v1.Node, grpc.health.v1, reflection).
 #[derive(Debug, Parser)]
@@ -57,35 +57,12 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    if !args.listen.ip().is_loopback() && !args.insecure {
-        fail(format!(
-            "{} is not a loopback address: a node reachable from other hosts needs an ACL \
-             (not yet supported) or --insecure",
-            args.listen
-        ));
-    }
     let mut store_config = match &args.config {
         Some(p) => StoreConfig::from_file(p).unwrap_or_else(|e| fail(e)),
         None => StoreConfig::default(),
     };
     store_config.writable |= args.writable;
-    let mut stores = Stores::new();
-    for spec in &args.stores {
-        let (path, name) = match spec.split_once('=') {
-            Some((p, n)) => (PathBuf::from(p), n.to_owned()),
-            None => {
-                let p = PathBuf::from(spec);
-                let name = p
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| fail(format!("{spec}: name the store (PATH=NAME)")));
-                (p, name)
-            }
-        };
-        let store = Store::open(&path, &store_config)
-            .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
-        stores.insert(name, store).unwrap_or_else(|e| fail(e));
-    }
+    let stores = Stores::open(&args.stores, &store_config).unwrap_or_else(|e| fail(e));
     let config = NodeConfig {
         listen: args.listen,
         max_in_flight: args.max_in_flight.max(1),
@@ -93,31 +70,15 @@ fn main() {
         max_message_bytes: args.max_message_bytes,
         drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap_or_else(|e| fail(e));
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .unwrap_or_else(|e| fail(format!("cannot listen on {}: {e}", config.listen)));
-        let addr = listener.local_addr().unwrap_or_else(|e| fail(e));
+    let ready = |addr, stores: &Stores| {
         let names: Vec<&str> = stores.names().collect();
         println!(
             "nearrec-server listening on {addr} (stores: {})",
             names.join(", ")
         );
         let _ = std::io::stdout().flush();
-        if let Err(e) = serve(stores, config, listener, stop_signal()).await {
-            fail(e);
-        }
-    });
-}
-
-/// SIGTERM or SIGINT: the node drains and exits.
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).unwrap_or_else(|e| fail(e));
-    let mut int = signal(SignalKind::interrupt()).unwrap_or_else(|e| fail(e));
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    };
+    if let Err(e) = run(stores, config, args.insecure, ready) {
+        fail(e);
     }
 }

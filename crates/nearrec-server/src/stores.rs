@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use nearrec::Store;
+use std::path::PathBuf;
+
+use nearrec::{Store, StoreConfig};
 use tonic::Status;
 
 /// Stores by name; a request's empty name means the only one.
@@ -25,6 +27,28 @@ impl Stores {
         }
         self.0.insert(name, Arc::new(store));
         Ok(())
+    }
+
+    /// Opens each `PATH` or `PATH=NAME` (the name defaults to the directory's) with `config`.
+    pub fn open(specs: &[String], config: &StoreConfig) -> Result<Self, String> {
+        let mut stores = Self::new();
+        for spec in specs {
+            let (path, name) = match spec.split_once('=') {
+                Some((p, n)) if !n.is_empty() => (PathBuf::from(p), n.to_owned()),
+                _ => {
+                    let p = PathBuf::from(spec.trim_end_matches('='));
+                    let name = p
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .ok_or_else(|| format!("{spec}: name the store (PATH=NAME)"))?;
+                    (p, name)
+                }
+            };
+            let store =
+                Store::open(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
+            stores.insert(name, store)?;
+        }
+        Ok(stores)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {

@@ -80,6 +80,29 @@ pub struct RemoteError {
     pub position: Option<usize>,
 }
 
+impl RemoteError {
+    /// The error's name, as Python's class in `nearrec.errors`: the kind's where the node named
+    /// one, else the node's refusal by its code — `Unauthenticated`, `PermissionDenied`,
+    /// `DeadlineExceeded` (also the client's own timeout, which tonic answers `CANCELLED`),
+    /// `Overloaded` (a full queue: retry), `Unavailable` (no connection: retry).
+    pub fn name(&self) -> &'static str {
+        if let Some(k) = self.kind {
+            return k.name();
+        }
+        match self.code {
+            Code::Unauthenticated => "Unauthenticated",
+            Code::PermissionDenied => "PermissionDenied",
+            Code::DeadlineExceeded | Code::Cancelled => "DeadlineExceeded",
+            Code::ResourceExhausted => "Overloaded",
+            Code::Unavailable => "Unavailable",
+            Code::InvalidArgument | Code::OutOfRange => "InvalidRequest",
+            Code::NotFound => "StoreNotFound",
+            Code::Internal => "InternalError",
+            _ => "NearrecError",
+        }
+    }
+}
+
 impl std::fmt::Display for RemoteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
@@ -150,6 +173,12 @@ mod tests {
         // a refusal of the node's own carries no kind
         let plain = RemoteError::from(&Status::permission_denied("no"));
         assert_eq!((plain.code, plain.kind), (Code::PermissionDenied, None));
+        assert_eq!(plain.name(), "PermissionDenied");
+        assert_eq!(back.name(), "InvalidRequest");
+        assert_eq!(
+            RemoteError::from(&Status::resource_exhausted("full")).name(),
+            "Overloaded"
+        );
     }
 
     #[test]

@@ -1,0 +1,341 @@
+//! A client of the storage node (`nearrec-server`) with the local store's shape: the same
+//! batches in, the same [`nearrec::Pooled`] and [`nearrec::Rows`] out, errors as the node named
+//! them ([`RemoteError`]: the [`nearrec::ErrorKind`] with its table and position, or the node's
+//! own refusal by its code). Calls block the caller; they run on a small runtime of the
+//! client's own, over one HTTP/2 connection that concurrent calls share (Python's
+//! `nearrec.connect` is this client).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearrec::{AsBatch, Batch, Pooled, RowWrite, Rows};
+use nearrec_wire::arrays::{decode, encode_slice};
+use nearrec_wire::v1 as pb;
+use nearrec_wire::v1::node_client::NodeClient;
+use nearrec_wire::{RemoteError, convert};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Response, Status};
+
+/// How a client talks to its node.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Sent as `authorization: Bearer TOKEN` with every call.
+    pub token: Option<String>,
+    /// Each call's deadline (`grpc-timeout`): the node drops a call still waiting at it.
+    pub timeout: Option<Duration>,
+    /// The largest answer or request, in bytes.
+    pub max_message_bytes: usize,
+    /// How long connecting may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            token: None,
+            timeout: None,
+            max_message_bytes: 64 << 20,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A connection to one store on one node.
+#[derive(Debug, Clone)]
+pub struct Client {
+    runtime: Arc<tokio::runtime::Runtime>,
+    node: NodeClient<Channel>,
+    store: String,
+    options: ClientOptions,
+}
+
+/// A call the client could not make: no connection, a bad address.
+fn unavailable(message: String) -> RemoteError {
+    RemoteError {
+        code: Code::Unavailable,
+        kind: None,
+        message,
+        table: None,
+        position: None,
+    }
+}
+
+fn local(e: nearrec::Error) -> RemoteError {
+    RemoteError {
+        code: nearrec_wire::status::code_of(e.kind()),
+        kind: Some(e.kind()),
+        message: e.to_string(),
+        table: e.table().map(str::to_owned),
+        position: e.position(),
+    }
+}
+
+/// An answer and the version of the store it read.
+pub type Versioned<T> = (T, u64);
+
+impl Client {
+    /// Connects to the node at `addr` (`host:port`, or an `http://` URL) for its store `store`
+    /// (empty: the node's only store).
+    pub fn connect(addr: &str, store: &str, options: ClientOptions) -> Result<Self, RemoteError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("nearrec-client")
+            .enable_all()
+            .build()
+            .map_err(|e| unavailable(format!("cannot start the client's runtime: {e}")))?;
+        let url = if addr.contains("://") {
+            addr.to_owned()
+        } else {
+            format!("http://{addr}")
+        };
+        let endpoint = Endpoint::from_shared(url)
+            .map_err(|e| unavailable(format!("{addr:?} is not a node's address: {e}")))?
+            .connect_timeout(options.connect_timeout)
+            .tcp_nodelay(true);
+        let channel = runtime
+            .block_on(endpoint.connect())
+            .map_err(|e| unavailable(format!("cannot connect to the node at {addr}: {e}")))?;
+        let node = NodeClient::new(channel)
+            .max_decoding_message_size(options.max_message_bytes)
+            .max_encoding_message_size(options.max_message_bytes);
+        Ok(Self {
+            runtime: Arc::new(runtime),
+            node,
+            store: store.to_owned(),
+            options,
+        })
+    }
+
+    /// The store's name as the client sends it.
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut r = Request::new(message);
+        if let Some(t) = self.options.timeout {
+            r.set_timeout(t);
+        }
+        if let Some(token) = &self.options.token
+            && let Ok(v) = format!("Bearer {token}").parse()
+        {
+            r.metadata_mut().insert("authorization", v);
+        }
+        r
+    }
+
+    fn call<T, F>(&self, f: F) -> Result<T, RemoteError>
+    where
+        F: Future<Output = Result<Response<T>, Status>>,
+    {
+        self.runtime
+            .block_on(f)
+            .map(Response::into_inner)
+            .map_err(|s| RemoteError::from(&s))
+    }
+
+    fn lookup_request(&self, batch: &Batch<'_>, raw: bool) -> pb::LookupRequest {
+        pb::LookupRequest {
+            store: self.store.clone(),
+            tables: convert::tables(batch),
+            raw,
+            id: 0,
+        }
+    }
+
+    /// Pools `batch` on the node: the `[batch, Σ dim]` output and the version it read.
+    pub fn lookup(&self, batch: &Batch<'_>) -> Result<Versioned<Pooled>, RemoteError> {
+        let req = self.request(self.lookup_request(batch, false));
+        let mut node = self.node.clone();
+        let answer = self.call(node.lookup(req))?;
+        Ok((convert::unpooled(&answer).map_err(local)?, answer.version))
+    }
+
+    /// Each table's distinct rows `batch` reads, and the version they were read at.
+    pub fn lookup_rows(&self, batch: &Batch<'_>) -> Result<Versioned<Vec<Rows>>, RemoteError> {
+        let req = self.request(self.lookup_request(batch, true));
+        let mut node = self.node.clone();
+        let answer = self.call(node.lookup(req))?;
+        Ok((convert::unraw(&answer).map_err(local)?, answer.version))
+    }
+
+    /// Starts a lookup and returns at once; batches submitted together are in flight together
+    /// on the one connection (RM_send_inputs / RM_read_outputs).
+    pub fn submit<B: AsBatch>(&self, batch: B) -> Pending {
+        let req = self.request(self.lookup_request(&batch.as_batch(), false));
+        let mut node = self.node.clone();
+        let task = self.runtime.spawn(async move { node.lookup(req).await });
+        Pending {
+            runtime: self.runtime.clone(),
+            task,
+        }
+    }
+
+    /// The model kept with the store, run on the node: `(outputs, batch, width)`.
+    pub fn infer(
+        &self,
+        dense: &[f32],
+        batch: &Batch<'_>,
+    ) -> Result<(Vec<f32>, usize, usize), RemoteError> {
+        let req = self.request(pb::InferRequest {
+            store: self.store.clone(),
+            dense: encode_slice(dense),
+            tables: convert::tables(batch),
+        });
+        let mut node = self.node.clone();
+        let answer = self.call(node.infer(req))?;
+        let outputs: Vec<f32> = decode(&answer.outputs, "", "outputs").map_err(local)?;
+        Ok((outputs, answer.batch as usize, answer.width as usize))
+    }
+
+    /// EMB_WRITE of several tables in one atomic call; the version that holds it.
+    pub fn write_many(
+        &self,
+        writes: &[RowWrite<'_>],
+        allow_nonfinite: bool,
+    ) -> Result<u64, RemoteError> {
+        let mut removes = writes.iter().filter(|w| w.values.is_none());
+        if let Some(w) = removes.next() {
+            // the protocol's removes are their own call
+            if writes.len() == 1 {
+                return self.remove(w.table, w.ids);
+            }
+            return Err(local(nearrec::Error::InvalidRequest {
+                table: Some(w.table.to_owned()),
+                position: None,
+                reason: "a remote write_many writes rows; remove them with remove()".into(),
+            }));
+        }
+        let req = self.request(pb::WriteRequest {
+            store: self.store.clone(),
+            writes: writes
+                .iter()
+                .map(|w| pb::TableRows {
+                    table: w.table.to_owned(),
+                    ids: encode_slice(w.ids),
+                    rows: encode_slice(w.values.unwrap_or_default()),
+                })
+                .collect(),
+            allow_nonfinite,
+        });
+        let mut node = self.node.clone();
+        Ok(self.call(node.write(req))?.version)
+    }
+
+    /// EMB_REMOVE of rows; the version that holds it.
+    pub fn remove(&self, table: &str, ids: &[i64]) -> Result<u64, RemoteError> {
+        let req = self.request(pb::RemoveRequest {
+            store: self.store.clone(),
+            table: table.to_owned(),
+            ids: encode_slice(ids),
+        });
+        let mut node = self.node.clone();
+        Ok(self.call(node.remove(req))?.version)
+    }
+
+    /// RM_create_table on the node.
+    pub fn create_table(
+        &self,
+        name: &str,
+        rows: u64,
+        dim: u32,
+        dtype: &str,
+        init: &str,
+        seed: u64,
+    ) -> Result<u64, RemoteError> {
+        let req = self.request(pb::CreateTableRequest {
+            store: self.store.clone(),
+            name: name.to_owned(),
+            rows,
+            dim,
+            dtype: dtype.to_owned(),
+            init: init.to_owned(),
+            seed,
+        });
+        let mut node = self.node.clone();
+        Ok(self.call(node.create_table(req))?.version)
+    }
+
+    /// EMB_REMOVE of a table on the node.
+    pub fn drop_table(&self, name: &str) -> Result<u64, RemoteError> {
+        let req = self.request(pb::DropTableRequest {
+            store: self.store.clone(),
+            name: name.to_owned(),
+        });
+        let mut node = self.node.clone();
+        Ok(self.call(node.drop_table(req))?.version)
+    }
+
+    /// The store at `path` on the node's file system served from the next request on.
+    pub fn swap(&self, path: &str, warm: bool) -> Result<u64, RemoteError> {
+        let req = self.request(pb::SwapRequest {
+            store: self.store.clone(),
+            path: path.to_owned(),
+            warm,
+        });
+        let mut node = self.node.clone();
+        Ok(self.call(node.swap(req))?.version)
+    }
+
+    /// What the store holds.
+    pub fn info(&self) -> Result<pb::InfoResponse, RemoteError> {
+        let req = self.request(pb::InfoRequest {
+            store: self.store.clone(),
+        });
+        let mut node = self.node.clone();
+        self.call(node.info(req))
+    }
+
+    /// The store's counters.
+    pub fn stats(&self) -> Result<pb::StatsResponse, RemoteError> {
+        let req = self.request(pb::StatsRequest {
+            store: self.store.clone(),
+        });
+        let mut node = self.node.clone();
+        self.call(node.stats(req))
+    }
+}
+
+/// A submitted lookup.
+#[derive(Debug)]
+pub struct Pending {
+    runtime: Arc<tokio::runtime::Runtime>,
+    task: tokio::task::JoinHandle<Result<Response<pb::LookupResponse>, Status>>,
+}
+
+impl Pending {
+    pub fn is_done(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the answer.
+    pub fn wait(self) -> Result<Versioned<Pooled>, RemoteError> {
+        let answer = self.runtime.block_on(self.task);
+        Self::answer(answer)
+    }
+
+    /// Waits at most `timeout` for the answer; `Err(self)` if it has not come.
+    pub fn wait_timeout(
+        mut self,
+        timeout: Duration,
+    ) -> Result<Result<Versioned<Pooled>, RemoteError>, Self> {
+        let runtime = self.runtime.clone();
+        // the timer needs the runtime's context: made inside it
+        let task = &mut self.task;
+        match runtime.block_on(async { tokio::time::timeout(timeout, task).await }) {
+            Ok(answer) => Ok(Self::answer(answer)),
+            Err(_) => Err(self),
+        }
+    }
+
+    fn answer(
+        joined: Result<Result<Response<pb::LookupResponse>, Status>, tokio::task::JoinError>,
+    ) -> Result<Versioned<Pooled>, RemoteError> {
+        let answer = joined
+            .map_err(|e| unavailable(format!("the call's task failed: {e}")))?
+            .map_err(|s| RemoteError::from(&s))?
+            .into_inner();
+        Ok((convert::unpooled(&answer).map_err(local)?, answer.version))
+    }
+}

@@ -1,0 +1,53 @@
+//! `serve`: the storage node (`nearrec-server`) run by `nearrec serve`, in this process, until
+//! SIGTERM or SIGINT; the GIL is released while it serves.
+
+use std::io::Write;
+use std::time::Duration;
+
+use nearrec_server::{NodeConfig, Stores, run};
+use pyo3::prelude::*;
+
+use crate::config::NativeConfig;
+use crate::error::{detach, raise};
+
+/// Serves the stores `specs` (`PATH` or `PATH=NAME`) opened with `config` on `listen`; prints
+/// `listening on ADDR` once ready and returns after a drain.
+#[pyfunction]
+#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn serve(
+    py: Python<'_>,
+    specs: Vec<String>,
+    config: &NativeConfig,
+    listen: &str,
+    insecure: bool,
+    max_in_flight: usize,
+    max_queued: usize,
+    max_message_bytes: usize,
+    drain_timeout: f64,
+) -> PyResult<()> {
+    let invalid = |m: String| raise(py, "InvalidRequest", m, None, None);
+    let listen = listen
+        .parse()
+        .map_err(|e| invalid(format!("--listen {listen:?} is not HOST:PORT: {e}")))?;
+    let store_config = config.config.clone();
+    let node = NodeConfig {
+        listen,
+        max_in_flight: max_in_flight.max(1),
+        max_queued,
+        max_message_bytes,
+        drain_timeout: Duration::from_secs_f64(drain_timeout.max(0.0)),
+    };
+    detach(py, || {
+        let stores = Stores::open(&specs, &store_config)?;
+        run(stores, node, insecure, |addr, stores| {
+            let names: Vec<&str> = stores.names().collect();
+            println!(
+                "nearrec serve: listening on {addr} (stores: {})",
+                names.join(", ")
+            );
+            let _ = std::io::stdout().flush();
+        })
+    })?
+    .map_err(|m| raise(py, "NearrecError", m, None, None))
+}

@@ -1,0 +1,252 @@
+"""A store served by a storage node: :func:`connect` returns a :class:`RemoteStore`, which has
+the surface of a local :class:`~nearrec.Store` — lookups, background lookups and streams, the
+stored model's inference, writes, stats — each call one round trip to the node, the bags pooled
+where the rows are read. Errors arrive as the local store raises them (``IndexOutOfRange``
+naming the table and position, ``UnknownTable``, ...) plus the node's own refusals:
+:class:`~nearrec.errors.Unauthenticated` and :class:`~nearrec.errors.PermissionDenied`
+(``PermissionError``), :class:`~nearrec.errors.DeadlineExceeded` (``TimeoutError``),
+:class:`~nearrec.errors.Overloaded` and :class:`~nearrec.errors.Unavailable`
+(``ConnectionError``: retry). The client is the native module's (Rust, tonic): no grpcio needed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._native import NativeRemote, NativeRemotePending
+from .errors import InvalidRequest, UnknownTable
+from .request import PoolingModeName, TableLookup, as_array, count, index_array, text
+from .store import PooledBatch, _ids, _rows, jagged_lookups, lookups
+
+
+@dataclass(frozen=True)
+class RemoteTable:
+    """A table of a remote store, as its node describes it."""
+
+    name: str
+    rows: int
+    dim: int
+    dtype: str
+
+
+def connect(address: str, store: str = "", *, token: str | None = None,
+            timeout: float | None = None) -> RemoteStore:
+    """Connects to the store ``store`` of the node at ``address`` (``host:port``; an empty
+    ``store`` is the node's only one). ``token`` is sent as a bearer token with every call;
+    ``timeout`` (seconds) is each call's deadline, which the node honours: a call still waiting
+    at it is dropped before it reads the device."""
+    text(address, "address")
+    text(store, "store")
+    if token is not None:
+        text(token, "token")
+    if timeout is not None:
+        timeout = float(timeout)
+        if not timeout > 0:
+            raise InvalidRequest(f"timeout is a positive number of seconds, not {timeout}")
+    return RemoteStore(NativeRemote(address, store, token, timeout), address)
+
+
+class RemoteStore:
+    """A store on a storage node (see :func:`connect`)."""
+
+    def __init__(self, native: NativeRemote, address: str):
+        self._native, self.address = native, address
+        self._tables: dict[str, RemoteTable] = {}
+        self._read_info()
+
+    def _read_info(self) -> None:
+        name, tables, version, tier, writable, model, stores = self._native.info()
+        self.name: str = name
+        self._tables = {t[0]: RemoteTable(*t) for t in tables}
+        self._version, self._tier, self._writable = int(version), str(tier), bool(writable)
+        self.has_model: bool = bool(model)
+        self.stores: tuple[str, ...] = tuple(stores)
+
+    @property
+    def tables(self) -> dict[str, RemoteTable]:
+        """The store's tables as of the last call that changed them or :meth:`refresh`."""
+        return dict(self._tables)
+
+    def table(self, name: str) -> RemoteTable:
+        if name not in self._tables:
+            self._read_info()  # another client may have created it
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise UnknownTable(f"unknown table {name!r}; the store has: "
+                               f"{', '.join(self._tables)}", table=name) from None
+
+    @property
+    def version(self) -> int:
+        """The store's version on the node now."""
+        self._read_info()
+        return self._version
+
+    @property
+    def tier(self) -> str:
+        return self._tier
+
+    @property
+    def writable(self) -> bool:
+        return self._writable
+
+    def refresh(self) -> int:
+        """Reads the store's tables and version from the node again; returns the version."""
+        self._read_info()
+        return self._version
+
+    # ---- lookups --------------------------------------------------------------------------
+
+    def lookup(self, table: str, indices: Any, offsets: Any = None,
+               per_sample_weights: Any = None, mode: PoolingModeName = "sum",
+               include_last_offset: bool = False, padding_idx: int | None = None,
+               lengths: Any = None) -> npt.NDArray[np.float32]:
+        """Pools one table's bags on the node exactly as ``torch.nn.EmbeddingBag`` does;
+        returns ``[batch, dim]`` float32."""
+        req = TableLookup(table, indices, offsets, lengths, per_sample_weights, mode,
+                          include_last_offset, padding_idx)
+        return self.lookup_many([req]).values
+
+    def lookup_many(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> PooledBatch:
+        """Several tables' bags pooled on the node in one round trip (EMB_READ): the
+        ``[batch, Σ dim]`` output with per-table views, every table read at one version."""
+        reqs = lookups(requests)
+        values, _version = self._native.lookup(reqs)
+        return self._pooled(values, reqs)
+
+    def lookup_rows(self, requests: Sequence[TableLookup] | Mapping[str, Any]
+                    ) -> list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32]]]:
+        """Each table's distinct rows the batch reads, ``(table, ids ascending, [n, dim]
+        rows)``, in request order — for a client that pools itself."""
+        rows, _version = self._native.lookup_rows(lookups(requests))
+        return [(str(t), ids, values) for t, ids, values in rows]
+
+    def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> RemotePending:
+        """Sends :meth:`lookup_many` and returns at once; batches submitted together are in
+        flight together on the one connection (RM_send_inputs / RM_read_outputs)."""
+        reqs = lookups(requests)
+        return RemotePending(self, self._native.submit(reqs), reqs)
+
+    def lookup_stream(self, batches: Iterable[Sequence[TableLookup] | Mapping[str, Any]],
+                      depth: int = 2) -> Iterator[PooledBatch]:
+        """The results of ``batches`` in order, ``depth`` of them in flight: batch i + 1 is on
+        the wire while the caller works on batch i."""
+        depth = count(depth, "depth")
+        if not isinstance(batches, Iterable):
+            raise InvalidRequest(f"batches must be an iterable of batches, not "
+                                 f"{type(batches).__name__}")
+        window: deque[RemotePending] = deque()
+        for b in batches:
+            window.append(self.submit(b))
+            if len(window) >= depth:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+    def _pooled(self, values: npt.NDArray[np.float32], reqs: Sequence[TableLookup]
+                ) -> PooledBatch:
+        keys = tuple(r.table for r in reqs)
+        return PooledBatch(values, keys, tuple(self.table(k).dim for k in keys))
+
+    def read_rows(self, table: str, rows: Any) -> npt.NDArray[np.float32]:
+        """The given rows of a table, decoded to float32 on the node: ``[len(rows), dim]``."""
+        self.table(table)
+        ids = index_array(rows, table, "rows")
+        if ids.ndim != 1:
+            raise InvalidRequest(f"table {table!r}: rows must be 1-D, got shape {ids.shape}",
+                                 table=table)
+        return self._native.read_rows(table, np.ascontiguousarray(ids, dtype=np.int64))
+
+    def infer(self, dense: Any, features: Any) -> npt.NDArray[np.float32]:
+        """The model kept with the store run on the node, next to its embeddings; only its
+        ``[batch, outputs]`` come back. ``dense`` and ``features`` as for
+        :meth:`nearrec.Store.infer`."""
+        if isinstance(features, Sequence) and not isinstance(features, str | bytes):
+            reqs = lookups(features)
+        else:
+            reqs = jagged_lookups(features)
+        if dense is not None:
+            dense = np.ascontiguousarray(as_array(dense, "dense features"), dtype=np.float32)
+            if dense.ndim != 2:
+                raise InvalidRequest(f"dense features must be [batch, features], not shape "
+                                     f"{dense.shape}")
+        return self._native.infer(dense, reqs)
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def write(self, table: str, ids: Any, rows: Any, *, allow_nonfinite: bool = False) -> int:
+        """EMB_WRITE on the node: atomic and durable when it returns; the new version."""
+        return self.write_many({table: (ids, rows)}, allow_nonfinite=allow_nonfinite)
+
+    def write_many(self, writes: Mapping[str, tuple[Any, Any]], *,
+                   allow_nonfinite: bool = False) -> int:
+        """Several tables' rows in one atomic call: ``{table: (ids, rows)}``."""
+        if not isinstance(writes, Mapping):
+            raise InvalidRequest(f"writes is a mapping from table to (ids, rows), not "
+                                 f"{type(writes).__name__}")
+        calls = []
+        for table, pair in writes.items():
+            if not (isinstance(pair, tuple | list) and len(pair) == 2):
+                raise InvalidRequest(f"table {table!r}: a write is an (ids, rows) pair",
+                                     table=table if isinstance(table, str) else None)
+            calls.append((table, _ids(table, pair[0]), _rows(table, pair[1], allow_nonfinite)))
+        return int(self._native.write_many(calls, bool(allow_nonfinite)))
+
+    def remove(self, table: str, ids: Any) -> int:
+        """EMB_REMOVE of rows on the node; the new version."""
+        return int(self._native.write_many([(table, _ids(table, ids), None)], False))
+
+    def create_table(self, name: str, rows: int, dim: int, dtype: str = "fp32", *,
+                     init: str = "uniform", seed: int = 0) -> int:
+        """RM_create_table on the node (as :meth:`nearrec.Store.create_table`)."""
+        v = int(self._native.create_table(text(name, "name"), count(rows, "rows", minimum=0),
+                                          count(dim, "dim"), text(dtype, "dtype"),
+                                          text(init, "init"), count(seed, "seed", minimum=0)))
+        self._read_info()
+        return v
+
+    def drop_table(self, name: str) -> int:
+        """EMB_REMOVE of a table on the node."""
+        v = int(self._native.drop_table(text(name, "name")))
+        self._read_info()
+        return v
+
+    def swap(self, path: str, *, warm: bool = True) -> int:
+        """The store at ``path`` on the node's file system serves from the next request on."""
+        v = int(self._native.swap(text(str(path), "path"), bool(warm)))
+        self._read_info()
+        return v
+
+    # ---- what it did ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float | str]:
+        """The store's counters and latency percentiles on the node, and its ``device``."""
+        values, device = self._native.stats()
+        out: dict[str, float | str] = {k: float(v) for k, v in values}
+        out["device"] = str(device)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"RemoteStore({self.address!r}, store={self.name!r}, "
+                f"tables={len(self._tables)})")
+
+
+class RemotePending:
+    """A lookup sent to the node. :meth:`result` waits for its :class:`PooledBatch`, or raises
+    the error the node answered."""
+
+    def __init__(self, store: RemoteStore, native: NativeRemotePending,
+                 reqs: list[TableLookup]):
+        self._store, self._native, self._reqs = store, native, reqs
+
+    def done(self) -> bool:
+        return bool(self._native.done())
+
+    def result(self, timeout: float | None = None) -> PooledBatch:
+        return self._store._pooled(self._native.result(timeout), self._reqs)

@@ -1,0 +1,200 @@
+"""The storage node from Python: `nearrec serve` started here on a free loopback port, a
+`RemoteStore` from `nearrec.connect` against it, held to the embedded store on random requests
+(both tiers; lookups, background lookups, streams, rows), errors typed as the local store's,
+writes visible to the next lookup, the stock grpcio health stub, and a drain on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nearrec
+from nearrec import IndexOutOfRange, InvalidRequest, TableLookup, UnknownTable
+
+ROWS = {"a": 500, "b": 300}
+DIMS = {"a": 16, "b": 8}
+
+
+def build(root: Path) -> Path:
+    rng = np.random.default_rng(7)
+    path = root / "store"
+    nearrec.from_numpy(path, {t: rng.standard_normal((ROWS[t], DIMS[t]), dtype=np.float32)
+                              for t in ROWS}, dtype={"b": "fp16"})
+    return path
+
+
+class Node:
+    """`nearrec serve` in a child process; stops it (SIGTERM) on close."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nearrec.cli", "serve", *args, "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (\S+)", line)
+        if not m:
+            self.proc.kill()
+            raise AssertionError(f"no address: {line!r} {self.proc.stderr.read()!r}")
+        self.address = m.group(1)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("remote"))
+
+
+@pytest.fixture(scope="module", params=["dram", "ssd"])
+def served(request: pytest.FixtureRequest, store_path: Path
+           ) -> Iterator[tuple[nearrec.Store, nearrec.RemoteStore]]:
+    tier = request.param
+    node = Node(f"{store_path}=s", "--tier", tier, "--dram-budget", "4KiB")
+    try:
+        local = nearrec.open(store_path, tier=tier, dram_budget="4KiB")
+        yield local, nearrec.connect(node.address, "s")
+    finally:
+        assert node.stop() == 0
+
+
+def batch(rng: np.random.Generator, bags: int) -> list[TableLookup]:
+    out = []
+    for t, mode in zip(ROWS, ["sum", "mean"], strict=True):
+        lengths = rng.integers(0, 6, bags)
+        ids = rng.integers(0, ROWS[t], int(lengths.sum()))
+        dtype = np.int32 if rng.random() < 0.5 else np.int64
+        out.append(TableLookup(t, ids.astype(dtype), lengths=lengths.astype(dtype),
+                               mode=mode))
+    return out
+
+
+def close(a: np.ndarray, b: np.ndarray) -> None:
+    # the SSD tier pools rows as they land: fp32 sums may differ in their last bits
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_lookups_over_the_network_equal_the_embedded_store(served):
+    local, remote = served
+    assert set(remote.tables) == set(ROWS)
+    assert remote.table("b") == nearrec.RemoteTable("b", 300, 8, "fp16")
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        reqs = batch(rng, int(rng.integers(1, 50)))
+        want = local.lookup_many(reqs)
+        got = remote.lookup_many(reqs)
+        assert got.keys == want.keys and got.dims == want.dims
+        close(got.values, want.values)
+        close(got["b"], want["b"])
+    # one table, PyTorch's arguments
+    ids, offsets = np.array([1, 2, 3, 499]), np.array([0, 1])
+    close(remote.lookup("a", ids, offsets, mode="max"), local.lookup("a", ids, offsets,
+                                                                     mode="max"))
+    # rows, and each table's distinct rows
+    rows = np.array([5, 0, 5, 299])
+    np.testing.assert_array_equal(remote.read_rows("b", rows), local.read_rows("b", rows))
+    reqs = batch(rng, 10)
+    for (table, ids, values), r in zip(remote.lookup_rows(reqs), reqs, strict=True):
+        assert table == r.table
+        np.testing.assert_array_equal(ids, np.unique(np.asarray(r.indices)))
+        np.testing.assert_array_equal(values, local.read_rows(table, ids))
+
+
+def test_background_lookups_and_streams_come_back_in_order(served):
+    local, remote = served
+    rng = np.random.default_rng(5)
+    batches = [batch(rng, 16) for _ in range(12)]
+    pending = [remote.submit(b) for b in batches]
+    for p, b in zip(pending, batches, strict=True):
+        close(p.result(timeout=30).values, local.lookup_many(b).values)
+    for got, b in zip(remote.lookup_stream(iter(batches), depth=4), batches, strict=True):
+        close(got.values, local.lookup_many(b).values)
+
+
+def test_errors_arrive_as_the_local_store_raises_them(served, store_path):
+    _, remote = served
+    with pytest.raises(IndexOutOfRange) as e:
+        remote.lookup_many([TableLookup("a", np.array([1, 2]), np.array([0, 1])),
+                            TableLookup("b", np.array([0, 300]), np.array([0, 1]))])
+    assert (e.value.table, e.value.position) == ("b", 1)
+    with pytest.raises(UnknownTable) as u:
+        remote.lookup("nope", np.array([1]), np.array([0]))
+    assert u.value.table == "nope"
+    with pytest.raises(InvalidRequest, match="offsets"):
+        remote.lookup("a", np.array([1, 2]), np.array([0, 3]))
+    with pytest.raises(nearrec.StoreReadOnly):
+        remote.write("a", np.array([1]), np.zeros((1, 16), np.float32))
+    with pytest.raises(nearrec.StoreNotFound, match="it serves: s"):
+        nearrec.connect(remote.address, "other")
+    with pytest.raises(nearrec.Unavailable):
+        nearrec.connect("127.0.0.1:1")
+    assert issubclass(nearrec.Unavailable, ConnectionError)
+    assert issubclass(nearrec.DeadlineExceeded, TimeoutError)
+    assert issubclass(nearrec.PermissionDenied, PermissionError)
+
+
+def test_writes_over_the_network_are_seen_by_the_next_lookup(tmp_path):
+    path = build(tmp_path)
+    node = Node(str(path), "--writable", "--tier", "ssd")
+    try:
+        remote = nearrec.connect(node.address)
+        assert remote.name == "store" and remote.writable
+        rows = np.arange(3 * 16, dtype=np.float32).reshape(3, 16)
+        v = remote.write("a", np.array([4, 9, 499]), rows)
+        assert v >= 1 and remote.version == v
+        np.testing.assert_array_equal(remote.read_rows("a", np.array([499, 4, 9])),
+                                      rows[[2, 0, 1]])
+        remote.remove("a", np.array([9]))
+        np.testing.assert_array_equal(remote.read_rows("a", np.array([9])), 0)
+        with pytest.raises(InvalidRequest) as e:
+            remote.write("a", np.array([1]), np.full((1, 16), np.nan, np.float32))
+        assert e.value.table == "a"
+        remote.create_table("c", 10, 4, "int8", init="zeros")
+        assert remote.table("c") == nearrec.RemoteTable("c", 10, 4, "int8")
+        np.testing.assert_array_equal(remote.lookup("c", np.array([3]), np.array([0])), 0)
+        remote.drop_table("c")
+        assert "c" not in remote.tables
+    finally:
+        assert node.stop() == 0
+    # what the node acknowledged is in the store
+    after = nearrec.open(path)
+    np.testing.assert_array_equal(after.read_rows("a", np.array([4, 499])), rows[[0, 2]])
+
+
+def test_stock_grpc_health_stub_reads_serving_and_the_cli_looks_up_remotely(store_path):
+    grpc = pytest.importorskip("grpc")
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    health_pb2_grpc = pytest.importorskip("grpc_health.v1.health_pb2_grpc")
+    node = Node(str(store_path))
+    try:
+        with grpc.insecure_channel(node.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "nearrec.v1.Node"):
+                r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+                assert r.status == health_pb2.HealthCheckResponse.SERVING
+        out = subprocess.run([sys.executable, "-m", "nearrec.cli", "lookup", "--remote",
+                              node.address, "--batch", "4", "--repeat", "2", "--json"],
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert out.returncode == 0, out.stderr
+        assert '"shape": [\n  4,\n  24\n ]' in out.stdout or '"shape"' in out.stdout
+    finally:
+        assert node.stop() == 0
+
+
+def test_the_node_refuses_a_non_loopback_address_without_insecure(store_path):
+    out = subprocess.run([sys.executable, "-m", "nearrec.cli", "serve", str(store_path),
+                          "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "not a loopback address" in out.stderr
