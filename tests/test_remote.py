@@ -5,6 +5,7 @@ writes visible to the next lookup, the stock grpcio health stub, and a drain on 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -36,15 +37,26 @@ class Node:
 
     def __init__(self, *args: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nearrec.cli", "serve", *args, "--listen", "127.0.0.1:0"],
+            [sys.executable, "-m", "nearrec.cli", "serve", *args, "--listen", "127.0.0.1:0",
+             "--metrics-listen", "127.0.0.1:0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
-        m = re.search(r"listening on (\S+)", line)
+        m = re.search(r"listening on (\S+) .*metrics on (\S+)", line)
         if not m:
             self.proc.kill()
             raise AssertionError(f"no address: {line!r} {self.proc.stderr.read()!r}")
-        self.address = m.group(1)
+        self.address, self.metrics_url = m.group(1), m.group(2)
+
+    def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """The node's metrics as Prometheus's own parser reads them: family → samples."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            text = r.read().decode()
+        return {f.name: [(s.labels, s.value) for s in f.samples]
+                for f in text_string_to_metric_families(text)}
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
@@ -198,3 +210,65 @@ def test_the_node_refuses_a_non_loopback_address_without_insecure(store_path):
                           "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "not a loopback address" in out.stderr
+
+
+def test_tokens_and_grants_refuse_with_typed_errors(tmp_path):
+    import hashlib
+    path = build(tmp_path)
+
+    def h(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    acl = tmp_path / "acl.toml"
+    r, w, guess = "ranker-secret-7f3a", "trainer-secret-91bc", "guess-secret-55aa"
+    acl.write_text(f'[principal.ranker]\ntoken_sha256 = "{h(r)}"\nread = ["store/a"]\n\n'
+                   f'[principal.trainer]\ntoken_sha256 = "{h(w)}"\nread = ["*"]\n'
+                   f'write = ["store/*"]\n')
+    node = Node(str(path), "--writable", "--acl", str(acl))
+    try:
+        with pytest.raises(nearrec.Unauthenticated):
+            nearrec.connect(node.address)
+        with pytest.raises(nearrec.Unauthenticated):
+            nearrec.connect(node.address, token=guess)
+        ranker = nearrec.connect(node.address, token=r)
+        ranker.lookup("a", np.array([1, 2]), np.array([0]))
+        with pytest.raises(nearrec.PermissionDenied, match="'b'|\"b\""):
+            ranker.lookup("b", np.array([1]), np.array([0]))
+        with pytest.raises(nearrec.PermissionDenied):
+            ranker.write("a", np.array([1]), np.zeros((1, 16), np.float32))
+        trainer = nearrec.connect(node.address, token=w)
+        trainer.write("b", np.array([1]), np.ones((1, 8), np.float32))
+        with pytest.raises(nearrec.PermissionDenied):
+            trainer.create_table("c", 4, 4)
+        # a new ACL on SIGHUP: the ranker may now read b too
+        acl.write_text(f'[principal.ranker]\ntoken_sha256 = "{h(r)}"\nread = ["*"]\n')
+        node.proc.send_signal(signal.SIGHUP)
+        import time
+        for _ in range(100):
+            try:
+                np.testing.assert_array_equal(ranker.read_rows("b", np.array([1])), 1)
+                break
+            except nearrec.PermissionDenied:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("the reloaded ACL was not applied")
+        with pytest.raises(nearrec.Unauthenticated):
+            trainer.write("b", np.array([1]), np.ones((1, 8), np.float32))
+        # counted, as Prometheus's parser reads them
+        if importlib.util.find_spec("prometheus_client"):
+            m = node.metrics()
+            refused = {s[0]["reason"]: s[1] for s in m["nearrec_refused"]}
+            # no token and a wrong one (at connect: Info), the trainer after the reload
+            assert refused["unauthenticated"] == 3
+            # b, the write, the table; the ranker's reads of b until the reload took
+            assert refused["permission_denied"] >= 3
+            calls = {(s[0]["call"], s[0]["code"]): s[1] for s in m["nearrec_requests"]
+                     if "call" in s[0]}
+            assert calls[("Write", "PermissionDenied")] == 1
+            assert calls[("CreateTable", "PermissionDenied")] == 1
+            assert calls[("Write", "Unauthenticated")] == 1
+    finally:
+        assert node.stop() == 0
+    log = node.proc.stderr.read()
+    assert "refused" in log and "ACL reloaded" in log, log  # refusals are logged ...
+    assert not any(t in log for t in (r, w, guess)), log  # ... without the token

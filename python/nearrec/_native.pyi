@@ -176,7 +176,8 @@ class NativeRemotePending:
 
 def serve(specs: list[str], config: StoreConfig, listen: str, insecure: bool,
           max_in_flight: int, max_queued: int, max_message_bytes: int,
-          drain_timeout: float) -> None: ...
+          drain_timeout: float, acl: str | None = None,
+          metrics_listen: str | None = None) -> None: ...
 
 @final
 class NativeStoreWriter:

@@ -195,7 +195,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   count(args.max_in_flight, "--max-in-flight"),
                   count(args.max_queued, "--max-queued", minimum=0),
                   count(args.max_message_bytes, "--max-message-bytes"),
-                  float(args.drain_timeout))
+                  float(args.drain_timeout), args.acl, args.metrics_listen)
     return 0
 
 
@@ -588,6 +588,13 @@ def parser() -> argparse.ArgumentParser:
                     help="HOST:PORT to listen on (port 0: a free one, printed once ready)")
     sv.add_argument("--writable", action="store_true",
                     help="open the stores for writing (Write, Remove, CreateTable, DropTable)")
+    sv.add_argument("--acl", metavar="FILE",
+                    help="who may read, write and administer which tables (TOML: principals, "
+                         "their tokens' SHA-256, their grants; reloaded on SIGHUP; "
+                         "docs/serving.md)")
+    sv.add_argument("--metrics-listen", metavar="HOST:PORT",
+                    help="serve Prometheus metrics (GET /metrics) here, apart from the gRPC "
+                         "address (port 0: a free one, printed once ready)")
     sv.add_argument("--insecure", action="store_true",
                     help="listen on an address other than loopback without an ACL")
     sv.add_argument("--max-in-flight", type=int, default=8,

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use nearrec_server::{NodeConfig, Stores, run};
+use nearrec_server::{NodeConfig, Stores, listening, run};
 use pyo3::prelude::*;
 
 use crate::config::NativeConfig;
@@ -13,7 +13,7 @@ use crate::error::{detach, raise};
 /// Serves the stores `specs` (`PATH` or `PATH=NAME`) opened with `config` on `listen`; prints
 /// `listening on ADDR` once ready and returns after a drain.
 #[pyfunction]
-#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout))]
+#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, acl = None, metrics_listen = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -25,11 +25,19 @@ pub(crate) fn serve(
     max_queued: usize,
     max_message_bytes: usize,
     drain_timeout: f64,
+    acl: Option<std::path::PathBuf>,
+    metrics_listen: Option<&str>,
 ) -> PyResult<()> {
     let invalid = |m: String| raise(py, "InvalidRequest", m, None, None);
     let listen = listen
         .parse()
         .map_err(|e| invalid(format!("--listen {listen:?} is not HOST:PORT: {e}")))?;
+    let metrics_listen = metrics_listen
+        .map(|m| {
+            m.parse()
+                .map_err(|e| invalid(format!("--metrics-listen {m:?} is not HOST:PORT: {e}")))
+        })
+        .transpose()?;
     let store_config = config.config.clone();
     let node = NodeConfig {
         listen,
@@ -37,15 +45,13 @@ pub(crate) fn serve(
         max_queued,
         max_message_bytes,
         drain_timeout: Duration::from_secs_f64(drain_timeout.max(0.0)),
+        acl,
+        metrics_listen,
     };
     detach(py, || {
         let stores = Stores::open(&specs, &store_config)?;
-        run(stores, node, insecure, |addr, stores| {
-            let names: Vec<&str> = stores.names().collect();
-            println!(
-                "nearrec serve: listening on {addr} (stores: {})",
-                names.join(", ")
-            );
+        run(stores, node, insecure, |listeners, stores| {
+            println!("nearrec serve: {}", listening(listeners, stores));
             let _ = std::io::stdout().flush();
         })
     })?

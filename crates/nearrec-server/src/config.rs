@@ -1,6 +1,7 @@
 //! How a node runs: where it listens and the limits that keep its tail short.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// A node's settings (the `nearrec-server` / `nearrec serve` flags).
@@ -17,6 +18,10 @@ pub struct NodeConfig {
     pub max_message_bytes: usize,
     /// How long a drain (SIGTERM) waits for requests in flight before it stops anyway.
     pub drain_timeout: Duration,
+    /// The ACL file (`crate::acl`); `None`: every call is allowed. Reloaded on SIGHUP.
+    pub acl: Option<PathBuf>,
+    /// Where `GET /metrics` (Prometheus text) is served; `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for NodeConfig {
@@ -27,6 +32,8 @@ impl Default for NodeConfig {
             max_queued: 256,
             max_message_bytes: 64 << 20,
             drain_timeout: Duration::from_secs(30),
+            acl: None,
+            metrics_listen: None,
         }
     }
 }

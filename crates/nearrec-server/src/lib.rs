@@ -8,8 +8,12 @@
 //! shutdown future resolves, then drains: it stops accepting, finishes what is in flight, and
 //! returns.
 
+pub mod acl;
 pub mod admission;
 pub mod config;
+pub mod metrics;
+pub mod node;
+pub mod scrape;
 pub mod service;
 pub mod stores;
 
@@ -20,24 +24,44 @@ use nearrec_wire::v1 as pb;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
+pub use acl::Acl;
 pub use admission::Admission;
 pub use config::NodeConfig;
-pub use service::{NodeService, Shared};
+pub use node::Shared;
+pub use service::NodeService;
 pub use stores::Stores;
 
-/// Serves `stores` on `listener` until `shutdown` resolves, then drains (at most
-/// `config.drain_timeout`).
+/// The listeners a node serves on: gRPC, and `/metrics` if asked for.
+#[derive(Debug)]
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub metrics: Option<TcpListener>,
+}
+
+/// Serves `stores` until `shutdown` resolves, then drains (at most `config.drain_timeout`).
 pub async fn serve(
     stores: Stores,
     config: NodeConfig,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let shared = Arc::new(Shared {
-        admission: Admission::new(config.max_in_flight, config.max_queued),
-        stores,
-        config: config.clone(),
-    });
+    let acl = config.acl.as_deref().map(Acl::load).transpose()?;
+    let shared = Arc::new(Shared::new(stores, config.clone(), acl));
+    if let Some(path) = config.acl.clone() {
+        tokio::spawn(reload_on_hangup(shared.clone(), path));
+    }
+    let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(l) = listeners.metrics {
+        let registry = scrape::registry(shared.clone());
+        tokio::spawn(async move {
+            let stop = async {
+                let _ = metrics_stopped.await;
+            };
+            if let Err(e) = metrics::serve_metrics(registry, l, stop).await {
+                tracing::error!("the metrics endpoint stopped: {e}");
+            }
+        });
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<pb::node_server::NodeServer<NodeService>>()
@@ -63,7 +87,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(node)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stop);
     tokio::pin!(server);
     tokio::select! {
         done = &mut server => done?,
@@ -72,36 +96,58 @@ pub async fn serve(
             tokio::time::sleep(config.drain_timeout).await;
         } => tracing::warn!("drain timed out after {:?}; stopping", config.drain_timeout),
     }
+    let _ = metrics_stop.send(());
     Ok(())
 }
 
 /// Runs a node until SIGTERM or SIGINT, then drains: the `nearrec-server` binary and
-/// `nearrec serve`. `ready` gets the address once the node listens (port 0 picks a free one).
+/// `nearrec serve`. `ready` gets the listeners once the node listens (port 0 picks a free
+/// port).
 /// Refuses an address other than loopback unless `insecure` (a node reachable from other hosts
 /// needs an ACL).
 pub fn run(
     stores: Stores,
     config: NodeConfig,
     insecure: bool,
-    ready: impl FnOnce(std::net::SocketAddr, &Stores),
+    ready: impl FnOnce(&Listeners, &Stores),
 ) -> Result<(), String> {
-    if !config.listen.ip().is_loopback() && !insecure {
+    if !config.listen.ip().is_loopback() && config.acl.is_none() && !insecure {
         return Err(format!(
             "{} is not a loopback address: a node reachable from other hosts needs an ACL \
-             (not yet supported) or --insecure",
+             (--acl) or --insecure",
             config.listen
         ));
+    }
+    // structured logs on stderr (RUST_LOG narrows or widens them), unless the process has its
+    // own subscriber already
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "nearrec_server=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    if let Some(path) = &config.acl {
+        Acl::load(path)?; // a bad ACL stops the node before it listens
     }
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("cannot start the node's runtime: {e}"))?;
     runtime.block_on(async {
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        ready(addr, &stores);
+        let bind = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))
+        };
+        let listeners = Listeners {
+            grpc: bind(config.listen).await?,
+            metrics: match config.metrics_listen {
+                Some(a) => Some(bind(a).await?),
+                None => None,
+            },
+        };
+        ready(&listeners, &stores);
         let stop = stop_signal()?;
-        serve(stores, config, listener, stop)
+        serve(stores, config, listeners, stop)
             .await
             .map_err(|e| e.to_string())
     })
@@ -118,4 +164,41 @@ fn stop_signal() -> Result<impl Future<Output = ()> + Send, String> {
             _ = int.recv() => {}
         }
     })
+}
+
+/// SIGHUP: the ACL file read again and swapped in whole; a file that does not load leaves the
+/// ACL in force as it was (and says why).
+async fn reload_on_hangup(shared: Arc<Shared>, path: std::path::PathBuf) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot listen for SIGHUP: the ACL will not be reloaded");
+        return;
+    };
+    while hangup.recv().await.is_some() {
+        match Acl::load(&path) {
+            Ok(acl) => {
+                tracing::info!(principals = acl.principals(), "ACL reloaded");
+                shared.acl.store(Some(Arc::new(acl)));
+            }
+            Err(e) => tracing::error!("ACL not reloaded, the old one stays: {e}"),
+        }
+    }
+}
+
+/// The line a started node prints: `listening on ADDR (stores: ...)[; metrics on ADDR]`.
+pub fn listening(listeners: &Listeners, stores: &Stores) -> String {
+    let addr = |l: &TcpListener| {
+        l.local_addr()
+            .map_or_else(|e| e.to_string(), |a| a.to_string())
+    };
+    let names: Vec<&str> = stores.names().collect();
+    let mut line = format!(
+        "listening on {} (stores: {})",
+        addr(&listeners.grpc),
+        names.join(", ")
+    );
+    if let Some(m) = &listeners.metrics {
+        line += &format!("; metrics on http://{}/metrics", addr(m));
+    }
+    line
 }

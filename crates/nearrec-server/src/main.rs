@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use nearrec::StoreConfig;
-use nearrec_server::{NodeConfig, Stores, run};
+use nearrec_server::{Listeners, NodeConfig, Stores, listening, run};
 
 /// Serves nearrec stores over gRPC (nearrec.v1.Node, grpc.health.v1, reflection).
 #[derive(Debug, Parser)]
@@ -26,6 +26,13 @@ struct Args {
     /// Open the stores for writing (Write, Remove, CreateTable, DropTable).
     #[arg(long)]
     writable: bool,
+    /// The ACL (TOML: principals, their tokens' SHA-256, their read / write / admin grants);
+    /// reloaded on SIGHUP. Without one every call is allowed.
+    #[arg(long, value_name = "FILE")]
+    acl: Option<PathBuf>,
+    /// Where to serve Prometheus metrics (`GET /metrics`); port 0 picks a free one.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
     /// Listen on an address other than loopback without an ACL.
     #[arg(long)]
     insecure: bool,
@@ -50,13 +57,6 @@ fn fail(message: impl std::fmt::Display) -> ! {
 
 fn main() {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "nearrec_server=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let mut store_config = match &args.config {
         Some(p) => StoreConfig::from_file(p).unwrap_or_else(|e| fail(e)),
         None => StoreConfig::default(),
@@ -69,13 +69,11 @@ fn main() {
         max_queued: args.max_queued,
         max_message_bytes: args.max_message_bytes,
         drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
+        acl: args.acl,
+        metrics_listen: args.metrics_listen,
     };
-    let ready = |addr, stores: &Stores| {
-        let names: Vec<&str> = stores.names().collect();
-        println!(
-            "nearrec-server listening on {addr} (stores: {})",
-            names.join(", ")
-        );
+    let ready = |listeners: &Listeners, stores: &Stores| {
+        println!("nearrec-server {}", listening(listeners, stores));
         let _ = std::io::stdout().flush();
     };
     if let Err(e) = run(stores, config, args.insecure, ready) {

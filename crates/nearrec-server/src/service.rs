@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use nearrec::{AsBatch, OwnedBatch, RowWrite, Store, WriteOptions};
@@ -11,22 +12,20 @@ use nearrec_wire::arrays::decode;
 use nearrec_wire::status::stream_error;
 use nearrec_wire::v1 as pb;
 use nearrec_wire::{convert, status_of};
+use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admission::{Admission, deadline};
-use crate::config::NodeConfig;
-use crate::stores::Stores;
+use crate::acl::{Permission, Principal};
+use crate::admission::deadline;
+use crate::node::Shared;
 
-/// What every call of one node shares.
-#[derive(Debug)]
-pub struct Shared {
-    pub stores: Stores,
-    pub admission: Admission,
-    pub config: NodeConfig,
-}
+/// The caller of one call: its principal, or anyone when the node has no ACL.
+#[derive(Debug, Clone)]
+struct Caller(Option<Arc<Principal>>);
 
 /// The service; clones share one node.
 #[derive(Debug, Clone)]
@@ -34,26 +33,112 @@ pub struct NodeService(pub Arc<Shared>);
 
 type Answer<T> = Result<Response<T>, Status>;
 
+/// A stream's answers.
+pub type Answers = Pin<Box<dyn Stream<Item = Result<pb::LookupResponse, Status>> + Send + 'static>>;
+
 fn bad(e: nearrec::Error) -> Status {
     status_of(&e)
 }
 
 impl NodeService {
+    /// The caller a call's token names (`UNAUTHENTICATED`, counted and logged without the
+    /// token, when the node has an ACL and the token is missing or unknown).
+    fn caller(&self, metadata: &MetadataMap, call: &'static str) -> Result<Caller, Status> {
+        let Some(acl) = self.0.acl.load_full() else {
+            return Ok(Caller(None));
+        };
+        match acl.authenticate(metadata) {
+            Ok(p) => Ok(Caller(Some(p.clone()))),
+            Err(s) => {
+                self.0.unauthenticated.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(call, "refused: {}", s.message());
+                Err(s)
+            }
+        }
+    }
+
+    /// `check` on the caller's principal (nothing without an ACL); a refusal is counted and
+    /// logged.
+    fn allow(
+        &self,
+        caller: &Caller,
+        call: &'static str,
+        check: impl FnOnce(&Principal) -> Result<(), Status>,
+    ) -> Result<(), Status> {
+        let Some(p) = &caller.0 else {
+            return Ok(());
+        };
+        check(p).inspect_err(|s| {
+            self.0.denied.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(call, principal = %p.name, "refused: {}", s.message());
+        })
+    }
+
+    /// Each table `permission` on `store`.
+    fn allow_tables<'a>(
+        &self,
+        caller: &Caller,
+        call: &'static str,
+        permission: Permission,
+        store: &str,
+        tables: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), Status> {
+        self.allow(caller, call, |p| {
+            tables
+                .into_iter()
+                .try_for_each(|t| p.allow(permission, store, t))
+        })
+    }
+
+    /// A call's answer, counted: status, total seconds, bytes in and out.
+    async fn observed<T>(
+        &self,
+        call: &'static str,
+        received: usize,
+        sent: impl FnOnce(&T) -> usize,
+        answer: impl Future<Output = Answer<T>>,
+    ) -> Answer<T> {
+        let start = Instant::now();
+        let answer = answer.await;
+        let (code, bytes) = match &answer {
+            Ok(r) => (tonic::Code::Ok, sent(r.get_ref())),
+            Err(s) => (s.code(), 0),
+        };
+        let seconds = start.elapsed().as_secs_f64();
+        self.0.metrics.call(call, code, seconds, received, bytes);
+        answer
+    }
+
     /// Runs `work` once admitted, on a blocking thread; a request whose deadline has passed by
-    /// then is answered `DEADLINE_EXCEEDED` without running.
-    async fn run<T, F>(&self, deadline: Option<Instant>, work: F) -> Result<T, Status>
+    /// then is answered `DEADLINE_EXCEEDED` without running. The wait and the work are timed
+    /// as `call`'s `queue` and `engine` stages.
+    async fn run<T, F>(
+        &self,
+        call: &'static str,
+        deadline: Option<Instant>,
+        work: F,
+    ) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce() -> nearrec::Result<T> + Send + 'static,
     {
+        let queued = Instant::now();
         let permit = self.0.admission.admit(deadline).await?;
+        self.0
+            .metrics
+            .stage(call, "queue", queued.elapsed().as_secs_f64());
         let shared = self.0.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(shared.admission.expire());
             }
-            work().map_err(bad)
+            let start = Instant::now();
+            let answer = work().map_err(bad);
+            shared
+                .metrics
+                .stage(call, "engine", start.elapsed().as_secs_f64());
+            answer
         })
         .await
         .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?
@@ -62,15 +147,21 @@ impl NodeService {
     /// One lookup request, decoded, admitted and served.
     async fn answer(
         &self,
+        call: &'static str,
+        caller: &Caller,
         req: pb::LookupRequest,
         deadline: Option<Instant>,
     ) -> Result<pb::LookupResponse, Status> {
-        let (_, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.0.stores.get(&req.store)?;
+        let tables = req.tables.iter().map(|t| t.table.as_str());
+        self.allow_tables(caller, call, Permission::Read, name, tables)?;
         let batch = convert::batch(&req.tables).map_err(bad)?;
         let limit = self.0.config.max_message_bytes;
         let (id, raw) = (req.id, req.raw);
-        self.run(deadline, move || lookup(&store, id, raw, &batch, limit))
-            .await
+        self.run(call, deadline, move || {
+            lookup(&store, id, raw, &batch, limit)
+        })
+        .await
     }
 }
 
@@ -124,24 +215,24 @@ fn too_large(table: &str, bytes: usize, limit: usize) -> nearrec::Result<()> {
 /// How many requests of one stream run at once (batch i + 1 while batch i is answered).
 const STREAM_DEPTH: usize = 4;
 
-#[tonic::async_trait]
-impl pb::node_server::Node for NodeService {
-    async fn lookup(&self, request: Request<pb::LookupRequest>) -> Answer<pb::LookupResponse> {
+/// The calls themselves; the trait's impl below wraps each in [`NodeService::observed`].
+impl NodeService {
+    async fn call_lookup(&self, request: Request<pb::LookupRequest>) -> Answer<pb::LookupResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "Lookup")?;
         Ok(Response::new(
-            self.answer(request.into_inner(), deadline).await?,
+            self.answer("Lookup", &caller, request.into_inner(), deadline)
+                .await?,
         ))
     }
 
-    type LookupStreamStream =
-        Pin<Box<dyn Stream<Item = Result<pb::LookupResponse, Status>> + Send + 'static>>;
-
-    async fn lookup_stream(
+    async fn call_lookup_stream(
         &self,
         request: Request<Streaming<pb::LookupRequest>>,
-    ) -> Answer<Self::LookupStreamStream> {
+    ) -> Answer<Answers> {
         // the stream's deadline bounds every request on it
         let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "LookupStream")?;
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel(STREAM_DEPTH);
         let node = self.clone();
@@ -155,9 +246,15 @@ impl pb::node_server::Node for NodeService {
                         match next {
                             Ok(Some(req)) => {
                                 let node = node.clone();
+                                let caller = caller.clone();
                                 let id = req.id;
                                 pending.push_back(tokio::spawn(async move {
-                                    node.answer(req, deadline).await.unwrap_or_else(|s| {
+                                    let start = Instant::now();
+                                    let answer = node.answer("LookupStream", &caller, req, deadline).await;
+                                    let code = answer.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+                                    let sent = answer.as_ref().map_or(0, prost::Message::encoded_len);
+                                    node.0.metrics.call("LookupStream", code, start.elapsed().as_secs_f64(), 0, sent);
+                                    answer.unwrap_or_else(|s| {
                                         failed(id, &s)
                                     })
                                 }));
@@ -182,14 +279,19 @@ impl pb::node_server::Node for NodeService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn infer(&self, request: Request<pb::InferRequest>) -> Answer<pb::InferResponse> {
+    async fn call_infer(&self, request: Request<pb::InferRequest>) -> Answer<pb::InferResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "Infer")?;
         let req = request.into_inner();
-        let (_, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.0.stores.get(&req.store)?;
+        let tables = req.tables.iter().map(|t| t.table.as_str());
+        self.allow_tables(&caller, "Infer", Permission::Read, name, tables)?;
         let batch = convert::batch(&req.tables).map_err(bad)?;
         let dense: Vec<f32> = decode(&req.dense, "", "dense").map_err(bad)?;
         let out = self
-            .run(deadline, move || store.infer(&dense, &batch.as_batch()))
+            .run("Infer", deadline, move || {
+                store.infer(&dense, &batch.as_batch())
+            })
             .await?;
         Ok(Response::new(pb::InferResponse {
             batch: out.batch as u64,
@@ -198,10 +300,13 @@ impl pb::node_server::Node for NodeService {
         }))
     }
 
-    async fn write(&self, request: Request<pb::WriteRequest>) -> Answer<pb::WriteResponse> {
+    async fn call_write(&self, request: Request<pb::WriteRequest>) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "Write")?;
         let req = request.into_inner();
-        let (_, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.0.stores.get(&req.store)?;
+        let tables = req.writes.iter().map(|w| w.table.as_str());
+        self.allow_tables(&caller, "Write", Permission::Write, name, tables)?;
         let mut writes = Vec::with_capacity(req.writes.len());
         for w in &req.writes {
             let ids: Vec<i64> = decode(&w.ids, &w.table, "ids").map_err(bad)?;
@@ -212,7 +317,7 @@ impl pb::node_server::Node for NodeService {
             allow_nonfinite: req.allow_nonfinite,
         };
         let version = self
-            .run(deadline, move || {
+            .run("Write", deadline, move || {
                 let calls: Vec<RowWrite<'_>> = writes
                     .iter()
                     .map(|(table, ids, rows)| RowWrite {
@@ -227,24 +332,40 @@ impl pb::node_server::Node for NodeService {
         Ok(Response::new(pb::WriteResponse { version }))
     }
 
-    async fn remove(&self, request: Request<pb::RemoveRequest>) -> Answer<pb::WriteResponse> {
+    async fn call_remove(&self, request: Request<pb::RemoveRequest>) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "Remove")?;
         let req = request.into_inner();
-        let (_, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.0.stores.get(&req.store)?;
+        self.allow_tables(
+            &caller,
+            "Remove",
+            Permission::Write,
+            name,
+            [req.table.as_str()],
+        )?;
         let ids: Vec<i64> = decode(&req.ids, &req.table, "ids").map_err(bad)?;
         let version = self
-            .run(deadline, move || store.remove(&req.table, &ids))
+            .run("Remove", deadline, move || store.remove(&req.table, &ids))
             .await?;
         Ok(Response::new(pb::WriteResponse { version }))
     }
 
-    async fn create_table(
+    async fn call_create_table(
         &self,
         request: Request<pb::CreateTableRequest>,
     ) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "CreateTable")?;
         let req = request.into_inner();
-        let (_, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.0.stores.get(&req.store)?;
+        self.allow_tables(
+            &caller,
+            "CreateTable",
+            Permission::Admin,
+            name,
+            [req.name.as_str()],
+        )?;
         let invalid = |reason: String| {
             bad(nearrec::Error::InvalidRequest {
                 table: Some(req.name.clone()),
@@ -266,39 +387,51 @@ impl pb::node_server::Node for NodeService {
             other => return Err(invalid(format!("init {other:?} is not uniform or zeros"))),
         };
         let version = self
-            .run(deadline, move || {
+            .run("CreateTable", deadline, move || {
                 store.create_table(&req.name, req.rows, req.dim, dtype, init)
             })
             .await?;
         Ok(Response::new(pb::WriteResponse { version }))
     }
 
-    async fn drop_table(
+    async fn call_drop_table(
         &self,
         request: Request<pb::DropTableRequest>,
     ) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "DropTable")?;
         let req = request.into_inner();
-        let (_, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.0.stores.get(&req.store)?;
+        self.allow_tables(
+            &caller,
+            "DropTable",
+            Permission::Admin,
+            name,
+            [req.name.as_str()],
+        )?;
         let version = self
-            .run(deadline, move || store.drop_table(&req.name))
+            .run("DropTable", deadline, move || store.drop_table(&req.name))
             .await?;
         Ok(Response::new(pb::WriteResponse { version }))
     }
 
-    async fn swap(&self, request: Request<pb::SwapRequest>) -> Answer<pb::SwapResponse> {
+    async fn call_swap(&self, request: Request<pb::SwapRequest>) -> Answer<pb::SwapResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "Swap")?;
         let req = request.into_inner();
-        let (_, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.0.stores.get(&req.store)?;
+        self.allow(&caller, "Swap", |p| p.allow_all(Permission::Admin, name))?;
         let version = self
-            .run(deadline, move || store.swap(&req.path, req.warm))
+            .run("Swap", deadline, move || store.swap(&req.path, req.warm))
             .await?;
         Ok(Response::new(pb::SwapResponse { version }))
     }
 
-    async fn info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {
+    async fn call_info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {
+        let caller = self.caller(request.metadata(), "Info")?;
         let req = request.into_inner();
         let (name, store) = self.0.stores.get(&req.store)?;
+        self.allow(&caller, "Info", |p| p.allow_any(name))?;
         let name = name.to_owned();
         let stores = self.0.stores.names().map(str::to_owned).collect();
         let manifest = store.manifest();
@@ -322,9 +455,11 @@ impl pb::node_server::Node for NodeService {
         }))
     }
 
-    async fn stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
+    async fn call_stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
+        let caller = self.caller(request.metadata(), "Stats")?;
         let req = request.into_inner();
-        let (_, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.0.stores.get(&req.store)?;
+        self.allow(&caller, "Stats", |p| p.allow_any(name))?;
         let stats = store.stats();
         let mut values: std::collections::HashMap<String, f64> = stats
             .as_ref()
@@ -340,6 +475,131 @@ impl pb::node_server::Node for NodeService {
             values,
             device: stats.map_or("dram", |s| s.device).to_owned(),
         }))
+    }
+}
+
+/// Every call observed: its status, seconds and bytes counted (`crate::metrics`).
+#[tonic::async_trait]
+impl pb::node_server::Node for NodeService {
+    type LookupStreamStream = Answers;
+
+    async fn lookup(&self, request: Request<pb::LookupRequest>) -> Answer<pb::LookupResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "Lookup",
+            received,
+            |r| r.encoded_len(),
+            self.call_lookup(request),
+        )
+        .await
+    }
+
+    async fn lookup_stream(
+        &self,
+        request: Request<Streaming<pb::LookupRequest>>,
+    ) -> Answer<Answers> {
+        let received = 0;
+        self.observed(
+            "LookupStream",
+            received,
+            |_| 0,
+            self.call_lookup_stream(request),
+        )
+        .await
+    }
+
+    async fn infer(&self, request: Request<pb::InferRequest>) -> Answer<pb::InferResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "Infer",
+            received,
+            |r| r.encoded_len(),
+            self.call_infer(request),
+        )
+        .await
+    }
+
+    async fn write(&self, request: Request<pb::WriteRequest>) -> Answer<pb::WriteResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "Write",
+            received,
+            |r| r.encoded_len(),
+            self.call_write(request),
+        )
+        .await
+    }
+
+    async fn remove(&self, request: Request<pb::RemoveRequest>) -> Answer<pb::WriteResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "Remove",
+            received,
+            |r| r.encoded_len(),
+            self.call_remove(request),
+        )
+        .await
+    }
+
+    async fn create_table(
+        &self,
+        request: Request<pb::CreateTableRequest>,
+    ) -> Answer<pb::WriteResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "CreateTable",
+            received,
+            |r| r.encoded_len(),
+            self.call_create_table(request),
+        )
+        .await
+    }
+
+    async fn drop_table(
+        &self,
+        request: Request<pb::DropTableRequest>,
+    ) -> Answer<pb::WriteResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "DropTable",
+            received,
+            |r| r.encoded_len(),
+            self.call_drop_table(request),
+        )
+        .await
+    }
+
+    async fn swap(&self, request: Request<pb::SwapRequest>) -> Answer<pb::SwapResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "Swap",
+            received,
+            |r| r.encoded_len(),
+            self.call_swap(request),
+        )
+        .await
+    }
+
+    async fn info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "Info",
+            received,
+            |r| r.encoded_len(),
+            self.call_info(request),
+        )
+        .await
+    }
+
+    async fn stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "Stats",
+            received,
+            |r| r.encoded_len(),
+            self.call_stats(request),
+        )
+        .await
     }
 }
 

@@ -12,7 +12,7 @@ use nearrec::{
     StoreConfig,
 };
 use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
-use nearrec_server::{NodeConfig, NodeService, Shared, Stores, serve};
+use nearrec_server::{Listeners, NodeConfig, NodeService, Shared, Stores, serve};
 use nearrec_wire::v1 as pb;
 use nearrec_wire::v1::node_client::NodeClient;
 use nearrec_wire::v1::node_server::Node as _;
@@ -93,6 +93,7 @@ fn batch(seed: u64, bags: usize) -> OwnedBatch {
 
 struct Node {
     addr: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
     runtime: tokio::runtime::Runtime,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: Option<tokio::task::JoinHandle<()>>,
@@ -105,13 +106,20 @@ impl Node {
             .enable_all()
             .build()
             .unwrap();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
+        let bind = || {
+            runtime
+                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .unwrap()
+        };
+        let listeners = Listeners {
+            grpc: bind(),
+            metrics: Some(bind()),
+        };
+        let addr = listeners.grpc.local_addr().unwrap();
+        let metrics = listeners.metrics.as_ref().unwrap().local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let done = runtime.spawn(async move {
-            serve(stores, config, listener, async {
+            serve(stores, config, listeners, async {
                 let _ = rx.await;
             })
             .await
@@ -119,10 +127,25 @@ impl Node {
         });
         Self {
             addr,
+            metrics,
             runtime,
             stop: Some(tx),
             done: Some(done),
         }
+    }
+
+    /// `GET /metrics`, as a scraper does it.
+    fn scrape(&self) -> String {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(self.metrics).unwrap();
+        write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        assert!(
+            out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
+            "{out}"
+        );
+        out
     }
 
     fn client(&self) -> NodeClient<Channel> {
@@ -380,16 +403,20 @@ fn an_expired_deadline_costs_no_device_read_and_a_full_queue_refuses() {
     // a deadline of 1 ns has passed by the time the node looks at the request. Over the wire
     // tonic's client enforces it too (and may give up first), so the node's side is asked
     // directly, through the service the server runs
-    let service = NodeService(Arc::new(Shared {
-        stores: {
+    let service = NodeService(Arc::new(Shared::new(
+        {
             let mut only = Stores::new();
             only.insert("s", open(&path, "tier = \"ssd\"\ndram_budget = 0"))
                 .unwrap();
             only
         },
-        admission: nearrec_server::Admission::new(1, 1),
-        config: NodeConfig::default(),
-    }));
+        NodeConfig {
+            max_in_flight: 1,
+            max_queued: 1,
+            ..NodeConfig::default()
+        },
+        None,
+    )));
     let direct = service.0.stores.get("s").unwrap().1;
     let direct_reads = || direct.stats().unwrap().get("device_reads").unwrap();
     let mut req = tonic::Request::new(request("s", &batch(4, 16), false, 0));
@@ -631,4 +658,128 @@ fn a_read_only_store_refuses_writes_with_a_typed_error() {
         .unwrap_err();
     assert_eq!(s.code(), Code::FailedPrecondition);
     assert_eq!(remote(&s).kind, Some(ErrorKind::StoreReadOnly));
+}
+
+fn authorized<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+#[test]
+fn the_acl_names_who_may_read_write_and_administer_which_tables() {
+    use nearrec_server::acl::token_hash;
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        format!(
+            "[principal.reader]\ntoken_sha256 = \"{}\"\nread = [\"s/t0\"]\n\n\
+             [principal.writer]\ntoken_sha256 = \"{}\"\nread = [\"*\"]\nwrite = [\"s/t*\"]\n",
+            token_hash("reader-token"),
+            token_hash("writer-token")
+        ),
+    )
+    .unwrap();
+    let mut stores = Stores::new();
+    stores
+        .insert("s", open(&path, "tier = \"dram\"\nwritable = true"))
+        .unwrap();
+    let node = Node::start(
+        stores,
+        NodeConfig {
+            acl: Some(acl.clone()),
+            ..NodeConfig::default()
+        },
+    );
+    let mut c = node.client();
+    let rt = &node.runtime;
+    let t0 = OwnedBatch::new(vec![OwnedLookup::with_lengths(
+        "t0",
+        vec![1i64, 2],
+        vec![2i64],
+    )]);
+    let both = batch(3, 4);
+    let write = pb::WriteRequest {
+        store: "s".into(),
+        writes: vec![pb::TableRows {
+            table: "t1".into(),
+            ids: nearrec_wire::arrays::encode(vec![1i64]),
+            rows: nearrec_wire::arrays::encode(vec![0.5f32; DIM as usize]),
+        }],
+        allow_nonfinite: false,
+    };
+    let code = |r: Result<tonic::Response<pb::LookupResponse>, tonic::Status>| {
+        r.map(|_| ()).map_err(|s| s.code())
+    };
+    // no token, a wrong token
+    let no = rt.block_on(c.lookup(authorized(request("s", &t0, false, 0), None)));
+    assert_eq!(code(no), Err(Code::Unauthenticated));
+    let wrong = rt.block_on(c.lookup(authorized(request("s", &t0, false, 0), Some("guess"))));
+    assert_eq!(code(wrong), Err(Code::Unauthenticated));
+    // the reader reads t0, not t1; writes nothing
+    let ok = rt.block_on(c.lookup(authorized(
+        request("s", &t0, false, 0),
+        Some("reader-token"),
+    )));
+    assert_eq!(code(ok), Ok(()));
+    let s = rt
+        .block_on(c.lookup(authorized(
+            request("s", &both, false, 0),
+            Some("reader-token"),
+        )))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::PermissionDenied);
+    assert!(s.message().contains("\"t1\""), "{}", s.message());
+    assert!(
+        !s.message().contains("reader-token"),
+        "a refusal shows no token"
+    );
+    let s = rt
+        .block_on(c.write(authorized(write.clone(), Some("reader-token"))))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::PermissionDenied);
+    // the writer writes t1 and reads everything, but administers nothing
+    rt.block_on(c.write(authorized(write, Some("writer-token"))))
+        .unwrap();
+    let s = rt
+        .block_on(c.drop_table(authorized(
+            pb::DropTableRequest {
+                store: "s".into(),
+                name: "t1".into(),
+            },
+            Some("writer-token"),
+        )))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::PermissionDenied);
+    // health answers without a token
+    let channel = rt
+        .block_on(
+            Channel::from_shared(format!("http://{}", node.addr))
+                .unwrap()
+                .connect(),
+        )
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    assert!(
+        rt.block_on(health.check(tonic_health::pb::HealthCheckRequest::default()))
+            .is_ok()
+    );
+    // the refusals are counted, by reason and by call and status
+    let text = node.scrape();
+    for line in [
+        "nearrec_refused_total{reason=\"unauthenticated\"} 2",
+        "nearrec_refused_total{reason=\"permission_denied\"} 3",
+        "nearrec_requests_total{call=\"Lookup\",code=\"Unauthenticated\"} 2",
+        "nearrec_requests_total{call=\"Lookup\",code=\"PermissionDenied\"} 1",
+        "nearrec_requests_total{call=\"Lookup\",code=\"Ok\"} 1",
+        "nearrec_requests_total{call=\"Write\",code=\"Ok\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
+    assert!(!text.contains("reader-token") && !text.contains("writer-token"));
 }

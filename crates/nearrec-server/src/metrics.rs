@@ -1,0 +1,127 @@
+//! What the node did, for Prometheus: served as Prometheus text on a separate admin address
+//! (`--metrics-listen`, `GET /metrics`), so that scrapes never queue behind lookups.
+//!
+//! Counted as calls happen (prometheus-client's families):
+//! - `nearrec_requests_total{call, code}` — calls by method and gRPC status;
+//! - `nearrec_request_seconds{call, stage}` — latency histograms per stage: `queue` (waiting for
+//!   an engine slot), `engine` (the facade's call: route, reads, pooling or the model), `total`
+//!   (from the handler's start to its answer);
+//! - `nearrec_received_bytes_total{call}`, `nearrec_sent_bytes_total{call}` — message bytes.
+//!
+//! What is read at each scrape instead (the node's and its stores' state) is `crate::scrape`.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallCode {
+    pub call: &'static str,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallStage {
+    pub call: &'static str,
+    pub stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Call {
+    pub call: &'static str,
+}
+
+fn histogram() -> Histogram {
+    // 10 µs to ~40 s
+    Histogram::new(exponential_buckets(1e-5, 2.0, 22))
+}
+
+/// The families calls update.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub requests: Family<CallCode, Counter>,
+    pub seconds: Family<CallStage, Histogram, fn() -> Histogram>,
+    pub received: Family<Call, Counter>,
+    pub sent: Family<Call, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            seconds: Family::new_with_constructor(histogram),
+            received: Family::default(),
+            sent: Family::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// A finished call: its status and total seconds, its bytes.
+    pub fn call(
+        &self,
+        call: &'static str,
+        code: tonic::Code,
+        seconds: f64,
+        bytes_in: usize,
+        bytes_out: usize,
+    ) {
+        self.requests
+            .get_or_create(&CallCode {
+                call,
+                code: format!("{code:?}"),
+            })
+            .inc();
+        self.stage(call, "total", seconds);
+        self.received
+            .get_or_create(&Call { call })
+            .inc_by(bytes_in as u64);
+        self.sent
+            .get_or_create(&Call { call })
+            .inc_by(bytes_out as u64);
+    }
+
+    pub fn stage(&self, call: &'static str, stage: &'static str, seconds: f64) {
+        self.seconds
+            .get_or_create(&CallStage { call, stage })
+            .observe(seconds);
+    }
+}
+
+/// Serves `GET /metrics` (Prometheus text) on `listener` until `shutdown` resolves.
+pub async fn serve_metrics(
+    registry: Registry,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::header::CONTENT_TYPE;
+    let registry = Arc::new(registry);
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let registry = registry.clone();
+            async move {
+                let mut text = String::new();
+                match prometheus_client::encoding::prometheus_text::encode(&mut text, &registry) {
+                    Ok(()) => (
+                        axum::http::StatusCode::OK,
+                        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                        text,
+                    ),
+                    Err(_) => (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                        "the metrics could not be encoded\n".to_owned(),
+                    ),
+                }
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

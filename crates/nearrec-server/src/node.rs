@@ -1,0 +1,41 @@
+//! What every call of one node shares: its stores, admission, settings, ACL and counters.
+
+use std::sync::atomic::AtomicU64;
+
+use arc_swap::ArcSwapOption;
+
+use crate::acl::Acl;
+use crate::admission::Admission;
+use crate::config::NodeConfig;
+use crate::metrics::Metrics;
+use crate::stores::Stores;
+
+/// What every call of one node shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub stores: Stores,
+    pub admission: Admission,
+    pub config: NodeConfig,
+    /// Who may do what; `None`: every call is allowed. Replaced whole on a reload.
+    pub acl: ArcSwapOption<Acl>,
+    /// Calls refused for their token (`UNAUTHENTICATED`) and for their grants
+    /// (`PERMISSION_DENIED`).
+    pub unauthenticated: AtomicU64,
+    pub denied: AtomicU64,
+    /// What calls did, for `/metrics`.
+    pub metrics: Metrics,
+}
+
+impl Shared {
+    pub fn new(stores: Stores, config: NodeConfig, acl: Option<Acl>) -> Self {
+        Self {
+            admission: Admission::new(config.max_in_flight, config.max_queued),
+            stores,
+            config,
+            acl: ArcSwapOption::from_pointee(acl),
+            unauthenticated: AtomicU64::new(0),
+            denied: AtomicU64::new(0),
+            metrics: Metrics::default(),
+        }
+    }
+}

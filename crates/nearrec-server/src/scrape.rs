@@ -1,0 +1,232 @@
+//! What a scrape of `/metrics` reads at that moment, beside the families calls update
+//! (`crate::metrics`): requests in flight; refusals by reason (`unauthenticated`,
+//! `permission_denied`, `overloaded`, `deadline_exceeded`); and per store its lookups per tier,
+//! DRAM hit ratio, device reads, bytes read, version, rows waiting in the delta, and the
+//! engine's own stage percentiles (`route`, `io_wait`, `pool`, `end_to_end`). Per-tier lookups,
+//! reads and stages are the SSD tier's; a DRAM-resident store reports zeros for them.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::node::Shared;
+
+/// The registry a node's `/metrics` encodes.
+pub fn registry(shared: Arc<Shared>) -> Registry {
+    let mut r = Registry::with_prefix("nearrec");
+    let m = shared.metrics.clone();
+    r.register("requests", "Calls by method and gRPC status", m.requests);
+    r.register(
+        "request_seconds",
+        "Call latency by stage: queue (waiting for an engine slot), engine, total",
+        m.seconds,
+    );
+    r.register(
+        "received_bytes",
+        "Request message bytes by method",
+        m.received,
+    );
+    r.register("sent_bytes", "Answer message bytes by method", m.sent);
+    r.register_collector(Box::new(NodeCollector(shared)));
+    r
+}
+
+/// The node's and its stores' state, read at each scrape.
+#[derive(Debug)]
+pub struct NodeCollector(Arc<Shared>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabel {
+    store: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreTier {
+    store: String,
+    tier: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreStage {
+    store: String,
+    stage: &'static str,
+    quantile: &'static str,
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> std::fmt::Result {
+    let g = ConstGauge::new(value);
+    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let s = &self.0;
+        gauge(
+            &mut encoder,
+            "in_flight",
+            "Calls running or waiting for an engine slot",
+            s.admission.in_flight() as f64,
+        )?;
+        {
+            let refused = [
+                ("unauthenticated", s.unauthenticated.load(Ordering::Relaxed)),
+                ("permission_denied", s.denied.load(Ordering::Relaxed)),
+                ("overloaded", s.admission.overloaded.load(Ordering::Relaxed)),
+                (
+                    "deadline_exceeded",
+                    s.admission.expired.load(Ordering::Relaxed),
+                ),
+            ];
+            let c = ConstCounter::new(0u64);
+            let mut family = encoder.encode_descriptor(
+                "refused",
+                "Calls refused before the engine: no or unknown token, no grant, a full queue, \
+                 a passed deadline",
+                None,
+                c.metric_type(),
+            )?;
+            for (reason, n) in refused {
+                ConstCounter::new(n).encode(family.encode_family(&Reason { reason })?)?;
+            }
+        }
+        let mut stores = Vec::new();
+        for name in s.stores.names() {
+            let (_, store) = s.stores.get(name).map_err(|_| std::fmt::Error)?;
+            let stats = store.stats();
+            let live: Vec<(&str, f64)> = store.live_stats();
+            stores.push((name.to_owned(), stats, live, store.version()));
+        }
+        let value = |stats: &Option<nearrec::Stats>, k: &str| stats.as_ref().and_then(|s| s.get(k));
+        {
+            let mut f = encoder.encode_descriptor(
+                "lookups",
+                "Ids looked up, by the tier that served them",
+                None,
+                ConstCounter::new(0u64).metric_type(),
+            )?;
+            for (store, stats, _, _) in &stores {
+                for (tier, key) in [
+                    ("resident", "lookups_resident"),
+                    ("hot", "lookups_hot"),
+                    ("cache", "lookups_cache"),
+                    ("ssd", "lookups_ssd"),
+                ] {
+                    let n = value(stats, key).unwrap_or(0.0) as u64;
+                    ConstCounter::new(n).encode(f.encode_family(&StoreTier {
+                        store: store.clone(),
+                        tier,
+                    })?)?;
+                }
+            }
+        }
+        for (metric, help, key, counter) in [
+            (
+                "dram_hit_ratio",
+                "Share of lookups the DRAM tiers served",
+                "dram_hit_ratio",
+                false,
+            ),
+            (
+                "device_reads",
+                "Block reads issued to the device",
+                "device_reads",
+                true,
+            ),
+            (
+                "device_read_bytes",
+                "Bytes read from the device",
+                "bytes_read",
+                true,
+            ),
+        ] {
+            let mut f = if counter {
+                encoder.encode_descriptor(
+                    metric,
+                    help,
+                    None,
+                    ConstCounter::new(0u64).metric_type(),
+                )?
+            } else {
+                encoder.encode_descriptor(
+                    metric,
+                    help,
+                    None,
+                    ConstGauge::new(0.0f64).metric_type(),
+                )?
+            };
+            for (store, stats, _, _) in &stores {
+                let v = value(stats, key).unwrap_or(0.0);
+                let labels = StoreLabel {
+                    store: store.clone(),
+                };
+                if counter {
+                    ConstCounter::new(v as u64).encode(f.encode_family(&labels)?)?;
+                } else {
+                    ConstGauge::new(v).encode(f.encode_family(&labels)?)?;
+                }
+            }
+        }
+        for (metric, help, key) in [
+            (
+                "store_version",
+                "The store's version: its last applied write",
+                None,
+            ),
+            (
+                "delta_rows",
+                "Written rows waiting for a compaction",
+                Some("delta_rows"),
+            ),
+        ] {
+            let mut f = encoder.encode_descriptor(
+                metric,
+                help,
+                None,
+                ConstGauge::new(0.0f64).metric_type(),
+            )?;
+            for (store, _, live, version) in &stores {
+                let v = match key {
+                    None => *version as f64,
+                    Some(k) => live.iter().find(|(n, _)| *n == k).map_or(0.0, |(_, v)| *v),
+                };
+                ConstGauge::new(v).encode(f.encode_family(&StoreLabel {
+                    store: store.clone(),
+                })?)?;
+            }
+        }
+        {
+            let mut f = encoder.encode_descriptor(
+                "engine_stage_seconds",
+                "The SSD tier's stage latencies as the engine measures them: route, io_wait, \
+                 pool, end_to_end",
+                None,
+                ConstGauge::new(0.0f64).metric_type(),
+            )?;
+            for (store, stats, _, _) in &stores {
+                for stage in ["route", "io_wait", "pool", "end_to_end"] {
+                    for (quantile, suffix) in [("0.5", "p50_us"), ("0.99", "p99_us")] {
+                        if let Some(us) = value(stats, &format!("{stage}_{suffix}")) {
+                            let labels = StoreStage {
+                                store: store.clone(),
+                                stage,
+                                quantile,
+                            };
+                            ConstGauge::new(us * 1e-6).encode(f.encode_family(&labels)?)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
