@@ -330,3 +330,47 @@ def test_sigterm_under_load_loses_no_acknowledged_write(tmp_path):
     got = store.read_rows("a", rows)[:, 0]
     want = np.array([last[r] for r in rows], np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+def _certificates(d: Path) -> dict[str, Path]:
+    """A CA, a node certificate for 127.0.0.1 and a client certificate, made with openssl."""
+    import shutil
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=nearrec test CA")
+    for name, ext in [("node", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                      ("client", "extendedKeyUsage=clientAuth")]:
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        (d / f"{name}.ext").write_text(ext + "\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
+    return {n: d / n for n in ("ca.pem", "node.pem", "node.key", "client.pem", "client.key")}
+
+
+def test_tls_and_client_certificates(tmp_path, store_path):
+    c = _certificates(tmp_path)
+    node = Node(str(store_path), "--tls-cert", str(c["node.pem"]), "--tls-key",
+                str(c["node.key"]), "--tls-client-ca", str(c["ca.pem"]))
+    try:
+        ids, offsets = np.array([1, 2, 3]), np.array([0, 2])
+        want = nearrec.open(store_path).lookup("a", ids, offsets)
+        remote = nearrec.connect(node.address, tls_ca=c["ca.pem"], tls_cert=c["client.pem"],
+                                 tls_key=c["client.key"])
+        close(remote.lookup("a", ids, offsets), want)
+        # no client certificate: the handshake fails; plaintext: no answer either
+        with pytest.raises(nearrec.Unavailable):
+            nearrec.connect(node.address, tls_ca=c["ca.pem"]).lookup("a", ids, offsets)
+        with pytest.raises(nearrec.Unavailable):
+            nearrec.connect(node.address).lookup("a", ids, offsets)
+        # a node certificate the client's CA does not sign
+        with pytest.raises(nearrec.Unavailable):
+            nearrec.connect(node.address, tls_ca=c["node.pem"], tls_cert=c["client.pem"],
+                            tls_key=c["client.key"])
+    finally:
+        assert node.stop() == 0

@@ -150,7 +150,9 @@ def model_save(
 @final
 class NativeRemote:
     def __new__(cls, addr: str, store: str, token: str | None = None,
-                timeout: float | None = None) -> Self: ...
+                timeout: float | None = None,
+                tls: tuple[bytes | None, str | None, tuple[bytes, bytes] | None] | None = None
+                ) -> Self: ...
     def lookup(self, lookups: Sequence[TableLookup]) -> tuple[npt.NDArray[np.float32], int]: ...
     def lookup_rows(self, lookups: Sequence[TableLookup]) -> tuple[
         list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32]]], int]: ...
@@ -177,7 +179,8 @@ class NativeRemotePending:
 def serve(specs: list[str], config: StoreConfig, listen: str, insecure: bool,
           max_in_flight: int, max_queued: int, max_message_bytes: int,
           drain_timeout: float, acl: str | None = None,
-          metrics_listen: str | None = None) -> None: ...
+          metrics_listen: str | None = None,
+          tls: tuple[str, str, str | None] | None = None) -> None: ...
 
 @final
 class NativeStoreWriter:

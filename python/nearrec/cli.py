@@ -190,12 +190,18 @@ def _load_npy(path: str, what: str) -> np.ndarray:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from . import _native
+    if (args.tls_cert is None) != (args.tls_key is None) or (
+            args.tls_client_ca is not None and args.tls_cert is None):
+        raise InvalidRequest("TLS needs --tls-cert and --tls-key together (and both for "
+                             "--tls-client-ca)")
     config = store_config(args).replace(writable=args.writable)
     _native.serve(args.stores, config.native(), args.listen, args.insecure,
                   count(args.max_in_flight, "--max-in-flight"),
                   count(args.max_queued, "--max-queued", minimum=0),
                   count(args.max_message_bytes, "--max-message-bytes"),
-                  float(args.drain_timeout), args.acl, args.metrics_listen)
+                  float(args.drain_timeout), args.acl, args.metrics_listen,
+                  None if args.tls_cert is None else (args.tls_cert, args.tls_key,
+                                                      args.tls_client_ca))
     return 0
 
 
@@ -203,7 +209,7 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     store: Any
     if args.remote:
         store = nearrec.connect(args.remote, args.path or "", token=args.token,
-                                timeout=args.timeout)
+                                timeout=args.timeout, tls_ca=args.tls_ca)
     elif args.path:
         store = nearrec.open(args.path, store_config(args), progress=args.progress)
     else:
@@ -595,6 +601,10 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--metrics-listen", metavar="HOST:PORT",
                     help="serve Prometheus metrics (GET /metrics) here, apart from the gRPC "
                          "address (port 0: a free one, printed once ready)")
+    sv.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate")
+    sv.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    sv.add_argument("--tls-client-ca", metavar="PEM",
+                    help="ask clients for certificates chaining to this CA (mutual TLS)")
     sv.add_argument("--insecure", action="store_true",
                     help="listen on an address other than loopback without an ACL")
     sv.add_argument("--max-in-flight", type=int, default=8,
@@ -615,6 +625,8 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--remote", metavar="HOST:PORT", help="a storage node (nearrec serve)")
     lk.add_argument("--token", help="with --remote: a bearer token")
     lk.add_argument("--timeout", type=float, help="with --remote: each call's deadline, s")
+    lk.add_argument("--tls-ca", metavar="PEM",
+                    help="with --remote: TLS, the node's certificate checked against this CA")
     lk.add_argument("--table", action="append", help="table(s) to query (default: all)")
     lk.add_argument("--batch", type=int, default=16)
     lk.add_argument("--pooling", type=int, default=20, help="lookups per bag")

@@ -11,6 +11,7 @@ naming the table and position, ``UnknownTable``, ...) plus the node's own refusa
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,15 @@ import numpy.typing as npt
 
 from ._native import NativeRemote, NativeRemotePending
 from .errors import InvalidRequest, UnknownTable
-from .request import PoolingModeName, TableLookup, as_array, count, index_array, text
+from .request import (
+    PoolingModeName,
+    TableLookup,
+    as_array,
+    count,
+    index_array,
+    regular_file,
+    text,
+)
 from .store import PooledBatch, _ids, _rows, jagged_lookups, lookups
 
 
@@ -36,11 +45,18 @@ class RemoteTable:
 
 
 def connect(address: str, store: str = "", *, token: str | None = None,
-            timeout: float | None = None) -> RemoteStore:
+            timeout: float | None = None, tls_ca: str | os.PathLike[str] | None = None,
+            tls_cert: str | os.PathLike[str] | None = None,
+            tls_key: str | os.PathLike[str] | None = None,
+            tls_domain: str | None = None) -> RemoteStore:
     """Connects to the store ``store`` of the node at ``address`` (``host:port``; an empty
     ``store`` is the node's only one). ``token`` is sent as a bearer token with every call;
     ``timeout`` (seconds) is each call's deadline, which the node honours: a call still waiting
-    at it is dropped before it reads the device."""
+    at it is dropped before it reads the device.
+
+    TLS: ``tls_ca`` (a PEM file) is the CA the node's certificate must chain to, ``tls_domain``
+    the name it must carry (default: the address's host); ``tls_cert`` and ``tls_key`` (PEM)
+    are this client's certificate for a node that asks for one (``--tls-client-ca``)."""
     text(address, "address")
     text(store, "store")
     if token is not None:
@@ -49,7 +65,23 @@ def connect(address: str, store: str = "", *, token: str | None = None,
         timeout = float(timeout)
         if not timeout > 0:
             raise InvalidRequest(f"timeout is a positive number of seconds, not {timeout}")
-    return RemoteStore(NativeRemote(address, store, token, timeout), address)
+    tls = None
+    if any(x is not None for x in (tls_ca, tls_cert, tls_key, tls_domain)):
+        if (tls_cert is None) != (tls_key is None):
+            raise InvalidRequest("a client certificate needs both tls_cert and tls_key")
+        identity = None if tls_cert is None or tls_key is None else (
+            _pem(tls_cert, "tls_cert"), _pem(tls_key, "tls_key"))
+        tls = (None if tls_ca is None else _pem(tls_ca, "tls_ca"),
+               None if tls_domain is None else text(tls_domain, "tls_domain"), identity)
+    return RemoteStore(NativeRemote(address, store, token, timeout, tls), address)
+
+
+def _pem(path: str | os.PathLike[str], what: str) -> bytes:
+    try:
+        with open(regular_file(path, what), "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidRequest(f"{what}: cannot read {os.fspath(path)!r}: {e}") from None
 
 
 class RemoteStore:

@@ -14,7 +14,7 @@ use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::v1 as pb;
 use nearrec_wire::v1::node_client::NodeClient;
 use nearrec_wire::{RemoteError, convert};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Response, Status};
 
 /// How a client talks to its node.
@@ -28,6 +28,19 @@ pub struct ClientOptions {
     pub max_message_bytes: usize,
     /// How long connecting may take.
     pub connect_timeout: Duration,
+    /// TLS; `None`: plaintext (unless the address is `https://`, then the system's roots).
+    pub tls: Option<ClientTls>,
+}
+
+/// How the client checks the node and shows itself: PEM bytes.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// The CA the node's certificate must chain to.
+    pub ca: Option<Vec<u8>>,
+    /// The name the node's certificate must carry (default: the address's host).
+    pub domain: Option<String>,
+    /// A client certificate and key, for nodes that ask for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Default for ClientOptions {
@@ -37,6 +50,7 @@ impl Default for ClientOptions {
             timeout: None,
             max_message_bytes: 64 << 20,
             connect_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -71,6 +85,26 @@ fn local(e: nearrec::Error) -> RemoteError {
     }
 }
 
+/// A status as the node's error; a call that never reached the node (its connection failed: a
+/// TLS handshake refused, a reset), which tonic answers `UNKNOWN`, is `UNAVAILABLE` with the
+/// transport's reasons, so that it is retried or reported as a connection problem.
+fn remote(s: &Status) -> RemoteError {
+    let mut e = RemoteError::from(s);
+    if s.code() == Code::Unknown && e.kind.is_none() {
+        let mut source = std::error::Error::source(s);
+        if source.is_some() {
+            let mut why = vec![s.message().to_owned()];
+            while let Some(cause) = source {
+                why.push(cause.to_string());
+                source = cause.source();
+            }
+            e.code = Code::Unavailable;
+            e.message = format!("the connection to the node failed: {}", why.join(": "));
+        }
+    }
+    e
+}
+
 /// An answer and the version of the store it read.
 pub type Versioned<T> = (T, u64);
 
@@ -84,15 +118,35 @@ impl Client {
             .enable_all()
             .build()
             .map_err(|e| unavailable(format!("cannot start the client's runtime: {e}")))?;
+        let scheme = if options.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let url = if addr.contains("://") {
             addr.to_owned()
         } else {
-            format!("http://{addr}")
+            format!("{scheme}://{addr}")
         };
-        let endpoint = Endpoint::from_shared(url)
+        let mut endpoint = Endpoint::from_shared(url)
             .map_err(|e| unavailable(format!("{addr:?} is not a node's address: {e}")))?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true);
+        if let Some(tls) = &options.tls {
+            let mut config = ClientTlsConfig::new();
+            if let Some(ca) = &tls.ca {
+                config = config.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some(domain) = &tls.domain {
+                config = config.domain_name(domain.clone());
+            }
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| unavailable(format!("TLS settings for {addr}: {e}")))?;
+        }
         let channel = runtime
             .block_on(endpoint.connect())
             .map_err(|e| unavailable(format!("cannot connect to the node at {addr}: {e}")))?;
@@ -132,7 +186,7 @@ impl Client {
         self.runtime
             .block_on(f)
             .map(Response::into_inner)
-            .map_err(|s| RemoteError::from(&s))
+            .map_err(|s| remote(&s))
     }
 
     fn lookup_request(&self, batch: &Batch<'_>, raw: bool) -> pb::LookupRequest {
@@ -334,7 +388,7 @@ impl Pending {
     ) -> Result<Versioned<Pooled>, RemoteError> {
         let answer = joined
             .map_err(|e| unavailable(format!("the call's task failed: {e}")))?
-            .map_err(|s| RemoteError::from(&s))?
+            .map_err(|s| remote(&s))?
             .into_inner();
         Ok((convert::unpooled(&answer).map_err(local)?, answer.version))
     }

@@ -2,9 +2,10 @@
 //! SIGTERM or SIGINT; the GIL is released while it serves.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use nearrec_server::{NodeConfig, Stores, listening, run};
+use nearrec_server::{NodeConfig, Stores, TlsFiles, listening, run};
 use pyo3::prelude::*;
 
 use crate::config::NativeConfig;
@@ -13,7 +14,7 @@ use crate::error::{detach, raise};
 /// Serves the stores `specs` (`PATH` or `PATH=NAME`) opened with `config` on `listen`; prints
 /// `listening on ADDR` once ready and returns after a drain.
 #[pyfunction]
-#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, acl = None, metrics_listen = None))]
+#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, acl = None, metrics_listen = None, tls = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -25,8 +26,9 @@ pub(crate) fn serve(
     max_queued: usize,
     max_message_bytes: usize,
     drain_timeout: f64,
-    acl: Option<std::path::PathBuf>,
+    acl: Option<PathBuf>,
     metrics_listen: Option<&str>,
+    tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
 ) -> PyResult<()> {
     let invalid = |m: String| raise(py, "InvalidRequest", m, None, None);
     let listen = listen
@@ -47,6 +49,11 @@ pub(crate) fn serve(
         drain_timeout: Duration::from_secs_f64(drain_timeout.max(0.0)),
         acl,
         metrics_listen,
+        tls: tls.map(|(cert, key, client_ca)| TlsFiles {
+            cert,
+            key,
+            client_ca,
+        }),
     };
     detach(py, || {
         let stores = Stores::open(&specs, &store_config)?;

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use nearrec::{AsBatch, Bags, Batch, Indices, RowWrite, TableLookup};
-use nearrec_client::{Client, ClientOptions, Pending};
+use nearrec_client::{Client, ClientOptions, ClientTls, Pending};
 use nearrec_wire::RemoteError;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -38,17 +38,24 @@ pub(crate) struct NativeRemote {
 impl NativeRemote {
     /// Connects to the node at `addr` for its store `store` ("" : its only one).
     #[new]
-    #[pyo3(signature = (addr, store, token = None, timeout = None))]
+    #[pyo3(signature = (addr, store, token = None, timeout = None, tls = None))]
+    #[allow(clippy::type_complexity)]
     fn new(
         py: Python<'_>,
         addr: &str,
         store: &str,
         token: Option<String>,
         timeout: Option<f64>,
+        tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
     ) -> PyResult<Self> {
         let options = ClientOptions {
             token,
             timeout: timeout.map(Duration::from_secs_f64),
+            tls: tls.map(|(ca, domain, identity)| ClientTls {
+                ca,
+                domain,
+                identity,
+            }),
             ..ClientOptions::default()
         };
         let client =

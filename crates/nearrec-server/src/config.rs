@@ -22,6 +22,35 @@ pub struct NodeConfig {
     pub acl: Option<PathBuf>,
     /// Where `GET /metrics` (Prometheus text) is served; `None`: nowhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// TLS (rustls); `None`: plaintext.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The node's certificate and key (PEM), and the CA its clients' certificates must chain to
+/// (`None`: clients present none).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// tonic's server TLS settings, the files read and checked now.
+    pub fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, String> {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let read = |p: &PathBuf, what: &str| {
+            std::fs::read(p).map_err(|e| format!("cannot read the TLS {what} {}: {e}", p.display()))
+        };
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(
+            read(&self.cert, "certificate")?,
+            read(&self.key, "key")?,
+        ));
+        if let Some(ca) = &self.client_ca {
+            tls = tls.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
+        }
+        Ok(tls)
+    }
 }
 
 impl Default for NodeConfig {
@@ -34,6 +63,7 @@ impl Default for NodeConfig {
             drain_timeout: Duration::from_secs(30),
             acl: None,
             metrics_listen: None,
+            tls: None,
         }
     }
 }

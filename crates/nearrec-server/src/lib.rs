@@ -26,7 +26,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 pub use acl::Acl;
 pub use admission::Admission;
-pub use config::NodeConfig;
+pub use config::{NodeConfig, TlsFiles};
 pub use node::Shared;
 pub use service::NodeService;
 pub use stores::Stores;
@@ -83,7 +83,11 @@ pub async fn serve(
             .await;
         let _ = drained_tx.send(());
     };
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &config.tls {
+        builder = builder.tls_config(tls.server_config()?)?;
+    }
+    let server = builder
         .add_service(health_service)
         .add_service(reflection)
         .add_service(node)
@@ -128,7 +132,10 @@ pub fn run(
         .with_writer(std::io::stderr)
         .try_init();
     if let Some(path) = &config.acl {
-        Acl::load(path)?; // a bad ACL stops the node before it listens
+        Acl::load(path)?; // a bad ACL or TLS file stops the node before it listens
+    }
+    if let Some(tls) = &config.tls {
+        tls.server_config()?;
     }
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("cannot start the node's runtime: {e}"))?;

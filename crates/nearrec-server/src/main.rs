@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use nearrec::StoreConfig;
-use nearrec_server::{Listeners, NodeConfig, Stores, listening, run};
+use nearrec_server::{Listeners, NodeConfig, Stores, TlsFiles, listening, run};
 
 /// Serves nearrec stores over gRPC (nearrec.v1.Node, grpc.health.v1, reflection).
 #[derive(Debug, Parser)]
@@ -33,6 +33,15 @@ struct Args {
     /// Where to serve Prometheus metrics (`GET /metrics`); port 0 picks a free one.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
+    /// Serve TLS with this certificate (PEM; with --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Ask clients for certificates that chain to this CA (PEM): mutual TLS.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// Listen on an address other than loopback without an ACL.
     #[arg(long)]
     insecure: bool,
@@ -71,6 +80,11 @@ fn main() {
         drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
         acl: args.acl,
         metrics_listen: args.metrics_listen,
+        tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| TlsFiles {
+            cert,
+            key,
+            client_ca: args.tls_client_ca,
+        }),
     };
     let ready = |listeners: &Listeners, stores: &Stores| {
         println!("nearrec-server {}", listening(listeners, stores));
