@@ -374,3 +374,43 @@ def test_tls_and_client_certificates(tmp_path, store_path):
                             tls_key=c["client.key"])
     finally:
         assert node.stop() == 0
+
+
+def test_torch_modules_and_models_over_a_node_equal_the_local_ones(tmp_path):
+    """nearrec.torch.EmbeddingBagCollection(remote) and nearrec.models.build(name, remote) give
+    the local store's outputs; the model kept with the store runs on the node."""
+    torch = pytest.importorskip("torch")
+    from nearrec.models import build as build_model
+    from nearrec.models import offload, save
+    from nearrec.torch import EmbeddingBagCollection, KeyedJaggedTensor
+    path = tmp_path / "rmc1"
+    nearrec.build(path, "rmc1", rows=200, seed=1, progress=False)
+    local = nearrec.open(path)
+    model = build_model("rmc1", local, seed=3)
+    save(model, path)
+    node = Node(str(path), "--tier", "ssd")
+    try:
+        remote = nearrec.connect(node.address)
+        assert remote.has_model
+        tables = [f"t{i}" for i in range(len(local.tables))]
+        rng = np.random.default_rng(2)
+        lengths = torch.from_numpy(rng.integers(0, 5, 6 * len(tables)))
+        values = torch.from_numpy(rng.integers(0, 200, int(lengths.sum())))
+        kjt = KeyedJaggedTensor(tables, values, lengths)
+        want = EmbeddingBagCollection(local, tables)(kjt)
+        got = EmbeddingBagCollection(remote, tables)(kjt)
+        assert got.keys() == want.keys()
+        torch.testing.assert_close(got.values(), want.values(), rtol=1e-5, atol=1e-6)
+        width = nearrec.model_spec("rmc1").dense_features
+        dense = torch.from_numpy(rng.standard_normal((6, width)).astype(np.float32))
+        over_node = build_model("rmc1", remote, seed=3)
+        with torch.inference_mode():
+            torch.testing.assert_close(over_node(dense, kjt), model(dense, kjt),
+                                       rtol=1e-4, atol=2e-6)
+            want_out = model(dense, kjt).numpy()
+        np.testing.assert_allclose(remote.infer(dense.numpy(), kjt), want_out, rtol=1e-4,
+                                   atol=2e-6)
+        with pytest.raises(InvalidRequest, match="remote.infer"):
+            offload(over_node)
+    finally:
+        assert node.stop() == 0

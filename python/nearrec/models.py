@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from ._native import NativeModel, model_save
 from .errors import InvalidRequest, StoreCorrupted
+from .remote import RemoteStore
 from .request import TableLookup, count, path_arg
 from .specs import ModelSpec, Variant, model_spec
 from .store import Store, read_attachment
@@ -315,6 +316,10 @@ class Offloaded(nn.Module):
             raise InvalidRequest("whole-model offload needs the model's sparse part to be an "
                                  "EmbeddingBagCollection over a store, without keyed tables or "
                                  "a GPU tier")
+        if not isinstance(sparse.store, Store):
+            raise InvalidRequest("a storage node runs the model kept with its store, not one "
+                                 "built here: keep it with nearrec.models.save(model, path) and "
+                                 "call remote.infer(dense, features)")
         self.model = model
         self.store: Store = sparse.store
         self.sparse = sparse
@@ -578,7 +583,8 @@ def load(store: Store, **collection: Any) -> _Model:
     return model
 
 
-def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "deeprecsys",
+def build(name: str, store: Store | RemoteStore | None, seed: int = 0,
+          variant: Variant = "deeprecsys",
           interaction: str = "cat", tasks: int = 1, sparse: nn.Module | None = None,
           **collection: Any) -> _Model:
     """Model ``name`` over ``store``'s tables ``t0``, ``t1``, ... (as :func:`nearrec.build` makes
@@ -597,8 +603,9 @@ def build(name: str, store: Store | None, seed: int = 0, variant: Variant = "dee
     if sparse is None:
         if store is None:
             raise InvalidRequest("give a store or a sparse module")
-        if not isinstance(store, Store):
-            raise InvalidRequest(f"store is an open nearrec.Store, not {type(store).__name__}")
+        if not isinstance(store, Store | RemoteStore):
+            raise InvalidRequest(f"store is an open nearrec.Store or a RemoteStore, not "
+                                 f"{type(store).__name__}")
         missing = [t for t in tables if t not in store.tables]
         if missing:
             raise InvalidRequest(f"the store lacks {spec.name}'s tables {missing[:3]}... (build "

@@ -21,6 +21,7 @@ from ._native import NativeCollection
 from .build import update
 from .errors import InvalidRequest, UnknownTable
 from .keyed import KeyedTable
+from .remote import RemoteStore
 from .request import as_array, flag, jagged, mode_name, padding
 from .store import Changes, PoolingModeName, Store, Synced, TableLookup
 
@@ -288,7 +289,7 @@ class EmbeddingBagCollection(nn.Module):
     its reference path (for tests). Without either, nothing changes.
     """
 
-    def __init__(self, store: Store | None, tables: Sequence[str] | None = None,
+    def __init__(self, store: Store | RemoteStore | None, tables: Sequence[str] | None = None,
                  pooling: PoolingModeName | Mapping[str, PoolingModeName] = "sum",
                  feature_names: Mapping[str, str] | None = None,
                  device: torch.device | str | None = None,
@@ -344,7 +345,9 @@ class EmbeddingBagCollection(nn.Module):
         self.dims = [self.keyed[t].dim if t in self.keyed else store.table(t).dim  # type: ignore[union-attr]
                      for t in self.tables]
         self.gpu_tier: Any = None
-        self._native = None if store is None or self.keyed else NativeCollection(
+        # a local store pools the KJT's buffers in one native call; a node's store (RemoteStore)
+        # takes the batch as TableLookups, one round trip
+        self._native = None if not isinstance(store, Store) or self.keyed else NativeCollection(
             store._native, [(t, self._feature_of[t], self.pooling[t]) for t in store_tables])
         if hbm_budget is not None or (device is not None and device.type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
@@ -389,6 +392,9 @@ class EmbeddingBagCollection(nn.Module):
         ``state_dict()``, or a saved one. See :func:`nearrec.update`."""
         if self.store is None:
             raise InvalidRequest("the collection has no store to write to")
+        if not isinstance(self.store, Store):
+            raise InvalidRequest("sync_from compares and writes a local store; over a storage "
+                                 "node, write the rows that changed with remote.write_many")
         if isinstance(source, nn.Module):
             source = source.state_dict()
         wanted = [t for t in self.tables if t not in self.keyed]
