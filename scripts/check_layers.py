@@ -39,6 +39,7 @@ LADDER = [
     # surfaces
     "nearrec-server",
     "nearrec-client",
+    "nearrec-loadgen",  # the node's load generator, for the benchmarks
     "nearrec-py",
     "nearrec-bench",
     "nearrec-bench-py",

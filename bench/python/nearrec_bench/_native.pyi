@@ -2,7 +2,7 @@
 (``crates/nearrec-bench-py``). Each limit is ``{"bytes_per_s", "items_per_s", "seconds"}``."""
 
 from os import PathLike
-from typing import Self, final
+from typing import Any, Self, final
 
 import numpy as np
 import numpy.typing as npt
@@ -11,7 +11,7 @@ __version__: str
 
 __all__ = [
     "__version__", "MappedStore", "naive_sls", "stream_read", "gather_rows", "sequential_write",
-    "random_read",
+    "random_read", "load_run",
 ]
 
 _Path = str | PathLike[str]
@@ -34,3 +34,16 @@ class MappedStore:
     def pool(
         self, requests: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]]
     ) -> npt.NDArray[np.float32]: ...
+def load_run(
+    mode: str,
+    batches: list[list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.int64]]]],
+    rate: float,
+    seconds: float,
+    target: str | None = None,
+    store: str | None = None,
+    connections: int = 1,
+    seed: int = 0,
+    cache: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] | None = None,
+    path: _Path | None = None,
+    config: str | None = None,
+) -> dict[str, Any]: ...

@@ -5,6 +5,7 @@
 mod baselines;
 mod error;
 mod limits;
+mod load;
 
 use pyo3::prelude::*;
 
@@ -18,5 +19,6 @@ fn nearrec_bench_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
     m.add_function(wrap_pyfunction!(limits::random_read, m)?)?;
+    m.add_function(wrap_pyfunction!(load::load_run, m)?)?;
     Ok(())
 }

@@ -1,0 +1,330 @@
+//! An open-loop load generator for the storage node (`nearrec bench serve`).
+//!
+//! Requests leave at Poisson arrival times for a fixed offered rate, whatever the answers do:
+//! each latency is taken from the request's *intended* send time, so a stall delays — and is
+//! charged to — every request scheduled behind it (no coordinated omission). Arrivals are paced
+//! by tokio's timer, whose resolution is 1 ms: requests due within one millisecond leave
+//! together, which the latencies include.
+//!
+//! What a request is depends on the [`Mode`]: the node pools next to the data (EMB-SSD's
+//! design), or returns the distinct rows and the client pools them — with or without a cache
+//! of the hottest rows on the client (EMB-SSD's host-caching baseline) — or the same store is
+//! called in this process, with no network (the floor).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearrec::{AsBatch, IndexVec, OwnedBags, OwnedBatch, OwnedLookup, Store};
+use nearrec_wire::convert;
+use nearrec_wire::v1 as pb;
+use nearrec_wire::v1::node_client::NodeClient;
+use prost::Message as _;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Exp};
+use tonic::transport::{Channel, Endpoint};
+
+/// Rows a client keeps of one table: id → its row.
+#[derive(Debug, Clone, Default)]
+pub struct ClientCache {
+    pub dims: HashMap<String, usize>,
+    pub rows: HashMap<String, HashMap<i64, Vec<f32>>>,
+}
+
+/// How a request is served.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// `Lookup`: pooled on the node; only `[batch, Σ dim]` crosses the network.
+    Pooled,
+    /// `Lookup` with `raw`: each table's distinct rows cross the network; the client pools.
+    Raw,
+    /// As `Raw`, but rows the client caches are not asked for.
+    RawCached(Arc<ClientCache>),
+    /// The store in this process: no network.
+    Embedded(Arc<Store>),
+}
+
+/// One run's outcome.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// Latency of each answered request, µs, from its intended send time.
+    pub latencies_us: Vec<f64>,
+    pub sent: usize,
+    pub failed: usize,
+    /// Requests not sent because too many were already in flight (the system fell behind).
+    pub dropped: usize,
+    /// Message bytes on the wire, both ways (protobuf, without HTTP/2 framing).
+    pub wire_bytes: u64,
+    /// Samples (bags) answered.
+    pub samples: u64,
+    /// The first request's pooled output, for checking modes against each other.
+    pub first: Option<Vec<f32>>,
+    pub seconds: f64,
+}
+
+/// The most requests a run keeps in flight; past it, arrivals are dropped and counted.
+const MAX_IN_FLIGHT: usize = 20_000;
+
+/// A request's answer: bytes on the wire, samples, the pooled output when asked for.
+type Answered = Result<(u64, u64, Option<Vec<f32>>), String>;
+
+/// Runs `batches` (cycled) at `rate` requests per second for `seconds` against `target`
+/// (`host:port`, ignored when embedded) with `mode`, over `connections` connections.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    target: &str,
+    store: &str,
+    mode: Mode,
+    batches: Arc<Vec<OwnedBatch>>,
+    rate: f64,
+    seconds: f64,
+    connections: usize,
+    seed: u64,
+) -> Result<Outcome, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let mut clients = Vec::new();
+        if !matches!(mode, Mode::Embedded(_)) {
+            for _ in 0..connections.max(1) {
+                let channel = Endpoint::from_shared(format!("http://{target}"))
+                    .map_err(|e| e.to_string())?
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await
+                    .map_err(|e| format!("cannot connect to {target}: {e}"))?;
+                clients.push(
+                    NodeClient::new(channel)
+                        .max_decoding_message_size(256 << 20)
+                        .max_encoding_message_size(256 << 20),
+                );
+            }
+        }
+        let requests: Arc<Vec<Vec<pb::TableLookup>>> = Arc::new(
+            batches
+                .iter()
+                .map(|b| convert::tables(&b.as_batch()))
+                .collect(),
+        );
+        let n = (rate * seconds).ceil().max(1.0) as usize;
+        let exp = Exp::new(rate).map_err(|e| e.to_string())?;
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+        let start = tokio::time::Instant::now() + Duration::from_millis(20);
+        let mut at = 0.0f64;
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::with_capacity(n);
+        let mut dropped = 0;
+        for i in 0..n {
+            at += exp.sample(&mut rng);
+            let due = start + Duration::from_secs_f64(at);
+            tokio::time::sleep_until(due).await;
+            if in_flight.load(std::sync::atomic::Ordering::Relaxed) >= MAX_IN_FLIGHT {
+                dropped += 1;
+                continue;
+            }
+            in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let k = i % batches.len();
+            let (mode, batches, requests, store) = (
+                mode.clone(),
+                batches.clone(),
+                requests.clone(),
+                store.to_owned(),
+            );
+            let client = clients.get(i % clients.len().max(1)).cloned();
+            let counter = in_flight.clone();
+            let keep = i == 0;
+            tasks.push(tokio::spawn(async move {
+                let answer = one(&mode, client, &store, &batches[k], &requests[k], keep).await;
+                counter.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                (due, tokio::time::Instant::now(), answer)
+            }));
+        }
+        let mut out = Outcome {
+            sent: tasks.len(),
+            dropped,
+            ..Outcome::default()
+        };
+        let mut last = start;
+        for t in tasks {
+            let (due, done, answer) = t.await.map_err(|e| e.to_string())?;
+            last = last.max(done);
+            match answer {
+                Ok((bytes, samples, first)) => {
+                    out.latencies_us.push((done - due).as_secs_f64() * 1e6);
+                    out.wire_bytes += bytes;
+                    out.samples += samples;
+                    if first.is_some() {
+                        out.first = first;
+                    }
+                }
+                Err(_) => out.failed += 1,
+            }
+        }
+        out.seconds = (last - start).as_secs_f64();
+        Ok(out)
+    })
+}
+
+async fn one(
+    mode: &Mode,
+    client: Option<NodeClient<Channel>>,
+    store: &str,
+    batch: &OwnedBatch,
+    tables: &[pb::TableLookup],
+    keep: bool,
+) -> Answered {
+    let request = |tables: Vec<pb::TableLookup>, raw: bool| pb::LookupRequest {
+        store: store.to_owned(),
+        tables,
+        raw,
+        id: 0,
+    };
+    match mode {
+        Mode::Embedded(s) => {
+            let (s, batch) = (s.clone(), batch.clone());
+            let pooled = tokio::task::spawn_blocking(move || s.lookup(&batch.as_batch()))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            Ok((0, pooled.batch as u64, keep.then_some(pooled.values)))
+        }
+        Mode::Pooled => {
+            let req = request(tables.to_vec(), false);
+            let sent = req.encoded_len() as u64;
+            let answer = client
+                .expect("a connection")
+                .lookup(req)
+                .await
+                .map_err(|s| s.to_string())?
+                .into_inner();
+            let got = answer.encoded_len() as u64;
+            let pooled = convert::unpooled(&answer).map_err(|e| e.to_string())?;
+            Ok((
+                sent + got,
+                pooled.batch as u64,
+                keep.then_some(pooled.values),
+            ))
+        }
+        Mode::Raw | Mode::RawCached(_) => {
+            let cache = match mode {
+                Mode::RawCached(c) => Some(c.as_ref()),
+                _ => None,
+            };
+            // ask only for the rows the client does not hold
+            let asked: Vec<pb::TableLookup> = match cache {
+                None => tables.to_vec(),
+                Some(c) => batch
+                    .tables
+                    .iter()
+                    .map(|t| {
+                        let held = c.rows.get(&t.table);
+                        let ids: Vec<i64> = ids(t)
+                            .into_iter()
+                            .filter(|i| !held.is_some_and(|h| h.contains_key(i)))
+                            .collect();
+                        let n = ids.len() as i64;
+                        let one = OwnedBatch::new(vec![OwnedLookup::with_lengths(
+                            t.table.clone(),
+                            ids,
+                            vec![n],
+                        )]);
+                        convert::tables(&one.as_batch()).remove(0)
+                    })
+                    .collect(),
+            };
+            let req = request(asked, true);
+            let sent = req.encoded_len() as u64;
+            let answer = client
+                .expect("a connection")
+                .lookup(req)
+                .await
+                .map_err(|s| s.to_string())?
+                .into_inner();
+            let got = answer.encoded_len() as u64;
+            let rows = convert::unraw(&answer).map_err(|e| e.to_string())?;
+            let (pooled, bags) = pool(batch, &rows, cache)?;
+            Ok((sent + got, bags as u64, keep.then_some(pooled)))
+        }
+    }
+}
+
+fn ids(t: &OwnedLookup) -> Vec<i64> {
+    match &t.indices {
+        IndexVec::I64(v) => v.clone(),
+        IndexVec::I32(v) => v.iter().map(|&i| i64::from(i)).collect(),
+    }
+}
+
+/// Sum pooling on the client of a batch given as lengths, from the rows the node sent and the
+/// client's cache: `[batch, Σ dim]` and the batch.
+fn pool(
+    batch: &OwnedBatch,
+    rows: &[nearrec::Rows],
+    cache: Option<&ClientCache>,
+) -> Result<(Vec<f32>, usize), String> {
+    let lengths = |t: &OwnedLookup| -> Result<Vec<usize>, String> {
+        match &t.bags {
+            OwnedBags::Lengths(IndexVec::I64(v)) => Ok(v.iter().map(|&l| l as usize).collect()),
+            OwnedBags::Lengths(IndexVec::I32(v)) => Ok(v.iter().map(|&l| l as usize).collect()),
+            _ => Err("the load generator's batches give bags as lengths".into()),
+        }
+    };
+    let dims: Vec<usize> = batch
+        .tables
+        .iter()
+        .zip(rows)
+        .map(|(t, r)| {
+            cache
+                .and_then(|c| c.dims.get(&t.table).copied())
+                .unwrap_or(r.dim)
+        })
+        .collect();
+    let width: usize = dims.iter().sum();
+    let bags = batch
+        .tables
+        .first()
+        .map_or(Ok(0), |t| lengths(t).map(|l| l.len()))?;
+    let mut out = vec![0f32; bags * width];
+    let mut col = 0;
+    for ((t, r), &dim) in batch.tables.iter().zip(rows).zip(&dims) {
+        let ids = ids(t);
+        let held = cache.and_then(|c| c.rows.get(&t.table));
+        let mut at = 0;
+        for (bag, len) in lengths(t)?.into_iter().enumerate() {
+            let dst = &mut out[bag * width + col..][..dim];
+            for &id in &ids[at..at + len] {
+                let row: &[f32] = match held.and_then(|h| h.get(&id)) {
+                    Some(row) => row,
+                    None => {
+                        let k = r
+                            .ids
+                            .binary_search(&id)
+                            .map_err(|_| format!("row {id} of {} was not sent", t.table))?;
+                        &r.values[k * dim..][..dim]
+                    }
+                };
+                for (d, v) in dst.iter_mut().zip(row) {
+                    *d += v;
+                }
+            }
+            at += len;
+        }
+        col += dim;
+    }
+    Ok((out, bags))
+}
+
+/// What a batch asks of one table, as the harness builds it.
+pub fn lookup(table: &str, ids: Vec<i64>, lengths: Vec<i64>) -> OwnedLookup {
+    OwnedLookup {
+        table: table.to_owned(),
+        indices: IndexVec::I64(ids),
+        bags: OwnedBags::Lengths(IndexVec::I64(lengths)),
+        per_sample_weights: None,
+        mode: nearrec::PoolingMode::Sum,
+        padding_idx: None,
+    }
+}

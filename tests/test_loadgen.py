@@ -1,0 +1,50 @@
+"""The storage node's open-loop load generator (`nearrec_bench._native.load_run`, crate
+`nearrec-loadgen`): every mode — pooled on the node, raw rows pooled by the client with and
+without a client cache, embedded — answers the same batch with the same vectors, and a run
+sends what its rate and length ask, each answered request timed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_remote import Node, build
+
+import nearrec
+
+bench_native = pytest.importorskip("nearrec_bench._native")
+
+
+def batches(n: int, bags: int = 8) -> list[list[tuple[str, np.ndarray, np.ndarray]]]:
+    rng = np.random.default_rng(4)
+    out = []
+    for _ in range(n):
+        b = []
+        for t, rows in (("a", 500), ("b", 300)):
+            lengths = rng.integers(0, 5, bags).astype(np.int64)
+            b.append((t, rng.integers(0, rows, int(lengths.sum())).astype(np.int64), lengths))
+        out.append(b)
+    return out
+
+
+def test_every_mode_answers_the_same_vectors(tmp_path):
+    path = build(tmp_path)
+    local = nearrec.open(path)
+    work = batches(4)
+    want = local.lookup_many([nearrec.TableLookup(t, ids, lengths=lengths)
+                              for t, ids, lengths in work[0]]).values.reshape(-1)
+    held = np.arange(0, 500, 2, dtype=np.int64)
+    cache = {"a": (held, local.read_rows("a", held))}
+    node = Node(str(path))
+    try:
+        for mode in ("pooled", "raw", "raw_cached", "embedded"):
+            out = bench_native.load_run(mode, work, rate=200.0, seconds=0.5, target=node.address,
+                                        store="store", connections=2, cache=cache,
+                                        path=str(path), config='tier = "ssd"')
+            assert out["failed"] == 0 and out["dropped"] == 0, (mode, out)
+            assert out["sent"] == 100 and len(out["latencies_us"]) == 100, mode
+            assert (out["latencies_us"] > 0).all()
+            assert out["samples"] == 100 * 8
+            np.testing.assert_allclose(out["first"], want, rtol=1e-5, atol=1e-6, err_msg=mode)
+            assert (out["wire_bytes"] > 0) == (mode != "embedded")
+    finally:
+        assert node.stop() == 0
