@@ -36,10 +36,11 @@ def test_every_mode_answers_the_same_vectors(tmp_path):
     cache = {"a": (held, local.read_rows("a", held))}
     node = Node(str(path))
     try:
+        embedded = bench_native.EmbeddedStore(str(path), 'tier = "ssd"')
         for mode in ("pooled", "raw", "raw_cached", "embedded"):
             out = bench_native.load_run(mode, work, rate=200.0, seconds=0.5, target=node.address,
                                         store="store", connections=2, cache=cache,
-                                        path=str(path), config='tier = "ssd"')
+                                        embedded=embedded)
             assert out["failed"] == 0 and out["dropped"] == 0, (mode, out)
             assert out["sent"] == 100 and len(out["latencies_us"]) == 100, mode
             assert (out["latencies_us"] > 0).all()
@@ -48,3 +49,12 @@ def test_every_mode_answers_the_same_vectors(tmp_path):
             assert (out["wire_bytes"] > 0) == (mode != "embedded")
     finally:
         assert node.stop() == 0
+    # a real redis-server holding the rows answers the same (the benchmark's HPS-like peer)
+    from nearrec_bench.serve import redis_server
+    with redis_server() as redis:
+        bench_native.redis_load(redis, {t: local.read_rows(t, np.arange(n))
+                                        for t, n in (("a", 500), ("b", 300))})
+        out = bench_native.load_run("redis", work, rate=200.0, seconds=0.5, target=redis,
+                                    connections=2, dims={"a": 16, "b": 8})
+        assert out["failed"] == 0 and out["sent"] == 100
+        np.testing.assert_allclose(out["first"], want, rtol=1e-5, atol=1e-6)

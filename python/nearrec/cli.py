@@ -760,7 +760,7 @@ def parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "cache",
                                      "colocate", "keyed", "e2e", "ebc", "build", "gpu",
-                                     "flash-repro", "flash-check", "update"])
+                                     "flash-repro", "flash-check", "update", "serve"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache: default rmc1,rmc2,rmc3; "
                     "e2e: all eight)")

@@ -11,7 +11,7 @@ __version__: str
 
 __all__ = [
     "__version__", "MappedStore", "naive_sls", "stream_read", "gather_rows", "sequential_write",
-    "random_read", "load_run",
+    "random_read", "load_run", "redis_load", "EmbeddedStore",
 ]
 
 _Path = str | PathLike[str]
@@ -44,6 +44,11 @@ def load_run(
     connections: int = 1,
     seed: int = 0,
     cache: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] | None = None,
-    path: _Path | None = None,
-    config: str | None = None,
+    embedded: EmbeddedStore | None = None,
+    dims: dict[str, int] | None = None,
 ) -> dict[str, Any]: ...
+@final
+class EmbeddedStore:
+    def __new__(cls, path: _Path, config: str, in_flight: int = 8) -> Self: ...
+
+def redis_load(target: str, tables: dict[str, npt.NDArray[np.float32]]) -> None: ...

@@ -154,6 +154,16 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
         records = update.run(ucfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "update-quick" if args.quick else "update"
         md = update.markdown(records, command)
+    elif args.what == "serve":
+        from . import serve
+
+        vcfg = serve.ServeConfig.quick() if args.quick else serve.ServeConfig()
+        if args.rows:
+            vcfg.rows = args.rows
+        vcfg.scratch = Path(args.scratch)
+        records = serve.run(vcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "serve-quick" if args.quick else "serve"
+        md = serve.markdown(records, command)
     elif args.what == "gpu":
         from . import gpu
 

@@ -19,6 +19,8 @@ fn nearrec_bench_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
     m.add_function(wrap_pyfunction!(limits::random_read, m)?)?;
+    m.add_class::<load::EmbeddedStore>()?;
     m.add_function(wrap_pyfunction!(load::load_run, m)?)?;
+    m.add_function(wrap_pyfunction!(load::redis_load, m)?)?;
     Ok(())
 }

@@ -11,6 +11,32 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+/// A store opened in this process for the embedded mode, kept across runs.
+#[pyclass(module = "nearrec_bench._native", frozen)]
+pub(crate) struct EmbeddedStore {
+    store: Arc<Store>,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+#[pymethods]
+impl EmbeddedStore {
+    /// The store at `path` opened with `config` (TOML); at most `in_flight` calls at once (the
+    /// node's `--max-in-flight`).
+    #[new]
+    #[pyo3(signature = (path, config, in_flight = 8))]
+    fn new(py: Python<'_>, path: PathBuf, config: &str, in_flight: usize) -> PyResult<Self> {
+        let config =
+            StoreConfig::from_toml(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let store = py
+            .detach(|| Store::open(&path, &config))
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        Ok(Self {
+            store: Arc::new(store),
+            slots: Arc::new(tokio::sync::Semaphore::new(in_flight.max(1))),
+        })
+    }
+}
+
 type Table<'py> = (
     String,
     PyReadonlyArray1<'py, i64>,
@@ -21,11 +47,13 @@ type Cached<'py> = HashMap<String, (PyReadonlyArray1<'py, i64>, PyReadonlyArray2
 
 /// Runs `batches` (lists of `(table, ids, lengths)`) open-loop at `rate` requests/s for
 /// `seconds`: `mode` "pooled", "raw" or "raw_cached" against the node at `target` (store
-/// `store`, `connections` connections; `cache`: table → (ids, rows) the client holds), or
-/// "embedded" on the store at `path` opened with `config` (TOML). Returns latencies (µs, from
+/// `store`, `connections` connections; `cache`: table → (ids, rows) the client holds),
+/// "redis" against the Redis server at `target` (`dims`: table → width), or "embedded" on the
+/// `embedded` store (opened once, so that its DRAM tiers stay warm from run to run, as the
+/// node's do). Returns latencies (µs, from
 /// each intended send time), counts, wire bytes and the first request's output.
 #[pyfunction]
-#[pyo3(signature = (mode, batches, rate, seconds, target = None, store = None, connections = 1, seed = 0, cache = None, path = None, config = None))]
+#[pyo3(signature = (mode, batches, rate, seconds, target = None, store = None, connections = 1, seed = 0, cache = None, embedded = None, dims = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn load_run<'py>(
     py: Python<'py>,
@@ -38,8 +66,8 @@ pub(crate) fn load_run<'py>(
     connections: usize,
     seed: u64,
     cache: Option<Cached<'py>>,
-    path: Option<PathBuf>,
-    config: Option<String>,
+    embedded: Option<&EmbeddedStore>,
+    dims: Option<HashMap<String, usize>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let owned: Vec<OwnedBatch> = batches
         .iter()
@@ -79,14 +107,10 @@ pub(crate) fn load_run<'py>(
             Mode::RawCached(Arc::new(c))
         }
         "embedded" => {
-            let path = path.ok_or_else(|| PyValueError::new_err("embedded needs path"))?;
-            let config = StoreConfig::from_toml(config.as_deref().unwrap_or(""))
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
-            let s = py
-                .detach(|| Store::open(&path, &config))
-                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-            Mode::Embedded(Arc::new(s))
+            let e = embedded.ok_or_else(|| PyValueError::new_err("embedded needs a store"))?;
+            Mode::Embedded(e.store.clone(), e.slots.clone())
         }
+        "redis" => Mode::Redis(Arc::new(dims.unwrap_or_default())),
         other => return Err(PyValueError::new_err(format!("unknown mode {other:?}"))),
     };
     let batches = Arc::new(owned);
@@ -115,4 +139,25 @@ pub(crate) fn load_run<'py>(
     d.set_item("seconds", out.seconds)?;
     d.set_item("first", out.first.map(|v| PyArray1::from_vec(py, v)))?;
     Ok(d)
+}
+
+/// Loads `tables` (name → `[rows, dim]` float32) into the Redis server at `target`, row `i` of
+/// table `t` as the value `t:i`.
+#[pyfunction]
+pub(crate) fn redis_load(
+    py: Python<'_>,
+    target: String,
+    tables: HashMap<String, PyReadonlyArray2<'_, f32>>,
+) -> PyResult<()> {
+    let views = tables
+        .iter()
+        .map(|(name, a)| {
+            let dim = a.as_array().ncols();
+            a.as_slice()
+                .map(|s| (name.clone(), dim, s))
+                .map_err(|_| PyValueError::new_err(format!("table {name}: not contiguous")))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    py.detach(|| nearrec_loadgen::load_redis(&target, &views))
+        .map_err(PyRuntimeError::new_err)
 }

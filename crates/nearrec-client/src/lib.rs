@@ -85,12 +85,14 @@ fn local(e: nearrec::Error) -> RemoteError {
     }
 }
 
-/// A status as the node's error; a call that never reached the node (its connection failed: a
-/// TLS handshake refused, a reset), which tonic answers `UNKNOWN`, is `UNAVAILABLE` with the
-/// transport's reasons, so that it is retried or reported as a connection problem.
+/// A status as the node's error. A call whose connection failed (a TLS handshake refused, a
+/// reset) never got an answer from the node: tonic makes it `UNKNOWN` or, from an HTTP/2 error,
+/// `INTERNAL` — both with the transport's error as their source, which a status the node sent
+/// never has. It is `UNAVAILABLE`, with the transport's reasons, so that it is retried or
+/// reported as a connection problem.
 fn remote(s: &Status) -> RemoteError {
     let mut e = RemoteError::from(s);
-    if s.code() == Code::Unknown && e.kind.is_none() {
+    if matches!(s.code(), Code::Unknown | Code::Internal) && e.kind.is_none() {
         let mut source = std::error::Error::source(s);
         if source.is_some() {
             let mut why = vec![s.message().to_owned()];
@@ -131,7 +133,9 @@ impl Client {
         let mut endpoint = Endpoint::from_shared(url)
             .map_err(|e| unavailable(format!("{addr:?} is not a node's address: {e}")))?
             .connect_timeout(options.connect_timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            .initial_stream_window_size(nearrec_wire::STREAM_WINDOW)
+            .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW);
         if let Some(tls) = &options.tls {
             let mut config = ClientTlsConfig::new();
             if let Some(ca) = &tls.ca {

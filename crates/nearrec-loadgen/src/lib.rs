@@ -3,8 +3,8 @@
 //! Requests leave at Poisson arrival times for a fixed offered rate, whatever the answers do:
 //! each latency is taken from the request's *intended* send time, so a stall delays — and is
 //! charged to — every request scheduled behind it (no coordinated omission). Arrivals are paced
-//! by tokio's timer, whose resolution is 1 ms: requests due within one millisecond leave
-//! together, which the latencies include.
+//! on one thread by the kernel's high-resolution sleep (tens of µs late at worst), not by
+//! tokio's millisecond timer.
 //!
 //! What a request is depends on the [`Mode`]: the node pools next to the data (EMB-SSD's
 //! design), or returns the distinct rows and the client pools them — with or without a cache
@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nearrec::{AsBatch, IndexVec, OwnedBags, OwnedBatch, OwnedLookup, Store};
 use nearrec_wire::convert;
@@ -40,8 +40,20 @@ pub enum Mode {
     Raw,
     /// As `Raw`, but rows the client caches are not asked for.
     RawCached(Arc<ClientCache>),
-    /// The store in this process: no network.
-    Embedded(Arc<Store>),
+    /// The store in this process: no network; at most as many calls at once as the semaphore
+    /// allows (the node's `max_in_flight`).
+    Embedded(Arc<Store>, Arc<tokio::sync::Semaphore>),
+    /// A Redis server holding each row as a value (`TABLE:ID` → little-endian float32): one
+    /// pipelined `MGET` per request for every table's distinct ids, the client pools (HugeCTR
+    /// HPS's distributed tier). `dims`: each table's width.
+    Redis(Arc<HashMap<String, usize>>),
+}
+
+/// A connection of the run.
+#[derive(Clone)]
+enum Connection {
+    Node(NodeClient<Channel>),
+    Redis(redis::aio::MultiplexedConnection),
 }
 
 /// One run's outcome.
@@ -62,8 +74,10 @@ pub struct Outcome {
     pub seconds: f64,
 }
 
-/// The most requests a run keeps in flight; past it, arrivals are dropped and counted.
-const MAX_IN_FLIGHT: usize = 20_000;
+/// The most requests a run keeps in flight; past it, arrivals are dropped and counted (a load
+/// past saturation then measures the system's rate without queueing without bound — the
+/// node's own queue holds 256 and refuses the rest).
+const MAX_IN_FLIGHT: usize = 256;
 
 /// A request's answer: bytes on the wire, samples, the pooled output when asked for.
 type Answered = Result<(u64, u64, Option<Vec<f32>>), String>;
@@ -86,62 +100,85 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    runtime.block_on(async move {
+    let clients = runtime.block_on(async {
         let mut clients = Vec::new();
-        if !matches!(mode, Mode::Embedded(_)) {
-            for _ in 0..connections.max(1) {
-                let channel = Endpoint::from_shared(format!("http://{target}"))
-                    .map_err(|e| e.to_string())?
-                    .tcp_nodelay(true)
-                    .connect()
-                    .await
-                    .map_err(|e| format!("cannot connect to {target}: {e}"))?;
-                clients.push(
-                    NodeClient::new(channel)
-                        .max_decoding_message_size(256 << 20)
-                        .max_encoding_message_size(256 << 20),
-                );
-            }
+        for _ in 0..connections.max(1) {
+            clients.push(match mode {
+                Mode::Embedded(..) => break,
+                Mode::Redis(_) => {
+                    let client = redis::Client::open(format!("redis://{target}/"))
+                        .map_err(|e| e.to_string())?;
+                    Connection::Redis(
+                        client
+                            .get_multiplexed_async_connection()
+                            .await
+                            .map_err(|e| format!("cannot connect to redis at {target}: {e}"))?,
+                    )
+                }
+                _ => {
+                    let channel = Endpoint::from_shared(format!("http://{target}"))
+                        .map_err(|e| e.to_string())?
+                        .tcp_nodelay(true)
+                        .initial_stream_window_size(nearrec_wire::STREAM_WINDOW)
+                        .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW)
+                        .connect()
+                        .await
+                        .map_err(|e| format!("cannot connect to {target}: {e}"))?;
+                    Connection::Node(
+                        NodeClient::new(channel)
+                            .max_decoding_message_size(256 << 20)
+                            .max_encoding_message_size(256 << 20),
+                    )
+                }
+            });
         }
-        let requests: Arc<Vec<Vec<pb::TableLookup>>> = Arc::new(
-            batches
-                .iter()
-                .map(|b| convert::tables(&b.as_batch()))
-                .collect(),
+        Ok::<_, String>(clients)
+    })?;
+    let requests: Arc<Vec<Vec<pb::TableLookup>>> = Arc::new(
+        batches
+            .iter()
+            .map(|b| convert::tables(&b.as_batch()))
+            .collect(),
+    );
+    let n = (rate * seconds).ceil().max(1.0) as usize;
+    let exp = Exp::new(rate).map_err(|e| e.to_string())?;
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
+    // requests leave from this thread, paced by the kernel's high-resolution sleep (tokio's
+    // timer ticks in milliseconds)
+    let start = Instant::now() + Duration::from_millis(20);
+    let mut at = 0.0f64;
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(n);
+    let mut dropped = 0;
+    for i in 0..n {
+        at += exp.sample(&mut rng);
+        let due = start + Duration::from_secs_f64(at);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        if in_flight.load(std::sync::atomic::Ordering::Relaxed) >= MAX_IN_FLIGHT {
+            dropped += 1;
+            continue;
+        }
+        in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let k = i % batches.len();
+        let (mode, batches, requests, store) = (
+            mode.clone(),
+            batches.clone(),
+            requests.clone(),
+            store.to_owned(),
         );
-        let n = (rate * seconds).ceil().max(1.0) as usize;
-        let exp = Exp::new(rate).map_err(|e| e.to_string())?;
-        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(seed);
-        let start = tokio::time::Instant::now() + Duration::from_millis(20);
-        let mut at = 0.0f64;
-        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut tasks = Vec::with_capacity(n);
-        let mut dropped = 0;
-        for i in 0..n {
-            at += exp.sample(&mut rng);
-            let due = start + Duration::from_secs_f64(at);
-            tokio::time::sleep_until(due).await;
-            if in_flight.load(std::sync::atomic::Ordering::Relaxed) >= MAX_IN_FLIGHT {
-                dropped += 1;
-                continue;
-            }
-            in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let k = i % batches.len();
-            let (mode, batches, requests, store) = (
-                mode.clone(),
-                batches.clone(),
-                requests.clone(),
-                store.to_owned(),
-            );
-            let client = clients.get(i % clients.len().max(1)).cloned();
-            let counter = in_flight.clone();
-            let keep = i == 0;
-            tasks.push(tokio::spawn(async move {
-                let answer = one(&mode, client, &store, &batches[k], &requests[k], keep).await;
-                counter.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                (due, tokio::time::Instant::now(), answer)
-            }));
-        }
+        let client = clients.get(i % clients.len().max(1)).cloned();
+        let counter = in_flight.clone();
+        let keep = i == 0;
+        tasks.push(runtime.spawn(async move {
+            let answer = one(&mode, client, &store, &batches[k], &requests[k], keep).await;
+            counter.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            (due, Instant::now(), answer)
+        }));
+    }
+    runtime.block_on(async move {
         let mut out = Outcome {
             sent: tasks.len(),
             dropped,
@@ -170,7 +207,7 @@ pub fn run(
 
 async fn one(
     mode: &Mode,
-    client: Option<NodeClient<Channel>>,
+    client: Option<Connection>,
     store: &str,
     batch: &OwnedBatch,
     tables: &[pb::TableLookup],
@@ -183,7 +220,8 @@ async fn one(
         id: 0,
     };
     match mode {
-        Mode::Embedded(s) => {
+        Mode::Embedded(s, slots) => {
+            let _slot = slots.acquire().await.map_err(|e| e.to_string())?;
             let (s, batch) = (s.clone(), batch.clone());
             let pooled = tokio::task::spawn_blocking(move || s.lookup(&batch.as_batch()))
                 .await
@@ -191,11 +229,69 @@ async fn one(
                 .map_err(|e| e.to_string())?;
             Ok((0, pooled.batch as u64, keep.then_some(pooled.values)))
         }
+        Mode::Redis(dims) => {
+            let Some(Connection::Redis(mut redis)) = client else {
+                return Err("no redis connection".into());
+            };
+            let mut pipe = redis::pipe();
+            let mut asked = Vec::with_capacity(batch.tables.len());
+            let mut sent = 0u64;
+            for t in &batch.tables {
+                let mut distinct = ids(t);
+                distinct.sort_unstable();
+                distinct.dedup();
+                let keys: Vec<String> = distinct
+                    .iter()
+                    .map(|i| format!("{}:{i}", t.table))
+                    .collect();
+                sent += keys.iter().map(|k| k.len() as u64).sum::<u64>();
+                pipe.cmd("MGET").arg(keys);
+                asked.push(distinct);
+            }
+            let values: Vec<Vec<Option<Vec<u8>>>> = pipe
+                .query_async(&mut redis)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut got = 0u64;
+            let rows = batch
+                .tables
+                .iter()
+                .zip(asked)
+                .zip(values)
+                .map(|((t, ids), values)| {
+                    let dim = dims.get(&t.table).copied().unwrap_or(0);
+                    let mut flat = Vec::with_capacity(ids.len() * dim);
+                    for (id, v) in ids.iter().zip(values) {
+                        let v = v.ok_or_else(|| format!("redis has no row {}:{id}", t.table))?;
+                        got += v.len() as u64;
+                        if v.len() != dim * 4 {
+                            return Err(format!(
+                                "row {}:{id} is {} bytes, not {}",
+                                t.table,
+                                v.len(),
+                                dim * 4
+                            ));
+                        }
+                        flat.extend(
+                            v.chunks_exact(4)
+                                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                        );
+                    }
+                    Ok(nearrec::Rows {
+                        table: t.table.clone(),
+                        dim,
+                        ids,
+                        values: flat,
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            let (pooled, bags) = pool(batch, &rows, None)?;
+            Ok((sent + got, bags as u64, keep.then_some(pooled)))
+        }
         Mode::Pooled => {
             let req = request(tables.to_vec(), false);
             let sent = req.encoded_len() as u64;
-            let answer = client
-                .expect("a connection")
+            let answer = node(client)?
                 .lookup(req)
                 .await
                 .map_err(|s| s.to_string())?
@@ -237,8 +333,7 @@ async fn one(
             };
             let req = request(asked, true);
             let sent = req.encoded_len() as u64;
-            let answer = client
-                .expect("a connection")
+            let answer = node(client)?
                 .lookup(req)
                 .await
                 .map_err(|s| s.to_string())?
@@ -249,6 +344,43 @@ async fn one(
             Ok((sent + got, bags as u64, keep.then_some(pooled)))
         }
     }
+}
+
+fn node(c: Option<Connection>) -> Result<NodeClient<Channel>, String> {
+    match c {
+        Some(Connection::Node(n)) => Ok(n),
+        _ => Err("no connection to a node".into()),
+    }
+}
+
+/// Loads `tables` (name → `[rows, dim]` float32, row-major) into the Redis server at `target`,
+/// each row a value `TABLE:ID`, in pipelines of `chunk` rows.
+pub fn load_redis(target: &str, tables: &[(String, usize, &[f32])]) -> Result<(), String> {
+    let client = redis::Client::open(format!("redis://{target}/")).map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        for (name, dim, values) in tables {
+            for (start, rows) in values.chunks(dim * 4096).enumerate() {
+                let mut pipe = redis::pipe();
+                for (k, row) in rows.chunks_exact(*dim).enumerate() {
+                    let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    pipe.cmd("SET")
+                        .arg(format!("{name}:{}", start * 4096 + k))
+                        .arg(bytes)
+                        .ignore();
+                }
+                let () = pipe.query_async(&mut c).await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    })
 }
 
 fn ids(t: &OwnedLookup) -> Vec<i64> {

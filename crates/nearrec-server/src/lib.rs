@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use nearrec_wire::v1 as pb;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 pub use acl::Acl;
 pub use admission::Admission;
@@ -83,7 +83,9 @@ pub async fn serve(
             .await;
         let _ = drained_tx.send(());
     };
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder()
+        .initial_stream_window_size(nearrec_wire::STREAM_WINDOW)
+        .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW);
     if let Some(tls) = &config.tls {
         builder = builder.tls_config(tls.server_config()?)?;
     }
@@ -91,7 +93,12 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(node)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stop);
+        // answers leave at once: without TCP_NODELAY a small answer waits on the client's
+        // delayed ACK (~40 ms on Linux)
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            stop,
+        );
     tokio::pin!(server);
     tokio::select! {
         done = &mut server => done?,

@@ -16,6 +16,13 @@ pub mod status;
 
 pub use status::{RemoteError, status_of};
 
+/// HTTP/2 flow-control windows both ends of a node's connection open with. gRPC's default, 64
+/// KiB, is smaller than one batch's request (8 tables × 1,280 int64 ids is 80 KiB): the sender
+/// would stop for a `WINDOW_UPDATE` round trip in the middle of every batch.
+pub const STREAM_WINDOW: u32 = 4 << 20;
+/// See [`STREAM_WINDOW`]: room for several batches in flight on one connection.
+pub const CONNECTION_WINDOW: u32 = 16 << 20;
+
 /// The generated `nearrec.v1` package.
 pub mod v1 {
     #![allow(missing_docs, missing_debug_implementations, clippy::all)]
