@@ -108,9 +108,12 @@ pub fn run(
                 Mode::Redis(_) => {
                     let client = redis::Client::open(format!("redis://{target}/"))
                         .map_err(|e| e.to_string())?;
+                    // no response timeout (redis-rs defaults to 500 ms): a request queued
+                    // behind others is timed, not dropped as a failure
+                    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
                     Connection::Redis(
                         client
-                            .get_multiplexed_async_connection()
+                            .get_multiplexed_async_connection_with_config(&config)
                             .await
                             .map_err(|e| format!("cannot connect to redis at {target}: {e}"))?,
                     )
