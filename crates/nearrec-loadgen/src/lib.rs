@@ -292,20 +292,9 @@ async fn one(
             Ok((sent + got, bags as u64, keep.then_some(pooled)))
         }
         Mode::Pooled => {
-            let req = request(tables.to_vec(), false);
-            let sent = req.encoded_len() as u64;
-            let answer = node(client)?
-                .lookup(req)
-                .await
-                .map_err(|s| s.to_string())?
-                .into_inner();
-            let got = answer.encoded_len() as u64;
+            let (answer, bytes) = lookup_call(client, request(tables.to_vec(), false)).await?;
             let pooled = convert::unpooled(&answer).map_err(|e| e.to_string())?;
-            Ok((
-                sent + got,
-                pooled.batch as u64,
-                keep.then_some(pooled.values),
-            ))
+            Ok((bytes, pooled.batch as u64, keep.then_some(pooled.values)))
         }
         Mode::Raw | Mode::RawCached(_) => {
             let cache = match mode {
@@ -334,26 +323,30 @@ async fn one(
                     })
                     .collect(),
             };
-            let req = request(asked, true);
-            let sent = req.encoded_len() as u64;
-            let answer = node(client)?
-                .lookup(req)
-                .await
-                .map_err(|s| s.to_string())?
-                .into_inner();
-            let got = answer.encoded_len() as u64;
+            let (answer, bytes) = lookup_call(client, request(asked, true)).await?;
             let rows = convert::unraw(&answer).map_err(|e| e.to_string())?;
             let (pooled, bags) = pool(batch, &rows, cache)?;
-            Ok((sent + got, bags as u64, keep.then_some(pooled)))
+            Ok((bytes, bags as u64, keep.then_some(pooled)))
         }
     }
 }
 
-fn node(c: Option<Connection>) -> Result<NodeClient<Channel>, String> {
-    match c {
-        Some(Connection::Node(n)) => Ok(n),
-        _ => Err("no connection to a node".into()),
-    }
+/// One `Lookup` on the node: its answer and the message bytes both ways.
+async fn lookup_call(
+    c: Option<Connection>,
+    req: pb::LookupRequest,
+) -> Result<(pb::LookupResponse, u64), String> {
+    let Some(Connection::Node(mut node)) = c else {
+        return Err("no connection to a node".into());
+    };
+    let sent = req.encoded_len() as u64;
+    let answer = node
+        .lookup(req)
+        .await
+        .map_err(|s| s.to_string())?
+        .into_inner();
+    let got = answer.encoded_len() as u64;
+    Ok((answer, sent + got))
 }
 
 /// Loads `tables` (name → `[rows, dim]` float32, row-major) into the Redis server at `target`,

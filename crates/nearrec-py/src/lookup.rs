@@ -567,3 +567,23 @@ pub(crate) fn weights_view(py: Python<'_>, w: &Bound<'_, PyAny>) -> PyResult<(Py
     let ones = PyArray1::<f32>::zeros(py, [n], false).into_any();
     weights_array(py, &a, "features", &ones)
 }
+
+/// A model's dense features as the engine reads them: a contiguous `[batch, width]` float32
+/// array, or none (models without dense features).
+pub(crate) fn dense_features<'a>(
+    py: Python<'_>,
+    dense: Option<&'a numpy::PyReadonlyArray2<'_, f32>>,
+) -> PyResult<&'a [f32]> {
+    match dense {
+        Some(d) => d.as_slice().map_err(|_| {
+            raise(
+                py,
+                "InvalidRequest",
+                "dense features must be a contiguous float32 array".into(),
+                None,
+                None,
+            )
+        }),
+        None => Ok(&[]),
+    }
+}

@@ -12,7 +12,7 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArra
 use pyo3::prelude::*;
 
 use crate::error::{detach, raise};
-use crate::lookup::HeldBatch;
+use crate::lookup::{HeldBatch, dense_features};
 
 /// A node's refusal or a nearrec error it reported, as its Python exception.
 pub(crate) fn remote_err(py: Python<'_>, e: RemoteError) -> PyErr {
@@ -119,18 +119,7 @@ impl NativeRemote {
         lookups: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let held = HeldBatch::extract(lookups)?;
-        let dense = match &dense {
-            Some(d) => d.as_slice().map_err(|_| {
-                raise(
-                    py,
-                    "InvalidRequest",
-                    "dense features must be a contiguous float32 array".into(),
-                    None,
-                    None,
-                )
-            })?,
-            None => &[],
-        };
+        let dense = dense_features(py, dense.as_ref())?;
         let (out, batch, width) = detach(py, || self.client.infer(dense, &held.as_batch()))?
             .map_err(|e| remote_err(py, e))?;
         array(py, out, batch, width)

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 
 use crate::config::NativeConfig;
 use crate::error::{detach, err, format_err, raise};
-use crate::lookup::HeldBatch;
+use crate::lookup::{HeldBatch, dense_features};
 use crate::model::NativeModel;
 use crate::progress;
 
@@ -207,18 +207,7 @@ impl NativeStore {
     ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
         let held = HeldBatch::extract(lookups)?;
         let batch = held.as_batch();
-        let dense = match &dense {
-            Some(d) => d.as_slice().map_err(|_| {
-                raise(
-                    py,
-                    "InvalidRequest",
-                    "dense features must be a contiguous float32 array".into(),
-                    None,
-                    None,
-                )
-            })?,
-            None => &[],
-        };
+        let dense = dense_features(py, dense.as_ref())?;
         let out = detach(py, || match model {
             Some(m) => self.store.infer_with(&m.model, dense, &batch),
             None => self.store.infer(dense, &batch),
