@@ -195,6 +195,16 @@ def test_stock_grpc_health_stub_reads_serving_and_the_cli_looks_up_remotely(stor
             for service in ("", "nearrec.v1.Node"):
                 r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
                 assert r.status == health_pb2.HealthCheckResponse.SERVING
+        # reflection: a stock client finds the service and its methods without the .proto
+        reflection = pytest.importorskip(
+            "grpc_reflection.v1alpha.proto_reflection_descriptor_database")
+        with grpc.insecure_channel(node.address) as channel:
+            db = reflection.ProtoReflectionDescriptorDatabase(channel)
+            assert "nearrec.v1.Node" in db.get_services()
+            from google.protobuf.descriptor_pool import DescriptorPool
+            service = DescriptorPool(db).FindServiceByName("nearrec.v1.Node")
+            assert {"Lookup", "LookupStream", "Infer", "Write", "Info"} <= {
+                m.name for m in service.methods}
         out = subprocess.run([sys.executable, "-m", "nearrec.cli", "lookup", "--remote",
                               node.address, "--batch", "4", "--repeat", "2", "--json"],
                              capture_output=True, text=True, timeout=120,

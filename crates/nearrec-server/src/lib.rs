@@ -66,10 +66,15 @@ pub async fn serve(
     health
         .set_serving::<pb::node_server::NodeServer<NodeService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // reflection, as v1 and as the v1alpha that older stock clients (grpcio's, grpcurl's first
+    // try) ask for
+    let reflect = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflect().build_v1()?;
+    let reflection_alpha = reflect().build_v1alpha()?;
     let node = pb::node_server::NodeServer::new(NodeService(shared))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
@@ -92,6 +97,7 @@ pub async fn serve(
     let server = builder
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .add_service(node)
         // answers leave at once: without TCP_NODELAY a small answer waits on the client's
         // delayed ACK (~40 ms on Linux)
