@@ -27,11 +27,11 @@ from .request import (
     TableLookup,
     as_array,
     count,
-    index_array,
+    flag,
     regular_file,
     text,
 )
-from .store import PooledBatch, _ids, _rows, jagged_lookups, lookups
+from .store import PooledBatch, _ids, jagged_lookups, lookups, row_ids, write_calls
 
 
 @dataclass(frozen=True)
@@ -189,11 +189,7 @@ class RemoteStore:
     def read_rows(self, table: str, rows: Any) -> npt.NDArray[np.float32]:
         """The given rows of a table, decoded to float32 on the node: ``[len(rows), dim]``."""
         self.table(table)
-        ids = index_array(rows, table, "rows")
-        if ids.ndim != 1:
-            raise InvalidRequest(f"table {table!r}: rows must be 1-D, got shape {ids.shape}",
-                                 table=table)
-        return self._native.read_rows(table, np.ascontiguousarray(ids, dtype=np.int64))
+        return self._native.read_rows(table, row_ids(table, rows))
 
     def infer(self, dense: Any, features: Any) -> npt.NDArray[np.float32]:
         """The model kept with the store run on the node, next to its embeddings; only its
@@ -219,16 +215,8 @@ class RemoteStore:
     def write_many(self, writes: Mapping[str, tuple[Any, Any]], *,
                    allow_nonfinite: bool = False) -> int:
         """Several tables' rows in one atomic call: ``{table: (ids, rows)}``."""
-        if not isinstance(writes, Mapping):
-            raise InvalidRequest(f"writes is a mapping from table to (ids, rows), not "
-                                 f"{type(writes).__name__}")
-        calls = []
-        for table, pair in writes.items():
-            if not (isinstance(pair, tuple | list) and len(pair) == 2):
-                raise InvalidRequest(f"table {table!r}: a write is an (ids, rows) pair",
-                                     table=table if isinstance(table, str) else None)
-            calls.append((table, _ids(table, pair[0]), _rows(table, pair[1], allow_nonfinite)))
-        return int(self._native.write_many(calls, bool(allow_nonfinite)))
+        return int(self._native.write_many(write_calls(writes, allow_nonfinite),
+                                           flag(allow_nonfinite, "allow_nonfinite")))
 
     def remove(self, table: str, ids: Any) -> int:
         """EMB_REMOVE of rows on the node; the new version."""

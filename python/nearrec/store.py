@@ -296,17 +296,8 @@ class Store:
                    allow_nonfinite: bool = False) -> int:
         """Several tables' rows in one atomic call (all of them or none): ``{table: (ids,
         rows)}``, each as :meth:`write` takes them."""
-        if not isinstance(writes, Mapping):
-            raise InvalidRequest(f"writes is a mapping from table to (ids, rows), not "
-                                 f"{type(writes).__name__}")
-        calls: list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]] = []
-        for table, pair in writes.items():
-            if not (isinstance(pair, tuple | list) and len(pair) == 2):
-                raise InvalidRequest(f"table {table!r}: a write is an (ids, rows) pair",
-                                     table=table if isinstance(table, str) else None)
-            ids, rows = pair
-            calls.append((table, _ids(table, ids), _rows(table, rows, allow_nonfinite)))
-        return int(self._native.write_many(calls, flag(allow_nonfinite, "allow_nonfinite")))
+        return int(self._native.write_many(write_calls(writes, allow_nonfinite),
+                                           flag(allow_nonfinite, "allow_nonfinite")))
 
     def remove(self, table: str, ids: Any) -> int:
         """EMB_REMOVE: rows ``ids`` of ``table`` pool as zero rows until written again
@@ -535,11 +526,7 @@ class Store:
         1-D int32 / int64 array or a list of ints (floats, bools and unsigned ids are refused,
         not cast)."""
         self.table(table)
-        ids = index_array(rows, table, "rows")
-        if ids.ndim != 1:
-            raise InvalidRequest(f"table {table!r}: rows must be 1-D, got shape {ids.shape}",
-                                 table=table)
-        return self._native.read_rows(table, np.ascontiguousarray(ids, dtype=np.int64))
+        return self._native.read_rows(table, row_ids(table, rows))
 
     def table_array(self, name: str) -> npt.NDArray[np.float32]:
         """A read-only zero-copy ``[rows, dim]`` view of a dense fp32 table."""
@@ -693,6 +680,32 @@ def jagged_lookups(features: Any) -> list[TableLookup]:
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
+
+
+def write_calls(writes: Any, allow_nonfinite: bool
+                ) -> list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]]:
+    """A ``write_many`` call's ``{table: (ids, rows)}`` as the native calls take it (a local
+    store's and a node's)."""
+    if not isinstance(writes, Mapping):
+        raise InvalidRequest(f"writes is a mapping from table to (ids, rows), not "
+                             f"{type(writes).__name__}")
+    calls: list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]] = []
+    for table, pair in writes.items():
+        if not (isinstance(pair, tuple | list) and len(pair) == 2):
+            raise InvalidRequest(f"table {table!r}: a write is an (ids, rows) pair",
+                                 table=table if isinstance(table, str) else None)
+        ids, rows = pair
+        calls.append((table, _ids(table, ids), _rows(table, rows, allow_nonfinite)))
+    return calls
+
+
+def row_ids(table: str, rows: Any) -> npt.NDArray[np.int64]:
+    """``read_rows``' row ids: 1-D int32 / int64 (or a list of ints), as contiguous int64."""
+    ids = index_array(rows, table, "rows")
+    if ids.ndim != 1:
+        raise InvalidRequest(f"table {table!r}: rows must be 1-D, got shape {ids.shape}",
+                             table=table)
+    return np.ascontiguousarray(ids, dtype=np.int64)
 
 
 def _ids(table: Any, ids: Any) -> npt.NDArray[np.int64]:

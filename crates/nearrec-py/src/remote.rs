@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use nearrec::{AsBatch, Bags, Batch, Indices, RowWrite, TableLookup};
+use nearrec::{AsBatch, Bags, Batch, Indices, TableLookup};
 use nearrec_client::{Client, ClientOptions, ClientTls, Pending};
 use nearrec_wire::RemoteError;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 
 use crate::error::{detach, raise};
 use crate::lookup::{HeldBatch, dense_features};
+use crate::store::{PyWrites, row_writes};
 
 /// A node's refusal or a nearrec error it reported, as its Python exception.
 pub(crate) fn remote_err(py: Python<'_>, e: RemoteError) -> PyErr {
@@ -158,36 +159,10 @@ impl NativeRemote {
     fn write_many(
         &self,
         py: Python<'_>,
-        writes: Vec<(
-            String,
-            PyReadonlyArray1<'_, i64>,
-            Option<PyReadonlyArray2<'_, f32>>,
-        )>,
+        writes: PyWrites<'_>,
         allow_nonfinite: bool,
     ) -> PyResult<u64> {
-        let contiguous = |table: &str| {
-            raise(
-                py,
-                "InvalidRequest",
-                "ids and rows must be contiguous".into(),
-                Some(table),
-                None,
-            )
-        };
-        let slices = writes
-            .iter()
-            .map(|(table, ids, rows)| {
-                Ok(RowWrite {
-                    table,
-                    ids: ids.as_slice().map_err(|_| contiguous(table))?,
-                    values: rows
-                        .as_ref()
-                        .map(|r| r.as_slice())
-                        .transpose()
-                        .map_err(|_| contiguous(table))?,
-                })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let slices = row_writes(py, &writes)?;
         detach(py, || self.client.write_many(&slices, allow_nonfinite))?
             .map_err(|e| remote_err(py, e))
     }

@@ -244,36 +244,10 @@ impl NativeStore {
     fn write_many(
         &self,
         py: Python<'_>,
-        writes: Vec<(
-            String,
-            PyReadonlyArray1<'_, i64>,
-            Option<PyReadonlyArray2<'_, f32>>,
-        )>,
+        writes: PyWrites<'_>,
         allow_nonfinite: bool,
     ) -> PyResult<u64> {
-        let slices = writes
-            .iter()
-            .map(|(table, ids, rows)| {
-                let ids = ids.as_slice().map_err(|_| {
-                    raise(
-                        py,
-                        "InvalidRequest",
-                        "ids must be contiguous".into(),
-                        Some(table),
-                        None,
-                    )
-                })?;
-                let values = rows
-                    .as_ref()
-                    .map(|r| r.as_slice())
-                    .transpose()
-                    .map_err(|_| {
-                        let msg = "rows must be contiguous".into();
-                        raise(py, "InvalidRequest", msg, Some(table), None)
-                    })?;
-                Ok(nearrec::RowWrite { table, ids, values })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let slices = row_writes(py, &writes)?;
         let options = nearrec::WriteOptions { allow_nonfinite };
         detach(py, || self.store.write_many(&slices, options))?.map_err(|e| err(py, e))
     }
@@ -450,6 +424,37 @@ impl NativeStore {
         }
         Ok(out)
     }
+}
+
+/// A write call's arrays from Python: per table `(name, ids, rows or None)`.
+pub(crate) type PyWrites<'py> = Vec<(
+    String,
+    PyReadonlyArray1<'py, i64>,
+    Option<PyReadonlyArray2<'py, f32>>,
+)>;
+
+/// A write call's arrays viewed as the facade's [`nearrec::RowWrite`]s (a local store's and a
+/// node's write take the same).
+pub(crate) fn row_writes<'a>(
+    py: Python<'_>,
+    writes: &'a PyWrites<'_>,
+) -> PyResult<Vec<nearrec::RowWrite<'a>>> {
+    writes
+        .iter()
+        .map(|(table, ids, rows)| {
+            let contiguous = |what: &str| {
+                let msg = format!("{what} must be contiguous");
+                raise(py, "InvalidRequest", msg, Some(table), None)
+            };
+            let ids = ids.as_slice().map_err(|_| contiguous("ids"))?;
+            let values = rows
+                .as_ref()
+                .map(|r| r.as_slice())
+                .transpose()
+                .map_err(|_| contiguous("rows"))?;
+            Ok(nearrec::RowWrite { table, ids, values })
+        })
+        .collect()
 }
 
 /// A submitted batch (`nearrec.Pending` wraps it).
