@@ -102,6 +102,95 @@ impl<'a> TableLookup<'a> {
         self
     }
 
+    /// Each bag's start in `indices`, and after the last the end of the last bag (`batch + 1`
+    /// ascending positions): the bags as the engine reads them, or an error naming what is
+    /// malformed (negative lengths, decreasing offsets, offsets past the end, …).
+    pub fn bag_bounds(&self) -> Result<Vec<usize>> {
+        let name = self.table;
+        let n = self.indices.len();
+        Ok(match self.bags {
+            Bags::Fixed { batch, bag_size } => {
+                if batch.checked_mul(bag_size) != Some(n) {
+                    return Err(EngineError::invalid(
+                        name,
+                        format!("{n} indices are not {batch} bags of {bag_size}"),
+                    ));
+                }
+                (0..=batch).map(|b| b * bag_size).collect()
+            }
+            Bags::Lengths(lengths) => {
+                let mut bounds = Vec::with_capacity(lengths.len() + 1);
+                let mut at = 0usize;
+                bounds.push(0);
+                for i in 0..lengths.len() {
+                    let l = lengths.get(i);
+                    if l < 0 {
+                        return Err(EngineError::invalid(
+                            name,
+                            format!("lengths[{i}] = {l} is negative"),
+                        ));
+                    }
+                    at = at.saturating_add(l as usize);
+                    bounds.push(at);
+                }
+                if at != n {
+                    return Err(EngineError::invalid(
+                        name,
+                        format!("lengths add up to {at} but there are {n} indices"),
+                    ));
+                }
+                bounds
+            }
+            Bags::Offsets {
+                offsets,
+                include_last_offset,
+            } => {
+                let m = offsets.len();
+                if include_last_offset && m == 0 {
+                    return Err(EngineError::invalid(
+                        name,
+                        "include_last_offset needs at least one offset",
+                    ));
+                }
+                let mut bounds = Vec::with_capacity(m + 1);
+                let mut prev = 0i64;
+                for i in 0..m {
+                    let o = offsets.get(i);
+                    if i == 0 && o != 0 {
+                        return Err(EngineError::invalid(
+                            name,
+                            format!("offsets[0] must be 0, got {o}"),
+                        ));
+                    }
+                    if o < prev {
+                        return Err(EngineError::invalid(
+                            name,
+                            format!(
+                                "offsets must not decrease: offsets[{i}] = {o} < offsets[{}] = {prev}",
+                                i - 1
+                            ),
+                        ));
+                    }
+                    if o as u64 > n as u64 {
+                        return Err(EngineError::invalid(
+                            name,
+                            format!("offsets[{i}] = {o} is past the end of the {n} indices"),
+                        ));
+                    }
+                    bounds.push(o as usize);
+                    prev = o;
+                }
+                if !include_last_offset {
+                    bounds.push(n);
+                }
+                if bounds.is_empty() {
+                    bounds.push(0);
+                }
+                bounds
+            }
+        })
+    }
+
     /// The bags this lookup declares, before anything is checked: the output's rows if it is
     /// valid (what a caller's few bytes of request would make the engine allocate).
     pub fn declared_bags(&self) -> usize {
@@ -182,87 +271,7 @@ pub(crate) fn check(req: &TableLookup<'_>, rows: u64) -> Result<Checked> {
             Some(if p < 0 { (p + r) as u64 } else { p as u64 })
         }
     };
-    let bounds = match req.bags {
-        Bags::Fixed { batch, bag_size } => {
-            if batch.checked_mul(bag_size) != Some(n) {
-                return Err(EngineError::invalid(
-                    name,
-                    format!("{n} indices are not {batch} bags of {bag_size}"),
-                ));
-            }
-            (0..=batch).map(|b| b * bag_size).collect()
-        }
-        Bags::Lengths(lengths) => {
-            let mut bounds = Vec::with_capacity(lengths.len() + 1);
-            let mut at = 0usize;
-            bounds.push(0);
-            for i in 0..lengths.len() {
-                let l = lengths.get(i);
-                if l < 0 {
-                    return Err(EngineError::invalid(
-                        name,
-                        format!("lengths[{i}] = {l} is negative"),
-                    ));
-                }
-                at = at.saturating_add(l as usize);
-                bounds.push(at);
-            }
-            if at != n {
-                return Err(EngineError::invalid(
-                    name,
-                    format!("lengths add up to {at} but there are {n} indices"),
-                ));
-            }
-            bounds
-        }
-        Bags::Offsets {
-            offsets,
-            include_last_offset,
-        } => {
-            let m = offsets.len();
-            if include_last_offset && m == 0 {
-                return Err(EngineError::invalid(
-                    name,
-                    "include_last_offset needs at least one offset",
-                ));
-            }
-            let mut bounds = Vec::with_capacity(m + 1);
-            let mut prev = 0i64;
-            for i in 0..m {
-                let o = offsets.get(i);
-                if i == 0 && o != 0 {
-                    return Err(EngineError::invalid(
-                        name,
-                        format!("offsets[0] must be 0, got {o}"),
-                    ));
-                }
-                if o < prev {
-                    return Err(EngineError::invalid(
-                        name,
-                        format!(
-                            "offsets must not decrease: offsets[{i}] = {o} < offsets[{}] = {prev}",
-                            i - 1
-                        ),
-                    ));
-                }
-                if o as u64 > n as u64 {
-                    return Err(EngineError::invalid(
-                        name,
-                        format!("offsets[{i}] = {o} is past the end of the {n} indices"),
-                    ));
-                }
-                bounds.push(o as usize);
-                prev = o;
-            }
-            if !include_last_offset {
-                bounds.push(n);
-            }
-            if bounds.is_empty() {
-                bounds.push(0);
-            }
-            bounds
-        }
-    };
+    let bounds = req.bag_bounds()?;
     Ok(Checked { bounds, padding })
 }
 

@@ -30,6 +30,7 @@
 //! (serving).
 
 pub mod batch;
+pub mod coalesce;
 pub mod config;
 mod error;
 mod feed;
@@ -46,6 +47,7 @@ pub use batch::{
     AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
     PoolingMode, TableLookup,
 };
+pub use coalesce::{Coalesced, Shape, coalesce};
 pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use feed::Synced;
