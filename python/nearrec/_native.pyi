@@ -180,7 +180,8 @@ def serve(specs: list[str], config: StoreConfig, listen: str, insecure: bool,
           max_in_flight: int, max_queued: int, max_message_bytes: int,
           drain_timeout: float, acl: str | None = None,
           metrics_listen: str | None = None,
-          tls: tuple[str, str, str | None] | None = None) -> None: ...
+          tls: tuple[str, str, str | None] | None = None, coalesce_bags: int = 0,
+          coalesce_window_us: int = 0) -> None: ...
 
 @final
 class NativeStoreWriter:

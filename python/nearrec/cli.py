@@ -201,7 +201,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   count(args.max_message_bytes, "--max-message-bytes"),
                   float(args.drain_timeout), args.acl, args.metrics_listen,
                   None if args.tls_cert is None else (args.tls_cert, args.tls_key,
-                                                      args.tls_client_ca))
+                                                      args.tls_client_ca),
+                  coalesce_bags=count(args.coalesce_bags, "--coalesce-bags", minimum=0),
+                  coalesce_window_us=count(args.coalesce_window_us, "--coalesce-window-us",
+                                           minimum=0))
     return 0
 
 
@@ -613,6 +616,11 @@ def parser() -> argparse.ArgumentParser:
                     help="calls waiting for the engine; past them calls are refused "
                          "(RESOURCE_EXHAUSTED)")
     sv.add_argument("--max-message-bytes", type=int, default=64 << 20)
+    sv.add_argument("--coalesce-bags", type=int, default=0,
+                    help="pooled lookups of fewer bags are coalesced with others into engine "
+                         "batches of up to this many bags (0: never; see docs/serving.md)")
+    sv.add_argument("--coalesce-window-us", type=int, default=0,
+                    help="microseconds the first request of a coalesced batch waits for others")
     sv.add_argument("--drain-timeout", type=float, default=30.0,
                     help="seconds SIGTERM waits for calls in flight")
     store_flags(sv)

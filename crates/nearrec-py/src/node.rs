@@ -14,7 +14,7 @@ use crate::error::{detach, raise};
 /// Serves the stores `specs` (`PATH` or `PATH=NAME`) opened with `config` on `listen`; prints
 /// `listening on ADDR` once ready and returns after a drain.
 #[pyfunction]
-#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, acl = None, metrics_listen = None, tls = None))]
+#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, acl = None, metrics_listen = None, tls = None, coalesce_bags = 0, coalesce_window_us = 0))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -29,6 +29,8 @@ pub(crate) fn serve(
     acl: Option<PathBuf>,
     metrics_listen: Option<&str>,
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
+    coalesce_bags: usize,
+    coalesce_window_us: u64,
 ) -> PyResult<()> {
     let invalid = |m: String| raise(py, "InvalidRequest", m, None, None);
     let listen = listen
@@ -46,6 +48,8 @@ pub(crate) fn serve(
         max_in_flight: max_in_flight.max(1),
         max_queued,
         max_message_bytes,
+        coalesce_bags,
+        coalesce_window: Duration::from_micros(coalesce_window_us),
         drain_timeout: Duration::from_secs_f64(drain_timeout.max(0.0)),
         acl,
         metrics_listen,

@@ -26,8 +26,14 @@ pub struct Admission {
 /// Held while a request runs: its queue slot and its engine slot.
 #[derive(Debug)]
 pub struct Permit {
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
     _run: OwnedSemaphorePermit,
+}
+
+/// A request's place in the node, held from its admission to its answer.
+#[derive(Debug)]
+pub struct Slot {
+    _held: OwnedSemaphorePermit,
 }
 
 impl Admission {
@@ -44,24 +50,40 @@ impl Admission {
 
     /// Waits for an engine slot (until `deadline`), or refuses at once when the queue is full.
     pub async fn admit(&self, deadline: Option<Instant>) -> Result<Permit, Status> {
-        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-            self.overloaded.fetch_add(1, Ordering::Relaxed);
-            return Err(Status::resource_exhausted(format!(
-                "the node is full: {} requests running and {} waiting; retry later",
-                self.max_in_flight, self.max_queued
-            )));
-        };
-        let run = self.running.clone().acquire_owned();
+        let slot = self.enter()?;
         let run = match deadline {
-            Some(d) => tokio::time::timeout_at(d.into(), run)
+            Some(d) => tokio::time::timeout_at(d.into(), self.engine())
                 .await
                 .map_err(|_| self.expire())?,
-            None => run.await,
+            None => self.engine().await,
         };
         Ok(Permit {
             _slot: slot,
-            _run: run.expect("the node never closes its semaphores"),
+            _run: run,
         })
+    }
+
+    /// A place in the node, or `RESOURCE_EXHAUSTED` at once when every one is taken.
+    pub fn enter(&self) -> Result<Slot, Status> {
+        match self.slots.clone().try_acquire_owned() {
+            Ok(held) => Ok(Slot { _held: held }),
+            Err(_) => {
+                self.overloaded.fetch_add(1, Ordering::Relaxed);
+                Err(Status::resource_exhausted(format!(
+                    "the node is full: {} requests running and {} waiting; retry later",
+                    self.max_in_flight, self.max_queued
+                )))
+            }
+        }
+    }
+
+    /// One of the `max_in_flight` engine slots, once one is free.
+    pub async fn engine(&self) -> OwnedSemaphorePermit {
+        self.running
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the node never closes its semaphores")
     }
 
     /// Counts a request dropped at its deadline and answers it.

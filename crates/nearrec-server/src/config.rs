@@ -16,6 +16,12 @@ pub struct NodeConfig {
     pub max_queued: usize,
     /// The largest request or answer, in bytes.
     pub max_message_bytes: usize,
+    /// Pooled lookups of fewer bags than this are coalesced with others on the same store into
+    /// engine batches of up to this many bags (`crate::coalesce`); 0: never.
+    pub coalesce_bags: usize,
+    /// How long the first request of an engine batch waits for others to join it (besides the
+    /// wait for an engine slot, during which they gather anyway).
+    pub coalesce_window: Duration,
     /// How long a drain (SIGTERM) waits for requests in flight before it stops anyway.
     pub drain_timeout: Duration,
     /// The ACL file (`crate::acl`); `None`: every call is allowed. Reloaded on SIGHUP.
@@ -60,6 +66,8 @@ impl Default for NodeConfig {
             max_in_flight: 8,
             max_queued: 256,
             max_message_bytes: 64 << 20,
+            coalesce_bags: 0,
+            coalesce_window: Duration::ZERO,
             drain_timeout: Duration::from_secs(30),
             acl: None,
             metrics_listen: None,

@@ -10,6 +10,7 @@
 
 pub mod acl;
 pub mod admission;
+pub mod coalesce;
 pub mod config;
 pub mod metrics;
 pub mod node;

@@ -54,6 +54,13 @@ struct Args {
     /// The largest request or answer, in bytes.
     #[arg(long, default_value_t = NodeConfig::default().max_message_bytes)]
     max_message_bytes: usize,
+    /// Pooled lookups of fewer bags are coalesced into engine batches of up to this many bags
+    /// (0: never).
+    #[arg(long, default_value_t = NodeConfig::default().coalesce_bags)]
+    coalesce_bags: usize,
+    /// Microseconds the first request of a coalesced batch waits for others.
+    #[arg(long, default_value_t = NodeConfig::default().coalesce_window.as_micros() as u64)]
+    coalesce_window_us: u64,
     /// Seconds a drain (SIGTERM) waits for requests in flight.
     #[arg(long, default_value_t = 30.0)]
     drain_timeout: f64,
@@ -77,6 +84,8 @@ fn main() {
         max_in_flight: args.max_in_flight.max(1),
         max_queued: args.max_queued,
         max_message_bytes: args.max_message_bytes,
+        coalesce_bags: args.coalesce_bags,
+        coalesce_window: Duration::from_micros(args.coalesce_window_us),
         drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
         acl: args.acl,
         metrics_listen: args.metrics_listen,

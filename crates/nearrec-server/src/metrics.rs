@@ -6,6 +6,7 @@
 //! - `nearrec_request_seconds{call, stage}` — latency histograms per stage: `queue` (waiting for
 //!   an engine slot), `engine` (the facade's call: route, reads, pooling or the model), `total`
 //!   (from the handler's start to its answer);
+//! - `nearrec_batch_requests` — requests per engine batch where small lookups coalesce;
 //! - `nearrec_received_bytes_total{call}`, `nearrec_sent_bytes_total{call}` — message bytes.
 //!
 //! What is read at each scrape instead (the node's and its stores' state) is `crate::scrape`.
@@ -47,6 +48,8 @@ pub struct Metrics {
     pub seconds: Family<CallStage, Histogram, fn() -> Histogram>,
     pub received: Family<Call, Counter>,
     pub sent: Family<Call, Counter>,
+    /// Requests per engine batch of the coalescing path (`crate::coalesce`).
+    pub batch_requests: Histogram,
 }
 
 impl Default for Metrics {
@@ -56,6 +59,7 @@ impl Default for Metrics {
             seconds: Family::new_with_constructor(histogram),
             received: Family::default(),
             sent: Family::default(),
+            batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
         }
     }
 }

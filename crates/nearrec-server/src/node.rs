@@ -1,11 +1,14 @@
 //! What every call of one node shares: its stores, admission, settings, ACL and counters.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use arc_swap::ArcSwapOption;
 
 use crate::acl::Acl;
 use crate::admission::Admission;
+use crate::coalesce::Coalescer;
 use crate::config::NodeConfig;
 use crate::metrics::Metrics;
 use crate::stores::Stores;
@@ -14,7 +17,9 @@ use crate::stores::Stores;
 #[derive(Debug)]
 pub struct Shared {
     pub stores: Stores,
-    pub admission: Admission,
+    pub admission: Arc<Admission>,
+    /// Each store's gatherer of small lookups.
+    pub coalescers: BTreeMap<String, Coalescer>,
     pub config: NodeConfig,
     /// Who may do what; `None`: every call is allowed. Replaced whole on a reload.
     pub acl: ArcSwapOption<Acl>,
@@ -28,14 +33,30 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(stores: Stores, config: NodeConfig, acl: Option<Acl>) -> Self {
+        let admission = Arc::new(Admission::new(config.max_in_flight, config.max_queued));
+        let metrics = Metrics::default();
+        let coalescers = stores
+            .iter()
+            .map(|(name, store)| {
+                let c = Coalescer::new(
+                    store.clone(),
+                    admission.clone(),
+                    metrics.clone(),
+                    config.coalesce_bags,
+                    config.coalesce_window,
+                );
+                (name.to_owned(), c)
+            })
+            .collect();
         Self {
-            admission: Admission::new(config.max_in_flight, config.max_queued),
+            admission,
+            coalescers,
             stores,
             config,
             acl: ArcSwapOption::from_pointee(acl),
             unauthenticated: AtomicU64::new(0),
             denied: AtomicU64::new(0),
-            metrics: Metrics::default(),
+            metrics,
         }
     }
 }

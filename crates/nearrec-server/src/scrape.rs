@@ -32,6 +32,11 @@ pub fn registry(shared: Arc<Shared>) -> Registry {
         m.received,
     );
     r.register("sent_bytes", "Answer message bytes by method", m.sent);
+    r.register(
+        "batch_requests",
+        "Requests per engine batch of coalesced small lookups",
+        m.batch_requests,
+    );
     r.register_collector(Box::new(NodeCollector(shared)));
     r
 }

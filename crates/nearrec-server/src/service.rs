@@ -158,6 +158,20 @@ impl NodeService {
         let batch = convert::batch(&req.tables).map_err(bad)?;
         let limit = self.0.config.max_message_bytes;
         let (id, raw) = (req.id, req.raw);
+        if !raw {
+            let bags = batch
+                .as_batch()
+                .tables
+                .iter()
+                .map(|t| t.declared_bags())
+                .max();
+            let coalescer = &self.0.coalescers[name];
+            if let Some(bags) = bags.filter(|&b| coalescer.takes(b)) {
+                answer_fits(&store, &batch.as_batch(), limit).map_err(bad)?;
+                let (pooled, version) = coalescer.lookup(call, batch, bags, deadline).await?;
+                return Ok(convert::pooled(id, version, pooled));
+            }
+        }
         self.run(call, deadline, move || {
             lookup(&store, id, raw, &batch, limit)
         })
@@ -183,7 +197,15 @@ fn lookup(
         too_large(rows.first().map_or("", |r| r.table.as_str()), bytes, limit)?;
         return Ok(convert::raw(id, version, rows));
     }
-    // the answer the request declares, refused before anything is prepared
+    answer_fits(store, &batch, limit)?;
+    let snapshot = store.snapshot();
+    let pooled = store.lookup_at(&batch, &snapshot)?;
+    Ok(convert::pooled(id, snapshot.version(), pooled))
+}
+
+/// The pooled answer `batch` declares is refused before anything is prepared when it would be
+/// over the message limit.
+fn answer_fits(store: &Store, batch: &nearrec::Batch<'_>, limit: usize) -> nearrec::Result<()> {
     let mut width = 0usize;
     for t in &batch.tables {
         width += store.table(t.table)?.dim as usize;
@@ -192,9 +214,7 @@ fn lookup(
         let bytes = t.declared_bags().saturating_mul(width).saturating_mul(4);
         too_large(t.table, bytes, limit)?;
     }
-    let snapshot = store.snapshot();
-    let pooled = store.lookup_at(&batch, &snapshot)?;
-    Ok(convert::pooled(id, snapshot.version(), pooled))
+    Ok(())
 }
 
 /// An answer over the node's message limit is refused (`table`: the one that makes it so).

@@ -55,6 +55,10 @@ impl Stores {
         self.0.keys().map(String::as_str)
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<Store>)> {
+        self.0.iter().map(|(n, s)| (n.as_str(), s))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

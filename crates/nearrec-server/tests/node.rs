@@ -482,6 +482,139 @@ fn an_expired_deadline_costs_no_device_read_and_a_full_queue_refuses() {
             .block_on(client.lookup(request("s", &batch(1, 4), false, 0)))
             .is_ok()
     );
+    // the refusals are counted, as a reason and as the calls' status
+    let text = node.scrape();
+    for line in [
+        format!("nearrec_refused_total{{reason=\"overloaded\"}} {refused}"),
+        format!("nearrec_requests_total{{call=\"Lookup\",code=\"ResourceExhausted\"}} {refused}"),
+    ] {
+        assert!(text.contains(&line), "{line} not in\n{text}");
+    }
+}
+
+/// The node's side of a lookup, through the service the server runs (no client deadline).
+fn ask(
+    node: &Node,
+    service: &NodeService,
+    req: pb::LookupRequest,
+    timeout: Option<&str>,
+) -> Result<pb::LookupResponse, tonic::Status> {
+    let mut req = tonic::Request::new(req);
+    if let Some(t) = timeout {
+        req.metadata_mut()
+            .insert("grpc-timeout", t.parse().unwrap());
+    }
+    node.runtime
+        .block_on(service.lookup(req))
+        .map(tonic::Response::into_inner)
+}
+
+#[test]
+fn small_lookups_coalesce_into_engine_batches_and_answer_as_if_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    for tier in ["tier = \"dram\"", "tier = \"ssd\"\ndram_budget = \"4KiB\""] {
+        let local = open(&path, tier);
+        let mut stores = Stores::new();
+        stores.insert("s", open(&path, tier)).unwrap();
+        let config = NodeConfig {
+            coalesce_bags: 64,
+            coalesce_window: Duration::from_millis(20),
+            ..NodeConfig::default()
+        };
+        let node = Node::start(stores, config);
+        let client = node.client();
+        // 48 concurrent small requests of three shapes; one asks for a row past the end
+        let batches: Vec<OwnedBatch> = (0..48u64)
+            .map(|s| batch(s % 3 * 2, 1 + s as usize % 5))
+            .collect();
+        let mut bad = batches[7].clone();
+        if let IndexVec::I64(ids) = &mut bad.tables[1].indices {
+            ids.push(ROWS as i64 + 3);
+        }
+        if let OwnedBags::Lengths(IndexVec::I64(l)) = &mut bad.tables[1].bags {
+            *l.last_mut().unwrap() += 1;
+        }
+        let mut all = batches.clone();
+        all[7] = bad;
+        let answers: Vec<Result<pb::LookupResponse, tonic::Status>> =
+            node.runtime.block_on(async {
+                let tasks: Vec<_> = all
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        let mut c = client.clone();
+                        let req = request("s", b, false, i as u64);
+                        tokio::spawn(
+                            async move { c.lookup(req).await.map(tonic::Response::into_inner) },
+                        )
+                    })
+                    .collect();
+                let mut out = Vec::new();
+                for t in tasks {
+                    out.push(t.await.unwrap());
+                }
+                out
+            });
+        for (i, (a, b)) in answers.iter().zip(&batches).enumerate() {
+            if i == 7 {
+                let e = remote(a.as_ref().unwrap_err());
+                assert_eq!(e.kind, Some(ErrorKind::IndexOutOfRange), "{e:?}");
+                assert_eq!(e.table.as_deref(), Some("t1"));
+                continue;
+            }
+            let a = a.as_ref().unwrap();
+            assert_eq!(a.id, i as u64);
+            let want = local.lookup(&b.as_batch()).unwrap();
+            same(
+                &convert::unpooled(a).unwrap(),
+                &want,
+                &format!("request {i}"),
+            );
+        }
+        // fewer engine batches than requests: they coalesced
+        let text = node.scrape();
+        let count: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("nearrec_batch_requests_count "))
+            .expect("nearrec_batch_requests_count")
+            .parse()
+            .unwrap();
+        assert!(
+            (1.0..40.0).contains(&count),
+            "{count} engine batches for 48 requests"
+        );
+        // a request whose deadline passes while it waits for company answers DEADLINE_EXCEEDED
+        let service = NodeService(Arc::new(Shared::new(
+            {
+                let mut only = Stores::new();
+                only.insert("s", open(&path, tier)).unwrap();
+                only
+            },
+            NodeConfig {
+                coalesce_bags: 64,
+                coalesce_window: Duration::from_millis(300),
+                ..NodeConfig::default()
+            },
+            None,
+        )));
+        let s = ask(
+            &node,
+            &service,
+            request("s", &batch(2, 3), false, 0),
+            Some("20m"),
+        )
+        .unwrap_err();
+        assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
+        // and batches of coalesce_bags or more run alone, at once
+        let big = batch(2, 64);
+        let got = ask(&node, &service, request("s", &big, false, 1), Some("200m")).unwrap();
+        same(
+            &convert::unpooled(&got).unwrap(),
+            &local.lookup(&big.as_batch()).unwrap(),
+            "big",
+        );
+    }
 }
 
 #[test]

@@ -1,0 +1,224 @@
+//! Concurrent small pooled lookups on one store, run as one engine batch (`nearrec::coalesce`).
+//!
+//! A request of fewer than `coalesce_bags` bags takes its place in the node (the same queue
+//! slots as every request, so a full node still refuses it) and joins its store's gatherer. The
+//! gatherer waits for an engine slot — requests pile up meanwhile — then takes every request
+//! already waiting and, until `coalesce_window` after the first arrived, those that come, up to
+//! `coalesce_bags` bags, and runs them on a blocking thread as one batch per [`Shape`]. Each
+//! request keeps its own deadline and answer: one whose deadline passed or whose client left is
+//! dropped before the batch runs, and a batch that fails runs its requests alone, so that each
+//! error names its own table and positions.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use nearrec::{AsBatch, OwnedBatch, Pooled, Shape, Store, coalesce};
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+use crate::admission::{Admission, Slot};
+use crate::metrics::Metrics;
+
+/// A pooled answer and the store version it was read at.
+pub type Answer = Result<(Pooled, u64), Status>;
+
+/// One store's gatherer; started by the first request that joins it.
+#[derive(Debug)]
+pub struct Coalescer {
+    store: Arc<Store>,
+    admission: Arc<Admission>,
+    metrics: Metrics,
+    bags: usize,
+    window: Duration,
+    tx: OnceLock<mpsc::UnboundedSender<Waiting>>,
+}
+
+/// A request waiting in a gatherer.
+struct Waiting {
+    call: &'static str,
+    batch: OwnedBatch,
+    bags: usize,
+    deadline: Option<Instant>,
+    arrived: Instant,
+    reply: oneshot::Sender<Answer>,
+    _slot: Slot,
+}
+
+impl Coalescer {
+    /// `bags` 0: nothing coalesces.
+    pub fn new(
+        store: Arc<Store>,
+        admission: Arc<Admission>,
+        metrics: Metrics,
+        bags: usize,
+        window: Duration,
+    ) -> Self {
+        Self {
+            store,
+            admission,
+            metrics,
+            bags,
+            window,
+            tx: OnceLock::new(),
+        }
+    }
+
+    /// Whether a request of `bags` bags joins the gatherer (larger ones run alone).
+    pub fn takes(&self, bags: usize) -> bool {
+        bags < self.bags
+    }
+
+    /// `batch` pooled with whatever joins it; `DEADLINE_EXCEEDED` once `deadline` passes.
+    pub async fn lookup(
+        &self,
+        call: &'static str,
+        batch: OwnedBatch,
+        bags: usize,
+        deadline: Option<Instant>,
+    ) -> Answer {
+        let slot = self.admission.enter()?;
+        let (reply, answer) = oneshot::channel();
+        let waiting = Waiting {
+            call,
+            batch,
+            bags,
+            deadline,
+            arrived: Instant::now(),
+            reply,
+            _slot: slot,
+        };
+        if self.sender().send(waiting).is_err() {
+            return Err(Status::unavailable("the node is stopping"));
+        }
+        let answer = match deadline {
+            Some(d) => match tokio::time::timeout_at(d.into(), answer).await {
+                Ok(a) => a,
+                Err(_) => return Err(self.admission.expire()),
+            },
+            None => answer.await,
+        };
+        // a request the gatherer dropped had passed its deadline
+        answer.unwrap_or_else(|_| match deadline {
+            Some(d) if Instant::now() >= d => Err(self.admission.expire()),
+            _ => Err(Status::internal("a coalesced batch was dropped")),
+        })
+    }
+
+    fn sender(&self) -> &mpsc::UnboundedSender<Waiting> {
+        self.tx.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(gather(
+                rx,
+                self.store.clone(),
+                self.admission.clone(),
+                self.metrics.clone(),
+                self.bags,
+                self.window,
+            ));
+            tx
+        })
+    }
+}
+
+/// The gatherer: one engine batch at a time per free engine slot, until the node drops it.
+async fn gather(
+    mut rx: mpsc::UnboundedReceiver<Waiting>,
+    store: Arc<Store>,
+    admission: Arc<Admission>,
+    metrics: Metrics,
+    max_bags: usize,
+    window: Duration,
+) {
+    let mut next = None;
+    loop {
+        let first = match next.take() {
+            Some(w) => w,
+            None => match rx.recv().await {
+                Some(w) => w,
+                None => return,
+            },
+        };
+        let run = admission.engine().await;
+        let until = first.arrived + window;
+        let mut bags = first.bags;
+        let mut group = vec![first];
+        while bags < max_bags {
+            let w = match rx.try_recv() {
+                Ok(w) => w,
+                Err(mpsc::error::TryRecvError::Empty) if Instant::now() < until => {
+                    match tokio::time::timeout_at(until.into(), rx.recv()).await {
+                        Ok(Some(w)) => w,
+                        _ => break,
+                    }
+                }
+                Err(_) => break,
+            };
+            if bags + w.bags > max_bags {
+                next = Some(w);
+                break;
+            }
+            bags += w.bags;
+            group.push(w);
+        }
+        let (store, metrics) = (store.clone(), metrics.clone());
+        tokio::task::spawn_blocking(move || {
+            let _run = run;
+            serve(&store, group, &metrics);
+        });
+    }
+}
+
+/// Runs a gathered group: the live requests by shape, each shape as one batch.
+fn serve(store: &Store, group: Vec<Waiting>, metrics: &Metrics) {
+    let now = Instant::now();
+    let mut shapes: Vec<(Shape, Vec<Waiting>)> = Vec::new();
+    for w in group {
+        metrics.stage(w.call, "queue", (now - w.arrived).as_secs_f64());
+        // dropped unanswered: the request's own wait answers DEADLINE_EXCEEDED
+        if w.reply.is_closed() || w.deadline.is_some_and(|d| now >= d) {
+            continue;
+        }
+        let shape = Shape::of(&w.batch);
+        match shapes.iter_mut().find(|(s, _)| *s == shape) {
+            Some((_, ws)) => ws.push(w),
+            None => shapes.push((shape, vec![w])),
+        }
+    }
+    for (_, ws) in shapes {
+        let start = Instant::now();
+        metrics.batch_requests.observe(ws.len() as f64);
+        let answers = together(store, &ws).unwrap_or_else(|| {
+            ws.iter()
+                .map(|w| {
+                    let snapshot = store.snapshot();
+                    store
+                        .lookup_at(&w.batch.as_batch(), &snapshot)
+                        .map(|p| (p, snapshot.version()))
+                        .map_err(|e| nearrec_wire::status_of(&e))
+                })
+                .collect()
+        });
+        let seconds = start.elapsed().as_secs_f64();
+        for (w, answer) in ws.into_iter().zip(answers) {
+            metrics.stage(w.call, "engine", seconds);
+            let _ = w.reply.send(answer);
+        }
+    }
+}
+
+/// The group's answers from one engine batch; `None` when they cannot run as one (or the batch
+/// fails, so that each runs alone and meets its own error).
+fn together(store: &Store, ws: &[Waiting]) -> Option<Vec<Answer>> {
+    let parts: Vec<&OwnedBatch> = ws.iter().map(|w| &w.batch).collect();
+    let merged = coalesce(&parts)?;
+    let snapshot = store.snapshot();
+    let pooled = store.lookup_at(&merged.batch.as_batch(), &snapshot).ok()?;
+    let version = snapshot.version();
+    Some(
+        pooled
+            .split(&merged.bags)
+            .into_iter()
+            .map(|p| Ok((p, version)))
+            .collect(),
+    )
+}
