@@ -164,6 +164,9 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
         records = serve.run(vcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "serve-quick" if args.quick else "serve"
         md = serve.markdown(records, command)
+        out.mkdir(parents=True, exist_ok=True)
+        if serve.plot(records, out / f"{name}.png"):
+            md += f"\n![the figures](./{name}.png)\n"
     elif args.what == "gpu":
         from . import gpu
 

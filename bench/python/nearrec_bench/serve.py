@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,28 @@ class ServeConfig:
     scratch: Path = Path("bench/scratch")
     seed: int = 0
     systems: tuple[str, ...] = ("node", "raw", "raw+cache25", "redis", "embedded")
+    # the load whose latency CDF and stage breakdown are reported (a share of raw's saturation)
+    cdf_share: float = 0.7
+    # clients: connections of one load generator, node and raw at cdf_share and past saturation
+    client_counts: tuple[int, ...] = (1, 4, 16, 64)
+    # coalescing: requests of these many bags from coalesce_connections connections, the node
+    # with each setting (its `nearrec serve` flags)
+    coalesce_bags: tuple[int, ...] = (1, 4, 16, 64)
+    coalesce_connections: int = 16
+    coalesce_settings: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("off", ()),
+        ("256 bags, no wait", ("--coalesce-bags", "256")),
+        ("256 bags, 200 µs", ("--coalesce-bags", "256", "--coalesce-window-us", "200")))
+    # the wire: the node (and Redis) in a network namespace behind a veth pair limited to this
+    # rate with tc (skipped where namespaces cannot be made)
+    wire_rate: str = "1gbit"
+    wire: bool = True
 
     @classmethod
     def quick(cls) -> ServeConfig:
         return cls(rows=20_000, ssd_rows=80_000, seconds=0.8, saturation_seconds=0.8,
-                   shares=(0.3, 0.7), rounds=1, distinct_batches=16)
+                   shares=(0.3, 0.7), rounds=1, distinct_batches=16, client_counts=(1, 16),
+                   coalesce_bags=(1, 16), wire=False)
 
 
 def _free_port() -> int:
@@ -77,11 +94,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class Served:
+    """A running node: its gRPC address and its metrics address."""
+
+    address: str
+    metrics: str
+
+
 @contextmanager
-def node(path: Path, name: str, *flags: str) -> Iterator[str]:
-    """``nearrec serve`` on a free loopback port; its address. Drained with SIGTERM after."""
-    proc = subprocess.Popen([sys.executable, "-m", "nearrec.cli", "serve", f"{path}={name}",
-                             "--listen", "127.0.0.1:0", *flags],
+def node(path: Path, name: str, *flags: str, netns: str | None = None,
+         host: str = "127.0.0.1") -> Iterator[Served]:
+    """``nearrec serve`` on a free port of ``host`` (in network namespace ``netns``), with its
+    metrics; drained with SIGTERM after."""
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    insecure = [] if host == "127.0.0.1" else ["--insecure"]  # a namespace's private address
+    proc = subprocess.Popen([*inside, sys.executable, "-m", "nearrec.cli", "serve",
+                             f"{path}={name}", "--listen", f"{host}:0",
+                             "--metrics-listen", f"{host}:0", *insecure, *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -90,7 +120,8 @@ def node(path: Path, name: str, *flags: str) -> Iterator[str]:
         raise RuntimeError(f"nearrec serve did not start: {line!r} "
                            f"{proc.stderr.read() if proc.stderr else ''}")
     try:
-        yield line.split("listening on ")[1].split()[0]
+        yield Served(line.split("listening on ")[1].split()[0],
+                     line.split("metrics on http://")[1].split("/")[0])
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -99,26 +130,87 @@ def node(path: Path, name: str, *flags: str) -> Iterator[str]:
             proc.kill()
 
 
+def stage_seconds(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
+    """The node's ``nearrec_request_seconds`` now: (call, stage) → (sum s, count), read with
+    Prometheus's own parser."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[tuple[str, str], list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "nearrec_request_seconds":
+            continue
+        for sample in family.samples:
+            key = (sample.labels["call"], sample.labels["stage"])
+            if sample.name.endswith("_sum"):
+                out.setdefault(key, [0.0, 0.0])[0] = sample.value
+            elif sample.name.endswith("_count"):
+                out.setdefault(key, [0.0, 0.0])[1] = sample.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 @contextmanager
-def redis_server() -> Iterator[str]:
-    """Debian's ``redis-server`` on a free loopback port, no persistence; its address."""
+def namespace(rate: str) -> Iterator[tuple[str, str]]:
+    """A network namespace joined to this one by a veth pair, each end limited to ``rate`` by
+    tc's token bucket; (its name, its address)."""
+    ns, outer, inner = "nearrec-bench", "nrb0", "nrb1"
+    here, there = "10.231.7.1", "10.231.7.2"
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "link", "del", outer], capture_output=True)
+    steps = [["ip", "netns", "add", ns],
+             ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+             ["ip", "link", "set", inner, "netns", ns],
+             ["ip", "addr", "add", f"{here}/24", "dev", outer],
+             ["ip", "link", "set", outer, "up"],
+             ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{there}/24", "dev", inner],
+             ["ip", "netns", "exec", ns, "ip", "link", "set", inner, "up"],
+             ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+             ["tc", "qdisc", "add", "dev", outer, "root", "tbf", "rate", rate, "burst", "256kb",
+              "latency", "20ms"],
+             ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf",
+              "rate", rate, "burst", "256kb", "latency", "20ms"]]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield ns, there
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", outer], capture_output=True)
+
+
+def can_make_namespaces() -> bool:
+    probe = "nearrec-bench-probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
+    if made:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return made and shutil.which("tc") is not None
+
+
+@contextmanager
+def redis_server(netns: str | None = None, host: str = "127.0.0.1") -> Iterator[str]:
+    """Debian's ``redis-server`` on a free port of ``host`` (in network namespace ``netns``),
+    no persistence; its address."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
     port = _free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    proc = subprocess.Popen([*inside, exe, "--port", str(port), "--bind", host, "--save", "",
                              "--appendonly", "no", "--protected-mode", "no"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                socket.create_connection((host, port), timeout=0.1).close()
                 break
             except OSError:
                 time.sleep(0.05)
         else:
             raise RuntimeError("redis-server did not start")
-        yield f"127.0.0.1:{port}"
+        yield f"{host}:{port}"
     finally:
         proc.terminate()
         proc.wait(30)
@@ -154,8 +246,9 @@ def build_store(cfg: ServeConfig, path: Path, rows: int) -> dict[str, np.ndarray
 
 @dataclass
 class Cell:
+    """One system at one offered load, over rounds."""
+
     system: str
-    tier: str
     offered: float
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
@@ -163,44 +256,121 @@ class Cell:
     served: list[float] = field(default_factory=list)
     failed: int = 0
     dropped: int = 0
-    bytes_per_sample: float = 0.0
+    wire: int = 0
+    samples: int = 0
+    latencies: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, out: dict[str, Any]) -> None:
+        lat = out["latencies_us"]
+        if len(lat):
+            self.p50.append(float(np.percentile(lat, 50)))
+            self.p99.append(float(np.percentile(lat, 99)))
+            self.p999.append(float(np.percentile(lat, 99.9)))
+            self.latencies.append(np.asarray(lat))
+        self.served.append(len(lat) / max(out["seconds"], 1e-9))
+        self.failed += out["failed"]
+        self.dropped += out["dropped"]
+        self.wire += out["wire_bytes"]
+        self.samples += out["samples"]
+
+    def summary(self) -> str:
+        return (f"p50 {_median(self.p50):,.0f} µs, p99 {_median(self.p99):,.0f} µs, "
+                f"p99.9 {_median(self.p999):,.0f} µs; {self.bytes_per_sample:,.0f} B/sample"
+                f"{f'; {self.failed} failed' if self.failed else ''}"
+                f"{f'; {self.dropped} dropped' if self.dropped else ''}")
+
+    @property
+    def bytes_per_sample(self) -> float:
+        return self.wire / self.samples if self.samples else 0.0
+
+    def extra(self) -> dict[str, Any]:
+        return {"p999_us": _median(self.p999), "offered_per_s": self.offered,
+                "rounds_p99_us": self.p99, "failed": self.failed, "dropped": self.dropped,
+                "bytes_per_sample": self.bytes_per_sample}
 
 
 def _median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else 0.0
 
 
+# the latency CDF's points (percentiles)
+CDF_POINTS = (1, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 97, 99, 99.5, 99.9)
+
+
+@dataclass
+class Tier:
+    """One tier's store and the requests every system is driven with."""
+
+    name: str
+    path: Path
+    rows: int
+    work: list[Batch]
+    perms: list[np.ndarray]
+    flags: list[str]
+    config: str
+    cache: dict[str, tuple[np.ndarray, np.ndarray]]
+    tables: dict[str, np.ndarray[Any, np.dtype[np.float32]]] | None  # for Redis (DRAM only)
+    dims: dict[str, int]
+
+
+def _tier(cfg: ServeConfig, tier: str, log: Callable[[str], None]) -> Tier:
+    rows = cfg.rows if tier == "dram" else cfg.ssd_rows
+    path = cfg.scratch / f"serve-{tier}-{rows}"
+    log(f"{tier}: building {cfg.tables} tables × {rows:,} rows × {cfg.dim}")
+    tables = build_store(cfg, path, rows)
+    perms = [np.random.default_rng(cfg.seed + 10 + t).permutation(rows)
+             for t in range(cfg.tables)]
+    table_bytes = cfg.tables * rows * cfg.dim * 4
+    config = 'tier = "dram"' if tier == "dram" else \
+        f'tier = "ssd"\ndram_budget = {table_bytes // 4}'
+    flags = ["--tier", tier] + ([] if tier == "dram" else ["--dram-budget",
+                                                          str(table_bytes // 4)])
+    # the client's cache: each table's 25 % hottest rows (the head of its Zipf ranking)
+    head = rows // 4
+    cache = {f"t{t}": (np.sort(perms[t][:head]).astype(np.int64),
+                       tables[f"t{t}"][np.sort(perms[t][:head])])
+             for t in range(cfg.tables)}
+    return Tier(tier, path, rows, batches(cfg, rows, perms), perms, flags, config, cache,
+                tables if tier == "dram" else None,
+                {f"t{t}": cfg.dim for t in range(cfg.tables)})
+
+
 def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
     cfg.scratch.mkdir(parents=True, exist_ok=True)
     records: list[Record] = []
-    for tier in cfg.tiers:
-        rows = cfg.rows if tier == "dram" else cfg.ssd_rows
-        path = cfg.scratch / f"serve-{tier}-{rows}"
-        log(f"{tier}: building {cfg.tables} tables × {rows:,} rows × {cfg.dim}")
-        tables = build_store(cfg, path, rows)
-        perms = [np.random.default_rng(cfg.seed + 10 + t).permutation(rows)
-                 for t in range(cfg.tables)]
-        work = batches(cfg, rows, perms)
-        table_bytes = cfg.tables * rows * cfg.dim * 4
-        config = 'tier = "dram"' if tier == "dram" else \
-            f'tier = "ssd"\ndram_budget = {table_bytes // 4}'
-        flags = ["--tier", tier] + ([] if tier == "dram" else ["--dram-budget",
-                                                              str(table_bytes // 4)])
-        # the client's cache: each table's 25 % hottest rows (the head of its Zipf ranking)
-        head = rows // 4
-        cache = {f"t{t}": (np.sort(perms[t][:head]).astype(np.int64),
-                           tables[f"t{t}"][np.sort(perms[t][:head])])
-                 for t in range(cfg.tables)}
-        dims = {f"t{t}": cfg.dim for t in range(cfg.tables)}
-        systems = [s for s in cfg.systems if not (s == "redis" and tier != "dram")]
-        embedded = _native.EmbeddedStore(str(path), config)
-        with node(path, "s", *flags) as address, _maybe_redis("redis" in systems) as redis:
-            if redis:
-                log(f"{tier}: loading redis")
-                _native.redis_load(redis, tables)
-            del tables
-            drive = _driver(cfg, work, address, redis, cache, embedded, dims)
+    for name in cfg.tiers:
+        tier = _tier(cfg, name, log)
+        records += _systems(cfg, tier, log)
+        if name == "dram":
+            records += _clients(cfg, tier, log)
+            records += _coalescing(cfg, tier, log)
+            if cfg.wire and can_make_namespaces():
+                records += _systems(cfg, tier, log, wire=True)
+            elif cfg.wire:
+                log("wire: skipped (no network namespaces or no tc on this host)")
+        shutil.rmtree(tier.path, ignore_errors=True)
+    return records
 
+
+def _systems(cfg: ServeConfig, tier: Tier, log: Callable[[str], None], wire: bool = False
+             ) -> list[Record]:
+    """Every system past saturation and at shares of raw's saturation, side by side; at
+    ``cdf_share`` also each one's latency CDF and, for the node's calls, where the time went.
+    ``wire``: the node and Redis in a namespace behind a rate-limited veth pair."""
+    records: list[Record] = []
+    where = f"{tier.name}@{cfg.wire_rate}" if wire else tier.name
+    kind = "serve-wire" if wire else "serve"
+    systems = [s for s in cfg.systems if not (s == "redis" and tier.tables is None)
+               and not (wire and s == "embedded")]
+    with (namespace(cfg.wire_rate) if wire else _nothing()) as ns:
+        netns, host = ns if ns else (None, "127.0.0.1")
+        embedded = None if wire else _native.EmbeddedStore(str(tier.path), tier.config)
+        with node(tier.path, "s", *tier.flags, netns=netns, host=host) as served, \
+                _maybe_redis("redis" in systems, netns, host) as redis:
+            if redis and tier.tables is not None:
+                log(f"{where}: loading redis")
+                _native.redis_load(redis, tier.tables)
+            drive = _driver(cfg, tier, served.address, redis, embedded)
             # every system answers the same first batch with the same vectors
             ref = None
             for system in systems:
@@ -209,17 +379,12 @@ def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
                     ref = first
                 elif first is None or not np.allclose(first, ref, rtol=1e-4, atol=1e-5):
                     raise AssertionError(f"{system} answers differently from {systems[0]}")
-            # saturation: answered requests/s under a load past every system's
-            saturation: dict[str, float] = {}
+            saturation = {}
             for system in systems:
-                got = []
-                for rnd in range(cfg.rounds):
-                    out = drive(system, 20_000.0, cfg.saturation_seconds, 100 + rnd)
-                    got.append(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
-                saturation[system] = _median(got)
-                log(f"{tier}: {system} saturates at {saturation[system]:,.0f} requests/s "
+                saturation[system], got = _saturation(cfg, drive, system)
+                log(f"{where}: {system} saturates at {saturation[system]:,.0f} requests/s "
                     f"(rounds {', '.join(f'{g:,.0f}' for g in got)})")
-                records.append(Record("serve-saturation", tier, cfg.bags, "zipf", system,
+                records.append(Record(f"{kind}-saturation", where, cfg.bags, "zipf", system,
                                       saturation[system] * cfg.bags,
                                       saturation[system] * cfg.bags * cfg.pooling * cfg.tables,
                                       extra={"requests_per_s": saturation[system],
@@ -228,63 +393,137 @@ def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
             for share in cfg.shares:
                 rate = share * base
                 for system in systems:
-                    c = Cell(system, tier, rate)
-                    wire, samples = 0, 0
+                    before = stage_seconds(served.metrics) if system in ("node", "raw") else {}
+                    c = Cell(system, rate)
                     for rnd in range(cfg.rounds):
-                        out = drive(system, rate, cfg.seconds, 200 + rnd)
-                        lat = out["latencies_us"]
-                        if len(lat):
-                            c.p50.append(float(np.percentile(lat, 50)))
-                            c.p99.append(float(np.percentile(lat, 99)))
-                            c.p999.append(float(np.percentile(lat, 99.9)))
-                        c.served.append(len(lat) / max(out["seconds"], 1e-9))
-                        c.failed += out["failed"]
-                        c.dropped += out["dropped"]
-                        wire += out["wire_bytes"]
-                        samples += out["samples"]
-                    c.bytes_per_sample = wire / samples if samples else 0.0
-                    log(f"{tier}: {system} at {share:.0%} of raw's saturation ({rate:,.0f}/s): "
-                        f"p50 {_median(c.p50):,.0f} µs, p99 {_median(c.p99):,.0f} µs, "
-                        f"p99.9 {_median(c.p999):,.0f} µs; {c.bytes_per_sample:,.0f} B/sample"
-                        f"{f'; {c.failed} failed' if c.failed else ''}"
-                        f"{f'; {c.dropped} dropped' if c.dropped else ''}")
-                    records.append(Record(
-                        "serve-load", tier, cfg.bags, f"{share:.2f}", system,
-                        _median(c.served) * cfg.bags,
-                        _median(c.served) * cfg.bags * cfg.pooling * cfg.tables,
-                        _median(c.p50), _median(c.p99),
-                        extra={"p999_us": _median(c.p999), "offered_per_s": rate,
-                               "rounds_p99_us": c.p99, "failed": c.failed,
-                               "dropped": c.dropped, "bytes_per_sample": c.bytes_per_sample,
-                               "share_of_raw_saturation": share}))
-        shutil.rmtree(path, ignore_errors=True)
+                        c.add(drive(system, rate, cfg.seconds, 200 + rnd))
+                    log(f"{where}: {system} at {share:.0%} of raw's saturation ({rate:,.0f}/s): "
+                        f"{c.summary()}")
+                    extra = c.extra() | {"share_of_raw_saturation": share}
+                    if abs(share - cfg.cdf_share) < 1e-9 and c.latencies:
+                        every = np.concatenate(c.latencies)
+                        extra["cdf_us"] = [float(np.percentile(every, q)) for q in CDF_POINTS]
+                        if before:
+                            extra["stages_us"] = _stages(before, stage_seconds(served.metrics),
+                                                         float(np.mean(every)))
+                    records.append(Record(f"{kind}-load", where, cfg.bags, f"{share:.2f}", system,
+                                          _median(c.served) * cfg.bags,
+                                          _median(c.served) * cfg.bags * cfg.pooling * cfg.tables,
+                                          _median(c.p50), _median(c.p99), extra=extra))
     return records
 
 
-def _driver(cfg: ServeConfig, work: list[Batch], address: str, redis: str,
-            cache: dict[str, tuple[np.ndarray, np.ndarray]], embedded: Any, dims: dict[str, int]
-            ) -> Callable[[str, float, float, int], dict[str, Any]]:
-    """``drive(system, rate, seconds, seed)``: one open-loop run of ``system``."""
+def _stages(before: dict[tuple[str, str], tuple[float, float]],
+            after: dict[tuple[str, str], tuple[float, float]], client_mean_us: float
+            ) -> dict[str, float]:
+    """Mean µs per request of Lookup's stages between two scrapes (EMB-SSD's Fig. 8): waiting
+    for the engine, the engine (route, reads, pooling), the rest of the node's handler
+    (decoding, checks, the answer's message), and what is left of the client's latency
+    (network, HTTP/2, the client's decoding and, for raw, its pooling)."""
+    def mean(stage: str) -> float:
+        s0, n0 = before.get(("Lookup", stage), (0.0, 0.0))
+        s1, n1 = after.get(("Lookup", stage), (0.0, 0.0))
+        return 1e6 * (s1 - s0) / (n1 - n0) if n1 > n0 else 0.0
+
+    queue, engine, total = mean("queue"), mean("engine"), mean("total")
+    return {"queue": queue, "engine": engine, "node": max(total - queue - engine, 0.0),
+            "network+client": max(client_mean_us - total, 0.0)}
+
+
+def _saturation(cfg: ServeConfig, drive: Callable[..., dict[str, Any]], system: str,
+                connections: int | None = None) -> tuple[float, list[float]]:
+    """Answered requests/s under an offered load past the system's (median of rounds)."""
+    got = []
+    for rnd in range(cfg.rounds):
+        out = drive(system, 20_000.0, cfg.saturation_seconds, 100 + rnd, connections)
+        got.append(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
+    return _median(got), got
+
+
+def _clients(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[Record]:
+    """1 → 64 connections of one load generator: the node and raw past saturation and at
+    ``cdf_share`` of raw's saturation with the default connections."""
+    records: list[Record] = []
+    with node(tier.path, "s", *tier.flags) as served:
+        drive = _driver(cfg, tier, served.address, "", None)
+        base, _ = _saturation(cfg, drive, "raw")
+        rate = cfg.cdf_share * base
+        for connections in cfg.client_counts:
+            for system in ("node", "raw"):
+                sat, got = _saturation(cfg, drive, system, connections)
+                c = Cell(system, rate)
+                for rnd in range(cfg.rounds):
+                    c.add(drive(system, rate, cfg.seconds, 300 + rnd, connections))
+                log(f"clients: {system} with {connections} connections saturates at "
+                    f"{sat:,.0f} requests/s; at {rate:,.0f}/s {c.summary()}")
+                records.append(Record("serve-clients", tier.name, cfg.bags, str(connections),
+                                      system, _median(c.served) * cfg.bags,
+                                      _median(c.served) * cfg.bags * cfg.pooling * cfg.tables,
+                                      _median(c.p50), _median(c.p99),
+                                      extra=c.extra() | {"connections": connections,
+                                                         "saturation_requests_per_s": sat,
+                                                         "saturation_rounds": got}))
+    return records
+
+
+def _coalescing(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[Record]:
+    """Small requests from many connections, the node with each coalescing setting: its
+    saturation and its latency at half of the uncoalesced node's saturation."""
+    records: list[Record] = []
+    for bags in cfg.coalesce_bags:
+        small = replace(cfg, bags=bags, distinct_batches=max(cfg.distinct_batches, 4096 // bags))
+        work = batches(small, tier.rows, tier.perms)
+        rate = 0.0
+        for setting, flags in cfg.coalesce_settings:
+            with node(tier.path, "s", *tier.flags, *flags) as served:
+                drive = _driver(small, replace(tier, work=work), served.address, "", None)
+                sat, got = _saturation(small, drive, "node", cfg.coalesce_connections)
+                if not rate:
+                    rate = 0.5 * sat  # half the uncoalesced node's saturation
+                c = Cell("node", rate)
+                for rnd in range(cfg.rounds):
+                    c.add(drive("node", rate, cfg.seconds, 400 + rnd, cfg.coalesce_connections))
+            log(f"coalescing: {bags}-bag requests, {setting}: saturates at {sat:,.0f} "
+                f"requests/s; at {rate:,.0f}/s {c.summary()}")
+            records.append(Record("serve-coalesce", tier.name, bags, setting, "node",
+                                  sat * bags, sat * bags * cfg.pooling * cfg.tables,
+                                  _median(c.p50), _median(c.p99),
+                                  extra=c.extra() | {"saturation_rounds": got,
+                                                     "saturation_requests_per_s": sat,
+                                                     "connections": cfg.coalesce_connections}))
+    return records
+
+
+def _driver(cfg: ServeConfig, tier: Tier, address: str, redis: str, embedded: Any
+            ) -> Callable[..., dict[str, Any]]:
+    """``drive(system, rate, seconds, seed, connections=None)``: one open-loop run."""
     modes = {"node": "pooled", "raw": "raw", "raw+cache25": "raw_cached", "redis": "redis",
              "embedded": "embedded"}
 
-    def drive(system: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
+    def drive(system: str, rate: float, seconds: float, seed: int,
+              connections: int | None = None) -> dict[str, Any]:
         return _native.load_run(
-            modes[system], work, rate, seconds,
+            modes[system], tier.work, rate, seconds,
             target=redis if system == "redis" else address, store="s",
-            connections=cfg.connections, seed=seed,
-            cache=cache if system == "raw+cache25" else None,
-            embedded=embedded if system == "embedded" else None, dims=dims)
+            connections=connections or cfg.connections, seed=seed,
+            cache=tier.cache if system == "raw+cache25" else None,
+            embedded=embedded if system == "embedded" else None, dims=tier.dims)
 
     return drive
 
 
 @contextmanager
-def _maybe_redis(wanted: bool) -> Iterator[str]:
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+@contextmanager
+def _maybe_redis(wanted: bool, netns: str | None = None, host: str = "127.0.0.1"
+                 ) -> Iterator[str]:
     if not wanted:
         yield ""
         return
-    with redis_server() as address:
+    with redis_server(netns, host) as address:
         yield address
 
 
@@ -296,23 +535,144 @@ def markdown(records: list[Record], command: str) -> str:
              "returning distinct rows, pooled by the client; raw+cache25 = raw with the 25 % "
              "hottest rows of each table in the client; redis = Debian's redis-server, rows as "
              "values, one pipelined MGET per request (DRAM-resident tables only); embedded = "
-             "the store in the load generator's process. Loopback; the node, the peers and the "
-             "load generator share this machine's 2 cores. Medians of rounds.", "",
-             "**Saturation** (answered requests/s under an offered load past it; samples/s = "
-             "× 64):", "", "| tier | system | requests/s | samples/s | rounds |",
-             "|---|---|---:|---:|---|"]
-    for r in records:
-        if r.bench == "serve-saturation":
-            rounds = ", ".join(f"{x:,.0f}" for x in r.extra["rounds"])
-            lines.append(f"| {r.model} | {r.system} | {r.extra['requests_per_s']:,.0f} | "
-                         f"{r.samples_per_s:,.0f} | {rounds} |")
-    lines += ["", "**Latency against offered load** (shares of raw's saturation):", "",
-              "| tier | offered/s | system | served samples/s | p50 µs | p99 µs | p99.9 µs | "
-              "B on the wire / sample | failed |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for r in records:
-        if r.bench == "serve-load":
-            lines.append(f"| {r.model} | {r.extra['offered_per_s']:,.0f} | {r.system} | "
-                         f"{r.samples_per_s:,.0f} | {r.p50_us:,.0f} | {r.p99_us:,.0f} | "
-                         f"{r.extra['p999_us']:,.0f} | {r.extra['bytes_per_sample']:,.0f} | "
-                         f"{r.extra['failed']} |")
+             "the store in the load generator's process. Loopback unless the tier says "
+             "`@RATE` (the node and Redis in a network namespace behind a veth pair that tc "
+             "limits to RATE each way). The node, the peers and the load generator share this "
+             "machine's 2 cores. Medians of rounds.", ""]
+    for kind, title in (("serve", "Loopback"), ("serve-wire", "Over a rate-limited veth pair")):
+        if not any(r.bench == f"{kind}-saturation" for r in records):
+            continue
+        lines += [f"### {title}", "",
+                  "**Saturation** (answered requests/s under an offered load past it; "
+                  "samples/s = × 64):", "", "| tier | system | requests/s | samples/s | rounds |",
+                  "|---|---|---:|---:|---|"]
+        for r in records:
+            if r.bench == f"{kind}-saturation":
+                rounds = ", ".join(f"{x:,.0f}" for x in r.extra["rounds"])
+                lines.append(f"| {r.model} | {r.system} | {r.extra['requests_per_s']:,.0f} | "
+                             f"{r.samples_per_s:,.0f} | {rounds} |")
+        lines += ["", "**Latency against offered load** (shares of raw's saturation):", "",
+                  "| tier | offered/s | system | served samples/s | p50 µs | p99 µs | p99.9 µs | "
+                  "B on the wire / sample | failed |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for r in records:
+            if r.bench == f"{kind}-load":
+                lines.append(f"| {r.model} | {r.extra['offered_per_s']:,.0f} | {r.system} | "
+                             f"{r.samples_per_s:,.0f} | {r.p50_us:,.0f} | {r.p99_us:,.0f} | "
+                             f"{r.extra['p999_us']:,.0f} | {r.extra['bytes_per_sample']:,.0f} | "
+                             f"{r.extra['failed']} |")
+        lines.append("")
+    cdf = [r for r in records if "cdf_us" in r.extra]
+    if cdf:
+        lines += ["**Latency CDF** at the load marked (EMB-SSD Fig. 7; µs at each percentile, "
+                  "every round's requests together):", "",
+                  "| tier | system | " + " | ".join(f"p{q:g}" for q in CDF_POINTS) + " |",
+                  "|---|---|" + "---:|" * len(CDF_POINTS)]
+        for r in cdf:
+            lines.append(f"| {r.model} | {r.system} | "
+                         + " | ".join(f"{v:,.0f}" for v in r.extra["cdf_us"]) + " |")
+        lines.append("")
+    stages = [r for r in records if "stages_us" in r.extra]
+    if stages:
+        lines += ["**Where a request's time goes** at the same load (EMB-SSD Fig. 8; mean µs "
+                  "per request): queue = waiting for an engine slot, engine = route + reads + "
+                  "pooling, node = the rest of the node's handler (decoding, checks, the "
+                  "answer), network+client = the client's mean latency less the node's (the "
+                  "wire, HTTP/2, the client's decoding and, for raw, its pooling; from "
+                  "`nearrec_request_seconds`):", "",
+                  "| tier | system | queue | engine | node | network+client | client mean |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for r in stages:
+            st = r.extra["stages_us"]
+            lines.append(f"| {r.model} | {r.system} | {st['queue']:,.0f} | {st['engine']:,.0f} "
+                         f"| {st['node']:,.0f} | {st['network+client']:,.0f} | "
+                         f"{sum(st.values()):,.0f} |")
+        lines.append("")
+    clients = [r for r in records if r.bench == "serve-clients"]
+    if clients:
+        rate = clients[0].extra["offered_per_s"]
+        lines += [f"**1 → 64 connections** (DRAM tier): saturation, and latency at {rate:,.0f} "
+                  "requests/s offered:", "",
+                  "| connections | system | saturation requests/s | p50 µs | p99 µs | p99.9 µs |",
+                  "|---:|---|---:|---:|---:|---:|"]
+        for r in clients:
+            lines.append(f"| {r.extra['connections']} | {r.system} | "
+                         f"{r.extra['saturation_requests_per_s']:,.0f} | {r.p50_us:,.0f} | "
+                         f"{r.p99_us:,.0f} | {r.extra['p999_us']:,.0f} |")
+        lines.append("")
+    coalesce = [r for r in records if r.bench == "serve-coalesce"]
+    if coalesce:
+        conns = coalesce[0].extra["connections"]
+        lines += [f"**Coalescing** small requests ({conns} connections, DRAM tier): the node's "
+                  "saturation with each setting, and its latency at half the uncoalesced "
+                  "node's saturation:", "",
+                  "| bags / request | setting | saturation requests/s | × off | offered/s | "
+                  "p50 µs | p99 µs |", "|---:|---|---:|---:|---:|---:|---:|"]
+        for r in coalesce:
+            off = next(o for o in coalesce if o.batch == r.batch)
+            ratio = r.samples_per_s / off.samples_per_s if off.samples_per_s else 0.0
+            lines.append(f"| {r.batch} | {r.dist} | "
+                         f"{r.extra['saturation_requests_per_s']:,.0f} | {ratio:.2f}× | "
+                         f"{r.extra['offered_per_s']:,.0f} | {r.p50_us:,.0f} | {r.p99_us:,.0f} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def plot(records: list[Record], path: Path) -> Path | None:
+    """The report's figures in one PNG: p99 against offered load per tier, the latency CDF,
+    the stage breakdown, and the connections sweep. ``None`` without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    tiers = sorted({r.model for r in records if r.bench in ("serve-load", "serve-wire-load")})
+    cols = max(len(tiers), 3)
+    fig, axes = plt.subplots(2, cols, figsize=(6 * cols, 9), squeeze=False)
+    for ax, tier in zip(axes[0], tiers, strict=False):
+        for system in dict.fromkeys(r.system for r in records if r.model == tier):
+            pts = sorted((r.extra["offered_per_s"], r.p99_us) for r in records
+                         if r.model == tier and r.system == system and r.bench.endswith("-load"))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] / 1000 for p in pts], "o-", label=system)
+        ax.set(title=f"p99 against offered load ({tier})", xlabel="offered requests/s",
+               ylabel="p99 ms", yscale="log")
+        _legend(ax, 8)
+    ax = axes[1][0]
+    for r in records:
+        if "cdf_us" in r.extra and r.bench == "serve-load":
+            ax.plot([v / 1000 for v in r.extra["cdf_us"]], CDF_POINTS,
+                    label=f"{r.model} {r.system}")
+    ax.set(title="latency CDF (EMB-SSD Fig. 7)", xlabel="latency ms", ylabel="percentile",
+           xscale="log")
+    _legend(ax, 7)
+    ax = axes[1][1]
+    stages = [r for r in records if "stages_us" in r.extra]
+    bottom = np.zeros(len(stages))
+    for stage in ("queue", "engine", "node", "network+client"):
+        v = np.array([r.extra["stages_us"][stage] / 1000 for r in stages])
+        ax.bar([f"{r.model}\n{r.system}" for r in stages], v, bottom=bottom, label=stage)
+        bottom += v
+    ax.set(title="mean time per request (EMB-SSD Fig. 8)", ylabel="ms")
+    _legend(ax, 8)
+    ax = axes[1][2]
+    clients = [r for r in records if r.bench == "serve-clients"]
+    for system in ("node", "raw"):
+        pts = [(r.extra["connections"], r.extra["saturation_requests_per_s"]) for r in clients
+               if r.system == system]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=system)
+    ax.set(title="saturation against connections (DRAM)", xlabel="connections",
+           ylabel="requests/s", xscale="log")
+    _legend(ax, 8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _legend(ax: Any, size: int) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=size)

@@ -109,18 +109,24 @@ pub fn tables(batch: &Batch<'_>) -> Vec<pb::TableLookup> {
 }
 
 fn table(t: &TableLookup<'_>) -> pb::TableLookup {
-    // ids and bags share one width in the protocol: int32 when both are, else both int64
+    // ids and bags share one width in the protocol: int32 whenever every value fits (half the
+    // bytes on the wire for int64 ids of tables under 2^31 rows; lossless, the node widens them
+    // back), else int64
     let bag_indices = match t.bags {
         Bags::Offsets { offsets, .. } => Some(offsets),
         Bags::Lengths(lengths) => Some(lengths),
         Bags::Fixed { .. } => None,
     };
-    let narrow = matches!(t.indices, Indices::I32(_))
-        && bag_indices.is_none_or(|i| matches!(i, Indices::I32(_)));
+    let fits = |i: Indices<'_>| match i {
+        Indices::I32(_) => true,
+        Indices::I64(v) => v.iter().all(|&x| i32::try_from(x).is_ok()),
+    };
+    let narrow = fits(t.indices) && bag_indices.is_none_or(fits);
     let put = |i: Indices<'_>| match i {
         Indices::I32(v) if narrow => encode_slice(v),
+        Indices::I64(v) if narrow => encode(v.iter().map(|&x| x as i32).collect::<Vec<i32>>()),
         Indices::I64(v) => encode_slice(v),
-        i => encode((0..i.len()).map(|k| i.get(k)).collect::<Vec<i64>>()),
+        Indices::I32(v) => encode(v.iter().map(|&x| i64::from(x)).collect::<Vec<i64>>()),
     };
     let kind = if narrow {
         pb::IndexType::Int32
@@ -240,4 +246,49 @@ pub fn unraw(r: &pb::LookupResponse) -> nearrec::Result<Vec<Rows>> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nearrec::{AsBatch, OwnedBatch, OwnedLookup};
+
+    fn widened(v: &IndexVec) -> Vec<i64> {
+        match v {
+            IndexVec::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            IndexVec::I64(v) => v.clone(),
+        }
+    }
+
+    #[test]
+    fn ids_travel_as_int32_whenever_every_value_fits_and_arrive_unchanged() {
+        let small = OwnedLookup::with_lengths("a", vec![0i64, 7, -1, 2_147_483_647], vec![1i64, 3]);
+        let large = OwnedLookup::with_lengths("b", vec![1i64, 2_147_483_648], vec![2i64]);
+        let narrow = OwnedLookup::with_lengths("c", vec![5i32, 6], vec![2i32]);
+        let batch = OwnedBatch::new(vec![small, large, narrow]);
+        let wire = tables(&batch.as_batch());
+        let kinds: Vec<i32> = wire.iter().map(|t| t.index_type).collect();
+        assert_eq!(
+            kinds,
+            [
+                pb::IndexType::Int32 as i32,
+                pb::IndexType::Int64 as i32,
+                pb::IndexType::Int32 as i32
+            ]
+        );
+        assert_eq!(wire[0].ids.len(), 4 * 4, "four ids of four bytes");
+        for (sent, got) in batch.tables.iter().zip(&wire) {
+            let back = lookup(got).unwrap();
+            assert_eq!(
+                widened(&back.indices),
+                widened(&sent.indices),
+                "{}",
+                sent.table
+            );
+            let (OwnedBags::Lengths(a), OwnedBags::Lengths(b)) = (&back.bags, &sent.bags) else {
+                panic!("lengths stay lengths");
+            };
+            assert_eq!(widened(a), widened(b));
+        }
+    }
 }
