@@ -58,6 +58,24 @@ class Node:
         return {f.name: [(s.labels, s.value) for s in f.samples]
                 for f in text_string_to_metric_families(text)}
 
+    def histogram(self, family: str) -> dict[str, float]:
+        """A histogram's ``count`` and ``sum`` (all labels together)."""
+        out = {"count": 0.0, "sum": 0.0}
+        for _, value, name in self._samples(family):
+            kind = name.removeprefix(family + "_")
+            if kind in out:
+                out[kind] += value
+        return out
+
+    def _samples(self, family: str) -> list[tuple[dict[str, str], float, str]]:
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            text = r.read().decode()
+        return [(s.labels, s.value, s.name) for f in text_string_to_metric_families(text)
+                if f.name == family for s in f.samples]
+
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -132,6 +150,23 @@ def test_background_lookups_and_streams_come_back_in_order(served):
         close(p.result(timeout=30).values, local.lookup_many(b).values)
     for got, b in zip(remote.lookup_stream(iter(batches), depth=4), batches, strict=True):
         close(got.values, local.lookup_many(b).values)
+
+
+def test_a_coalescing_node_answers_concurrent_small_lookups_as_if_each_ran_alone(store_path):
+    node = Node(f"{store_path}=s", "--coalesce-bags", "64", "--coalesce-window-us", "20000")
+    try:
+        local = nearrec.open(store_path)
+        remote = nearrec.connect(node.address, "s")
+        rng = np.random.default_rng(11)
+        batches = [batch(rng, int(rng.integers(1, 6))) for _ in range(24)]
+        pending = [remote.submit(b) for b in batches]
+        for p, b in zip(pending, batches, strict=True):
+            close(p.result(timeout=30).values, local.lookup_many(b).values)
+        samples = node.histogram("nearrec_batch_requests")
+        assert samples["count"] < 24, samples  # fewer engine batches than requests
+        assert samples["sum"] == 24, samples  # every request in one of them
+    finally:
+        assert node.stop() == 0
 
 
 def test_errors_arrive_as_the_local_store_raises_them(served, store_path):
