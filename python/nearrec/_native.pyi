@@ -22,7 +22,7 @@ __all__ = [
     "read_manifest", "store_attach", "store_read_attachment", "table_layout",
     "trace_generate_table", "trace_write", "trace_open", "trace_profile", "colocation_order",
     "copy_store_ordered", "panic_at_the_boundary", "error_kinds", "NativeRemote",
-    "NativeRemotePending", "serve", "NativePlan", "plan_make",
+    "NativeRemotePending", "serve", "node_defaults", "NativePlan", "plan_make",
     "plan_check_trace", "plan_load",
 ]
 
@@ -178,10 +178,10 @@ class NativeRemotePending:
 
 def serve(specs: list[str], config: StoreConfig, listen: str, insecure: bool,
           max_in_flight: int, max_queued: int, max_message_bytes: int,
-          drain_timeout: float, acl: str | None = None,
-          metrics_listen: str | None = None,
-          tls: tuple[str, str, str | None] | None = None, coalesce_bags: int = 0,
-          coalesce_window_us: int = 0) -> None: ...
+          drain_timeout: float, coalesce_bags: int, coalesce_window_us: int,
+          acl: str | None = None, metrics_listen: str | None = None,
+          tls: tuple[str, str, str | None] | None = None) -> None: ...
+def node_defaults() -> dict[str, Any]: ...
 
 @final
 class NativeStoreWriter:

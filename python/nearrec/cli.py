@@ -199,12 +199,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   count(args.max_in_flight, "--max-in-flight"),
                   count(args.max_queued, "--max-queued", minimum=0),
                   count(args.max_message_bytes, "--max-message-bytes"),
-                  float(args.drain_timeout), args.acl, args.metrics_listen,
+                  float(args.drain_timeout),
+                  count(args.coalesce_bags, "--coalesce-bags", minimum=0),
+                  count(args.coalesce_window_us, "--coalesce-window-us", minimum=0),
+                  args.acl, args.metrics_listen,
                   None if args.tls_cert is None else (args.tls_cert, args.tls_key,
-                                                      args.tls_client_ca),
-                  coalesce_bags=count(args.coalesce_bags, "--coalesce-bags", minimum=0),
-                  coalesce_window_us=count(args.coalesce_window_us, "--coalesce-window-us",
-                                           minimum=0))
+                                                      args.tls_client_ca))
     return 0
 
 
@@ -610,18 +610,20 @@ def parser() -> argparse.ArgumentParser:
                     help="ask clients for certificates chaining to this CA (mutual TLS)")
     sv.add_argument("--insecure", action="store_true",
                     help="listen on an address other than loopback without an ACL")
-    sv.add_argument("--max-in-flight", type=int, default=8,
+    node = nearrec._native.node_defaults()  # the node's own (nearrec-server's too)
+    sv.add_argument("--max-in-flight", type=int, default=node["max_in_flight"],
                     help="engine calls running at once")
-    sv.add_argument("--max-queued", type=int, default=256,
+    sv.add_argument("--max-queued", type=int, default=node["max_queued"],
                     help="calls waiting for the engine; past them calls are refused "
                          "(RESOURCE_EXHAUSTED)")
-    sv.add_argument("--max-message-bytes", type=int, default=64 << 20)
-    sv.add_argument("--coalesce-bags", type=int, default=0,
+    sv.add_argument("--max-message-bytes", type=int, default=node["max_message_bytes"])
+    sv.add_argument("--coalesce-bags", type=int, default=node["coalesce_bags"],
                     help="pooled lookups of fewer bags are coalesced with others into engine "
                          "batches of up to this many bags (0: never; see docs/serving.md)")
-    sv.add_argument("--coalesce-window-us", type=int, default=0,
-                    help="microseconds the first request of a coalesced batch waits for others")
-    sv.add_argument("--drain-timeout", type=float, default=30.0,
+    sv.add_argument("--coalesce-window-us", type=int, default=node["coalesce_window_us"],
+                    help="microseconds the first request of a coalesced batch waits for others "
+                         "(besides waiting for an engine slot)")
+    sv.add_argument("--drain-timeout", type=float, default=node["drain_timeout"],
                     help="seconds SIGTERM waits for calls in flight")
     store_flags(sv)
     sv.set_defaults(func=cmd_serve)

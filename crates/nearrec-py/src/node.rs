@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use nearrec_server::{NodeConfig, Stores, TlsFiles, listening, run};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::config::NativeConfig;
 use crate::error::{detach, raise};
@@ -14,7 +15,7 @@ use crate::error::{detach, raise};
 /// Serves the stores `specs` (`PATH` or `PATH=NAME`) opened with `config` on `listen`; prints
 /// `listening on ADDR` once ready and returns after a drain.
 #[pyfunction]
-#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, acl = None, metrics_listen = None, tls = None, coalesce_bags = 0, coalesce_window_us = 0))]
+#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, coalesce_bags, coalesce_window_us, acl = None, metrics_listen = None, tls = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -26,11 +27,11 @@ pub(crate) fn serve(
     max_queued: usize,
     max_message_bytes: usize,
     drain_timeout: f64,
+    coalesce_bags: usize,
+    coalesce_window_us: u64,
     acl: Option<PathBuf>,
     metrics_listen: Option<&str>,
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
-    coalesce_bags: usize,
-    coalesce_window_us: u64,
 ) -> PyResult<()> {
     let invalid = |m: String| raise(py, "InvalidRequest", m, None, None);
     let listen = listen
@@ -67,4 +68,18 @@ pub(crate) fn serve(
         })
     })?
     .map_err(|m| raise(py, "NearrecError", m, None, None))
+}
+
+/// The node's defaults (`NodeConfig::default()`), for `nearrec serve`'s flags.
+#[pyfunction]
+pub(crate) fn node_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = NodeConfig::default();
+    let out = PyDict::new(py);
+    out.set_item("max_in_flight", d.max_in_flight)?;
+    out.set_item("max_queued", d.max_queued)?;
+    out.set_item("max_message_bytes", d.max_message_bytes)?;
+    out.set_item("drain_timeout", d.drain_timeout.as_secs_f64())?;
+    out.set_item("coalesce_bags", d.coalesce_bags)?;
+    out.set_item("coalesce_window_us", d.coalesce_window.as_micros() as u64)?;
+    Ok(out)
 }

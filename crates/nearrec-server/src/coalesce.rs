@@ -77,6 +77,9 @@ impl Coalescer {
         deadline: Option<Instant>,
     ) -> Answer {
         let slot = self.admission.enter()?;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(self.admission.expire());
+        }
         let (reply, answer) = oneshot::channel();
         let waiting = Waiting {
             call,
