@@ -135,7 +135,8 @@ impl Client {
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
             .initial_stream_window_size(nearrec_wire::STREAM_WINDOW)
-            .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW);
+            .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW)
+            .max_frame_size(nearrec_wire::MAX_FRAME);
         if let Some(tls) = &options.tls {
             let mut config = ClientTlsConfig::new();
             if let Some(ca) = &tls.ca {

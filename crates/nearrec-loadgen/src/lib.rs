@@ -124,6 +124,7 @@ pub fn run(
                         .tcp_nodelay(true)
                         .initial_stream_window_size(nearrec_wire::STREAM_WINDOW)
                         .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW)
+                        .max_frame_size(nearrec_wire::MAX_FRAME)
                         .connect()
                         .await
                         .map_err(|e| format!("cannot connect to {target}: {e}"))?;

@@ -91,7 +91,8 @@ pub async fn serve(
     };
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(nearrec_wire::STREAM_WINDOW)
-        .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW);
+        .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW)
+        .max_frame_size(nearrec_wire::MAX_FRAME);
     if let Some(tls) = &config.tls {
         builder = builder.tls_config(tls.server_config()?)?;
     }

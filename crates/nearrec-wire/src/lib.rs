@@ -22,6 +22,10 @@ pub use status::{RemoteError, status_of};
 pub const STREAM_WINDOW: u32 = 4 << 20;
 /// See [`STREAM_WINDOW`]: room for several batches in flight on one connection.
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
+/// The largest HTTP/2 frame each end accepts. The protocol's default, 16 KiB, cuts one
+/// batch's answer (64 bags × 256 floats is 64 KiB) into several frames, each framed, flushed
+/// and parsed on its own.
+pub const MAX_FRAME: u32 = 1 << 20;
 
 /// The generated `nearrec.v1` package.
 pub mod v1 {
