@@ -23,6 +23,8 @@ share the cores (see the report's notes).
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import signal
 import socket
@@ -73,13 +75,17 @@ class ServeConfig:
     coalesce_bags: tuple[int, ...] = (1, 4, 16, 64)
     coalesce_connections: int = 16
     coalesce_settings: tuple[tuple[str, tuple[str, ...]], ...] = (
-        ("off", ()),
+        ("off", ("--coalesce-bags", "0")),
+        ("64 bags, no wait (default)", ("--coalesce-bags", "64")),
         ("256 bags, no wait", ("--coalesce-bags", "256")),
-        ("256 bags, 200 µs", ("--coalesce-bags", "256", "--coalesce-window-us", "200")))
+        ("64 bags, 200 µs", ("--coalesce-bags", "64", "--coalesce-window-us", "200")))
     # the wire: the node (and Redis) in a network namespace behind a veth pair limited to this
     # rate with tc (skipped where namespaces cannot be made)
     wire_rate: str = "1gbit"
     wire: bool = True
+    # saturation of the node and of the embedded store each given CPU 1 alone, the load
+    # generator CPU 0 (the node's load generator is not charged to it)
+    pinned: bool = True
 
     @classmethod
     def quick(cls) -> ServeConfig:
@@ -104,15 +110,16 @@ class Served:
 
 @contextmanager
 def node(path: Path, name: str, *flags: str, netns: str | None = None,
-         host: str = "127.0.0.1") -> Iterator[Served]:
-    """``nearrec serve`` on a free port of ``host`` (in network namespace ``netns``), with its
-    metrics; drained with SIGTERM after."""
+         host: str = "127.0.0.1", cpus: set[int] | None = None) -> Iterator[Served]:
+    """``nearrec serve`` on a free port of ``host`` (in network namespace ``netns``, on
+    ``cpus``), with its metrics; drained with SIGTERM after."""
     inside = ["ip", "netns", "exec", netns] if netns else []
     insecure = [] if host == "127.0.0.1" else ["--insecure"]  # a namespace's private address
     proc = subprocess.Popen([*inside, sys.executable, "-m", "nearrec.cli", "serve",
                              f"{path}={name}", "--listen", f"{host}:0",
                              "--metrics-listen", f"{host}:0", *insecure, *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on " not in line:
@@ -341,6 +348,8 @@ def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
     for name in cfg.tiers:
         tier = _tier(cfg, name, log)
         records += _systems(cfg, tier, log)
+        if cfg.pinned and (os.cpu_count() or 1) >= 2:
+            records += _pinned(cfg, tier, log)
         if name == "dram":
             records += _clients(cfg, tier, log)
             records += _coalescing(cfg, tier, log)
@@ -411,6 +420,71 @@ def _systems(cfg: ServeConfig, tier: Tier, log: Callable[[str], None], wire: boo
                                           _median(c.served) * cfg.bags * cfg.pooling * cfg.tables,
                                           _median(c.p50), _median(c.p99), extra=extra))
     return records
+
+
+def _pinned(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[Record]:
+    """The node and the embedded store each on CPU 1 alone, the load generator on CPU 0: the
+    throughput each gets from the same core, the node's client not charged to it (on a shared
+    pair of cores the load generator's gRPC client takes as much CPU as the node's server)."""
+    records: list[Record] = []
+    for system in ("node", "embedded"):
+        if system == "node":
+            with node(tier.path, "s", *tier.flags, cpus={1}) as served:
+                got = _pinned_rounds(cfg, tier, "pooled", served.address)
+        else:
+            got = _pinned_rounds(cfg, tier, "embedded", "")
+        rate = _median(got)
+        log(f"{tier.name}: {system} on one core saturates at {rate:,.0f} requests/s "
+            f"(rounds {', '.join(f'{g:,.0f}' for g in got)})")
+        records.append(Record("serve-pinned", tier.name, cfg.bags, "zipf", system,
+                              rate * cfg.bags, rate * cfg.bags * cfg.pooling * cfg.tables,
+                              extra={"requests_per_s": rate, "rounds": got}))
+    return records
+
+
+def _pinned_rounds(cfg: ServeConfig, tier: Tier, mode: str, address: str) -> list[float]:
+    """Saturation rounds from a load generator in a child process on CPU 0; in ``embedded``
+    mode the child's store is on CPU 1 (its threads made there)."""
+    job = {"cfg": {k: v for k, v in cfg.__dict__.items() if isinstance(v, int | float | str)},
+           "path": str(tier.path), "rows": tier.rows, "config": tier.config, "mode": mode,
+           "address": address}
+    out = subprocess.run([sys.executable, "-c",
+                          "import sys; from nearrec_bench.serve import pinned_child; "
+                          "pinned_child(sys.argv[1])", json.dumps(job)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"the pinned load generator failed: {out.stderr}")
+    rates: list[float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return rates
+
+
+def pinned_child(job_json: str) -> None:
+    """The child of :func:`_pinned_rounds`: prints each round's answered requests/s."""
+    job = json.loads(job_json)
+    cfg = replace(ServeConfig(), **job["cfg"])
+    rows = job["rows"]
+    perms = [np.random.default_rng(cfg.seed + 10 + t).permutation(rows)
+             for t in range(cfg.tables)]
+    work = batches(cfg, rows, perms)
+    dims = {f"t{t}": cfg.dim for t in range(cfg.tables)}
+
+    def drive(rate: float, seconds: float, seed: int) -> dict[str, Any]:
+        return _native.load_run(job["mode"], work, rate, seconds, target=job["address"],
+                                store="s", connections=cfg.connections, seed=seed, cache=None,
+                                embedded=embedded, dims=dims)
+
+    embedded = None
+    if job["mode"] == "embedded":
+        # the store's threads (its pool is made at its first lookup) on CPU 1
+        os.sched_setaffinity(0, {1})
+        embedded = _native.EmbeddedStore(job["path"], job["config"])
+        drive(50.0, 0.2, 0)
+    os.sched_setaffinity(0, {0})  # the load generator's threads, made per run, on CPU 0
+    got = []
+    for rnd in range(cfg.rounds):
+        out = drive(20_000.0, cfg.saturation_seconds, 100 + rnd)
+        got.append(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
+    print(json.dumps(got))
 
 
 def _stages(before: dict[tuple[str, str], tuple[float, float]],
@@ -561,6 +635,19 @@ def markdown(records: list[Record], command: str) -> str:
                              f"{r.samples_per_s:,.0f} | {r.p50_us:,.0f} | {r.p99_us:,.0f} | "
                              f"{r.extra['p999_us']:,.0f} | {r.extra['bytes_per_sample']:,.0f} | "
                              f"{r.extra['failed']} |")
+        lines.append("")
+    pinned = [r for r in records if r.bench == "serve-pinned"]
+    if pinned:
+        lines += ["**One core each**: the system under test alone on CPU 1, the load generator "
+                  "on CPU 0 (the node's gRPC client is not charged to it); answered requests/s "
+                  "past saturation:", "", "| tier | system | requests/s | × embedded | rounds |",
+                  "|---|---|---:|---:|---|"]
+        for r in pinned:
+            emb = next((e for e in pinned if e.model == r.model and e.system == "embedded"), r)
+            ratio = r.samples_per_s / emb.samples_per_s if emb.samples_per_s else 0.0
+            rounds = ", ".join(f"{x:,.0f}" for x in r.extra["rounds"])
+            lines.append(f"| {r.model} | {r.system} | {r.extra['requests_per_s']:,.0f} | "
+                         f"{ratio:.2f}× | {rounds} |")
         lines.append("")
     cdf = [r for r in records if "cdf_us" in r.extra]
     if cdf:

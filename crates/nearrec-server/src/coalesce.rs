@@ -4,7 +4,8 @@
 //! slots as every request, so a full node still refuses it) and joins its store's gatherer. The
 //! gatherer waits for an engine slot — requests pile up meanwhile — then takes every request
 //! already waiting and, until `coalesce_window` after the first arrived, those that come, up to
-//! `coalesce_bags` bags, and runs them on a blocking thread as one batch per [`Shape`]. Each
+//! `coalesce_bags` bags, and runs them as one batch per [`Shape`] (on a blocking thread, or on a
+//! worker where a lookup alone would run there: `crate::stores::inline`). Each
 //! request keeps its own deadline and answer: one whose deadline passed or whose client left is
 //! dropped before the batch runs, and a batch that fails runs its requests alone, so that each
 //! error names its own table and positions.
@@ -18,6 +19,7 @@ use tonic::Status;
 
 use crate::admission::{Admission, Slot};
 use crate::metrics::Metrics;
+use crate::stores::{inline, lookups};
 
 /// A pooled answer and the store version it was read at.
 pub type Answer = Result<(Pooled, u64), Status>;
@@ -163,11 +165,18 @@ async fn gather(
             bags += w.bags;
             group.push(w);
         }
+        // on a worker when it never waits on a device (as a lookup alone would be)
+        let on_worker = inline(&store, group.iter().map(|w| lookups(&w.batch)).sum());
         let (store, metrics) = (store.clone(), metrics.clone());
-        tokio::task::spawn_blocking(move || {
+        let job = move || {
             let _run = run;
             serve(&store, group, &metrics);
-        });
+        };
+        if on_worker {
+            tokio::spawn(async move { job() });
+        } else {
+            tokio::task::spawn_blocking(job);
+        }
     }
 }
 

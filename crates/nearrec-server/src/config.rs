@@ -66,10 +66,11 @@ impl Default for NodeConfig {
             max_in_flight: 8,
             max_queued: 256,
             max_message_bytes: 64 << 20,
-            // measured (`nearrec bench serve`, docs/serving.md): small requests gain 10–25 %
-            // of throughput, 64-bag ones neither gain nor lose; waiting for company costs
-            // latency at moderate load and gains little, so nothing waits by default
-            coalesce_bags: 256,
+            // measured (`nearrec bench serve`, docs/serving.md): requests of a few bags gain
+            // 10–25 % of throughput; a 64-bag request is a full engine batch already and
+            // merging it only costs copies, so it runs alone. Waiting for company costs
+            // latency at moderate load and gains little: nothing waits by default
+            coalesce_bags: 64,
             coalesce_window: Duration::ZERO,
             drain_timeout: Duration::from_secs(30),
             acl: None,

@@ -1,5 +1,6 @@
-//! `nearrec.v1.Node`: each call decoded by `nearrec-wire`, admitted, run on a blocking thread
-//! against the facade, and answered. Nothing here decides what a lookup means.
+//! `nearrec.v1.Node`: each call decoded by `nearrec-wire`, admitted, run against the facade —
+//! on a blocking thread, or on the async worker itself for a lookup that never waits on a
+//! device ([`crate::stores::inline`]) — and answered. Nothing here decides what a lookup means.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -22,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::acl::{Permission, Principal};
 use crate::admission::deadline;
 use crate::node::Shared;
+use crate::stores::{inline, lookups};
 
 /// The caller of one call: its principal, or anyone when the node has no ACL.
 #[derive(Debug, Clone)]
@@ -109,13 +111,15 @@ impl NodeService {
         answer
     }
 
-    /// Runs `work` once admitted, on a blocking thread; a request whose deadline has passed by
-    /// then is answered `DEADLINE_EXCEEDED` without running. The wait and the work are timed
+    /// Runs `work` once admitted — on this task when `inline` (a DRAM-resident lookup:
+    /// [`crate::stores::inline`]), else on a blocking thread; a request whose deadline has passed
+    /// by then is answered `DEADLINE_EXCEEDED` without running. The wait and the work are timed
     /// as `call`'s `queue` and `engine` stages.
     async fn run<T, F>(
         &self,
         call: &'static str,
         deadline: Option<Instant>,
+        inline: bool,
         work: F,
     ) -> Result<T, Status>
     where
@@ -128,7 +132,7 @@ impl NodeService {
             .metrics
             .stage(call, "queue", queued.elapsed().as_secs_f64());
         let shared = self.0.clone();
-        tokio::task::spawn_blocking(move || {
+        let job = move || {
             let _permit = permit;
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(shared.admission.expire());
@@ -139,9 +143,13 @@ impl NodeService {
                 .metrics
                 .stage(call, "engine", start.elapsed().as_secs_f64());
             answer
-        })
-        .await
-        .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?
+        };
+        if inline {
+            return job();
+        }
+        tokio::task::spawn_blocking(job)
+            .await
+            .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?
     }
 
     /// One lookup request, decoded, admitted and served.
@@ -172,7 +180,8 @@ impl NodeService {
                 return Ok(convert::pooled(id, version, pooled));
             }
         }
-        self.run(call, deadline, move || {
+        let inline = inline(&store, lookups(&batch));
+        self.run(call, deadline, inline, move || {
             lookup(&store, id, raw, &batch, limit)
         })
         .await
@@ -309,7 +318,7 @@ impl NodeService {
         let batch = convert::batch(&req.tables).map_err(bad)?;
         let dense: Vec<f32> = decode(&req.dense, "", "dense").map_err(bad)?;
         let out = self
-            .run("Infer", deadline, move || {
+            .run("Infer", deadline, false, move || {
                 store.infer(&dense, &batch.as_batch())
             })
             .await?;
@@ -337,7 +346,7 @@ impl NodeService {
             allow_nonfinite: req.allow_nonfinite,
         };
         let version = self
-            .run("Write", deadline, move || {
+            .run("Write", deadline, false, move || {
                 let calls: Vec<RowWrite<'_>> = writes
                     .iter()
                     .map(|(table, ids, rows)| RowWrite {
@@ -366,7 +375,9 @@ impl NodeService {
         )?;
         let ids: Vec<i64> = decode(&req.ids, &req.table, "ids").map_err(bad)?;
         let version = self
-            .run("Remove", deadline, move || store.remove(&req.table, &ids))
+            .run("Remove", deadline, false, move || {
+                store.remove(&req.table, &ids)
+            })
             .await?;
         Ok(Response::new(pb::WriteResponse { version }))
     }
@@ -407,7 +418,7 @@ impl NodeService {
             other => return Err(invalid(format!("init {other:?} is not uniform or zeros"))),
         };
         let version = self
-            .run("CreateTable", deadline, move || {
+            .run("CreateTable", deadline, false, move || {
                 store.create_table(&req.name, req.rows, req.dim, dtype, init)
             })
             .await?;
@@ -430,7 +441,9 @@ impl NodeService {
             [req.name.as_str()],
         )?;
         let version = self
-            .run("DropTable", deadline, move || store.drop_table(&req.name))
+            .run("DropTable", deadline, false, move || {
+                store.drop_table(&req.name)
+            })
             .await?;
         Ok(Response::new(pb::WriteResponse { version }))
     }
@@ -442,7 +455,9 @@ impl NodeService {
         let (name, store) = self.0.stores.get(&req.store)?;
         self.allow(&caller, "Swap", |p| p.allow_all(Permission::Admin, name))?;
         let version = self
-            .run("Swap", deadline, move || store.swap(&req.path, req.warm))
+            .run("Swap", deadline, false, move || {
+                store.swap(&req.path, req.warm)
+            })
             .await?;
         Ok(Response::new(pb::SwapResponse { version }))
     }

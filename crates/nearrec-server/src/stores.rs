@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use std::path::PathBuf;
 
-use nearrec::{Store, StoreConfig};
+use nearrec::{AsBatch, OwnedBatch, Store, StoreConfig, Tier};
 use tonic::Status;
 
 /// Stores by name; a request's empty name means the only one.
@@ -82,4 +82,27 @@ impl Stores {
             ))),
         }
     }
+}
+
+/// The most ids a lookup may hold and still run on an async worker (about a millisecond of
+/// pooling); larger ones go to a blocking thread, so that one request never holds a worker
+/// long.
+pub const INLINE_LOOKUPS: usize = 1 << 16;
+
+/// Whether a lookup of `lookups` ids on `store` runs on the async worker that decoded it:
+/// when every row is in DRAM (it never waits on a device) and it is small. Handing it to a
+/// blocking thread instead costs two thread switches per request — measured at a fifth of a
+/// DRAM node's throughput on one core (`nearrec bench serve`, docs/serving.md).
+pub fn inline(store: &Store, lookups: usize) -> bool {
+    store.tier() == Tier::Dram && lookups <= INLINE_LOOKUPS
+}
+
+/// The ids a batch looks up.
+pub fn lookups(batch: &OwnedBatch) -> usize {
+    batch
+        .as_batch()
+        .tables
+        .iter()
+        .map(|t| t.indices.len())
+        .sum()
 }
