@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use nearrec::{OwnedBatch, Store, StoreConfig};
-use nearrec_loadgen::{ClientCache, Mode, run};
+use nearrec_loadgen::{CachedTable, ClientCache, Mode, run};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -95,14 +95,17 @@ pub(crate) fn load_run<'py>(
             let mut c = ClientCache::default();
             for (table, (ids, rows)) in cache.unwrap_or_default() {
                 let rows = rows.as_array();
-                c.dims.insert(table.clone(), rows.ncols());
-                let held = ids
-                    .as_array()
-                    .iter()
-                    .zip(rows.rows())
-                    .map(|(&i, r)| (i, r.to_vec()))
-                    .collect();
-                c.rows.insert(table, held);
+                let ids: Vec<i64> = ids.as_array().iter().copied().collect();
+                if ids.len() != rows.nrows() {
+                    return Err(PyValueError::new_err(format!(
+                        "cache of {table}: {} ids for {} rows",
+                        ids.len(),
+                        rows.nrows()
+                    )));
+                }
+                let values = rows.iter().copied().collect();
+                c.tables
+                    .insert(table, CachedTable::new(rows.ncols(), &ids, values));
             }
             Mode::RawCached(Arc::new(c))
         }
