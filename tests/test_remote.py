@@ -153,9 +153,11 @@ def test_background_lookups_and_streams_come_back_in_order(served):
 
 
 def test_a_coalescing_node_answers_concurrent_small_lookups_as_if_each_ran_alone(store_path):
-    node = Node(f"{store_path}=s", "--coalesce-bags", "64", "--coalesce-window-us", "20000")
+    # lookups that read the device coalesce (DRAM-resident ones run at once, alone)
+    node = Node(f"{store_path}=s", "--tier", "ssd", "--dram-budget", "4KiB",
+                "--coalesce-bags", "64", "--coalesce-window-us", "20000")
     try:
-        local = nearrec.open(store_path)
+        local = nearrec.open(store_path, tier="ssd", dram_budget="4KiB")
         remote = nearrec.connect(node.address, "s")
         rng = np.random.default_rng(11)
         batches = [batch(rng, int(rng.integers(1, 6))) for _ in range(24)]

@@ -70,8 +70,8 @@ class ServeConfig:
     cdf_share: float = 0.7
     # clients: connections of one load generator, node and raw at cdf_share and past saturation
     client_counts: tuple[int, ...] = (1, 4, 16, 64)
-    # coalescing: requests of these many bags from coalesce_connections connections, the node
-    # with each setting (its `nearrec serve` flags)
+    # coalescing (SSD tier: DRAM-resident lookups do not coalesce): requests of these many bags
+    # from coalesce_connections connections, the node with each setting (its flags)
     coalesce_bags: tuple[int, ...] = (1, 4, 16, 64)
     coalesce_connections: int = 16
     coalesce_settings: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -350,9 +350,10 @@ def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
         records += _systems(cfg, tier, log)
         if cfg.pinned and (os.cpu_count() or 1) >= 2:
             records += _pinned(cfg, tier, log)
+        if name == "ssd":  # lookups that read a device are the ones that coalesce
+            records += _coalescing(cfg, tier, log)
         if name == "dram":
             records += _clients(cfg, tier, log)
-            records += _coalescing(cfg, tier, log)
             if cfg.wire and can_make_namespaces():
                 records += _systems(cfg, tier, log, wire=True)
             elif cfg.wire:
@@ -389,32 +390,37 @@ def _systems(cfg: ServeConfig, tier: Tier, log: Callable[[str], None], wire: boo
                 elif first is None or not np.allclose(first, ref, rtol=1e-4, atol=1e-5):
                     raise AssertionError(f"{system} answers differently from {systems[0]}")
             saturation = {}
-            for system in systems:
-                saturation[system], got = _saturation(cfg, drive, system)
-                log(f"{where}: {system} saturates at {saturation[system]:,.0f} requests/s "
+            for system, (rate, got) in _saturations(cfg, drive, systems).items():
+                saturation[system] = rate
+                log(f"{where}: {system} saturates at {rate:,.0f} requests/s "
                     f"(rounds {', '.join(f'{g:,.0f}' for g in got)})")
                 records.append(Record(f"{kind}-saturation", where, cfg.bags, "zipf", system,
-                                      saturation[system] * cfg.bags,
-                                      saturation[system] * cfg.bags * cfg.pooling * cfg.tables,
-                                      extra={"requests_per_s": saturation[system],
-                                             "rounds": got}))
+                                      rate * cfg.bags, rate * cfg.bags * cfg.pooling * cfg.tables,
+                                      extra={"requests_per_s": rate, "rounds": got}))
             base = saturation.get("raw", max(saturation.values()))
             for share in cfg.shares:
                 rate = share * base
-                for system in systems:
-                    before = stage_seconds(served.metrics) if system in ("node", "raw") else {}
-                    c = Cell(system, rate)
-                    for rnd in range(cfg.rounds):
-                        c.add(drive(system, rate, cfg.seconds, 200 + rnd))
+                cells = {system: Cell(system, rate) for system in systems}
+                spent: dict[str, dict[tuple[str, str], tuple[float, float]]] = {
+                    system: {} for system in systems}
+                # rounds interleaved across the systems, so that a drifting disk or a noisy
+                # neighbour falls on all of them alike
+                for rnd in range(cfg.rounds):
+                    for system in systems:
+                        before = stage_seconds(served.metrics) if system in ("node", "raw") \
+                            else None
+                        cells[system].add(drive(system, rate, cfg.seconds, 200 + rnd))
+                        if before is not None:
+                            _spend(spent[system], before, stage_seconds(served.metrics))
+                for system, c in cells.items():
                     log(f"{where}: {system} at {share:.0%} of raw's saturation ({rate:,.0f}/s): "
                         f"{c.summary()}")
                     extra = c.extra() | {"share_of_raw_saturation": share}
                     if abs(share - cfg.cdf_share) < 1e-9 and c.latencies:
                         every = np.concatenate(c.latencies)
                         extra["cdf_us"] = [float(np.percentile(every, q)) for q in CDF_POINTS]
-                        if before:
-                            extra["stages_us"] = _stages(before, stage_seconds(served.metrics),
-                                                         float(np.mean(every)))
+                        if spent[system]:
+                            extra["stages_us"] = _stages(spent[system], float(np.mean(every)))
                     records.append(Record(f"{kind}-load", where, cfg.bags, f"{share:.2f}", system,
                                           _median(c.served) * cfg.bags,
                                           _median(c.served) * cfg.bags * cfg.pooling * cfg.tables,
@@ -426,28 +432,30 @@ def _pinned(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[Re
     """The node and the embedded store each on CPU 1 alone, the load generator on CPU 0: the
     throughput each gets from the same core, the node's client not charged to it (on a shared
     pair of cores the load generator's gRPC client takes as much CPU as the node's server)."""
+    got: dict[str, list[float]] = {"node": [], "embedded": []}
+    one = replace(cfg, rounds=1)
+    with node(tier.path, "s", *tier.flags, cpus={1}) as served:
+        for rnd in range(cfg.rounds):  # interleaved, as everywhere
+            got["node"] += _pinned_rounds(one, tier, "pooled", served.address, 100 + rnd)
+            got["embedded"] += _pinned_rounds(one, tier, "embedded", "", 100 + rnd)
     records: list[Record] = []
-    for system in ("node", "embedded"):
-        if system == "node":
-            with node(tier.path, "s", *tier.flags, cpus={1}) as served:
-                got = _pinned_rounds(cfg, tier, "pooled", served.address)
-        else:
-            got = _pinned_rounds(cfg, tier, "embedded", "")
-        rate = _median(got)
+    for system, rounds in got.items():
+        rate = _median(rounds)
         log(f"{tier.name}: {system} on one core saturates at {rate:,.0f} requests/s "
-            f"(rounds {', '.join(f'{g:,.0f}' for g in got)})")
+            f"(rounds {', '.join(f'{g:,.0f}' for g in rounds)})")
         records.append(Record("serve-pinned", tier.name, cfg.bags, "zipf", system,
                               rate * cfg.bags, rate * cfg.bags * cfg.pooling * cfg.tables,
-                              extra={"requests_per_s": rate, "rounds": got}))
+                              extra={"requests_per_s": rate, "rounds": rounds}))
     return records
 
 
-def _pinned_rounds(cfg: ServeConfig, tier: Tier, mode: str, address: str) -> list[float]:
+def _pinned_rounds(cfg: ServeConfig, tier: Tier, mode: str, address: str, seed: int
+                   ) -> list[float]:
     """Saturation rounds from a load generator in a child process on CPU 0; in ``embedded``
     mode the child's store is on CPU 1 (its threads made there)."""
     job = {"cfg": {k: v for k, v in cfg.__dict__.items() if isinstance(v, int | float | str)},
            "path": str(tier.path), "rows": tier.rows, "config": tier.config, "mode": mode,
-           "address": address}
+           "address": address, "seed": seed}
     out = subprocess.run([sys.executable, "-c",
                           "import sys; from nearrec_bench.serve import pinned_child; "
                           "pinned_child(sys.argv[1])", json.dumps(job)],
@@ -483,39 +491,50 @@ def pinned_child(job_json: str) -> None:
     drive(20_000.0, min(cfg.saturation_seconds, 1.0), 99)  # warms the caches, not counted
     got = []
     for rnd in range(cfg.rounds):
-        out = drive(20_000.0, cfg.saturation_seconds, 100 + rnd)
+        out = drive(20_000.0, cfg.saturation_seconds, job["seed"] + rnd)
         got.append(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
     print(json.dumps(got))
 
 
-def _stages(before: dict[tuple[str, str], tuple[float, float]],
-            after: dict[tuple[str, str], tuple[float, float]], client_mean_us: float
+def _spend(spent: dict[tuple[str, str], tuple[float, float]],
+           before: dict[tuple[str, str], tuple[float, float]],
+           after: dict[tuple[str, str], tuple[float, float]]) -> None:
+    """Adds what the node's histograms grew by between two scrapes to ``spent``."""
+    for key, (s1, n1) in after.items():
+        s0, n0 = before.get(key, (0.0, 0.0))
+        s, n = spent.get(key, (0.0, 0.0))
+        spent[key] = (s + s1 - s0, n + n1 - n0)
+
+
+def _stages(spent: dict[tuple[str, str], tuple[float, float]], client_mean_us: float
             ) -> dict[str, float]:
-    """Mean µs per request of Lookup's stages between two scrapes (EMB-SSD's Fig. 8): waiting
+    """Mean µs per request of Lookup's stages over a system's runs (EMB-SSD's Fig. 8): waiting
     for the engine, the engine (route, reads, pooling), the rest of the node's handler
     (decoding, checks, the answer's message), and what is left of the client's latency
     (network, HTTP/2, the client's decoding and, for raw, its pooling)."""
     def mean(stage: str) -> float:
-        s0, n0 = before.get(("Lookup", stage), (0.0, 0.0))
-        s1, n1 = after.get(("Lookup", stage), (0.0, 0.0))
-        return 1e6 * (s1 - s0) / (n1 - n0) if n1 > n0 else 0.0
+        s, n = spent.get(("Lookup", stage), (0.0, 0.0))
+        return 1e6 * s / n if n else 0.0
 
     queue, engine, total = mean("queue"), mean("engine"), mean("total")
     return {"queue": queue, "engine": engine, "node": max(total - queue - engine, 0.0),
             "network+client": max(client_mean_us - total, 0.0)}
 
 
-def _saturation(cfg: ServeConfig, drive: Callable[..., dict[str, Any]], system: str,
-                connections: int | None = None, offered: float = 20_000.0
-                ) -> tuple[float, list[float]]:
-    """Answered requests/s under an offered load past the system's (median of rounds, after
-    one round that warms its caches and is not counted)."""
-    drive(system, offered, min(cfg.saturation_seconds, 1.0), 99, connections)
-    got = []
+def _saturations(cfg: ServeConfig, drive: Callable[..., dict[str, Any]], systems: list[str],
+                 connections: int | None = None, offered: float = 20_000.0
+                 ) -> dict[str, tuple[float, list[float]]]:
+    """Each system's answered requests/s under an offered load past it: the median of rounds
+    interleaved across the systems, after one round each that warms caches and is not
+    counted."""
+    for system in systems:
+        drive(system, offered, min(cfg.saturation_seconds, 1.0), 99, connections)
+    got: dict[str, list[float]] = {system: [] for system in systems}
     for rnd in range(cfg.rounds):
-        out = drive(system, offered, cfg.saturation_seconds, 100 + rnd, connections)
-        got.append(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
-    return _median(got), got
+        for system in systems:
+            out = drive(system, offered, cfg.saturation_seconds, 100 + rnd, connections)
+            got[system].append(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
+    return {system: (_median(g), g) for system, g in got.items()}
 
 
 def _clients(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[Record]:
@@ -524,14 +543,16 @@ def _clients(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[R
     records: list[Record] = []
     with node(tier.path, "s", *tier.flags) as served:
         drive = _driver(cfg, tier, served.address, "", None)
-        base, _ = _saturation(cfg, drive, "raw")
+        base, _ = _saturations(cfg, drive, ["raw"])["raw"]
         rate = cfg.cdf_share * base
         for connections in cfg.client_counts:
-            for system in ("node", "raw"):
-                sat, got = _saturation(cfg, drive, system, connections)
-                c = Cell(system, rate)
-                for rnd in range(cfg.rounds):
+            sats = _saturations(cfg, drive, ["node", "raw"], connections)
+            cells = {system: Cell(system, rate) for system in sats}
+            for rnd in range(cfg.rounds):
+                for system, c in cells.items():
                     c.add(drive(system, rate, cfg.seconds, 300 + rnd, connections))
+            for system, c in cells.items():
+                sat, got = sats[system]
                 log(f"clients: {system} with {connections} connections saturates at "
                     f"{sat:,.0f} requests/s; at {rate:,.0f}/s {c.summary()}")
                 records.append(Record("serve-clients", tier.name, cfg.bags, str(connections),
@@ -556,8 +577,8 @@ def _coalescing(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> lis
             with node(tier.path, "s", *tier.flags, *flags) as served:
                 drive = _driver(small, replace(tier, work=work), served.address, "", None)
                 # small requests go past 20k/s: offer more
-                sat, got = _saturation(small, drive, "node", cfg.coalesce_connections,
-                                       offered=100_000.0)
+                sat, got = _saturations(small, drive, ["node"], cfg.coalesce_connections,
+                                        offered=100_000.0)["node"]
                 if not rate:
                     rate = 0.5 * sat  # half the uncoalesced node's saturation
                 c = Cell("node", rate)
@@ -696,7 +717,7 @@ def markdown(records: list[Record], command: str) -> str:
     coalesce = [r for r in records if r.bench == "serve-coalesce"]
     if coalesce:
         conns = coalesce[0].extra["connections"]
-        lines += [f"**Coalescing** small requests ({conns} connections, DRAM tier): the node's "
+        lines += [f"**Coalescing** small requests ({conns} connections, SSD tier): the node's "
                   "saturation with each setting, and its latency at half the uncoalesced "
                   "node's saturation:", "",
                   "| bags / request | setting | saturation requests/s | × off | offered/s | "

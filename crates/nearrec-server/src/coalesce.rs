@@ -1,11 +1,13 @@
-//! Concurrent small pooled lookups on one store, run as one engine batch (`nearrec::coalesce`).
+//! Concurrent small pooled lookups on one store, run as one engine batch (`nearrec::coalesce`):
+//! one route, one fan-out to the workers and one set of device reads for all of them. Only
+//! lookups that read a device coalesce (`crate::stores::inline`: a DRAM-resident lookup costs
+//! its transport, not the engine, and runs at once; measured in `nearrec bench serve`).
 //!
 //! A request of fewer than `coalesce_bags` bags takes its place in the node (the same queue
 //! slots as every request, so a full node still refuses it) and joins its store's gatherer. The
 //! gatherer waits for an engine slot — requests pile up meanwhile — then takes every request
 //! already waiting and, until `coalesce_window` after the first arrived, those that come, up to
-//! `coalesce_bags` bags, and runs them as one batch per [`Shape`] (on a blocking thread, or on a
-//! worker where a lookup alone would run there: `crate::stores::inline`). Each
+//! `coalesce_bags` bags, and runs them on a blocking thread as one batch per [`Shape`]. Each
 //! request keeps its own deadline and answer: one whose deadline passed or whose client left is
 //! dropped before the batch runs, and a batch that fails runs its requests alone, so that each
 //! error names its own table and positions.
@@ -19,7 +21,6 @@ use tonic::Status;
 
 use crate::admission::{Admission, Slot};
 use crate::metrics::Metrics;
-use crate::stores::{inline, lookups};
 
 /// A pooled answer and the store version it was read at.
 pub type Answer = Result<(Pooled, u64), Status>;
@@ -165,18 +166,11 @@ async fn gather(
             bags += w.bags;
             group.push(w);
         }
-        // on a worker when it never waits on a device (as a lookup alone would be)
-        let on_worker = inline(&store, group.iter().map(|w| lookups(&w.batch)).sum());
         let (store, metrics) = (store.clone(), metrics.clone());
-        let job = move || {
+        tokio::task::spawn_blocking(move || {
             let _run = run;
             serve(&store, group, &metrics);
-        };
-        if on_worker {
-            tokio::spawn(async move { job() });
-        } else {
-            tokio::task::spawn_blocking(job);
-        }
+        });
     }
 }
 

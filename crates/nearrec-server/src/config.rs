@@ -16,8 +16,9 @@ pub struct NodeConfig {
     pub max_queued: usize,
     /// The largest request or answer, in bytes.
     pub max_message_bytes: usize,
-    /// Pooled lookups of fewer bags than this are coalesced with others on the same store into
-    /// engine batches of up to this many bags (`crate::coalesce`); 0: never.
+    /// Pooled lookups of fewer bags than this that read a device (not DRAM-resident) are
+    /// coalesced with others on the same store into engine batches of up to this many bags
+    /// (`crate::coalesce`); 0: never.
     pub coalesce_bags: usize,
     /// How long the first request of an engine batch waits for others to join it (besides the
     /// wait for an engine slot, during which they gather anyway).
@@ -66,10 +67,10 @@ impl Default for NodeConfig {
             max_in_flight: 8,
             max_queued: 256,
             max_message_bytes: 64 << 20,
-            // measured (`nearrec bench serve`, docs/serving.md): requests of a few bags gain
-            // 10–25 % of throughput; a 64-bag request is a full engine batch already and
-            // merging it only costs copies, so it runs alone. Waiting for company costs
-            // latency at moderate load and gains little: nothing waits by default
+            // measured (`nearrec bench serve`, docs/serving.md): on the SSD tier requests of
+            // 1–16 bags gain up to a third of throughput coalesced; a 64-bag request is a full
+            // engine batch already and merging it only costs copies, so it runs alone. Waiting
+            // for company costs latency at moderate load and gains little: nothing waits
             coalesce_bags: 64,
             coalesce_window: Duration::ZERO,
             drain_timeout: Duration::from_secs(30),

@@ -166,7 +166,10 @@ impl NodeService {
         let batch = convert::batch(&req.tables).map_err(bad)?;
         let limit = self.0.config.max_message_bytes;
         let (id, raw) = (req.id, req.raw);
-        if !raw {
+        let inline = inline(&store, lookups(&batch));
+        // small lookups that read a device coalesce (on DRAM-resident tables the transport,
+        // not the engine, is what a request costs: they run at once)
+        if !raw && !inline {
             let bags = batch
                 .as_batch()
                 .tables
@@ -180,7 +183,6 @@ impl NodeService {
                 return Ok(convert::pooled(id, version, pooled));
             }
         }
-        let inline = inline(&store, lookups(&batch));
         self.run(call, deadline, inline, move || {
             lookup(&store, id, raw, &batch, limit)
         })
