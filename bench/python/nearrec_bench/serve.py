@@ -76,8 +76,8 @@ class ServeConfig:
     coalesce_connections: int = 16
     coalesce_settings: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("off", ("--coalesce-bags", "0")),
-        ("64 bags, no wait (default)", ("--coalesce-bags", "64")),
-        ("256 bags, no wait", ("--coalesce-bags", "256")),
+        ("64 bags, no wait", ("--coalesce-bags", "64")),
+        ("256 bags, no wait (default)", ("--coalesce-bags", "256")),
         ("64 bags, 200 µs", ("--coalesce-bags", "64", "--coalesce-window-us", "200")))
     # the wire: the node (and Redis) in a network namespace behind a veth pair limited to this
     # rate with tc (skipped where namespaces cannot be made)
