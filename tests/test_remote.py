@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,31 +51,24 @@ class Node:
 
     def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         """The node's metrics as Prometheus's own parser reads them: family → samples."""
-        import urllib.request
-
-        from prometheus_client.parser import text_string_to_metric_families
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
-            text = r.read().decode()
-        return {f.name: [(s.labels, s.value) for s in f.samples]
-                for f in text_string_to_metric_families(text)}
+        return {f.name: [(s.labels, s.value) for s in f.samples] for f in self._families()}
 
     def histogram(self, family: str) -> dict[str, float]:
         """A histogram's ``count`` and ``sum`` (all labels together)."""
         out = {"count": 0.0, "sum": 0.0}
-        for _, value, name in self._samples(family):
-            kind = name.removeprefix(family + "_")
-            if kind in out:
-                out[kind] += value
+        for f in self._families():
+            for s in f.samples if f.name == family else ():
+                kind = s.name.removeprefix(family + "_")
+                if kind in out:
+                    out[kind] += s.value
         return out
 
-    def _samples(self, family: str) -> list[tuple[dict[str, str], float, str]]:
+    def _families(self) -> list[Any]:
         import urllib.request
 
         from prometheus_client.parser import text_string_to_metric_families
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
-            text = r.read().decode()
-        return [(s.labels, s.value, s.name) for f in text_string_to_metric_families(text)
-                if f.name == family for s in f.samples]
+            return list(text_string_to_metric_families(r.read().decode()))
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

@@ -618,8 +618,9 @@ def parser() -> argparse.ArgumentParser:
                          "(RESOURCE_EXHAUSTED)")
     sv.add_argument("--max-message-bytes", type=int, default=node["max_message_bytes"])
     sv.add_argument("--coalesce-bags", type=int, default=node["coalesce_bags"],
-                    help="pooled lookups of fewer bags are coalesced with others into engine "
-                         "batches of up to this many bags (0: never; see docs/serving.md)")
+                    help="pooled lookups of fewer bags that read a device (not DRAM-resident) "
+                         "are coalesced with others into engine batches of up to this many bags "
+                         "(0: never; see docs/serving.md)")
     sv.add_argument("--coalesce-window-us", type=int, default=node["coalesce_window_us"],
                     help="microseconds the first request of a coalesced batch waits for others "
                          "(besides waiting for an engine slot)")

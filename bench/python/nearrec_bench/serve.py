@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -274,7 +274,7 @@ class Cell:
             self.p99.append(float(np.percentile(lat, 99)))
             self.p999.append(float(np.percentile(lat, 99.9)))
             self.latencies.append(np.asarray(lat))
-        self.served.append(len(lat) / max(out["seconds"], 1e-9))
+        self.served.append(_answered_per_s(out))
         self.failed += out["failed"]
         self.dropped += out["dropped"]
         self.wire += out["wire_bytes"]
@@ -325,21 +325,34 @@ def _tier(cfg: ServeConfig, tier: str, log: Callable[[str], None]) -> Tier:
     path = cfg.scratch / f"serve-{tier}-{rows}"
     log(f"{tier}: building {cfg.tables} tables × {rows:,} rows × {cfg.dim}")
     tables = build_store(cfg, path, rows)
-    perms = [np.random.default_rng(cfg.seed + 10 + t).permutation(rows)
-             for t in range(cfg.tables)]
+    perms, work = requests(cfg, rows)
     table_bytes = cfg.tables * rows * cfg.dim * 4
     config = 'tier = "dram"' if tier == "dram" else \
         f'tier = "ssd"\ndram_budget = {table_bytes // 4}'
     flags = ["--tier", tier] + ([] if tier == "dram" else ["--dram-budget",
                                                           str(table_bytes // 4)])
     # the client's cache: each table's 25 % hottest rows (the head of its Zipf ranking)
-    head = rows // 4
-    cache = {f"t{t}": (np.sort(perms[t][:head]).astype(np.int64),
-                       tables[f"t{t}"][np.sort(perms[t][:head])])
-             for t in range(cfg.tables)}
-    return Tier(tier, path, rows, batches(cfg, rows, perms), perms, flags, config, cache,
-                tables if tier == "dram" else None,
-                {f"t{t}": cfg.dim for t in range(cfg.tables)})
+    heads = [np.sort(perms[t][:rows // 4]).astype(np.int64) for t in range(cfg.tables)]
+    cache = {f"t{t}": (heads[t], tables[f"t{t}"][heads[t]]) for t in range(cfg.tables)}
+    return Tier(tier, path, rows, work, perms, flags, config, cache,
+                tables if tier == "dram" else None, dims(cfg))
+
+
+def requests(cfg: ServeConfig, rows: int) -> tuple[list[np.ndarray], list[Batch]]:
+    """Each table's Zipf ranking of its rows and the batches every system is driven with (the
+    same for a given configuration, in any process)."""
+    perms = [np.random.default_rng(cfg.seed + 10 + t).permutation(rows)
+             for t in range(cfg.tables)]
+    return perms, batches(cfg, rows, perms)
+
+
+def dims(cfg: ServeConfig) -> dict[str, int]:
+    return {f"t{t}": cfg.dim for t in range(cfg.tables)}
+
+
+def _answered_per_s(out: dict[str, Any]) -> float:
+    """A run's answered requests per second."""
+    return float(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
 
 
 def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
@@ -372,7 +385,7 @@ def _systems(cfg: ServeConfig, tier: Tier, log: Callable[[str], None], wire: boo
     kind = "serve-wire" if wire else "serve"
     systems = [s for s in cfg.systems if not (s == "redis" and tier.tables is None)
                and not (wire and s == "embedded")]
-    with (namespace(cfg.wire_rate) if wire else _nothing()) as ns:
+    with namespace(cfg.wire_rate) if wire else nullcontext() as ns:
         netns, host = ns if ns else (None, "127.0.0.1")
         embedded = None if wire else _native.EmbeddedStore(str(tier.path), tier.config)
         with node(tier.path, "s", *tier.flags, netns=netns, host=host) as served, \
@@ -470,16 +483,12 @@ def pinned_child(job_json: str) -> None:
     """The child of :func:`_pinned_rounds`: prints each round's answered requests/s."""
     job = json.loads(job_json)
     cfg = replace(ServeConfig(), **job["cfg"])
-    rows = job["rows"]
-    perms = [np.random.default_rng(cfg.seed + 10 + t).permutation(rows)
-             for t in range(cfg.tables)]
-    work = batches(cfg, rows, perms)
-    dims = {f"t{t}": cfg.dim for t in range(cfg.tables)}
+    _, work = requests(cfg, job["rows"])
 
     def drive(rate: float, seconds: float, seed: int) -> dict[str, Any]:
         return _native.load_run(job["mode"], work, rate, seconds, target=job["address"],
                                 store="s", connections=cfg.connections, seed=seed, cache=None,
-                                embedded=embedded, dims=dims)
+                                embedded=embedded, dims=dims(cfg))
 
     embedded = None
     if job["mode"] == "embedded":
@@ -491,8 +500,7 @@ def pinned_child(job_json: str) -> None:
     drive(20_000.0, min(cfg.saturation_seconds, 1.0), 99)  # warms the caches, not counted
     got = []
     for rnd in range(cfg.rounds):
-        out = drive(20_000.0, cfg.saturation_seconds, job["seed"] + rnd)
-        got.append(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
+        got.append(_answered_per_s(drive(20_000.0, cfg.saturation_seconds, job["seed"] + rnd)))
     print(json.dumps(got))
 
 
@@ -533,7 +541,7 @@ def _saturations(cfg: ServeConfig, drive: Callable[..., dict[str, Any]], systems
     for rnd in range(cfg.rounds):
         for system in systems:
             out = drive(system, offered, cfg.saturation_seconds, 100 + rnd, connections)
-            got[system].append(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
+            got[system].append(_answered_per_s(out))
     return {system: (_median(g), g) for system, g in got.items()}
 
 
@@ -611,11 +619,6 @@ def _driver(cfg: ServeConfig, tier: Tier, address: str, redis: str, embedded: An
             embedded=embedded if system == "embedded" else None, dims=tier.dims)
 
     return drive
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
 
 
 @contextmanager

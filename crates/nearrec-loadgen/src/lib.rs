@@ -382,7 +382,7 @@ async fn lookup_call(
 }
 
 /// Loads `tables` (name → `[rows, dim]` float32, row-major) into the Redis server at `target`,
-/// each row a value `TABLE:ID`, in pipelines of `chunk` rows.
+/// each row a value `TABLE:ID`, in pipelines of 4,096 rows.
 pub fn load_redis(target: &str, tables: &[(String, usize, &[f32])]) -> Result<(), String> {
     let client = redis::Client::open(format!("redis://{target}/")).map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Builder::new_current_thread()

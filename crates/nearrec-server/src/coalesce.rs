@@ -193,23 +193,23 @@ fn serve(store: &Store, group: Vec<Waiting>, metrics: &Metrics) {
     for (_, ws) in shapes {
         let start = Instant::now();
         metrics.batch_requests.observe(ws.len() as f64);
-        let answers = together(store, &ws).unwrap_or_else(|| {
-            ws.iter()
-                .map(|w| {
-                    let snapshot = store.snapshot();
-                    store
-                        .lookup_at(&w.batch.as_batch(), &snapshot)
-                        .map(|p| (p, snapshot.version()))
-                        .map_err(|e| nearrec_wire::status_of(&e))
-                })
-                .collect()
-        });
+        let answers = together(store, &ws)
+            .unwrap_or_else(|| ws.iter().map(|w| alone(store, &w.batch)).collect());
         let seconds = start.elapsed().as_secs_f64();
         for (w, answer) in ws.into_iter().zip(answers) {
             metrics.stage(w.call, "engine", seconds);
             let _ = w.reply.send(answer);
         }
     }
+}
+
+/// One request's answer, run by itself.
+fn alone(store: &Store, batch: &OwnedBatch) -> Answer {
+    let snapshot = store.snapshot();
+    store
+        .lookup_at(&batch.as_batch(), &snapshot)
+        .map(|p| (p, snapshot.version()))
+        .map_err(|e| nearrec_wire::status_of(&e))
 }
 
 /// The group's answers from one engine batch; `None` when they cannot run as one (or the batch

@@ -54,8 +54,8 @@ struct Args {
     /// The largest request or answer, in bytes.
     #[arg(long, default_value_t = NodeConfig::default().max_message_bytes)]
     max_message_bytes: usize,
-    /// Pooled lookups of fewer bags are coalesced into engine batches of up to this many bags
-    /// (0: never).
+    /// Pooled lookups of fewer bags that read a device (not DRAM-resident) are coalesced into
+    /// engine batches of up to this many bags (0: never).
     #[arg(long, default_value_t = NodeConfig::default().coalesce_bags)]
     coalesce_bags: usize,
     /// Microseconds the first request of a coalesced batch waits for others.

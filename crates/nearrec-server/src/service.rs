@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::acl::{Permission, Principal};
 use crate::admission::deadline;
 use crate::node::Shared;
-use crate::stores::{inline, lookups};
+use crate::stores::inline;
 
 /// The caller of one call: its principal, or anyone when the node has no ACL.
 #[derive(Debug, Clone)]
@@ -166,16 +166,15 @@ impl NodeService {
         let batch = convert::batch(&req.tables).map_err(bad)?;
         let limit = self.0.config.max_message_bytes;
         let (id, raw) = (req.id, req.raw);
-        let inline = inline(&store, lookups(&batch));
+        let (lookups, bags) = {
+            let view = batch.as_batch();
+            let lookups: usize = view.tables.iter().map(|t| t.indices.len()).sum();
+            (lookups, view.tables.iter().map(|t| t.declared_bags()).max())
+        };
+        let inline = inline(&store, lookups);
         // small lookups that read a device coalesce (on DRAM-resident tables the transport,
         // not the engine, is what a request costs: they run at once)
         if !raw && !inline {
-            let bags = batch
-                .as_batch()
-                .tables
-                .iter()
-                .map(|t| t.declared_bags())
-                .max();
             let coalescer = &self.0.coalescers[name];
             if let Some(bags) = bags.filter(|&b| coalescer.takes(b)) {
                 answer_fits(&store, &batch.as_batch(), limit).map_err(bad)?;

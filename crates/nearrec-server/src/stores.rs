@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use std::path::PathBuf;
 
-use nearrec::{AsBatch, OwnedBatch, Store, StoreConfig, Tier};
+use nearrec::{Store, StoreConfig, Tier};
 use tonic::Status;
 
 /// Stores by name; a request's empty name means the only one.
@@ -95,14 +95,4 @@ pub const INLINE_LOOKUPS: usize = 1 << 16;
 /// DRAM node's throughput on one core (`nearrec bench serve`, docs/serving.md).
 pub fn inline(store: &Store, lookups: usize) -> bool {
     store.tier() == Tier::Dram && lookups <= INLINE_LOOKUPS
-}
-
-/// The ids a batch looks up.
-pub fn lookups(batch: &OwnedBatch) -> usize {
-    batch
-        .as_batch()
-        .tables
-        .iter()
-        .map(|t| t.indices.len())
-        .sum()
 }
