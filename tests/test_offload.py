@@ -54,8 +54,10 @@ def test_offload_equals_the_pytorch_model(tmp_path, name, options, tier):
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6)
         times = off.last_times
-        assert set(times) == {"total", "embeddings", "dense", "blocks", "finish"}
+        assert set(times) == {"total", "embeddings", "dense", "blocks", "finish", "route",
+                              "io_wait", "pool"}
         assert 0 < times["embeddings"] <= times["total"]
+        assert 0 < times["route"] + times["io_wait"] + times["pool"] <= times["embeddings"]
 
 
 def test_the_stored_model_runs_through_store_infer(tmp_path):
@@ -94,7 +96,8 @@ def test_pipelined_offload_equals_forward(tmp_path, tier):
         for got, w in zip(res.outputs, want, strict=True):
             torch.testing.assert_close(got, w, rtol=1e-4, atol=2e-6)
         assert {"embedding_wait", "engine.embeddings", "engine.dense", "engine.blocks",
-                "engine.finish"} == set(res.breakdown)
+                "engine.finish", "engine.route", "engine.io_wait",
+                "engine.pool"} == set(res.breakdown)
         assert res.breakdown["engine.dense"] > 0
         parts = 5 if sub is None else 5 * 4  # 16 samples in parts of 5, 5, 5, 1
         assert len(res.latencies) == len(res.finished) == parts

@@ -298,9 +298,9 @@ class Offloaded(nn.Module):
     bottom MLP, the interaction and the top MLP run next to the embeddings and only the
     outputs come back. Each table's slice of the first top layer is multiplied as soon as its
     rows are in, while other tables' reads are out. ``last_times`` holds the seconds per part of
-    the last call (``total``, ``embeddings``, ``dense``, ``blocks``, ``finish``; see
-    ``nearrec_engine::InferTimes``). The weights are copied at construction: offload again
-    after changing them.
+    the last call (``total``, ``embeddings``, ``dense``, ``blocks``, ``finish``, and the
+    embeddings' ``route``, ``io_wait`` and ``pool``; see ``nearrec_engine::InferTimes``). The
+    weights are copied at construction: offload again after changing them.
 
     DLRM (RMC1–3, cat and dot), WND, MTWND and NCF; DIN's per-table attention and DIEN's RNN
     have no engine twin yet."""
@@ -445,7 +445,8 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
     one part of a large request overlap the MLPs of another); outputs come back one per
     batch. An :class:`Offloaded` model runs whole in the engine: the next batches are in
     flight while the caller takes the current one's outputs, and the breakdown gives the
-    engine's parts (``engine.*``, thread time; its dense work overlaps the reads)."""
+    engine's parts (``engine.*``: ``dense`` and ``blocks`` are thread time overlapping the
+    reads; ``route``, ``io_wait`` and ``pool`` split ``embeddings``)."""
     depth = count(depth, "depth", 0)
     if sub_batch is not None:
         sub_batch = count(sub_batch, "sub_batch")

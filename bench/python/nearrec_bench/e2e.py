@@ -562,8 +562,9 @@ def markdown(records: list[Record], command: str) -> str:
                                       f"{cell[s].p50_us / 1e3:,.1f} / {cell[s].p99_us / 1e3:,.1f}"
                                       for s in ("ssds", "nearrec.serial", "nearrec",
                                                 "offload.serial", "offload")) + " |")
-    lines += ["", "Where the time goes at batch 64, per batch (µs; `engine.*` are thread times, "
-              "overlapping the reads):", ""]
+    lines += ["", "Where the time goes at batch 64, per batch (µs; `engine.dense` and "
+              "`engine.blocks` are thread times, overlapping the reads; `engine.route`, "
+              "`engine.io_wait` and `engine.pool` split `engine.embeddings`):", ""]
     for model, batch, place in keys:
         if batch != 64:
             continue

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::AcqRel;
+use std::time::Instant;
 
 use nearrec_format::{AlignedBuf, ProgressFn, SectorSums, StoreReader, TableMeta};
 use nearrec_kernels::{BagsOut, IndexError, PoolJob, RowIndex, RowPatch, TableView};
@@ -18,7 +19,7 @@ use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
 use crate::request::{Bags, Batch, Checked, Indices, TableLookup, check};
 use crate::ssd::{SsdJob, SsdTier};
-use crate::stats::IoStats;
+use crate::stats::{IoStats, Stages};
 use crate::tiers::{self, TierReport};
 use nearrec_format::Memory;
 use nearrec_io::{Workers, fork_gate};
@@ -474,7 +475,7 @@ impl Engine {
                 },
             )]);
             let prepared = self.prepare(&req)?;
-            return self.run(&req, &prepared, out, None, deltas);
+            return self.run(&req, &prepared, out, None, deltas).map(drop);
         }
         let view = self.view(id);
         let patch = deltas.patch(id, Indices::I64(rows), 0..rows.len(), meta.rows);
@@ -585,8 +586,8 @@ impl Engine {
     }
 
     /// Pools `req` into `out`, a row-major `[batch, width]` matrix (`prepared` from [`Self::prepare`]
-    /// on the same request).
-    pub fn execute(&self, req: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
+    /// on the same request). Returns where the batch's time went.
+    pub fn execute(&self, req: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<Stages> {
         self.execute_at(req, prepared, out, DeltaView::NONE)
     }
 
@@ -598,7 +599,7 @@ impl Engine {
         prepared: &Prepared,
         out: &mut [f32],
         deltas: DeltaView<'_>,
-    ) -> Result<()> {
+    ) -> Result<Stages> {
         let _inside = fork_gate();
         self.run(req, prepared, out, None, deltas)
     }
@@ -613,7 +614,7 @@ impl Engine {
         out: &mut [f32],
         ready: Option<&Ready<'_>>,
         deltas: DeltaView<'_>,
-    ) -> Result<()> {
+    ) -> Result<Stages> {
         assert_eq!(
             out.len(),
             prepared.batch * prepared.width,
@@ -632,8 +633,9 @@ impl Engine {
             "prepared for another request"
         );
         if prepared.batch == 0 || prepared.width == 0 {
-            return Ok(());
+            return Ok(Stages::default());
         }
+        let mut stages = Stages::default();
         if let Some(ssd) = &self.ssd {
             // tables kept whole in DRAM go through the DRAM path below; the rest read from SSD
             let jobs: Vec<SsdJob<'_>> = prepared
@@ -655,7 +657,7 @@ impl Engine {
             if !jobs.is_empty() {
                 let workers =
                     (prepared.lookups > self.config.inline_lookups).then_some(&*self.workers);
-                ssd.execute(&jobs, prepared.batch, prepared.width, out, workers, ready)?;
+                stages = ssd.execute(&jobs, prepared.batch, prepared.width, out, workers, ready)?;
             }
         }
         // Tasks: runs of bags of one table, about `task_lookups` lookups each.
@@ -688,6 +690,7 @@ impl Engine {
             *left[k].get_mut() += 1;
         }
         let cells = Cells::new(out, prepared.batch, prepared.width);
+        let pooling = Instant::now();
         let run = |&(k, b0, b1): &(usize, usize, usize)| {
             let (id, col, checked) = &prepared.tables[k];
             let dim = self.tables[*id].dim as usize;
@@ -705,18 +708,22 @@ impl Engine {
                 // their own columns.
                 ready(k, unsafe { cells.block(*col, dim) });
             }
-            Ok(())
+            Ok::<_, EngineError>(())
         };
         if prepared.lookups <= self.config.inline_lookups
             || self.workers.threads() == 1
             || tasks.len() <= 1
         {
-            tasks.iter().try_for_each(run)
+            tasks.iter().try_for_each(run)?;
         } else {
             self.workers
                 .get()?
-                .install(|| tasks.par_iter().try_for_each(run))
+                .install(|| tasks.par_iter().try_for_each(run))?;
         }
+        if !tasks.is_empty() {
+            stages.pool += pooling.elapsed();
+        }
+        Ok(stages)
     }
 
     /// Validates and pools `req` into a new `[batch, width]` vector.

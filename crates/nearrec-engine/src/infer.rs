@@ -12,6 +12,7 @@ use crate::dense::{DenseModel, Early, ModelError};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::request::Batch;
+use crate::stats::Stages;
 
 /// Where the time of one [`Engine::infer`] went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -29,6 +30,8 @@ pub struct InferTimes {
     /// Wall time after the last block: the interaction where it needs every table, and the
     /// layers above the first.
     pub finish: Duration,
+    /// Where the embeddings' time went (validating the request counted as routing).
+    pub stages: Stages,
 }
 
 impl Engine {
@@ -55,6 +58,7 @@ impl Engine {
         let _inside = nearrec_io::fork_gate();
         let start = Instant::now();
         let prepared = self.prepare(req)?;
+        let prepare = start.elapsed();
         let batch = prepared.batch();
         self.check_model(model, req, dense.len(), batch)?;
         let mut pooled = vec![0f32; batch * prepared.width()];
@@ -85,7 +89,8 @@ impl Engine {
             (res, start.elapsed())
         });
         let (res, embeddings) = embeddings;
-        res?;
+        let mut stages = res?;
+        stages.route += prepare;
         let last = Instant::now();
         let parts = parts.iter().map(|p| lock(p).take()).collect();
         let early = std::mem::take(&mut *lock(&early));
@@ -99,6 +104,7 @@ impl Engine {
                 dense: dense_t,
                 blocks,
                 finish: last.elapsed(),
+                stages,
             },
         ))
     }

@@ -27,5 +27,5 @@ pub use error::{EngineError, Result};
 pub use infer::InferTimes;
 pub use nearrec_format::Memory;
 pub use request::{Bags, Batch, Indices, PoolingMode, TableLookup};
-pub use stats::{Histogram, IoStats};
+pub use stats::{Histogram, IoStats, Stages};
 pub use tiers::TierReport;

@@ -29,7 +29,7 @@ use crate::delta::DeltaView;
 use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
 use crate::request::{Checked, PoolingMode, TableLookup};
-use crate::stats::IoStats;
+use crate::stats::{IoStats, Stages};
 use crate::tiers::DramTiers;
 
 /// Tables served from their files ([`TableFiles`]) behind their DRAM tiers.
@@ -200,7 +200,7 @@ impl SsdTier {
         out: &mut [f32],
         workers: Option<&Workers>,
         ready: Option<&Ready<'_>>,
-    ) -> Result<()> {
+    ) -> Result<Stages> {
         let start = Instant::now();
         let files = self.files();
         let files = files.as_ref();
@@ -219,6 +219,7 @@ impl SsdTier {
             }
         }
         let cells = Cells::new(out, batch, width);
+        let serving = Instant::now();
         let serve = |(job, r): (&SsdJob<'_>, &mut Routed)| {
             serve_patch(job, r, batch, &cells);
             r.misses = self.serve_dram(job, r, &cells);
@@ -229,6 +230,7 @@ impl SsdTier {
                 .install(|| jobs.par_iter().zip(routed.par_iter_mut()).for_each(serve)),
             _ => jobs.iter().zip(routed.iter_mut()).for_each(serve),
         }
+        let served = serving.elapsed(); // the DRAM tiers' hits pooled
         let finish = |j: &SsdJob<'_>, r: &Routed| {
             let dim = j.meta.dim as usize;
             for (b, &count) in r.counts.iter().enumerate() {
@@ -264,10 +266,11 @@ impl SsdTier {
             total: bytes,
         } = self.plan(files, jobs, &routed);
         let route_done = Instant::now();
-        self.stats.route.record(route_done - start);
+        let route = (route_done - start).saturating_sub(served);
+        self.stats.route.record(route);
 
         let mut buf = files.buffer(bytes);
-        let mut pooling = std::time::Duration::ZERO;
+        let mut pooling = served;
         let mut bad: Option<(usize, u64)> = None; // (read, sector's data-region offset)
         let res =
             files
@@ -316,15 +319,16 @@ impl SsdTier {
             let job = job.expect("a read of a job's table");
             return Err(files.corrupted(job.id, job.meta, at, row));
         }
-        let io_done = Instant::now();
-        self.stats.pool.record(pooling);
-        self.stats
-            .io_wait
-            .record((io_done - route_done).saturating_sub(pooling));
-
+        let stages = Stages {
+            route,
+            io_wait: (route_done.elapsed()).saturating_sub(pooling - served),
+            pool: pooling,
+        };
+        self.stats.pool.record(stages.pool);
+        self.stats.io_wait.record(stages.io_wait);
         self.account(jobs, &routed, &reads, bytes);
         self.stats.end_to_end.record(start.elapsed());
-        Ok(())
+        Ok(stages)
     }
 
     /// Reads for every distinct row, in file order: the aligned blocks that hold it, merged with

@@ -72,6 +72,29 @@ impl Histogram {
     }
 }
 
+/// Where one batch's wall time went, as its caller saw it (the storage node times each request's
+/// stages with it; [`IoStats`] keeps the SSD tier's across batches).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stages {
+    /// Validation, de-duplication and read planning.
+    pub route: Duration,
+    /// Waiting for the device (zero when no row was read from it).
+    pub io_wait: Duration,
+    /// Pooling: the DRAM tiers' rows and the device's as they land.
+    pub pool: Duration,
+}
+
+impl std::ops::Add for Stages {
+    type Output = Stages;
+    fn add(self, other: Stages) -> Stages {
+        Stages {
+            route: self.route + other.route,
+            io_wait: self.io_wait + other.io_wait,
+            pool: self.pool + other.pool,
+        }
+    }
+}
+
 /// Counters of the SSD tier since the store was opened.
 #[derive(Debug, Default)]
 pub struct IoStats {

@@ -4,6 +4,7 @@
 //! requests that do not fit the model are typed errors.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nearrec_engine::dense::{Activation, DenseModel, Interaction, Linear, Mlp};
 use nearrec_engine::{Bags, Batch, Engine, EngineConfig, EngineError, Indices, TableLookup, Tier};
@@ -311,6 +312,21 @@ fn offload_matches_the_plain_model_on_every_tier() {
                     );
                 }
                 assert!(times.total >= times.embeddings, "{times:?}");
+                // the embeddings' stages are parts of their wall time; only the SSD tier waits
+                let s = times.stages;
+                assert!(
+                    s.route + s.io_wait + s.pool <= times.embeddings,
+                    "{times:?}"
+                );
+                assert!(
+                    s.route > Duration::ZERO && s.pool > Duration::ZERO,
+                    "{times:?}"
+                );
+                assert_eq!(
+                    tier == "dram",
+                    s.io_wait == Duration::ZERO,
+                    "{tier} {times:?}"
+                );
             }
         }
     }

@@ -196,7 +196,8 @@ impl NativeStore {
     /// Runs a model on one batch (whole-model offload): `model` (None: the one kept with the
     /// store, its inputs matched to `lookups` by table name; else the lookups in its input
     /// order), `dense` `[batch, dense_width]` float32 or None. Returns the `[batch, outputs]`
-    /// output and the seconds per part (`total`, `embeddings`, `dense`, `blocks`, `finish`).
+    /// output and the seconds per part (`total`, `embeddings`, `dense`, `blocks`, `finish`, and
+    /// the embeddings' `route`, `io_wait`, `pool`).
     #[pyo3(signature = (model, dense, lookups))]
     fn infer<'py>(
         &self,
@@ -221,6 +222,9 @@ impl NativeStore {
             ("dense", t.dense.as_secs_f64()),
             ("blocks", t.blocks.as_secs_f64()),
             ("finish", t.finish.as_secs_f64()),
+            ("route", t.stages.route.as_secs_f64()),
+            ("io_wait", t.stages.io_wait.as_secs_f64()),
+            ("pool", t.stages.pool.as_secs_f64()),
         ];
         Ok((array, times))
     }

@@ -15,7 +15,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use nearrec::{AsBatch, OwnedBatch, Pooled, Shape, Store, coalesce};
+use nearrec::{AsBatch, OwnedBatch, Pooled, Shape, Stages, Store, coalesce};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
@@ -193,38 +193,43 @@ fn serve(store: &Store, group: Vec<Waiting>, metrics: &Metrics) {
     for (_, ws) in shapes {
         let start = Instant::now();
         metrics.batch_requests.observe(ws.len() as f64);
-        let answers = together(store, &ws)
-            .unwrap_or_else(|| ws.iter().map(|w| alone(store, &w.batch)).collect());
+        // each request of a coalesced batch spent the batch's stages
+        let answers: Vec<(Answer, Stages)> = match together(store, &ws) {
+            Some((answers, stages)) => answers.into_iter().map(|a| (a, stages)).collect(),
+            None => ws.iter().map(|w| alone(store, &w.batch)).collect(),
+        };
         let seconds = start.elapsed().as_secs_f64();
-        for (w, answer) in ws.into_iter().zip(answers) {
+        for (w, (answer, stages)) in ws.into_iter().zip(answers) {
             metrics.stage(w.call, "engine", seconds);
+            if answer.is_ok() {
+                metrics.stages(w.call, &stages);
+            }
             let _ = w.reply.send(answer);
         }
     }
 }
 
-/// One request's answer, run by itself.
-fn alone(store: &Store, batch: &OwnedBatch) -> Answer {
+/// One request's answer, run by itself, and where its time went.
+fn alone(store: &Store, batch: &OwnedBatch) -> (Answer, Stages) {
     let snapshot = store.snapshot();
-    store
-        .lookup_at(&batch.as_batch(), &snapshot)
-        .map(|p| (p, snapshot.version()))
-        .map_err(|e| nearrec_wire::status_of(&e))
+    match store.lookup_at(&batch.as_batch(), &snapshot) {
+        Ok((pooled, stages)) => (Ok((pooled, snapshot.version())), stages),
+        Err(e) => (Err(nearrec_wire::status_of(&e)), Stages::default()),
+    }
 }
 
-/// The group's answers from one engine batch; `None` when they cannot run as one (or the batch
-/// fails, so that each runs alone and meets its own error).
-fn together(store: &Store, ws: &[Waiting]) -> Option<Vec<Answer>> {
+/// The group's answers from one engine batch and where its time went; `None` when they cannot
+/// run as one (or the batch fails, so that each runs alone and meets its own error).
+fn together(store: &Store, ws: &[Waiting]) -> Option<(Vec<Answer>, Stages)> {
     let parts: Vec<&OwnedBatch> = ws.iter().map(|w| &w.batch).collect();
     let merged = coalesce(&parts)?;
     let snapshot = store.snapshot();
-    let pooled = store.lookup_at(&merged.batch.as_batch(), &snapshot).ok()?;
+    let (pooled, stages) = store.lookup_at(&merged.batch.as_batch(), &snapshot).ok()?;
     let version = snapshot.version();
-    Some(
-        pooled
-            .split(&merged.bags)
-            .into_iter()
-            .map(|p| Ok((p, version)))
-            .collect(),
-    )
+    let answers = pooled
+        .split(&merged.bags)
+        .into_iter()
+        .map(|p| Ok((p, version)))
+        .collect();
+    Some((answers, stages))
 }

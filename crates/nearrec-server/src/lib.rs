@@ -15,6 +15,7 @@ pub mod config;
 pub mod metrics;
 pub mod node;
 pub mod scrape;
+pub mod send;
 pub mod service;
 pub mod stores;
 
@@ -76,6 +77,7 @@ pub async fn serve(
     };
     let reflection = reflect().build_v1()?;
     let reflection_alpha = reflect().build_v1alpha()?;
+    let metrics = shared.metrics.clone();
     let node = pb::node_server::NodeServer::new(NodeService(shared))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
@@ -97,6 +99,7 @@ pub async fn serve(
         builder = builder.tls_config(tls.server_config()?)?;
     }
     let server = builder
+        .layer(send::layer(metrics))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)

@@ -4,8 +4,13 @@
 //! Counted as calls happen (prometheus-client's families):
 //! - `nearrec_requests_total{call, code}` — calls by method and gRPC status;
 //! - `nearrec_request_seconds{call, stage}` — latency histograms per stage: `queue` (waiting for
-//!   an engine slot), `engine` (the facade's call: route, reads, pooling or the model), `total`
-//!   (from the handler's start to its answer);
+//!   an engine slot), `engine` (the facade's call: route, reads, pooling or the model), and
+//!   within it, for each answered lookup or inference, `route` (validation, de-duplication, read
+//!   planning), `io` (waiting for the device; zero on DRAM) and `pool`, and `infer` (the
+//!   model's time after its last embedding, the rest being overlapped with the reads); `total`
+//!   (from the handler's start to its answer) and after it `send` (a unary answer from ready to
+//!   its last byte handed to the connection: encoding it and HTTP/2 flow control; timed by
+//!   [`crate::send`]);
 //! - `nearrec_batch_requests` — requests per engine batch where small lookups coalesce;
 //! - `nearrec_received_bytes_total{call}`, `nearrec_sent_bytes_total{call}` — message bytes.
 //!
@@ -13,6 +18,7 @@
 
 use std::sync::Arc;
 
+use nearrec::Stages;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -37,8 +43,8 @@ pub struct Call {
 }
 
 fn histogram() -> Histogram {
-    // 10 µs to ~40 s
-    Histogram::new(exponential_buckets(1e-5, 2.0, 22))
+    // 1 µs to ~67 s: a DRAM lookup's stages take microseconds
+    Histogram::new(exponential_buckets(1e-6, 2.0, 27))
 }
 
 /// The families calls update.
@@ -93,6 +99,13 @@ impl Metrics {
         self.seconds
             .get_or_create(&CallStage { call, stage })
             .observe(seconds);
+    }
+
+    /// The engine's stages of one answered batch (`route`, `io`, `pool`).
+    pub fn stages(&self, call: &'static str, stages: &Stages) {
+        self.stage(call, "route", stages.route.as_secs_f64());
+        self.stage(call, "io", stages.io_wait.as_secs_f64());
+        self.stage(call, "pool", stages.pool.as_secs_f64());
     }
 }
 

@@ -23,7 +23,9 @@ pub fn registry(shared: Arc<Shared>) -> Registry {
     r.register("requests", "Calls by method and gRPC status", m.requests);
     r.register(
         "request_seconds",
-        "Call latency by stage: queue (waiting for an engine slot), engine, total",
+        "Call latency by stage: queue (waiting for an engine slot), engine and within it route, \
+         io, pool, infer; total (handler start to answer), then send (answer ready to its last \
+         frame written)",
         m.seconds,
     );
     r.register(

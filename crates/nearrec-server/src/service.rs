@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use nearrec::{AsBatch, OwnedBatch, RowWrite, Store, WriteOptions};
+use nearrec::{AsBatch, OwnedBatch, RowWrite, Stages, Store, WriteOptions};
 use nearrec_wire::arrays::decode;
 use nearrec_wire::status::stream_error;
 use nearrec_wire::v1 as pb;
@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::acl::{Permission, Principal};
 use crate::admission::deadline;
 use crate::node::Shared;
+use crate::send::Answered;
 use crate::stores::inline;
 
 /// The caller of one call: its principal, or anyone when the node has no ACL.
@@ -92,7 +93,8 @@ impl NodeService {
         })
     }
 
-    /// A call's answer, counted: status, total seconds, bytes in and out.
+    /// A call's answer, counted: status, total seconds, bytes in and out; marked [`Answered`]
+    /// for its `send` stage (`crate::send`) unless it is a stream's.
     async fn observed<T>(
         &self,
         call: &'static str,
@@ -101,13 +103,21 @@ impl NodeService {
         answer: impl Future<Output = Answer<T>>,
     ) -> Answer<T> {
         let start = Instant::now();
-        let answer = answer.await;
+        let mut answer = answer.await;
         let (code, bytes) = match &answer {
             Ok(r) => (tonic::Code::Ok, sent(r.get_ref())),
             Err(s) => (s.code(), 0),
         };
         let seconds = start.elapsed().as_secs_f64();
         self.0.metrics.call(call, code, seconds, received, bytes);
+        if let Ok(r) = &mut answer
+            && call != "LookupStream"
+        {
+            r.extensions_mut().insert(Answered {
+                call,
+                at: Instant::now(),
+            });
+        }
         answer
     }
 
@@ -182,21 +192,27 @@ impl NodeService {
                 return Ok(convert::pooled(id, version, pooled));
             }
         }
-        self.run(call, deadline, inline, move || {
-            lookup(&store, id, raw, &batch, limit)
-        })
-        .await
+        let (answer, stages) = self
+            .run(call, deadline, inline, move || {
+                lookup(&store, id, raw, &batch, limit)
+            })
+            .await?;
+        if let Some(stages) = stages {
+            self.0.metrics.stages(call, &stages);
+        }
+        Ok(answer)
     }
 }
 
-/// A lookup on the facade: pooled at one version, or the distinct rows.
+/// A lookup on the facade: pooled at one version, with where its time went, or the distinct
+/// rows.
 fn lookup(
     store: &Store,
     id: u64,
     raw: bool,
     batch: &OwnedBatch,
     limit: usize,
-) -> nearrec::Result<pb::LookupResponse> {
+) -> nearrec::Result<(pb::LookupResponse, Option<Stages>)> {
     let batch = batch.as_batch();
     if raw {
         let (rows, version) = store.lookup_rows(&batch)?;
@@ -205,12 +221,15 @@ fn lookup(
             .map(|r| r.values.len() * 4 + r.ids.len() * 8)
             .sum();
         too_large(rows.first().map_or("", |r| r.table.as_str()), bytes, limit)?;
-        return Ok(convert::raw(id, version, rows));
+        return Ok((convert::raw(id, version, rows), None));
     }
     answer_fits(store, &batch, limit)?;
     let snapshot = store.snapshot();
-    let pooled = store.lookup_at(&batch, &snapshot)?;
-    Ok(convert::pooled(id, snapshot.version(), pooled))
+    let (pooled, stages) = store.lookup_at(&batch, &snapshot)?;
+    Ok((
+        convert::pooled(id, snapshot.version(), pooled),
+        Some(stages),
+    ))
 }
 
 /// The pooled answer `batch` declares is refused before anything is prepared when it would be
@@ -323,6 +342,9 @@ impl NodeService {
                 store.infer(&dense, &batch.as_batch())
             })
             .await?;
+        let metrics = &self.0.metrics;
+        metrics.stages("Infer", &out.times.stages);
+        metrics.stage("Infer", "infer", out.times.finish.as_secs_f64());
         Ok(Response::new(pb::InferResponse {
             batch: out.batch as u64,
             width: out.width as u32,

@@ -288,6 +288,65 @@ fn answers_over_the_network_equal_the_embedded_stores() {
     }
 }
 
+/// `(count, sum)` of `nearrec_request_seconds{call, stage}` in a scrape (zeros when absent).
+fn stage(text: &str, call: &str, stage: &str) -> (f64, f64) {
+    let labels = format!("{{call=\"{call}\",stage=\"{stage}\"}} ");
+    let value = |kind: &str| {
+        let prefix = format!("nearrec_request_seconds_{kind}{labels}");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0.0, |v| v.parse().unwrap())
+    };
+    (value("count"), value("sum"))
+}
+
+#[test]
+fn every_answered_call_is_timed_by_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    for (tier, toml) in [
+        ("dram", "tier = \"dram\""),
+        ("ssd", "tier = \"ssd\"\ndram_budget = \"4KiB\""),
+    ] {
+        let mut stores = Stores::new();
+        stores.insert("s", open(&path, toml)).unwrap();
+        let node = Node::start(stores, NodeConfig::default());
+        let mut client = node.client();
+        let (pooled, raw) = (10u64, 3u64);
+        for seed in 0..pooled + raw {
+            let b = batch(seed, 16);
+            let r = request("s", &b, seed >= pooled, seed);
+            node.runtime.block_on(client.lookup(r)).unwrap();
+        }
+        let mut bad = request("s", &batch(99, 4), false, 99);
+        bad.tables[1].table = "nope".into();
+        assert!(node.runtime.block_on(client.lookup(bad)).is_err());
+        let text = node.scrape();
+        let n = |stage_: &str| stage(&text, "Lookup", stage_).0;
+        // every call waited and finished; each answer was sent; the engine's stages are those
+        // of the pooled answers (raw rows are not pooled, the failed call was never routed)
+        assert_eq!(n("total"), (pooled + raw + 1) as f64, "{tier}\n{text}");
+        assert_eq!(n("send"), (pooled + raw) as f64, "{tier}\n{text}");
+        for s in ["route", "io", "pool"] {
+            assert_eq!(n(s), pooled as f64, "{s} on {tier}\n{text}");
+        }
+        let sum = |stage_: &str| stage(&text, "Lookup", stage_).1;
+        assert!(sum("route") > 0.0 && sum("pool") > 0.0 && sum("send") > 0.0);
+        if tier == "dram" {
+            assert_eq!(
+                sum("io"),
+                0.0,
+                "a DRAM-resident store never waits on a device"
+            );
+        } else {
+            assert!(sum("io") > 0.0, "the SSD tier waited on its device\n{text}");
+        }
+        // the stages lie within the engine's time and the call's
+        assert!(sum("route") + sum("io") + sum("pool") <= sum("engine") * 1.01);
+        assert!(sum("engine") <= sum("total"));
+    }
+}
+
 #[test]
 fn errors_arrive_typed_with_their_table_and_position() {
     let dir = tempfile::tempdir().unwrap();

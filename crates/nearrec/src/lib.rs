@@ -58,7 +58,7 @@ pub use pipeline::{Pending, Stream};
 pub use raw::Rows;
 pub use store::{Changes, Stats, Store, TableData, Tables};
 
-pub use nearrec_engine::{Prepared, Tier, TierReport};
+pub use nearrec_engine::{InferTimes, Prepared, Stages, Tier, TierReport};
 pub use nearrec_format::wal::Init;
 pub use nearrec_format::{
     GcReport, Leftover, Manifest, ProgressFn, StoreReader, TableCheck, TableMeta, attach, gc,

@@ -5,11 +5,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
 use nearrec_device::{FlashDevice, FlashStats};
-use nearrec_engine::{Engine, Prepared, Tier, TierReport};
+use nearrec_engine::{Engine, Prepared, Stages, Tier, TierReport};
 use nearrec_format::wal::Init;
 use nearrec_format::{DType, Manifest, ProgressFn, StoreReader, TableMeta, files};
 use nearrec_io::MemDevice;
@@ -290,16 +291,18 @@ impl Store {
     /// store is now (every write that returned before is seen).
     pub fn execute(&self, batch: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
         self.execute_at(batch, prepared, out, &self.snapshot())
+            .map(drop)
     }
 
-    /// [`Store::execute`] at `snapshot` (the parts of one batch read one version).
+    /// [`Store::execute`] at `snapshot` (the parts of one batch read one version). Returns where
+    /// the batch's time went.
     pub fn execute_at(
         &self,
         batch: &Batch<'_>,
         prepared: &Prepared,
         out: &mut [f32],
         snapshot: &Snapshot,
-    ) -> Result<()> {
+    ) -> Result<Stages> {
         let engine = snapshot.engine();
         if prepared.engine() != engine.id() {
             // prepared before the store's tables changed: valid now only for the same shape
@@ -432,16 +435,19 @@ impl Store {
 
     /// Pools `batch`: one `[batch, Σ dim]` output, tables in request order.
     pub fn lookup(&self, batch: &Batch<'_>) -> Result<Pooled> {
-        self.lookup_at(batch, &self.snapshot())
+        Ok(self.lookup_at(batch, &self.snapshot())?.0)
     }
 
     /// [`Store::lookup`] at `snapshot`: every table read at that version (the storage node
-    /// answers with it).
-    pub fn lookup_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<Pooled> {
+    /// answers with it), and where the batch's time went (validating it counted as routing).
+    pub fn lookup_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<(Pooled, Stages)> {
+        let start = Instant::now();
         let prepared = snapshot.engine().prepare(batch)?;
+        let prepare = start.elapsed();
         let mut values = vec![0f32; prepared.batch() * prepared.width()];
-        self.execute_at(batch, &prepared, &mut values, snapshot)?;
-        Ok(self.pooled(batch, prepared.batch(), values))
+        let mut stages = self.execute_at(batch, &prepared, &mut values, snapshot)?;
+        stages.route += prepare;
+        Ok((self.pooled(batch, prepared.batch(), values), stages))
     }
 
     pub(crate) fn pooled(&self, batch: &Batch<'_>, bags: usize, values: Vec<f32>) -> Pooled {
