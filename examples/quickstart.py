@@ -61,3 +61,28 @@ with tempfile.TemporaryDirectory() as tmp:
         print("nearrec.torch.EmbeddingBag ->", tuple(out.shape))
     except ImportError:
         print("torch not installed; skipping the nearrec.torch part")
+
+    try:
+        import torch
+        import torchrec
+        from torchrec.models.dlrm import DLRM
+
+        import nearrec.torch as ntorch
+
+        # A TorchRec model (here untrained), served from SSD as it is: its tables written to a
+        # store, its collections nearrec's, the same outputs.
+        tables = [torchrec.EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=1000,
+                                              feature_names=[f"f{i}"]) for i in range(3)]
+        model = DLRM(embedding_bag_collection=torchrec.EmbeddingBagCollection(tables=tables),
+                     dense_in_features=4, dense_arch_layer_sizes=[8], over_arch_layer_sizes=[8, 1])
+        served = ntorch.from_torchrec(model, Path(tmp) / "dlrm", tier="ssd",
+                                      dram_budget="16KiB")
+        features = torchrec.KeyedJaggedTensor.from_lengths_sync(
+            keys=["f0", "f1", "f2"], values=torch.arange(9) * 97 % 1000,
+            lengths=torch.tensor([2, 1, 1, 2, 0, 3]))
+        dense = torch.randn(2, 4)
+        with torch.inference_mode():
+            assert torch.allclose(served(dense, features), model(dense, features), atol=1e-6)
+        print("TorchRec DLRM served from SSD ->", tuple(served(dense, features).shape))
+    except ImportError:
+        print("torchrec not installed; skipping the TorchRec part")

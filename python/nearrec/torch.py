@@ -1,5 +1,6 @@
 """PyTorch modules over a nearrec store: drop-in ``nn.EmbeddingBag`` and a TorchRec-shaped
-``EmbeddingBagCollection`` whose rows live in the store, not in parameters.
+``EmbeddingBagCollection`` whose rows live in the store, not in parameters; ``from_torchrec``
+serves a TorchRec model's collections from a store.
 
 Requires the ``torch`` extra (``pip install nearrec[torch]``). Lookups run in the nearrec engine
 (GIL released); outputs are float32 tensors that share memory with the engine's result (no copy),
@@ -9,21 +10,24 @@ parameters and produce no gradients for the rows.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ._native import NativeCollection
-from .build import update
+from .build import from_numpy, update
 from .errors import InvalidRequest, UnknownTable
 from .keyed import KeyedTable
 from .remote import RemoteStore
 from .request import as_array, flag, jagged, mode_name, padding
-from .store import Changes, PoolingModeName, Store, Synced, TableLookup
+from .store import Changes, PoolingModeName, Store, StorePath, Synced, TableLookup, open_store
 
 
 def _numpy(t: Any) -> Any:
@@ -270,11 +274,22 @@ class KeyedTensor:
 class EmbeddingBagCollection(nn.Module):
     """TorchRec's ``EmbeddingBagCollection`` over a store's tables: the sparse part of a DLRM.
 
-    ``forward(features)`` takes a KeyedJaggedTensor (nearrec's or torchrec's) whose keys name the
-    tables (or map to them through ``feature_names``), pools every table's bags in one engine
-    call and returns a :class:`KeyedTensor` whose ``values()`` is the ``[batch, Σ dim]`` tensor.
-    Keys of ``features`` that no table uses are ignored (a KJT may feed several collections);
-    a table whose feature is missing is an error.
+    ``forward(features)`` takes a KeyedJaggedTensor (nearrec's or torchrec's) keyed by feature,
+    pools every feature's bags from its table in one engine call and returns a
+    :class:`KeyedTensor` keyed by feature whose ``values()`` is the ``[batch, Σ dim]`` tensor.
+    Keys of ``features`` that no feature of the collection uses are ignored (a KJT may feed
+    several collections); a feature the KJT lacks is an error.
+
+    The tables and their features are named in one of three ways:
+
+    - ``tables=[EmbeddingBagConfig, ...]`` (TorchRec's configs, or anything with their
+      ``name``, ``embedding_dim``, ``num_embeddings``, ``feature_names`` and ``pooling``): one
+      table may serve several features, pooling comes from each config (``PoolingType``), and
+      the output is keyed in TorchRec's order (by config, then by its feature names). Each
+      config is checked against the store's table (its dim and rows).
+    - ``feature_names={feature: table}``: the same, pooling from ``pooling``; ``tables``
+      (names) fixes the tables' order, else the order the mapping first names them.
+    - neither: one feature per table, named as the table (every store table, or ``tables``).
 
     ``keyed`` adds :class:`~nearrec.keyed.KeyedTable` s (features of unbounded 64-bit ids): their
     columns follow the store's tables (``store`` may be ``None`` when every table is keyed).
@@ -289,20 +304,24 @@ class EmbeddingBagCollection(nn.Module):
     its reference path (for tests). Without either, nothing changes.
     """
 
-    def __init__(self, store: Store | RemoteStore | None, tables: Sequence[str] | None = None,
-                 pooling: PoolingModeName | Mapping[str, PoolingModeName] = "sum",
+    def __init__(self, store: Store | RemoteStore | None, tables: Sequence[Any] | None = None,
+                 pooling: Any = "sum",
                  feature_names: Mapping[str, str] | None = None,
                  device: torch.device | str | None = None,
                  hbm_budget: int | str | None = None, cache_policy: str = "lfu_pa",
-                 admission_probability: float = 0.5, keyed: Sequence[KeyedTable] = ()):
+                 admission_probability: float = 0.5, keyed: Sequence[KeyedTable] = (),
+                 is_weighted: bool | None = None):
         super().__init__()
         if isinstance(keyed, KeyedTable) or not isinstance(keyed, Sequence) or \
                 not all(isinstance(k, KeyedTable) for k in keyed):
             raise InvalidRequest(f"keyed must be a sequence of KeyedTable, not {keyed!r:.60}")
+        #: TorchRec's: True needs the KJT's weights, False ignores them, None uses them if any
+        self.is_weighted = None if is_weighted is None else flag(is_weighted, "is_weighted")
         if tables is not None and (isinstance(tables, str | bytes)
                                    or not isinstance(tables, Sequence)):
-            raise InvalidRequest(f"tables must be a sequence of table names, not "
-                                 f"{type(tables).__name__} {tables!r:.60}")
+            raise InvalidRequest(f"tables must be a sequence of table names or "
+                                 f"EmbeddingBagConfigs, not {type(tables).__name__} "
+                                 f"{tables!r:.60}")
         if feature_names is not None and not isinstance(feature_names, Mapping):
             raise InvalidRequest(f"feature_names must be a mapping from feature to table, not "
                                  f"{type(feature_names).__name__} {feature_names!r:.60}")
@@ -310,45 +329,73 @@ class EmbeddingBagCollection(nn.Module):
                 isinstance(k, str) and isinstance(v, str) for k, v in feature_names.items()):
             raise InvalidRequest(f"feature_names must map str features to str tables, not "
                                  f"{feature_names!r:.60}")
+        self._configs: list[Any] | None = None
+        if tables is not None and any(not isinstance(t, str) for t in tables):
+            self._configs = _configs(tables, feature_names, pooling)
+            tables = [c.name for c in self._configs]
+            feature_names = {f: c.name for c in self._configs for f in c.feature_names}
+            pooling = {c.name: _pooling(c.pooling, c.name) for c in self._configs}
         device = _device_arg(device)
         self.store = store
         self.keyed = {k.name: k for k in keyed}
-        store_tables = [] if store is None else \
-            [_table_name(t) for t in tables] if tables is not None else list(store.tables)
-        if store is None and tables:
-            raise InvalidRequest("tables name store tables, but there is no store")
+        if tables is not None:
+            store_tables = [_table_name(t) for t in tables]
+        elif feature_names is not None:  # the store's tables the mapping names
+            store_tables = [t for t in dict.fromkeys(feature_names.values())
+                            if t not in self.keyed]
+        else:
+            store_tables = [] if store is None else list(store.tables)
+        if store is None and store_tables:
+            raise UnknownTable(f"tables {store_tables} name store tables, but there is no store",
+                               table=store_tables[0])
         for t in store_tables:
             store.table(t)  # type: ignore[union-attr]  # an UnknownTable error if missing
+        for c in self._configs or ():
+            have = store.table(c.name)  # type: ignore[union-attr]
+            for what, want, got in (("dim", c.embedding_dim, have.dim),
+                                    ("rows", c.num_embeddings, have.rows)):
+                if want != got:
+                    raise InvalidRequest(f"table {c.name!r}: its config has {what} {want}, the "
+                                         f"store's table {got}", table=c.name)
         clash = [t for t in store_tables if t in self.keyed]
-        if clash or len(self.keyed) != len(keyed):
-            raise InvalidRequest(f"table names must be unique, {clash or list(self.keyed)} are not")
+        if clash or len(set(store_tables)) != len(store_tables) or len(self.keyed) != len(keyed):
+            raise InvalidRequest(f"table names must be unique, "
+                                 f"{clash or store_tables + list(self.keyed)} are not")
+        #: the tables the features read, store tables first, then keyed ones
         self.tables = store_tables + list(self.keyed)
         if not self.tables:
             raise InvalidRequest("the collection has no tables")
-        if not isinstance(pooling, str | Mapping):
-            raise InvalidRequest(f"pooling must be 'sum', 'mean', 'max' or a mapping from table "
-                                 f"to one, not {pooling!r:.60}")
         if isinstance(pooling, Mapping):
             unknown = [t for t in pooling if t not in self.tables]
             if unknown:
                 raise UnknownTable(f"pooling names tables {unknown} the collection does not have",
                                    table=unknown[0] if isinstance(unknown[0], str) else None)
-        self.pooling = {t: mode_name(pooling if isinstance(pooling, str)
-                                     else pooling.get(t, "sum"), t)
+        self.pooling = {t: _pooling(pooling.get(t, "sum") if isinstance(pooling, Mapping)
+                                    else pooling, t)
                         for t in self.tables}
-        # feature -> table
-        self.feature_names = dict(feature_names) if feature_names else {t: t for t in self.tables}
-        self._feature_of = {table: feat for feat, table in self.feature_names.items()}
-        missing = [t for t in self.tables if t not in self._feature_of]
+        mapping = dict(feature_names) if feature_names else {t: t for t in self.tables}
+        unknown = [t for t in mapping.values() if t not in self.tables]
+        if unknown:
+            raise UnknownTable(f"feature_names maps features to tables {unknown} the collection "
+                               f"does not have (it has {self.tables})", table=unknown[0])
+        #: the output's keys, grouped by table in the tables' order (TorchRec's order)
+        self.features = [f for t in self.tables for f, ft in mapping.items() if ft == t]
+        #: feature -> the table it reads
+        self.feature_names = {f: mapping[f] for f in self.features}
+        missing = [t for t in self.tables if t not in self.feature_names.values()]
         if missing:
-            raise InvalidRequest(f"feature_names maps no feature to tables {missing}")
-        self.dims = [self.keyed[t].dim if t in self.keyed else store.table(t).dim  # type: ignore[union-attr]
-                     for t in self.tables]
+            raise InvalidRequest(f"feature_names maps no feature to tables {missing}",
+                                 table=missing[0])
+        dim = {t: self.keyed[t].dim if t in self.keyed else store.table(t).dim  # type: ignore[union-attr]
+               for t in self.tables}
+        #: per feature, its table's dim (the KeyedTensor's length per key)
+        self.dims = [dim[self.feature_names[f]] for f in self.features]
         self.gpu_tier: Any = None
         # a local store pools the KJT's buffers in one native call; a node's store (RemoteStore)
         # takes the batch as TableLookups, one round trip
         self._native = None if not isinstance(store, Store) or self.keyed else NativeCollection(
-            store._native, [(t, self._feature_of[t], self.pooling[t]) for t in store_tables])
+            store._native, [(self.feature_names[f], f, self.pooling[self.feature_names[f]])
+                            for f in self.features])
         if hbm_budget is not None or (device is not None and device.type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
             from .gpu import GpuCacheConfig, GpuTier
@@ -365,9 +412,31 @@ class EmbeddingBagCollection(nn.Module):
             self.gpu_tier = GpuTier(_Sources(store, self.keyed), self.tables, config,  # type: ignore[arg-type]
                                     device=device)
 
+    def embedding_bag_configs(self) -> list[Any]:
+        """TorchRec's ``EmbeddingBagConfig`` of each table (what ``torchrec.models.dlrm``
+        reads to size its interaction): the configs given, else made from the tables (needs
+        torchrec)."""
+        if self._configs is not None:
+            return list(self._configs)
+        try:
+            from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+        except ImportError as e:
+            raise InvalidRequest(f"embedding_bag_configs() makes TorchRec configs: install "
+                                 f"torchrec ({e})") from None
+        rows = {t: self.keyed[t].capacity if t in self.keyed
+                else self.store.table(t).rows  # type: ignore[union-attr]
+                for t in self.tables}
+        return [EmbeddingBagConfig(
+            name=t, embedding_dim=self.dims[self.features.index(self._features_of(t)[0])],
+            num_embeddings=rows[t], feature_names=self._features_of(t),
+            pooling=PoolingType[self.pooling[t].upper()]) for t in self.tables]
+
+    def _features_of(self, table: str) -> list[str]:
+        return [f for f in self.features if self.feature_names[f] == table]
+
     def lookups(self, features: Any) -> list[TableLookup]:
-        """The engine's requests for ``features``: one :class:`~nearrec.TableLookup` per table,
-        in the collection's order (what whole-model offload sends; store tables only)."""
+        """The engine's requests for ``features``: one :class:`~nearrec.TableLookup` per
+        feature, in the output's order (what whole-model offload sends; store tables only)."""
         if self.keyed:
             raise InvalidRequest(f"keyed tables {list(self.keyed)} are not in the store")
         batch, values, lengths, _, weights, slices = self._parse(features)
@@ -402,21 +471,34 @@ class EmbeddingBagCollection(nn.Module):
                       tables=[t for t in wanted if _names_table(source, t)])
 
     def forward(self, features: Any) -> KeyedTensor:
+        if self.is_weighted is not None:
+            features = self._weighted(features)
         if self._native is None or self.gpu_tier is not None:
             return self._forward_parts(features)
         # store tables only: one native call reads the KJT's own buffers (CPU tensors in place,
         # no per-table copies), pools and returns the tensor
         try:
-            return KeyedTensor(self.tables, self.dims, self._native.forward(features))
+            return KeyedTensor(self.features, self.dims, self._native.forward(features))
         except AttributeError:
             _features_arg(features)
             raise
+
+    def _weighted(self, features: Any) -> Any:
+        """``features`` as TorchRec's collection of this ``is_weighted`` reads them."""
+        _features_arg(features)
+        weights = features.weights_or_none()
+        if self.is_weighted and weights is None:
+            raise InvalidRequest("the collection is weighted (is_weighted=True) but the "
+                                 "features carry no weights")
+        if self.is_weighted or weights is None:
+            return features
+        return KeyedJaggedTensor(features.keys(), features.values(), features.lengths())
 
     def _forward_parts(self, features: Any) -> KeyedTensor:
         """Keyed tables or the GPU tier beside the store: each part pooled where it lives."""
         batch, values, lengths, bounds, weights, slices = self._parse(features)
         if self.gpu_tier is not None:
-            return KeyedTensor(self.tables, self.dims, self.gpu_tier.pool_concat([
+            return KeyedTensor(self.features, self.dims, self.gpu_tier.pool_concat([
                 (table, self._gpu_ids(table, values[lo:hi]), bounds[k * batch:(k + 1) * batch] - lo,
                  None if weights is None else weights[lo:hi], self.pooling[table])
                 for table, k, lo, hi in slices]))
@@ -437,7 +519,7 @@ class EmbeddingBagCollection(nn.Module):
         device = _device_of(features.values())
         if device.type != "cpu":
             out = out.to(device)
-        return KeyedTensor(self.tables, self.dims, out)
+        return KeyedTensor(self.features, self.dims, out)
 
     def _gpu_ids(self, table: str, values: Any) -> Any:
         """What the GPU tier caches by: row numbers; a keyed table's ids resolved to its row
@@ -451,17 +533,106 @@ class EmbeddingBagCollection(nn.Module):
 
     def _slices(self, keys: list[str], batch: int,
                 bounds: Any) -> list[tuple[str, int, int, int]]:
-        """Per table: its feature's position among ``keys`` and its values' ``[lo, hi)``."""
+        """Per feature: its table, its position among ``keys`` and its values' ``[lo, hi)``."""
         position = {k: i for i, k in enumerate(keys)}
         out = []
-        for table in self.tables:
-            feat = self._feature_of[table]
+        for feat in self.features:
+            table = self.feature_names[feat]
             if feat not in position:
                 raise InvalidRequest(f"features have no key {feat!r} for table {table!r}",
                                      table=table)
             k = position[feat]
             out.append((table, k, int(bounds[k * batch]), int(bounds[(k + 1) * batch])))
         return out
+
+
+def from_torchrec(module: nn.Module, path: StorePath, *, dtype: str = "fp32",
+                  overwrite: bool = False, **open_options: Any) -> nn.Module:
+    """A copy of ``module`` — a TorchRec ``EmbeddingBagCollection`` or any module holding them
+    (``torchrec.models.dlrm.DLRM``, a model of your own) — whose collections are nearrec's, with
+    the same ``forward``: every table is written to a new store at ``path`` (rows stored as
+    ``dtype``; ``overwrite`` replaces a store there) and served as ``open_options`` ask
+    (``nearrec.open``'s: e.g. ``tier="ssd", dram_budget="1GiB"``). The module itself is left
+    as it was; its other parts are copied. A table keeps its config's name unless two
+    collections both have one of that name: then it is stored as ``PATH.NAME``, ``PATH`` the
+    collection's place in ``module``."""
+    try:
+        from torchrec.modules.embedding_modules import (
+            EmbeddingBagCollection as TorchRecCollection,
+        )
+    except ImportError as e:
+        raise InvalidRequest(f"from_torchrec needs torchrec: {e}") from None
+    if not isinstance(module, nn.Module):
+        raise InvalidRequest(f"from_torchrec takes a torch module, not {type(module).__name__}")
+    found = [(name, m) for name, m in module.named_modules()
+             if isinstance(m, TorchRecCollection)]
+    if not found:
+        raise InvalidRequest(f"{type(module).__name__} holds no TorchRec EmbeddingBagCollection")
+    counts = Counter(c.name for _, m in found for c in m.embedding_bag_configs())
+    arrays: dict[str, Any] = {}
+    collections: list[tuple[Any, list[Any]]] = []
+    for name, m in found:
+        configs = []
+        for c in m.embedding_bag_configs():
+            table = c.name if counts[c.name] == 1 else f"{name or 'module'}.{c.name}"
+            arrays[table] = m.embedding_bags[c.name].weight.detach().cpu().numpy()
+            configs.append(dataclasses.replace(c, name=table))
+        collections.append((m, configs))
+    from_numpy(path, arrays, dtype, overwrite=overwrite)
+    store = open_store(path, **open_options)
+    # the copy takes nearrec's collection where the module has TorchRec's
+    memo: dict[int, Any] = {id(m): EmbeddingBagCollection(store, configs,
+                                                          is_weighted=m.is_weighted())
+                            for m, configs in collections}
+    return copy.deepcopy(module, memo)
+
+
+def _is_config(c: Any) -> bool:
+    return all(hasattr(c, a) for a in ("name", "embedding_dim", "num_embeddings",
+                                       "feature_names"))
+
+
+def _configs(tables: Sequence[Any], feature_names: Any, pooling: Any) -> list[Any]:
+    """TorchRec ``EmbeddingBagConfig`` s checked: names, features, no second source of what
+    they say."""
+    for i, c in enumerate(tables):
+        if not _is_config(c):
+            raise InvalidRequest(f"tables are table names or TorchRec EmbeddingBagConfigs (name, "
+                                 f"embedding_dim, num_embeddings, feature_names), not "
+                                 f"{type(c).__name__} {c!r:.60} at position {i}", position=i)
+        if not isinstance(c.name, str) or isinstance(c.feature_names, str) or not all(
+                isinstance(f, str) for f in c.feature_names):
+            raise InvalidRequest(f"config {i}: name and feature_names must be str and a list of "
+                                 f"str, not {c.name!r:.40} and {c.feature_names!r:.40}",
+                                 position=i)
+        if not c.feature_names:
+            raise InvalidRequest(f"table {c.name!r}: its config names no feature", table=c.name)
+    if feature_names is not None:
+        raise InvalidRequest("the configs name each table's features: pass feature_names only "
+                             "with table names")
+    if pooling != "sum":
+        raise InvalidRequest("the configs give each table's pooling: pass pooling only with "
+                             "table names")
+    seen: dict[str, str] = {}
+    for c in tables:
+        for f in c.feature_names:
+            if f in seen:
+                raise InvalidRequest(f"feature {f!r} is named by tables {seen[f]!r} and "
+                                     f"{c.name!r}: a feature reads one table", table=c.name)
+            seen[f] = c.name
+    return list(tables)
+
+
+def _pooling(p: Any, table: str) -> PoolingModeName:
+    """``"sum"`` / ``"mean"`` / ``"max"``, or TorchRec's ``PoolingType.SUM`` / ``MEAN``."""
+    name = p.name.lower() if hasattr(p, "name") and not isinstance(p, str) else p
+    if name == "none":
+        raise InvalidRequest(f"table {table!r}: pooling NONE is a sequence embedding, which an "
+                             "EmbeddingBagCollection does not pool", table=table)
+    if name not in ("sum", "mean", "max"):
+        raise InvalidRequest(f"table {table!r}: pooling must be 'sum', 'mean', 'max' or "
+                             f"TorchRec's PoolingType.SUM / MEAN, not {p!r:.60}", table=table)
+    return cast(PoolingModeName, name)
 
 
 class _KeyedInfo:
@@ -529,4 +700,4 @@ class _Sources:
 
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedEmbeddingBag", "KeyedJaggedTensor",
-           "KeyedTensor"]
+           "KeyedTensor", "from_torchrec"]

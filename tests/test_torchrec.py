@@ -1,0 +1,205 @@
+"""A TorchRec model served as it is: nearrec's EmbeddingBagCollection built from TorchRec's
+configs (tables shared by several features, SUM / MEAN, outputs keyed by feature) against
+TorchRec's own collection on random KeyedJaggedTensors, and ``from_torchrec`` on a TorchRec
+DLRM, on the DRAM and SSD tiers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchrec = pytest.importorskip("torchrec")
+
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType  # noqa: E402
+
+import nearrec  # noqa: E402
+from nearrec import InvalidRequest, UnknownTable  # noqa: E402
+from nearrec.torch import EmbeddingBagCollection, from_torchrec  # noqa: E402
+
+TIERS = [{"tier": "dram"}, {"tier": "ssd", "dram_budget": "8KiB"}]
+
+
+def configs() -> list[Any]:
+    """Three tables: one serving two features (SUM), one MEAN, one of another dim."""
+    return [
+        EmbeddingBagConfig(name="t_user", embedding_dim=16, num_embeddings=300,
+                           feature_names=["user_id", "friend_id"]),
+        EmbeddingBagConfig(name="t_item", embedding_dim=16, num_embeddings=500,
+                           feature_names=["item_id"], pooling=PoolingType.MEAN),
+        EmbeddingBagConfig(name="t_geo", embedding_dim=8, num_embeddings=40,
+                           feature_names=["city", "country"]),
+    ]
+
+
+def kjt(collection: Any, batch: int, seed: int, keys: list[str] | None = None,
+        weighted: bool = False) -> Any:
+    """Random bags (about a fifth empty) for every feature of ``collection``'s configs."""
+    rng = np.random.default_rng(seed)
+    rows = {f: c.num_embeddings for c in collection.embedding_bag_configs()
+            for f in c.feature_names}
+    keys = keys or list(rows)
+    lengths = rng.integers(0, 6, batch * len(keys)) * (rng.random(batch * len(keys)) > 0.2)
+    values = np.concatenate([rng.integers(0, rows.get(k, 10), int(n))
+                             for k, per in zip(keys, lengths.reshape(len(keys), batch),
+                                               strict=True) for n in per])
+    weights = torch.from_numpy(rng.random(values.size).astype(np.float32)) if weighted else None
+    return torchrec.KeyedJaggedTensor(keys=keys, values=torch.from_numpy(values),
+                                      lengths=torch.from_numpy(lengths), weights=weights)
+
+
+def store_of(tmp_path: Any, ebc: Any, **options: Any) -> nearrec.Store:
+    nearrec.from_numpy(tmp_path / "s", {c.name: ebc.embedding_bags[c.name].weight.detach()
+                                        .numpy() for c in ebc.embedding_bag_configs()})
+    return nearrec.open(tmp_path / "s", **options)
+
+
+@pytest.mark.parametrize("options", TIERS, ids=["dram", "ssd"])
+def test_collection_from_configs_equals_torchrecs(tmp_path, options):
+    torch.manual_seed(0)
+    theirs = torchrec.EmbeddingBagCollection(tables=configs())
+    ours = EmbeddingBagCollection(store_of(tmp_path, theirs, **options), tables=configs())
+    assert ours.features == ["user_id", "friend_id", "item_id", "city", "country"]
+    for seed, batch in enumerate([1, 5, 64]):
+        # the KJT's keys in another order, and one key no feature uses
+        features = kjt(theirs, batch, seed)
+        shuffled = kjt(theirs, batch, seed, keys=["country", "extra", "item_id", "city",
+                                                  "friend_id", "user_id"]) if seed else features
+        want, got = theirs(shuffled), ours(shuffled)
+        assert got.keys() == want.keys()
+        assert got.length_per_key() == want.length_per_key()
+        torch.testing.assert_close(got.values(), want.values(), rtol=1e-5, atol=1e-6)
+        for f in want.keys():
+            torch.testing.assert_close(got[f], want[f], rtol=1e-5, atol=1e-6)
+
+
+def test_weighted_features_equal_torchrecs(tmp_path):
+    torch.manual_seed(1)
+    sums = [EmbeddingBagConfig(name=c.name, embedding_dim=c.embedding_dim,
+                               num_embeddings=c.num_embeddings, feature_names=c.feature_names)
+            for c in configs()]
+    theirs = torchrec.EmbeddingBagCollection(tables=sums, is_weighted=True)
+    ours = EmbeddingBagCollection(store_of(tmp_path, theirs), tables=sums)
+    features = kjt(theirs, 16, 3, weighted=True)
+    torch.testing.assert_close(ours(features).values(), theirs(features).values(), rtol=1e-5,
+                               atol=1e-6)
+    # an unweighted collection ignores the KJT's weights, as TorchRec's does
+    plain = torchrec.EmbeddingBagCollection(tables=sums)
+    plain.load_state_dict(theirs.state_dict())
+    unweighted = EmbeddingBagCollection(ours.store, tables=sums, is_weighted=False)
+    torch.testing.assert_close(unweighted(features).values(), plain(features).values(),
+                               rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(unweighted(features).values(), ours(features).values())
+    with pytest.raises(InvalidRequest, match="weights"):
+        EmbeddingBagCollection(ours.store, tables=sums, is_weighted=True)(kjt(theirs, 2, 4))
+
+
+def test_a_table_shared_by_features_answers_each_feature(tmp_path):
+    """The new user's first try: ``feature_names`` with one table serving two features gives
+    every feature its own block, keyed by feature."""
+    torch.manual_seed(2)
+    theirs = torchrec.EmbeddingBagCollection(tables=configs()[:2])
+    store = store_of(tmp_path, theirs)
+    ours = EmbeddingBagCollection(store, feature_names={
+        "user_id": "t_user", "friend_id": "t_user", "item_id": "t_item"},
+        pooling={"t_item": "mean"})
+    features = kjt(theirs, 8, 4)
+    out, want = ours(features), theirs(features)
+    assert out.keys() == ["user_id", "friend_id", "item_id"] == want.keys()
+    assert tuple(out.values().shape) == (8, 48)
+    torch.testing.assert_close(out.values(), want.values(), rtol=1e-5, atol=1e-6)
+    # TorchRec's configs of the collection, as torchrec.models.dlrm reads them
+    made = ours.embedding_bag_configs()
+    assert [(c.name, c.feature_names, c.embedding_dim, c.num_embeddings, c.pooling)
+            for c in made] == [(c.name, c.feature_names, c.embedding_dim, c.num_embeddings,
+                                c.pooling) for c in configs()[:2]]
+
+
+def test_mappings_and_configs_that_do_not_fit_are_typed_errors(tmp_path):
+    torch.manual_seed(3)
+    theirs = torchrec.EmbeddingBagCollection(tables=configs())
+    store = store_of(tmp_path, theirs)
+    with pytest.raises(UnknownTable) as e:
+        EmbeddingBagCollection(store, feature_names={"user_id": "t_nope"})
+    assert e.value.table == "t_nope"
+    wrong_dim = EmbeddingBagConfig(name="t_item", embedding_dim=32, num_embeddings=500,
+                                   feature_names=["item_id"])
+    with pytest.raises(InvalidRequest, match="dim") as e:
+        EmbeddingBagCollection(store, tables=[wrong_dim])
+    assert e.value.table == "t_item"
+    wrong_rows = EmbeddingBagConfig(name="t_item", embedding_dim=16, num_embeddings=50,
+                                    feature_names=["item_id"])
+    with pytest.raises(InvalidRequest, match="rows") as e:
+        EmbeddingBagCollection(store, tables=[wrong_rows])
+    twice = [configs()[0], EmbeddingBagConfig(name="t_item", embedding_dim=16,
+                                              num_embeddings=500, feature_names=["user_id"])]
+    with pytest.raises(InvalidRequest, match="user_id"):
+        EmbeddingBagCollection(store, tables=twice)
+    sequence = EmbeddingBagConfig(name="t_item", embedding_dim=16, num_embeddings=500,
+                                  feature_names=["item_id"], pooling=PoolingType.NONE)
+    with pytest.raises(InvalidRequest, match="sequence"):
+        EmbeddingBagCollection(store, tables=[sequence])
+    ours = EmbeddingBagCollection(store, tables=configs())
+    with pytest.raises(InvalidRequest, match="city") as e:
+        ours(kjt(theirs, 4, 5, keys=["user_id", "friend_id", "item_id", "country"]))
+    assert e.value.table == "t_geo"
+    with pytest.raises(UnknownTable, match="nope"):
+        ours(kjt(theirs, 2, 6))["nope"]
+
+
+def dlrm(dense_in: int = 5) -> Any:
+    from torchrec.models.dlrm import DLRM
+    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=100 + 50 * i,
+                                 feature_names=[f"f{i}"] + (["f_shared"] if i == 0 else []))
+              for i in range(3)]
+    ebc = torchrec.EmbeddingBagCollection(tables=tables)
+    return DLRM(embedding_bag_collection=ebc, dense_in_features=dense_in,
+                dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
+
+
+@pytest.mark.parametrize("options", TIERS, ids=["dram", "ssd"])
+def test_from_torchrec_serves_a_dlrm_with_the_same_outputs(tmp_path, options):
+    torch.manual_seed(4)
+    model = dlrm().eval()
+    served = from_torchrec(model, tmp_path / "dlrm", **options)
+    # the original keeps its own tables; the copy reads the store
+    assert isinstance(model.sparse_arch.embedding_bag_collection,
+                      torchrec.EmbeddingBagCollection)
+    sparse = served.sparse_arch.embedding_bag_collection
+    assert isinstance(sparse, EmbeddingBagCollection)
+    assert sparse.store.tier == options["tier"]
+    assert {t.name for t in nearrec.info(tmp_path / "dlrm").tables} >= {"t0", "t1", "t2"}
+    for seed, batch in enumerate([1, 7, 32]):
+        features = kjt(model.sparse_arch.embedding_bag_collection, batch, 10 + seed)
+        dense = torch.randn(batch, 5)
+        with torch.inference_mode():
+            torch.testing.assert_close(served(dense, features), model(dense, features),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def test_from_torchrec_names_a_clash_by_place_and_refuses_other_modules(tmp_path):
+    class TwoTowers(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.users = torchrec.EmbeddingBagCollection(tables=configs()[:1])
+            self.items = torchrec.EmbeddingBagCollection(tables=[EmbeddingBagConfig(
+                name="t_user", embedding_dim=4, num_embeddings=30, feature_names=["seen"])])
+
+        def forward(self, features: Any) -> Any:
+            return torch.cat([self.users(features).values(), self.items(features).values()], 1)
+
+    torch.manual_seed(5)
+    towers = TwoTowers()
+    served = from_torchrec(towers, tmp_path / "towers")
+    stored = {t.name for t in nearrec.info(tmp_path / "towers").tables}
+    assert stored == {"users.t_user", "items.t_user"}
+    keys = ["user_id", "friend_id", "seen"]
+    rng = np.random.default_rng(0)
+    lengths = torch.from_numpy(rng.integers(0, 4, 3 * 6))
+    values = torch.from_numpy(rng.integers(0, 30, int(lengths.sum())))
+    features = torchrec.KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
+    torch.testing.assert_close(served(features), towers(features), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidRequest, match="holds no TorchRec"):
+        from_torchrec(torch.nn.Linear(2, 2), tmp_path / "none")
