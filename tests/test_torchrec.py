@@ -203,3 +203,47 @@ def test_from_torchrec_names_a_clash_by_place_and_refuses_other_modules(tmp_path
     torch.testing.assert_close(served(features), towers(features), rtol=1e-5, atol=1e-6)
     with pytest.raises(InvalidRequest, match="holds no TorchRec"):
         from_torchrec(torch.nn.Linear(2, 2), tmp_path / "none")
+
+
+def sequence_configs() -> list[Any]:
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    return [EmbeddingConfig(name="t_item", embedding_dim=8, num_embeddings=200,
+                            feature_names=["history", "candidate"]),
+            EmbeddingConfig(name="t_cat", embedding_dim=8, num_embeddings=30,
+                            feature_names=["category"])]
+
+
+@pytest.mark.parametrize("options", TIERS, ids=["dram", "ssd"])
+def test_sequence_embeddings_equal_torchrecs(tmp_path, options):
+    from nearrec.torch import EmbeddingCollection
+    torch.manual_seed(6)
+    theirs = torchrec.EmbeddingCollection(tables=sequence_configs())
+    nearrec.from_numpy(tmp_path / "s", {n: m.weight.detach().numpy()
+                                        for n, m in theirs.embeddings.items()})
+    ours = EmbeddingCollection(nearrec.open(tmp_path / "s", **options),
+                               tables=sequence_configs())
+    assert ours.features == ["history", "candidate", "category"]
+    rows = {"history": 200, "candidate": 200, "category": 30}
+    for seed, batch in enumerate([1, 6, 40]):
+        rng = np.random.default_rng(seed)
+        keys = ["category", "history", "candidate"]
+        lengths = rng.integers(0, 7, batch * 3) * (rng.random(batch * 3) > 0.25)
+        values = np.concatenate([rng.integers(0, rows[k], int(n)) for k, per in
+                                 zip(keys, lengths.reshape(3, batch), strict=True) for n in per])
+        features = torchrec.KeyedJaggedTensor(keys=keys, values=torch.from_numpy(values),
+                                              lengths=torch.from_numpy(lengths))
+        want, got = theirs(features), ours(features)
+        assert list(got) == ours.features and set(got) == set(want)
+        for f in want:
+            torch.testing.assert_close(got[f].values(), want[f].values())
+            torch.testing.assert_close(got[f].lengths(), want[f].lengths().long())
+            for a, b in zip(got[f].to_dense(), want[f].to_dense(), strict=True):
+                torch.testing.assert_close(a, b)
+            torch.testing.assert_close(got[f].to_padded_dense(3),
+                                       want[f].to_padded_dense(3))
+    bad = torchrec.KeyedJaggedTensor(keys=["history", "candidate", "category"],
+                                     values=torch.tensor([1, 2, 200, 5]),
+                                     lengths=torch.tensor([2, 1, 1]))
+    with pytest.raises(nearrec.IndexOutOfRange, match="candidate") as e:
+        ours(bad)
+    assert (e.value.table, e.value.position) == ("t_item", 2)  # among the KJT's values

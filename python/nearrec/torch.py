@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ._native import NativeCollection
 from .build import from_numpy, update
-from .errors import InvalidRequest, UnknownTable
+from .errors import IndexOutOfRange, InvalidRequest, UnknownTable
 from .keyed import KeyedTable
 from .remote import RemoteStore
 from .request import as_array, flag, jagged, mode_name, padding
@@ -350,13 +350,7 @@ class EmbeddingBagCollection(nn.Module):
                                table=store_tables[0])
         for t in store_tables:
             store.table(t)  # type: ignore[union-attr]  # an UnknownTable error if missing
-        for c in self._configs or ():
-            have = store.table(c.name)  # type: ignore[union-attr]
-            for what, want, got in (("dim", c.embedding_dim, have.dim),
-                                    ("rows", c.num_embeddings, have.rows)):
-                if want != got:
-                    raise InvalidRequest(f"table {c.name!r}: its config has {what} {want}, the "
-                                         f"store's table {got}", table=c.name)
+        _check_configs(store, self._configs or ())
         clash = [t for t in store_tables if t in self.keyed]
         if clash or len(set(store_tables)) != len(store_tables) or len(self.keyed) != len(keyed):
             raise InvalidRequest(f"table names must be unique, "
@@ -373,19 +367,10 @@ class EmbeddingBagCollection(nn.Module):
         self.pooling = {t: _pooling(pooling.get(t, "sum") if isinstance(pooling, Mapping)
                                     else pooling, t)
                         for t in self.tables}
-        mapping = dict(feature_names) if feature_names else {t: t for t in self.tables}
-        unknown = [t for t in mapping.values() if t not in self.tables]
-        if unknown:
-            raise UnknownTable(f"feature_names maps features to tables {unknown} the collection "
-                               f"does not have (it has {self.tables})", table=unknown[0])
+        #: feature -> the table it reads, in the output's order
+        self.feature_names = _features(self.tables, feature_names)
         #: the output's keys, grouped by table in the tables' order (TorchRec's order)
-        self.features = [f for t in self.tables for f, ft in mapping.items() if ft == t]
-        #: feature -> the table it reads
-        self.feature_names = {f: mapping[f] for f in self.features}
-        missing = [t for t in self.tables if t not in self.feature_names.values()]
-        if missing:
-            raise InvalidRequest(f"feature_names maps no feature to tables {missing}",
-                                 table=missing[0])
+        self.features = list(self.feature_names)
         dim = {t: self.keyed[t].dim if t in self.keyed else store.table(t).dim  # type: ignore[union-attr]
                for t in self.tables}
         #: per feature, its table's dim (the KeyedTensor's length per key)
@@ -587,12 +572,39 @@ def from_torchrec(module: nn.Module, path: StorePath, *, dtype: str = "fp32",
     return copy.deepcopy(module, memo)
 
 
+def _check_configs(store: Any, configs: Sequence[Any]) -> None:
+    """Each config's dim and rows are its store table's."""
+    for c in configs:
+        have = store.table(c.name)
+        for what, want, got in (("dim", c.embedding_dim, have.dim),
+                                ("rows", c.num_embeddings, have.rows)):
+            if want != got:
+                raise InvalidRequest(f"table {c.name!r}: its config has {what} {want}, the "
+                                     f"store's table {got}", table=c.name)
+
+
+def _features(tables: list[str], feature_names: Mapping[str, str] | None) -> dict[str, str]:
+    """Feature -> table, grouped by table in ``tables``' order (TorchRec's output order); one
+    feature per table, named as it, without a mapping. Every table needs a feature."""
+    mapping = dict(feature_names) if feature_names else {t: t for t in tables}
+    unknown = [t for t in mapping.values() if t not in tables]
+    if unknown:
+        raise UnknownTable(f"feature_names maps features to tables {unknown} the collection "
+                           f"does not have (it has {tables})", table=unknown[0])
+    out = {f: t for t in tables for f, ft in mapping.items() if ft == t}
+    missing = [t for t in tables if t not in out.values()]
+    if missing:
+        raise InvalidRequest(f"feature_names maps no feature to tables {missing}",
+                             table=missing[0])
+    return out
+
+
 def _is_config(c: Any) -> bool:
     return all(hasattr(c, a) for a in ("name", "embedding_dim", "num_embeddings",
                                        "feature_names"))
 
 
-def _configs(tables: Sequence[Any], feature_names: Any, pooling: Any) -> list[Any]:
+def _configs(tables: Sequence[Any], feature_names: Any, pooling: Any = "sum") -> list[Any]:
     """TorchRec ``EmbeddingBagConfig`` s checked: names, features, no second source of what
     they say."""
     for i, c in enumerate(tables):
@@ -633,6 +645,159 @@ def _pooling(p: Any, table: str) -> PoolingModeName:
         raise InvalidRequest(f"table {table!r}: pooling must be 'sum', 'mean', 'max' or "
                              f"TorchRec's PoolingType.SUM / MEAN, not {p!r:.60}", table=table)
     return cast(PoolingModeName, name)
+
+
+class JaggedTensor:
+    """TorchRec's ``JaggedTensor``, as :class:`EmbeddingCollection` returns it: ``values()`` is
+    ``[N, dim]``, the rows of every sample's ids back to back; ``lengths()`` the ids per sample.
+    ``to_dense()`` gives each sample's ``[length, dim]`` rows, ``to_padded_dense()`` one
+    ``[batch, length, dim]`` tensor."""
+
+    def __init__(self, values: Tensor, lengths: Tensor):
+        self._values = values
+        self._lengths = lengths
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def lengths(self) -> Tensor:
+        return self._lengths
+
+    def offsets(self) -> Tensor:
+        return torch.cat([self._lengths.new_zeros(1), torch.cumsum(self._lengths, 0)])
+
+    def weights_or_none(self) -> Tensor | None:
+        return None
+
+    def to_dense(self) -> list[Tensor]:
+        return list(torch.split(self._values, self._lengths.tolist()))
+
+    def to_padded_dense(self, desired_length: int | None = None,
+                        padding_value: float = 0.0) -> Tensor:
+        """``[batch, desired_length, dim]`` (the longest sample's length by default): longer
+        samples cut, shorter ones padded with ``padding_value``."""
+        rows = self.to_dense()
+        n = desired_length if desired_length is not None else max(
+            (len(r) for r in rows), default=0)
+        out = self._values.new_full((len(rows), n, self._values.shape[1]), padding_value)
+        for i, r in enumerate(rows):
+            out[i, :min(n, len(r))] = r[:n]
+        return out
+
+
+class EmbeddingCollection(nn.Module):
+    """TorchRec's ``EmbeddingCollection`` over a store's tables: unpooled (sequence) embeddings,
+    what DIN / DIEN-style behaviour sequences need. ``forward(features)`` takes a
+    KeyedJaggedTensor keyed by feature and returns ``{feature: JaggedTensor}``, each id's row
+    in order, read where the store keeps it (either tier; one read per table, its features'
+    ids together, duplicates read once).
+
+    Tables and features are named as for :class:`EmbeddingBagCollection`: TorchRec's
+    ``EmbeddingConfig`` s (``tables=[...]``), ``feature_names={feature: table}``, or one feature
+    per table named as the table. A store on a node (:class:`~nearrec.RemoteStore`) works too.
+    """
+
+    def __init__(self, store: Store | RemoteStore, tables: Sequence[Any] | None = None,
+                 feature_names: Mapping[str, str] | None = None):
+        super().__init__()
+        if not isinstance(store, Store | RemoteStore):
+            raise InvalidRequest(f"store must be a nearrec Store or RemoteStore, not "
+                                 f"{type(store).__name__}")
+        if tables is not None and (isinstance(tables, str | bytes)
+                                   or not isinstance(tables, Sequence)):
+            raise InvalidRequest(f"tables must be a sequence of table names or "
+                                 f"EmbeddingConfigs, not {type(tables).__name__} {tables!r:.60}")
+        if feature_names is not None and not (isinstance(feature_names, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in feature_names.items())):
+            raise InvalidRequest(f"feature_names must map str features to str tables, not "
+                                 f"{feature_names!r:.60}")
+        self._configs: list[Any] | None = None
+        if tables is not None and any(not isinstance(t, str) for t in tables):
+            self._configs = _configs(tables, feature_names)
+            tables = [c.name for c in self._configs]
+            feature_names = {f: c.name for c in self._configs for f in c.feature_names}
+        self.store = store
+        if tables is not None:
+            self.tables = [_table_name(t) for t in tables]
+        elif feature_names is not None:
+            self.tables = list(dict.fromkeys(feature_names.values()))
+        else:
+            self.tables = list(store.tables)
+        for t in self.tables:
+            store.table(t)  # an UnknownTable error if missing
+        if len(set(self.tables)) != len(self.tables) or not self.tables:
+            raise InvalidRequest(f"the collection needs unique tables, not {self.tables}")
+        _check_configs(store, self._configs or ())
+        #: feature -> the table it reads, in the output's order
+        self.feature_names = _features(self.tables, feature_names)
+        self.features = list(self.feature_names)
+        self.dims = [store.table(self.feature_names[f]).dim for f in self.features]
+
+    def embedding_configs(self) -> list[Any]:
+        """TorchRec's ``EmbeddingConfig`` of each table: the configs given, else made from the
+        tables (needs torchrec)."""
+        if self._configs is not None:
+            return list(self._configs)
+        try:
+            from torchrec.modules.embedding_configs import EmbeddingConfig
+        except ImportError as e:
+            raise InvalidRequest(f"embedding_configs() makes TorchRec configs: install "
+                                 f"torchrec ({e})") from None
+        return [EmbeddingConfig(name=t, embedding_dim=self.store.table(t).dim,
+                                num_embeddings=self.store.table(t).rows,
+                                feature_names=[f for f in self.features
+                                               if self.feature_names[f] == t])
+                for t in self.tables]
+
+    def forward(self, features: Any) -> dict[str, JaggedTensor]:
+        _features_arg(features)
+        j = jagged(features)
+        position = {k: i for i, k in enumerate(j.keys)}
+        spans: dict[str, tuple[int, int, int]] = {}  # feature -> (key position, lo, hi)
+        for f in self.features:
+            if f not in position:
+                raise InvalidRequest(f"features have no key {f!r} for table "
+                                     f"{self.feature_names[f]!r}", table=self.feature_names[f])
+            k = position[f]
+            spans[f] = (k, int(j.bounds[k * j.batch]), int(j.bounds[(k + 1) * j.batch]))
+        device = _device_of(features.values())
+        out: dict[str, JaggedTensor] = {}
+        for table in self.tables:
+            mine = [f for f in self.features if self.feature_names[f] == table]
+            ids = np.concatenate([j.values[spans[f][1]:spans[f][2]] for f in mine])
+            try:
+                rows = torch.from_numpy(self.store.read_rows(table, ids))
+            except IndexOutOfRange as e:
+                raise _at_key(e, table, ids, [(f, *spans[f][1:]) for f in mine]) from None
+            if device.type != "cpu":
+                rows = rows.to(device)
+            at = 0
+            for f in mine:
+                k, lo, hi = spans[f]
+                lengths = torch.from_numpy(np.ascontiguousarray(
+                    j.lengths[k * j.batch:(k + 1) * j.batch], dtype=np.int64))
+                out[f] = JaggedTensor(rows[at:at + hi - lo], lengths.to(device))
+                at += hi - lo
+        return {f: out[f] for f in self.features}
+
+    def extra_repr(self) -> str:
+        return f"features={self.features}"
+
+
+def _at_key(e: IndexOutOfRange, table: str, ids: Any,
+            spans: list[tuple[str, int, int]]) -> IndexOutOfRange:
+    """``e``, raised for ``ids`` (``spans``' features' values back to back), with its position
+    among the KeyedJaggedTensor's values and the feature named."""
+    at = 0
+    for feature, lo, hi in spans:
+        if e.position is not None and at <= e.position < at + hi - lo:
+            position = lo + e.position - at
+            return IndexOutOfRange(f"feature {feature!r} (table {table!r}): id "
+                                   f"{ids[e.position]} at position {position} of the "
+                                   f"KeyedJaggedTensor's values is out of range ({e.message})",
+                                   table=table, position=position)
+        at += hi - lo
+    return e
 
 
 class _KeyedInfo:
@@ -699,5 +864,5 @@ class _Sources:
                                   per_sample_weights=per_sample_weights, mode=mode)
 
 
-__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedEmbeddingBag", "KeyedJaggedTensor",
-           "KeyedTensor", "from_torchrec"]
+__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "EmbeddingCollection", "JaggedTensor",
+           "KeyedEmbeddingBag", "KeyedJaggedTensor", "KeyedTensor", "from_torchrec"]
