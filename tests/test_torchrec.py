@@ -247,3 +247,79 @@ def test_sequence_embeddings_equal_torchrecs(tmp_path, options):
     with pytest.raises(nearrec.IndexOutOfRange, match="candidate") as e:
         ours(bad)
     assert (e.value.table, e.value.position) == ("t_item", 2)  # among the KJT's values
+
+
+def _forward(module: Any, *args: Any) -> Any:
+    """Runs in a spawned process: ``module`` arrived pickled, its store opened again there."""
+    with torch.inference_mode():
+        return module(*args)
+
+
+class _Lookups(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __init__(self, collection: Any, batches: list[Any]):
+        self.collection, self.batches = collection, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.collection(self.batches[i]).values()
+
+
+def test_modules_pickle_copy_save_and_run_in_other_processes(tmp_path):
+    import copy
+    import multiprocessing
+    import pickle
+    import warnings
+
+    from nearrec.torch import EmbeddingBag, EmbeddingCollection
+    torch.manual_seed(7)
+    model = dlrm().eval()
+    served = from_torchrec(model, tmp_path / "dlrm", tier="ssd", dram_budget="8KiB")
+    ebc = served.sparse_arch.embedding_bag_collection
+    features = kjt(model.sparse_arch.embedding_bag_collection, 6, 20)
+    dense = torch.randn(6, 5)
+    want = _forward(served, dense, features)
+    # a deep copy shares the store; a pickle opens it again (same path, same tier)
+    copied = copy.deepcopy(served)
+    assert copied.sparse_arch.embedding_bag_collection.store is ebc.store
+    again = pickle.loads(pickle.dumps(served))
+    store = again.sparse_arch.embedding_bag_collection.store
+    assert store is not ebc.store and (store.path, store.tier) == (ebc.store.path, "ssd")
+    for other in (copied, again):
+        torch.testing.assert_close(_forward(other, dense, features), want)
+    torch.save(served, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    torch.testing.assert_close(_forward(loaded, dense, features), want)
+    for module, args in ((EmbeddingBag(ebc.store, "t1", mode="mean"),
+                          (torch.tensor([[1, 2], [3, 4]]),)),
+                         (EmbeddingCollection(ebc.store, feature_names={"f1": "t1"}),
+                          (features,))):
+        got, expect = _forward(pickle.loads(pickle.dumps(module)), *args), _forward(module, *args)
+        if isinstance(expect, dict):
+            got, expect = got["f1"].values(), expect["f1"].values()
+        torch.testing.assert_close(got, expect)
+    # a spawned process: the module pickled there and run
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        torch.testing.assert_close(pool.apply(_forward, (served, dense, features)), want)
+    # forked DataLoader workers, each looking up its batches through the collection
+    batches = [kjt(model.sparse_arch.embedding_bag_collection, 4, 30 + i) for i in range(6)]
+    loader = torch.utils.data.DataLoader(_Lookups(ebc, batches), batch_size=None,
+                                         num_workers=2, multiprocessing_context="fork")
+    for got, b in zip(loader, batches, strict=True):
+        torch.testing.assert_close(got, ebc(b).values())
+    # tracing would freeze the lookup: refused
+    with pytest.raises(InvalidRequest, match="jit.trace"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch deprecates jit.trace itself
+        torch.jit.trace(EmbeddingBag(ebc.store, "t1"), (torch.tensor([[1, 2]]),))
+
+
+def test_a_writable_store_pickles_as_read_only(tmp_path):
+    import pickle
+    nearrec.from_numpy(tmp_path / "s", {"t": np.ones((10, 4), np.float32)})
+    store = nearrec.open(tmp_path / "s", writable=True)
+    copy_ = pickle.loads(pickle.dumps(store))
+    assert not copy_.config.writable and store.config.writable
+    store.write("t", np.array([3]), np.full((1, 4), 2.0, np.float32))
+    copy_.refresh()
+    np.testing.assert_array_equal(copy_.read_rows("t", np.array([3])), 2.0)

@@ -245,6 +245,19 @@ class Store:
                                    progress_enabled(progress))
         self._read_tables()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its path and config: unpickling opens the store again, with its own
+        engine and DRAM tiers (a module holding it pickles, ``torch.save`` s and runs in a
+        spawned process). A writable store opens read-only there: a store has one writer."""
+        return (open_store, (self.path, self.config.replace(writable=False)))
+
+    def __copy__(self) -> Store:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Store:
+        """The same store: a copied module shares its store, as copied code shares a file."""
+        return self
+
     def _read_tables(self) -> None:
         """The tables as the store serves them now (after a create, drop, refresh or swap)."""
         self._info = StoreInfo._from_json(self._native.path, self._native.manifest_json)

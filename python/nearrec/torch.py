@@ -61,6 +61,15 @@ def _features_arg(features: Any) -> None:
                              f"lengths()), not {type(features).__name__} {features!r:.60}")
 
 
+def _not_traced(module: nn.Module) -> None:
+    """``torch.jit.trace`` records the tensors a lookup returns as constants: the traced module
+    would answer every later input with this input's embeddings. Refused."""
+    if torch.jit.is_tracing():  # type: ignore[attr-defined, no-untyped-call]  # untyped in torch
+        raise InvalidRequest(f"torch.jit.trace cannot record a {type(module).__name__}'s "
+                             "lookup (it would freeze this input's embeddings as constants); "
+                             "run the module eagerly")
+
+
 def _device_of(*xs: Any) -> torch.device:
     for x in xs:
         if isinstance(x, Tensor):
@@ -111,6 +120,7 @@ class EmbeddingBag(nn.Module):
 
     def forward(self, input: Tensor, offsets: Tensor | None = None,
                 per_sample_weights: Tensor | None = None) -> Tensor:
+        _not_traced(self)
         out = self.store.lookup(
             self.table, _numpy(input), offsets=_numpy(offsets),
             per_sample_weights=_numpy(per_sample_weights), mode=self.mode,
@@ -376,11 +386,7 @@ class EmbeddingBagCollection(nn.Module):
         #: per feature, its table's dim (the KeyedTensor's length per key)
         self.dims = [dim[self.feature_names[f]] for f in self.features]
         self.gpu_tier: Any = None
-        # a local store pools the KJT's buffers in one native call; a node's store (RemoteStore)
-        # takes the batch as TableLookups, one round trip
-        self._native = None if not isinstance(store, Store) or self.keyed else NativeCollection(
-            store._native, [(self.feature_names[f], f, self.pooling[self.feature_names[f]])
-                            for f in self.features])
+        self._native = self._native_collection()
         if hbm_budget is not None or (device is not None and device.type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
             from .gpu import GpuCacheConfig, GpuTier
@@ -396,6 +402,27 @@ class EmbeddingBagCollection(nn.Module):
                                     admission_probability=admission_probability)
             self.gpu_tier = GpuTier(_Sources(store, self.keyed), self.tables, config,  # type: ignore[arg-type]
                                     device=device)
+
+    def _native_collection(self) -> Any:
+        """A local store pools the KJT's buffers in one native call; a node's store
+        (RemoteStore) takes the batch as TableLookups, one round trip."""
+        if not isinstance(self.store, Store) or self.keyed:
+            return None
+        return NativeCollection(self.store._native, [
+            (self.feature_names[f], f, self.pooling[self.feature_names[f]])
+            for f in self.features])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its store (which opens again where it is unpickled); keyed tables and
+        the GPU tier hold memory a pickle cannot carry."""
+        if self.keyed or self.gpu_tier is not None:
+            raise InvalidRequest("a collection with keyed tables or the GPU tier cannot be "
+                                 "pickled or copied: build it again where it is needed")
+        return {**self.__dict__, "_native": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[no-untyped-call]  # untyped in torch
+        self._native = self._native_collection()
 
     def embedding_bag_configs(self) -> list[Any]:
         """TorchRec's ``EmbeddingBagConfig`` of each table (what ``torchrec.models.dlrm``
@@ -456,6 +483,7 @@ class EmbeddingBagCollection(nn.Module):
                       tables=[t for t in wanted if _names_table(source, t)])
 
     def forward(self, features: Any) -> KeyedTensor:
+        _not_traced(self)
         if self.is_weighted is not None:
             features = self._weighted(features)
         if self._native is None or self.gpu_tier is not None:
@@ -750,6 +778,7 @@ class EmbeddingCollection(nn.Module):
                 for t in self.tables]
 
     def forward(self, features: Any) -> dict[str, JaggedTensor]:
+        _not_traced(self)
         _features_arg(features)
         j = jagged(features)
         position = {k: i for i, k in enumerate(j.keys)}
