@@ -323,3 +323,48 @@ def test_a_writable_store_pickles_as_read_only(tmp_path):
     store.write("t", np.array([3]), np.full((1, 4), 2.0, np.float32))
     copy_.refresh()
     np.testing.assert_array_equal(copy_.read_rows("t", np.array([3])), 2.0)
+
+
+class _Flat(torch.nn.Module):
+    """A served DLRM taking the KJT's tensors, so that export can make the batch dynamic."""
+
+    def __init__(self, model: Any, keys: list[str]):
+        super().__init__()
+        self.model, self.keys = model, keys
+
+    def forward(self, dense: Any, values: Any, lengths: Any) -> Any:
+        return self.model(dense, torchrec.KeyedJaggedTensor(keys=self.keys, values=values,
+                                                            lengths=lengths))
+
+
+def test_compile_and_export_keep_the_lookup_as_one_op(tmp_path):
+    from torch.export import Dim
+    torch.manual_seed(8)
+    model = dlrm().eval()
+    served = from_torchrec(model, tmp_path / "dlrm", tier="ssd", dram_budget="8KiB")
+    theirs = model.sparse_arch.embedding_bag_collection
+    ebc = served.sparse_arch.embedding_bag_collection
+    compiled = torch.compile(served, fullgraph=True)  # a graph break would fail here
+    compiled_ebc = torch.compile(ebc, fullgraph=True)
+    with torch.inference_mode():
+        for seed, batch in ((1, 6), (2, 6), (3, 11)):  # new ids each time: nothing frozen
+            features, dense = kjt(theirs, batch, seed), torch.randn(batch, 5)
+            torch.testing.assert_close(compiled(dense, features), model(dense, features),
+                                       rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(compiled_ebc(features).values(),
+                                       theirs(features).values(), rtol=1e-5, atol=1e-6)
+    features, dense = kjt(theirs, 6, 1), torch.randn(6, 5)
+    batch = Dim("batch", min=1, max=4096)
+    program = torch.export.export(
+        _Flat(served, features.keys()), (dense, features.values(), features.lengths()),
+        dynamic_shapes=({0: batch}, {0: Dim.AUTO}, {0: 4 * batch}))
+    ops = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert torch.ops.nearrec.pooled_lookup.default in ops
+    for seed, n in ((4, 6), (5, 13)):
+        features, dense = kjt(theirs, n, seed), torch.randn(n, 5)
+        torch.testing.assert_close(
+            program.module()(dense, features.values(), features.lengths()),
+            model(dense, features), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidRequest, match="handle"):
+        torch.ops.nearrec.pooled_lookup(10**9, features.values(), features.lengths(), None,
+                                        [0], 4)

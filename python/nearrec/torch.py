@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -75,6 +76,38 @@ def _device_of(*xs: Any) -> torch.device:
         if isinstance(x, Tensor):
             return x.device
     return torch.device("cpu")
+
+
+# Collections by handle, for the custom op: an op takes tensors and numbers, not modules.
+_collections: weakref.WeakValueDictionary[int, EmbeddingBagCollection] = \
+    weakref.WeakValueDictionary()
+_handles = itertools.count(1)
+
+
+@torch.library.custom_op("nearrec::pooled_lookup", mutates_args=())
+def pooled_lookup(handle: int, values: Tensor, lengths: Tensor, weights: Tensor | None,
+                  positions: Sequence[int], num_keys: int) -> Tensor:
+    """The pooled lookup of the :class:`EmbeddingBagCollection` ``handle`` names, as one op that
+    ``torch.compile`` and ``torch.export`` keep whole: a KeyedJaggedTensor's ``values``,
+    ``lengths`` and ``weights`` over ``num_keys`` keys, the collection's features at
+    ``positions`` among them. Returns ``[batch, Σ dim]``."""
+    collection = _collections.get(handle)
+    if collection is None:
+        raise InvalidRequest(f"no nearrec collection has handle {handle} in this process (the "
+                             "program outlived its module, or came from another process)")
+    keys = [f"\0unused {k}" for k in range(num_keys)]
+    for feature, k in zip(collection.features, positions, strict=True):
+        keys[k] = feature
+    features = KeyedJaggedTensor(keys, values, lengths, weights=weights)
+    return collection._eager(features).values().clone()
+
+
+@pooled_lookup.register_fake
+def _(handle: int, values: Tensor, lengths: Tensor, weights: Tensor | None,
+      positions: Sequence[int], num_keys: int) -> Tensor:
+    collection = _collections[handle]
+    return values.new_empty((lengths.shape[0] // num_keys, sum(collection.dims)),
+                            dtype=torch.float32)
 
 
 class EmbeddingBag(nn.Module):
@@ -387,6 +420,7 @@ class EmbeddingBagCollection(nn.Module):
         self.dims = [dim[self.feature_names[f]] for f in self.features]
         self.gpu_tier: Any = None
         self._native = self._native_collection()
+        self._handle = self._register()
         if hbm_budget is not None or (device is not None and device.type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
             from .gpu import GpuCacheConfig, GpuTier
@@ -423,6 +457,13 @@ class EmbeddingBagCollection(nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # untyped in torch
         self._native = self._native_collection()
+        self._handle = self._register()
+
+    def _register(self) -> int:
+        """This collection's handle for :func:`pooled_lookup`."""
+        handle = next(_handles)
+        _collections[handle] = self
+        return handle
 
     def embedding_bag_configs(self) -> list[Any]:
         """TorchRec's ``EmbeddingBagConfig`` of each table (what ``torchrec.models.dlrm``
@@ -483,6 +524,26 @@ class EmbeddingBagCollection(nn.Module):
                       tables=[t for t in wanted if _names_table(source, t)])
 
     def forward(self, features: Any) -> KeyedTensor:
+        if torch.compiler.is_compiling():
+            return self._traced(features)
+        return self._eager(features)
+
+    def _traced(self, features: Any) -> KeyedTensor:
+        """Under ``torch.compile`` / ``torch.export``: the lookup as one ``nearrec`` op over the
+        KJT's tensors (its keys are fixed at tracing)."""
+        keys = list(features.keys())
+        missing = [f for f in self.features if f not in keys]
+        if missing:
+            raise InvalidRequest(f"features have no key {missing[0]!r} for table "
+                                 f"{self.feature_names[missing[0]]!r}",
+                                 table=self.feature_names[missing[0]])
+        weights = features.weights_or_none() if self.is_weighted is not False else None
+        out = torch.ops.nearrec.pooled_lookup(
+            self._handle, features.values(), features.lengths(), weights,
+            [keys.index(f) for f in self.features], len(keys))
+        return KeyedTensor(self.features, self.dims, out)
+
+    def _eager(self, features: Any) -> KeyedTensor:
         _not_traced(self)
         if self.is_weighted is not None:
             features = self._weighted(features)
@@ -894,4 +955,5 @@ class _Sources:
 
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "EmbeddingCollection", "JaggedTensor",
-           "KeyedEmbeddingBag", "KeyedJaggedTensor", "KeyedTensor", "from_torchrec"]
+           "KeyedEmbeddingBag", "KeyedJaggedTensor", "KeyedTensor", "from_torchrec",
+           "pooled_lookup"]
