@@ -4,7 +4,7 @@
 //! background pipelines ([`crate::pipeline`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -35,6 +35,9 @@ pub(crate) struct Inner {
     config: StoreConfig,
     /// The store directory being served; replaced whole by [`Store::swap`].
     served: ArcSwap<Served>,
+    /// Versions swapped out and being let go on threads of their own, by path: a swap back to
+    /// one waits for it to have let go of its writer lock.
+    reaping: Mutex<Vec<(PathBuf, std::thread::JoinHandle<()>)>>,
 }
 
 /// One store directory as served: the engine over its tables (in each snapshot), the rows
@@ -159,6 +162,7 @@ impl Store {
                 flash,
                 config: config.clone(),
                 served: ArcSwap::new(served),
+                reaping: Mutex::default(),
             }),
         })
     }
@@ -200,6 +204,7 @@ impl Store {
                 old.path.display()
             )));
         }
+        self.reaped(reader.path());
         let pace = pacer(self.inner.config.compaction_rate.0);
         let (engine, _) = open_engine(&reader, &self.inner.config, pace.as_ref())?;
         if warm {
@@ -212,17 +217,36 @@ impl Store {
         // the old version goes on a thread of its own, once the calls on it end, not on the
         // thread of the lookup that happens to let it go last (its tables' memory, its
         // device, its log take milliseconds to let go)
+        let old_path = old.path.clone();
         let reaper = move || {
             last_holder(old);
             last_holder(old_engine);
         };
-        if let Err(e) = std::thread::Builder::new()
+        match std::thread::Builder::new()
             .name("nearrec-reaper".into())
             .spawn(reaper)
         {
-            drop(e); // no thread: the old version goes wherever its last call ends
+            Ok(thread) => lock(&self.inner.reaping).push((old_path, thread)),
+            Err(e) => drop(e), // no thread: the old version goes wherever its last call ends
         }
         Ok(version)
+    }
+
+    /// Waits until a version of `path` swapped out earlier has been let go (its calls ended,
+    /// its writer lock released), so that swapping back to it finds it free.
+    fn reaped(&self, path: &Path) {
+        let waiting = {
+            let mut reaping = lock(&self.inner.reaping);
+            reaping.retain(|(_, t)| !t.is_finished());
+            let (mine, rest) = std::mem::take(&mut *reaping)
+                .into_iter()
+                .partition::<Vec<_>, _>(|(p, _)| p == path);
+            *reaping = rest;
+            mine
+        };
+        for (_, thread) in waiting {
+            let _ = thread.join();
+        }
     }
 
     /// The manifest as the store serves it now: its tables (with those created or dropped
@@ -604,6 +628,11 @@ fn open_engine(
         }
     };
     Ok((engine, flash))
+}
+
+/// A lock whose holder's panic left plain data behind (no invariant to break).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

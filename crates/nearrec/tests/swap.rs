@@ -190,3 +190,20 @@ fn a_writable_store_takes_the_new_stores_lock_and_log() {
         Error::Locked { .. }
     ));
 }
+
+#[test]
+fn a_writable_store_swaps_back_at_once() {
+    // the version swapped out lets go of its writer lock on a thread of its own; swapping back
+    // to it waits for that instead of failing with `Locked`
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2) = two_versions(dir.path());
+    let mut c = config("tier = \"dram\"");
+    c.writable = true;
+    let s = Store::open(&v1, &c).unwrap();
+    for i in 0..40i64 {
+        let to = if i % 2 == 0 { &v2 } else { &v1 };
+        s.swap(to, false).unwrap();
+        s.write("a", &[i % 8], &[i as f32; 16]).unwrap();
+    }
+    assert_eq!(both(&s, &[39 % 8]).unwrap()[..16], [39.0; 16]);
+}
