@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from ._native import NativeModel, model_save
+from .capture import Captured, capture
 from .errors import InvalidRequest, StoreCorrupted
 from .remote import RemoteStore
 from .request import TableLookup, count, path_arg
@@ -302,42 +303,73 @@ class Offloaded(nn.Module):
     embeddings' ``route``, ``io_wait`` and ``pool``; see ``nearrec_engine::InferTimes``). The
     weights are copied at construction: offload again after changing them.
 
-    DLRM (RMC1–3, cat and dot), WND, MTWND and NCF; DIN's per-table attention and DIEN's RNN
-    have no engine twin yet."""
+    nearrec's DLRM (RMC1–3, cat and dot), WND, MTWND and NCF run as the engine's own families;
+    DIN's per-table attention and DIEN's RNN have no engine twin yet. Any other module whose
+    sparse part is nearrec's collections over one store (a TorchRec DLRM after
+    :func:`nearrec.torch.from_torchrec`, a model of your own) is captured by ``torch.export`` on
+    ``example`` (a ``(dense, features)`` batch; a TorchRec DLRM needs none) into the operations
+    the engine runs (:mod:`nearrec.capture`: linear layers, activations, concatenation, sums and
+    products, DLRM's interaction); anything else is an :class:`~nearrec.errors.InvalidRequest`
+    naming the operation. Its inputs are its collections' features."""
 
-    def __init__(self, model: _Model):
+    def __init__(self, model: nn.Module, example: tuple[Tensor | None, Any] | None = None, *,
+                 captured: Captured | None = None):
+        """``captured``: the program already captured (a model :func:`load` read back)."""
         super().__init__()
-        if not isinstance(model, _Model):
-            raise InvalidRequest(f"offload takes a nearrec.models model, not "
-                                 f"{type(model).__name__}")
-        sparse = model.sparse
-        if not isinstance(sparse, EmbeddingBagCollection) or sparse.store is None \
-                or sparse.keyed or sparse.gpu_tier is not None:
-            raise InvalidRequest("whole-model offload needs the model's sparse part to be an "
-                                 "EmbeddingBagCollection over a store, without keyed tables or "
-                                 "a GPU tier")
-        if not isinstance(sparse.store, Store):
-            raise InvalidRequest("a storage node runs the model kept with its store, not one "
-                                 "built here: keep it with nearrec.models.save(model, path) and "
-                                 "call remote.infer(dense, features)")
+        if isinstance(model, Offloaded) or not isinstance(model, nn.Module):
+            raise InvalidRequest(f"offload takes a torch module, not {type(model).__name__}")
         self.model = model
-        self.store: Store = sparse.store
-        self.sparse = sparse
-        self.native = _native_model(model, sparse)
+        self.captured: Captured | None = None
+        collections: list[EmbeddingBagCollection]
+        if isinstance(model, _Model):
+            collections = [_check_sparse(model.sparse)]
+            self.native = _native_model(model, collections[0])
+            self.inputs = list(model.table_names)
+            self.tables = list(model.table_names)
+        else:
+            for c in model.modules():
+                if isinstance(c, EmbeddingBagCollection):
+                    _check_sparse(c)
+            if captured is None:
+                dense, features = _example(model) if example is None else example
+                captured = capture(model, dense, features)
+            self.captured = captured
+            collections = self.captured.collections
+            self.native = NativeModel.from_config(
+                json.dumps(self.captured.config()), list(self.captured.weights.items()),
+                self.captured.dims)
+            self.inputs = self.captured.features
+            self.tables = self.captured.tables
+        self.collections: list[EmbeddingBagCollection] = collections
+        self.sparse = collections[0]
+        self.store: Store = self.sparse.store  # type: ignore[assignment]  # checked above
         self.last_times: dict[str, float] = {}
 
     @property
-    def spec(self) -> ModelSpec:
-        return self.model.spec
+    def spec(self) -> ModelSpec | None:
+        """The benchmark model's spec; None for a captured model."""
+        return self.model.spec if isinstance(self.model, _Model) else None
 
     def forward(self, dense: Tensor | None, features: Any) -> Tensor:
         out, self.last_times = self.run(dense, features)
         return out
 
+    def requests(self, features: Any) -> list[TableLookup]:
+        """The engine's lookups for a batch, in the model's input order: from a
+        KeyedJaggedTensor keyed by the inputs (features), or :class:`TableLookup` s matched by
+        table name (:meth:`arrange`)."""
+        if isinstance(features, Sequence) and not isinstance(features, str | bytes):
+            return self.arrange(features)
+        return [r for c in self.collections for r in c.lookups(features)]
+
     def arrange(self, lookups: Sequence[TableLookup]) -> list[TableLookup]:
         """``lookups`` in the order of the model's inputs, matched by table name (not by their
         order in the list): each input table exactly once, no other table."""
-        want = list(self.sparse.tables)
+        want = list(self.tables)
+        if len(set(want)) != len(want):
+            raise InvalidRequest(f"the model's inputs {self.inputs} share tables, so lookups "
+                                 "named by table cannot say which input they are: give a "
+                                 "KeyedJaggedTensor keyed by feature")
         by_name: dict[str, TableLookup] = {}
         for i, r in enumerate(lookups):
             if not isinstance(r, TableLookup) or not isinstance(r.table, str):
@@ -361,8 +393,40 @@ class Offloaded(nn.Module):
         """Outputs and the seconds per part, for one batch."""
         if dense is None and self.native.dense_width:
             raise InvalidRequest("this model needs dense features")
-        out, times = self.store._infer(self.native, dense, self.sparse.lookups(features))
+        out, times = self.store._infer(self.native, dense, self.requests(features))
         return torch.from_numpy(out), times
+
+
+def _check_sparse(sparse: Any) -> EmbeddingBagCollection:
+    """A sparse part the engine can run a model next to: a collection over a local store."""
+    if not isinstance(sparse, EmbeddingBagCollection) or sparse.store is None \
+            or sparse.keyed or sparse.gpu_tier is not None:
+        raise InvalidRequest("whole-model offload needs the model's sparse part to be "
+                             "EmbeddingBagCollections over a store, without keyed tables or "
+                             "a GPU tier")
+    if not isinstance(sparse.store, Store):
+        raise InvalidRequest("a storage node runs the model kept with its store, not one "
+                             "built here: keep it with nearrec.models.save(model, path) and "
+                             "call remote.infer(dense, features)")
+    return sparse
+
+
+def _example(model: nn.Module) -> tuple[Tensor, Any]:
+    """A batch of two samples for capturing a TorchRec DLRM (its dense width from its dense
+    arch, one id 0 per feature); other models must give theirs."""
+    arch = getattr(model, "dense_arch", None)
+    first = next((m for m in arch.modules() if isinstance(m, nn.Linear)), None) \
+        if isinstance(arch, nn.Module) else None
+    if not type(model).__module__.startswith("torchrec.models") or first is None:
+        raise InvalidRequest(f"give an example batch to capture {type(model).__name__} on: "
+                             "offload(model, example=(dense, features))")
+    keys = [f for c in model.modules() if isinstance(c, EmbeddingBagCollection)
+            for f in c.features]
+    from torchrec import KeyedJaggedTensor as TorchRecKJT
+
+    features = TorchRecKJT(keys=keys, values=torch.zeros(2 * len(keys), dtype=torch.int64),
+                           lengths=torch.ones(2 * len(keys), dtype=torch.int64))
+    return torch.zeros(2, first.in_features), features
 
 
 def _native_model(model: _Model, sparse: EmbeddingBagCollection) -> Any:
@@ -381,9 +445,9 @@ def _native_model(model: _Model, sparse: EmbeddingBagCollection) -> Any:
                          "MTWND and NCF; run DIN and DIEN with PyTorch MLPs")
 
 
-def offload(model: _Model) -> Offloaded:
+def offload(model: nn.Module, example: tuple[Tensor | None, Any] | None = None) -> Offloaded:
     """``model`` run whole by its store's engine; see :class:`Offloaded`."""
-    return Offloaded(model)
+    return Offloaded(model, example)
 
 
 #: The models :func:`offload` takes.
@@ -408,6 +472,9 @@ class InferResult:
     latencies: list[float] = field(default_factory=list)
     #: per batch (per part): when its output was ready, in seconds since the run started
     finished: list[float] = field(default_factory=list)
+    #: a module of your own: pooled outputs read ahead that its forward did not take (it
+    #: passed its collection another KeyedJaggedTensor than the batch's, and read again)
+    unused: int = 0
 
     @property
     def samples_per_s(self) -> float:
@@ -434,7 +501,7 @@ def split(dense: Tensor | None, features: Any, size: int) -> list[tuple[Tensor |
     return out
 
 
-def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]],
+def infer(model: nn.Module, batches: Iterable[tuple[Tensor | None, Any]],
           depth: int = 2, sub_batch: int | None = None) -> InferResult:
     """Runs ``model`` on ``(dense, features)`` batches with the embeddings of the next ``depth``
     batches in flight while the dense part of the current one runs (RecSSD's SLS workers
@@ -446,8 +513,17 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
     batch. An :class:`Offloaded` model runs whole in the engine: the next batches are in
     flight while the caller takes the current one's outputs, and the breakdown gives the
     engine's parts (``engine.*``: ``dense`` and ``blocks`` are thread time overlapping the
-    reads; ``route``, ``io_wait`` and ``pool`` split ``embeddings``)."""
+    reads; ``route``, ``io_wait`` and ``pool`` split ``embeddings``).
+
+    ``model`` may also be any module whose sparse part is one or more nearrec
+    :class:`~nearrec.torch.EmbeddingBagCollection` s (a TorchRec DLRM after
+    :func:`nearrec.torch.from_torchrec`, a model of your own), called as ``model(dense,
+    features)`` (``model(features)`` where ``dense`` is None): each collection's output for a
+    batch is read ahead and handed to the collection's ``forward`` when the model passes it that
+    batch's ``features``; the breakdown has ``embedding_wait`` and ``forward`` (the rest of the
+    model), and ``unused`` counts outputs the model did not take that way."""
     depth = count(depth, "depth", 0)
+    sparse = _sparse_of(model)
     if sub_batch is not None:
         sub_batch = count(sub_batch, "sub_batch")
     owner: list[int] = []  # the batch each flowing part belongs to
@@ -462,7 +538,7 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
     outputs: list[Tensor] = []
     stages = Stages()
     wait = dense_s = 0.0
-    samples = 0
+    samples = unused = 0
     start = time.perf_counter()
     with torch.inference_mode(), ThreadPoolExecutor(max(1, depth)) as pool:
         queue: deque[tuple[Tensor | None, Callable[[], Any], float]] = deque()
@@ -476,7 +552,7 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
                 if item is None:
                     return
                 # depth 0: run on this thread when taken (no hand-over to pay for)
-                job = partial(_early, model, *item)
+                job = partial(_early, model, sparse, *item)
                 queue.append((item[0], job if depth == 0 else pool.submit(job).result,
                               time.perf_counter()))
 
@@ -497,8 +573,15 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
                     if part != "total":
                         stages.seconds[f"engine.{part}"] = \
                             stages.seconds.get(f"engine.{part}", 0.0) + sec
-            else:
+            elif isinstance(model, _Model):
                 out = model.dense_part(dense, pooled, stages)
+            else:
+                features = pooled.pop()
+                for collection, kt in zip(sparse, pooled, strict=True):
+                    collection.ahead(features, kt)
+                out = model(features) if dense is None else model(dense, features)
+                unused += sum(c.unused() for c in sparse)
+                _mark(stages, "forward")
             t2 = time.perf_counter()
             wait += t1 - t
             dense_s += t2 - t1
@@ -517,16 +600,35 @@ def infer(model: _Model | Offloaded, batches: Iterable[tuple[Tensor | None, Any]
             joined[n].append(out)
         outputs = [torch.cat(o) for o in joined]
     return InferResult(outputs, seconds, wait, dense_s, samples,
-                       {"embedding_wait": wait, **stages.seconds}, latencies, finished)
+                       {"embedding_wait": wait, **stages.seconds}, latencies, finished, unused)
 
 
-def _early(model: _Model | Offloaded, dense: Tensor | None, features: Any) -> Any:
-    """What runs ahead on the pipeline's threads: the pooled vectors, or for an offloaded model
-    the whole batch."""
+def _sparse_of(model: nn.Module) -> list[EmbeddingBagCollection]:
+    """A module of the user's: its nearrec collections, which :func:`infer` reads ahead (none
+    for nearrec's models, whose sparse part is read through ``pooled``)."""
+    if not isinstance(model, nn.Module):
+        raise InvalidRequest(f"infer takes a torch module, not {type(model).__name__}")
+    if isinstance(model, _Model | Offloaded):
+        return []
+    found = [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
+    if not found:
+        raise InvalidRequest(f"{type(model).__name__} holds no nearrec EmbeddingBagCollection "
+                             "to read ahead (nearrec.torch.from_torchrec gives a TorchRec "
+                             "model one)")
+    return found
+
+
+def _early(model: nn.Module, sparse: list[EmbeddingBagCollection], dense: Tensor | None,
+           features: Any) -> Any:
+    """What runs ahead on the pipeline's threads: the pooled vectors, for an offloaded model
+    the whole batch, for a module of the user's each collection's output (and the features,
+    last)."""
     with torch.inference_mode():
         if isinstance(model, Offloaded):
             return model.run(dense, features)
-        return model.pooled(features)
+        if isinstance(model, _Model):
+            return model.pooled(features)
+        return [c._eager(features) for c in sparse] + [features]
 
 
 #: The attachments :func:`save` writes: the model's configuration and its dense weights.
@@ -534,14 +636,31 @@ CONFIG_ATTACHMENT = "model.json"
 WEIGHTS_ATTACHMENT = "dense.npz"
 
 
-def save(model: _Model, store: str | Path | Store) -> None:
+def save(model: nn.Module, store: str | Path | Store,
+         example: tuple[Tensor | None, Any] | None = None) -> None:
     """Keeps ``model``'s configuration and dense weights with the store's tables (two
     attachments, written atomically and checksummed by the engine; see :func:`nearrec.attach`),
     so :func:`load` rebuilds it from the store alone and :meth:`nearrec.Store.infer` runs it
-    with no Python model at all. Weights go as a numpy ``.npz`` (no pickle)."""
-    if not isinstance(model, _Model):
-        raise InvalidRequest(f"save takes a nearrec.models model, not {type(model).__name__}")
+    with no Python model at all. Weights go as a numpy ``.npz`` (no pickle).
+
+    ``model`` is one of nearrec's models, or any model :func:`offload` takes (its
+    :class:`Offloaded` form, or the module and ``example`` to capture it on): then the captured
+    program is kept, and ``store.infer(dense, features)`` takes features keyed by the model's
+    features."""
     path = store.info.path if isinstance(store, Store) else Path(path_arg(store, "the store"))
+    if isinstance(model, nn.Module) and not isinstance(model, _Model):
+        offloaded = model if isinstance(model, Offloaded) else Offloaded(model, example)
+        if offloaded.captured is None:
+            model = offloaded.model
+        else:
+            if Path(offloaded.store.info.path).resolve() != Path(path).resolve():
+                raise InvalidRequest(f"the model reads the store at {offloaded.store.info.path}, "
+                                     f"not {path}: keep it with the store it reads")
+            model_save(str(path), json.dumps(offloaded.captured.config()),
+                       list(offloaded.captured.weights.items()))
+            return
+    if not isinstance(model, _Model):
+        raise InvalidRequest(f"save takes a torch module, not {type(model).__name__}")
     dense = [(k, np.ascontiguousarray(v.detach().cpu().float().numpy()))
              for k, v in model.state_dict().items() if not k.startswith("sparse.")]
     config = {"model": model.spec.name, "variant": model.variant,
@@ -550,9 +669,10 @@ def save(model: _Model, store: str | Path | Store) -> None:
     model_save(str(path), json.dumps(config), dense)
 
 
-def load(store: Store, **collection: Any) -> _Model:
+def load(store: Store, **collection: Any) -> nn.Module:
     """The model :func:`save` kept with ``store``'s tables, its sparse part over ``store``
-    (``collection`` as for :func:`build`)."""
+    (``collection`` as for :func:`build`): one of nearrec's models, or for a captured model its
+    :class:`Offloaded` form, which runs in the engine."""
     if not isinstance(store, Store):
         raise InvalidRequest(f"load takes an open nearrec.Store, not {type(store).__name__}")
     path = store.info.path
@@ -563,25 +683,59 @@ def load(store: Store, **collection: Any) -> _Model:
                              "nearrec.models.save)")
     try:
         config = json.loads(raw)
-        name, variant = config["model"], config["variant"]
-        interaction, tasks = config["interaction"], config["tasks"]
+        name = config["model"]
+        if name == "graph":
+            features, tables, pooling = config["features"], config["tables"], config["pooling"]
+            if not all(isinstance(x, list) and len(x) == len(tables) and
+                       all(isinstance(v, str) for v in x) for x in (features, pooling)):
+                raise TypeError("features, tables and pooling are lists of one name per input")
+        else:
+            variant = config["variant"]
+            interaction, tasks = config["interaction"], config["tasks"]
     except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError is a ValueError
         raise StoreCorrupted(f"the store at {path}: its {CONFIG_ATTACHMENT} is not a model "
                              f"configuration: {type(e).__name__}: {e}") from None
+    if name == "graph":
+        return _load_graph(store, config, _weights(path, weights))
     model = build(name, store, variant=variant, interaction=interaction, tasks=tasks,
                   **collection)
-    try:
-        with np.load(io.BytesIO(weights), allow_pickle=False) as f:
-            state = {k: torch.from_numpy(f[k]) for k in f.files}
-    except (OSError, ValueError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error) as e:
-        raise StoreCorrupted(f"the store at {path}: its {WEIGHTS_ATTACHMENT} is not a weights "
-                             f"archive: {type(e).__name__}: {e}") from None
+    state = {k: torch.from_numpy(v) for k, v in _weights(path, weights).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("sparse.")]
     if missing or unexpected:
         raise InvalidRequest(f"the stored weights do not fit {config['model']}: missing "
                              f"{missing[:3]}, unexpected {unexpected[:3]}")
     return model
+
+
+def _weights(path: Any, raw: bytes) -> dict[str, np.ndarray]:
+    """The arrays of a stored ``dense.npz``."""
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error) as e:
+        raise StoreCorrupted(f"the store at {path}: its {WEIGHTS_ATTACHMENT} is not a weights "
+                             f"archive: {type(e).__name__}: {e}") from None
+
+
+def _load_graph(store: Store, config: dict[str, Any], weights: dict[str, np.ndarray]
+                ) -> Offloaded:
+    """A captured model kept with ``store``: collections over it, one per run of features
+    grouped by table as a collection groups them, and the program."""
+    features, tables, pooling = config["features"], config["tables"], config["pooling"]
+    groups: list[list[int]] = []
+    for i, t in enumerate(tables):
+        seen = [tables[j] for j in groups[-1]] if groups else []
+        if not groups or (t in seen and seen[-1] != t):
+            groups.append([])
+        groups[-1].append(i)
+    collections = [EmbeddingBagCollection(
+        store, list(dict.fromkeys(tables[i] for i in g)),
+        feature_names={features[i]: tables[i] for i in g},
+        pooling={tables[i]: pooling[i] for i in g}) for g in groups]
+    captured = Captured(config["graph"], weights, collections, features, tables, pooling,
+                        [d for c in collections for d in c.dims])
+    return Offloaded(nn.ModuleList(collections), captured=captured)
 
 
 def build(name: str, store: Store | RemoteStore | None, seed: int = 0,

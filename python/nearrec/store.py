@@ -462,22 +462,23 @@ class Store:
         the store by the engine on first use; ``model`` is a :class:`nearrec.models.Offloaded`
         to run another (``nearrec.models.offload(model)``). ``dense`` is the ``[batch,
         dense_width]`` float32 features (``None`` for NCF); ``features`` a KeyedJaggedTensor
-        whose keys name the model's tables, or one :class:`TableLookup` per model input, in any
-        order: each is matched to its input by table name (a missing, unknown or repeated table
-        is an :class:`~nearrec.errors.InvalidRequest` naming it).
+        whose keys name the model's inputs (its tables; a captured model's features, pooled as
+        the model does), or one :class:`TableLookup` per model input, in any order: each is
+        matched to its input by name (a missing, unknown or repeated one is an
+        :class:`~nearrec.errors.InvalidRequest` naming it).
         """
-        if model is not None and not (hasattr(model, "native") and hasattr(model, "arrange")):
+        if model is not None and not (hasattr(model, "native") and hasattr(model, "requests")):
             if not callable(getattr(model, "offload", None)):
                 raise InvalidRequest(f"model is a nearrec.models model or its Offloaded form, "
                                      f"not {type(model).__name__}")
             model = model.offload()
+        if model is not None:
+            return self._infer(model.native, dense, model.requests(features))[0]
         if isinstance(features, Sequence) and not isinstance(features, str | bytes):
             reqs = lookups(features)
         else:
             reqs = jagged_lookups(features)
-        if model is not None:
-            reqs = model.arrange(reqs)
-        return self._infer(None if model is None else model.native, dense, reqs)[0]
+        return self._infer(None, dense, reqs)[0]
 
     def _infer(self, native_model: Any, dense: Any, reqs: Sequence[TableLookup]
                ) -> tuple[npt.NDArray[np.float32], dict[str, float]]:

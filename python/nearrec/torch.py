@@ -421,6 +421,8 @@ class EmbeddingBagCollection(nn.Module):
         self.gpu_tier: Any = None
         self._native = self._native_collection()
         self._handle = self._register()
+        #: pooled outputs computed ahead (``nearrec.models.infer``), by the id of their KJT
+        self._ahead: dict[int, tuple[Any, KeyedTensor]] = {}
         if hbm_budget is not None or (device is not None and device.type == "cuda"):
             # the GPU tier (nearrec.gpu): rows cached in HBM, misses from this store
             from .gpu import GpuCacheConfig, GpuTier
@@ -452,12 +454,24 @@ class EmbeddingBagCollection(nn.Module):
         if self.keyed or self.gpu_tier is not None:
             raise InvalidRequest("a collection with keyed tables or the GPU tier cannot be "
                                  "pickled or copied: build it again where it is needed")
-        return {**self.__dict__, "_native": None}
+        return {**self.__dict__, "_native": None, "_ahead": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # untyped in torch
         self._native = self._native_collection()
         self._handle = self._register()
+
+    def ahead(self, features: Any, pooled: KeyedTensor) -> None:
+        """Makes the next ``forward(features)`` of this very ``features`` object return
+        ``pooled``, computed ahead (``nearrec.models.infer`` reads the next batches while the
+        current one's dense part runs); :meth:`unused` takes back what no forward consumed."""
+        self._ahead[id(features)] = (features, pooled)
+
+    def unused(self) -> int:
+        """Drops the outputs computed ahead that no ``forward`` consumed and says how many."""
+        n = len(self._ahead)
+        self._ahead.clear()
+        return n
 
     def _register(self) -> int:
         """This collection's handle for :func:`pooled_lookup`."""
@@ -526,6 +540,10 @@ class EmbeddingBagCollection(nn.Module):
     def forward(self, features: Any) -> KeyedTensor:
         if torch.compiler.is_compiling():
             return self._traced(features)
+        if self._ahead:
+            done = self._ahead.pop(id(features), None)
+            if done is not None and done[0] is features:
+                return done[1]
         return self._eager(features)
 
     def _traced(self, features: Any) -> KeyedTensor:

@@ -119,6 +119,24 @@ impl NativeModel {
             .map_err(|e| model_err(py, "NCF", e))
     }
 
+    /// Any model's dense part from its configuration (`nearrec::model::ModelConfig` as JSON,
+    /// e.g. `model: "graph"` with its program) and weights (`(name, float32 array)`), over inputs
+    /// of dims `dims`: what `nearrec::model` reads from a store, built here from memory.
+    #[staticmethod]
+    fn from_config(
+        py: Python<'_>,
+        config_json: &str,
+        weights: Vec<(String, numpy::PyReadonlyArrayDyn<'_, f32>)>,
+        dims: Vec<usize>,
+    ) -> PyResult<Self> {
+        let config = model_config(py, config_json)?;
+        let arrays = weight_arrays(py, &weights)?;
+        let tensors = tensors(&arrays);
+        nearrec::model::dense_model(&config, &tensors, &dims)
+            .map(|model| Self { model })
+            .map_err(|e| crate::error::err(py, e))
+    }
+
     /// Dense features per sample.
     #[getter]
     fn dense_width(&self) -> usize {
@@ -147,7 +165,15 @@ pub(crate) fn model_save(
     config_json: &str,
     weights: Vec<(String, numpy::PyReadonlyArrayDyn<'_, f32>)>,
 ) -> PyResult<()> {
-    let config: nearrec::model::ModelConfig = serde_json::from_str(config_json).map_err(|e| {
+    let config = model_config(py, config_json)?;
+    let arrays = weight_arrays(py, &weights)?;
+    let tensors = tensors(&arrays);
+    crate::error::detach(py, || nearrec::model::save(&path, &config, &tensors))?
+        .map_err(|e| crate::error::err(py, e))
+}
+
+fn model_config(py: Python<'_>, json: &str) -> PyResult<nearrec::model::ModelConfig> {
+    serde_json::from_str(json).map_err(|e| {
         raise(
             py,
             "InvalidRequest",
@@ -155,8 +181,17 @@ pub(crate) fn model_save(
             None,
             None,
         )
-    })?;
-    let arrays = weights
+    })
+}
+
+type WeightArray<'a> = (&'a str, Vec<usize>, &'a [f32]);
+
+/// Each named array's shape and values, borrowed from numpy (contiguous ones only).
+fn weight_arrays<'a>(
+    py: Python<'_>,
+    weights: &'a [(String, numpy::PyReadonlyArrayDyn<'_, f32>)],
+) -> PyResult<Vec<WeightArray<'a>>> {
+    weights
         .iter()
         .map(|(name, a)| {
             let values = a.as_slice().map_err(|_| {
@@ -170,15 +205,16 @@ pub(crate) fn model_save(
             })?;
             Ok((name.as_str(), a.shape().to_vec(), values))
         })
-        .collect::<PyResult<Vec<_>>>()?;
-    let tensors: Vec<nearrec::model::Tensor<'_>> = arrays
+        .collect()
+}
+
+fn tensors<'a>(arrays: &'a [WeightArray<'a>]) -> Vec<nearrec::model::Tensor<'a>> {
+    arrays
         .iter()
         .map(|(name, shape, values)| nearrec::model::Tensor {
             name,
             shape,
             values,
         })
-        .collect();
-    crate::error::detach(py, || nearrec::model::save(&path, &config, &tensors))?
-        .map_err(|e| crate::error::err(py, e))
+        .collect()
 }

@@ -94,6 +94,9 @@ fn main() -> Result<()> {
         interaction: "cat".into(),
         tasks: 1,
         tables: Some((0..TABLES).map(|t| format!("t{t}")).collect()),
+        features: None,
+        pooling: None,
+        graph: None,
     };
     nearrec::model::save(&store_path, &model, &tensors)?;
 

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::io::Cursor;
 
-use nearrec_engine::dense::{Activation, DenseModel, Interaction, Linear, Mlp};
-use nearrec_engine::{Batch, EngineError, InferTimes};
+use nearrec_engine::dense::{Activation, DenseModel, Graph, Interaction, Linear, Mlp, Op, Slice};
+use nearrec_engine::{Batch, EngineError, InferTimes, PoolingMode};
 use nearrec_format::{StoreReader, TableMeta};
 use serde::{Deserialize, Serialize};
 
@@ -37,9 +37,69 @@ pub struct ModelConfig {
     #[serde(default = "one")]
     pub tasks: usize,
     /// The model's input tables in order; older saves leave it out: the store's tables
-    /// `t0, t1, ...`, as `nearrec.build` names them.
+    /// `t0, t1, ...`, as `nearrec.build` names them. A table may feed several inputs (features).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tables: Option<Vec<String>>,
+    /// The inputs' names when they are not the tables' (features of a TorchRec model, several
+    /// of which may read one table); a request's lookups are matched to inputs by these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<String>>,
+    /// Each input's pooling (`sum`, `mean`, `max`) where the model fixes it (a TorchRec
+    /// model's configs do); a request's lookups are pooled so, whatever they ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooling: Option<Vec<String>>,
+    /// The dense part as a program (`model: "graph"`): a user's model captured by Python.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphSpec>,
+}
+
+/// A dense part as a program of the operations the engine runs ([`Graph`]), its weights named
+/// in `dense.npz`. Values are numbered: 0 the dense features, 1 the inputs' pooled vectors side
+/// by side, then one per op; a slice is `[value, start, end)` columns, and an op's input given
+/// as several slices is their concatenation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GraphSpec {
+    /// Dense features per sample.
+    pub dense: usize,
+    pub ops: Vec<OpSpec>,
+    pub output: Vec<SliceSpec>,
+}
+
+/// `[value, start, end]`.
+pub type SliceSpec = (usize, usize, usize);
+
+/// One operation of a [`GraphSpec`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OpSpec {
+    /// `nn.Linear`: weights `weight` (`[out, in]`) and `bias` (`[out]`, none: zeros) by name,
+    /// then `activation` (`none`, `relu`, `sigmoid`, `tanh`).
+    Linear {
+        input: Vec<SliceSpec>,
+        weight: String,
+        #[serde(default)]
+        bias: Option<String>,
+        #[serde(default = "none")]
+        activation: String,
+    },
+    Activation {
+        input: Vec<SliceSpec>,
+        activation: String,
+    },
+    Add {
+        a: Vec<SliceSpec>,
+        b: Vec<SliceSpec>,
+    },
+    Mul {
+        a: Vec<SliceSpec>,
+        b: Vec<SliceSpec>,
+    },
+    /// Per sample, the dot products of `vectors[i]` and `vectors[j]` for each pair.
+    Dots {
+        vectors: Vec<Vec<SliceSpec>>,
+        pairs: Vec<(usize, usize)>,
+    },
 }
 
 /// One named float32 array of a model's dense weights (a `state_dict` entry).
@@ -89,6 +149,10 @@ fn one() -> usize {
     1
 }
 
+fn none() -> String {
+    "none".into()
+}
+
 /// The model kept with a store: its dense part, ready for the engine, and its input tables.
 #[derive(Debug)]
 pub struct StoredModel {
@@ -97,6 +161,11 @@ pub struct StoredModel {
     pub dense: DenseModel,
     /// The model's input tables, in input order.
     pub tables: Vec<String>,
+    /// The inputs' names, which a request's lookups are matched by: the features, or the
+    /// tables.
+    pub inputs: Vec<String>,
+    /// Each input's pooling, where the model fixes it.
+    pub pooling: Option<Vec<PoolingMode>>,
 }
 
 /// A model's outputs for one batch: row-major `[batch, outputs]`, and where the time went.
@@ -137,6 +206,33 @@ impl StoredModel {
             .iter()
             .map(|t| table_dim(reader.tables(), t))
             .collect::<Result<Vec<_>>>()?;
+        let inputs = config.features.clone().unwrap_or_else(|| tables.clone());
+        if inputs.len() != tables.len() {
+            return Err(bad(format!(
+                "{} features for {} input tables",
+                inputs.len(),
+                tables.len()
+            )));
+        }
+        let pooling = match &config.pooling {
+            None => None,
+            Some(names) if names.len() != inputs.len() => {
+                return Err(bad(format!(
+                    "{} poolings for {} inputs",
+                    names.len(),
+                    inputs.len()
+                )));
+            }
+            Some(names) => Some(
+                names
+                    .iter()
+                    .map(|n| {
+                        PoolingMode::from_name(n)
+                            .ok_or_else(|| bad(format!("pooling {n:?} is not sum, mean or max")))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
         let dense = build(&config, &weights, &dims).map_err(|e| match e {
             Error::InvalidRequest { reason, .. } => Error::NoModel {
                 path: path.clone(),
@@ -149,12 +245,15 @@ impl StoredModel {
             name: config.model,
             dense,
             tables,
+            inputs,
+            pooling,
         })
     }
 
-    /// `batch`'s lookups in the model's input order, matched by table name: each input table
-    /// exactly once, no other table.
-    pub fn arrange<'a>(&self, batch: &Batch<'a>) -> Result<Batch<'a>> {
+    /// `batch`'s lookups in the model's input order, matched by input name (the table, or the
+    /// feature where the model names its inputs by feature; each then reads its table, pooled
+    /// as the model fixes it): each input exactly once, nothing else.
+    pub fn arrange<'a>(&'a self, batch: &Batch<'a>) -> Result<Batch<'a>> {
         let mut by_name = HashMap::new();
         for (i, t) in batch.tables.iter().enumerate() {
             if by_name.insert(t.table, *t).is_some() {
@@ -166,7 +265,7 @@ impl StoredModel {
             }
         }
         let missing: Vec<&str> = self
-            .tables
+            .inputs
             .iter()
             .map(String::as_str)
             .filter(|t| !by_name.contains_key(t))
@@ -175,7 +274,7 @@ impl StoredModel {
             .tables
             .iter()
             .map(|t| t.table)
-            .filter(|t| !self.tables.iter().any(|m| m == t))
+            .filter(|t| !self.inputs.iter().any(|m| m == t))
             .collect();
         if !missing.is_empty() || !extra.is_empty() {
             let mut parts = Vec::new();
@@ -186,17 +285,35 @@ impl StoredModel {
                 parts.push(format!("not inputs {extra:?}"));
             }
             return Err(Error::InvalidRequest {
-                table: missing.first().or(extra.first()).map(|t| (*t).to_owned()),
+                // a missing input named by the table it reads
+                table: missing
+                    .first()
+                    .map(|m| &self.tables[self.inputs.iter().position(|i| i == m).unwrap_or(0)])
+                    .map(String::as_str)
+                    .or(extra.first().copied())
+                    .map(str::to_owned),
                 position: None,
                 reason: format!(
-                    "the lookups do not match the model's input tables {:?}: {}",
-                    self.tables,
+                    "the lookups do not match the model's inputs {:?}: {}",
+                    self.inputs,
                     parts.join("; ")
                 ),
             });
         }
         Ok(Batch::new(
-            self.tables.iter().map(|t| by_name[t.as_str()]).collect(),
+            self.inputs
+                .iter()
+                .zip(&self.tables)
+                .enumerate()
+                .map(|(k, (input, table))| {
+                    let mut lookup = by_name[input.as_str()];
+                    lookup.table = table;
+                    if let Some(modes) = &self.pooling {
+                        lookup.mode = modes[k];
+                    }
+                    lookup
+                })
+                .collect(),
         ))
     }
 }
@@ -228,6 +345,25 @@ fn numbered_tables(tables: &[TableMeta]) -> Vec<String> {
         .collect();
     numbered.sort();
     numbered.into_iter().map(|t| t.1).collect()
+}
+
+/// The engine's dense part from a model's configuration and weights; also what Python's
+/// `offload` of a captured model builds, so both read one format.
+pub fn dense_model(
+    config: &ModelConfig,
+    weights: &[Tensor<'_>],
+    dims: &[usize],
+) -> Result<DenseModel> {
+    let w = Weights(
+        weights
+            .iter()
+            .map(|t| {
+                let shape = t.shape.iter().map(|&d| d as u64).collect();
+                (t.name.to_owned(), (shape, t.values.to_vec()))
+            })
+            .collect(),
+    );
+    build(config, &w, dims)
 }
 
 fn build(config: &ModelConfig, w: &Weights, dims: &[usize]) -> Result<DenseModel> {
@@ -274,6 +410,13 @@ fn build(config: &ModelConfig, w: &Weights, dims: &[usize]) -> Result<DenseModel
             )
             .map_err(model_err)
         }
+        "graph" => {
+            let spec = config
+                .graph
+                .as_ref()
+                .ok_or_else(|| bad("model \"graph\" without its graph".into()))?;
+            graph(spec, w, dims)
+        }
         "din" | "dien" => Err(Error::invalid(format!(
             "{}: whole-model offload covers DLRM (RMC1–3), WND, MTWND and NCF; run DIN and DIEN \
              with PyTorch MLPs",
@@ -281,6 +424,65 @@ fn build(config: &ModelConfig, w: &Weights, dims: &[usize]) -> Result<DenseModel
         ))),
         other => Err(bad(format!("unknown model {other:?}"))),
     }
+}
+
+/// A [`GraphSpec`] as the engine's [`Graph`], its layers' weights from `w`.
+fn graph(spec: &GraphSpec, w: &Weights, dims: &[usize]) -> Result<DenseModel> {
+    let slices = |s: &[SliceSpec]| -> Vec<Slice> {
+        s.iter()
+            .map(|&(value, start, end)| Slice {
+                value,
+                cols: start..end,
+            })
+            .collect()
+    };
+    let activation = |i: usize, name: &str| {
+        Activation::parse(name).ok_or_else(|| {
+            bad(format!(
+                "op {i}: unknown activation {name:?} (none, relu, sigmoid, tanh)"
+            ))
+        })
+    };
+    let ops = spec
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| {
+            Ok(match op {
+                OpSpec::Linear {
+                    input,
+                    weight,
+                    bias,
+                    activation: act,
+                } => Op::Linear {
+                    input: slices(input),
+                    layer: w.linear(weight, bias.as_deref(), activation(i, act)?)?,
+                },
+                OpSpec::Activation {
+                    input,
+                    activation: act,
+                } => Op::Activation {
+                    input: slices(input),
+                    activation: activation(i, act)?,
+                },
+                OpSpec::Add { a, b } => Op::Add {
+                    a: slices(a),
+                    b: slices(b),
+                },
+                OpSpec::Mul { a, b } => Op::Mul {
+                    a: slices(a),
+                    b: slices(b),
+                },
+                OpSpec::Dots { vectors, pairs } => Op::Dots {
+                    vectors: vectors.iter().map(|v| slices(v)).collect(),
+                    pairs: pairs.clone(),
+                },
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Graph::new(spec.dense, dims.to_vec(), ops, slices(&spec.output))
+        .map(DenseModel::graph)
+        .map_err(|e| bad(e.to_string()))
 }
 
 fn bad(reason: String) -> Error {
@@ -304,6 +506,28 @@ impl Weights {
         ))
     }
 
+    /// One `nn.Linear` from its weight (`[out, in]`) and bias (`[out]`; none: zeros) by name.
+    fn linear(&self, weight: &str, bias: Option<&str>, activation: Activation) -> Result<Linear> {
+        let (shape, values) = self
+            .0
+            .get(weight)
+            .ok_or_else(|| bad(format!("no {weight} in the weights")))?;
+        let [outputs, inputs] = shape[..] else {
+            return Err(bad(format!("{weight} has shape {shape:?}, not [out, in]")));
+        };
+        let (outputs, inputs) = (outputs as usize, inputs as usize);
+        let bias = match bias.map(|b| (b, self.0.get(b))) {
+            Some((_, Some((s, b)))) if s[..] == [outputs as u64] => b.clone(),
+            Some((name, Some((s, _)))) => {
+                return Err(bad(format!("{name} has shape {s:?}, not [{outputs}]")));
+            }
+            Some((name, None)) => return Err(bad(format!("no {name} in the weights"))),
+            None => vec![0.0; outputs],
+        };
+        Linear::new(values.clone(), bias, outputs, inputs, activation)
+            .map_err(|e| bad(format!("{weight}: {e}")))
+    }
+
     /// The `Sequential` at `prefix`: its `nn.Linear` layers `prefix.{i}.weight` / `.bias` in
     /// order of `i`, ReLU after each but the last, `last` after the last (`nearrec.models.mlp`).
     fn mlp(&self, prefix: &str, last: Activation) -> Result<Mlp> {
@@ -324,24 +548,13 @@ impl Weights {
             .iter()
             .enumerate()
             .map(|(j, i)| {
-                let name = format!("{prefix}.{i}.weight");
-                let (shape, weight) = &self.0[&name];
-                let [outputs, inputs] = shape[..] else {
-                    return Err(bad(format!("{name} has shape {shape:?}, not [out, in]")));
-                };
-                let (outputs, inputs) = (outputs as usize, inputs as usize);
-                let bias = match self.0.get(&format!("{prefix}.{i}.bias")) {
-                    Some((s, b)) if s[..] == [outputs as u64] => b.clone(),
-                    Some((s, _)) => {
-                        return Err(bad(format!(
-                            "{prefix}.{i}.bias has shape {s:?}, not [{outputs}]"
-                        )));
-                    }
-                    None => vec![0.0; outputs],
-                };
+                let bias = format!("{prefix}.{i}.bias");
                 let activation = if j + 1 == n { last } else { Activation::Relu };
-                Linear::new(weight.clone(), bias, outputs, inputs, activation)
-                    .map_err(|e| bad(format!("{name}: {e}")))
+                self.linear(
+                    &format!("{prefix}.{i}.weight"),
+                    self.0.contains_key(&bias).then_some(bias.as_str()),
+                    activation,
+                )
             })
             .collect::<Result<Vec<_>>>()?;
         Mlp::new(layers).map_err(|e| bad(format!("{prefix}: {e}")))

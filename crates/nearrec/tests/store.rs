@@ -468,6 +468,9 @@ fn infer_runs_the_stored_model_like_the_same_model_built_by_hand() {
         interaction: "cat".into(),
         tasks: 1,
         tables: Some(TABLES.iter().map(|t| t.to_string()).collect()),
+        features: None,
+        pooling: None,
+        graph: None,
     };
     nearrec::model::save(&path, &config, &tensors).unwrap();
     let s = Store::open(&path, &StoreConfig::default()).unwrap();

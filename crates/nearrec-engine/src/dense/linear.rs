@@ -30,7 +30,7 @@ impl Activation {
         })
     }
 
-    fn apply(self, v: &mut [f32]) {
+    pub(crate) fn apply(self, v: &mut [f32]) {
         match self {
             Self::None => {}
             // `max` would turn NaN into 0; PyTorch's relu keeps it

@@ -4,7 +4,8 @@
 //! DeepRecInfra's DLRM (RMC1–3, concat or dot interaction), Wide & Deep (one or more sigmoid
 //! heads: WND, MTWND) and NCF; layer sizes are free.
 
-use super::{Mlp, ModelError};
+use super::graph::GraphEarly;
+use super::{Graph, Mlp, ModelError};
 
 /// How DLRM joins the bottom MLP's output with the pooled vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,8 @@ enum Kind {
     /// Tables 0 and 1 summed (matrix factorisation), tables 2 and 3 through `mlp`, then
     /// `predict` over `[t0 + t1, mlp output]`.
     Ncf { mlp: Mlp, predict: Mlp, dim: usize },
+    /// Any model's dense part as a program (`graph.rs`).
+    Graph(Graph),
 }
 
 /// A model's dense layers, ready to run next to the embeddings ([`crate::Engine::infer`]).
@@ -48,6 +51,7 @@ pub struct DenseModel {
 pub(crate) struct Early {
     hidden: Vec<f32>,
     partial: Vec<f32>,
+    graph: GraphEarly,
 }
 
 impl DenseModel {
@@ -132,12 +136,20 @@ impl DenseModel {
         })
     }
 
+    /// A dense part given as a program of operations (a user's model).
+    pub fn graph(graph: Graph) -> Self {
+        Self {
+            kind: Kind::Graph(graph),
+        }
+    }
+
     /// Dense features per sample.
     pub fn dense_width(&self) -> usize {
         match &self.kind {
             Kind::Dlrm { bottom, .. } => bottom.inputs(),
             Kind::WideAndDeep { trunk, dims, .. } => trunk.inputs() - dims.iter().sum::<usize>(),
             Kind::Ncf { .. } => 0,
+            Kind::Graph(g) => g.dense_width(),
         }
     }
 
@@ -147,6 +159,7 @@ impl DenseModel {
             Kind::Dlrm { bottom, tables, .. } => vec![bottom.outputs(); *tables],
             Kind::WideAndDeep { dims, .. } => dims.clone(),
             Kind::Ncf { dim, .. } => vec![*dim; 4],
+            Kind::Graph(g) => g.table_dims(),
         }
     }
 
@@ -157,6 +170,7 @@ impl DenseModel {
             Kind::WideAndDeep { trunk, heads, .. } if heads.is_empty() => trunk.outputs(),
             Kind::WideAndDeep { heads, .. } => heads.len(),
             Kind::Ncf { predict, .. } => predict.outputs(),
+            Kind::Graph(g) => g.outputs(),
         }
     }
 
@@ -169,7 +183,11 @@ impl DenseModel {
                 let mut partial = vec![0f32; batch * top.first().outputs()];
                 top.first()
                     .accumulate(&hidden, d, 0..d, batch, &mut partial);
-                Early { hidden, partial }
+                Early {
+                    hidden,
+                    partial,
+                    ..Early::default()
+                }
             }
             Kind::WideAndDeep { trunk, dims, .. } => {
                 let (first, at) = (trunk.first(), dims.iter().sum::<usize>());
@@ -177,11 +195,15 @@ impl DenseModel {
                 let w = self.dense_width();
                 first.accumulate(dense, w, at..at + w, batch, &mut partial);
                 Early {
-                    hidden: Vec::new(),
                     partial,
+                    ..Early::default()
                 }
             }
             Kind::Ncf { .. } => Early::default(),
+            Kind::Graph(g) => Early {
+                graph: g.early_dense(dense, batch),
+                ..Early::default()
+            },
         }
     }
 
@@ -193,6 +215,7 @@ impl DenseModel {
                 interaction: Interaction::Dot,
                 ..
             } => return None,
+            Kind::Graph(g) => return g.early_table(k, pooled, batch),
             Kind::Dlrm { bottom, top, .. } => {
                 let d = bottom.outputs();
                 (top.first(), (k + 1) * d..(k + 2) * d)
@@ -228,6 +251,7 @@ impl DenseModel {
             acc
         };
         match &self.kind {
+            Kind::Graph(g) => g.finish(early.graph, parts, pooled, batch),
             Kind::Dlrm {
                 bottom,
                 interaction,
