@@ -771,11 +771,12 @@ def parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "cache",
                                      "colocate", "keyed", "e2e", "ebc", "build", "gpu",
-                                     "flash-repro", "flash-check", "update", "serve"])
+                                     "flash-repro", "flash-check", "update", "serve",
+                                     "torchrec"])
     be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
     be.add_argument("--models", help="comma-separated models (sls, cache: default rmc1,rmc2,rmc3; "
                     "e2e: all eight)")
-    be.add_argument("--rows", type=int, help="rows per table (sls, keyed)")
+    be.add_argument("--rows", type=int, help="rows per table (sls, keyed, torchrec)")
     be.add_argument("--budgets", help="cache, colocate: DRAM budgets as shares of the tables, "
                     "e.g. 0.25,0.06 (colocate: 0 = no DRAM tier)")
     be.add_argument("--traces", help="cache, colocate: traces, e.g. k1,zipf1.05 "

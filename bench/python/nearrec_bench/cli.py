@@ -144,6 +144,18 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
         records = ebc.run(bcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "ebc-quick" if args.quick else "ebc"
         md = ebc.markdown(records, command)
+    elif args.what == "torchrec":
+        from . import torchrec
+
+        tcfg = torchrec.TorchRecConfig.quick() if args.quick else torchrec.TorchRecConfig()
+        if args.rows:
+            tcfg.rows = args.rows
+        if args.batches:
+            tcfg.batches = tuple(int(b) for b in args.batches.split(","))
+        tcfg.scratch = Path(args.scratch)
+        records = torchrec.run(tcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+        name = "torchrec-quick" if args.quick else "torchrec"
+        md = torchrec.markdown(records, command)
     elif args.what == "update":
         from . import update
 
