@@ -161,3 +161,98 @@ def test_models_are_kept_with_their_tables(tmp_path):
     blob.write_bytes(bytes(data))
     with pytest.raises(nearrec.StoreCorrupted, match="dense.npz"):
         load(nearrec.open(path))
+
+
+def _rows(store: nearrec.Store, table: str, ids: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(store.read_rows(table, np.asarray(ids, dtype=np.int64)))
+
+
+@pytest.mark.parametrize("tier", ["dram", "ssd"])
+def test_din_attends_to_each_behaviour_item_read_as_a_sequence(tmp_path, tier):
+    """DIN with its behaviour tables read by an EmbeddingCollection: the attention unit scores
+    each item (a per-sample loop over the rows here), not one sum of them."""
+    nearrec.build(tmp_path / "din", "din", rows=50, seed=1, progress=False)
+    store = nearrec.open(tmp_path / "din", tier=tier)
+    model = build("din", store, seed=3, sequence=True)
+    pooled = build("din", store, seed=3)
+    assert type(model.sparse).__name__ == "SequenceSparse"
+    assert linear_shapes(model) == SHAPES["din"]  # the same layers
+    rng = np.random.default_rng(2)
+    tables, batch = list(model.table_names), 5
+    lengths = rng.integers(0, 4, (len(tables), batch))
+    lengths[1, 0], lengths[2, 1] = 0, 3  # an empty history and a full one
+    values = rng.integers(0, 50, int(lengths.sum()))
+    kjt = KeyedJaggedTensor(tables, torch.from_numpy(values), torch.from_numpy(lengths.ravel()))
+    at = np.concatenate([[0], np.cumsum(lengths.ravel())])
+
+    def ids(k: int, b: int) -> np.ndarray:
+        i = k * batch + b
+        return values[at[i]:at[i + 1]]
+
+    with torch.inference_mode():
+        got = model(None, kjt)
+        want = []
+        for b in range(batch):
+            pool = [_rows(store, t, ids(k, b)).sum(dim=0) for k, t in enumerate(tables)]
+            ad = pool[-2]
+            attn = sum(model.attention(torch.cat([r, ad, r + ad])) for k in
+                       range(1, len(tables) - 2) for r in _rows(store, tables[k], ids(k, b)))
+            attn = attn if isinstance(attn, torch.Tensor) else torch.zeros(32)
+            want.append(model.top(torch.cat([pool[0], attn, ad, pool[-1]])))
+        torch.testing.assert_close(got, torch.stack(want), rtol=1e-5, atol=1e-5)
+        # one item per behaviour: the same as scoring the pooled item
+        ones = KeyedJaggedTensor(tables, torch.arange(len(tables) * batch) % 50,
+                                 torch.ones(len(tables) * batch, dtype=torch.int64))
+        torch.testing.assert_close(model(None, ones), pooled(None, ones), rtol=1e-5, atol=1e-6)
+        # pipelined: the sequences are read ahead like pooled vectors
+        res = infer(model, [(None, kjt), (None, ones)], depth=2)
+        torch.testing.assert_close(res.outputs[0], got)
+    save(model, store)
+    assert type(load(nearrec.open(tmp_path / "din")).sparse).__name__ == "SequenceSparse"
+    with pytest.raises(nearrec.InvalidRequest, match="sequence=True is for DIN and DIEN"):
+        build("rmc1", store, sequence=True)
+
+
+def test_dien_runs_its_rnn_over_each_samples_history(tmp_path):
+    nearrec.build(tmp_path / "dien", "dien", rows=40, seed=1, progress=False)
+    store = nearrec.open(tmp_path / "dien")
+    model = build("dien", store, seed=3, sequence=True)
+    pooled = build("dien", store, seed=3)
+    tables, batch, steps = list(model.table_names), 4, 40
+    history = np.array([40, 7, 1, 0])  # filled first steps per sample
+    lengths = np.ones((len(tables), batch), dtype=np.int64)
+    lengths[:steps] = (np.arange(steps)[:, None] < history[None, :])
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 40, int(lengths.sum()))
+    kjt = KeyedJaggedTensor(tables, torch.from_numpy(values), torch.from_numpy(lengths.ravel()))
+    at = np.concatenate([[0], np.cumsum(lengths.ravel())])
+    with torch.inference_mode():
+        got = model(None, kjt)
+        full = pooled(None, kjt)
+        torch.testing.assert_close(got[0], full[0], rtol=1e-5, atol=1e-6)  # a full history
+        for b in (1, 2):  # the RNN over the sample's own steps only
+            seq = torch.stack([_rows(store, tables[k], values[at[k * batch + b]:
+                                                               at[k * batch + b + 1]])[0]
+                               for k in range(history[b])])
+            _, h = model.rnn(seq[None])
+            last = h[-1, 0]
+            last = last + torch.softmax(model.attention(last), dim=0)
+            rest = [_rows(store, t, values[at[k * batch + b]:at[k * batch + b + 1]]).sum(dim=0)
+                    for k, t in enumerate(tables[steps:], start=steps)]
+            torch.testing.assert_close(got[b], model.top(torch.cat([last, *rest])),
+                                       rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(got[1], full[1])  # empty steps are not run through
+        # a gap in a history, and two items in one step, are refused by name
+        gap = lengths.copy()
+        gap[3, 1] = 0
+        bad = KeyedJaggedTensor(tables, torch.zeros(int(gap.sum()), dtype=torch.int64),
+                                torch.from_numpy(gap.ravel()))
+        with pytest.raises(nearrec.InvalidRequest, match="sample 1's history skips a step "
+                                                         "before 't4'"):
+            model(None, bad)
+        two = lengths.copy()
+        two[5, 0] = 2
+        bad = KeyedJaggedTensor(tables, torch.zeros(int(two.sum()), dtype=torch.int64),
+                                torch.from_numpy(two.ravel()))
+        with pytest.raises(nearrec.InvalidRequest, match="step 't5' has 2 ids for sample 0"):
+            model(None, bad)

@@ -53,7 +53,13 @@ from .remote import RemoteStore
 from .request import TableLookup, count, path_arg
 from .specs import ModelSpec, Variant, model_spec
 from .store import Store, read_attachment
-from .torch import EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor
+from .torch import (
+    EmbeddingBagCollection,
+    EmbeddingCollection,
+    JaggedTensor,
+    KeyedJaggedTensor,
+    KeyedTensor,
+)
 
 
 class Stages:
@@ -224,8 +230,30 @@ class NCF(_Model):
         return out
 
 
+class SequenceSparse(nn.Module):
+    """DIN's and DIEN's sparse part as the models mean it (``build(..., sequence=True)``): the
+    behaviour tables read as sequences, each id's own row (an
+    :class:`~nearrec.torch.EmbeddingCollection`), the others pooled (an
+    :class:`~nearrec.torch.EmbeddingBagCollection`). ``forward(features)`` gives ``{table:
+    pooled [batch, dim] | JaggedTensor}``."""
+
+    def __init__(self, store: Store | RemoteStore, pooled: Sequence[str],
+                 sequences: Sequence[str], **collection: Any):
+        super().__init__()
+        self.pooled = EmbeddingBagCollection(store, list(pooled), **collection)
+        self.sequences = EmbeddingCollection(store, list(sequences))
+
+    def forward(self, features: Any) -> dict[str, Tensor | JaggedTensor]:
+        out: dict[str, Tensor | JaggedTensor] = dict(self.pooled(features).to_dict())
+        out.update(self.sequences(features))
+        return out
+
+
 class DIN(_Model):
-    """DIN: an attention unit per behaviour table, summed, then an MLP to 2 outputs."""
+    """DIN: an attention unit per behaviour table, summed, then an MLP to 2 outputs. With its
+    behaviour tables read as sequences (``build("din", ..., sequence=True)``), the unit scores
+    each behaviour item against the ad and the items' outputs are summed, DIN's weighted sum
+    pooling, instead of scoring one sum of the items."""
 
     def __init__(self, spec: ModelSpec, sparse: nn.Module, tables: Sequence[str], dim: int):
         super().__init__(spec, sparse, tables)
@@ -237,16 +265,29 @@ class DIN(_Model):
     def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
                    stages: Stages | None = None) -> Tensor:
         profile, *behaviour, ad, context = pooled
-        attn = torch.stack([self.attention(torch.cat([b, ad, b + ad], dim=1))
-                            for b in behaviour]).sum(dim=0)
+        attn = torch.stack([self._attend(b, ad) for b in behaviour]).sum(dim=0)
         out: Tensor = self.top(torch.cat([profile, attn, ad, context], dim=1))
         _mark(stages, "dense_mlp")
         return out
 
 
+    def _attend(self, behaviour: Tensor | JaggedTensor, ad: Tensor) -> Tensor:
+        if not isinstance(behaviour, JaggedTensor):
+            out: Tensor = self.attention(torch.cat([behaviour, ad, behaviour + ad], dim=1))
+            return out
+        items, mask = behaviour.padded()  # [batch, items, dim]
+        ads = ad.unsqueeze(1).expand_as(items)
+        scored: Tensor = self.attention(torch.cat([items, ads, items + ads], dim=2))
+        return (scored * mask.unsqueeze(2)).sum(dim=1)
+
+
 class DIEN(_Model):
     """DIEN: two tanh RNN layers over the 40 behaviour steps, the attention stand-in added back
-    onto the last hidden state, then an MLP to 2 outputs."""
+    onto the last hidden state, then an MLP to 2 outputs. With the steps read as a sequence
+    (``build("dien", ..., sequence=True)``) each step is one behaviour item (at most one id) and a
+    sample's history is its first steps: the RNN runs over those and stops where the history
+    ends, instead of running on through empty steps (equal when every step is filled; an empty
+    history reads as one zero step)."""
 
     STEPS = 40
 
@@ -261,14 +302,45 @@ class DIEN(_Model):
 
     def dense_part(self, dense: Tensor | None, pooled: list[Tensor],
                    stages: Stages | None = None) -> Tensor:
-        steps = torch.stack(pooled[:self.STEPS], dim=1)  # [batch, 40, dim]
         profile, ad, context = pooled[self.STEPS:]
-        hidden, _ = self.rnn(steps)
-        last = hidden[:, -1]
+        if isinstance(pooled[0], JaggedTensor):
+            last = self._history(pooled[:self.STEPS])
+        else:
+            hidden, _ = self.rnn(torch.stack(pooled[:self.STEPS], dim=1))  # [batch, 40, dim]
+            last = hidden[:, -1]
         last = last + torch.softmax(self.attention(last), dim=1)
         out: Tensor = self.top(torch.cat([last, profile, ad, context], dim=1))
         _mark(stages, "dense_mlp")
         return out
+
+    def _history(self, steps: list[Any]) -> Tensor:
+        """The RNN's last hidden state over each sample's history: its filled first steps."""
+        lengths = torch.stack([s.lengths() for s in steps], dim=1)  # [batch, 40]
+        for k, s in enumerate(steps):
+            over = torch.nonzero(s.lengths() > 1)
+            if len(over):
+                table = self.table_names[k]
+                raise InvalidRequest(f"behaviour step {table!r} has {int(s.lengths()[over[0]])} "
+                                     f"ids for sample {int(over[0])}: a step is one item",
+                                     table=table, position=int(over[0]))
+        filled = lengths > 0
+        history = filled.sum(dim=1)
+        gap = torch.nonzero((filled.cumsum(dim=1) < torch.arange(1, self.STEPS + 1)[None, :])
+                            & filled)
+        if len(gap):
+            b, k = (int(x) for x in gap[0])
+            raise InvalidRequest(f"sample {b}'s history skips a step before "
+                                 f"{self.table_names[k]!r}: a history fills the first steps",
+                                 table=self.table_names[k], position=b)
+        batch, dim = lengths.shape[0], steps[0].values().shape[1]
+        x = steps[0].values().new_zeros((batch, self.STEPS, dim))
+        for k, s in enumerate(steps):
+            x[filled[:, k], k] = s.values()
+        packed = nn.utils.rnn.pack_padded_sequence(x, history.clamp(min=1).cpu(),
+                                                   batch_first=True, enforce_sorted=False)
+        _, h = self.rnn(packed)
+        last: Tensor = h[-1]  # the top layer's state at each sample's last step
+        return last
 
 
 _ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid",
@@ -665,7 +737,8 @@ def save(model: nn.Module, store: str | Path | Store,
              for k, v in model.state_dict().items() if not k.startswith("sparse.")]
     config = {"model": model.spec.name, "variant": model.variant,
               "interaction": getattr(model, "interaction", "cat"),
-              "tasks": len(getattr(model, "heads", [])) or 1, "tables": list(model.table_names)}
+              "tasks": len(getattr(model, "heads", [])) or 1, "tables": list(model.table_names),
+              "sequence": isinstance(model.sparse, SequenceSparse)}
     model_save(str(path), json.dumps(config), dense)
 
 
@@ -692,13 +765,14 @@ def load(store: Store, **collection: Any) -> nn.Module:
         else:
             variant = config["variant"]
             interaction, tasks = config["interaction"], config["tasks"]
+            sequence = bool(config.get("sequence", False))
     except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError is a ValueError
         raise StoreCorrupted(f"the store at {path}: its {CONFIG_ATTACHMENT} is not a model "
                              f"configuration: {type(e).__name__}: {e}") from None
     if name == "graph":
         return _load_graph(store, config, _weights(path, weights))
     model = build(name, store, variant=variant, interaction=interaction, tasks=tasks,
-                  **collection)
+                  sequence=sequence, **collection)
     state = {k: torch.from_numpy(v) for k, v in _weights(path, weights).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("sparse.")]
@@ -741,11 +815,13 @@ def _load_graph(store: Store, config: dict[str, Any], weights: dict[str, np.ndar
 def build(name: str, store: Store | RemoteStore | None, seed: int = 0,
           variant: Variant = "deeprecsys",
           interaction: str = "cat", tasks: int = 1, sparse: nn.Module | None = None,
-          **collection: Any) -> _Model:
+          sequence: bool = False, **collection: Any) -> _Model:
     """Model ``name`` over ``store``'s tables ``t0``, ``t1``, ... (as :func:`nearrec.build` makes
     them), dense layers initialised from ``seed``. ``sparse`` replaces the sparse part (any module
     mapping a ``KeyedJaggedTensor`` to a ``KeyedTensor``); ``collection`` goes to
-    :class:`~nearrec.torch.EmbeddingBagCollection` (``device``, ``hbm_budget``, ...)."""
+    :class:`~nearrec.torch.EmbeddingBagCollection` (``device``, ``hbm_budget``, ...).
+    ``sequence=True`` (DIN, DIEN) reads the behaviour tables as sequences
+    (:class:`SequenceSparse`) rather than sum-pooled as DeepRecInfra's spec has them."""
     spec = model_spec(name)
     if variant not in ("deeprecsys", "recssd"):
         raise InvalidRequest(f"variant must be 'deeprecsys' or 'recssd', not {variant!r}")
@@ -753,6 +829,9 @@ def build(name: str, store: Store | RemoteStore | None, seed: int = 0,
         raise InvalidRequest(f"interaction must be 'cat' or 'dot', not {interaction!r}")
     seed = count(seed, "seed", 0, 2**63 - 1)
     tasks = count(tasks, "tasks")
+    if sequence and spec.name not in ("din", "dien"):
+        raise InvalidRequest(f"{spec.name} has no behaviour sequences (sequence=True is for "
+                             "DIN and DIEN)")
     dim = spec.table_dim(variant)
     tables = [f"t{i}" for i in range(len(spec.table_rows(variant)))]
     if sparse is None:
@@ -769,7 +848,12 @@ def build(name: str, store: Store | RemoteStore | None, seed: int = 0,
         if wrong:
             raise InvalidRequest(f"{spec.name} needs dim {dim}; table {wrong[0]!r} has "
                                  f"{store.table(wrong[0]).dim}", table=wrong[0])
-        sparse = EmbeddingBagCollection(store, tables, **collection)
+        if sequence:
+            behaviour = tables[1:-2] if spec.name == "din" else tables[:DIEN.STEPS]
+            sparse = SequenceSparse(store, [t for t in tables if t not in behaviour], behaviour,
+                                    **collection)
+        else:
+            sparse = EmbeddingBagCollection(store, tables, **collection)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model: _Model
@@ -791,5 +875,5 @@ def build(name: str, store: Store | RemoteStore | None, seed: int = 0,
 
 
 __all__ = ["DIEN", "DIN", "DLRM", "NCF", "OFFLOADABLE", "InferResult", "MultiTaskWideAndDeep",
-           "Offloaded", "Stages", "WideAndDeep", "build", "infer", "linear_shapes", "load", "mlp",
-           "offload", "save", "split"]
+           "Offloaded", "SequenceSparse", "Stages", "WideAndDeep", "build", "infer",
+           "linear_shapes", "load", "mlp", "offload", "save", "split"]

@@ -783,13 +783,24 @@ class JaggedTensor:
                         padding_value: float = 0.0) -> Tensor:
         """``[batch, desired_length, dim]`` (the longest sample's length by default): longer
         samples cut, shorter ones padded with ``padding_value``."""
-        rows = self.to_dense()
-        n = desired_length if desired_length is not None else max(
-            (len(r) for r in rows), default=0)
-        out = self._values.new_full((len(rows), n, self._values.shape[1]), padding_value)
-        for i, r in enumerate(rows):
-            out[i, :min(n, len(r))] = r[:n]
-        return out
+        return self.padded(desired_length, padding_value)[0]
+
+    def padded(self, desired_length: int | None = None,
+               padding_value: float = 0.0) -> tuple[Tensor, Tensor]:
+        """:meth:`to_padded_dense` and its mask, ``[batch, length]``: True where a sample has a
+        row (what attention over a sequence sums over)."""
+        lengths = self._lengths.to(torch.int64)
+        batch = lengths.numel()
+        n = desired_length if desired_length is not None else \
+            int(lengths.max()) if batch else 0
+        starts = torch.cumsum(lengths, 0) - lengths
+        sample = torch.repeat_interleave(torch.arange(batch, device=lengths.device), lengths)
+        at = torch.arange(self._values.shape[0], device=lengths.device) - starts[sample]
+        keep = at < n
+        out = self._values.new_full((batch, n, self._values.shape[1]), padding_value)
+        out[sample[keep], at[keep]] = self._values[keep]
+        mask = torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
+        return out, mask
 
 
 class EmbeddingCollection(nn.Module):

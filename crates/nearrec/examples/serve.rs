@@ -96,6 +96,7 @@ fn main() -> Result<()> {
         tables: Some((0..TABLES).map(|t| format!("t{t}")).collect()),
         features: None,
         pooling: None,
+        sequence: false,
         graph: None,
     };
     nearrec::model::save(&store_path, &model, &tensors)?;

@@ -48,6 +48,10 @@ pub struct ModelConfig {
     /// model's configs do); a request's lookups are pooled so, whatever they ask.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pooling: Option<Vec<String>>,
+    /// DIN / DIEN: the behaviour tables read as sequences (recorded for rebuilding the PyTorch
+    /// model; no engine twin).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sequence: bool,
     /// The dense part as a program (`model: "graph"`): a user's model captured by Python.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph: Option<GraphSpec>,

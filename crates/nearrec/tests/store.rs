@@ -470,6 +470,7 @@ fn infer_runs_the_stored_model_like_the_same_model_built_by_hand() {
         tables: Some(TABLES.iter().map(|t| t.to_string()).collect()),
         features: None,
         pooling: None,
+        sequence: false,
         graph: None,
     };
     nearrec::model::save(&path, &config, &tensors).unwrap();
