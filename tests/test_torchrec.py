@@ -5,6 +5,7 @@ DLRM, on the DRAM and SSD tiers."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
@@ -368,3 +369,61 @@ def test_compile_and_export_keep_the_lookup_as_one_op(tmp_path):
     with pytest.raises(InvalidRequest, match="handle"):
         torch.ops.nearrec.pooled_lookup(10**9, features.values(), features.lengths(), None,
                                         [0], 4)
+
+
+class _Sequences(torch.nn.Module):
+    """A sequence model's sparse part and a little of what follows it, taking the KJT's
+    tensors: ids summed, a padded history, a candidate's rows."""
+
+    def __init__(self, collection: Any):
+        super().__init__()
+        self.collection = collection
+
+    def forward(self, values: Any, lengths: Any) -> Any:
+        out = self.collection(torchrec.KeyedJaggedTensor(
+            keys=["history", "candidate", "category"], values=values, lengths=lengths))
+        return (out["history"].to_padded_dense(4), out["candidate"].values().sum(dim=0),
+                out["category"].to_padded_dense(2).sum(dim=1))
+
+
+@pytest.mark.parametrize("options", TIERS, ids=["dram", "ssd"])
+def test_sequence_embeddings_compile_and_export_as_one_op(tmp_path, options):
+    from torch.export import Dim
+
+    from nearrec.torch import EmbeddingCollection
+    torch.manual_seed(9)
+    theirs = torchrec.EmbeddingCollection(tables=sequence_configs())
+    nearrec.from_numpy(tmp_path / "s", {n: m.weight.detach().numpy()
+                                        for n, m in theirs.embeddings.items()})
+    ours = EmbeddingCollection(nearrec.open(tmp_path / "s", **options),
+                               tables=sequence_configs())
+    eager, reference = _Sequences(ours), _Sequences(theirs)
+    compiled = torch.compile(eager, fullgraph=True)  # a graph break would fail here
+
+    def batch(seed: int, n: int) -> tuple[Any, Any]:
+        rng = np.random.default_rng(seed)
+        lengths = rng.integers(0, 6, 3 * n)
+        rows = np.repeat([200, 200, 30], n)
+        return (torch.from_numpy(np.concatenate([rng.integers(0, r, k)
+                                                 for r, k in zip(rows, lengths, strict=True)])),
+                torch.from_numpy(lengths))
+
+    with torch.inference_mode():
+        for seed, n in ((1, 5), (2, 5), (3, 9)):  # new ids and sizes: nothing frozen
+            for got, want in zip(compiled(*batch(seed, n)), reference(*batch(seed, n)),
+                                 strict=True):
+                torch.testing.assert_close(got, want)
+    samples = Dim("samples", min=1, max=4096)
+    program = torch.export.export(eager, batch(4, 6),
+                                  dynamic_shapes=({0: Dim.AUTO}, {0: 3 * samples}))
+    ops = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert torch.ops.nearrec.sequence_lookup.default in ops
+    for seed, n in ((5, 6), (6, 17)):
+        for got, want in zip(program.module()(*batch(seed, n)), reference(*batch(seed, n)),
+                             strict=True):
+            torch.testing.assert_close(got, want)
+    # a copy (pickled and back) registers its own handle and answers the same
+    copy = pickle.loads(pickle.dumps(ours))
+    assert copy._handle != ours._handle
+    for a, b in zip(_Sequences(copy)(*batch(7, 3)), eager(*batch(7, 3)), strict=True):
+        torch.testing.assert_close(a, b)

@@ -78,10 +78,30 @@ def _device_of(*xs: Any) -> torch.device:
     return torch.device("cpu")
 
 
-# Collections by handle, for the custom op: an op takes tensors and numbers, not modules.
-_collections: weakref.WeakValueDictionary[int, EmbeddingBagCollection] = \
-    weakref.WeakValueDictionary()
+# Collections by handle, for the custom ops: an op takes tensors and numbers, not modules.
+_collections: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _handles = itertools.count(1)
+
+
+def _register(collection: nn.Module) -> int:
+    """A new handle naming ``collection`` for the custom ops."""
+    handle = next(_handles)
+    _collections[handle] = collection
+    return handle
+
+
+def _by_handle(handle: int, positions: Sequence[int], num_keys: int, values: Tensor,
+               lengths: Tensor, weights: Tensor | None = None) -> tuple[Any, Any]:
+    """The collection ``handle`` names and the KeyedJaggedTensor an op's tensors make (its
+    features at ``positions`` among ``num_keys`` keys)."""
+    collection = _collections.get(handle)
+    if collection is None:
+        raise InvalidRequest(f"no nearrec collection has handle {handle} in this process (the "
+                             "program outlived its module, or came from another process)")
+    keys = [f"\0unused {k}" for k in range(num_keys)]
+    for feature, k in zip(collection.features, positions, strict=True):
+        keys[k] = feature
+    return collection, KeyedJaggedTensor(keys, values, lengths, weights=weights)
 
 
 @torch.library.custom_op("nearrec::pooled_lookup", mutates_args=())
@@ -91,15 +111,9 @@ def pooled_lookup(handle: int, values: Tensor, lengths: Tensor, weights: Tensor 
     ``torch.compile`` and ``torch.export`` keep whole: a KeyedJaggedTensor's ``values``,
     ``lengths`` and ``weights`` over ``num_keys`` keys, the collection's features at
     ``positions`` among them. Returns ``[batch, Σ dim]``."""
-    collection = _collections.get(handle)
-    if collection is None:
-        raise InvalidRequest(f"no nearrec collection has handle {handle} in this process (the "
-                             "program outlived its module, or came from another process)")
-    keys = [f"\0unused {k}" for k in range(num_keys)]
-    for feature, k in zip(collection.features, positions, strict=True):
-        keys[k] = feature
-    features = KeyedJaggedTensor(keys, values, lengths, weights=weights)
-    return collection._eager(features).values().clone()
+    collection, features = _by_handle(handle, positions, num_keys, values, lengths, weights)
+    out: Tensor = collection._eager(features).values().clone()
+    return out
 
 
 @pooled_lookup.register_fake
@@ -108,6 +122,26 @@ def _(handle: int, values: Tensor, lengths: Tensor, weights: Tensor | None,
     collection = _collections[handle]
     return values.new_empty((lengths.shape[0] // num_keys, sum(collection.dims)),
                             dtype=torch.float32)
+
+
+@torch.library.custom_op("nearrec::sequence_lookup", mutates_args=())
+def sequence_lookup(handle: int, values: Tensor, lengths: Tensor, positions: Sequence[int],
+                    num_keys: int) -> list[Tensor]:
+    """The rows of the :class:`EmbeddingCollection` ``handle`` names, as one op that
+    ``torch.compile`` and ``torch.export`` keep whole: per feature (at ``positions`` among the
+    KeyedJaggedTensor's ``num_keys`` keys) ``[its ids, dim]``, each id's row in order."""
+    collection, features = _by_handle(handle, positions, num_keys, values, lengths)
+    out = collection._eager(features)
+    return [out[f].values().clone() for f in collection.features]
+
+
+@sequence_lookup.register_fake
+def _(handle: int, values: Tensor, lengths: Tensor, positions: Sequence[int],
+      num_keys: int) -> list[Tensor]:
+    # how many ids a feature has is in its lengths' values: a size known only when it runs
+    ctx = torch.library.get_ctx()
+    return [values.new_empty((ctx.new_dynamic_size(), d), dtype=torch.float32)
+            for d in _collections[handle].dims]
 
 
 class EmbeddingBag(nn.Module):
@@ -420,7 +454,7 @@ class EmbeddingBagCollection(nn.Module):
         self.dims = [dim[self.feature_names[f]] for f in self.features]
         self.gpu_tier: Any = None
         self._native = self._native_collection()
-        self._handle = self._register()
+        self._handle = _register(self)
         #: pooled outputs computed ahead (``nearrec.models.infer``), by the id of their KJT
         self._ahead: dict[int, tuple[Any, KeyedTensor]] = {}
         if hbm_budget is not None or (device is not None and device.type == "cuda"):
@@ -459,7 +493,7 @@ class EmbeddingBagCollection(nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # untyped in torch
         self._native = self._native_collection()
-        self._handle = self._register()
+        self._handle = _register(self)
 
     def ahead(self, features: Any, pooled: KeyedTensor) -> None:
         """Makes the next ``forward(features)`` of this very ``features`` object return
@@ -472,12 +506,6 @@ class EmbeddingBagCollection(nn.Module):
         n = len(self._ahead)
         self._ahead.clear()
         return n
-
-    def _register(self) -> int:
-        """This collection's handle for :func:`pooled_lookup`."""
-        handle = next(_handles)
-        _collections[handle] = self
-        return handle
 
     def embedding_bag_configs(self) -> list[Any]:
         """TorchRec's ``EmbeddingBagConfig`` of each table (what ``torchrec.models.dlrm``
@@ -790,15 +818,20 @@ class JaggedTensor:
         """:meth:`to_padded_dense` and its mask, ``[batch, length]``: True where a sample has a
         row (what attention over a sequence sums over)."""
         lengths = self._lengths.to(torch.int64)
-        batch = lengths.numel()
+        values = self._values
+        batch, total, dim = lengths.numel(), values.shape[0], values.shape[1]
         n = desired_length if desired_length is not None else \
             int(lengths.max()) if batch else 0
         starts = torch.cumsum(lengths, 0) - lengths
-        sample = torch.repeat_interleave(torch.arange(batch, device=lengths.device), lengths)
-        at = torch.arange(self._values.shape[0], device=lengths.device) - starts[sample]
-        keep = at < n
-        out = self._values.new_full((batch, n, self._values.shape[1]), padding_value)
-        out[sample[keep], at[keep]] = self._values[keep]
+        sample = torch.repeat_interleave(torch.arange(batch, device=lengths.device), lengths,
+                                         output_size=total)
+        at = torch.arange(total, device=lengths.device) - starts[sample]
+        # rows past the length go to one slot beyond the output, dropped (no data-dependent
+        # shapes: this traces under torch.compile)
+        slot = torch.where(at < n, sample * n + at, batch * n)
+        out = values.new_full((batch * n + 1, dim), padding_value)
+        out.index_copy_(0, slot, values)
+        out = out[:batch * n].view(batch, n, dim)
         mask = torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
         return out, mask
 
@@ -850,6 +883,11 @@ class EmbeddingCollection(nn.Module):
         self.feature_names = _features(self.tables, feature_names)
         self.features = list(self.feature_names)
         self.dims = [store.table(self.feature_names[f]).dim for f in self.features]
+        self._handle = _register(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[no-untyped-call]  # untyped in torch
+        self._handle = _register(self)
 
     def embedding_configs(self) -> list[Any]:
         """TorchRec's ``EmbeddingConfig`` of each table: the configs given, else made from the
@@ -868,6 +906,28 @@ class EmbeddingCollection(nn.Module):
                 for t in self.tables]
 
     def forward(self, features: Any) -> dict[str, JaggedTensor]:
+        if torch.compiler.is_compiling():
+            return self._traced(features)
+        return self._eager(features)
+
+    def _traced(self, features: Any) -> dict[str, JaggedTensor]:
+        """Under ``torch.compile`` / ``torch.export``: the rows as one ``nearrec`` op over the
+        KJT's tensors (its keys are fixed at tracing)."""
+        keys = list(features.keys())
+        missing = [f for f in self.features if f not in keys]
+        if missing:
+            raise InvalidRequest(f"features have no key {missing[0]!r} for table "
+                                 f"{self.feature_names[missing[0]]!r}",
+                                 table=self.feature_names[missing[0]])
+        lengths = features.lengths()
+        batch = lengths.shape[0] // len(keys)
+        rows = torch.ops.nearrec.sequence_lookup(
+            self._handle, features.values(), lengths, [keys.index(f) for f in self.features],
+            len(keys))
+        return {f: JaggedTensor(r, lengths[keys.index(f) * batch:(keys.index(f) + 1) * batch])
+                for f, r in zip(self.features, rows, strict=True)}
+
+    def _eager(self, features: Any) -> dict[str, JaggedTensor]:
         _not_traced(self)
         _features_arg(features)
         j = jagged(features)
