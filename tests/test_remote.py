@@ -464,3 +464,81 @@ def test_torch_modules_and_models_over_a_node_equal_the_local_ones(tmp_path):
             offload(over_node)
     finally:
         assert node.stop() == 0
+
+
+def _remote_forward(module: Any, *args: Any) -> Any:
+    """Runs in a spawned process: ``module`` arrived pickled, connected again there."""
+    import torch
+    with torch.inference_mode():
+        return module(*args).values()
+
+
+def test_modules_over_a_node_pickle_fork_and_spawn_without_carrying_the_token(
+        tmp_path, monkeypatch):
+    import copy
+    import hashlib
+    import multiprocessing
+    import pickle
+
+    torch = pytest.importorskip("torch")
+    from nearrec.remote import TOKEN_ENV
+    from nearrec.torch import EmbeddingBagCollection, KeyedJaggedTensor
+    path = build(tmp_path)
+    token = "reader-secret-3c1d"
+    acl = tmp_path / "acl.toml"
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    acl.write_text(f'[principal.reader]\ntoken_sha256 = "{digest}"\nread = ["*"]\n')
+    node = Node(f"{path}=s", "--acl", str(acl), "--tier", "ssd")
+    try:
+        remote = nearrec.connect(node.address, token=token, timeout=30)
+        ebc = EmbeddingBagCollection(remote, ["a", "b"])
+        rng = np.random.default_rng(4)
+
+        def features(n: int) -> Any:
+            lengths = torch.from_numpy(rng.integers(0, 4, 2 * n))
+            values = torch.cat([torch.from_numpy(rng.integers(0, ROWS[t], int(k)))
+                                for t, per in zip("ab", lengths.reshape(2, n), strict=True)
+                                for k in per])
+            return KeyedJaggedTensor(["a", "b"], values, lengths)
+
+        kjt = features(5)
+        want = ebc(kjt).values()
+        local = EmbeddingBagCollection(nearrec.open(path), ["a", "b"])
+        torch.testing.assert_close(want, local(kjt).values(), rtol=1e-3, atol=1e-3)
+        assert copy.deepcopy(ebc).store is remote  # a copy shares the connection
+        blob = pickle.dumps(ebc)
+        assert token.encode() not in blob  # the token never travels
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+        with pytest.raises(nearrec.Unauthenticated, match=TOKEN_ENV):
+            pickle.loads(blob)
+        monkeypatch.setenv(TOKEN_ENV, token)
+        again = pickle.loads(blob)
+        assert again.store is not remote and again.store.name == "s"
+        torch.testing.assert_close(again(kjt).values(), want)
+        torch.save(ebc, tmp_path / "ebc.pt")
+        torch.testing.assert_close(torch.load(tmp_path / "ebc.pt", weights_only=False)(kjt)
+                                   .values(), want)
+        # a spawned process: pickled there, connected again with the token from its environment
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            torch.testing.assert_close(pool.apply(_remote_forward, (ebc, kjt)), want)
+        # forked DataLoader workers: each child makes its own connection on its first call
+        batches = [features(3) for _ in range(6)]
+        loader = torch.utils.data.DataLoader(_RemoteLookups(ebc, batches), batch_size=None,
+                                             num_workers=2, multiprocessing_context="fork",
+                                             timeout=60)  # a child hung on its parent's runtime
+        for got, b in zip(loader, batches, strict=True):
+            torch.testing.assert_close(got, ebc(b).values())
+        torch.testing.assert_close(ebc(kjt).values(), want)  # the parent's connection still works
+    finally:
+        assert node.stop() == 0
+
+
+class _RemoteLookups:
+    def __init__(self, collection: Any, batches: list[Any]):
+        self.collection, self.batches = collection, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.collection(self.batches[i]).values()

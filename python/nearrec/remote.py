@@ -11,6 +11,7 @@ naming the table and position, ``UnknownTable``, ...) plus the node's own refusa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -21,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._native import NativeRemote, NativeRemotePending
-from .errors import InvalidRequest, UnknownTable
+from .errors import InvalidRequest, Unauthenticated, UnknownTable
 from .request import (
     PoolingModeName,
     TableLookup,
@@ -32,6 +33,25 @@ from .request import (
     text,
 )
 from .store import PooledBatch, _ids, jagged_lookups, lookups, row_ids, write_calls
+
+#: Where a :class:`RemoteStore` unpickled in another process takes its bearer token from: a
+#: token never travels in a pickle (nor a ``torch.save``'d module).
+TOKEN_ENV = "NEARREC_TOKEN"
+
+
+@dataclass(frozen=True)
+class _Connection:
+    """How a :class:`RemoteStore` was connected, less its token: what its pickle carries.
+    Certificates travel as the paths they were read from."""
+
+    address: str
+    store: str
+    token: bool
+    timeout: float | None
+    tls_ca: str | None
+    tls_cert: str | None
+    tls_key: str | None
+    tls_domain: str | None
 
 
 @dataclass(frozen=True)
@@ -73,7 +93,26 @@ def connect(address: str, store: str = "", *, token: str | None = None,
             _pem(tls_cert, "tls_cert"), _pem(tls_key, "tls_key"))
         tls = (None if tls_ca is None else _pem(tls_ca, "tls_ca"),
                None if tls_domain is None else text(tls_domain, "tls_domain"), identity)
-    return RemoteStore(NativeRemote(address, store, token, timeout, tls), address)
+    return RemoteStore(NativeRemote(address, store, token, timeout, tls), address, _Connection(
+        address, store, token is not None, timeout, _path(tls_ca), _path(tls_cert),
+        _path(tls_key), tls_domain))
+
+
+def _path(p: str | os.PathLike[str] | None) -> str | None:
+    return None if p is None else os.fspath(p)
+
+
+def _reconnect(how: _Connection) -> RemoteStore:
+    """A pickled :class:`RemoteStore` connected again, its token from :data:`TOKEN_ENV`."""
+    token = None
+    if how.token:
+        token = os.environ.get(TOKEN_ENV)
+        if not token:
+            raise Unauthenticated(f"this RemoteStore of {how.address} was pickled without its "
+                                  f"bearer token (a token never travels in a pickle): set "
+                                  f"{TOKEN_ENV} where it is loaded")
+    return connect(how.address, how.store, token=token, timeout=how.timeout, tls_ca=how.tls_ca,
+                   tls_cert=how.tls_cert, tls_key=how.tls_key, tls_domain=how.tls_domain)
 
 
 def _pem(path: str | os.PathLike[str], what: str) -> bytes:
@@ -87,10 +126,28 @@ def _pem(path: str | os.PathLike[str], what: str) -> bytes:
 class RemoteStore:
     """A store on a storage node (see :func:`connect`)."""
 
-    def __init__(self, native: NativeRemote, address: str):
+    def __init__(self, native: NativeRemote, address: str, how: _Connection | None = None):
         self._native, self.address = native, address
         self._tables: dict[str, RemoteTable] = {}
         self._read_info()
+        self._how = how
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as how it was connected, less its token (a module holding it pickles,
+        ``torch.save`` s and runs in a spawned process): unpickling connects again, the token
+        from the environment (:data:`TOKEN_ENV`), the certificates from their paths. In a
+        forked process (a DataLoader worker) the client makes its own connection."""
+        if self._how is None:
+            raise InvalidRequest("this RemoteStore was not made by nearrec.connect: it cannot "
+                                 "be pickled")
+        return (_reconnect, (dataclasses.replace(self._how, store=self.name),))
+
+    def __copy__(self) -> RemoteStore:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RemoteStore:
+        """The same store: a copied module shares its connection."""
+        return self
 
     def _read_info(self) -> None:
         name, tables, version, tier, writable, model, stores = self._native.info()

@@ -6,7 +6,7 @@
 //! `nearrec.connect` is this client).
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nearrec::{AsBatch, Batch, Pooled, RowWrite, Rows};
@@ -55,13 +55,22 @@ impl Default for ClientOptions {
     }
 }
 
-/// A connection to one store on one node.
+/// A connection to one store on one node. A forked child process makes its own on its first
+/// call (the parent's runtime threads do not exist in it, and its socket is the parent's).
 #[derive(Debug, Clone)]
 pub struct Client {
-    runtime: Arc<tokio::runtime::Runtime>,
-    node: NodeClient<Channel>,
+    addr: String,
     store: String,
     options: ClientOptions,
+    conn: Arc<Mutex<Arc<Conn>>>,
+}
+
+/// The runtime and channel of one process.
+#[derive(Debug)]
+struct Conn {
+    pid: u32,
+    runtime: Arc<tokio::runtime::Runtime>,
+    node: NodeClient<Channel>,
 }
 
 /// A call the client could not make: no connection, a bad address.
@@ -110,10 +119,8 @@ fn remote(s: &Status) -> RemoteError {
 /// An answer and the version of the store it read.
 pub type Versioned<T> = (T, u64);
 
-impl Client {
-    /// Connects to the node at `addr` (`host:port`, or an `http://` URL) for its store `store`
-    /// (empty: the node's only store).
-    pub fn connect(addr: &str, store: &str, options: ClientOptions) -> Result<Self, RemoteError> {
+impl Conn {
+    fn open(addr: &str, options: &ClientOptions) -> Result<Self, RemoteError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("nearrec-client")
@@ -159,11 +166,36 @@ impl Client {
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
         Ok(Self {
+            pid: std::process::id(),
             runtime: Arc::new(runtime),
             node,
+        })
+    }
+}
+
+impl Client {
+    /// Connects to the node at `addr` (`host:port`, or an `http://` URL) for its store `store`
+    /// (empty: the node's only store).
+    pub fn connect(addr: &str, store: &str, options: ClientOptions) -> Result<Self, RemoteError> {
+        let conn = Conn::open(addr, &options)?;
+        Ok(Self {
+            addr: addr.to_owned(),
             store: store.to_owned(),
             options,
+            conn: Arc::new(Mutex::new(Arc::new(conn))),
         })
+    }
+
+    /// This process's connection: made again in a forked child.
+    fn conn(&self) -> Result<Arc<Conn>, RemoteError> {
+        let mut held = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if held.pid != std::process::id() {
+            let fresh = Arc::new(Conn::open(&self.addr, &self.options)?);
+            // the parent's runtime would wait for threads this process does not have: its
+            // memory is left as it is
+            std::mem::forget(std::mem::replace(&mut *held, fresh));
+        }
+        Ok(held.clone())
     }
 
     /// The store's name as the client sends it.
@@ -184,12 +216,15 @@ impl Client {
         r
     }
 
-    fn call<T, F>(&self, f: F) -> Result<T, RemoteError>
+    /// One call on this process's connection: `f` given the node's client.
+    fn call<T, F, Fut>(&self, f: F) -> Result<T, RemoteError>
     where
-        F: Future<Output = Result<Response<T>, Status>>,
+        F: FnOnce(NodeClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        self.runtime
-            .block_on(f)
+        let conn = self.conn()?;
+        conn.runtime
+            .block_on(f(conn.node.clone()))
             .map(Response::into_inner)
             .map_err(|s| remote(&s))
     }
@@ -206,29 +241,28 @@ impl Client {
     /// Pools `batch` on the node: the `[batch, Σ dim]` output and the version it read.
     pub fn lookup(&self, batch: &Batch<'_>) -> Result<Versioned<Pooled>, RemoteError> {
         let req = self.request(self.lookup_request(batch, false));
-        let mut node = self.node.clone();
-        let answer = self.call(node.lookup(req))?;
+        let answer = self.call(|mut node| async move { node.lookup(req).await })?;
         Ok((convert::unpooled(&answer).map_err(local)?, answer.version))
     }
 
     /// Each table's distinct rows `batch` reads, and the version they were read at.
     pub fn lookup_rows(&self, batch: &Batch<'_>) -> Result<Versioned<Vec<Rows>>, RemoteError> {
         let req = self.request(self.lookup_request(batch, true));
-        let mut node = self.node.clone();
-        let answer = self.call(node.lookup(req))?;
+        let answer = self.call(|mut node| async move { node.lookup(req).await })?;
         Ok((convert::unraw(&answer).map_err(local)?, answer.version))
     }
 
     /// Starts a lookup and returns at once; batches submitted together are in flight together
     /// on the one connection (RM_send_inputs / RM_read_outputs).
-    pub fn submit<B: AsBatch>(&self, batch: B) -> Pending {
+    pub fn submit<B: AsBatch>(&self, batch: B) -> Result<Pending, RemoteError> {
         let req = self.request(self.lookup_request(&batch.as_batch(), false));
-        let mut node = self.node.clone();
-        let task = self.runtime.spawn(async move { node.lookup(req).await });
-        Pending {
-            runtime: self.runtime.clone(),
+        let conn = self.conn()?;
+        let mut node = conn.node.clone();
+        let task = conn.runtime.spawn(async move { node.lookup(req).await });
+        Ok(Pending {
+            runtime: conn.runtime.clone(),
             task,
-        }
+        })
     }
 
     /// The model kept with the store, run on the node: `(outputs, batch, width)`.
@@ -242,8 +276,7 @@ impl Client {
             dense: encode_slice(dense),
             tables: convert::tables(batch),
         });
-        let mut node = self.node.clone();
-        let answer = self.call(node.infer(req))?;
+        let answer = self.call(|mut node| async move { node.infer(req).await })?;
         let outputs: Vec<f32> = decode(&answer.outputs, "", "outputs").map_err(local)?;
         Ok((outputs, answer.batch as usize, answer.width as usize))
     }
@@ -278,8 +311,9 @@ impl Client {
                 .collect(),
             allow_nonfinite,
         });
-        let mut node = self.node.clone();
-        Ok(self.call(node.write(req))?.version)
+        Ok(self
+            .call(|mut node| async move { node.write(req).await })?
+            .version)
     }
 
     /// EMB_REMOVE of rows; the version that holds it.
@@ -289,8 +323,9 @@ impl Client {
             table: table.to_owned(),
             ids: encode_slice(ids),
         });
-        let mut node = self.node.clone();
-        Ok(self.call(node.remove(req))?.version)
+        Ok(self
+            .call(|mut node| async move { node.remove(req).await })?
+            .version)
     }
 
     /// RM_create_table on the node.
@@ -312,8 +347,9 @@ impl Client {
             init: init.to_owned(),
             seed,
         });
-        let mut node = self.node.clone();
-        Ok(self.call(node.create_table(req))?.version)
+        Ok(self
+            .call(|mut node| async move { node.create_table(req).await })?
+            .version)
     }
 
     /// EMB_REMOVE of a table on the node.
@@ -322,8 +358,9 @@ impl Client {
             store: self.store.clone(),
             name: name.to_owned(),
         });
-        let mut node = self.node.clone();
-        Ok(self.call(node.drop_table(req))?.version)
+        Ok(self
+            .call(|mut node| async move { node.drop_table(req).await })?
+            .version)
     }
 
     /// The store at `path` on the node's file system served from the next request on.
@@ -333,8 +370,9 @@ impl Client {
             path: path.to_owned(),
             warm,
         });
-        let mut node = self.node.clone();
-        Ok(self.call(node.swap(req))?.version)
+        Ok(self
+            .call(|mut node| async move { node.swap(req).await })?
+            .version)
     }
 
     /// What the store holds.
@@ -342,8 +380,7 @@ impl Client {
         let req = self.request(pb::InfoRequest {
             store: self.store.clone(),
         });
-        let mut node = self.node.clone();
-        self.call(node.info(req))
+        self.call(|mut node| async move { node.info(req).await })
     }
 
     /// The store's counters.
@@ -351,8 +388,7 @@ impl Client {
         let req = self.request(pb::StatsRequest {
             store: self.store.clone(),
         });
-        let mut node = self.node.clone();
-        self.call(node.stats(req))
+        self.call(|mut node| async move { node.stats(req).await })
     }
 }
 

@@ -105,11 +105,10 @@ impl NativeRemote {
     }
 
     /// Starts a lookup on the node; returns its handle at once.
-    fn submit(&self, lookups: &Bound<'_, PyAny>) -> PyResult<NativeRemotePending> {
+    fn submit(&self, py: Python<'_>, lookups: &Bound<'_, PyAny>) -> PyResult<NativeRemotePending> {
         let held = HeldBatch::extract(lookups)?;
-        Ok(NativeRemotePending(Mutex::new(Some(
-            self.client.submit(held),
-        ))))
+        let pending = self.client.submit(held).map_err(|e| remote_err(py, e))?;
+        Ok(NativeRemotePending(Mutex::new(Some(pending))))
     }
 
     /// The model kept with the store, run on the node: `[batch, outputs]` float32.
