@@ -542,3 +542,40 @@ class _RemoteLookups:
 
     def __getitem__(self, i: int) -> Any:
         return self.collection(self.batches[i]).values()
+
+
+def test_a_captured_torchrec_model_kept_with_its_store_runs_on_the_node(tmp_path):
+    """A TorchRec DLRM after from_torchrec, saved with its store: the node runs its program,
+    the features (two of which read one table) matched by name and pooled as its configs say."""
+    torch = pytest.importorskip("torch")
+    torchrec = pytest.importorskip("torchrec")
+    from torchrec.models.dlrm import DLRM
+
+    from nearrec.models import save
+    from nearrec.torch import from_torchrec
+    torch.manual_seed(3)
+    tables = [torchrec.EmbeddingBagConfig(
+        name=f"t{i}", embedding_dim=8, num_embeddings=100,
+        feature_names=[f"f{i}"] + (["g"] if i == 0 else []),
+        pooling=torchrec.PoolingType.MEAN if i == 1 else torchrec.PoolingType.SUM)
+        for i in range(3)]
+    model = DLRM(embedding_bag_collection=torchrec.EmbeddingBagCollection(tables=tables),
+                 dense_in_features=4, dense_arch_layer_sizes=[8],
+                 over_arch_layer_sizes=[8, 1]).eval()
+    save(from_torchrec(model, tmp_path / "dlrm"), tmp_path / "dlrm")
+    node = Node(str(tmp_path / "dlrm"), "--tier", "ssd")
+    try:
+        remote = nearrec.connect(node.address)
+        assert remote.has_model
+        rng = np.random.default_rng(1)
+        keys = ["f0", "g", "f1", "f2"]
+        lengths = torch.from_numpy(rng.integers(1, 4, 4 * 5))
+        kjt = torchrec.KeyedJaggedTensor(
+            keys=keys, values=torch.from_numpy(rng.integers(0, 100, int(lengths.sum()))),
+            lengths=lengths)
+        dense = torch.randn(5, 4)
+        with torch.inference_mode():
+            want = model(dense, kjt).numpy()
+        np.testing.assert_allclose(remote.infer(dense.numpy(), kjt), want, rtol=1e-5, atol=1e-6)
+    finally:
+        assert node.stop() == 0
