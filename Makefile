@@ -9,7 +9,7 @@ RECBOLE   ?= recbole==1.2.1
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-slow develop rust-check py-check bench bench-quick clean
+.PHONY: demo test test-slow develop rust-check py-check bench bench-quick wheel wheel-smoke clean
 
 # The environment: a virtualenv with the build tool, test tools, PyTorch (CPU use of the default
 # wheel), FBGEMM's CPU build and TorchRec (the peers, and the KeyedJaggedTensor tests), RocksDB
@@ -77,5 +77,18 @@ bench: develop
 bench-quick: develop
 	nearrec bench sls --quick
 
+# The product's wheel (abi3: one wheel for CPython >= 3.10), into dist/.
+wheel: $(VENV)/.deps
+	$(VENV)/bin/maturin build --release -q -o dist
+
+# That wheel alone in a fresh virtualenv, as a user without torch or matplotlib installs it: the
+# store, lookups on both tiers and the CLI (scripts/smoke.py). CI runs it after `make test`.
+wheel-smoke: wheel
+	rm -rf .venv-smoke
+	python3 -m venv .venv-smoke
+	.venv-smoke/bin/python -m pip install -q --upgrade pip
+	.venv-smoke/bin/python -m pip install -q dist/nearrec-*-abi3-*.whl
+	cd /tmp && $(CURDIR)/.venv-smoke/bin/python $(CURDIR)/scripts/smoke.py
+
 clean:
-	rm -rf target bench/scratch
+	rm -rf target bench/scratch dist .venv-smoke

@@ -1,14 +1,16 @@
-"""The ``nearrec`` command line: build, info, verify, gc, update, compact, lookup, infer, plan,
-simulate, bench.
+"""The ``nearrec`` command line: build, info, verify, gc, update, compact, serve, lookup,
+predict, trace, infer, plan, colocate, simulate, bench.
 
 Human-readable output by default, ``--json`` for machines; progress bars on long work when
-stderr is a terminal. Errors print one line and exit with status 2 (bad input) or 1 (store).
+stderr is a terminal (``--progress`` forces them). Errors print one line and exit with status 2
+(bad input) or 1 (the store, the system, a missing extra); ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -16,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import humanize
 import numpy as np
 
 import nearrec
@@ -208,6 +211,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def seconds(x: float) -> str:
+    """A duration for people: ``214 µs``, ``26.0 ms``, ``1.18 s``."""
+    return humanize.metric(x, "s").replace("μ", "µ")
+
+
+def size(n: float) -> str:
+    """Bytes for people: ``4.5 MiB``."""
+    return str(humanize.naturalsize(n, binary=True))
+
+
 def cmd_lookup(args: argparse.Namespace) -> int:
     store: Any
     if args.remote:
@@ -219,30 +232,39 @@ def cmd_lookup(args: argparse.Namespace) -> int:
         raise InvalidRequest("nearrec lookup needs a store: a PATH, or --remote HOST:PORT "
                              "(and the store's name on the node as PATH)")
     tables = args.table or list(store.tables)
+    repeat = count(args.repeat, "--repeat")
     rng = np.random.default_rng(args.seed)
-    reqs = []
-    for name in tables:
-        rows = store.table(name).rows
-        if args.indices:
-            idx = _load_npy(args.indices, "--indices")
-            off = _load_npy(args.offsets, "--offsets") if args.offsets else None
-            if off is None and idx.ndim == 1:
+
+    def batch() -> list[nearrec.TableLookup]:
+        """The given bags, or fresh uniform ones: each repeat draws its own, so that what the
+        DRAM tiers serve and how fast is not one batch read again."""
+        reqs = []
+        for name in tables:
+            rows = store.table(name).rows
+            if args.indices:
+                idx = _load_npy(args.indices, "--indices")
+                off = _load_npy(args.offsets, "--offsets") if args.offsets else None
+                if off is None and idx.ndim == 1:
+                    off = np.arange(0, len(idx), args.pooling)
+            else:
+                idx = rng.integers(0, rows, args.batch * args.pooling)
                 off = np.arange(0, len(idx), args.pooling)
-        else:
-            idx = rng.integers(0, rows, args.batch * args.pooling)
-            off = np.arange(0, len(idx), args.pooling)
-        reqs.append(nearrec.TableLookup(name, idx, off, mode=args.mode))
-    lat = []
-    for _ in range(args.repeat):
+            reqs.append(nearrec.TableLookup(name, idx, off, mode=args.mode))
+        return reqs
+
+    given = batch() if args.indices else None
+    lat, lookups = [], 0
+    for _ in range(repeat):
+        reqs = given or batch()
         t = time.perf_counter()
         out = store.lookup_many(reqs)
         lat.append(time.perf_counter() - t)
+        lookups += sum(len(np.asarray(r.indices).reshape(-1)) for r in reqs)
     b = out.values.shape[0]
-    p50, p99 = np.percentile(np.array(lat) * 1e6, [50, 99])
-    n_lookups = sum(len(np.asarray(r.indices).reshape(-1)) for r in reqs)
-    data = {"shape": list(out.values.shape), "p50_us": p50, "p99_us": p99,
-            "samples_per_s": b / float(np.median(lat)),
-            "lookups_per_s": n_lookups / float(np.median(lat)),
+    p50, p99 = np.percentile(np.array(lat), [50, 99])
+    data = {"shape": list(out.values.shape), "batches": repeat,
+            "fresh_batches": given is None, "p50_us": p50 * 1e6, "p99_us": p99 * 1e6,
+            "samples_per_s": b * repeat / sum(lat), "lookups_per_s": lookups / sum(lat),
             "first_row": out.values[0, :8].tolist() if b else []}
     stats = store.stats()
     if stats and "batches" not in stats:
@@ -251,9 +273,15 @@ def cmd_lookup(args: argparse.Namespace) -> int:
         data["stats"] = stats
     if args.output:
         np.save(args.output, out.values)
-    text = (f"pooled {b} bags x {len(tables)} tables -> {tuple(out.values.shape)}; "
-            f"p50 {p50:.0f} µs, p99 {p99:.0f} µs, {data['lookups_per_s'] / 1e6:.2f}M lookups/s\n"
-            f"first row: {np.array2string(out.values[0, :8], precision=4) if b else '-'}")
+    what = (f"{repeat} batches of {b} bags x {len(tables)} tables, each drawn afresh (uniform "
+            f"ids, seed {args.seed})" if given is None else
+            f"the given batch ({b} bags x {len(tables)} tables) {repeat} times: after the first, "
+            f"its rows may be in DRAM")
+    text = (f"{what} -> {tuple(out.values.shape)}\n"
+            f"per batch p50 {seconds(p50)}, p99 {seconds(p99)}; "
+            f"{data['lookups_per_s'] / 1e6:.2f}M lookups/s\n"
+            f"last batch's first row: "
+            f"{np.array2string(out.values[0, :8], precision=4) if b else '-'}")
     if stats:
         text += "\n" + format_stats(stats)
     _emit(args, data, text)
@@ -270,20 +298,20 @@ def format_stats(s: dict[str, float | str | bool]) -> str:
              f"{n('lookups'):,.0f} lookups, {n('unique_rows'):,.0f} distinct rows, "
              f"{n('device_reads'):,.0f} reads ({n('reads_saved_dedup'):,.0f} saved by "
              f"de-duplication, {n('reads_saved_merge'):,.0f} by merging)",
-             f"  bytes read {n('bytes_read'):,.0f}, useful {n('useful_bytes'):,.0f} "
+             f"  read {size(n('bytes_read'))}, of which useful {size(n('useful_bytes'))} "
              f"(amplification {n('read_amplification'):.2f}); most reads in one batch "
              f"{n('max_batch_reads'):,.0f}"]
     if n("dram_tier_bytes") > 0:
-        lines.append(f"  dram tiers {n('dram_tier_bytes') / 2**20:,.1f} MiB served "
+        lines.append(f"  dram tiers ({size(n('dram_tier_bytes'))}) served "
                      f"{100 * n('dram_hit_ratio'):.1f} % of lookups (whole tables "
                      f"{n('lookups_resident'):,.0f}, hot rows {n('lookups_hot'):,.0f}, row cache "
                      f"{n('lookups_cache'):,.0f}; ssd {n('lookups_ssd'):,.0f}); cache admitted "
                      f"{n('cache_admissions'):,.0f}, turned away {n('cache_rejections'):,.0f}, "
                      f"evicted {n('cache_evictions'):,.0f}")
     for stage in ("route", "io_wait", "pool", "end_to_end"):
-        lines.append(f"  {stage:10} p50 {n(stage + '_p50_us'):>8,.0f} µs  p95 "
-                     f"{n(stage + '_p95_us'):>8,.0f}  p99 {n(stage + '_p99_us'):>8,.0f}  "
-                     f"p99.9 {n(stage + '_p999_us'):>8,.0f}")
+        lines.append(f"  {stage:10} " + "  ".join(
+            f"{q} {seconds(n(f'{stage}_{k}_us') / 1e6):>9}"
+            for q, k in (("p50", "p50"), ("p95", "p95"), ("p99", "p99"), ("p99.9", "p999"))))
     return "\n".join(lines)
 
 
@@ -372,8 +400,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from .plan import make_plan
 
+    out = Path(args.out)
+    if not args.overwrite and (out.exists() or out.with_name(out.name + ".hot.npz").exists()):
+        raise InvalidRequest(f"a plan already exists at {out}; give --overwrite to replace it, "
+                             "or --out another file")
     plan = make_plan(args.store, args.trace, args.budget)
-    out = plan.save(args.out)
+    out = plan.save(out)
     png = plan.plot(args.plot) if args.plot else None
     data = {"plan": str(out), "plot": str(png) if png else None, "bytes": plan.bytes,
             "budget_bytes": plan.budget, "expected_hit_ratio": plan.expected_hit_ratio,
@@ -382,8 +414,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         "bytes": t.bytes, "expected_hit_ratio": t.expected_hit_ratio,
                         "working_set": t.working_set, "locality": t.locality}
                        for t in plan.tables.values()]}
+    budget = humanize.naturalsize(args.budget, binary=True, format="%.4g").replace(" ", "")
     _emit(args, data, plan.text() + f"\nwrote {out}" + (f" and {png}" if png else "")
-          + f"\napply it: nearrec.open({str(args.store)!r}, plan={str(out)!r})")
+          + f"\napply it: nearrec lookup {args.store} --plan {out} --dram-budget {budget} "
+            f"(or serve / infer, or nearrec.open({str(args.store)!r}, plan={str(out)!r}, "
+            f"dram_budget={args.budget}))")
     return 0
 
 
@@ -437,6 +472,88 @@ def cmd_infer(args: argparse.Namespace) -> int:
                          f"{k.replace('_', ' ')} {v:.2f} s" for k, v in r["breakdown_s"].items()))
     _emit(args, {"model": args.model, "offload": args.offload, "tier": tier, "batch": args.batch,
                  "batches": len(batches), "runs": runs}, "\n".join(lines))
+    return 0
+
+
+def _model_inputs(store: nearrec.Store) -> tuple[str, list[str], list[str]]:
+    """The model kept with ``store``: its name, its inputs' names (features or tables) and the
+    table each reads."""
+    raw = nearrec.read_attachment(store.path, "model.json")
+    if raw is None:
+        raise InvalidRequest(f"the store at {store.path} keeps no model: keep one with "
+                             "nearrec.models.save(model, store) (nearrec predict runs it)")
+    config = json.loads(raw)
+    tables = config.get("tables") or sorted(
+        (t for t in store.tables if t[1:].isdigit()), key=lambda t: int(t[1:]))
+    return str(config.get("model")), list(config.get("features") or tables), list(tables)
+
+
+def _predict_inputs(path: str, inputs: list[str], rows: list[int]
+                    ) -> tuple[np.ndarray | None, dict[str, tuple[np.ndarray, np.ndarray]], int]:
+    """Dense features and per input ``(ids, lengths)`` from an ``.npz`` or Criteo TSV rows
+    (hashed into ``rows``, each input's table's)."""
+    src = Path(regular_file(path, "--inputs"))
+    ids: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if src.suffix == ".npz":
+        with np.load(src, allow_pickle=False) as f:
+            files = set(f.files)
+            dense = np.asarray(f["dense"], np.float32) if "dense" in files else None
+            for name in inputs:
+                if name not in files:
+                    raise InvalidRequest(f"{path}: no array {name!r} (the model's inputs are "
+                                         f"{inputs}; each NAME holds its ids, NAME.lengths the "
+                                         "ids per sample, or NAME is [samples, ids])",
+                                         table=name)
+                x = np.asarray(f[name])
+                if x.ndim == 2:
+                    ids[name] = (x.reshape(-1), np.full(x.shape[0], x.shape[1], np.int64))
+                elif f"{name}.lengths" in files:
+                    ids[name] = (x, np.asarray(f[f"{name}.lengths"]))
+                else:
+                    raise InvalidRequest(f"{path}: {name!r} is 1-D but there is no "
+                                         f"{name}.lengths", table=name)
+    else:  # Criteo TSV: the 26 categorical columns are the model's inputs in order
+        from .datasets import CRITEO_SPARSE, criteo
+
+        if len(inputs) != CRITEO_SPARSE:
+            raise InvalidRequest(f"Criteo rows have {CRITEO_SPARSE} categorical features; the "
+                                 f"model takes {len(inputs)} inputs")
+        log = criteo(src, rows=rows)
+        dense = np.log1p(np.maximum(log.dense, 0)).astype(np.float32)
+        ids = {name: (np.asarray(t.indices), np.diff(np.asarray(t.offsets)))
+               for name, t in zip(inputs, log.trace.tables.values(), strict=True)}
+    samples = {len(v[1]) for v in ids.values()} | ({len(dense)} if dense is not None else set())
+    if len(samples) != 1:
+        raise InvalidRequest(f"{path}: the inputs disagree on the number of samples "
+                             f"({sorted(samples)})")
+    return dense, ids, samples.pop()
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    store = nearrec.open(args.store, store_config(args), progress=args.progress)
+    name, inputs, tables = _model_inputs(store)
+    dense, ids, n = _predict_inputs(args.inputs, inputs, [store.table(t).rows for t in tables])
+    batch = count(args.batch, "--batch")
+    bounds = {k: np.concatenate([[0], np.cumsum(lengths)]) for k, (_, lengths) in ids.items()}
+    out = []
+    start = time.perf_counter()
+    for lo in range(0, n, batch):
+        hi = min(n, lo + batch)
+        reqs = [nearrec.TableLookup(k, v[bounds[k][lo]:bounds[k][hi]], lengths=lengths[lo:hi])
+                for k, (v, lengths) in ids.items()]
+        out.append(store.infer(None if dense is None else dense[lo:hi], reqs))
+    spent = time.perf_counter() - start
+    preds = np.concatenate(out) if out else np.empty((0, 0), np.float32)
+    dest = Path(args.out)
+    if dest.suffix in (".csv", ".tsv"):
+        np.savetxt(dest, preds, delimiter="," if dest.suffix == ".csv" else "\t", fmt="%.7g")
+    else:
+        np.save(dest, preds)
+    _emit(args, {"model": name, "samples": n, "outputs": preds.shape[1] if preds.ndim == 2
+                 else 0, "out": str(dest), "seconds": spent},
+          f"{name} on {n:,} samples from {args.inputs} -> {dest} {tuple(preds.shape)} "
+          f"in {seconds(spent)} ({n / spent if spent else 0:,.0f} samples/s, store on "
+          f"{store.tier})")
     return 0
 
 
@@ -528,12 +645,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nearrec", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"nearrec {nearrec.__version__}")
+    p.add_argument("--debug", action="store_true", default=False,
+                   help="show the traceback of a failure")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--json", action="store_true", help="print JSON for machines")
         sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bars (default: when stderr is a terminal)")
+                        help="progress bars (default: when stderr is a terminal; --progress "
+                             "draws them on a pipe too, a line a second)")
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of a failure")
 
     b = sub.add_parser("build", help="create a store (model spec, .npy files or a state dict)")
     b.add_argument("path")
@@ -627,6 +749,8 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--drain-timeout", type=float, default=node["drain_timeout"],
                     help="seconds SIGTERM waits for calls in flight")
     store_flags(sv)
+    sv.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                    help="show the traceback of a failure")
     sv.set_defaults(func=cmd_serve)
 
     lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
@@ -645,7 +769,9 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--indices", help=".npy of indices (1-D with --offsets, or 2-D)")
     lk.add_argument("--offsets", help=".npy of offsets")
     lk.add_argument("--output", help="save the pooled [batch, Σ dim] array to this .npy")
-    lk.add_argument("--repeat", type=int, default=20)
+    lk.add_argument("--repeat", type=int, default=20,
+                    help="batches to run: random ones are drawn afresh for each; given ones "
+                         "(--indices) run again")
     lk.add_argument("--seed", type=int, default=0)
     store_flags(lk)
     common(lk)
@@ -699,8 +825,24 @@ def parser() -> argparse.ArgumentParser:
     common(tg)
     tr.set_defaults(func=cmd_trace)
 
-    inf = sub.add_parser("infer", help="run a benchmark model over a trace, embeddings of the "
-                         "next batches overlapping the MLPs (and, for comparison, not)")
+    pr = sub.add_parser("predict", help="run the model kept with a store on your inputs and "
+                        "write its predictions (no torch needed)")
+    pr.add_argument("store", help="a store keeping a model (nearrec.models.save)")
+    pr.add_argument("--inputs", required=True,
+                    help="an .npz (dense: [samples, features]; per model input NAME its ids "
+                         "and NAME.lengths, or NAME as [samples, ids]) or Criteo TSV rows "
+                         "(the 26 categorical columns hashed into the model's 26 inputs, the "
+                         "13 integer ones as log(1 + x))")
+    pr.add_argument("--out", required=True, help="predictions: .npy, or .csv / .tsv")
+    pr.add_argument("--batch", type=int, default=4096, help="samples per engine call")
+    store_flags(pr)
+    common(pr)
+    pr.set_defaults(func=cmd_predict)
+
+    inf = sub.add_parser("infer", help="benchmark: a model of the spec with random dense "
+                         "weights and features over a trace, embeddings of the next batches "
+                         "overlapping the MLPs (and, for comparison, not); nothing is saved "
+                         "(nearrec predict runs a model on real inputs)")
     inf.add_argument("store", help="a store built for the model (nearrec build --model ...)")
     inf.add_argument("trace", help="a .nrtrace file over the store's tables")
     inf.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS))
@@ -722,6 +864,7 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--budget", type=parse_bytes, required=True, help="DRAM bytes, e.g. 4GiB")
     pl.add_argument("--out", default="plan.toml", help="the plan file to write")
     pl.add_argument("--plot", help="also save the hit-ratio curves here (PNG)")
+    pl.add_argument("--overwrite", action="store_true", help="replace a plan file there")
     common(pl)
     pl.set_defaults(func=cmd_plan)
 
@@ -794,16 +937,65 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: What the library's messages say in Python's words, as the command line says it.
+_CLI_WORDS = (("pass overwrite=True to replace it", "give --overwrite to replace it"),
+              ("open it with writable=True to change it", "serve it with --writable to change it"))
+
+#: Optional dependencies by top-level module, and the extra that installs each.
+_EXTRAS = {"torch": "torch", "torchrec": "torch", "fbgemm_gpu": "torch", "matplotlib": "plot",
+           "nearrec_bench": "bench"}
+
+
+def _failure(args: argparse.Namespace, e: BaseException) -> tuple[int, str]:
+    """The exit status and the one line a failure prints."""
+    if isinstance(e, InvalidRequest):
+        code, line = 2, str(e)
+    elif isinstance(e, NearrecError):
+        code, line = 1, str(e)
+    elif isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in _EXTRAS:
+        name = (e.name or "").split(".")[0]
+        code, line = 1, (f"nearrec {args.command} needs {name}, which is not installed: "
+                         f"pip install 'nearrec[{_EXTRAS[name]}]'")
+    elif isinstance(e, OSError) and e.strerror:
+        code, line = 1, f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    else:
+        code, line = 1, (f"internal error: {type(e).__name__}: {e} (this is a bug; "
+                         "--debug shows where)")
+    for python, cli in _CLI_WORDS:
+        line = line.replace(python, cli)
+    # a message over several lines (a TOML error's excerpt of the file) as one: the excerpt's
+    # source line quoted, its frame and caret left out
+    parts = []
+    for x in (x.strip() for x in line.splitlines()):
+        source = re.match(r"^\d+\s*\|\s?(.*)$", x)
+        if source:
+            parts.append(f"in `{source.group(1).strip()}`")
+        elif x and not re.match(r"^[|^]", x):
+            parts.append(x)
+    return code, ": ".join(parts) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command. Every failure is one line on stderr and a non-zero status: 2 for bad
+    input (argparse's usage errors too), 1 otherwise, 130 on Ctrl-C; ``--debug`` lets the
+    traceback through."""
     args = parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except InvalidRequest as e:
-        print(f"nearrec: error: {e}", file=sys.stderr)
-        return 2
-    except NearrecError as e:
-        print(f"nearrec: error: {e}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        print("nearrec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `nearrec ... | head`: the reader left
+        sys.stderr.close()
+        return 0
+    except Exception as e:
+        if getattr(args, "debug", False):
+            raise
+        code, line = _failure(args, e)
+        print(f"nearrec: error: {line}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":
