@@ -40,10 +40,25 @@ with tempfile.TemporaryDirectory() as tmp:
         assert "Traceback" not in done.stderr, done.stderr
         return done.stdout + done.stderr
 
-    cli("build", str(Path(tmp) / "m"), "--model", "rmc1", "--rows", "2000")
-    print(cli("info", str(Path(tmp) / "m")).splitlines()[0])
-    print(cli("lookup", str(Path(tmp) / "m"), "--tier", "ssd", "--repeat", "3").splitlines()[0])
-    cli("verify", str(Path(tmp) / "m"))
-    # what needs torch says so in one line
-    print(cli("infer", str(Path(tmp) / "m"), ok=False).strip().splitlines()[-1])
+    m = str(Path(tmp) / "m")
+    cli("build", m, "--model", "rmc1", "--rows", "2000")
+    print(cli("info", m).splitlines()[0])
+    print(cli("lookup", m, "--tier", "ssd", "--repeat", "3").splitlines()[0])
+    cli("verify", m)
+    # a model kept with the store (a program of one linear layer over table users' sums)
+    # runs in the engine on real inputs: no torch
+    config = ('{"model": "graph", "tables": ["users"], "graph": {"dense": 0, "ops": [{"op": '
+              '"linear", "input": [[1, 0, 16]], "weight": "w"}], "output": [[2, 0, 1]]}}')
+    w = np.ones((1, 16), np.float32)
+    nearrec._native.model_save(str(Path(tmp) / "s"), config, [("w", w)])
+    np.savez(Path(tmp) / "in.npz", users=np.array([[1, 2], [3, 999]]))
+    print(cli("predict", str(Path(tmp) / "s"), "--inputs", str(Path(tmp) / "in.npz"),
+              "--out", str(Path(tmp) / "p.npy")).strip())
+    np.testing.assert_allclose(np.load(Path(tmp) / "p.npy")[:, 0], want.sum(1), rtol=1e-5)
+    # what needs torch says so in one line, with the install that brings it
+    trace = str(Path(tmp) / "t.nrtrace")
+    cli("trace", "gen", trace, "--store", m, "--bags", "64")
+    line = cli("infer", m, trace, ok=False).strip()
+    assert line.endswith("pip install 'nearrec[torch]'"), line
+    print(line)
 print("smoke test passed")

@@ -94,8 +94,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     s = time.perf_counter() - t
     _emit(args, {"path": str(info.path), "tables": len(info.tables), "bytes": info.total_bytes,
                  "seconds": s, "bytes_per_s": info.total_bytes / s},
-          f"built {info.path}: {len(info.tables)} tables, {info.total_bytes / 1e9:.3f} GB in "
-          f"{s:.2f} s ({info.total_bytes / s / 1e9:.2f} GB/s)")
+          f"built {info.path}: {len(info.tables)} tables, {human_bytes(info.total_bytes)} in "
+          f"{human_time(s)} ({human_bytes(info.total_bytes / s)}/s)")
     return 0
 
 
@@ -106,7 +106,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "total_bytes": info.total_bytes,
             "tables": [asdict(t) | {"padding_ratio": t.padding_ratio} for t in info.tables]}
     lines = [f"{info.path}  (format v{info.format_version}, {info.created_by}, "
-             f"{info.total_bytes / 1e9:.3f} GB)", f"params: {json.dumps(info.params)}",
+             f"{human_bytes(info.total_bytes)})", f"params: {json.dumps(info.params)}",
              f"{'table':<20} {'rows':>12} {'dim':>6} {'dtype':>6} {'row B':>6} {'pad %':>6}"
              "  rows"]
     for t in info.tables:
@@ -161,8 +161,8 @@ def cmd_update(args: argparse.Namespace) -> int:
                  "compaction": asdict(compacted) if compacted else None},
           "\n".join(f"{t}: {d.written:,} of {d.compared:,} rows written in {d.calls} call(s)"
                      for t, d in done.items())
-          + f"\n{rows:,} rows in {seconds:.2f} s; the store is at version {store.version}"
-          + (f", compacted ({compacted.bytes:,} bytes written)" if compacted else ""))
+          + f"\n{rows:,} rows in {human_time(seconds)}; the store is at version {store.version}"
+          + (f", compacted ({human_bytes(compacted.bytes)} written)" if compacted else ""))
     return 0
 
 
@@ -174,8 +174,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     _emit(args, {"version": done.version, "compaction": asdict(done),
                  "log_bytes_before": before["log_bytes"],
                  "log_bytes_after": store.live_stats()["log_bytes"]},
-          f"{done.rows:,} rows folded into {done.tables} table(s) ({done.bytes:,} bytes written "
-          f"in {done.seconds:.2f} s); the tables hold version {done.version}")
+          f"{done.rows:,} rows folded into {done.tables} table(s) ({human_bytes(done.bytes)} "
+          f"written in {human_time(done.seconds)}); the tables hold version {done.version}")
     return 0
 
 
@@ -211,12 +211,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def seconds(x: float) -> str:
+def human_time(x: float) -> str:
     """A duration for people: ``214 µs``, ``26.0 ms``, ``1.18 s``."""
     return humanize.metric(x, "s").replace("μ", "µ")
 
 
-def size(n: float) -> str:
+def human_bytes(n: float) -> str:
     """Bytes for people: ``4.5 MiB``."""
     return str(humanize.naturalsize(n, binary=True))
 
@@ -278,7 +278,7 @@ def cmd_lookup(args: argparse.Namespace) -> int:
             f"the given batch ({b} bags x {len(tables)} tables) {repeat} times: after the first, "
             f"its rows may be in DRAM")
     text = (f"{what} -> {tuple(out.values.shape)}\n"
-            f"per batch p50 {seconds(p50)}, p99 {seconds(p99)}; "
+            f"per batch p50 {human_time(p50)}, p99 {human_time(p99)}; "
             f"{data['lookups_per_s'] / 1e6:.2f}M lookups/s\n"
             f"last batch's first row: "
             f"{np.array2string(out.values[0, :8], precision=4) if b else '-'}")
@@ -298,11 +298,12 @@ def format_stats(s: dict[str, float | str | bool]) -> str:
              f"{n('lookups'):,.0f} lookups, {n('unique_rows'):,.0f} distinct rows, "
              f"{n('device_reads'):,.0f} reads ({n('reads_saved_dedup'):,.0f} saved by "
              f"de-duplication, {n('reads_saved_merge'):,.0f} by merging)",
-             f"  read {size(n('bytes_read'))}, of which useful {size(n('useful_bytes'))} "
+             f"  read {human_bytes(n('bytes_read'))}, of which useful "
+             f"{human_bytes(n('useful_bytes'))} "
              f"(amplification {n('read_amplification'):.2f}); most reads in one batch "
              f"{n('max_batch_reads'):,.0f}"]
     if n("dram_tier_bytes") > 0:
-        lines.append(f"  dram tiers ({size(n('dram_tier_bytes'))}) served "
+        lines.append(f"  dram tiers ({human_bytes(n('dram_tier_bytes'))}) served "
                      f"{100 * n('dram_hit_ratio'):.1f} % of lookups (whole tables "
                      f"{n('lookups_resident'):,.0f}, hot rows {n('lookups_hot'):,.0f}, row cache "
                      f"{n('lookups_cache'):,.0f}; ssd {n('lookups_ssd'):,.0f}); cache admitted "
@@ -310,7 +311,7 @@ def format_stats(s: dict[str, float | str | bool]) -> str:
                      f"evicted {n('cache_evictions'):,.0f}")
     for stage in ("route", "io_wait", "pool", "end_to_end"):
         lines.append(f"  {stage:10} " + "  ".join(
-            f"{q} {seconds(n(f'{stage}_{k}_us') / 1e6):>9}"
+            f"{q} {human_time(n(f'{stage}_{k}_us') / 1e6):>9}"
             for q, k in (("p50", "p50"), ("p95", "p95"), ("p99", "p99"), ("p99.9", "p999"))))
     return "\n".join(lines)
 
@@ -345,7 +346,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         _emit(args, {"path": str(tr.path), "tables": len(tr.tables), "bags": tr.bags,
                      "lookups": lookups, "generator": str(gen), "seconds": s},
               f"wrote {tr.path}: {len(tr.tables)} tables x {tr.bags:,} bags, {lookups:,} "
-              f"lookups, {gen}, in {s:.1f} s")
+              f"lookups, {gen}, in {human_time(s)}")
         return 0
     if args.action == "import":
         from . import datasets
@@ -468,8 +469,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
              f"batches of {args.batch}, each run from a freshly opened store"]
     for name, r in runs.items():
         lines.append(f"  {name:<22} {r['samples_per_s']:>10,.0f} samples/s, wall "
-                     f"{r['seconds']:.2f} s: " + ", ".join(
-                         f"{k.replace('_', ' ')} {v:.2f} s" for k, v in r["breakdown_s"].items()))
+                     f"{human_time(r['seconds'])}: " + ", ".join(
+                         f"{k.replace('_', ' ')} {human_time(v)}"
+                         for k, v in r["breakdown_s"].items()))
     _emit(args, {"model": args.model, "offload": args.offload, "tier": tier, "batch": args.batch,
                  "batches": len(batches), "runs": runs}, "\n".join(lines))
     return 0
@@ -552,7 +554,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _emit(args, {"model": name, "samples": n, "outputs": preds.shape[1] if preds.ndim == 2
                  else 0, "out": str(dest), "seconds": spent},
           f"{name} on {n:,} samples from {args.inputs} -> {dest} {tuple(preds.shape)} "
-          f"in {seconds(spent)} ({n / spent if spent else 0:,.0f} samples/s, store on "
+          f"in {human_time(spent)} ({n / spent if spent else 0:,.0f} samples/s, store on "
           f"{store.tier})")
     return 0
 
