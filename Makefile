@@ -9,7 +9,7 @@ RECBOLE   ?= recbole==1.2.1
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-slow develop rust-check py-check bench bench-quick wheel wheel-smoke clean
+.PHONY: demo test test-slow develop rust-check py-check docs bench bench-quick wheel wheel-smoke clean
 
 # The environment: a virtualenv with the build tool, test tools, PyTorch (CPU use of the default
 # wheel), FBGEMM's CPU build and TorchRec (the peers, and the KeyedJaggedTensor tests), RocksDB
@@ -21,7 +21,7 @@ $(VENV)/.deps: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy import-linter==2.16 matplotlib $(TORCH)
-	$(PIP) install -q $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions rocksdict==0.3.29 grpcio grpcio-health-checking grpcio-reflection prometheus-client
+	$(PIP) install -q pdoc $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions rocksdict==0.3.29 grpcio grpcio-health-checking grpcio-reflection prometheus-client
 	$(PIP) install -q --no-deps $(TORCHREC)
 	# MovieLens-100K for the loader test, fetched (never committed: its licence forbids
 	# redistribution) inside the recbole wheel; the test skips if the registry is unreachable.
@@ -76,6 +76,13 @@ bench: develop
 
 bench-quick: develop
 	nearrec bench sls --quick
+
+# The API reference, from the docstrings (pdoc), into target/docs/; CI builds it so that it
+# cannot rot (a module that fails to import, a broken docstring reference, fails the build).
+docs: develop
+	$(VENV)/bin/pdoc -o target/docs --docformat restructuredtext nearrec $(addprefix nearrec.,\
+	    store config keyed remote request trace plan datasets specs torch capture models gpu \
+	    simulate cli)
 
 # The product's wheel (abi3: one wheel for CPython >= 3.10), into dist/.
 wheel: $(VENV)/.deps

@@ -639,6 +639,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     command = "nearrec " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("nearrec") \
         else "nearrec bench " + " ".join(sys.argv[2:])
+    if args.out is None:
+        args.out = "bench/scratch/quick" if args.quick else "bench/results"
     js, mdp, md = run(args, command)
     _emit(args, {"json": str(js), "markdown": str(mdp)}, md + f"\nwrote {js} and {mdp}")
     return 0
@@ -932,7 +934,9 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--table-bytes", type=parse_bytes,
                     help="bytes to write (build) / table bytes of the store (ssd, cache, e2e; "
                          "update: per table)")
-    be.add_argument("--out", default="bench/results")
+    be.add_argument("--out", help="where the records go (default: bench/results; with --quick "
+                    "the ignored bench/scratch/quick, so that quick runs leave the recorded "
+                    "results alone)")
     be.add_argument("--scratch", default="bench/scratch", help="where stores are built")
     common(be)
     be.set_defaults(func=cmd_bench)

@@ -22,7 +22,7 @@ import numpy as np
 
 import nearrec
 
-from .report import Record, _spread
+from .report import Record, _spread, ratio_text
 from .sls import _time_calls
 
 SYSTEMS = ("nearrec.lookup_many", "nearrec.torch.EBC.forward", "nearrec.torch.EBC",
@@ -199,5 +199,5 @@ def markdown(records: list[Record], command: str) -> str:
             f"{c['torch.EmbeddingBag'].samples_per_s:,.0f} | "
             f"{e.p50_us:,.0f} / {e.p99_us:,.0f} | "
             f"{_overhead(f)} | {_overhead(e)} | "
-            f"{e.extra['ratio_vs_torch']:.2f}× | {_spread(e)} |")
+            f"{ratio_text(e, c['torch.EmbeddingBag'])} | {_spread(e)} |")
     return "\n".join(lines) + "\n"

@@ -47,8 +47,35 @@ def environment() -> dict[str, Any]:
     return env
 
 
+#: A cell whose rounds spread more than this (half their range over their median), for nearrec
+#: or for a peer, is marked unreliable instead of giving a ratio: on a shared machine a few slow
+#: rounds of one system can make it look hundreds of times slower than it is.
+SPREAD_LIMIT = 0.25
+
+
+def spread(r: Record) -> float | None:
+    """Half the range of a cell's per-round throughputs over their median (None: one round)."""
+    rounds = r.extra.get("rounds_samples_per_s") or []
+    if len(rounds) < 2 or r.samples_per_s <= 0:
+        return None
+    return float(max(rounds) - min(rounds)) / 2 / float(r.samples_per_s)
+
+
+def reliable(*records: Record) -> bool:
+    return all((spread(r) or 0.0) <= SPREAD_LIMIT for r in records)
+
+
+def ratio_text(ours: Record, peer: Record) -> str:
+    """``ours ÷ peer`` for a table, or why there is none."""
+    if not reliable(ours, peer):
+        worst = max(spread(ours) or 0.0, spread(peer) or 0.0)
+        return f"unreliable (±{100 * worst:.0f} %)"
+    return f"{ours.samples_per_s / peer.samples_per_s:.2f}"
+
+
 def summarise(records: list[Record]) -> None:
-    """Adds each cell's ratio to every peer (nearrec ÷ peer) into nearrec's record."""
+    """Adds each cell's ratio to every peer (nearrec ÷ peer) into nearrec's record, and marks
+    the ratios whose rounds spread too far to be trusted (``unreliable_vs_PEER``)."""
     cells: dict[tuple[str, str, int, str], dict[str, Record]] = {}
     for r in records:
         cells.setdefault((r.bench, r.model, r.batch, r.dist), {})[r.system] = r
@@ -59,6 +86,8 @@ def summarise(records: list[Record]) -> None:
         for name, peer in cell.items():
             if name != "nearrec" and peer.samples_per_s > 0:
                 ours.extra[f"ratio_vs_{name}"] = round(ours.samples_per_s / peer.samples_per_s, 3)
+                if not reliable(ours, peer):
+                    ours.extra[f"unreliable_vs_{name}"] = True
 
 
 def write(records: list[Record], out_dir: Path, name: str, command: str,
@@ -74,10 +103,8 @@ def write(records: list[Record], out_dir: Path, name: str, command: str,
 
 def _spread(r: Record) -> str:
     """Half the range of a cell's per-round throughputs, as a share of their median."""
-    rounds = r.extra.get("rounds_samples_per_s") or []
-    if len(rounds) < 2 or r.samples_per_s <= 0:
-        return "—"
-    return f"±{50 * (max(rounds) - min(rounds)) / r.samples_per_s:.0f} %"
+    s = spread(r)
+    return "—" if s is None else f"±{100 * s:.0f} %"
 
 
 def sls_markdown(records: list[Record], command: str) -> str:
@@ -90,7 +117,9 @@ def sls_markdown(records: list[Record], command: str) -> str:
              "for nearrec and torch.EmbeddingBag. Tables in DRAM, sum pooling, 2 threads. "
              "`torch.EmbeddingBag` holds its own copy of the weights (torch's allocator, as a user "
              "loads them); `[shared]` runs on a zero-copy view of nearrec's resident tables (same "
-             "bytes, same huge pages), so its ratio compares kernels and threading alone.", "",
+             "bytes, same huge pages), so its ratio compares kernels and threading alone. A ratio "
+             f"whose rounds (nearrec's or the peer's) spread beyond ±{100 * SPREAD_LIMIT:.0f} % is "
+             "marked unreliable instead of given.", "",
              "| model | dist | batch | " + " | ".join(present) + " | nearrec p50 / p99 µs | "
              + " | ".join(f"× {s}" for s in present[1:]) + " | spread nearrec / torch |",
              "|---|---|---:|" + "---:|" * len(present) + "---:|" + "---:|" * (len(present) - 1)
@@ -102,8 +131,7 @@ def sls_markdown(records: list[Record], command: str) -> str:
     for (model, dist, batch), c in cells.items():
         ours = c["nearrec"]
         vals = [f"{c[s].samples_per_s:,.0f}" if s in c else "—" for s in present]
-        ratios = [f"{ours.extra[f'ratio_vs_{s}']:.2f}" if f"ratio_vs_{s}" in ours.extra else "—"
-                  for s in present[1:]]
+        ratios = [ratio_text(ours, c[s]) if s in c else "—" for s in present[1:]]
         spread = " / ".join(_spread(c[s]) if s in c else "—"
                             for s in ("nearrec", "torch.EmbeddingBag"))
         lines.append(f"| {model} | {dist} | {batch} | " + " | ".join(vals)
