@@ -141,3 +141,28 @@ def test_the_simulate_command(tmp_path):
     assert png.exists()
     bad = subprocess.run(cmd[:4] + ["--device", "optane"], capture_output=True, text=True)
     assert bad.returncode == 2 and "no device" in bad.stderr
+
+
+def test_plots_draw_a_line_per_design_and_swept_value_and_say_what_has_no_effect():
+    """A sweep over batch and K: a design that K changes gets a line per K (no zig-zag through
+    both); a design K does not change gets one line that says so."""
+    from nearrec.simulate import plot_lines
+
+    reports = []
+    for k in (0, 1, 2):
+        for batch in (1, 4, 16):
+            reports.append({"model": "rmc1", "mode": "recssd", "batch": batch, "k": k,
+                            "throughput": 100.0 * batch / (1 + k)})
+            reports.append({"model": "rmc1", "mode": "rm-ssd", "batch": batch, "k": k,
+                            "throughput": 300.0 * batch})
+    lines = plot_lines(reports, "batch", "throughput")
+    labels = [label for _, _, label, _ in lines]
+    assert labels == ["recssd, k=0", "recssd, k=1", "recssd, k=2", "rm-ssd (k: no effect)"]
+    for *_, pts in lines:
+        assert [p[0] for p in pts] == [1, 4, 16]  # each line one K, in batch order
+    assert [p[1] for p in lines[1][3]] == [50.0, 200.0, 800.0]
+    # a design on top of another says so
+    reports += [{**r, "mode": "emb-ssd", "throughput": r["throughput"] * 1.001}
+                for r in reports if r["mode"] == "rm-ssd"]
+    labels = [label for _, _, label, _ in plot_lines(reports, "batch", "throughput")]
+    assert labels[-1] == "emb-ssd (k: no effect) (≈ rm-ssd (k: no effect))"

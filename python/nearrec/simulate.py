@@ -212,35 +212,98 @@ def sweep(models: Sequence[str] = ("rmc1",), dev: str | dict[str, Any] = "rm-ssd
     return out
 
 
+#: The parameters a sweep can vary (``sweep``'s ``over``).
+PARAMETERS = ("batch", "k", "lookups", "dim", "tables", "rows")
+
+
+def plot_lines(reports: Sequence[dict[str, Any]], x: str, y: str
+               ) -> list[tuple[int, int, str, list[tuple[Any, Any]]]]:
+    """The lines :func:`plot` draws: ``(design number, line number within it, label, points)``.
+    One per design (model and mode) and value of every other parameter the reports sweep; a
+    parameter whose every value gives a design the same line is folded, and the label says so;
+    a line within 1 % of one drawn before it is labelled as lying on it."""
+    # a parameter is swept where two reports of one design at one x differ in it (a report's
+    # `lookups` follows its batch: not swept when batch is x)
+    seen: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in reports:
+        seen.setdefault((r["model"], r["mode"], r[x]), []).append(r)
+    swept = [p for p in PARAMETERS if p != x and any(
+        len({r.get(p) for r in group}) > 1 for group in seen.values())]
+    series: dict[tuple[str, str], dict[tuple[Any, ...], list[tuple[Any, Any]]]] = {}
+    for r in reports:
+        design = (r["model"], r["mode"])
+        series.setdefault(design, {}).setdefault(tuple(r[p] for p in swept), []).append(
+            (r[x], r[y]))
+    models = {m for m, _ in series}
+    out = []
+    for n, (design, lines) in enumerate(series.items()):
+        for pts in lines.values():
+            pts.sort()
+        idle = [p for i, p in enumerate(swept) if _coincide(lines, i)]
+        moving = [p for p in swept if p not in idle]
+        kept: dict[tuple[Any, ...], list[tuple[Any, Any]]] = {}
+        for values, pts in lines.items():
+            kept.setdefault(tuple(v for p, v in zip(swept, values, strict=True)
+                                  if p not in idle), pts)
+        name = design[1] if len(models) == 1 else f"{design[0]} {design[1]}"
+        for j, (values, pts) in enumerate(kept.items()):
+            label = name + "".join(f", {p}={v}" for p, v in zip(moving, values, strict=True))
+            if idle:
+                label += f" ({', '.join(idle)}: no effect)"
+            out.append((n, j, label, pts))
+    # a line that another design's drawn before it covers (within 1 % everywhere) says so
+    named: list[tuple[str, list[tuple[Any, Any]]]] = []
+    for n, j, label, pts in out:
+        same = next((other for other, opts in named if len(opts) == len(pts) and all(
+            a[0] == b[0] and abs(float(a[1]) - float(b[1])) <= 0.01 * max(abs(float(b[1])), 1e-12)
+            for a, b in zip(pts, opts, strict=True))), None)
+        named.append((label, pts))
+        if same is not None:
+            out[len(named) - 1] = (n, j, f"{label} (≈ {same})", pts)
+    return out
+
+
 def plot(reports: Sequence[dict[str, Any]], x: str, y: str, path: str | Path,
          title: str = "", logy: bool = False) -> Path:
-    """One line per (model, mode): ``y`` over ``x`` (PNG). Needs matplotlib."""
+    """``y`` over ``x`` (PNG; needs matplotlib): the lines of :func:`plot_lines`, a colour per
+    design and a line style per value of the other swept parameters, so that no sweep folds into
+    another's line and no design hides another."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    lines: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
-    for r in reports:
-        lines.setdefault((r["model"], r["mode"]), []).append((r[x], r[y]))
-    models = {m for m, _ in lines}
-    for (model, mode), pts in lines.items():
-        pts.sort()
-        label = mode if len(models) == 1 else f"{model} {mode}"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    styles = ["-", "--", ":", "-.", (0, (1, 1)), (0, (5, 1))]
+    markers = ["o", "s", "^", "v", "D", "x"]
+    fig, ax = plt.subplots(figsize=(8.0, 5.0))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, j, label, pts in plot_lines(reports, x, y):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label,
+                color=colours[n % len(colours)], linestyle=styles[j % len(styles)],
+                marker=markers[j % len(markers)], markersize=4)
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     if logy:
         ax.set_yscale("log")
     ax.set_title(title or f"{y} over {x} (simulated)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _coincide(lines: dict[tuple[Any, ...], list[tuple[Any, Any]]], i: int) -> bool:
+    """Whether the lines that differ only in parameter ``i`` are the same line."""
+    groups: dict[tuple[Any, ...], list[list[tuple[Any, Any]]]] = {}
+    for values, pts in lines.items():
+        groups.setdefault(values[:i] + values[i + 1:], []).append(pts)
+    return all(all(len(p) == len(g[0]) and all(
+        a[0] == b[0] and abs(float(a[1]) - float(b[1])) <= 1e-9 * max(1.0, abs(float(b[1])))
+        for a, b in zip(p, g[0], strict=True)) for p in g[1:]) for g in groups.values()) and \
+        any(len(g) > 1 for g in groups.values())
 
 
 def read_rate(dev: str | dict[str, Any], queue_depth: int, nbytes: int = 512) -> float:
