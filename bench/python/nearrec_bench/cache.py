@@ -389,7 +389,7 @@ def hit_rate_table(cfg: CacheBenchConfig, log: Callable[[str], None]) -> list[Re
 
 
 def markdown(records: list[Record], command: str) -> str:
-    from .report import environment
+    from .report import SPREAD_LIMIT, environment, ratio_text
 
     env = environment()
     lines = [f"# nearrec bench cache — {env['time']}", "",
@@ -398,7 +398,8 @@ def markdown(records: list[Record], command: str) -> str:
              "Cells: trace@budget (share of table bytes). DRAM %: lookups the DRAM tiers "
              "served in the timed part (a row repeated inside a batch is read once but counts "
              "as an SSD lookup). Miss-bound: the disk's rate ÷ the plan's device reads per "
-             "sample.", ""]
+             f"sample. A ratio whose systems' batches spread beyond ±{100 * SPREAD_LIMIT:.0f} % is "
+             "marked unreliable instead of given.", ""]
     limits = {r.model: r.extra for r in records if r.system == "limit.random_read"}
     for model, lim in limits.items():
         lines.append(f"- {model}: {lim['table_bytes'] / 2**30:.2f} GiB of tables; disk "
@@ -423,8 +424,8 @@ def markdown(records: list[Record], command: str) -> str:
             ss = c.get("ssds")
             ceiling = plan.extra.get("miss_bound_samples_per_s", float("inf"))
             row += [f"{100 * hr:.1f}", f"{plan.extra['device_reads_per_sample']:.1f}",
-                    f"{plan.samples_per_s / ss.samples_per_s:.1f}×" if ss else "—",
-                    f"{plan.samples_per_s / c['dram.nearrec'].samples_per_s:.2f}",
+                    ratio_text(plan, ss) if ss else "—",
+                    ratio_text(plan, c["dram.nearrec"]) if "dram.nearrec" in c else "—",
                     f"{plan.samples_per_s / ceiling:.2f}" if ceiling != float("inf") else "—",
                     f"{plan.p99_us:,.0f}"]
         else:

@@ -505,8 +505,20 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _vs(ca: dict[str, Record] | None, a: str, cb: dict[str, Record] | None, b: str) -> str:
+    """System ``a`` of cell ``ca`` ÷ system ``b`` of cell ``cb``, or "unreliable" where either's
+    runs spread too far (``report.ratio_text``)."""
+    from .report import ratio_text
+
+    ra, rb = (ca or {}).get(a), (cb or {}).get(b)
+    if ra is None or rb is None:
+        return "—"
+    text = ratio_text(ra, rb)
+    return f"{text}×" if text[0].isdigit() else text
+
+
 def markdown(records: list[Record], command: str) -> str:
-    from .report import _spread
+    from .report import SPREAD_LIMIT, _spread
 
     by = _cells(records)
     keys = sorted({(m, b, p) for m, b, p in by}, key=lambda k: (MODELS.index(k[0]), k[2], k[1]))
@@ -522,7 +534,8 @@ def markdown(records: list[Record], command: str) -> str:
         "K = 1 trace, direct I/O, a fresh warmed store per cell, one run each (spread: over "
         "thirds of the run). DRAM: the median of three runs taken in turn (spread: over the "
         "runs). Floor: max(the ideal's MLP time per batch, the batch's device reads ÷ the disk's "
-        "random-read rate measured in the same run).", "",
+        "random-read rate measured in the same run). A ratio whose systems' runs spread beyond "
+        f"±{100 * SPREAD_LIMIT:.0f} % is marked unreliable instead of given.", "",
         "| model | batch | torch (DRAM) | nearrec.serial ÷ torch | nearrec ÷ torch "
         "| offload ÷ nearrec (DRAM) | ssds | nearrec.serial | nearrec | offload.serial | offload "
         "| nearrec ÷ ssds | nearrec ÷ floor | offload ÷ floor | offload ÷ nearrec (SSD) "
@@ -541,15 +554,14 @@ def markdown(records: list[Record], command: str) -> str:
             f"{e['mlp_per_batch_us'] / 1e3:.2f} / {e['io_floor_us'] / 1e3:.2f}"
         lines.append(" | ".join([
             f"| {model}{' (RecSSD)' if place.endswith('recssd') else ''}", str(batch),
-            _fmt(ideal), _fmt(_ratio(_sps(dram, "nearrec.serial"), ideal), x),
-            _fmt(_ratio(_sps(dram, "nearrec"), ideal), x),
-            _fmt(_ratio(_sps(dram, "offload"), _sps(dram, "nearrec")), x),
+            _fmt(ideal), _vs(dram, "nearrec.serial", dram, "torch"),
+            _vs(dram, "nearrec", dram, "torch"), _vs(dram, "offload", dram, "nearrec"),
             *(_fmt(_sps(ssd, s)) for s in ("ssds", "nearrec.serial", "nearrec",
                                            "offload.serial", "offload")),
-            _fmt(_ratio(_sps(ssd, "nearrec"), _sps(ssd, "ssds")), x),
+            _vs(ssd, "nearrec", ssd, "ssds"),
             _fmt(e.get("time_over_floor"), x),
             _fmt(off.extra.get("time_over_floor") if off else None, x),
-            _fmt(_ratio(_sps(ssd, "offload"), _sps(ssd, "nearrec")), x),
+            _vs(ssd, "offload", ssd, "nearrec"),
             floor, (_spread(ours) if ours else "—") + " |"]))
     lines += ["", "p50 / p99 batch latency (ms), SSD:", "",
               "| model | batch | ssds | nearrec.serial | nearrec | offload.serial | offload |",

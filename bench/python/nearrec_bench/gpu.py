@@ -529,7 +529,7 @@ def _hit_rates(cfg: GpuBenchConfig, dev: Any, log: Callable[[str], None]) -> lis
 
 def markdown(records: list[Record], command: str,
              environment: dict[str, Any] | None = None) -> str:
-    from .report import _spread
+    from .report import _spread, ratio_text
     from .report import environment as current
 
     env = environment if environment is not None else current()
@@ -567,7 +567,7 @@ def markdown(records: list[Record], command: str,
         for batch in dict.fromkeys(r.batch for r in rs):
             c = {r.system: r for r in rs if r.batch == batch}
             e = c["e.nearrec-gpu"]
-            ratio = [f"{e.samples_per_s / c[s].samples_per_s:.1f}" if s in c else "—"
+            ratio = [ratio_text(e, c[s]) if s in c else "—"
                      for s in ("a.dram-cpu", "c.cpu-index-gpu-rows", "d.torch-gpu")]
             lines.append(f"| {batch} | " + " | ".join(
                 f"{c[s].samples_per_s:,.0f}" for s in systems) + " | " + " | ".join(ratio)

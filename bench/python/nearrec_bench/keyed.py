@@ -106,24 +106,27 @@ def run(cfg: KeyedBenchConfig, log: Callable[[str], None] = print) -> list[Recor
 
 
 def markdown(records: list[Record], command: str) -> str:
-    from .report import environment
+    from .report import SPREAD_LIMIT, _spread, environment, ratio_text
 
     env = environment()
-    base = next((r.lookups_per_s for r in records if r.system == "torch.searchsorted"), 0.0)
+    base = next((r for r in records if r.system == "torch.searchsorted"), None)
     lines = [f"# nearrec bench keyed — {env['time']}", "",
              f"Command: `{command}`; machine: {env['cpus']} CPUs, torch {env.get('torch')} "
              f"({env.get('torch_threads')} threads).", "",
              "Pooled lookups of random 64-bit ids (Zipf 1.05 over the table), median of rounds; "
-             "spread = (max − min) / 2 of the rounds over the median.", "",
+             "spread = (max − min) / 2 of the rounds over the median; a ratio whose rounds spread "
+             f"beyond ±{100 * SPREAD_LIMIT:.0f} % (either side) is marked unreliable.", "",
              "| table | batch | system | caller threads | M lookups/s | spread "
              "| ÷ torch.searchsorted |",
              "|---|---|---|---|---|---|---|"]
+    def rounds(r: Record) -> Record:  # the lookups' rounds where ratio_text reads them
+        return Record(r.bench, r.model, r.batch, r.dist, r.system, r.lookups_per_s, 0.0,
+                      extra={"rounds_samples_per_s": r.extra["rounds_lookups_per_s"]})
+
     for r in records:
-        rounds = r.extra["rounds_lookups_per_s"]
-        spread = 50 * (max(rounds) - min(rounds)) / r.lookups_per_s
         lines.append(f"| {r.model} | {r.batch} | {r.system} | {r.extra['threads']} | "
-                     f"{r.lookups_per_s / 1e6:.2f} | ±{spread:.0f} % | "
-                     f"{r.lookups_per_s / base:.2f} |")
+                     f"{r.lookups_per_s / 1e6:.2f} | {_spread(rounds(r))} | "
+                     f"{ratio_text(rounds(r), rounds(base)) if base else '—'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -50,7 +50,7 @@ def environment() -> dict[str, Any]:
 #: A cell whose rounds spread more than this (half their range over their median), for nearrec
 #: or for a peer, is marked unreliable instead of giving a ratio: on a shared machine a few slow
 #: rounds of one system can make it look hundreds of times slower than it is.
-SPREAD_LIMIT = 0.25
+SPREAD_LIMIT = 0.5
 
 
 def spread(r: Record) -> float | None:
