@@ -146,8 +146,16 @@ def test_mappings_and_configs_that_do_not_fit_are_typed_errors(tmp_path):
     with pytest.raises(InvalidRequest, match="city") as e:
         ours(kjt(theirs, 4, 5, keys=["user_id", "friend_id", "item_id", "country"]))
     assert e.value.table == "t_geo"
+    # TorchRec's KJT in, TorchRec's KeyedTensor out (its own KeyError for a key it lacks);
+    # nearrec's KJT in, nearrec's KeyedTensor, whose error names the key
+    out = ours(kjt(theirs, 2, 6))
+    assert isinstance(out, torchrec.KeyedTensor)
+    with pytest.raises(KeyError, match="nope"):
+        out["nope"]
+    mine = kjt(theirs, 2, 6)
+    mine = nearrec.torch.KeyedJaggedTensor(mine.keys(), mine.values(), mine.lengths())
     with pytest.raises(UnknownTable, match="nope"):
-        ours(kjt(theirs, 2, 6))["nope"]
+        ours(mine)["nope"]
 
 
 def dlrm(dense_in: int = 5) -> Any:

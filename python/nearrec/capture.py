@@ -268,6 +268,8 @@ class _Reader:
             return [x.take(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         if target is aten.slice.Tensor:
             return self.slice(node, x, *args[1:])
+        if target is aten.narrow.default and all(isinstance(a, int) for a in args[2:4]):
+            return self.slice(node, x, args[1], args[2], args[2] + args[3])
         if target in _RESHAPE or target is aten.flatten.using_ints:
             return self.reshape(node, x, args[1] if target in _RESHAPE else None)
         if target is aten.transpose.int and isinstance(x, Stack) and \

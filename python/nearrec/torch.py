@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import sys
 import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -565,14 +566,16 @@ class EmbeddingBagCollection(nn.Module):
         return update(self.store, source, tolerance=tolerance,
                       tables=[t for t in wanted if _names_table(source, t)])
 
-    def forward(self, features: Any) -> KeyedTensor:
+    def forward(self, features: Any) -> Any:
+        """The pooled features, as nearrec's :class:`KeyedTensor` — or TorchRec's own when
+        ``features`` is TorchRec's KeyedJaggedTensor, as TorchRec's collection answers it."""
         if torch.compiler.is_compiling():
-            return self._traced(features)
+            return _keyed_like(features, self._traced(features))
         if self._ahead:
             done = self._ahead.pop(id(features), None)
             if done is not None and done[0] is features:
-                return done[1]
-        return self._eager(features)
+                return _keyed_like(features, done[1])
+        return _keyed_like(features, self._eager(features))
 
     def _traced(self, features: Any) -> KeyedTensor:
         """Under ``torch.compile`` / ``torch.export``: the lookup as one ``nearrec`` op over the
@@ -664,6 +667,21 @@ class EmbeddingBagCollection(nn.Module):
             k = position[feat]
             out.append((table, k, int(bounds[k * batch]), int(bounds[(k + 1) * batch])))
         return out
+
+
+def _torchrec_class(features: Any, name: str) -> Any:
+    """TorchRec's class ``name`` (``KeyedTensor``, ``JaggedTensor``) when ``features`` is
+    TorchRec's KeyedJaggedTensor — the types its own collections answer it with — else None."""
+    module = type(features).__module__
+    return getattr(sys.modules.get(module), name, None) if module.startswith("torchrec.") \
+        else None
+
+
+def _keyed_like(features: Any, out: KeyedTensor) -> Any:
+    cls = _torchrec_class(features, "KeyedTensor")
+    if cls is None:
+        return out
+    return cls(keys=out.keys(), length_per_key=out.length_per_key(), values=out.values())
 
 
 def from_torchrec(module: nn.Module, path: StorePath, *, dtype: str = "fp32",
@@ -905,10 +923,14 @@ class EmbeddingCollection(nn.Module):
                                                if self.feature_names[f] == t])
                 for t in self.tables]
 
-    def forward(self, features: Any) -> dict[str, JaggedTensor]:
-        if torch.compiler.is_compiling():
-            return self._traced(features)
-        return self._eager(features)
+    def forward(self, features: Any) -> dict[str, Any]:
+        """Each feature's rows, as nearrec's :class:`JaggedTensor` s — or TorchRec's own when
+        ``features`` is TorchRec's KeyedJaggedTensor."""
+        out = self._traced(features) if torch.compiler.is_compiling() else self._eager(features)
+        cls = _torchrec_class(features, "JaggedTensor")
+        if cls is None:
+            return out
+        return {f: cls(values=j.values(), lengths=j.lengths()) for f, j in out.items()}
 
     def _traced(self, features: Any) -> dict[str, JaggedTensor]:
         """Under ``torch.compile`` / ``torch.export``: the rows as one ``nearrec`` op over the
