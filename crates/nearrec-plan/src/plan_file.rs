@@ -47,54 +47,40 @@ pub fn hot_rows_path(plan: &Path) -> PathBuf {
     plan.with_extension("hot.npz")
 }
 
-/// A TOML basic string.
-fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 impl Plan {
-    /// The plan file's text, naming `hot_rows_file` as the archive of its hot rows.
+    /// The plan file's text, naming `hot_rows_file` as the archive of its hot rows (written by
+    /// the `toml` crate: keys quoted and strings escaped as TOML wants them).
     pub fn toml(&self, hot_rows_file: &str) -> String {
-        let mut lines = vec![
-            "# nearrec plan: DRAM placement of a store's tables for a trace".to_owned(),
-            format!("budget_bytes = {}", self.budget),
-            format!("bytes = {}", self.bytes()),
-            format!("expected_hit_ratio = {:.6}", self.expected_hit_ratio()),
-            format!("trace = {}", quote(&self.trace)),
-            format!("store = {}", quote(&self.store)),
-            format!("hot_rows_file = {}", quote(hot_rows_file)),
-            String::new(),
-        ];
+        let int = |n: u64| toml::Value::Integer(n.min(i64::MAX as u64) as i64);
+        let ratio = |x: f64| toml::Value::Float((x * 1e6).round() / 1e6);
+        let mut doc = toml::Table::new();
+        doc.insert("budget_bytes".into(), int(self.budget));
+        doc.insert("bytes".into(), int(self.bytes()));
+        doc.insert(
+            "expected_hit_ratio".into(),
+            ratio(self.expected_hit_ratio()),
+        );
+        doc.insert("trace".into(), self.trace.clone().into());
+        doc.insert("store".into(), self.store.clone().into());
+        doc.insert("hot_rows_file".into(), hot_rows_file.into());
+        let mut tables = toml::Table::new();
         for t in &self.tables {
-            lines.extend([
-                format!("[tables.{}]", quote(&t.table)),
-                format!("type = {}", quote(t.kind.name())),
-                format!("resident = {}", t.resident),
-                format!("hot_rows = {}", t.hot_rows.len()),
-                format!("cache_bytes = {}", t.cache_bytes),
-                format!("bytes = {}", t.bytes()),
-                format!("expected_hit_ratio = {:.6}", t.expected_hit_ratio),
-                format!("rows = {}", t.rows),
-                format!("working_set = {}", t.working_set),
-                format!("locality = {:.6}", t.locality),
-                format!("lookups = {}", t.lookups),
-                String::new(),
-            ]);
+            let mut e = toml::Table::new();
+            e.insert("type".into(), t.kind.name().into());
+            e.insert("resident".into(), t.resident.into());
+            e.insert("hot_rows".into(), int(t.hot_rows.len() as u64));
+            e.insert("cache_bytes".into(), int(t.cache_bytes));
+            e.insert("bytes".into(), int(t.bytes()));
+            e.insert("expected_hit_ratio".into(), ratio(t.expected_hit_ratio));
+            e.insert("rows".into(), int(t.rows));
+            e.insert("working_set".into(), int(t.working_set));
+            e.insert("locality".into(), ratio(t.locality));
+            e.insert("lookups".into(), int(t.lookups));
+            tables.insert(t.table.clone(), e.into());
         }
-        lines.join("\n")
+        doc.insert("tables".into(), tables.into());
+        let body = toml::to_string(&doc).expect("a table of numbers and strings serialises");
+        format!("# nearrec plan: DRAM placement of a store's tables for a trace\n{body}")
     }
 
     /// Writes the plan as TOML at `path`, with its hot rows in [`hot_rows_path`] beside it; each

@@ -65,7 +65,8 @@ fn a_saved_plan_loads_as_its_placement() {
     assert!(hot_rows_path(&path).ends_with("p.hot.npz"));
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.contains("hot_rows_file = \"p.hot.npz\"\n"));
-    assert!(text.contains("[tables.\"tiny \\\"q\\\"\"]\ntype = \""));
+    // a name TOML cannot leave bare is quoted as TOML quotes it
+    assert!(text.contains("[tables.'tiny \"q\"']\ntype = \""), "{text}");
     assert!(!dir.path().join("p.toml.tmp").exists() && !dir.path().join("p.hot.npz.tmp").exists());
     // sizes as strings are read as sizes
     let edited = text.replace("cache_bytes = ", "cache_bytes = \"64KiB\"\n# ");
@@ -132,7 +133,7 @@ fn each_malformed_plan_file_is_its_own_error() {
         assert!(text.contains(from), "{from}");
         variant(&path, name, &text.replacen(from, to, 1), None)
     };
-    let big_at = text.find("[tables.\"big\"]").unwrap();
+    let big_at = text.find("[tables.big]").unwrap();
     let (head, big_text) = text.split_at(big_at);
     let in_big = |name: &str, from: &str, to: &str| {
         let t = format!("{head}{}", big_text.replacen(from, to, 1));

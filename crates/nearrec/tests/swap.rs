@@ -182,8 +182,18 @@ fn a_writable_store_takes_the_new_stores_lock_and_log() {
     s.write("a", &[2], &[0.25; 16]).unwrap();
     let v = both(&s, &[1, 2]).unwrap();
     assert_eq!((&v[..16], &v[24..40]), (&[-1.0; 16][..], &[0.25; 16][..]));
-    // the old store is free for another writer, and kept its write; the new one is held
-    let old = Store::open(&v1, &c).unwrap();
+    // the old store is free for another writer once the version swapped out lets go of it (on
+    // a thread of its own, after the lookups still reading it), and kept its write; the new one
+    // is held
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let old = loop {
+        match Store::open(&v1, &c) {
+            Err(Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other.unwrap(),
+        }
+    };
     assert_eq!(both(&old, &[1]).unwrap()[..16], [0.5; 16]);
     assert!(matches!(
         Store::open(&v2, &c).unwrap_err(),
