@@ -40,7 +40,7 @@ class KeyedBenchConfig:
 
     @classmethod
     def quick(cls) -> KeyedBenchConfig:
-        return cls(rows=100_000, batches=10, rounds=3)
+        return cls(rows=100_000, batches=10, rounds=5)
 
 
 def _time(fn: Callable[[int], Any], batches: int, threads: int = 1) -> float:
