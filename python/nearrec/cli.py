@@ -465,8 +465,10 @@ def cmd_infer(args: argparse.Namespace) -> int:
             "embedding_wait_s": res.embedding_wait, "dense_s": res.dense,
             "breakdown_s": res.breakdown}
         del model, store
-    lines = [f"{args.model}{' offloaded' if args.offload else ''} on {tier}, {len(batches)} "
-             f"batches of {args.batch}, each run from a freshly opened store"]
+    lines = [f"benchmark: {args.model}{' offloaded' if args.offload else ''} with random dense "
+             f"weights and features on {tier}, {len(batches)} batches of {args.batch} from the "
+             "trace, each run from a freshly opened store; nothing is saved (nearrec predict "
+             "runs a model kept with its store on real inputs)"]
     for name, r in runs.items():
         lines.append(f"  {name:<22} {r['samples_per_s']:>10,.0f} samples/s, wall "
                      f"{human_time(r['seconds'])}: " + ", ".join(
