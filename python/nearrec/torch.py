@@ -581,15 +581,11 @@ class EmbeddingBagCollection(nn.Module):
         """Under ``torch.compile`` / ``torch.export``: the lookup as one ``nearrec`` op over the
         KJT's tensors (its keys are fixed at tracing)."""
         keys = list(features.keys())
-        missing = [f for f in self.features if f not in keys]
-        if missing:
-            raise InvalidRequest(f"features have no key {missing[0]!r} for table "
-                                 f"{self.feature_names[missing[0]]!r}",
-                                 table=self.feature_names[missing[0]])
+        positions = _positions(self, keys)
         weights = features.weights_or_none() if self.is_weighted is not False else None
         out = torch.ops.nearrec.pooled_lookup(
             self._handle, features.values(), features.lengths(), weights,
-            [keys.index(f) for f in self.features], len(keys))
+            positions, len(keys))
         return KeyedTensor(self.features, self.dims, out)
 
     def _eager(self, features: Any) -> KeyedTensor:
@@ -667,6 +663,17 @@ class EmbeddingBagCollection(nn.Module):
             k = position[feat]
             out.append((table, k, int(bounds[k * batch]), int(bounds[(k + 1) * batch])))
         return out
+
+
+def _positions(collection: Any, keys: list[str]) -> list[int]:
+    """Where each of the collection's features is among a KJT's ``keys`` (traced lookups, whose
+    keys are fixed at tracing); a feature the KJT lacks is a typed error naming its table."""
+    missing = [f for f in collection.features if f not in keys]
+    if missing:
+        table = collection.feature_names[missing[0]]
+        raise InvalidRequest(f"features have no key {missing[0]!r} for table {table!r}",
+                             table=table)
+    return [keys.index(f) for f in collection.features]
 
 
 def _torchrec_class(features: Any, name: str) -> Any:
@@ -936,18 +943,13 @@ class EmbeddingCollection(nn.Module):
         """Under ``torch.compile`` / ``torch.export``: the rows as one ``nearrec`` op over the
         KJT's tensors (its keys are fixed at tracing)."""
         keys = list(features.keys())
-        missing = [f for f in self.features if f not in keys]
-        if missing:
-            raise InvalidRequest(f"features have no key {missing[0]!r} for table "
-                                 f"{self.feature_names[missing[0]]!r}",
-                                 table=self.feature_names[missing[0]])
+        positions = _positions(self, keys)
         lengths = features.lengths()
         batch = lengths.shape[0] // len(keys)
         rows = torch.ops.nearrec.sequence_lookup(
-            self._handle, features.values(), lengths, [keys.index(f) for f in self.features],
-            len(keys))
-        return {f: JaggedTensor(r, lengths[keys.index(f) * batch:(keys.index(f) + 1) * batch])
-                for f, r in zip(self.features, rows, strict=True)}
+            self._handle, features.values(), lengths, positions, len(keys))
+        return {f: JaggedTensor(r, lengths[k * batch:(k + 1) * batch])
+                for f, k, r in zip(self.features, positions, rows, strict=True)}
 
     def _eager(self, features: Any) -> dict[str, JaggedTensor]:
         _not_traced(self)
