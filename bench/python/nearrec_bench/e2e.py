@@ -87,7 +87,7 @@ class E2EConfig:
 
     @classmethod
     def quick(cls) -> E2EConfig:
-        return cls(models=("rmc1", "ncf"), batches=(16,), table_bytes=64 << 20, repeats=1,
+        return cls(models=("rmc1", "ncf"), batches=(16,), table_bytes=64 << 20, repeats=3,
                    samples={"rmc1": 600}, default_samples=2_000, seconds=0.3,
                    serial_ssd_batches=(16,), ssds_warm_seconds=5.0, recssd=False,
                    limit_reads=20_000)
