@@ -49,8 +49,9 @@ def test_failures_are_one_line_with_a_status_and_debug_shows_the_traceback(store
     # Python's words become the command line's
     line = one_line(run("build", str(store), "--rows", "10", check=1))
     assert "--overwrite" in line and "overwrite=True" not in line
-    usage = run("lookup", str(store), "--dram-budgt", "1MiB", check=2)
-    assert "unrecognized arguments: --dram-budgt" in usage.stderr
+    usage = one_line(run("lookup", str(store), "--dram-budgt", "1MiB", check=2))
+    assert "unrecognized arguments: --dram-budgt" in usage and "--help)" in usage
+    assert "invalid choice: 'lokup'" in one_line(run("lokup", str(store), check=2))
     debug = run("--debug", "lookup", str(store), "--indices", "none.npy", check=None)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
     after = run("lookup", str(store), "--indices", "none.npy", "--debug", check=None)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import humanize
 import numpy as np
@@ -648,8 +648,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors are one line too (the usage itself is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"nearrec: error: {message} (see: {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nearrec", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="nearrec", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"nearrec {nearrec.__version__}")
     p.add_argument("--debug", action="store_true", default=False,
                    help="show the traceback of a failure")
