@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -257,3 +258,31 @@ def test_io_knobs_are_checked(tmp_path):
                      ({"pread_threads": 0}, "pread_threads")]:
         with pytest.raises(nearrec.InvalidRequest, match=msg):
             nearrec.open(path, tier="ssd", **bad)
+
+
+def _logical_sector(path: Path) -> int | None:
+    """The logical sector size of the block device under ``path`` (from sysfs), or None where
+    there is none (tmpfs, an overlay)."""
+    st = os.stat(path)
+    dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    for queue in (dev / "queue", dev / ".." / "queue"):  # a partition's queue is its disk's
+        if (queue / "logical_block_size").exists():
+            return int((queue / "logical_block_size").read_text())
+    return None
+
+
+def test_a_row_costs_one_512_byte_sector_where_the_device_has_them(tmp_path):
+    """Vector-grained reads: on a device with 512 B logical sectors, a 128 B row far from any
+    other is one 512 B read (a 4 KiB page read, or a block size taken from anywhere but the
+    device, fails here)."""
+    sector = _logical_sector(tmp_path)
+    if sector != 512:
+        pytest.skip(f"needs a file system on a device with 512 B logical sectors, not {sector}")
+    path, arrays = make_store(tmp_path)
+    ssd = nearrec.open(path, tier="ssd", merge_gap_bytes=0)
+    rows = np.arange(0, 300, 40)  # 128 B rows 5 KiB apart: no two share or neighbour a sector
+    out = ssd.lookup("f32_d32", rows, np.arange(len(rows)))
+    np.testing.assert_allclose(out, arrays["f32_d32"][rows], rtol=1e-6)
+    s = ssd.stats()
+    assert s["direct_io"] and s["block_bytes"] == 512, s
+    assert s["device_reads"] == len(rows) and s["bytes_read"] == 512 * len(rows), s
