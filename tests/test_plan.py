@@ -39,7 +39,17 @@ def test_plan_fits_the_budget_and_follows_the_trace(store):
     top = set(rows[np.argsort(-counts)][:100].tolist())
     assert len(top & set(big.hot_rows.tolist())) >= 90
     assert 0.3 < big.expected_hit_ratio < 1
-    assert big.kind in "ABCD" and big.working_set <= 40_000
+    # EMB-SSD's type, from the working set and the locality the plan reports (the rule written
+    # out again here: a type that does not follow them fails)
+    assert big.working_set <= 40_000
+    for t in (big, tiny):
+        small = t.working_set <= 0.1 * t.rows
+        want = ("A" if t.locality >= 0.5 else "B") if small else \
+            ("C" if t.locality >= 0.2 else "D")
+        assert t.kind == want, t
+    # this seeded trace's answer: the big table's hot set is a tenth of it, LRU-friendly (A);
+    # the tiny one is read whole (C)
+    assert (big.kind, tiny.kind) == ("A", "C")
     # the expected hit ratio grows with the budget
     more = npl.make_plan(info, tr, 2 * budget)
     assert more.expected_hit_ratio >= plan.expected_hit_ratio
