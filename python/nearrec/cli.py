@@ -479,19 +479,6 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_inputs(store: nearrec.Store) -> tuple[str, list[str], list[str]]:
-    """The model kept with ``store``: its name, its inputs' names (features or tables) and the
-    table each reads."""
-    raw = nearrec.read_attachment(store.path, "model.json")
-    if raw is None:
-        raise InvalidRequest(f"the store at {store.path} keeps no model: keep one with "
-                             "nearrec.models.save(model, store) (nearrec predict runs it)")
-    config = json.loads(raw)
-    tables = config.get("tables") or sorted(
-        (t for t in store.tables if t[1:].isdigit()), key=lambda t: int(t[1:]))
-    return str(config.get("model")), list(config.get("features") or tables), list(tables)
-
-
 def _predict_inputs(path: str, inputs: list[str], rows: list[int]
                     ) -> tuple[np.ndarray | None, dict[str, tuple[np.ndarray, np.ndarray]], int]:
     """Dense features and per input ``(ids, lengths)`` from an ``.npz`` or Criteo TSV rows
@@ -535,7 +522,8 @@ def _predict_inputs(path: str, inputs: list[str], rows: list[int]
 
 def cmd_predict(args: argparse.Namespace) -> int:
     store = nearrec.open(args.store, store_config(args), progress=args.progress)
-    name, inputs, tables = _model_inputs(store)
+    # the model kept with the store as the engine reads it: its name, inputs and their tables
+    name, inputs, tables = store._native.model_inputs()
     dense, ids, n = _predict_inputs(args.inputs, inputs, [store.table(t).rows for t in tables])
     batch = count(args.batch, "--batch")
     bounds = {k: np.concatenate([[0], np.cumsum(lengths)]) for k, (_, lengths) in ids.items()}

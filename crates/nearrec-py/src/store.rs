@@ -229,10 +229,16 @@ impl NativeStore {
         Ok((array, times))
     }
 
-    /// The input tables of the model kept with the store, in input order.
-    fn model_tables(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+    /// The model kept with the store: its name, its inputs' names (features, or tables) and the
+    /// table each input reads, in input order.
+    #[allow(clippy::type_complexity)]
+    fn model_inputs(&self, py: Python<'_>) -> PyResult<(String, Vec<String>, Vec<String>)> {
         let model = detach(py, || self.store.model())?.map_err(|e| err(py, e))?;
-        Ok(model.tables.clone())
+        Ok((
+            model.name.clone(),
+            model.inputs.clone(),
+            model.tables.clone(),
+        ))
     }
 
     /// What the simulated drive has done (JSON of `nearrec_device::FlashStats`), or None when the
