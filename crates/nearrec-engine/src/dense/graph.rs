@@ -9,6 +9,7 @@
 //! table's slice of every linear layer that reads it directly is multiplied as soon as its rows
 //! are in (`early_table`), and the rest runs when all are in (`finish`).
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use super::{Activation, Linear, ModelError};
@@ -277,10 +278,12 @@ impl Graph {
         batch: usize,
     ) -> Vec<f32> {
         let GraphEarly {
-            mut values,
+            values,
             mut partial,
         } = early;
-        values[1] = pooled.to_vec();
+        // the pooled inputs read where they lie, not copied
+        let mut values: Vec<Cow<'_, [f32]>> = values.into_iter().map(Cow::Owned).collect();
+        values[1] = Cow::Borrowed(pooled);
         // where each table's share of each op starts in its part
         let mut at = vec![0usize; self.dims.len()];
         for (i, op) in self.ops.iter().enumerate() {
@@ -311,13 +314,13 @@ impl Graph {
                 }
                 _ => self.run(op, &values, batch),
             };
-            values[i + 2] = value;
+            values[i + 2] = Cow::Owned(value);
         }
         self.gather(&values, &self.output, batch)
     }
 
     /// One op whole, from computed values.
-    fn run(&self, op: &Op, values: &[Vec<f32>], batch: usize) -> Vec<f32> {
+    fn run<V: AsRef<[f32]>>(&self, op: &Op, values: &[V], batch: usize) -> Vec<f32> {
         match op {
             Op::Linear { input, layer } => {
                 let mut y = vec![0f32; batch * layer.outputs()];
@@ -363,16 +366,16 @@ impl Graph {
     }
 
     /// Slice `s` of a computed value times the layer's input columns from `col`, into `y`.
-    fn accumulate(
+    fn accumulate<V: AsRef<[f32]>>(
         &self,
         layer: &Linear,
-        values: &[Vec<f32>],
+        values: &[V],
         s: &Slice,
         col: usize,
         batch: usize,
         y: &mut [f32],
     ) {
-        let v = &values[s.value];
+        let v = values[s.value].as_ref();
         layer.accumulate(
             &v[s.cols.start..],
             self.widths[s.value],
@@ -383,13 +386,15 @@ impl Graph {
     }
 
     /// The slices side by side, `[batch, Σ widths]`.
-    fn gather(&self, values: &[Vec<f32>], slices: &[Slice], batch: usize) -> Vec<f32> {
+    fn gather<V: AsRef<[f32]>>(&self, values: &[V], slices: &[Slice], batch: usize) -> Vec<f32> {
         let w: usize = slices.iter().map(|s| s.cols.len()).sum();
         let mut y = Vec::with_capacity(batch * w);
         for b in 0..batch {
             for s in slices {
                 let row = b * self.widths[s.value];
-                y.extend_from_slice(&values[s.value][row + s.cols.start..row + s.cols.end]);
+                y.extend_from_slice(
+                    &values[s.value].as_ref()[row + s.cols.start..row + s.cols.end],
+                );
             }
         }
         y
