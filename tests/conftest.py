@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,3 +34,17 @@ def make_store(root: Path, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
 def mixed_store(tmp_path_factory: pytest.TempPathFactory) -> nearrec.Store:
     path, _ = make_store(tmp_path_factory.mktemp("mixed"))
     return nearrec.open(path)
+
+
+class Lookups:
+    """A map-style dataset whose items are a collection's pooled output for given batches: what
+    a DataLoader worker (forked, or spawned) looks up through a nearrec module."""
+
+    def __init__(self, collection: Any, batches: list[Any]):
+        self.collection, self.batches = collection, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.collection(self.batches[i]).values()

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import Lookups
 
 import nearrec
 from nearrec import IndexOutOfRange, InvalidRequest, TableLookup, UnknownTable
@@ -523,7 +524,7 @@ def test_modules_over_a_node_pickle_fork_and_spawn_without_carrying_the_token(
             torch.testing.assert_close(pool.apply(_remote_forward, (ebc, kjt)), want)
         # forked DataLoader workers: each child makes its own connection on its first call
         batches = [features(3) for _ in range(6)]
-        loader = torch.utils.data.DataLoader(_RemoteLookups(ebc, batches), batch_size=None,
+        loader = torch.utils.data.DataLoader(Lookups(ebc, batches), batch_size=None,
                                              num_workers=2, multiprocessing_context="fork",
                                              timeout=60)  # a child hung on its parent's runtime
         for got, b in zip(loader, batches, strict=True):
@@ -531,17 +532,6 @@ def test_modules_over_a_node_pickle_fork_and_spawn_without_carrying_the_token(
         torch.testing.assert_close(ebc(kjt).values(), want)  # the parent's connection still works
     finally:
         assert node.stop() == 0
-
-
-class _RemoteLookups:
-    def __init__(self, collection: Any, batches: list[Any]):
-        self.collection, self.batches = collection, batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.collection(self.batches[i]).values()
 
 
 def test_a_captured_torchrec_model_kept_with_its_store_runs_on_the_node(tmp_path):

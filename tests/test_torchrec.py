@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torchrec = pytest.importorskip("torchrec")
 
+from conftest import Lookups  # noqa: E402
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType  # noqa: E402
 
 import nearrec  # noqa: E402
@@ -264,17 +265,6 @@ def _forward(module: Any, *args: Any) -> Any:
         return module(*args)
 
 
-class _Lookups(torch.utils.data.Dataset):  # type: ignore[misc]
-    def __init__(self, collection: Any, batches: list[Any]):
-        self.collection, self.batches = collection, batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.collection(self.batches[i]).values()
-
-
 def test_modules_pickle_copy_save_and_run_in_other_processes(tmp_path):
     import copy
     import multiprocessing
@@ -313,7 +303,7 @@ def test_modules_pickle_copy_save_and_run_in_other_processes(tmp_path):
         torch.testing.assert_close(pool.apply(_forward, (served, dense, features)), want)
     # forked DataLoader workers, each looking up its batches through the collection
     batches = [kjt(model.sparse_arch.embedding_bag_collection, 4, 30 + i) for i in range(6)]
-    loader = torch.utils.data.DataLoader(_Lookups(ebc, batches), batch_size=None,
+    loader = torch.utils.data.DataLoader(Lookups(ebc, batches), batch_size=None,
                                          num_workers=2, multiprocessing_context="fork")
     for got, b in zip(loader, batches, strict=True):
         torch.testing.assert_close(got, ebc(b).values())
