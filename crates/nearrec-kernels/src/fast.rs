@@ -17,6 +17,7 @@ use nearrec_format::DType;
 
 use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 use crate::patch::RowPatch;
+use crate::source::{FIND_AHEAD, RowSource, TOUCH_AHEAD};
 use crate::table::TableView;
 
 /// Lookups between a prefetch and its use: enough to keep ~16 misses in flight per core.
@@ -65,6 +66,132 @@ pub fn pool_bags_patched<I: RowIndex>(
             at,
         },
     )
+}
+
+/// Pools each bag of `job` from the rows `source` finds into `out`, as far as it holds them:
+/// a bag's cells get the reduction of its found rows (from zeros; max from `-inf`), not
+/// finished. The caller reduces the rows the source lacked into the same cells and then
+/// finishes each bag (mean's division, zeros for an empty bag) by `counts[b]`: the rows bag `b`
+/// counts (padding excluded; rows the source lacked included).
+///
+/// Indices are range-checked against `rows` as [`pool_bags`] checks them: the first bad one is
+/// returned, bags before it are written. `dim` and `dtype` are the rows' (every row the source
+/// gives is `dtype.row_bytes(dim)` long, fp32 rows 4-byte aligned).
+#[allow(clippy::too_many_arguments)]
+pub fn pool_found<I: RowIndex, S: RowSource>(
+    dtype: DType,
+    dim: usize,
+    rows: u64,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+    counts: &mut [usize],
+    source: &mut S,
+) -> Result<(), IndexError> {
+    debug_assert_eq!(out.bags(), job.bags());
+    assert_eq!(counts.len(), job.bags());
+    macro_rules! by_dim {
+        ($dec:ty) => {
+            match dim {
+                8 => run_found::<I, S, $dec, 8>(dim, rows, job, out, counts, source),
+                16 => run_found::<I, S, $dec, 16>(dim, rows, job, out, counts, source),
+                32 => run_found::<I, S, $dec, 32>(dim, rows, job, out, counts, source),
+                64 => run_found::<I, S, $dec, 64>(dim, rows, job, out, counts, source),
+                128 => run_found::<I, S, $dec, 128>(dim, rows, job, out, counts, source),
+                256 => run_found::<I, S, $dec, 256>(dim, rows, job, out, counts, source),
+                _ => run_found::<I, S, $dec, 0>(dim, rows, job, out, counts, source),
+            }
+        };
+    }
+    match dtype {
+        DType::Fp32 => by_dim!(Fp32),
+        DType::Fp16 => by_dim!(Fp16),
+        DType::Bf16 => by_dim!(Bf16),
+        DType::Int8 => by_dim!(Int8),
+    }
+}
+
+/// [`pool_found`]'s loop for one (dtype, width), `D == 0` as in [`run`].
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn run_found<I: RowIndex, S: RowSource, Dec: Decode, const D: usize>(
+    dim: usize,
+    rows: u64,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+    counts: &mut [usize],
+    source: &mut S,
+) -> Result<(), IndexError> {
+    let (start, end) = (job.bounds[0], job.bounds[job.bags()]);
+    let value = |pos: usize| job.indices[pos].to_i64() as u64;
+    for pos in start..end.min(start + TOUCH_AHEAD) {
+        source.touch(value(pos));
+    }
+    for pos in start..end.min(start + FIND_AHEAD) {
+        source.find(pos, value(pos));
+    }
+    for b in 0..job.bags() {
+        let walk = (job.bounds[b], job.bounds[b + 1]);
+        counts[b] = if D == 0 {
+            found_bag::<I, S, Dec>(rows, job, walk, b, end, source, out.bag(b))?
+        } else {
+            let mut fixed = [0f32; D];
+            let count = found_bag::<I, S, Dec>(rows, job, walk, b, end, source, &mut fixed)?;
+            out.bag(b).copy_from_slice(&fixed);
+            count
+        };
+    }
+    debug_assert!(D == 0 || D == dim);
+    Ok(())
+}
+
+/// Reduces the found rows of bag `b` (`walk`: its positions) into `acc`; returns the rows it
+/// counts. `end`: the job's last position, beyond which no hint is given.
+#[inline(always)]
+fn found_bag<I: RowIndex, S: RowSource, Dec: Decode>(
+    rows: u64,
+    job: &PoolJob<'_, I>,
+    (start, stop): (usize, usize),
+    b: usize,
+    end: usize,
+    source: &mut S,
+    acc: &mut [f32],
+) -> Result<usize, IndexError> {
+    macro_rules! walk {
+        ($init:expr, |$row:ident, $pos:ident| $step:expr) => {{
+            acc.fill($init);
+            let padding = job.padding_idx.unwrap_or(u64::MAX);
+            let mut skipped = 0;
+            for $pos in start..stop {
+                if $pos + TOUCH_AHEAD < end {
+                    source.touch(job.indices[$pos + TOUCH_AHEAD].to_i64() as u64);
+                }
+                if $pos + FIND_AHEAD < end {
+                    let ahead = $pos + FIND_AHEAD;
+                    source.find(ahead, job.indices[ahead].to_i64() as u64);
+                }
+                let value = job.indices[$pos].to_i64();
+                // a negative index wraps to a huge u64: one compare catches both
+                if value as u64 >= rows {
+                    return Err(IndexError {
+                        position: $pos,
+                        value,
+                    });
+                }
+                if value as u64 == padding {
+                    skipped += 1;
+                    continue;
+                }
+                if let Some($row) = source.row($pos, b, value as u64) {
+                    $step;
+                }
+            }
+            Ok(stop - start - skipped)
+        }};
+    }
+    match (job.mode, job.weights) {
+        (PoolingMode::Max, _) => walk!(f32::NEG_INFINITY, |row, _pos| Dec::max(row, acc)),
+        (_, Some(w)) => walk!(0.0, |row, pos| Dec::axpy(row, w[pos], acc)),
+        (_, None) => walk!(0.0, |row, _pos| Dec::add(row, acc)),
+    }
 }
 
 /// The rows that stand in for the table's, and the ascending positions that read them.

@@ -1,8 +1,11 @@
 //! The scalar reference twin of the fast kernels: decode each row, then reduce it, one value at a
 //! time. Slow and obviously right; the parity tests hold the fast path to it.
 
+use nearrec_format::DType;
+
 use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 use crate::patch::RowPatch;
+use crate::source::RowSource;
 use crate::table::TableView;
 
 /// Pools every bag of `job` from `table` into `out` (same contract as [`crate::pool_bags`]).
@@ -26,6 +29,55 @@ pub fn pool_bags_patched<I: RowIndex>(
     pool_rows(table, job, out, |r| {
         patch.get(r).unwrap_or_else(|| table.row(r))
     })
+}
+
+/// Pools the rows `source` finds, bag by bag, unfinished, with `counts`: the twin of
+/// [`crate::pool_found`]. It gives the source no hints: `row` alone must answer.
+pub fn pool_found<I: RowIndex, S: RowSource>(
+    dtype: DType,
+    dim: usize,
+    rows: u64,
+    job: &PoolJob<'_, I>,
+    out: &mut BagsOut<'_>,
+    counts: &mut [usize],
+    source: &mut S,
+) -> Result<(), IndexError> {
+    let mut row = vec![0f32; dim];
+    for b in 0..job.bags() {
+        let dst = out.bag(b);
+        dst.fill(if job.mode == PoolingMode::Max {
+            f32::NEG_INFINITY
+        } else {
+            0.0
+        });
+        counts[b] = 0;
+        for pos in job.bounds[b]..job.bounds[b + 1] {
+            let value = job.indices[pos].to_i64();
+            if value < 0 || value as u64 >= rows {
+                return Err(IndexError {
+                    position: pos,
+                    value,
+                });
+            }
+            if job.padding_idx == Some(value as u64) {
+                continue;
+            }
+            counts[b] += 1;
+            let Some(bytes) = source.row(pos, b, value as u64) else {
+                continue;
+            };
+            dtype.decode_row(bytes, &mut row);
+            let w = job.weights.map(|w| w[pos]);
+            for (a, &v) in dst.iter_mut().zip(&row) {
+                match (job.mode, w) {
+                    (PoolingMode::Sum | PoolingMode::Mean, Some(w)) => *a = w.mul_add(v, *a),
+                    (PoolingMode::Sum | PoolingMode::Mean, None) => *a += v,
+                    (PoolingMode::Max, _) => *a = a.max(v),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn pool_rows<'t, I: RowIndex>(

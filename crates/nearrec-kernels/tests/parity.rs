@@ -6,7 +6,7 @@
 
 use nearrec_format::{AlignedBuf, DType, RowLayout};
 use nearrec_kernels::{
-    BagsOut, IndexError, PoolJob, PoolingMode, RowIndex, RowPatch, TableView, reference,
+    BagsOut, IndexError, PoolJob, PoolingMode, RowIndex, RowPatch, RowSource, TableView, reference,
 };
 use proptest::prelude::*;
 
@@ -186,6 +186,8 @@ fn check_same(c: &Case, fast: &[f32], slow: &[f32]) -> Result<(), TestCaseError>
                 f.is_nan() && s.is_nan(),
                 "cell {k}: fast {f} vs reference {s}"
             );
+        } else if f == s {
+            // equal (infinities too: an unfinished max of no found row is -inf)
         } else if exact {
             prop_assert_eq!(
                 f.to_bits(),
@@ -310,6 +312,130 @@ proptest! {
         for (k, (&a, &b)) in slow_out.iter().zip(&want_out).enumerate() {
             prop_assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
                          "cell {}: patched {} vs written {}", k, a, b);
+        }
+    }
+}
+
+/// A [`RowSource`] over a table that lacks the rows `absent` picks, and records every lookup it
+/// was asked for and lacked; its hints are held to the lookups they announce.
+struct Partial<'t> {
+    view: &'t TableView<'t>,
+    absent: u64,
+    lacked: Vec<(usize, usize, u64)>,
+    found: Vec<(usize, u64)>,
+}
+
+impl Partial<'_> {
+    fn lacks(&self, row: u64) -> bool {
+        self.absent != 0 && row.is_multiple_of(self.absent)
+    }
+}
+
+impl RowSource for Partial<'_> {
+    fn touch(&mut self, _row: u64) {}
+    fn find(&mut self, pos: usize, row: u64) {
+        self.found.push((pos, row));
+    }
+    fn row(&mut self, pos: usize, bag: usize, row: u64) -> Option<&[u8]> {
+        if let Some(&(_, hinted)) = self.found.iter().rev().find(|f| f.0 == pos) {
+            assert_eq!(hinted, row, "the hint for position {pos} named another row");
+        }
+        if self.lacks(row) {
+            self.lacked.push((pos, bag, row));
+            None
+        } else {
+            Some(self.view.row(row))
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// `pool_found` against its twin; and the rows it lacked, added after and finished, give
+    /// what pooling the whole table gives.
+    #[test]
+    fn found_rows_pool_as_the_reference_and_the_rest_complete_them(
+        c in case(),
+        absent in prop::sample::select(vec![0u64, 1, 2, 3, 7]),
+    ) {
+        let mut picks: Vec<i64> = c.picks.iter().map(|&p| p as i64).collect();
+        if let Some((pos, value)) = c.bad {
+            picks[pos] = value;
+        }
+        let (buf, layout) = table(c.dtype, c.rows, c.dim, c.block_bytes, c.seed);
+        let view = TableView::new(buf.as_slice(), layout, c.dtype, c.dim).expect("view");
+        let mut bounds = vec![0usize];
+        for l in &c.lengths {
+            bounds.push(bounds.last().unwrap() + l);
+        }
+        let weights: Vec<f32> = (0..picks.len()).map(|i| 0.25 + (i % 7) as f32 * 0.5).collect();
+        let job = PoolJob {
+            indices: &picks[..],
+            bounds: &bounds,
+            weights: c.weighted.then_some(&weights[..]),
+            mode: c.mode,
+            padding_idx: c.padding,
+        };
+        let (dim, bags) = (c.dim as usize, c.lengths.len());
+        let stride = dim + 3;
+        let mut results = Vec::new();
+        for fast in [true, false] {
+            let mut out = vec![f32::NAN; bags * stride];
+            let mut counts = vec![usize::MAX; bags];
+            let mut src = Partial { view: &view, absent, lacked: Vec::new(), found: Vec::new() };
+            let mut cells = BagsOut::from_slice(&mut out, stride, dim, bags);
+            let res = if fast {
+                nearrec_kernels::pool_found(c.dtype, dim, c.rows, &job, &mut cells, &mut counts, &mut src)
+            } else {
+                reference::pool_found(c.dtype, dim, c.rows, &job, &mut cells, &mut counts, &mut src)
+            };
+            results.push((res, out, counts, src.lacked));
+        }
+        let (fast, slow) = (&results[0], &results[1]);
+        prop_assert_eq!(fast.0, slow.0);
+        let done = match fast.0 {
+            Err(IndexError { position, .. }) => bounds.partition_point(|&b| b <= position) - 1,
+            Ok(()) => bags,
+        };
+        let in_done = |pos: usize| pos < bounds[done];
+        check_same(&c, &fast.1[..done * stride], &slow.1[..done * stride])?;
+        prop_assert_eq!(&fast.2[..done], &slow.2[..done]);
+        let lacked = |l: &[(usize, usize, u64)]| -> Vec<(usize, usize, u64)> {
+            l.iter().copied().filter(|e| in_done(e.0)).collect()
+        };
+        prop_assert_eq!(lacked(&fast.3), lacked(&slow.3));
+        if fast.0.is_err() {
+            return Ok(());
+        }
+        // the caller's part: the lacked rows added, then each bag finished
+        let mut out = fast.1.clone();
+        let mut row = vec![0f32; dim];
+        for &(pos, bag, r) in &fast.3 {
+            c.dtype.decode_row(view.row(r), &mut row);
+            let cell = &mut out[bag * stride..][..dim];
+            for (a, &v) in cell.iter_mut().zip(&row) {
+                *a = match (c.mode, c.weighted) {
+                    (PoolingMode::Max, _) => a.max(v),
+                    (_, true) => weights[pos].mul_add(v, *a),
+                    (_, false) => *a + v,
+                };
+            }
+        }
+        for (b, &n) in fast.2.iter().enumerate() {
+            let cell = &mut out[b * stride..][..dim];
+            if n == 0 {
+                cell.fill(0.0);
+            } else if c.mode == PoolingMode::Mean {
+                cell.iter_mut().for_each(|a| *a /= n as f32);
+            }
+        }
+        let (res, whole) = run(&c, &picks, false);
+        prop_assert!(res.is_ok());
+        for (k, (&f, &s)) in out.iter().zip(&whole).enumerate() {
+            if k % stride < dim {
+                prop_assert!((f - s).abs() <= 1e-4 + 1e-4 * s.abs(), "cell {k}: {f} vs {s}");
+            }
         }
     }
 }
