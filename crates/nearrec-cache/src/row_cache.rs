@@ -1,25 +1,42 @@
-//! The dynamic row cache: set-associative, sharded, LRU / LFU victims, probabilistic admission.
+//! The dynamic row cache: set-associative, sharded, LRU / LFU victims, probabilistic admission,
+//! hits read without a lock.
 //!
-//! A row hashes to one set of `ways` slots; sets are spread over shards, each behind its own
-//! mutex, so lookups on different shards never meet and there is no global lock. A hit bumps the
-//! slot's mark (LRU: the shard's clock; LFU: its hit count). A miss read from SSD is offered back:
-//! it takes a free slot of its set if there is one; otherwise the `_pa` policies admit it with
-//! probability `p` (HS-Rec: a one-off row must not push out a hot one), and it replaces the slot
-//! with the smallest mark.
+//! A row hashes to one set of `ways` slots; sets are spread over shards. A miss read from SSD is
+//! offered back: it takes a free slot of its set if there is one; otherwise the `_pa` policies
+//! admit it with probability `p` (HS-Rec: a one-off row must not push out a hot one), and it
+//! replaces the slot with the smallest mark. Writers — an offered row, a compaction's replaced
+//! row — take their shard's mutex, so they never meet.
+//!
+//! Readers take no lock. Each slot carries a sequence number (a seqlock): a writer makes it odd
+//! while it changes the slot's key and row and even again after, and a reader copies the row out
+//! and keeps the copy only if the number was the same even value before and after — a row is
+//! never seen torn. A hit bumps the slot's mark (LRU: the shard's clock; LFU: its hit count) with
+//! plain atomic stores, not read-modify-writes: a bump may be lost when two threads hit one
+//! shard at once, so victims are exact for one thread and approximate under races (which row is
+//! kept never changes what a lookup returns).
+//!
+//! A hit costs two dependent memory reads, the set's keys and then the row.
+//! [`RowCache::prefetch`] asks for the first and [`RowCache::probe`] finds the slot and asks for
+//! the second, so a caller a few lookups ahead overlaps both (as the SSD tier does through
+//! `nearrec_kernels::RowSource`); [`RowCache::read`] then copies the row.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+use nearrec_format::AlignedBuf;
 use nearrec_kernels::prefetch_row;
 
 use crate::hash::{mix, scale};
 use crate::policy::CacheConfig;
 use crate::stats::{CacheStats, CacheStatsSnapshot};
 
-/// Bytes of bookkeeping per slot beside the row (key and mark).
-pub const SLOT_OVERHEAD: u64 = 16;
+/// Bytes of bookkeeping per slot beside the row: key, mark and sequence number.
+pub const SLOT_OVERHEAD: u64 = 24;
 /// Keys are stored as `row + 1`, so a fresh (zeroed, untouched) table is all empty slots.
 const EMPTY: u64 = 0;
 const MAX_SHARDS: usize = 256;
+/// Row bytes a stack buffer holds in [`RowCache::get`].
+const STACK_WORDS: usize = 64;
 
 /// What became of an offered row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,32 +49,50 @@ pub enum Offer {
     Present,
 }
 
+/// Where [`RowCache::probe`] found a row: read it with [`RowCache::read`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    shard: u32,
+    slot: u32,
+}
+
+/// One shard's sets. Slot `i` of the shard: key `keys[i]`, mark `meta[2 i]`, sequence number
+/// `meta[2 i + 1]` (beside the mark, which a hit writes anyway: one line), row at
+/// `data[i × stride]`.
 #[derive(Debug)]
+#[repr(align(64))]
 struct Shard {
-    keys: Vec<u64>,
-    marks: Vec<u64>,
-    data: Vec<u8>,
+    /// Held by writers; admission draws made so far (the draw is a hash of seed, set and count).
+    writer: Mutex<u64>,
     /// LRU time of this shard's sets.
-    clock: u64,
-    /// Admission draws made so far (the draw is a hash of seed, shard and this count).
-    draws: u64,
-    /// Lookups of this shard's sets, counted under its lock (a shared atomic would bounce
-    /// between the cores on every lookup).
-    hits: u64,
-    misses: u64,
+    clock: AtomicU64,
+    keys: AlignedBuf,
+    meta: AlignedBuf,
+    data: AlignedBuf,
+}
+
+impl Shard {
+    fn keys(&self) -> &[AtomicU64] {
+        self.keys.as_words()
+    }
+    fn meta(&self) -> &[AtomicU64] {
+        self.meta.as_words()
+    }
+    fn data(&self) -> &[AtomicU64] {
+        self.data.as_words()
+    }
 }
 
 /// A set-associative cache of encoded rows (see the module docs).
 #[derive(Debug)]
 pub struct RowCache {
     row_bytes: usize,
+    /// Words a row takes (`row_bytes` rounded up to 8 bytes).
+    words: usize,
     ways: usize,
     sets: usize,
     shard_bits: u32,
-    shards: Box<[Mutex<Shard>]>,
-    /// Each shard's `keys` and `marks` addresses, for prefetch hints only (never dereferenced;
-    /// the vectors are never resized).
-    addrs: Box<[(usize, usize)]>,
+    shards: Box<[Shard]>,
     config: CacheConfig,
     /// A draw below this admits (`p × 2^64`).
     admit_below: u64,
@@ -65,6 +100,12 @@ pub struct RowCache {
 }
 
 impl RowCache {
+    /// Bytes one slot of a `row_bytes`-byte row takes: the row in whole words, and
+    /// [`SLOT_OVERHEAD`].
+    pub fn slot_bytes(row_bytes: usize) -> u64 {
+        row_bytes.next_multiple_of(8) as u64 + SLOT_OVERHEAD
+    }
+
     /// The smallest budget whose cache has a slot for each of `rows` rows (sets are rounded as
     /// [`RowCache::new`] rounds them): more would never be used.
     pub fn budget_for_rows(rows: u64, row_bytes: usize, ways: usize) -> u64 {
@@ -76,14 +117,15 @@ impl RowCache {
             sets.next_multiple_of(MAX_SHARDS as u64)
         };
         sets.saturating_mul(ways)
-            .saturating_mul(row_bytes as u64 + SLOT_OVERHEAD)
+            .saturating_mul(Self::slot_bytes(row_bytes))
     }
 
     /// A cache of `row_bytes`-byte rows taking at most `budget_bytes` (rows and bookkeeping).
     pub fn new(budget_bytes: u64, row_bytes: usize, config: CacheConfig) -> Self {
         let ways = config.ways.max(1);
-        let slot = row_bytes as u64 + SLOT_OVERHEAD;
-        let sets = usize::try_from(budget_bytes / slot / ways as u64).unwrap_or(usize::MAX);
+        let words = row_bytes.div_ceil(8);
+        let sets = usize::try_from(budget_bytes / Self::slot_bytes(row_bytes) / ways as u64)
+            .unwrap_or(usize::MAX);
         let shards = if sets == 0 {
             1
         } else {
@@ -92,33 +134,23 @@ impl RowCache {
         let sets = sets / shards * shards;
         let per_shard = sets / shards * ways;
         let p = config.admission_probability.clamp(0.0, 1.0);
-        let shards: Box<[Mutex<Shard>]> = (0..shards)
-            .map(|_| {
-                Mutex::new(Shard {
-                    keys: vec![EMPTY; per_shard], // zeroed pages: committed when used
-                    marks: vec![0; per_shard],
-                    data: vec![0; per_shard * row_bytes],
-                    clock: 0,
-                    draws: 0,
-                    hits: 0,
-                    misses: 0,
-                })
-            })
-            .collect();
-        let addrs = shards
-            .iter()
-            .map(|m| {
-                let s = m.lock().unwrap_or_else(|e| e.into_inner());
-                (s.keys.as_ptr() as usize, s.marks.as_ptr() as usize)
+        let shards: Box<[Shard]> = (0..shards)
+            .map(|_| Shard {
+                writer: Mutex::new(0),
+                clock: AtomicU64::new(0),
+                // zeroed pages, committed when used; large ones on huge pages
+                keys: AlignedBuf::zeroed(per_shard * 8),
+                meta: AlignedBuf::zeroed(per_shard * 16),
+                data: AlignedBuf::zeroed(per_shard * words * 8),
             })
             .collect();
         Self {
             row_bytes,
+            words,
             ways,
             sets,
             shard_bits: shards.len().ilog2(),
             shards,
-            addrs,
             config,
             admit_below: if p >= 1.0 {
                 u64::MAX
@@ -136,28 +168,39 @@ impl RowCache {
 
     /// Bytes it takes (rows and bookkeeping).
     pub fn bytes(&self) -> u64 {
-        self.capacity_rows() * (self.row_bytes as u64 + SLOT_OVERHEAD)
+        self.capacity_rows() * Self::slot_bytes(self.row_bytes)
     }
 
     pub fn config(&self) -> &CacheConfig {
         &self.config
     }
 
+    /// The `u64` words a row copied out by [`Self::read`] takes.
+    pub fn words(&self) -> usize {
+        self.words
+    }
+
     pub fn stats(&self) -> CacheStatsSnapshot {
-        let mut snap = self.stats.snapshot();
-        for shard in &self.shards {
-            let s = self.lock(shard);
-            snap.hits += s.hits;
-            snap.misses += s.misses;
-        }
-        snap
+        self.stats.snapshot()
+    }
+
+    /// Counts lookups that a caller of [`Self::probe`] / [`Self::read`] served (`hits`) or did
+    /// not (`misses`); [`Self::get`] counts its own.
+    pub fn count(&self, hits: u64, misses: u64) {
+        CacheStats::add(&self.stats.hits, hits);
+        CacheStats::add(&self.stats.misses, misses);
     }
 
     /// Rows held now.
     pub fn len(&self) -> u64 {
         self.shards
             .iter()
-            .map(|s| self.lock(s).keys.iter().filter(|&&k| k != EMPTY).count() as u64)
+            .map(|s| {
+                s.keys()
+                    .iter()
+                    .filter(|k| k.load(Ordering::Relaxed) != EMPTY)
+                    .count() as u64
+            })
             .sum()
     }
 
@@ -165,19 +208,14 @@ impl RowCache {
         self.len() == 0
     }
 
-    fn lock<'a>(&self, shard: &'a Mutex<Shard>) -> std::sync::MutexGuard<'a, Shard> {
-        // a panic while holding a shard cannot leave it torn: every write completes before
-        // the key that exposes it is set
-        shard.lock().unwrap_or_else(|e| e.into_inner())
+    fn writer<'a>(&self, shard: &'a Shard) -> std::sync::MutexGuard<'a, u64> {
+        // a panic while writing leaves the slot's sequence number odd: readers miss it, and the
+        // next write of the slot makes it even again
+        shard.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The shard of `row`'s set, and the set's first slot inside the shard.
-    fn locate(&self, row: u64) -> Option<(&Mutex<Shard>, usize)> {
-        self.locate_index(row)
-            .map(|(shard, base)| (&self.shards[shard], base))
-    }
-
-    fn locate_index(&self, row: u64) -> Option<(usize, usize)> {
+    fn locate(&self, row: u64) -> Option<(usize, usize)> {
         if self.sets == 0 {
             return None;
         }
@@ -186,51 +224,136 @@ impl RowCache {
         Some((shard, (set >> self.shard_bits) * self.ways))
     }
 
-    /// Hints the processor to fetch the lines a [`Self::get`] of `row` will probe, so several
-    /// lookups' cache misses overlap. Reads nothing, takes no lock.
+    /// Asks for the lines a [`Self::probe`] of `row` reads: its set's keys, marks and sequence
+    /// numbers. Reads nothing.
     pub fn prefetch(&self, row: u64) {
-        if let Some((shard, base)) = self.locate_index(row) {
-            let (keys, marks) = self.addrs[shard];
-            prefetch_row((keys + base * 8) as *const u8, self.ways * 8);
-            prefetch_row((marks + base * 8) as *const u8, self.ways * 8);
+        if let Some((shard, base)) = self.locate(row) {
+            let s = &self.shards[shard];
+            prefetch_row(s.keys().as_ptr().wrapping_add(base).cast(), self.ways * 8);
+            prefetch_row(
+                s.meta().as_ptr().wrapping_add(2 * base).cast(),
+                self.ways * 16,
+            );
         }
     }
 
-    /// Looks `row` up; on a hit, calls `read` with its bytes (under the shard's lock: keep it
-    /// short) and counts the hit.
+    /// Finds `row`'s slot, if it holds the row now, and asks for the row's lines; takes no
+    /// lock and counts nothing. [`Self::read`] copies the row (a write between the two makes
+    /// the read fail, never wrong).
+    pub fn probe(&self, row: u64) -> Option<Slot> {
+        let (shard, base) = self.locate(row)?;
+        let s = &self.shards[shard];
+        let way = s.keys()[base..base + self.ways]
+            .iter()
+            .position(|k| k.load(Ordering::Relaxed) == row.wrapping_add(1))?;
+        let slot = base + way;
+        prefetch_row(
+            s.data().as_ptr().wrapping_add(slot * self.words).cast(),
+            self.row_bytes,
+        );
+        Some(Slot {
+            shard: shard as u32,
+            slot: slot as u32,
+        })
+    }
+
+    /// Copies `row`'s bytes from `at` (where [`Self::probe`] found it) into `out`'s first
+    /// [`Self::words`] words and marks the hit; `false` when the slot no longer holds the row,
+    /// or a writer is changing it (the caller probes again or reads the row elsewhere).
+    pub fn read(&self, at: Slot, row: u64, out: &mut [u64]) -> bool {
+        let s = &self.shards[at.shard as usize];
+        let slot = at.slot as usize;
+        let (meta, seq) = (s.meta(), &s.meta()[2 * slot + 1]);
+        let before = seq.load(Ordering::Acquire);
+        if before & 1 == 1 || s.keys()[slot].load(Ordering::Relaxed) != row.wrapping_add(1) {
+            return false;
+        }
+        let data = &s.data()[slot * self.words..][..self.words];
+        for (o, w) in out[..self.words].iter_mut().zip(data) {
+            *o = w.load(Ordering::Relaxed);
+        }
+        fence(Ordering::Acquire);
+        if seq.load(Ordering::Relaxed) != before {
+            return false;
+        }
+        let mark = &meta[2 * slot];
+        if self.config.policy.frequency() {
+            mark.store(
+                mark.load(Ordering::Relaxed).saturating_add(1),
+                Ordering::Relaxed,
+            );
+        } else {
+            let now = s.clock.load(Ordering::Relaxed) + 1;
+            s.clock.store(now, Ordering::Relaxed);
+            mark.store(now, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Looks `row` up; on a hit, calls `read` with a copy of its bytes and counts the hit.
     /// Rows are below `u64::MAX`.
     pub fn get<R>(&self, row: u64, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        let Some((shard, base)) = self.locate(row) else {
-            CacheStats::add(&self.stats.misses, 1);
-            return None;
-        };
-        let mut s = self.lock(shard);
-        let Some(way) = s.keys[base..base + self.ways]
-            .iter()
-            .position(|&k| k == row + 1)
-        else {
-            s.misses += 1;
-            return None;
-        };
-        let slot = base + way;
-        s.hits += 1;
-        s.clock += 1;
-        s.marks[slot] = if self.config.policy.frequency() {
-            s.marks[slot].saturating_add(1)
+        let mut stack = [0u64; STACK_WORDS];
+        let mut heap = Vec::new();
+        let out = if self.words <= STACK_WORDS {
+            &mut stack[..]
         } else {
-            s.clock
+            heap.resize(self.words, 0);
+            &mut heap[..]
         };
-        Some(read(&s.data[slot * self.row_bytes..][..self.row_bytes]))
+        loop {
+            let Some(at) = self.probe(row) else {
+                self.count(0, 1);
+                return None;
+            };
+            if self.read(at, row, out) {
+                self.count(1, 0);
+                return Some(read(&words_as_bytes(out)[..self.row_bytes]));
+            }
+            // a writer is changing the slot: probe again (writes are short)
+            std::hint::spin_loop();
+        }
     }
 
     /// The rows cached now, in no order (what warms another cache for the same table).
     pub fn rows(&self) -> Vec<u64> {
         let mut out = Vec::new();
-        for shard in self.shards.iter() {
-            let s = shard.lock().unwrap_or_else(|e| e.into_inner());
-            out.extend(s.keys.iter().filter(|&&k| k != EMPTY).map(|&k| k - 1));
+        for s in self.shards.iter() {
+            out.extend(
+                s.keys()
+                    .iter()
+                    .map(|k| k.load(Ordering::Relaxed))
+                    .filter(|&k| k != EMPTY)
+                    .map(|k| k - 1),
+            );
         }
         out
+    }
+
+    /// Writes `row`'s key and bytes into slot `slot` of `s` (the caller holds its writer lock),
+    /// under the slot's sequence number.
+    fn write(&self, s: &Shard, slot: usize, key: u64, bytes: &[u8]) {
+        let seq = &s.meta()[2 * slot + 1];
+        let now = seq.load(Ordering::Relaxed);
+        // odd (whatever a panicked writer left), then even again when done
+        let odd = now | 1;
+        seq.store(odd, Ordering::Relaxed);
+        fence(Ordering::Release);
+        s.keys()[slot].store(key, Ordering::Relaxed);
+        let data = &s.data()[slot * self.words..][..self.words];
+        for (w, chunk) in data.iter().zip(bytes.chunks(8)) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            w.store(u64::from_ne_bytes(word), Ordering::Relaxed);
+        }
+        seq.store(odd + 1, Ordering::Release);
+    }
+
+    /// The way of `row` in the set at `base` of `s`, if it holds it.
+    fn way_of(&self, s: &Shard, base: usize, row: u64) -> Option<usize> {
+        s.keys()[base..base + self.ways]
+            .iter()
+            .position(|k| k.load(Ordering::Relaxed) == row + 1)
     }
 
     /// Replaces `row`'s bytes if it is cached (a live store's compaction: the row changed
@@ -240,15 +363,12 @@ impl RowCache {
         let Some((shard, base)) = self.locate(row) else {
             return false;
         };
-        let mut s = self.lock(shard);
-        let Some(way) = s.keys[base..base + self.ways]
-            .iter()
-            .position(|&k| k == row + 1)
-        else {
+        let s = &self.shards[shard];
+        let _writer = self.writer(s);
+        let Some(way) = self.way_of(s, base, row) else {
             return false;
         };
-        let slot = base + way;
-        s.data[slot * self.row_bytes..][..self.row_bytes].copy_from_slice(bytes);
+        self.write(s, base + way, row + 1, bytes);
         true
     }
 
@@ -259,40 +379,50 @@ impl RowCache {
             CacheStats::add(&self.stats.rejections, 1);
             return Offer::Rejected;
         };
-        let mut s = self.lock(shard);
-        let set = base..base + self.ways;
-        if s.keys[set.clone()].contains(&(row + 1)) {
+        let s = &self.shards[shard];
+        let mut draws = self.writer(s);
+        if self.way_of(s, base, row).is_some() {
             return Offer::Present;
         }
-        let (slot, evicted) = match s.keys[set.clone()].iter().position(|&k| k == EMPTY) {
+        let (keys, meta) = (s.keys(), s.meta());
+        let free = (0..self.ways).find(|&w| keys[base + w].load(Ordering::Relaxed) == EMPTY);
+        let (slot, evicted) = match free {
             Some(way) => (base + way, None),
             None => {
                 if self.config.policy.probabilistic() {
-                    s.draws += 1;
-                    let draw = mix(self.config.seed ^ mix(base as u64) ^ s.draws);
+                    *draws += 1;
+                    let draw = mix(self.config.seed ^ mix(base as u64) ^ *draws);
                     if draw >= self.admit_below {
                         CacheStats::add(&self.stats.rejections, 1);
                         return Offer::Rejected;
                     }
                 }
                 let way = (0..self.ways)
-                    .min_by_key(|&w| s.marks[base + w])
+                    .min_by_key(|&w| meta[2 * (base + w)].load(Ordering::Relaxed))
                     .expect("a set has at least one way");
-                (base + way, Some(s.keys[base + way] - 1))
+                let slot = base + way;
+                (slot, Some(keys[slot].load(Ordering::Relaxed) - 1))
             }
         };
-        s.clock += 1;
-        s.marks[slot] = if self.config.policy.frequency() {
+        let now = s.clock.load(Ordering::Relaxed) + 1;
+        s.clock.store(now, Ordering::Relaxed);
+        let mark = if self.config.policy.frequency() {
             1
         } else {
-            s.clock
+            now
         };
-        s.data[slot * self.row_bytes..][..self.row_bytes].copy_from_slice(bytes);
-        s.keys[slot] = row + 1;
+        meta[2 * slot].store(mark, Ordering::Relaxed);
+        self.write(s, slot, row + 1, bytes);
         CacheStats::add(&self.stats.admissions, 1);
         if evicted.is_some() {
             CacheStats::add(&self.stats.evictions, 1);
         }
         Offer::Admitted { evicted }
     }
+}
+
+/// Words as their bytes (native order: what [`RowCache::read`] copied is what was written).
+pub fn words_as_bytes(words: &[u64]) -> &[u8] {
+    // SAFETY: u8 has no alignment or validity requirement; the length is in bytes
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast(), words.len() * 8) }
 }

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use nearrec_cache::{CacheConfig, HotPartition, Offer, Policy, RowCache, SLOT_OVERHEAD};
+use nearrec_cache::{CacheConfig, HotPartition, Offer, Policy, RowCache, words_as_bytes};
 use proptest::prelude::*;
 
 const RB: usize = 12;
@@ -18,7 +18,7 @@ fn bytes_of(row: u64) -> [u8; RB] {
 
 /// A cache with exactly one set of `ways` slots.
 fn one_set(ways: usize, policy: Policy, p: f64) -> RowCache {
-    let budget = ways as u64 * (RB as u64 + SLOT_OVERHEAD);
+    let budget = ways as u64 * RowCache::slot_bytes(RB);
     let c = RowCache::new(
         budget,
         RB,
@@ -204,6 +204,94 @@ fn concurrent_readers_and_writers_see_whole_rows() {
     assert_eq!(s.hits + s.misses, gets);
     assert!(s.hits > 0 && s.evictions > 0);
     assert!(cache.len() <= cache.capacity_rows());
+}
+
+/// Bytes of `row` at `version`: every byte differs between versions and between rows, so a
+/// copy mixing two writes of a slot shows.
+fn versioned(row: u64, version: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (row as u8).wrapping_mul(31) ^ version.wrapping_mul(101) ^ i as u8)
+        .collect()
+}
+
+/// Lock-free reads against admissions, evictions and replacements of the same slots: every row
+/// read is one whole write of that row (readers through `get` and through `probe` + `read` with
+/// a pause between them), never a mix.
+#[test]
+fn lock_free_reads_never_see_a_torn_row() {
+    const LEN: usize = 300; // several lines, not a multiple of 8
+    const ROWS: u64 = 256;
+    let cache = Arc::new(RowCache::new(
+        64 * RowCache::slot_bytes(LEN),
+        LEN,
+        CacheConfig {
+            ways: 4,
+            ..CacheConfig::default()
+        },
+    ));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let check = |row: u64, bytes: &[u8]| {
+        assert_eq!(bytes.len(), LEN);
+        let v = (0..=255u8).find(|&v| versioned(row, v, 1)[0] == bytes[0]);
+        assert!(
+            v.is_some_and(|v| bytes == &versioned(row, v, LEN)[..]),
+            "row {row}: a torn or foreign copy"
+        );
+    };
+    let writers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (c, stop) = (Arc::clone(&cache), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut x = t + 7;
+                let mut version = 0u8;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let r = (x >> 33) % ROWS;
+                    version = version.wrapping_add(1);
+                    // admissions evict (ROWS rows, 64 slots); replacements rewrite in place
+                    if x & 1 == 0 {
+                        c.offer(r, &versioned(r, version, LEN));
+                    } else {
+                        c.replace(r, &versioned(r, version, LEN));
+                    }
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let c = Arc::clone(&cache);
+            std::thread::spawn(move || {
+                let (mut x, mut hits) = (t + 1, 0u64);
+                let mut out = vec![0u64; c.words()];
+                for i in 0..200_000u64 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let r = (x >> 33) % ROWS;
+                    if i % 2 == 0 {
+                        hits += u64::from(c.get(r, |b| check(r, b)).is_some());
+                    } else if let Some(at) = c.probe(r) {
+                        std::hint::spin_loop();
+                        if c.read(at, r, &mut out) {
+                            check(r, &words_as_bytes(&out)[..LEN]);
+                            hits += 1;
+                        }
+                    }
+                }
+                hits
+            })
+        })
+        .collect();
+    let hits: u64 = readers.into_iter().map(|t| t.join().unwrap()).sum();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writers.into_iter().for_each(|t| t.join().unwrap());
+    assert!(
+        hits > 1000,
+        "the readers hardly hit ({hits}): the test checked little"
+    );
 }
 
 #[test]

@@ -32,7 +32,7 @@ impl Default for AlignedBuf {
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
 unsafe impl Send for AlignedBuf {}
-// SAFETY: shared access only hands out `&[u8]`.
+// SAFETY: shared access hands out `&[u8]`, or atomic words (`as_words`).
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
@@ -123,6 +123,17 @@ impl AlignedBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and &mut self guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The buffer as 8-byte atomic words (its length must be a multiple of 8), for structures
+    /// that threads read and write at once without a lock (the row cache's seqlocked slots).
+    /// A buffer used this way must not also be read through [`Self::as_slice`] while shared.
+    pub fn as_words(&self) -> &[std::sync::atomic::AtomicU64] {
+        assert!(self.len.is_multiple_of(8), "a whole number of words");
+        // SAFETY: the allocation is 4 KiB-aligned (so 8-aligned), initialised (zeroed) and lives
+        // as long as `self`; AtomicU64 has u64's layout, and its interior mutability makes
+        // writes through `&self` sound.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast(), self.len / 8) }
     }
 
     /// Overwrites `bytes.len()` bytes at `at` while others may hold the buffer shared: how a

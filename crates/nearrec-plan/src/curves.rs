@@ -157,7 +157,7 @@ impl TableCurves {
 
     /// Bytes of one row-cache slot.
     pub fn slot(&self) -> u64 {
-        self.table.row_bytes + SLOT_OVERHEAD
+        nearrec_cache::RowCache::slot_bytes(self.table.row_bytes as usize)
     }
 
     /// Bytes of one pinned row.

@@ -3,7 +3,7 @@
 
 use std::str::FromStr;
 
-use nearrec_cache::{CacheConfig, Policy, RowCache, SLOT_OVERHEAD};
+use nearrec_cache::{CacheConfig, Policy, RowCache};
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 
@@ -35,7 +35,7 @@ pub(crate) fn cache_simulate(
     // for every id of the trace is as large as it can usefully be (and a larger capacity would
     // only allocate, up to more memory than the host has).
     let budget = capacity_rows
-        .saturating_mul(1 + SLOT_OVERHEAD)
+        .saturating_mul(RowCache::slot_bytes(1))
         .min(RowCache::budget_for_rows(ids.len() as u64, 1, ways));
     let cache = RowCache::new(
         budget,
