@@ -27,7 +27,11 @@ const INDEX_BYTES: u64 = (ENTRIES_PER_ROW * std::mem::size_of::<Entry>()) as u64
 /// Pinned rows of one table, in their stored encoding.
 #[derive(Debug, Default)]
 pub struct HotPartition {
-    index: Box<[Entry]>,
+    /// `[Entry]`, in a buffer of its own so that a large index sits on huge pages (a probe on
+    /// 4 KiB pages misses the TLB as well as the cache).
+    index: AlignedBuf,
+    /// Entries in `index`.
+    slots: usize,
     data: AlignedBuf,
     row_bytes: usize,
     rows: usize,
@@ -43,23 +47,41 @@ impl HotPartition {
     ) -> Result<Self, E> {
         let mut data = AlignedBuf::zeroed(rows.len() * row_bytes);
         fill(rows, data.as_mut_slice())?;
+        let slots = (rows.len() * ENTRIES_PER_ROW).max(1);
         let mut hot = Self {
-            index: vec![Entry::default(); (rows.len() * ENTRIES_PER_ROW).max(1)].into(),
+            index: AlignedBuf::zeroed(slots * std::mem::size_of::<Entry>()),
+            slots,
             data,
             row_bytes,
             rows: rows.len(),
         };
         for (place, &row) in rows.iter().enumerate() {
             let mut i = hot.home(row);
-            while hot.index[i].key != 0 && hot.index[i].key != row + 1 {
+            while hot.entries()[i].key != 0 && hot.entries()[i].key != row + 1 {
                 i = hot.next(i);
             }
-            hot.index[i] = Entry {
+            hot.entries_mut()[i] = Entry {
                 key: row + 1,
                 place: place as u32,
             };
         }
         Ok(hot)
+    }
+
+    fn entries(&self) -> &[Entry] {
+        // SAFETY: `index` holds `slots` entries, zeroed (empty) or written by `entries_mut`;
+        // Entry is packed (alignment 1) and every bit pattern is one
+        unsafe { std::slice::from_raw_parts(self.index.as_slice().as_ptr().cast(), self.slots) }
+    }
+
+    fn entries_mut(&mut self) -> &mut [Entry] {
+        // SAFETY: as in `entries`, and exclusive through `&mut self`
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.index.as_mut_slice().as_mut_ptr().cast(),
+                self.slots,
+            )
+        }
     }
 
     /// Bytes of bookkeeping per pinned row beside the row itself.
@@ -86,7 +108,7 @@ impl HotPartition {
 
     /// The pinned rows, in no order.
     pub fn row_ids(&self) -> Vec<u64> {
-        self.index
+        self.entries()
             .iter()
             .filter(|e| e.key != 0)
             .map(|e| e.key - 1)
@@ -97,7 +119,7 @@ impl HotPartition {
     fn place(&self, row: u64) -> Option<usize> {
         let mut i = self.home(row);
         loop {
-            let Entry { key, place } = self.index[i];
+            let Entry { key, place } = self.entries()[i];
             if key == 0 {
                 return None;
             }
@@ -133,16 +155,16 @@ impl HotPartition {
 
     /// Asks for the index line a [`Self::get`] of `row` starts at. Reads nothing.
     pub fn prefetch(&self, row: u64) {
-        let entry: *const Entry = &self.index[self.home(row)];
+        let entry: *const Entry = &self.entries()[self.home(row)];
         prefetch_row(entry.cast(), std::mem::size_of::<Entry>());
     }
 
     /// Where `row`'s probe starts: the hash scaled onto the index (no power-of-two size needed).
     fn home(&self, row: u64) -> usize {
-        scale(mix(row), self.index.len())
+        scale(mix(row), self.slots)
     }
 
     fn next(&self, i: usize) -> usize {
-        if i + 1 == self.index.len() { 0 } else { i + 1 }
+        if i + 1 == self.slots { 0 } else { i + 1 }
     }
 }

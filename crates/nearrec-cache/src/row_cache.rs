@@ -56,9 +56,7 @@ pub struct Slot {
     slot: u32,
 }
 
-/// One shard's sets. Slot `i` of the shard: key `keys[i]`, mark `meta[2 i]`, sequence number
-/// `meta[2 i + 1]` (beside the mark, which a hit writes anyway: one line), row at
-/// `data[i × stride]`.
+/// What one shard's writers share, on a line of its own.
 #[derive(Debug)]
 #[repr(align(64))]
 struct Shard {
@@ -66,21 +64,6 @@ struct Shard {
     writer: Mutex<u64>,
     /// LRU time of this shard's sets.
     clock: AtomicU64,
-    keys: AlignedBuf,
-    meta: AlignedBuf,
-    data: AlignedBuf,
-}
-
-impl Shard {
-    fn keys(&self) -> &[AtomicU64] {
-        self.keys.as_words()
-    }
-    fn meta(&self) -> &[AtomicU64] {
-        self.meta.as_words()
-    }
-    fn data(&self) -> &[AtomicU64] {
-        self.data.as_words()
-    }
 }
 
 /// A set-associative cache of encoded rows (see the module docs).
@@ -92,7 +75,16 @@ pub struct RowCache {
     ways: usize,
     sets: usize,
     shard_bits: u32,
+    /// Slots per shard (its sets' slots are consecutive).
+    per_shard: usize,
     shards: Box<[Shard]>,
+    /// Slot `i`: key `keys[i]`, mark `meta[2 i]`, sequence number `meta[2 i + 1]` (beside the
+    /// mark, which a hit writes anyway: one line), row at word `i × words` of `data`. One
+    /// buffer each for all shards, so that large caches sit on huge pages: a hit on 4 KiB
+    /// pages misses the TLB as well as the cache.
+    keys: AlignedBuf,
+    meta: AlignedBuf,
+    data: AlignedBuf,
     config: CacheConfig,
     /// A draw below this admits (`p × 2^64`).
     admit_below: u64,
@@ -134,23 +126,24 @@ impl RowCache {
         let sets = sets / shards * shards;
         let per_shard = sets / shards * ways;
         let p = config.admission_probability.clamp(0.0, 1.0);
-        let shards: Box<[Shard]> = (0..shards)
-            .map(|_| Shard {
-                writer: Mutex::new(0),
-                clock: AtomicU64::new(0),
-                // zeroed pages, committed when used; large ones on huge pages
-                keys: AlignedBuf::zeroed(per_shard * 8),
-                meta: AlignedBuf::zeroed(per_shard * 16),
-                data: AlignedBuf::zeroed(per_shard * words * 8),
-            })
-            .collect();
+        let slots = sets * ways;
         Self {
             row_bytes,
             words,
             ways,
             sets,
-            shard_bits: shards.len().ilog2(),
-            shards,
+            shard_bits: shards.ilog2(),
+            per_shard,
+            shards: (0..shards)
+                .map(|_| Shard {
+                    writer: Mutex::new(0),
+                    clock: AtomicU64::new(0),
+                })
+                .collect(),
+            // zeroed pages, committed when used
+            keys: AlignedBuf::zeroed(slots * 8),
+            meta: AlignedBuf::zeroed(slots * 16),
+            data: AlignedBuf::zeroed(slots * words * 8),
             config,
             admit_below: if p >= 1.0 {
                 u64::MAX
@@ -193,15 +186,10 @@ impl RowCache {
 
     /// Rows held now.
     pub fn len(&self) -> u64 {
-        self.shards
+        self.keys()
             .iter()
-            .map(|s| {
-                s.keys()
-                    .iter()
-                    .filter(|k| k.load(Ordering::Relaxed) != EMPTY)
-                    .count() as u64
-            })
-            .sum()
+            .filter(|k| k.load(Ordering::Relaxed) != EMPTY)
+            .count() as u64
     }
 
     pub fn is_empty(&self) -> bool {
@@ -214,24 +202,41 @@ impl RowCache {
         shard.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The shard of `row`'s set, and the set's first slot inside the shard.
+    fn keys(&self) -> &[AtomicU64] {
+        self.keys.as_words()
+    }
+
+    fn meta(&self) -> &[AtomicU64] {
+        self.meta.as_words()
+    }
+
+    fn data(&self) -> &[AtomicU64] {
+        self.data.as_words()
+    }
+
+    /// The shard of `row`'s set, and the set's first slot.
     fn locate(&self, row: u64) -> Option<(usize, usize)> {
         if self.sets == 0 {
             return None;
         }
         let set = scale(mix(row ^ self.config.seed), self.sets);
         let shard = set & ((1 << self.shard_bits) - 1);
-        Some((shard, (set >> self.shard_bits) * self.ways))
+        Some((
+            shard,
+            shard * self.per_shard + (set >> self.shard_bits) * self.ways,
+        ))
     }
 
     /// Asks for the lines a [`Self::probe`] of `row` reads: its set's keys, marks and sequence
     /// numbers. Reads nothing.
     pub fn prefetch(&self, row: u64) {
-        if let Some((shard, base)) = self.locate(row) {
-            let s = &self.shards[shard];
-            prefetch_row(s.keys().as_ptr().wrapping_add(base).cast(), self.ways * 8);
+        if let Some((_, base)) = self.locate(row) {
             prefetch_row(
-                s.meta().as_ptr().wrapping_add(2 * base).cast(),
+                self.keys().as_ptr().wrapping_add(base).cast(),
+                self.ways * 8,
+            );
+            prefetch_row(
+                self.meta().as_ptr().wrapping_add(2 * base).cast(),
                 self.ways * 16,
             );
         }
@@ -242,13 +247,12 @@ impl RowCache {
     /// the read fail, never wrong).
     pub fn probe(&self, row: u64) -> Option<Slot> {
         let (shard, base) = self.locate(row)?;
-        let s = &self.shards[shard];
-        let way = s.keys()[base..base + self.ways]
+        let way = self.keys()[base..base + self.ways]
             .iter()
             .position(|k| k.load(Ordering::Relaxed) == row.wrapping_add(1))?;
         let slot = base + way;
         prefetch_row(
-            s.data().as_ptr().wrapping_add(slot * self.words).cast(),
+            self.data().as_ptr().wrapping_add(slot * self.words).cast(),
             self.row_bytes,
         );
         Some(Slot {
@@ -263,12 +267,12 @@ impl RowCache {
     pub fn read(&self, at: Slot, row: u64, out: &mut [u64]) -> bool {
         let s = &self.shards[at.shard as usize];
         let slot = at.slot as usize;
-        let (meta, seq) = (s.meta(), &s.meta()[2 * slot + 1]);
+        let (meta, seq) = (self.meta(), &self.meta()[2 * slot + 1]);
         let before = seq.load(Ordering::Acquire);
-        if before & 1 == 1 || s.keys()[slot].load(Ordering::Relaxed) != row.wrapping_add(1) {
+        if before & 1 == 1 || self.keys()[slot].load(Ordering::Relaxed) != row.wrapping_add(1) {
             return false;
         }
-        let data = &s.data()[slot * self.words..][..self.words];
+        let data = &self.data()[slot * self.words..][..self.words];
         for (o, w) in out[..self.words].iter_mut().zip(data) {
             *o = w.load(Ordering::Relaxed);
         }
@@ -317,30 +321,25 @@ impl RowCache {
 
     /// The rows cached now, in no order (what warms another cache for the same table).
     pub fn rows(&self) -> Vec<u64> {
-        let mut out = Vec::new();
-        for s in self.shards.iter() {
-            out.extend(
-                s.keys()
-                    .iter()
-                    .map(|k| k.load(Ordering::Relaxed))
-                    .filter(|&k| k != EMPTY)
-                    .map(|k| k - 1),
-            );
-        }
-        out
+        self.keys()
+            .iter()
+            .map(|k| k.load(Ordering::Relaxed))
+            .filter(|&k| k != EMPTY)
+            .map(|k| k - 1)
+            .collect()
     }
 
     /// Writes `row`'s key and bytes into slot `slot` of `s` (the caller holds its writer lock),
     /// under the slot's sequence number.
-    fn write(&self, s: &Shard, slot: usize, key: u64, bytes: &[u8]) {
-        let seq = &s.meta()[2 * slot + 1];
+    fn write(&self, slot: usize, key: u64, bytes: &[u8]) {
+        let seq = &self.meta()[2 * slot + 1];
         let now = seq.load(Ordering::Relaxed);
         // odd (whatever a panicked writer left), then even again when done
         let odd = now | 1;
         seq.store(odd, Ordering::Relaxed);
         fence(Ordering::Release);
-        s.keys()[slot].store(key, Ordering::Relaxed);
-        let data = &s.data()[slot * self.words..][..self.words];
+        self.keys()[slot].store(key, Ordering::Relaxed);
+        let data = &self.data()[slot * self.words..][..self.words];
         for (w, chunk) in data.iter().zip(bytes.chunks(8)) {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
@@ -350,8 +349,8 @@ impl RowCache {
     }
 
     /// The way of `row` in the set at `base` of `s`, if it holds it.
-    fn way_of(&self, s: &Shard, base: usize, row: u64) -> Option<usize> {
-        s.keys()[base..base + self.ways]
+    fn way_of(&self, base: usize, row: u64) -> Option<usize> {
+        self.keys()[base..base + self.ways]
             .iter()
             .position(|k| k.load(Ordering::Relaxed) == row + 1)
     }
@@ -365,10 +364,10 @@ impl RowCache {
         };
         let s = &self.shards[shard];
         let _writer = self.writer(s);
-        let Some(way) = self.way_of(s, base, row) else {
+        let Some(way) = self.way_of(base, row) else {
             return false;
         };
-        self.write(s, base + way, row + 1, bytes);
+        self.write(base + way, row + 1, bytes);
         true
     }
 
@@ -381,10 +380,10 @@ impl RowCache {
         };
         let s = &self.shards[shard];
         let mut draws = self.writer(s);
-        if self.way_of(s, base, row).is_some() {
+        if self.way_of(base, row).is_some() {
             return Offer::Present;
         }
-        let (keys, meta) = (s.keys(), s.meta());
+        let (keys, meta) = (self.keys(), self.meta());
         let free = (0..self.ways).find(|&w| keys[base + w].load(Ordering::Relaxed) == EMPTY);
         let (slot, evicted) = match free {
             Some(way) => (base + way, None),
@@ -412,7 +411,7 @@ impl RowCache {
             now
         };
         meta[2 * slot].store(mark, Ordering::Relaxed);
-        self.write(s, slot, row + 1, bytes);
+        self.write(slot, row + 1, bytes);
         CacheStats::add(&self.stats.admissions, 1);
         if evicted.is_some() {
             CacheStats::add(&self.stats.evictions, 1);

@@ -1,6 +1,8 @@
 //! The `[batch, width]` output matrix, shared by the tasks that pool into it at once: each task
 //! owns some cells (a table's columns, in some rows) and writes no others.
 
+use nearrec_kernels::BagsOut;
+
 /// A raw view of the output matrix (see the module note).
 pub(crate) struct Cells {
     base: *mut f32,
@@ -41,6 +43,20 @@ impl Cells {
         assert!(col + dim <= self.width, "cell out of the matrix");
         // SAFETY: in bounds (checked here and in `ptr`); exclusive per the contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr(bag, col), dim) }
+    }
+
+    /// Columns `col..col + dim` of every bag, as the kernels' output.
+    ///
+    /// # Safety
+    /// Only the task that owns those columns may ask for them, once at a time.
+    pub(crate) unsafe fn bags(&self, col: usize, dim: usize) -> BagsOut<'_> {
+        assert!(col + dim <= self.width, "block out of the matrix");
+        if self.batch == 0 {
+            return BagsOut::from_slice(&mut [], self.width, dim, 0);
+        }
+        // SAFETY: bag b's cell is ptr(0, col) + b × width .. + dim, inside the matrix (checked
+        // above and in `ptr`); exclusive per the contract.
+        unsafe { BagsOut::from_raw(self.ptr(0, col), self.width, dim, self.batch) }
     }
 
     /// Columns `col..col + dim` of every bag, copied out (`[batch, dim]`).

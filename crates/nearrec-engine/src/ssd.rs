@@ -19,8 +19,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use nearrec_cache::{HotPartition, RowCache, Slot, words_as_bytes};
 use nearrec_format::{DATA_OFFSET, SECTOR_BYTES, TableMeta};
 use nearrec_io::{ReadOp, Workers};
+use nearrec_kernels::{BagsOut, FIND_AHEAD, IndexError, PoolJob, RowIndex, RowPatch, RowSource};
 use rayon::prelude::*;
 
 use crate::cells::{Cells, Ready};
@@ -28,7 +30,7 @@ use crate::config::EngineConfig;
 use crate::delta::DeltaView;
 use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
-use crate::request::{Checked, PoolingMode, TableLookup};
+use crate::request::{Checked, Indices, PoolingMode, TableLookup};
 use crate::stats::{IoStats, Stages};
 use crate::tiers::DramTiers;
 
@@ -61,9 +63,8 @@ pub(crate) struct SsdJob<'a> {
     pub deltas: DeltaView<'a>,
 }
 
-/// A job's lookups, routed: the ones the SSD must serve as `(row, position, bag)` sorted by
-/// row (every lookup until [`SsdTier::serve_dram`] has pooled the DRAM tiers' hits), and the
-/// rows counted per bag (padding excluded).
+/// A job's lookups after its DRAM side ([`SsdTier::serve_dram`]): the ones the SSD must serve as
+/// `(row, position, bag)` sorted by row, and the rows counted per bag (padding excluded).
 struct Routed {
     entries: Vec<Entry>,
     counts: Vec<usize>,
@@ -73,9 +74,6 @@ struct Routed {
 
 /// One lookup: `(row, position in the request, bag)`.
 type Entry = (u64, usize, usize);
-
-/// Lookups between a DRAM-tier probe's prefetch and its use.
-const AHEAD: usize = 4;
 
 /// A batch's reads, where each distinct row lands, and which landings each read carries.
 #[derive(Default)]
@@ -204,32 +202,17 @@ impl SsdTier {
         let start = Instant::now();
         let files = self.files();
         let files = files.as_ref();
-        let mut routed = jobs
-            .iter()
-            .map(|j| route(j, batch))
-            .collect::<Result<Vec<_>>>()?;
-        for j in jobs {
-            let init = if j.req.mode == PoolingMode::Max {
-                f32::NEG_INFINITY
-            } else {
-                0.0
-            };
-            for b in 0..batch {
-                out[b * width + j.col..][..j.meta.dim as usize].fill(init);
-            }
-        }
         let cells = Cells::new(out, batch, width);
         let serving = Instant::now();
-        let serve = |(job, r): (&SsdJob<'_>, &mut Routed)| {
-            serve_patch(job, r, batch, &cells);
-            r.misses = self.serve_dram(job, r, &cells);
+        let serve = |job: &SsdJob<'_>| self.serve_dram(job, batch, &cells);
+        // every table's DRAM side, then the first bad index in request order (before any read)
+        let routed: Vec<Result<Routed>> = match workers {
+            Some(w) if jobs.len() > 1 && w.threads() > 1 => {
+                w.get()?.install(|| jobs.par_iter().map(serve).collect())
+            }
+            _ => jobs.iter().map(serve).collect(),
         };
-        match workers {
-            Some(w) if jobs.len() > 1 && w.threads() > 1 => w
-                .get()?
-                .install(|| jobs.par_iter().zip(routed.par_iter_mut()).for_each(serve)),
-            _ => jobs.iter().zip(routed.iter_mut()).for_each(serve),
-        }
+        let routed = routed.into_iter().collect::<Result<Vec<_>>>()?;
         let served = serving.elapsed(); // the DRAM tiers' hits pooled
         let finish = |j: &SsdJob<'_>, r: &Routed| {
             let dim = j.meta.dim as usize;
@@ -405,99 +388,222 @@ impl SsdTier {
 }
 
 impl SsdTier {
-    /// Pools every lookup of `r` whose row a DRAM tier of the job's table holds, in request
-    /// order (no sort, no de-duplication: a hit costs a probe, a decode and an add); keeps the
-    /// others, sorted by row, in `r.entries` and returns their runs of equal rows for the SSD.
-    fn serve_dram(&self, job: &SsdJob<'_>, r: &mut Routed, cells: &Cells) -> Vec<(usize, usize)> {
+    /// Pools every lookup of `job` whose row its DRAM side holds — the live table's patch, the
+    /// hot partition, the row cache — straight into its cells with the kernels' bag loop
+    /// ([`nearrec_kernels::pool_found`]; every bag's cells start there), and routes the others
+    /// to the SSD: sorted by row, with their runs of equal rows. A bad index is an error before
+    /// anything is read.
+    fn serve_dram(&self, job: &SsdJob<'_>, batch: usize, cells: &Cells) -> Result<Routed> {
+        let (meta, dim) = (job.meta, job.meta.dim as usize);
+        let bounds = &job.checked.bounds[..=batch];
         let tiers = self.dram.get(job.id).filter(|t| !t.is_empty());
-        if let Some(tiers) = tiers {
-            let (meta, dim) = (job.meta, job.meta.dim as usize);
-            let row = &mut vec![0f32; dim][..];
-            let (hot, cache) = (tiers.hot.as_ref(), tiers.cache.as_ref());
-            // While lookup `i` is pooled, lookup `i + AHEAD` is probed in the hot partition (its
-            // row's lines asked for; else its cache set's lines), and the hot partition's index
-            // line of lookup `i + 2 AHEAD` is asked for: several misses overlap.
-            let ahead = |i: usize| -> Option<&[u8]> {
-                if let (Some(h), Some(e)) = (hot, r.entries.get(i + AHEAD)) {
-                    h.prefetch(e.0);
-                }
-                let row = r.entries.get(i)?.0;
-                let found = hot.and_then(|h| h.get_prefetched(row));
-                if found.is_none() {
-                    cache.inspect(|c| c.prefetch(row));
-                }
-                found
+        let patch = job
+            .deltas
+            .patch(job.id, job.req.indices, bounds[0]..bounds[batch], meta.rows);
+        let mut source = TierSource::new(
+            meta.row_bytes as usize,
+            patch.as_ref(),
+            tiers.and_then(|t| t.hot.as_ref()),
+            tiers.and_then(|t| t.cache.as_ref()),
+        );
+        let mut counts = vec![0usize; batch];
+        // SAFETY: a job pools only into its own table's columns
+        let mut out = unsafe { cells.bags(job.col, dim) };
+        fn pool<I: RowIndex>(
+            job: &SsdJob<'_>,
+            indices: &[I],
+            bounds: &[usize],
+            out: &mut BagsOut<'_>,
+            counts: &mut [usize],
+            source: &mut TierSource<'_>,
+        ) -> std::result::Result<(), IndexError> {
+            let pool_job = PoolJob {
+                indices,
+                bounds,
+                weights: job.req.per_sample_weights,
+                mode: job.req.mode,
+                padding_idx: job.checked.padding,
             };
-            let mut ring: [Option<&[u8]>; AHEAD] = [None; AHEAD];
-            for (i, slot) in ring.iter_mut().enumerate() {
-                *slot = ahead(i);
-            }
-            let mut served = [0u64; 3];
-            let mut misses = Vec::new();
-            for i in 0..r.entries.len() {
-                let pinned = std::mem::replace(&mut ring[i % AHEAD], ahead(i + AHEAD));
-                let e = r.entries[i];
-                let tier = if let Some(bytes) = pinned {
-                    meta.dtype.decode_row(bytes, row);
-                    1
-                } else if cache
-                    .and_then(|c| c.get(e.0, |bytes| meta.dtype.decode_row(bytes, row)))
-                    .is_some()
-                {
-                    2
-                } else {
-                    misses.push(e);
-                    continue;
-                };
-                served[tier] += 1;
-                pool_row(job, std::slice::from_ref(&e), row, cells);
-            }
-            r.entries = misses;
-            IoStats::add(&tiers.served[1], served[1]);
-            IoStats::add(&tiers.served[2], served[2]);
+            let (meta, dim) = (job.meta, job.meta.dim as usize);
+            nearrec_kernels::pool_found(meta.dtype, dim, meta.rows, &pool_job, out, counts, source)
+        }
+        let res = match job.req.indices {
+            Indices::I32(ix) => pool(job, ix, bounds, &mut out, &mut counts, &mut source),
+            Indices::I64(ix) => pool(job, ix, bounds, &mut out, &mut counts, &mut source),
+        };
+        res.map_err(
+            |IndexError { position, value }| EngineError::IndexOutOfRange {
+                table: meta.name.clone(),
+                position,
+                bag: bounds.partition_point(|&b| b <= position) - 1,
+                value,
+                rows: meta.rows,
+            },
+        )?;
+        let TierSource {
+            mut misses,
+            served,
+            cache,
+            ..
+        } = source;
+        if let Some(t) = tiers {
+            IoStats::add(&t.served[1], served[0]);
+            IoStats::add(&t.served[2], served[1]);
+        }
+        if let Some(c) = cache {
+            c.count(served[1], misses.len() as u64);
         }
         if let Some(t) = self.dram.get(job.id) {
-            IoStats::add(&t.served[3], r.entries.len() as u64);
+            IoStats::add(&t.served[3], misses.len() as u64);
         }
-        r.entries.sort_unstable();
-        runs(&r.entries, self.dedup).collect()
+        misses.sort_unstable();
+        let runs = runs(&misses, self.dedup).collect();
+        Ok(Routed {
+            entries: misses,
+            counts,
+            misses: runs,
+        })
     }
 }
 
-/// Pools every lookup of `r` whose row the job's delta holds (written since the table's file,
-/// or removed: a zero row) and keeps the others: neither the DRAM tiers nor the disk are asked
-/// for a row the delta has.
-fn serve_patch(job: &SsdJob<'_>, r: &mut Routed, batch: usize, cells: &Cells) {
-    let bounds = &job.checked.bounds;
-    let positions = bounds[0]..bounds[batch];
-    let Some(patch) = job
-        .deltas
-        .patch(job.id, job.req.indices, positions, job.meta.rows)
-    else {
-        return;
-    };
-    let row = &mut vec![0f32; job.meta.dim as usize][..];
-    // entries and the patch's positions both ascend: a cursor finds the patched entries
-    // without a look-up per entry
-    let mut at = patch.read_positions();
-    r.entries.retain(|e| {
-        // positions before this entry's have no entry (padding)
-        while at.first().is_some_and(|&p| p < e.1) {
-            at = &at[1..];
+/// Lookups [`TierSource`] keeps what `find` found for: more than `FIND_AHEAD` + 1, a power of
+/// two.
+const RING: usize = (FIND_AHEAD + 1).next_power_of_two();
+
+/// What a table's DRAM side found for one position ahead of it.
+#[derive(Clone, Copy)]
+enum Found<'a> {
+    Hot(&'a [u8]),
+    Cache(Slot),
+    /// Not in the hot partition: the row cache's set is asked for, and probed at the lookup.
+    Later,
+    Neither,
+}
+
+/// One table's DRAM side as the kernel's row source: a live table's patch (the rows written or
+/// removed since its file), then the hot partition, then the row cache; a lookup none of them
+/// holds is a miss, kept for the SSD. The first structure a lookup searches (the hot partition's
+/// index, else the cache's set) is asked for [`nearrec_kernels::TOUCH_AHEAD`] lookups ahead;
+/// the row is found, and its lines asked for, `FIND_AHEAD` ahead. A table with both searches its
+/// cache only for what the hot partition lacks: that set is asked for at `find` and searched at
+/// the lookup (the hot partition takes most lookups by design; prefetching every lookup's set
+/// as well costs more than it saves).
+struct TierSource<'a> {
+    /// The patch and the positions that read it, from the next lookup's on.
+    patch: Option<(&'a RowPatch, &'a [usize])>,
+    hot: Option<&'a HotPartition>,
+    cache: Option<&'a RowCache>,
+    /// `(position, found)` by position modulo [`RING`].
+    ring: [(usize, Found<'a>); RING],
+    /// Where a cache hit's row is copied.
+    scratch: Vec<u64>,
+    row_bytes: usize,
+    misses: Vec<Entry>,
+    /// Lookups served by the hot partition, by the row cache.
+    served: [u64; 2],
+}
+
+impl<'a> TierSource<'a> {
+    fn new(
+        row_bytes: usize,
+        patch: Option<&'a RowPatch>,
+        hot: Option<&'a HotPartition>,
+        cache: Option<&'a RowCache>,
+    ) -> Self {
+        Self {
+            patch: patch.map(|p| (p, p.read_positions())),
+            hot,
+            cache,
+            ring: [(usize::MAX, Found::Neither); RING],
+            scratch: vec![0; cache.map_or(0, RowCache::words)],
+            row_bytes,
+            misses: Vec::new(),
+            served: [0; 2],
         }
-        if at.first() != Some(&e.1) {
-            return true;
-        }
-        at = &at[1..];
-        match patch.get(e.0) {
-            Some(bytes) => {
-                job.meta.dtype.decode_row(bytes, row);
-                pool_row(job, std::slice::from_ref(e), row, cells);
-                false
+    }
+
+    /// `find`'s search; `ahead`: the lookup is still `FIND_AHEAD` away.
+    fn look(&self, row: u64, ahead: bool) -> Found<'a> {
+        if let Some(h) = self.hot {
+            if let Some(bytes) = h.get_prefetched(row) {
+                return Found::Hot(bytes);
             }
-            None => true,
+            if ahead && let Some(c) = self.cache {
+                c.prefetch(row);
+                return Found::Later;
+            }
         }
-    });
+        self.probe(row)
+    }
+
+    fn probe(&self, row: u64) -> Found<'a> {
+        match self.cache.and_then(|c| c.probe(row)) {
+            Some(slot) => Found::Cache(slot),
+            None => Found::Neither,
+        }
+    }
+}
+
+impl RowSource for TierSource<'_> {
+    #[inline(always)]
+    fn touch(&mut self, row: u64) {
+        if let Some(h) = self.hot {
+            h.prefetch(row);
+        } else if let Some(c) = self.cache {
+            c.prefetch(row);
+        }
+    }
+
+    #[inline(always)]
+    fn find(&mut self, pos: usize, row: u64) {
+        if self.hot.is_some() || self.cache.is_some() {
+            self.ring[pos % RING] = (pos, self.look(row, true));
+        }
+    }
+
+    #[inline(always)]
+    fn row(&mut self, pos: usize, bag: usize, row: u64) -> Option<&[u8]> {
+        if let Some((patch, at)) = &mut self.patch {
+            // positions ascend, and so do the patch's: a cursor, no look-up per lookup
+            while at.first().is_some_and(|&p| p < pos) {
+                *at = &at[1..];
+            }
+            if at.first() == Some(&pos) {
+                *at = &at[1..];
+                // a position recorded for a row the patch lacks reads the tiers
+                if let Some(bytes) = patch.get(row) {
+                    return Some(bytes);
+                }
+            }
+        }
+        let (at, found) = self.ring[pos % RING];
+        let found = match found {
+            _ if at != pos => self.look(row, false),
+            Found::Later => self.probe(row),
+            found => found,
+        };
+        match found {
+            Found::Hot(bytes) => {
+                self.served[0] += 1;
+                return Some(bytes);
+            }
+            Found::Cache(slot) => {
+                let cache = self.cache.expect("found in the cache");
+                // a writer changed the slot since `find`: one more probe, then the SSD
+                let hit = cache.read(slot, row, &mut self.scratch)
+                    || cache
+                        .probe(row)
+                        .is_some_and(|slot| cache.read(slot, row, &mut self.scratch));
+                if hit {
+                    self.served[1] += 1;
+                    return Some(&words_as_bytes(&self.scratch)[..self.row_bytes]);
+                }
+            }
+            Found::Later | Found::Neither => {}
+        }
+        self.misses.push((row, pos, bag));
+        None
+    }
 }
 
 /// Adds a decoded row into the cells of the bags that want it (`entries`: its lookups).
@@ -517,36 +623,4 @@ fn pool_row(job: &SsdJob<'_>, entries: &[Entry], row: &[f32], cells: &Cells) {
             (_, None) => cell.iter_mut().zip(row).for_each(|(a, &v)| *a += v),
         }
     }
-}
-
-/// Range-checks a job's indices (before any read: a bad index reads nothing) and routes them.
-fn route(job: &SsdJob<'_>, batch: usize) -> Result<Routed> {
-    let bounds = &job.checked.bounds;
-    let n = bounds[batch];
-    let mut counts = vec![0usize; batch];
-    let mut entries = Vec::with_capacity(n);
-    let rows = job.meta.rows;
-    let bags = (0..batch).flat_map(|b| (bounds[b]..bounds[b + 1]).map(move |pos| (pos, b)));
-    for (pos, bag) in bags {
-        let value = job.req.indices.get(pos);
-        if value < 0 || value as u64 >= rows {
-            return Err(EngineError::IndexOutOfRange {
-                table: job.meta.name.clone(),
-                position: pos,
-                bag,
-                value,
-                rows,
-            });
-        }
-        if job.checked.padding == Some(value as u64) {
-            continue;
-        }
-        counts[bag] += 1;
-        entries.push((value as u64, pos, bag));
-    }
-    Ok(Routed {
-        entries,
-        counts,
-        misses: Vec::new(),
-    })
 }

@@ -128,9 +128,9 @@ fn run_found<I: RowIndex, S: RowSource, Dec: Decode, const D: usize>(
     for pos in start..end.min(start + FIND_AHEAD) {
         source.find(pos, value(pos));
     }
-    for b in 0..job.bags() {
+    for (b, count) in counts.iter_mut().enumerate() {
         let walk = (job.bounds[b], job.bounds[b + 1]);
-        counts[b] = if D == 0 {
+        *count = if D == 0 {
             found_bag::<I, S, Dec>(rows, job, walk, b, end, source, out.bag(b))?
         } else {
             let mut fixed = [0f32; D];

@@ -43,14 +43,14 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
     source: &mut S,
 ) -> Result<(), IndexError> {
     let mut row = vec![0f32; dim];
-    for b in 0..job.bags() {
+    for (b, count) in counts.iter_mut().enumerate().take(job.bags()) {
         let dst = out.bag(b);
         dst.fill(if job.mode == PoolingMode::Max {
             f32::NEG_INFINITY
         } else {
             0.0
         });
-        counts[b] = 0;
+        *count = 0;
         for pos in job.bounds[b]..job.bounds[b + 1] {
             let value = job.indices[pos].to_i64();
             if value < 0 || value as u64 >= rows {
@@ -62,7 +62,7 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
             if job.padding_idx == Some(value as u64) {
                 continue;
             }
-            counts[b] += 1;
+            *count += 1;
             let Some(bytes) = source.row(pos, b, value as u64) else {
                 continue;
             };
