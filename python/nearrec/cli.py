@@ -913,7 +913,7 @@ def parser() -> argparse.ArgumentParser:
     si.set_defaults(func=cmd_simulate)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "cache",
+    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "ssd-cost", "cache",
                                      "colocate", "keyed", "e2e", "ebc", "build", "gpu",
                                      "flash-repro", "flash-check", "update", "serve",
                                      "torchrec"])

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
         records = e2e.run(ecfg, log=lambda m: print(m, file=sys.stderr, flush=True))
         name = "e2e-quick" if args.quick else "e2e"
         md = e2e.markdown(records, command)
-    elif args.what in ("ssd", "ssd-tuning", "ssd-verify"):
+    elif args.what in ("ssd", "ssd-tuning", "ssd-verify", "ssd-cost"):
         from . import ssd
 
         scfg = ssd.SsdConfig.quick() if args.quick else ssd.SsdConfig()
@@ -106,6 +106,13 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
         elif args.what == "ssd-verify":
             records = ssd.run_verify(scfg, log=log)
             md = ssd.verify_markdown(records, command)
+        elif args.what == "ssd-cost":
+            if not args.table_bytes:
+                # the memory device holds the tables in DRAM: 1 GiB, whatever the ssd default
+                scfg.table_bytes = 1 << 30
+            records = ssd.run_cost(scfg, log=log, rounds=2 if args.quick else 3,
+                                   seconds=0.5 if args.quick else 1.5)
+            md = ssd.cost_markdown(records, command)
         else:
             records = ssd.run_tuning(scfg, log=log)
             md = ssd.tuning_markdown(records, command)

@@ -448,3 +448,79 @@ def verify_markdown(records: list[Record], command: str) -> str:
             f"{off.p50_us / 1e3:,.1f} / {off.p99_us / 1e3:,.1f} | "
             f"{e['pool_p50_us']:,.0f} / {off.extra['pool_p50_us']:,.0f} |")
     return "\n".join(lines) + "\n"
+
+
+#: ``bench ssd-cost``'s cells: (device, verify) per batch size
+COST_SYSTEMS = (("memory", True), ("memory", False), ("disk", True))
+
+
+def run_cost(cfg: SsdConfig, log: Callable[[str], None] = print, rounds: int = 3,
+             seconds: float = 1.5, batches: tuple[int, ...] = (16, 64, 256)) -> list[Record]:
+    """The SSD tier's CPU time per device read (``_native.read_cost``): the engine as shipped,
+    no DRAM tiers, one pooling thread, uniform rows (so almost every lookup is a read), on a
+    zero-latency device — the table files in memory, read through the same ``BlockDevice``
+    path — and on the disk with direct I/O. The cells are taken in turn, ``rounds`` times; the
+    median round is reported with the spread of the rounds. CPU time is the process's, user +
+    system, all threads."""
+    path = _store(cfg, log)
+    spec = nearrec.model_spec(cfg.model)
+    runs: dict[tuple[int, str, bool], list[dict[str, float]]] = {}
+    for k in range(rounds):
+        for batch in batches:
+            for device, verify in COST_SYSTEMS:
+                r = _native.read_cost(str(path), batch, spec.lookups, seconds, device=device,
+                                      threads=1, verify=verify, seed=cfg.seed + k)
+                runs.setdefault((batch, device, verify), []).append(r)
+    records: list[Record] = []
+    for (batch, device, verify), rs in runs.items():
+        per_read = sorted(r["cpu_s"] / r["reads"] for r in rs)
+        mid = min(rs, key=lambda r: abs(r["cpu_s"] / r["reads"] - per_read[len(rs) // 2]))
+        reads, us = mid["reads"], 1e6 / mid["reads"]
+        wall = mid["wall_s"]
+        records.append(Record(
+            "ssd-cost", cfg.model, batch, "uniform",
+            device + ("" if verify else "[no-verify]"),
+            samples_per_s=mid["batches"] * batch / wall, lookups_per_s=mid["lookups"] / wall,
+            extra={"rounds": rounds, "reads_per_batch": reads / mid["batches"],
+                   "cpu_us_per_read": mid["cpu_s"] * us,
+                   "cpu_us_per_read_min": per_read[0] * 1e6,
+                   "cpu_us_per_read_max": per_read[-1] * 1e6,
+                   "user_us_per_read": mid["user_s"] * us,
+                   "system_us_per_read": mid["system_s"] * us,
+                   "wall_us_per_read": wall * us,
+                   "route_us_per_read": mid["route_s"] * us,
+                   "pool_us_per_read": mid["pool_s"] * us,
+                   "io_us_per_read": mid["io_wait_s"] * us,
+                   "reads_per_core_s": mid["reads"] / mid["cpu_s"]}))
+        e = records[-1].extra
+        log(f"  B={batch} {records[-1].system}: {e['cpu_us_per_read']:.3f} µs CPU per read "
+            f"(user {e['user_us_per_read']:.3f}, system {e['system_us_per_read']:.3f}; rounds "
+            f"{e['cpu_us_per_read_min']:.3f}–{e['cpu_us_per_read_max']:.3f})")
+    return records
+
+
+def cost_markdown(records: list[Record], command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             "The SSD tier's CPU time per device read: the engine as shipped (no DRAM tiers, one "
+             "pooling thread, sector checks on unless marked), uniform ids on RMC1 shapes, so "
+             "nearly every lookup is a 512 B read. `memory`: a zero-latency device, the table "
+             "files held in memory and read through the same `BlockDevice` path (its I/O stage "
+             "is the copy out of memory, which a drive's DMA does on real hardware); `disk`: "
+             "this VM's virtio disk with io_uring and `O_DIRECT`, whose system time is the "
+             "kernel's I/O path. CPU = the process's user + system time, all threads; the "
+             f"median of {records[0].extra['rounds']} rounds taken in turn, with their range. "
+             "Stages per read: route (DRAM side + planning), I/O (the device call less the "
+             "pooling inside it), pool (checking and pooling rows as they land).", "",
+             "| batch | device | reads / batch | CPU µs / read (range) | user / system µs | "
+             "route / I/O / pool µs | reads/s per core | wall µs / read |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(records, key=lambda r: (r.batch, r.system)):
+        e = r.extra
+        lines.append(
+            f"| {r.batch} | {r.system} | {e['reads_per_batch']:,.0f} | "
+            f"{e['cpu_us_per_read']:.3f} ({e['cpu_us_per_read_min']:.3f}–"
+            f"{e['cpu_us_per_read_max']:.3f}) | {e['user_us_per_read']:.3f} / "
+            f"{e['system_us_per_read']:.3f} | {e['route_us_per_read']:.3f} / "
+            f"{e['io_us_per_read']:.3f} / {e['pool_us_per_read']:.3f} | "
+            f"{e['reads_per_core_s']:,.0f} | {e['wall_us_per_read']:.3f} |")
+    return "\n".join(lines) + "\n"

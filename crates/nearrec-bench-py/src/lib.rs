@@ -1,8 +1,10 @@
 //! `nearrec_bench._native`: the private extension of the benchmark distribution (`bench/`). It
-//! binds `nearrec-bench` (machine limits and naive baselines) for the harnesses in
+//! binds `nearrec-bench` (machine limits and naive baselines) and the SSD tier's CPU cost per
+//! read on a zero-latency device (`cost.rs`) for the harnesses in
 //! `nearrec_bench`; the product extension, `nearrec._native`, does not link it.
 
 mod baselines;
+mod cost;
 mod error;
 mod limits;
 mod load;
@@ -19,6 +21,7 @@ fn nearrec_bench_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limits::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
     m.add_function(wrap_pyfunction!(limits::random_read, m)?)?;
+    m.add_function(wrap_pyfunction!(cost::read_cost, m)?)?;
     m.add_class::<load::EmbeddedStore>()?;
     m.add_function(wrap_pyfunction!(load::load_run, m)?)?;
     m.add_function(wrap_pyfunction!(load::redis_load, m)?)?;
