@@ -227,22 +227,18 @@ impl RowCache {
         ))
     }
 
-    /// Asks for the lines a [`Self::probe`] of `row` reads: its set's keys, marks and sequence
-    /// numbers. Reads nothing.
+    /// Asks for the lines a [`Self::probe`] of `row` reads: its set's keys. Reads nothing.
     pub fn prefetch(&self, row: u64) {
         if let Some((_, base)) = self.locate(row) {
             prefetch_row(
                 self.keys().as_ptr().wrapping_add(base).cast(),
                 self.ways * 8,
             );
-            prefetch_row(
-                self.meta().as_ptr().wrapping_add(2 * base).cast(),
-                self.ways * 16,
-            );
         }
     }
 
-    /// Finds `row`'s slot, if it holds the row now, and asks for the row's lines; takes no
+    /// Finds `row`'s slot, if it holds the row now, and asks for the lines of the slot and its
+    /// row; takes no
     /// lock and counts nothing. [`Self::read`] copies the row (a write between the two makes
     /// the read fail, never wrong).
     pub fn probe(&self, row: u64) -> Option<Slot> {
@@ -251,6 +247,8 @@ impl RowCache {
             .iter()
             .position(|k| k.load(Ordering::Relaxed) == row.wrapping_add(1))?;
         let slot = base + way;
+        // what `read` touches: the slot's mark and sequence number, and its row
+        prefetch_row(self.meta().as_ptr().wrapping_add(2 * slot).cast(), 16);
         prefetch_row(
             self.data().as_ptr().wrapping_add(slot * self.words).cast(),
             self.row_bytes,

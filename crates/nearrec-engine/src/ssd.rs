@@ -5,9 +5,10 @@
 //! Only the pooled `[batch, Σ dim]` output leaves; no per-lookup row tensor is built.
 //!
 //! In front of the files sit each table's DRAM tiers ([`DramTiers`]): the whole table, a pinned
-//! hot partition, a row cache. Every lookup is tried there first and a hit pooled at once (tables
-//! in parallel on the worker pool); only the misses are sorted, de-duplicated, planned and read,
-//! and every row read is offered to the cache.
+//! hot partition, a row cache. Every lookup is tried there first and a hit pooled at once by the
+//! kernels' bag loop, which asks the tiers for each row a few lookups ahead so that their probes
+//! overlap ([`TierSource`]; tables in parallel on the worker pool); only the misses are sorted,
+//! de-duplicated, planned and read, and every row read is offered to the cache.
 //!
 //! A co-located table stores its rows permuted ([`RowOrder`]): only the misses' row ids are
 //! mapped to *slots* (positions in the file), when reads are planned, so rows stored together are
@@ -470,13 +471,18 @@ impl SsdTier {
 /// two.
 const RING: usize = (FIND_AHEAD + 1).next_power_of_two();
 
+/// Lookups after its `find` that a lookup the hot partition lacks is probed in the row cache
+/// (whose set `find` asked for), so that its row's lines are asked for before the lookup.
+const LATER: usize = FIND_AHEAD / 2;
+
 /// What a table's DRAM side found for one position ahead of it.
 #[derive(Clone, Copy)]
 enum Found<'a> {
     Hot(&'a [u8]),
     Cache(Slot),
-    /// Not in the hot partition: the row cache's set is asked for, and probed at the lookup.
-    Later,
+    /// Not in the hot partition: the row cache's set is asked for, and this row probed
+    /// [`LATER`] lookups later.
+    Later(u64),
     Neither,
 }
 
@@ -485,9 +491,9 @@ enum Found<'a> {
 /// holds is a miss, kept for the SSD. The first structure a lookup searches (the hot partition's
 /// index, else the cache's set) is asked for [`nearrec_kernels::TOUCH_AHEAD`] lookups ahead;
 /// the row is found, and its lines asked for, `FIND_AHEAD` ahead. A table with both searches its
-/// cache only for what the hot partition lacks: that set is asked for at `find` and searched at
-/// the lookup (the hot partition takes most lookups by design; prefetching every lookup's set
-/// as well costs more than it saves).
+/// cache only for what the hot partition lacks (the hot partition takes most lookups by design;
+/// asking for every lookup's set as well costs more than it saves): that set is asked for at
+/// `find`, searched [`LATER`] lookups later, and the row's lines asked for then.
 struct TierSource<'a> {
     /// The patch and the positions that read it, from the next lookup's on.
     patch: Option<(&'a RowPatch, &'a [usize])>,
@@ -530,7 +536,7 @@ impl<'a> TierSource<'a> {
             }
             if ahead && let Some(c) = self.cache {
                 c.prefetch(row);
-                return Found::Later;
+                return Found::Later(row);
             }
         }
         self.probe(row)
@@ -559,6 +565,12 @@ impl RowSource for TierSource<'_> {
         if self.hot.is_some() || self.cache.is_some() {
             self.ring[pos % RING] = (pos, self.look(row, true));
         }
+        if let Some(earlier) = pos.checked_sub(LATER)
+            && let (at, Found::Later(row)) = self.ring[earlier % RING]
+            && at == earlier
+        {
+            self.ring[earlier % RING].1 = self.probe(row);
+        }
     }
 
     #[inline(always)]
@@ -579,7 +591,7 @@ impl RowSource for TierSource<'_> {
         let (at, found) = self.ring[pos % RING];
         let found = match found {
             _ if at != pos => self.look(row, false),
-            Found::Later => self.probe(row),
+            Found::Later(_) => self.probe(row),
             found => found,
         };
         match found {
@@ -599,7 +611,7 @@ impl RowSource for TierSource<'_> {
                     return Some(&words_as_bytes(&self.scratch)[..self.row_bytes]);
                 }
             }
-            Found::Later | Found::Neither => {}
+            Found::Later(_) | Found::Neither => {}
         }
         self.misses.push((row, pos, bag));
         None
