@@ -926,6 +926,7 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--traces", help="cache, colocate: traces, e.g. k1,zipf1.05 "
                     "(k<K>[-recssd], zipf<a>)")
     be.add_argument("--batches", help="cache, e2e: batch sizes, e.g. 1,64")
+    be.add_argument("--places", help="e2e: where the models run, dram,ssd (default both)")
     be.add_argument("--no-recssd", action="store_true",
                     help="e2e: skip the pass at RecSSD's row counts")
     be.add_argument("--table-bytes", type=parse_bytes,

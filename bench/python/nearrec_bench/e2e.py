@@ -84,6 +84,8 @@ class E2EConfig:
     seed: int = 0
     scratch: Path = Path("bench/scratch")
     progress_file: Path | None = None
+    #: where the models run: "dram" (tables resident), "ssd" (behind the budget), or both
+    places: tuple[str, ...] = ("dram", "ssd")
 
     @classmethod
     def quick(cls) -> E2EConfig:
@@ -449,11 +451,10 @@ def run(cfg: E2EConfig, log: Callable[[str], None] = print) -> list[Record]:
     cfg.scratch.mkdir(parents=True, exist_ok=True)
     records: list[Record] = []
     for model in cfg.models:
-        records += _model_run(cfg, model, "deeprecsys", cfg.batches, ("dram", "ssd"), log)
+        records += _model_run(cfg, model, "deeprecsys", cfg.batches, cfg.places, log)
     if cfg.recssd:
         for model in cfg.models:
-            records += _model_run(cfg, model, "recssd", (cfg.recssd_batch,), ("dram", "ssd"),
-                                  log)
+            records += _model_run(cfg, model, "recssd", (cfg.recssd_batch,), cfg.places, log)
     summarise(records)
     return records
 

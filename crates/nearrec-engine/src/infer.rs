@@ -2,11 +2,14 @@
 //! only the model's outputs leave. The dense features' work (the bottom MLP and its slice of the
 //! first top layer) starts at once on the worker pool, beside the reads; each table's slice of the
 //! first layer it feeds is multiplied the moment its pooled vectors are final, while other
-//! tables' reads are still out; the rest runs when everything is in.
+//! tables' reads are still out; the rest runs when everything is in. With every table in DRAM
+//! there are no reads to overlap, and models whose first layer takes the tables side by side
+//! multiply it once over all of them instead of once per table's narrow slice.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::cells::Ready;
 use crate::delta::DeltaView;
 use crate::dense::{DenseModel, Early, ModelError};
 use crate::engine::Engine;
@@ -85,7 +88,11 @@ impl Engine {
                     lock(spent_ref).1 += t.elapsed();
                 });
             };
-            let res = self.run(req, &prepared, &mut pooled, Some(&ready), deltas);
+            // each table's share as its rows land, where rows land over time; else one
+            // product over every table in `finish` (`DenseModel::whole_first_layer`)
+            let early_shares = self.io_stats().is_some() || !model.whole_first_layer();
+            let hook = early_shares.then_some(&ready as &Ready<'_>);
+            let res = self.run(req, &prepared, &mut pooled, hook, deltas);
             (res, start.elapsed())
         });
         let (res, embeddings) = embeddings;

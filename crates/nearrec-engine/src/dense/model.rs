@@ -4,8 +4,10 @@
 //! DeepRecInfra's DLRM (RMC1–3, concat or dot interaction), Wide & Deep (one or more sigmoid
 //! heads: WND, MTWND) and NCF; layer sizes are free.
 
+use std::ops::Range;
+
 use super::graph::GraphEarly;
-use super::{Graph, Mlp, ModelError};
+use super::{Graph, Linear, Mlp, ModelError};
 
 /// How DLRM joins the bottom MLP's output with the pooled vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +209,19 @@ impl DenseModel {
         }
     }
 
+    /// Whether [`Self::finish`] can multiply the tables' share of the first layer itself, from
+    /// the pooled matrix, when no share was computed early: one product over every table's
+    /// columns. Where tables are all in DRAM there are no reads to overlap the per-table shares
+    /// with, and on a wide layer one `[batch, Σ dim]` product costs far less than one per
+    /// table's narrow slice (the DLRM family with concatenation, Wide & Deep).
+    pub(crate) fn whole_first_layer(&self) -> bool {
+        match &self.kind {
+            Kind::Dlrm { interaction, .. } => *interaction == Interaction::Cat,
+            Kind::WideAndDeep { .. } => true,
+            Kind::Ncf { .. } | Kind::Graph(_) => false,
+        }
+    }
+
     /// Table `k`'s share of the first layer it feeds, from its pooled vectors (`[batch, dim]`);
     /// `None` where the table only joins in at the end (DLRM's dot interaction).
     pub(crate) fn early_table(&self, k: usize, pooled: &[f32], batch: usize) -> Option<Vec<f32>> {
@@ -259,6 +274,11 @@ impl DenseModel {
                 tables,
             } => {
                 let mut z = sum(early.partial, &parts);
+                if *interaction == Interaction::Cat {
+                    let d = bottom.outputs();
+                    let cols = |k: usize| (k + 1) * d..(k + 2) * d;
+                    multiply_missing(top.first(), &parts, cols, pooled, tables * d, batch, &mut z);
+                }
                 if *interaction == Interaction::Dot {
                     let dots = lower_dots(&early.hidden, pooled, bottom.outputs(), *tables, batch);
                     let d = bottom.outputs();
@@ -269,8 +289,14 @@ impl DenseModel {
                 top.first().finish(&mut z);
                 top.forward_from(1, z, batch)
             }
-            Kind::WideAndDeep { trunk, heads, .. } => {
+            Kind::WideAndDeep { trunk, heads, dims } => {
                 let mut h = sum(early.partial, &parts);
+                let width = dims.iter().sum();
+                let cols = |k: usize| {
+                    let at = dims[..k].iter().sum::<usize>();
+                    at..at + dims[k]
+                };
+                multiply_missing(trunk.first(), &parts, cols, pooled, width, batch, &mut h);
                 trunk.first().finish(&mut h);
                 let h = trunk.forward_from(1, h, batch);
                 if heads.is_empty() {
@@ -303,6 +329,38 @@ impl DenseModel {
                 predict.forward_from(1, p, batch)
             }
         }
+    }
+}
+
+/// Adds into `acc` the share of `layer` of each table whose share was not computed early
+/// (`parts[k]` is `None`), from the pooled `[batch, width]` matrix, whose tables lie in the
+/// layer's input order (`cols(k)`: table `k`'s columns of the layer's inputs): one product per
+/// run of such tables, so that with none computed early it is one product over them all.
+fn multiply_missing(
+    layer: &Linear,
+    parts: &[Option<Vec<f32>>],
+    cols: impl Fn(usize) -> Range<usize>,
+    pooled: &[f32],
+    width: usize,
+    batch: usize,
+    acc: &mut [f32],
+) {
+    let mut k = 0;
+    // pooled column of table k's first value
+    let mut at = 0;
+    while k < parts.len() {
+        if parts[k].is_some() {
+            at += cols(k).len();
+            k += 1;
+            continue;
+        }
+        let (first, start) = (k, at);
+        while k < parts.len() && parts[k].is_none() {
+            at += cols(k).len();
+            k += 1;
+        }
+        let run = cols(first).start..cols(k - 1).end;
+        layer.accumulate(&pooled[start..], width, run, batch, acc);
     }
 }
 
