@@ -88,9 +88,12 @@ impl Engine {
                     lock(spent_ref).1 += t.elapsed();
                 });
             };
-            // each table's share as its rows land, where rows land over time; else one
-            // product over every table in `finish` (`DenseModel::whole_first_layer`)
-            let early_shares = self.io_stats().is_some() || !model.whole_first_layer();
+            // each table's share as its rows land, where rows land over time or pooling is
+            // long enough to hide it; else one product over every table in `finish`
+            let dims = model.table_dims();
+            let adds = prepared.lookups() * dims.iter().sum::<usize>() / dims.len().max(1);
+            let on_ssd = self.io_stats().is_some();
+            let early_shares = on_ssd || !model.whole_first_layer(adds / batch);
             let hook = early_shares.then_some(&ready as &Ready<'_>);
             let res = self.run(req, &prepared, &mut pooled, hook, deltas);
             (res, start.elapsed())

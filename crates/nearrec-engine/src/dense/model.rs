@@ -209,17 +209,31 @@ impl DenseModel {
         }
     }
 
-    /// Whether [`Self::finish`] can multiply the tables' share of the first layer itself, from
-    /// the pooled matrix, when no share was computed early: one product over every table's
-    /// columns. Where tables are all in DRAM there are no reads to overlap the per-table shares
-    /// with, and on a wide layer one `[batch, Σ dim]` product costs far less than one per
-    /// table's narrow slice (the DLRM family with concatenation, Wide & Deep).
-    pub(crate) fn whole_first_layer(&self) -> bool {
-        match &self.kind {
-            Kind::Dlrm { interaction, .. } => *interaction == Interaction::Cat,
-            Kind::WideAndDeep { .. } => true,
-            Kind::Ncf { .. } | Kind::Graph(_) => false,
-        }
+    /// Multiply-adds above which, per value a batch pools, the tables' share of the first
+    /// layer is better done as one product over the pooled matrix than as one per table while
+    /// other tables pool: the per-table products can hide behind the pooling at most, and on a
+    /// layer this much wider than the pooling a table's narrow slice costs more than that
+    /// (measured, `bench e2e --places dram`: Wide & Deep ~1000 and RMC3 ~25 gain from one
+    /// product; RMC1 ~3, whose pooling is long, keeps its slices).
+    const WHOLE_LAYER_RATIO: usize = 8;
+
+    /// Whether the tables' share of the first layer is left to [`Self::finish`], as one product
+    /// over every table's columns of the pooled matrix, when every table is in DRAM (no reads
+    /// for the per-table products to hide behind) and `pooled` values are added per sample
+    /// (lookups × dim). Only the families whose first layer takes the tables side by side: the
+    /// DLRM family with concatenation, Wide & Deep.
+    pub(crate) fn whole_first_layer(&self, pooled: usize) -> bool {
+        let layer = match &self.kind {
+            Kind::Dlrm {
+                interaction: Interaction::Cat,
+                top,
+                ..
+            } => top.first(),
+            Kind::WideAndDeep { trunk, .. } => trunk.first(),
+            Kind::Dlrm { .. } | Kind::Ncf { .. } | Kind::Graph(_) => return false,
+        };
+        let tables: usize = self.table_dims().iter().sum();
+        tables * layer.outputs() >= Self::WHOLE_LAYER_RATIO * pooled.max(1)
     }
 
     /// Table `k`'s share of the first layer it feeds, from its pooled vectors (`[batch, dim]`);
