@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
             ecfg.batches = tuple(int(b) for b in args.batches.split(","))
         if args.no_recssd:
             ecfg.recssd = False
-        if args.places:
+        if getattr(args, "places", None):  # absent from an older nearrec CLI (bench/ab.py)
             ecfg.places = tuple(args.places.split(","))
         ecfg.scratch = Path(args.scratch)
         ecfg.progress_file = Path(args.out) / "e2e-progress.jsonl"

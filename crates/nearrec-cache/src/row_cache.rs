@@ -35,7 +35,9 @@ pub const SLOT_OVERHEAD: u64 = 24;
 /// Keys are stored as `row + 1`, so a fresh (zeroed, untouched) table is all empty slots.
 const EMPTY: u64 = 0;
 const MAX_SHARDS: usize = 256;
-/// Row bytes a stack buffer holds in [`RowCache::get`].
+/// Reads [`RowCache::get`] tries while writers change the slot before it calls the lookup a miss.
+const READ_TRIES: usize = 1000;
+/// Words of a row (8 bytes each) that [`RowCache::get`] copies onto its stack.
 const STACK_WORDS: usize = 64;
 
 /// What became of an offered row.
@@ -303,18 +305,20 @@ impl RowCache {
             heap.resize(self.words, 0);
             &mut heap[..]
         };
-        loop {
+        // a writer changing the slot: probe again (writes are short), a bounded number of times
+        // (a writer that panicked mid-write leaves the slot unreadable: a miss, not a hang)
+        for _ in 0..READ_TRIES {
             let Some(at) = self.probe(row) else {
-                self.count(0, 1);
-                return None;
+                break;
             };
             if self.read(at, row, out) {
                 self.count(1, 0);
                 return Some(read(&words_as_bytes(out)[..self.row_bytes]));
             }
-            // a writer is changing the slot: probe again (writes are short)
             std::hint::spin_loop();
         }
+        self.count(0, 1);
+        None
     }
 
     /// The rows cached now, in no order (what warms another cache for the same table).
