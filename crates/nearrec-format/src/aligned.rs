@@ -130,6 +130,10 @@ impl AlignedBuf {
     /// A buffer used this way must not also be read through [`Self::as_slice`] while shared.
     pub fn as_words(&self) -> &[std::sync::atomic::AtomicU64] {
         assert!(self.len.is_multiple_of(8), "a whole number of words");
+        if self.len == 0 {
+            // the dangling pointer of an empty buffer is not aligned for words
+            return &[];
+        }
         // SAFETY: the allocation is 4 KiB-aligned (so 8-aligned), initialised (zeroed) and lives
         // as long as `self`; AtomicU64 has u64's layout, and its interior mutability makes
         // writes through `&self` sound.
