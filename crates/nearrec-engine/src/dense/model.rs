@@ -239,12 +239,24 @@ impl DenseModel {
     /// Table `k`'s share of the first layer it feeds, from its pooled vectors (`[batch, dim]`);
     /// `None` where the table only joins in at the end (DLRM's dot interaction).
     pub(crate) fn early_table(&self, k: usize, pooled: &[f32], batch: usize) -> Option<Vec<f32>> {
-        let (layer, cols) = match &self.kind {
+        if let Kind::Graph(g) = &self.kind {
+            return g.early_table(k, pooled, batch);
+        }
+        let (layer, cols) = self.share(k)?;
+        let mut partial = vec![0f32; batch * layer.outputs()];
+        layer.accumulate(pooled, cols.len(), cols, batch, &mut partial);
+        Some(partial)
+    }
+
+    /// The first layer table `k` feeds in a family, and its columns among that layer's inputs;
+    /// `None` for DLRM's dot interaction (tables join at the end) and for programs.
+    fn share(&self, k: usize) -> Option<(&Linear, Range<usize>)> {
+        Some(match &self.kind {
             Kind::Dlrm {
                 interaction: Interaction::Dot,
                 ..
-            } => return None,
-            Kind::Graph(g) => return g.early_table(k, pooled, batch),
+            }
+            | Kind::Graph(_) => return None,
             Kind::Dlrm { bottom, top, .. } => {
                 let d = bottom.outputs();
                 (top.first(), (k + 1) * d..(k + 2) * d)
@@ -257,10 +269,40 @@ impl DenseModel {
                 0 | 1 => (predict.first(), 0..*dim), // (u + i) W = u W + i W
                 _ => (mlp.first(), (k - 2) * dim..(k - 1) * dim),
             },
-        };
-        let mut partial = vec![0f32; batch * layer.outputs()];
-        layer.accumulate(pooled, cols.len(), cols, batch, &mut partial);
-        Some(partial)
+        })
+    }
+
+    /// Adds into `acc` the first layer's share of each table whose share was not computed
+    /// early (`parts[k]` is `None`), from the pooled `[batch, width]` matrix, where the tables
+    /// lie side by side as among the layer's inputs: one product per run of such tables, so
+    /// that with none computed early it is one product over them all.
+    fn multiply_missing(
+        &self,
+        parts: &[Option<Vec<f32>>],
+        pooled: &[f32],
+        width: usize,
+        batch: usize,
+        acc: &mut [f32],
+    ) {
+        let mut k = 0;
+        while k < parts.len() {
+            if parts[k].is_some() {
+                k += 1;
+                continue;
+            }
+            let first = k;
+            while k < parts.len() && parts[k].is_none() {
+                k += 1;
+            }
+            let (layer, from) = self
+                .share(first)
+                .expect("a family that takes tables side by side");
+            let (_, to) = self.share(k - 1).expect("as above");
+            // the pooled matrix starts at the first table's columns
+            let (_, zero) = self.share(0).expect("as above");
+            let at = from.start - zero.start;
+            layer.accumulate(&pooled[at..], width, from.start..to.end, batch, acc);
+        }
     }
 
     /// The rest: the partial products summed in table order (so the result does not depend on
@@ -289,9 +331,8 @@ impl DenseModel {
             } => {
                 let mut z = sum(early.partial, &parts);
                 if *interaction == Interaction::Cat {
-                    let d = bottom.outputs();
-                    let cols = |k: usize| (k + 1) * d..(k + 2) * d;
-                    multiply_missing(top.first(), &parts, cols, pooled, tables * d, batch, &mut z);
+                    let width = tables * bottom.outputs();
+                    self.multiply_missing(&parts, pooled, width, batch, &mut z);
                 }
                 if *interaction == Interaction::Dot {
                     let dots = lower_dots(&early.hidden, pooled, bottom.outputs(), *tables, batch);
@@ -305,12 +346,7 @@ impl DenseModel {
             }
             Kind::WideAndDeep { trunk, heads, dims } => {
                 let mut h = sum(early.partial, &parts);
-                let width = dims.iter().sum();
-                let cols = |k: usize| {
-                    let at = dims[..k].iter().sum::<usize>();
-                    at..at + dims[k]
-                };
-                multiply_missing(trunk.first(), &parts, cols, pooled, width, batch, &mut h);
+                self.multiply_missing(&parts, pooled, dims.iter().sum(), batch, &mut h);
                 trunk.first().finish(&mut h);
                 let h = trunk.forward_from(1, h, batch);
                 if heads.is_empty() {
@@ -343,38 +379,6 @@ impl DenseModel {
                 predict.forward_from(1, p, batch)
             }
         }
-    }
-}
-
-/// Adds into `acc` the share of `layer` of each table whose share was not computed early
-/// (`parts[k]` is `None`), from the pooled `[batch, width]` matrix, whose tables lie in the
-/// layer's input order (`cols(k)`: table `k`'s columns of the layer's inputs): one product per
-/// run of such tables, so that with none computed early it is one product over them all.
-fn multiply_missing(
-    layer: &Linear,
-    parts: &[Option<Vec<f32>>],
-    cols: impl Fn(usize) -> Range<usize>,
-    pooled: &[f32],
-    width: usize,
-    batch: usize,
-    acc: &mut [f32],
-) {
-    let mut k = 0;
-    // pooled column of table k's first value
-    let mut at = 0;
-    while k < parts.len() {
-        if parts[k].is_some() {
-            at += cols(k).len();
-            k += 1;
-            continue;
-        }
-        let (first, start) = (k, at);
-        while k < parts.len() && parts[k].is_none() {
-            at += cols(k).len();
-            k += 1;
-        }
-        let run = cols(first).start..cols(k - 1).end;
-        layer.accumulate(&pooled[start..], width, run, batch, acc);
     }
 }
 
