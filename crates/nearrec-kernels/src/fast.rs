@@ -23,6 +23,43 @@ use crate::table::TableView;
 /// Lookups between a prefetch and its use: enough to keep ~16 misses in flight per core.
 const PREFETCH_AHEAD: usize = 16;
 
+/// Evaluates `$call` with the const `$w` set to `$dim` where the loops specialise that width (a
+/// power of two in 8..=256), else to 0 (the width known only at run time).
+macro_rules! by_width {
+    ($dim:expr, $w:ident => $call:expr) => {
+        match $dim {
+            8 => {
+                const $w: usize = 8;
+                $call
+            }
+            16 => {
+                const $w: usize = 16;
+                $call
+            }
+            32 => {
+                const $w: usize = 32;
+                $call
+            }
+            64 => {
+                const $w: usize = 64;
+                $call
+            }
+            128 => {
+                const $w: usize = 128;
+                $call
+            }
+            256 => {
+                const $w: usize = 256;
+                $call
+            }
+            _ => {
+                const $w: usize = 0;
+                $call
+            }
+        }
+    };
+}
+
 /// Pools every bag of `job` from `table` into `out`, bag `b` into `out.bag(b)`.
 ///
 /// Matches `torch.nn.EmbeddingBag`: sum (optionally weighted), mean over the rows that are not
@@ -89,24 +126,19 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
 ) -> Result<(), IndexError> {
     debug_assert_eq!(out.bags(), job.bags());
     assert_eq!(counts.len(), job.bags());
-    macro_rules! by_dim {
-        ($dec:ty) => {
-            match dim {
-                8 => run_found::<I, S, $dec, 8>(dim, rows, job, out, counts, source),
-                16 => run_found::<I, S, $dec, 16>(dim, rows, job, out, counts, source),
-                32 => run_found::<I, S, $dec, 32>(dim, rows, job, out, counts, source),
-                64 => run_found::<I, S, $dec, 64>(dim, rows, job, out, counts, source),
-                128 => run_found::<I, S, $dec, 128>(dim, rows, job, out, counts, source),
-                256 => run_found::<I, S, $dec, 256>(dim, rows, job, out, counts, source),
-                _ => run_found::<I, S, $dec, 0>(dim, rows, job, out, counts, source),
-            }
-        };
-    }
     match dtype {
-        DType::Fp32 => by_dim!(Fp32),
-        DType::Fp16 => by_dim!(Fp16),
-        DType::Bf16 => by_dim!(Bf16),
-        DType::Int8 => by_dim!(Int8),
+        DType::Fp32 => {
+            by_width!(dim, W => run_found::<I, S, Fp32, W>(dim, rows, job, out, counts, source))
+        }
+        DType::Fp16 => {
+            by_width!(dim, W => run_found::<I, S, Fp16, W>(dim, rows, job, out, counts, source))
+        }
+        DType::Bf16 => {
+            by_width!(dim, W => run_found::<I, S, Bf16, W>(dim, rows, job, out, counts, source))
+        }
+        DType::Int8 => {
+            by_width!(dim, W => run_found::<I, S, Int8, W>(dim, rows, job, out, counts, source))
+        }
     }
 }
 
@@ -221,24 +253,24 @@ fn dispatch<I: RowIndex, const PATCHED: bool>(
     patched: Patched<'_>,
 ) -> Result<(), IndexError> {
     debug_assert_eq!(out.bags(), job.bags());
-    macro_rules! by_dim {
-        ($dec:ty) => {
-            match table.dim() {
-                8 => run::<I, $dec, 8, PATCHED>(table, job, out, patched),
-                16 => run::<I, $dec, 16, PATCHED>(table, job, out, patched),
-                32 => run::<I, $dec, 32, PATCHED>(table, job, out, patched),
-                64 => run::<I, $dec, 64, PATCHED>(table, job, out, patched),
-                128 => run::<I, $dec, 128, PATCHED>(table, job, out, patched),
-                256 => run::<I, $dec, 256, PATCHED>(table, job, out, patched),
-                _ => run::<I, $dec, 0, PATCHED>(table, job, out, patched),
-            }
+    let dim = table.dim();
+    macro_rules! go {
+        ($dec:ty, $dense:literal) => {
+            by_width!(dim, W => run::<I, $dec, W, PATCHED, $dense>(table, job, out, patched))
         };
     }
-    match table.dtype() {
-        DType::Fp32 => by_dim!(Fp32),
-        DType::Fp16 => by_dim!(Fp16),
-        DType::Bf16 => by_dim!(Bf16),
-        DType::Int8 => by_dim!(Int8),
+    match (table.dtype(), table.is_dense()) {
+        (DType::Fp32, true) => go!(Fp32, true),
+        (DType::Fp16, true) => go!(Fp16, true),
+        (DType::Bf16, true) => go!(Bf16, true),
+        (DType::Int8, true) => go!(Int8, true),
+        // int8 rows carry their scale and bias, so most widths leave a gap at each block's end
+        (DType::Int8, false) => go!(Int8, false),
+        // float rows of a specialised width always fill their blocks: only an odd width leaves
+        // a gap, and that width runs the run-time-width loop
+        (DType::Fp32, false) => run::<I, Fp32, 0, PATCHED, false>(table, job, out, patched),
+        (DType::Fp16, false) => run::<I, Fp16, 0, PATCHED, false>(table, job, out, patched),
+        (DType::Bf16, false) => run::<I, Bf16, 0, PATCHED, false>(table, job, out, patched),
     }
 }
 
@@ -444,8 +476,10 @@ pub fn prefetch_row(p: *const u8, row_bytes: usize) {
 
 /// The bag loop for one (dtype, width). `D == 0` means "width known only at run time": the
 /// accumulator is then the output row itself. `PATCHED`: `patched` stands in for some rows.
+/// `DENSE`: the table's rows are back to back ([`TableView::is_dense`]), so a row's offset is
+/// one multiply (a shift at a specialised width) instead of a division.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn run<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool>(
+fn run<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, const DENSE: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     out: &mut BagsOut<'_>,
@@ -465,13 +499,14 @@ fn run<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool>(
         };
         if D == 0 {
             let dst = out.bag(b);
-            let count = accumulate::<I, Dec, D, PATCHED>(table, job, walk, &mut at, dst)?;
+            let count = accumulate::<I, Dec, D, PATCHED, DENSE>(table, job, walk, &mut at, dst)?;
             finish(job.mode, count, dst);
         } else {
             // A fresh accumulator per bag: dead on the error path, so the compiler keeps it in
             // registers through the row loop instead of storing it back after every row.
             let mut fixed = [0f32; D];
-            let count = accumulate::<I, Dec, D, PATCHED>(table, job, walk, &mut at, &mut fixed)?;
+            let count =
+                accumulate::<I, Dec, D, PATCHED, DENSE>(table, job, walk, &mut at, &mut fixed)?;
             finish(job.mode, count, &mut fixed);
             out.bag(b).copy_from_slice(&fixed);
         }
@@ -490,7 +525,7 @@ struct Walk<'p> {
 /// Reduces the rows of the walk's bag into `acc`; returns how many were counted. `at`: the
 /// patched positions not yet walked (empty unless `PATCHED`).
 #[inline(always)]
-fn accumulate<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool>(
+fn accumulate<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, const DENSE: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     walk: Walk<'_>,
@@ -509,9 +544,9 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool>(
     macro_rules! walk {
         ($step:expr) => {
             if job.padding_idx.is_some() {
-                reduce::<I, true, PATCHED>(table, job, row_bytes, walk, at, $step)
+                reduce::<I, true, PATCHED, DENSE>(table, job, row_bytes, walk, at, $step)
             } else {
-                reduce::<I, false, PATCHED>(table, job, row_bytes, walk, at, $step)
+                reduce::<I, false, PATCHED, DENSE>(table, job, row_bytes, walk, at, $step)
             }
         };
     }
@@ -539,7 +574,7 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool>(
 /// The body is kept short on purpose: the loop is bound by memory latency, and the fewer
 /// instructions a lookup takes, the more lookups the out-of-order window holds in flight.
 #[inline(always)]
-fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool>(
+fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool, const DENSE: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     row_bytes: usize,
@@ -549,6 +584,14 @@ fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool>(
 ) -> Result<usize, IndexError> {
     let (start, end) = (walk.start, walk.end);
     let rows = table.rows();
+    debug_assert!(row_bytes == table.row_bytes() && DENSE == table.is_dense());
+    let offset = |row: u64| {
+        if DENSE {
+            (row as usize).wrapping_mul(row_bytes)
+        } else {
+            table.offset(row)
+        }
+    };
     // Prefetch only within this job's indices.
     let prefetch_end = job.bounds[job.bags()]
         .min(job.indices.len())
@@ -565,7 +608,7 @@ fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool>(
             let ahead = unsafe { job.indices.get_unchecked(pos + PREFETCH_AHEAD) }.to_i64();
             // An out-of-range index prefetches a meaningless address, which is harmless; it is
             // reported when the loop reaches it.
-            prefetch_row(table.row_addr(ahead as u64), row_bytes);
+            prefetch_row(table.addr_at(offset(ahead as u64)), row_bytes);
         }
         let patched = PATCHED && at.first() == Some(&pos);
         if patched {
@@ -583,14 +626,16 @@ fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool>(
             skipped += 1;
             continue;
         }
+        // SAFETY: `value < rows`, checked above, and `row_bytes` is the table's.
+        let own = || unsafe { table.row_at(offset(value as u64), row_bytes) };
         let row = if patched {
             // a position recorded for a row the patch lacks reads the table (never stale: the
             // patch holds every row that differs)
             walk.patch
                 .and_then(|p| p.get(value as u64))
-                .unwrap_or_else(|| table.row(value as u64))
+                .unwrap_or_else(own)
         } else {
-            table.row(value as u64)
+            own()
         };
         step(row, pos);
     }

@@ -7,8 +7,10 @@ pub struct TableView<'a> {
     layout: RowLayout,
     dtype: DType,
     dim: usize,
-    /// `Some(row_bytes)` when rows are back to back (no padding), so a row's offset is one multiply.
-    dense_stride: Option<usize>,
+    /// Rows per span and bytes per span, worked out once: a row's offset is then one division
+    /// (none when the rows are back to back: see [`TableView::is_dense`]).
+    per: u64,
+    span: u64,
 }
 
 impl<'a> TableView<'a> {
@@ -22,13 +24,13 @@ impl<'a> TableView<'a> {
         if dtype == DType::Fp32 && !data.is_empty() && !(data.as_ptr() as usize).is_multiple_of(4) {
             return None;
         }
-        let dense_stride = layout.is_dense().then_some(layout.row_bytes as usize);
         Some(Self {
             data,
             layout,
             dtype,
             dim: dim as usize,
-            dense_stride,
+            per: layout.rows_per_span(),
+            span: layout.span_bytes(),
         })
     }
 
@@ -48,18 +50,36 @@ impl<'a> TableView<'a> {
         self.layout.row_bytes as usize
     }
 
+    /// True when rows sit back to back, so row `r` starts at `r * row_bytes()` (what the
+    /// kernels' loops specialise on: no branch and no division per lookup).
+    #[inline(always)]
+    pub fn is_dense(&self) -> bool {
+        self.per * self.layout.row_bytes == self.span
+    }
+
     /// Byte offset of `row` in the data region. Defined (wrapping) for any `row`, so prefetching
     /// may ask for rows not yet range-checked; only rows `< rows()` lie inside the region.
     #[inline(always)]
     pub fn offset(&self, row: u64) -> usize {
-        match self.dense_stride {
-            Some(s) => (row as usize).wrapping_mul(s),
-            None => {
-                let (per, l) = (self.layout.rows_per_span(), &self.layout);
-                ((row / per).wrapping_mul(l.span_bytes()))
-                    .wrapping_add((row % per).wrapping_mul(l.row_bytes)) as usize
-            }
+        if self.is_dense() {
+            (row as usize).wrapping_mul(self.layout.row_bytes as usize)
+        } else {
+            ((row / self.per).wrapping_mul(self.span))
+                .wrapping_add((row % self.per).wrapping_mul(self.layout.row_bytes))
+                as usize
         }
+    }
+
+    /// The `len` bytes at `offset`, for a loop that has range-checked its row and worked out
+    /// its offset (and length) itself.
+    ///
+    /// # Safety
+    /// `offset` must be [`TableView::offset`] of a row `< rows()`, and `len` `row_bytes()`.
+    #[inline(always)]
+    pub(crate) unsafe fn row_at(&self, offset: usize, len: usize) -> &'a [u8] {
+        debug_assert!(len == self.row_bytes() && offset + len <= self.data.len());
+        // SAFETY: the caller's contract: a row inside the region.
+        unsafe { self.data.get_unchecked(offset..offset + len) }
     }
 
     /// The encoded bytes of `row`, which must be `< rows()`.
@@ -72,10 +92,11 @@ impl<'a> TableView<'a> {
         unsafe { self.data.get_unchecked(at..at + rb) }
     }
 
-    /// Where `row` would start, for prefetching only: any `row` is accepted, and the address of
-    /// one past the end is meaningless (never dereference it).
+    /// The address `offset` bytes into the region, for prefetching only: any offset is accepted
+    /// (an [`TableView::offset`] of a row not yet range-checked), and an address past the end
+    /// is meaningless (never dereference it).
     #[inline(always)]
-    pub(crate) fn row_addr(&self, row: u64) -> *const u8 {
-        self.data.as_ptr().wrapping_add(self.offset(row))
+    pub(crate) fn addr_at(&self, offset: usize) -> *const u8 {
+        self.data.as_ptr().wrapping_add(offset)
     }
 }
