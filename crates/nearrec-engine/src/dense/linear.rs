@@ -1,13 +1,17 @@
 //! Fully connected layers in PyTorch's layout (`weight` is `[out, in]`, `y = x Wᵀ + b`), fp32,
-//! multiplied by `matrixmultiply`'s SGEMM; large products are cut by rows across the worker pool.
+//! multiplied by the `gemm` crate; a large product is split across the worker pool by `gemm`
+//! itself.
+//!
+//! Why `gemm`: at the shapes recommendation models serve (batch 64, layers of 256–2560), one
+//! product on this crate's two-thread split runs at 132–175 GFLOP/s, level with PyTorch's
+//! `nn.Linear` (140–164), where `matrixmultiply` cut by rows gave 46–87 (each thread packed the
+//! whole weight matrix); measured in `docs/results.md`, "Whole-model offload".
 
 use std::ops::Range;
 
-use rayon::prelude::*;
-
 use super::ModelError;
 
-/// Multiply-adds above which a product is cut by rows across the pool's threads.
+/// Multiply-adds above which a product is split across the pool's threads.
 const PARALLEL_FLOPS: usize = 1 << 21;
 
 /// What follows a layer.
@@ -128,38 +132,40 @@ impl Linear {
         }
         let n = self.outputs;
         let w = &self.weight[cols.start..];
-        let product = |rows: usize, x: &[f32], y: &mut [f32]| {
-            // SAFETY: A = `rows × k` at x (row stride x_stride; the assert above keeps the last
-            // row in bounds), B = Wᵀ's rows `cols` (element (i, o) = weight[o·inputs +
-            // cols.start + i], in bounds as cols.end ≤ inputs), C = `rows × n` at y, which is
-            // exactly rows·n long; none overlaps C.
-            unsafe {
-                matrixmultiply::sgemm(
-                    rows,
-                    k,
-                    n,
-                    1.0,
-                    x.as_ptr(),
-                    x_stride as isize,
-                    1,
-                    w.as_ptr(),
-                    1,
-                    self.inputs as isize,
-                    1.0,
-                    y.as_mut_ptr(),
-                    n as isize,
-                    1,
-                );
-            }
-        };
         let threads = rayon::current_num_threads();
-        if threads > 1 && batch >= 2 && batch * k * n >= PARALLEL_FLOPS {
-            let per = batch.div_ceil(threads);
-            y.par_chunks_mut(per * n)
-                .enumerate()
-                .for_each(|(c, y)| product(y.len() / n, &x[c * per * x_stride..], y));
+        let parallelism = if threads > 1 && batch * k * n >= PARALLEL_FLOPS {
+            gemm::Parallelism::Rayon(threads)
         } else {
-            product(batch, x, y);
+            gemm::Parallelism::None
+        };
+        // SAFETY: dst = y, `batch × n` row-major (column stride 1, row stride n), exactly
+        // batch·n long; lhs = `batch × k` at x (row stride x_stride; the assert above keeps the
+        // last row in bounds); rhs = Wᵀ's rows `cols`, `k × n`, element (i, o) =
+        // weight[o·inputs + cols.start + i] (column stride inputs, row stride 1; in bounds as
+        // cols.end ≤ inputs). Neither input overlaps y. y += x·Wᵀ (alpha 1 on the read dst,
+        // beta 1 on the product).
+        unsafe {
+            gemm::gemm(
+                batch,
+                n,
+                k,
+                y.as_mut_ptr(),
+                1,
+                n as isize,
+                true,
+                x.as_ptr(),
+                1,
+                x_stride as isize,
+                w.as_ptr(),
+                self.inputs as isize,
+                1,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
         }
     }
 
