@@ -1,0 +1,85 @@
+//! GFLOP/s of `y += x·Wᵀ` (`x`: m × k, `W`: n × k as `nn.Linear` stores it) for each way the
+//! engine could multiply, on a two-thread pool; one JSON object per shape on stdout, each a
+//! median of nine timings of 100 products.
+
+use std::time::Instant;
+
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: every use below writes disjoint column blocks, or only from one call.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+const SHAPES: [(usize, usize, usize); 6] = [
+    (64, 1376, 1024), // Wide & Deep's first layer
+    (64, 1888, 1024), // MT-WnD's first layer
+    (64, 2560, 1024), // RMC3's bottom MLP
+    (64, 1024, 512),
+    (64, 512, 256),
+    (64, 352, 512), // RMC3's top MLP
+];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    for (m, k, n) in SHAPES {
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 5) as f32 * 0.1).collect();
+        let mut y = vec![0f32; m * n];
+        let (xp, wp, yp) = (x.as_ptr() as usize, w.as_ptr() as usize, Out(y.as_mut_ptr()));
+        // y[r0 .. r0 + mr, c0 .. c0 + nc] += x[r0 .., :] · W[c0 .., :]ᵀ
+        let mm = move |r0: usize, mr: usize, c0: usize, nc: usize| {
+            let yp = yp;
+            // SAFETY: in bounds of x, W and y for the blocks the callers pass.
+            unsafe {
+                matrixmultiply::sgemm(
+                    mr, k, nc, 1.0,
+                    (xp as *const f32).add(r0 * k), k as isize, 1,
+                    (wp as *const f32).add(c0 * k), 1, k as isize,
+                    1.0, yp.0.add(r0 * n + c0), n as isize, 1,
+                )
+            }
+        };
+        let gemm = move |c0: usize, nc: usize, par: gemm::Parallelism| {
+            let yp = yp;
+            // SAFETY: as above.
+            unsafe {
+                gemm::gemm(
+                    m, nc, k, yp.0.add(c0), 1, n as isize, true,
+                    xp as *const f32, 1, k as isize,
+                    (wp as *const f32).add(c0 * k), k as isize, 1,
+                    1.0, 1.0, false, false, false, par,
+                )
+            }
+        };
+        let time = |f: &dyn Fn()| {
+            f();
+            median((0..9).map(|_| {
+                let t = Instant::now();
+                (0..100).for_each(|_| f());
+                t.elapsed().as_secs_f64() / 100.0
+            }).collect())
+        };
+        let gflops = |s: f64| 2.0 * (m * k * n) as f64 / s / 1e9;
+        let half = n / 2;
+        let results = [
+            ("matrixmultiply.1t", time(&|| mm(0, m, 0, n))),
+            ("matrixmultiply.rows2t", time(&|| pool.install(|| {
+                rayon::join(|| mm(0, m / 2, 0, n), || mm(m / 2, m - m / 2, 0, n));
+            }))),
+            ("gemm.1t", time(&|| gemm(0, n, gemm::Parallelism::None))),
+            ("gemm.2t", time(&|| pool.install(|| gemm(0, n, gemm::Parallelism::Rayon(2))))),
+            ("gemm.cols2t", time(&|| pool.install(|| {
+                rayon::join(|| gemm(0, half, gemm::Parallelism::None),
+                            || gemm(half, n - half, gemm::Parallelism::None));
+            }))),
+        ];
+        let fields: Vec<String> =
+            results.iter().map(|(name, s)| format!("\"{name}\": {:.1}", gflops(*s))).collect();
+        println!("{{\"m\": {m}, \"k\": {k}, \"n\": {n}, {}}}", fields.join(", "));
+    }
+}
