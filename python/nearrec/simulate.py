@@ -88,20 +88,30 @@ def set_field(cfg: dict[str, Any], dotted: str, value: Any) -> None:
                              ) from None
 
 
+#: Bytes of a row of ``dim`` values in each dtype, as the store encodes it (``docs/format.md``;
+#: int8 rows carry an fp32 scale and bias). The drive model works it out again from the dtype.
+ROW_BYTES = {"fp32": lambda d: 4 * d, "fp16": lambda d: 2 * d, "bf16": lambda d: 2 * d,
+             "int8": lambda d: d + 8}
+
+
 def workload(model: str, rows: int | None = None, dim: int | None = None,
              tables: int | None = None, placement: str = "packed",
-             variant: str = "deeprecsys", table_bytes: int | None = None) -> dict[str, Any]:
+             variant: str = "deeprecsys", table_bytes: int | None = None,
+             dtype: str = "fp32") -> dict[str, Any]:
     """A benchmark model's tables and dense layers as the drive sees them; ``rows``, ``dim`` and
     ``tables`` replace the model's own (for sweeps), ``table_bytes`` scales the rows to a total;
-    ``placement="one-per-page"`` stores one row per flash page, as RecSSD's evaluation assumes."""
+    ``placement="one-per-page"`` stores one row per flash page, as RecSSD's evaluation assumes;
+    ``dtype`` (fp32, fp16, bf16, int8) sets each row's bytes, as the store encodes it."""
     rows = None if rows is None else count(rows, "rows")
     dim = None if dim is None else count(dim, "dim")
     tables = None if tables is None else count(tables, "tables")
     table_bytes = None if table_bytes is None else count(table_bytes, "table_bytes")
     spec = model_spec(model)
     d = dim or spec.table_dim(variant)  # type: ignore[arg-type]
+    if dtype not in ROW_BYTES:
+        raise InvalidRequest(f"dtype must be one of {', '.join(ROW_BYTES)}, not {dtype!r}")
     n_rows = scaled_rows(spec, variant, rows=rows,  # type: ignore[arg-type]
-                         table_bytes=table_bytes, row_bytes=4 * d)
+                         table_bytes=table_bytes, row_bytes=ROW_BYTES[dtype](d))
     n = tables or len(n_rows)
     row_counts = [n_rows[i % len(n_rows)] for i in range(n)]
     bottom = list(spec.bottom_mlp)
@@ -114,7 +124,7 @@ def workload(model: str, rows: int | None = None, dim: int | None = None,
     if top and top[-1] not in (1, 2):
         top.append(1)
     return {
-        "tables": [{"name": f"{model}-{i}", "rows": r, "dim": d, "row_bytes": 4 * d}
+        "tables": [{"name": f"{model}-{i}", "rows": r, "dim": d, "dtype": dtype}
                    for i, r in enumerate(row_counts)],
         "bottom": bottom,
         "top": top,

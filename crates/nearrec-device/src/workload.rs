@@ -1,19 +1,69 @@
 //! What the simulated drive serves: a model's tables (where each row lives) and dense layers, and
 //! batches of lookups in the engine's CSR form.
 
-use nearrec_format::{DATA_OFFSET, RowLayout};
+use nearrec_format::{DATA_OFFSET, DType, RowLayout};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DeviceError, Result};
 
 /// One embedding table as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "TableShapeSpec")]
 pub struct TableShape {
     pub name: String,
     pub rows: u64,
     pub dim: u32,
-    /// Bytes of one stored row (4 × dim for fp32).
+    /// How each row is encoded: it sets the row's bytes, hence rows per page and bytes moved.
+    pub dtype: DType,
+    /// Bytes of one stored row: the dtype's encoding (`DType::row_bytes`) unless a workload
+    /// gives more (a row padded to a larger size).
     pub row_bytes: u32,
+}
+
+impl TableShape {
+    /// A table of `rows` rows of `dim` values encoded as `dtype`.
+    pub fn new(name: impl Into<String>, rows: u64, dim: u32, dtype: DType) -> Self {
+        Self {
+            name: name.into(),
+            rows,
+            dim,
+            dtype,
+            row_bytes: dtype.row_bytes(dim) as u32,
+        }
+    }
+}
+
+/// A table as a workload file gives it: `dtype` defaults to fp32, `row_bytes` to the dtype's.
+#[derive(Deserialize)]
+struct TableShapeSpec {
+    name: String,
+    rows: u64,
+    dim: u32,
+    #[serde(default)]
+    dtype: Option<DType>,
+    #[serde(default)]
+    row_bytes: Option<u32>,
+}
+
+impl TryFrom<TableShapeSpec> for TableShape {
+    type Error = String;
+
+    fn try_from(s: TableShapeSpec) -> std::result::Result<Self, String> {
+        let mut t = TableShape::new(s.name, s.rows, s.dim, s.dtype.unwrap_or(DType::Fp32));
+        if let Some(b) = s.row_bytes {
+            if u64::from(b) < t.dtype.row_bytes(t.dim) {
+                return Err(format!(
+                    "table {}: {b} bytes a row cannot hold {} {} values ({} bytes)",
+                    t.name,
+                    t.dim,
+                    t.dtype,
+                    t.dtype.row_bytes(t.dim)
+                ));
+            }
+            t.row_bytes = b;
+        }
+        Ok(t)
+    }
 }
 
 /// How rows sit in a table file.
@@ -167,4 +217,35 @@ pub fn check_batch(w: &Workload, batch: &[TableBatch<'_>]) -> Result<usize> {
         }
     }
     Ok(bags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(json: &str) -> std::result::Result<TableShape, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn a_row_takes_its_dtypes_bytes_unless_given_more() {
+        let t = table(r#"{"name": "t", "rows": 10, "dim": 32}"#).unwrap();
+        assert_eq!((t.dtype, t.row_bytes), (DType::Fp32, 128));
+        let t = table(r#"{"name": "t", "rows": 10, "dim": 32, "dtype": "int8"}"#).unwrap();
+        assert_eq!((t.dtype, t.row_bytes), (DType::Int8, 40));
+        let t = table(r#"{"name": "t", "rows": 10, "dim": 32, "dtype": "fp16"}"#).unwrap();
+        assert_eq!(t.row_bytes, 64);
+        let t = table(r#"{"name": "t", "rows": 10, "dim": 32, "row_bytes": 256}"#).unwrap();
+        assert_eq!(t.row_bytes, 256);
+        let err = table(r#"{"name": "emb", "rows": 10, "dim": 32, "row_bytes": 100}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("table emb") && err.contains("128 bytes"),
+            "{err}"
+        );
+        // what a workload writes, it reads back
+        let t = TableShape::new("t", 10, 24, DType::Bf16);
+        assert_eq!(table(&serde_json::to_string(&t).unwrap()).unwrap(), t);
+    }
 }

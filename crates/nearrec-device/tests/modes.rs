@@ -5,18 +5,14 @@ use nearrec_device::{
     DeviceConfig, DeviceError, Mode, RowPlacement, SimSpec, Simulator, TableBatch, TableShape,
     Workload, simulate,
 };
+use nearrec_format::DType;
 use nearrec_plan::{Generator, Ids, Variant};
 
 /// The eight benchmark models' shapes (shared/specs/models.md), with tables cut to `rows` rows.
 fn models(rows: u64) -> Vec<(&'static str, Workload, u32)> {
     let w = |tables: usize, dim: u32, bottom: &[usize], top: &[usize]| Workload {
         tables: (0..tables)
-            .map(|t| TableShape {
-                name: format!("t{t}"),
-                rows,
-                dim,
-                row_bytes: 4 * dim,
-            })
+            .map(|t| TableShape::new(format!("t{t}"), rows, dim, DType::Fp32))
             .collect(),
         bottom: bottom.to_vec(),
         top: top.to_vec(),
@@ -83,12 +79,7 @@ fn every_mode_runs_every_model_on_every_device() {
 /// One table of 100K rows of dim 32, `n` bags of `per` lookups from `rows`.
 fn one_table(rows: &[i64]) -> (Workload, Vec<i64>) {
     let w = Workload {
-        tables: vec![TableShape {
-            name: "t".into(),
-            rows: 100_000,
-            dim: 32,
-            row_bytes: 128,
-        }],
+        tables: vec![TableShape::new("t", 100_000, 32, DType::Fp32)],
         bottom: vec![],
         top: vec![32, 1],
         placement: RowPlacement::Packed,
