@@ -11,7 +11,7 @@ __version__: str
 
 __all__ = [
     "__version__", "MappedStore", "naive_sls", "stream_read", "gather_rows", "sequential_write",
-    "random_read", "read_cost", "load_run", "redis_load", "EmbeddedStore",
+    "random_read", "read_cost", "kernel_cost", "load_run", "redis_load", "EmbeddedStore",
 ]
 
 _Path = str | PathLike[str]
@@ -21,6 +21,9 @@ def gather_rows(
     table_bytes: int, row_bytes: int, gathers: int, passes: int = 3, threads: int = 2
 ) -> dict[str, float]: ...
 def sequential_write(dir: _Path, bytes: int) -> dict[str, float]: ...
+def kernel_cost(
+    dim: int, dtype: str, rows: int, bags: int, pooling: int, reps: int = 9
+) -> tuple[float, float]: ...
 def read_cost(
     store: _Path,
     batch: int,

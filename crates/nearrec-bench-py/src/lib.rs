@@ -6,6 +6,7 @@
 mod baselines;
 mod cost;
 mod error;
+mod kernels;
 mod limits;
 mod load;
 
@@ -22,6 +23,7 @@ fn nearrec_bench_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(limits::sequential_write, m)?)?;
     m.add_function(wrap_pyfunction!(limits::random_read, m)?)?;
     m.add_function(wrap_pyfunction!(cost::read_cost, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::kernel_cost, m)?)?;
     m.add_class::<load::EmbeddedStore>()?;
     m.add_function(wrap_pyfunction!(load::load_run, m)?)?;
     m.add_function(wrap_pyfunction!(load::redis_load, m)?)?;
