@@ -65,6 +65,12 @@ def test_sweeps_vary_what_they_name_and_plot(tmp_path):
     dims = sim.sweep(["rmc1"], "rm-ssd", ["emb-vectorsum"], over={"dim": [16, 64],
                                                                    "tables": [2, 4]}, **quick())
     assert [(r["dim"], r["tables"]) for r in dims] == [(16, 2), (16, 4), (64, 2), (64, 4)]
+    # a row's dtype sets its bytes: int8 rows (dim + 8 bytes) move a quarter-ish of fp32's
+    # through vector-grained reads, and the report says which it ran
+    by_dtype = {r["dtype"]: r for r in sim.sweep(
+        ["rmc1"], "rm-ssd", ["emb-vectorsum"], over={"dtype": ["fp32", "int8"]}, **quick())}
+    assert by_dtype["int8"]["useful_bytes"] * 128 == by_dtype["fp32"]["useful_bytes"] * 40
+    assert by_dtype["int8"]["channel_bytes"] < by_dtype["fp32"]["channel_bytes"]
 
 
 def test_bad_configurations_are_typed_errors(tmp_path):
@@ -76,6 +82,8 @@ def test_bad_configurations_are_typed_errors(tmp_path):
         sim.run("rmc1", "rm-ssd", "ssd-x", **quick())
     with pytest.raises(nearrec.InvalidRequest, match="page size"):
         sim.run("rmc1", sim.device("rm-ssd", flash__page_bytes=3000), "rm-ssd", **quick())
+    with pytest.raises(nearrec.InvalidRequest, match="dtype must be one of"):
+        sim.run("rmc1", "rm-ssd", "rm-ssd", dtype="fp8", **quick())
     with pytest.raises(nearrec.InvalidRequest, match="cannot sweep"):
         sim.sweep(["rmc1"], over={"colour": [1]})
     with pytest.raises(nearrec.InvalidRequest, match="no device"):

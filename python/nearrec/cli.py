@@ -580,7 +580,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     modes = list(sim.MODES) if args.mode == "all" else args.mode.split(",")
     over: dict[str, Iterable[Any]] = {}
     for key, cast in (("batch", int), ("k", float), ("pooling", int), ("dim", int),
-                      ("tables", int), ("rows", int)):
+                      ("dtype", str), ("tables", int), ("rows", int)):
         vals = _values(getattr(args, key), cast)
         if vals is not None:
             over[key] = vals
@@ -898,6 +898,7 @@ def parser() -> argparse.ArgumentParser:
                     help="consecutive ids (RecSSD's SEQ pattern)")
     si.add_argument("--pooling", help="lookups per table per sample to sweep")
     si.add_argument("--dim", help="embedding dimensions to sweep")
+    si.add_argument("--dtype", help="row dtypes to sweep: fp32, fp16, bf16, int8 (a row's bytes)")
     si.add_argument("--tables", help="table counts to sweep")
     si.add_argument("--rows", help="rows per table to sweep")
     si.add_argument("--placement", default="packed", choices=["packed", "one-per-page"])

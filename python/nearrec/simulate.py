@@ -26,7 +26,7 @@ MODES = ("ssd-s", "emb-mmio", "emb-pagesum", "emb-vectorsum", "recssd", "rm-ssd"
 #: EMB-SSD with one technique or none (its Fig. 9)
 EMB_SSD_VARIANTS = ("emb-ssd:base", "emb-ssd:merge", "emb-ssd:cache")
 #: what a sweep may vary
-SWEEPABLE = ("batch", "k", "pooling", "dim", "tables", "rows")
+SWEEPABLE = ("batch", "k", "pooling", "dim", "dtype", "tables", "rows")
 
 
 def device(spec: str | dict[str, Any] | Path = "rm-ssd", **overrides: Any) -> dict[str, Any]:
@@ -184,6 +184,7 @@ def run(model: str | dict[str, Any] = "rmc1", dev: str | dict[str, Any] = "rm-ss
     }
     report: dict[str, Any] = json.loads(device_simulate(json.dumps(spec)))
     report.update(model=name, k=k, pooling=pooling, dim=w["tables"][0]["dim"],
+                  dtype=w["tables"][0].get("dtype", "fp32"),
                   tables=len(w["tables"]), rows=w["tables"][0]["rows"])
     return report
 
@@ -223,7 +224,7 @@ def sweep(models: Sequence[str] = ("rmc1",), dev: str | dict[str, Any] = "rm-ssd
 
 
 #: The parameters a sweep can vary (``sweep``'s ``over``).
-PARAMETERS = ("batch", "k", "lookups", "dim", "tables", "rows")
+PARAMETERS = ("batch", "k", "lookups", "dim", "dtype", "tables", "rows")
 
 
 def plot_lines(reports: Sequence[dict[str, Any]], x: str, y: str
