@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 nt = pytest.importorskip("nearrec.trace")
@@ -44,6 +45,13 @@ def test_the_report_has_a_section_per_figure(records: list) -> None:
         assert [c["dram_bytes"] for c in cells] == list(flash.FIG3_DRAM)
         amp = [c["read_amplification"] for c in cells]
         assert amp == sorted(amp) and amp[0] > 1, amp
+
+
+def test_index_shares_count_what_fig_4_counts() -> None:
+    got = flash.index_shares(np.array([1, 1, 2, 3, 3, 3, 4]), top=1)
+    # ids 2 and 4 are met once (2 of 7 accesses); 4 distinct ids; the top id (3) takes 3 of 7
+    assert got == {"accesses": 7, "once_share": 2 / 7, "distinct_share": 4 / 7,
+                   "top_share": 3 / 7, "top": 1}
 
 
 def test_trace_shares_tell_a_heavy_head_from_a_long_tail() -> None:

@@ -62,7 +62,12 @@ def trace_shares(gen: nt.Generator, rows: int, accesses: int, top: int = 10_000,
     accesses to ids met only once in it, and the share that goes to its ``top`` most frequent
     ids (plus distinct ids ÷ accesses, the other reading of "unique")."""
     t = nt.generate_table("t", rows, 80, max(1, accesses // 80), gen, seed=seed)
-    _, counts = np.unique(t.indices, return_counts=True)
+    return index_shares(t.indices, top)
+
+
+def index_shares(indices: np.ndarray, top: int) -> dict[str, float]:
+    """:func:`trace_shares`' numbers for the accesses ``indices``."""
+    _, counts = np.unique(indices, return_counts=True)
     n = int(counts.sum())
     return {"accesses": n, "once_share": float((counts == 1).sum() / n),
             "distinct_share": float(len(counts) / n),
