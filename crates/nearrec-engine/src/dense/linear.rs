@@ -258,6 +258,17 @@ mod tests {
 
     #[test]
     fn blocks_sum_to_the_layer() {
+        // on one thread and split across two (the large shapes pass `PARALLEL_FLOPS`)
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(check_blocks);
+        }
+    }
+
+    fn check_blocks() {
         for (batch, inputs, outputs) in [(1, 7, 3), (5, 64, 33), (256, 352, 512), (3, 1, 1)] {
             let l = Linear::new(
                 values(outputs * inputs, 1),
