@@ -2,10 +2,10 @@
 //! multiplied by the `gemm` crate; a large product is split across the worker pool by `gemm`
 //! itself.
 //!
-//! Why `gemm`: at the shapes recommendation models serve (batch 64, layers of 256–2560), one
-//! product on this crate's two-thread split runs at 132–175 GFLOP/s, level with PyTorch's
-//! `nn.Linear` (140–164), where `matrixmultiply` cut by rows gave 46–87 (each thread packed the
-//! whole weight matrix); measured in `docs/results.md`, "Whole-model offload".
+//! Why `gemm`: at the shapes recommendation models serve (batch 64, layers of 256–2560 wide),
+//! this crate's own two-thread split runs the wide layers at 164–169 GFLOP/s, level with
+//! PyTorch's `nn.Linear` (147–161), where `matrixmultiply` cut by rows gave 110–115 (each thread
+//! packed the whole weight matrix): `bench/results/gemm-compare.md`.
 
 use std::ops::Range;
 
