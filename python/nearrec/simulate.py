@@ -16,7 +16,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._native import device_fit, device_preset, device_read_rate, device_simulate, disk_read_rate
+from ._native import (
+    device_fit,
+    device_preset,
+    device_read_rate,
+    device_simulate,
+    disk_read_rate,
+    table_layout,
+)
 from .errors import InvalidRequest, StoreIOError
 from .request import count, flag, is_bool, path_arg, regular_file
 from .specs import model_spec, scaled_rows
@@ -88,12 +95,6 @@ def set_field(cfg: dict[str, Any], dotted: str, value: Any) -> None:
                              ) from None
 
 
-#: Bytes of a row of ``dim`` values in each dtype, as the store encodes it (``docs/format.md``;
-#: int8 rows carry an fp32 scale and bias). The drive model works it out again from the dtype.
-ROW_BYTES = {"fp32": lambda d: 4 * d, "fp16": lambda d: 2 * d, "bf16": lambda d: 2 * d,
-             "int8": lambda d: d + 8}
-
-
 def workload(model: str, rows: int | None = None, dim: int | None = None,
              tables: int | None = None, placement: str = "packed",
              variant: str = "deeprecsys", table_bytes: int | None = None,
@@ -108,10 +109,11 @@ def workload(model: str, rows: int | None = None, dim: int | None = None,
     table_bytes = None if table_bytes is None else count(table_bytes, "table_bytes")
     spec = model_spec(model)
     d = dim or spec.table_dim(variant)  # type: ignore[arg-type]
-    if dtype not in ROW_BYTES:
-        raise InvalidRequest(f"dtype must be one of {', '.join(ROW_BYTES)}, not {dtype!r}")
+    # a row's bytes as the store encodes it (int8 rows carry a scale and bias); an unknown
+    # dtype is a typed error
+    row_bytes = table_layout(1, d, dtype)[0]
     n_rows = scaled_rows(spec, variant, rows=rows,  # type: ignore[arg-type]
-                         table_bytes=table_bytes, row_bytes=ROW_BYTES[dtype](d))
+                         table_bytes=table_bytes, row_bytes=row_bytes)
     n = tables or len(n_rows)
     row_counts = [n_rows[i % len(n_rows)] for i in range(n)]
     bottom = list(spec.bottom_mlp)
