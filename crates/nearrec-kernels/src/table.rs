@@ -11,6 +11,8 @@ pub struct TableView<'a> {
     /// (none when the rows are back to back: see [`TableView::is_dense`]).
     per: u64,
     span: u64,
+    /// The layout's [`RowLayout::is_dense`], worked out once.
+    dense: bool,
 }
 
 impl<'a> TableView<'a> {
@@ -31,6 +33,7 @@ impl<'a> TableView<'a> {
             dim: dim as usize,
             per: layout.rows_per_span(),
             span: layout.span_bytes(),
+            dense: layout.is_dense(),
         })
     }
 
@@ -54,7 +57,7 @@ impl<'a> TableView<'a> {
     /// kernels' loops specialise on: no branch and no division per lookup).
     #[inline(always)]
     pub fn is_dense(&self) -> bool {
-        self.per * self.layout.row_bytes == self.span
+        self.dense
     }
 
     /// Byte offset of `row` in the data region. Defined (wrapping) for any `row`, so prefetching
@@ -86,10 +89,8 @@ impl<'a> TableView<'a> {
     #[inline(always)]
     pub fn row(&self, row: u64) -> &'a [u8] {
         debug_assert!(row < self.layout.rows);
-        let at = self.offset(row);
-        let rb = self.layout.row_bytes as usize;
         // SAFETY: `new` checked that data covers the layout, and every row < rows lies inside it.
-        unsafe { self.data.get_unchecked(at..at + rb) }
+        unsafe { self.row_at(self.offset(row), self.row_bytes()) }
     }
 
     /// The address `offset` bytes into the region, for prefetching only: any offset is accepted
