@@ -284,6 +284,10 @@ impl DenseModel {
         batch: usize,
         acc: &mut [f32],
     ) {
+        // the pooled matrix starts at the first table's columns
+        let (_, zero) = self
+            .share(0)
+            .expect("a family that takes tables side by side");
         let mut k = 0;
         while k < parts.len() {
             if parts[k].is_some() {
@@ -294,12 +298,8 @@ impl DenseModel {
             while k < parts.len() && parts[k].is_none() {
                 k += 1;
             }
-            let (layer, from) = self
-                .share(first)
-                .expect("a family that takes tables side by side");
+            let (layer, from) = self.share(first).expect("as above");
             let (_, to) = self.share(k - 1).expect("as above");
-            // the pooled matrix starts at the first table's columns
-            let (_, zero) = self.share(0).expect("as above");
             let at = from.start - zero.start;
             layer.accumulate(&pooled[at..], width, from.start..to.end, batch, acc);
         }
