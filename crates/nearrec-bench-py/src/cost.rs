@@ -72,14 +72,8 @@ pub(crate) fn read_cost(
         .iter()
         .map(|t| (t.name.clone(), t.rows))
         .collect();
-    // a few distinct batches of uniform rows (xorshift: reproducible, no dependency)
-    let mut state = seed | 1;
-    let mut next = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n) as i64
-    };
+    // a few distinct batches of uniform rows
+    let mut next = uniform_rows(seed);
     let ids: Vec<Vec<Vec<i64>>> = (0..4)
         .map(|_| {
             tables
@@ -152,4 +146,16 @@ pub(crate) fn read_cost(
             ("pool_s", pool.as_secs_f64()),
         ]))
     })
+}
+
+/// Row ids drawn uniformly below the bound each call passes, reproducibly from `seed`
+/// (xorshift: no dependency for a bench's ids).
+pub(crate) fn uniform_rows(seed: u64) -> impl FnMut(u64) -> i64 {
+    let mut state = seed | 1;
+    move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n) as i64
+    }
 }

@@ -8,6 +8,8 @@ use nearrec_kernels::{BagsOut, PoolJob, PoolingMode, TableView};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::cost::uniform_rows;
+
 /// Seconds to sum-pool `bags` bags of `pooling` rows each from a table of `rows` rows of `dim`
 /// values stored as `dtype`, uniform random rows (a fixed seed), on this thread: `(fast,
 /// reference)` — the engine's kernel ([`nearrec_kernels::pool_bags`]: register accumulators,
@@ -41,16 +43,9 @@ pub(crate) fn kernel_cost(
             dtype.encode_row(&values, &mut data.as_mut_slice()[at..at + rb]);
         }
         let view = TableView::new(data.as_slice(), layout, dtype, dim).expect("a whole table");
-        // a 64-bit LCG: the same rows for both kernels, no extra dependency for a bench
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let indices: Vec<i64> = (0..bags * pooling)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1);
-                ((state >> 11) % rows) as i64
-            })
-            .collect();
+        // the same rows for both kernels
+        let mut next = uniform_rows(11);
+        let indices: Vec<i64> = (0..bags * pooling).map(|_| next(rows)).collect();
         let bounds: Vec<usize> = (0..=bags).map(|b| b * pooling).collect();
         let job = PoolJob {
             indices: &indices,
