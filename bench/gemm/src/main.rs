@@ -1,6 +1,6 @@
 //! GFLOP/s of `y += x·Wᵀ` (`x`: m × k, `W`: n × k as `nn.Linear` stores it) for each way the
-//! engine could multiply, on a two-thread pool; one JSON object per shape on stdout, each a
-//! median of nine timings of 100 products.
+//! engine could multiply (`matrixmultiply`, `gemm`, `faer`), on a two-thread pool; one JSON
+//! object per shape on stdout, each a median of nine timings of 100 products.
 
 use std::time::Instant;
 
@@ -56,6 +56,17 @@ fn main() {
                 )
             }
         };
+        // faer's product on the same buffers: y (m × n) += x (m × k) · Wᵀ (k × n)
+        let faer = move |par: faer::Parallelism| {
+            let yp = yp;
+            // SAFETY: as above; the three views cover exactly x, W and y.
+            unsafe {
+                let y = faer::mat::from_raw_parts_mut::<f32>(yp.0, m, n, n as isize, 1);
+                let x = faer::mat::from_raw_parts::<f32>(xp as *const f32, m, k, k as isize, 1);
+                let wt = faer::mat::from_raw_parts::<f32>(wp as *const f32, k, n, 1, k as isize);
+                faer::linalg::matmul::matmul(y, x, wt, Some(1.0), 1.0, par);
+            }
+        };
         let time = |f: &dyn Fn()| {
             f();
             median((0..9).map(|_| {
@@ -73,6 +84,8 @@ fn main() {
             }))),
             ("gemm.1t", time(&|| gemm(0, n, gemm::Parallelism::None))),
             ("gemm.2t", time(&|| pool.install(|| gemm(0, n, gemm::Parallelism::Rayon(2))))),
+            ("faer.1t", time(&|| faer(faer::Parallelism::None))),
+            ("faer.2t", time(&|| pool.install(|| faer(faer::Parallelism::Rayon(2))))),
             ("gemm.cols2t", time(&|| pool.install(|| {
                 rayon::join(|| gemm(0, half, gemm::Parallelism::None),
                             || gemm(half, n - half, gemm::Parallelism::None));

@@ -3,9 +3,10 @@
 //! itself.
 //!
 //! Why `gemm`: at the shapes recommendation models serve (batch 64, layers of 256–2560 wide),
-//! this crate's own two-thread split runs the wide layers at 164–169 GFLOP/s, level with
-//! PyTorch's `nn.Linear` (147–161), where `matrixmultiply` cut by rows gave 110–115 (each thread
-//! packed the whole weight matrix): `bench/results/gemm-compare.md`.
+//! this crate's own two-thread split runs the wide layers at 129–163 GFLOP/s, level with
+//! PyTorch's `nn.Linear` (121–152), where `matrixmultiply` cut by rows gave 92–113 (each thread
+//! packed the whole weight matrix), and `faer` (built on `gemm`) adds nothing here:
+//! `bench/results/gemm-compare.md`.
 
 use std::ops::Range;
 
