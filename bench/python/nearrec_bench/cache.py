@@ -345,7 +345,13 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
                     "dram_hit_ratio": 1 - d["lookups_ssd"] / max(1.0, served),
                     "device_reads_per_sample": reads_per_sample,
                     "miss_bound_samples_per_s": disk / reads_per_sample if reads_per_sample
-                    else float("inf")}
+                    else float("inf"),
+                    # where an SSD batch's time goes (validation and planning, waiting on the
+                    # device, pooling), p50 and p99 in µs over every batch since the store opened
+                    # (warm-up included: the engine's histograms are not reset)
+                    "stages_us": {f"{k}_{q}": float(st[f"{k}_{q}_us"])
+                                  for k in ("route", "io_wait", "pool", "end_to_end")
+                                  for q in ("p50", "p99")}}
                 if name == "nearrec.plan":
                     extra["plan_expected_hit_ratio"] = plan.expected_hit_ratio
                     extra["plan_bytes"] = plan.bytes
