@@ -1,0 +1,73 @@
+"""One cell of ``nearrec bench cache`` (RMC1, 25 % budget, batch 64) served over and over by one
+system, for a profiler (``perf record``) or a quick look at one change, where the benchmark's
+whole run is too coarse:
+
+    python bench/cache_loop.py k0-recssd plan --seconds 8
+    perf record -g -o perf.data python bench/cache_loop.py k1-recssd lfu --seconds 8
+    python bench/cache_loop.py k1-recssd lfu --ways 8
+
+It reuses the benchmark's store and trace under ``bench/scratch`` (run ``nearrec bench cache``
+with the trace first), warms the system on the trace's warm-up part and then serves the timed
+part in a loop, printing each batch's median and mean latency. Its numbers are a diagnostic, not
+a result: the benchmark records those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+import nearrec
+import nearrec.trace as nt
+from nearrec.plan import make_plan
+from nearrec_bench import cache as cb
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", help="a cache benchmark trace: k0-recssd, k1-recssd, zipf1.05, ...")
+    p.add_argument("system", choices=["plan", *cb.POLICIES, "dram"])
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--ways", type=int, default=16)
+    p.add_argument("--scratch", type=Path, default=Path("bench/scratch"))
+    args = p.parse_args()
+
+    cfg = cb.CacheBenchConfig(models=("rmc1",), scratch=args.scratch)
+    path = cb._store(cfg, "rmc1", lambda _: None)
+    info = nearrec.info(path)
+    tp = cfg.scratch / f"cache-rmc1-{args.trace}-{cfg.bags['rmc1']}-{cfg.seed}.nrtrace"
+    if not tp.exists():
+        raise SystemExit(f"{tp} is missing: run `nearrec bench cache --models rmc1 "
+                         f"--traces {args.trace}` first")
+    tr = nt.load(tp)
+    tr = nt.Trace({n: nt.TableTrace(n, t.rows, t.pooling, np.array(t.offsets),
+                                    np.array(t.indices), t.generator, t.first_reference_share)
+                   for n, t in tr.tables.items()}, tr.batch_size, tr.seed)
+    warm = int(tr.bags * cfg.warm_share)
+    budget = int(info.total_bytes * 0.25)
+    if args.system == "dram":
+        store = nearrec.open(path, tier="dram")
+    elif args.system == "plan":
+        plan = make_plan(info, nt.Trace({n: nt.TableTrace(
+            n, t.rows, t.pooling, t.offsets[:warm + 1], t.indices[:t.offsets[warm]])
+            for n, t in tr.tables.items()}), budget)
+        store = nearrec.open(path, tier="ssd", dram_budget=budget, plan=plan,
+                             cache_policy="lfu_pa", cache_ways=args.ways)
+    else:
+        store = nearrec.open(path, tier="ssd", dram_budget=budget, cache_policy=args.system,
+                             cache_ways=args.ways)
+    cb._warm(store.lookup_many, tr, warm, 64)
+    lat: list[float] = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < args.seconds:
+        lat += cb._timed(store.lookup_many, tr, warm, 64, float("inf"))
+    print(f"{args.trace} {args.system} ways={args.ways}: {len(lat)} batches of 64, "
+          f"p50 {statistics.median(lat) * 1e6:,.0f} µs, mean {statistics.mean(lat) * 1e6:,.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
