@@ -33,6 +33,7 @@ def main() -> None:
     p.add_argument("system", choices=["plan", *cb.POLICIES, "dram"])
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--ways", type=int, default=16)
+    p.add_argument("--threads", type=int, default=0, help="pooling threads (0: every core)")
     p.add_argument("--scratch", type=Path, default=Path("bench/scratch"))
     args = p.parse_args()
 
@@ -50,22 +51,23 @@ def main() -> None:
     warm = int(tr.bags * cfg.warm_share)
     budget = int(info.total_bytes * 0.25)
     if args.system == "dram":
-        store = nearrec.open(path, tier="dram")
+        store = nearrec.open(path, tier="dram", threads=args.threads)
     elif args.system == "plan":
         plan = make_plan(info, nt.Trace({n: nt.TableTrace(
             n, t.rows, t.pooling, t.offsets[:warm + 1], t.indices[:t.offsets[warm]])
             for n, t in tr.tables.items()}), budget)
         store = nearrec.open(path, tier="ssd", dram_budget=budget, plan=plan,
-                             cache_policy="lfu_pa", cache_ways=args.ways)
+                             cache_policy="lfu_pa", cache_ways=args.ways, threads=args.threads)
     else:
         store = nearrec.open(path, tier="ssd", dram_budget=budget, cache_policy=args.system,
-                             cache_ways=args.ways)
+                             cache_ways=args.ways, threads=args.threads)
     cb._warm(store.lookup_many, tr, warm, 64)
     lat: list[float] = []
     start = time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         lat += cb._timed(store.lookup_many, tr, warm, 64, float("inf"))
-    print(f"{args.trace} {args.system} ways={args.ways}: {len(lat)} batches of 64, "
+    print(f"{args.trace} {args.system} ways={args.ways} threads={args.threads}: "
+          f"{len(lat)} batches of 64, "
           f"p50 {statistics.median(lat) * 1e6:,.0f} µs, mean {statistics.mean(lat) * 1e6:,.0f} µs")
 
 
