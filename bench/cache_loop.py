@@ -19,8 +19,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
-
 import nearrec
 import nearrec.trace as nt
 from nearrec.plan import make_plan
@@ -40,22 +38,17 @@ def main() -> None:
     cfg = cb.CacheBenchConfig(models=("rmc1",), scratch=args.scratch)
     path = cb._store(cfg, "rmc1", lambda _: None)
     info = nearrec.info(path)
-    tp = cfg.scratch / f"cache-rmc1-{args.trace}-{cfg.bags['rmc1']}-{cfg.seed}.nrtrace"
+    tp = cb.trace_file(cfg, "rmc1", args.trace)
     if not tp.exists():
         raise SystemExit(f"{tp} is missing: run `nearrec bench cache --models rmc1 "
                          f"--traces {args.trace}` first")
-    tr = nt.load(tp)
-    tr = nt.Trace({n: nt.TableTrace(n, t.rows, t.pooling, np.array(t.offsets),
-                                    np.array(t.indices), t.generator, t.first_reference_share)
-                   for n, t in tr.tables.items()}, tr.batch_size, tr.seed)
+    tr = cb.in_memory(nt.load(tp))
     warm = int(tr.bags * cfg.warm_share)
     budget = int(info.total_bytes * 0.25)
     if args.system == "dram":
         store = nearrec.open(path, tier="dram", threads=args.threads)
     elif args.system == "plan":
-        plan = make_plan(info, nt.Trace({n: nt.TableTrace(
-            n, t.rows, t.pooling, t.offsets[:warm + 1], t.indices[:t.offsets[warm]])
-            for n, t in tr.tables.items()}), budget)
+        plan = make_plan(info, cb.warm_part(tr, warm), budget)
         store = nearrec.open(path, tier="ssd", dram_budget=budget, plan=plan,
                              cache_policy="lfu_pa", cache_ways=args.ways, threads=args.threads)
     else:

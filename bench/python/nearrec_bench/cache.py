@@ -133,6 +133,26 @@ def _store(cfg: CacheBenchConfig, model: str, log: Callable[[str], None]) -> Pat
     return path
 
 
+def trace_file(cfg: CacheBenchConfig, model: str, trace: str) -> Path:
+    """Where the benchmark keeps `model`'s trace `trace` (shared with ``bench colocate``)."""
+    return cfg.scratch / f"cache-{model}-{trace}-{cfg.bags[model]}-{cfg.seed}.nrtrace"
+
+
+def in_memory(tr: nt.Trace) -> nt.Trace:
+    """`tr` with its offsets and indices copied into memory: no system pays for reading the
+    trace file."""
+    return nt.Trace({n: nt.TableTrace(n, t.rows, t.pooling, np.array(t.offsets),
+                                      np.array(t.indices), t.generator, t.first_reference_share)
+                     for n, t in tr.tables.items()}, tr.batch_size, tr.seed)
+
+
+def warm_part(tr: nt.Trace, warm: int) -> nt.Trace:
+    """The first `warm` samples of `tr`: all the planner may see."""
+    return nt.Trace({n: nt.TableTrace(n, t.rows, t.pooling, t.offsets[:warm + 1],
+                                      t.indices[:t.offsets[warm]])
+                     for n, t in tr.tables.items()})
+
+
 def _batches(tr: nt.Trace, start: int, stop: int, batch: int) -> Iterator[list[Any]]:
     for b in range(start, stop, batch):
         yield tr.batch(b, min(stop, b + batch))
@@ -272,19 +292,14 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
         per_sample = spec.lookups * len(info.tables)
         traces: dict[str, Path] = {}
         for tname in sorted({c.trace for c in mcells}):
-            tp = cfg.scratch / f"cache-{model}-{tname}-{cfg.bags[model]}-{cfg.seed}.nrtrace"
+            tp = trace_file(cfg, model, tname)
             if not tp.exists():
                 log(f"  trace {tname}")
                 nt.generate(info.open(tier="ssd"), cfg.bags[model], spec.lookups,
                             generator(tname), seed=cfg.seed, path=tp, overwrite=True)
             traces[tname] = tp
         for cell in mcells:
-            # the requests in memory: no system pays for reading the trace file
-            tr = nt.load(traces[cell.trace])
-            tr = nt.Trace({n: nt.TableTrace(n, t.rows, t.pooling, np.array(t.offsets),
-                                            np.array(t.indices), t.generator,
-                                            t.first_reference_share)
-                           for n, t in tr.tables.items()}, tr.batch_size, tr.seed)
+            tr = in_memory(nt.load(traces[cell.trace]))
             warm = int(tr.bags * cfg.warm_share)
             budget = int(total * cell.budget)
             shares = {t.name: t.first_reference_share for t in tr.tables.values()}
@@ -314,9 +329,7 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
                                            common | {"cgroup_limit": res["limit"],
                                                      "cgroup_usage": res["usage"],
                                                      "warmed_samples": res["warmed_samples"]}))
-            plan = make_plan(info, nt.Trace({n: nt.TableTrace(
-                n, t.rows, t.pooling, t.offsets[:warm + 1], t.indices[:t.offsets[warm]])
-                for n, t in tr.tables.items()}), budget)
+            plan = make_plan(info, warm_part(tr, warm), budget)
             systems: list[tuple[str, dict[str, Any]]] = [
                 (f"nearrec.{p}", {"cache_policy": p}) for p in POLICIES]
             systems.append(("nearrec.plan", {"plan": plan, "cache_policy": "lfu_pa"}))

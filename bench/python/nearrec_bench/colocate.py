@@ -16,13 +16,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 import nearrec
 from nearrec import trace as nt
 from nearrec.plan import COLOCATIONS, colocate, make_plan
 
-from .cache import CacheBenchConfig, Cell, _record, _store, _timed, _warm, generator
+from .cache import (
+    CacheBenchConfig,
+    Cell,
+    _record,
+    _store,
+    _timed,
+    _warm,
+    generator,
+    in_memory,
+    trace_file,
+    warm_part,
+)
 from .report import Record
 from .ssd import drop_page_cache
 
@@ -52,19 +61,13 @@ def run(cfg: ColocateBenchConfig, log: Callable[[str], None] = print) -> list[Re
     per_sample = spec.lookups * len(info.tables)
     records: list[Record] = []
     for tname in cfg.traces:
-        tp = cfg.scratch / f"cache-{model}-{tname}-{cfg.bags[model]}-{cfg.seed}.nrtrace"
+        tp = trace_file(cfg, model, tname)
         if not tp.exists():
             nt.generate(info.open(tier="ssd"), cfg.bags[model], spec.lookups, generator(tname),
                         seed=cfg.seed, path=tp, overwrite=True)
-        tr = nt.load(tp)
-        tr = nt.Trace({n: nt.TableTrace(n, t.rows, t.pooling, np.array(t.offsets),
-                                        np.array(t.indices), t.generator,
-                                        t.first_reference_share)
-                       for n, t in tr.tables.items()}, tr.batch_size, tr.seed)
+        tr = in_memory(nt.load(tp))
         warm = int(tr.bags * cfg.warm_share)
-        head = nt.Trace({n: nt.TableTrace(n, t.rows, t.pooling, t.offsets[:warm + 1],
-                                          t.indices[:t.offsets[warm]])
-                         for n, t in tr.tables.items()})
+        head = warm_part(tr, warm)
         stores = {"by_id": path}
         for how in COLOCATIONS:
             out = cfg.scratch / f"colocate-{model}-{tname}-{how}"
