@@ -27,6 +27,19 @@ pub enum FormatError {
     #[error("store at {path} is corrupted: {reason}. Rebuild it or restore it from a copy")]
     Corrupted { path: PathBuf, reason: String },
 
+    /// A row whose stored bytes do not match their sector checksum, found by a reader that
+    /// copies rows (a compaction), which refuses to carry it into a freshly checksummed file.
+    #[error(
+        "store at {path}: table {table:?}: row {row} is corrupted on disk: {reason}. Write the row \
+         again, or restore the store from a copy"
+    )]
+    CorruptedRow {
+        path: PathBuf,
+        table: String,
+        row: u64,
+        reason: String,
+    },
+
     #[error(
         "store at {path} has format version {found}; this nearrec reads versions up to {supported}. \
          Upgrade nearrec"

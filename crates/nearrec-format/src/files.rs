@@ -83,6 +83,19 @@ pub const WRITER_LOCK: &str = "WRITER.lock";
 /// Takes an exclusive `flock` on directory `dir`, held until the returned file is dropped or
 /// the process ends, however it ends. With `wait`, waits for it; without, `Ok(None)` when
 /// another process (or another open of it) holds it.
+/// Bytes an unprivileged process may still write to the file system holding `dir`.
+pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs writes the one struct passed, given a NUL-terminated path
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(Error::last_os_error());
+    }
+    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+}
+
 pub fn lock_dir(dir: &Path, wait: bool) -> std::io::Result<Option<File>> {
     let file = OpenOptions::new()
         .read(true)

@@ -18,7 +18,7 @@ use crate::header::{HEADER_BYTES, TableHeader};
 use crate::layout::DATA_OFFSET;
 use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
 use crate::order::RowOrder;
-use crate::sums::{SECTOR_BYTES, SectorSums};
+use crate::sums::{SECTOR_BYTES, SectorSums, SumsMeta};
 
 /// An open store: its manifest, one open file per table and the row orders of co-located tables.
 #[derive(Debug)]
@@ -149,10 +149,7 @@ impl StoreReader {
         let Some(sm) = &meta.sums else {
             return Ok(None);
         };
-        read_beside(&self.path, meta, &sm.file, "sector sums", |bytes| {
-            SectorSums::decode(bytes, meta.data_bytes, sm)
-        })
-        .map(Some)
+        read_sums(&self.path, meta, sm).map(Some)
     }
 
     /// Reads table `i`'s data region into an aligned buffer, rows in row-id order (a co-located
@@ -366,6 +363,13 @@ fn open_order(root: &Path, meta: &TableMeta) -> Result<Option<Arc<RowOrder>>> {
 
 /// Reads `file`, kept beside table `meta` (its row order, its sector sums), and decodes it: a
 /// name outside the store, a missing file or bytes that do not decode are a corrupted store.
+/// The sector sums `sm` of table `meta` in store `root`, read and checked.
+pub(crate) fn read_sums(root: &Path, meta: &TableMeta, sm: &SumsMeta) -> Result<SectorSums> {
+    read_beside(root, meta, &sm.file, "sector sums", |bytes| {
+        SectorSums::decode(bytes, meta.data_bytes, sm)
+    })
+}
+
 fn read_beside<T>(
     root: &Path,
     meta: &TableMeta,

@@ -3,9 +3,12 @@
 //! under a new name, and leaves the old one untouched for the readers still on it — and
 //! [`write_table`], a new table (`create_table`).
 //!
-//! The old data region streams through in 1 MiB chunks, the new rows are patched in
-//! at their slots, and the same writer thread a build uses checksums and writes each chunk (the
-//! data region's CRC-32C and the sector sums come out of it). The new file and its sums are
+//! The old data region streams through in 1 MiB chunks, each checked as it is read — against the
+//! table's sector sums, or its one data CRC-32C for a table older than format version 3 — so that
+//! a damaged row is never carried into a file whose fresh checksums would vouch for it; the new
+//! rows are patched in at their slots (a damaged sector every row of which is written anew is
+//! healed, not refused), and the same writer thread a build uses checksums and writes each chunk
+//! (the data region's CRC-32C and the sector sums come out of it). The new file and its sums are
 //! fsynced, and so is the directory, before this returns: a manifest may name them at once.
 
 use std::fs::OpenOptions;
@@ -18,7 +21,7 @@ use crate::header::{TABLE_VERSION, TableHeader};
 use crate::layout::DATA_OFFSET;
 use crate::manifest::TableMeta;
 use crate::order::RowOrder;
-use crate::sums::SumsMeta;
+use crate::sums::{SECTOR_BYTES, SectorSums, SumsMeta};
 use crate::sync::fsync_dir;
 use crate::writer::{TableSpec, TableWriter, WritePipeline, seal, write_beside};
 
@@ -30,6 +33,10 @@ const REWRITE_CHUNK: u64 = 1 << 20;
 /// replaced) with `rows` — `(row, encoded bytes)`, distinct rows in any order — in place of the
 /// old ones. `pace` is called with the bytes of each chunk written, and may sleep to bound the
 /// rate. Returns the new table's manifest entry; the old file is not touched.
+///
+/// A sector of the old data that does not match its sum, and holds a row not in `rows`, fails
+/// the rewrite with [`FormatError::CorruptedRow`] naming the row (a table without sector sums:
+/// [`FormatError::Corrupted`] once its data CRC-32C fails), and the new file is removed.
 pub fn rewrite_table(
     dir: &Path,
     meta: &TableMeta,
@@ -64,10 +71,47 @@ pub fn rewrite_table(
     }
     patches.sort_unstable_by_key(|p| p.0);
 
-    let old_path = dir.join(&meta.file);
-    let old = files::open_regular(&old_path, files::IN_STORE)
-        .map_err(|e| FormatError::io(&old_path, e))?;
+    let path = dir.join(&meta.file);
+    let old = Old {
+        file: files::open_regular(&path, files::IN_STORE).map_err(|e| FormatError::io(&path, e))?,
+        sums: match &meta.sums {
+            Some(sm) => Some(crate::reader::read_sums(dir, meta, sm)?),
+            None => None,
+        },
+        path,
+        meta,
+        order,
+    };
+    copy_patched(&old, &patches, dir, file, pace).inspect_err(|_| {
+        // nothing names the new file yet: a failed copy leaves nothing behind
+        let _ = std::fs::remove_file(dir.join(file));
+    })
+}
+
+/// The table a rewrite copies.
+struct Old<'a> {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    meta: &'a TableMeta,
+    order: Option<&'a RowOrder>,
+    /// `None`: a table older than format version 3, checked by its data CRC-32C alone.
+    sums: Option<SectorSums>,
+}
+
+/// [`rewrite_table`]'s copy: `old`'s data region, checked, with `patches` — `(byte offset in
+/// the data region, row bytes)`, in file order — written as `file` of store `dir`, sealed, with
+/// its sums.
+fn copy_patched(
+    old: &Old<'_>,
+    patches: &[(u64, &[u8])],
+    dir: &Path,
+    file: &str,
+    pace: &mut dyn FnMut(u64),
+) -> Result<TableMeta> {
+    let meta = old.meta;
     let path = dir.join(file);
+    let layout = meta.layout();
+    let rb = meta.row_bytes as usize;
     let new = OpenOptions::new()
         .write(true)
         .create(true)
@@ -81,17 +125,23 @@ pub fn rewrite_table(
     let chunk = (REWRITE_CHUNK / layout.span_bytes()).max(1) * layout.span_bytes();
     let mut next = 0usize; // the first patch not yet applied
     let mut at = 0u64;
+    let mut old_crc = 0u32; // of a table without sector sums
     while at < meta.data_bytes {
         let len = chunk.min(meta.data_bytes - at) as usize;
         let mut buf = pipeline.empty_buffer(chunk as usize);
-        old.read_exact_at(&mut buf[..len], DATA_OFFSET + at)
-            .map_err(|e| FormatError::io(&old_path, e))?;
+        old.file
+            .read_exact_at(&mut buf[..len], DATA_OFFSET + at)
+            .map_err(|e| FormatError::io(&old.path, e))?;
+        match &old.sums {
+            Some(sums) => check_chunk(old, sums, patches, at, &buf[..len])?,
+            None => old_crc = crc32c::crc32c_append(old_crc, &buf[..len]),
+        }
         // read once: leave the page cache to what is read again
         // SAFETY: advice on an open descriptor, nothing else
         unsafe {
             use std::os::fd::AsRawFd;
             libc::posix_fadvise(
-                old.as_raw_fd(),
+                old.file.as_raw_fd(),
                 (DATA_OFFSET + at) as i64,
                 len as i64,
                 libc::POSIX_FADV_DONTNEED,
@@ -107,6 +157,17 @@ pub fn rewrite_table(
         pipeline.send(buf, len)?;
         pace(len as u64);
         at += len as u64;
+    }
+    if old.sums.is_none() && old_crc != meta.data_crc32c {
+        return Err(FormatError::corrupted(
+            &old.path,
+            format!(
+                "table {:?}: its data does not match its checksum (stored {:#010x}, read \
+                 {old_crc:#010x}); a store older than format version 3 keeps no sector sums to \
+                 say which row",
+                meta.name, meta.data_crc32c
+            ),
+        ));
     }
     let (new, data_crc32c, sums) = pipeline.join()?;
     let header = TableHeader {
@@ -134,6 +195,59 @@ pub fn rewrite_table(
     })
 }
 
+/// Checks `data`, read at byte `at` of `meta`'s data region, against its sector sums: a damaged
+/// sector is refused, naming its first row that `patches` (sorted by offset) does not replace;
+/// one that holds only replaced rows, or only padding, is left to the new sums.
+fn check_chunk(
+    old: &Old<'_>,
+    sums: &SectorSums,
+    patches: &[(u64, &[u8])],
+    at: u64,
+    data: &[u8],
+) -> Result<()> {
+    let meta = old.meta;
+    let layout = meta.layout();
+    let (span, per) = (layout.span_bytes(), layout.rows_per_span());
+    let mut from = 0usize;
+    while let Err(sector) = sums.check(at + from as u64, &data[from..]) {
+        let start = sector * SECTOR_BYTES;
+        from = (start + SECTOR_BYTES - at) as usize;
+        // the slots the sector's bytes overlap (a sector never straddles a span)
+        let (first, within) = ((start / span) * per, start % span);
+        let slots = (within / meta.row_bytes).min(per)
+            ..((within + SECTOR_BYTES).div_ceil(meta.row_bytes)).min(per);
+        // the rows it holds that no patch replaces (a sector's sum says that one of its bytes
+        // is wrong, not which)
+        let unpatched: Vec<u64> = slots
+            .map(|k| first + k)
+            .filter(|&s| s < meta.rows)
+            .filter(|&s| {
+                let off = layout.row_offset(s);
+                patches.binary_search_by_key(&off, |p| p.0).is_err()
+            })
+            .map(|slot| match old.order {
+                Some(o) => o.rows_by_slot()[slot as usize].into(),
+                None => slot,
+            })
+            .collect();
+        if let Some(&row) = unpatched.iter().min() {
+            return Err(FormatError::CorruptedRow {
+                path: old.path.clone(),
+                table: meta.name.clone(),
+                row,
+                reason: format!(
+                    "sector {sector} of its data, which holds rows {unpatched:?}, does not \
+                     match its checksum; a compaction does not copy a damaged row"
+                ),
+            });
+        }
+        if from >= data.len() {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Writes a new table `spec` as file `file` (a `.nrt` name no manifest uses yet; one left by
 /// an interrupted write is replaced) of store `dir`, row `r`'s values from `fill(r, row)`, with
 /// its sector sums beside it; file, sums and directory are fsynced. Returns its manifest entry.
@@ -157,6 +271,50 @@ pub fn write_table(
         }
         _ => {}
     }
+    // a table the disk cannot hold is refused before a byte is written, not half-way through
+    let layout = spec.layout();
+    // in 128 bits: 2^48 rows of 2^20 values do not fit in 64
+    let data = u128::from(layout.spans()) * u128::from(layout.span_bytes());
+    let needed = u128::from(DATA_OFFSET) + data + data.div_ceil(u128::from(SECTOR_BYTES)) * 4;
+    let free = files::free_bytes(dir).map_err(|e| FormatError::io(dir, e))?;
+    if needed > u128::from(free) {
+        return Err(FormatError::invalid_table(
+            &spec.name,
+            format!(
+                "the table needs {needed} bytes and the file system holding the store has \
+                 {free} free; free space or make the table smaller"
+            ),
+        ));
+    }
+    let name = spec.name.clone();
+    let written = write_new(dir, file, spec, fill);
+    if written.is_err() {
+        // nothing names the file yet: a failed write (the disk filled meanwhile) leaves
+        // nothing behind
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(dir.join(file.replace(".nrt", ".sums")));
+    }
+    written.map_err(|e| match e {
+        FormatError::Io { path, source } if source.raw_os_error() == Some(libc::ENOSPC) => {
+            FormatError::invalid_table(
+                &name,
+                format!(
+                    "the disk filled while {} was written: {source}",
+                    path.display()
+                ),
+            )
+        }
+        e => e,
+    })
+}
+
+/// [`write_table`]'s write, once the space is there.
+fn write_new(
+    dir: &Path,
+    file: &str,
+    spec: TableSpec,
+    fill: impl Fn(u64, &mut [f32]) + Sync,
+) -> Result<TableMeta> {
     let rows = spec.rows;
     let mut table = TableWriter::create(dir, file.to_owned(), spec, None)?;
     table.write_with(rows, fill)?;
@@ -266,6 +424,104 @@ mod tests {
         t.dtype
             .decode_row(&data.as_slice()[at..][..t.row_bytes as usize], &mut row);
         assert!((row[0] - 149.5).abs() < 1.0, "{row:?}");
+    }
+
+    /// Flips one bit of row `row` of table 0 (rows in row-id order) in its file.
+    fn flip_bit(store: &Path, row: u64) {
+        let meta = StoreReader::open(store).unwrap().tables()[0].clone();
+        let path = store.join(&meta.file);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let at = DATA_OFFSET + meta.layout().row_offset(row) + 1;
+        let mut b = [0u8; 1];
+        file.read_exact_at(&mut b, at).unwrap();
+        file.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_row_is_not_copied_into_a_checksummed_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("s");
+        let mut w = StoreWriter::create(&store, StoreOptions::default()).unwrap();
+        let mut t = w.table(TableSpec::new("t", 1000, 16, DType::Fp32)).unwrap();
+        t.write_with(1000, |r, out| out.fill(r as f32)).unwrap();
+        w.finish_table(t).unwrap();
+        w.commit().unwrap();
+        flip_bit(&store, 100);
+        let meta = StoreReader::open(&store).unwrap().tables()[0].clone();
+        let new = "table-0000.0000000000000002.nrt";
+        let other = [0u8; 64];
+        let err = rewrite_table(&store, &meta, None, new, &[(7, &other)], &mut |_| {}).unwrap_err();
+        // a sector of 512 B holds rows 96..104 (64 B each); its sum says one of them is bad
+        assert!(
+            matches!(&err, FormatError::CorruptedRow { table, row: 96, .. } if table == "t"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("100"), "{err}");
+        assert!(
+            !store.join(new).exists(),
+            "a failed rewrite leaves its file"
+        );
+        // every one of them written anew heals it
+        let fresh: Vec<(u64, Vec<u8>)> = (96..104).map(|r| (r, vec![0u8; 64])).collect();
+        let rows: Vec<(u64, &[u8])> = fresh.iter().map(|(r, b)| (*r, &b[..])).collect();
+        let err = rewrite_table(&store, &meta, None, new, &rows[1..], &mut |_| {}).unwrap_err();
+        assert!(
+            matches!(err, FormatError::CorruptedRow { row: 96, .. }),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("97"), "{err}");
+        let healed = rewrite_table(&store, &meta, None, new, &rows, &mut |_| {}).unwrap();
+        let mut m = StoreReader::open(&store).unwrap().manifest().clone();
+        m.tables[0] = healed;
+        m.publish(&store).unwrap();
+        let reader = StoreReader::open(&store).unwrap();
+        assert_eq!(reader.verify(None)[0].error, None);
+    }
+
+    #[test]
+    fn a_damaged_row_of_a_co_located_table_is_named_by_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = small_store(dir.path());
+        flip_bit(&store, 3);
+        let meta = StoreReader::open(&store).unwrap().tables()[0].clone();
+        let order = RowOrder::from_rows_by_slot(&(0..10).rev().collect::<Vec<u32>>()).unwrap();
+        let err = rewrite_table(
+            &store,
+            &meta,
+            Some(&order),
+            "table-0000.1.nrt",
+            &[],
+            &mut |_| {},
+        )
+        .unwrap_err();
+        // one sector holds all ten rows of 16 B, named by their ids as the slots hold them
+        assert!(
+            matches!(err, FormatError::CorruptedRow { row: 0, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("[9, 8, 7"), "{err}");
+    }
+
+    #[test]
+    fn a_table_larger_than_the_free_disk_is_refused_before_a_byte_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = small_store(dir.path());
+        let free = files::free_bytes(&store).unwrap();
+        let file = "table-0001.0000000000000003.nrt";
+        for rows in [free / 64 + 1, 1 << 48] {
+            let spec = TableSpec::new("huge", rows, 16, DType::Fp32);
+            let err = write_table(&store, file, spec, |_, out| out.fill(0.0)).unwrap_err();
+            assert!(
+                matches!(&err, FormatError::InvalidTable { table, reason }
+                    if table == "huge" && reason.contains("free")),
+                "{err}"
+            );
+            assert!(!store.join(file).exists());
+        }
     }
 
     #[test]

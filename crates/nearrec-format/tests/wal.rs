@@ -186,6 +186,45 @@ fn damage_before_the_newest_segment_is_corruption() {
     assert!(err.to_string().contains("write-ahead log"), "{err}");
 }
 
+/// One flipped bit inside record 51 of 100 synced writes: the 49 after it were acknowledged, so
+/// the log refuses to open (the writer and a reader alike), names the record, and keeps every
+/// byte for whoever repairs it.
+#[test]
+fn a_damaged_record_with_intact_ones_after_it_is_not_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ends = vec![SEGMENT_HEADER as u64];
+    {
+        let (wal, _) = Wal::open(dir.path(), WalConfig::default(), 0).unwrap();
+        for call in calls(100) {
+            wal.append(&call).unwrap();
+            ends.push(wal.stats().bytes);
+        }
+    }
+    let seg = &segments(dir.path())[0];
+    let mut bytes = fs::read(seg).unwrap();
+    // a payload byte of record 51 (its frame is 16 bytes)
+    bytes[ends[50] as usize + 20] ^= 0x04;
+    fs::write(seg, &bytes).unwrap();
+    for err in [
+        Wal::read(dir.path(), 0).unwrap_err(),
+        Wal::open(dir.path(), WalConfig::default(), 0).unwrap_err(),
+    ] {
+        assert!(matches!(err, FormatError::Corrupted { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("record 51 at byte {}", ends[50])),
+            "{msg}"
+        );
+        assert!(msg.contains("record 52"), "{msg}");
+    }
+    assert_eq!(fs::read(seg).unwrap(), bytes, "the evidence is kept");
+    // the last record damaged is a torn tail still: cut, and the 99 before it replayed
+    bytes[ends[50] as usize + 20] ^= 0x04;
+    bytes[ends[99] as usize + 20] ^= 0x04;
+    fs::write(seg, &bytes).unwrap();
+    assert_eq!(replay(dir.path(), 0).len(), 99);
+}
+
 #[test]
 fn a_newest_segment_cut_while_being_made_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
@@ -295,7 +334,8 @@ proptest! {
 
     /// A crash can leave any prefix of the newest segment's bytes, or damage after the last
     /// synced record: recovery gives exactly the whole records before the cut, cuts the file
-    /// there, and the log goes on from it.
+    /// there, and the log goes on from it. Damage to a record that intact records follow is
+    /// not a torn tail: the log is refused, naming the record, and the file is left as it was.
     #[test]
     fn a_torn_tail_is_cut_at_the_last_whole_record(n in 1u64..12, cut in any::<prop::sample::Index>(),
                                                     flip in any::<Option<u8>>()) {
@@ -321,6 +361,13 @@ proptest! {
         // the whole records are those ending at or before the damage (a flip damages the record
         // holding the byte; a cut keeps records ending at or before it)
         let whole = ends.iter().filter(|&&e| e <= at).count() as u64 - 1;
+        if flip.is_some() && whole + 1 < n {
+            let err = Wal::open(dir.path(), WalConfig::default(), 0).unwrap_err();
+            let named = format!("record {} at byte {}", whole + 1, ends[whole as usize]);
+            prop_assert!(err.to_string().contains(&named), "{}", err);
+            prop_assert_eq!(fs::read(seg).unwrap(), bytes);
+            return Ok(());
+        }
         let (wal, rec) = Wal::open(dir.path(), WalConfig::default(), 0).unwrap();
         prop_assert_eq!(rec.records.len() as u64, whole);
         for (i, r) in rec.records.iter().enumerate() {

@@ -416,10 +416,24 @@ fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
                     at += n;
                     lsn += 1;
                 }
-                Frame::Torn(_) if newest => {
+                Frame::Torn(why) if newest => {
                     // the tail of the newest segment: zeros never written over (`ZERO_AHEAD`),
                     // or a group cut by a crash before its sync returned, so none of it was
-                    // acknowledged
+                    // acknowledged — unless intact records with later numbers follow it: then
+                    // the damage is in the middle of what was acknowledged, and cutting there
+                    // would drop those writes silently
+                    if let Some((found, from)) = record_after(&bytes[at..], lsn) {
+                        let why = format!(
+                            "record {lsn} at byte {at} of {} is damaged ({why}), but record \
+                             {found} after it, at byte {}, is intact: acknowledged writes follow \
+                             the damage, so the log is not cut and the store does not open. The \
+                             segment is left as it is; to give up records {lsn} and later, cut it \
+                             at byte {at} (`truncate -s {at}`)",
+                            path.display(),
+                            at + from,
+                        );
+                        return Err(corrupted(path, why));
+                    }
                     if bytes[at..].iter().any(|&b| b != 0) {
                         torn_bytes += (bytes.len() - at) as u64;
                     }
@@ -459,6 +473,25 @@ fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
         torn_bytes,
         segments,
         next,
+    })
+}
+
+/// The first intact record numbered after `lsn` in `tail` (the bytes from a damaged record
+/// `lsn` to the end of its segment), and its offset in `tail`. Only the bytes up to the last
+/// non-zero one are searched: a tail of zeros never written over holds nothing.
+fn record_after(tail: &[u8], lsn: u64) -> Option<(u64, usize)> {
+    let end = tail.iter().rposition(|&b| b != 0)? + 1;
+    // a record numbered past this many frames could not fit in the tail
+    let most = lsn + (end / record::FRAME_BYTES) as u64 + 1;
+    (1..=end.saturating_sub(record::FRAME_BYTES)).find_map(|from| {
+        let found = u64::from_le_bytes(tail[from + 8..from + 16].try_into().expect("8 bytes"));
+        if found <= lsn || found > most {
+            return None;
+        }
+        match record::decode(&tail[from..], found) {
+            Frame::Record(..) => Some((found, from)),
+            Frame::Torn(_) => None,
+        }
     })
 }
 
