@@ -56,7 +56,9 @@ class StoreConfig:
     since the tables' files; ``auto_compact``: fold them into new table files in the background
     when the delta is half full; ``compaction_rate``: bytes per second a compaction writes, and
     a swap reads to load the new version, at most (0: no bound); ``write_wait_ms``: how long a
-    write waits for room in a full delta. See :func:`nearrec.open` for what each does."""
+    write waits for room in a full delta. ``follow_ms``: a read-only store looks for what its
+    writer (another process) logged every this many ms and serves it (``None``: only on
+    :meth:`Store.refresh`; ``nearrec serve`` follows every 1000 ms unless told). See :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")
@@ -82,6 +84,7 @@ class StoreConfig:
     auto_compact: bool = _default("auto_compact")
     compaction_rate: int | str = _default("compaction_rate")
     write_wait_ms: int = _default("write_wait_ms")
+    follow_ms: int | None = _default("follow_ms")
 
     def __post_init__(self) -> None:
         self.native()  # checked now: a bad value fails where it is given

@@ -338,15 +338,18 @@ class Store:
         :meth:`create_table`; returns the new version."""
         return self._change(lambda: self._native.drop_table(text(name, "name")))
 
-    def swap(self, path: StorePath, *, warm: bool = True) -> int:
+    def swap(self, path: StorePath, *, warm: bool = True, force: bool = False) -> int:
         """Serves the store at ``path`` (a new version built offline, e.g. a retrained model's
         tables) from the next call on: lookups under way finish on the old one, none fails.
         With ``warm``, the new store's row caches first get the rows the old one's DRAM tiers
         hold, read from the new files, so that the switch does not start cold. A writable store
-        takes the new store's writer lock and log and lets the old one's go. Returns the new
-        store's version."""
+        takes the new store's writer lock and log and lets the old one's go. The new store must
+        answer every request this one answers — each table with the same dim and dtype and at
+        least its rows, the same model inputs — or the swap is refused with
+        :class:`InvalidRequest` naming the difference; ``force`` serves it anyway. Returns the
+        new store's version."""
         return self._change(lambda: self._native.swap(path_arg(path, "the store path"),
-                                                      flag(warm, "warm")))
+                                                      flag(warm, "warm"), flag(force, "force")))
 
     def _change(self, call: Callable[[], int]) -> int:
         try:

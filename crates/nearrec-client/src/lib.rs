@@ -364,11 +364,12 @@ impl Client {
     }
 
     /// The store at `path` on the node's file system served from the next request on.
-    pub fn swap(&self, path: &str, warm: bool) -> Result<u64, RemoteError> {
+    pub fn swap(&self, path: &str, warm: bool, force: bool) -> Result<u64, RemoteError> {
         let req = self.request(pb::SwapRequest {
             store: self.store.clone(),
             path: path.to_owned(),
             warm,
+            force,
         });
         Ok(self
             .call(|mut node| async move { node.swap(req).await })?

@@ -88,12 +88,13 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|e| Error::new(ErrorKind::InvalidInput, e))?;
-    // SAFETY: statvfs writes the one struct passed, given a NUL-terminated path
+    // SAFETY: a plain C struct of integers, for which all zeros is a value
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs writes the one struct passed, given a NUL-terminated path
     if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
         return Err(Error::last_os_error());
     }
-    Ok(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 pub fn lock_dir(dir: &Path, wait: bool) -> std::io::Result<Option<File>> {

@@ -15,7 +15,7 @@ use crate::error::{detach, raise};
 /// Serves the stores `specs` (`PATH` or `PATH=NAME`) opened with `config` on `listen`; prints
 /// `listening on ADDR` once ready and returns after a drain.
 #[pyfunction]
-#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, coalesce_bags, coalesce_window_us, acl = None, metrics_listen = None, tls = None))]
+#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, coalesce_bags, coalesce_window_us, acl = None, metrics_listen = None, tls = None, swap_root = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -32,6 +32,7 @@ pub(crate) fn serve(
     acl: Option<PathBuf>,
     metrics_listen: Option<&str>,
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
+    swap_root: Option<PathBuf>,
 ) -> PyResult<()> {
     let invalid = |m: String| raise(py, "InvalidRequest", m, None, None);
     let listen = listen
@@ -59,6 +60,8 @@ pub(crate) fn serve(
             key,
             client_ca,
         }),
+        swap_root,
+        ..NodeConfig::default()
     };
     detach(py, || {
         let stores = Stores::open(&specs, &store_config)?;

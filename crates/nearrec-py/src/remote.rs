@@ -189,8 +189,9 @@ impl NativeRemote {
     }
 
     /// A store directory on the node's file system served from the next request on.
-    fn swap(&self, py: Python<'_>, path: &str, warm: bool) -> PyResult<u64> {
-        detach(py, || self.client.swap(path, warm))?.map_err(|e| remote_err(py, e))
+    #[pyo3(signature = (path, warm, force = false))]
+    fn swap(&self, py: Python<'_>, path: &str, warm: bool, force: bool) -> PyResult<u64> {
+        detach(py, || self.client.swap(path, warm, force))?.map_err(|e| remote_err(py, e))
     }
 
     /// `(store, [(name, rows, dim, dtype)], version, tier, writable, model, stores)`.

@@ -143,8 +143,9 @@ impl NativeStore {
     }
 
     /// Serves the store at `path` from the next call on; returns its version.
-    fn swap(&self, py: Python<'_>, path: PathBuf, warm: bool) -> PyResult<u64> {
-        detach(py, || self.store.swap(&path, warm))?.map_err(|e| err(py, e))
+    #[pyo3(signature = (path, warm, force = false))]
+    fn swap(&self, py: Python<'_>, path: PathBuf, warm: bool, force: bool) -> PyResult<u64> {
+        detach(py, || self.store.swap(&path, warm, force))?.map_err(|e| err(py, e))
     }
 
     /// Drops a table (EMB_REMOVE of a table).

@@ -1,14 +1,19 @@
 //! Tail latency by design: a request waits for one of `max_in_flight` engine slots in a queue of
 //! at most `max_queued`; past that it is refused at once (`RESOURCE_EXHAUSTED`), never queued
 //! without bound. A request whose deadline (the client's `grpc-timeout`) passes while it waits
-//! is dropped before it costs a device read (`DEADLINE_EXCEEDED`).
+//! is dropped before it costs a device read (`DEADLINE_EXCEEDED`). A request keeps its place in
+//! the queue until its answer has left the node, not only until it is computed, and reserves its
+//! answer's bytes from its connection's budget and the node's ([`Admission::reserve`]) before
+//! it runs: answers a client does not read pin at most those budgets.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
+
+use crate::conns::BUDGET_UNIT;
 
 /// The node's admission: queue slots and engine slots, with what each refused.
 #[derive(Debug)]
@@ -21,13 +26,50 @@ pub struct Admission {
     pub overloaded: AtomicU64,
     /// Requests whose deadline passed before they reached the engine.
     pub expired: AtomicU64,
+    /// The node's budget of unsent answer bytes, in [`BUDGET_UNIT`]s.
+    unsent: Arc<Semaphore>,
+    unsent_bytes: usize,
+    /// Requests refused because their answer's bytes were not free.
+    pub unsent_full: AtomicU64,
+}
+
+/// An answer's bytes reserved from the node's budget and its connection's, given back when
+/// dropped (once the answer has left).
+#[derive(Debug)]
+pub struct Reserved {
+    _node: OwnedSemaphorePermit,
+    _conn: Option<OwnedSemaphorePermit>,
+}
+
+/// What a request holds until its answer has left the node: its place in the queue, its
+/// answer's bytes.
+#[derive(Debug, Default)]
+pub struct Held {
+    pub slot: Option<Slot>,
+    pub bytes: Option<Reserved>,
+}
+
+impl From<Slot> for Held {
+    fn from(slot: Slot) -> Self {
+        Self {
+            slot: Some(slot),
+            bytes: None,
+        }
+    }
 }
 
 /// Held while a request runs: its queue slot and its engine slot.
 #[derive(Debug)]
 pub struct Permit {
-    _slot: Slot,
+    slot: Slot,
     _run: OwnedSemaphorePermit,
+}
+
+impl Permit {
+    /// Gives the engine slot back and keeps the place in the node, until the answer leaves.
+    pub fn ran(self) -> Slot {
+        self.slot
+    }
 }
 
 /// A request's place in the node, held from its admission to its answer.
@@ -37,8 +79,12 @@ pub struct Slot {
 }
 
 impl Admission {
-    pub fn new(max_in_flight: usize, max_queued: usize) -> Self {
+    /// `unsent_bytes`: the most bytes of answers the node holds computed and not yet sent.
+    pub fn new(max_in_flight: usize, max_queued: usize, unsent_bytes: usize) -> Self {
         Self {
+            unsent: Arc::new(Semaphore::new(unsent_bytes / BUDGET_UNIT)),
+            unsent_bytes,
+            unsent_full: AtomicU64::new(0),
             slots: Arc::new(Semaphore::new(max_in_flight + max_queued)),
             running: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
@@ -57,9 +103,39 @@ impl Admission {
                 .map_err(|_| self.expire())?,
             None => self.engine().await,
         };
-        Ok(Permit {
-            _slot: slot,
-            _run: run,
+        Ok(Permit { slot, _run: run })
+    }
+
+    /// Reserves `bytes` of answer from the node's budget and from `conn`'s (the connection's,
+    /// where the request came over one the node accepted), or refuses at once
+    /// (`RESOURCE_EXHAUSTED`, retryable): answers computed earlier have not been read.
+    pub fn reserve(&self, bytes: usize, conn: Option<&Arc<Semaphore>>) -> Result<Reserved, Status> {
+        let units = u32::try_from(bytes.div_ceil(BUDGET_UNIT).max(1)).unwrap_or(u32::MAX);
+        let full = |whose: &str, budget: usize| {
+            self.unsent_full.fetch_add(1, Ordering::Relaxed);
+            Status::resource_exhausted(format!(
+                "{whose} holds its most bytes of answers not yet read by their clients \
+                 ({budget}); this answer of {bytes} bytes waits for them: read the answers, \
+                 then retry"
+            ))
+        };
+        let conn = match conn {
+            Some(c) => Some(c.clone().try_acquire_many_owned(units).map_err(|_| {
+                full(
+                    "this connection",
+                    c.available_permits() * BUDGET_UNIT, // a lower bound: what was free
+                )
+            })?),
+            None => None,
+        };
+        let node = self
+            .unsent
+            .clone()
+            .try_acquire_many_owned(units)
+            .map_err(|_| full("the node", self.unsent_bytes))?;
+        Ok(Reserved {
+            _node: node,
+            _conn: conn,
         })
     }
 
@@ -102,6 +178,11 @@ impl Admission {
 /// digits and a unit, `H` `M` `S` `m` `u` `n`). A malformed header is ignored, as grpc-go does.
 pub fn deadline(metadata: &tonic::metadata::MetadataMap, start: Instant) -> Option<Instant> {
     let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    start.checked_add(timeout(value)?)
+}
+
+/// A `grpc-timeout` value's duration.
+fn timeout(value: &str) -> Option<std::time::Duration> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 {
         return None;
@@ -116,13 +197,77 @@ pub fn deadline(metadata: &tonic::metadata::MetadataMap, start: Instant) -> Opti
         "n" => std::time::Duration::from_nanos(n),
         _ => return None,
     };
-    start.checked_add(d)
+    Some(d)
+}
+
+/// The resolution of tokio's timers, to which tonic rounds a call's `grpc-timeout` up.
+const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
+
+/// The layer of [`Expired`].
+#[derive(Debug, Clone)]
+pub struct ExpiredLayer(pub Arc<Admission>);
+
+impl<S> tower::Layer<S> for ExpiredLayer {
+    type Service = Expired<S>;
+
+    fn layer(&self, inner: S) -> Expired<S> {
+        Expired {
+            inner,
+            admission: self.0.clone(),
+        }
+    }
+}
+
+/// Answers a call whose `grpc-timeout` has passed when it arrives, or will within the timers'
+/// resolution (`0n`, `1n`, `0m`), with `DEADLINE_EXCEEDED` at once, before its body is read
+/// (counted as [`Admission::expire`] counts). Without it tonic's own timer — outside every
+/// layer of the node's — fires first on such a call and answers `CANCELLED`, while `0S` came
+/// back `DEADLINE_EXCEEDED`: one deadline, two codes.
+#[derive(Debug, Clone)]
+pub struct Expired<S> {
+    inner: S,
+    admission: Arc<Admission>,
+}
+
+type HttpResponse = tonic::codegen::http::Response<tonic::body::Body>;
+
+impl<S, B> tower::Service<tonic::codegen::http::Request<B>> for Expired<S>
+where
+    S: tower::Service<tonic::codegen::http::Request<B>, Response = HttpResponse>,
+    S::Error: Into<tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = HttpResponse;
+    type Error = tower::BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<HttpResponse, tower::BoxError>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        let left = req
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(timeout);
+        if left.is_some_and(|d| d <= TIMER_RESOLUTION) {
+            let answer = self.admission.expire().into_http();
+            return Box::pin(std::future::ready(Ok(answer)));
+        }
+        let call = self.inner.call(req);
+        Box::pin(async move { call.await.map_err(Into::into) })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use tonic::metadata::MetadataMap;
 
     fn with(v: &str) -> MetadataMap {
@@ -159,7 +304,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_refuses_and_a_waiting_request_expires() {
-        let a = Admission::new(1, 1);
+        let a = Admission::new(1, 1, 1 << 20);
         let running = a.admit(None).await.unwrap();
         // one waits (and expires at its deadline), the next finds the queue full
         let soon = Instant::now() + Duration::from_millis(30);
@@ -174,5 +319,30 @@ mod tests {
         assert_eq!(a.in_flight(), 1);
         drop(running);
         assert!(a.admit(None).await.is_ok());
+    }
+
+    #[test]
+    fn unsent_answers_are_bounded_per_connection_and_per_node() {
+        let a = Admission::new(1, 1, 4 << 20);
+        let conn = Arc::new(Semaphore::new((3 << 20) / BUDGET_UNIT));
+        let first = a.reserve(2 << 20, Some(&conn)).unwrap();
+        let refused = a.reserve(2 << 20, Some(&conn)).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused.message().contains("this connection"),
+            "{}",
+            refused.message()
+        );
+        // another connection meets the node's bound
+        let other = a.reserve(2 << 20, None).unwrap();
+        let refused = a.reserve(1, None).unwrap_err();
+        assert!(
+            refused.message().contains("the node"),
+            "{}",
+            refused.message()
+        );
+        assert_eq!(a.unsent_full.load(Ordering::Relaxed), 2);
+        drop((first, other));
+        assert!(a.reserve(3 << 20, Some(&conn)).is_ok());
     }
 }

@@ -31,6 +31,23 @@ pub struct NodeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// TLS (rustls); `None`: plaintext.
     pub tls: Option<TlsFiles>,
+    /// Connections open at once; past them a new one is closed at once (`crate::conns`).
+    pub max_connections: usize,
+    /// How long a new connection has to send the HTTP/2 preface (or finish its TLS handshake).
+    pub handshake_timeout: Duration,
+    /// How long a connection may send nothing before it is closed (the node pings each at half
+    /// of it, so a live client always answers in time).
+    pub idle_timeout: Duration,
+    /// Requests one connection may have open at once (HTTP/2 `MAX_CONCURRENT_STREAMS`).
+    pub max_streams_per_connection: u32,
+    /// Bytes of answers the node holds computed but not yet taken by their clients; past them
+    /// a request is refused (`RESOURCE_EXHAUSTED`). At least `max_message_bytes`.
+    pub max_unsent_bytes: usize,
+    /// The same, for one connection.
+    pub max_unsent_bytes_per_connection: usize,
+    /// The directory `Swap` may take stores from (`crate::swap`); `None`: the directory
+    /// holding the store served.
+    pub swap_root: Option<PathBuf>,
 }
 
 /// The node's certificate and key (PEM), and the CA its clients' certificates must chain to
@@ -60,6 +77,22 @@ impl TlsFiles {
     }
 }
 
+impl NodeConfig {
+    /// The connection limits ([`crate::conns`]); the answer budget is at least one answer of
+    /// the largest size.
+    pub fn limits(&self) -> crate::conns::Limits {
+        crate::conns::Limits {
+            max_connections: self.max_connections.max(1),
+            handshake_timeout: self.handshake_timeout,
+            idle_timeout: self.idle_timeout,
+            unsent_bytes_per_connection: self
+                .max_unsent_bytes_per_connection
+                .max(self.max_message_bytes),
+            tls: self.tls.is_some(),
+        }
+    }
+}
+
 impl Default for NodeConfig {
     fn default() -> Self {
         Self {
@@ -74,9 +107,16 @@ impl Default for NodeConfig {
             coalesce_bags: 256,
             coalesce_window: Duration::ZERO,
             drain_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            max_streams_per_connection: 256,
+            max_unsent_bytes: 1 << 30,
+            max_unsent_bytes_per_connection: 256 << 20,
             acl: None,
             metrics_listen: None,
             tls: None,
+            swap_root: None,
         }
     }
 }

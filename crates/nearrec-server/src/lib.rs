@@ -12,19 +12,20 @@ pub mod acl;
 pub mod admission;
 pub mod coalesce;
 pub mod config;
+pub mod conns;
 pub mod metrics;
 pub mod node;
 pub mod scrape;
 pub mod send;
 pub mod service;
 pub mod stores;
+pub mod swap;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use nearrec_wire::v1 as pb;
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 
 pub use acl::Acl;
 pub use admission::Admission;
@@ -78,6 +79,8 @@ pub async fn serve(
     let reflection = reflect().build_v1()?;
     let reflection_alpha = reflect().build_v1alpha()?;
     let metrics = shared.metrics.clone();
+    let conn_stats = shared.conns.clone();
+    let admission = shared.admission.clone();
     let node = pb::node_server::NodeServer::new(NodeService(shared))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
@@ -91,25 +94,28 @@ pub async fn serve(
             .await;
         let _ = drained_tx.send(());
     };
+    let limits = config.limits();
+    let incoming = conns::Incoming::new(listeners.grpc, limits, conn_stats);
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(nearrec_wire::STREAM_WINDOW)
         .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW)
-        .max_frame_size(nearrec_wire::MAX_FRAME);
+        .max_frame_size(nearrec_wire::MAX_FRAME)
+        .max_concurrent_streams(config.max_streams_per_connection)
+        // a live client answers a ping; a dead one, or one stuck inside a frame, cannot
+        .http2_keepalive_interval(Some(limits.idle_timeout / 2))
+        .http2_keepalive_timeout(Some(limits.handshake_timeout));
     if let Some(tls) = &config.tls {
-        builder = builder.tls_config(tls.server_config()?)?;
+        let tls = tls.server_config()?.timeout(limits.handshake_timeout);
+        builder = builder.tls_config(tls)?;
     }
     let server = builder
         .layer(send::layer(metrics))
+        .layer(admission::ExpiredLayer(admission))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(node)
-        // answers leave at once: without TCP_NODELAY a small answer waits on the client's
-        // delayed ACK (~40 ms on Linux)
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
-            stop,
-        );
+        .serve_with_incoming_shutdown(incoming, stop);
     tokio::pin!(server);
     tokio::select! {
         done = &mut server => done?,
@@ -133,12 +139,16 @@ pub fn run(
     insecure: bool,
     ready: impl FnOnce(&Listeners, &Stores),
 ) -> Result<(), String> {
-    if !config.listen.ip().is_loopback() && config.acl.is_none() && !insecure {
-        return Err(format!(
-            "{} is not a loopback address: a node reachable from other hosts needs an ACL \
-             (--acl) or --insecure",
-            config.listen
-        ));
+    // the metrics endpoint answers anyone (store and table names, traffic): it is held to the
+    // same rule
+    let exposed = [Some(config.listen), config.metrics_listen];
+    for addr in exposed.into_iter().flatten() {
+        if !addr.ip().is_loopback() && config.acl.is_none() && !insecure {
+            return Err(format!(
+                "{addr} is not a loopback address: a node reachable from other hosts needs an \
+                 ACL (--acl) or --insecure"
+            ));
+        }
     }
     // structured logs on stderr (RUST_LOG narrows or widens them), unless the process has its
     // own subscriber already
@@ -154,6 +164,21 @@ pub fn run(
     }
     if let Some(tls) = &config.tls {
         tls.server_config()?;
+    }
+    let mut config = config;
+    match conns::raise_nofile() {
+        Ok(n) if (n as usize) < config.max_connections + conns::RESERVED_FDS => {
+            let fit = (n as usize).saturating_sub(conns::RESERVED_FDS).max(1);
+            tracing::warn!(
+                "the process may open {n} descriptors: --max-connections {} lowered to {fit}, \
+                 leaving {} for the stores' files; raise the hard limit (ulimit -Hn) for more",
+                config.max_connections,
+                conns::RESERVED_FDS
+            );
+            config.max_connections = fit;
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the limit on open descriptors: {e}"),
     }
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("cannot start the node's runtime: {e}"))?;

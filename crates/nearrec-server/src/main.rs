@@ -42,6 +42,9 @@ struct Args {
     /// Ask clients for certificates that chain to this CA (PEM): mutual TLS.
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// The directory `Swap` may take stores from (default: the one holding each served store).
+    #[arg(long, value_name = "DIR")]
+    swap_root: Option<PathBuf>,
     /// Listen on an address other than loopback without an ACL.
     #[arg(long)]
     insecure: bool,
@@ -61,6 +64,26 @@ struct Args {
     /// Microseconds the first request of a coalesced batch waits for others.
     #[arg(long, default_value_t = NodeConfig::default().coalesce_window.as_micros() as u64)]
     coalesce_window_us: u64,
+    /// Connections open at once; past them a new one is closed at once.
+    #[arg(long, default_value_t = NodeConfig::default().max_connections)]
+    max_connections: usize,
+    /// Seconds a new connection has to send the HTTP/2 preface (or finish its TLS handshake).
+    #[arg(long, default_value_t = NodeConfig::default().handshake_timeout.as_secs_f64())]
+    handshake_timeout: f64,
+    /// Seconds a connection may send nothing before it is closed (live clients answer the
+    /// node's pings, sent at half of it).
+    #[arg(long, default_value_t = NodeConfig::default().idle_timeout.as_secs_f64())]
+    idle_timeout: f64,
+    /// Requests one connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS).
+    #[arg(long, default_value_t = NodeConfig::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Bytes of answers computed but not yet read by their clients that the node holds; past
+    /// them requests are refused (RESOURCE_EXHAUSTED).
+    #[arg(long, default_value_t = NodeConfig::default().max_unsent_bytes)]
+    max_unsent_bytes: usize,
+    /// The same, for one connection.
+    #[arg(long, default_value_t = NodeConfig::default().max_unsent_bytes_per_connection)]
+    max_unsent_bytes_per_connection: usize,
     /// Seconds a drain (SIGTERM) waits for requests in flight.
     #[arg(long, default_value_t = 30.0)]
     drain_timeout: f64,
@@ -69,6 +92,12 @@ struct Args {
 fn fail(message: impl std::fmt::Display) -> ! {
     eprintln!("nearrec-server: {message}");
     std::process::exit(2)
+}
+
+/// A positive number of seconds from a flag (at least a millisecond).
+fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.001))
+        .unwrap_or_else(|_| fail(format!("{s} is not a number of seconds")))
 }
 
 fn main() {
@@ -86,9 +115,17 @@ fn main() {
         max_message_bytes: args.max_message_bytes,
         coalesce_bags: args.coalesce_bags,
         coalesce_window: Duration::from_micros(args.coalesce_window_us),
-        drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
+        drain_timeout: Duration::try_from_secs_f64(args.drain_timeout.max(0.0))
+            .unwrap_or_else(|_| fail("--drain-timeout is not a number of seconds")),
         acl: args.acl,
         metrics_listen: args.metrics_listen,
+        swap_root: args.swap_root,
+        max_connections: args.max_connections,
+        handshake_timeout: seconds(args.handshake_timeout),
+        idle_timeout: seconds(args.idle_timeout),
+        max_streams_per_connection: args.max_streams_per_connection.max(1),
+        max_unsent_bytes: args.max_unsent_bytes,
+        max_unsent_bytes_per_connection: args.max_unsent_bytes_per_connection,
         tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| TlsFiles {
             cert,
             key,

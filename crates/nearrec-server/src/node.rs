@@ -10,6 +10,7 @@ use crate::acl::Acl;
 use crate::admission::Admission;
 use crate::coalesce::Coalescer;
 use crate::config::NodeConfig;
+use crate::conns::ConnStats;
 use crate::metrics::Metrics;
 use crate::stores::Stores;
 
@@ -29,11 +30,18 @@ pub struct Shared {
     pub denied: AtomicU64,
     /// What calls did, for `/metrics`.
     pub metrics: Metrics,
+    /// What the node's connections did.
+    pub conns: Arc<ConnStats>,
 }
 
 impl Shared {
     pub fn new(stores: Stores, config: NodeConfig, acl: Option<Acl>) -> Self {
-        let admission = Arc::new(Admission::new(config.max_in_flight, config.max_queued));
+        let unsent = config.max_unsent_bytes.max(config.max_message_bytes);
+        let admission = Arc::new(Admission::new(
+            config.max_in_flight,
+            config.max_queued,
+            unsent,
+        ));
         let metrics = Metrics::default();
         let coalescers = stores
             .iter()
@@ -57,6 +65,7 @@ impl Shared {
             unauthenticated: AtomicU64::new(0),
             denied: AtomicU64::new(0),
             metrics,
+            conns: Arc::default(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What a scrape of `/metrics` reads at that moment, beside the families calls update
 //! (`crate::metrics`): requests in flight; refusals by reason (`unauthenticated`,
-//! `permission_denied`, `overloaded`, `deadline_exceeded`); and per store its lookups per tier,
+//! `permission_denied`, `overloaded`, `deadline_exceeded`, `unsent_bytes`); connections open,
+//! and those closed by reason (`refused`, `timed_out`, `accept_error`); and per store its lookups per tier,
 //! DRAM hit ratio, device reads, bytes read, version, rows waiting in the delta, and the
 //! engine's own stage percentiles (`route`, `io_wait`, `pool`, `end_to_end`). Per-tier lookups,
 //! reads and stages are the SSD tier's; a DRAM-resident store reports zeros for them.
@@ -93,12 +94,16 @@ impl Collector for NodeCollector {
                     "deadline_exceeded",
                     s.admission.expired.load(Ordering::Relaxed),
                 ),
+                (
+                    "unsent_bytes",
+                    s.admission.unsent_full.load(Ordering::Relaxed),
+                ),
             ];
             let c = ConstCounter::new(0u64);
             let mut family = encoder.encode_descriptor(
                 "refused",
                 "Calls refused before the engine: no or unknown token, no grant, a full queue, \
-                 a passed deadline",
+                 a passed deadline, no room for the answer among those not yet read",
                 None,
                 c.metric_type(),
             )?;
@@ -106,9 +111,36 @@ impl Collector for NodeCollector {
                 ConstCounter::new(n).encode(family.encode_family(&Reason { reason })?)?;
             }
         }
+        gauge(
+            &mut encoder,
+            "connections",
+            "Connections open",
+            s.conns.open.load(Ordering::Relaxed) as f64,
+        )?;
+        {
+            let closed = [
+                ("refused", s.conns.refused.load(Ordering::Relaxed)),
+                ("timed_out", s.conns.timed_out.load(Ordering::Relaxed)),
+                (
+                    "accept_error",
+                    s.conns.accept_errors.load(Ordering::Relaxed),
+                ),
+            ];
+            let c = ConstCounter::new(0u64);
+            let mut family = encoder.encode_descriptor(
+                "connections_closed",
+                "Connections the node closed or failed to accept: over --max-connections, silent \
+                 past the handshake or idle timeout, accept errors (descriptors run out)",
+                None,
+                c.metric_type(),
+            )?;
+            for (reason, n) in closed {
+                ConstCounter::new(n).encode(family.encode_family(&Reason { reason })?)?;
+            }
+        }
         let mut stores = Vec::new();
         for name in s.stores.names() {
-            let (_, store) = s.stores.get(name).map_err(|_| std::fmt::Error)?;
+            let (_, store) = s.stores.get(name, |_| true).map_err(|_| std::fmt::Error)?;
             let stats = store.stats();
             let live: Vec<(&str, f64)> = store.live_stats();
             stores.push((name.to_owned(), stats, live, store.version()));

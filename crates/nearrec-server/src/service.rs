@@ -10,25 +10,35 @@ use std::time::Instant;
 
 use nearrec::{AsBatch, OwnedBatch, RowWrite, Stages, Store, WriteOptions};
 use nearrec_wire::arrays::decode;
-use nearrec_wire::status::stream_error;
+use nearrec_wire::status::{bounded, stream_error};
 use nearrec_wire::v1 as pb;
 use nearrec_wire::{convert, status_of};
 use prost::Message as _;
-use tokio::sync::mpsc;
-use tokio_stream::Stream;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt as _};
 use tonic::metadata::MetadataMap;
+use tonic::transport::server::TlsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::acl::{Permission, Principal};
-use crate::admission::deadline;
+use crate::acl::{Acl, Permission, Principal};
+use crate::admission::{Held, Slot, deadline};
+use crate::conns::ConnInfo;
 use crate::node::Shared;
-use crate::send::Answered;
+use crate::send::{Answered, Hold};
 use crate::stores::inline;
+use crate::swap;
 
 /// The caller of one call: its principal, or anyone when the node has no ACL.
 #[derive(Debug, Clone)]
 struct Caller(Option<Arc<Principal>>);
+
+impl Caller {
+    /// Whether the caller may know that store `name` exists: it holds some grant on it.
+    fn sees(&self, name: &str) -> bool {
+        self.0.as_ref().is_none_or(|p| p.allow_any(name).is_ok())
+    }
+}
 
 /// The service; clones share one node.
 #[derive(Debug, Clone)]
@@ -58,6 +68,33 @@ impl NodeService {
                 Err(s)
             }
         }
+    }
+
+    /// The caller of a stream's next request: the stream's token checked against the ACL in
+    /// force now, so that a reload (SIGHUP) that revokes the token or its grants takes effect
+    /// on streams already open. `last` keeps the ACL it was checked against, so that the token
+    /// is hashed again only when the ACL changed.
+    fn stream_caller(
+        &self,
+        metadata: &MetadataMap,
+        last: &mut Option<(Arc<Acl>, Caller)>,
+    ) -> Result<Caller, Status> {
+        let Some(acl) = self.0.acl.load_full() else {
+            return Ok(Caller(None));
+        };
+        if let Some((seen, caller)) = last.as_ref()
+            && Arc::ptr_eq(seen, &acl)
+        {
+            return Ok(caller.clone());
+        }
+        let caller = self.caller(metadata, "LookupStream")?;
+        *last = Some((acl, caller.clone()));
+        Ok(caller)
+    }
+
+    /// The store a call names; `NOT_FOUND` lists only the stores the caller holds a grant on.
+    fn store(&self, caller: &Caller, name: &str) -> Result<(&str, Arc<Store>), Status> {
+        self.0.stores.get(name, |n| caller.sees(n))
     }
 
     /// `check` on the caller's principal (nothing without an ACL); a refusal is counted and
@@ -103,7 +140,7 @@ impl NodeService {
         answer: impl Future<Output = Answer<T>>,
     ) -> Answer<T> {
         let start = Instant::now();
-        let mut answer = answer.await;
+        let mut answer = answer.await.map_err(bounded);
         let (code, bytes) = match &answer {
             Ok(r) => (tonic::Code::Ok, sent(r.get_ref())),
             Err(s) => (s.code(), 0),
@@ -124,14 +161,15 @@ impl NodeService {
     /// Runs `work` once admitted — on this task when `inline` (a DRAM-resident lookup:
     /// [`crate::stores::inline`]), else on a blocking thread; a request whose deadline has passed
     /// by then is answered `DEADLINE_EXCEEDED` without running. The wait and the work are timed
-    /// as `call`'s `queue` and `engine` stages.
+    /// as `call`'s `queue` and `engine` stages. Returns the answer with the request's place in
+    /// the node, which its caller keeps until the answer is sent.
     async fn run<T, F>(
         &self,
         call: &'static str,
         deadline: Option<Instant>,
         inline: bool,
         work: F,
-    ) -> Result<T, Status>
+    ) -> Result<(T, Slot), Status>
     where
         T: Send + 'static,
         F: FnOnce() -> nearrec::Result<T> + Send + 'static,
@@ -143,7 +181,6 @@ impl NodeService {
             .stage(call, "queue", queued.elapsed().as_secs_f64());
         let shared = self.0.clone();
         let job = move || {
-            let _permit = permit;
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(shared.admission.expire());
             }
@@ -152,7 +189,9 @@ impl NodeService {
             shared
                 .metrics
                 .stage(call, "engine", start.elapsed().as_secs_f64());
-            answer
+            // the engine slot goes back now; the place in the node stays until the answer has
+            // left (`crate::send`)
+            answer.map(|a| (a, permit.ran()))
         };
         if inline {
             return job();
@@ -162,15 +201,18 @@ impl NodeService {
             .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?
     }
 
-    /// One lookup request, decoded, admitted and served.
+    /// One lookup request, decoded, admitted and served; its answer comes with what it holds
+    /// until sent: its place in the node, its bytes reserved from the node's budget and from
+    /// `conn`, its connection's.
     async fn answer(
         &self,
         call: &'static str,
         caller: &Caller,
         req: pb::LookupRequest,
         deadline: Option<Instant>,
-    ) -> Result<pb::LookupResponse, Status> {
-        let (name, store) = self.0.stores.get(&req.store)?;
+        conn: Option<&Arc<Semaphore>>,
+    ) -> Result<(pb::LookupResponse, Held), Status> {
+        let (name, store) = self.store(caller, &req.store)?;
         let tables = req.tables.iter().map(|t| t.table.as_str());
         self.allow_tables(caller, call, Permission::Read, name, tables)?;
         let batch = convert::batch(&req.tables).map_err(bad)?;
@@ -181,18 +223,22 @@ impl NodeService {
             let lookups: usize = view.tables.iter().map(|t| t.indices.len()).sum();
             (lookups, view.tables.iter().map(|t| t.declared_bags()).max())
         };
+        let bytes = answer_bytes(&store, &batch.as_batch(), raw, limit).map_err(bad)?;
+        let mut held = Held {
+            slot: None,
+            bytes: Some(self.0.admission.reserve(bytes, conn)?),
+        };
         let inline = inline(&store, lookups);
         // small lookups that read a device coalesce (on DRAM-resident tables the transport,
         // not the engine, is what a request costs: they run at once)
         if !raw && !inline {
             let coalescer = &self.0.coalescers[name];
             if let Some(bags) = bags.filter(|&b| coalescer.takes(b)) {
-                answer_fits(&store, &batch.as_batch(), limit).map_err(bad)?;
                 let (pooled, version) = coalescer.lookup(call, batch, bags, deadline).await?;
-                return Ok(convert::pooled(id, version, pooled));
+                return Ok((convert::pooled(id, version, pooled), held));
             }
         }
-        let (answer, stages) = self
+        let ((answer, stages), slot) = self
             .run(call, deadline, inline, move || {
                 lookup(&store, id, raw, &batch, limit)
             })
@@ -200,7 +246,8 @@ impl NodeService {
         if let Some(stages) = stages {
             self.0.metrics.stages(call, &stages);
         }
-        Ok(answer)
+        held.slot = Some(slot);
+        Ok((answer, held))
     }
 }
 
@@ -223,7 +270,6 @@ fn lookup(
         too_large(rows.first().map_or("", |r| r.table.as_str()), bytes, limit)?;
         return Ok((convert::raw(id, version, rows), None));
     }
-    answer_fits(store, &batch, limit)?;
     let snapshot = store.snapshot();
     let (pooled, stages) = store.lookup_at(&batch, &snapshot)?;
     Ok((
@@ -232,18 +278,30 @@ fn lookup(
     ))
 }
 
-/// The pooled answer `batch` declares is refused before anything is prepared when it would be
-/// over the message limit.
-fn answer_fits(store: &Store, batch: &nearrec::Batch<'_>, limit: usize) -> nearrec::Result<()> {
-    let mut width = 0usize;
+/// The bytes of the answer `batch` declares — pooled, or at most its distinct rows with their
+/// ids when `raw` — refused before anything is prepared when a pooled one would be over the
+/// message limit (a raw one is checked once its distinct rows are known).
+fn answer_bytes(
+    store: &Store,
+    batch: &nearrec::Batch<'_>,
+    raw: bool,
+    limit: usize,
+) -> nearrec::Result<usize> {
+    let (mut width, mut rows) = (0usize, 0usize);
     for t in &batch.tables {
-        width += store.table(t.table)?.dim as usize;
+        let dim = store.table(t.table)?.dim as usize;
+        width += dim;
+        rows = rows.saturating_add(t.indices.len().saturating_mul(dim * 4 + 8));
     }
-    if let Some(t) = batch.tables.iter().rev().max_by_key(|t| t.declared_bags()) {
-        let bytes = t.declared_bags().saturating_mul(width).saturating_mul(4);
-        too_large(t.table, bytes, limit)?;
+    if raw {
+        return Ok(rows.min(limit));
     }
-    Ok(())
+    let Some(t) = batch.tables.iter().rev().max_by_key(|t| t.declared_bags()) else {
+        return Ok(0);
+    };
+    let bytes = t.declared_bags().saturating_mul(width).saturating_mul(4);
+    too_large(t.table, bytes, limit)?;
+    Ok(bytes)
 }
 
 /// An answer over the node's message limit is refused (`table`: the one that makes it so).
@@ -269,10 +327,17 @@ impl NodeService {
     async fn call_lookup(&self, request: Request<pb::LookupRequest>) -> Answer<pb::LookupResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "Lookup")?;
-        Ok(Response::new(
-            self.answer("Lookup", &caller, request.into_inner(), deadline)
-                .await?,
-        ))
+        let conn = conn_budget(&request);
+        let (answer, held) = self
+            .answer(
+                "Lookup",
+                &caller,
+                request.into_inner(),
+                deadline,
+                conn.as_ref(),
+            )
+            .await?;
+        Ok(holding(answer, held))
     }
 
     async fn call_lookup_stream(
@@ -281,7 +346,10 @@ impl NodeService {
     ) -> Answer<Answers> {
         // the stream's deadline bounds every request on it
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "LookupStream")?;
+        let metadata = request.metadata().clone();
+        let mut last = None;
+        self.stream_caller(&metadata, &mut last)?;
+        let conn = conn_budget(&request);
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel(STREAM_DEPTH);
         let node = self.clone();
@@ -294,18 +362,25 @@ impl NodeService {
                     next = incoming.message(), if open && pending.len() < STREAM_DEPTH => {
                         match next {
                             Ok(Some(req)) => {
+                                // a revoked token ends the stream; a revoked grant fails the
+                                // requests that need it
+                                let caller = match node.stream_caller(&metadata, &mut last) {
+                                    Ok(c) => c,
+                                    Err(status) => {
+                                        let _ = tx.send(Err(bounded(status))).await;
+                                        return;
+                                    }
+                                };
                                 let node = node.clone();
-                                let caller = caller.clone();
+                                let conn = conn.clone();
                                 let id = req.id;
                                 pending.push_back(tokio::spawn(async move {
                                     let start = Instant::now();
-                                    let answer = node.answer("LookupStream", &caller, req, deadline).await;
+                                    let answer = node.answer("LookupStream", &caller, req, deadline, conn.as_ref()).await;
                                     let code = answer.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
-                                    let sent = answer.as_ref().map_or(0, prost::Message::encoded_len);
+                                    let sent = answer.as_ref().map_or(0, |(a, _)| a.encoded_len());
                                     node.0.metrics.call("LookupStream", code, start.elapsed().as_secs_f64(), 0, sent);
-                                    answer.unwrap_or_else(|s| {
-                                        failed(id, &s)
-                                    })
+                                    answer.unwrap_or_else(|s| (failed(id, &s), Held::default()))
                                 }));
                             }
                             Ok(None) => open = false,
@@ -317,7 +392,7 @@ impl NodeService {
                     }
                     done = async { pending.front_mut().expect("pending").await }, if !pending.is_empty() => {
                         pending.pop_front();
-                        let answer = done.unwrap_or_else(|e| failed(0, &Status::internal(e.to_string())));
+                        let answer = done.unwrap_or_else(|e| (failed(0, &Status::internal(e.to_string())), Held::default()));
                         if tx.send(Ok(answer)).await.is_err() {
                             return; // the client went away
                         }
@@ -325,19 +400,22 @@ impl NodeService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // an answer lets go of what it holds once the encoder takes it: the connection then
+        // holds it, and takes the next only once it has room (HTTP/2 flow control)
+        let answers = ReceiverStream::new(rx).map(|a| a.map(|(answer, _held)| answer));
+        Ok(Response::new(Box::pin(answers)))
     }
 
     async fn call_infer(&self, request: Request<pb::InferRequest>) -> Answer<pb::InferResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "Infer")?;
         let req = request.into_inner();
-        let (name, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.store(&caller, &req.store)?;
         let tables = req.tables.iter().map(|t| t.table.as_str());
         self.allow_tables(&caller, "Infer", Permission::Read, name, tables)?;
         let batch = convert::batch(&req.tables).map_err(bad)?;
         let dense: Vec<f32> = decode(&req.dense, "", "dense").map_err(bad)?;
-        let out = self
+        let (out, slot) = self
             .run("Infer", deadline, false, move || {
                 store.infer(&dense, &batch.as_batch())
             })
@@ -345,18 +423,19 @@ impl NodeService {
         let metrics = &self.0.metrics;
         metrics.stages("Infer", &out.times.stages);
         metrics.stage("Infer", "infer", out.times.finish.as_secs_f64());
-        Ok(Response::new(pb::InferResponse {
+        let answer = pb::InferResponse {
             batch: out.batch as u64,
             width: out.width as u32,
             outputs: nearrec_wire::arrays::encode(out.outputs),
-        }))
+        };
+        Ok(holding(answer, Held::from(slot)))
     }
 
     async fn call_write(&self, request: Request<pb::WriteRequest>) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "Write")?;
         let req = request.into_inner();
-        let (name, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.store(&caller, &req.store)?;
         let tables = req.writes.iter().map(|w| w.table.as_str());
         self.allow_tables(&caller, "Write", Permission::Write, name, tables)?;
         let mut writes = Vec::with_capacity(req.writes.len());
@@ -368,7 +447,7 @@ impl NodeService {
         let options = WriteOptions {
             allow_nonfinite: req.allow_nonfinite,
         };
-        let version = self
+        let (version, slot) = self
             .run("Write", deadline, false, move || {
                 let calls: Vec<RowWrite<'_>> = writes
                     .iter()
@@ -381,14 +460,14 @@ impl NodeService {
                 store.write_many(&calls, options)
             })
             .await?;
-        Ok(Response::new(pb::WriteResponse { version }))
+        Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
     }
 
     async fn call_remove(&self, request: Request<pb::RemoveRequest>) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "Remove")?;
         let req = request.into_inner();
-        let (name, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.store(&caller, &req.store)?;
         self.allow_tables(
             &caller,
             "Remove",
@@ -397,12 +476,12 @@ impl NodeService {
             [req.table.as_str()],
         )?;
         let ids: Vec<i64> = decode(&req.ids, &req.table, "ids").map_err(bad)?;
-        let version = self
+        let (version, slot) = self
             .run("Remove", deadline, false, move || {
                 store.remove(&req.table, &ids)
             })
             .await?;
-        Ok(Response::new(pb::WriteResponse { version }))
+        Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
     }
 
     async fn call_create_table(
@@ -412,7 +491,7 @@ impl NodeService {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "CreateTable")?;
         let req = request.into_inner();
-        let (name, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.store(&caller, &req.store)?;
         self.allow_tables(
             &caller,
             "CreateTable",
@@ -440,12 +519,12 @@ impl NodeService {
             "zeros" => nearrec::Init::Zeros,
             other => return Err(invalid(format!("init {other:?} is not uniform or zeros"))),
         };
-        let version = self
+        let (version, slot) = self
             .run("CreateTable", deadline, false, move || {
                 store.create_table(&req.name, req.rows, req.dim, dtype, init)
             })
             .await?;
-        Ok(Response::new(pb::WriteResponse { version }))
+        Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
     }
 
     async fn call_drop_table(
@@ -455,7 +534,7 @@ impl NodeService {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "DropTable")?;
         let req = request.into_inner();
-        let (name, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.store(&caller, &req.store)?;
         self.allow_tables(
             &caller,
             "DropTable",
@@ -463,35 +542,52 @@ impl NodeService {
             name,
             [req.name.as_str()],
         )?;
-        let version = self
+        let (version, slot) = self
             .run("DropTable", deadline, false, move || {
                 store.drop_table(&req.name)
             })
             .await?;
-        Ok(Response::new(pb::WriteResponse { version }))
+        Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
     }
 
     async fn call_swap(&self, request: Request<pb::SwapRequest>) -> Answer<pb::SwapResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "Swap")?;
         let req = request.into_inner();
-        let (name, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Swap", |p| p.allow_all(Permission::Admin, name))?;
-        let version = self
+        let root = self.0.config.swap_root.as_deref();
+        let path = swap::resolve(root, &store.path(), &req.path)?;
+        if let Some(p) = caller.0.clone() {
+            let (name, path, writable) = (name.to_owned(), path.clone(), store.writable());
+            let exposed = tokio::task::spawn_blocking(move || {
+                swap::allow_exposed(&p, &name, &path, writable)
+            })
+            .await
+            .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?;
+            self.allow(&caller, "Swap", |_| exposed)?;
+        }
+        let (version, slot) = self
             .run("Swap", deadline, false, move || {
-                store.swap(&req.path, req.warm)
+                store.swap(&path, req.warm, req.force)
             })
             .await?;
-        Ok(Response::new(pb::SwapResponse { version }))
+        Ok(holding(pb::SwapResponse { version }, Held::from(slot)))
     }
 
     async fn call_info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {
         let caller = self.caller(request.metadata(), "Info")?;
         let req = request.into_inner();
-        let (name, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Info", |p| p.allow_any(name))?;
         let name = name.to_owned();
-        let stores = self.0.stores.names().map(str::to_owned).collect();
+        let stores = self
+            .0
+            .stores
+            .names()
+            .filter(|n| caller.sees(n))
+            .map(str::to_owned)
+            .collect();
         let manifest = store.manifest();
         Ok(Response::new(pb::InfoResponse {
             store: name,
@@ -516,7 +612,7 @@ impl NodeService {
     async fn call_stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
         let caller = self.caller(request.metadata(), "Stats")?;
         let req = request.into_inner();
-        let (name, store) = self.0.stores.get(&req.store)?;
+        let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Stats", |p| p.allow_any(name))?;
         let stats = store.stats();
         let mut values: std::collections::HashMap<String, f64> = stats
@@ -661,11 +757,27 @@ impl pb::node_server::Node for NodeService {
     }
 }
 
+/// `answer`, holding `held` until it has left (`crate::send`).
+fn holding<T>(answer: T, held: Held) -> Response<T> {
+    let mut response = Response::new(answer);
+    response.extensions_mut().insert(Hold::new(held));
+    response
+}
+
+/// The budget of unsent answer bytes of the connection `request` came over, if the node
+/// accepted it (`crate::conns`; under TLS, inside tonic's connection info).
+fn conn_budget<T>(request: &Request<T>) -> Option<Arc<Semaphore>> {
+    let ext = request.extensions();
+    ext.get::<ConnInfo>()
+        .or_else(|| ext.get::<TlsConnectInfo<ConnInfo>>().map(|t| t.get_ref()))
+        .map(|c| c.answers.clone())
+}
+
 /// A failed request of a stream, as its answer.
 fn failed(id: u64, status: &Status) -> pb::LookupResponse {
     pb::LookupResponse {
         id,
-        error: Some(stream_error(status)),
+        error: Some(stream_error(&bounded(status.clone()))),
         ..Default::default()
     }
 }

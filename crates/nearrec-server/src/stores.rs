@@ -8,6 +8,10 @@ use std::path::PathBuf;
 use nearrec::{Store, StoreConfig, Tier};
 use tonic::Status;
 
+/// How often a node's read-only stores look for their writer's records, in ms, unless the
+/// store config's `follow_ms` says.
+pub const FOLLOW_MS: u64 = 1000;
+
 /// Stores by name; a request's empty name means the only one.
 #[derive(Debug, Clone, Default)]
 pub struct Stores(BTreeMap<String, Arc<Store>>);
@@ -30,7 +34,14 @@ impl Stores {
     }
 
     /// Opens each `PATH` or `PATH=NAME` (the name defaults to the directory's) with `config`.
+    /// A read-only store follows its writer every [`FOLLOW_MS`] unless `config` says otherwise:
+    /// what another process writes to it is served within about that.
     pub fn open(specs: &[String], config: &StoreConfig) -> Result<Self, String> {
+        let mut config = config.clone();
+        if !config.writable && config.follow_ms.is_none() {
+            config.follow_ms = Some(FOLLOW_MS);
+        }
+        let config = &config;
         let mut stores = Self::new();
         for spec in specs {
             let (path, name) = match spec.split_once('=') {
@@ -63,21 +74,38 @@ impl Stores {
         self.0.is_empty()
     }
 
-    /// The store a request names (`NOT_FOUND` naming what the node serves otherwise).
-    pub fn get(&self, name: &str) -> Result<(&str, Arc<Store>), Status> {
+    /// The store a request names (`NOT_FOUND` naming the stores `visible` to the caller
+    /// otherwise: an ACL's principal learns only the names of stores it holds grants on, and a
+    /// store it may not see is not found).
+    pub fn get(
+        &self,
+        name: &str,
+        visible: impl Fn(&str) -> bool,
+    ) -> Result<(&str, Arc<Store>), Status> {
         if name.is_empty() && self.0.len() == 1 {
             let (n, s) = self.0.iter().next().expect("one store");
-            return Ok((n, s.clone()));
+            if visible(n) {
+                return Ok((n, s.clone()));
+            }
         }
-        let served = || self.names().collect::<Vec<_>>().join(", ");
-        match self.0.get_key_value(name) {
+        let served = || {
+            let names: Vec<&str> = self.names().filter(|n| visible(n)).collect();
+            if names.is_empty() {
+                "none you hold a grant on".to_owned()
+            } else {
+                names.join(", ")
+            }
+        };
+        // a store the caller may not see is one the node does not serve, to the caller
+        match self.0.get_key_value(name).filter(|(n, _)| visible(n)) {
             Some((n, s)) => Ok((n, s.clone())),
             None if name.is_empty() => Err(Status::invalid_argument(format!(
                 "the node serves several stores ({}): name one",
                 served()
             ))),
             None => Err(Status::not_found(format!(
-                "the node serves no store named {name:?}; it serves: {}",
+                "the node serves no store named {:?}; it serves: {}",
+                nearrec_wire::status::clip(name, 256),
                 served()
             ))),
         }

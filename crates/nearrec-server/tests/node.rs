@@ -3,47 +3,20 @@
 //! raw, streamed); errors arrive with their kind, table and position; the node's own refusals
 //! (unknown store, expired deadline, full queue) have their codes; health and reflection answer.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nearrec::{
-    AsBatch, ErrorKind, IndexVec, OwnedBags, OwnedBatch, OwnedLookup, PoolingMode, Store,
-    StoreConfig,
-};
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
-use nearrec_server::{Listeners, NodeConfig, NodeService, Shared, Stores, serve};
+use nearrec::{AsBatch, ErrorKind, IndexVec, OwnedBags, OwnedBatch, OwnedLookup, PoolingMode};
+use nearrec_server::{NodeConfig, NodeService, Shared, Stores};
 use nearrec_wire::v1 as pb;
-use nearrec_wire::v1::node_client::NodeClient;
 use nearrec_wire::v1::node_server::Node as _;
 use nearrec_wire::{RemoteError, convert};
 use tonic::Code;
 use tonic::transport::Channel;
 
-const ROWS: u64 = 400;
-const DIM: u32 = 8;
+mod common;
 
-fn build(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, (name, dtype)) in [("t0", DType::Fp32), ("t1", DType::Fp16)]
-        .into_iter()
-        .enumerate()
-    {
-        let mut table = w.table(TableSpec::new(name, ROWS, DIM, dtype)).unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(DIM))
-            .map(|i| ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5)
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
-}
-
-fn open(path: &Path, toml: &str) -> Store {
-    Store::open(path, &StoreConfig::from_toml(toml).unwrap()).unwrap()
-}
+use common::{DIM, Node, ROWS, authorized, build, open, request};
 
 /// A random batch of `bags` bags per table, every shape of bags and pooling mode.
 fn batch(seed: u64, bags: usize) -> OwnedBatch {
@@ -89,92 +62,6 @@ fn batch(seed: u64, bags: usize) -> OwnedBatch {
         })
         .collect();
     OwnedBatch::new(tables)
-}
-
-struct Node {
-    addr: std::net::SocketAddr,
-    metrics: std::net::SocketAddr,
-    runtime: tokio::runtime::Runtime,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    done: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Node {
-    fn start(stores: Stores, config: NodeConfig) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let bind = || {
-            runtime
-                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-                .unwrap()
-        };
-        let listeners = Listeners {
-            grpc: bind(),
-            metrics: Some(bind()),
-        };
-        let addr = listeners.grpc.local_addr().unwrap();
-        let metrics = listeners.metrics.as_ref().unwrap().local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let done = runtime.spawn(async move {
-            serve(stores, config, listeners, async {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-        });
-        Self {
-            addr,
-            metrics,
-            runtime,
-            stop: Some(tx),
-            done: Some(done),
-        }
-    }
-
-    /// `GET /metrics`, as a scraper does it.
-    fn scrape(&self) -> String {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(self.metrics).unwrap();
-        write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        assert!(
-            out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
-            "{out}"
-        );
-        out
-    }
-
-    fn client(&self) -> NodeClient<Channel> {
-        let url = format!("http://{}", self.addr);
-        self.runtime
-            .block_on(NodeClient::connect(url))
-            .unwrap()
-            .max_decoding_message_size(64 << 20)
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(done) = self.done.take() {
-            let _ = self.runtime.block_on(done);
-        }
-    }
-}
-
-fn request(store: &str, batch: &OwnedBatch, raw: bool, id: u64) -> pb::LookupRequest {
-    pb::LookupRequest {
-        store: store.into(),
-        tables: convert::tables(&batch.as_batch()),
-        raw,
-        id,
-    }
 }
 
 /// Equal shapes and values; the SSD tier pools rows in the order they land, so sums may differ
@@ -449,7 +336,7 @@ fn an_expired_deadline_costs_no_device_read_and_a_full_queue_refuses() {
     stores
         .insert("s", open(&path, "tier = \"ssd\"\ndram_budget = 0"))
         .unwrap();
-    let store = stores.get("s").unwrap().1;
+    let store = stores.get("s", |_| true).unwrap().1;
     let config = NodeConfig {
         max_in_flight: 1,
         max_queued: 1,
@@ -476,7 +363,7 @@ fn an_expired_deadline_costs_no_device_read_and_a_full_queue_refuses() {
         },
         None,
     )));
-    let direct = service.0.stores.get("s").unwrap().1;
+    let direct = service.0.stores.get("s", |_| true).unwrap().1;
     let direct_reads = || direct.stats().unwrap().get("device_reads").unwrap();
     let mut req = tonic::Request::new(request("s", &batch(4, 16), false, 0));
     req.metadata_mut()
@@ -741,7 +628,7 @@ fn writes_over_the_network_are_seen_by_the_next_lookup() {
     let mut stores = Stores::new();
     let writable = "tier = \"ssd\"\nwritable = true\ndram_budget = \"4KiB\"";
     stores.insert("s", open(&path, writable)).unwrap();
-    let store = stores.get("s").unwrap().1;
+    let store = stores.get("s", |_| true).unwrap().1;
     let node = Node::start(stores, NodeConfig::default());
     let mut c = node.client();
     let rt = &node.runtime;
@@ -855,15 +742,6 @@ fn a_read_only_store_refuses_writes_with_a_typed_error() {
         .unwrap_err();
     assert_eq!(s.code(), Code::FailedPrecondition);
     assert_eq!(remote(&s).kind, Some(ErrorKind::StoreReadOnly));
-}
-
-fn authorized<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(message);
-    if let Some(t) = token {
-        r.metadata_mut()
-            .insert("authorization", format!("Bearer {t}").parse().unwrap());
-    }
-    r
 }
 
 #[test]

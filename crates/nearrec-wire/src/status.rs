@@ -56,6 +56,50 @@ pub fn status_of(e: &nearrec::Error) -> Status {
     )
 }
 
+/// The most bytes of an error's message, and of each name its `ErrorInfo` carries, that cross
+/// the wire: a request's names are echoed in its errors, and a status whose headers pass the
+/// peer's limit (16 KiB in grpcio) would reach the client as `RESOURCE_EXHAUSTED`, not as the
+/// error it is.
+pub const MAX_ECHO: usize = 1024;
+
+/// `text` cut to at most `limit` bytes (on a character boundary), saying how long it was.
+pub fn clip(text: &str, limit: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= limit {
+        return text.into();
+    }
+    let mut end = limit.saturating_sub(40);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len()).into()
+}
+
+/// `status` with its message and `ErrorInfo` names clipped to [`MAX_ECHO`] bytes each; the
+/// code, kind and position are kept.
+pub fn bounded(status: Status) -> Status {
+    let remote = RemoteError::from(&status);
+    let long = |t: &Option<String>| t.as_ref().is_some_and(|t| t.len() > MAX_ECHO);
+    if status.message().len() <= MAX_ECHO && !long(&remote.table) {
+        return status;
+    }
+    let message = clip(&remote.message, MAX_ECHO).into_owned();
+    let Some(kind) = remote.kind else {
+        return Status::new(status.code(), message);
+    };
+    let mut meta = HashMap::new();
+    if let Some(t) = &remote.table {
+        meta.insert("table".to_owned(), clip(t, MAX_ECHO).into_owned());
+    }
+    if let Some(p) = remote.position {
+        meta.insert("position".to_owned(), p.to_string());
+    }
+    Status::with_error_details(
+        status.code(),
+        message,
+        ErrorDetails::with_error_info(kind.name(), DOMAIN, meta),
+    )
+}
+
 /// A failed request of a stream, as its answer's error: the status it would have answered
 /// with, its `ErrorInfo` unpacked.
 pub fn stream_error(status: &Status) -> pb::Error {
@@ -179,6 +223,31 @@ mod tests {
             RemoteError::from(&Status::resource_exhausted("full")).name(),
             "Overloaded"
         );
+    }
+
+    #[test]
+    fn long_names_are_clipped_and_the_error_kept() {
+        let name = "n".repeat(100_000);
+        let e = nearrec::Error::InvalidRequest {
+            table: Some(name.clone()),
+            position: Some(3),
+            reason: format!("no table {name}"),
+        };
+        let s = bounded(status_of(&e));
+        assert!(s.message().len() <= MAX_ECHO, "{}", s.message().len());
+        assert!(s.message().ends_with("bytes in all)"), "{}", s.message());
+        let back = RemoteError::from(&s);
+        assert_eq!(back.kind, Some(ErrorKind::InvalidRequest));
+        assert_eq!(back.position, Some(3));
+        assert!(back.table.unwrap().len() <= MAX_ECHO);
+        let plain = bounded(Status::not_found(name));
+        assert_eq!(
+            (plain.code(), plain.message().len() <= MAX_ECHO),
+            (Code::NotFound, true)
+        );
+        // short ones pass untouched; a cut never splits a character
+        assert_eq!(bounded(Status::not_found("x")).message(), "x");
+        assert!(clip(&"é".repeat(2000), 101).len() <= 101);
     }
 
     #[test]

@@ -98,6 +98,11 @@ pub struct StoreConfig {
     /// Writable stores: how long a call that does not fit the delta waits for a compaction to
     /// free room before it is refused (`DeltaFull`), in ms (0–600000).
     pub write_wait_ms: u64,
+    /// Read-only stores: follow the writer in another process — every this many ms, look for
+    /// new records in its log and compactions, and serve them (1–3600000; `None`: do not, and
+    /// move only on `refresh()`; the storage node follows every 1000 ms unless told).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub follow_ms: Option<u64>,
 }
 
 /// When a write call returns (see [`StoreConfig::durability`]).
@@ -137,6 +142,7 @@ impl Default for StoreConfig {
             auto_compact: true,
             compaction_rate: Size(0),
             write_wait_ms: 10_000,
+            follow_ms: None,
         }
     }
 }
@@ -306,6 +312,17 @@ impl StoreConfig {
                 "write_wait_ms",
                 format!("{} must be in 0..=600000", self.write_wait_ms),
             );
+        }
+        if let Some(ms) = self.follow_ms {
+            if !(1..=3_600_000).contains(&ms) {
+                return bad("follow_ms", format!("{ms} must be in 1..=3600000"));
+            }
+            if self.writable {
+                return bad(
+                    "follow_ms",
+                    "a writable store is the writer: it has nobody to follow".into(),
+                );
+            }
         }
         if self.writable && self.device.is_some() {
             return bad(
@@ -481,6 +498,7 @@ mod tests {
                 auto_compact: false,
                 compaction_rate: Size(100 << 20),
                 write_wait_ms: 0,
+                follow_ms: Some(250),
             },
             StoreConfig::default()
                 .with_plan(PlanSource::File("a.plan.toml".into()))

@@ -218,6 +218,7 @@ fn format_class(e: &FormatError) -> Class<'_> {
         FormatError::Io { .. } => (K::StoreIo, None, None),
         FormatError::OutOfMemory { .. } => (K::InsufficientMemory, None, None),
         FormatError::Corrupted { .. } => (K::StoreCorrupted, None, None),
+        FormatError::CorruptedRow { table, .. } => (K::StoreCorrupted, Some(table.as_str()), None),
         FormatError::UnsupportedVersion { .. } => (K::UnsupportedVersion, None, None),
         FormatError::InvalidTable { table, .. } | FormatError::RowCount { table, .. } => {
             (K::InvalidRequest, Some(table.as_str()), None)

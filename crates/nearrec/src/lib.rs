@@ -42,6 +42,7 @@ mod pace;
 pub mod pipeline;
 mod raw;
 mod store;
+mod swap;
 
 pub use batch::{
     AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,

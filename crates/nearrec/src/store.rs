@@ -54,7 +54,7 @@ struct Served {
 
 impl Served {
     /// Serves `reader`'s store through `engine`, as `config` says (its writer's lock and log,
-    /// its background compactor).
+    /// its background compactor; read-only, the thread following its writer).
     fn open(reader: &StoreReader, engine: Engine, config: &StoreConfig) -> Result<Arc<Self>> {
         let live = Live::open(reader.path(), Arc::new(engine), reader.manifest(), config)?;
         let compactor = live.compactor_signal();
@@ -66,6 +66,12 @@ impl Served {
         });
         if let Some(signal) = compactor {
             crate::live::spawn(signal, Arc::downgrade(&served), |s| &s.live)?;
+        }
+        if let Some(ms) = config.follow_ms {
+            let every = std::time::Duration::from_millis(ms);
+            served
+                .live
+                .follow(every, Arc::downgrade(&served), |s| &s.live)?;
         }
         Ok(served)
     }
@@ -188,13 +194,22 @@ impl Store {
     /// first with the rows the old one's DRAM tiers hold (read from the new store's files), so
     /// that the switch does not start cold; its hot partitions come from the config's plan as
     /// at open. A writable store takes the new store's writer lock and log; the old one's are
-    /// let go.
-    /// Returns the new store's version.
-    pub fn swap(&self, path: impl AsRef<Path>, warm: bool) -> Result<u64> {
+    /// let go. Unless `force`, the new store must answer every request the old one answers
+    /// (its tables, dims, dtypes, rows and model: `crate::swap`), or the swap is refused
+    /// naming the difference. Returns the new store's version.
+    pub fn swap(&self, path: impl AsRef<Path>, warm: bool, force: bool) -> Result<u64> {
         if self.inner.flash.is_some() {
             return Err(Error::invalid(
                 "a store served from a simulated drive cannot swap; open the new one",
             ));
+        }
+        let path = path.as_ref();
+        let nul = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).contains(&0);
+        if nul || (path.exists() && !path.is_dir()) {
+            return Err(Error::invalid(format!(
+                "{} is not a store directory",
+                path.display()
+            )));
         }
         let reader = StoreReader::open(path)?;
         let old = self.served();
@@ -203,6 +218,10 @@ impl Store {
                 "{} is the store being served; swap to another one",
                 old.path.display()
             )));
+        }
+        if !force {
+            let model = self.model().ok();
+            crate::swap::check(&self.tables(), model.as_deref(), &reader)?;
         }
         self.reaped(reader.path());
         let pace = pacer(self.inner.config.compaction_rate.0);

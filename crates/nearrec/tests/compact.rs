@@ -217,6 +217,94 @@ fn a_read_only_opener_follows_the_writers_compactions() {
 }
 
 #[test]
+fn a_read_only_store_that_follows_serves_what_its_writer_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_store(dir.path());
+    let writer = Store::open(&path, &config("tier = \"dram\"", true)).unwrap();
+    let mut c = config("tier = \"ssd\"\ndram_budget = \"32KiB\"", false);
+    c.follow_ms = Some(20);
+    let reader = Store::open(&path, &c).unwrap();
+    let mut model = Model::default();
+    // writes, a compaction, writes after it: each seen without a refresh, within a bound
+    for round in 0..3u64 {
+        for k in round * 10..round * 10 + 10 {
+            model.call(&writer, k);
+        }
+        if round == 1 {
+            writer.compact().unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while reader.version() != writer.version() {
+            assert!(std::time::Instant::now() < deadline, "not followed in 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        model.check(&reader, &format!("round {round}"));
+    }
+    let st = stats(&reader);
+    assert_eq!((st["follow_ms"], st["follow_errors"]), (20.0, 0.0));
+    assert!(st["follow_moved"] >= 3.0, "{st:?}");
+    // a writable store has nobody to follow
+    let mut both = config("tier = \"dram\"", true);
+    both.follow_ms = Some(20);
+    assert!(both.validate().is_err());
+}
+
+/// Flips a bit of row `row` of table `t` in its file (rows in id order).
+fn flip_bit(path: &Path, t: usize, row: u64) {
+    use std::os::unix::fs::FileExt;
+    let meta = StoreReader::open(path).unwrap().tables()[t].clone();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path.join(&meta.file))
+        .unwrap();
+    let at = 4096 + meta.layout().row_offset(row) + 2;
+    let mut b = [0u8];
+    file.read_exact_at(&mut b, at).unwrap();
+    file.write_all_at(&[b[0] ^ 0x08], at).unwrap();
+}
+
+#[test]
+fn a_compaction_does_not_launder_a_damaged_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_store(dir.path());
+    flip_bit(&path, 0, 100);
+    let s = Store::open(&path, &config("tier = \"ssd\"\ndram_budget = \"0\"", true)).unwrap();
+    let one = |id: i64| {
+        let (ids, lengths) = ([id], [1i64]);
+        let batch = Batch::new(vec![TableLookup::new(
+            "a",
+            Indices::I64(&ids),
+            Bags::Lengths(Indices::I64(&lengths)),
+        )]);
+        s.lookup(&batch).map(|p| p.values)
+    };
+    let kind = |r: nearrec::Result<Vec<f32>>| r.unwrap_err().kind();
+    assert_eq!(kind(one(100)), nearrec::ErrorKind::StoreCorrupted);
+    s.write("a", &[7], &new_row(0, 1)).unwrap();
+    let err = s.compact().unwrap_err();
+    assert_eq!(err.kind(), nearrec::ErrorKind::StoreCorrupted, "{err}");
+    assert_eq!(err.table(), Some("a"));
+    assert!(err.to_string().contains("100"), "{err}");
+    // nothing moved: the damage is still reported, the write still served
+    assert_eq!(kind(one(100)), nearrec::ErrorKind::StoreCorrupted);
+    assert_eq!(one(7).unwrap(), encoded(0, &new_row(0, 1)));
+    assert!(
+        StoreReader::open(&path).unwrap().verify(None)[0]
+            .error
+            .is_some()
+    );
+    // the rows of the damaged sector written anew: the compaction heals it
+    let sector: Vec<i64> = (96..104).collect();
+    let rows: Vec<Vec<f32>> = sector.iter().map(|&r| new_row(0, r as u64)).collect();
+    s.write("a", &sector, &rows.concat()).unwrap();
+    s.compact().unwrap();
+    assert_eq!(one(100).unwrap(), encoded(0, &new_row(0, 100)));
+    let reader = StoreReader::open(&path).unwrap();
+    assert!(reader.verify(None).iter().all(|c| c.error.is_none()));
+}
+
+#[test]
 fn a_full_delta_waits_for_the_background_compaction() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big");

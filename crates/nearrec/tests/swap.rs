@@ -72,7 +72,7 @@ fn a_swapped_store_serves_the_next_lookup() {
             Bags::Lengths(Indices::I64(&lengths)),
         )]);
         let prepared = s.prepare(&batch).unwrap();
-        s.swap(&v2, false).unwrap();
+        s.swap(&v2, false, false).unwrap();
         assert_eq!(s.path(), v2.canonicalize().unwrap_or(v2.clone()));
         assert_eq!(
             both(&s, &[5]).unwrap(),
@@ -83,14 +83,16 @@ fn a_swapped_store_serves_the_next_lookup() {
         s.execute(&batch, &prepared, &mut out).unwrap();
         assert_eq!(out, vec![-7.0; 16]);
         // and back
-        s.swap(&v1, true).unwrap();
+        s.swap(&v1, true, false).unwrap();
         assert_eq!(
             both(&s, &[9]).unwrap(),
             [vec![9.0; 16], vec![9.0; 8]].concat()
         );
-        let err = s.swap(&v1, false).unwrap_err();
+        let err = s.swap(&v1, false, false).unwrap_err();
         assert!(err.to_string().contains("being served"), "{err}");
-        let err = s.swap(dir.path().join("nothing"), false).unwrap_err();
+        let err = s
+            .swap(dir.path().join("nothing"), false, false)
+            .unwrap_err();
         assert!(matches!(err, Error::Format(_)), "{err}");
         assert_eq!(
             both(&s, &[9]).unwrap()[0],
@@ -132,7 +134,7 @@ fn no_lookup_fails_or_mixes_versions_across_swaps() {
             })
             .collect();
         for k in 0..20 {
-            s.swap(if k % 2 == 0 { &v2 } else { &v1 }, k % 3 == 0)
+            s.swap(if k % 2 == 0 { &v2 } else { &v1 }, k % 3 == 0, false)
                 .unwrap();
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
@@ -153,7 +155,7 @@ fn warm_swaps_start_with_the_old_working_set() {
     for warm in [false, true] {
         let s = Store::open(&v1, &c).unwrap();
         both(&s, &hot).unwrap(); // the old version's working set, in its caches
-        s.swap(&v2, warm).unwrap();
+        s.swap(&v2, warm, false).unwrap();
         let before = s.stats().unwrap().get("device_reads").unwrap();
         let v = both(&s, &hot).unwrap();
         assert_eq!(v[24], -13.0);
@@ -177,7 +179,7 @@ fn a_writable_store_takes_the_new_stores_lock_and_log() {
     c.writable = true;
     let s = Store::open(&v1, &c).unwrap();
     s.write("a", &[1], &[0.5; 16]).unwrap();
-    s.swap(&v2, true).unwrap();
+    s.swap(&v2, true, false).unwrap();
     assert_eq!(s.version(), 0);
     s.write("a", &[2], &[0.25; 16]).unwrap();
     let v = both(&s, &[1, 2]).unwrap();
@@ -212,8 +214,87 @@ fn a_writable_store_swaps_back_at_once() {
     let s = Store::open(&v1, &c).unwrap();
     for i in 0..40i64 {
         let to = if i % 2 == 0 { &v2 } else { &v1 };
-        s.swap(to, false).unwrap();
+        s.swap(to, false, false).unwrap();
         s.write("a", &[i % 8], &[i as f32; 16]).unwrap();
     }
     assert_eq!(both(&s, &[39 % 8]).unwrap()[..16], [39.0; 16]);
+}
+
+/// A store of the tables `tables` — (name, rows, dim, dtype) — row `r` being `r`.
+fn store_of(dir: &Path, name: &str, tables: &[(&str, u64, u32, DType)]) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    for &(table, rows, dim, dtype) in tables {
+        let mut t = w.table(TableSpec::new(table, rows, dim, dtype)).unwrap();
+        t.write_with(rows, |r, out| out.fill(r as f32)).unwrap();
+        w.finish_table(t).unwrap();
+    }
+    w.commit().unwrap();
+    path
+}
+
+#[test]
+fn a_store_that_would_fail_the_served_requests_is_refused_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, _) = two_versions(dir.path());
+    let s = Store::open(&v1, &config("tier = \"dram\"")).unwrap();
+    let fp32 = DType::Fp32;
+    let cases = [
+        ("no_b", vec![("a", ROWS, 16, fp32)], "b", "no table"),
+        (
+            "dim",
+            vec![("a", ROWS, 32, fp32), ("b", ROWS, 8, fp32)],
+            "a",
+            "dim 32",
+        ),
+        (
+            "dtype",
+            vec![("a", ROWS, 16, DType::Fp16), ("b", ROWS, 8, fp32)],
+            "a",
+            "fp16",
+        ),
+        (
+            "rows",
+            vec![("a", ROWS, 16, fp32), ("b", 10, 8, fp32)],
+            "b",
+            "10 rows",
+        ),
+    ];
+    for (name, tables, table, says) in cases {
+        let path = store_of(dir.path(), name, &tables);
+        let err = s.swap(&path, false, false).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            nearrec::ErrorKind::InvalidRequest,
+            "{name}: {err}"
+        );
+        assert_eq!(err.table(), Some(table), "{name}: {err}");
+        assert!(err.to_string().contains(says), "{name}: {err}");
+        assert_eq!(
+            both(&s, &[3]).unwrap()[0],
+            3.0,
+            "{name}: a refused swap changes nothing"
+        );
+    }
+    // more rows and more tables are compatible; a forced swap serves anything
+    let grown = [
+        ("a", 2 * ROWS, 16, fp32),
+        ("b", ROWS, 8, fp32),
+        ("c", 5, 4, fp32),
+    ];
+    s.swap(store_of(dir.path(), "grown", &grown), false, false)
+        .unwrap();
+    s.swap(
+        store_of(dir.path(), "other", &[("z", 5, 4, fp32)]),
+        false,
+        true,
+    )
+    .unwrap();
+    assert_eq!(s.tables()[0].name, "z");
+    // a file, or a path holding a NUL, is not a store directory: a caller's error
+    std::fs::write(dir.path().join("file"), b"x").unwrap();
+    for bad in [dir.path().join("file"), dir.path().join("v1\0x")] {
+        let err = s.swap(&bad, false, true).unwrap_err();
+        assert_eq!(err.kind(), nearrec::ErrorKind::InvalidRequest, "{err}");
+    }
 }

@@ -10,6 +10,7 @@
 //! Compaction ([`compact`]) folds the deltas into new table files and moves the base.
 
 mod compact;
+mod follow;
 mod tables;
 
 use std::fs::File;
@@ -142,6 +143,8 @@ pub(crate) struct Live {
     writer: Option<Writer>,
     /// One refresh at a time (two would apply the same records twice).
     refreshing: Mutex<()>,
+    /// A read-only store following its writer: what that did.
+    follows: follow::FollowStats,
 }
 
 #[derive(Debug)]
@@ -197,6 +200,7 @@ impl Live {
             delta_rows,
             writer: None,
             refreshing: Mutex::new(()),
+            follows: follow::FollowStats::default(),
         };
         let records = if config.writable {
             let lock = files::lock_file(&dir.join(files::WRITER_LOCK), false)
@@ -247,6 +251,22 @@ impl Live {
             w.used.store(live.delta_bytes(), Relaxed);
         }
         Ok(live)
+    }
+
+    /// Follows the writer every `every` (a read-only store), for as long as `store` lives.
+    pub(crate) fn follow<T: Send + Sync + 'static>(
+        &self,
+        every: Duration,
+        store: Weak<T>,
+        live: fn(&T) -> &Live,
+    ) -> Result<()> {
+        if self.writer.is_some() {
+            return Ok(());
+        }
+        self.follows
+            .every_ms
+            .store(every.as_millis() as u64, Relaxed);
+        follow::spawn(store, live, every)
     }
 
     /// What the background compactor waits on (`None`: the store does not compact by itself).
@@ -537,6 +557,9 @@ impl Live {
             ("compacted_rows", c.rows.load(Relaxed) as f64),
             ("compaction_bytes", c.bytes.load(Relaxed) as f64),
             ("compaction_seconds", c.nanos.load(Relaxed) as f64 * 1e-9),
+            ("follow_ms", self.follows.every_ms.load(Relaxed) as f64),
+            ("follow_moved", self.follows.moved.load(Relaxed) as f64),
+            ("follow_errors", self.follows.errors.load(Relaxed) as f64),
         ]
     }
 }

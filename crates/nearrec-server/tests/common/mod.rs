@@ -1,0 +1,138 @@
+//! What the node's tests share: a small store, a node on a free loopback port (in this
+//! process), requests.
+
+#![allow(dead_code)] // each test file uses its part
+
+use std::path::{Path, PathBuf};
+
+use nearrec::{AsBatch, OwnedBatch, Store, StoreConfig};
+use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_server::{Listeners, NodeConfig, Stores, serve};
+use nearrec_wire::convert;
+use nearrec_wire::v1 as pb;
+use nearrec_wire::v1::node_client::NodeClient;
+use tonic::transport::Channel;
+
+pub const ROWS: u64 = 400;
+pub const DIM: u32 = 8;
+
+/// A store of two tables, `t0` (fp32) and `t1` (fp16), `ROWS` × `DIM`.
+pub fn build(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("store");
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    for (t, (name, dtype)) in [("t0", DType::Fp32), ("t1", DType::Fp16)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut table = w.table(TableSpec::new(name, ROWS, DIM, dtype)).unwrap();
+        let values: Vec<f32> = (0..ROWS * u64::from(DIM))
+            .map(|i| ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5)
+            .collect();
+        table.write_f32(&values).unwrap();
+        w.finish_table(table).unwrap();
+    }
+    w.commit().unwrap();
+    path
+}
+
+pub fn open(path: &Path, toml: &str) -> Store {
+    Store::open(path, &StoreConfig::from_toml(toml).unwrap()).unwrap()
+}
+
+/// A node serving `stores` in this process, with its metrics endpoint; stopped (drained) when
+/// dropped.
+pub struct Node {
+    pub addr: std::net::SocketAddr,
+    pub metrics: std::net::SocketAddr,
+    pub runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Node {
+    pub fn start(stores: Stores, config: NodeConfig) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let bind = || {
+            runtime
+                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .unwrap()
+        };
+        let listeners = Listeners {
+            grpc: bind(),
+            metrics: Some(bind()),
+        };
+        let addr = listeners.grpc.local_addr().unwrap();
+        let metrics = listeners.metrics.as_ref().unwrap().local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let done = runtime.spawn(async move {
+            serve(stores, config, listeners, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        Self {
+            addr,
+            metrics,
+            runtime,
+            stop: Some(tx),
+            done: Some(done),
+        }
+    }
+
+    /// `GET /metrics`, as a scraper does it.
+    pub fn scrape(&self) -> String {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(self.metrics).unwrap();
+        write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        assert!(
+            out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
+            "{out}"
+        );
+        out
+    }
+
+    pub fn client(&self) -> NodeClient<Channel> {
+        let url = format!("http://{}", self.addr);
+        self.runtime
+            .block_on(NodeClient::connect(url))
+            .unwrap()
+            .max_decoding_message_size(64 << 20)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(done) = self.done.take() {
+            let _ = self.runtime.block_on(done);
+        }
+    }
+}
+
+pub fn request(store: &str, batch: &OwnedBatch, raw: bool, id: u64) -> pb::LookupRequest {
+    pb::LookupRequest {
+        store: store.into(),
+        tables: convert::tables(&batch.as_batch()),
+        raw,
+        id,
+    }
+}
+
+pub fn authorized<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}

@@ -1,0 +1,705 @@
+//! What probing the node found, tried against it as the probe tried it: a client that opens
+//! its HTTP/2 window to 0 and never reads, silent and half-open connections, a connection flood
+//! under a 1,024-descriptor limit, a revoked token on an open stream (ACL edited + SIGHUP), a
+//! swap outside the node's root or exposing tables the caller may not read, store names a
+//! principal should not learn, echoed names of 100k characters, `grpc-timeout`s of `0n`, a
+//! table larger than the disk, a metrics endpoint on every interface without an ACL.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Node, authorized, build, open, request};
+use nearrec::{OwnedBatch, OwnedLookup};
+use nearrec_server::acl::token_hash;
+use nearrec_server::{NodeConfig, Stores};
+use nearrec_wire::v1 as pb;
+use tonic::Code;
+use tonic::codegen::{Bytes, http};
+
+/// A gRPC message as it travels: uncompressed flag, big-endian length, the message.
+fn framed(message: &impl prost::Message) -> Bytes {
+    let body = message.encode_to_vec();
+    let mut out = vec![0u8];
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out.into()
+}
+
+/// A raw HTTP/2 connection to `addr` whose streams open with `window` bytes of room for the
+/// node's answers (0: the node may send none).
+async fn raw_client(addr: SocketAddr, window: u32) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// Sends `message` to `method` with `headers`; returns the answer's head (its body unread).
+async fn raw_call(
+    client: &mut h2::client::SendRequest<Bytes>,
+    method: &str,
+    headers: &[(&str, &str)],
+    message: &impl prost::Message,
+) -> http::Response<h2::RecvStream> {
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://node/nearrec.v1.Node/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut ready = client.clone().ready().await.unwrap();
+    let (answer, mut body) = ready.send_request(req.body(()).unwrap(), false).unwrap();
+    body.send_data(framed(message), true).unwrap();
+    answer.await.unwrap()
+}
+
+/// The `grpc-status` of an answer that ended with its head (a refusal), if it did.
+fn refused_with(head: &http::Response<h2::RecvStream>) -> Option<i32> {
+    head.headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().parse().unwrap())
+}
+
+/// A lookup of `bags` one-id bags on both tables: an answer of `bags × 16` floats.
+fn lookup_of(bags: usize) -> pb::LookupRequest {
+    let ids: Vec<i64> = (0..bags as i64).map(|i| i % 400).collect();
+    let lookups = ["t0", "t1"]
+        .map(|t| OwnedLookup::with_lengths(t, ids.clone(), vec![1i64; bags]))
+        .to_vec();
+    request("s", &OwnedBatch::new(lookups), false, 0)
+}
+
+/// The value of the metric line starting with `name` in a scrape (0 if absent).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+#[test]
+fn a_client_that_never_reads_pins_at_most_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = Stores::new();
+    stores
+        .insert("s", open(&build(dir.path()), "tier = \"dram\""))
+        .unwrap();
+    let node = Node::start(
+        stores,
+        NodeConfig {
+            max_message_bytes: 2 << 20,
+            max_unsent_bytes_per_connection: 4 << 20,
+            max_unsent_bytes: 6 << 20,
+            ..NodeConfig::default()
+        },
+    );
+    let rt = &node.runtime;
+    // answers of 1 MiB each; the connection's budget holds four
+    let big = lookup_of(16_384);
+    let (pending, refused) = rt.block_on(async {
+        let mut sink = raw_client(node.addr, 0).await;
+        let mut heads = Vec::new();
+        for _ in 0..10 {
+            heads.push(raw_call(&mut sink, "Lookup", &[], &big).await);
+        }
+        let refused: Vec<i32> = heads.iter().filter_map(refused_with).collect();
+        // the sink keeps its connection (and its unread answers) open meanwhile
+        (heads, refused)
+    });
+    assert_eq!(refused, vec![Code::ResourceExhausted as i32; 6]);
+    assert_eq!(pending.len() - refused.len(), 4);
+    let text = node.scrape();
+    assert_eq!(
+        metric(&text, "nearrec_refused_total{reason=\"unsent_bytes\"}"),
+        6.0
+    );
+    // the requests waiting to send keep their places in the node
+    assert_eq!(metric(&text, "nearrec_in_flight "), 4.0, "{text}");
+    // another client is served: the node's budget has room for two more such answers
+    let mut c = node.client();
+    for _ in 0..2 {
+        rt.block_on(c.lookup(big.clone())).unwrap();
+    }
+    // the sink gone, its answers go with it
+    drop(pending);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&node.scrape(), "nearrec_in_flight ") > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the sink's answers are still held"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads from `c` until the node closes it (end of stream or a reset); `Err` after `within`.
+fn closed_within(c: &mut TcpStream, within: Duration) -> Result<Duration, String> {
+    let start = Instant::now();
+    c.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return Ok(start.elapsed()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Ok(start.elapsed());
+            }
+            Err(e) => return Err(format!("still open after {:?}: {e}", start.elapsed())),
+        }
+    }
+}
+
+#[test]
+fn silent_and_half_open_connections_are_closed_and_live_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = Stores::new();
+    stores
+        .insert("s", open(&build(dir.path()), "tier = \"dram\""))
+        .unwrap();
+    let node = Node::start(
+        stores,
+        NodeConfig {
+            handshake_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(1),
+            ..NodeConfig::default()
+        },
+    );
+    let limit = Duration::from_secs(10);
+    // nothing at all; half a preface
+    let mut silent = TcpStream::connect(node.addr).unwrap();
+    let mut half = TcpStream::connect(node.addr).unwrap();
+    half.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
+    // a whole preface and SETTINGS, then silence: no answer to the node's pings
+    let mut mute = TcpStream::connect(node.addr).unwrap();
+    mute.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    for (what, c) in [
+        ("silent", &mut silent),
+        ("half", &mut half),
+        ("mute", &mut mute),
+    ] {
+        closed_within(c, limit).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    let text = node.scrape();
+    assert!(
+        metric(
+            &text,
+            "nearrec_connections_closed_total{reason=\"timed_out\"}"
+        ) >= 2.0,
+        "{text}"
+    );
+    // a live client idle for longer than the idle timeout answers the pings and keeps its
+    // connection
+    node.runtime.block_on(async {
+        let mut live = raw_client(node.addr, 1 << 20).await;
+        let head = raw_call(&mut live, "Lookup", &[], &lookup_of(2)).await;
+        assert_eq!(refused_with(&head), None);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let head = raw_call(&mut live, "Lookup", &[], &lookup_of(2)).await;
+        assert_eq!(refused_with(&head), None);
+    });
+}
+
+#[test]
+fn deadlines_passed_on_arrival_are_deadline_exceeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = Stores::new();
+    stores
+        .insert("s", open(&build(dir.path()), "tier = \"ssd\""))
+        .unwrap();
+    let node = Node::start(stores, NodeConfig::default());
+    node.runtime.block_on(async {
+        let mut c = raw_client(node.addr, 1 << 20).await;
+        for timeout in ["0n", "1n", "0m", "0S", "1u"] {
+            let head = raw_call(
+                &mut c,
+                "Lookup",
+                &[("grpc-timeout", timeout)],
+                &lookup_of(4),
+            )
+            .await;
+            assert_eq!(
+                refused_with(&head),
+                Some(Code::DeadlineExceeded as i32),
+                "{timeout}"
+            );
+        }
+    });
+}
+
+#[test]
+fn store_names_and_echoes_are_bounded_to_what_the_caller_may_know() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        format!(
+            "[principal.ranker]\ntoken_sha256 = \"{}\"\nread = [\"s/*\"]\n",
+            token_hash("ranker-token")
+        ),
+    )
+    .unwrap();
+    let mut stores = Stores::new();
+    for name in ["s", "secret-store"] {
+        let path = build(&dir.path().join(name));
+        stores.insert(name, open(&path, "tier = \"dram\"")).unwrap();
+    }
+    let node = Node::start(
+        stores,
+        NodeConfig {
+            acl: Some(acl),
+            ..NodeConfig::default()
+        },
+    );
+    let mut c = node.client();
+    let rt = &node.runtime;
+    let token = Some("ranker-token");
+    // a store the caller holds no grant on is answered as one the node does not serve
+    let mut said = Vec::new();
+    for name in ["nope", "secret-store"] {
+        let s = rt
+            .block_on(c.lookup(authorized(
+                request(name, &OwnedBatch::new(vec![]), false, 0),
+                token,
+            )))
+            .unwrap_err();
+        assert_eq!(s.code(), Code::NotFound, "{name}: {}", s.message());
+        assert!(s.message().ends_with("it serves: s"), "{}", s.message());
+        said.push(s.message().replace(name, "NAME"));
+    }
+    assert_eq!(said[0], said[1]);
+    let info = rt
+        .block_on(c.info(authorized(pb::InfoRequest { store: "s".into() }, token)))
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.stores, vec!["s".to_owned()]);
+    // a name of 100k characters comes back clipped, with its own code
+    let long = "x".repeat(100_000);
+    let s = rt
+        .block_on(c.lookup(authorized(
+            request(&long, &OwnedBatch::new(vec![]), false, 0),
+            token,
+        )))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::NotFound);
+    assert!(s.message().len() < 2048, "{}", s.message().len());
+    let lookup = OwnedBatch::new(vec![OwnedLookup::with_lengths(
+        long,
+        vec![1i64],
+        vec![1i64],
+    )]);
+    let s = rt
+        .block_on(c.lookup(authorized(request("s", &lookup, false, 0), token)))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::NotFound, "{}", s.message().len());
+    assert!(s.message().len() <= nearrec_wire::status::MAX_ECHO);
+}
+
+#[test]
+fn a_swap_is_confined_to_its_root_and_needs_what_it_exposes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("stores");
+    let served = build(&root.join("v1"));
+    let next = build(&root.join("v2"));
+    let outside = build(&dir.path().join("elsewhere"));
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        format!(
+            "[principal.ops]\ntoken_sha256 = \"{}\"\nread = [\"s/*\"]\nadmin = [\"s/*\"]\n\n\
+             [principal.blind]\ntoken_sha256 = \"{}\"\nread = [\"s/t0\"]\nadmin = [\"s/*\"]\n",
+            token_hash("ops"),
+            token_hash("blind")
+        ),
+    )
+    .unwrap();
+    let mut stores = Stores::new();
+    stores
+        .insert("s", open(&served, "tier = \"dram\""))
+        .unwrap();
+    let node = Node::start(
+        stores,
+        NodeConfig {
+            acl: Some(acl),
+            swap_root: Some(root.clone()),
+            ..NodeConfig::default()
+        },
+    );
+    let c = node.client();
+    let rt = &node.runtime;
+    let swap = |path: &Path, who: &str, force: bool| {
+        let req = pb::SwapRequest {
+            store: "s".into(),
+            path: path.to_str().unwrap().into(),
+            warm: false,
+            force,
+        };
+        rt.block_on(c.clone().swap(authorized(req, Some(who))))
+            .map(|r| r.into_inner().version)
+            .map_err(|s| s.code())
+    };
+    // outside the served store's directory, through a link, up and out: refused
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    for path in [
+        outside.clone(),
+        root.join("link"),
+        root.join("../elsewhere/store"),
+    ] {
+        assert_eq!(
+            swap(&path, "ops", true),
+            Err(Code::PermissionDenied),
+            "{path:?}"
+        );
+    }
+    // what the swap would expose must be readable by the caller
+    assert_eq!(swap(&next, "blind", false), Err(Code::PermissionDenied));
+    // a file, a NUL, nothing there: the caller's mistakes, not the node's
+    std::fs::write(root.join("file"), b"x").unwrap();
+    assert_eq!(
+        swap(&root.join("file"), "ops", false),
+        Err(Code::InvalidArgument)
+    );
+    assert_eq!(swap(&root.join("gone"), "ops", false), Err(Code::NotFound));
+    let nul = pb::SwapRequest {
+        store: "s".into(),
+        path: "v2\0x".into(),
+        warm: false,
+        force: false,
+    };
+    let s = rt
+        .block_on(c.clone().swap(authorized(nul, Some("ops"))))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    // a store that would fail the served requests is refused, unless forced
+    let other = root.join("other");
+    let mut w = nearrec_format::StoreWriter::create(&other, Default::default()).unwrap();
+    let spec = nearrec_format::TableSpec::new("t0", 400, 4, nearrec_format::DType::Fp32);
+    let mut t = w.table(spec).unwrap();
+    t.write_with(400, |_, out| out.fill(1.0)).unwrap();
+    w.finish_table(t).unwrap();
+    w.commit().unwrap();
+    assert_eq!(swap(&other, "ops", false), Err(Code::InvalidArgument));
+    // inside the root, readable, compatible (relative to the root too): served
+    assert!(swap(&next, "ops", false).is_ok());
+    assert!(swap(Path::new("v1/store"), "ops", false).is_ok());
+    assert!(swap(&other, "ops", true).is_ok());
+}
+
+#[test]
+fn a_table_larger_than_the_disk_is_refused_at_once_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut stores = Stores::new();
+    stores
+        .insert("s", open(&path, "tier = \"dram\"\nwritable = true"))
+        .unwrap();
+    let node = Node::start(stores, NodeConfig::default());
+    let files = || std::fs::read_dir(&path).unwrap().count();
+    let before = files();
+    let req = pb::CreateTableRequest {
+        store: "s".into(),
+        name: "huge".into(),
+        rows: 1 << 44,
+        dim: 64,
+        ..Default::default()
+    };
+    let s = node
+        .runtime
+        .block_on(node.client().create_table(req))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument, "{}", s.message());
+    assert!(s.message().contains("free"), "{}", s.message());
+    assert_eq!(files(), before, "a refused table leaves no file");
+}
+
+/// The `nearrec-server` binary, started as an operator starts it; killed when dropped.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+    /// Lines the node logs (stderr), as they come.
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts the binary with `args`; `nofile`: its descriptor limit, soft and hard.
+    fn start(args: &[&str], nofile: Option<u64>) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nearrec-server"));
+        cmd.args(args)
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit only, between fork and exec
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "nearrec-server listening on ADDR (stores: ...); metrics on http://ADDR/metrics"
+        let addr = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+        let metrics = line
+            .rsplit("http://")
+            .next()
+            .unwrap()
+            .trim()
+            .trim_end_matches("/metrics")
+            .parse()
+            .unwrap();
+        let (tx, log) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Self {
+            child,
+            addr,
+            metrics,
+            log,
+        }
+    }
+
+    fn scrape(&self) -> String {
+        let mut c = TcpStream::connect(self.metrics).unwrap();
+        write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// Waits for a log line holding `text`.
+    fn logged(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(l) if l.contains(text) => return,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {text:?}: {e}"),
+            }
+        }
+    }
+
+    /// CPU seconds the node has used (user + system).
+    fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        // utime and stime: fields 14 and 15 of the line, 12 and 13 after the command
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        // SAFETY: sysconf reads a constant
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// This process's descriptor limit raised to its hard limit (the flood needs more than 1,024).
+fn raise_own_nofile() -> u64 {
+    nearrec_server::conns::raise_nofile().unwrap()
+}
+
+#[test]
+fn a_connection_flood_under_a_1024_descriptor_limit_leaves_clients_served() {
+    if raise_own_nofile() < 2048 {
+        eprintln!("skipped: this process may not open 2,048 descriptors");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let store = format!("{}=s", path.display());
+    let node = Server::start(&[&store, "--handshake-timeout", "30"], Some(1024));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut client = rt
+        .block_on(pb::node_client::NodeClient::connect(format!(
+            "http://{}",
+            node.addr
+        )))
+        .unwrap();
+    let small = lookup_of(4);
+    rt.block_on(client.lookup(small.clone())).unwrap();
+    let cpu = node.cpu_seconds();
+    let flood: Vec<TcpStream> = (0..1100)
+        .filter_map(|_| TcpStream::connect(node.addr).ok())
+        .collect();
+    assert!(flood.len() > 1000, "{} connections", flood.len());
+    // the client connected before the flood is answered in the middle of it
+    let start = Instant::now();
+    for _ in 0..20 {
+        let call = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), client.lookup(small.clone())).await
+        });
+        call.expect("a call in the flood timed out").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // ... and the node does not spin on its accept loop (it spun at 14.5 s of CPU in 12 s)
+    let spent = node.cpu_seconds() - cpu;
+    let took = start.elapsed().as_secs_f64();
+    assert!(
+        spent < 0.5 * took + 0.5,
+        "{spent:.2} s of CPU in {took:.2} s"
+    );
+    let text = node.scrape();
+    assert!(
+        metric(
+            &text,
+            "nearrec_connections_closed_total{reason=\"refused\"}"
+        ) > 0.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "nearrec_connections_closed_total{reason=\"accept_error\"}"
+        ),
+        0.0,
+        "the cap keeps the node within its descriptors"
+    );
+    drop(flood);
+    // once the flood is gone, new clients connect
+    let mut fresh = rt
+        .block_on(pb::node_client::NodeClient::connect(format!(
+            "http://{}",
+            node.addr
+        )))
+        .unwrap();
+    rt.block_on(fresh.lookup(small)).unwrap();
+}
+
+#[test]
+fn a_revoked_token_ends_an_open_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let acl = dir.path().join("acl.toml");
+    let grants = |reader: bool| {
+        let mut text = format!(
+            "[principal.partial]\ntoken_sha256 = \"{}\"\nread = [\"s/t0\"{}]\n",
+            token_hash("partial"),
+            if reader { ", \"s/t1\"" } else { "" }
+        );
+        if reader {
+            text += &format!(
+                "\n[principal.gone]\ntoken_sha256 = \"{}\"\nread = [\"*\"]\n",
+                token_hash("gone")
+            );
+        }
+        std::fs::write(&acl, text).unwrap();
+    };
+    grants(true);
+    let store = format!("{}=s", path.display());
+    let node = Server::start(&[&store, "--acl", acl.to_str().unwrap()], None);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt
+        .block_on(pb::node_client::NodeClient::connect(format!(
+            "http://{}",
+            node.addr
+        )))
+        .unwrap();
+    let both = lookup_of(2);
+    // two streams open, each answered once
+    let mut streams = Vec::new();
+    for token in ["gone", "partial"] {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let outgoing = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let mut c = client.clone();
+        let mut answers = rt
+            .block_on(c.lookup_stream(authorized(outgoing, Some(token))))
+            .unwrap()
+            .into_inner();
+        rt.block_on(tx.send(both.clone())).unwrap();
+        let first = rt.block_on(answers.message()).unwrap().unwrap();
+        assert!(first.error.is_none(), "{token}: {:?}", first.error);
+        streams.push((tx, answers));
+    }
+    // the ACL edited and reloaded: "gone" is no more, "partial" lost t1
+    grants(false);
+    // SAFETY: a signal to the child
+    unsafe { libc::kill(node.child.id() as i32, libc::SIGHUP) };
+    node.logged("ACL reloaded");
+    let (tx, mut answers) = streams.remove(0);
+    rt.block_on(tx.send(both.clone())).unwrap();
+    let ended = rt.block_on(answers.message()).unwrap_err();
+    assert_eq!(ended.code(), Code::Unauthenticated, "{}", ended.message());
+    let (tx, mut answers) = streams.remove(0);
+    rt.block_on(tx.send(both)).unwrap();
+    let denied = rt.block_on(answers.message()).unwrap().unwrap();
+    assert_eq!(
+        denied.error.map(|e| e.code),
+        Some(Code::PermissionDenied as i32)
+    );
+}
+
+#[test]
+fn a_metrics_endpoint_on_every_interface_needs_an_acl_or_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nearrec-server"))
+        .args([path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "0.0.0.0:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // a node that starts anyway is stopped at once, not left listening on every interface
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the node started with its metrics on 0.0.0.0 and no ACL");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(2));
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        err.contains("0.0.0.0") && err.contains("--insecure"),
+        "{err}"
+    );
+}
