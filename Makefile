@@ -9,7 +9,7 @@ RECBOLE   ?= recbole==1.2.1
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-slow develop rust-check py-check docs bench bench-quick wheel wheel-smoke clean
+.PHONY: demo test test-slow develop system-deps rust-check py-check docs bench bench-quick wheel wheel-smoke clean
 
 # The environment: a virtualenv with the build tool, test tools, PyTorch (CPU use of the default
 # wheel), FBGEMM's CPU build and TorchRec (the peers, and the KeyedJaggedTensor tests), RocksDB
@@ -43,6 +43,21 @@ demo: develop
 	nearrec lookup $(DEMO_STORE) --batch 256 --pooling 80 --repeat 50
 	$(PY) examples/quickstart.py
 
+# Debian packages the tests use, which pip cannot install: redis-server (the storage node's
+# benchmark peer, started and stopped by the tests and the benchmark), openssl (the TLS tests'
+# certificates). Installed when missing, as root (CI, a fresh container); without root the
+# missing ones are named in one line before anything runs, rather than as test failures at
+# the end of a long run.
+SYSTEM_DEPS := redis-server openssl
+system-deps:
+	@missing=""; for p in $(SYSTEM_DEPS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "make: the tests need the Debian package(s)$$missing: apt-get install -y$$missing (as root)" >&2; \
+	    exit 1; \
+	fi; \
+	apt-get update -q && apt-get install -y -q $$missing
+
 # The Rust layer contract (scripts/check_layers.py: the crate ladder, no module cycles) runs
 # first: it takes a second and names the file and line at fault.
 rust-check:
@@ -53,7 +68,7 @@ rust-check:
 	cargo test --workspace -q
 	cargo run -q -p nearrec --example serve --release
 
-py-check: develop
+py-check: system-deps develop
 	$(VENV)/bin/ruff check python bench/python tests examples scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports  # the package's layers (pyproject.toml [tool.importlinter])
@@ -63,7 +78,7 @@ py-check: develop
 	$(PY) -m pytest -q
 	$(PY) examples/quickstart.py
 
-test: rust-check py-check
+test: system-deps rust-check py-check
 
 # The slow sweeps (hypothesis with many examples against nn.EmbeddingBag on every tier, 5,000
 # random bit flips in stores served from SSD), which `pytest` leaves out by default.

@@ -205,6 +205,25 @@ def test_swap_serves_the_new_version_with_no_failed_lookup(path, tier, tmp_path)
     np.testing.assert_allclose(s.lookup("a", look, offsets=offsets), want[1], rtol=1e-5)
 
 
+def test_a_swap_to_a_store_that_would_fail_every_lookup_is_refused_unless_forced(path, tmp_path):
+    """Other table names, other dims: every lookup would fail after such a swap, so it is
+    refused naming the difference (and nothing changes), unless forced."""
+    p, tables = path
+    s = nearrec.open(p)
+    other = {"a": tables["a"][:, :2].copy(), "b": tables["b"]}
+    nearrec.from_numpy(tmp_path / "dims", other)
+    nearrec.from_numpy(tmp_path / "names", {"z": tables["a"]})
+    with pytest.raises(nearrec.InvalidRequest, match="dim") as e:
+        s.swap(tmp_path / "dims")
+    assert e.value.table == "a"
+    with pytest.raises(nearrec.InvalidRequest, match="no table") as e:
+        s.swap(tmp_path / "names")
+    assert s.path == p
+    np.testing.assert_array_equal(s.lookup("a", [3], offsets=[0]), tables["a"][[3]])
+    s.swap(tmp_path / "names", force=True)
+    assert list(s.tables) == ["z"]
+
+
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: "+".join(f"{k}={v}" for k, v in t.items()))
 def test_the_gpu_tier_serves_no_stale_row(path, tier, tmp_path):
     """The GPU tier (its reference path, on the CPU) over a live store: rows it cached are

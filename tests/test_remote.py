@@ -1,16 +1,21 @@
 """The storage node from Python: `nearrec serve` started here on a free loopback port, a
 `RemoteStore` from `nearrec.connect` against it, held to the embedded store on random requests
 (both tiers; lookups, background lookups, streams, rows), errors typed as the local store's,
-writes visible to the next lookup, the stock grpcio health stub, and a drain on SIGTERM."""
+writes visible to the next lookup, deadlines (by default; a stopped node's calls fail at
+theirs), `nearrec lookup --remote`, the stock grpcio health stub, and a drain on SIGTERM."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import pickle
 import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -188,6 +193,77 @@ def test_errors_arrive_as_the_local_store_raises_them(served, store_path):
     assert issubclass(nearrec.PermissionDenied, PermissionError)
 
 
+def test_the_cli_looks_up_on_a_node_and_prints_what_its_stats_carry(served):
+    # the node's stats carry the SSD tier's counters but not how its device reads (direct or
+    # buffered, its block size): the command prints what is there and leaves the rest out
+    _, remote = served
+    lookup = [sys.executable, "-m", "nearrec.cli", "lookup", "--remote", remote.address, "s",
+              "--batch", "4", "--pooling", "3", "--repeat", "2"]
+    out = subprocess.run(lookup, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "2 batches of 4 bags x 2 tables, each drawn afresh" in out.stdout
+    device = remote.stats()["device"]
+    if remote.tier == "ssd":
+        assert f"ssd tier: {device}; " in out.stdout, out.stdout
+    else:
+        assert device == "dram" and "ssd tier" not in out.stdout, out.stdout
+    out = subprocess.run([*lookup, "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout).get("stats", {})
+    assert bool(stats) == (remote.tier == "ssd"), stats
+    assert "direct_io" not in stats and "block_bytes" not in stats
+
+
+def test_calls_have_a_default_deadline_that_a_pickle_keeps(store_path):
+    node = Node(str(store_path))
+    try:
+        how = nearrec.connect(node.address)._how
+        assert how is not None and how.timeout == nearrec.remote.DEFAULT_TIMEOUT
+        assert nearrec.connect(node.address, timeout=2)._how.timeout == 2.0
+        # None: no deadline at all, and a store connected again keeps that
+        unbounded = nearrec.connect(node.address, timeout=None)
+        assert unbounded._how.timeout is None
+        assert pickle.loads(pickle.dumps(unbounded))._how.timeout is None
+        with pytest.raises(InvalidRequest, match="timeout"):
+            nearrec.connect(node.address, timeout=0)
+    finally:
+        assert node.stop() == 0
+
+
+def test_a_call_to_a_stopped_node_fails_at_its_deadline(store_path):
+    """A node that stops answering (SIGSTOP: the socket stays open, nothing reads it) fails
+    each call at its deadline with DeadlineExceeded; the calls run on a thread joined with a
+    bound, so that a call that waits for ever fails this test instead of hanging the suite."""
+    node = Node(str(store_path))
+    try:
+        remote = nearrec.connect(node.address, timeout=1.0)
+        outcome: list[BaseException | None] = []
+
+        def calls() -> None:
+            ids, offsets = np.array([1, 2]), np.array([0])
+            for call in (lambda: remote.lookup("a", ids, offsets),
+                         lambda: remote.submit({"a": (ids, offsets)}).result(),
+                         remote.stats):
+                try:
+                    call()
+                    outcome.append(None)
+                except BaseException as e:
+                    outcome.append(e)
+
+        node.proc.send_signal(signal.SIGSTOP)
+        try:
+            t = threading.Thread(target=calls, daemon=True)
+            t.start()
+            t.join(30)
+            assert not t.is_alive(), f"a call to a stopped node is still waiting: {outcome}"
+        finally:
+            node.proc.send_signal(signal.SIGCONT)
+        assert len(outcome) == 3
+        assert all(isinstance(e, nearrec.DeadlineExceeded) for e in outcome), outcome
+    finally:
+        assert node.stop() == 0
+
+
 def test_writes_over_the_network_are_seen_by_the_next_lookup(tmp_path):
     path = build(tmp_path)
     node = Node(str(path), "--writable", "--tier", "ssd")
@@ -214,6 +290,32 @@ def test_writes_over_the_network_are_seen_by_the_next_lookup(tmp_path):
     # what the node acknowledged is in the store
     after = nearrec.open(path)
     np.testing.assert_array_equal(after.read_rows("a", np.array([4, 499])), rows[[0, 2]])
+
+
+def test_an_update_beside_a_read_only_node_is_served_within_its_follow_interval(tmp_path):
+    """What an operator does: a node serves a store read-only, `nearrec update` writes rows to
+    it from another process and says "the store is at version N" — and the node serves version
+    N within about a second (it follows the writer's log), not only after a restart."""
+    path = build(tmp_path)
+    node = Node(str(path), "--tier", "ssd", "--dram-budget", "4KiB")
+    try:
+        remote = nearrec.connect(node.address)
+        rows = np.full((2, 16), 0.5, np.float32)
+        np.savez(tmp_path / "rows.npz", **{"a.ids": np.array([3, 77]), "a.rows": rows})
+        out = subprocess.run([sys.executable, "-m", "nearrec.cli", "update", str(path),
+                              "--from", str(tmp_path / "rows.npz")],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        version = int(re.search(r"at version (\d+)", out.stdout).group(1))
+        deadline = time.monotonic() + 10
+        while remote.stats()["version"] < version:
+            assert time.monotonic() < deadline, "the node did not follow the update"
+            time.sleep(0.05)
+        np.testing.assert_array_equal(remote.read_rows("a", np.array([77, 3])), rows)
+        stats = remote.stats()
+        assert stats["follow_ms"] == 1000 and stats["follow_moved"] >= 1
+    finally:
+        assert node.stop() == 0
 
 
 def test_stock_grpc_health_stub_reads_serving_and_the_cli_looks_up_remotely(store_path):
@@ -414,6 +516,56 @@ def test_tls_and_client_certificates(tmp_path, store_path):
         with pytest.raises(nearrec.Unavailable):
             nearrec.connect(node.address, tls_ca=c["node.pem"], tls_cert=c["client.pem"],
                             tls_key=c["client.key"])
+    finally:
+        assert node.stop() == 0
+
+
+def test_a_stalled_tls_handshake_is_closed_at_the_handshake_timeout(tmp_path, store_path):
+    """A client that connects to a TLS node and never finishes its handshake (nothing sent, or
+    half a ClientHello) is closed once `--handshake-timeout` passes; clients that do finish are
+    served meanwhile."""
+    import socket
+    c = _certificates(tmp_path)
+    node = Node(str(store_path), "--tls-cert", str(c["node.pem"]), "--tls-key",
+                str(c["node.key"]), "--handshake-timeout", "0.5")
+    try:
+        host, port = node.address.rsplit(":", 1)
+        stalled = [socket.create_connection((host, int(port))) for _ in range(2)]
+        stalled[1].sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a cut ClientHello
+        remote = nearrec.connect(node.address, tls_ca=c["ca.pem"])
+        assert remote.lookup("a", np.array([1]), np.array([0])).shape == (1, 16)
+        for s in stalled:
+            s.settimeout(10)
+            start = time.monotonic()
+            try:
+                while s.recv(4096):
+                    pass
+            except ConnectionResetError:
+                pass
+            assert time.monotonic() - start < 10
+            s.close()
+    finally:
+        assert node.stop() == 0
+
+
+def test_a_remote_swap_is_confined_and_checked(tmp_path):
+    """`RemoteStore.swap` takes a store only from under the node's swap root and only one that
+    answers what the served store answers, unless forced."""
+    root = tmp_path / "stores"
+    served, same = build(root / "v1"), build(root / "v2")
+    rng = np.random.default_rng(1)
+    nearrec.from_numpy(root / "other", {"z": rng.standard_normal((5, 4), dtype=np.float32)})
+    outside = build(tmp_path / "elsewhere")
+    node = Node(f"{served}=s", "--swap-root", str(root))
+    try:
+        remote = nearrec.connect(node.address, "s")
+        with pytest.raises(nearrec.PermissionDenied):
+            remote.swap(str(outside))
+        with pytest.raises(InvalidRequest, match="no table"):
+            remote.swap("other")
+        remote.swap(str(same))
+        remote.swap("other", force=True)
+        assert list(remote.tables) == ["z"]
     finally:
         assert node.stop() == 0
 

@@ -181,7 +181,10 @@ def serve(specs: list[str], config: StoreConfig, listen: str, insecure: bool,
           drain_timeout: float, coalesce_bags: int, coalesce_window_us: int,
           acl: str | None = None, metrics_listen: str | None = None,
           tls: tuple[str, str, str | None] | None = None,
-          swap_root: str | None = None) -> None: ...
+          swap_root: str | None = None, max_connections: int | None = None,
+          handshake_timeout: float | None = None, idle_timeout: float | None = None,
+          max_streams_per_connection: int | None = None, max_unsent_bytes: int | None = None,
+          max_unsent_bytes_per_connection: int | None = None) -> None: ...
 def node_defaults() -> dict[str, Any]: ...
 
 @final

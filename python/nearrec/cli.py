@@ -24,6 +24,7 @@ import numpy as np
 import nearrec
 
 from .errors import InvalidRequest, NearrecError
+from .remote import DEFAULT_TIMEOUT
 from .request import count, regular_file
 from .specs import scaled_rows
 from .units import parse_size
@@ -207,7 +208,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   count(args.coalesce_window_us, "--coalesce-window-us", minimum=0),
                   args.acl, args.metrics_listen,
                   None if args.tls_cert is None else (args.tls_cert, args.tls_key,
-                                                      args.tls_client_ca))
+                                                      args.tls_client_ca),
+                  swap_root=args.swap_root,
+                  max_connections=count(args.max_connections, "--max-connections"),
+                  handshake_timeout=float(args.handshake_timeout),
+                  idle_timeout=float(args.idle_timeout),
+                  max_streams_per_connection=count(args.max_streams_per_connection,
+                                                   "--max-streams-per-connection"),
+                  max_unsent_bytes=count(args.max_unsent_bytes, "--max-unsent-bytes"),
+                  max_unsent_bytes_per_connection=count(
+                      args.max_unsent_bytes_per_connection,
+                      "--max-unsent-bytes-per-connection"))
     return 0
 
 
@@ -289,12 +300,17 @@ def cmd_lookup(args: argparse.Namespace) -> int:
 
 
 def format_stats(s: dict[str, float | str | bool]) -> str:
-    """The SSD tier's accounting, a few lines for people."""
+    """The SSD tier's accounting, a few lines for people. A node's stats (``RemoteStore``)
+    carry the counters but not how the device reads (``direct_io``, ``block_bytes``): what is
+    not there is left out, not guessed."""
     def n(k: str) -> float:
         return float(s[k])
 
-    lines = [f"ssd tier: {s['device']} ({'direct' if s['direct_io'] else 'buffered'}, "
-             f"{n('block_bytes'):.0f} B blocks); {n('batches'):.0f} batches, "
+    how = [] if "direct_io" not in s else ["direct" if s["direct_io"] else "buffered"]
+    if "block_bytes" in s:
+        how.append(f"{n('block_bytes'):.0f} B blocks")
+    device = f"{s['device']} ({', '.join(how)})" if how else str(s["device"])
+    lines = [f"ssd tier: {device}; {n('batches'):.0f} batches, "
              f"{n('lookups'):,.0f} lookups, {n('unique_rows'):,.0f} distinct rows, "
              f"{n('device_reads'):,.0f} reads ({n('reads_saved_dedup'):,.0f} saved by "
              f"de-duplication, {n('reads_saved_merge'):,.0f} by merging)",
@@ -747,6 +763,29 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--coalesce-window-us", type=int, default=node["coalesce_window_us"],
                     help="microseconds the first request of a coalesced batch waits for others "
                          "(besides waiting for an engine slot)")
+    sv.add_argument("--swap-root", metavar="DIR",
+                    help="the directory Swap may take stores from (default: the one holding "
+                         "each served store)")
+    sv.add_argument("--max-connections", type=int, default=node["max_connections"],
+                    help="connections open at once; past them a new one is closed at once "
+                         "(default: %(default)s, lowered to fit the descriptor limit)")
+    sv.add_argument("--handshake-timeout", type=float, default=node["handshake_timeout"],
+                    help="seconds a new connection has to send the HTTP/2 preface or finish "
+                         "its TLS handshake (default: %(default)s)")
+    sv.add_argument("--idle-timeout", type=float, default=node["idle_timeout"],
+                    help="seconds a connection may send nothing before it is closed; live "
+                         "clients answer the node's pings (default: %(default)s)")
+    sv.add_argument("--max-streams-per-connection", type=int,
+                    default=node["max_streams_per_connection"],
+                    help="requests one connection may have open at once (default: "
+                         "%(default)s)")
+    sv.add_argument("--max-unsent-bytes", type=int, default=node["max_unsent_bytes"],
+                    help="bytes of answers computed but not yet read by their clients that "
+                         "the node holds; past them requests are refused (default: "
+                         "%(default)s)")
+    sv.add_argument("--max-unsent-bytes-per-connection", type=int,
+                    default=node["max_unsent_bytes_per_connection"],
+                    help="the same, for one connection (default: %(default)s)")
     sv.add_argument("--drain-timeout", type=float, default=node["drain_timeout"],
                     help="seconds SIGTERM waits for calls in flight")
     store_flags(sv)
@@ -760,7 +799,8 @@ def parser() -> argparse.ArgumentParser:
                          "node's only store)")
     lk.add_argument("--remote", metavar="HOST:PORT", help="a storage node (nearrec serve)")
     lk.add_argument("--token", help="with --remote: a bearer token")
-    lk.add_argument("--timeout", type=float, help="with --remote: each call's deadline, s")
+    lk.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                    help="with --remote: each call's deadline, s (default: %(default)s)")
     lk.add_argument("--tls-ca", metavar="PEM",
                     help="with --remote: TLS, the node's certificate checked against this CA")
     lk.add_argument("--table", action="append", help="table(s) to query (default: all)")

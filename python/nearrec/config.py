@@ -58,7 +58,8 @@ class StoreConfig:
     a swap reads to load the new version, at most (0: no bound); ``write_wait_ms``: how long a
     write waits for room in a full delta. ``follow_ms``: a read-only store looks for what its
     writer (another process) logged every this many ms and serves it (``None``: only on
-    :meth:`Store.refresh`; ``nearrec serve`` follows every 1000 ms unless told). See :func:`nearrec.open` for what each does."""
+    :meth:`Store.refresh`; ``nearrec serve`` follows every 1000 ms unless told). See
+    :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")

@@ -38,11 +38,18 @@ from .store import PooledBatch, _ids, jagged_lookups, lookups, row_ids, write_ca
 #: token never travels in a pickle (nor a ``torch.save``'d module).
 TOKEN_ENV = "NEARREC_TOKEN"
 
+#: Each call's deadline in seconds when :func:`connect` is given none: a node that stops
+#: answering (hung, stopped, partitioned away) fails the call with
+#: :class:`~nearrec.errors.DeadlineExceeded` instead of blocking its caller for ever.
+DEFAULT_TIMEOUT = 30.0
+
 
 @dataclass(frozen=True)
 class _Connection:
     """How a :class:`RemoteStore` was connected, less its token: what its pickle carries.
-    Certificates travel as the paths they were read from."""
+    Certificates travel as the paths they were read from; ``timeout`` is the deadline the
+    calls got (:data:`DEFAULT_TIMEOUT` when none was given, ``None`` for none), so that a
+    store connected again keeps it."""
 
     address: str
     store: str
@@ -65,14 +72,20 @@ class RemoteTable:
 
 
 def connect(address: str, store: str = "", *, token: str | None = None,
-            timeout: float | None = None, tls_ca: str | os.PathLike[str] | None = None,
+            timeout: float | None = DEFAULT_TIMEOUT,
+            tls_ca: str | os.PathLike[str] | None = None,
             tls_cert: str | os.PathLike[str] | None = None,
             tls_key: str | os.PathLike[str] | None = None,
             tls_domain: str | None = None) -> RemoteStore:
     """Connects to the store ``store`` of the node at ``address`` (``host:port``; an empty
     ``store`` is the node's only one). ``token`` is sent as a bearer token with every call;
-    ``timeout`` (seconds) is each call's deadline, which the node honours: a call still waiting
-    at it is dropped before it reads the device.
+    ``timeout`` (seconds) is each call's deadline, :data:`DEFAULT_TIMEOUT` unless given: past
+    it the call raises :class:`~nearrec.errors.DeadlineExceeded` whether or not the node
+    answers, and the node drops a call still waiting at it before it reads the device.
+    ``timeout=None`` sets no deadline: a call then waits for the node as long as it takes
+    (for ever, if the node hangs). A :meth:`RemoteStore.submit`'s deadline runs from its
+    submission, and each batch of :meth:`RemoteStore.lookup_stream` is such a call, so a
+    long stream is not cut off by it.
 
     TLS: ``tls_ca`` (a PEM file) is the CA the node's certificate must chain to, ``tls_domain``
     the name it must carry (default: the address's host); ``tls_cert`` and ``tls_key`` (PEM)
@@ -294,9 +307,13 @@ class RemoteStore:
         self._read_info()
         return v
 
-    def swap(self, path: str, *, warm: bool = True) -> int:
-        """The store at ``path`` on the node's file system serves from the next request on."""
-        v = int(self._native.swap(text(str(path), "path"), bool(warm)))
+    def swap(self, path: str, *, warm: bool = True, force: bool = False) -> int:
+        """The store at ``path`` on the node's file system serves from the next request on.
+        The node takes it only from under its swap root (``nearrec serve --swap-root``, by
+        default the directory holding the served store; a relative ``path`` is taken from
+        there), only for a caller who may read what it exposes, and — unless ``force`` — only
+        if it answers every request the served store answers (:meth:`Store.swap`)."""
+        v = int(self._native.swap(text(str(path), "path"), bool(warm), bool(force)))
         self._read_info()
         return v
 

@@ -15,7 +15,7 @@ use crate::error::{detach, raise};
 /// Serves the stores `specs` (`PATH` or `PATH=NAME`) opened with `config` on `listen`; prints
 /// `listening on ADDR` once ready and returns after a drain.
 #[pyfunction]
-#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, coalesce_bags, coalesce_window_us, acl = None, metrics_listen = None, tls = None, swap_root = None))]
+#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, coalesce_bags, coalesce_window_us, acl = None, metrics_listen = None, tls = None, swap_root = None, max_connections = None, handshake_timeout = None, idle_timeout = None, max_streams_per_connection = None, max_unsent_bytes = None, max_unsent_bytes_per_connection = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -33,6 +33,12 @@ pub(crate) fn serve(
     metrics_listen: Option<&str>,
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
     swap_root: Option<PathBuf>,
+    max_connections: Option<usize>,
+    handshake_timeout: Option<f64>,
+    idle_timeout: Option<f64>,
+    max_streams_per_connection: Option<u32>,
+    max_unsent_bytes: Option<usize>,
+    max_unsent_bytes_per_connection: Option<usize>,
 ) -> PyResult<()> {
     let invalid = |m: String| raise(py, "InvalidRequest", m, None, None);
     let listen = listen
@@ -44,6 +50,15 @@ pub(crate) fn serve(
                 .map_err(|e| invalid(format!("--metrics-listen {m:?} is not HOST:PORT: {e}")))
         })
         .transpose()?;
+    let d = NodeConfig::default();
+    let seconds = |s: Option<f64>, default: Duration, flag: &str| match s {
+        None => Ok(default),
+        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s)
+            .map_err(|e| invalid(format!("{flag} {s} is not a number of seconds: {e}"))),
+        Some(s) => Err(invalid(format!("{flag} is a positive number of seconds, not {s}"))),
+    };
+    let handshake_timeout = seconds(handshake_timeout, d.handshake_timeout, "--handshake-timeout")?;
+    let idle_timeout = seconds(idle_timeout, d.idle_timeout, "--idle-timeout")?;
     let store_config = config.config.clone();
     let node = NodeConfig {
         listen,
@@ -61,7 +76,15 @@ pub(crate) fn serve(
             client_ca,
         }),
         swap_root,
-        ..NodeConfig::default()
+        max_connections: max_connections.unwrap_or(d.max_connections).max(1),
+        handshake_timeout,
+        idle_timeout,
+        max_streams_per_connection: max_streams_per_connection
+            .unwrap_or(d.max_streams_per_connection)
+            .max(1),
+        max_unsent_bytes: max_unsent_bytes.unwrap_or(d.max_unsent_bytes),
+        max_unsent_bytes_per_connection: max_unsent_bytes_per_connection
+            .unwrap_or(d.max_unsent_bytes_per_connection),
     };
     detach(py, || {
         let stores = Stores::open(&specs, &store_config)?;
@@ -84,5 +107,14 @@ pub(crate) fn node_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("drain_timeout", d.drain_timeout.as_secs_f64())?;
     out.set_item("coalesce_bags", d.coalesce_bags)?;
     out.set_item("coalesce_window_us", d.coalesce_window.as_micros() as u64)?;
+    out.set_item("max_connections", d.max_connections)?;
+    out.set_item("handshake_timeout", d.handshake_timeout.as_secs_f64())?;
+    out.set_item("idle_timeout", d.idle_timeout.as_secs_f64())?;
+    out.set_item("max_streams_per_connection", d.max_streams_per_connection)?;
+    out.set_item("max_unsent_bytes", d.max_unsent_bytes)?;
+    out.set_item(
+        "max_unsent_bytes_per_connection",
+        d.max_unsent_bytes_per_connection,
+    )?;
     Ok(out)
 }
