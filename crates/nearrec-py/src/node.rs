@@ -55,9 +55,15 @@ pub(crate) fn serve(
         None => Ok(default),
         Some(s) if s > 0.0 => Duration::try_from_secs_f64(s)
             .map_err(|e| invalid(format!("{flag} {s} is not a number of seconds: {e}"))),
-        Some(s) => Err(invalid(format!("{flag} is a positive number of seconds, not {s}"))),
+        Some(s) => Err(invalid(format!(
+            "{flag} is a positive number of seconds, not {s}"
+        ))),
     };
-    let handshake_timeout = seconds(handshake_timeout, d.handshake_timeout, "--handshake-timeout")?;
+    let handshake_timeout = seconds(
+        handshake_timeout,
+        d.handshake_timeout,
+        "--handshake-timeout",
+    )?;
     let idle_timeout = seconds(idle_timeout, d.idle_timeout, "--idle-timeout")?;
     let store_config = config.config.clone();
     let node = NodeConfig {
