@@ -39,7 +39,11 @@ def cells(records: list[dict]) -> dict[tuple, dict[str, float]]:
     out: dict[tuple, dict[str, float]] = {}
     for r in records:
         if r.get("batch"):
-            key = (r["model"], r.get("dist", "-"), r["batch"])
+            # a harness of several kinds of record (`serve-saturation`, `serve-load`, ...)
+            # keeps them apart by kind
+            kind = r.get("bench", "")
+            dist = r.get("dist", "-")
+            key = (r["model"], f"{kind} {dist}" if "-" in kind else dist, r["batch"])
             out.setdefault(key, {})[r["system"]] = r["samples_per_s"]
     return out
 

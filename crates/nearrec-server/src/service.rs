@@ -18,7 +18,6 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::metadata::MetadataMap;
-use tonic::transport::server::TlsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::acl::{Acl, Permission, Principal};
@@ -765,12 +764,11 @@ fn holding<T>(answer: T, held: Held) -> Response<T> {
 }
 
 /// The budget of unsent answer bytes of the connection `request` came over, if the node
-/// accepted it (`crate::conns`; under TLS, inside tonic's connection info).
+/// accepted it (`crate::conns`; tonic puts the connection's info in every request's extensions,
+/// under TLS too).
 fn conn_budget<T>(request: &Request<T>) -> Option<Arc<Semaphore>> {
-    let ext = request.extensions();
-    ext.get::<ConnInfo>()
-        .or_else(|| ext.get::<TlsConnectInfo<ConnInfo>>().map(|t| t.get_ref()))
-        .map(|c| c.answers.clone())
+    let info = request.extensions().get::<ConnInfo>();
+    info.map(|c| c.answers.clone())
 }
 
 /// A failed request of a stream, as its answer.
