@@ -224,6 +224,23 @@ def test_a_swap_to_a_store_that_would_fail_every_lookup_is_refused_unless_forced
     assert list(s.tables) == ["z"]
 
 
+def test_a_swap_keeps_the_served_model_answerable(tmp_path):
+    """A store that keeps a model swaps only to one keeping a model of the same inputs: to the
+    same tables without the model every `infer` would fail, so it is refused unless forced."""
+    pytest.importorskip("torch")
+    from nearrec import models
+    for name in ("v1", "v2", "bare"):
+        nearrec.build(tmp_path / name, "rmc1", rows=2_000, seed=1, progress=False)
+    for name in ("v1", "v2"):
+        models.save(models.build("rmc1", nearrec.open(tmp_path / name), seed=2), tmp_path / name)
+    s = nearrec.open(tmp_path / "v1")
+    with pytest.raises(nearrec.InvalidRequest, match="keeps a model"):
+        s.swap(tmp_path / "bare")
+    assert s.swap(tmp_path / "v2") >= 0
+    s.swap(tmp_path / "bare", force=True)
+    assert s.path == tmp_path / "bare"
+
+
 @pytest.mark.parametrize("tier", TIERS, ids=lambda t: "+".join(f"{k}={v}" for k, v in t.items()))
 def test_the_gpu_tier_serves_no_stale_row(path, tier, tmp_path):
     """The GPU tier (its reference path, on the CPU) over a live store: rows it cached are
