@@ -21,6 +21,13 @@ use nearrec_wire::v1 as pb;
 use tonic::Code;
 use tonic::codegen::{Bytes, http};
 
+/// A node serving the store at `path` as `s`, opened as `toml` says, with `config`.
+fn node_of(path: &Path, toml: &str, config: NodeConfig) -> Node {
+    let mut stores = Stores::new();
+    stores.insert("s", open(path, toml)).unwrap();
+    Node::start(stores, config)
+}
+
 /// A gRPC message as it travels: uncompressed flag, big-endian length, the message.
 fn framed(message: &impl prost::Message) -> Bytes {
     let body = message.encode_to_vec();
@@ -93,12 +100,9 @@ fn metric(text: &str, name: &str) -> f64 {
 #[test]
 fn a_client_that_never_reads_pins_at_most_its_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let mut stores = Stores::new();
-    stores
-        .insert("s", open(&build(dir.path()), "tier = \"dram\""))
-        .unwrap();
-    let node = Node::start(
-        stores,
+    let node = node_of(
+        &build(dir.path()),
+        "tier = \"dram\"",
         NodeConfig {
             max_message_bytes: 2 << 20,
             max_unsent_bytes_per_connection: 4 << 20,
@@ -165,12 +169,9 @@ fn closed_within(c: &mut TcpStream, within: Duration) -> Result<Duration, String
 #[test]
 fn silent_and_half_open_connections_are_closed_and_live_ones_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let mut stores = Stores::new();
-    stores
-        .insert("s", open(&build(dir.path()), "tier = \"dram\""))
-        .unwrap();
-    let node = Node::start(
-        stores,
+    let node = node_of(
+        &build(dir.path()),
+        "tier = \"dram\"",
         NodeConfig {
             // short, but with room for a loaded machine: a live client has the handshake
             // timeout to answer each ping
@@ -218,11 +219,7 @@ fn silent_and_half_open_connections_are_closed_and_live_ones_kept() {
 #[test]
 fn deadlines_passed_on_arrival_are_deadline_exceeded() {
     let dir = tempfile::tempdir().unwrap();
-    let mut stores = Stores::new();
-    stores
-        .insert("s", open(&build(dir.path()), "tier = \"ssd\""))
-        .unwrap();
-    let node = Node::start(stores, NodeConfig::default());
+    let node = node_of(&build(dir.path()), "tier = \"ssd\"", NodeConfig::default());
     node.runtime.block_on(async {
         let mut c = raw_client(node.addr, 1 << 20).await;
         for timeout in ["0n", "1n", "0m", "0S", "1u"] {
@@ -328,12 +325,9 @@ fn a_swap_is_confined_to_its_root_and_needs_what_it_exposes() {
         ),
     )
     .unwrap();
-    let mut stores = Stores::new();
-    stores
-        .insert("s", open(&served, "tier = \"dram\""))
-        .unwrap();
-    let node = Node::start(
-        stores,
+    let node = node_of(
+        &served,
+        "tier = \"dram\"",
         NodeConfig {
             acl: Some(acl),
             swap_root: Some(root.clone()),
@@ -404,11 +398,8 @@ fn a_swap_is_confined_to_its_root_and_needs_what_it_exposes() {
 fn a_table_larger_than_the_disk_is_refused_at_once_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = build(dir.path());
-    let mut stores = Stores::new();
-    stores
-        .insert("s", open(&path, "tier = \"dram\"\nwritable = true"))
-        .unwrap();
-    let node = Node::start(stores, NodeConfig::default());
+    let toml = "tier = \"dram\"\nwritable = true";
+    let node = node_of(&path, toml, NodeConfig::default());
     let files = || std::fs::read_dir(&path).unwrap().count();
     let before = files();
     let req = pb::CreateTableRequest {
