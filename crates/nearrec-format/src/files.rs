@@ -80,9 +80,6 @@ pub fn read_regular(path: &Path, flags: i32) -> std::io::Result<Vec<u8>> {
 /// whatever replaces the manifest: attach, gc, compaction.)
 pub const WRITER_LOCK: &str = "WRITER.lock";
 
-/// Takes an exclusive `flock` on directory `dir`, held until the returned file is dropped or
-/// the process ends, however it ends. With `wait`, waits for it; without, `Ok(None)` when
-/// another process (or another open of it) holds it.
 /// Bytes an unprivileged process may still write to the file system holding `dir`.
 pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
@@ -97,6 +94,9 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
+/// Takes an exclusive `flock` on directory `dir`, held until the returned file is dropped or
+/// the process ends, however it ends. With `wait`, waits for it; without, `Ok(None)` when
+/// another process (or another open of it) holds it.
 pub fn lock_dir(dir: &Path, wait: bool) -> std::io::Result<Option<File>> {
     let file = OpenOptions::new()
         .read(true)

@@ -361,8 +361,6 @@ fn open_order(root: &Path, meta: &TableMeta) -> Result<Option<Arc<RowOrder>>> {
     .map(|o| Some(Arc::new(o)))
 }
 
-/// Reads `file`, kept beside table `meta` (its row order, its sector sums), and decodes it: a
-/// name outside the store, a missing file or bytes that do not decode are a corrupted store.
 /// The sector sums `sm` of table `meta` in store `root`, read and checked.
 pub(crate) fn read_sums(root: &Path, meta: &TableMeta, sm: &SumsMeta) -> Result<SectorSums> {
     read_beside(root, meta, &sm.file, "sector sums", |bytes| {
@@ -370,6 +368,8 @@ pub(crate) fn read_sums(root: &Path, meta: &TableMeta, sm: &SumsMeta) -> Result<
     })
 }
 
+/// Reads `file`, kept beside table `meta` (its row order, its sector sums), and decodes it: a
+/// name outside the store, a missing file or bytes that do not decode are a corrupted store.
 fn read_beside<T>(
     root: &Path,
     meta: &TableMeta,
