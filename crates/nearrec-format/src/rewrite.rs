@@ -218,6 +218,7 @@ fn check_chunk(
             ..((within + SECTOR_BYTES).div_ceil(meta.row_bytes)).min(per);
         // the rows it holds that no patch replaces (a sector's sum says that one of its bytes
         // is wrong, not which)
+        let by_slot = old.order.map(RowOrder::rows_by_slot);
         let unpatched: Vec<u64> = slots
             .map(|k| first + k)
             .filter(|&s| s < meta.rows)
@@ -225,10 +226,7 @@ fn check_chunk(
                 let off = layout.row_offset(s);
                 patches.binary_search_by_key(&off, |p| p.0).is_err()
             })
-            .map(|slot| match old.order {
-                Some(o) => o.rows_by_slot()[slot as usize].into(),
-                None => slot,
-            })
+            .map(|slot| by_slot.as_ref().map_or(slot, |r| r[slot as usize].into()))
             .collect();
         if let Some(&row) = unpatched.iter().min() {
             return Err(FormatError::CorruptedRow {
