@@ -78,16 +78,23 @@ impl TlsFiles {
 }
 
 impl NodeConfig {
-    /// The connection limits ([`crate::conns`]); the answer budget is at least one answer of
-    /// the largest size.
+    /// The node's budget of unsent answer bytes and one connection's, each room for at least
+    /// one answer of the largest size.
+    pub fn unsent_budgets(&self) -> (usize, usize) {
+        let at_least_one = |bytes: usize| bytes.max(self.max_message_bytes);
+        (
+            at_least_one(self.max_unsent_bytes),
+            at_least_one(self.max_unsent_bytes_per_connection),
+        )
+    }
+
+    /// The connection limits ([`crate::conns`]).
     pub fn limits(&self) -> crate::conns::Limits {
         crate::conns::Limits {
             max_connections: self.max_connections.max(1),
             handshake_timeout: self.handshake_timeout,
             idle_timeout: self.idle_timeout,
-            unsent_bytes_per_connection: self
-                .max_unsent_bytes_per_connection
-                .max(self.max_message_bytes),
+            unsent_bytes_per_connection: self.unsent_budgets().1,
             tls: self.tls.is_some(),
         }
     }

@@ -36,7 +36,7 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(stores: Stores, config: NodeConfig, acl: Option<Acl>) -> Self {
-        let unsent = config.max_unsent_bytes.max(config.max_message_bytes);
+        let (unsent, _) = config.unsent_budgets();
         let admission = Arc::new(Admission::new(
             config.max_in_flight,
             config.max_queued,
