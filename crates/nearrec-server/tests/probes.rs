@@ -482,11 +482,7 @@ impl Server {
     }
 
     fn scrape(&self) -> String {
-        let mut c = TcpStream::connect(self.metrics).unwrap();
-        write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        out
+        common::scrape(self.metrics)
     }
 
     /// Waits for a log line holding `text`.

@@ -11,20 +11,25 @@ use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
 
 const ROWS: u64 = 4000;
 
-/// A store whose row `r` of each table is `sign × r` in every column.
-fn make_store(dir: &Path, name: &str, sign: f32) -> PathBuf {
+/// A store of the tables `tables` — (name, rows, dim, dtype) — whose row `r` is `sign × r` in
+/// every column.
+fn store_of(dir: &Path, name: &str, tables: &[(&str, u64, u32, DType)], sign: f32) -> PathBuf {
     let path = dir.join(name);
     let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (table, dim) in [("a", 16u32), ("b", 8)] {
-        let mut t = w
-            .table(TableSpec::new(table, ROWS, dim, DType::Fp32))
-            .unwrap();
-        t.write_with(ROWS, |r, out| out.fill(sign * r as f32))
+    for &(table, rows, dim, dtype) in tables {
+        let mut t = w.table(TableSpec::new(table, rows, dim, dtype)).unwrap();
+        t.write_with(rows, |r, out| out.fill(sign * r as f32))
             .unwrap();
         w.finish_table(t).unwrap();
     }
     w.commit().unwrap();
     path
+}
+
+/// Tables `a` (dim 16) and `b` (dim 8) of `ROWS` fp32 rows, row `r` being `sign × r`.
+fn make_store(dir: &Path, name: &str, sign: f32) -> PathBuf {
+    let tables = [("a", ROWS, 16, DType::Fp32), ("b", ROWS, 8, DType::Fp32)];
+    store_of(dir, name, &tables, sign)
 }
 
 /// Two versions of one store: `v1` (row `r` is `r`) and `v2` (row `r` is `-r`).
@@ -220,19 +225,6 @@ fn a_writable_store_swaps_back_at_once() {
     assert_eq!(both(&s, &[39 % 8]).unwrap()[..16], [39.0; 16]);
 }
 
-/// A store of the tables `tables` — (name, rows, dim, dtype) — row `r` being `r`.
-fn store_of(dir: &Path, name: &str, tables: &[(&str, u64, u32, DType)]) -> PathBuf {
-    let path = dir.join(name);
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for &(table, rows, dim, dtype) in tables {
-        let mut t = w.table(TableSpec::new(table, rows, dim, dtype)).unwrap();
-        t.write_with(rows, |r, out| out.fill(r as f32)).unwrap();
-        w.finish_table(t).unwrap();
-    }
-    w.commit().unwrap();
-    path
-}
-
 #[test]
 fn a_store_that_would_fail_the_served_requests_is_refused_unless_forced() {
     let dir = tempfile::tempdir().unwrap();
@@ -261,7 +253,7 @@ fn a_store_that_would_fail_the_served_requests_is_refused_unless_forced() {
         ),
     ];
     for (name, tables, table, says) in cases {
-        let path = store_of(dir.path(), name, &tables);
+        let path = store_of(dir.path(), name, &tables, 1.0);
         let err = s.swap(&path, false, false).unwrap_err();
         assert_eq!(
             err.kind(),
@@ -282,10 +274,10 @@ fn a_store_that_would_fail_the_served_requests_is_refused_unless_forced() {
         ("b", ROWS, 8, fp32),
         ("c", 5, 4, fp32),
     ];
-    s.swap(store_of(dir.path(), "grown", &grown), false, false)
+    s.swap(store_of(dir.path(), "grown", &grown, 1.0), false, false)
         .unwrap();
     s.swap(
-        store_of(dir.path(), "other", &[("z", 5, 4, fp32)]),
+        store_of(dir.path(), "other", &[("z", 5, 4, fp32)], 1.0),
         false,
         true,
     )

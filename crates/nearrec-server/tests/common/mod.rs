@@ -87,16 +87,7 @@ impl Node {
 
     /// `GET /metrics`, as a scraper does it.
     pub fn scrape(&self) -> String {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(self.metrics).unwrap();
-        write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        assert!(
-            out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
-            "{out}"
-        );
-        out
+        scrape(self.metrics)
     }
 
     pub fn client(&self) -> NodeClient<Channel> {
@@ -117,6 +108,20 @@ impl Drop for Node {
             let _ = self.runtime.block_on(done);
         }
     }
+}
+
+/// `GET /metrics` of the node whose metrics endpoint is `addr`, as a scraper does it.
+pub fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
+        "{out}"
+    );
+    out
 }
 
 pub fn request(store: &str, batch: &OwnedBatch, raw: bool, id: u64) -> pb::LookupRequest {
