@@ -99,6 +99,11 @@ class StoreLocked(NearrecError):
     lock ends with that process, however it ends)."""
 
 
+class Unsupported(NearrecError, NotImplementedError):
+    """A verb of the store's contract that this kind of store does not serve (the message
+    names the verb and the store)."""
+
+
 class DeltaFull(NearrecError):
     """A write that does not fit the store's ``delta_budget``: nothing of it was applied."""
 
@@ -157,5 +162,6 @@ __all__ = [
     "StoreNotFound",
     "TraceMismatch",
     "UnknownTable",
+    "Unsupported",
     "UnsupportedVersion",
 ]

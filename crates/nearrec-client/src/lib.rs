@@ -1,15 +1,18 @@
-//! A client of the storage node (`nearrec-server`) with the local store's shape: the same
-//! batches in, the same [`nearrec::Pooled`] and [`nearrec::Rows`] out, errors as the node named
-//! them ([`RemoteError`]: the [`nearrec::ErrorKind`] with its table and position, or the node's
-//! own refusal by its code). Calls block the caller; they run on a small runtime of the
-//! client's own, over one HTTP/2 connection that concurrent calls share (Python's
-//! `nearrec.connect` is this client).
+//! A client of the storage node (`nearrec-server`): an implementation of the store's contract,
+//! [`nearrec::StoreApi`] — the same batches in, the same [`nearrec::Pooled`] and
+//! [`nearrec::Rows`] out, errors as the node named them ([`nearrec::Error::Remote`]: the
+//! [`nearrec::ErrorKind`] with its table and position, or the node's own refusal by its code).
+//! Calls block the caller; they run on a small runtime of the client's own, over one HTTP/2
+//! connection that concurrent calls share (Python's `nearrec.connect` is this client).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nearrec::{AsBatch, Batch, Pooled, RowWrite, Rows};
+use nearrec::{
+    AsBatch, Batch, Compaction, Inferred, Info, NewTable, PendingLookup, Pooled, Read, RowWrite,
+    Rows, Stats, StoreApi, Submitted, TierReport, Versioned, WriteOptions,
+};
 use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::v1 as pb;
 use nearrec_wire::v1::node_client::NodeClient;
@@ -62,7 +65,8 @@ pub struct Client {
     addr: String,
     store: String,
     options: ClientOptions,
-    conn: Arc<Mutex<Arc<Conn>>>,
+    /// `None` once closed.
+    conn: Arc<Mutex<Option<Arc<Conn>>>>,
 }
 
 /// The runtime and channel of one process.
@@ -74,7 +78,7 @@ struct Conn {
 }
 
 /// A call the client could not make: no connection, a bad address.
-fn unavailable(message: String) -> RemoteError {
+fn unavailable(message: String) -> nearrec::Error {
     RemoteError {
         code: Code::Unavailable,
         kind: None,
@@ -82,16 +86,7 @@ fn unavailable(message: String) -> RemoteError {
         table: None,
         position: None,
     }
-}
-
-fn local(e: nearrec::Error) -> RemoteError {
-    RemoteError {
-        code: nearrec_wire::status::code_of(e.kind()),
-        kind: Some(e.kind()),
-        message: e.to_string(),
-        table: e.table().map(str::to_owned),
-        position: e.position(),
-    }
+    .into()
 }
 
 /// A status as the node's error. A call whose connection failed (a TLS handshake refused, a
@@ -99,7 +94,7 @@ fn local(e: nearrec::Error) -> RemoteError {
 /// `INTERNAL` — both with the transport's error as their source, which a status the node sent
 /// never has. It is `UNAVAILABLE`, with the transport's reasons, so that it is retried or
 /// reported as a connection problem.
-fn remote(s: &Status) -> RemoteError {
+fn remote(s: &Status) -> nearrec::Error {
     let mut e = RemoteError::from(s);
     if matches!(s.code(), Code::Unknown | Code::Internal) && e.kind.is_none() {
         let mut source = std::error::Error::source(s);
@@ -113,14 +108,11 @@ fn remote(s: &Status) -> RemoteError {
             e.message = format!("the connection to the node failed: {}", why.join(": "));
         }
     }
-    e
+    e.into()
 }
 
-/// An answer and the version of the store it read.
-pub type Versioned<T> = (T, u64);
-
 impl Conn {
-    fn open(addr: &str, options: &ClientOptions) -> Result<Self, RemoteError> {
+    fn open(addr: &str, options: &ClientOptions) -> nearrec::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("nearrec-client")
@@ -176,26 +168,32 @@ impl Conn {
 impl Client {
     /// Connects to the node at `addr` (`host:port`, or an `http://` URL) for its store `store`
     /// (empty: the node's only store).
-    pub fn connect(addr: &str, store: &str, options: ClientOptions) -> Result<Self, RemoteError> {
+    pub fn connect(addr: &str, store: &str, options: ClientOptions) -> nearrec::Result<Self> {
         let conn = Conn::open(addr, &options)?;
         Ok(Self {
             addr: addr.to_owned(),
             store: store.to_owned(),
             options,
-            conn: Arc::new(Mutex::new(Arc::new(conn))),
+            conn: Arc::new(Mutex::new(Some(Arc::new(conn)))),
         })
     }
 
-    /// This process's connection: made again in a forked child.
-    fn conn(&self) -> Result<Arc<Conn>, RemoteError> {
+    /// This process's connection: made again in a forked child; `Unavailable` once closed.
+    fn conn(&self) -> nearrec::Result<Arc<Conn>> {
         let mut held = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        if held.pid != std::process::id() {
+        let Some(conn) = held.as_mut() else {
+            return Err(unavailable(format!(
+                "this client of {} was closed",
+                self.describe()
+            )));
+        };
+        if conn.pid != std::process::id() {
             let fresh = Arc::new(Conn::open(&self.addr, &self.options)?);
             // the parent's runtime would wait for threads this process does not have: its
             // memory is left as it is
-            std::mem::forget(std::mem::replace(&mut *held, fresh));
+            std::mem::forget(std::mem::replace(conn, fresh));
         }
-        Ok(held.clone())
+        Ok(conn.clone())
     }
 
     /// The store's name as the client sends it.
@@ -217,7 +215,7 @@ impl Client {
     }
 
     /// One call on this process's connection: `f` given the node's client.
-    fn call<T, F, Fut>(&self, f: F) -> Result<T, RemoteError>
+    fn call<T, F, Fut>(&self, f: F) -> nearrec::Result<T>
     where
         F: FnOnce(NodeClient<Channel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
@@ -238,112 +236,98 @@ impl Client {
         }
     }
 
-    /// Pools `batch` on the node: the `[batch, Σ dim]` output and the version it read.
-    pub fn lookup(&self, batch: &Batch<'_>) -> Result<Versioned<Pooled>, RemoteError> {
+    fn stats_and_tiers(&self) -> nearrec::Result<(Stats, Vec<TierReport>)> {
+        let req = self.request(pb::StatsRequest {
+            store: self.store.clone(),
+        });
+        let answer = self.call(|mut node| async move { node.stats(req).await })?;
+        Ok(convert::unstats(answer))
+    }
+}
+
+/// Each verb one call to the node. `refresh` reads the node's version (the node follows the
+/// store's writer by itself); `sync_table` is the contract's, over `lookup` and `write_many`.
+impl StoreApi for Client {
+    fn describe(&self) -> String {
+        let store = if self.store.is_empty() {
+            "the store"
+        } else {
+            &self.store
+        };
+        format!("{store} on the node at {}", self.addr)
+    }
+
+    fn info(&self) -> nearrec::Result<Info> {
+        let req = self.request(pb::InfoRequest {
+            store: self.store.clone(),
+        });
+        convert::uninfo(self.call(|mut node| async move { node.info(req).await })?)
+    }
+
+    fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
         let req = self.request(self.lookup_request(batch, false));
         let answer = self.call(|mut node| async move { node.lookup(req).await })?;
-        Ok((convert::unpooled(&answer).map_err(local)?, answer.version))
+        let read = Read {
+            version: answer.version,
+            ..Read::default()
+        };
+        Ok((convert::unpooled(&answer)?, read))
     }
 
-    /// Each table's distinct rows `batch` reads, and the version they were read at.
-    pub fn lookup_rows(&self, batch: &Batch<'_>) -> Result<Versioned<Vec<Rows>>, RemoteError> {
+    fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
         let req = self.request(self.lookup_request(batch, true));
         let answer = self.call(|mut node| async move { node.lookup(req).await })?;
-        Ok((convert::unraw(&answer).map_err(local)?, answer.version))
+        Ok((convert::unraw(&answer)?, answer.version))
     }
 
-    /// Starts a lookup and returns at once; batches submitted together are in flight together
-    /// on the one connection (RM_send_inputs / RM_read_outputs).
-    pub fn submit<B: AsBatch>(&self, batch: B) -> Result<Pending, RemoteError> {
+    fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
         let req = self.request(self.lookup_request(&batch.as_batch(), false));
         let conn = self.conn()?;
         let mut node = conn.node.clone();
         let task = conn.runtime.spawn(async move { node.lookup(req).await });
-        Ok(Pending {
+        Ok(Box::new(Pending {
             runtime: conn.runtime.clone(),
             task,
-        })
+        }))
     }
 
-    /// The model kept with the store, run on the node: `(outputs, batch, width)`.
-    pub fn infer(
-        &self,
-        dense: &[f32],
-        batch: &Batch<'_>,
-    ) -> Result<(Vec<f32>, usize, usize), RemoteError> {
+    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
         let req = self.request(pb::InferRequest {
             store: self.store.clone(),
             dense: encode_slice(dense),
             tables: convert::tables(batch),
         });
         let answer = self.call(|mut node| async move { node.infer(req).await })?;
-        let outputs: Vec<f32> = decode(&answer.outputs, "", "outputs").map_err(local)?;
-        Ok((outputs, answer.batch as usize, answer.width as usize))
+        Ok(Inferred {
+            outputs: decode(&answer.outputs, "", "outputs")?,
+            batch: answer.batch as usize,
+            width: answer.width as usize,
+            times: Default::default(),
+        })
     }
 
-    /// EMB_WRITE of several tables in one atomic call; the version that holds it.
-    pub fn write_many(
-        &self,
-        writes: &[RowWrite<'_>],
-        allow_nonfinite: bool,
-    ) -> Result<u64, RemoteError> {
-        let mut removes = writes.iter().filter(|w| w.values.is_none());
-        if let Some(w) = removes.next() {
-            // the protocol's removes are their own call
-            if writes.len() == 1 {
-                return self.remove(w.table, w.ids);
-            }
-            return Err(local(nearrec::Error::InvalidRequest {
-                table: Some(w.table.to_owned()),
-                position: None,
-                reason: "a remote write_many writes rows; remove them with remove()".into(),
-            }));
-        }
+    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
         let req = self.request(pb::WriteRequest {
             store: self.store.clone(),
-            writes: writes
-                .iter()
-                .map(|w| pb::TableRows {
-                    table: w.table.to_owned(),
-                    ids: encode_slice(w.ids),
-                    rows: encode_slice(w.values.unwrap_or_default()),
-                })
-                .collect(),
-            allow_nonfinite,
+            writes: convert::writes(writes),
+            allow_nonfinite: options.allow_nonfinite,
         });
         Ok(self
             .call(|mut node| async move { node.write(req).await })?
             .version)
     }
 
-    /// EMB_REMOVE of rows; the version that holds it.
-    pub fn remove(&self, table: &str, ids: &[i64]) -> Result<u64, RemoteError> {
-        let req = self.request(pb::RemoveRequest {
-            store: self.store.clone(),
-            table: table.to_owned(),
-            ids: encode_slice(ids),
-        });
-        Ok(self
-            .call(|mut node| async move { node.remove(req).await })?
-            .version)
-    }
-
-    /// RM_create_table on the node.
-    pub fn create_table(
-        &self,
-        name: &str,
-        rows: u64,
-        dim: u32,
-        dtype: &str,
-        init: &str,
-        seed: u64,
-    ) -> Result<u64, RemoteError> {
+    fn create_table(&self, t: &NewTable<'_>) -> nearrec::Result<u64> {
+        let (init, seed) = match t.init {
+            nearrec::Init::Zeros => ("zeros", 0),
+            nearrec::Init::Uniform { seed } => ("uniform", seed),
+        };
         let req = self.request(pb::CreateTableRequest {
             store: self.store.clone(),
-            name: name.to_owned(),
-            rows,
-            dim,
-            dtype: dtype.to_owned(),
+            name: t.name.to_owned(),
+            rows: t.rows,
+            dim: t.dim,
+            dtype: t.dtype.name().to_owned(),
             init: init.to_owned(),
             seed,
         });
@@ -352,8 +336,7 @@ impl Client {
             .version)
     }
 
-    /// EMB_REMOVE of a table on the node.
-    pub fn drop_table(&self, name: &str) -> Result<u64, RemoteError> {
+    fn drop_table(&self, name: &str) -> nearrec::Result<u64> {
         let req = self.request(pb::DropTableRequest {
             store: self.store.clone(),
             name: name.to_owned(),
@@ -363,8 +346,7 @@ impl Client {
             .version)
     }
 
-    /// The store at `path` on the node's file system served from the next request on.
-    pub fn swap(&self, path: &str, warm: bool, force: bool) -> Result<u64, RemoteError> {
+    fn swap(&self, path: &str, warm: bool, force: bool) -> nearrec::Result<u64> {
         let req = self.request(pb::SwapRequest {
             store: self.store.clone(),
             path: path.to_owned(),
@@ -376,20 +358,31 @@ impl Client {
             .version)
     }
 
-    /// What the store holds.
-    pub fn info(&self) -> Result<pb::InfoResponse, RemoteError> {
-        let req = self.request(pb::InfoRequest {
-            store: self.store.clone(),
-        });
-        self.call(|mut node| async move { node.info(req).await })
+    fn refresh(&self) -> nearrec::Result<u64> {
+        self.version()
     }
 
-    /// The store's counters.
-    pub fn stats(&self) -> Result<pb::StatsResponse, RemoteError> {
-        let req = self.request(pb::StatsRequest {
+    fn compact(&self) -> nearrec::Result<Compaction> {
+        let req = self.request(pb::CompactRequest {
             store: self.store.clone(),
         });
-        self.call(|mut node| async move { node.stats(req).await })
+        let answer = self.call(|mut node| async move { node.compact(req).await })?;
+        Ok(convert::uncompaction(answer))
+    }
+
+    fn stats(&self) -> nearrec::Result<Stats> {
+        Ok(self.stats_and_tiers()?.0)
+    }
+
+    fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
+        Ok(self.stats_and_tiers()?.1)
+    }
+
+    /// Lets go of this process's connection (calls under way finish); every later call is
+    /// `Unavailable`.
+    fn close(&self) -> nearrec::Result<()> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Ok(())
     }
 }
 
@@ -401,21 +394,31 @@ pub struct Pending {
 }
 
 impl Pending {
-    pub fn is_done(&self) -> bool {
+    fn answer(
+        joined: Result<Result<Response<pb::LookupResponse>, Status>, tokio::task::JoinError>,
+    ) -> nearrec::Result<Pooled> {
+        let answer = joined
+            .map_err(|e| unavailable(format!("the call's task failed: {e}")))?
+            .map_err(|s| remote(&s))?
+            .into_inner();
+        convert::unpooled(&answer)
+    }
+}
+
+impl PendingLookup for Pending {
+    fn is_done(&self) -> bool {
         self.task.is_finished()
     }
 
-    /// Waits for the answer.
-    pub fn wait(self) -> Result<Versioned<Pooled>, RemoteError> {
+    fn wait(self: Box<Self>) -> nearrec::Result<Pooled> {
         let answer = self.runtime.block_on(self.task);
         Self::answer(answer)
     }
 
-    /// Waits at most `timeout` for the answer; `Err(self)` if it has not come.
-    pub fn wait_timeout(
-        mut self,
+    fn wait_timeout(
+        mut self: Box<Self>,
         timeout: Duration,
-    ) -> Result<Result<Versioned<Pooled>, RemoteError>, Self> {
+    ) -> Result<nearrec::Result<Pooled>, Submitted> {
         let runtime = self.runtime.clone();
         // the timer needs the runtime's context: made inside it
         let task = &mut self.task;
@@ -423,15 +426,5 @@ impl Pending {
             Ok(answer) => Ok(Self::answer(answer)),
             Err(_) => Err(self),
         }
-    }
-
-    fn answer(
-        joined: Result<Result<Response<pb::LookupResponse>, Status>, tokio::task::JoinError>,
-    ) -> Result<Versioned<Pooled>, RemoteError> {
-        let answer = joined
-            .map_err(|e| unavailable(format!("the call's task failed: {e}")))?
-            .map_err(|s| remote(&s))?
-            .into_inner();
-        Ok((convert::unpooled(&answer).map_err(local)?, answer.version))
     }
 }

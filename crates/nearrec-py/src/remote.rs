@@ -1,25 +1,19 @@
 //! `NativeRemote`: a storage node's store, through `nearrec-client` (`nearrec.connect` wraps it
 //! in a `RemoteStore`). The same `TableLookup` batches as a local store's, held and sent without
-//! the GIL; errors raised as the node named them (`RemoteError::name` is the class).
+//! the GIL; errors raised as the node named them (`nearrec::Error::Remote`'s kind is the
+//! class). Each call is the store contract's ([`StoreApi`]), as the client implements it.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use nearrec::{AsBatch, Bags, Batch, Indices, TableLookup};
-use nearrec_client::{Client, ClientOptions, ClientTls, Pending};
-use nearrec_wire::RemoteError;
+use nearrec::{AsBatch, NewTable, StoreApi, Submitted, WriteOptions};
+use nearrec_client::{Client, ClientOptions, ClientTls};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 
-use crate::error::{detach, raise};
+use crate::error::{detach, err, raise};
 use crate::lookup::{HeldBatch, dense_features};
 use crate::store::{PyWrites, row_writes};
-
-/// A node's refusal or a nearrec error it reported, as its Python exception.
-pub(crate) fn remote_err(py: Python<'_>, e: RemoteError) -> PyErr {
-    let name = e.name();
-    raise(py, name, e.message, e.table.as_deref(), e.position)
-}
 
 fn array<'py>(
     py: Python<'py>,
@@ -60,7 +54,7 @@ impl NativeRemote {
             ..ClientOptions::default()
         };
         let client =
-            detach(py, || Client::connect(addr, store, options))?.map_err(|e| remote_err(py, e))?;
+            detach(py, || Client::connect(addr, store, options))?.map_err(|e| err(py, e))?;
         Ok(Self { client })
     }
 
@@ -71,10 +65,10 @@ impl NativeRemote {
         lookups: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyArray2<f32>>, u64)> {
         let held = HeldBatch::extract(lookups)?;
-        let (p, version) =
-            detach(py, || self.client.lookup(&held.as_batch()))?.map_err(|e| remote_err(py, e))?;
+        let (p, read) =
+            detach(py, || self.client.lookup(&held.as_batch()))?.map_err(|e| err(py, e))?;
         let width = p.width();
-        Ok((array(py, p.values, p.batch, width)?, version))
+        Ok((array(py, p.values, p.batch, width)?, read.version))
     }
 
     /// Each table's distinct rows a batch reads: `([(table, ids, rows)], version)`.
@@ -88,8 +82,8 @@ impl NativeRemote {
         u64,
     )> {
         let held = HeldBatch::extract(lookups)?;
-        let (rows, version) = detach(py, || self.client.lookup_rows(&held.as_batch()))?
-            .map_err(|e| remote_err(py, e))?;
+        let (rows, version) =
+            detach(py, || self.client.lookup_rows(&held.as_batch()))?.map_err(|e| err(py, e))?;
         let rows = rows
             .into_iter()
             .map(|r| {
@@ -107,7 +101,7 @@ impl NativeRemote {
     /// Starts a lookup on the node; returns its handle at once.
     fn submit(&self, py: Python<'_>, lookups: &Bound<'_, PyAny>) -> PyResult<NativeRemotePending> {
         let held = HeldBatch::extract(lookups)?;
-        let pending = self.client.submit(held).map_err(|e| remote_err(py, e))?;
+        let pending = self.client.submit(Box::new(held)).map_err(|e| err(py, e))?;
         Ok(NativeRemotePending(Mutex::new(Some(pending))))
     }
 
@@ -120,9 +114,9 @@ impl NativeRemote {
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let held = HeldBatch::extract(lookups)?;
         let dense = dense_features(py, dense.as_ref())?;
-        let (out, batch, width) = detach(py, || self.client.infer(dense, &held.as_batch()))?
-            .map_err(|e| remote_err(py, e))?;
-        array(py, out, batch, width)
+        let out =
+            detach(py, || self.client.infer(dense, &held.as_batch()))?.map_err(|e| err(py, e))?;
+        array(py, out.outputs, out.batch, out.width)
     }
 
     /// Rows `rows` of table `name` decoded on the node: `[len(rows), dim]` float32.
@@ -141,17 +135,12 @@ impl NativeRemote {
                 None,
             )
         })?;
-        let batch = Batch::new(vec![TableLookup::new(
-            name,
-            Indices::I64(ids),
-            Bags::Fixed {
-                batch: ids.len(),
-                bag_size: 1,
-            },
-        )]);
-        let (p, _) = detach(py, || self.client.lookup(&batch))?.map_err(|e| remote_err(py, e))?;
-        let width = p.width();
-        array(py, p.values, p.batch, width)
+        let dim = detach(py, || self.client.table(name))?
+            .map_err(|e| err(py, e))?
+            .dim as usize;
+        let mut out = vec![0f32; ids.len() * dim];
+        detach(py, || self.client.read_rows(name, ids, &mut out))?.map_err(|e| err(py, e))?;
+        array(py, out, ids.len(), dim)
     }
 
     /// EMB_WRITE of `[(table, ids, rows or None)]` in one atomic call; the new version.
@@ -162,8 +151,8 @@ impl NativeRemote {
         allow_nonfinite: bool,
     ) -> PyResult<u64> {
         let slices = row_writes(py, &writes)?;
-        detach(py, || self.client.write_many(&slices, allow_nonfinite))?
-            .map_err(|e| remote_err(py, e))
+        let options = WriteOptions { allow_nonfinite };
+        detach(py, || self.client.write_many(&slices, options))?.map_err(|e| err(py, e))
     }
 
     #[pyo3(signature = (name, rows, dim, dtype, init, seed))]
@@ -178,20 +167,46 @@ impl NativeRemote {
         init: &str,
         seed: u64,
     ) -> PyResult<u64> {
-        detach(py, || {
-            self.client.create_table(name, rows, dim, dtype, init, seed)
-        })?
-        .map_err(|e| remote_err(py, e))
+        let dtype: nearrec::format::DType = dtype.parse().map_err(|_| {
+            raise(
+                py,
+                "InvalidRequest",
+                format!("dtype {dtype:?} is not fp32, fp16, bf16 or int8"),
+                Some(name),
+                None,
+            )
+        })?;
+        let init = match init {
+            "uniform" => nearrec::Init::Uniform { seed },
+            "zeros" => nearrec::Init::Zeros,
+            other => {
+                return Err(raise(
+                    py,
+                    "InvalidRequest",
+                    format!("init {other:?} is not uniform or zeros"),
+                    Some(name),
+                    None,
+                ));
+            }
+        };
+        let table = NewTable {
+            name,
+            rows,
+            dim,
+            dtype,
+            init,
+        };
+        detach(py, || self.client.create_table(&table))?.map_err(|e| err(py, e))
     }
 
     fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<u64> {
-        detach(py, || self.client.drop_table(name))?.map_err(|e| remote_err(py, e))
+        detach(py, || self.client.drop_table(name))?.map_err(|e| err(py, e))
     }
 
     /// A store directory on the node's file system served from the next request on.
     #[pyo3(signature = (path, warm, force = false))]
     fn swap(&self, py: Python<'_>, path: &str, warm: bool, force: bool) -> PyResult<u64> {
-        detach(py, || self.client.swap(path, warm, force))?.map_err(|e| remote_err(py, e))
+        detach(py, || self.client.swap(path, warm, force))?.map_err(|e| err(py, e))
     }
 
     /// `(store, [(name, rows, dim, dtype)], version, tier, writable, model, stores)`.
@@ -208,29 +223,27 @@ impl NativeRemote {
         bool,
         Vec<String>,
     )> {
-        let i = detach(py, || self.client.info())?.map_err(|e| remote_err(py, e))?;
+        let i = detach(py, || self.client.info())?.map_err(|e| err(py, e))?;
         let tables = i
             .tables
             .into_iter()
-            .map(|t| (t.name, t.rows, t.dim, t.dtype))
+            .map(|t| (t.name, t.rows, t.dim, t.dtype.name().to_owned()))
             .collect();
         Ok((
-            i.store, tables, i.version, i.tier, i.writable, i.model, i.stores,
+            i.name, tables, i.version, i.tier, i.writable, i.model, i.stores,
         ))
     }
 
     /// The store's counters by name, and its device.
     fn stats(&self, py: Python<'_>) -> PyResult<(Vec<(String, f64)>, String)> {
-        let s = detach(py, || self.client.stats())?.map_err(|e| remote_err(py, e))?;
-        let mut values: Vec<(String, f64)> = s.values.into_iter().collect();
-        values.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok((values, s.device))
+        let s = detach(py, || self.client.stats())?.map_err(|e| err(py, e))?;
+        Ok((s.values, s.device))
     }
 }
 
 /// A lookup submitted to the node.
 #[pyclass(module = "nearrec._native", frozen)]
-pub(crate) struct NativeRemotePending(Mutex<Option<Pending>>);
+pub(crate) struct NativeRemotePending(Mutex<Option<Submitted>>);
 
 #[pymethods]
 impl NativeRemotePending {
@@ -239,7 +252,7 @@ impl NativeRemotePending {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .is_none_or(Pending::is_done)
+            .is_none_or(|p| p.is_done())
     }
 
     /// The batch's output (or its error); `TimeoutError` when `timeout` seconds pass first. An
@@ -273,7 +286,7 @@ impl NativeRemotePending {
                 }
             },
         };
-        let (p, _) = answer.map_err(|e| remote_err(py, e))?;
+        let p = answer.map_err(|e| err(py, e))?;
         let width = p.width();
         array(py, p.values, p.batch, width)
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use nearrec::{AsBatch, Batch, Pending, Pooled, Store};
+use nearrec::{AsBatch, Batch, Pending, Pooled, Store, StoreApi};
 use nearrec_format::{DType, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -296,7 +296,7 @@ impl NativeStore {
             return Vec::new();
         };
         let mut out: Vec<(String, PyStat)> = vec![
-            ("device".into(), PyStat::Text(stats.device)),
+            ("device".into(), PyStat::Owned(stats.device)),
             ("direct_io".into(), PyStat::Flag(stats.direct_io)),
             (
                 "block_bytes".into(),
@@ -617,7 +617,6 @@ impl NativeStream {
 /// One value of `stats()`.
 #[derive(IntoPyObject)]
 pub(crate) enum PyStat {
-    Text(&'static str),
     Owned(String),
     Flag(bool),
     Number(f64),

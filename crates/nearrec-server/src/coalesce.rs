@@ -15,7 +15,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use nearrec::{AsBatch, OwnedBatch, Pooled, Shape, Stages, Store, coalesce};
+use nearrec::{AsBatch, OwnedBatch, Pooled, Shape, Stages, StoreApi, coalesce};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
@@ -28,7 +28,7 @@ pub type Answer = Result<(Pooled, u64), Status>;
 /// One store's gatherer; started by the first request that joins it.
 #[derive(Debug)]
 pub struct Coalescer {
-    store: Arc<Store>,
+    store: Arc<dyn StoreApi>,
     admission: Arc<Admission>,
     metrics: Metrics,
     bags: usize,
@@ -50,7 +50,7 @@ struct Waiting {
 impl Coalescer {
     /// `bags` 0: nothing coalesces.
     pub fn new(
-        store: Arc<Store>,
+        store: Arc<dyn StoreApi>,
         admission: Arc<Admission>,
         metrics: Metrics,
         bags: usize,
@@ -129,7 +129,7 @@ impl Coalescer {
 /// The gatherer: one engine batch at a time per free engine slot, until the node drops it.
 async fn gather(
     mut rx: mpsc::UnboundedReceiver<Waiting>,
-    store: Arc<Store>,
+    store: Arc<dyn StoreApi>,
     admission: Arc<Admission>,
     metrics: Metrics,
     max_bags: usize,
@@ -169,13 +169,13 @@ async fn gather(
         let (store, metrics) = (store.clone(), metrics.clone());
         tokio::task::spawn_blocking(move || {
             let _run = run;
-            serve(&store, group, &metrics);
+            serve(&*store, group, &metrics);
         });
     }
 }
 
 /// Runs a gathered group: the live requests by shape, each shape as one batch.
-fn serve(store: &Store, group: Vec<Waiting>, metrics: &Metrics) {
+fn serve(store: &dyn StoreApi, group: Vec<Waiting>, metrics: &Metrics) {
     let now = Instant::now();
     let mut shapes: Vec<(Shape, Vec<Waiting>)> = Vec::new();
     for w in group {
@@ -210,26 +210,23 @@ fn serve(store: &Store, group: Vec<Waiting>, metrics: &Metrics) {
 }
 
 /// One request's answer, run by itself, and where its time went.
-fn alone(store: &Store, batch: &OwnedBatch) -> (Answer, Stages) {
-    let snapshot = store.snapshot();
-    match store.lookup_at(&batch.as_batch(), &snapshot) {
-        Ok((pooled, stages)) => (Ok((pooled, snapshot.version())), stages),
+fn alone(store: &dyn StoreApi, batch: &OwnedBatch) -> (Answer, Stages) {
+    match store.lookup(&batch.as_batch()) {
+        Ok((pooled, read)) => (Ok((pooled, read.version)), read.stages),
         Err(e) => (Err(nearrec_wire::status_of(&e)), Stages::default()),
     }
 }
 
 /// The group's answers from one engine batch and where its time went; `None` when they cannot
 /// run as one (or the batch fails, so that each runs alone and meets its own error).
-fn together(store: &Store, ws: &[Waiting]) -> Option<(Vec<Answer>, Stages)> {
+fn together(store: &dyn StoreApi, ws: &[Waiting]) -> Option<(Vec<Answer>, Stages)> {
     let parts: Vec<&OwnedBatch> = ws.iter().map(|w| &w.batch).collect();
     let merged = coalesce(&parts)?;
-    let snapshot = store.snapshot();
-    let (pooled, stages) = store.lookup_at(&merged.batch.as_batch(), &snapshot).ok()?;
-    let version = snapshot.version();
+    let (pooled, read) = store.lookup(&merged.batch.as_batch()).ok()?;
     let answers = pooled
         .split(&merged.bags)
         .into_iter()
-        .map(|p| Ok((p, version)))
+        .map(|p| Ok((p, read.version)))
         .collect();
-    Some((answers, stages))
+    Some((answers, read.stages))
 }

@@ -141,9 +141,10 @@ impl Collector for NodeCollector {
         let mut stores = Vec::new();
         for name in s.stores.names() {
             let (_, store) = s.stores.get(name, |_| true).map_err(|_| std::fmt::Error)?;
-            let stats = store.stats();
-            let live: Vec<(&str, f64)> = store.live_stats();
-            stores.push((name.to_owned(), stats, live, store.version()));
+            // a store that cannot tell (a remote one, unreachable) is left out of this scrape
+            if let Ok(stats) = store.stats() {
+                stores.push((name.to_owned(), Some(stats)));
+            }
         }
         let value = |stats: &Option<nearrec::Stats>, k: &str| stats.as_ref().and_then(|s| s.get(k));
         {
@@ -153,7 +154,7 @@ impl Collector for NodeCollector {
                 None,
                 ConstCounter::new(0u64).metric_type(),
             )?;
-            for (store, stats, _, _) in &stores {
+            for (store, stats) in &stores {
                 for (tier, key) in [
                     ("resident", "lookups_resident"),
                     ("hot", "lookups_hot"),
@@ -203,7 +204,7 @@ impl Collector for NodeCollector {
                     ConstGauge::new(0.0f64).metric_type(),
                 )?
             };
-            for (store, stats, _, _) in &stores {
+            for (store, stats) in &stores {
                 let v = value(stats, key).unwrap_or(0.0);
                 let labels = StoreLabel {
                     store: store.clone(),
@@ -233,11 +234,8 @@ impl Collector for NodeCollector {
                 None,
                 ConstGauge::new(0.0f64).metric_type(),
             )?;
-            for (store, _, live, version) in &stores {
-                let v = match key {
-                    None => *version as f64,
-                    Some(k) => live.iter().find(|(n, _)| *n == k).map_or(0.0, |(_, v)| *v),
-                };
+            for (store, stats) in &stores {
+                let v = value(stats, key.unwrap_or("version")).unwrap_or(0.0);
                 ConstGauge::new(v).encode(f.encode_family(&StoreLabel {
                     store: store.clone(),
                 })?)?;
@@ -251,7 +249,7 @@ impl Collector for NodeCollector {
                 None,
                 ConstGauge::new(0.0f64).metric_type(),
             )?;
-            for (store, stats, _, _) in &stores {
+            for (store, stats) in &stores {
                 for stage in ["route", "io_wait", "pool", "end_to_end"] {
                     for (quantile, suffix) in [("0.5", "p50_us"), ("0.99", "p99_us")] {
                         if let Some(us) = value(stats, &format!("{stage}_{suffix}")) {

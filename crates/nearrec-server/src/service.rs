@@ -1,6 +1,7 @@
-//! `nearrec.v1.Node`: each call decoded by `nearrec-wire`, admitted, run against the facade —
-//! on a blocking thread, or on the async worker itself for a lookup that never waits on a
-//! device ([`crate::stores::inline`]) — and answered. Nothing here decides what a lookup means.
+//! `nearrec.v1.Node`: each call decoded by `nearrec-wire`, admitted, run against the store's
+//! contract ([`StoreApi`]: an embedded store, or any other implementation) — on a blocking
+//! thread, or on the async worker itself for a lookup that never waits on a device
+//! ([`crate::stores::inline`]) — and answered. Nothing here decides what a lookup means.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use nearrec::{AsBatch, OwnedBatch, RowWrite, Stages, Store, WriteOptions};
+use nearrec::{AsBatch, NewTable, OwnedBatch, RowWrite, Stages, StoreApi, WriteOptions};
 use nearrec_wire::arrays::decode;
 use nearrec_wire::status::{bounded, stream_error};
 use nearrec_wire::v1 as pb;
@@ -92,7 +93,7 @@ impl NodeService {
     }
 
     /// The store a call names; `NOT_FOUND` lists only the stores the caller holds a grant on.
-    fn store(&self, caller: &Caller, name: &str) -> Result<(&str, Arc<Store>), Status> {
+    fn store(&self, caller: &Caller, name: &str) -> Result<(&str, Arc<dyn StoreApi>), Status> {
         self.0.stores.get(name, |n| caller.sees(n))
     }
 
@@ -222,12 +223,12 @@ impl NodeService {
             let lookups: usize = view.tables.iter().map(|t| t.indices.len()).sum();
             (lookups, view.tables.iter().map(|t| t.declared_bags()).max())
         };
-        let bytes = answer_bytes(&store, &batch.as_batch(), raw, limit).map_err(bad)?;
+        let bytes = answer_bytes(&*store, &batch.as_batch(), raw, limit).map_err(bad)?;
         let mut held = Held {
             slot: None,
             bytes: Some(self.0.admission.reserve(bytes, conn)?),
         };
-        let inline = inline(&store, lookups);
+        let inline = inline(&*store, lookups);
         // small lookups that read a device coalesce (on DRAM-resident tables the transport,
         // not the engine, is what a request costs: they run at once)
         if !raw && !inline {
@@ -239,7 +240,7 @@ impl NodeService {
         }
         let ((answer, stages), slot) = self
             .run(call, deadline, inline, move || {
-                lookup(&store, id, raw, &batch, limit)
+                lookup(&*store, id, raw, &batch, limit)
             })
             .await?;
         if let Some(stages) = stages {
@@ -253,7 +254,7 @@ impl NodeService {
 /// A lookup on the facade: pooled at one version, with where its time went, or the distinct
 /// rows.
 fn lookup(
-    store: &Store,
+    store: &dyn StoreApi,
     id: u64,
     raw: bool,
     batch: &OwnedBatch,
@@ -269,19 +270,15 @@ fn lookup(
         too_large(rows.first().map_or("", |r| r.table.as_str()), bytes, limit)?;
         return Ok((convert::raw(id, version, rows), None));
     }
-    let snapshot = store.snapshot();
-    let (pooled, stages) = store.lookup_at(&batch, &snapshot)?;
-    Ok((
-        convert::pooled(id, snapshot.version(), pooled),
-        Some(stages),
-    ))
+    let (pooled, read) = store.lookup(&batch)?;
+    Ok((convert::pooled(id, read.version, pooled), Some(read.stages)))
 }
 
 /// The bytes of the answer `batch` declares — pooled, or at most its distinct rows with their
 /// ids when `raw` — refused before anything is prepared when a pooled one would be over the
 /// message limit (a raw one is checked once its distinct rows are known).
 fn answer_bytes(
-    store: &Store,
+    store: &dyn StoreApi,
     batch: &nearrec::Batch<'_>,
     raw: bool,
     limit: usize,
@@ -437,26 +434,13 @@ impl NodeService {
         let (name, store) = self.store(&caller, &req.store)?;
         let tables = req.writes.iter().map(|w| w.table.as_str());
         self.allow_tables(&caller, "Write", Permission::Write, name, tables)?;
-        let mut writes = Vec::with_capacity(req.writes.len());
-        for w in &req.writes {
-            let ids: Vec<i64> = decode(&w.ids, &w.table, "ids").map_err(bad)?;
-            let rows: Vec<f32> = decode(&w.rows, &w.table, "rows").map_err(bad)?;
-            writes.push((w.table.clone(), ids, rows));
-        }
+        let writes = convert::unwrites(&req.writes).map_err(bad)?;
         let options = WriteOptions {
             allow_nonfinite: req.allow_nonfinite,
         };
         let (version, slot) = self
             .run("Write", deadline, false, move || {
-                let calls: Vec<RowWrite<'_>> = writes
-                    .iter()
-                    .map(|(table, ids, rows)| RowWrite {
-                        table,
-                        ids,
-                        values: Some(rows),
-                    })
-                    .collect();
-                store.write_many(&calls, options)
+                store.write_many(&convert::row_writes(&writes), options)
             })
             .await?;
         Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
@@ -477,7 +461,12 @@ impl NodeService {
         let ids: Vec<i64> = decode(&req.ids, &req.table, "ids").map_err(bad)?;
         let (version, slot) = self
             .run("Remove", deadline, false, move || {
-                store.remove(&req.table, &ids)
+                let w = RowWrite {
+                    table: &req.table,
+                    ids: &ids,
+                    values: None,
+                };
+                store.write_many(&[w], WriteOptions::default())
             })
             .await?;
         Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
@@ -520,7 +509,13 @@ impl NodeService {
         };
         let (version, slot) = self
             .run("CreateTable", deadline, false, move || {
-                store.create_table(&req.name, req.rows, req.dim, dtype, init)
+                store.create_table(&NewTable {
+                    name: &req.name,
+                    rows: req.rows,
+                    dim: req.dim,
+                    dtype,
+                    init,
+                })
             })
             .await?;
         Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
@@ -556,10 +551,11 @@ impl NodeService {
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Swap", |p| p.allow_all(Permission::Admin, name))?;
         let root = self.0.config.swap_root.as_deref();
-        let path = swap::resolve(root, &store.path(), &req.path)?;
+        let path = swap::resolve(root, store.location().as_deref(), &req.path)?;
         if let Some(p) = caller.0.clone() {
-            let (name, path, writable) = (name.to_owned(), path.clone(), store.writable());
+            let (name, path, store) = (name.to_owned(), path.clone(), store.clone());
             let exposed = tokio::task::spawn_blocking(move || {
+                let writable = store.info().map_err(bad)?.writable;
                 swap::allow_exposed(&p, &name, &path, writable)
             })
             .await
@@ -568,7 +564,7 @@ impl NodeService {
         }
         let (version, slot) = self
             .run("Swap", deadline, false, move || {
-                store.swap(&path, req.warm, req.force)
+                store.swap(&path.to_string_lossy(), req.warm, req.force)
             })
             .await?;
         Ok(holding(pb::SwapResponse { version }, Held::from(slot)))
@@ -587,24 +583,13 @@ impl NodeService {
             .filter(|n| caller.sees(n))
             .map(str::to_owned)
             .collect();
-        let manifest = store.manifest();
+        let info = tokio::task::spawn_blocking(move || store.info())
+            .await
+            .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?
+            .map_err(bad)?;
         Ok(Response::new(pb::InfoResponse {
-            store: name,
-            tables: manifest
-                .tables
-                .iter()
-                .map(|t| pb::TableInfo {
-                    name: t.name.clone(),
-                    rows: t.rows,
-                    dim: t.dim,
-                    dtype: t.dtype.name().to_owned(),
-                })
-                .collect(),
-            version: store.version(),
-            tier: store.tier().name().to_owned(),
-            writable: store.writable(),
-            model: store.model().is_ok(),
             stores,
+            ..convert::info(&name, info)
         }))
     }
 
@@ -613,21 +598,28 @@ impl NodeService {
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Stats", |p| p.allow_any(name))?;
-        let stats = store.stats();
-        let mut values: std::collections::HashMap<String, f64> = stats
-            .as_ref()
-            .map(|s| s.values.iter().cloned().collect())
-            .unwrap_or_default();
-        values.extend(
-            store
-                .live_stats()
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v)),
-        );
-        Ok(Response::new(pb::StatsResponse {
-            values,
-            device: stats.map_or("dram", |s| s.device).to_owned(),
-        }))
+        let answer = tokio::task::spawn_blocking(move || -> nearrec::Result<_> {
+            Ok(convert::stats(store.stats()?, store.tier_report()?))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?
+        .map_err(bad)?;
+        Ok(Response::new(answer))
+    }
+
+    async fn call_compact(
+        &self,
+        request: Request<pb::CompactRequest>,
+    ) -> Answer<pb::CompactResponse> {
+        let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "Compact")?;
+        let req = request.into_inner();
+        let (name, store) = self.store(&caller, &req.store)?;
+        self.allow(&caller, "Compact", |p| p.allow_all(Permission::Admin, name))?;
+        let (done, slot) = self
+            .run("Compact", deadline, false, move || store.compact())
+            .await?;
+        Ok(holding(convert::compaction(done), Held::from(slot)))
     }
 }
 
@@ -751,6 +743,17 @@ impl pb::node_server::Node for NodeService {
             received,
             |r| r.encoded_len(),
             self.call_stats(request),
+        )
+        .await
+    }
+
+    async fn compact(&self, request: Request<pb::CompactRequest>) -> Answer<pb::CompactResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "Compact",
+            received,
+            |r| r.encoded_len(),
+            self.call_compact(request),
         )
         .await
     }

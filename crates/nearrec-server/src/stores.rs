@@ -1,11 +1,12 @@
-//! The stores a node serves, by name.
+//! The stores a node serves, by name: any implementation of the store's contract
+//! ([`StoreApi`]), opened here as embedded stores.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use std::path::PathBuf;
 
-use nearrec::{Store, StoreConfig, Tier};
+use nearrec::{Store, StoreApi, StoreConfig};
 use tonic::Status;
 
 /// How often a node's read-only stores look for their writer's records, in ms, unless the
@@ -14,15 +15,20 @@ pub const FOLLOW_MS: u64 = 1000;
 
 /// Stores by name; a request's empty name means the only one.
 #[derive(Debug, Clone, Default)]
-pub struct Stores(BTreeMap<String, Arc<Store>>);
+pub struct Stores(BTreeMap<String, Arc<dyn StoreApi>>);
 
 impl Stores {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Adds `store` as `name`; a name served twice is refused.
-    pub fn insert(&mut self, name: impl Into<String>, store: Store) -> Result<(), String> {
+    /// Adds `store` (any implementation of the contract) as `name`; a name served twice is
+    /// refused.
+    pub fn insert(
+        &mut self,
+        name: impl Into<String>,
+        store: impl StoreApi + 'static,
+    ) -> Result<(), String> {
         let name = name.into();
         if self.0.contains_key(&name) {
             return Err(format!(
@@ -66,7 +72,7 @@ impl Stores {
         self.0.keys().map(String::as_str)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<Store>)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<dyn StoreApi>)> {
         self.0.iter().map(|(n, s)| (n.as_str(), s))
     }
 
@@ -81,7 +87,7 @@ impl Stores {
         &self,
         name: &str,
         visible: impl Fn(&str) -> bool,
-    ) -> Result<(&str, Arc<Store>), Status> {
+    ) -> Result<(&str, Arc<dyn StoreApi>), Status> {
         if name.is_empty() && self.0.len() == 1 {
             let (n, s) = self.0.iter().next().expect("one store");
             if visible(n) {
@@ -121,6 +127,6 @@ pub const INLINE_LOOKUPS: usize = 1 << 16;
 /// when every row is in DRAM (it never waits on a device) and it is small. Handing it to a
 /// blocking thread instead costs two thread switches per request — measured at a fifth of a
 /// DRAM node's throughput on one core (`nearrec bench serve`, docs/serving.md).
-pub fn inline(store: &Store, lookups: usize) -> bool {
-    store.tier() == Tier::Dram && lookups <= INLINE_LOOKUPS
+pub fn inline(store: &dyn StoreApi, lookups: usize) -> bool {
+    store.resident() && lookups <= INLINE_LOOKUPS
 }

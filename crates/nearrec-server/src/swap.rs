@@ -15,19 +15,29 @@ use tonic::Status;
 use crate::acl::{Permission, Principal};
 
 /// The directory `requested` names, resolved and confined to `root` (`None`: the parent of
-/// `served`, the store's directory now). Refusals are the caller's errors: `INVALID_ARGUMENT`
+/// `served`, the store's directory now, where it has one). Refusals are the caller's errors: `INVALID_ARGUMENT`
 /// for a path that is not a directory or holds a NUL, `NOT_FOUND` for one that does not exist,
 /// `PERMISSION_DENIED` for one outside the root.
-pub fn resolve(root: Option<&Path>, served: &Path, requested: &str) -> Result<PathBuf, Status> {
+pub fn resolve(
+    root: Option<&Path>,
+    served: Option<&Path>,
+    requested: &str,
+) -> Result<PathBuf, Status> {
     let shown = nearrec_wire::status::clip(requested, 256);
     if requested.is_empty() || requested.contains('\0') {
         return Err(Status::invalid_argument(format!(
             "{shown:?} is not a path: name the store directory to swap in"
         )));
     }
-    let root = match root {
-        Some(r) => r.to_path_buf(),
-        None => served.parent().unwrap_or(Path::new("/")).to_path_buf(),
+    let root = match (root, served) {
+        (Some(r), _) => r.to_path_buf(),
+        (None, Some(s)) => s.parent().unwrap_or(Path::new("/")).to_path_buf(),
+        (None, None) => {
+            return Err(Status::failed_precondition(
+                "this store has no directory on the node to swap beside; the node's \
+                 --swap-root says where stores are swapped from",
+            ));
+        }
     };
     let root = root.canonicalize().map_err(|e| {
         Status::failed_precondition(format!(
@@ -97,12 +107,12 @@ mod tests {
         let code = |r: Result<PathBuf, Status>| r.map_err(|s| s.code());
 
         let next = next.canonicalize().unwrap();
-        assert_eq!(code(resolve(None, &served, "v2")), Ok(next.clone()));
+        assert_eq!(code(resolve(None, Some(&served), "v2")), Ok(next.clone()));
         assert_eq!(
-            code(resolve(None, &served, next.to_str().unwrap())),
+            code(resolve(None, Some(&served), next.to_str().unwrap())),
             Ok(next.clone())
         );
-        assert_eq!(code(resolve(Some(&root), &outside, "v2")), Ok(next));
+        assert_eq!(code(resolve(Some(&root), Some(&outside), "v2")), Ok(next));
         for bad in [
             outside.to_str().unwrap(),
             "link",
@@ -112,24 +122,35 @@ mod tests {
             "/etc",
         ] {
             assert_eq!(
-                code(resolve(None, &served, bad)),
+                code(resolve(None, Some(&served), bad)),
                 Err(Code::PermissionDenied),
                 "{bad}"
             );
         }
-        assert_eq!(code(resolve(None, &served, "nope")), Err(Code::NotFound));
         assert_eq!(
-            code(resolve(None, &served, "file")),
+            code(resolve(None, Some(&served), "nope")),
+            Err(Code::NotFound)
+        );
+        assert_eq!(
+            code(resolve(None, Some(&served), "file")),
             Err(Code::InvalidArgument)
         );
         assert_eq!(
-            code(resolve(None, &served, "file/x")),
+            code(resolve(None, Some(&served), "file/x")),
             Err(Code::InvalidArgument)
         );
         assert_eq!(
-            code(resolve(None, &served, "v2\0x")),
+            code(resolve(None, Some(&served), "v2\0x")),
             Err(Code::InvalidArgument)
         );
-        assert_eq!(code(resolve(None, &served, "")), Err(Code::InvalidArgument));
+        assert_eq!(
+            code(resolve(None, Some(&served), "")),
+            Err(Code::InvalidArgument)
+        );
+        // a store with no directory here swaps only from a configured root
+        assert_eq!(
+            code(resolve(None, None, "v2")),
+            Err(Code::FailedPrecondition)
+        );
     }
 }

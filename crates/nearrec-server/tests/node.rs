@@ -643,13 +643,14 @@ fn writes_over_the_network_are_seen_by_the_next_lookup() {
                 table: "t0".into(),
                 ids: nearrec_wire::arrays::encode(ids.clone()),
                 rows: nearrec_wire::arrays::encode(rows.clone()),
+                remove: false,
             }],
             allow_nonfinite: false,
         }))
         .unwrap()
         .into_inner()
         .version;
-    assert_eq!(v, store.version());
+    assert_eq!(v, store.version().unwrap());
     let one = OwnedBatch::new(vec![OwnedLookup::with_lengths(
         "t0",
         ids.clone(),
@@ -669,13 +670,14 @@ fn writes_over_the_network_are_seen_by_the_next_lookup() {
                 table: "t0".into(),
                 ids: nearrec_wire::arrays::encode(vec![1i64]),
                 rows: nearrec_wire::arrays::encode(vec![f32::NAN; DIM as usize]),
+                remove: false,
             }],
             allow_nonfinite: false,
         }))
         .unwrap_err();
     assert_eq!(s.code(), Code::InvalidArgument);
     assert_eq!(remote(&s).table.as_deref(), Some("t0"));
-    assert_eq!(store.version(), v);
+    assert_eq!(store.version().unwrap(), v);
     // remove, create, drop
     rt.block_on(c.remove(pb::RemoveRequest {
         store: "s".into(),
@@ -785,6 +787,7 @@ fn the_acl_names_who_may_read_write_and_administer_which_tables() {
             table: "t1".into(),
             ids: nearrec_wire::arrays::encode(vec![1i64]),
             rows: nearrec_wire::arrays::encode(vec![0.5f32; DIM as usize]),
+            remove: false,
         }],
         allow_nonfinite: false,
     };

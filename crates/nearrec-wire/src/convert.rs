@@ -3,8 +3,8 @@
 //! engine's one validation, as for every other surface.
 
 use nearrec::{
-    Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled, PoolingMode, Rows,
-    TableLookup,
+    Bags, Batch, CacheStatsSnapshot, Compaction, IndexVec, Indices, Info, OwnedBags, OwnedBatch,
+    OwnedLookup, Pooled, PoolingMode, RowWrite, Rows, Stats, TableInfo, TableLookup, TierReport,
 };
 
 use crate::arrays::{decode, encode, encode_slice};
@@ -246,6 +246,190 @@ pub fn unraw(r: &pb::LookupResponse) -> nearrec::Result<Vec<Rows>> {
             })
         })
         .collect()
+}
+
+/// A write call's rows (the client's side): a write without values removes its rows.
+pub fn writes(writes: &[RowWrite<'_>]) -> Vec<pb::TableRows> {
+    writes
+        .iter()
+        .map(|w| pb::TableRows {
+            table: w.table.to_owned(),
+            ids: encode_slice(w.ids),
+            rows: encode_slice(w.values.unwrap_or_default()),
+            remove: w.values.is_none(),
+        })
+        .collect()
+}
+
+/// A write call's rows decoded (the node's side): `(table, ids, values or None to remove)`.
+pub type OwnedWrite = (String, Vec<i64>, Option<Vec<f32>>);
+
+/// [`writes`] back (the node's side); a remove that carries rows is refused.
+pub fn unwrites(writes: &[pb::TableRows]) -> nearrec::Result<Vec<OwnedWrite>> {
+    writes
+        .iter()
+        .map(|w| {
+            let ids: Vec<i64> = decode(&w.ids, &w.table, "ids")?;
+            if w.remove {
+                if !w.rows.is_empty() {
+                    return Err(invalid(&w.table, "a remove carries no rows".into()));
+                }
+                return Ok((w.table.clone(), ids, None));
+            }
+            let rows: Vec<f32> = decode(&w.rows, &w.table, "rows")?;
+            Ok((w.table.clone(), ids, Some(rows)))
+        })
+        .collect()
+}
+
+/// [`unwrites`] as the facade's call.
+pub fn row_writes(owned: &[OwnedWrite]) -> Vec<RowWrite<'_>> {
+    owned
+        .iter()
+        .map(|(table, ids, values)| RowWrite {
+            table,
+            ids,
+            values: values.as_deref(),
+        })
+        .collect()
+}
+
+/// What a store holds (the node's side); `name` is the store's name on the node.
+pub fn info(name: &str, i: Info) -> pb::InfoResponse {
+    pb::InfoResponse {
+        store: name.to_owned(),
+        tables: i
+            .tables
+            .into_iter()
+            .map(|t| pb::TableInfo {
+                name: t.name,
+                rows: t.rows,
+                dim: t.dim,
+                dtype: t.dtype.name().to_owned(),
+            })
+            .collect(),
+        version: i.version,
+        tier: i.tier,
+        writable: i.writable,
+        model: i.model,
+        stores: i.stores,
+    }
+}
+
+/// [`info`] back (the client's side).
+pub fn uninfo(i: pb::InfoResponse) -> nearrec::Result<Info> {
+    let tables = i
+        .tables
+        .into_iter()
+        .map(|t| {
+            let dtype = t.dtype.parse().map_err(|_| {
+                nearrec::Error::Internal(format!(
+                    "the node named dtype {:?} for table {:?}",
+                    t.dtype, t.name
+                ))
+            })?;
+            Ok(TableInfo {
+                name: t.name,
+                rows: t.rows,
+                dim: t.dim,
+                dtype,
+            })
+        })
+        .collect::<nearrec::Result<_>>()?;
+    Ok(Info {
+        name: i.store,
+        tables,
+        version: i.version,
+        tier: i.tier,
+        writable: i.writable,
+        model: i.model,
+        stores: i.stores,
+    })
+}
+
+/// A store's counters and DRAM tiers (the node's side).
+pub fn stats(s: Stats, tiers: Vec<TierReport>) -> pb::StatsResponse {
+    pb::StatsResponse {
+        values: s.values.into_iter().collect(),
+        device: s.device,
+        tiers: tiers
+            .into_iter()
+            .map(|r| pb::TierReport {
+                table: r.table,
+                resident: r.resident,
+                hot_rows: r.hot_rows,
+                cache_rows: r.cache_rows,
+                bytes: r.bytes,
+                lookups_resident: r.lookups_resident,
+                lookups_hot: r.lookups_hot,
+                lookups_cache: r.lookups_cache,
+                lookups_ssd: r.lookups_ssd,
+                cache_hits: r.cache.hits,
+                cache_misses: r.cache.misses,
+                cache_admissions: r.cache.admissions,
+                cache_rejections: r.cache.rejections,
+                cache_evictions: r.cache.evictions,
+            })
+            .collect(),
+    }
+}
+
+/// [`stats`]'s counters back (the client's side), by name; what the node does not send
+/// (direct I/O, its block size) is `false` / 0.
+pub fn unstats(s: pb::StatsResponse) -> (Stats, Vec<TierReport>) {
+    let mut values: Vec<(String, f64)> = s.values.into_iter().collect();
+    values.sort_by(|a, b| a.0.cmp(&b.0));
+    let tiers = s
+        .tiers
+        .into_iter()
+        .map(|r| TierReport {
+            table: r.table,
+            resident: r.resident,
+            hot_rows: r.hot_rows,
+            cache_rows: r.cache_rows,
+            bytes: r.bytes,
+            lookups_resident: r.lookups_resident,
+            lookups_hot: r.lookups_hot,
+            lookups_cache: r.lookups_cache,
+            lookups_ssd: r.lookups_ssd,
+            cache: CacheStatsSnapshot {
+                hits: r.cache_hits,
+                misses: r.cache_misses,
+                admissions: r.cache_admissions,
+                rejections: r.cache_rejections,
+                evictions: r.cache_evictions,
+            },
+        })
+        .collect();
+    let stats = Stats {
+        device: s.device,
+        direct_io: false,
+        block_bytes: 0,
+        values,
+    };
+    (stats, tiers)
+}
+
+/// A compaction (the node's side).
+pub fn compaction(c: Compaction) -> pb::CompactResponse {
+    pb::CompactResponse {
+        version: c.version,
+        tables: c.tables as u64,
+        rows: c.rows,
+        bytes: c.bytes,
+        seconds: c.seconds,
+    }
+}
+
+/// [`compaction`] back (the client's side).
+pub fn uncompaction(c: pb::CompactResponse) -> Compaction {
+    Compaction {
+        version: c.version,
+        tables: c.tables as usize,
+        rows: c.rows,
+        bytes: c.bytes,
+        seconds: c.seconds,
+    }
 }
 
 #[cfg(test)]

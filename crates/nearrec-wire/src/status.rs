@@ -31,7 +31,32 @@ pub fn code_of(kind: ErrorKind) -> Code {
         K::StoreIo => Code::Unavailable,
         K::StoreCorrupted => Code::DataLoss,
         K::Internal => Code::Internal,
+        K::Unsupported => Code::Unimplemented,
+        K::Unauthenticated => Code::Unauthenticated,
+        K::PermissionDenied => Code::PermissionDenied,
+        K::DeadlineExceeded => Code::DeadlineExceeded,
+        K::Overloaded => Code::ResourceExhausted,
+        K::Unavailable => Code::Unavailable,
         _ => Code::Unknown,
+    }
+}
+
+/// The kind of a status that names none (a refusal of the node's own, or the transport's):
+/// known by its code alone. The client's own timeout, which tonic answers `CANCELLED`, is a
+/// deadline too; a full queue is `Overloaded` (retry), no connection `Unavailable` (retry).
+pub fn kind_of_code(code: Code) -> ErrorKind {
+    use ErrorKind as K;
+    match code {
+        Code::Unauthenticated => K::Unauthenticated,
+        Code::PermissionDenied => K::PermissionDenied,
+        Code::DeadlineExceeded | Code::Cancelled => K::DeadlineExceeded,
+        Code::ResourceExhausted => K::Overloaded,
+        Code::Unavailable => K::Unavailable,
+        Code::InvalidArgument | Code::OutOfRange => K::InvalidRequest,
+        Code::NotFound => K::StoreNotFound,
+        Code::Unimplemented => K::Unsupported,
+        Code::Internal => K::Internal,
+        _ => K::Other,
     }
 }
 
@@ -46,11 +71,16 @@ fn info(e: &nearrec::Error) -> HashMap<String, String> {
     meta
 }
 
-/// A facade error as the status a unary call answers with.
+/// A facade error as the status a unary call answers with (an error another node answered
+/// with keeps its code).
 pub fn status_of(e: &nearrec::Error) -> Status {
     let kind = e.kind();
+    let code = match e {
+        nearrec::Error::Remote { code, .. } => Code::from_i32(*code),
+        _ => code_of(kind),
+    };
     Status::with_error_details(
-        code_of(kind),
+        code,
         e.to_string(),
         ErrorDetails::with_error_info(kind.name(), DOMAIN, info(e)),
     )
@@ -125,24 +155,27 @@ pub struct RemoteError {
 }
 
 impl RemoteError {
-    /// The error's name, as Python's class in `nearrec.errors`: the kind's where the node named
-    /// one, else the node's refusal by its code — `Unauthenticated`, `PermissionDenied`,
-    /// `DeadlineExceeded` (also the client's own timeout, which tonic answers `CANCELLED`),
-    /// `Overloaded` (a full queue: retry), `Unavailable` (no connection: retry).
+    /// The error's kind: the one the node named, else its refusal's by the code
+    /// ([`kind_of_code`]).
+    pub fn kind(&self) -> ErrorKind {
+        self.kind.unwrap_or_else(|| kind_of_code(self.code))
+    }
+
+    /// The error's name, as Python's class in `nearrec.errors`.
     pub fn name(&self) -> &'static str {
-        if let Some(k) = self.kind {
-            return k.name();
-        }
-        match self.code {
-            Code::Unauthenticated => "Unauthenticated",
-            Code::PermissionDenied => "PermissionDenied",
-            Code::DeadlineExceeded | Code::Cancelled => "DeadlineExceeded",
-            Code::ResourceExhausted => "Overloaded",
-            Code::Unavailable => "Unavailable",
-            Code::InvalidArgument | Code::OutOfRange => "InvalidRequest",
-            Code::NotFound => "StoreNotFound",
-            Code::Internal => "InternalError",
-            _ => "NearrecError",
+        self.kind().name()
+    }
+}
+
+/// The node's answer as the facade's error every implementation of the contract returns.
+impl From<RemoteError> for nearrec::Error {
+    fn from(e: RemoteError) -> Self {
+        nearrec::Error::Remote {
+            kind: e.kind(),
+            code: e.code as i32,
+            message: e.message,
+            table: e.table,
+            position: e.position,
         }
     }
 }

@@ -13,6 +13,7 @@ use nearrec_plan::TraceFile;
 
 use crate::error::{Error, Result};
 
+use nearrec_engine::Stages;
 pub use nearrec_engine::{Bags, Batch, Indices, PoolingMode, TableLookup};
 
 /// A batch whose buffers something owns, so that it can be sent to a background pipeline
@@ -213,6 +214,15 @@ impl Pooled {
         let width = self.width();
         &self.values[bag * width + at..][..self.tables[k].1]
     }
+}
+
+/// A lookup's answer beside its values: the version every table was read at, and where the
+/// time went where the implementation can tell (zero where it cannot: a remote store's is the
+/// node's to count).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Read {
+    pub version: u64,
+    pub stages: Stages,
 }
 
 #[cfg(test)]

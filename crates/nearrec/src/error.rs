@@ -54,6 +54,21 @@ pub enum Error {
     #[error("internal error: {0}")]
     Internal(String),
 
+    /// A verb of the contract ([`crate::StoreApi`]) that this implementation does not serve.
+    #[error("{by} does not serve {verb}")]
+    Unsupported { verb: &'static str, by: String },
+
+    /// An error another process answered with (a storage node): its kind, the gRPC status code
+    /// it came with, and the table and position it named. Its message is the answering side's.
+    #[error("{message}")]
+    Remote {
+        kind: ErrorKind,
+        code: i32,
+        message: String,
+        table: Option<String>,
+        position: Option<usize>,
+    },
+
     #[error(transparent)]
     Engine(#[from] EngineError),
 
@@ -105,6 +120,18 @@ pub enum ErrorKind {
     DeltaFull,
     /// A bug of ours.
     Internal,
+    /// A verb the implementation does not serve.
+    Unsupported,
+    /// The node knows no such token (or none was sent).
+    Unauthenticated,
+    /// The node's ACL does not grant the call.
+    PermissionDenied,
+    /// The call's deadline passed (the client's or the node's).
+    DeadlineExceeded,
+    /// The node's queue is full: retry.
+    Overloaded,
+    /// No connection to the node: retry.
+    Unavailable,
     /// Anything the table above does not list.
     Other,
 }
@@ -112,7 +139,7 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Every kind, for tables kept in step with this one (the Python classes, the node's
     /// statuses).
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 23] = [
         Self::InvalidRequest,
         Self::IndexOutOfRange,
         Self::UnknownTable,
@@ -129,6 +156,12 @@ impl ErrorKind {
         Self::StoreLocked,
         Self::DeltaFull,
         Self::Internal,
+        Self::Unsupported,
+        Self::Unauthenticated,
+        Self::PermissionDenied,
+        Self::DeadlineExceeded,
+        Self::Overloaded,
+        Self::Unavailable,
         Self::Other,
     ];
 
@@ -151,6 +184,12 @@ impl ErrorKind {
             Self::StoreLocked => "StoreLocked",
             Self::DeltaFull => "DeltaFull",
             Self::Internal => "InternalError",
+            Self::Unsupported => "Unsupported",
+            Self::Unauthenticated => "Unauthenticated",
+            Self::PermissionDenied => "PermissionDenied",
+            Self::DeadlineExceeded => "DeadlineExceeded",
+            Self::Overloaded => "Overloaded",
+            Self::Unavailable => "Unavailable",
             Self::Other => "NearrecError",
         }
     }
@@ -189,6 +228,13 @@ impl Error {
             } => (K::InvalidRequest, table.as_deref(), *position),
             Self::BadModel { .. } => (K::StoreCorrupted, None, None),
             Self::Internal(_) => (K::Internal, None, None),
+            Self::Unsupported { .. } => (K::Unsupported, None, None),
+            Self::Remote {
+                kind,
+                table,
+                position,
+                ..
+            } => (*kind, table.as_deref(), *position),
             Self::ReadOnly { .. } => (K::StoreReadOnly, None, None),
             Self::Locked { .. } => (K::StoreLocked, None, None),
             Self::DeltaFull { .. } => (K::DeltaFull, None, None),
@@ -196,6 +242,14 @@ impl Error {
             Self::Format(e) => format_class(e),
             Self::Plan(e) => plan_class(e),
             Self::Device(e) => device_class(e),
+        }
+    }
+
+    /// [`Error::Unsupported`] of `verb` by `by`.
+    pub fn unsupported(verb: &'static str, by: impl Into<String>) -> Self {
+        Self::Unsupported {
+            verb,
+            by: by.into(),
         }
     }
 

@@ -29,11 +29,11 @@
 //! `nearrec-plan` (traces and placement), `nearrec-device` (the flash model), `nearrec-engine`
 //! (serving).
 
+mod api;
 pub mod batch;
 pub mod coalesce;
 pub mod config;
 mod error;
-mod feed;
 mod infer;
 pub mod jagged;
 mod live;
@@ -44,14 +44,14 @@ mod raw;
 mod store;
 mod swap;
 
+pub use api::{Info, NewTable, PendingLookup, StoreApi, Submitted, Synced, TableInfo, Versioned};
 pub use batch::{
     AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
-    PoolingMode, TableLookup,
+    PoolingMode, Read, TableLookup,
 };
 pub use coalesce::{Coalesced, Shape, coalesce};
 pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
 pub use error::{Error, ErrorKind, Result};
-pub use feed::Synced;
 pub use jagged::{JaggedBlock, jagged};
 pub use live::{Compaction, RowWrite, Snapshot, WriteOptions};
 pub use model::{Inferred, StoredModel};
@@ -59,6 +59,7 @@ pub use pipeline::{Pending, Stream};
 pub use raw::Rows;
 pub use store::{Changes, Stats, Store, TableData, Tables};
 
+pub use nearrec_cache::CacheStatsSnapshot;
 pub use nearrec_engine::{InferTimes, Prepared, Stages, Tier, TierReport};
 pub use nearrec_format::wal::Init;
 pub use nearrec_format::{

@@ -15,7 +15,7 @@ use nearrec_format::wal::Init;
 use nearrec_format::{DType, Manifest, ProgressFn, StoreReader, TableMeta, files};
 use nearrec_io::MemDevice;
 
-use crate::batch::{Batch, Pooled};
+use crate::batch::{Batch, Pooled, Read};
 use crate::config::{PlanSource, StoreConfig};
 use crate::error::{Error, Result};
 use crate::live::{Compaction, Live, RowWrite, Snapshot, WriteOptions};
@@ -123,8 +123,8 @@ pub struct Changes {
 /// `nearrec_engine::IoStats`, then the DRAM tiers' totals.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stats {
-    /// `"io_uring"`, `"pread"`, `"flash-model"`, ...
-    pub device: &'static str,
+    /// `"io_uring"`, `"pread"`, `"flash-model"`, ...; `"dram"` for a DRAM-resident store.
+    pub device: String,
     pub direct_io: bool,
     pub block_bytes: usize,
     pub values: Vec<(String, f64)>,
@@ -493,6 +493,32 @@ impl Store {
         Ok((self.pooled(batch, prepared.batch(), values), stages))
     }
 
+    /// [`Store::lookup_at`] into `out`, the caller's `[batch, Σ dim]` buffer.
+    pub fn lookup_into_at(
+        &self,
+        batch: &Batch<'_>,
+        out: &mut [f32],
+        snapshot: &Snapshot,
+    ) -> Result<Read> {
+        let start = Instant::now();
+        let prepared = snapshot.engine().prepare(batch)?;
+        let prepare = start.elapsed();
+        let mut stages = self.execute_at(batch, &prepared, out, snapshot)?;
+        stages.route += prepare;
+        Ok(Read {
+            version: snapshot.version(),
+            stages,
+        })
+    }
+
+    /// Lets go of the writer now (a writable store): calls under way finish, the log is
+    /// synced and the writer lock released before this returns, so that another open — in
+    /// this process or another — may take it at once. Later writes are refused; lookups go
+    /// on.
+    pub fn close(&self) -> Result<()> {
+        self.current().live.close()
+    }
+
     pub(crate) fn pooled(&self, batch: &Batch<'_>, bags: usize, values: Vec<f32>) -> Pooled {
         let engine = self.engine();
         let tables = batch
@@ -569,7 +595,7 @@ impl Store {
             .map(|(k, v)| (k.to_owned(), v)),
         );
         Some(Stats {
-            device: device.kind(),
+            device: device.kind().to_owned(),
             direct_io: device.direct(),
             block_bytes: device.block_size(),
             values,
@@ -661,7 +687,7 @@ mod tests {
     #[test]
     fn stats_are_read_by_name() {
         let stats = Stats {
-            device: "pread",
+            device: "pread".into(),
             direct_io: false,
             block_bytes: 4096,
             values: vec![("device_reads".into(), 7.0), ("dram_hit_ratio".into(), 0.5)],

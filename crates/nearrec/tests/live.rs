@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nearrec::{
-    Bags, Batch, Error, Indices, RowWrite, Store, StoreConfig, TableLookup, WriteOptions,
+    Bags, Batch, Error, Indices, RowWrite, Store, StoreApi, StoreConfig, TableLookup, WriteOptions,
 };
 use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
 use proptest::prelude::*;

@@ -15,8 +15,8 @@ mod tables;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -149,8 +149,11 @@ pub(crate) struct Live {
 
 #[derive(Debug)]
 pub(super) struct Writer {
-    /// The `flock` on the store's `WRITER.lock`: one writing process per store.
-    _lock: File,
+    /// The `flock` on the store's `WRITER.lock`: one writing process per store (`None` once
+    /// the store is closed: [`Live::close`]).
+    lock: Mutex<Option<File>>,
+    /// Closed: every later call that writes is refused.
+    closed: AtomicBool,
     wal: Wal,
     /// The last record applied and published; calls apply in log order.
     applied: Mutex<u64>,
@@ -224,7 +227,8 @@ impl Live {
             };
             let (wal, recovered) = Wal::open(dir, wal_config, base)?;
             live.writer = Some(Writer {
-                _lock: lock,
+                lock: Mutex::new(Some(lock)),
+                closed: AtomicBool::new(false),
                 wal,
                 applied: Mutex::new(base),
                 turn: Condvar::new(),
@@ -277,11 +281,32 @@ impl Live {
             .map(|w| w.signal.clone())
     }
 
-    /// The writer, or `ReadOnly`.
+    /// The writer, or `ReadOnly` (also once it is closed).
     fn writer(&self) -> Result<&Writer> {
-        self.writer.as_ref().ok_or_else(|| Error::ReadOnly {
-            path: self.dir.display().to_string(),
-        })
+        self.writer
+            .as_ref()
+            .filter(|w| !w.closed.load(Relaxed))
+            .ok_or_else(|| Error::ReadOnly {
+                path: self.dir.display().to_string(),
+            })
+    }
+
+    /// Lets go of the writer now: the compactor stops, calls and a compaction under way
+    /// finish, the log is synced and the writer lock released, so that another open may take
+    /// it at once. Later writes are refused (`ReadOnly`); lookups go on.
+    pub(crate) fn close(&self) -> Result<()> {
+        let Some(w) = &self.writer else {
+            return Ok(());
+        };
+        w.signal.stop();
+        let _compaction = lock(&w.compacting);
+        let _calls = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        if w.closed.swap(true, Relaxed) {
+            return Ok(());
+        }
+        let synced = w.wal.sync();
+        lock(&w.lock).take();
+        synced.map_err(Error::from)
     }
 
     /// The current snapshot: what a lookup starting now reads.
@@ -290,7 +315,9 @@ impl Live {
     }
 
     pub(crate) fn writable(&self) -> bool {
-        self.writer.is_some()
+        self.writer
+            .as_ref()
+            .is_some_and(|w| !w.closed.load(Relaxed))
     }
 
     /// The oldest version a live snapshot reads (the current one's when none other is held).

@@ -1,0 +1,462 @@
+//! The contract: the store's verbs, defined once ([`StoreApi`]). The embedded [`Store`] and the
+//! storage node's client (`nearrec_client::Client`) implement it, the node serves any
+//! implementation of it, and one conformance suite (`crates/nearrec/tests/suite/`) holds every
+//! implementation to the same answers and the same typed errors. A verb an implementation
+//! cannot serve answers [`Error::Unsupported`] naming the verb, never a silent no-op. Verbs
+//! made of other verbs are written here once, for every implementation: a training feed's
+//! [`StoreApi::sync_table`] (`docs/live.md`).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use nearrec_engine::TierReport;
+use nearrec_format::DType;
+use nearrec_format::wal::Init;
+
+use crate::batch::{AsBatch, Bags, Batch, Indices, Pooled, Read, TableLookup};
+use crate::error::{Error, Result};
+use crate::live::{Compaction, RowWrite, WriteOptions};
+use crate::model::Inferred;
+use crate::pipeline::Pending;
+use crate::raw::Rows;
+use crate::store::{Stats, Store};
+
+/// An answer and the version of the store it read.
+pub type Versioned<T> = (T, u64);
+
+/// One table as a store serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableInfo {
+    pub name: String,
+    pub rows: u64,
+    pub dim: u32,
+    pub dtype: DType,
+}
+
+/// What a store holds and how it is served ([`StoreApi::info`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Info {
+    /// The name it is served as: its directory's, or the node's name for it.
+    pub name: String,
+    pub tables: Vec<TableInfo>,
+    pub version: u64,
+    /// `"dram"` or `"ssd"`.
+    pub tier: String,
+    pub writable: bool,
+    /// Whether a model is kept with it ([`StoreApi::infer`]).
+    pub model: bool,
+    /// The stores served beside it that the caller may see (a node's; empty for an embedded
+    /// store).
+    pub stores: Vec<String>,
+}
+
+impl Info {
+    /// The table named `name`, or `UnknownTable`.
+    pub fn table(&self, name: &str) -> Result<&TableInfo> {
+        self.tables.iter().find(|t| t.name == name).ok_or_else(|| {
+            let have: Vec<&str> = self.tables.iter().map(|t| t.name.as_str()).collect();
+            Error::Engine(nearrec_engine::EngineError::UnknownTable {
+                name: name.to_owned(),
+                available: have.join(", "),
+            })
+        })
+    }
+}
+
+/// RM_create_table's arguments ([`StoreApi::create_table`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NewTable<'a> {
+    pub name: &'a str,
+    pub rows: u64,
+    pub dim: u32,
+    pub dtype: DType,
+    pub init: Init,
+}
+
+/// A lookup under way ([`StoreApi::submit`]).
+pub trait PendingLookup: Send + std::fmt::Debug {
+    /// Whether the answer is in.
+    fn is_done(&self) -> bool;
+    /// Waits for the answer.
+    fn wait(self: Box<Self>) -> Result<Pooled>;
+    /// Waits at most `timeout`; the handle back if the answer has not come by then.
+    fn wait_timeout(
+        self: Box<Self>,
+        timeout: Duration,
+    ) -> std::result::Result<Result<Pooled>, Submitted>;
+}
+
+/// A submitted lookup, whatever serves it.
+pub type Submitted = Box<dyn PendingLookup>;
+
+/// The store's verbs, whatever serves them: an embedded [`Store`], a storage node's store
+/// through its client, and (next) a store sharded over several nodes. Object-safe: surfaces
+/// hold an `Arc<dyn StoreApi>`.
+pub trait StoreApi: Send + Sync + std::fmt::Debug {
+    /// What serves the store, in words, for errors: `"the store at PATH"`, `"store S on node
+    /// ADDR"`.
+    fn describe(&self) -> String;
+
+    /// Its tables, version, tier and whether it keeps a model.
+    fn info(&self) -> Result<Info>;
+
+    /// Whether every row is in DRAM here, so that a lookup never waits on a device (a node
+    /// runs such lookups on its async workers).
+    fn resident(&self) -> bool {
+        false
+    }
+
+    /// The store's directory on this machine, where it has one (a node resolves a swap's
+    /// relative path against it).
+    fn location(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+
+    /// One table as served now (`UnknownTable` if there is none of that name).
+    fn table(&self, name: &str) -> Result<TableInfo> {
+        self.info()?.table(name).cloned()
+    }
+
+    /// The store's version: the number of the last write applied (0 before any).
+    fn version(&self) -> Result<u64> {
+        Ok(self.info()?.version)
+    }
+
+    /// Pools `batch` (EMB_READ): one `[batch, Σ dim]` output, tables in request order, every
+    /// table read at one version.
+    fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)>;
+
+    /// [`StoreApi::lookup`] into `out` (`[batch, Σ dim]` float32, the caller's buffer), where
+    /// the implementation can pool straight into it.
+    fn lookup_into(&self, batch: &Batch<'_>, out: &mut [f32]) -> Result<Read> {
+        let (pooled, read) = self.lookup(batch)?;
+        if out.len() != pooled.values.len() {
+            return Err(Error::invalid(format!(
+                "the output holds {} floats; the batch pools to {} × {} = {}",
+                out.len(),
+                pooled.batch,
+                pooled.width(),
+                pooled.values.len()
+            )));
+        }
+        out.copy_from_slice(&pooled.values);
+        Ok(read)
+    }
+
+    /// Each table's distinct rows `batch` reads, decoded to float32, for a caller that pools
+    /// them itself; and the version they were read at.
+    fn lookup_rows(&self, batch: &Batch<'_>) -> Result<Versioned<Vec<Rows>>>;
+
+    /// Rows `rows` of `table` decoded into `out` (`rows.len() × dim` floats), as the store is
+    /// now: written rows as written, removed ones zeros.
+    fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
+        let batch = Batch::new(vec![TableLookup::new(
+            table,
+            Indices::I64(rows),
+            Bags::Fixed {
+                batch: rows.len(),
+                bag_size: 1,
+            },
+        )]);
+        self.lookup_into(&batch, out).map(|_| ())
+    }
+
+    /// Starts a lookup and returns at once (RM_send_inputs); the answer comes from the handle
+    /// (RM_read_outputs). Batches submitted together are in flight together.
+    fn submit(&self, batch: Box<dyn AsBatch>) -> Result<Submitted>;
+
+    /// The model kept with the store, run next to its embeddings: `[batch, outputs]`.
+    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> Result<Inferred>;
+
+    /// EMB_WRITE of several tables' rows, and EMB_REMOVE of rows (a write without values), in
+    /// one atomic call: all of it or none, durable when it returns. The version that holds it.
+    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64>;
+
+    /// RM_create_table: served from the next lookup on; the version that made it.
+    fn create_table(&self, table: &NewTable<'_>) -> Result<u64>;
+
+    /// EMB_REMOVE of a table; the version that dropped it.
+    fn drop_table(&self, name: &str) -> Result<u64>;
+
+    /// The store directory at `path` (on the serving side's file system) served from the next
+    /// request on; `warm` loads its DRAM tiers first, `force` skips the compatibility check.
+    fn swap(&self, path: &str, warm: bool, force: bool) -> Result<u64>;
+
+    /// The newest version the store's writer has logged, served from now on; returns it.
+    fn refresh(&self) -> Result<u64>;
+
+    /// Folds every write so far into new table files.
+    fn compact(&self) -> Result<Compaction>;
+
+    /// Writes the rows of `table` that differ from `values` (the whole table as a trainer
+    /// holds it) by more than `tolerance`, comparing what the store would store with what it
+    /// serves; in calls of at most 16,384 rows, each atomic and durable.
+    fn sync_table(&self, table: &str, values: &[f32], tolerance: f32) -> Result<Synced> {
+        sync_table(self, table, values, tolerance)
+    }
+
+    /// Every counter of the store: the SSD tier's and its DRAM tiers' totals, and the live
+    /// store's (writes, log, compaction). `device` is `"dram"` for a DRAM-resident store.
+    fn stats(&self) -> Result<Stats>;
+
+    /// Per table: what its DRAM tiers hold and served (empty for a DRAM-resident store).
+    fn tier_report(&self) -> Result<Vec<TierReport>>;
+
+    /// Lets go of what the handle holds now — a writable store's writer lock, a connection —
+    /// rather than when its last reference goes. Every later call fails.
+    fn close(&self) -> Result<()>;
+}
+
+impl dyn StoreApi + '_ {
+    /// The answers of `batches` in order, `depth` (at least 1) of them in flight: batch `i + 1`
+    /// is under way while the caller works on batch `i`.
+    pub fn stream<I>(&self, batches: I, depth: usize) -> impl Iterator<Item = Result<Pooled>> + '_
+    where
+        I: IntoIterator<Item = Box<dyn AsBatch>>,
+        I::IntoIter: 'static,
+    {
+        let mut batches = batches.into_iter();
+        let mut window: VecDeque<Result<Submitted>> = VecDeque::new();
+        let depth = depth.max(1);
+        std::iter::from_fn(move || {
+            while window.len() < depth {
+                match batches.next() {
+                    Some(b) => window.push_back(self.submit(b)),
+                    None => break,
+                }
+            }
+            window.pop_front().map(|p| p.and_then(PendingLookup::wait))
+        })
+    }
+}
+
+impl AsBatch for Box<dyn AsBatch> {
+    fn as_batch(&self) -> Batch<'_> {
+        (**self).as_batch()
+    }
+}
+
+impl PendingLookup for Pending {
+    fn is_done(&self) -> bool {
+        Pending::is_done(self)
+    }
+
+    fn wait(self: Box<Self>) -> Result<Pooled> {
+        Pending::wait(*self)
+    }
+
+    fn wait_timeout(
+        self: Box<Self>,
+        timeout: Duration,
+    ) -> std::result::Result<Result<Pooled>, Submitted> {
+        Pending::wait_timeout(*self, timeout).map_err(|p| Box::new(p) as Submitted)
+    }
+}
+
+/// The embedded store: each verb its own method's.
+impl StoreApi for Store {
+    fn describe(&self) -> String {
+        format!("the store at {}", self.path().display())
+    }
+
+    fn info(&self) -> Result<Info> {
+        let path = self.path();
+        Ok(Info {
+            name: path
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            tables: self.tables().iter().map(TableInfo::from).collect(),
+            version: Store::version(self),
+            tier: self.tier().name().to_owned(),
+            writable: self.writable(),
+            model: self.model().is_ok(),
+            stores: Vec::new(),
+        })
+    }
+
+    fn resident(&self) -> bool {
+        self.tier() == nearrec_engine::Tier::Dram
+    }
+
+    fn location(&self) -> Option<std::path::PathBuf> {
+        Some(self.path())
+    }
+
+    fn table(&self, name: &str) -> Result<TableInfo> {
+        Ok(TableInfo::from(&Store::table(self, name)?))
+    }
+
+    fn version(&self) -> Result<u64> {
+        Ok(Store::version(self))
+    }
+
+    fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)> {
+        let snapshot = self.snapshot();
+        let (pooled, stages) = self.lookup_at(batch, &snapshot)?;
+        let version = snapshot.version();
+        Ok((pooled, Read { version, stages }))
+    }
+
+    fn lookup_into(&self, batch: &Batch<'_>, out: &mut [f32]) -> Result<Read> {
+        self.lookup_into_at(batch, out, &self.snapshot())
+    }
+
+    fn lookup_rows(&self, batch: &Batch<'_>) -> Result<Versioned<Vec<Rows>>> {
+        Store::lookup_rows(self, batch)
+    }
+
+    fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
+        Store::read_rows(self, table, rows, out)
+    }
+
+    fn submit(&self, batch: Box<dyn AsBatch>) -> Result<Submitted> {
+        Ok(Box::new(Store::submit(self, batch)))
+    }
+
+    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> Result<Inferred> {
+        Store::infer(self, dense, batch)
+    }
+
+    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
+        Store::write_many(self, writes, options)
+    }
+
+    fn create_table(&self, t: &NewTable<'_>) -> Result<u64> {
+        Store::create_table(self, t.name, t.rows, t.dim, t.dtype, t.init)
+    }
+
+    fn drop_table(&self, name: &str) -> Result<u64> {
+        Store::drop_table(self, name)
+    }
+
+    fn swap(&self, path: &str, warm: bool, force: bool) -> Result<u64> {
+        Store::swap(self, path, warm, force)
+    }
+
+    fn refresh(&self) -> Result<u64> {
+        Store::refresh(self)
+    }
+
+    fn compact(&self) -> Result<Compaction> {
+        Store::compact(self)
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        let mut stats = Store::stats(self).unwrap_or_else(|| Stats {
+            device: "dram".into(),
+            direct_io: false,
+            block_bytes: 0,
+            values: Vec::new(),
+        });
+        let live = self.live_stats().into_iter();
+        stats.values.extend(live.map(|(k, v)| (k.to_owned(), v)));
+        Ok(stats)
+    }
+
+    fn tier_report(&self) -> Result<Vec<TierReport>> {
+        Ok(Store::tier_report(self))
+    }
+
+    fn close(&self) -> Result<()> {
+        Store::close(self)
+    }
+}
+
+impl From<&nearrec_format::TableMeta> for TableInfo {
+    fn from(t: &nearrec_format::TableMeta) -> Self {
+        Self {
+            name: t.name.clone(),
+            rows: t.rows,
+            dim: t.dim,
+            dtype: t.dtype,
+        }
+    }
+}
+
+/// Rows compared and written per write call of [`Store::sync_table`].
+const CHUNK_ROWS: usize = 16 << 10;
+
+/// What [`StoreApi::sync_table`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Synced {
+    /// Rows compared.
+    pub compared: u64,
+    /// Rows that differed, written.
+    pub written: u64,
+    /// Write calls made (each atomic and durable).
+    pub calls: u64,
+    /// The store's version after the last of them.
+    pub version: u64,
+}
+
+/// [`StoreApi::sync_table`] on any implementation: the rows of `table` that differ from
+/// `values` (the whole table, `rows × dim` float32, as a trainer holds it) by more than
+/// `tolerance` in any value are written, comparing what the store would store — each new row
+/// encoded in the table's dtype — with what it serves, so that an fp16 or int8 table is not
+/// rewritten for its rounding. The rows go in calls of 16,384 at most, each atomic and
+/// durable; a call that finds the delta full waits for compaction as any write does.
+pub(crate) fn sync_table<S: StoreApi + ?Sized>(
+    store: &S,
+    table: &str,
+    values: &[f32],
+    tolerance: f32,
+) -> Result<Synced> {
+    let meta = store.table(table)?;
+    let (rows, dim) = (meta.rows as usize, meta.dim as usize);
+    if values.len() != rows * dim {
+        return Err(Error::InvalidRequest {
+            table: Some(table.to_owned()),
+            position: None,
+            reason: format!(
+                "the table has {rows} rows × dim {dim} = {} values, not {}",
+                rows * dim,
+                values.len()
+            ),
+        });
+    }
+    if !(tolerance >= 0.0 && tolerance.is_finite()) {
+        return Err(Error::invalid(format!(
+            "tolerance must be a finite number ≥ 0, not {tolerance}"
+        )));
+    }
+    let mut done = Synced {
+        version: store.version()?,
+        ..Synced::default()
+    };
+    let (mut served, mut stored) = (Vec::new(), vec![0f32; dim]);
+    let mut encoded = vec![0u8; meta.dtype.row_bytes(meta.dim) as usize];
+    for first in (0..rows).step_by(CHUNK_ROWS) {
+        let ids: Vec<i64> = (first..(first + CHUNK_ROWS).min(rows))
+            .map(|r| r as i64)
+            .collect();
+        served.resize(ids.len() * dim, 0.0);
+        store.read_rows(table, &ids, &mut served)?;
+        let mut changed = Vec::new();
+        let mut new = Vec::new();
+        for (k, &id) in ids.iter().enumerate() {
+            let row = &values[id as usize * dim..][..dim];
+            meta.dtype.encode_row(row, &mut encoded);
+            meta.dtype.decode_row(&encoded, &mut stored);
+            let now = &served[k * dim..][..dim];
+            // past the tolerance, or NaN on one side only
+            let differs =
+                |(a, b): (&f32, &f32)| (a - b).abs() > tolerance || a.is_nan() != b.is_nan();
+            if stored.iter().zip(now).any(differs) {
+                changed.push(id);
+                new.extend_from_slice(row);
+            }
+        }
+        done.compared += ids.len() as u64;
+        if !changed.is_empty() {
+            let w = RowWrite {
+                table,
+                ids: &changed,
+                values: Some(&new),
+            };
+            done.version = store.write_many(&[w], WriteOptions::default())?;
+            done.written += changed.len() as u64;
+            done.calls += 1;
+        }
+    }
+    Ok(done)
+}

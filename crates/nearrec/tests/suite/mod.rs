@@ -1,0 +1,591 @@
+//! The store's conformance suite: every implementation of [`StoreApi`] must give the same
+//! answers and the same typed errors. Each crate with an implementation runs it over its own
+//! (`nearrec`'s `tests/contract.rs`: the embedded store on the DRAM tier and on the SSD tier
+//! behind DRAM tiers; `nearrec-client`'s `tests/contract.rs`: a loopback node). The answers are
+//! checked against a pooling written here from the rows' values, not against another store.
+
+#![allow(dead_code)] // each runner uses what its implementations serve
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nearrec::format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec::{
+    Bags, Batch, ErrorKind, Indices, NewTable, OwnedBatch, OwnedLookup, PoolingMode, RowWrite,
+    StoreApi, TableLookup, WriteOptions,
+};
+
+/// An implementation opened over a store directory: the store, and whatever keeps it served
+/// (a node) for as long as the test holds it.
+pub struct Opened {
+    pub store: Arc<dyn StoreApi>,
+    pub keep: Box<dyn std::any::Any>,
+}
+
+/// Opens the store at `path` as the implementation under test serves it, writable or not.
+pub type Open = fn(path: &Path, writable: bool) -> Opened;
+
+/// The suite's tests over the implementation `$open` opens: one `#[test]` each, so a failure
+/// names the check.
+macro_rules! store_api_suite {
+    ($open:path) => {
+        #[test]
+        fn lookups_pool_as_the_reference_for_every_mode() {
+            crate::suite::lookups_pool_as_the_reference_for_every_mode($open);
+        }
+
+        #[test]
+        fn writes_are_read_back_at_their_version() {
+            crate::suite::writes_are_read_back_at_their_version($open);
+        }
+
+        #[test]
+        fn bad_input_gets_a_typed_error_naming_table_and_position() {
+            crate::suite::bad_input_gets_a_typed_error_naming_table_and_position($open);
+        }
+
+        #[test]
+        fn readers_see_whole_writes_while_writes_go_on() {
+            crate::suite::readers_see_whole_writes_while_writes_go_on($open);
+        }
+
+        #[test]
+        fn tables_are_created_dropped_compacted_and_synced() {
+            crate::suite::tables_are_created_dropped_compacted_and_synced($open);
+        }
+
+        #[test]
+        fn a_swap_serves_the_new_store_and_refuses_an_incompatible_one() {
+            crate::suite::a_swap_serves_the_new_store_and_refuses_an_incompatible_one($open);
+        }
+
+        #[test]
+        fn info_stats_and_submitted_lookups_agree() {
+            crate::suite::info_stats_and_submitted_lookups_agree($open);
+        }
+    };
+}
+
+pub const ROWS: u64 = 300;
+pub const DIM: u32 = 8;
+/// The suite's tables: name and dtype.
+pub const TABLES: [(&str, DType); 3] = [
+    ("t0", DType::Fp32),
+    ("t1", DType::Fp16),
+    ("t2", DType::Int8),
+];
+
+/// The value of column `c` of row `r` of table `t`, as written (before the table's dtype).
+pub fn value(t: usize, r: u64, c: u32, sign: f32) -> f32 {
+    sign * (((r * 7919 + u64::from(c) * 131 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5)
+}
+
+/// A store of `tables` (`ROWS` × `DIM` each) at `dir/name`, values [`value`] × `sign`.
+pub fn write_store(dir: &Path, name: &str, tables: &[(&str, DType)], sign: f32) -> PathBuf {
+    let path = dir.join(name);
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    for (t, &(table, dtype)) in tables.iter().enumerate() {
+        let mut spec = w.table(TableSpec::new(table, ROWS, DIM, dtype)).unwrap();
+        let values: Vec<f32> = (0..ROWS)
+            .flat_map(|r| (0..DIM).map(move |c| value(t, r, c, sign)))
+            .collect();
+        spec.write_f32(&values).unwrap();
+        w.finish_table(spec).unwrap();
+    }
+    w.commit().unwrap();
+    path
+}
+
+/// The suite's store in a fresh directory.
+pub fn fixture() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_store(dir.path(), "store", &TABLES, 1.0);
+    (dir, path)
+}
+
+/// Row `r` of table `t` as the store serves it: written, then through its dtype.
+fn row(t: usize, r: u64) -> Vec<f32> {
+    let dtype = TABLES[t].1;
+    let raw: Vec<f32> = (0..DIM).map(|c| value(t, r, c, 1.0)).collect();
+    let mut bytes = vec![0u8; dtype.row_bytes(DIM) as usize];
+    dtype.encode_row(&raw, &mut bytes);
+    let mut out = vec![0f32; DIM as usize];
+    dtype.decode_row(&bytes, &mut out);
+    out
+}
+
+/// A seeded generator (xorshift): the suite's batches are the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// One table's random bags: ids, lengths, weights.
+struct Bagged {
+    ids: Vec<i64>,
+    lengths: Vec<i64>,
+    weights: Vec<f32>,
+}
+
+fn bags(rng: &mut Rng, batch: usize) -> Bagged {
+    let lengths: Vec<i64> = (0..batch).map(|_| rng.below(6) as i64).collect();
+    let n: i64 = lengths.iter().sum();
+    let ids = (0..n).map(|_| rng.below(ROWS) as i64).collect();
+    let weights = (0..n).map(|_| rng.below(100) as f32 * 0.02 - 1.0).collect();
+    Bagged {
+        ids,
+        lengths,
+        weights,
+    }
+}
+
+/// The reference pooling of one table's bags (`torch.nn.EmbeddingBag`'s meaning).
+fn pool(t: usize, b: &Bagged, mode: PoolingMode, weighted: bool, padding: Option<i64>) -> Vec<f32> {
+    let dim = DIM as usize;
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for &len in &b.lengths {
+        let mut acc = vec![0f32; dim];
+        let mut max = vec![f32::NEG_INFINITY; dim];
+        let mut n = 0usize;
+        for k in at..at + len as usize {
+            let id = b.ids[k];
+            if Some(id) == padding {
+                continue;
+            }
+            let r = row(t, id as u64);
+            let w = if weighted { b.weights[k] } else { 1.0 };
+            for c in 0..dim {
+                acc[c] += w * r[c];
+                max[c] = max[c].max(r[c]);
+            }
+            n += 1;
+        }
+        at += len as usize;
+        match mode {
+            PoolingMode::Max if n == 0 => out.extend(vec![0f32; dim]),
+            PoolingMode::Max => out.extend(max),
+            PoolingMode::Mean if n > 0 => out.extend(acc.iter().map(|v| v / n as f32)),
+            _ => out.extend(acc),
+        }
+    }
+    out
+}
+
+fn close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+            "{what}: value {i}: got {g}, want {w}"
+        );
+    }
+}
+
+pub fn lookups_pool_as_the_reference_for_every_mode(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, false);
+    let store = &*s.store;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let modes = [
+        (PoolingMode::Sum, false),
+        (PoolingMode::Sum, true),
+        (PoolingMode::Mean, false),
+        (PoolingMode::Max, false),
+    ];
+    for round in 0..12 {
+        let batch = 1 + rng.below(9) as usize;
+        let (mode, weighted) = modes[round % modes.len()];
+        let padding = (round % 3 == 0).then(|| rng.below(ROWS) as i64);
+        let parts: Vec<Bagged> = (0..TABLES.len()).map(|_| bags(&mut rng, batch)).collect();
+        let narrow: Vec<Vec<i32>> = parts
+            .iter()
+            .map(|b| b.ids.iter().map(|&i| i as i32).collect())
+            .collect();
+        let offsets: Vec<Vec<i64>> = parts
+            .iter()
+            .map(|b| {
+                let mut at = 0;
+                b.lengths
+                    .iter()
+                    .map(|&l| {
+                        at += l;
+                        at - l
+                    })
+                    .collect()
+            })
+            .collect();
+        let lookups = TABLES
+            .iter()
+            .enumerate()
+            .map(|(t, (name, _))| {
+                // the ways of giving bags and ids take turns over the tables
+                let (ids, bags) = match (round + t) % 3 {
+                    0 => (
+                        Indices::I64(&parts[t].ids),
+                        Bags::Lengths(Indices::I64(&parts[t].lengths)),
+                    ),
+                    1 => (
+                        Indices::I32(&narrow[t]),
+                        Bags::Offsets {
+                            offsets: Indices::I64(&offsets[t]),
+                            include_last_offset: false,
+                        },
+                    ),
+                    _ => (
+                        Indices::I64(&parts[t].ids),
+                        Bags::Offsets {
+                            offsets: Indices::I64(&offsets[t]),
+                            include_last_offset: false,
+                        },
+                    ),
+                };
+                let mut l = TableLookup::new(name, ids, bags).with_mode(mode);
+                if weighted {
+                    l = l.with_weights(&parts[t].weights);
+                }
+                if let Some(p) = padding {
+                    l = l.with_padding_idx(p);
+                }
+                l
+            })
+            .collect();
+        let batch_ = Batch::new(lookups);
+        let (pooled, _) = store.lookup(&batch_).unwrap();
+        assert_eq!(pooled.batch, batch);
+        let want: Vec<Vec<f32>> = (0..TABLES.len())
+            .map(|t| pool(t, &parts[t], mode, weighted, padding))
+            .collect();
+        let width = DIM as usize * TABLES.len();
+        for b in 0..batch {
+            for (t, want) in want.iter().enumerate() {
+                let got = &pooled.values[b * width + t * DIM as usize..][..DIM as usize];
+                let what = format!("round {round}, {mode:?}, table {t}, bag {b}");
+                close(got, &want[b * DIM as usize..][..DIM as usize], &what);
+            }
+        }
+        // the same answer into the caller's buffer (to rounding: the SSD tier pools rows in
+        // the order they land, the cached ones first)
+        let mut out = vec![f32::NAN; pooled.values.len()];
+        store.lookup_into(&batch_, &mut out).unwrap();
+        close(&out, &pooled.values, &format!("round {round}: lookup_into"));
+    }
+    // the distinct rows a batch reads, ascending
+    let ids = [7i64, 3, 7, 299];
+    let b = Batch::new(vec![TableLookup::new(
+        "t1",
+        Indices::I64(&ids),
+        Bags::Fixed {
+            batch: 2,
+            bag_size: 2,
+        },
+    )]);
+    let (rows, _) = store.lookup_rows(&b).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].ids, vec![3, 7, 299]);
+    let want: Vec<f32> = [3, 7, 299].iter().flat_map(|&r| row(1, r)).collect();
+    close(&rows[0].values, &want, "lookup_rows");
+    let mut out = vec![0f32; 2 * DIM as usize];
+    store.read_rows("t2", &[5, 0], &mut out).unwrap();
+    let want: Vec<f32> = [5, 0].iter().flat_map(|&r| row(2, r)).collect();
+    close(&out, &want, "read_rows");
+}
+
+/// One bag of one id per row of `ids` in table `t0`.
+fn rows_batch(ids: &[i64]) -> Batch<'_> {
+    Batch::new(vec![TableLookup::new(
+        "t0",
+        Indices::I64(ids),
+        Bags::Fixed {
+            batch: ids.len(),
+            bag_size: 1,
+        },
+    )])
+}
+
+pub fn writes_are_read_back_at_their_version(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = &*s.store;
+    let v0 = store.version().unwrap();
+    let ids = [4i64, 9];
+    let new: Vec<f32> = (0..2 * DIM).map(|i| i as f32 + 0.25).collect();
+    let w = RowWrite {
+        table: "t0",
+        ids: &ids,
+        values: Some(&new),
+    };
+    let v1 = store.write_many(&[w], WriteOptions::default()).unwrap();
+    assert!(v1 > v0);
+    assert_eq!(store.version().unwrap(), v1);
+    let (pooled, read) = store.lookup(&rows_batch(&ids)).unwrap();
+    assert_eq!(read.version, v1);
+    assert_eq!(pooled.values, new);
+    // a write and a remove in one atomic call
+    let one = [1.5f32; DIM as usize];
+    let calls = [
+        RowWrite {
+            table: "t0",
+            ids: &ids[..1],
+            values: None,
+        },
+        RowWrite {
+            table: "t1",
+            ids: &[2],
+            values: Some(&one),
+        },
+    ];
+    let v2 = store.write_many(&calls, WriteOptions::default()).unwrap();
+    assert!(v2 > v1);
+    let (pooled, _) = store.lookup(&rows_batch(&ids)).unwrap();
+    assert_eq!(&pooled.values[..DIM as usize], &[0.0; DIM as usize]);
+    assert_eq!(&pooled.values[DIM as usize..], &new[DIM as usize..]);
+    let mut out = vec![0f32; DIM as usize];
+    store.read_rows("t1", &[2], &mut out).unwrap();
+    assert_eq!(out, one);
+    // a refused write changes nothing
+    let nan = [f32::NAN; DIM as usize];
+    let bad = RowWrite {
+        table: "t0",
+        ids: &[1],
+        values: Some(&nan),
+    };
+    let e = store
+        .write_many(&[bad], WriteOptions::default())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert_eq!(e.table(), Some("t0"), "{e}");
+    assert_eq!(store.version().unwrap(), v2);
+}
+
+pub fn bad_input_gets_a_typed_error_naming_table_and_position(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, false);
+    let store = &*s.store;
+    let check = |batch: &Batch<'_>, kind: ErrorKind, table: &str, position: Option<usize>| {
+        let e = store.lookup(batch).unwrap_err();
+        assert_eq!(e.kind(), kind, "{e}");
+        assert_eq!(e.table(), Some(table), "{e}");
+        if position.is_some() {
+            assert_eq!(e.position(), position, "{e}");
+        }
+    };
+    let ids = [1i64, 2, 300];
+    check(&rows_batch(&ids), ErrorKind::IndexOutOfRange, "t0", Some(2));
+    let neg = [0i64, -1];
+    check(&rows_batch(&neg), ErrorKind::IndexOutOfRange, "t0", Some(1));
+    let unknown = Batch::new(vec![TableLookup::new(
+        "nope",
+        Indices::I64(&ids[..1]),
+        Bags::Fixed {
+            batch: 1,
+            bag_size: 1,
+        },
+    )]);
+    check(&unknown, ErrorKind::UnknownTable, "nope", None);
+    let lengths = [1i64, 5];
+    let short = Batch::new(vec![TableLookup::new(
+        "t1",
+        Indices::I64(&ids[..2]),
+        Bags::Lengths(Indices::I64(&lengths)),
+    )]);
+    check(&short, ErrorKind::InvalidRequest, "t1", None);
+    let weights = [1.0f32];
+    let unweighted = Batch::new(vec![
+        TableLookup::new(
+            "t2",
+            Indices::I64(&ids[..2]),
+            Bags::Fixed {
+                batch: 1,
+                bag_size: 2,
+            },
+        )
+        .with_weights(&weights),
+    ]);
+    check(&unweighted, ErrorKind::InvalidRequest, "t2", None);
+    // writes to a store opened read-only
+    let one = [0f32; DIM as usize];
+    let w = RowWrite {
+        table: "t0",
+        ids: &[0],
+        values: Some(&one),
+    };
+    let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreReadOnly, "{e}");
+    // a model the store does not keep
+    let e = store.infer(&[], &rows_batch(&ids[..1])).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    // nothing failed for good: the store still answers
+    assert!(store.lookup(&rows_batch(&ids[..2])).is_ok());
+}
+
+pub fn readers_see_whole_writes_while_writes_go_on(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = s.store.clone();
+    let ids: Vec<i64> = (0..32).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, ids, stop) = (store.clone(), ids.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut seen = 0.0f32;
+                let mut reads = 0;
+                while !stop.load(Ordering::Relaxed) || reads == 0 {
+                    let (pooled, _) = store.lookup(&rows_batch(&ids)).unwrap();
+                    // every write sets all 32 rows to one value: a lookup sees one write whole
+                    let first = pooled.values[0];
+                    if first >= 1000.0 {
+                        assert!(pooled.values.iter().all(|&v| v == first), "a torn write");
+                        assert!(first >= seen, "a write seen, then an older one");
+                        seen = first;
+                    }
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    for k in 0..20 {
+        let values = vec![1000.0 + k as f32; ids.len() * DIM as usize];
+        let w = RowWrite {
+            table: "t0",
+            ids: &ids,
+            values: Some(&values),
+        };
+        store.write_many(&[w], WriteOptions::default()).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    let (pooled, _) = store.lookup(&rows_batch(&ids)).unwrap();
+    assert!(pooled.values.iter().all(|&v| v == 1019.0));
+}
+
+pub fn tables_are_created_dropped_compacted_and_synced(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = &*s.store;
+    let v = store
+        .create_table(&NewTable {
+            name: "fresh",
+            rows: 50,
+            dim: 4,
+            dtype: DType::Fp32,
+            init: nearrec::Init::Zeros,
+        })
+        .unwrap();
+    assert_eq!(store.version().unwrap(), v);
+    let t = store.table("fresh").unwrap();
+    assert_eq!((t.rows, t.dim, t.dtype), (50, 4, DType::Fp32));
+    let mut out = vec![1f32; 8];
+    store.read_rows("fresh", &[0, 49], &mut out).unwrap();
+    assert_eq!(out, vec![0.0; 8]);
+    // a trainer's copy of the table: two rows differ
+    let mut values = vec![0f32; 50 * 4];
+    values[4..8].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+    values[196..200].copy_from_slice(&[5.0; 4]);
+    let synced = store.sync_table("fresh", &values, 0.0).unwrap();
+    assert_eq!((synced.compared, synced.written), (50, 2));
+    assert_eq!(store.sync_table("fresh", &values, 0.0).unwrap().written, 0);
+    store.read_rows("fresh", &[1, 49], &mut out).unwrap();
+    assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0]);
+    let done = store.compact().unwrap();
+    assert_eq!(done.version, store.version().unwrap());
+    store.read_rows("fresh", &[1, 49], &mut out).unwrap();
+    assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0]);
+    store.drop_table("fresh").unwrap();
+    let e = store.table("fresh").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnknownTable, "{e}");
+    let e = store.drop_table("fresh").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnknownTable, "{e}");
+    assert_eq!(e.table(), Some("fresh"), "{e}");
+}
+
+pub fn a_swap_serves_the_new_store_and_refuses_an_incompatible_one(open: Open) {
+    let (dir, path) = fixture();
+    let next = write_store(dir.path(), "next", &TABLES, -1.0);
+    let other = write_store(dir.path(), "other", &TABLES[..1], 1.0);
+    let s = open(&path, false);
+    let store = &*s.store;
+    let ids = [3i64, 8];
+    let (before, _) = store.lookup(&rows_batch(&ids)).unwrap();
+    let e = store
+        .swap(&other.to_string_lossy(), false, false)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert_eq!(
+        store.lookup(&rows_batch(&ids)).unwrap().0.values,
+        before.values
+    );
+    store.swap(&next.to_string_lossy(), true, false).unwrap();
+    let (after, _) = store.lookup(&rows_batch(&ids)).unwrap();
+    let negated: Vec<f32> = before.values.iter().map(|v| -v).collect();
+    close(&after.values, &negated, "after the swap");
+    // with force, a store that answers less is served too
+    store.swap(&other.to_string_lossy(), false, true).unwrap();
+    assert_eq!(store.info().unwrap().tables.len(), 1);
+}
+
+pub fn info_stats_and_submitted_lookups_agree(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, false);
+    let store = &*s.store;
+    let info = store.info().unwrap();
+    let names: Vec<&str> = info.tables.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["t0", "t1", "t2"]);
+    assert!(info.tables.iter().all(|t| (t.rows, t.dim) == (ROWS, DIM)));
+    assert!(!info.writable && !info.model);
+    assert!(
+        ["dram", "ssd"].contains(&info.tier.as_str()),
+        "{}",
+        info.tier
+    );
+    // submitted and streamed lookups answer as lookups do
+    let batches: Vec<OwnedBatch> = (0..6)
+        .map(|k| {
+            let ids: Vec<i64> = (0..4).map(|i| (k * 37 + i * 11) % ROWS as i64).collect();
+            OwnedBatch::new(vec![OwnedLookup::with_lengths("t0", ids, vec![2i64, 2])])
+        })
+        .collect();
+    let direct: Vec<Vec<f32>> = batches
+        .iter()
+        .map(|b| {
+            use nearrec::AsBatch;
+            store.lookup(&b.as_batch()).unwrap().0.values
+        })
+        .collect();
+    let pending: Vec<_> = batches
+        .iter()
+        .map(|b| store.submit(Box::new(b.clone())).unwrap())
+        .collect();
+    for (p, want) in pending.into_iter().zip(&direct) {
+        close(&p.wait().unwrap().values, want, "submit");
+    }
+    let boxed = batches
+        .into_iter()
+        .map(|b| Box::new(b) as Box<dyn nearrec::AsBatch>);
+    let streamed = store.stream(boxed.collect::<Vec<_>>(), 3);
+    let mut n = 0;
+    for (got, want) in streamed.zip(&direct) {
+        close(&got.unwrap().values, want, "stream");
+        n += 1;
+    }
+    assert_eq!(n, direct.len());
+    // the counters: one per table in the tier report where there are DRAM tiers
+    let stats = store.stats().unwrap();
+    assert!(stats.get("version").is_some(), "{stats:?}");
+    let report = store.tier_report().unwrap();
+    assert!(
+        report.is_empty() || report.len() == TABLES.len(),
+        "{report:?}"
+    );
+}
