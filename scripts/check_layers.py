@@ -11,7 +11,9 @@
    files name `crate::b` (`use crate::b::X`, `crate::b::f()`, `use crate::{b, c}`), or an item the
    crate root re-exports from `b` (`crate::X` where lib.rs has `pub use b::X`). Comments, doc
    comments and string literals are ignored. A cycle means two modules that are really one
-   concept, or a third concept waiting to be pulled out of both.
+   concept, or a third concept waiting to be pulled out of both. The submodules of every module
+   with a directory (`src/live/`) are held to the same, one level at a time: `live::a` depends
+   on `live::b` when a's file names `super::b` or `crate::live::b`.
 
 Usage: check_layers.py [--self-test]   (exit status 1 on a violation, each one reported)
 """
@@ -192,6 +194,52 @@ def module_graph(src: Path) -> dict[str, dict[str, tuple[str, int]]]:
     return graph
 
 
+def path_heads(code: str, prefix: str) -> list[tuple[str, int]]:
+    """Each `PREFIX::NAME` the code names (`PREFIX::{a, b::c}` gives a and b), with its line;
+    `prefix` is a path regex (`super`, `crate\\s*::\\s*live`)."""
+    found = []
+    pattern = rf"(?<![\w$:]){prefix}\s*::\s*(\{{|[A-Za-z_][A-Za-z0-9_]*)"
+    for m in re.finditer(pattern, code):
+        line = code.count("\n", 0, m.start()) + 1
+        if m.group(1) == "{":
+            found += [(h, line) for h in _group_heads(code, m.start(1))[0]]
+        else:
+            found.append((m.group(1), line))
+    return found
+
+
+def submodule_graphs(src: Path) -> dict[str, dict[str, dict[str, tuple[str, int]]]]:
+    """For each module of src/ with a directory (`live/`, nested ones too), by its path
+    (`live`): each submodule → the sibling submodules it names → where."""
+    graphs = {}
+    for d in sorted(p for p in src.rglob("*") if p.is_dir()):
+        parts = d.relative_to(src).parts
+        if parts[0] == "bin":
+            continue
+        children: dict[str, list[Path]] = {}
+        for f in sorted(d.rglob("*.rs")):
+            rel = f.relative_to(d)
+            if rel.parts == ("mod.rs",):
+                continue
+            children.setdefault(rel.parts[0].removesuffix(".rs"), []).append(f)
+        if len(children) < 2:
+            continue
+        absolute = r"crate\s*::\s*" + r"\s*::\s*".join(parts)
+        graph: dict[str, dict[str, tuple[str, int]]] = {c: {} for c in children}
+        for child, files in children.items():
+            for f in files:
+                code = strip(f.read_text())
+                # `super::` from the child's own file is this module; deeper files name their
+                # siblings by the absolute path
+                own = f.parent == d or f.name == "mod.rs" and f.parent.parent == d
+                names = path_heads(code, absolute) + (path_heads(code, "super") if own else [])
+                for name, line in names:
+                    if name in children and name != child:
+                        graph[child].setdefault(name, (str(f), line))
+        graphs["::".join(parts)] = graph
+    return graphs
+
+
 def cycles(graph: dict[str, dict[str, tuple[str, int]]]) -> list[tuple[list[str], set[str]]]:
     """For each strongly connected component of more than one module (Tarjan's algorithm), one
     shortest cycle through it (a, b, ..., a) and the component's modules."""
@@ -248,19 +296,30 @@ def check_modules(crates: list[Path], root: Path | None = None) -> list[str]:
     """Module cycles in each crate, each edge with the file and line that makes it."""
     problems = []
     for crate in crates:
-        graph = module_graph(crate / "src")
-        for cycle, scc in cycles(graph):
-            steps = []
-            for a, b in zip(cycle, cycle[1:], strict=False):
-                file, line = graph[a][b]
-                shown = Path(file).relative_to(root) if root else Path(file).name
-                steps.append(f"{a} → {b} ({shown}:{line})")
-            more = ""
-            if len(scc) > len(cycle) - 1:
-                more = f" (all modules of the cycle: {', '.join(sorted(scc))})"
-            problems.append(
-                f"{crate.name}: module cycle {' → '.join(cycle)}{more}: {'; '.join(steps)}"
-            )
+        levels = {"": module_graph(crate / "src")}
+        for parent, graph in submodule_graphs(crate / "src").items():
+            levels[parent + "::"] = graph
+        for parent, graph in levels.items():
+            problems += _cycles_of(crate, parent, graph, root)
+    return problems
+
+
+def _cycles_of(
+    crate: Path, parent: str, graph: dict[str, dict[str, tuple[str, int]]], root: Path | None
+) -> list[str]:
+    """The cycles of one level's graph, each module named with its parent's path (`live::`)."""
+    problems = []
+    for cycle, scc in cycles(graph):
+        steps = []
+        for a, b in zip(cycle, cycle[1:], strict=False):
+            file, line = graph[a][b]
+            shown = Path(file).relative_to(root) if root else Path(file).name
+            steps.append(f"{parent}{a} → {parent}{b} ({shown}:{line})")
+        more = ""
+        if len(scc) > len(cycle) - 1:
+            more = f" (all modules of the cycle: {', '.join(parent + m for m in sorted(scc))})"
+        shown_cycle = " → ".join(parent + m for m in cycle)
+        problems.append(f"{crate.name}: module cycle {shown_cycle}{more}: {'; '.join(steps)}")
     return problems
 
 
@@ -307,6 +366,14 @@ def self_test() -> None:
         (src / "b.rs").write_text("pub(crate) struct X;\nfn g() -> crate::O { todo!() }\n")  # b → c
         problems = check_modules([crate])
         assert len(problems) == 1 and "a → b → c → a" in problems[0], problems
+        # a circle between two submodules of c, through `super::` and the absolute path
+        (src / "c" / "deep.rs").write_text("use super::deeper::Y;\npub struct Other;\n")
+        (src / "c" / "deeper.rs").write_text("pub struct Y(crate::c::deep::Other);\n")
+        problems = check_modules([crate])
+        assert any("c::deep → c::deeper → c::deep" in p for p in problems), problems
+        (src / "c" / "deeper.rs").write_text("pub struct Y;\n")
+        (src / "b.rs").write_text("pub(crate) struct X;\n")
+        assert check_modules([crate]) == [], check_modules([crate])
     print("check_layers self-test: planted violations are caught")
 
 

@@ -12,7 +12,9 @@ mod load;
 
 use pyo3::prelude::*;
 
-#[pymodule]
+// Nothing here leans on the GIL for exclusion: every shared state is behind its own lock or
+// atomic, and calls release the GIL while they run; free-threaded Python may load it as is.
+#[pymodule(gil_used = false)]
 #[pyo3(name = "_native")]
 fn nearrec_bench_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

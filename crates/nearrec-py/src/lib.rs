@@ -21,7 +21,9 @@ mod writer;
 
 use pyo3::prelude::*;
 
-#[pymodule]
+// Nothing here leans on the GIL for exclusion: every shared state is behind its own lock or
+// atomic, and calls release the GIL while they run; free-threaded Python may load it as is.
+#[pymodule(gil_used = false)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", nearrec_format::FORMAT_VERSION)?;

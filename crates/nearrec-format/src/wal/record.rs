@@ -61,6 +61,15 @@ pub struct Record {
     pub ops: Vec<Op>,
 }
 
+impl Record {
+    /// Whether the record creates or drops a table (a change of the tables, not of rows).
+    pub fn changes_tables(&self) -> bool {
+        self.ops
+            .iter()
+            .any(|op| matches!(op, Op::CreateTable { .. } | Op::DropTable { .. }))
+    }
+}
+
 const WRITE: u8 = 1;
 const REMOVE: u8 = 2;
 const CREATE: u8 = 3;

@@ -285,10 +285,7 @@ pub(crate) fn follow(live: &Live) -> Result<()> {
     };
     let c = reader.manifest().lsn.unwrap_or(0);
     let snap = live.snapshot();
-    if records
-        .iter()
-        .any(|r| r.lsn <= c && super::tables::changes_tables(r))
-    {
+    if records.iter().any(|r| r.lsn <= c && r.changes_tables()) {
         // the writer created or dropped tables: this reader takes the manifest's tables whole
         let engine = &snap.engine;
         if !engine.reopenable() {

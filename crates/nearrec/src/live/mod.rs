@@ -363,7 +363,7 @@ impl Live {
     /// Applies `records` in order, up to the first that changes the tables: that one is the
     /// writer's to publish (a reader moves past it when the manifest shows it, on refresh).
     fn replay(&self, records: &[Record]) -> Result<()> {
-        for r in records.iter().take_while(|r| !tables::changes_tables(r)) {
+        for r in records.iter().take_while(|r| !r.changes_tables()) {
             self.apply(r)?;
         }
         Ok(())

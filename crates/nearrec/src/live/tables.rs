@@ -85,19 +85,12 @@ impl Live {
     }
 }
 
-/// Whether a record changes the tables.
-pub(super) fn changes_tables(r: &Record) -> bool {
-    r.ops
-        .iter()
-        .any(|op| matches!(op, Op::CreateTable { .. } | Op::DropTable { .. }))
-}
-
 /// A writable open whose log holds a change of the tables after the manifest's position (the
 /// writer stopped between its log append and its manifest): the change done again. `records`
 /// are the log's records after the tables' position; a change of the tables can only be the
 /// one record there.
 pub(super) fn redo(live: &Live, w: &Writer, records: &[Record]) -> Result<bool> {
-    let Some(r) = records.iter().find(|r| changes_tables(r)) else {
+    let Some(r) = records.iter().find(|r| r.changes_tables()) else {
         return Ok(false);
     };
     if records.len() != 1 || r.ops.len() != 1 {
