@@ -5,16 +5,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import nearrec
 
 from . import _native
+from .harness import Harness
 from .report import Record
 
 
-def run(scratch: Path, table_bytes: int, model: str = "rmc1", repeats: int = 3,
-        log: Callable[[str], None] = print) -> list[Record]:
+@dataclass
+class BuildConfig:
+    #: bytes each round writes, to the disk and as the store's tables
+    table_bytes: int = 4 << 30
+    scratch: Path = Path("bench/scratch")
+
+    @classmethod
+    def quick(cls) -> BuildConfig:
+        return cls(table_bytes=1 << 30)
+
+
+def run(cfg: BuildConfig, log: Callable[[str], None] = print, model: str = "rmc1",
+        repeats: int = 3) -> list[Record]:
+    scratch, table_bytes = cfg.scratch, cfg.table_bytes
     scratch.mkdir(parents=True, exist_ok=True)
     records = []
     disk, build = [], []
@@ -52,3 +66,9 @@ def markdown(records: list[Record], command: str) -> str:
             f"{', '.join(f'{v / 1e9:.2f}' for v in build['rounds_bytes_per_s'])} |\n\n"
             f"Build throughput = **{100 * ratio:.0f} %** of the disk's sequential write "
             f"bandwidth ({build['bytes'] / 2**30:.1f} GiB per round).\n")
+
+
+#: ``nearrec bench build``
+HARNESSES = {"build": Harness(BuildConfig, BuildConfig.quick,
+                              {"--table-bytes": "table_bytes", "--scratch": "scratch"},
+                              run, markdown)}

@@ -40,6 +40,7 @@ from nearrec import trace as nt
 from nearrec.plan import make_plan
 
 from . import _native
+from .harness import Harness
 from .report import Record
 from .ssd import drop_page_cache
 
@@ -464,4 +465,12 @@ def markdown(records: list[Record], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["CacheBenchConfig", "cells", "markdown", "run"]
+#: ``nearrec bench cache``
+HARNESSES = {"cache": Harness(CacheBenchConfig, CacheBenchConfig.quick,
+                              {"--models": "models", "--table-bytes": "table_bytes",
+                               "--budgets": "budgets", "--traces": "traces",
+                               "--batches": "batches", "--scratch": "scratch"},
+                              run, markdown, progress=True)}
+
+
+__all__ = ["HARNESSES", "CacheBenchConfig", "cells", "markdown", "run"]

@@ -1,210 +1,126 @@
-"""``nearrec bench WHAT``: runs one harness as the command line's arguments ask and writes its
-records (JSON + Markdown) under ``--out``. The product's CLI (``nearrec.cli``) parses the arguments
-and imports this module only when ``nearrec bench`` runs."""
+"""``nearrec bench WHAT``: the registry of harnesses (WHAT → the module whose ``HARNESSES``
+declares it), the flags they take, and the one path every harness runs: its parser, its config
+from the flags, the run, and its records (JSON + Markdown) under ``--out``. The product's CLI
+(``nearrec.cli``) reads WHAT, imports this module only when ``nearrec bench`` runs and hands it
+the rest of the command line."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from nearrec.cli import common, parse_bytes
 
 from . import report
+from .harness import Harness
+
+#: WHAT → the module that serves it
+MODULES = {"sls": "sls", "ssd": "ssd", "ssd-tuning": "ssd", "ssd-verify": "ssd",
+           "ssd-cost": "ssd", "cache": "cache", "colocate": "colocate", "keyed": "keyed",
+           "e2e": "e2e", "ebc": "ebc", "build": "build", "gpu": "gpu", "flash-repro": "flash",
+           "flash-check": "flash", "update": "update", "serve": "serve", "torchrec": "torchrec"}
+
+
+def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    return lambda text: tuple(item(x) for x in text.split(","))
+
+
+@dataclass(frozen=True)
+class Flag:
+    help: str
+    #: add_argument's other settings (type, action, default)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    #: the config field's value, from what argparse gives (a flag not given sets nothing)
+    value: Callable[[Any], Any] = lambda given: given
+
+
+#: Every flag of ``nearrec bench``, in the order ``--help`` lists them: ``COMMON``, which every
+#: harness takes, and those a harness names in its ``Harness.flags``.
+FLAGS = {
+    "--quick": Flag("a short run (under two minutes)", {"action": "store_true"}),
+    "--models": Flag("comma-separated models (sls, cache: default rmc1,rmc2,rmc3; e2e: all "
+                     "eight)", value=_split(str)),
+    "--rows": Flag("rows per table (sls, keyed, torchrec)", {"type": int}),
+    "--budgets": Flag("cache, colocate: DRAM budgets as shares of the tables, e.g. 0.25,0.06 "
+                      "(colocate: 0 = no DRAM tier)", value=_split(float)),
+    "--traces": Flag("cache, colocate: traces, e.g. k1,zipf1.05 (k<K>[-recssd], zipf<a>)",
+                     value=_split(str)),
+    "--batches": Flag("cache, e2e: batch sizes, e.g. 1,64", value=_split(int)),
+    "--places": Flag("e2e: where the models run, dram,ssd (default both)", value=_split(str)),
+    "--no-recssd": Flag("e2e: skip the pass at RecSSD's row counts", {"action": "store_true"},
+                        lambda given: False),
+    "--table-bytes": Flag("bytes to write (build) / table bytes of the store (ssd, cache, e2e; "
+                          "update: per table)", {"type": parse_bytes}),
+    "--out": Flag("where the records go (default: bench/results; with --quick the ignored "
+                  "bench/scratch/quick, so that quick runs leave the recorded results alone)",
+                  value=Path),
+    "--scratch": Flag("where stores are built", {"default": "bench/scratch"}, Path),
+}
+#: besides these, every harness takes the flags of every ``nearrec`` command (``--json``,
+#: ``--progress``, ``--debug``: ``nearrec.cli.common``)
+COMMON = ("--quick", "--out", "--scratch")
+
+
+def harness(what: str) -> Harness[Any]:
+    h: Harness[Any] = importlib.import_module(f".{MODULES[what]}", __package__).HARNESSES[what]
+    return h
+
+
+def parser(what: str, cls: type[argparse.ArgumentParser] = argparse.ArgumentParser
+           ) -> argparse.ArgumentParser:
+    """WHAT's parser: the common flags and its own."""
+    h = harness(what)
+    p = cls(prog=f"nearrec bench {what}")
+    for flag, f in FLAGS.items():
+        if flag in COMMON or flag in h.flags:
+            p.add_argument(flag, help=f.help, **f.options)
+    common(p)
+    return p
+
+
+def parse(what: str, argv: list[str], namespace: argparse.Namespace | None = None,
+          cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.Namespace:
+    """``argv``, the command line after ``nearrec bench WHAT``, read by WHAT's parser (into
+    ``namespace`` if given); a usage error exits with status 2."""
+    args = parser(what, cls).parse_args(argv, namespace)
+    args.what = what
+    if args.out is None:
+        args.out = "bench/scratch/quick" if args.quick else "bench/results"
+    return args
+
+
+def configure(h: Harness[Any], args: argparse.Namespace) -> Any:
+    """The harness's config, ``--quick``'s or the full one, with the flags given on top."""
+    cfg = h.quick() if args.quick else h.config()
+    for flag, name in h.flags.items():
+        # (getattr: a namespace from an older nearrec CLI may lack a newer flag; bench/ab.py)
+        given = getattr(args, flag[2:].replace("-", "_"), None)
+        if given:
+            setattr(cfg, name, FLAGS[flag].value(given))
+    if h.progress:
+        cfg.progress_file = Path(args.out) / f"{args.what}-progress.jsonl"
+        cfg.progress_file.parent.mkdir(parents=True, exist_ok=True)
+        cfg.progress_file.unlink(missing_ok=True)
+    return cfg
 
 
 def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
-    """Runs the harness ``args.what`` with ``args``' settings; returns the JSON and Markdown files
-    written and the Markdown. ``command`` is the command line recorded with the results."""
+    """Runs the harness ``args.what`` with ``args``' settings (as ``parse`` gives them); returns
+    the JSON and Markdown files written and the Markdown. ``command`` is the command line
+    recorded with the results."""
+    h = harness(args.what)
     out = Path(args.out)
-    if args.what == "sls":
-        from . import sls
-
-        cfg = sls.SlsConfig.quick() if args.quick else sls.SlsConfig()
-        if args.models:
-            cfg.models = tuple(args.models.split(","))
-        if args.rows:
-            cfg.rows = args.rows
-        cfg.scratch = Path(args.scratch)
-        records = sls.run(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "sls-quick" if args.quick else "sls"
-        md = report.sls_markdown(records, command)
-    elif args.what == "cache":
-        from . import cache
-
-        ccfg = cache.CacheBenchConfig.quick() if args.quick else cache.CacheBenchConfig()
-        if args.models:
-            ccfg.models = tuple(args.models.split(","))
-        if args.table_bytes:
-            ccfg.table_bytes = args.table_bytes
-        if args.budgets:
-            ccfg.budgets = tuple(float(b) for b in args.budgets.split(","))
-        if args.traces:
-            ccfg.traces = tuple(args.traces.split(","))
-        if args.batches:
-            ccfg.batches = tuple(int(b) for b in args.batches.split(","))
-        ccfg.scratch = Path(args.scratch)
-        ccfg.progress_file = Path(args.out) / "cache-progress.jsonl"
-        ccfg.progress_file.parent.mkdir(parents=True, exist_ok=True)
-        ccfg.progress_file.unlink(missing_ok=True)
-        records = cache.run(ccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "cache-quick" if args.quick else "cache"
-        md = cache.markdown(records, command)
-    elif args.what == "keyed":
-        from . import keyed
-
-        kbcfg = keyed.KeyedBenchConfig.quick() if args.quick else keyed.KeyedBenchConfig()
-        if args.rows:
-            kbcfg.rows = args.rows
-        kbcfg.scratch = Path(args.scratch)
-        records = keyed.run(kbcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "keyed-quick" if args.quick else "keyed"
-        md = keyed.markdown(records, command)
-    elif args.what == "colocate":
-        from . import colocate
-
-        kcfg = colocate.ColocateBenchConfig.quick() if args.quick \
-            else colocate.ColocateBenchConfig()
-        if args.table_bytes:
-            kcfg.table_bytes = args.table_bytes
-        if args.traces:
-            kcfg.traces = tuple(args.traces.split(","))
-        if args.budgets:
-            kcfg.drams = tuple(float(b) for b in args.budgets.split(","))
-        kcfg.scratch = Path(args.scratch)
-        records = colocate.run(kcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "colocate-quick" if args.quick else "colocate"
-        md = colocate.markdown(records, command)
-    elif args.what == "e2e":
-        from . import e2e
-
-        ecfg = e2e.E2EConfig.quick() if args.quick else e2e.E2EConfig()
-        if args.models:
-            ecfg.models = tuple(args.models.split(","))
-        if args.table_bytes:
-            ecfg.table_bytes = args.table_bytes
-        if args.batches:
-            ecfg.batches = tuple(int(b) for b in args.batches.split(","))
-        if args.no_recssd:
-            ecfg.recssd = False
-        if getattr(args, "places", None):  # absent from an older nearrec CLI (bench/ab.py)
-            ecfg.places = tuple(args.places.split(","))
-        ecfg.scratch = Path(args.scratch)
-        ecfg.progress_file = Path(args.out) / "e2e-progress.jsonl"
-        ecfg.progress_file.parent.mkdir(parents=True, exist_ok=True)
-        ecfg.progress_file.unlink(missing_ok=True)
-        records = e2e.run(ecfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "e2e-quick" if args.quick else "e2e"
-        md = e2e.markdown(records, command)
-    elif args.what in ("ssd", "ssd-tuning", "ssd-verify", "ssd-cost"):
-        from . import ssd
-
-        scfg = ssd.SsdConfig.quick() if args.quick else ssd.SsdConfig()
-        if args.table_bytes:
-            scfg.table_bytes = args.table_bytes
-        scfg.scratch = Path(args.scratch)
-        log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        if args.what == "ssd":
-            records = ssd.run(scfg, log=log)
-            md = ssd.markdown(records, command)
-        elif args.what == "ssd-verify":
-            records = ssd.run_verify(scfg, log=log)
-            md = ssd.verify_markdown(records, command)
-        elif args.what == "ssd-cost":
-            if not args.table_bytes:
-                # the memory device holds the tables in DRAM: 1 GiB, whatever the ssd default
-                scfg.table_bytes = 1 << 30
-            records = ssd.run_cost(scfg, log=log, rounds=2 if args.quick else 3,
-                                   seconds=0.5 if args.quick else 1.5)
-            md = ssd.cost_markdown(records, command)
-        else:
-            records = ssd.run_tuning(scfg, log=log)
-            md = ssd.tuning_markdown(records, command)
-        name = args.what + ("-quick" if args.quick else "")
-    elif args.what == "flash-repro":
-        from . import flash
-
-        fcfg = flash.FlashReproConfig.quick() if args.quick else flash.FlashReproConfig()
-        if args.table_bytes:
-            fcfg.table_bytes = args.table_bytes
-        fcfg.out = out
-        records = flash.run(fcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "flash-repro-quick" if args.quick else "flash-repro"
-        md = flash.markdown(records, command)
-    elif args.what == "flash-check":
-        from . import flash
-
-        kccfg = flash.FlashCheckConfig.quick() if args.quick else flash.FlashCheckConfig()
-        if args.table_bytes:
-            kccfg.table_bytes = args.table_bytes
-        if args.batches:
-            kccfg.batches = tuple(int(b) for b in args.batches.split(","))
-        kccfg.scratch = Path(args.scratch)
-        records = flash.check(kccfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "flash-check-quick" if args.quick else "flash-check"
-        md = flash.check_markdown(records, command)
-    elif args.what == "ebc":
-        from . import ebc
-
-        bcfg = ebc.EbcConfig.quick() if args.quick else ebc.EbcConfig()
-        if args.models:
-            bcfg.models = tuple(args.models.split(","))
-        if args.rows:
-            bcfg.rows = args.rows
-        bcfg.scratch = Path(args.scratch)
-        records = ebc.run(bcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "ebc-quick" if args.quick else "ebc"
-        md = ebc.markdown(records, command)
-    elif args.what == "torchrec":
-        from . import torchrec
-
-        tcfg = torchrec.TorchRecConfig.quick() if args.quick else torchrec.TorchRecConfig()
-        if args.rows:
-            tcfg.rows = args.rows
-        if args.batches:
-            tcfg.batches = tuple(int(b) for b in args.batches.split(","))
-        tcfg.scratch = Path(args.scratch)
-        records = torchrec.run(tcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "torchrec-quick" if args.quick else "torchrec"
-        md = torchrec.markdown(records, command)
-    elif args.what == "update":
-        from . import update
-
-        ucfg = update.UpdateConfig.quick() if args.quick else update.UpdateConfig()
-        if args.table_bytes:
-            ucfg.table_bytes = args.table_bytes
-        ucfg.scratch = Path(args.scratch)
-        records = update.run(ucfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "update-quick" if args.quick else "update"
-        md = update.markdown(records, command)
-    elif args.what == "serve":
-        from . import serve
-
-        vcfg = serve.ServeConfig.quick() if args.quick else serve.ServeConfig()
-        if args.rows:
-            vcfg.rows = args.rows
-        vcfg.scratch = Path(args.scratch)
-        records = serve.run(vcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "serve-quick" if args.quick else "serve"
-        md = serve.markdown(records, command)
+    records = h.run(configure(h, args), lambda m: print(m, file=sys.stderr, flush=True))
+    name = args.what + ("-quick" if args.quick else "")
+    md = h.markdown(records, command)
+    if h.figure is not None:
         out.mkdir(parents=True, exist_ok=True)
-        if serve.plot(records, out / f"{name}.png"):
+        if h.figure(records, out / f"{name}.png"):
             md += f"\n![the figures](./{name}.png)\n"
-    elif args.what == "gpu":
-        from . import gpu
-
-        gcfg = gpu.GpuBenchConfig.quick() if args.quick else gpu.GpuBenchConfig()
-        if args.rows:
-            gcfg.rows = args.rows
-        gcfg.scratch = Path(args.scratch)
-        records = gpu.run(gcfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "gpu-quick" if args.quick else "gpu"
-        md = gpu.markdown(records, command)
-    else:
-        from . import build
-
-        size = args.table_bytes or (1 << 30 if args.quick else 4 << 30)
-        records = build.run(Path(args.scratch), size,
-                            log=lambda m: print(m, file=sys.stderr, flush=True))
-        name = "build-quick" if args.quick else "build"
-        md = build.markdown(records, command)
     js, mdp = report.write(records, out, name, command, md)
     return js, mdp, md

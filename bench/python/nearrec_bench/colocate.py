@@ -32,6 +32,7 @@ from .cache import (
     trace_file,
     warm_part,
 )
+from .harness import Harness
 from .report import Record
 from .ssd import drop_page_cache
 
@@ -136,4 +137,11 @@ def markdown(records: list[Record], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ColocateBenchConfig", "markdown", "run"]
+#: ``nearrec bench colocate``
+HARNESSES = {"colocate": Harness(ColocateBenchConfig, ColocateBenchConfig.quick,
+                                 {"--table-bytes": "table_bytes", "--traces": "traces",
+                                  "--budgets": "drams", "--scratch": "scratch"},
+                                 run, markdown)}
+
+
+__all__ = ["HARNESSES", "ColocateBenchConfig", "markdown", "run"]

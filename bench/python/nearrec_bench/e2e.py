@@ -43,6 +43,7 @@ from nearrec.plan import make_plan
 
 from . import _native
 from .cache import CGROUP, generator, ssds_available
+from .harness import Harness
 from .report import Record
 from .ssd import drop_page_cache
 
@@ -588,3 +589,11 @@ def markdown(records: list[Record], command: str) -> str:
                                   r.extra["breakdown_per_batch_us"].items())
                 lines.append(f"- {model} {place} {system}: {parts}")
     return "\n".join(lines) + "\n"
+
+
+#: ``nearrec bench e2e``
+HARNESSES = {"e2e": Harness(E2EConfig, E2EConfig.quick,
+                            {"--models": "models", "--table-bytes": "table_bytes",
+                             "--batches": "batches", "--no-recssd": "recssd",
+                             "--places": "places", "--scratch": "scratch"},
+                            run, markdown, progress=True)}

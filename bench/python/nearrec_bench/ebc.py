@@ -22,6 +22,7 @@ import numpy as np
 
 import nearrec
 
+from .harness import Harness
 from .report import Record, _spread, ratio_text
 from .sls import _time_calls
 
@@ -202,3 +203,9 @@ def markdown(records: list[Record], command: str) -> str:
             f"{_overhead(f)} | {_overhead(e)} | "
             f"{ratio_text(e, c['torch.EmbeddingBag'])} | {_spread(e)} |")
     return "\n".join(lines) + "\n"
+
+
+#: ``nearrec bench ebc``
+HARNESSES = {"ebc": Harness(EbcConfig, EbcConfig.quick,
+                            {"--models": "models", "--rows": "rows", "--scratch": "scratch"},
+                            run, markdown)}

@@ -18,6 +18,7 @@ import nearrec.trace as nt
 from nearrec import simulate as sim
 
 from . import _native
+from .harness import Harness
 from .report import Record
 
 GiB = 1 << 30
@@ -684,3 +685,13 @@ def check_markdown(records: list[Record], command: str) -> str:
                   f"{ok} | {x['start_fit_samples_per_s']:,.1f} | "
                   f"{x['start_fit_over_measured']:.2f} | {x['disk_reads_per_s']:,.0f} |")
     return "\n".join(md) + "\n"
+
+
+#: ``nearrec bench flash-repro`` (its records' figures under ``--out``) and ``flash-check``
+HARNESSES = {
+    "flash-repro": Harness(FlashReproConfig, FlashReproConfig.quick,
+                           {"--table-bytes": "table_bytes", "--out": "out"}, run, markdown),
+    "flash-check": Harness(FlashCheckConfig, FlashCheckConfig.quick,
+                           {"--table-bytes": "table_bytes", "--batches": "batches",
+                            "--scratch": "scratch"},
+                           check, check_markdown)}

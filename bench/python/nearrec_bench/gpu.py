@@ -25,6 +25,7 @@ import numpy as np
 
 import nearrec
 
+from .harness import Harness
 from .report import Record
 
 SYSTEMS = ["a.dram-cpu", "b.cpu-rows-to-gpu", "c.cpu-index-gpu-rows", "d.torch-gpu",
@@ -616,3 +617,8 @@ def markdown(records: list[Record], command: str,
                   "| hit rate % | " + " | ".join(f"{100 * r.extra['hit_rate']:.2f}" for r in rs)
                   + " |", ""]
     return "\n".join(lines) + "\n"
+
+
+#: ``nearrec bench gpu``
+HARNESSES = {"gpu": Harness(GpuBenchConfig, GpuBenchConfig.quick,
+                            {"--rows": "rows", "--scratch": "scratch"}, run, markdown)}

@@ -24,6 +24,7 @@ import numpy as np
 import nearrec
 from nearrec import trace as nt
 
+from .harness import Harness
 from .report import Record
 
 
@@ -130,4 +131,9 @@ def markdown(records: list[Record], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["KeyedBenchConfig", "markdown", "run"]
+#: ``nearrec bench keyed``
+HARNESSES = {"keyed": Harness(KeyedBenchConfig, KeyedBenchConfig.quick,
+                              {"--rows": "rows", "--scratch": "scratch"}, run, markdown)}
+
+
+__all__ = ["HARNESSES", "KeyedBenchConfig", "markdown", "run"]

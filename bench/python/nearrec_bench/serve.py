@@ -42,6 +42,7 @@ import numpy as np
 import nearrec
 
 from . import _native
+from .harness import Harness
 from .report import Record
 
 Batch = list[tuple[str, np.ndarray, np.ndarray]]
@@ -793,3 +794,9 @@ def plot(records: list[Record], path: Path) -> Path | None:
 def _legend(ax: Any, size: int) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=size)
+
+
+#: ``nearrec bench serve``
+HARNESSES = {"serve": Harness(ServeConfig, ServeConfig.quick,
+                              {"--rows": "rows", "--scratch": "scratch"}, run, markdown,
+                              figure=plot)}

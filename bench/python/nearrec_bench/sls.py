@@ -25,7 +25,8 @@ import numpy as np
 import nearrec
 
 from . import _native
-from .report import Record, ratio_text, summarise
+from .harness import Harness
+from .report import Record, ratio_text, sls_markdown, summarise
 
 BATCHES = (1, 16, 64, 256, 1024)
 DISTS = ("uniform", "zipf1.05")
@@ -243,3 +244,9 @@ def run(cfg: SlsConfig, log: Callable[[str], None] = print) -> list[Record]:
         nearrec.remove(path)
     summarise(records)
     return records
+
+
+#: ``nearrec bench sls``
+HARNESSES = {"sls": Harness(SlsConfig, SlsConfig.quick, {"--models": "models", "--rows": "rows",
+                                                          "--scratch": "scratch"},
+                            run, sls_markdown)}

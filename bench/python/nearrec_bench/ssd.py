@@ -26,6 +26,7 @@ import numpy as np
 import nearrec
 
 from . import _native
+from .harness import Harness
 from .report import SPREAD_LIMIT, Record, ratio_text
 from .sls import zipf_rows
 
@@ -454,21 +455,35 @@ def verify_markdown(records: list[Record], command: str) -> str:
 COST_SYSTEMS = (("memory", True), ("memory", False), ("disk", True))
 
 
-def run_cost(cfg: SsdConfig, log: Callable[[str], None] = print, rounds: int = 3,
-             seconds: float = 1.5, batches: tuple[int, ...] = (16, 64, 256)) -> list[Record]:
+@dataclass
+class SsdCostConfig(SsdConfig):
+    """``bench ssd-cost``'s: a 1 GiB store whatever the ssd default (the memory device holds the
+    tables in DRAM), its cells taken in turn ``rounds`` times, ``seconds`` each."""
+
+    table_bytes: int = 1 << 30
+    rounds: int = 3
+    seconds: float = 1.5
+
+    @classmethod
+    def quick(cls) -> SsdCostConfig:
+        return cls(rounds=2, seconds=0.5)
+
+
+def run_cost(cfg: SsdCostConfig, log: Callable[[str], None] = print,
+             batches: tuple[int, ...] = (16, 64, 256)) -> list[Record]:
     """The SSD tier's CPU time per device read (``_native.read_cost``): the engine as shipped,
     no DRAM tiers, one pooling thread, uniform rows (so almost every lookup is a read), on a
     zero-latency device — the table files in memory, read through the same ``BlockDevice``
-    path — and on the disk with direct I/O. The cells are taken in turn, ``rounds`` times; the
+    path — and on the disk with direct I/O. The cells are taken in turn, ``cfg.rounds`` times; the
     median round is reported with the spread of the rounds. CPU time is the process's, user +
     system, all threads."""
     path = _store(cfg, log)
     spec = nearrec.model_spec(cfg.model)
     runs: dict[tuple[int, str, bool], list[dict[str, float]]] = {}
-    for k in range(rounds):
+    for k in range(cfg.rounds):
         for batch in batches:
             for device, verify in COST_SYSTEMS:
-                r = _native.read_cost(str(path), batch, spec.lookups, seconds, device=device,
+                r = _native.read_cost(str(path), batch, spec.lookups, cfg.seconds, device=device,
                                       threads=1, verify=verify, seed=cfg.seed + k)
                 runs.setdefault((batch, device, verify), []).append(r)
     records: list[Record] = []
@@ -481,7 +496,7 @@ def run_cost(cfg: SsdConfig, log: Callable[[str], None] = print, rounds: int = 3
             "ssd-cost", cfg.model, batch, "uniform",
             device + ("" if verify else "[no-verify]"),
             samples_per_s=mid["batches"] * batch / wall, lookups_per_s=mid["lookups"] / wall,
-            extra={"rounds": rounds, "reads_per_batch": reads / mid["batches"],
+            extra={"rounds": cfg.rounds, "reads_per_batch": reads / mid["batches"],
                    "cpu_us_per_read": mid["cpu_s"] * us,
                    "cpu_us_per_read_min": per_read[0] * 1e6,
                    "cpu_us_per_read_max": per_read[-1] * 1e6,
@@ -524,3 +539,12 @@ def cost_markdown(records: list[Record], command: str) -> str:
             f"{e['io_us_per_read']:.3f} / {e['pool_us_per_read']:.3f} | "
             f"{e['reads_per_core_s']:,.0f} | {e['wall_us_per_read']:.3f} |")
     return "\n".join(lines) + "\n"
+
+
+#: ``nearrec bench ssd``, ``ssd-tuning``, ``ssd-verify`` and ``ssd-cost``
+_FLAGS = {"--table-bytes": "table_bytes", "--scratch": "scratch"}
+HARNESSES = {
+    "ssd": Harness(SsdConfig, SsdConfig.quick, _FLAGS, run, markdown),
+    "ssd-tuning": Harness(SsdConfig, SsdConfig.quick, _FLAGS, run_tuning, tuning_markdown),
+    "ssd-verify": Harness(SsdConfig, SsdConfig.quick, _FLAGS, run_verify, verify_markdown),
+    "ssd-cost": Harness(SsdCostConfig, SsdCostConfig.quick, _FLAGS, run_cost, cost_markdown)}

@@ -34,6 +34,7 @@ import nearrec
 from nearrec import trace as nt
 
 from . import _native
+from .harness import Harness
 from .report import SPREAD_LIMIT, Record, _spread, ratio_text
 from .ssd import drop_page_cache
 
@@ -269,3 +270,10 @@ def markdown(records: list[Record], command: str) -> str:
                      f"{100 * r.extra['dram_hit_ratio']:.0f} % | "
                      f"{int(r.extra['device_reads']):,} |")
     return "\n".join(lines) + "\n"
+
+
+#: ``nearrec bench torchrec``
+HARNESSES = {"torchrec": Harness(TorchRecConfig, TorchRecConfig.quick,
+                                 {"--rows": "rows", "--batches": "batches",
+                                  "--scratch": "scratch"},
+                                 run, markdown)}

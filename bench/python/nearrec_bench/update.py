@@ -40,6 +40,7 @@ import numpy as np
 import nearrec
 
 from . import _native
+from .harness import Harness
 from .report import Record
 
 #: row sizes measured: bytes → fp32 dim
@@ -711,3 +712,9 @@ def markdown(records: list[Record], command: str) -> str:
                          f"±{100 * r.extra['spread']:.0f} % | {r.extra['vs_empty']:.2f}× | "
                          f"{r.p50_us:,.0f} | {r.p99_us:,.0f} |")
     return "\n".join(lines) + "\n"
+
+
+#: ``nearrec bench update``
+HARNESSES = {"update": Harness(UpdateConfig, UpdateConfig.quick,
+                               {"--table-bytes": "table_bytes", "--scratch": "scratch"},
+                               run, markdown)}
