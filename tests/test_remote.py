@@ -356,6 +356,40 @@ def test_the_node_refuses_a_non_loopback_address_without_insecure(store_path):
     assert "not a loopback address" in out.stderr
 
 
+def test_a_node_config_file_serves_what_it_names_and_flags_override_it(store_path, tmp_path):
+    """`nearrec serve --config node.toml`: the stores, the node's settings and the stores' own
+    (`[store]`) from one file; a flag given wins over the file, a store config given where the
+    node's is asked for is named as such, an unknown key is refused naming it."""
+    node_toml = tmp_path / "node.toml"
+    node_toml.write_text(f'stores = ["{store_path}=s"]\nmax_in_flight = 3\n'
+                         f'idle_timeout = 60.0\n[store]\ntier = "ssd"\n'
+                         f'dram_budget = "4KiB"\n')
+    node = Node("--config", str(node_toml), "--writable")
+    try:
+        remote = nearrec.connect(node.address, "s")
+        assert remote.tier == "ssd"
+        assert remote.writable  # the flag, over the file
+    finally:
+        assert node.stop() == 0
+    store_toml = tmp_path / "store.toml"
+    store_toml.write_text('tier = "dram"\n')
+    out = subprocess.run([sys.executable, "-m", "nearrec.cli", "serve", str(store_path),
+                          "--config", str(store_toml)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "--store-config" in out.stderr and "tier" in out.stderr
+    node = Node(f"{store_path}=s", "--store-config", str(store_toml))
+    try:
+        assert nearrec.connect(node.address, "s").tier == "dram"
+    finally:
+        assert node.stop() == 0
+    node_toml.write_text("max_in_flite = 3\n")
+    out = subprocess.run([sys.executable, "-m", "nearrec.cli", "serve", str(store_path),
+                          "--config", str(node_toml)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "max_in_flite" in out.stderr, out.stderr
+
+
 def test_tokens_and_grants_refuse_with_typed_errors(tmp_path):
     import hashlib
     path = build(tmp_path)

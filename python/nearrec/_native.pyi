@@ -22,7 +22,7 @@ __all__ = [
     "read_manifest", "store_attach", "store_read_attachment", "table_layout",
     "trace_generate_table", "trace_write", "trace_open", "trace_profile", "colocation_order",
     "copy_store_ordered", "panic_at_the_boundary", "error_kinds", "NativeRemote",
-    "NativeRemotePending", "serve", "node_defaults", "NativePlan", "plan_make",
+    "NativeRemotePending", "serve", "node_flags", "NodeConfig", "NativePlan", "plan_make",
     "plan_check_trace", "plan_load",
 ]
 
@@ -176,16 +176,17 @@ class NativeRemotePending:
     def done(self) -> bool: ...
     def result(self, timeout: float | None = None) -> npt.NDArray[np.float32]: ...
 
-def serve(specs: list[str], config: StoreConfig, listen: str, insecure: bool,
-          max_in_flight: int, max_queued: int, max_message_bytes: int,
-          drain_timeout: float, coalesce_bags: int, coalesce_window_us: int,
-          acl: str | None = None, metrics_listen: str | None = None,
-          tls: tuple[str, str, str | None] | None = None,
-          swap_root: str | None = None, max_connections: int | None = None,
-          handshake_timeout: float | None = None, idle_timeout: float | None = None,
-          max_streams_per_connection: int | None = None, max_unsent_bytes: int | None = None,
-          max_unsent_bytes_per_connection: int | None = None) -> None: ...
-def node_defaults() -> dict[str, Any]: ...
+@final
+class NodeConfig:
+    def __new__(cls, path: _Path | None = None,
+                overrides: list[tuple[str, bool | int | float | str | list[str]]] = ...,
+                store: StoreConfig | None = None) -> Self: ...
+    @staticmethod
+    def from_toml(text: str) -> NodeConfig: ...
+    def to_toml(self) -> str: ...
+
+def serve(config: NodeConfig) -> None: ...
+def node_flags() -> list[tuple[str, str, str, str, str, str]]: ...
 
 @final
 class NativeStoreWriter:

@@ -43,11 +43,13 @@ _STORE_FLAGS = ("tier", "threads", "dram_budget", "cache_policy", "admission_pro
                 "io_queue_depth", "plan", "device")
 
 
-def store_flags(p: argparse.ArgumentParser) -> None:
-    """``--config FILE`` and the flags that override its settings (unset flags leave the
-    file's values, whose own defaults are ``nearrec.StoreConfig``'s: one copy, in Rust)."""
-    g = p.add_argument_group("store settings (override --config)")
-    g.add_argument("--config", help="a store config file (TOML), as nearrec.StoreConfig and "
+def store_flags(p: argparse.ArgumentParser, config_flag: str = "--config") -> None:
+    """``--config FILE`` (``config_flag``) and the flags that override its settings (unset
+    flags leave the file's values, whose own defaults are ``nearrec.StoreConfig``'s: one copy,
+    in Rust)."""
+    g = p.add_argument_group(f"store settings (override {config_flag})")
+    g.add_argument(config_flag, dest="store_config",
+                   help="a store config file (TOML), as nearrec.StoreConfig and "
                    "nearrec::StoreConfig read it")
     g.add_argument("--tier", choices=["auto", "dram", "ssd"],
                    help="serve from DRAM, read rows from SSD per batch, or DRAM if the store "
@@ -64,8 +66,8 @@ def store_flags(p: argparse.ArgumentParser) -> None:
 
 def store_config(args: argparse.Namespace) -> nearrec.StoreConfig:
     """The config ``--config`` names (or the defaults), with the flags given on top."""
-    base = (nearrec.StoreConfig.from_file(args.config) if getattr(args, "config", None)
-            else nearrec.StoreConfig())
+    base = (nearrec.StoreConfig.from_file(args.store_config)
+            if getattr(args, "store_config", None) else nearrec.StoreConfig())
     return base.replace(**{k: getattr(args, k) for k in _STORE_FLAGS
                            if getattr(args, k, None) is not None})
 
@@ -193,33 +195,28 @@ def _load_npy(path: str, what: str) -> np.ndarray:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """The node ``--config`` describes (or the defaults), each flag given set on top: the
+    stores named here replace the file's, ``--store-config`` its ``[store]``, the store flags
+    (``--tier``, ...) that table's settings. Every check and default is the node's own
+    (``nearrec_server::NodeConfig``)."""
     from . import _native
-    if (args.tls_cert is None) != (args.tls_key is None) or (
-            args.tls_client_ca is not None and args.tls_cert is None):
-        raise InvalidRequest("TLS needs --tls-cert and --tls-key together (and both for "
-                             "--tls-client-ca)")
-    config = store_config(args).replace(writable=args.writable)
-    _native.serve(args.stores, config.native(), args.listen, args.insecure,
-                  count(args.max_in_flight, "--max-in-flight"),
-                  count(args.max_queued, "--max-queued", minimum=0),
-                  count(args.max_message_bytes, "--max-message-bytes"),
-                  float(args.drain_timeout),
-                  count(args.coalesce_bags, "--coalesce-bags", minimum=0),
-                  count(args.coalesce_window_us, "--coalesce-window-us", minimum=0),
-                  args.acl, args.metrics_listen,
-                  None if args.tls_cert is None else (args.tls_cert, args.tls_key,
-                                                      args.tls_client_ca),
-                  swap_root=args.swap_root,
-                  max_connections=count(args.max_connections, "--max-connections"),
-                  handshake_timeout=float(args.handshake_timeout),
-                  idle_timeout=float(args.idle_timeout),
-                  max_streams_per_connection=count(args.max_streams_per_connection,
-                                                   "--max-streams-per-connection"),
-                  max_unsent_bytes=count(args.max_unsent_bytes, "--max-unsent-bytes"),
-                  max_unsent_bytes_per_connection=count(
-                      args.max_unsent_bytes_per_connection,
-                      "--max-unsent-bytes-per-connection"))
+    overrides: list[tuple[str, Any]] = [
+        (key, getattr(args, _flag_dest(name)))
+        for name, key, *_ in _native.node_flags()
+        if getattr(args, _flag_dest(name)) is not None]
+    overrides += [(f"store.{k}", str(getattr(args, k)) if k == "plan" else getattr(args, k))
+                  for k in _STORE_FLAGS if getattr(args, k, None) is not None]
+    if args.stores:
+        overrides.append(("stores", list(args.stores)))
+    store = (nearrec.StoreConfig.from_file(args.store_config).native()
+             if args.store_config else None)
+    _native.serve(_native.NodeConfig(args.config, overrides, store))
     return 0
+
+
+def _flag_dest(name: str) -> str:
+    """The attribute argparse keeps flag ``--name``'s value in."""
+    return "node_" + name.replace("-", "_")
 
 
 def human_time(x: float) -> str:
@@ -632,10 +629,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    # the harnesses are a separate distribution (bench/ in the repository), not in this wheel
+    # the harnesses are a separate distribution (bench/ in the repository), not in this wheel;
+    # each declares its flags there, and WHAT's parser reads the rest of the command line
     try:
         import nearrec_bench._native  # noqa: F401  (built, not only on the path)
-        from nearrec_bench.cli import run
+        from nearrec_bench.cli import parse, run
     except ImportError as e:
         if not (e.name or "").startswith("nearrec_bench"):
             raise
@@ -643,13 +641,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
               "the nearrec wheel leaves out: in a checkout, run `make develop` or "
               "`pip install ./bench`", file=sys.stderr)
         return 2
+    parse(args.what, args.flags, args, _Parser)  # --out's default too
     command = "nearrec " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("nearrec") \
         else "nearrec bench " + " ".join(sys.argv[2:])
-    if args.out is None:
-        args.out = "bench/scratch/quick" if args.quick else "bench/results"
     js, mdp, md = run(args, command)
     _emit(args, {"json": str(js), "markdown": str(mdp)}, md + f"\nwrote {js} and {mdp}")
     return 0
+
+
+def common(sp: argparse.ArgumentParser) -> None:
+    """The flags every command takes (and every ``nearrec bench`` harness)."""
+    sp.add_argument("--json", action="store_true", help="print JSON for machines")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bars (default: when stderr is a terminal; --progress "
+                         "draws them on a pipe too, a line a second)")
+    sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                    help="show the traceback of a failure")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -665,14 +672,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", default=False,
                    help="show the traceback of a failure")
     sub = p.add_subparsers(dest="command", required=True)
-
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--json", action="store_true", help="print JSON for machines")
-        sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bars (default: when stderr is a terminal; --progress "
-                             "draws them on a pipe too, a line a second)")
-        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the traceback of a failure")
 
     b = sub.add_parser("build", help="create a store (model spec, .npy files or a state dict)")
     b.add_argument("path")
@@ -729,66 +728,23 @@ def parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="serve stores over gRPC: the storage node "
                                       "(nearrec.connect, grpcurl, grpc.health.v1)")
-    sv.add_argument("stores", nargs="+", metavar="STORE[=NAME]",
+    sv.add_argument("stores", nargs="*", metavar="STORE[=NAME]",
                     help="a store directory, named on the node by NAME (default: the "
-                         "directory's name)")
-    sv.add_argument("--listen", default="127.0.0.1:7070",
-                    help="HOST:PORT to listen on (port 0: a free one, printed once ready)")
-    sv.add_argument("--writable", action="store_true",
-                    help="open the stores for writing (Write, Remove, CreateTable, DropTable)")
-    sv.add_argument("--acl", metavar="FILE",
-                    help="who may read, write and administer which tables (TOML: principals, "
-                         "their tokens' SHA-256, their grants; reloaded on SIGHUP; "
-                         "docs/serving.md)")
-    sv.add_argument("--metrics-listen", metavar="HOST:PORT",
-                    help="serve Prometheus metrics (GET /metrics) here, apart from the gRPC "
-                         "address (port 0: a free one, printed once ready)")
-    sv.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate")
-    sv.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
-    sv.add_argument("--tls-client-ca", metavar="PEM",
-                    help="ask clients for certificates chaining to this CA (mutual TLS)")
-    sv.add_argument("--insecure", action="store_true",
-                    help="listen on an address other than loopback without an ACL")
-    node = nearrec._native.node_defaults()  # the node's own (nearrec-server's too)
-    sv.add_argument("--max-in-flight", type=int, default=node["max_in_flight"],
-                    help="engine calls running at once")
-    sv.add_argument("--max-queued", type=int, default=node["max_queued"],
-                    help="calls waiting for the engine; past them calls are refused "
-                         "(RESOURCE_EXHAUSTED)")
-    sv.add_argument("--max-message-bytes", type=int, default=node["max_message_bytes"])
-    sv.add_argument("--coalesce-bags", type=int, default=node["coalesce_bags"],
-                    help="pooled lookups of fewer bags that read a device (not DRAM-resident) "
-                         "are coalesced with others into engine batches of up to this many bags "
-                         "(0: never; see docs/serving.md)")
-    sv.add_argument("--coalesce-window-us", type=int, default=node["coalesce_window_us"],
-                    help="microseconds the first request of a coalesced batch waits for others "
-                         "(besides waiting for an engine slot)")
-    sv.add_argument("--swap-root", metavar="DIR",
-                    help="the directory Swap may take stores from (default: the one holding "
-                         "each served store)")
-    sv.add_argument("--max-connections", type=int, default=node["max_connections"],
-                    help="connections open at once; past them a new one is closed at once "
-                         "(default: %(default)s, lowered to fit the descriptor limit)")
-    sv.add_argument("--handshake-timeout", type=float, default=node["handshake_timeout"],
-                    help="seconds a new connection has to send the HTTP/2 preface or finish "
-                         "its TLS handshake (default: %(default)s)")
-    sv.add_argument("--idle-timeout", type=float, default=node["idle_timeout"],
-                    help="seconds a connection may send nothing before it is closed; live "
-                         "clients answer the node's pings (default: %(default)s)")
-    sv.add_argument("--max-streams-per-connection", type=int,
-                    default=node["max_streams_per_connection"],
-                    help="requests one connection may have open at once (default: "
-                         "%(default)s)")
-    sv.add_argument("--max-unsent-bytes", type=int, default=node["max_unsent_bytes"],
-                    help="bytes of answers computed but not yet read by their clients that "
-                         "the node holds; past them requests are refused (default: "
-                         "%(default)s)")
-    sv.add_argument("--max-unsent-bytes-per-connection", type=int,
-                    default=node["max_unsent_bytes_per_connection"],
-                    help="the same, for one connection (default: %(default)s)")
-    sv.add_argument("--drain-timeout", type=float, default=node["drain_timeout"],
-                    help="seconds SIGTERM waits for calls in flight")
-    store_flags(sv)
+                         "directory's name); given, they replace --config's stores")
+    sv.add_argument("--config", metavar="FILE",
+                    help="the node's config (TOML: its settings, the stores' under [store]; "
+                         "docs/serving.md); the flags below override it")
+    # the node's own flags, as nearrec-server has them (one list, in Rust)
+    types = {"int": int, "float": float, "text": str}
+    for name, _key, kind, metavar, help_, default in nearrec._native.node_flags():
+        shown = f"{help_} (default: {default})" if default else help_
+        if kind == "switch":
+            sv.add_argument(f"--{name}", dest=_flag_dest(name), action="store_const",
+                            const=True, default=None, help=shown)
+        else:
+            sv.add_argument(f"--{name}", dest=_flag_dest(name), type=types[kind],
+                            metavar=metavar, help=shown)
+    store_flags(sv, config_flag="--store-config")
     sv.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                     help="show the traceback of a failure")
     sv.set_defaults(func=cmd_serve)
@@ -958,26 +914,9 @@ def parser() -> argparse.ArgumentParser:
                                      "colocate", "keyed", "e2e", "ebc", "build", "gpu",
                                      "flash-repro", "flash-check", "update", "serve",
                                      "torchrec"])
-    be.add_argument("--quick", action="store_true", help="a short run (under two minutes)")
-    be.add_argument("--models", help="comma-separated models (sls, cache: default rmc1,rmc2,rmc3; "
-                    "e2e: all eight)")
-    be.add_argument("--rows", type=int, help="rows per table (sls, keyed, torchrec)")
-    be.add_argument("--budgets", help="cache, colocate: DRAM budgets as shares of the tables, "
-                    "e.g. 0.25,0.06 (colocate: 0 = no DRAM tier)")
-    be.add_argument("--traces", help="cache, colocate: traces, e.g. k1,zipf1.05 "
-                    "(k<K>[-recssd], zipf<a>)")
-    be.add_argument("--batches", help="cache, e2e: batch sizes, e.g. 1,64")
-    be.add_argument("--places", help="e2e: where the models run, dram,ssd (default both)")
-    be.add_argument("--no-recssd", action="store_true",
-                    help="e2e: skip the pass at RecSSD's row counts")
-    be.add_argument("--table-bytes", type=parse_bytes,
-                    help="bytes to write (build) / table bytes of the store (ssd, cache, e2e; "
-                         "update: per table)")
-    be.add_argument("--out", help="where the records go (default: bench/results; with --quick "
-                    "the ignored bench/scratch/quick, so that quick runs leave the recorded "
-                    "results alone)")
-    be.add_argument("--scratch", default="bench/scratch", help="where stores are built")
-    common(be)
+    # each harness declares its flags in the benchmark package, which reads them (cmd_bench)
+    be.add_argument("flags", nargs=argparse.REMAINDER,
+                    help="the harness's own flags, which `nearrec bench WHAT --help` lists")
     be.set_defaults(func=cmd_bench)
     return p
 

@@ -36,7 +36,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::NativeRemote>()?;
     m.add_class::<remote::NativeRemotePending>()?;
     m.add_function(wrap_pyfunction!(node::serve, m)?)?;
-    m.add_function(wrap_pyfunction!(node::node_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(node::node_flags, m)?)?;
+    m.add_class::<node::NativeNodeConfig>()?;
     m.add_class::<store::NativePending>()?;
     m.add_class::<store::NativeStream>()?;
     m.add_class::<collection::NativeCollection>()?;

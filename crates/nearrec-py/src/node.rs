@@ -1,100 +1,104 @@
-//! `serve`: the storage node (`nearrec-server`) run by `nearrec serve`, in this process, until
-//! SIGTERM or SIGINT; the GIL is released while it serves.
+//! The storage node in this process: `NodeConfig` (the node's one config object, as
+//! `nearrec-server` reads it) and `serve`, which runs it until SIGTERM or SIGINT with the GIL
+//! released. `nearrec serve` builds its flags from `node_flags()`, the node's own list.
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use nearrec_server::{NodeConfig, Stores, TlsFiles, listening, run};
+use nearrec_server::{FLAGS, FlagKind, NodeConfig, listening, run};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString};
 
 use crate::config::NativeConfig;
-use crate::error::{detach, raise};
+use crate::error::{detach, err, raise};
 
-/// Serves the stores `specs` (`PATH` or `PATH=NAME`) opened with `config` on `listen`; prints
-/// `listening on ADDR` once ready and returns after a drain.
+/// A checked node config.
+#[pyclass(module = "nearrec._native", name = "NodeConfig", frozen)]
+pub(crate) struct NativeNodeConfig {
+    config: NodeConfig,
+}
+
+/// A Python value as the config's: a bool, an int, a float, a str or a list of str.
+fn value(py: Python<'_>, key: &str, v: &Bound<'_, PyAny>) -> PyResult<toml::Value> {
+    if v.is_instance_of::<PyBool>() {
+        return Ok(toml::Value::Boolean(v.extract()?));
+    }
+    if v.is_instance_of::<PyInt>() {
+        return Ok(toml::Value::Integer(v.extract()?));
+    }
+    if v.is_instance_of::<PyFloat>() {
+        return Ok(toml::Value::Float(v.extract()?));
+    }
+    if v.is_instance_of::<PyString>() {
+        return Ok(toml::Value::String(v.extract()?));
+    }
+    if let Ok(list) = v.cast::<PyList>() {
+        let items = list
+            .iter()
+            .map(|x| value(py, key, &x))
+            .collect::<PyResult<Vec<_>>>()?;
+        return Ok(toml::Value::Array(items));
+    }
+    Err(raise(
+        py,
+        "InvalidRequest",
+        format!(
+            "config: {key}: a {} is not a config value",
+            v.get_type().name()?
+        ),
+        None,
+        None,
+    ))
+}
+
+#[pymethods]
+impl NativeNodeConfig {
+    /// The config in `path` (a TOML file; `None`: the defaults) with `overrides` set: each a
+    /// key of the file (dotted for a table's: `store.tier`, `tls.cert`) and its value; `store`
+    /// replaces the `[store]` table first. An unknown key or a bad value is an
+    /// `InvalidRequest` naming it.
+    #[new]
+    #[pyo3(signature = (path = None, overrides = Vec::new(), store = None))]
+    fn new(
+        py: Python<'_>,
+        path: Option<PathBuf>,
+        overrides: Vec<(String, Bound<'_, PyAny>)>,
+        store: Option<&NativeConfig>,
+    ) -> PyResult<Self> {
+        let mut config = match path {
+            Some(p) => NodeConfig::from_file(&p).map_err(|e| err(py, e))?,
+            None => NodeConfig::default(),
+        };
+        if let Some(store) = store {
+            config.store = store.config.clone();
+        }
+        let values = overrides
+            .iter()
+            .map(|(k, v)| Ok((k.as_str(), value(py, k, v)?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let config = config.with_overrides(&values).map_err(|e| err(py, e))?;
+        Ok(Self { config })
+    }
+
+    #[staticmethod]
+    fn from_toml(py: Python<'_>, text: &str) -> PyResult<Self> {
+        NodeConfig::from_toml(text)
+            .map(|config| Self { config })
+            .map_err(|e| err(py, e))
+    }
+
+    fn to_toml(&self) -> String {
+        self.config.to_toml()
+    }
+}
+
+/// Serves the node `config` describes; prints `listening on ADDR` once ready and returns after
+/// a drain.
 #[pyfunction]
-#[pyo3(signature = (specs, config, listen, insecure, max_in_flight, max_queued, max_message_bytes, drain_timeout, coalesce_bags, coalesce_window_us, acl = None, metrics_listen = None, tls = None, swap_root = None, max_connections = None, handshake_timeout = None, idle_timeout = None, max_streams_per_connection = None, max_unsent_bytes = None, max_unsent_bytes_per_connection = None))]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn serve(
-    py: Python<'_>,
-    specs: Vec<String>,
-    config: &NativeConfig,
-    listen: &str,
-    insecure: bool,
-    max_in_flight: usize,
-    max_queued: usize,
-    max_message_bytes: usize,
-    drain_timeout: f64,
-    coalesce_bags: usize,
-    coalesce_window_us: u64,
-    acl: Option<PathBuf>,
-    metrics_listen: Option<&str>,
-    tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
-    swap_root: Option<PathBuf>,
-    max_connections: Option<usize>,
-    handshake_timeout: Option<f64>,
-    idle_timeout: Option<f64>,
-    max_streams_per_connection: Option<u32>,
-    max_unsent_bytes: Option<usize>,
-    max_unsent_bytes_per_connection: Option<usize>,
-) -> PyResult<()> {
-    let invalid = |m: String| raise(py, "InvalidRequest", m, None, None);
-    let listen = listen
-        .parse()
-        .map_err(|e| invalid(format!("--listen {listen:?} is not HOST:PORT: {e}")))?;
-    let metrics_listen = metrics_listen
-        .map(|m| {
-            m.parse()
-                .map_err(|e| invalid(format!("--metrics-listen {m:?} is not HOST:PORT: {e}")))
-        })
-        .transpose()?;
-    let d = NodeConfig::default();
-    let seconds = |s: Option<f64>, default: Duration, flag: &str| match s {
-        None => Ok(default),
-        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s)
-            .map_err(|e| invalid(format!("{flag} {s} is not a number of seconds: {e}"))),
-        Some(s) => Err(invalid(format!(
-            "{flag} is a positive number of seconds, not {s}"
-        ))),
-    };
-    let handshake_timeout = seconds(
-        handshake_timeout,
-        d.handshake_timeout,
-        "--handshake-timeout",
-    )?;
-    let idle_timeout = seconds(idle_timeout, d.idle_timeout, "--idle-timeout")?;
-    let store_config = config.config.clone();
-    let node = NodeConfig {
-        listen,
-        max_in_flight: max_in_flight.max(1),
-        max_queued,
-        max_message_bytes,
-        coalesce_bags,
-        coalesce_window: Duration::from_micros(coalesce_window_us),
-        drain_timeout: Duration::from_secs_f64(drain_timeout.max(0.0)),
-        acl,
-        metrics_listen,
-        tls: tls.map(|(cert, key, client_ca)| TlsFiles {
-            cert,
-            key,
-            client_ca,
-        }),
-        swap_root,
-        max_connections: max_connections.unwrap_or(d.max_connections).max(1),
-        handshake_timeout,
-        idle_timeout,
-        max_streams_per_connection: max_streams_per_connection
-            .unwrap_or(d.max_streams_per_connection)
-            .max(1),
-        max_unsent_bytes: max_unsent_bytes.unwrap_or(d.max_unsent_bytes),
-        max_unsent_bytes_per_connection: max_unsent_bytes_per_connection
-            .unwrap_or(d.max_unsent_bytes_per_connection),
-    };
+pub(crate) fn serve(py: Python<'_>, config: &NativeNodeConfig) -> PyResult<()> {
+    let config = config.config.clone();
     detach(py, || {
-        let stores = Stores::open(&specs, &store_config)?;
-        run(stores, node, insecure, |listeners, stores| {
+        run(config, |listeners, stores| {
             println!("nearrec serve: {}", listening(listeners, stores));
             let _ = std::io::stdout().flush();
         })
@@ -102,25 +106,29 @@ pub(crate) fn serve(
     .map_err(|m| raise(py, "NearrecError", m, None, None))
 }
 
-/// The node's defaults (`NodeConfig::default()`), for `nearrec serve`'s flags.
+/// The node's flags, `(name, key, kind, metavar, help, default)` each: what `nearrec serve`
+/// builds its flags from (`kind`: `switch`, `int`, `float` or `text`; `default`: as shown,
+/// empty for none).
 #[pyfunction]
-pub(crate) fn node_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let d = NodeConfig::default();
-    let out = PyDict::new(py);
-    out.set_item("max_in_flight", d.max_in_flight)?;
-    out.set_item("max_queued", d.max_queued)?;
-    out.set_item("max_message_bytes", d.max_message_bytes)?;
-    out.set_item("drain_timeout", d.drain_timeout.as_secs_f64())?;
-    out.set_item("coalesce_bags", d.coalesce_bags)?;
-    out.set_item("coalesce_window_us", d.coalesce_window.as_micros() as u64)?;
-    out.set_item("max_connections", d.max_connections)?;
-    out.set_item("handshake_timeout", d.handshake_timeout.as_secs_f64())?;
-    out.set_item("idle_timeout", d.idle_timeout.as_secs_f64())?;
-    out.set_item("max_streams_per_connection", d.max_streams_per_connection)?;
-    out.set_item("max_unsent_bytes", d.max_unsent_bytes)?;
-    out.set_item(
-        "max_unsent_bytes_per_connection",
-        d.max_unsent_bytes_per_connection,
-    )?;
-    Ok(out)
+#[allow(clippy::type_complexity)]
+pub(crate) fn node_flags() -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    String,
+)> {
+    FLAGS
+        .iter()
+        .map(|f| {
+            let kind = match f.kind {
+                FlagKind::Switch => "switch",
+                FlagKind::Int => "int",
+                FlagKind::Float => "float",
+                FlagKind::Text => "text",
+            };
+            (f.name, f.key, kind, f.metavar, f.help, f.default_shown())
+        })
+        .collect()
 }

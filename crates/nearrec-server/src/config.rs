@@ -1,14 +1,42 @@
-//! How a node runs: where it listens and the limits that keep its tail short.
+//! How a node runs: what it serves, where it listens and the limits that keep its tail short
+//! ([`NodeConfig`]) — one object for every way of starting a node, like the store's
+//! `StoreConfig`: `nearrec serve --config node.toml` and `nearrec-server --config node.toml`
+//! read it, their flags override its fields ([`FLAGS`], the one list both commands build their
+//! flags from), Python's `nearrec serve` hands it to the node whole. The defaults live here and
+//! nowhere else.
+//!
+//! It is serde: a TOML file holds its fields at the top level, the stores' own settings under
+//! `[store]` (a `StoreConfig`), TLS under `[tls]`. A key it does not know is an error.
+//!
+//! ```toml
+//! stores = ["/data/rmc1=rmc1"]
+//! listen = "127.0.0.1:7070"
+//! max_in_flight = 8
+//! idle_timeout = 300.0          # seconds
+//! [store]
+//! tier = "ssd"
+//! dram_budget = "4GiB"
+//! ```
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// A node's settings (the `nearrec-server` / `nearrec serve` flags).
-#[derive(Debug, Clone)]
+use nearrec::StoreConfig;
+use serde::{Deserialize, Serialize};
+
+/// A node's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
+    /// The stores to serve, each `PATH` or `PATH=NAME` (the name defaults to the directory's).
+    pub stores: Vec<String>,
+    /// How every store is opened (`[store]`).
+    pub store: StoreConfig,
     /// Where the node listens: loopback unless asked otherwise.
     pub listen: SocketAddr,
+    /// Listen on an address other than loopback without an ACL.
+    pub insecure: bool,
     /// Engine calls running at once; more wait in the queue.
     pub max_in_flight: usize,
     /// Requests waiting for an engine slot; past them a request is refused
@@ -21,22 +49,31 @@ pub struct NodeConfig {
     /// (`crate::coalesce`); 0: never.
     pub coalesce_bags: usize,
     /// How long the first request of an engine batch waits for others to join it (besides the
-    /// wait for an engine slot, during which they gather anyway).
+    /// wait for an engine slot, during which they gather anyway); microseconds in a file.
+    #[serde(rename = "coalesce_window_us", with = "micros")]
     pub coalesce_window: Duration,
-    /// How long a drain (SIGTERM) waits for requests in flight before it stops anyway.
+    /// How long a drain (SIGTERM) waits for requests in flight before it stops anyway; seconds
+    /// in a file.
+    #[serde(with = "seconds")]
     pub drain_timeout: Duration,
     /// The ACL file (`crate::acl`); `None`: every call is allowed. Reloaded on SIGHUP.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub acl: Option<PathBuf>,
     /// Where `GET /metrics` (Prometheus text) is served; `None`: nowhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
     /// TLS (rustls); `None`: plaintext.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsFiles>,
     /// Connections open at once; past them a new one is closed at once (`crate::conns`).
     pub max_connections: usize,
-    /// How long a new connection has to send the HTTP/2 preface (or finish its TLS handshake).
+    /// How long a new connection has to send the HTTP/2 preface (or finish its TLS handshake);
+    /// seconds in a file.
+    #[serde(with = "seconds")]
     pub handshake_timeout: Duration,
     /// How long a connection may send nothing before it is closed (the node pings each at half
-    /// of it, so a live client always answers in time).
+    /// of it, so a live client always answers in time); seconds in a file.
+    #[serde(with = "seconds")]
     pub idle_timeout: Duration,
     /// Requests one connection may have open at once (HTTP/2 `MAX_CONCURRENT_STREAMS`).
     pub max_streams_per_connection: u32,
@@ -47,15 +84,18 @@ pub struct NodeConfig {
     pub max_unsent_bytes_per_connection: usize,
     /// The directory `Swap` may take stores from (`crate::swap`); `None`: the directory
     /// holding the store served.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub swap_root: Option<PathBuf>,
 }
 
 /// The node's certificate and key (PEM), and the CA its clients' certificates must chain to
 /// (`None`: clients present none).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_ca: Option<PathBuf>,
 }
 
@@ -78,6 +118,114 @@ impl TlsFiles {
 }
 
 impl NodeConfig {
+    /// The config a TOML text holds (every key not given: its default), checked.
+    pub fn from_toml(text: &str) -> nearrec::Result<Self> {
+        let value: toml::Table = toml::from_str(text).map_err(|e| config_error("", e))?;
+        Self::from_table(value)
+    }
+
+    /// [`NodeConfig::from_toml`] of the file at `path`. A store's config given where a node's
+    /// is asked for is named as such.
+    pub fn from_file(path: &Path) -> nearrec::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| nearrec::Error::Config {
+            key: String::new(),
+            reason: format!("{}: {e}", path.display()),
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            nearrec::Error::Config { key, reason } if StoreConfig::from_toml(&text).is_ok() => {
+                nearrec::Error::Config {
+                    key,
+                    reason: format!(
+                        "{reason}: {} is a store's config; give it as --store-config, or put \
+                         it under [store] in the node's",
+                        path.display()
+                    ),
+                }
+            }
+            e => e,
+        })
+    }
+
+    fn from_table(table: toml::Table) -> nearrec::Result<Self> {
+        let config: Self = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| config_error(&e.path().to_string(), e.inner()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The config as TOML (what `from_toml` reads back).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a node config serialises to TOML")
+    }
+
+    /// This config with `overrides` set — each a key of the file (dotted for a table's:
+    /// `store.tier`, `tls.cert`) and its value — checked as a file's would be.
+    pub fn with_overrides(&self, overrides: &[(&str, toml::Value)]) -> nearrec::Result<Self> {
+        let mut table = toml::Table::try_from(self).expect("a node config is a TOML table");
+        for (key, value) in overrides {
+            let mut at = &mut table;
+            let mut parts = key.split('.').peekable();
+            while let Some(part) = parts.next() {
+                if parts.peek().is_none() {
+                    at.insert(part.to_owned(), value.clone());
+                    break;
+                }
+                let next = at
+                    .entry(part.to_owned())
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                at = next.as_table_mut().ok_or_else(|| nearrec::Error::Config {
+                    key: (*key).to_owned(),
+                    reason: format!("{part} is not a table"),
+                })?;
+            }
+        }
+        Self::from_table(table)
+    }
+
+    /// Checks every field's range (and the stores' config); the error names the field.
+    pub fn validate(&self) -> nearrec::Result<()> {
+        let bad = |key: &str, reason: &str| {
+            Err(nearrec::Error::Config {
+                key: key.into(),
+                reason: reason.into(),
+            })
+        };
+        for (key, n) in [
+            ("max_in_flight", self.max_in_flight),
+            ("max_connections", self.max_connections),
+            ("max_message_bytes", self.max_message_bytes),
+            (
+                "max_streams_per_connection",
+                self.max_streams_per_connection as usize,
+            ),
+        ] {
+            if n == 0 {
+                return bad(key, "must be at least 1");
+            }
+        }
+        for (key, d) in [
+            ("handshake_timeout", self.handshake_timeout),
+            ("idle_timeout", self.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return bad(key, "must be a positive number of seconds");
+            }
+        }
+        self.store.validate()
+    }
+
+    /// The stores [`NodeConfig::stores`] names, opened as [`NodeConfig::store`] says.
+    pub fn open_stores(&self) -> Result<crate::Stores, String> {
+        if self.stores.is_empty() {
+            return Err(
+                "name at least one store to serve (STORE[=NAME], or stores = [...] in \
+                        the node's config)"
+                    .into(),
+            );
+        }
+        crate::Stores::open(&self.stores, &self.store)
+    }
+
     /// The node's budget of unsent answer bytes and one connection's, each room for at least
     /// one answer of the largest size.
     pub fn unsent_budgets(&self) -> (usize, usize) {
@@ -103,7 +251,10 @@ impl NodeConfig {
 impl Default for NodeConfig {
     fn default() -> Self {
         Self {
+            stores: Vec::new(),
+            store: StoreConfig::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            insecure: false,
             max_in_flight: 8,
             max_queued: 256,
             max_message_bytes: 64 << 20,
@@ -125,5 +276,331 @@ impl Default for NodeConfig {
             tls: None,
             swap_root: None,
         }
+    }
+}
+
+fn config_error(key: &str, e: impl std::fmt::Display) -> nearrec::Error {
+    nearrec::Error::Config {
+        key: key.trim_start_matches('.').to_owned(),
+        reason: e.to_string().trim_end().to_owned(),
+    }
+}
+
+/// A duration as seconds (a float) in a file.
+mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs)
+            .map_err(|_| serde::de::Error::custom(format!("{secs} is not a number of seconds ≥ 0")))
+    }
+}
+
+/// A duration as whole microseconds in a file.
+mod micros {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_micros() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_micros(u64::deserialize(d)?))
+    }
+}
+
+/// What a flag takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagKind {
+    /// Present or not (`true` when given).
+    Switch,
+    Int,
+    /// Seconds and other fractions.
+    Float,
+    /// An address, a path, a size such as `4GiB`.
+    Text,
+}
+
+/// One flag of `nearrec serve` and `nearrec-server`: `--NAME VALUE` sets the config's `key`.
+#[derive(Debug, Clone, Copy)]
+pub struct Flag {
+    pub name: &'static str,
+    pub key: &'static str,
+    pub kind: FlagKind,
+    pub metavar: &'static str,
+    pub help: &'static str,
+}
+
+impl Flag {
+    /// The flag's value as the config holds it.
+    pub fn value(&self, given: &str) -> Result<toml::Value, String> {
+        let bad = |what: &str| format!("--{} takes {what}, not {given:?}", self.name);
+        Ok(match self.kind {
+            FlagKind::Switch => toml::Value::Boolean(true),
+            FlagKind::Int => toml::Value::Integer(given.parse().map_err(|_| bad("an integer"))?),
+            FlagKind::Float => toml::Value::Float(given.parse().map_err(|_| bad("a number"))?),
+            FlagKind::Text => toml::Value::String(given.to_owned()),
+        })
+    }
+
+    /// The default value, as the help shows it (empty for none).
+    pub fn default_shown(&self) -> String {
+        let table = toml::Table::try_from(NodeConfig::default()).expect("a TOML table");
+        let mut at = Some(&toml::Value::Table(table));
+        for part in self.key.split('.') {
+            at = at.and_then(|v| v.get(part));
+        }
+        match at {
+            Some(toml::Value::String(s)) => s.clone(),
+            Some(toml::Value::Boolean(_)) | None => String::new(),
+            Some(v) => v.to_string(),
+        }
+    }
+}
+
+/// Every flag of the node: `nearrec serve` (Python) and `nearrec-server` (clap) build theirs
+/// from this list, so the two commands cannot drift. The store's own settings (`--tier`,
+/// `--dram-budget`, ...) are the store commands' flags and set `store.*`.
+pub const FLAGS: &[Flag] = &[
+    flag(
+        "listen",
+        "listen",
+        FlagKind::Text,
+        "HOST:PORT",
+        "address to listen on (port 0: a free one, printed once ready)",
+    ),
+    flag(
+        "writable",
+        "store.writable",
+        FlagKind::Switch,
+        "",
+        "open the stores for writing (Write, Remove, CreateTable, DropTable)",
+    ),
+    flag(
+        "acl",
+        "acl",
+        FlagKind::Text,
+        "FILE",
+        "who may read, write and administer which tables (TOML: principals, their tokens' SHA-256, their grants; reloaded on SIGHUP; docs/serving.md)",
+    ),
+    flag(
+        "metrics-listen",
+        "metrics_listen",
+        FlagKind::Text,
+        "HOST:PORT",
+        "serve Prometheus metrics (GET /metrics) here, apart from the gRPC address (port 0: a free one, printed once ready)",
+    ),
+    flag(
+        "tls-cert",
+        "tls.cert",
+        FlagKind::Text,
+        "PEM",
+        "serve TLS with this certificate (with --tls-key)",
+    ),
+    flag(
+        "tls-key",
+        "tls.key",
+        FlagKind::Text,
+        "PEM",
+        "the certificate's private key",
+    ),
+    flag(
+        "tls-client-ca",
+        "tls.client_ca",
+        FlagKind::Text,
+        "PEM",
+        "ask clients for certificates chaining to this CA (mutual TLS)",
+    ),
+    flag(
+        "swap-root",
+        "swap_root",
+        FlagKind::Text,
+        "DIR",
+        "the directory Swap may take stores from (default: the one holding each served store)",
+    ),
+    flag(
+        "insecure",
+        "insecure",
+        FlagKind::Switch,
+        "",
+        "listen on an address other than loopback without an ACL",
+    ),
+    flag(
+        "max-in-flight",
+        "max_in_flight",
+        FlagKind::Int,
+        "N",
+        "engine calls running at once",
+    ),
+    flag(
+        "max-queued",
+        "max_queued",
+        FlagKind::Int,
+        "N",
+        "calls waiting for the engine; past them calls are refused (RESOURCE_EXHAUSTED)",
+    ),
+    flag(
+        "max-message-bytes",
+        "max_message_bytes",
+        FlagKind::Int,
+        "BYTES",
+        "the largest request or answer",
+    ),
+    flag(
+        "coalesce-bags",
+        "coalesce_bags",
+        FlagKind::Int,
+        "N",
+        "pooled lookups of fewer bags that read a device (not DRAM-resident) are coalesced with others into engine batches of up to this many bags (0: never; docs/serving.md)",
+    ),
+    flag(
+        "coalesce-window-us",
+        "coalesce_window_us",
+        FlagKind::Int,
+        "US",
+        "microseconds the first request of a coalesced batch waits for others (besides waiting for an engine slot)",
+    ),
+    flag(
+        "max-connections",
+        "max_connections",
+        FlagKind::Int,
+        "N",
+        "connections open at once; past them a new one is closed at once (lowered to fit the descriptor limit)",
+    ),
+    flag(
+        "handshake-timeout",
+        "handshake_timeout",
+        FlagKind::Float,
+        "SECONDS",
+        "seconds a new connection has to send the HTTP/2 preface or finish its TLS handshake",
+    ),
+    flag(
+        "idle-timeout",
+        "idle_timeout",
+        FlagKind::Float,
+        "SECONDS",
+        "seconds a connection may send nothing before it is closed; live clients answer the node's pings",
+    ),
+    flag(
+        "max-streams-per-connection",
+        "max_streams_per_connection",
+        FlagKind::Int,
+        "N",
+        "requests one connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS)",
+    ),
+    flag(
+        "max-unsent-bytes",
+        "max_unsent_bytes",
+        FlagKind::Int,
+        "BYTES",
+        "bytes of answers computed but not yet read by their clients that the node holds; past them requests are refused",
+    ),
+    flag(
+        "max-unsent-bytes-per-connection",
+        "max_unsent_bytes_per_connection",
+        FlagKind::Int,
+        "BYTES",
+        "the same, for one connection",
+    ),
+    flag(
+        "drain-timeout",
+        "drain_timeout",
+        FlagKind::Float,
+        "SECONDS",
+        "seconds SIGTERM waits for calls in flight",
+    ),
+];
+
+const fn flag(
+    name: &'static str,
+    key: &'static str,
+    kind: FlagKind,
+    metavar: &'static str,
+    help: &'static str,
+) -> Flag {
+    Flag {
+        name,
+        key,
+        kind,
+        metavar,
+        help,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_survives_toml_and_every_flag_names_a_key() {
+        // TLS's files go together: given, so that each flag of them changes one
+        let config = NodeConfig {
+            tls: Some(TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+                client_ca: None,
+            }),
+            ..NodeConfig::default()
+        };
+        assert_eq!(NodeConfig::from_toml(&config.to_toml()).unwrap(), config);
+        for f in FLAGS {
+            let value = match f.kind {
+                FlagKind::Switch => "",
+                FlagKind::Int => "3",
+                FlagKind::Float => "2.5",
+                FlagKind::Text if f.key.contains("listen") => "127.0.0.1:9",
+                FlagKind::Text => "/x",
+            };
+            let with = config
+                .with_overrides(&[(f.key, f.value(value).unwrap())])
+                .unwrap_or_else(|e| panic!("--{}: {e}", f.name));
+            assert_ne!(with, config, "--{} changed nothing", f.name);
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused_naming_the_key() {
+        let e = NodeConfig::from_toml("max_in_flite = 3").unwrap_err();
+        assert!(e.to_string().contains("max_in_flite"), "{e}");
+        let e = NodeConfig::from_toml("max_in_flight = 0").unwrap_err();
+        assert!(e.to_string().starts_with("config: max_in_flight"), "{e}");
+        let e = NodeConfig::from_toml("[store]\ntier = \"tape\"").unwrap_err();
+        assert!(e.to_string().contains("store.tier"), "{e}");
+        let e = NodeConfig::from_toml("idle_timeout = -1.0").unwrap_err();
+        assert!(e.to_string().contains("idle_timeout"), "{e}");
+        let e = NodeConfig::default()
+            .with_overrides(&[("listen", toml::Value::String("nowhere".into()))])
+            .unwrap_err();
+        assert!(e.to_string().contains("listen"), "{e}");
+    }
+
+    #[test]
+    fn a_file_sets_what_it_names_and_flags_override_it() {
+        let text = "stores = [\"/s=a\"]\nidle_timeout = 5.5\ncoalesce_window_us = 200\n\
+                    [store]\ntier = \"ssd\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n";
+        let config = NodeConfig::from_toml(text).unwrap();
+        assert_eq!(config.stores, ["/s=a"]);
+        assert_eq!(config.idle_timeout, Duration::from_secs_f64(5.5));
+        assert_eq!(config.coalesce_window, Duration::from_micros(200));
+        assert_eq!(config.store.tier, nearrec::Tier::Ssd);
+        assert_eq!(config.tls.as_ref().unwrap().key, PathBuf::from("k.pem"));
+        let over = config
+            .with_overrides(&[
+                ("idle_timeout", toml::Value::Float(1.0)),
+                ("store.writable", toml::Value::Boolean(true)),
+            ])
+            .unwrap();
+        assert_eq!(over.idle_timeout, Duration::from_secs(1));
+        assert!(over.store.writable);
+        assert_eq!(over.store.tier, nearrec::Tier::Ssd);
     }
 }

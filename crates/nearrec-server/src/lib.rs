@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 
 pub use acl::Acl;
 pub use admission::Admission;
-pub use config::{NodeConfig, TlsFiles};
+pub use config::{FLAGS, Flag, FlagKind, NodeConfig, TlsFiles};
 pub use node::Shared;
 pub use service::NodeService;
 pub use stores::Stores;
@@ -128,22 +128,17 @@ pub async fn serve(
     Ok(())
 }
 
-/// Runs a node until SIGTERM or SIGINT, then drains: the `nearrec-server` binary and
-/// `nearrec serve`. `ready` gets the listeners once the node listens (port 0 picks a free
-/// port).
-/// Refuses an address other than loopback unless `insecure` (a node reachable from other hosts
-/// needs an ACL).
-pub fn run(
-    stores: Stores,
-    config: NodeConfig,
-    insecure: bool,
-    ready: impl FnOnce(&Listeners, &Stores),
-) -> Result<(), String> {
+/// Runs the node `config` describes until SIGTERM or SIGINT, then drains: the `nearrec-server`
+/// binary and `nearrec serve`. `ready` gets the listeners once the node listens (port 0 picks
+/// a free port). Refuses an address other than loopback unless `config.insecure` (a node
+/// reachable from other hosts needs an ACL).
+pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Result<(), String> {
+    config.validate().map_err(|e| e.to_string())?;
     // the metrics endpoint answers anyone (store and table names, traffic): it is held to the
     // same rule
     let exposed = [Some(config.listen), config.metrics_listen];
     for addr in exposed.into_iter().flatten() {
-        if !addr.ip().is_loopback() && config.acl.is_none() && !insecure {
+        if !addr.ip().is_loopback() && config.acl.is_none() && !config.insecure {
             return Err(format!(
                 "{addr} is not a loopback address: a node reachable from other hosts needs an \
                  ACL (--acl) or --insecure"
@@ -180,6 +175,7 @@ pub fn run(
         Ok(_) => {}
         Err(e) => tracing::warn!("cannot raise the limit on open descriptors: {e}"),
     }
+    let stores = config.open_stores()?;
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("cannot start the node's runtime: {e}"))?;
     runtime.block_on(async {
