@@ -1,0 +1,182 @@
+//! A live store's engine changing under it: [`Engine::derive`] (tables created or dropped, the
+//! rest's tiers shared), [`Engine::warm_from`] (a swapped-in version's row caches filled from the
+//! old one's) and [`Engine::rebase`] (a compaction's new base).
+
+use std::sync::Arc;
+
+use nearrec_format::StoreReader;
+
+use super::Engine;
+use super::open::table_files;
+use crate::error::{EngineError, Result};
+use nearrec_format::Memory;
+use nearrec_io::fork_gate;
+
+impl Engine {
+    /// An engine over `reader`'s tables (the same store with tables created or dropped) that
+    /// shares this one's tiers: new table `i` is this engine's table `keep[i]` (its resident
+    /// copy, DRAM tiers and counters shared, both engines serving the same rows), or, where
+    /// `keep[i]` is `None`, a table loaded as this engine's tier loads one (whole into DRAM;
+    /// on the SSD tier from its file, with no DRAM tiers in front).
+    pub fn derive(&self, reader: &StoreReader, keep: &[Option<usize>]) -> Result<Self> {
+        let _inside = fork_gate();
+        if keep.len() != reader.tables().len()
+            || keep.iter().flatten().any(|&o| o >= self.tables.len())
+        {
+            return Err(EngineError::Config(
+                "a derived engine keeps tables it does not have".into(),
+            ));
+        }
+        let memory = Memory::probe();
+        let (dram, ssd) = match &self.ssd {
+            None => {
+                let fresh = keep
+                    .iter()
+                    .zip(reader.tables())
+                    .filter(|(k, _)| k.is_none())
+                    .map(|(_, t)| t.data_bytes)
+                    .sum();
+                memory.check(
+                    || "the tables created, loaded whole (tier=\"dram\")".into(),
+                    fresh,
+                )?;
+                let dram = keep
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| match k {
+                        Some(old) => Ok(self.dram[*old].clone()),
+                        None => reader
+                            .read_table(i, self.config.verify_checksums, None)
+                            .map(Arc::new)
+                            .map_err(EngineError::from),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (dram, None)
+            }
+            Some(_) if self.device_given => {
+                return Err(EngineError::Config(
+                    "a store served through a given device (a simulated drive) cannot change \
+                     its tables"
+                        .into(),
+                ));
+            }
+            Some(ssd) => {
+                let files = table_files(reader, &self.config, &memory)?;
+                let tiers = keep
+                    .iter()
+                    .map(|k| k.map_or_else(Default::default, |old| ssd.dram_tiers()[old].clone()))
+                    .collect();
+                (Vec::new(), Some(ssd.derive(files, tiers)))
+            }
+        };
+        Ok(Self::assemble(
+            reader,
+            self.config.clone(),
+            self.workers.clone(),
+            dram,
+            ssd,
+        ))
+    }
+
+    /// Fills this engine's row caches with the rows `old`'s DRAM tiers hold — its hot rows and
+    /// cached rows — of each table both have with the same shape, read from this engine's
+    /// files, up to each cache's size: a new version of a store (a swap) then starts with the
+    /// old one's working set. Rows this engine pins already are skipped. Returns the rows
+    /// loaded. Does nothing for tables kept whole.
+    pub fn warm_from(&self, old: &Engine) -> Result<u64> {
+        let _inside = fork_gate();
+        let (Some(ssd), Some(old_ssd)) = (&self.ssd, &old.ssd) else {
+            return Ok(0);
+        };
+        let files = ssd.files();
+        let mut loaded = 0u64;
+        for (id, meta) in self.tables.iter().enumerate() {
+            let tiers = &ssd.dram_tiers()[id];
+            let Some(cache) = &tiers.cache else {
+                continue;
+            };
+            let Ok(o) = old.table_id(&meta.name) else {
+                continue;
+            };
+            let was = &old.tables[o];
+            if (was.rows, was.dim, was.dtype) != (meta.rows, meta.dim, meta.dtype) {
+                continue;
+            }
+            let before = &old_ssd.dram_tiers()[o];
+            let mut rows: Vec<u64> = before.hot.as_ref().map(|h| h.row_ids()).unwrap_or_default();
+            rows.extend(before.cache.as_ref().map(|c| c.rows()).unwrap_or_default());
+            rows.retain(|&r| tiers.hot.as_ref().is_none_or(|h| h.get(r).is_none()));
+            rows.sort_unstable();
+            rows.dedup();
+            rows.truncate(cache.capacity_rows() as usize);
+            let rb = meta.row_bytes as usize;
+            let mut buf = vec![0u8; rows.len() * rb];
+            files.read_raw(id, meta, &rows, &mut buf)?;
+            for (&r, bytes) in rows.iter().zip(buf.chunks_exact(rb)) {
+                cache.offer(r, bytes);
+            }
+            loaded += rows.len() as u64;
+        }
+        Ok(loaded)
+    }
+
+    /// Brings the engine to a live store's new base (`docs/live.md`, compaction): each table's
+    /// rows `rows[table]` — `(row, encoded bytes)` — are overwritten wherever the engine keeps
+    /// them in DRAM (the resident copy, the hot partition, the row cache), and the SSD tier
+    /// reads `reader`'s table files from then on (batches under way finish on the old ones).
+    /// `reader` is the same store with new files: the same tables in the same order.
+    ///
+    /// # Safety
+    /// No lookup reads one of the given rows from the engine until this returns: every reader
+    /// takes them from its delta meanwhile, and the caller publishes the new base (with a
+    /// release) only after.
+    pub unsafe fn rebase(&self, reader: &StoreReader, rows: &[Vec<(u64, &[u8])>]) -> Result<()> {
+        let _inside = fork_gate();
+        let same = reader.tables().len() == self.tables.len()
+            && reader.tables().iter().zip(&self.tables).all(|(a, b)| {
+                (&a.name, a.rows, a.dim, a.dtype, a.row_bytes, a.block_bytes)
+                    == (&b.name, b.rows, b.dim, b.dtype, b.row_bytes, b.block_bytes)
+            });
+        if !same || rows.len() != self.tables.len() {
+            return Err(EngineError::Config(
+                "a new base must hold the same tables as the old one".into(),
+            ));
+        }
+        let files = match &self.ssd {
+            Some(_) if self.device_given => {
+                return Err(EngineError::Config(
+                    "a store served through a given device (a simulated drive) cannot move to \
+                     new table files"
+                        .into(),
+                ));
+            }
+            Some(_) => Some(table_files(reader, &self.config, &Memory::probe())?),
+            None => None,
+        };
+        for (id, rows) in rows.iter().enumerate() {
+            let layout = self.tables[id].layout();
+            let resident = match &self.ssd {
+                None => Some(self.dram[id].as_ref()),
+                Some(ssd) => ssd.dram_tiers()[id].resident.as_ref(),
+            };
+            let tiers = self.ssd.as_ref().map(|s| &s.dram_tiers()[id]);
+            for &(row, bytes) in rows {
+                if let Some(buf) = resident {
+                    // SAFETY: the caller's contract; a resident table is in row-id order
+                    unsafe { buf.write_shared(layout.row_offset(row) as usize, bytes) };
+                }
+                if let Some(hot) = tiers.and_then(|t| t.hot.as_ref()) {
+                    // SAFETY: the caller's contract
+                    unsafe { hot.overwrite(row, bytes) };
+                }
+                if let Some(cache) = tiers.and_then(|t| t.cache.as_ref()) {
+                    cache.replace(row, bytes);
+                }
+            }
+        }
+        if let (Some(ssd), Some(files)) = (&self.ssd, files) {
+            ssd.replace_files(files);
+        }
+        Ok(())
+    }
+}
