@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 import nearrec
 import nearrec.cli
 from nearrec import _native
+from nearrec.config import CachePolicy
 from nearrec.errors import InvalidRequest
 
 
@@ -44,6 +46,36 @@ def test_toml_round_trip_and_the_file_is_rusts():
     back = nearrec.StoreConfig.from_toml(text)
     assert back.to_toml() == text
     assert back.dram_budget == 64 << 20 and back.cache_ways == 8
+
+
+def test_the_cache_policies_are_rusts():
+    """CachePolicy's names are written once in Python; Rust (nearrec_cache::Policy) is the
+    truth: each is a policy Rust takes, and an unknown name's error lists exactly these."""
+    names = [p.value for p in CachePolicy]
+    for policy in CachePolicy:
+        for given in (policy, policy.value):  # the member or its plain name
+            c = nearrec.StoreConfig(cache_policy=given)
+            assert f'cache_policy = "{policy.value}"' in c.to_toml()
+            assert nearrec.StoreConfig.from_toml(c.to_toml()).cache_policy == policy
+    with pytest.raises(InvalidRequest, match="cache_policy") as e:
+        nearrec.StoreConfig(cache_policy="fifo")
+    listed = str(e.value).split("expected one of", 1)[1]
+    assert re.findall(r"`(\w+)`", listed) == names
+    # the helpers, as Rust's Policy::frequency / probabilistic answer
+    assert [p.frequency for p in CachePolicy] == [False, True, False, True]
+    assert [p.probabilistic for p in CachePolicy] == [False, False, True, True]
+
+
+def test_one_cache_policy_type_for_the_store_and_the_gpu_tier():
+    pytest.importorskip("torch")
+    import nearrec.gpu
+    import nearrec.gpu.config
+
+    assert nearrec.gpu.CachePolicy is nearrec.gpu.config.CachePolicy is CachePolicy
+    config = nearrec.gpu.GpuCacheConfig(slots=64, policy="lru_pa").validate()
+    assert config.cache_policy is CachePolicy.LRU_PA
+    with pytest.raises(InvalidRequest, match="cache_policy must be one of"):
+        nearrec.gpu.GpuCacheConfig(slots=64, policy="mru").validate()
 
 
 @pytest.mark.parametrize("text,key", [

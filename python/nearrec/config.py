@@ -11,6 +11,7 @@ holding numpy arrays, paths, numpy scalars.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 import os
@@ -25,8 +26,35 @@ from .errors import IndexOutOfRange, InvalidRequest
 from .request import index_array, is_bool, path_arg
 
 Tier = Literal["auto", "dram", "ssd"]
-CachePolicy = Literal["lru", "lfu", "lru_pa", "lfu_pa"]
 Durability = Literal["sync", "async"]
+
+
+# The names are Rust's (`Policy::name`); the extension does not list them, so they are written
+# here once and tests/test_config.py holds them to the ones Rust accepts.
+class CachePolicy(str, enum.Enum):
+    """How a row cache picks its victims and admits misses, the policies of Rust's
+    ``nearrec_cache::Policy`` by the names it gives them: ``lru`` / ``lfu`` admit every miss
+    and evict the set's least-recently / least-frequently used slot; the ``_pa`` variants admit
+    a miss only with the configured ``admission_probability`` (HS-Rec's probabilistic
+    admission). One type for the store's DRAM row caches (``StoreConfig.cache_policy``) and the
+    GPU tier's (``nearrec.gpu.GpuCacheConfig.policy``); wherever a policy is taken, its name as
+    a plain string (``"lfu_pa"``) is taken too."""
+
+    LRU = "lru"
+    LFU = "lfu"
+    LRU_PA = "lru_pa"
+    LFU_PA = "lfu_pa"
+
+    @property
+    def frequency(self) -> bool:
+        """True when the counter counts accesses (LFU), False when it holds a tick (LRU)."""
+        return self in (CachePolicy.LFU, CachePolicy.LFU_PA)
+
+    @property
+    def probabilistic(self) -> bool:
+        """True when a miss is admitted only with the admission probability (``_pa``)."""
+        return self in (CachePolicy.LRU_PA, CachePolicy.LFU_PA)
+
 
 #: The defaults, from Rust.
 _DEFAULTS: dict[str, Any] = json.loads(NativeStoreConfig().to_json())
@@ -73,7 +101,7 @@ class StoreConfig:
     merge_gap_bytes: int | str = _default("merge_gap_bytes")
     dedup: bool = _default("dedup")
     merge: bool = _default("merge")
-    cache_policy: CachePolicy = _default("cache_policy")
+    cache_policy: CachePolicy | str = _default("cache_policy")
     admission_probability: float = _default("admission_probability")
     cache_ways: int = _default("cache_ways")
     plan: Any = None

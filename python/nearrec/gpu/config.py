@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+# one policy type for every cache, the store's and this tier's (re-exported here)
+from ..config import CachePolicy as CachePolicy
 from ..errors import InvalidRequest
 from ..request import count, probability
 from ..units import parse_size
@@ -29,26 +31,6 @@ HASH_MULT = 0x2545F4914F6CDD1D
 _ADMIT_MULT_TICK = 0x5851F42D4C957F2D
 _ADMIT_MULT_SEED = 0x14057B7EF767814F
 _ADMIT_MULT_MIX = 0x27BB2EE687B0B0FD
-
-
-class CachePolicy(str, enum.Enum):
-    """Victim choice and admission: ``lru`` / ``lfu`` admit every miss and evict the set's
-    least-recently / least-frequently used slot; the ``_pa`` variants admit a miss only with
-    the configured probability (HS-Rec's probabilistic admission)."""
-
-    LRU = "lru"
-    LFU = "lfu"
-    LRU_PA = "lru_pa"
-    LFU_PA = "lfu_pa"
-
-    @property
-    def frequency(self) -> bool:
-        """True when the counter counts accesses (LFU), False when it holds a tick (LRU)."""
-        return self in (CachePolicy.LFU, CachePolicy.LFU_PA)
-
-    @property
-    def probabilistic(self) -> bool:
-        return self in (CachePolicy.LRU_PA, CachePolicy.LFU_PA)
 
 
 class TransferMode(str, enum.Enum):

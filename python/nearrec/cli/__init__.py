@@ -1,0 +1,352 @@
+"""The ``nearrec`` command line: build, info, verify, gc, update, compact, serve, lookup,
+predict, trace, infer, plan, colocate, simulate, bench.
+
+Human-readable output by default, ``--json`` for machines; progress bars on long work when
+stderr is a terminal (``--progress`` forces them). Errors print one line and exit with status 2
+(bad input) or 1 (the store, the system, a missing extra); ``--debug`` shows the traceback.
+
+The verbs live by what they touch: :mod:`.stores` (build, info, verify, gc, update, compact),
+:mod:`.serving` (serve, lookup, predict), :mod:`.workloads` (trace, plan, colocate, infer,
+simulate, bench); the flags they share are in :mod:`.flags`, what they print in :mod:`.output`.
+This module holds the command tree (:func:`parser`) and :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+import nearrec
+
+from ..errors import InvalidRequest, NearrecError
+from ..remote import DEFAULT_TIMEOUT
+from .flags import Parser, common, parse_bytes, store_config, store_flags
+from .output import format_stats, human_bytes, human_time
+from .serving import cmd_lookup, cmd_predict, cmd_serve, flag_dest
+from .stores import cmd_build, cmd_compact, cmd_gc, cmd_info, cmd_update, cmd_verify
+from .workloads import cmd_bench, cmd_colocate, cmd_infer, cmd_plan, cmd_simulate, cmd_trace
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="nearrec", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"nearrec {nearrec.__version__}")
+    p.add_argument("--debug", action="store_true", default=False,
+                   help="show the traceback of a failure")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="create a store (model spec, .npy files or a state dict)")
+    b.add_argument("path")
+    b.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS))
+    b.add_argument("--variant", default="deeprecsys", choices=["deeprecsys", "recssd"])
+    size = b.add_mutually_exclusive_group()
+    size.add_argument("--rows", type=int, help="rows of every table")
+    size.add_argument("--table-bytes", type=parse_bytes, help="total table bytes, e.g. 16GiB")
+    b.add_argument("--npy", action="append", metavar="NAME=FILE.npy", help="a table from .npy")
+    b.add_argument("--state-dict", metavar="FILE.pt", help="tables from a saved state dict")
+    b.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "int8"])
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--overwrite", action="store_true")
+    common(b)
+    b.set_defaults(func=cmd_build)
+
+    i = sub.add_parser("info", help="show a store's manifest")
+    i.add_argument("path")
+    common(i)
+    i.set_defaults(func=cmd_info)
+
+    v = sub.add_parser("verify", help="check every data byte against its checksum")
+    v.add_argument("path")
+    common(v)
+    v.set_defaults(func=cmd_verify)
+
+    g = sub.add_parser("gc", help="remove what killed builds and attaches left (at a store, or "
+                                  "in a directory of stores)")
+    g.add_argument("path")
+    common(g)
+    g.set_defaults(func=cmd_gc)
+
+    up = sub.add_parser("update", help="write a trainer's rows into a store while it serves "
+                                       "(the rows that differ)")
+    up.add_argument("path")
+    up.add_argument("--from", dest="source", required=True, metavar="FILE",
+                    help="an .npz of tables (NAME = the whole table, or NAME.ids + NAME.rows) "
+                         "or a saved PyTorch / TorchRec state dict (.pt)")
+    up.add_argument("--tolerance", type=float, default=0.0,
+                    help="rows that differ by no more than this in every value are left")
+    up.add_argument("--tables", help="comma-separated tables to update (default: all given)")
+    up.add_argument("--durability", choices=["sync", "async"], default="sync")
+    up.add_argument("--compact", action="store_true",
+                    help="fold the written rows into the table files before exiting")
+    store_flags(up)
+    common(up)
+    up.set_defaults(func=cmd_update)
+
+    cp = sub.add_parser("compact", help="fold a live store's logged writes into its table files")
+    cp.add_argument("path")
+    store_flags(cp)
+    common(cp)
+    cp.set_defaults(func=cmd_compact)
+
+    sv = sub.add_parser("serve", help="serve stores over gRPC: the storage node "
+                                      "(nearrec.connect, grpcurl, grpc.health.v1)")
+    sv.add_argument("stores", nargs="*", metavar="STORE[=NAME]",
+                    help="a store directory, named on the node by NAME (default: the "
+                         "directory's name); given, they replace --config's stores")
+    sv.add_argument("--config", metavar="FILE",
+                    help="the node's config (TOML: its settings, the stores' under [store]; "
+                         "docs/serving.md); the flags below override it")
+    # the node's own flags, as nearrec-server has them (one list, in Rust)
+    types = {"int": int, "float": float, "text": str}
+    for name, _key, kind, metavar, help_, default in nearrec._native.node_flags():
+        shown = f"{help_} (default: {default})" if default else help_
+        if kind == "switch":
+            sv.add_argument(f"--{name}", dest=flag_dest(name), action="store_const",
+                            const=True, default=None, help=shown)
+        else:
+            sv.add_argument(f"--{name}", dest=flag_dest(name), type=types[kind],
+                            metavar=metavar, help=shown)
+    store_flags(sv, config_flag="--store-config")
+    sv.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                    help="show the traceback of a failure")
+    sv.set_defaults(func=cmd_serve)
+
+    lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
+    lk.add_argument("path", nargs="?",
+                    help="the store (with --remote: its name on the node; default: the "
+                         "node's only store)")
+    lk.add_argument("--remote", metavar="HOST:PORT", help="a storage node (nearrec serve)")
+    lk.add_argument("--token", help="with --remote: a bearer token")
+    lk.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                    help="with --remote: each call's deadline, s (default: %(default)s)")
+    lk.add_argument("--tls-ca", metavar="PEM",
+                    help="with --remote: TLS, the node's certificate checked against this CA")
+    lk.add_argument("--table", action="append", help="table(s) to query (default: all)")
+    lk.add_argument("--batch", type=int, default=16)
+    lk.add_argument("--pooling", type=int, default=20, help="lookups per bag")
+    lk.add_argument("--mode", default="sum", choices=["sum", "mean", "max"])
+    lk.add_argument("--indices", help=".npy of indices (1-D with --offsets, or 2-D)")
+    lk.add_argument("--offsets", help=".npy of offsets")
+    lk.add_argument("--output", help="save the pooled [batch, Σ dim] array to this .npy")
+    lk.add_argument("--repeat", type=int, default=20,
+                    help="batches to run: random ones are drawn afresh for each; given ones "
+                         "(--indices) run again")
+    lk.add_argument("--seed", type=int, default=0)
+    store_flags(lk)
+    common(lk)
+    lk.set_defaults(func=cmd_lookup)
+
+    tr = sub.add_parser("trace", help="generate, inspect and profile request traces")
+    tsub = tr.add_subparsers(dest="action", required=True)
+    tg = tsub.add_parser("gen", help="write a synthetic trace file")
+    tg.add_argument("path")
+    src = tg.add_mutually_exclusive_group()
+    src.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS),
+                     help="tables and pooling factor of a benchmark model")
+    src.add_argument("--store", help="the tables of this store")
+    tg.add_argument("--variant", default="deeprecsys", choices=["deeprecsys", "recssd"],
+                    help="the model's row counts")
+    tg.add_argument("--rows", type=int, help="rows of every table (with --model)")
+    tg.add_argument("--pooling", type=int, help="lookups per bag (default: the model's, or 80)")
+    tg.add_argument("--bags", type=int, default=10_000, help="samples")
+    tg.add_argument("--batch-size", type=int, default=64, help="the batch size hint stored")
+    tg.add_argument("--generator", default="sd", choices=["sd", "zipf", "uniform"])
+    tg.add_argument("--k", type=float, default=1.0, help="stack-distance locality (0: most)")
+    tg.add_argument("--sd-variant", default="continuous", choices=["continuous", "per_bag"])
+    tg.add_argument("--ids", default="full", choices=["full", "recssd"],
+                    help="every row (full) or RecSSD's rows 0, 128, 256, ...")
+    tg.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent")
+    tg.add_argument("--seed", type=int, default=0)
+    tg.add_argument("--overwrite", action="store_true")
+    ti = tsub.add_parser("import", help="a trace file from real data (a local copy)")
+    ti.add_argument("format", choices=["criteo", "fbgemm", "movielens"],
+                    help="Criteo TSV (.gz ok), a dlrm_datasets (indices, offsets, lengths) .pt, "
+                    "MovieLens-100K (u.data, ml-100k.inter or the recbole wheel)")
+    ti.add_argument("source")
+    ti.add_argument("path", help="the .nrtrace file to write")
+    ti.add_argument("--samples", type=int, help="criteo: read at most this many lines")
+    ti.add_argument("--hash-rows", type=int, help="criteo: one hash size for every table "
+                    "(default: Kaggle's cardinalities)")
+    ti.add_argument("--dictionary", action="store_true",
+                    help="criteo: number categories by first appearance instead of hashing")
+    ti.add_argument("--history", type=int, default=20, help="movielens: items in the history bag")
+    ti.add_argument("--batch-size", type=int, default=64, help="the batch size hint stored")
+    ti.add_argument("--overwrite", action="store_true")
+    common(ti)
+    for name, help_ in (("info", "show a trace file's tables"),
+                        ("profile", "stack-distance profile and LRU hit ratios per table")):
+        tp = tsub.add_parser(name, help=help_)
+        tp.add_argument("path")
+        if name == "profile":
+            tp.add_argument("--cache", type=float, nargs="+", default=[0.01, 0.06, 0.25],
+                            help="LRU sizes: rows, or fractions of the table (< 1)")
+        common(tp)
+    common(tg)
+    tr.set_defaults(func=cmd_trace)
+
+    pr = sub.add_parser("predict", help="run the model kept with a store on your inputs and "
+                        "write its predictions (no torch needed)")
+    pr.add_argument("store", help="a store keeping a model (nearrec.models.save)")
+    pr.add_argument("--inputs", required=True,
+                    help="an .npz (dense: [samples, features]; per model input NAME its ids "
+                         "and NAME.lengths, or NAME as [samples, ids]) or Criteo TSV rows "
+                         "(the 26 categorical columns hashed into the model's 26 inputs, the "
+                         "13 integer ones as log(1 + x))")
+    pr.add_argument("--out", required=True, help="predictions: .npy, or .csv / .tsv")
+    pr.add_argument("--batch", type=int, default=4096, help="samples per engine call")
+    store_flags(pr)
+    common(pr)
+    pr.set_defaults(func=cmd_predict)
+
+    inf = sub.add_parser("infer", help="benchmark: a model of the spec with random dense "
+                         "weights and features over a trace, embeddings of the next batches "
+                         "overlapping the MLPs (and, for comparison, not); nothing is saved "
+                         "(nearrec predict runs a model on real inputs)")
+    inf.add_argument("store", help="a store built for the model (nearrec build --model ...)")
+    inf.add_argument("trace", help="a .nrtrace file over the store's tables")
+    inf.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS))
+    inf.add_argument("--batch", type=int, default=64)
+    inf.add_argument("--batches", type=int, default=50)
+    inf.add_argument("--depth", type=int, default=2, help="batches whose embeddings are in flight")
+    inf.add_argument("--sub-batch", type=int, help="pipelined run: cut each batch into parts of "
+                     "this many samples that flow through the pipeline")
+    store_flags(inf)
+    inf.add_argument("--offload", action="store_true", help="run the whole model in the engine "
+                     "(RM-SSD's offload: rmc1-3, wnd, mtwnd, ncf)")
+    inf.add_argument("--seed", type=int, default=0)
+    common(inf)
+    inf.set_defaults(func=cmd_infer)
+
+    pl = sub.add_parser("plan", help="place a store's rows in a DRAM budget from a trace")
+    pl.add_argument("store")
+    pl.add_argument("trace", help="a .nrtrace file (nearrec trace gen)")
+    pl.add_argument("--budget", type=parse_bytes, required=True, help="DRAM bytes, e.g. 4GiB")
+    pl.add_argument("--out", default="plan.toml", help="the plan file to write")
+    pl.add_argument("--plot", help="also save the hit-ratio curves here (PNG)")
+    pl.add_argument("--overwrite", action="store_true", help="replace a plan file there")
+    common(pl)
+    pl.set_defaults(func=cmd_plan)
+
+    co = sub.add_parser("colocate", help="copy a store with rows read together stored together")
+    co.add_argument("store")
+    co.add_argument("trace", help="a .nrtrace file whose reads the order follows")
+    co.add_argument("out", help="where to write the co-located copy")
+    co.add_argument("--how", choices=["frequency", "first_touch"], default="frequency",
+                    help="most-read rows first, or in the order the trace first reads them")
+    co.add_argument("--table", action="append", help="only this table (repeatable)")
+    co.add_argument("--overwrite", action="store_true", help="replace a store at OUT")
+    common(co)
+    co.set_defaults(func=cmd_colocate)
+
+    si = sub.add_parser("simulate", help="run designs on the flash device model (simulated "
+                        "time): sweeps, JSON, PNG")
+    si.add_argument("--model", default="rmc1", help="comma-separated models (default rmc1)")
+    si.add_argument("--device", default="rm-ssd",
+                    help="rm-ssd, cosmos-plus, this-disk, or a JSON parameter file")
+    si.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a device field, e.g. host.dram_bytes=2GiB (repeatable)")
+    si.add_argument("--mode", default="all", help="comma-separated designs, or all: "
+                    "ssd-s, emb-mmio, emb-pagesum, emb-vectorsum, recssd, rm-ssd, emb-ssd "
+                    "(emb-ssd:base / :merge / :cache switch its techniques)")
+    si.add_argument("--batch", default="1", help="batch sizes to sweep, e.g. 1,2,4,8")
+    si.add_argument("--k", help="RecSSD's locality knob K to sweep (default 0.3)")
+    si.add_argument("--uniform", action="store_true", help="uniform ids instead of K traces")
+    si.add_argument("--stride", type=int, help="strided ids (RecSSD's STR pattern)")
+    si.add_argument("--sequential", action="store_true",
+                    help="consecutive ids (RecSSD's SEQ pattern)")
+    si.add_argument("--pooling", help="lookups per table per sample to sweep")
+    si.add_argument("--dim", help="embedding dimensions to sweep")
+    si.add_argument("--dtype", help="row dtypes to sweep: fp32, fp16, bf16, int8 (a row's bytes)")
+    si.add_argument("--tables", help="table counts to sweep")
+    si.add_argument("--rows", help="rows per table to sweep")
+    si.add_argument("--placement", default="packed", choices=["packed", "one-per-page"])
+    si.add_argument("--batches", type=int, default=20, help="measured batches per point")
+    si.add_argument("--warmup", type=int, default=20, help="warm-up batches per point")
+    si.add_argument("--seed", type=int, default=0)
+    si.add_argument("--out-json", help="write the device and every report here")
+    si.add_argument("--png", help="plot Y over X here")
+    si.add_argument("--x", help="the swept key on the x axis (default: the first swept)")
+    si.add_argument("--y", default="throughput", help="a report field (default throughput)")
+    si.add_argument("--logy", action="store_true")
+    common(si)
+    si.set_defaults(func=cmd_simulate)
+
+    be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
+    be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "ssd-cost", "cache",
+                                     "colocate", "keyed", "e2e", "ebc", "build", "gpu",
+                                     "flash-repro", "flash-check", "update", "serve",
+                                     "torchrec"])
+    # each harness declares its flags in the benchmark package, which reads them (cmd_bench)
+    be.add_argument("flags", nargs=argparse.REMAINDER,
+                    help="the harness's own flags, which `nearrec bench WHAT --help` lists")
+    be.set_defaults(func=cmd_bench)
+    return p
+
+
+#: What the library's messages say in Python's words, as the command line says it.
+_CLI_WORDS = (("pass overwrite=True to replace it", "give --overwrite to replace it"),
+              ("open it with writable=True to change it", "serve it with --writable to change it"))
+
+#: Optional dependencies by top-level module, and the extra that installs each.
+_EXTRAS = {"torch": "torch", "torchrec": "torch", "fbgemm_gpu": "torch", "matplotlib": "plot",
+           "nearrec_bench": "bench"}
+
+
+def _failure(args: argparse.Namespace, e: BaseException) -> tuple[int, str]:
+    """The exit status and the one line a failure prints."""
+    if isinstance(e, InvalidRequest):
+        code, line = 2, str(e)
+    elif isinstance(e, NearrecError):
+        code, line = 1, str(e)
+    elif isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in _EXTRAS:
+        name = (e.name or "").split(".")[0]
+        code, line = 1, (f"nearrec {args.command} needs {name}, which is not installed: "
+                         f"pip install 'nearrec[{_EXTRAS[name]}]'")
+    elif isinstance(e, OSError) and e.strerror:
+        code, line = 1, f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    else:
+        code, line = 1, (f"internal error: {type(e).__name__}: {e} (this is a bug; "
+                         "--debug shows where)")
+    for python, cli in _CLI_WORDS:
+        line = line.replace(python, cli)
+    # a message over several lines (a TOML error's excerpt of the file) as one: the excerpt's
+    # source line quoted, its frame and caret left out
+    parts = []
+    for x in (x.strip() for x in line.splitlines()):
+        source = re.match(r"^\d+\s*\|\s?(.*)$", x)
+        if source:
+            parts.append(f"in `{source.group(1).strip()}`")
+        elif x and not re.match(r"^[|^]", x):
+            parts.append(x)
+    return code, ": ".join(parts) or type(e).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one command. Every failure is one line on stderr and a non-zero status: 2 for bad
+    input (argparse's usage errors too), 1 otherwise, 130 on Ctrl-C; ``--debug`` lets the
+    traceback through."""
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        print("nearrec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `nearrec ... | head`: the reader left
+        sys.stderr.close()
+        return 0
+    except Exception as e:
+        if getattr(args, "debug", False):
+            raise
+        code, line = _failure(args, e)
+        print(f"nearrec: error: {line}", file=sys.stderr)
+        return code
+
+
+__all__ = [
+    "cmd_bench", "cmd_build", "cmd_colocate", "cmd_compact", "cmd_gc", "cmd_infer", "cmd_info",
+    "cmd_lookup", "cmd_plan", "cmd_predict", "cmd_serve", "cmd_simulate", "cmd_trace",
+    "cmd_update", "cmd_verify", "common", "format_stats", "human_bytes", "human_time", "main",
+    "parse_bytes", "parser", "store_config", "store_flags",
+]

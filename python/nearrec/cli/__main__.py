@@ -1,0 +1,7 @@
+"""``python -m nearrec.cli``: the ``nearrec`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,122 @@
+"""The verbs that make and look after stores on this machine: ``build``, ``info``,
+``verify``, ``gc``, ``update`` (a trainer's rows into a live store) and ``compact``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import nearrec
+
+from ..errors import InvalidRequest, NearrecError
+from .flags import store_config
+from .output import emit, human_bytes, human_time
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    t = time.perf_counter()
+    if args.npy:
+        arrays = {}
+        for item in args.npy:
+            name, _, file = item.partition("=")
+            if not file:
+                raise InvalidRequest(f"--npy takes NAME=FILE.npy, got {item!r}")
+            arrays[name] = Path(file)
+        info = nearrec.from_numpy(args.path, arrays, dtype=args.dtype, overwrite=args.overwrite,
+                                  progress=args.progress)
+    elif args.state_dict:
+        info = nearrec.from_state_dict(args.path, Path(args.state_dict), dtype=args.dtype,
+                                       overwrite=args.overwrite, progress=args.progress)
+    else:
+        info = nearrec.build(args.path, args.model, rows=args.rows, table_bytes=args.table_bytes,
+                             seed=args.seed, dtype=args.dtype, variant=args.variant,
+                             overwrite=args.overwrite, progress=args.progress)
+    s = time.perf_counter() - t
+    emit(args, {"path": str(info.path), "tables": len(info.tables), "bytes": info.total_bytes,
+                 "seconds": s, "bytes_per_s": info.total_bytes / s},
+          f"built {info.path}: {len(info.tables)} tables, {human_bytes(info.total_bytes)} in "
+          f"{human_time(s)} ({human_bytes(info.total_bytes / s)}/s)")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = nearrec.info(args.path)
+    data = {"path": str(info.path), "format_version": info.format_version,
+            "created_by": info.created_by, "params": info.params,
+            "total_bytes": info.total_bytes,
+            "tables": [asdict(t) | {"padding_ratio": t.padding_ratio} for t in info.tables]}
+    lines = [f"{info.path}  (format v{info.format_version}, {info.created_by}, "
+             f"{human_bytes(info.total_bytes)})", f"params: {json.dumps(info.params)}",
+             f"{'table':<20} {'rows':>12} {'dim':>6} {'dtype':>6} {'row B':>6} {'pad %':>6}"
+             "  rows"]
+    for t in info.tables:
+        lines.append(f"{t.name:<20} {t.rows:>12,} {t.dim:>6} {t.dtype:>6} {t.row_bytes:>6} "
+                     f"{100 * t.padding_ratio:>6.2f}  {'co-located' if t.colocated else 'by id'}")
+    if info.attachments:
+        lines.append(f"attachments: {', '.join(info.attachments)}")
+    emit(args, data | {"attachments": list(info.attachments)}, "\n".join(lines))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        checks = nearrec.verify(args.path, progress=args.progress)
+    except NearrecError as e:
+        if not args.json:
+            raise
+        # a store that does not open is still an answer a machine can read
+        print(json.dumps({"ok": False, "path": str(args.path), "error": str(e),
+                          "error_type": type(e).__name__, "tables": []}, indent=1))
+        return 2 if isinstance(e, InvalidRequest) else 1
+    bad = [c for c in checks if not c.ok]
+    emit(args, {"ok": not bad, "tables": [asdict(c) for c in checks]},
+          "\n".join(f"{'ok ' if c.ok else 'BAD'} {c.table}: {c.bytes:,} bytes"
+                    + (f" — {c.error}" if c.error else "") for c in checks)
+          + f"\n{len(checks) - len(bad)}/{len(checks)} tables ok")
+    return 1 if bad else 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    report = nearrec.gc(args.path)
+    emit(args, {"removed": [asdict(x) for x in report.removed],
+                 "kept": [asdict(x) for x in report.kept]},
+          "\n".join([f"removed {x.path} ({x.bytes:,} bytes): {x.reason}" for x in report.removed]
+                    + [f"kept    {x.path} ({x.bytes:,} bytes): {x.reason}" for x in report.kept]
+                    + [f"{len(report.removed)} removed ({report.removed_bytes:,} bytes), "
+                       f"{len(report.kept)} kept"]))
+    return 0
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    config = store_config(args).replace(writable=True, durability=args.durability)
+    store = nearrec.open(args.path, config, progress=args.progress)
+    tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
+    start = time.perf_counter()
+    done = nearrec.update(store, args.source, tolerance=args.tolerance, tables=tables)
+    compacted = store.compact() if args.compact else None
+    seconds = time.perf_counter() - start
+    rows = sum(d.written for d in done.values())
+    emit(args, {"version": store.version, "seconds": seconds,
+                 "tables": {t: asdict(d) for t, d in done.items()},
+                 "compaction": asdict(compacted) if compacted else None},
+          "\n".join(f"{t}: {d.written:,} of {d.compared:,} rows written in {d.calls} call(s)"
+                     for t, d in done.items())
+          + f"\n{rows:,} rows in {human_time(seconds)}; the store is at version {store.version}"
+          + (f", compacted ({human_bytes(compacted.bytes)} written)" if compacted else ""))
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    store = nearrec.open(args.path, store_config(args).replace(writable=True, auto_compact=False),
+                         progress=args.progress)
+    before = store.live_stats()
+    done = store.compact()
+    emit(args, {"version": done.version, "compaction": asdict(done),
+                 "log_bytes_before": before["log_bytes"],
+                 "log_bytes_after": store.live_stats()["log_bytes"]},
+          f"{done.rows:,} rows folded into {done.tables} table(s) ({human_bytes(done.bytes)} "
+          f"written in {human_time(done.seconds)}); the tables hold version {done.version}")
+    return 0
