@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +52,46 @@ class Lookups:
 
     def __getitem__(self, i: int) -> Any:
         return self.collection(self.batches[i]).values()
+
+
+class Node:
+    """`nearrec serve` in a child process; stops it (SIGTERM) on close."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nearrec.cli", "serve", *args, "--listen", "127.0.0.1:0",
+             "--metrics-listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (\S+) .*metrics on (\S+)", line)
+        if not m:
+            self.proc.kill()
+            raise AssertionError(f"no address: {line!r} {self.proc.stderr.read()!r}")
+        self.address, self.metrics_url = m.group(1), m.group(2)
+
+    def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """The node's metrics as Prometheus's own parser reads them: family → samples."""
+        return {f.name: [(s.labels, s.value) for s in f.samples] for f in self._families()}
+
+    def histogram(self, family: str, **labels: str) -> dict[str, float]:
+        """A histogram's ``count`` and ``sum`` over its series with ``labels``."""
+        out = {"count": 0.0, "sum": 0.0}
+        for f in self._families():
+            for s in f.samples if f.name == family else ():
+                kind = s.name.removeprefix(family + "_")
+                if kind in out and labels.items() <= s.labels.items():
+                    out[kind] += s.value
+        return out
+
+    def _families(self) -> list[Any]:
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            return list(text_string_to_metric_families(r.read().decode()))
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)

@@ -34,28 +34,32 @@ from .errors import (
     Unavailable,
     UnknownKey,
     UnknownTable,
+    Unsupported,
     UnsupportedVersion,
 )
 from .keyed import KeyedTable
-from .remote import RemotePending, RemoteStore, RemoteTable, connect
-from .specs import MODELS, ModelSpec, model_spec
-from .store import (
-    Changes,
-    Compaction,
+from .manifest import (
     GcReport,
-    Pending,
-    PooledBatch,
-    Store,
     StoreInfo,
-    Synced,
     TableCheck,
     TableInfo,
-    TableLookup,
     attach,
     gc,
     info,
     read_attachment,
     verify,
+)
+from .remote import RemotePending, RemoteStore, RemoteTable, connect
+from .specs import MODELS, ModelSpec, model_spec
+from .store import (
+    Changes,
+    Compaction,
+    Pending,
+    PooledBatch,
+    Store,
+    Synced,
+    Table,
+    TableLookup,
 )
 from .store import open_store as open  # noqa: A001  (nearrec.open mirrors the builtin's role)
 
@@ -66,6 +70,7 @@ __all__ = [
     "RemotePending",
     "RemoteStore",
     "RemoteTable",
+    "Table",
     "Unauthenticated",
     "Unavailable",
     "connect",
@@ -98,6 +103,7 @@ __all__ = [
     "TableLookup",
     "UnknownKey",
     "UnknownTable",
+    "Unsupported",
     "UnsupportedVersion",
     "__version__",
     "attach",

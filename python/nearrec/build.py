@@ -16,9 +16,10 @@ import numpy.typing as npt
 
 from ._native import NativeStoreWriter, read_manifest, table_layout
 from .errors import InvalidRequest
+from .manifest import StoreInfo, StorePath
 from .request import as_array, count, flag, path_arg, progress_enabled, regular_file
 from .specs import Variant, model_spec, scaled_rows
-from .store import Store, StoreInfo, StorePath, Synced
+from .store import Store, Synced
 from .units import parse_size
 
 #: rows are fed to the writer in chunks of about this many bytes

@@ -49,7 +49,6 @@ from torch import Tensor, nn
 from ._native import NativeModel, model_save
 from .capture import Captured, capture
 from .errors import InvalidRequest, StoreCorrupted
-from .remote import RemoteStore
 from .request import TableLookup, count, path_arg
 from .specs import ModelSpec, Variant, model_spec
 from .store import Store, read_attachment
@@ -237,7 +236,7 @@ class SequenceSparse(nn.Module):
     :class:`~nearrec.torch.EmbeddingBagCollection`). ``forward(features)`` gives ``{table:
     pooled [batch, dim] | JaggedTensor}``."""
 
-    def __init__(self, store: Store | RemoteStore, pooled: Sequence[str],
+    def __init__(self, store: Store, pooled: Sequence[str],
                  sequences: Sequence[str], **collection: Any):
         super().__init__()
         self.pooled = EmbeddingBagCollection(store, list(pooled), **collection)
@@ -470,13 +469,14 @@ class Offloaded(nn.Module):
 
 
 def _check_sparse(sparse: Any) -> EmbeddingBagCollection:
-    """A sparse part the engine can run a model next to: a collection over a local store."""
+    """A sparse part the engine can run a model next to: a collection over an embedded
+    store."""
     if not isinstance(sparse, EmbeddingBagCollection) or sparse.store is None \
             or sparse.keyed or sparse.gpu_tier is not None:
         raise InvalidRequest("whole-model offload needs the model's sparse part to be "
                              "EmbeddingBagCollections over a store, without keyed tables or "
                              "a GPU tier")
-    if not isinstance(sparse.store, Store):
+    if not sparse.store.embedded:
         raise InvalidRequest("a storage node runs the model kept with its store, not one "
                              "built here: keep it with nearrec.models.save(model, path) and "
                              "call remote.infer(dense, features)")
@@ -812,7 +812,7 @@ def _load_graph(store: Store, config: dict[str, Any], weights: dict[str, np.ndar
     return Offloaded(nn.ModuleList(collections), captured=captured)
 
 
-def build(name: str, store: Store | RemoteStore | None, seed: int = 0,
+def build(name: str, store: Store | None, seed: int = 0,
           variant: Variant = "deeprecsys",
           interaction: str = "cat", tasks: int = 1, sparse: nn.Module | None = None,
           sequence: bool = False, **collection: Any) -> _Model:
@@ -837,8 +837,8 @@ def build(name: str, store: Store | RemoteStore | None, seed: int = 0,
     if sparse is None:
         if store is None:
             raise InvalidRequest("give a store or a sparse module")
-        if not isinstance(store, Store | RemoteStore):
-            raise InvalidRequest(f"store is an open nearrec.Store or a RemoteStore, not "
+        if not isinstance(store, Store):
+            raise InvalidRequest(f"store is an open nearrec.Store, not "
                                  f"{type(store).__name__}")
         missing = [t for t in tables if t not in store.tables]
         if missing:

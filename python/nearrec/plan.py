@@ -48,9 +48,9 @@ from ._native import (
     plan_make,
 )
 from .errors import InvalidRequest
+from .manifest import StoreInfo
+from .manifest import info as store_info
 from .request import count, flag, path_arg, progress_enabled, regular_file
-from .store import StoreInfo
-from .store import info as store_info
 from .trace import Trace, load
 from .units import parse_size
 

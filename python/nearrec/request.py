@@ -13,6 +13,7 @@ from __future__ import annotations
 import operator
 import os
 import stat
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
@@ -245,6 +246,103 @@ def jagged(features: Any) -> Jagged:
     return Jagged(keys, lengths.size // len(keys), values, lengths, bounds, weights)
 
 
+
+# ---- a store call's arguments as the native calls take them -----------------------------------
+
+
+def lookups(requests: Any) -> list[TableLookup]:
+    """A batch as a list of :class:`TableLookup`: a sequence of them, or a mapping from table
+    name to ``indices``, ``(indices, offsets)`` or a :class:`TableLookup`. A table may appear
+    more than once (features sharing a table); its columns are then found by position
+    (:meth:`PooledBatch.block`), not by name."""
+    if isinstance(requests, Mapping):
+        out: list[TableLookup] = []
+        for name, r in requests.items():
+            if isinstance(r, TableLookup):
+                out.append(r)
+            elif isinstance(r, tuple) and len(r) == 2:
+                out.append(TableLookup(name, r[0], r[1]))
+            else:
+                out.append(TableLookup(name, r))
+        return out
+    if isinstance(requests, Sequence) and not isinstance(requests, str | bytes):
+        return list(requests)
+    raise InvalidRequest("a batch is a sequence of TableLookup or a mapping from table name "
+                         f"to its bags, not {type(requests).__name__}")
+
+
+def jagged_lookups(features: Any) -> list[TableLookup]:
+    """A KeyedJaggedTensor's bags as one :class:`TableLookup` per key (the key naming the
+    table), each a slice of its values and lengths."""
+    if not all(hasattr(features, a) for a in ("keys", "values", "lengths")):
+        raise InvalidRequest(f"features are a KeyedJaggedTensor or a list of TableLookup, not "
+                             f"{type(features).__name__}")
+    j = jagged(features)
+    out = []
+    for k, key in enumerate(j.keys):
+        lo, hi = int(j.bounds[k * j.batch]), int(j.bounds[(k + 1) * j.batch])
+        out.append(TableLookup(key, j.values[lo:hi],
+                               lengths=j.lengths[k * j.batch:(k + 1) * j.batch],
+                               per_sample_weights=None if j.weights is None
+                               else j.weights[lo:hi]))
+    return out
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def write_calls(writes: Any, allow_nonfinite: bool
+                ) -> list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]]:
+    """A ``write_many`` call's ``{table: (ids, rows)}`` as the native call takes it."""
+    if not isinstance(writes, Mapping):
+        raise InvalidRequest(f"writes is a mapping from table to (ids, rows), not "
+                             f"{type(writes).__name__}")
+    calls: list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]] = []
+    for table, pair in writes.items():
+        if not (isinstance(pair, tuple | list) and len(pair) == 2):
+            raise InvalidRequest(f"table {table!r}: a write is an (ids, rows) pair",
+                                 table=table if isinstance(table, str) else None)
+        ids, rows = pair
+        calls.append((table, row_write_ids(table, ids), _rows(table, rows, allow_nonfinite)))
+    return calls
+
+
+def row_ids(table: str, rows: Any) -> npt.NDArray[np.int64]:
+    """``read_rows``' row ids: 1-D int32 / int64 (or a list of ints), as contiguous int64."""
+    ids = index_array(rows, table, "rows")
+    if ids.ndim != 1:
+        raise InvalidRequest(f"table {table!r}: rows must be 1-D, got shape {ids.shape}",
+                             table=table)
+    return np.ascontiguousarray(ids, dtype=np.int64)
+
+
+def row_write_ids(table: Any, ids: Any) -> npt.NDArray[np.int64]:
+    if not isinstance(table, str):
+        raise InvalidRequest(f"a table name is a str, not {type(table).__name__} {table!r:.60}")
+    return int64_vector(ids, table, "ids")
+
+
+def _rows(table: str, rows: Any, allow_nonfinite: bool) -> npt.NDArray[np.float32]:
+    """``rows`` as a contiguous float32 ``[n, dim]`` array: float32 as it is, float64 and
+    float16 converted (a float64 value past float32's range is refused at its row, not made
+    infinite); integers, bools and other dtypes are refused."""
+    a = as_array(rows, "rows", table)
+    if a.ndim != 2:
+        raise InvalidRequest(f"table {table!r}: rows must be 2-D [len(ids), dim], got shape "
+                             f"{a.shape}", table=table)
+    if a.dtype.kind != "f":
+        raise InvalidRequest(f"table {table!r}: rows must be floats, got {a.dtype}", table=table)
+    if a.dtype == np.float64 and not allow_nonfinite and a.size:
+        finite = np.isfinite(a)
+        big = finite & (np.abs(np.where(finite, a, 0.0)) > _F32_MAX)
+        if big.any():
+            row, col = (int(i) for i in np.argwhere(big)[0])
+            raise InvalidRequest(f"table {table!r}: rows[{row}][{col}] = {a[row, col]} does not "
+                                 "fit float32", table=table, position=row)
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
 __all__ = ["Jagged", "TableLookup", "as_array", "count", "flag", "index_array", "is_bool",
-           "jagged", "mode_name", "padding", "path_arg", "probability", "progress_enabled",
-           "regular_file", "weights_array"]
+           "jagged", "jagged_lookups", "lookups", "mode_name", "padding", "path_arg",
+           "probability", "progress_enabled", "regular_file", "row_ids", "weights_array",
+           "write_calls"]

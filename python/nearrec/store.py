@@ -1,31 +1,40 @@
-"""Opening stores and serving pooled lookups from them."""
+"""Serving pooled lookups from a store: :class:`Store`, whatever serves it — embedded in this
+process (:func:`open_store`, ``nearrec.open``) or a storage node's (``nearrec.connect``). One
+class over the store's contract (``nearrec::StoreApi``): the same calls, answers and typed
+errors for both, held together by one conformance suite (``tests/test_contract.py``). What only
+an embedded store has — its manifest, its config, its tables' memory, the simulated drive,
+sub-batches, a caller's model — raises :class:`~nearrec.errors.Unsupported` on a node's."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ._native import (
-    NativeStore,
-    read_manifest,
-    store_attach,
-    store_gc,
-    store_read_attachment,
-    table_layout,
-    verify_store,
-)
+from ._native import NativeStore
 from .config import CachePolicy as CachePolicy  # re-exported
 from .config import StoreConfig
 from .config import Tier as Tier
-from .errors import InvalidRequest, UnknownTable
+from .errors import InvalidRequest, UnknownTable, Unsupported
+from .manifest import (  # re-exported: the store's on-disk side
+    GcReport as GcReport,
+)
+from .manifest import Leftover as Leftover
+from .manifest import StoreInfo, StorePath
+from .manifest import TableCheck as TableCheck
+from .manifest import TableInfo as TableInfo
+from .manifest import attach as attach
+from .manifest import gc as gc
+from .manifest import info as info
+from .manifest import read_attachment as read_attachment
+from .manifest import verify as verify
 from .request import (
     PoolingModeName as PoolingModeName,  # re-exported: the public names
 )
@@ -34,156 +43,26 @@ from .request import (
     as_array,
     count,
     flag,
-    index_array,
-    int64_vector,
-    jagged,
+    jagged_lookups,
+    lookups,
     path_arg,
     progress_enabled,
+    row_ids,
+    row_write_ids,
     text,
+    write_calls,
 )
-
-StorePath = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
-class TableInfo:
-    """One table of a store, as its manifest records it."""
+class Table:
+    """One table as a store serves it now (its manifest's full record, an embedded store's, is
+    :attr:`Store.info`)."""
 
     name: str
     rows: int
     dim: int
     dtype: str
-    file: str
-    row_bytes: int
-    block_bytes: int
-    data_bytes: int
-    data_crc32c: int
-    #: for a co-located table (see :func:`nearrec.plan.colocate`): its order file and checksum
-    order: Any = None
-    #: its sector checksums' file and checksum (format version 3); None in older stores
-    sums: Any = None
-
-    @property
-    def protected(self) -> bool:
-        """Whether reads of single rows are checked as they land (format version 3 stores
-        keep a checksum of every 512-byte sector; older ones are unprotected on the SSD tier)."""
-        return self.sums is not None
-
-    @property
-    def colocated(self) -> bool:
-        """Whether the table's rows are stored in a co-located order (format version 2)."""
-        return self.order is not None
-
-    @property
-    def padding_ratio(self) -> float:
-        """Share of the data region lost to block padding (0.0 for power-of-two rows)."""
-        return table_layout(self.rows, self.dim, self.dtype, self.block_bytes)[3]
-
-
-@dataclass(frozen=True)
-class StoreInfo:
-    """A store's manifest: where it is, its tables and how it was made."""
-
-    path: Path
-    format_version: int
-    created_by: str
-    params: Any
-    tables: tuple[TableInfo, ...]
-    #: names of the blobs kept with the tables (:func:`attach`)
-    attachments: tuple[str, ...] = ()
-
-    @classmethod
-    def _from_json(cls, path: StorePath, text: str) -> StoreInfo:
-        m = json.loads(text)
-        return cls(
-            path=Path(path),
-            format_version=m["format_version"],
-            created_by=m["created_by"],
-            params=m.get("params"),
-            tables=tuple(TableInfo(**t) for t in m["tables"]),
-            attachments=tuple(a["name"] for a in m.get("attachments", [])),
-        )
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(t.data_bytes for t in self.tables)
-
-    def open(self, **config: Any) -> Store:
-        """Opens this store (see :func:`nearrec.open`)."""
-        return open_store(self.path, **config)
-
-
-def info(path: StorePath) -> StoreInfo:
-    """Reads and validates a store's manifest and table headers without loading any rows."""
-    return StoreInfo._from_json(path, read_manifest(path_arg(path)))
-
-
-def attach(path: StorePath, name: str, data: bytes) -> StoreInfo:
-    """Keeps ``data`` with the store's tables as attachment ``name`` (replacing one of that name),
-    atomically and checksummed: a model's dense weights, its configuration. The store becomes
-    format version 2."""
-    if not isinstance(name, str) or not name:
-        raise InvalidRequest(f"an attachment name is a non-empty str, not {name!r}")
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise InvalidRequest(f"attachment {name!r}: data must be bytes, not {type(data).__name__}")
-    return StoreInfo._from_json(path, store_attach(path_arg(path), name, bytes(data)))
-
-
-def read_attachment(path: StorePath, name: str) -> bytes | None:
-    """Attachment ``name``'s bytes, checked against their checksum (``None`` if there is none)."""
-    if not isinstance(name, str):
-        raise InvalidRequest(f"an attachment name is a str, not {name!r}")
-    return store_read_attachment(path_arg(path), name)
-
-
-@dataclass(frozen=True)
-class TableCheck:
-    table: str
-    bytes: int
-    error: str | None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def verify(path: StorePath, progress: bool | None = None) -> list[TableCheck]:
-    """Checks every data byte of every table against its CRC-32C and its sector checksums,
-    every attachment, and lists what interrupted writes left in the store (``orphan PATH``,
-    removed by :func:`gc`)."""
-    return [TableCheck(*c)
-            for c in verify_store(path_arg(path), progress_enabled(progress))]
-
-
-@dataclass(frozen=True)
-class Leftover:
-    """A file or directory a killed writer left (see :func:`gc`)."""
-
-    path: Path
-    bytes: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class GcReport:
-    removed: tuple[Leftover, ...]
-    kept: tuple[Leftover, ...]
-
-    @property
-    def removed_bytes(self) -> int:
-        return sum(x.bytes for x in self.removed)
-
-
-def gc(path: StorePath) -> GcReport:
-    """Removes what killed writers left: at a store, the blobs of interrupted attaches (its
-    manifest does not name them; never while another process writes to it) and the stale build
-    temporaries beside it; at any other directory, the stale build temporaries in it. A
-    temporary is stale when its writer is gone (it held a lock on it), not by age. A temporary
-    holding a finished store whose target is missing is kept and reported: an interrupted
-    commit, the only copy."""
-    removed, kept = store_gc(path_arg(path))
-    return GcReport(tuple(Leftover(Path(p), b, r) for p, b, r in removed),
-                    tuple(Leftover(Path(p), b, r) for p, b, r in kept))
 
 
 @dataclass(frozen=True)
@@ -226,10 +105,12 @@ class PooledBatch:
 
 
 class Store:
-    """An open store: tables resident in DRAM, or read from SSD with DRAM tiers in front (see
-    :func:`open`).
+    """An open store: embedded in this process (:func:`nearrec.open`: tables resident in DRAM,
+    or read from SSD with DRAM tiers in front) or on a storage node (:func:`nearrec.connect`),
+    with one surface.
 
-    Safe to share between threads; lookups release the GIL.
+    Safe to share between threads; calls release the GIL. ``with nearrec.open(...) as store:``
+    closes it at the end of the block (:meth:`close`).
     """
 
     def __init__(self, path: StorePath, config: StoreConfig | None = None, *,
@@ -240,15 +121,33 @@ class Store:
             raise InvalidRequest(f"config is a nearrec.StoreConfig, not {type(config).__name__}")
         if overrides:
             config = config.replace(**overrides)
-        self.config = config
-        self._native = NativeStore(path_arg(path, "the store path"), config.native(),
-                                   progress_enabled(progress))
-        self._read_tables()
+        native = NativeStore(path_arg(path, "the store path"), config.native(),
+                             progress_enabled(progress))
+        self._bind(native, config)
+
+    @classmethod
+    def _over(cls, native: NativeStore, address: str,
+              reduce: Callable[[Store], tuple[Any, ...]]) -> Store:
+        """A store another process serves, through ``native``; ``reduce`` pickles it."""
+        store = cls.__new__(cls)
+        store._bind(native, None, address, reduce)
+        return store
+
+    def _bind(self, native: NativeStore, config: StoreConfig | None, address: str | None = None,
+              reduce: Callable[[Store], tuple[Any, ...]] | None = None) -> None:
+        self._native, self._config, self._reduce = native, config, reduce
+        #: the node's address (``host:port``) for a store on a node; ``None`` for an embedded one
+        self.address: str | None = address
+        self._manifest: StoreInfo | None = None
+        self._read_info()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as its path and config: unpickling opens the store again, with its own
-        engine and DRAM tiers (a module holding it pickles, ``torch.save`` s and runs in a
-        spawned process). A writable store opens read-only there: a store has one writer."""
+        """Pickled as how it was opened: unpickling opens the store again (a module holding it
+        pickles, ``torch.save`` s and runs in a spawned process). An embedded store opens again
+        from its path and config, with its own engine and DRAM tiers — read-only there: a
+        store has one writer. A node's store connects again (``nearrec.connect``)."""
+        if self._reduce is not None:
+            return self._reduce(self)
         return (open_store, (self.path, self.config.replace(writable=False)))
 
     def __copy__(self) -> Store:
@@ -258,32 +157,90 @@ class Store:
         """The same store: a copied module shares its store, as copied code shares a file."""
         return self
 
-    def _read_tables(self) -> None:
-        """The tables as the store serves them now (after a create, drop, refresh or swap)."""
-        self._info = StoreInfo._from_json(self._native.path, self._native.manifest_json)
-        self._tables = {t.name: t for t in self._info.tables}
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Lets go of what the store holds now, not when its last reference goes: a writable
+        store's writer lock (another open, here or in another process, may take it as soon as
+        this returns; later writes raise :class:`~nearrec.errors.StoreReadOnly`), a node's
+        connection (later calls raise :class:`~nearrec.errors.Unavailable`). An embedded
+        store's lookups go on until its last reference goes."""
+        self._native.close()
+        self._writable = False
+
+    def _read_info(self) -> None:
+        """What the store serves now (after a create, drop, refresh or swap)."""
+        name, tables, version, tier, writable, model, stores = self._native.info()
+        self._tables = {t[0]: Table(*t) for t in tables}
+        self._version, self._tier, self._writable = int(version), str(tier), bool(writable)
+        #: the name the store is served as: its directory's, or the node's name for it
+        self.name: str = name
+        #: whether a model is kept with the store (:meth:`infer`)
+        self.has_model: bool = bool(model)
+        #: the stores served beside it that the caller may see (a node's)
+        self.stores: tuple[str, ...] = tuple(stores)
+        self._manifest = None
+
+    @property
+    def embedded(self) -> bool:
+        """Whether the store is served in this process (:func:`nearrec.open`)."""
+        return bool(self._native.embedded)
+
+    @property
+    def config(self) -> StoreConfig:
+        """The config an embedded store was opened with."""
+        if self._config is None:
+            raise Unsupported(f"{self._native.describe} does not serve config")
+        return self._config
 
     @property
     def path(self) -> Path:
-        return self._info.path
+        """The store's directory (an embedded store's)."""
+        p = self._native.path
+        if p is None:
+            raise Unsupported(f"{self._native.describe} does not serve path")
+        return Path(p)
 
     @property
     def info(self) -> StoreInfo:
-        return self._info
+        """The manifest as the store serves it now (an embedded store's): its tables' files,
+        checksums and layout, how it was made, its attachments."""
+        if self._manifest is None:
+            self._manifest = StoreInfo._from_json(self.path, self._native.manifest_json)
+        return self._manifest
 
     @property
-    def tables(self) -> dict[str, TableInfo]:
-        """The tables by name, in store order."""
+    def tables(self) -> dict[str, Table]:
+        """The tables by name, in store order, as of the last call that changed them or
+        :meth:`refresh`."""
         return dict(self._tables)
+
+    def table(self, name: str) -> Table:
+        if not isinstance(name, str):
+            raise InvalidRequest(f"a table name is a str, not {type(name).__name__} {name!r}")
+        if name not in self._tables:
+            self._read_info()  # another writer may have created it
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise UnknownTable(
+                f"unknown table {name!r}; the store has: {', '.join(self._tables)}", table=name
+            ) from None
 
     @property
     def threads(self) -> int:
-        return self._native.threads
+        """Pooling threads (an embedded store's)."""
+        return int(self._native.threads)
 
     @property
     def tier(self) -> Tier:
         """Where rows are served from: ``"dram"`` or ``"ssd"`` (``"auto"`` resolved at open)."""
-        return "ssd" if self._native.tier == "ssd" else "dram"
+        return "ssd" if self._tier == "ssd" else "dram"
 
     # --- live stores (docs/live.md) ---------------------------------------------------------
 
@@ -291,11 +248,11 @@ class Store:
     def version(self) -> int:
         """The number of the last write applied (0 before any): every lookup that starts now
         sees it and everything before it."""
-        return int(self._native.version)
+        return int(self._native.version())
 
     @property
     def writable(self) -> bool:
-        return bool(self._native.writable)
+        return self._writable
 
     def write(self, table: str, ids: Any, rows: Any, *, allow_nonfinite: bool = False) -> int:
         """EMB_WRITE: rows ``ids`` of ``table`` become ``rows`` (``[len(ids), dim]`` floats,
@@ -314,9 +271,9 @@ class Store:
 
     def remove(self, table: str, ids: Any) -> int:
         """EMB_REMOVE: rows ``ids`` of ``table`` pool as zero rows until written again
-        (counted in ``live_stats()["removed_served"]``). Atomic and durable like :meth:`write`;
+        (counted in ``stats()["removed_served"]``). Atomic and durable like :meth:`write`;
         returns the new version."""
-        return int(self._native.write_many([(table, _ids(table, ids), None)]))
+        return int(self._native.write_many([(table, row_write_ids(table, ids), None)]))
 
     def create_table(self, name: str, rows: int, dim: int, dtype: str = "fp32", *,
                      init: str = "uniform", seed: int = 0) -> int:
@@ -347,7 +304,10 @@ class Store:
         answer every request this one answers — each table with the same dim and dtype and at
         least its rows, the same model inputs — or the swap is refused with
         :class:`InvalidRequest` naming the difference; ``force`` serves it anyway. Returns the
-        new store's version."""
+        new store's version. On a node's store, ``path`` is on the node's file system: the node
+        takes it only from under its swap root (``nearrec serve --swap-root``, by default the
+        directory holding the served store; a relative ``path`` is taken from there) and only
+        for a caller who may read what it exposes."""
         return self._change(lambda: self._native.swap(path_arg(path, "the store path"),
                                                       flag(warm, "warm"), flag(force, "force")))
 
@@ -355,7 +315,7 @@ class Store:
         try:
             return int(call())
         finally:
-            self._read_tables()
+            self._read_info()
 
     def refresh(self) -> int:
         """A store opened read-only (its writer in another process) moves to the newest
@@ -400,11 +360,13 @@ class Store:
         return dict(self._native.live_stats())
 
     def stats(self) -> dict[str, float | str | bool]:
-        """The SSD tier's accounting since open: ``device_reads``, ``bytes_read``,
-        ``useful_bytes``, ``read_amplification``, reads saved by de-duplication and merging,
-        ``lookups``, ``unique_rows``, and p50 / p95 / p99 / p99.9 latencies in µs of the stages
-        ``route``, ``io_wait``, ``pool`` and ``end_to_end``; plus the ``device`` (``io_uring`` or
-        ``pread``), ``direct_io`` and ``block_bytes``. Empty for DRAM-resident stores."""
+        """Every counter since open: the ``device`` (``io_uring``, ``pread``, ``flash-model``;
+        ``dram`` for a DRAM-resident store), ``direct_io`` and ``block_bytes``; the SSD tier's
+        ``device_reads``, ``bytes_read``, ``useful_bytes``, ``read_amplification``, reads saved
+        by de-duplication and merging, ``lookups``, ``unique_rows``, and p50 / p95 / p99 /
+        p99.9 latencies in µs of the stages ``route``, ``io_wait``, ``pool`` and
+        ``end_to_end``; the DRAM tiers' totals; and the live store's counters
+        (:meth:`live_stats`)."""
         return dict(self._native.stats())
 
     def flash_stats(self) -> dict[str, Any] | None:
@@ -415,16 +377,6 @@ class Store:
         ``served_ns`` (simulated, with that pooling overlapping the reads). ``None`` otherwise."""
         text = self._native.flash_stats()
         return None if text is None else json.loads(text)
-
-    def table(self, name: str) -> TableInfo:
-        if not isinstance(name, str):
-            raise InvalidRequest(f"a table name is a str, not {type(name).__name__} {name!r}")
-        try:
-            return self._tables[name]
-        except KeyError:
-            raise UnknownTable(
-                f"unknown table {name!r}; the store has: {', '.join(self._tables)}", table=name
-            ) from None
 
     def lookup(
         self,
@@ -456,6 +408,13 @@ class Store:
         reqs = lookups(requests)
         sub = None if sub_batch is None else count(sub_batch, "sub_batch")
         return self._pooled(self._native.lookup(reqs, sub), reqs)
+
+    def lookup_rows(self, requests: Sequence[TableLookup] | Mapping[str, Any]
+                    ) -> list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32]]]:
+        """Each table's distinct rows the batch reads, ``(table, ids ascending, [n, dim]
+        rows)``, in request order — for a client that pools itself."""
+        rows, _version = self._native.lookup_rows(lookups(requests))
+        return [(str(t), ids, values) for t, ids, values in rows]
 
     def infer(self, dense: Any, features: Any, model: Any = None) -> npt.NDArray[np.float32]:
         """Whole-model offload (RM-SSD): runs a model's bottom MLP, interaction and top MLP in
@@ -528,7 +487,7 @@ class Store:
     def _pooled(self, values: npt.NDArray[np.float32], reqs: Sequence[TableLookup]
                 ) -> PooledBatch:
         keys = tuple(r.table for r in reqs)
-        return PooledBatch(values, keys, tuple(self._tables[k].dim for k in keys))
+        return PooledBatch(values, keys, tuple(self.table(k).dim for k in keys))
 
     def tier_report(self) -> list[dict[str, Any]]:
         """Per table, the DRAM tiers in front of the SSD tier: what they hold (``resident``,
@@ -551,7 +510,7 @@ class Store:
         return self._native.table_array(name)
 
     def __repr__(self) -> str:
-        return f"Store({str(self.path)!r}, tables={len(self._tables)}, threads={self.threads})"
+        return f"Store({self._native.describe!r}, tables={len(self._tables)})"
 
 
 def open_store(path: StorePath, config: StoreConfig | None = None, *,
@@ -656,96 +615,3 @@ class Pending:
 
     def result(self, timeout: float | None = None) -> PooledBatch:
         return self._store._pooled(self._native.result(timeout), self._reqs)
-
-
-def lookups(requests: Any) -> list[TableLookup]:
-    """A batch as a list of :class:`TableLookup`: a sequence of them, or a mapping from table
-    name to ``indices``, ``(indices, offsets)`` or a :class:`TableLookup`. A table may appear
-    more than once (features sharing a table); its columns are then found by position
-    (:meth:`PooledBatch.block`), not by name."""
-    if isinstance(requests, Mapping):
-        out: list[TableLookup] = []
-        for name, r in requests.items():
-            if isinstance(r, TableLookup):
-                out.append(r)
-            elif isinstance(r, tuple) and len(r) == 2:
-                out.append(TableLookup(name, r[0], r[1]))
-            else:
-                out.append(TableLookup(name, r))
-        return out
-    if isinstance(requests, Sequence) and not isinstance(requests, str | bytes):
-        return list(requests)
-    raise InvalidRequest("a batch is a sequence of TableLookup or a mapping from table name "
-                         f"to its bags, not {type(requests).__name__}")
-
-
-def jagged_lookups(features: Any) -> list[TableLookup]:
-    """A KeyedJaggedTensor's bags as one :class:`TableLookup` per key (the key naming the
-    table), each a slice of its values and lengths."""
-    if not all(hasattr(features, a) for a in ("keys", "values", "lengths")):
-        raise InvalidRequest(f"features are a KeyedJaggedTensor or a list of TableLookup, not "
-                             f"{type(features).__name__}")
-    j = jagged(features)
-    out = []
-    for k, key in enumerate(j.keys):
-        lo, hi = int(j.bounds[k * j.batch]), int(j.bounds[(k + 1) * j.batch])
-        out.append(TableLookup(key, j.values[lo:hi],
-                               lengths=j.lengths[k * j.batch:(k + 1) * j.batch],
-                               per_sample_weights=None if j.weights is None
-                               else j.weights[lo:hi]))
-    return out
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
-def write_calls(writes: Any, allow_nonfinite: bool
-                ) -> list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]]:
-    """A ``write_many`` call's ``{table: (ids, rows)}`` as the native calls take it (a local
-    store's and a node's)."""
-    if not isinstance(writes, Mapping):
-        raise InvalidRequest(f"writes is a mapping from table to (ids, rows), not "
-                             f"{type(writes).__name__}")
-    calls: list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]] = []
-    for table, pair in writes.items():
-        if not (isinstance(pair, tuple | list) and len(pair) == 2):
-            raise InvalidRequest(f"table {table!r}: a write is an (ids, rows) pair",
-                                 table=table if isinstance(table, str) else None)
-        ids, rows = pair
-        calls.append((table, _ids(table, ids), _rows(table, rows, allow_nonfinite)))
-    return calls
-
-
-def row_ids(table: str, rows: Any) -> npt.NDArray[np.int64]:
-    """``read_rows``' row ids: 1-D int32 / int64 (or a list of ints), as contiguous int64."""
-    ids = index_array(rows, table, "rows")
-    if ids.ndim != 1:
-        raise InvalidRequest(f"table {table!r}: rows must be 1-D, got shape {ids.shape}",
-                             table=table)
-    return np.ascontiguousarray(ids, dtype=np.int64)
-
-
-def _ids(table: Any, ids: Any) -> npt.NDArray[np.int64]:
-    if not isinstance(table, str):
-        raise InvalidRequest(f"a table name is a str, not {type(table).__name__} {table!r:.60}")
-    return int64_vector(ids, table, "ids")
-
-
-def _rows(table: str, rows: Any, allow_nonfinite: bool) -> npt.NDArray[np.float32]:
-    """``rows`` as a contiguous float32 ``[n, dim]`` array: float32 as it is, float64 and
-    float16 converted (a float64 value past float32's range is refused at its row, not made
-    infinite); integers, bools and other dtypes are refused."""
-    a = as_array(rows, "rows", table)
-    if a.ndim != 2:
-        raise InvalidRequest(f"table {table!r}: rows must be 2-D [len(ids), dim], got shape "
-                             f"{a.shape}", table=table)
-    if a.dtype.kind != "f":
-        raise InvalidRequest(f"table {table!r}: rows must be floats, got {a.dtype}", table=table)
-    if a.dtype == np.float64 and not allow_nonfinite and a.size:
-        finite = np.isfinite(a)
-        big = finite & (np.abs(np.where(finite, a, 0.0)) > _F32_MAX)
-        if big.any():
-            row, col = (int(i) for i in np.argwhere(big)[0])
-            raise InvalidRequest(f"table {table!r}: rows[{row}][{col}] = {a[row, col]} does not "
-                                 "fit float32", table=table, position=row)
-    return np.ascontiguousarray(a, dtype=np.float32)

@@ -27,9 +27,9 @@ from ._native import NativeCollection
 from .build import from_numpy, update
 from .errors import IndexOutOfRange, InvalidRequest, UnknownTable
 from .keyed import KeyedTable
-from .remote import RemoteStore
+from .manifest import StorePath
 from .request import as_array, flag, jagged, mode_name, padding
-from .store import Changes, PoolingModeName, Store, StorePath, Synced, TableLookup, open_store
+from .store import Changes, PoolingModeName, Store, Synced, TableLookup, open_store
 
 
 def _numpy(t: Any) -> Any:
@@ -382,7 +382,7 @@ class EmbeddingBagCollection(nn.Module):
     its reference path (for tests). Without either, nothing changes.
     """
 
-    def __init__(self, store: Store | RemoteStore | None, tables: Sequence[Any] | None = None,
+    def __init__(self, store: Store | None, tables: Sequence[Any] | None = None,
                  pooling: Any = "sum",
                  feature_names: Mapping[str, str] | None = None,
                  device: torch.device | str | None = None,
@@ -475,9 +475,8 @@ class EmbeddingBagCollection(nn.Module):
                                     device=device)
 
     def _native_collection(self) -> Any:
-        """A local store pools the KJT's buffers in one native call; a node's store
-        (RemoteStore) takes the batch as TableLookups, one round trip."""
-        if not isinstance(self.store, Store) or self.keyed:
+        """The store pools the KJT's buffers in one native call (a node's: one round trip)."""
+        if self.store is None or self.keyed:
             return None
         return NativeCollection(self.store._native, [
             (self.feature_names[f], f, self.pooling[self.feature_names[f]])
@@ -557,9 +556,6 @@ class EmbeddingBagCollection(nn.Module):
         ``state_dict()``, or a saved one. See :func:`nearrec.update`."""
         if self.store is None:
             raise InvalidRequest("the collection has no store to write to")
-        if not isinstance(self.store, Store):
-            raise InvalidRequest("sync_from compares and writes a local store; over a storage "
-                                 "node, write the rows that changed with remote.write_many")
         if isinstance(source, nn.Module):
             source = source.state_dict()
         wanted = [t for t in self.tables if t not in self.keyed]
@@ -870,14 +866,14 @@ class EmbeddingCollection(nn.Module):
 
     Tables and features are named as for :class:`EmbeddingBagCollection`: TorchRec's
     ``EmbeddingConfig`` s (``tables=[...]``), ``feature_names={feature: table}``, or one feature
-    per table named as the table. A store on a node (:class:`~nearrec.RemoteStore`) works too.
+    per table named as the table. A store on a node (:func:`nearrec.connect`) works too.
     """
 
-    def __init__(self, store: Store | RemoteStore, tables: Sequence[Any] | None = None,
+    def __init__(self, store: Store, tables: Sequence[Any] | None = None,
                  feature_names: Mapping[str, str] | None = None):
         super().__init__()
-        if not isinstance(store, Store | RemoteStore):
-            raise InvalidRequest(f"store must be a nearrec Store or RemoteStore, not "
+        if not isinstance(store, Store):
+            raise InvalidRequest(f"store must be a nearrec Store, not "
                                  f"{type(store).__name__}")
         if tables is not None and (isinstance(tables, str | bytes)
                                    or not isinstance(tables, Sequence)):

@@ -37,6 +37,7 @@ import numpy as np
 
 import nearrec
 from nearrec import trace as nt
+from nearrec.config import CachePolicy
 from nearrec.plan import make_plan
 
 from . import _native
@@ -44,7 +45,7 @@ from .harness import Harness
 from .report import Record
 from .ssd import drop_page_cache
 
-POLICIES = ("lru", "lfu", "lru_pa", "lfu_pa")
+POLICIES = tuple(p.value for p in CachePolicy)
 CGROUP = Path("/sys/fs/cgroup/memory/nearrec-bench-ssds")
 
 
@@ -296,7 +297,7 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
             tp = trace_file(cfg, model, tname)
             if not tp.exists():
                 log(f"  trace {tname}")
-                nt.generate(info.open(tier="ssd"), cfg.bags[model], spec.lookups,
+                nt.generate(nearrec.open(info.path, tier="ssd"), cfg.bags[model], spec.lookups,
                             generator(tname), seed=cfg.seed, path=tp, overwrite=True)
             traces[tname] = tp
         for cell in mcells:

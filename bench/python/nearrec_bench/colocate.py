@@ -64,8 +64,8 @@ def run(cfg: ColocateBenchConfig, log: Callable[[str], None] = print) -> list[Re
     for tname in cfg.traces:
         tp = trace_file(cfg, model, tname)
         if not tp.exists():
-            nt.generate(info.open(tier="ssd"), cfg.bags[model], spec.lookups, generator(tname),
-                        seed=cfg.seed, path=tp, overwrite=True)
+            nt.generate(nearrec.open(info.path, tier="ssd"), cfg.bags[model], spec.lookups,
+                        generator(tname), seed=cfg.seed, path=tp, overwrite=True)
         tr = in_memory(nt.load(tp))
         warm = int(tr.bags * cfg.warm_share)
         head = warm_part(tr, warm)

@@ -158,8 +158,9 @@ def run(cfg: SlsConfig, log: Callable[[str], None] = print) -> list[Record]:
         store = nearrec.open(path, threads=cfg.threads)
         names = list(store.tables)
         rows = [store.table(n).rows for n in names]
-        row_bytes = store.table(names[0]).row_bytes
-        table_bytes = sum(store.table(n).data_bytes for n in names)
+        manifest = {t.name: t for t in store.info.tables}
+        row_bytes = manifest[names[0]].row_bytes
+        table_bytes = sum(manifest[n].data_bytes for n in names)
         L = spec.lookups
         peers = _peers(store, names, cfg.threads)
         for name, p in peers.items():

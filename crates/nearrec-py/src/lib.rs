@@ -13,7 +13,6 @@ mod node;
 mod plan;
 mod progress;
 mod raw;
-mod remote;
 mod store;
 mod tensor;
 mod trace;
@@ -33,8 +32,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         nearrec_cache::HotPartition::ROW_OVERHEAD,
     )?;
     m.add_class::<store::NativeStore>()?;
-    m.add_class::<remote::NativeRemote>()?;
-    m.add_class::<remote::NativeRemotePending>()?;
     m.add_function(wrap_pyfunction!(node::serve, m)?)?;
     m.add_function(wrap_pyfunction!(node::node_flags, m)?)?;
     m.add_class::<node::NativeNodeConfig>()?;

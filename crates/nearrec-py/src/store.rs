@@ -1,13 +1,17 @@
-//! Binding of an open store: `nearrec::Store` (the facade) behind `nearrec.Store`. Lookups take
-//! native `TableLookup`s (or a KeyedJaggedTensor's own buffers) and release the GIL; pipelines
-//! and sub-batches run in Rust; `infer` runs the model kept with the store, read in Rust.
+//! Binding of the store's contract: `nearrec.Store` over any implementation of
+//! [`StoreApi`] — the embedded `nearrec::Store` (`nearrec.open`) or a node's store through its
+//! client (`nearrec.connect`), one class for both. Lookups take native `TableLookup`s (or a
+//! KeyedJaggedTensor's own buffers) and release the GIL. What only an embedded store has (its
+//! tables' memory, its config, the simulated drive, sub-batches, a caller's model) answers
+//! `Unsupported` on another implementation, naming the call.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use nearrec::{AsBatch, Batch, Pending, Pooled, Store, StoreApi};
+use nearrec::{AsBatch, Batch, NewTable, Pooled, Store, StoreApi, Submitted};
+use nearrec_client::{Client, ClientOptions, ClientTls};
 use nearrec_format::{DType, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -21,10 +25,24 @@ use crate::progress;
 /// Seconds per named part of a call.
 type Seconds = Vec<(&'static str, f64)>;
 
-/// An open store.
+/// A store's description: `(name, [(table, rows, dim, dtype)], version, tier, writable, model,
+/// stores)`.
+type InfoTuple = (
+    String,
+    Vec<(String, u64, u32, String)>,
+    u64,
+    String,
+    bool,
+    bool,
+    Vec<String>,
+);
+
+/// An open store, whatever serves it.
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativeStore {
-    store: Store,
+    api: Arc<dyn StoreApi>,
+    /// The embedded store itself, for what only it has.
+    local: Option<Store>,
 }
 
 /// A finished batch's output as a `[batch, width]` numpy array (the vector moves in, no copy).
@@ -33,8 +51,38 @@ fn array(py: Python<'_>, p: Pooled) -> PyResult<Bound<'_, PyArray2<f32>>> {
     PyArray1::from_vec(py, p.values).reshape([p.batch, width])
 }
 
+fn contiguous(py: Python<'_>, what: &str, table: &str) -> PyErr {
+    raise(
+        py,
+        "InvalidRequest",
+        format!("{what} must be contiguous"),
+        Some(table),
+        None,
+    )
+}
+
+impl NativeStore {
+    /// The embedded store, or `Unsupported` naming `verb`.
+    fn local(&self, py: Python<'_>, verb: &'static str) -> PyResult<&Store> {
+        self.local
+            .as_ref()
+            .ok_or_else(|| err(py, nearrec::Error::unsupported(verb, self.api.describe())))
+    }
+
+    /// Pools `batch` into a new numpy array, the GIL released meanwhile.
+    pub(crate) fn pool<'py>(
+        &self,
+        py: Python<'py>,
+        batch: &Batch<'_>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let (pooled, _) = detach(py, || self.api.lookup(batch))?.map_err(|e| err(py, e))?;
+        array(py, pooled)
+    }
+}
+
 #[pymethods]
 impl NativeStore {
+    /// Opens the store at `path` in this process.
     #[new]
     #[pyo3(signature = (path, config, progress = false))]
     fn new(py: Python<'_>, path: PathBuf, config: &NativeConfig, progress: bool) -> PyResult<Self> {
@@ -49,29 +97,83 @@ impl NativeStore {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        Ok(Self { store })
+        Ok(Self {
+            api: Arc::new(store.clone()),
+            local: Some(store),
+        })
+    }
+
+    /// Connects to the node at `addr` for its store `store` ("": its only one).
+    #[staticmethod]
+    #[pyo3(signature = (addr, store, token = None, timeout = None, tls = None))]
+    #[allow(clippy::type_complexity)]
+    fn connect(
+        py: Python<'_>,
+        addr: &str,
+        store: &str,
+        token: Option<String>,
+        timeout: Option<f64>,
+        tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
+    ) -> PyResult<Self> {
+        let options = ClientOptions {
+            token,
+            timeout: timeout.map(Duration::from_secs_f64),
+            tls: tls.map(|(ca, domain, identity)| ClientTls {
+                ca,
+                domain,
+                identity,
+            }),
+            ..ClientOptions::default()
+        };
+        let client =
+            detach(py, || Client::connect(addr, store, options))?.map_err(|e| err(py, e))?;
+        Ok(Self {
+            api: Arc::new(client),
+            local: None,
+        })
+    }
+
+    /// What serves the store, in words.
+    #[getter]
+    fn describe(&self) -> String {
+        self.api.describe()
+    }
+
+    /// Whether the store is embedded in this process (`nearrec.open`).
+    #[getter]
+    fn embedded(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// The store's directory on this machine (`None`: not on this machine).
+    #[getter]
+    fn path(&self) -> Option<PathBuf> {
+        self.api.location()
+    }
+
+    /// `(name, [(table, rows, dim, dtype)], version, tier, writable, model, stores)`.
+    fn info(&self, py: Python<'_>) -> PyResult<InfoTuple> {
+        let i = detach(py, || self.api.info())?.map_err(|e| err(py, e))?;
+        let tables = i
+            .tables
+            .into_iter()
+            .map(|t| (t.name, t.rows, t.dim, t.dtype.name().to_owned()))
+            .collect();
+        Ok((
+            i.name, tables, i.version, i.tier, i.writable, i.model, i.stores,
+        ))
     }
 
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.store.path().to_owned()
-    }
-
-    #[getter]
-    fn threads(&self) -> usize {
-        self.store.threads()
-    }
-
-    /// `"dram"` or `"ssd"`.
-    #[getter]
-    fn tier(&self) -> &'static str {
-        self.store.tier().name()
+    fn threads(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.local(py, "threads")?.threads())
     }
 
     /// The manifest as JSON (tables as served now, creation parameters).
     #[getter]
-    fn manifest_json(&self) -> String {
-        serde_json::to_string(&self.store.manifest()).expect("manifest serialises")
+    fn manifest_json(&self, py: Python<'_>) -> PyResult<String> {
+        let manifest = self.local(py, "info")?.manifest();
+        Ok(serde_json::to_string(&manifest).expect("manifest serialises"))
     }
 
     /// A new table (RM_create_table): uniform values drawn with `uniform_seed`, or zeros
@@ -85,13 +187,17 @@ impl NativeStore {
         dtype: &str,
         uniform_seed: Option<u64>,
     ) -> PyResult<u64> {
-        let dtype = dtype
-            .parse::<nearrec::format::DType>()
-            .map_err(|e| format_err(py, e))?;
+        let dtype = dtype.parse::<DType>().map_err(|e| format_err(py, e))?;
         let init =
             uniform_seed.map_or(nearrec::Init::Zeros, |seed| nearrec::Init::Uniform { seed });
-        detach(py, || self.store.create_table(name, rows, dim, dtype, init))?
-            .map_err(|e| err(py, e))
+        let table = NewTable {
+            name,
+            rows,
+            dim,
+            dtype,
+            init,
+        };
+        detach(py, || self.api.create_table(&table))?.map_err(|e| err(py, e))
     }
 
     /// What changed since `version`: (version, base, engine id, per table the rows written or
@@ -101,13 +207,13 @@ impl NativeStore {
         &self,
         py: Python<'py>,
         version: u64,
-    ) -> (
+    ) -> PyResult<(
         u64,
         u64,
         u64,
         Option<Vec<(String, Bound<'py, PyArray1<i64>>)>>,
-    ) {
-        let c = self.store.changes_since(version);
+    )> {
+        let c = self.local(py, "changes_since")?.changes_since(version);
         let rows = c.rows.map(|rows| {
             rows.into_iter()
                 .map(|(t, r)| {
@@ -116,7 +222,7 @@ impl NativeStore {
                 })
                 .collect()
         });
-        (c.version, c.base, c.engine, rows)
+        Ok((c.version, c.base, c.engine, rows))
     }
 
     /// Writes the rows of a table that differ from `values` (the whole table) by more than
@@ -128,38 +234,35 @@ impl NativeStore {
         values: PyReadonlyArray2<'_, f32>,
         tolerance: f32,
     ) -> PyResult<(u64, u64, u64, u64)> {
-        let values = values.as_slice().map_err(|_| {
-            raise(
-                py,
-                "InvalidRequest",
-                "values must be contiguous".into(),
-                Some(table),
-                None,
-            )
-        })?;
-        let done = detach(py, || self.store.sync_table(table, values, tolerance))?
+        let values = values
+            .as_slice()
+            .map_err(|_| contiguous(py, "values", table))?;
+        let done = detach(py, || self.api.sync_table(table, values, tolerance))?
             .map_err(|e| err(py, e))?;
         Ok((done.compared, done.written, done.calls, done.version))
     }
 
-    /// Serves the store at `path` from the next call on; returns its version.
+    /// Serves the store at `path` (on the serving side's file system) from the next call on;
+    /// returns its version.
     #[pyo3(signature = (path, warm, force = false))]
     fn swap(&self, py: Python<'_>, path: PathBuf, warm: bool, force: bool) -> PyResult<u64> {
-        detach(py, || self.store.swap(&path, warm, force))?.map_err(|e| err(py, e))
+        let path = path.to_string_lossy().into_owned();
+        detach(py, || self.api.swap(&path, warm, force))?.map_err(|e| err(py, e))
     }
 
     /// Drops a table (EMB_REMOVE of a table).
     fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<u64> {
-        detach(py, || self.store.drop_table(name))?.map_err(|e| err(py, e))
+        detach(py, || self.api.drop_table(name))?.map_err(|e| err(py, e))
     }
 
     /// The config the store was opened with, as TOML.
-    fn config_toml(&self) -> String {
-        self.store.config().to_toml()
+    fn config_toml(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.local(py, "config")?.config().to_toml())
     }
 
     /// Pools a batch (a list of `TableLookup`): the `[batch, Σ dim]` float32 output. With
-    /// `sub_batch`, the bags flow through in sub-batches of that many, two at a time.
+    /// `sub_batch`, the bags flow through in sub-batches of that many, two at a time (an
+    /// embedded store's).
     #[pyo3(signature = (lookups, sub_batch = None))]
     fn lookup<'py>(
         &self,
@@ -170,24 +273,49 @@ impl NativeStore {
         let held = HeldBatch::extract(lookups)?;
         let batch = held.as_batch();
         if let Some(sub) = sub_batch {
-            let pooled =
-                detach(py, || self.store.lookup_split(&batch, sub))?.map_err(|e| err(py, e))?;
+            let store = self.local(py, "lookup_many(sub_batch=)")?;
+            let pooled = detach(py, || store.lookup_split(&batch, sub))?.map_err(|e| err(py, e))?;
             return array(py, pooled);
         }
         self.pool(py, &batch)
     }
 
-    /// Starts a lookup in the background; returns its handle at once.
-    fn submit(&self, lookups: &Bound<'_, PyAny>) -> PyResult<NativePending> {
+    /// Each table's distinct rows a batch reads: `([(table, ids, rows)], version)`.
+    #[allow(clippy::type_complexity)]
+    fn lookup_rows<'py>(
+        &self,
+        py: Python<'py>,
+        lookups: &Bound<'py, PyAny>,
+    ) -> PyResult<(
+        Vec<(String, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<f32>>)>,
+        u64,
+    )> {
         let held = HeldBatch::extract(lookups)?;
-        Ok(NativePending::new(self.store.submit(held)))
+        let (rows, version) =
+            detach(py, || self.api.lookup_rows(&held.as_batch()))?.map_err(|e| err(py, e))?;
+        let rows = rows
+            .into_iter()
+            .map(|r| {
+                let n = r.ids.len();
+                let values = PyArray1::from_vec(py, r.values).reshape([n, r.dim])?;
+                Ok((r.table, PyArray1::from_vec(py, r.ids), values))
+            })
+            .collect::<PyResult<_>>()?;
+        Ok((rows, version))
+    }
+
+    /// Starts a lookup in the background; returns its handle at once.
+    fn submit(&self, py: Python<'_>, lookups: &Bound<'_, PyAny>) -> PyResult<NativePending> {
+        let held = HeldBatch::extract(lookups)?;
+        let pending = self.api.submit(Box::new(held)).map_err(|e| err(py, e))?;
+        Ok(NativePending::new(pending))
     }
 
     /// The results of `batches` (an iterable of lists of `TableLookup`) in order, `depth` of them
     /// in flight.
     fn stream(&self, batches: &Bound<'_, PyAny>, depth: usize) -> PyResult<NativeStream> {
         Ok(NativeStream {
-            store: self.store.clone(),
+            store: self.api.clone(),
             batches: batches.try_iter()?.unbind(),
             depth: depth.max(1),
             window: Mutex::new(VecDeque::new()),
@@ -195,10 +323,11 @@ impl NativeStore {
     }
 
     /// Runs a model on one batch (whole-model offload): `model` (None: the one kept with the
-    /// store, its inputs matched to `lookups` by table name; else the lookups in its input
-    /// order), `dense` `[batch, dense_width]` float32 or None. Returns the `[batch, outputs]`
-    /// output and the seconds per part (`total`, `embeddings`, `dense`, `blocks`, `finish`, and
-    /// the embeddings' `route`, `io_wait`, `pool`).
+    /// store, its inputs matched to `lookups` by table name; else, on an embedded store, the
+    /// lookups in its input order), `dense` `[batch, dense_width]` float32 or None. Returns the
+    /// `[batch, outputs]` output and the seconds per part (`total`, `embeddings`, `dense`,
+    /// `blocks`, `finish`, and the embeddings' `route`, `io_wait`, `pool`: zeros where the
+    /// store runs elsewhere).
     #[pyo3(signature = (model, dense, lookups))]
     fn infer<'py>(
         &self,
@@ -210,10 +339,13 @@ impl NativeStore {
         let held = HeldBatch::extract(lookups)?;
         let batch = held.as_batch();
         let dense = dense_features(py, dense.as_ref())?;
-        let out = detach(py, || match model {
-            Some(m) => self.store.infer_with(&m.model, dense, &batch),
-            None => self.store.infer(dense, &batch),
-        })?
+        let out = match model {
+            Some(m) => {
+                let store = self.local(py, "infer(model=)")?;
+                detach(py, || store.infer_with(&m.model, dense, &batch))?
+            }
+            None => detach(py, || self.api.infer(dense, &batch))?,
+        }
         .map_err(|e| err(py, e))?;
         let t = out.times;
         let array = PyArray1::from_vec(py, out.outputs).reshape([out.batch, out.width])?;
@@ -234,7 +366,8 @@ impl NativeStore {
     /// table each input reads, in input order.
     #[allow(clippy::type_complexity)]
     fn model_inputs(&self, py: Python<'_>) -> PyResult<(String, Vec<String>, Vec<String>)> {
-        let model = detach(py, || self.store.model())?.map_err(|e| err(py, e))?;
+        let store = self.local(py, "model_inputs")?;
+        let model = detach(py, || store.model())?.map_err(|e| err(py, e))?;
         Ok((
             model.name.clone(),
             model.inputs.clone(),
@@ -243,9 +376,9 @@ impl NativeStore {
     }
 
     /// What the simulated drive has done (JSON of `nearrec_device::FlashStats`), or None when the
-    /// store is not on one.
+    /// store is not on one (or not in this process).
     fn flash_stats(&self) -> Option<String> {
-        let st = self.store.flash_stats()?;
+        let st = self.local.as_ref()?.flash_stats()?;
         serde_json::to_string(&st).ok()
     }
 
@@ -260,41 +393,34 @@ impl NativeStore {
     ) -> PyResult<u64> {
         let slices = row_writes(py, &writes)?;
         let options = nearrec::WriteOptions { allow_nonfinite };
-        detach(py, || self.store.write_many(&slices, options))?.map_err(|e| err(py, e))
+        detach(py, || self.api.write_many(&slices, options))?.map_err(|e| err(py, e))
     }
 
-    /// A read-only store moves to the newest version its writer has logged.
+    /// The newest version the store's writer has logged, served from now on.
     fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
-        detach(py, || self.store.refresh())?.map_err(|e| err(py, e))
+        detach(py, || self.api.refresh())?.map_err(|e| err(py, e))
     }
 
     /// Folds the deltas into new table files: (version, tables, rows, bytes, seconds).
     fn compact(&self, py: Python<'_>) -> PyResult<(u64, usize, u64, u64, f64)> {
-        let c = detach(py, || self.store.compact())?.map_err(|e| err(py, e))?;
+        let c = detach(py, || self.api.compact())?.map_err(|e| err(py, e))?;
         Ok((c.version, c.tables, c.rows, c.bytes, c.seconds))
     }
 
-    #[getter]
-    fn version(&self) -> u64 {
-        self.store.version()
+    fn version(&self, py: Python<'_>) -> PyResult<u64> {
+        detach(py, || self.api.version())?.map_err(|e| err(py, e))
     }
 
-    #[getter]
-    fn writable(&self) -> bool {
-        self.store.writable()
+    /// The log's and the deltas' counters (an embedded store's; a node's are in `stats`).
+    fn live_stats(&self, py: Python<'_>) -> PyResult<Vec<(&'static str, f64)>> {
+        Ok(self.local(py, "live_stats")?.live_stats())
     }
 
-    /// The log's and the deltas' counters.
-    fn live_stats(&self) -> Vec<(&'static str, f64)> {
-        self.store.live_stats()
-    }
-
-    /// The SSD tier's counters and latency percentiles (µs), with the device's kind, whether
-    /// reads are direct and its block size; `[]` for DRAM-resident stores.
-    fn stats(&self) -> Vec<(String, PyStat)> {
-        let Some(stats) = self.store.stats() else {
-            return Vec::new();
-        };
+    /// Every counter: the device's kind (`dram` for a DRAM-resident store), whether reads are
+    /// direct and its block size, the SSD tier's counters and latency percentiles (µs), the
+    /// DRAM tiers' totals and the live store's counters.
+    fn stats(&self, py: Python<'_>) -> PyResult<Vec<(String, PyStat)>> {
+        let stats = detach(py, || self.api.stats())?.map_err(|e| err(py, e))?;
         let mut out: Vec<(String, PyStat)> = vec![
             ("device".into(), PyStat::Owned(stats.device)),
             ("direct_io".into(), PyStat::Flag(stats.direct_io)),
@@ -309,14 +435,14 @@ impl NativeStore {
                 .into_iter()
                 .map(|(k, v)| (k, PyStat::Number(v))),
         );
-        out
+        Ok(out)
     }
 
     /// Per table: what its DRAM tiers hold (`resident`, `hot_rows`, `cache_rows`, `bytes`) and
     /// the lookups each tier served, with the row cache's counters; `[]` for DRAM-resident stores.
-    fn tier_report(&self) -> Vec<Vec<(&'static str, PyStat)>> {
-        self.store
-            .tier_report()
+    fn tier_report(&self, py: Python<'_>) -> PyResult<Vec<Vec<(&'static str, PyStat)>>> {
+        let report = detach(py, || self.api.tier_report())?.map_err(|e| err(py, e))?;
+        Ok(report
             .into_iter()
             .map(|r| {
                 let n = |v: u64| PyStat::Number(v as f64);
@@ -337,7 +463,7 @@ impl NativeStore {
                     ("cache_evictions", n(r.cache.evictions)),
                 ]
             })
-            .collect()
+            .collect())
     }
 
     /// Decodes the given rows of a table to a `[n, dim]` float32 array.
@@ -347,23 +473,22 @@ impl NativeStore {
         name: &str,
         rows: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let dim = self.store.table(name).map_err(|e| err(py, e))?.dim as usize;
-        let rows = rows.as_slice().map_err(|_| {
-            raise(
-                py,
-                "InvalidRequest",
-                "rows must be contiguous".into(),
-                Some(name),
-                None,
-            )
-        })?;
+        let dim = detach(py, || self.api.table(name))?
+            .map_err(|e| err(py, e))?
+            .dim as usize;
+        let rows = rows.as_slice().map_err(|_| contiguous(py, "rows", name))?;
         let out = PyArray2::<f32>::zeros(py, [rows.len(), dim], false);
         {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            detach(py, || self.store.read_rows(name, rows, slice))?.map_err(|e| err(py, e))?;
+            detach(py, || self.api.read_rows(name, rows, slice))?.map_err(|e| err(py, e))?;
         }
         Ok(out)
+    }
+
+    /// Lets go of the writer lock or the connection now; later calls fail.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        detach(py, || self.api.close())?.map_err(|e| err(py, e))
     }
 
     /// A zero-copy read-only `[rows, dim]` float32 view of a dense fp32 table (for peers and
@@ -371,7 +496,8 @@ impl NativeStore {
     fn table_array<'py>(slf: Bound<'py, Self>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let this = slf.get();
-        let meta = this.store.table(name).map_err(|e| err(py, e))?;
+        let store = this.local(py, "table_array")?;
+        let meta = store.table(name).map_err(|e| err(py, e))?;
         if meta.dtype != DType::Fp32 || !meta.layout().is_dense() {
             return Err(raise(
                 py,
@@ -384,7 +510,7 @@ impl NativeStore {
                 None,
             ));
         }
-        let Some(data) = this.store.table_data(name).map_err(|e| err(py, e))? else {
+        let Some(data) = store.table_data(name).map_err(|e| err(py, e))? else {
             return Err(raise(
                 py,
                 "InvalidRequest",
@@ -419,24 +545,6 @@ struct HeldTable {
     _table: nearrec::TableData,
 }
 
-impl NativeStore {
-    /// Pools `batch` into a new numpy array, the GIL released meanwhile.
-    pub(crate) fn pool<'py>(
-        &self,
-        py: Python<'py>,
-        batch: &Batch<'_>,
-    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let prepared = self.store.prepare(batch).map_err(|e| err(py, e))?;
-        let out = PyArray2::<f32>::zeros(py, [prepared.batch(), prepared.width()], false);
-        {
-            let mut rw = out.readwrite();
-            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            detach(py, || self.store.execute(batch, &prepared, slice))?.map_err(|e| err(py, e))?;
-        }
-        Ok(out)
-    }
-}
-
 /// A write call's arrays from Python: per table `(name, ids, rows or None)`.
 pub(crate) type PyWrites<'py> = Vec<(
     String,
@@ -444,8 +552,7 @@ pub(crate) type PyWrites<'py> = Vec<(
     Option<PyReadonlyArray2<'py, f32>>,
 )>;
 
-/// A write call's arrays viewed as the facade's [`nearrec::RowWrite`]s (a local store's and a
-/// node's write take the same).
+/// A write call's arrays viewed as the facade's [`nearrec::RowWrite`]s.
 pub(crate) fn row_writes<'a>(
     py: Python<'_>,
     writes: &'a PyWrites<'_>,
@@ -453,16 +560,12 @@ pub(crate) fn row_writes<'a>(
     writes
         .iter()
         .map(|(table, ids, rows)| {
-            let contiguous = |what: &str| {
-                let msg = format!("{what} must be contiguous");
-                raise(py, "InvalidRequest", msg, Some(table), None)
-            };
-            let ids = ids.as_slice().map_err(|_| contiguous("ids"))?;
+            let ids = ids.as_slice().map_err(|_| contiguous(py, "ids", table))?;
             let values = rows
                 .as_ref()
                 .map(|r| r.as_slice())
                 .transpose()
-                .map_err(|_| contiguous("rows"))?;
+                .map_err(|_| contiguous(py, "rows", table))?;
             Ok(nearrec::RowWrite { table, ids, values })
         })
         .collect()
@@ -477,14 +580,14 @@ pub(crate) struct NativePending {
 }
 
 enum State {
-    Waiting(Pending),
+    Waiting(Submitted),
     Done(PyResult<Py<PyArray2<f32>>>),
     /// Taken by a waiting thread.
     Busy,
 }
 
 impl NativePending {
-    fn new(p: Pending) -> Self {
+    fn new(p: Submitted) -> Self {
         Self {
             state: Mutex::new(State::Waiting(p)),
             settled: Condvar::new(),
@@ -582,10 +685,10 @@ impl NativePending {
 /// Batches in flight, results in order (`Store.lookup_stream`).
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativeStream {
-    store: Store,
+    store: Arc<dyn StoreApi>,
     batches: Py<pyo3::types::PyIterator>,
     depth: usize,
-    window: Mutex<VecDeque<Pending>>,
+    window: Mutex<VecDeque<Submitted>>,
 }
 
 #[pymethods]
@@ -600,7 +703,8 @@ impl NativeStream {
             match self.batches.bind(py).clone().next() {
                 Some(item) => {
                     let held = HeldBatch::extract(&item?)?;
-                    window.push_back(self.store.submit(held));
+                    let pending = self.store.submit(Box::new(held)).map_err(|e| err(py, e))?;
+                    window.push_back(pending);
                 }
                 None => break,
             }

@@ -352,6 +352,8 @@ pub fn stats(s: Stats, tiers: Vec<TierReport>) -> pb::StatsResponse {
     pb::StatsResponse {
         values: s.values.into_iter().collect(),
         device: s.device,
+        direct_io: s.direct_io,
+        block_bytes: s.block_bytes as u64,
         tiers: tiers
             .into_iter()
             .map(|r| pb::TierReport {
@@ -374,8 +376,7 @@ pub fn stats(s: Stats, tiers: Vec<TierReport>) -> pb::StatsResponse {
     }
 }
 
-/// [`stats`]'s counters back (the client's side), by name; what the node does not send
-/// (direct I/O, its block size) is `false` / 0.
+/// [`stats`]'s counters back (the client's side), by name.
 pub fn unstats(s: pb::StatsResponse) -> (Stats, Vec<TierReport>) {
     let mut values: Vec<(String, f64)> = s.values.into_iter().collect();
     values.sort_by(|a, b| a.0.cmp(&b.0));
@@ -403,8 +404,8 @@ pub fn unstats(s: pb::StatsResponse) -> (Stats, Vec<TierReport>) {
         .collect();
     let stats = Stats {
         device: s.device,
-        direct_io: false,
-        block_bytes: 0,
+        direct_io: s.direct_io,
+        block_bytes: usize::try_from(s.block_bytes).unwrap_or(usize::MAX),
         values,
     };
     (stats, tiers)

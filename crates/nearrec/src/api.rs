@@ -269,7 +269,7 @@ impl StoreApi for Store {
             version: Store::version(self),
             tier: self.tier().name().to_owned(),
             writable: self.writable(),
-            model: self.model().is_ok(),
+            model: self.keeps_model(),
             stores: Vec::new(),
         })
     }

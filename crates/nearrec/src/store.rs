@@ -612,6 +612,17 @@ impl Store {
         self.inner.flash.as_ref().map(|f| f.stats())
     }
 
+    /// Whether the store keeps a model (its attachments name one; [`Store::model`] reads it).
+    pub fn keeps_model(&self) -> bool {
+        let manifest = &self.served().manifest;
+        [
+            crate::model::CONFIG_ATTACHMENT,
+            crate::model::WEIGHTS_ATTACHMENT,
+        ]
+        .iter()
+        .all(|name| manifest.attachments.iter().any(|a| a.name == *name))
+    }
+
     /// The model kept with the store (`nearrec.models.save`), read from its attachments on
     /// first use.
     pub fn model(&self) -> Result<Arc<StoredModel>> {
