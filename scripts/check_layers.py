@@ -30,6 +30,7 @@ from pathlib import Path
 # Lowest first. A crate may depend only on crates listed before it.
 LADDER = [
     "nearrec-format",
+    "nearrec-testkit",  # what the tests share (dev-dependencies only)
     "nearrec-kernels",
     "nearrec-io",
     "nearrec-cache",
@@ -146,14 +147,7 @@ def _group_heads(text: str, at: int) -> tuple[list[str], int]:
 
 def crate_paths(code: str) -> list[tuple[str, int]]:
     """Each `crate::NAME` the code names (`crate::{a, b::c}` gives a and b), with its line."""
-    found = []
-    for m in re.finditer(r"(?<![\w$])crate\s*::\s*(\{|[A-Za-z_][A-Za-z0-9_]*)", code):
-        line = code.count("\n", 0, m.start()) + 1
-        if m.group(1) == "{":
-            found += [(h, line) for h in _group_heads(code, m.start(1))[0]]
-        else:
-            found.append((m.group(1), line))
-    return found
+    return path_heads(code, "crate")
 
 
 def reexports(root_code: str, modules: set[str]) -> dict[str, str]:

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use nearrec_device::{DeviceConfig, FlashDevice};
 use nearrec_engine::{Bags, Batch, Engine, EngineConfig, Indices, PoolingMode, TableLookup};
-use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
+use nearrec_format::{DType, StoreReader};
 use nearrec_io::{BlockDevice, MemDevice};
 
 const ROWS: u64 = 5000;
@@ -17,30 +17,13 @@ const TABLES: [(&str, u32, DType); 3] = [
 ];
 
 fn store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, &(name, dim, dtype)) in TABLES.iter().enumerate() {
-        let mut table = w.table(TableSpec::new(name, ROWS, dim, dtype)).unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(dim))
-            .map(|i| ((i * 7919 + t as u64) % 1013) as f32 * 0.003 - 1.5)
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = TABLES.map(|(name, dim, dtype)| (name, ROWS, dim, dtype));
+    nearrec_testkit::write_store(dir.join("store"), &tables, nearrec_testkit::pattern)
 }
 
 fn indices(seed: u64, n: usize) -> Vec<i64> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % ROWS) as i64
-        })
-        .collect()
+    let mut rng = nearrec_testkit::Xorshift::new(seed);
+    (0..n).map(|_| rng.below(ROWS) as i64).collect()
 }
 
 fn run(engine: &Engine, idx: &[i64], offsets: &[i64]) -> Vec<f32> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use nearrec_cache::{CacheConfig, Policy};
 use nearrec_engine::delta::{DeltaView, TableDelta};
 use nearrec_engine::{Bags, Batch, Engine, EngineConfig, Indices, PoolingMode, TableLookup, Tier};
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_format::DType;
 use nearrec_plan::{Placement, TablePlacement};
 use proptest::prelude::*;
 
@@ -24,18 +24,8 @@ const TABLES: [(&str, u32, DType); 3] = [
 ];
 
 fn store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, &(name, dim, dtype)) in TABLES.iter().enumerate() {
-        let mut table = w.table(TableSpec::new(name, ROWS, dim, dtype)).unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(dim))
-            .map(|i| ((i * 7919 + t as u64) % 1013) as f32 * 0.003 - 1.5)
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = TABLES.map(|(name, dim, dtype)| (name, ROWS, dim, dtype));
+    nearrec_testkit::write_store(dir.join("store"), &tables, nearrec_testkit::pattern)
 }
 
 fn configs() -> Vec<(&'static str, EngineConfig)> {
@@ -231,8 +221,8 @@ proptest! {
                 }
                 Step::Look(seed, back) => {
                     let at = version.saturating_sub(back);
-                    let mut x = seed | 1;
-                    let mut next = move || { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x };
+                    let mut rng = nearrec_testkit::Xorshift::new(seed);
+                    let mut next = move || rng.next_u64();
                     let (mut indices, mut offsets) = (Vec::new(), Vec::new());
                     for _ in 0..6 {
                         offsets.push(indices.len() as i64);

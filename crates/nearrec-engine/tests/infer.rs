@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nearrec_engine::dense::{Activation, DenseModel, Interaction, Linear, Mlp};
 use nearrec_engine::{Bags, Batch, Engine, EngineConfig, EngineError, Indices, TableLookup, Tier};
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_format::DType;
 
 const ROWS: u64 = 700;
 const DIM: usize = 8;
@@ -20,32 +20,15 @@ const TABLES: [(&str, DType); 4] = [
 ];
 
 fn store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, &(name, dtype)) in TABLES.iter().enumerate() {
-        let mut table = w
-            .table(TableSpec::new(name, ROWS, DIM as u32, dtype))
-            .unwrap();
-        let values: Vec<f32> = (0..ROWS * DIM as u64)
-            .map(|i| ((i * 7919 + t as u64 * 13) % 1013) as f32 * 0.002 - 1.0)
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = TABLES.map(|(name, dtype)| (name, ROWS, DIM as u32, dtype));
+    nearrec_testkit::write_store(dir.join("store"), &tables, nearrec_testkit::pattern)
 }
 
 /// Seeded values in [-0.5, 0.5).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = nearrec_testkit::Xorshift::new(seed);
     (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
+        .map(|_| (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
         .collect()
 }
 

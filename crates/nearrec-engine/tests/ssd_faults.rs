@@ -5,27 +5,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nearrec_engine::{Bags, Batch, Engine, EngineConfig, EngineError, Indices, TableLookup};
-use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
+use nearrec_format::{DType, StoreReader};
 use nearrec_io::{DeviceKind, Fault, FaultKind, FaultyDevice, IoConfig, IoError, open_device};
 
 const ROWS: u64 = 5000;
 const DIM: u32 = 16;
 
 fn store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for t in 0..2u32 {
-        let mut table = w
-            .table(TableSpec::new(format!("t{t}"), ROWS, DIM, DType::Fp32))
-            .unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(DIM))
-            .map(|i| (i % 977) as f32 * 0.01 + t as f32)
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = [
+        ("t0", ROWS, DIM, DType::Fp32),
+        ("t1", ROWS, DIM, DType::Fp32),
+    ];
+    nearrec_testkit::write_store(dir.join("store"), &tables, |t, i| {
+        (i % 977) as f32 * 0.01 + t as f32
+    })
 }
 
 fn lookup(engine: &Engine, idx: &[i64]) -> Result<Vec<f32>, EngineError> {

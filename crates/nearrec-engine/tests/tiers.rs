@@ -12,9 +12,7 @@ use nearrec_engine::{
 };
 use std::sync::atomic::Ordering::Relaxed;
 
-use nearrec_format::{
-    DType, RowOrder, StoreOptions, StoreReader, StoreWriter, TableSpec, copy_ordered,
-};
+use nearrec_format::{DType, RowOrder, StoreOptions, StoreReader, copy_ordered};
 use nearrec_plan::{Placement, TablePlacement};
 
 const ROWS: u64 = 3000;
@@ -53,18 +51,8 @@ fn hot_first() -> RowOrder {
 }
 
 fn store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, &(name, dim, dtype)) in TABLES.iter().enumerate() {
-        let mut table = w.table(TableSpec::new(name, ROWS, dim, dtype)).unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(dim))
-            .map(|i| ((i * 7919 + t as u64) % 1013) as f32 * 0.003 - 1.5)
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = TABLES.map(|(name, dim, dtype)| (name, ROWS, dim, dtype));
+    nearrec_testkit::write_store(dir.join("store"), &tables, nearrec_testkit::pattern)
 }
 
 /// One batch: skewed indices (so caches hit), variable bags, weights / mean / max / padding.
@@ -75,13 +63,8 @@ struct Sample {
 }
 
 fn batch(seed: u64, bags: usize) -> Sample {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = nearrec_testkit::Xorshift::new(seed);
+    let mut next = move || rng.next_u64();
     let (mut indices, mut offsets) = (Vec::new(), Vec::new());
     for _ in 0..bags {
         offsets.push(indices.len() as i64);

@@ -20,13 +20,8 @@ use common::{DIM, Node, ROWS, authorized, build, open, request};
 
 /// A random batch of `bags` bags per table, every shape of bags and pooling mode.
 fn batch(seed: u64, bags: usize) -> OwnedBatch {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = nearrec_testkit::Xorshift::new(seed);
+    let mut next = move || rng.next_u64();
     let tables = ["t0", "t1"]
         .iter()
         .enumerate()

@@ -9,7 +9,7 @@ use nearrec::{
     AsBatch, IndexVec, OwnedBags, OwnedBatch, OwnedLookup, PoolingMode, Shape, Store, StoreConfig,
     coalesce,
 };
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_format::DType;
 use proptest::prelude::*;
 
 const ROWS: u64 = 300;
@@ -19,18 +19,8 @@ const TABLES: [&str; 2] = ["a", "b"];
 fn open(dir: &Path, tier: &str) -> Store {
     let path = dir.join("store");
     if !path.exists() {
-        let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-        for (t, name) in TABLES.iter().enumerate() {
-            let mut table = w
-                .table(TableSpec::new(*name, ROWS, DIM, DType::Fp32))
-                .unwrap();
-            let values: Vec<f32> = (0..ROWS * u64::from(DIM))
-                .map(|i| ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5)
-                .collect();
-            table.write_f32(&values).unwrap();
-            w.finish_table(table).unwrap();
-        }
-        w.commit().unwrap();
+        let tables = TABLES.map(|name| (name, ROWS, DIM, DType::Fp32));
+        nearrec_testkit::write_store(&path, &tables, nearrec_testkit::pattern);
     }
     Store::open(
         &path,

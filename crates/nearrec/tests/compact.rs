@@ -28,23 +28,11 @@ const TIERS: [&str; 4] = [
     "tier = \"ssd\"\ndram_budget = \"32KiB\"\ncache_policy = \"lfu\"",
 ];
 
-fn base_value(t: usize, i: u64) -> f32 {
-    ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5
-}
+use nearrec_testkit::pattern as base_value;
 
 fn make_store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, &(name, dim, dtype)) in TABLES.iter().enumerate() {
-        let mut table = w.table(TableSpec::new(name, ROWS, dim, dtype)).unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(dim))
-            .map(|i| base_value(t, i))
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = TABLES.map(|(name, dim, dtype)| (name, ROWS, dim, dtype));
+    nearrec_testkit::write_store(dir.join("store"), &tables, base_value)
 }
 
 fn config(toml: &str, writable: bool) -> StoreConfig {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nearrec::{
     Bags, Batch, Error, Indices, RowWrite, Store, StoreApi, StoreConfig, TableLookup, WriteOptions,
 };
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_format::DType;
 use proptest::prelude::*;
 
 const ROWS: u64 = 300;
@@ -20,23 +20,11 @@ const TABLES: [(&str, u32, DType); 3] = [
     ("c", 6, DType::Int8),
 ];
 
-fn base_value(t: usize, i: u64) -> f32 {
-    ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5
-}
+use nearrec_testkit::pattern as base_value;
 
 fn store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, &(name, dim, dtype)) in TABLES.iter().enumerate() {
-        let mut table = w.table(TableSpec::new(name, ROWS, dim, dtype)).unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(dim))
-            .map(|i| base_value(t, i))
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = TABLES.map(|(name, dim, dtype)| (name, ROWS, dim, dtype));
+    nearrec_testkit::write_store(dir.join("store"), &tables, base_value)
 }
 
 fn config(toml: &str, writable: bool) -> StoreConfig {

@@ -10,30 +10,18 @@ use nearrec::{
     PoolingMode, Store, StoreConfig, TableLookup, Tier,
 };
 use nearrec_engine::dense::{Activation, DenseModel, Interaction, Linear, Mlp};
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_format::DType;
 use proptest::prelude::*;
 
 const ROWS: u64 = 500;
 const DIM: u32 = 8;
 const TABLES: [&str; 3] = ["t0", "t1", "t2"];
 
-fn value(t: usize, i: u64) -> f32 {
-    ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5
-}
+use nearrec_testkit::pattern as value;
 
 fn store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, name) in TABLES.iter().enumerate() {
-        let mut table = w
-            .table(TableSpec::new(*name, ROWS, DIM, DType::Fp32))
-            .unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(DIM)).map(|i| value(t, i)).collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = TABLES.map(|name| (name, ROWS, DIM, DType::Fp32));
+    nearrec_testkit::write_store(dir.join("store"), &tables, value)
 }
 
 fn configs() -> Vec<StoreConfig> {
@@ -51,13 +39,8 @@ fn configs() -> Vec<StoreConfig> {
 
 /// A random batch: per table, `bags` bags of 0–6 ids, given as lengths.
 fn batch(seed: u64, bags: usize) -> OwnedBatch {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = nearrec_testkit::Xorshift::new(seed);
+    let mut next = move || rng.next_u64();
     let tables = TABLES
         .iter()
         .map(|name| {

@@ -7,23 +7,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nearrec::{Bags, Batch, Error, Indices, Store, StoreConfig, TableLookup};
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_format::DType;
 
 const ROWS: u64 = 4000;
 
 /// A store of the tables `tables` — (name, rows, dim, dtype) — whose row `r` is `sign × r` in
 /// every column.
 fn store_of(dir: &Path, name: &str, tables: &[(&str, u64, u32, DType)], sign: f32) -> PathBuf {
-    let path = dir.join(name);
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for &(table, rows, dim, dtype) in tables {
-        let mut t = w.table(TableSpec::new(table, rows, dim, dtype)).unwrap();
-        t.write_with(rows, |r, out| out.fill(sign * r as f32))
-            .unwrap();
-        w.finish_table(t).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    // row r is sign × r
+    nearrec_testkit::write_store(dir.join(name), tables, |t, i| {
+        sign * (i / u64::from(tables[t].2)) as f32
+    })
 }
 
 /// Tables `a` (dim 16) and `b` (dim 8) of `ROWS` fp32 rows, row `r` being `sign × r`.

@@ -14,17 +14,11 @@ use proptest::prelude::*;
 const ROWS: u64 = 500;
 
 fn make_store(dir: &Path) -> PathBuf {
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (name, dim) in [("a", 8u32), ("b", 4)] {
-        let mut t = w
-            .table(TableSpec::new(name, ROWS, dim, DType::Fp32))
-            .unwrap();
-        t.write_with(ROWS, |r, out| out.fill(r as f32)).unwrap();
-        w.finish_table(t).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = [("a", ROWS, 8, DType::Fp32), ("b", ROWS, 4, DType::Fp32)];
+    // row r is r
+    nearrec_testkit::write_store(dir.join("store"), &tables, |t, i| {
+        (i / u64::from(tables[t].2)) as f32
+    })
 }
 
 const TIERS: [&str; 3] = [

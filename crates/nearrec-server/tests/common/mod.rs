@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use nearrec::{AsBatch, OwnedBatch, Store, StoreConfig};
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_format::DType;
 use nearrec_server::{Listeners, NodeConfig, Stores, serve};
 use nearrec_wire::convert;
 use nearrec_wire::v1 as pb;
@@ -19,21 +19,11 @@ pub const DIM: u32 = 8;
 /// A store of two tables, `t0` (fp32) and `t1` (fp16), `ROWS` × `DIM`.
 pub fn build(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
-    let path = dir.join("store");
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, (name, dtype)) in [("t0", DType::Fp32), ("t1", DType::Fp16)]
-        .into_iter()
-        .enumerate()
-    {
-        let mut table = w.table(TableSpec::new(name, ROWS, DIM, dtype)).unwrap();
-        let values: Vec<f32> = (0..ROWS * u64::from(DIM))
-            .map(|i| ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5)
-            .collect();
-        table.write_f32(&values).unwrap();
-        w.finish_table(table).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let tables = [
+        ("t0", ROWS, DIM, DType::Fp32),
+        ("t1", ROWS, DIM, DType::Fp16),
+    ];
+    nearrec_testkit::write_store(dir.join("store"), &tables, nearrec_testkit::pattern)
 }
 
 pub fn open(path: &Path, toml: &str) -> Store {

@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use nearrec::format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec::format::DType;
 use nearrec::{
     Bags, Batch, ErrorKind, Indices, NewTable, OwnedBatch, OwnedLookup, PoolingMode, RowWrite,
     StoreApi, TableLookup, WriteOptions,
 };
+use nearrec_testkit::Xorshift;
 
 /// An implementation opened over a store directory: the store, and whatever keeps it served
 /// (a node) for as long as the test holds it.
@@ -83,18 +84,13 @@ pub fn value(t: usize, r: u64, c: u32, sign: f32) -> f32 {
 
 /// A store of `tables` (`ROWS` × `DIM` each) at `dir/name`, values [`value`] × `sign`.
 pub fn write_store(dir: &Path, name: &str, tables: &[(&str, DType)], sign: f32) -> PathBuf {
-    let path = dir.join(name);
-    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
-    for (t, &(table, dtype)) in tables.iter().enumerate() {
-        let mut spec = w.table(TableSpec::new(table, ROWS, DIM, dtype)).unwrap();
-        let values: Vec<f32> = (0..ROWS)
-            .flat_map(|r| (0..DIM).map(move |c| value(t, r, c, sign)))
-            .collect();
-        spec.write_f32(&values).unwrap();
-        w.finish_table(spec).unwrap();
-    }
-    w.commit().unwrap();
-    path
+    let specs: Vec<_> = tables
+        .iter()
+        .map(|&(t, dtype)| (t, ROWS, DIM, dtype))
+        .collect();
+    nearrec_testkit::write_store(dir.join(name), &specs, |t, i| {
+        value(t, i / u64::from(DIM), (i % u64::from(DIM)) as u32, sign)
+    })
 }
 
 /// The suite's store in a fresh directory.
@@ -115,18 +111,6 @@ fn row(t: usize, r: u64) -> Vec<f32> {
     out
 }
 
-/// A seeded generator (xorshift): the suite's batches are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 /// One table's random bags: ids, lengths, weights.
 struct Bagged {
     ids: Vec<i64>,
@@ -134,7 +118,7 @@ struct Bagged {
     weights: Vec<f32>,
 }
 
-fn bags(rng: &mut Rng, batch: usize) -> Bagged {
+fn bags(rng: &mut Xorshift, batch: usize) -> Bagged {
     let lengths: Vec<i64> = (0..batch).map(|_| rng.below(6) as i64).collect();
     let n: i64 = lengths.iter().sum();
     let ids = (0..n).map(|_| rng.below(ROWS) as i64).collect();
@@ -193,7 +177,7 @@ pub fn lookups_pool_as_the_reference_for_every_mode(open: Open) {
     let (_dir, path) = fixture();
     let s = open(&path, false);
     let store = &*s.store;
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Xorshift::new(1);
     let modes = [
         (PoolingMode::Sum, false),
         (PoolingMode::Sum, true),

@@ -1,0 +1,59 @@
+//! What the workspace's tests share, so that no test crate writes its own copy: a small store
+//! of patterned rows ([`write_store`], [`pattern`]) and a seeded generator ([`Xorshift`]).
+//! A dev-dependency only; nothing ships it.
+
+use std::path::{Path, PathBuf};
+
+use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+
+/// One table of a test store: name, rows, dim, dtype.
+pub type Table<'a> = (&'a str, u64, u32, DType);
+
+/// Value `i` (row-major) of table `t` the tests' stores hold unless they say otherwise: spread
+/// over [-1.5, 1.5), distinct enough that a row read from the wrong place shows.
+pub fn pattern(t: usize, i: u64) -> f32 {
+    ((i * 7919 + t as u64 * 31) % 1013) as f32 * 0.003 - 1.5
+}
+
+/// A store of `tables` at `path`, value `i` (row-major) of table `t` being `value(t, i)`
+/// (before the table's dtype); committed, and its path returned.
+pub fn write_store(
+    path: impl AsRef<Path>,
+    tables: &[Table<'_>],
+    value: impl Fn(usize, u64) -> f32,
+) -> PathBuf {
+    let path = path.as_ref().to_path_buf();
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).expect("a new store");
+    for (t, &(name, rows, dim, dtype)) in tables.iter().enumerate() {
+        let mut table = w
+            .table(TableSpec::new(name, rows, dim, dtype))
+            .expect("a table");
+        let values: Vec<f32> = (0..rows * u64::from(dim)).map(|i| value(t, i)).collect();
+        table.write_f32(&values).expect("the rows");
+        w.finish_table(table).expect("the table");
+    }
+    w.commit().expect("the commit");
+    path
+}
+
+/// A seeded generator (xorshift64): the tests' random batches are the same on every run.
+#[derive(Debug, Clone)]
+pub struct Xorshift(u64);
+
+impl Xorshift {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number in `0..n` (0 for `n` 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
