@@ -1,0 +1,132 @@
+"""A model kept with its store's tables (:func:`save`) and read back from them (:func:`load`)."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .._native import model_save
+from ..capture import Captured
+from ..errors import InvalidRequest, StoreCorrupted
+from ..request import path_arg
+from ..store import Store, read_attachment
+from ..torch import EmbeddingBagCollection
+from .catalog import build
+from .families import Offloaded, _Model
+from .sequence import SequenceSparse
+
+#: The attachments :func:`save` writes: the model's configuration and its dense weights.
+CONFIG_ATTACHMENT = "model.json"
+WEIGHTS_ATTACHMENT = "dense.npz"
+
+
+def save(model: nn.Module, store: str | Path | Store,
+         example: tuple[Tensor | None, Any] | None = None) -> None:
+    """Keeps ``model``'s configuration and dense weights with the store's tables (two
+    attachments, written atomically and checksummed by the engine; see :func:`nearrec.attach`),
+    so :func:`load` rebuilds it from the store alone and :meth:`nearrec.Store.infer` runs it
+    with no Python model at all. Weights go as a numpy ``.npz`` (no pickle).
+
+    ``model`` is one of nearrec's models, or any model :func:`offload` takes (its
+    :class:`Offloaded` form, or the module and ``example`` to capture it on): then the captured
+    program is kept, and ``store.infer(dense, features)`` takes features keyed by the model's
+    features."""
+    path = store.info.path if isinstance(store, Store) else Path(path_arg(store, "the store"))
+    if isinstance(model, nn.Module) and not isinstance(model, _Model):
+        offloaded = model if isinstance(model, Offloaded) else Offloaded(model, example)
+        if offloaded.captured is None:
+            model = offloaded.model
+        else:
+            if Path(offloaded.store.info.path).resolve() != Path(path).resolve():
+                raise InvalidRequest(f"the model reads the store at {offloaded.store.info.path}, "
+                                     f"not {path}: keep it with the store it reads")
+            model_save(str(path), json.dumps(offloaded.captured.config()),
+                       list(offloaded.captured.weights.items()))
+            return
+    if not isinstance(model, _Model):
+        raise InvalidRequest(f"save takes a torch module, not {type(model).__name__}")
+    dense = [(k, np.ascontiguousarray(v.detach().cpu().float().numpy()))
+             for k, v in model.state_dict().items() if not k.startswith("sparse.")]
+    config = {"model": model.spec.name, "variant": model.variant,
+              "interaction": getattr(model, "interaction", "cat"),
+              "tasks": len(getattr(model, "heads", [])) or 1, "tables": list(model.table_names),
+              "sequence": isinstance(model.sparse, SequenceSparse)}
+    model_save(str(path), json.dumps(config), dense)
+
+
+def load(store: Store, **collection: Any) -> nn.Module:
+    """The model :func:`save` kept with ``store``'s tables, its sparse part over ``store``
+    (``collection`` as for :func:`build`): one of nearrec's models, or for a captured model its
+    :class:`Offloaded` form, which runs in the engine."""
+    if not isinstance(store, Store):
+        raise InvalidRequest(f"load takes an open nearrec.Store, not {type(store).__name__}")
+    path = store.info.path
+    raw = read_attachment(path, CONFIG_ATTACHMENT)
+    weights = read_attachment(path, WEIGHTS_ATTACHMENT)
+    if raw is None or weights is None:
+        raise InvalidRequest(f"the store at {path} keeps no model (save one with "
+                             "nearrec.models.save)")
+    try:
+        config = json.loads(raw)
+        name = config["model"]
+        if name == "graph":
+            features, tables, pooling = config["features"], config["tables"], config["pooling"]
+            if not all(isinstance(x, list) and len(x) == len(tables) and
+                       all(isinstance(v, str) for v in x) for x in (features, pooling)):
+                raise TypeError("features, tables and pooling are lists of one name per input")
+        else:
+            variant = config["variant"]
+            interaction, tasks = config["interaction"], config["tasks"]
+            sequence = bool(config.get("sequence", False))
+    except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError is a ValueError
+        raise StoreCorrupted(f"the store at {path}: its {CONFIG_ATTACHMENT} is not a model "
+                             f"configuration: {type(e).__name__}: {e}") from None
+    if name == "graph":
+        return _load_graph(store, config, _weights(path, weights))
+    model = build(name, store, variant=variant, interaction=interaction, tasks=tasks,
+                  sequence=sequence, **collection)
+    state = {k: torch.from_numpy(v) for k, v in _weights(path, weights).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("sparse.")]
+    if missing or unexpected:
+        raise InvalidRequest(f"the stored weights do not fit {config['model']}: missing "
+                             f"{missing[:3]}, unexpected {unexpected[:3]}")
+    return model
+
+
+def _weights(path: Any, raw: bytes) -> dict[str, np.ndarray]:
+    """The arrays of a stored ``dense.npz``."""
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error) as e:
+        raise StoreCorrupted(f"the store at {path}: its {WEIGHTS_ATTACHMENT} is not a weights "
+                             f"archive: {type(e).__name__}: {e}") from None
+
+
+def _load_graph(store: Store, config: dict[str, Any], weights: dict[str, np.ndarray]
+                ) -> Offloaded:
+    """A captured model kept with ``store``: collections over it, one per run of features
+    grouped by table as a collection groups them, and the program."""
+    features, tables, pooling = config["features"], config["tables"], config["pooling"]
+    groups: list[list[int]] = []
+    for i, t in enumerate(tables):
+        seen = [tables[j] for j in groups[-1]] if groups else []
+        if not groups or (t in seen and seen[-1] != t):
+            groups.append([])
+        groups[-1].append(i)
+    collections = [EmbeddingBagCollection(
+        store, list(dict.fromkeys(tables[i] for i in g)),
+        feature_names={features[i]: tables[i] for i in g},
+        pooling={tables[i]: pooling[i] for i in g}) for g in groups]
+    captured = Captured(config["graph"], weights, collections, features, tables, pooling,
+                        [d for c in collections for d in c.dims])
+    return Offloaded(nn.ModuleList(collections), captured=captured)
