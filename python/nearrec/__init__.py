@@ -6,6 +6,40 @@ Quick start::
     nearrec.from_numpy("/tmp/store", {"t0": np.random.rand(1000, 16).astype(np.float32)})
     store = nearrec.open("/tmp/store")   # or open(path, config=nearrec.StoreConfig(...))
     pooled = store.lookup("t0", np.array([1, 2, 3]), offsets=np.array([0, 2]))  # [2, 16]
+
+A store on a storage node is the same :class:`Store`: ``nearrec.connect("host:port", "name")``.
+
+The modules, lowest layer first: each imports only from the layers before it
+(``[tool.importlinter]`` in ``pyproject.toml`` holds them to it; braces: none of each other).
+
+- ``errors``: the exception tree; a Rust error's class is the name its ``nearrec::ErrorKind``
+  gives (``tests/test_errors.py`` holds the two in step). ``_native``: the Rust extension
+  (``crates/nearrec-py``), typed by ``_native.pyi``.
+- {``units``, ``request``, ``specs``}: sizes such as ``"4GiB"`` (parsed by Rust);
+  :class:`TableLookup` (native, with torch's defaults) and the conversion of every other
+  argument; the eight benchmark models' shapes.
+- ``config``: :class:`StoreConfig`, the mirror of Rust's (defaults read from Rust, values checked
+  by Rust, TOML in and out).
+- ``manifest``: a store on disk without opening it: :func:`info`, :func:`attach` /
+  :func:`read_attachment`, :func:`verify`, :func:`gc`.
+- {``store``, ``keyed``}: :class:`Store`, one class over the store's contract
+  (``nearrec::StoreApi``) whatever serves it — ``open``, lookups, ``submit`` → ``Pending``,
+  ``lookup_stream``, ``infer``, writes, swaps, stats — each a call of the binding's
+  ``NativeStore``; :class:`KeyedTable`, rows by unbounded 64-bit ids.
+- {``build``, ``trace``, ``remote``, ``gpu``}: :func:`from_numpy`, :func:`from_state_dict`,
+  :func:`build`, :func:`update`, :func:`remove`; ``nearrec.trace`` (generators, ``.nrtrace``
+  files, FBGEMM conversion, profiles); :func:`connect` and the pickling of a node's store
+  (``RemoteStore`` is a deprecated alias of :class:`Store`); ``nearrec.gpu``, the HBM tier.
+- ``nearrec.torch``: ``EmbeddingBag``, ``KeyedEmbeddingBag``, ``EmbeddingBagCollection`` and
+  ``EmbeddingCollection`` over a store, ``KeyedJaggedTensor``; ``from_torchrec``; the
+  ``nearrec::`` custom ops that ``torch.compile`` / ``torch.export`` see.
+- ``capture``: a user's model traced by ``torch.export`` into the engine's dense program.
+- {``nearrec.models``, ``plan``, ``simulate``, ``datasets``}: the eight benchmark models as
+  PyTorch modules, ``save`` / ``load`` with a store, ``infer`` pipelined, ``offload`` whole into
+  the engine; ``nearrec.plan`` (the planner and plan files, co-located copies); ``nearrec.simulate``
+  (the flash device model); ``nearrec.datasets`` (Criteo, FBGEMM files, MovieLens-100K).
+- ``cli``: the ``nearrec`` command (``cli/__init__.py`` the command tree, the verbs by what they
+  touch in ``stores``, ``serving``, ``workloads``).
 """
 
 from __future__ import annotations

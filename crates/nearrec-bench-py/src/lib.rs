@@ -2,6 +2,17 @@
 //! binds `nearrec-bench` (machine limits and naive baselines) and the SSD tier's CPU cost per
 //! read on a zero-latency device (`cost.rs`) for the harnesses in
 //! `nearrec_bench`; the product extension, `nearrec._native`, does not link it.
+//!
+//! - `limits.rs`: memory and disk limits; `baselines.rs`: naive pread SLS and SSD-S's
+//!   `MappedStore`;
+//! - `cost.rs`: `read_cost`, the engine's SSD tier on the table files held in memory
+//!   (`nearrec_io::MemDevice`, a zero-latency device on the same `BlockDevice` path) or on the
+//!   disk: CPU time per device read;
+//! - `kernels.rs`: `kernel_cost`, the fast pooling kernel against its scalar twin on one table
+//!   (EMB-SSD Figs. 9(b) and 10);
+//! - `load.rs`: `nearrec-loadgen` for `nearrec bench serve` — `load_run`, `redis_load`, and
+//!   `EmbeddedStore` (the store in this process, the floor);
+//! - `error.rs`: how its errors reach Python.
 
 mod baselines;
 mod cost;

@@ -10,6 +10,24 @@
 //!   lock-free open-addressing hash table with a policy for unknown keys.
 //!
 //! Whole-table residency needs no type of its own: the engine keeps such a table's file image.
+//!
+//! Modules:
+//! - `row_cache.rs`: `RowCache` — hits read in two prefetchable steps, `probe` (the set's keys)
+//!   then `read` (the row, copied out and kept only if no writer touched its slot); misses offered
+//!   back, and a compaction's replaced rows written, under the shard's mutex; keys, marks and rows
+//!   in one huge-page buffer each; victims exact LRU / LFU for one thread;
+//! - `hot.rs`: `HotPartition`, pinned rows behind an open-addressing index of its own, so that
+//!   probes can be prefetched a few lookups ahead;
+//! - `keyed.rs`: `KeyedTable` — state per slot, keys apart from rows, CAS inserts (HS-Rec §2.4);
+//!   the unknown-key policy `Unknown` (error / zero / init), counted;
+//! - `policy.rs`: `Policy` (LRU, LFU and their probabilistic-admission `_pa` variants),
+//!   `CacheConfig`;
+//! - `stats.rs`: `CacheStats`, always-on counters, and their `CacheStatsSnapshot`;
+//! - `hash.rs`: the one hash the tiers place rows and keys with.
+//!
+//! `tests/caches.rs` holds one-set caches to exact LRU / LFU models (proptest), checks admission
+//! rates and whole rows under concurrent use; `tests/keyed.rs` holds keyed tables to a `HashMap`
+//! model and races inserts from many threads.
 
 mod hash;
 mod hot;

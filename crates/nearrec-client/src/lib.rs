@@ -4,6 +4,17 @@
 //! [`nearrec::ErrorKind`] with its table and position, or the node's own refusal by its code).
 //! Calls block the caller; they run on a small runtime of the client's own, over one HTTP/2
 //! connection that concurrent calls share (Python's `nearrec.connect` is this client).
+//!
+//! [`Client::connect`] takes [`ClientOptions`]: a bearer token and a deadline (`grpc-timeout`)
+//! sent with every call, TLS ([`ClientTls`]: a CA, a domain, a client certificate), message and
+//! connect limits. A forked child makes its own connection on its first call. A call whose
+//! connection failed (a refused handshake, a reset) is `UNAVAILABLE`: a connection problem to
+//! retry, not an answer of the node's.
+//! Each verb it implements is one call to the node, built and read by `nearrec-wire`'s `convert`;
+//! `submit` puts a call in flight and returns a [`Pending`].
+//!
+//! `tests/contract.rs` runs the store's conformance suite (`nearrec`'s `tests/suite/`) through
+//! this client against a node on loopback, so a node's store answers as an embedded one does.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};

@@ -8,10 +8,45 @@
 //!   block boundary;
 //! - `table-NNNN.order` — only for co-located tables (version 2): the slot of each row
 //!   ([`RowOrder`]);
-//! - `attach-NNNN-name` — attachments (version 2): named blobs such as a model's dense weights.
+//! - `attach-NNNN-name` — attachments (version 2): named blobs such as a model's dense weights;
+//! - `table-NNNN.sums` — sector checksums (version 3): a CRC-32C per 512 B of a table's data, so
+//!   that the SSD tier checks every read as it lands;
+//! - `wal-*.nrwal` — a live store's write-ahead log (version 4, `docs/format.md` §12–13), and
+//!   `table-NNNN.<lsn>.nrt`, a table file a compaction or a created table wrote.
 //!
 //! Stores are written by [`StoreWriter`] (streaming, bounded memory, atomic commit) and opened by
 //! [`StoreReader`] (validating).
+//!
+//! Modules:
+//! - `manifest.rs`, `header.rs`, `layout.rs`, `dtype.rs`: the manifest's envelope and body, the
+//!   table header, where each row sits (`RowLayout`), row encodings (fp32 / fp16 / bf16 / int8
+//!   row-wise with scale and bias);
+//! - `writer.rs` (`StoreWriter`), `reader.rs` (`StoreReader`, `verify`), `chunks.rs` (the chunk
+//!   size both stream tables in, and the progress callback), `init.rs` (seeded random rows);
+//! - `sync.rs`: atomic replacement — a build's directory, `Manifest::publish`;
+//! - `order.rs` + `reorder.rs`: row orders of co-located tables, and `copy_ordered`, the
+//!   co-located copy of a store;
+//! - `attach.rs`: attachments added or replaced in an existing store, atomically;
+//! - `sums.rs`: sector checksums (`SectorSums`);
+//! - `wal/`: the write-ahead log — `record.rs` (one write call as checksummed operations: write,
+//!   remove, create, drop), `log.rs` (segments appended with group commit, sync or async,
+//!   recovered with a torn tail cut, read by other processes without writing);
+//! - `rewrite.rs`: table files written into a live store — `rewrite_table` (compaction's
+//!   copy-on-write, every sector it copies checked first) and `write_table` (a created table);
+//! - `leftovers.rs` + `gc.rs`: what killed writers leave (build temporaries nobody holds the lock
+//!   of, files the manifest does not name) — listed by `verify`, removed by builds and `gc` —
+//!   apart from the table files a compaction replaced (`retired`), kept for readers behind it;
+//! - `files.rs`: every file nearrec reads is opened non-blocking and must be a regular file (a FIFO
+//!   is refused, not waited on), a store's own files may not be symbolic links; directory locks;
+//! - `memory.rs`: `Memory`, what the process may take (physical memory narrowed by its cgroup),
+//!   which every layer checks a caller's numbers against before allocating; `Shortfall`;
+//! - `npz.rs` + `pyliteral.rs`: numpy's `.npz` archives, read and written as numpy does (a plan's
+//!   hot rows, a model's dense weights), the `.npy` header parsed as numpy checks it;
+//! - `aligned.rs`: `AlignedBuf`, block-aligned buffers, large ones on huge-page-advised mappings;
+//! - `error.rs`: `FormatError`.
+//!
+//! Tests: `tests/attach.rs`, `tests/reorder.rs`, `tests/wal.rs`; the Python tests' frozen stores
+//! (`tests/fixtures/`) hold every released version to opening.
 
 mod aligned;
 mod attach;

@@ -17,6 +17,21 @@
 //!
 //! [`measure_read_rate`] measures the disk's random-read rate through it (the flash model's
 //! calibration, and the limit benchmarks compare against).
+//!
+//! Modules:
+//! - `device.rs`: the trait, `ReadOp`, and `check_batch`, the validation every back-end runs;
+//! - `uring.rs`, `pread.rs`, `mem.rs`, `faulty.rs`: the back-ends (io_uring rings are rebuilt in a
+//!   forked child);
+//! - `open.rs`: `IoConfig` (back-end, direct I/O, queue depth, rings), `DeviceKind`, `open_device`
+//!   with its automatic fallback; `files.rs`: the open files and the direct-I/O alignment they
+//!   need (from `statx`);
+//! - `workers.rs`: thread pools that survive `fork()`, shared by every store of a process, one per
+//!   role and thread count (`Workers`), and the fork gate (`fork_gate`: engine calls run inside
+//!   it and a `pthread_atfork` handler waits for them, so no lock is held across a fork);
+//! - `probe.rs`: `measure_read_rate`, direct block reads at a queue depth through io_uring;
+//! - `error.rs`: `IoError`.
+//!
+//! The suite itself is `tests/suite/`, shared with `nearrec-device`, whose flash model runs it too.
 
 mod device;
 mod error;

@@ -5,6 +5,24 @@
 //! SIMD chosen at run time); [`reference::pool_bags`] is its plain scalar twin, which every parity
 //! test compares against. [`pool_found`] (and its twin [`reference::pool_found`]) pools the rows
 //! a [`RowSource`] finds — the SSD tier's DRAM tiers — with the same loop.
+//!
+//! Modules:
+//! - `fast.rs`: the fast path — `pool_bags`; `pool_bags_patched`, the same loop with a cursor
+//!   over a live table's patched positions, compiled only into its patched instances;
+//!   `pool_found`; `prefetch_row`. AVX-512 and AVX2 versions are picked at run time;
+//! - `reference.rs`: the scalar twin of each of the three, decode then reduce, one value at a time;
+//! - `job.rs`: `PoolJob` (a run of one table's bags: indices, bag bounds, weights, mode, padding
+//!   index), `BagsOut` (the cells the pooled bags are written to), `PoolingMode`, `RowIndex`
+//!   (int32 / int64 ids), `IndexError`;
+//! - `table.rs`: `TableView`, a table's data region with its row arithmetic;
+//! - `patch.rs`: `RowPatch`, rows that stand in for the table's own in one task (a live store's
+//!   written and removed rows);
+//! - `source.rs`: `RowSource`, told ahead which rows are coming (`touch`, then `find`) before
+//!   `row` asks for one, so that probes of an index or a set's keys overlap across lookups.
+//!
+//! `tests/parity.rs` holds the fast path to the twin (proptest over dtypes, widths, layouts,
+//! modes, weights, padding, bad indices; `pool_found` also completed with the rows it left and
+//! compared with the whole table's pooling).
 
 mod fast;
 mod job;

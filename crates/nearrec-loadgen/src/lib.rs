@@ -9,7 +9,14 @@
 //! What a request is depends on the [`Mode`]: the node pools next to the data (EMB-SSD's
 //! design), or returns the distinct rows and the client pools them — with or without a cache
 //! of the hottest rows on the client (EMB-SSD's host-caching baseline) — or the same store is
-//! called in this process, with no network (the floor).
+//! called in this process, with no network (the floor), or a Redis server holds each row and
+//! the client pools (HugeCTR HPS's distributed tier; [`load_redis`] fills it).
+//!
+//! [`run`] drives one mode at one offered rate over several connections and returns an
+//! [`Outcome`]: each answered request's latency, what was sent, failed or dropped past the
+//! in-flight limit, and the message bytes on the wire. The client's cache is a
+//! [`CachedTable`] per table: the rows in one block, found by id through an Fx hash map.
+//! Bound for Python in `nearrec-bench-py` (`load.rs`); the product does not link it.
 
 use std::collections::HashMap;
 use std::sync::Arc;

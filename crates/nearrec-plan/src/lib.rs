@@ -14,7 +14,16 @@
 //! - [`placement`]: which tables and rows live in DRAM (what the engine applies);
 //! - [`units`]: byte sizes as people write them (`"64MiB"`), in config and plan files;
 //! - [`colocate`](mod@colocate): an order of a table's rows that puts rows read together in the
-//!   same blocks (the format layer stores it).
+//!   same blocks (the format layer stores it);
+//! - `stack.rs` + `fenwick.rs`: the LRU stack that the generator and the profiler both walk,
+//!   O(log n) per access over a Fenwick tree;
+//! - `error.rs`: `PlanError`, every malformed plan file a `BadPlan` naming the file and table.
+//!
+//! The planner is the one `nearrec.plan` calls (Python only translates); the plan file's numpy
+//! archive goes through `nearrec-format`'s `npz`. `tests/traces.rs` checks the generators against
+//! the published locality numbers (K shares, LRU hit rates) and the trace file's round trip;
+//! `tests/planner.rs` and `tests/plan_file.rs` the planner and the plan file; `examples/plan.rs`
+//! plans a store from a trace file (JSON out).
 
 pub mod colocate;
 pub mod curves;

@@ -1,5 +1,33 @@
 //! `nearrec._native`: the private extension module. Each file binds one core concept; the typed
-//! public API lives in the pure-Python package `nearrec` above it.
+//! public API lives in the pure-Python package `nearrec` above it. No product logic here: a
+//! change of behaviour belongs in the facade or below, and every blocking call releases the GIL.
+//! Its stubs, `python/nearrec/_native.pyi`, are checked against the built module by stubtest.
+//!
+//! Modules:
+//! - `store.rs`: `NativeStore`, the one store class, over an `Arc<dyn StoreApi>` — the embedded
+//!   `nearrec::Store` (its constructor; `nearrec.open`) or a node's store through
+//!   `nearrec-client` (`connect`; `nearrec.connect`); lookups, `submit` → `NativePending`,
+//!   `stream` → `NativeStream`, `infer`, writes, stats; what only an embedded store has answers
+//!   `Unsupported`. Also the store on disk without opening it: verify, gc, manifest, attachments;
+//! - `lookup.rs`: the native `TableLookup`, its arrays converted once at construction
+//!   (contiguous int32 / int64, float32 weights, never an unsafe cast) and viewed by the engine
+//!   without a copy; `HeldBatch`, a call's lookups held so that it runs without the GIL;
+//! - `raw.rs` and `tensor.rs`: a contiguous array's or CPU torch tensor's data read in place;
+//! - `collection.rs`: `NativeCollection`, the native half of `nearrec.torch`'s
+//!   `EmbeddingBagCollection`: a KeyedJaggedTensor's buffers sliced into one `Batch` and pooled;
+//! - `config.rs`: the native `StoreConfig` (JSON from Python's mirror, TOML files), `parse_size`;
+//! - `node.rs`: the node's `NodeConfig`, `serve` (the storage node in this process, for
+//!   `nearrec serve`) and `node_flags` (the node's `FLAGS`, which the command builds its flags
+//!   from);
+//! - `error.rs`: each Rust error raised as the `nearrec.errors` class its `ErrorKind` names, with
+//!   table and position; `error_kinds`, which a test holds to `nearrec.errors`; `detach`, the GIL
+//!   released and a panic answered as `InternalError`;
+//! - `model.rs`: a model's dense layers built from PyTorch weights (`NativeModel`, for
+//!   `nearrec.models`' offload), `model_save` through the facade's writer;
+//! - `writer.rs` (the streaming store writer, the co-located copy), `progress.rs` (bars on
+//!   stderr), `plan.rs` (the planner and plan files), `trace.rs` (generators, trace files,
+//!   profiles), `device.rs` (the flash model, its calibration, the disk's read rate), `cache.rs`
+//!   (the row cache alone, for studies), `keyed.rs` (keyed tables).
 
 mod cache;
 mod collection;

@@ -2,11 +2,45 @@
 //! next to the standard `grpc.health.v1.Health` service and server reflection, so that stock
 //! tools (grpcurl, grpcio's health stub) work against it.
 //!
-//! A thin surface over the facade: `nearrec-wire` decodes each call into the facade's request,
-//! [`admission`] bounds what waits and drops what expired before it reads the device,
-//! [`service`] runs the call on a blocking thread and answers. [`serve`] runs a node until its
-//! shutdown future resolves, then drains: it stops accepting, finishes what is in flight, and
-//! returns.
+//! A thin surface over the store's contract: `nearrec-wire` decodes each call into the facade's
+//! request, [`admission`] bounds what waits and drops what expired before it reads the device,
+//! [`service`] runs the call on the store's `Arc<dyn nearrec::StoreApi>` — an embedded store,
+//! or any other implementation — and answers. [`serve`] runs a node until its shutdown future
+//! resolves, then drains: it stops accepting, finishes what is in flight, and returns; [`run`]
+//! is that until SIGTERM or SIGINT, for the `nearrec-server` binary (`main.rs`) and Python's
+//! `nearrec serve` alike.
+//!
+//! Modules:
+//! - [`config`]: [`NodeConfig`], the node's one config object (serde, TOML, unknown keys refused,
+//!   `validate()`, its stores' `[store]` config inside), and [`FLAGS`], the one list both
+//!   commands build their flags from, each an override of the file; `TlsFiles`;
+//! - [`stores`]: the stores a node serves by name, any implementation of the contract; a store
+//!   the caller holds no grant on is one the node does not serve; `inline`, whether a lookup runs
+//!   on the async worker (never waiting on a device) or on a blocking thread;
+//! - [`service`]: `nearrec.v1.Node` — each call authenticated, authorized, decoded, admitted, run
+//!   and observed; a lookup stream runs up to 4 requests at once and answers in order;
+//! - [`admission`]: at most `max_in_flight` engine calls and `max_queued` waiting, refused past
+//!   that (`RESOURCE_EXHAUSTED`); the client's `grpc-timeout` as a deadline checked before the
+//!   engine; each answer's bytes reserved from its connection's and the node's budgets;
+//! - [`coalesce`]: per store, concurrent small pooled lookups that read a device run as one
+//!   engine batch (`nearrec::coalesce`), each keeping its queue place, deadline and error;
+//! - [`conns`]: connections bounded — the descriptor limit raised and a cap under it, deadlines
+//!   for the HTTP/2 preface and for silence, accept errors backed off, each connection's budget
+//!   of unsent bytes;
+//! - [`send`]: a layer timing each unary answer until its last frame is written (the `send`
+//!   stage), holding its queue place and reserved bytes until then;
+//! - [`acl`]: bearer tokens → principals through an ACL file of token hashes, `read` / `write` /
+//!   `admin` grants on `STORE/TABLE` patterns, reloaded whole on SIGHUP;
+//! - [`swap`]: where a `Swap` may take a store from (under the swap root) and the grants what it
+//!   exposes needs;
+//! - [`metrics`] + [`scrape`]: the families calls update and what a scrape reads then, on
+//!   `/metrics` at an address of its own; [`node`]: [`Shared`], what every call of a node shares.
+//!
+//! `tests/node.rs` holds the node on loopback to the embedded store; `tests/probes.rs` tries it
+//! as adversarial probing did (a window-0 client, silent and half-open connections, a flood
+//! under a 1,024-descriptor limit, a token revoked under an open stream, swaps outside the
+//! root), in process or against the binary; `tests/common/` is what both share. The store's
+//! conformance suite runs over a node in `nearrec-client`'s `tests/contract.rs`.
 
 pub mod acl;
 pub mod admission;

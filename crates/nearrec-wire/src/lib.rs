@@ -6,9 +6,16 @@
 //! - [`arrays`]: little-endian `bytes` fields to and from slices, every length checked and a
 //!   bad one named by table and field;
 //! - [`convert`]: `TableLookup` messages to the facade's [`nearrec::OwnedBatch`] and back, answers
-//!   to and from [`nearrec::Pooled`] and [`nearrec::Rows`];
+//!   to and from [`nearrec::Pooled`] and [`nearrec::Rows`], and every other call's arguments and
+//!   answers (writes, info, stats, compaction) — one function each way;
 //! - [`status`]: a [`nearrec::Error`] as a gRPC status carrying a `google.rpc.ErrorInfo` (its
-//!   [`nearrec::ErrorKind`], table and position), and back as a [`RemoteError`].
+//!   [`nearrec::ErrorKind`], table and position), and back as a [`RemoteError`]; a stream's
+//!   per-request errors; `bounded`, a status whose echoed names are clipped so that its headers
+//!   fit every client's limit.
+//!
+//! `build.rs` compiles `proto/nearrec/v1/node.proto` in pure Rust (protox and tonic-prost-build,
+//! no protoc needed) and keeps the encoded descriptor set for server reflection. The HTTP/2
+//! window and frame sizes both ends open with are here too, so that client and node agree.
 
 pub mod arrays;
 pub mod convert;

@@ -5,9 +5,14 @@
 //! [`TableLookup`]s with [`Store::lookup`]; pipeline batches with [`Store::submit`] /
 //! [`Store::stream`] and cut large ones with [`Store::lookup_split`]; run the model kept with the
 //! store next to its embeddings with [`Store::infer`]. A store opened `writable` takes
-//! [`Store::write_many`] / [`Store::remove`] while it serves (`docs/live.md`). Plans (where rows live in a DRAM budget)
-//! come from [`plan`]; a plan file applies through [`StoreConfig::plan`]. `examples/serve.rs`
-//! walks through all of it (`cargo run -p nearrec --example serve --release`).
+//! [`Store::write_many`] / [`Store::remove`] while it serves (`docs/live.md`). Plans (where rows
+//! live in a DRAM budget) come from [`plan`]; a plan file applies through [`StoreConfig::plan`].
+//! `examples/serve.rs` walks through all of it (`cargo run -p nearrec --example serve --release`).
+//!
+//! The store's verbs are one trait, [`StoreApi`]: [`Store`] implements it here and
+//! `nearrec_client::Client` for a store on a storage node; the node serves any implementation
+//! and the Python binding holds any, both as an `Arc<dyn StoreApi>`. One conformance suite,
+//! `tests/suite/`, holds every implementation to the same answers and typed errors.
 //!
 //! ```no_run
 //! use nearrec::{Batch, Indices, Bags, Store, StoreConfig, TableLookup};
@@ -28,6 +33,37 @@
 //! `nearrec-kernels` (pooling), `nearrec-io` (block devices), `nearrec-cache` (DRAM tiers),
 //! `nearrec-plan` (traces and placement), `nearrec-device` (the flash model), `nearrec-engine`
 //! (serving).
+//!
+//! Modules:
+//! - `api.rs`: `StoreApi`, the contract (a verb an implementation cannot serve answers
+//!   `Unsupported`, naming it), with the verbs made of other verbs written once for all
+//!   (`sync_table`, a trainer's table written where it differs); `Info`, `NewTable`, `Submitted`;
+//! - `config.rs`: `StoreConfig` — serde, TOML and JSON, unknown keys refused, the defaults the
+//!   engine's, `validate()`;
+//! - `store.rs`: `Store`, opened as its config says (engine, simulated drive, plan file or
+//!   placement); `prepare` / `execute` into the caller's buffer, stats, tier report; `Served`,
+//!   the directory being served, swapped whole by `Store::swap`;
+//! - `batch.rs`: `Batch`, `OwnedBatch`, `Pooled`, batches from a trace file; `jagged.rs`: a
+//!   KeyedJaggedTensor-shaped request as a `Batch` of slices of its arrays;
+//! - `pipeline.rs`: `submit` → `Pending`, `stream`, `lookup_split`, on lanes shared by the
+//!   process's stores;
+//! - `raw.rs`: `Store::lookup_rows`, a batch's distinct rows per table at one version (the node's
+//!   `raw` lookups); `coalesce.rs`: small batches of one `Shape` as one engine batch, split back;
+//! - `model.rs` + `infer.rs`: the model kept with a store (`save`, `StoredModel`, a family or a
+//!   program), run next to its embeddings by `Store::infer`;
+//! - `live/`: live stores — `mod.rs` (the writer's lock and log, calls applied in log order and
+//!   published as `Snapshot`s read through arc-swap), `compact.rs` (compaction, crash-safe at each
+//!   step), `tables.rs` (`create_table` / `drop_table`), `follow.rs` (a read-only store following
+//!   its writer every `follow_ms`);
+//! - `swap.rs`: what a swap checks first — the new store answers what the served one answers,
+//!   else refused naming the difference, unless forced; `pace.rs`: the byte rate background work
+//!   keeps beside lookups;
+//! - `error.rs`: `Error`, every layer's error wrapped, and `ErrorKind`, the one table from an
+//!   error to the name every surface gives it (Python's class, the node's gRPC status).
+//!
+//! Tests: `tests/contract.rs` runs the suite on the DRAM and SSD tiers; `tests/store.rs` holds the
+//! store end to end; `tests/live.rs`, `compact.rs`, `tables.rs`, `swap.rs` live stores (the crash
+//! tests re-run the test binary as a child stopped at a failpoint); `tests/coalesce.rs`.
 
 mod api;
 pub mod batch;
