@@ -487,7 +487,9 @@ class Store:
     def _pooled(self, values: npt.NDArray[np.float32], reqs: Sequence[TableLookup]
                 ) -> PooledBatch:
         keys = tuple(r.table for r in reqs)
-        return PooledBatch(values, keys, tuple(self.table(k).dim for k in keys))
+        tables = self._tables
+        dims = tuple(tables[k].dim if k in tables else self.table(k).dim for k in keys)
+        return PooledBatch(values, keys, dims)
 
     def tier_report(self) -> list[dict[str, Any]]:
         """Per table, the DRAM tiers in front of the SSD tier: what they hold (``resident``,

@@ -69,14 +69,26 @@ impl NativeStore {
             .ok_or_else(|| err(py, nearrec::Error::unsupported(verb, self.api.describe())))
     }
 
-    /// Pools `batch` into a new numpy array, the GIL released meanwhile.
+    /// Pools `batch` into a new numpy array, the GIL released meanwhile: an embedded store
+    /// pools straight into the array (its shape prepared first); any
+    /// other gives its answer, which the array takes without a copy.
     pub(crate) fn pool<'py>(
         &self,
         py: Python<'py>,
         batch: &Batch<'_>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let (pooled, _) = detach(py, || self.api.lookup(batch))?.map_err(|e| err(py, e))?;
-        array(py, pooled)
+        let Some(store) = &self.local else {
+            let (pooled, _) = detach(py, || self.api.lookup(batch))?.map_err(|e| err(py, e))?;
+            return array(py, pooled);
+        };
+        let prepared = store.prepare(batch).map_err(|e| err(py, e))?;
+        let out = PyArray2::<f32>::zeros(py, [prepared.batch(), prepared.width()], false);
+        {
+            let mut rw = out.readwrite();
+            let slice = rw.as_slice_mut().expect("new arrays are contiguous");
+            detach(py, || store.execute(batch, &prepared, slice))?.map_err(|e| err(py, e))?;
+        }
+        Ok(out)
     }
 }
 
