@@ -19,7 +19,7 @@ def test_table_truncated_under_an_open_store_then_restored(tmp_path):
     path, _ = make_store(tmp_path)
     dram = nearrec.open(path)
     ssd = nearrec.open(path, tier="ssd")
-    info = ssd.table("f32_d32")
+    info = next(t for t in ssd.info.tables if t.name == "f32_d32")
     table_file = path / info.file
     original = table_file.read_bytes()
     idx, off = np.arange(200, 300), np.arange(0, 100, 10)
@@ -42,7 +42,7 @@ def test_table_replaced_under_an_open_store_keeps_serving_the_opened_file(tmp_pa
     ssd = nearrec.open(path, tier="ssd")
     idx, off = np.arange(0, 40), np.arange(0, 40, 4)
     want = ssd.lookup("f32_d32", idx, off)
-    table_file = path / ssd.table("f32_d32").file
+    table_file = path / next(t.file for t in ssd.info.tables if t.name == "f32_d32")
     fresh = table_file.with_suffix(".new")
     fresh.write_bytes(b"\0" * table_file.stat().st_size)
     os.replace(fresh, table_file)  # a new inode at the old name
