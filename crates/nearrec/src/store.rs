@@ -281,11 +281,6 @@ impl Store {
         }
     }
 
-    /// What Python calls `info`: [`Store::manifest`].
-    pub fn info(&self) -> Manifest {
-        self.manifest()
-    }
-
     /// Checks every data byte of the store's files against their checksums, every attachment,
     /// and lists what interrupted writes left ([`crate::verify`] on this store's path).
     pub fn verify(&self, progress: Option<&ProgressFn>) -> Result<Vec<nearrec_format::TableCheck>> {

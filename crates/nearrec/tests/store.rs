@@ -263,7 +263,7 @@ fn a_placement_in_the_config_is_applied_and_checked() {
         &s.lookup(&nearrec::AsBatch::as_batch(&b)).unwrap().values,
         &expected(&b),
     );
-    assert_eq!(s.info().tables.len(), TABLES.len());
+    assert_eq!(s.manifest().tables.len(), TABLES.len());
     let checks = s.verify(None).unwrap();
     assert!(checks.iter().all(|c| c.error.is_none()), "{checks:?}");
     assert_eq!(checks.len(), TABLES.len());
