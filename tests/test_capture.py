@@ -196,8 +196,9 @@ def test_save_and_load_keep_a_captured_model_with_its_store(tmp_path, options):
             # the engine alone, from the store's attachments: inputs matched by feature
             close(store.infer(dense.numpy(), features), want)
             close(loaded(dense, features), want)
-    with pytest.raises(InvalidRequest, match="share tables"):
-        loaded.arrange([])
+    # lookups given as a list are matched to the inputs (features) by name, by the engine
+    with pytest.raises(InvalidRequest, match=r'missing \["f0", "f_shared", "f1", "f2"\]'):
+        store.infer(torch.randn(2, 5).numpy(), [], model=loaded)
     with pytest.raises(InvalidRequest, match=r'table "t0".*missing \["f_shared"\]'):
         theirs = model.sparse_arch.embedding_bag_collection
         store.infer(torch.randn(2, 5).numpy(), kjt(theirs, 2, 1, keys=["f0", "f1", "f2"]))

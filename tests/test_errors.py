@@ -90,6 +90,41 @@ def test_lengths_must_add_up(mixed_store):
         mixed_store.lookup(T, np.array([1, 2, 3]), lengths=np.array([4, -1]))
 
 
+def test_a_jagged_request_is_read_by_the_engine_rules():
+    """``nearrec.request.jagged`` (the KJT reader of the torch modules) is the native one: the
+    same rules and messages as a KJT pooled by the engine, negative lengths included."""
+    from nearrec.request import jagged
+
+    class KJT:  # KeyedJaggedTensor-shaped, unchecked (nearrec's own checks its shape itself)
+        def __init__(self, keys, values, lengths):
+            self.k, self.v, self.n = keys, values, lengths
+
+        def keys(self):
+            return self.k
+
+        def values(self):
+            return self.v
+
+        def lengths(self):
+            return self.n
+
+    j = jagged(KJT(["a", "b"], np.array([5, 6, 7]), np.array([2, 0, 1, 0], np.int32)))
+    assert (j.keys, j.batch, j.bounds.tolist(), j.weights) == (["a", "b"], 2, [0, 2, 2, 3, 3],
+                                                                None)
+    cases = [(np.array([4, -1]), r"lengths\[1\] = -1 is negative"),
+             (np.array([1, 1]), "add up to 2 but there are 3 values"),
+             (np.array([3]), "not a multiple of 2 keys")]
+    for lengths, says in cases:
+        with pytest.raises(InvalidRequest, match=says):
+            jagged(KJT(["a", "b"], np.array([5, 6, 7]), lengths))
+    with pytest.raises(InvalidRequest, match="values must be int32 or int64, got float64"):
+        jagged(KJT(["a"], np.array([1.0]), np.array([1])))
+    with pytest.raises(InvalidRequest, match="keys are str, not 3"):
+        jagged(KJT([3], np.array([1]), np.array([1])))
+    with pytest.raises(InvalidRequest, match="a KeyedJaggedTensor, not dict"):
+        jagged({"a": [1]})
+
+
 def test_weights(mixed_store):
     idx, off = np.array([1, 2, 3]), np.array([0])
     with pytest.raises(InvalidRequest, match="shape"):

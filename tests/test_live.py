@@ -5,6 +5,7 @@ read-only openers on refresh, and bad calls are typed errors that apply nothing.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,10 @@ def test_collection_and_many_tables_at_once(path):
     after = ebc(kjt).values()
     assert torch.equal(after, torch.tensor([[2.0] * DIM + [-1.0] * 4]))
     assert not torch.equal(before, after)
+    # None rows remove, in the same atomic call as other tables' writes
+    v = s.write_many({"a": ([3], None), "b": (np.array([4], np.int32), np.ones((1, 4)))})
+    assert v == s.version == 2
+    assert torch.equal(ebc(kjt).values(), torch.tensor([[0.0] * DIM + [1.0] * 4]))
 
 
 def test_bad_calls_are_typed_and_apply_nothing(path):
@@ -108,14 +113,24 @@ def test_bad_calls_are_typed_and_apply_nothing(path):
         (lambda: s.write_many({"a": ([1], ok), "b": ([1], np.full((1, 4), np.nan))}),
          nearrec.InvalidRequest, "NaN"),
         (lambda: s.remove("a", [-1]), nearrec.InvalidRequest, "ids[0] = -1"),
+        (lambda: s.write_many([("a", [1], ok)]), nearrec.InvalidRequest,
+         "writes is a mapping from table to (ids, rows), not list"),
+        (lambda: s.write_many({"a": ([1],)}), nearrec.InvalidRequest, "an (ids, rows) pair"),
+        (lambda: s.write_many({3: ([1], ok)}), nearrec.InvalidRequest, "a table name is a str"),
     ]
     for call, cls, says in cases:
-        with pytest.raises(cls, match=says.replace("[", r"\[").replace("]", r"\]")):
+        with pytest.raises(cls, match=re.escape(says)):
             call()
     assert s.version == 0 and s.live_stats()["log_records"] == 0
     with pytest.raises(nearrec.InvalidRequest) as e:
         s.write("b", [7, 8], np.array([[0, 0, 0, 0], [0, np.nan, 0, 0]], np.float32))
     assert (e.value.table, e.value.position) == ("b", 1)
+    big = np.zeros((3, DIM))
+    big[2, 5] = -1e39
+    with pytest.raises(nearrec.InvalidRequest,
+                       match=r"rows\[2\]\[5\] = -1e39 does not fit float32") as e:
+        s.write("a", [1, 2, 3], big)
+    assert (e.value.table, e.value.position) == ("a", 2)
     s.write("a", [1], np.full((1, DIM), np.nan, np.float32), allow_nonfinite=True)
     assert np.isnan(s.lookup("a", [1], offsets=[0])).all()
 

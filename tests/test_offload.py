@@ -4,6 +4,8 @@ pipeline and the stored model work through it; what it cannot run is a typed err
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -124,14 +126,20 @@ def test_what_offload_cannot_run_is_a_typed_error(tmp_path):
         nearrec.build(p, name, rows=40, seed=1, progress=False)
         with pytest.raises(nearrec.InvalidRequest, match="DIN and DIEN"):
             offload(build(name, nearrec.open(p)))
-    with pytest.raises(nearrec.InvalidRequest, match="layer 0"):
-        nearrec._native.NativeModel.ncf(
-            [(np.zeros((4, 3), np.float32), np.zeros(5, np.float32), "relu")],
-            [(np.zeros((1, 9), np.float32), np.zeros(1, np.float32), "none")], 8)
+    # the engine builds an offloaded model by the rules it reads a kept one by
+    from_config, f32 = nearrec._native.NativeModel.from_config, np.float32
+    ncf = json.dumps({"model": "ncf", "tables": ["t0", "t1", "t2", "t3"]})
+    with pytest.raises(nearrec.InvalidRequest, match=r"ncf: mlp.0.bias has shape \[5\], not \[4\]"):
+        from_config(ncf, [("mlp.0.weight", np.zeros((4, 16), f32)),
+                          ("mlp.0.bias", np.zeros(5, f32)),
+                          ("predict.0.weight", np.zeros((1, 12), f32))], [8] * 4)
+    with pytest.raises(nearrec.InvalidRequest, match="no layers predict.N.weight"):
+        from_config(ncf, [("mlp.0.weight", np.zeros((4, 16), f32))], [8] * 4)
+    gelu = {"model": "graph", "tables": ["t0"], "graph": {
+        "dense": 0, "ops": [{"op": "activation", "input": [[1, 0, 8]], "activation": "gelu"}],
+        "output": [[2, 0, 8]]}}
     with pytest.raises(nearrec.InvalidRequest, match="unknown activation"):
-        nearrec._native.NativeModel.ncf(
-            [(np.zeros((4, 16), np.float32), np.zeros(4, np.float32), "gelu")],
-            [(np.zeros((1, 12), np.float32), np.zeros(1, np.float32), "none")], 8)
+        from_config(json.dumps(gelu), [], [8])
 
 
 def test_infer_command_offloads(tmp_path, capsys):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ._native import StoreConfig as NativeStoreConfig
 from .errors import IndexOutOfRange, InvalidRequest
-from .request import index_array, is_bool, path_arg
+from .request import index_vector, is_bool, path_arg
 
 Tier = Literal["auto", "dram", "ssd"]
 Durability = Literal["sync", "async"]
@@ -229,15 +229,12 @@ def _placement(table: Any, p: Any) -> dict[str, Any]:
     if not is_bool(resident):
         raise InvalidRequest(f"plan for table {table!r}: resident must be true or false, not "
                              f"{resident!r}", table=table)
-    hot = index_array(p.get("hot_rows", ()), table, "hot_rows")
-    if hot.ndim != 1:
-        raise InvalidRequest(f"plan for table {table!r}: hot_rows must be a 1-D array of row "
-                             f"ids, got shape {hot.shape}", table=table)
+    hot = index_vector(p.get("hot_rows", ()), table, "hot_rows")
     if hot.size and hot.min() < 0:
         pos = int(np.argmax(hot < 0))
         raise IndexOutOfRange(f"plan for table {table!r}: hot row {hot[pos]} at position "
                               f"{pos} is negative", table=table, position=pos)
-    out: dict[str, Any] = {"resident": bool(resident), "hot_rows": hot.astype(np.int64).tolist()}
+    out: dict[str, Any] = {"resident": bool(resident), "hot_rows": hot.tolist()}
     if "cache_bytes" in p:
         out["cache_bytes"] = p["cache_bytes"]
     return out

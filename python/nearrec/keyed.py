@@ -36,12 +36,12 @@ from .request import (
     as_array,
     count,
     flag,
-    int64_vector,
+    index_vector,
     is_bool,
     mode_name,
     path_arg,
     regular_file,
-    weights_array,
+    weights_vector,
 )
 
 UNKNOWN_POLICIES = ("error", "zero", "init")
@@ -66,7 +66,7 @@ def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table
         raise InvalidRequest(f"table {table!r}: include_last_offset must be True or False, not "
                              f"{include_last_offset!r}", table=table)
     if lengths is not None:
-        lens = int64_vector(lengths, table, "lengths")
+        lens = index_vector(lengths, table, "lengths")
         if lens.size and lens.min() < 0:
             pos = int(np.argmax(lens < 0))
             raise InvalidRequest(f"table {table!r}: lengths[{pos}] = {lens[pos]} is negative",
@@ -74,14 +74,13 @@ def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table
         return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     if offsets is None:
         return np.arange(n + 1, dtype=np.int64)  # one key per bag
-    o = int64_vector(offsets, table, "offsets")
+    o = index_vector(offsets, table, "offsets")
     return o if include_last_offset else np.append(o, n)
 
 
 def _weights(w: Any, table: str) -> F32 | None:
     """``per_sample_weights`` checked as a store lookup's are, flattened."""
-    a = weights_array(w, table)
-    return None if a is None else a.reshape(-1)
+    return None if w is None else weights_vector(w, table)
 
 
 def _rows(x: Any, what: str, table: str) -> F32:
@@ -243,13 +242,13 @@ class KeyedTable:
 
     def read_rows(self, rows: Any) -> F32:
         """Rows by index (as :meth:`resolve` gives them; -1: zeros), ``[n, dim]``."""
-        r = int64_vector(rows, self.name, "rows")
+        r = index_vector(rows, self.name, "rows")
         return np.asarray(self._native.pool_rows(r, np.arange(len(r) + 1, dtype=np.int64)))
 
     def pool_rows(self, rows: Any, offsets: Any, mode: PoolingModeName = "sum",
                   per_sample_weights: Any = None, include_last_offset: bool = False) -> F32:
         """As :meth:`lookup`, for row indices from :meth:`resolve`."""
-        r = int64_vector(rows, self.name, "rows")
+        r = index_vector(rows, self.name, "rows")
         return np.asarray(self._native.pool_rows(
             r, _bounds(len(r), offsets, None, include_last_offset, self.name),
             mode_name(mode, self.name), _weights(per_sample_weights, self.name)))

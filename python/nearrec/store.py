@@ -47,10 +47,7 @@ from .request import (
     lookups,
     path_arg,
     progress_enabled,
-    row_ids,
-    row_write_ids,
     text,
-    write_calls,
 )
 
 
@@ -265,15 +262,15 @@ class Store:
     def write_many(self, writes: Mapping[str, tuple[Any, Any]], *,
                    allow_nonfinite: bool = False) -> int:
         """Several tables' rows in one atomic call (all of them or none): ``{table: (ids,
-        rows)}``, each as :meth:`write` takes them."""
-        return int(self._native.write_many(write_calls(writes, allow_nonfinite),
-                                           flag(allow_nonfinite, "allow_nonfinite")))
+        rows)}``, each as :meth:`write` takes them (``None`` rows remove the ids, as
+        :meth:`remove` does)."""
+        return int(self._native.write_many(writes, flag(allow_nonfinite, "allow_nonfinite")))
 
     def remove(self, table: str, ids: Any) -> int:
         """EMB_REMOVE: rows ``ids`` of ``table`` pool as zero rows until written again
         (counted in ``stats()["removed_served"]``). Atomic and durable like :meth:`write`;
         returns the new version."""
-        return int(self._native.write_many([(table, row_write_ids(table, ids), None)]))
+        return int(self._native.write_many({table: (ids, None)}))
 
     def create_table(self, name: str, rows: int, dim: int, dtype: str = "fp32", *,
                      init: str = "uniform", seed: int = 0) -> int:
@@ -435,17 +432,18 @@ class Store:
                                      f"not {type(model).__name__}")
             model = model.offload()
         if model is not None:
-            return self._infer(model.native, dense, model.requests(features))[0]
+            return self._infer(model.native, dense, *model.requests(features))[0]
         if isinstance(features, Sequence) and not isinstance(features, str | bytes):
             reqs = lookups(features)
         else:
             reqs = jagged_lookups(features)
         return self._infer(None, dense, reqs)[0]
 
-    def _infer(self, native_model: Any, dense: Any, reqs: Sequence[TableLookup]
-               ) -> tuple[npt.NDArray[np.float32], dict[str, float]]:
+    def _infer(self, native_model: Any, dense: Any, reqs: Sequence[TableLookup],
+               in_order: bool = False) -> tuple[npt.NDArray[np.float32], dict[str, float]]:
         """The engine's ``infer``: outputs and the seconds per part (``native_model`` None: the
-        stored model, inputs matched by name; else ``reqs`` in its input order)."""
+        stored model); ``reqs`` matched to the model's inputs by name, or taken as they are
+        with ``in_order``."""
         if dense is not None:
             dense = as_array(dense, "dense features")
             if dense.dtype.kind not in "fiu":
@@ -454,7 +452,7 @@ class Store:
             if dense.ndim != 2:
                 raise InvalidRequest(f"dense features must be [batch, features], not shape "
                                      f"{dense.shape}")
-        out, times = self._native.infer(native_model, dense, list(reqs))
+        out, times = self._native.infer(native_model, dense, list(reqs), in_order)
         return out, dict(times)
 
     def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> Pending:
@@ -504,7 +502,7 @@ class Store:
         1-D int32 / int64 array or a list of ints (floats, bools and unsigned ids are refused,
         not cast)."""
         self.table(table)
-        return self._native.read_rows(table, row_ids(table, rows))
+        return self._native.read_rows(table, rows)
 
     def table_array(self, name: str) -> npt.NDArray[np.float32]:
         """A read-only zero-copy ``[rows, dim]`` view of a dense fp32 table."""

@@ -12,8 +12,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
+use crate::convert::{index_view, weights_view};
 use crate::error::{err, raise};
-use crate::lookup::{index_view, weights_view};
 use crate::store::NativeStore;
 use crate::tensor;
 

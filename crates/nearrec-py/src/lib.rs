@@ -9,9 +9,12 @@
 //!   `nearrec-client` (`connect`; `nearrec.connect`); lookups, `submit` → `NativePending`,
 //!   `stream` → `NativeStream`, `infer`, writes, stats; what only an embedded store has answers
 //!   `Unsupported`. Also the store on disk without opening it: verify, gc, manifest, attachments;
-//! - `lookup.rs`: the native `TableLookup`, its arrays converted once at construction
-//!   (contiguous int32 / int64, float32 weights, never an unsafe cast) and viewed by the engine
-//!   without a copy; `HeldBatch`, a call's lookups held so that it runs without the GIL;
+//! - `lookup.rs`: the native `TableLookup`, its arrays converted once at construction and
+//!   viewed by the engine without a copy; `HeldBatch`, a call's lookups held so that it runs
+//!   without the GIL;
+//! - `convert.rs`: the one set of argument conversions (contiguous int32 / int64 ids, float32
+//!   weights and rows, never an unsafe cast; modes, `padding_idx`, a KeyedJaggedTensor's bags),
+//!   also exported for `nearrec.request`'s helpers, so that every message comes from Rust;
 //! - `raw.rs` and `tensor.rs`: a contiguous array's or CPU torch tensor's data read in place;
 //! - `collection.rs`: `NativeCollection`, the native half of `nearrec.torch`'s
 //!   `EmbeddingBagCollection`: a KeyedJaggedTensor's buffers sliced into one `Batch` and pooled;
@@ -22,8 +25,9 @@
 //! - `error.rs`: each Rust error raised as the `nearrec.errors` class its `ErrorKind` names, with
 //!   table and position; `error_kinds`, which a test holds to `nearrec.errors`; `detach`, the GIL
 //!   released and a panic answered as `InternalError`;
-//! - `model.rs`: a model's dense layers built from PyTorch weights (`NativeModel`, for
-//!   `nearrec.models`' offload), `model_save` through the facade's writer;
+//! - `model.rs`: `NativeModel`, a `nearrec::StoredModel` built from a PyTorch model's
+//!   configuration and weights (for `nearrec.models`' offload); `model_save` / `model_read`, the
+//!   model kept with a store, through the facade;
 //! - `writer.rs` (the streaming store writer, the co-located copy), `progress.rs` (bars on
 //!   stderr), `plan.rs` (the planner and plan files), `trace.rs` (generators, trace files,
 //!   profiles), `device.rs` (the flash model, its calibration, the disk's read rate), `cache.rs`
@@ -32,6 +36,7 @@
 mod cache;
 mod collection;
 mod config;
+mod convert;
 mod device;
 mod error;
 mod keyed;
@@ -68,8 +73,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<collection::NativeCollection>()?;
     m.add_class::<config::NativeConfig>()?;
     m.add_class::<lookup::PyTableLookup>()?;
+    m.add_function(wrap_pyfunction!(convert::py_as_array, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::index_vector, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::weights_vector, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::pooling_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::padding_idx, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::jagged, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(model::model_save, m)?)?;
+    m.add_function(wrap_pyfunction!(model::model_read, m)?)?;
     m.add_class::<plan::NativePlan>()?;
     m.add_function(wrap_pyfunction!(plan::plan_make, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan_check_trace, m)?)?;

@@ -15,10 +15,12 @@ use nearrec_client::{Client, ClientOptions, ClientTls};
 use nearrec_format::{DType, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyMapping, PyString, PyTuple};
 
 use crate::config::NativeConfig;
+use crate::convert::{dense_features, float_rows, i64_vector, type_name};
 use crate::error::{detach, err, format_err, raise};
-use crate::lookup::{HeldBatch, dense_features};
+use crate::lookup::HeldBatch;
 use crate::model::NativeModel;
 use crate::progress;
 
@@ -335,18 +337,19 @@ impl NativeStore {
     }
 
     /// Runs a model on one batch (whole-model offload): `model` (None: the one kept with the
-    /// store, its inputs matched to `lookups` by table name; else, on an embedded store, the
-    /// lookups in its input order), `dense` `[batch, dense_width]` float32 or None. Returns the
-    /// `[batch, outputs]` output and the seconds per part (`total`, `embeddings`, `dense`,
-    /// `blocks`, `finish`, and the embeddings' `route`, `io_wait`, `pool`: zeros where the
-    /// store runs elsewhere).
-    #[pyo3(signature = (model, dense, lookups))]
+    /// store; else, on an embedded store, a `NativeModel`), `dense` `[batch, dense_width]`
+    /// float32 or None, `lookups` matched to the model's inputs by name (`StoredModel::arrange`),
+    /// or taken in its input order as they are with `in_order`. Returns the `[batch, outputs]`
+    /// output and the seconds per part (`total`, `embeddings`, `dense`, `blocks`, `finish`, and
+    /// the embeddings' `route`, `io_wait`, `pool`: zeros where the store runs elsewhere).
+    #[pyo3(signature = (model, dense, lookups, in_order = false))]
     fn infer<'py>(
         &self,
         py: Python<'py>,
         model: Option<&NativeModel>,
         dense: Option<PyReadonlyArray2<'py, f32>>,
         lookups: &Bound<'py, PyAny>,
+        in_order: bool,
     ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
         let held = HeldBatch::extract(lookups)?;
         let batch = held.as_batch();
@@ -354,7 +357,14 @@ impl NativeStore {
         let out = match model {
             Some(m) => {
                 let store = self.local(py, "infer(model=)")?;
-                detach(py, || store.infer_with(&m.model, dense, &batch))?
+                let m = &m.model;
+                detach(py, || {
+                    if in_order {
+                        store.infer_with(&m.dense, dense, &batch)
+                    } else {
+                        store.infer_with(&m.dense, dense, &m.arrange(&batch)?)
+                    }
+                })?
             }
             None => detach(py, || self.api.infer(dense, &batch))?,
         }
@@ -394,15 +404,17 @@ impl NativeStore {
         serde_json::to_string(&st).ok()
     }
 
-    /// One atomic, durable write call: per table `(name, ids, rows)` with int64 `ids` and
-    /// float32 `rows` `[len(ids), dim]`, or `None` rows to remove them. Returns the version.
+    /// One atomic, durable write call: `{table: (ids, rows)}`, ids as a lookup's indices are
+    /// given and rows `[len(ids), dim]` floats (`float_rows`), or `None` rows to remove the ids.
+    /// Returns the version.
     #[pyo3(signature = (writes, allow_nonfinite = false))]
     fn write_many(
         &self,
         py: Python<'_>,
-        writes: PyWrites<'_>,
+        writes: &Bound<'_, PyAny>,
         allow_nonfinite: bool,
     ) -> PyResult<u64> {
+        let writes = py_writes(writes, allow_nonfinite)?;
         let slices = row_writes(py, &writes)?;
         let options = nearrec::WriteOptions { allow_nonfinite };
         detach(py, || self.api.write_many(&slices, options))?.map_err(|e| err(py, e))
@@ -483,11 +495,12 @@ impl NativeStore {
         &self,
         py: Python<'py>,
         name: &str,
-        rows: PyReadonlyArray1<'py, i64>,
+        rows: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let dim = detach(py, || self.api.table(name))?
             .map_err(|e| err(py, e))?
             .dim as usize;
+        let rows = i64_vector(py, rows, name, "rows")?.readonly();
         let rows = rows.as_slice().map_err(|_| contiguous(py, "rows", name))?;
         let out = PyArray2::<f32>::zeros(py, [rows.len(), dim], false);
         {
@@ -563,6 +576,52 @@ pub(crate) type PyWrites<'py> = Vec<(
     PyReadonlyArray1<'py, i64>,
     Option<PyReadonlyArray2<'py, f32>>,
 )>;
+
+/// A write call's `{table: (ids, rows or None)}` converted (a table name that is not a str, a
+/// write that is not a pair, ids or rows that cannot be converted: an `InvalidRequest`).
+pub(crate) fn py_writes<'py>(
+    writes: &Bound<'py, PyAny>,
+    allow_nonfinite: bool,
+) -> PyResult<PyWrites<'py>> {
+    let py = writes.py();
+    let invalid = |msg: String, table: Option<&str>| raise(py, "InvalidRequest", msg, table, None);
+    let Ok(map) = writes.cast::<PyMapping>() else {
+        let msg = format!(
+            "writes is a mapping from table to (ids, rows), not {}",
+            type_name(writes)
+        );
+        return Err(invalid(msg, None));
+    };
+    map.items()?
+        .iter()
+        .map(|item| {
+            let (table, pair) = item.extract::<(Bound<'py, PyAny>, Bound<'py, PyAny>)>()?;
+            let Ok(table) = table.cast::<PyString>() else {
+                let msg = format!("a table name is a str, not {}", type_name(&table));
+                return Err(invalid(msg, None));
+            };
+            let t = table.to_str()?.to_owned();
+            let pair: Vec<Bound<'py, PyAny>> = match pair.cast::<PyTuple>() {
+                Ok(p) => p.iter().collect(),
+                Err(_) => match pair.cast::<PyList>() {
+                    Ok(p) => p.iter().collect(),
+                    Err(_) => Vec::new(),
+                },
+            };
+            let [ids, rows] = &pair[..] else {
+                let msg = format!("table {t:?}: a write is an (ids, rows) pair");
+                return Err(invalid(msg, Some(&t)));
+            };
+            let ids = i64_vector(py, ids, &t, "ids")?.readonly();
+            let rows = if rows.is_none() {
+                None
+            } else {
+                Some(float_rows(py, rows, &t, allow_nonfinite)?.readonly())
+            };
+            Ok((t, ids, rows))
+        })
+        .collect()
+}
 
 /// A write call's arrays viewed as the facade's [`nearrec::RowWrite`]s.
 pub(crate) fn row_writes<'a>(

@@ -25,40 +25,15 @@ pub fn jagged<'a>(
     lengths: Indices<'a>,
     weights: Option<&'a [f32]>,
 ) -> Result<Batch<'a>> {
-    if keys == 0 {
-        return Err(Error::invalid("the KeyedJaggedTensor has no keys"));
-    }
-    if !lengths.len().is_multiple_of(keys) {
-        return Err(Error::invalid(format!(
-            "lengths has {} entries, not a multiple of {keys} keys",
-            lengths.len()
-        )));
-    }
-    let batch = lengths.len() / keys;
     // where each key's values start (and the last ends)
+    let per_key = lengths.len().checked_div(keys).unwrap_or(0);
     let mut starts = Vec::with_capacity(keys + 1);
-    let mut at = 0i64;
-    for k in 0..keys {
-        starts.push(at);
-        for i in k * batch..(k + 1) * batch {
-            let l = lengths.get(i);
-            if l < 0 {
-                return Err(Error::InvalidRequest {
-                    table: None,
-                    position: Some(i),
-                    reason: format!("lengths[{i}] = {l} is negative"),
-                });
-            }
-            at = at.saturating_add(l);
+    let batch = scan(keys, lengths, values.len(), |i, at| {
+        if per_key == 0 || i.is_multiple_of(per_key) {
+            starts.push(at);
         }
-    }
-    starts.push(at);
-    if at != values.len() as i64 {
-        return Err(Error::invalid(format!(
-            "lengths add up to {at} but there are {} values",
-            values.len()
-        )));
-    }
+    })?;
+    starts.resize(keys + 1, 0); // an empty batch: every key starts and ends at 0
     if let Some(w) = weights
         && w.len() != values.len()
     {
@@ -89,6 +64,54 @@ pub fn jagged<'a>(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Batch::new(tables))
+}
+
+/// Where each bag of a jagged request of `keys` keys starts in its values, and where the last
+/// ends: `lengths.len() + 1` positions. The lengths must split into `keys` equal runs, be
+/// non-negative and add up to `values`.
+pub fn bounds(keys: usize, lengths: Indices<'_>, values: usize) -> Result<Vec<i64>> {
+    let mut bounds = Vec::with_capacity(lengths.len() + 1);
+    scan(keys, lengths, values, |_, at| bounds.push(at))?;
+    Ok(bounds)
+}
+
+/// Checks a jagged request's lengths (see [`bounds`]) and calls `mark(i, at)` with where each
+/// bag `i` starts, then `mark(lengths.len(), values)`; returns the batch (bags per key).
+fn scan(
+    keys: usize,
+    lengths: Indices<'_>,
+    values: usize,
+    mut mark: impl FnMut(usize, i64),
+) -> Result<usize> {
+    if keys == 0 {
+        return Err(Error::invalid("the KeyedJaggedTensor has no keys"));
+    }
+    if !lengths.len().is_multiple_of(keys) {
+        return Err(Error::invalid(format!(
+            "lengths has {} entries, not a multiple of {keys} keys",
+            lengths.len()
+        )));
+    }
+    let mut at = 0i64;
+    for i in 0..lengths.len() {
+        mark(i, at);
+        let l = lengths.get(i);
+        if l < 0 {
+            return Err(Error::InvalidRequest {
+                table: None,
+                position: Some(i),
+                reason: format!("lengths[{i}] = {l} is negative"),
+            });
+        }
+        at = at.saturating_add(l);
+    }
+    mark(lengths.len(), at);
+    if at != values as i64 {
+        return Err(Error::invalid(format!(
+            "lengths add up to {at} but there are {values} values"
+        )));
+    }
+    Ok(lengths.len() / keys)
 }
 
 #[cfg(test)]
@@ -160,5 +183,22 @@ mod tests {
             mode: PoolingMode::Sum,
         }];
         assert!(err(1, &[3], None, &far).contains("key position 1"));
+    }
+
+    #[test]
+    fn bounds_are_every_bags_start_and_an_empty_batch_has_empty_keys() {
+        let lengths = [2i64, 1, 0, 3];
+        assert_eq!(
+            bounds(2, Indices::I64(&lengths), 6).unwrap(),
+            [0, 2, 3, 3, 6]
+        );
+        assert_eq!(bounds(3, Indices::I32(&[]), 0).unwrap(), [0]);
+        let blocks = [JaggedBlock {
+            table: "a",
+            key: 2,
+            mode: PoolingMode::Sum,
+        }];
+        let batch = jagged(&blocks, 3, Indices::I64(&[]), Indices::I64(&[]), None).unwrap();
+        assert_eq!(batch.tables[0].indices.len(), 0);
     }
 }

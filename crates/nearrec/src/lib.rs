@@ -90,7 +90,7 @@ pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use jagged::{JaggedBlock, jagged};
 pub use live::{Compaction, RowWrite, Snapshot, WriteOptions};
-pub use model::{Inferred, StoredModel};
+pub use model::{Inferred, SavedModel, StoredModel};
 pub use pipeline::{Pending, Stream};
 pub use raw::Rows;
 pub use store::{Changes, Stats, Store, TableData, Tables};

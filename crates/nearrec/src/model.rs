@@ -181,9 +181,18 @@ pub struct Inferred {
     pub times: InferTimes,
 }
 
-impl StoredModel {
-    /// Reads the model kept with the store `reader` opened.
-    pub fn load(reader: &StoreReader) -> Result<Self> {
+/// A model as its store keeps it, read and checked but not built: what Python's
+/// `nearrec.models.load` rebuilds the PyTorch model from.
+#[derive(Debug)]
+pub struct SavedModel {
+    pub config: ModelConfig,
+    weights: Weights,
+}
+
+impl SavedModel {
+    /// Reads the model kept with the store `reader` opened: `NoModel` when it keeps none,
+    /// `BadModel` when its attachments do not parse.
+    pub fn read(reader: &StoreReader) -> Result<Self> {
         let path = reader.path().display().to_string();
         let (Some(config), Some(weights)) = (
             reader.read_attachment(CONFIG_ATTACHMENT)?,
@@ -198,18 +207,84 @@ impl StoredModel {
             path: path.clone(),
             reason,
         };
-        let config: ModelConfig = serde_json::from_slice(&config)
+        let mut config: ModelConfig = serde_json::from_slice(&config)
             .map_err(|e| bad(format!("{CONFIG_ATTACHMENT}: {e}")))?;
         let weights =
             Weights::read(&weights).map_err(|e| bad(format!("{WEIGHTS_ATTACHMENT}: {e}")))?;
-        let tables = match config.tables.clone() {
-            Some(t) => t,
-            None => numbered_tables(reader.tables()),
-        };
-        let dims = tables
+        if config.tables.is_none() {
+            config.tables = Some(numbered_tables(reader.tables()));
+        }
+        Ok(Self { config, weights })
+    }
+
+    /// The dense weights: `(name, shape, values)` per array.
+    pub fn weights(&self) -> impl Iterator<Item = (&str, &[u64], &[f32])> {
+        self.weights
+            .0
             .iter()
+            .map(|(name, (shape, values))| (name.as_str(), shape.as_slice(), values.as_slice()))
+    }
+}
+
+impl StoredModel {
+    /// Reads the model kept with the store `reader` opened.
+    pub fn load(reader: &StoreReader) -> Result<Self> {
+        let path = reader.path().display().to_string();
+        let saved = SavedModel::read(reader)?;
+        let dims = saved
+            .config
+            .tables
+            .iter()
+            .flatten()
             .map(|t| table_dim(reader.tables(), t))
             .collect::<Result<Vec<_>>>()?;
+        Self::assemble(saved.config, &saved.weights, &dims).map_err(|e| match e {
+            Error::InvalidRequest { reason, .. } => Error::NoModel {
+                path: path.clone(),
+                reason,
+            },
+            Error::BadModel { reason, .. } => Error::BadModel {
+                path: path.clone(),
+                reason,
+            },
+            other => other,
+        })
+    }
+
+    /// A model from its configuration (as `model.json` holds it, its `tables` given) and its
+    /// dense weights, over input tables of widths `dims`: what Python's `offload` builds from a
+    /// PyTorch model in memory, by the rules [`StoredModel::load`] reads a store's by. Weights
+    /// that do not fit the family are an `InvalidRequest`.
+    pub fn from_parts(config: ModelConfig, weights: &[Tensor<'_>], dims: &[usize]) -> Result<Self> {
+        let w = Weights(
+            weights
+                .iter()
+                .map(|t| {
+                    let shape = t.shape.iter().map(|&d| d as u64).collect();
+                    (t.name.to_owned(), (shape, t.values.to_vec()))
+                })
+                .collect(),
+        );
+        let name = config.model.clone();
+        Self::assemble(config, &w, dims).map_err(|e| match e {
+            Error::BadModel { reason, .. } => Error::invalid(format!("{name}: {reason}")),
+            other => other,
+        })
+    }
+
+    /// The model of `config` and `w` over inputs of widths `dims` (errors without a path).
+    fn assemble(config: ModelConfig, w: &Weights, dims: &[usize]) -> Result<Self> {
+        let tables = config
+            .tables
+            .clone()
+            .ok_or_else(|| bad("the configuration names no input tables".into()))?;
+        if dims.len() != tables.len() {
+            return Err(bad(format!(
+                "{} widths for {} input tables",
+                dims.len(),
+                tables.len()
+            )));
+        }
         let inputs = config.features.clone().unwrap_or_else(|| tables.clone());
         if inputs.len() != tables.len() {
             return Err(bad(format!(
@@ -237,14 +312,7 @@ impl StoredModel {
                     .collect::<Result<Vec<_>>>()?,
             ),
         };
-        let dense = build(&config, &weights, &dims).map_err(|e| match e {
-            Error::InvalidRequest { reason, .. } => Error::NoModel {
-                path: path.clone(),
-                reason,
-            },
-            Error::BadModel { reason, .. } => bad(reason),
-            other => other,
-        })?;
+        let dense = build(&config, w, dims)?;
         Ok(Self {
             name: config.model,
             dense,
@@ -349,25 +417,6 @@ fn numbered_tables(tables: &[TableMeta]) -> Vec<String> {
         .collect();
     numbered.sort();
     numbered.into_iter().map(|t| t.1).collect()
-}
-
-/// The engine's dense part from a model's configuration and weights; also what Python's
-/// `offload` of a captured model builds, so both read one format.
-pub fn dense_model(
-    config: &ModelConfig,
-    weights: &[Tensor<'_>],
-    dims: &[usize],
-) -> Result<DenseModel> {
-    let w = Weights(
-        weights
-            .iter()
-            .map(|t| {
-                let shape = t.shape.iter().map(|&d| d as u64).collect();
-                (t.name.to_owned(), (shape, t.values.to_vec()))
-            })
-            .collect(),
-    );
-    build(config, &w, dims)
 }
 
 fn build(config: &ModelConfig, w: &Weights, dims: &[usize]) -> Result<DenseModel> {
@@ -497,6 +546,7 @@ fn bad(reason: String) -> Error {
 }
 
 /// The float arrays of an `.npz` archive, by name (`"bottom.0.weight"`).
+#[derive(Debug)]
 struct Weights(HashMap<String, (Vec<u64>, Vec<f32>)>);
 
 impl Weights {

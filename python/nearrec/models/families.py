@@ -42,6 +42,19 @@ class _Model(nn.Module):
         """This model run whole by its store's engine (:func:`offload`)."""
         return Offloaded(self)
 
+    def kept_config(self) -> dict[str, Any]:
+        """``nearrec::model::ModelConfig`` of this model: what :func:`save` keeps with the
+        store, and what the engine builds its dense part from."""
+        return {"model": self.spec.name, "variant": self.variant,
+                "interaction": getattr(self, "interaction", "cat"),
+                "tasks": len(getattr(self, "heads", [])) or 1, "tables": list(self.table_names),
+                "sequence": bool(getattr(self.sparse, "reads_sequences", False))}
+
+    def dense_weights(self) -> list[tuple[str, np.ndarray]]:
+        """The ``state_dict`` without the sparse part, as float32 arrays."""
+        return [(k, np.ascontiguousarray(v.detach().cpu().float().numpy()))
+                for k, v in self.state_dict().items() if not k.startswith("sparse.")]
+
     def pooled(self, features: Any) -> list[Tensor]:
         """The sparse part: each table's pooled vectors."""
         out: KeyedTensor = self.sparse(features)
@@ -152,28 +165,6 @@ class NCF(_Model):
         return out
 
 
-_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid",
-                                             nn.Tanh: "tanh"}
-
-
-def _layers(seq: nn.Module) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    """``(weight, bias, activation)`` of each ``nn.Linear`` of a ``Sequential`` of linear layers
-    and activations, as the engine takes them."""
-    mods = list(seq.children()) if isinstance(seq, nn.Sequential) else [seq]
-    out: list[tuple[np.ndarray, np.ndarray, str]] = []
-    for i, m in enumerate(mods):
-        if isinstance(m, nn.Linear):
-            after = mods[i + 1] if i + 1 < len(mods) else None
-            bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
-            out.append((m.weight.detach().float().cpu().contiguous().numpy(),
-                        bias.detach().float().cpu().contiguous().numpy(),
-                        "none" if after is None else _ACTIVATIONS.get(type(after), "none")))
-        elif type(m) not in _ACTIVATIONS:
-            raise InvalidRequest(f"cannot offload a {type(m).__name__} layer (linear layers "
-                                 "and ReLU / sigmoid / tanh only)")
-    return out
-
-
 class Offloaded(nn.Module):
     """A model run whole by its store's engine (RM-SSD's whole-model offload): the same
     ``forward(dense, features)`` as the PyTorch model, equal within fp32 rounding, but the
@@ -204,9 +195,10 @@ class Offloaded(nn.Module):
         collections: list[EmbeddingBagCollection]
         if isinstance(model, _Model):
             collections = [_check_sparse(model.sparse)]
-            self.native = _native_model(model, collections[0])
-            self.inputs = list(model.table_names)
-            self.tables = list(model.table_names)
+            dims = [collections[0].dims[collections[0].tables.index(t)]
+                    for t in model.table_names]
+            self.native = NativeModel.from_config(json.dumps(model.kept_config()),
+                                                  model.dense_weights(), dims)
         else:
             for c in model.modules():
                 if isinstance(c, EmbeddingBagCollection):
@@ -219,8 +211,9 @@ class Offloaded(nn.Module):
             self.native = NativeModel.from_config(
                 json.dumps(self.captured.config()), list(self.captured.weights.items()),
                 self.captured.dims)
-            self.inputs = self.captured.features
-            self.tables = self.captured.tables
+        #: the inputs' names (features, or tables) and the table each reads, in input order
+        self.inputs: list[str] = self.native.inputs
+        self.tables: list[str] = self.native.tables
         self.collections: list[EmbeddingBagCollection] = collections
         self.sparse = collections[0]
         self.store: Store = self.sparse.store  # type: ignore[assignment]  # checked above
@@ -235,46 +228,20 @@ class Offloaded(nn.Module):
         out, self.last_times = self.run(dense, features)
         return out
 
-    def requests(self, features: Any) -> list[TableLookup]:
-        """The engine's lookups for a batch, in the model's input order: from a
-        KeyedJaggedTensor keyed by the inputs (features), or :class:`TableLookup` s matched by
-        table name (:meth:`arrange`)."""
+    def requests(self, features: Any) -> tuple[list[TableLookup], bool]:
+        """The engine's lookups for a batch and whether they are in the model's input order:
+        a KeyedJaggedTensor keyed by the inputs gives them in order; a list of
+        :class:`TableLookup` is matched to the inputs by name by the engine
+        (``nearrec::StoredModel::arrange``: each input exactly once, nothing else)."""
         if isinstance(features, Sequence) and not isinstance(features, str | bytes):
-            return self.arrange(features)
-        return [r for c in self.collections for r in c.lookups(features)]
-
-    def arrange(self, lookups: Sequence[TableLookup]) -> list[TableLookup]:
-        """``lookups`` in the order of the model's inputs, matched by table name (not by their
-        order in the list): each input table exactly once, no other table."""
-        want = list(self.tables)
-        if len(set(want)) != len(want):
-            raise InvalidRequest(f"the model's inputs {self.inputs} share tables, so lookups "
-                                 "named by table cannot say which input they are: give a "
-                                 "KeyedJaggedTensor keyed by feature")
-        by_name: dict[str, TableLookup] = {}
-        for i, r in enumerate(lookups):
-            if not isinstance(r, TableLookup) or not isinstance(r.table, str):
-                raise InvalidRequest(f"features are TableLookup items naming a table, got "
-                                     f"{r!r:.60} at position {i}", position=i)
-            if r.table in by_name:
-                raise InvalidRequest(f"table {r.table!r} is given twice (position {i})",
-                                     table=r.table, position=i)
-            by_name[r.table] = r
-        missing = [t for t in want if t not in by_name]
-        extra = [t for t in by_name if t not in want]
-        if missing or extra:
-            raise InvalidRequest(
-                f"the lookups do not match the model's input tables {want}: "
-                + "; ".join(part for part in (f"missing {missing}" if missing else "",
-                                              f"not inputs {extra}" if extra else "") if part),
-                table=(missing or extra)[0])
-        return [by_name[t] for t in want]
+            return list(features), False
+        return [r for c in self.collections for r in c.lookups(features)], True
 
     def run(self, dense: Tensor | None, features: Any) -> tuple[Tensor, dict[str, float]]:
         """Outputs and the seconds per part, for one batch."""
         if dense is None and self.native.dense_width:
             raise InvalidRequest("this model needs dense features")
-        out, times = self.store._infer(self.native, dense, self.requests(features))
+        out, times = self.store._infer(self.native, dense, *self.requests(features))
         return torch.from_numpy(out), times
 
 
@@ -309,22 +276,6 @@ def _example(model: nn.Module) -> tuple[Tensor, Any]:
     features = TorchRecKJT(keys=keys, values=torch.zeros(2 * len(keys), dtype=torch.int64),
                            lengths=torch.ones(2 * len(keys), dtype=torch.int64))
     return torch.zeros(2, first.in_features), features
-
-
-def _native_model(model: _Model, sparse: EmbeddingBagCollection) -> Any:
-    dims = [sparse.dims[sparse.tables.index(t)] for t in model.table_names]
-    if isinstance(model, DLRM):
-        return NativeModel.dlrm(_layers(model.bottom), _layers(model.top),
-                                model.interaction, len(model.table_names))
-    if isinstance(model, MultiTaskWideAndDeep):
-        return NativeModel.wide_and_deep(_layers(model.trunk),
-                                         [_layers(h) for h in model.heads], dims)
-    if isinstance(model, WideAndDeep):
-        return NativeModel.wide_and_deep(_layers(model.top), [], dims)
-    if isinstance(model, NCF):
-        return NativeModel.ncf(_layers(model.mlp), _layers(model.predict), dims[0])
-    raise InvalidRequest(f"{model.spec.name}: whole-model offload covers DLRM (RMC1–3), WND, "
-                         "MTWND and NCF; run DIN and DIEN with PyTorch MLPs")
 
 
 def offload(model: nn.Module, example: tuple[Tensor | None, Any] | None = None) -> Offloaded:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +10,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._native import model_save
+from .._native import model_read, model_save
 from ..capture import Captured
-from ..errors import InvalidRequest, StoreCorrupted
+from ..errors import InvalidRequest
 from ..request import path_arg
-from ..store import Store, read_attachment
+from ..store import Store
 from ..torch import EmbeddingBagCollection
 from .catalog import build
 from .families import Offloaded, _Model
-from .sequence import SequenceSparse
 
 #: The attachments :func:`save` writes: the model's configuration and its dense weights.
 CONFIG_ATTACHMENT = "model.json"
@@ -53,63 +49,32 @@ def save(model: nn.Module, store: str | Path | Store,
             return
     if not isinstance(model, _Model):
         raise InvalidRequest(f"save takes a torch module, not {type(model).__name__}")
-    dense = [(k, np.ascontiguousarray(v.detach().cpu().float().numpy()))
-             for k, v in model.state_dict().items() if not k.startswith("sparse.")]
-    config = {"model": model.spec.name, "variant": model.variant,
-              "interaction": getattr(model, "interaction", "cat"),
-              "tasks": len(getattr(model, "heads", [])) or 1, "tables": list(model.table_names),
-              "sequence": isinstance(model.sparse, SequenceSparse)}
-    model_save(str(path), json.dumps(config), dense)
+    model_save(str(path), json.dumps(model.kept_config()), model.dense_weights())
 
 
 def load(store: Store, **collection: Any) -> nn.Module:
     """The model :func:`save` kept with ``store``'s tables, its sparse part over ``store``
     (``collection`` as for :func:`build`): one of nearrec's models, or for a captured model its
-    :class:`Offloaded` form, which runs in the engine."""
+    :class:`Offloaded` form, which runs in the engine. The attachments are read and checked by
+    the engine (``nearrec::SavedModel``): a store that keeps none is an
+    :class:`~nearrec.errors.InvalidRequest`, damaged ones a
+    :class:`~nearrec.errors.StoreCorrupted`."""
     if not isinstance(store, Store):
         raise InvalidRequest(f"load takes an open nearrec.Store, not {type(store).__name__}")
-    path = store.info.path
-    raw = read_attachment(path, CONFIG_ATTACHMENT)
-    weights = read_attachment(path, WEIGHTS_ATTACHMENT)
-    if raw is None or weights is None:
-        raise InvalidRequest(f"the store at {path} keeps no model (save one with "
-                             "nearrec.models.save)")
-    try:
-        config = json.loads(raw)
-        name = config["model"]
-        if name == "graph":
-            features, tables, pooling = config["features"], config["tables"], config["pooling"]
-            if not all(isinstance(x, list) and len(x) == len(tables) and
-                       all(isinstance(v, str) for v in x) for x in (features, pooling)):
-                raise TypeError("features, tables and pooling are lists of one name per input")
-        else:
-            variant = config["variant"]
-            interaction, tasks = config["interaction"], config["tasks"]
-            sequence = bool(config.get("sequence", False))
-    except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError is a ValueError
-        raise StoreCorrupted(f"the store at {path}: its {CONFIG_ATTACHMENT} is not a model "
-                             f"configuration: {type(e).__name__}: {e}") from None
-    if name == "graph":
-        return _load_graph(store, config, _weights(path, weights))
-    model = build(name, store, variant=variant, interaction=interaction, tasks=tasks,
-                  sequence=sequence, **collection)
-    state = {k: torch.from_numpy(v) for k, v in _weights(path, weights).items()}
+    raw, arrays = model_read(str(store.info.path))
+    config, weights = json.loads(raw), dict(arrays)
+    if config["model"] == "graph":
+        return _load_graph(store, config, weights)
+    model = build(config["model"], store, variant=config["variant"],
+                  interaction=config["interaction"], tasks=config["tasks"],
+                  sequence=config.get("sequence", False), **collection)
+    state = {k: torch.from_numpy(v) for k, v in weights.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("sparse.")]
     if missing or unexpected:
         raise InvalidRequest(f"the stored weights do not fit {config['model']}: missing "
                              f"{missing[:3]}, unexpected {unexpected[:3]}")
     return model
-
-
-def _weights(path: Any, raw: bytes) -> dict[str, np.ndarray]:
-    """The arrays of a stored ``dense.npz``."""
-    try:
-        with np.load(io.BytesIO(raw), allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error) as e:
-        raise StoreCorrupted(f"the store at {path}: its {WEIGHTS_ATTACHMENT} is not a weights "
-                             f"archive: {type(e).__name__}: {e}") from None
 
 
 def _load_graph(store: Store, config: dict[str, Any], weights: dict[str, np.ndarray]

@@ -24,6 +24,8 @@ class SequenceSparse(nn.Module):
     :class:`~nearrec.torch.EmbeddingBagCollection`). ``forward(features)`` gives ``{table:
     pooled [batch, dim] | JaggedTensor}``."""
 
+    reads_sequences = True
+
     def __init__(self, store: Store, pooled: Sequence[str],
                  sequences: Sequence[str], **collection: Any):
         super().__init__()
