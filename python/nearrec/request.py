@@ -16,7 +16,8 @@ import operator
 import os
 import stat
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple, cast
+from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -140,7 +141,8 @@ def regular_file(x: Any, what: str = "path") -> str:
     return p
 
 
-class Jagged(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Jagged:
     """A KeyedJaggedTensor read once: its keys, ``batch`` bags per key, its values and
     ``lengths`` as numpy (zero-copy for CPU tensors), the bags' ``bounds`` in the values
     (``keys × batch + 1`` positions) and its weights, if any."""

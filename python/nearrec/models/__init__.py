@@ -45,12 +45,12 @@ from .saving import WEIGHTS_ATTACHMENT as WEIGHTS_ATTACHMENT
 from .saving import load, save
 from .sequence import DIEN, DIN, SequenceSparse
 
-# The public classes and functions keep the module they had before this package was cut into
-# modules: pickles (a model pickled with its store), reprs and the module stacks that
-# torch.export records all name nearrec.models.X, wherever X is defined now.
-for _public in (DIEN, DIN, DLRM, NCF, InferResult, MultiTaskWideAndDeep, Offloaded,
-                SequenceSparse, Stages, WideAndDeep, _Model, build, infer, linear_shapes, load,
-                mlp, offload, save, split):
+# The public modules (nn.Module classes) keep the module they had before this package was cut into modules:
+# pickles (a model pickled with its store), reprs and the module stacks that torch.export
+# records all name nearrec.models.X, wherever X is defined now. (Functions keep theirs, so that
+# their annotations resolve where they are written.)
+for _public in (DIEN, DIN, DLRM, NCF, MultiTaskWideAndDeep, Offloaded, SequenceSparse,
+                WideAndDeep, _Model):
     _public.__module__ = __name__
 del _public
 

@@ -27,11 +27,12 @@ from .ops import sequence_lookup as sequence_lookup
 from .sequence import EmbeddingCollection
 from .tensors import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
-# The public classes and functions keep the module they had before this package was cut into
-# modules: pickles (a collection pickled with its store), reprs and the module stacks that
-# torch.export records all name nearrec.torch.X, wherever X is defined now.
+# The public classes keep the module they had before this package was cut into modules:
+# pickles (a collection pickled with its store), reprs and the module stacks that torch.export
+# records all name nearrec.torch.X, wherever X is defined now. (Functions keep theirs, so that
+# their annotations resolve where they are written.)
 for _public in (EmbeddingBag, EmbeddingBagCollection, EmbeddingCollection, JaggedTensor,
-                KeyedEmbeddingBag, KeyedJaggedTensor, KeyedTensor, from_torchrec):
+                KeyedEmbeddingBag, KeyedJaggedTensor, KeyedTensor):
     _public.__module__ = __name__
 del _public
 
