@@ -5,6 +5,14 @@
 //! cannot serve answers [`Error::Unsupported`] naming the verb, never a silent no-op. Verbs
 //! made of other verbs are written here once, for every implementation: a training feed's
 //! [`StoreApi::sync_table`] (`docs/live.md`).
+//!
+//! An embedded [`Store`] also has inherent methods under some of these names, in the shapes an
+//! embedded caller wants: `version` and `tier_report` cannot fail, `stats` is `None` without an
+//! SSD tier, `lookup` answers the [`Pooled`] alone, `table` the engine's full `TableMeta`,
+//! `submit` takes any [`AsBatch`] by value and `swap` any path. Method calls on a `Store` find
+//! those; code over any store (`&dyn StoreApi`, a generic `S: StoreApi`) gets the contract's,
+//! and `StoreApi::version(&store)` names it on a concrete `Store`. Each trait verb of `Store` runs
+//! the same inherent code as its twin (`impl StoreApi for Store` below), so the two cannot drift.
 
 use std::collections::VecDeque;
 use std::time::Duration;
