@@ -254,6 +254,66 @@ def test_writes_over_the_network_are_seen_by_the_next_lookup(tmp_path):
     np.testing.assert_array_equal(after.read_rows("a", np.array([4, 499])), rows[[0, 2]])
 
 
+def test_update_through_a_node_sends_only_the_rows_that_changed(tmp_path):
+    """A trainer's whole table given to `nearrec update --remote`: the node answers each row's
+    digest, and only the two rows that changed cross the wire (no lookup reads the table
+    back); the token comes from a file, not the command line."""
+    path = build(tmp_path)
+    node = Node(str(path), "--writable", "--tier", "ssd")
+    try:
+        remote = nearrec.connect(node.address)
+        table = remote.read_rows("a", np.arange(ROWS["a"]))
+        table[5] += 1.0
+        table[321, 3] = -7.0
+        np.savez(tmp_path / "table.npz", a=table)
+        (tmp_path / "token").write_text("trainer-secret\n")
+        before = _calls(node)
+        cli = [sys.executable, "-m", "nearrec.cli", "update", "--remote", node.address,
+               "--from", str(tmp_path / "table.npz"), "--json"]
+        out = subprocess.run(cli + ["--token-file", str(tmp_path / "token")],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        done = json.loads(out.stdout)
+        assert done["tables"]["a"]["compared"] == ROWS["a"]
+        assert done["tables"]["a"]["written"] == 2 and done["version"] == remote.version
+        after = _calls(node)
+        np.testing.assert_array_equal(remote.read_rows("a", np.array([5, 321])), table[[5, 321]])
+        if after is not None and before is not None:
+            assert after[("RowDigests", "calls")] - before.get(("RowDigests", "calls"), 0) == 1
+            assert after.get(("Lookup", "calls"), 0) == before.get(("Lookup", "calls"), 0)
+            # 8 bytes a row of digests back; two rows of 16 floats (and their ids) written
+            assert after[("RowDigests", "sent")] - before.get(("RowDigests", "sent"), 0) \
+                < ROWS["a"] * 8 + 64
+            assert after[("Write", "received")] - before.get(("Write", "received"), 0) \
+                < 2 * 16 * 4 + 128
+        # nothing changed since: nothing is written
+        again = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["tables"]["a"]["written"] == 0
+        (tmp_path / "empty").write_text("")
+        bad = subprocess.run(cli + ["--token-file", str(tmp_path / "empty")],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode != 0 and "is empty" in bad.stderr
+    finally:
+        assert node.stop() == 0
+
+
+def _calls(node: Node) -> dict[tuple[str, str], float] | None:
+    """Per call: how many were answered, and the bytes received and sent (None without
+    Prometheus's parser)."""
+    if not importlib.util.find_spec("prometheus_client"):
+        return None
+    m = node.metrics()
+    out: dict[tuple[str, str], float] = {}
+    for family, what in (("nearrec_requests", "calls"), ("nearrec_received_bytes", "received"),
+                         ("nearrec_sent_bytes", "sent")):
+        for labels, value in m.get(family, []):
+            if "call" in labels:
+                key = (labels["call"], what)
+                out[key] = out.get(key, 0.0) + value
+    return out
+
+
 def test_an_update_beside_a_read_only_node_is_served_within_its_follow_interval(tmp_path):
     """What an operator does: a node serves a store read-only, `nearrec update` writes rows to
     it from another process and says "the store is at version N" — and the node serves version

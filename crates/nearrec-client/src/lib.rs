@@ -381,6 +381,17 @@ impl StoreApi for Client {
         Ok(convert::uncompaction(answer))
     }
 
+    fn row_digests(&self, table: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
+        let req = self.request(pb::RowDigestsRequest {
+            store: self.store.clone(),
+            table: table.to_owned(),
+            first,
+            count,
+        });
+        let answer = self.call(|mut node| async move { node.row_digests(req).await })?;
+        decode(&answer.digests, table, "digests")
+    }
+
     fn stats(&self) -> nearrec::Result<Stats> {
         Ok(self.stats_and_tiers()?.0)
     }

@@ -607,6 +607,28 @@ impl NodeService {
         Ok(Response::new(answer))
     }
 
+    async fn call_row_digests(
+        &self,
+        request: Request<pb::RowDigestsRequest>,
+    ) -> Answer<pb::RowDigestsResponse> {
+        let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "RowDigests")?;
+        let req = request.into_inner();
+        let (name, store) = self.store(&caller, &req.store)?;
+        self.allow(&caller, "RowDigests", |p| {
+            p.allow(Permission::Read, name, &req.table)
+        })?;
+        let (digests, slot) = self
+            .run("RowDigests", deadline, false, move || {
+                store.row_digests(&req.table, req.first, req.count)
+            })
+            .await?;
+        let answer = pb::RowDigestsResponse {
+            digests: nearrec_wire::arrays::encode(digests),
+        };
+        Ok(holding(answer, Held::from(slot)))
+    }
+
     async fn call_compact(
         &self,
         request: Request<pb::CompactRequest>,
@@ -743,6 +765,20 @@ impl pb::node_server::Node for NodeService {
             received,
             |r| r.encoded_len(),
             self.call_stats(request),
+        )
+        .await
+    }
+
+    async fn row_digests(
+        &self,
+        request: Request<pb::RowDigestsRequest>,
+    ) -> Answer<pb::RowDigestsResponse> {
+        let received = request.get_ref().encoded_len();
+        self.observed(
+            "RowDigests",
+            received,
+            |r| r.encoded_len(),
+            self.call_row_digests(request),
         )
         .await
     }

@@ -80,7 +80,10 @@ mod raw;
 mod store;
 mod swap;
 
-pub use api::{Info, NewTable, PendingLookup, StoreApi, Submitted, Synced, TableInfo, Versioned};
+pub use api::{
+    Info, MAX_DIGEST_ROWS, NewTable, PendingLookup, StoreApi, Submitted, Synced, TableInfo,
+    Versioned, row_digest,
+};
 pub use batch::{
     AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
     PoolingMode, Read, TableLookup,

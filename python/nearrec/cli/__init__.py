@@ -20,8 +20,7 @@ import sys
 import nearrec
 
 from ..errors import InvalidRequest, NearrecError
-from ..remote import DEFAULT_TIMEOUT
-from .flags import Parser, common, parse_bytes, store_config, store_flags
+from .flags import Parser, common, parse_bytes, remote_flags, store_config, store_flags
 from .output import format_stats, human_bytes, human_time
 from .serving import cmd_lookup, cmd_predict, cmd_serve, flag_dest
 from .stores import cmd_build, cmd_compact, cmd_gc, cmd_info, cmd_update, cmd_verify
@@ -67,15 +66,17 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_gc)
 
     up = sub.add_parser("update", help="write a trainer's rows into a store while it serves "
-                                       "(the rows that differ)")
-    up.add_argument("path")
+                                       "(the rows that differ), here or on a node")
+    remote_flags(up, "the store")
     up.add_argument("--from", dest="source", required=True, metavar="FILE",
                     help="an .npz of tables (NAME = the whole table, or NAME.ids + NAME.rows) "
                          "or a saved PyTorch / TorchRec state dict (.pt)")
     up.add_argument("--tolerance", type=float, default=0.0,
                     help="rows that differ by no more than this in every value are left")
     up.add_argument("--tables", help="comma-separated tables to update (default: all given)")
-    up.add_argument("--durability", choices=["sync", "async"], default="sync")
+    up.add_argument("--durability", choices=["sync", "async"], default="sync",
+                    help="a store opened here: whether each write call waits for the disk "
+                         "(default: %(default)s; a node's store writes as the node says)")
     up.add_argument("--compact", action="store_true",
                     help="fold the written rows into the table files before exiting")
     store_flags(up)
@@ -112,15 +113,7 @@ def parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
-    lk.add_argument("path", nargs="?",
-                    help="the store (with --remote: its name on the node; default: the "
-                         "node's only store)")
-    lk.add_argument("--remote", metavar="HOST:PORT", help="a storage node (nearrec serve)")
-    lk.add_argument("--token", help="with --remote: a bearer token")
-    lk.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                    help="with --remote: each call's deadline, s (default: %(default)s)")
-    lk.add_argument("--tls-ca", metavar="PEM",
-                    help="with --remote: TLS, the node's certificate checked against this CA")
+    remote_flags(lk, "the store")
     lk.add_argument("--table", action="append", help="table(s) to query (default: all)")
     lk.add_argument("--batch", type=int, default=16)
     lk.add_argument("--pooling", type=int, default=20, help="lookups per bag")

@@ -6,12 +6,15 @@ are one line (:class:`Parser`)."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import NoReturn
 
 import nearrec
 
 from ..config import CachePolicy
 from ..errors import InvalidRequest
+from ..remote import DEFAULT_TIMEOUT, TOKEN_ENV
+from ..request import regular_file
 from ..units import parse_size
 
 
@@ -55,6 +58,54 @@ def store_config(args: argparse.Namespace) -> nearrec.StoreConfig:
             if getattr(args, "store_config", None) else nearrec.StoreConfig())
     return base.replace(**{k: getattr(args, k) for k in STORE_FLAGS
                            if getattr(args, k, None) is not None})
+
+
+def remote_flags(p: argparse.ArgumentParser, path_help: str) -> None:
+    """A store here (``path``) or on a storage node (``--remote``), and how to reach the node:
+    the verbs that work on either (``lookup``, ``update``)."""
+    p.add_argument("path", nargs="?", help=path_help + " (with --remote: its name on the "
+                                                       "node; default: the node's only store)")
+    p.add_argument("--remote", metavar="HOST:PORT", help="a storage node (nearrec serve)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help=f"with --remote: a file holding the bearer token (default: the "
+                        f"{TOKEN_ENV} environment variable; --token works too, but shows the "
+                        f"token to anyone who can list processes)")
+    p.add_argument("--token", help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="with --remote: each call's deadline, s (default: %(default)s)")
+    p.add_argument("--tls-ca", metavar="PEM",
+                   help="with --remote: TLS, the node's certificate checked against this CA")
+
+
+def open_store(args: argparse.Namespace, verb: str, *, writable: bool = False) -> nearrec.Store:
+    """The store ``remote_flags`` named: connected (its token from ``--token-file``,
+    ``--token`` or :data:`~nearrec.remote.TOKEN_ENV`), or opened here with the store flags."""
+    if args.remote:
+        return nearrec.connect(args.remote, args.path or "", token=_token(args),
+                               timeout=args.timeout, tls_ca=args.tls_ca)
+    if not args.path:
+        raise InvalidRequest(f"nearrec {verb} needs a store: a PATH, or --remote HOST:PORT "
+                             "(and the store's name on the node as PATH)")
+    config = store_config(args)
+    if writable:
+        config = config.replace(writable=True, durability=args.durability)
+    return nearrec.open(args.path, config, progress=args.progress)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file is not None and args.token is not None:
+        raise InvalidRequest("give --token-file or --token, not both")
+    if args.token_file is not None:
+        file = regular_file(args.token_file, "--token-file")
+        try:
+            with open(file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidRequest(f"--token-file: cannot read {file!r}: {e}") from None
+        if not token:
+            raise InvalidRequest(f"--token-file: {file!r} is empty")
+        return token
+    return args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
 
 
 def common(sp: argparse.ArgumentParser) -> None:

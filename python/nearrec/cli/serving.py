@@ -15,7 +15,7 @@ import nearrec
 
 from ..errors import InvalidRequest
 from ..request import count, regular_file
-from .flags import STORE_FLAGS, store_config
+from .flags import STORE_FLAGS, open_store, store_config
 from .output import emit, format_stats, human_time
 
 
@@ -56,15 +56,7 @@ def flag_dest(name: str) -> str:
     return "node_" + name.replace("-", "_")
 
 def cmd_lookup(args: argparse.Namespace) -> int:
-    store: Any
-    if args.remote:
-        store = nearrec.connect(args.remote, args.path or "", token=args.token,
-                                timeout=args.timeout, tls_ca=args.tls_ca)
-    elif args.path:
-        store = nearrec.open(args.path, store_config(args), progress=args.progress)
-    else:
-        raise InvalidRequest("nearrec lookup needs a store: a PATH, or --remote HOST:PORT "
-                             "(and the store's name on the node as PATH)")
+    store = open_store(args, "lookup")
     tables = args.table or list(store.tables)
     repeat = count(args.repeat, "--repeat")
     rng = np.random.default_rng(args.seed)

@@ -12,7 +12,7 @@ from pathlib import Path
 import nearrec
 
 from ..errors import InvalidRequest, NearrecError
-from .flags import store_config
+from .flags import open_store, store_config
 from .output import emit, human_bytes, human_time
 
 
@@ -91,8 +91,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    config = store_config(args).replace(writable=True, durability=args.durability)
-    store = nearrec.open(args.path, config, progress=args.progress)
+    # on a node, the node's writer: only the rows whose digests differ cross the wire
+    store = open_store(args, "update", writable=True)
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
     start = time.perf_counter()
     done = nearrec.update(store, args.source, tolerance=args.tolerance, tables=tables)

@@ -45,10 +45,10 @@ from .saving import WEIGHTS_ATTACHMENT as WEIGHTS_ATTACHMENT
 from .saving import load, save
 from .sequence import DIEN, DIN, SequenceSparse
 
-# The public modules (nn.Module classes) keep the module they had before this package was cut into modules:
-# pickles (a model pickled with its store), reprs and the module stacks that torch.export
-# records all name nearrec.models.X, wherever X is defined now. (Functions keep theirs, so that
-# their annotations resolve where they are written.)
+# The public nn.Module classes keep the module they had before this package was cut into
+# modules: pickles (a model pickled with its store), reprs and the module stacks that
+# torch.export records all name nearrec.models.X, wherever X is defined now. (Functions and
+# plain results keep theirs, so that their annotations resolve where they are written.)
 for _public in (DIEN, DIN, DLRM, NCF, MultiTaskWideAndDeep, Offloaded, SequenceSparse,
                 WideAndDeep, _Model):
     _public.__module__ = __name__

@@ -57,6 +57,11 @@ macro_rules! store_api_suite {
         }
 
         #[test]
+        fn a_training_feed_compares_digests_where_the_rows_are() {
+            crate::suite::a_training_feed_compares_digests_where_the_rows_are($open);
+        }
+
+        #[test]
         fn a_swap_serves_the_new_store_and_refuses_an_incompatible_one() {
             crate::suite::a_swap_serves_the_new_store_and_refuses_an_incompatible_one($open);
         }
@@ -492,6 +497,75 @@ pub fn tables_are_created_dropped_compacted_and_synced(open: Open) {
     let e = store.drop_table("fresh").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::UnknownTable, "{e}");
     assert_eq!(e.table(), Some("fresh"), "{e}");
+}
+
+pub fn a_training_feed_compares_digests_where_the_rows_are(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = &*s.store;
+    let (rows, dim) = (ROWS as usize, DIM as usize);
+    // each row's digest is the digest of the row as served, every table's dtype
+    for (t, &(name, _)) in TABLES.iter().enumerate() {
+        let digests = store.row_digests(name, 0, ROWS).unwrap();
+        assert_eq!(digests.len(), rows);
+        for r in [0, 1, 150, ROWS - 1] {
+            assert_eq!(
+                digests[r as usize],
+                nearrec::row_digest(&row(t, r)),
+                "{name}[{r}]"
+            );
+        }
+        assert_eq!(store.row_digests(name, 10, 5).unwrap(), digests[10..15]);
+    }
+    // one NaN and one zero whatever their signs: equal rows, equal digests
+    assert_eq!(
+        nearrec::row_digest(&[f32::NAN, -0.0, 1.0]),
+        nearrec::row_digest(&[-f32::NAN, 0.0, 1.0])
+    );
+    assert_ne!(
+        nearrec::row_digest(&[1.0, 2.0]),
+        nearrec::row_digest(&[2.0, 1.0])
+    );
+    for (first, count) in [
+        (ROWS - 5, 6),
+        (0, nearrec::MAX_DIGEST_ROWS + 1),
+        (u64::MAX, 2),
+    ] {
+        let e = store.row_digests("t0", first, count).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+        assert_eq!(e.table(), Some("t0"), "{e}");
+    }
+    let e = store.row_digests("nope", 0, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnknownTable, "{e}");
+    // the values as written: every fp16 and int8 row rounds to what is served, none is written
+    for (t, &(name, _)) in TABLES.iter().enumerate() {
+        let values: Vec<f32> = (0..ROWS)
+            .flat_map(|r| (0..DIM).map(move |c| value(t, r, c, 1.0)))
+            .collect();
+        let done = store.sync_table(name, &values, 0.0).unwrap();
+        assert_eq!(
+            (done.compared, done.written, done.calls),
+            (ROWS, 0, 0),
+            "{name}"
+        );
+    }
+    // a trainer's copy of t0: row 3 moved within the tolerance, row 7 past it
+    let mut values: Vec<f32> = (0..ROWS).flat_map(|r| row(0, r)).collect();
+    values[3 * dim] += 0.001;
+    values[7 * dim + 1] += 1.0;
+    let before = store.version().unwrap();
+    let done = store.sync_table("t0", &values, 0.01).unwrap();
+    assert_eq!((done.written, done.calls), (1, 1));
+    assert_eq!(done.version, store.version().unwrap());
+    assert!(done.version > before);
+    let mut out = vec![0f32; dim];
+    store.read_rows("t0", &[7], &mut out).unwrap();
+    assert_eq!(out, values[7 * dim..8 * dim]);
+    // no tolerance: the small change is a change too, and then nothing is left
+    assert_eq!(store.sync_table("t0", &values, 0.0).unwrap().written, 1);
+    assert_eq!(store.sync_table("t0", &values, 0.0).unwrap().written, 0);
+    let digests = store.row_digests("t0", 0, ROWS).unwrap();
+    assert_eq!(digests[3], nearrec::row_digest(&values[3 * dim..4 * dim]));
 }
 
 pub fn a_swap_serves_the_new_store_and_refuses_an_incompatible_one(open: Open) {
