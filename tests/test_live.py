@@ -363,7 +363,31 @@ def test_training_feeds(path, tmp_path):
     sd = {"embedding_bags.a.weight": torch.from_numpy(trained["a"]),
           "over.weight": torch.zeros(2, 2), "over.bias": torch.zeros(2)}
     torch.save(sd, tmp_path / "u.pt")
-    assert nearrec.update(s, tmp_path / "u.pt", tolerance=1e-6)["a"].written == 1
+    # its dense weights are never dropped without a word: refused before anything is written
+    v = s.version
+    with pytest.raises(nearrec.InvalidRequest, match=r"2 dense weights .*over.weight, over.bias"):
+        nearrec.update(s, tmp_path / "u.pt")
+    assert s.version == v
+    assert nearrec.update(s, tmp_path / "u.pt", tolerance=1e-6,
+                          dense="skip")["a"].written == 1
+    # a full model's checkpoint, as a trainer writes it: the tables at TorchRec's paths under
+    # the model's own, and other layouts through a prefix map
+    trained["a"][12] = -0.5
+    full = {"sparse_arch.embedding_bag_collection.embedding_bags.a.weight":
+            torch.from_numpy(trained["a"]),
+            "dense_arch.model._mlp.0._linear.weight": torch.zeros(4, 3),
+            "dense_arch.model._mlp.0._linear.bias": torch.zeros(4)}
+    done = nearrec.update(s, full, dense="skip")
+    assert list(done) == ["a"] and done["a"].written == 1
+    trained["b"][5] = 2.0
+    mine = {"model.tables.b.weight": torch.from_numpy(trained["b"]),
+            "model.head": torch.ones(3, 3)}  # no table: a bias-less 2-D weight is dense here
+    with pytest.raises(nearrec.InvalidRequest, match="1 dense weights .*model.head"):
+        nearrec.update(s, mine, prefix={"model.tables.": ""})
+    assert nearrec.update(s, mine, prefix={"model.tables.": ""},
+                          dense="skip")["b"].written == 1
+    with pytest.raises(nearrec.InvalidRequest, match="dense is 'error' or 'skip'"):
+        nearrec.update(s, mine, dense="keep")
     # the torch modules' sync_from
     from nearrec.torch import EmbeddingBag, EmbeddingBagCollection
     bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(trained["b"].copy()))

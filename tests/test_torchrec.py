@@ -5,7 +5,10 @@ DLRM, on the DRAM and SSD tiers."""
 
 from __future__ import annotations
 
+import json
 import pickle
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -14,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torchrec = pytest.importorskip("torchrec")
 
-from conftest import Lookups  # noqa: E402
+from conftest import Lookups, Node  # noqa: E402
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType  # noqa: E402
 
 import nearrec  # noqa: E402
@@ -187,6 +190,36 @@ def test_from_torchrec_serves_a_dlrm_with_the_same_outputs(tmp_path, options):
         with torch.inference_mode():
             torch.testing.assert_close(served(dense, features), model(dense, features),
                                        rtol=1e-5, atol=1e-6)
+
+
+def test_a_trainers_dlrm_checkpoint_updates_a_node(tmp_path):
+    """What a trainer checkpoints, a full TorchRec DLRM's state_dict, fed to a node serving the
+    model's store: the tables found at their TorchRec paths, only the rows that changed
+    written, the dense weights refused unless skipped in so many words."""
+    torch.manual_seed(5)
+    model = dlrm()
+    from_torchrec(model, tmp_path / "dlrm")  # the store; the served copy is not kept
+    node = Node(str(tmp_path / "dlrm"), "--writable")
+    try:
+        bags = model.sparse_arch.embedding_bag_collection.embedding_bags
+        with torch.no_grad():
+            bags["t1"].weight[[3, 60]] += 0.5
+        torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+        cli = [sys.executable, "-m", "nearrec.cli", "update", "--remote", node.address,
+               "--from", str(tmp_path / "ckpt.pt"), "--json"]
+        refused = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0 and "dense weights" in refused.stderr
+        out = subprocess.run(cli + ["--dense", "skip"], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        written = {t: d["written"] for t, d in json.loads(out.stdout)["tables"].items()}
+        assert written == {"t0": 0, "t1": 2, "t2": 0}
+        remote = nearrec.connect(node.address)
+        for t in ("t0", "t1", "t2"):
+            want = bags[t].weight.detach().numpy()
+            np.testing.assert_array_equal(remote.read_rows(t, np.arange(len(want))), want)
+    finally:
+        assert node.stop() == 0
 
 
 def test_from_torchrec_names_a_clash_by_place_and_refuses_other_modules(tmp_path):

@@ -122,24 +122,48 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
         return w.commit()
 
 
-def _state_dict_tables(state_dict: Mapping[str, Any],
-                       tables: Iterable[str] | None) -> dict[str, Any]:
-    """Embedding weights of a state dict by table name: TorchRec's
-    ``embedding_bags.<name>.weight``, or any 2-D floating ``<prefix>.weight`` without a
-    ``<prefix>.bias`` beside it (``nn.EmbeddingBag`` / ``nn.Embedding`` modules, not ``nn.Linear``),
-    named by its prefix. ``tables`` picks and orders them explicitly."""
+#: Where TorchRec keeps a table's weight in a module's state dict: ``...embedding_bags.NAME.weight``
+#: (an EmbeddingBagCollection) or ``...embeddings.NAME.weight`` (an EmbeddingCollection), at
+#: any depth of a full model (``sparse_arch.embedding_bag_collection.embedding_bags.NAME``).
+_TORCHREC_TABLES = (".embedding_bags.", ".embeddings.")
+
+
+def _split_state_dict(state_dict: Mapping[str, Any], tables: Iterable[str] | None,
+                      prefix: Mapping[str, str] | None = None
+                      ) -> tuple[dict[str, Any], list[str]]:
+    """A state dict's embedding tables by name, and the keys of its other floating-point
+    tensors (a full model's dense weights). A table is, in this order: a key under one of
+    ``prefix``'s key prefixes (``{key prefix: table prefix}``, the rest of the key up to
+    ``.weight`` naming it); else TorchRec's ``embedding_bags.NAME.weight`` or
+    ``embeddings.NAME.weight`` at any depth; else, when the state dict has none of those, any
+    2-D floating ``NAME.weight`` without a ``NAME.bias`` beside it (``nn.EmbeddingBag`` /
+    ``nn.Embedding`` modules, not ``nn.Linear``). ``tables`` picks and orders them."""
+    def floating(t: Any) -> bool:
+        return bool(getattr(t, "is_floating_point", lambda: False)())
+
+    def table_of(key: str) -> str | None:
+        for kp, tp in (prefix or {}).items():
+            if key.startswith(kp) and key.endswith(".weight"):
+                return tp + key[len(kp):-len(".weight")]
+        dotted = "." + key
+        for seg in _TORCHREC_TABLES:
+            at = dotted.rfind(seg)
+            if at >= 0 and key.endswith(".weight"):
+                return dotted[at + len(seg):-len(".weight")]
+        return None
+
     found: dict[str, Any] = {}
+    named = {k: table_of(k) for k in state_dict}
+    torchrec = any(n is not None for n in named.values())
     for key, t in state_dict.items():
-        if not key.endswith("weight") or getattr(t, "ndim", 0) != 2:
-            continue
-        if key[: -len("weight")] + "bias" in state_dict:
-            continue
-        if not getattr(t, "is_floating_point", lambda: False)():
-            continue
-        name = key[: -len("weight")].rstrip(".") or "weight"
-        if name.startswith("embedding_bags."):
-            name = name[len("embedding_bags."):]
-        found[name] = t
+        if named[key] is not None and getattr(t, "ndim", 0) == 2 and floating(t):
+            found[str(named[key])] = t
+        elif not torchrec and key.endswith("weight") and getattr(t, "ndim", 0) == 2 \
+                and floating(t) and key[: -len("weight")] + "bias" not in state_dict:
+            found[key[: -len("weight")].rstrip(".") or "weight"] = t
+    used = {k for k, n in named.items() if n in found} | {
+        k for k in state_dict if (k[: -len("weight")].rstrip(".") or "weight") in found}
+    dense = [k for k, t in state_dict.items() if k not in used and floating(t)]
     if tables is not None:
         wanted = list(tables)
         missing = [n for n in wanted if n not in found]
@@ -148,8 +172,16 @@ def _state_dict_tables(state_dict: Mapping[str, Any],
                                  f"{sorted(found)}")
         found = {n: found[n] for n in wanted}
     if not found:
-        raise InvalidRequest("state dict holds no 2-D floating-point '*weight' tensors")
-    return found
+        raise InvalidRequest("state dict holds no embedding tables: no TorchRec "
+                             "'embedding_bags.NAME.weight' and no 2-D floating-point "
+                             "'*weight' without a bias")
+    return found, dense
+
+
+def _state_dict_tables(state_dict: Mapping[str, Any],
+                       tables: Iterable[str] | None) -> dict[str, Any]:
+    """:func:`_split_state_dict`'s tables alone (a store built from a state dict)."""
+    return _split_state_dict(state_dict, tables)[0]
 
 
 def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
@@ -235,23 +267,40 @@ def remove(path: StorePath) -> None:
 
 
 def update(store: Store, source: Any, *, tolerance: float = 0.0,
-           tables: Iterable[str] | None = None) -> dict[str, Synced]:
-    """A training feed: brings a writable store's tables to what a trainer holds now, writing
-    only the rows that differ (by more than ``tolerance`` in any value, compared as each table
-    stores them).
+           tables: Iterable[str] | None = None, prefix: Mapping[str, str] | None = None,
+           dense: str = "error") -> dict[str, Synced]:
+    """A training feed: brings a writable store's tables — here, or on a node
+    (:func:`nearrec.connect`) — to what a trainer holds now, writing only the rows that differ
+    (by more than ``tolerance`` in any value, compared as each table stores them). Rows are
+    compared by digest where they are stored (:meth:`Store.sync_table`): through a node, an
+    unchanged row costs 8 bytes on the wire.
 
     ``source`` is:
 
     - an ``.npz`` file: an array named after a table (``[rows, dim]``, the whole table) is
       compared with it; arrays ``TABLE.ids`` and ``TABLE.rows`` are written as given;
-    - a PyTorch ``state_dict`` (a mapping of tensors or a saved ``.pt`` file) of
-      ``nn.EmbeddingBag`` modules or a TorchRec ``EmbeddingBagCollection``
-      (``embedding_bags.NAME.weight``), or a module whose ``state_dict()`` it is;
+    - a PyTorch ``state_dict`` (a mapping of tensors or a saved ``.pt`` file), or a module
+      whose ``state_dict()`` it is: a full model's as a trainer checkpoints it (TorchRec's
+      ``...embedding_bags.NAME.weight`` at any depth, e.g.
+      ``sparse_arch.embedding_bag_collection.embedding_bags.t_user.weight``), an
+      ``EmbeddingBagCollection``'s or ``nn.EmbeddingBag`` modules'; ``prefix`` maps other key
+      prefixes to table prefixes (``{"model.tables.": ""}``);
     - a mapping from table name to a whole table, or to an ``(ids, rows)`` pair.
+
+    A state dict's other floating-point tensors are the model's dense weights. They are never
+    dropped silently: with ``dense="error"`` (the default) a source holding any is refused
+    before anything is written, naming them; ``dense="skip"`` updates the tables alone (keep
+    the dense part with :func:`nearrec.models.save`).
 
     ``tables`` picks the tables (default: every one the source names). Returns, per table,
     what was compared and written (:class:`nearrec.Synced`). Torch is imported only for a
     ``.pt`` file."""
+    if dense not in ("error", "skip"):
+        raise InvalidRequest(f"dense is 'error' or 'skip', not {dense!r}")
+    if prefix is not None and not (isinstance(prefix, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in prefix.items())):
+        raise InvalidRequest(f"prefix maps key prefixes to table prefixes (str to str), not "
+                             f"{prefix!r:.60}")
     if callable(getattr(source, "state_dict", None)):
         source = source.state_dict()
     if isinstance(source, str | os.PathLike):
@@ -263,8 +312,14 @@ def update(store: Store, source: Any, *, tolerance: float = 0.0,
     if not isinstance(source, Mapping):
         raise InvalidRequest(f"an update comes from an .npz or .pt file, a state dict, a module "
                              f"or a mapping of tables, not {type(source).__name__}")
-    if not all(k in store.tables for k in source):
-        source = _state_dict_tables(source, tables)
+    if prefix is not None or not all(k in store.tables for k in source):
+        source, weights = _split_state_dict(source, tables, prefix)
+        if weights and dense == "error":
+            raise InvalidRequest(
+                f"the state dict holds {len(weights)} dense weights besides its tables "
+                f"({', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}): pass "
+                "dense='skip' (nearrec update --dense skip) to update the tables alone, and "
+                "keep the dense part with nearrec.models.save")
     elif tables is not None:
         source = {t: source[t] for t in tables}
     done: dict[str, Synced] = {}

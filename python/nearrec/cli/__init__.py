@@ -74,6 +74,13 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--tolerance", type=float, default=0.0,
                     help="rows that differ by no more than this in every value are left")
     up.add_argument("--tables", help="comma-separated tables to update (default: all given)")
+    up.add_argument("--prefix", action="append", metavar="KEY[=TABLE]",
+                    help="state dict keys under KEY are tables, named TABLE + the rest of the "
+                         "key (repeatable; default: TorchRec's embedding_bags.NAME.weight at "
+                         "any depth)")
+    up.add_argument("--dense", choices=["error", "skip"], default="error",
+                    help="a checkpoint's dense weights: refuse the update (default), or skip "
+                         "them and update the tables alone")
     up.add_argument("--durability", choices=["sync", "async"], default="sync",
                     help="a store opened here: whether each write call waits for the disk "
                          "(default: %(default)s; a node's store writes as the node says)")

@@ -95,7 +95,10 @@ def cmd_update(args: argparse.Namespace) -> int:
     store = open_store(args, "update", writable=True)
     tables = [t.strip() for t in args.tables.split(",")] if args.tables else None
     start = time.perf_counter()
-    done = nearrec.update(store, args.source, tolerance=args.tolerance, tables=tables)
+    prefix = None if not args.prefix else {
+        key: table for key, _, table in (p.partition("=") for p in args.prefix)}
+    done = nearrec.update(store, args.source, tolerance=args.tolerance, tables=tables,
+                          prefix=prefix, dense=args.dense)
     compacted = store.compact() if args.compact else None
     seconds = time.perf_counter() - start
     rows = sum(d.written for d in done.values())
