@@ -199,3 +199,45 @@ def test_predict_reads_criteo_rows_for_a_torchrec_dlrm(tmp_path):
     with torch.inference_mode():
         want = model(torch.tensor(np.array(dense), dtype=torch.float32), kjt).numpy()
     np.testing.assert_allclose(np.load(tmp_path / "p.npy"), want, rtol=1e-4, atol=1e-5)
+
+
+def test_every_flag_says_what_it_does_and_its_default_and_every_verb_shows_an_example():
+    """``--help`` as a new user reads it: no flag without a text, each default shown (set by
+    the flag or, for the store settings, Rust's StoreConfig's), one example per verb that the
+    parser itself accepts."""
+    import argparse
+    import shlex
+
+    from nearrec.cli import EXAMPLES, parser
+
+    p = parser()
+    verbs = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(EXAMPLES) == set(verbs)
+    for verb, sp in verbs.items():
+        text = sp.format_help()
+        assert f"example:\n  {EXAMPLES[verb]}" in text, verb
+        p.parse_args(shlex.split(EXAMPLES[verb])[1:])  # the example is one the parser takes
+        for a in sp._actions:
+            if isinstance(a, argparse._HelpAction) or a.help == argparse.SUPPRESS:
+                continue
+            name = a.option_strings[0] if a.option_strings else a.dest
+            assert a.help, f"nearrec {verb} {name} has no help"
+            shown = sp._get_formatter()._get_help_string(a) or ""
+            if a.option_strings and a.default not in (None, False, [], argparse.SUPPRESS):
+                assert "default" in shown, f"nearrec {verb} {name} does not show its default"
+    d = nearrec.StoreConfig()
+    lookup = verbs["lookup"].format_help()
+    assert f"(default: {d.io_queue_depth})" in lookup and "(default: 16)" in lookup
+
+
+def test_info_keeps_its_columns_under_long_table_names(tmp_path):
+    long = "sparse_arch.embedding_bag_collection.t_user_history"
+    nearrec.from_numpy(tmp_path / "s", {long: np.zeros((3, 4), np.float32),
+                                        "t": np.zeros((5, 4), np.float32)})
+    lines = run("info", str(tmp_path / "s")).stdout.splitlines()
+    header = next(line for line in lines if line.startswith("table"))
+    rows = [line for line in lines if line.startswith((long, "t "))]
+    assert len(rows) == 2
+    # every row's columns start where the header's do
+    at = header.index("rows") + len("rows")
+    assert all(row[:at].rstrip().endswith(("3", "5")) for row in rows), lines

@@ -35,33 +35,36 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="create a store (model spec, .npy files or a state dict)")
-    b.add_argument("path")
-    b.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS))
-    b.add_argument("--variant", default="deeprecsys", choices=["deeprecsys", "recssd"])
+    b.add_argument("path", help="the store directory to create")
+    b.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS),
+                   help="a benchmark model's tables, random rows")
+    b.add_argument("--variant", default="deeprecsys", choices=["deeprecsys", "recssd"],
+                   help="the model's table sizes: DeepRecSys's or RecSSD's")
     size = b.add_mutually_exclusive_group()
     size.add_argument("--rows", type=int, help="rows of every table")
     size.add_argument("--table-bytes", type=parse_bytes, help="total table bytes, e.g. 16GiB")
     b.add_argument("--npy", action="append", metavar="NAME=FILE.npy", help="a table from .npy")
     b.add_argument("--state-dict", metavar="FILE.pt", help="tables from a saved state dict")
-    b.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "int8"])
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--overwrite", action="store_true")
+    b.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "int8"],
+                   help="how the rows are stored")
+    b.add_argument("--seed", type=int, default=0, help="the random rows' seed")
+    b.add_argument("--overwrite", action="store_true", help="replace a store at PATH")
     common(b)
     b.set_defaults(func=cmd_build)
 
     i = sub.add_parser("info", help="show a store's manifest")
-    i.add_argument("path")
+    i.add_argument("path", help="a store directory")
     common(i)
     i.set_defaults(func=cmd_info)
 
     v = sub.add_parser("verify", help="check every data byte against its checksum")
-    v.add_argument("path")
+    v.add_argument("path", help="a store directory")
     common(v)
     v.set_defaults(func=cmd_verify)
 
     g = sub.add_parser("gc", help="remove what killed builds and attaches left (at a store, or "
                                   "in a directory of stores)")
-    g.add_argument("path")
+    g.add_argument("path", help="a store, or a directory of stores")
     common(g)
     g.set_defaults(func=cmd_gc)
 
@@ -91,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_update)
 
     cp = sub.add_parser("compact", help="fold a live store's logged writes into its table files")
-    cp.add_argument("path")
+    cp.add_argument("path", help="a store directory (no other writer may hold it)")
     store_flags(cp)
     common(cp)
     cp.set_defaults(func=cmd_compact)
@@ -122,24 +125,25 @@ def parser() -> argparse.ArgumentParser:
     lk = sub.add_parser("lookup", help="pool random (or given) bags and print the result")
     remote_flags(lk, "the store")
     lk.add_argument("--table", action="append", help="table(s) to query (default: all)")
-    lk.add_argument("--batch", type=int, default=16)
+    lk.add_argument("--batch", type=int, default=16, help="bags per table per batch")
     lk.add_argument("--pooling", type=int, default=20, help="lookups per bag")
-    lk.add_argument("--mode", default="sum", choices=["sum", "mean", "max"])
+    lk.add_argument("--mode", default="sum", choices=["sum", "mean", "max"],
+                    help="how each bag pools")
     lk.add_argument("--indices", help=".npy of indices (1-D with --offsets, or 2-D)")
     lk.add_argument("--offsets", help=".npy of offsets")
     lk.add_argument("--output", help="save the pooled [batch, Σ dim] array to this .npy")
     lk.add_argument("--repeat", type=int, default=20,
                     help="batches to run: random ones are drawn afresh for each; given ones "
                          "(--indices) run again")
-    lk.add_argument("--seed", type=int, default=0)
+    lk.add_argument("--seed", type=int, default=0, help="the random bags' seed")
     store_flags(lk)
     common(lk)
     lk.set_defaults(func=cmd_lookup)
 
     tr = sub.add_parser("trace", help="generate, inspect and profile request traces")
-    tsub = tr.add_subparsers(dest="action", required=True)
+    tsub = tr.add_subparsers(dest="action", required=True, help="what to do with traces")
     tg = tsub.add_parser("gen", help="write a synthetic trace file")
-    tg.add_argument("path")
+    tg.add_argument("path", help="the .nrtrace file to write")
     src = tg.add_mutually_exclusive_group()
     src.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS),
                      help="tables and pooling factor of a benchmark model")
@@ -150,19 +154,21 @@ def parser() -> argparse.ArgumentParser:
     tg.add_argument("--pooling", type=int, help="lookups per bag (default: the model's, or 80)")
     tg.add_argument("--bags", type=int, default=10_000, help="samples")
     tg.add_argument("--batch-size", type=int, default=64, help="the batch size hint stored")
-    tg.add_argument("--generator", default="sd", choices=["sd", "zipf", "uniform"])
+    tg.add_argument("--generator", default="sd", choices=["sd", "zipf", "uniform"],
+                    help="stack distances (RecSSD's K), Zipf, or uniform ids")
     tg.add_argument("--k", type=float, default=1.0, help="stack-distance locality (0: most)")
-    tg.add_argument("--sd-variant", default="continuous", choices=["continuous", "per_bag"])
+    tg.add_argument("--sd-variant", default="continuous", choices=["continuous", "per_bag"],
+                    help="stack distances over the whole trace, or within each bag")
     tg.add_argument("--ids", default="full", choices=["full", "recssd"],
                     help="every row (full) or RecSSD's rows 0, 128, 256, ...")
     tg.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent")
-    tg.add_argument("--seed", type=int, default=0)
-    tg.add_argument("--overwrite", action="store_true")
+    tg.add_argument("--seed", type=int, default=0, help="the generator's seed")
+    tg.add_argument("--overwrite", action="store_true", help="replace a file at PATH")
     ti = tsub.add_parser("import", help="a trace file from real data (a local copy)")
     ti.add_argument("format", choices=["criteo", "fbgemm", "movielens"],
                     help="Criteo TSV (.gz ok), a dlrm_datasets (indices, offsets, lengths) .pt, "
                     "MovieLens-100K (u.data, ml-100k.inter or the recbole wheel)")
-    ti.add_argument("source")
+    ti.add_argument("source", help="the data file (or directory) to read")
     ti.add_argument("path", help="the .nrtrace file to write")
     ti.add_argument("--samples", type=int, help="criteo: read at most this many lines")
     ti.add_argument("--hash-rows", type=int, help="criteo: one hash size for every table "
@@ -171,12 +177,12 @@ def parser() -> argparse.ArgumentParser:
                     help="criteo: number categories by first appearance instead of hashing")
     ti.add_argument("--history", type=int, default=20, help="movielens: items in the history bag")
     ti.add_argument("--batch-size", type=int, default=64, help="the batch size hint stored")
-    ti.add_argument("--overwrite", action="store_true")
+    ti.add_argument("--overwrite", action="store_true", help="replace a file at PATH")
     common(ti)
     for name, help_ in (("info", "show a trace file's tables"),
                         ("profile", "stack-distance profile and LRU hit ratios per table")):
         tp = tsub.add_parser(name, help=help_)
-        tp.add_argument("path")
+        tp.add_argument("path", help="a .nrtrace file")
         if name == "profile":
             tp.add_argument("--cache", type=float, nargs="+", default=[0.01, 0.06, 0.25],
                             help="LRU sizes: rows, or fractions of the table (< 1)")
@@ -204,21 +210,22 @@ def parser() -> argparse.ArgumentParser:
                          "(nearrec predict runs a model on real inputs)")
     inf.add_argument("store", help="a store built for the model (nearrec build --model ...)")
     inf.add_argument("trace", help="a .nrtrace file over the store's tables")
-    inf.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS))
-    inf.add_argument("--batch", type=int, default=64)
-    inf.add_argument("--batches", type=int, default=50)
+    inf.add_argument("--model", default="rmc1", choices=sorted(nearrec.MODELS),
+                     help="the benchmark model whose spec the dense part follows")
+    inf.add_argument("--batch", type=int, default=64, help="samples per batch")
+    inf.add_argument("--batches", type=int, default=50, help="batches to run")
     inf.add_argument("--depth", type=int, default=2, help="batches whose embeddings are in flight")
     inf.add_argument("--sub-batch", type=int, help="pipelined run: cut each batch into parts of "
                      "this many samples that flow through the pipeline")
     store_flags(inf)
     inf.add_argument("--offload", action="store_true", help="run the whole model in the engine "
                      "(RM-SSD's offload: rmc1-3, wnd, mtwnd, ncf)")
-    inf.add_argument("--seed", type=int, default=0)
+    inf.add_argument("--seed", type=int, default=0, help="the dense weights' and features' seed")
     common(inf)
     inf.set_defaults(func=cmd_infer)
 
     pl = sub.add_parser("plan", help="place a store's rows in a DRAM budget from a trace")
-    pl.add_argument("store")
+    pl.add_argument("store", help="the store to place")
     pl.add_argument("trace", help="a .nrtrace file (nearrec trace gen)")
     pl.add_argument("--budget", type=parse_bytes, required=True, help="DRAM bytes, e.g. 4GiB")
     pl.add_argument("--out", default="plan.toml", help="the plan file to write")
@@ -228,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plan)
 
     co = sub.add_parser("colocate", help="copy a store with rows read together stored together")
-    co.add_argument("store")
+    co.add_argument("store", help="the store to copy")
     co.add_argument("trace", help="a .nrtrace file whose reads the order follows")
     co.add_argument("out", help="where to write the co-located copy")
     co.add_argument("--how", choices=["frequency", "first_touch"], default="frequency",
@@ -259,15 +266,16 @@ def parser() -> argparse.ArgumentParser:
     si.add_argument("--dtype", help="row dtypes to sweep: fp32, fp16, bf16, int8 (a row's bytes)")
     si.add_argument("--tables", help="table counts to sweep")
     si.add_argument("--rows", help="rows per table to sweep")
-    si.add_argument("--placement", default="packed", choices=["packed", "one-per-page"])
+    si.add_argument("--placement", default="packed", choices=["packed", "one-per-page"],
+                    help="rows packed into flash pages, or one row per page")
     si.add_argument("--batches", type=int, default=20, help="measured batches per point")
     si.add_argument("--warmup", type=int, default=20, help="warm-up batches per point")
-    si.add_argument("--seed", type=int, default=0)
+    si.add_argument("--seed", type=int, default=0, help="the ids' seed")
     si.add_argument("--out-json", help="write the device and every report here")
     si.add_argument("--png", help="plot Y over X here")
     si.add_argument("--x", help="the swept key on the x axis (default: the first swept)")
     si.add_argument("--y", default="throughput", help="a report field (default throughput)")
-    si.add_argument("--logy", action="store_true")
+    si.add_argument("--logy", action="store_true", help="a log-scale y axis")
     common(si)
     si.set_defaults(func=cmd_simulate)
 
@@ -275,12 +283,37 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "ssd-cost", "cache",
                                      "colocate", "keyed", "e2e", "ebc", "build", "gpu",
                                      "flash-repro", "flash-check", "update", "serve",
-                                     "torchrec"])
+                                     "torchrec"],
+                    help="the harness (docs/results.md says what each measures)")
     # each harness declares its flags in the benchmark package, which reads them (cmd_bench)
     be.add_argument("flags", nargs=argparse.REMAINDER,
                     help="the harness's own flags, which `nearrec bench WHAT --help` lists")
     be.set_defaults(func=cmd_bench)
+    for verb, example in EXAMPLES.items():
+        sub.choices[verb].epilog = "example:\n  " + example
     return p
+
+
+#: One example per verb, shown under its --help.
+EXAMPLES = {
+    "build": "nearrec build /data/rmc1 --model rmc1 --rows 1000000 --dtype fp16",
+    "info": "nearrec info /data/rmc1 --json",
+    "verify": "nearrec verify /data/rmc1",
+    "gc": "nearrec gc /data",
+    "update": "nearrec update --remote 10.0.0.5:50051 rmc1 --from ckpt.pt --dense skip "
+              "--token-file ~/.nearrec/token",
+    "compact": "nearrec compact /data/rmc1",
+    "serve": "nearrec serve /data/rmc1=rmc1 --tier ssd --dram-budget 8GiB --listen "
+             "0.0.0.0:50051 --acl acl.toml --tls-cert node.pem --tls-key node.key",
+    "lookup": "nearrec lookup /data/rmc1 --batch 64 --pooling 80 --tier ssd --dram-budget 1GiB",
+    "trace": "nearrec trace gen rmc1.nrtrace --model rmc1 --generator zipf --alpha 1.1",
+    "predict": "nearrec predict /data/dlrm --inputs day_0.tsv --out ctr.csv",
+    "infer": "nearrec infer /data/rmc1 rmc1.nrtrace --model rmc1 --offload",
+    "plan": "nearrec plan /data/rmc1 rmc1.nrtrace --budget 4GiB --out plan.toml",
+    "colocate": "nearrec colocate /data/rmc1 rmc1.nrtrace /data/rmc1-colocated",
+    "simulate": "nearrec simulate --model rmc1 --mode rm-ssd,recssd --batch 1,8,64 --png out.png",
+    "bench": "nearrec bench ebc --quick",
+}
 
 
 #: What the library's messages say in Python's words, as the command line says it.

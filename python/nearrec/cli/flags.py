@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import nearrec
 
@@ -39,14 +39,21 @@ def store_flags(p: argparse.ArgumentParser, config_flag: str = "--config") -> No
     g.add_argument(config_flag, dest="store_config",
                    help="a store config file (TOML), as nearrec.StoreConfig and "
                    "nearrec::StoreConfig read it")
+    d = nearrec.StoreConfig()  # the defaults, Rust's (shown; the flags themselves stay unset)
     g.add_argument("--tier", choices=["auto", "dram", "ssd"],
                    help="serve from DRAM, read rows from SSD per batch, or DRAM if the store "
-                        "fits --dram-budget (default: the config's, auto)")
-    g.add_argument("--threads", type=int, help="pooling threads (0: every core)")
-    g.add_argument("--dram-budget", help="DRAM for the store, e.g. 4GiB")
-    g.add_argument("--cache-policy", choices=[policy.value for policy in CachePolicy])
-    g.add_argument("--admission-probability", type=float)
-    g.add_argument("--io-queue-depth", type=int)
+                        f"fits --dram-budget (default: the config's, {d.tier})")
+    g.add_argument("--threads", type=int,
+                   help=f"pooling threads, 0: every core (default: {d.threads})")
+    g.add_argument("--dram-budget", help="DRAM for the store's tiers, e.g. 4GiB (default: "
+                   "half of memory for --tier auto, no DRAM tiers for --tier ssd)")
+    g.add_argument("--cache-policy", choices=[policy.value for policy in CachePolicy],
+                   help=f"the row cache's policy (default: {d.cache_policy})")
+    g.add_argument("--admission-probability", type=float,
+                   help="the chance a missed row enters the cache, for the probabilistic "
+                        f"policies (default: {d.admission_probability})")
+    g.add_argument("--io-queue-depth", type=int,
+                   help=f"reads in flight on the SSD tier (default: {d.io_queue_depth})")
     g.add_argument("--plan", help="a plan file (nearrec plan) placing rows in DRAM")
     g.add_argument("--device", help="serve the SSD tier from a simulated drive (a preset or a "
                    "JSON parameter file)")
@@ -118,8 +125,25 @@ def common(sp: argparse.ArgumentParser) -> None:
                     help="show the traceback of a failure")
 
 
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each flag's default (where it has one and the text does not already
+    say it), and keeps a verb's examples as they are written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS) \
+                or not action.option_strings or isinstance(default, list) and not default:
+            return text
+        return text + " (default: %(default)s)"
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, whose usage errors are one line too (the usage itself is in ``--help``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"nearrec: error: {message} (see: {self.prog} --help)\n")

@@ -48,12 +48,13 @@ def cmd_info(args: argparse.Namespace) -> int:
             "created_by": info.created_by, "params": info.params,
             "total_bytes": info.total_bytes,
             "tables": [asdict(t) | {"padding_ratio": t.padding_ratio} for t in info.tables]}
+    w = max([20, *(len(t.name) for t in info.tables)])  # long names keep the columns aligned
     lines = [f"{info.path}  (format v{info.format_version}, {info.created_by}, "
              f"{human_bytes(info.total_bytes)})", f"params: {json.dumps(info.params)}",
-             f"{'table':<20} {'rows':>12} {'dim':>6} {'dtype':>6} {'row B':>6} {'pad %':>6}"
+             f"{'table':<{w}} {'rows':>12} {'dim':>6} {'dtype':>6} {'row B':>6} {'pad %':>6}"
              "  rows"]
     for t in info.tables:
-        lines.append(f"{t.name:<20} {t.rows:>12,} {t.dim:>6} {t.dtype:>6} {t.row_bytes:>6} "
+        lines.append(f"{t.name:<{w}} {t.rows:>12,} {t.dim:>6} {t.dtype:>6} {t.row_bytes:>6} "
                      f"{100 * t.padding_ratio:>6.2f}  {'co-located' if t.colocated else 'by id'}")
     if info.attachments:
         lines.append(f"attachments: {', '.join(info.attachments)}")
