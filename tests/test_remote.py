@@ -412,7 +412,7 @@ def test_a_node_config_file_serves_what_it_names_and_flags_override_it(store_pat
     assert out.returncode == 2 and "max_in_flite" in out.stderr, out.stderr
 
 
-def test_tokens_and_grants_refuse_with_typed_errors(tmp_path):
+def test_tokens_and_grants_refuse_with_typed_errors(tmp_path, monkeypatch):
     import hashlib
     path = build(tmp_path)
 
@@ -438,6 +438,15 @@ def test_tokens_and_grants_refuse_with_typed_errors(tmp_path):
             ranker.write("a", np.array([1]), np.zeros((1, 16), np.float32))
         trainer = nearrec.connect(node.address, token=w)
         trainer.write("b", np.array([1]), np.ones((1, 8), np.float32))
+        # a token need not be in code: from a file, or from NEARREC_TOKEN
+        (tmp_path / "token").write_text(w + "\n")
+        nearrec.connect(node.address, token_file=tmp_path / "token").write(
+            "b", np.array([2]), np.ones((1, 8), np.float32))
+        monkeypatch.setenv("NEARREC_TOKEN", w)
+        nearrec.connect(node.address).write("b", np.array([3]), np.ones((1, 8), np.float32))
+        monkeypatch.delenv("NEARREC_TOKEN")
+        with pytest.raises(InvalidRequest, match="not both"):
+            nearrec.connect(node.address, token=w, token_file=tmp_path / "token")
         with pytest.raises(nearrec.PermissionDenied):
             trainer.create_table("c", 4, 4)
         # a new ACL on SIGHUP: the ranker may now read b too

@@ -49,13 +49,16 @@ class _Connection:
 
 
 def connect(address: str, store: str = "", *, token: str | None = None,
+            token_file: str | os.PathLike[str] | None = None,
             timeout: float | None = DEFAULT_TIMEOUT,
             tls_ca: str | os.PathLike[str] | None = None,
             tls_cert: str | os.PathLike[str] | None = None,
             tls_key: str | os.PathLike[str] | None = None,
             tls_domain: str | None = None) -> Store:
     """Connects to the store ``store`` of the node at ``address`` (``host:port``; an empty
-    ``store`` is the node's only one). ``token`` is sent as a bearer token with every call;
+    ``store`` is the node's only one). ``token`` is sent as a bearer token with every call:
+    given, else read from ``token_file`` (its text, stripped), else the :data:`TOKEN_ENV`
+    environment variable's, if set — so that a token need not be in code or on a command line;
     ``timeout`` (seconds) is each call's deadline, :data:`DEFAULT_TIMEOUT` unless given: past
     it the call raises :class:`~nearrec.errors.DeadlineExceeded` whether or not the node
     answers, and the node drops a call still waiting at it before it reads the device.
@@ -69,6 +72,12 @@ def connect(address: str, store: str = "", *, token: str | None = None,
     are this client's certificate for a node that asks for one (``--tls-client-ca``)."""
     text(address, "address")
     text(store, "store")
+    if token is not None and token_file is not None:
+        raise InvalidRequest("give token or token_file, not both")
+    if token_file is not None:
+        token = _token_from(token_file)
+    elif token is None:
+        token = os.environ.get(TOKEN_ENV) or None
     if token is not None:
         text(token, "token")
     if timeout is not None:
@@ -112,6 +121,19 @@ def _reconnect(how: _Connection) -> Store:
                                   f"{TOKEN_ENV} where it is loaded")
     return connect(how.address, how.store, token=token, timeout=how.timeout, tls_ca=how.tls_ca,
                    tls_cert=how.tls_cert, tls_key=how.tls_key, tls_domain=how.tls_domain)
+
+
+def _token_from(path: str | os.PathLike[str]) -> str:
+    """A token file's text, stripped (an empty one is refused: it would send no token)."""
+    file = regular_file(path, "token_file")
+    try:
+        with open(file, encoding="utf-8") as f:
+            token = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"token_file: cannot read {file!r}: {e}") from None
+    if not token:
+        raise InvalidRequest(f"token_file: {file!r} is empty")
+    return token
 
 
 def _pem(path: str | os.PathLike[str], what: str) -> bytes:

@@ -6,7 +6,6 @@ are one line (:class:`Parser`)."""
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any, NoReturn
 
 import nearrec
@@ -14,7 +13,6 @@ import nearrec
 from ..config import CachePolicy
 from ..errors import InvalidRequest
 from ..remote import DEFAULT_TIMEOUT, TOKEN_ENV
-from ..request import regular_file
 from ..units import parse_size
 
 
@@ -88,8 +86,9 @@ def open_store(args: argparse.Namespace, verb: str, *, writable: bool = False) -
     """The store ``remote_flags`` named: connected (its token from ``--token-file``,
     ``--token`` or :data:`~nearrec.remote.TOKEN_ENV`), or opened here with the store flags."""
     if args.remote:
-        return nearrec.connect(args.remote, args.path or "", token=_token(args),
-                               timeout=args.timeout, tls_ca=args.tls_ca)
+        return nearrec.connect(args.remote, args.path or "", token=args.token,
+                               token_file=args.token_file, timeout=args.timeout,
+                               tls_ca=args.tls_ca)
     if not args.path:
         raise InvalidRequest(f"nearrec {verb} needs a store: a PATH, or --remote HOST:PORT "
                              "(and the store's name on the node as PATH)")
@@ -97,22 +96,6 @@ def open_store(args: argparse.Namespace, verb: str, *, writable: bool = False) -
     if writable:
         config = config.replace(writable=True, durability=args.durability)
     return nearrec.open(args.path, config, progress=args.progress)
-
-
-def _token(args: argparse.Namespace) -> str | None:
-    if args.token_file is not None and args.token is not None:
-        raise InvalidRequest("give --token-file or --token, not both")
-    if args.token_file is not None:
-        file = regular_file(args.token_file, "--token-file")
-        try:
-            with open(file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise InvalidRequest(f"--token-file: cannot read {file!r}: {e}") from None
-        if not token:
-            raise InvalidRequest(f"--token-file: {file!r} is empty")
-        return token
-    return args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
 
 
 def common(sp: argparse.ArgumentParser) -> None:
