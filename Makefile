@@ -48,9 +48,11 @@ demo: develop
 # certificates). Installed when missing, as root (CI, a fresh container); without root the
 # missing ones are named in one line before anything runs, rather than as test failures at
 # the end of a long run.
-SYSTEM_DEPS := redis-server openssl
+# COMMAND:PACKAGE: redis-server (the peer), openssl (test certificates), systemd-analyze
+# (deploy/nearrec.service verified)
+SYSTEM_DEPS := redis-server:redis-server openssl:openssl systemd-analyze:systemd
 system-deps:
-	@missing=""; for p in $(SYSTEM_DEPS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(SYSTEM_DEPS); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p##*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
 	    echo "make: the tests need the Debian package(s)$$missing: apt-get install -y$$missing (as root)" >&2; \

@@ -90,11 +90,12 @@ pub async fn serve(
     let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(l) = listeners.metrics {
         let registry = scrape::registry(shared.clone());
+        let ready = shared.clone();
         tokio::spawn(async move {
             let stop = async {
                 let _ = metrics_stopped.await;
             };
-            if let Err(e) = metrics::serve_metrics(registry, l, stop).await {
+            if let Err(e) = metrics::serve_metrics(registry, l, ready, stop).await {
                 tracing::error!("the metrics endpoint stopped: {e}");
             }
         });
@@ -103,6 +104,11 @@ pub async fn serve(
     health
         .set_serving::<pb::node_server::NodeServer<NodeService>>()
         .await;
+    // the stores were opened (and their DRAM tiers warmed) before the node was made
+    shared
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
+    let readiness = shared.clone();
     // reflection, as v1 and as the v1alpha that older stock clients (grpcio's, grpcurl's first
     // try) ask for
     let reflect = || {
@@ -123,6 +129,9 @@ pub async fn serve(
     let stop = async move {
         shutdown.await;
         tracing::info!("draining: no new connections; finishing the requests in flight");
+        readiness
+            .ready
+            .store(false, std::sync::atomic::Ordering::Release);
         reporter
             .set_not_serving::<pb::node_server::NodeServer<NodeService>>()
             .await;

@@ -109,35 +109,62 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` (Prometheus text) on `listener` until `shutdown` resolves.
+/// Serves on `listener`, until `shutdown` resolves: `GET /metrics` (Prometheus text),
+/// `GET /healthz` (200 while the process answers: a liveness probe) and `GET /readyz` (200
+/// while `ready` — the node's stores open and warmed, its drain not begun — else 503: a
+/// readiness probe, which a load balancer or Kubernetes stops sending traffic on).
 pub async fn serve_metrics(
     registry: Registry,
     listener: tokio::net::TcpListener,
+    ready: Arc<crate::node::Shared>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::http::StatusCode;
     use axum::http::header::CONTENT_TYPE;
     let registry = Arc::new(registry);
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let registry = registry.clone();
-            async move {
-                let mut text = String::new();
-                match prometheus_client::encoding::prometheus_text::encode(&mut text, &registry) {
-                    Ok(()) => (
-                        axum::http::StatusCode::OK,
-                        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-                        text,
-                    ),
-                    Err(_) => (
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                        [(CONTENT_TYPE, "text/plain; charset=utf-8")],
-                        "the metrics could not be encoded\n".to_owned(),
-                    ),
-                }
+    const TEXT: [(&str, &str); 1] = [("content-type", "text/plain; charset=utf-8")];
+    let readyz = move || {
+        let ok = ready.ready.load(std::sync::atomic::Ordering::Acquire);
+        async move {
+            if ok {
+                (StatusCode::OK, TEXT, "ready\n")
+            } else {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    TEXT,
+                    "not ready: starting or draining\n",
+                )
             }
-        }),
-    );
+        }
+    };
+    let app = axum::Router::new()
+        .route(
+            "/healthz",
+            axum::routing::get(|| async { (StatusCode::OK, TEXT, "ok\n") }),
+        )
+        .route("/readyz", axum::routing::get(readyz))
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut text = String::new();
+                    match prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)
+                    {
+                        Ok(()) => (
+                            axum::http::StatusCode::OK,
+                            [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                            text,
+                        ),
+                        Err(_) => (
+                            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                            [(CONTENT_TYPE, "text/plain; charset=utf-8")],
+                            "the metrics could not be encoded\n".to_owned(),
+                        ),
+                    }
+                }
+            }),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

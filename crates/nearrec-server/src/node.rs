@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use arc_swap::ArcSwapOption;
 
@@ -32,6 +32,9 @@ pub struct Shared {
     pub metrics: Metrics,
     /// What the node's connections did.
     pub conns: Arc<ConnStats>,
+    /// Whether the node takes new requests (`/readyz`): from when it serves, its stores open
+    /// and warmed, until its drain begins.
+    pub ready: AtomicBool,
 }
 
 impl Shared {
@@ -66,6 +69,7 @@ impl Shared {
             denied: AtomicU64::new(0),
             metrics,
             conns: Arc::default(),
+            ready: AtomicBool::new(false),
         }
     }
 }

@@ -617,6 +617,45 @@ fn health_and_reflection_answer_and_info_describes_the_store() {
 }
 
 #[test]
+fn readyz_answers_ready_while_serving_and_not_once_the_drain_begins() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut stores = Stores::new();
+    stores.insert("s", open(&path, "tier = \"dram\"")).unwrap();
+    let config = NodeConfig {
+        drain_timeout: Duration::from_secs(3),
+        ..NodeConfig::default()
+    };
+    let mut node = Node::start(stores, config);
+    let (status, body) = common::get(node.metrics, "/readyz");
+    assert_eq!((status, body.ends_with("ready\n")), (200, true), "{body}");
+    assert_eq!(common::get(node.metrics, "/healthz").0, 200);
+    // a stream held open keeps the drain going: meanwhile the node is alive but not ready
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::LookupRequest>(1);
+    let mut client = node.client();
+    let _answers = node
+        .runtime
+        .block_on(client.lookup_stream(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .unwrap();
+    node.begin_drain();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let (status, body) = common::get(node.metrics, "/readyz");
+        if status == 503 {
+            assert!(body.contains("draining"), "{body}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still ready while draining: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(common::get(node.metrics, "/healthz").0, 200);
+    drop(tx);
+}
+
+#[test]
 fn writes_over_the_network_are_seen_by_the_next_lookup() {
     let dir = tempfile::tempdir().unwrap();
     let path = build(dir.path());

@@ -75,6 +75,13 @@ impl Node {
         }
     }
 
+    /// SIGTERM, as far as the node sees it: it stops taking connections and drains.
+    pub fn begin_drain(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+
     /// `GET /metrics`, as a scraper does it.
     pub fn scrape(&self) -> String {
         scrape(self.metrics)
@@ -102,16 +109,24 @@ impl Drop for Node {
 
 /// `GET /metrics` of the node whose metrics endpoint is `addr`, as a scraper does it.
 pub fn scrape(addr: std::net::SocketAddr) -> String {
+    let (status, out) = get(addr, "/metrics");
+    assert_eq!(status, 200, "{out}");
+    out
+}
+
+/// `GET path` of the node's metrics endpoint at `addr`: the status and the whole answer.
+pub fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut c = std::net::TcpStream::connect(addr).unwrap();
-    write!(c, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    write!(c, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     let mut out = String::new();
     c.read_to_string(&mut out).unwrap();
-    assert!(
-        out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
-        "{out}"
-    );
-    out
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, out)
 }
 
 pub fn request(store: &str, batch: &OwnedBatch, raw: bool, id: u64) -> pb::LookupRequest {

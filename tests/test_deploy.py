@@ -1,0 +1,134 @@
+"""The deployment files in ``deploy/`` as an operator uses them: the node config loads and
+validates as the node reads it, the ACL is one the node serves with, the systemd unit passes
+``systemd-analyze verify`` and drains inside its stop timeout, and the Dockerfile builds a
+non-root image from the wheel whose health check asks the node's ``/readyz``. (The image is
+built only where a Docker daemon runs; this project's machines have none, and the test says
+so when it skips that part.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Node
+
+import nearrec
+from nearrec import _native
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+def node_toml() -> dict:
+    return tomllib.loads((DEPLOY / "node.toml").read_text())
+
+
+def test_the_node_config_is_one_the_node_reads():
+    config = _native.NodeConfig(str(DEPLOY / "node.toml"))
+    again = tomllib.loads(config.to_toml())
+    mine = node_toml()
+    for key in ("stores", "listen", "metrics_listen", "acl", "swap_root", "drain_timeout"):
+        assert again[key] == mine[key], key
+    assert again["store"]["tier"] == "ssd"
+    # reachable from other hosts: only with an ACL and TLS
+    assert not mine["listen"].startswith("127.") and mine["acl"] and mine["tls"]
+
+
+def test_the_acl_is_one_the_node_serves_with(tmp_path):
+    store = tmp_path / "rmc1"
+    nearrec.from_numpy(store, {"t": np.zeros((4, 4), np.float32)})
+    acl = tomllib.loads((DEPLOY / "acl.toml").read_text())
+    assert set(acl["principal"]) == {"ranker", "trainer"}
+    node = Node(f"{store}=rmc1", "--acl", str(DEPLOY / "acl.toml"))
+    try:
+        with pytest.raises(nearrec.Unauthenticated):
+            nearrec.connect(node.address, "rmc1")
+        # the probes the Dockerfile's health check and a load balancer ask
+        import urllib.request
+        base = node.metrics_url.rsplit("/", 1)[0]
+        for probe, says in (("/healthz", "ok"), ("/readyz", "ready")):
+            with urllib.request.urlopen(base + probe, timeout=10) as r:
+                assert r.status == 200 and r.read().decode().strip() == says
+    finally:
+        assert node.stop() == 0
+
+
+def test_the_systemd_unit_verifies_and_outlasts_the_drain(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is a test dependency (make system-deps installs it)"
+    unit = (DEPLOY / "nearrec.service").read_text()
+    keys = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
+    assert keys["Type"] == "simple" and keys["KillSignal"] == "SIGTERM"
+    assert keys["ExecStart"].split()[1:] == ["serve", "--config", "/etc/nearrec/node.toml"]
+    assert keys["User"] not in ("root", "0")
+    assert float(keys["TimeoutStopSec"]) > node_toml()["drain_timeout"]
+    # verified as written, but for the paths and the user that exist on this machine
+    here = Path(sys.executable).parent / "nearrec"
+    me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    local = (unit.replace("/opt/nearrec/bin/nearrec", str(here))
+             .replace("User=nearrec", f"User={me}").replace("Group=nearrec", f"Group={me}"))
+    (tmp_path / "nearrec.service").write_text(local)
+    done = subprocess.run([analyze, "verify", str(tmp_path / "nearrec.service")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+    # and a misspelt key is caught by the same check
+    (tmp_path / "bad.service").write_text(local.replace("Type=simple", "Typ=simple"))
+    bad = subprocess.run([analyze, "verify", str(tmp_path / "bad.service")],
+                         capture_output=True, text=True, timeout=60)
+    assert "Unknown key 'Typ'" in bad.stderr
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """The Dockerfile's instructions, continuation lines joined: ``(INSTRUCTION, arguments)``."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_the_dockerfile_builds_in_one_stage_and_runs_the_wheel_as_a_user_in_another():
+    steps = dockerfile()
+    stages = [i for i, (w, _) in enumerate(steps) if w == "FROM"]
+    assert len(stages) == 2 and steps[stages[0]][1].endswith(" AS build")
+    final = steps[stages[1]:]
+    kinds = {w: a for w, a in final}
+    runs = " && ".join(a for w, a in final if w == "RUN")
+    assert "--from=build /wheels" in kinds["COPY"] and "cargo" not in runs
+    assert kinds["USER"] not in ("root", "0") and "useradd --system --uid 10001 " in runs
+    assert json.loads(kinds["VOLUME"]) == ["/stores"]
+    assert json.loads(kinds["ENTRYPOINT"]) == ["nearrec", "serve"]
+    assert json.loads(kinds["CMD"]) == ["--config", "/etc/nearrec/node.toml"]
+    # it exposes the ports the config listens on, and its health check asks /readyz there
+    config = node_toml()
+    ports = {config["listen"].rsplit(":", 1)[1], config["metrics_listen"].rsplit(":", 1)[1]}
+    assert set(kinds["EXPOSE"].split()) == ports
+    metrics_port = config["metrics_listen"].rsplit(":", 1)[1]
+    assert f"127.0.0.1:{metrics_port}/readyz" in kinds["HEALTHCHECK"]
+    # the stores stay on their volume, the environments and build outputs out of the context
+    ignored = (DEPLOY.parent / ".dockerignore").read_text().split()
+    assert {"target/", ".venv*/", "dist/"} <= set(ignored)
+
+
+def test_the_image_builds_where_a_docker_daemon_runs():
+    docker = shutil.which("docker")
+    up = docker and subprocess.run([docker, "info"], capture_output=True,
+                                   timeout=30).returncode == 0
+    if not up or os.environ.get("NEARREC_DOCKER_BUILD") != "1":
+        pytest.skip("no Docker daemon here (or NEARREC_DOCKER_BUILD unset): the image build "
+                    "is checked by the Dockerfile's test above, not run")
+    done = subprocess.run([docker, "build", "-f", str(DEPLOY / "Dockerfile"), "-t",
+                           "nearrec-test", str(DEPLOY.parent)], capture_output=True, text=True,
+                          timeout=3600)
+    assert done.returncode == 0, done.stderr[-2000:]
