@@ -90,7 +90,7 @@ pub async fn serve(
     let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(l) = listeners.metrics {
         let registry = scrape::registry(shared.clone());
-        let ready = shared.clone();
+        let ready = shared.ready.clone();
         tokio::spawn(async move {
             let stop = async {
                 let _ = metrics_stopped.await;

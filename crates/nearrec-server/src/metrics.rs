@@ -116,7 +116,7 @@ impl Metrics {
 pub async fn serve_metrics(
     registry: Registry,
     listener: tokio::net::TcpListener,
-    ready: Arc<crate::node::Shared>,
+    ready: Arc<std::sync::atomic::AtomicBool>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use axum::http::StatusCode;
@@ -124,7 +124,7 @@ pub async fn serve_metrics(
     let registry = Arc::new(registry);
     const TEXT: [(&str, &str); 1] = [("content-type", "text/plain; charset=utf-8")];
     let readyz = move || {
-        let ok = ready.ready.load(std::sync::atomic::Ordering::Acquire);
+        let ok = ready.load(std::sync::atomic::Ordering::Acquire);
         async move {
             if ok {
                 (StatusCode::OK, TEXT, "ready\n")

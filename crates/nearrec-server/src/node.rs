@@ -34,7 +34,7 @@ pub struct Shared {
     pub conns: Arc<ConnStats>,
     /// Whether the node takes new requests (`/readyz`): from when it serves, its stores open
     /// and warmed, until its drain begins.
-    pub ready: AtomicBool,
+    pub ready: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -69,7 +69,7 @@ impl Shared {
             denied: AtomicU64::new(0),
             metrics,
             conns: Arc::default(),
-            ready: AtomicBool::new(false),
+            ready: Arc::default(),
         }
     }
 }
