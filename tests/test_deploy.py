@@ -132,3 +132,23 @@ def test_the_image_builds_where_a_docker_daemon_runs():
                            "nearrec-test", str(DEPLOY.parent)], capture_output=True, text=True,
                           timeout=3600)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_logs_are_json_lines_for_a_shipper_and_plain_text_off_a_terminal(tmp_path):
+    """`--log-format json`: every line on stderr one JSON object, the drain among the events;
+    the default text off a terminal (a file, a pipe, a journal) carries no colour codes."""
+    store = tmp_path / "s"
+    nearrec.from_numpy(store, {"t": np.zeros((4, 4), np.float32)})
+    node = Node(str(store), "--log-format", "json")
+    nearrec.connect(node.address).lookup("t", np.array([1]), np.array([0]))
+    assert node.stop() == 0
+    lines = [line for line in node.proc.stderr.read().splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]
+    assert events and all({"timestamp", "level", "fields"} <= e.keys() for e in events)
+    assert any("draining" in e["fields"].get("message", "") for e in events), events
+    text = Node(str(store))
+    assert text.stop() == 0
+    err = text.proc.stderr.read()
+    assert "draining" in err and "\x1b[" not in err
+    with pytest.raises(AssertionError, match="log_format"):
+        Node(str(store), "--log-format", "xml")

@@ -86,6 +86,21 @@ pub struct NodeConfig {
     /// holding the store served.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub swap_root: Option<PathBuf>,
+    /// How the node logs on stderr: `text` (colour only on a terminal) or `json` (one object a
+    /// line, for a log shipper).
+    pub log_format: LogFormat,
+}
+
+/// The node's log lines on stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// For people: `tracing`'s text, coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// For machines: one JSON object per line (`timestamp`, `level`, `fields.message`, the
+    /// event's other fields, `target`).
+    Json,
 }
 
 /// The node's certificate and key (PEM), and the CA its clients' certificates must chain to
@@ -275,6 +290,7 @@ impl Default for NodeConfig {
             metrics_listen: None,
             tls: None,
             swap_root: None,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -518,6 +534,13 @@ pub const FLAGS: &[Flag] = &[
         "SECONDS",
         "seconds SIGTERM waits for calls in flight",
     ),
+    flag(
+        "log-format",
+        "log_format",
+        FlagKind::Text,
+        "text|json",
+        "stderr's log lines: text (coloured only on a terminal) or json (one object a line)",
+    ),
 ];
 
 const fn flag(
@@ -558,6 +581,7 @@ mod tests {
                 FlagKind::Int => "3",
                 FlagKind::Float => "2.5",
                 FlagKind::Text if f.key.contains("listen") => "127.0.0.1:9",
+                FlagKind::Text if f.key == "log_format" => "json",
                 FlagKind::Text => "/x",
             };
             let with = config
@@ -573,6 +597,8 @@ mod tests {
         assert!(e.to_string().contains("max_in_flite"), "{e}");
         let e = NodeConfig::from_toml("max_in_flight = 0").unwrap_err();
         assert!(e.to_string().starts_with("config: max_in_flight"), "{e}");
+        let e = NodeConfig::from_toml("log_format = \"xml\"").unwrap_err();
+        assert!(e.to_string().contains("log_format"), "{e}");
         let e = NodeConfig::from_toml("[store]\ntier = \"tape\"").unwrap_err();
         assert!(e.to_string().contains("store.tier"), "{e}");
         let e = NodeConfig::from_toml("idle_timeout = -1.0").unwrap_err();

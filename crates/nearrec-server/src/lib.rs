@@ -63,7 +63,7 @@ use tokio::net::TcpListener;
 
 pub use acl::Acl;
 pub use admission::Admission;
-pub use config::{FLAGS, Flag, FlagKind, NodeConfig, TlsFiles};
+pub use config::{FLAGS, Flag, FlagKind, LogFormat, NodeConfig, TlsFiles};
 pub use node::Shared;
 pub use service::NodeService;
 pub use stores::Stores;
@@ -189,14 +189,21 @@ pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Resul
         }
     }
     // structured logs on stderr (RUST_LOG narrows or widens them), unless the process has its
-    // own subscriber already
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "nearrec_server=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    // own subscriber already: colour only for a terminal, never into a file or a journal
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| "nearrec_server=info".into())
+    };
+    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    let _ = match config.log_format {
+        config::LogFormat::Json => logs.json().with_env_filter(filter()).try_init(),
+        config::LogFormat::Text => {
+            use std::io::IsTerminal;
+            logs.with_ansi(std::io::stderr().is_terminal())
+                .with_env_filter(filter())
+                .try_init()
+        }
+    };
     if let Some(path) = &config.acl {
         Acl::load(path)?; // a bad ACL or TLS file stops the node before it listens
     }
