@@ -241,8 +241,10 @@ pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Resul
                 None => None,
             },
         };
-        ready(&listeners, &stores);
+        // SIGTERM drains from the moment the node says it listens: the handler first (a
+        // supervisor may stop a node as soon as it is ready, and the default action kills)
         let stop = stop_signal()?;
+        ready(&listeners, &stores);
         serve(stores, config, listeners, stop)
             .await
             .map_err(|e| e.to_string())
