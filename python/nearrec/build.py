@@ -153,16 +153,17 @@ def _split_state_dict(state_dict: Mapping[str, Any], tables: Iterable[str] | Non
         return None
 
     found: dict[str, Any] = {}
+    used: set[str] = set()  # the keys taken as tables
     named = {k: table_of(k) for k in state_dict}
     torchrec = any(n is not None for n in named.values())
     for key, t in state_dict.items():
-        if named[key] is not None and getattr(t, "ndim", 0) == 2 and floating(t):
-            found[str(named[key])] = t
-        elif not torchrec and key.endswith("weight") and getattr(t, "ndim", 0) == 2 \
-                and floating(t) and key[: -len("weight")] + "bias" not in state_dict:
-            found[key[: -len("weight")].rstrip(".") or "weight"] = t
-    used = {k for k, n in named.items() if n in found} | {
-        k for k in state_dict if (k[: -len("weight")].rstrip(".") or "weight") in found}
+        name = named[key]
+        if name is None and not torchrec and key.endswith("weight") \
+                and key[: -len("weight")] + "bias" not in state_dict:
+            name = key[: -len("weight")].rstrip(".") or "weight"
+        if name is not None and getattr(t, "ndim", 0) == 2 and floating(t):
+            found[name] = t
+            used.add(key)
     dense = [k for k, t in state_dict.items() if k not in used and floating(t)]
     if tables is not None:
         wanted = list(tables)

@@ -108,7 +108,7 @@ pub async fn serve(
     shared
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
-    let readiness = shared.clone();
+    let readiness = shared.ready.clone();
     // reflection, as v1 and as the v1alpha that older stock clients (grpcio's, grpcurl's first
     // try) ask for
     let reflect = || {
@@ -129,9 +129,7 @@ pub async fn serve(
     let stop = async move {
         shutdown.await;
         tracing::info!("draining: no new connections; finishing the requests in flight");
-        readiness
-            .ready
-            .store(false, std::sync::atomic::Ordering::Release);
+        readiness.store(false, std::sync::atomic::Ordering::Release);
         reporter
             .set_not_serving::<pb::node_server::NodeServer<NodeService>>()
             .await;
