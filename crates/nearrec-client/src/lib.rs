@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use nearrec::{
     AsBatch, Batch, Compaction, Inferred, Info, NewTable, PendingLookup, Pooled, Read, RowWrite,
-    Rows, Stats, StoreApi, Submitted, TierReport, Versioned, WriteOptions,
+    Rows, Stats, StoreApi, Submitted, SwapTo, TierReport, Versioned, WriteOptions,
 };
 use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::v1 as pb;
@@ -357,13 +357,19 @@ impl StoreApi for Client {
             .version)
     }
 
-    fn swap(&self, path: &str, warm: bool, force: bool) -> nearrec::Result<u64> {
-        let req = self.request(pb::SwapRequest {
+    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
+        let mut req = pb::SwapRequest {
             store: self.store.clone(),
-            path: path.to_owned(),
             warm,
             force,
-        });
+            ..Default::default()
+        };
+        match to {
+            SwapTo::Path(p) => req.path = p.clone(),
+            SwapTo::Version(v) => req.version = *v,
+            SwapTo::Previous => req.rollback = true,
+        }
+        let req = self.request(req);
         Ok(self
             .call(|mut node| async move { node.swap(req).await })?
             .version)

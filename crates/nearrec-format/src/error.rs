@@ -75,6 +75,10 @@ pub enum FormatError {
         first: u64,
     },
 
+    /// A repository of versions refused a call: the directory, and why.
+    #[error("the repository at {path}: {reason}")]
+    Repository { path: PathBuf, reason: String },
+
     #[error("unknown dtype {0:?}; expected one of fp32, fp16, bf16, int8")]
     UnknownDType(String),
 }

@@ -36,6 +36,8 @@
 //! - `leftovers.rs` + `gc.rs`: what killed writers leave (build temporaries nobody holds the lock
 //!   of, files the manifest does not name) — listed by `verify`, removed by builds and `gc` —
 //!   apart from the table files a compaction replaced (`retired`), kept for readers behind it;
+//! - `repo.rs`: a repository of versions — one name's stores as numbered directories and the
+//!   `CURRENT` pointer to the one served, written atomically; publishing and removing versions;
 //! - `files.rs`: every file nearrec reads is opened non-blocking and must be a regular file (a FIFO
 //!   is refused, not waited on), a store's own files may not be symbolic links; directory locks;
 //! - `memory.rs`: `Memory`, what the process may take (physical memory narrowed by its cgroup),
@@ -66,6 +68,7 @@ mod order;
 mod pyliteral;
 mod reader;
 mod reorder;
+mod repo;
 mod rewrite;
 mod sums;
 mod sync;
@@ -89,6 +92,7 @@ pub use memory::{Memory, Shortfall};
 pub use order::{OrderMeta, RowOrder};
 pub use reader::{StoreReader, TableCheck};
 pub use reorder::copy_ordered;
+pub use repo::{CURRENT_FILE, Pointer, Publish, Repository};
 pub use rewrite::{rewrite_table, write_table};
 pub use sums::{SECTOR_BYTES, SectorSums, SumsMeta};
 pub use writer::{StoreOptions, StoreWriter, TableSpec, TableWriter};

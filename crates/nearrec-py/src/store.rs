@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use nearrec::{AsBatch, Batch, NewTable, Pooled, Store, StoreApi, Submitted};
+use nearrec::{AsBatch, Batch, Located, NewTable, Pooled, Store, StoreApi, Submitted, SwapTo};
 use nearrec_client::{Client, ClientOptions, ClientTls};
 use nearrec_format::{DType, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
@@ -100,12 +100,12 @@ impl NativeStore {
     #[new]
     #[pyo3(signature = (path, config, progress = false))]
     fn new(py: Python<'_>, path: PathBuf, config: &NativeConfig, progress: bool) -> PyResult<Self> {
-        let reader = detach(py, || StoreReader::open(&path))?.map_err(|e| format_err(py, e))?;
-        let total = reader.tables().iter().map(|t| t.data_bytes).sum();
+        let located = detach(py, || Located::open(&path))?.map_err(|e| err(py, e))?;
+        let total = located.reader.tables().iter().map(|t| t.data_bytes).sum();
         let bar = progress::bar(progress, total, "loading");
         let cb = progress::callback(&bar);
         let store = detach(py, || {
-            Store::from_reader(&reader, &config.config, cb.as_ref())
+            Store::from_located(located, &config.config, cb.as_ref())
         })?
         .map_err(|e| err(py, e))?;
         if let Some(b) = bar {
@@ -256,12 +256,29 @@ impl NativeStore {
         Ok((done.compared, done.written, done.calls, done.version))
     }
 
-    /// Serves the store at `path` (on the serving side's file system) from the next call on;
-    /// returns its version.
-    #[pyo3(signature = (path, warm, force = false))]
-    fn swap(&self, py: Python<'_>, path: PathBuf, warm: bool, force: bool) -> PyResult<u64> {
-        let path = path.to_string_lossy().into_owned();
-        detach(py, || self.api.swap(&path, warm, force))?.map_err(|e| err(py, e))
+    /// Serves the store at `path` (on the serving side's file system), version `version` of
+    /// the repository the store is served from, or (`rollback`) the version served before,
+    /// from the next call on; returns the new store's version.
+    #[pyo3(signature = (path, version, rollback, warm, force = false))]
+    fn swap(
+        &self,
+        py: Python<'_>,
+        path: Option<PathBuf>,
+        version: Option<u64>,
+        rollback: bool,
+        warm: bool,
+        force: bool,
+    ) -> PyResult<u64> {
+        let to = match (path, version, rollback) {
+            (Some(p), None, false) => SwapTo::Path(p.to_string_lossy().into_owned()),
+            (None, Some(v), false) => SwapTo::Version(v),
+            (None, None, true) => SwapTo::Previous,
+            _ => {
+                let why = "swap to one of a path, a version and the previous version (rollback)";
+                return Err(raise(py, "InvalidRequest", why.into(), None, None));
+            }
+        };
+        detach(py, || self.api.swap(&to, warm, force))?.map_err(|e| err(py, e))
     }
 
     /// Drops a table (EMB_REMOVE of a table).

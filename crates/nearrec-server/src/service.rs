@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use nearrec::{AsBatch, NewTable, OwnedBatch, RowWrite, Stages, StoreApi, WriteOptions};
+use nearrec::{AsBatch, NewTable, OwnedBatch, RowWrite, Stages, StoreApi, SwapTo, WriteOptions};
 use nearrec_wire::arrays::decode;
 use nearrec_wire::status::{bounded, stream_error};
 use nearrec_wire::v1 as pb;
@@ -550,13 +550,21 @@ impl NodeService {
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Swap", |p| p.allow_all(Permission::Admin, name))?;
-        let root = self.0.config.swap_root.as_deref();
-        let path = swap::resolve(root, store.location().as_deref(), &req.path)?;
+        let to = swap::target(&req)?;
+        let to = match to {
+            SwapTo::Path(p) => {
+                let root = self.0.config.swap_root.as_deref();
+                let path = swap::resolve(root, store.location().as_deref(), &p)?;
+                SwapTo::Path(path.to_string_lossy().into_owned())
+            }
+            by_version => by_version,
+        };
         if let Some(p) = caller.0.clone() {
-            let (name, path, store) = (name.to_owned(), path.clone(), store.clone());
+            let (name, to, store) = (name.to_owned(), to.clone(), store.clone());
             let exposed = tokio::task::spawn_blocking(move || {
-                let writable = store.info().map_err(bad)?.writable;
-                swap::allow_exposed(&p, &name, &path, writable)
+                let info = store.info().map_err(bad)?;
+                let path = swap::destination(&info, &to).map_err(bad)?;
+                swap::allow_exposed(&p, &name, &path, info.writable)
             })
             .await
             .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?;
@@ -564,7 +572,7 @@ impl NodeService {
         }
         let (version, slot) = self
             .run("Swap", deadline, false, move || {
-                store.swap(&path.to_string_lossy(), req.warm, req.force)
+                store.swap(&to, req.warm, req.force)
             })
             .await?;
         Ok(holding(pb::SwapResponse { version }, Held::from(slot)))

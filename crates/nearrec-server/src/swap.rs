@@ -9,8 +9,11 @@
 
 use std::path::{Path, PathBuf};
 
-use nearrec::format::StoreReader;
+use nearrec::format::{Repository, StoreReader};
+use nearrec::{Info, SwapTo};
 use tonic::Status;
+
+use nearrec_wire::v1 as pb;
 
 use crate::acl::{Permission, Principal};
 
@@ -66,6 +69,47 @@ pub fn resolve(
         )));
     }
     Ok(path)
+}
+
+/// What a swap request names: a path, a version or a rollback (`INVALID_ARGUMENT` for more
+/// than one).
+pub fn target(req: &pb::SwapRequest) -> Result<SwapTo, Status> {
+    match (req.path.is_empty(), req.version, req.rollback) {
+        (false, 0, false) => Ok(SwapTo::Path(req.path.clone())),
+        (true, v, false) if v > 0 => Ok(SwapTo::Version(v)),
+        (true, 0, true) => Ok(SwapTo::Previous),
+        (true, 0, false) => Err(Status::invalid_argument(
+            "name what to swap to: a store directory, a version, or a rollback",
+        )),
+        _ => Err(Status::invalid_argument(
+            "a swap names one of a store directory, a version and a rollback",
+        )),
+    }
+}
+
+/// The directory a swap to `to` would serve for the store `info` describes (a path already
+/// resolved, or a version of its repository), to check the caller's grants on it first.
+pub fn destination(info: &Info, to: &SwapTo) -> nearrec::Result<PathBuf> {
+    if let SwapTo::Path(p) = to {
+        return Ok(PathBuf::from(p));
+    }
+    let served = Path::new(&info.path);
+    let repo = served
+        .parent()
+        .and_then(Repository::detect)
+        .filter(|_| info.served_version.is_some());
+    let Some(repo) = repo else {
+        return Err(nearrec::Error::InvalidRequest {
+            table: None,
+            position: None,
+            reason: format!(
+                "store {:?} is not served from a repository of versions: swap it to a path",
+                info.name
+            ),
+        });
+    };
+    let served = info.served_version.unwrap_or(0);
+    Ok(nearrec::versions::target(&repo, served, to)?.1)
 }
 
 /// `PERMISSION_DENIED` unless `p` may read every table of the store at `path` (and write each

@@ -342,6 +342,7 @@ fn a_swap_is_confined_to_its_root_and_needs_what_it_exposes() {
             path: path.to_str().unwrap().into(),
             warm: false,
             force,
+            ..Default::default()
         };
         rt.block_on(c.clone().swap(authorized(req, Some(who))))
             .map(|r| r.into_inner().version)
@@ -372,8 +373,7 @@ fn a_swap_is_confined_to_its_root_and_needs_what_it_exposes() {
     let nul = pb::SwapRequest {
         store: "s".into(),
         path: "v2\0x".into(),
-        warm: false,
-        force: false,
+        ..Default::default()
     };
     let s = rt
         .block_on(c.clone().swap(authorized(nul, Some("ops"))))

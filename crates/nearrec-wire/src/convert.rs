@@ -313,6 +313,9 @@ pub fn info(name: &str, i: Info) -> pb::InfoResponse {
         writable: i.writable,
         model: i.model,
         stores: i.stores,
+        path: i.path,
+        served_version: i.served_version.unwrap_or(0),
+        versions: i.versions,
     }
 }
 
@@ -344,6 +347,9 @@ pub fn uninfo(i: pb::InfoResponse) -> nearrec::Result<Info> {
         writable: i.writable,
         model: i.model,
         stores: i.stores,
+        path: i.path,
+        served_version: (i.served_version > 0).then_some(i.served_version),
+        versions: i.versions,
     })
 }
 

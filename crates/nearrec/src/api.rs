@@ -28,6 +28,7 @@ use crate::model::Inferred;
 use crate::pipeline::Pending;
 use crate::raw::Rows;
 use crate::store::{Stats, Store};
+use crate::versions::SwapTo;
 
 /// An answer and the version of the store it read.
 pub type Versioned<T> = (T, u64);
@@ -56,6 +57,12 @@ pub struct Info {
     /// The stores served beside it that the caller may see (a node's; empty for an embedded
     /// store).
     pub stores: Vec<String>,
+    /// The directory served now, on the serving side's file system.
+    pub path: String,
+    /// Served from a repository of versions: the version served now, and every version the
+    /// repository holds (lowest first).
+    pub served_version: Option<u64>,
+    pub versions: Vec<u64>,
 }
 
 impl Info {
@@ -186,9 +193,11 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// EMB_REMOVE of a table; the version that dropped it.
     fn drop_table(&self, name: &str) -> Result<u64>;
 
-    /// The store directory at `path` (on the serving side's file system) served from the next
-    /// request on; `warm` loads its DRAM tiers first, `force` skips the compatibility check.
-    fn swap(&self, path: &str, warm: bool, force: bool) -> Result<u64>;
+    /// What `to` names — a store directory (on the serving side's file system), a version of
+    /// the repository the store is served from, the version served before (a rollback) —
+    /// served from the next request on; `warm` loads its DRAM tiers first, `force` skips the
+    /// compatibility check. Returns the new store's version (its writes' count).
+    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64>;
 
     /// The newest version the store's writer has logged, served from now on; returns it.
     fn refresh(&self) -> Result<u64>;
@@ -279,8 +288,10 @@ impl StoreApi for Store {
 
     fn info(&self) -> Result<Info> {
         let path = self.path();
+        let repo = self.repository();
+        let named = repo.map_or(path.as_path(), |r| r.path());
         Ok(Info {
-            name: path
+            name: named
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
             tables: self.tables().iter().map(TableInfo::from).collect(),
@@ -289,6 +300,12 @@ impl StoreApi for Store {
             writable: self.writable(),
             model: self.keeps_model(),
             stores: Vec::new(),
+            path: path.to_string_lossy().into_owned(),
+            served_version: self.served_version(),
+            versions: match repo {
+                Some(r) => r.versions()?,
+                None => Vec::new(),
+            },
         })
     }
 
@@ -347,8 +364,8 @@ impl StoreApi for Store {
         Store::drop_table(self, name)
     }
 
-    fn swap(&self, path: &str, warm: bool, force: bool) -> Result<u64> {
-        Store::swap(self, path, warm, force)
+    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {
+        Store::swap_to(self, to, warm, force)
     }
 
     fn refresh(&self) -> Result<u64> {

@@ -103,6 +103,11 @@ pub struct StoreConfig {
     /// move only on `refresh()`; the storage node follows every 1000 ms unless told).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub follow_ms: Option<u64>,
+    /// A store opened from a repository of versions: after a swap, remove the versions beyond
+    /// the newest `keep_last` (never the one served), once the last call on them has ended
+    /// (1–1000; `None`: keep every version).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_last: Option<u32>,
 }
 
 /// When a write call returns (see [`StoreConfig::durability`]).
@@ -143,6 +148,7 @@ impl Default for StoreConfig {
             compaction_rate: Size(0),
             write_wait_ms: 10_000,
             follow_ms: None,
+            keep_last: None,
         }
     }
 }
@@ -312,6 +318,11 @@ impl StoreConfig {
                 "write_wait_ms",
                 format!("{} must be in 0..=600000", self.write_wait_ms),
             );
+        }
+        if let Some(n) = self.keep_last
+            && !(1..=1000).contains(&n)
+        {
+            return bad("keep_last", format!("{n} must be in 1..=1000"));
         }
         if let Some(ms) = self.follow_ms {
             if !(1..=3_600_000).contains(&ms) {
@@ -499,6 +510,7 @@ mod tests {
                 compaction_rate: Size(100 << 20),
                 write_wait_ms: 0,
                 follow_ms: Some(250),
+                keep_last: Some(3),
             },
             StoreConfig::default()
                 .with_plan(PlanSource::File("a.plan.toml".into()))

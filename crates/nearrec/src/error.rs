@@ -277,7 +277,9 @@ fn format_class(e: &FormatError) -> Class<'_> {
         FormatError::InvalidTable { table, .. } | FormatError::RowCount { table, .. } => {
             (K::InvalidRequest, Some(table.as_str()), None)
         }
-        FormatError::UnknownDType(_) => (K::InvalidRequest, None, None),
+        FormatError::UnknownDType(_) | FormatError::Repository { .. } => {
+            (K::InvalidRequest, None, None)
+        }
         _ => (K::Other, None, None),
     }
 }

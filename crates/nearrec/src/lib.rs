@@ -55,6 +55,9 @@
 //!   published as `Snapshot`s read through arc-swap), `compact.rs` (compaction, crash-safe at each
 //!   step), `tables.rs` (`create_table` / `drop_table`), `follow.rs` (a read-only store following
 //!   its writer every `follow_ms`);
+//! - `versions.rs`: a store opened from a repository of versions (`REPO/NAME/1`, `2`, ... and
+//!   its `CURRENT` pointer): `SwapTo` a version or back to the one before, the pointer replaced
+//!   atomically, versions beyond `keep_last` pruned after their last call;
 //! - `swap.rs`: what a swap checks first — the new store answers what the served one answers,
 //!   else refused naming the difference, unless forced; `pace.rs`: the byte rate background work
 //!   keeps beside lookups;
@@ -79,6 +82,7 @@ pub mod pipeline;
 mod raw;
 mod store;
 mod swap;
+pub mod versions;
 
 pub use api::{
     Info, MAX_DIGEST_ROWS, NewTable, PendingLookup, StoreApi, Submitted, Synced, TableInfo,
@@ -97,6 +101,7 @@ pub use model::{Inferred, SavedModel, StoredModel};
 pub use pipeline::{Pending, Stream};
 pub use raw::Rows;
 pub use store::{Changes, Stats, Store, TableData, Tables};
+pub use versions::{Located, SwapTo};
 
 pub use nearrec_cache::CacheStatsSnapshot;
 pub use nearrec_engine::{InferTimes, Prepared, Stages, Tier, TierReport};

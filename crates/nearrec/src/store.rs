@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use nearrec_device::{FlashDevice, FlashStats};
 use nearrec_engine::{Engine, Prepared, Stages, Tier, TierReport};
 use nearrec_format::wal::Init;
-use nearrec_format::{DType, Manifest, ProgressFn, StoreReader, TableMeta, files};
+use nearrec_format::{DType, Manifest, ProgressFn, Repository, StoreReader, TableMeta, files};
 use nearrec_io::MemDevice;
 
 use crate::batch::{Batch, Pooled, Read};
@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::live::{Compaction, Live, RowWrite, Snapshot, WriteOptions};
 use crate::model::StoredModel;
 use crate::pace::Pace;
+use crate::versions::{Located, SwapTo};
 
 /// An open store. Safe to share between threads.
 #[derive(Debug, Clone)]
@@ -38,6 +39,25 @@ pub(crate) struct Inner {
     /// Versions swapped out and being let go on threads of their own, by path: a swap back to
     /// one waits for it to have let go of its writer lock.
     reaping: Mutex<Vec<(PathBuf, std::thread::JoinHandle<()>)>>,
+    /// The repository of versions the store is served from, when it was opened from one
+    /// ([`crate::versions`]).
+    repo: Option<Repository>,
+}
+
+impl Inner {
+    /// Removes the repository's versions beyond `keep_last`, if the config says, once `gone`
+    /// (a version swapped out) has been let go: never one still being let go by another swap.
+    fn prune(&self, gone: &Path) {
+        let (Some(repo), Some(keep)) = (&self.repo, self.config.keep_last) else {
+            return;
+        };
+        let held: Vec<u64> = lock(&self.reaping)
+            .iter()
+            .filter(|(p, t)| p != gone && !t.is_finished())
+            .filter_map(|(p, _)| repo.version_of(p))
+            .collect();
+        let _ = crate::versions::prune(repo, keep as usize, &held);
+    }
 }
 
 /// One store directory as served: the engine over its tables (in each snapshot), the rows
@@ -150,25 +170,27 @@ impl Store {
         config: &StoreConfig,
         progress: Option<&ProgressFn>,
     ) -> Result<Self> {
-        Self::from_reader(&StoreReader::open(path)?, config, progress)
+        Self::from_located(Located::open(path.as_ref())?, config, progress)
     }
 
-    /// [`Store::open_with_progress`] of a store whose manifest and headers the caller has read
-    /// and validated already (to size a progress bar, say): nothing is read twice.
-    pub fn from_reader(
-        reader: &StoreReader,
+    /// [`Store::open_with_progress`] of a store the caller has found and whose manifest and
+    /// headers it has read already (to size a progress bar, say): nothing is read twice.
+    pub fn from_located(
+        located: Located,
         config: &StoreConfig,
         progress: Option<&ProgressFn>,
     ) -> Result<Self> {
         config.validate()?;
-        let (engine, flash) = open_engine(reader, config, progress)?;
-        let served = Served::open(reader, engine, config)?;
+        let Located { reader, repo } = located;
+        let (engine, flash) = open_engine(&reader, config, progress)?;
+        let served = Served::open(&reader, engine, config)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 flash,
                 config: config.clone(),
                 served: ArcSwap::new(served),
                 reaping: Mutex::default(),
+                repo,
             }),
         })
     }
@@ -176,6 +198,16 @@ impl Store {
     /// The store directory served now.
     pub fn path(&self) -> PathBuf {
         self.served().path.clone()
+    }
+
+    /// The repository of versions the store is served from, if it was opened from one.
+    pub fn repository(&self) -> Option<&Repository> {
+        self.inner.repo.as_ref()
+    }
+
+    /// The repository's version served now (`None` for a store not opened from one).
+    pub fn served_version(&self) -> Option<u64> {
+        self.inner.repo.as_ref()?.version_of(&self.served().path)
     }
 
     fn served(&self) -> Arc<Served> {
@@ -197,13 +229,66 @@ impl Store {
     /// let go. Unless `force`, the new store must answer every request the old one answers
     /// (its tables, dims, dtypes, rows and model: `crate::swap`), or the swap is refused
     /// naming the difference. Returns the new store's version.
+    ///
+    /// A store opened from a repository swaps only to its versions (a version's directory, or
+    /// [`Store::swap_to`] a version number), and the repository's pointer names the new
+    /// version before it is served, so that a restart serves it too.
     pub fn swap(&self, path: impl AsRef<Path>, warm: bool, force: bool) -> Result<u64> {
+        let path = path.as_ref();
+        match &self.inner.repo {
+            Some(_) => self.swap_to(
+                &SwapTo::Path(path.to_string_lossy().into_owned()),
+                warm,
+                force,
+            ),
+            None => self.switch(path, warm, force, || Ok(())),
+        }
+    }
+
+    /// Serves what `to` names (a store directory, a version of the repository the store is
+    /// served from, or the version served before the current one) as [`Store::swap`] does;
+    /// returns the new store's version. A version swap checks the new version as any swap does
+    /// (unless `force`) and writes the repository's pointer only once the version is open and
+    /// checked: a refused or failed swap leaves both the served version and the pointer as
+    /// they were. With the config's `keep_last`, versions beyond the newest few are removed
+    /// once the last call on them has ended.
+    pub fn swap_to(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {
+        let Some(repo) = &self.inner.repo else {
+            return match to {
+                SwapTo::Path(p) => self.switch(Path::new(p), warm, force, || Ok(())),
+                _ => Err(Error::invalid(format!(
+                    "the store at {} is not served from a repository of versions: open \
+                     REPO/NAME (its versions in REPO/NAME/1, 2, ...) to swap by version or roll back",
+                    self.path().display()
+                ))),
+            };
+        };
+        let _lock = repo.lock()?;
+        let served = self.served_version().unwrap_or(0);
+        let (_, path, pointer) = crate::versions::target(repo, served, to)?;
+        self.switch(&path, warm, force, || Ok(repo.set_pointer(&pointer)?))
+    }
+
+    /// Rolls back to the version served before the current one ([`Store::swap_to`]
+    /// [`SwapTo::Previous`]).
+    pub fn rollback(&self, warm: bool, force: bool) -> Result<u64> {
+        self.swap_to(&SwapTo::Previous, warm, force)
+    }
+
+    /// The swap itself: `commit` runs once the new store is open and checked, just before it
+    /// is served; its error leaves the old one served.
+    fn switch(
+        &self,
+        path: &Path,
+        warm: bool,
+        force: bool,
+        commit: impl FnOnce() -> Result<()>,
+    ) -> Result<u64> {
         if self.inner.flash.is_some() {
             return Err(Error::invalid(
                 "a store served from a simulated drive cannot swap; open the new one",
             ));
         }
-        let path = path.as_ref();
         let nul = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).contains(&0);
         if nul || (path.exists() && !path.is_dir()) {
             return Err(Error::invalid(format!(
@@ -232,14 +317,20 @@ impl Store {
         let served = Served::open(&reader, engine, &self.inner.config)?;
         let version = served.live.snapshot().version();
         let old_engine = old.live.snapshot().engine().clone();
+        commit()?;
         self.inner.served.store(served);
         // the old version goes on a thread of its own, once the calls on it end, not on the
         // thread of the lookup that happens to let it go last (its tables' memory, its
-        // device, its log take milliseconds to let go)
+        // device, its log take milliseconds to let go); then the versions beyond keep_last go
         let old_path = old.path.clone();
+        let inner = Arc::downgrade(&self.inner);
         let reaper = move || {
+            let gone = old.path.clone();
             last_holder(old);
             last_holder(old_engine);
+            if let Some(inner) = inner.upgrade() {
+                inner.prune(&gone);
+            }
         };
         match std::thread::Builder::new()
             .name("nearrec-reaper".into())

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nearrec::format::DType;
 use nearrec::{
     Bags, Batch, ErrorKind, Indices, NewTable, OwnedBatch, OwnedLookup, PoolingMode, RowWrite,
-    StoreApi, TableLookup, WriteOptions,
+    StoreApi, SwapTo, TableLookup, WriteOptions,
 };
 use nearrec_testkit::Xorshift;
 
@@ -64,6 +64,11 @@ macro_rules! store_api_suite {
         #[test]
         fn a_swap_serves_the_new_store_and_refuses_an_incompatible_one() {
             crate::suite::a_swap_serves_the_new_store_and_refuses_an_incompatible_one($open);
+        }
+
+        #[test]
+        fn versions_swap_roll_back_and_survive_a_reopen() {
+            crate::suite::versions_swap_roll_back_and_survive_a_reopen($open);
         }
 
         #[test]
@@ -576,21 +581,100 @@ pub fn a_swap_serves_the_new_store_and_refuses_an_incompatible_one(open: Open) {
     let store = &*s.store;
     let ids = [3i64, 8];
     let (before, _) = store.lookup(&rows_batch(&ids)).unwrap();
-    let e = store
-        .swap(&other.to_string_lossy(), false, false)
-        .unwrap_err();
+    let e = store.swap(&to(&other), false, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     assert_eq!(
         store.lookup(&rows_batch(&ids)).unwrap().0.values,
         before.values
     );
-    store.swap(&next.to_string_lossy(), true, false).unwrap();
+    store.swap(&to(&next), true, false).unwrap();
     let (after, _) = store.lookup(&rows_batch(&ids)).unwrap();
     let negated: Vec<f32> = before.values.iter().map(|v| -v).collect();
     close(&after.values, &negated, "after the swap");
     // with force, a store that answers less is served too
-    store.swap(&other.to_string_lossy(), false, true).unwrap();
+    store.swap(&to(&other), false, true).unwrap();
     assert_eq!(store.info().unwrap().tables.len(), 1);
+    // a store not served from a repository has no versions to swap to
+    for by_version in [SwapTo::Version(1), SwapTo::Previous] {
+        let e = store.swap(&by_version, false, false).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    }
+}
+
+/// A swap to a path.
+fn to(path: &Path) -> SwapTo {
+    SwapTo::Path(path.to_string_lossy().into_owned())
+}
+
+/// A repository of three versions of the suite's store (rows × 1, × −1, × 2) whose pointer
+/// names version 1.
+pub fn repository() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = nearrec::format::Repository::create(&dir.path().join("dlrm")).unwrap();
+    for (k, sign) in [(1, 1.0), (2, -1.0), (3, 2.0)] {
+        let built = write_store(dir.path(), &format!("built{k}"), &TABLES, sign);
+        let how = nearrec::format::Publish::Move;
+        assert_eq!(repo.publish(&built, how).unwrap(), k);
+    }
+    let pointer = nearrec::format::Pointer {
+        current: 1,
+        history: Vec::new(),
+    };
+    repo.set_pointer(&pointer).unwrap();
+    (dir, repo.path().to_path_buf())
+}
+
+pub fn versions_swap_roll_back_and_survive_a_reopen(open: Open) {
+    let (_dir, path) = repository();
+    let ids = [3i64, 8];
+    let served = |store: &dyn StoreApi| store.lookup(&rows_batch(&ids)).unwrap().0.values;
+    let s = open(&path, false);
+    let store = &*s.store;
+    let first = served(store);
+    let info = store.info().unwrap();
+    assert_eq!(
+        (info.served_version, info.versions.clone()),
+        (Some(1), vec![1, 2, 3])
+    );
+    assert!(info.path.ends_with("dlrm/1"), "{}", info.path);
+
+    store.swap(&SwapTo::Version(3), true, false).unwrap();
+    let doubled: Vec<f32> = first.iter().map(|v| v * 2.0).collect();
+    close(&served(store), &doubled, "version 3");
+    store.swap(&SwapTo::Version(2), false, false).unwrap();
+    let negated: Vec<f32> = first.iter().map(|v| -v).collect();
+    close(&served(store), &negated, "version 2");
+    // a rollback goes to the version served before (3), not the one numbered before (1)
+    store.swap(&SwapTo::Previous, false, false).unwrap();
+    close(&served(store), &doubled, "rolled back to 3");
+    assert_eq!(store.info().unwrap().served_version, Some(3));
+
+    for (bad, kind) in [
+        (SwapTo::Version(9), ErrorKind::StoreNotFound),
+        (SwapTo::Version(3), ErrorKind::InvalidRequest), // served now
+    ] {
+        let e = store.swap(&bad, false, false).unwrap_err();
+        assert_eq!(e.kind(), kind, "{bad:?}: {e}");
+    }
+    // a refused swap leaves what is served, and what a restart serves, as it was
+    close(&served(store), &doubled, "after refused swaps");
+    drop(s);
+
+    let s = open(&path, false);
+    assert_eq!(
+        s.store.info().unwrap().served_version,
+        Some(3),
+        "after a reopen"
+    );
+    close(&served(&*s.store), &doubled, "version 3 after a reopen");
+    s.store.swap(&SwapTo::Previous, false, false).unwrap();
+    close(&served(&*s.store), &first, "rolled back to 1");
+    let e = s.store.swap(&SwapTo::Previous, false, false).unwrap_err();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::InvalidRequest,
+        "nothing left to roll back to: {e}"
+    );
 }
 
 pub fn info_stats_and_submitted_lookups_agree(open: Open) {
