@@ -21,7 +21,8 @@ The modules, lowest layer first: each imports only from the layers before it
 - ``config``: :class:`StoreConfig`, the mirror of Rust's (defaults read from Rust, values checked
   by Rust, TOML in and out).
 - ``manifest``: a store on disk without opening it: :func:`info`, :func:`attach` /
-  :func:`read_attachment`, :func:`verify`, :func:`gc`.
+  :func:`read_attachment`, :func:`verify`, :func:`gc`; a repository of versions:
+  :func:`publish`, :func:`versions`.
 - {``store``, ``keyed``}: :class:`Store`, one class over the store's contract
   (``nearrec::StoreApi``) whatever serves it — ``open``, lookups, ``submit`` → ``Pending``,
   ``lookup_stream``, ``infer``, writes, swaps, stats — each a call of the binding's
@@ -77,11 +78,14 @@ from .manifest import (
     StoreInfo,
     TableCheck,
     TableInfo,
+    Versions,
     attach,
     gc,
     info,
+    publish,
     read_attachment,
     verify,
+    versions,
 )
 from .remote import RemotePending, RemoteStore, RemoteTable, connect
 from .specs import MODELS, ModelSpec, model_spec
@@ -153,4 +157,7 @@ __all__ = [
     "update",
     "gc",
     "verify",
+    "Versions",
+    "publish",
+    "versions",
 ]

@@ -86,8 +86,10 @@ class StoreConfig:
     a swap reads to load the new version, at most (0: no bound); ``write_wait_ms``: how long a
     write waits for room in a full delta. ``follow_ms``: a read-only store looks for what its
     writer (another process) logged every this many ms and serves it (``None``: only on
-    :meth:`Store.refresh`; ``nearrec serve`` follows every 1000 ms unless told). See
-    :func:`nearrec.open` for what each does."""
+    :meth:`Store.refresh`; ``nearrec serve`` follows every 1000 ms unless told).
+    ``keep_last``: a store opened from a repository of versions removes, after a swap, the
+    versions beyond the newest this many (never the served one) once no call reads them
+    (``None``: keeps them all). See :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")
@@ -114,6 +116,7 @@ class StoreConfig:
     compaction_rate: int | str = _default("compaction_rate")
     write_wait_ms: int = _default("write_wait_ms")
     follow_ms: int | None = _default("follow_ms")
+    keep_last: int | None = _default("keep_last")
 
     def __post_init__(self) -> None:
         self.native()  # checked now: a bad value fails where it is given

@@ -1,6 +1,7 @@
 """A store on disk, read without opening it: its manifest (:func:`info`), its attachments
 (:func:`attach`, :func:`read_attachment`), its checks (:func:`verify`) and what interrupted
-writers left (:func:`gc`). Opening a store to serve it is :mod:`nearrec.store`'s."""
+writers left (:func:`gc`); a repository of one name's versions (:func:`publish`,
+:func:`versions`). Opening a store to serve it is :mod:`nearrec.store`'s."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 from ._native import (
     read_manifest,
+    repo_publish,
+    repo_versions,
     store_attach,
     store_gc,
     store_read_attachment,
@@ -19,7 +22,7 @@ from ._native import (
     verify_store,
 )
 from .errors import InvalidRequest
-from .request import path_arg, progress_enabled
+from .request import flag, path_arg, progress_enabled
 
 StorePath = str | os.PathLike[str]
 
@@ -159,3 +162,36 @@ def gc(path: StorePath) -> GcReport:
     removed, kept = store_gc(path_arg(path))
     return GcReport(tuple(Leftover(Path(p), b, r) for p, b, r in removed),
                     tuple(Leftover(Path(p), b, r) for p, b, r in kept))
+
+
+@dataclass(frozen=True)
+class Versions:
+    """A repository of versions (``REPO/NAME/1``, ``2``, ... and its ``CURRENT`` pointer): the
+    versions it holds (lowest first), the one served, and those served before it (most recent
+    last: what a rollback goes back to)."""
+
+    versions: tuple[int, ...]
+    current: int
+    history: tuple[int, ...]
+
+
+def publish(repository: StorePath, store: StorePath, *, move: bool = False) -> int:
+    """Adds the closed store at ``store`` (built offline: :func:`nearrec.build`,
+    :func:`nearrec.from_state_dict`, ...) to the repository at ``repository`` (made if missing)
+    as its next version; returns the version's number, one above every version the repository
+    has held. Its files are copied in (``move=True``: the directory is renamed in, on the same
+    file system), then the version appears whole under its number. It is served once a swap
+    names it (``store.swap(version=N)``, ``nearrec swap --version N``); a store opened from a
+    repository that has never been swapped serves its newest version."""
+    return repo_publish(path_arg(repository, "the repository"), path_arg(store, "the store"),
+                        flag(move, "move"))
+
+
+def versions(repository: StorePath) -> Versions | None:
+    """The repository at ``repository``'s versions, or ``None`` if it is not one (a store, an
+    empty or plain directory)."""
+    found = repo_versions(path_arg(repository, "the repository"))
+    if found is None:
+        return None
+    held, current, history = found
+    return Versions(tuple(held), current, tuple(history))

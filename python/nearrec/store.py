@@ -172,7 +172,7 @@ class Store:
 
     def _read_info(self) -> None:
         """What the store serves now (after a create, drop, refresh or swap)."""
-        name, tables, version, tier, writable, model, stores = self._native.info()
+        name, tables, version, tier, writable, model, stores, served = self._native.info()
         self._tables = {t[0]: Table(*t) for t in tables}
         self._version, self._tier, self._writable = int(version), str(tier), bool(writable)
         #: the name the store is served as: its directory's, or the node's name for it
@@ -181,6 +181,13 @@ class Store:
         self.has_model: bool = bool(model)
         #: the stores served beside it that the caller may see (a node's)
         self.stores: tuple[str, ...] = tuple(stores)
+        path, served_version, versions = served
+        #: the directory served now, on the serving side's file system (a node's, for a node's)
+        self.served_path: str = path
+        #: served from a repository of versions: the version served now (else ``None``) ...
+        self.served_version: int | None = served_version
+        #: ... and every version the repository holds, lowest first
+        self.versions: tuple[int, ...] = tuple(versions)
         self._manifest = None
 
     @property
@@ -292,9 +299,12 @@ class Store:
         :meth:`create_table`; returns the new version."""
         return self._change(lambda: self._native.drop_table(text(name, "name")))
 
-    def swap(self, path: StorePath, *, warm: bool = True, force: bool = False) -> int:
+    def swap(self, path: StorePath | None = None, *, version: int | None = None,
+             warm: bool = True, force: bool = False) -> int:
         """Serves the store at ``path`` (a new version built offline, e.g. a retrained model's
-        tables) from the next call on: lookups under way finish on the old one, none fails.
+        tables) — or, for a store opened from a repository of versions (``REPO/NAME``, see
+        :func:`nearrec.publish`), its version ``version`` — from the next call on: lookups under
+        way finish on the old one, none fails.
         With ``warm``, the new store's row caches first get the rows the old one's DRAM tiers
         hold, read from the new files, so that the switch does not start cold. A writable store
         takes the new store's writer lock and log and lets the old one's go. The new store must
@@ -304,9 +314,27 @@ class Store:
         new store's version. On a node's store, ``path`` is on the node's file system: the node
         takes it only from under its swap root (``nearrec serve --swap-root``, by default the
         directory holding the served store; a relative ``path`` is taken from there) and only
-        for a caller who may read what it exposes."""
-        return self._change(lambda: self._native.swap(path_arg(path, "the store path"),
-                                                      flag(warm, "warm"), flag(force, "force")))
+        for a caller who may read what it exposes.
+
+        From a repository, the swap names a version (a path must be one of its versions'
+        directories), and the repository's ``CURRENT`` pointer names it, atomically, before it
+        is served: a restart serves it too, and a refused swap leaves the pointer as it was.
+        With the config's ``keep_last``, versions beyond the newest few are removed once no
+        call reads them. :attr:`served_version` says what is served."""
+        if (path is None) == (version is None):
+            raise InvalidRequest("swap to a path or to a version (one of them)")
+        where = None if path is None else path_arg(path, "the store path")
+        number = None if version is None else count(version, "version", minimum=1)
+        return self._change(lambda: self._native.swap(where, number, False, flag(warm, "warm"),
+                                                      flag(force, "force")))
+
+    def rollback(self, *, warm: bool = True, force: bool = False) -> int:
+        """Serves the version served before the current one, for a store opened from a
+        repository of versions, as :meth:`swap` would (checked unless ``force``, the pointer
+        replaced atomically); each rollback goes one further back. Raises
+        :class:`InvalidRequest` when none served before is left."""
+        return self._change(lambda: self._native.swap(None, None, True, flag(warm, "warm"),
+                                                      flag(force, "force")))
 
     def _change(self, call: Callable[[], int]) -> int:
         try:

@@ -97,6 +97,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::disk_read_rate, m)?)?;
     m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_gc, m)?)?;
+    m.add_function(wrap_pyfunction!(store::repo_publish, m)?)?;
+    m.add_function(wrap_pyfunction!(store::repo_versions, m)?)?;
     m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_attach, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_read_attachment, m)?)?;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use nearrec::{AsBatch, Batch, Located, NewTable, Pooled, Store, StoreApi, Submitted, SwapTo};
 use nearrec_client::{Client, ClientOptions, ClientTls};
-use nearrec_format::{DType, StoreReader};
+use nearrec_format::{DType, Publish, Repository, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping, PyString, PyTuple};
@@ -28,7 +28,7 @@ use crate::progress;
 type Seconds = Vec<(&'static str, f64)>;
 
 /// A store's description: `(name, [(table, rows, dim, dtype)], version, tier, writable, model,
-/// stores)`.
+/// stores, (path, served version, versions))`.
 type InfoTuple = (
     String,
     Vec<(String, u64, u32, String)>,
@@ -37,6 +37,7 @@ type InfoTuple = (
     bool,
     bool,
     Vec<String>,
+    (String, Option<u64>, Vec<u64>),
 );
 
 /// An open store, whatever serves it.
@@ -174,7 +175,14 @@ impl NativeStore {
             .map(|t| (t.name, t.rows, t.dim, t.dtype.name().to_owned()))
             .collect();
         Ok((
-            i.name, tables, i.version, i.tier, i.writable, i.model, i.stores,
+            i.name,
+            tables,
+            i.version,
+            i.tier,
+            i.writable,
+            i.model,
+            i.stores,
+            (i.path, i.served_version, i.versions),
         ))
     }
 
@@ -849,6 +857,40 @@ pub(crate) fn store_gc(py: Python<'_>, path: PathBuf) -> PyResult<(Vec<Leftover>
             .collect::<Vec<_>>()
     };
     Ok((rows(report.removed), rows(report.kept)))
+}
+
+/// Adds the closed store at `store` to the repository of versions at `repository` (made if
+/// missing) as its next version, copied or (`move`) renamed in; returns the version.
+#[pyfunction]
+#[pyo3(name = "repo_publish", signature = (repository, store, r#move = false))]
+pub(crate) fn repo_publish(
+    py: Python<'_>,
+    repository: PathBuf,
+    store: PathBuf,
+    r#move: bool,
+) -> PyResult<u64> {
+    let how = if r#move { Publish::Move } else { Publish::Copy };
+    detach(py, || {
+        Repository::create(&repository).and_then(|r| r.publish(&store, how))
+    })?
+    .map_err(|e| format_err(py, e))
+}
+
+/// A repository's versions, the one served and those served before it.
+type VersionsTuple = (Vec<u64>, u64, Vec<u64>);
+
+/// The repository of versions at `path`: `(versions, current, history)`, or `None` if `path`
+/// is not one.
+#[pyfunction]
+pub(crate) fn repo_versions(py: Python<'_>, path: PathBuf) -> PyResult<Option<VersionsTuple>> {
+    let Some(repo) = Repository::detect(&path) else {
+        return Ok(None);
+    };
+    let read = || -> nearrec_format::Result<_> {
+        let history = repo.pointer()?.map(|p| p.history).unwrap_or_default();
+        Ok((repo.versions()?, repo.current()?, history))
+    };
+    detach(py, read)?.map(Some).map_err(|e| format_err(py, e))
 }
 
 /// Opens and validates a store's manifest and table headers; returns the manifest as JSON.

@@ -108,6 +108,7 @@ pub async fn serve(
     shared
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
+    tracing::info!(listen = %listeners.grpc.local_addr()?, "ready");
     let readiness = shared.ready.clone();
     // reflection, as v1 and as the v1alpha that older stock clients (grpcio's, grpcurl's first
     // try) ask for
@@ -166,6 +167,7 @@ pub async fn serve(
         } => tracing::warn!("drain timed out after {:?}; stopping", config.drain_timeout),
     }
     let _ = metrics_stop.send(());
+    tracing::info!("drained: stopped");
     Ok(())
 }
 
@@ -223,6 +225,12 @@ pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Resul
         Ok(_) => {}
         Err(e) => tracing::warn!("cannot raise the limit on open descriptors: {e}"),
     }
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        listen = %config.listen,
+        stores = config.stores.len(),
+        "starting"
+    );
     let stores = config.open_stores()?;
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("cannot start the node's runtime: {e}"))?;

@@ -1,9 +1,9 @@
 //! What a scrape of `/metrics` reads at that moment, beside the families calls update
 //! (`crate::metrics`): requests in flight; refusals by reason (`unauthenticated`,
 //! `permission_denied`, `overloaded`, `deadline_exceeded`, `unsent_bytes`); connections open,
-//! and those closed by reason (`refused`, `timed_out`, `accept_error`); and per store its lookups per tier,
-//! DRAM hit ratio, device reads, bytes read, version, rows waiting in the delta, and the
-//! engine's own stage percentiles (`route`, `io_wait`, `pool`, `end_to_end`). Per-tier lookups,
+//! and those closed by reason (`refused`, `timed_out`, `accept_error`); and per store the
+//! directory and repository version it serves, its lookups per tier, DRAM hit ratio, device
+//! reads, bytes read, version, rows waiting in the delta, and the engine's own stage percentiles (`route`, `io_wait`, `pool`, `end_to_end`). Per-tier lookups,
 //! reads and stages are the SSD tier's; a DRAM-resident store reports zeros for them.
 
 use std::sync::Arc;
@@ -56,6 +56,12 @@ struct Reason {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabel {
     store: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StorePath {
+    store: String,
+    path: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -139,11 +145,43 @@ impl Collector for NodeCollector {
             }
         }
         let mut stores = Vec::new();
+        let mut served = Vec::new();
         for name in s.stores.names() {
             let (_, store) = s.stores.get(name, |_| true).map_err(|_| std::fmt::Error)?;
             // a store that cannot tell (a remote one, unreachable) is left out of this scrape
             if let Ok(stats) = store.stats() {
                 stores.push((name.to_owned(), Some(stats)));
+            }
+            if let Ok(info) = store.info() {
+                served.push((name.to_owned(), info));
+            }
+        }
+        {
+            let mut f = encoder.encode_descriptor(
+                "store_served_version",
+                "A store served from a repository of versions: the version served now (0: not \
+                 from a repository)",
+                None,
+                ConstGauge::new(0.0f64).metric_type(),
+            )?;
+            for (store, info) in &served {
+                let v = info.served_version.unwrap_or(0) as f64;
+                ConstGauge::new(v).encode(f.encode_family(&StoreLabel {
+                    store: store.clone(),
+                })?)?;
+            }
+            let mut f = encoder.encode_descriptor(
+                "store_info",
+                "1 for each store, labelled with the directory it serves now",
+                None,
+                ConstGauge::new(0.0f64).metric_type(),
+            )?;
+            for (store, info) in &served {
+                let labels = StorePath {
+                    store: store.clone(),
+                    path: info.path.clone(),
+                };
+                ConstGauge::new(1.0).encode(f.encode_family(&labels)?)?;
             }
         }
         let value = |stats: &Option<nearrec::Stats>, k: &str| stats.as_ref().and_then(|s| s.get(k));

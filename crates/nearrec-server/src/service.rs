@@ -570,11 +570,18 @@ impl NodeService {
             .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?;
             self.allow(&caller, "Swap", |_| exposed)?;
         }
-        let (version, slot) = self
+        let who = caller.0.as_ref().map(|p| p.name.clone());
+        let (event, name) = (swap::event(&to), name.to_owned());
+        let (answer, slot) = self
             .run("Swap", deadline, false, move || {
-                store.swap(&to, req.warm, req.force)
+                let before = store.info().ok();
+                let version = store.swap(&to, req.warm, req.force);
+                version.map(|v| (v, before, store.info().ok()))
             })
             .await?;
+        let (version, before, after) = answer;
+        let (from, to) = (swap::served(before.as_ref()), swap::served(after.as_ref()));
+        tracing::info!(store = %name, principal = who, %from, %to, "{event}");
         Ok(holding(pb::SwapResponse { version }, Held::from(slot)))
     }
 

@@ -61,8 +61,18 @@ impl Stores {
                     (p, name)
                 }
             };
+            let started = std::time::Instant::now();
             let store =
                 Store::open(&path, config).map_err(|e| format!("{}: {e}", path.display()))?;
+            tracing::info!(
+                store = %name,
+                path = %store.path().display(),
+                served_version = store.served_version(),
+                tables = store.tables().len(),
+                tier = store.tier().name(),
+                seconds = started.elapsed().as_secs_f64(),
+                "store loaded"
+            );
             stores.insert(name, store)?;
         }
         Ok(stores)

@@ -112,6 +112,27 @@ pub fn destination(info: &Info, to: &SwapTo) -> nearrec::Result<PathBuf> {
     Ok(nearrec::versions::target(&repo, served, to)?.1)
 }
 
+/// What a swap is called in the node's log.
+pub fn event(to: &SwapTo) -> &'static str {
+    match to {
+        SwapTo::Previous => "rollback",
+        _ => "swap",
+    }
+}
+
+/// What a store serves, for the log: `version N (PATH)`, or the path.
+pub fn served(info: Option<&Info>) -> String {
+    match info {
+        Some(Info {
+            served_version: Some(v),
+            path,
+            ..
+        }) => format!("version {v} ({path})"),
+        Some(i) => i.path.clone(),
+        None => "?".into(),
+    }
+}
+
 /// `PERMISSION_DENIED` unless `p` may read every table of the store at `path` (and write each
 /// when `writable`): what swapping it in exposes under the store's name `store`.
 pub fn allow_exposed(

@@ -1,11 +1,12 @@
-"""The ``nearrec`` command line: build, info, verify, gc, update, compact, serve, lookup,
-predict, trace, infer, plan, colocate, simulate, bench.
+"""The ``nearrec`` command line: build, info, verify, gc, update, compact, publish, swap,
+serve, lookup, predict, trace, infer, plan, colocate, simulate, bench.
 
 Human-readable output by default, ``--json`` for machines; progress bars on long work when
 stderr is a terminal (``--progress`` forces them). Errors print one line and exit with status 2
 (bad input) or 1 (the store, the system, a missing extra); ``--debug`` shows the traceback.
 
-The verbs live by what they touch: :mod:`.stores` (build, info, verify, gc, update, compact),
+The verbs live by what they touch: :mod:`.stores` (build, info, verify, gc, update, compact,
+publish, swap),
 :mod:`.serving` (serve, lookup, predict), :mod:`.workloads` (trace, plan, colocate, infer,
 simulate, bench); the flags they share are in :mod:`.flags`, what they print in :mod:`.output`.
 This module holds the command tree (:func:`parser`) and :func:`main`.
@@ -23,7 +24,16 @@ from ..errors import InvalidRequest, NearrecError
 from .flags import Parser, common, parse_bytes, remote_flags, store_config, store_flags
 from .output import format_stats, human_bytes, human_time
 from .serving import cmd_lookup, cmd_predict, cmd_serve, flag_dest
-from .stores import cmd_build, cmd_compact, cmd_gc, cmd_info, cmd_update, cmd_verify
+from .stores import (
+    cmd_build,
+    cmd_compact,
+    cmd_gc,
+    cmd_info,
+    cmd_publish,
+    cmd_swap,
+    cmd_update,
+    cmd_verify,
+)
 from .workloads import cmd_bench, cmd_colocate, cmd_infer, cmd_plan, cmd_simulate, cmd_trace
 
 
@@ -52,8 +62,9 @@ def parser() -> argparse.ArgumentParser:
     common(b)
     b.set_defaults(func=cmd_build)
 
-    i = sub.add_parser("info", help="show a store's manifest")
-    i.add_argument("path", help="a store directory")
+    i = sub.add_parser("info", help="show a store's manifest (a repository's: its versions "
+                                    "and the served one's)")
+    i.add_argument("path", help="a store directory, or a repository of versions")
     common(i)
     i.set_defaults(func=cmd_info)
 
@@ -98,6 +109,33 @@ def parser() -> argparse.ArgumentParser:
     store_flags(cp)
     common(cp)
     cp.set_defaults(func=cmd_compact)
+
+    pb = sub.add_parser("publish", help="add a store built offline to a repository of "
+                                        "versions as its next version")
+    pb.add_argument("repository", help="the repository, REPO/NAME (made if missing); serve it "
+                                       "as one store: nearrec serve REPO/NAME")
+    pb.add_argument("store", help="the closed store to add (nearrec build, from_state_dict)")
+    pb.add_argument("--move", action="store_true",
+                    help="rename the store in instead of copying it (same file system)")
+    common(pb)
+    pb.set_defaults(func=cmd_publish)
+
+    sw = sub.add_parser("swap", help="serve another version of a repository, or roll back, "
+                                     "on a node or in the repository's pointer")
+    remote_flags(sw, "the repository REPO/NAME")
+    to = sw.add_mutually_exclusive_group(required=True)
+    to.add_argument("--version", type=int, help="the version to serve")
+    to.add_argument("--rollback", action="store_true",
+                    help="the version served before the current one")
+    to.add_argument("--to", metavar="DIR",
+                    help="with --remote: a store directory on the node (under its swap root)")
+    sw.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --remote: fill the new version's DRAM tiers before the switch")
+    sw.add_argument("--force", action="store_true",
+                    help="serve it even if it cannot answer what the served one answers")
+    store_flags(sw)
+    common(sw)
+    sw.set_defaults(func=cmd_swap)
 
     sv = sub.add_parser("serve", help="serve stores over gRPC: the storage node "
                                       "(nearrec.connect, grpcurl, grpc.health.v1)")
@@ -303,6 +341,9 @@ EXAMPLES = {
     "update": "nearrec update --remote 10.0.0.5:50051 rmc1 --from ckpt.pt --dense skip "
               "--token-file ~/.nearrec/token",
     "compact": "nearrec compact /data/rmc1",
+    "publish": "nearrec publish /models/dlrm /scratch/dlrm-retrained",
+    "swap": "nearrec swap --remote 10.0.0.5:50051 dlrm --version 7 --token-file "
+            "~/.nearrec/token",
     "serve": "nearrec serve /data/rmc1=rmc1 --tier ssd --dram-budget 8GiB --listen "
              "0.0.0.0:50051 --acl acl.toml --tls-cert node.pem --tls-key node.key",
     "lookup": "nearrec lookup /data/rmc1 --batch 64 --pooling 80 --tier ssd --dram-budget 1GiB",
@@ -379,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "cmd_bench", "cmd_build", "cmd_colocate", "cmd_compact", "cmd_gc", "cmd_infer", "cmd_info",
-    "cmd_lookup", "cmd_plan", "cmd_predict", "cmd_serve", "cmd_simulate", "cmd_trace",
-    "cmd_update", "cmd_verify", "common", "format_stats", "human_bytes", "human_time", "main",
-    "parse_bytes", "parser", "store_config", "store_flags",
+    "cmd_lookup", "cmd_plan", "cmd_predict", "cmd_publish", "cmd_serve", "cmd_simulate",
+    "cmd_swap", "cmd_trace", "cmd_update", "cmd_verify", "common", "format_stats", "human_bytes",
+    "human_time", "main", "parse_bytes", "parser", "store_config", "store_flags",
 ]

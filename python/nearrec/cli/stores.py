@@ -1,5 +1,7 @@
-"""The verbs that make and look after stores on this machine: ``build``, ``info``,
-``verify``, ``gc``, ``update`` (a trainer's rows into a live store) and ``compact``."""
+"""The verbs that make and look after stores: ``build``, ``info``, ``verify``, ``gc``,
+``update`` (a trainer's rows into a live store, here or on a node), ``compact``, and a
+repository's versions: ``publish`` and ``swap`` (a version, or a rollback, here or on a
+node)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    versions = nearrec.versions(args.path)
+    head: list[str] = []
+    if versions is not None:  # a repository: its versions, then the served one's manifest
+        head = [f"{args.path}: a repository of versions {list(versions.versions)}, serving "
+                f"{versions.current}"
+                + (f" (served before: {list(versions.history)})" if versions.history else "")]
+        args.path = Path(args.path) / str(versions.current)
     info = nearrec.info(args.path)
     data = {"path": str(info.path), "format_version": info.format_version,
             "created_by": info.created_by, "params": info.params,
@@ -58,7 +67,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                      f"{100 * t.padding_ratio:>6.2f}  {'co-located' if t.colocated else 'by id'}")
     if info.attachments:
         lines.append(f"attachments: {', '.join(info.attachments)}")
-    emit(args, data | {"attachments": list(info.attachments)}, "\n".join(lines))
+    if versions is not None:
+        data["repository"] = asdict(versions)
+    emit(args, data | {"attachments": list(info.attachments)}, "\n".join(head + lines))
     return 0
 
 
@@ -123,4 +134,35 @@ def cmd_compact(args: argparse.Namespace) -> int:
                  "log_bytes_after": store.live_stats()["log_bytes"]},
           f"{done.rows:,} rows folded into {done.tables} table(s) ({human_bytes(done.bytes)} "
           f"written in {human_time(done.seconds)}); the tables hold version {done.version}")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    version = nearrec.publish(args.repository, args.store, move=args.move)
+    emit(args, {"repository": str(args.repository), "version": version},
+          f"{args.store} is version {version} of {args.repository}; serve it with "
+          f"`nearrec swap {args.repository} --version {version}` (or --remote HOST:PORT NAME)")
+    return 0
+
+
+def cmd_swap(args: argparse.Namespace) -> int:
+    if args.remote:
+        store = open_store(args, "swap")
+    else:
+        # here, a swap only moves the pointer a node reads when it starts: no tier to load
+        if not args.path:
+            raise InvalidRequest("nearrec swap needs a repository (REPO/NAME), or --remote")
+        config = store_config(args).replace(tier="ssd", dram_budget=0, keep_last=None)
+        store = nearrec.open(args.path, config)
+    warm = args.warm if args.remote else False
+    if args.rollback:
+        store.rollback(warm=warm, force=args.force)
+    else:
+        store.swap(args.to, version=args.version, warm=warm, force=args.force)
+    emit(args, {"store": store.name, "served_version": store.served_version,
+                 "path": store.served_path, "versions": list(store.versions),
+                 "version": store.version},
+          f"{store.name} serves "
+          + (f"version {store.served_version} ({store.served_path})"
+             if store.served_version is not None else store.served_path))
     return 0
