@@ -143,8 +143,11 @@ def test_errors_arrive_as_the_local_store_raises_them(served, store_path):
         remote.write("a", np.array([1]), np.zeros((1, 16), np.float32))
     with pytest.raises(nearrec.StoreNotFound, match="it serves: s"):
         nearrec.connect(remote.address, "other")
-    with pytest.raises(nearrec.Unavailable):
+    with pytest.raises(nearrec.Unavailable, match="connection refused at 127.0.0.1:1"):
         nearrec.connect("127.0.0.1:1")
+    # several addresses: the first that answers
+    several = nearrec.connect(["127.0.0.1:1", remote.address], "s")
+    assert several.lookup("a", np.array([1]), np.array([0])).shape == (1, 16)
     assert issubclass(nearrec.Unavailable, ConnectionError)
     assert issubclass(nearrec.DeadlineExceeded, TimeoutError)
     assert issubclass(nearrec.PermissionDenied, PermissionError)
@@ -572,15 +575,25 @@ def test_tls_and_client_certificates(tmp_path, store_path):
         remote = nearrec.connect(node.address, tls_ca=c["ca.pem"], tls_cert=c["client.pem"],
                                  tls_key=c["client.key"])
         close(remote.lookup("a", ids, offsets), want)
-        # no client certificate: the handshake fails; plaintext: no answer either
-        with pytest.raises(nearrec.Unavailable):
+        # no client certificate: the handshake fails; plaintext: no answer either. Each error
+        # says what failed, not "transport error"
+        with pytest.raises(nearrec.Unavailable, match="client certificate|the certificate"):
             nearrec.connect(node.address, tls_ca=c["ca.pem"]).lookup("a", ids, offsets)
-        with pytest.raises(nearrec.Unavailable):
-            nearrec.connect(node.address).lookup("a", ids, offsets)
-        # a node certificate the client's CA does not sign
-        with pytest.raises(nearrec.Unavailable):
+        with pytest.raises(nearrec.Unavailable, match="a TLS node"):
+            nearrec.connect(node.address).lookup("a", ids, offsets)  # racy: either message
+        # a node certificate the client's CA does not sign; a name it does not hold
+        with pytest.raises(nearrec.Unavailable, match="not signed by the CA"):
             nearrec.connect(node.address, tls_ca=c["node.pem"], tls_cert=c["client.pem"],
                             tls_key=c["client.key"])
+        with pytest.raises(nearrec.Unavailable, match="not for the name"):
+            nearrec.connect(node.address, tls_ca=c["ca.pem"], tls_domain="elsewhere",
+                            tls_cert=c["client.pem"], tls_key=c["client.key"])
+        plain = Node(str(store_path))
+        try:
+            with pytest.raises(nearrec.Unavailable, match="does not speak TLS"):
+                nearrec.connect(plain.address, tls_ca=c["ca.pem"])
+        finally:
+            assert plain.stop() == 0
     finally:
         assert node.stop() == 0
 

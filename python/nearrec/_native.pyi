@@ -95,8 +95,8 @@ class NativeStore:
     @staticmethod
     def connect(addr: str, store: str, token: str | None = None,
                 timeout: float | None = None,
-                tls: tuple[bytes | None, str | None, tuple[bytes, bytes] | None] | None = None
-                ) -> NativeStore: ...
+                tls: tuple[bytes | None, str | None, tuple[bytes, bytes] | None] | None = None,
+                attempts: int = 4) -> NativeStore: ...
     @property
     def describe(self) -> str: ...
     @property

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ._native import NativeStore
 from .errors import InvalidRequest, Unauthenticated
-from .request import regular_file, text
+from .request import count, regular_file, text
 from .store import Pending, Store, Table
 
 #: Where a node's store unpickled in another process takes its bearer token from: a
@@ -46,17 +47,30 @@ class _Connection:
     tls_cert: str | None
     tls_key: str | None
     tls_domain: str | None
+    retries: int
 
 
-def connect(address: str, store: str = "", *, token: str | None = None,
+def connect(address: str | Sequence[str], store: str = "", *, token: str | None = None,
             token_file: str | os.PathLike[str] | None = None,
             timeout: float | None = DEFAULT_TIMEOUT,
             tls_ca: str | os.PathLike[str] | None = None,
             tls_cert: str | os.PathLike[str] | None = None,
             tls_key: str | os.PathLike[str] | None = None,
-            tls_domain: str | None = None) -> Store:
+            tls_domain: str | None = None, retries: int = 3) -> Store:
     """Connects to the store ``store`` of the node at ``address`` (``host:port``; an empty
-    ``store`` is the node's only one). ``token`` is sent as a bearer token with every call:
+    ``store`` is the node's only one). Several nodes serving the store are a list of
+    addresses (or one comma-separated string): the client connects to the first that
+    answers, and moves to the next when its node stops answering.
+
+    Calls that change nothing — lookups, inference, info, stats — are made again, up to
+    ``retries`` more times, after the node refused them for want of a connection
+    (:class:`~nearrec.errors.Unavailable`) or of room (:class:`~nearrec.errors.Overloaded`),
+    after a random pause that doubles from 50 ms up to 2 s, never past the call's deadline.
+    Writes, created or dropped tables, swaps and compactions are never made again: one whose
+    connection failed may have been applied. ``retries=0`` turns retrying off. The connection
+    pings the node every 30 s, so a node that went away is noticed before a call's deadline.
+
+    ``token`` is sent as a bearer token with every call:
     given, else read from ``token_file`` (its text, stripped), else the :data:`TOKEN_ENV`
     environment variable's, if set — so that a token need not be in code or on a command line;
     ``timeout`` (seconds) is each call's deadline, :data:`DEFAULT_TIMEOUT` unless given: past
@@ -70,8 +84,11 @@ def connect(address: str, store: str = "", *, token: str | None = None,
     TLS: ``tls_ca`` (a PEM file) is the CA the node's certificate must chain to, ``tls_domain``
     the name it must carry (default: the address's host); ``tls_cert`` and ``tls_key`` (PEM)
     are this client's certificate for a node that asks for one (``--tls-client-ca``)."""
+    if not isinstance(address, str) and isinstance(address, Sequence):
+        address = ",".join(text(a, "an address") for a in address)
     text(address, "address")
     text(store, "store")
+    attempts = count(retries, "retries", minimum=0) + 1
     if token is not None and token_file is not None:
         raise InvalidRequest("give token or token_file, not both")
     if token_file is not None:
@@ -93,9 +110,9 @@ def connect(address: str, store: str = "", *, token: str | None = None,
         tls = (None if tls_ca is None else _pem(tls_ca, "tls_ca"),
                None if tls_domain is None else text(tls_domain, "tls_domain"), identity)
     how = _Connection(address, store, token is not None, timeout, _path(tls_ca),
-                      _path(tls_cert), _path(tls_key), tls_domain)
-    return Store._over(NativeStore.connect(address, store, token, timeout, tls), address,
-                       lambda s: _reduce(s, how))
+                      _path(tls_cert), _path(tls_key), tls_domain, attempts - 1)
+    return Store._over(NativeStore.connect(address, store, token, timeout, tls, attempts),
+                       address, lambda s: _reduce(s, how))
 
 
 def _path(p: str | os.PathLike[str] | None) -> str | None:
@@ -120,7 +137,8 @@ def _reconnect(how: _Connection) -> Store:
                                   f"bearer token (a token never travels in a pickle): set "
                                   f"{TOKEN_ENV} where it is loaded")
     return connect(how.address, how.store, token=token, timeout=how.timeout, tls_ca=how.tls_ca,
-                   tls_cert=how.tls_cert, tls_key=how.tls_key, tls_domain=how.tls_domain)
+                   tls_cert=how.tls_cert, tls_key=how.tls_key, tls_domain=how.tls_domain,
+                   retries=how.retries)
 
 
 def _token_from(path: str | os.PathLike[str]) -> str:

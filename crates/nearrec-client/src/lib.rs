@@ -7,9 +7,12 @@
 //!
 //! [`Client::connect`] takes [`ClientOptions`]: a bearer token and a deadline (`grpc-timeout`)
 //! sent with every call, TLS ([`ClientTls`]: a CA, a domain, a client certificate), message and
-//! connect limits. A forked child makes its own connection on its first call. A call whose
-//! connection failed (a refused handshake, a reset) is `UNAVAILABLE`: a connection problem to
-//! retry, not an answer of the node's.
+//! connect limits, [`Retry`] and keepalive. A forked child makes its own connection on its first
+//! call. A call whose connection failed (a refused handshake, a reset) is `UNAVAILABLE`, saying
+//! what failed (`failure.rs`): a connection problem to retry, not an answer of the node's. Calls
+//! that change nothing are made again after `UNAVAILABLE` or `Overloaded`, within their
+//! deadline; writes never. Several addresses (comma-separated) are tried in order, and a call
+//! that finds its node gone moves the client to the next.
 //! Each verb it implements is one call to the node, built and read by `nearrec-wire`'s `convert`;
 //! `submit` puts a call in flight and returns a [`Pending`].
 //!
@@ -18,11 +21,11 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nearrec::{
-    AsBatch, Batch, Compaction, Inferred, Info, NewTable, PendingLookup, Pooled, Read, RowWrite,
-    Rows, Stats, StoreApi, Submitted, SwapTo, TierReport, Versioned, WriteOptions,
+    AsBatch, Batch, Compaction, ErrorKind, Inferred, Info, NewTable, PendingLookup, Pooled, Read,
+    RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TierReport, Versioned, WriteOptions,
 };
 use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::v1 as pb;
@@ -30,6 +33,8 @@ use nearrec_wire::v1::node_client::NodeClient;
 use nearrec_wire::{RemoteError, convert};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Response, Status};
+
+mod failure;
 
 /// How a client talks to its node.
 #[derive(Debug, Clone)]
@@ -44,6 +49,55 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// TLS; `None`: plaintext (unless the address is `https://`, then the system's roots).
     pub tls: Option<ClientTls>,
+    /// How calls that change nothing are made again after a transient refusal.
+    pub retry: Retry,
+    /// An HTTP/2 ping every this long, idle or not; a node that does not answer one within
+    /// `connect_timeout` is taken as gone and the call fails at once instead of waiting for
+    /// its deadline (`None`: no pings).
+    pub keepalive: Option<Duration>,
+}
+
+/// Retries of the calls that change nothing (lookups, inference, info, stats, digests): made
+/// again after `UNAVAILABLE` (no connection, a node stopping) or the node's own
+/// `RESOURCE_EXHAUSTED` (a full queue: `Overloaded`), after a pause drawn at random below
+/// `backoff` × 2^(try − 1), at most `max_backoff` (full jitter, so that clients refused
+/// together do not come back together), never past the call's deadline. A write, a table
+/// created or dropped, a swap or a compaction is never made again: a call whose connection
+/// failed may have been applied, and nothing in it says so.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retry {
+    /// Tries in all, the first included (1: none again).
+    pub attempts: u32,
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            attempts: 4,
+            backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Retry {
+    /// The pause before try `after + 1`, `after` ≥ 1 tries having failed.
+    fn pause(&self, after: u32) -> Duration {
+        let ceiling = self
+            .backoff
+            .saturating_mul(1 << (after - 1).min(20))
+            .min(self.max_backoff);
+        ceiling.mul_f64(fastrand::f64())
+    }
+}
+
+/// Whether a call may be made again: it changes nothing, so twice answers as once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Again {
+    Safe,
+    Never,
 }
 
 /// How the client checks the node and shows itself: PEM bytes.
@@ -65,27 +119,34 @@ impl Default for ClientOptions {
             max_message_bytes: 64 << 20,
             connect_timeout: Duration::from_secs(10),
             tls: None,
+            retry: Retry::default(),
+            keepalive: Some(Duration::from_secs(30)),
         }
     }
 }
 
-/// A connection to one store on one node. A forked child process makes its own on its first
-/// call (the parent's runtime threads do not exist in it, and its socket is the parent's).
+/// A connection to one store on one node — or on the first of several nodes serving it that
+/// answers, moving to the next when that one stops answering. A forked child process makes
+/// its own on its first call (the parent's runtime threads do not exist in it, and its socket
+/// is the parent's).
 #[derive(Debug, Clone)]
 pub struct Client {
-    addr: String,
+    /// Every address the store is served at, in the order they are tried.
+    addrs: Vec<String>,
     store: String,
     options: ClientOptions,
     /// `None` once closed.
     conn: Arc<Mutex<Option<Arc<Conn>>>>,
 }
 
-/// The runtime and channel of one process.
+/// The runtime and channel of one process, to one of the addresses.
 #[derive(Debug)]
 struct Conn {
     pid: u32,
     runtime: Arc<tokio::runtime::Runtime>,
     node: NodeClient<Channel>,
+    /// Which of the client's addresses it is connected to.
+    at: usize,
 }
 
 /// A call the client could not make: no connection, a bad address.
@@ -100,36 +161,76 @@ fn unavailable(message: String) -> nearrec::Error {
     .into()
 }
 
-/// A status as the node's error. A call whose connection failed (a TLS handshake refused, a
-/// reset) never got an answer from the node: tonic makes it `UNKNOWN` or, from an HTTP/2 error,
-/// `INTERNAL` — both with the transport's error as their source, which a status the node sent
-/// never has. It is `UNAVAILABLE`, with the transport's reasons, so that it is retried or
-/// reported as a connection problem.
-fn remote(s: &Status) -> nearrec::Error {
+/// A status from the node at `addr` as the node's error. A call whose connection failed (a TLS
+/// handshake refused, a reset) never got an answer from the node: tonic makes it `UNKNOWN`,
+/// `UNAVAILABLE` or, from an HTTP/2 error, `INTERNAL` — with the transport's error as its
+/// source, which a status the node sent never has. It is `UNAVAILABLE`, saying what failed
+/// ([`failure::describe`]), so that it is retried or reported as a connection problem.
+fn remote(s: &Status, addr: &str, tls: bool) -> RemoteError {
     let mut e = RemoteError::from(s);
-    if matches!(s.code(), Code::Unknown | Code::Internal) && e.kind.is_none() {
-        let mut source = std::error::Error::source(s);
-        if source.is_some() {
-            let mut why = vec![s.message().to_owned()];
-            while let Some(cause) = source {
-                why.push(cause.to_string());
-                source = cause.source();
-            }
-            e.code = Code::Unavailable;
-            e.message = format!("the connection to the node failed: {}", why.join(": "));
-        }
+    if matches!(s.code(), Code::Unknown | Code::Internal | Code::Unavailable)
+        && e.kind.is_none()
+        && let Some(source) = std::error::Error::source(s)
+    {
+        e.code = Code::Unavailable;
+        e.message = failure::describe(addr, tls, source);
     }
-    e.into()
+    e
+}
+
+/// Whether a call refused with `e` may be made again: no connection, a node stopping, a full
+/// queue — the node's own refusals, or those it passed on from a store it reaches over the
+/// network — never a store's error of the same code (a full delta, memory).
+fn transient(e: &RemoteError) -> bool {
+    matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Overloaded)
 }
 
 impl Conn {
-    fn open(addr: &str, options: &ClientOptions) -> nearrec::Result<Self> {
+    /// A connection to the first of `addrs` (from `from` on, round the list) that takes one;
+    /// else `UNAVAILABLE` saying why each did not.
+    fn open(addrs: &[String], from: usize, options: &ClientOptions) -> nearrec::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("nearrec-client")
             .enable_all()
             .build()
             .map_err(|e| unavailable(format!("cannot start the client's runtime: {e}")))?;
+        let runtime = Arc::new(runtime);
+        let mut failed = Vec::new();
+        for k in 0..addrs.len() {
+            let at = (from + k) % addrs.len();
+            match Self::channel(&runtime, &addrs[at], options) {
+                Ok(channel) => {
+                    let node = NodeClient::new(channel)
+                        .max_decoding_message_size(options.max_message_bytes)
+                        .max_encoding_message_size(options.max_message_bytes);
+                    return Ok(Self {
+                        pid: std::process::id(),
+                        runtime,
+                        node,
+                        at,
+                    });
+                }
+                Err(why) => failed.push(why),
+            }
+        }
+        Err(unavailable(if failed.len() == 1 {
+            failed.remove(0)
+        } else {
+            format!(
+                "no node of {} answered: {}",
+                addrs.join(", "),
+                failed.join("; ")
+            )
+        }))
+    }
+
+    /// A channel to `addr`, connected; why not otherwise.
+    fn channel(
+        runtime: &tokio::runtime::Runtime,
+        addr: &str,
+        options: &ClientOptions,
+    ) -> Result<Channel, String> {
         let scheme = if options.tls.is_some() {
             "https"
         } else {
@@ -141,12 +242,18 @@ impl Conn {
             format!("{scheme}://{addr}")
         };
         let mut endpoint = Endpoint::from_shared(url)
-            .map_err(|e| unavailable(format!("{addr:?} is not a node's address: {e}")))?
+            .map_err(|e| format!("{addr:?} is not a node's address: {e}"))?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
             .initial_stream_window_size(nearrec_wire::STREAM_WINDOW)
             .initial_connection_window_size(nearrec_wire::CONNECTION_WINDOW)
             .max_frame_size(nearrec_wire::MAX_FRAME);
+        if let Some(every) = options.keepalive {
+            endpoint = endpoint
+                .http2_keep_alive_interval(every)
+                .keep_alive_timeout(options.connect_timeout)
+                .keep_alive_while_idle(true);
+        }
         if let Some(tls) = &options.tls {
             let mut config = ClientTlsConfig::new();
             if let Some(ca) = &tls.ca {
@@ -160,46 +267,75 @@ impl Conn {
             }
             endpoint = endpoint
                 .tls_config(config)
-                .map_err(|e| unavailable(format!("TLS settings for {addr}: {e}")))?;
+                .map_err(|e| format!("TLS settings for {addr}: {e}"))?;
         }
-        let channel = runtime
+        runtime
             .block_on(endpoint.connect())
-            .map_err(|e| unavailable(format!("cannot connect to the node at {addr}: {e}")))?;
-        let node = NodeClient::new(channel)
-            .max_decoding_message_size(options.max_message_bytes)
-            .max_encoding_message_size(options.max_message_bytes);
-        Ok(Self {
-            pid: std::process::id(),
-            runtime: Arc::new(runtime),
-            node,
-        })
+            .map_err(|e| failure::describe(addr, options.tls.is_some(), &e))
     }
 }
 
 impl Client {
     /// Connects to the node at `addr` (`host:port`, or an `http://` URL) for its store `store`
-    /// (empty: the node's only store).
+    /// (empty: the node's only store). Several nodes serving the store are given as one
+    /// comma-separated `addr`: the client connects to the first that answers, and moves to
+    /// the next when a call finds its node gone.
     pub fn connect(addr: &str, store: &str, options: ClientOptions) -> nearrec::Result<Self> {
-        let conn = Conn::open(addr, &options)?;
+        let addrs: Vec<String> = addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if addrs.is_empty() {
+            return Err(unavailable(format!("{addr:?} names no node's address")));
+        }
+        let conn = Conn::open(&addrs, 0, &options)?;
         Ok(Self {
-            addr: addr.to_owned(),
+            addrs,
             store: store.to_owned(),
             options,
             conn: Arc::new(Mutex::new(Some(Arc::new(conn)))),
         })
     }
 
+    /// The address of the node the client is connected to now.
+    pub fn address(&self) -> String {
+        let held = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let at = held.as_ref().map_or(0, |c| c.at);
+        self.addrs[at].clone()
+    }
+
+    /// After `broken` (this process's connection) found its node gone: the next address that
+    /// answers, when there are several (one address: its channel reconnects by itself).
+    fn fail_over(&self, broken: &Arc<Conn>) {
+        if self.addrs.len() < 2 {
+            return;
+        }
+        let mut held = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(conn) = held.as_mut() else { return };
+        if !Arc::ptr_eq(conn, broken) {
+            return; // another call moved it already
+        }
+        if let Ok(next) = Conn::open(&self.addrs, broken.at + 1, &self.options) {
+            // the old runtime may be inside this very call's stack: let it go on its own
+            let old = std::mem::replace(conn, Arc::new(next));
+            std::thread::spawn(move || drop(old));
+        }
+    }
+
     /// This process's connection: made again in a forked child; `Unavailable` once closed.
     fn conn(&self) -> nearrec::Result<Arc<Conn>> {
         let mut held = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         let Some(conn) = held.as_mut() else {
+            // (not `describe`: it takes this lock)
             return Err(unavailable(format!(
-                "this client of {} was closed",
-                self.describe()
+                "this client of the node at {} was closed",
+                self.addrs.join(", ")
             )));
         };
         if conn.pid != std::process::id() {
-            let fresh = Arc::new(Conn::open(&self.addr, &self.options)?);
+            let fresh = Arc::new(Conn::open(&self.addrs, conn.at, &self.options)?);
             // the parent's runtime would wait for threads this process does not have: its
             // memory is left as it is
             std::mem::forget(std::mem::replace(conn, fresh));
@@ -212,10 +348,15 @@ impl Client {
         &self.store
     }
 
-    fn request<T>(&self, message: T) -> Request<T> {
+    /// `message` with the token and what is left of the call's deadline.
+    fn request<T>(&self, message: T, deadline: Option<Instant>) -> Request<T> {
         let mut r = Request::new(message);
-        if let Some(t) = self.options.timeout {
-            r.set_timeout(t);
+        if let Some(d) = deadline {
+            // at least a millisecond: a zero grpc-timeout is refused as passed, which it is
+            r.set_timeout(
+                d.saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+            );
         }
         if let Some(token) = &self.options.token
             && let Ok(v) = format!("Bearer {token}").parse()
@@ -225,17 +366,39 @@ impl Client {
         r
     }
 
-    /// One call on this process's connection: `f` given the node's client.
-    fn call<T, F, Fut>(&self, f: F) -> nearrec::Result<T>
+    /// One call on this process's connection: `f` given the node's client and the request
+    /// made of `message`. A call that changes nothing (`Again::Safe`) is made again after a
+    /// transient refusal, as [`Retry`] says, within the deadline the first try set; a
+    /// connection found gone moves the client to its next address, if it has several.
+    fn call<M, T, F, Fut>(&self, again: Again, message: M, f: F) -> nearrec::Result<T>
     where
-        F: FnOnce(NodeClient<Channel>) -> Fut,
+        M: Clone,
+        F: Fn(NodeClient<Channel>, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        let conn = self.conn()?;
-        conn.runtime
-            .block_on(f(conn.node.clone()))
-            .map(Response::into_inner)
-            .map_err(|s| remote(&s))
+        let deadline = self.options.timeout.map(|t| Instant::now() + t);
+        let mut tries = 0;
+        loop {
+            let conn = self.conn()?;
+            let request = self.request(message.clone(), deadline);
+            let status = match conn.runtime.block_on(f(conn.node.clone(), request)) {
+                Ok(answer) => return Ok(answer.into_inner()),
+                Err(s) => s,
+            };
+            let e = remote(&status, &self.addrs[conn.at], self.options.tls.is_some());
+            tries += 1;
+            if e.code == Code::Unavailable {
+                self.fail_over(&conn);
+            }
+            if again == Again::Never || !transient(&e) || tries >= self.options.retry.attempts {
+                return Err(e.into());
+            }
+            let pause = self.options.retry.pause(tries);
+            if deadline.is_some_and(|d| Instant::now() + pause >= d) {
+                return Err(e.into());
+            }
+            std::thread::sleep(pause);
+        }
     }
 
     fn lookup_request(&self, batch: &Batch<'_>, raw: bool) -> pb::LookupRequest {
@@ -248,10 +411,12 @@ impl Client {
     }
 
     fn stats_and_tiers(&self) -> nearrec::Result<(Stats, Vec<TierReport>)> {
-        let req = self.request(pb::StatsRequest {
+        let req = pb::StatsRequest {
             store: self.store.clone(),
-        });
-        let answer = self.call(|mut node| async move { node.stats(req).await })?;
+        };
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.stats(req).await
+        })?;
         Ok(convert::unstats(answer))
     }
 }
@@ -265,19 +430,23 @@ impl StoreApi for Client {
         } else {
             &self.store
         };
-        format!("{store} on the node at {}", self.addr)
+        format!("{store} on the node at {}", self.address())
     }
 
     fn info(&self) -> nearrec::Result<Info> {
-        let req = self.request(pb::InfoRequest {
+        let req = pb::InfoRequest {
             store: self.store.clone(),
-        });
-        convert::uninfo(self.call(|mut node| async move { node.info(req).await })?)
+        };
+        convert::uninfo(self.call(Again::Safe, req, |mut node, req| async move {
+            node.info(req).await
+        })?)
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
-        let req = self.request(self.lookup_request(batch, false));
-        let answer = self.call(|mut node| async move { node.lookup(req).await })?;
+        let req = self.lookup_request(batch, false);
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.lookup(req).await
+        })?;
         let read = Read {
             version: answer.version,
             ..Read::default()
@@ -286,29 +455,36 @@ impl StoreApi for Client {
     }
 
     fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        let req = self.request(self.lookup_request(batch, true));
-        let answer = self.call(|mut node| async move { node.lookup(req).await })?;
+        let req = self.lookup_request(batch, true);
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.lookup(req).await
+        })?;
         Ok((convert::unraw(&answer)?, answer.version))
     }
 
     fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
-        let req = self.request(self.lookup_request(&batch.as_batch(), false));
+        let deadline = self.options.timeout.map(|t| Instant::now() + t);
+        let req = self.request(self.lookup_request(&batch.as_batch(), false), deadline);
         let conn = self.conn()?;
         let mut node = conn.node.clone();
         let task = conn.runtime.spawn(async move { node.lookup(req).await });
         Ok(Box::new(Pending {
             runtime: conn.runtime.clone(),
             task,
+            addr: self.addrs[conn.at].clone(),
+            tls: self.options.tls.is_some(),
         }))
     }
 
     fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
-        let req = self.request(pb::InferRequest {
+        let req = pb::InferRequest {
             store: self.store.clone(),
             dense: encode_slice(dense),
             tables: convert::tables(batch),
-        });
-        let answer = self.call(|mut node| async move { node.infer(req).await })?;
+        };
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.infer(req).await
+        })?;
         Ok(Inferred {
             outputs: decode(&answer.outputs, "", "outputs")?,
             batch: answer.batch as usize,
@@ -318,13 +494,15 @@ impl StoreApi for Client {
     }
 
     fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
-        let req = self.request(pb::WriteRequest {
+        let req = pb::WriteRequest {
             store: self.store.clone(),
             writes: convert::writes(writes),
             allow_nonfinite: options.allow_nonfinite,
-        });
+        };
         Ok(self
-            .call(|mut node| async move { node.write(req).await })?
+            .call(Again::Never, req, |mut node, req| async move {
+                node.write(req).await
+            })?
             .version)
     }
 
@@ -333,7 +511,7 @@ impl StoreApi for Client {
             nearrec::Init::Zeros => ("zeros", 0),
             nearrec::Init::Uniform { seed } => ("uniform", seed),
         };
-        let req = self.request(pb::CreateTableRequest {
+        let req = pb::CreateTableRequest {
             store: self.store.clone(),
             name: t.name.to_owned(),
             rows: t.rows,
@@ -341,19 +519,23 @@ impl StoreApi for Client {
             dtype: t.dtype.name().to_owned(),
             init: init.to_owned(),
             seed,
-        });
+        };
         Ok(self
-            .call(|mut node| async move { node.create_table(req).await })?
+            .call(Again::Never, req, |mut node, req| async move {
+                node.create_table(req).await
+            })?
             .version)
     }
 
     fn drop_table(&self, name: &str) -> nearrec::Result<u64> {
-        let req = self.request(pb::DropTableRequest {
+        let req = pb::DropTableRequest {
             store: self.store.clone(),
             name: name.to_owned(),
-        });
+        };
         Ok(self
-            .call(|mut node| async move { node.drop_table(req).await })?
+            .call(Again::Never, req, |mut node, req| async move {
+                node.drop_table(req).await
+            })?
             .version)
     }
 
@@ -369,9 +551,10 @@ impl StoreApi for Client {
             SwapTo::Version(v) => req.version = *v,
             SwapTo::Previous => req.rollback = true,
         }
-        let req = self.request(req);
         Ok(self
-            .call(|mut node| async move { node.swap(req).await })?
+            .call(Again::Never, req, |mut node, req| async move {
+                node.swap(req).await
+            })?
             .version)
     }
 
@@ -380,21 +563,25 @@ impl StoreApi for Client {
     }
 
     fn compact(&self) -> nearrec::Result<Compaction> {
-        let req = self.request(pb::CompactRequest {
+        let req = pb::CompactRequest {
             store: self.store.clone(),
-        });
-        let answer = self.call(|mut node| async move { node.compact(req).await })?;
+        };
+        let answer = self.call(Again::Never, req, |mut node, req| async move {
+            node.compact(req).await
+        })?;
         Ok(convert::uncompaction(answer))
     }
 
     fn row_digests(&self, table: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
-        let req = self.request(pb::RowDigestsRequest {
+        let req = pb::RowDigestsRequest {
             store: self.store.clone(),
             table: table.to_owned(),
             first,
             count,
-        });
-        let answer = self.call(|mut node| async move { node.row_digests(req).await })?;
+        };
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.row_digests(req).await
+        })?;
         decode(&answer.digests, table, "digests")
     }
 
@@ -414,20 +601,24 @@ impl StoreApi for Client {
     }
 }
 
-/// A submitted lookup.
+/// A submitted lookup (made once: a caller keeping lookups in flight retries as it sees fit).
 #[derive(Debug)]
 pub struct Pending {
     runtime: Arc<tokio::runtime::Runtime>,
     task: tokio::task::JoinHandle<Result<Response<pb::LookupResponse>, Status>>,
+    /// The node it went to, and whether over TLS, to say what failed.
+    addr: String,
+    tls: bool,
 }
 
 impl Pending {
     fn answer(
+        &self,
         joined: Result<Result<Response<pb::LookupResponse>, Status>, tokio::task::JoinError>,
     ) -> nearrec::Result<Pooled> {
         let answer = joined
             .map_err(|e| unavailable(format!("the call's task failed: {e}")))?
-            .map_err(|s| remote(&s))?
+            .map_err(|s| remote(&s, &self.addr, self.tls))?
             .into_inner();
         convert::unpooled(&answer)
     }
@@ -438,9 +629,10 @@ impl PendingLookup for Pending {
         self.task.is_finished()
     }
 
-    fn wait(self: Box<Self>) -> nearrec::Result<Pooled> {
-        let answer = self.runtime.block_on(self.task);
-        Self::answer(answer)
+    fn wait(mut self: Box<Self>) -> nearrec::Result<Pooled> {
+        let runtime = self.runtime.clone();
+        let answer = runtime.block_on(&mut self.task);
+        self.answer(answer)
     }
 
     fn wait_timeout(
@@ -451,7 +643,7 @@ impl PendingLookup for Pending {
         // the timer needs the runtime's context: made inside it
         let task = &mut self.task;
         match runtime.block_on(async { tokio::time::timeout(timeout, task).await }) {
-            Ok(answer) => Ok(Self::answer(answer)),
+            Ok(answer) => Ok(self.answer(answer)),
             Err(_) => Err(self),
         }
     }

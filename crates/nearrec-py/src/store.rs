@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use nearrec::{AsBatch, Batch, Located, NewTable, Pooled, Store, StoreApi, Submitted, SwapTo};
-use nearrec_client::{Client, ClientOptions, ClientTls};
+use nearrec_client::{Client, ClientOptions, ClientTls, Retry};
 use nearrec_format::{DType, Publish, Repository, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -118,9 +118,11 @@ impl NativeStore {
         })
     }
 
-    /// Connects to the node at `addr` for its store `store` ("": its only one).
+    /// Connects to the node at `addr` (several: comma-separated, the first that answers) for
+    /// its store `store` ("": its only one); calls that change nothing are tried up to
+    /// `attempts` times.
     #[staticmethod]
-    #[pyo3(signature = (addr, store, token = None, timeout = None, tls = None))]
+    #[pyo3(signature = (addr, store, token = None, timeout = None, tls = None, attempts = 4))]
     #[allow(clippy::type_complexity)]
     fn connect(
         py: Python<'_>,
@@ -129,10 +131,15 @@ impl NativeStore {
         token: Option<String>,
         timeout: Option<f64>,
         tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
+        attempts: u32,
     ) -> PyResult<Self> {
         let options = ClientOptions {
             token,
             timeout: timeout.map(Duration::from_secs_f64),
+            retry: Retry {
+                attempts,
+                ..Retry::default()
+            },
             tls: tls.map(|(ca, domain, identity)| ClientTls {
                 ca,
                 domain,

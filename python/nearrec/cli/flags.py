@@ -70,7 +70,8 @@ def remote_flags(p: argparse.ArgumentParser, path_help: str) -> None:
     the verbs that work on either (``lookup``, ``update``)."""
     p.add_argument("path", nargs="?", help=path_help + " (with --remote: its name on the "
                                                        "node; default: the node's only store)")
-    p.add_argument("--remote", metavar="HOST:PORT", help="a storage node (nearrec serve)")
+    p.add_argument("--remote", metavar="HOST:PORT", help="a storage node (nearrec serve); several "
+                   "serving the store: comma-separated, the first that answers")
     p.add_argument("--token-file", metavar="FILE",
                    help=f"with --remote: a file holding the bearer token (default: the "
                         f"{TOKEN_ENV} environment variable; --token works too, but shows the "
