@@ -257,6 +257,51 @@ def test_writes_over_the_network_are_seen_by_the_next_lookup(tmp_path):
     np.testing.assert_array_equal(after.read_rows("a", np.array([4, 499])), rows[[0, 2]])
 
 
+def test_metrics_and_logs_an_operator_runs_on(tmp_path):
+    """/metrics, read with Prometheus's parser: compaction counters, the delta against its
+    budget, the log's bytes, the process (under the names every exporter uses), the build, and
+    every status a client saw — a deadline that passed on arrival included; the JSON log has a
+    line for a compaction's start and end, with its bytes."""
+    path = build(tmp_path)
+    node = Node(str(path), "--writable", "--log-format", "json")
+    try:
+        remote = nearrec.connect(node.address)
+        remote.write("a", np.array([4, 9]), np.ones((2, 16), np.float32))
+        before = node.metrics()
+        assert before["nearrec_delta_rows"] == [({"store": "store"}, 2.0)]
+        (labels, used), = before["nearrec_delta_bytes"]
+        (_, budget), = before["nearrec_delta_budget_bytes"]
+        assert 0 < used < budget
+        assert before["nearrec_log_bytes"][0][1] > 0
+        assert before["nearrec_compactions"] == [({"store": "store"}, 0)]
+        remote.compact()
+        with pytest.raises(nearrec.DeadlineExceeded):
+            nearrec.connect(node.address, timeout=1e-6)
+        m = node.metrics()
+        assert m["nearrec_compactions"] == [({"store": "store"}, 1)]
+        assert m["nearrec_compaction_bytes"][0][1] > 0
+        assert m["nearrec_compaction_running"] == [({"store": "store"}, 0.0)]
+        assert m["nearrec_delta_rows"] == [({"store": "store"}, 0.0)]
+        assert m["nearrec_build_info"] == [({"version": nearrec.__version__}, 1.0)]
+        process = {k: v[0][1] for k, v in m.items() if k.startswith("process_")}
+        assert process["process_resident_memory_bytes"] > 1e6
+        assert 3 <= process["process_open_fds"] <= process["process_max_fds"]
+        assert process["process_threads"] >= 2 and process["process_cpu_seconds"] > 0
+        assert abs(time.time() - process["process_start_time_seconds"]) < 600
+        seen = {(s["call"], s["code"]): n for s, n in m["nearrec_requests"]}
+        assert seen[("Write", "Ok")] == 1 and seen[("Compact", "Ok")] == 1
+        assert seen[("Info", "DeadlineExceeded")] == 1, seen
+    finally:
+        assert node.stop() == 0
+    events = [json.loads(line) for line in node.proc.stderr.read().splitlines() if line.strip()]
+    messages = [e["fields"].get("message") for e in events]
+    assert messages.index("compaction started") < messages.index("compaction finished")
+    finished = next(e["fields"] for e in events
+                    if e["fields"].get("message") == "compaction finished")
+    assert finished["rows"] == 2 and finished["bytes"] > 0
+    assert "token" not in json.dumps(events).lower()
+
+
 def test_update_through_a_node_sends_only_the_rows_that_changed(tmp_path):
     """A trainer's whole table given to `nearrec update --remote`: the node answers each row's
     digest, and only the two rows that changed cross the wire (no lookup reads the table

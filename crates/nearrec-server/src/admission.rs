@@ -14,6 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use crate::conns::BUDGET_UNIT;
+use crate::metrics::Metrics;
 
 /// The node's admission: queue slots and engine slots, with what each refused.
 #[derive(Debug)]
@@ -205,7 +206,7 @@ const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 
 /// The layer of [`Expired`].
 #[derive(Debug, Clone)]
-pub struct ExpiredLayer(pub Arc<Admission>);
+pub struct ExpiredLayer(pub Arc<Admission>, pub Metrics);
 
 impl<S> tower::Layer<S> for ExpiredLayer {
     type Service = Expired<S>;
@@ -214,8 +215,37 @@ impl<S> tower::Layer<S> for ExpiredLayer {
         Expired {
             inner,
             admission: self.0.clone(),
+            metrics: self.1.clone(),
         }
     }
+}
+
+/// The node's calls by name, for a call refused before its handler ran.
+const CALLS: [&str; 13] = [
+    "Lookup",
+    "LookupStream",
+    "Infer",
+    "Write",
+    "Remove",
+    "CreateTable",
+    "DropTable",
+    "Swap",
+    "Info",
+    "Stats",
+    "Compact",
+    "RowDigests",
+    "Check",
+];
+
+/// The call a request's path names (`/nearrec.v1.Node/Lookup` → `Lookup`), `"other"` for one
+/// the node does not serve.
+fn call_of(path: &str) -> &'static str {
+    let name = path.rsplit('/').next().unwrap_or("");
+    CALLS
+        .iter()
+        .find(|c| **c == name)
+        .copied()
+        .unwrap_or("other")
 }
 
 /// Answers a call whose `grpc-timeout` has passed when it arrives, or will within the timers'
@@ -227,6 +257,7 @@ impl<S> tower::Layer<S> for ExpiredLayer {
 pub struct Expired<S> {
     inner: S,
     admission: Arc<Admission>,
+    metrics: Metrics,
 }
 
 type HttpResponse = tonic::codegen::http::Response<tonic::body::Body>;
@@ -257,6 +288,9 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(timeout);
         if left.is_some_and(|d| d <= TIMER_RESOLUTION) {
+            let call = call_of(req.uri().path());
+            let code = tonic::Code::DeadlineExceeded;
+            self.metrics.call(call, code, 0.0, 0, 0);
             let answer = self.admission.expire().into_http();
             return Box::pin(std::future::ready(Ok(answer)));
         }

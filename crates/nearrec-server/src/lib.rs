@@ -33,8 +33,8 @@
 //!   `admin` grants on `STORE/TABLE` patterns, reloaded whole on SIGHUP;
 //! - [`swap`]: where a `Swap` may take a store from (under the swap root) and the grants what it
 //!   exposes needs;
-//! - [`metrics`] + [`scrape`]: the families calls update and what a scrape reads then, on
-//!   `/metrics` at an address of its own; [`node`]: [`Shared`], what every call of a node shares.
+//! - [`metrics`] + [`scrape`] + [`process`]: the families calls update and what a scrape
+//!   reads then (the stores, the process), on `/metrics` at an address of its own; [`node`]: [`Shared`], what every call of a node shares.
 //!
 //! `tests/node.rs` holds the node on loopback to the embedded store; `tests/probes.rs` tries it
 //! as adversarial probing did (a window-0 client, silent and half-open connections, a flood
@@ -49,6 +49,7 @@ pub mod config;
 pub mod conns;
 pub mod metrics;
 pub mod node;
+pub mod process;
 pub mod scrape;
 pub mod send;
 pub mod service;
@@ -151,8 +152,8 @@ pub async fn serve(
         builder = builder.tls_config(tls)?;
     }
     let server = builder
-        .layer(send::layer(metrics))
-        .layer(admission::ExpiredLayer(admission))
+        .layer(send::layer(metrics.clone()))
+        .layer(admission::ExpiredLayer(admission, metrics))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
@@ -192,7 +193,7 @@ pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Resul
     // own subscriber already: colour only for a terminal, never into a file or a journal
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| "nearrec_server=info".into())
+            .unwrap_or_else(|_| "nearrec=info,nearrec_server=info".into())
     };
     let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
     let _ = match config.log_format {

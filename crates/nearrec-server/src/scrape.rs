@@ -16,10 +16,14 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::node::Shared;
+use crate::process::Process;
 
-/// The registry a node's `/metrics` encodes.
+/// The registry a node's `/metrics` encodes: the process under the names every exporter
+/// gives it (`process_*`), the rest under `nearrec_`.
 pub fn registry(shared: Arc<Shared>) -> Registry {
-    let mut r = Registry::with_prefix("nearrec");
+    let mut root = Registry::default();
+    root.register_collector(Box::new(ProcessCollector));
+    let r = root.sub_registry_with_prefix("nearrec");
     let m = shared.metrics.clone();
     r.register("requests", "Calls by method and gRPC status", m.requests);
     r.register(
@@ -41,7 +45,53 @@ pub fn registry(shared: Arc<Shared>) -> Registry {
         m.batch_requests,
     );
     r.register_collector(Box::new(NodeCollector(shared)));
-    r
+    root
+}
+
+/// The process, read at each scrape ([`Process`]).
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let Some(p) = Process::read() else {
+            return Ok(());
+        };
+        let cpu = ConstCounter::new(p.cpu_seconds);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "User and system CPU time spent, in seconds",
+            None,
+            cpu.metric_type(),
+        )?)?;
+        for (name, help, value) in [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                p.resident_bytes,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                p.virtual_bytes,
+            ),
+            ("process_open_fds", "Open file descriptors", p.open_fds),
+            (
+                "process_max_fds",
+                "The most file descriptors the process may open",
+                p.max_fds,
+            ),
+            ("process_threads", "Threads of the process", p.threads),
+            (
+                "process_start_time_seconds",
+                "When the process started, in seconds since the epoch",
+                p.start_time_seconds,
+            ),
+        ] {
+            gauge(&mut encoder, name, help, value)?;
+        }
+        Ok(())
+    }
 }
 
 /// The node's and its stores' state, read at each scrape.
@@ -82,9 +132,26 @@ fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) ->
     g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Build {
+    version: &'static str,
+}
+
 impl Collector for NodeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let s = &self.0;
+        {
+            let one = ConstGauge::new(1.0f64);
+            let mut f = encoder.encode_descriptor(
+                "build_info",
+                "1, labelled with the node's version",
+                None,
+                one.metric_type(),
+            )?;
+            one.encode(f.encode_family(&Build {
+                version: env!("CARGO_PKG_VERSION"),
+            })?)?;
+        }
         gauge(
             &mut encoder,
             "in_flight",
@@ -265,6 +332,27 @@ impl Collector for NodeCollector {
                 "Written rows waiting for a compaction",
                 Some("delta_rows"),
             ),
+            (
+                "delta_bytes",
+                "Bytes of written rows waiting for a compaction",
+                Some("delta_bytes"),
+            ),
+            (
+                "delta_budget_bytes",
+                "The most bytes of written rows a writable store holds before writes wait (0: \
+                 read-only)",
+                Some("delta_budget"),
+            ),
+            (
+                "log_bytes",
+                "Bytes of the write-ahead log kept on disk",
+                Some("log_bytes"),
+            ),
+            (
+                "compaction_running",
+                "1 while a compaction runs",
+                Some("compacting"),
+            ),
         ] {
             let mut f = encoder.encode_descriptor(
                 metric,
@@ -275,6 +363,36 @@ impl Collector for NodeCollector {
             for (store, stats) in &stores {
                 let v = value(stats, key.unwrap_or("version")).unwrap_or(0.0);
                 ConstGauge::new(v).encode(f.encode_family(&StoreLabel {
+                    store: store.clone(),
+                })?)?;
+            }
+        }
+        for (metric, help, key) in [
+            (
+                "compactions",
+                "Compactions run (a read-only store: followed)",
+                "compactions",
+            ),
+            (
+                "compaction_bytes",
+                "Bytes compactions wrote",
+                "compaction_bytes",
+            ),
+            (
+                "compaction_errors",
+                "Background compactions that failed (the rows stay in the delta)",
+                "compaction_errors",
+            ),
+        ] {
+            let mut f = encoder.encode_descriptor(
+                metric,
+                help,
+                None,
+                ConstCounter::new(0u64).metric_type(),
+            )?;
+            for (store, stats) in &stores {
+                let n = value(stats, key).unwrap_or(0.0) as u64;
+                ConstCounter::new(n).encode(f.encode_family(&StoreLabel {
                     store: store.clone(),
                 })?)?;
             }

@@ -40,6 +40,22 @@ impl Caller {
     }
 }
 
+/// What a call's request says of it before it runs: its size and its deadline.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    bytes: usize,
+    deadline: Option<Instant>,
+}
+
+impl Seen {
+    fn of<M: prost::Message>(request: &Request<M>) -> Self {
+        Self {
+            bytes: request.get_ref().encoded_len(),
+            deadline: deadline(request.metadata(), Instant::now()),
+        }
+    }
+}
+
 /// The service; clones share one node.
 #[derive(Debug, Clone)]
 pub struct NodeService(pub Arc<Shared>);
@@ -130,23 +146,30 @@ impl NodeService {
         })
     }
 
-    /// A call's answer, counted: status, total seconds, bytes in and out; marked [`Answered`]
-    /// for its `send` stage (`crate::send`) unless it is a stream's.
+    /// A call's answer, counted: the status its client saw, total seconds, bytes in and out;
+    /// marked [`Answered`] for its `send` stage (`crate::send`) unless it is a stream's. An
+    /// answer ready only after the call's deadline counts as `DEADLINE_EXCEEDED`: that is what
+    /// its client saw, its own timer having fired first.
     async fn observed<T>(
         &self,
         call: &'static str,
-        received: usize,
+        received: Seen,
         sent: impl FnOnce(&T) -> usize,
         answer: impl Future<Output = Answer<T>>,
     ) -> Answer<T> {
         let start = Instant::now();
         let mut answer = answer.await.map_err(bounded);
-        let (code, bytes) = match &answer {
+        let (mut code, bytes) = match &answer {
             Ok(r) => (tonic::Code::Ok, sent(r.get_ref())),
             Err(s) => (s.code(), 0),
         };
+        if code == tonic::Code::Ok && received.deadline.is_some_and(|d| Instant::now() > d) {
+            code = tonic::Code::DeadlineExceeded;
+        }
         let seconds = start.elapsed().as_secs_f64();
-        self.0.metrics.call(call, code, seconds, received, bytes);
+        self.0
+            .metrics
+            .call(call, code, seconds, received.bytes, bytes);
         if let Ok(r) = &mut answer
             && call != "LookupStream"
         {
@@ -666,7 +689,7 @@ impl pb::node_server::Node for NodeService {
     type LookupStreamStream = Answers;
 
     async fn lookup(&self, request: Request<pb::LookupRequest>) -> Answer<pb::LookupResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "Lookup",
             received,
@@ -680,7 +703,7 @@ impl pb::node_server::Node for NodeService {
         &self,
         request: Request<Streaming<pb::LookupRequest>>,
     ) -> Answer<Answers> {
-        let received = 0;
+        let received = Seen::default();
         self.observed(
             "LookupStream",
             received,
@@ -691,7 +714,7 @@ impl pb::node_server::Node for NodeService {
     }
 
     async fn infer(&self, request: Request<pb::InferRequest>) -> Answer<pb::InferResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "Infer",
             received,
@@ -702,7 +725,7 @@ impl pb::node_server::Node for NodeService {
     }
 
     async fn write(&self, request: Request<pb::WriteRequest>) -> Answer<pb::WriteResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "Write",
             received,
@@ -713,7 +736,7 @@ impl pb::node_server::Node for NodeService {
     }
 
     async fn remove(&self, request: Request<pb::RemoveRequest>) -> Answer<pb::WriteResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "Remove",
             received,
@@ -727,7 +750,7 @@ impl pb::node_server::Node for NodeService {
         &self,
         request: Request<pb::CreateTableRequest>,
     ) -> Answer<pb::WriteResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "CreateTable",
             received,
@@ -741,7 +764,7 @@ impl pb::node_server::Node for NodeService {
         &self,
         request: Request<pb::DropTableRequest>,
     ) -> Answer<pb::WriteResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "DropTable",
             received,
@@ -752,7 +775,7 @@ impl pb::node_server::Node for NodeService {
     }
 
     async fn swap(&self, request: Request<pb::SwapRequest>) -> Answer<pb::SwapResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "Swap",
             received,
@@ -763,7 +786,7 @@ impl pb::node_server::Node for NodeService {
     }
 
     async fn info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "Info",
             received,
@@ -774,7 +797,7 @@ impl pb::node_server::Node for NodeService {
     }
 
     async fn stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "Stats",
             received,
@@ -788,7 +811,7 @@ impl pb::node_server::Node for NodeService {
         &self,
         request: Request<pb::RowDigestsRequest>,
     ) -> Answer<pb::RowDigestsResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "RowDigests",
             received,
@@ -799,7 +822,7 @@ impl pb::node_server::Node for NodeService {
     }
 
     async fn compact(&self, request: Request<pb::CompactRequest>) -> Answer<pb::CompactResponse> {
-        let received = request.get_ref().encoded_len();
+        let received = Seen::of(&request);
         self.observed(
             "Compact",
             received,

@@ -557,7 +557,9 @@ impl Store {
     /// The write-ahead log's, the deltas' and compaction's counters: `version`,
     /// `base_version`, `delta_rows`, `delta_bytes`, `delta_served`, `removed_served`,
     /// `log_bytes`, `log_records`, `log_groups`, `log_syncs`, `log_segments`, `compactions`,
-    /// `compacted_rows`, `compaction_bytes`, `compaction_seconds`.
+    /// `compacted_rows`, `compaction_bytes`, `compaction_seconds`, `compaction_errors`,
+    /// `compacting` (1 while one runs), `delta_budget` (bytes; 0 read-only), and a read-only
+    /// store's `follow_ms`, `follow_moved`, `follow_errors`.
     pub fn live_stats(&self) -> Vec<(&'static str, f64)> {
         self.current().live.stats()
     }

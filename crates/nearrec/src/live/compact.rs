@@ -19,8 +19,8 @@
 //! A writable store compacts by itself ([`spawn`]) when its delta holds half its budget or a
 //! call waits for room; `Store::compact` runs one at once.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,24 @@ pub(crate) struct CompactionStats {
     pub nanos: AtomicU64,
     /// Background compactions that failed (the delta keeps its rows; calls wait or are refused).
     pub errors: AtomicU64,
+    /// Whether one runs now.
+    pub running: AtomicBool,
+}
+
+/// Marks a compaction running while it lives.
+struct Running<'a>(&'a AtomicBool);
+
+impl<'a> Running<'a> {
+    fn start(flag: &'a AtomicBool) -> Self {
+        flag.store(true, Relaxed);
+        Self(flag)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Relaxed);
+    }
 }
 
 impl CompactionStats {
@@ -148,8 +166,11 @@ pub(crate) fn spawn<T: Send + Sync + 'static>(
                 return;
             };
             let live = live(&inner);
-            if (work == Work::Wanted || live.half_full()) && live.compact().is_err() {
+            if (work == Work::Wanted || live.half_full())
+                && let Err(e) = live.compact()
+            {
                 live.compactions.errors.fetch_add(1, Relaxed);
+                tracing::warn!(store = %live.dir.display(), "compaction failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
@@ -225,6 +246,8 @@ impl Live {
         if c == self.snapshot().base {
             return Ok(done);
         }
+        let _running = Running::start(&self.compactions.running);
+        tracing::info!(store = %self.dir.display(), version = c, "compaction started");
         // the directory's short lock: no attach or gc while the new files are unnamed
         let dir = lock_store_dir(&self.dir)?;
         let old = StoreReader::open(&self.dir)?;
@@ -261,6 +284,15 @@ impl Live {
         done.rows = changed.iter().map(|r| r.len() as u64).sum();
         done.seconds = start.elapsed().as_secs_f64();
         self.compactions.add(&done);
+        tracing::info!(
+            store = %self.dir.display(),
+            version = c,
+            tables = done.tables,
+            rows = done.rows,
+            bytes = done.bytes,
+            seconds = done.seconds,
+            "compaction finished"
+        );
         w.signal.room_freed();
         Ok(done)
     }

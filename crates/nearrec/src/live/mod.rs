@@ -584,6 +584,12 @@ impl Live {
             ("compacted_rows", c.rows.load(Relaxed) as f64),
             ("compaction_bytes", c.bytes.load(Relaxed) as f64),
             ("compaction_seconds", c.nanos.load(Relaxed) as f64 * 1e-9),
+            ("compaction_errors", c.errors.load(Relaxed) as f64),
+            ("compacting", f64::from(u8::from(c.running.load(Relaxed)))),
+            (
+                "delta_budget",
+                self.writer.as_ref().map_or(0, |w| w.budget) as f64,
+            ),
             ("follow_ms", self.follows.every_ms.load(Relaxed) as f64),
             ("follow_moved", self.follows.moved.load(Relaxed) as f64),
             ("follow_errors", self.follows.errors.load(Relaxed) as f64),
