@@ -263,7 +263,7 @@ def test_metrics_and_logs_an_operator_runs_on(tmp_path):
     every status a client saw — a deadline that passed on arrival included; the JSON log has a
     line for a compaction's start and end, with its bytes."""
     path = build(tmp_path)
-    node = Node(str(path), "--writable", "--log-format", "json")
+    node = Node(str(path), "--writable", "--log-format", "json", "--access-log-every", "1")
     try:
         remote = nearrec.connect(node.address)
         remote.write("a", np.array([4, 9]), np.ones((2, 16), np.float32))
@@ -299,7 +299,12 @@ def test_metrics_and_logs_an_operator_runs_on(tmp_path):
     finished = next(e["fields"] for e in events
                     if e["fields"].get("message") == "compaction finished")
     assert finished["rows"] == 2 and finished["bytes"] > 0
-    assert "token" not in json.dumps(events).lower()
+    # the access log: every call (one in 1), its principal (no ACL: "-"), tables and rows
+    access = [e["fields"] for e in events if e.get("target") == "nearrec_server::access"]
+    write = next(a for a in access if a["call"] == "Write")
+    assert (write["principal"], write["store"], write["tables"], write["rows"],
+            write["status"]) == ("-", "store", "a", 2, "Ok")
+    assert write["ms"] >= 0 and {a["call"] for a in access} >= {"Info", "Write", "Compact"}
 
 
 def test_update_through_a_node_sends_only_the_rows_that_changed(tmp_path):
@@ -472,7 +477,7 @@ def test_tokens_and_grants_refuse_with_typed_errors(tmp_path, monkeypatch):
     acl.write_text(f'[principal.ranker]\ntoken_sha256 = "{h(r)}"\nread = ["store/a"]\n\n'
                    f'[principal.trainer]\ntoken_sha256 = "{h(w)}"\nread = ["*"]\n'
                    f'write = ["store/*"]\n')
-    node = Node(str(path), "--writable", "--acl", str(acl))
+    node = Node(str(path), "--writable", "--acl", str(acl), "--access-log-every", "1")
     try:
         with pytest.raises(nearrec.Unauthenticated):
             nearrec.connect(node.address)
@@ -529,6 +534,12 @@ def test_tokens_and_grants_refuse_with_typed_errors(tmp_path, monkeypatch):
     log = node.proc.stderr.read()
     assert "refused" in log and "ACL reloaded" in log, log  # refusals are logged ...
     assert not any(t in log for t in (r, w, guess)), log  # ... without the token
+    # the access log names each call's principal (? for a token the ACL does not know)
+    for who, call, status in (("ranker", "Lookup", "Ok"), ("trainer", "Write", "Ok"),
+                              ("ranker", "Lookup", "PermissionDenied"),
+                              ("?", "Info", "Unauthenticated")):
+        line = rf'call="?{call}"? principal="?{re.escape(who)}"?.*status="?{status}'
+        assert re.search(line, log), (who, call, status)
 
 
 def test_sigterm_under_load_loses_no_acknowledged_write(tmp_path):

@@ -89,6 +89,12 @@ pub struct NodeConfig {
     /// How the node logs on stderr: `text` (colour only on a terminal) or `json` (one object a
     /// line, for a log shipper).
     pub log_format: LogFormat,
+    /// One call in this many is logged as an access line (principal, call, store, tables,
+    /// rows, status, latency; never a token); 0: none.
+    pub access_log_every: u64,
+    /// Every call that takes at least this many milliseconds is logged as a slow request (the
+    /// access line's fields, at `warn`); 0: none.
+    pub slow_request_ms: u64,
 }
 
 /// The node's log lines on stderr.
@@ -291,6 +297,8 @@ impl Default for NodeConfig {
             tls: None,
             swap_root: None,
             log_format: LogFormat::Text,
+            access_log_every: 0,
+            slow_request_ms: 1000,
         }
     }
 }
@@ -540,6 +548,20 @@ pub const FLAGS: &[Flag] = &[
         FlagKind::Text,
         "text|json",
         "stderr's log lines: text (coloured only on a terminal) or json (one object a line)",
+    ),
+    flag(
+        "access-log-every",
+        "access_log_every",
+        FlagKind::Int,
+        "N",
+        "log one call in N as an access line: principal, call, store, tables, rows, status, latency (0: none)",
+    ),
+    flag(
+        "slow-request-ms",
+        "slow_request_ms",
+        FlagKind::Int,
+        "MS",
+        "log every call taking at least this many milliseconds as a slow request (0: none)",
     ),
 ];
 

@@ -32,6 +32,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// What the node's connections did.
     pub conns: Arc<ConnStats>,
+    /// Calls answered, to sample the access log by.
+    pub calls: AtomicU64,
     /// Whether the node takes new requests (`/readyz`): from when it serves, its stores open
     /// and warmed, until its drain begins.
     pub ready: Arc<AtomicBool>,
@@ -69,6 +71,7 @@ impl Shared {
             denied: AtomicU64::new(0),
             metrics,
             conns: Arc::default(),
+            calls: AtomicU64::new(0),
             ready: Arc::default(),
         }
     }

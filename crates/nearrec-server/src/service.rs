@@ -40,21 +40,119 @@ impl Caller {
     }
 }
 
-/// What a call's request says of it before it runs: its size and its deadline.
-#[derive(Debug, Default, Clone, Copy)]
+/// What a call's request says of it before it runs: its size and deadline, and for the
+/// access and slow-request lines its store, tables, rows and token (kept to name the
+/// principal, never logged).
+#[derive(Debug, Default, Clone)]
 struct Seen {
     bytes: usize,
     deadline: Option<Instant>,
+    store: String,
+    tables: Vec<String>,
+    rows: u64,
+    auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl Seen {
-    fn of<M: prost::Message>(request: &Request<M>) -> Self {
+    fn of<M: prost::Message + Summary>(request: &Request<M>) -> Self {
+        let (store, tables, rows) = request.get_ref().summary();
         Self {
             bytes: request.get_ref().encoded_len(),
             deadline: deadline(request.metadata(), Instant::now()),
+            store: store.to_owned(),
+            tables,
+            rows,
+            auth: request.metadata().get("authorization").cloned(),
         }
     }
 }
+
+/// What an access line says of a request: its store, tables and rows (ids looked up or
+/// written).
+trait Summary {
+    fn summary(&self) -> (&str, Vec<String>, u64);
+}
+
+/// Ids in an int64 array.
+fn ids(bytes: &[u8]) -> u64 {
+    (bytes.len() / 8) as u64
+}
+
+/// Ids in a lookup's array of its index type (int32 or int64).
+fn lookup_ids(t: &pb::TableLookup) -> u64 {
+    let width = if t.index_type == pb::IndexType::Int32 as i32 {
+        4
+    } else {
+        8
+    };
+    (t.ids.len() / width) as u64
+}
+
+impl Summary for pb::LookupRequest {
+    fn summary(&self) -> (&str, Vec<String>, u64) {
+        let tables = self.tables.iter().map(|t| t.table.clone()).collect();
+        let rows = self.tables.iter().map(lookup_ids).sum();
+        (&self.store, tables, rows)
+    }
+}
+
+impl Summary for pb::InferRequest {
+    fn summary(&self) -> (&str, Vec<String>, u64) {
+        let tables = self.tables.iter().map(|t| t.table.clone()).collect();
+        let rows = self.tables.iter().map(lookup_ids).sum();
+        (&self.store, tables, rows)
+    }
+}
+
+impl Summary for pb::WriteRequest {
+    fn summary(&self) -> (&str, Vec<String>, u64) {
+        let tables = self.writes.iter().map(|t| t.table.clone()).collect();
+        let rows = self.writes.iter().map(|t| ids(&t.ids)).sum();
+        (&self.store, tables, rows)
+    }
+}
+
+impl Summary for pb::RemoveRequest {
+    fn summary(&self) -> (&str, Vec<String>, u64) {
+        (&self.store, vec![self.table.clone()], ids(&self.ids))
+    }
+}
+
+impl Summary for pb::RowDigestsRequest {
+    fn summary(&self) -> (&str, Vec<String>, u64) {
+        (&self.store, vec![self.table.clone()], self.count)
+    }
+}
+
+impl Summary for pb::CreateTableRequest {
+    fn summary(&self) -> (&str, Vec<String>, u64) {
+        (&self.store, vec![self.name.clone()], self.rows)
+    }
+}
+
+impl Summary for pb::DropTableRequest {
+    fn summary(&self) -> (&str, Vec<String>, u64) {
+        (&self.store, vec![self.name.clone()], 0)
+    }
+}
+
+/// Calls that name a store and nothing more.
+macro_rules! store_only {
+    ($($t:ty),*) => {$(
+        impl Summary for $t {
+            fn summary(&self) -> (&str, Vec<String>, u64) {
+                (&self.store, Vec::new(), 0)
+            }
+        }
+    )*};
+}
+
+store_only!(
+    pb::SwapRequest,
+    pb::InfoRequest,
+    pb::StatsRequest,
+    pb::CompactRequest
+);
 
 /// The service; clones share one node.
 #[derive(Debug, Clone)]
@@ -146,6 +244,59 @@ impl NodeService {
         })
     }
 
+    /// The call's access line, if sampled, and its slow-request line, if it was slow.
+    fn log_call(&self, call: &'static str, code: tonic::Code, seconds: f64, seen: &Seen) {
+        let config = &self.0.config;
+        let slow = config.slow_request_ms > 0 && seconds * 1e3 >= config.slow_request_ms as f64;
+        let every = config.access_log_every;
+        let sampled = every > 0
+            && self
+                .0
+                .calls
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(every);
+        if !slow && !sampled {
+            return;
+        }
+        let principal = self.principal(seen.auth.as_ref());
+        // the store as served: a request's empty name is the node's only store
+        let store = match self.0.stores.get(&seen.store, |_| true) {
+            Ok((name, _)) => name.to_owned(),
+            Err(_) => seen.store.clone(),
+        };
+        let (tables, rows) = (seen.tables.join(","), seen.rows);
+        let status = format!("{code:?}");
+        let ms = seconds * 1e3;
+        if slow {
+            tracing::warn!(
+                target: "nearrec_server::slow",
+                call, principal, store, tables, rows, status, ms, "slow request"
+            );
+        } else {
+            tracing::info!(
+                target: "nearrec_server::access",
+                call, principal, store, tables, rows, status, ms, "request"
+            );
+        }
+    }
+
+    /// The principal a token names, for a log line (`-` without an ACL, `?` for a token the ACL
+    /// does not know); never the token.
+    fn principal(
+        &self,
+        auth: Option<&tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    ) -> String {
+        let Some(acl) = self.0.acl.load_full() else {
+            return "-".into();
+        };
+        let mut metadata = MetadataMap::new();
+        if let Some(v) = auth {
+            metadata.insert("authorization", v.clone());
+        }
+        acl.authenticate(&metadata)
+            .map_or_else(|_| "?".into(), |p| p.name.clone())
+    }
+
     /// A call's answer, counted: the status its client saw, total seconds, bytes in and out;
     /// marked [`Answered`] for its `send` stage (`crate::send`) unless it is a stream's. An
     /// answer ready only after the call's deadline counts as `DEADLINE_EXCEEDED`: that is what
@@ -170,6 +321,7 @@ impl NodeService {
         self.0
             .metrics
             .call(call, code, seconds, received.bytes, bytes);
+        self.log_call(call, code, seconds, &received);
         if let Ok(r) = &mut answer
             && call != "LookupStream"
         {
