@@ -365,8 +365,11 @@ def test_training_feeds(path, tmp_path):
     torch.save(sd, tmp_path / "u.pt")
     # its dense weights are never dropped without a word: refused before anything is written
     v = s.version
-    with pytest.raises(nearrec.InvalidRequest, match=r"2 dense weights .*over.weight, over.bias"):
+    with pytest.raises(nearrec.InvalidRequest,
+                       match=r"2 dense weights .*over.weight, over.bias.*keeps no model"):
         nearrec.update(s, tmp_path / "u.pt")
+    with pytest.raises(nearrec.InvalidRequest, match=r"2 dense weights .*dense='skip'"):
+        nearrec.update(s, tmp_path / "u.pt", dense="error")
     assert s.version == v
     assert nearrec.update(s, tmp_path / "u.pt", tolerance=1e-6,
                           dense="skip")["a"].written == 1
@@ -386,7 +389,7 @@ def test_training_feeds(path, tmp_path):
         nearrec.update(s, mine, prefix={"model.tables.": ""})
     assert nearrec.update(s, mine, prefix={"model.tables.": ""},
                           dense="skip")["b"].written == 1
-    with pytest.raises(nearrec.InvalidRequest, match="dense is 'error' or 'skip'"):
+    with pytest.raises(nearrec.InvalidRequest, match="dense is 'update', 'skip' or 'error'"):
         nearrec.update(s, mine, dense="keep")
     # the torch modules' sync_from
     from nearrec.torch import EmbeddingBag, EmbeddingBagCollection

@@ -193,31 +193,58 @@ def test_from_torchrec_serves_a_dlrm_with_the_same_outputs(tmp_path, options):
 
 
 def test_a_trainers_dlrm_checkpoint_updates_a_node(tmp_path):
-    """What a trainer checkpoints, a full TorchRec DLRM's state_dict, fed to a node serving the
-    model's store: the tables found at their TorchRec paths, only the rows that changed
-    written, the dense weights refused unless skipped in so many words."""
+    """What a trainer checkpoints, the state_dict of TorchRec's ``DLRMTrain`` around a DLRM,
+    fed to a node serving the model's store with the model kept: the tables found at their
+    TorchRec paths and only the rows that changed written; the dense weights found by their
+    names under the wrapper's ``model.`` and replaced in the kept model, so the node's
+    inferences equal the trained model's; nothing written when the dense part is refused."""
+    from torchrec.models.dlrm import DLRMTrain
+
+    import nearrec.models as nm
     torch.manual_seed(5)
-    model = dlrm()
-    from_torchrec(model, tmp_path / "dlrm")  # the store; the served copy is not kept
+    model = dlrm().eval()
+    served = from_torchrec(model, tmp_path / "dlrm")
+    nm.save(nm.offload(served), tmp_path / "dlrm")
     node = Node(str(tmp_path / "dlrm"), "--writable")
     try:
-        bags = model.sparse_arch.embedding_bag_collection.embedding_bags
+        remote = nearrec.connect(node.address)
+        theirs = model.sparse_arch.embedding_bag_collection
+        dense, features = torch.randn(6, 5), kjt(theirs, 6, 3)
+        with torch.inference_mode():
+            np.testing.assert_allclose(remote.infer(dense, features),
+                                       model(dense, features).numpy(), rtol=1e-5, atol=1e-6)
+        # training: rows of one table and the dense part move
         with torch.no_grad():
-            bags["t1"].weight[[3, 60]] += 0.5
-        torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+            theirs.embedding_bags["t1"].weight[[3, 60]] += 0.5
+            for p in model.over_arch.parameters():
+                p.mul_(-1.5)
+            next(model.dense_arch.parameters()).add_(0.25)
+        trainer = DLRMTrain(model)
+        torch.save(trainer.state_dict(), tmp_path / "ckpt.pt")
         cli = [sys.executable, "-m", "nearrec.cli", "update", "--remote", node.address,
                "--from", str(tmp_path / "ckpt.pt"), "--json"]
-        refused = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+        v = remote.version
+        refused = subprocess.run(cli + ["--dense", "error"], capture_output=True, text=True,
+                                 timeout=120)
         assert refused.returncode != 0 and "dense weights" in refused.stderr
-        out = subprocess.run(cli + ["--dense", "skip"], capture_output=True, text=True,
-                             timeout=120)
+        assert remote.version == v
+        out = subprocess.run(cli, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        written = {t: d["written"] for t, d in json.loads(out.stdout)["tables"].items()}
-        assert written == {"t0": 0, "t1": 2, "t2": 0}
-        remote = nearrec.connect(node.address)
+        done = json.loads(out.stdout)
+        assert {t: d["written"] for t, d in done["tables"].items()} == {"t0": 0, "t1": 2, "t2": 0}
+        dense_names = [k for k in trainer.state_dict() if "embedding_bags" not in k]
+        assert sorted(done["dense"]) == sorted(dense_names) and dense_names
         for t in ("t0", "t1", "t2"):
-            want = bags[t].weight.detach().numpy()
+            want = theirs.embedding_bags[t].weight.detach().numpy()
             np.testing.assert_array_equal(remote.read_rows(t, np.arange(len(want))), want)
+        with torch.inference_mode():
+            np.testing.assert_allclose(remote.infer(dense, features),
+                                       model(dense, features).numpy(), rtol=1e-5, atol=1e-6)
+        # a weight the kept model does not have refuses the update whole, naming it
+        extra = dict(trainer.state_dict())
+        extra["model.over_arch.extra.weight"] = torch.zeros(2, 2)
+        with pytest.raises(InvalidRequest, match="over_arch.extra.weight"):
+            nearrec.update(remote, extra)
     finally:
         assert node.stop() == 0
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from . import errors
 from ._native import __version__
-from .build import build, from_numpy, from_state_dict, remove, update
+from .build import Updated, build, from_numpy, from_state_dict, remove, update
 from .config import StoreConfig
 from .errors import (
     DeadlineExceeded,
@@ -143,6 +143,7 @@ __all__ = [
     "UnknownTable",
     "Unsupported",
     "UnsupportedVersion",
+    "Updated",
     "__version__",
     "attach",
     "build",

@@ -172,7 +172,7 @@ def _split_state_dict(state_dict: Mapping[str, Any], tables: Iterable[str] | Non
             raise InvalidRequest(f"state dict has no embedding weights for {missing}; found "
                                  f"{sorted(found)}")
         found = {n: found[n] for n in wanted}
-    if not found:
+    if not found and not dense:
         raise InvalidRequest("state dict holds no embedding tables: no TorchRec "
                              "'embedding_bags.NAME.weight' and no 2-D floating-point "
                              "'*weight' without a bias")
@@ -267,9 +267,17 @@ def remove(path: StorePath) -> None:
     shutil.rmtree(p)
 
 
+class Updated(dict[str, Synced]):
+    """What :func:`update` did: per table, what was compared and written
+    (:class:`nearrec.Synced`); ``dense``, the dense weights it replaced in the model kept with
+    the store, by their names in the source."""
+
+    dense: tuple[str, ...] = ()
+
+
 def update(store: Store, source: Any, *, tolerance: float = 0.0,
            tables: Iterable[str] | None = None, prefix: Mapping[str, str] | None = None,
-           dense: str = "error") -> dict[str, Synced]:
+           dense: str = "update") -> Updated:
     """A training feed: brings a writable store's tables — here, or on a node
     (:func:`nearrec.connect`) — to what a trainer holds now, writing only the rows that differ
     (by more than ``tolerance`` in any value, compared as each table stores them). Rows are
@@ -289,15 +297,17 @@ def update(store: Store, source: Any, *, tolerance: float = 0.0,
     - a mapping from table name to a whole table, or to an ``(ids, rows)`` pair.
 
     A state dict's other floating-point tensors are the model's dense weights. They are never
-    dropped silently: with ``dense="error"`` (the default) a source holding any is refused
-    before anything is written, naming them; ``dense="skip"`` updates the tables alone (keep
-    the dense part with :func:`nearrec.models.save`).
+    dropped silently: with ``dense="update"`` (the default) they replace the weights of the
+    model kept with the store (:meth:`Store.update_model`: by name, a wrapper's prefix such as
+    ``model.`` allowed; an unknown one or another shape refuses the update before any table
+    is written), and a store that keeps no model refuses them; ``dense="skip"`` updates the
+    tables alone; ``dense="error"`` refuses a source that holds any.
 
     ``tables`` picks the tables (default: every one the source names). Returns, per table,
-    what was compared and written (:class:`nearrec.Synced`). Torch is imported only for a
-    ``.pt`` file."""
-    if dense not in ("error", "skip"):
-        raise InvalidRequest(f"dense is 'error' or 'skip', not {dense!r}")
+    what was compared and written (:class:`nearrec.Synced`), and the dense weights replaced
+    (:class:`Updated`). Torch is imported only for a ``.pt`` file."""
+    if dense not in ("update", "skip", "error"):
+        raise InvalidRequest(f"dense is 'update', 'skip' or 'error', not {dense!r}")
     if prefix is not None and not (isinstance(prefix, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in prefix.items())):
         raise InvalidRequest(f"prefix maps key prefixes to table prefixes (str to str), not "
@@ -313,17 +323,27 @@ def update(store: Store, source: Any, *, tolerance: float = 0.0,
     if not isinstance(source, Mapping):
         raise InvalidRequest(f"an update comes from an .npz or .pt file, a state dict, a module "
                              f"or a mapping of tables, not {type(source).__name__}")
+    done = Updated()
     if prefix is not None or not all(k in store.tables for k in source):
-        source, weights = _split_state_dict(source, tables, prefix)
+        state, (source, weights) = source, _split_state_dict(source, tables, prefix)
+        some = f"{', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}"
         if weights and dense == "error":
             raise InvalidRequest(
                 f"the state dict holds {len(weights)} dense weights besides its tables "
-                f"({', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}): pass "
-                "dense='skip' (nearrec update --dense skip) to update the tables alone, and "
-                "keep the dense part with nearrec.models.save")
+                f"({some}): pass dense='skip' (nearrec update --dense skip) to update the "
+                "tables alone, or dense='update' to update the model kept with the store")
+        if weights and dense == "update":
+            if not store.has_model:
+                raise InvalidRequest(
+                    f"the state dict holds {len(weights)} dense weights besides its tables "
+                    f"({some}), but the store keeps no model to update: keep it with "
+                    "nearrec.models.save first, or pass dense='skip' (nearrec update --dense "
+                    "skip) to update the tables alone")
+            # first: a refused dense update leaves every table as it was
+            store.update_model({k: state[k] for k in weights})
+            done.dense = tuple(weights)
     elif tables is not None:
         source = {t: source[t] for t in tables}
-    done: dict[str, Synced] = {}
     for name, value in source.items():
         if isinstance(value, tuple | list) and len(value) == 2:
             ids, rows = value

@@ -172,6 +172,9 @@ class _Reader:
     ops: list[dict[str, Any]] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)  # each op's output columns
     weights: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The model's parameters and buffers by identity: their names in its ``state_dict()``,
+    #: which the kept weights take (a trainer's checkpoint updates them by these names).
+    names: dict[int, str] = field(default_factory=dict)
     collections: list[EmbeddingBagCollection] = field(default_factory=list)
     width: int = 0  # the pooled inputs' columns so far
 
@@ -188,6 +191,7 @@ class _Reader:
                 if node.name in params:
                     t = params[node.name]
                     env[node] = state[t] if t in state else constants[t]
+                    self.names[id(env[node])] = t.removeprefix("model.")  # _Flat's
                 elif node.name in consts:
                     env[node] = constants[consts[node.name]]
                 else:
@@ -308,11 +312,15 @@ class _Reader:
             raise self.refuse(node, " (a linear layer on a value that is not [batch, "
                                     "features], or with weights computed from the input)")
         k = len(self.ops)
-        self.weights[f"w{k}"] = _array(weight)
-        op: dict[str, Any] = {"op": "linear", "input": x.spec(), "weight": f"w{k}"}
+        # a parameter by its name in the model's state_dict; a weight computed by the model
+        # (not one a trainer updates) by its layer's number
+        wname = self.names.get(id(weight), f"w{k}")
+        self.weights[wname] = _array(weight)
+        op: dict[str, Any] = {"op": "linear", "input": x.spec(), "weight": wname}
         if bias is not None:
-            self.weights[f"b{k}"] = _array(bias)
-            op["bias"] = f"b{k}"
+            bname = self.names.get(id(bias), f"b{k}")
+            self.weights[bname] = _array(bias)
+            op["bias"] = bname
         return self.emit(op, weight.shape[0])
 
     def activation(self, node: Any, x: Row, name: str) -> Row:

@@ -362,6 +362,28 @@ class Store:
         native = np.ascontiguousarray(arr, dtype=np.float32)
         return Synced(*self._native.sync_table(table, native, float(tolerance)))
 
+    def update_model(self, weights: Mapping[str, Any]) -> None:
+        """Replaces dense weights of the model kept with the store (:func:`nearrec.models.save`)
+        by name — a trainer's update of the dense part, here or on a node: ``weights`` maps
+        each name to a float array (a tensor, a numpy array) of the kept weight's shape; the
+        rest stay. A name is the kept one, or ends with it after a dot (a checkpoint of a
+        wrapper: ``model.over_arch.0.weight``). Refused whole — an unknown name, another shape,
+        a NaN — naming the weight; durable when it returns, and every inference after it runs
+        the new weights. The store must be writable and keep a model."""
+        if not isinstance(weights, Mapping) or not weights:
+            raise InvalidRequest(f"update_model takes a mapping of weight names to arrays, not "
+                                 f"{weights!r:.60}")
+        arrays = []
+        for name, value in weights.items():
+            if callable(getattr(value, "detach", None)):  # a torch tensor
+                value = value.detach().cpu().numpy()
+            arr = as_array(value, f"weight {name!r}")
+            if arr.dtype.kind not in "fiu":
+                raise InvalidRequest(f"weight {name!r} is {arr.dtype}, not numbers")
+            arrays.append((text(name, "a weight's name"),
+                           np.ascontiguousarray(arr, dtype=np.float32)))
+        self._native.update_model(arrays)
+
     def changes_since(self, version: int) -> Changes:
         """What changed since ``version`` (one this store served), for a cache kept above it
         — the GPU tier drops those rows before its next batch. See :class:`Changes`."""

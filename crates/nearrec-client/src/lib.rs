@@ -23,6 +23,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nearrec::model::Tensor;
 use nearrec::{
     AsBatch, Batch, Compaction, ErrorKind, Inferred, Info, NewTable, PendingLookup, Pooled, Read,
     RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TierReport, Versioned, WriteOptions,
@@ -491,6 +492,17 @@ impl StoreApi for Client {
             width: answer.width as usize,
             times: Default::default(),
         })
+    }
+
+    fn update_model(&self, weights: &[Tensor<'_>]) -> nearrec::Result<()> {
+        let req = pb::UpdateModelRequest {
+            store: self.store.clone(),
+            weights: convert::weights(weights),
+        };
+        self.call(Again::Never, req, |mut node, req| async move {
+            node.update_model(req).await
+        })?;
+        Ok(())
     }
 
     fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {

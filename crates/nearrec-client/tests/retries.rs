@@ -70,6 +70,10 @@ impl StoreApi for Flaky {
     fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
         StoreApi::infer(&self.store, dense, batch)
     }
+    fn update_model(&self, weights: &[nearrec::model::Tensor<'_>]) -> nearrec::Result<()> {
+        self.enter("update_model")?;
+        StoreApi::update_model(&self.store, weights)
+    }
     fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
         self.enter("write")?;
         StoreApi::write_many(&self.store, writes, options)
@@ -176,6 +180,18 @@ fn a_read_is_made_again_after_a_transient_refusal_and_a_write_never() {
             calls.lock().unwrap()["swap"],
             1,
             "{kind:?}: a swap is made once"
+        );
+        let bias = nearrec::model::Tensor {
+            name: "top.bias",
+            shape: &[1],
+            values: &[0.5],
+        };
+        let e = client.update_model(&[bias]).unwrap_err();
+        assert_eq!(e.kind(), kind, "{e}");
+        assert_eq!(
+            calls.lock().unwrap()["update_model"],
+            1,
+            "{kind:?}: a model update is made once"
         );
     }
 }

@@ -122,10 +122,10 @@ fn model_config(py: Python<'_>, json: &str) -> PyResult<nearrec::model::ModelCon
     })
 }
 
-type WeightArray<'a> = (&'a str, Vec<usize>, &'a [f32]);
+pub(crate) type WeightArray<'a> = (&'a str, Vec<usize>, &'a [f32]);
 
 /// Each named array's shape and values, borrowed from numpy (contiguous ones only).
-fn weight_arrays<'a>(
+pub(crate) fn weight_arrays<'a>(
     py: Python<'_>,
     weights: &'a [(String, numpy::PyReadonlyArrayDyn<'_, f32>)],
 ) -> PyResult<Vec<WeightArray<'a>>> {
@@ -146,7 +146,7 @@ fn weight_arrays<'a>(
         .collect()
 }
 
-fn tensors<'a>(arrays: &'a [WeightArray<'a>]) -> Vec<nearrec::model::Tensor<'a>> {
+pub(crate) fn tensors<'a>(arrays: &'a [WeightArray<'a>]) -> Vec<nearrec::model::Tensor<'a>> {
     arrays
         .iter()
         .map(|(name, shape, values)| nearrec::model::Tensor {

@@ -296,6 +296,18 @@ impl NativeStore {
         detach(py, || self.api.swap(&to, warm, force))?.map_err(|e| err(py, e))
     }
 
+    /// Replaces dense weights of the model kept with the store, `(name, float32 array)` each
+    /// (`StoreApi::update_model`).
+    fn update_model(
+        &self,
+        py: Python<'_>,
+        weights: Vec<(String, numpy::PyReadonlyArrayDyn<'_, f32>)>,
+    ) -> PyResult<()> {
+        let arrays = crate::model::weight_arrays(py, &weights)?;
+        let tensors = crate::model::tensors(&arrays);
+        detach(py, || self.api.update_model(&tensors))?.map_err(|e| err(py, e))
+    }
+
     /// Drops a table (EMB_REMOVE of a table).
     fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<u64> {
         detach(py, || self.api.drop_table(name))?.map_err(|e| err(py, e))

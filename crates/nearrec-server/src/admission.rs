@@ -221,7 +221,7 @@ impl<S> tower::Layer<S> for ExpiredLayer {
 }
 
 /// The node's calls by name, for a call refused before its handler ran.
-const CALLS: [&str; 13] = [
+const CALLS: [&str; 14] = [
     "Lookup",
     "LookupStream",
     "Infer",
@@ -234,6 +234,7 @@ const CALLS: [&str; 13] = [
     "Stats",
     "Compact",
     "RowDigests",
+    "UpdateModel",
     "Check",
 ];
 

@@ -112,6 +112,12 @@ impl Summary for pb::WriteRequest {
     }
 }
 
+impl Summary for pb::UpdateModelRequest {
+    fn summary(&self) -> (&str, Vec<String>, u64) {
+        (&self.store, Vec::new(), self.weights.len() as u64)
+    }
+}
+
 impl Summary for pb::RemoveRequest {
     fn summary(&self) -> (&str, Vec<String>, u64) {
         (&self.store, vec![self.table.clone()], ids(&self.ids))
@@ -621,6 +627,29 @@ impl NodeService {
         Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
     }
 
+    async fn call_update_model(
+        &self,
+        request: Request<pb::UpdateModelRequest>,
+    ) -> Answer<pb::UpdateModelResponse> {
+        let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "UpdateModel")?;
+        let req = request.into_inner();
+        let (name, store) = self.store(&caller, &req.store)?;
+        self.allow(&caller, "UpdateModel", |p| {
+            p.allow_all(Permission::Write, name)
+        })?;
+        let weights = convert::unweights(&req.weights).map_err(bad)?;
+        let count = weights.len();
+        let who = caller.0.as_ref().map(|p| p.name.clone());
+        let ((), slot) = self
+            .run("UpdateModel", deadline, false, move || {
+                store.update_model(&convert::tensors(&weights))
+            })
+            .await?;
+        tracing::info!(store = %name, principal = who, weights = count, "model updated");
+        Ok(holding(pb::UpdateModelResponse {}, Held::from(slot)))
+    }
+
     async fn call_remove(&self, request: Request<pb::RemoveRequest>) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "Remove")?;
@@ -883,6 +912,20 @@ impl pb::node_server::Node for NodeService {
             received,
             |r| r.encoded_len(),
             self.call_write(request),
+        )
+        .await
+    }
+
+    async fn update_model(
+        &self,
+        request: Request<pb::UpdateModelRequest>,
+    ) -> Answer<pb::UpdateModelResponse> {
+        let received = Seen::of(&request);
+        self.observed(
+            "UpdateModel",
+            received,
+            |r| r.encoded_len(),
+            self.call_update_model(request),
         )
         .await
     }

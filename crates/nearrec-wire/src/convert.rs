@@ -7,6 +7,8 @@ use nearrec::{
     OwnedLookup, Pooled, PoolingMode, RowWrite, Rows, Stats, TableInfo, TableLookup, TierReport,
 };
 
+use nearrec::model::Tensor;
+
 use crate::arrays::{decode, encode, encode_slice};
 use crate::v1 as pb;
 
@@ -290,6 +292,45 @@ pub fn row_writes(owned: &[OwnedWrite]) -> Vec<RowWrite<'_>> {
             table,
             ids,
             values: values.as_deref(),
+        })
+        .collect()
+}
+
+/// A model update's weights (the client's side).
+pub fn weights(weights: &[Tensor<'_>]) -> Vec<pb::Weight> {
+    weights
+        .iter()
+        .map(|t| pb::Weight {
+            name: t.name.to_owned(),
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+            values: encode_slice(t.values),
+        })
+        .collect()
+}
+
+/// A model update's weights decoded (the node's side): `(name, shape, values)`.
+pub type OwnedWeight = (String, Vec<usize>, Vec<f32>);
+
+/// [`weights`] back (the node's side).
+pub fn unweights(weights: &[pb::Weight]) -> nearrec::Result<Vec<OwnedWeight>> {
+    weights
+        .iter()
+        .map(|w| {
+            let values: Vec<f32> = decode(&w.values, &w.name, "values")?;
+            let shape = w.shape.iter().map(|&d| d as usize).collect();
+            Ok((w.name.clone(), shape, values))
+        })
+        .collect()
+}
+
+/// [`unweights`] as the facade's call.
+pub fn tensors(owned: &[OwnedWeight]) -> Vec<Tensor<'_>> {
+    owned
+        .iter()
+        .map(|(name, shape, values)| Tensor {
+            name,
+            shape,
+            values,
         })
         .collect()
 }

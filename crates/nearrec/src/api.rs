@@ -24,7 +24,7 @@ use nearrec_format::wal::Init;
 use crate::batch::{AsBatch, Bags, Batch, Indices, Pooled, Read, TableLookup};
 use crate::error::{Error, Result};
 use crate::live::{Compaction, RowWrite, WriteOptions};
-use crate::model::Inferred;
+use crate::model::{Inferred, Tensor};
 use crate::pipeline::Pending;
 use crate::raw::Rows;
 use crate::store::{Stats, Store};
@@ -182,6 +182,12 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
 
     /// The model kept with the store, run next to its embeddings: `[batch, outputs]`.
     fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> Result<Inferred>;
+
+    /// Replaces dense weights of the model kept with the store by name (a trainer's update of
+    /// the dense part; the rest stay): each a weight the model keeps, of its shape, finite, or
+    /// the whole update is refused. Durable when it returns; inferences from the next on run
+    /// the new weights.
+    fn update_model(&self, weights: &[Tensor<'_>]) -> Result<()>;
 
     /// EMB_WRITE of several tables' rows, and EMB_REMOVE of rows (a write without values), in
     /// one atomic call: all of it or none, durable when it returns. The version that holds it.
@@ -350,6 +356,10 @@ impl StoreApi for Store {
 
     fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> Result<Inferred> {
         Store::infer(self, dense, batch)
+    }
+
+    fn update_model(&self, weights: &[Tensor<'_>]) -> Result<()> {
+        Store::update_model(self, weights)
     }
 
     fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {

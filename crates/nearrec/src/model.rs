@@ -226,6 +226,103 @@ impl SavedModel {
     }
 }
 
+/// The kept weight an update's `name` replaces: the one of that name, or else the one kept
+/// name that ends it after a dot (a trainer's checkpoint of a wrapper around the model:
+/// `model.over_arch.0.weight` for `over_arch.0.weight`).
+fn kept_name(weights: &Weights, name: &str) -> Result<String> {
+    if weights.0.contains_key(name) {
+        return Ok(name.to_owned());
+    }
+    let ends = |k: &&String| {
+        name.strip_suffix(k.as_str())
+            .is_some_and(|p| p.ends_with('.'))
+    };
+    let mut found: Vec<&String> = weights.0.keys().filter(ends).collect();
+    if found.len() == 1 {
+        return Ok(found[0].clone());
+    }
+    found.sort_unstable();
+    if found.len() > 1 {
+        return Err(Error::invalid(format!(
+            "weight {name:?} could be any of the kept model's {found:?}: name it as it keeps it"
+        )));
+    }
+    let mut kept: Vec<&str> = weights.0.keys().map(String::as_str).collect();
+    kept.sort_unstable();
+    let more = if kept.len() > 6 { ", ..." } else { "" };
+    Err(Error::invalid(format!(
+        "the model kept with the store has no weight {name:?} (it keeps {}{more})",
+        kept[..kept.len().min(6)].join(", ")
+    )))
+}
+
+/// The model kept with the store `reader` opened, its dense weights `updates` in place of the
+/// ones of their names (a partial update keeps the rest): each must be a weight the model
+/// keeps, of its shape, finite and named once. The model is built from them before anything
+/// is written, so an update that would not run is refused whole. Returns the new weights
+/// attachment (`dense.npz`) and the model.
+pub(crate) fn updated(
+    reader: &StoreReader,
+    updates: &[Tensor<'_>],
+) -> Result<(Vec<u8>, StoredModel)> {
+    let SavedModel {
+        config,
+        mut weights,
+    } = SavedModel::read(reader)?;
+    if updates.is_empty() {
+        return Err(Error::invalid("a model update names no weights"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for t in updates {
+        let name = kept_name(&weights, t.name)?;
+        if !seen.insert(name.clone()) {
+            return Err(Error::invalid(format!("weight {name:?} is given twice")));
+        }
+        let (shape, values) = weights.0.get_mut(&name).expect("a kept name");
+        let given: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        if given != *shape || t.values.len() as u64 != shape.iter().product::<u64>() {
+            return Err(Error::invalid(format!(
+                "weight {:?} has shape {:?}, the kept model's {:?}",
+                t.name, t.shape, shape
+            )));
+        }
+        if let Some(i) = t.values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::invalid(format!(
+                "weight {:?} holds {} at flat position {i}",
+                t.name, t.values[i]
+            )));
+        }
+        values.copy_from_slice(t.values);
+    }
+    let dims = config
+        .tables
+        .iter()
+        .flatten()
+        .map(|t| table_dim(reader.tables(), t))
+        .collect::<Result<Vec<_>>>()?;
+    let mut names: Vec<&String> = weights.0.keys().collect();
+    names.sort_unstable();
+    let arrays: Vec<(&str, Vec<usize>, &[f32])> = names
+        .iter()
+        .map(|n| {
+            let (shape, values) = &weights.0[*n];
+            let shape = shape.iter().map(|&d| d as usize).collect();
+            (n.as_str(), shape, values.as_slice())
+        })
+        .collect();
+    let tensors: Vec<Tensor<'_>> = arrays
+        .iter()
+        .map(|(name, shape, values)| Tensor {
+            name,
+            shape,
+            values,
+        })
+        .collect();
+    let npz = write_npz(&tensors).map_err(|e| Error::invalid(format!("model weights: {e}")))?;
+    let model = StoredModel::assemble(config, &weights, &dims)?;
+    Ok((npz, model))
+}
+
 impl StoredModel {
     /// Reads the model kept with the store `reader` opened.
     pub fn load(reader: &StoreReader) -> Result<Self> {

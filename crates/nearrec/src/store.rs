@@ -4,10 +4,10 @@
 //! background pipelines ([`crate::pipeline`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use nearrec_device::{FlashDevice, FlashStats};
 use nearrec_engine::{Engine, Prepared, Stages, Tier, TierReport};
@@ -19,7 +19,7 @@ use crate::batch::{Batch, Pooled, Read};
 use crate::config::{PlanSource, StoreConfig};
 use crate::error::{Error, Result};
 use crate::live::{Compaction, Live, RowWrite, Snapshot, WriteOptions};
-use crate::model::StoredModel;
+use crate::model::{StoredModel, Tensor};
 use crate::pace::Pace;
 use crate::versions::{Located, SwapTo};
 
@@ -69,7 +69,25 @@ struct Served {
     /// As opened (its tables as served now are the snapshots' engine's).
     manifest: Manifest,
     live: Live,
-    model: OnceLock<Arc<StoredModel>>,
+    /// Loaded on first use; replaced by an update of its weights, and let go when a writer in
+    /// another process replaced them (seen by the thread following it).
+    model: ArcSwapOption<Kept>,
+    /// One update of the model's weights at a time.
+    updating: Mutex<()>,
+}
+
+/// The model kept with a served store, and the weights file it was read from.
+#[derive(Debug)]
+struct Kept {
+    model: Arc<StoredModel>,
+    weights: Option<String>,
+}
+
+/// The file that holds the model's weights in the store `manifest` describes.
+fn weights_file(manifest: &Manifest) -> Option<String> {
+    let name = crate::model::WEIGHTS_ATTACHMENT;
+    let found = manifest.attachments.iter().find(|a| a.name == name);
+    found.map(|a| a.file.clone())
 }
 
 impl Served {
@@ -82,18 +100,33 @@ impl Served {
             path: reader.path().to_owned(),
             manifest: reader.manifest().clone(),
             live,
-            model: OnceLock::new(),
+            model: ArcSwapOption::empty(),
+            updating: Mutex::new(()),
         });
         if let Some(signal) = compactor {
             crate::live::spawn(signal, Arc::downgrade(&served), |s| &s.live)?;
         }
         if let Some(ms) = config.follow_ms {
             let every = std::time::Duration::from_millis(ms);
-            served
-                .live
-                .follow(every, Arc::downgrade(&served), |s| &s.live)?;
+            let weak = Arc::downgrade(&served);
+            served.live.follow(every, weak, |s| &s.live, Self::moved)?;
         }
         Ok(served)
+    }
+
+    /// After the writer (another process) changed the store: a model whose weights it replaced
+    /// is let go of, to be read again on its next use.
+    fn moved(&self) {
+        let Some(kept) = self.model.load_full() else {
+            return;
+        };
+        let manifest = std::fs::read(self.path.join(nearrec_format::MANIFEST_FILE));
+        if let Ok(Ok(m)) = manifest.map(|b| Manifest::decode(&b))
+            && weights_file(&m) != kept.weights
+        {
+            let gone = Some(kept);
+            self.model.compare_and_swap(&gone, None);
+        }
     }
 }
 
@@ -714,12 +747,52 @@ impl Store {
     /// The model kept with the store (`nearrec.models.save`), read from its attachments on
     /// first use.
     pub fn model(&self) -> Result<Arc<StoredModel>> {
-        let served = self.served();
-        if let Some(m) = served.model.get() {
-            return Ok(m.clone());
+        let served = self.current();
+        if let Some(kept) = &*served.model.load() {
+            return Ok(kept.model.clone());
         }
-        let model = Arc::new(StoredModel::load(&StoreReader::open(&served.path)?)?);
-        Ok(served.model.get_or_init(|| model).clone())
+        let reader = StoreReader::open(&served.path)?;
+        let model = Arc::new(StoredModel::load(&reader)?);
+        let kept = Kept {
+            model: model.clone(),
+            weights: weights_file(reader.manifest()),
+        };
+        // only into an empty slot: an update meanwhile has the newer weights
+        served
+            .model
+            .compare_and_swap(&None::<Arc<Kept>>, Some(Arc::new(kept)));
+        Ok(model)
+    }
+
+    /// Replaces dense weights of the model kept with the store by name (a trainer's update of
+    /// the dense part): each a weight the model keeps, of its shape, finite; the rest stay.
+    /// The new weights are written atomically before this returns (durable, what a restart
+    /// or a reader in another process reads), and every inference that starts after it runs
+    /// them; those under way finish on the old ones. A store opened read-only refuses it
+    /// (`ReadOnly`), one that keeps no model too (`NoModel`).
+    pub fn update_model(&self, weights: &[Tensor<'_>]) -> Result<()> {
+        let served = self.served();
+        if !served.live.writable() {
+            return Err(Error::ReadOnly {
+                path: served.path.display().to_string(),
+            });
+        }
+        let _one = lock(&served.updating);
+        let reader = StoreReader::open(&served.path)?;
+        let (npz, model) = crate::model::updated(&reader, weights)?;
+        drop(reader);
+        let manifest =
+            nearrec_format::attach(&served.path, crate::model::WEIGHTS_ATTACHMENT, &npz)?;
+        served.model.store(Some(Arc::new(Kept {
+            model: Arc::new(model),
+            weights: weights_file(&manifest),
+        })));
+        tracing::info!(
+            store = %served.path.display(),
+            weights = weights.len(),
+            "model weights updated"
+        );
+        Ok(())
     }
 }
 

@@ -92,9 +92,10 @@ def parser() -> argparse.ArgumentParser:
                     help="state dict keys under KEY are tables, named TABLE + the rest of the "
                          "key (repeatable; default: TorchRec's embedding_bags.NAME.weight at "
                          "any depth)")
-    up.add_argument("--dense", choices=["error", "skip"], default="error",
-                    help="a checkpoint's dense weights: refuse the update (default), or skip "
-                         "them and update the tables alone")
+    up.add_argument("--dense", choices=["update", "skip", "error"], default="update",
+                    help="a checkpoint's dense weights: replace the weights of the model kept "
+                         "with the store, by name (default; before any table is written), "
+                         "skip them and update the tables alone, or refuse the update")
     up.add_argument("--durability", choices=["sync", "async"], default="sync",
                     help="a store opened here: whether each write call waits for the disk "
                          "(default: %(default)s; a node's store writes as the node says)")
@@ -338,7 +339,7 @@ EXAMPLES = {
     "info": "nearrec info /data/rmc1 --json",
     "verify": "nearrec verify /data/rmc1",
     "gc": "nearrec gc /data",
-    "update": "nearrec update --remote 10.0.0.5:50051 rmc1 --from ckpt.pt --dense skip "
+    "update": "nearrec update --remote 10.0.0.5:50051 rmc1 --from ckpt.pt "
               "--token-file ~/.nearrec/token",
     "compact": "nearrec compact /data/rmc1",
     "publish": "nearrec publish /models/dlrm /scratch/dlrm-retrained",

@@ -116,9 +116,12 @@ def cmd_update(args: argparse.Namespace) -> int:
     rows = sum(d.written for d in done.values())
     emit(args, {"version": store.version, "seconds": seconds,
                  "tables": {t: asdict(d) for t, d in done.items()},
+                 "dense": list(done.dense),
                  "compaction": asdict(compacted) if compacted else None},
-          "\n".join(f"{t}: {d.written:,} of {d.compared:,} rows written in {d.calls} call(s)"
-                     for t, d in done.items())
+          "\n".join([f"{t}: {d.written:,} of {d.compared:,} rows written in {d.calls} call(s)"
+                      for t, d in done.items()]
+                     + ([f"dense: {len(done.dense)} weights of the kept model replaced"]
+                        if done.dense else []))
           + f"\n{rows:,} rows in {human_time(seconds)}; the store is at version {store.version}"
           + (f", compacted ({human_bytes(compacted.bytes)} written)" if compacted else ""))
     return 0

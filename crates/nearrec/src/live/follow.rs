@@ -48,11 +48,13 @@ fn look(dir: &Path) -> std::io::Result<Look> {
     Ok(seen)
 }
 
-/// Starts the thread following `store`'s live side (`live(store)`) every `every`; it ends
-/// once the store is let go of.
+/// Starts the thread following `store`'s live side (`live(store)`) every `every`, calling
+/// `moved(store)` after each refresh of a changed directory; it ends once the store is let go
+/// of.
 pub(crate) fn spawn<T: Send + Sync + 'static>(
     store: Weak<T>,
     live: fn(&T) -> &Live,
+    moved: fn(&T),
     every: Duration,
 ) -> Result<()> {
     let run = move || {
@@ -75,6 +77,9 @@ pub(crate) fn spawn<T: Send + Sync + 'static>(
                     Ok(v) => {
                         if v != before {
                             live.follows.moved.fetch_add(1, Relaxed);
+                        }
+                        if now != last {
+                            moved(&inner);
                         }
                         last = now;
                     }

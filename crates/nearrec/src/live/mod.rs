@@ -257,12 +257,14 @@ impl Live {
         Ok(live)
     }
 
-    /// Follows the writer every `every` (a read-only store), for as long as `store` lives.
+    /// Follows the writer every `every` (a read-only store), for as long as `store` lives;
+    /// `moved(store)` after each refresh that found the directory changed.
     pub(crate) fn follow<T: Send + Sync + 'static>(
         &self,
         every: Duration,
         store: Weak<T>,
         live: fn(&T) -> &Live,
+        moved: fn(&T),
     ) -> Result<()> {
         if self.writer.is_some() {
             return Ok(());
@@ -270,7 +272,7 @@ impl Live {
         self.follows
             .every_ms
             .store(every.as_millis() as u64, Relaxed);
-        follow::spawn(store, live, every)
+        follow::spawn(store, live, moved, every)
     }
 
     /// What the background compactor waits on (`None`: the store does not compact by itself).

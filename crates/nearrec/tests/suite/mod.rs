@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nearrec::format::DType;
+use nearrec::model::{GraphSpec, ModelConfig, OpSpec, Tensor};
 use nearrec::{
     Bags, Batch, ErrorKind, Indices, NewTable, OwnedBatch, OwnedLookup, PoolingMode, RowWrite,
     StoreApi, SwapTo, TableLookup, WriteOptions,
@@ -74,6 +75,11 @@ macro_rules! store_api_suite {
         #[test]
         fn info_stats_and_submitted_lookups_agree() {
             crate::suite::info_stats_and_submitted_lookups_agree($open);
+        }
+
+        #[test]
+        fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one() {
+            crate::suite::a_model_update_runs_its_new_weights_and_refuses_a_bad_one($open);
         }
     };
 }
@@ -730,4 +736,135 @@ pub fn info_stats_and_submitted_lookups_agree(open: Open) {
         report.is_empty() || report.len() == TABLES.len(),
         "{report:?}"
     );
+}
+
+/// Keeps with the store at `path` a model of one linear layer over `t0`'s pooled rows:
+/// `top.weight` (`[1, DIM]`) and `top.bias` (`[1]`).
+pub fn keep_model(path: &Path, weight: &[f32], bias: f32) {
+    let dim = DIM as usize;
+    let config = ModelConfig {
+        model: "graph".into(),
+        variant: "deeprecsys".into(),
+        interaction: "cat".into(),
+        tasks: 1,
+        tables: Some(vec!["t0".into()]),
+        features: None,
+        pooling: None,
+        sequence: false,
+        graph: Some(GraphSpec {
+            dense: 0,
+            ops: vec![OpSpec::Linear {
+                input: vec![(1, 0, dim)],
+                weight: "top.weight".into(),
+                bias: Some("top.bias".into()),
+                activation: "none".into(),
+            }],
+            output: vec![(2, 0, 1)],
+        }),
+    };
+    nearrec::model::save(path, &config, &top(weight, &[bias])).unwrap();
+}
+
+/// The one-layer model's weights, as `top.weight` and `top.bias`.
+fn top<'a>(weight: &'a [f32], bias: &'a [f32]) -> Vec<Tensor<'a>> {
+    vec![
+        Tensor {
+            name: "top.weight",
+            shape: &[1, DIM as usize],
+            values: weight,
+        },
+        Tensor {
+            name: "top.bias",
+            shape: &[1],
+            values: bias,
+        },
+    ]
+}
+
+pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
+    let (_dir, path) = fixture();
+    let old: Vec<f32> = (0..DIM).map(|c| c as f32 * 0.1).collect();
+    keep_model(&path, &old, 0.5);
+    let ids = [3i64, 8, 299];
+    // the model's output for each row: its weights' dot product with the row, plus the bias
+    let want = |w: &[f32], b: f32| -> Vec<f32> {
+        ids.iter()
+            .map(|&r| {
+                row(0, r as u64)
+                    .iter()
+                    .zip(w)
+                    .map(|(x, y)| x * y)
+                    .sum::<f32>()
+                    + b
+            })
+            .collect()
+    };
+    let s = open(&path, true);
+    let store = &*s.store;
+    assert!(store.info().unwrap().model);
+    let out = store.infer(&[], &rows_batch(&ids)).unwrap();
+    close(&out.outputs, &want(&old, 0.5), "the kept model");
+
+    let new: Vec<f32> = (0..DIM).map(|c| 1.0 - c as f32 * 0.2).collect();
+    store.update_model(&top(&new, &[-2.0])).unwrap();
+    let out = store.infer(&[], &rows_batch(&ids)).unwrap();
+    close(&out.outputs, &want(&new, -2.0), "after the update");
+    // a partial update keeps the rest; a trainer's wrapper prefix finds the kept name
+    let bias = Tensor {
+        name: "model.top.bias",
+        ..top(&new, &[3.0])[1]
+    };
+    store.update_model(&[bias]).unwrap();
+    close(
+        &store.infer(&[], &rows_batch(&ids)).unwrap().outputs,
+        &want(&new, 3.0),
+        "after an update of the bias alone",
+    );
+
+    // refused whole, naming the weight: unknown, misshapen, non-finite, twice, none
+    let short = [0f32; 3];
+    let nan = [f32::NAN; DIM as usize];
+    let unknown = Tensor {
+        name: "bottom.weight",
+        shape: &[1, DIM as usize],
+        values: &new,
+    };
+    let misshapen = Tensor {
+        name: "top.weight",
+        shape: &[1, 3],
+        values: &short,
+    };
+    let twice = [top(&new, &[0.0])[1], top(&new, &[1.0])[1]];
+    for (bad, says) in [
+        (vec![top(&old, &[9.0])[1], unknown], "bottom.weight"),
+        (vec![misshapen], "top.weight"),
+        (top(&nan, &[9.0]), "top.weight"),
+        (twice.to_vec(), "twice"),
+        (Vec::new(), "no weights"),
+    ] {
+        let e = store.update_model(&bad).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+    }
+    close(
+        &store.infer(&[], &rows_batch(&ids)).unwrap().outputs,
+        &want(&new, 3.0),
+        "after the refused updates",
+    );
+    drop(s);
+
+    // durable: a reopen runs the updated weights; a read-only store refuses an update
+    let s = open(&path, false);
+    close(
+        &s.store.infer(&[], &rows_batch(&ids)).unwrap().outputs,
+        &want(&new, 3.0),
+        "after a reopen",
+    );
+    let e = s.store.update_model(&top(&old, &[0.0])).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreReadOnly, "{e}");
+    // and a store that keeps no model says so
+    let (_other, bare) = fixture();
+    let s = open(&bare, true);
+    let e = s.store.update_model(&top(&old, &[0.0])).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
 }
