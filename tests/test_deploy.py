@@ -152,3 +152,48 @@ def test_logs_are_json_lines_for_a_shipper_and_plain_text_off_a_terminal(tmp_pat
     assert "draining" in err and "\x1b[" not in err
     with pytest.raises(AssertionError, match="log_format"):
         Node(str(store), "--log-format", "xml")
+
+
+def test_a_restarted_node_is_ready_only_once_warmed_from_its_kept_hot_set(tmp_path):
+    """A node whose drain keeps its stores' hot sets (`--hot-set-dir`) starts the next time with
+    its DRAM tiers full: the log says so before it is ready, and the first lookups are served
+    from the row cache; per-table lookups and rows are counted."""
+    store = tmp_path / "rmc1"
+    rng = np.random.default_rng(3)
+    nearrec.from_numpy(store, {"a": rng.standard_normal((4000, 16), dtype=np.float32),
+                               "b": rng.standard_normal((100, 8), dtype=np.float32)})
+    kept = tmp_path / "hot"
+    kept.mkdir()
+    config = tmp_path / "node.toml"
+    config.write_text(f'stores = ["{store}"]\n[store]\ntier = "ssd"\nhot_set_dir = "{kept}"\n'
+                      '[store.plan.tables.a]\ncache_bytes = 65536\n')
+    ids = (np.arange(200) * 17 + 3) % 4000
+
+    def served(node: Node) -> tuple[np.ndarray, dict[str, float]]:
+        got = nearrec.connect(node.address).lookup("a", ids, offsets=np.arange(len(ids)))
+        m = node.metrics()
+        by_tier = {s["tier"]: v for s, v in m["nearrec_lookups"]}
+        assert ({"store": "rmc1", "table": "a"}, 1.0) in m["nearrec_table_lookups"]
+        assert ({"store": "rmc1", "table": "a"}, float(len(ids))) in m["nearrec_table_rows"]
+        return got, by_tier
+
+    node = Node("--config", str(config), "--log-format", "json")
+    try:
+        first, tiers = served(node)
+        assert tiers["ssd"] == len(ids) and tiers["cache"] == 0, tiers
+    finally:
+        assert node.stop() == 0
+    assert (kept / "rmc1.hotset").is_file()
+    node = Node("--config", str(config), "--log-format", "json")
+    try:
+        again, tiers = served(node)
+        np.testing.assert_array_equal(again, first)
+        assert tiers["cache"] == len(ids) and tiers["ssd"] == 0, tiers
+    finally:
+        assert node.stop() == 0
+    events = [json.loads(line) for line in node.proc.stderr.read().splitlines() if line.strip()]
+    said = [e["fields"].get("message") for e in events]
+    assert said.index("warm-up done") < said.index("ready"), said
+    done = next(e["fields"] for e in events if e["fields"].get("message") == "warm-up done")
+    assert done["rows"] == len(ids)
+    assert "hot set kept" in said

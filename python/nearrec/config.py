@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -89,7 +90,10 @@ class StoreConfig:
     :meth:`Store.refresh`; ``nearrec serve`` follows every 1000 ms unless told).
     ``keep_last``: a store opened from a repository of versions removes, after a swap, the
     versions beyond the newest this many (never the served one) once no call reads them
-    (``None``: keeps them all). See :func:`nearrec.open` for what each does."""
+    (``None``: keeps them all). ``warm``: a recorded trace (``.nrtrace``) or a kept hot set
+    whose rows fill the DRAM tiers' row caches at open, before the store serves;
+    ``hot_set_dir``: where the store keeps its hot set (``NAME.hotset``), written when it
+    closes and read at the next open. See :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")
@@ -117,6 +121,8 @@ class StoreConfig:
     write_wait_ms: int = _default("write_wait_ms")
     follow_ms: int | None = _default("follow_ms")
     keep_last: int | None = _default("keep_last")
+    warm: str | Path | None = _default("warm")
+    hot_set_dir: str | Path | None = _default("hot_set_dir")
 
     def __post_init__(self) -> None:
         self.native()  # checked now: a bad value fails where it is given

@@ -405,6 +405,38 @@ impl RowCache {
                 (slot, Some(keys[slot].load(Ordering::Relaxed) - 1))
             }
         };
+        self.admit(shard, slot, row, bytes);
+        if evicted.is_some() {
+            CacheStats::add(&self.stats.evictions, 1);
+        }
+        Offer::Admitted { evicted }
+    }
+
+    /// Puts a row into a free way of its set, evicting nothing: a warm-up's rows, offered most
+    /// wanted first, so that a less wanted row never displaces a more wanted one. False when
+    /// its set is full or the row is cached already.
+    pub fn fill(&self, row: u64, bytes: &[u8]) -> bool {
+        assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
+        let Some((shard, base)) = self.locate(row) else {
+            return false;
+        };
+        let _writer = self.writer(&self.shards[shard]);
+        if self.way_of(base, row).is_some() {
+            return false;
+        }
+        let keys = self.keys();
+        let free = (0..self.ways).find(|&w| keys[base + w].load(Ordering::Relaxed) == EMPTY);
+        let Some(way) = free else {
+            return false;
+        };
+        self.admit(shard, base + way, row, bytes);
+        true
+    }
+
+    /// Writes `row` into `slot` of shard `shard` (whose writer the caller holds), marked as
+    /// just used.
+    fn admit(&self, shard: usize, slot: usize, row: u64, bytes: &[u8]) {
+        let s = &self.shards[shard];
         let now = s.clock.load(Ordering::Relaxed) + 1;
         s.clock.store(now, Ordering::Relaxed);
         let mark = if self.config.policy.frequency() {
@@ -412,13 +444,9 @@ impl RowCache {
         } else {
             now
         };
-        meta[2 * slot].store(mark, Ordering::Relaxed);
+        self.meta()[2 * slot].store(mark, Ordering::Relaxed);
         self.write(slot, row + 1, bytes);
         CacheStats::add(&self.stats.admissions, 1);
-        if evicted.is_some() {
-            CacheStats::add(&self.stats.evictions, 1);
-        }
-        Offer::Admitted { evicted }
     }
 }
 

@@ -23,7 +23,7 @@
 //!   row-wise with scale and bias);
 //! - `writer.rs` (`StoreWriter`), `reader.rs` (`StoreReader`, `verify`), `chunks.rs` (the chunk
 //!   size both stream tables in, and the progress callback), `init.rs` (seeded random rows);
-//! - `sync.rs`: atomic replacement — a build's directory, `Manifest::publish`;
+//! - `sync.rs`: atomic replacement — a build's directory, `Manifest::publish`, `replace_file`;
 //! - `order.rs` + `reorder.rs`: row orders of co-located tables, and `copy_ordered`, the
 //!   co-located copy of a store;
 //! - `attach.rs`: attachments added or replaced in an existing store, atomically;
@@ -95,4 +95,5 @@ pub use reorder::copy_ordered;
 pub use repo::{CURRENT_FILE, Pointer, Publish, Repository};
 pub use rewrite::{rewrite_table, write_table};
 pub use sums::{SECTOR_BYTES, SectorSums, SumsMeta};
+pub use sync::replace_file;
 pub use writer::{StoreOptions, StoreWriter, TableSpec, TableWriter};

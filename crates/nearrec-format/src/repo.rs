@@ -15,7 +15,6 @@
 //! aside first, so that a half-removed version is never listed.
 
 use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{FormatError, Result};
@@ -205,20 +204,9 @@ impl Repository {
     /// temporary name, renamed over `CURRENT`, the directory synced. The caller holds
     /// [`Repository::lock`].
     pub fn set_pointer(&self, pointer: &Pointer) -> Result<()> {
-        let path = self.dir.join(CURRENT_FILE);
-        let tmp = self
-            .dir
-            .join(format!(".{CURRENT_FILE}.tmp-{}", std::process::id()));
         let mut body = serde_json::to_vec(pointer).expect("a pointer serializes");
         body.push(b'\n');
-        let written = File::create(&tmp)
-            .and_then(|mut f| f.write_all(&body).and_then(|()| f.sync_all()))
-            .and_then(|()| fs::rename(&tmp, &path));
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(FormatError::io(path, e));
-        }
-        fsync_dir(&self.dir)
+        crate::sync::replace_file(&self.dir.join(CURRENT_FILE), &body)
     }
 
     /// Adds the closed store at `store` as the next version (one above every version there is

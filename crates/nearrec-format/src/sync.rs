@@ -1,4 +1,5 @@
-//! Durable, atomic replacement: of a store directory (a build's commit), of its manifest.
+//! Durable, atomic replacement: of a store directory (a build's commit), of its manifest, of any
+//! small file ([`replace_file`]: a repository's pointer, a store's kept hot set).
 
 use std::ffi::CString;
 use std::fs::{self, File};
@@ -8,6 +9,23 @@ use std::path::Path;
 
 use crate::error::{FormatError, Result};
 use crate::manifest::{MANIFEST_FILE, MANIFEST_MAGIC, Manifest};
+
+/// Makes `bytes` the contents of `path`, atomically and durably: written and synced under a
+/// temporary name beside it, renamed over it, its directory synced. A reader sees the old file
+/// or the new one; a crash leaves one of them (and perhaps the temporary, `.NAME.tmp-PID`).
+pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let written = File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(FormatError::io(path, e));
+    }
+    fsync_dir(dir)
+}
 
 /// fsyncs a directory so that renames and creations inside it are durable.
 pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {

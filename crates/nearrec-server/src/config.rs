@@ -410,6 +410,20 @@ pub const FLAGS: &[Flag] = &[
         "open the stores for writing (Write, Remove, CreateTable, DropTable)",
     ),
     flag(
+        "warm",
+        "store.warm",
+        FlagKind::Text,
+        "FILE",
+        "fill the DRAM tiers before serving from a recorded trace (.nrtrace: the most requested rows first) or a kept hot set",
+    ),
+    flag(
+        "hot-set-dir",
+        "store.hot_set_dir",
+        FlagKind::Text,
+        "DIR",
+        "keep each store's hot set here (NAME.hotset): written at the end of a drain, read at the next start to warm the DRAM tiers before the node is ready",
+    ),
+    flag(
         "acl",
         "acl",
         FlagKind::Text,

@@ -252,9 +252,17 @@ pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Resul
         // supervisor may stop a node as soon as it is ready, and the default action kills)
         let stop = stop_signal()?;
         ready(&listeners, &stores);
+        let served = stores.clone();
         serve(stores, config, listeners, stop)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        // drained: each store lets go of its writer and keeps its hot set (`hot_set_dir`)
+        for (name, store) in served.iter() {
+            if let Err(e) = store.close() {
+                tracing::error!(store = name, "closing the store failed: {e}");
+            }
+        }
+        Ok(())
     })
 }
 

@@ -42,6 +42,12 @@ pub struct Call {
     pub call: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreTable {
+    pub store: String,
+    pub table: String,
+}
+
 fn histogram() -> Histogram {
     // 1 µs to ~67 s: a DRAM lookup's stages take microseconds
     Histogram::new(exponential_buckets(1e-6, 2.0, 27))
@@ -56,6 +62,9 @@ pub struct Metrics {
     pub sent: Family<Call, Counter>,
     /// Requests per engine batch of the coalescing path (`crate::coalesce`).
     pub batch_requests: Histogram,
+    /// Per store and table, the lookups (and inferences) answered that named it, and their ids.
+    pub table_lookups: Family<StoreTable, Counter>,
+    pub table_rows: Family<StoreTable, Counter>,
 }
 
 impl Default for Metrics {
@@ -66,11 +75,23 @@ impl Default for Metrics {
             received: Family::default(),
             sent: Family::default(),
             batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            table_lookups: Family::default(),
+            table_rows: Family::default(),
         }
     }
 }
 
 impl Metrics {
+    /// A lookup or an inference answered, naming `table` of `store` with `rows` ids.
+    pub fn table(&self, store: &str, table: &str, rows: u64) {
+        let labels = StoreTable {
+            store: store.to_owned(),
+            table: table.to_owned(),
+        };
+        self.table_lookups.get_or_create(&labels).inc();
+        self.table_rows.get_or_create(&labels).inc_by(rows);
+    }
+
     /// A finished call: its status and total seconds, its bytes.
     pub fn call(
         &self,

@@ -40,6 +40,16 @@ pub fn registry(shared: Arc<Shared>) -> Registry {
     );
     r.register("sent_bytes", "Answer message bytes by method", m.sent);
     r.register(
+        "table_lookups",
+        "Lookup and Infer calls answered, per table they named",
+        m.table_lookups,
+    );
+    r.register(
+        "table_rows",
+        "Ids those calls looked up, per table",
+        m.table_rows,
+    );
+    r.register(
         "batch_requests",
         "Requests per engine batch of coalesced small lookups",
         m.batch_requests,

@@ -48,29 +48,28 @@ struct Seen {
     bytes: usize,
     deadline: Option<Instant>,
     store: String,
-    tables: Vec<String>,
-    rows: u64,
+    /// Each table the request names and its rows (ids looked up or written).
+    tables: Vec<(String, u64)>,
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl Seen {
     fn of<M: prost::Message + Summary>(request: &Request<M>) -> Self {
-        let (store, tables, rows) = request.get_ref().summary();
+        let (store, tables) = request.get_ref().summary();
         Self {
             bytes: request.get_ref().encoded_len(),
             deadline: deadline(request.metadata(), Instant::now()),
             store: store.to_owned(),
             tables,
-            rows,
             auth: request.metadata().get("authorization").cloned(),
         }
     }
 }
 
-/// What an access line says of a request: its store, tables and rows (ids looked up or
-/// written).
+/// What an access line and the per-table metrics say of a request: its store, and each table
+/// it names with its rows (ids looked up or written).
 trait Summary {
-    fn summary(&self) -> (&str, Vec<String>, u64);
+    fn summary(&self) -> (&str, Vec<(String, u64)>);
 }
 
 /// Ids in an int64 array.
@@ -89,56 +88,47 @@ fn lookup_ids(t: &pb::TableLookup) -> u64 {
 }
 
 impl Summary for pb::LookupRequest {
-    fn summary(&self) -> (&str, Vec<String>, u64) {
-        let tables = self.tables.iter().map(|t| t.table.clone()).collect();
-        let rows = self.tables.iter().map(lookup_ids).sum();
-        (&self.store, tables, rows)
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        let tables = self.tables.iter().map(|t| (t.table.clone(), lookup_ids(t)));
+        (&self.store, tables.collect())
     }
 }
 
 impl Summary for pb::InferRequest {
-    fn summary(&self) -> (&str, Vec<String>, u64) {
-        let tables = self.tables.iter().map(|t| t.table.clone()).collect();
-        let rows = self.tables.iter().map(lookup_ids).sum();
-        (&self.store, tables, rows)
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        let tables = self.tables.iter().map(|t| (t.table.clone(), lookup_ids(t)));
+        (&self.store, tables.collect())
     }
 }
 
 impl Summary for pb::WriteRequest {
-    fn summary(&self) -> (&str, Vec<String>, u64) {
-        let tables = self.writes.iter().map(|t| t.table.clone()).collect();
-        let rows = self.writes.iter().map(|t| ids(&t.ids)).sum();
-        (&self.store, tables, rows)
-    }
-}
-
-impl Summary for pb::UpdateModelRequest {
-    fn summary(&self) -> (&str, Vec<String>, u64) {
-        (&self.store, Vec::new(), self.weights.len() as u64)
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        let tables = self.writes.iter().map(|t| (t.table.clone(), ids(&t.ids)));
+        (&self.store, tables.collect())
     }
 }
 
 impl Summary for pb::RemoveRequest {
-    fn summary(&self) -> (&str, Vec<String>, u64) {
-        (&self.store, vec![self.table.clone()], ids(&self.ids))
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        (&self.store, vec![(self.table.clone(), ids(&self.ids))])
     }
 }
 
 impl Summary for pb::RowDigestsRequest {
-    fn summary(&self) -> (&str, Vec<String>, u64) {
-        (&self.store, vec![self.table.clone()], self.count)
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        (&self.store, vec![(self.table.clone(), self.count)])
     }
 }
 
 impl Summary for pb::CreateTableRequest {
-    fn summary(&self) -> (&str, Vec<String>, u64) {
-        (&self.store, vec![self.name.clone()], self.rows)
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        (&self.store, vec![(self.name.clone(), self.rows)])
     }
 }
 
 impl Summary for pb::DropTableRequest {
-    fn summary(&self) -> (&str, Vec<String>, u64) {
-        (&self.store, vec![self.name.clone()], 0)
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        (&self.store, vec![(self.name.clone(), 0)])
     }
 }
 
@@ -146,14 +136,15 @@ impl Summary for pb::DropTableRequest {
 macro_rules! store_only {
     ($($t:ty),*) => {$(
         impl Summary for $t {
-            fn summary(&self) -> (&str, Vec<String>, u64) {
-                (&self.store, Vec::new(), 0)
+            fn summary(&self) -> (&str, Vec<(String, u64)>) {
+                (&self.store, Vec::new())
             }
         }
     )*};
 }
 
 store_only!(
+    pb::UpdateModelRequest,
     pb::SwapRequest,
     pb::InfoRequest,
     pb::StatsRequest,
@@ -270,7 +261,11 @@ impl NodeService {
             Ok((name, _)) => name.to_owned(),
             Err(_) => seen.store.clone(),
         };
-        let (tables, rows) = (seen.tables.join(","), seen.rows);
+        let names: Vec<&str> = seen.tables.iter().map(|(t, _)| t.as_str()).collect();
+        let (tables, rows) = (
+            names.join(","),
+            seen.tables.iter().map(|(_, n)| n).sum::<u64>(),
+        );
         let status = format!("{code:?}");
         let ms = seconds * 1e3;
         if slow {
@@ -327,6 +322,15 @@ impl NodeService {
         self.0
             .metrics
             .call(call, code, seconds, received.bytes, bytes);
+        if code == tonic::Code::Ok && matches!(call, "Lookup" | "Infer") {
+            let store = match received.store.as_str() {
+                "" => self.0.stores.names().next().unwrap_or_default(),
+                named => named,
+            };
+            for (table, rows) in &received.tables {
+                self.0.metrics.table(store, table, *rows);
+            }
+        }
         self.log_call(call, code, seconds, &received);
         if let Ok(r) = &mut answer
             && call != "LookupStream"

@@ -294,12 +294,8 @@ impl StoreApi for Store {
 
     fn info(&self) -> Result<Info> {
         let path = self.path();
-        let repo = self.repository();
-        let named = repo.map_or(path.as_path(), |r| r.path());
         Ok(Info {
-            name: named
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            name: self.name(),
             tables: self.tables().iter().map(TableInfo::from).collect(),
             version: Store::version(self),
             tier: self.tier().name().to_owned(),
@@ -308,7 +304,7 @@ impl StoreApi for Store {
             stores: Vec::new(),
             path: path.to_string_lossy().into_owned(),
             served_version: self.served_version(),
-            versions: match repo {
+            versions: match self.repository() {
                 Some(r) => r.versions()?,
                 None => Vec::new(),
             },

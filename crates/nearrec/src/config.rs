@@ -108,6 +108,17 @@ pub struct StoreConfig {
     /// (1–1000; `None`: keep every version).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_last: Option<u32>,
+    /// Fill the DRAM tiers' row caches at open, before the store serves, from this file: a
+    /// recorded trace (`.nrtrace`: each table's most requested rows first) or a hot set a
+    /// previous run kept (`hot_set_dir`). Takes the place of the hot set kept in `hot_set_dir`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm: Option<PathBuf>,
+    /// Keep the store's hot set here, as `NAME.hotset` (NAME: the store's, or its repository's,
+    /// directory name): the rows its DRAM tiers hold, written when the store closes (a node's
+    /// drain) and read at the next open to fill them again, so a restart serves at its hit
+    /// rate from the first request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hot_set_dir: Option<PathBuf>,
 }
 
 /// When a write call returns (see [`StoreConfig::durability`]).
@@ -149,6 +160,8 @@ impl Default for StoreConfig {
             write_wait_ms: 10_000,
             follow_ms: None,
             keep_last: None,
+            warm: None,
+            hot_set_dir: None,
         }
     }
 }
@@ -396,6 +409,12 @@ impl StoreConfig {
         self
     }
 
+    /// With [`StoreConfig::warm`]: the DRAM tiers filled from `file` at open.
+    pub fn with_warm(mut self, file: impl Into<PathBuf>) -> Self {
+        self.warm = Some(file.into());
+        self
+    }
+
     pub fn with_device(mut self, device: DeviceSource) -> Self {
         self.device = Some(device);
         self
@@ -511,6 +530,8 @@ mod tests {
                 write_wait_ms: 0,
                 follow_ms: Some(250),
                 keep_last: Some(3),
+                warm: Some("requests.nrtrace".into()),
+                hot_set_dir: Some("/var/lib/nearrec".into()),
             },
             StoreConfig::default()
                 .with_plan(PlanSource::File("a.plan.toml".into()))

@@ -61,6 +61,8 @@
 //! - `swap.rs`: what a swap checks first — the new store answers what the served one answers,
 //!   else refused naming the difference, unless forced; `pace.rs`: the byte rate background work
 //!   keeps beside lookups;
+//! - `warm.rs`: start-up warm-up — the DRAM tiers filled at open from a recorded trace or the
+//!   hot set a previous run kept (`StoreConfig::warm`, `hot_set_dir`), the hot set kept at close;
 //! - `error.rs`: `Error`, every layer's error wrapped, and `ErrorKind`, the one table from an
 //!   error to the name every surface gives it (Python's class, the node's gRPC status).
 //!
@@ -83,6 +85,7 @@ mod raw;
 mod store;
 mod swap;
 pub mod versions;
+mod warm;
 
 pub use api::{
     Info, MAX_DIGEST_ROWS, NewTable, PendingLookup, StoreApi, Submitted, Synced, TableInfo,

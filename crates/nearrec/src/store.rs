@@ -216,6 +216,7 @@ impl Store {
         config.validate()?;
         let Located { reader, repo } = located;
         let (engine, flash) = open_engine(&reader, config, progress)?;
+        warm_up(&engine, &store_name(reader.path(), repo.as_ref()), config)?;
         let served = Served::open(&reader, engine, config)?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -231,6 +232,11 @@ impl Store {
     /// The store directory served now.
     pub fn path(&self) -> PathBuf {
         self.served().path.clone()
+    }
+
+    /// The name it is served as: its repository's directory name, or its own.
+    pub fn name(&self) -> String {
+        store_name(&self.path(), self.repository())
     }
 
     /// The repository of versions the store is served from, if it was opened from one.
@@ -637,7 +643,13 @@ impl Store {
     /// this process or another — may take it at once. Later writes are refused; lookups go
     /// on.
     pub fn close(&self) -> Result<()> {
-        self.current().live.close()
+        let closed = self.current().live.close();
+        if let Some(dir) = &self.inner.config.hot_set_dir {
+            let name = self.name();
+            let path = crate::warm::hot_set_path(dir, &name);
+            crate::warm::save(&path, &name, &self.engine())?;
+        }
+        closed
     }
 
     pub(crate) fn pooled(&self, batch: &Batch<'_>, bags: usize, values: Vec<f32>) -> Pooled {
@@ -845,6 +857,44 @@ fn open_engine(
         }
     };
     Ok((engine, flash))
+}
+
+/// The name of the store at `path`: its repository's directory name, or its own.
+fn store_name(path: &Path, repo: Option<&Repository>) -> String {
+    let named = repo.map_or(path, |r| r.path());
+    named
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
+/// Fills `engine`'s DRAM tiers before the store named `name` serves: from `config.warm`, or
+/// else from the hot set kept in `config.hot_set_dir` when there is one. A `warm` file that
+/// cannot be read fails the open; a kept hot set that cannot is only a warning (the store then
+/// starts cold).
+fn warm_up(engine: &Engine, name: &str, config: &StoreConfig) -> Result<()> {
+    if let Some(from) = &config.warm {
+        let rows = crate::warm::read(from)?;
+        crate::warm::warm(name, engine, &rows, from)?;
+        return Ok(());
+    }
+    let Some(dir) = &config.hot_set_dir else {
+        return Ok(());
+    };
+    let kept = crate::warm::hot_set_path(dir, name);
+    if !kept.exists() {
+        tracing::info!(store = name, path = %kept.display(), "no hot set kept yet: starting cold");
+        return Ok(());
+    }
+    match crate::warm::read(&kept) {
+        Ok(rows) => crate::warm::warm(name, engine, &rows, &kept).map(drop),
+        Err(e) => {
+            tracing::warn!(
+                store = name,
+                "the kept hot set is not read, starting cold: {e}"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// A lock whose holder's panic left plain data behind (no invariant to break).

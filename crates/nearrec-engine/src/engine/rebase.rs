@@ -1,6 +1,7 @@
 //! A live store's engine changing under it: [`Engine::derive`] (tables created or dropped, the
 //! rest's tiers shared), [`Engine::warm_from`] (a swapped-in version's row caches filled from the
-//! old one's) and [`Engine::rebase`] (a compaction's new base).
+//! old one's; [`Engine::warm`] from any list of rows, a restart's hot set or a recorded trace)
+//! and [`Engine::rebase`] (a compaction's new base).
 
 use std::sync::Arc;
 
@@ -81,41 +82,74 @@ impl Engine {
     /// Fills this engine's row caches with the rows `old`'s DRAM tiers hold — its hot rows and
     /// cached rows — of each table both have with the same shape, read from this engine's
     /// files, up to each cache's size: a new version of a store (a swap) then starts with the
-    /// old one's working set. Rows this engine pins already are skipped. Returns the rows
-    /// loaded. Does nothing for tables kept whole.
+    /// old one's working set. Returns the rows loaded. Does nothing for tables kept whole.
     pub fn warm_from(&self, old: &Engine) -> Result<u64> {
+        let mut loaded = 0u64;
+        for (name, rows) in old.held_rows() {
+            let Ok(id) = self.table_id(&name) else {
+                continue;
+            };
+            let (was, meta) = (&old.tables[old.table_id(&name)?], &self.tables[id]);
+            if (was.rows, was.dim, was.dtype) == (meta.rows, meta.dim, meta.dtype) {
+                loaded += self.warm(id, &rows)?;
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Per table with DRAM tiers in front of the SSD tier, the rows they hold now: its hot
+    /// rows, then its cached ones (a store's hot set, which warms another engine).
+    pub fn held_rows(&self) -> Vec<(String, Vec<u64>)> {
+        let Some(ssd) = &self.ssd else {
+            return Vec::new();
+        };
+        let tiers = ssd.dram_tiers().iter().zip(&self.tables);
+        tiers
+            .filter(|(t, _)| t.hot.is_some() || t.cache.is_some())
+            .map(|(t, meta)| {
+                let mut rows: Vec<u64> = t.hot.as_ref().map(|h| h.row_ids()).unwrap_or_default();
+                rows.extend(t.cache.as_ref().map(|c| c.rows()).unwrap_or_default());
+                (meta.name.clone(), rows)
+            })
+            .collect()
+    }
+
+    /// Loads rows `rows` of table `id` — most wanted first — into its row cache, read from
+    /// the table's file: each into a free way of its set (a row whose set is full of more
+    /// wanted ones stays out), skipping rows its hot partition pins, rows beyond the table and
+    /// rows cached already. Returns the rows loaded (0 without a row cache).
+    pub fn warm(&self, id: usize, rows: &[u64]) -> Result<u64> {
         let _inside = fork_gate();
-        let (Some(ssd), Some(old_ssd)) = (&self.ssd, &old.ssd) else {
+        let Some(ssd) = &self.ssd else {
             return Ok(0);
         };
-        let files = ssd.files();
+        let (meta, tiers) = (&self.tables[id], &ssd.dram_tiers()[id]);
+        let Some(cache) = &tiers.cache else {
+            return Ok(0);
+        };
+        let mut seen = std::collections::HashSet::new();
+        let wanted: Vec<u64> = rows
+            .iter()
+            .copied()
+            .filter(|&r| r < meta.rows && seen.insert(r))
+            .filter(|&r| tiers.hot.as_ref().is_none_or(|h| h.get(r).is_none()))
+            .take(cache.capacity_rows() as usize)
+            .collect();
+        let rb = meta.row_bytes as usize;
+        let mut buf = vec![0u8; rb];
         let mut loaded = 0u64;
-        for (id, meta) in self.tables.iter().enumerate() {
-            let tiers = &ssd.dram_tiers()[id];
-            let Some(cache) = &tiers.cache else {
-                continue;
-            };
-            let Ok(o) = old.table_id(&meta.name) else {
-                continue;
-            };
-            let was = &old.tables[o];
-            if (was.rows, was.dim, was.dtype) != (meta.rows, meta.dim, meta.dtype) {
-                continue;
+        for chunk in wanted.chunks(4096) {
+            let mut sorted = chunk.to_vec();
+            sorted.sort_unstable();
+            buf.resize(sorted.len() * rb, 0);
+            ssd.files().read_raw(id, meta, &sorted, &mut buf)?;
+            let at: std::collections::HashMap<u64, usize> =
+                sorted.iter().enumerate().map(|(i, &r)| (r, i)).collect();
+            // most wanted first, each into a free way: none displaces a more wanted one
+            for &r in chunk {
+                let i = at[&r];
+                loaded += u64::from(cache.fill(r, &buf[i * rb..(i + 1) * rb]));
             }
-            let before = &old_ssd.dram_tiers()[o];
-            let mut rows: Vec<u64> = before.hot.as_ref().map(|h| h.row_ids()).unwrap_or_default();
-            rows.extend(before.cache.as_ref().map(|c| c.rows()).unwrap_or_default());
-            rows.retain(|&r| tiers.hot.as_ref().is_none_or(|h| h.get(r).is_none()));
-            rows.sort_unstable();
-            rows.dedup();
-            rows.truncate(cache.capacity_rows() as usize);
-            let rb = meta.row_bytes as usize;
-            let mut buf = vec![0u8; rows.len() * rb];
-            files.read_raw(id, meta, &rows, &mut buf)?;
-            for (&r, bytes) in rows.iter().zip(buf.chunks_exact(rb)) {
-                cache.offer(r, bytes);
-            }
-            loaded += rows.len() as u64;
         }
         Ok(loaded)
     }

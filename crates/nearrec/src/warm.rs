@@ -1,0 +1,143 @@
+//! Start-up warm-up: a store's DRAM tiers filled at open, before it serves, from a recorded trace
+//! or from the hot set a previous run kept (`StoreConfig::warm`, `StoreConfig::hot_set_dir`), so
+//! that a restarted node answers at its hit rate from its first request rather than after
+//! minutes of misses (TorchEasyRec's warm-up from recorded requests; Triton's model warm-up).
+//!
+//! A hot set is a small JSON file, `NAME.hotset`: per table, the rows its DRAM tiers held when
+//! the store closed (hot rows first, then cached ones), replaced atomically. A trace is nearrec's
+//! `.nrtrace`; each table's rows are taken most requested first. Either way a table the store
+//! does not have is skipped with a warning, rows beyond a table are dropped, and each row cache
+//! takes as many rows as it holds; the rows are read from the table files as the SSD tier reads.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use nearrec_engine::Engine;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// What a hot-set file says it is.
+const FORMAT: &str = "nearrec-hot-set";
+
+/// A hot set as kept on disk.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HotSet {
+    format: String,
+    version: u32,
+    /// The store it was taken from (for a reader of the file; not checked).
+    store: String,
+    tables: Vec<HotTable>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HotTable {
+    name: String,
+    /// Most wanted first.
+    rows: Vec<u64>,
+}
+
+/// Where a store named `name` keeps its hot set in `dir`.
+pub(crate) fn hot_set_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.hotset"))
+}
+
+/// Per table, the rows the warm-up file at `path` names, most wanted first: a trace's most
+/// requested rows (an `.nrtrace`, told by its magic), or a kept hot set.
+pub(crate) fn read(path: &Path) -> Result<Vec<(String, Vec<u64>)>> {
+    let bytes = nearrec_format::files::read_regular(path, 0).map_err(|e| {
+        Error::invalid(format!(
+            "the warm-up file {} cannot be read: {e}",
+            path.display()
+        ))
+    })?;
+    if bytes.starts_with(nearrec_plan::file::MAGIC) {
+        return from_trace(path);
+    }
+    let bad = |why: String| Error::invalid(format!("{} is not a hot set: {why}", path.display()));
+    let set: HotSet = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+    if set.format != FORMAT || set.version != 1 {
+        return Err(bad(format!(
+            "format {:?} version {}",
+            set.format, set.version
+        )));
+    }
+    Ok(set.tables.into_iter().map(|t| (t.name, t.rows)).collect())
+}
+
+/// Each table of the trace at `path`, its rows most requested first (ties: lower row first).
+fn from_trace(path: &Path) -> Result<Vec<(String, Vec<u64>)>> {
+    let trace = nearrec_plan::file::TraceFile::open(path)?;
+    Ok((0..trace.header().tables.len())
+        .map(|i| {
+            let t = trace.table(i);
+            let mut counts: HashMap<u64, u64> = HashMap::new();
+            for &r in t.indices.iter().filter(|&&r| r >= 0) {
+                *counts.entry(r as u64).or_default() += 1;
+            }
+            let mut rows: Vec<(u64, u64)> = counts.into_iter().collect();
+            rows.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            let rows = rows.into_iter().map(|(r, _)| r).collect();
+            (t.entry.name.clone(), rows)
+        })
+        .collect())
+}
+
+/// Fills `engine`'s row caches with `tables`' rows (from `from`), logging each table as it
+/// is done; returns the rows loaded.
+pub(crate) fn warm(
+    store: &str,
+    engine: &Engine,
+    tables: &[(String, Vec<u64>)],
+    from: &Path,
+) -> Result<u64> {
+    let started = Instant::now();
+    let from = from.display().to_string();
+    tracing::info!(store, %from, tables = tables.len(), "warming the DRAM tiers");
+    let mut loaded = 0u64;
+    for (done, (name, rows)) in tables.iter().enumerate() {
+        let Ok(id) = engine.table_id(name) else {
+            tracing::warn!(store, table = %name, %from, "warm-up: the store has no such table");
+            continue;
+        };
+        let n = engine.warm(id, rows)?;
+        loaded += n;
+        tracing::info!(
+            store,
+            table = %name,
+            rows = n,
+            done = done + 1,
+            of = tables.len(),
+            "warm-up: table loaded"
+        );
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(store, rows = loaded, seconds, "warm-up done");
+    Ok(loaded)
+}
+
+/// Keeps `engine`'s hot set at `path`, atomically; returns its rows (nothing is written for
+/// an engine with no DRAM tiers in front of its tables).
+pub(crate) fn save(path: &Path, store: &str, engine: &Engine) -> Result<u64> {
+    let held = engine.held_rows();
+    if held.is_empty() {
+        return Ok(0);
+    }
+    let rows = held.iter().map(|(_, r)| r.len() as u64).sum();
+    let set = HotSet {
+        format: FORMAT.into(),
+        version: 1,
+        store: store.into(),
+        tables: held
+            .into_iter()
+            .map(|(name, rows)| HotTable { name, rows })
+            .collect(),
+    };
+    let json = serde_json::to_vec(&set).expect("a hot set serializes");
+    nearrec_format::replace_file(path, &json)?;
+    tracing::info!(store, path = %path.display(), rows, "hot set kept");
+    Ok(rows)
+}
