@@ -66,7 +66,9 @@ def test_the_systemd_unit_verifies_and_outlasts_the_drain(tmp_path):
     assert analyze, "systemd-analyze is a test dependency (make system-deps installs it)"
     unit = (DEPLOY / "nearrec.service").read_text()
     keys = dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
-    assert keys["Type"] == "simple" and keys["KillSignal"] == "SIGTERM"
+    assert keys["Type"] == "notify" and keys["KillSignal"] == "SIGTERM"
+    assert keys["StateDirectory"] == "nearrec" and \
+        node_toml()["store"]["hot_set_dir"] == "/var/lib/nearrec"
     assert keys["ExecStart"].split()[1:] == ["serve", "--config", "/etc/nearrec/node.toml"]
     assert keys["User"] not in ("root", "0")
     assert float(keys["TimeoutStopSec"]) > node_toml()["drain_timeout"]
@@ -80,7 +82,7 @@ def test_the_systemd_unit_verifies_and_outlasts_the_drain(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
     # and a misspelt key is caught by the same check
-    (tmp_path / "bad.service").write_text(local.replace("Type=simple", "Typ=simple"))
+    (tmp_path / "bad.service").write_text(local.replace("Type=notify", "Typ=notify"))
     bad = subprocess.run([analyze, "verify", str(tmp_path / "bad.service")],
                          capture_output=True, text=True, timeout=60)
     assert "Unknown key 'Typ'" in bad.stderr
@@ -107,7 +109,7 @@ def test_the_dockerfile_builds_in_one_stage_and_runs_the_wheel_as_a_user_in_anot
     runs = " && ".join(a for w, a in final if w == "RUN")
     assert "--from=build /wheels" in kinds["COPY"] and "cargo" not in runs
     assert kinds["USER"] not in ("root", "0") and "useradd --system --uid 10001 " in runs
-    assert json.loads(kinds["VOLUME"]) == ["/stores"]
+    assert json.loads(kinds["VOLUME"]) == ["/stores", node_toml()["store"]["hot_set_dir"]]
     assert json.loads(kinds["ENTRYPOINT"]) == ["nearrec", "serve"]
     assert json.loads(kinds["CMD"]) == ["--config", "/etc/nearrec/node.toml"]
     # it exposes the ports the config listens on, and its health check asks /readyz there
@@ -197,3 +199,26 @@ def test_a_restarted_node_is_ready_only_once_warmed_from_its_kept_hot_set(tmp_pa
     done = next(e["fields"] for e in events if e["fields"].get("message") == "warm-up done")
     assert done["rows"] == len(ids)
     assert "hot set kept" in said
+
+
+def test_the_node_tells_systemd_it_is_ready_and_that_it_drains(tmp_path, monkeypatch):
+    """Type=notify: READY=1 on $NOTIFY_SOCKET once the node serves (its stores loaded and
+    warmed), STOPPING=1 when SIGTERM starts the drain, read from a socket as systemd's."""
+    import socket
+    store = tmp_path / "rmc1"
+    nearrec.from_numpy(store, {"t": np.zeros((4, 4), np.float32)})
+    path = str(tmp_path / "notify")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(60)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    node = Node(str(store))
+    try:
+        ready = sock.recv(4096).decode()
+        assert "READY=1" in ready and "STATUS=serving 1 store(s)" in ready, ready
+        # it already answers
+        assert nearrec.connect(node.address).name == "rmc1"
+    finally:
+        assert node.stop() == 0
+    assert "STOPPING=1" in sock.recv(4096).decode()
+    sock.close()

@@ -60,6 +60,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use nearrec_wire::v1 as pb;
+use sd_notify::NotifyState::{Ready, Status, Stopping};
 use tokio::net::TcpListener;
 
 pub use acl::Acl;
@@ -109,7 +110,17 @@ pub async fn serve(
     shared
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
-    tracing::info!(listen = %listeners.grpc.local_addr()?, "ready");
+    let listen = listeners.grpc.local_addr()?;
+    tracing::info!(%listen, "ready");
+    // under systemd (Type=notify, NOTIFY_SOCKET set) the unit is started from here; elsewhere
+    // this does nothing
+    let status = format!(
+        "serving {} store(s) on {listen}",
+        shared.stores.names().count()
+    );
+    if let Err(e) = sd_notify::notify(false, &[Ready, Status(&status)]) {
+        tracing::warn!("cannot tell the service manager the node is ready: {e}");
+    }
     let readiness = shared.ready.clone();
     // reflection, as v1 and as the v1alpha that older stock clients (grpcio's, grpcurl's first
     // try) ask for
@@ -131,6 +142,7 @@ pub async fn serve(
     let stop = async move {
         shutdown.await;
         tracing::info!("draining: no new connections; finishing the requests in flight");
+        let _ = sd_notify::notify(false, &[Stopping, Status("draining")]);
         readiness.store(false, std::sync::atomic::Ordering::Release);
         reporter
             .set_not_serving::<pb::node_server::NodeServer<NodeService>>()
