@@ -62,7 +62,7 @@ pub struct Metrics {
     pub sent: Family<Call, Counter>,
     /// Requests per engine batch of the coalescing path (`crate::coalesce`).
     pub batch_requests: Histogram,
-    /// Per store and table, the lookups (and inferences) answered that named it, and their ids.
+    /// Per store and table, the lookups answered that named it, and their ids.
     pub table_lookups: Family<StoreTable, Counter>,
     pub table_rows: Family<StoreTable, Counter>,
 }
@@ -82,7 +82,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A lookup or an inference answered, naming `table` of `store` with `rows` ids.
+    /// A lookup answered, naming `table` of `store` with `rows` ids.
     pub fn table(&self, store: &str, table: &str, rows: u64) {
         let labels = StoreTable {
             store: store.to_owned(),

@@ -41,7 +41,7 @@ pub fn registry(shared: Arc<Shared>) -> Registry {
     r.register("sent_bytes", "Answer message bytes by method", m.sent);
     r.register(
         "table_lookups",
-        "Lookup and Infer calls answered, per table they named",
+        "Lookup calls answered, per table they named",
         m.table_lookups,
     );
     r.register(

@@ -322,7 +322,8 @@ impl NodeService {
         self.0
             .metrics
             .call(call, code, seconds, received.bytes, bytes);
-        if code == tonic::Code::Ok && matches!(call, "Lookup" | "Infer") {
+        // an inference's lookups name the model's inputs (features), not always tables
+        if code == tonic::Code::Ok && call == "Lookup" {
             let store = match received.store.as_str() {
                 "" => self.0.stores.names().next().unwrap_or_default(),
                 named => named,
