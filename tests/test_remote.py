@@ -489,7 +489,13 @@ def test_tokens_and_grants_refuse_with_typed_errors(tmp_path, monkeypatch):
             ranker.lookup("b", np.array([1]), np.array([0]))
         with pytest.raises(nearrec.PermissionDenied):
             ranker.write("a", np.array([1]), np.zeros((1, 16), np.float32))
+        # the kept model's weights: write of the whole store
+        with pytest.raises(nearrec.PermissionDenied, match="whole store"):
+            ranker.update_model({"top.bias": np.zeros(1, np.float32)})
         trainer = nearrec.connect(node.address, token=w)
+        # a swap, by version or path: admin of the whole store, which the trainer lacks
+        with pytest.raises(nearrec.PermissionDenied, match="administer|admin"):
+            trainer.swap(version=1)
         trainer.write("b", np.array([1]), np.ones((1, 8), np.float32))
         # a token need not be in code: from a file, or from NEARREC_TOKEN
         (tmp_path / "token").write_text(w + "\n")
