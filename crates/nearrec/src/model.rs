@@ -300,25 +300,9 @@ pub(crate) fn updated(
         .flatten()
         .map(|t| table_dim(reader.tables(), t))
         .collect::<Result<Vec<_>>>()?;
-    let mut names: Vec<&String> = weights.0.keys().collect();
-    names.sort_unstable();
-    let arrays: Vec<(&str, Vec<usize>, &[f32])> = names
-        .iter()
-        .map(|n| {
-            let (shape, values) = &weights.0[*n];
-            let shape = shape.iter().map(|&d| d as usize).collect();
-            (n.as_str(), shape, values.as_slice())
-        })
-        .collect();
-    let tensors: Vec<Tensor<'_>> = arrays
-        .iter()
-        .map(|(name, shape, values)| Tensor {
-            name,
-            shape,
-            values,
-        })
-        .collect();
-    let npz = write_npz(&tensors).map_err(|e| Error::invalid(format!("model weights: {e}")))?;
+    let npz = weights
+        .to_npz()
+        .map_err(|e| Error::invalid(format!("model weights: {e}")))?;
     let model = StoredModel::assemble(config, &weights, &dims)?;
     Ok((npz, model))
 }
@@ -647,6 +631,17 @@ fn bad(reason: String) -> Error {
 struct Weights(HashMap<String, (Vec<u64>, Vec<f32>)>);
 
 impl Weights {
+    /// The weights as numpy's uncompressed `.npz`, arrays in name order.
+    fn to_npz(&self) -> std::result::Result<Vec<u8>, String> {
+        let mut arrays: Vec<(&str, &[u64], &[f32])> = (self.0.iter())
+            .map(|(name, (shape, values))| (name.as_str(), &shape[..], &values[..]))
+            .collect();
+        arrays.sort_unstable_by_key(|a| a.0);
+        let mut out = Cursor::new(Vec::new());
+        nearrec_format::npz::write_npz_f32(&mut out, &arrays).map_err(|e| e.to_string())?;
+        Ok(out.into_inner())
+    }
+
     fn read(bytes: &[u8]) -> std::result::Result<Self, String> {
         let arrays = nearrec_format::npz::read_npz_f32(bytes)?;
         Ok(Self(
