@@ -195,6 +195,22 @@ def test_calls_have_a_default_deadline_that_a_pickle_keeps(store_path):
         assert node.stop() == 0
 
 
+def _wait_stopped(pid: int, seconds: float = 10.0) -> None:
+    """Until every thread of process ``pid`` is stopped (``T`` in its ``stat``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, IndexError):
+                continue
+        if states and all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop: {states}")
+
+
 def test_a_call_to_a_stopped_node_fails_at_its_deadline(store_path):
     """A node that stops answering (SIGSTOP: the socket stays open, nothing reads it) fails
     each call at its deadline with DeadlineExceeded; the calls run on a thread joined with a
@@ -217,6 +233,9 @@ def test_a_call_to_a_stopped_node_fails_at_its_deadline(store_path):
 
         node.proc.send_signal(signal.SIGSTOP)
         try:
+            # a group stop completes thread by thread after kill() returns: the calls start
+            # once every thread of the node is stopped (state T), not while one still serves
+            _wait_stopped(node.proc.pid)
             t = threading.Thread(target=calls, daemon=True)
             t.start()
             t.join(30)
