@@ -166,7 +166,8 @@ class Store:
         store's writer lock (another open, here or in another process, may take it as soon as
         this returns; later writes raise :class:`~nearrec.errors.StoreReadOnly`), a node's
         connection (later calls raise :class:`~nearrec.errors.Unavailable`). An embedded
-        store's lookups go on until its last reference goes."""
+        store's lookups go on until its last reference goes; one opened with ``hot_set_dir``
+        keeps its hot set there, which its next open warms its DRAM tiers from."""
         self._native.close()
         self._writable = False
 

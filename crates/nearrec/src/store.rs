@@ -641,7 +641,8 @@ impl Store {
     /// Lets go of the writer now (a writable store): calls under way finish, the log is
     /// synced and the writer lock released before this returns, so that another open — in
     /// this process or another — may take it at once. Later writes are refused; lookups go
-    /// on.
+    /// on. With `hot_set_dir`, the store's hot set is kept there (`crate::warm`), for the next
+    /// open to warm from.
     pub fn close(&self) -> Result<()> {
         let closed = self.current().live.close();
         if let Some(dir) = &self.inner.config.hot_set_dir {
