@@ -195,6 +195,29 @@ def test_calls_have_a_default_deadline_that_a_pickle_keeps(store_path):
         assert node.stop() == 0
 
 
+def test_a_node_whose_logs_nobody_reads_goes_on_serving(store_path):
+    """Every call logged (an access line each) into a stderr pipe nobody reads: once the pipe
+    is full the node drops log lines rather than block the calls that write them (it hung in
+    `bench serve` when a saturation test filled the pipe with slow-request lines)."""
+    node = Node(str(store_path), "--access-log-every", "1")
+    try:
+        remote = nearrec.connect(node.address, timeout=10.0)
+        done: list[int] = []
+
+        def calls() -> None:
+            ids, offsets = np.array([1, 2]), np.array([0])
+            for i in range(3000):  # ~150 bytes a line: several times a pipe's 64 KiB
+                remote.lookup("a", ids, offsets)
+                done.append(i)
+
+        t = threading.Thread(target=calls, daemon=True)
+        t.start()
+        t.join(120)
+        assert not t.is_alive() and len(done) == 3000, f"stalled after {len(done)} calls"
+    finally:
+        assert node.stop() == 0
+
+
 def _wait_stopped(pid: int, seconds: float = 10.0) -> None:
     """Until every thread of process ``pid`` is stopped (``T`` in its ``stat``)."""
     deadline = time.monotonic() + seconds

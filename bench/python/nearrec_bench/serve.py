@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -116,17 +117,20 @@ def node(path: Path, name: str, *flags: str, netns: str | None = None,
     ``cpus``), with its metrics; drained with SIGTERM after."""
     inside = ["ip", "netns", "exec", netns] if netns else []
     insecure = [] if host == "127.0.0.1" else ["--insecure"]  # a namespace's private address
+    # its log goes to a file: a pipe nobody reads would fill under a saturation test
+    logs = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([*inside, sys.executable, "-m", "nearrec.cli", "serve",
                              f"{path}={name}", "--listen", f"{host}:0",
                              "--metrics-listen", f"{host}:0", *insecure, *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=logs, text=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on " not in line:
         proc.kill()
-        raise RuntimeError(f"nearrec serve did not start: {line!r} "
-                           f"{proc.stderr.read() if proc.stderr else ''}")
+        proc.wait()
+        logs.seek(0)
+        raise RuntimeError(f"nearrec serve did not start: {line!r} {logs.read()}")
     try:
         yield Served(line.split("listening on ")[1].split()[0],
                      line.split("metrics on http://")[1].split("/")[0])
@@ -136,6 +140,7 @@ def node(path: Path, name: str, *flags: str, netns: str | None = None,
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        logs.close()
 
 
 def stage_seconds(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:

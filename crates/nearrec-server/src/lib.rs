@@ -184,6 +184,9 @@ pub async fn serve(
     Ok(())
 }
 
+/// Log lines queued for stderr at most; past that, lines are dropped until it drains.
+const LOG_QUEUE_LINES: usize = 16_384;
+
 /// Runs the node `config` describes until SIGTERM or SIGINT, then drains: the `nearrec-server`
 /// binary and `nearrec serve`. `ready` gets the listeners once the node listens (port 0 picks
 /// a free port). Refuses an address other than loopback unless `config.insecure` (a node
@@ -207,7 +210,14 @@ pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Resul
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| "nearrec=info,nearrec_server=info".into())
     };
-    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    // written by a thread of their own from a bounded queue: a stderr nobody reads (a full
+    // pipe) drops lines instead of blocking the request that logs one; `_flush` writes what
+    // is queued when the node stops
+    let (stderr, _flush) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .finish(std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_writer(stderr);
     let _ = match config.log_format {
         config::LogFormat::Json => logs.json().with_env_filter(filter()).try_init(),
         config::LogFormat::Text => {
