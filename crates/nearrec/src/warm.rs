@@ -48,15 +48,21 @@ pub(crate) fn hot_set_path(dir: &Path, name: &str) -> PathBuf {
 /// Per table, the rows the warm-up file at `path` names, most wanted first: a trace's most
 /// requested rows (an `.nrtrace`, told by its magic), or a kept hot set.
 pub(crate) fn read(path: &Path) -> Result<Vec<(String, Vec<u64>)>> {
-    let bytes = nearrec_format::files::read_regular(path, 0).map_err(|e| {
+    let unreadable = |e: std::io::Error| {
         Error::invalid(format!(
             "the warm-up file {} cannot be read: {e}",
             path.display()
         ))
-    })?;
-    if bytes.starts_with(nearrec_plan::file::MAGIC) {
+    };
+    // a trace is told by its magic and read by its own reader: the file once, not twice
+    let mut magic = [0u8; 8];
+    let mut file = nearrec_format::files::open_regular(path, 0).map_err(unreadable)?;
+    let head = std::io::Read::read(&mut file, &mut magic).map_err(unreadable)?;
+    if magic[..head] == nearrec_plan::file::MAGIC[..] {
         return from_trace(path);
     }
+    let mut bytes = magic[..head].to_vec();
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(unreadable)?;
     let bad = |why: String| Error::invalid(format!("{} is not a hot set: {why}", path.display()));
     let set: HotSet = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
     if set.format != FORMAT || set.version != 1 {

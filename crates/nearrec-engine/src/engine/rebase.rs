@@ -143,11 +143,9 @@ impl Engine {
             sorted.sort_unstable();
             buf.resize(sorted.len() * rb, 0);
             ssd.files().read_raw(id, meta, &sorted, &mut buf)?;
-            let at: std::collections::HashMap<u64, usize> =
-                sorted.iter().enumerate().map(|(i, &r)| (r, i)).collect();
             // most wanted first, each into a free way: none displaces a more wanted one
             for &r in chunk {
-                let i = at[&r];
+                let i = sorted.binary_search(&r).expect("a row of this chunk");
                 loaded += u64::from(cache.fill(r, &buf[i * rb..(i + 1) * rb]));
             }
         }
