@@ -39,6 +39,14 @@ pub enum PlanError {
         table: Option<String>,
         problem: PlanFileProblem,
     },
+    /// A shard plan (`shards.json`) that is not one, or does not fit the shards beside it;
+    /// `table` names the table at fault, where one is.
+    #[error("{}: {reason}", located(.path, .table.as_deref()))]
+    BadShardPlan {
+        path: PathBuf,
+        table: Option<String>,
+        reason: String,
+    },
 }
 
 /// What is wrong with a plan file.

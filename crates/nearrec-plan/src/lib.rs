@@ -12,6 +12,8 @@
 //! - [`plan_file`]: the plan file (TOML, with its hot rows in a numpy `.hot.npz` beside it),
 //!   read and written only here;
 //! - [`placement`]: which tables and rows live in DRAM (what the engine applies);
+//! - [`shards`]: which shard serves which rows of which table (table-, row- and
+//!   table-row-wise, balanced by bytes and a trace's load) and the shard plan file;
 //! - [`units`]: byte sizes as people write them (`"64MiB"`), in config and plan files;
 //! - [`colocate`](mod@colocate): an order of a table's rows that puts rows read together in the
 //!   same blocks (the format layer stores it);
@@ -36,6 +38,7 @@ pub mod plan;
 pub mod plan_file;
 pub mod planner;
 pub mod profile;
+pub mod shards;
 mod stack;
 pub mod units;
 
@@ -51,4 +54,5 @@ pub use planner::{
     DEFAULT_STEPS, TraceTable, check_trace, make_plan, plan_trace_file, trace_tables,
 };
 pub use profile::{Distances, LruCurve, Profile};
+pub use shards::{Part, Scheme, ShardOptions, ShardPlan, ShardedTable, plan_shards};
 pub use units::{MAX_SIZE, Size, SizeError, parse_size};

@@ -332,7 +332,9 @@ fn plan_class(e: &PlanError) -> Class<'_> {
             table, position, ..
         } => (K::TraceMismatch, Some(table.as_str()), *position),
         PlanError::InvalidArgument { .. } => (K::InvalidRequest, None, None),
-        PlanError::BadPlan { table, .. } => (K::InvalidRequest, table.as_deref(), None),
+        PlanError::BadPlan { table, .. } | PlanError::BadShardPlan { table, .. } => {
+            (K::InvalidRequest, table.as_deref(), None)
+        }
         PlanError::BadSpec { table, .. } => (K::InvalidRequest, Some(table.as_str()), None),
         PlanError::Exists { .. } => (K::StoreExists, None, None),
         PlanError::InsufficientMemory(_) => (K::InsufficientMemory, None, None),
