@@ -39,9 +39,10 @@ LADDER = [
     "nearrec-engine",
     "nearrec",  # the facade: the product every surface goes through
     "nearrec-wire",  # the storage node's protocol, shared by the node and its clients
+    "nearrec-client",  # a node's store as a StoreApi
+    "nearrec-cluster",  # a store sharded over nodes: the router, over the client
     # surfaces
     "nearrec-server",
-    "nearrec-client",
     "nearrec-loadgen",  # the node's load generator, for the benchmarks
     "nearrec-py",
     "nearrec-bench",

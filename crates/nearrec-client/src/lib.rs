@@ -411,6 +411,50 @@ impl Client {
         }
     }
 
+    /// Starts a lookup of `batch` on the client's runtime, made once: a future of its pooled
+    /// answer and the version it was read at. Dropping it cancels the call (the node sees the
+    /// stream reset). What a router awaits many of at once, hedging and failing over itself.
+    pub fn start_lookup(
+        &self,
+        batch: &Batch<'_>,
+        deadline: Option<Instant>,
+    ) -> nearrec::Result<Started<(Pooled, u64)>> {
+        let conn = self.conn()?;
+        Ok(self.start(&conn, batch, false, deadline, |a| {
+            Ok((convert::unpooled(a)?, a.version))
+        }))
+    }
+
+    /// [`Client::start_lookup`] of each table's distinct rows (`StoreApi::lookup_rows`).
+    pub fn start_lookup_rows(
+        &self,
+        batch: &Batch<'_>,
+        deadline: Option<Instant>,
+    ) -> nearrec::Result<Started<(Vec<Rows>, u64)>> {
+        let conn = self.conn()?;
+        Ok(self.start(&conn, batch, true, deadline, |a| {
+            Ok((convert::unraw(a)?, a.version))
+        }))
+    }
+
+    fn start<T: 'static>(
+        &self,
+        conn: &Conn,
+        batch: &Batch<'_>,
+        raw: bool,
+        deadline: Option<Instant>,
+        answer: fn(&pb::LookupResponse) -> nearrec::Result<T>,
+    ) -> Started<T> {
+        let req = self.request(self.lookup_request(batch, raw), deadline);
+        let mut node = conn.node.clone();
+        Started {
+            task: conn.runtime.spawn(async move { node.lookup(req).await }),
+            addr: self.addrs[conn.at].clone(),
+            tls: self.options.tls.is_some(),
+            answer,
+        }
+    }
+
     fn stats_and_tiers(&self) -> nearrec::Result<(Stats, Vec<TierReport>)> {
         let req = pb::StatsRequest {
             store: self.store.clone(),
@@ -465,15 +509,13 @@ impl StoreApi for Client {
 
     fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
-        let req = self.request(self.lookup_request(&batch.as_batch(), false), deadline);
         let conn = self.conn()?;
-        let mut node = conn.node.clone();
-        let task = conn.runtime.spawn(async move { node.lookup(req).await });
+        let started = self.start(&conn, &batch.as_batch(), false, deadline, |a| {
+            convert::unpooled(a)
+        });
         Ok(Box::new(Pending {
             runtime: conn.runtime.clone(),
-            task,
-            addr: self.addrs[conn.at].clone(),
-            tls: self.options.tls.is_some(),
+            started,
         }))
     }
 
@@ -613,38 +655,71 @@ impl StoreApi for Client {
     }
 }
 
-/// A submitted lookup (made once: a caller keeping lookups in flight retries as it sees fit).
-#[derive(Debug)]
-pub struct Pending {
-    runtime: Arc<tokio::runtime::Runtime>,
+/// A lookup under way on a client's runtime ([`Client::start_lookup`]): a future of its answer,
+/// the call cancelled when it is dropped unfinished.
+pub struct Started<T> {
     task: tokio::task::JoinHandle<Result<Response<pb::LookupResponse>, Status>>,
     /// The node it went to, and whether over TLS, to say what failed.
     addr: String,
     tls: bool,
+    answer: fn(&pb::LookupResponse) -> nearrec::Result<T>,
 }
 
-impl Pending {
-    fn answer(
-        &self,
-        joined: Result<Result<Response<pb::LookupResponse>, Status>, tokio::task::JoinError>,
-    ) -> nearrec::Result<Pooled> {
-        let answer = joined
-            .map_err(|e| unavailable(format!("the call's task failed: {e}")))?
-            .map_err(|s| remote(&s, &self.addr, self.tls))?
-            .into_inner();
-        convert::unpooled(&answer)
+impl<T> std::fmt::Debug for Started<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Started").field("addr", &self.addr).finish()
     }
+}
+
+impl<T> Started<T> {
+    /// The node's address it went to.
+    pub fn address(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+impl<T> Future for Started<T> {
+    type Output = nearrec::Result<T>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.task).poll(cx).map(|joined| {
+            let answer = joined
+                .map_err(|e| unavailable(format!("the call's task failed: {e}")))?
+                .map_err(|s| remote(&s, &self.addr, self.tls))?
+                .into_inner();
+            (self.answer)(&answer)
+        })
+    }
+}
+
+impl<T> Drop for Started<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A submitted lookup (made once: a caller keeping lookups in flight retries as it sees fit).
+#[derive(Debug)]
+pub struct Pending {
+    runtime: Arc<tokio::runtime::Runtime>,
+    started: Started<Pooled>,
 }
 
 impl PendingLookup for Pending {
     fn is_done(&self) -> bool {
-        self.task.is_finished()
+        self.started.is_finished()
     }
 
     fn wait(mut self: Box<Self>) -> nearrec::Result<Pooled> {
         let runtime = self.runtime.clone();
-        let answer = runtime.block_on(&mut self.task);
-        self.answer(answer)
+        runtime.block_on(&mut self.started)
     }
 
     fn wait_timeout(
@@ -653,9 +728,9 @@ impl PendingLookup for Pending {
     ) -> Result<nearrec::Result<Pooled>, Submitted> {
         let runtime = self.runtime.clone();
         // the timer needs the runtime's context: made inside it
-        let task = &mut self.task;
-        match runtime.block_on(async { tokio::time::timeout(timeout, task).await }) {
-            Ok(answer) => Ok(self.answer(answer)),
+        let started = &mut self.started;
+        match runtime.block_on(async { tokio::time::timeout(timeout, started).await }) {
+            Ok(answer) => Ok(answer),
             Err(_) => Err(self),
         }
     }

@@ -63,6 +63,6 @@ pub use engine::{Engine, Prepared};
 pub use error::{EngineError, Result};
 pub use infer::InferTimes;
 pub use nearrec_format::Memory;
-pub use request::{Bags, Batch, Indices, PoolingMode, TableLookup};
+pub use request::{Bags, Batch, Checked, Indices, PoolingMode, TableLookup, check, check_batch};
 pub use stats::{Histogram, IoStats, Stages};
 pub use tiers::TierReport;

@@ -220,7 +220,7 @@ impl<'a> Batch<'a> {
 
 /// A validated table request: bag bounds as positions into the indices.
 #[derive(Debug)]
-pub(crate) struct Checked {
+pub struct Checked {
     /// `batch + 1` ascending positions.
     pub bounds: Vec<usize>,
     /// `padding_idx` normalised into `0..rows`.
@@ -233,9 +233,38 @@ impl Checked {
     }
 }
 
+/// Validates `req` — every table known (`rows_of` its rows, or `UnknownTable`), bags, weights
+/// and padding well-formed, one batch size — as the engine does before it pools: what a router
+/// splitting a batch over shards checks first, so that its errors are the engine's. Index
+/// values are not checked here (the kernels check them as they pool).
+pub fn check_batch(
+    req: &Batch<'_>,
+    mut rows_of: impl FnMut(&str) -> Result<u64>,
+) -> Result<Vec<Checked>> {
+    let mut out: Vec<Checked> = Vec::with_capacity(req.tables.len());
+    for t in &req.tables {
+        let checked = check(t, rows_of(t.table)?)?;
+        if let Some(first) = out.first()
+            && first.batch() != checked.batch()
+        {
+            return Err(EngineError::invalid(
+                t.table,
+                format!(
+                    "has {} bags but table {:?} has {}; every table needs one bag per sample",
+                    checked.batch(),
+                    req.tables[0].table,
+                    first.batch()
+                ),
+            ));
+        }
+        out.push(checked);
+    }
+    Ok(out)
+}
+
 /// Validates one table request against a table of `rows` rows. Index values are range-checked by
 /// the kernels as they pool (one pass over the indices, not two).
-pub(crate) fn check(req: &TableLookup<'_>, rows: u64) -> Result<Checked> {
+pub fn check(req: &TableLookup<'_>, rows: u64) -> Result<Checked> {
     let name = req.table;
     let n = req.indices.len();
     if let Some(w) = req.per_sample_weights {

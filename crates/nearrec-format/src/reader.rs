@@ -229,6 +229,72 @@ impl StoreReader {
         Ok(buf)
     }
 
+    /// Rows `ids` of table `i` as stored (encoded, `row_bytes` each, back to back) into `out`,
+    /// each sector they are read from checked against the table's sector sums (`sums`, from
+    /// [`Self::sector_sums`]; `None`: unchecked). Runs of rows next to each other on disk are
+    /// read in one call, in bounded memory: a caller streams a table through it in chunks.
+    pub fn read_rows_encoded(
+        &self,
+        i: usize,
+        ids: &[u64],
+        sums: Option<&SectorSums>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let meta = &self.manifest.tables[i];
+        let (layout, rb) = (meta.layout(), meta.row_bytes as usize);
+        if out.len() != ids.len() * rb {
+            return Err(FormatError::invalid_table(
+                &meta.name,
+                format!("{} bytes for {} rows of {rb}", out.len(), ids.len()),
+            ));
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id >= meta.rows) {
+            return Err(FormatError::invalid_table(
+                &meta.name,
+                format!("row {bad} is past its {} rows", meta.rows),
+            ));
+        }
+        let slot = |id: u64| self.orders[i].as_ref().map_or(id, |o| o.slot(id));
+        let mut staging = Vec::new();
+        let mut k = 0;
+        while k < ids.len() {
+            // a run of ids in consecutive slots, at most a chunk's bytes
+            let first = slot(ids[k]);
+            let mut n = 1;
+            while k + n < ids.len()
+                && slot(ids[k + n]) == first + n as u64
+                && layout.row_offset(first + n as u64) - layout.row_offset(first) < CHUNK_BYTES
+            {
+                n += 1;
+            }
+            let start = layout.row_offset(first) / SECTOR_BYTES * SECTOR_BYTES;
+            let end = (layout.row_offset(first + n as u64 - 1) + rb as u64)
+                .next_multiple_of(SECTOR_BYTES)
+                .min(meta.data_bytes);
+            staging.resize((end - start) as usize, 0);
+            self.files[i]
+                .read_exact_at(&mut staging, DATA_OFFSET + start)
+                .map_err(|e| self.read_error(i, e))?;
+            if let Some(sums) = sums
+                && let Err(sector) = sums.check(start, &staging)
+            {
+                return Err(FormatError::corrupted(
+                    self.path.join(&meta.file),
+                    format!(
+                        "table {:?}: sector {sector} does not match its checksum",
+                        meta.name
+                    ),
+                ));
+            }
+            for r in 0..n {
+                let at = (layout.row_offset(first + r as u64) - start) as usize;
+                out[(k + r) * rb..][..rb].copy_from_slice(&staging[at..][..rb]);
+            }
+            k += n;
+        }
+        Ok(())
+    }
+
     /// Checks every data byte of every table against its CRC-32C and its sector sums, streaming
     /// in bounded memory, then every attachment (reported as `attachment NAME`), then lists
     /// what interrupted writes left in the store (`orphan PATH`, see [`crate::gc`]).

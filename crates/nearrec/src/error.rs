@@ -69,6 +69,17 @@ pub enum Error {
         position: Option<usize>,
     },
 
+    /// A shard of a sharded store failed a call: no replica of it answered within the call's
+    /// deadline (`kind` `Unavailable` or `DeadlineExceeded`), or it does not fit the plan. A
+    /// call that needed the shard gets this, never a partial answer.
+    #[error("shard {shard} of {store}: {reason}")]
+    Shard {
+        store: String,
+        shard: usize,
+        kind: ErrorKind,
+        reason: String,
+    },
+
     #[error(transparent)]
     Engine(#[from] EngineError),
 
@@ -238,6 +249,7 @@ impl Error {
             Self::ReadOnly { .. } => (K::StoreReadOnly, None, None),
             Self::Locked { .. } => (K::StoreLocked, None, None),
             Self::DeltaFull { .. } => (K::DeltaFull, None, None),
+            Self::Shard { kind, .. } => (*kind, None, None),
             Self::Engine(e) => engine_class(e),
             Self::Format(e) => format_class(e),
             Self::Plan(e) => plan_class(e),

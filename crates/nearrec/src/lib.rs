@@ -61,6 +61,8 @@
 //! - `swap.rs`: what a swap checks first — the new store answers what the served one answers,
 //!   else refused naming the difference, unless forced; `pace.rs`: the byte rate background work
 //!   keeps beside lookups;
+//! - `shard.rs`: a store cut into the shards of a plan (`nearrec shard`), each an ordinary store
+//!   tagged with its plan's id, the plan (`nearrec_plan::shards`) written last;
 //! - `warm.rs`: start-up warm-up — the DRAM tiers filled at open from a recorded trace or the
 //!   hot set a previous run kept (`StoreConfig::warm`, `hot_set_dir`), the hot set kept at close;
 //! - `error.rs`: `Error`, every layer's error wrapped, and `ErrorKind`, the one table from an
@@ -82,6 +84,7 @@ pub mod model;
 mod pace;
 pub mod pipeline;
 mod raw;
+pub mod shard;
 mod store;
 mod swap;
 pub mod versions;

@@ -14,7 +14,7 @@ use super::Engine;
 use crate::cells::{Cells, Ready};
 use crate::delta::DeltaView;
 use crate::error::{EngineError, Result};
-use crate::request::{Bags, Batch, Checked, Indices, TableLookup, check};
+use crate::request::{Bags, Batch, Checked, Indices, TableLookup, check_batch};
 use crate::ssd::SsdJob;
 use crate::stats::Stages;
 use nearrec_format::Memory;
@@ -62,31 +62,18 @@ impl Engine {
     /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size.
     pub fn prepare(&self, req: &Batch<'_>) -> Result<Prepared> {
         self.check_size(req)?;
+        let checked = check_batch(req, |name| Ok(self.tables[self.table_id(name)?].rows))?;
         let mut tables = Vec::with_capacity(req.tables.len());
         let (mut width, mut lookups) = (0usize, 0usize);
-        let mut batch: Option<(usize, &str)> = None;
-        for t in &req.tables {
+        for (t, checked) in req.tables.iter().zip(checked) {
             let id = self.table_id(t.table)?;
-            let checked = check(t, self.tables[id].rows)?;
-            match batch {
-                Some((b, first)) if b != checked.batch() => {
-                    return Err(EngineError::invalid(
-                        t.table,
-                        format!(
-                            "has {} bags but table {first:?} has {b}; every table needs one bag per sample",
-                            checked.batch()
-                        ),
-                    ));
-                }
-                _ => batch = Some((checked.batch(), t.table)),
-            }
             lookups += checked.bounds[checked.batch()] - checked.bounds[0];
             tables.push((id, width, checked));
             width += self.tables[id].dim as usize;
         }
         Ok(Prepared {
             engine: self.id,
-            batch: batch.map_or(0, |b| b.0),
+            batch: tables.first().map_or(0, |t| t.2.batch()),
             width,
             tables,
             lookups,

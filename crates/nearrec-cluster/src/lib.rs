@@ -1,0 +1,32 @@
+//! A store sharded over storage nodes, as one implementation of the store's contract
+//! ([`nearrec::StoreApi`]): [`ShardedStore`].
+//!
+//! A sharded store is a plan (`shards.json`, [`nearrec::plan::ShardPlan`], cut by
+//! `nearrec shard` — `nearrec::shard`) and one ordinary store per shard, each served by one or
+//! more storage nodes (its replicas). The router here:
+//! - splits a batch by shard ([`split`](mod@split)): a whole table goes to its shard as asked; a
+//!   table cut into row ranges is split bag by bag into local rows, hot rows replicated on every
+//!   shard of the table going with their bag's other ids; every check the engine makes comes
+//!   first, so a bad batch gets the engine's error naming the caller's table and position;
+//! - sends every shard's share at once over the nodes' gRPC and merges the pooled parts exactly
+//!   (row-wise parts add, a `mean` divides by the whole bag's count, a `max` takes the maximum of
+//!   the shards that held part of the bag);
+//! - reads one replica of each shard, hedging to a second after the shard's observed p95 and
+//!   moving a failed sub-request to another replica within the call's deadline
+//!   ([`shard`](mod@shard)); a shard no replica of which answers fails the call, naming the shard
+//!   — never a partial answer;
+//! - writes a call's rows to every replica of the one shard they are on; a call whose rows span
+//!   shards is refused (`Unsupported`) until two-phase commit lands;
+//! - counts: batches, bags and the shards each bag reached (the fan-out), reads, hedges and the
+//!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).
+//!
+//! Modules: `split.rs` (cut and merge), `shard.rs` (a shard's replicas: hedging, failover,
+//! writes to all), `store.rs` (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
+//! conformance suite on sharded stores of every scheme over loopback nodes.
+
+mod shard;
+mod split;
+mod store;
+
+pub use shard::Hedge;
+pub use store::{Endpoint, ShardedOptions, ShardedStore};

@@ -1,0 +1,358 @@
+//! One shard: its replicas, each a storage node's store through a [`Client`], and how a read
+//! reaches one of them within the call's deadline.
+//!
+//! A read goes to the next replica in turn that is not held out. With hedging on, if it has not
+//! answered after the hedge delay (the shard's observed p95, or a fixed delay), the same
+//! sub-request goes to another replica too: the first answer wins and the other call is
+//! dropped, which cancels it on its node (Dean and Barroso, *The Tail at Scale*). A replica that
+//! fails a call it could not serve (no connection, overloaded, out of time) is held out for a
+//! while and the sub-request goes to the next, while the deadline allows. When none answers the
+//! call fails with [`nearrec::Error::Shard`] naming the shard, never with a partial answer.
+//!
+//! A write goes to every replica and is acknowledged only when all have it; a replica that
+//! failed a write the others took is held out of reads for good (it is stale until it catches
+//! up, which is a later step's).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nearrec::{Error, ErrorKind, StoreApi};
+use nearrec_client::{Client, Started};
+
+/// How long a replica that failed a read is held out of reads.
+const HOLD_OUT: Duration = Duration::from_secs(1);
+/// The sub-request latencies a shard keeps for its hedge delay.
+const WINDOW: usize = 512;
+
+/// When a read is sent to a second replica.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Hedge {
+    Off,
+    /// After a fixed delay.
+    After(Duration),
+    /// After the shard's observed latency at this quantile (`0.95`), at least `min`; until
+    /// enough reads are seen, not at all.
+    Quantile {
+        q: f64,
+        min: Duration,
+    },
+}
+
+/// A shard's counters, as the sharded store reports them.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub reads: AtomicU64,
+    pub hedges: AtomicU64,
+    pub hedge_wins: AtomicU64,
+    pub retries: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Replica {
+    pub client: Client,
+    pub addr: String,
+    held_out_until: Mutex<Option<Instant>>,
+    /// Missed a write the others took: serves no reads.
+    stale: AtomicBool,
+}
+
+impl Replica {
+    pub fn new(client: Client, addr: String) -> Self {
+        Replica {
+            client,
+            addr,
+            held_out_until: Mutex::new(None),
+            stale: AtomicBool::new(false),
+        }
+    }
+
+    fn readable(&self, now: Instant) -> bool {
+        !self.stale.load(Ordering::Relaxed)
+            && self
+                .held_out_until
+                .lock()
+                .unwrap()
+                .is_none_or(|until| now >= until)
+    }
+
+    fn hold_out(&self) {
+        *self.held_out_until.lock().unwrap() = Some(Instant::now() + HOLD_OUT);
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub index: usize,
+    pub replicas: Vec<Replica>,
+    next: AtomicU64,
+    latencies: Mutex<Vec<Duration>>,
+    pub counters: Counters,
+    /// The highest version an answer of this shard carried.
+    pub seen: AtomicU64,
+    /// Held by a write while it goes to every replica, so that replicas take writes in one
+    /// order.
+    writing: Mutex<()>,
+}
+
+/// Whether another replica may serve what `e` refused.
+fn transient(e: &Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Unavailable | ErrorKind::Overloaded | ErrorKind::DeadlineExceeded
+    )
+}
+
+impl Shard {
+    pub fn new(index: usize, replicas: Vec<Replica>) -> Self {
+        Shard {
+            index,
+            replicas,
+            next: AtomicU64::new(0),
+            latencies: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            seen: AtomicU64::new(0),
+            writing: Mutex::new(()),
+        }
+    }
+
+    /// The replicas to try, in turn from the next one: those not held out first.
+    fn order(&self) -> Vec<usize> {
+        let n = self.replicas.len();
+        let from = self.next.fetch_add(1, Ordering::Relaxed) as usize % n;
+        let now = Instant::now();
+        let mut order: Vec<usize> = (0..n).map(|k| (from + k) % n).collect();
+        order.retain(|&r| !self.replicas[r].stale.load(Ordering::Relaxed));
+        order.sort_by_key(|&r| !self.replicas[r].readable(now));
+        order
+    }
+
+    fn hedge_delay(&self, hedge: Hedge) -> Option<Duration> {
+        match hedge {
+            Hedge::Off => None,
+            Hedge::After(d) => Some(d),
+            Hedge::Quantile { q, min } => {
+                let seen = self.latencies.lock().unwrap();
+                if seen.len() < 32 {
+                    return None;
+                }
+                let mut sorted = seen.clone();
+                drop(seen);
+                sorted.sort_unstable();
+                let at = ((sorted.len() - 1) as f64 * q).round() as usize;
+                Some(sorted[at].max(min))
+            }
+        }
+    }
+
+    fn observe(&self, took: Duration) {
+        let mut seen = self.latencies.lock().unwrap();
+        if seen.len() == WINDOW {
+            seen.remove(0);
+        }
+        seen.push(took);
+    }
+
+    fn failed(&self, store: &str, why: Vec<String>, kind: ErrorKind) -> Error {
+        self.counters.failures.fetch_add(1, Ordering::Relaxed);
+        Error::Shard {
+            store: store.to_owned(),
+            shard: self.index,
+            kind,
+            reason: if why.is_empty() {
+                "no replica is serving reads".into()
+            } else {
+                format!("no replica answered: {}", why.join("; "))
+            },
+        }
+    }
+
+    /// A read on one replica, hedged and failed over as the module says; `start` begins the
+    /// call on a replica's client, `version` is the version an answer was read at. An answer
+    /// older than what a read or write of this shard that finished before this read began
+    /// saw comes from a replica behind the others: it is not returned (a reader never sees a
+    /// write, then the state before it), and the sub-request goes to the next replica.
+    pub async fn read<T>(
+        &self,
+        store: &str,
+        hedge: Hedge,
+        deadline: Option<Instant>,
+        start: impl Fn(&Client) -> nearrec::Result<Started<T>>,
+        version: impl Fn(&T) -> u64,
+    ) -> nearrec::Result<T> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let order = self.order();
+        // what reads and writes finished before this one began saw: the least it may answer
+        let floor = self.seen.load(Ordering::Relaxed);
+        let (begun, mut next, mut hedged) = (Instant::now(), 0, false);
+        let mut why = Vec::new();
+        let mut inflight: Vec<(usize, Started<T>)> = Vec::with_capacity(2);
+        loop {
+            if inflight.is_empty() {
+                if next == order.len() {
+                    break;
+                }
+                let r = order[next];
+                next += 1;
+                if next > 1 {
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                }
+                match start(&self.replicas[r].client) {
+                    Ok(call) => inflight.push((r, call)),
+                    Err(e) => {
+                        self.replicas[r].hold_out();
+                        why.push(format!("{}: {e}", self.replicas[r].addr));
+                    }
+                }
+                continue;
+            }
+            // a hedge once per read, to the next replica, while only one call is out
+            let delay = (self.hedge_delay(hedge))
+                .filter(|_| !hedged && inflight.len() == 1 && next < order.len());
+            let until = deadline.map(tokio::time::Instant::from_std);
+            let done = futures::future::select_all(inflight.iter_mut().map(|(_, c)| c));
+            let (answer, k) = tokio::select! {
+                (answer, k, _) = done => (answer, k),
+                _ = sleep_or_never(delay.map(|d| tokio::time::Instant::from_std(begun + d))) => {
+                    hedged = true;
+                    let r = order[next];
+                    next += 1;
+                    self.counters.hedges.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(call) = start(&self.replicas[r].client) {
+                        inflight.push((r, call));
+                    }
+                    continue;
+                }
+                _ = sleep_or_never(until) => {
+                    return Err(self.failed(store, why, ErrorKind::DeadlineExceeded));
+                }
+            };
+            let (r, _) = inflight.remove(k);
+            let replica = &self.replicas[r];
+            match answer {
+                Ok(answer) => {
+                    let v = version(&answer);
+                    if v < floor {
+                        why.push(format!(
+                            "{}: behind, at version {v} of {floor}",
+                            replica.addr
+                        ));
+                        continue;
+                    }
+                    self.seen.fetch_max(v, Ordering::Relaxed);
+                    if hedged && k > 0 {
+                        self.counters.hedge_wins.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.observe(begun.elapsed());
+                    return Ok(answer);
+                }
+                Err(e) if transient(&e) => {
+                    replica.hold_out();
+                    why.push(format!("{}: {e}", replica.addr));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let kind = if deadline.is_some_and(|d| Instant::now() >= d) {
+            ErrorKind::DeadlineExceeded
+        } else {
+            ErrorKind::Unavailable
+        };
+        Err(self.failed(store, why, kind))
+    }
+
+    /// A write on every replica that is not stale, one at a time in this shard's order of
+    /// writes; the version the first gave. A replica that fails where another succeeded, or
+    /// answers another version (it missed a write), is stale from then on; a call every
+    /// replica refused alike (a bad write) is that refusal.
+    pub fn write(
+        &self,
+        store: &str,
+        f: impl Fn(&Client) -> nearrec::Result<u64>,
+    ) -> nearrec::Result<u64> {
+        let _order = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done: Option<u64> = None;
+        let (mut refused, mut behind) = (None, Vec::new());
+        for r in self.replicas.iter() {
+            if r.stale.load(Ordering::Relaxed) {
+                continue;
+            }
+            match (f(&r.client), done) {
+                (Ok(v), None) => done = Some(v),
+                (Ok(v), Some(first)) if v == first => {}
+                (Ok(_), Some(_)) | (Err(_), Some(_)) => behind.push(r),
+                (Err(e), None) => {
+                    behind.push(r);
+                    refused.get_or_insert(e);
+                }
+            }
+        }
+        match (done, refused) {
+            (Some(v), _) => {
+                // those that refused before the first success, and those after it that
+                // failed or differ, missed what the others took
+                for r in behind {
+                    r.stale.store(true, Ordering::Relaxed);
+                }
+                self.seen.fetch_max(v, Ordering::Relaxed);
+                Ok(v)
+            }
+            (None, Some(e)) => Err(e),
+            (None, None) => Err(self.failed(store, Vec::new(), ErrorKind::Unavailable)),
+        }
+    }
+
+    /// `f` on every replica that is not stale (compaction: what it changes is not what a
+    /// replica serves); the first's answer, or the first error.
+    pub fn each<T>(
+        &self,
+        store: &str,
+        f: impl Fn(&Client) -> nearrec::Result<T>,
+    ) -> nearrec::Result<T> {
+        let mut first = None;
+        for r in self.replicas.iter() {
+            if !r.stale.load(Ordering::Relaxed) {
+                let v = f(&r.client)?;
+                first.get_or_insert(v);
+            }
+        }
+        first.ok_or_else(|| self.failed(store, Vec::new(), ErrorKind::Unavailable))
+    }
+
+    /// A call answered by the first replica that can (info, digests, stats).
+    pub fn any<T>(
+        &self,
+        store: &str,
+        f: impl Fn(&Client) -> nearrec::Result<T>,
+    ) -> nearrec::Result<T> {
+        let mut why = Vec::new();
+        for r in self.order() {
+            let replica = &self.replicas[r];
+            match f(&replica.client) {
+                Ok(v) => return Ok(v),
+                Err(e) if transient(&e) => {
+                    replica.hold_out();
+                    why.push(format!("{}: {e}", replica.addr));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(self.failed(store, why, ErrorKind::Unavailable))
+    }
+
+    /// Closes every replica's client.
+    pub fn close(&self) {
+        for r in &self.replicas {
+            let _ = r.client.close();
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

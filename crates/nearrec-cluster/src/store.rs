@@ -1,0 +1,783 @@
+//! [`ShardedStore`]: a store cut into shards, each served by storage nodes, as one implementation
+//! of the store's contract.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::future::try_join_all;
+use nearrec::model::{Inferred, Tensor};
+use nearrec::plan::{ShardPlan, ShardedTable};
+use nearrec::{
+    AsBatch, Batch, Compaction, Error, ErrorKind, Info, NewTable, PendingLookup, Pooled, Read,
+    RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TableInfo, TierReport, Versioned,
+    WriteOptions,
+};
+use nearrec_client::{Client, ClientOptions};
+use nearrec_engine::EngineError;
+use rustc_hash::FxHashMap;
+
+use crate::shard::{Hedge, Replica, Shard};
+use crate::split::Split;
+
+/// A replica of a shard: the node's address and the name it serves the shard's store as
+/// (empty: the node's only store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: String,
+    pub store: String,
+}
+
+impl Endpoint {
+    /// `ADDR` or `ADDR/STORE`.
+    pub fn parse(spec: &str) -> Self {
+        match spec.rsplit_once('/') {
+            Some((addr, store)) if !addr.is_empty() && !addr.ends_with(':') => Endpoint {
+                addr: addr.to_owned(),
+                store: store.to_owned(),
+            },
+            _ => Endpoint {
+                addr: spec.to_owned(),
+                store: String::new(),
+            },
+        }
+    }
+}
+
+/// How a [`ShardedStore`] reaches its shards.
+#[derive(Debug, Clone)]
+pub struct ShardedOptions {
+    /// Each replica's client: token, TLS, connect timeout. Its `timeout` is every call's
+    /// deadline, carried to the nodes; its retries are the router's (a sub-request is started
+    /// once on a replica and moved to another when it fails).
+    pub client: ClientOptions,
+    pub hedge: Hedge,
+}
+
+impl Default for ShardedOptions {
+    fn default() -> Self {
+        Self {
+            client: ClientOptions::default(),
+            hedge: Hedge::Quantile {
+                q: 0.95,
+                min: Duration::from_micros(500),
+            },
+        }
+    }
+}
+
+/// A store whose tables are cut into shards ([`ShardPlan`]), each shard an ordinary store
+/// served by one or more storage nodes (its replicas). Lookups are split by shard, sent to
+/// every shard at once and merged exactly; see the crate's documentation for what each verb
+/// does.
+#[derive(Debug, Clone)]
+pub struct ShardedStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    plan: ShardPlan,
+    location: Option<PathBuf>,
+    shards: Vec<Shard>,
+    /// The shard that keeps the store's model and holds every table whole (whole-model
+    /// offload on its nodes).
+    keeper: Option<usize>,
+    /// Every replica takes writes.
+    writable: bool,
+    tables: FxHashMap<String, usize>,
+    options: ShardedOptions,
+    runtime: tokio::runtime::Runtime,
+    closed: AtomicBool,
+    batches: AtomicU64,
+    spread_bags: AtomicU64,
+    bag_shards: AtomicU64,
+    bags: AtomicU64,
+}
+
+impl ShardedStore {
+    /// The sharded store whose plan is in `dir` (`shards.json`), its shard `k` served at
+    /// `replicas[k]`.
+    pub fn open(
+        dir: &Path,
+        replicas: &[Vec<Endpoint>],
+        options: ShardedOptions,
+    ) -> nearrec::Result<Self> {
+        let plan = ShardPlan::read(dir)?;
+        Self::connect(plan, Some(dir.to_path_buf()), replicas, options)
+    }
+
+    /// The sharded store of `plan`, its shard `k` served at `replicas[k]`: every replica
+    /// connected and checked against the plan (its tables, their rows, dims and dtypes), or a
+    /// typed error naming the shard and the table that does not fit.
+    pub fn connect(
+        plan: ShardPlan,
+        location: Option<PathBuf>,
+        replicas: &[Vec<Endpoint>],
+        options: ShardedOptions,
+    ) -> nearrec::Result<Self> {
+        if replicas.len() != plan.shards || replicas.iter().any(Vec::is_empty) {
+            let given: Vec<usize> = replicas.iter().map(Vec::len).collect();
+            return Err(invalid(
+                None,
+                format!(
+                    "the plan has {} shards; replicas were given for {} (counts {given:?}), and \
+                     every shard needs one",
+                    plan.shards,
+                    replicas.len()
+                ),
+            ));
+        }
+        let mut client = options.client.clone();
+        // one try a replica: the router moves a failed sub-request to another
+        client.retry.attempts = 1;
+        let mut shards = Vec::with_capacity(plan.shards);
+        let (mut keeper, mut writable) = (None, true);
+        for (k, endpoints) in replicas.iter().enumerate() {
+            let mut held = Vec::with_capacity(endpoints.len());
+            for e in endpoints {
+                let c = Client::connect(&e.addr, &e.store, client.clone()).map_err(|err| {
+                    Error::Shard {
+                        store: plan.store.clone(),
+                        shard: k,
+                        kind: err.kind(),
+                        reason: format!("replica {}: {err}", e.addr),
+                    }
+                })?;
+                let (model, writes) = check_replica(&plan, k, &c)?;
+                writable &= writes;
+                // a shard that holds every table whole serves the model it keeps
+                let whole = plan.shard_tables(k).len() == plan.tables.len()
+                    && plan.tables.iter().all(|t| t.parts.len() == 1);
+                if model && whole {
+                    keeper.get_or_insert(k);
+                }
+                held.push(Replica::new(c, e.addr.clone()));
+            }
+            shards.push(Shard::new(k, held));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("nearrec-router")
+            .enable_time()
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start the router's runtime: {e}")))?;
+        let tables = (plan.tables.iter().enumerate())
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                plan,
+                location,
+                shards,
+                keeper,
+                writable,
+                tables,
+                options,
+                runtime,
+                closed: AtomicBool::new(false),
+                batches: AtomicU64::new(0),
+                spread_bags: AtomicU64::new(0),
+                bag_shards: AtomicU64::new(0),
+                bags: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn plan(&self) -> &ShardPlan {
+        &self.inner.plan
+    }
+}
+
+fn invalid(table: Option<&str>, reason: String) -> Error {
+    Error::InvalidRequest {
+        table: table.map(str::to_owned),
+        position: None,
+        reason,
+    }
+}
+
+/// Whether the store behind `client` is shard `k` of `plan`; whether it keeps a model, and
+/// whether it takes writes.
+fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result<(bool, bool)> {
+    let info = client.info().map_err(|e| Error::Shard {
+        store: plan.store.clone(),
+        shard: k,
+        kind: e.kind(),
+        reason: format!("{}: {e}", client.describe()),
+    })?;
+    for (t, p) in plan.shard_tables(k) {
+        let want = &plan.tables[t];
+        let misfit = |what: String| Error::Shard {
+            store: plan.store.clone(),
+            shard: k,
+            kind: ErrorKind::InvalidRequest,
+            reason: format!(
+                "{} does not fit plan {}: table {:?} {what}",
+                client.describe(),
+                plan.id,
+                want.name
+            ),
+        };
+        let Some(got) = info.tables.iter().find(|x| x.name == want.name) else {
+            return Err(misfit("is missing".into()));
+        };
+        let rows = want.shard_rows(p);
+        if (got.rows, got.dim, got.dtype) != (rows, want.dim, want.dtype) {
+            return Err(misfit(format!(
+                "has {} rows × dim {} {}, the plan {} rows × dim {} {}",
+                got.rows,
+                got.dim,
+                got.dtype.name(),
+                rows,
+                want.dim,
+                want.dtype.name()
+            )));
+        }
+    }
+    Ok((info.model, info.writable))
+}
+
+/// A write's rows on one shard: `(shard, table, local ids, values)`.
+type Routed<'a> = (usize, &'a str, Vec<i64>, Option<Vec<f32>>);
+
+impl Inner {
+    fn live(&self) -> nearrec::Result<()> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(Error::Remote {
+                kind: ErrorKind::Unavailable,
+                code: 14,
+                message: format!("{} was closed", self.describe()),
+                table: None,
+                position: None,
+            });
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "the sharded store {} ({} shards × {} replicas)",
+            self.plan.store, self.plan.shards, self.plan.replicas
+        )
+    }
+
+    fn find(&self, name: &str) -> Result<usize, EngineError> {
+        self.tables
+            .get(name)
+            .copied()
+            .ok_or_else(|| EngineError::UnknownTable {
+                name: name.to_owned(),
+                available: (self.plan.tables.iter())
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    fn split(&self, batch: &Batch<'_>) -> nearrec::Result<Split> {
+        self.live()?;
+        let split = Split::new(batch, &self.plan.tables, self.plan.shards, |n| self.find(n))?;
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.spread_bags
+            .fetch_add(split.spread_bags, Ordering::Relaxed);
+        self.bag_shards
+            .fetch_add(split.bag_shards, Ordering::Relaxed);
+        self.bags.fetch_add(split.batch as u64, Ordering::Relaxed);
+        Ok(split)
+    }
+
+    /// The shard that serves the model, or why none does.
+    fn keeper(&self) -> nearrec::Result<usize> {
+        self.keeper.ok_or_else(|| Error::NoModel {
+            path: self.describe(),
+            reason: "no shard keeps a model and holds every table whole; run the dense part \
+                     beside the sharded store"
+                .into(),
+        })
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.options.client.timeout.map(|t| Instant::now() + t)
+    }
+
+    /// The version a read of `answered` shards (shard, version) saw: each shard's version as it
+    /// answered, the others' as last seen.
+    fn version_of(&self, answered: &[(usize, u64)]) -> u64 {
+        (self.shards.iter())
+            .map(|s| {
+                answered
+                    .iter()
+                    .find(|(k, _)| *k == s.index)
+                    .map_or_else(|| s.seen.load(Ordering::Relaxed), |a| a.1)
+            })
+            .sum()
+    }
+
+    /// Pools `batch`: every shard it needs asked at once, the answers merged.
+    fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
+        let split = self.split(batch)?;
+        let deadline = self.deadline();
+        let asked: Vec<usize> = split.shards().collect();
+        let reads = asked.iter().map(|&s| {
+            let sub = split.batch_for(s, batch, &self.plan.tables);
+            self.shards[s].read(
+                &self.plan.store,
+                self.options.hedge,
+                deadline,
+                move |c| c.start_lookup(&sub, deadline),
+                |a| a.1,
+            )
+        });
+        let got = self.runtime.block_on(try_join_all(reads))?;
+        let mut answers: Vec<Option<Pooled>> = (0..self.plan.shards).map(|_| None).collect();
+        let mut versions = Vec::with_capacity(asked.len());
+        for (&s, (pooled, version)) in asked.iter().zip(got) {
+            answers[s] = Some(pooled);
+            versions.push((s, version));
+        }
+        let pooled = split.merge(&answers, &self.plan.tables);
+        let read = Read {
+            version: self.version_of(&versions),
+            ..Read::default()
+        };
+        Ok((pooled, read))
+    }
+
+    fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        let split = self.split(batch)?;
+        let deadline = self.deadline();
+        let asked: Vec<usize> = split.shards().collect();
+        let reads = asked.iter().map(|&s| {
+            let sub = split.batch_for(s, batch, &self.plan.tables);
+            self.shards[s].read(
+                &self.plan.store,
+                self.options.hedge,
+                deadline,
+                move |c| c.start_lookup_rows(&sub, deadline),
+                |a| a.1,
+            )
+        });
+        let got = self.runtime.block_on(try_join_all(reads))?;
+        let mut answers: Vec<Option<Vec<Rows>>> = (0..self.plan.shards).map(|_| None).collect();
+        let mut versions = Vec::with_capacity(asked.len());
+        for (&s, (rows, version)) in asked.iter().zip(got) {
+            answers[s] = Some(rows);
+            versions.push((s, version));
+        }
+        let rows = split.merge_rows(&answers, &self.plan.tables);
+        Ok((rows, self.version_of(&versions)))
+    }
+
+    /// The shards' versions, summed: the number of writes every shard has applied.
+    fn version(&self) -> nearrec::Result<u64> {
+        self.live()?;
+        let mut total = 0;
+        for s in &self.shards {
+            let v = s.any(&self.plan.store, |c| c.version())?;
+            s.seen.fetch_max(v, Ordering::Relaxed);
+            total += v;
+        }
+        Ok(total)
+    }
+
+    fn table(&self, name: &str) -> nearrec::Result<&ShardedTable> {
+        Ok(&self.plan.tables[self.find(name)?])
+    }
+
+    /// Each write's rows on their shards; a row kept on several shards (a hot row) goes to
+    /// each.
+    fn route_writes<'a>(&self, writes: &[RowWrite<'a>]) -> nearrec::Result<Vec<Routed<'a>>> {
+        let mut out: Vec<Routed<'a>> = Vec::new();
+        for w in writes {
+            let table = self.table(w.table)?;
+            let dim = table.dim as usize;
+            if let Some(v) = w.values
+                && v.len() != w.ids.len() * dim
+            {
+                return Err(invalid(
+                    Some(w.table),
+                    format!("{} values for {} rows of dim {dim}", v.len(), w.ids.len()),
+                ));
+            }
+            let mut by_part: Vec<(Vec<i64>, Vec<f32>)> =
+                vec![Default::default(); table.parts.len()];
+            for (j, &id) in w.ids.iter().enumerate() {
+                if id < 0 || id as u64 >= table.rows {
+                    return Err(EngineError::IndexOutOfRange {
+                        table: w.table.to_owned(),
+                        position: j,
+                        bag: j,
+                        value: id,
+                        rows: table.rows,
+                    }
+                    .into());
+                }
+                let id = id as u64;
+                let home = table.part_of(id);
+                let mut put = |p: usize, local: u64| {
+                    by_part[p].0.push(local as i64);
+                    if let Some(v) = w.values {
+                        by_part[p].1.extend_from_slice(&v[j * dim..][..dim]);
+                    }
+                };
+                put(home, id - table.parts[home].first);
+                if let Ok(rank) = table.hot.binary_search(&id) {
+                    for p in 0..table.parts.len() {
+                        put(p, table.parts[p].rows + rank as u64);
+                    }
+                }
+            }
+            for (p, (ids, values)) in by_part.into_iter().enumerate() {
+                if !ids.is_empty() {
+                    let values = w.values.map(|_| values);
+                    out.push((table.parts[p].shard, w.table, ids, values));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
+        self.live()?;
+        if !self.writable {
+            return Err(Error::ReadOnly {
+                path: self.describe(),
+            });
+        }
+        let routed = self.route_writes(writes)?;
+        let mut shards: Vec<usize> = routed.iter().map(|r| r.0).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        match shards.as_slice() {
+            [] => self.version(),
+            [s] => {
+                let calls: Vec<RowWrite<'_>> = (routed.iter())
+                    .map(|(_, table, ids, values)| RowWrite {
+                        table,
+                        ids,
+                        values: values.as_deref(),
+                    })
+                    .collect();
+                let shard = &self.shards[*s];
+                shard.write(&self.plan.store, |c| c.write_many(&calls, options))?;
+                self.version()
+            }
+            many => Err(Error::Unsupported {
+                verb: "a write whose rows are on several shards",
+                by: format!(
+                    "{} (this call's rows are on shards {many:?}; until two-phase commit \
+                     lands, a call writes one shard's rows, all or nothing)",
+                    self.describe()
+                ),
+            }),
+        }
+    }
+
+    fn row_digests(&self, name: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
+        self.live()?;
+        let table = self.table(name)?;
+        let end = first.checked_add(count).filter(|&e| e <= table.rows);
+        if count > nearrec::MAX_DIGEST_ROWS || end.is_none() {
+            return Err(invalid(
+                Some(name),
+                format!(
+                    "rows {first} + {count} are not within its {} rows, at most {} a call",
+                    table.rows,
+                    nearrec::MAX_DIGEST_ROWS
+                ),
+            ));
+        }
+        let end = first + count;
+        let mut out = Vec::with_capacity(count as usize);
+        for part in &table.parts {
+            let (from, to) = (first.max(part.first), end.min(part.first + part.rows));
+            if from >= to {
+                continue;
+            }
+            let shard = &self.shards[part.shard];
+            let got = shard.any(&self.plan.store, |c| {
+                c.row_digests(name, from - part.first, to - from)
+            })?;
+            out.extend(got);
+        }
+        Ok(out)
+    }
+
+    fn stats(&self) -> nearrec::Result<Stats> {
+        self.live()?;
+        let mut total: Vec<(String, f64)> = Vec::new();
+        let mut first: Option<Stats> = None;
+        for s in &self.shards {
+            let stats = s.any(&self.plan.store, |c| c.stats())?;
+            for (k, v) in &stats.values {
+                match total.iter_mut().find(|(n, _)| n == k) {
+                    Some(t) => t.1 += v,
+                    None => total.push((k.clone(), *v)),
+                }
+            }
+            first.get_or_insert(stats);
+        }
+        // percentiles and ratios do not add: a shard's are its own (per-shard stats are each
+        // node's), so the sums of those are dropped
+        total.retain(|(k, _)| !(k.ends_with("_us") || k.contains("ratio") || k.ends_with("_p99")));
+        let counted = |n: &str, v: u64| (format!("cluster_{n}"), v as f64);
+        let sum = |f: fn(&crate::shard::Counters) -> &AtomicU64| {
+            self.shards
+                .iter()
+                .map(|s| f(&s.counters).load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        total.extend([
+            counted("shards", self.plan.shards as u64),
+            counted("batches", self.batches.load(Ordering::Relaxed)),
+            counted("bags", self.bags.load(Ordering::Relaxed)),
+            counted("bag_shards", self.bag_shards.load(Ordering::Relaxed)),
+            counted("spread_bags", self.spread_bags.load(Ordering::Relaxed)),
+            counted("reads", sum(|c| &c.reads)),
+            counted("hedges", sum(|c| &c.hedges)),
+            counted("hedge_wins", sum(|c| &c.hedge_wins)),
+            counted("retries", sum(|c| &c.retries)),
+            counted("failures", sum(|c| &c.failures)),
+        ]);
+        let first = first.expect("a plan has a shard");
+        Ok(Stats {
+            device: first.device,
+            direct_io: first.direct_io,
+            block_bytes: first.block_bytes,
+            values: total,
+        })
+    }
+
+    /// Each table's DRAM tiers over its shards, added up.
+    fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
+        self.live()?;
+        let mut out: Vec<TierReport> = Vec::new();
+        for s in &self.shards {
+            for r in s.any(&self.plan.store, |c| c.tier_report())? {
+                let Some(t) = out.iter_mut().find(|t| t.table == r.table) else {
+                    out.push(r);
+                    continue;
+                };
+                t.resident &= r.resident;
+                t.hot_rows += r.hot_rows;
+                t.cache_rows += r.cache_rows;
+                t.bytes += r.bytes;
+                t.lookups_resident += r.lookups_resident;
+                t.lookups_hot += r.lookups_hot;
+                t.lookups_cache += r.lookups_cache;
+                t.lookups_ssd += r.lookups_ssd;
+                t.cache.hits += r.cache.hits;
+                t.cache.misses += r.cache.misses;
+                t.cache.admissions += r.cache.admissions;
+                t.cache.rejections += r.cache.rejections;
+                t.cache.evictions += r.cache.evictions;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What a sharded store does with each verb: lookups split by shard and merged; a write to the
+/// replicas of the one shard its rows are on; digests where each part's rows are; counters
+/// added up. Verbs that change the plan's tables or models, or write across shards, answer
+/// `Unsupported` naming the verb (two-phase commit and cluster versions are the next step).
+impl StoreApi for ShardedStore {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn info(&self) -> nearrec::Result<Info> {
+        let inner = &self.inner;
+        inner.live()?;
+        let mut version = 0;
+        let (mut tier, mut writable) = (String::new(), true);
+        for s in &inner.shards {
+            let info = s.any(&inner.plan.store, |c| c.info())?;
+            s.seen.fetch_max(info.version, Ordering::Relaxed);
+            version += info.version;
+            writable &= info.writable;
+            if tier.is_empty() || info.tier == "ssd" {
+                tier = info.tier;
+            }
+        }
+        Ok(Info {
+            name: inner.plan.store.clone(),
+            tables: (inner.plan.tables.iter())
+                .map(|t| TableInfo {
+                    name: t.name.clone(),
+                    rows: t.rows,
+                    dim: t.dim,
+                    dtype: t.dtype,
+                })
+                .collect(),
+            version,
+            tier,
+            writable,
+            model: inner.keeper.is_some(),
+            stores: Vec::new(),
+            path: (inner.location.as_ref())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            served_version: None,
+            versions: Vec::new(),
+        })
+    }
+
+    fn location(&self) -> Option<PathBuf> {
+        self.inner.location.clone()
+    }
+
+    fn table(&self, name: &str) -> nearrec::Result<TableInfo> {
+        self.inner.live()?;
+        let t = self.inner.table(name)?;
+        Ok(TableInfo {
+            name: t.name.clone(),
+            rows: t.rows,
+            dim: t.dim,
+            dtype: t.dtype,
+        })
+    }
+
+    fn version(&self) -> nearrec::Result<u64> {
+        self.inner.version()
+    }
+
+    fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
+        self.inner.lookup(batch)
+    }
+
+    fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        self.inner.lookup_rows(batch)
+    }
+
+    fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
+        self.inner.live()?;
+        let inner = self.inner.clone();
+        let task = self
+            .inner
+            .runtime
+            .spawn_blocking(move || inner.lookup(&batch.as_batch()).map(|(p, _)| p));
+        Ok(Box::new(Pending {
+            inner: self.inner.clone(),
+            task,
+        }))
+    }
+
+    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
+        let inner = &self.inner;
+        inner.live()?;
+        let k = inner.keeper()?;
+        inner.shards[k].any(&inner.plan.store, |c| c.infer(dense, batch))
+    }
+
+    fn update_model(&self, weights: &[Tensor<'_>]) -> nearrec::Result<()> {
+        let inner = &self.inner;
+        inner.live()?;
+        let k = inner.keeper()?;
+        inner.shards[k].each(&inner.plan.store, |c| c.update_model(weights))
+    }
+
+    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
+        self.inner.write_many(writes, options)
+    }
+
+    fn create_table(&self, _table: &NewTable<'_>) -> nearrec::Result<u64> {
+        Err(Error::unsupported("create_table", self.describe()))
+    }
+
+    fn drop_table(&self, _name: &str) -> nearrec::Result<u64> {
+        Err(Error::unsupported("drop_table", self.describe()))
+    }
+
+    fn swap(&self, _to: &SwapTo, _warm: bool, _force: bool) -> nearrec::Result<u64> {
+        Err(Error::unsupported("swap", self.describe()))
+    }
+
+    fn refresh(&self) -> nearrec::Result<u64> {
+        self.inner.version()
+    }
+
+    fn compact(&self) -> nearrec::Result<Compaction> {
+        let inner = &self.inner;
+        inner.live()?;
+        let mut done = Compaction {
+            version: 0,
+            tables: 0,
+            rows: 0,
+            bytes: 0,
+            seconds: 0.0,
+        };
+        for s in &inner.shards {
+            let c = s.each(&inner.plan.store, |c| c.compact())?;
+            done.version += c.version;
+            done.tables += c.tables;
+            done.rows += c.rows;
+            done.bytes += c.bytes;
+            done.seconds = done.seconds.max(c.seconds);
+        }
+        Ok(done)
+    }
+
+    fn row_digests(&self, table: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
+        self.inner.row_digests(table, first, count)
+    }
+
+    fn stats(&self) -> nearrec::Result<Stats> {
+        self.inner.stats()
+    }
+
+    fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
+        self.inner.tier_report()
+    }
+
+    fn close(&self) -> nearrec::Result<()> {
+        self.inner.closed.store(true, Ordering::Relaxed);
+        for s in &self.inner.shards {
+            s.close();
+        }
+        Ok(())
+    }
+}
+
+/// A submitted lookup of a sharded store, run on the router's runtime.
+#[derive(Debug)]
+struct Pending {
+    inner: Arc<Inner>,
+    task: tokio::task::JoinHandle<nearrec::Result<Pooled>>,
+}
+
+impl Pending {
+    fn joined(
+        r: Result<nearrec::Result<Pooled>, tokio::task::JoinError>,
+    ) -> nearrec::Result<Pooled> {
+        r.map_err(|e| Error::Internal(format!("a sharded lookup's task failed: {e}")))?
+    }
+}
+
+impl PendingLookup for Pending {
+    fn is_done(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    fn wait(mut self: Box<Self>) -> nearrec::Result<Pooled> {
+        let inner = self.inner.clone();
+        Self::joined(inner.runtime.block_on(&mut self.task))
+    }
+
+    fn wait_timeout(
+        mut self: Box<Self>,
+        timeout: Duration,
+    ) -> Result<nearrec::Result<Pooled>, Submitted> {
+        let inner = self.inner.clone();
+        let task = &mut self.task;
+        match inner
+            .runtime
+            .block_on(async { tokio::time::timeout(timeout, task).await })
+        {
+            Ok(r) => Ok(Self::joined(r)),
+            Err(_) => Err(self),
+        }
+    }
+}

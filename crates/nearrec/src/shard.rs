@@ -1,0 +1,179 @@
+//! A store cut into the shards of a plan (`nearrec shard`): the plan from the store's tables and
+//! a trace ([`nearrec_plan::shards`]), then each shard written as an ordinary store at
+//! `DIR/shard-K` — its parts' rows copied as they are stored (no re-encoding, every sector
+//! checked against its sum on the way), then the table's hot rows — and the plan written last,
+//! at `DIR/shards.json`: a directory without a plan is not a sharded store, so a cut that fails
+//! half-way is never taken for one.
+//!
+//! Each shard carries the attachment `shard.json` (the plan's id, the shard's index, the store's
+//! name) so that whatever serves it can tell which plan it belongs to. A shard that holds every
+//! table of a kept model whole keeps the model too (whole-model offload on that node).
+
+use std::path::{Path, PathBuf};
+
+use nearrec_engine::Tier;
+use nearrec_format::{FormatError, StoreOptions, StoreReader, TableSpec};
+use nearrec_plan::shards::{SHARD_PLAN, ShardOptions, ShardPlan, plan_shards};
+use nearrec_plan::{TraceFile, trace_tables};
+use serde::{Deserialize, Serialize};
+
+use crate::config::StoreConfig;
+use crate::error::{Error, Result};
+use crate::model::{CONFIG_ATTACHMENT, WEIGHTS_ATTACHMENT};
+use crate::store::Store;
+
+/// The attachment naming the plan a shard was cut by.
+pub const SHARD_ATTACHMENT: &str = "shard.json";
+
+/// What a shard store says of itself ([`SHARD_ATTACHMENT`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardTag {
+    /// The plan's id.
+    pub plan: String,
+    pub shard: usize,
+    /// The sharded store's name.
+    pub store: String,
+}
+
+/// Rows copied per read.
+const CHUNK_ROWS: u64 = 16 << 10;
+
+/// Plans the shards of the store at `source` (read by `trace` where one is given) and writes
+/// them under `out`; returns the plan. `out` must not hold a sharded store unless `overwrite`.
+pub fn shard_store(
+    source: &Path,
+    trace: Option<&Path>,
+    options: &ShardOptions,
+    out: &Path,
+    overwrite: bool,
+) -> Result<ShardPlan> {
+    let (dir, name) = served_dir(source)?;
+    let reader = StoreReader::open(&dir)?;
+    let trace = trace.map(TraceFile::open).transpose()?;
+    let traced = trace.as_ref().map(trace_tables);
+    let plan = plan_shards(&name, reader.tables(), traced.as_deref(), options)?;
+    write_shards(&reader, &plan, out, overwrite)?;
+    Ok(plan)
+}
+
+/// The directory a store at `source` serves (a repository's current version) and its name,
+/// refused if it holds writes not yet folded into its table files: a cut copies table files.
+fn served_dir(source: &Path) -> Result<(PathBuf, String)> {
+    let config = StoreConfig {
+        tier: Tier::Ssd,
+        ..StoreConfig::default()
+    };
+    let store = Store::open(source, &config)?;
+    let (dir, name) = (store.path(), store.name());
+    let logged = store.version();
+    let folded = store.manifest().lsn.unwrap_or(0);
+    if logged > folded {
+        return Err(Error::invalid(format!(
+            "the store at {} holds writes up to version {logged} that its table files do not \
+             (they hold {folded}): compact it first (nearrec compact)",
+            source.display()
+        )));
+    }
+    Ok((dir, name))
+}
+
+/// Writes `plan`'s shards from `reader`'s store under `out`, the plan last.
+pub fn write_shards(
+    reader: &StoreReader,
+    plan: &ShardPlan,
+    out: &Path,
+    overwrite: bool,
+) -> Result<()> {
+    let plan_path = out.join(SHARD_PLAN);
+    if plan_path.exists() {
+        if !overwrite {
+            return Err(FormatError::AlreadyExists { path: out.into() }.into());
+        }
+        // first of all, so that a cut that fails half-way leaves no sharded store
+        std::fs::remove_file(&plan_path).map_err(|source| io(&plan_path, source))?;
+    }
+    let sources = reader.tables();
+    let model = [CONFIG_ATTACHMENT, WEIGHTS_ATTACHMENT];
+    let keeps_model = model
+        .iter()
+        .all(|a| reader.attachments().iter().any(|x| x.name == *a));
+    for k in 0..plan.shards {
+        let options = StoreOptions {
+            overwrite,
+            params: serde_json::json!({ "shard": k, "plan": plan.id }),
+        };
+        let mut writer =
+            nearrec_format::StoreWriter::create(ShardPlan::shard_dir(out, k), options)?;
+        let held = plan.shard_tables(k);
+        for &(t, p) in &held {
+            let table = &plan.tables[t];
+            let i = sources
+                .iter()
+                .position(|s| s.name == table.name)
+                .ok_or_else(|| Error::invalid(format!("the store lost table {:?}", table.name)))?;
+            let sums = reader.sector_sums(i)?;
+            let mut spec = TableSpec::new(&table.name, table.shard_rows(p), table.dim, table.dtype);
+            spec.block_bytes = sources[i].block_bytes;
+            let mut w = writer.table(spec)?;
+            let part = table.parts[p];
+            let ids = (part.first..part.first + part.rows).chain(table.hot.iter().copied());
+            let ids: Vec<u64> = ids.collect();
+            let mut bytes = Vec::new();
+            for chunk in ids.chunks(CHUNK_ROWS as usize) {
+                bytes.resize(chunk.len() * sources[i].row_bytes as usize, 0);
+                reader.read_rows_encoded(i, chunk, sums.as_ref(), &mut bytes)?;
+                w.write_encoded(&bytes)?;
+            }
+            writer.finish_table(w)?;
+        }
+        let tag = ShardTag {
+            plan: plan.id.clone(),
+            shard: k,
+            store: plan.store.clone(),
+        };
+        writer.attach(
+            SHARD_ATTACHMENT,
+            &serde_json::to_vec(&tag).expect("a tag serializes"),
+        )?;
+        let whole = held.len() == plan.tables.len()
+            && held.iter().all(|&(t, _)| plan.tables[t].parts.len() == 1);
+        if keeps_model && whole {
+            for name in model {
+                if let Some(bytes) = reader.read_attachment(name)? {
+                    writer.attach(name, &bytes)?;
+                }
+            }
+        }
+        writer.commit()?;
+    }
+    // shards a larger plan left here
+    for k in plan.shards.. {
+        let stale = ShardPlan::shard_dir(out, k);
+        if !stale.exists() {
+            break;
+        }
+        std::fs::remove_dir_all(&stale).map_err(|source| io(&stale, source))?;
+    }
+    plan.write(out)?;
+    Ok(())
+}
+
+/// The tag of the shard store at `dir`, if it is one.
+pub fn shard_tag(dir: &Path) -> Result<Option<ShardTag>> {
+    let reader = StoreReader::open(dir)?;
+    let Some(bytes) = reader.read_attachment(SHARD_ATTACHMENT)? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::invalid(format!("{}: {SHARD_ATTACHMENT}: {e}", dir.display())))
+}
+
+fn io(path: &Path, source: std::io::Error) -> Error {
+    FormatError::Io {
+        path: path.into(),
+        source,
+    }
+    .into()
+}
