@@ -25,7 +25,7 @@ __all__ = [
     "trace_generate_table", "trace_write", "trace_open", "trace_profile", "colocation_order",
     "copy_store_ordered", "panic_at_the_boundary", "error_kinds", "serve", "node_flags",
     "NodeConfig", "NativePlan", "plan_make",
-    "plan_check_trace", "plan_load",
+    "plan_check_trace", "plan_load", "shard_plan", "shard_write", "shard_plan_read",
 ]
 
 _Path = str | PathLike[str]
@@ -97,6 +97,12 @@ class NativeStore:
                 timeout: float | None = None,
                 tls: tuple[bytes | None, str | None, tuple[bytes, bytes] | None] | None = None,
                 attempts: int = 4) -> NativeStore: ...
+    @staticmethod
+    def connect_sharded(plan: str, location: _Path | None, replicas: list[list[str]],
+                        hedge: tuple[str, float], token: str | None = None,
+                        timeout: float | None = None,
+                        tls: tuple[bytes | None, str | None, tuple[bytes, bytes] | None]
+                        | None = None) -> NativeStore: ...
     @property
     def describe(self) -> str: ...
     @property
@@ -320,3 +326,7 @@ def plan_check_trace(
     store: list[tuple[str, int, int, int]], trace: list[tuple[str, int, npt.NDArray[np.int64]]]
 ) -> None: ...
 def plan_load(path: _Path) -> str: ...
+def shard_plan(store: _Path, shards: int, replicas: int, scheme: str, replicate_hot: int,
+               trace: _Path | None = None) -> str: ...
+def shard_write(store: _Path, plan: str, out: _Path, overwrite: bool) -> None: ...
+def shard_plan_read(dir: _Path) -> str: ...

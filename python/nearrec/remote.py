@@ -89,6 +89,25 @@ def connect(address: str | Sequence[str], store: str = "", *, token: str | None 
     text(address, "address")
     text(store, "store")
     attempts = count(retries, "retries", minimum=0) + 1
+    token, timeout, tls = _credentials(token, token_file, timeout, tls_ca, tls_cert, tls_key,
+                                       tls_domain)
+    how = _Connection(address, store, token is not None, timeout, _path(tls_ca),
+                      _path(tls_cert), _path(tls_key), tls_domain, attempts - 1)
+    return Store._over(NativeStore.connect(address, store, token, timeout, tls, attempts),
+                       address, lambda s: _reduce(s, how))
+
+
+#: TLS as the binding takes it: the CA's PEM, the domain, the client's certificate and key.
+Tls = tuple[bytes | None, str | None, tuple[bytes, bytes] | None]
+
+
+def _credentials(token: str | None, token_file: str | os.PathLike[str] | None,
+                 timeout: float | None, tls_ca: str | os.PathLike[str] | None,
+                 tls_cert: str | os.PathLike[str] | None,
+                 tls_key: str | os.PathLike[str] | None,
+                 tls_domain: str | None) -> tuple[str | None, float | None, Tls | None]:
+    """:func:`connect`'s token (given, from its file or from :data:`TOKEN_ENV`), deadline and
+    TLS, checked: what every client of a node is made with."""
     if token is not None and token_file is not None:
         raise InvalidRequest("give token or token_file, not both")
     if token_file is not None:
@@ -109,10 +128,7 @@ def connect(address: str | Sequence[str], store: str = "", *, token: str | None 
             _pem(tls_cert, "tls_cert"), _pem(tls_key, "tls_key"))
         tls = (None if tls_ca is None else _pem(tls_ca, "tls_ca"),
                None if tls_domain is None else text(tls_domain, "tls_domain"), identity)
-    how = _Connection(address, store, token is not None, timeout, _path(tls_ca),
-                      _path(tls_cert), _path(tls_key), tls_domain, attempts - 1)
-    return Store._over(NativeStore.connect(address, store, token, timeout, tls, attempts),
-                       address, lambda s: _reduce(s, how))
+    return token, timeout, tls
 
 
 def _path(p: str | os.PathLike[str] | None) -> str | None:

@@ -1,7 +1,7 @@
 //! A batch cut by shard, and the shards' pooled answers merged back exactly.
 //!
 //! A table whose rows are all on one shard goes to it as the caller asked (its ids, bags,
-//! weights, padding and mode unchanged). A table cut into parts is split bag by bag: each id
+//! weights, padding and mode unchanged), its ids range-checked first. A table cut into parts is split bag by bag: each id
 //! goes to the shard of its part as a local row (`id - first`) — a hot id kept on every shard
 //! of the table goes with the bag's other ids, to the shard of the bag's first id that is not
 //! hot — padding ids are dropped, and each shard pools its share with `sum` (`sum` and `mean`)
@@ -77,6 +77,16 @@ fn route(table: &ShardedTable, id: u64, anchor: Option<usize>) -> (usize, i64) {
     }
 }
 
+fn out_of_range(lookup: &TableLookup<'_>, position: usize, bag: usize, rows: u64) -> EngineError {
+    EngineError::IndexOutOfRange {
+        table: lookup.table.to_owned(),
+        position,
+        bag,
+        value: lookup.indices.get(position),
+        rows,
+    }
+}
+
 impl Split {
     /// Cuts `batch` over `shards` shards by the plan's `tables` (`find` gives a request
     /// table's index among them, or the engine's `UnknownTable`).
@@ -101,6 +111,15 @@ impl Split {
             let table = &tables[t];
             split.tables.push((t, table.dim as usize));
             if table.parts.len() == 1 {
+                // checked here too, so that a bad batch costs no round trip
+                for b in 0..bags {
+                    for j in checked.bounds[b]..checked.bounds[b + 1] {
+                        let id = lookup.indices.get(j);
+                        if id < 0 || id as u64 >= table.rows {
+                            return Err(out_of_range(lookup, j, b, table.rows));
+                        }
+                    }
+                }
                 let shard = table.parts[0].shard;
                 split.shares[shard].lookups.push(Owned::Forward(k));
                 split.shares[shard].from.push(k);
@@ -122,13 +141,7 @@ impl Split {
                 for j in from..to {
                     let id = lookup.indices.get(j);
                     if id < 0 || id as u64 >= rows {
-                        return Err(EngineError::IndexOutOfRange {
-                            table: lookup.table.to_owned(),
-                            position: j,
-                            bag: b,
-                            value: id,
-                            rows,
-                        });
+                        return Err(out_of_range(lookup, j, b, rows));
                     }
                     if anchor.is_none()
                         && Some(id as u64) != checked.padding

@@ -167,12 +167,17 @@ impl ShardPlan {
             path: path.clone(),
             source,
         })?;
+        Self::parse(&bytes, &path)
+    }
+
+    /// The plan whose JSON is `bytes` (read from `origin`, which errors name), checked whole.
+    pub fn parse(bytes: &[u8], origin: &Path) -> Result<Self> {
         let bad = |table: Option<String>, reason: String| PlanError::BadShardPlan {
-            path: path.clone(),
+            path: origin.to_path_buf(),
             table,
             reason,
         };
-        let plan: ShardPlan = serde_json::from_slice(&bytes)
+        let plan: ShardPlan = serde_json::from_slice(bytes)
             .map_err(|e| bad(None, format!("not a shard plan: {e}")))?;
         if plan.format != SHARD_PLAN_FORMAT {
             return Err(bad(
@@ -197,14 +202,19 @@ impl ShardPlan {
         Ok(plan)
     }
 
+    /// The plan as its file holds it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan serializes") + "\n"
+    }
+
     /// Writes the plan to `dir/shards.json`, atomically.
     pub fn write(&self, dir: &Path) -> Result<PathBuf> {
         let path = dir.join(SHARD_PLAN);
-        let mut bytes = serde_json::to_vec_pretty(self).expect("a plan serializes");
-        bytes.push(b'\n');
-        nearrec_format::replace_file(&path, &bytes).map_err(|e| PlanError::Io {
-            path: path.clone(),
-            source: std::io::Error::other(e.to_string()),
+        nearrec_format::replace_file(&path, self.to_json().as_bytes()).map_err(|e| {
+            PlanError::Io {
+                path: path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            }
         })?;
         Ok(path)
     }

@@ -5,8 +5,9 @@
 //!
 //! Modules:
 //! - `store.rs`: `NativeStore`, the one store class, over an `Arc<dyn StoreApi>` — the embedded
-//!   `nearrec::Store` (its constructor; `nearrec.open`) or a node's store through
-//!   `nearrec-client` (`connect`; `nearrec.connect`); lookups, `submit` → `NativePending`,
+//!   `nearrec::Store` (its constructor; `nearrec.open`), a node's store through
+//!   `nearrec-client` (`connect`; `nearrec.connect`) or a sharded store through
+//!   `nearrec-cluster` (`connect_sharded`; `nearrec.distributed.connect`); lookups, `submit` → `NativePending`,
 //!   `stream` → `NativeStream`, `infer`, writes, stats; what only an embedded store has answers
 //!   `Unsupported`. Also the store on disk without opening it: verify, gc, manifest, attachments;
 //! - `lookup.rs`: the native `TableLookup`, its arrays converted once at construction and
@@ -29,7 +30,8 @@
 //!   configuration and weights (for `nearrec.models`' offload); `model_save` / `model_read`, the
 //!   model kept with a store, through the facade;
 //! - `writer.rs` (the streaming store writer, the co-located copy), `progress.rs` (bars on
-//!   stderr), `plan.rs` (the planner and plan files), `trace.rs` (generators, trace files,
+//!   stderr), `plan.rs` (the planner and plan files), `shards.rs` (shard plans, a store cut
+//!   into shards), `trace.rs` (generators, trace files,
 //!   profiles), `device.rs` (the flash model, its calibration, the disk's read rate), `cache.rs`
 //!   (the row cache alone, for studies), `keyed.rs` (keyed tables).
 
@@ -46,6 +48,7 @@ mod node;
 mod plan;
 mod progress;
 mod raw;
+mod shards;
 mod store;
 mod tensor;
 mod trace;
@@ -86,6 +89,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan::plan_make, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan_check_trace, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan_load, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::shard_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::shard_write, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::shard_plan_read, m)?)?;
     m.add_class::<writer::NativeStoreWriter>()?;
     m.add_class::<keyed::NativeKeyedTable>()?;
     m.add_class::<model::NativeModel>()?;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use nearrec::{AsBatch, Batch, Located, NewTable, Pooled, Store, StoreApi, Submitted, SwapTo};
 use nearrec_client::{Client, ClientOptions, ClientTls, Retry};
+use nearrec_cluster::{Endpoint, Hedge, ShardedOptions, ShardedStore};
 use nearrec_format::{DType, Publish, Repository, StoreReader};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -62,6 +63,30 @@ fn contiguous(py: Python<'_>, what: &str, table: &str) -> PyErr {
         Some(table),
         None,
     )
+}
+
+/// A client's options from `NativeStore.connect`'s arguments.
+#[allow(clippy::type_complexity)]
+fn client_options(
+    token: Option<String>,
+    timeout: Option<f64>,
+    tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
+    attempts: u32,
+) -> ClientOptions {
+    ClientOptions {
+        token,
+        timeout: timeout.map(Duration::from_secs_f64),
+        retry: Retry {
+            attempts,
+            ..Retry::default()
+        },
+        tls: tls.map(|(ca, domain, identity)| ClientTls {
+            ca,
+            domain,
+            identity,
+        }),
+        ..ClientOptions::default()
+    }
 }
 
 impl NativeStore {
@@ -133,24 +158,68 @@ impl NativeStore {
         tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
         attempts: u32,
     ) -> PyResult<Self> {
-        let options = ClientOptions {
-            token,
-            timeout: timeout.map(Duration::from_secs_f64),
-            retry: Retry {
-                attempts,
-                ..Retry::default()
-            },
-            tls: tls.map(|(ca, domain, identity)| ClientTls {
-                ca,
-                domain,
-                identity,
-            }),
-            ..ClientOptions::default()
-        };
+        let options = client_options(token, timeout, tls, attempts);
         let client =
             detach(py, || Client::connect(addr, store, options))?.map_err(|e| err(py, e))?;
         Ok(Self {
             api: Arc::new(client),
+            local: None,
+        })
+    }
+
+    /// Connects to a sharded store: its plan `plan` (JSON; read from `location`, if given),
+    /// shard `k` served by the nodes `replicas[k]` (each `ADDR` or `ADDR/STORE`); `hedge` is
+    /// `("off", 0)`, `("after", seconds)` or `("quantile", q)`.
+    #[staticmethod]
+    #[pyo3(signature = (plan, location, replicas, hedge, token = None, timeout = None, tls = None))]
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    fn connect_sharded(
+        py: Python<'_>,
+        plan: &str,
+        location: Option<PathBuf>,
+        replicas: Vec<Vec<String>>,
+        hedge: (String, f64),
+        token: Option<String>,
+        timeout: Option<f64>,
+        tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
+    ) -> PyResult<Self> {
+        let origin = location
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("the plan given"));
+        let plan = nearrec::plan::shards::ShardPlan::parse(plan.as_bytes(), &origin)
+            .map_err(|e| crate::error::plan_error(py, e))?;
+        let hedge = match (hedge.0.as_str(), hedge.1) {
+            ("off", _) => Hedge::Off,
+            ("after", s) if s >= 0.0 && s.is_finite() => Hedge::After(Duration::from_secs_f64(s)),
+            ("quantile", q) if (0.0..=1.0).contains(&q) => Hedge::Quantile {
+                q,
+                min: Duration::from_micros(500),
+            },
+            (kind, v) => {
+                return Err(raise(
+                    py,
+                    "InvalidRequest",
+                    format!(
+                        "hedge ({kind:?}, {v}) is not off, after ≥ 0 seconds or a quantile in 0 ..= 1"
+                    ),
+                    None,
+                    None,
+                ));
+            }
+        };
+        let options = ShardedOptions {
+            client: client_options(token, timeout, tls, 1),
+            hedge,
+        };
+        let endpoints: Vec<Vec<Endpoint>> = (replicas.iter())
+            .map(|shard| shard.iter().map(|a| Endpoint::parse(a)).collect())
+            .collect();
+        let store = detach(py, || {
+            ShardedStore::connect(plan, location, &endpoints, options)
+        })?
+        .map_err(|e| err(py, e))?;
+        Ok(Self {
+            api: Arc::new(store),
             local: None,
         })
     }

@@ -48,13 +48,35 @@ pub fn shard_store(
     out: &Path,
     overwrite: bool,
 ) -> Result<ShardPlan> {
+    let plan = plan_store(source, trace, options)?;
+    cut_store(source, &plan, out, overwrite)?;
+    Ok(plan)
+}
+
+/// The shard plan of the store at `source`, balanced by `trace` where one is given.
+pub fn plan_store(
+    source: &Path,
+    trace: Option<&Path>,
+    options: &ShardOptions,
+) -> Result<ShardPlan> {
     let (dir, name) = served_dir(source)?;
     let reader = StoreReader::open(&dir)?;
     let trace = trace.map(TraceFile::open).transpose()?;
     let traced = trace.as_ref().map(trace_tables);
-    let plan = plan_shards(&name, reader.tables(), traced.as_deref(), options)?;
-    write_shards(&reader, &plan, out, overwrite)?;
-    Ok(plan)
+    Ok(plan_shards(
+        &name,
+        reader.tables(),
+        traced.as_deref(),
+        options,
+    )?)
+}
+
+/// Writes `plan`'s shards of the store at `source` under `out` (the plan must be one made for
+/// its tables).
+pub fn cut_store(source: &Path, plan: &ShardPlan, out: &Path, overwrite: bool) -> Result<()> {
+    let (dir, _) = served_dir(source)?;
+    let reader = StoreReader::open(&dir)?;
+    write_shards(&reader, plan, out, overwrite)
 }
 
 /// The directory a store at `source` serves (a repository's current version) and its name,
@@ -110,8 +132,22 @@ pub fn write_shards(
             let table = &plan.tables[t];
             let i = sources
                 .iter()
-                .position(|s| s.name == table.name)
-                .ok_or_else(|| Error::invalid(format!("the store lost table {:?}", table.name)))?;
+                .position(|s| {
+                    (s.name.as_str(), s.rows, s.dim, s.dtype)
+                        == (table.name.as_str(), table.rows, table.dim, table.dtype)
+                })
+                .ok_or_else(|| Error::InvalidRequest {
+                    table: Some(table.name.clone()),
+                    position: None,
+                    reason: format!(
+                        "plan {} names {} rows × dim {} {}, which the store at {} does not hold",
+                        plan.id,
+                        table.rows,
+                        table.dim,
+                        table.dtype.name(),
+                        reader.path().display()
+                    ),
+                })?;
             let sums = reader.sector_sums(i)?;
             let mut spec = TableSpec::new(&table.name, table.shard_rows(p), table.dim, table.dtype);
             spec.block_bytes = sources[i].block_bytes;

@@ -25,7 +25,8 @@ fn stored(path: &Path, name: &str, ids: &[u64]) -> Vec<u8> {
     let i = r.tables().iter().position(|t| t.name == name).unwrap();
     let mut out = vec![0u8; ids.len() * r.tables()[i].row_bytes as usize];
     let sums = r.sector_sums(i).unwrap();
-    r.read_rows_encoded(i, ids, sums.as_ref(), &mut out).unwrap();
+    r.read_rows_encoded(i, ids, sums.as_ref(), &mut out)
+        .unwrap();
     out
 }
 
@@ -58,7 +59,10 @@ fn each_shard_holds_its_parts_and_hot_rows_as_the_source_stores_them() {
         for (p, part) in t.parts.iter().enumerate() {
             let shard = ShardPlan::shard_dir(&out, part.shard);
             let tag = shard_tag(&shard).unwrap().unwrap();
-            assert_eq!((tag.plan.as_str(), tag.shard), (plan.id.as_str(), part.shard));
+            assert_eq!(
+                (tag.plan.as_str(), tag.shard),
+                (plan.id.as_str(), part.shard)
+            );
             let global: Vec<u64> = (part.first..part.first + part.rows)
                 .chain(t.hot.iter().copied())
                 .collect();
@@ -81,7 +85,10 @@ fn each_shard_holds_its_parts_and_hot_rows_as_the_source_stores_them() {
     };
     let plan = shard_store(&src, None, &fewer, &out, true).unwrap();
     assert_eq!(ShardPlan::read(&out).unwrap(), plan);
-    assert!(!ShardPlan::shard_dir(&out, 2).exists(), "a stale shard left");
+    assert!(
+        !ShardPlan::shard_dir(&out, 2).exists(),
+        "a stale shard left"
+    );
 }
 
 #[test]

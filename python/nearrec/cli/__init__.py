@@ -1,12 +1,12 @@
 """The ``nearrec`` command line: build, info, verify, gc, update, compact, publish, swap,
-serve, lookup, predict, trace, infer, plan, colocate, simulate, bench.
+shard, serve, lookup, predict, trace, infer, plan, colocate, simulate, bench.
 
 Human-readable output by default, ``--json`` for machines; progress bars on long work when
 stderr is a terminal (``--progress`` forces them). Errors print one line and exit with status 2
 (bad input) or 1 (the store, the system, a missing extra); ``--debug`` shows the traceback.
 
 The verbs live by what they touch: :mod:`.stores` (build, info, verify, gc, update, compact,
-publish, swap),
+publish, swap, shard),
 :mod:`.serving` (serve, lookup, predict), :mod:`.workloads` (trace, plan, colocate, infer,
 simulate, bench); the flags they share are in :mod:`.flags`, what they print in :mod:`.output`.
 This module holds the command tree (:func:`parser`) and :func:`main`.
@@ -30,6 +30,7 @@ from .stores import (
     cmd_gc,
     cmd_info,
     cmd_publish,
+    cmd_shard,
     cmd_swap,
     cmd_update,
     cmd_verify,
@@ -272,6 +273,23 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--overwrite", action="store_true", help="replace a plan file there")
     common(pl)
     pl.set_defaults(func=cmd_plan)
+
+    sh = sub.add_parser("shard", help="cut a store into shards for several nodes (table-, row- or "
+                        "table-row-wise), balanced by bytes and a trace's load")
+    sh.add_argument("store", help="the store to cut")
+    sh.add_argument("--shards", type=int, required=True, help="how many shards")
+    sh.add_argument("--replicas", type=int, default=1, help="nodes serving each shard")
+    sh.add_argument("--scheme", choices=["table", "row", "table-row", "auto"], default="auto",
+                    help="whole tables, every table over every shard, or each table over as "
+                         "many shards as its cost asks (auto: table when that balances)")
+    sh.add_argument("--trace", help="a .nrtrace file to balance the load by")
+    sh.add_argument("--replicate-hot", type=int, default=0, metavar="ROWS",
+                    help="keep this many of each split table's hottest rows on each of its "
+                         "shards (needs --trace)")
+    sh.add_argument("--out", required=True, help="the directory of the shards and shards.json")
+    sh.add_argument("--overwrite", action="store_true", help="replace a sharded store at OUT")
+    common(sh)
+    sh.set_defaults(func=cmd_shard)
 
     co = sub.add_parser("colocate", help="copy a store with rows read together stored together")
     co.add_argument("store", help="the store to copy")

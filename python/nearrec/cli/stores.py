@@ -6,6 +6,7 @@ node)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from dataclasses import asdict
@@ -168,4 +169,28 @@ def cmd_swap(args: argparse.Namespace) -> int:
           f"{store.name} serves "
           + (f"version {store.served_version} ({store.served_path})"
              if store.served_version is not None else store.served_path))
+    return 0
+
+def cmd_shard(args: argparse.Namespace) -> int:
+    from ..distributed import shard
+
+    plan = shard(args.store, args.out, args.shards, replicas=args.replicas, scheme=args.scheme,
+                 trace=args.trace, replicate_hot=args.replicate_hot, overwrite=args.overwrite)
+    sizes, loads = plan.shard_bytes(), plan.shard_load()
+    data = {"out": str(args.out), "plan": plan.id, "store": plan.store, "scheme": plan.scheme,
+            "shards": plan.shards, "replicas": plan.replicas,
+            "shard_bytes": sizes, "shard_load": loads,
+            "tables": [{"table": t.name, "parts": [dataclasses.asdict(p) for p in t.parts],
+                        "hot_rows": len(t.hot), "load": t.load} for t in plan.tables]}
+    lines = [f"{plan.store}: {plan.shards} shards × {plan.replicas} replicas, "
+             f"{plan.scheme}-wise (plan {plan.id})"]
+    for k in range(plan.shards):
+        held = ", ".join(t.name if len(t.parts) == 1 else f"{t.name}[{p.first}:{p.first + p.rows}]"
+                         for t, p in plan.shard_tables(k))
+        lines.append(f"  shard-{k}: {human_bytes(sizes[k])}, {loads[k]:.1%} of the lookups: "
+                     f"{held}")
+    lines.append(f"wrote {args.out}/shards.json and {plan.shards} shard stores; serve each "
+                 f"(nearrec serve {args.out}/shard-K) and connect them with "
+                 f"nearrec.distributed.connect({str(args.out)!r}, [...]) or nearrec.ray")
+    emit(args, data, "\n".join(lines))
     return 0

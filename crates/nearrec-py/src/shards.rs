@@ -1,0 +1,69 @@
+//! Binding of sharding (`nearrec.distributed`): a store's shard plan made and its shards cut
+//! (`nearrec::shard`), the plan file read; plans cross as the JSON their file holds, so Python
+//! reads them as the router does.
+
+use std::path::{Path, PathBuf};
+
+use nearrec::plan::shards::ShardPlan;
+use nearrec::plan::{Scheme, ShardOptions};
+use pyo3::prelude::*;
+
+use crate::error::{detach, err, plan_error};
+
+fn options(
+    shards: usize,
+    replicas: usize,
+    scheme: &str,
+    replicate_hot: u64,
+) -> nearrec::Result<ShardOptions> {
+    Ok(ShardOptions {
+        shards,
+        replicas,
+        scheme: Scheme::parse(scheme)?,
+        replicate_hot,
+    })
+}
+
+/// The shard plan of the store at `store` (a trace file `trace` to balance by), as JSON.
+#[pyfunction]
+#[pyo3(signature = (store, shards, replicas, scheme, replicate_hot, trace = None))]
+pub(crate) fn shard_plan(
+    py: Python<'_>,
+    store: PathBuf,
+    shards: usize,
+    replicas: usize,
+    scheme: &str,
+    replicate_hot: u64,
+    trace: Option<PathBuf>,
+) -> PyResult<String> {
+    let options = options(shards, replicas, scheme, replicate_hot).map_err(|e| err(py, e))?;
+    let plan = detach(py, || {
+        nearrec::shard::plan_store(&store, trace.as_deref(), &options)
+    })?
+    .map_err(|e| err(py, e))?;
+    Ok(plan.to_json())
+}
+
+/// Cuts the store at `store` into the shards of the plan `plan` (JSON) under `out`.
+#[pyfunction]
+pub(crate) fn shard_write(
+    py: Python<'_>,
+    store: PathBuf,
+    plan: &str,
+    out: PathBuf,
+    overwrite: bool,
+) -> PyResult<()> {
+    let plan = ShardPlan::parse(plan.as_bytes(), Path::new("the plan given"))
+        .map_err(|e| plan_error(py, e))?;
+    detach(py, || {
+        nearrec::shard::cut_store(&store, &plan, &out, overwrite)
+    })?
+    .map_err(|e| err(py, e))
+}
+
+/// The plan in `dir` (`shards.json`), checked, as JSON.
+#[pyfunction]
+pub(crate) fn shard_plan_read(py: Python<'_>, dir: PathBuf) -> PyResult<String> {
+    let plan = detach(py, || ShardPlan::read(&dir))?.map_err(|e| plan_error(py, e))?;
+    Ok(plan.to_json())
+}

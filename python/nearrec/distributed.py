@@ -1,0 +1,215 @@
+"""A store cut into shards, each served by one or more storage nodes, used as one
+:class:`~nearrec.Store`.
+
+- :func:`plan_shards`: which shard serves which rows of which table — TorchRec's table-wise,
+  row-wise and table-row-wise schemes (``scheme="table" | "row" | "table-row" | "auto"``),
+  balanced half by bytes and half by a trace's lookups, optionally the hottest rows of each
+  split table kept on every shard of it (``replicate_hot``), so that a bag's hot ids go with
+  its other ids instead of to one more shard. A :class:`ShardPlan`.
+- :func:`shard`: the store cut by a plan under a directory: ``shard-K`` (each an ordinary
+  store) and ``shards.json``, the plan, written last (``nearrec shard`` on the command line).
+- :func:`load_plan`: the plan of a sharded store's directory, checked.
+- :func:`connect`: the sharded store through the nodes serving its shards — a
+  :class:`~nearrec.Store` whose lookups are split by shard, sent to every shard at once and
+  merged exactly (the router is Rust: ``crates/nearrec-cluster``), reads hedged to a second
+  replica after the shard's observed p95 and moved to another replica when one fails. A shard
+  no replica of which answers fails the call with :class:`~nearrec.errors.Unavailable` naming
+  the shard, never a partial answer. A write goes to every replica of the one shard its rows
+  are on; a call whose rows span shards raises :class:`~nearrec.errors.Unsupported` until
+  two-phase commit lands. ``nearrec.ray`` starts the nodes as Ray actors and returns this.
+
+The plan and the cut are Rust (``nearrec::shard``, ``nearrec_plan::shards``); this module
+only translates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import _native
+from ._native import NativeStore
+from .errors import InvalidRequest
+from .remote import DEFAULT_TIMEOUT, TOKEN_ENV, _credentials
+from .request import count, text
+from .store import Store
+
+_PathLike = str | os.PathLike[str]
+
+#: The schemes :func:`plan_shards` takes.
+SCHEMES = ("table", "row", "table-row", "auto")
+
+
+@dataclass(frozen=True)
+class Part:
+    """Rows ``first .. first + rows`` of a table, on shard ``shard``."""
+
+    shard: int
+    first: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class ShardedTable:
+    """A table of a sharded store: its row ranges, each on a shard of its own, and the rows
+    kept on every one of them as well (``hot``, ascending)."""
+
+    name: str
+    rows: int
+    dim: int
+    dtype: str
+    #: its share of the trace's lookups (of the tables' count without a trace)
+    load: float
+    parts: tuple[Part, ...]
+    hot: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """A sharded store's plan, as its ``shards.json`` holds it (:meth:`to_json`)."""
+
+    #: a digest of the content: every shard carries the id of the plan it was cut by
+    id: str
+    #: the name the sharded store is served as
+    store: str
+    #: the scheme that made it (``auto`` resolved)
+    scheme: str
+    shards: int
+    replicas: int
+    tables: tuple[ShardedTable, ...]
+    _json: str = dataclasses.field(repr=False, compare=False)
+
+    @classmethod
+    def _from_json(cls, text_: str) -> ShardPlan:
+        raw = json.loads(text_)
+        tables = tuple(
+            ShardedTable(t["name"], t["rows"], t["dim"], t["dtype"], t["load"],
+                         tuple(Part(p["shard"], p["first"], p["rows"]) for p in t["parts"]),
+                         tuple(t.get("hot", ())))
+            for t in raw["tables"])
+        return cls(raw["id"], raw["store"], raw["scheme"], raw["shards"], raw["replicas"],
+                   tables, text_)
+
+    def to_json(self) -> str:
+        """The plan as ``shards.json`` holds it."""
+        return self._json
+
+    def shard_tables(self, shard: int) -> list[tuple[ShardedTable, Part]]:
+        """The tables shard ``shard`` holds, each with its part there."""
+        return [(t, p) for t in self.tables for p in t.parts if p.shard == shard]
+
+    def shard_bytes(self) -> list[int]:
+        """Each shard's bytes of rows (its parts' and its hot rows')."""
+        out = [0] * self.shards
+        for t in self.tables:
+            row = _row_bytes(t.dtype, t.dim)
+            for p in t.parts:
+                out[p.shard] += (p.rows + len(t.hot)) * row
+        return out
+
+    def shard_load(self) -> list[float]:
+        """Each shard's expected share of the lookups (a table's load split over its parts by
+        their rows: the plan's cuts by a trace make that an estimate)."""
+        out = [0.0] * self.shards
+        for t in self.tables:
+            for p in t.parts:
+                out[p.shard] += t.load * p.rows / t.rows
+        return out
+
+
+def _row_bytes(dtype: str, dim: int) -> int:
+    return {"fp32": 4 * dim, "fp16": 2 * dim, "bf16": 2 * dim, "int8": dim + 8}[dtype]
+
+
+def _scheme(scheme: str) -> str:
+    if scheme not in SCHEMES:
+        raise InvalidRequest(f"scheme must be one of {', '.join(SCHEMES)}, not {scheme!r}")
+    return scheme
+
+
+def plan_shards(store: _PathLike, shards: int, *, replicas: int = 1, scheme: str = "auto",
+                trace: _PathLike | None = None, replicate_hot: int = 0) -> ShardPlan:
+    """The plan that cuts the store at ``store`` into ``shards`` shards of ``replicas``
+    replicas each by ``scheme``, balanced by ``trace`` (a ``.nrtrace`` file) where one is
+    given; ``replicate_hot`` (needs a trace): that many of the hottest rows of each table cut
+    into several parts are kept on each of its shards too."""
+    return ShardPlan._from_json(_native.shard_plan(
+        os.fspath(store), count(shards, "shards"), count(replicas, "replicas"),
+        _scheme(scheme), count(replicate_hot, "replicate_hot", minimum=0),
+        None if trace is None else os.fspath(trace)))
+
+
+def shard(store: _PathLike, out: _PathLike, shards: int | ShardPlan, *, replicas: int = 1,
+          scheme: str = "auto", trace: _PathLike | None = None, replicate_hot: int = 0,
+          overwrite: bool = False) -> ShardPlan:
+    """Cuts the store at ``store`` into shards under ``out`` — by a :class:`ShardPlan`, or by
+    the plan :func:`plan_shards` makes of the other arguments — and returns the plan. Each
+    shard is an ordinary store (``out/shard-K``) holding its parts' rows as the source stores
+    them; the plan (``out/shards.json``) is written last, so a cut that fails leaves no sharded
+    store. A store with writes not yet compacted is refused (compact it first)."""
+    plan = shards if isinstance(shards, ShardPlan) else plan_shards(
+        store, shards, replicas=replicas, scheme=scheme, trace=trace,
+        replicate_hot=replicate_hot)
+    _native.shard_write(os.fspath(store), plan.to_json(), os.fspath(out), bool(overwrite))
+    return plan
+
+
+def load_plan(directory: _PathLike) -> ShardPlan:
+    """The plan of the sharded store at ``directory`` (its ``shards.json``), checked whole: a
+    plan whose parts do not cover its tables' rows, or that was edited, raises
+    :class:`~nearrec.errors.InvalidRequest` naming the table."""
+    return ShardPlan._from_json(_native.shard_plan_read(os.fspath(directory)))
+
+
+def _hedge(hedge: float | str | None) -> tuple[str, float]:
+    if hedge is None:
+        return ("off", 0.0)
+    if isinstance(hedge, str):
+        if not (hedge.startswith("p") and hedge[1:].isdigit()) or not 0 < int(hedge[1:]) < 100:
+            raise InvalidRequest(f"hedge is 'pNN' (a percentile), seconds or None, not {hedge!r}")
+        return ("quantile", int(hedge[1:]) / 100)
+    seconds = float(hedge)
+    if not seconds >= 0:
+        raise InvalidRequest(f"hedge is a delay of seconds ≥ 0, not {hedge}")
+    return ("after", seconds)
+
+
+def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str], *,
+            token: str | None = None, token_file: _PathLike | None = None,
+            timeout: float | None = DEFAULT_TIMEOUT, hedge: float | str | None = "p95",
+            tls_ca: _PathLike | None = None, tls_cert: _PathLike | None = None,
+            tls_key: _PathLike | None = None, tls_domain: str | None = None) -> Store:
+    """The sharded store of ``plan`` (a :class:`ShardPlan`, or the directory holding its
+    ``shards.json``), shard ``k`` served by the nodes ``replicas[k]`` (``host:port`` or
+    ``host:port/store``; one string is one replica). Every replica is checked against the
+    plan first: one whose tables do not fit it raises
+    :class:`~nearrec.errors.InvalidRequest` naming the shard and table.
+
+    ``hedge``: when a read goes to a second replica of its shard too, the first answer
+    winning and the other call cancelled — ``"p95"`` (the default: after the shard's observed
+    95th percentile; any ``"pNN"``), a delay in seconds, or ``None`` (never). ``timeout`` is
+    each call's deadline, carried to the nodes; token and TLS as :func:`nearrec.connect`."""
+    location = None
+    if not isinstance(plan, ShardPlan):
+        location = os.fspath(plan)
+        plan = load_plan(location)
+    shards = [[text(r, "a replica's address")] if isinstance(r, str)
+              else [text(a, "a replica's address") for a in r] for r in replicas]
+    token, timeout, tls = _credentials(token, token_file, timeout, tls_ca, tls_cert, tls_key,
+                                       tls_domain)
+    native = NativeStore.connect_sharded(plan.to_json(), location, shards, _hedge(hedge),
+                                         token, timeout, tls)
+    how = (plan, shards, token is not None, timeout, hedge)
+    return Store._over(native, ";".join(",".join(s) for s in shards),
+                       lambda s: (_reconnect, how))
+
+
+def _reconnect(plan: ShardPlan, replicas: list[list[str]], token: bool,
+               timeout: float | None, hedge: Any) -> Store:
+    """A pickled sharded store connected again, its token from :data:`TOKEN_ENV`."""
+    return connect(plan, replicas, token=os.environ.get(TOKEN_ENV) if token else None,
+                   timeout=timeout, hedge=hedge)

@@ -1,0 +1,204 @@
+"""A store cut into shards and served by several nodes (`nearrec.distributed`, `nearrec shard`):
+every scheme's lookups held to the embedded store and to `torch.nn.EmbeddingBag`, a
+`nearrec.torch` module run on it unchanged, the plan and its cut checked, and what only a
+sharded store refuses, typed."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Node
+
+import nearrec
+import nearrec.torch
+from nearrec import TableLookup, distributed
+
+ROWS = {"a": 600, "b": 400, "c": 90}
+DIMS = {"a": 16, "b": 8, "c": 4}
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(11)
+    path = tmp_path_factory.mktemp("dist") / "store"
+    nearrec.from_numpy(path, {t: rng.standard_normal((ROWS[t], DIMS[t]), dtype=np.float32)
+                              for t in ROWS}, dtype={"b": "fp16", "c": "int8"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def trace_path(store_path: Path) -> Path:
+    from nearrec import trace as nt
+
+    out = store_path.parent / "t.nrtrace"
+    nt.generate(ROWS, 2000, 4, nt.Generator.zipf(1.1), seed=3, path=out)
+    return out
+
+
+class Served:
+    """A sharded store's nodes (each replica `nearrec serve` of a copy of its shard)."""
+
+    def __init__(self, root: Path, plan: distributed.ShardPlan):
+        self.plan, self.nodes = plan, [[] for _ in range(plan.shards)]
+        for k in range(plan.shards):
+            for r in range(plan.replicas):
+                copy = root / f"copy-{k}-{r}"
+                subprocess.run(["cp", "-r", str(root / f"shard-{k}"), str(copy)], check=True)
+                self.nodes[k].append(Node(f"{copy}=s", "--tier", "ssd", "--dram-budget",
+                                          "8KiB", "--writable"))
+
+    def replicas(self) -> list[list[str]]:
+        return [[f"{n.address}/s" for n in shard] for shard in self.nodes]
+
+    def stop(self) -> None:
+        for shard in self.nodes:
+            for n in shard:
+                n.stop()
+
+
+@pytest.fixture(scope="module", params=[("table", 3, 1, 0), ("row", 2, 2, 0),
+                                        ("table-row", 4, 1, 0), ("row", 3, 1, 10)],
+                ids=["table", "row-2x2", "table-row", "row-hot"])
+def sharded(request: pytest.FixtureRequest, store_path: Path, trace_path: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[nearrec.Store, Served]]:
+    scheme, shards, replicas, hot = request.param
+    root = tmp_path_factory.mktemp("shards")
+    plan = distributed.shard(store_path, root, shards, replicas=replicas, scheme=scheme,
+                             trace=trace_path, replicate_hot=hot)
+    served = Served(root, plan)
+    try:
+        yield distributed.connect(root, served.replicas()), served
+    finally:
+        served.stop()
+
+
+def batch(rng: np.random.Generator, bags: int) -> list[TableLookup]:
+    out = []
+    for t, mode in zip(ROWS, ["sum", "mean", "max"], strict=True):
+        lengths = rng.integers(0, 7, bags)
+        ids = rng.integers(0, ROWS[t], int(lengths.sum()))
+        out.append(TableLookup(t, ids, lengths=lengths, mode=mode))
+    return out
+
+
+def test_lookups_equal_the_embedded_store_and_torch(sharded, store_path):
+    import torch
+
+    store, _ = sharded
+    local = nearrec.open(store_path)
+    assert store.tables == local.tables
+    rng = np.random.default_rng(5)
+    for _ in range(15):
+        reqs = batch(rng, int(rng.integers(1, 40)))
+        np.testing.assert_allclose(store.lookup_many(reqs).values,
+                                   local.lookup_many(reqs).values, rtol=1e-5, atol=1e-5)
+    # a nearrec.torch module over the sharded store, against torch's own EmbeddingBag
+    weights = torch.from_numpy(local.read_rows("a", np.arange(ROWS["a"])))
+    ids = torch.from_numpy(rng.integers(0, ROWS["a"], 200))
+    offsets = torch.arange(0, 200, 5)
+    psw = torch.rand(200)
+    bag = nearrec.torch.EmbeddingBag(store, "a", mode="sum")
+    want = torch.nn.functional.embedding_bag(ids, weights, offsets, mode="sum",
+                                             per_sample_weights=psw)
+    torch.testing.assert_close(bag(ids, offsets, per_sample_weights=psw), want,
+                               rtol=1e-5, atol=1e-5)
+    # distinct rows, and a pickled store that connects again
+    reqs = batch(rng, 9)
+    for (table, got_ids, values), r in zip(store.lookup_rows(reqs), reqs, strict=True):
+        np.testing.assert_array_equal(got_ids, np.unique(np.asarray(r.indices)))
+        np.testing.assert_array_equal(values, local.read_rows(table, got_ids))
+    again = pickle.loads(pickle.dumps(store))
+    # (to rounding: the SSD tier pools rows in the order they land)
+    np.testing.assert_allclose(again.lookup_many(reqs).values, store.lookup_many(reqs).values,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_bad_input_is_the_engines_error_and_no_shard_is_asked(sharded):
+    store, _ = sharded
+    before = store.stats()["cluster_reads"]
+    with pytest.raises(nearrec.IndexOutOfRange) as e:
+        store.lookup("b", np.array([1, 2, 400]), np.array([0, 2]))
+    assert (e.value.table, e.value.position) == ("b", 2)
+    with pytest.raises(nearrec.UnknownTable):
+        store.lookup("z", np.array([1]), np.array([0]))
+    assert store.stats()["cluster_reads"] == before
+
+
+def test_writes_reach_one_shards_replicas_and_a_write_across_shards_is_refused(sharded):
+    store, served = sharded
+    plan = served.plan
+    a = next(t for t in plan.tables if t.name == "a")
+    first, last = a.parts[0], a.parts[-1]
+    row = np.full((1, DIMS["a"]), 3.5, np.float32)
+    version = store.write("a", np.array([first.first]), row)
+    np.testing.assert_array_equal(store.read_rows("a", np.array([first.first])), row)
+    assert store.version == version
+    if len(a.parts) > 1 or len(a.hot):
+        ids = np.array([first.first + 1, last.first + last.rows - 1])
+        with pytest.raises(nearrec.Unsupported, match="several shards"):
+            store.write("a", ids, np.ones((2, DIMS["a"]), np.float32))
+        assert store.version == version
+
+
+def test_the_plan_and_its_cut(store_path, trace_path, tmp_path):
+    out = tmp_path / "cut"
+    r = subprocess.run([sys.executable, "-m", "nearrec.cli", "shard", str(store_path),
+                        "--shards", "3", "--scheme", "row", "--trace", str(trace_path),
+                        "--replicate-hot", "8", "--out", str(out), "--json"],
+                       capture_output=True, text=True, check=True)
+    data = json.loads(r.stdout)
+    plan = distributed.load_plan(out)
+    assert data["plan"] == plan.id and data["shards"] == 3 and plan.scheme == "row"
+    assert all(len(t.hot) == 8 and len(t.parts) == 3 for t in plan.tables)
+    assert sum(data["shard_bytes"]) == sum(plan.shard_bytes())
+    # the hot rows are the trace's most read, and the cuts spread its reads
+    from nearrec import trace as nt
+
+    trace = nt.load(trace_path)
+    for t in plan.tables:
+        counts = np.bincount(trace.tables[t.name].indices, minlength=t.rows)
+        hot = np.asarray(t.hot)
+        assert counts[hot].min() >= np.delete(counts, hot).max(), t.name
+        reads = [counts[p.first:p.first + p.rows].sum() for p in t.parts]
+        assert max(reads) < 0.8 * counts.sum(), (t.name, reads)
+    for k in range(3):
+        info = nearrec.info(out / f"shard-{k}")
+        assert {t.name for t in info.tables} == set(ROWS)
+    # a second cut at OUT is refused; an edited plan is refused naming what is wrong
+    with pytest.raises(nearrec.StoreExists):
+        distributed.shard(store_path, out, 2)
+    text = (out / "shards.json").read_text()
+    (out / "shards.json").write_text(text.replace('"rows": 600', '"rows": 601', 1))
+    with pytest.raises(nearrec.InvalidRequest, match="table \"a\""):
+        distributed.load_plan(out)
+    with pytest.raises(nearrec.StoreNotFound):
+        distributed.load_plan(tmp_path)
+    with pytest.raises(nearrec.InvalidRequest, match="scheme"):
+        distributed.plan_shards(store_path, 2, scheme="diagonal")
+    with pytest.raises(nearrec.InvalidRequest, match="replicate_hot"):
+        distributed.plan_shards(store_path, 2, scheme="row", replicate_hot=3)
+
+
+def test_replicas_that_do_not_fit_the_plan_are_refused_naming_the_shard(store_path, tmp_path):
+    plan = distributed.shard(store_path, tmp_path / "s", 2, scheme="table")
+    served = Served(tmp_path / "s", plan)
+    try:
+        replicas = served.replicas()
+        with pytest.raises(nearrec.InvalidRequest, match="does not fit plan"):
+            distributed.connect(tmp_path / "s", replicas[::-1])
+        with pytest.raises(nearrec.InvalidRequest, match="2 shards"):
+            distributed.connect(tmp_path / "s", replicas[:1])
+        store = distributed.connect(plan, replicas, hedge=None)
+        served.nodes[1][0].stop()
+        t = plan.shard_tables(1)[0][0]
+        with pytest.raises(nearrec.Unavailable, match="shard 1 of store"):
+            store.lookup(t.name, np.array([0]), np.array([0]))
+    finally:
+        served.stop()
