@@ -140,11 +140,36 @@ pub struct Client {
     conn: Arc<Mutex<Option<Arc<Conn>>>>,
 }
 
+/// A client's runtime, let go on a thread of its own when its last holder goes inside an async
+/// context (a router's call, a caller's own runtime), where tokio refuses to drop a runtime.
+#[derive(Debug)]
+struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for Runtime {
+    type Target = tokio::runtime::Runtime;
+
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                std::thread::spawn(move || drop(runtime));
+            } else {
+                drop(runtime);
+            }
+        }
+    }
+}
+
 /// The runtime and channel of one process, to one of the addresses.
 #[derive(Debug)]
 struct Conn {
     pid: u32,
-    runtime: Arc<tokio::runtime::Runtime>,
+    runtime: Arc<Runtime>,
     node: NodeClient<Channel>,
     /// Which of the client's addresses it is connected to.
     at: usize,
@@ -196,7 +221,7 @@ impl Conn {
             .enable_all()
             .build()
             .map_err(|e| unavailable(format!("cannot start the client's runtime: {e}")))?;
-        let runtime = Arc::new(runtime);
+        let runtime = Arc::new(Runtime(Some(runtime)));
         let mut failed = Vec::new();
         for k in 0..addrs.len() {
             let at = (from + k) % addrs.len();
@@ -708,7 +733,7 @@ impl<T> Drop for Started<T> {
 /// A submitted lookup (made once: a caller keeping lookups in flight retries as it sees fit).
 #[derive(Debug)]
 pub struct Pending {
-    runtime: Arc<tokio::runtime::Runtime>,
+    runtime: Arc<Runtime>,
     started: Started<Pooled>,
 }
 

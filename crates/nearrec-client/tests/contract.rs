@@ -56,3 +56,18 @@ fn a_store_the_node_does_not_serve_is_not_found() {
     let e = other.info().unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreNotFound, "{e}");
 }
+
+/// A client whose last clone goes inside an async context (a router's call) lets its runtime
+/// go on a thread of its own: tokio refuses to drop a runtime there.
+#[test]
+fn a_client_dropped_inside_a_runtime_lets_its_own_go() {
+    let (_dir, path) = suite::fixture();
+    let opened = node(&path, false);
+    let node: &common::Node = opened.keep.downcast_ref().unwrap();
+    let client = Client::connect(&node.addr.to_string(), "s", ClientOptions::default()).unwrap();
+    client.info().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async move { drop(client) });
+}

@@ -6,17 +6,21 @@
 //! sub-request goes to another replica too: the first answer wins and the other call is
 //! dropped, which cancels it on its node (Dean and Barroso, *The Tail at Scale*). A replica that
 //! fails a call it could not serve (no connection, overloaded, out of time) is held out for a
-//! while and the sub-request goes to the next, while the deadline allows. When none answers the
-//! call fails with [`nearrec::Error::Shard`] naming the shard, never with a partial answer.
+//! while and the sub-request goes to the next. When every replica missed, the read waits (50 ms,
+//! doubling to 1 s) and tries the replicas there are then — a node that was restarted
+//! elsewhere is in the set again once its new address is given ([`Shard::set_replicas`]) —
+//! while the deadline allows; past it, or at once without a deadline, the call fails with
+//! [`nearrec::Error::Shard`] naming the shard, never with a partial answer.
 //!
 //! A write goes to every replica and is acknowledged only when all have it; a replica that
 //! failed a write the others took is held out of reads for good (it is stale until it catches
 //! up, which is a later step's).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use nearrec::{Error, ErrorKind, StoreApi};
 use nearrec_client::{Client, Started};
 
@@ -85,7 +89,9 @@ impl Replica {
 #[derive(Debug)]
 pub(crate) struct Shard {
     pub index: usize,
-    pub replicas: Vec<Replica>,
+    /// Replaced whole when a replica moves ([`Shard::set_replicas`]); a call keeps the set it
+    /// began with.
+    replicas: ArcSwap<Vec<Arc<Replica>>>,
     next: AtomicU64,
     latencies: Mutex<Vec<Duration>>,
     pub counters: Counters,
@@ -108,7 +114,7 @@ impl Shard {
     pub fn new(index: usize, replicas: Vec<Replica>) -> Self {
         Shard {
             index,
-            replicas,
+            replicas: ArcSwap::from_pointee(replicas.into_iter().map(Arc::new).collect()),
             next: AtomicU64::new(0),
             latencies: Mutex::new(Vec::new()),
             counters: Counters::default(),
@@ -117,14 +123,38 @@ impl Shard {
         }
     }
 
+    /// Serves the shard from `replicas` from the next call on (a replica restarted at another
+    /// address, one added).
+    pub fn set_replicas(&self, replicas: Vec<Arc<Replica>>) {
+        self.replicas.store(Arc::new(replicas));
+    }
+
+    /// The replica at `addr`, as it is (held out, stale).
+    pub fn replica(&self, addr: &str) -> Option<Arc<Replica>> {
+        self.replicas
+            .load()
+            .iter()
+            .find(|r| r.addr == addr)
+            .cloned()
+    }
+
+    /// The addresses of the replicas, in order.
+    pub fn addresses(&self) -> Vec<String> {
+        self.replicas
+            .load()
+            .iter()
+            .map(|r| r.addr.clone())
+            .collect()
+    }
+
     /// The replicas to try, in turn from the next one: those not held out first.
-    fn order(&self) -> Vec<usize> {
-        let n = self.replicas.len();
+    fn order(&self, replicas: &[Arc<Replica>]) -> Vec<usize> {
+        let n = replicas.len();
         let from = self.next.fetch_add(1, Ordering::Relaxed) as usize % n;
         let now = Instant::now();
         let mut order: Vec<usize> = (0..n).map(|k| (from + k) % n).collect();
-        order.retain(|&r| !self.replicas[r].stale.load(Ordering::Relaxed));
-        order.sort_by_key(|&r| !self.replicas[r].readable(now));
+        order.retain(|&r| !replicas[r].stale.load(Ordering::Relaxed));
+        order.sort_by_key(|&r| !replicas[r].readable(now));
         order
     }
 
@@ -182,27 +212,70 @@ impl Shard {
         version: impl Fn(&T) -> u64,
     ) -> nearrec::Result<T> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        let order = self.order();
         // what reads and writes finished before this one began saw: the least it may answer
         let floor = self.seen.load(Ordering::Relaxed);
-        let (begun, mut next, mut hedged) = (Instant::now(), 0, false);
+        let begun = Instant::now();
+        let mut why = Vec::new();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let round = self.round(store, hedge, deadline, &start, &version, floor, begun);
+            match round.await {
+                Ok(answer) => return Ok(answer),
+                Err(Round::Failed(e)) => return Err(e),
+                Err(Round::Missed(mut missed)) => why.append(&mut missed),
+            }
+            // every replica missed: while the deadline allows, wait for one to come back (a
+            // node restarted, at the address it registers), then try them all again
+            match deadline {
+                Some(d) if Instant::now() + pause < d => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    why.clear();
+                }
+                _ => break,
+            }
+        }
+        let kind = if deadline.is_some_and(|d| Instant::now() >= d) {
+            ErrorKind::DeadlineExceeded
+        } else {
+            ErrorKind::Unavailable
+        };
+        Err(self.failed(store, why, kind))
+    }
+
+    /// One round of a read over the replicas there are now: the answer, an error no other
+    /// replica would answer otherwise, or why each replica missed.
+    #[allow(clippy::too_many_arguments)]
+    async fn round<T>(
+        &self,
+        store: &str,
+        hedge: Hedge,
+        deadline: Option<Instant>,
+        start: &impl Fn(&Client) -> nearrec::Result<Started<T>>,
+        version: &impl Fn(&T) -> u64,
+        floor: u64,
+        begun: Instant,
+    ) -> Result<T, Round> {
+        let replicas = self.replicas.load_full();
+        let order = self.order(&replicas);
+        let (mut next, mut hedged) = (0, false);
         let mut why = Vec::new();
         let mut inflight: Vec<(usize, Started<T>)> = Vec::with_capacity(2);
         loop {
             if inflight.is_empty() {
                 if next == order.len() {
-                    break;
+                    return Err(Round::Missed(why));
                 }
                 let r = order[next];
                 next += 1;
                 if next > 1 {
                     self.counters.retries.fetch_add(1, Ordering::Relaxed);
                 }
-                match start(&self.replicas[r].client) {
+                match start(&replicas[r].client) {
                     Ok(call) => inflight.push((r, call)),
                     Err(e) => {
-                        self.replicas[r].hold_out();
-                        why.push(format!("{}: {e}", self.replicas[r].addr));
+                        replicas[r].hold_out();
+                        why.push(format!("{}: {e}", replicas[r].addr));
                     }
                 }
                 continue;
@@ -219,17 +292,18 @@ impl Shard {
                     let r = order[next];
                     next += 1;
                     self.counters.hedges.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(call) = start(&self.replicas[r].client) {
+                    if let Ok(call) = start(&replicas[r].client) {
                         inflight.push((r, call));
                     }
                     continue;
                 }
                 _ = sleep_or_never(until) => {
-                    return Err(self.failed(store, why, ErrorKind::DeadlineExceeded));
+                    let e = self.failed(store, why, ErrorKind::DeadlineExceeded);
+                    return Err(Round::Failed(e));
                 }
             };
             let (r, _) = inflight.remove(k);
-            let replica = &self.replicas[r];
+            let replica = &replicas[r];
             match answer {
                 Ok(answer) => {
                     let v = version(&answer);
@@ -251,15 +325,9 @@ impl Shard {
                     replica.hold_out();
                     why.push(format!("{}: {e}", replica.addr));
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(Round::Failed(e)),
             }
         }
-        let kind = if deadline.is_some_and(|d| Instant::now() >= d) {
-            ErrorKind::DeadlineExceeded
-        } else {
-            ErrorKind::Unavailable
-        };
-        Err(self.failed(store, why, kind))
     }
 
     /// A write on every replica that is not stale, one at a time in this shard's order of
@@ -272,9 +340,10 @@ impl Shard {
         f: impl Fn(&Client) -> nearrec::Result<u64>,
     ) -> nearrec::Result<u64> {
         let _order = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let replicas = self.replicas.load_full();
         let mut done: Option<u64> = None;
         let (mut refused, mut behind) = (None, Vec::new());
-        for r in self.replicas.iter() {
+        for r in replicas.iter() {
             if r.stale.load(Ordering::Relaxed) {
                 continue;
             }
@@ -311,7 +380,7 @@ impl Shard {
         f: impl Fn(&Client) -> nearrec::Result<T>,
     ) -> nearrec::Result<T> {
         let mut first = None;
-        for r in self.replicas.iter() {
+        for r in self.replicas.load().iter() {
             if !r.stale.load(Ordering::Relaxed) {
                 let v = f(&r.client)?;
                 first.get_or_insert(v);
@@ -327,8 +396,9 @@ impl Shard {
         f: impl Fn(&Client) -> nearrec::Result<T>,
     ) -> nearrec::Result<T> {
         let mut why = Vec::new();
-        for r in self.order() {
-            let replica = &self.replicas[r];
+        let replicas = self.replicas.load_full();
+        for r in self.order(&replicas) {
+            let replica = &replicas[r];
             match f(&replica.client) {
                 Ok(v) => return Ok(v),
                 Err(e) if transient(&e) => {
@@ -343,10 +413,18 @@ impl Shard {
 
     /// Closes every replica's client.
     pub fn close(&self) {
-        for r in &self.replicas {
+        for r in self.replicas.load().iter() {
             let _ = r.client.close();
         }
     }
+}
+
+/// How a round of a read ended without an answer.
+enum Round {
+    /// An error to return as it is.
+    Failed(Error),
+    /// Every replica missed (no connection, out of room, behind): why each.
+    Missed(Vec<String>),
 }
 
 /// Sleeps until `at`, or forever without one.

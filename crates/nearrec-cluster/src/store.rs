@@ -129,9 +129,7 @@ impl ShardedStore {
                 ),
             ));
         }
-        let mut client = options.client.clone();
-        // one try a replica: the router moves a failed sub-request to another
-        client.retry.attempts = 1;
+        let client = client_options(&options);
         let mut shards = Vec::with_capacity(plan.shards);
         let (mut keeper, mut writable) = (None, true);
         for (k, endpoints) in replicas.iter().enumerate() {
@@ -188,6 +186,54 @@ impl ShardedStore {
     pub fn plan(&self) -> &ShardPlan {
         &self.inner.plan
     }
+
+    /// Each shard's replicas' addresses, as they are served now.
+    pub fn replicas(&self) -> Vec<Vec<String>> {
+        self.inner.shards.iter().map(Shard::addresses).collect()
+    }
+
+    /// Serves shard `shard` from the replicas at `endpoints` from the next call on — a node
+    /// restarted at another address, a replica added — each new one connected and checked
+    /// against the plan first (a replica at an address it had is kept as it is).
+    pub fn set_replicas(&self, shard: usize, endpoints: &[Endpoint]) -> nearrec::Result<()> {
+        let inner = &self.inner;
+        let Some(s) = inner.shards.get(shard) else {
+            return Err(invalid(
+                None,
+                format!("shard {shard} of a plan of {} shards", inner.plan.shards),
+            ));
+        };
+        if endpoints.is_empty() {
+            return Err(invalid(None, format!("shard {shard} needs a replica")));
+        }
+        let mut replicas = Vec::with_capacity(endpoints.len());
+        for e in endpoints {
+            if let Some(kept) = s.replica(&e.addr) {
+                replicas.push(kept);
+                continue;
+            }
+            let c = Client::connect(&e.addr, &e.store, inner.client_options()).map_err(|err| {
+                Error::Shard {
+                    store: inner.plan.store.clone(),
+                    shard,
+                    kind: err.kind(),
+                    reason: format!("replica {}: {err}", e.addr),
+                }
+            })?;
+            check_replica(&inner.plan, shard, &c)?;
+            replicas.push(Arc::new(Replica::new(c, e.addr.clone())));
+        }
+        s.set_replicas(replicas);
+        Ok(())
+    }
+}
+
+/// A replica's client options: one try a call (the router moves a failed sub-request to
+/// another replica).
+fn client_options(options: &ShardedOptions) -> ClientOptions {
+    let mut client = options.client.clone();
+    client.retry.attempts = 1;
+    client
 }
 
 fn invalid(table: Option<&str>, reason: String) -> Error {
@@ -207,6 +253,22 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
         kind: e.kind(),
         reason: format!("{}: {e}", client.describe()),
     })?;
+    let at = client.describe();
+    match &info.shard {
+        Some(tag) if tag.plan == plan.id && tag.shard == k => {}
+        other => {
+            let is = match other {
+                Some(tag) => format!("shard {} of plan {}", tag.shard, tag.plan),
+                None => "no shard of any plan".into(),
+            };
+            return Err(Error::Shard {
+                store: plan.store.clone(),
+                shard: k,
+                kind: ErrorKind::InvalidRequest,
+                reason: format!("{at} does not fit plan {}: it serves {is}", plan.id),
+            });
+        }
+    }
     for (t, p) in plan.shard_tables(k) {
         let want = &plan.tables[t];
         let misfit = |what: String| Error::Shard {
@@ -243,6 +305,10 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
 type Routed<'a> = (usize, &'a str, Vec<i64>, Option<Vec<f32>>);
 
 impl Inner {
+    fn client_options(&self) -> ClientOptions {
+        client_options(&self.options)
+    }
+
     fn live(&self) -> nearrec::Result<()> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(Error::Remote {
@@ -622,6 +688,7 @@ impl StoreApi for ShardedStore {
                 .unwrap_or_default(),
             served_version: None,
             versions: Vec::new(),
+            shard: None,
         })
     }
 

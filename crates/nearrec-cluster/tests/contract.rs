@@ -393,3 +393,60 @@ fn hedged_reads_are_counted_and_answer_the_same() {
     );
     assert_eq!(stats.get("cluster_reads"), Some(40.0));
 }
+
+#[test]
+fn a_read_waits_within_its_deadline_for_a_shard_restarted_at_another_address() {
+    let (_d, path) = suite::fixture();
+    let (store, mut cluster) = sharded(&path, false, options(2, 1, Scheme::Row, 0));
+    let dir = store.location().unwrap();
+    let client = nearrec_client::ClientOptions {
+        timeout: Some(Duration::from_secs(20)),
+        ..Default::default()
+    };
+    let endpoints: Vec<Vec<Endpoint>> = (store.replicas().iter())
+        .map(|s| {
+            s.iter()
+                .map(|a| Endpoint::parse(&format!("{a}/s")))
+                .collect()
+        })
+        .collect();
+    let options = ShardedOptions {
+        client,
+        ..ShardedOptions::default()
+    };
+    let store = Arc::new(ShardedStore::open(&dir, &endpoints, options).unwrap());
+    let ids: Vec<i64> = (0..300).step_by(11).collect();
+    let want = store.lookup(&one_per_bag("t0", &ids)).unwrap().0.values;
+    // shard 1's only node stops; a read of it waits
+    drop(cluster.nodes[1].remove(0));
+    let reader = {
+        let (store, ids) = (store.clone(), ids.clone());
+        std::thread::spawn(move || store.lookup(&one_per_bag("t0", &ids)).map(|r| r.0.values))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!reader.is_finished(), "the read did not wait for the shard");
+    // the shard served again, elsewhere (as Ray restarts a node), and its address given
+    let copy = dir.join("copy-1-0");
+    let mut stores = Stores::new();
+    let toml = "tier = \"ssd\"\ndram_budget = \"16KiB\"";
+    stores.insert("s", common::open(&copy, toml)).unwrap();
+    let node = common::Node::start(stores, NodeConfig::default());
+    let moved = Endpoint {
+        addr: node.addr.to_string(),
+        store: "s".into(),
+    };
+    store.set_replicas(1, &[moved]).unwrap();
+    assert_eq!(reader.join().unwrap().unwrap(), want);
+    assert_eq!(store.replicas()[1], [node.addr.to_string()]);
+    // a replica that is not the shard is refused, and the shard is served as it was
+    let wrong = Endpoint {
+        addr: cluster.nodes[0][0].addr.to_string(),
+        store: "s".into(),
+    };
+    let e = store.set_replicas(1, &[wrong]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert_eq!(
+        store.lookup(&one_per_bag("t0", &ids)).unwrap().0.values,
+        want
+    );
+}

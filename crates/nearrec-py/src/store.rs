@@ -47,6 +47,8 @@ pub(crate) struct NativeStore {
     api: Arc<dyn StoreApi>,
     /// The embedded store itself, for what only it has.
     local: Option<Store>,
+    /// A sharded store's router, for what only it has (its replicas moved).
+    sharded: Option<ShardedStore>,
 }
 
 /// A finished batch's output as a `[batch, width]` numpy array (the vector moves in, no copy).
@@ -90,6 +92,13 @@ fn client_options(
 }
 
 impl NativeStore {
+    /// The sharded store's router, or `Unsupported` naming `verb`.
+    fn router(&self, py: Python<'_>, verb: &'static str) -> PyResult<&ShardedStore> {
+        self.sharded
+            .as_ref()
+            .ok_or_else(|| err(py, nearrec::Error::unsupported(verb, self.api.describe())))
+    }
+
     /// The embedded store, or `Unsupported` naming `verb`.
     fn local(&self, py: Python<'_>, verb: &'static str) -> PyResult<&Store> {
         self.local
@@ -140,6 +149,7 @@ impl NativeStore {
         Ok(Self {
             api: Arc::new(store.clone()),
             local: Some(store),
+            sharded: None,
         })
     }
 
@@ -164,6 +174,7 @@ impl NativeStore {
         Ok(Self {
             api: Arc::new(client),
             local: None,
+            sharded: None,
         })
     }
 
@@ -219,9 +230,28 @@ impl NativeStore {
         })?
         .map_err(|e| err(py, e))?;
         Ok(Self {
-            api: Arc::new(store),
+            api: Arc::new(store.clone()),
             local: None,
+            sharded: Some(store),
         })
+    }
+
+    /// A sharded store's replicas: each shard's nodes' addresses, as served now.
+    fn shard_replicas(&self, py: Python<'_>) -> PyResult<Vec<Vec<String>>> {
+        Ok(self.router(py, "shard_replicas")?.replicas())
+    }
+
+    /// Serves shard `shard` of a sharded store from the nodes `replicas` from the next call
+    /// on (a node restarted at another address), each new one checked against the plan.
+    fn set_shard_replicas(
+        &self,
+        py: Python<'_>,
+        shard: usize,
+        replicas: Vec<String>,
+    ) -> PyResult<()> {
+        let router = self.router(py, "set_shard_replicas")?;
+        let endpoints: Vec<Endpoint> = replicas.iter().map(|a| Endpoint::parse(a)).collect();
+        detach(py, || router.set_replicas(shard, &endpoints))?.map_err(|e| err(py, e))
     }
 
     /// What serves the store, in words.

@@ -357,6 +357,11 @@ pub fn info(name: &str, i: Info) -> pb::InfoResponse {
         path: i.path,
         served_version: i.served_version.unwrap_or(0),
         versions: i.versions,
+        shard: i.shard.map(|t| pb::ShardTag {
+            plan: t.plan,
+            shard: t.shard as u32,
+            store: t.store,
+        }),
     }
 }
 
@@ -391,6 +396,11 @@ pub fn uninfo(i: pb::InfoResponse) -> nearrec::Result<Info> {
         path: i.path,
         served_version: (i.served_version > 0).then_some(i.served_version),
         versions: i.versions,
+        shard: i.shard.map(|t| nearrec::shard::ShardTag {
+            plan: t.plan,
+            shard: t.shard as usize,
+            store: t.store,
+        }),
     })
 }
 

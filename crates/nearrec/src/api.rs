@@ -27,6 +27,7 @@ use crate::live::{Compaction, RowWrite, WriteOptions};
 use crate::model::{Inferred, Tensor};
 use crate::pipeline::Pending;
 use crate::raw::Rows;
+use crate::shard::ShardTag;
 use crate::store::{Stats, Store};
 use crate::versions::SwapTo;
 
@@ -63,6 +64,8 @@ pub struct Info {
     /// repository holds (lowest first).
     pub served_version: Option<u64>,
     pub versions: Vec<u64>,
+    /// A shard of a sharded store: which plan it was cut by, and which shard it is.
+    pub shard: Option<ShardTag>,
 }
 
 impl Info {
@@ -308,6 +311,7 @@ impl StoreApi for Store {
                 Some(r) => r.versions()?,
                 None => Vec::new(),
             },
+            shard: ShardTag::of(&self.manifest()),
         })
     }
 

@@ -5,8 +5,9 @@
 //! at `DIR/shards.json`: a directory without a plan is not a sharded store, so a cut that fails
 //! half-way is never taken for one.
 //!
-//! Each shard carries the attachment `shard.json` (the plan's id, the shard's index, the store's
-//! name) so that whatever serves it can tell which plan it belongs to. A shard that holds every
+//! Each shard's manifest says which plan it was cut by, and which shard of it it is (its
+//! `params`' `shard`, a [`ShardTag`]): a store's `info` reports it, so that a router checks
+//! every replica is the shard it takes it for. A shard that holds every
 //! table of a kept model whole keeps the model too (whole-model offload on that node).
 
 use std::path::{Path, PathBuf};
@@ -22,10 +23,7 @@ use crate::error::{Error, Result};
 use crate::model::{CONFIG_ATTACHMENT, WEIGHTS_ATTACHMENT};
 use crate::store::Store;
 
-/// The attachment naming the plan a shard was cut by.
-pub const SHARD_ATTACHMENT: &str = "shard.json";
-
-/// What a shard store says of itself ([`SHARD_ATTACHMENT`]).
+/// What a shard store says of itself (its manifest's `params.shard`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShardTag {
@@ -121,9 +119,14 @@ pub fn write_shards(
         .iter()
         .all(|a| reader.attachments().iter().any(|x| x.name == *a));
     for k in 0..plan.shards {
+        let tag = ShardTag {
+            plan: plan.id.clone(),
+            shard: k,
+            store: plan.store.clone(),
+        };
         let options = StoreOptions {
             overwrite,
-            params: serde_json::json!({ "shard": k, "plan": plan.id }),
+            params: serde_json::json!({ "shard": tag }),
         };
         let mut writer =
             nearrec_format::StoreWriter::create(ShardPlan::shard_dir(out, k), options)?;
@@ -163,15 +166,6 @@ pub fn write_shards(
             }
             writer.finish_table(w)?;
         }
-        let tag = ShardTag {
-            plan: plan.id.clone(),
-            shard: k,
-            store: plan.store.clone(),
-        };
-        writer.attach(
-            SHARD_ATTACHMENT,
-            &serde_json::to_vec(&tag).expect("a tag serializes"),
-        )?;
         let whole = held.len() == plan.tables.len()
             && held.iter().all(|&(t, _)| plan.tables[t].parts.len() == 1);
         if keeps_model && whole {
@@ -195,15 +189,16 @@ pub fn write_shards(
     Ok(())
 }
 
-/// The tag of the shard store at `dir`, if it is one.
+impl ShardTag {
+    /// The tag of the store `manifest` describes, if it is a shard.
+    pub fn of(manifest: &nearrec_format::Manifest) -> Option<Self> {
+        serde_json::from_value(manifest.params.get("shard")?.clone()).ok()
+    }
+}
+
+/// The tag of the store at `dir`, if it is a shard.
 pub fn shard_tag(dir: &Path) -> Result<Option<ShardTag>> {
-    let reader = StoreReader::open(dir)?;
-    let Some(bytes) = reader.read_attachment(SHARD_ATTACHMENT)? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| Error::invalid(format!("{}: {SHARD_ATTACHMENT}: {e}", dir.display())))
+    Ok(ShardTag::of(StoreReader::open(dir)?.manifest()))
 }
 
 fn io(path: &Path, source: std::io::Error) -> Error {

@@ -361,6 +361,8 @@ EXAMPLES = {
               "--token-file ~/.nearrec/token",
     "compact": "nearrec compact /data/rmc1",
     "publish": "nearrec publish /models/dlrm /scratch/dlrm-retrained",
+    "shard": "nearrec shard /data/rmc1 --shards 4 --scheme auto --trace rmc1.nrtrace "
+             "--replicate-hot 10000 --out /data/rmc1-4",
     "swap": "nearrec swap --remote 10.0.0.5:50051 dlrm --version 7 --token-file "
             "~/.nearrec/token",
     "serve": "nearrec serve /data/rmc1=rmc1 --tier ssd --dram-budget 8GiB --listen "
@@ -382,7 +384,7 @@ _CLI_WORDS = (("pass overwrite=True to replace it", "give --overwrite to replace
 
 #: Optional dependencies by top-level module, and the extra that installs each.
 _EXTRAS = {"torch": "torch", "torchrec": "torch", "fbgemm_gpu": "torch", "matplotlib": "plot",
-           "nearrec_bench": "bench"}
+           "nearrec_bench": "bench", "ray": "ray"}
 
 
 def _failure(args: argparse.Namespace, e: BaseException) -> tuple[int, str]:

@@ -1,0 +1,302 @@
+"""Sharded stores on Ray: Ray places, names and restarts the storage nodes; the lookups go
+over nearrec's own gRPC, through the Rust router (``nearrec.distributed``).
+
+- :meth:`ShardedStore.launch`: one storage node per shard replica, each a detached, named Ray
+  actor (``NAME/shard-K/replica-R`` in the ``nearrec`` namespace) that runs ``nearrec serve``
+  as its child; the replicas of a shard in a placement group of their own, spread over Ray's
+  nodes (``spread="strict"``: never two on one node); restarted by Ray (``max_restarts``) when
+  the node or its actor dies. Returns the one :class:`~nearrec.Store` over the router.
+- :meth:`ShardedStore.connect`: the same store from another driver, by name.
+- :meth:`ShardedStore.shutdown`: every actor and placement group of it gone.
+
+Discovery is Ray's: a node registers its address with the store's registry actor (named
+``NAME``) each time it starts, and every store connected to it reads the registry twice a
+second, moving a shard's reads to the new address of a restarted replica; a read of a shard
+none of whose replicas answers waits for one within its deadline. Nothing of membership or
+scheduling is nearrec's own.
+
+A node binds to ``host`` (loopback by default: one machine). On several machines give each
+node the address of its Ray node (``host="node"``) and secure it (``node_args=["--tls-cert",
+...]``, or ``["--insecure"]`` on a trusted network): ``docs/distributed.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from . import distributed
+from .errors import InvalidRequest, StoreExists, StoreNotFound, Unavailable
+from .store import Store
+
+#: The Ray namespace of every actor nearrec starts.
+NAMESPACE = "nearrec"
+#: How often a connected store reads its registry for moved replicas (seconds).
+WATCH_EVERY = 0.5
+
+
+@ray.remote(num_cpus=0)
+class _Registry:
+    """A sharded store's registry: its plan, and each replica's address as it last started."""
+
+    def __init__(self, plan: str, location: str, replicas: int, names: list[list[str]]):
+        shards = len(names)
+        self.plan, self.location, self.names = plan, location, names
+        self.addresses: list[list[str | None]] = [[None] * replicas for _ in range(shards)]
+        self.epoch = 0
+
+    def register(self, shard: int, replica: int, address: str) -> None:
+        self.addresses[shard][replica] = address
+        self.epoch += 1
+
+    def view(self) -> tuple[int, list[list[str | None]]]:
+        return self.epoch, self.addresses
+
+    def describe(self) -> tuple[str, str, list[list[str]]]:
+        return self.plan, self.location, self.names
+
+
+class _Node:
+    """One replica of one shard: ``nearrec serve`` as this actor's child. The child dies with
+    the actor (``PR_SET_PDEATHSIG``), and the actor with the child, so that Ray restarts the
+    pair; each start registers the node's address."""
+
+    def __init__(self, registry: str, shard: int, replica: int, path: str, args: list[str],
+                 host: str, log_dir: str):
+        if host == "node":
+            host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        log = open(Path(log_dir) / f"shard-{shard}-replica-{replica}.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nearrec.cli", "serve", f"{path}=s", "--listen",
+             f"{host}:0", "--metrics-listen", f"{host}:0", *args],
+            stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=_die_with_parent)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (\S+) .*metrics on (\S+)", line)
+        if not m:
+            self.proc.kill()
+            raise Unavailable(f"shard {shard} replica {replica}: the node did not start "
+                              f"(its log: {log.name}): {line!r}")
+        self.address, self.metrics = f"{m.group(1)}/s", m.group(2)
+        threading.Thread(target=self._watch, daemon=True).start()
+        registry_actor = ray.get_actor(registry, namespace=NAMESPACE)
+        ray.get(registry_actor.register.remote(shard, replica, self.address))
+
+    def _watch(self) -> None:
+        # the node's stdout read to its end (nothing is left in a pipe), then its exit: this
+        # actor goes with it, and Ray restarts both
+        assert self.proc.stdout is not None
+        for _ in self.proc.stdout:
+            pass
+        self.proc.wait()
+        os._exit(1)
+
+    def where(self) -> tuple[str, str, int, str]:
+        """The node's address, its metrics URL, its process id and the Ray node it runs on."""
+        return self.address, self.metrics, self.proc.pid, ray.get_runtime_context().get_node_id()
+
+    def kill_node(self) -> None:
+        """Kills the node (SIGKILL), as a crash would: the actor follows, Ray restarts both."""
+        self.proc.kill()
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG: the node is killed when the actor's process goes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _node_args(tier: str, dram_budget: int | str | None, writable: bool,
+               node_args: Sequence[str]) -> list[str]:
+    args = ["--tier", tier]
+    if dram_budget is not None:
+        args += ["--dram-budget", str(dram_budget)]
+    if writable:
+        args.append("--writable")
+    return args + [str(a) for a in node_args]
+
+
+def _actor_name(name: str, shard: int, replica: int) -> str:
+    return f"{name}/shard-{shard}/replica-{replica}"
+
+
+def _registry(name: str) -> Any:
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        raise StoreNotFound(f"no sharded store named {name!r} runs on this Ray cluster "
+                            f"(namespace {NAMESPACE!r}); launch it first") from None
+
+
+class ShardedStore:
+    """Sharded stores on a Ray cluster (``ray.init`` first): :meth:`launch`, :meth:`connect`,
+    :meth:`shutdown`."""
+
+    @staticmethod
+    def launch(shard_dir: str | os.PathLike[str], *, name: str = "nearrec",
+               replicas: int | None = None, tier: str = "auto",
+               dram_budget: int | str | None = None, writable: bool = False,
+               num_cpus: float = 1.0, memory: int | None = None,
+               resources: dict[str, float] | None = None, spread: str = "soft",
+               max_restarts: int = 3, host: str = "127.0.0.1",
+               node_args: Sequence[str] = (), ready_timeout: float = 120.0,
+               **connect: Any) -> Store:
+        """Starts the sharded store cut at ``shard_dir`` (``nearrec shard``) on Ray and
+        returns it as a :class:`~nearrec.Store`: ``replicas`` nodes per shard (the plan's by
+        default), each a detached actor named ``NAME/shard-K/replica-R`` declaring
+        ``num_cpus``, ``memory`` and ``resources``, a shard's replicas spread over Ray's nodes
+        by a placement group (``spread="strict"``: each on a node of its own, or the launch
+        waits for the nodes), restarted up to ``max_restarts`` times. Each node serves its
+        shard with ``tier`` and ``dram_budget`` (read-only unless ``writable``; a writable
+        store's replicas beyond the first serve copies of the shard made beside it, one writer
+        a store). ``connect`` goes to :meth:`connect` (``timeout``, ``hedge``, ``token``)."""
+        plan = distributed.load_plan(shard_dir)
+        root = Path(shard_dir).resolve()
+        count = plan.replicas if replicas is None else replicas
+        if not isinstance(count, int) or count < 1:
+            raise InvalidRequest(f"replicas must be a count ≥ 1, not {replicas!r}")
+        if spread not in ("soft", "strict"):
+            raise InvalidRequest(f"spread is 'soft' or 'strict', not {spread!r}")
+        with contextlib.suppress(ValueError):
+            ray.get_actor(name, namespace=NAMESPACE)
+            raise StoreExists(f"a sharded store named {name!r} already runs: connect to it, "
+                              f"or shut it down first")
+        names = [[_actor_name(name, k, r) for r in range(count)] for k in range(plan.shards)]
+        registry = _Registry.options(  # type: ignore[attr-defined]
+            name=name, namespace=NAMESPACE, lifetime="detached").remote(
+            plan.to_json(), str(root), count, names)
+        args = _node_args(tier, dram_budget, writable, node_args)
+        log_dir = str(root / "logs")
+        node = ray.remote(_Node)
+        actors: list[Any] = []
+        try:
+            for k in range(plan.shards):
+                pg = placement_group([{"CPU": num_cpus}] * count,
+                                     strategy="STRICT_SPREAD" if spread == "strict"
+                                     else "SPREAD", name=f"{name}/shard-{k}",
+                                     lifetime="detached")
+                ray.get(pg.ready(), timeout=ready_timeout)
+                for r in range(count):
+                    path = root / f"shard-{k}"
+                    if writable and r > 0:
+                        path = _replica_copy(root, k, r)
+                    actors.append(node.options(
+                        name=names[k][r], namespace=NAMESPACE, lifetime="detached",
+                        max_restarts=max_restarts, max_task_retries=-1, num_cpus=num_cpus,
+                        memory=memory, resources=resources or {},
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            pg, placement_group_bundle_index=r),
+                    ).remote(name, k, r, str(path), args, host, log_dir))
+            ray.get([a.where.remote() for a in actors], timeout=ready_timeout)
+        except BaseException:
+            ShardedStore.shutdown(name)
+            raise
+        del registry
+        return ShardedStore.connect(name, **connect)
+
+    @staticmethod
+    def connect(name: str = "nearrec", **connect: Any) -> Store:
+        """The sharded store launched as ``name`` on this Ray cluster, from any driver: a
+        :class:`~nearrec.Store` whose router follows the replicas' addresses as they register
+        (a node Ray restarted is read from again within a second). ``connect`` goes to
+        :func:`nearrec.distributed.connect` (``timeout``, ``hedge``, ``token``, TLS)."""
+        registry = _registry(name)
+        plan_json, location, _ = ray.get(registry.describe.remote())
+        epoch, addresses = ray.get(registry.view.remote())
+        missing = [(k, r) for k, shard in enumerate(addresses)
+                   for r, a in enumerate(shard) if a is None]
+        if missing:
+            raise Unavailable(f"the sharded store {name!r} has replicas that never started: "
+                              f"{missing} (shard, replica)")
+        plan = distributed.ShardPlan._from_json(plan_json)
+        store = distributed.connect(plan, addresses, **connect)
+        _Watcher(store, registry, epoch, addresses).start()
+        return store
+
+    @staticmethod
+    def actors(name: str = "nearrec") -> list[list[Any]]:
+        """The node actors of the sharded store ``name``: ``[shard][replica]``."""
+        _, _, names = ray.get(_registry(name).describe.remote())
+        return [[ray.get_actor(n, namespace=NAMESPACE) for n in shard] for shard in names]
+
+    @staticmethod
+    def shutdown(name: str = "nearrec") -> None:
+        """Stops the sharded store ``name``: its nodes, its registry, its placement groups."""
+        try:
+            registry = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        names: list[list[str]] = ray.get(registry.describe.remote())[2]
+        for shard in names:
+            for n in shard:
+                with contextlib.suppress(ValueError):
+                    ray.kill(ray.get_actor(n, namespace=NAMESPACE), no_restart=True)
+        for k in range(len(names)):
+            with contextlib.suppress(Exception):
+                remove_placement_group(ray.util.get_placement_group(f"{name}/shard-{k}"))
+        ray.kill(registry, no_restart=True)
+
+
+def _replica_copy(root: Path, shard: int, replica: int) -> Path:
+    """A writable shard's copy for replica ``replica`` (made once, beside the shards)."""
+    path = root / "replicas" / f"shard-{shard}-replica-{replica}"
+    if not path.exists():
+        tmp = path.with_name(path.name + ".copying")
+        subprocess.run(["rm", "-rf", str(tmp)], check=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-r", str(root / f"shard-{shard}"), str(tmp)], check=True)
+        tmp.rename(path)
+    return path
+
+
+class _Watcher(threading.Thread):
+    """Reads a sharded store's registry every :data:`WATCH_EVERY` seconds and gives the
+    router each shard's replicas as they registered; ends with the store."""
+
+    def __init__(self, store: Store, registry: Any, epoch: int,
+                 addresses: list[list[str | None]]):
+        super().__init__(daemon=True, name="nearrec-ray-watch")
+        self.store = weakref.ref(store)
+        self.registry, self.epoch, self.addresses = registry, epoch, addresses
+
+    def run(self) -> None:
+        while True:
+            time.sleep(WATCH_EVERY)
+            store = self.store()
+            # (a call on an actor would start Ray again in a driver that shut it down)
+            if store is None or not ray.is_initialized():
+                return
+            try:
+                epoch, addresses = ray.get(self.registry.view.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - a registry away for a while is looked at again
+                continue
+            if epoch == self.epoch:
+                continue
+            done = True
+            for k, new in enumerate(addresses):
+                up = [a for a in new if a is not None]
+                if new == self.addresses[k] or not up:
+                    continue
+                try:
+                    store._native.set_shard_replicas(k, up)
+                    self.addresses[k] = new
+                except Exception:  # noqa: BLE001 - a node not answering yet: next time
+                    done = False
+            if done:
+                self.epoch = epoch
+            del store

@@ -1,0 +1,166 @@
+"""Sharded stores on a local Ray cluster (`nearrec.ray`): three Ray nodes on this machine
+(`ray.cluster_utils.Cluster`), a shard's replicas on different ones, lookups held to the
+embedded store, another driver's connect by name, a node killed under load (answers stay
+whole, from the other replica, and the restarted node is read from again at its new
+address), a shard's only node killed (a read waits for Ray to restart it), typed errors for
+what cannot be launched or found. Every nearrec node listens on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import nearrec
+from nearrec import TableLookup, distributed
+from nearrec.ray import ShardedStore
+
+ROWS = {"a": 500, "b": 300}
+DIMS = {"a": 8, "b": 16}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(initialize_head=True,
+                head_node_args={"num_cpus": 2, "include_dashboard": False})
+    for _ in range(2):
+        c.add_node(num_cpus=2)
+    c.wait_for_nodes()
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(2)
+    path = tmp_path_factory.mktemp("ray") / "store"
+    nearrec.from_numpy(path, {t: rng.standard_normal((ROWS[t], DIMS[t]), dtype=np.float32)
+                              for t in ROWS}, dtype={"b": "fp16"})
+    return path
+
+
+def lookups(rng: np.random.Generator, bags: int = 16) -> list[TableLookup]:
+    out = []
+    for t in ROWS:
+        lengths = rng.integers(0, 5, bags)
+        out.append(TableLookup(t, rng.integers(0, ROWS[t], int(lengths.sum())),
+                               lengths=lengths))
+    return out
+
+
+def wait_for(check, what: str, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.2)
+
+
+def test_replicas_spread_answer_and_survive_a_killed_node(cluster, store_path, tmp_path):
+    shards = tmp_path / "shards"
+    distributed.shard(store_path, shards, 2, replicas=2, scheme="row")
+    store = ShardedStore.launch(shards, name="spread", spread="strict", num_cpus=0.5,
+                                tier="ssd", dram_budget="8KiB", timeout=30.0)
+    try:
+        actors = ShardedStore.actors("spread")
+        where = [[ray.get(a.where.remote()) for a in shard] for shard in actors]
+        for shard in where:
+            assert len({w[3] for w in shard}) == 2, "a shard's replicas on one Ray node"
+            assert all(w[0].startswith("127.0.0.1:") for w in shard), shard
+        local = nearrec.open(store_path)
+        rng = np.random.default_rng(4)
+        reqs = [lookups(rng) for _ in range(8)]
+        want = [local.lookup_many(r).values for r in reqs]
+        for r, w in zip(reqs, want, strict=True):
+            np.testing.assert_allclose(store.lookup_many(r).values, w, rtol=1e-5, atol=1e-6)
+        # another driver's view of it, by name
+        other = ShardedStore.connect("spread")
+        np.testing.assert_allclose(other.lookup_many(reqs[0]).values, want[0], rtol=1e-5,
+                                   atol=1e-6)
+
+        # one node of shard 0 killed under load: every answer whole
+        stop, errors, done = threading.Event(), [], [0]
+
+        def read() -> None:
+            k = 0
+            while not stop.is_set():
+                try:
+                    got = store.lookup_many(reqs[k % len(reqs)]).values
+                    np.testing.assert_allclose(got, want[k % len(reqs)], rtol=1e-5, atol=1e-6)
+                    done[0] += 1
+                except Exception as e:  # noqa: BLE001 - collected, raised below
+                    errors.append(e)
+                k += 1
+
+        readers = [threading.Thread(target=read) for _ in range(2)]
+        for t in readers:
+            t.start()
+        time.sleep(0.5)
+        before = where[0][0]
+        ray.get(actors[0][0].kill_node.remote())
+        # Ray restarts the actor and its node, which registers its new address; the store's
+        # router reads from it again
+        wait_for(lambda: _where(actors[0][0]) not in (None, before), "the node restarted")
+        moved = _where(actors[0][0])
+        assert moved is not None and moved[0] != before[0]
+        wait_for(lambda: moved[0].rsplit("/", 1)[0] in store._native.shard_replicas()[0],
+                 "the router took the new address")
+        time.sleep(0.5)
+        stop.set()
+        for t in readers:
+            t.join()
+        assert not errors, errors[:3]
+        assert done[0] > 0
+        stats = store.stats()
+        assert stats["cluster_failures"] == 0, stats
+    finally:
+        ShardedStore.shutdown("spread")
+    with pytest.raises(nearrec.StoreNotFound):
+        ShardedStore.connect("spread")
+
+
+def _where(actor) -> tuple[str, str, int, str] | None:
+    try:
+        return ray.get(actor.where.remote(), timeout=5)
+    except Exception:  # noqa: BLE001 - the actor restarting
+        return None
+
+
+def test_a_shard_whose_only_node_died_is_read_after_ray_restarts_it(cluster, store_path,
+                                                                     tmp_path):
+    shards = tmp_path / "shards"
+    plan = distributed.shard(store_path, shards, 2, scheme="table")
+    store = ShardedStore.launch(shards, name="single", num_cpus=0.5, timeout=60.0)
+    try:
+        table = plan.shard_tables(1)[0][0].name
+        ids, offsets = np.arange(0, ROWS[table], 7), np.arange(0, ROWS[table] // 7, 3)
+        want = store.lookup(table, ids, offsets)
+        actor = ShardedStore.actors("single")[1][0]
+        ray.get(actor.kill_node.remote())
+        # the read waits within its deadline for Ray to restart the node
+        np.testing.assert_allclose(store.lookup(table, ids, offsets), want, rtol=1e-6)
+        # a store launched under a name that runs is refused
+        with pytest.raises(nearrec.StoreExists):
+            ShardedStore.launch(shards, name="single")
+    finally:
+        ShardedStore.shutdown("single")
+
+
+def test_what_cannot_be_launched_is_a_typed_error(cluster, store_path, tmp_path):
+    with pytest.raises(nearrec.StoreNotFound):
+        ShardedStore.launch(tmp_path, name="nothing")
+    with pytest.raises(nearrec.StoreNotFound):
+        ShardedStore.connect("nothing")
+    with pytest.raises(nearrec.InvalidRequest, match="spread"):
+        distributed.shard(store_path, tmp_path / "s", 2, scheme="table")
+        ShardedStore.launch(tmp_path / "s", name="bad", spread="everywhere")
