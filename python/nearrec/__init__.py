@@ -31,14 +31,17 @@ The modules, lowest layer first: each imports only from the layers before it
   :func:`build`, :func:`update`, :func:`remove`; ``nearrec.trace`` (generators, ``.nrtrace``
   files, FBGEMM conversion, profiles); :func:`connect` and the pickling of a node's store
   (``RemoteStore`` is a deprecated alias of :class:`Store`); ``nearrec.gpu``, the HBM tier.
+- ``distributed``: a store cut into shards (``plan_shards``, ``shard``, ``load_plan``) and
+  ``connect``, a :class:`Store` over the Rust router that serves it from several nodes.
 - ``nearrec.torch``: ``EmbeddingBag``, ``KeyedEmbeddingBag``, ``EmbeddingBagCollection`` and
   ``EmbeddingCollection`` over a store, ``KeyedJaggedTensor``; ``from_torchrec``; the
   ``nearrec::`` custom ops that ``torch.compile`` / ``torch.export`` see.
 - ``capture``: a user's model traced by ``torch.export`` into the engine's dense program.
-- {``nearrec.models``, ``plan``, ``simulate``, ``datasets``}: the eight benchmark models as
+- {``nearrec.models``, ``plan``, ``simulate``, ``datasets``, ``ray``}: the eight benchmark models as
   PyTorch modules, ``save`` / ``load`` with a store, ``infer`` pipelined, ``offload`` whole into
   the engine; ``nearrec.plan`` (the planner and plan files, co-located copies); ``nearrec.simulate``
-  (the flash device model); ``nearrec.datasets`` (Criteo, FBGEMM files, MovieLens-100K).
+  (the flash device model); ``nearrec.datasets`` (Criteo, FBGEMM files, MovieLens-100K);
+  ``nearrec.ray`` (a sharded store's nodes as Ray actors: ``ShardedStore.launch``).
 - ``cli``: the ``nearrec`` command (``cli/__init__.py`` the command tree, the verbs by what they
   touch in ``stores``, ``serving``, ``workloads``).
 """
