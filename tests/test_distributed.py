@@ -202,3 +202,34 @@ def test_replicas_that_do_not_fit_the_plan_are_refused_naming_the_shard(store_pa
             store.lookup(t.name, np.array([0]), np.array([0]))
     finally:
         served.stop()
+
+
+def test_a_node_serves_a_sharded_store_at_one_address(store_path, tmp_path):
+    root = tmp_path / "s"
+    plan = distributed.shard(store_path, root, 2, scheme="row")
+    served = Served(root, plan)
+    try:
+        # JSON's arrays of strings are TOML's
+        (root / "replicas.toml").write_text(
+            f"shards = {json.dumps(served.replicas())}\ntimeout = 2.0\nhedge = \"off\"\n")
+        front = Node("--shards", f"{root}=dlrm")
+        try:
+            remote = nearrec.connect(front.address, "dlrm", retries=0)
+            assert remote.tables == nearrec.open(store_path).tables
+            local = nearrec.open(store_path)
+            reqs = batch(np.random.default_rng(8), 12)
+            np.testing.assert_allclose(remote.lookup_many(reqs).values,
+                                       local.lookup_many(reqs).values, rtol=1e-5, atol=1e-5)
+            # a shard's only node gone: the front answers, typed, naming the shard
+            served.nodes[1][0].stop()
+            with pytest.raises(nearrec.Unavailable, match="shard 1 of store"):
+                remote.lookup_many(reqs)
+        finally:
+            front.stop()
+    finally:
+        served.stop()
+    # a directory without replicas.toml: the node says so before it listens
+    (root / "replicas.toml").unlink()
+    r = subprocess.run([sys.executable, "-m", "nearrec.cli", "serve", "--shards", str(root)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "replicas.toml" in r.stderr, r.stderr

@@ -29,4 +29,4 @@ mod split;
 mod store;
 
 pub use shard::Hedge;
-pub use store::{Endpoint, ShardedOptions, ShardedStore};
+pub use store::{Endpoint, REPLICAS_FILE, ReplicasFile, ShardedOptions, ShardedStore};

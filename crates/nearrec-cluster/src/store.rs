@@ -96,7 +96,109 @@ struct Inner {
     bags: AtomicU64,
 }
 
+/// The file in a sharded store's directory that names each shard's nodes.
+pub const REPLICAS_FILE: &str = "replicas.toml";
+
+/// What `replicas.toml` holds: each shard's nodes and how to reach them.
+///
+/// ```toml
+/// shards = [["10.0.0.1:7070/s", "10.0.0.2:7070/s"], ["10.0.0.3:7070/s"]]
+/// timeout = 5.0          # each call's deadline, seconds (default 30)
+/// hedge = "p95"          # "pNN", a delay in seconds, or "off"
+/// token_file = "/etc/nearrec/shards.token"   # the nodes' bearer token, if they ask for one
+/// tls_ca = "/etc/nearrec/ca.pem"             # the CA their certificates chain to (TLS)
+/// ```
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicasFile {
+    pub shards: Vec<Vec<String>>,
+    #[serde(default = "default_timeout")]
+    pub timeout: f64,
+    #[serde(default = "default_hedge")]
+    pub hedge: toml::Value,
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+}
+
+fn default_timeout() -> f64 {
+    30.0
+}
+
+fn default_hedge() -> toml::Value {
+    toml::Value::String("p95".into())
+}
+
+impl ReplicasFile {
+    /// The file in `dir`, read and checked; its options as a router's.
+    pub fn read(dir: &Path) -> nearrec::Result<(Vec<Vec<Endpoint>>, ShardedOptions)> {
+        let path = dir.join(REPLICAS_FILE);
+        let bad = |reason: String| Error::Config {
+            key: String::new(),
+            reason: format!("{}: {reason}", path.display()),
+        };
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| nearrec::format::FormatError::Io {
+                path: path.clone(),
+                source: e,
+            })?;
+        let file: ReplicasFile = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if !(file.timeout > 0.0 && file.timeout.is_finite()) {
+            return Err(bad(format!(
+                "timeout must be seconds > 0, not {}",
+                file.timeout
+            )));
+        }
+        let hedge = match &file.hedge {
+            toml::Value::String(s) if s == "off" => Hedge::Off,
+            toml::Value::String(s) => {
+                match s.strip_prefix('p').and_then(|p| p.parse::<u8>().ok()) {
+                    Some(p) if (1..100).contains(&p) => Hedge::Quantile {
+                        q: f64::from(p) / 100.0,
+                        min: Duration::from_micros(500),
+                    },
+                    _ => return Err(bad(format!("hedge {s:?} is not \"pNN\" or \"off\""))),
+                }
+            }
+            toml::Value::Float(s) if *s >= 0.0 && s.is_finite() => {
+                Hedge::After(Duration::from_secs_f64(*s))
+            }
+            toml::Value::Integer(s) if *s >= 0 => Hedge::After(Duration::from_secs(*s as u64)),
+            v => return Err(bad(format!("hedge {v} is not \"pNN\", seconds or \"off\""))),
+        };
+        let mut client = ClientOptions {
+            timeout: Some(Duration::from_secs_f64(file.timeout)),
+            ..ClientOptions::default()
+        };
+        if let Some(p) = &file.token_file {
+            let token = std::fs::read_to_string(p)
+                .map_err(|e| bad(format!("token_file {}: {e}", p.display())))?;
+            client.token = Some(token.trim().to_owned());
+        }
+        if let Some(p) = &file.tls_ca {
+            let ca = std::fs::read(p).map_err(|e| bad(format!("tls_ca {}: {e}", p.display())))?;
+            client.tls = Some(nearrec_client::ClientTls {
+                ca: Some(ca),
+                domain: None,
+                identity: None,
+            });
+        }
+        let endpoints = (file.shards.iter())
+            .map(|s| s.iter().map(|a| Endpoint::parse(a)).collect())
+            .collect();
+        Ok((endpoints, ShardedOptions { client, hedge }))
+    }
+}
+
 impl ShardedStore {
+    /// The sharded store in `dir`: its plan (`shards.json`) and its shards' nodes and the way
+    /// to reach them (`replicas.toml`, [`ReplicasFile`]).
+    pub fn open_dir(dir: &Path) -> nearrec::Result<Self> {
+        let (endpoints, options) = ReplicasFile::read(dir)?;
+        Self::open(dir, &endpoints, options)
+    }
+
     /// The sharded store whose plan is in `dir` (`shards.json`), its shard `k` served at
     /// `replicas[k]`.
     pub fn open(

@@ -127,6 +127,7 @@ pub(crate) fn node_flags() -> Vec<(
                 FlagKind::Int => "int",
                 FlagKind::Float => "float",
                 FlagKind::Text => "text",
+                FlagKind::List => "list",
             };
             (f.name, f.key, kind, f.metavar, f.help, f.default_shown())
         })

@@ -31,6 +31,11 @@ use serde::{Deserialize, Serialize};
 pub struct NodeConfig {
     /// The stores to serve, each `PATH` or `PATH=NAME` (the name defaults to the directory's).
     pub stores: Vec<String>,
+    /// Sharded stores to serve, each `DIR` or `DIR=NAME`: the directory of a cut (`nearrec
+    /// shard`: its plan, `shards.json`) whose `replicas.toml` names each shard's nodes; the
+    /// node serves it through the router (`nearrec_cluster`), so that a client needs one
+    /// address. The name defaults to the plan's.
+    pub shards: Vec<String>,
     /// How every store is opened (`[store]`).
     pub store: StoreConfig,
     /// Where the node listens: loopback unless asked otherwise.
@@ -237,14 +242,16 @@ impl NodeConfig {
 
     /// The stores [`NodeConfig::stores`] names, opened as [`NodeConfig::store`] says.
     pub fn open_stores(&self) -> Result<crate::Stores, String> {
-        if self.stores.is_empty() {
+        if self.stores.is_empty() && self.shards.is_empty() {
             return Err(
-                "name at least one store to serve (STORE[=NAME], or stores = [...] in \
-                        the node's config)"
+                "name at least one store to serve (STORE[=NAME], --shards DIR, or stores = \
+                 [...] in the node's config)"
                     .into(),
             );
         }
-        crate::Stores::open(&self.stores, &self.store)
+        let mut stores = crate::Stores::open(&self.stores, &self.store)?;
+        stores.open_sharded(&self.shards)?;
+        Ok(stores)
     }
 
     /// The node's budget of unsent answer bytes and one connection's, each room for at least
@@ -273,6 +280,7 @@ impl Default for NodeConfig {
     fn default() -> Self {
         Self {
             stores: Vec::new(),
+            shards: Vec::new(),
             store: StoreConfig::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             insecure: false,
@@ -352,6 +360,8 @@ pub enum FlagKind {
     Float,
     /// An address, a path, a size such as `4GiB`.
     Text,
+    /// Values separated by commas (the flag given again adds to them in Python's command).
+    List,
 }
 
 /// One flag of `nearrec serve` and `nearrec-server`: `--NAME VALUE` sets the config's `key`.
@@ -373,6 +383,12 @@ impl Flag {
             FlagKind::Int => toml::Value::Integer(given.parse().map_err(|_| bad("an integer"))?),
             FlagKind::Float => toml::Value::Float(given.parse().map_err(|_| bad("a number"))?),
             FlagKind::Text => toml::Value::String(given.to_owned()),
+            FlagKind::List => toml::Value::Array(
+                (given.split(','))
+                    .filter(|v| !v.is_empty())
+                    .map(|v| toml::Value::String(v.to_owned()))
+                    .collect(),
+            ),
         })
     }
 
@@ -395,6 +411,13 @@ impl Flag {
 /// from this list, so the two commands cannot drift. The store's own settings (`--tier`,
 /// `--dram-budget`, ...) are the store commands' flags and set `store.*`.
 pub const FLAGS: &[Flag] = &[
+    flag(
+        "shards",
+        "shards",
+        FlagKind::List,
+        "DIR[=NAME]",
+        "serve a sharded store (nearrec shard) through the router: its directory, whose replicas.toml names each shard's nodes (several: comma-separated; docs/distributed.md)",
+    ),
     flag(
         "listen",
         "listen",
@@ -619,6 +642,7 @@ mod tests {
                 FlagKind::Text if f.key.contains("listen") => "127.0.0.1:9",
                 FlagKind::Text if f.key == "log_format" => "json",
                 FlagKind::Text => "/x",
+                FlagKind::List => "/x=a,/y",
             };
             let with = config
                 .with_overrides(&[(f.key, f.value(value).unwrap())])

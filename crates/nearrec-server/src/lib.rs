@@ -252,6 +252,7 @@ pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Resul
         version = env!("CARGO_PKG_VERSION"),
         listen = %config.listen,
         stores = config.stores.len(),
+        sharded = config.shards.len(),
         "starting"
     );
     let stores = config.open_stores()?;

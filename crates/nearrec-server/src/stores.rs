@@ -78,6 +78,30 @@ impl Stores {
         Ok(stores)
     }
 
+    /// Opens each sharded store `DIR` or `DIR=NAME` (the name defaults to its plan's) through
+    /// the router, its shards' nodes as its `replicas.toml` names them (each checked against
+    /// the plan before the node serves).
+    pub fn open_sharded(&mut self, specs: &[String]) -> Result<(), String> {
+        for spec in specs {
+            let (dir, name) = match spec.split_once('=') {
+                Some((d, n)) if !n.is_empty() => (PathBuf::from(d), Some(n.to_owned())),
+                _ => (PathBuf::from(spec.trim_end_matches('=')), None),
+            };
+            let store = nearrec_cluster::ShardedStore::open_dir(&dir)
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+            let name = name.unwrap_or_else(|| store.plan().store.clone());
+            tracing::info!(
+                store = %name,
+                path = %dir.display(),
+                shards = store.plan().shards,
+                tables = store.plan().tables.len(),
+                "sharded store connected"
+            );
+            self.insert(name, store)?;
+        }
+        Ok(())
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.0.keys().map(String::as_str)
     }

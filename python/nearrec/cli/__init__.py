@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import nearrec
 
@@ -148,7 +150,8 @@ def parser() -> argparse.ArgumentParser:
                     help="the node's config (TOML: its settings, the stores' under [store]; "
                          "docs/serving.md); the flags below override it")
     # the node's own flags, as nearrec-server has them (one list, in Rust)
-    types = {"int": int, "float": float, "text": str}
+    types: dict[str, Callable[[str], Any]] = {
+        "int": int, "float": float, "text": str, "list": lambda s: [v for v in s.split(",") if v]}
     for name, _key, kind, metavar, help_, default in nearrec._native.node_flags():
         shown = f"{help_} (default: {default})" if default else help_
         if kind == "switch":
