@@ -17,7 +17,8 @@
 //!   — never a partial answer;
 //! - writes a call's rows to every replica of the one shard they are on; a call whose rows span
 //!   shards is refused (`Unsupported`) until two-phase commit lands;
-//! - counts: batches, bags and the shards each bag reached (the fan-out), reads, hedges and the
+//! - counts: batches, bags, the bags of split tables and the shards each reached (the fan-out),
+//!   reads, hedges and the
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).
 //!
 //! Modules: `split.rs` (cut and merge), `shard.rs` (a shard's replicas: hedging, failover,

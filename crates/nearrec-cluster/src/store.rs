@@ -19,7 +19,7 @@ use nearrec_engine::EngineError;
 use rustc_hash::FxHashMap;
 
 use crate::shard::{Hedge, Replica, Shard};
-use crate::split::Split;
+use crate::split::{HotRanks, Split};
 
 /// A replica of a shard: the node's address and the name it serves the shard's store as
 /// (empty: the node's only store).
@@ -87,11 +87,14 @@ struct Inner {
     /// Every replica takes writes.
     writable: bool,
     tables: FxHashMap<String, usize>,
+    /// Each table's hot rows by id.
+    hot: Vec<HotRanks>,
     options: ShardedOptions,
     runtime: tokio::runtime::Runtime,
     closed: AtomicBool,
     batches: AtomicU64,
     spread_bags: AtomicU64,
+    split_bags: AtomicU64,
     bag_shards: AtomicU64,
     bags: AtomicU64,
 }
@@ -263,6 +266,7 @@ impl ShardedStore {
             .enable_time()
             .build()
             .map_err(|e| Error::Internal(format!("cannot start the router's runtime: {e}")))?;
+        let hot = plan.tables.iter().map(HotRanks::of).collect();
         let tables = (plan.tables.iter().enumerate())
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
@@ -274,11 +278,13 @@ impl ShardedStore {
                 keeper,
                 writable,
                 tables,
+                hot,
                 options,
                 runtime,
                 closed: AtomicBool::new(false),
                 batches: AtomicU64::new(0),
                 spread_bags: AtomicU64::new(0),
+                split_bags: AtomicU64::new(0),
                 bag_shards: AtomicU64::new(0),
                 bags: AtomicU64::new(0),
             }),
@@ -446,10 +452,14 @@ impl Inner {
 
     fn split(&self, batch: &Batch<'_>) -> nearrec::Result<Split> {
         self.live()?;
-        let split = Split::new(batch, &self.plan.tables, self.plan.shards, |n| self.find(n))?;
+        let split = Split::new(batch, &self.plan.tables, &self.hot, self.plan.shards, |n| {
+            self.find(n)
+        })?;
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.spread_bags
             .fetch_add(split.spread_bags, Ordering::Relaxed);
+        self.split_bags
+            .fetch_add(split.split_bags, Ordering::Relaxed);
         self.bag_shards
             .fetch_add(split.bag_shards, Ordering::Relaxed);
         self.bags.fetch_add(split.batch as u64, Ordering::Relaxed);
@@ -701,6 +711,7 @@ impl Inner {
             counted("shards", self.plan.shards as u64),
             counted("batches", self.batches.load(Ordering::Relaxed)),
             counted("bags", self.bags.load(Ordering::Relaxed)),
+            counted("split_bags", self.split_bags.load(Ordering::Relaxed)),
             counted("bag_shards", self.bag_shards.load(Ordering::Relaxed)),
             counted("spread_bags", self.spread_bags.load(Ordering::Relaxed)),
             counted("reads", sum(|c| &c.reads)),

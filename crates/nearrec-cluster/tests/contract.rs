@@ -344,7 +344,8 @@ fn hot_rows_on_every_shard_keep_a_bag_on_one_shard() {
         let (store, _cluster) = sharded(&path, false, options(2, 1, Scheme::Row, hot));
         answers.push(store.lookup(&batch).unwrap().0.values);
         let stats = store.stats().unwrap();
-        fanout.push(stats.get("cluster_bag_shards").unwrap() / stats.get("cluster_bags").unwrap());
+        let split = stats.get("cluster_split_bags").unwrap();
+        fanout.push(stats.get("cluster_bag_shards").unwrap() / split);
     }
     // the same answer, each bag on one shard instead of two
     for (a, b) in answers[0].iter().zip(&answers[1]) {
