@@ -14,7 +14,7 @@ use nearrec::{
     RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TableInfo, TierReport, Versioned,
     WriteOptions,
 };
-use nearrec_client::{Client, ClientOptions};
+use nearrec_client::{Client, ClientOptions, Started};
 use nearrec_engine::EngineError;
 use rustc_hash::FxHashMap;
 
@@ -409,6 +409,9 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
     Ok((info.model, info.writable))
 }
 
+/// How a read of one shard's share begins on a replica's client.
+type Start<T> = fn(&Client, &Batch<'_>, Option<Instant>) -> nearrec::Result<Started<(T, u64)>>;
+
 /// A write's rows on one shard: `(shard, table, local ids, values)`.
 type Routed<'a> = (usize, &'a str, Vec<i64>, Option<Vec<f32>>);
 
@@ -493,9 +496,15 @@ impl Inner {
             .sum()
     }
 
-    /// Pools `batch`: every shard it needs asked at once, the answers merged.
-    fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
-        let split = self.split(batch)?;
+    /// Each shard's share of `split` asked at once (`start` begins one on a replica's
+    /// client): the answers by shard (`None` for a shard not asked), and the version the read
+    /// saw.
+    fn fan_out<T: Send>(
+        &self,
+        split: &Split,
+        batch: &Batch<'_>,
+        start: Start<T>,
+    ) -> nearrec::Result<(Vec<Option<T>>, u64)> {
         let deadline = self.deadline();
         let asked: Vec<usize> = split.shards().collect();
         let reads = asked.iter().map(|&s| {
@@ -504,48 +513,35 @@ impl Inner {
                 &self.plan.store,
                 self.options.hedge,
                 deadline,
-                move |c| c.start_lookup(&sub, deadline),
+                move |c| start(c, &sub, deadline),
                 |a| a.1,
             )
         });
         let got = self.runtime.block_on(try_join_all(reads))?;
-        let mut answers: Vec<Option<Pooled>> = (0..self.plan.shards).map(|_| None).collect();
+        let mut answers: Vec<Option<T>> = (0..self.plan.shards).map(|_| None).collect();
         let mut versions = Vec::with_capacity(asked.len());
-        for (&s, (pooled, version)) in asked.iter().zip(got) {
-            answers[s] = Some(pooled);
+        for (&s, (answer, version)) in asked.iter().zip(got) {
+            answers[s] = Some(answer);
             versions.push((s, version));
         }
-        let pooled = split.merge(&answers, &self.plan.tables);
+        Ok((answers, self.version_of(&versions)))
+    }
+
+    /// Pools `batch`: every shard it needs asked at once, the answers merged.
+    fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
+        let split = self.split(batch)?;
+        let (answers, version) = self.fan_out(&split, batch, Client::start_lookup)?;
         let read = Read {
-            version: self.version_of(&versions),
+            version,
             ..Read::default()
         };
-        Ok((pooled, read))
+        Ok((split.merge(&answers, &self.plan.tables), read))
     }
 
     fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
         let split = self.split(batch)?;
-        let deadline = self.deadline();
-        let asked: Vec<usize> = split.shards().collect();
-        let reads = asked.iter().map(|&s| {
-            let sub = split.batch_for(s, batch, &self.plan.tables);
-            self.shards[s].read(
-                &self.plan.store,
-                self.options.hedge,
-                deadline,
-                move |c| c.start_lookup_rows(&sub, deadline),
-                |a| a.1,
-            )
-        });
-        let got = self.runtime.block_on(try_join_all(reads))?;
-        let mut answers: Vec<Option<Vec<Rows>>> = (0..self.plan.shards).map(|_| None).collect();
-        let mut versions = Vec::with_capacity(asked.len());
-        for (&s, (rows, version)) in asked.iter().zip(got) {
-            answers[s] = Some(rows);
-            versions.push((s, version));
-        }
-        let rows = split.merge_rows(&answers, &self.plan.tables);
-        Ok((rows, self.version_of(&versions)))
+        let (answers, version) = self.fan_out(&split, batch, Client::start_lookup_rows)?;
+        Ok((split.merge_rows(&answers, &self.plan.tables), version))
     }
 
     /// The shards' versions, summed: the number of writes every shard has applied.
