@@ -115,8 +115,9 @@ def _sharded(path: Path, cut: Path, trace: Path, shards: int, scheme: str, hot: 
                           overwrite=True)
     plan = distributed.load_plan(cut)
     with ExitStack() as nodes:
-        replicas = [[f"{nodes.enter_context(node(cut / f'shard-{k}', 's', '--tier', 'dram')).address}/s"]
-                    for k in range(plan.shards)]
+        served = [nodes.enter_context(node(cut / f"shard-{k}", "s", "--tier", "dram"))
+                  for k in range(plan.shards)]
+        replicas = [[f"{n.address}/s"] for n in served]
         store = distributed.connect(plan, replicas, hedge=None)
         yield store
         store.close()
