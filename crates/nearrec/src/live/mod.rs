@@ -206,14 +206,7 @@ impl Live {
             follows: follow::FollowStats::default(),
         };
         let records = if config.writable {
-            let lock = files::lock_file(&dir.join(files::WRITER_LOCK), false)
-                .map_err(|source| FormatError::Io {
-                    path: dir.to_owned(),
-                    source,
-                })?
-                .ok_or_else(|| Error::Locked {
-                    path: dir.display().to_string(),
-                })?;
+            let lock = writer_lock(dir)?;
             let retired = compact::prepare_dir(dir, manifest)?;
             let durability = match config.durability {
                 DurabilityMode::Sync => Durability::Sync,
@@ -643,6 +636,35 @@ impl Drop for Live {
     fn drop(&mut self) {
         if let Some(w) = &self.writer {
             w.signal.stop();
+        }
+    }
+}
+
+/// How long a writable open waits for the store's writer lock before it refuses.
+const WRITER_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// The `flock` on `dir`'s `WRITER.lock`, or `Locked`. A writer of this process that is going
+/// lets go a moment after its store was dropped or swapped out (a background thread — the
+/// compactor checking for work — may hold the store a moment longer): the lock is tried again
+/// for up to [`WRITER_LOCK_WAIT`] before another process is taken to hold it.
+fn writer_lock(dir: &Path) -> Result<File> {
+    let path = dir.join(files::WRITER_LOCK);
+    let until = std::time::Instant::now() + WRITER_LOCK_WAIT;
+    loop {
+        let held = files::lock_file(&path, false).map_err(|source| FormatError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
+        match held {
+            Some(lock) => return Ok(lock),
+            None if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None => {
+                return Err(Error::Locked {
+                    path: dir.display().to_string(),
+                });
+            }
         }
     }
 }
