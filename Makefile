@@ -100,7 +100,8 @@ bench-quick: develop
 # cannot rot (a module that fails to import, a broken docstring reference, fails the build).
 docs: develop
 	$(VENV)/bin/pdoc -o target/docs --docformat restructuredtext nearrec $(addprefix nearrec.,\
-	    store manifest config keyed remote request trace plan datasets specs torch capture models gpu \
+	    store manifest config keyed remote distributed ray request trace plan datasets specs torch \
+	    capture models gpu \
 	    simulate cli)
 
 # The product's wheel (abi3: one wheel for CPython >= 3.10), into dist/.
