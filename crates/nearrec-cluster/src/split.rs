@@ -250,8 +250,8 @@ impl Split {
             let rows = table.rows;
             let hot = &hot[t];
             let weight = |j: usize| lookup.per_sample_weights.map_or(0.0, |w| w[j]);
-            // each id of a bag with hot rows: its home part and local row, and its hot rank
-            let mut placed: Vec<(u32, i64, Option<u32>)> = Vec::new();
+            // hot ids of a bag waiting for its anchor: position, home part, local row, rank
+            let mut waiting: Vec<(usize, usize, i64, u32)> = Vec::new();
             for b in 0..bags {
                 let (from, to) = (checked.bounds[b], checked.bounds[b + 1]);
                 if hot.is_empty() {
@@ -266,10 +266,12 @@ impl Split {
                         }
                     }
                 } else {
-                    // range-checked first, over the whole bag, so that the first bad id is
-                    // named; the bag's anchor is the part of its first id that is not hot
-                    let mut anchor = None;
-                    placed.clear();
+                    // one pass: an id that is not hot goes to its part, and the first of them
+                    // makes that part the bag's anchor; a hot id goes to the anchor, waiting
+                    // for one if none is known yet (a bag of hot ids alone goes where its
+                    // first id lives)
+                    let mut anchor: Option<usize> = None;
+                    waiting.clear();
                     for j in from..to {
                         let id = lookup.indices.get(j);
                         if id < 0 || id as u64 >= rows {
@@ -277,30 +279,32 @@ impl Split {
                         }
                         let id = id as u64;
                         if Some(id) == checked.padding {
-                            placed.push((u32::MAX, 0, None));
                             continue;
                         }
-                        let home = table.part_of(id);
-                        let rank = hot.rank(id);
-                        if anchor.is_none() && rank.is_none() {
-                            anchor = Some(home);
-                        }
-                        placed.push((home as u32, (id - table.parts[home].first) as i64, rank));
-                    }
-                    for (j, &(home, local, rank)) in (from..to).zip(&placed) {
-                        if home == u32::MAX {
-                            continue; // padding
-                        }
-                        let home = home as usize;
-                        // a hot id goes with its bag's other ids; a bag of hot ids alone goes
-                        // where its first id lives
-                        let anchor = *anchor.get_or_insert(home);
-                        match rank {
-                            Some(r) if anchor != home => {
-                                let local = (table.parts[anchor].rows + u64::from(r)) as i64;
-                                out.put(anchor, b, local, weight(j));
+                        let home = part_at(&firsts, id);
+                        let local = (id - table.parts[home].first) as i64;
+                        match (hot.rank(id), anchor) {
+                            (None, _) => {
+                                anchor.get_or_insert(home);
+                                out.put(home, b, local, weight(j));
                             }
-                            _ => out.put(home, b, local, weight(j)),
+                            (Some(r), Some(a)) if a != home => {
+                                let at = (table.parts[a].rows + u64::from(r)) as i64;
+                                out.put(a, b, at, weight(j));
+                            }
+                            (Some(_), Some(_)) => out.put(home, b, local, weight(j)),
+                            (Some(r), None) => waiting.push((j, home, local, r)),
+                        }
+                    }
+                    if let Some(&(_, first, _, _)) = waiting.first() {
+                        let a = anchor.unwrap_or(first);
+                        for &(j, home, local, r) in &waiting {
+                            if a == home {
+                                out.put(home, b, local, weight(j));
+                            } else {
+                                let at = (table.parts[a].rows + u64::from(r)) as i64;
+                                out.put(a, b, at, weight(j));
+                            }
                         }
                     }
                 }
