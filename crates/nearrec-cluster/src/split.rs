@@ -39,16 +39,22 @@ pub(crate) enum Owned {
     },
 }
 
+/// Lookup `lookup` of shard `shard`'s share.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    shard: usize,
+    lookup: usize,
+}
+
 /// How request table `k` comes back.
 #[derive(Debug)]
 enum Merge {
     /// Whole on one shard: the shard's columns as they are.
-    Whole { shard: usize },
-    /// Split: the shards it went to, each shard's bag lengths, and the whole bags' counts
-    /// (without padding) for a mean.
+    Whole(Slot),
+    /// Split: the shares it went to (each with its bag lengths, in its `Owned::Routed`), and
+    /// the whole bags' counts (without padding) for a mean.
     Parts {
-        shards: Vec<usize>,
-        lengths: Vec<Vec<i64>>,
+        slots: Vec<Slot>,
         counts: Vec<u32>,
         mode: PoolingMode,
     },
@@ -101,6 +107,11 @@ fn out_of_range(lookup: &TableLookup<'_>, position: usize, bag: usize, rows: u64
         value: lookup.indices.get(position),
         rows,
     }
+}
+
+/// Bag `b`'s `dim` columns from `c` on in the pooled answer `p`.
+fn row((p, c): (&Pooled, usize), b: usize, dim: usize) -> &[f32] {
+    &p.values[b * p.width() + c..][..dim]
 }
 
 /// Positions `from .. to` of a table's ids: bag `index`.
@@ -236,10 +247,8 @@ impl Split {
                         }
                     }
                 }
-                let shard = table.parts[0].shard;
-                split.shares[shard].lookups.push(Owned::Forward(k));
-                split.shares[shard].from.push(k);
-                split.merges.push(Merge::Whole { shard });
+                let slot = split.push(table.parts[0].shard, k, Owned::Forward(k));
+                split.merges.push(Merge::Whole(slot));
                 continue;
             }
             let parts = table.parts.len();
@@ -328,34 +337,40 @@ impl Split {
                 PoolingMode::Max => PoolingMode::Max,
                 _ => PoolingMode::Sum,
             };
-            let mut shards_of = Vec::new();
-            let mut kept_lengths = Vec::new();
+            let mut slots = Vec::new();
             for (p, ((ids, lengths), weights)) in
                 ids.into_iter().zip(lengths).zip(weights).enumerate()
             {
                 if ids.is_empty() {
                     continue;
                 }
-                let shard = table.parts[p].shard;
-                shards_of.push(shard);
-                kept_lengths.push(lengths.clone());
-                split.shares[shard].lookups.push(Owned::Routed {
+                let routed = Owned::Routed {
                     table: t,
                     ids,
                     lengths,
                     weights,
                     mode,
-                });
-                split.shares[shard].from.push(k);
+                };
+                slots.push(split.push(table.parts[p].shard, k, routed));
             }
             split.merges.push(Merge::Parts {
-                shards: shards_of,
-                lengths: kept_lengths,
+                slots,
                 counts,
                 mode: lookup.mode,
             });
         }
         Ok(split)
+    }
+
+    /// Adds `lookup` (for request table `k`) to shard `shard`'s share; where it is.
+    fn push(&mut self, shard: usize, k: usize, lookup: Owned) -> Slot {
+        let share = &mut self.shares[shard];
+        share.lookups.push(lookup);
+        share.from.push(k);
+        Slot {
+            shard,
+            lookup: share.lookups.len() - 1,
+        }
     }
 
     /// Shard `shard`'s share as a batch over `request`'s arrays and this split's.
@@ -398,43 +413,56 @@ impl Split {
     pub fn merge(&self, answers: &[Option<Pooled>], tables: &[ShardedTable]) -> Pooled {
         let width: usize = self.tables.iter().map(|&(_, d)| d).sum();
         let mut values = vec![0f32; self.batch * width];
-        // each request table's columns in each shard's answer
-        let mut at: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.merges.len()];
-        for (s, share) in self.shares.iter().enumerate() {
-            let mut col = 0;
-            for &k in &share.from {
-                at[k].push((s, col));
-                col += self.tables[k].1;
-            }
-        }
+        // where each lookup of each share starts in that shard's answer
+        let cols: Vec<Vec<usize>> = (self.shares.iter())
+            .map(|share| {
+                let mut col = 0;
+                (share.from.iter())
+                    .map(|&k| {
+                        col += self.tables[k].1;
+                        col - self.tables[k].1
+                    })
+                    .collect()
+            })
+            .collect();
+        // a slot's answer: its pooled rows and where its columns start
+        let answer = |slot: Slot| -> (&Pooled, usize) {
+            let p = answers[slot.shard].as_ref();
+            let p = p.expect("every shard asked has answered");
+            (p, cols[slot.shard][slot.lookup])
+        };
         let mut col = 0;
         for (k, merge) in self.merges.iter().enumerate() {
             let dim = self.tables[k].1;
-            let column = |s: usize, c: usize, b: usize| -> &[f32] {
-                let p = answers[s].as_ref().expect("every shard asked has answered");
-                &p.values[b * p.width() + c..][..dim]
-            };
-            for b in 0..self.batch {
-                let out = &mut values[b * width + col..][..dim];
-                match merge {
-                    Merge::Whole { shard } => {
-                        let (_, c) = at[k].iter().find(|(s, _)| s == shard).copied().unwrap();
-                        out.copy_from_slice(column(*shard, c, b));
+            match merge {
+                Merge::Whole(slot) => {
+                    let from = answer(*slot);
+                    for b in 0..self.batch {
+                        values[b * width + col..][..dim].copy_from_slice(row(from, b, dim));
                     }
-                    Merge::Parts {
-                        shards,
-                        lengths,
-                        counts,
-                        mode,
-                    } => {
+                }
+                Merge::Parts {
+                    slots,
+                    counts,
+                    mode,
+                } => {
+                    let parts: Vec<((&Pooled, usize), &[i64])> = (slots.iter())
+                        .map(|&slot| {
+                            let lengths = match &self.shares[slot.shard].lookups[slot.lookup] {
+                                Owned::Routed { lengths, .. } => lengths.as_slice(),
+                                Owned::Forward(_) => unreachable!("a split table is routed"),
+                            };
+                            (answer(slot), lengths)
+                        })
+                        .collect();
+                    for b in 0..self.batch {
+                        let out = &mut values[b * width + col..][..dim];
                         let mut first = true;
-                        for (i, &s) in shards.iter().enumerate() {
-                            if lengths[i][b] == 0 {
+                        for &(from, lengths) in &parts {
+                            if lengths[b] == 0 {
                                 continue;
                             }
-                            let (_, c) = at[k].iter().find(|(x, _)| *x == s).copied().unwrap();
-                            let part = column(s, c, b);
-                            for (o, &v) in out.iter_mut().zip(part) {
+                            for (o, &v) in out.iter_mut().zip(row(from, b, dim)) {
                                 *o = match (mode, first) {
                                     (_, true) => v,
                                     (PoolingMode::Max, false) => o.max(v),
