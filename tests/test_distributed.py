@@ -195,6 +195,9 @@ def test_replicas_that_do_not_fit_the_plan_are_refused_naming_the_shard(store_pa
             distributed.connect(tmp_path / "s", replicas[::-1])
         with pytest.raises(nearrec.InvalidRequest, match="2 shards"):
             distributed.connect(tmp_path / "s", replicas[:1])
+        for bad in ("p100", "soon", -1.0):
+            with pytest.raises(nearrec.InvalidRequest, match="hedge"):
+                distributed.connect(tmp_path / "s", replicas, hedge=bad)
         store = distributed.connect(plan, replicas, hedge=None)
         served.nodes[1][0].stop()
         t = plan.shard_tables(1)[0][0]

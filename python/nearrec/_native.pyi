@@ -99,7 +99,7 @@ class NativeStore:
                 attempts: int = 4) -> NativeStore: ...
     @staticmethod
     def connect_sharded(plan: str, location: _Path | None, replicas: list[list[str]],
-                        hedge: tuple[str, float], token: str | None = None,
+                        hedge: str | float, token: str | None = None,
                         timeout: float | None = None,
                         tls: tuple[bytes | None, str | None, tuple[bytes, bytes] | None]
                         | None = None) -> NativeStore: ...

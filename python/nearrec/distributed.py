@@ -165,19 +165,6 @@ def load_plan(directory: _PathLike) -> ShardPlan:
     return ShardPlan._from_json(_native.shard_plan_read(os.fspath(directory)))
 
 
-def _hedge(hedge: float | str | None) -> tuple[str, float]:
-    if hedge is None:
-        return ("off", 0.0)
-    if isinstance(hedge, str):
-        if not (hedge.startswith("p") and hedge[1:].isdigit()) or not 0 < int(hedge[1:]) < 100:
-            raise InvalidRequest(f"hedge is 'pNN' (a percentile), seconds or None, not {hedge!r}")
-        return ("quantile", int(hedge[1:]) / 100)
-    seconds = float(hedge)
-    if not seconds >= 0:
-        raise InvalidRequest(f"hedge is a delay of seconds ≥ 0, not {hedge}")
-    return ("after", seconds)
-
-
 def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str], *,
             token: str | None = None, token_file: _PathLike | None = None,
             timeout: float | None = DEFAULT_TIMEOUT, hedge: float | str | None = "p95",
@@ -201,7 +188,8 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
               else [text(a, "a replica's address") for a in r] for r in replicas]
     token, timeout, tls = _credentials(token, token_file, timeout, tls_ca, tls_cert, tls_key,
                                        tls_domain)
-    native = NativeStore.connect_sharded(plan.to_json(), location, shards, _hedge(hedge),
+    native = NativeStore.connect_sharded(plan.to_json(), location, shards,
+                                         "off" if hedge is None else hedge,
                                          token, timeout, tls)
     how = (plan, shards, token is not None, timeout, hedge)
     return Store._over(native, ";".join(",".join(s) for s in shards),

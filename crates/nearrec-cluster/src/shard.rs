@@ -43,6 +43,37 @@ pub enum Hedge {
     },
 }
 
+impl Hedge {
+    /// The least a percentile's hedge waits.
+    pub const MIN: Duration = Duration::from_micros(500);
+
+    /// `"off"`, or `"pNN"`: after the shard's observed NN-th percentile (NN in 1 ..= 99), at
+    /// least [`Hedge::MIN`].
+    pub fn named(name: &str) -> Result<Self, String> {
+        if name == "off" {
+            return Ok(Hedge::Off);
+        }
+        match name.strip_prefix('p').and_then(|p| p.parse::<u8>().ok()) {
+            Some(p) if (1..100).contains(&p) => Ok(Hedge::Quantile {
+                q: f64::from(p) / 100.0,
+                min: Self::MIN,
+            }),
+            _ => Err(format!(
+                "hedge {name:?} is not \"off\", \"pNN\" (a percentile) or seconds"
+            )),
+        }
+    }
+
+    /// After a fixed delay of `seconds` (≥ 0).
+    pub fn after(seconds: f64) -> Result<Self, String> {
+        if seconds >= 0.0 && seconds.is_finite() {
+            Ok(Hedge::After(Duration::from_secs_f64(seconds)))
+        } else {
+            Err(format!("hedge is a delay of seconds ≥ 0, not {seconds}"))
+        }
+    }
+}
+
 /// A shard's counters, as the sharded store reports them.
 #[derive(Debug, Default)]
 pub struct Counters {

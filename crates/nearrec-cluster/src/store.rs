@@ -61,7 +61,7 @@ impl Default for ShardedOptions {
             client: ClientOptions::default(),
             hedge: Hedge::Quantile {
                 q: 0.95,
-                min: Duration::from_micros(500),
+                min: Hedge::MIN,
             },
         }
     }
@@ -154,22 +154,12 @@ impl ReplicasFile {
             )));
         }
         let hedge = match &file.hedge {
-            toml::Value::String(s) if s == "off" => Hedge::Off,
-            toml::Value::String(s) => {
-                match s.strip_prefix('p').and_then(|p| p.parse::<u8>().ok()) {
-                    Some(p) if (1..100).contains(&p) => Hedge::Quantile {
-                        q: f64::from(p) / 100.0,
-                        min: Duration::from_micros(500),
-                    },
-                    _ => return Err(bad(format!("hedge {s:?} is not \"pNN\" or \"off\""))),
-                }
-            }
-            toml::Value::Float(s) if *s >= 0.0 && s.is_finite() => {
-                Hedge::After(Duration::from_secs_f64(*s))
-            }
-            toml::Value::Integer(s) if *s >= 0 => Hedge::After(Duration::from_secs(*s as u64)),
-            v => return Err(bad(format!("hedge {v} is not \"pNN\", seconds or \"off\""))),
-        };
+            toml::Value::String(s) => Hedge::named(s),
+            toml::Value::Float(s) => Hedge::after(*s),
+            toml::Value::Integer(s) => Hedge::after(*s as f64),
+            v => Err(format!("hedge {v} is not \"off\", \"pNN\" or seconds")),
+        }
+        .map_err(bad)?;
         let mut client = ClientOptions {
             timeout: Some(Duration::from_secs_f64(file.timeout)),
             ..ClientOptions::default()

@@ -67,6 +67,13 @@ fn contiguous(py: Python<'_>, what: &str, table: &str) -> PyErr {
     )
 }
 
+/// A sharded store's hedge as Python gives it: `"off"`, `"pNN"`, or seconds.
+#[derive(FromPyObject)]
+enum HedgeArg {
+    Named(String),
+    Seconds(f64),
+}
+
 /// A client's options from `NativeStore.connect`'s arguments.
 #[allow(clippy::type_complexity)]
 fn client_options(
@@ -180,7 +187,7 @@ impl NativeStore {
 
     /// Connects to a sharded store: its plan `plan` (JSON; read from `location`, if given),
     /// shard `k` served by the nodes `replicas[k]` (each `ADDR` or `ADDR/STORE`); `hedge` is
-    /// `("off", 0)`, `("after", seconds)` or `("quantile", q)`.
+    /// `"off"`, `"pNN"` or a delay in seconds (`nearrec_cluster::Hedge`).
     #[staticmethod]
     #[pyo3(signature = (plan, location, replicas, hedge, token = None, timeout = None, tls = None))]
     #[allow(clippy::type_complexity, clippy::too_many_arguments)]
@@ -189,7 +196,7 @@ impl NativeStore {
         plan: &str,
         location: Option<PathBuf>,
         replicas: Vec<Vec<String>>,
-        hedge: (String, f64),
+        hedge: HedgeArg,
         token: Option<String>,
         timeout: Option<f64>,
         tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
@@ -199,25 +206,11 @@ impl NativeStore {
             .unwrap_or_else(|| PathBuf::from("the plan given"));
         let plan = nearrec::plan::shards::ShardPlan::parse(plan.as_bytes(), &origin)
             .map_err(|e| crate::error::plan_error(py, e))?;
-        let hedge = match (hedge.0.as_str(), hedge.1) {
-            ("off", _) => Hedge::Off,
-            ("after", s) if s >= 0.0 && s.is_finite() => Hedge::After(Duration::from_secs_f64(s)),
-            ("quantile", q) if (0.0..=1.0).contains(&q) => Hedge::Quantile {
-                q,
-                min: Duration::from_micros(500),
-            },
-            (kind, v) => {
-                return Err(raise(
-                    py,
-                    "InvalidRequest",
-                    format!(
-                        "hedge ({kind:?}, {v}) is not off, after ≥ 0 seconds or a quantile in 0 ..= 1"
-                    ),
-                    None,
-                    None,
-                ));
-            }
-        };
+        let hedge = match hedge {
+            HedgeArg::Named(name) => Hedge::named(&name),
+            HedgeArg::Seconds(s) => Hedge::after(s),
+        }
+        .map_err(|m| raise(py, "InvalidRequest", m, None, None))?;
         let options = ShardedOptions {
             client: client_options(token, timeout, tls, 1),
             hedge,
