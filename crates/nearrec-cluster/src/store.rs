@@ -228,25 +228,17 @@ impl ShardedStore {
         let mut shards = Vec::with_capacity(plan.shards);
         let (mut keeper, mut writable) = (None, true);
         for (k, endpoints) in replicas.iter().enumerate() {
+            // a shard that holds every table whole serves the model it keeps
+            let whole = plan.shard_tables(k).len() == plan.tables.len()
+                && plan.tables.iter().all(|t| t.parts.len() == 1);
             let mut held = Vec::with_capacity(endpoints.len());
             for e in endpoints {
-                let c = Client::connect(&e.addr, &e.store, client.clone()).map_err(|err| {
-                    Error::Shard {
-                        store: plan.store.clone(),
-                        shard: k,
-                        kind: err.kind(),
-                        reason: format!("replica {}: {err}", e.addr),
-                    }
-                })?;
-                let (model, writes) = check_replica(&plan, k, &c)?;
-                writable &= writes;
-                // a shard that holds every table whole serves the model it keeps
-                let whole = plan.shard_tables(k).len() == plan.tables.len()
-                    && plan.tables.iter().all(|t| t.parts.len() == 1);
-                if model && whole {
+                let (replica, info) = connect_replica(&plan, k, e, &client)?;
+                writable &= info.writable;
+                if info.model && whole {
                     keeper.get_or_insert(k);
                 }
-                held.push(Replica::new(c, e.addr.clone()));
+                held.push(replica);
             }
             shards.push(Shard::new(k, held));
         }
@@ -310,16 +302,8 @@ impl ShardedStore {
                 replicas.push(kept);
                 continue;
             }
-            let c = Client::connect(&e.addr, &e.store, inner.client_options()).map_err(|err| {
-                Error::Shard {
-                    store: inner.plan.store.clone(),
-                    shard,
-                    kind: err.kind(),
-                    reason: format!("replica {}: {err}", e.addr),
-                }
-            })?;
-            check_replica(&inner.plan, shard, &c)?;
-            replicas.push(Arc::new(Replica::new(c, e.addr.clone())));
+            let (replica, _) = connect_replica(&inner.plan, shard, e, &inner.client_options())?;
+            replicas.push(Arc::new(replica));
         }
         s.set_replicas(replicas);
         Ok(())
@@ -342,16 +326,35 @@ fn invalid(table: Option<&str>, reason: String) -> Error {
     }
 }
 
-/// Whether the store behind `client` is shard `k` of `plan`; whether it keeps a model, and
-/// whether it takes writes.
-fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result<(bool, bool)> {
+/// A replica of shard `k` of `plan` at `e`, connected and checked against the plan: the
+/// replica and what its node says of the store (whether it keeps a model, takes writes).
+fn connect_replica(
+    plan: &ShardPlan,
+    k: usize,
+    e: &Endpoint,
+    options: &ClientOptions,
+) -> nearrec::Result<(Replica, Info)> {
+    let client =
+        Client::connect(&e.addr, &e.store, options.clone()).map_err(|err| Error::Shard {
+            store: plan.store.clone(),
+            shard: k,
+            kind: err.kind(),
+            reason: format!("replica {}: {err}", e.addr),
+        })?;
+    let info = check_replica(plan, k, &client)?;
+    Ok((Replica::new(client, e.addr.clone()), info))
+}
+
+/// The store behind `client`, if it is shard `k` of `plan`; else a typed error naming the
+/// shard and what does not fit.
+fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result<Info> {
+    let at = client.describe();
     let info = client.info().map_err(|e| Error::Shard {
         store: plan.store.clone(),
         shard: k,
         kind: e.kind(),
-        reason: format!("{}: {e}", client.describe()),
+        reason: format!("{at}: {e}"),
     })?;
-    let at = client.describe();
     match &info.shard {
         Some(tag) if tag.plan == plan.id && tag.shard == k => {}
         other => {
@@ -374,10 +377,8 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
             shard: k,
             kind: ErrorKind::InvalidRequest,
             reason: format!(
-                "{} does not fit plan {}: table {:?} {what}",
-                client.describe(),
-                plan.id,
-                want.name
+                "{at} does not fit plan {}: table {:?} {what}",
+                plan.id, want.name
             ),
         };
         let Some(got) = info.tables.iter().find(|x| x.name == want.name) else {
@@ -396,7 +397,7 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
             )));
         }
     }
-    Ok((info.model, info.writable))
+    Ok(info)
 }
 
 /// How a read of one shard's share begins on a replica's client.
