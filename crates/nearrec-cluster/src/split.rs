@@ -94,7 +94,7 @@ impl HotRanks {
         self.0.is_empty()
     }
 
-    fn rank(&self, id: u64) -> Option<u32> {
+    pub fn rank(&self, id: u64) -> Option<u32> {
         self.0.get(&id).copied()
     }
 }

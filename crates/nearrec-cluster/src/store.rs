@@ -556,7 +556,8 @@ impl Inner {
     fn route_writes<'a>(&self, writes: &[RowWrite<'a>]) -> nearrec::Result<Vec<Routed<'a>>> {
         let mut out: Vec<Routed<'a>> = Vec::new();
         for w in writes {
-            let table = self.table(w.table)?;
+            let t = self.find(w.table)?;
+            let (table, hot) = (&self.plan.tables[t], &self.hot[t]);
             let dim = table.dim as usize;
             if let Some(v) = w.values
                 && v.len() != w.ids.len() * dim
@@ -588,9 +589,9 @@ impl Inner {
                     }
                 };
                 put(home, id - table.parts[home].first);
-                if let Ok(rank) = table.hot.binary_search(&id) {
+                if let Some(rank) = hot.rank(id) {
                     for p in 0..table.parts.len() {
-                        put(p, table.parts[p].rows + rank as u64);
+                        put(p, table.parts[p].rows + u64::from(rank));
                     }
                 }
             }
@@ -643,17 +644,7 @@ impl Inner {
     fn row_digests(&self, name: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
         self.live()?;
         let table = self.table(name)?;
-        let end = first.checked_add(count).filter(|&e| e <= table.rows);
-        if count > nearrec::MAX_DIGEST_ROWS || end.is_none() {
-            return Err(invalid(
-                Some(name),
-                format!(
-                    "rows {first} + {count} are not within its {} rows, at most {} a call",
-                    table.rows,
-                    nearrec::MAX_DIGEST_ROWS
-                ),
-            ));
-        }
+        nearrec::check_digest_rows(name, table.rows, first, count)?;
         let end = first + count;
         let mut out = Vec::with_capacity(count as usize);
         for part in &table.parts {

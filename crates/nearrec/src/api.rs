@@ -455,6 +455,23 @@ pub fn row_digest(row: &[f32]) -> u64 {
     hasher.digest()
 }
 
+/// Whether rows `first .. first + count` of `table` (of `rows` rows) may be asked for their
+/// digests in one call: within the table, at most [`MAX_DIGEST_ROWS`]; else `InvalidRequest`
+/// naming the table. Every implementation of [`StoreApi::row_digests`] checks this.
+pub fn check_digest_rows(table: &str, rows: u64, first: u64, count: u64) -> Result<()> {
+    let end = first.checked_add(count).filter(|&e| e <= rows);
+    if count > MAX_DIGEST_ROWS || end.is_none() {
+        return Err(Error::InvalidRequest {
+            table: Some(table.to_owned()),
+            position: None,
+            reason: format!(
+                "rows {first} + {count} are not within its {rows} rows, at most {MAX_DIGEST_ROWS} a call"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// [`StoreApi::row_digests`] from the rows as `store` reads them.
 pub(crate) fn row_digests<S: StoreApi + ?Sized>(
     store: &S,
@@ -463,17 +480,7 @@ pub(crate) fn row_digests<S: StoreApi + ?Sized>(
     count: u64,
 ) -> Result<Vec<u64>> {
     let meta = store.table(table)?;
-    let end = first.checked_add(count).filter(|&e| e <= meta.rows);
-    if count > MAX_DIGEST_ROWS || end.is_none() {
-        return Err(Error::InvalidRequest {
-            table: Some(table.to_owned()),
-            position: None,
-            reason: format!(
-                "rows {first} + {count} are not within its {} rows, at most {MAX_DIGEST_ROWS} a call",
-                meta.rows
-            ),
-        });
-    }
+    check_digest_rows(table, meta.rows, first, count)?;
     let dim = meta.dim as usize;
     let ids: Vec<i64> = (first..first + count).map(|r| r as i64).collect();
     let mut rows = vec![0f32; ids.len() * dim];

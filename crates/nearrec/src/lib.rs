@@ -92,7 +92,7 @@ mod warm;
 
 pub use api::{
     Info, MAX_DIGEST_ROWS, NewTable, PendingLookup, StoreApi, Submitted, Synced, TableInfo,
-    Versioned, row_digest,
+    Versioned, check_digest_rows, row_digest,
 };
 pub use batch::{
     AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
