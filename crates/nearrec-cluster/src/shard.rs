@@ -103,13 +103,9 @@ impl Replica {
         }
     }
 
-    fn readable(&self, now: Instant) -> bool {
-        !self.stale.load(Ordering::Relaxed)
-            && self
-                .held_out_until
-                .lock()
-                .unwrap()
-                .is_none_or(|until| now >= until)
+    /// Held out of reads at `now`, after a read it could not serve.
+    fn held_out(&self, now: Instant) -> bool {
+        (self.held_out_until.lock().unwrap()).is_some_and(|until| now < until)
     }
 
     fn hold_out(&self) {
@@ -185,7 +181,7 @@ impl Shard {
         let now = Instant::now();
         let mut order: Vec<usize> = (0..n).map(|k| (from + k) % n).collect();
         order.retain(|&r| !replicas[r].stale.load(Ordering::Relaxed));
-        order.sort_by_key(|&r| !replicas[r].readable(now));
+        order.sort_by_key(|&r| replicas[r].held_out(now));
         order
     }
 
