@@ -25,7 +25,8 @@ __all__ = [
     "trace_generate_table", "trace_write", "trace_open", "trace_profile", "colocation_order",
     "copy_store_ordered", "panic_at_the_boundary", "error_kinds", "serve", "node_flags",
     "NodeConfig", "NativePlan", "plan_make",
-    "plan_check_trace", "plan_load", "shard_plan", "shard_write", "shard_plan_read",
+    "plan_check_trace", "plan_load", "shard_plan", "shard_write", "shard_store",
+    "shard_plan_read",
 ]
 
 _Path = str | PathLike[str]
@@ -331,4 +332,6 @@ def plan_load(path: _Path) -> str: ...
 def shard_plan(store: _Path, shards: int, replicas: int, scheme: str, replicate_hot: int,
                trace: _Path | None = None) -> str: ...
 def shard_write(store: _Path, plan: str, out: _Path, overwrite: bool) -> None: ...
+def shard_store(store: _Path, out: _Path, overwrite: bool, shards: int, replicas: int,
+                scheme: str, replicate_hot: int, trace: _Path | None = None) -> str: ...
 def shard_plan_read(dir: _Path) -> str: ...

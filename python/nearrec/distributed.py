@@ -125,10 +125,13 @@ def _row_bytes(dtype: str, dim: int) -> int:
     return {"fp32": 4 * dim, "fp16": 2 * dim, "bf16": 2 * dim, "int8": dim + 8}[dtype]
 
 
-def _scheme(scheme: str) -> str:
+def _options(shards: int, replicas: int, scheme: str, replicate_hot: int
+             ) -> tuple[int, int, str, int]:
+    """A plan's arguments, checked, in the order the binding takes them."""
     if scheme not in SCHEMES:
         raise InvalidRequest(f"scheme must be one of {', '.join(SCHEMES)}, not {scheme!r}")
-    return scheme
+    return (count(shards, "shards"), count(replicas, "replicas"), scheme,
+            count(replicate_hot, "replicate_hot", minimum=0))
 
 
 def plan_shards(store: _PathLike, shards: int, *, replicas: int = 1, scheme: str = "auto",
@@ -138,8 +141,7 @@ def plan_shards(store: _PathLike, shards: int, *, replicas: int = 1, scheme: str
     given; ``replicate_hot`` (needs a trace): that many of the hottest rows of each table cut
     into several parts are kept on each of its shards too."""
     return ShardPlan._from_json(_native.shard_plan(
-        os.fspath(store), count(shards, "shards"), count(replicas, "replicas"),
-        _scheme(scheme), count(replicate_hot, "replicate_hot", minimum=0),
+        os.fspath(store), *_options(shards, replicas, scheme, replicate_hot),
         None if trace is None else os.fspath(trace)))
 
 
@@ -151,11 +153,13 @@ def shard(store: _PathLike, out: _PathLike, shards: int | ShardPlan, *, replicas
     shard is an ordinary store (``out/shard-K``) holding its parts' rows as the source stores
     them; the plan (``out/shards.json``) is written last, so a cut that fails leaves no sharded
     store. A store with writes not yet compacted is refused (compact it first)."""
-    plan = shards if isinstance(shards, ShardPlan) else plan_shards(
-        store, shards, replicas=replicas, scheme=scheme, trace=trace,
-        replicate_hot=replicate_hot)
-    _native.shard_write(os.fspath(store), plan.to_json(), os.fspath(out), bool(overwrite))
-    return plan
+    if isinstance(shards, ShardPlan):
+        _native.shard_write(os.fspath(store), shards.to_json(), os.fspath(out), bool(overwrite))
+        return shards
+    return ShardPlan._from_json(_native.shard_store(
+        os.fspath(store), os.fspath(out), bool(overwrite),
+        *_options(shards, replicas, scheme, replicate_hot),
+        None if trace is None else os.fspath(trace)))
 
 
 def load_plan(directory: _PathLike) -> ShardPlan:

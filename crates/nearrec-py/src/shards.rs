@@ -44,6 +44,30 @@ pub(crate) fn shard_plan(
     Ok(plan.to_json())
 }
 
+/// Plans the shards of the store at `store` and cuts them under `out` (the store opened once);
+/// the plan, as JSON.
+#[pyfunction]
+#[pyo3(signature = (store, out, overwrite, shards, replicas, scheme, replicate_hot, trace = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn shard_store(
+    py: Python<'_>,
+    store: PathBuf,
+    out: PathBuf,
+    overwrite: bool,
+    shards: usize,
+    replicas: usize,
+    scheme: &str,
+    replicate_hot: u64,
+    trace: Option<PathBuf>,
+) -> PyResult<String> {
+    let options = options(shards, replicas, scheme, replicate_hot).map_err(|e| err(py, e))?;
+    let plan = detach(py, || {
+        nearrec::shard::shard_store(&store, trace.as_deref(), &options, &out, overwrite)
+    })?
+    .map_err(|e| err(py, e))?;
+    Ok(plan.to_json())
+}
+
 /// Cuts the store at `store` into the shards of the plan `plan` (JSON) under `out`.
 #[pyfunction]
 pub(crate) fn shard_write(

@@ -10,7 +10,7 @@
 //! every replica is the shard it takes it for. A shard that holds every
 //! table of a kept model whole keeps the model too (whole-model offload on that node).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nearrec_engine::Tier;
 use nearrec_format::{FormatError, StoreOptions, StoreReader, TableSpec};
@@ -46,8 +46,9 @@ pub fn shard_store(
     out: &Path,
     overwrite: bool,
 ) -> Result<ShardPlan> {
-    let plan = plan_store(source, trace, options)?;
-    cut_store(source, &plan, out, overwrite)?;
+    let (reader, name) = served(source)?;
+    let plan = plan_of(&reader, &name, trace, options)?;
+    write_shards(&reader, &plan, out, overwrite)?;
     Ok(plan)
 }
 
@@ -57,12 +58,20 @@ pub fn plan_store(
     trace: Option<&Path>,
     options: &ShardOptions,
 ) -> Result<ShardPlan> {
-    let (dir, name) = served_dir(source)?;
-    let reader = StoreReader::open(&dir)?;
+    let (reader, name) = served(source)?;
+    plan_of(&reader, &name, trace, options)
+}
+
+fn plan_of(
+    reader: &StoreReader,
+    name: &str,
+    trace: Option<&Path>,
+    options: &ShardOptions,
+) -> Result<ShardPlan> {
     let trace = trace.map(TraceFile::open).transpose()?;
     let traced = trace.as_ref().map(trace_tables);
     Ok(plan_shards(
-        &name,
+        name,
         reader.tables(),
         traced.as_deref(),
         options,
@@ -72,14 +81,13 @@ pub fn plan_store(
 /// Writes `plan`'s shards of the store at `source` under `out` (the plan must be one made for
 /// its tables).
 pub fn cut_store(source: &Path, plan: &ShardPlan, out: &Path, overwrite: bool) -> Result<()> {
-    let (dir, _) = served_dir(source)?;
-    let reader = StoreReader::open(&dir)?;
-    write_shards(&reader, plan, out, overwrite)
+    write_shards(&served(source)?.0, plan, out, overwrite)
 }
 
-/// The directory a store at `source` serves (a repository's current version) and its name,
-/// refused if it holds writes not yet folded into its table files: a cut copies table files.
-fn served_dir(source: &Path) -> Result<(PathBuf, String)> {
+/// The store `source` serves (a repository's current version), open for reading its table
+/// files, and its name; refused if it holds writes not yet folded into those files: a cut
+/// copies table files.
+fn served(source: &Path) -> Result<(StoreReader, String)> {
     let config = StoreConfig {
         tier: Tier::Ssd,
         ..StoreConfig::default()
@@ -95,7 +103,7 @@ fn served_dir(source: &Path) -> Result<(PathBuf, String)> {
             source.display()
         )));
     }
-    Ok((dir, name))
+    Ok((StoreReader::open(&dir)?, name))
 }
 
 /// Writes `plan`'s shards from `reader`'s store under `out`, the plan last.
