@@ -25,12 +25,14 @@ use std::time::{Duration, Instant};
 
 use nearrec::model::Tensor;
 use nearrec::{
-    AsBatch, Batch, Compaction, ErrorKind, Inferred, Info, NewTable, PendingLookup, Pooled, Read,
-    RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TierReport, Versioned, WriteOptions,
+    AsBatch, Batch, Compaction, Decision, ErrorKind, Inferred, Info, NewTable, PendingLookup,
+    Pooled, Read, RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TierReport, Transaction,
+    Versioned, WriteOptions,
 };
 use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::v1 as pb;
 use nearrec_wire::v1::node_client::NodeClient;
+use nearrec_wire::v1::transaction_request::Step;
 use nearrec_wire::{RemoteError, convert};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Response, Status};
@@ -94,7 +96,8 @@ impl Retry {
     }
 }
 
-/// Whether a call may be made again: it changes nothing, so twice answers as once.
+/// Whether a call may be made again: twice answers as once (it changes nothing, or a
+/// transaction's step done again is done already).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Again {
     Safe,
@@ -392,6 +395,16 @@ impl Client {
         r
     }
 
+    /// A transaction's request of `step`, with nothing else set.
+    fn transaction(&self, tx: u128, step: Step) -> pb::TransactionRequest {
+        pb::TransactionRequest {
+            store: self.store.clone(),
+            tx: tx.to_le_bytes().to_vec().into(),
+            step: step as i32,
+            ..Default::default()
+        }
+    }
+
     /// One call on this process's connection: `f` given the node's client and the request
     /// made of `message`. A call that changes nothing (`Again::Safe`) is made again after a
     /// transient refusal, as [`Retry`] says, within the deadline the first try set; a
@@ -583,6 +596,62 @@ impl StoreApi for Client {
                 node.write(req).await
             })?
             .version)
+    }
+
+    fn prepare_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+    ) -> nearrec::Result<()> {
+        let req = pb::TransactionRequest {
+            writes: convert::writes(writes),
+            allow_nonfinite: options.allow_nonfinite,
+            note: note.to_owned(),
+            ..self.transaction(tx, Step::Prepare)
+        };
+        self.call(Again::Never, req, |mut node, req| async move {
+            node.transaction(req).await
+        })?;
+        Ok(())
+    }
+
+    fn decide(&self, tx: u128, decision: Decision, keep: bool) -> nearrec::Result<u64> {
+        let step = match decision {
+            Decision::Commit => Step::Commit,
+            Decision::Abort => Step::Abort,
+        };
+        let req = pb::TransactionRequest {
+            keep,
+            ..self.transaction(tx, step)
+        };
+        // each step is done already when done again: safe to send again
+        Ok(self
+            .call(Again::Safe, req, |mut node, req| async move {
+                node.transaction(req).await
+            })?
+            .version)
+    }
+
+    fn forget(&self, tx: u128) -> nearrec::Result<()> {
+        let req = self.transaction(tx, Step::Forget);
+        self.call(Again::Safe, req, |mut node, req| async move {
+            node.transaction(req).await
+        })?;
+        Ok(())
+    }
+
+    fn transactions(&self) -> nearrec::Result<Vec<Transaction>> {
+        let req = self.transaction(0, Step::List);
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.transaction(req).await
+        })?;
+        answer
+            .transactions
+            .iter()
+            .map(convert::untransaction)
+            .collect()
     }
 
     fn create_table(&self, t: &NewTable<'_>) -> nearrec::Result<u64> {

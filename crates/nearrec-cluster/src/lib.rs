@@ -15,19 +15,24 @@
 //!   moving a failed sub-request to another replica within the call's deadline
 //!   ([`shard`](mod@shard)); a shard no replica of which answers fails the call, naming the shard
 //!   — never a partial answer;
-//! - writes a call's rows to every replica of the one shard they are on; a call whose rows span
-//!   shards is refused (`Unsupported`) until two-phase commit lands;
+//! - writes a call's rows to every replica of the shard they are on; a call whose rows span
+//!   shards (hot rows are on every shard of their table) commits on all of them or none, by
+//!   two-phase commit ([`txn`](mod@txn)), a prepared write its router left settled by the next
+//!   router that meets it;
 //! - counts: batches, bags, the bags of split tables and the shards each reached (the fan-out),
 //!   reads, hedges and the
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).
 //!
 //! Modules: `split.rs` (cut and merge), `shard.rs` (a shard's replicas: hedging, failover,
-//! writes to all), `store.rs` (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
+//! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `store.rs`
+//! (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
 //! conformance suite on sharded stores of every scheme over loopback nodes.
 
 mod shard;
 mod split;
 mod store;
+mod txn;
 
 pub use shard::Hedge;
 pub use store::{Endpoint, REPLICAS_FILE, ReplicasFile, ShardedOptions, ShardedStore};
+pub use txn::Settled;

@@ -111,6 +111,11 @@ impl Replica {
     fn hold_out(&self) {
         *self.held_out_until.lock().unwrap() = Some(Instant::now() + HOLD_OUT);
     }
+
+    /// Missed a write the others took: serves no reads from now on.
+    pub fn mark_stale(&self) {
+        self.stale.store(true, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug)]
@@ -163,6 +168,25 @@ impl Shard {
             .iter()
             .find(|r| r.addr == addr)
             .cloned()
+    }
+
+    /// Every replica, in order (stale ones too).
+    pub fn all_replicas(&self) -> Arc<Vec<Arc<Replica>>> {
+        self.replicas.load_full()
+    }
+
+    /// The replicas that take writes (not stale), with their places in the list.
+    pub fn live_replicas(&self) -> Vec<(usize, Arc<Replica>)> {
+        (self.replicas.load().iter().enumerate())
+            .filter(|(_, r)| !r.stale.load(Ordering::Relaxed))
+            .map(|(k, r)| (k, r.clone()))
+            .collect()
+    }
+
+    /// This shard's turn to write: held while a write goes to its replicas, so that they take
+    /// writes in one order.
+    pub fn lock_writes(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The addresses of the replicas, in order.
@@ -366,7 +390,7 @@ impl Shard {
         store: &str,
         f: impl Fn(&Client) -> nearrec::Result<u64>,
     ) -> nearrec::Result<u64> {
-        let _order = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let _order = self.lock_writes();
         let replicas = self.replicas.load_full();
         let mut done: Option<u64> = None;
         let (mut refused, mut behind) = (None, Vec::new());

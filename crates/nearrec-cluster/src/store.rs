@@ -20,6 +20,7 @@ use rustc_hash::FxHashMap;
 
 use crate::shard::{Hedge, Replica, Shard};
 use crate::split::{HotRanks, Split};
+use crate::txn::{self, Settled};
 
 /// A replica of a shard: the node's address and the name it serves the shard's store as
 /// (empty: the node's only store).
@@ -92,6 +93,9 @@ struct Inner {
     options: ShardedOptions,
     runtime: tokio::runtime::Runtime,
     closed: AtomicBool,
+    /// Held by a lookup; taken whole while a cross-shard write commits (`txn.rs`), so that no
+    /// lookup of this router reads one shard's share of it without the others'.
+    visible: std::sync::RwLock<()>,
     batches: AtomicU64,
     spread_bags: AtomicU64,
     split_bags: AtomicU64,
@@ -264,6 +268,7 @@ impl ShardedStore {
                 options,
                 runtime,
                 closed: AtomicBool::new(false),
+                visible: std::sync::RwLock::new(()),
                 batches: AtomicU64::new(0),
                 spread_bags: AtomicU64::new(0),
                 split_bags: AtomicU64::new(0),
@@ -275,6 +280,14 @@ impl ShardedStore {
 
     pub fn plan(&self) -> &ShardPlan {
         &self.inner.plan
+    }
+
+    /// Settles the cross-shard writes older than `older_than` that routers left prepared on
+    /// the replicas (a router that died between the two phases): each committed or aborted
+    /// everywhere as its deciding replica says (`txn.rs`). A write that meets one settles it
+    /// by itself; this is for an operator, or a router starting.
+    pub fn settle(&self, older_than: Duration) -> Settled {
+        txn::settle(&self.inner.shards, older_than)
     }
 
     /// Each shard's replicas' addresses, as they are served now.
@@ -497,6 +510,7 @@ impl Inner {
         start: Start<T>,
     ) -> nearrec::Result<(Vec<Option<T>>, u64)> {
         let deadline = self.deadline();
+        let _visible = self.visible.read().unwrap_or_else(|p| p.into_inner());
         let asked: Vec<usize> = split.shards().collect();
         let reads = asked.iter().map(|&s| {
             let sub = split.batch_for(s, batch, &self.plan.tables);
@@ -553,19 +567,18 @@ impl Inner {
 
     /// Each write's rows on their shards; a row kept on several shards (a hot row) goes to
     /// each.
-    fn route_writes<'a>(&self, writes: &[RowWrite<'a>]) -> nearrec::Result<Vec<Routed<'a>>> {
+    fn route_writes<'a>(
+        &self,
+        writes: &[RowWrite<'a>],
+        options: WriteOptions,
+    ) -> nearrec::Result<Vec<Routed<'a>>> {
         let mut out: Vec<Routed<'a>> = Vec::new();
         for w in writes {
             let t = self.find(w.table)?;
             let (table, hot) = (&self.plan.tables[t], &self.hot[t]);
             let dim = table.dim as usize;
-            if let Some(v) = w.values
-                && v.len() != w.ids.len() * dim
-            {
-                return Err(invalid(
-                    Some(w.table),
-                    format!("{} values for {} rows of dim {dim}", v.len(), w.ids.len()),
-                ));
+            if let Some(v) = w.values {
+                nearrec::check_values(w.table, w.ids.len(), dim, v, options)?;
             }
             let mut by_part: Vec<(Vec<i64>, Vec<f32>)> =
                 vec![Default::default(); table.parts.len()];
@@ -612,7 +625,7 @@ impl Inner {
                 path: self.describe(),
             });
         }
-        let routed = self.route_writes(writes)?;
+        let routed = self.route_writes(writes, options)?;
         let mut shards: Vec<usize> = routed.iter().map(|r| r.0).collect();
         shards.sort_unstable();
         shards.dedup();
@@ -630,14 +643,29 @@ impl Inner {
                 shard.write(&self.plan.store, |c| c.write_many(&calls, options))?;
                 self.version()
             }
-            many => Err(Error::Unsupported {
-                verb: "a write whose rows are on several shards",
-                by: format!(
-                    "{} (this call's rows are on shards {many:?}; until two-phase commit \
-                     lands, a call writes one shard's rows, all or nothing)",
-                    self.describe()
-                ),
-            }),
+            many => {
+                let calls: Vec<Vec<RowWrite<'_>>> = (many.iter())
+                    .map(|&k| {
+                        (routed.iter().filter(|r| r.0 == k))
+                            .map(|(_, table, ids, values)| RowWrite {
+                                table,
+                                ids,
+                                values: values.as_deref(),
+                            })
+                            .collect()
+                    })
+                    .collect();
+                txn::write_across(
+                    &self.plan.store,
+                    &self.shards,
+                    &self.visible,
+                    many,
+                    &calls,
+                    options,
+                    self.options.client.timeout,
+                )?;
+                self.version()
+            }
         }
     }
 

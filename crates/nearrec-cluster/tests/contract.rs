@@ -117,8 +117,8 @@ fn table_row_wise(path: &Path, writable: bool) -> Opened {
     opened(sharded(path, writable, options(4, 1, Scheme::TableRow, 0)))
 }
 
-/// Every table over three shards, the twenty hottest rows of each on every shard: read-only
-/// (a hot row written is a write to every shard).
+/// Every table over three shards, the twenty hottest rows of each on every shard (a hot row
+/// written is a write to every shard).
 fn hot_replicated(path: &Path, writable: bool) -> Opened {
     opened(sharded(path, writable, options(3, 1, Scheme::Row, 20)))
 }
@@ -132,6 +132,11 @@ macro_rules! sharded_suite {
             #[test]
             fn lookups_pool_as_the_reference_for_every_mode() {
                 suite::lookups_pool_as_the_reference_for_every_mode($open);
+            }
+
+            #[test]
+            fn writes_are_read_back_at_their_version() {
+                suite::writes_are_read_back_at_their_version($open);
             }
 
             #[test]
@@ -178,6 +183,16 @@ mod hot {
     fn info_stats_and_submitted_lookups_agree() {
         suite::info_stats_and_submitted_lookups_agree(hot_replicated);
     }
+
+    #[test]
+    fn writes_are_read_back_at_their_version() {
+        suite::writes_are_read_back_at_their_version(hot_replicated);
+    }
+
+    #[test]
+    fn readers_see_whole_writes_while_writes_go_on() {
+        suite::readers_see_whole_writes_while_writes_go_on(hot_replicated);
+    }
 }
 
 fn one_per_bag<'a>(table: &'a str, ids: &'a [i64]) -> Batch<'a> {
@@ -191,47 +206,175 @@ fn one_per_bag<'a>(table: &'a str, ids: &'a [i64]) -> Batch<'a> {
     )])
 }
 
+/// Each replica of every shard, through a client of its own (as a router that died would have
+/// left them).
+fn direct(cluster: &Cluster) -> Vec<Vec<nearrec_client::Client>> {
+    (cluster.nodes.iter())
+        .map(|nodes| {
+            (nodes.iter())
+                .map(|n| {
+                    nearrec_client::Client::connect(&n.addr.to_string(), "s", Default::default())
+                        .unwrap()
+                })
+                .collect()
+        })
+        .collect()
+}
+
 #[test]
-fn a_write_across_shards_is_refused_whole_and_one_shards_write_reaches_every_replica() {
+fn a_write_across_shards_commits_on_every_replica_or_nowhere() {
     let (_d, path) = suite::fixture();
     let (store, cluster) = sharded(&path, true, options(2, 2, Scheme::Row, 0));
     let dim = suite::DIM as usize;
     let ids = [3i64, 299]; // one row on each shard
-    let values = vec![7.0f32; 2 * dim];
     let before = store.lookup(&one_per_bag("t0", &ids)).unwrap().0.values;
+    // a bad value on one shard's row: refused before any shard prepares, at the caller's
+    // position
+    let mut values = vec![7.0f32; 2 * dim];
+    values[dim + 2] = f32::NAN;
     let w = RowWrite {
         table: "t0",
         ids: &ids,
         values: Some(&values),
     };
     let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-    assert!(e.to_string().contains("shards [0, 1]"), "{e}");
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert_eq!((e.table(), e.position()), (Some("t0"), Some(1)), "{e}");
+    // one refused by a shard's node (a row a prepared transaction holds): nothing anywhere
+    let clients = direct(&cluster);
+    let held_row = 299 - store.plan().tables[0].parts[1].first as i64;
+    let one = vec![1.0f32; dim];
+    let hold = RowWrite {
+        table: "t0",
+        ids: &[held_row],
+        values: Some(&one),
+    };
+    for c in &clients[1] {
+        // no note a router reads: left alone by settling, whatever its age
+        c.prepare_write(99, &[hold], WriteOptions::default(), "")
+            .unwrap();
+    }
+    values[dim + 2] = 7.0;
+    let w = RowWrite {
+        table: "t0",
+        ids: &ids,
+        values: Some(&values),
+    };
+    let quick = ShardedStore::open(
+        cluster._dir.path(),
+        &endpoints(&store),
+        ShardedOptions {
+            client: nearrec_client::ClientOptions {
+                timeout: Some(Duration::from_millis(300)),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let e = quick.write_many(&[w], WriteOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
     assert_eq!(
         store.lookup(&one_per_bag("t0", &ids)).unwrap().0.values,
         before
     );
-
-    // rows of one shard: written on both its replicas, read back from either
-    let v0 = store.version().unwrap();
-    let w = RowWrite {
-        table: "t0",
-        ids: &ids[..1],
-        values: Some(&values[..dim]),
-    };
-    let v1 = store.write_many(&[w], WriteOptions::default()).unwrap();
-    assert_eq!(v1, v0 + 1);
-    let shard = store.plan().tables[0].parts[0].shard;
-    for node in &cluster.nodes[shard] {
-        let c = nearrec_client::Client::connect(&node.addr.to_string(), "s", Default::default())
-            .unwrap();
-        let mut out = vec![0f32; dim];
-        c.read_rows("t0", &[3], &mut out).unwrap();
-        assert_eq!(out, values[..dim], "replica {}", node.addr);
+    for replicas in &clients {
+        for c in replicas {
+            let left: Vec<_> = c.transactions().unwrap().iter().map(|t| t.tx).collect();
+            assert!(left.iter().all(|&t| t == 99), "{left:?}");
+        }
     }
-    let (pooled, read) = store.lookup(&one_per_bag("t0", &ids[..1])).unwrap();
-    assert_eq!(pooled.values, values[..dim]);
+    for c in &clients[1] {
+        c.decide(99, nearrec::Decision::Abort, false).unwrap();
+    }
+    // now it goes through: every replica of both shards has it, at one more version each
+    let v0 = store.version().unwrap();
+    let v1 = store.write_many(&[w], WriteOptions::default()).unwrap();
+    assert_eq!(
+        v1,
+        v0 + 2,
+        "one version a shard (each shard's replicas agree)"
+    );
+    for (k, replicas) in clients.iter().enumerate() {
+        let local = if k == 0 { 3 } else { held_row };
+        for c in replicas {
+            let mut out = vec![0f32; dim];
+            c.read_rows("t0", &[local], &mut out).unwrap();
+            assert_eq!(out, values[k * dim..][..dim], "shard {k}");
+            assert!(c.transactions().unwrap().is_empty(), "an outcome left kept");
+        }
+    }
+    let (pooled, read) = store.lookup(&one_per_bag("t0", &ids)).unwrap();
+    assert_eq!(pooled.values, values);
     assert_eq!(read.version, v1);
+}
+
+/// The endpoints a sharded store's replicas are served at.
+fn endpoints(store: &ShardedStore) -> Vec<Vec<Endpoint>> {
+    (store.replicas().iter())
+        .map(|r| {
+            r.iter()
+                .map(|a| Endpoint::parse(&format!("{a}/s")))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_write_its_router_left_prepared_is_settled_as_its_decider_says() {
+    let (_d, path) = suite::fixture();
+    let (store, cluster) = sharded(&path, true, options(2, 1, Scheme::Row, 0));
+    let dim = suite::DIM as usize;
+    let clients = direct(&cluster);
+    let second = store.plan().tables[0].parts[1].first as i64;
+    let ids = [3i64, second + 3];
+    let rows = |v: f32| vec![v; dim];
+    let (a_rows, b_rows) = (rows(1.5), rows(2.5));
+    let prepare = |tx: u128, values: &[f32]| {
+        for c in [&clients[0][0], &clients[1][0]] {
+            let w = RowWrite {
+                table: "t0",
+                ids: &[3],
+                values: Some(values),
+            };
+            c.prepare_write(tx, &[w], WriteOptions::default(), "decider=0/0 shards=0,1")
+                .unwrap();
+        }
+    };
+    let before = store.lookup(&one_per_bag("t0", &ids)).unwrap().0.values;
+    // a: the router died after phase one; nobody decided it: aborted everywhere
+    prepare(0xa, &a_rows);
+    let settled = store.settle(Duration::ZERO);
+    assert_eq!((settled.aborted, settled.committed), (2, 0), "{settled:?}");
+    assert_eq!(
+        store.lookup(&one_per_bag("t0", &ids)).unwrap().0.values,
+        before
+    );
+    // its decider keeps the abort (a commit on its way is refused) until a pass finds no
+    // replica holding it
+    let e = clients[0][0]
+        .decide(0xa, nearrec::Decision::Commit, false)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    // b: the router died after the decider committed: committed everywhere
+    prepare(0xb, &b_rows);
+    clients[0][0]
+        .decide(0xb, nearrec::Decision::Commit, true)
+        .unwrap();
+    let settled = store.settle(Duration::ZERO);
+    assert_eq!((settled.aborted, settled.committed), (0, 1), "{settled:?}");
+    let got = store.lookup(&one_per_bag("t0", &ids)).unwrap().0.values;
+    assert_eq!(got, [b_rows.clone(), b_rows].concat());
+    // a later pass forgets what the decider kept
+    store.settle(Duration::ZERO);
+    for c in [&clients[0][0], &clients[1][0]] {
+        assert!(c.transactions().unwrap().is_empty());
+    }
+    // c: young transactions are left to their router
+    prepare(0xc, &a_rows);
+    let settled = store.settle(Duration::from_secs(60));
+    assert_eq!(settled, nearrec_cluster::Settled::default());
+    assert_eq!(clients[1][0].transactions().unwrap().len(), 1);
 }
 
 #[test]

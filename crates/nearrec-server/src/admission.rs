@@ -221,7 +221,7 @@ impl<S> tower::Layer<S> for ExpiredLayer {
 }
 
 /// The node's calls by name, for a call refused before its handler ran.
-const CALLS: [&str; 14] = [
+const CALLS: [&str; 15] = [
     "Lookup",
     "LookupStream",
     "Infer",
@@ -235,6 +235,7 @@ const CALLS: [&str; 14] = [
     "Compact",
     "RowDigests",
     "UpdateModel",
+    "Transaction",
     "Check",
 ];
 

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use nearrec::{AsBatch, NewTable, OwnedBatch, RowWrite, Stages, StoreApi, SwapTo, WriteOptions};
+use nearrec::{
+    AsBatch, Decision, NewTable, OwnedBatch, RowWrite, Stages, StoreApi, SwapTo, WriteOptions,
+};
 use nearrec_wire::arrays::decode;
 use nearrec_wire::status::{bounded, stream_error};
 use nearrec_wire::v1 as pb;
@@ -102,6 +104,13 @@ impl Summary for pb::InferRequest {
 }
 
 impl Summary for pb::WriteRequest {
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        let tables = self.writes.iter().map(|t| (t.table.clone(), ids(&t.ids)));
+        (&self.store, tables.collect())
+    }
+}
+
+impl Summary for pb::TransactionRequest {
     fn summary(&self) -> (&str, Vec<(String, u64)>) {
         let tables = self.writes.iter().map(|t| (t.table.clone(), ids(&t.ids)));
         (&self.store, tables.collect())
@@ -655,6 +664,71 @@ impl NodeService {
         Ok(holding(pb::UpdateModelResponse {}, Held::from(slot)))
     }
 
+    async fn call_transaction(
+        &self,
+        request: Request<pb::TransactionRequest>,
+    ) -> Answer<pb::TransactionResponse> {
+        use pb::transaction_request::Step;
+        let deadline = deadline(request.metadata(), Instant::now());
+        let caller = self.caller(request.metadata(), "Transaction")?;
+        let req = request.into_inner();
+        let (name, store) = self.store(&caller, &req.store)?;
+        let step = Step::try_from(req.step).map_err(|_| {
+            Status::invalid_argument(format!("step {} is not a transaction's step", req.step))
+        })?;
+        if step == Step::Prepare {
+            let tables = req.writes.iter().map(|w| w.table.as_str());
+            self.allow_tables(&caller, "Transaction", Permission::Write, name, tables)?;
+        } else {
+            self.allow(&caller, "Transaction", |p| {
+                p.allow_all(Permission::Write, name)
+            })?;
+        }
+        let tx = match (step, <[u8; 16]>::try_from(&req.tx[..])) {
+            (_, Ok(b)) => u128::from_le_bytes(b),
+            (Step::List, Err(_)) if req.tx.is_empty() => 0,
+            (_, Err(_)) => {
+                return Err(Status::invalid_argument(format!(
+                    "a transaction's id is 16 bytes, not {}",
+                    req.tx.len()
+                )));
+            }
+        };
+        let writes = convert::unwrites(&req.writes).map_err(bad)?;
+        let options = WriteOptions {
+            allow_nonfinite: req.allow_nonfinite,
+        };
+        let (answer, slot) = self
+            .run("Transaction", deadline, false, move || {
+                let version = match step {
+                    Step::List => {
+                        let listed = store.transactions()?;
+                        return Ok(pb::TransactionResponse {
+                            version: store.version()?,
+                            transactions: listed.iter().map(convert::transaction).collect(),
+                        });
+                    }
+                    Step::Prepare => {
+                        let w = convert::row_writes(&writes);
+                        store.prepare_write(tx, &w, options, &req.note)?;
+                        store.version()?
+                    }
+                    Step::Commit => store.decide(tx, Decision::Commit, req.keep)?,
+                    Step::Abort => store.decide(tx, Decision::Abort, req.keep)?,
+                    Step::Forget => {
+                        store.forget(tx)?;
+                        store.version()?
+                    }
+                };
+                Ok(pb::TransactionResponse {
+                    version,
+                    transactions: Vec::new(),
+                })
+            })
+            .await?;
+        Ok(holding(answer, Held::from(slot)))
+    }
+
     async fn call_remove(&self, request: Request<pb::RemoveRequest>) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
         let caller = self.caller(request.metadata(), "Remove")?;
@@ -917,6 +991,20 @@ impl pb::node_server::Node for NodeService {
             received,
             |r| r.encoded_len(),
             self.call_write(request),
+        )
+        .await
+    }
+
+    async fn transaction(
+        &self,
+        request: Request<pb::TransactionRequest>,
+    ) -> Answer<pb::TransactionResponse> {
+        let received = Seen::of(&request);
+        self.observed(
+            "Transaction",
+            received,
+            |r| r.encoded_len(),
+            self.call_transaction(request),
         )
         .await
     }

@@ -5,6 +5,7 @@
 use nearrec::{
     Bags, Batch, CacheStatsSnapshot, Compaction, IndexVec, Indices, Info, OwnedBags, OwnedBatch,
     OwnedLookup, Pooled, PoolingMode, RowWrite, Rows, Stats, TableInfo, TableLookup, TierReport,
+    Transaction, TxState,
 };
 
 use nearrec::model::Tensor;
@@ -488,6 +489,40 @@ pub fn uncompaction(c: pb::CompactResponse) -> Compaction {
         bytes: c.bytes,
         seconds: c.seconds,
     }
+}
+
+/// A transaction a store holds (the node's side).
+pub fn transaction(t: &Transaction) -> pb::TransactionState {
+    pb::TransactionState {
+        tx: t.tx.to_le_bytes().to_vec().into(),
+        state: t.state.name().to_owned(),
+        note: t.note.clone(),
+        age_seconds: t.age.as_secs_f64(),
+    }
+}
+
+/// [`transaction`] back (the client's side).
+pub fn untransaction(t: &pb::TransactionState) -> nearrec::Result<Transaction> {
+    let bad = |reason: String| nearrec::Error::InvalidRequest {
+        table: None,
+        position: None,
+        reason,
+    };
+    let tx = <[u8; 16]>::try_from(&t.tx[..]).map_err(|_| {
+        bad(format!(
+            "a transaction's id of {} bytes, not 16",
+            t.tx.len()
+        ))
+    })?;
+    let state = (TxState::ALL.into_iter())
+        .find(|s| s.name() == t.state)
+        .ok_or_else(|| bad(format!("{:?} is not a transaction's state", t.state)))?;
+    Ok(Transaction {
+        tx: u128::from_le_bytes(tx),
+        state,
+        note: t.note.clone(),
+        age: std::time::Duration::try_from_secs_f64(t.age_seconds).unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use nearrec_format::wal::Init;
 
 use crate::batch::{AsBatch, Bags, Batch, Indices, Pooled, Read, TableLookup};
 use crate::error::{Error, Result};
-use crate::live::{Compaction, RowWrite, WriteOptions};
+use crate::live::{Compaction, Decision, RowWrite, Transaction, WriteOptions};
 use crate::model::{Inferred, Tensor};
 use crate::pipeline::Pending;
 use crate::raw::Rows;
@@ -202,6 +202,41 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// EMB_REMOVE of a table; the version that dropped it.
     fn drop_table(&self, name: &str) -> Result<u64>;
 
+    /// A cross-shard write's first phase on this store (two-phase commit, `docs/distributed.md`):
+    /// the call checked as [`StoreApi::write_many`] checks it, its room reserved and its rows
+    /// durable under transaction `tx`, none served yet; refused ([`ErrorKind::StoreLocked`])
+    /// while another prepared transaction holds one of its rows. `note` is the coordinator's,
+    /// kept with it.
+    fn prepare_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+    ) -> Result<()> {
+        let _ = (tx, writes, options, note);
+        Err(Error::unsupported("prepare_write", self.describe()))
+    }
+
+    /// A cross-shard write's second phase: transaction `tx` committed (its rows logged and
+    /// served) or aborted; `keep` keeps the outcome until [`StoreApi::forget`] (the deciding
+    /// shard's). The store's version after.
+    fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {
+        let _ = (tx, decision, keep);
+        Err(Error::unsupported("decide", self.describe()))
+    }
+
+    /// Drops the outcome kept of transaction `tx`.
+    fn forget(&self, tx: u128) -> Result<()> {
+        let _ = tx;
+        Err(Error::unsupported("forget", self.describe()))
+    }
+
+    /// The transactions the store has prepared, and the outcomes it keeps.
+    fn transactions(&self) -> Result<Vec<Transaction>> {
+        Err(Error::unsupported("transactions", self.describe()))
+    }
+
     /// What `to` names — a store directory (on the serving side's file system), a version of
     /// the repository the store is served from, the version served before (a rollback) —
     /// served from the next request on; `warm` loads its DRAM tiers first, `force` skips the
@@ -372,6 +407,28 @@ impl StoreApi for Store {
 
     fn drop_table(&self, name: &str) -> Result<u64> {
         Store::drop_table(self, name)
+    }
+
+    fn prepare_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+    ) -> Result<()> {
+        Store::prepare_write(self, tx, writes, options, note)
+    }
+
+    fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {
+        Store::decide(self, tx, decision, keep)
+    }
+
+    fn forget(&self, tx: u128) -> Result<()> {
+        Store::forget(self, tx)
+    }
+
+    fn transactions(&self) -> Result<Vec<Transaction>> {
+        Store::transactions(self)
     }
 
     fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {

@@ -43,6 +43,16 @@ pub enum Error {
     #[error("the store at {path} is open for writing elsewhere: a store has one writer at a time")]
     Locked { path: String },
 
+    /// A cross-shard write's prepare refused: a transaction prepared before it holds one of its
+    /// rows until that one commits or aborts (its coordinator tries again).
+    #[error("table {table:?}: row {row} is held by prepared transaction {tx:032x}")]
+    Held { table: String, row: u64, tx: u128 },
+
+    /// A step of a cross-shard write that the transaction's state here refuses (a commit of
+    /// one aborted, an abort of one committed).
+    #[error("transaction {tx:032x}: {reason}")]
+    Transaction { tx: u128, reason: String },
+
     /// A write that does not fit the delta's budget: nothing of it was applied.
     #[error(
         "the store's delta is full: {used} of {budget} bytes in use, the call needs {asked}; \
@@ -125,7 +135,7 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// A write to a store opened read-only.
     StoreReadOnly,
-    /// The store is open for writing elsewhere.
+    /// The store is open for writing elsewhere, or a prepared cross-shard write holds the row.
     StoreLocked,
     /// A write that does not fit the delta's budget.
     DeltaFull,
@@ -248,6 +258,8 @@ impl Error {
             } => (*kind, table.as_deref(), *position),
             Self::ReadOnly { .. } => (K::StoreReadOnly, None, None),
             Self::Locked { .. } => (K::StoreLocked, None, None),
+            Self::Held { table, .. } => (K::StoreLocked, Some(table.as_str()), None),
+            Self::Transaction { .. } => (K::InvalidRequest, None, None),
             Self::DeltaFull { .. } => (K::DeltaFull, None, None),
             Self::Shard { kind, .. } => (*kind, None, None),
             Self::Engine(e) => engine_class(e),

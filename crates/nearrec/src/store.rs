@@ -18,7 +18,7 @@ use nearrec_io::MemDevice;
 use crate::batch::{Batch, Pooled, Read};
 use crate::config::{PlanSource, StoreConfig};
 use crate::error::{Error, Result};
-use crate::live::{Compaction, Live, RowWrite, Snapshot, WriteOptions};
+use crate::live::{Compaction, Decision, Live, RowWrite, Snapshot, Transaction, WriteOptions};
 use crate::model::{StoredModel, Tensor};
 use crate::pace::Pace;
 use crate::versions::{Located, SwapTo};
@@ -508,6 +508,32 @@ impl Store {
     /// the call made.
     pub fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
         self.current().live.write(writes, options)
+    }
+
+    /// [`StoreApi::prepare_write`]: a cross-shard write's first phase on this store.
+    pub fn prepare_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+    ) -> Result<()> {
+        self.current().live.prepare_write(tx, writes, options, note)
+    }
+
+    /// [`StoreApi::decide`]: a cross-shard write's second phase on this store.
+    pub fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {
+        self.current().live.decide(tx, decision, keep)
+    }
+
+    /// [`StoreApi::forget`].
+    pub fn forget(&self, tx: u128) -> Result<()> {
+        self.current().live.forget(tx)
+    }
+
+    /// [`StoreApi::transactions`].
+    pub fn transactions(&self) -> Result<Vec<Transaction>> {
+        self.current().live.transactions()
     }
 
     /// [`Store::write_many`] of one table: rows `ids` become `values` (`ids.len() × dim`).

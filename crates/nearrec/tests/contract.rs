@@ -107,3 +107,71 @@ fn a_follower_runs_the_weights_its_writer_updated() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// A prepared transaction outlives its writer: reopened, it is still prepared (and still holds
+/// its rows); a commit whose file says decided but whose rows a crash kept from the log is
+/// logged on open, once.
+#[test]
+fn prepared_and_decided_transactions_survive_a_reopen() {
+    use nearrec::format::wal::{TxState, move_tx};
+    use nearrec::{Decision, ErrorKind, RowWrite, WriteOptions};
+    let (_dir, path) = suite::fixture();
+    let config = StoreConfig {
+        writable: true,
+        ..StoreConfig::default()
+    };
+    let d = suite::DIM as usize;
+    let values: Vec<f32> = (0..d).map(|i| i as f32 * 0.5).collect();
+    let w = |id: &'static [i64]| RowWrite {
+        table: "t0",
+        ids: id,
+        values: Some(&values),
+    };
+    let (a, b) = (0xa_u128, 0xb_u128);
+    let store = Store::open(&path, &config).unwrap();
+    store
+        .prepare_write(a, &[w(&[1])], WriteOptions::default(), "decider=0/0")
+        .unwrap();
+    store
+        .prepare_write(b, &[w(&[2])], WriteOptions::default(), "decider=1/0")
+        .unwrap();
+    let v0 = store.version();
+    store.close().unwrap();
+    drop(store);
+    // `b` was decided (its file moved) and the writer died before logging its rows
+    move_tx(&path, b, TxState::Prepared, TxState::Committed).unwrap();
+    let store = Store::open(&path, &config).unwrap();
+    let mut out = vec![0f32; d];
+    store.read_rows("t0", &[2], &mut out).unwrap();
+    assert_eq!(out, values, "a decided transaction is logged on open");
+    assert_eq!(store.version(), v0 + 1);
+    let mut listed: Vec<_> = (store.transactions().unwrap().into_iter())
+        .map(|t| (t.tx, t.state, t.note))
+        .collect();
+    listed.sort_by_key(|t| t.0);
+    assert_eq!(
+        listed,
+        [
+            (a, TxState::Prepared, "decider=0/0".to_owned()),
+            (b, TxState::Applied, "decider=1/0".to_owned()),
+        ]
+    );
+    // `a` still holds row 1
+    let e = store
+        .prepare_write(7, &[w(&[1])], WriteOptions::default(), "")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
+    store.read_rows("t0", &[1], &mut out).unwrap();
+    assert_ne!(out, values);
+    store.decide(a, Decision::Commit, false).unwrap();
+    store.read_rows("t0", &[1], &mut out).unwrap();
+    assert_eq!(out, values);
+    store.forget(b).unwrap();
+    assert!(store.transactions().unwrap().is_empty());
+    // and nothing is redone on the next open
+    store.close().unwrap();
+    drop(store);
+    let store = Store::open(&path, &config).unwrap();
+    assert_eq!(store.version(), v0 + 2);
+    assert!(store.transactions().unwrap().is_empty());
+}

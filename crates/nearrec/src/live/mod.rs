@@ -12,6 +12,7 @@
 mod compact;
 mod follow;
 mod tables;
+mod txn;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -31,6 +32,7 @@ use crate::error::{Error, Result};
 
 pub use compact::Compaction;
 pub(crate) use compact::{CompactionStats, Signal, spawn};
+pub use txn::{Decision, Transaction};
 
 /// What one lookup reads: the engine over the tables, which hold everything up to `base`, and
 /// the deltas as of `version`.
@@ -177,6 +179,8 @@ pub(super) struct Writer {
     /// Table files let go of since the last compaction (by it, or by changes of the tables
     /// since): removed, a step at a time, by the next compaction.
     retired: Mutex<Vec<String>>,
+    /// The cross-shard transactions it has prepared, and the outcomes it keeps.
+    txns: txn::Txns,
 }
 
 impl Live {
@@ -234,6 +238,7 @@ impl Live {
                 compacting: Mutex::new(base),
                 gate: RwLock::new(()),
                 retired: Mutex::new(retired),
+                txns: txn::Txns::default(),
             });
             recovered.records
         } else {
@@ -246,6 +251,7 @@ impl Live {
         if let Some(w) = &live.writer {
             *lock(&w.applied) = live.snapshot().version;
             w.used.store(live.delta_bytes(), Relaxed);
+            live.recover_txns(w)?;
         }
         Ok(live)
     }
@@ -359,18 +365,18 @@ impl Live {
     /// writer's to publish (a reader moves past it when the manifest shows it, on refresh).
     fn replay(&self, records: &[Record]) -> Result<()> {
         for r in records.iter().take_while(|r| !r.changes_tables()) {
-            self.apply(r)?;
+            self.apply(r.lsn, &r.ops)?;
         }
         Ok(())
     }
 
-    /// Applies record `r` (the next one) to the deltas and publishes it.
-    fn apply(&self, r: &Record) -> Result<()> {
+    /// Applies record `lsn` (the next one), `ops`, to the deltas and publishes it.
+    fn apply(&self, lsn: u64, ops: &[Op]) -> Result<()> {
         let oldest = self.oldest();
         let current = self.snapshot();
         let engine = &current.engine;
         let mut deltas = current.deltas.clone();
-        for op in &r.ops {
+        for op in ops {
             let id = engine.table_id(op.table())?;
             let meta = &engine.tables()[id];
             let delta = deltas[id].get_or_insert_with(|| {
@@ -384,25 +390,24 @@ impl Live {
                 Op::Write { ids, rows, .. } => {
                     let rb = meta.row_bytes as usize;
                     for (id, row) in ids.iter().zip(rows.chunks_exact(rb)) {
-                        delta.insert(r.lsn, *id, Some(row), oldest);
+                        delta.insert(lsn, *id, Some(row), oldest);
                     }
                 }
                 Op::Remove { ids, .. } => {
                     for id in ids {
-                        delta.insert(r.lsn, *id, None, oldest);
+                        delta.insert(lsn, *id, None, oldest);
                     }
                 }
                 Op::CreateTable { table, .. } | Op::DropTable { table } => {
                     return Err(Error::Internal(format!(
-                        "record {} creates or drops table {table:?}: a change of the tables is \
-                         published, not applied",
-                        r.lsn
+                        "record {lsn} creates or drops table {table:?}: a change of the tables is \
+                         published, not applied"
                     )));
                 }
             }
         }
         self.publish(Snapshot {
-            version: r.lsn,
+            version: lsn,
             base: current.base,
             engine: current.engine.clone(),
             deltas,
@@ -449,31 +454,7 @@ impl Live {
                     });
                 };
                 let dim = meta.dim as usize;
-                if values.len() != ids.len() * dim {
-                    return Err(Error::InvalidRequest {
-                        table: Some(meta.name.clone()),
-                        position: None,
-                        reason: format!(
-                            "{} ids need {} values ({} × dim {dim}), not {}",
-                            ids.len(),
-                            ids.len() * dim,
-                            ids.len(),
-                            values.len()
-                        ),
-                    });
-                }
-                if !options.allow_nonfinite
-                    && let Some(at) = values.iter().position(|v| !v.is_finite())
-                {
-                    let (row, col) = (at / dim, at % dim);
-                    return Err(bad(
-                        row,
-                        format!(
-                            "rows[{row}][{col}] is {} (pass allow_nonfinite to write it)",
-                            values[at]
-                        ),
-                    ));
-                }
+                check_values(&meta.name, ids.len(), dim, values, options)?;
                 let rb = meta.row_bytes as usize;
                 let mut rows = vec![0u8; ids.len() * rb];
                 for (out, v) in rows.chunks_exact_mut(rb).zip(values.chunks_exact(dim)) {
@@ -496,9 +477,14 @@ impl Live {
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
         let engine = self.snapshot().engine.clone();
         let ops = Self::encode(&engine, writes, options)?;
-        // what the deltas' entries will cost (a removed row's entry is counted like a row)
-        let need: u64 = ops
-            .iter()
+        let need = Self::room(&engine, &ops);
+        w.reserve(need)?;
+        self.log_and_apply(w, &ops, need)
+    }
+
+    /// What `ops`' entries will cost the deltas (a removed row's entry is counted like a row).
+    fn room(engine: &Engine, ops: &[Op]) -> u64 {
+        ops.iter()
             .map(|op| match op {
                 Op::Write { table, ids, .. } | Op::Remove { table, ids } => {
                     let rb = engine
@@ -508,9 +494,13 @@ impl Live {
                 }
                 _ => 0,
             })
-            .sum();
-        w.reserve(need)?;
-        let lsn = match w.wal.append(&ops) {
+            .sum()
+    }
+
+    /// Logs `ops`, whose `need` bytes of room are reserved, then applies and publishes them in
+    /// log order; their version. The caller holds the writer's gate.
+    fn log_and_apply(&self, w: &Writer, ops: &[Op], need: u64) -> Result<u64> {
+        let lsn = match w.wal.append(ops) {
             Ok(lsn) => lsn,
             Err(e) => {
                 w.used.fetch_sub(need, Relaxed);
@@ -524,7 +514,7 @@ impl Live {
             applied = w.turn.wait(applied).unwrap_or_else(|p| p.into_inner());
         }
         let before = self.delta_bytes();
-        let result = self.apply(&Record { lsn, ops });
+        let result = self.apply(lsn, ops);
         // what pruning freed (the reservation assumed every entry stays)
         let freed = (before + need).saturating_sub(self.delta_bytes());
         w.used.fetch_sub(freed, Relaxed);
@@ -638,6 +628,43 @@ impl Drop for Live {
             w.signal.stop();
         }
     }
+}
+
+/// The values of a write of `rows` rows of `table` (dim `dim`): `rows × dim` of them, finite
+/// unless `options` allow otherwise. Every implementation checks a write's values with this
+/// (a router before it splits the call, so that a position is the caller's).
+pub fn check_values(
+    table: &str,
+    rows: usize,
+    dim: usize,
+    values: &[f32],
+    options: WriteOptions,
+) -> Result<()> {
+    if values.len() != rows * dim {
+        return Err(Error::InvalidRequest {
+            table: Some(table.to_owned()),
+            position: None,
+            reason: format!(
+                "{rows} ids need {} values ({rows} × dim {dim}), not {}",
+                rows * dim,
+                values.len()
+            ),
+        });
+    }
+    if !options.allow_nonfinite
+        && let Some(at) = values.iter().position(|v| !v.is_finite())
+    {
+        let (row, col) = (at / dim, at % dim);
+        return Err(Error::InvalidRequest {
+            table: Some(table.to_owned()),
+            position: Some(row),
+            reason: format!(
+                "rows[{row}][{col}] is {} (pass allow_nonfinite to write it)",
+                values[at]
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// How long a writable open waits for the store's writer lock before it refuses.

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nearrec::format::DType;
 use nearrec::model::{GraphSpec, ModelConfig, OpSpec, Tensor};
 use nearrec::{
-    Bags, Batch, ErrorKind, Indices, NewTable, OwnedBatch, OwnedLookup, PoolingMode, RowWrite,
-    StoreApi, SwapTo, TableLookup, WriteOptions,
+    Bags, Batch, Decision, ErrorKind, Indices, NewTable, OwnedBatch, OwnedLookup, PoolingMode,
+    RowWrite, StoreApi, SwapTo, TableLookup, TxState, WriteOptions,
 };
 use nearrec_testkit::Xorshift;
 
@@ -40,6 +40,11 @@ macro_rules! store_api_suite {
         #[test]
         fn writes_are_read_back_at_their_version() {
             crate::suite::writes_are_read_back_at_their_version($open);
+        }
+
+        #[test]
+        fn a_prepared_write_commits_or_aborts_whole() {
+            crate::suite::a_prepared_write_commits_or_aborts_whole($open);
         }
 
         #[test]
@@ -363,6 +368,118 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     assert_eq!(e.table(), Some("t0"), "{e}");
     assert_eq!(store.version().unwrap(), v2);
+}
+
+/// A cross-shard write as one shard takes part in it: prepared (durable, not served), then
+/// committed (served) or aborted (never served); a second transaction on a held row refused.
+pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = &*s.store;
+    let d = DIM as usize;
+    let ids = [5i64, 6];
+    let before = {
+        let mut out = vec![0f32; 2 * d];
+        store.read_rows("t0", &ids, &mut out).unwrap();
+        out
+    };
+    let new: Vec<f32> = (0..2 * d).map(|i| i as f32 - 3.5).collect();
+    let w = RowWrite {
+        table: "t0",
+        ids: &ids,
+        values: Some(&new),
+    };
+    let (t1, t2, t3) = (0x11u128 << 100 | 1, 0x22u128 << 100 | 2, 3u128);
+    let v0 = store.version().unwrap();
+    store
+        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0")
+        .unwrap();
+    // again: the same transaction, prepared already
+    store
+        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0")
+        .unwrap();
+    let mut out = vec![0f32; 2 * d];
+    store.read_rows("t0", &ids, &mut out).unwrap();
+    assert_eq!(out, before, "a prepared write is not served");
+    assert_eq!(store.version().unwrap(), v0);
+    let listed = store.transactions().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].tx, listed[0].state), (t1, TxState::Prepared));
+    assert_eq!(listed[0].note, "decider=0/0");
+    // another transaction on a held row is refused, naming the table; one on other rows is not
+    let other = RowWrite {
+        table: "t0",
+        ids: &[7, 6],
+        values: Some(&new),
+    };
+    let e = store
+        .prepare_write(t2, &[other], WriteOptions::default(), "")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
+    assert_eq!(e.table(), Some("t0"), "{e}");
+    let apart = RowWrite {
+        table: "t1",
+        ids: &[6],
+        values: Some(&new[..d]),
+    };
+    store
+        .prepare_write(t2, &[apart], WriteOptions::default(), "")
+        .unwrap();
+    // bad input is refused as a write's is, and nothing is prepared
+    let e = store
+        .prepare_write(
+            t3,
+            &[RowWrite {
+                table: "t2",
+                ids: &[1, ROWS as i64],
+                values: Some(&new),
+            }],
+            WriteOptions::default(),
+            "",
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert_eq!((e.table(), e.position()), (Some("t2"), Some(1)), "{e}");
+    // commit: served at a new version; again: done already
+    let v1 = store.decide(t1, Decision::Commit, true).unwrap();
+    assert!(v1 > v0);
+    assert_eq!(store.decide(t1, Decision::Commit, true).unwrap(), v1);
+    store.read_rows("t0", &ids, &mut out).unwrap();
+    assert_eq!(out, new);
+    // abort: never served; kept, a late prepare of it is refused; an abort cannot commit
+    store.decide(t2, Decision::Abort, true).unwrap();
+    let mut one = vec![0f32; d];
+    store.read_rows("t1", &[6], &mut one).unwrap();
+    assert_eq!(one, row(1, 6));
+    let e = store
+        .prepare_write(t2, &[apart], WriteOptions::default(), "")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    let e = store.decide(t2, Decision::Commit, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    let e = store.decide(t1, Decision::Abort, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    // an unknown transaction: nothing to commit; its abort is kept when asked
+    let e = store.decide(t3, Decision::Commit, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    store.decide(t3, Decision::Abort, true).unwrap();
+    let mut states: Vec<_> = (store.transactions().unwrap().iter())
+        .map(|t| (t.tx, t.state))
+        .collect();
+    states.sort_unstable_by_key(|s| s.0);
+    assert_eq!(
+        states,
+        [
+            (t3, TxState::Aborted),
+            (t1, TxState::Applied),
+            (t2, TxState::Aborted)
+        ]
+    );
+    for t in [t1, t2, t3] {
+        store.forget(t).unwrap();
+    }
+    assert!(store.transactions().unwrap().is_empty());
+    assert_eq!(store.version().unwrap(), v1);
 }
 
 pub fn bad_input_gets_a_typed_error_naming_table_and_position(open: Open) {

@@ -1,0 +1,429 @@
+//! Writes across shards: two-phase commit, the router the coordinator and one shard's replica
+//! the place the outcome is decided (`docs/distributed.md`, "Writes across shards").
+//!
+//! 1. Every replica (not stale) of every shard the call touches prepares its share under one
+//!    transaction id: checked, durable, not served ([`nearrec::StoreApi::prepare_write`]). The
+//!    note kept with it names the deciding replica — the first live replica of the lowest
+//!    shard — and the shards that take part.
+//! 2. If a shard has no replica that prepared, every prepared share is aborted and the call
+//!    fails with what the shard answered; a replica that failed where another of its shard
+//!    prepared is stale from then on (it missed the write), as for a one-shard write.
+//! 3. The deciding replica commits first, keeping the outcome: from that moment the call is
+//!    committed. Then every other replica commits, and the decider forgets the outcome.
+//!
+//! A router that dies between the phases leaves shares prepared: they hold their rows against
+//! other transactions (a later prepare on one of them is refused, `StoreLocked`). [`settle`]
+//! finds them — every replica lists what it holds — and asks the decider: a transaction it
+//! committed commits everywhere; one it never committed is aborted there first (kept, so that
+//! the dead router's commit, were it still on its way, is refused), then everywhere. The
+//! decider serializes the two, so a router that was only slow and a router settling its
+//! transaction can never decide it both ways. A write refused because a row is held settles
+//! transactions older than the call's deadline (their router is gone: no call of it runs
+//! longer) and tries again while its deadline allows.
+//!
+//! What readers see: each shard serves its share from its commit on. While the decider and one
+//! replica of every other shard commit, this router's lookups wait (and the ones under way are
+//! waited for), and each shard's read floor is raised to the version its commit made, so a
+//! lookup through this router sees a cross-shard write whole or not at all. A lookup through
+//! another router may read one shard's share a round trip before another's; a lookup that
+//! starts after the write returned sees all of it through any router.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use nearrec::{Decision, Error, ErrorKind, RowWrite, StoreApi, Transaction, TxState, WriteOptions};
+
+use crate::shard::{Replica, Shard};
+
+/// A replica of the plan: shard and place in the shard's replica list.
+pub(crate) type At = (usize, usize);
+
+/// What a coordinator keeps with its transaction on every replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Note {
+    pub decider: At,
+    pub shards: Vec<usize>,
+}
+
+impl Note {
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut decider = None;
+        let mut shards = None;
+        for part in s.split_whitespace() {
+            match part.split_once('=')? {
+                ("decider", v) => {
+                    let (k, r) = v.split_once('/')?;
+                    decider = Some((k.parse().ok()?, r.parse().ok()?));
+                }
+                ("shards", v) => {
+                    shards = Some(
+                        v.split(',')
+                            .map(str::parse)
+                            .collect::<Result<_, _>>()
+                            .ok()?,
+                    );
+                }
+                _ => {}
+            }
+        }
+        Some(Note {
+            decider: decider?,
+            shards: shards?,
+        })
+    }
+}
+
+impl std::fmt::Display for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shards: Vec<String> = self.shards.iter().map(usize::to_string).collect();
+        write!(
+            f,
+            "decider={}/{} shards={}",
+            self.decider.0,
+            self.decider.1,
+            shards.join(",")
+        )
+    }
+}
+
+/// How old a transaction left prepared is when a router without a call deadline settles it.
+pub(crate) const SETTLE_AFTER: Duration = Duration::from_secs(30);
+
+/// One share of a transaction: a replica and its shard's calls.
+struct Share<'a> {
+    at: At,
+    replica: Arc<Replica>,
+    calls: &'a [RowWrite<'a>],
+}
+
+/// `f` on every item at once, each on its own thread; the answers in order.
+fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let running: Vec<_> = items.iter().map(|i| s.spawn(move || f(i))).collect();
+        running
+            .into_iter()
+            .map(|h| h.join().expect("a transaction's step panicked"))
+            .collect()
+    })
+}
+
+fn shard_error(store: &str, shard: usize, kind: ErrorKind, reason: String) -> Error {
+    Error::Shard {
+        store: store.to_owned(),
+        shard,
+        kind,
+        reason,
+    }
+}
+
+/// The call's rows, `calls[k]` those of shard `shards[k]`, written atomically on every shard:
+/// all of them or none. Retried while a prepare is refused because another transaction holds
+/// a row, within the call's `timeout` (none: without end), settling each time the
+/// transactions older than it ([`SETTLE_AFTER`] without one).
+pub(crate) fn write_across(
+    store: &str,
+    all: &[Shard],
+    visible: &RwLock<()>,
+    shards: &[usize],
+    calls: &[Vec<RowWrite<'_>>],
+    options: WriteOptions,
+    timeout: Option<Duration>,
+) -> nearrec::Result<()> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let settle_after = timeout.unwrap_or(SETTLE_AFTER);
+    // this router's writes to these shards take their turns in shard order (no two of them
+    // wait on each other)
+    let _turns: Vec<_> = shards.iter().map(|&k| all[k].lock_writes()).collect();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match attempt(store, all, visible, shards, calls, options) {
+            Err(e) if e.kind() == ErrorKind::StoreLocked => {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                if left.is_some_and(|l| l <= pause) {
+                    return Err(e);
+                }
+                settle(all, settle_after);
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            done => return done,
+        }
+    }
+}
+
+fn attempt(
+    store: &str,
+    all: &[Shard],
+    visible: &RwLock<()>,
+    shards: &[usize],
+    calls: &[Vec<RowWrite<'_>>],
+    options: WriteOptions,
+) -> nearrec::Result<()> {
+    let tx = fastrand::u128(..);
+    let mut shares = Vec::new();
+    for (i, &k) in shards.iter().enumerate() {
+        for (r, replica) in all[k].live_replicas() {
+            shares.push(Share {
+                at: (k, r),
+                replica,
+                calls: &calls[i],
+            });
+        }
+        if !shares.iter().any(|s| s.at.0 == k) {
+            return Err(shard_error(
+                store,
+                k,
+                ErrorKind::Unavailable,
+                "no replica takes writes (every one is stale)".into(),
+            ));
+        }
+    }
+    let decider = shares[0].at;
+    let note = Note {
+        decider,
+        shards: shards.to_vec(),
+    }
+    .to_string();
+    // phase one
+    let prepared = on_each(&shares, |s| {
+        s.replica.client.prepare_write(tx, s.calls, options, &note)
+    });
+    let mut prepared = prepared;
+    let refused = shards.iter().find_map(|&k| {
+        let mine = || (shares.iter().zip(&prepared)).filter(|(s, _)| s.at.0 == k);
+        if mine().any(|(_, p)| p.is_ok()) && prepared[0].is_ok() {
+            return None;
+        }
+        let first = (shares.iter().zip(&prepared)).position(|(s, p)| s.at.0 == k && p.is_err())?;
+        Some((k, first))
+    });
+    if let Some((k, first)) = refused {
+        // nothing committed: every share that prepared is aborted (a prepare still on its way
+        // to a replica, past its deadline, is settled as one whose router is gone)
+        on_each(&shares, |s| {
+            s.replica.client.decide(tx, Decision::Abort, false)
+        });
+        let e = std::mem::replace(&mut prepared[first], Ok(())).expect_err("refused");
+        return Err(match e.kind() {
+            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded | ErrorKind::Overloaded => {
+                shard_error(
+                    store,
+                    k,
+                    e.kind(),
+                    format!("no replica prepared the write: {e}"),
+                )
+            }
+            _ => e,
+        });
+    }
+    for (s, p) in shares.iter().zip(&prepared) {
+        if p.is_err() {
+            s.replica.mark_stale();
+        }
+    }
+    // phase two: the decision, then everyone else, this router's lookups waiting until every
+    // shard serves it
+    let visible = visible.write().unwrap_or_else(|p| p.into_inner());
+    let decided = shares[0].replica.client.decide(tx, Decision::Commit, true);
+    if let Ok(v) = decided {
+        all[decider.0].seen.fetch_max(v, Ordering::Relaxed);
+    }
+    if let Err(e) = decided {
+        return match state_at(&shares[0].replica, tx) {
+            Some(Some(TxState::Applied | TxState::Committed)) => {
+                finish(store, all, tx, &shares, &prepared, visible)
+            }
+            // aborted there (by a router settling it as abandoned): aborted everywhere
+            Some(Some(TxState::Aborted) | None) => {
+                on_each(&shares[1..], |s| {
+                    s.replica.client.decide(tx, Decision::Abort, false)
+                });
+                Err(e)
+            }
+            Some(Some(TxState::Prepared)) | None => Err(shard_error(
+                store,
+                decider.0,
+                ErrorKind::Unavailable,
+                format!(
+                    "transaction {tx:032x} is in doubt: its deciding replica ({}) did not \
+                     take its commit ({e}); the next write that meets it settles it",
+                    shares[0].replica.addr
+                ),
+            )),
+        };
+    }
+    finish(store, all, tx, &shares, &prepared, visible)
+}
+
+/// After the decision: one replica of every other shard commits, while `visible` keeps this
+/// router's lookups waiting, each shard's read floor raised to the version it committed at
+/// (a lookup after reads no replica that has not committed yet); then the other replicas
+/// commit, a replica that fails it stale; the decider forgets. A shard none of whose replicas
+/// took the commit holds it prepared until settled: the call fails, naming it, though it is
+/// committed.
+fn finish(
+    store: &str,
+    all: &[Shard],
+    tx: u128,
+    shares: &[Share<'_>],
+    prepared: &[nearrec::Result<()>],
+    visible: RwLockWriteGuard<'_, ()>,
+) -> nearrec::Result<()> {
+    let ready: Vec<&Share<'_>> = (shares.iter().zip(prepared))
+        .skip(1)
+        .filter(|(_, p)| p.is_ok())
+        .map(|(s, _)| s)
+        .collect();
+    let mut shards: Vec<usize> = ready.iter().map(|s| s.at.0).collect();
+    shards.dedup();
+    let commit = |s: &Share<'_>| {
+        let done = s.replica.client.decide(tx, Decision::Commit, false);
+        if let Ok(v) = done {
+            all[s.at.0].seen.fetch_max(v, Ordering::Relaxed);
+        } else {
+            s.replica.mark_stale();
+        }
+        done.is_ok()
+    };
+    // the first wave: a replica of each shard, trying the next where one fails
+    let first: Vec<Option<At>> = on_each(&shards, |&k| {
+        (ready.iter().filter(|s| s.at.0 == k))
+            .find(|s| commit(s))
+            .map(|s| s.at)
+    });
+    drop(visible);
+    // the rest: the replicas after the one that committed (those before it failed)
+    let rest: Vec<&Share<'_>> = (ready.iter().copied())
+        .filter(|s| {
+            let k = shards.iter().position(|&k| k == s.at.0).expect("a shard");
+            first[k].is_some_and(|f| s.at.1 > f.1)
+        })
+        .collect();
+    on_each(&rest, |s| commit(s));
+    if let Some(k) = (shards.iter().zip(&first)).find_map(|(&k, f)| f.is_none().then_some(k)) {
+        return Err(shard_error(
+            store,
+            k,
+            ErrorKind::Unavailable,
+            format!(
+                "transaction {tx:032x} is committed, but no replica of the shard took its \
+                 commit: it is served there once settled"
+            ),
+        ));
+    }
+    let _ = shares[0].replica.client.forget(tx);
+    Ok(())
+}
+
+/// Transaction `tx`'s state on `replica`: `Some(None)` when it holds nothing of it, `None`
+/// when it did not answer.
+fn state_at(replica: &Replica, tx: u128) -> Option<Option<TxState>> {
+    let listed = replica.client.transactions().ok()?;
+    Some(listed.into_iter().find(|t| t.tx == tx).map(|t| t.state))
+}
+
+/// What settling found and did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    pub committed: usize,
+    pub aborted: usize,
+    /// Left as they were: their decider did not answer.
+    pub in_doubt: usize,
+}
+
+/// Settles the transactions older than `older_than` that routers left on the shards' replicas
+/// (see the module's documentation).
+pub(crate) fn settle(all: &[Shard], older_than: Duration) -> Settled {
+    let mut done = Settled::default();
+    let mut outcomes: HashMap<u128, Option<Decision>> = HashMap::new();
+    let mut held: Vec<(At, Arc<Replica>, Transaction, Note)> = Vec::new();
+    let mut unreachable = false;
+    for (k, shard) in all.iter().enumerate() {
+        for (r, replica) in shard.all_replicas().iter().enumerate() {
+            let Ok(listed) = replica.client.transactions() else {
+                unreachable = true;
+                continue;
+            };
+            for t in listed {
+                if let Some(note) = Note::parse(&t.note) {
+                    held.push(((k, r), replica.clone(), t, note));
+                }
+            }
+        }
+    }
+    let still: Vec<u128> = (held.iter())
+        .filter(|(_, _, t, _)| matches!(t.state, TxState::Prepared | TxState::Committed))
+        .map(|(_, _, t, _)| t.tx)
+        .collect();
+    for (at, replica, t, note) in &held {
+        let is_decider = *at == note.decider;
+        let client = &replica.client;
+        match t.state {
+            TxState::Prepared | TxState::Committed if t.age >= older_than => {
+                let outcome = *outcomes
+                    .entry(t.tx)
+                    .or_insert_with(|| decide_at(all, t.tx, note.decider));
+                match outcome {
+                    Some(d) if client.decide(t.tx, d, is_decider).is_ok() => match d {
+                        Decision::Commit => done.committed += 1,
+                        Decision::Abort => done.aborted += 1,
+                    },
+                    _ => done.in_doubt += 1,
+                }
+            }
+            // an outcome kept past its use: on a replica that does not decide (a crash
+            // mid-commit kept it), or on the decider once no replica holds the transaction
+            TxState::Applied | TxState::Aborted
+                if !is_decider || (!unreachable && !still.contains(&t.tx)) =>
+            {
+                let _ = client.forget(t.tx);
+            }
+            _ => {}
+        }
+    }
+    done
+}
+
+/// The outcome of transaction `tx` at its deciding replica `at`: committed there, or aborted
+/// there now if it was not (kept); `None` when the decider does not answer.
+fn decide_at(all: &[Shard], tx: u128, at: At) -> Option<Decision> {
+    let replica = all.get(at.0)?.all_replicas().get(at.1)?.clone();
+    for _ in 0..2 {
+        match state_at(&replica, tx)? {
+            Some(TxState::Applied) => return Some(Decision::Commit),
+            Some(TxState::Committed) => {
+                replica.client.decide(tx, Decision::Commit, true).ok()?;
+                return Some(Decision::Commit);
+            }
+            Some(TxState::Aborted) => return Some(Decision::Abort),
+            // prepared or unknown there: abort it there first; refused, it was committed
+            // meanwhile, so look again
+            Some(TxState::Prepared) | None => {
+                if replica.client.decide(tx, Decision::Abort, true).is_ok() {
+                    return Some(Decision::Abort);
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_reads_back() {
+        let n = Note {
+            decider: (2, 1),
+            shards: vec![2, 3, 5],
+        };
+        assert_eq!(n.to_string(), "decider=2/1 shards=2,3,5");
+        assert_eq!(Note::parse(&n.to_string()), Some(n));
+        assert_eq!(Note::parse("decider=x/1 shards=1"), None);
+        assert_eq!(Note::parse(""), None);
+    }
+}

@@ -1,0 +1,230 @@
+//! A live store's part in a cross-shard write (`docs/format.md` §14): the transactions it has
+//! prepared, and the outcomes it keeps, one file each in the store's `txn/` directory.
+//!
+//! `txn/<id>.<state>`, `<id>` the transaction's 128-bit id in 32 hex digits:
+//! - `prepared` — the call's operations, checked and durable, not yet in the log;
+//! - `committed` — decided: the operations go to the log (a crash before they are there is
+//!   redone on open);
+//! - `applied` — in the log; kept, without its operations, for as long as the coordinator may
+//!   ask (the shard that decides a transaction keeps its outcome until told to forget it);
+//! - `aborted` — refused; kept likewise, so that a prepare arriving late is refused too.
+//!
+//! A file is magic `NRTXN001`, the id (16 bytes, little-endian), the note's length (`u32`) and
+//! the note (the coordinator's, UTF-8), the operations as one log record ([`super::encode`],
+//! sequence number 0), and a CRC-32C of everything before it. Files are written under a
+//! temporary name, synced, renamed into place and the directory synced; a state change is a
+//! rename, synced likewise.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::record::{Frame, Op, decode, encode};
+use crate::error::{FormatError, Result};
+use crate::sync::fsync_dir;
+
+/// The directory of a store that holds its transactions.
+pub const TXN_DIR: &str = "txn";
+const MAGIC: &[u8; 8] = b"NRTXN001";
+
+/// Where a transaction stands on this store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TxState {
+    Prepared,
+    Committed,
+    Applied,
+    Aborted,
+}
+
+impl TxState {
+    pub const ALL: [TxState; 4] = [
+        Self::Prepared,
+        Self::Committed,
+        Self::Applied,
+        Self::Aborted,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Prepared => "prepared",
+            Self::Committed => "committed",
+            Self::Applied => "applied",
+            Self::Aborted => "aborted",
+        }
+    }
+}
+
+/// One transaction's file, read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TxFile {
+    pub tx: u128,
+    pub state: TxState,
+    pub note: String,
+    /// Empty once applied or aborted.
+    pub ops: Vec<Op>,
+    /// When the file was last written or renamed (its modification time).
+    pub since: std::time::SystemTime,
+}
+
+/// The path of transaction `tx`'s file in `state` in store `dir`.
+pub fn tx_path(dir: &Path, tx: u128, state: TxState) -> PathBuf {
+    dir.join(TXN_DIR)
+        .join(format!("{tx:032x}.{}", state.name()))
+}
+
+/// Writes transaction `tx`'s file in `state`, durably.
+pub fn write_tx(dir: &Path, tx: u128, state: TxState, note: &str, ops: &[Op]) -> Result<()> {
+    let txn = dir.join(TXN_DIR);
+    let path = tx_path(dir, tx, state);
+    let mut bytes = Vec::with_capacity(64 + note.len());
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&tx.to_le_bytes());
+    bytes.extend_from_slice(&(note.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(note.as_bytes());
+    encode(0, ops, &mut bytes).map_err(|reason| FormatError::Corrupted {
+        path: path.clone(),
+        reason,
+    })?;
+    let crc = crc32c::crc32c(&bytes);
+    bytes.extend_from_slice(&crc.to_le_bytes());
+    let created = !txn.exists();
+    fs::create_dir_all(&txn).map_err(|e| FormatError::io(&txn, e))?;
+    if created {
+        fsync_dir(dir)?;
+    }
+    let tmp = txn.join(format!(".{tx:032x}.tmp-{}", std::process::id()));
+    let written = File::create(&tmp)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(FormatError::io(&path, e));
+    }
+    fsync_dir(&txn)
+}
+
+/// Moves transaction `tx`'s file from state `from` to `to`, durably (its contents stay).
+pub fn move_tx(dir: &Path, tx: u128, from: TxState, to: TxState) -> Result<()> {
+    let (a, b) = (tx_path(dir, tx, from), tx_path(dir, tx, to));
+    fs::rename(&a, &b).map_err(|e| FormatError::io(&a, e))?;
+    fsync_dir(&dir.join(TXN_DIR))
+}
+
+/// Removes transaction `tx`'s file in `state`, durably (none there is no error).
+pub fn remove_tx(dir: &Path, tx: u128, state: TxState) -> Result<()> {
+    let path = tx_path(dir, tx, state);
+    match fs::remove_file(&path) {
+        Ok(()) => fsync_dir(&dir.join(TXN_DIR)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(FormatError::io(&path, e)),
+    }
+}
+
+/// Every transaction file of store `dir`, each checked whole (a temporary a crash left behind
+/// is removed: it was never renamed into place, so nothing was told of it).
+pub fn read_txns(dir: &Path) -> Result<Vec<TxFile>> {
+    let txn = dir.join(TXN_DIR);
+    let entries = match fs::read_dir(&txn) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(FormatError::io(&txn, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| FormatError::io(&txn, e))?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.contains(".tmp-") {
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        let bad = |reason: String| FormatError::Corrupted {
+            path: path.clone(),
+            reason,
+        };
+        let (id, state) = name
+            .split_once('.')
+            .and_then(|(id, s)| {
+                let state = TxState::ALL.into_iter().find(|t| t.name() == s)?;
+                Some((u128::from_str_radix(id, 16).ok()?, state))
+            })
+            .ok_or_else(|| bad("not a transaction's file name (<32 hex digits>.<state>)".into()))?;
+        let bytes = fs::read(&path).map_err(|e| FormatError::io(&path, e))?;
+        let since = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .map_err(|e| FormatError::io(&path, e))?;
+        let file = parse(&bytes).map_err(bad)?;
+        if file.0 != id {
+            return Err(bad(format!("it holds transaction {:032x}", file.0)));
+        }
+        out.push(TxFile {
+            tx: id,
+            state,
+            note: file.1,
+            ops: file.2,
+            since,
+        });
+    }
+    out.sort_by_key(|f| f.tx);
+    Ok(out)
+}
+
+fn parse(bytes: &[u8]) -> Result<(u128, String, Vec<Op>), String> {
+    let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
+        return Err("shorter than a checksum".into());
+    };
+    if crc32c::crc32c(body) != u32::from_le_bytes(*crc) {
+        return Err("its checksum does not match".into());
+    }
+    let head = MAGIC.len() + 16 + 4;
+    if body.len() < head || &body[..8] != MAGIC {
+        return Err("not a transaction file (magic NRTXN001)".into());
+    }
+    let tx = u128::from_le_bytes(body[8..24].try_into().expect("16 bytes"));
+    let n = u32::from_le_bytes(body[24..28].try_into().expect("4 bytes")) as usize;
+    let note = body.get(head..head + n).ok_or("its note is cut short")?;
+    let note = String::from_utf8(note.to_vec()).map_err(|_| "its note is not UTF-8")?;
+    match decode(&body[head + n..], 0) {
+        Frame::Record(r, _) => Ok((tx, note, r.ops)),
+        Frame::Torn(why) => Err(format!("its operations: {why}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transaction_file_reads_back_and_a_damaged_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ops = vec![Op::Write {
+            table: "t0".into(),
+            ids: vec![3, 7],
+            row_bytes: 4,
+            rows: vec![1, 2, 3, 4, 5, 6, 7, 8],
+        }];
+        let tx = 0xfeed_u128 << 64 | 42;
+        write_tx(dir.path(), tx, TxState::Prepared, "decider=0/0", &ops).unwrap();
+        let read = read_txns(dir.path()).unwrap();
+        assert_eq!(read.len(), 1);
+        assert_eq!((read[0].tx, read[0].state), (tx, TxState::Prepared));
+        assert_eq!((read[0].note.as_str(), &read[0].ops), ("decider=0/0", &ops));
+        move_tx(dir.path(), tx, TxState::Prepared, TxState::Committed).unwrap();
+        assert_eq!(read_txns(dir.path()).unwrap()[0].state, TxState::Committed);
+        // a flipped byte anywhere is refused, naming the file
+        let path = tx_path(dir.path(), tx, TxState::Committed);
+        let mut bytes = fs::read(&path).unwrap();
+        for at in [0, 9, 30, bytes.len() - 6] {
+            bytes[at] ^= 1;
+            fs::write(&path, &bytes).unwrap();
+            let e = read_txns(dir.path()).unwrap_err();
+            assert!(e.to_string().contains(&format!("{tx:032x}")), "{e}");
+            bytes[at] ^= 1;
+        }
+        fs::write(&path, &bytes).unwrap();
+        remove_tx(dir.path(), tx, TxState::Committed).unwrap();
+        remove_tx(dir.path(), tx, TxState::Committed).unwrap();
+        assert!(read_txns(dir.path()).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,305 @@
+//! A live store as a participant of a cross-shard write: two-phase commit (`docs/distributed.md`,
+//! "Writes across shards").
+//!
+//! - [`Live::prepare_write`] checks and encodes the call as a write would, reserves its room in the
+//!   delta, and makes it durable in `txn/<id>.prepared` — nothing of it is served. It is refused
+//!   while another prepared transaction holds one of its rows (no waiting: the coordinator
+//!   aborts and tries again, so two coordinators never wait on each other).
+//! - [`Live::decide`] with commit moves the file to `committed` (the decision, durable), then
+//!   logs and applies the rows as one record with the log to itself, and moves the file to
+//!   `applied` when asked to keep the outcome, else removes it. A crash between the two finds
+//!   `committed` on open and logs the rows again: nothing was logged after them, so the second
+//!   record writes what the first did.
+//! - Abort removes the prepared file and frees its room; asked to keep the outcome, it leaves
+//!   `aborted`, so that the same transaction's prepare arriving late is refused.
+//! - [`Live::forget`] drops a kept outcome; [`Live::transactions`] lists what the store holds.
+//!
+//! The shard that decides a transaction keeps its outcome until the coordinator has told every
+//! other shard; a coordinator that finds a transaction left prepared by one that died asks the
+//! deciding shard and settles it (`nearrec-cluster`'s `txn.rs`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, SystemTime};
+
+use nearrec_format::wal::{Op, TxState, move_tx, read_txns, remove_tx, write_tx};
+
+use super::{Live, RowWrite, WriteOptions, Writer, lock};
+use crate::error::{Error, Result};
+
+/// What a store holds of one transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transaction {
+    pub tx: u128,
+    pub state: TxState,
+    /// The coordinator's note (which shard decides it, which shards take part).
+    pub note: String,
+    /// How long it has been in this state.
+    pub age: Duration,
+}
+
+/// A transaction's outcome, as its coordinator (or one settling it) decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Commit,
+    Abort,
+}
+
+/// The transactions of a writable store.
+#[derive(Debug, Default)]
+pub(super) struct Txns {
+    held: std::sync::Mutex<BTreeMap<u128, Held>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    state: TxState,
+    note: String,
+    since: SystemTime,
+    /// The rows, while prepared or committed and not yet logged.
+    ops: Vec<Op>,
+    /// The room reserved in the delta for them.
+    need: u64,
+}
+
+impl Held {
+    /// Whether it holds rows against other transactions.
+    fn holds(&self) -> bool {
+        matches!(self.state, TxState::Prepared | TxState::Committed)
+    }
+}
+
+fn txn_error(tx: u128, reason: impl Into<String>) -> Error {
+    Error::Transaction {
+        tx,
+        reason: reason.into(),
+    }
+}
+
+/// The first row of `ops` that `other` holds too: its table and id.
+fn overlap(ops: &[Op], other: &[Op]) -> Option<(String, u64)> {
+    let mut mine: HashMap<&str, HashSet<u64>> = HashMap::new();
+    for op in ops {
+        if let Op::Write { table, ids, .. } | Op::Remove { table, ids } = op {
+            mine.entry(table).or_default().extend(ids);
+        }
+    }
+    other.iter().find_map(|op| match op {
+        Op::Write { table, ids, .. } | Op::Remove { table, ids } => {
+            let rows = mine.get(table.as_str())?;
+            ids.iter()
+                .find(|id| rows.contains(id))
+                .map(|&id| (table.clone(), id))
+        }
+        _ => None,
+    })
+}
+
+impl Live {
+    /// Prepares transaction `tx`: the call checked, its room reserved and its rows durable, none
+    /// of it served until it commits. Again for a transaction already prepared: nothing to do.
+    pub(crate) fn prepare_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+    ) -> Result<()> {
+        let w = self.writer()?;
+        let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
+        let engine = self.snapshot().engine.clone();
+        let ops = Self::encode(&engine, writes, options)?;
+        let need = Self::room(&engine, &ops);
+        let mut held = lock(&w.txns.held);
+        match held.get(&tx).map(|h| h.state) {
+            Some(TxState::Prepared) => return Ok(()),
+            Some(state) => {
+                return Err(txn_error(
+                    tx,
+                    format!("it is {} here, not to be prepared again", state.name()),
+                ));
+            }
+            None => {}
+        }
+        for (other, h) in held.iter().filter(|(_, h)| h.holds()) {
+            if let Some((table, row)) = overlap(&ops, &h.ops) {
+                return Err(Error::Held {
+                    table,
+                    row,
+                    tx: *other,
+                });
+            }
+        }
+        w.reserve(need)?;
+        if let Err(e) = write_tx(&self.dir, tx, TxState::Prepared, note, &ops) {
+            w.used.fetch_sub(need, Relaxed);
+            return Err(e.into());
+        }
+        held.insert(
+            tx,
+            Held {
+                state: TxState::Prepared,
+                note: note.to_owned(),
+                since: SystemTime::now(),
+                ops,
+                need,
+            },
+        );
+        Ok(())
+    }
+
+    /// Commits or aborts transaction `tx`; the store's version after. `keep`: the outcome is
+    /// kept until [`Live::forget`] (the deciding shard's). Commit of a committed transaction
+    /// and abort of an aborted or unknown one are done already; commit of an aborted or unknown
+    /// one, and abort of a committed one, are refused.
+    pub(crate) fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {
+        let w = self.writer()?;
+        // the log to itself from the decision to the outcome: no record follows a committed
+        // transaction's rows until its file says they are logged
+        let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        let mut held = lock(&w.txns.held);
+        let state = held.get(&tx).map(|h| h.state);
+        match (decision, state) {
+            (Decision::Commit, Some(TxState::Prepared)) => {
+                move_tx(&self.dir, tx, TxState::Prepared, TxState::Committed)?;
+                let h = held.get_mut(&tx).expect("held");
+                h.state = TxState::Committed;
+                self.apply_committed(w, tx, h, keep)?;
+                if !keep {
+                    held.remove(&tx);
+                }
+            }
+            // a commit whose rows failed to reach the log (an I/O error): again
+            (Decision::Commit, Some(TxState::Committed)) => {
+                let h = held.get_mut(&tx).expect("held");
+                self.apply_committed(w, tx, h, keep)?;
+                if !keep {
+                    held.remove(&tx);
+                }
+            }
+            (Decision::Commit, Some(TxState::Applied))
+            | (Decision::Abort, Some(TxState::Aborted)) => {}
+            (Decision::Abort, None) => {
+                if keep {
+                    write_tx(&self.dir, tx, TxState::Aborted, "", &[])?;
+                    held.insert(
+                        tx,
+                        Held {
+                            state: TxState::Aborted,
+                            note: String::new(),
+                            since: SystemTime::now(),
+                            ops: Vec::new(),
+                            need: 0,
+                        },
+                    );
+                }
+            }
+            (Decision::Abort, Some(TxState::Prepared)) => {
+                if keep {
+                    move_tx(&self.dir, tx, TxState::Prepared, TxState::Aborted)?;
+                } else {
+                    remove_tx(&self.dir, tx, TxState::Prepared)?;
+                }
+                let h = held.get_mut(&tx).expect("held");
+                w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
+                h.ops = Vec::new();
+                h.state = TxState::Aborted;
+                h.since = SystemTime::now();
+                if !keep {
+                    held.remove(&tx);
+                }
+            }
+            (Decision::Commit, None) => {
+                return Err(txn_error(tx, "not prepared here: nothing to commit"));
+            }
+            (Decision::Commit, Some(TxState::Aborted)) => {
+                return Err(txn_error(tx, "aborted here: it cannot commit"));
+            }
+            (Decision::Abort, Some(TxState::Committed | TxState::Applied)) => {
+                return Err(txn_error(tx, "committed here: it cannot abort"));
+            }
+        }
+        Ok(self.snapshot().version())
+    }
+
+    /// Logs and applies committed transaction `tx`'s rows (the caller holds the gate), then
+    /// moves its file to `applied` (`keep`) or removes it.
+    fn apply_committed(&self, w: &Writer, tx: u128, h: &mut Held, keep: bool) -> Result<()> {
+        self.log_and_apply(w, &h.ops, h.need)?;
+        (h.ops, h.need) = (Vec::new(), 0);
+        if keep {
+            move_tx(&self.dir, tx, TxState::Committed, TxState::Applied)?;
+        } else {
+            remove_tx(&self.dir, tx, TxState::Committed)?;
+        }
+        h.state = TxState::Applied;
+        h.since = SystemTime::now();
+        Ok(())
+    }
+
+    /// Drops the outcome kept of transaction `tx` (none kept: nothing to do); a transaction
+    /// still prepared is refused.
+    pub(crate) fn forget(&self, tx: u128) -> Result<()> {
+        let w = self.writer()?;
+        let mut held = lock(&w.txns.held);
+        match held.get(&tx).map(|h| h.state) {
+            None => Ok(()),
+            Some(state @ (TxState::Applied | TxState::Aborted)) => {
+                remove_tx(&self.dir, tx, state)?;
+                held.remove(&tx);
+                Ok(())
+            }
+            Some(state) => Err(txn_error(
+                tx,
+                format!("it is {} here: decide it first", state.name()),
+            )),
+        }
+    }
+
+    /// The transactions the store holds: prepared, and the outcomes it keeps.
+    pub(crate) fn transactions(&self) -> Result<Vec<Transaction>> {
+        let w = self.writer()?;
+        let now = SystemTime::now();
+        Ok(lock(&w.txns.held)
+            .iter()
+            .map(|(&tx, h)| Transaction {
+                tx,
+                state: h.state,
+                note: h.note.clone(),
+                age: now.duration_since(h.since).unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// On a writable open, after the log's records: the transactions' files read back. A
+    /// prepared one takes its room again; a committed one (a crash before it was logged, or
+    /// after and before its file said so) is logged now and kept as applied.
+    pub(super) fn recover_txns(&self, w: &Writer) -> Result<()> {
+        let engine = self.snapshot().engine.clone();
+        let mut held = lock(&w.txns.held);
+        for f in read_txns(&self.dir)? {
+            let need = Self::room(&engine, &f.ops);
+            let mut h = Held {
+                state: f.state,
+                note: f.note,
+                since: f.since,
+                ops: f.ops,
+                need: 0,
+            };
+            match f.state {
+                TxState::Prepared => {
+                    w.used.fetch_add(need, Relaxed);
+                    h.need = need;
+                }
+                TxState::Committed => {
+                    w.used.fetch_add(need, Relaxed);
+                    h.need = need;
+                    self.apply_committed(w, f.tx, &mut h, true)?;
+                }
+                TxState::Applied | TxState::Aborted => h.ops = Vec::new(),
+            }
+            held.insert(f.tx, h);
+        }
+        Ok(())
+    }
+}
