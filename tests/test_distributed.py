@@ -131,7 +131,7 @@ def test_bad_input_is_the_engines_error_and_no_shard_is_asked(sharded):
     assert store.stats()["cluster_reads"] == before
 
 
-def test_writes_reach_one_shards_replicas_and_a_write_across_shards_is_refused(sharded):
+def test_writes_reach_one_shard_or_commit_across_shards_whole(sharded):
     store, served = sharded
     plan = served.plan
     a = next(t for t in plan.tables if t.name == "a")
@@ -140,11 +140,22 @@ def test_writes_reach_one_shards_replicas_and_a_write_across_shards_is_refused(s
     version = store.write("a", np.array([first.first]), row)
     np.testing.assert_array_equal(store.read_rows("a", np.array([first.first])), row)
     assert store.version == version
-    if len(a.parts) > 1 or len(a.hot):
-        ids = np.array([first.first + 1, last.first + last.rows - 1])
-        with pytest.raises(nearrec.Unsupported, match="several shards"):
-            store.write("a", ids, np.ones((2, DIMS["a"]), np.float32))
-        assert store.version == version
+    # rows on two shards (or hot rows, on every shard of the table): all of it, or none
+    two = [first.first + 1, last.first + last.rows - 1]
+    ids = np.array(two + [h for h in a.hot if h not in two][:2])
+    values = np.arange(len(ids) * DIMS["a"], dtype=np.float32).reshape(len(ids), -1)
+    bad = values.copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(nearrec.InvalidRequest) as e:
+        store.write("a", ids, bad)
+    assert (e.value.table, e.value.position) == ("a", 1)
+    assert store.version == version
+    after = store.write("a", ids, values)
+    assert after > version
+    np.testing.assert_array_equal(store.read_rows("a", ids), values)
+    # every bag that reads them, on whichever shards it is sent to, reads the new rows
+    got = store.lookup("a", ids, np.arange(len(ids)), mode="sum")
+    np.testing.assert_array_equal(got, values)
 
 
 def test_the_plan_and_its_cut(store_path, trace_path, tmp_path):

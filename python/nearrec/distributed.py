@@ -14,9 +14,10 @@
   merged exactly (the router is Rust: ``crates/nearrec-cluster``), reads hedged to a second
   replica after the shard's observed p95 and moved to another replica when one fails. A shard
   no replica of which answers fails the call with :class:`~nearrec.errors.Unavailable` naming
-  the shard, never a partial answer. A write goes to every replica of the one shard its rows
-  are on; a call whose rows span shards raises :class:`~nearrec.errors.Unsupported` until
-  two-phase commit lands. ``nearrec.ray`` starts the nodes as Ray actors and returns this.
+  the shard, never a partial answer. A write goes to every replica of the shard its rows are
+  on; a call whose rows span shards commits on all of them or none (two-phase commit, the
+  router coordinating), and a lookup through the same store never sees part of it.
+  ``nearrec.ray`` starts the nodes as Ray actors and returns this.
 
 The plan and the cut are Rust (``nearrec::shard``, ``nearrec_plan::shards``); this module
 only translates.

@@ -236,6 +236,7 @@ impl ShardedStore {
             let whole = plan.shard_tables(k).len() == plan.tables.len()
                 && plan.tables.iter().all(|t| t.parts.len() == 1);
             let mut held = Vec::with_capacity(endpoints.len());
+            let mut versions = Vec::with_capacity(endpoints.len());
             for e in endpoints {
                 let (replica, info) = connect_replica(&plan, k, e, &client)?;
                 writable &= info.writable;
@@ -243,8 +244,19 @@ impl ShardedStore {
                     keeper.get_or_insert(k);
                 }
                 held.push(replica);
+                versions.push(info.version);
             }
-            shards.push(Shard::new(k, held));
+            let shard = Shard::new(k, held);
+            // a replica behind its shard's others missed writes (it was down): it serves no
+            // reads and takes no writes until it is copied again
+            let newest = versions.iter().copied().max().unwrap_or(0);
+            shard.seen.store(newest, Ordering::Relaxed);
+            for (r, v) in shard.all_replicas().iter().zip(&versions) {
+                if *v < newest {
+                    r.mark_stale();
+                }
+            }
+            shards.push(shard);
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -297,7 +309,9 @@ impl ShardedStore {
 
     /// Serves shard `shard` from the replicas at `endpoints` from the next call on — a node
     /// restarted at another address, a replica added — each new one connected and checked
-    /// against the plan first (a replica at an address it had is kept as it is).
+    /// against the plan first (a replica at an address it had is kept as it is). A new one
+    /// at a version behind what the shard has served missed writes: it is stale (no reads,
+    /// no writes) until it is copied again and given anew.
     pub fn set_replicas(&self, shard: usize, endpoints: &[Endpoint]) -> nearrec::Result<()> {
         let inner = &self.inner;
         let Some(s) = inner.shards.get(shard) else {
@@ -315,7 +329,11 @@ impl ShardedStore {
                 replicas.push(kept);
                 continue;
             }
-            let (replica, _) = connect_replica(&inner.plan, shard, e, &inner.client_options())?;
+            let (replica, info) = connect_replica(&inner.plan, shard, e, &inner.client_options())?;
+            // behind what the shard served: it missed writes while it was away
+            if info.version < s.seen.load(Ordering::Relaxed) {
+                replica.mark_stale();
+            }
             replicas.push(Arc::new(replica));
         }
         s.set_replicas(replicas);
@@ -725,6 +743,12 @@ impl Inner {
             counted("hedge_wins", sum(|c| &c.hedge_wins)),
             counted("retries", sum(|c| &c.retries)),
             counted("failures", sum(|c| &c.failures)),
+            counted(
+                "stale_replicas",
+                (self.shards.iter())
+                    .map(|s| (s.all_replicas().len() - s.live_replicas().len()) as u64)
+                    .sum(),
+            ),
         ]);
         let first = first.expect("a plan has a shard");
         Ok(Stats {

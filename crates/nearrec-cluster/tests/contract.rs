@@ -594,3 +594,54 @@ fn a_read_waits_within_its_deadline_for_a_shard_restarted_at_another_address() {
         want
     );
 }
+
+#[test]
+fn a_replica_behind_its_shard_serves_no_reads_and_takes_no_writes() {
+    let (_d, path) = suite::fixture();
+    let (store, cluster) = sharded(&path, true, options(2, 2, Scheme::Row, 0));
+    let dim = suite::DIM as usize;
+    let clients = direct(&cluster);
+    // replica 1 of shard 0 was away while row 3 was written
+    let values = vec![4.25f32; dim];
+    let w = RowWrite {
+        table: "t0",
+        ids: &[3],
+        values: Some(&values),
+    };
+    clients[0][0]
+        .write_many(&[w], WriteOptions::default())
+        .unwrap();
+    let router = ShardedStore::open(
+        cluster._dir.path(),
+        &endpoints(&store),
+        ShardedOptions::default(),
+    )
+    .unwrap();
+    let stale = |s: &ShardedStore| {
+        let stats = s.stats().unwrap();
+        (stats.values.iter())
+            .find(|(k, _)| k == "cluster_stale_replicas")
+            .map(|v| v.1)
+    };
+    assert_eq!(stale(&router), Some(1.0));
+    for _ in 0..40 {
+        let got = router.lookup(&one_per_bag("t0", &[3])).unwrap().0.values;
+        assert_eq!(got, values, "a read from the replica behind");
+    }
+    // a write reaches the replica that is current, not the one behind
+    let newer = vec![5.5f32; dim];
+    let w = RowWrite {
+        table: "t0",
+        ids: &[4],
+        values: Some(&newer),
+    };
+    router.write_many(&[w], WriteOptions::default()).unwrap();
+    let mut out = vec![0f32; dim];
+    clients[0][0].read_rows("t0", &[4], &mut out).unwrap();
+    assert_eq!(out, newer);
+    clients[0][1].read_rows("t0", &[4], &mut out).unwrap();
+    assert_ne!(out, newer);
+    // a replica given again at its address is kept as it is: still behind
+    router.set_replicas(0, &endpoints(&store)[0]).unwrap();
+    assert_eq!(stale(&router), Some(1.0));
+}

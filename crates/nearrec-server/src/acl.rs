@@ -16,7 +16,8 @@
 //!
 //! `*` matches any run of characters. What a call needs: `Lookup`, `LookupStream` and `Infer`
 //! read every table they name, `RowDigests` its table; `Write` and `Remove` write them,
-//! `UpdateModel` every table (a `*` pattern) of the store; `CreateTable` and `DropTable`
+//! `UpdateModel` every table (a `*` pattern) of the store; `Transaction` writes its tables to
+//! prepare them, and the whole store for its other steps; `CreateTable` and `DropTable`
 //! admin the table; `Swap` and `Compact` admin of every table (a `*` pattern) of the store;
 //! `Info` and `Stats` any grant on the store. A call with no token is `UNAUTHENTICATED`, one whose token
 //! the file does not list too; a grant it lacks is `PERMISSION_DENIED` naming the table.

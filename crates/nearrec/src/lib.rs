@@ -54,7 +54,8 @@
 //! - `live/`: live stores — `mod.rs` (the writer's lock and log, calls applied in log order and
 //!   published as `Snapshot`s read through arc-swap), `compact.rs` (compaction, crash-safe at each
 //!   step), `tables.rs` (`create_table` / `drop_table`), `follow.rs` (a read-only store following
-//!   its writer every `follow_ms`);
+//!   its writer every `follow_ms`), `txn.rs` (the store's part in a write across shards:
+//!   prepared, committed or aborted transactions, their `txn/` files recovered on open);
 //! - `versions.rs`: a store opened from a repository of versions (`REPO/NAME/1`, `2`, ... and
 //!   its `CURRENT` pointer): `SwapTo` a version or back to the one before, the pointer replaced
 //!   atomically, versions beyond `keep_last` pruned after their last call;

@@ -1,4 +1,4 @@
-//! A live store's part in a cross-shard write (`docs/format.md` §14): the transactions it has
+//! A live store's part in a cross-shard write (`docs/format.md` §15): the transactions it has
 //! prepared, and the outcomes it keeps, one file each in the store's `txn/` directory.
 //!
 //! `txn/<id>.<state>`, `<id>` the transaction's 128-bit id in 32 hex digits:
