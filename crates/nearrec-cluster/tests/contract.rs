@@ -375,6 +375,41 @@ fn a_write_its_router_left_prepared_is_settled_as_its_decider_says() {
     let settled = store.settle(Duration::from_secs(60));
     assert_eq!(settled, nearrec_cluster::Settled::default());
     assert_eq!(clients[1][0].transactions().unwrap().len(), 1);
+    store.settle(Duration::ZERO);
+    // d: a write that meets a row held by a transaction older than its deadline settles it
+    // (here prepared on shard 1 alone: its decider never heard of it) and goes through
+    let w = RowWrite {
+        table: "t0",
+        ids: &[3],
+        values: Some(&a_rows),
+    };
+    clients[1][0]
+        .prepare_write(0xd, &[w], WriteOptions::default(), "decider=0/0 shards=0,1")
+        .unwrap();
+    let quick = ShardedStore::open(
+        cluster._dir.path(),
+        &endpoints(&store),
+        ShardedOptions {
+            client: nearrec_client::ClientOptions {
+                timeout: Some(Duration::from_secs(1)),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1050));
+    let fresh = [rows(6.0), rows(7.0)].concat();
+    let w = RowWrite {
+        table: "t0",
+        ids: &ids,
+        values: Some(&fresh),
+    };
+    quick.write_many(&[w], WriteOptions::default()).unwrap();
+    assert_eq!(
+        quick.lookup(&one_per_bag("t0", &ids)).unwrap().0.values,
+        fresh
+    );
 }
 
 #[test]
