@@ -15,10 +15,10 @@
 //!   moving a failed sub-request to another replica within the call's deadline
 //!   ([`shard`](mod@shard)); a shard no replica of which answers fails the call, naming the shard
 //!   — never a partial answer;
-//! - writes a call's rows to every replica of the shard they are on; a call whose rows span
-//!   shards (hot rows are on every shard of their table) commits on all of them or none, by
-//!   two-phase commit ([`txn`](mod@txn)), a prepared write its router left settled by the next
-//!   router that meets it;
+//! - writes a call's rows to the one node of their shard; a call whose rows span shards (hot
+//!   rows are on every shard of their table), or a shard of several replicas, commits on all of
+//!   them or none, by two-phase commit ([`txn`](mod@txn)) — replicas take every router's writes
+//!   in one order — a prepared write its router left settled by the next router that meets it;
 //! - counts: batches, bags, the bags of split tables and the shards each reached (the fan-out),
 //!   reads, hedges and the
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).

@@ -647,32 +647,29 @@ impl Inner {
         let mut shards: Vec<usize> = routed.iter().map(|r| r.0).collect();
         shards.sort_unstable();
         shards.dedup();
-        match shards.as_slice() {
-            [] => self.version(),
-            [s] => {
-                let calls: Vec<RowWrite<'_>> = (routed.iter())
+        let calls: Vec<Vec<RowWrite<'_>>> = (shards.iter())
+            .map(|&k| {
+                (routed.iter().filter(|r| r.0 == k))
                     .map(|(_, table, ids, values)| RowWrite {
                         table,
                         ids,
                         values: values.as_deref(),
                     })
-                    .collect();
+                    .collect()
+            })
+            .collect();
+        match shards.as_slice() {
+            [] => self.version(),
+            // one node takes it: one call
+            [s] if self.shards[*s].live_replicas().len() == 1 => {
                 let shard = &self.shards[*s];
-                shard.write(&self.plan.store, |c| c.write_many(&calls, options))?;
+                shard.write(&self.plan.store, |c| c.write_many(&calls[0], options))?;
                 self.version()
             }
+            // several shards, or several replicas of one: two-phase commit, so that every
+            // replica takes the writes of every router in one order (a row another router's
+            // write holds is not written until that one is done)
             many => {
-                let calls: Vec<Vec<RowWrite<'_>>> = (many.iter())
-                    .map(|&k| {
-                        (routed.iter().filter(|r| r.0 == k))
-                            .map(|(_, table, ids, values)| RowWrite {
-                                table,
-                                ids,
-                                values: values.as_deref(),
-                            })
-                            .collect()
-                    })
-                    .collect();
                 txn::write_across(
                     &self.plan.store,
                     &self.shards,

@@ -1,5 +1,7 @@
-//! Writes across shards: two-phase commit, the router the coordinator and one shard's replica
-//! the place the outcome is decided (`docs/distributed.md`, "Writes across shards").
+//! Writes across shards, or to a shard's several replicas: two-phase commit, the router the
+//! coordinator and one replica the place the outcome is decided (`docs/distributed.md`,
+//! "Writes"). A prepared write holds its rows, so two routers' writes to one row reach every
+//! replica in one order.
 //!
 //! 1. Every replica (not stale) of every shard the call touches prepares its share under one
 //!    transaction id: checked, durable, not served ([`nearrec::StoreApi::prepare_write`]). The
@@ -192,13 +194,26 @@ fn attempt(
         s.replica.client.prepare_write(tx, s.calls, options, &note)
     });
     let mut prepared = prepared;
-    let refused = shards.iter().find_map(|&k| {
-        let mine = || (shares.iter().zip(&prepared)).filter(|(s, _)| s.at.0 == k);
-        if mine().any(|(_, p)| p.is_ok()) && prepared[0].is_ok() {
-            return None;
-        }
-        let first = (shares.iter().zip(&prepared)).position(|(s, p)| s.at.0 == k && p.is_err())?;
-        Some((k, first))
+    // refused: a replica said no (a held row, a full delta), or no replica of a shard (or not
+    // the decider) could answer; a replica that could not answer where another of its shard
+    // prepared only missed it
+    let missed = |e: &Error| {
+        matches!(
+            e.kind(),
+            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded | ErrorKind::Overloaded
+        )
+    };
+    let said_no = (prepared.iter()).position(|p| p.as_ref().is_err_and(|e| !missed(e)));
+    let refused = said_no.map(|i| (shares[i].at.0, i)).or_else(|| {
+        shards.iter().find_map(|&k| {
+            let mine = || (shares.iter().zip(&prepared)).filter(|(s, _)| s.at.0 == k);
+            if mine().any(|(_, p)| p.is_ok()) && prepared[0].is_ok() {
+                return None;
+            }
+            let first =
+                (shares.iter().zip(&prepared)).position(|(s, p)| s.at.0 == k && p.is_err())?;
+            Some((k, first))
+        })
     });
     if let Some((k, first)) = refused {
         // nothing committed: every share that prepared is aborted (a prepare still on its way

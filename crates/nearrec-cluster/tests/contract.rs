@@ -680,3 +680,48 @@ fn a_replica_behind_its_shard_serves_no_reads_and_takes_no_writes() {
     router.set_replicas(0, &endpoints(&store)[0]).unwrap();
     assert_eq!(stale(&router), Some(1.0));
 }
+
+#[test]
+fn two_routers_writing_one_row_leave_its_replicas_alike() {
+    let (_d, path) = suite::fixture();
+    let (store, cluster) = sharded(&path, true, options(1, 2, Scheme::Table, 0));
+    let dim = suite::DIM as usize;
+    let routers: Vec<ShardedStore> = (0..2)
+        .map(|_| {
+            ShardedStore::open(
+                cluster._dir.path(),
+                &endpoints(&store),
+                ShardedOptions::default(),
+            )
+            .unwrap()
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for (k, router) in routers.iter().enumerate() {
+            s.spawn(move || {
+                for i in 0..40 {
+                    let values = vec![(k * 1000 + i) as f32; dim];
+                    let w = RowWrite {
+                        table: "t0",
+                        ids: &[3, 4],
+                        values: Some(&[values.clone(), values].concat()),
+                    };
+                    router.write_many(&[w], WriteOptions::default()).unwrap();
+                }
+            });
+        }
+    });
+    let clients = direct(&cluster);
+    let read = |c: &nearrec_client::Client| {
+        let mut out = vec![0f32; 2 * dim];
+        c.read_rows("t0", &[3, 4], &mut out).unwrap();
+        (out, c.version().unwrap())
+    };
+    let (a, b) = (read(&clients[0][0]), read(&clients[0][1]));
+    assert_eq!(
+        a, b,
+        "the replicas took the two routers' writes in different orders"
+    );
+    assert_eq!(a.1, 80);
+    assert!(a.0.iter().all(|&v| v == a.0[0]), "a torn pair of rows");
+}

@@ -1,5 +1,5 @@
 //! A live store as a participant of a cross-shard write: two-phase commit (`docs/distributed.md`,
-//! "Writes across shards").
+//! "Writes").
 //!
 //! - [`Live::prepare_write`] checks and encodes the call as a write would, reserves its room in the
 //!   delta, and makes it durable in `txn/<id>.prepared` — nothing of it is served. It is refused
