@@ -104,10 +104,11 @@ def _free_port() -> int:
 
 @dataclass
 class Served:
-    """A running node: its gRPC address and its metrics address."""
+    """A running node: its gRPC address, its metrics address and its process."""
 
     address: str
     metrics: str
+    pid: int
 
 
 @contextmanager
@@ -133,7 +134,7 @@ def node(path: Path, name: str, *flags: str, netns: str | None = None,
         raise RuntimeError(f"nearrec serve did not start: {line!r} {logs.read()}")
     try:
         yield Served(line.split("listening on ")[1].split()[0],
-                     line.split("metrics on http://")[1].split("/")[0])
+                     line.split("metrics on http://")[1].split("/")[0], proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

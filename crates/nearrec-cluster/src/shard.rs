@@ -222,7 +222,11 @@ impl Shard {
                 drop(seen);
                 sorted.sort_unstable();
                 let at = ((sorted.len() - 1) as f64 * q).round() as usize;
-                Some(sorted[at].max(min))
+                // past every latency seen (hedges won more than 1 − q of the reads): the
+                // longest one seen, so that hedges go on and their answers are learned from
+                let known = sorted.partition_point(|&d| d < Duration::MAX);
+                let delay = sorted[at.min(known.checked_sub(1)?)];
+                Some(delay.max(min))
             }
         }
     }
@@ -338,7 +342,7 @@ impl Shard {
             let done = futures::future::select_all(inflight.iter_mut().map(|(_, c)| c));
             let (answer, k) = tokio::select! {
                 (answer, k, _) = done => (answer, k),
-                _ = sleep_or_never(delay.map(|d| tokio::time::Instant::from_std(begun + d))) => {
+                _ = hedge_at(delay.map(|d| begun + d)) => {
                     hedged = true;
                     let r = order[next];
                     next += 1;
@@ -366,10 +370,16 @@ impl Shard {
                         continue;
                     }
                     self.seen.fetch_max(v, Ordering::Relaxed);
+                    // the latency the hedge delay is a quantile of is the first call's: when
+                    // the hedge answered first, the first call's is past the delay and not
+                    // known, and it counts as past every delay (its time so far, a lower
+                    // bound, pulled the quantile down and sent more hedges than it says)
                     if hedged && k > 0 {
                         self.counters.hedge_wins.fetch_add(1, Ordering::Relaxed);
+                        self.observe(Duration::MAX);
+                    } else {
+                        self.observe(begun.elapsed());
                     }
-                    self.observe(begun.elapsed());
                     return Ok(answer);
                 }
                 Err(e) if transient(&e) => {
@@ -476,6 +486,21 @@ enum Round {
     Failed(Error),
     /// Every replica missed (no connection, out of room, behind): why each.
     Missed(Vec<String>),
+}
+
+/// Sleeps until `at` to the microsecond, or forever without one: a hedge's delay is a few
+/// hundred microseconds to a few milliseconds, and tokio's timer wheel ticks in whole
+/// milliseconds (it sent every hedge up to a millisecond late: `bench cluster-hedge`). A
+/// timerfd where the system gives one, tokio's timer where it does not.
+async fn hedge_at(at: Option<Instant>) {
+    let Some(at) = at else {
+        return std::future::pending().await;
+    };
+    match tokio_timerfd::Delay::new(at) {
+        // a timer that cannot be read: the hedge goes now
+        Ok(delay) => drop(delay.await),
+        Err(_) => tokio::time::sleep_until(at.into()).await,
+    }
 }
 
 /// Sleeps until `at`, or forever without one.

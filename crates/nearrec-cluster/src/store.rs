@@ -262,6 +262,7 @@ impl ShardedStore {
             .worker_threads(1)
             .thread_name("nearrec-router")
             .enable_time()
+            .enable_io()
             .build()
             .map_err(|e| Error::Internal(format!("cannot start the router's runtime: {e}")))?;
         let hot = plan.tables.iter().map(HotRanks::of).collect();
