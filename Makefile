@@ -16,14 +16,15 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # wheel), FBGEMM's CPU build and TorchRec (the peers, and the KeyedJaggedTensor tests), RocksDB
 # through rocksdict (`bench update`'s peer), grpcio with its health and reflection clients (stock
 # clients of the storage node), prometheus-client (its parser reads the node's metrics), Ray and
-# Ray Serve (nearrec.ray: a sharded store's nodes as actors, on a local Ray cluster in the tests).
+# Ray Serve (nearrec.ray: a sharded store's nodes as actors, on a local Ray cluster in the tests;
+# serve_model's gRPC ingress, its proto loaded by grpcio-tools).
 # TorchRec names the CUDA fbgemm-gpu wheel as a dependency, which breaks the CPU one: it is
 # installed without dependencies, its pure-Python ones by hand (shared/specs/baselines.md).
 $(VENV)/.deps: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy import-linter==2.16 matplotlib $(TORCH)
-	$(PIP) install -q pdoc $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions rocksdict==0.3.29 grpcio grpcio-health-checking grpcio-reflection prometheus-client "$(RAY)"
+	$(PIP) install -q pdoc $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions rocksdict==0.3.29 grpcio grpcio-health-checking grpcio-reflection grpcio-tools prometheus-client "$(RAY)"
 	$(PIP) install -q --no-deps $(TORCHREC)
 	# MovieLens-100K for the loader test, fetched (never committed: its licence forbids
 	# redistribution) inside the recbole wheel; the test skips if the registry is unreachable.

@@ -7,6 +7,7 @@ what cannot be launched or found. Every nearrec node listens on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -164,3 +165,148 @@ def test_what_cannot_be_launched_is_a_typed_error(cluster, store_path, tmp_path)
     with pytest.raises(nearrec.InvalidRequest, match="spread"):
         distributed.shard(store_path, tmp_path / "s", 2, scheme="table")
         ShardedStore.launch(tmp_path / "s", name="bad", spread="everywhere")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dlrm_requests(rng: np.random.Generator, model, rows: int, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        batch = int(rng.integers(1, 6))
+        features = {}
+        for t in model.table_names:
+            lengths = rng.integers(0, 4, batch)
+            features[t] = {"ids": rng.integers(0, rows, int(lengths.sum())).tolist(),
+                           "lengths": lengths.tolist()}
+        dense = rng.standard_normal((batch, model.dense_features)).astype(np.float32)
+        out.append({"dense": dense.tolist(), "features": features})
+    return out
+
+
+def _expected(model, body: dict) -> np.ndarray:
+    import torch
+
+    from nearrec.torch import KeyedJaggedTensor
+
+    tables = model.table_names
+    values = np.concatenate([np.asarray(body["features"][t]["ids"], np.int64) for t in tables])
+    lengths = np.concatenate([np.asarray(body["features"][t]["lengths"], np.int64)
+                              for t in tables])
+    kjt = KeyedJaggedTensor(tables, torch.from_numpy(values), lengths=torch.from_numpy(lengths))
+    with torch.no_grad():
+        return model(torch.tensor(body["dense"], dtype=torch.float32), kjt).numpy()
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path):
+    import grpc
+    from ray import serve
+
+    import nearrec.models
+    from nearrec.ray import model_messages, serve_model, shutdown_model
+
+    rows = 400
+    path = tmp_path / "dlrm"
+    nearrec.build(path, "rmc1", rows=rows, seed=0, progress=False)
+    local = nearrec.open(path)
+    model = nearrec.models.build("rmc1", local, seed=1).eval()
+    nearrec.models.save(model, path)
+    distributed.shard(path, tmp_path / "cut2", 2, scheme="table")
+    distributed.shard(path, tmp_path / "cut1", 1, scheme="table")
+    http, grpc_port = _free_port(), _free_port()
+    try:
+        ShardedStore.launch(tmp_path / "cut2", name="dlrm2", num_cpus=0.25, tier="dram")
+        ShardedStore.launch(tmp_path / "cut1", name="dlrm1", num_cpus=0.25, tier="dram")
+        dense = serve_model("dlrm2", model, name="dense", route_prefix="/dense",
+                            http_port=http, grpc_port=grpc_port, num_cpus=0.5,
+                            max_batch_size=64, batch_wait_timeout_s=0.05)
+        serve_model("dlrm1", model, name="whole", route_prefix="/whole", offload=True,
+                    http_port=http, grpc_port=grpc_port, num_cpus=0.5)
+        rng = np.random.default_rng(4)
+        bodies = _dlrm_requests(rng, model, rows, 16)
+        # sent at once: answered right, and fewer batches than requests
+        answers: list = [None] * len(bodies)
+
+        def send(k: int) -> None:
+            answers[k] = _post(f"http://127.0.0.1:{http}/dense", bodies[k])
+
+        threads = [threading.Thread(target=send, args=(k,)) for k in range(len(bodies))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        for body, (status, got) in zip(bodies, answers, strict=True):
+            assert status == 200, got
+            np.testing.assert_allclose(np.asarray(got["outputs"]), _expected(model, body),
+                                       rtol=1e-5, atol=1e-6)
+        requests, batches = dense.counts.remote().result()
+        assert requests == len(bodies) and batches < requests, (requests, batches)
+        # the whole model on the store's node (the one shard holds every table and the model)
+        status, got = _post(f"http://127.0.0.1:{http}/whole", bodies[0])
+        assert status == 200, got
+        np.testing.assert_allclose(np.asarray(got["outputs"]), _expected(model, bodies[0]),
+                                   rtol=1e-4, atol=1e-5)
+        # gRPC, a stock client over the proto's messages
+        pb = model_messages()
+        body = bodies[1]
+        msg = pb.PredictRequest(
+            batch=len(body["dense"]),
+            dense=np.asarray(body["dense"], np.float32).tobytes(),
+            features=[pb.Feature(table=t, ids=np.asarray(f["ids"], np.int64).tobytes(),
+                                 lengths=np.asarray(f["lengths"], np.int64).tobytes())
+                      for t, f in body["features"].items()])
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            predict = channel.unary_unary("/nearrec.serve.v1.Model/Predict",
+                                          request_serializer=pb.PredictRequest.SerializeToString,
+                                          response_deserializer=pb.PredictResponse.FromString)
+            reply = predict(msg, metadata=(("application", "dense"),), timeout=60)
+        out = np.frombuffer(reply.outputs, np.float32).reshape(reply.batch, reply.width)
+        np.testing.assert_allclose(out, _expected(model, body), rtol=1e-5, atol=1e-6)
+        # a bad request is answered alone, naming what is wrong, in a batch with good ones
+        bad = dict(bodies[2], features=dict(bodies[2]["features"]))
+        first = model.table_names[0]
+        bad["features"][first] = {"ids": [rows + 5], "lengths": [1] + [0] * (
+            len(bad["dense"]) - 1)}
+        unknown = dict(bodies[3], features={**bodies[3]["features"], "nope": {"ids": [],
+                                                                             "lengths": []}})
+        results: dict = {}
+        sends = [("bad", bad), ("unknown", unknown), ("good", bodies[4])]
+        threads = [threading.Thread(target=lambda k=k, b=b: results.__setitem__(
+            k, _post(f"http://127.0.0.1:{http}/dense", b))) for k, b in sends]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert results["bad"][0] == 400, results["bad"]
+        assert results["bad"][1]["kind"] == "IndexOutOfRange", results["bad"]
+        assert results["bad"][1]["table"] == first
+        assert results["unknown"][0] == 400 and "nope" in results["unknown"][1]["error"]
+        assert results["good"][0] == 200
+        np.testing.assert_allclose(np.asarray(results["good"][1]["outputs"]),
+                                   _expected(model, bodies[4]), rtol=1e-5, atol=1e-6)
+    finally:
+        for app in ("dense", "whole"):
+            with contextlib.suppress(Exception):
+                shutdown_model(app)
+        serve.shutdown()
+        ShardedStore.shutdown("dlrm2")
+        ShardedStore.shutdown("dlrm1")

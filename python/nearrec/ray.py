@@ -8,6 +8,9 @@ over nearrec's own gRPC, through the Rust router (``nearrec.distributed``).
   the node or its actor dies. Returns the one :class:`~nearrec.Store` over the router.
 - :meth:`ShardedStore.connect`: the same store from another driver, by name.
 - :meth:`ShardedStore.shutdown`: every actor and placement group of it gone.
+- :func:`serve_model`: a model on Ray Serve over the sharded store — its dense part in Serve's
+  replicas with requests batched together, or the whole model on the store's nodes — behind
+  HTTP and gRPC ingress.
 
 Discovery is Ray's: a node registers its address with the store's registry actor (named
 ``NAME``) each time it starts, and every store connected to it reads the registry twice a
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -32,7 +36,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +254,65 @@ class ShardedStore:
             with contextlib.suppress(Exception):
                 remove_placement_group(ray.util.get_placement_group(f"{name}/shard-{k}"))
         ray.kill(registry, no_restart=True)
+
+
+def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "nearrec-model",
+                route_prefix: str = "/", offload: bool = False, num_replicas: int = 1,
+                num_cpus: float = 1.0, max_batch_size: int = 64,
+                batch_wait_timeout_s: float = 0.002, host: str = "127.0.0.1",
+                http_port: int = 8000, grpc_port: int = 9000) -> Any:
+    """Serves ``model`` on Ray Serve over a sharded store: an application ``name`` whose
+    ``num_replicas`` replicas each hold the store (the Rust router) and run the model's dense
+    part, requests batched together (``@serve.batch``: up to ``max_batch_size`` samples'
+    requests, waiting at most ``batch_wait_timeout_s``); with ``offload`` the whole model runs
+    on the store's nodes instead (``Store.infer``: the shard that holds every table of the model
+    and keeps it, ``nearrec.models.save``). Returns Ray Serve's handle of the deployment.
+
+    ``store`` is the name a store was launched as (:meth:`ShardedStore.launch`), or a function
+    of no arguments each replica calls for its store (``functools.partial(
+    nearrec.distributed.connect, plan, replicas)``). ``model`` is one of nearrec's models
+    (``nearrec.models.build`` / ``load``) over a store of the same tables: its configuration and
+    dense weights go to the replicas, which rebuild it over theirs.
+
+    Ingress: HTTP on ``host:http_port`` at ``route_prefix`` — ``POST`` a JSON body ``{"dense":
+    [[...]], "features": {TABLE: {"ids": [...], "lengths": [...]}}}``, get ``{"outputs":
+    [[...]]}`` (a bad request: status 400 and ``{"error", "kind", "table"}``) — and gRPC on
+    ``grpc_port`` (Ray Serve binds it on every interface): ``nearrec.serve.v1.Model/Predict``,
+    ``nearrec/model_service.proto`` (``nearrec.ray.model_messages()`` for Python). Ray Serve
+    takes its ports once, when it first starts in the cluster."""
+    from ray import serve
+    from ray.serve.config import HTTPOptions, gRPCOptions
+
+    from . import _serve
+
+    if not callable(getattr(model, "kept_config", None)):
+        raise InvalidRequest(f"serve_model takes one of nearrec's models (nearrec.models.build "
+                             f"or load), not {type(model).__name__}")
+    connect = functools.partial(ShardedStore.connect, store) if isinstance(store, str) else store
+    serve.start(http_options=HTTPOptions(host=host, port=http_port),
+                grpc_options=gRPCOptions(port=grpc_port,
+                                         grpc_servicer_functions=[_serve.SERVICER]),
+                proxy_location="HeadOnly")
+    app = _serve.deployment(connect, model.kept_config(), dict(model.dense_weights()),
+                            int(getattr(model, "dense_features", 0) or 0), offload,
+                            max_batch_size, batch_wait_timeout_s, num_replicas,
+                            {"num_cpus": num_cpus})
+    return serve.run(app, name=name, route_prefix=route_prefix)
+
+
+def model_messages() -> Any:
+    """The message classes of :func:`serve_model`'s gRPC ingress (``PredictRequest``,
+    ``Feature``, ``PredictResponse``; ``nearrec/model_service.proto``)."""
+    from . import _serve
+
+    return _serve.messages()
+
+
+def shutdown_model(name: str = "nearrec-model") -> None:
+    """Stops the application :func:`serve_model` started as ``name``."""
+    from ray import serve
+
+    serve.delete(name)
 
 
 def _replica_copy(root: Path, shard: int, replica: int) -> Path:

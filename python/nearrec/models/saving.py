@@ -62,7 +62,14 @@ def load(store: Store, **collection: Any) -> nn.Module:
     if not isinstance(store, Store):
         raise InvalidRequest(f"load takes an open nearrec.Store, not {type(store).__name__}")
     raw, arrays = model_read(str(store.info.path))
-    config, weights = json.loads(raw), dict(arrays)
+    return rebuild(store, json.loads(raw), dict(arrays), **collection)
+
+
+def rebuild(store: Store, config: dict[str, Any], weights: dict[str, np.ndarray],
+            **collection: Any) -> nn.Module:
+    """The model of ``config`` (a model's ``kept_config()``, or what :func:`save` kept) with its
+    dense ``weights``, its sparse part over ``store``: a model moved to another store of the
+    same tables (a Ray Serve replica's, over a sharded store: ``nearrec.ray.serve_model``)."""
     if config["model"] == "graph":
         return _load_graph(store, config, weights)
     model = build(config["model"], store, variant=config["variant"],
