@@ -24,7 +24,8 @@ MODULES = {"sls": "sls", "ssd": "ssd", "ssd-tuning": "ssd", "ssd-verify": "ssd",
            "ssd-cost": "ssd", "cache": "cache", "colocate": "colocate", "keyed": "keyed",
            "e2e": "e2e", "ebc": "ebc", "build": "build", "gpu": "gpu", "flash-repro": "flash",
            "flash-check": "flash", "update": "update", "serve": "serve", "torchrec": "torchrec",
-           "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge"}
+           "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
+           "cluster-ingress": "ingress"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:

@@ -343,7 +343,8 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("what", choices=["sls", "ssd", "ssd-tuning", "ssd-verify", "ssd-cost", "cache",
                                      "colocate", "keyed", "e2e", "ebc", "build", "gpu",
                                      "flash-repro", "flash-check", "update", "serve",
-                                     "torchrec", "restart", "cluster", "cluster-hedge"],
+                                     "torchrec", "restart", "cluster", "cluster-hedge",
+                                     "cluster-ingress"],
                     help="the harness (docs/results.md says what each measures)")
     # each harness declares its flags in the benchmark package, which reads them (cmd_bench)
     be.add_argument("flags", nargs=argparse.REMAINDER,
