@@ -190,10 +190,9 @@ fn attempt(
     }
     .to_string();
     // phase one
-    let prepared = on_each(&shares, |s| {
+    let mut prepared = on_each(&shares, |s| {
         s.replica.client.prepare_write(tx, s.calls, options, &note)
     });
-    let mut prepared = prepared;
     // refused: a replica said no (a held row, a full delta), or no replica of a shard (or not
     // the decider) could answer; a replica that could not answer where another of its shard
     // prepared only missed it
@@ -222,16 +221,15 @@ fn attempt(
             s.replica.client.decide(tx, Decision::Abort, false)
         });
         let e = std::mem::replace(&mut prepared[first], Ok(())).expect_err("refused");
-        return Err(match e.kind() {
-            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded | ErrorKind::Overloaded => {
-                shard_error(
-                    store,
-                    k,
-                    e.kind(),
-                    format!("no replica prepared the write: {e}"),
-                )
-            }
-            _ => e,
+        return Err(if missed(&e) {
+            shard_error(
+                store,
+                k,
+                e.kind(),
+                format!("no replica prepared the write: {e}"),
+            )
+        } else {
+            e
         });
     }
     for (s, p) in shares.iter().zip(&prepared) {
