@@ -274,9 +274,9 @@ fn attempt(
 /// After the decision: one replica of every other shard commits, while `visible` keeps this
 /// router's lookups waiting, each shard's read floor raised to the version it committed at
 /// (a lookup after reads no replica that has not committed yet); then the other replicas
-/// commit, a replica that fails it stale; the decider forgets. A shard none of whose replicas
-/// took the commit holds it prepared until settled: the call fails, naming it, though it is
-/// committed.
+/// commit, a replica that fails it stale; the decider forgets (on a thread of its own). A
+/// shard none of whose replicas took the commit holds it prepared until settled: the call
+/// fails, naming it, though it is committed.
 fn finish(
     store: &str,
     all: &[Shard],
@@ -327,7 +327,10 @@ fn finish(
             ),
         ));
     }
-    let _ = shares[0].replica.client.forget(tx);
+    // the decider forgets off the call's path: an outcome left kept (a forget lost) is
+    // dropped by the next settling pass that finds no replica holding the transaction
+    let decider = shares[0].replica.clone();
+    std::thread::spawn(move || decider.client.forget(tx));
     Ok(())
 }
 

@@ -1,0 +1,187 @@
+"""``nearrec bench cluster-write``: what a write costs through a sharded store — one node, one
+shard of two replicas, two shards — against the same write to one node, side by side, in one
+run.
+
+A store of ``tables`` tables (``rows`` × ``dim`` fp32) is cut row-wise into two shards; every
+node serves its copy writable (sync durability: a write is on the disk when it answers). Each
+write call sets ``rows_per_write`` rows of one table, drawn at random, so that a call's rows
+fall on both shards of a two-shard cut. Systems:
+
+- ``node``: the whole store on one node, through ``nearrec.connect`` (one round trip, one
+  fsync);
+- ``shard.1x1``: a one-shard cut on one node through the router (the router's plain path);
+- ``shard.1x2``: one shard on two replicas (two-phase commit, so that both replicas take every
+  router's writes in one order);
+- ``shard.2x1``: two shards, one replica each (two-phase commit across shards);
+- ``shard.2x2``: two shards of two replicas each.
+
+Each call alone, ``writes`` per system and round, rounds in a rotated order; p50 / p99 and the
+rounds' spread. Every node and the router share this machine's cores and its one disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import nearrec
+from nearrec import distributed
+
+from .harness import Harness
+from .report import Record
+from .serve import node
+
+
+@dataclass
+class WriteConfig:
+    tables: int = 4
+    rows: int = 200_000
+    dim: int = 32
+    rows_per_write: int = 64
+    writes: int = 300
+    rounds: int = 3
+    seed: int = 0
+    scratch: Path = Path("bench/scratch")
+
+    @classmethod
+    def quick(cls) -> WriteConfig:
+        return cls(rows=20_000, writes=60, rounds=2)
+
+
+@contextmanager
+def _nodes(dirs: list[list[Path]]) -> Iterator[list[list[str]]]:
+    """A writable node on each directory: ``[shard][replica]`` addresses (``ADDR/s``)."""
+    with ExitStack() as stack:
+        yield [[f"{stack.enter_context(node(d, 's', '--writable', '--tier', 'dram')).address}/s"
+                for d in shard] for shard in dirs]
+
+
+def _copies(cut: Path, shards: int, replicas: int, into: Path) -> list[list[Path]]:
+    """A fresh writable copy of each shard for each replica."""
+    if into.exists():
+        shutil.rmtree(into)
+    out = []
+    for k in range(shards):
+        row = []
+        for r in range(replicas):
+            d = into / f"shard-{k}-{r}"
+            shutil.copytree(cut / f"shard-{k}", d)
+            row.append(d)
+        out.append(row)
+    return out
+
+
+def run(cfg: WriteConfig, log: Callable[[str], None] = print) -> list[Record]:
+    cfg.scratch.mkdir(parents=True, exist_ok=True)
+    tag = f"writes-{cfg.tables}x{cfg.rows}x{cfg.dim}"
+    path = cfg.scratch / tag
+    rng = np.random.default_rng(cfg.seed)
+    names = [f"t{i}" for i in range(cfg.tables)]
+    log(f"building {path}")
+    nearrec.from_numpy(path, {t: rng.standard_normal((cfg.rows, cfg.dim), dtype=np.float32)
+                              for t in names}, overwrite=True)
+    cuts = {n: cfg.scratch / f"{tag}-cut{n}" for n in (1, 2)}
+    for n, cut in cuts.items():
+        distributed.shard(path, cut, n, scheme="row", overwrite=True)
+    calls = [(names[k % len(names)],
+              rng.choice(cfg.rows, cfg.rows_per_write, replace=False).astype(np.int64),
+              rng.standard_normal((cfg.rows_per_write, cfg.dim), dtype=np.float32))
+             for k in range(64)]
+    work = cfg.scratch / f"{tag}-nodes"
+
+    def whole() -> Any:
+        @contextmanager
+        def opened() -> Iterator[nearrec.Store]:
+            if work.exists():
+                shutil.rmtree(work)
+            shutil.copytree(path, work / "whole")
+            with node(work / "whole", "s", "--writable", "--tier", "dram") as n:
+                store = nearrec.connect(n.address, "s", retries=0)
+                yield store
+                store.close()
+        return opened()
+
+    def sharded(shards: int, replicas: int) -> Any:
+        @contextmanager
+        def opened() -> Iterator[nearrec.Store]:
+            dirs = _copies(cuts[shards], shards, replicas, work)
+            with _nodes(dirs) as addresses:
+                store = distributed.connect(cuts[shards], addresses, hedge=None)
+                yield store
+                store.close()
+        return opened()
+
+    systems: dict[str, Callable[[], Any]] = {
+        "node": whole, "shard.1x1": lambda: sharded(1, 1), "shard.1x2": lambda: sharded(1, 2),
+        "shard.2x1": lambda: sharded(2, 1), "shard.2x2": lambda: sharded(2, 2)}
+    results: dict[str, list[list[float]]] = {s: [] for s in systems}
+    for round_ in range(cfg.rounds):
+        order = list(systems)
+        order = order[round_ % len(order):] + order[:round_ % len(order)]
+        for name in order:
+            with systems[name]() as store:
+                for table, ids, rows in calls[:5]:
+                    store.write(table, ids, rows)
+                lat = []
+                for k in range(cfg.writes):
+                    table, ids, rows = calls[k % len(calls)]
+                    t = time.perf_counter()
+                    store.write(table, ids, rows)
+                    lat.append(time.perf_counter() - t)
+                # what was written is what is read
+                table, ids, rows = calls[(cfg.writes - 1) % len(calls)]
+                np.testing.assert_array_equal(store.read_rows(table, ids), rows)
+            results[name].append(lat)
+        log(f"  round {round_ + 1}: " + "  ".join(
+            f"{s}: p50 {1e6 * statistics.median(v[-1]):,.0f} µs" for s, v in results.items()))
+    shutil.rmtree(work, ignore_errors=True)
+    records = []
+    for name, rounds in results.items():
+        p50s = [statistics.median(r) for r in rounds]
+        p99s = [float(np.percentile(r, 99)) for r in rounds]
+        rate = 1.0 / statistics.median([statistics.mean(r) for r in rounds])
+        records.append(Record(
+            "cluster-write", f"{cfg.tables}x{cfg.rows}x{cfg.dim}", cfg.rows_per_write,
+            "uniform", name, samples_per_s=rate, lookups_per_s=rate * cfg.rows_per_write,
+            p50_us=1e6 * statistics.median(p50s), p99_us=1e6 * statistics.median(p99s),
+            extra={"rounds_p50_us": [1e6 * x for x in p50s],
+                   "rounds_p99_us": [1e6 * x for x in p99s], "writes": cfg.writes,
+                   "rows_per_write": cfg.rows_per_write, "dim": cfg.dim}))
+    return records
+
+
+def _spread(xs: list[float]) -> float:
+    return (max(xs) - min(xs)) / 2 / statistics.median(xs) if len(xs) > 1 else 0.0
+
+
+def markdown(records: list[Record], command: str) -> str:
+    cells = {r.system: r for r in records}
+    node_ = cells["node"]
+    e = records[0].extra
+    lines = [f"Command: `{command}`", "",
+             f"Write calls of {e['rows_per_write']} random rows × dim {e['dim']} (fp32) of one "
+             f"table of `{records[0].model}` (tables × rows × dim), cut row-wise; every node "
+             "writable, sync durability, on this machine's one disk. Each call alone, "
+             f"{e['writes']} per system and round; medians of rounds, spread = half the rounds' "
+             "range over their median.", "",
+             "| system | p50 µs (rounds) | p99 µs | p50 ÷ node (spread) | calls/s |",
+             "|---|---:|---:|---:|---:|"]
+    for r in records:
+        p50s = ", ".join(f"{v:,.0f}" for v in r.extra["rounds_p50_us"])
+        lines.append(f"| {r.system} | {r.p50_us:,.0f} ({p50s}) | {r.p99_us:,.0f} | "
+                     f"{r.p50_us / node_.p50_us:.2f} ({_spread(r.extra['rounds_p50_us']):.0%}) "
+                     f"| {r.samples_per_s:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+#: ``nearrec bench cluster-write``
+HARNESSES = {"cluster-write": Harness(WriteConfig, WriteConfig.quick,
+                                      {"--rows": "rows", "--scratch": "scratch"}, run, markdown)}
