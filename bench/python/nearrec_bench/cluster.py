@@ -66,13 +66,18 @@ class ClusterConfig:
     hot_rows: int = 2000
     fanout_pooling: int = 4
     ray: bool = True
+    #: ``cluster-load``: offered rates as shares of one node's closed-loop batches/s, each held
+    #: for load_seconds, by load_issuers threads
+    load_rates: tuple[float, ...] = (0.25, 0.5, 0.8)
+    load_seconds: float = 4.0
+    load_issuers: int = 8
     seed: int = 0
     scratch: Path = Path("bench/scratch")
 
     @classmethod
     def quick(cls) -> ClusterConfig:
         return cls(table_bytes=64 << 20, requests=120, seconds=1.5, rounds=2, shards=(1, 2),
-                   hot_rows=500, ray=False)
+                   hot_rows=500, ray=False, load_seconds=1.5)
 
 
 def _timed(store: nearrec.Store, batches: list[list[Any]], requests: int) -> list[float]:
@@ -140,7 +145,19 @@ def _on_ray(cut: Path, name: str) -> Iterator[nearrec.Store]:
         ray.shutdown()
 
 
-def run(cfg: ClusterConfig, log: Callable[[str], None] = print) -> list[Record]:
+@dataclass
+class _Prepared:
+    path: Path
+    tag: str
+    trace_path: Path
+    batches: list[list[Any]]
+    few_batches: list[list[Any]]
+    info: Any
+    spec: Any
+
+
+def _prepare(cfg: ClusterConfig, log: Callable[[str], None]) -> _Prepared:
+    """The store (built once for its seed), its trace, and the trace's batches."""
     cfg.scratch.mkdir(parents=True, exist_ok=True)
     tag = f"cluster-{cfg.model}-{cfg.table_bytes >> 20}m"
     path = cfg.scratch / tag
@@ -169,6 +186,13 @@ def run(cfg: ClusterConfig, log: Callable[[str], None] = print) -> list[Record]:
     info = nearrec.info(path)
     log(f"{info.total_bytes / 2**20:.0f} MiB of tables ({len(info.tables)}), batches of "
         f"{cfg.batch}, {spec.lookups} lookups a bag and table")
+    return _Prepared(path, tag, trace_path, batches, few_batches, info, spec)
+
+
+def run(cfg: ClusterConfig, log: Callable[[str], None] = print) -> list[Record]:
+    p = _prepare(cfg, log)
+    path, tag, trace_path, batches, few_batches, info, spec = (
+        p.path, p.tag, p.trace_path, p.batches, p.few_batches, p.info, p.spec)
 
     systems: dict[str, Callable[[], Any]] = {
         "embedded": lambda: _held(nearrec.open(path, tier="dram")),
@@ -234,6 +258,79 @@ def run(cfg: ClusterConfig, log: Callable[[str], None] = print) -> list[Record]:
     return records
 
 
+def run_load(cfg: ClusterConfig, log: Callable[[str], None] = print) -> list[Record]:
+    """``cluster-load``: latency under load, open-loop — batches sent at a fixed offered rate
+    (the same for every system: shares of one node's closed-loop rate, measured first), each
+    latency taken from its scheduled send time, so a system that falls behind shows it."""
+    from .update import _open_loop
+
+    p = _prepare(cfg, log)
+    n = max(s for s in cfg.shards if s > 1) if any(s > 1 for s in cfg.shards) else 1
+    systems: dict[str, Callable[[], Any]] = {
+        "embedded": lambda: _held(nearrec.open(p.path, tier="dram")),
+        "node": lambda: _connected(p.path),
+        f"sharded.table.{n}": lambda: _sharded(p.path, cfg.scratch / f"{p.tag}-cut-table-{n}",
+                                               p.trace_path, n, "table", 0),
+        f"sharded.row.{n}": lambda: _sharded(p.path, cfg.scratch / f"{p.tag}-cut-row-{n}",
+                                             p.trace_path, n, "row", 0),
+    }
+    with _connected(p.path) as store:
+        store.lookup_many(p.batches[0])
+        capacity = _throughput(store, p.batches, cfg.clients, cfg.seconds)
+    rates = [share * capacity for share in cfg.load_rates]
+    log(f"one node's closed-loop rate: {capacity:,.0f} batches/s; offered: "
+        + ", ".join(f"{r:,.0f}/s" for r in rates))
+    results: dict[tuple[str, float], list[tuple[list[float], int]]] = {
+        (s, r): [] for s in systems for r in rates}
+    for round_ in range(cfg.rounds):
+        names = list(systems)
+        names = names[round_ % len(names):] + names[:round_ % len(names)]
+        for system in names:
+            with systems[system]() as store:
+                store.lookup_many(p.batches[0])
+                for rate in rates:
+                    results[(system, rate)].append(_open_loop(
+                        store, p.batches, rate, cfg.load_seconds, cfg.load_issuers))
+        log(f"  round {round_ + 1}: " + "  ".join(
+            f"{s}@{r:,.0f}: p99 {np.percentile(v[-1][0], 99):,.0f} µs"
+            for (s, r), v in results.items()))
+    records = []
+    for (system, rate), rounds in results.items():
+        p50s = [float(np.percentile(lat, 50)) for lat, _ in rounds]
+        p99s = [float(np.percentile(lat, 99)) for lat, _ in rounds]
+        records.append(Record(
+            "cluster-load", cfg.model, cfg.batch, cfg.trace, system,
+            samples_per_s=rate * cfg.batch,
+            lookups_per_s=rate * cfg.batch * p.spec.lookups * len(p.info.tables),
+            p50_us=statistics.median(p50s), p99_us=statistics.median(p99s),
+            extra={"offered_batches_per_s": rate, "share_of_node": rate / capacity,
+                   "node_capacity_batches_per_s": capacity, "rounds_p50_us": p50s,
+                   "rounds_p99_us": p99s, "failed": sum(f for _, f in rounds),
+                   "seconds": cfg.load_seconds, "issuers": cfg.load_issuers,
+                   "table_bytes": p.info.total_bytes}))
+    return records
+
+
+def markdown_load(records: list[Record], command: str) -> str:
+    e = records[0].extra
+    lines = [f"Command: `{command}`", "",
+             f"Open loop: batches of {records[0].batch} samples of `{records[0].dist}` "
+             f"scheduled at a fixed rate (the same for every system: shares of one node's "
+             f"closed-loop {e['node_capacity_batches_per_s']:,.0f} batches/s), each held "
+             f"{e['seconds']:g} s by {e['issuers']} threads; every latency from the batch's "
+             "scheduled send time (no coordinated omission). Medians of rounds. Everything on "
+             "this machine's cores, over loopback.", "",
+             "| system | offered batches/s (share of node) | p50 µs | p99 µs (rounds) | failed |",
+             "|---|---:|---:|---:|---:|"]
+    for r in sorted(records, key=lambda r: (r.extra["offered_batches_per_s"], r.system)):
+        x = r.extra
+        p99s = ", ".join(f"{v:,.0f}" for v in x["rounds_p99_us"])
+        lines.append(f"| {r.system} | {x['offered_batches_per_s']:,.0f} "
+                     f"({x['share_of_node']:.0%}) | {r.p50_us:,.0f} | {r.p99_us:,.0f} ({p99s}) | "
+                     f"{x['failed']} |")
+    return "\n".join(lines) + "\n"
+
+
 @contextmanager
 def _held(store: nearrec.Store) -> Iterator[nearrec.Store]:
     yield store
@@ -291,7 +388,10 @@ def markdown(records: list[Record], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: ``nearrec bench cluster``
+#: ``nearrec bench cluster`` and ``nearrec bench cluster-load``
 HARNESSES = {"cluster": Harness(ClusterConfig, ClusterConfig.quick,
                                 {"--table-bytes": "table_bytes", "--scratch": "scratch"},
-                                run, markdown)}
+                                run, markdown),
+             "cluster-load": Harness(ClusterConfig, ClusterConfig.quick,
+                                     {"--table-bytes": "table_bytes", "--scratch": "scratch"},
+                                     run_load, markdown_load)}

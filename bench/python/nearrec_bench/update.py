@@ -30,7 +30,7 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,7 +226,7 @@ def _requests(rows: dict[str, int], cfg: UpdateConfig, n: int) -> list[dict[str,
     return out
 
 
-def _open_loop(store: Any, reqs: list[dict[str, Any]], rate: float, seconds: float,
+def _open_loop(store: Any, reqs: Sequence[Any], rate: float, seconds: float,
                issuers: int = ISSUERS) -> tuple[list[float], int]:
     """Lookups scheduled at ``rate`` per second for ``seconds``; each latency (µs) is taken
     from its scheduled start. Returns the latencies and the failed requests."""
