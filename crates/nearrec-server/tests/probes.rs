@@ -394,6 +394,118 @@ fn a_swap_is_confined_to_its_root_and_needs_what_it_exposes() {
     assert!(swap(&other, "ops", true).is_ok());
 }
 
+/// A cross-shard write's steps are writes: a prepare needs write of its tables, every other
+/// step (commit, abort, forget, the list of what the store holds) write of the whole store; a
+/// transaction's id that is not 16 bytes, or a step the node does not know, is the caller's
+/// mistake.
+#[test]
+fn a_transactions_steps_need_write_and_a_bad_id_is_refused() {
+    use pb::transaction_request::Step;
+    let dir = tempfile::tempdir().unwrap();
+    let served = build(dir.path());
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        format!(
+            "[principal.trainer]
+token_sha256 = \"{}\"
+read = [\"s/*\"]
+write = [\"s/*\"]
+
+             [principal.partial]
+token_sha256 = \"{}\"
+read = [\"s/*\"]
+write = [\"s/t0\"]
+
+             [principal.ranker]
+token_sha256 = \"{}\"
+read = [\"s/*\"]
+",
+            token_hash("trainer"),
+            token_hash("partial"),
+            token_hash("ranker")
+        ),
+    )
+    .unwrap();
+    let node = node_of(
+        &served,
+        "tier = \"dram\"\nwritable = true",
+        NodeConfig {
+            acl: Some(acl),
+            ..NodeConfig::default()
+        },
+    );
+    let c = node.client();
+    let rt = &node.runtime;
+    let row = |table: &str| pb::TableRows {
+        table: table.into(),
+        ids: 3i64.to_le_bytes().to_vec().into(),
+        rows: [0.5f32; 8]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
+        remove: false,
+    };
+    let step = |who: &str, step: Step, tx: &[u8], writes: Vec<pb::TableRows>| {
+        let req = pb::TransactionRequest {
+            store: "s".into(),
+            tx: tx.to_vec().into(),
+            step: step as i32,
+            writes,
+            ..Default::default()
+        };
+        rt.block_on(c.clone().transaction(authorized(req, Some(who))))
+            .map(|r| r.into_inner())
+            .map_err(|s| s.code())
+    };
+    let tx = 7u128.to_le_bytes();
+    // read only: no step at all, not even the list
+    assert_eq!(
+        step("ranker", Step::List, &[], vec![]).unwrap_err(),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        step("ranker", Step::Prepare, &tx, vec![row("t0")]).unwrap_err(),
+        Code::PermissionDenied
+    );
+    // write of t0 alone: its prepare of t0, not of t1, and no step of the whole store
+    assert_eq!(
+        step("partial", Step::Prepare, &tx, vec![row("t1")]).unwrap_err(),
+        Code::PermissionDenied
+    );
+    assert!(step("partial", Step::Prepare, &tx, vec![row("t0")]).is_ok());
+    assert_eq!(
+        step("partial", Step::Commit, &tx, vec![]).unwrap_err(),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        step("partial", Step::List, &[], vec![]).unwrap_err(),
+        Code::PermissionDenied
+    );
+    // write of the store: the list shows it, the commit serves it
+    let listed = step("trainer", Step::List, &[], vec![]).unwrap();
+    assert_eq!(listed.transactions.len(), 1);
+    assert_eq!(listed.transactions[0].state, "prepared");
+    let v = step("trainer", Step::Commit, &tx, vec![]).unwrap().version;
+    assert!(v > 0);
+    // an id of another length, a step past the enum: the caller's mistakes
+    assert_eq!(
+        step("trainer", Step::Commit, &[1, 2, 3], vec![]).unwrap_err(),
+        Code::InvalidArgument
+    );
+    let odd = pb::TransactionRequest {
+        store: "s".into(),
+        tx: tx.to_vec().into(),
+        step: 99,
+        ..Default::default()
+    };
+    let s = rt
+        .block_on(c.clone().transaction(authorized(odd, Some("trainer"))))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument);
+}
+
 #[test]
 fn a_table_larger_than_the_disk_is_refused_at_once_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
