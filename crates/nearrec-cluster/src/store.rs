@@ -671,15 +671,12 @@ impl Inner {
             // replica takes the writes of every router in one order (a row another router's
             // write holds is not written until that one is done)
             many => {
-                txn::write_across(
-                    &self.plan.store,
-                    &self.shards,
-                    &self.visible,
-                    many,
-                    &calls,
-                    options,
-                    self.options.client.timeout,
-                )?;
+                txn::Coordinator {
+                    store: &self.plan.store,
+                    all: &self.shards,
+                    visible: &self.visible,
+                }
+                .write(many, &calls, options, self.options.client.timeout)?;
                 self.version()
             }
         }

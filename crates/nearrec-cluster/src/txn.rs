@@ -112,226 +112,224 @@ fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> 
     })
 }
 
-fn shard_error(store: &str, shard: usize, kind: ErrorKind, reason: String) -> Error {
-    Error::Shard {
-        store: store.to_owned(),
-        shard,
-        kind,
-        reason,
-    }
+/// A sharded store's shards as the coordinator of a write sees them.
+pub(crate) struct Coordinator<'a> {
+    /// The sharded store's name, for errors.
+    pub store: &'a str,
+    pub all: &'a [Shard],
+    /// Held by the store's lookups; taken whole while a write's shares commit.
+    pub visible: &'a RwLock<()>,
 }
 
-/// The call's rows, `calls[k]` those of shard `shards[k]`, written atomically on every shard:
-/// all of them or none. Retried while a prepare is refused because another transaction holds
-/// a row, within the call's `timeout` (none: without end), settling each time the
-/// transactions older than it ([`SETTLE_AFTER`] without one).
-pub(crate) fn write_across(
-    store: &str,
-    all: &[Shard],
-    visible: &RwLock<()>,
-    shards: &[usize],
-    calls: &[Vec<RowWrite<'_>>],
-    options: WriteOptions,
-    timeout: Option<Duration>,
-) -> nearrec::Result<()> {
-    let deadline = timeout.map(|t| Instant::now() + t);
-    let settle_after = timeout.unwrap_or(SETTLE_AFTER);
-    // this router's writes to these shards take their turns in shard order (no two of them
-    // wait on each other)
-    let _turns: Vec<_> = shards.iter().map(|&k| all[k].lock_writes()).collect();
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match attempt(store, all, visible, shards, calls, options) {
-            Err(e) if e.kind() == ErrorKind::StoreLocked => {
-                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                if left.is_some_and(|l| l <= pause) {
-                    return Err(e);
+impl Coordinator<'_> {
+    /// The call's rows, `calls[k]` those of shard `shards[k]`, written atomically on every shard:
+    /// all of them or none. Retried while a prepare is refused because another transaction holds
+    /// a row, within the call's `timeout` (none: without end), settling each time the
+    /// transactions older than it ([`SETTLE_AFTER`] without one).
+    pub fn write(
+        &self,
+        shards: &[usize],
+        calls: &[Vec<RowWrite<'_>>],
+        options: WriteOptions,
+        timeout: Option<Duration>,
+    ) -> nearrec::Result<()> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let settle_after = timeout.unwrap_or(SETTLE_AFTER);
+        // this router's writes to these shards take their turns in shard order (no two of them
+        // wait on each other)
+        let _turns: Vec<_> = shards.iter().map(|&k| self.all[k].lock_writes()).collect();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match self.attempt(shards, calls, options) {
+                Err(e) if e.kind() == ErrorKind::StoreLocked => {
+                    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                    if left.is_some_and(|l| l <= pause) {
+                        return Err(e);
+                    }
+                    settle(self.all, settle_after);
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(200));
                 }
-                settle(all, settle_after);
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(200));
+                done => return done,
             }
-            done => return done,
         }
     }
-}
 
-fn attempt(
-    store: &str,
-    all: &[Shard],
-    visible: &RwLock<()>,
-    shards: &[usize],
-    calls: &[Vec<RowWrite<'_>>],
-    options: WriteOptions,
-) -> nearrec::Result<()> {
-    let tx = fastrand::u128(..);
-    let mut shares = Vec::new();
-    for (i, &k) in shards.iter().enumerate() {
-        for (r, replica) in all[k].live_replicas() {
-            shares.push(Share {
-                at: (k, r),
-                replica,
-                calls: &calls[i],
+    fn attempt(
+        &self,
+        shards: &[usize],
+        calls: &[Vec<RowWrite<'_>>],
+        options: WriteOptions,
+    ) -> nearrec::Result<()> {
+        let tx = fastrand::u128(..);
+        let mut shares = Vec::new();
+        for (i, &k) in shards.iter().enumerate() {
+            for (r, replica) in self.all[k].live_replicas() {
+                shares.push(Share {
+                    at: (k, r),
+                    replica,
+                    calls: &calls[i],
+                });
+            }
+            if !shares.iter().any(|s| s.at.0 == k) {
+                return Err(self.error(
+                    k,
+                    ErrorKind::Unavailable,
+                    "no replica takes writes (every one is stale)".into(),
+                ));
+            }
+        }
+        let decider = shares[0].at;
+        let note = Note {
+            decider,
+            shards: shards.to_vec(),
+        }
+        .to_string();
+        // phase one
+        let mut prepared = on_each(&shares, |s| {
+            s.replica.client.prepare_write(tx, s.calls, options, &note)
+        });
+        // refused: a replica said no (a held row, a full delta), or no replica of a shard (or not
+        // the decider) could answer; a replica that could not answer where another of its shard
+        // prepared only missed it
+        let missed = |e: &Error| {
+            matches!(
+                e.kind(),
+                ErrorKind::Unavailable | ErrorKind::DeadlineExceeded | ErrorKind::Overloaded
+            )
+        };
+        let said_no = (prepared.iter()).position(|p| p.as_ref().is_err_and(|e| !missed(e)));
+        let refused = said_no.map(|i| (shares[i].at.0, i)).or_else(|| {
+            shards.iter().find_map(|&k| {
+                let mine = || (shares.iter().zip(&prepared)).filter(|(s, _)| s.at.0 == k);
+                if mine().any(|(_, p)| p.is_ok()) && prepared[0].is_ok() {
+                    return None;
+                }
+                let first =
+                    (shares.iter().zip(&prepared)).position(|(s, p)| s.at.0 == k && p.is_err())?;
+                Some((k, first))
+            })
+        });
+        if let Some((k, first)) = refused {
+            // nothing committed: every share that prepared is aborted (a prepare still on its way
+            // to a replica, past its deadline, is settled as one whose router is gone)
+            on_each(&shares, |s| {
+                s.replica.client.decide(tx, Decision::Abort, false)
+            });
+            let e = std::mem::replace(&mut prepared[first], Ok(())).expect_err("refused");
+            return Err(if missed(&e) {
+                self.error(k, e.kind(), format!("no replica prepared the write: {e}"))
+            } else {
+                e
             });
         }
-        if !shares.iter().any(|s| s.at.0 == k) {
-            return Err(shard_error(
-                store,
-                k,
-                ErrorKind::Unavailable,
-                "no replica takes writes (every one is stale)".into(),
-            ));
+        for (s, p) in shares.iter().zip(&prepared) {
+            if p.is_err() {
+                s.replica.mark_stale();
+            }
         }
-    }
-    let decider = shares[0].at;
-    let note = Note {
-        decider,
-        shards: shards.to_vec(),
-    }
-    .to_string();
-    // phase one
-    let mut prepared = on_each(&shares, |s| {
-        s.replica.client.prepare_write(tx, s.calls, options, &note)
-    });
-    // refused: a replica said no (a held row, a full delta), or no replica of a shard (or not
-    // the decider) could answer; a replica that could not answer where another of its shard
-    // prepared only missed it
-    let missed = |e: &Error| {
-        matches!(
-            e.kind(),
-            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded | ErrorKind::Overloaded
-        )
-    };
-    let said_no = (prepared.iter()).position(|p| p.as_ref().is_err_and(|e| !missed(e)));
-    let refused = said_no.map(|i| (shares[i].at.0, i)).or_else(|| {
-        shards.iter().find_map(|&k| {
-            let mine = || (shares.iter().zip(&prepared)).filter(|(s, _)| s.at.0 == k);
-            if mine().any(|(_, p)| p.is_ok()) && prepared[0].is_ok() {
-                return None;
-            }
-            let first =
-                (shares.iter().zip(&prepared)).position(|(s, p)| s.at.0 == k && p.is_err())?;
-            Some((k, first))
-        })
-    });
-    if let Some((k, first)) = refused {
-        // nothing committed: every share that prepared is aborted (a prepare still on its way
-        // to a replica, past its deadline, is settled as one whose router is gone)
-        on_each(&shares, |s| {
-            s.replica.client.decide(tx, Decision::Abort, false)
-        });
-        let e = std::mem::replace(&mut prepared[first], Ok(())).expect_err("refused");
-        return Err(if missed(&e) {
-            shard_error(
-                store,
-                k,
-                e.kind(),
-                format!("no replica prepared the write: {e}"),
-            )
-        } else {
-            e
-        });
-    }
-    for (s, p) in shares.iter().zip(&prepared) {
-        if p.is_err() {
-            s.replica.mark_stale();
+        // phase two: the decision, then everyone else, this router's lookups waiting until every
+        // shard serves it
+        let visible = self.visible.write().unwrap_or_else(|p| p.into_inner());
+        let decided = shares[0].replica.client.decide(tx, Decision::Commit, true);
+        if let Ok(v) = decided {
+            self.all[decider.0].seen.fetch_max(v, Ordering::Relaxed);
         }
+        if let Err(e) = decided {
+            return match state_at(&shares[0].replica, tx) {
+                Some(Some(TxState::Applied | TxState::Committed)) => {
+                    self.finish(tx, &shares, &prepared, visible)
+                }
+                // aborted there (by a router settling it as abandoned): aborted everywhere
+                Some(Some(TxState::Aborted) | None) => {
+                    on_each(&shares[1..], |s| {
+                        s.replica.client.decide(tx, Decision::Abort, false)
+                    });
+                    Err(e)
+                }
+                Some(Some(TxState::Prepared)) | None => Err(self.error(
+                    decider.0,
+                    ErrorKind::Unavailable,
+                    format!(
+                        "transaction {tx:032x} is in doubt: its deciding replica ({}) did not \
+                     take its commit ({e}); the next write that meets it settles it",
+                        shares[0].replica.addr
+                    ),
+                )),
+            };
+        }
+        self.finish(tx, &shares, &prepared, visible)
     }
-    // phase two: the decision, then everyone else, this router's lookups waiting until every
-    // shard serves it
-    let visible = visible.write().unwrap_or_else(|p| p.into_inner());
-    let decided = shares[0].replica.client.decide(tx, Decision::Commit, true);
-    if let Ok(v) = decided {
-        all[decider.0].seen.fetch_max(v, Ordering::Relaxed);
-    }
-    if let Err(e) = decided {
-        return match state_at(&shares[0].replica, tx) {
-            Some(Some(TxState::Applied | TxState::Committed)) => {
-                finish(store, all, tx, &shares, &prepared, visible)
+
+    /// After the decision: one replica of every other shard commits, while `visible` keeps this
+    /// router's lookups waiting, each shard's read floor raised to the version it committed at
+    /// (a lookup after reads no replica that has not committed yet); then the other replicas
+    /// commit, a replica that fails it stale; the decider forgets (on a thread of its own). A
+    /// shard none of whose replicas took the commit holds it prepared until settled: the call
+    /// fails, naming it, though it is committed.
+    fn finish(
+        &self,
+        tx: u128,
+        shares: &[Share<'_>],
+        prepared: &[nearrec::Result<()>],
+        visible: RwLockWriteGuard<'_, ()>,
+    ) -> nearrec::Result<()> {
+        let ready: Vec<&Share<'_>> = (shares.iter().zip(prepared))
+            .skip(1)
+            .filter(|(_, p)| p.is_ok())
+            .map(|(s, _)| s)
+            .collect();
+        let mut shards: Vec<usize> = ready.iter().map(|s| s.at.0).collect();
+        shards.dedup();
+        let commit = |s: &Share<'_>| {
+            let done = s.replica.client.decide(tx, Decision::Commit, false);
+            if let Ok(v) = done {
+                self.all[s.at.0].seen.fetch_max(v, Ordering::Relaxed);
+            } else {
+                s.replica.mark_stale();
             }
-            // aborted there (by a router settling it as abandoned): aborted everywhere
-            Some(Some(TxState::Aborted) | None) => {
-                on_each(&shares[1..], |s| {
-                    s.replica.client.decide(tx, Decision::Abort, false)
-                });
-                Err(e)
-            }
-            Some(Some(TxState::Prepared)) | None => Err(shard_error(
-                store,
-                decider.0,
+            done.is_ok()
+        };
+        // the first wave: a replica of each shard, trying the next where one fails
+        let first: Vec<Option<At>> = on_each(&shards, |&k| {
+            (ready.iter().filter(|s| s.at.0 == k))
+                .find(|s| commit(s))
+                .map(|s| s.at)
+        });
+        drop(visible);
+        // the rest: the replicas after the one that committed (those before it failed)
+        let rest: Vec<&Share<'_>> = (ready.iter().copied())
+            .filter(|s| {
+                let k = shards.iter().position(|&k| k == s.at.0).expect("a shard");
+                first[k].is_some_and(|f| s.at.1 > f.1)
+            })
+            .collect();
+        on_each(&rest, |s| commit(s));
+        if let Some(k) = (shards.iter().zip(&first)).find_map(|(&k, f)| f.is_none().then_some(k)) {
+            return Err(self.error(
+                k,
                 ErrorKind::Unavailable,
                 format!(
-                    "transaction {tx:032x} is in doubt: its deciding replica ({}) did not \
-                     take its commit ({e}); the next write that meets it settles it",
-                    shares[0].replica.addr
-                ),
-            )),
-        };
-    }
-    finish(store, all, tx, &shares, &prepared, visible)
-}
-
-/// After the decision: one replica of every other shard commits, while `visible` keeps this
-/// router's lookups waiting, each shard's read floor raised to the version it committed at
-/// (a lookup after reads no replica that has not committed yet); then the other replicas
-/// commit, a replica that fails it stale; the decider forgets (on a thread of its own). A
-/// shard none of whose replicas took the commit holds it prepared until settled: the call
-/// fails, naming it, though it is committed.
-fn finish(
-    store: &str,
-    all: &[Shard],
-    tx: u128,
-    shares: &[Share<'_>],
-    prepared: &[nearrec::Result<()>],
-    visible: RwLockWriteGuard<'_, ()>,
-) -> nearrec::Result<()> {
-    let ready: Vec<&Share<'_>> = (shares.iter().zip(prepared))
-        .skip(1)
-        .filter(|(_, p)| p.is_ok())
-        .map(|(s, _)| s)
-        .collect();
-    let mut shards: Vec<usize> = ready.iter().map(|s| s.at.0).collect();
-    shards.dedup();
-    let commit = |s: &Share<'_>| {
-        let done = s.replica.client.decide(tx, Decision::Commit, false);
-        if let Ok(v) = done {
-            all[s.at.0].seen.fetch_max(v, Ordering::Relaxed);
-        } else {
-            s.replica.mark_stale();
-        }
-        done.is_ok()
-    };
-    // the first wave: a replica of each shard, trying the next where one fails
-    let first: Vec<Option<At>> = on_each(&shards, |&k| {
-        (ready.iter().filter(|s| s.at.0 == k))
-            .find(|s| commit(s))
-            .map(|s| s.at)
-    });
-    drop(visible);
-    // the rest: the replicas after the one that committed (those before it failed)
-    let rest: Vec<&Share<'_>> = (ready.iter().copied())
-        .filter(|s| {
-            let k = shards.iter().position(|&k| k == s.at.0).expect("a shard");
-            first[k].is_some_and(|f| s.at.1 > f.1)
-        })
-        .collect();
-    on_each(&rest, |s| commit(s));
-    if let Some(k) = (shards.iter().zip(&first)).find_map(|(&k, f)| f.is_none().then_some(k)) {
-        return Err(shard_error(
-            store,
-            k,
-            ErrorKind::Unavailable,
-            format!(
-                "transaction {tx:032x} is committed, but no replica of the shard took its \
+                    "transaction {tx:032x} is committed, but no replica of the shard took its \
                  commit: it is served there once settled"
-            ),
-        ));
+                ),
+            ));
+        }
+        // the decider forgets off the call's path: an outcome left kept (a forget lost) is
+        // dropped by the next settling pass that finds no replica holding the transaction
+        let decider = shares[0].replica.clone();
+        std::thread::spawn(move || decider.client.forget(tx));
+        Ok(())
     }
-    // the decider forgets off the call's path: an outcome left kept (a forget lost) is
-    // dropped by the next settling pass that finds no replica holding the transaction
-    let decider = shares[0].replica.clone();
-    std::thread::spawn(move || decider.client.forget(tx));
-    Ok(())
+
+    fn error(&self, shard: usize, kind: ErrorKind, reason: String) -> Error {
+        Error::Shard {
+            store: self.store.to_owned(),
+            shard,
+            kind,
+            reason,
+        }
+    }
 }
 
 /// Transaction `tx`'s state on `replica`: `Some(None)` when it holds nothing of it, `None`
