@@ -25,7 +25,8 @@ MODULES = {"sls": "sls", "ssd": "ssd", "ssd-tuning": "ssd", "ssd-verify": "ssd",
            "e2e": "e2e", "ebc": "ebc", "build": "build", "gpu": "gpu", "flash-repro": "flash",
            "flash-check": "flash", "update": "update", "serve": "serve", "torchrec": "torchrec",
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
-           "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster"}
+           "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
+           "cluster-projection": "projection"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:

@@ -344,7 +344,8 @@ def parser() -> argparse.ArgumentParser:
                                      "colocate", "keyed", "e2e", "ebc", "build", "gpu",
                                      "flash-repro", "flash-check", "update", "serve",
                                      "torchrec", "restart", "cluster", "cluster-hedge",
-                                     "cluster-ingress", "cluster-write", "cluster-load"],
+                                     "cluster-ingress", "cluster-write", "cluster-load",
+                                     "cluster-projection"],
                     help="the harness (docs/results.md says what each measures)")
     # each harness declares its flags in the benchmark package, which reads them (cmd_bench)
     be.add_argument("flags", nargs=argparse.REMAINDER,
