@@ -44,7 +44,7 @@ from nearrec import trace as nt
 from .cache import generator, in_memory
 from .harness import Harness
 from .report import Record
-from .serve import node
+from .serve import can_make_namespaces, namespace, node
 
 
 @dataclass
@@ -66,6 +66,9 @@ class ClusterConfig:
     hot_rows: int = 2000
     fanout_pooling: int = 4
     ray: bool = True
+    #: the largest cut's nodes also each in a network namespace of its own (``*.netns``), where
+    #: the machine allows (root, ``ip netns``)
+    netns: bool = True
     #: ``cluster-load``: offered rates as shares of one node's closed-loop batches/s, each held
     #: for load_seconds, by load_issuers threads
     load_rates: tuple[float, ...] = (0.25, 0.5, 0.8)
@@ -77,7 +80,7 @@ class ClusterConfig:
     @classmethod
     def quick(cls) -> ClusterConfig:
         return cls(table_bytes=64 << 20, requests=120, seconds=1.5, rounds=2, shards=(1, 2),
-                   hot_rows=500, ray=False, load_seconds=1.5)
+                   hot_rows=500, ray=False, netns=False, load_seconds=1.5)
 
 
 def _timed(store: nearrec.Store, batches: list[list[Any]], requests: int) -> list[float]:
@@ -113,15 +116,22 @@ def _throughput(store: nearrec.Store, batches: list[list[Any]], clients: int,
 
 @contextmanager
 def _sharded(path: Path, cut: Path, trace: Path, shards: int, scheme: str, hot: int,
-             ) -> Iterator[nearrec.Store]:
-    """The store cut into ``shards`` by ``scheme``, a node per shard, through the router."""
+             netns: bool = False) -> Iterator[nearrec.Store]:
+    """The store cut into ``shards`` by ``scheme``, a node per shard, through the router; with
+    ``netns`` each node in a network namespace of its own, reached over a veth pair."""
     if not (cut / "shards.json").exists():
         distributed.shard(path, cut, shards, scheme=scheme, trace=trace, replicate_hot=hot,
                           overwrite=True)
     plan = distributed.load_plan(cut)
     with ExitStack() as nodes:
-        served = [nodes.enter_context(node(cut / f"shard-{k}", "s", "--tier", "dram"))
-                  for k in range(plan.shards)]
+        served = []
+        for k in range(plan.shards):
+            where: dict[str, Any] = {}
+            if netns:
+                ns, there = nodes.enter_context(namespace(index=k))
+                where = {"netns": ns, "host": there}
+            served.append(nodes.enter_context(
+                node(cut / f"shard-{k}", "s", "--tier", "dram", **where)))
         replicas = [[f"{n.address}/s"] for n in served]
         store = distributed.connect(plan, replicas, hedge=None)
         yield store
@@ -207,6 +217,13 @@ def run(cfg: ClusterConfig, log: Callable[[str], None] = print) -> list[Record]:
                 cut = cfg.scratch / f"{tag}-cut-{scheme}-{n}"
                 systems[f"sharded.{scheme}.{n}"] = (
                     lambda n=n, cut=cut, hot=hot: _sharded(path, cut, trace_path, n, "row", hot))
+    if cfg.netns and can_make_namespaces():
+        n = max(cfg.shards)
+        for scheme in ("table", "row"):
+            cut = cfg.scratch / f"{tag}-cut-{scheme}-{n}"
+            systems[f"sharded.{scheme}.{n}.netns"] = (
+                lambda n=n, cut=cut, scheme=scheme: _sharded(path, cut, trace_path, n, scheme, 0,
+                                                             netns=True))
     if cfg.ray:
         n = max(cfg.shards)
         cut = cfg.scratch / f"{tag}-cut-table-{n}"
@@ -234,6 +251,17 @@ def run(cfg: ClusterConfig, log: Callable[[str], None] = print) -> list[Record]:
         log(f"  round {round_ + 1}: " + "  ".join(
             f"{s}: p50 {1e6 * statistics.median(v[-1]['lat']):,.0f} µs"
             for s, v in results.items()))
+    # the router's own cost once more, its requests interleaved with the node's in blocks of
+    # 100 (each system's block in a round drifts with the machine; blocks side by side do not)
+    interleaved: dict[str, list[float]] = {"node": [], "sharded.table.1": []}
+    if "sharded.table.1" in systems:
+        with systems["node"]() as direct, systems["sharded.table.1"]() as routed:
+            for chunk in range(max(1, cfg.requests * cfg.rounds // 100)):
+                for name, store in (("node", direct), ("sharded.table.1", routed)):
+                    for k in range(100):
+                        t = time.perf_counter()
+                        store.lookup_many(batches[(chunk * 100 + k) % len(batches)])
+                        interleaved[name].append(time.perf_counter() - t)
     per_sample = spec.lookups * len(info.tables)
     records = []
     for system, rounds in results.items():
@@ -254,7 +282,9 @@ def run(cfg: ClusterConfig, log: Callable[[str], None] = print) -> list[Record]:
                                           else None),
                    "fanout_pooling": cfg.fanout_pooling, "pooling": spec.lookups,
                    "clients": cfg.clients, "requests": cfg.requests,
-                   "table_bytes": info.total_bytes, "tables": len(info.tables)}))
+                   "table_bytes": info.total_bytes, "tables": len(info.tables),
+                   "interleaved_p50_us": (1e6 * statistics.median(interleaved[system])
+                                          if interleaved.get(system) else None)}))
     return records
 
 
@@ -385,6 +415,11 @@ def markdown(records: list[Record], command: str) -> str:
         lines += ["", f"The router's own cost at batch {first.batch}: `sharded.table.1` p50 ÷ "
                   f"`node` p50 = **{one.p50_us / node_.p50_us:.2f}×** (goal ≤ 1.25×, moonshot "
                   "1.1×)."]
+        a, b = node_.extra.get("interleaved_p50_us"), one.extra.get("interleaved_p50_us")
+        if a and b:
+            lines += ["", f"The same with the two systems' requests interleaved in blocks of "
+                      f"100 (a round's blocks drift with the machine): node {a:,.0f} µs, "
+                      f"router {b:,.0f} µs, **{b / a:.2f}×**."]
     return "\n".join(lines) + "\n"
 
 

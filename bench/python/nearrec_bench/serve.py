@@ -167,11 +167,12 @@ def stage_seconds(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
 
 
 @contextmanager
-def namespace(rate: str) -> Iterator[tuple[str, str]]:
-    """A network namespace joined to this one by a veth pair, each end limited to ``rate`` by
-    tc's token bucket; (its name, its address)."""
-    ns, outer, inner = "nearrec-bench", "nrb0", "nrb1"
-    here, there = "10.231.7.1", "10.231.7.2"
+def namespace(rate: str | None = None, index: int = 0) -> Iterator[tuple[str, str]]:
+    """Network namespace ``index`` (several may stand at once) joined to this one by a veth
+    pair, each end limited to ``rate`` by tc's token bucket (``None``: the veth as it is);
+    (its name, its address)."""
+    ns, outer, inner = f"nearrec-bench-{index}", f"nrb{index}o", f"nrb{index}i"
+    here, there = f"10.231.{7 + index}.1", f"10.231.{7 + index}.2"
     subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     subprocess.run(["ip", "link", "del", outer], capture_output=True)
     steps = [["ip", "netns", "add", ns],
@@ -181,11 +182,12 @@ def namespace(rate: str) -> Iterator[tuple[str, str]]:
              ["ip", "link", "set", outer, "up"],
              ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{there}/24", "dev", inner],
              ["ip", "netns", "exec", ns, "ip", "link", "set", inner, "up"],
-             ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
-             ["tc", "qdisc", "add", "dev", outer, "root", "tbf", "rate", rate, "burst", "256kb",
-              "latency", "20ms"],
-             ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf",
-              "rate", rate, "burst", "256kb", "latency", "20ms"]]
+             ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"]]
+    if rate is not None:
+        steps += [["tc", "qdisc", "add", "dev", outer, "root", "tbf", "rate", rate, "burst",
+                   "256kb", "latency", "20ms"],
+                  ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf",
+                   "rate", rate, "burst", "256kb", "latency", "20ms"]]
     try:
         for step in steps:
             subprocess.run(step, check=True, capture_output=True)
