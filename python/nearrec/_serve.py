@@ -68,7 +68,10 @@ class Request:
             raise InvalidRequest(f"batch is a count of samples ≥ 1, not {batch!r}")
         d: npt.NDArray[np.float32] | None = None
         if dense_features:
-            d = np.ascontiguousarray(np.asarray(dense, dtype=np.float32))
+            try:
+                d = np.ascontiguousarray(np.asarray(dense, dtype=np.float32))
+            except (TypeError, ValueError) as e:
+                raise InvalidRequest(f"dense is [batch, {dense_features}] floats: {e}") from None
             if d.shape != (batch, dense_features):
                 raise InvalidRequest(f"dense is [batch, {dense_features}] = [{batch}, "
                                      f"{dense_features}], not {list(d.shape)}")
@@ -80,14 +83,18 @@ class Request:
             name = (missing or unknown)[0]
             raise InvalidRequest(f"table {name!r}: " + (
                 "the model reads it and the request has none" if missing
-                else f"the model reads no such table (it reads {list(tables)})"))
+                else f"the model reads no such table (it reads {list(tables)})"), table=name)
         ids, lengths = {}, {}
         for t in tables:
-            i = np.ascontiguousarray(np.asarray(features[t][0], dtype=np.int64).reshape(-1))
-            n = np.ascontiguousarray(np.asarray(features[t][1], dtype=np.int64).reshape(-1))
+            try:
+                i = np.ascontiguousarray(np.asarray(features[t][0], dtype=np.int64).reshape(-1))
+                n = np.ascontiguousarray(np.asarray(features[t][1], dtype=np.int64).reshape(-1))
+            except (TypeError, ValueError, OverflowError) as e:
+                raise InvalidRequest(f"table {t!r}: ids and lengths are integers: {e}",
+                                     table=t) from None
             if n.shape != (batch,) or (n < 0).any() or int(n.sum()) != i.size:
                 raise InvalidRequest(f"table {t!r}: lengths are {batch} counts ≥ 0 adding up to "
-                                     f"its {i.size} ids")
+                                     f"its {i.size} ids", table=t)
             ids[t], lengths[t] = i, n
         return cls(batch, d, ids, lengths)
 
@@ -104,7 +111,8 @@ class Request:
                                      "[...]}")
             features[t] = (f["ids"], f["lengths"])
         first: Any = next(iter(features.values()), ((), ()))[1]
-        return cls.checked(len(first), body.get("dense"), features, tables, dense_features)
+        batch = len(first) if isinstance(first, list | tuple) else 0
+        return cls.checked(batch, body.get("dense"), features, tables, dense_features)
 
     @classmethod
     def from_proto(cls, m: Any, tables: Sequence[str], dense_features: int) -> Request:
