@@ -43,7 +43,7 @@ from nearrec import trace as nt
 
 from .cache import generator, in_memory
 from .harness import Harness
-from .report import Record
+from .report import Record, rounds_spread
 from .serve import can_make_namespaces, namespace, node
 
 
@@ -379,10 +379,6 @@ def _fanout(store: nearrec.Store) -> tuple[float, float]:
     return float(stats.get("cluster_bag_shards", 0.0)), float(stats.get("cluster_split_bags", 0.0))
 
 
-def _spread(xs: list[float]) -> float:
-    return (max(xs) - min(xs)) / 2 / statistics.median(xs) if len(xs) > 1 else 0.0
-
-
 def markdown(records: list[Record], command: str) -> str:
     cells = {r.system: r for r in records}
     node_ = cells["node"]
@@ -408,7 +404,7 @@ def markdown(records: list[Record], command: str) -> str:
         p50s = ", ".join(f"{v:,.0f}" for v in x["rounds_p50_us"])
         lines.append(f"| {r.system} | {fan} | {r.p50_us:,.0f} ({p50s}) | {r.p99_us:,.0f} | "
                      f"{r.p50_us / node_.p50_us:.2f} | {r.samples_per_s:,.0f} "
-                     f"({_spread(x['rounds_samples_per_s']):.0%}) | "
+                     f"({rounds_spread(x['rounds_samples_per_s']):.0%}) | "
                      f"{r.samples_per_s / node_.samples_per_s:.2f} |")
     one = cells.get("sharded.table.1")
     if one is not None:

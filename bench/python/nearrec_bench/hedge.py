@@ -44,7 +44,7 @@ from nearrec import trace as nt
 
 from .cache import generator, in_memory
 from .harness import Harness
-from .report import Record
+from .report import Record, rounds_spread
 from .serve import node
 
 
@@ -189,10 +189,6 @@ def _paused(pid: int, cfg: HedgeConfig) -> Iterator[list[float]]:
         thread.join()
 
 
-def _spread(xs: list[float]) -> float:
-    return (max(xs) - min(xs)) / 2 / statistics.median(xs) if len(xs) > 1 else 0.0
-
-
 def markdown(records: list[Record], command: str) -> str:
     cells = {r.system: r for r in records}
     off = cells["hedge.off"]
@@ -211,7 +207,7 @@ def markdown(records: list[Record], command: str) -> str:
         x = r.extra
         p99s = ", ".join(f"{v:,.0f}" for v in x["rounds_p99_us"])
         lines.append(f"| {r.system} | {r.p50_us:,.0f} | {r.p99_us:,.0f} ({p99s}) | "
-                     f"{r.p99_us / off.p99_us:.2f} ({_spread(x['rounds_p99_us']):.0%}) | "
+                     f"{r.p99_us / off.p99_us:.2f} ({rounds_spread(x['rounds_p99_us']):.0%}) | "
                      f"{x['extra_requests']:.1%} | {x['hedge_wins']:.0%} |")
     hedged = [r for r in records if r.system.startswith("hedge.p")]
     if hedged:

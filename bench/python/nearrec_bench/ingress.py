@@ -238,10 +238,6 @@ def _echo_apps(cfg: IngressConfig) -> None:
               route_prefix="/echo-batched")
 
 
-def _spread(xs: list[float]) -> float:
-    return (max(xs) - min(xs)) / 2 / statistics.median(xs) if len(xs) > 1 else 0.0
-
-
 def markdown(records: list[Record], command: str) -> str:
     cells = {r.system: r for r in records}
     e = records[0].extra

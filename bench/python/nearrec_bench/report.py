@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +52,13 @@ def environment() -> dict[str, Any]:
 #: or for a peer, is marked unreliable instead of giving a ratio: on a shared machine a few slow
 #: rounds of one system can make it look hundreds of times slower than it is.
 SPREAD_LIMIT = 0.5
+
+
+def rounds_spread(xs: list[float]) -> float:
+    """Half the range of a cell's rounds (of any measure) as a share of their median; 0 for one
+    round."""
+    m = float(statistics.median(xs)) if xs else 0.0
+    return (max(xs) - min(xs)) / (2 * m) if len(xs) > 1 and m > 0 else 0.0
 
 
 def spread(r: Record) -> float | None:

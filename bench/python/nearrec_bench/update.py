@@ -41,7 +41,7 @@ import nearrec
 
 from . import _native
 from .harness import Harness
-from .report import Record
+from .report import Record, rounds_spread
 
 #: row sizes measured: bytes → fp32 dim
 ROW_DIMS = {128: 32, 512: 128}
@@ -76,12 +76,6 @@ class UpdateConfig:
 
 def _median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
-
-
-def _spread(xs: list[float]) -> float:
-    """Half the range of the rounds, as a share of their median."""
-    m = _median(xs)
-    return (max(xs) - min(xs)) / (2 * m) if len(xs) > 1 and m > 0 else 0.0
 
 
 def _build(path: Path, rows: dict[str, int], seed: int) -> dict[str, np.ndarray]:
@@ -201,12 +195,12 @@ def _write_rates(cfg: UpdateConfig, path: Path, rows: dict[str, int],
         records.append(Record("update-write", f"{b}B", k, mode, system, _median(xs) / k,
                               _median(xs), extra={"rows_per_s": _median(xs),
                                                   "rounds_rows_per_s": xs,
-                                                  "spread": _spread(xs)}))
+                                                  "spread": rounds_spread(xs)}))
     for b, xs in rebuild.items():
         records.append(Record("update-write", f"{b}B", rows[f"r{b}"], "rebuild", "rebuild",
                               _median(xs) / rows[f"r{b}"], _median(xs),
                               extra={"rows_per_s": _median(xs), "rounds_rows_per_s": xs,
-                                     "spread": _spread(xs),
+                                     "spread": rounds_spread(xs),
                                      "seconds": rows[f"r{b}"] / _median(xs)}))
     return records
 
@@ -370,7 +364,7 @@ def _under_load(cfg: UpdateConfig, path: Path, twin: Path, other: Path, rows: di
             _median(c["served"]), _median(c["served"]) * cfg.lookup_batch * cfg.lookup_pooling
             * 2, _median(c["p50"]), p99,
             extra={"p99_vs_idle": p99 / idle_p99 if idle_p99 else 0.0,
-                   "rounds_p99_us": c["p99"], "spread_p99": _spread(c["p99"]),
+                   "rounds_p99_us": c["p99"], "spread_p99": rounds_spread(c["p99"]),
                    "failed": sum(c["failed"]), "side_work": c["side"],
                    "delta_rows_at_end": c["delta_rows"],
                    "offered_batches_per_s": rate}))
@@ -477,7 +471,7 @@ def _compaction_rate(cfg: UpdateConfig, path: Path, rows: dict[str, int],
                                     "disk_seq_write_bytes_per_s": _median(disk),
                                     "rounds_disk_bytes_per_s": disk,
                                     "share_of_disk": _median(ours) / _median(disk),
-                                    "bytes": total, "spread": _spread(ours)})]
+                                    "bytes": total, "spread": rounds_spread(ours)})]
 
 
 def _visible(cfg: UpdateConfig, path: Path, rows: dict[str, int],
@@ -603,7 +597,7 @@ def _delta_cost(cfg: UpdateConfig, path: Path, rows: dict[str, int],
             out.append(Record("update-delta", tier, cfg.lookup_batch, f"{n} rows", "nearrec",
                               rate, rate * cfg.lookup_batch * cfg.lookup_pooling * 2,
                               _median([x[1] for x in g]), _median([x[2] for x in g]),
-                              extra={"delta_rows": n, "spread": _spread([x[0] for x in g]),
+                              extra={"delta_rows": n, "spread": rounds_spread([x[0] for x in g]),
                                      "vs_empty": rate / idle if idle else 0.0}))
     return out
 

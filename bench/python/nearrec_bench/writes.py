@@ -36,7 +36,7 @@ import nearrec
 from nearrec import distributed
 
 from .harness import Harness
-from .report import Record
+from .report import Record, rounds_spread
 from .serve import node
 
 
@@ -158,10 +158,6 @@ def run(cfg: WriteConfig, log: Callable[[str], None] = print) -> list[Record]:
     return records
 
 
-def _spread(xs: list[float]) -> float:
-    return (max(xs) - min(xs)) / 2 / statistics.median(xs) if len(xs) > 1 else 0.0
-
-
 def markdown(records: list[Record], command: str) -> str:
     cells = {r.system: r for r in records}
     node_ = cells["node"]
@@ -175,9 +171,10 @@ def markdown(records: list[Record], command: str) -> str:
              "| system | p50 µs (rounds) | p99 µs | p50 ÷ node (spread) | calls/s |",
              "|---|---:|---:|---:|---:|"]
     for r in records:
-        p50s = ", ".join(f"{v:,.0f}" for v in r.extra["rounds_p50_us"])
+        rounds = r.extra["rounds_p50_us"]
+        p50s = ", ".join(f"{v:,.0f}" for v in rounds)
         lines.append(f"| {r.system} | {r.p50_us:,.0f} ({p50s}) | {r.p99_us:,.0f} | "
-                     f"{r.p50_us / node_.p50_us:.2f} ({_spread(r.extra['rounds_p50_us']):.0%}) "
+                     f"{r.p50_us / node_.p50_us:.2f} ({rounds_spread(rounds):.0%}) "
                      f"| {r.samples_per_s:,.0f} |")
     return "\n".join(lines) + "\n"
 
