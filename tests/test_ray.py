@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+from dlrm_requests import answer, request
 from ray.cluster_utils import Cluster
 
 import nearrec
@@ -175,34 +176,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _dlrm_requests(rng: np.random.Generator, model, rows: int, n: int) -> list[dict]:
-    out = []
-    for _ in range(n):
-        batch = int(rng.integers(1, 6))
-        features = {}
-        for t in model.table_names:
-            lengths = rng.integers(0, 4, batch)
-            features[t] = {"ids": rng.integers(0, rows, int(lengths.sum())).tolist(),
-                           "lengths": lengths.tolist()}
-        dense = rng.standard_normal((batch, model.dense_features)).astype(np.float32)
-        out.append({"dense": dense.tolist(), "features": features})
-    return out
-
-
-def _expected(model, body: dict) -> np.ndarray:
-    import torch
-
-    from nearrec.torch import KeyedJaggedTensor
-
-    tables = model.table_names
-    values = np.concatenate([np.asarray(body["features"][t]["ids"], np.int64) for t in tables])
-    lengths = np.concatenate([np.asarray(body["features"][t]["lengths"], np.int64)
-                              for t in tables])
-    kjt = KeyedJaggedTensor(tables, torch.from_numpy(values), lengths=torch.from_numpy(lengths))
-    with torch.no_grad():
-        return model(torch.tensor(body["dense"], dtype=torch.float32), kjt).numpy()
-
-
 def _post(url: str, body: dict) -> tuple[int, dict]:
     import json
     import urllib.error
@@ -242,7 +215,7 @@ def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path
         serve_model("dlrm1", model, name="whole", route_prefix="/whole", offload=True,
                     http_port=http, grpc_port=grpc_port, num_cpus=0.5)
         rng = np.random.default_rng(4)
-        bodies = _dlrm_requests(rng, model, rows, 16)
+        bodies = [request(rng, model, rows, int(rng.integers(1, 6))) for _ in range(16)]
         # sent at once: answered right, and fewer batches than requests
         answers: list = [None] * len(bodies)
 
@@ -256,14 +229,14 @@ def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path
             th.join()
         for body, (status, got) in zip(bodies, answers, strict=True):
             assert status == 200, got
-            np.testing.assert_allclose(np.asarray(got["outputs"]), _expected(model, body),
+            np.testing.assert_allclose(np.asarray(got["outputs"]), answer(model, body),
                                        rtol=1e-5, atol=1e-6)
         requests, batches = dense.counts.remote().result()
         assert requests == len(bodies) and batches < requests, (requests, batches)
         # the whole model on the store's node (the one shard holds every table and the model)
         status, got = _post(f"http://127.0.0.1:{http}/whole", bodies[0])
         assert status == 200, got
-        np.testing.assert_allclose(np.asarray(got["outputs"]), _expected(model, bodies[0]),
+        np.testing.assert_allclose(np.asarray(got["outputs"]), answer(model, bodies[0]),
                                    rtol=1e-4, atol=1e-5)
         # gRPC, a stock client over the proto's messages
         pb = model_messages()
@@ -280,7 +253,7 @@ def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path
                                           response_deserializer=pb.PredictResponse.FromString)
             reply = predict(msg, metadata=(("application", "dense"),), timeout=60)
         out = np.frombuffer(reply.outputs, np.float32).reshape(reply.batch, reply.width)
-        np.testing.assert_allclose(out, _expected(model, body), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out, answer(model, body), rtol=1e-5, atol=1e-6)
         # a bad request is answered alone, naming what is wrong, in a batch with good ones
         bad = dict(bodies[2], features=dict(bodies[2]["features"]))
         first = model.table_names[0]
@@ -302,7 +275,7 @@ def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path
         assert results["unknown"][0] == 400 and "nope" in results["unknown"][1]["error"]
         assert results["good"][0] == 200
         np.testing.assert_allclose(np.asarray(results["good"][1]["outputs"]),
-                                   _expected(model, bodies[4]), rtol=1e-5, atol=1e-6)
+                                   answer(model, bodies[4]), rtol=1e-5, atol=1e-6)
     finally:
         for app in ("dense", "whole"):
             with contextlib.suppress(Exception):

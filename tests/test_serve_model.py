@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+from dlrm_requests import answer, request
 
 import nearrec
 import nearrec.models
 from nearrec import InvalidRequest
 from nearrec._serve import Request, Runner
-from nearrec.torch import KeyedJaggedTensor
 
 ROWS = 300
 
@@ -29,41 +28,21 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     return nearrec.open(path), model
 
 
-def body(rng: np.random.Generator, model, batch: int) -> dict:
-    features = {}
-    for t in model.table_names:
-        lengths = rng.integers(0, 4, batch)
-        features[t] = {"ids": rng.integers(0, ROWS, int(lengths.sum())).tolist(),
-                       "lengths": lengths.tolist()}
-    dense = rng.standard_normal((batch, model.dense_features)).astype(np.float32)
-    return {"dense": dense.tolist(), "features": features}
-
-
-def alone(model, b: dict) -> np.ndarray:
-    tables = model.table_names
-    values = np.concatenate([np.asarray(b["features"][t]["ids"], np.int64) for t in tables])
-    lengths = np.concatenate([np.asarray(b["features"][t]["lengths"], np.int64)
-                              for t in tables])
-    kjt = KeyedJaggedTensor(tables, torch.from_numpy(values), lengths=torch.from_numpy(lengths))
-    with torch.no_grad():
-        return model(torch.tensor(b["dense"]), kjt).numpy()
-
-
 def test_requests_in_one_batch_each_get_their_own_rows(served):
     store, model = served
     rng = np.random.default_rng(0)
     runner = Runner(store, model.kept_config(), dict(model.dense_weights()),
                     model.dense_features, offload=False)
-    bodies = [body(rng, model, b) for b in (1, 3, 5, 2)]
+    bodies = [request(rng, model, ROWS, b) for b in (1, 3, 5, 2)]
     items = [Request.from_json(b, runner.tables, runner.dense_features) for b in bodies]
     outs = runner.run(items)
     assert runner.batches == 1 and runner.requests == 4
     for b, out in zip(bodies, outs, strict=True):
-        np.testing.assert_allclose(out, alone(model, b), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out, answer(model, b), rtol=1e-5, atol=1e-6)
     # the whole model on the store answers the same
     offloaded = Runner(store, model.kept_config(), {}, model.dense_features, offload=True)
     for b, out in zip(bodies, offloaded.run(items), strict=True):
-        np.testing.assert_allclose(out, alone(model, b), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out, answer(model, b), rtol=1e-4, atol=1e-5)
 
 
 def test_a_request_the_store_refuses_is_answered_alone(served):
@@ -71,12 +50,12 @@ def test_a_request_the_store_refuses_is_answered_alone(served):
     rng = np.random.default_rng(1)
     runner = Runner(store, model.kept_config(), dict(model.dense_weights()),
                     model.dense_features, offload=False)
-    good, bad = body(rng, model, 2), body(rng, model, 2)
+    good, bad = request(rng, model, ROWS, 2), request(rng, model, ROWS, 2)
     first = model.table_names[0]
     bad["features"][first] = {"ids": [ROWS + 1], "lengths": [1, 0]}
     items = [Request.from_json(b, runner.tables, runner.dense_features) for b in (good, bad)]
     outs = runner.run(items)
-    np.testing.assert_allclose(outs[0], alone(model, good), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs[0], answer(model, good), rtol=1e-5, atol=1e-6)
     assert isinstance(outs[1], nearrec.IndexOutOfRange) and outs[1].table == first
 
 
@@ -84,7 +63,7 @@ def test_a_bad_request_is_named_before_it_is_batched(served):
     _, model = served
     tables, dense = model.table_names, model.dense_features
     rng = np.random.default_rng(2)
-    ok = body(rng, model, 2)
+    ok = request(rng, model, ROWS, 2)
     cases = {
         "no features": ({"dense": ok["dense"]}, None),
         "an unknown table": ({**ok, "features": {**ok["features"], "nope": {"ids": [],
