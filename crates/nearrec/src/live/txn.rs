@@ -45,14 +45,11 @@ pub enum Decision {
     Abort,
 }
 
-/// The transactions of a writable store.
-#[derive(Debug, Default)]
-pub(super) struct Txns {
-    held: std::sync::Mutex<BTreeMap<u128, Held>>,
-}
+/// The transactions of a writable store: prepared, and the outcomes it keeps.
+pub(super) type Txns = std::sync::Mutex<BTreeMap<u128, Held>>;
 
 #[derive(Debug)]
-struct Held {
+pub(super) struct Held {
     state: TxState,
     note: String,
     since: SystemTime,
@@ -76,14 +73,19 @@ fn txn_error(tx: u128, reason: impl Into<String>) -> Error {
     }
 }
 
-/// The first row of `ops` that `other` holds too: its table and id.
-fn overlap(ops: &[Op], other: &[Op]) -> Option<(String, u64)> {
-    let mut mine: HashMap<&str, HashSet<u64>> = HashMap::new();
+/// The rows `ops` write or remove, by table.
+fn rows_of(ops: &[Op]) -> HashMap<&str, HashSet<u64>> {
+    let mut rows: HashMap<&str, HashSet<u64>> = HashMap::new();
     for op in ops {
         if let Op::Write { table, ids, .. } | Op::Remove { table, ids } = op {
-            mine.entry(table).or_default().extend(ids);
+            rows.entry(table).or_default().extend(ids);
         }
     }
+    rows
+}
+
+/// The first row of `mine` (a call's [`rows_of`]) that `other` holds too: its table and id.
+fn overlap(mine: &HashMap<&str, HashSet<u64>>, other: &[Op]) -> Option<(String, u64)> {
     other.iter().find_map(|op| match op {
         Op::Write { table, ids, .. } | Op::Remove { table, ids } => {
             let rows = mine.get(table.as_str())?;
@@ -110,7 +112,7 @@ impl Live {
         let engine = self.snapshot().engine.clone();
         let ops = Self::encode(&engine, writes, options)?;
         let need = Self::room(&engine, &ops);
-        let mut held = lock(&w.txns.held);
+        let mut held = lock(&w.txns);
         match held.get(&tx).map(|h| h.state) {
             Some(TxState::Prepared) => return Ok(()),
             Some(state) => {
@@ -121,8 +123,9 @@ impl Live {
             }
             None => {}
         }
+        let mine = rows_of(&ops);
         for (other, h) in held.iter().filter(|(_, h)| h.holds()) {
-            if let Some((table, row)) = overlap(&ops, &h.ops) {
+            if let Some((table, row)) = overlap(&mine, &h.ops) {
                 return Err(Error::Held {
                     table,
                     row,
@@ -157,7 +160,7 @@ impl Live {
         // the log to itself from the decision to the outcome: no record follows a committed
         // transaction's rows until its file says they are logged
         let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
-        let mut held = lock(&w.txns.held);
+        let mut held = lock(&w.txns);
         let state = held.get(&tx).map(|h| h.state);
         match (decision, state) {
             (Decision::Commit, Some(TxState::Prepared)) => {
@@ -241,7 +244,7 @@ impl Live {
     /// still prepared is refused.
     pub(crate) fn forget(&self, tx: u128) -> Result<()> {
         let w = self.writer()?;
-        let mut held = lock(&w.txns.held);
+        let mut held = lock(&w.txns);
         match held.get(&tx).map(|h| h.state) {
             None => Ok(()),
             Some(state @ (TxState::Applied | TxState::Aborted)) => {
@@ -260,7 +263,7 @@ impl Live {
     pub(crate) fn transactions(&self) -> Result<Vec<Transaction>> {
         let w = self.writer()?;
         let now = SystemTime::now();
-        Ok(lock(&w.txns.held)
+        Ok(lock(&w.txns)
             .iter()
             .map(|(&tx, h)| Transaction {
                 tx,
@@ -276,7 +279,7 @@ impl Live {
     /// after and before its file said so) is logged now and kept as applied.
     pub(super) fn recover_txns(&self, w: &Writer) -> Result<()> {
         let engine = self.snapshot().engine.clone();
-        let mut held = lock(&w.txns.held);
+        let mut held = lock(&w.txns);
         for f in read_txns(&self.dir)? {
             let need = Self::room(&engine, &f.ops);
             let mut h = Held {
