@@ -12,9 +12,9 @@
 //! while the deadline allows; past it, or at once without a deadline, the call fails with
 //! [`nearrec::Error::Shard`] naming the shard, never with a partial answer.
 //!
-//! A write goes to every replica and is acknowledged only when all have it; a replica that
-//! failed a write the others took is held out of reads for good (it is stale until it catches
-//! up, which is a later step's).
+//! Writes are the router's (`store.rs`, and `txn.rs` where a shard has several replicas): a
+//! replica that failed a write the others took is stale, held out of reads and writes for good
+//! (until it is copied again and given anew).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -129,8 +129,7 @@ pub(crate) struct Shard {
     pub counters: Counters,
     /// The highest version an answer of this shard carried.
     pub seen: AtomicU64,
-    /// Held by a write while it goes to every replica, so that replicas take writes in one
-    /// order.
+    /// Held by this router's two-phase writes to the shard, taken in shard order.
     writing: Mutex<()>,
 }
 
@@ -183,8 +182,7 @@ impl Shard {
             .collect()
     }
 
-    /// This shard's turn to write: held while a write goes to its replicas, so that they take
-    /// writes in one order.
+    /// This shard's turn for one of this router's two-phase writes (`txn.rs`).
     pub fn lock_writes(&self) -> std::sync::MutexGuard<'_, ()> {
         self.writing.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -388,48 +386,6 @@ impl Shard {
                 }
                 Err(e) => return Err(Round::Failed(e)),
             }
-        }
-    }
-
-    /// A write on every replica that is not stale, one at a time in this shard's order of
-    /// writes; the version the first gave. A replica that fails where another succeeded, or
-    /// answers another version (it missed a write), is stale from then on; a call every
-    /// replica refused alike (a bad write) is that refusal.
-    pub fn write(
-        &self,
-        store: &str,
-        f: impl Fn(&Client) -> nearrec::Result<u64>,
-    ) -> nearrec::Result<u64> {
-        let _order = self.lock_writes();
-        let replicas = self.replicas.load_full();
-        let mut done: Option<u64> = None;
-        let (mut refused, mut behind) = (None, Vec::new());
-        for r in replicas.iter() {
-            if r.stale.load(Ordering::Relaxed) {
-                continue;
-            }
-            match (f(&r.client), done) {
-                (Ok(v), None) => done = Some(v),
-                (Ok(v), Some(first)) if v == first => {}
-                (Ok(_), Some(_)) | (Err(_), Some(_)) => behind.push(r),
-                (Err(e), None) => {
-                    behind.push(r);
-                    refused.get_or_insert(e);
-                }
-            }
-        }
-        match (done, refused) {
-            (Some(v), _) => {
-                // those that refused before the first success, and those after it that
-                // failed or differ, missed what the others took
-                for r in behind {
-                    r.stale.store(true, Ordering::Relaxed);
-                }
-                self.seen.fetch_max(v, Ordering::Relaxed);
-                Ok(v)
-            }
-            (None, Some(e)) => Err(e),
-            (None, None) => Err(self.failed(store, Vec::new(), ErrorKind::Unavailable)),
         }
     }
 

@@ -659,27 +659,24 @@ impl Inner {
                     .collect()
             })
             .collect();
-        match shards.as_slice() {
-            [] => self.version(),
+        if let [s] = shards.as_slice()
+            && let [(_, replica)] = self.shards[*s].live_replicas().as_slice()
+        {
             // one node takes it: one call
-            [s] if self.shards[*s].live_replicas().len() == 1 => {
-                let shard = &self.shards[*s];
-                shard.write(&self.plan.store, |c| c.write_many(&calls[0], options))?;
-                self.version()
-            }
+            let v = replica.client.write_many(&calls[0], options)?;
+            self.shards[*s].seen.fetch_max(v, Ordering::Relaxed);
+        } else if !shards.is_empty() {
             // several shards, or several replicas of one: two-phase commit, so that every
             // replica takes the writes of every router in one order (a row another router's
             // write holds is not written until that one is done)
-            many => {
-                txn::Coordinator {
-                    store: &self.plan.store,
-                    all: &self.shards,
-                    visible: &self.visible,
-                }
-                .write(many, &calls, options, self.options.client.timeout)?;
-                self.version()
+            txn::Coordinator {
+                store: &self.plan.store,
+                all: &self.shards,
+                visible: &self.visible,
             }
+            .write(&shards, &calls, options, self.options.client.timeout)?;
         }
+        self.version()
     }
 
     fn row_digests(&self, name: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
