@@ -74,6 +74,7 @@ from .errors import (
     UnknownTable,
     Unsupported,
     UnsupportedVersion,
+    VersionNotServed,
 )
 from .keyed import KeyedTable
 from .manifest import (
@@ -147,6 +148,7 @@ __all__ = [
     "Unsupported",
     "UnsupportedVersion",
     "Updated",
+    "VersionNotServed",
     "__version__",
     "attach",
     "build",

@@ -108,6 +108,11 @@ class DeltaFull(NearrecError):
     """A write that does not fit the store's ``delta_budget``: nothing of it was applied."""
 
 
+class VersionNotServed(NearrecError):
+    """A lookup pinned to a version of the store's repository that the store does not hold
+    (neither served nor staged beside it): never answered from another version."""
+
+
 class TraceMismatch(InvalidTrace, InvalidRequest):
     """A trace does not fit the store it is used with (a table the store lacks, another row
     count, a row id past the table): an ``InvalidTrace`` and an ``InvalidRequest`` both."""
@@ -164,4 +169,5 @@ __all__ = [
     "UnknownTable",
     "Unsupported",
     "UnsupportedVersion",
+    "VersionNotServed",
 ]

@@ -25,7 +25,9 @@ pub fn code_of(kind: ErrorKind) -> Code {
         }
         K::UnknownTable | K::StoreNotFound => Code::NotFound,
         K::StoreExists => Code::AlreadyExists,
-        K::StoreReadOnly | K::StoreLocked | K::UnsupportedVersion => Code::FailedPrecondition,
+        K::StoreReadOnly | K::StoreLocked | K::UnsupportedVersion | K::VersionNotServed => {
+            Code::FailedPrecondition
+        }
         // retryable: compaction frees the delta; memory and threads come back
         K::DeltaFull | K::InsufficientMemory | K::ResourceExhausted => Code::ResourceExhausted,
         K::StoreIo => Code::Unavailable,

@@ -165,6 +165,23 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// them itself; and the version they were read at.
     fn lookup_rows(&self, batch: &Batch<'_>) -> Result<Versioned<Vec<Rows>>>;
 
+    /// [`StoreApi::lookup`] as version `version` of the repository the store is served from
+    /// answers it — the one served, or one held open beside it ([`StoreApi::stage`]) — or
+    /// [`Error::VersionNotServed`]: never an answer from another version. A sharded store pins
+    /// every shard's share of a batch to one version this way.
+    fn lookup_version(&self, _batch: &Batch<'_>, _version: u64) -> Result<(Pooled, Read)> {
+        Err(Error::unsupported("lookup_version", self.describe()))
+    }
+
+    /// [`StoreApi::lookup_rows`] at version `version`, as [`StoreApi::lookup_version`].
+    fn lookup_rows_version(
+        &self,
+        _batch: &Batch<'_>,
+        _version: u64,
+    ) -> Result<Versioned<Vec<Rows>>> {
+        Err(Error::unsupported("lookup_rows_version", self.describe()))
+    }
+
     /// Rows `rows` of `table` decoded into `out` (`rows.len() × dim` floats), as the store is
     /// now: written rows as written, removed ones zeros.
     fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
@@ -242,6 +259,14 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// served from the next request on; `warm` loads its DRAM tiers first, `force` skips the
     /// compatibility check. Returns the new store's version (its writes' count).
     fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64>;
+
+    /// Opens what `to` names (a version of the repository the store is served from) beside
+    /// the served version, checked and warmed as a swap would, without serving it: a swap to
+    /// it then switches at once, and the version it replaces stays open for lookups pinned to
+    /// it ([`StoreApi::lookup_version`]) until the next stage. Returns its number.
+    fn stage(&self, _to: &SwapTo, _warm: bool, _force: bool) -> Result<u64> {
+        Err(Error::unsupported("stage", self.describe()))
+    }
 
     /// The newest version the store's writer has logged, served from now on; returns it.
     fn refresh(&self) -> Result<u64>;
@@ -381,6 +406,14 @@ impl StoreApi for Store {
         Store::lookup_rows(self, batch)
     }
 
+    fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> Result<(Pooled, Read)> {
+        Store::lookup_version(self, batch, version)
+    }
+
+    fn lookup_rows_version(&self, batch: &Batch<'_>, version: u64) -> Result<Versioned<Vec<Rows>>> {
+        Store::lookup_rows_version(self, batch, version)
+    }
+
     fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
         Store::read_rows(self, table, rows, out)
     }
@@ -433,6 +466,10 @@ impl StoreApi for Store {
 
     fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {
         Store::swap_to(self, to, warm, force)
+    }
+
+    fn stage(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {
+        Store::stage(self, to, warm, force)
     }
 
     fn refresh(&self) -> Result<u64> {

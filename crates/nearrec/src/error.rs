@@ -53,6 +53,16 @@ pub enum Error {
     #[error("transaction {tx:032x}: {reason}")]
     Transaction { tx: u128, reason: String },
 
+    /// A lookup pinned to a version of the store's repository that this store does not hold:
+    /// neither the one it serves nor one held beside it (staged, or the one a staged swap
+    /// replaced). Never answered from another version.
+    #[error("version {version} of {store} is not held here: it holds {held:?}")]
+    VersionNotServed {
+        store: String,
+        version: u64,
+        held: Vec<u64>,
+    },
+
     /// A write that does not fit the delta's budget: nothing of it was applied.
     #[error(
         "the store's delta is full: {used} of {budget} bytes in use, the call needs {asked}; \
@@ -139,6 +149,9 @@ pub enum ErrorKind {
     StoreLocked,
     /// A write that does not fit the delta's budget.
     DeltaFull,
+    /// A lookup pinned to a version the store does not hold (a sharded store moves it to
+    /// another replica, or to the version every shard serves now).
+    VersionNotServed,
     /// A bug of ours.
     Internal,
     /// A verb the implementation does not serve.
@@ -160,7 +173,7 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Every kind, for tables kept in step with this one (the Python classes, the node's
     /// statuses).
-    pub const ALL: [ErrorKind; 23] = [
+    pub const ALL: [ErrorKind; 24] = [
         Self::InvalidRequest,
         Self::IndexOutOfRange,
         Self::UnknownTable,
@@ -176,6 +189,7 @@ impl ErrorKind {
         Self::StoreReadOnly,
         Self::StoreLocked,
         Self::DeltaFull,
+        Self::VersionNotServed,
         Self::Internal,
         Self::Unsupported,
         Self::Unauthenticated,
@@ -204,6 +218,7 @@ impl ErrorKind {
             Self::StoreReadOnly => "StoreReadOnly",
             Self::StoreLocked => "StoreLocked",
             Self::DeltaFull => "DeltaFull",
+            Self::VersionNotServed => "VersionNotServed",
             Self::Internal => "InternalError",
             Self::Unsupported => "Unsupported",
             Self::Unauthenticated => "Unauthenticated",
@@ -261,6 +276,7 @@ impl Error {
             Self::Held { table, .. } => (K::StoreLocked, Some(table.as_str()), None),
             Self::Transaction { .. } => (K::InvalidRequest, None, None),
             Self::DeltaFull { .. } => (K::DeltaFull, None, None),
+            Self::VersionNotServed { .. } => (K::VersionNotServed, None, None),
             Self::Shard { kind, .. } => (*kind, None, None),
             Self::Engine(e) => engine_class(e),
             Self::Format(e) => format_class(e),

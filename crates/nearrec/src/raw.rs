@@ -8,6 +8,7 @@
 
 use crate::batch::{Bags, Batch, Indices, PoolingMode, TableLookup};
 use crate::error::Result;
+use crate::live::Snapshot;
 use crate::store::Store;
 
 /// One table's distinct rows of a batch.
@@ -26,7 +27,22 @@ impl Store {
     /// answers twice), validated as a lookup is, at one version of the store: returns the rows
     /// and that version.
     pub fn lookup_rows(&self, batch: &Batch<'_>) -> Result<(Vec<Rows>, u64)> {
-        let snapshot = self.snapshot();
+        self.lookup_rows_at(batch, &self.snapshot())
+    }
+
+    /// [`Store::lookup_rows`] at version `version` of the repository the store is served
+    /// from, as [`Store::lookup_version`].
+    pub fn lookup_rows_version(&self, batch: &Batch<'_>, version: u64) -> Result<(Vec<Rows>, u64)> {
+        let snapshot = self.snapshot_of(version)?;
+        self.lookup_rows_at(batch, &snapshot)
+    }
+
+    /// [`Store::lookup_rows`] at `snapshot`.
+    pub(crate) fn lookup_rows_at(
+        &self,
+        batch: &Batch<'_>,
+        snapshot: &Snapshot,
+    ) -> Result<(Vec<Rows>, u64)> {
         // the one validation: ids out of range are named by their position in the request
         snapshot.engine().prepare(batch)?;
         let ids: Vec<Vec<i64>> = batch.tables.iter().map(distinct).collect();
@@ -53,7 +69,7 @@ impl Store {
         let prepared = snapshot.engine().prepare(&rows)?;
         let width = prepared.width();
         let mut out = vec![0f32; most * width];
-        self.execute_at(&rows, &prepared, &mut out, &snapshot)?;
+        self.execute_at(&rows, &prepared, &mut out, snapshot)?;
         let engine = snapshot.engine();
         let mut at = 0;
         let mut answer = Vec::with_capacity(ids.len());

@@ -42,6 +42,41 @@ pub(crate) struct Inner {
     /// The repository of versions the store is served from, when it was opened from one
     /// ([`crate::versions`]).
     repo: Option<Repository>,
+    /// Versions held open beside the served one; the served one is replaced under this lock,
+    /// so that a lookup pinned to a version finds it served or held, never neither.
+    held: Mutex<Held>,
+}
+
+/// What a store holds open beside the version it serves: one staged ([`Store::stage`]) and
+/// the one a swap to a staged version replaced. A lookup pinned to either's number is
+/// answered from it ([`Store::lookup_version`]).
+#[derive(Debug, Default)]
+struct Held {
+    staged: Option<(u64, Arc<Served>)>,
+    previous: Option<(u64, Arc<Served>)>,
+}
+
+/// What a swap serves next: a store opened for it, or a version held open beside the served
+/// one.
+enum Next {
+    Opened(Arc<Served>),
+    Held(u64),
+}
+
+impl Held {
+    /// The one of version `version`, taken out.
+    fn take(&mut self, version: u64) -> Option<Arc<Served>> {
+        for slot in [&mut self.staged, &mut self.previous] {
+            if slot.as_ref().is_some_and(|(v, _)| *v == version) {
+                return slot.take().map(|(_, s)| s);
+            }
+        }
+        None
+    }
+
+    fn versions(&self) -> impl Iterator<Item = &(u64, Arc<Served>)> {
+        self.staged.iter().chain(self.previous.iter())
+    }
 }
 
 impl Inner {
@@ -225,6 +260,7 @@ impl Store {
                 served: ArcSwap::new(served),
                 reaping: Mutex::default(),
                 repo,
+                held: Mutex::default(),
             }),
         })
     }
@@ -295,17 +331,65 @@ impl Store {
         let Some(repo) = &self.inner.repo else {
             return match to {
                 SwapTo::Path(p) => self.switch(Path::new(p), warm, force, || Ok(())),
-                _ => Err(Error::invalid(format!(
-                    "the store at {} is not served from a repository of versions: open \
-                     REPO/NAME (its versions in REPO/NAME/1, 2, ...) to swap by version or roll back",
-                    self.path().display()
-                ))),
+                _ => Err(self.no_repository("swap by version or roll back")),
             };
         };
         let _lock = repo.lock()?;
         let served = self.served_version().unwrap_or(0);
-        let (_, path, pointer) = crate::versions::target(repo, served, to)?;
-        self.switch(&path, warm, force, || Ok(repo.set_pointer(&pointer)?))
+        let (version, path, pointer) = crate::versions::target(repo, served, to)?;
+        let commit = || Ok(repo.set_pointer(&pointer)?);
+        // a version held open beside the served one switches at once; a staged one keeps the
+        // version it replaces answering lookups pinned to it (a sharded store's switch)
+        let held = lock(&self.inner.held)
+            .versions()
+            .any(|(v, _)| *v == version);
+        match held {
+            true => self.serve(Next::Held(version), commit),
+            false => self.switch(&path, warm, force, commit),
+        }
+    }
+
+    /// Opens version `to` of the repository the store is served from beside the served one,
+    /// checked as a swap checks it (unless `force`) and warmed from it (with `warm`), without
+    /// serving it: a later swap to it switches at once, and lookups pinned to its number
+    /// ([`Store::lookup_version`]) are answered from it meanwhile. After that swap the
+    /// version it replaced stays open for lookups pinned to it, until the next stage or swap.
+    /// This is how a sharded store moves every shard to a new version without a batch that
+    /// reads two: stage everywhere, switch everywhere, then pin its batches to the new one.
+    /// Staging lets go of what was held before. Returns the staged version's number.
+    pub fn stage(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {
+        let Some(repo) = &self.inner.repo else {
+            return Err(self.no_repository("stage a version"));
+        };
+        let _lock = repo.lock()?;
+        let served = self.served_version().unwrap_or(0);
+        let (version, path, _) = crate::versions::target(repo, served, to)?;
+        if version == served {
+            return Err(Error::invalid(format!(
+                "version {version} is the one served; stage another"
+            )));
+        }
+        let before = std::mem::take(&mut *lock(&self.inner.held));
+        for (_, gone) in before.staged.into_iter().chain(before.previous) {
+            self.retire(gone);
+        }
+        let staged = self.open_version(&path, warm, force)?;
+        lock(&self.inner.held).staged = Some((version, staged));
+        Ok(version)
+    }
+
+    /// The versions held open beside the served one: the staged one and the one a staged
+    /// swap replaced ([`Store::stage`]), by number.
+    pub fn held_versions(&self) -> Vec<u64> {
+        lock(&self.inner.held).versions().map(|(v, _)| *v).collect()
+    }
+
+    fn no_repository(&self, to: &str) -> Error {
+        Error::invalid(format!(
+            "the store at {} is not served from a repository of versions: open REPO/NAME (its \
+             versions in REPO/NAME/1, 2, ...) to {to}",
+            self.path().display()
+        ))
     }
 
     /// Rolls back to the version served before the current one ([`Store::swap_to`]
@@ -314,8 +398,7 @@ impl Store {
         self.swap_to(&SwapTo::Previous, warm, force)
     }
 
-    /// The swap itself: `commit` runs once the new store is open and checked, just before it
-    /// is served; its error leaves the old one served.
+    /// The swap itself: the store at `path` opened and checked, then served ([`Store::serve`]).
     fn switch(
         &self,
         path: &Path,
@@ -323,6 +406,13 @@ impl Store {
         force: bool,
         commit: impl FnOnce() -> Result<()>,
     ) -> Result<u64> {
+        let new = self.open_version(path, warm, force)?;
+        self.serve(Next::Opened(new), commit)
+    }
+
+    /// The store at `path` opened to be served: checked against the served one (unless
+    /// `force`: `crate::swap`), its DRAM tiers warmed from the served one's (with `warm`).
+    fn open_version(&self, path: &Path, warm: bool, force: bool) -> Result<Arc<Served>> {
         if self.inner.flash.is_some() {
             return Err(Error::invalid(
                 "a store served from a simulated drive cannot swap; open the new one",
@@ -353,15 +443,57 @@ impl Store {
         if warm {
             engine.warm_from(old.live.snapshot().engine())?;
         }
-        let served = Served::open(&reader, engine, &self.inner.config)?;
-        let version = served.live.snapshot().version();
-        let old_engine = old.live.snapshot().engine().clone();
-        commit()?;
-        self.inner.served.store(served);
-        // the old version goes on a thread of its own, once the calls on it end, not on the
-        // thread of the lookup that happens to let it go last (its tables' memory, its
-        // device, its log take milliseconds to let go); then the versions beyond keep_last go
+        Served::open(&reader, engine, &self.inner.config)
+    }
+
+    /// Serves `next` from the next call on, once `commit` (the repository's pointer) has
+    /// succeeded — its error leaves the old one served. A version held open beside the served
+    /// one ([`Store::stage`]) replaces it under the lock that lookups pinned to a version take,
+    /// and the old one stays open beside it for them; a version opened for this swap lets go
+    /// of the old one and whatever was held, once their calls end. Returns the new store's
+    /// version.
+    fn serve(&self, next: Next, commit: impl FnOnce() -> Result<()>) -> Result<u64> {
+        if let Err(e) = commit() {
+            if let Next::Opened(new) = next {
+                self.retire(new);
+            }
+            return Err(e);
+        }
+        let mut held = lock(&self.inner.held);
+        let (new, keep) = match next {
+            Next::Opened(new) => (new, false),
+            Next::Held(v) => match held.take(v) {
+                Some(new) => (new, true),
+                None => return Err(Error::Internal(format!("version {v} was held, then not"))),
+            },
+        };
+        let version = new.live.snapshot().version();
+        let old = self.inner.served.swap(new);
+        let mut gone: Vec<Arc<Served>> = held.staged.take().into_iter().map(|(_, s)| s).collect();
+        gone.extend(held.previous.take().map(|(_, s)| s));
+        match self.version_number(&old) {
+            Some(v) if keep => held.previous = Some((v, old)),
+            _ => gone.push(old),
+        }
+        drop(held);
+        for old in gone {
+            self.retire(old);
+        }
+        Ok(version)
+    }
+
+    /// The number of `served` in the repository the store is served from.
+    fn version_number(&self, served: &Served) -> Option<u64> {
+        self.inner.repo.as_ref()?.version_of(&served.path)
+    }
+
+    /// Lets go of `old`, a version no longer served: on a thread of its own, once the calls on
+    /// it end, not on the thread of the lookup that happens to let it go last (its tables'
+    /// memory, its device, its log take milliseconds to let go); then the versions beyond
+    /// `keep_last` go.
+    fn retire(&self, old: Arc<Served>) {
         let old_path = old.path.clone();
+        let old_engine = old.live.snapshot().engine().clone();
         let inner = Arc::downgrade(&self.inner);
         let reaper = move || {
             let gone = old.path.clone();
@@ -378,7 +510,37 @@ impl Store {
             Ok(thread) => lock(&self.inner.reaping).push((old_path, thread)),
             Err(e) => drop(e), // no thread: the old version goes wherever its last call ends
         }
-        Ok(version)
+    }
+
+    /// The snapshot of version `version` of the repository the store is served from: the
+    /// served one's, or that of one held beside it; else [`Error::VersionNotServed`].
+    pub(crate) fn snapshot_of(&self, version: u64) -> Result<Arc<Snapshot>> {
+        let held = lock(&self.inner.held);
+        let served = self.current();
+        if self.version_number(&served) == Some(version) {
+            return Ok(served.live.snapshot());
+        }
+        if let Some((_, s)) = held.versions().find(|(v, _)| *v == version) {
+            return Ok(s.live.snapshot());
+        }
+        let mut have: Vec<u64> = held.versions().map(|(v, _)| *v).collect();
+        have.extend(self.version_number(&served));
+        have.sort_unstable();
+        Err(Error::VersionNotServed {
+            store: self.name(),
+            version,
+            held: have,
+        })
+    }
+
+    /// [`Store::lookup`] as version `version` of the repository the store is served from
+    /// answers it: the served version, or one held beside it ([`Store::stage`]); any other is
+    /// refused with [`Error::VersionNotServed`], never answered from another version.
+    pub fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> Result<(Pooled, Read)> {
+        let snapshot = self.snapshot_of(version)?;
+        let (pooled, stages) = self.lookup_at(batch, &snapshot)?;
+        let version = snapshot.version();
+        Ok((pooled, Read { version, stages }))
     }
 
     /// Waits until a version of `path` swapped out earlier has been let go (its calls ended,

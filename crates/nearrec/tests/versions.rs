@@ -249,3 +249,104 @@ fn keep_last_prunes_old_versions_once_no_call_reads_them() {
         .collect();
     assert!(names.is_empty(), "{names:?}");
 }
+
+/// Row 5's first value as version `version` answers it.
+fn probe_at(s: &Store, version: u64) -> nearrec::Result<f32> {
+    let (ids, lengths) = ([5i64], [1i64]);
+    let batch = Batch::new(vec![TableLookup::new(
+        "a",
+        Indices::I64(&ids),
+        Bags::Lengths(Indices::I64(&lengths)),
+    )]);
+    Ok(s.lookup_version(&batch, version)?.0.values[0])
+}
+
+#[test]
+fn a_staged_version_answers_pinned_lookups_then_switches_keeping_the_one_it_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repository(dir.path(), 3);
+    repo.set_pointer(&Pointer {
+        current: 1,
+        history: vec![],
+    })
+    .unwrap();
+    let s = Store::open(repo.path(), &StoreConfig::default()).unwrap();
+    // not held: refused, typed, naming what is
+    let e = probe_at(&s, 2).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::VersionNotServed, "{e}");
+    assert!(e.to_string().contains("[1]"), "{e}");
+
+    assert_eq!(s.stage(&SwapTo::Version(2), true, false).unwrap(), 2);
+    assert_eq!(
+        (probe(&s), s.served_version()),
+        (5.0, Some(1)),
+        "staged, not served"
+    );
+    assert_eq!(
+        (probe_at(&s, 1).unwrap(), probe_at(&s, 2).unwrap()),
+        (5.0, 10.0)
+    );
+    assert_eq!(s.held_versions(), vec![2]);
+    // the pointer moves only with the swap
+    assert_eq!(repo.current().unwrap(), 1);
+    let e = s.stage(&SwapTo::Version(1), false, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "the served one: {e}");
+
+    s.swap_to(&SwapTo::Version(2), false, false).unwrap();
+    assert_eq!((probe(&s), s.served_version()), (10.0, Some(2)));
+    assert_eq!(repo.current().unwrap(), 2);
+    // the replaced version still answers lookups pinned to it, until the next stage
+    assert_eq!(
+        (probe_at(&s, 1).unwrap(), probe_at(&s, 2).unwrap()),
+        (5.0, 10.0)
+    );
+    assert_eq!(s.held_versions(), vec![1]);
+    s.stage(&SwapTo::Version(3), false, false).unwrap();
+    assert_eq!(s.held_versions(), vec![3]);
+    assert_eq!(
+        probe_at(&s, 1).unwrap_err().kind(),
+        ErrorKind::VersionNotServed
+    );
+    // a swap to another version lets go of what was staged
+    s.swap_to(&SwapTo::Version(1), false, false).unwrap();
+    assert_eq!((probe(&s), s.held_versions()), (5.0, vec![]));
+    // a store not from a repository stages nothing
+    let plain = Store::open(built(dir.path(), 7), &StoreConfig::default()).unwrap();
+    let e = plain.stage(&SwapTo::Version(1), false, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+}
+
+#[test]
+fn a_pinned_lookup_never_reads_another_version_while_a_staged_swap_switches() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repository(dir.path(), 2);
+    repo.set_pointer(&Pointer {
+        current: 1,
+        history: vec![],
+    })
+    .unwrap();
+    let s = Store::open(repo.path(), &StoreConfig::default()).unwrap();
+    s.stage(&SwapTo::Version(2), false, false).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = [1u64, 2]
+        .into_iter()
+        .map(|v| {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    assert_eq!(probe_at(&s, v).unwrap(), 5.0 * v as f32);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    s.swap_to(&SwapTo::Version(2), false, false).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+}
