@@ -440,25 +440,32 @@ impl Client {
         }
     }
 
-    fn lookup_request(&self, batch: &Batch<'_>, raw: bool) -> pb::LookupRequest {
+    /// A lookup of `batch` (its rows when `raw`), at version `at` of the store's repository
+    /// when one is given.
+    fn lookup_request(&self, batch: &Batch<'_>, raw: bool, at: Option<u64>) -> pb::LookupRequest {
         pb::LookupRequest {
             store: self.store.clone(),
             tables: convert::tables(batch),
             raw,
             id: 0,
+            at_version: at.unwrap_or(0),
         }
     }
 
     /// Starts a lookup of `batch` on the client's runtime, made once: a future of its pooled
     /// answer and the version it was read at. Dropping it cancels the call (the node sees the
     /// stream reset). What a router awaits many of at once, hedging and failing over itself.
+    /// With `at`, the node answers as that version of its repository does, or refuses
+    /// (`StoreApi::lookup_version`).
     pub fn start_lookup(
         &self,
         batch: &Batch<'_>,
+        at: Option<u64>,
         deadline: Option<Instant>,
     ) -> nearrec::Result<Started<(Pooled, u64)>> {
         let conn = self.conn()?;
-        Ok(self.start(&conn, batch, false, deadline, |a| {
+        let req = self.lookup_request(batch, false, at);
+        Ok(self.start(&conn, req, deadline, |a| {
             Ok((convert::unpooled(a)?, a.version))
         }))
     }
@@ -467,10 +474,12 @@ impl Client {
     pub fn start_lookup_rows(
         &self,
         batch: &Batch<'_>,
+        at: Option<u64>,
         deadline: Option<Instant>,
     ) -> nearrec::Result<Started<(Vec<Rows>, u64)>> {
         let conn = self.conn()?;
-        Ok(self.start(&conn, batch, true, deadline, |a| {
+        let req = self.lookup_request(batch, true, at);
+        Ok(self.start(&conn, req, deadline, |a| {
             Ok((convert::unraw(a)?, a.version))
         }))
     }
@@ -478,12 +487,11 @@ impl Client {
     fn start<T: 'static>(
         &self,
         conn: &Conn,
-        batch: &Batch<'_>,
-        raw: bool,
+        req: pb::LookupRequest,
         deadline: Option<Instant>,
         answer: fn(&pb::LookupResponse) -> nearrec::Result<T>,
     ) -> Started<T> {
-        let req = self.request(self.lookup_request(batch, raw), deadline);
+        let req = self.request(req, deadline);
         let mut node = conn.node.clone();
         Started {
             task: conn.runtime.spawn(async move { node.lookup(req).await }),
@@ -491,6 +499,51 @@ impl Client {
             tls: self.options.tls.is_some(),
             answer,
         }
+    }
+
+    /// A swap's call, or a stage's.
+    fn swap_call(
+        &self,
+        to: &SwapTo,
+        warm: bool,
+        force: bool,
+        stage: bool,
+    ) -> nearrec::Result<pb::SwapResponse> {
+        let mut req = pb::SwapRequest {
+            store: self.store.clone(),
+            warm,
+            force,
+            stage,
+            ..Default::default()
+        };
+        match to {
+            SwapTo::Path(p) => req.path = p.clone(),
+            SwapTo::Version(v) => req.version = *v,
+            SwapTo::Previous => req.rollback = true,
+        }
+        self.call(Again::Never, req, |mut node, req| async move {
+            node.swap(req).await
+        })
+    }
+
+    /// A pooled lookup's call.
+    fn pooled(&self, req: pb::LookupRequest) -> nearrec::Result<(Pooled, Read)> {
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.lookup(req).await
+        })?;
+        let read = Read {
+            version: answer.version,
+            ..Read::default()
+        };
+        Ok((convert::unpooled(&answer)?, read))
+    }
+
+    /// A raw lookup's call.
+    fn rows(&self, req: pb::LookupRequest) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.lookup(req).await
+        })?;
+        Ok((convert::unraw(&answer)?, answer.version))
     }
 
     fn stats_and_tiers(&self) -> nearrec::Result<(Stats, Vec<TierReport>)> {
@@ -526,31 +579,30 @@ impl StoreApi for Client {
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
-        let req = self.lookup_request(batch, false);
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.lookup(req).await
-        })?;
-        let read = Read {
-            version: answer.version,
-            ..Read::default()
-        };
-        Ok((convert::unpooled(&answer)?, read))
+        self.pooled(self.lookup_request(batch, false, None))
     }
 
     fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        let req = self.lookup_request(batch, true);
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.lookup(req).await
-        })?;
-        Ok((convert::unraw(&answer)?, answer.version))
+        self.rows(self.lookup_request(batch, true, None))
+    }
+
+    fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> nearrec::Result<(Pooled, Read)> {
+        self.pooled(self.lookup_request(batch, false, Some(version)))
+    }
+
+    fn lookup_rows_version(
+        &self,
+        batch: &Batch<'_>,
+        version: u64,
+    ) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        self.rows(self.lookup_request(batch, true, Some(version)))
     }
 
     fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let conn = self.conn()?;
-        let started = self.start(&conn, &batch.as_batch(), false, deadline, |a| {
-            convert::unpooled(a)
-        });
+        let req = self.lookup_request(&batch.as_batch(), false, None);
+        let started = self.start(&conn, req, deadline, convert::unpooled);
         Ok(Box::new(Pending {
             runtime: conn.runtime.clone(),
             started,
@@ -688,22 +740,23 @@ impl StoreApi for Client {
     }
 
     fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
-        let mut req = pb::SwapRequest {
+        Ok(self.swap_call(to, warm, force, false)?.version)
+    }
+
+    fn stage(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
+        Ok(self.swap_call(to, warm, force, true)?.staged)
+    }
+
+    fn release(&self) -> nearrec::Result<()> {
+        let req = pb::SwapRequest {
             store: self.store.clone(),
-            warm,
-            force,
+            release: true,
             ..Default::default()
         };
-        match to {
-            SwapTo::Path(p) => req.path = p.clone(),
-            SwapTo::Version(v) => req.version = *v,
-            SwapTo::Previous => req.rollback = true,
-        }
-        Ok(self
-            .call(Again::Never, req, |mut node, req| async move {
-                node.swap(req).await
-            })?
-            .version)
+        self.call(Again::Safe, req, |mut node, req| async move {
+            node.swap(req).await
+        })
+        .map(drop)
     }
 
     fn refresh(&self) -> nearrec::Result<u64> {

@@ -32,6 +32,7 @@ mod shard;
 mod split;
 mod store;
 mod txn;
+mod versions;
 
 pub use shard::Hedge;
 pub use store::{Endpoint, REPLICAS_FILE, ReplicasFile, ShardedOptions, ShardedStore};

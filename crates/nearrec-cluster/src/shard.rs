@@ -118,6 +118,46 @@ impl Replica {
     }
 }
 
+/// The floor of a shard's reads: the highest count of writes an answer or a write of the
+/// shard carried, at one cluster version (a repository version every shard serves; 0 for a
+/// sharded store not served from repositories). Counts of two versions are not comparable (a
+/// new version counts its own writes): a count seen at another version than the one read now
+/// is no floor, and an answer read at a version the router has moved past raises none.
+#[derive(Debug, Default)]
+pub(crate) struct Seen(Mutex<(u64, u64)>);
+
+impl Seen {
+    /// The least count a read at cluster version `at` may answer.
+    pub fn floor(&self, at: u64) -> u64 {
+        let (pin, count) = *self.0.lock().unwrap();
+        if pin == at { count } else { 0 }
+    }
+
+    /// An answer at cluster version `at` carried `count`.
+    pub fn saw(&self, at: u64, count: u64) {
+        let mut seen = self.0.lock().unwrap();
+        if seen.0 == at {
+            seen.1 = seen.1.max(count);
+        }
+    }
+
+    /// A write (of the version served now) made `count`.
+    pub fn raise(&self, count: u64) {
+        let mut seen = self.0.lock().unwrap();
+        seen.1 = seen.1.max(count);
+    }
+
+    /// The highest count seen.
+    pub fn load(&self) -> u64 {
+        self.0.lock().unwrap().1
+    }
+
+    /// Reads move to cluster version `at`, whose counts start over, at `count`.
+    pub fn repin(&self, at: u64, count: u64) {
+        *self.0.lock().unwrap() = (at, count);
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Shard {
     pub index: usize,
@@ -127,8 +167,9 @@ pub(crate) struct Shard {
     next: AtomicU64,
     latencies: Mutex<Vec<Duration>>,
     pub counters: Counters,
-    /// The highest version an answer of this shard carried.
-    pub seen: AtomicU64,
+    /// The highest version (count of writes) an answer of this shard carried, at the
+    /// cluster version the router reads now.
+    pub seen: Seen,
     /// Held by this router's two-phase writes to the shard, taken in shard order.
     writing: Mutex<()>,
 }
@@ -149,7 +190,7 @@ impl Shard {
             next: AtomicU64::new(0),
             latencies: Mutex::new(Vec::new()),
             counters: Counters::default(),
-            seen: AtomicU64::new(0),
+            seen: Seen::default(),
             writing: Mutex::new(()),
         }
     }
@@ -256,22 +297,26 @@ impl Shard {
     /// older than what a read or write of this shard that finished before this read began
     /// saw comes from a replica behind the others: it is not returned (a reader never sees a
     /// write, then the state before it), and the sub-request goes to the next replica.
+    ///
+    /// `at` is the cluster version the read is pinned to (0: none). A replica that does not
+    /// hold it is passed over; when none does, the read fails with `VersionNotServed` at once
+    /// (its router moves to the version the shards serve now, and reads again).
     pub async fn read<T>(
         &self,
         store: &str,
-        hedge: Hedge,
+        (hedge, at): (Hedge, u64),
         deadline: Option<Instant>,
         start: impl Fn(&Client) -> nearrec::Result<Started<T>>,
         version: impl Fn(&T) -> u64,
     ) -> nearrec::Result<T> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         // what reads and writes finished before this one began saw: the least it may answer
-        let floor = self.seen.load(Ordering::Relaxed);
+        let floor = self.seen.floor(at);
         let begun = Instant::now();
         let mut why = Vec::new();
         let mut pause = Duration::from_millis(50);
         loop {
-            let round = self.round(store, hedge, deadline, &start, &version, floor, begun);
+            let round = self.round(store, hedge, deadline, &start, &version, (at, floor), begun);
             match round.await {
                 Ok(answer) => return Ok(answer),
                 Err(Round::Failed(e)) => return Err(e),
@@ -306,18 +351,24 @@ impl Shard {
         deadline: Option<Instant>,
         start: &impl Fn(&Client) -> nearrec::Result<Started<T>>,
         version: &impl Fn(&T) -> u64,
-        floor: u64,
+        (at, floor): (u64, u64),
         begun: Instant,
     ) -> Result<T, Round> {
         let replicas = self.replicas.load_full();
         let order = self.order(&replicas);
         let (mut next, mut hedged) = (0, false);
         let mut why = Vec::new();
+        // a replica that does not hold the pinned version: another may (a node restarted
+        // serves only the version its repository names)
+        let mut not_held = None;
         let mut inflight: Vec<(usize, Started<T>)> = Vec::with_capacity(2);
         loop {
             if inflight.is_empty() {
                 if next == order.len() {
-                    return Err(Round::Missed(why));
+                    return Err(match not_held {
+                        Some(e) => Round::Failed(e),
+                        None => Round::Missed(why),
+                    });
                 }
                 let r = order[next];
                 next += 1;
@@ -367,7 +418,7 @@ impl Shard {
                         ));
                         continue;
                     }
-                    self.seen.fetch_max(v, Ordering::Relaxed);
+                    self.seen.saw(at, v);
                     // the latency the hedge delay is a quantile of is the first call's: when
                     // the hedge answered first, the first call's is past the delay and not
                     // known, and it counts as past every delay (its time so far, a lower
@@ -383,6 +434,10 @@ impl Shard {
                 Err(e) if transient(&e) => {
                     replica.hold_out();
                     why.push(format!("{}: {e}", replica.addr));
+                }
+                Err(e) if e.kind() == ErrorKind::VersionNotServed => {
+                    why.push(format!("{}: {e}", replica.addr));
+                    not_held = Some(e);
                 }
                 Err(e) => return Err(Round::Failed(e)),
             }

@@ -21,6 +21,7 @@ use rustc_hash::FxHashMap;
 use crate::shard::{Hedge, Replica, Shard};
 use crate::split::{HotRanks, Split};
 use crate::txn::{self, Settled};
+use crate::versions;
 
 /// A replica of a shard: the node's address and the name it serves the shard's store as
 /// (empty: the node's only store).
@@ -96,6 +97,12 @@ struct Inner {
     /// Held by a lookup; taken whole while a cross-shard write commits (`txn.rs`), so that no
     /// lookup of this router reads one shard's share of it without the others'.
     visible: std::sync::RwLock<()>,
+    /// The cluster version every batch reads at (`versions.rs`); 0: the shards are not
+    /// served from repositories, each read takes what is served.
+    pin: AtomicU64,
+    /// Held by a write; taken whole while a swap switches the shards' versions, so that no
+    /// write of this router lands on one replica's old version and another's new one.
+    switching: std::sync::RwLock<()>,
     batches: AtomicU64,
     spread_bags: AtomicU64,
     split_bags: AtomicU64,
@@ -230,6 +237,8 @@ impl ShardedStore {
         }
         let client = client_options(&options);
         let mut shards = Vec::with_capacity(plan.shards);
+        // each replica's (repository version served, count of writes), by shard
+        let mut served = Vec::with_capacity(plan.shards);
         let (mut keeper, mut writable) = (None, true);
         for (k, endpoints) in replicas.iter().enumerate() {
             // a shard that holds every table whole serves the model it keeps
@@ -244,19 +253,30 @@ impl ShardedStore {
                     keeper.get_or_insert(k);
                 }
                 held.push(replica);
-                versions.push(info.version);
+                versions.push((info.served_version, info.version));
             }
-            let shard = Shard::new(k, held);
-            // a replica behind its shard's others missed writes (it was down): it serves no
-            // reads and takes no writes until it is copied again
-            let newest = versions.iter().copied().max().unwrap_or(0);
-            shard.seen.store(newest, Ordering::Relaxed);
-            for (r, v) in shard.all_replicas().iter().zip(&versions) {
-                if *v < newest {
+            shards.push(Shard::new(k, held));
+            served.push(versions);
+        }
+        let pinned: Vec<Vec<Option<u64>>> = (served.iter())
+            .map(|s| s.iter().map(|v| v.0).collect())
+            .collect();
+        let pin = versions::pin_of(&pinned);
+        for (shard, versions) in shards.iter().zip(&served) {
+            // a replica behind its shard's others at the version read missed writes (it was
+            // down): it serves no reads and takes no writes until it is copied again
+            let at_pin = |v: &Option<u64>| v.unwrap_or(0) == pin;
+            let newest = (versions.iter())
+                .filter(|(v, _)| at_pin(v))
+                .map(|(_, count)| *count)
+                .max()
+                .unwrap_or(0);
+            shard.seen.repin(pin, newest);
+            for (r, (v, count)) in shard.all_replicas().iter().zip(versions) {
+                if at_pin(v) && *count < newest {
                     r.mark_stale();
                 }
             }
-            shards.push(shard);
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -282,6 +302,8 @@ impl ShardedStore {
                 runtime,
                 closed: AtomicBool::new(false),
                 visible: std::sync::RwLock::new(()),
+                pin: AtomicU64::new(pin),
+                switching: std::sync::RwLock::new(()),
                 batches: AtomicU64::new(0),
                 spread_bags: AtomicU64::new(0),
                 split_bags: AtomicU64::new(0),
@@ -332,7 +354,7 @@ impl ShardedStore {
             }
             let (replica, info) = connect_replica(&inner.plan, shard, e, &inner.client_options())?;
             // behind what the shard served: it missed writes while it was away
-            if info.version < s.seen.load(Ordering::Relaxed) {
+            if info.version < s.seen.load() {
                 replica.mark_stale();
             }
             replicas.push(Arc::new(replica));
@@ -432,8 +454,10 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
     Ok(info)
 }
 
-/// How a read of one shard's share begins on a replica's client.
-type Start<T> = fn(&Client, &Batch<'_>, Option<Instant>) -> nearrec::Result<Started<(T, u64)>>;
+/// How a read of one shard's share begins on a replica's client (at a version of its
+/// repository, when one is given).
+type Start<T> =
+    fn(&Client, &Batch<'_>, Option<u64>, Option<Instant>) -> nearrec::Result<Started<(T, u64)>>;
 
 /// A write's rows on one shard: `(shard, table, local ids, values)`.
 type Routed<'a> = (usize, &'a str, Vec<i64>, Option<Vec<f32>>);
@@ -514,30 +538,77 @@ impl Inner {
                 answered
                     .iter()
                     .find(|(k, _)| *k == s.index)
-                    .map_or_else(|| s.seen.load(Ordering::Relaxed), |a| a.1)
+                    .map_or_else(|| s.seen.load(), |a| a.1)
             })
             .sum()
     }
 
-    /// Each shard's share of `split` asked at once (`start` begins one on a replica's
-    /// client): the answers by shard (`None` for a shard not asked), and the version the read
-    /// saw.
+    /// `read` at the cluster version: at the router's pin — moved to the version the shards
+    /// serve now, and `read` again, when a shard no longer holds it (another router switched
+    /// them), within the call's deadline — or at `at` when the caller names one.
+    fn pinned<T>(
+        &self,
+        at: Option<u64>,
+        read: impl Fn(u64) -> nearrec::Result<T>,
+    ) -> nearrec::Result<T> {
+        if let Some(at) = at {
+            return read(at);
+        }
+        let deadline = self.deadline();
+        let mut tries = 0;
+        loop {
+            let pin = self.pin.load(Ordering::Acquire);
+            let e = match read(pin) {
+                Err(e) if pin > 0 && e.kind() == ErrorKind::VersionNotServed => e,
+                done => return done,
+            };
+            tries += 1;
+            let now = versions::served(&self.shards);
+            if now != pin {
+                let moved =
+                    self.pin
+                        .compare_exchange(pin, now, Ordering::AcqRel, Ordering::Acquire);
+                if moved.is_ok() {
+                    for s in &self.shards {
+                        s.seen.repin(now, 0);
+                    }
+                }
+                continue;
+            }
+            // the shards are between two versions: wait for the switch to end
+            let pause = std::time::Duration::from_millis(20);
+            let late = match deadline {
+                Some(d) => Instant::now() + pause >= d,
+                None => tries >= 50,
+            };
+            if late {
+                return Err(e);
+            }
+            std::thread::sleep(pause);
+        }
+    }
+
+    /// Each shard's share of `split` asked at once at cluster version `at` (0: what each
+    /// serves; `start` begins one on a replica's client): the answers by shard (`None` for a
+    /// shard not asked), and the version the read saw.
     fn fan_out<T: Send>(
         &self,
         split: &Split,
         batch: &Batch<'_>,
+        at: u64,
         start: Start<T>,
     ) -> nearrec::Result<(Vec<Option<T>>, u64)> {
         let deadline = self.deadline();
         let _visible = self.visible.read().unwrap_or_else(|p| p.into_inner());
         let asked: Vec<usize> = split.shards().collect();
+        let version = (at > 0).then_some(at);
         let reads = asked.iter().map(|&s| {
             let sub = split.batch_for(s, batch, &self.plan.tables);
             self.shards[s].read(
                 &self.plan.store,
-                self.options.hedge,
+                (self.options.hedge, at),
                 deadline,
-                move |c| start(c, &sub, deadline),
+                move |c| start(c, &sub, version, deadline),
                 |a| a.1,
             )
         });
@@ -551,10 +622,13 @@ impl Inner {
         Ok((answers, self.version_of(&versions)))
     }
 
-    /// Pools `batch`: every shard it needs asked at once, the answers merged.
-    fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
+    /// Pools `batch`: every shard it needs asked at once, at one cluster version (`at`, or
+    /// the router's), the answers merged.
+    fn lookup(&self, batch: &Batch<'_>, at: Option<u64>) -> nearrec::Result<(Pooled, Read)> {
         let split = self.split(batch)?;
-        let (answers, version) = self.fan_out(&split, batch, Client::start_lookup)?;
+        let (answers, version) = self.pinned(at, |at| {
+            self.fan_out(&split, batch, at, Client::start_lookup)
+        })?;
         let read = Read {
             version,
             ..Read::default()
@@ -562,9 +636,15 @@ impl Inner {
         Ok((split.merge(&answers, &self.plan.tables), read))
     }
 
-    fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
+    fn lookup_rows(
+        &self,
+        batch: &Batch<'_>,
+        at: Option<u64>,
+    ) -> nearrec::Result<Versioned<Vec<Rows>>> {
         let split = self.split(batch)?;
-        let (answers, version) = self.fan_out(&split, batch, Client::start_lookup_rows)?;
+        let (answers, version) = self.pinned(at, |at| {
+            self.fan_out(&split, batch, at, Client::start_lookup_rows)
+        })?;
         Ok((split.merge_rows(&answers, &self.plan.tables), version))
     }
 
@@ -574,7 +654,7 @@ impl Inner {
         let mut total = 0;
         for s in &self.shards {
             let v = s.any(&self.plan.store, |c| c.version())?;
-            s.seen.fetch_max(v, Ordering::Relaxed);
+            s.seen.raise(v);
             total += v;
         }
         Ok(total)
@@ -645,6 +725,7 @@ impl Inner {
             });
         }
         let routed = self.route_writes(writes, options)?;
+        let _switch = self.switching.read().unwrap_or_else(|p| p.into_inner());
         let mut shards: Vec<usize> = routed.iter().map(|r| r.0).collect();
         shards.sort_unstable();
         shards.dedup();
@@ -664,7 +745,7 @@ impl Inner {
         {
             // one node takes it: one call
             let v = replica.client.write_many(&calls[0], options)?;
-            self.shards[*s].seen.fetch_max(v, Ordering::Relaxed);
+            self.shards[*s].seen.raise(v);
         } else if !shards.is_empty() {
             // several shards, or several replicas of one: two-phase commit, so that every
             // replica takes the writes of every router in one order (a row another router's
@@ -796,7 +877,7 @@ impl StoreApi for ShardedStore {
         let (mut tier, mut writable) = (String::new(), true);
         for s in &inner.shards {
             let info = s.any(&inner.plan.store, |c| c.info())?;
-            s.seen.fetch_max(info.version, Ordering::Relaxed);
+            s.seen.raise(info.version);
             version += info.version;
             writable &= info.writable;
             if tier.is_empty() || info.tier == "ssd" {
@@ -821,7 +902,7 @@ impl StoreApi for ShardedStore {
             path: (inner.location.as_ref())
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            served_version: None,
+            served_version: Some(inner.pin.load(Ordering::Acquire)).filter(|&v| v > 0),
             versions: Vec::new(),
             shard: None,
         })
@@ -847,11 +928,23 @@ impl StoreApi for ShardedStore {
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
-        self.inner.lookup(batch)
+        self.inner.lookup(batch, None)
     }
 
     fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        self.inner.lookup_rows(batch)
+        self.inner.lookup_rows(batch, None)
+    }
+
+    fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> nearrec::Result<(Pooled, Read)> {
+        self.inner.lookup(batch, Some(version))
+    }
+
+    fn lookup_rows_version(
+        &self,
+        batch: &Batch<'_>,
+        version: u64,
+    ) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        self.inner.lookup_rows(batch, Some(version))
     }
 
     fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
@@ -860,7 +953,7 @@ impl StoreApi for ShardedStore {
         let task = self
             .inner
             .runtime
-            .spawn_blocking(move || inner.lookup(&batch.as_batch()).map(|(p, _)| p));
+            .spawn_blocking(move || inner.lookup(&batch.as_batch(), None).map(|(p, _)| p));
         Ok(Box::new(Pending {
             inner: self.inner.clone(),
             task,
@@ -893,8 +986,21 @@ impl StoreApi for ShardedStore {
         Err(Error::unsupported("drop_table", self.describe()))
     }
 
-    fn swap(&self, _to: &SwapTo, _warm: bool, _force: bool) -> nearrec::Result<u64> {
-        Err(Error::unsupported("swap", self.describe()))
+    /// Every shard to the version `to` names, at once for this router's batches and never
+    /// half for any router's (`versions.rs`); returns the shards' counts of writes there,
+    /// summed.
+    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
+        let inner = &self.inner;
+        inner.live()?;
+        let _switch = inner.switching.write().unwrap_or_else(|p| p.into_inner());
+        let (_, counts) = versions::switch(
+            &inner.plan.store,
+            &inner.shards,
+            &inner.pin,
+            to,
+            (warm, force),
+        )?;
+        Ok(counts.iter().sum())
     }
 
     fn refresh(&self) -> nearrec::Result<u64> {

@@ -31,7 +31,6 @@
 //! starts after the write returned sees all of it through any router.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -101,7 +100,7 @@ struct Share<'a> {
 }
 
 /// `f` on every item at once, each on its own thread; the answers in order.
-fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
+pub(crate) fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
     std::thread::scope(|s| {
         let f = &f;
         let running: Vec<_> = items.iter().map(|i| s.spawn(move || f(i))).collect();
@@ -233,7 +232,7 @@ impl Coordinator<'_> {
         let visible = self.visible.write().unwrap_or_else(|p| p.into_inner());
         let decided = shares[0].replica.client.decide(tx, Decision::Commit, true);
         if let Ok(v) = decided {
-            self.all[decider.0].seen.fetch_max(v, Ordering::Relaxed);
+            self.all[decider.0].seen.raise(v);
         }
         if let Err(e) = decided {
             return match state_at(&shares[0].replica, tx) {
@@ -284,7 +283,7 @@ impl Coordinator<'_> {
         let commit = |s: &Share<'_>| {
             let done = s.replica.client.decide(tx, Decision::Commit, false);
             if let Ok(v) = done {
-                self.all[s.at.0].seen.fetch_max(v, Ordering::Relaxed);
+                self.all[s.at.0].seen.raise(v);
             } else {
                 s.replica.mark_stale();
             }

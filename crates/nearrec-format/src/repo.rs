@@ -213,6 +213,32 @@ impl Repository {
     /// and every one the pointer names: numbers only grow); returns its number. The store must
     /// open and no writer may hold it. It is not served until the pointer names it.
     pub fn publish(&self, store: &Path, how: Publish) -> Result<u64> {
+        self.publish_as(store, how, None)
+    }
+
+    /// [`Repository::publish`] as version `version` exactly, which must be above every version
+    /// there is and every one the pointer names: what publishes one store's cut as the same
+    /// version of every shard's repository. A number taken is refused (`AlreadyExists`).
+    pub fn publish_at(&self, store: &Path, how: Publish, version: u64) -> Result<u64> {
+        let next = self.next_version()?;
+        if version < next {
+            return Err(FormatError::AlreadyExists {
+                path: self.version_path(version),
+            });
+        }
+        self.publish_as(store, how, Some(version))
+    }
+
+    /// The highest version there is (a store or not) or the pointer remembers, plus one: the
+    /// number the next [`Repository::publish`] takes.
+    pub fn next_version(&self) -> Result<u64> {
+        let pointer = self.pointer()?.unwrap_or_default();
+        let named = pointer.history.iter().chain([&pointer.current]).copied();
+        let highest = self.numbered()?.into_iter().chain(named).max().unwrap_or(0);
+        Ok(highest + 1)
+    }
+
+    fn publish_as(&self, store: &Path, how: Publish, at: Option<u64>) -> Result<u64> {
         crate::StoreReader::open(store)?;
         let _writer = match files::lock_file(&store.join(WRITER_LOCK), false) {
             Ok(Some(lock)) => lock,
@@ -242,10 +268,14 @@ impl Repository {
             Publish::Copy => self.copy_in(store)?,
         };
         loop {
-            let next = self.next_version()?;
+            let next = match at {
+                Some(v) => v,
+                None => self.next_version()?,
+            };
             match commit_dir(&staged, &self.version_path(next), false) {
                 Ok(()) => return Ok(next),
-                Err(FormatError::AlreadyExists { .. }) => continue, // another publisher won it
+                // another publisher won it
+                Err(FormatError::AlreadyExists { .. }) if at.is_none() => continue,
                 Err(FormatError::Io { source, .. })
                     if source.raw_os_error() == Some(libc::EXDEV) =>
                 {
@@ -265,14 +295,6 @@ impl Repository {
                 }
             }
         }
-    }
-
-    /// One above the highest version there is (a store or not) or the pointer remembers.
-    fn next_version(&self) -> Result<u64> {
-        let pointer = self.pointer()?.unwrap_or_default();
-        let named = pointer.history.iter().chain([&pointer.current]).copied();
-        let highest = self.numbered()?.into_iter().chain(named).max().unwrap_or(0);
-        Ok(highest + 1)
     }
 
     /// `store`'s regular files copied and synced into a temporary directory of the repository.

@@ -260,6 +260,7 @@ async fn one(
         tables,
         raw,
         id: 0,
+        at_version: 0,
     };
     match mode {
         Mode::Embedded(s, slots) => {

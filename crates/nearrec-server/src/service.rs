@@ -413,6 +413,7 @@ impl NodeService {
         let batch = convert::batch(&req.tables).map_err(bad)?;
         let limit = self.0.config.max_message_bytes;
         let (id, raw) = (req.id, req.raw);
+        let at = (req.at_version > 0).then_some(req.at_version);
         let (lookups, bags) = {
             let view = batch.as_batch();
             let lookups: usize = view.tables.iter().map(|t| t.indices.len()).sum();
@@ -426,7 +427,8 @@ impl NodeService {
         let inline = inline(&*store, lookups);
         // small lookups that read a device coalesce (on DRAM-resident tables the transport,
         // not the engine, is what a request costs: they run at once)
-        if !raw && !inline {
+        // (a lookup pinned to a version runs alone: a coalesced batch reads what is served)
+        if !raw && !inline && at.is_none() {
             let coalescer = &self.0.coalescers[name];
             if let Some(bags) = bags.filter(|&b| coalescer.takes(b)) {
                 let (pooled, version) = coalescer.lookup(call, batch, bags, deadline).await?;
@@ -435,7 +437,7 @@ impl NodeService {
         }
         let ((answer, stages), slot) = self
             .run(call, deadline, inline, move || {
-                lookup(&*store, id, raw, &batch, limit)
+                lookup(&*store, id, (raw, at), &batch, limit)
             })
             .await?;
         if let Some(stages) = stages {
@@ -447,17 +449,20 @@ impl NodeService {
 }
 
 /// A lookup on the facade: pooled at one version, with where its time went, or the distinct
-/// rows.
+/// rows when `raw`; as version `at` of the store's repository answers it, when one is given.
 fn lookup(
     store: &dyn StoreApi,
     id: u64,
-    raw: bool,
+    (raw, at): (bool, Option<u64>),
     batch: &OwnedBatch,
     limit: usize,
 ) -> nearrec::Result<(pb::LookupResponse, Option<Stages>)> {
     let batch = batch.as_batch();
     if raw {
-        let (rows, version) = store.lookup_rows(&batch)?;
+        let (rows, version) = match at {
+            Some(v) => store.lookup_rows_version(&batch, v)?,
+            None => store.lookup_rows(&batch)?,
+        };
         let bytes: usize = rows
             .iter()
             .map(|r| r.values.len() * 4 + r.ids.len() * 8)
@@ -465,7 +470,10 @@ fn lookup(
         too_large(rows.first().map_or("", |r| r.table.as_str()), bytes, limit)?;
         return Ok((convert::raw(id, version, rows), None));
     }
-    let (pooled, read) = store.lookup(&batch)?;
+    let (pooled, read) = match at {
+        Some(v) => store.lookup_version(&batch, v)?,
+        None => store.lookup(&batch)?,
+    };
     Ok((convert::pooled(id, read.version, pooled), Some(read.stages)))
 }
 
@@ -833,6 +841,15 @@ impl NodeService {
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Swap", |p| p.allow_all(Permission::Admin, name))?;
+        if req.release {
+            let (_, slot) = self
+                .run("Swap", deadline, false, move || store.release())
+                .await?;
+            let who = caller.0.as_ref().map(|p| p.name.clone());
+            tracing::info!(store = %name, principal = who, "held versions released");
+            let answer = pb::SwapResponse::default();
+            return Ok(holding(answer, Held::from(slot)));
+        }
         let to = swap::target(&req)?;
         let to = match to {
             SwapTo::Path(p) => {
@@ -855,6 +872,16 @@ impl NodeService {
         }
         let who = caller.0.as_ref().map(|p| p.name.clone());
         let (event, name) = (swap::event(&to), name.to_owned());
+        if req.stage {
+            let (staged, slot) = self
+                .run("Swap", deadline, false, move || {
+                    store.stage(&to, req.warm, req.force)
+                })
+                .await?;
+            tracing::info!(store = %name, principal = who, staged, "version staged");
+            let answer = pb::SwapResponse { version: 0, staged };
+            return Ok(holding(answer, Held::from(slot)));
+        }
         let (answer, slot) = self
             .run("Swap", deadline, false, move || {
                 let before = store.info().ok();
@@ -865,7 +892,8 @@ impl NodeService {
         let (version, before, after) = answer;
         let (from, to) = (swap::served(before.as_ref()), swap::served(after.as_ref()));
         tracing::info!(store = %name, principal = who, %from, %to, "{event}");
-        Ok(holding(pb::SwapResponse { version }, Held::from(slot)))
+        let answer = pb::SwapResponse { version, staged: 0 };
+        Ok(holding(answer, Held::from(slot)))
     }
 
     async fn call_info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {

@@ -268,6 +268,12 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
         Err(Error::unsupported("stage", self.describe()))
     }
 
+    /// Lets go of the versions held open beside the served one (staged, or replaced by a swap
+    /// to a staged one): lookups pinned to them are refused from now on.
+    fn release(&self) -> Result<()> {
+        Err(Error::unsupported("release", self.describe()))
+    }
+
     /// The newest version the store's writer has logged, served from now on; returns it.
     fn refresh(&self) -> Result<u64>;
 
@@ -470,6 +476,11 @@ impl StoreApi for Store {
 
     fn stage(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {
         Store::stage(self, to, warm, force)
+    }
+
+    fn release(&self) -> Result<()> {
+        Store::release(self);
+        Ok(())
     }
 
     fn refresh(&self) -> Result<u64> {

@@ -1,9 +1,11 @@
 //! A store cut into the shards of a plan (`nearrec shard`): the plan from the store's tables and
-//! a trace ([`nearrec_plan::shards`]), then each shard written as an ordinary store at
-//! `DIR/shard-K` — its parts' rows copied as they are stored (no re-encoding, every sector
-//! checked against its sum on the way), then the table's hot rows — and the plan written last,
-//! at `DIR/shards.json`: a directory without a plan is not a sharded store, so a cut that fails
-//! half-way is never taken for one.
+//! a trace ([`nearrec_plan::shards`]), then each shard written as an ordinary store — its
+//! parts' rows copied as they are stored (no re-encoding, every sector checked against its sum
+//! on the way), then the table's hot rows — as version 1 of the repository `DIR/shard-K`
+//! (`nearrec_format::Repository`), and the plan written last, at `DIR/shards.json`: a directory
+//! without a plan is not a sharded store, so a cut that fails half-way is never taken for one.
+//! A later store cut by the same plan is published as the next version of every shard at once
+//! ([`publish_cut`]), for a sharded store to swap to (`nearrec-cluster`'s `versions.rs`).
 //!
 //! Each shard's manifest says which plan it was cut by, and which shard of it it is (its
 //! `params`' `shard`, a [`ShardTag`]): a store's `info` reports it, so that a router checks
@@ -13,7 +15,9 @@
 use std::path::Path;
 
 use nearrec_engine::Tier;
-use nearrec_format::{FormatError, StoreOptions, StoreReader, TableSpec};
+use nearrec_format::{
+    FormatError, Pointer, Publish, Repository, StoreOptions, StoreReader, TableSpec,
+};
 use nearrec_plan::shards::{SHARD_PLAN, ShardOptions, ShardPlan, plan_shards};
 use nearrec_plan::{TraceFile, trace_tables};
 use serde::{Deserialize, Serialize};
@@ -22,6 +26,7 @@ use crate::config::StoreConfig;
 use crate::error::{Error, Result};
 use crate::model::{CONFIG_ATTACHMENT, WEIGHTS_ATTACHMENT};
 use crate::store::Store;
+use crate::versions::Located;
 
 /// What a shard store says of itself (its manifest's `params.shard`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,7 +111,8 @@ fn served(source: &Path) -> Result<(StoreReader, String)> {
     Ok((StoreReader::open(&dir)?, name))
 }
 
-/// Writes `plan`'s shards from `reader`'s store under `out`, the plan last.
+/// Writes `plan`'s shards from `reader`'s store under `out`, each as version 1 of its
+/// repository `out/shard-K`, the plan last.
 pub fn write_shards(
     reader: &StoreReader,
     plan: &ShardPlan,
@@ -121,79 +127,147 @@ pub fn write_shards(
         // first of all, so that a cut that fails half-way leaves no sharded store
         std::fs::remove_file(&plan_path).map_err(|source| io(&plan_path, source))?;
     }
+    // the shards a cut here left, and those a larger plan left
+    for k in 0.. {
+        let old = ShardPlan::shard_dir(out, k);
+        if !old.exists() {
+            if k >= plan.shards {
+                break;
+            }
+            continue;
+        }
+        std::fs::remove_dir_all(&old).map_err(|source| io(&old, source))?;
+    }
+    for k in 0..plan.shards {
+        let repo = Repository::create(&ShardPlan::shard_dir(out, k))?;
+        publish_shard(reader, plan, k, &repo, 1)?;
+        // served by its pointer, not as the newest: a version published later is served
+        // only once a swap moves every shard to it
+        repo.set_pointer(&Pointer {
+            current: 1,
+            history: Vec::new(),
+        })?;
+    }
+    plan.write(out)?;
+    Ok(())
+}
+
+/// Cuts the store at `source` by the plan of the sharded store at `dir` and publishes its
+/// shards as the next version of every shard's repository — one number on every shard, above
+/// every version any of them holds — without serving it: a swap of the sharded store to that
+/// version serves it (every shard at once). Returns the version. A cut interrupted half-way
+/// leaves a version on some shards only, never swapped to (a swap stages it on every replica
+/// first, and one that lacks it refuses); the next publish takes a number above it.
+pub fn publish_cut(source: &Path, dir: &Path) -> Result<u64> {
+    let plan = ShardPlan::read(dir)?;
+    let (reader, _) = served(source)?;
+    let mut repos = Vec::with_capacity(plan.shards);
+    for k in 0..plan.shards {
+        let shard = ShardPlan::shard_dir(dir, k);
+        let repo = Repository::detect(&shard).ok_or_else(|| {
+            Error::invalid(format!(
+                "{} is not a repository of versions (a cut made before shards had versions):                  cut the store again (nearrec shard --out) to publish versions into it",
+                shard.display()
+            ))
+        })?;
+        repos.push(repo);
+    }
+    let mut version = 1;
+    for repo in &repos {
+        version = version.max(repo.next_version()?);
+    }
+    for (k, repo) in repos.iter().enumerate() {
+        publish_shard(&reader, &plan, k, repo, version)?;
+    }
+    Ok(version)
+}
+
+/// Writes shard `k` of `plan` from `reader`'s store beside `repo`'s versions, then publishes it
+/// there as version `version`.
+fn publish_shard(
+    reader: &StoreReader,
+    plan: &ShardPlan,
+    k: usize,
+    repo: &Repository,
+    version: u64,
+) -> Result<()> {
+    let tmp = repo
+        .path()
+        .join(format!(".cut-{version}-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|source| io(&tmp, source))?;
+    }
+    let written = write_shard(reader, plan, k, &tmp)
+        .and_then(|()| Ok(repo.publish_at(&tmp, Publish::Move, version)?));
+    if written.is_err() && tmp.exists() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    written.map(drop)
+}
+
+/// Writes shard `k` of `plan` from `reader`'s store as a store at `to`.
+fn write_shard(reader: &StoreReader, plan: &ShardPlan, k: usize, to: &Path) -> Result<()> {
     let sources = reader.tables();
     let model = [CONFIG_ATTACHMENT, WEIGHTS_ATTACHMENT];
     let keeps_model = model
         .iter()
         .all(|a| reader.attachments().iter().any(|x| x.name == *a));
-    for k in 0..plan.shards {
-        let tag = ShardTag {
-            plan: plan.id.clone(),
-            shard: k,
-            store: plan.store.clone(),
-        };
-        let options = StoreOptions {
-            overwrite,
-            params: serde_json::json!({ "shard": tag }),
-        };
-        let mut writer =
-            nearrec_format::StoreWriter::create(ShardPlan::shard_dir(out, k), options)?;
-        let held = plan.shard_tables(k);
-        for &(t, p) in &held {
-            let table = &plan.tables[t];
-            let i = sources
-                .iter()
-                .position(|s| {
-                    (s.name.as_str(), s.rows, s.dim, s.dtype)
-                        == (table.name.as_str(), table.rows, table.dim, table.dtype)
-                })
-                .ok_or_else(|| Error::InvalidRequest {
-                    table: Some(table.name.clone()),
-                    position: None,
-                    reason: format!(
-                        "plan {} names {} rows × dim {} {}, which the store at {} does not hold",
-                        plan.id,
-                        table.rows,
-                        table.dim,
-                        table.dtype.name(),
-                        reader.path().display()
-                    ),
-                })?;
-            let sums = reader.sector_sums(i)?;
-            let mut spec = TableSpec::new(&table.name, table.shard_rows(p), table.dim, table.dtype);
-            spec.block_bytes = sources[i].block_bytes;
-            let mut w = writer.table(spec)?;
-            let part = table.parts[p];
-            let ids = (part.first..part.first + part.rows).chain(table.hot.iter().copied());
-            let ids: Vec<u64> = ids.collect();
-            let mut bytes = Vec::new();
-            for chunk in ids.chunks(CHUNK_ROWS as usize) {
-                bytes.resize(chunk.len() * sources[i].row_bytes as usize, 0);
-                reader.read_rows_encoded(i, chunk, sums.as_ref(), &mut bytes)?;
-                w.write_encoded(&bytes)?;
-            }
-            writer.finish_table(w)?;
+    let tag = ShardTag {
+        plan: plan.id.clone(),
+        shard: k,
+        store: plan.store.clone(),
+    };
+    let options = StoreOptions {
+        overwrite: false,
+        params: serde_json::json!({ "shard": tag }),
+    };
+    let mut writer = nearrec_format::StoreWriter::create(to, options)?;
+    let held = plan.shard_tables(k);
+    for &(t, p) in &held {
+        let table = &plan.tables[t];
+        let i = sources
+            .iter()
+            .position(|s| {
+                (s.name.as_str(), s.rows, s.dim, s.dtype)
+                    == (table.name.as_str(), table.rows, table.dim, table.dtype)
+            })
+            .ok_or_else(|| Error::InvalidRequest {
+                table: Some(table.name.clone()),
+                position: None,
+                reason: format!(
+                    "plan {} names {} rows × dim {} {}, which the store at {} does not hold",
+                    plan.id,
+                    table.rows,
+                    table.dim,
+                    table.dtype.name(),
+                    reader.path().display()
+                ),
+            })?;
+        let sums = reader.sector_sums(i)?;
+        let mut spec = TableSpec::new(&table.name, table.shard_rows(p), table.dim, table.dtype);
+        spec.block_bytes = sources[i].block_bytes;
+        let mut w = writer.table(spec)?;
+        let part = table.parts[p];
+        let ids = (part.first..part.first + part.rows).chain(table.hot.iter().copied());
+        let ids: Vec<u64> = ids.collect();
+        let mut bytes = Vec::new();
+        for chunk in ids.chunks(CHUNK_ROWS as usize) {
+            bytes.resize(chunk.len() * sources[i].row_bytes as usize, 0);
+            reader.read_rows_encoded(i, chunk, sums.as_ref(), &mut bytes)?;
+            w.write_encoded(&bytes)?;
         }
-        let whole = held.len() == plan.tables.len()
-            && held.iter().all(|&(t, _)| plan.tables[t].parts.len() == 1);
-        if keeps_model && whole {
-            for name in model {
-                if let Some(bytes) = reader.read_attachment(name)? {
-                    writer.attach(name, &bytes)?;
-                }
+        writer.finish_table(w)?;
+    }
+    let whole = held.len() == plan.tables.len()
+        && held.iter().all(|&(t, _)| plan.tables[t].parts.len() == 1);
+    if keeps_model && whole {
+        for name in model {
+            if let Some(bytes) = reader.read_attachment(name)? {
+                writer.attach(name, &bytes)?;
             }
         }
-        writer.commit()?;
     }
-    // shards a larger plan left here
-    for k in plan.shards.. {
-        let stale = ShardPlan::shard_dir(out, k);
-        if !stale.exists() {
-            break;
-        }
-        std::fs::remove_dir_all(&stale).map_err(|source| io(&stale, source))?;
-    }
-    plan.write(out)?;
+    writer.commit()?;
     Ok(())
 }
 
@@ -204,9 +278,9 @@ impl ShardTag {
     }
 }
 
-/// The tag of the store at `dir`, if it is a shard.
+/// The tag of the store at `dir` (the version a repository there serves), if it is a shard.
 pub fn shard_tag(dir: &Path) -> Result<Option<ShardTag>> {
-    Ok(ShardTag::of(StoreReader::open(dir)?.manifest()))
+    Ok(ShardTag::of(Located::open(dir)?.reader.manifest()))
 }
 
 fn io(path: &Path, source: std::io::Error) -> Error {

@@ -369,13 +369,21 @@ impl Store {
                 "version {version} is the one served; stage another"
             )));
         }
-        let before = std::mem::take(&mut *lock(&self.inner.held));
-        for (_, gone) in before.staged.into_iter().chain(before.previous) {
-            self.retire(gone);
-        }
+        self.release();
         let staged = self.open_version(&path, warm, force)?;
         lock(&self.inner.held).staged = Some((version, staged));
         Ok(version)
+    }
+
+    /// Lets go of the versions held open beside the served one ([`Store::stage`]): lookups
+    /// pinned to them are refused from now on (`VersionNotServed`), their memory freed once
+    /// the calls on them end. A sharded store releases them once every shard serves the new
+    /// version, so that every router moves to it on its next batch.
+    pub fn release(&self) {
+        let held = std::mem::take(&mut *lock(&self.inner.held));
+        for (_, gone) in held.staged.into_iter().chain(held.previous) {
+            self.retire(gone);
+        }
     }
 
     /// The versions held open beside the served one: the staged one and the one a staged

@@ -1,12 +1,16 @@
 //! A store cut into shards (`nearrec::shard`): each shard's rows are the source's bytes, its
-//! hot rows after its part; the plan comes last; what cannot be cut is refused, typed.
+//! hot rows after its part, as version 1 of the shard's repository; the plan comes last; a
+//! later store cut by the same plan is one version of every shard; what cannot be cut is
+//! refused, typed.
 
 use std::path::Path;
 
+use nearrec::format::Repository;
 use nearrec::format::{DType, StoreReader};
 use nearrec::plan::shards::{SHARD_PLAN, ShardPlan};
 use nearrec::plan::{Scheme, ShardOptions, TraceTable, plan_shards};
-use nearrec::shard::{shard_store, shard_tag, write_shards};
+use nearrec::shard::{publish_cut, shard_store, shard_tag, write_shards};
+use nearrec::versions::Located;
 use nearrec::{ErrorKind, Store, StoreConfig};
 
 const TABLES: [(&str, u64, u32, DType); 3] = [
@@ -19,9 +23,10 @@ fn source(dir: &Path) -> std::path::PathBuf {
     nearrec_testkit::write_store(dir.join("src"), &TABLES, nearrec_testkit::pattern)
 }
 
-/// Rows `ids` of table `name` as stored, in the store at `path`.
+/// Rows `ids` of table `name` as stored, in the store at `path` (a repository's current
+/// version).
 fn stored(path: &Path, name: &str, ids: &[u64]) -> Vec<u8> {
-    let r = StoreReader::open(path).unwrap();
+    let r = Located::open(path).unwrap().reader;
     let i = r.tables().iter().position(|t| t.name == name).unwrap();
     let mut out = vec![0u8; ids.len() * r.tables()[i].row_bytes as usize];
     let sums = r.sector_sums(i).unwrap();
@@ -74,6 +79,13 @@ fn each_shard_holds_its_parts_and_hot_rows_as_the_source_stores_them() {
                 t.name
             );
         }
+    }
+    for k in 0..plan.shards {
+        let repo = Repository::detect(&ShardPlan::shard_dir(&out, k)).unwrap();
+        assert_eq!(
+            (repo.versions().unwrap(), repo.current().unwrap()),
+            (vec![1], 1)
+        );
     }
     // a second cut over it: refused unless asked to replace it
     let e = write_shards(&reader, &plan, &out, false).unwrap_err();
@@ -129,4 +141,61 @@ fn what_cannot_be_cut_is_refused_and_leaves_no_plan() {
     let e = shard_store(&src, None, &options, &out, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreCorrupted, "{e}");
     assert!(!out.join(SHARD_PLAN).exists());
+}
+
+#[test]
+fn a_store_published_into_a_cut_is_the_next_version_of_every_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = source(dir.path());
+    let options = ShardOptions {
+        shards: 2,
+        replicas: 1,
+        scheme: Scheme::Row,
+        replicate_hot: 0,
+    };
+    let out = dir.path().join("sharded");
+    let plan = shard_store(&src, None, &options, &out, false).unwrap();
+    // the next model: the same tables, other values
+    let next = nearrec_testkit::write_store(dir.path().join("next"), &TABLES, |t, i| {
+        nearrec_testkit::pattern(t, i) + 1.0
+    });
+    // one shard's repository ahead of the other (a publish interrupted there): the version
+    // goes above it on both
+    let ahead = Repository::detect(&ShardPlan::shard_dir(&out, 1)).unwrap();
+    let copy = dir.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for e in std::fs::read_dir(ahead.version_path(1)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    ahead
+        .publish(&copy, nearrec::format::Publish::Move)
+        .unwrap();
+    assert_eq!(publish_cut(&next, &out).unwrap(), 3);
+    for t in &plan.tables {
+        for (p, part) in t.parts.iter().enumerate() {
+            let repo = Repository::detect(&ShardPlan::shard_dir(&out, part.shard)).unwrap();
+            assert!(repo.versions().unwrap().ends_with(&[3]), "{t:?}");
+            let global: Vec<u64> = (part.first..part.first + part.rows)
+                .chain(t.hot.iter().copied())
+                .collect();
+            let local: Vec<u64> = (0..t.shard_rows(p)).collect();
+            assert_eq!(
+                stored(&repo.version_path(3), &t.name, &local),
+                stored(&next, &t.name, &global),
+                "{} part {p}",
+                t.name
+            );
+            // published, not served: the pointer is a swap's to move
+            assert_eq!(repo.current().unwrap(), 1);
+        }
+    }
+    // a store of other tables does not fit the plan: refused, naming the table
+    let other = nearrec_testkit::write_store(
+        dir.path().join("other"),
+        &[("a", 999, 8, DType::Fp32)],
+        nearrec_testkit::pattern,
+    );
+    let e = publish_cut(&other, &out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
 }

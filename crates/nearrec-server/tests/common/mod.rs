@@ -135,6 +135,7 @@ pub fn request(store: &str, batch: &OwnedBatch, raw: bool, id: u64) -> pb::Looku
         tables: convert::tables(&batch.as_batch()),
         raw,
         id,
+        at_version: 0,
     }
 }
 
