@@ -180,7 +180,9 @@ def test_the_plan_and_its_cut(store_path, trace_path, tmp_path):
         reads = [counts[p.first:p.first + p.rows].sum() for p in t.parts]
         assert max(reads) < 0.8 * counts.sum(), (t.name, reads)
     for k in range(3):
-        info = nearrec.info(out / f"shard-{k}")
+        # each shard a repository of versions, the cut its version 1 and the one it serves
+        assert json.loads((out / f"shard-{k}" / "CURRENT").read_text())["current"] == 1
+        info = nearrec.info(out / f"shard-{k}" / "1")
         assert {t.name for t in info.tables} == set(ROWS)
     # a second cut at OUT is refused; an edited plan is refused naming what is wrong
     with pytest.raises(nearrec.StoreExists):

@@ -3,7 +3,9 @@
 embedded store, another driver's connect by name, a node killed under load (answers stay
 whole, from the other replica, and the restarted node is read from again at its new
 address), a shard's only node killed (a read waits for Ray to restart it), typed errors for
-what cannot be launched or found. Every nearrec node listens on loopback."""
+what cannot be launched or found, a swap of every shard to a new version under load from two
+drivers' routers (no batch read at two versions, a restarted node serving the new one). Every
+nearrec node listens on loopback."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from dlrm_requests import answer, request
 from ray.cluster_utils import Cluster
 
 import nearrec
+import nearrec.cli
 from nearrec import TableLookup, distributed
 from nearrec.ray import ShardedStore
 
@@ -129,6 +132,65 @@ def test_replicas_spread_answer_and_survive_a_killed_node(cluster, store_path, t
         ShardedStore.shutdown("spread")
     with pytest.raises(nearrec.StoreNotFound):
         ShardedStore.connect("spread")
+
+
+def test_a_swap_under_load_reads_no_batch_at_two_versions(cluster, tmp_path, capsys):
+    rng = np.random.default_rng(7)
+    arrays = {t: rng.standard_normal((ROWS[t], DIMS[t]), dtype=np.float32) for t in ROWS}
+    nearrec.from_numpy(tmp_path / "v1", arrays)
+    nearrec.from_numpy(tmp_path / "v2", {t: -a for t, a in arrays.items()})
+    shards = tmp_path / "shards"
+    distributed.shard(tmp_path / "v1", shards, 2, replicas=2, scheme="row")
+    # the next model, cut by the same plan: version 2 of both shards, not served yet
+    assert nearrec.cli.main(["shard", str(tmp_path / "v2"), "--publish", str(shards),
+                             "--json"]) == 0
+    assert '"version": 2' in capsys.readouterr().out
+    store = ShardedStore.launch(shards, name="versions", num_cpus=0.5, timeout=30.0)
+    try:
+        other = ShardedStore.connect("versions")
+        assert store.served_version == 1
+        # every bag reads both shards: a row from each end of each table
+        ids = {t: np.stack([np.arange(32), ROWS[t] - 1 - np.arange(32)], 1).ravel()
+               for t in ROWS}
+        batch = [TableLookup(t, ids[t], lengths=np.full(32, 2)) for t in ROWS]
+        old = store.lookup_many(batch).values
+        new = -old
+        stop, errors, seen = threading.Event(), [], {"old": 0, "new": 0}
+
+        def read(s) -> None:
+            while not stop.is_set():
+                got = s.lookup_many(batch).values
+                if np.allclose(got, old, atol=1e-5):
+                    seen["old"] += 1
+                elif np.allclose(got, new, atol=1e-5):
+                    seen["new"] += 1
+                else:
+                    errors.append(got)
+
+        readers = [threading.Thread(target=read, args=(s,)) for s in (store, other)]
+        for t in readers:
+            t.start()
+        time.sleep(0.5)
+        store.swap(version=2)
+        np.testing.assert_allclose(store.lookup_many(batch).values, new, atol=1e-5)
+        np.testing.assert_allclose(other.lookup_many(batch).values, new, atol=1e-5)
+        time.sleep(0.3)
+        stop.set()
+        for t in readers:
+            t.join()
+        assert not errors, f"{len(errors)} batches read at two versions"
+        assert seen["old"] > 0 and seen["new"] > 0, seen
+        other.refresh()
+        assert (store.served_version, other.served_version) == (2, 2)
+        # a node Ray restarts serves its repository's current version: the new one
+        actor = ShardedStore.actors("versions")[1][0]
+        before = _where(actor)
+        ray.get(actor.kill_node.remote())
+        wait_for(lambda: _where(actor) not in (None, before), "the node restarted")
+        for _ in range(20):
+            np.testing.assert_allclose(store.lookup_many(batch).values, new, atol=1e-5)
+    finally:
+        ShardedStore.shutdown("versions")
 
 
 def _where(actor) -> tuple[str, str, int, str] | None:

@@ -26,7 +26,7 @@ __all__ = [
     "copy_store_ordered", "panic_at_the_boundary", "error_kinds", "serve", "node_flags",
     "NodeConfig", "NativePlan", "plan_make",
     "plan_check_trace", "plan_load", "shard_plan", "shard_write", "shard_store",
-    "shard_plan_read",
+    "shard_plan_read", "shard_publish",
 ]
 
 _Path = str | PathLike[str]
@@ -335,3 +335,4 @@ def shard_write(store: _Path, plan: str, out: _Path, overwrite: bool) -> None: .
 def shard_store(store: _Path, out: _Path, overwrite: bool, shards: int, replicas: int,
                 scheme: str, replicate_hot: int, trace: _Path | None = None) -> str: ...
 def shard_plan_read(dir: _Path) -> str: ...
+def shard_publish(store: _Path, dir: _Path) -> int: ...

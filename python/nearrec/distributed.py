@@ -6,8 +6,11 @@
   balanced half by bytes and half by a trace's lookups, optionally the hottest rows of each
   split table kept on every shard of it (``replicate_hot``), so that a bag's hot ids go with
   its other ids instead of to one more shard. A :class:`ShardPlan`.
-- :func:`shard`: the store cut by a plan under a directory: ``shard-K`` (each an ordinary
-  store) and ``shards.json``, the plan, written last (``nearrec shard`` on the command line).
+- :func:`shard`: the store cut by a plan under a directory: ``shard-K`` (each a repository
+  of versions, the cut its version 1) and ``shards.json``, the plan, written last (``nearrec
+  shard`` on the command line); :func:`publish`: the next model cut by the same plan, one new
+  version of every shard, for the sharded store to swap to (``Store.swap(version=V)``: every
+  replica stages it, then switches; each batch is read at one version, never two).
 - :func:`load_plan`: the plan of a sharded store's directory, checked.
 - :func:`connect`: the sharded store through the nodes serving its shards — a
   :class:`~nearrec.Store` whose lookups are split by shard, sent to every shard at once and
@@ -151,9 +154,10 @@ def shard(store: _PathLike, out: _PathLike, shards: int | ShardPlan, *, replicas
           overwrite: bool = False) -> ShardPlan:
     """Cuts the store at ``store`` into shards under ``out`` — by a :class:`ShardPlan`, or by
     the plan :func:`plan_shards` makes of the other arguments — and returns the plan. Each
-    shard is an ordinary store (``out/shard-K``) holding its parts' rows as the source stores
-    them; the plan (``out/shards.json``) is written last, so a cut that fails leaves no sharded
-    store. A store with writes not yet compacted is refused (compact it first)."""
+    shard is an ordinary store holding its parts' rows as the source stores them, version 1 of
+    the shard's repository ``out/shard-K`` (:func:`publish` adds versions); the plan
+    (``out/shards.json``) is written last, so a cut that fails leaves no sharded store. A store
+    with writes not yet compacted is refused (compact it first)."""
     if isinstance(shards, ShardPlan):
         _native.shard_write(os.fspath(store), shards.to_json(), os.fspath(out), bool(overwrite))
         return shards
@@ -161,6 +165,14 @@ def shard(store: _PathLike, out: _PathLike, shards: int | ShardPlan, *, replicas
         os.fspath(store), os.fspath(out), bool(overwrite),
         *_options(shards, replicas, scheme, replicate_hot),
         None if trace is None else os.fspath(trace)))
+
+
+def publish(store: _PathLike, directory: _PathLike) -> int:
+    """Cuts the store at ``store`` (the next model: the same tables) by the plan of the sharded
+    store at ``directory`` and publishes its shards as one new version of every shard's
+    repository; returns the version. Nothing is served until the sharded store swaps to it
+    (``Store.swap(version=V)``: every shard staged, then switched, no batch reading two)."""
+    return _native.shard_publish(os.fspath(store), os.fspath(directory))
 
 
 def load_plan(directory: _PathLike) -> ShardPlan:

@@ -19,13 +19,15 @@
 //!   rows are on every shard of their table), or a shard of several replicas, commits on all of
 //!   them or none, by two-phase commit ([`txn`](mod@txn)) — replicas take every router's writes
 //!   in one order — a prepared write its router left settled by the next router that meets it;
+//! - reads each batch at one cluster version (a version of every shard's repository), and swaps
+//!   every shard to a new one so that no batch of any router reads two ([`versions`](mod@versions));
 //! - counts: batches, bags, the bags of split tables and the shards each reached (the fan-out),
 //!   reads, hedges and the
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).
 //!
 //! Modules: `split.rs` (cut and merge), `shard.rs` (a shard's replicas: hedging, failover,
-//! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `store.rs`
-//! (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
+//! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `versions.rs`
+//! (the cluster version: pin, stage, switch, release), `store.rs` (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
 //! conformance suite on sharded stores of every scheme over loopback nodes.
 
 mod shard;

@@ -861,10 +861,11 @@ impl Inner {
     }
 }
 
-/// What a sharded store does with each verb: lookups split by shard and merged; a write to the
-/// replicas of the one shard its rows are on; digests where each part's rows are; counters
-/// added up. Verbs that change the plan's tables or models, or write across shards, answer
-/// `Unsupported` naming the verb (two-phase commit and cluster versions are the next step).
+/// What a sharded store does with each verb: lookups split by shard and merged, at one cluster
+/// version; a write to the one node of its shard, or atomically to every replica of every
+/// shard it touches (`txn.rs`); a swap of every shard at once (`versions.rs`); digests where
+/// each part's rows are; counters added up. Verbs that change the plan's tables answer
+/// `Unsupported` naming the verb (a new table is a new plan).
 impl StoreApi for ShardedStore {
     fn describe(&self) -> String {
         self.inner.describe()

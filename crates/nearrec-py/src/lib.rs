@@ -92,6 +92,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shards::shard_plan, m)?)?;
     m.add_function(wrap_pyfunction!(shards::shard_write, m)?)?;
     m.add_function(wrap_pyfunction!(shards::shard_store, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::shard_publish, m)?)?;
     m.add_function(wrap_pyfunction!(shards::shard_plan_read, m)?)?;
     m.add_class::<writer::NativeStoreWriter>()?;
     m.add_class::<keyed::NativeKeyedTable>()?;

@@ -85,6 +85,13 @@ pub(crate) fn shard_write(
     .map_err(|e| err(py, e))
 }
 
+/// Cuts the store at `store` by the plan of the sharded store at `dir` and publishes it as the
+/// next version of every shard; returns the version.
+#[pyfunction]
+pub(crate) fn shard_publish(py: Python<'_>, store: PathBuf, dir: PathBuf) -> PyResult<u64> {
+    detach(py, || nearrec::shard::publish_cut(&store, &dir))?.map_err(|e| err(py, e))
+}
+
 /// The plan in `dir` (`shards.json`), checked, as JSON.
 #[pyfunction]
 pub(crate) fn shard_plan_read(py: Python<'_>, dir: PathBuf) -> PyResult<String> {

@@ -280,7 +280,7 @@ def parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("shard", help="cut a store into shards for several nodes (table-, row- or "
                         "table-row-wise), balanced by bytes and a trace's load")
     sh.add_argument("store", help="the store to cut")
-    sh.add_argument("--shards", type=int, required=True, help="how many shards")
+    sh.add_argument("--shards", type=int, help="how many shards (with --out)")
     sh.add_argument("--replicas", type=int, default=1, help="nodes serving each shard")
     sh.add_argument("--scheme", choices=["table", "row", "table-row", "auto"], default="auto",
                     help="whole tables, every table over every shard, or each table over as "
@@ -289,7 +289,11 @@ def parser() -> argparse.ArgumentParser:
     sh.add_argument("--replicate-hot", type=int, default=0, metavar="ROWS",
                     help="keep this many of each split table's hottest rows on each of its "
                          "shards (needs --trace)")
-    sh.add_argument("--out", required=True, help="the directory of the shards and shards.json")
+    where = sh.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="the directory of the shards and shards.json")
+    where.add_argument("--publish", metavar="DIR",
+                       help="cut the store by the plan of the sharded store at DIR and publish "
+                            "it as the next version of every shard (swap to it to serve it)")
     sh.add_argument("--overwrite", action="store_true", help="replace a sharded store at OUT")
     common(sh)
     sh.set_defaults(func=cmd_shard)

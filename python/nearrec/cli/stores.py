@@ -172,8 +172,16 @@ def cmd_swap(args: argparse.Namespace) -> int:
     return 0
 
 def cmd_shard(args: argparse.Namespace) -> int:
-    from ..distributed import shard
+    from ..distributed import publish, shard
 
+    if args.publish is not None:
+        version = publish(args.store, args.publish)
+        emit(args, {"published": str(args.publish), "version": version},
+             f"published {args.store} as version {version} of every shard of {args.publish}; "
+             f"serve it with store.swap(version={version}) on the sharded store")
+        return 0
+    if args.shards is None:
+        raise InvalidRequest("nearrec shard --out needs --shards")
     plan = shard(args.store, args.out, args.shards, replicas=args.replicas, scheme=args.scheme,
                  trace=args.trace, replicate_hot=args.replicate_hot, overwrite=args.overwrite)
     sizes, loads = plan.shard_bytes(), plan.shard_load()
