@@ -28,6 +28,8 @@ use nearrec_client::{Client, Started};
 const HOLD_OUT: Duration = Duration::from_secs(1);
 /// The sub-request latencies a shard keeps for its hedge delay.
 const WINDOW: usize = 512;
+/// Reads observed between two computations of the hedge delay's quantile.
+const REQUANTILE: usize = 16;
 
 /// When a read is sent to a second replica.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -118,6 +120,53 @@ impl Replica {
     }
 }
 
+/// A shard's last [`WINDOW`] sub-request latencies, in a ring, and the quantile the hedge delay
+/// is, computed again every [`REQUANTILE`] reads rather than on every read.
+#[derive(Debug, Default)]
+struct Latencies {
+    ring: Vec<Duration>,
+    /// Where the next one goes, once the ring is full.
+    next: usize,
+    /// Reads since `cached` was computed.
+    fresh: usize,
+    /// The last quantile computed: `q` and its latency (`None` before 32 reads).
+    cached: Option<(f64, Option<Duration>)>,
+}
+
+impl Latencies {
+    fn push(&mut self, took: Duration) {
+        if self.ring.len() < WINDOW {
+            self.ring.push(took);
+        } else {
+            self.ring[self.next] = took;
+            self.next = (self.next + 1) % WINDOW;
+        }
+        self.fresh += 1;
+    }
+
+    /// The latency at quantile `q` of the window (none before 32 reads). A read the hedge won
+    /// is [`Duration::MAX`]: past every delay. When more than `1 − q` of the window is, the
+    /// quantile is the longest known latency, so that hedges go on and their answers are
+    /// learned from.
+    fn quantile(&mut self, q: f64) -> Option<Duration> {
+        if let Some((at, delay)) = self.cached
+            && at == q
+            && self.fresh < REQUANTILE
+        {
+            return delay;
+        }
+        let delay = (self.ring.len() >= 32).then(|| {
+            let mut sorted = self.ring.clone();
+            let known = sorted.iter().filter(|&&d| d < Duration::MAX).count();
+            let at = (((sorted.len() - 1) as f64 * q).round() as usize).min(known.checked_sub(1)?);
+            Some(*sorted.select_nth_unstable(at).1)
+        });
+        let delay = delay.flatten();
+        (self.cached, self.fresh) = (Some((q, delay)), 0);
+        delay
+    }
+}
+
 /// The floor of a shard's reads: the highest count of writes an answer or a write of the
 /// shard carried, at one cluster version (a repository version every shard serves; 0 for a
 /// sharded store not served from repositories). Counts of two versions are not comparable (a
@@ -165,7 +214,7 @@ pub(crate) struct Shard {
     /// began with.
     replicas: ArcSwap<Vec<Arc<Replica>>>,
     next: AtomicU64,
-    latencies: Mutex<Vec<Duration>>,
+    latencies: Mutex<Latencies>,
     pub counters: Counters,
     /// The highest version (count of writes) an answer of this shard carried, at the
     /// cluster version the router reads now.
@@ -188,7 +237,7 @@ impl Shard {
             index,
             replicas: ArcSwap::from_pointee(replicas.into_iter().map(Arc::new).collect()),
             next: AtomicU64::new(0),
-            latencies: Mutex::new(Vec::new()),
+            latencies: Mutex::default(),
             counters: Counters::default(),
             seen: Seen::default(),
             writing: Mutex::new(()),
@@ -253,29 +302,14 @@ impl Shard {
             Hedge::Off => None,
             Hedge::After(d) => Some(d),
             Hedge::Quantile { q, min } => {
-                let seen = self.latencies.lock().unwrap();
-                if seen.len() < 32 {
-                    return None;
-                }
-                let mut sorted = seen.clone();
-                drop(seen);
-                sorted.sort_unstable();
-                let at = ((sorted.len() - 1) as f64 * q).round() as usize;
-                // past every latency seen (hedges won more than 1 − q of the reads): the
-                // longest one seen, so that hedges go on and their answers are learned from
-                let known = sorted.partition_point(|&d| d < Duration::MAX);
-                let delay = sorted[at.min(known.checked_sub(1)?)];
+                let delay = self.latencies.lock().unwrap().quantile(q)?;
                 Some(delay.max(min))
             }
         }
     }
 
     fn observe(&self, took: Duration) {
-        let mut seen = self.latencies.lock().unwrap();
-        if seen.len() == WINDOW {
-            seen.remove(0);
-        }
-        seen.push(took);
+        self.latencies.lock().unwrap().push(took);
     }
 
     fn failed(&self, store: &str, why: Vec<String>, kind: ErrorKind) -> Error {
@@ -519,5 +553,46 @@ async fn sleep_or_never(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quantile as the sorted window says, for every count of hedge wins.
+    #[test]
+    fn the_hedge_quantile_is_the_sorted_windows_and_hedge_wins_are_past_every_delay() {
+        let mut l = Latencies::default();
+        for k in 0..31 {
+            l.push(Duration::from_micros(k));
+        }
+        assert_eq!(l.quantile(0.95), None, "fewer than 32 reads");
+        // a window that wrapped: the last WINDOW reads, some won by hedges
+        for k in 0..(WINDOW as u64 + 100) {
+            let took = match k % 10 {
+                9 => Duration::MAX,
+                _ => Duration::from_micros((k * 7919) % 1000),
+            };
+            l.push(took);
+        }
+        let mut window = l.ring.clone();
+        window.sort_unstable();
+        let known = window.partition_point(|&d| d < Duration::MAX);
+        for q in [0.5, 0.85, 0.95, 0.99] {
+            let at = (((window.len() - 1) as f64 * q).round() as usize).min(known - 1);
+            l.fresh = REQUANTILE; // computed now, not cached
+            assert_eq!(l.quantile(q), Some(window[at]), "q {q}");
+        }
+        // cached between computations, computed again after REQUANTILE reads
+        let q95 = l.quantile(0.95);
+        for _ in 0..REQUANTILE - 1 {
+            l.push(Duration::from_secs(1));
+        }
+        assert_eq!(l.quantile(0.95), q95);
+        for _ in 0..WINDOW {
+            l.push(Duration::from_secs(1));
+        }
+        assert_eq!(l.quantile(0.95), Some(Duration::from_secs(1)));
     }
 }
