@@ -26,7 +26,7 @@ MODULES = {"sls": "sls", "ssd": "ssd", "ssd-tuning": "ssd", "ssd-verify": "ssd",
            "flash-check": "flash", "update": "update", "serve": "serve", "torchrec": "torchrec",
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
-           "cluster-projection": "projection"}
+           "cluster-projection": "projection", "cluster-swap": "swap"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:

@@ -10,7 +10,9 @@
 //! `coalesce_bags` bags, and runs them on a blocking thread as one batch per [`Shape`]. Each
 //! request keeps its own deadline and answer: one whose deadline passed or whose client left is
 //! dropped before the batch runs, and a batch that fails runs its requests alone, so that each
-//! error names its own table and positions.
+//! error names its own table and positions. Requests pinned to a version of the store's
+//! repository (a sharded store's sub-requests) run together only with requests pinned to the
+//! same version, and at it.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -40,6 +42,8 @@ pub struct Coalescer {
 struct Waiting {
     call: &'static str,
     batch: OwnedBatch,
+    /// The version it is pinned to (`StoreApi::lookup_version`).
+    at: Option<u64>,
     bags: usize,
     deadline: Option<Instant>,
     arrived: Instant,
@@ -71,11 +75,12 @@ impl Coalescer {
         bags < self.bags
     }
 
-    /// `batch` pooled with whatever joins it; `DEADLINE_EXCEEDED` once `deadline` passes.
+    /// `batch` pooled with whatever joins it, at version `at` of the store's repository when
+    /// one is given; `DEADLINE_EXCEEDED` once `deadline` passes.
     pub async fn lookup(
         &self,
         call: &'static str,
-        batch: OwnedBatch,
+        (batch, at): (OwnedBatch, Option<u64>),
         bags: usize,
         deadline: Option<Instant>,
     ) -> Answer {
@@ -87,6 +92,7 @@ impl Coalescer {
         let waiting = Waiting {
             call,
             batch,
+            at,
             bags,
             deadline,
             arrived: Instant::now(),
@@ -174,17 +180,17 @@ async fn gather(
     }
 }
 
-/// Runs a gathered group: the live requests by shape, each shape as one batch.
+/// Runs a gathered group: the live requests by shape and pinned version, each as one batch.
 fn serve(store: &dyn StoreApi, group: Vec<Waiting>, metrics: &Metrics) {
     let now = Instant::now();
-    let mut shapes: Vec<(Shape, Vec<Waiting>)> = Vec::new();
+    let mut shapes: Vec<((Shape, Option<u64>), Vec<Waiting>)> = Vec::new();
     for w in group {
         metrics.stage(w.call, "queue", (now - w.arrived).as_secs_f64());
         // dropped unanswered: the request's own wait answers DEADLINE_EXCEEDED
         if w.reply.is_closed() || w.deadline.is_some_and(|d| now >= d) {
             continue;
         }
-        let shape = Shape::of(&w.batch);
+        let shape = (Shape::of(&w.batch), w.at);
         match shapes.iter_mut().find(|(s, _)| *s == shape) {
             Some((_, ws)) => ws.push(w),
             None => shapes.push((shape, vec![w])),
@@ -196,7 +202,7 @@ fn serve(store: &dyn StoreApi, group: Vec<Waiting>, metrics: &Metrics) {
         // each request of a coalesced batch spent the batch's stages
         let answers: Vec<(Answer, Stages)> = match together(store, &ws) {
             Some((answers, stages)) => answers.into_iter().map(|a| (a, stages)).collect(),
-            None => ws.iter().map(|w| alone(store, &w.batch)).collect(),
+            None => ws.iter().map(|w| alone(store, &w.batch, w.at)).collect(),
         };
         let seconds = start.elapsed().as_secs_f64();
         for (w, (answer, stages)) in ws.into_iter().zip(answers) {
@@ -209,9 +215,21 @@ fn serve(store: &dyn StoreApi, group: Vec<Waiting>, metrics: &Metrics) {
     }
 }
 
+/// `batch` pooled as version `at` of the store's repository answers it, or as the store is now.
+fn pooled(
+    store: &dyn StoreApi,
+    batch: &nearrec::Batch<'_>,
+    at: Option<u64>,
+) -> nearrec::Result<(Pooled, nearrec::Read)> {
+    match at {
+        Some(v) => store.lookup_version(batch, v),
+        None => store.lookup(batch),
+    }
+}
+
 /// One request's answer, run by itself, and where its time went.
-fn alone(store: &dyn StoreApi, batch: &OwnedBatch) -> (Answer, Stages) {
-    match store.lookup(&batch.as_batch()) {
+fn alone(store: &dyn StoreApi, batch: &OwnedBatch, at: Option<u64>) -> (Answer, Stages) {
+    match pooled(store, &batch.as_batch(), at) {
         Ok((pooled, read)) => (Ok((pooled, read.version)), read.stages),
         Err(e) => (Err(nearrec_wire::status_of(&e)), Stages::default()),
     }
@@ -222,7 +240,7 @@ fn alone(store: &dyn StoreApi, batch: &OwnedBatch) -> (Answer, Stages) {
 fn together(store: &dyn StoreApi, ws: &[Waiting]) -> Option<(Vec<Answer>, Stages)> {
     let parts: Vec<&OwnedBatch> = ws.iter().map(|w| &w.batch).collect();
     let merged = coalesce(&parts)?;
-    let (pooled, read) = store.lookup(&merged.batch.as_batch()).ok()?;
+    let (pooled, read) = pooled(store, &merged.batch.as_batch(), ws[0].at).ok()?;
     let answers = pooled
         .split(&merged.bags)
         .into_iter()

@@ -427,11 +427,10 @@ impl NodeService {
         let inline = inline(&*store, lookups);
         // small lookups that read a device coalesce (on DRAM-resident tables the transport,
         // not the engine, is what a request costs: they run at once)
-        // (a lookup pinned to a version runs alone: a coalesced batch reads what is served)
-        if !raw && !inline && at.is_none() {
+        if !raw && !inline {
             let coalescer = &self.0.coalescers[name];
             if let Some(bags) = bags.filter(|&b| coalescer.takes(b)) {
-                let (pooled, version) = coalescer.lookup(call, batch, bags, deadline).await?;
+                let (pooled, version) = coalescer.lookup(call, (batch, at), bags, deadline).await?;
                 return Ok((convert::pooled(id, version, pooled), held));
             }
         }

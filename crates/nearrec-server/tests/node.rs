@@ -564,6 +564,93 @@ fn small_lookups_that_read_the_device_coalesce_and_answer_as_if_alone() {
 }
 
 #[test]
+fn lookups_pinned_to_a_version_coalesce_only_with_their_own_and_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // a repository of two versions of the store: version 2 is version 1 negated
+    let repo = nearrec::format::Repository::create(&dir.path().join("repo")).unwrap();
+    let tables = [
+        ("t0", ROWS, DIM, nearrec::format::DType::Fp32),
+        ("t1", ROWS, DIM, nearrec::format::DType::Fp16),
+    ];
+    for (k, sign) in [(1u64, 1.0f32), (2, -1.0)] {
+        let built =
+            nearrec_testkit::write_store(dir.path().join(format!("v{k}")), &tables, |t, i| {
+                sign * nearrec_testkit::pattern(t, i)
+            });
+        repo.publish(&built, nearrec::format::Publish::Move)
+            .unwrap();
+    }
+    repo.set_pointer(&nearrec::format::Pointer {
+        current: 1,
+        history: vec![],
+    })
+    .unwrap();
+    let tier = "tier = \"ssd\"\ndram_budget = \"4KiB\"";
+    let store = open(repo.path(), tier);
+    store
+        .stage(&nearrec::SwapTo::Version(2), false, false)
+        .unwrap();
+    let mut stores = Stores::new();
+    stores.insert("s", store).unwrap();
+    let config = NodeConfig {
+        coalesce_bags: 64,
+        coalesce_window: Duration::from_millis(20),
+        ..NodeConfig::default()
+    };
+    let node = Node::start(stores, config);
+    let client = node.client();
+    let local = [1, 2].map(|v| open(&repo.version_path(v), tier));
+    // 36 concurrent small requests, a third pinned to each version, a third to none
+    let pins = [0u64, 1, 2];
+    let batches: Vec<OwnedBatch> = (0..36u64)
+        .map(|s| batch(s % 2, 1 + s as usize % 4))
+        .collect();
+    let answers: Vec<pb::LookupResponse> = node.runtime.block_on(async {
+        let tasks: Vec<_> = (batches.iter().enumerate())
+            .map(|(i, b)| {
+                let mut c = client.clone();
+                let mut req = request("s", b, false, i as u64);
+                req.at_version = pins[i % 3];
+                tokio::spawn(async move { c.lookup(req).await.unwrap().into_inner() })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    for (i, (a, b)) in answers.iter().zip(&batches).enumerate() {
+        let want = local[usize::from(pins[i % 3] == 2)]
+            .lookup(&b.as_batch())
+            .unwrap();
+        same(
+            &convert::unpooled(a).unwrap(),
+            &want,
+            &format!("request {i}"),
+        );
+    }
+    let count: f64 = (node.scrape().lines())
+        .find_map(|l| l.strip_prefix("nearrec_batch_requests_count "))
+        .expect("nearrec_batch_requests_count")
+        .parse()
+        .unwrap();
+    assert!(
+        (3.0..36.0).contains(&count),
+        "{count} engine batches for 36 requests"
+    );
+    // a version the store does not hold: refused, typed, not answered from another
+    let mut req = request("s", &batches[0], false, 0);
+    req.at_version = 3;
+    let s = node
+        .runtime
+        .block_on(client.clone().lookup(req))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
+    assert_eq!(remote(&s).kind, Some(ErrorKind::VersionNotServed), "{s:?}");
+}
+
+#[test]
 fn health_and_reflection_answer_and_info_describes_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let path = build(dir.path());
