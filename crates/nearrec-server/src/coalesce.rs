@@ -180,10 +180,13 @@ async fn gather(
     }
 }
 
+/// What requests that run as one batch share: their shape and the version they are pinned to.
+type Kind = (Shape, Option<u64>);
+
 /// Runs a gathered group: the live requests by shape and pinned version, each as one batch.
 fn serve(store: &dyn StoreApi, group: Vec<Waiting>, metrics: &Metrics) {
     let now = Instant::now();
-    let mut shapes: Vec<((Shape, Option<u64>), Vec<Waiting>)> = Vec::new();
+    let mut shapes: Vec<(Kind, Vec<Waiting>)> = Vec::new();
     for w in group {
         metrics.stage(w.call, "queue", (now - w.arrived).as_secs_f64());
         // dropped unanswered: the request's own wait answers DEADLINE_EXCEEDED
