@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import pickle
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,8 +242,33 @@ def test_a_node_serves_a_sharded_store_at_one_address(store_path, tmp_path):
             served.nodes[1][0].stop()
             with pytest.raises(nearrec.Unavailable, match="shard 1 of store"):
                 remote.lookup_many(reqs)
+            # the shard served again elsewhere, named in replicas.toml: a SIGHUP and the front
+            # reads from it (a file that does not load leaves the replicas as they were)
+            (root / "replicas.toml").write_text("shards = [[\"nowhere\"]]\n")
+            front.proc.send_signal(signal.SIGHUP)
+            time.sleep(1.0)
+            moved = Node(f"{root / 'copy-1-0'}=s", "--tier", "ssd", "--dram-budget", "8KiB")
+            try:
+                replicas = served.replicas()
+                replicas[1] = [f"{moved.address}/s"]
+                (root / "replicas.toml").write_text(
+                    f"shards = {json.dumps(replicas)}\ntimeout = 2.0\nhedge = \"off\"\n")
+                front.proc.send_signal(signal.SIGHUP)
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        got = remote.lookup_many(reqs).values
+                        break
+                    except nearrec.Unavailable:
+                        assert time.monotonic() < deadline, "the front never read the new node"
+                        time.sleep(0.1)
+                np.testing.assert_allclose(got, local.lookup_many(reqs).values, rtol=1e-5,
+                                           atol=1e-5)
+            finally:
+                moved.stop()
         finally:
             front.stop()
+        assert "replicas not reloaded" in front.proc.stderr.read()
     finally:
         served.stop()
     # a directory without replicas.toml: the node says so before it listens

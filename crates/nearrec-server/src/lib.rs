@@ -86,8 +86,8 @@ pub async fn serve(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let acl = config.acl.as_deref().map(Acl::load).transpose()?;
     let shared = Arc::new(Shared::new(stores, config.clone(), acl));
-    if let Some(path) = config.acl.clone() {
-        tokio::spawn(reload_on_hangup(shared.clone(), path));
+    if config.acl.is_some() || shared.stores.has_sharded() {
+        tokio::spawn(reload_on_hangup(shared.clone(), config.acl.clone()));
     }
     let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(l) = listeners.metrics {
@@ -302,21 +302,35 @@ fn stop_signal() -> Result<impl Future<Output = ()> + Send, String> {
     })
 }
 
-/// SIGHUP: the ACL file read again and swapped in whole; a file that does not load leaves the
-/// ACL in force as it was (and says why).
-async fn reload_on_hangup(shared: Arc<Shared>, path: std::path::PathBuf) {
+/// SIGHUP: the ACL file read again and swapped in whole, and each sharded store's
+/// `replicas.toml` read again ([`Stores::reload_replicas`]); what does not load stays as it
+/// was (and the log says why).
+async fn reload_on_hangup(shared: Arc<Shared>, acl: Option<std::path::PathBuf>) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
-        tracing::error!("cannot listen for SIGHUP: the ACL will not be reloaded");
+        tracing::error!("cannot listen for SIGHUP: the ACL and replicas will not be reloaded");
         return;
     };
     while hangup.recv().await.is_some() {
-        match Acl::load(&path) {
-            Ok(acl) => {
-                tracing::info!(principals = acl.principals(), "ACL reloaded");
-                shared.acl.store(Some(Arc::new(acl)));
+        if let Some(path) = &acl {
+            match Acl::load(path) {
+                Ok(acl) => {
+                    tracing::info!(principals = acl.principals(), "ACL reloaded");
+                    shared.acl.store(Some(Arc::new(acl)));
+                }
+                Err(e) => tracing::error!("ACL not reloaded, the old one stays: {e}"),
             }
-            Err(e) => tracing::error!("ACL not reloaded, the old one stays: {e}"),
+        }
+        // new replicas are connected and checked: off the runtime's threads
+        let stores = shared.stores.clone();
+        let reloaded = tokio::task::spawn_blocking(move || stores.reload_replicas()).await;
+        for (store, result) in reloaded.unwrap_or_default() {
+            match result {
+                Ok(()) => tracing::info!(%store, "replicas reloaded"),
+                Err(e) => {
+                    tracing::error!(%store, "replicas not reloaded, served as they were: {e}")
+                }
+            }
         }
     }
 }

@@ -15,7 +15,12 @@ pub const FOLLOW_MS: u64 = 1000;
 
 /// Stores by name; a request's empty name means the only one.
 #[derive(Debug, Clone, Default)]
-pub struct Stores(BTreeMap<String, Arc<dyn StoreApi>>);
+pub struct Stores {
+    by_name: BTreeMap<String, Arc<dyn StoreApi>>,
+    /// The sharded stores among them and their directories, whose `replicas.toml` a reload
+    /// reads again ([`Stores::reload_replicas`]).
+    sharded: Vec<(String, PathBuf, nearrec_cluster::ShardedStore)>,
+}
 
 impl Stores {
     pub fn new() -> Self {
@@ -30,12 +35,12 @@ impl Stores {
         store: impl StoreApi + 'static,
     ) -> Result<(), String> {
         let name = name.into();
-        if self.0.contains_key(&name) {
+        if self.by_name.contains_key(&name) {
             return Err(format!(
                 "two stores are named {name:?}; give each its own (PATH=NAME)"
             ));
         }
-        self.0.insert(name, Arc::new(store));
+        self.by_name.insert(name, Arc::new(store));
         Ok(())
     }
 
@@ -97,21 +102,59 @@ impl Stores {
                 tables = store.plan().tables.len(),
                 "sharded store connected"
             );
-            self.insert(name, store)?;
+            self.insert(name.clone(), store.clone())?;
+            self.sharded.push((name, dir, store));
         }
         Ok(())
     }
 
+    /// Each sharded store's `replicas.toml` read again and its shards served from the
+    /// replicas it names from the next call on (a node moved, a replica added or removed):
+    /// each new replica connected and checked against the plan first, one at an address
+    /// already served kept as it is. The file's other settings (deadline, hedging, token,
+    /// TLS) are the router's from its start. A store whose file does not load, or a shard
+    /// whose replicas do not fit, is served as it was: what went wrong, by store.
+    pub fn reload_replicas(&self) -> Vec<(String, Result<(), String>)> {
+        (self.sharded.iter())
+            .map(|(name, dir, store)| {
+                let reloaded = (|| {
+                    let (endpoints, _) =
+                        nearrec_cluster::ReplicasFile::read(dir).map_err(|e| e.to_string())?;
+                    if endpoints.len() != store.plan().shards {
+                        return Err(format!(
+                            "{} names replicas for {} shards; the plan has {}",
+                            dir.join(nearrec_cluster::REPLICAS_FILE).display(),
+                            endpoints.len(),
+                            store.plan().shards
+                        ));
+                    }
+                    for (k, shard) in endpoints.iter().enumerate() {
+                        store
+                            .set_replicas(k, shard)
+                            .map_err(|e| format!("shard {k}: {e}"))?;
+                    }
+                    Ok(())
+                })();
+                (name.clone(), reloaded)
+            })
+            .collect()
+    }
+
+    /// Whether any store is sharded (a reload has replicas to read).
+    pub fn has_sharded(&self) -> bool {
+        !self.sharded.is_empty()
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.0.keys().map(String::as_str)
+        self.by_name.keys().map(String::as_str)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<dyn StoreApi>)> {
-        self.0.iter().map(|(n, s)| (n.as_str(), s))
+        self.by_name.iter().map(|(n, s)| (n.as_str(), s))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.by_name.is_empty()
     }
 
     /// The store a request names (`NOT_FOUND` naming the stores `visible` to the caller
@@ -122,8 +165,8 @@ impl Stores {
         name: &str,
         visible: impl Fn(&str) -> bool,
     ) -> Result<(&str, Arc<dyn StoreApi>), Status> {
-        if name.is_empty() && self.0.len() == 1 {
-            let (n, s) = self.0.iter().next().expect("one store");
+        if name.is_empty() && self.by_name.len() == 1 {
+            let (n, s) = self.by_name.iter().next().expect("one store");
             if visible(n) {
                 return Ok((n, s.clone()));
             }
@@ -137,7 +180,7 @@ impl Stores {
             }
         };
         // a store the caller may not see is one the node does not serve, to the caller
-        match self.0.get_key_value(name).filter(|(n, _)| visible(n)) {
+        match self.by_name.get_key_value(name).filter(|(n, _)| visible(n)) {
             Some((n, s)) => Ok((n, s.clone())),
             None if name.is_empty() => Err(Status::invalid_argument(format!(
                 "the node serves several stores ({}): name one",
