@@ -42,6 +42,7 @@ from nearrec import TableLookup, distributed
 from .harness import Harness
 from .report import Record, rounds_spread
 from .serve import node
+from .update import _open_loop
 
 #: batches scheduled this long after a swap returned still count as during it
 AFTER = 0.05
@@ -76,37 +77,20 @@ def _batches(cfg: SwapConfig, rng: np.random.Generator, count: int = 16) -> list
 
 def _load(store: nearrec.Store, batches: list[list[Any]], answers: tuple[list[Any], list[Any]],
           cfg: SwapConfig, versions: Iterator[int]) -> dict[str, Any]:
-    """Open-loop batches on ``store`` while a thread swaps it ``cfg.swaps`` times to the
-    versions ``versions`` gives: each batch's scheduled time, latency (µs) and the version it
-    read (1, 2, or 0 when neither: mixed), the swaps' spans, the failures."""
-    n = max(1, int(cfg.rate * cfg.seconds))
+    """Open-loop batches on ``store`` (``update._open_loop``) while a thread swaps it
+    ``cfg.swaps`` times to the versions ``versions`` gives: each batch's scheduled time,
+    latency (µs) and the version it read (1, 2, or 0 when neither: mixed), the swaps' spans,
+    the failures."""
     start = time.perf_counter() + 0.05
-    counter = itertools.count()
     lock = threading.Lock()
     done: list[tuple[float, float, int]] = []
-    failed = [0]
 
-    def issue() -> None:
-        while True:
-            with lock:
-                i = next(counter)
-            if i >= n:
-                return
-            at = start + i / cfg.rate
-            wait = at - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            try:
-                got = store.lookup_many(batches[i % len(batches)]).values
-                took = (time.perf_counter() - at) * 1e6
-                k = i % len(batches)
-                read = next((v + 1 for v, want in enumerate(answers)
-                             if np.allclose(got, want[k], atol=1e-4)), 0)
-                with lock:
-                    done.append((at - start, took, read))
-            except Exception:  # noqa: BLE001 - any failure is what is counted
-                with lock:
-                    failed[0] += 1
+    def answered(i: int, at: float, took: float, pooled: Any) -> None:
+        k = i % len(batches)
+        read = next((v + 1 for v, want in enumerate(answers)
+                     if np.allclose(pooled.values, want[k], atol=1e-4)), 0)
+        with lock:
+            done.append((at - start, took, read))
 
     spans: list[tuple[float, float]] = []
 
@@ -118,12 +102,11 @@ def _load(store: nearrec.Store, batches: list[list[Any]], answers: tuple[list[An
             store.swap(version=next(versions))
             spans.append((t - start, time.perf_counter() - start))
 
-    threads = [threading.Thread(target=issue) for _ in range(cfg.issuers)]
-    threads.append(threading.Thread(target=swap))
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    _, failed = _open_loop(store, batches, cfg.rate, cfg.seconds, cfg.issuers, start=start,
+                           answered=answered)
+    swapper.join()
     during = [lat for at, lat, _ in done
               if any(a <= at <= b + AFTER for a, b in spans)]
     steady = [lat for at, lat, _ in done
@@ -132,7 +115,7 @@ def _load(store: nearrec.Store, batches: list[list[Any]], answers: tuple[list[An
             "swap_s": [b - a for a, b in spans],
             "mixed": sum(1 for *_, v in done if v == 0),
             "read": [sum(1 for *_, v in done if v == w) for w in (1, 2)],
-            "failed": failed[0]}
+            "failed": failed}
 
 
 def run(cfg: SwapConfig, log: Callable[[str], None] = print) -> list[Record]:

@@ -221,11 +221,16 @@ def _requests(rows: dict[str, int], cfg: UpdateConfig, n: int) -> list[dict[str,
 
 
 def _open_loop(store: Any, reqs: Sequence[Any], rate: float, seconds: float,
-               issuers: int = ISSUERS) -> tuple[list[float], int]:
-    """Lookups scheduled at ``rate`` per second for ``seconds``; each latency (µs) is taken
-    from its scheduled start. Returns the latencies and the failed requests."""
+               issuers: int = ISSUERS, *, start: float | None = None,
+               answered: Callable[[int, float, float, Any], None] | None = None
+               ) -> tuple[list[float], int]:
+    """Lookups scheduled at ``rate`` per second for ``seconds`` from ``start`` (a
+    ``perf_counter`` time; by default, now); each latency (µs) is taken from its scheduled
+    start. ``answered(i, scheduled, latency, pooled)`` sees each answer (request ``i`` of
+    ``reqs`` cycled, its scheduled time), on the thread that got it. Returns the latencies and
+    the failed requests."""
     n = max(1, int(rate * seconds))
-    start = time.perf_counter() + 0.02
+    start = time.perf_counter() + 0.02 if start is None else start
     counter = itertools.count()
     lock = threading.Lock()
     lat: list[float] = []
@@ -242,10 +247,12 @@ def _open_loop(store: Any, reqs: Sequence[Any], rate: float, seconds: float,
             if wait > 0:
                 time.sleep(wait)
             try:
-                store.lookup_many(reqs[i % len(reqs)])
-                done = time.perf_counter()
+                pooled = store.lookup_many(reqs[i % len(reqs)])
+                took = (time.perf_counter() - at) * 1e6
+                if answered is not None:
+                    answered(i, at, took, pooled)
                 with lock:
-                    lat.append((done - at) * 1e6)
+                    lat.append(took)
             except Exception:  # noqa: BLE001 - any failure is what is counted
                 with lock:
                     failed[0] += 1

@@ -876,11 +876,20 @@ impl StoreApi for ShardedStore {
         inner.live()?;
         let mut version = 0;
         let (mut tier, mut writable) = (String::new(), true);
+        // the cluster versions: those every shard's repository holds
+        let mut versions: Option<Vec<u64>> = None;
         for s in &inner.shards {
             let info = s.any(&inner.plan.store, |c| c.info())?;
             s.seen.raise(info.version);
             version += info.version;
             writable &= info.writable;
+            versions = Some(match versions {
+                None => info.versions,
+                Some(v) => v
+                    .into_iter()
+                    .filter(|x| info.versions.contains(x))
+                    .collect(),
+            });
             if tier.is_empty() || info.tier == "ssd" {
                 tier = info.tier;
             }
@@ -904,7 +913,7 @@ impl StoreApi for ShardedStore {
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default(),
             served_version: Some(inner.pin.load(Ordering::Acquire)).filter(|&v| v > 0),
-            versions: Vec::new(),
+            versions: versions.unwrap_or_default(),
             shard: None,
         })
     }

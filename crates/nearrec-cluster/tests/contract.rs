@@ -777,6 +777,8 @@ fn a_swap_moves_every_shard_and_no_batch_of_any_router_reads_two_versions() {
         nearrec::shard::publish_cut(&next, cluster._dir.path()).unwrap(),
         2
     );
+    let info = a.info().unwrap();
+    assert_eq!((info.served_version, info.versions), (Some(1), vec![1, 2]));
     let ids: Vec<i64> = (0..64).flat_map(|i| [i, 299 - i]).collect();
     let first = a.lookup(&spanning(&ids)).unwrap().0.values;
     assert!(first.iter().any(|v| *v != 0.0));
@@ -849,6 +851,11 @@ fn a_swap_moves_every_shard_and_no_batch_of_any_router_reads_two_versions() {
     assert_eq!(
         lone.publish(&copy, nearrec::format::Publish::Move).unwrap(),
         3
+    );
+    assert_eq!(
+        a.info().unwrap().versions,
+        vec![1, 2],
+        "every shard's versions, only"
     );
     let e = a
         .swap(&nearrec::SwapTo::Version(3), false, false)

@@ -450,6 +450,15 @@ fn ask(
         .map(tonic::Response::into_inner)
 }
 
+/// The engine batches the node's coalesced lookups ran as (`nearrec_batch_requests_count`).
+fn engine_batches(node: &Node) -> f64 {
+    (node.scrape().lines())
+        .find_map(|l| l.strip_prefix("nearrec_batch_requests_count "))
+        .expect("nearrec_batch_requests_count")
+        .parse()
+        .unwrap()
+}
+
 #[test]
 fn small_lookups_that_read_the_device_coalesce_and_answer_as_if_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -515,13 +524,7 @@ fn small_lookups_that_read_the_device_coalesce_and_answer_as_if_alone() {
         }
         // on the SSD tier fewer engine batches than requests: they coalesced; DRAM-resident
         // lookups run at once, each alone
-        let text = node.scrape();
-        let count: f64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("nearrec_batch_requests_count "))
-            .expect("nearrec_batch_requests_count")
-            .parse()
-            .unwrap();
+        let count = engine_batches(&node);
         if tier == "tier = \"dram\"" {
             assert_eq!(count, 0.0, "DRAM-resident lookups do not coalesce");
             continue;
@@ -630,11 +633,7 @@ fn lookups_pinned_to_a_version_coalesce_only_with_their_own_and_read_it() {
             &format!("request {i}"),
         );
     }
-    let count: f64 = (node.scrape().lines())
-        .find_map(|l| l.strip_prefix("nearrec_batch_requests_count "))
-        .expect("nearrec_batch_requests_count")
-        .parse()
-        .unwrap();
+    let count = engine_batches(&node);
     assert!(
         (3.0..36.0).contains(&count),
         "{count} engine batches for 36 requests"
