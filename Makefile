@@ -10,7 +10,7 @@ RAY       ?= ray[serve]==2.60.0
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-slow develop system-deps rust-check py-check docs bench bench-quick wheel wheel-smoke clean
+.PHONY: demo test test-slow develop system-deps rust-check py-check docs bench bench-quick wheel wheel-smoke fuzz clean
 
 # The environment: a virtualenv with the build tool, test tools, PyTorch (CPU use of the default
 # wheel), FBGEMM's CPU build and TorchRec (the peers, and the KeyedJaggedTensor tests), RocksDB
@@ -89,6 +89,19 @@ test: system-deps rust-check py-check
 # random bit flips in stores served from SSD), which `pytest` leaves out by default.
 test-slow: develop
 	$(PY) -m pytest -q -m slow
+
+# Every fuzz target (fuzz/fuzz_targets: cargo-fuzz, libFuzzer, nightly) for FUZZ_SECONDS each,
+# from and into its corpus (fuzz/corpus/TARGET); a crash is left in fuzz/artifacts/TARGET. The
+# same checks run on stable over the corpus in `make test` (crates/nearrec-fuzz/tests/corpus.rs).
+# Record each run in fuzz/RESULTS.md.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := manifest table_header shard_plan trace_file lookup_request
+fuzz:
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	for t in $(FUZZ_TARGETS); do \
+	    cargo +nightly fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	        > fuzz/$$t.log 2>&1; rc=$$?; tail -12 fuzz/$$t.log; [ $$rc -eq 0 ] || exit $$rc; \
+	done
 
 bench: develop
 	nearrec bench build

@@ -47,6 +47,7 @@ LADDER = [
     "nearrec-py",
     "nearrec-bench",
     "nearrec-bench-py",
+    "nearrec-fuzz",  # what the fuzz targets check (fuzz/ runs them under libFuzzer)
 ]
 # Crates that may depend on nothing above the named rung, whatever their own rung.
 CEILING = {"nearrec-bench": "nearrec-io"}

@@ -71,6 +71,14 @@ impl TableHeader {
         }
         let dtype =
             DType::from_code(b[12]).ok_or_else(|| format!("unknown dtype code {}", b[12]))?;
+        // zero in every header written (format.md §3); read as part of the dtype by no one, so
+        // a header that sets them is not one we wrote (found by fuzzing: they were ignored)
+        if b[13..16] != [0; 3] {
+            return Err(format!(
+                "table header bytes 13..16 are {:?}, not the zeros every header has",
+                &b[13..16]
+            ));
+        }
         Ok(Self {
             version: u32_at(8),
             dtype,
@@ -107,6 +115,16 @@ mod tests {
     fn round_trip() {
         let h = sample();
         assert_eq!(TableHeader::decode(&h.encode()).unwrap(), h);
+    }
+
+    #[test]
+    fn bytes_after_the_dtype_must_be_zero() {
+        let mut b = sample().encode();
+        b[15] = 1;
+        let crc = crc32c::crc32c(&b[..HEADER_CRC_AT]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        let e = TableHeader::decode(&b).unwrap_err();
+        assert!(e.contains("13..16"), "{e}");
     }
 
     #[test]

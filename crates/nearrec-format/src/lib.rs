@@ -81,7 +81,7 @@ pub use chunks::{CHUNK_BYTES, ProgressFn};
 pub use dtype::{DType, int8_scale_bias};
 pub use error::{FormatError, Result};
 pub use gc::gc;
-pub use header::{TABLE_MAGIC, TableHeader};
+pub use header::{HEADER_BYTES, TABLE_MAGIC, TableHeader};
 pub use init::UniformInit;
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 pub use leftovers::{GcReport, Leftover, orphans, retired};

@@ -1,0 +1,158 @@
+//! What each fuzz target checks, as one function of the fuzzer's bytes: a panic is a finding.
+//! `fuzz/` (cargo-fuzz, nightly, libFuzzer) wraps each in a `fuzz_target!`; on stable, this
+//! crate's test runs every seed and every input the fuzzer kept (`fuzz/corpus/TARGET/`) through
+//! the same function, so a crash found once stays fixed. `make fuzz` runs every target for a set
+//! time; `fuzz/RESULTS.md` records the runs.
+//!
+//! A parser must refuse what it cannot read with an error, never panic; what it reads must
+//! survive being written back (the written form parses to the same value). A request must be
+//! answered or refused the same way by every tier that serves it: a wrong answer is a finding,
+//! not only a crash.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use nearrec::format::HEADER_BYTES;
+use nearrec::format::{DType, Manifest, TableHeader};
+use nearrec::plan::ShardPlan;
+use nearrec::{AsBatch as _, Store, StoreApi, StoreConfig};
+use nearrec_wire::v1 as pb;
+use prost::Message as _;
+
+/// A target: what it checks of one input.
+pub type Check = fn(&[u8]);
+
+/// Every target, by the name its corpus folder and its `fuzz_target` have.
+pub const TARGETS: [(&str, Check); 5] = [
+    ("manifest", manifest),
+    ("table_header", table_header),
+    ("shard_plan", shard_plan),
+    ("trace_file", trace_file),
+    ("lookup_request", lookup_request),
+];
+
+/// A store's manifest (`MANIFEST`): refused, or read and written back to itself.
+pub fn manifest(data: &[u8]) {
+    if let Ok(m) = Manifest::decode(data) {
+        let again = Manifest::decode(&m.encode()).expect("a written manifest reads back");
+        assert_eq!(again, m, "a manifest changed on its way through encode");
+    }
+}
+
+/// A table file's header (its first 64 bytes carry the fields): refused, or read and written
+/// back to the same fields.
+pub fn table_header(data: &[u8]) {
+    if let Ok(h) = TableHeader::decode(data) {
+        let written = h.encode();
+        assert_eq!(
+            &written[..HEADER_BYTES],
+            &data[..HEADER_BYTES],
+            "a header read is not the bytes it was read from"
+        );
+        assert_eq!(TableHeader::decode(&written), Ok(h));
+    }
+}
+
+/// A sharded store's plan (`shards.json`): refused, or read and written back to itself.
+pub fn shard_plan(data: &[u8]) {
+    let origin = Path::new("fuzz");
+    if let Ok(plan) = ShardPlan::parse(data, origin) {
+        let again =
+            ShardPlan::parse(plan.to_json().as_bytes(), origin).expect("a written plan reads back");
+        assert_eq!(again, plan, "a plan changed on its way through JSON");
+    }
+}
+
+/// A `.nrtrace` file, opened and checked whole (header, arrays, checksums): refused, or every
+/// table's bags and ids within the file and each other (offsets ascending within the ids).
+pub fn trace_file(data: &[u8]) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("t.nrtrace");
+    std::fs::write(&path, data).expect("the trace written");
+    let Ok(trace) = nearrec::plan::TraceFile::open(&path) else {
+        return;
+    };
+    for i in 0..trace.header().tables.len() {
+        let t = trace.table(i);
+        let n = t.indices.len() as i64;
+        assert!(
+            t.offsets.windows(2).all(|w| w[0] <= w[1])
+                && t.offsets.iter().all(|&o| (0..=n).contains(&o)),
+            "table {i}: a trace that opened has offsets outside its ids"
+        );
+    }
+}
+
+/// The small store the request target reads: two tables, fp32 and int8, of 97 rows.
+fn stores() -> &'static [Store; 2] {
+    static STORES: OnceLock<(tempfile::TempDir, [Store; 2])> = OnceLock::new();
+    &STORES
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let tables = [("a", 97, 4, DType::Fp32), ("b", 97, 8, DType::Int8)];
+            let path = nearrec_testkit::write_store(
+                dir.path().join("s"),
+                &tables,
+                nearrec_testkit::pattern,
+            );
+            let open = |toml: &str| {
+                Store::open(&path, &StoreConfig::from_toml(toml).expect("a config"))
+                    .expect("the store opens")
+            };
+            // the resident gather, and block reads through a row cache of a few rows
+            let tiers = [
+                open("tier = \"dram\""),
+                open("tier = \"ssd\"\ndram_budget = \"2KiB\"\nthreads = 1"),
+            ];
+            (dir, tiers)
+        })
+        .1
+}
+
+/// A storage node's `LookupRequest` as its bytes arrive: refused by the decoder or the
+/// conversion, or answered by the DRAM tier and the SSD tier alike — the same pooled values
+/// (to float rounding), or the same kind of error naming the same table and position.
+pub fn lookup_request(data: &[u8]) {
+    let Ok(req) = pb::LookupRequest::decode(data) else {
+        return;
+    };
+    let Ok(batch) = nearrec_wire::convert::batch(&req.tables) else {
+        return;
+    };
+    let batch = batch.as_batch();
+    // bounded work: a request the fuzzer blew up is refused by a node's limits, not run here
+    let ids: usize = batch.tables.iter().map(|t| t.indices.len()).sum();
+    let bags: usize = (batch.tables.iter())
+        .map(|t| t.declared_bags())
+        .max()
+        .unwrap_or(0);
+    if ids > 1 << 16 || bags > 1 << 14 {
+        return;
+    }
+    let [dram, ssd] = stores();
+    let (a, b) = (
+        StoreApi::lookup(dram, &batch),
+        StoreApi::lookup(ssd, &batch),
+    );
+    match (a, b) {
+        (Ok((a, _)), Ok((b, _))) => {
+            assert_eq!((a.batch, &a.tables), (b.batch, &b.tables), "shapes differ");
+            for (i, (x, y)) in a.values.iter().zip(&b.values).enumerate() {
+                let same = x == y
+                    || (x.is_nan() && y.is_nan())
+                    || (x - y).abs() <= 1e-4 * (1.0 + x.abs().max(y.abs()));
+                assert!(same, "value {i}: the DRAM tier {x}, the SSD tier {y}");
+            }
+        }
+        (Err(a), Err(b)) => assert_eq!(
+            (a.kind(), a.table(), a.position()),
+            (b.kind(), b.table(), b.position()),
+            "the tiers refuse differently: {a} / {b}"
+        ),
+        (a, b) => panic!(
+            "one tier answers, the other refuses: {:?} / {:?}",
+            a.map(|_| ()),
+            b.map(|_| ())
+        ),
+    }
+}

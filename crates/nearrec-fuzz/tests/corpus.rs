@@ -1,0 +1,172 @@
+//! Every input in `fuzz/corpus/TARGET/` — the seeds, and whatever the fuzzer kept or crashed
+//! on and we fixed — through its target's function, on stable: CI's smoke run of the fuzz
+//! targets, and each crash found once a regression test for good. With `NEARREC_FUZZ_SEEDS=1`
+//! it first writes the seeds (valid inputs of every target) into the corpus.
+
+use std::path::{Path, PathBuf};
+
+fn corpus(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target)
+}
+
+#[test]
+fn every_kept_input_passes_its_target() {
+    if std::env::var_os("NEARREC_FUZZ_SEEDS").is_some() {
+        seeds::write();
+    }
+    for (target, check) in nearrec_fuzz::TARGETS {
+        let dir = corpus(target);
+        let mut inputs: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        inputs.sort();
+        assert!(!inputs.is_empty(), "{target}: no seed in {}", dir.display());
+        for input in inputs {
+            // (an input a running fuzzer replaced by a smaller one is gone: not a failure)
+            let data = match std::fs::read(&input) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                read => read.unwrap(),
+            };
+            let run = std::panic::catch_unwind(|| check(&data));
+            assert!(run.is_ok(), "{target}: {} fails", input.display());
+        }
+    }
+}
+
+/// The request seeds reach the engine (a seed every decoder refuses would start the fuzzer
+/// far from what it is for): each answered by both tiers, the one with an id past its table
+/// refused naming it.
+#[test]
+fn the_request_seeds_are_answered_or_refused_where_they_should_be() {
+    use nearrec::AsBatch as _;
+    use prost::Message as _;
+    let dir = corpus("lookup_request");
+    for name in ["sum", "mean-padding", "max", "weighted", "out-of-range"] {
+        let bytes = std::fs::read(dir.join(name)).unwrap();
+        let req = nearrec_wire::v1::LookupRequest::decode(bytes.as_slice()).unwrap();
+        let batch = nearrec_wire::convert::batch(&req.tables).unwrap();
+        let path = tempfile::tempdir().unwrap();
+        let tables = [
+            ("a", 97, 4, nearrec_format::DType::Fp32),
+            ("b", 97, 8, nearrec_format::DType::Int8),
+        ];
+        let store =
+            nearrec_testkit::write_store(path.path().join("s"), &tables, nearrec_testkit::pattern);
+        let store = nearrec::Store::open(&store, &nearrec::StoreConfig::default()).unwrap();
+        let got = store.lookup(&batch.as_batch());
+        match name {
+            "out-of-range" => {
+                let e = got.unwrap_err();
+                assert_eq!(
+                    (e.kind(), e.table()),
+                    (nearrec::ErrorKind::IndexOutOfRange, Some("a"))
+                );
+            }
+            _ => assert_eq!(got.unwrap().batch, 4, "{name}"),
+        }
+    }
+}
+
+/// Valid inputs of every target, for the fuzzer to start from.
+mod seeds {
+    use super::corpus;
+    use nearrec_format::DType;
+    use nearrec_wire::v1 as pb;
+    use prost::Message as _;
+
+    fn put(target: &str, name: &str, bytes: &[u8]) {
+        let dir = corpus(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+
+    pub fn write() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tables = [("a", 97, 4, DType::Fp32), ("b", 97, 8, DType::Int8)];
+        let store =
+            nearrec_testkit::write_store(tmp.path().join("s"), &tables, nearrec_testkit::pattern);
+        put(
+            "manifest",
+            "store",
+            &std::fs::read(store.join("MANIFEST")).unwrap(),
+        );
+        let reader = nearrec_format::StoreReader::open(&store).unwrap();
+        for t in reader.tables() {
+            let bytes = std::fs::read(store.join(&t.file)).unwrap();
+            put("table_header", &t.name, &bytes[..64]);
+        }
+        let options = nearrec::plan::ShardOptions {
+            shards: 2,
+            replicas: 2,
+            scheme: nearrec::plan::Scheme::Row,
+            replicate_hot: 0,
+        };
+        let plan = nearrec::plan::plan_shards("s", reader.tables(), None, &options).unwrap();
+        put("shard_plan", "row-2x2", plan.to_json().as_bytes());
+        let ids: Vec<i64> = (0..40).map(|i| (i * 7) % 97).collect();
+        let offsets: Vec<i64> = (0..=10).map(|b| b * 4).collect();
+        let trace: Vec<nearrec::plan::TableData<'_>> = ["a", "b"]
+            .map(|name| nearrec::plan::TableData {
+                name,
+                rows: 97,
+                pooling: 4,
+                generator: None,
+                first_reference_share: None,
+                offsets: &offsets,
+                indices: &ids,
+            })
+            .to_vec();
+        let path = tmp.path().join("t.nrtrace");
+        nearrec::plan::write_trace(&path, 4, 0, &trace, false).unwrap();
+        put("trace_file", "two-tables", &std::fs::read(&path).unwrap());
+        // lookups of every pooling mode, with weights and padding, and one id out of range
+        for (name, mode, weights, padding, bad) in [
+            ("sum", pb::PoolingMode::Sum, false, None, false),
+            ("mean-padding", pb::PoolingMode::Mean, false, Some(3), false),
+            ("max", pb::PoolingMode::Max, false, None, false),
+            ("weighted", pb::PoolingMode::Sum, true, None, false),
+            ("out-of-range", pb::PoolingMode::Sum, false, None, true),
+        ] {
+            let mut ids: Vec<i64> = (0..12).map(|i| (i * 13) % 97).collect();
+            if bad {
+                ids[5] = 97;
+            }
+            let lengths = [3i64, 0, 4, 5];
+            let t = |table: &str| pb::TableLookup {
+                table: table.into(),
+                ids: ids
+                    .iter()
+                    .flat_map(|i| i.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+                index_type: pb::IndexType::Int64.into(),
+                bags: Some(pb::table_lookup::Bags::Lengths(
+                    lengths
+                        .iter()
+                        .flat_map(|i| i.to_le_bytes())
+                        .collect::<Vec<u8>>()
+                        .into(),
+                )),
+                mode: mode.into(),
+                per_sample_weights: if weights {
+                    (0..12)
+                        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+                        .collect::<Vec<u8>>()
+                        .into()
+                } else {
+                    Default::default()
+                },
+                padding_idx: padding,
+            };
+            let req = pb::LookupRequest {
+                store: String::new(),
+                tables: vec![t("a"), t("b")],
+                ..Default::default()
+            };
+            put("lookup_request", name, &req.encode_to_vec());
+        }
+    }
+}
