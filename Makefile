@@ -91,15 +91,17 @@ test-slow: develop
 	$(PY) -m pytest -q -m slow
 
 # Every fuzz target (fuzz/fuzz_targets: cargo-fuzz, libFuzzer, nightly) for FUZZ_SECONDS each,
-# from and into its corpus (fuzz/corpus/TARGET); a crash is left in fuzz/artifacts/TARGET. The
-# same checks run on stable over the corpus in `make test` (crates/nearrec-fuzz/tests/corpus.rs).
-# Record each run in fuzz/RESULTS.md.
+# from its seeds (fuzz/seeds/TARGET) and corpus (fuzz/corpus/TARGET, where what it finds goes;
+# `cargo +nightly fuzz cmin -O TARGET` minimizes it); a crash is left in fuzz/artifacts/TARGET
+# (fix it, then keep it in fuzz/seeds/TARGET under a name). The same checks run on stable over
+# both in `make test` (crates/nearrec-fuzz/tests/corpus.rs). Record each run in fuzz/RESULTS.md.
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := manifest table_header shard_plan trace_file lookup_request
 fuzz:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	for t in $(FUZZ_TARGETS); do \
-	    cargo +nightly fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    cargo +nightly fuzz run -O $$t fuzz/corpus/$$t fuzz/seeds/$$t -- \
+	        -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	        > fuzz/$$t.log 2>&1; rc=$$?; tail -12 fuzz/$$t.log; [ $$rc -eq 0 ] || exit $$rc; \
 	done
 

@@ -1,13 +1,15 @@
-//! Every input in `fuzz/corpus/TARGET/` — the seeds, and whatever the fuzzer kept or crashed
-//! on and we fixed — through its target's function, on stable: CI's smoke run of the fuzz
-//! targets, and each crash found once a regression test for good. With `NEARREC_FUZZ_SEEDS=1`
-//! it first writes the seeds (valid inputs of every target) into the corpus.
+//! Every input in `fuzz/seeds/TARGET/` (valid inputs written by this test, and each crash found
+//! once, kept under a name) and `fuzz/corpus/TARGET/` (what the fuzzer kept, minimized) through
+//! its target's function, on stable: CI's smoke run of the fuzz targets, and every crash found a
+//! regression test for good. With `NEARREC_FUZZ_SEEDS=1` it first writes the valid seeds.
 
 use std::path::{Path, PathBuf};
 
-fn corpus(target: &str) -> PathBuf {
+/// `fuzz/KIND/TARGET`: `seeds` or `corpus`.
+fn inputs(kind: &str, target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
+        .join("../../fuzz")
+        .join(kind)
         .join(target)
 }
 
@@ -17,14 +19,17 @@ fn every_kept_input_passes_its_target() {
         seeds::write();
     }
     for (target, check) in nearrec_fuzz::TARGETS {
-        let dir = corpus(target);
-        let mut inputs: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.unwrap().path())
-            .collect();
-        inputs.sort();
-        assert!(!inputs.is_empty(), "{target}: no seed in {}", dir.display());
-        for input in inputs {
+        let mut all: Vec<PathBuf> = Vec::new();
+        for kind in ["seeds", "corpus"] {
+            let dir = inputs(kind, target);
+            let found = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .map(|e| e.unwrap().path());
+            all.extend(found);
+        }
+        all.sort();
+        assert!(all.len() > 1, "{target}: {} inputs", all.len());
+        for input in all {
             // (an input a running fuzzer replaced by a smaller one is gone: not a failure)
             let data = match std::fs::read(&input) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -43,7 +48,7 @@ fn every_kept_input_passes_its_target() {
 fn the_request_seeds_are_answered_or_refused_where_they_should_be() {
     use nearrec::AsBatch as _;
     use prost::Message as _;
-    let dir = corpus("lookup_request");
+    let dir = inputs("seeds", "lookup_request");
     for name in ["sum", "mean-padding", "max", "weighted", "out-of-range"] {
         let bytes = std::fs::read(dir.join(name)).unwrap();
         let req = nearrec_wire::v1::LookupRequest::decode(bytes.as_slice()).unwrap();
@@ -72,13 +77,13 @@ fn the_request_seeds_are_answered_or_refused_where_they_should_be() {
 
 /// Valid inputs of every target, for the fuzzer to start from.
 mod seeds {
-    use super::corpus;
+    use super::inputs;
     use nearrec_format::DType;
     use nearrec_wire::v1 as pb;
     use prost::Message as _;
 
     fn put(target: &str, name: &str, bytes: &[u8]) {
-        let dir = corpus(target);
+        let dir = inputs("seeds", target);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(name), bytes).unwrap();
     }
