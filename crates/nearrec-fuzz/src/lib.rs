@@ -23,8 +23,9 @@ use prost::Message as _;
 pub type Check = fn(&[u8]);
 
 /// Every target, by the name its corpus folder and its `fuzz_target` have.
-pub const TARGETS: [(&str, Check); 5] = [
+pub const TARGETS: [(&str, Check); 6] = [
     ("manifest", manifest),
+    ("wal_replay", wal_replay),
     ("table_header", table_header),
     ("shard_plan", shard_plan),
     ("trace_file", trace_file),
@@ -153,6 +154,105 @@ pub fn lookup_request(data: &[u8]) {
             "one tier answers, the other refuses: {:?} / {:?}",
             a.map(|_| ()),
             b.map(|_| ())
+        ),
+    }
+}
+
+/// A write-ahead log of calls made from the input, then damaged as the input says — cut at a
+/// byte (what follows lost, as in a crash), and one byte changed — and recovered: recovery either refuses the damage or returns
+/// calls the log was given, whole and in order, from the first; a cut alone (a crash mid-write)
+/// is always recovered, and returns every call written wholly before the cut.
+pub fn wal_replay(data: &[u8]) {
+    use nearrec::format::wal::{Op, Wal, WalConfig};
+    let [calls, cut_at, flip_at, flip, rest @ ..] = data else {
+        return;
+    };
+    // in memory where the machine has it (its syncs are free): what is fuzzed is the bytes
+    let dir = match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm"),
+        false => tempfile::tempdir(),
+    }
+    .expect("a temporary directory");
+    let config = WalConfig {
+        segment_bytes: 1 << 12,
+        ..WalConfig::default()
+    };
+    // up to 8 calls of a few rows each, their ids and bytes taken from the input
+    let mut written: Vec<Vec<Op>> = Vec::new();
+    let mut bytes = rest.chunks(12);
+    for _ in 0..(calls % 8) + 1 {
+        let Some(chunk) = bytes.next() else { break };
+        let ids: Vec<u64> = chunk.iter().take(3).map(|&b| u64::from(b)).collect();
+        let rows: Vec<u8> = (0..ids.len() * 4)
+            .map(|i| chunk.get(i % chunk.len()).copied().unwrap_or(0))
+            .collect();
+        let op = if chunk[0] % 5 == 0 {
+            Op::Remove {
+                table: "t".into(),
+                ids,
+            }
+        } else {
+            Op::Write {
+                table: "t".into(),
+                ids,
+                row_bytes: 4,
+                rows,
+            }
+        };
+        written.push(vec![op]);
+    }
+    {
+        let (wal, _) = Wal::open(dir.path(), config, 0).expect("a new log opens");
+        for ops in &written {
+            wal.append(ops).expect("an append");
+        }
+    }
+    // the segments, oldest first: the cut and the changed byte fall in their bytes, end to end
+    let mut segments: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("the log's directory")
+        .map(|e| e.expect("an entry").path())
+        .collect();
+    segments.sort();
+    let lens: Vec<usize> = segments
+        .iter()
+        .map(|p| std::fs::metadata(p).expect("a segment").len() as usize)
+        .collect();
+    let total: usize = lens.iter().sum();
+    let at = |share: u8| total * usize::from(share) / 256;
+    let (cut, changed) = (at(*cut_at), (*flip != 0).then(|| at(*flip_at)));
+    let mut start = 0;
+    for (path, len) in segments.iter().zip(&lens) {
+        let mut b = std::fs::read(path).expect("a segment");
+        if let Some(c) = changed.filter(|c| (start..start + len).contains(c)) {
+            b[c - start] ^= flip;
+        }
+        // a crash loses the log's tail: the segment the cut falls in is cut, later ones go
+        if start >= cut {
+            std::fs::remove_file(path).expect("a segment removed");
+            start += len;
+            continue;
+        }
+        if cut < start + len {
+            b.truncate(cut - start);
+        }
+        std::fs::write(path, &b).expect("a segment rewritten");
+        start += len;
+    }
+    match Wal::open(dir.path(), config, 0) {
+        Ok((_, recovered)) => {
+            let got: Vec<&Vec<Op>> = recovered.records.iter().map(|r| &r.ops).collect();
+            assert!(
+                got.len() <= written.len(),
+                "more calls recovered than written"
+            );
+            for (i, (g, w)) in got.iter().zip(&written).enumerate() {
+                assert_eq!(*g, w, "call {i} recovered other than written");
+                assert_eq!(recovered.records[i].lsn, i as u64 + 1);
+            }
+        }
+        Err(e) => assert!(
+            changed.is_some(),
+            "a log only cut short (a crash) is refused: {e}"
         ),
     }
 }
