@@ -398,10 +398,7 @@ impl StoreApi for Store {
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)> {
-        let snapshot = self.snapshot();
-        let (pooled, stages) = self.lookup_at(batch, &snapshot)?;
-        let version = snapshot.version();
-        Ok((pooled, Read { version, stages }))
+        self.read_at(batch, &self.snapshot())
     }
 
     fn lookup_into(&self, batch: &Batch<'_>, out: &mut [f32]) -> Result<Read> {

@@ -47,11 +47,14 @@ pub(crate) struct Inner {
     held: Mutex<Held>,
 }
 
-/// What a store holds open beside the version it serves: one staged ([`Store::stage`]) and
-/// the one a swap to a staged version replaced. A lookup pinned to either's number is
-/// answered from it ([`Store::lookup_version`]).
+/// The number of the version a store serves, and what it holds open beside it: one staged
+/// ([`Store::stage`]) and the one a swap to a staged version replaced. A lookup pinned to any
+/// of their numbers is answered from it ([`Store::lookup_version`]).
 #[derive(Debug, Default)]
 struct Held {
+    /// The served version's number in the repository (`None`: not served from one); set with
+    /// the served version, under the same lock.
+    serving: Option<u64>,
     staged: Option<(u64, Arc<Served>)>,
     previous: Option<(u64, Arc<Served>)>,
 }
@@ -76,6 +79,12 @@ impl Held {
 
     fn versions(&self) -> impl Iterator<Item = &(u64, Arc<Served>)> {
         self.staged.iter().chain(self.previous.iter())
+    }
+
+    /// Everything held beside the served version, taken out.
+    fn take_all(&mut self) -> impl Iterator<Item = Arc<Served>> + use<> {
+        let (staged, previous) = (self.staged.take(), self.previous.take());
+        staged.into_iter().chain(previous).map(|(_, s)| s)
     }
 }
 
@@ -250,6 +259,10 @@ impl Store {
     ) -> Result<Self> {
         config.validate()?;
         let Located { reader, repo } = located;
+        let held = Held {
+            serving: repo.as_ref().and_then(|r| r.version_of(reader.path())),
+            ..Held::default()
+        };
         let (engine, flash) = open_engine(&reader, config, progress)?;
         warm_up(&engine, &store_name(reader.path(), repo.as_ref()), config)?;
         let served = Served::open(&reader, engine, config)?;
@@ -260,7 +273,7 @@ impl Store {
                 served: ArcSwap::new(served),
                 reaping: Mutex::default(),
                 repo,
-                held: Mutex::default(),
+                held: Mutex::new(held),
             }),
         })
     }
@@ -282,7 +295,7 @@ impl Store {
 
     /// The repository's version served now (`None` for a store not opened from one).
     pub fn served_version(&self) -> Option<u64> {
-        self.inner.repo.as_ref()?.version_of(&self.served().path)
+        lock(&self.inner.held).serving
     }
 
     fn served(&self) -> Arc<Served> {
@@ -380,9 +393,9 @@ impl Store {
     /// the calls on them end. A sharded store releases them once every shard serves the new
     /// version, so that every router moves to it on its next batch.
     pub fn release(&self) {
-        let held = std::mem::take(&mut *lock(&self.inner.held));
-        for (_, gone) in held.staged.into_iter().chain(held.previous) {
-            self.retire(gone);
+        let gone = lock(&self.inner.held).take_all();
+        for old in gone {
+            self.retire(old);
         }
     }
 
@@ -476,10 +489,10 @@ impl Store {
             },
         };
         let version = new.live.snapshot().version();
+        let number = self.version_number(&new);
         let old = self.inner.served.swap(new);
-        let mut gone: Vec<Arc<Served>> = held.staged.take().into_iter().map(|(_, s)| s).collect();
-        gone.extend(held.previous.take().map(|(_, s)| s));
-        match self.version_number(&old) {
+        let mut gone: Vec<Arc<Served>> = held.take_all().collect();
+        match std::mem::replace(&mut held.serving, number) {
             Some(v) if keep => held.previous = Some((v, old)),
             _ => gone.push(old),
         }
@@ -524,15 +537,14 @@ impl Store {
     /// served one's, or that of one held beside it; else [`Error::VersionNotServed`].
     pub(crate) fn snapshot_of(&self, version: u64) -> Result<Arc<Snapshot>> {
         let held = lock(&self.inner.held);
-        let served = self.current();
-        if self.version_number(&served) == Some(version) {
-            return Ok(served.live.snapshot());
+        if held.serving == Some(version) {
+            return Ok(self.current().live.snapshot());
         }
         if let Some((_, s)) = held.versions().find(|(v, _)| *v == version) {
             return Ok(s.live.snapshot());
         }
         let mut have: Vec<u64> = held.versions().map(|(v, _)| *v).collect();
-        have.extend(self.version_number(&served));
+        have.extend(held.serving);
         have.sort_unstable();
         Err(Error::VersionNotServed {
             store: self.name(),
@@ -546,7 +558,13 @@ impl Store {
     /// refused with [`Error::VersionNotServed`], never answered from another version.
     pub fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> Result<(Pooled, Read)> {
         let snapshot = self.snapshot_of(version)?;
-        let (pooled, stages) = self.lookup_at(batch, &snapshot)?;
+        self.read_at(batch, &snapshot)
+    }
+
+    /// [`Store::lookup_at`] with the version `snapshot` is and where the time went: what the
+    /// contract's lookups answer.
+    pub(crate) fn read_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<(Pooled, Read)> {
+        let (pooled, stages) = self.lookup_at(batch, snapshot)?;
         let version = snapshot.version();
         Ok((pooled, Read { version, stages }))
     }
