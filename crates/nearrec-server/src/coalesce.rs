@@ -23,6 +23,7 @@ use tonic::Status;
 
 use crate::admission::{Admission, Slot};
 use crate::metrics::Metrics;
+use crate::stores::pooled;
 
 /// A pooled answer and the store version it was read at.
 pub type Answer = Result<(Pooled, u64), Status>;
@@ -215,18 +216,6 @@ fn serve(store: &dyn StoreApi, group: Vec<Waiting>, metrics: &Metrics) {
             }
             let _ = w.reply.send(answer);
         }
-    }
-}
-
-/// `batch` pooled as version `at` of the store's repository answers it, or as the store is now.
-fn pooled(
-    store: &dyn StoreApi,
-    batch: &nearrec::Batch<'_>,
-    at: Option<u64>,
-) -> nearrec::Result<(Pooled, nearrec::Read)> {
-    match at {
-        Some(v) => store.lookup_version(batch, v),
-        None => store.lookup(batch),
     }
 }
 

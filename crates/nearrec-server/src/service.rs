@@ -28,7 +28,7 @@ use crate::admission::{Held, Slot, deadline};
 use crate::conns::ConnInfo;
 use crate::node::Shared;
 use crate::send::{Answered, Hold};
-use crate::stores::inline;
+use crate::stores::{inline, pooled};
 use crate::swap;
 
 /// The caller of one call: its principal, or anyone when the node has no ACL.
@@ -469,10 +469,7 @@ fn lookup(
         too_large(rows.first().map_or("", |r| r.table.as_str()), bytes, limit)?;
         return Ok((convert::raw(id, version, rows), None));
     }
-    let (pooled, read) = match at {
-        Some(v) => store.lookup_version(&batch, v)?,
-        None => store.lookup(&batch)?,
-    };
+    let (pooled, read) = pooled(store, &batch, at)?;
     Ok((convert::pooled(id, read.version, pooled), Some(read.stages)))
 }
 

@@ -13,6 +13,19 @@ use tonic::Status;
 /// store config's `follow_ms` says.
 pub const FOLLOW_MS: u64 = 1000;
 
+/// `batch` pooled as version `at` of the store's repository answers it (a pinned lookup,
+/// `StoreApi::lookup_version`), or as the store is now.
+pub(crate) fn pooled(
+    store: &dyn StoreApi,
+    batch: &nearrec::Batch<'_>,
+    at: Option<u64>,
+) -> nearrec::Result<(nearrec::Pooled, nearrec::Read)> {
+    match at {
+        Some(v) => store.lookup_version(batch, v),
+        None => store.lookup(batch),
+    }
+}
+
 /// Stores by name; a request's empty name means the only one.
 #[derive(Debug, Clone, Default)]
 pub struct Stores {

@@ -450,6 +450,27 @@ fn ask(
         .map(tonic::Response::into_inner)
 }
 
+/// `reqs` sent to `node` all at once, each on a task of its own: their answers, in order.
+fn all_at_once(
+    node: &Node,
+    reqs: Vec<pb::LookupRequest>,
+) -> Vec<Result<pb::LookupResponse, tonic::Status>> {
+    let client = node.client();
+    node.runtime.block_on(async {
+        let tasks: Vec<_> = (reqs.into_iter())
+            .map(|req| {
+                let mut c = client.clone();
+                tokio::spawn(async move { c.lookup(req).await.map(tonic::Response::into_inner) })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    })
+}
+
 /// The engine batches the node's coalesced lookups ran as (`nearrec_batch_requests_count`).
 fn engine_batches(node: &Node) -> f64 {
     (node.scrape().lines())
@@ -473,7 +494,6 @@ fn small_lookups_that_read_the_device_coalesce_and_answer_as_if_alone() {
             ..NodeConfig::default()
         };
         let node = Node::start(stores, config);
-        let client = node.client();
         // 48 concurrent small requests of three shapes; one asks for a row past the end
         let batches: Vec<OwnedBatch> = (0..48u64)
             .map(|s| batch(s % 3 * 2, 1 + s as usize % 5))
@@ -487,25 +507,8 @@ fn small_lookups_that_read_the_device_coalesce_and_answer_as_if_alone() {
         }
         let mut all = batches.clone();
         all[7] = bad;
-        let answers: Vec<Result<pb::LookupResponse, tonic::Status>> =
-            node.runtime.block_on(async {
-                let tasks: Vec<_> = all
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| {
-                        let mut c = client.clone();
-                        let req = request("s", b, false, i as u64);
-                        tokio::spawn(
-                            async move { c.lookup(req).await.map(tonic::Response::into_inner) },
-                        )
-                    })
-                    .collect();
-                let mut out = Vec::new();
-                for t in tasks {
-                    out.push(t.await.unwrap());
-                }
-                out
-            });
+        let reqs = (all.iter().enumerate()).map(|(i, b)| request("s", b, false, i as u64));
+        let answers = all_at_once(&node, reqs.collect());
         for (i, (a, b)) in answers.iter().zip(&batches).enumerate() {
             if i == 7 {
                 let e = remote(a.as_ref().unwrap_err());
@@ -608,22 +611,13 @@ fn lookups_pinned_to_a_version_coalesce_only_with_their_own_and_read_it() {
     let batches: Vec<OwnedBatch> = (0..36u64)
         .map(|s| batch(s % 2, 1 + s as usize % 4))
         .collect();
-    let answers: Vec<pb::LookupResponse> = node.runtime.block_on(async {
-        let tasks: Vec<_> = (batches.iter().enumerate())
-            .map(|(i, b)| {
-                let mut c = client.clone();
-                let mut req = request("s", b, false, i as u64);
-                req.at_version = pins[i % 3];
-                tokio::spawn(async move { c.lookup(req).await.unwrap().into_inner() })
-            })
-            .collect();
-        let mut out = Vec::new();
-        for t in tasks {
-            out.push(t.await.unwrap());
-        }
-        out
+    let reqs = (batches.iter().enumerate()).map(|(i, b)| pb::LookupRequest {
+        at_version: pins[i % 3],
+        ..request("s", b, false, i as u64)
     });
+    let answers = all_at_once(&node, reqs.collect());
     for (i, (a, b)) in answers.iter().zip(&batches).enumerate() {
+        let a = a.as_ref().unwrap();
         let want = local[usize::from(pins[i % 3] == 2)]
             .lookup(&b.as_batch())
             .unwrap();
