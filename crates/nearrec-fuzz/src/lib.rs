@@ -84,18 +84,23 @@ pub fn trace_file(data: &[u8]) {
     }
 }
 
-/// The small store the request target reads: two tables, fp32 and int8, of 97 rows.
-fn stores() -> &'static [Store; 2] {
+/// Rows of each table of the store the targets read.
+pub const ROWS: u64 = 97;
+
+/// The small store the targets read, written at `path`: tables `a` (fp32, dim 4) and `b`
+/// (int8, dim 8) of [`ROWS`] rows, the testkit's pattern. What the seeds are made from.
+pub fn write_store(path: &Path) -> std::path::PathBuf {
+    let tables = [("a", ROWS, 4, DType::Fp32), ("b", ROWS, 8, DType::Int8)];
+    nearrec_testkit::write_store(path, &tables, nearrec_testkit::pattern)
+}
+
+/// [`write_store`]'s store, opened on the DRAM tier and on the SSD tier (the request target's).
+pub fn stores() -> &'static [Store; 2] {
     static STORES: OnceLock<(tempfile::TempDir, [Store; 2])> = OnceLock::new();
     &STORES
         .get_or_init(|| {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let tables = [("a", 97, 4, DType::Fp32), ("b", 97, 8, DType::Int8)];
-            let path = nearrec_testkit::write_store(
-                dir.path().join("s"),
-                &tables,
-                nearrec_testkit::pattern,
-            );
+            let path = write_store(&dir.path().join("s"));
             let open = |toml: &str| {
                 Store::open(&path, &StoreConfig::from_toml(toml).expect("a config"))
                     .expect("the store opens")

@@ -55,15 +55,7 @@ fn the_request_seeds_are_answered_or_refused_where_they_should_be() {
         let bytes = std::fs::read(dir.join(name)).unwrap();
         let req = nearrec_wire::v1::LookupRequest::decode(bytes.as_slice()).unwrap();
         let batch = nearrec_wire::convert::batch(&req.tables).unwrap();
-        let path = tempfile::tempdir().unwrap();
-        let tables = [
-            ("a", 97, 4, nearrec_format::DType::Fp32),
-            ("b", 97, 8, nearrec_format::DType::Int8),
-        ];
-        let store =
-            nearrec_testkit::write_store(path.path().join("s"), &tables, nearrec_testkit::pattern);
-        let store = nearrec::Store::open(&store, &nearrec::StoreConfig::default()).unwrap();
-        let got = store.lookup(&batch.as_batch());
+        let got = nearrec_fuzz::stores()[0].lookup(&batch.as_batch());
         match name {
             "out-of-range" => {
                 let e = got.unwrap_err();
@@ -80,7 +72,6 @@ fn the_request_seeds_are_answered_or_refused_where_they_should_be() {
 /// Valid inputs of every target, for the fuzzer to start from.
 mod seeds {
     use super::inputs;
-    use nearrec_format::DType;
     use nearrec_wire::v1 as pb;
     use prost::Message as _;
 
@@ -92,9 +83,7 @@ mod seeds {
 
     pub fn write() {
         let tmp = tempfile::tempdir().unwrap();
-        let tables = [("a", 97, 4, DType::Fp32), ("b", 97, 8, DType::Int8)];
-        let store =
-            nearrec_testkit::write_store(tmp.path().join("s"), &tables, nearrec_testkit::pattern);
+        let store = nearrec_fuzz::write_store(&tmp.path().join("s"));
         put(
             "manifest",
             "store",
@@ -113,12 +102,13 @@ mod seeds {
         };
         let plan = nearrec::plan::plan_shards("s", reader.tables(), None, &options).unwrap();
         put("shard_plan", "row-2x2", plan.to_json().as_bytes());
-        let ids: Vec<i64> = (0..40).map(|i| (i * 7) % 97).collect();
+        let rows = nearrec_fuzz::ROWS as i64;
+        let ids: Vec<i64> = (0..40).map(|i| (i * 7) % rows).collect();
         let offsets: Vec<i64> = (0..=10).map(|b| b * 4).collect();
         let trace: Vec<nearrec::plan::TableData<'_>> = ["a", "b"]
             .map(|name| nearrec::plan::TableData {
                 name,
-                rows: 97,
+                rows: nearrec_fuzz::ROWS,
                 pooling: 4,
                 generator: None,
                 first_reference_share: None,
@@ -137,9 +127,9 @@ mod seeds {
             ("weighted", pb::PoolingMode::Sum, true, None, false),
             ("out-of-range", pb::PoolingMode::Sum, false, None, true),
         ] {
-            let mut ids: Vec<i64> = (0..12).map(|i| (i * 13) % 97).collect();
+            let mut ids: Vec<i64> = (0..12).map(|i| (i * 13) % rows).collect();
             if bad {
-                ids[5] = 97;
+                ids[5] = rows;
             }
             let lengths = [3i64, 0, 4, 5];
             let t = |table: &str| pb::TableLookup {
