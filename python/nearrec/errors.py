@@ -113,6 +113,12 @@ class VersionNotServed(NearrecError):
     (neither served nor staged beside it): never answered from another version."""
 
 
+class MembershipChanged(NearrecError):
+    """A write sent to a replica at another membership epoch than its sender's, or to one that
+    is catching up (no member of its shard); a sharded store learns its shard's replicas again
+    and retries by itself, so a caller sees this only from a replica addressed directly."""
+
+
 class TraceMismatch(InvalidTrace, InvalidRequest):
     """A trace does not fit the store it is used with (a table the store lacks, another row
     count, a row id past the table): an ``InvalidTrace`` and an ``InvalidRequest`` both."""
@@ -159,6 +165,7 @@ __all__ = [
     "InternalError",
     "InvalidRequest",
     "InvalidTrace",
+    "MembershipChanged",
     "NearrecError",
     "ResourceExhausted",
     "StoreCorrupted",

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use nearrec::model::Tensor;
 use nearrec::{
-    AsBatch, Batch, Compaction, Decision, ErrorKind, Inferred, Info, NewTable, PendingLookup,
-    Pooled, Read, RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TierReport, Transaction,
-    Versioned, WriteOptions,
+    AsBatch, Batch, Compaction, Decision, ErrorKind, Inferred, Info, Membership, NewTable,
+    PendingLookup, Pooled, Read, RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TierReport,
+    Transaction, Versioned, WriteOptions,
 };
 use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::v1 as pb;
@@ -656,11 +656,13 @@ impl StoreApi for Client {
         writes: &[RowWrite<'_>],
         options: WriteOptions,
         note: &str,
+        epoch: Option<u64>,
     ) -> nearrec::Result<()> {
         let req = pb::TransactionRequest {
             writes: convert::writes(writes),
             allow_nonfinite: options.allow_nonfinite,
             note: note.to_owned(),
+            epoch,
             ..self.transaction(tx, Step::Prepare)
         };
         self.call(Again::Never, req, |mut node, req| async move {
@@ -704,6 +706,69 @@ impl StoreApi for Client {
             .iter()
             .map(convert::untransaction)
             .collect()
+    }
+
+    fn membership(&self) -> nearrec::Result<Membership> {
+        let req = self.transaction(0, Step::Membership);
+        let answer = self.call(Again::Safe, req, |mut node, req| async move {
+            node.transaction(req).await
+        })?;
+        Ok(convert::unmembership(answer.membership))
+    }
+
+    fn set_membership(
+        &self,
+        expected: u64,
+        epoch: u64,
+        members: &[u64],
+    ) -> nearrec::Result<Membership> {
+        let to = Membership {
+            epoch,
+            members: members.to_vec(),
+            ..Membership::default()
+        };
+        let req = pb::TransactionRequest {
+            epoch: Some(expected),
+            membership: Some(convert::membership(to)),
+            ..self.transaction(0, Step::SetMembership)
+        };
+        // a compare-and-set: sent again after it took, it is refused; the caller reads again
+        let answer = self.call(Again::Never, req, |mut node, req| async move {
+            node.transaction(req).await
+        })?;
+        Ok(convert::unmembership(answer.membership))
+    }
+
+    fn fence(&self, epoch: u64, lease: Duration) -> nearrec::Result<u64> {
+        let req = pb::TransactionRequest {
+            epoch: Some(epoch),
+            lease_seconds: lease.as_secs_f64(),
+            ..self.transaction(0, Step::Fence)
+        };
+        Ok(self
+            .call(Again::Safe, req, |mut node, req| async move {
+                node.transaction(req).await
+            })?
+            .version)
+    }
+
+    fn adopt(
+        &self,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        count: u64,
+    ) -> nearrec::Result<u64> {
+        let req = pb::TransactionRequest {
+            writes: convert::writes(writes),
+            allow_nonfinite: options.allow_nonfinite,
+            count,
+            ..self.transaction(0, Step::Adopt)
+        };
+        Ok(self
+            .call(Again::Never, req, |mut node, req| async move {
+                node.transaction(req).await
+            })?
+            .version)
     }
 
     fn create_table(&self, t: &NewTable<'_>) -> nearrec::Result<u64> {

@@ -19,6 +19,10 @@
 //!   rows are on every shard of their table), or a shard of several replicas, commits on all of
 //!   them or none, by two-phase commit ([`txn`](mod@txn)) — replicas take every router's writes
 //!   in one order — a prepared write its router left settled by the next router that meets it;
+//! - keeps each shard's membership: a replica that missed a write is left out at the next epoch,
+//!   which every write carries, and one that was down catches up from a member — the differing
+//!   rows copied, the members fenced for the last pass — before it is admitted again
+//!   ([`members`](mod@members));
 //! - reads each batch at one cluster version (a version of every shard's repository), and swaps
 //!   every shard to a new one so that no batch of any router reads two ([`versions`](mod@versions));
 //! - counts: batches, bags, the bags of split tables and the shards each reached (the fan-out),
@@ -27,15 +31,18 @@
 //!
 //! Modules: `split.rs` (cut and merge), `shard.rs` (a shard's replicas: hedging, failover,
 //! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `versions.rs`
-//! (the cluster version: pin, stage, switch, release), `store.rs` (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
+//! (the cluster version: pin, stage, switch, release), `members.rs` (membership, catch-up),
+//! `store.rs` (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
 //! conformance suite on sharded stores of every scheme over loopback nodes.
 
+mod members;
 mod shard;
 mod split;
 mod store;
 mod txn;
 mod versions;
 
+pub use members::CaughtUp;
 pub use shard::Hedge;
 pub use store::{Endpoint, REPLICAS_FILE, ReplicasFile, ShardedOptions, ShardedStore};
 pub use txn::Settled;

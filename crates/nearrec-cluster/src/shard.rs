@@ -91,8 +91,13 @@ pub(crate) struct Replica {
     pub client: Client,
     pub addr: String,
     held_out_until: Mutex<Option<Instant>>,
-    /// Missed a write the others took: serves no reads.
+    /// Missed a write the others took, or is no member of the shard: serves no reads.
     stale: AtomicBool,
+    /// The shard's epoch when it missed a write, if it did: stale until an epoch past it names
+    /// it a member again (it caught up).
+    missed_at: Mutex<Option<u64>>,
+    /// Its id in the shard's membership (`members.rs`; 0 until learned).
+    pub id: AtomicU64,
 }
 
 impl Replica {
@@ -102,6 +107,8 @@ impl Replica {
             addr,
             held_out_until: Mutex::new(None),
             stale: AtomicBool::new(false),
+            missed_at: Mutex::new(None),
+            id: AtomicU64::new(0),
         }
     }
 
@@ -114,9 +121,29 @@ impl Replica {
         *self.held_out_until.lock().unwrap() = Some(Instant::now() + HOLD_OUT);
     }
 
-    /// Missed a write the others took: serves no reads from now on.
-    pub fn mark_stale(&self) {
-        self.stale.store(true, Ordering::Relaxed);
+    /// Missed a write the others took at the shard's membership epoch `epoch`: serves no
+    /// reads and takes no writes until an epoch past it names it a member again.
+    pub fn mark_stale(&self, epoch: u64) {
+        let mut missed = self.missed_at.lock().unwrap();
+        *missed = Some(missed.map_or(epoch, |e| e.max(epoch)));
+        self.set_stale(true);
+    }
+
+    /// Whether it missed a write at epoch `epoch` or later (`mark_stale`).
+    pub fn missed_since(&self, epoch: u64) -> bool {
+        self.missed_at.lock().unwrap().is_some_and(|e| e >= epoch)
+    }
+
+    /// Stale (no reads, no writes), or not: as the shard's membership says (`members.rs`).
+    pub fn set_stale(&self, stale: bool) {
+        if !stale {
+            *self.missed_at.lock().unwrap() = None;
+        }
+        self.stale.store(stale, Ordering::Relaxed);
+    }
+
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Relaxed)
     }
 }
 
@@ -221,6 +248,9 @@ pub(crate) struct Shard {
     pub seen: Seen,
     /// Held by this router's two-phase writes to the shard, taken in shard order.
     writing: Mutex<()>,
+    /// The shard's membership as this router last learned it: the epoch its writes are sent
+    /// at, and the members by id (`members.rs`).
+    pub membership: Mutex<(u64, Vec<u64>)>,
 }
 
 /// Whether another replica may serve what `e` refused.
@@ -241,6 +271,7 @@ impl Shard {
             counters: Counters::default(),
             seen: Seen::default(),
             writing: Mutex::new(()),
+            membership: Mutex::default(),
         }
     }
 
@@ -268,6 +299,23 @@ impl Shard {
     pub fn live_replicas(&self) -> Vec<(usize, Arc<Replica>)> {
         (self.replicas.load().iter().enumerate())
             .filter(|(_, r)| !r.stale.load(Ordering::Relaxed))
+            .map(|(k, r)| (k, r.clone()))
+            .collect()
+    }
+
+    /// The epoch this router's writes to the shard are sent at.
+    pub fn epoch(&self) -> u64 {
+        self.membership.lock().unwrap().0
+    }
+
+    /// The replicas a write goes to: every member of the shard at the epoch this router knows
+    /// (every replica at epoch 0), with its place in the list. A member this router holds
+    /// stale (it missed a write, and is being left out) is written still: while it is named a
+    /// member, another router may read it.
+    pub fn write_replicas(&self) -> Vec<(usize, Arc<Replica>)> {
+        let (epoch, members) = self.membership.lock().unwrap().clone();
+        (self.replicas.load().iter().enumerate())
+            .filter(|(_, r)| epoch == 0 || members.contains(&r.id.load(Ordering::Relaxed)))
             .map(|(k, r)| (k, r.clone()))
             .collect()
     }
@@ -523,6 +571,18 @@ impl Shard {
             let _ = r.client.close();
         }
     }
+}
+
+/// `f` on every item at once, each on its own thread; the answers in order.
+pub(crate) fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let running: Vec<_> = items.iter().map(|i| s.spawn(move || f(i))).collect();
+        running
+            .into_iter()
+            .map(|h| h.join().expect("a transaction's step panicked"))
+            .collect()
+    })
 }
 
 /// How a round of a read ended without an answer.

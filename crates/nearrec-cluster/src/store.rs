@@ -18,6 +18,7 @@ use nearrec_client::{Client, ClientOptions, Started};
 use nearrec_engine::EngineError;
 use rustc_hash::FxHashMap;
 
+use crate::members;
 use crate::shard::{Hedge, Replica, Shard};
 use crate::split::{HotRanks, Split};
 use crate::txn::{self, Settled};
@@ -272,11 +273,9 @@ impl ShardedStore {
                 .max()
                 .unwrap_or(0);
             shard.seen.repin(pin, newest);
-            for (r, (v, count)) in shard.all_replicas().iter().zip(versions) {
-                if at_pin(v) && *count < newest {
-                    r.mark_stale();
-                }
-            }
+            // a replica behind its shard's others missed writes (it was down), one that is no
+            // member is catching up: it serves no reads and takes no writes until caught up
+            members::learn_anew(shard, pin);
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -325,6 +324,45 @@ impl ShardedStore {
         txn::settle(&self.inner.shards, older_than)
     }
 
+    /// Catches up every replica that is stale but answers — a node that was down, restarted
+    /// behind its shard's others, or one that missed a write — from a member of its shard, and
+    /// admits it again (`members.rs`): what each catch-up did, or why it failed, by shard and
+    /// address. Learns every shard's membership first (a change another router made, a fence
+    /// a catch-up left past its lease). The members of a shard are fenced for at most `lease`
+    /// while a replica's last pass is copied; their writes wait meanwhile.
+    pub fn catch_up(
+        &self,
+        lease: Duration,
+    ) -> Vec<(usize, String, nearrec::Result<crate::CaughtUp>)> {
+        let pin = self.inner.pin.load(Ordering::Relaxed);
+        let mut done = Vec::new();
+        for shard in &self.inner.shards {
+            members::settle_fences(shard, pin);
+            let mut learned = members::learn(shard, pin, false);
+            // one left out during a swap serves the old version: it catches up at the new
+            let behind: Vec<_> = (shard.all_replicas().iter().zip(&learned.answers))
+                .filter(|(_, a)| a.is_none() && pin != 0)
+                .filter_map(|(r, _)| {
+                    let info = r.client.info().ok()?;
+                    (info.served_version != Some(pin)).then(|| r.clone())
+                })
+                .collect();
+            for r in &behind {
+                let _ = (r.client).swap(&SwapTo::Version(pin), false, false);
+            }
+            if !behind.is_empty() {
+                learned = members::learn(shard, pin, false);
+            }
+            for (r, replica) in shard.all_replicas().iter().enumerate() {
+                if replica.is_stale() && learned.answers[r].is_some() {
+                    let result = members::catch_up(&self.inner.plan.store, shard, pin, r, lease);
+                    done.push((shard.index, replica.addr.clone(), result));
+                }
+            }
+        }
+        done
+    }
+
     /// Each shard's replicas' addresses, as they are served now.
     pub fn replicas(&self) -> Vec<Vec<String>> {
         self.inner.shards.iter().map(Shard::addresses).collect()
@@ -333,8 +371,8 @@ impl ShardedStore {
     /// Serves shard `shard` from the replicas at `endpoints` from the next call on — a node
     /// restarted at another address, a replica added — each new one connected and checked
     /// against the plan first (a replica at an address it had is kept as it is). A new one
-    /// at a version behind what the shard has served missed writes: it is stale (no reads,
-    /// no writes) until it is copied again and given anew.
+    /// that is no member of the shard, or behind its members, missed writes: it is stale (no
+    /// reads, no writes) until it has caught up ([`ShardedStore::catch_up`]).
     pub fn set_replicas(&self, shard: usize, endpoints: &[Endpoint]) -> nearrec::Result<()> {
         let inner = &self.inner;
         let Some(s) = inner.shards.get(shard) else {
@@ -352,14 +390,14 @@ impl ShardedStore {
                 replicas.push(kept);
                 continue;
             }
-            let (replica, info) = connect_replica(&inner.plan, shard, e, &inner.client_options())?;
-            // behind what the shard served: it missed writes while it was away
-            if info.version < s.seen.load() {
-                replica.mark_stale();
-            }
+            let (replica, _) = connect_replica(&inner.plan, shard, e, &inner.client_options())?;
+            // stale until its membership is learned: behind what the shard served, it missed
+            // writes while it was away
+            replica.set_stale(true);
             replicas.push(Arc::new(replica));
         }
         s.set_replicas(replicas);
+        members::learn_anew(s, inner.pin.load(Ordering::Relaxed));
         Ok(())
     }
 }
@@ -741,9 +779,10 @@ impl Inner {
             })
             .collect();
         if let [s] = shards.as_slice()
-            && let [(_, replica)] = self.shards[*s].live_replicas().as_slice()
+            && let [replica] = self.shards[*s].all_replicas().as_slice()
+            && self.shards[*s].epoch() == 0
         {
-            // one node takes it: one call
+            // one node, the shard's only replica ever: one call
             let v = replica.client.write_many(&calls[0], options)?;
             self.shards[*s].seen.raise(v);
         } else if !shards.is_empty() {
@@ -754,6 +793,7 @@ impl Inner {
                 store: &self.plan.store,
                 all: &self.shards,
                 visible: &self.visible,
+                pin: self.pin.load(Ordering::Relaxed),
             }
             .write(&shards, &calls, options, self.options.client.timeout)?;
         }

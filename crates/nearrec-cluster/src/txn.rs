@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use nearrec::{Decision, Error, ErrorKind, RowWrite, StoreApi, Transaction, TxState, WriteOptions};
 
-use crate::shard::{Replica, Shard};
+use crate::members;
+use crate::shard::{Replica, Shard, on_each};
 
 /// A replica of the plan: shard and place in the shard's replica list.
 pub(crate) type At = (usize, usize);
@@ -97,18 +98,8 @@ struct Share<'a> {
     at: At,
     replica: Arc<Replica>,
     calls: &'a [RowWrite<'a>],
-}
-
-/// `f` on every item at once, each on its own thread; the answers in order.
-pub(crate) fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let f = &f;
-        let running: Vec<_> = items.iter().map(|i| s.spawn(move || f(i))).collect();
-        running
-            .into_iter()
-            .map(|h| h.join().expect("a transaction's step panicked"))
-            .collect()
-    })
+    /// The shard's membership epoch, as the router knows it.
+    epoch: u64,
 }
 
 /// A sharded store's shards as the coordinator of a write sees them.
@@ -118,6 +109,8 @@ pub(crate) struct Coordinator<'a> {
     pub all: &'a [Shard],
     /// Held by the store's lookups; taken whole while a write's shares commit.
     pub visible: &'a RwLock<()>,
+    /// The cluster version read (replicas serving another are not asked of their membership).
+    pub pin: u64,
 }
 
 impl Coordinator<'_> {
@@ -138,14 +131,37 @@ impl Coordinator<'_> {
         // wait on each other)
         let _turns: Vec<_> = shards.iter().map(|&k| self.all[k].lock_writes()).collect();
         let mut pause = Duration::from_millis(5);
+        let mut learned = false;
         loop {
             match self.attempt(shards, calls, options) {
-                Err(e) if e.kind() == ErrorKind::StoreLocked => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::StoreLocked | ErrorKind::MembershipChanged
+                    ) =>
+                {
                     let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                     if left.is_some_and(|l| l <= pause) {
                         return Err(e);
                     }
+                    if e.kind() == ErrorKind::MembershipChanged {
+                        // another router changed a shard's replicas: learn them, go again (at
+                        // once the first time)
+                        for &k in shards {
+                            members::learn(&self.all[k], self.pin, false);
+                        }
+                        if std::mem::replace(&mut learned, true) {
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(Duration::from_millis(200));
+                        }
+                        continue;
+                    }
+                    // a row held by a transaction its router left, or a fence its catch-up
+                    // left: settled once they are old enough
                     settle(self.all, settle_after);
+                    for &k in shards {
+                        members::settle_fences(&self.all[k], self.pin);
+                    }
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
@@ -163,18 +179,20 @@ impl Coordinator<'_> {
         let tx = fastrand::u128(..);
         let mut shares = Vec::new();
         for (i, &k) in shards.iter().enumerate() {
-            for (r, replica) in self.all[k].live_replicas() {
+            let epoch = self.all[k].epoch();
+            for (r, replica) in self.all[k].write_replicas() {
                 shares.push(Share {
                     at: (k, r),
                     replica,
                     calls: &calls[i],
+                    epoch,
                 });
             }
             if !shares.iter().any(|s| s.at.0 == k) {
                 return Err(self.error(
                     k,
                     ErrorKind::Unavailable,
-                    "no replica takes writes (every one is stale)".into(),
+                    "no replica takes writes (none is a member)".into(),
                 ));
             }
         }
@@ -186,7 +204,7 @@ impl Coordinator<'_> {
         .to_string();
         // phase one
         let mut prepared = on_each(&shares, |s| {
-            s.replica.client.prepare_write(tx, s.calls, options, &note)
+            (s.replica.client).prepare_write(tx, s.calls, options, &note, Some(s.epoch))
         });
         // refused: a replica said no (a held row, a full delta), or no replica of a shard (or not
         // the decider) could answer; a replica that could not answer where another of its shard
@@ -222,11 +240,11 @@ impl Coordinator<'_> {
                 e
             });
         }
-        for (s, p) in shares.iter().zip(&prepared) {
-            if p.is_err() {
-                s.replica.mark_stale();
-            }
-        }
+        let missed: Vec<(usize, Arc<Replica>)> = (shares.iter().zip(&prepared))
+            .filter(|(_, p)| p.is_err())
+            .map(|(s, _)| (s.at.0, s.replica.clone()))
+            .collect();
+        self.leave_out(&missed);
         // phase two: the decision, then everyone else, this router's lookups waiting until every
         // shard serves it
         let visible = self.visible.write().unwrap_or_else(|p| p.into_inner());
@@ -278,14 +296,19 @@ impl Coordinator<'_> {
             .filter(|(_, p)| p.is_ok())
             .map(|(s, _)| s)
             .collect();
-        let mut shards: Vec<usize> = ready.iter().map(|s| s.at.0).collect();
+        // the decider's shard has its commit: the others need one replica's each first
+        let decided = shares[0].at.0;
+        let mut shards: Vec<usize> = (ready.iter().map(|s| s.at.0))
+            .filter(|&k| k != decided)
+            .collect();
         shards.dedup();
+        let failed = std::sync::Mutex::new(Vec::new());
         let commit = |s: &Share<'_>| {
             let done = s.replica.client.decide(tx, Decision::Commit, false);
             if let Ok(v) = done {
                 self.all[s.at.0].seen.raise(v);
             } else {
-                s.replica.mark_stale();
+                failed.lock().unwrap().push((s.at.0, s.replica.clone()));
             }
             done.is_ok()
         };
@@ -298,12 +321,13 @@ impl Coordinator<'_> {
         drop(visible);
         // the rest: the replicas after the one that committed (those before it failed)
         let rest: Vec<&Share<'_>> = (ready.iter().copied())
-            .filter(|s| {
-                let k = shards.iter().position(|&k| k == s.at.0).expect("a shard");
-                first[k].is_some_and(|f| s.at.1 > f.1)
+            .filter(|s| match shards.iter().position(|&k| k == s.at.0) {
+                Some(k) => first[k].is_some_and(|f| s.at.1 > f.1),
+                None => true,
             })
             .collect();
         on_each(&rest, |s| commit(s));
+        self.leave_out(&failed.into_inner().unwrap());
         if let Some(k) = (shards.iter().zip(&first)).find_map(|(&k, f)| f.is_none().then_some(k)) {
             return Err(self.error(
                 k,
@@ -319,6 +343,21 @@ impl Coordinator<'_> {
         let decider = shares[0].replica.clone();
         std::thread::spawn(move || decider.client.forget(tx));
         Ok(())
+    }
+
+    /// Replicas that missed a write the others of their shard took: stale here at once, and
+    /// left out of their shards' membership (`members.rs`), so that every router learns it at
+    /// its next write.
+    fn leave_out(&self, missed: &[(usize, Arc<Replica>)]) {
+        let mut by_shard: HashMap<usize, Vec<u64>> = HashMap::new();
+        for (k, replica) in missed {
+            replica.mark_stale(self.all[*k].epoch());
+            let id = replica.id.load(std::sync::atomic::Ordering::Relaxed);
+            by_shard.entry(*k).or_default().push(id);
+        }
+        for (k, gone) in by_shard {
+            members::exclude(&self.all[k], self.pin, &gone);
+        }
     }
 
     fn error(&self, shard: usize, kind: ErrorKind, reason: String) -> Error {

@@ -23,8 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use nearrec::{Error, ErrorKind, StoreApi, SwapTo};
 
-use crate::shard::{Replica, Shard};
-use crate::txn::on_each;
+use crate::shard::{Replica, Shard, on_each};
 
 /// The cluster version to read at, from what each shard's replicas serve (`served[k]`: shard
 /// `k`'s replicas' repository versions; `None` for a replica not served from a repository):
@@ -132,7 +131,7 @@ pub(crate) fn switch(
         match got {
             Ok(count) => counts[*k] = Some(counts[*k].unwrap_or(0).max(count)),
             Err(e) => {
-                r.mark_stale();
+                r.mark_stale(shards[*k].epoch());
                 first_error.get_or_insert_with(|| fail(*k, r, "switch", e));
             }
         }

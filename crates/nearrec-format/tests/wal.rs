@@ -84,6 +84,37 @@ fn recovery_replays_what_was_appended_after_the_applied_record() {
 }
 
 #[test]
+fn a_record_appended_at_a_later_number_fills_the_gap_with_empty_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = calls(3);
+    {
+        let (wal, _) = Wal::open(dir.path(), config(Durability::Sync, 300), 0).unwrap();
+        assert_eq!(wal.append(&ops[0]).unwrap(), 1);
+        assert_eq!(wal.append_at(5, &ops[1]).unwrap(), 5);
+        // at the next number: no gap; behind it: refused, nothing appended
+        assert_eq!(wal.append_at(6, &[]).unwrap(), 6);
+        assert!(wal.append_at(6, &ops[2]).is_err());
+        assert_eq!(wal.append(&ops[2]).unwrap(), 7);
+        assert_eq!(wal.stats().records, 7);
+    }
+    let got = replay(dir.path(), 0);
+    let lsns: Vec<u64> = got.iter().map(|r| r.lsn).collect();
+    assert_eq!(lsns, [1, 2, 3, 4, 5, 6, 7]);
+    for (r, want) in got
+        .iter()
+        .zip([&ops[0][..], &[], &[], &[], &ops[1], &[], &ops[2]])
+    {
+        assert_eq!(r.ops, want, "record {}", r.lsn);
+    }
+    // a gap that spans the segment size stays one group, and the next segment follows it
+    let (wal, _) = Wal::open(dir.path(), config(Durability::Sync, 300), 0).unwrap();
+    assert_eq!(wal.append_at(100, &ops[0]).unwrap(), 100);
+    assert_eq!(wal.append(&ops[1]).unwrap(), 101);
+    drop(wal);
+    assert_eq!(replay(dir.path(), 98).len(), 3);
+}
+
+#[test]
 fn a_log_behind_the_tables_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let small = config(Durability::Sync, 200);

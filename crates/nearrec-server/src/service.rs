@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nearrec::{
     AsBatch, Decision, NewTable, OwnedBatch, RowWrite, Stages, StoreApi, SwapTo, WriteOptions,
@@ -683,6 +683,11 @@ impl NodeService {
         if step == Step::Prepare {
             let tables = req.writes.iter().map(|w| w.table.as_str());
             self.allow_tables(&caller, "Transaction", Permission::Write, name, tables)?;
+        } else if matches!(step, Step::SetMembership | Step::Fence | Step::Adopt) {
+            // a replica's place in its shard, and rows written outside any write's checks
+            self.allow(&caller, "Transaction", |p| {
+                p.allow_all(Permission::Admin, name)
+            })?;
         } else {
             self.allow(&caller, "Transaction", |p| {
                 p.allow_all(Permission::Write, name)
@@ -702,20 +707,40 @@ impl NodeService {
         let options = WriteOptions {
             allow_nonfinite: req.allow_nonfinite,
         };
+        let lease = Duration::try_from_secs_f64(req.lease_seconds)
+            .map_err(|_| Status::invalid_argument(format!("lease {} s", req.lease_seconds)))?;
         let (answer, slot) = self
             .run("Transaction", deadline, false, move || {
+                let membership = |m: nearrec::Membership| pb::TransactionResponse {
+                    version: 0,
+                    transactions: Vec::new(),
+                    membership: Some(convert::membership(m)),
+                };
                 let version = match step {
                     Step::List => {
                         let listed = store.transactions()?;
                         return Ok(pb::TransactionResponse {
                             version: store.version()?,
                             transactions: listed.iter().map(convert::transaction).collect(),
+                            membership: None,
                         });
                     }
                     Step::Prepare => {
                         let w = convert::row_writes(&writes);
-                        store.prepare_write(tx, &w, options, &req.note)?;
+                        store.prepare_write(tx, &w, options, &req.note, req.epoch)?;
                         store.version()?
+                    }
+                    Step::Membership => return Ok(membership(store.membership()?)),
+                    Step::SetMembership => {
+                        let to = convert::unmembership(req.membership.clone());
+                        let expected = req.epoch.unwrap_or(0);
+                        let set = store.set_membership(expected, to.epoch, &to.members)?;
+                        return Ok(membership(set));
+                    }
+                    Step::Fence => store.fence(req.epoch.unwrap_or(0), lease)?,
+                    Step::Adopt => {
+                        let w = convert::row_writes(&writes);
+                        store.adopt(&w, options, req.count)?
                     }
                     Step::Commit => store.decide(tx, Decision::Commit, req.keep)?,
                     Step::Abort => store.decide(tx, Decision::Abort, req.keep)?,
@@ -727,6 +752,7 @@ impl NodeService {
                 Ok(pb::TransactionResponse {
                     version,
                     transactions: Vec::new(),
+                    membership: None,
                 })
             })
             .await?;

@@ -492,6 +492,27 @@ pub fn uncompaction(c: pb::CompactResponse) -> Compaction {
 }
 
 /// A transaction a store holds (the node's side).
+pub fn membership(m: nearrec::Membership) -> pb::Membership {
+    pb::Membership {
+        replica: m.replica,
+        epoch: m.epoch,
+        members: m.members,
+        fenced_at_ms: m.fenced_at_ms,
+        fence_lease_ms: m.fence_lease_ms,
+    }
+}
+
+/// A membership as sent (none sent: epoch 0, no id).
+pub fn unmembership(m: Option<pb::Membership>) -> nearrec::Membership {
+    m.map_or_else(nearrec::Membership::default, |m| nearrec::Membership {
+        replica: m.replica,
+        epoch: m.epoch,
+        members: m.members,
+        fenced_at_ms: m.fenced_at_ms,
+        fence_lease_ms: m.fence_lease_ms,
+    })
+}
+
 pub fn transaction(t: &Transaction) -> pb::TransactionState {
     pb::TransactionState {
         tx: t.tx.to_le_bytes().to_vec().into(),

@@ -30,6 +30,8 @@ pub fn code_of(kind: ErrorKind) -> Code {
         }
         // retryable: compaction frees the delta; memory and threads come back
         K::DeltaFull | K::InsufficientMemory | K::ResourceExhausted => Code::ResourceExhausted,
+        // a concurrency conflict: the sender learns the replicas again and retries
+        K::MembershipChanged => Code::Aborted,
         K::StoreIo => Code::Unavailable,
         K::StoreCorrupted => Code::DataLoss,
         K::Internal => Code::Internal,

@@ -24,6 +24,7 @@ use nearrec_format::wal::Init;
 use crate::batch::{AsBatch, Bags, Batch, Indices, Pooled, Read, TableLookup};
 use crate::error::{Error, Result};
 use crate::live::{Compaction, Decision, RowWrite, Transaction, WriteOptions};
+use crate::membership::Membership;
 use crate::model::{Inferred, Tensor};
 use crate::pipeline::Pending;
 use crate::raw::Rows;
@@ -223,15 +224,18 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// the call checked as [`StoreApi::write_many`] checks it, its room reserved and its rows
     /// durable under transaction `tx`, none served yet; refused ([`ErrorKind::StoreLocked`])
     /// while another prepared transaction holds one of its rows. `note` is the coordinator's,
-    /// kept with it.
+    /// kept with it. `epoch`: the membership epoch of the shard's replicas its sender holds
+    /// (refused, [`ErrorKind::MembershipChanged`], by a replica at another, or by one that is
+    /// no member); `None` for a shard of one replica.
     fn prepare_write(
         &self,
         tx: u128,
         writes: &[RowWrite<'_>],
         options: WriteOptions,
         note: &str,
+        epoch: Option<u64>,
     ) -> Result<()> {
-        let _ = (tx, writes, options, note);
+        let _ = (tx, writes, options, note, epoch);
         Err(Error::unsupported("prepare_write", self.describe()))
     }
 
@@ -252,6 +256,35 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// The transactions the store has prepared, and the outcomes it keeps.
     fn transactions(&self) -> Result<Vec<Transaction>> {
         Err(Error::unsupported("transactions", self.describe()))
+    }
+
+    /// The store's membership of its shard, as a replica (`docs/distributed.md`, "A replica
+    /// catching up").
+    fn membership(&self) -> Result<Membership> {
+        Err(Error::unsupported("membership", self.describe()))
+    }
+
+    /// Makes `members` (replica ids) the shard's members at `epoch` on this replica if it is
+    /// at epoch `expected` (compare-and-set; else [`ErrorKind::MembershipChanged`] naming the
+    /// one it holds), durably; lifts a fence.
+    fn set_membership(&self, expected: u64, epoch: u64, members: &[u64]) -> Result<Membership> {
+        let _ = (expected, epoch, members);
+        Err(Error::unsupported("set_membership", self.describe()))
+    }
+
+    /// Fences a member at `epoch` for a catch-up's last pass: new prepares refused until its
+    /// membership changes, those taken before drained within `lease`; the store's count of
+    /// writes, which holds while fenced.
+    fn fence(&self, epoch: u64, lease: Duration) -> Result<u64> {
+        let _ = (epoch, lease);
+        Err(Error::unsupported("fence", self.describe()))
+    }
+
+    /// A replica catching up (no member) takes rows copied from a live one as its write
+    /// number `count`, its shard's count of writes becoming its own; its version after.
+    fn adopt(&self, writes: &[RowWrite<'_>], options: WriteOptions, count: u64) -> Result<u64> {
+        let _ = (writes, options, count);
+        Err(Error::unsupported("adopt", self.describe()))
     }
 
     /// What `to` names — a store directory (on the serving side's file system), a version of
@@ -451,8 +484,9 @@ impl StoreApi for Store {
         writes: &[RowWrite<'_>],
         options: WriteOptions,
         note: &str,
+        epoch: Option<u64>,
     ) -> Result<()> {
-        Store::prepare_write(self, tx, writes, options, note)
+        Store::prepare_write(self, tx, writes, options, note, epoch)
     }
 
     fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {
@@ -465,6 +499,22 @@ impl StoreApi for Store {
 
     fn transactions(&self) -> Result<Vec<Transaction>> {
         Store::transactions(self)
+    }
+
+    fn membership(&self) -> Result<Membership> {
+        Ok(Store::membership(self))
+    }
+
+    fn set_membership(&self, expected: u64, epoch: u64, members: &[u64]) -> Result<Membership> {
+        Store::set_membership(self, expected, epoch, members)
+    }
+
+    fn fence(&self, epoch: u64, lease: Duration) -> Result<u64> {
+        Store::fence(self, epoch, lease)
+    }
+
+    fn adopt(&self, writes: &[RowWrite<'_>], options: WriteOptions, count: u64) -> Result<u64> {
+        Store::adopt(self, writes, options, count)
     }
 
     fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {

@@ -63,6 +63,22 @@ pub enum Error {
         held: Vec<u64>,
     },
 
+    /// A write to a replica at another membership epoch than its sender's, or one that is no
+    /// member of its shard (it is catching up); a change of membership from an epoch it does
+    /// not hold. Its sender learns the shard's replicas again and tries again.
+    #[error("{store}: {reason}; this replica is at epoch {epoch}, {}", if *member { "a member" } else { "not a member" })]
+    MembershipChanged {
+        store: String,
+        epoch: u64,
+        member: bool,
+        reason: String,
+    },
+
+    /// A prepare refused while a replica is fenced for another's catch-up (its router tries
+    /// again), or a fence that could not drain the writes prepared before it.
+    #[error("{store} is fenced while a replica of its shard catches up: {reason}")]
+    Fenced { store: String, reason: String },
+
     /// A write that does not fit the delta's budget: nothing of it was applied.
     #[error(
         "the store's delta is full: {used} of {budget} bytes in use, the call needs {asked}; \
@@ -152,6 +168,9 @@ pub enum ErrorKind {
     /// A lookup pinned to a version the store does not hold (a sharded store moves it to
     /// another replica, or to the version every shard serves now).
     VersionNotServed,
+    /// A write sent at another membership epoch than the replica's, or to a replica catching
+    /// up (a sharded store learns its shard's replicas again and retries).
+    MembershipChanged,
     /// A bug of ours.
     Internal,
     /// A verb the implementation does not serve.
@@ -173,7 +192,7 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Every kind, for tables kept in step with this one (the Python classes, the node's
     /// statuses).
-    pub const ALL: [ErrorKind; 24] = [
+    pub const ALL: [ErrorKind; 25] = [
         Self::InvalidRequest,
         Self::IndexOutOfRange,
         Self::UnknownTable,
@@ -190,6 +209,7 @@ impl ErrorKind {
         Self::StoreLocked,
         Self::DeltaFull,
         Self::VersionNotServed,
+        Self::MembershipChanged,
         Self::Internal,
         Self::Unsupported,
         Self::Unauthenticated,
@@ -219,6 +239,7 @@ impl ErrorKind {
             Self::StoreLocked => "StoreLocked",
             Self::DeltaFull => "DeltaFull",
             Self::VersionNotServed => "VersionNotServed",
+            Self::MembershipChanged => "MembershipChanged",
             Self::Internal => "InternalError",
             Self::Unsupported => "Unsupported",
             Self::Unauthenticated => "Unauthenticated",
@@ -277,6 +298,8 @@ impl Error {
             Self::Transaction { .. } => (K::InvalidRequest, None, None),
             Self::DeltaFull { .. } => (K::DeltaFull, None, None),
             Self::VersionNotServed { .. } => (K::VersionNotServed, None, None),
+            Self::MembershipChanged { .. } => (K::MembershipChanged, None, None),
+            Self::Fenced { .. } => (K::StoreLocked, None, None),
             Self::Shard { kind, .. } => (*kind, None, None),
             Self::Engine(e) => engine_class(e),
             Self::Format(e) => format_class(e),

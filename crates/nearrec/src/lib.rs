@@ -56,6 +56,9 @@
 //!   step), `tables.rs` (`create_table` / `drop_table`), `follow.rs` (a read-only store following
 //!   its writer every `follow_ms`), `txn.rs` (the store's part in a write across shards:
 //!   prepared, committed or aborted transactions, their `txn/` files recovered on open);
+//! - `membership.rs` + `replica.rs`: a store as a replica of its shard — its membership (an
+//!   epoch and the shard's members, kept in `MEMBERSHIP`) checked by every write, the fence of
+//!   a catch-up, the rows a replica catching up adopts at its shard's count of writes;
 //! - `versions.rs`: a store opened from a repository of versions (`REPO/NAME/1`, `2`, ... and
 //!   its `CURRENT` pointer): `SwapTo` a version or back to the one before, the pointer replaced
 //!   atomically, versions beyond `keep_last` pruned after their last call;
@@ -81,10 +84,12 @@ mod error;
 mod infer;
 pub mod jagged;
 mod live;
+mod membership;
 pub mod model;
 mod pace;
 pub mod pipeline;
 mod raw;
+mod replica;
 pub mod shard;
 mod store;
 mod swap;
@@ -104,6 +109,7 @@ pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use jagged::{JaggedBlock, jagged};
 pub use live::{Compaction, Decision, RowWrite, Snapshot, Transaction, WriteOptions, check_values};
+pub use membership::{MEMBERSHIP_FILE, Membership};
 pub use model::{Inferred, SavedModel, StoredModel};
 pub use nearrec_format::wal::TxState;
 pub use pipeline::{Pending, Stream};

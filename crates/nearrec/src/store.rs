@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     /// Versions held open beside the served one; the served one is replaced under this lock,
     /// so that a lookup pinned to a version finds it served or held, never neither.
     held: Mutex<Held>,
+    /// Its membership of its shard and the fence of a catch-up (`crate::membership`).
+    pub(crate) place: crate::membership::Place,
 }
 
 /// The number of the version a store serves, and what it holds open beside it: one staged
@@ -266,6 +268,8 @@ impl Store {
         let (engine, flash) = open_engine(&reader, config, progress)?;
         warm_up(&engine, &store_name(reader.path(), repo.as_ref()), config)?;
         let served = Served::open(&reader, engine, config)?;
+        let home = repo.as_ref().map_or(reader.path(), |r| r.path());
+        let place = crate::membership::Place::open(home, config.writable)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 flash,
@@ -274,6 +278,7 @@ impl Store {
                 reaping: Mutex::default(),
                 repo,
                 held: Mutex::new(held),
+                place,
             }),
         })
     }
@@ -695,18 +700,32 @@ impl Store {
     /// encoded with each table's dtype (int8 rows re-quantised row-wise). Returns the version
     /// the call made.
     pub fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
+        let _admitted = self.admit(None)?;
         self.current().live.write(writes, options)
     }
 
-    /// [`StoreApi::prepare_write`]: a cross-shard write's first phase on this store.
+    /// [`StoreApi::prepare_write`]: a cross-shard write's first phase on this store, at
+    /// membership epoch `epoch` (`crate::membership`; `None`: the shard's only replica).
     pub fn prepare_write(
         &self,
         tx: u128,
         writes: &[RowWrite<'_>],
         options: WriteOptions,
         note: &str,
+        epoch: Option<u64>,
     ) -> Result<()> {
+        let _admitted = self.admit(epoch)?;
         self.current().live.prepare_write(tx, writes, options, note)
+    }
+
+    /// [`Store::adopt`]'s rows, logged on the version served.
+    pub(crate) fn adopt_served(
+        &self,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        count: u64,
+    ) -> Result<u64> {
+        self.current().live.adopt(writes, options, count)
     }
 
     /// [`StoreApi::decide`]: a cross-shard write's second phase on this store.

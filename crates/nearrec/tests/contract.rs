@@ -130,10 +130,10 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     let (a, b) = (0xa_u128, 0xb_u128);
     let store = Store::open(&path, &config).unwrap();
     store
-        .prepare_write(a, &[w(&[1])], WriteOptions::default(), "decider=0/0")
+        .prepare_write(a, &[w(&[1])], WriteOptions::default(), "decider=0/0", None)
         .unwrap();
     store
-        .prepare_write(b, &[w(&[2])], WriteOptions::default(), "decider=1/0")
+        .prepare_write(b, &[w(&[2])], WriteOptions::default(), "decider=1/0", None)
         .unwrap();
     let v0 = store.version();
     store.close().unwrap();
@@ -158,7 +158,7 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     );
     // `a` still holds row 1
     let e = store
-        .prepare_write(7, &[w(&[1])], WriteOptions::default(), "")
+        .prepare_write(7, &[w(&[1])], WriteOptions::default(), "", None)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
     store.read_rows("t0", &[1], &mut out).unwrap();
@@ -174,4 +174,46 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     let store = Store::open(&path, &config).unwrap();
     assert_eq!(store.version(), v0 + 2);
     assert!(store.transactions().unwrap().is_empty());
+}
+
+/// A replica's membership and the count of writes it adopted survive a reopen: the membership
+/// in its `MEMBERSHIP` file, the count in the empty records of its log.
+#[test]
+fn membership_and_an_adopted_count_survive_a_reopen() {
+    use nearrec::{RowWrite, WriteOptions};
+    let (_dir, path) = suite::fixture();
+    let config = StoreConfig {
+        writable: true,
+        ..StoreConfig::default()
+    };
+    let row = [0.5f32; suite::DIM as usize];
+    let w = RowWrite {
+        table: "t0",
+        ids: &[7],
+        values: Some(&row),
+    };
+    let v = {
+        let store = Store::open(&path, &config).unwrap();
+        store.set_membership(0, 3, &[42]).unwrap();
+        let v = store.adopt(&[w], WriteOptions::default(), 1000).unwrap();
+        store.close().unwrap();
+        v
+    };
+    assert_eq!(v, 1000);
+    let store = Store::open(&path, &config).unwrap();
+    let m = store.membership();
+    assert_eq!(
+        (m.epoch, m.members.as_slice(), m.is_member()),
+        (3, &[42][..], false)
+    );
+    assert_eq!(store.version(), 1000);
+    let mut got = row;
+    got.fill(0.0);
+    store.read_rows("t0", &[7], &mut got).unwrap();
+    assert_eq!(got, row);
+    // and after a compaction folds the log away
+    store.compact().unwrap();
+    store.close().unwrap();
+    let store = Store::open(&path, &config).unwrap();
+    assert_eq!(store.version(), 1000);
 }

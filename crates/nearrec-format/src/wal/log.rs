@@ -268,7 +268,14 @@ impl Wal {
     /// the log's [`Durability`] says. All of the record is recovered after a crash, or none of
     /// it (then it was never acknowledged).
     pub fn append(&self, ops: &[Op]) -> Result<u64> {
-        self.shared.append(ops)
+        self.shared.append(None, ops)
+    }
+
+    /// Appends `ops` as record `lsn` (at least the next record's number), the numbers between
+    /// taken by records of no operations, all of them one group: a replica adopting its shard's
+    /// count of writes as it catches up (each empty record is a 16-byte frame).
+    pub fn append_at(&self, lsn: u64, ops: &[Op]) -> Result<u64> {
+        self.shared.append(Some(lsn), ops)
     }
 
     /// Waits until every record appended so far is on stable storage.
@@ -534,20 +541,32 @@ impl Shared {
         )
     }
 
-    fn append(&self, ops: &[Op]) -> Result<u64> {
+    fn append(&self, at: Option<u64>, ops: &[Op]) -> Result<u64> {
         let mut state = self.lock();
         if let Some(why) = &state.failed {
             return Err(self.failed(why));
         }
-        let lsn = state.next;
-        record::encode(lsn, ops, &mut state.pending).map_err(|reason| {
-            FormatError::InvalidTable {
-                table: ops.first().map_or("", Op::table).to_owned(),
-                reason,
-            }
-        })?;
-        state.next += 1;
-        state.stats.records += 1;
+        let lsn = at.unwrap_or(state.next);
+        let invalid = |reason| FormatError::InvalidTable {
+            table: ops.first().map_or("", Op::table).to_owned(),
+            reason,
+        };
+        if lsn < state.next {
+            let next = state.next;
+            return Err(invalid(format!(
+                "record {lsn} is behind the log, whose next record is {next}"
+            )));
+        }
+        let start = state.pending.len();
+        for empty in state.next..lsn {
+            record::encode(empty, &[], &mut state.pending).expect("an empty record encodes");
+        }
+        if let Err(reason) = record::encode(lsn, ops, &mut state.pending) {
+            state.pending.truncate(start);
+            return Err(invalid(reason));
+        }
+        state.stats.records += lsn + 1 - state.next;
+        state.next = lsn + 1;
         let sync = self.config.durability == Durability::Sync;
         loop {
             if let Some(why) = &state.failed {

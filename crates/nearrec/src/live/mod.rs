@@ -482,6 +482,66 @@ impl Live {
         self.log_and_apply(w, &ops, need)
     }
 
+    /// A replica catching up: `writes` logged as record `count` (the numbers between taken by
+    /// empty records, so that the replica's count of writes is its shard's), applied and
+    /// published; what it held prepared aborted first. `count` past the version, or at it with
+    /// no rows (nothing to do); at most [`MAX_ADOPTED_GAP`] records ahead.
+    pub(crate) fn adopt(
+        &self,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        count: u64,
+    ) -> Result<u64> {
+        let w = self.writer()?;
+        for tx in txn::prepared(w) {
+            self.decide(tx, Decision::Abort, false)?;
+        }
+        let engine = self.snapshot().engine.clone();
+        let ops = Self::encode(&engine, writes, options)?;
+        // the log to itself: no other record between the gap and this one's publication
+        let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        let version = w.wal.next_lsn() - 1;
+        let refuse = |reason: String| Error::InvalidRequest {
+            table: writes.first().map(|w| w.table.to_owned()),
+            position: None,
+            reason,
+        };
+        if count < version || (count == version && !ops.is_empty()) {
+            return Err(refuse(format!(
+                "a catch-up's rows at count {count}, but the replica has made {version} writes: \
+                 it is not behind the replica it copies from"
+            )));
+        }
+        if count - version > MAX_ADOPTED_GAP {
+            return Err(refuse(format!(
+                "the replica is {} writes behind, more than a catch-up adopts ({MAX_ADOPTED_GAP}): \
+                 copy it whole",
+                count - version
+            )));
+        }
+        if count == version {
+            return Ok(version);
+        }
+        let need = Self::room(&engine, &ops);
+        w.reserve(need)?;
+        let lsn = match w.wal.append_at(count, &ops) {
+            Ok(lsn) => lsn,
+            Err(e) => {
+                w.used.fetch_sub(need, Relaxed);
+                return Err(e.into());
+            }
+        };
+        let mut applied = lock(&w.applied);
+        let before = self.delta_bytes();
+        let result = self.apply(lsn, &ops);
+        let freed = (before + need).saturating_sub(self.delta_bytes());
+        w.used.fetch_sub(freed, Relaxed);
+        *applied = lsn;
+        drop(applied);
+        w.turn.notify_all();
+        result.map(|()| lsn)
+    }
+
     /// What `ops`' entries will cost the deltas (a removed row's entry is counted like a row).
     fn room(engine: &Engine, ops: &[Op]) -> u64 {
         ops.iter()
@@ -668,6 +728,10 @@ pub fn check_values(
 }
 
 /// How long a writable open waits for the store's writer lock before it refuses.
+/// The most records a catch-up's rows may be numbered past the replica's version
+/// ([`Live::adopt`]): 16 MiB of empty records.
+pub(crate) const MAX_ADOPTED_GAP: u64 = 1 << 20;
+
 const WRITER_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// The `flock` on `dir`'s `WRITER.lock`, or `Locked`. A writer of this process that is going

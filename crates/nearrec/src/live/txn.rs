@@ -66,6 +66,14 @@ impl Held {
     }
 }
 
+/// The transactions `w` holds prepared.
+pub(super) fn prepared(w: &Writer) -> Vec<u128> {
+    (lock(&w.txns).iter())
+        .filter(|(_, h)| h.state == TxState::Prepared)
+        .map(|(&tx, _)| tx)
+        .collect()
+}
+
 fn txn_error(tx: u128, reason: impl Into<String>) -> Error {
     Error::Transaction {
         tx,

@@ -43,6 +43,11 @@ macro_rules! store_api_suite {
         }
 
         #[test]
+        fn a_replica_changes_membership_is_fenced_and_adopts_rows() {
+            crate::suite::a_replica_changes_membership_is_fenced_and_adopts_rows($open);
+        }
+
+        #[test]
         fn a_prepared_write_commits_or_aborts_whole() {
             crate::suite::a_prepared_write_commits_or_aborts_whole($open);
         }
@@ -370,6 +375,125 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
     assert_eq!(store.version().unwrap(), v2);
 }
 
+/// A replica's place in its shard (`docs/distributed.md`, "A replica catching up"): its
+/// membership changed only by compare-and-set of its epoch; a write at another epoch, or to a
+/// replica that is no member, refused; a fence that drains what is prepared and refuses new
+/// prepares until the membership changes; rows adopted at the shard's count of writes, by a
+/// replica that is no member only, read back exactly — int8 rows too.
+pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
+    use std::time::Duration;
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = &*s.store;
+    let d = DIM as usize;
+    let m = store.membership().unwrap();
+    let me = m.replica;
+    assert!(
+        me != 0 && m.epoch == 0 && m.members.is_empty() && m.is_member(),
+        "{m:?}"
+    );
+    let new: Vec<f32> = (0..d).map(|i| i as f32 * 0.25).collect();
+    let w = RowWrite {
+        table: "t0",
+        ids: &[9],
+        values: Some(&new),
+    };
+    // a write at another epoch is refused before it is prepared
+    let e = (store.prepare_write(1, &[w], WriteOptions::default(), "", Some(3))).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
+    assert!(store.transactions().unwrap().is_empty());
+    // compare-and-set: from the epoch held, forward only
+    let e = store.set_membership(1, 2, &[me]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
+    let e = store.set_membership(0, 0, &[me]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
+    let m = store.set_membership(0, 4, &[77, me]).unwrap();
+    assert_eq!((m.epoch, m.members.len()), (4, 2));
+    assert_eq!(store.membership().unwrap(), m);
+    // past epoch 0, a write sent to one replica alone is refused: it would miss the others
+    let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
+    store
+        .prepare_write(1, &[w], WriteOptions::default(), "", Some(4))
+        .unwrap();
+    // a fence waits for what is prepared to be decided, then holds the count of writes
+    let fenced = std::thread::scope(|scope| {
+        let fence = scope.spawn(|| store.fence(4, Duration::from_secs(20)));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !fence.is_finished(),
+            "the fence drains the prepared write first"
+        );
+        let v = store.decide(1, Decision::Commit, false).unwrap();
+        (fence.join().unwrap().unwrap(), v)
+    });
+    assert_eq!(fenced.0, fenced.1);
+    let m = store.membership().unwrap();
+    assert!(m.fenced_at_ms.is_some() && !m.fence_expired(), "{m:?}");
+    let e = (store.prepare_write(2, &[w], WriteOptions::default(), "", Some(4))).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreLocked, "fenced: {e}");
+    let e = store.fence(3, Duration::from_secs(1)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
+    // a member does not adopt rows
+    let e = store.adopt(&[w], WriteOptions::default(), 99).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
+    // out: no write at all is taken; the fence is lifted
+    let m = store.set_membership(4, 5, &[77]).unwrap();
+    assert!(!m.is_member() && m.fenced_at_ms.is_none(), "{m:?}");
+    let e = (store.prepare_write(2, &[w], WriteOptions::default(), "", Some(5))).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
+    // rows copied from a replica ahead: its count becomes this one's; int8 rows read and
+    // adopted stay the same rows
+    let v = store.version().unwrap();
+    let mut int8 = vec![0f32; 3 * d];
+    store.read_rows("t2", &[0, 1, 299], &mut int8).unwrap();
+    let before = store.row_digests("t2", 0, ROWS).unwrap();
+    let copied = [
+        RowWrite {
+            table: "t0",
+            ids: &[9],
+            values: Some(&new),
+        },
+        RowWrite {
+            table: "t2",
+            ids: &[0, 1, 299],
+            values: Some(&int8),
+        },
+    ];
+    let e = store
+        .adopt(&copied, WriteOptions::default(), v)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "not behind: {e}");
+    assert_eq!(
+        store
+            .adopt(&copied, WriteOptions::default(), v + 40)
+            .unwrap(),
+        v + 40
+    );
+    assert_eq!(store.version().unwrap(), v + 40);
+    assert_eq!(store.row_digests("t2", 0, ROWS).unwrap(), before);
+    let mut got = vec![0f32; d];
+    store.read_rows("t0", &[9], &mut got).unwrap();
+    assert_eq!(got, new);
+    // no rows: only the count; behind it: refused
+    assert_eq!(
+        store.adopt(&[], WriteOptions::default(), v + 41).unwrap(),
+        v + 41
+    );
+    assert_eq!(
+        store.adopt(&[], WriteOptions::default(), v + 41).unwrap(),
+        v + 41
+    );
+    let e = store.adopt(&[], WriteOptions::default(), v).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    // back in: writes at the new epoch are taken and counted on from the adopted count
+    store.set_membership(5, 6, &[me, 77]).unwrap();
+    store
+        .prepare_write(3, &[w], WriteOptions::default(), "", Some(6))
+        .unwrap();
+    assert_eq!(store.decide(3, Decision::Commit, false).unwrap(), v + 42);
+}
+
 /// A cross-shard write as one shard takes part in it: prepared (durable, not served), then
 /// committed (served) or aborted (never served); a second transaction on a held row refused.
 pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
@@ -392,11 +516,11 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     let (t1, t2, t3) = (0x11u128 << 100 | 1, 0x22u128 << 100 | 2, 3u128);
     let v0 = store.version().unwrap();
     store
-        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0")
+        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None)
         .unwrap();
     // again: the same transaction, prepared already
     store
-        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0")
+        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None)
         .unwrap();
     let mut out = vec![0f32; 2 * d];
     store.read_rows("t0", &ids, &mut out).unwrap();
@@ -413,7 +537,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         values: Some(&new),
     };
     let e = store
-        .prepare_write(t2, &[other], WriteOptions::default(), "")
+        .prepare_write(t2, &[other], WriteOptions::default(), "", None)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
     assert_eq!(e.table(), Some("t0"), "{e}");
@@ -423,7 +547,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         values: Some(&new[..d]),
     };
     store
-        .prepare_write(t2, &[apart], WriteOptions::default(), "")
+        .prepare_write(t2, &[apart], WriteOptions::default(), "", None)
         .unwrap();
     // bad input is refused as a write's is, and nothing is prepared
     let e = store
@@ -436,6 +560,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
             }],
             WriteOptions::default(),
             "",
+            None,
         )
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
@@ -452,7 +577,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     store.read_rows("t1", &[6], &mut one).unwrap();
     assert_eq!(one, row(1, 6));
     let e = store
-        .prepare_write(t2, &[apart], WriteOptions::default(), "")
+        .prepare_write(t2, &[apart], WriteOptions::default(), "", None)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     let e = store.decide(t2, Decision::Commit, false).unwrap_err();

@@ -1,0 +1,401 @@
+//! A shard's membership as routers keep it, and a replica catching up (`docs/distributed.md`,
+//! "A replica catching up"; the replica's side is `nearrec`'s `membership.rs`).
+//!
+//! Every replica keeps an epoch and the shard's members at it. A router takes the members to be
+//! those named at the highest epoch a replica holds (where replicas at that epoch name different
+//! sets — two changes that raced — only those all of them name), and of those, the ones whose
+//! count of writes is the newest: the others missed a write. Only members serve reads and take
+//! writes, and every prepare carries the epoch, which a replica at another refuses: a router
+//! that missed a change learns it at its next write, before the write lands anywhere.
+//!
+//! - **A replica that missed a write** the others took is left out: the router that saw it
+//!   install the next epoch, without it, on the members ([`exclude`]).
+//! - **A replica catching up** ([`catch_up`]): left out first if it is still named; the rows
+//!   that differ from a member copied to it (digests compared where the rows are, the rows
+//!   adopted as records of its own); the members fenced (new writes wait, those prepared drain)
+//!   for a last pass; every count of writes made the same; then the next epoch, naming it,
+//!   installed on it first and on the members after, which lifts their fences.
+//! - **A change cut short** (its router died): a member still at an older epoch than the one
+//!   that names it is brought to it by the next router that learns the shard (the change was
+//!   decided); a fence past its lease, with no newer epoch anywhere, is lifted by the next
+//!   router whose write it holds up, with an epoch of the same members ([`settle_fences`]).
+//!
+//! Changes are compare-and-sets of each replica's epoch, the replicas left out first and the
+//! members after, so of two changes from one epoch the one that reaches a replica first wins
+//! there and the other stops. Under a partition in which two routers each reach a different
+//! replica and not the other, this is no consensus: each may go on with its own (documented).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use nearrec::{Error, ErrorKind, Membership, RowWrite, StoreApi, WriteOptions};
+use nearrec_client::Client;
+
+use crate::shard::{Replica, Shard, on_each};
+
+/// Rows of one table a catch-up compares per call, and the values it copies per call at most.
+const DIGEST_ROWS: u64 = 1 << 16;
+const COPY_VALUES: usize = 2 << 20;
+
+/// What a router learned of a shard's membership.
+#[derive(Debug)]
+pub(crate) struct Learned {
+    pub epoch: u64,
+    /// The members by id.
+    pub members: Vec<u64>,
+    /// Each replica's membership and count of writes, as it answered (`None`: it did not, or
+    /// it serves another version than the one read).
+    pub answers: Vec<Option<(Membership, u64)>>,
+}
+
+/// What a replica answers of its place: its membership, its count of writes, and the version
+/// of its repository it serves.
+fn ask(client: &Client) -> nearrec::Result<(Membership, u64, Option<u64>)> {
+    let info = client.info()?;
+    Ok((client.membership()?, info.version, info.served_version))
+}
+
+/// Learns shard `shard`'s membership from its replicas, those serving cluster version `pin`
+/// (0: any): marks each replica live or stale as the module says, brings members behind the
+/// shard's epoch to it, and keeps the epoch and members for the router's writes. With
+/// `by_count`, a member whose count of writes is behind the others' is stale too (when no
+/// write can be under way between them: a replica given anew, a store connecting). A replica
+/// this router saw miss a write stays stale until an epoch past that one names it again.
+pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
+    let replicas = shard.all_replicas();
+    let answers: Vec<Option<(Membership, u64)>> = on_each(&replicas, |r| {
+        let (m, count, served) = ask(&r.client).ok()?;
+        (pin == 0 || served.unwrap_or(0) == pin).then_some((m, count))
+    });
+    let epoch = (answers.iter().flatten())
+        .map(|(m, _)| m.epoch)
+        .max()
+        .unwrap_or(0);
+    let mut members: Vec<u64> = if epoch == 0 {
+        // every replica: those that do not answer too, by the ids they answered before
+        (replicas.iter().zip(&answers))
+            .map(|(r, a)| {
+                a.as_ref()
+                    .map_or_else(|| r.id.load(Relaxed), |(m, _)| m.replica)
+            })
+            .filter(|&id| id != 0)
+            .collect()
+    } else {
+        let mut named = (answers.iter().flatten()).filter(|(m, _)| m.epoch == epoch);
+        let first = named
+            .next()
+            .map_or_else(Vec::new, |(m, _)| m.members.clone());
+        named.fold(first, |mut all, (m, _)| {
+            all.retain(|id| m.members.contains(id));
+            all
+        })
+    };
+    members.sort_unstable();
+    // members behind the epoch that names them: the change that named them was decided
+    for (r, answer) in replicas.iter().zip(&answers) {
+        if let Some((m, _)) = answer
+            && m.epoch < epoch
+            && members.contains(&m.replica)
+        {
+            let _ = r.client.set_membership(m.epoch, epoch, &members);
+        }
+    }
+    // at epoch 0 every replica is a member (a read-only one has no id)
+    let named = |id: u64| epoch == 0 || members.contains(&id);
+    let newest = (answers.iter().flatten())
+        .filter(|(m, _)| named(m.replica))
+        .map(|(_, count)| *count)
+        .max()
+        .unwrap_or(0);
+    for (r, answer) in replicas.iter().zip(&answers) {
+        match answer {
+            Some((m, count)) => {
+                r.id.store(m.replica, Relaxed);
+                // behind the others: missed a write (`by_count`), or is taking one now — as
+                // it was, then
+                let behind = *count < newest && (by_count || r.is_stale());
+                let live = named(m.replica) && !behind && !r.missed_since(epoch);
+                r.set_stale(!live);
+            }
+            // not answering: held out of reads as any replica that misses; a member left as it
+            // is (a write it misses leaves it out), anything else stale
+            None => {
+                if !named(r.id.load(Relaxed)) {
+                    r.set_stale(true);
+                }
+            }
+        }
+    }
+    *shard.membership.lock().unwrap() = (epoch, members.clone());
+    Learned {
+        epoch,
+        members,
+        answers,
+    }
+}
+
+/// Installs epoch `learned.epoch + 1` naming `members` on the replicas at `order` (indices into
+/// the shard's replicas, those left out first), each from the epoch it answered. Stops at the
+/// first that refuses (another change got there first): the caller learns again.
+fn change(
+    shard: &Shard,
+    learned: &Learned,
+    members: &[u64],
+    order: &[usize],
+) -> nearrec::Result<u64> {
+    let replicas = shard.all_replicas();
+    let epoch = learned.epoch + 1;
+    for &r in order {
+        let Some((m, _)) = &learned.answers[r] else {
+            continue;
+        };
+        replicas[r].client.set_membership(m.epoch, epoch, members)?;
+    }
+    *shard.membership.lock().unwrap() = (epoch, members.to_vec());
+    Ok(epoch)
+}
+
+/// The replicas of `learned` in the order a change installs on them: those `members` leaves
+/// out first, then the members.
+fn install_order(learned: &Learned, members: &[u64]) -> Vec<usize> {
+    let (mut out, mut inside) = (Vec::new(), Vec::new());
+    for (r, answer) in learned.answers.iter().enumerate() {
+        if let Some((m, _)) = answer {
+            if members.contains(&m.replica) {
+                inside.push(r);
+            } else {
+                out.push(r);
+            }
+        }
+    }
+    out.extend(inside);
+    out
+}
+
+/// Leaves the replicas `gone` (by id) out of the shard, after they missed a write the others
+/// took: the next epoch, without them, installed on the members (the ones left out are not
+/// asked: they are likely down, and at the older epoch they are no members anyway). Tried
+/// again on the epoch another router's change made.
+pub(crate) fn exclude(shard: &Shard, pin: u64, gone: &[u64]) {
+    for _ in 0..3 {
+        let learned = learn(shard, pin, false);
+        let members: Vec<u64> = (learned.members.iter())
+            .filter(|id| !gone.contains(id))
+            .copied()
+            .collect();
+        if members.len() == learned.members.len() {
+            return;
+        }
+        let order: Vec<usize> = (install_order(&learned, &members).into_iter())
+            .filter(|&r| {
+                (learned.answers[r].as_ref()).is_some_and(|(m, _)| members.contains(&m.replica))
+            })
+            .collect();
+        if change(shard, &learned, &members, &order).is_ok() {
+            learn(shard, pin, false);
+            return;
+        }
+    }
+}
+
+/// Learns shard `shard`'s membership as a router connecting, or given a replica anew, does:
+/// a member behind the others' count of writes (it was down while they were written, at epoch
+/// 0, before any router left it out) is left out now.
+pub(crate) fn learn_anew(shard: &Shard, pin: u64) {
+    let learned = learn(shard, pin, true);
+    let newest = (learned.answers.iter().flatten())
+        .map(|(_, count)| *count)
+        .max()
+        .unwrap_or(0);
+    let behind: Vec<u64> = (learned.answers.iter().flatten())
+        .filter(|(m, count)| *count < newest && m.replica != 0)
+        .filter(|(m, _)| learned.epoch == 0 || learned.members.contains(&m.replica))
+        .map(|(m, _)| m.replica)
+        .collect();
+    if !behind.is_empty() {
+        exclude(shard, pin, &behind);
+    }
+}
+
+/// Lifts the fences held past their lease on shard `shard`'s replicas, when no newer epoch
+/// names another set (a catch-up that died before it admitted its replica): the next epoch,
+/// of the same members, on every replica that answers. Whether one was lifted.
+pub(crate) fn settle_fences(shard: &Shard, pin: u64) -> bool {
+    let learned = learn(shard, pin, false);
+    let expired = (learned.answers.iter().flatten())
+        .any(|(m, _)| m.epoch == learned.epoch && m.fence_expired());
+    if !expired {
+        return false;
+    }
+    let order = install_order(&learned, &learned.members);
+    let lifted = change(shard, &learned, &learned.members, &order).is_ok();
+    learn(shard, pin, false);
+    lifted
+}
+
+/// What a catch-up did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CaughtUp {
+    /// Rows copied: before the fence, and under it.
+    pub rows_before_fence: u64,
+    pub rows_fenced: u64,
+    /// The count of writes the replica and its shard's members hold after.
+    pub version: u64,
+    /// The epoch that admitted it.
+    pub epoch: u64,
+}
+
+/// Catches replica `r` of `shard` up from a member, as the module says, and admits it. Each
+/// member is fenced for at most `lease` (the time its last pass may take).
+pub(crate) fn catch_up(
+    store: &str,
+    shard: &Shard,
+    pin: u64,
+    r: usize,
+    lease: Duration,
+) -> nearrec::Result<CaughtUp> {
+    let fail = |kind, reason: String| Error::Shard {
+        store: store.to_owned(),
+        shard: shard.index,
+        kind,
+        reason,
+    };
+    let replicas = shard.all_replicas();
+    let target = replicas[r].clone();
+    let mut learned = learn(shard, pin, false);
+    let Some((mine, _)) = learned.answers[r].clone() else {
+        return Err(fail(
+            ErrorKind::Unavailable,
+            format!(
+                "replica {} does not answer (or serves another version)",
+                target.addr
+            ),
+        ));
+    };
+    if !target.is_stale() {
+        return Ok(CaughtUp {
+            epoch: learned.epoch,
+            version: target.client.version()?,
+            ..CaughtUp::default()
+        });
+    }
+    // still named a member (it came back behind, or missed a write no router saw): out first;
+    // at an older epoch than the shard's: brought to it as no member
+    if learned.members.contains(&mine.replica) {
+        let members: Vec<u64> = (learned.members.iter())
+            .filter(|&&id| id != mine.replica)
+            .copied()
+            .collect();
+        change(
+            shard,
+            &learned,
+            &members,
+            &install_order(&learned, &members),
+        )?;
+        learned = learn(shard, pin, false);
+    } else if mine.epoch < learned.epoch {
+        target
+            .client
+            .set_membership(mine.epoch, learned.epoch, &learned.members)?;
+        learned = learn(shard, pin, false);
+    }
+    let sources = shard.live_replicas();
+    let Some((_, source)) = sources.first() else {
+        return Err(fail(
+            ErrorKind::Unavailable,
+            "no member to copy from".into(),
+        ));
+    };
+    let rows_before_fence = copy_differing(source, &target)?;
+    // the last pass: the members fenced, every write of theirs in
+    let fenced = on_each(&sources, |(_, m)| m.client.fence(learned.epoch, lease));
+    let lift = |why: Error| {
+        let order = install_order(&learned, &learned.members);
+        let _ = change(shard, &learned, &learned.members, &order);
+        learn(shard, pin, false);
+        why
+    };
+    let mut counts = Vec::with_capacity(fenced.len());
+    for f in fenced {
+        counts.push(f.map_err(lift)?);
+    }
+    let count = counts[0];
+    if counts.iter().any(|&c| c != count) {
+        return Err(lift(fail(
+            ErrorKind::Internal,
+            format!("the members' counts of writes differ under the fence: {counts:?}"),
+        )));
+    }
+    let rows_fenced = copy_differing(source, &target).map_err(lift)?;
+    // one count of writes on every replica: the replica's copies were writes of its own
+    let version = count.max(target.client.version().map_err(lift)?);
+    target
+        .client
+        .adopt(&[], WriteOptions::default(), version)
+        .map_err(lift)?;
+    if version > count {
+        for (_, m) in &sources {
+            m.client
+                .adopt(&[], WriteOptions::default(), version)
+                .map_err(lift)?;
+        }
+    }
+    // admitted: on it first, then on the members (which lifts their fences)
+    let mut members = learned.members.clone();
+    members.push(mine.replica);
+    let mut order = vec![r];
+    order.extend(
+        install_order(&learned, &learned.members)
+            .into_iter()
+            .filter(|&q| q != r),
+    );
+    let epoch = change(shard, &learned, &members, &order).map_err(lift)?;
+    learn(shard, pin, false);
+    Ok(CaughtUp {
+        rows_before_fence,
+        rows_fenced,
+        version,
+        epoch,
+    })
+}
+
+/// Copies the rows of every table of the shard that differ between `source` and `target` to
+/// `target`, each call adopted as its next write; the rows copied.
+fn copy_differing(source: &Replica, target: &Replica) -> nearrec::Result<u64> {
+    let (from, to) = (&source.client, &target.client);
+    let mut copied = 0u64;
+    for table in from.info()?.tables {
+        let (name, rows, dim) = (&table.name, table.rows, table.dim as usize);
+        let mut ids: Vec<i64> = Vec::new();
+        let mut first = 0;
+        while first < rows {
+            let n = DIGEST_ROWS.min(rows - first);
+            let (a, b) = (
+                from.row_digests(name, first, n)?,
+                to.row_digests(name, first, n)?,
+            );
+            ids.extend(
+                (a.iter().zip(&b).enumerate())
+                    .filter(|(_, (x, y))| x != y)
+                    .map(|(k, _)| (first + k as u64) as i64),
+            );
+            first += n;
+        }
+        for chunk in ids.chunks((COPY_VALUES / dim.max(1)).max(1)) {
+            let mut values = vec![0f32; chunk.len() * dim];
+            from.read_rows(name, chunk, &mut values)?;
+            let w = RowWrite {
+                table: name,
+                ids: chunk,
+                values: Some(&values),
+            };
+            let next = to.version()? + 1;
+            let options = WriteOptions {
+                allow_nonfinite: true,
+            };
+            to.adopt(&[w], options, next)?;
+            copied += chunk.len() as u64;
+        }
+    }
+    Ok(copied)
+}

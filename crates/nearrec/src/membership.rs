@@ -1,0 +1,167 @@
+//! A replica's place in its shard: the membership every write to a replicated shard checks, the
+//! fence a catch-up holds on the live replicas, and the rows a replica catching up adopts
+//! (`docs/distributed.md`, "A replica catching up"; the router's side is `nearrec-cluster`'s
+//! `members.rs`).
+//!
+//! Each replica keeps a [`Membership`]: its own id, an epoch, and the shard's members at that
+//! epoch by id. The shard's members are those named at the highest epoch any replica holds;
+//! every prepare of a write carries the epoch its router believes, and a replica at another
+//! epoch, or one that is no member, refuses it ([`crate::ErrorKind::MembershipChanged`]) — so
+//! a router that missed a change of the shard's replicas learns it at its next write, before
+//! that write lands anywhere. A change is a compare-and-set of each replica's epoch
+//! ([`Store::set_membership`]), durable in the `MEMBERSHIP` file beside the store (in its
+//! repository, when it is served from one: the membership is the replica's, not a version's).
+//!
+//! A catch-up copies the rows that differ from a member to the replica catching up
+//! ([`Store::adopt`]), fences the members ([`Store::fence`]: new prepares and writes refused,
+//! those under way drained) for its last pass, makes the replica's count of writes the shard's,
+//! and admits it at the next epoch. Only a change of membership lifts a fence: a fence past its
+//! lease still refuses writes (lifting it by itself could let a write reach the members and miss
+//! a replica just admitted), but says so, and a router may then settle it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+
+/// The file a replica's membership is kept in.
+pub const MEMBERSHIP_FILE: &str = "MEMBERSHIP";
+
+/// A replica's membership of its shard.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Membership {
+    /// This replica's id among its shard's (random; made with its `MEMBERSHIP` file, 0 for a
+    /// read-only store that has none).
+    pub replica: u64,
+    pub epoch: u64,
+    /// The shard's members at `epoch`, by id, ascending. Epoch 0 names none: every replica of
+    /// the shard is one.
+    pub members: Vec<u64>,
+    /// Fenced for a catch-up since this many milliseconds after the Unix epoch, for a lease of
+    /// `fence_lease_ms`.
+    pub fenced_at_ms: Option<u64>,
+    pub fence_lease_ms: u64,
+}
+
+impl Membership {
+    /// Whether this replica is one of its shard's members at its epoch.
+    pub fn is_member(&self) -> bool {
+        self.epoch == 0 || self.members.contains(&self.replica)
+    }
+
+    /// Whether a fence is held past its lease (a router may settle it).
+    pub fn fence_expired(&self) -> bool {
+        self.fenced_at_ms
+            .is_some_and(|at| now_ms() >= at.saturating_add(self.fence_lease_ms))
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The `MEMBERSHIP` file.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    replica: u64,
+    epoch: u64,
+    members: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fenced_at_ms: Option<u64>,
+    #[serde(default)]
+    fence_lease_ms: u64,
+}
+
+/// What a store holds of its place: the membership and where it is kept.
+#[derive(Debug)]
+pub(crate) struct Place {
+    file: PathBuf,
+    /// Held shared by a write from its check to its prepare (or log); taken whole by a change
+    /// and by a fence, which so wait out the writes under way.
+    state: RwLock<Membership>,
+}
+
+impl Place {
+    /// The place kept in `home` (the repository's directory, or the store's). A writable store
+    /// without one makes it: a member at epoch 0, with an id of its own.
+    pub(crate) fn open(home: &Path, writable: bool) -> Result<Self> {
+        let file = home.join(MEMBERSHIP_FILE);
+        let bad = |reason: String| Error::Config {
+            key: MEMBERSHIP_FILE.into(),
+            reason: format!("{}: {reason}", file.display()),
+        };
+        let membership = match std::fs::read_to_string(&file) {
+            Ok(text) => {
+                let f: File = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+                Membership {
+                    replica: f.replica,
+                    epoch: f.epoch,
+                    members: f.members,
+                    fenced_at_ms: f.fenced_at_ms,
+                    fence_lease_ms: f.fence_lease_ms,
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let m = Membership {
+                    replica: if writable { fastrand::u64(1..) } else { 0 },
+                    ..Membership::default()
+                };
+                if writable {
+                    keep(&file, &m)?;
+                }
+                m
+            }
+            Err(source) => {
+                return Err(nearrec_format::FormatError::Io { path: file, source }.into());
+            }
+        };
+        Ok(Self {
+            file,
+            state: RwLock::new(membership),
+        })
+    }
+
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Membership> {
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `f` on the membership, kept durably when it answers `Ok`.
+    pub(crate) fn change(
+        &self,
+        f: impl FnOnce(&mut Membership) -> Result<()>,
+    ) -> Result<Membership> {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        let mut next = state.clone();
+        f(&mut next)?;
+        keep(&self.file, &next)?;
+        *state = next.clone();
+        Ok(next)
+    }
+}
+
+fn keep(path: &Path, m: &Membership) -> Result<()> {
+    let f = File {
+        replica: m.replica,
+        epoch: m.epoch,
+        members: m.members.clone(),
+        fenced_at_ms: m.fenced_at_ms,
+        fence_lease_ms: m.fence_lease_ms,
+    };
+    let text = toml::to_string(&f).expect("a membership serializes");
+    Ok(nearrec_format::replace_file(path, text.as_bytes())?)
+}
+
+/// [`Error::MembershipChanged`] from a replica at `m`.
+pub(crate) fn changed(store: String, m: &Membership, reason: String) -> Error {
+    Error::MembershipChanged {
+        store,
+        epoch: m.epoch,
+        member: m.is_member(),
+        reason,
+    }
+}

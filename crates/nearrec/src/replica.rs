@@ -1,0 +1,130 @@
+//! A store as a replica of its shard: its membership read and changed, the fence of a
+//! catch-up, the rows a replica catching up adopts, and the check every write passes
+//! (`crate::membership` keeps the state; `docs/distributed.md`, "A replica catching up").
+
+use std::sync::RwLockReadGuard;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::live::{RowWrite, WriteOptions};
+use crate::membership::{Membership, changed, now_ms};
+use crate::store::Store;
+
+impl Store {
+    /// The replica's membership of its shard.
+    pub fn membership(&self) -> Membership {
+        self.inner.place.read().clone()
+    }
+
+    /// Makes `members` (ids, any order) the shard's members at `epoch` on this replica if it
+    /// is at epoch `expected` now (a compare-and-set; else [`Error::MembershipChanged`] naming
+    /// the one it holds), durably; lifts a fence. `epoch` must be past `expected`.
+    pub fn set_membership(&self, expected: u64, epoch: u64, members: &[u64]) -> Result<Membership> {
+        let name = || self.name();
+        self.inner.place.change(|m| {
+            if m.epoch != expected || epoch <= expected {
+                return Err(changed(
+                    name(),
+                    m,
+                    format!(
+                        "asked to go from epoch {expected} to {epoch} (an epoch only moves \
+                         forward, from the one held)"
+                    ),
+                ));
+            }
+            m.epoch = epoch;
+            m.members = members.to_vec();
+            m.members.sort_unstable();
+            m.members.dedup();
+            m.fenced_at_ms = None;
+            Ok(())
+        })
+    }
+
+    /// Fences the replica for a catch-up's last pass: new prepares and writes are refused
+    /// (`StoreLocked`; their routers try again within their deadlines) until its membership
+    /// changes, and this waits until none it took before is still prepared, for at most
+    /// `lease`. Returns the store's count of writes then, which holds while fenced. Refused
+    /// unless the replica is a member at `epoch`; when what is prepared does not drain within
+    /// the lease, the fence is lifted again and the call refused.
+    pub fn fence(&self, epoch: u64, lease: Duration) -> Result<u64> {
+        let name = || self.name();
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        let started = std::time::Instant::now();
+        // taken whole: the writes under way finish first
+        self.inner.place.change(|m| {
+            if m.epoch != epoch || !m.is_member() {
+                let why = format!("a fence asked for a member at epoch {epoch}");
+                return Err(changed(name(), m, why));
+            }
+            m.fenced_at_ms = Some(now_ms());
+            m.fence_lease_ms = lease_ms;
+            Ok(())
+        })?;
+        loop {
+            let holding = (self.transactions()?.iter()).any(|t| {
+                matches!(
+                    t.state,
+                    crate::TxState::Prepared | crate::TxState::Committed
+                )
+            });
+            if !holding {
+                return Ok(self.version());
+            }
+            if started.elapsed() + Duration::from_millis(2) >= lease {
+                self.inner.place.change(|m| {
+                    m.fenced_at_ms = None;
+                    Ok(())
+                })?;
+                return Err(Error::Fenced {
+                    store: self.name(),
+                    reason: "what it held prepared did not drain within the fence's lease".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A replica catching up takes `writes` (rows copied from a member of its shard) as
+    /// record `count` of its log — the shard's count of writes becomes its own, the numbers
+    /// between taken by empty records — and aborts what it holds prepared (its rows come whole
+    /// from the member now). Only a replica that is no member adopts rows; a fenced member
+    /// adopts a count alone (a catch-up making every replica's count one). `count` must be past
+    /// the version (or at it, with no rows), by at most 2²⁰. Returns the version after.
+    pub fn adopt(&self, writes: &[RowWrite<'_>], options: WriteOptions, count: u64) -> Result<u64> {
+        let state = self.inner.place.read();
+        let fenced_count = writes.is_empty() && state.fenced_at_ms.is_some();
+        if state.is_member() && !fenced_count {
+            let why = "a member takes writes, not a catch-up's rows (a fenced one, a count)".into();
+            return Err(changed(self.name(), &state, why));
+        }
+        self.adopt_served(writes, options, count)
+    }
+
+    /// Checks that a prepare at `epoch` (`None`: a write sent to one replica) may be taken, and
+    /// holds the check until the returned guard drops: a change or a fence waits for it. A
+    /// write without an epoch is taken only by a replica whose membership never changed.
+    pub(crate) fn admit(&self, epoch: Option<u64>) -> Result<RwLockReadGuard<'_, Membership>> {
+        let m = self.inner.place.read();
+        let refuse = match epoch {
+            _ if !m.is_member() => Some("it is no member of its shard (it is catching up)".into()),
+            Some(e) if e != m.epoch => Some(format!("the write was sent at epoch {e}")),
+            None if m.epoch > 0 => Some(
+                "a write sent to this replica alone: its shard is replicated, write through its \
+                 sharded store"
+                    .into(),
+            ),
+            _ => None,
+        };
+        if let Some(why) = refuse {
+            return Err(changed(self.name(), &m, why));
+        }
+        if m.fenced_at_ms.is_some() {
+            return Err(Error::Fenced {
+                store: self.name(),
+                reason: "prepares wait while a replica of its shard catches up".into(),
+            });
+        }
+        Ok(m)
+    }
+}
