@@ -21,6 +21,10 @@
   on; a call whose rows span shards commits on all of them or none (two-phase commit, the
   router coordinating), and a lookup through the same store never sees part of it.
   ``nearrec.ray`` starts the nodes as Ray actors and returns this.
+- :func:`catch_up`: the replicas that missed writes (a node that was down, restarted behind)
+  brought back: the rows that differ copied from a member of their shard, the members fenced
+  for the last pass, then admitted again (``nearrec.ray`` does it by itself every few
+  seconds). Until then a replica that missed a write serves no reads and takes no writes.
 
 The plan and the cut are Rust (``nearrec::shard``, ``nearrec_plan::shards``); this module
 only translates.
@@ -211,6 +215,42 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
     how = (plan, shards, token is not None, timeout, hedge)
     return Store._over(native, ";".join(",".join(s) for s in shards),
                        lambda s: (_reconnect, how))
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    """One replica's catch-up (:func:`catch_up`): done, with what it copied, or why not."""
+
+    shard: int
+    replica: str
+    #: Rows copied while writes went on, and under the members' fence.
+    rows_before_fence: int = 0
+    rows_fenced: int = 0
+    #: The count of writes the replica and its shard's members hold after.
+    version: int = 0
+    #: The shard's membership epoch that admitted it.
+    epoch: int = 0
+    #: Why it is not caught up (``None``: it is); it is tried again at the next call.
+    error: str | None = None
+
+
+def catch_up(store: Store, *, lease: float = 10.0) -> list[CaughtUp]:
+    """Catches up every replica of the sharded ``store`` that missed writes and answers (a
+    node that was down, restarted behind its shard's others): the rows that differ from a
+    member of its shard, compared by digest where the rows are, copied to it while writes go
+    on; then the members fenced — their writes wait, at most ``lease`` seconds — for a last
+    pass and one count of writes everywhere; then admitted at the shard's next membership
+    epoch, which every router learns at its next write (``docs/distributed.md``, "A replica
+    catching up"). One :class:`CaughtUp` per replica tried; none when every replica is a
+    member."""
+    done = store._native.catch_up(float(lease))
+    out = []
+    for shard, replica, did, error in done:
+        if did is None:
+            out.append(CaughtUp(shard, replica, error=error))
+        else:
+            out.append(CaughtUp(shard, replica, *did))
+    return out
 
 
 def _reconnect(plan: ShardPlan, replicas: list[list[str]], token: bool,

@@ -15,8 +15,11 @@ over nearrec's own gRPC, through the Rust router (``nearrec.distributed``).
 Discovery is Ray's: a node registers its address with the store's registry actor (named
 ``NAME``) each time it starts, and every store connected to it reads the registry twice a
 second, moving a shard's reads to the new address of a restarted replica; a read of a shard
-none of whose replicas answers waits for one within its deadline. Nothing of membership or
-scheduling is nearrec's own.
+none of whose replicas answers waits for one within its deadline. A restarted replica that
+missed writes serves nothing until it has caught up (:func:`nearrec.distributed.catch_up`,
+which every connected store runs every :data:`CATCH_UP_EVERY` seconds). Nothing of discovery
+or scheduling is nearrec's own; which replicas are current is the replicas' own record
+(their shard's membership, ``docs/distributed.md``).
 
 A node binds to ``host`` (loopback by default: one machine). On several machines give each
 node the address of its Ray node (``host="node"``) and secure it (``node_args=["--tls-cert",
@@ -52,6 +55,8 @@ from .store import Store
 NAMESPACE = "nearrec"
 #: How often a connected store reads its registry for moved replicas (seconds).
 WATCH_EVERY = 0.5
+#: How often a connected store catches up the replicas that missed writes (seconds).
+CATCH_UP_EVERY = 2.0
 
 
 @ray.remote(num_cpus=0)
@@ -323,6 +328,8 @@ def _replica_copy(root: Path, shard: int, replica: int) -> Path:
         subprocess.run(["rm", "-rf", str(tmp)], check=True)
         tmp.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["cp", "-r", str(root / f"shard-{shard}"), str(tmp)], check=True)
+        # a copy is a replica of its own: not the membership (and id) of the one copied
+        (tmp / "MEMBERSHIP").unlink(missing_ok=True)
         tmp.rename(path)
     return path
 
@@ -338,28 +345,37 @@ class _Watcher(threading.Thread):
         self.registry, self.epoch, self.addresses = registry, epoch, addresses
 
     def run(self) -> None:
+        last_catch_up = time.monotonic()
         while True:
             time.sleep(WATCH_EVERY)
             store = self.store()
             # (a call on an actor would start Ray again in a driver that shut it down)
             if store is None or not ray.is_initialized():
                 return
+            if time.monotonic() - last_catch_up >= CATCH_UP_EVERY:
+                last_catch_up = time.monotonic()
+                with contextlib.suppress(Exception):  # tried again next time
+                    distributed.catch_up(store)
+            self._follow(store)
+            del store  # not held while asleep: the store ends when its caller lets go
+
+    def _follow(self, store: Store) -> None:
+        """Gives the router the replicas' addresses, when the registry has new ones."""
+        try:
+            epoch, addresses = ray.get(self.registry.view.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - a registry away for a while is looked at again
+            return
+        if epoch == self.epoch:
+            return
+        done = True
+        for k, new in enumerate(addresses):
+            up = [a for a in new if a is not None]
+            if new == self.addresses[k] or not up:
+                continue
             try:
-                epoch, addresses = ray.get(self.registry.view.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - a registry away for a while is looked at again
-                continue
-            if epoch == self.epoch:
-                continue
-            done = True
-            for k, new in enumerate(addresses):
-                up = [a for a in new if a is not None]
-                if new == self.addresses[k] or not up:
-                    continue
-                try:
-                    store._native.set_shard_replicas(k, up)
-                    self.addresses[k] = new
-                except Exception:  # noqa: BLE001 - a node not answering yet: next time
-                    done = False
-            if done:
-                self.epoch = epoch
-            del store
+                store._native.set_shard_replicas(k, up)
+                self.addresses[k] = new
+            except Exception:  # noqa: BLE001 - a node not answering yet: next time
+                done = False
+        if done:
+            self.epoch = epoch

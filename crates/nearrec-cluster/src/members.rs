@@ -134,6 +134,29 @@ pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
     }
 }
 
+/// Refuses a shard two of whose replicas are one replica's copies (a replica's directory copied
+/// with its `MEMBERSHIP`, so with its id): a change of membership could not tell them apart.
+pub(crate) fn check_ids(store: &str, shard: &Shard) -> nearrec::Result<()> {
+    let replicas = shard.all_replicas();
+    for (i, a) in replicas.iter().enumerate() {
+        let id = a.id.load(Relaxed);
+        if let Some(b) = (replicas[i + 1..].iter()).find(|b| id != 0 && b.id.load(Relaxed) == id) {
+            return Err(Error::Shard {
+                store: store.to_owned(),
+                shard: shard.index,
+                kind: ErrorKind::InvalidRequest,
+                reason: format!(
+                    "replicas {} and {} are copies of one replica (id {id:#x} in their \
+                     MEMBERSHIP files): remove the file from the copy before serving it, and it \
+                     joins as a replica of its own",
+                    a.addr, b.addr
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Installs epoch `learned.epoch + 1` naming `members` on the replicas at `order` (indices into
 /// the shard's replicas, those left out first), each from the epoch it answered. Stops at the
 /// first that refuses (another change got there first): the caller learns again.

@@ -276,6 +276,7 @@ impl ShardedStore {
             // a replica behind its shard's others missed writes (it was down), one that is no
             // member is catching up: it serves no reads and takes no writes until caught up
             members::learn_anew(shard, pin);
+            members::check_ids(&plan.store, shard)?;
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -396,8 +397,15 @@ impl ShardedStore {
             replica.set_stale(true);
             replicas.push(Arc::new(replica));
         }
+        let before = s.all_replicas();
         s.set_replicas(replicas);
-        members::learn_anew(s, inner.pin.load(Ordering::Relaxed));
+        let pin = inner.pin.load(Ordering::Relaxed);
+        members::learn_anew(s, pin);
+        if let Err(e) = members::check_ids(&inner.plan.store, s) {
+            s.set_replicas(before.to_vec());
+            members::learn(s, pin, false);
+            return Err(e);
+        }
         Ok(())
     }
 }

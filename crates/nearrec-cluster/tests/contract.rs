@@ -1008,3 +1008,38 @@ fn a_replica_that_was_down_catches_up_under_writes_and_serves_again() {
         }
     }
 }
+
+/// A replica's directory copied with its `MEMBERSHIP` is the same replica twice to a change of
+/// membership: refused, naming both, and the shard is served as it was.
+#[test]
+fn a_copy_of_a_replica_with_its_membership_is_refused() {
+    let (_d, path) = suite::fixture();
+    let (store, mut cluster) = sharded(&path, true, options(1, 2, Scheme::Table, 0));
+    let copied = cluster._dir.path().join("copy-of-0-0");
+    copy_dir(&cluster._dir.path().join("copy-0-0"), &copied);
+    std::fs::remove_file(copied.join("WRITER.lock")).ok();
+    let toml = "tier = \"ssd\"\ndram_budget = \"16KiB\"\nwritable = true";
+    let mut stores = Stores::new();
+    stores.insert("s", common::open(&copied, toml)).unwrap();
+    cluster.nodes[0].push(common::Node::start(stores, NodeConfig::default()));
+    let mut given = endpoints(&store)[0].clone();
+    given.push(Endpoint {
+        addr: cluster.nodes[0][2].addr.to_string(),
+        store: "s".into(),
+    });
+    let before = store.replicas();
+    let e = store.set_replicas(0, &given).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert!(e.to_string().contains("MEMBERSHIP"), "{e}");
+    assert_eq!(store.replicas(), before);
+    // without the file, it is a replica of its own (behind nothing: no write was made)
+    drop(cluster.nodes[0].pop());
+    std::fs::remove_file(copied.join("MEMBERSHIP")).unwrap();
+    let mut stores = Stores::new();
+    stores.insert("s", common::open(&copied, toml)).unwrap();
+    cluster.nodes[0].push(common::Node::start(stores, NodeConfig::default()));
+    given[2].addr = cluster.nodes[0][2].addr.to_string();
+    store.set_replicas(0, &given).unwrap();
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.get("cluster_stale_replicas"), Some(0.0), "{stats:?}");
+}

@@ -25,6 +25,9 @@ use crate::lookup::HeldBatch;
 use crate::model::NativeModel;
 use crate::progress;
 
+/// One replica's catch-up: shard, address, what it did, why it failed.
+type CatchUpTuple = (usize, String, Option<(u64, u64, u64, u64)>, Option<String>);
+
 /// Seconds per named part of a call.
 type Seconds = Vec<(&'static str, f64)>;
 
@@ -245,6 +248,29 @@ impl NativeStore {
         let router = self.router(py, "set_shard_replicas")?;
         let endpoints: Vec<Endpoint> = replicas.iter().map(|a| Endpoint::parse(a)).collect();
         detach(py, || router.set_replicas(shard, &endpoints))?.map_err(|e| err(py, e))
+    }
+
+    /// Catches up a sharded store's replicas that are stale but answer, each from a member of
+    /// its shard, the members fenced for at most `lease` seconds: per replica `(shard, address,
+    /// (rows copied before the fence, under it, count of writes, epoch) or None, error or
+    /// None)`.
+    fn catch_up(&self, py: Python<'_>, lease: f64) -> PyResult<Vec<CatchUpTuple>> {
+        let router = self.router(py, "catch_up")?;
+        let lease = Duration::try_from_secs_f64(lease)
+            .map_err(|_| pyo3::exceptions::PyValueError::new_err(format!("lease {lease} s")))?;
+        let done = detach(py, || router.catch_up(lease))?;
+        Ok(done
+            .into_iter()
+            .map(|(k, addr, r)| match r {
+                Ok(c) => (
+                    k,
+                    addr,
+                    Some((c.rows_before_fence, c.rows_fenced, c.version, c.epoch)),
+                    None,
+                ),
+                Err(e) => (k, addr, None, Some(e.to_string())),
+            })
+            .collect())
     }
 
     /// What serves the store, in words.
