@@ -276,3 +276,52 @@ def test_a_node_serves_a_sharded_store_at_one_address(store_path, tmp_path):
     r = subprocess.run([sys.executable, "-m", "nearrec.cli", "serve", "--shards", str(root)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "replicas.toml" in r.stderr, r.stderr
+
+
+def test_a_front_node_catches_up_a_replica_that_was_down(store_path, tmp_path):
+    root = tmp_path / "s"
+    plan = distributed.shard(store_path, root, 1, replicas=2, scheme="table")
+    served = Served(root, plan)
+    restarted = None
+    try:
+        (root / "replicas.toml").write_text(
+            f"shards = {json.dumps(served.replicas())}\ntimeout = 5.0\n")
+        front = Node("--shards", f"{root}=dlrm")
+        try:
+            remote = nearrec.connect(front.address, "dlrm", retries=0)
+            ids = np.arange(0, ROWS["a"], 5)
+            for k in range(3):
+                remote.write("a", ids, np.full((len(ids), DIMS["a"]), k, np.float32))
+            # replica 1 down: the writes go on without it (it is left out of the shard)
+            served.nodes[0][1].stop()
+            for k in range(3, 6):
+                remote.write("a", ids[::2], np.full((len(ids[::2]), DIMS["a"]), k, np.float32))
+            want = remote.read_rows("a", np.arange(ROWS["a"]))
+            # back at another address, behind: named in replicas.toml; the front node finds it
+            # left out, catches it up by itself and serves it again
+            restarted = Node(f"{root / 'copy-0-1'}=s", "--tier", "ssd", "--dram-budget", "8KiB",
+                             "--writable")
+            replicas = served.replicas()
+            replicas[0][1] = f"{restarted.address}/s"
+            (root / "replicas.toml").write_text(
+                f"shards = {json.dumps(replicas)}\ntimeout = 5.0\n")
+            front.proc.send_signal(signal.SIGHUP)
+            back = nearrec.connect(restarted.address, "s")
+            member = nearrec.connect(served.nodes[0][0].address, "s")
+            deadline = time.monotonic() + 30
+            while back.version != member.version:
+                assert time.monotonic() < deadline, "the replica never caught up"
+                time.sleep(0.2)
+            np.testing.assert_array_equal(back.read_rows("a", np.arange(ROWS["a"])), want)
+            # a write after it is admitted reaches it; with the member gone, it serves alone
+            remote.write("a", ids[:1], np.full((1, DIMS["a"]), 9, np.float32))
+            served.nodes[0][0].stop()
+            want[ids[0]] = 9
+            np.testing.assert_array_equal(remote.read_rows("a", np.arange(ROWS["a"])), want)
+        finally:
+            front.stop()
+        assert "caught up" in front.proc.stderr.read()
+    finally:
+        served.stop()
+        if restarted is not None:
+            restarted.stop()
