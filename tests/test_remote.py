@@ -590,6 +590,56 @@ def test_tokens_and_grants_refuse_with_typed_errors(tmp_path, monkeypatch):
         assert re.search(line, log), (who, call, status)
 
 
+def test_the_audit_log_says_who_changed_what_and_who_was_refused(tmp_path):
+    import hashlib
+    path = build(tmp_path)
+
+    def h(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    acl, log = tmp_path / "acl.toml", tmp_path / "audit.jsonl"
+    r, w, old = "ranker-secret-7f3a", "trainer-secret-91bc", "trainer-old-0c4d"
+    # the trainer's token being rotated: the old and the new both name it
+    acl.write_text(f'[principal.ranker]\ntoken_sha256 = "{h(r)}"\nread = ["*"]\n\n'
+                   f'[principal.trainer]\ntoken_sha256 = ["{h(old)}", "{h(w)}"]\n'
+                   f'read = ["*"]\nwrite = ["*"]\nadmin = ["*"]\n')
+    node = Node(str(path), "--writable", "--acl", str(acl), "--audit-log", str(log))
+    try:
+        ranker = nearrec.connect(node.address, token=r)
+        trainer = nearrec.connect(node.address, token=w)
+        nearrec.connect(node.address, token=old).write("b", np.array([4]),
+                                                       np.ones((1, 8), np.float32))
+        ranker.lookup("a", np.array([1, 2]), np.array([0]))  # a read: not audited
+        trainer.write("b", np.array([1, 2]), np.ones((2, 8), np.float32))
+        with pytest.raises(nearrec.PermissionDenied):
+            ranker.write("a", np.array([1]), np.zeros((1, 16), np.float32))
+        with pytest.raises(nearrec.Unauthenticated):
+            nearrec.connect(node.address, token="not-a-token")
+        trainer.compact()
+        # rotated: moved aside, SIGHUP, and the node writes a new file at the path
+        log.rename(tmp_path / "audit.1.jsonl")
+        node.proc.send_signal(signal.SIGHUP)
+        for _ in range(100):
+            if log.exists():
+                break
+            time.sleep(0.05)
+        trainer.write("b", np.array([3]), np.ones((1, 8), np.float32))
+    finally:
+        assert node.stop() == 0
+    assert oct((tmp_path / "audit.1.jsonl").stat().st_mode & 0o777) == "0o600"
+    text = (tmp_path / "audit.1.jsonl").read_text()
+    lines = [json.loads(x) for x in text.splitlines()]
+    said = [(x["call"], x["principal"], x["status"]) for x in lines]
+    assert said == [("Write", "trainer", "Ok"), ("Write", "trainer", "Ok"),
+                    ("Write", "ranker", "PermissionDenied"), ("Info", "?", "Unauthenticated"),
+                    ("Compact", "trainer", "Ok")], said
+    assert lines[1]["store"] == "store" and lines[1]["tables"] == [["b", 2]], lines[1]
+    assert all(x["peer"].startswith("127.0.0.1:") and x["unix_ms"] > 0 for x in lines)
+    assert not any(t in text for t in (r, w, old, "not-a-token"))
+    after = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [(x["call"], x["tables"]) for x in after] == [("Write", [["b", 1]])], after
+
+
 def test_sigterm_under_load_loses_no_acknowledged_write(tmp_path):
     """Writers and readers hammer the node; SIGTERM drains it: it exits 0, every write it
     acknowledged is in the store, and every call either got its answer or a typed error."""

@@ -14,6 +14,9 @@
 //! admin = ["rmc1/*"]                 # CreateTable / DropTable of matching names; Swap: "*"
 //! ```
 //!
+//! A principal's token is rotated without a gap: `token_sha256 = ["OLD", "NEW"]` (either token
+//! names it; SIGHUP), clients moved to the new one, then the old hash dropped (SIGHUP again).
+//!
 //! `*` matches any run of characters. What a call needs: `Lookup`, `LookupStream` and `Infer`
 //! read every table they name, `RowDigests` its table; `Write` and `Remove` write them,
 //! `UpdateModel` every table (a `*` pattern) of the store; `Transaction` writes its tables to
@@ -61,13 +64,30 @@ struct File {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PrincipalEntry {
-    token_sha256: String,
+    token_sha256: Hashes,
     #[serde(default)]
     read: Vec<String>,
     #[serde(default)]
     write: Vec<String>,
     #[serde(default)]
     admin: Vec<String>,
+}
+
+/// A principal's token hashes: one, or several while a token is rotated.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Hashes {
+    One(String),
+    Several(Vec<String>),
+}
+
+impl Hashes {
+    fn all(&self) -> &[String] {
+        match self {
+            Hashes::One(h) => std::slice::from_ref(h),
+            Hashes::Several(hs) => hs,
+        }
+    }
 }
 
 /// One principal's grants.
@@ -151,33 +171,40 @@ impl Acl {
         let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
         let mut by_hash = HashMap::new();
         for (name, p) in file.principal {
-            let hash = p.token_sha256.to_ascii_lowercase();
-            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(format!(
-                    "principal {name:?}: token_sha256 is 64 hex digits (the SHA-256 of its \
-                     token), not {:?}",
-                    p.token_sha256
-                ));
-            }
             let patterns = |v: &[String]| v.iter().map(|t| Pattern::parse(t)).collect();
-            let principal = Principal {
+            let principal = Arc::new(Principal {
                 read: patterns(&p.read),
                 write: patterns(&p.write),
                 admin: patterns(&p.admin),
                 name: name.clone(),
-            };
-            if let Some(other) = by_hash.insert(hash, Arc::new(principal)) {
-                return Err(format!(
-                    "principals {:?} and {name:?} have the same token",
-                    other.name
-                ));
+            });
+            if p.token_sha256.all().is_empty() {
+                return Err(format!("principal {name:?}: token_sha256 names no hash"));
+            }
+            for given in p.token_sha256.all() {
+                let hash = given.to_ascii_lowercase();
+                if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "principal {name:?}: token_sha256 is 64 hex digits (the SHA-256 of its \
+                         token), or a list of them while a token is rotated, not {given:?}"
+                    ));
+                }
+                if let Some(other) = by_hash.insert(hash, principal.clone()) {
+                    return Err(format!(
+                        "principals {:?} and {name:?} have the same token",
+                        other.name
+                    ));
+                }
             }
         }
         Ok(Self { by_hash })
     }
 
+    /// Principals named (a principal whose token is being rotated has two hashes).
     pub fn principals(&self) -> usize {
-        self.by_hash.len()
+        let names: std::collections::HashSet<&str> =
+            self.by_hash.values().map(|p| p.name.as_str()).collect();
+        names.len()
     }
 
     /// The principal a call's `authorization: Bearer TOKEN` names.
@@ -328,6 +355,25 @@ mod tests {
         assert!(trainer.allow_all(Permission::Admin, "s").is_ok());
         assert!(ranker.allow_all(Permission::Admin, "s").is_err());
         assert!(trainer.allow_any("s").is_ok() && trainer.allow_any("other").is_err());
+    }
+
+    /// A token rotated: the old and the new name the principal while both are listed.
+    #[test]
+    fn a_principal_listed_with_two_hashes_is_named_by_either_token() {
+        let acl = Acl::parse(&format!(
+            "[principal.ranker]\ntoken_sha256 = [\"{}\", \"{}\"]\nread = [\"*\"]\n",
+            token_hash("old"),
+            token_hash("new")
+        ))
+        .unwrap();
+        assert_eq!(acl.principals(), 1);
+        for token in ["old", "new"] {
+            let p = acl.authenticate(&meta(Some(token))).unwrap();
+            assert_eq!(p.name, "ranker");
+        }
+        assert!(acl.authenticate(&meta(Some("other"))).is_err());
+        let e = Acl::parse("[principal.a]\ntoken_sha256 = []\n").unwrap_err();
+        assert!(e.contains("no hash"), "{e}");
     }
 
     #[test]

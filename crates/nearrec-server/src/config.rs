@@ -100,6 +100,10 @@ pub struct NodeConfig {
     /// Every call that takes at least this many milliseconds is logged as a slow request (the
     /// access line's fields, at `warn`); 0: none.
     pub slow_request_ms: u64,
+    /// The audit log (`crate::audit`): every call that changes what the node serves, and every
+    /// refusal of a token or a grant, one JSON line each; `None`: none kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<PathBuf>,
 }
 
 /// The node's log lines on stderr.
@@ -307,6 +311,7 @@ impl Default for NodeConfig {
             log_format: LogFormat::Text,
             access_log_every: 0,
             slow_request_ms: 1000,
+            audit_log: None,
         }
     }
 }
@@ -452,6 +457,13 @@ pub const FLAGS: &[Flag] = &[
         FlagKind::Text,
         "FILE",
         "who may read, write and administer which tables (TOML: principals, their tokens' SHA-256, their grants; reloaded on SIGHUP; docs/serving.md)",
+    ),
+    flag(
+        "audit-log",
+        "audit_log",
+        FlagKind::Text,
+        "FILE",
+        "append one JSON line for every call that changes what the node serves (writes, transactions, tables, swaps, model updates, compactions) and every refused token or grant: who, from where, what, when, how it ended; never a token (docs/security.md)",
     ),
     flag(
         "metrics-listen",

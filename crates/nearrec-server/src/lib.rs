@@ -31,6 +31,8 @@
 //!   stage), holding its queue place and reserved bytes until then;
 //! - [`acl`]: bearer tokens → principals through an ACL file of token hashes, `read` / `write` /
 //!   `admin` grants on `STORE/TABLE` patterns, reloaded whole on SIGHUP;
+//! - [`audit`]: the audit log, a JSON line for every call that changes what the node serves and
+//!   every refused token or grant (`--audit-log`);
 //! - [`swap`]: where a `Swap` may take a store from (under the swap root) and the grants what it
 //!   exposes needs;
 //! - [`metrics`] + [`scrape`] + [`process`]: the families calls update and what a scrape
@@ -44,6 +46,7 @@
 
 pub mod acl;
 pub mod admission;
+pub mod audit;
 pub mod coalesce;
 pub mod config;
 pub mod conns;
@@ -65,6 +68,7 @@ use tokio::net::TcpListener;
 
 pub use acl::Acl;
 pub use admission::Admission;
+pub use audit::Audit;
 pub use config::{FLAGS, Flag, FlagKind, LogFormat, NodeConfig, TlsFiles};
 pub use node::Shared;
 pub use service::NodeService;
@@ -85,8 +89,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let acl = config.acl.as_deref().map(Acl::load).transpose()?;
-    let shared = Arc::new(Shared::new(stores, config.clone(), acl));
-    if config.acl.is_some() || shared.stores.has_sharded() {
+    let audit = config.audit_log.as_deref().map(Audit::open).transpose()?;
+    let shared = Arc::new(Shared::new(stores, config.clone(), acl).with_audit(audit));
+    if config.acl.is_some() || config.audit_log.is_some() || shared.stores.has_sharded() {
         tokio::spawn(reload_on_hangup(shared.clone(), config.acl.clone()));
     }
     if shared.stores.has_sharded() {
@@ -305,9 +310,9 @@ fn stop_signal() -> Result<impl Future<Output = ()> + Send, String> {
     })
 }
 
-/// SIGHUP: the ACL file read again and swapped in whole, and each sharded store's
-/// `replicas.toml` read again ([`Stores::reload_replicas`]); what does not load stays as it
-/// was (and the log says why).
+/// SIGHUP: the audit log's file opened again (a log rotation), the ACL file read again and
+/// swapped in whole, and each sharded store's `replicas.toml` read again
+/// ([`Stores::reload_replicas`]); what does not load stays as it was (and the log says why).
 async fn reload_on_hangup(shared: Arc<Shared>, acl: Option<std::path::PathBuf>) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
@@ -315,6 +320,12 @@ async fn reload_on_hangup(shared: Arc<Shared>, acl: Option<std::path::PathBuf>) 
         return;
     };
     while hangup.recv().await.is_some() {
+        if let Some(audit) = &shared.audit {
+            match audit.reopen() {
+                Ok(()) => tracing::info!("audit log reopened"),
+                Err(e) => tracing::error!("audit log not reopened, the old file stays: {e}"),
+            }
+        }
         if let Some(path) = &acl {
             match Acl::load(path) {
                 Ok(acl) => {

@@ -8,6 +8,7 @@ use arc_swap::ArcSwapOption;
 
 use crate::acl::Acl;
 use crate::admission::Admission;
+use crate::audit::Audit;
 use crate::coalesce::Coalescer;
 use crate::config::NodeConfig;
 use crate::conns::ConnStats;
@@ -37,6 +38,8 @@ pub struct Shared {
     /// Whether the node takes new requests (`/readyz`): from when it serves, its stores open
     /// and warmed, until its drain begins.
     pub ready: Arc<AtomicBool>,
+    /// The audit log, when the node keeps one (`audit_log`).
+    pub audit: Option<Audit>,
 }
 
 impl Shared {
@@ -73,6 +76,12 @@ impl Shared {
             conns: Arc::default(),
             calls: AtomicU64::new(0),
             ready: Arc::default(),
+            audit: None,
         }
+    }
+
+    /// The same, keeping `audit`'s log.
+    pub fn with_audit(self, audit: Option<Audit>) -> Self {
+        Self { audit, ..self }
     }
 }

@@ -194,6 +194,16 @@ impl Collector for NodeCollector {
                 ConstCounter::new(n).encode(family.encode_family(&Reason { reason })?)?;
             }
         }
+        if let Some(audit) = &s.audit {
+            let c = ConstCounter::new(audit.failed.load(Ordering::Relaxed));
+            let family = encoder.encode_descriptor(
+                "audit_lines_failed",
+                "Audit log lines that could not be written (--audit-log)",
+                None,
+                c.metric_type(),
+            )?;
+            c.encode(family)?;
+        }
         gauge(
             &mut encoder,
             "connections",

@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::acl::{Acl, Permission, Principal};
 use crate::admission::{Held, Slot, deadline};
+use crate::audit::Audit;
 use crate::conns::ConnInfo;
 use crate::node::Shared;
 use crate::send::{Answered, Hold};
@@ -53,17 +54,24 @@ struct Seen {
     /// Each table the request names and its rows (ids looked up or written).
     tables: Vec<(String, u64)>,
     auth: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// A transaction's step, or what a swap serves (the audit log's `what`).
+    what: String,
+    /// The client's address.
+    peer: Option<std::net::SocketAddr>,
 }
 
 impl Seen {
     fn of<M: prost::Message + Summary>(request: &Request<M>) -> Self {
         let (store, tables) = request.get_ref().summary();
+        let peer = request.extensions().get::<ConnInfo>();
         Self {
             bytes: request.get_ref().encoded_len(),
             deadline: deadline(request.metadata(), Instant::now()),
             store: store.to_owned(),
             tables,
             auth: request.metadata().get("authorization").cloned(),
+            what: request.get_ref().what(),
+            peer: peer.and_then(|c| c.tcp.remote_addr()),
         }
     }
 }
@@ -72,6 +80,11 @@ impl Seen {
 /// it names with its rows (ids looked up or written).
 trait Summary {
     fn summary(&self) -> (&str, Vec<(String, u64)>);
+
+    /// What the call does beyond its name, for the audit log.
+    fn what(&self) -> String {
+        String::new()
+    }
 }
 
 /// Ids in an int64 array.
@@ -115,6 +128,14 @@ impl Summary for pb::TransactionRequest {
         let tables = self.writes.iter().map(|t| (t.table.clone(), ids(&t.ids)));
         (&self.store, tables.collect())
     }
+
+    fn what(&self) -> String {
+        let step = pb::transaction_request::Step::try_from(self.step);
+        step.map_or_else(
+            |_| format!("step {}", self.step),
+            |s| s.as_str_name().trim_start_matches("STEP_").to_lowercase(),
+        )
+    }
 }
 
 impl Summary for pb::RemoveRequest {
@@ -154,11 +175,39 @@ macro_rules! store_only {
 
 store_only!(
     pb::UpdateModelRequest,
-    pb::SwapRequest,
     pb::InfoRequest,
     pb::StatsRequest,
     pb::CompactRequest
 );
+
+impl Summary for pb::SwapRequest {
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        (&self.store, Vec::new())
+    }
+
+    fn what(&self) -> String {
+        let to = if self.rollback {
+            "rollback".to_owned()
+        } else if self.version > 0 {
+            format!("version {}", self.version)
+        } else if !self.path.is_empty() {
+            format!("path {}", self.path)
+        } else {
+            String::new()
+        };
+        let more = [
+            (self.stage, "stage"),
+            (self.release, "release"),
+            (self.force, "force"),
+        ];
+        let flags = more.iter().filter(|(on, _)| *on).map(|(_, n)| *n);
+        std::iter::once(to)
+            .filter(|t| !t.is_empty())
+            .chain(flags.map(str::to_owned))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
 
 /// The service; clones share one node.
 #[derive(Debug, Clone)]
@@ -265,11 +314,7 @@ impl NodeService {
             return;
         }
         let principal = self.principal(seen.auth.as_ref());
-        // the store as served: a request's empty name is the node's only store
-        let store = match self.0.stores.get(&seen.store, |_| true) {
-            Ok((name, _)) => name.to_owned(),
-            Err(_) => seen.store.clone(),
-        };
+        let store = self.served_name(seen);
         let names: Vec<&str> = seen.tables.iter().map(|(t, _)| t.as_str()).collect();
         let (tables, rows) = (
             names.join(","),
@@ -288,6 +333,34 @@ impl NodeService {
                 call, principal, store, tables, rows, status, ms, "request"
             );
         }
+    }
+
+    /// The store a call named, as served: a request's empty name is the node's only store.
+    fn served_name(&self, seen: &Seen) -> String {
+        match self.0.stores.get(&seen.store, |_| true) {
+            Ok((name, _)) => name.to_owned(),
+            Err(_) => seen.store.clone(),
+        }
+    }
+
+    /// The call's audit line, if the node keeps an audit log and the call belongs in it.
+    fn audit(&self, call: &'static str, code: tonic::Code, seen: &Seen) {
+        let Some(audit) = &self.0.audit else {
+            return;
+        };
+        if !Audit::wants(call, &seen.what, code) {
+            return;
+        }
+        audit.record(crate::audit::Line {
+            unix_ms: 0,
+            call,
+            what: &seen.what,
+            principal: &self.principal(seen.auth.as_ref()),
+            peer: seen.peer,
+            store: &self.served_name(seen),
+            tables: &seen.tables,
+            status: format!("{code:?}"),
+        });
     }
 
     /// The principal a token names, for a log line (`-` without an ACL, `?` for a token the ACL
@@ -342,6 +415,7 @@ impl NodeService {
             }
         }
         self.log_call(call, code, seconds, &received);
+        self.audit(call, code, &received);
         if let Ok(r) = &mut answer
             && call != "LookupStream"
         {
