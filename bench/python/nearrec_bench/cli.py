@@ -26,7 +26,8 @@ MODULES = {"sls": "sls", "ssd": "ssd", "ssd-tuning": "ssd", "ssd-verify": "ssd",
            "flash-check": "flash", "update": "update", "serve": "serve", "torchrec": "torchrec",
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
-           "cluster-projection": "projection", "cluster-swap": "swap"}
+           "cluster-projection": "projection", "cluster-swap": "swap",
+           "torture": "torture"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:

@@ -23,6 +23,7 @@ fn config(durability: Durability, segment_bytes: u64) -> WalConfig {
     WalConfig {
         durability,
         segment_bytes,
+        ..WalConfig::default()
     }
 }
 

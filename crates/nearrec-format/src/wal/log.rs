@@ -30,11 +30,9 @@ pub const WAL_MAGIC: [u8; 8] = *b"NRWAL\0\0\0";
 /// Bytes of a segment's header: magic, version, reserved, first sequence number, CRC-32C.
 pub const SEGMENT_HEADER: usize = 32;
 const SEGMENT_VERSION: u32 = 1;
-/// The newest segment is zero-filled this far past its records, a step at a time: a group is
-/// then written over blocks the file already has, so its `fdatasync` flushes the data without a
-/// change to the file's size or extents to journal — half the time and CPU of a sync that
-/// extends the file (ext4 on this project's virtio disks: ~100 µs instead of ~220 µs).
-const ZERO_AHEAD: u64 = 1 << 20;
+/// How far past its records the newest segment is zero-filled by default
+/// ([`WalConfig::zero_ahead`]).
+pub const ZERO_AHEAD: u64 = 1 << 20;
 
 /// When an append returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +50,12 @@ pub struct WalConfig {
     pub durability: Durability,
     /// A new segment is started once the current one holds this many bytes.
     pub segment_bytes: u64,
+    /// The newest segment is zero-filled this far past its records, a step at a time: a group
+    /// is then written over blocks the file already has, so its `fdatasync` flushes the data
+    /// without a change to the file's size or extents to journal — half the time and CPU of a
+    /// sync that extends the file (ext4 on this project's virtio disks: ~100 µs instead of
+    /// ~220 µs). At least one byte.
+    pub zero_ahead: u64,
 }
 
 impl Default for WalConfig {
@@ -59,6 +63,7 @@ impl Default for WalConfig {
         Self {
             durability: Durability::Sync,
             segment_bytes: 64 << 20,
+            zero_ahead: ZERO_AHEAD,
         }
     }
 }
@@ -79,7 +84,7 @@ pub struct WalStats {
 }
 
 /// A segment file: its first record's sequence number, its bytes of records so far, and its
-/// length (zeros past the records: `ZERO_AHEAD`).
+/// length (zeros past the records: [`WalConfig::zero_ahead`]).
 #[derive(Debug)]
 struct Segment {
     first: u64,
@@ -424,7 +429,7 @@ fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
                     lsn += 1;
                 }
                 Frame::Torn(why) if newest => {
-                    // the tail of the newest segment: zeros never written over (`ZERO_AHEAD`),
+                    // the tail of the newest segment: zeros never written over (`zero_ahead`),
                     // or a group cut by a crash before its sync returned, so none of it was
                     // acknowledged — unless intact records with later numbers follow it: then
                     // the damage is in the middle of what was acknowledged, and cutting there
@@ -614,7 +619,8 @@ impl Shared {
             seg.bytes += group.len() as u64;
             // past the zeros: the file grows by whole steps of them, beyond the group
             let zeros = (seg.bytes > seg.len).then(|| {
-                let to = (seg.bytes / ZERO_AHEAD + 1) * ZERO_AHEAD;
+                let step = self.config.zero_ahead.max(1);
+                let to = (seg.bytes / step + 1) * step;
                 let from = std::mem::replace(&mut seg.len, to).max(seg.bytes);
                 from..to
             });
