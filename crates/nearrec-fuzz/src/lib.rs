@@ -23,8 +23,9 @@ use prost::Message as _;
 pub type Check = fn(&[u8]);
 
 /// Every target, by the name its corpus folder and its `fuzz_target` have.
-pub const TARGETS: [(&str, Check); 6] = [
+pub const TARGETS: [(&str, Check); 7] = [
     ("manifest", manifest),
+    ("store_dir", store_dir),
     ("wal_replay", wal_replay),
     ("table_header", table_header),
     ("shard_plan", shard_plan),
@@ -113,6 +114,89 @@ pub fn stores() -> &'static [Store; 2] {
             (dir, tiers)
         })
         .1
+}
+
+/// [`write_store`]'s files (name, bytes, in name order) and each table's rows as it serves them,
+/// undamaged: what [`store_dir`] changes a byte of and compares with.
+type Pristine = (Vec<(String, Vec<u8>)>, Vec<(&'static str, usize, Vec<f32>)>);
+
+fn pristine() -> &'static Pristine {
+    static PRISTINE: OnceLock<Pristine> = OnceLock::new();
+    PRISTINE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = write_store(&dir.path().join("s"));
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&path)
+            .expect("the store's directory")
+            .map(|e| {
+                let e = e.expect("an entry");
+                let bytes = std::fs::read(e.path()).expect("a store file");
+                (e.file_name().to_string_lossy().into_owned(), bytes)
+            })
+            .collect();
+        files.sort();
+        let store = &stores()[0];
+        let ids: Vec<i64> = (0..ROWS as i64).collect();
+        let rows = [("a", 4), ("b", 8)]
+            .map(|(t, dim)| {
+                let mut out = vec![0f32; ROWS as usize * dim];
+                store.read_rows(t, &ids, &mut out).expect("an undamaged read");
+                (t, dim, out)
+            })
+            .to_vec();
+        (files, rows)
+    })
+}
+
+/// A store directory with one byte changed — which file, which byte and how taken from the
+/// input — opened on the DRAM tier (each table's checksum verified as it loads) and on the SSD
+/// tier (every read checked against its sector's sum), every row read: each tier refuses (a
+/// typed error at open or at the read) or answers every row as the store was written. A row
+/// served other than written is a finding — damage served silently — not only a crash.
+pub fn store_dir(data: &[u8]) {
+    let [which, a, b, c, flip, ..] = *data else {
+        return;
+    };
+    if flip == 0 {
+        return;
+    }
+    let (files, reference) = pristine();
+    let (name, bytes) = &files[usize::from(which) % files.len()];
+    let at = u32::from_le_bytes([a, b, c, 0]) as usize % bytes.len().max(1);
+    let dir = match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm"),
+        false => tempfile::tempdir(),
+    }
+    .expect("a temporary directory");
+    let path = dir.path().join("s");
+    std::fs::create_dir(&path).expect("the store's directory");
+    for (n, b) in files {
+        let mut b = b.clone();
+        if n == name && !b.is_empty() {
+            b[at] ^= flip;
+        }
+        std::fs::write(path.join(n), b).expect("a store file");
+    }
+    let tiers = [
+        "tier = \"dram\"\nverify_checksums = true",
+        "tier = \"ssd\"\ndram_budget = \"2KiB\"\nthreads = 1\nverify_reads = true",
+    ];
+    let ids: Vec<i64> = (0..ROWS as i64).collect();
+    for toml in tiers {
+        let config = StoreConfig::from_toml(toml).expect("a config");
+        let Ok(store) = Store::open(&path, &config) else {
+            continue;
+        };
+        for (table, dim, want) in reference {
+            let mut got = vec![0f32; ROWS as usize * dim];
+            if store.read_rows(table, &ids, &mut got).is_ok() {
+                assert!(
+                    got == *want,
+                    "{toml:?}: byte {at} of {name} changed (^{flip:#04x}), and table {table} \
+                     was served other than written"
+                );
+            }
+        }
+    }
 }
 
 /// A storage node's `LookupRequest` as its bytes arrive: refused by the decoder or the

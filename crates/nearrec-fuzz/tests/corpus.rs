@@ -89,6 +89,18 @@ mod seeds {
             "store",
             &std::fs::read(store.join("MANIFEST")).unwrap(),
         );
+        // a byte of each file changed: the file (in name order), the byte (24-bit), the xor
+        let mut names: Vec<String> = std::fs::read_dir(&store)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for (k, name) in names.iter().enumerate() {
+            for at in [9u32, 300] {
+                let [a, b, c, _] = at.to_le_bytes();
+                put("store_dir", &format!("{name}-byte-{at}"), &[k as u8, a, b, c, 0x10]);
+            }
+        }
         let reader = nearrec_format::StoreReader::open(&store).unwrap();
         for t in reader.tables() {
             let bytes = std::fs::read(store.join(&t.file)).unwrap();
