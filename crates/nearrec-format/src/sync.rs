@@ -43,7 +43,12 @@ impl Manifest {
         let tmp = dir.join(format!(".{MANIFEST_FILE}.tmp-{}", std::process::id()));
         let written = File::create(&tmp)
             .and_then(|mut f| f.write_all(&self.encode()).and_then(|()| f.sync_all()))
-            .and_then(|()| std::fs::rename(&tmp, dir.join(MANIFEST_FILE)));
+            .and_then(|()| {
+                fail::fail_point!("manifest::publish", |_| Err(
+                    std::io::Error::from_raw_os_error(libc::EIO)
+                ));
+                std::fs::rename(&tmp, dir.join(MANIFEST_FILE))
+            });
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(FormatError::io(dir.join(MANIFEST_FILE), e));

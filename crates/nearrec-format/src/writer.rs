@@ -556,6 +556,9 @@ impl WritePipeline {
                     let data = &buf[..len];
                     crc = crc32c::crc32c_append(crc, data);
                     sums.extend(data);
+                    fail::fail_point!("table::write", |_| Err(std::io::Error::from_raw_os_error(
+                        libc::ENOSPC
+                    )));
                     file.write_all_at(data, at)?;
                     if steady {
                         crate::sync::write_back(&file, at, len as u64, previous)?;

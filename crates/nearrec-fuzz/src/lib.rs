@@ -139,7 +139,9 @@ fn pristine() -> &'static Pristine {
         let rows = [("a", 4), ("b", 8)]
             .map(|(t, dim)| {
                 let mut out = vec![0f32; ROWS as usize * dim];
-                store.read_rows(t, &ids, &mut out).expect("an undamaged read");
+                store
+                    .read_rows(t, &ids, &mut out)
+                    .expect("an undamaged read");
                 (t, dim, out)
             })
             .to_vec();

@@ -98,7 +98,11 @@ mod seeds {
         for (k, name) in names.iter().enumerate() {
             for at in [9u32, 300] {
                 let [a, b, c, _] = at.to_le_bytes();
-                put("store_dir", &format!("{name}-byte-{at}"), &[k as u8, a, b, c, 0x10]);
+                put(
+                    "store_dir",
+                    &format!("{name}-byte-{at}"),
+                    &[k as u8, a, b, c, 0x10],
+                );
             }
         }
         let reader = nearrec_format::StoreReader::open(&store).unwrap();

@@ -631,8 +631,14 @@ impl Shared {
             if let Some(z) = zeros {
                 file.write_all_at(&vec![0; (z.end - z.start) as usize], z.start)?;
             }
+            fail::fail_point!("wal::write", |_| Err(std::io::Error::from_raw_os_error(
+                libc::ENOSPC
+            )));
             file.write_all_at(&group, at)?;
             if sync {
+                fail::fail_point!("wal::sync", |_| Err(std::io::Error::from_raw_os_error(
+                    libc::EIO
+                )));
                 file.sync_data()?;
             }
             Ok(())
