@@ -65,6 +65,12 @@ class Served:
                 n.stop()
 
 
+def name_replicas(root: Path, replicas: list[list[str]], settings: str) -> None:
+    """A front node's `replicas.toml` naming `replicas` (JSON's arrays of strings are TOML's),
+    with `settings` lines after."""
+    (root / "replicas.toml").write_text(f"shards = {json.dumps(replicas)}\n{settings}\n")
+
+
 @pytest.fixture(scope="module", params=[("table", 3, 1, 0), ("row", 2, 2, 0),
                                         ("table-row", 4, 1, 0), ("row", 3, 1, 10)],
                 ids=["table", "row-2x2", "table-row", "row-hot"])
@@ -227,9 +233,7 @@ def test_a_node_serves_a_sharded_store_at_one_address(store_path, tmp_path):
     plan = distributed.shard(store_path, root, 2, scheme="row")
     served = Served(root, plan)
     try:
-        # JSON's arrays of strings are TOML's
-        (root / "replicas.toml").write_text(
-            f"shards = {json.dumps(served.replicas())}\ntimeout = 2.0\nhedge = \"off\"\n")
+        name_replicas(root, served.replicas(), 'timeout = 2.0\nhedge = "off"')
         front = Node("--shards", f"{root}=dlrm")
         try:
             remote = nearrec.connect(front.address, "dlrm", retries=0)
@@ -251,8 +255,7 @@ def test_a_node_serves_a_sharded_store_at_one_address(store_path, tmp_path):
             try:
                 replicas = served.replicas()
                 replicas[1] = [f"{moved.address}/s"]
-                (root / "replicas.toml").write_text(
-                    f"shards = {json.dumps(replicas)}\ntimeout = 2.0\nhedge = \"off\"\n")
+                name_replicas(root, replicas, 'timeout = 2.0\nhedge = "off"')
                 front.proc.send_signal(signal.SIGHUP)
                 deadline = time.monotonic() + 30
                 while True:
@@ -284,8 +287,7 @@ def test_a_front_node_catches_up_a_replica_that_was_down(store_path, tmp_path):
     served = Served(root, plan)
     restarted = None
     try:
-        (root / "replicas.toml").write_text(
-            f"shards = {json.dumps(served.replicas())}\ntimeout = 5.0\n")
+        name_replicas(root, served.replicas(), "timeout = 5.0")
         front = Node("--shards", f"{root}=dlrm")
         try:
             remote = nearrec.connect(front.address, "dlrm", retries=0)
@@ -303,8 +305,7 @@ def test_a_front_node_catches_up_a_replica_that_was_down(store_path, tmp_path):
                              "--writable")
             replicas = served.replicas()
             replicas[0][1] = f"{restarted.address}/s"
-            (root / "replicas.toml").write_text(
-                f"shards = {json.dumps(replicas)}\ntimeout = 5.0\n")
+            name_replicas(root, replicas, "timeout = 5.0")
             front.proc.send_signal(signal.SIGHUP)
             back = nearrec.connect(restarted.address, "s")
             member = nearrec.connect(served.nodes[0][0].address, "s")

@@ -222,14 +222,44 @@ def fresh(path: Path) -> None:
                        overwrite=True)
 
 
-def embedded(cfg: TortureConfig, path: Path, log: Callable[[str], None]) -> Tally:
+class NotStarted(Exception):
+    """The writer did not start: this writer's run ends there."""
+
+
+def rounds(system: str, kills: int, path: Path, seed: int, log: Callable[[str], None],
+           kill_once: Callable[[int, random.Random], list[int]], moments: int) -> Tally:
+    """``kills`` rounds on a fresh store at ``path``: each ``kill_once(start, rnd)`` runs the
+    stream from call ``start``, kills its writer and returns the calls it acknowledged; the
+    store is then checked and the next round starts after the call that was in flight. The kill
+    moments are drawn from ``random.Random(moments)``."""
     fresh(path)
     tally, model, start = Tally(), Model.initial(), 1
-    rnd = random.Random(cfg.seed)
+    rnd = random.Random(moments)
     began = time.monotonic()
+    for k in range(kills):
+        try:
+            acked = kill_once(start, rnd)
+        except NotStarted as e:
+            tally.violations.append(f"kill {k}: the writer did not start: {e}")
+            break
+        tally.kills += 1
+        try:
+            model, start = check(path, model, acked, start, seed, tally)
+        except Unreadable:
+            break
+        if k % 50 == 49:
+            log(f"{system}: {tally.kills} kills, {tally.acknowledged} calls acknowledged, "
+                f"{len(tally.violations)} violations")
+    tally.seconds = time.monotonic() - began
+    return tally
+
+
+def embedded(cfg: TortureConfig, path: Path, log: Callable[[str], None]) -> Tally:
+    """The embedded writer, a child process, killed ``cfg.kills["embedded"]`` times."""
     with tempfile.TemporaryDirectory() as tmp:
         journal = Path(tmp) / "journal"
-        for k in range(cfg.kills["embedded"]):
+
+        def kill_once(start: int, rnd: random.Random) -> list[int]:
             journal.write_text("")
             proc = subprocess.Popen(
                 [sys.executable, "-c",
@@ -238,26 +268,16 @@ def embedded(cfg: TortureConfig, path: Path, log: Callable[[str], None]) -> Tall
                  str(path), str(start), str(cfg.seed), str(journal)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if line.strip() != "ready":
+            if proc.stdout.readline().strip() != "ready":
                 proc.kill()
-                _, err = proc.communicate()
-                tally.violations.append(f"kill {k}: the writer did not start: {err[-400:]}")
-                break
+                raise NotStarted(proc.communicate()[1][-400:])
             time.sleep(rnd.uniform(0, cfg.window))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            tally.kills += 1
-            acked = [int(x) for x in journal.read_text().split()]
-            try:
-                model, start = check(path, model, acked, start, cfg.seed, tally)
-            except Unreadable:
-                break
-            if k % 50 == 49:
-                log(f"embedded: {tally.kills} kills, {tally.acknowledged} calls acknowledged, "
-                    f"{len(tally.violations)} violations")
-    tally.seconds = time.monotonic() - began
-    return tally
+            return [int(x) for x in journal.read_text().split()]
+
+        return rounds("embedded", cfg.kills["embedded"], path, cfg.seed, log, kill_once,
+                      cfg.seed)
 
 
 def _writes(store: Any, start: int, seed: int, stop: threading.Event, acked: list[int]
@@ -275,32 +295,23 @@ def _writes(store: Any, start: int, seed: int, stop: threading.Event, acked: lis
 
 
 def through_node(cfg: TortureConfig, path: Path, log: Callable[[str], None]) -> Tally:
-    fresh(path)
-    tally, model, start = Tally(), Model.initial(), 1
-    rnd = random.Random(cfg.seed + 1)
-    began = time.monotonic()
-    for k in range(cfg.kills["node"]):
+    """A node over the store, written through by this process, killed ``cfg.kills["node"]``
+    times."""
+
+    def kill_once(start: int, rnd: random.Random) -> list[int]:
         acked: list[int] = []
         with node(path, "s", "--writable", "--tier", "dram") as n:
             store = nearrec.connect(n.address, "s", timeout=10.0, retries=0)
             stop = threading.Event()
-            writer = threading.Thread(target=_writes,
-                                      args=(store, start, cfg.seed, stop, acked))
+            writer = threading.Thread(target=_writes, args=(store, start, cfg.seed, stop, acked))
             writer.start()
             time.sleep(rnd.uniform(0, cfg.window))
             os.kill(n.pid, signal.SIGKILL)
             stop.set()
             writer.join()
-        tally.kills += 1
-        try:
-            model, start = check(path, model, list(acked), start, cfg.seed, tally)
-        except Unreadable:
-            break
-        if k % 50 == 49:
-            log(f"node: {tally.kills} kills, {tally.acknowledged} calls acknowledged, "
-                f"{len(tally.violations)} violations")
-    tally.seconds = time.monotonic() - began
-    return tally
+        return acked
+
+    return rounds("node", cfg.kills["node"], path, cfg.seed, log, kill_once, cfg.seed + 1)
 
 
 def run(cfg: TortureConfig, log: Callable[[str], None] = print) -> list[Record]:
