@@ -240,20 +240,20 @@ pub(crate) fn learn_anew(shard: &Shard, pin: u64) {
     }
 }
 
-/// Lifts the fences held past their lease on shard `shard`'s replicas, when no newer epoch
-/// names another set (a catch-up that died before it admitted its replica): the next epoch,
-/// of the same members, on every replica that answers. Whether one was lifted.
-pub(crate) fn settle_fences(shard: &Shard, pin: u64) -> bool {
+/// Learns shard `shard`'s membership and lifts the fences held past their lease on its
+/// replicas, when no newer epoch names another set (a catch-up that died before it admitted its
+/// replica): the next epoch, of the same members, on every replica that answers. What it learned
+/// last.
+pub(crate) fn settle_fences(shard: &Shard, pin: u64) -> Learned {
     let learned = learn(shard, pin, false);
     let expired = (learned.answers.iter().flatten())
         .any(|(m, _)| m.epoch == learned.epoch && m.fence_expired());
     if !expired {
-        return false;
+        return learned;
     }
     let order = install_order(&learned, &learned.members);
-    let lifted = change(shard, &learned, &learned.members, &order).is_ok();
-    learn(shard, pin, false);
-    lifted
+    let _ = change(shard, &learned, &learned.members, &order);
+    learn(shard, pin, false)
 }
 
 /// What a catch-up did.
@@ -329,7 +329,7 @@ pub(crate) fn catch_up(
             "no member to copy from".into(),
         ));
     };
-    let rows_before_fence = copy_differing(source, &target)?;
+    let (rows_before_fence, _) = copy_differing(source, &target)?;
     // the last pass: the members fenced, every write of theirs in
     let fenced = on_each(&sources, |(_, m)| m.client.fence(learned.epoch, lease));
     let lift = |why: Error| {
@@ -349,9 +349,9 @@ pub(crate) fn catch_up(
             format!("the members' counts of writes differ under the fence: {counts:?}"),
         )));
     }
-    let rows_fenced = copy_differing(source, &target).map_err(lift)?;
+    let (rows_fenced, copied_to) = copy_differing(source, &target).map_err(lift)?;
     // one count of writes on every replica: the replica's copies were writes of its own
-    let version = count.max(target.client.version().map_err(lift)?);
+    let version = count.max(copied_to);
     target
         .client
         .adopt(&[], WriteOptions::default(), version)
@@ -383,10 +383,11 @@ pub(crate) fn catch_up(
 }
 
 /// Copies the rows of every table of the shard that differ between `source` and `target` to
-/// `target`, each call adopted as its next write; the rows copied.
-fn copy_differing(source: &Replica, target: &Replica) -> nearrec::Result<u64> {
+/// `target`, each call adopted as its next write; the rows copied, and `target`'s count of
+/// writes after.
+fn copy_differing(source: &Replica, target: &Replica) -> nearrec::Result<(u64, u64)> {
     let (from, to) = (&source.client, &target.client);
-    let mut copied = 0u64;
+    let (mut copied, mut version) = (0u64, to.version()?);
     for table in from.info()?.tables {
         let (name, rows, dim) = (&table.name, table.rows, table.dim as usize);
         let mut ids: Vec<i64> = Vec::new();
@@ -412,13 +413,12 @@ fn copy_differing(source: &Replica, target: &Replica) -> nearrec::Result<u64> {
                 ids: chunk,
                 values: Some(&values),
             };
-            let next = to.version()? + 1;
             let options = WriteOptions {
                 allow_nonfinite: true,
             };
-            to.adopt(&[w], options, next)?;
+            version = to.adopt(&[w], options, version + 1)?;
             copied += chunk.len() as u64;
         }
     }
-    Ok(copied)
+    Ok((copied, version))
 }

@@ -580,7 +580,7 @@ pub(crate) fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync)
         let running: Vec<_> = items.iter().map(|i| s.spawn(move || f(i))).collect();
         running
             .into_iter()
-            .map(|h| h.join().expect("a transaction's step panicked"))
+            .map(|h| h.join().expect("a call on a replica panicked"))
             .collect()
     })
 }

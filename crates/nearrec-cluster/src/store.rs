@@ -264,8 +264,8 @@ impl ShardedStore {
             .collect();
         let pin = versions::pin_of(&pinned);
         for (shard, versions) in shards.iter().zip(&served) {
-            // a replica behind its shard's others at the version read missed writes (it was
-            // down): it serves no reads and takes no writes until it is copied again
+            // reads start from the newest count any replica of the shard holds at the version
+            // read
             let at_pin = |v: &Option<u64>| v.unwrap_or(0) == pin;
             let newest = (versions.iter())
                 .filter(|(v, _)| at_pin(v))
@@ -338,8 +338,7 @@ impl ShardedStore {
         let pin = self.inner.pin.load(Ordering::Relaxed);
         let mut done = Vec::new();
         for shard in &self.inner.shards {
-            members::settle_fences(shard, pin);
-            let mut learned = members::learn(shard, pin, false);
+            let mut learned = members::settle_fences(shard, pin);
             // one left out during a swap serves the old version: it catches up at the new
             let behind: Vec<_> = (shard.all_replicas().iter().zip(&learned.answers))
                 .filter(|(_, a)| a.is_none() && pin != 0)

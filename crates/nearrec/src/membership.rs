@@ -28,8 +28,9 @@ use crate::error::{Error, Result};
 /// The file a replica's membership is kept in.
 pub const MEMBERSHIP_FILE: &str = "MEMBERSHIP";
 
-/// A replica's membership of its shard.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// A replica's membership of its shard, as its `MEMBERSHIP` file (TOML) keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Membership {
     /// This replica's id among its shard's (random; made with its `MEMBERSHIP` file, 0 for a
     /// read-only store that has none).
@@ -40,7 +41,9 @@ pub struct Membership {
     pub members: Vec<u64>,
     /// Fenced for a catch-up since this many milliseconds after the Unix epoch, for a lease of
     /// `fence_lease_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced_at_ms: Option<u64>,
+    #[serde(default)]
     pub fence_lease_ms: u64,
 }
 
@@ -64,19 +67,6 @@ pub(crate) fn now_ms() -> u64 {
     u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The `MEMBERSHIP` file.
-#[derive(serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct File {
-    replica: u64,
-    epoch: u64,
-    members: Vec<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    fenced_at_ms: Option<u64>,
-    #[serde(default)]
-    fence_lease_ms: u64,
-}
-
 /// What a store holds of its place: the membership and where it is kept.
 #[derive(Debug)]
 pub(crate) struct Place {
@@ -96,16 +86,7 @@ impl Place {
             reason: format!("{}: {reason}", file.display()),
         };
         let membership = match std::fs::read_to_string(&file) {
-            Ok(text) => {
-                let f: File = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-                Membership {
-                    replica: f.replica,
-                    epoch: f.epoch,
-                    members: f.members,
-                    fenced_at_ms: f.fenced_at_ms,
-                    fence_lease_ms: f.fence_lease_ms,
-                }
-            }
+            Ok(text) => toml::from_str(&text).map_err(|e| bad(e.to_string()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let m = Membership {
                     replica: if writable { fastrand::u64(1..) } else { 0 },
@@ -145,14 +126,7 @@ impl Place {
 }
 
 fn keep(path: &Path, m: &Membership) -> Result<()> {
-    let f = File {
-        replica: m.replica,
-        epoch: m.epoch,
-        members: m.members.clone(),
-        fenced_at_ms: m.fenced_at_ms,
-        fence_lease_ms: m.fence_lease_ms,
-    };
-    let text = toml::to_string(&f).expect("a membership serializes");
+    let text = toml::to_string(m).expect("a membership serializes");
     Ok(nearrec_format::replace_file(path, text.as_bytes())?)
 }
 
