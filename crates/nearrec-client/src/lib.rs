@@ -58,6 +58,10 @@ pub struct ClientOptions {
     /// `connect_timeout` is taken as gone and the call fails at once instead of waiting for
     /// its deadline (`None`: no pings).
     pub keepalive: Option<Duration>,
+    /// The plan id and shard the store must be (a router's replica): sent with every call
+    /// ([`nearrec_wire::SHARD_HEADER`]), and a node whose store is another refuses each but
+    /// `Info` as `Unavailable` rather than answering as the replica.
+    pub shard: Option<(String, usize)>,
 }
 
 /// Retries of the calls that change nothing (lookups, inference, info, stats, digests): made
@@ -125,6 +129,7 @@ impl Default for ClientOptions {
             tls: None,
             retry: Retry::default(),
             keepalive: Some(Duration::from_secs(30)),
+            shard: None,
         }
     }
 }
@@ -391,6 +396,11 @@ impl Client {
             && let Ok(v) = format!("Bearer {token}").parse()
         {
             r.metadata_mut().insert("authorization", v);
+        }
+        if let Some((plan, shard)) = &self.options.shard
+            && let Ok(v) = nearrec_wire::shard_header(plan, *shard).parse()
+        {
+            r.metadata_mut().insert(nearrec_wire::SHARD_HEADER, v);
         }
         r
     }

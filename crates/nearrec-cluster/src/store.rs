@@ -433,13 +433,16 @@ fn connect_replica(
     e: &Endpoint,
     options: &ClientOptions,
 ) -> nearrec::Result<(Replica, Info)> {
-    let client =
-        Client::connect(&e.addr, &e.store, options.clone()).map_err(|err| Error::Shard {
-            store: plan.store.clone(),
-            shard: k,
-            kind: err.kind(),
-            reason: format!("replica {}: {err}", e.addr),
-        })?;
+    let options = ClientOptions {
+        shard: Some((plan.id.clone(), k)),
+        ..options.clone()
+    };
+    let client = Client::connect(&e.addr, &e.store, options).map_err(|err| Error::Shard {
+        store: plan.store.clone(),
+        shard: k,
+        kind: err.kind(),
+        reason: format!("replica {}: {err}", e.addr),
+    })?;
     let info = check_replica(plan, k, &client)?;
     Ok((Replica::new(client, e.addr.clone()), info))
 }
@@ -966,6 +969,11 @@ impl StoreApi for ShardedStore {
             versions: versions.unwrap_or_default(),
             shard: None,
         })
+    }
+
+    /// A sharded store is no shard itself (asking its shards would be a call to each).
+    fn shard(&self) -> nearrec::Result<Option<nearrec::shard::ShardTag>> {
+        Ok(None)
     }
 
     fn location(&self) -> Option<PathBuf> {

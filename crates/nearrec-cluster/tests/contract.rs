@@ -537,6 +537,37 @@ fn a_replica_lost_under_load_leaves_every_answer_whole_and_no_replica_fails_the_
 }
 
 #[test]
+fn a_node_started_at_a_lost_replica_s_address_never_answers_as_it() {
+    let (_d, path) = suite::fixture();
+    let (store, mut cluster) = sharded(&path, false, options(2, 2, Scheme::Row, 0));
+    let ids: Vec<i64> = (0..300).step_by(7).collect();
+    let want = store.lookup(&one_per_bag("t1", &ids)).unwrap().0.values;
+    // replica 0 of shard 0 stops, and a node serving shard 1 starts at its address
+    let lost = cluster.nodes[0].remove(0);
+    let addr = lost.addr;
+    drop(lost);
+    let shard1 = ShardPlan::shard_dir(&store.location().unwrap(), 1);
+    let mut stores = Stores::new();
+    let toml = "tier = \"ssd\"\ndram_budget = \"16KiB\"";
+    stores.insert("s", common::open(&shard1, toml)).unwrap();
+    let impostor = common::Node::start_at(addr, stores, NodeConfig::default());
+    for _ in 0..40 {
+        let got = store.lookup(&one_per_bag("t1", &ids)).unwrap().0.values;
+        assert_eq!(got, want);
+    }
+    let refused = "nearrec_refused_total{reason=\"wrong_shard\"}";
+    let scraped = impostor.scrape();
+    let line = scraped.lines().find(|l| l.starts_with(refused)).unwrap();
+    let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 1.0, "the router never reached it: {line}");
+    // the other replica of shard 0 too: shard 0 is gone, and said so, not answered by shard 1
+    drop(cluster.nodes[0].remove(0));
+    let e = store.lookup(&one_per_bag("t1", &ids)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().starts_with("shard 0 of suite"), "{e}");
+}
+
+#[test]
 fn hot_rows_on_every_shard_keep_a_bag_on_one_shard() {
     let (_d, path) = suite::fixture();
     // bags of a cold id from the second half and two of the hottest (0..20) from the first

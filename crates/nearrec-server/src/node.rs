@@ -29,6 +29,8 @@ pub struct Shared {
     /// (`PERMISSION_DENIED`).
     pub unauthenticated: AtomicU64,
     pub denied: AtomicU64,
+    /// Calls a router meant for a shard the store they name is not (`nearrec-shard`).
+    pub wrong_shard: AtomicU64,
     /// What calls did, for `/metrics`.
     pub metrics: Metrics,
     /// What the node's connections did.
@@ -71,6 +73,7 @@ impl Shared {
             config,
             acl: ArcSwapOption::from_pointee(acl),
             unauthenticated: AtomicU64::new(0),
+            wrong_shard: AtomicU64::new(0),
             denied: AtomicU64::new(0),
             metrics,
             conns: Arc::default(),

@@ -1,10 +1,11 @@
 //! What a scrape of `/metrics` reads at that moment, beside the families calls update
 //! (`crate::metrics`): requests in flight; refusals by reason (`unauthenticated`,
-//! `permission_denied`, `overloaded`, `deadline_exceeded`, `unsent_bytes`); connections open,
-//! and those closed by reason (`refused`, `timed_out`, `accept_error`); and per store the
-//! directory and repository version it serves, its lookups per tier, DRAM hit ratio, device
-//! reads, bytes read, version, rows waiting in the delta, and the engine's own stage percentiles (`route`, `io_wait`, `pool`, `end_to_end`). Per-tier lookups,
-//! reads and stages are the SSD tier's; a DRAM-resident store reports zeros for them.
+//! `permission_denied`, `wrong_shard`, `overloaded`, `deadline_exceeded`, `unsent_bytes`);
+//! connections open, and those closed by reason (`refused`, `timed_out`, `accept_error`); and
+//! per store the directory and repository version it serves, its lookups per tier, DRAM hit
+//! ratio, device reads, bytes read, version, rows waiting in the delta, and the engine's own
+//! stage percentiles (`route`, `io_wait`, `pool`, `end_to_end`). Per-tier lookups, reads and
+//! stages are the SSD tier's; a DRAM-resident store reports zeros for them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -172,6 +173,7 @@ impl Collector for NodeCollector {
             let refused = [
                 ("unauthenticated", s.unauthenticated.load(Ordering::Relaxed)),
                 ("permission_denied", s.denied.load(Ordering::Relaxed)),
+                ("wrong_shard", s.wrong_shard.load(Ordering::Relaxed)),
                 ("overloaded", s.admission.overloaded.load(Ordering::Relaxed)),
                 (
                     "deadline_exceeded",

@@ -15,7 +15,7 @@ use nearrec::{
 use nearrec_wire::arrays::decode;
 use nearrec_wire::status::{bounded, stream_error};
 use nearrec_wire::v1 as pb;
-use nearrec_wire::{convert, status_of};
+use nearrec_wire::{SHARD_HEADER, convert, parse_shard_header, status_of};
 use prost::Message as _;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -32,14 +32,30 @@ use crate::send::{Answered, Hold};
 use crate::stores::{inline, pooled};
 use crate::swap;
 
-/// The caller of one call: its principal, or anyone when the node has no ACL.
+/// The caller of one call: its principal (`None`: anyone, when the node has no ACL), and the
+/// shard it means the store to be, when a router sent [`SHARD_HEADER`].
 #[derive(Debug, Clone)]
-struct Caller(Option<Arc<Principal>>);
+struct Caller(Option<Arc<Principal>>, Option<(String, usize)>);
 
 impl Caller {
     /// Whether the caller may know that store `name` exists: it holds some grant on it.
     fn sees(&self, name: &str) -> bool {
         self.0.as_ref().is_none_or(|p| p.allow_any(name).is_ok())
+    }
+}
+
+/// The shard a call's [`SHARD_HEADER`] names, if it has one; `INVALID_ARGUMENT` if it is not
+/// `PLAN/SHARD`.
+fn meant_shard(metadata: &MetadataMap) -> Result<Option<(String, usize)>, Status> {
+    let Some(value) = metadata.get(SHARD_HEADER) else {
+        return Ok(None);
+    };
+    let parsed = value.to_str().ok().and_then(parse_shard_header);
+    match parsed {
+        Some((plan, shard)) => Ok(Some((plan.to_owned(), shard))),
+        None => Err(Status::invalid_argument(format!(
+            "{SHARD_HEADER} must be PLAN/SHARD, not {value:?}"
+        ))),
     }
 }
 
@@ -226,11 +242,12 @@ impl NodeService {
     /// The caller a call's token names (`UNAUTHENTICATED`, counted and logged without the
     /// token, when the node has an ACL and the token is missing or unknown).
     fn caller(&self, metadata: &MetadataMap, call: &'static str) -> Result<Caller, Status> {
+        let shard = meant_shard(metadata)?;
         let Some(acl) = self.0.acl.load_full() else {
-            return Ok(Caller(None));
+            return Ok(Caller(None, shard));
         };
         match acl.authenticate(metadata) {
-            Ok(p) => Ok(Caller(Some(p.clone()))),
+            Ok(p) => Ok(Caller(Some(p.clone()), shard)),
             Err(s) => {
                 self.0.unauthenticated.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(call, "refused: {}", s.message());
@@ -249,7 +266,7 @@ impl NodeService {
         last: &mut Option<(Arc<Acl>, Caller)>,
     ) -> Result<Caller, Status> {
         let Some(acl) = self.0.acl.load_full() else {
-            return Ok(Caller(None));
+            return Ok(Caller(None, meant_shard(metadata)?));
         };
         if let Some((seen, caller)) = last.as_ref()
             && Arc::ptr_eq(seen, &acl)
@@ -262,7 +279,39 @@ impl NodeService {
     }
 
     /// The store a call names; `NOT_FOUND` lists only the stores the caller holds a grant on.
+    /// A call meant for a shard the store is not is refused `UNAVAILABLE` ([`SHARD_HEADER`]):
+    /// to the router that sent it, the replica it meant is not at this address.
     fn store(&self, caller: &Caller, name: &str) -> Result<(&str, Arc<dyn StoreApi>), Status> {
+        let (name, store) = self.named(caller, name)?;
+        let Some((plan, shard)) = &caller.1 else {
+            return Ok((name, store));
+        };
+        let is = store.shard().map_err(bad)?;
+        if let Some(tag) = &is
+            && (tag.plan.as_str(), tag.shard) == (plan.as_str(), *shard)
+        {
+            return Ok((name, store));
+        }
+        self.0.wrong_shard.fetch_add(1, Ordering::Relaxed);
+        let is = match is {
+            Some(tag) => format!("is shard {} of plan {}", tag.shard, tag.plan),
+            None => "is no shard of any plan".into(),
+        };
+        Err(bad(nearrec::Error::Remote {
+            kind: nearrec::ErrorKind::Unavailable,
+            code: tonic::Code::Unavailable as i32,
+            message: format!(
+                "the call was meant for shard {shard} of plan {plan}; store {name:?} on this \
+                 node {is} (another node at the replica's address?)"
+            ),
+            table: None,
+            position: None,
+        }))
+    }
+
+    /// [`NodeService::store`] whatever shard the call means it to be (`Info`: how a router
+    /// learns what a node serves).
+    fn named(&self, caller: &Caller, name: &str) -> Result<(&str, Arc<dyn StoreApi>), Status> {
         self.0.stores.get(name, |n| caller.sees(n))
     }
 
@@ -995,7 +1044,7 @@ impl NodeService {
     async fn call_info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {
         let caller = self.caller(request.metadata(), "Info")?;
         let req = request.into_inner();
-        let (name, store) = self.store(&caller, &req.store)?;
+        let (name, store) = self.named(&caller, &req.store)?;
         self.allow(&caller, "Info", |p| p.allow_any(name))?;
         let name = name.to_owned();
         let stores = self

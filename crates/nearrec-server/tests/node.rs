@@ -230,6 +230,66 @@ fn every_answered_call_is_timed_by_stage() {
 }
 
 #[test]
+fn a_call_meant_for_a_shard_the_store_is_not_is_refused_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let mut stores = Stores::new();
+    stores.insert("s", open(&path, "tier = \"dram\"")).unwrap();
+    let node = Node::start(stores, NodeConfig::default());
+    let mut client = node.client();
+    fn meant<T>(header: &str, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        (r.metadata_mut()).insert(nearrec_wire::SHARD_HEADER, header.parse().unwrap());
+        r
+    }
+    let b = batch(2, 4);
+    // without the header, answered; with one naming a shard, refused: the store is none
+    assert!(
+        node.runtime
+            .block_on(client.lookup(request("s", &b, false, 0)))
+            .is_ok()
+    );
+    let s = (node.runtime)
+        .block_on(client.lookup(meant("abc/1", request("s", &b, false, 0))))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+    assert_eq!(remote(&s).kind, Some(ErrorKind::Unavailable));
+    assert!(
+        s.message().contains("meant for shard 1 of plan abc"),
+        "{s:?}"
+    );
+    assert!(s.message().contains("is no shard of any plan"), "{s:?}");
+    // a write too, and nothing of it applied
+    let info = |c: &mut nearrec_wire::v1::node_client::NodeClient<Channel>, h: &str| {
+        let req = pb::InfoRequest { store: "s".into() };
+        node.runtime
+            .block_on(c.info(meant(h, req)))
+            .map(|r| r.into_inner())
+    };
+    let before = info(&mut client, "abc/1").unwrap().version;
+    let write = pb::WriteRequest {
+        store: "s".into(),
+        ..Default::default()
+    };
+    let s = (node.runtime)
+        .block_on(client.write(meant("abc/1", write)))
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+    // Info answers whatever the header says: it is how a router learns what a node serves
+    assert_eq!(info(&mut client, "abc/1").unwrap().version, before);
+    // a header that is not PLAN/SHARD is the caller's mistake
+    for bad in ["abc", "abc/x", "/1"] {
+        let s = (node.runtime)
+            .block_on(client.lookup(meant(bad, request("s", &b, false, 0))))
+            .unwrap_err();
+        assert_eq!(s.code(), Code::InvalidArgument, "{bad}: {s:?}");
+    }
+    let text = node.scrape();
+    let line = "nearrec_refused_total{reason=\"wrong_shard\"} 2";
+    assert!(text.contains(line), "{line} not in\n{text}");
+}
+
+#[test]
 fn errors_arrive_typed_with_their_table_and_position() {
     let dir = tempfile::tempdir().unwrap();
     let path = build(dir.path());

@@ -34,6 +34,24 @@ pub const CONNECTION_WINDOW: u32 = 16 << 20;
 /// and parsed on its own.
 pub const MAX_FRAME: u32 = 1 << 20;
 
+/// The request header a router sends with every call to a replica: `PLAN/SHARD`, the plan id
+/// and the shard the store it names must be. A node whose store is another shard, or none,
+/// refuses the call (`UNAVAILABLE`), so that an address taken over by another node (a replica
+/// gone, another started on its port) never answers as the replica. `Info` is not checked: it
+/// is how a router learns what a node serves.
+pub const SHARD_HEADER: &str = "nearrec-shard";
+
+/// [`SHARD_HEADER`]'s value for shard `shard` of plan `plan`.
+pub fn shard_header(plan: &str, shard: usize) -> String {
+    format!("{plan}/{shard}")
+}
+
+/// The plan and shard a [`SHARD_HEADER`] names; `None` if it is not `PLAN/SHARD`.
+pub fn parse_shard_header(value: &str) -> Option<(&str, usize)> {
+    let (plan, shard) = value.rsplit_once('/')?;
+    Some((plan, shard.parse().ok()?)).filter(|(p, _)| !p.is_empty())
+}
+
 /// The generated `nearrec.v1` package.
 pub mod v1 {
     #![allow(missing_docs, missing_debug_implementations, clippy::all)]

@@ -141,6 +141,12 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
         Ok(self.info()?.version)
     }
 
+    /// Which shard of which plan the store is, if it is one ([`Info::shard`]); what a node
+    /// checks a router's call against (`docs/distributed.md`, "Which node answers").
+    fn shard(&self) -> Result<Option<ShardTag>> {
+        Ok(self.info()?.shard)
+    }
+
     /// Pools `batch` (EMB_READ): one `[batch, Σ dim]` output, tables in request order, every
     /// table read at one version.
     fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)>;
@@ -428,6 +434,10 @@ impl StoreApi for Store {
 
     fn version(&self) -> Result<u64> {
         Ok(Store::version(self))
+    }
+
+    fn shard(&self) -> Result<Option<ShardTag>> {
+        Ok(self.with_opened(ShardTag::of))
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)> {

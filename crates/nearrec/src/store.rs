@@ -307,6 +307,12 @@ impl Store {
         self.inner.served.load_full()
     }
 
+    /// `f` of the served store's manifest as opened (a field of it; its tables as served now
+    /// are [`Store::manifest`]'s, which copies them).
+    pub(crate) fn with_opened<T>(&self, f: impl FnOnce(&Manifest) -> T) -> T {
+        f(&self.current().manifest)
+    }
+
     /// The store served now, without touching its count (for one call).
     fn current(&self) -> arc_swap::Guard<Arc<Served>> {
         self.inner.served.load()

@@ -42,19 +42,21 @@ pub struct Node {
 
 impl Node {
     pub fn start(stores: Stores, config: NodeConfig) -> Self {
+        Self::start_at("127.0.0.1:0".parse().unwrap(), stores, config)
+    }
+
+    /// [`Node::start`] listening at `addr` (one another node left, say).
+    pub fn start_at(addr: std::net::SocketAddr, stores: Stores, config: NodeConfig) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        let bind = || {
-            runtime
-                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-                .unwrap()
-        };
+        let bind =
+            |at: std::net::SocketAddr| runtime.block_on(tokio::net::TcpListener::bind(at)).unwrap();
         let listeners = Listeners {
-            grpc: bind(),
-            metrics: Some(bind()),
+            grpc: bind(addr),
+            metrics: Some(bind("127.0.0.1:0".parse().unwrap())),
         };
         let addr = listeners.grpc.local_addr().unwrap();
         let metrics = listeners.metrics.as_ref().unwrap().local_addr().unwrap();
