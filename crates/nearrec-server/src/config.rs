@@ -87,6 +87,22 @@ pub struct NodeConfig {
     pub max_unsent_bytes: usize,
     /// The same, for one connection.
     pub max_unsent_bytes_per_connection: usize,
+    /// Tables one request may name; past them it is refused (`INVALID_ARGUMENT`,
+    /// `crate::limits`).
+    pub max_tables_per_request: usize,
+    /// Bags one request may ask for, all its tables together.
+    pub max_bags_per_request: usize,
+    /// Indices one lookup may carry (rows, for a write), all its tables together.
+    pub max_indices_per_request: usize,
+    /// Calls one principal (without an ACL: one client address) may have open at once, a
+    /// stream counted for as long as it is open; past them `RESOURCE_EXHAUSTED`.
+    pub max_calls_per_principal: usize,
+    /// Connections one principal (without an ACL: one client address) may call on.
+    pub max_connections_per_principal: usize,
+    /// How long a unary call's request has to arrive whole from its headers (a client that
+    /// trickles it in is answered `DEADLINE_EXCEEDED`); seconds in a file.
+    #[serde(with = "seconds")]
+    pub request_timeout: Duration,
     /// The directory `Swap` may take stores from (`crate::swap`); `None`: the directory
     /// holding the store served.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -224,6 +240,14 @@ impl NodeConfig {
             ("max_in_flight", self.max_in_flight),
             ("max_connections", self.max_connections),
             ("max_message_bytes", self.max_message_bytes),
+            ("max_tables_per_request", self.max_tables_per_request),
+            ("max_bags_per_request", self.max_bags_per_request),
+            ("max_indices_per_request", self.max_indices_per_request),
+            ("max_calls_per_principal", self.max_calls_per_principal),
+            (
+                "max_connections_per_principal",
+                self.max_connections_per_principal,
+            ),
             (
                 "max_streams_per_connection",
                 self.max_streams_per_connection as usize,
@@ -236,6 +260,7 @@ impl NodeConfig {
         for (key, d) in [
             ("handshake_timeout", self.handshake_timeout),
             ("idle_timeout", self.idle_timeout),
+            ("request_timeout", self.request_timeout),
         ] {
             if d.is_zero() {
                 return bad(key, "must be a positive number of seconds");
@@ -266,6 +291,15 @@ impl NodeConfig {
             at_least_one(self.max_unsent_bytes),
             at_least_one(self.max_unsent_bytes_per_connection),
         )
+    }
+
+    /// What one request may carry ([`crate::limits`]).
+    pub fn shape(&self) -> crate::limits::Shape {
+        crate::limits::Shape {
+            tables: self.max_tables_per_request,
+            bags: self.max_bags_per_request,
+            indices: self.max_indices_per_request,
+        }
     }
 
     /// The connection limits ([`crate::conns`]).
@@ -304,6 +338,16 @@ impl Default for NodeConfig {
             max_streams_per_connection: 256,
             max_unsent_bytes: 1 << 30,
             max_unsent_bytes_per_connection: 256 << 20,
+            // a request of max_message_bytes holds at most 8 Mi int64 indices; 4,096 bags is
+            // 64 times the largest batch in the specs' models
+            max_tables_per_request: 1024,
+            max_bags_per_request: 1 << 20,
+            max_indices_per_request: 8 << 20,
+            // half the node's connections, and more calls than max_queued and max_in_flight
+            // take: one principal cannot hold them all
+            max_calls_per_principal: 512,
+            max_connections_per_principal: 512,
+            request_timeout: Duration::from_secs(30),
             acl: None,
             metrics_listen: None,
             tls: None,
@@ -583,6 +627,48 @@ pub const FLAGS: &[Flag] = &[
         FlagKind::Int,
         "BYTES",
         "the same, for one connection",
+    ),
+    flag(
+        "max-tables-per-request",
+        "max_tables_per_request",
+        FlagKind::Int,
+        "N",
+        "tables one request may name; past them it is refused (INVALID_ARGUMENT)",
+    ),
+    flag(
+        "max-bags-per-request",
+        "max_bags_per_request",
+        FlagKind::Int,
+        "N",
+        "bags one request may ask for, its tables together",
+    ),
+    flag(
+        "max-indices-per-request",
+        "max_indices_per_request",
+        FlagKind::Int,
+        "N",
+        "indices one lookup (rows one write) may carry, its tables together",
+    ),
+    flag(
+        "max-calls-per-principal",
+        "max_calls_per_principal",
+        FlagKind::Int,
+        "N",
+        "calls one principal (without an ACL: one client address) may have open at once, a stream for as long as it is open; past them RESOURCE_EXHAUSTED",
+    ),
+    flag(
+        "max-connections-per-principal",
+        "max_connections_per_principal",
+        FlagKind::Int,
+        "N",
+        "connections one principal (without an ACL: one client address) may call on",
+    ),
+    flag(
+        "request-timeout",
+        "request_timeout",
+        FlagKind::Float,
+        "SECONDS",
+        "seconds a unary call's request has to arrive whole; a client that trickles it in is answered DEADLINE_EXCEEDED",
     ),
     flag(
         "drain-timeout",

@@ -187,6 +187,9 @@ pub struct ConnInfo {
     pub tcp: TcpConnectInfo,
     /// The connection's budget of unsent answer bytes, in [`BUDGET_UNIT`]s.
     pub answers: Arc<Semaphore>,
+    /// Alive while the connection is open: what a principal's connections are counted by
+    /// (`crate::limits`).
+    pub mark: crate::limits::Connection,
 }
 
 /// One accepted connection: the socket, its place among the node's connections, its deadline.
@@ -200,6 +203,8 @@ pub struct Connection {
     idle: Duration,
     stats: Arc<ConnStats>,
     _slot: OwnedSemaphorePermit,
+    /// [`ConnInfo::mark`]'s, held while the connection is open.
+    _mark: Arc<()>,
 }
 
 impl Connection {
@@ -209,11 +214,13 @@ impl Connection {
         limits: Limits,
         stats: Arc<ConnStats>,
     ) -> Self {
+        let mark = Arc::new(());
         let info = ConnInfo {
             tcp: io.connect_info(),
             answers: Arc::new(Semaphore::new(
                 limits.unsent_bytes_per_connection / BUDGET_UNIT,
             )),
+            mark: Arc::downgrade(&mark),
         };
         // under TLS, tonic times the handshake and the preface comes inside it
         let (owed, first) = if limits.tls {
@@ -230,6 +237,7 @@ impl Connection {
             idle: limits.idle_timeout,
             stats,
             _slot: slot,
+            _mark: mark,
         }
     }
 }

@@ -27,6 +27,9 @@
 //! - [`conns`]: connections bounded — the descriptor limit raised and a cap under it, deadlines
 //!   for the HTTP/2 preface and for silence, accept errors backed off, each connection's budget
 //!   of unsent bytes;
+//! - [`limits`]: what one request may carry (tables, bags, indices), one principal may hold
+//!   (calls open, connections) and one slow client may take (a unary request due whole within
+//!   `request_timeout`);
 //! - [`send`]: a layer timing each unary answer until its last frame is written (the `send`
 //!   stage), holding its queue place and reserved bytes until then;
 //! - [`acl`]: bearer tokens → principals through an ACL file of token hashes, `read` / `write` /
@@ -36,7 +39,8 @@
 //! - [`swap`]: where a `Swap` may take a store from (under the swap root) and the grants what it
 //!   exposes needs;
 //! - [`metrics`] + [`scrape`] + [`process`]: the families calls update and what a scrape
-//!   reads then (the stores, the process), on `/metrics` at an address of its own; [`node`]: [`Shared`], what every call of a node shares.
+//!   reads then (the stores, the process), on `/metrics` at an address of its own;
+//! - [`node`]: [`Shared`], what every call of a node shares.
 //!
 //! `tests/node.rs` holds the node on loopback to the embedded store; `tests/probes.rs` tries it
 //! as adversarial probing did (a window-0 client, silent and half-open connections, a flood
@@ -50,6 +54,7 @@ pub mod audit;
 pub mod coalesce;
 pub mod config;
 pub mod conns;
+pub mod limits;
 pub mod metrics;
 pub mod node;
 pub mod process;
@@ -142,6 +147,7 @@ pub async fn serve(
     let metrics = shared.metrics.clone();
     let conn_stats = shared.conns.clone();
     let admission = shared.admission.clone();
+    let slow = shared.slow.clone();
     let node = pb::node_server::NodeServer::new(NodeService(shared))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
@@ -172,6 +178,7 @@ pub async fn serve(
         builder = builder.tls_config(tls)?;
     }
     let server = builder
+        .layer(limits::slow_requests(config.request_timeout, slow))
         .layer(send::layer(metrics.clone()))
         .layer(admission::ExpiredLayer(admission, metrics))
         .add_service(health_service)

@@ -12,6 +12,7 @@ use crate::audit::Audit;
 use crate::coalesce::Coalescer;
 use crate::config::NodeConfig;
 use crate::conns::ConnStats;
+use crate::limits::Quotas;
 use crate::metrics::Metrics;
 use crate::stores::Stores;
 
@@ -31,6 +32,12 @@ pub struct Shared {
     pub denied: AtomicU64,
     /// Calls a router meant for a shard the store they name is not (`nearrec-shard`).
     pub wrong_shard: AtomicU64,
+    /// Each principal's calls open and connections held (`crate::limits`).
+    pub quotas: Arc<Quotas>,
+    /// Requests refused for their shape (`max_*_per_request`).
+    pub misshapen: AtomicU64,
+    /// Unary calls whose request did not arrive whole within `request_timeout`.
+    pub slow: Arc<AtomicU64>,
     /// What calls did, for `/metrics`.
     pub metrics: Metrics,
     /// What the node's connections did.
@@ -66,6 +73,10 @@ impl Shared {
                 (name.to_owned(), c)
             })
             .collect();
+        let quotas = Quotas::new(
+            config.max_calls_per_principal,
+            config.max_connections_per_principal,
+        );
         Self {
             admission,
             coalescers,
@@ -74,6 +85,9 @@ impl Shared {
             acl: ArcSwapOption::from_pointee(acl),
             unauthenticated: AtomicU64::new(0),
             wrong_shard: AtomicU64::new(0),
+            quotas,
+            misshapen: AtomicU64::new(0),
+            slow: Arc::default(),
             denied: AtomicU64::new(0),
             metrics,
             conns: Arc::default(),

@@ -1,6 +1,7 @@
 //! What a scrape of `/metrics` reads at that moment, beside the families calls update
 //! (`crate::metrics`): requests in flight; refusals by reason (`unauthenticated`,
-//! `permission_denied`, `wrong_shard`, `overloaded`, `deadline_exceeded`, `unsent_bytes`);
+//! `permission_denied`, `wrong_shard`, `request_shape`, `principal_calls`,
+//! `principal_connections`, `slow_request`, `overloaded`, `deadline_exceeded`, `unsent_bytes`);
 //! connections open, and those closed by reason (`refused`, `timed_out`, `accept_error`); and
 //! per store the directory and repository version it serves, its lookups per tier, DRAM hit
 //! ratio, device reads, bytes read, version, rows waiting in the delta, and the engine's own
@@ -174,6 +175,16 @@ impl Collector for NodeCollector {
                 ("unauthenticated", s.unauthenticated.load(Ordering::Relaxed)),
                 ("permission_denied", s.denied.load(Ordering::Relaxed)),
                 ("wrong_shard", s.wrong_shard.load(Ordering::Relaxed)),
+                ("request_shape", s.misshapen.load(Ordering::Relaxed)),
+                (
+                    "principal_calls",
+                    s.quotas.refused_calls.load(Ordering::Relaxed),
+                ),
+                (
+                    "principal_connections",
+                    s.quotas.refused_connections.load(Ordering::Relaxed),
+                ),
+                ("slow_request", s.slow.load(Ordering::Relaxed)),
                 ("overloaded", s.admission.overloaded.load(Ordering::Relaxed)),
                 (
                     "deadline_exceeded",
@@ -187,8 +198,10 @@ impl Collector for NodeCollector {
             let c = ConstCounter::new(0u64);
             let mut family = encoder.encode_descriptor(
                 "refused",
-                "Calls refused before the engine: no or unknown token, no grant, a full queue, \
-                 a passed deadline, no room for the answer among those not yet read",
+                "Calls refused before the engine: no or unknown token, no grant, another shard \
+                 than the router meant, past a request's limits or a principal's share, a \
+                 request that did not arrive in time, a full queue, a passed deadline, no room \
+                 for the answer among those not yet read",
                 None,
                 c.metric_type(),
             )?;

@@ -27,20 +27,31 @@ use crate::acl::{Acl, Permission, Principal};
 use crate::admission::{Held, Slot, deadline};
 use crate::audit::Audit;
 use crate::conns::ConnInfo;
+use crate::limits::Entered;
 use crate::node::Shared;
 use crate::send::{Answered, Hold};
 use crate::stores::{inline, pooled};
 use crate::swap;
 
-/// The caller of one call: its principal (`None`: anyone, when the node has no ACL), and the
-/// shard it means the store to be, when a router sent [`SHARD_HEADER`].
+/// The caller of one call: its principal (`None`: anyone, when the node has no ACL), the
+/// shard it means the store to be, when a router sent [`SHARD_HEADER`], and the call's place
+/// in its principal's share of the node (`crate::limits`), held while the call runs.
 #[derive(Debug, Clone)]
-struct Caller(Option<Arc<Principal>>, Option<(String, usize)>);
+struct Caller {
+    principal: Option<Arc<Principal>>,
+    shard: Option<(String, usize)>,
+    _entered: Option<Arc<Entered>>,
+}
 
 impl Caller {
     /// Whether the caller may know that store `name` exists: it holds some grant on it.
     fn sees(&self, name: &str) -> bool {
-        self.0.as_ref().is_none_or(|p| p.allow_any(name).is_ok())
+        (self.principal.as_ref()).is_none_or(|p| p.allow_any(name).is_ok())
+    }
+
+    /// The principal's name, if the node has an ACL.
+    fn who(&self) -> Option<String> {
+        self.principal.as_ref().map(|p| p.name.clone())
     }
 }
 
@@ -240,14 +251,38 @@ fn bad(e: nearrec::Error) -> Status {
 
 impl NodeService {
     /// The caller a call's token names (`UNAUTHENTICATED`, counted and logged without the
-    /// token, when the node has an ACL and the token is missing or unknown).
-    fn caller(&self, metadata: &MetadataMap, call: &'static str) -> Result<Caller, Status> {
+    /// token, when the node has an ACL and the token is missing or unknown), holding a place in
+    /// its principal's share of the node for as long as it is kept (`RESOURCE_EXHAUSTED` when
+    /// the principal has its most calls open or connections held, `crate::limits`).
+    fn caller<T>(&self, request: &Request<T>, call: &'static str) -> Result<Caller, Status> {
+        let mut caller = self.authenticate(request.metadata(), call)?;
+        let conn = request.extensions().get::<ConnInfo>();
+        let who = match (&caller.principal, conn) {
+            (Some(p), _) => p.name.clone(),
+            (None, Some(c)) => c.tcp.remote_addr().map_or_else(
+                || "a client of unknown address".to_owned(),
+                |a| format!("the client at {}", a.ip()),
+            ),
+            (None, None) => "a client of unknown address".to_owned(),
+        };
+        let entered = (self.0.quotas).enter(&who, conn.map(|c| &c.mark))?;
+        caller._entered = Some(Arc::new(entered));
+        Ok(caller)
+    }
+
+    /// The principal a call's token names, and the shard it means, without a place.
+    fn authenticate(&self, metadata: &MetadataMap, call: &'static str) -> Result<Caller, Status> {
         let shard = meant_shard(metadata)?;
+        let caller = |principal| Caller {
+            principal,
+            shard,
+            _entered: None,
+        };
         let Some(acl) = self.0.acl.load_full() else {
-            return Ok(Caller(None, shard));
+            return Ok(caller(None));
         };
         match acl.authenticate(metadata) {
-            Ok(p) => Ok(Caller(Some(p.clone()), shard)),
+            Ok(p) => Ok(caller(Some(p.clone()))),
             Err(s) => {
                 self.0.unauthenticated.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(call, "refused: {}", s.message());
@@ -266,14 +301,14 @@ impl NodeService {
         last: &mut Option<(Arc<Acl>, Caller)>,
     ) -> Result<Caller, Status> {
         let Some(acl) = self.0.acl.load_full() else {
-            return Ok(Caller(None, meant_shard(metadata)?));
+            return self.authenticate(metadata, "LookupStream");
         };
         if let Some((seen, caller)) = last.as_ref()
             && Arc::ptr_eq(seen, &acl)
         {
             return Ok(caller.clone());
         }
-        let caller = self.caller(metadata, "LookupStream")?;
+        let caller = self.authenticate(metadata, "LookupStream")?;
         *last = Some((acl, caller.clone()));
         Ok(caller)
     }
@@ -283,7 +318,7 @@ impl NodeService {
     /// to the router that sent it, the replica it meant is not at this address.
     fn store(&self, caller: &Caller, name: &str) -> Result<(&str, Arc<dyn StoreApi>), Status> {
         let (name, store) = self.named(caller, name)?;
-        let Some((plan, shard)) = &caller.1 else {
+        let Some((plan, shard)) = &caller.shard else {
             return Ok((name, store));
         };
         let is = store.shard().map_err(bad)?;
@@ -323,7 +358,7 @@ impl NodeService {
         call: &'static str,
         check: impl FnOnce(&Principal) -> Result<(), Status>,
     ) -> Result<(), Status> {
-        let Some(p) = &caller.0 else {
+        let Some(p) = &caller.principal else {
             return Ok(());
         };
         check(p).inspect_err(|s| {
@@ -519,6 +554,25 @@ impl NodeService {
             .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?
     }
 
+    /// `batch` if it fits the node's limits on one request (`crate::limits`), counted if not.
+    fn fits(&self, batch: nearrec::Batch<'_>) -> Result<(), Status> {
+        let tables = (batch.tables.iter()).map(|t| (t.table, t.declared_bags(), t.indices.len()));
+        self.shaped(self.0.config.shape().check(tables))
+    }
+
+    /// [`NodeService::fits`] of a write: its tables and rows.
+    fn fits_writes(&self, writes: &[convert::OwnedWrite]) -> Result<(), Status> {
+        let tables = writes.iter().map(|(t, ids, _)| (t.as_str(), 0, ids.len()));
+        self.shaped(self.0.config.shape().check(tables))
+    }
+
+    fn shaped(&self, checked: nearrec::Result<()>) -> Result<(), Status> {
+        checked.map_err(|e| {
+            self.0.misshapen.fetch_add(1, Ordering::Relaxed);
+            bad(e)
+        })
+    }
+
     /// One lookup request, decoded, admitted and served; its answer comes with what it holds
     /// until sent: its place in the node, its bytes reserved from the node's budget and from
     /// `conn`, its connection's.
@@ -534,6 +588,7 @@ impl NodeService {
         let tables = req.tables.iter().map(|t| t.table.as_str());
         self.allow_tables(caller, call, Permission::Read, name, tables)?;
         let batch = convert::batch(&req.tables).map_err(bad)?;
+        self.fits(batch.as_batch())?;
         let limit = self.0.config.max_message_bytes;
         let (id, raw) = (req.id, req.raw);
         let at = (req.at_version > 0).then_some(req.at_version);
@@ -644,7 +699,7 @@ const STREAM_DEPTH: usize = 4;
 impl NodeService {
     async fn call_lookup(&self, request: Request<pb::LookupRequest>) -> Answer<pb::LookupResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "Lookup")?;
+        let caller = self.caller(&request, "Lookup")?;
         let conn = conn_budget(&request);
         let (answer, held) = self
             .answer(
@@ -666,12 +721,14 @@ impl NodeService {
         let deadline = deadline(request.metadata(), Instant::now());
         let metadata = request.metadata().clone();
         let mut last = None;
-        self.stream_caller(&metadata, &mut last)?;
+        // the stream is one call of its principal's for as long as it is open
+        let opened = self.caller(&request, "LookupStream")?;
         let conn = conn_budget(&request);
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel(STREAM_DEPTH);
         let node = self.clone();
         tokio::spawn(async move {
+            let _opened = opened;
             let mut pending = VecDeque::new();
             let mut open = true;
             while open || !pending.is_empty() {
@@ -726,12 +783,13 @@ impl NodeService {
 
     async fn call_infer(&self, request: Request<pb::InferRequest>) -> Answer<pb::InferResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "Infer")?;
+        let caller = self.caller(&request, "Infer")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         let tables = req.tables.iter().map(|t| t.table.as_str());
         self.allow_tables(&caller, "Infer", Permission::Read, name, tables)?;
         let batch = convert::batch(&req.tables).map_err(bad)?;
+        self.fits(batch.as_batch())?;
         let dense: Vec<f32> = decode(&req.dense, "", "dense").map_err(bad)?;
         let (out, slot) = self
             .run("Infer", deadline, false, move || {
@@ -751,12 +809,13 @@ impl NodeService {
 
     async fn call_write(&self, request: Request<pb::WriteRequest>) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "Write")?;
+        let caller = self.caller(&request, "Write")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         let tables = req.writes.iter().map(|w| w.table.as_str());
         self.allow_tables(&caller, "Write", Permission::Write, name, tables)?;
         let writes = convert::unwrites(&req.writes).map_err(bad)?;
+        self.fits_writes(&writes)?;
         let options = WriteOptions {
             allow_nonfinite: req.allow_nonfinite,
         };
@@ -773,7 +832,7 @@ impl NodeService {
         request: Request<pb::UpdateModelRequest>,
     ) -> Answer<pb::UpdateModelResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "UpdateModel")?;
+        let caller = self.caller(&request, "UpdateModel")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "UpdateModel", |p| {
@@ -781,7 +840,7 @@ impl NodeService {
         })?;
         let weights = convert::unweights(&req.weights).map_err(bad)?;
         let count = weights.len();
-        let who = caller.0.as_ref().map(|p| p.name.clone());
+        let who = caller.who();
         let ((), slot) = self
             .run("UpdateModel", deadline, false, move || {
                 store.update_model(&convert::tensors(&weights))
@@ -797,7 +856,7 @@ impl NodeService {
     ) -> Answer<pb::TransactionResponse> {
         use pb::transaction_request::Step;
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "Transaction")?;
+        let caller = self.caller(&request, "Transaction")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         let step = Step::try_from(req.step).map_err(|_| {
@@ -827,6 +886,7 @@ impl NodeService {
             }
         };
         let writes = convert::unwrites(&req.writes).map_err(bad)?;
+        self.fits_writes(&writes)?;
         let options = WriteOptions {
             allow_nonfinite: req.allow_nonfinite,
         };
@@ -884,7 +944,7 @@ impl NodeService {
 
     async fn call_remove(&self, request: Request<pb::RemoveRequest>) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "Remove")?;
+        let caller = self.caller(&request, "Remove")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow_tables(
@@ -895,6 +955,9 @@ impl NodeService {
             [req.table.as_str()],
         )?;
         let ids: Vec<i64> = decode(&req.ids, &req.table, "ids").map_err(bad)?;
+        self.shaped(
+            (self.0.config.shape()).check([(req.table.as_str(), 0, ids.len())].into_iter()),
+        )?;
         let (version, slot) = self
             .run("Remove", deadline, false, move || {
                 let w = RowWrite {
@@ -913,7 +976,7 @@ impl NodeService {
         request: Request<pb::CreateTableRequest>,
     ) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "CreateTable")?;
+        let caller = self.caller(&request, "CreateTable")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow_tables(
@@ -962,7 +1025,7 @@ impl NodeService {
         request: Request<pb::DropTableRequest>,
     ) -> Answer<pb::WriteResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "DropTable")?;
+        let caller = self.caller(&request, "DropTable")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow_tables(
@@ -982,7 +1045,7 @@ impl NodeService {
 
     async fn call_swap(&self, request: Request<pb::SwapRequest>) -> Answer<pb::SwapResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "Swap")?;
+        let caller = self.caller(&request, "Swap")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Swap", |p| p.allow_all(Permission::Admin, name))?;
@@ -990,7 +1053,7 @@ impl NodeService {
             let (_, slot) = self
                 .run("Swap", deadline, false, move || store.release())
                 .await?;
-            let who = caller.0.as_ref().map(|p| p.name.clone());
+            let who = caller.who();
             tracing::info!(store = %name, principal = who, "held versions released");
             let answer = pb::SwapResponse::default();
             return Ok(holding(answer, Held::from(slot)));
@@ -1004,7 +1067,7 @@ impl NodeService {
             }
             by_version => by_version,
         };
-        if let Some(p) = caller.0.clone() {
+        if let Some(p) = caller.principal.clone() {
             let (name, to, store) = (name.to_owned(), to.clone(), store.clone());
             let exposed = tokio::task::spawn_blocking(move || {
                 let info = store.info().map_err(bad)?;
@@ -1015,7 +1078,7 @@ impl NodeService {
             .map_err(|e| Status::internal(format!("a request's task failed: {e}")))?;
             self.allow(&caller, "Swap", |_| exposed)?;
         }
-        let who = caller.0.as_ref().map(|p| p.name.clone());
+        let who = caller.who();
         let (event, name) = (swap::event(&to), name.to_owned());
         if req.stage {
             let (staged, slot) = self
@@ -1042,7 +1105,7 @@ impl NodeService {
     }
 
     async fn call_info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {
-        let caller = self.caller(request.metadata(), "Info")?;
+        let caller = self.caller(&request, "Info")?;
         let req = request.into_inner();
         let (name, store) = self.named(&caller, &req.store)?;
         self.allow(&caller, "Info", |p| p.allow_any(name))?;
@@ -1065,7 +1128,7 @@ impl NodeService {
     }
 
     async fn call_stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
-        let caller = self.caller(request.metadata(), "Stats")?;
+        let caller = self.caller(&request, "Stats")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Stats", |p| p.allow_any(name))?;
@@ -1083,7 +1146,7 @@ impl NodeService {
         request: Request<pb::RowDigestsRequest>,
     ) -> Answer<pb::RowDigestsResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "RowDigests")?;
+        let caller = self.caller(&request, "RowDigests")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "RowDigests", |p| {
@@ -1105,7 +1168,7 @@ impl NodeService {
         request: Request<pb::CompactRequest>,
     ) -> Answer<pb::CompactResponse> {
         let deadline = deadline(request.metadata(), Instant::now());
-        let caller = self.caller(request.metadata(), "Compact")?;
+        let caller = self.caller(&request, "Compact")?;
         let req = request.into_inner();
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Compact", |p| p.allow_all(Permission::Admin, name))?;

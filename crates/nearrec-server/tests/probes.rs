@@ -804,3 +804,219 @@ fn a_metrics_endpoint_on_every_interface_needs_an_acl_or_insecure() {
         "{err}"
     );
 }
+
+#[test]
+fn a_trickling_client_is_cut_at_the_request_timeout_and_holds_up_no_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    // one engine slot and one queue place: a trickler holding either would stop every other
+    let config = NodeConfig {
+        max_in_flight: 1,
+        max_queued: 1,
+        request_timeout: Duration::from_secs(1),
+        ..NodeConfig::default()
+    };
+    let node = node_of(&path, "tier = \"dram\"", config);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let started = Instant::now();
+    // four clients each send a lookup's head, then its body a byte every 100 ms (minutes of it)
+    let tricklers: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = node.addr;
+            rt.spawn(async move {
+                let client = raw_client(addr, 1 << 20).await;
+                let req = http::Request::builder()
+                    .method("POST")
+                    .uri("http://node/nearrec.v1.Node/Lookup")
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .body(())
+                    .unwrap();
+                let mut ready = client.ready().await.unwrap();
+                let (answer, mut body) = ready.send_request(req, false).unwrap();
+                let bytes = framed(&lookup_of(64));
+                let sending = tokio::spawn(async move {
+                    for k in 0..bytes.len() {
+                        if body.send_data(bytes.slice(k..k + 1), false).is_err() {
+                            return k;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    bytes.len()
+                });
+                let head = answer.await.unwrap();
+                let sent = sending.await.unwrap();
+                (refused_with(&head), sent)
+            })
+        })
+        .collect();
+    // meanwhile, another client is answered every time
+    let mut c = node.client();
+    for _ in 0..20 {
+        node.runtime.block_on(c.lookup(lookup_of(4))).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for t in tricklers {
+        let (code, sent) = rt.block_on(t).unwrap();
+        assert_eq!(code, Some(Code::DeadlineExceeded as i32));
+        assert!(sent < framed(&lookup_of(64)).len(), "sent all {sent} bytes");
+    }
+    // cut at the timeout, long before its body would have arrived
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let text = node.scrape();
+    assert_eq!(
+        metric(&text, "nearrec_refused_total{reason=\"slow_request\"}"),
+        4.0
+    );
+}
+
+#[test]
+fn a_greedy_principal_is_held_to_its_share_and_others_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        format!(
+            "[principal.greedy]\ntoken_sha256 = \"{}\"\nread = [\"*\"]\n\n\
+             [principal.modest]\ntoken_sha256 = \"{}\"\nread = [\"*\"]\n",
+            token_hash("greedy"),
+            token_hash("modest")
+        ),
+    )
+    .unwrap();
+    let config = NodeConfig {
+        acl: Some(acl),
+        max_calls_per_principal: 2,
+        max_connections_per_principal: 2,
+        ..NodeConfig::default()
+    };
+    let node = node_of(&path, "tier = \"dram\"", config);
+    let rt = &node.runtime;
+    let channel = || node.client();
+    let ask = |c: &mut pb::node_client::NodeClient<_>, token: &str| {
+        rt.block_on(c.lookup(authorized(lookup_of(2), Some(token))))
+    };
+    // greedy holds two streams open on one connection: its third call is refused
+    let mut first = channel();
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let outgoing = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let mut answers = rt
+            .block_on(first.lookup_stream(authorized(outgoing, Some("greedy"))))
+            .unwrap()
+            .into_inner();
+        rt.block_on(tx.send(lookup_of(2))).unwrap();
+        assert!(rt.block_on(answers.message()).unwrap().is_some());
+        streams.push((tx, answers));
+    }
+    let refused = ask(&mut first, "greedy").unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("greedy has 2 calls open"),
+        "{refused:?}"
+    );
+    // modest is served, on the same connection and on its own
+    assert!(ask(&mut first, "modest").is_ok());
+    assert!(ask(&mut channel(), "modest").is_ok());
+    // a stream closed gives its place back
+    drop(streams.pop());
+    let again = (0..100).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        ask(&mut first, "greedy").ok()
+    });
+    assert!(again.is_some(), "the closed stream's place never came back");
+    drop(streams);
+    // connections: greedy calls on a second, and is refused on a third while both are open
+    let mut second = channel();
+    assert!(ask(&mut second, "greedy").is_ok());
+    let mut third = channel();
+    let refused = ask(&mut third, "greedy").unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("holds 2 connections"),
+        "{refused:?}"
+    );
+    assert!(ask(&mut third, "modest").is_ok());
+    // one closed, the third is greedy's second
+    drop(second);
+    let again = (0..100).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        ask(&mut third, "greedy").ok()
+    });
+    assert!(again.is_some(), "the closed connection was never let go");
+    let text = node.scrape();
+    assert!(metric(&text, "nearrec_refused_total{reason=\"principal_calls\"}") >= 1.0);
+    assert!(
+        metric(
+            &text,
+            "nearrec_refused_total{reason=\"principal_connections\"}"
+        ) >= 1.0
+    );
+}
+
+#[test]
+fn a_request_past_the_nodes_shape_limits_is_refused_naming_its_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let config = NodeConfig {
+        max_tables_per_request: 2,
+        max_bags_per_request: 100,
+        max_indices_per_request: 150,
+        ..NodeConfig::default()
+    };
+    let node = node_of(&path, "tier = \"dram\"\nwritable = true", config);
+    let mut c = node.client();
+    let rt = &node.runtime;
+    // within every limit: answered
+    assert!(rt.block_on(c.lookup(lookup_of(50))).is_ok());
+    // 2 × 60 bags: past the bags at t1
+    let mut cases = vec![(lookup_of(60), "t1", "max_bags_per_request (100)")];
+    // 2 × 40 bags of 2 ids: past the indices at t1
+    let two: Vec<i64> = (0..80).collect();
+    let lookups = ["t0", "t1"]
+        .map(|t| OwnedLookup::with_lengths(t, two.clone(), vec![2i64; 40]))
+        .to_vec();
+    cases.push((
+        request("s", &OwnedBatch::new(lookups), false, 0),
+        "t1",
+        "max_indices_per_request (150)",
+    ));
+    // three tables
+    let three = ["t0", "t1", "t0"]
+        .map(|t| OwnedLookup::with_lengths(t, vec![1], vec![1]))
+        .to_vec();
+    cases.push((
+        request("s", &OwnedBatch::new(three), false, 0),
+        "t0",
+        "3 tables",
+    ));
+    for (req, table, says) in cases {
+        let s = rt.block_on(c.lookup(req)).unwrap_err();
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        let e = nearrec_wire::RemoteError::from(&s);
+        assert_eq!(e.table.as_deref(), Some(table), "{s:?}");
+        assert!(s.message().contains(says), "{s:?}");
+    }
+    // a write of 200 rows: past the indices
+    let ids: Vec<i64> = (0..200).collect();
+    let write = pb::WriteRequest {
+        store: "s".into(),
+        writes: vec![pb::TableRows {
+            table: "t0".into(),
+            ids: nearrec_wire::arrays::encode(ids),
+            rows: nearrec_wire::arrays::encode(vec![0.5f32; 200 * common::DIM as usize]),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let s = rt.block_on(c.write(write)).unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert!(s.message().contains("max_indices_per_request"), "{s:?}");
+    let text = node.scrape();
+    assert_eq!(
+        metric(&text, "nearrec_refused_total{reason=\"request_shape\"}"),
+        4.0
+    );
+}
