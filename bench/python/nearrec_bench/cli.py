@@ -27,7 +27,7 @@ MODULES = {"sls": "sls", "ssd": "ssd", "ssd-tuning": "ssd", "ssd-verify": "ssd",
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
            "cluster-projection": "projection", "cluster-swap": "swap",
-           "torture": "torture"}
+           "torture": "torture", "soak": "soak"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
@@ -64,6 +64,8 @@ FLAGS = {
                   "bench/scratch/quick, so that quick runs leave the recorded results alone)",
                   value=Path),
     "--scratch": Flag("where stores are built", {"default": "bench/scratch"}, Path),
+    "--minutes": Flag("soak: how long the load runs", {"type": float}),
+    "--clients": Flag("soak: clients, each its own connection and schedule", {"type": int}),
 }
 #: besides these, every harness takes the flags of every ``nearrec`` command (``--json``,
 #: ``--progress``, ``--debug``: ``nearrec.cli.common``)

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -113,15 +113,17 @@ class Served:
 
 @contextmanager
 def node(path: Path, name: str, *flags: str, netns: str | None = None,
-         host: str = "127.0.0.1", cpus: set[int] | None = None) -> Iterator[Served]:
+         host: str = "127.0.0.1", cpus: set[int] | None = None,
+         extra: Sequence[str] = ()) -> Iterator[Served]:
     """``nearrec serve`` on a free port of ``host`` (in network namespace ``netns``, on
-    ``cpus``), with its metrics; drained with SIGTERM after."""
+    ``cpus``), with its metrics, serving ``extra`` stores (``PATH=NAME``) beside ``path``;
+    drained with SIGTERM after."""
     inside = ["ip", "netns", "exec", netns] if netns else []
     insecure = [] if host == "127.0.0.1" else ["--insecure"]  # a namespace's private address
     # its log goes to a file: a pipe nobody reads would fill under a saturation test
     logs = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([*inside, sys.executable, "-m", "nearrec.cli", "serve",
-                             f"{path}={name}", "--listen", f"{host}:0",
+                             f"{path}={name}", *extra, "--listen", f"{host}:0",
                              "--metrics-listen", f"{host}:0", *insecure, *flags],
                             stdout=subprocess.PIPE, stderr=logs, text=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)

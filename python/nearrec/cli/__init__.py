@@ -349,7 +349,8 @@ def parser() -> argparse.ArgumentParser:
                                      "flash-repro", "flash-check", "update", "serve",
                                      "torchrec", "restart", "cluster", "cluster-hedge",
                                      "cluster-ingress", "cluster-write", "cluster-load",
-                                     "cluster-projection", "cluster-swap", "torture"],
+                                     "cluster-projection", "cluster-swap", "torture",
+                                     "soak"],
                     help="the harness (docs/results.md says what each measures)")
     # each harness declares its flags in the benchmark package, which reads them (cmd_bench)
     be.add_argument("flags", nargs=argparse.REMAINDER,
