@@ -442,10 +442,12 @@ OPENINGS = {
 }
 
 
+SWEEP = [("f32", "flip", 3 * 128 + 3), ("f32", "zero", 40 * 128), ("f16", "flip", 100 * 32 + 1),
+         ("i8", "flip", 5 * 13 + 2), ("i8", "zero", 0)]
+
+
 @pytest.mark.parametrize("opening", OPENINGS)
-@pytest.mark.parametrize(("table", "how", "at"), [
-    ("f32", "flip", 3 * 128 + 3), ("f32", "zero", 40 * 128), ("f16", "flip", 100 * 32 + 1),
-    ("i8", "flip", 5 * 13 + 2), ("i8", "zero", 0)])
+@pytest.mark.parametrize(("table", "how", "at"), SWEEP)
 def test_damaged_rows_are_never_served(tmp_path, opening, table, how, at):
     path, arrays = corrupt_store(tmp_path)
     damage(path, table, how, at)
@@ -462,6 +464,83 @@ def test_damaged_rows_are_never_served(tmp_path, opening, table, how, at):
     other = "f16" if table != "f16" else "f32"
     n = arrays[other].shape[0]
     store.lookup(other, np.arange(n), np.arange(n))
+
+
+def scraped(metrics: str) -> dict[tuple[str, str], float]:
+    """A node's ``/metrics`` read with Prometheus's own parser: (sample, store) → value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, s.labels.get("store", "")): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+@pytest.mark.parametrize(("table", "how", "at"), SWEEP)
+def test_damaged_rows_are_never_served_by_a_node_and_its_scrub_finds_them(
+        tmp_path, table, how, at):
+    from nearrec_bench.serve import node
+
+    path, arrays = corrupt_store(tmp_path)
+    damage(path, table, how, at)
+    with node(path, "s", "--tier", "ssd", "--scrub-rate", "64MiB") as served:
+        store = nearrec.connect(served.address, "s")
+        rows = arrays[table].shape[0]
+        with pytest.raises(StoreCorrupted, match="corrupted on disk") as e:
+            store.lookup(table, np.arange(rows), np.arange(0, rows, 4))
+        assert e.value.table == table
+        other = "f16" if table != "f16" else "f32"
+        n = arrays[other].shape[0]
+        want = nearrec.open(path, tier="dram", verify_checksums=False).lookup(
+            other, np.arange(n), np.arange(n))
+        np.testing.assert_array_equal(store.lookup(other, np.arange(n), np.arange(n)), want)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = scraped(served.metrics)
+            if m.get(("nearrec_scrub_passes_total", "s"), 0) >= 1:
+                break
+            time.sleep(0.1)
+        assert m[("nearrec_corrupt_reads_total", "s")] >= 1
+        assert m[("nearrec_scrub_damaged_total", "s")] >= 1
+        assert m[("nearrec_scrub_last_damaged", "s")] == 1
+        store.close()
+
+
+def test_a_scrub_finds_damage_where_nobody_reads_and_stops_with_its_store(tmp_path):
+    path, _ = corrupt_store(tmp_path)
+    store = nearrec.open(path, tier="ssd", scrub_rate="16MiB")
+    deadline = time.monotonic() + 30
+    while store.live_stats()["scrub_passes"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = store.live_stats()
+    data = sum(t.rows * t.dim for t in nearrec.info(path).tables)  # at least a byte a value
+    assert stats["scrub_passes"] >= 1 and stats["scrub_bytes"] >= data, stats
+    assert stats["scrub_damaged"] == 0 and stats["scrub_rate"] == 16 << 20
+    # a row nobody reads is damaged under the serving store: the next pass finds it
+    damage(path, "f16", "flip", 300 * 32 + 5)
+    passes = stats["scrub_passes"]
+    while store.live_stats()["scrub_passes"] < passes + 2 and time.monotonic() < deadline + 30:
+        time.sleep(0.05)
+    stats = store.live_stats()
+    assert stats["scrub_damaged"] >= 1 and stats["scrub_last_damaged"] == 1, stats
+    # and the store serves on: the other tables, and the damaged one's sound rows
+    store.lookup("f32", np.arange(600), np.arange(600))
+    store.lookup("f16", np.arange(10), np.arange(10))
+    # one pass by hand, at a rate, names the sector; the command says BAD and exits 1
+    checks = {c.table: c for c in nearrec.scrub(path, "64MiB")}
+    assert checks["f32"].ok and not checks["f16"].ok
+    assert f"sector {(300 * 32 + 5) // 512} " in checks["f16"].error, checks["f16"].error
+    out = subprocess.run([sys.executable, "-m", "nearrec.cli", "scrub", str(path), "--rate",
+                          "0"], capture_output=True, text=True)
+    assert out.returncode == 1 and "BAD f16" in out.stdout, out.stdout + out.stderr
+    # closed, the scrub stops
+    store.close()
+    time.sleep(0.3)
+    stopped = store.live_stats()["scrub_bytes"]
+    time.sleep(0.5)
+    assert store.live_stats()["scrub_bytes"] == stopped
 
 
 def test_a_damaged_hot_row_is_refused_at_open(tmp_path):

@@ -21,7 +21,7 @@ The modules, lowest layer first: each imports only from the layers before it
 - ``config``: :class:`StoreConfig`, the mirror of Rust's (defaults read from Rust, values checked
   by Rust, TOML in and out).
 - ``manifest``: a store on disk without opening it: :func:`info`, :func:`attach` /
-  :func:`read_attachment`, :func:`verify`, :func:`gc`; a repository of versions:
+  :func:`read_attachment`, :func:`verify`, :func:`scrub`, :func:`gc`; a repository of versions:
   :func:`publish`, :func:`versions`.
 - {``store``, ``keyed``}: :class:`Store`, one class over the store's contract
   (``nearrec::StoreApi``) whatever serves it — ``open``, lookups, ``submit`` → ``Pending``,
@@ -89,6 +89,7 @@ from .manifest import (
     info,
     publish,
     read_attachment,
+    scrub,
     verify,
     versions,
 )
@@ -164,6 +165,7 @@ __all__ = [
     "remove",
     "update",
     "gc",
+    "scrub",
     "verify",
     "Versions",
     "publish",

@@ -84,9 +84,12 @@ class StoreConfig:
     kernel, on disk within ``durability_window_ms``); ``delta_budget``: memory for rows written
     since the tables' files; ``auto_compact``: fold them into new table files in the background
     when the delta is half full; ``compaction_rate``: bytes per second a compaction writes, and
-    a swap reads to load the new version, at most (0: no bound); ``write_wait_ms``: how long a
-    write waits for room in a full delta. ``follow_ms``: a read-only store looks for what its
-    writer (another process) logged every this many ms and serves it (``None``: only on
+    a swap reads to load the new version, at most (0: no bound); ``scrub_rate``: bytes per
+    second a background scrub reads the table files at, checking every sector against its
+    checksum, pass after pass (0: no scrub; :func:`nearrec.scrub` is one pass);
+    ``write_wait_ms``: how long a write waits for room in a full delta. ``follow_ms``: a
+    read-only store looks for what its writer (another process) logged every this many ms and
+    serves it (``None``: only on
     :meth:`Store.refresh`; ``nearrec serve`` follows every 1000 ms unless told).
     ``keep_last``: a store opened from a repository of versions removes, after a swap, the
     versions beyond the newest this many (never the served one) once no call reads them
@@ -118,6 +121,7 @@ class StoreConfig:
     delta_budget: int | str = _default("delta_budget")
     auto_compact: bool = _default("auto_compact")
     compaction_rate: int | str = _default("compaction_rate")
+    scrub_rate: int | str = _default("scrub_rate")
     write_wait_ms: int = _default("write_wait_ms")
     follow_ms: int | None = _default("follow_ms")
     keep_last: int | None = _default("keep_last")

@@ -15,6 +15,7 @@ from ._native import (
     read_manifest,
     repo_publish,
     repo_versions,
+    scrub_store,
     store_attach,
     store_gc,
     store_read_attachment,
@@ -23,6 +24,7 @@ from ._native import (
 )
 from .errors import InvalidRequest
 from .request import flag, path_arg, progress_enabled
+from .units import parse_size
 
 StorePath = str | os.PathLike[str]
 
@@ -131,6 +133,18 @@ def verify(path: StorePath, progress: bool | None = None) -> list[TableCheck]:
     removed by :func:`gc`)."""
     return [TableCheck(*c)
             for c in verify_store(path_arg(path), progress_enabled(progress))]
+
+
+def scrub(path: StorePath, rate: int | str = 0, progress: bool | None = None
+          ) -> list[TableCheck]:
+    """One pass of a scrub: every table's data read from the device (not the page cache, where
+    a copy cached before the damage would hide it) at most ``rate`` bytes a second (a size such
+    as ``"64MiB"``; 0: as fast as the disk goes) and checked against its sector checksums and
+    CRC-32C — on a store another process may be serving, beside its lookups. A store opened
+    with ``scrub_rate`` runs such passes by itself, in the background (``scrub_*`` in its
+    stats)."""
+    return [TableCheck(*c) for c in scrub_store(path_arg(path), parse_size(rate),
+                                                progress_enabled(progress))]
 
 
 @dataclass(frozen=True)

@@ -404,7 +404,9 @@ class Store:
         ``log_syncs`` and ``log_segments``; the deltas' ``delta_rows`` and ``delta_bytes``; rows
         served from them (``delta_served``), removed rows among those (``removed_served``);
         ``compactions`` run (or, read-only, followed), ``compacted_rows``, ``compaction_bytes``
-        written and ``compaction_seconds``."""
+        written and ``compaction_seconds``; with a ``scrub_rate``, the scrub's ``scrub_rate``,
+        ``scrub_passes`` finished, ``scrub_bytes`` checked, ``scrub_damaged`` (damaged tables
+        found, every pass counted) and ``scrub_last_damaged`` (those of the last pass)."""
         return dict(self._native.live_stats())
 
     def stats(self) -> dict[str, float | str | bool]:

@@ -7,6 +7,7 @@
 //! is read whole (`read_table`) and by `verify`.
 
 use std::fs::File;
+use std::ops::ControlFlow;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -319,48 +320,84 @@ impl StoreReader {
     }
 
     fn verify_tables(&self, progress: Option<&ProgressFn>) -> Vec<TableCheck> {
-        let mut buf = vec![0u8; CHUNK_BYTES as usize];
-        (0..self.files.len())
-            .map(|i| {
-                let meta = &self.manifest.tables[i];
-                let mut crc = 0u32;
-                let mut at = 0u64;
-                let (sums, mut error) = match self.sector_sums(i) {
-                    Ok(sums) => (sums, None),
-                    Err(e) => (None, Some(e.to_string())),
-                };
-                while at < meta.data_bytes {
-                    let n = CHUNK_BYTES.min(meta.data_bytes - at) as usize;
-                    if let Err(e) = self.files[i].read_exact_at(&mut buf[..n], DATA_OFFSET + at) {
-                        error = Some(self.read_error(i, e).to_string());
-                        break;
-                    }
-                    crc = crc32c::crc32c_append(crc, &buf[..n]);
-                    if let Some(Err(sector)) = sums.as_ref().map(|s| s.check(at, &buf[..n]))
-                        && error.is_none()
-                    {
-                        error = Some(format!(
-                            "table {:?}: sector {sector} (bytes {} of the data region) does not \
-                             match its checksum",
-                            meta.name,
-                            sector * SECTOR_BYTES
-                        ));
-                    }
-                    at += n as u64;
-                    if let Some(p) = progress {
-                        p(n as u64);
-                    }
+        let mut each = |n: u64| {
+            if let Some(p) = progress {
+                p(n);
+            }
+            ControlFlow::Continue(())
+        };
+        self.check_tables(CHUNK_BYTES as usize, false, &mut each)
+    }
+
+    /// [`StoreReader::verify`]'s check of the tables' data alone, as a scrub makes it:
+    /// `chunk` bytes read at a time, each range's cached pages let go of first, so that it is
+    /// read from the device (a page cached before the damage would hide it) and the pass leaves
+    /// none of its own pages in the cache; `each(n)` is told of every chunk read — it paces the
+    /// pass, and stops it with `ControlFlow::Break`, the checks then covering the tables
+    /// finished.
+    pub fn scrub_tables(
+        &self,
+        chunk: usize,
+        each: &mut dyn FnMut(u64) -> ControlFlow<()>,
+    ) -> Vec<TableCheck> {
+        self.check_tables(chunk.max(SECTOR_BYTES as usize), true, each)
+    }
+
+    fn check_tables(
+        &self,
+        chunk: usize,
+        uncached: bool,
+        each: &mut dyn FnMut(u64) -> ControlFlow<()>,
+    ) -> Vec<TableCheck> {
+        let chunk = chunk as u64 / SECTOR_BYTES * SECTOR_BYTES;
+        let mut buf = vec![0u8; chunk as usize];
+        let mut checks = Vec::with_capacity(self.files.len());
+        for i in 0..self.files.len() {
+            let meta = &self.manifest.tables[i];
+            let mut crc = 0u32;
+            let mut at = 0u64;
+            let (sums, mut error) = match self.sector_sums(i) {
+                Ok(sums) => (sums, None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            while at < meta.data_bytes {
+                let n = chunk.min(meta.data_bytes - at) as usize;
+                if uncached {
+                    drop_cached(&self.files[i], DATA_OFFSET + at, n);
                 }
-                if error.is_none() && crc != meta.data_crc32c {
-                    error = Some(self.crc_error(i, crc).to_string());
+                if let Err(e) = self.files[i].read_exact_at(&mut buf[..n], DATA_OFFSET + at) {
+                    error = Some(self.read_error(i, e).to_string());
+                    break;
                 }
-                TableCheck {
-                    table: meta.name.clone(),
-                    bytes: meta.data_bytes,
-                    error,
+                crc = crc32c::crc32c_append(crc, &buf[..n]);
+                if let Some(Err(sector)) = sums.as_ref().map(|s| s.check(at, &buf[..n]))
+                    && error.is_none()
+                {
+                    error = Some(format!(
+                        "table {:?}: sector {sector} (bytes {} of the data region) does not \
+                         match its checksum",
+                        meta.name,
+                        sector * SECTOR_BYTES
+                    ));
                 }
-            })
-            .collect()
+                at += n as u64;
+                if uncached {
+                    drop_cached(&self.files[i], DATA_OFFSET + at - n as u64, n);
+                }
+                if each(n as u64).is_break() {
+                    return checks;
+                }
+            }
+            if at >= meta.data_bytes && error.is_none() && crc != meta.data_crc32c {
+                error = Some(self.crc_error(i, crc).to_string());
+            }
+            checks.push(TableCheck {
+                table: meta.name.clone(),
+                bytes: meta.data_bytes,
+                error,
+            });
+        }
+        checks
     }
 
     fn read_error(&self, i: usize, e: std::io::Error) -> FormatError {
@@ -509,4 +546,19 @@ fn open_table(root: &Path, meta: &TableMeta) -> Result<File> {
         )));
     }
     Ok(file)
+}
+
+/// Lets go of the page cache's copy of `len` bytes of `file` at `at` (advice: nothing fails if
+/// the kernel does not take it).
+fn drop_cached(file: &std::fs::File, at: u64, len: usize) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: advice on a range of a descriptor this reader holds open
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            at as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
 }

@@ -104,6 +104,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::device_read_rate, m)?)?;
     m.add_function(wrap_pyfunction!(device::disk_read_rate, m)?)?;
     m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
+    m.add_function(wrap_pyfunction!(store::scrub_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_gc, m)?)?;
     m.add_function(wrap_pyfunction!(store::repo_publish, m)?)?;
     m.add_function(wrap_pyfunction!(store::repo_versions, m)?)?;

@@ -981,6 +981,36 @@ pub(crate) fn verify_store(
         .collect())
 }
 
+/// One pass of a scrub over a store (`nearrec::scrub`): every table's data read at most `rate`
+/// bytes a second (0: as fast as the disk goes), each range from the device; returns
+/// `[(table, bytes, error or None)]`.
+#[pyfunction]
+#[pyo3(signature = (path, rate = 0, progress = false))]
+pub(crate) fn scrub_store(
+    py: Python<'_>,
+    path: PathBuf,
+    rate: u64,
+    progress: bool,
+) -> PyResult<Vec<(String, u64, Option<String>)>> {
+    let total = StoreReader::open(&path)
+        .map_err(|e| format_err(py, e))?
+        .tables()
+        .iter()
+        .map(|t| t.data_bytes)
+        .sum();
+    let bar = progress::bar(progress, total, "scrubbing");
+    let cb = progress::callback(&bar);
+    let checks =
+        detach(py, || nearrec::scrub(&path, rate, cb.as_ref()))?.map_err(|e| err(py, e))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(checks
+        .into_iter()
+        .map(|c| (c.table, c.bytes, c.error))
+        .collect())
+}
+
 /// One leftover of a killed writer: `(path, bytes, reason)`.
 type Leftover = (PathBuf, u64, String);
 

@@ -4,9 +4,10 @@
 //! `principal_connections`, `slow_request`, `overloaded`, `deadline_exceeded`, `unsent_bytes`);
 //! connections open, and those closed by reason (`refused`, `timed_out`, `accept_error`); and
 //! per store the directory and repository version it serves, its lookups per tier, DRAM hit
-//! ratio, device reads, bytes read, version, rows waiting in the delta, and the engine's own
-//! stage percentiles (`route`, `io_wait`, `pool`, `end_to_end`). Per-tier lookups, reads and
-//! stages are the SSD tier's; a DRAM-resident store reports zeros for them.
+//! ratio, device reads, bytes read, reads refused as corrupted, what its scrub checked and
+//! found, version, rows waiting in the delta, and the engine's own stage percentiles (`route`,
+//! `io_wait`, `pool`, `end_to_end`). Per-tier lookups, reads and stages are the SSD tier's; a
+//! DRAM-resident store reports zeros for them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -327,6 +328,36 @@ impl Collector for NodeCollector {
                 "Bytes read from the device",
                 "bytes_read",
                 true,
+            ),
+            (
+                "corrupt_reads",
+                "Reads refused because a sector did not match its checksum (StoreCorrupted)",
+                "corrupt_reads",
+                true,
+            ),
+            (
+                "scrub_bytes",
+                "Bytes the store's background scrub read and checked (store config scrub_rate)",
+                "scrub_bytes",
+                true,
+            ),
+            (
+                "scrub_passes",
+                "Passes the store's background scrub finished over every table",
+                "scrub_passes",
+                true,
+            ),
+            (
+                "scrub_damaged",
+                "Damaged tables the store's background scrub found, every pass counted",
+                "scrub_damaged",
+                true,
+            ),
+            (
+                "scrub_last_damaged",
+                "Damaged tables the store's last finished scrub pass found",
+                "scrub_last_damaged",
+                false,
             ),
         ] {
             let mut f = if counter {

@@ -95,6 +95,10 @@ pub struct StoreConfig {
     /// version's DRAM tiers while the old one serves (`0`: as fast as the disk goes), to leave
     /// the disk to lookups.
     pub compaction_rate: Size,
+    /// Bytes a second a background scrub reads the store's table files at, checking every
+    /// sector against its sum, pass after pass, so that damage to rows nobody reads is found
+    /// and counted (`scrub_*` in the stats; `0`: no scrub).
+    pub scrub_rate: Size,
     /// Writable stores: how long a call that does not fit the delta waits for a compaction to
     /// free room before it is refused (`DeltaFull`), in ms (0–600000).
     pub write_wait_ms: u64,
@@ -157,6 +161,7 @@ impl Default for StoreConfig {
             delta_budget: Size(256 << 20),
             auto_compact: true,
             compaction_rate: Size(0),
+            scrub_rate: Size(0),
             write_wait_ms: 10_000,
             follow_ms: None,
             keep_last: None,
@@ -527,6 +532,7 @@ mod tests {
                 delta_budget: Size(64 << 20),
                 auto_compact: false,
                 compaction_rate: Size(100 << 20),
+                scrub_rate: Size(16 << 20),
                 write_wait_ms: 0,
                 follow_ms: Some(250),
                 keep_last: Some(3),

@@ -90,6 +90,7 @@ mod pace;
 pub mod pipeline;
 mod raw;
 mod replica;
+mod scrub;
 pub mod shard;
 mod store;
 mod swap;
@@ -114,6 +115,7 @@ pub use model::{Inferred, SavedModel, StoredModel};
 pub use nearrec_format::wal::TxState;
 pub use pipeline::{Pending, Stream};
 pub use raw::Rows;
+pub use scrub::scrub;
 pub use store::{Changes, Stats, Store, TableData, Tables};
 pub use versions::{Located, SwapTo};
 

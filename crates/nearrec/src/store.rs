@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::live::{Compaction, Decision, Live, RowWrite, Snapshot, Transaction, WriteOptions};
 use crate::model::{StoredModel, Tensor};
 use crate::pace::Pace;
+use crate::scrub::Scrub;
 use crate::versions::{Located, SwapTo};
 
 /// An open store. Safe to share between threads.
@@ -47,6 +48,8 @@ pub(crate) struct Inner {
     held: Mutex<Held>,
     /// Its membership of its shard and the fence of a catch-up (`crate::membership`).
     pub(crate) place: crate::membership::Place,
+    /// The background scrub, when the config asks for one (`scrub_rate`).
+    scrub: Option<Arc<Scrub>>,
 }
 
 /// The number of the version a store serves, and what it holds open beside it: one staged
@@ -270,17 +273,25 @@ impl Store {
         let served = Served::open(&reader, engine, config)?;
         let home = repo.as_ref().map_or(reader.path(), |r| r.path());
         let place = crate::membership::Place::open(home, config.writable)?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                flash,
-                config: config.clone(),
-                served: ArcSwap::new(served),
-                reaping: Mutex::default(),
-                repo,
-                held: Mutex::new(held),
-                place,
-            }),
-        })
+        let rate = config.scrub_rate.bytes();
+        let scrub = (rate > 0).then(|| Scrub::new(rate));
+        let name = store_name(reader.path(), repo.as_ref());
+        let inner = Arc::new(Inner {
+            flash,
+            config: config.clone(),
+            served: ArcSwap::new(served),
+            reaping: Mutex::default(),
+            repo,
+            held: Mutex::new(held),
+            place,
+            scrub,
+        });
+        if let Some(scrub) = &inner.scrub {
+            scrub.spawn(Arc::downgrade(&inner), name, |i| {
+                i.served.load().path.clone()
+            })?;
+        }
+        Ok(Self { inner })
     }
 
     /// The store directory served now.
@@ -836,10 +847,16 @@ impl Store {
     /// `base_version`, `delta_rows`, `delta_bytes`, `delta_served`, `removed_served`,
     /// `log_bytes`, `log_records`, `log_groups`, `log_syncs`, `log_segments`, `compactions`,
     /// `compacted_rows`, `compaction_bytes`, `compaction_seconds`, `compaction_errors`,
-    /// `compacting` (1 while one runs), `delta_budget` (bytes; 0 read-only), and a read-only
-    /// store's `follow_ms`, `follow_moved`, `follow_errors`.
+    /// `compacting` (1 while one runs), `delta_budget` (bytes; 0 read-only), a read-only
+    /// store's `follow_ms`, `follow_moved`, `follow_errors`, and with a `scrub_rate` its scrub's
+    /// `scrub_rate`, `scrub_passes`, `scrub_bytes`, `scrub_damaged`, `scrub_last_damaged`
+    /// (`crate::scrub`).
     pub fn live_stats(&self) -> Vec<(&'static str, f64)> {
-        self.current().live.stats()
+        let mut stats = self.current().live.stats();
+        if let Some(scrub) = &self.inner.scrub {
+            stats.extend(scrub.stats());
+        }
+        stats
     }
 
     /// Pools `batch`: one `[batch, Σ dim]` output, tables in request order.
@@ -883,6 +900,9 @@ impl Store {
     /// on. With `hot_set_dir`, the store's hot set is kept there (`crate::warm`), for the next
     /// open to warm from.
     pub fn close(&self) -> Result<()> {
+        if let Some(scrub) = &self.inner.scrub {
+            scrub.stop();
+        }
         let closed = self.current().live.close();
         if let Some(dir) = &self.inner.config.hot_set_dir {
             let name = self.name();

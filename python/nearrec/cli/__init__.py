@@ -32,6 +32,7 @@ from .stores import (
     cmd_gc,
     cmd_info,
     cmd_publish,
+    cmd_scrub,
     cmd_shard,
     cmd_swap,
     cmd_update,
@@ -75,6 +76,14 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("path", help="a store directory")
     common(v)
     v.set_defaults(func=cmd_verify)
+
+    sc = sub.add_parser("scrub", help="check a store another process may be serving, at a "
+                                      "bounded rate, reading every sector from the device")
+    sc.add_argument("path", help="a store directory")
+    sc.add_argument("--rate", default="64MiB", help="bytes a second at most (default: "
+                    "%(default)s; 0: as fast as the disk goes)")
+    common(sc)
+    sc.set_defaults(func=cmd_scrub)
 
     g = sub.add_parser("gc", help="remove what killed builds and attaches left (at a store, or "
                                   "in a directory of stores)")
@@ -350,7 +359,7 @@ def parser() -> argparse.ArgumentParser:
                                      "torchrec", "restart", "cluster", "cluster-hedge",
                                      "cluster-ingress", "cluster-write", "cluster-load",
                                      "cluster-projection", "cluster-swap", "torture",
-                                     "soak"],
+                                     "soak", "abuse"],
                     help="the harness (docs/results.md says what each measures)")
     # each harness declares its flags in the benchmark package, which reads them (cmd_bench)
     be.add_argument("flags", nargs=argparse.REMAINDER,
@@ -366,6 +375,7 @@ EXAMPLES = {
     "build": "nearrec build /data/rmc1 --model rmc1 --rows 1000000 --dtype fp16",
     "info": "nearrec info /data/rmc1 --json",
     "verify": "nearrec verify /data/rmc1",
+    "scrub": "nearrec scrub /data/rmc1 --rate 32MiB",
     "gc": "nearrec gc /data",
     "update": "nearrec update --remote 10.0.0.5:50051 rmc1 --from ckpt.pt "
               "--token-file ~/.nearrec/token",
@@ -451,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "cmd_bench", "cmd_build", "cmd_colocate", "cmd_compact", "cmd_gc", "cmd_infer", "cmd_info",
-    "cmd_lookup", "cmd_plan", "cmd_predict", "cmd_publish", "cmd_serve", "cmd_simulate",
+    "cmd_lookup", "cmd_plan", "cmd_predict", "cmd_publish", "cmd_scrub", "cmd_serve",
+    "cmd_simulate",
     "cmd_swap", "cmd_trace", "cmd_update", "cmd_verify", "common", "format_stats", "human_bytes",
     "human_time", "main", "parse_bytes", "parser", "store_config", "store_flags",
 ]

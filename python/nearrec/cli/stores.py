@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -75,8 +76,17 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    return _checked(args, lambda: nearrec.verify(args.path, progress=args.progress))
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    return _checked(args, lambda: nearrec.scrub(args.path, args.rate, progress=args.progress))
+
+
+def _checked(args: argparse.Namespace, check: Callable[[], list[nearrec.TableCheck]]) -> int:
+    """A check's report: each table ok or what is wrong; exit 1 if any is."""
     try:
-        checks = nearrec.verify(args.path, progress=args.progress)
+        checks = check()
     except NearrecError as e:
         if not args.json:
             raise
