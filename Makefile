@@ -96,7 +96,8 @@ test-slow: develop
 # (fix it, then keep it in fuzz/seeds/TARGET under a name). The same checks run on stable over
 # both in `make test` (crates/nearrec-fuzz/tests/corpus.rs). Record each run in fuzz/RESULTS.md.
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS := manifest table_header shard_plan trace_file lookup_request wal_replay store_dir
+FUZZ_TARGETS := manifest table_header shard_plan trace_file lookup_request wal_replay store_dir \
+	wire_messages
 fuzz:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	for t in $(FUZZ_TARGETS); do \

@@ -23,7 +23,7 @@ use prost::Message as _;
 pub type Check = fn(&[u8]);
 
 /// Every target, by the name its corpus folder and its `fuzz_target` have.
-pub const TARGETS: [(&str, Check); 7] = [
+pub const TARGETS: [(&str, Check); 8] = [
     ("manifest", manifest),
     ("store_dir", store_dir),
     ("wal_replay", wal_replay),
@@ -31,6 +31,7 @@ pub const TARGETS: [(&str, Check); 7] = [
     ("shard_plan", shard_plan),
     ("trace_file", trace_file),
     ("lookup_request", lookup_request),
+    ("wire_messages", wire_messages),
 ];
 
 /// A store's manifest (`MANIFEST`): refused, or read and written back to itself.
@@ -247,6 +248,108 @@ pub fn lookup_request(data: &[u8]) {
             b.map(|_| ())
         ),
     }
+}
+
+/// A message one end of a node's connection receives from the other — an answer a client
+/// takes from a node, a write or a model update a node takes from a client; the first byte
+/// says which — decoded and converted as that end does: refused with an error, or a value that
+/// keeps its type's promises (a pooled answer's floats fill its `[batch, Σ dim]`; each table's
+/// raw rows are distinct ids, ascending, `dim` floats each) and that the other end's
+/// conversion writes back to itself.
+pub fn wire_messages(data: &[u8]) {
+    use nearrec_wire::convert;
+    let [kind, rest @ ..] = data else {
+        return;
+    };
+    match kind % 6 {
+        0 => {
+            let Ok(r) = pb::LookupResponse::decode(rest) else {
+                return;
+            };
+            if let Ok(p) = convert::unpooled(&r) {
+                assert_eq!(Some(p.values.len()), p.batch.checked_mul(p.width()));
+                let back = convert::unpooled(&convert::pooled(r.id, r.version, p.clone()));
+                let key = |p: &nearrec::Pooled| (p.batch, p.tables.clone(), bits(&p.values));
+                assert_eq!(back.as_ref().map(key).ok(), Some(key(&p)));
+            }
+            if let Ok(tables) = convert::unraw(&r) {
+                for t in &tables {
+                    assert_eq!(Some(t.values.len()), t.ids.len().checked_mul(t.dim));
+                    assert!(
+                        t.ids.windows(2).all(|w| w[0] < w[1]),
+                        "table {:?}: ids not distinct and ascending",
+                        t.table
+                    );
+                }
+                let back = convert::unraw(&convert::raw(r.id, r.version, tables.clone()));
+                let key = |ts: &Vec<nearrec::Rows>| -> Vec<_> {
+                    (ts.iter())
+                        .map(|t| (t.table.clone(), t.dim, t.ids.clone(), bits(&t.values)))
+                        .collect()
+                };
+                assert_eq!(back.as_ref().map(key).ok(), Some(key(&tables)));
+            }
+        }
+        1 => {
+            let Ok(r) = pb::InfoResponse::decode(rest) else {
+                return;
+            };
+            if let Ok(info) = convert::uninfo(r) {
+                let back = convert::uninfo(convert::info(&info.name, info.clone()));
+                assert_eq!(back.ok(), Some(info));
+            }
+        }
+        2 => {
+            let Ok(r) = pb::StatsResponse::decode(rest) else {
+                return;
+            };
+            let (stats, tiers) = convert::unstats(r);
+            let again = convert::unstats(convert::stats(stats.clone(), tiers.clone()));
+            assert_eq!(format!("{again:?}"), format!("{:?}", (stats, tiers)));
+        }
+        3 => {
+            let Ok(r) = pb::TransactionState::decode(rest) else {
+                return;
+            };
+            if let Ok(t) = convert::untransaction(&r) {
+                let back = convert::untransaction(&convert::transaction(&t)).expect("its own");
+                assert_eq!((back.tx, back.state, &back.note), (t.tx, t.state, &t.note));
+            }
+        }
+        4 => {
+            let Ok(r) = pb::WriteRequest::decode(rest) else {
+                return;
+            };
+            if let Ok(writes) = convert::unwrites(&r.writes) {
+                let back = convert::unwrites(&convert::writes(&convert::row_writes(&writes)));
+                let key = |ws: &Vec<convert::OwnedWrite>| -> Vec<_> {
+                    (ws.iter())
+                        .map(|(t, ids, v)| (t.clone(), ids.clone(), v.as_deref().map(bits)))
+                        .collect()
+                };
+                assert_eq!(back.as_ref().map(key).ok(), Some(key(&writes)));
+            }
+        }
+        _ => {
+            let Ok(r) = pb::UpdateModelRequest::decode(rest) else {
+                return;
+            };
+            if let Ok(weights) = convert::unweights(&r.weights) {
+                let back = convert::unweights(&convert::weights(&convert::tensors(&weights)));
+                let key = |ws: &Vec<convert::OwnedWeight>| -> Vec<_> {
+                    (ws.iter())
+                        .map(|(n, shape, v)| (n.clone(), shape.clone(), bits(v)))
+                        .collect()
+                };
+                assert_eq!(back.as_ref().map(key).ok(), Some(key(&weights)));
+            }
+        }
+    }
+}
+
+/// Floats as their bits: NaN equal to itself, as a message carries it.
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
 }
 
 /// A write-ahead log of calls made from the input, then damaged as the input says — cut at a

@@ -72,6 +72,8 @@ fn the_request_seeds_are_answered_or_refused_where_they_should_be() {
 /// Valid inputs of every target, for the fuzzer to start from.
 mod seeds {
     use super::inputs;
+    use nearrec::AsBatch as _;
+    use nearrec_wire::convert;
     use nearrec_wire::v1 as pb;
     use prost::Message as _;
 
@@ -181,5 +183,93 @@ mod seeds {
             };
             put("lookup_request", name, &req.encode_to_vec());
         }
+        // each message wire_messages takes, as one end writes it to the other
+        let message = |kind: u8, m: &dyn Fn() -> Vec<u8>| [vec![kind], m()].concat();
+        let (store, batch) = (&nearrec_fuzz::stores()[0], one_bag());
+        let pooled = nearrec::StoreApi::lookup(store, &batch.as_batch())
+            .unwrap()
+            .0;
+        let rows = nearrec::StoreApi::lookup_rows(store, &batch.as_batch())
+            .unwrap()
+            .0;
+        let info = nearrec::StoreApi::info(store).unwrap();
+        let (stats, tiers) = (
+            nearrec::StoreApi::stats(store).unwrap(),
+            nearrec::StoreApi::tier_report(store).unwrap(),
+        );
+        let tx = nearrec::Transaction {
+            tx: 7,
+            state: nearrec::TxState::ALL[0],
+            note: "a note".into(),
+            age: std::time::Duration::from_millis(1500),
+        };
+        let (ids, values) = ([1i64, 4], [0.5f32; 8]);
+        let write = nearrec::RowWrite {
+            table: "a",
+            ids: &ids,
+            values: Some(&values),
+        };
+        let weight = nearrec::model::Tensor {
+            name: "top.0.weight",
+            shape: &[2, 4],
+            values: &values,
+        };
+        for (name, bytes) in [
+            (
+                "pooled",
+                message(0, &|| convert::pooled(1, 2, pooled.clone()).encode_to_vec()),
+            ),
+            (
+                "raw",
+                message(0, &|| convert::raw(1, 2, rows.clone()).encode_to_vec()),
+            ),
+            (
+                "info",
+                message(1, &|| convert::info("s", info.clone()).encode_to_vec()),
+            ),
+            (
+                "stats",
+                message(2, &|| {
+                    convert::stats(stats.clone(), tiers.clone()).encode_to_vec()
+                }),
+            ),
+            (
+                "transaction",
+                message(3, &|| convert::transaction(&tx).encode_to_vec()),
+            ),
+            (
+                "write",
+                message(4, &|| {
+                    let writes = convert::writes(&[write]);
+                    pb::WriteRequest {
+                        writes,
+                        ..Default::default()
+                    }
+                    .encode_to_vec()
+                }),
+            ),
+            (
+                "weights",
+                message(5, &|| {
+                    let weights = convert::weights(&[weight]);
+                    pb::UpdateModelRequest {
+                        weights,
+                        ..Default::default()
+                    }
+                    .encode_to_vec()
+                }),
+            ),
+        ] {
+            put("wire_messages", name, &bytes);
+        }
+    }
+
+    /// A batch of two bags of table `a`.
+    fn one_bag() -> nearrec::OwnedBatch {
+        nearrec::OwnedBatch::new(vec![nearrec::OwnedLookup::with_lengths(
+            "a",
+            vec![3, 1, 3, 9],
+            vec![3, 1],
+        )])
     }
 }

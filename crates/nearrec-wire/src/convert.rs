@@ -225,14 +225,23 @@ pub fn unpooled(r: &pb::LookupResponse) -> nearrec::Result<Pooled> {
     })
 }
 
-/// A raw answer back as the facade's rows (the client's side), sizes checked.
+/// A raw answer back as the facade's rows (the client's side), sizes and order checked.
 pub fn unraw(r: &pb::LookupResponse) -> nearrec::Result<Vec<Rows>> {
     r.raw
         .iter()
         .map(|t| {
             let ids: Vec<i64> = decode(&t.ids, &t.table, "ids")?;
             let values: Vec<f32> = decode(&t.rows, &t.table, "rows")?;
-            if values.len() != ids.len() * t.dim as usize {
+            // a caller finds a row by its id in them (a router pooling split bags)
+            if let Some(k) = ids.windows(2).position(|w| w[0] >= w[1]) {
+                return Err(nearrec::Error::Internal(format!(
+                    "the node answered table {:?}'s ids out of order (id {} after {})",
+                    t.table,
+                    ids[k + 1],
+                    ids[k]
+                )));
+            }
+            if Some(values.len()) != ids.len().checked_mul(t.dim as usize) {
                 return Err(nearrec::Error::Internal(format!(
                     "the node answered {} floats for {} rows of width {} of table {:?}",
                     values.len(),
