@@ -4,14 +4,19 @@ embedded reference's; a reference that differs is caught."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nearrec
 from nearrec_bench import soak
 from nearrec_bench.serve import node
 
 
-def test_a_short_soak_answers_every_call_and_every_checked_answer_is_right(tmp_path):
+def test_a_short_soak_answers_every_call_and_every_checked_answer_is_right(tmp_path,
+                                                                           monkeypatch):
+    # a scratch folder given relative, as `nearrec bench` gives its default
+    monkeypatch.chdir(tmp_path)
     cfg = soak.SoakConfig(minutes=0.3, clients=4, rows=4_000, live_rows=2_000, sample_s=1.0,
-                          probe_s=1.0, check_every=2, scratch=tmp_path)
+                          probe_s=1.0, check_every=2, scratch=Path("scratch"))
     [r] = soak.run(cfg, lambda _: None)
     x = r.extra
     assert x["error_count"] == 0, x["errors"]

@@ -27,7 +27,7 @@ MODULES = {"sls": "sls", "ssd": "ssd", "ssd-tuning": "ssd", "ssd-verify": "ssd",
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
            "cluster-projection": "projection", "cluster-swap": "swap",
-           "torture": "torture", "soak": "soak"}
+           "torture": "torture", "soak": "soak", "abuse": "abuse"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:

@@ -261,7 +261,8 @@ def _minutes(lat: list[tuple[float, float, str]], t0: float) -> list[dict[str, f
 def _build(cfg: SoakConfig, log: Callable[[str], None]) -> tuple[Path, Path, Path, Path, int]:
     import nearrec.models
 
-    root = cfg.scratch / f"soak-{cfg.model}-{cfg.rows}"
+    # absolute: a swap's relative path is the node's, taken from its swap root
+    root = (cfg.scratch / f"soak-{cfg.model}-{cfg.rows}").resolve()
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
@@ -290,7 +291,12 @@ def run(cfg: SoakConfig, log: Callable[[str], None] = print) -> list[Record]:
                    for k in range(cfg.clients)]
         try:
             log(f"capacity: {cfg.clients} clients closed-loop for {cfg.probe_s:.0f} s")
-            capacity = _drive(clients, cfg.probe_s, None, Tally())
+            probe = Tally()
+            for c in clients:
+                c.tally = probe
+            capacity = _drive(clients, cfg.probe_s, None, probe)
+            for c in clients:
+                c.tally = tally
             rate = cfg.load * capacity
             log(f"  {capacity:,.0f} calls/s; offering {rate:,.0f} calls/s for "
                 f"{cfg.minutes:g} min")
@@ -344,6 +350,8 @@ def run(cfg: SoakConfig, log: Callable[[str], None] = print) -> list[Record]:
         "achieved_per_s": round(achieved, 1), "calls": tally.calls,
         "errors": tally.errors, "error_count": sum(tally.errors.values()),
         "checked": tally.checked, "wrong": len(tally.wrong), "wrong_first": tally.wrong[:5],
+        "probe": {"checked": probe.checked, "wrong": len(probe.wrong),
+                  "errors": sum(probe.errors.values())},
         "rss_max_mib": round(max(s[1] for s in samples), 1) if samples else 0.0,
         "rss_first_mib": round(samples[0][1], 1) if samples else 0.0,
         "rss_slope_mib_per_h": round(_slope(samples), 2),

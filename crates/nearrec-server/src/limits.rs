@@ -95,10 +95,20 @@ impl Shape {
 pub struct Quotas {
     max_calls: usize,
     max_connections: usize,
-    by: Mutex<HashMap<String, Share>>,
+    by: Mutex<Shares>,
     pub refused_calls: AtomicU64,
     pub refused_connections: AtomicU64,
 }
+
+/// Each principal's share, and the size past which those no longer held are swept out.
+#[derive(Debug, Default)]
+struct Shares {
+    map: HashMap<String, Share>,
+    sweep_at: usize,
+}
+
+/// Shares are swept when there are at least this many.
+const SWEEP_AT: usize = 64;
 
 /// One principal's calls open and the connections they came on (a connection is held while
 /// its [`Connection`] mark lives).
@@ -123,7 +133,10 @@ impl Quotas {
         Arc::new(Self {
             max_calls,
             max_connections,
-            by: Mutex::new(HashMap::new()),
+            by: Mutex::new(Shares {
+                map: HashMap::new(),
+                sweep_at: SWEEP_AT,
+            }),
             refused_calls: AtomicU64::new(0),
             refused_connections: AtomicU64::new(0),
         })
@@ -137,7 +150,15 @@ impl Quotas {
         conn: Option<&Connection>,
     ) -> Result<Entered, Status> {
         let mut by = self.by.lock().unwrap_or_else(PoisonError::into_inner);
-        let share = by.entry(who.to_owned()).or_default();
+        if by.map.len() >= by.sweep_at {
+            // principals (addresses, without an ACL) with no call open and no connection left
+            by.map.retain(|_, s| {
+                s.connections.retain(|c| c.strong_count() > 0);
+                s.calls > 0 || !s.connections.is_empty()
+            });
+            by.sweep_at = (2 * by.map.len()).max(SWEEP_AT);
+        }
+        let share = by.map.entry(who.to_owned()).or_default();
         if share.calls >= self.max_calls {
             self.refused_calls.fetch_add(1, Ordering::Relaxed);
             return Err(Status::resource_exhausted(format!(
@@ -169,29 +190,31 @@ impl Quotas {
     /// The calls `who` has open now.
     pub fn calls(&self, who: &str) -> usize {
         let by = self.by.lock().unwrap_or_else(PoisonError::into_inner);
-        by.get(who).map_or(0, |s| s.calls)
+        by.map.get(who).map_or(0, |s| s.calls)
     }
 }
 
 impl Drop for Entered {
     fn drop(&mut self) {
         let mut by = (self.quotas.by.lock()).unwrap_or_else(PoisonError::into_inner);
-        if let Some(share) = by.get_mut(&self.who) {
+        if let Some(share) = by.map.get_mut(&self.who) {
             share.calls -= 1;
             if share.calls == 0 {
                 share.connections.retain(|c| c.strong_count() > 0);
                 if share.connections.is_empty() {
-                    by.remove(&self.who);
+                    by.map.remove(&self.who);
                 }
             }
         }
     }
 }
 
-/// The calls whose one request must arrive whole within `timeout` (a stream's requests come
-/// as its client has them, and are not timed: an open stream holds only its own call).
+/// The calls whose one request must arrive whole within `timeout`: the node's unary calls. A
+/// stream's requests come as its client has them (the node's `LookupStream`, reflection's
+/// sessions) and are not timed: an open stream holds only its own call.
 fn timed(path: &str) -> bool {
-    !path.ends_with("/LookupStream")
+    path.strip_prefix("/nearrec.v1.Node/")
+        .is_some_and(|call| call != "LookupStream")
 }
 
 /// The layer giving each unary call's request `timeout` to arrive whole, counting in `slow`
@@ -325,5 +348,30 @@ mod tests {
         assert!(q.enter("alice", Some(&Arc::downgrade(&c3))).is_err());
         drop(c2);
         assert!(q.enter("alice", Some(&Arc::downgrade(&c3))).is_ok());
+    }
+
+    #[test]
+    fn principals_with_nothing_held_are_swept_out() {
+        let q = Quotas::new(4, 4);
+        for k in 0..10 * SWEEP_AT {
+            let conn = Arc::new(());
+            drop(
+                q.enter(&format!("10.0.0.{k}"), Some(&Arc::downgrade(&conn)))
+                    .unwrap(),
+            );
+        }
+        assert!(
+            q.by.lock().unwrap().map.len() <= SWEEP_AT,
+            "the map kept every address"
+        );
+    }
+
+    #[test]
+    fn only_the_nodes_unary_calls_are_timed() {
+        assert!(timed("/nearrec.v1.Node/Lookup") && timed("/nearrec.v1.Node/Write"));
+        assert!(!timed("/nearrec.v1.Node/LookupStream"));
+        assert!(!timed(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+        ));
     }
 }
