@@ -510,10 +510,12 @@ pub(crate) fn jagged<'py>(
         .try_iter()?
         .map(|k| {
             let k = k?;
-            k.cast::<PyString>().map(|s| s.to_string()).map_err(|_| {
+            let Ok(s) = k.cast::<PyString>() else {
                 let msg = format!("KeyedJaggedTensor keys are str, not {}", repr(&k));
-                raise(py, "InvalidRequest", msg, None, None)
-            })
+                return Err(raise(py, "InvalidRequest", msg, None, None));
+            };
+            // (`to_cow`, not `to_string`: a failure to read it is raised, not printed)
+            Ok(s.to_cow()?.into_owned())
         })
         .collect::<PyResult<Vec<_>>>()?;
     let values = features.call_method0(intern!(py, "values"))?;

@@ -84,7 +84,9 @@ impl PyTableLookup {
                 None,
             ));
         };
-        let t = t.to_string();
+        // not `to_string`: its `Display` writes a failure (a KeyboardInterrupt pending as the
+        // name is read) as unraisable and goes on with "<unprintable str object>" as the name
+        let t = t.to_cow()?.into_owned();
         let invalid = |msg: String| raise(py, "InvalidRequest", msg, Some(&t), None);
         let (indices, raw_indices) = index_array(py, indices, &t, "indices")?;
         let ndim = indices.bind(py).cast::<PyUntypedArray>()?.ndim();
