@@ -13,7 +13,7 @@ use std::time::Duration;
 use nearrec::{AsBatch, Batch, Located, NewTable, Pooled, Store, StoreApi, Submitted, SwapTo};
 use nearrec_client::{Client, ClientOptions, ClientTls, Retry};
 use nearrec_cluster::{Endpoint, Hedge, ShardedOptions, ShardedStore};
-use nearrec_format::{DType, Publish, Repository, StoreReader};
+use nearrec_format::{DType, ProgressFn, Publish, Repository, StoreReader, TableCheck};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMapping, PyString, PyTuple};
@@ -962,23 +962,10 @@ pub(crate) enum PyStat {
 /// Checks every data byte of a store; returns `[(table, bytes, error or None)]`.
 #[pyfunction]
 #[pyo3(signature = (path, progress = false))]
-pub(crate) fn verify_store(
-    py: Python<'_>,
-    path: PathBuf,
-    progress: bool,
-) -> PyResult<Vec<(String, u64, Option<String>)>> {
-    let reader = StoreReader::open(&path).map_err(|e| format_err(py, e))?;
-    let total = reader.tables().iter().map(|t| t.data_bytes).sum();
-    let bar = progress::bar(progress, total, "verifying");
-    let cb = progress::callback(&bar);
-    let checks = detach(py, || reader.verify(cb.as_ref()))?;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    Ok(checks
-        .into_iter()
-        .map(|c| (c.table, c.bytes, c.error))
-        .collect())
+pub(crate) fn verify_store(py: Python<'_>, path: PathBuf, progress: bool) -> PyResult<Checks> {
+    checked(py, &path, progress, "verifying", |reader, cb| {
+        reader.verify(cb)
+    })
 }
 
 /// One pass of a scrub over a store (`nearrec::scrub`): every table's data read at most `rate`
@@ -991,17 +978,28 @@ pub(crate) fn scrub_store(
     path: PathBuf,
     rate: u64,
     progress: bool,
-) -> PyResult<Vec<(String, u64, Option<String>)>> {
-    let total = StoreReader::open(&path)
-        .map_err(|e| format_err(py, e))?
-        .tables()
-        .iter()
-        .map(|t| t.data_bytes)
-        .sum();
-    let bar = progress::bar(progress, total, "scrubbing");
+) -> PyResult<Checks> {
+    checked(py, &path, progress, "scrubbing", |reader, cb| {
+        nearrec::scrub(reader, rate, cb)
+    })
+}
+
+/// Each table's check: `(table, bytes, error or None)`.
+type Checks = Vec<(String, u64, Option<String>)>;
+
+/// `check` of the store at `path`, the GIL released, behind a progress bar saying `what`.
+fn checked(
+    py: Python<'_>,
+    path: &std::path::Path,
+    progress: bool,
+    what: &'static str,
+    check: impl FnOnce(&StoreReader, Option<&ProgressFn>) -> Vec<TableCheck> + Send,
+) -> PyResult<Checks> {
+    let reader = StoreReader::open(path).map_err(|e| format_err(py, e))?;
+    let total = reader.tables().iter().map(|t| t.data_bytes).sum();
+    let bar = progress::bar(progress, total, what);
     let cb = progress::callback(&bar);
-    let checks =
-        detach(py, || nearrec::scrub(&path, rate, cb.as_ref()))?.map_err(|e| err(py, e))?;
+    let checks = detach(py, || check(&reader, cb.as_ref()))?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }

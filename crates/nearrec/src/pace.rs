@@ -25,14 +25,21 @@ impl Pace {
 
     /// Counts `n` more bytes, then sleeps until they are due.
     pub(crate) fn take(&self, n: u64) {
-        let total = self.bytes.fetch_add(n, Relaxed) + n;
-        if self.rate == 0 {
-            return;
-        }
-        let due = Duration::from_secs_f64(total as f64 / self.rate as f64);
-        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+        let wait = self.owed(n);
+        if !wait.is_zero() {
             std::thread::sleep(wait);
         }
+    }
+
+    /// Counts `n` more bytes; how long until they are due (for a caller that waits its own
+    /// way, one it can cut short).
+    pub(crate) fn owed(&self, n: u64) -> Duration {
+        let total = self.bytes.fetch_add(n, Relaxed) + n;
+        if self.rate == 0 {
+            return Duration::ZERO;
+        }
+        let due = Duration::from_secs_f64(total as f64 / self.rate as f64);
+        due.saturating_sub(self.start.elapsed())
     }
 
     /// Bytes counted so far.

@@ -12,7 +12,7 @@
 //! pass, for `nearrec scrub` on a store another process serves.
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
@@ -32,19 +32,18 @@ const RETRY: Duration = Duration::from_secs(1);
 /// The shortest a pass takes: a small store is not read through over and over.
 const MIN_PASS: Duration = Duration::from_secs(1);
 
-/// One pass over the store at `path`: every table's data read at most `rate` bytes a second
-/// (0: as fast as the disk goes) and checked; `progress` told of the bytes as they go. The
-/// checks, each table's error if it has one.
-pub fn scrub(path: &Path, rate: u64, progress: Option<&ProgressFn>) -> Result<Vec<TableCheck>> {
-    let reader = StoreReader::open(path)?;
+/// One pass over the store `reader` opened: every table's data read at most `rate` bytes a
+/// second (0: as fast as the disk goes) and checked, as [`StoreReader::verify`] checks it;
+/// `progress` told of the bytes as they go. The checks, each table's error if it has one.
+pub fn scrub(reader: &StoreReader, rate: u64, progress: Option<&ProgressFn>) -> Vec<TableCheck> {
     let pace = Pace::new(rate);
-    Ok(reader.scrub_tables(CHUNK, &mut |n| {
+    reader.scrub_tables(CHUNK, &mut |n| {
         pace.take(n);
         if let Some(p) = progress {
             p(n);
         }
         ControlFlow::Continue(())
-    }))
+    })
 }
 
 /// A store's background scrub: what it has found, and the switch that stops it.
@@ -128,13 +127,11 @@ impl Scrub {
                 }
             };
             let start = Instant::now();
-            let (mut read, mut cut) = (0u64, false);
+            let pace = Pace::new(self.rate);
+            let mut cut = false;
             let checks = reader.scrub_tables(chunk, &mut |n| {
                 self.bytes.fetch_add(n, Relaxed);
-                read += n;
-                // at the pace: this chunk's bytes are due at read / rate
-                let due = Duration::from_secs_f64(read as f64 / self.rate as f64);
-                let on = self.wait(due.saturating_sub(start.elapsed()));
+                let on = self.wait(pace.owed(n));
                 cut = !on || served().as_ref() != Some(&path);
                 if cut {
                     ControlFlow::Break(())
