@@ -1,10 +1,11 @@
 //! What the workspace's tests share, so that no test crate writes its own copy: a small store
-//! of patterned rows ([`write_store`], [`pattern`]) and a seeded generator ([`Xorshift`]).
+//! of patterned rows ([`write_store`], [`pattern`]), damage done to one of its bytes
+//! ([`flip_bits`]) and a seeded generator ([`Xorshift`]).
 //! A dev-dependency only; nothing ships it.
 
 use std::path::{Path, PathBuf};
 
-use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
 
 /// One table of a test store: name, rows, dim, dtype.
 pub type Table<'a> = (&'a str, u64, u32, DType);
@@ -34,6 +35,23 @@ pub fn write_store(
     }
     w.commit().expect("the commit");
     path
+}
+
+/// Flips the bits `mask` of byte `at` of table `t`'s data region (rows in id order, after its
+/// file's header) in the store at `path`, as a disk's rot would.
+pub fn flip_bits(path: &Path, t: usize, at: u64, mask: u8) {
+    use std::os::unix::fs::FileExt;
+    let reader = StoreReader::open(path).expect("the store");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path.join(&reader.tables()[t].file))
+        .expect("its table file");
+    let at = nearrec_format::DATA_OFFSET + at;
+    let mut b = [0u8];
+    file.read_exact_at(&mut b, at).expect("the byte");
+    file.write_all_at(&[b[0] ^ mask], at)
+        .expect("the byte changed");
 }
 
 /// A seeded generator (xorshift64): the tests' random batches are the same on every run.

@@ -239,17 +239,8 @@ fn a_read_only_store_that_follows_serves_what_its_writer_acknowledged() {
 
 /// Flips a bit of row `row` of table `t` in its file (rows in id order).
 fn flip_bit(path: &Path, t: usize, row: u64) {
-    use std::os::unix::fs::FileExt;
     let meta = StoreReader::open(path).unwrap().tables()[t].clone();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path.join(&meta.file))
-        .unwrap();
-    let at = 4096 + meta.layout().row_offset(row) + 2;
-    let mut b = [0u8];
-    file.read_exact_at(&mut b, at).unwrap();
-    file.write_all_at(&[b[0] ^ 0x08], at).unwrap();
+    nearrec_testkit::flip_bits(path, t, meta.layout().row_offset(row) + 2, 0x08);
 }
 
 #[test]

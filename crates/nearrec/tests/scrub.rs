@@ -3,7 +3,6 @@
 //! those a compaction wrote; a background scrub that counts what it found and stops with its
 //! store.
 
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -23,15 +22,7 @@ fn make_store(dir: &Path) -> PathBuf {
 
 /// Flips a bit at byte `at` of table `t`'s data region; the sector it is in.
 fn flip(path: &Path, t: usize, at: u64) -> u64 {
-    let meta = StoreReader::open(path).unwrap().tables()[t].clone();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path.join(&meta.file))
-        .unwrap();
-    let mut b = [0u8];
-    file.read_exact_at(&mut b, 4096 + at).unwrap();
-    file.write_all_at(&[b[0] ^ 0x10], 4096 + at).unwrap();
+    nearrec_testkit::flip_bits(path, t, at, 0x10);
     at / SECTOR_BYTES
 }
 
