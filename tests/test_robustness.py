@@ -468,14 +468,10 @@ def test_damaged_rows_are_never_served(tmp_path, opening, table, how, at):
 
 def scraped(metrics: str) -> dict[tuple[str, str], float]:
     """A node's ``/metrics`` read with Prometheus's own parser: (sample, store) → value."""
-    import urllib.request
+    from nearrec_bench.serve import scrape
 
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
-        text = r.read().decode()
     return {(s.name, s.labels.get("store", "")): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+            for f in scrape(metrics) for s in f.samples}
 
 
 @pytest.mark.parametrize(("table", "how", "at"), SWEEP)

@@ -37,7 +37,7 @@ import nearrec
 
 from .harness import Harness
 from .report import Record
-from .serve import node
+from .serve import node, scrape
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -228,13 +228,7 @@ def _greedy(cfg: AbuseConfig, address: str, tables: list[str], k: int, stop: thr
 
 
 def _refused(metrics: str) -> dict[str, float]:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {s.labels["reason"]: s.value for f in text_string_to_metric_families(text)
+    return {s.labels["reason"]: s.value for f in scrape(metrics)
             if f.name == "nearrec_refused" for s in f.samples if s.name.endswith("_total")}
 
 

@@ -146,17 +146,22 @@ def node(path: Path, name: str, *flags: str, netns: str | None = None,
         logs.close()
 
 
-def stage_seconds(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
-    """The node's ``nearrec_request_seconds`` now: (call, stage) → (sum s, count), read with
-    Prometheus's own parser."""
+def scrape(metrics: str) -> list[Any]:
+    """The node's ``/metrics`` at ``metrics`` now, read with Prometheus's own parser: its metric
+    families."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
         text = r.read().decode()
+    return list(text_string_to_metric_families(text))
+
+
+def stage_seconds(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
+    """The node's ``nearrec_request_seconds`` now: (call, stage) → (sum s, count)."""
     out: dict[tuple[str, str], list[float]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in scrape(metrics):
         if family.name != "nearrec_request_seconds":
             continue
         for sample in family.samples:
