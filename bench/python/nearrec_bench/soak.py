@@ -38,6 +38,7 @@ import numpy as np
 
 import nearrec
 
+from . import _native
 from .harness import Harness
 from .report import Record
 from .serve import node
@@ -67,12 +68,15 @@ class SoakConfig:
     sample_s: float = 10.0
     probe_s: float = 20.0
     seed: int = 0
+    #: random reads of ``main``'s files (queue depth 128) that measure the disk before and
+    #: after the run
+    disk_reads: int = 100_000
     scratch: Path = Path("bench/scratch")
 
     @classmethod
     def quick(cls) -> SoakConfig:
         return cls(minutes=1.0, clients=8, rows=20_000, live_rows=8_000, sample_s=2.0,
-                   probe_s=3.0, check_every=3)
+                   probe_s=3.0, check_every=3, disk_reads=5_000)
 
 
 @dataclass
@@ -277,8 +281,17 @@ def _build(cfg: SoakConfig, log: Callable[[str], None]) -> tuple[Path, Path, Pat
     return main, again, live, ref, int(model.dense_features)
 
 
+def _disk(cfg: SoakConfig, store: Path) -> float:
+    """The disk's random reads a second now (direct I/O, queue depth 128, ``store``'s
+    files): what the node's reads share, measured beside the run."""
+    files = sorted(str(p) for p in store.glob("*.nrt"))
+    return float(_native.random_read(files, cfg.disk_reads, 128)["items_per_s"])
+
+
 def run(cfg: SoakConfig, log: Callable[[str], None] = print) -> list[Record]:
     main, again, live, ref, dense = _build(cfg, log)
+    disk = [_disk(cfg, main)]
+    log(f"disk: {disk[0]:,.0f} random reads/s")
     refs = {"main": nearrec.open(main, tier="dram"),
             "live": nearrec.open(ref, tier="dram", writable=True, durability="async")}
     tally = Tally()
@@ -339,6 +352,8 @@ def run(cfg: SoakConfig, log: Callable[[str], None] = print) -> list[Record]:
         finally:
             for c in clients:
                 c.close()
+    disk.append(_disk(cfg, main))
+    log(f"disk after: {disk[1]:,.0f} random reads/s")
     lat = [x for x in tally.latencies if x[0] >= t0]
     minutes = _minutes(lat, t0)
     after = samples[len(samples) // 5:] or samples
@@ -364,6 +379,7 @@ def run(cfg: SoakConfig, log: Callable[[str], None] = print) -> list[Record]:
         "p99_minute_spread": round(max(p99s) / max(min(p99s), 1e-9), 2),
         "p99_minute_spread_after_first": round(max(warm) / max(min(warm), 1e-9), 2),
         "events": events,
+        "disk_reads_per_s": [round(d) for d in disk],
     }
     lookups = tally.calls["lookup"] * cfg.batch * cfg.pooling * len(refs["main"].tables)
     return [Record("soak", cfg.model, cfg.batch, "skewed", "nearrec node", achieved,
@@ -390,6 +406,8 @@ def markdown(records: list[Record], command: str) -> str:
         ("RSS slope after the first fifth", f"{x['rss_slope_mib_per_h']} MiB/h"),
         ("open descriptors, min–max after the first fifth", span["fds"]),
         ("threads, min–max after the first fifth", span["threads"]),
+        ("the disk's random reads/s before / after (QD 128)",
+         " / ".join(f"{d:,}" for d in x.get("disk_reads_per_s", [])) or "—"),
     ]
     lines = [
         "# Soak: one node under many clients",

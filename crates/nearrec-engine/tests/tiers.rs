@@ -377,3 +377,59 @@ fn default_placement_fills_the_budget_and_bad_placements_are_typed_errors() {
     };
     assert!(matches!(bad_p.validate(), Err(EngineError::Config(_))));
 }
+
+/// A paced warm-up (a swap's, beside lookups) loads what an unpaced one does, and tells its
+/// pacer the cost of every read as it goes, a few rows at a time, each read at least 4 KiB: a
+/// pacer that sleeps there leaves the disk to the lookups between its chunks.
+#[test]
+fn a_paced_warm_up_tells_its_pacer_every_read_as_it_goes() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let reader = StoreReader::open(store(dir.path())).unwrap();
+    // room for 2,048 rows of `a` (64 bytes each), in sets of 4 ways
+    let config = || ssd(placement(&[("a", cache(128 << 10))]), Policy::Lru);
+    let rows: Vec<u64> = (0..ROWS).step_by(3).collect();
+    let unpaced = Engine::from_reader(&reader, config(), None).unwrap();
+    let loaded = unpaced.warm(0, &rows, None).unwrap();
+    assert!(
+        loaded > 500,
+        "the cache takes a good part of the rows ({loaded})"
+    );
+
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let pace: nearrec_format::ProgressFn = {
+        let told = told.clone();
+        Arc::new(move |bytes| told.lock().unwrap().push(bytes))
+    };
+    let paced = Engine::from_reader(&reader, config(), None).unwrap();
+    assert_eq!(paced.warm(0, &rows, Some(&pace)).unwrap(), loaded);
+    let told = told.lock().unwrap();
+    // every row asked for is read (fewer than the cache holds), a row whose set is full too
+    assert_eq!(
+        told.iter().sum::<u64>(),
+        rows.len() as u64 * 4096,
+        "{told:?}"
+    );
+    assert!(
+        told.len() >= 100 && told.iter().all(|&b| b <= 8 * 4096),
+        "{told:?}"
+    );
+    // and the same rows were loaded: the same lookups read the disk as often on both
+    let b = Sample {
+        indices: rows.iter().map(|&r| r as i64).collect(),
+        offsets: vec![0],
+        weights: vec![1.0; rows.len()],
+    };
+    let reads = |e: &Engine| {
+        let before = e.io_stats().unwrap().device_reads.load(Relaxed);
+        let got = run(e, &b);
+        (
+            e.io_stats().unwrap().device_reads.load(Relaxed) - before,
+            got,
+        )
+    };
+    let ((paced_reads, got), (unpaced_reads, want)) = (reads(&paced), reads(&unpaced));
+    assert_eq!(paced_reads, unpaced_reads);
+    assert!(paced_reads > 0);
+    assert_close(&got, &want, "paced vs unpaced warm-up");
+}

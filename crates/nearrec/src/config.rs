@@ -92,8 +92,9 @@ pub struct StoreConfig {
     /// holds half its budget (off: only `compact()` does).
     pub auto_compact: bool,
     /// The most bytes per second a compaction writes, and a swap reads to load the new
-    /// version's DRAM tiers while the old one serves (`0`: as fast as the disk goes), to leave
-    /// the disk to lookups.
+    /// version's DRAM tiers while the old one serves — each of a swap's row reads counted as at
+    /// least 4 KiB, what a random read costs the disk — to leave the disk to lookups (64 MiB,
+    /// about 16,000 random reads a second; `0`: as fast as the disk goes).
     pub compaction_rate: Size,
     /// Bytes a second a background scrub reads the store's table files at, checking every
     /// sector against its sum, pass after pass, so that damage to rows nobody reads is found
@@ -160,7 +161,7 @@ impl Default for StoreConfig {
             durability_window_ms: 10,
             delta_budget: Size(256 << 20),
             auto_compact: true,
-            compaction_rate: Size(0),
+            compaction_rate: Size(64 << 20),
             scrub_rate: Size(0),
             write_wait_ms: 10_000,
             follow_ms: None,

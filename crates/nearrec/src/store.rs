@@ -484,7 +484,7 @@ impl Store {
         let pace = pacer(self.inner.config.compaction_rate.0);
         let (engine, _) = open_engine(&reader, &self.inner.config, pace.as_ref())?;
         if warm {
-            engine.warm_from(old.live.snapshot().engine())?;
+            engine.warm_from(old.live.snapshot().engine(), pace.as_ref())?;
         }
         Served::open(&reader, engine, &self.inner.config)
     }

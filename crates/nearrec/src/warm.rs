@@ -109,7 +109,7 @@ pub(crate) fn warm(
             tracing::warn!(store, table = %name, %from, "warm-up: the store has no such table");
             continue;
         };
-        let n = engine.warm(id, rows)?;
+        let n = engine.warm(id, rows, None)?;
         loaded += n;
         tracing::info!(
             store,

@@ -5,13 +5,23 @@
 
 use std::sync::Arc;
 
-use nearrec_format::StoreReader;
+use nearrec_format::{ProgressFn, StoreReader};
 
 use super::Engine;
 use super::open::table_files;
 use crate::error::{EngineError, Result};
 use nearrec_format::Memory;
 use nearrec_io::fork_gate;
+
+/// The least a read costs in [`Engine::warm`]'s account to its pacer, however few bytes it
+/// reads: a random read takes the disk about as long as 4 KiB does (the rate a pacer is given
+/// is a share of the disk, in bytes a second).
+const READ_COST_FLOOR: u64 = 4096;
+
+/// Rows read at a time by a paced [`Engine::warm`]: its reads wait in the disk's queue beside
+/// the lookups' (hundreds when the store is busy), so a few at a time take a small share of a
+/// busy disk, and of an idle one all the pace allows.
+const PACED_CHUNK: usize = 8;
 
 impl Engine {
     /// An engine over `reader`'s tables (the same store with tables created or dropped) that
@@ -83,7 +93,8 @@ impl Engine {
     /// cached rows — of each table both have with the same shape, read from this engine's
     /// files, up to each cache's size: a new version of a store (a swap) then starts with the
     /// old one's working set. Returns the rows loaded. Does nothing for tables kept whole.
-    pub fn warm_from(&self, old: &Engine) -> Result<u64> {
+    /// `pace` is told the cost of each read as [`Engine::warm`] tells it, and may sleep.
+    pub fn warm_from(&self, old: &Engine, pace: Option<&ProgressFn>) -> Result<u64> {
         let mut loaded = 0u64;
         for (name, rows) in old.held_rows() {
             let Ok(id) = self.table_id(&name) else {
@@ -91,7 +102,7 @@ impl Engine {
             };
             let (was, meta) = (&old.tables[old.table_id(&name)?], &self.tables[id]);
             if (was.rows, was.dim, was.dtype) == (meta.rows, meta.dim, meta.dtype) {
-                loaded += self.warm(id, &rows)?;
+                loaded += self.warm(id, &rows, pace)?;
             }
         }
         Ok(loaded)
@@ -118,7 +129,13 @@ impl Engine {
     /// the table's file: each into a free way of its set (a row whose set is full of more
     /// wanted ones stays out), skipping rows its hot partition pins, rows beyond the table and
     /// rows cached already. Returns the rows loaded (0 without a row cache).
-    pub fn warm(&self, id: usize, rows: &[u64]) -> Result<u64> {
+    ///
+    /// With `pace`, the rows are read a few at a time, and after each read `pace` is
+    /// told its cost in bytes — each read at least 4 KiB, as a random read costs the disk about
+    /// what 4 KiB does — so that a pacer sleeping there leaves the disk to the
+    /// lookups of a store being served (a swap's warm-up); without, they go as fast as the
+    /// disk does (a store not yet serving).
+    pub fn warm(&self, id: usize, rows: &[u64], pace: Option<&ProgressFn>) -> Result<u64> {
         let _inside = fork_gate();
         let Some(ssd) = &self.ssd else {
             return Ok(0);
@@ -136,9 +153,12 @@ impl Engine {
             .take(cache.capacity_rows() as usize)
             .collect();
         let rb = meta.row_bytes as usize;
+        let block = ssd.files().device().block_size() as u64;
+        let cost = ((rb as u64).div_ceil(block) * block).max(READ_COST_FLOOR);
         let mut buf = vec![0u8; rb];
         let mut loaded = 0u64;
-        for chunk in wanted.chunks(4096) {
+        let chunk_rows = if pace.is_some() { PACED_CHUNK } else { 4096 };
+        for chunk in wanted.chunks(chunk_rows) {
             let mut sorted = chunk.to_vec();
             sorted.sort_unstable();
             buf.resize(sorted.len() * rb, 0);
@@ -147,6 +167,9 @@ impl Engine {
             for &r in chunk {
                 let i = sorted.binary_search(&r).expect("a row of this chunk");
                 loaded += u64::from(cache.fill(r, &buf[i * rb..(i + 1) * rb]));
+            }
+            if let Some(pace) = pace {
+                pace(chunk.len() as u64 * cost);
             }
         }
         Ok(loaded)
