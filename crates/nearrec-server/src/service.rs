@@ -605,7 +605,7 @@ impl NodeService {
         let inline = inline(&*store, lookups);
         // small lookups that read a device coalesce (on DRAM-resident tables the transport,
         // not the engine, is what a request costs: they run at once)
-        if !raw && !inline {
+        if !raw && !store.resident() {
             let coalescer = &self.0.coalescers[name];
             if let Some(bags) = bags.filter(|&b| coalescer.takes(b)) {
                 let (pooled, version) = coalescer.lookup(call, (batch, at), bags, deadline).await?;

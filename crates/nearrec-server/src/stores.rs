@@ -231,10 +231,13 @@ impl Stores {
     }
 }
 
-/// The most ids a lookup may hold and still run on an async worker (about a millisecond of
-/// pooling); larger ones go to a blocking thread, so that one request never holds a worker
-/// long.
-pub const INLINE_LOOKUPS: usize = 1 << 16;
+/// The most ids a lookup may hold and still run on an async worker (about a tenth of a
+/// millisecond of pooling); larger ones go to a blocking thread, so that one request never
+/// holds a worker long: the async workers decode every request, and one principal's large
+/// lookups held there would keep the others' waiting behind them. Measured (`nearrec bench
+/// abuse`, the node on one core): beside a greedy principal's lookups of 16 Ki ids, the good
+/// clients' p99 was 17× their p99 alone when up to 64 Ki ids ran inline, 1.9× with 8 Ki.
+pub const INLINE_LOOKUPS: usize = 1 << 13;
 
 /// Whether a lookup of `lookups` ids on `store` runs on the async worker that decoded it:
 /// when every row is in DRAM (it never waits on a device) and it is small. Handing it to a
