@@ -90,10 +90,78 @@ pub fn trace_file(data: &[u8]) {
 pub const ROWS: u64 = 97;
 
 /// The small store the targets read, written at `path`: tables `a` (fp32, dim 4) and `b`
-/// (int8, dim 8) of [`ROWS`] rows, the testkit's pattern. What the seeds are made from.
+/// (int8, dim 8) of [`ROWS`] rows, the testkit's pattern, and a model kept with them (its
+/// `model.json` and `dense.npz` attachments): one linear layer over 2 dense features and both
+/// tables' pooled vectors, then a sigmoid. What the seeds are made from.
 pub fn write_store(path: &Path) -> std::path::PathBuf {
+    use nearrec::model::{GraphSpec, ModelConfig, OpSpec, Tensor};
     let tables = [("a", ROWS, 4, DType::Fp32), ("b", ROWS, 8, DType::Int8)];
-    nearrec_testkit::write_store(path, &tables, nearrec_testkit::pattern)
+    let path = nearrec_testkit::write_store(path, &tables, nearrec_testkit::pattern);
+    let graph = GraphSpec {
+        dense: 2,
+        ops: vec![OpSpec::Linear {
+            input: vec![(0, 0, 2), (1, 0, 12)],
+            weight: "w".into(),
+            bias: Some("b".into()),
+            activation: "sigmoid".into(),
+        }],
+        output: vec![(2, 0, 1)],
+    };
+    let config = ModelConfig {
+        model: "graph".into(),
+        variant: "deeprecsys".into(),
+        interaction: "cat".into(),
+        tasks: 1,
+        tables: Some(vec!["a".into(), "b".into()]),
+        features: None,
+        pooling: None,
+        sequence: false,
+        graph: Some(graph),
+    };
+    let w: Vec<f32> = (0..14).map(|i| (i as f32 - 6.5) / 64.0).collect();
+    let weights = [
+        Tensor {
+            name: "w",
+            shape: &[1, 14],
+            values: &w,
+        },
+        Tensor {
+            name: "b",
+            shape: &[1],
+            values: &[0.125],
+        },
+    ];
+    nearrec::model::save(&path, &config, &weights).expect("the model is kept");
+    path
+}
+
+/// The dense features and lookups [`store_dir`] runs the kept model on: 3 samples, every row
+/// of both tables in some bag.
+fn inference() -> (Vec<f32>, [Vec<i64>; 2]) {
+    let dense = vec![0.5, -1.0, 0.25, 2.0, -0.75, 0.0];
+    let ids: Vec<i64> = (0..ROWS as i64).collect();
+    (dense, [ids.clone(), ids])
+}
+
+/// The kept model's outputs on [`inference`]'s batch, or its error.
+fn infer(store: &Store) -> nearrec::Result<Vec<f32>> {
+    let (dense, ids) = inference();
+    let offsets = [0i64, 30, 60];
+    let tables = ["a", "b"]
+        .iter()
+        .zip(&ids)
+        .map(|(t, ids)| {
+            nearrec::TableLookup::new(
+                t,
+                nearrec::Indices::I64(ids),
+                nearrec::Bags::Offsets {
+                    offsets: nearrec::Indices::I64(&offsets),
+                    include_last_offset: false,
+                },
+            )
+        })
+        .collect();
+    Ok(store.infer(&dense, &nearrec::Batch::new(tables))?.outputs)
 }
 
 /// [`write_store`]'s store, opened on the DRAM tier and on the SSD tier (the request target's).
@@ -117,9 +185,47 @@ pub fn stores() -> &'static [Store; 2] {
         .1
 }
 
-/// [`write_store`]'s files (name, bytes, in name order) and each table's rows as it serves them,
-/// undamaged: what [`store_dir`] changes a byte of and compares with.
-type Pristine = (Vec<(String, Vec<u8>)>, Vec<(&'static str, usize, Vec<f32>)>);
+/// The tiers [`store_dir`] opens a damaged store on: the DRAM tier, each table's checksum
+/// verified as it loads; the SSD tier, every read checked against its sector's sum.
+const CHECKED_TIERS: [&str; 2] = [
+    "tier = \"dram\"\nverify_checksums = true",
+    "tier = \"ssd\"\ndram_budget = \"2KiB\"\nthreads = 1\nverify_reads = true",
+];
+
+/// What a store answers [`store_dir`]: every row of each table (or its error), then the kept
+/// model's outputs (or its error).
+struct Answers {
+    rows: Vec<nearrec::Result<Vec<f32>>>,
+    outputs: nearrec::Result<Vec<f32>>,
+}
+
+impl Answers {
+    /// `store`'s answers, asked in one order: the SSD tier sums a bag's cached rows and read
+    /// rows in an order its cache decides, so the same calls in the same order on a store
+    /// just opened give the same bits.
+    fn of(store: &Store) -> Self {
+        let ids: Vec<i64> = (0..ROWS as i64).collect();
+        let rows = [("a", 4), ("b", 8)]
+            .iter()
+            .map(|&(t, dim)| {
+                let mut out = vec![0f32; ROWS as usize * dim];
+                store.read_rows(t, &ids, &mut out).map(|()| out)
+            })
+            .collect();
+        Self {
+            rows,
+            outputs: infer(store),
+        }
+    }
+}
+
+/// [`write_store`]'s files (name, bytes, in name order), and what a store just opened from them
+/// answers on each of [`CHECKED_TIERS`], undamaged: what [`store_dir`] changes bytes of and
+/// compares with.
+struct Pristine {
+    files: Vec<(String, Vec<u8>)>,
+    answers: Vec<(Vec<Vec<f32>>, Vec<f32>)>,
+}
 
 fn pristine() -> &'static Pristine {
     static PRISTINE: OnceLock<Pristine> = OnceLock::new();
@@ -135,36 +241,52 @@ fn pristine() -> &'static Pristine {
             })
             .collect();
         files.sort();
-        let store = &stores()[0];
-        let ids: Vec<i64> = (0..ROWS as i64).collect();
-        let rows = [("a", 4), ("b", 8)]
-            .map(|(t, dim)| {
-                let mut out = vec![0f32; ROWS as usize * dim];
-                store
-                    .read_rows(t, &ids, &mut out)
-                    .expect("an undamaged read");
-                (t, dim, out)
+        let answers = CHECKED_TIERS
+            .iter()
+            .map(|toml| {
+                let config = StoreConfig::from_toml(toml).expect("a config");
+                let store = Store::open(&path, &config).expect("the store opens");
+                let a = Answers::of(&store);
+                let rows = a.rows.into_iter().map(|r| r.expect("an undamaged read"));
+                (rows.collect(), a.outputs.expect("the kept model runs"))
             })
-            .to_vec();
-        (files, rows)
+            .collect();
+        Pristine { files, answers }
     })
 }
 
-/// A store directory with one byte changed — which file, which byte and how taken from the
-/// input — opened on the DRAM tier (each table's checksum verified as it loads) and on the SSD
-/// tier (every read checked against its sector's sum), every row read: each tier refuses (a
-/// typed error at open or at the read) or answers every row as the store was written. A row
-/// served other than written is a finding — damage served silently — not only a crash.
+/// A store directory with bytes of one of its files changed — which file, which bytes and how
+/// taken from the input: its first byte picks the file, then each group of four a byte (three
+/// bytes of offset, one to xor it with) — opened on each of [`CHECKED_TIERS`], every row read
+/// and the kept model run: each tier refuses (a typed error at open, at the read or at the
+/// model's load) or answers as the store was written. A row or an output served other than
+/// written is a finding — damage served silently — not only a crash.
 pub fn store_dir(data: &[u8]) {
-    let [which, a, b, c, flip, ..] = *data else {
+    let Some((&which, changes)) = data.split_first() else {
         return;
     };
-    if flip == 0 {
+    let changes: Vec<[u8; 4]> = changes
+        .chunks_exact(4)
+        .take(16)
+        .map(|c| [c[0], c[1], c[2], c[3]])
+        .filter(|c| c[3] != 0)
+        .collect();
+    if changes.is_empty() {
         return;
     }
-    let (files, reference) = pristine();
-    let (name, bytes) = &files[usize::from(which) % files.len()];
-    let at = u32::from_le_bytes([a, b, c, 0]) as usize % bytes.len().max(1);
+    let pristine = pristine();
+    let (name, bytes) = &pristine.files[usize::from(which) % pristine.files.len()];
+    if bytes.is_empty() {
+        return;
+    }
+    let mut damaged = bytes.clone();
+    for &[a, b, c, flip] in &changes {
+        let at = u32::from_le_bytes([a, b, c, 0]) as usize % bytes.len();
+        damaged[at] ^= flip;
+    }
+    if damaged == *bytes {
+        return; // the changes undid each other
+    }
     let dir = match Path::new("/dev/shm").is_dir() {
         true => tempfile::tempdir_in("/dev/shm"),
         false => tempfile::tempdir(),
@@ -172,32 +294,32 @@ pub fn store_dir(data: &[u8]) {
     .expect("a temporary directory");
     let path = dir.path().join("s");
     std::fs::create_dir(&path).expect("the store's directory");
-    for (n, b) in files {
-        let mut b = b.clone();
-        if n == name && !b.is_empty() {
-            b[at] ^= flip;
-        }
+    for (n, b) in &pristine.files {
+        let b = if n == name { &damaged } else { b };
         std::fs::write(path.join(n), b).expect("a store file");
     }
-    let tiers = [
-        "tier = \"dram\"\nverify_checksums = true",
-        "tier = \"ssd\"\ndram_budget = \"2KiB\"\nthreads = 1\nverify_reads = true",
-    ];
-    let ids: Vec<i64> = (0..ROWS as i64).collect();
-    for toml in tiers {
+    let what = || format!("{} byte(s) of {name} changed ({changes:?})", changes.len());
+    for (toml, (rows, outputs)) in CHECKED_TIERS.iter().zip(&pristine.answers) {
         let config = StoreConfig::from_toml(toml).expect("a config");
         let Ok(store) = Store::open(&path, &config) else {
             continue;
         };
-        for (table, dim, want) in reference {
-            let mut got = vec![0f32; ROWS as usize * dim];
-            if store.read_rows(table, &ids, &mut got).is_ok() {
+        let got = Answers::of(&store);
+        for ((table, got), want) in ["a", "b"].iter().zip(&got.rows).zip(rows) {
+            if let Ok(got) = got {
                 assert!(
-                    got == *want,
-                    "{toml:?}: byte {at} of {name} changed (^{flip:#04x}), and table {table} \
-                     was served other than written"
+                    got == want,
+                    "{toml:?}: {}, and table {table} was served other than written",
+                    what()
                 );
             }
+        }
+        if let Ok(got) = &got.outputs {
+            assert!(
+                got == outputs,
+                "{toml:?}: {}, and the kept model answered {got:?}, not {outputs:?}",
+                what(),
+            );
         }
     }
 }
