@@ -47,8 +47,18 @@ impl Node {
 
     /// [`Node::start`] listening at `addr` (one another node left, say).
     pub fn start_at(addr: std::net::SocketAddr, stores: Stores, config: NodeConfig) -> Self {
+        Self::start_with(addr, 2, stores, config)
+    }
+
+    /// [`Node::start_at`] on a runtime of `workers` async workers.
+    pub fn start_with(
+        addr: std::net::SocketAddr,
+        workers: usize,
+        stores: Stores,
+        config: NodeConfig,
+    ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(workers)
             .enable_all()
             .build()
             .unwrap();
