@@ -23,8 +23,9 @@ use prost::Message as _;
 pub type Check = fn(&[u8]);
 
 /// Every target, by the name its corpus folder and its `fuzz_target` have.
-pub const TARGETS: [(&str, Check); 8] = [
+pub const TARGETS: [(&str, Check); 9] = [
     ("manifest", manifest),
+    ("placement_plan", placement_plan),
     ("store_dir", store_dir),
     ("wal_replay", wal_replay),
     ("table_header", table_header),
@@ -164,25 +165,32 @@ fn infer(store: &Store) -> nearrec::Result<Vec<f32>> {
     Ok(store.infer(&dense, &nearrec::Batch::new(tables))?.outputs)
 }
 
+/// Where [`write_store`]'s store is kept for the targets that open it.
+fn store_path() -> &'static Path {
+    static STORE: OnceLock<(tempfile::TempDir, std::path::PathBuf)> = OnceLock::new();
+    let (_, path) = STORE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = write_store(&dir.path().join("s"));
+        (dir, path)
+    });
+    path
+}
+
 /// [`write_store`]'s store, opened on the DRAM tier and on the SSD tier (the request target's).
 pub fn stores() -> &'static [Store; 2] {
-    static STORES: OnceLock<(tempfile::TempDir, [Store; 2])> = OnceLock::new();
-    &STORES
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().expect("a temporary directory");
-            let path = write_store(&dir.path().join("s"));
-            let open = |toml: &str| {
-                Store::open(&path, &StoreConfig::from_toml(toml).expect("a config"))
-                    .expect("the store opens")
-            };
-            // the resident gather, and block reads through a row cache of a few rows
-            let tiers = [
-                open("tier = \"dram\""),
-                open("tier = \"ssd\"\ndram_budget = \"2KiB\"\nthreads = 1"),
-            ];
-            (dir, tiers)
-        })
-        .1
+    static STORES: OnceLock<[Store; 2]> = OnceLock::new();
+    STORES.get_or_init(|| {
+        let path = store_path();
+        let open = |toml: &str| {
+            Store::open(path, &StoreConfig::from_toml(toml).expect("a config"))
+                .expect("the store opens")
+        };
+        // the resident gather, and block reads through a row cache of a few rows
+        [
+            open("tier = \"dram\""),
+            open("tier = \"ssd\"\ndram_budget = \"2KiB\"\nthreads = 1"),
+        ]
+    })
 }
 
 /// The tiers [`store_dir`] opens a damaged store on: the DRAM tier, each table's checksum
@@ -230,9 +238,8 @@ struct Pristine {
 fn pristine() -> &'static Pristine {
     static PRISTINE: OnceLock<Pristine> = OnceLock::new();
     PRISTINE.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let path = write_store(&dir.path().join("s"));
-        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&path)
+        let path = store_path();
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(path)
             .expect("the store's directory")
             .map(|e| {
                 let e = e.expect("an entry");
@@ -245,7 +252,7 @@ fn pristine() -> &'static Pristine {
             .iter()
             .map(|toml| {
                 let config = StoreConfig::from_toml(toml).expect("a config");
-                let store = Store::open(&path, &config).expect("the store opens");
+                let store = Store::open(path, &config).expect("the store opens");
                 let a = Answers::of(&store);
                 let rows = a.rows.into_iter().map(|r| r.expect("an undamaged read"));
                 (rows.collect(), a.outputs.expect("the kept model runs"))
@@ -319,6 +326,49 @@ pub fn store_dir(data: &[u8]) {
                 got == outputs,
                 "{toml:?}: {}, and the kept model answered {got:?}, not {outputs:?}",
                 what(),
+            );
+        }
+    }
+}
+
+/// A placement plan as `nearrec plan` writes it — the input's first two bytes (little-endian)
+/// the length of its TOML, the rest its archive of hot rows (`plan.hot.npz`, which the TOML
+/// names) — loaded, and what loads applied to the SSD tier of [`write_store`]'s store: it is
+/// refused (a typed error when the plan is read, or when the store opens with it), or the
+/// store serves every row as written. Never a crash, an allocation the budget does not allow,
+/// or a wrong row.
+pub fn placement_plan(data: &[u8]) {
+    let [lo, hi, rest @ ..] = data else {
+        return;
+    };
+    let (toml, npz) = rest.split_at((usize::from(*lo) | usize::from(*hi) << 8).min(rest.len()));
+    let dir = match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm"),
+        false => tempfile::tempdir(),
+    }
+    .expect("a temporary directory");
+    let plan = dir.path().join("plan.toml");
+    std::fs::write(&plan, toml).expect("the plan written");
+    std::fs::write(dir.path().join("plan.hot.npz"), npz).expect("its hot rows written");
+    let Ok(placement) = nearrec::plan::load_plan(&plan) else {
+        return;
+    };
+    let mut config = StoreConfig::from_toml("tier = \"ssd\"\ndram_budget = \"64KiB\"\nthreads = 1")
+        .expect("a config");
+    config.plan = Some(nearrec::PlanSource::Placement(placement));
+    let Ok(store) = Store::open(store_path(), &config) else {
+        return;
+    };
+    let got = Answers::of(&store);
+    for ((table, got), want) in ["a", "b"]
+        .iter()
+        .zip(&got.rows)
+        .zip(&pristine().answers[0].0)
+    {
+        if let Ok(got) = got {
+            assert!(
+                got == want,
+                "a plan that loaded had table {table} served other than written"
             );
         }
     }

@@ -70,6 +70,26 @@ fn the_request_seeds_are_answered_or_refused_where_they_should_be() {
 }
 
 /// Valid inputs of every target, for the fuzzer to start from.
+/// The plan seeds load, and hold what they were written with: a seed every loader refuses
+/// would start the fuzzer far from the placement it is for.
+#[test]
+fn the_plan_seeds_load() {
+    let dir = inputs("seeds", "placement_plan");
+    for (name, tables) in [("hot-and-cached", 2), ("resident", 1)] {
+        let bytes = std::fs::read(dir.join(name)).unwrap();
+        let len = usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("plan.toml"), &bytes[2..2 + len]).unwrap();
+        std::fs::write(tmp.path().join("plan.hot.npz"), &bytes[2 + len..]).unwrap();
+        let placement = nearrec::plan::load_plan(&tmp.path().join("plan.toml")).unwrap();
+        assert_eq!(placement.tables.len(), tables, "{name}");
+        if name == "hot-and-cached" {
+            assert_eq!(placement.tables["a"].hot_rows, [1, 5, 9]);
+            assert_eq!(placement.tables["b"].cache_bytes, 2048);
+        }
+    }
+}
+
 mod seeds {
     use super::inputs;
     use nearrec::AsBatch as _;
@@ -120,6 +140,30 @@ mod seeds {
         };
         let plan = nearrec::plan::plan_shards("s", reader.tables(), None, &options).unwrap();
         put("shard_plan", "row-2x2", plan.to_json().as_bytes());
+        // placement plans: the TOML's length (2 bytes), the TOML, its archive of hot rows
+        for (name, toml, hot) in [
+            (
+                "hot-and-cached",
+                "hot_rows_file = \"plan.hot.npz\"\n[tables.a]\nhot_rows = 3\n\
+                 cache_bytes = 1024\n[tables.b]\nresident = false\ncache_bytes = \"2KiB\"\n",
+                vec![("a", vec![1u64, 5, 9]), ("b", vec![])],
+            ),
+            (
+                "resident",
+                "hot_rows_file = \"plan.hot.npz\"\n[tables.b]\nresident = true\n",
+                vec![],
+            ),
+        ] {
+            let mut npz = std::io::Cursor::new(Vec::new());
+            let arrays: Vec<(&str, &[u64])> = hot.iter().map(|(t, r)| (*t, r.as_slice())).collect();
+            nearrec_format::npz::write_npz(&mut npz, &arrays).unwrap();
+            let len = (toml.len() as u16).to_le_bytes();
+            put(
+                "placement_plan",
+                name,
+                &[&len[..], toml.as_bytes(), npz.get_ref()].concat(),
+            );
+        }
         let rows = nearrec_fuzz::ROWS as i64;
         let ids: Vec<i64> = (0..40).map(|i| (i * 7) % rows).collect();
         let offsets: Vec<i64> = (0..=10).map(|b| b * 4).collect();
