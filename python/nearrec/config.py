@@ -85,9 +85,10 @@ class StoreConfig:
     since the tables' files; ``auto_compact``: fold them into new table files in the background
     when the delta is half full; ``compaction_rate``: bytes per second a compaction writes, and
     a swap reads to load the new version, at most — each of a swap's row reads counted as at
-    least 4 KiB — so that lookups keep the disk (64 MiB by default; 0: no bound); ``scrub_rate``: bytes per
-    second a background scrub reads the table files at, checking every sector against its
-    checksum, pass after pass (0: no scrub; :func:`nearrec.scrub` is one pass);
+    least 4 KiB — so that lookups keep the disk (64 MiB by default; 0: no bound);
+    ``scrub_rate``: bytes per second a background scrub reads the table files at, checking
+    every sector against its checksum, pass after pass (0: no scrub; :func:`nearrec.scrub` is
+    one pass);
     ``write_wait_ms``: how long a write waits for room in a full delta. ``follow_ms``: a
     read-only store looks for what its writer (another process) logged every this many ms and
     serves it (``None``: only on
