@@ -269,8 +269,27 @@ pub struct CaughtUp {
 }
 
 /// Catches replica `r` of `shard` up from a member, as the module says, and admits it. Each
-/// member is fenced for at most `lease` (the time its last pass may take).
+/// member is fenced for at most `lease` (the time its last pass may take). Tried again, from
+/// what it learns then, when another router's change moved the shard's epoch under it (its
+/// writes leaving a replica out meanwhile): a membership change refused as `MembershipChanged`.
 pub(crate) fn catch_up(
+    store: &str,
+    shard: &Shard,
+    pin: u64,
+    r: usize,
+    lease: Duration,
+) -> nearrec::Result<CaughtUp> {
+    let mut tries = 0;
+    loop {
+        match catch_up_once(store, shard, pin, r, lease) {
+            Err(e) if e.kind() == ErrorKind::MembershipChanged && tries < 3 => tries += 1,
+            done => return done,
+        }
+    }
+}
+
+/// One try of [`catch_up`].
+fn catch_up_once(
     store: &str,
     shard: &Shard,
     pin: u64,
