@@ -136,25 +136,28 @@ pub fn write_store(path: &Path) -> std::path::PathBuf {
     path
 }
 
-/// The dense features and lookups [`store_dir`] runs the kept model on: 3 samples, every row
-/// of both tables in some bag.
-fn inference() -> (Vec<f32>, [Vec<i64>; 2]) {
-    let dense = vec![0.5, -1.0, 0.25, 2.0, -0.75, 0.0];
-    let ids: Vec<i64> = (0..ROWS as i64).collect();
-    (dense, [ids.clone(), ids])
+/// A temporary directory, in memory where the machine has one (its syncs are free): what is
+/// fuzzed is the bytes written there, not the disk.
+fn scratch() -> tempfile::TempDir {
+    match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm"),
+        false => tempfile::tempdir(),
+    }
+    .expect("a temporary directory")
 }
 
-/// The kept model's outputs on [`inference`]'s batch, or its error.
+/// The kept model's outputs, or its error, for 3 samples of 2 dense features whose bags hold
+/// every row of both tables.
 fn infer(store: &Store) -> nearrec::Result<Vec<f32>> {
-    let (dense, ids) = inference();
+    let dense = [0.5, -1.0, 0.25, 2.0, -0.75, 0.0];
+    let ids: Vec<i64> = (0..ROWS as i64).collect();
     let offsets = [0i64, 30, 60];
     let tables = ["a", "b"]
         .iter()
-        .zip(&ids)
-        .map(|(t, ids)| {
+        .map(|t| {
             nearrec::TableLookup::new(
                 t,
-                nearrec::Indices::I64(ids),
+                nearrec::Indices::I64(&ids),
                 nearrec::Bags::Offsets {
                     offsets: nearrec::Indices::I64(&offsets),
                     include_last_offset: false,
@@ -294,11 +297,7 @@ pub fn store_dir(data: &[u8]) {
     if damaged == *bytes {
         return; // the changes undid each other
     }
-    let dir = match Path::new("/dev/shm").is_dir() {
-        true => tempfile::tempdir_in("/dev/shm"),
-        false => tempfile::tempdir(),
-    }
-    .expect("a temporary directory");
+    let dir = scratch();
     let path = dir.path().join("s");
     std::fs::create_dir(&path).expect("the store's directory");
     for (n, b) in &pristine.files {
@@ -342,11 +341,7 @@ pub fn placement_plan(data: &[u8]) {
         return;
     };
     let (toml, npz) = rest.split_at((usize::from(*lo) | usize::from(*hi) << 8).min(rest.len()));
-    let dir = match Path::new("/dev/shm").is_dir() {
-        true => tempfile::tempdir_in("/dev/shm"),
-        false => tempfile::tempdir(),
-    }
-    .expect("a temporary directory");
+    let dir = scratch();
     let plan = dir.path().join("plan.toml");
     std::fs::write(&plan, toml).expect("the plan written");
     std::fs::write(dir.path().join("plan.hot.npz"), npz).expect("its hot rows written");
@@ -533,12 +528,7 @@ pub fn wal_replay(data: &[u8]) {
     let [calls, cut_at, flip_at, flip, rest @ ..] = data else {
         return;
     };
-    // in memory where the machine has it (its syncs are free): what is fuzzed is the bytes
-    let dir = match Path::new("/dev/shm").is_dir() {
-        true => tempfile::tempdir_in("/dev/shm"),
-        false => tempfile::tempdir(),
-    }
-    .expect("a temporary directory");
+    let dir = scratch();
     // small segments and zero tails: what is fuzzed is their bytes, not megabytes of zeros
     let config = WalConfig {
         segment_bytes: 1 << 12,
