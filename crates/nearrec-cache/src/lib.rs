@@ -6,6 +6,7 @@
 //!   slot; writers take their shard's mutex), with LRU or LFU victims and optional probabilistic
 //!   admission (HS-Rec);
 //! - [`CacheStats`]: hits, misses, admissions, rejections and evictions, always on;
+//! - [`KeyIndex`]: a keyed table's keys to its row numbers, for tables kept in a store;
 //! - [`KeyedTable`]: rows addressed by unbounded 64-bit keys (DeepRec's EmbeddingVariable), a
 //!   lock-free open-addressing hash table with a policy for unknown keys.
 //!
@@ -18,6 +19,8 @@
 //!   in one huge-page buffer each; victims exact LRU / LFU for one thread;
 //! - `hot.rs`: `HotPartition`, pinned rows behind an open-addressing index of its own, so that
 //!   probes can be prefetched a few lookups ahead;
+//! - `key_index.rs`: `KeyIndex`, the DRAM index of a keyed table whose rows live in a store
+//!   (raw 64-bit keys to row numbers, five keys to a cache line, seeded hash);
 //! - `keyed.rs`: `KeyedTable` — state per slot, keys apart from rows, CAS inserts (HS-Rec §2.4);
 //!   the unknown-key policy `Unknown` (error / zero / init), counted;
 //! - `policy.rs`: `Policy` (LRU, LFU and their probabilistic-admission `_pa` variants),
@@ -31,12 +34,14 @@
 
 mod hash;
 mod hot;
+mod key_index;
 mod keyed;
 mod policy;
 mod row_cache;
 mod stats;
 
 pub use hot::HotPartition;
+pub use key_index::{Full, Inserted, KeyIndex, MAX_ROWS as MAX_KEYED_ROWS};
 pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Pool, Unknown};
 pub use policy::{CacheConfig, Policy, PolicyParseError};
 pub use row_cache::{Offer, RowCache, SLOT_OVERHEAD, Slot, words_as_bytes};
