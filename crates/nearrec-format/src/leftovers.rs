@@ -66,6 +66,7 @@ pub fn retired(dir: &Path, manifest: &Manifest) -> Vec<std::path::PathBuf> {
             let Some(stem) = name
                 .strip_suffix(".nrt")
                 .or_else(|| name.strip_suffix(".sums"))
+                .or_else(|| name.strip_suffix(".keys"))
                 .and_then(|n| n.strip_prefix("table-"))
             else {
                 return false;
@@ -82,9 +83,7 @@ pub fn retired(dir: &Path, manifest: &Manifest) -> Vec<std::path::PathBuf> {
 fn unnamed(dir: &Path, manifest: &Manifest) -> Vec<Leftover> {
     let mut named: Vec<&str> = vec![MANIFEST_FILE];
     for t in &manifest.tables {
-        named.push(&t.file);
-        named.extend(t.order.as_ref().map(|o| o.file.as_str()));
-        named.extend(t.sums.as_ref().map(|s| s.file.as_str()));
+        named.extend(t.files());
     }
     named.extend(manifest.attachments.iter().map(|a| a.file.as_str()));
     let Ok(entries) = fs::read_dir(dir) else {
@@ -100,7 +99,7 @@ fn unnamed(dir: &Path, manifest: &Manifest) -> Vec<Leftover> {
             let ours = name.starts_with("attach-")
                 || name.starts_with(&format!(".{MANIFEST_FILE}.tmp-"))
                 || (name.starts_with("table-")
-                    && [".nrt", ".order", ".sums"]
+                    && [".nrt", ".order", ".sums", ".keys"]
                         .iter()
                         .any(|x| name.ends_with(x)));
             let reason = if ours {

@@ -11,6 +11,8 @@
 //! - `attach-NNNN-name` — attachments (version 2): named blobs such as a model's dense weights;
 //! - `table-NNNN.sums` — sector checksums (version 3): a CRC-32C per 512 B of a table's data, so
 //!   that the SSD tier checks every read as it lands;
+//! - `table-NNNN.keys` — a keyed table's keys (version 5): the raw 64-bit id of each row after
+//!   row 0, which holds zeros;
 //! - `wal-*.nrwal` — a live store's write-ahead log (version 4, `docs/format.md` §12–13), and
 //!   `table-NNNN.<lsn>.nrt`, a table file a compaction or a created table wrote.
 //!
@@ -28,6 +30,7 @@
 //!   co-located copy of a store;
 //! - `attach.rs`: attachments added or replaced in an existing store, atomically;
 //! - `sums.rs`: sector checksums (`SectorSums`);
+//! - `keys.rs`: keyed tables' keys files (`KeysMeta`), and the zero row every keyed table has;
 //! - `wal/`: the write-ahead log — `record.rs` (one write call as checksummed operations: write,
 //!   remove, create, drop), `log.rs` (segments appended with group commit, sync or async,
 //!   recovered with a torn tail cut, read by other processes without writing);
@@ -59,6 +62,7 @@ pub mod files;
 mod gc;
 mod header;
 mod init;
+mod keys;
 mod layout;
 mod leftovers;
 mod manifest;
@@ -83,6 +87,7 @@ pub use error::{FormatError, Result};
 pub use gc::gc;
 pub use header::{HEADER_BYTES, TABLE_MAGIC, TableHeader};
 pub use init::UniformInit;
+pub use keys::{KeysMeta, ZERO_ROW};
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 pub use leftovers::{GcReport, Leftover, orphans, retired};
 pub use manifest::{

@@ -3,19 +3,24 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
+use crate::keys::KeysMeta;
 use crate::layout::RowLayout;
 use crate::order::OrderMeta;
 use crate::sums::SumsMeta;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
-/// The newest format version this build reads and writes: version 4 is a live store's (its
+/// The newest format version this build reads and writes: version 5 has keyed tables
+/// ([`KeysMeta`]: rows addressed by raw 64-bit keys, which an older reader would serve by
+/// position). Version 4 is a live store's (its
 /// manifest records the log sequence number its tables hold, and the write-ahead log beside
 /// them holds the writes after it: an older reader, which would ignore the log, refuses it).
 /// Version 3 added sector checksums ([`crate::SectorSums`]), which every store written since
 /// has. Version 2 (row orders, attachments) and version 1 stores keep opening, without sector
 /// checks ("unprotected").
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
+/// The version of a live store without keyed tables.
+const LIVE_VERSION: u32 = 4;
 /// The version of a store with sector checksums that is not live.
 const SUMS_VERSION: u32 = 3;
 /// The version of a store with row orders or attachments but no sector checksums.
@@ -47,11 +52,43 @@ pub struct TableMeta {
     /// unprotected on the read path (an older store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sums: Option<SumsMeta>,
+    /// A keyed table's keys file (format version 5): the key of each row after row 0, which
+    /// holds zeros; `None`: rows are addressed by position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeysMeta>,
 }
 
 impl TableMeta {
     pub fn layout(&self) -> RowLayout {
         RowLayout::new(self.rows, self.row_bytes, u64::from(self.block_bytes))
+    }
+
+    /// Whether rows are addressed by keys.
+    pub fn is_keyed(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// The keys a keyed table holds (every row but the zero row), or the rows of another.
+    pub fn entries(&self) -> u64 {
+        if self.is_keyed() {
+            self.rows.saturating_sub(1)
+        } else {
+            self.rows
+        }
+    }
+
+    /// Every file of the store's directory the table is made of: its data, sector sums, row
+    /// order and keys.
+    pub fn files(&self) -> impl Iterator<Item = &str> {
+        [
+            Some(&self.file),
+            self.sums.as_ref().map(|s| &s.file),
+            self.order.as_ref().map(|o| &o.file),
+            self.keys.as_ref().map(|k| &k.file),
+        ]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
     }
 }
 
@@ -87,8 +124,10 @@ pub struct Manifest {
 impl Manifest {
     /// The oldest format version that can describe this manifest.
     pub fn needed_version(&self) -> u32 {
-        if self.lsn.is_some() {
+        if self.tables.iter().any(TableMeta::is_keyed) {
             FORMAT_VERSION
+        } else if self.lsn.is_some() {
+            LIVE_VERSION
         } else if self.tables.iter().any(|t| t.sums.is_some()) {
             SUMS_VERSION
         } else if self.tables.iter().any(|t| t.order.is_some()) || !self.attachments.is_empty() {
@@ -154,7 +193,7 @@ impl Manifest {
         if version < m.needed_version() {
             return Err(Err(format!(
                 "a version-{version} manifest cannot name what it names (row orders and \
-                 attachments need version 2, sector checksums version 3, a log position 4)"
+                 attachments need version 2, sector checksums version 3, a log position 4, keyed tables 5)"
             )));
         }
         Ok(m)
@@ -186,6 +225,7 @@ mod tests {
                 data_crc32c: 7,
                 order: None,
                 sums: None,
+                keys: None,
             }],
             attachments: Vec::new(),
             lsn: None,
@@ -230,6 +270,26 @@ mod tests {
         m.format_version = m.needed_version();
         assert_eq!(m.format_version, 4);
         assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn keyed_tables_need_version_5() {
+        let mut m = sample();
+        m.lsn = Some(3);
+        m.tables[0].keys = Some(KeysMeta {
+            file: "table-0000.keys".into(),
+            crc32c: 5,
+        });
+        m.format_version = 4;
+        assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));
+        m.format_version = m.needed_version();
+        assert_eq!(m.format_version, 5);
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+        assert_eq!(m.tables[0].entries(), 9);
+        assert_eq!(
+            m.tables[0].files().collect::<Vec<_>>(),
+            ["table-0000.nrt", "table-0000.keys"]
+        );
     }
 
     #[test]

@@ -143,6 +143,16 @@ impl StoreReader {
         &self.orders
     }
 
+    /// Keyed table `i`'s keys (`docs/format.md` §16): the key of row `r + 1` at `r`, read from
+    /// its keys file and checked (`None`: a table addressed by position).
+    pub fn keys(&self, i: usize) -> Result<Option<Vec<u64>>> {
+        let meta = &self.manifest.tables[i];
+        let Some(km) = &meta.keys else {
+            return Ok(None);
+        };
+        read_keys(&self.path, meta, km).map(Some)
+    }
+
     /// Table `i`'s sector checksums, read from its sums file and checked (`None`: a table of
     /// a store older than format version 3, unprotected on the read path).
     pub fn sector_sums(&self, i: usize) -> Result<Option<SectorSums>> {
@@ -462,6 +472,30 @@ fn open_order(root: &Path, meta: &TableMeta) -> Result<Option<Arc<RowOrder>>> {
         RowOrder::decode(bytes, meta.rows, om)
     })
     .map(|o| Some(Arc::new(o)))
+}
+
+/// The keys of keyed table `meta` in store `root`, read and checked (size and CRC-32C; that
+/// they are distinct is checked by the index built from them).
+fn read_keys(root: &Path, meta: &TableMeta, km: &crate::KeysMeta) -> Result<Vec<u64>> {
+    read_beside(root, meta, &km.file, "keys", |bytes| {
+        let want = meta.rows.checked_sub(1).map(|k| k * 8);
+        if want != Some(bytes.len() as u64) {
+            return Err(format!(
+                "the keys file is {} bytes; {} rows (a zero row and a key a row) need {}",
+                bytes.len(),
+                meta.rows,
+                want.map_or("a zero row".into(), |w| w.to_string())
+            ));
+        }
+        let crc = crc32c::crc32c(bytes);
+        if crc != km.crc32c {
+            return Err(format!(
+                "keys checksum mismatch (stored {:#010x}, computed {crc:#010x})",
+                km.crc32c
+            ));
+        }
+        Ok(crate::keys::decode(bytes))
+    })
 }
 
 /// The sector sums `sm` of table `meta` in store `root`, read and checked.

@@ -27,6 +27,9 @@ use crate::order::{OrderMeta, RowOrder};
 use crate::sums::{SectorSums, SumsMeta};
 use crate::sync::{commit_dir, fsync_dir, is_store_or_empty};
 
+/// The rows of a keyed table, its zero row included, fit a `u32` short of its top value (the
+/// readers' index marks an empty slot with it).
+const KEYED_ROWS: u64 = u32::MAX as u64;
 /// Chunk buffers in flight per table: one being encoded, the rest queued for the writer thread.
 const PIPELINE_DEPTH: usize = 3;
 
@@ -177,10 +180,70 @@ impl StoreWriter {
         TableWriter::create(&self.tmp, file_name, spec, self.progress.clone())
     }
 
+    /// Starts a keyed table of `spec.rows` keys (`docs/format.md` §16): its zero row is written
+    /// first, then the keys' rows must be written in order and the table handed back, with its
+    /// keys, to [`Self::finish_table_keyed`]. The store becomes format version 5.
+    pub fn keyed_table(&mut self, mut spec: TableSpec) -> Result<TableWriter> {
+        if spec.rows >= KEYED_ROWS {
+            return Err(FormatError::invalid_table(
+                &spec.name,
+                format!(
+                    "{} keys: a keyed table holds at most {}",
+                    spec.rows,
+                    KEYED_ROWS - 1
+                ),
+            ));
+        }
+        spec.rows += 1;
+        let dim = spec.dim as usize;
+        let mut table = self.table(spec)?;
+        table.write_f32(&vec![0.0; dim])?;
+        table.keyed = true;
+        Ok(table)
+    }
+
     /// Flushes, fsyncs and seals `table` (writes its header) and records it in the manifest. All
     /// its rows must have been written.
     pub fn finish_table(&mut self, table: TableWriter) -> Result<()> {
+        if table.keyed {
+            return Err(FormatError::invalid_table(
+                &table.spec.name,
+                "a keyed table is finished with its keys (finish_table_keyed)",
+            ));
+        }
         self.finish_table_in(table, None)
+    }
+
+    /// As [`Self::finish_table`], for a table started by [`Self::keyed_table`]: `keys[i]` is the
+    /// key of the `i`-th row written after the zero row. Keys must be distinct (the caller
+    /// checks: it names the two positions of a repeated key); their number must be the rows'.
+    pub fn finish_table_keyed(&mut self, table: TableWriter, keys: &[u64]) -> Result<()> {
+        let name = table.spec.name.clone();
+        if !table.keyed {
+            return Err(FormatError::invalid_table(
+                &name,
+                "the table was not started as a keyed table (keyed_table)",
+            ));
+        }
+        if keys.len() as u64 + 1 != table.spec.rows {
+            return Err(FormatError::invalid_table(
+                &name,
+                format!(
+                    "{} keys were given for {} rows",
+                    keys.len(),
+                    table.spec.rows - 1
+                ),
+            ));
+        }
+        self.finish_table_in(table, None)?;
+        let meta = self.tables.last_mut().expect("just finished");
+        let bytes = crate::keys::encode(keys);
+        let (file, crc32c) = write_beside(&self.tmp, &meta.file, ".keys", &bytes)?;
+        if let Some(p) = &self.progress {
+            p(bytes.len() as u64);
+        }
+        meta.keys = Some(crate::KeysMeta { file, crc32c });
+        Ok(())
     }
 
     /// As [`Self::finish_table`], for a table whose rows were written in slot order: the rows at
@@ -201,6 +264,12 @@ impl StoreWriter {
     }
 
     fn finish_table_in(&mut self, table: TableWriter, order: Option<&RowOrder>) -> Result<()> {
+        if table.keyed && order.is_some() {
+            return Err(FormatError::invalid_table(
+                &table.spec.name,
+                "a keyed table cannot be co-located",
+            ));
+        }
         if table.path.parent() != Some(self.tmp.as_path()) {
             return Err(FormatError::invalid_table(
                 &table.spec.name,
@@ -291,6 +360,8 @@ pub struct TableWriter {
     chunk_rows: u64,
     chunk_bytes: usize,
     rows_written: u64,
+    /// Started by [`StoreWriter::keyed_table`]: its zero row is written, its keys come at the end.
+    keyed: bool,
 }
 
 impl TableWriter {
@@ -321,6 +392,7 @@ impl TableWriter {
             chunk_rows: spans_per_chunk * layout.rows_per_span(),
             chunk_bytes,
             rows_written: 0,
+            keyed: false,
         })
     }
 
@@ -475,6 +547,7 @@ impl TableWriter {
             data_crc32c,
             order: None,
             sums: None,
+            keys: None,
         };
         Ok((meta, sums))
     }

@@ -20,6 +20,7 @@ fn table(name: &str, rows: u64, dim: u32) -> TableMeta {
         data_crc32c: 0,
         order: None,
         sums: None,
+        keys: None,
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use nearrec_engine::Engine;
 use nearrec_format::wal::Wal;
-use nearrec_format::{Manifest, StoreReader, files, orphans, rewrite_table};
+use nearrec_format::{Manifest, StoreReader, TableMeta, files, orphans, rewrite_table};
 
 use super::{Folded, Live, Snapshot, Writer, lock, lock_store_dir};
 use crate::error::{Error, Result};
@@ -460,15 +460,8 @@ pub(super) fn unnamed(old: &Manifest, new: &Manifest) -> Vec<String> {
     let named = |m: &Manifest| -> Vec<String> {
         m.tables
             .iter()
-            .flat_map(|t| {
-                [
-                    Some(&t.file),
-                    t.sums.as_ref().map(|s| &s.file),
-                    t.order.as_ref().map(|o| &o.file),
-                ]
-            })
-            .flatten()
-            .cloned()
+            .flat_map(TableMeta::files)
+            .map(str::to_owned)
             .collect()
     };
     let keep = named(new);
