@@ -28,6 +28,7 @@ from .request import index_vector, is_bool, path_arg
 
 Tier = Literal["auto", "dram", "ssd"]
 Durability = Literal["sync", "async"]
+UnknownKeys = Literal["error", "zero", "init"]
 
 
 # The names are Rust's (`Policy::name`); the extension does not list them, so they are written
@@ -98,7 +99,11 @@ class StoreConfig:
     (``None``: keeps them all). ``warm``: a recorded trace (``.nrtrace``) or a kept hot set
     whose rows fill the DRAM tiers' row caches at open, before the store serves;
     ``hot_set_dir``: where the store keeps its hot set (``NAME.hotset``), written when it
-    closes and read at the next open. See :func:`nearrec.open` for what each does."""
+    closes and read at the next open. ``unknown_keys``: what a key a keyed table does not hold
+    answers — ``"error"`` (:class:`~nearrec.errors.UnknownKey` naming its position),
+    ``"zero"`` (a row of zeros) or ``"init"`` (a row drawn from ``(key_seed, key)``, uniform in
+    ``±init_scale``); ``unknown_keys_by_table``: the same per table name. See
+    :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")
@@ -129,6 +134,10 @@ class StoreConfig:
     keep_last: int | None = _default("keep_last")
     warm: str | Path | None = _default("warm")
     hot_set_dir: str | Path | None = _default("hot_set_dir")
+    unknown_keys: UnknownKeys = _default("unknown_keys")
+    unknown_keys_by_table: Mapping[str, UnknownKeys] | None = None
+    init_scale: float = _default("init_scale")
+    key_seed: int = _default("key_seed")
 
     def __post_init__(self) -> None:
         self.native()  # checked now: a bad value fails where it is given

@@ -46,9 +46,11 @@ struct Slot {
 }
 
 /// What a lookup of a key the table does not hold does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Unknown {
     /// Fail the lookup with [`KeyedError::UnknownKey`] (nothing is pooled).
+    #[default]
     Error,
     /// Pool a row of zeros (it counts towards `mean`), and count it.
     Zero,
@@ -68,6 +70,17 @@ impl std::str::FromStr for Unknown {
                 "unknown-key policy {s:?}: expected error, zero or init"
             )),
         }
+    }
+}
+
+/// The row `Unknown::Init` gives `key`: uniform in `[-scale, scale)`, drawn from `(seed, key)`
+/// alone, so that every table, thread, batch and run gives a key the same row.
+pub fn init_row(seed: u64, scale: f32, key: u64, out: &mut [f32]) {
+    let base = mix(seed ^ mix(key));
+    for (j, o) in out.iter_mut().enumerate() {
+        let bits = mix(base.wrapping_add(j as u64));
+        let unit = (bits >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+        *o = (2.0 * unit - 1.0) * scale;
     }
 }
 
@@ -675,12 +688,7 @@ impl KeyedTable {
 
     /// The row `Unknown::Init` gives `key`: uniform in `±init_scale`, from `(seed, key)` only.
     pub fn init_row(&self, key: i64, out: &mut [f32]) {
-        let base = mix(self.config.seed ^ mix(key as u64));
-        for (j, o) in out.iter_mut().enumerate() {
-            let bits = mix(base.wrapping_add(j as u64));
-            let unit = (bits >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
-            *o = (2.0 * unit - 1.0) * self.config.init_scale;
-        }
+        init_row(self.config.seed, self.config.init_scale, key as u64, out);
     }
 
     fn home(&self, key: i64) -> usize {

@@ -42,7 +42,7 @@ mod stats;
 
 pub use hot::HotPartition;
 pub use key_index::{Full, Inserted, KeyIndex, MAX_ROWS as MAX_KEYED_ROWS};
-pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Pool, Unknown};
+pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Pool, Unknown, init_row};
 pub use policy::{CacheConfig, Policy, PolicyParseError};
 pub use row_cache::{Offer, RowCache, SLOT_OVERHEAD, Slot, words_as_bytes};
 pub use stats::{CacheStats, CacheStatsSnapshot};

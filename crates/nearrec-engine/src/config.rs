@@ -3,6 +3,7 @@ use nearrec_plan::Placement;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
+use crate::keyed::KeyPolicy;
 use nearrec_format::Memory;
 
 /// Where a store's rows are served from.
@@ -77,6 +78,8 @@ pub struct EngineConfig {
     /// SSD tier: merge reads of rows in the same or neighbouring blocks. Off only to measure what
     /// it saves.
     pub merge: bool,
+    /// Keyed tables: what a key a table does not hold answers.
+    pub keyed: KeyPolicy,
 }
 
 impl Default for EngineConfig {
@@ -99,6 +102,7 @@ impl Default for EngineConfig {
             max_read_bytes: 128 * 1024,
             dedup: true,
             merge: true,
+            keyed: KeyPolicy::default(),
         }
     }
 }
@@ -120,6 +124,7 @@ impl EngineConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
+        self.keyed.validate()?;
         if self.io_queue_depth == 0 || self.io_queue_depth > 4096 {
             return Err(EngineError::Config(format!(
                 "io_queue_depth = {} must be in 1..=4096",

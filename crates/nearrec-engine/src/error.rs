@@ -29,6 +29,15 @@ pub enum EngineError {
         rows: u64,
     },
 
+    #[error(
+        "table {table:?}: key {key} at position {position} is not in the table (unknown=\"error\")"
+    )]
+    UnknownKey {
+        table: String,
+        position: usize,
+        key: i64,
+    },
+
     #[error(transparent)]
     InsufficientMemory(#[from] nearrec_format::Shortfall),
 

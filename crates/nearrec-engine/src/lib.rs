@@ -18,6 +18,9 @@
 //!   `rebase` to a compaction's new base, `derive` over created or dropped tables sharing the
 //!   others' tiers, `warm_from` to fill a swapped-in version's row caches from the old one's);
 //! - `config.rs`: `EngineConfig`, `Tier` (`Dram`, `Ssd`, or `Auto` by the DRAM budget);
+//! - `keyed.rs`: keyed tables — each one's DRAM index of keys to rows (`nearrec_cache::KeyIndex`)
+//!   built at open, a batch's keys resolved to rows in `prepare`, the unknown-key policy
+//!   (`KeyPolicy`: error, zero row, init row; bags with init keys pooled again), `KeyReport`;
 //! - `tiers.rs`: each table's DRAM tiers — whole table, hot partition, row cache — laid out from a
 //!   `Placement` (checked against the store whatever tier `Auto` picks) within the DRAM budget;
 //!   `TierReport`;
@@ -53,6 +56,7 @@ mod engine;
 mod error;
 mod files;
 mod infer;
+mod keyed;
 mod request;
 mod ssd;
 mod stats;
@@ -62,6 +66,8 @@ pub use config::{EngineConfig, Tier};
 pub use engine::{Engine, Prepared};
 pub use error::{EngineError, Result};
 pub use infer::InferTimes;
+pub use keyed::{KeyPolicy, KeyReport};
+pub use nearrec_cache::Unknown;
 pub use nearrec_format::Memory;
 pub use request::{Bags, Batch, Checked, Indices, PoolingMode, TableLookup, check, check_batch};
 pub use stats::{Histogram, IoStats, Stages};

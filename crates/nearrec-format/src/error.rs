@@ -94,7 +94,7 @@ impl FormatError {
         Self::Io { path, source }
     }
 
-    pub(crate) fn corrupted(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+    pub fn corrupted(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
         Self::Corrupted {
             path: path.into(),
             reason: reason.into(),

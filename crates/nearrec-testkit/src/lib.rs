@@ -1,5 +1,5 @@
 //! What the workspace's tests share, so that no test crate writes its own copy: a small store
-//! of patterned rows ([`write_store`], [`pattern`]), damage done to one of its bytes
+//! of patterned rows ([`write_store`], [`pattern`]; one keyed table, [`write_keyed_store`]), damage done to one of its bytes
 //! ([`flip_bits`]) and a seeded generator ([`Xorshift`]).
 //! A dev-dependency only; nothing ships it.
 
@@ -33,6 +33,30 @@ pub fn write_store(
         table.write_f32(&values).expect("the rows");
         w.finish_table(table).expect("the table");
     }
+    w.commit().expect("the commit");
+    path
+}
+
+/// A store of one keyed table `name` at `path`: key `keys[r]`'s row holds `value(0, i)` at its
+/// value `i` (row-major over the keys' rows, before the dtype); committed, and its path returned.
+pub fn write_keyed_store(
+    path: impl AsRef<Path>,
+    name: &str,
+    keys: &[u64],
+    dim: u32,
+    dtype: DType,
+    value: impl Fn(usize, u64) -> f32,
+) -> PathBuf {
+    let path = path.as_ref().to_path_buf();
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).expect("a new store");
+    let mut table = w
+        .keyed_table(TableSpec::new(name, keys.len() as u64, dim, dtype))
+        .expect("a keyed table");
+    let values: Vec<f32> = (0..keys.len() as u64 * u64::from(dim))
+        .map(|i| value(0, i))
+        .collect();
+    table.write_f32(&values).expect("the rows");
+    w.finish_table_keyed(table, keys).expect("the table");
     w.commit().expect("the commit");
     path
 }

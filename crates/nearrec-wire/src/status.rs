@@ -20,9 +20,11 @@ pub const DOMAIN: &str = "nearrec";
 pub fn code_of(kind: ErrorKind) -> Code {
     use ErrorKind as K;
     match kind {
-        K::InvalidRequest | K::IndexOutOfRange | K::InvalidTrace | K::TraceMismatch => {
-            Code::InvalidArgument
-        }
+        K::InvalidRequest
+        | K::IndexOutOfRange
+        | K::UnknownKey
+        | K::InvalidTrace
+        | K::TraceMismatch => Code::InvalidArgument,
         K::UnknownTable | K::StoreNotFound => Code::NotFound,
         K::StoreExists => Code::AlreadyExists,
         K::StoreReadOnly | K::StoreLocked | K::UnsupportedVersion | K::VersionNotServed => {

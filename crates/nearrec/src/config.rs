@@ -14,12 +14,13 @@
 //! device = "rm-ssd"         # or a [device] table: the flash model's full parameter set
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use nearrec_cache::{CacheConfig, Policy};
 use nearrec_device::DeviceConfig;
-use nearrec_engine::{EngineConfig, Tier};
+use nearrec_engine::{EngineConfig, KeyPolicy, Tier, Unknown};
 use nearrec_plan::{Placement, Size};
 use serde::de::{Deserializer, MapAccess, Visitor, value::MapAccessDeserializer};
 use serde::{Deserialize, Serialize, Serializer};
@@ -124,6 +125,18 @@ pub struct StoreConfig {
     /// rate from the first request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hot_set_dir: Option<PathBuf>,
+    /// Keyed tables: what a key a table does not hold answers — `error` (an `UnknownKey`
+    /// naming its position), `zero` (the table's row of zeros) or `init` (a row drawn from
+    /// `(key_seed, key)`, uniform in ±`init_scale`, the same for a key wherever it is met);
+    /// each outcome counted.
+    pub unknown_keys: Unknown,
+    /// Keyed tables: `unknown_keys` of single tables, by name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown_keys_by_table: BTreeMap<String, Unknown>,
+    /// Keyed tables, `init`: rows are uniform in `[-init_scale, init_scale)` (finite, ≥ 0).
+    pub init_scale: f32,
+    /// Keyed tables, `init`: the seed rows are drawn with.
+    pub key_seed: u64,
 }
 
 /// When a write call returns (see [`StoreConfig::durability`]).
@@ -168,6 +181,10 @@ impl Default for StoreConfig {
             keep_last: None,
             warm: None,
             hot_set_dir: None,
+            unknown_keys: engine.keyed.unknown,
+            unknown_keys_by_table: BTreeMap::new(),
+            init_scale: engine.keyed.init_scale,
+            key_seed: engine.keyed.seed,
         }
     }
 }
@@ -314,6 +331,12 @@ impl StoreConfig {
                 format!("{} must be in [0, 1]", self.admission_probability),
             );
         }
+        if !self.init_scale.is_finite() || self.init_scale < 0.0 {
+            return bad(
+                "init_scale",
+                format!("{} must be a finite number ≥ 0", self.init_scale),
+            );
+        }
         if !(1..=65536).contains(&self.cache_ways) {
             return bad(
                 "cache_ways",
@@ -391,6 +414,12 @@ impl StoreConfig {
                 ..CacheConfig::default()
             },
             placement,
+            keyed: KeyPolicy {
+                unknown: self.unknown_keys,
+                tables: self.unknown_keys_by_table.clone(),
+                init_scale: self.init_scale,
+                seed: self.key_seed,
+            },
             ..EngineConfig::default()
         }
     }
@@ -539,6 +568,10 @@ mod tests {
                 keep_last: Some(3),
                 warm: Some("requests.nrtrace".into()),
                 hot_set_dir: Some("/var/lib/nearrec".into()),
+                unknown_keys: Unknown::Zero,
+                unknown_keys_by_table: [("users".to_owned(), Unknown::Init)].into(),
+                init_scale: 0.5,
+                key_seed: 9,
             },
             StoreConfig::default()
                 .with_plan(PlanSource::File("a.plan.toml".into()))

@@ -139,6 +139,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// An id negative or not below its table's rows.
     IndexOutOfRange,
+    /// A key a keyed table does not hold, under its `unknown = "error"` policy.
+    UnknownKey,
     /// A table the store does not have.
     UnknownTable,
     /// The operating system failed a read or write.
@@ -192,9 +194,10 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Every kind, for tables kept in step with this one (the Python classes, the node's
     /// statuses).
-    pub const ALL: [ErrorKind; 25] = [
+    pub const ALL: [ErrorKind; 26] = [
         Self::InvalidRequest,
         Self::IndexOutOfRange,
+        Self::UnknownKey,
         Self::UnknownTable,
         Self::StoreIo,
         Self::StoreNotFound,
@@ -225,6 +228,7 @@ impl ErrorKind {
         match self {
             Self::InvalidRequest => "InvalidRequest",
             Self::IndexOutOfRange => "IndexOutOfRange",
+            Self::UnknownKey => "UnknownKey",
             Self::UnknownTable => "UnknownTable",
             Self::StoreIo => "StoreIOError",
             Self::StoreNotFound => "StoreNotFound",
@@ -373,6 +377,9 @@ fn engine_class(e: &EngineError) -> Class<'_> {
         EngineError::IndexOutOfRange {
             table, position, ..
         } => (K::IndexOutOfRange, Some(table.as_str()), Some(*position)),
+        EngineError::UnknownKey {
+            table, position, ..
+        } => (K::UnknownKey, Some(table.as_str()), Some(*position)),
         EngineError::Corrupted { table, .. } => (K::StoreCorrupted, Some(table.as_str()), None),
         EngineError::InvalidRequest { table, .. } => {
             (K::InvalidRequest, Some(table.as_str()), None)

@@ -14,6 +14,7 @@ use super::Engine;
 use crate::cells::{Cells, Ready};
 use crate::delta::DeltaView;
 use crate::error::{EngineError, Result};
+use crate::keyed::{self, Resolved};
 use crate::request::{Bags, Batch, Checked, Indices, TableLookup, check_batch};
 use crate::ssd::SsdJob;
 use crate::stats::Stages;
@@ -29,6 +30,8 @@ pub struct Prepared {
     width: usize,
     tables: Vec<(usize, usize, Checked)>, // (table id, output column, bounds)
     lookups: usize,
+    /// Per request table: a keyed table's keys resolved to rows (`None`: ids are rows).
+    keyed: Vec<Option<Resolved>>,
 }
 
 impl Prepared {
@@ -59,15 +62,36 @@ impl Prepared {
 }
 
 impl Engine {
-    /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size.
+    /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size; a
+    /// keyed table's keys are resolved to its rows (an unknown key answered by its policy).
     pub fn prepare(&self, req: &Batch<'_>) -> Result<Prepared> {
+        self.prepare_in(req, true)
+    }
+
+    /// [`Self::prepare`]; with `by_key` unset, a keyed table's ids are its row numbers (the
+    /// engine's own reads of rows it resolved).
+    fn prepare_in(&self, req: &Batch<'_>, by_key: bool) -> Result<Prepared> {
         self.check_size(req)?;
+        for t in &req.tables {
+            if by_key && t.padding_idx.is_some() && self.keys_of(t.table).is_some() {
+                return Err(EngineError::invalid(
+                    t.table,
+                    "padding_idx names a row, and a keyed table is looked up by key: pass none",
+                ));
+            }
+        }
         let checked = check_batch(req, |name| Ok(self.tables[self.table_id(name)?].rows))?;
         let mut tables = Vec::with_capacity(req.tables.len());
+        let mut keyed = Vec::with_capacity(req.tables.len());
         let (mut width, mut lookups) = (0usize, 0usize);
         for (t, checked) in req.tables.iter().zip(checked) {
             let id = self.table_id(t.table)?;
-            lookups += checked.bounds[checked.batch()] - checked.bounds[0];
+            let (lo, hi) = (checked.bounds[0], checked.bounds[checked.batch()]);
+            lookups += hi - lo;
+            keyed.push(match &self.keys[id] {
+                Some(keys) if by_key => Some(keys.resolve(t, lo, hi)?),
+                _ => None,
+            });
             tables.push((id, width, checked));
             width += self.tables[id].dim as usize;
         }
@@ -77,6 +101,7 @@ impl Engine {
             width,
             tables,
             lookups,
+            keyed,
         })
     }
 
@@ -159,13 +184,49 @@ impl Engine {
         if prepared.batch == 0 || prepared.width == 0 {
             return Ok(Stages::default());
         }
+        // keyed tables' lookups read the rows their keys resolved to
+        let lookups: Vec<TableLookup<'_>> = req
+            .tables
+            .iter()
+            .zip(&prepared.keyed)
+            .map(|(t, keyed)| keyed.as_ref().map_or(*t, |r| keyed::with_rows(t, &r.rows)))
+            .collect();
+        let init = prepared.keyed.iter().flatten().any(|r| !r.init.is_empty());
+        if !init {
+            return self.run_tiers(&lookups, prepared, out, ready, deltas);
+        }
+        // bags with init keys are pooled again once every bag is: tables are handed on after
+        let stages = self.run_tiers(&lookups, prepared, out, None, deltas)?;
+        self.pool_init(&lookups, prepared, out, deltas)?;
+        if let Some(ready) = ready {
+            let cells = Cells::new(out, prepared.batch, prepared.width);
+            for (k, (id, col, _)) in prepared.tables.iter().enumerate() {
+                // SAFETY: every task is done; nothing writes the output during the copy.
+                ready(k, unsafe {
+                    cells.block(*col, self.tables[*id].dim as usize)
+                });
+            }
+        }
+        Ok(stages)
+    }
+
+    /// Pools `lookups` (ids are rows) from the tiers into `out`, handing each table to `ready`
+    /// as it is final.
+    fn run_tiers(
+        &self,
+        lookups: &[TableLookup<'_>],
+        prepared: &Prepared,
+        out: &mut [f32],
+        ready: Option<&Ready<'_>>,
+        deltas: DeltaView<'_>,
+    ) -> Result<Stages> {
         let mut stages = Stages::default();
         if let Some(ssd) = &self.ssd {
             // tables kept whole in DRAM go through the DRAM path below; the rest read from SSD
             let jobs: Vec<SsdJob<'_>> = prepared
                 .tables
                 .iter()
-                .zip(&req.tables)
+                .zip(lookups)
                 .enumerate()
                 .filter(|(_, ((id, _, _), _))| self.resident(*id).is_none())
                 .map(|(k, ((id, col, checked), t))| SsdJob {
@@ -192,7 +253,7 @@ impl Engine {
             }
             if let Some(ssd) = &self.ssd {
                 let (lo, hi) = (checked.bounds[0], checked.bounds[prepared.batch]);
-                let t = &req.tables[k];
+                let t = &lookups[k];
                 let padding = checked.padding.map_or(0, |p| {
                     (lo..hi).filter(|&i| t.indices.get(i) == p as i64).count()
                 });
@@ -223,7 +284,7 @@ impl Engine {
             // tasks, and its length was checked above.
             let mut bags =
                 unsafe { BagsOut::from_raw(cells.ptr(b0, *col), prepared.width, dim, b1 - b0) };
-            self.pool(&req.tables[k], checked, *id, b0..b1, &mut bags, deltas)?;
+            self.pool(&lookups[k], checked, *id, b0..b1, &mut bags, deltas)?;
             if let Some(ready) = ready
                 && left[k].fetch_sub(1, AcqRel) == 1
             {
@@ -336,8 +397,71 @@ impl Engine {
     }
 
     /// [`Self::read_rows`] as a live store's snapshot sees them (a written row is the delta's,
-    /// a removed one zeros).
+    /// a removed one zeros). A keyed table's `rows` are keys.
     pub fn read_rows_at(
+        &self,
+        id: usize,
+        rows: &[i64],
+        out: &mut [f32],
+        deltas: DeltaView<'_>,
+    ) -> Result<()> {
+        let Some(keys) = &self.keys[id] else {
+            return self.read_slots_at(id, rows, out, deltas);
+        };
+        let meta = &self.tables[id];
+        let dim = meta.dim as usize;
+        let by_key = TableLookup::new(
+            &meta.name,
+            Indices::I64(rows),
+            Bags::Fixed {
+                batch: rows.len(),
+                bag_size: 1,
+            },
+        );
+        let resolved = keys.resolve(&by_key, 0, rows.len())?;
+        self.read_slots_at(id, &resolved.rows, out, deltas)?;
+        for &(position, key) in &resolved.init {
+            keys.init_row(key, &mut out[position * dim..][..dim]);
+        }
+        Ok(())
+    }
+
+    /// Bags of `lookups` holding keys answered with init rows, pooled again from their rows
+    /// read one by one and those init rows (`docs/format.md` §16).
+    fn pool_init(
+        &self,
+        lookups: &[TableLookup<'_>],
+        prepared: &Prepared,
+        out: &mut [f32],
+        deltas: DeltaView<'_>,
+    ) -> Result<()> {
+        for (k, resolved) in prepared.keyed.iter().enumerate() {
+            let Some(resolved) = resolved.as_ref().filter(|r| !r.init.is_empty()) else {
+                continue;
+            };
+            let (id, col, checked) = &prepared.tables[k];
+            let keys = self.keys[*id].as_ref().expect("a keyed table");
+            let dim = self.tables[*id].dim as usize;
+            let t = &lookups[k];
+            let mut init = resolved.init.iter().peekable();
+            while let Some(&&(first, _)) = init.peek() {
+                let bag = checked.bounds.partition_point(|&s| s <= first) - 1;
+                let (lo, hi) = (checked.bounds[bag], checked.bounds[bag + 1]);
+                let rows: Vec<i64> = (lo..hi).map(|p| t.indices.get(p)).collect();
+                let mut values = vec![0f32; rows.len() * dim];
+                self.read_slots_at(*id, &rows, &mut values, deltas)?;
+                while let Some(&(position, key)) = init.next_if(|(p, _)| *p < hi) {
+                    keys.init_row(key, &mut values[(position - lo) * dim..][..dim]);
+                }
+                let cell = &mut out[bag * prepared.width + col..][..dim];
+                keyed::pool_bag(t, lo, &values, dim, cell);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::read_rows_at`] by row number, whatever the table.
+    fn read_slots_at(
         &self,
         id: usize,
         rows: &[i64],
@@ -358,7 +482,7 @@ impl Engine {
                     bag_size: 1,
                 },
             )]);
-            let prepared = self.prepare(&req)?;
+            let prepared = self.prepare_in(&req, false)?;
             return self.run(&req, &prepared, out, None, deltas).map(drop);
         }
         let view = self.view(id);

@@ -18,6 +18,7 @@ use nearrec_format::{AlignedBuf, TableMeta};
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
+use crate::keyed::{KeyReport, Keys};
 use crate::ssd::SsdTier;
 use crate::stats::IoStats;
 use crate::tiers::TierReport;
@@ -34,6 +35,9 @@ pub struct Engine {
     /// tier); shared with the engines derived from this one.
     dram: Vec<Arc<AlignedBuf>>,
     ssd: Option<SsdTier>,
+    /// Each keyed table's index of keys to rows (`None` for tables addressed by position);
+    /// shared with the engines derived from this one.
+    keys: Vec<Option<Arc<Keys>>>,
     /// The SSD tier reads through a device the caller gave (a flash model, a faulty device),
     /// which cannot be reopened on other files.
     device_given: bool,
@@ -45,6 +49,20 @@ pub struct Engine {
 impl Engine {
     pub fn tables(&self) -> &[TableMeta] {
         &self.tables
+    }
+
+    /// Table `name`'s keys, if it is keyed.
+    pub(crate) fn keys_of(&self, name: &str) -> Option<&Keys> {
+        self.keys[*self.by_name.get(name)?].as_deref()
+    }
+
+    /// What each keyed table's index holds and its lookups found.
+    pub fn key_report(&self) -> Vec<KeyReport> {
+        self.tables
+            .iter()
+            .zip(&self.keys)
+            .filter_map(|(t, k)| k.as_ref().map(|k| k.report(&t.name)))
+            .collect()
     }
 
     /// Whether the engine's tables can be read again from their store (false when it serves

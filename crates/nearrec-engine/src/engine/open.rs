@@ -12,6 +12,7 @@ use super::Engine;
 use crate::config::{EngineConfig, Tier};
 use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
+use crate::keyed::{self, Keys};
 use crate::ssd::SsdTier;
 use crate::tiers;
 use nearrec_format::Memory;
@@ -46,7 +47,8 @@ impl Engine {
         let config = config.with_tier(Tier::Ssd);
         let memory = Memory::probe();
         check_budget(&config, &memory)?;
-        let budget = config.dram_tiers_budget(&memory);
+        let budget = tiers_budget(reader, &config, &memory)?;
+        let keys = keyed::load(reader, &config.keyed, &memory)?;
         let files = TableFiles::new(
             device,
             reader.orders().to_vec(),
@@ -55,7 +57,7 @@ impl Engine {
         let dram = tiers::place(reader, &config, budget, &memory, &files, None)?;
         let ssd = SsdTier::new(files, dram, &config);
         let workers = Workers::shared("pool", config.resolved_threads());
-        let mut engine = Self::assemble(reader, config, workers, Vec::new(), Some(ssd));
+        let mut engine = Self::assemble(reader, config, workers, Vec::new(), Some(ssd), keys);
         engine.device_given = true;
         Ok(engine)
     }
@@ -75,9 +77,10 @@ impl Engine {
         let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let memory = Memory::probe();
         check_budget(&config, &memory)?;
-        let tier = config.resolved_tier(total, &memory);
-        let budget = config.dram_tiers_budget(&memory);
+        let tier = config.resolved_tier(total + keyed::index_bytes(reader), &memory);
         let config = config.with_tier(tier);
+        let budget = tiers_budget(reader, &config, &memory)?;
+        let keys = keyed::load(reader, &config.keyed, &memory)?;
         let workers = Workers::shared("pool", config.resolved_threads());
         let (dram, ssd) = match config.tier {
             Tier::Dram | Tier::Auto => {
@@ -108,7 +111,7 @@ impl Engine {
                 (Vec::new(), Some(SsdTier::new(files, tiers, &config)))
             }
         };
-        Ok(Self::assemble(reader, config, workers, dram, ssd))
+        Ok(Self::assemble(reader, config, workers, dram, ssd, keys))
     }
 
     pub(super) fn assemble(
@@ -117,6 +120,7 @@ impl Engine {
         workers: Arc<Workers>,
         dram: Vec<Arc<AlignedBuf>>,
         ssd: Option<SsdTier>,
+        keys: Vec<Option<Arc<Keys>>>,
     ) -> Self {
         let tables = reader.manifest().tables.clone();
         let by_name = tables
@@ -131,6 +135,7 @@ impl Engine {
             by_name,
             dram,
             ssd,
+            keys,
             device_given: false,
             workers,
             config,
@@ -177,6 +182,20 @@ fn sector_sums(
     (0..reader.tables().len())
         .map(|i| reader.sector_sums(i).map_err(EngineError::from))
         .collect()
+}
+
+/// The DRAM the tiers in front of the SSD tier may take: the budget, less what the keyed
+/// tables' indexes take of it (an explicit budget they do not fit is refused).
+fn tiers_budget(reader: &StoreReader, config: &EngineConfig, memory: &Memory) -> Result<u64> {
+    let index = keyed::index_bytes(reader);
+    let budget = config.dram_tiers_budget(memory);
+    match config.dram_budget_bytes {
+        Some(b) if index > b => Err(EngineError::Config(format!(
+            "the keyed tables' indexes take {index} bytes of DRAM, more than dram_budget_bytes \
+             = {b}"
+        ))),
+        _ => Ok(budget.saturating_sub(index)),
+    }
 }
 
 /// An explicit DRAM budget above what the process may ever have is refused: it could not be

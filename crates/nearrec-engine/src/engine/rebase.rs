@@ -10,6 +10,7 @@ use nearrec_format::{ProgressFn, StoreReader};
 use super::Engine;
 use super::open::table_files;
 use crate::error::{EngineError, Result};
+use crate::keyed;
 use nearrec_format::Memory;
 use nearrec_io::fork_gate;
 
@@ -80,12 +81,21 @@ impl Engine {
                 (Vec::new(), Some(ssd.derive(files, tiers)))
             }
         };
+        let keys = keep
+            .iter()
+            .enumerate()
+            .map(|(i, k)| match k {
+                Some(old) => Ok(self.keys[*old].clone()),
+                None => keyed::load_one(reader, i, &self.config.keyed).map(|k| k.map(Arc::new)),
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self::assemble(
             reader,
             self.config.clone(),
             self.workers.clone(),
             dram,
             ssd,
+            keys,
         ))
     }
 
