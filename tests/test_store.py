@@ -57,6 +57,25 @@ def test_frozen_v4_fixture_a_live_store_still_opens_and_pools(tmp_path):
     assert w.write("fp32", [0], np.ones((1, store.tables["fp32"].dim))) == 17
 
 
+def test_frozen_v5_fixture_a_keyed_table_still_opens_and_pools():
+    """Format version 5: a keyed fp16 table beside a dense one (`docs/format.md` §16), looked
+    up by key — some keys unknown, answered with the zero row."""
+    v5 = FIXTURE.parent / "v5"
+    expected = np.load(FIXTURE.parent / "v5_expected.npz")
+    for tier in ("dram", "ssd"):
+        store = nearrec.open(v5, tier=tier, unknown_keys="zero")
+        assert store.info.format_version == 5
+        assert store.tables["ids"].keys == 300 and not store.tables["dense"].keyed
+        for mode in ("sum", "mean", "max"):
+            got = store.lookup("ids", expected["keys"], expected["offsets"], mode=mode)
+            np.testing.assert_array_equal(got, expected[f"ids_{mode}"])
+        got = store.lookup("dense", expected["dense_ids"], np.arange(32))
+        np.testing.assert_array_equal(got, expected["dense"])
+        with pytest.raises(nearrec.UnknownKey):
+            nearrec.open(v5, tier=tier).lookup("ids", expected["keys"], expected["offsets"])
+    assert all(c.ok for c in nearrec.verify(v5))
+
+
 def test_a_writable_open_makes_a_store_version_4(tmp_path):
     path = small(tmp_path)
     assert nearrec.info(path).format_version == 3

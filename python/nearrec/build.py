@@ -17,7 +17,15 @@ import numpy.typing as npt
 from ._native import NativeStoreWriter, read_manifest, table_layout
 from .errors import InvalidRequest
 from .manifest import StoreInfo, StorePath
-from .request import as_array, count, flag, path_arg, progress_enabled, regular_file
+from .request import (
+    as_array,
+    count,
+    flag,
+    key_vector,
+    path_arg,
+    progress_enabled,
+    regular_file,
+)
 from .specs import Variant, model_spec, scaled_rows
 from .store import Store, Synced
 from .units import parse_size
@@ -92,7 +100,7 @@ def _source_array(name: str, a: Any) -> npt.NDArray[Any]:
 
 
 def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[str, str] = "fp32",
-               *,
+               *, keys: Mapping[str, Any] | None = None,
                overwrite: bool = False, block_bytes: int = 4096,
                progress: bool | None = None) -> StoreInfo:
     """Creates a store from ``{name: array}``; an array may be a ``.npy`` path, which is
@@ -100,6 +108,10 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
 
     Rows are stored as ``dtype`` (``fp32``, ``fp16``, ``bf16`` or ``int8`` row-wise quantised),
     one for all tables or ``{name: dtype}`` (unlisted tables are fp32).
+
+    ``keys`` makes tables keyed: ``{name: ids}``, one distinct integer id per row (int64, or
+    uint64 whose bits are kept), and that table's lookups name those ids instead of row
+    positions. A key the table does not hold answers as the store's ``unknown_keys`` says.
     """
     if not isinstance(arrays, Mapping):
         raise InvalidRequest(f"arrays is a mapping from table name to rows, not "
@@ -108,6 +120,7 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
         raise InvalidRequest(f"dtype is one name or a mapping from table to name, not {dtype!r}")
     block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     srcs = {name: _source_array(name, a) for name, a in arrays.items()}
+    key_cols = _key_columns(keys, srcs)
     dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
               for n in srcs}
     total = sum(_data_bytes(a.shape[0], a.shape[1], dtypes[n], block_bytes)
@@ -116,10 +129,32 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
     with _Writer(path, overwrite, params, total, progress) as w:
         for name, a in srcs.items():
             rows, dim = a.shape
-            w.native.begin_table(name, rows, dim, dtypes[name], block_bytes)
+            key_col = key_cols.get(name)
+            w.native.begin_table(name, rows, dim, dtypes[name], block_bytes,
+                                 keyed=key_col is not None)
             _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])  # type: ignore[misc]
-            w.native.finish_table()
+            w.native.finish_table(key_col)
         return w.commit()
+
+
+def _key_columns(keys: Mapping[str, Any] | None,
+                 srcs: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[np.int64]]:
+    """Each keyed table's ids, checked against its rows (the writer refuses repeated ids)."""
+    if keys is None:
+        return {}
+    if not isinstance(keys, Mapping):
+        raise InvalidRequest(f"keys is a mapping from table name to ids, not "
+                             f"{type(keys).__name__}")
+    out = {}
+    for name, ids in keys.items():
+        if name not in srcs:
+            raise InvalidRequest(f"keys are given for table {name!r}, which is not among the "
+                                 f"tables: {', '.join(srcs)}", table=name)
+        out[name] = key_vector(ids, name)
+        if len(out[name]) != srcs[name].shape[0]:
+            raise InvalidRequest(f"table {name!r}: {len(out[name])} keys for "
+                                 f"{srcs[name].shape[0]} rows (one key a row)", table=name)
+    return out
 
 
 #: Where TorchRec keeps a table's weight in a module's state dict: ``...embedding_bags.NAME.weight``

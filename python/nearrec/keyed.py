@@ -38,6 +38,7 @@ from .request import (
     flag,
     index_vector,
     is_bool,
+    key_vector,
     mode_name,
     path_arg,
     regular_file,
@@ -47,16 +48,6 @@ from .request import (
 UNKNOWN_POLICIES = ("error", "zero", "init")
 I64 = npt.NDArray[np.int64]
 F32 = npt.NDArray[np.float32]
-
-
-def _keys(keys: Any, table: str) -> I64:
-    a = as_array(keys, "keys", table)
-    if a.ndim != 1 or not (a.dtype.kind in "iu" or a.size == 0):
-        raise InvalidRequest(f"table {table!r}: keys must be a 1-D integer array, got "
-                             f"{a.dtype} of shape {a.shape}", table=table)
-    if a.dtype == np.uint64:
-        a = a.view(np.int64)  # unsigned 64-bit ids keep their bits
-    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table: str) -> I64:
@@ -118,7 +109,7 @@ class KeyedTable:
                     **config: Any) -> KeyedTable:
         """A table holding ``keys`` with rows ``values`` (``[n, dim]``), room for ``capacity``
         keys (default: twice as many)."""
-        k = _keys(keys, name)
+        k = key_vector(keys, name)
         v = _rows(values, "values", name)
         t = cls(name, v.shape[1], max(1, 2 * len(k)) if capacity is None else capacity, **config)
         t.write(k, v, allow_nonfinite=True)
@@ -203,7 +194,7 @@ class KeyedTable:
         wholly after (each row is replaced atomically); the call is checked whole first — the
         width, finite values unless ``allow_nonfinite``, room for the new keys — and changes
         nothing when it fails. A repeated key takes its last row."""
-        return int(self._native.write(_keys(keys, self.name),
+        return int(self._native.write(key_vector(keys, self.name),
                                       _rows(values, "values", self.name),
                                       flag(allow_nonfinite, "allow_nonfinite")))
 
@@ -215,30 +206,30 @@ class KeyedTable:
         """EMB_REMOVE: ``keys`` become unknown (HS-Rec's deleted state) — lookups handle them
         by the unknown-key policy — until written again, when they take their old slot and row
         back. Keys not held are passed over; returns how many were removed."""
-        return int(self._native.remove(_keys(keys, self.name)))
+        return int(self._native.remove(key_vector(keys, self.name)))
 
     def lookup(self, keys: Any, offsets: Any = None, lengths: Any = None,
                include_last_offset: bool = False, mode: PoolingModeName = "sum",
                per_sample_weights: Any = None) -> F32:
         """Pools bags of keys like ``torch.nn.EmbeddingBag``: ``offsets`` (or ``lengths``; with
         neither, one key per bag); returns ``[bags, dim]`` float32."""
-        k = _keys(keys, self.name)
+        k = key_vector(keys, self.name)
         return np.asarray(self._native.pool(
             k, _bounds(len(k), offsets, lengths, include_last_offset, self.name),
             mode_name(mode, self.name), _weights(per_sample_weights, self.name)))
 
     def read(self, keys: Any) -> F32:
         """The rows of ``keys`` (``[n, dim]``), unknown keys handled by the policy."""
-        return np.asarray(self._native.read(_keys(keys, self.name)))
+        return np.asarray(self._native.read(key_vector(keys, self.name)))
 
     def contains(self, keys: Any) -> npt.NDArray[np.bool_]:
         """Whether each key is held (no policy applied, nothing counted)."""
-        return np.asarray(self._native.contains(_keys(keys, self.name)))
+        return np.asarray(self._native.contains(key_vector(keys, self.name)))
 
     def resolve(self, keys: Any) -> I64:
         """Each key's row index as the policy has it (-1: a zero row). Indices are stable:
         keys are never removed."""
-        return np.asarray(self._native.resolve(_keys(keys, self.name)))
+        return np.asarray(self._native.resolve(key_vector(keys, self.name)))
 
     def read_rows(self, rows: Any) -> F32:
         """Rows by index (as :meth:`resolve` gives them; -1: zeros), ``[n, dim]``."""

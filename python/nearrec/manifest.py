@@ -46,6 +46,14 @@ class TableInfo:
     order: Any = None
     #: its sector checksums' file and checksum (format version 3); None in older stores
     sums: Any = None
+    #: a keyed table's keys file and checksum (format version 5): its rows are found by raw
+    #: 64-bit key; None for a table addressed by position
+    keys: Any = None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether lookups name keys (format version 5), not row positions."""
+        return self.keys is not None
 
     @property
     def protected(self) -> bool:

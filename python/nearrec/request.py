@@ -53,6 +53,17 @@ class TableLookup(NativeTableLookup):
                                include_last_offset, padding_idx)
 
 
+def key_vector(keys: Any, table: str) -> npt.NDArray[np.int64]:
+    """A keyed table's ids as int64: any 1-D integer array (uint64 ids keep their bits)."""
+    a = as_array(keys, "keys", table)
+    if a.ndim != 1 or not (a.dtype.kind in "iu" or a.size == 0):
+        raise InvalidRequest(f"table {table!r}: keys must be a 1-D integer array, got "
+                             f"{a.dtype} of shape {a.shape}", table=table)
+    if a.dtype == np.uint64:
+        a = a.view(np.int64)  # unsigned 64-bit ids keep their bits
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
 def is_bool(x: Any) -> bool:
     """Whether ``x`` is a real boolean (not a string such as ``"no"``, not a number)."""
     return isinstance(x, bool | np.bool_)

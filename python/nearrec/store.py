@@ -60,6 +60,13 @@ class Table:
     rows: int
     dim: int
     dtype: str
+    #: a keyed table's keys (its rows but the row of zeros unknown keys may pool as); None for
+    #: a table addressed by position. A keyed table's lookups name keys, not rows.
+    keys: int | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return self.keys is not None
 
 
 @dataclass(frozen=True)
@@ -415,8 +422,10 @@ class Store:
         ``device_reads``, ``bytes_read``, ``useful_bytes``, ``read_amplification``, reads saved
         by de-duplication and merging, ``lookups``, ``unique_rows``, and p50 / p95 / p99 /
         p99.9 latencies in µs of the stages ``route``, ``io_wait``, ``pool`` and
-        ``end_to_end``; the DRAM tiers' totals; and the live store's counters
-        (:meth:`live_stats`)."""
+        ``end_to_end``; the DRAM tiers' totals; the live store's counters
+        (:meth:`live_stats`); and with keyed tables, ``keyed_keys``, ``keyed_index_bytes``,
+        ``keyed_hits`` and the unknown keys answered ``unknown_keys_zero`` / ``_init`` or
+        ``unknown_keys_refused``."""
         return dict(self._native.stats())
 
     def flash_stats(self) -> dict[str, Any] | None:

@@ -955,6 +955,7 @@ impl StoreApi for ShardedStore {
                     rows: t.rows,
                     dim: t.dim,
                     dtype: t.dtype,
+                    keys: None,
                 })
                 .collect(),
             version,
@@ -988,6 +989,7 @@ impl StoreApi for ShardedStore {
             rows: t.rows,
             dim: t.dim,
             dtype: t.dtype,
+            keys: None,
         })
     }
 

@@ -307,15 +307,23 @@ fn padding_is_refused_and_the_index_must_fit_the_budget() {
 
 #[test]
 fn a_key_given_to_two_rows_is_a_corrupted_store() {
+    // the writer refuses repeated keys; a keys file changed on disk (its checksum with it) is
+    // caught where the index is built
     let tmp = tempfile::tempdir().unwrap();
     let path = write_keyed_store(
         tmp.path().join("s"),
         "ids",
-        &[4, 9, 4],
+        &[4, 9, 7],
         2,
         DType::Fp32,
         pattern,
     );
+    let mut manifest = StoreReader::open(&path).unwrap().manifest().clone();
+    let keys = manifest.tables[0].keys.as_mut().unwrap();
+    let bytes: Vec<u8> = [4u64, 9, 4].iter().flat_map(|k| k.to_le_bytes()).collect();
+    std::fs::write(path.join(&keys.file), &bytes).unwrap();
+    keys.crc32c = crc32c::crc32c(&bytes);
+    manifest.publish(&path).unwrap();
     let config = EngineConfig::default();
     let err = Engine::from_reader(&StoreReader::open(&path).unwrap(), config, None).unwrap_err();
     assert!(

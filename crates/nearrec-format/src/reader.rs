@@ -311,6 +311,15 @@ impl StoreReader {
     /// what interrupted writes left in the store (`orphan PATH`, see [`crate::gc`]).
     pub fn verify(&self, progress: Option<&ProgressFn>) -> Vec<TableCheck> {
         let mut checks = self.verify_tables(progress);
+        checks.extend(
+            (self.manifest.tables.iter().enumerate())
+                .filter(|(_, t)| t.is_keyed())
+                .map(|(i, t)| TableCheck {
+                    table: format!("keys of {}", t.name),
+                    bytes: t.entries() * 8,
+                    error: self.keys(i).err().map(|e| e.to_string()),
+                }),
+        );
         checks.extend(self.manifest.attachments.iter().map(|a| TableCheck {
             table: format!("attachment {}", a.name),
             bytes: a.bytes,

@@ -86,9 +86,20 @@ pub fn copy_ordered(
         if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(FormatError::io(src.path().join(&meta.file), e));
         }
-        match order {
-            Some(o) => writer.finish_table_ordered(table, o)?,
-            None => writer.finish_table(table)?,
+        match (order, src.keys(i)?) {
+            (Some(_), Some(_)) => {
+                return Err(FormatError::invalid_table(
+                    &meta.name,
+                    "a keyed table cannot be co-located (its rows are found by key)",
+                ));
+            }
+            (Some(o), None) => writer.finish_table_ordered(table, o)?,
+            (None, Some(keys)) => {
+                // the zero row and the keys' rows were copied as they are
+                table.keyed = true;
+                writer.finish_table_keyed(table, &keys)?;
+            }
+            (None, None) => writer.finish_table(table)?,
         }
     }
     for a in src.attachments() {

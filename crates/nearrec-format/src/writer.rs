@@ -101,6 +101,19 @@ impl TableSpec {
     }
 }
 
+/// The first key of `keys` given twice, with its first two positions.
+fn repeated(keys: &[u64]) -> Option<(u64, usize, usize)> {
+    let mut sorted = keys.to_vec();
+    sorted.par_sort_unstable();
+    let key = sorted.windows(2).find(|w| w[0] == w[1])?[0];
+    let mut at = keys
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == key)
+        .map(|(i, _)| i);
+    Some((key, at.next()?, at.next()?))
+}
+
 /// Builds a store; nothing is visible at the target until `commit`.
 pub struct StoreWriter {
     target: PathBuf,
@@ -215,8 +228,8 @@ impl StoreWriter {
     }
 
     /// As [`Self::finish_table`], for a table started by [`Self::keyed_table`]: `keys[i]` is the
-    /// key of the `i`-th row written after the zero row. Keys must be distinct (the caller
-    /// checks: it names the two positions of a repeated key); their number must be the rows'.
+    /// key of the `i`-th row written after the zero row. Keys must be distinct (a repeated one
+    /// is refused, naming its first two positions); their number must be the rows'.
     pub fn finish_table_keyed(&mut self, table: TableWriter, keys: &[u64]) -> Result<()> {
         let name = table.spec.name.clone();
         if !table.keyed {
@@ -233,6 +246,12 @@ impl StoreWriter {
                     keys.len(),
                     table.spec.rows - 1
                 ),
+            ));
+        }
+        if let Some((key, first, again)) = repeated(keys) {
+            return Err(FormatError::invalid_table(
+                &name,
+                format!("key {key} is given twice, at positions {first} and {again}"),
             ));
         }
         self.finish_table_in(table, None)?;
@@ -360,8 +379,9 @@ pub struct TableWriter {
     chunk_rows: u64,
     chunk_bytes: usize,
     rows_written: u64,
-    /// Started by [`StoreWriter::keyed_table`]: its zero row is written, its keys come at the end.
-    keyed: bool,
+    /// Started by [`StoreWriter::keyed_table`] (or a copy of a keyed table's rows, zero row
+    /// first): its keys come at the end.
+    pub(crate) keyed: bool,
 }
 
 impl TableWriter {

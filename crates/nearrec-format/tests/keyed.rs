@@ -97,3 +97,15 @@ fn keys_that_do_not_match_the_rows_are_refused_and_nothing_is_published() {
     let e = w.finish_table(t).unwrap_err().to_string();
     assert!(e.contains("finish_table_keyed"), "{e}");
 }
+
+#[test]
+fn a_key_given_twice_is_refused_naming_both_positions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let e = write(&dir, &[5, 9, 11, 9]).unwrap_err().to_string();
+    assert!(
+        e.contains("key 9 is given twice, at positions 1 and 3"),
+        "{e}"
+    );
+    assert!(!dir.exists());
+}

@@ -172,10 +172,17 @@ pub(crate) fn index_array(
         } else {
             a.getattr("dtype")?.str()?.to_string()
         };
+        // uint64 ids are not cast (one past i64::MAX would read as a negative row): a keyed
+        // table's hashed keys keep their bits through a view
+        let hint = if dtype.is_equiv_to(&numpy::dtype::<u64>(py)) {
+            " (a keyed table's uint64 keys: pass keys.view(np.int64), which keeps their bits)"
+        } else {
+            ""
+        };
         return Err(raise(
             py,
             "InvalidRequest",
-            format!("table {t:?}: {what} must be int32 or int64, got {kind}"),
+            format!("table {t:?}: {what} must be int32 or int64, got {kind}{hint}"),
             Some(t),
             None,
         ));

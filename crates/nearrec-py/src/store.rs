@@ -35,7 +35,7 @@ type Seconds = Vec<(&'static str, f64)>;
 /// stores, (path, served version, versions))`.
 type InfoTuple = (
     String,
-    Vec<(String, u64, u32, String)>,
+    Vec<(String, u64, u32, String, Option<u64>)>,
     u64,
     String,
     bool,
@@ -297,7 +297,7 @@ impl NativeStore {
         let tables = i
             .tables
             .into_iter()
-            .map(|t| (t.name, t.rows, t.dim, t.dtype.name().to_owned()))
+            .map(|t| (t.name, t.rows, t.dim, t.dtype.name().to_owned(), t.keys))
             .collect();
         Ok((
             i.name,

@@ -102,8 +102,10 @@ impl NativeStoreWriter {
         })
     }
 
-    /// Starts a table of `rows` rows of `dim` values stored as `dtype`.
-    #[pyo3(signature = (name, rows, dim, dtype_name = "fp32", block_bytes = 4096))]
+    /// Starts a table of `rows` rows of `dim` values stored as `dtype`; a `keyed` one is
+    /// finished with its keys, one per row.
+    #[pyo3(signature = (name, rows, dim, dtype_name = "fp32", block_bytes = 4096, keyed = false))]
+    #[allow(clippy::too_many_arguments)]
     fn begin_table(
         &self,
         py: Python<'_>,
@@ -112,6 +114,7 @@ impl NativeStoreWriter {
         dim: u32,
         dtype_name: &str,
         block_bytes: u32,
+        keyed: bool,
     ) -> PyResult<()> {
         let dtype = dtype(py, dtype_name)?;
         self.with(py, |st| {
@@ -132,7 +135,12 @@ impl NativeStoreWriter {
                 block_bytes,
             };
             let store = st.store.as_mut().expect("checked in with()");
-            st.table = Some(store.table(spec).map_err(|e| format_err(py, e))?);
+            let table = if keyed {
+                store.keyed_table(spec)
+            } else {
+                store.table(spec)
+            };
+            st.table = Some(table.map_err(|e| format_err(py, e))?);
             Ok(())
         })
     }
@@ -181,8 +189,14 @@ impl NativeStoreWriter {
         })
     }
 
-    /// Seals the current table: all its rows must have been written.
-    fn finish_table(&self, py: Python<'_>) -> PyResult<()> {
+    /// Seals the current table: all its rows must have been written; a keyed table's `keys`
+    /// (int64 bits, one per row, distinct) are given here.
+    #[pyo3(signature = (keys = None))]
+    fn finish_table(
+        &self,
+        py: Python<'_>,
+        keys: Option<PyReadonlyArray1<'_, i64>>,
+    ) -> PyResult<()> {
         self.with(py, |st| {
             let t = st.table.take().ok_or_else(|| {
                 raise(
@@ -194,7 +208,13 @@ impl NativeStoreWriter {
                 )
             })?;
             let store = st.store.as_mut().expect("checked in with()");
-            detach(py, || store.finish_table(t))?.map_err(|e| format_err(py, e))
+            let keys: Option<Vec<u64>> =
+                keys.map(|k| k.as_array().iter().map(|&k| k as u64).collect());
+            detach(py, || match &keys {
+                Some(keys) => store.finish_table_keyed(t, keys),
+                None => store.finish_table(t),
+            })?
+            .map_err(|e| format_err(py, e))
         })
     }
 

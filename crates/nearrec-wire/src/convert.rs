@@ -357,6 +357,7 @@ pub fn info(name: &str, i: Info) -> pb::InfoResponse {
                 rows: t.rows,
                 dim: t.dim,
                 dtype: t.dtype.name().to_owned(),
+                keys: t.keys,
             })
             .collect(),
         version: i.version,
@@ -392,6 +393,7 @@ pub fn uninfo(i: pb::InfoResponse) -> nearrec::Result<Info> {
                 rows: t.rows,
                 dim: t.dim,
                 dtype,
+                keys: t.keys,
             })
         })
         .collect::<nearrec::Result<_>>()?;

@@ -42,6 +42,9 @@ pub struct TableInfo {
     pub rows: u64,
     pub dim: u32,
     pub dtype: DType,
+    /// A keyed table's keys (its rows but the zero row; lookups name keys); `None`: rows are
+    /// addressed by position.
+    pub keys: Option<u64>,
 }
 
 /// What a store holds and how it is served ([`StoreApi::info`]).
@@ -557,6 +560,7 @@ impl StoreApi for Store {
         });
         let live = self.live_stats().into_iter();
         stats.values.extend(live.map(|(k, v)| (k.to_owned(), v)));
+        stats.values.extend(self.key_stats());
         Ok(stats)
     }
 
@@ -576,6 +580,7 @@ impl From<&nearrec_format::TableMeta> for TableInfo {
             rows: t.rows,
             dim: t.dim,
             dtype: t.dtype,
+            keys: t.is_keyed().then(|| t.entries()),
         }
     }
 }

@@ -961,6 +961,28 @@ impl Store {
     }
 
     /// The SSD tier's counters and the DRAM tiers' totals (`None` for a DRAM-resident store).
+    /// The keyed tables' counters, summed over them (none without keyed tables): keys held,
+    /// the indexes' DRAM, lookups of keys held (`keyed_hits`) and of keys not held answered
+    /// with zeros, init rows or refused (`unknown_keys_zero`, `_init`, `_refused`).
+    pub fn key_stats(&self) -> Vec<(String, f64)> {
+        let reports = self.engine().key_report();
+        if reports.is_empty() {
+            return Vec::new();
+        }
+        let sum =
+            |f: fn(&nearrec_engine::KeyReport) -> u64| reports.iter().map(f).sum::<u64>() as f64;
+        [
+            ("keyed_keys", sum(|r| r.keys)),
+            ("keyed_index_bytes", sum(|r| r.index_bytes)),
+            ("keyed_hits", sum(|r| r.hits)),
+            ("unknown_keys_zero", sum(|r| r.unknown_zero)),
+            ("unknown_keys_init", sum(|r| r.unknown_init)),
+            ("unknown_keys_refused", sum(|r| r.unknown_refused)),
+        ]
+        .map(|(k, v)| (k.to_owned(), v))
+        .into()
+    }
+
     pub fn stats(&self) -> Option<Stats> {
         let engine = self.engine();
         let (io, device) = (engine.io_stats()?, engine.device()?);

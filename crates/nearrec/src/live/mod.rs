@@ -423,6 +423,16 @@ impl Live {
             .map(|w| {
                 let id = engine.table_id(w.table)?;
                 let meta = &engine.tables()[id];
+                if meta.is_keyed() {
+                    // a keyed table's ids are keys, not the row numbers below
+                    return Err(Error::Unsupported {
+                        verb: "write",
+                        by: format!(
+                            "keyed table {:?} (writes by key are not served yet)",
+                            meta.name
+                        ),
+                    });
+                }
                 let bad = |position: usize, reason: String| Error::InvalidRequest {
                     table: Some(meta.name.clone()),
                     position: Some(position),

@@ -53,6 +53,11 @@ macro_rules! store_api_suite {
         }
 
         #[test]
+        fn keyed_tables_are_looked_up_by_key() {
+            crate::suite::keyed_tables_are_looked_up_by_key($open);
+        }
+
+        #[test]
         fn bad_input_gets_a_typed_error_naming_table_and_position() {
             crate::suite::bad_input_gets_a_typed_error_naming_table_and_position($open);
         }
@@ -1109,4 +1114,89 @@ pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
     let s = open(&bare, true);
     let e = s.store.update_model(&top(&old, &[0.0])).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+}
+
+/// Keys of the suite's keyed table: spread over the 64-bit range, negative as `i64` too.
+fn suite_keys() -> Vec<u64> {
+    (0..ROWS)
+        .map(|r| (r + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5555)
+        .collect()
+}
+
+/// A keyed table (`docs/format.md` §16) is looked up by raw key on every implementation: its
+/// bags pool the keys' rows, its rows are read by key, an unknown key is `UnknownKey` naming the
+/// table and position, `info` says how many keys it holds, and a write by key is refused
+/// rather than taken as row numbers.
+pub fn keyed_tables_are_looked_up_by_key(open: Open) {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = suite_keys();
+    let path = nearrec_testkit::write_keyed_store(
+        dir.path().join("keyed"),
+        "k",
+        &keys,
+        DIM,
+        DType::Fp32,
+        |_, i| value(0, i / u64::from(DIM), (i % u64::from(DIM)) as u32, 1.0),
+    );
+    let s = open(&path, true);
+    let store = &*s.store;
+    let info = store.info().unwrap();
+    assert_eq!(info.tables[0].keys, Some(ROWS));
+    let raw = |r: usize| -> Vec<f32> { (0..DIM).map(|c| value(0, r as u64, c, 1.0)).collect() };
+    let picks = [17usize, 3, 17, ROWS as usize - 1, 0];
+    let ids: Vec<i64> = picks.iter().map(|&r| keys[r] as i64).collect();
+    let lengths = [2i64, 0, 3];
+    let batch = Batch::new(vec![TableLookup::new(
+        "k",
+        Indices::I64(&ids),
+        Bags::Lengths(Indices::I64(&lengths)),
+    )]);
+    let (pooled, _) = store.lookup(&batch).unwrap();
+    let mut want = vec![0f32; 3 * DIM as usize];
+    for (b, rows) in [(0, &picks[..2]), (2, &picks[2..])] {
+        for &r in rows {
+            for (w, v) in want[b * DIM as usize..][..DIM as usize]
+                .iter_mut()
+                .zip(raw(r))
+            {
+                *w += v;
+            }
+        }
+    }
+    close(&pooled.values, &want, "keyed sums");
+    let (rows, _) = store.lookup_rows(&batch).unwrap();
+    let mut by_key: Vec<(i64, Vec<f32>)> =
+        picks.iter().map(|&r| (keys[r] as i64, raw(r))).collect();
+    by_key.sort_by_key(|p| p.0);
+    by_key.dedup_by_key(|p| p.0);
+    assert_eq!(rows[0].ids, by_key.iter().map(|p| p.0).collect::<Vec<_>>());
+    close(
+        &rows[0].values,
+        &by_key.iter().flat_map(|p| p.1.clone()).collect::<Vec<_>>(),
+        "rows by key",
+    );
+    // a key the table does not hold: named by its position
+    let missing = [keys[5] as i64, 12345];
+    let e = store
+        .lookup(&Batch::new(vec![TableLookup::new(
+            "k",
+            Indices::I64(&missing),
+            Bags::Fixed {
+                batch: 1,
+                bag_size: 2,
+            },
+        )]))
+        .unwrap_err();
+    assert_eq!(
+        (e.kind(), e.table(), e.position()),
+        (ErrorKind::UnknownKey, Some("k"), Some(1)),
+        "{e}"
+    );
+    let w = RowWrite {
+        table: "k",
+        ids: &ids[..1],
+        values: Some(&[0.5; DIM as usize]),
+    };
+    let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
 }

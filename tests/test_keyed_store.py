@@ -1,0 +1,210 @@
+"""Keyed tables kept in a store (format version 5): built from ``(keys, rows)``, looked up by raw
+64-bit key on every implementation of the store — embedded on the DRAM tier, on the SSD tier
+behind DRAM tiers smaller than the table, and a node's through ``nearrec.connect`` — pooled as
+``torch.nn.EmbeddingBag`` pools the keys' rows (here in numpy, from a dict of keys to rows);
+unknown keys answered by the store's ``unknown_keys``; bad input refused naming the table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Node
+
+import nearrec
+from nearrec import InvalidRequest, UnknownKey
+
+N, DIM = 500, 8
+
+
+def keyed() -> tuple[np.ndarray, np.ndarray]:
+    """Distinct int64 keys over the whole 64-bit range (negative ones too), and their rows."""
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(-(2**63), 2**63 - 1, N * 2, dtype=np.int64))[:N]
+    rng.shuffle(keys)
+    return keys, rng.standard_normal((N, DIM), dtype=np.float32)
+
+
+def build(path: Path) -> Path:
+    keys, rows = keyed()
+    nearrec.from_numpy(path, {"ids": rows, "dense": rows[:100]}, keys={"ids": keys})
+    return path
+
+
+Open = Callable[..., nearrec.Store]
+
+
+@pytest.fixture(params=["dram", "ssd", "node"])
+def open_store(request: pytest.FixtureRequest) -> Iterator[Open]:
+    nodes: list[Node] = []
+
+    def opener(path: Path, unknown_keys: str = "error") -> nearrec.Store:
+        if request.param == "dram":
+            return nearrec.open(path, tier="dram", unknown_keys=unknown_keys)
+        if request.param == "ssd":
+            return nearrec.open(path, tier="ssd", dram_budget="64KiB", unknown_keys=unknown_keys)
+        config = path.with_suffix(".toml")
+        config.write_text(f'unknown_keys = "{unknown_keys}"\n')
+        node = Node(f"{path}=s", "--tier", "ssd", "--dram-budget", "64KiB",
+                    "--store-config", str(config))
+        nodes.append(node)
+        return nearrec.connect(node.address, "s")
+
+    yield opener
+    for node in nodes:
+        assert node.stop() == 0
+
+
+def pool(row_of: Callable[[int], np.ndarray], ids: np.ndarray, lengths: np.ndarray, mode: str,
+         weights: np.ndarray | None = None) -> np.ndarray:
+    out, at = [], 0
+    for n in lengths:
+        rows = [row_of(int(k)) for k in ids[at:at + n]]
+        w = [1.0] * n if weights is None else list(weights[at:at + n])
+        at += n
+        if not rows:
+            out.append(np.zeros(DIM, np.float32))
+        elif mode == "max":
+            out.append(np.max(rows, axis=0))
+        else:
+            s = np.sum([wi * r for wi, r in zip(w, rows, strict=True)], axis=0)
+            out.append(s / len(rows) if mode == "mean" else s)
+    return np.array(out, np.float32)
+
+
+def batch(seed: int, unknown: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    keys, _ = keyed()
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 6, 40)
+    ids = keys[rng.integers(0, N, int(lengths.sum()))]
+    for p in rng.choice(len(ids), min(unknown, len(ids)), replace=False):
+        ids[p] = int(rng.integers(1, 2**62)) * 2 + 1  # odd, and not among the keys
+    return ids, lengths
+
+
+def test_keyed_lookups_pool_the_keys_rows_everywhere(tmp_path, open_store):
+    path = build(tmp_path / "s")
+    keys, rows = keyed()
+    model = dict(zip(keys.tolist(), rows, strict=True))
+    store = open_store(path)
+    t = store.tables["ids"]
+    assert t.keyed and t.keys == N and not store.tables["dense"].keyed
+    for seed in range(3):
+        ids, lengths = batch(seed)
+        w = np.linspace(0.5, 1.5, len(ids), dtype=np.float32)
+        for mode, weights in [("sum", None), ("sum", w), ("mean", None), ("max", None)]:
+            got = store.lookup("ids", ids, lengths=lengths, mode=mode,
+                               per_sample_weights=weights)
+            want = pool(model.__getitem__, ids, lengths, mode, weights)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # a keyed table beside a dense one in one batch
+    ids, lengths = batch(7)
+    dense = np.arange(len(lengths)) % 100
+    out = store.lookup_many({"ids": nearrec.TableLookup("ids", ids, lengths=lengths),
+                             "dense": nearrec.TableLookup("dense", dense,
+                                                          np.arange(len(lengths)))})
+    np.testing.assert_allclose(out["ids"], pool(model.__getitem__, ids, lengths, "sum"),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out["dense"], rows[:100][dense])
+    # the rows a batch reads, by key
+    (table, got_ids, got_rows), = store.lookup_rows({"ids": (ids[:5], np.array([0]))})
+    assert table == "ids"
+    np.testing.assert_array_equal(got_rows, np.array([model[int(k)] for k in got_ids]))
+    assert sorted(got_ids.tolist()) == sorted(set(ids[:5].tolist()))
+
+
+def test_an_unknown_key_is_named_or_answered_by_the_policy(tmp_path, open_store):
+    path = build(tmp_path / "s")
+    keys, rows = keyed()
+    model = dict(zip(keys.tolist(), rows, strict=True))
+    ids, lengths = batch(11, unknown=5)
+    first = next(p for p, k in enumerate(ids.tolist()) if k not in model)
+    with pytest.raises(UnknownKey) as e:
+        open_store(path).lookup("ids", ids, lengths=lengths)
+    assert (e.value.table, e.value.position) == ("ids", first)
+    assert str(ids[first]) in str(e.value)
+
+    zero = open_store(path, "zero")
+    for mode in ("sum", "mean", "max"):
+        want = pool(lambda k: model.get(k, np.zeros(DIM, np.float32)), ids, lengths, mode)
+        np.testing.assert_allclose(zero.lookup("ids", ids, lengths=lengths, mode=mode), want,
+                                   rtol=1e-5, atol=1e-6)
+
+    # an init row is the one a DRAM keyed table with the same seed and scale gives the key
+    table = nearrec.KeyedTable("probe", DIM, capacity=64, unknown="init", init_scale=0.01,
+                               seed=0)
+
+    def init(k: int) -> np.ndarray:
+        return model[k] if k in model else table.lookup([k], [0])[0]
+
+    store = open_store(path, "init")
+    for mode in ("sum", "mean", "max"):
+        np.testing.assert_allclose(store.lookup("ids", ids, lengths=lengths, mode=mode),
+                                   pool(init, ids, lengths, mode), rtol=1e-5, atol=1e-6)
+    # each answer counted, on the node too
+    unknown = sum(k not in model for k in ids.tolist())
+    stats = store.stats()
+    assert stats["unknown_keys_init"] == 3 * unknown
+    assert stats["keyed_hits"] == 3 * (len(ids) - unknown)
+    assert stats["keyed_keys"] == N and stats["keyed_index_bytes"] <= 16 * N + 64
+    assert zero.stats()["unknown_keys_zero"] == 3 * unknown
+
+
+def test_stores_and_their_manifests_say_which_tables_are_keyed(tmp_path):
+    info = nearrec.info(build(tmp_path / "s"))
+    assert info.format_version == 5
+    by_name = {t.name: t for t in info.tables}
+    assert by_name["ids"].keyed and by_name["ids"].rows == N + 1  # the zero row first
+    assert not by_name["dense"].keyed
+    checks = {c.table: c for c in nearrec.verify(info.path)}
+    assert checks["keys of ids"].error is None and checks["keys of ids"].bytes == N * 8
+    keys_file = info.path / by_name["ids"].keys["file"]
+    damaged = bytearray(keys_file.read_bytes())
+    damaged[5] ^= 1
+    keys_file.write_bytes(bytes(damaged))
+    checks = {c.table: c for c in nearrec.verify(info.path)}
+    assert "checksum" in checks["keys of ids"].error
+    with pytest.raises(nearrec.StoreCorrupted):
+        nearrec.open(info.path)
+
+
+def test_uint64_keys_keep_their_bits(tmp_path):
+    keys = np.array([2**64 - 1, 2**63, 5], np.uint64)
+    rows = np.arange(3 * DIM, dtype=np.float32).reshape(3, DIM)
+    nearrec.from_numpy(tmp_path / "s", {"ids": rows}, keys={"ids": keys})
+    store = nearrec.open(tmp_path / "s")
+    got = store.lookup("ids", keys.view(np.int64), np.arange(3))
+    np.testing.assert_array_equal(got, rows)
+    np.testing.assert_array_equal(store.lookup("ids", [-1], [0]), rows[:1])
+    with pytest.raises(InvalidRequest, match=r"keys.view\(np.int64\)"):
+        store.lookup("ids", keys, np.arange(3))
+
+
+@pytest.mark.parametrize("keys,match", [
+    (np.array([1.0, 2.0, 3.0]), "1-D integer array"),
+    (np.array([[1, 2, 3]]), "1-D integer array"),
+    (np.array([1, 2]), "2 keys for 3 rows"),
+    (np.array([4, 9, 4]), "key 4 is given twice, at positions 0 and 2"),
+])
+def test_bad_keys_are_refused_naming_the_table_and_nothing_is_written(tmp_path, keys, match):
+    rows = np.ones((3, DIM), np.float32)
+    with pytest.raises(InvalidRequest, match=match) as e:
+        nearrec.from_numpy(tmp_path / "s", {"ids": rows}, keys={"ids": keys})
+    assert e.value.table == "ids"
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(InvalidRequest, match="not among the tables"):
+        nearrec.from_numpy(tmp_path / "s", {"ids": rows}, keys={"other": [1, 2, 3]})
+
+
+def test_what_keyed_tables_do_not_take_yet_is_refused_not_misread(tmp_path):
+    path = build(tmp_path / "s")
+    store = nearrec.open(path, writable=True)
+    with pytest.raises(nearrec.Unsupported, match="keyed"):
+        store.write("ids", [1], np.ones((1, DIM), np.float32))
+    with pytest.raises(nearrec.Unsupported, match="keyed"):
+        store.remove("ids", [1])
+    with pytest.raises(InvalidRequest, match="padding_idx"):
+        store.lookup("ids", [1], [0], padding_idx=0)
+    store.write("dense", [1], np.ones((1, DIM), np.float32))  # dense tables beside it write
