@@ -208,3 +208,27 @@ def test_what_keyed_tables_do_not_take_yet_is_refused_not_misread(tmp_path):
     with pytest.raises(InvalidRequest, match="padding_idx"):
         store.lookup("ids", [1], [0], padding_idx=0)
     store.write("dense", [1], np.ones((1, DIM), np.float32))  # dense tables beside it write
+
+
+def test_a_torchrec_kjt_of_raw_ids_pools_through_nearrec_torch(tmp_path):
+    """``nearrec.torch.EmbeddingBagCollection`` over a keyed table takes a TorchRec KJT of raw
+    ids and equals ``nn.EmbeddingBag`` over the rows the ids name."""
+    torch = pytest.importorskip("torch")
+    torchrec = pytest.importorskip("torchrec")
+    from nearrec import torch as ntorch
+
+    path = build(tmp_path / "s")
+    keys, rows = keyed()
+    position = {k: i for i, k in enumerate(keys.tolist())}
+    for tier in ("dram", "ssd"):
+        store = nearrec.open(path, tier=tier, dram_budget="64KiB")
+        ebc = ntorch.EmbeddingBagCollection(store, tables=["ids"])
+        assert ebc.embedding_bag_configs()[0].num_embeddings == N
+        ids, lengths = batch(21)
+        kjt = torchrec.KeyedJaggedTensor(keys=["ids"], values=torch.from_numpy(ids),
+                                         lengths=torch.from_numpy(lengths))
+        got = ebc(kjt)["ids"].numpy()
+        bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(rows), mode="sum")
+        local = torch.tensor([position[k] for k in ids.tolist()])
+        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]))
+        np.testing.assert_allclose(got, bag(local, offsets).numpy(), rtol=1e-5, atol=1e-6)

@@ -68,6 +68,12 @@ class Table:
     def keyed(self) -> bool:
         return self.keys is not None
 
+    @property
+    def entries(self) -> int:
+        """What its ids address: a keyed table's keys, another's rows (TorchRec's
+        ``num_embeddings``)."""
+        return self.rows if self.keys is None else self.keys
+
 
 @dataclass(frozen=True)
 class PooledBatch:

@@ -193,7 +193,7 @@ class EmbeddingBagCollection(nn.Module):
             raise InvalidRequest(f"embedding_bag_configs() makes TorchRec configs: install "
                                  f"torchrec ({e})") from None
         rows = {t: self.keyed[t].capacity if t in self.keyed
-                else self.store.table(t).rows  # type: ignore[union-attr]
+                else self.store.table(t).entries  # type: ignore[union-attr]
                 for t in self.tables}
         return [EmbeddingBagConfig(
             name=t, embedding_dim=self.dims[self.features.index(self._features_of(t)[0])],

@@ -11,11 +11,11 @@ from ..store import PoolingModeName
 
 
 def _check_configs(store: Any, configs: Sequence[Any]) -> None:
-    """Each config's dim and rows are its store table's."""
+    """Each config's dim and rows (a keyed table's keys) are its store table's."""
     for c in configs:
         have = store.table(c.name)
         for what, want, got in (("dim", c.embedding_dim, have.dim),
-                                ("rows", c.num_embeddings, have.rows)):
+                                ("rows", c.num_embeddings, have.entries)):
             if want != got:
                 raise InvalidRequest(f"table {c.name!r}: its config has {what} {want}, the "
                                      f"store's table {got}", table=c.name)
