@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._native import NativeKeyedTable
+from ._native import key_index_bytes as _key_index_bytes
 from .errors import InvalidRequest, StoreCorrupted, StoreIOError, StoreNotFound
 from .request import (
     PoolingModeName,
@@ -256,3 +257,9 @@ class KeyedTable:
 
 
 __all__ = ["UNKNOWN_POLICIES", "KeyedTable"]
+
+
+def index_bytes(keys: int) -> int:
+    """DRAM the index of a keyed table kept in a store takes for ``keys`` keys (15.1 bytes a
+    key at its load): what a store's DRAM budget must hold beside its tiers."""
+    return int(_key_index_bytes(count(keys, "keys", 0, 2**40)))

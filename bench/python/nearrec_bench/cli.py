@@ -64,6 +64,8 @@ FLAGS = {
                   "bench/scratch/quick, so that quick runs leave the recorded results alone)",
                   value=Path),
     "--scratch": Flag("where stores are built", {"default": "bench/scratch"}, Path),
+    "--scale-keys": Flag("keyed: also build and look up a keyed table of this many keys",
+                         {"type": int}),
     "--minutes": Flag("soak: how long the load runs", {"type": float}),
     "--clients": Flag("soak: clients, each its own connection and schedule", {"type": int}),
 }

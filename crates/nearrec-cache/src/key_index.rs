@@ -24,6 +24,8 @@ const WAYS: usize = 5;
 const EMPTY: u32 = u32::MAX;
 /// The most rows an index addresses (row numbers are `u32`, one value marks an empty slot).
 pub const MAX_ROWS: u64 = EMPTY as u64;
+/// What [`KeyIndex::get_many`] gives a key the index does not hold.
+pub const MISSING: u32 = EMPTY;
 /// Keys ahead of the one probed whose bucket is prefetched.
 const AHEAD: usize = 8;
 /// The fullest an index is sized to be, in keys per 100 slots.
@@ -142,20 +144,27 @@ impl KeyIndex {
     /// The row of `key`, if the index holds it.
     #[inline]
     pub fn get(&self, key: u64) -> Option<u32> {
-        self.find(key).map(|(b, w)| self.buckets[b].rows[w])
+        self.find(self.home(key), key)
+            .map(|(b, w)| self.buckets[b].rows[w])
     }
 
-    /// Where `key` sits (bucket, way). A probe ends at an unflagged bucket, or past the
-    /// furthest any insert went (flags outlive the removals that could clear them).
+    /// Where `key` sits (bucket, way), probing from its home bucket `b`. A probe ends at an
+    /// unflagged bucket, or past the furthest any insert went (flags outlive the removals that
+    /// could clear them).
     #[inline]
-    fn find(&self, key: u64) -> Option<(usize, usize)> {
-        let mut b = self.home(key);
+    fn find(&self, mut b: usize, key: u64) -> Option<(usize, usize)> {
         for _ in 0..=self.longest {
             let bucket = &self.buckets[b];
-            for w in 0..WAYS {
-                if bucket.keys[w] == key && bucket.rows[w] != EMPTY {
-                    return Some((b, w));
+            // all five compared, then the first match taken: no branch per way
+            let hit = (0..WAYS).fold(WAYS, |at, w| {
+                if at == WAYS && bucket.keys[w] == key && bucket.rows[w] != EMPTY {
+                    w
+                } else {
+                    at
                 }
+            });
+            if hit < WAYS {
+                return Some((b, hit));
             }
             if bucket.overflow == 0 {
                 return None;
@@ -165,16 +174,28 @@ impl KeyIndex {
         None
     }
 
-    /// Rows of `keys` into `rows` (`None` for a key not held), the bucket of the key `AHEAD`
-    /// positions on asked for before each probe.
-    pub fn get_many(&self, keys: &[u64], rows: &mut [Option<u32>]) {
+    /// Rows of `keys` into `rows` ([`MISSING`] for a key not held), each key hashed once and
+    /// its bucket asked for `AHEAD` keys before it is probed, so that the misses overlap.
+    pub fn get_many(&self, keys: &[u64], rows: &mut [u32]) {
         assert_eq!(keys.len(), rows.len(), "one row per key");
+        let mut homes = [0usize; AHEAD];
+        let fetch = |key: u64| {
+            let h = self.home(key);
+            let p: *const Bucket = &self.buckets[h];
+            nearrec_kernels::prefetch_row(p.cast(), size_of::<Bucket>());
+            h
+        };
+        for (h, &key) in homes.iter_mut().zip(keys) {
+            *h = fetch(key);
+        }
         for (i, (&key, row)) in keys.iter().zip(rows.iter_mut()).enumerate() {
+            let home = homes[i % AHEAD];
             if let Some(&ahead) = keys.get(i + AHEAD) {
-                let p: *const Bucket = &self.buckets[self.home(ahead)];
-                nearrec_kernels::prefetch_row(p.cast(), size_of::<Bucket>());
+                homes[i % AHEAD] = fetch(ahead);
             }
-            *row = self.get(key);
+            *row = self
+                .find(home, key)
+                .map_or(MISSING, |(b, w)| self.buckets[b].rows[w]);
         }
     }
 
@@ -206,7 +227,7 @@ impl KeyIndex {
 
     /// Removes `key`; its row, if it was held.
     pub fn remove(&mut self, key: u64) -> Option<u32> {
-        let (b, w) = self.find(key)?;
+        let (b, w) = self.find(self.home(key), key)?;
         self.len -= 1;
         Some(std::mem::replace(&mut self.buckets[b].rows[w], EMPTY))
     }

@@ -41,7 +41,7 @@ mod row_cache;
 mod stats;
 
 pub use hot::HotPartition;
-pub use key_index::{Full, Inserted, KeyIndex, MAX_ROWS as MAX_KEYED_ROWS};
+pub use key_index::{Full, Inserted, KeyIndex, MAX_ROWS as MAX_KEYED_ROWS, MISSING};
 pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Pool, Unknown, init_row};
 pub use policy::{CacheConfig, Policy, PolicyParseError};
 pub use row_cache::{Offer, RowCache, SLOT_OVERHEAD, Slot, words_as_bytes};

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use nearrec_cache::{Inserted, KeyIndex};
+use nearrec_cache::{Inserted, KeyIndex, MISSING};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -57,10 +57,11 @@ proptest! {
         want.sort_unstable();
         prop_assert_eq!(&held, &want);
         let keys: Vec<u64> = want.iter().map(|&(k, _)| k).chain([u64::MAX - 1]).collect();
-        let mut rows = vec![None; keys.len()];
+        let mut rows = vec![0; keys.len()];
         ix.get_many(&keys, &mut rows);
         for (k, r) in keys.iter().zip(&rows) {
-            prop_assert_eq!(*r, want.iter().find(|w| w.0 == *k).map(|w| w.1));
+            let held = want.iter().find(|w| w.0 == *k).map_or(MISSING, |w| w.1);
+            prop_assert_eq!(*r, held);
         }
     }
 }

@@ -15,12 +15,16 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
-use nearrec_cache::{Inserted, KeyIndex, Unknown};
+use nearrec_cache::{Inserted, KeyIndex, MISSING, Unknown};
 use nearrec_format::{FormatError, Memory, StoreReader, ZERO_ROW};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
 use crate::request::{Indices, PoolingMode, TableLookup};
+
+/// Keys a task resolves when a batch's are resolved on the worker pool.
+const RESOLVE_CHUNK: usize = 4096;
 
 /// What keys a keyed table does not hold answer ([`crate::EngineConfig::keyed`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,18 +107,31 @@ pub(crate) struct Resolved {
 
 impl Keys {
     /// Resolves `t`'s keys at positions `lo..hi` (those its bags read; the others resolve to
-    /// the zero row, read by nothing).
-    pub(crate) fn resolve(&self, t: &TableLookup<'_>, lo: usize, hi: usize) -> Result<Resolved> {
+    /// the zero row, read by nothing), in chunks on `pool` when one is given.
+    pub(crate) fn resolve(
+        &self,
+        t: &TableLookup<'_>,
+        lo: usize,
+        hi: usize,
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Result<Resolved> {
         let n = t.indices.len();
         let keys: Vec<u64> = (lo..hi).map(|p| t.indices.get(p) as u64).collect();
-        let mut found = vec![None; keys.len()];
-        self.index.get_many(&keys, &mut found);
+        let mut found = vec![MISSING; keys.len()];
+        match pool {
+            Some(pool) if keys.len() > RESOLVE_CHUNK => pool.install(|| {
+                keys.par_chunks(RESOLVE_CHUNK)
+                    .zip(found.par_chunks_mut(RESOLVE_CHUNK))
+                    .for_each(|(k, f)| self.index.get_many(k, f));
+            }),
+            _ => self.index.get_many(&keys, &mut found),
+        }
         let mut rows = vec![ZERO_ROW as i64; n];
         let mut init = Vec::new();
         let (mut hits, mut zero) = (0u64, 0u64);
         for (i, (&key, row)) in keys.iter().zip(found).enumerate() {
             let position = lo + i;
-            match (row, self.unknown) {
+            match ((row != MISSING).then_some(row), self.unknown) {
                 (Some(r), _) => {
                     rows[position] = i64::from(r);
                     hits += 1;

@@ -55,6 +55,7 @@ fn model() -> HashMap<u64, Vec<f32>> {
 
 fn engine(path: &Path, tier: Tier, budget: Option<u64>, unknown: Unknown) -> Engine {
     let config = EngineConfig {
+        threads: 2,
         tier,
         dram_budget_bytes: budget,
         keyed: KeyPolicy {
@@ -333,4 +334,33 @@ fn a_key_given_to_two_rows_is_a_corrupted_store() {
         ) && err.to_string().contains("key 4 is given to rows 1 and 3"),
         "{err}"
     );
+}
+
+#[test]
+fn a_batch_large_enough_to_resolve_on_the_workers_answers_the_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = store(tmp.path());
+    let m = model();
+    let keys = keys();
+    let mut rng = Xorshift::new(77);
+    let ids: Vec<i64> = (0..30_000)
+        .map(|_| keys[rng.below(KEYS as u64) as usize] as i64)
+        .collect();
+    let lengths = vec![30i64; 1000];
+    for e in tiers(&path, Unknown::Error) {
+        let got = lookup(&e, &ids, &lengths, None, PoolingMode::Sum).unwrap();
+        close(
+            &got,
+            &reference(&ids, &lengths, None, PoolingMode::Sum, |k| m[&k].clone()),
+        );
+        // a key not held, late in the batch (in another task's chunk): named at its position
+        let mut bad = ids.clone();
+        bad[29_001] = 3; // odd: keys() holds it only by a 2^-60 chance
+        match lookup(&e, &bad, &lengths, None, PoolingMode::Sum).unwrap_err() {
+            EngineError::UnknownKey { position, key, .. } => {
+                assert_eq!((position, key), (29_001, 3))
+            }
+            other => panic!("{other}"),
+        }
+    }
 }

@@ -278,3 +278,9 @@ impl NativeKeyedTable {
 
 /// Keys `[n]` and their rows `[n, dim]`.
 type KeysAndRows<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<f32>>);
+
+/// DRAM the index of a keyed store table of `keys` keys takes (`nearrec_cache::KeyIndex`).
+#[pyfunction]
+pub(crate) fn key_index_bytes(keys: u64) -> u64 {
+    nearrec_cache::KeyIndex::bytes_for(keys)
+}

@@ -68,6 +68,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         nearrec_cache::HotPartition::ROW_OVERHEAD,
     )?;
     m.add_class::<store::NativeStore>()?;
+    m.add_function(wrap_pyfunction!(keyed::key_index_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(node::serve, m)?)?;
     m.add_function(wrap_pyfunction!(node::node_flags, m)?)?;
     m.add_class::<node::NativeNodeConfig>()?;

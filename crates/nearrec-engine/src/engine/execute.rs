@@ -89,7 +89,12 @@ impl Engine {
             let (lo, hi) = (checked.bounds[0], checked.bounds[checked.batch()]);
             lookups += hi - lo;
             keyed.push(match &self.keys[id] {
-                Some(keys) if by_key => Some(keys.resolve(t, lo, hi)?),
+                Some(keys) if by_key => {
+                    let pool = (hi - lo > self.config.inline_lookups && self.workers.threads() > 1)
+                        .then(|| self.workers.get())
+                        .transpose()?;
+                    Some(keys.resolve(t, lo, hi, pool.as_deref())?)
+                }
                 _ => None,
             });
             tables.push((id, width, checked));
@@ -418,7 +423,7 @@ impl Engine {
                 bag_size: 1,
             },
         );
-        let resolved = keys.resolve(&by_key, 0, rows.len())?;
+        let resolved = keys.resolve(&by_key, 0, rows.len(), None)?;
         self.read_slots_at(id, &resolved.rows, out, deltas)?;
         for &(position, key) in &resolved.init {
             keys.init_row(key, &mut out[position * dim..][..dim]);
