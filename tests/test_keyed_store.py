@@ -159,7 +159,7 @@ def test_stores_and_their_manifests_say_which_tables_are_keyed(tmp_path):
     assert by_name["ids"].keyed and by_name["ids"].rows == N + 1  # the zero row first
     assert not by_name["dense"].keyed
     checks = {c.table: c for c in nearrec.verify(info.path)}
-    assert checks["keys of ids"].error is None and checks["keys of ids"].bytes == N * 8
+    assert checks["keys of ids"].error is None and checks["keys of ids"].bytes == N * 12
     keys_file = info.path / by_name["ids"].keys["file"]
     damaged = bytearray(keys_file.read_bytes())
     damaged[5] ^= 1

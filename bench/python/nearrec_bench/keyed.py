@@ -261,12 +261,12 @@ def _scale(cfg: KeyedBenchConfig, log: Callable[[str], None]) -> list[Record]:
     rng = np.random.default_rng(cfg.seed + 1)
     path = cfg.scratch / f"keyed-scale-{n}"
     src = cfg.scratch / f"keyed-scale-{n}.npy"
-    keys = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
-    keys = np.unique(keys)
-    while len(keys) < n:  # collisions of random 64-bit ids: draw the few missing again
-        keys = np.unique(np.concatenate([keys, rng.integers(-(2**63), 2**63 - 1, n - len(keys),
-                                                            dtype=np.int64)]))
-    rng.shuffle(keys)
+    # distinct by construction, in no order: SplitMix64's finaliser is a bijection of 64 bits
+    z = np.arange(n, dtype=np.uint64) + np.uint64(cfg.seed) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    keys = (z ^ (z >> np.uint64(31))).view(np.int64)
+    del z
     rows = np.lib.format.open_memmap(src, mode="w+", dtype=np.float16, shape=(n, dim))
     for i in range(0, n, 1 << 22):
         j = min(n, i + (1 << 22))
@@ -297,7 +297,8 @@ def _scale(cfg: KeyedBenchConfig, log: Callable[[str], None]) -> list[Record]:
     r = _measure("store.keyed.ssd", "scale", lambda b: store.lookup("ids", ids[b], offsets[b]),
                  cfg, model, log,
                  extra={"index_bytes": index_bytes, "bytes_per_key": index_bytes / n,
-                        "build_s": build_s, "open_s": open_s, **_reads(store)})
+                        "build_s": build_s, "open_s": open_s})
+    r.extra.update(_reads(store))  # after the lookups
     r.dist = "uniform"
     limit = Record("keyed", model, 0, "-", "limit.random_read", 0.0, 0.0,
                    extra={"group": "scale", "reads_per_s": disk})

@@ -5,7 +5,9 @@
 //! probed linearly from the bucket the key hashes to, so a lookup reads one line almost always
 //! (FBGEMM's and Aerospike's indexes cost 16–64 bytes a key; this one is
 //! [`KeyIndex::bytes_per_key`], at most 15.1 at its fullest). A slot is empty when its row is
-//! `u32::MAX`. A bucket's overflow flag is set when an insert passed it full, and a lookup goes
+//! 0 (a keyed table's row 0 is its zero row, never a key's), so the buckets are one zeroed
+//! buffer on huge pages when large (a probe of a 4 KiB-paged index of hundreds of MiB would
+//! miss the TLB as well as the cache). A bucket's overflow flag is set when an insert passed it full, and a lookup goes
 //! on to the next bucket only past a flagged one, and never further than any insert went; a
 //! removal empties its slot and leaves the flags (cleared when the index is rebuilt), so every
 //! key stays reachable. Keys are hashed with a seed
@@ -16,14 +18,16 @@
 
 use std::hash::BuildHasher;
 
+use nearrec_format::AlignedBuf;
+
 use crate::hash::{mix, scale};
 
 /// Keys per bucket.
 const WAYS: usize = 5;
 /// A slot without a key.
-const EMPTY: u32 = u32::MAX;
-/// The most rows an index addresses (row numbers are `u32`, one value marks an empty slot).
-pub const MAX_ROWS: u64 = EMPTY as u64;
+const EMPTY: u32 = 0;
+/// The most rows an index addresses (row numbers are `u32`, and 0 marks an empty slot).
+pub const MAX_ROWS: u64 = u32::MAX as u64;
 /// What [`KeyIndex::get_many`] gives a key the index does not hold.
 pub const MISSING: u32 = EMPTY;
 /// Keys ahead of the one probed whose bucket is prefetched.
@@ -42,11 +46,11 @@ struct Bucket {
 
 const _: () = assert!(size_of::<Bucket>() == 64);
 
-const EMPTY_BUCKET: Bucket = Bucket {
-    keys: [0; WAYS],
-    rows: [EMPTY; WAYS],
-    overflow: 0,
-};
+// SAFETY: plain integers with no padding between or after them (64 bytes, checked above):
+// every bit pattern is a bucket, all zeros the empty one.
+unsafe impl bytemuck::Zeroable for Bucket {}
+// SAFETY: as above; `Copy` and `'static`.
+unsafe impl bytemuck::Pod for Bucket {}
 
 /// What inserting a key found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +63,8 @@ pub enum Inserted {
 
 /// Raw keys to row numbers (see the module docs).
 pub struct KeyIndex {
-    buckets: Box<[Bucket]>,
+    /// The buckets' memory (`[Bucket]`, see [`KeyIndex::buckets`]).
+    memory: AlignedBuf,
     seed: u64,
     len: u64,
     /// The most buckets any insert went past its key's home: no probe needs to go further.
@@ -70,7 +75,7 @@ impl std::fmt::Debug for KeyIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyIndex")
             .field("keys", &self.len)
-            .field("buckets", &self.buckets.len())
+            .field("buckets", &self.buckets().len())
             .finish()
     }
 }
@@ -98,11 +103,20 @@ impl KeyIndex {
     pub fn with_seed(keys: u64, seed: u64) -> Self {
         let n = Self::buckets_for(keys) as usize;
         Self {
-            buckets: vec![EMPTY_BUCKET; n].into_boxed_slice(),
+            memory: AlignedBuf::zeroed(n * size_of::<Bucket>()),
             seed,
             len: 0,
             longest: 0,
         }
+    }
+
+    fn buckets(&self) -> &[Bucket] {
+        // the buffer is aligned past 64 bytes and whole buckets long
+        bytemuck::cast_slice(self.memory.as_slice())
+    }
+
+    fn buckets_mut(&mut self) -> &mut [Bucket] {
+        bytemuck::cast_slice_mut(self.memory.as_mut_slice())
     }
 
     /// Keys held.
@@ -116,7 +130,7 @@ impl KeyIndex {
 
     /// DRAM taken.
     pub fn bytes(&self) -> u64 {
-        (self.buckets.len() * size_of::<Bucket>()) as u64
+        self.memory.len() as u64
     }
 
     /// DRAM taken per key held (`∞` for an empty index).
@@ -126,15 +140,15 @@ impl KeyIndex {
 
     /// Keys the index holds before it is fuller than it was sized for.
     pub fn capacity(&self) -> u64 {
-        (self.buckets.len() * WAYS) as u64 * LOAD_PERCENT / 100
+        (self.buckets().len() * WAYS) as u64 * LOAD_PERCENT / 100
     }
 
     fn home(&self, key: u64) -> usize {
-        scale(mix(key ^ self.seed), self.buckets.len())
+        scale(mix(key ^ self.seed), self.buckets().len())
     }
 
     fn next(&self, b: usize) -> usize {
-        if b + 1 == self.buckets.len() {
+        if b + 1 == self.buckets().len() {
             0
         } else {
             b + 1
@@ -145,7 +159,7 @@ impl KeyIndex {
     #[inline]
     pub fn get(&self, key: u64) -> Option<u32> {
         self.find(self.home(key), key)
-            .map(|(b, w)| self.buckets[b].rows[w])
+            .map(|(b, w)| self.buckets()[b].rows[w])
     }
 
     /// Where `key` sits (bucket, way), probing from its home bucket `b`. A probe ends at an
@@ -153,8 +167,9 @@ impl KeyIndex {
     /// could clear them).
     #[inline]
     fn find(&self, mut b: usize, key: u64) -> Option<(usize, usize)> {
+        let buckets = self.buckets();
         for _ in 0..=self.longest {
-            let bucket = &self.buckets[b];
+            let bucket = &buckets[b];
             // all five compared, then the first match taken: no branch per way
             let hit = (0..WAYS).fold(WAYS, |at, w| {
                 if at == WAYS && bucket.keys[w] == key && bucket.rows[w] != EMPTY {
@@ -179,9 +194,10 @@ impl KeyIndex {
     pub fn get_many(&self, keys: &[u64], rows: &mut [u32]) {
         assert_eq!(keys.len(), rows.len(), "one row per key");
         let mut homes = [0usize; AHEAD];
+        let buckets = self.buckets();
         let fetch = |key: u64| {
             let h = self.home(key);
-            let p: *const Bucket = &self.buckets[h];
+            let p: *const Bucket = &buckets[h];
             nearrec_kernels::prefetch_row(p.cast(), size_of::<Bucket>());
             h
         };
@@ -195,23 +211,25 @@ impl KeyIndex {
             }
             *row = self
                 .find(home, key)
-                .map_or(MISSING, |(b, w)| self.buckets[b].rows[w]);
+                .map_or(MISSING, |(b, w)| buckets[b].rows[w]);
         }
     }
 
-    /// Adds `key` with `row` (`row < MAX_ROWS`); a key already held keeps its row. Refuses
+    /// Adds `key` with `row` (`1..=MAX_ROWS`: 0 marks an empty slot); a key already held keeps
+    /// its row. Refuses
     /// (`Err`, nothing changed) to fill the last free slot, so that an insert always finds one.
     pub fn insert(&mut self, key: u64, row: u32) -> Result<Inserted, Full> {
-        assert!(row != EMPTY, "row {row} is the empty mark");
+        assert!(row != EMPTY, "row 0 is the empty mark");
         if let Some(r) = self.get(key) {
             return Ok(Inserted::Present(r));
         }
-        if self.len + 1 >= (self.buckets.len() * WAYS) as u64 {
+        if self.len + 1 >= (self.buckets().len() * WAYS) as u64 {
             return Err(Full { keys: self.len });
         }
         let mut b = self.home(key);
         for passed in 0.. {
-            let bucket = &mut self.buckets[b];
+            let next = self.next(b);
+            let bucket = &mut self.buckets_mut()[b];
             if let Some(w) = bucket.rows.iter().position(|&r| r == EMPTY) {
                 bucket.keys[w] = key;
                 bucket.rows[w] = row;
@@ -220,7 +238,7 @@ impl KeyIndex {
                 return Ok(Inserted::New);
             }
             bucket.overflow = 1;
-            b = self.next(b);
+            b = next;
         }
         unreachable!("a free slot is left")
     }
@@ -229,12 +247,12 @@ impl KeyIndex {
     pub fn remove(&mut self, key: u64) -> Option<u32> {
         let (b, w) = self.find(self.home(key), key)?;
         self.len -= 1;
-        Some(std::mem::replace(&mut self.buckets[b].rows[w], EMPTY))
+        Some(std::mem::replace(&mut self.buckets_mut()[b].rows[w], EMPTY))
     }
 
     /// Every `(key, row)` held, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.buckets.iter().flat_map(|b| {
+        self.buckets().iter().flat_map(|b| {
             (0..WAYS)
                 .filter(move |&w| b.rows[w] != EMPTY)
                 .map(move |w| (b.keys[w], b.rows[w]))
@@ -258,7 +276,7 @@ mod tests {
         for n in [1u64, 5, 1000, 1 << 20] {
             let mut ix = KeyIndex::with_capacity(n);
             for k in 0..n {
-                ix.insert(k.wrapping_mul(0x9E37_79B9_7F4A_7C15), k as u32)
+                ix.insert(k.wrapping_mul(0x9E37_79B9_7F4A_7C15), k as u32 + 1)
                     .unwrap();
             }
             if n >= 1000 {
@@ -268,7 +286,7 @@ mod tests {
             for k in 0..n {
                 assert_eq!(
                     ix.get(k.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                    Some(k as u32)
+                    Some(k as u32 + 1)
                 );
             }
         }
@@ -277,14 +295,14 @@ mod tests {
     #[test]
     fn keys_past_its_size_still_go_in_until_one_slot_is_left() {
         let mut ix = KeyIndex::with_seed(4, 7);
-        let slots = (ix.buckets.len() * WAYS) as u64;
+        let slots = (ix.buckets().len() * WAYS) as u64;
         for k in 0..slots - 1 {
-            assert_eq!(ix.insert(k, k as u32), Ok(Inserted::New));
+            assert_eq!(ix.insert(k, k as u32 + 1), Ok(Inserted::New));
         }
-        assert_eq!(ix.insert(u64::MAX, 0), Err(Full { keys: slots - 1 }));
-        assert_eq!(ix.insert(3, 9), Ok(Inserted::Present(3)));
+        assert_eq!(ix.insert(u64::MAX, 1), Err(Full { keys: slots - 1 }));
+        assert_eq!(ix.insert(3, 9), Ok(Inserted::Present(4)));
         for k in 0..slots - 1 {
-            assert_eq!(ix.get(k), Some(k as u32));
+            assert_eq!(ix.get(k), Some(k as u32 + 1));
         }
         assert_eq!(ix.get(u64::MAX), None);
     }

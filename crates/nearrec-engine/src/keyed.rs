@@ -197,37 +197,37 @@ pub(crate) fn load(
         .collect()
 }
 
-/// Table `i`'s index, if it is keyed.
+/// Table `i`'s index, if it is keyed. A key given two rows, or a row two keys, is a
+/// corrupted store.
 pub(crate) fn load_one(reader: &StoreReader, i: usize, policy: &KeyPolicy) -> Result<Option<Keys>> {
-    let Some(keys) = reader.keys(i)? else {
+    let Some(entries) = reader.keys(i)? else {
         return Ok(None);
     };
     let meta = &reader.tables()[i];
-    let mut index = KeyIndex::with_capacity(keys.len() as u64);
-    for (j, &key) in keys.iter().enumerate() {
-        let row = u32::try_from(j + 1)
-            .ok()
-            .filter(|&r| u64::from(r) < nearrec_cache::MAX_KEYED_ROWS)
-            .ok_or_else(|| {
-                FormatError::corrupted(
-                    reader.path().join(&meta.file),
-                    format!(
-                        "table {:?} has more keys than rows can be numbered",
-                        meta.name
-                    ),
-                )
-            })?;
+    let corrupted = |reason: String| -> EngineError {
+        let file = &meta.keys.as_ref().expect("keyed").file;
+        FormatError::corrupted(
+            reader.path().join(file),
+            format!("table {:?}: {reason}", meta.name),
+        )
+        .into()
+    };
+    let mut index = KeyIndex::with_capacity(entries.len() as u64);
+    let mut taken = vec![0u64; meta.rows.div_ceil(64) as usize];
+    for &(key, row) in &entries {
+        let (word, bit) = (row as usize / 64, 1u64 << (row % 64));
+        if taken[word] & bit != 0 {
+            return Err(corrupted(format!(
+                "row {row} is given to two keys (one is {key})"
+            )));
+        }
+        taken[word] |= bit;
         match index.insert(key, row) {
             Ok(Inserted::New) => {}
             Ok(Inserted::Present(first)) => {
-                return Err(FormatError::corrupted(
-                    reader.path().join(&meta.keys.as_ref().expect("keyed").file),
-                    format!(
-                        "table {:?}: key {key} is given to rows {first} and {row}",
-                        meta.name
-                    ),
-                )
-                .into());
+                return Err(corrupted(format!(
+                    "key {key} is given to rows {first} and {row}"
+                )));
             }
             Err(full) => unreachable!("an index sized for its keys took them all: {full}"),
         }

@@ -307,7 +307,7 @@ fn padding_is_refused_and_the_index_must_fit_the_budget() {
 }
 
 #[test]
-fn a_key_given_to_two_rows_is_a_corrupted_store() {
+fn a_key_given_two_rows_or_a_row_two_keys_is_a_corrupted_store() {
     // the writer refuses repeated keys; a keys file changed on disk (its checksum with it) is
     // caught where the index is built
     let tmp = tempfile::tempdir().unwrap();
@@ -319,21 +319,36 @@ fn a_key_given_to_two_rows_is_a_corrupted_store() {
         DType::Fp32,
         pattern,
     );
-    let mut manifest = StoreReader::open(&path).unwrap().manifest().clone();
-    let keys = manifest.tables[0].keys.as_mut().unwrap();
-    let bytes: Vec<u8> = [4u64, 9, 4].iter().flat_map(|k| k.to_le_bytes()).collect();
-    std::fs::write(path.join(&keys.file), &bytes).unwrap();
-    keys.crc32c = crc32c::crc32c(&bytes);
-    manifest.publish(&path).unwrap();
-    let config = EngineConfig::default();
-    let err = Engine::from_reader(&StoreReader::open(&path).unwrap(), config, None).unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            EngineError::Format(nearrec_format::FormatError::Corrupted { .. })
-        ) && err.to_string().contains("key 4 is given to rows 1 and 3"),
-        "{err}"
-    );
+    for (entries, want) in [
+        (
+            [(4u64, 1u32), (9, 2), (4, 3)],
+            "key 4 is given to rows 1 and 3",
+        ),
+        (
+            [(4, 1), (9, 2), (7, 2)],
+            "row 2 is given to two keys (one is 7)",
+        ),
+    ] {
+        let mut manifest = StoreReader::open(&path).unwrap().manifest().clone();
+        let keys = manifest.tables[0].keys.as_mut().unwrap();
+        let bytes: Vec<u8> = entries
+            .iter()
+            .flat_map(|(k, r)| [k.to_le_bytes().as_slice(), r.to_le_bytes().as_slice()].concat())
+            .collect();
+        std::fs::write(path.join(&keys.file), &bytes).unwrap();
+        keys.crc32c = crc32c::crc32c(&bytes);
+        manifest.publish(&path).unwrap();
+        let config = EngineConfig::default();
+        let err =
+            Engine::from_reader(&StoreReader::open(&path).unwrap(), config, None).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                EngineError::Format(nearrec_format::FormatError::Corrupted { .. })
+            ) && err.to_string().contains(want),
+            "{err}"
+        );
+    }
 }
 
 #[test]

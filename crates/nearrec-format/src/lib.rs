@@ -11,8 +11,8 @@
 //! - `attach-NNNN-name` — attachments (version 2): named blobs such as a model's dense weights;
 //! - `table-NNNN.sums` — sector checksums (version 3): a CRC-32C per 512 B of a table's data, so
 //!   that the SSD tier checks every read as it lands;
-//! - `table-NNNN.keys` — a keyed table's keys (version 5): the raw 64-bit id of each row after
-//!   row 0, which holds zeros;
+//! - `table-NNNN.keys` — a keyed table's keys (version 5): each raw 64-bit id with its row
+//!   (row 0 holds zeros; rows no key holds are room for keys to come);
 //! - `wal-*.nrwal` — a live store's write-ahead log (version 4, `docs/format.md` §12–13), and
 //!   `table-NNNN.<lsn>.nrt`, a table file a compaction or a created table wrote.
 //!
@@ -87,7 +87,7 @@ pub use error::{FormatError, Result};
 pub use gc::gc;
 pub use header::{HEADER_BYTES, TABLE_MAGIC, TableHeader};
 pub use init::UniformInit;
-pub use keys::{KeysMeta, ZERO_ROW};
+pub use keys::{KeyRow, KeysMeta, ZERO_ROW};
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 pub use leftovers::{GcReport, Leftover, orphans, retired};
 pub use manifest::{

@@ -52,8 +52,8 @@ pub struct TableMeta {
     /// unprotected on the read path (an older store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sums: Option<SumsMeta>,
-    /// A keyed table's keys file (format version 5): the key of each row after row 0, which
-    /// holds zeros; `None`: rows are addressed by position.
+    /// A keyed table's keys file (format version 5): each key with its row (row 0 holds
+    /// zeros); `None`: rows are addressed by position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<KeysMeta>,
 }
@@ -68,13 +68,9 @@ impl TableMeta {
         self.keys.is_some()
     }
 
-    /// The keys a keyed table holds (every row but the zero row), or the rows of another.
+    /// The keys a keyed table holds, or the rows of another.
     pub fn entries(&self) -> u64 {
-        if self.is_keyed() {
-            self.rows.saturating_sub(1)
-        } else {
-            self.rows
-        }
+        self.keys.as_ref().map_or(self.rows, |k| k.count)
     }
 
     /// Every file of the store's directory the table is made of: its data, sector sums, row
@@ -279,6 +275,7 @@ mod tests {
         m.tables[0].keys = Some(KeysMeta {
             file: "table-0000.keys".into(),
             crc32c: 5,
+            count: 9,
         });
         m.format_version = 4;
         assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));

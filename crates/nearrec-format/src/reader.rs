@@ -16,6 +16,7 @@ use crate::aligned::AlignedBuf;
 use crate::chunks::{CHUNK_BYTES, ProgressFn};
 use crate::error::{FormatError, Result};
 use crate::header::{HEADER_BYTES, TableHeader};
+use crate::keys::KeyRow;
 use crate::layout::DATA_OFFSET;
 use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
 use crate::order::RowOrder;
@@ -143,9 +144,9 @@ impl StoreReader {
         &self.orders
     }
 
-    /// Keyed table `i`'s keys (`docs/format.md` §16): the key of row `r + 1` at `r`, read from
-    /// its keys file and checked (`None`: a table addressed by position).
-    pub fn keys(&self, i: usize) -> Result<Option<Vec<u64>>> {
+    /// Keyed table `i`'s keys with their rows (`docs/format.md` §16), read from its keys file
+    /// and checked (`None`: a table addressed by position).
+    pub fn keys(&self, i: usize) -> Result<Option<Vec<KeyRow>>> {
         let meta = &self.manifest.tables[i];
         let Some(km) = &meta.keys else {
             return Ok(None);
@@ -316,7 +317,7 @@ impl StoreReader {
                 .filter(|(_, t)| t.is_keyed())
                 .map(|(i, t)| TableCheck {
                     table: format!("keys of {}", t.name),
-                    bytes: t.entries() * 8,
+                    bytes: t.entries() * crate::keys::ENTRY_BYTES as u64,
                     error: self.keys(i).err().map(|e| e.to_string()),
                 }),
         );
@@ -483,17 +484,18 @@ fn open_order(root: &Path, meta: &TableMeta) -> Result<Option<Arc<RowOrder>>> {
     .map(|o| Some(Arc::new(o)))
 }
 
-/// The keys of keyed table `meta` in store `root`, read and checked (size and CRC-32C; that
-/// they are distinct is checked by the index built from them).
-fn read_keys(root: &Path, meta: &TableMeta, km: &crate::KeysMeta) -> Result<Vec<u64>> {
+/// The keys of keyed table `meta` in store `root` with their rows, read and checked (size,
+/// CRC-32C, rows in range; that keys and rows are distinct is checked by the index built from
+/// them).
+fn read_keys(root: &Path, meta: &TableMeta, km: &crate::KeysMeta) -> Result<Vec<KeyRow>> {
     read_beside(root, meta, &km.file, "keys", |bytes| {
-        let want = meta.rows.checked_sub(1).map(|k| k * 8);
+        let want = km.count.checked_mul(crate::keys::ENTRY_BYTES as u64);
         if want != Some(bytes.len() as u64) {
             return Err(format!(
-                "the keys file is {} bytes; {} rows (a zero row and a key a row) need {}",
+                "the keys file is {} bytes; {} keys need {}",
                 bytes.len(),
-                meta.rows,
-                want.map_or("a zero row".into(), |w| w.to_string())
+                km.count,
+                want.map_or("more".into(), |w| w.to_string())
             ));
         }
         let crc = crc32c::crc32c(bytes);
@@ -503,7 +505,7 @@ fn read_keys(root: &Path, meta: &TableMeta, km: &crate::KeysMeta) -> Result<Vec<
                 km.crc32c
             ));
         }
-        Ok(crate::keys::decode(bytes))
+        crate::keys::decode(bytes, meta.rows)
     })
 }
 

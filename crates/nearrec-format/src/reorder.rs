@@ -94,11 +94,8 @@ pub fn copy_ordered(
                 ));
             }
             (Some(o), None) => writer.finish_table_ordered(table, o)?,
-            (None, Some(keys)) => {
-                // the zero row and the keys' rows were copied as they are
-                table.keyed = true;
-                writer.finish_table_keyed(table, &keys)?;
-            }
+            // every row was copied as it is: the keys keep their rows
+            (None, Some(keys)) => writer.finish_keyed(table, &keys)?,
             (None, None) => writer.finish_table(table)?,
         }
     }

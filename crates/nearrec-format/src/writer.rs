@@ -20,6 +20,7 @@ use crate::chunks::{CHUNK_BYTES, ProgressFn};
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
 use crate::header::{TABLE_VERSION, TableHeader};
+use crate::keys::KeyRow;
 use crate::layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 use crate::manifest::Attachment;
 use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
@@ -193,32 +194,35 @@ impl StoreWriter {
         TableWriter::create(&self.tmp, file_name, spec, self.progress.clone())
     }
 
-    /// Starts a keyed table of `spec.rows` keys (`docs/format.md` §16): its zero row is written
-    /// first, then the keys' rows must be written in order and the table handed back, with its
-    /// keys, to [`Self::finish_table_keyed`]. The store becomes format version 5.
-    pub fn keyed_table(&mut self, mut spec: TableSpec) -> Result<TableWriter> {
-        if spec.rows >= KEYED_ROWS {
+    /// Starts a keyed table of `spec.rows` keys and room for `spare` more (`docs/format.md`
+    /// §16): its zero row is written first, then the keys' rows must be written in order and
+    /// the table handed back, with its keys, to [`Self::finish_table_keyed`], which adds the
+    /// `spare` free rows. The store becomes format version 5.
+    pub fn keyed_table(&mut self, mut spec: TableSpec, spare: u64) -> Result<TableWriter> {
+        let rows = spec.rows.checked_add(spare).and_then(|r| r.checked_add(1));
+        if rows.is_none_or(|r| r > KEYED_ROWS) {
             return Err(FormatError::invalid_table(
                 &spec.name,
                 format!(
-                    "{} keys: a keyed table holds at most {}",
+                    "{} keys and {spare} spare rows: a keyed table has at most {} rows",
                     spec.rows,
                     KEYED_ROWS - 1
                 ),
             ));
         }
-        spec.rows += 1;
+        let keys = spec.rows;
+        spec.rows = rows.expect("checked");
         let dim = spec.dim as usize;
         let mut table = self.table(spec)?;
         table.write_f32(&vec![0.0; dim])?;
-        table.keyed = true;
+        table.keyed = Some(keys);
         Ok(table)
     }
 
     /// Flushes, fsyncs and seals `table` (writes its header) and records it in the manifest. All
     /// its rows must have been written.
     pub fn finish_table(&mut self, table: TableWriter) -> Result<()> {
-        if table.keyed {
+        if table.keyed.is_some() {
             return Err(FormatError::invalid_table(
                 &table.spec.name,
                 "a keyed table is finished with its keys (finish_table_keyed)",
@@ -229,22 +233,23 @@ impl StoreWriter {
 
     /// As [`Self::finish_table`], for a table started by [`Self::keyed_table`]: `keys[i]` is the
     /// key of the `i`-th row written after the zero row. Keys must be distinct (a repeated one
-    /// is refused, naming its first two positions); their number must be the rows'.
-    pub fn finish_table_keyed(&mut self, table: TableWriter, keys: &[u64]) -> Result<()> {
+    /// is refused, naming its first two positions); their number must be the rows'. The spare
+    /// rows are written (zeros) here.
+    pub fn finish_table_keyed(&mut self, mut table: TableWriter, keys: &[u64]) -> Result<()> {
         let name = table.spec.name.clone();
-        if !table.keyed {
+        let Some(want) = table.keyed else {
             return Err(FormatError::invalid_table(
                 &name,
                 "the table was not started as a keyed table (keyed_table)",
             ));
-        }
-        if keys.len() as u64 + 1 != table.spec.rows {
+        };
+        if keys.len() as u64 != want || table.rows_written != want + 1 {
             return Err(FormatError::invalid_table(
                 &name,
                 format!(
                     "{} keys were given for {} rows",
                     keys.len(),
-                    table.spec.rows - 1
+                    table.rows_written - 1
                 ),
             ));
         }
@@ -254,14 +259,32 @@ impl StoreWriter {
                 format!("key {key} is given twice, at positions {first} and {again}"),
             ));
         }
+        let spare = table.spec.rows - table.rows_written;
+        table.write_with(spare, |_, out| out.fill(0.0))?;
+        let entries: Vec<KeyRow> = (keys.iter().zip(1u32..)).map(|(&k, r)| (k, r)).collect();
+        self.finish_keyed(table, &entries)
+    }
+
+    /// Seals a keyed table whose rows are all written, `entries` its keys and their rows
+    /// (checked by the caller).
+    pub(crate) fn finish_keyed(
+        &mut self,
+        mut table: TableWriter,
+        entries: &[KeyRow],
+    ) -> Result<()> {
+        table.keyed = None;
         self.finish_table_in(table, None)?;
         let meta = self.tables.last_mut().expect("just finished");
-        let bytes = crate::keys::encode(keys);
+        let bytes = crate::keys::encode(entries);
         let (file, crc32c) = write_beside(&self.tmp, &meta.file, ".keys", &bytes)?;
         if let Some(p) = &self.progress {
             p(bytes.len() as u64);
         }
-        meta.keys = Some(crate::KeysMeta { file, crc32c });
+        meta.keys = Some(crate::KeysMeta {
+            file,
+            crc32c,
+            count: entries.len() as u64,
+        });
         Ok(())
     }
 
@@ -269,6 +292,12 @@ impl StoreWriter {
     /// slots `0, 1, ...` were rows `order.rows_by_slot()`. Lookups keep using row ids; the store
     /// becomes format version 2.
     pub fn finish_table_ordered(&mut self, table: TableWriter, order: &RowOrder) -> Result<()> {
+        if table.keyed.is_some() {
+            return Err(FormatError::invalid_table(
+                &table.spec.name,
+                "a keyed table cannot be co-located",
+            ));
+        }
         if order.rows() != table.spec.rows {
             return Err(FormatError::invalid_table(
                 &table.spec.name,
@@ -283,12 +312,6 @@ impl StoreWriter {
     }
 
     fn finish_table_in(&mut self, table: TableWriter, order: Option<&RowOrder>) -> Result<()> {
-        if table.keyed && order.is_some() {
-            return Err(FormatError::invalid_table(
-                &table.spec.name,
-                "a keyed table cannot be co-located",
-            ));
-        }
         if table.path.parent() != Some(self.tmp.as_path()) {
             return Err(FormatError::invalid_table(
                 &table.spec.name,
@@ -379,9 +402,8 @@ pub struct TableWriter {
     chunk_rows: u64,
     chunk_bytes: usize,
     rows_written: u64,
-    /// Started by [`StoreWriter::keyed_table`] (or a copy of a keyed table's rows, zero row
-    /// first): its keys come at the end.
-    pub(crate) keyed: bool,
+    /// Started by [`StoreWriter::keyed_table`] for this many keys: they come at the end.
+    keyed: Option<u64>,
 }
 
 impl TableWriter {
@@ -412,7 +434,7 @@ impl TableWriter {
             chunk_rows: spans_per_chunk * layout.rows_per_span(),
             chunk_bytes,
             rows_written: 0,
-            keyed: false,
+            keyed: None,
         })
     }
 

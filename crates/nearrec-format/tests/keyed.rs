@@ -4,7 +4,7 @@ use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
 
 fn write(dir: &std::path::Path, keys: &[u64]) -> nearrec_format::Result<()> {
     let mut w = StoreWriter::create(dir, StoreOptions::default())?;
-    let mut t = w.keyed_table(TableSpec::new("ids", keys.len() as u64, 2, DType::Fp32))?;
+    let mut t = w.keyed_table(TableSpec::new("ids", keys.len() as u64, 2, DType::Fp32), 2)?;
     let rows: Vec<f32> = (0..keys.len() * 2).map(|v| v as f32 + 1.0).collect();
     t.write_f32(&rows)?;
     w.finish_table_keyed(t, keys)?;
@@ -20,8 +20,12 @@ fn a_keyed_table_keeps_a_zero_row_then_its_keys_rows() {
     let r = StoreReader::open(&dir).unwrap();
     assert_eq!(r.manifest().format_version, 5);
     let meta = &r.tables()[0];
-    assert_eq!((meta.rows, meta.entries(), meta.is_keyed()), (4, 3, true));
-    assert_eq!(r.keys(0).unwrap().unwrap(), keys);
+    // the zero row, a row a key, two spare rows
+    assert_eq!((meta.rows, meta.entries(), meta.is_keyed()), (6, 3, true));
+    assert_eq!(
+        r.keys(0).unwrap().unwrap(),
+        [(u64::MAX, 1), (7, 2), (1 << 40, 3)]
+    );
     let data = r.read_table(0, true, None).unwrap();
     let data = data.as_slice();
     let row = |i: usize| -> Vec<f32> {
@@ -33,6 +37,7 @@ fn a_keyed_table_keeps_a_zero_row_then_its_keys_rows() {
     assert_eq!(row(0), [0.0, 0.0]);
     assert_eq!(row(1), [1.0, 2.0]);
     assert_eq!(row(3), [5.0, 6.0]);
+    assert_eq!(row(5), [0.0, 0.0]);
     assert!(r.verify(None).iter().all(|c| c.error.is_none()));
 }
 
@@ -79,7 +84,7 @@ fn keys_that_do_not_match_the_rows_are_refused_and_nothing_is_published() {
     let dir = tmp.path().join("s");
     let mut w = StoreWriter::create(&dir, StoreOptions::default()).unwrap();
     let mut t = w
-        .keyed_table(TableSpec::new("ids", 2, 1, DType::Fp32))
+        .keyed_table(TableSpec::new("ids", 2, 1, DType::Fp32), 0)
         .unwrap();
     t.write_f32(&[1.0, 2.0]).unwrap();
     let e = w.finish_table_keyed(t, &[1]).unwrap_err().to_string();
@@ -91,7 +96,7 @@ fn keys_that_do_not_match_the_rows_are_refused_and_nothing_is_published() {
     assert!(!dir.exists());
     let mut w = StoreWriter::create(&dir, StoreOptions::default()).unwrap();
     let mut t = w
-        .keyed_table(TableSpec::new("ids", 1, 1, DType::Fp32))
+        .keyed_table(TableSpec::new("ids", 1, 1, DType::Fp32), 0)
         .unwrap();
     t.write_f32(&[1.0]).unwrap();
     let e = w.finish_table(t).unwrap_err().to_string();

@@ -136,7 +136,7 @@ impl NativeStoreWriter {
             };
             let store = st.store.as_mut().expect("checked in with()");
             let table = if keyed {
-                store.keyed_table(spec)
+                store.keyed_table(spec, 0)
             } else {
                 store.table(spec)
             };

@@ -50,7 +50,7 @@ pub fn write_keyed_store(
     let path = path.as_ref().to_path_buf();
     let mut w = StoreWriter::create(&path, StoreOptions::default()).expect("a new store");
     let mut table = w
-        .keyed_table(TableSpec::new(name, keys.len() as u64, dim, dtype))
+        .keyed_table(TableSpec::new(name, keys.len() as u64, dim, dtype), 0)
         .expect("a keyed table");
     let values: Vec<f32> = (0..keys.len() as u64 * u64::from(dim))
         .map(|i| value(0, i))
