@@ -232,3 +232,19 @@ def test_a_torchrec_kjt_of_raw_ids_pools_through_nearrec_torch(tmp_path):
         local = torch.tensor([position[k] for k in ids.tolist()])
         offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]))
         np.testing.assert_allclose(got, bag(local, offsets).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_state_dict_with_an_id_column_builds_a_keyed_table(tmp_path):
+    torch = pytest.importorskip("torch")
+    keys, rows = keyed()
+    sd = {"user.weight": torch.from_numpy(rows), "user.ids": torch.from_numpy(keys),
+          "item.weight": torch.from_numpy(rows[:50])}
+    nearrec.from_state_dict(tmp_path / "s", sd, keys={"user": "user.ids"})
+    store = nearrec.open(tmp_path / "s")
+    assert store.tables["user"].keys == N and not store.tables["item"].keyed
+    np.testing.assert_array_equal(store.lookup("user", keys[[7, 3]], [0, 1]), rows[[7, 3]])
+    with pytest.raises(InvalidRequest, match="no entry 'user.id'") as e:
+        nearrec.from_state_dict(tmp_path / "t", sd, keys={"user": "user.id"})
+    assert e.value.table == "user"
+    with pytest.raises(InvalidRequest, match="1-D integer array"):
+        nearrec.from_state_dict(tmp_path / "t", sd, keys={"user": "user.weight"})

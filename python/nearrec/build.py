@@ -120,7 +120,7 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
         raise InvalidRequest(f"dtype is one name or a mapping from table to name, not {dtype!r}")
     block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     srcs = {name: _source_array(name, a) for name, a in arrays.items()}
-    key_cols = _key_columns(keys, srcs)
+    key_cols = _key_columns(keys, {n: a.shape[0] for n, a in srcs.items()})
     dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
               for n in srcs}
     total = sum(_data_bytes(a.shape[0], a.shape[1], dtypes[n], block_bytes)
@@ -138,8 +138,8 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
 
 
 def _key_columns(keys: Mapping[str, Any] | None,
-                 srcs: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[np.int64]]:
-    """Each keyed table's ids, checked against its rows (the writer refuses repeated ids)."""
+                 rows: Mapping[str, int]) -> dict[str, npt.NDArray[np.int64]]:
+    """Each keyed table's ids, checked against its `rows` (the writer refuses repeated ids)."""
     if keys is None:
         return {}
     if not isinstance(keys, Mapping):
@@ -147,13 +147,13 @@ def _key_columns(keys: Mapping[str, Any] | None,
                              f"{type(keys).__name__}")
     out = {}
     for name, ids in keys.items():
-        if name not in srcs:
+        if name not in rows:
             raise InvalidRequest(f"keys are given for table {name!r}, which is not among the "
-                                 f"tables: {', '.join(srcs)}", table=name)
+                                 f"tables: {', '.join(rows)}", table=name)
         out[name] = key_vector(ids, name)
-        if len(out[name]) != srcs[name].shape[0]:
+        if len(out[name]) != rows[name]:
             raise InvalidRequest(f"table {name!r}: {len(out[name])} keys for "
-                                 f"{srcs[name].shape[0]} rows (one key a row)", table=name)
+                                 f"{rows[name]} rows (one key a row)", table=name)
     return out
 
 
@@ -222,11 +222,16 @@ def _state_dict_tables(state_dict: Mapping[str, Any],
 
 def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
                     dtype: str = "fp32", *, tables: Iterable[str] | None = None,
+                    keys: Mapping[str, Any] | None = None,
                     overwrite: bool = False, block_bytes: int = 4096,
                     progress: bool | None = None) -> StoreInfo:
     """Creates a store from the embedding weights of a PyTorch ``state_dict`` (of
     ``nn.EmbeddingBag`` modules or a TorchRec ``EmbeddingBagCollection``), or from a saved
-    ``.pt`` file (memory-mapped)."""
+    ``.pt`` file (memory-mapped).
+
+    ``keys`` makes tables keyed (as :func:`from_numpy` does): ``{table: ids}``, the ids an
+    integer tensor or array with one id a row, or the name of the state dict's entry that holds
+    them (an id column kept beside the weights, e.g. ``{"user": "user.ids"}``)."""
     import torch
 
     _check_dtype(dtype)
@@ -240,16 +245,37 @@ def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
                                                                    for t in tables)):
         raise InvalidRequest(f"tables is a list of table names, not {tables!r}")
     weights = _state_dict_tables(state_dict, tables)
+    key_cols = _key_columns(_state_dict_keys(state_dict, keys),
+                            {n: int(t.shape[0]) for n, t in weights.items()})
     total = sum(_data_bytes(t.shape[0], t.shape[1], dtype, block_bytes) for t in weights.values())
     params = {"source": "state_dict", "dtype": dtype}
     with _Writer(path, overwrite, params, total, progress) as w, torch.no_grad():
         for name, t in weights.items():
             rows, dim = t.shape
-            w.native.begin_table(name, rows, dim, dtype, block_bytes)
+            key_col = key_cols.get(name)
+            w.native.begin_table(name, rows, dim, dtype, block_bytes, keyed=key_col is not None)
             _feed(w.native, name, rows, dim,
                   lambda i, j, t=t: t[i:j].detach().to("cpu", torch.float32).numpy())  # type: ignore[misc]
-            w.native.finish_table()
+            w.native.finish_table(key_col)
         return w.commit()
+
+
+def _state_dict_keys(state_dict: Mapping[str, Any],
+                     keys: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """`keys` with each entry's name replaced by the state dict's ids under it, as numpy."""
+    if keys is None or not isinstance(keys, Mapping):
+        return keys  # (refused, named, by _key_columns)
+    out = {}
+    for table, ids in keys.items():
+        if isinstance(ids, str):
+            if ids not in state_dict:
+                raise InvalidRequest(f"table {table!r}: the state dict has no entry {ids!r} "
+                                     f"for its keys", table=table)
+            ids = state_dict[ids]
+        if hasattr(ids, "detach"):
+            ids = ids.detach().cpu().numpy()
+        out[table] = ids
+    return out
 
 
 def build(path: StorePath, model: str = "rmc1", *, rows: int | None = None,
