@@ -358,10 +358,12 @@ def markdown(records: list[Record], command: str) -> str:
             for r in (r for r in records if r.extra.get("group") == g
                       and r.system != "limit.random_read"):
                 hits = r.extra.get("dram_hit_ratio")
+                got = r.extra.get("device_reads")
+                reads = "—" if got is None else f"{got:,.0f}"
                 lines.append(
                     f"| {g[4:]} | {r.system} | {r.lookups_per_s / 1e6:.2f} | "
                     f"{_spread(rounds(r))} | {'—' if hits is None else f'{100 * hits:.1f} %'} | "
-                    f"{r.extra.get('device_reads', 0):,.0f} | "
+                    f"{reads} | "
                     f"{ratio(r, find(g, 'store.rows.ssd'))} | "
                     f"{ratio(r, find(g, 'rocksdb.multiget'))} |")
             if limit:
