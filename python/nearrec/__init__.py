@@ -26,8 +26,11 @@ The modules, lowest layer first: each imports only from the layers before it
 - {``store``, ``keyed``}: :class:`Store`, one class over the store's contract
   (``nearrec::StoreApi``) whatever serves it — ``open``, lookups, ``submit`` → ``Pending``,
   ``lookup_stream``, ``infer``, writes, swaps, stats — each a call of the binding's
-  ``NativeStore``; :class:`KeyedTable`, rows by unbounded 64-bit ids.
-- {``build``, ``trace``, ``remote``, ``gpu``}: :func:`from_numpy`, :func:`from_state_dict`,
+  ``NativeStore`` (a keyed table's lookups name raw 64-bit keys); :class:`KeyedTable`, rows
+  by unbounded 64-bit ids held in DRAM alone, and ``keyed.index_bytes``, the DRAM a store's
+  keyed table's index takes.
+- {``build``, ``trace``, ``remote``, ``gpu``}: :func:`from_numpy`, :func:`from_state_dict` (both
+  take ``keys=`` for keyed tables),
   :func:`build`, :func:`update`, :func:`remove`; ``nearrec.trace`` (generators, ``.nrtrace``
   files, FBGEMM conversion, profiles); :func:`connect` and the pickling of a node's store
   (``RemoteStore`` is a deprecated alias of :class:`Store`); ``nearrec.gpu``, the HBM tier.
