@@ -90,14 +90,48 @@ pub fn trace_file(data: &[u8]) {
 /// Rows of each table of the store the targets read.
 pub const ROWS: u64 = 97;
 
+/// The keys of the fuzz store's keyed table `k`, one a row: spread over the 64-bit range.
+pub fn keys() -> Vec<u64> {
+    (1..=ROWS)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect()
+}
+
 /// The small store the targets read, written at `path`: tables `a` (fp32, dim 4) and `b`
-/// (int8, dim 8) of [`ROWS`] rows, the testkit's pattern, and a model kept with them (its
-/// `model.json` and `dense.npz` attachments): one linear layer over 2 dense features and both
-/// tables' pooled vectors, then a sigmoid. What the seeds are made from.
+/// (int8, dim 8) of [`ROWS`] rows, the testkit's pattern; a keyed table `k` (fp16, dim 4) of
+/// [`keys`] and 3 spare rows; and a model kept with them (its `model.json` and `dense.npz`
+/// attachments): one linear layer over 2 dense features and `a`'s and `b`'s pooled vectors,
+/// then a sigmoid. What the seeds are made from.
 pub fn write_store(path: &Path) -> std::path::PathBuf {
+    use nearrec::format::{StoreOptions, StoreWriter, TableSpec};
     use nearrec::model::{GraphSpec, ModelConfig, OpSpec, Tensor};
-    let tables = [("a", ROWS, 4, DType::Fp32), ("b", ROWS, 8, DType::Int8)];
-    let path = nearrec_testkit::write_store(path, &tables, nearrec_testkit::pattern);
+    let path = path.to_path_buf();
+    let mut writer = StoreWriter::create(&path, StoreOptions::default()).expect("a new store");
+    for (t, (name, dim, dtype)) in [
+        ("a", 4u32, DType::Fp32),
+        ("b", 8, DType::Int8),
+        ("k", 4, DType::Fp16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spec = TableSpec::new(name, ROWS, dim, dtype);
+        let values: Vec<f32> = (0..ROWS * u64::from(dim))
+            .map(|i| nearrec_testkit::pattern(t, i))
+            .collect();
+        let mut table = match name {
+            "k" => writer.keyed_table(spec, 3),
+            _ => writer.table(spec),
+        }
+        .expect("a table");
+        table.write_f32(&values).expect("its rows");
+        match name {
+            "k" => writer.finish_table_keyed(table, &keys()),
+            _ => writer.finish_table(table),
+        }
+        .expect("the table");
+    }
+    writer.commit().expect("the store");
     let graph = GraphSpec {
         dense: 2,
         ops: vec![OpSpec::Linear {
@@ -216,11 +250,12 @@ impl Answers {
     /// just opened give the same bits.
     fn of(store: &Store) -> Self {
         let ids: Vec<i64> = (0..ROWS as i64).collect();
-        let rows = [("a", 4), ("b", 8)]
+        let keys: Vec<i64> = keys().into_iter().map(|k| k as i64).collect();
+        let rows = [("a", 4, &ids), ("b", 8, &ids), ("k", 4, &keys)]
             .iter()
-            .map(|&(t, dim)| {
+            .map(|&(t, dim, ids)| {
                 let mut out = vec![0f32; ROWS as usize * dim];
-                store.read_rows(t, &ids, &mut out).map(|()| out)
+                store.read_rows(t, ids, &mut out).map(|()| out)
             })
             .collect();
         Self {
@@ -268,9 +303,9 @@ fn pristine() -> &'static Pristine {
 /// A store directory with bytes of one of its files changed — which file, which bytes and how
 /// taken from the input: its first byte picks the file, then each group of four a byte (three
 /// bytes of offset, one to xor it with) — opened on each of [`CHECKED_TIERS`], every row read
-/// and the kept model run: each tier refuses (a typed error at open, at the read or at the
-/// model's load) or answers as the store was written. A row or an output served other than
-/// written is a finding — damage served silently — not only a crash.
+/// (a keyed table's by key) and the kept model run: each tier refuses (a typed error at open,
+/// at the read or at the model's load) or answers as the store was written. A row or an output
+/// served other than written is a finding — damage served silently — not only a crash.
 pub fn store_dir(data: &[u8]) {
     let Some((&which, changes)) = data.split_first() else {
         return;
@@ -311,7 +346,7 @@ pub fn store_dir(data: &[u8]) {
             continue;
         };
         let got = Answers::of(&store);
-        for ((table, got), want) in ["a", "b"].iter().zip(&got.rows).zip(rows) {
+        for ((table, got), want) in ["a", "b", "k"].iter().zip(&got.rows).zip(rows) {
             if let Ok(got) = got {
                 assert!(
                     got == want,
