@@ -45,10 +45,12 @@ def open_store(request: pytest.FixtureRequest) -> Iterator[Open]:
             return nearrec.open(path, tier="dram", unknown_keys=unknown_keys)
         if request.param == "ssd":
             return nearrec.open(path, tier="ssd", dram_budget="64KiB", unknown_keys=unknown_keys)
+        # the policy from the node's store config, or its flag
         config = path.with_suffix(".toml")
         config.write_text(f'unknown_keys = "{unknown_keys}"\n')
-        node = Node(f"{path}=s", "--tier", "ssd", "--dram-budget", "64KiB",
-                    "--store-config", str(config))
+        policy = (["--unknown-keys", unknown_keys] if unknown_keys == "zero"
+                  else ["--store-config", str(config)])
+        node = Node(f"{path}=s", "--tier", "ssd", "--dram-budget", "64KiB", *policy)
         nodes.append(node)
         return nearrec.connect(node.address, "s")
 
@@ -248,3 +250,19 @@ def test_a_state_dict_with_an_id_column_builds_a_keyed_table(tmp_path):
     assert e.value.table == "user"
     with pytest.raises(InvalidRequest, match="1-D integer array"):
         nearrec.from_state_dict(tmp_path / "t", sd, keys={"user": "user.weight"})
+
+
+def test_a_keyed_tables_keys_are_read_back_and_the_cli_looks_them_up(tmp_path, capsys):
+    path = build(tmp_path / "s")
+    keys, rows = keyed()
+    np.testing.assert_array_equal(nearrec.keyed.keys_of(path, "ids"), keys)
+    with pytest.raises(InvalidRequest, match="not keyed"):
+        nearrec.keyed.keys_of(path, "dense")
+    with pytest.raises(nearrec.UnknownTable):
+        nearrec.keyed.keys_of(path, "nope")
+    # `nearrec lookup` draws a keyed table's ids from its keys, not from row positions
+    from nearrec.cli import main
+    assert main(["lookup", str(path), "--table", "ids", "--batch", "8", "--repeat", "2",
+                 "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "first_row" in out and '"first_row": [0.0, 0.0' not in out

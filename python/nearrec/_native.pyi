@@ -21,7 +21,8 @@ __all__ = [
     "NativeStoreWriter", "NativeKeyedTable", "NativeModel", "cache_simulate", "device_simulate",
     "device_preset", "device_fit", "device_read_rate", "disk_read_rate", "verify_store",
     "scrub_store", "store_gc",
-    "read_manifest", "repo_publish", "repo_versions", "store_attach", "store_read_attachment",
+    "read_manifest", "read_keys", "repo_publish", "repo_versions", "store_attach",
+    "store_read_attachment",
     "table_layout",
     "trace_generate_table", "trace_write", "trace_open", "trace_profile", "colocation_order",
     "copy_store_ordered", "panic_at_the_boundary", "error_kinds", "serve", "node_flags",
@@ -222,6 +223,7 @@ def verify_store(path: _Path, progress: bool = False) -> list[tuple[str, int, st
 def scrub_store(path: _Path, rate: int = 0, progress: bool = False
                 ) -> list[tuple[str, int, str | None]]: ...
 def read_manifest(path: _Path) -> str: ...
+def read_keys(path: _Path, table: str) -> npt.NDArray[np.int64]: ...
 def repo_publish(repository: _Path, store: _Path, move: bool = False) -> int: ...
 def repo_versions(path: _Path) -> tuple[list[int], int, list[int]] | None: ...
 def table_layout(

@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from ._native import NativeKeyedTable
 from ._native import key_index_bytes as _key_index_bytes
+from ._native import read_keys as _read_keys
 from .errors import InvalidRequest, StoreCorrupted, StoreIOError, StoreNotFound
 from .request import (
     PoolingModeName,
@@ -263,3 +264,9 @@ def index_bytes(keys: int) -> int:
     """DRAM the index of a keyed table kept in a store takes for ``keys`` keys (15.1 bytes a
     key at its load): what a store's DRAM budget must hold beside its tiers."""
     return int(_key_index_bytes(count(keys, "keys", 0, 2**40)))
+
+
+def keys_of(path: str | os.PathLike[str], table: str) -> I64:
+    """The keys keyed table ``table`` of the store at ``path`` holds, read from its keys file
+    (checked), as int64 bits (uint64 ids: ``.view(np.uint64)``)."""
+    return np.asarray(_read_keys(path_arg(path), table))

@@ -110,6 +110,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::repo_publish, m)?)?;
     m.add_function(wrap_pyfunction!(store::repo_versions, m)?)?;
     m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(store::read_keys, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_attach, m)?)?;
     m.add_function(wrap_pyfunction!(store::store_read_attachment, m)?)?;
     m.add_function(wrap_pyfunction!(writer::table_layout, m)?)?;

@@ -1065,6 +1065,42 @@ pub(crate) fn read_manifest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     Ok(manifest_json(&reader))
 }
 
+/// The keys keyed table `table` of the store at `path` holds (its keys file read and checked),
+/// in the file's order, as int64 bits.
+#[pyfunction]
+pub(crate) fn read_keys<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    table: &str,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let reader = StoreReader::open(&path).map_err(|e| format_err(py, e))?;
+    let Some(i) = reader.manifest().table_index(table) else {
+        let available: Vec<&str> = reader.tables().iter().map(|t| t.name.as_str()).collect();
+        return Err(raise(
+            py,
+            "UnknownTable",
+            format!(
+                "unknown table {table:?}; the store has: {}",
+                available.join(", ")
+            ),
+            Some(table),
+            None,
+        ));
+    };
+    let entries = detach(py, || reader.keys(i))?.map_err(|e| format_err(py, e))?;
+    let Some(entries) = entries else {
+        return Err(raise(
+            py,
+            "InvalidRequest",
+            format!("table {table:?} is not keyed: its rows are addressed by position"),
+            Some(table),
+            None,
+        ));
+    };
+    let keys: Vec<i64> = entries.iter().map(|&(k, _)| k as i64).collect();
+    Ok(PyArray1::from_vec(py, keys))
+}
+
 /// Adds (or replaces) attachment `name` of the store at `path`; returns the manifest as JSON.
 #[pyfunction]
 pub(crate) fn store_attach(

@@ -26,7 +26,7 @@ def parse_bytes(text: str) -> int:
 
 #: the store settings every verb that opens a store takes as flags: overrides of --config
 STORE_FLAGS = ("tier", "threads", "dram_budget", "cache_policy", "admission_probability",
-               "io_queue_depth", "plan", "device", "scrub_rate")
+               "io_queue_depth", "plan", "device", "scrub_rate", "unknown_keys")
 
 
 def store_flags(p: argparse.ArgumentParser, config_flag: str = "--config") -> None:
@@ -55,6 +55,10 @@ def store_flags(p: argparse.ArgumentParser, config_flag: str = "--config") -> No
     g.add_argument("--plan", help="a plan file (nearrec plan) placing rows in DRAM")
     g.add_argument("--device", help="serve the SSD tier from a simulated drive (a preset or a "
                    "JSON parameter file)")
+    g.add_argument("--unknown-keys", choices=["error", "zero", "init"],
+                   help="what a key a keyed table does not hold answers: an UnknownKey error "
+                        "naming its position, a row of zeros, or a row drawn from the key "
+                        f"(default: {d.unknown_keys})")
     g.add_argument("--scrub-rate", help="scrub the store in the background: its table files "
                    "read at this many bytes a second, e.g. 16MiB, pass after pass, every sector "
                    "checked against its checksum (default: 0, no scrub)")

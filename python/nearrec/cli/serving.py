@@ -13,6 +13,7 @@ import numpy as np
 
 import nearrec
 
+from .. import keyed
 from ..errors import InvalidRequest
 from ..request import count, regular_file
 from .flags import STORE_FLAGS, open_store, store_config
@@ -61,6 +62,10 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     repeat = count(args.repeat, "--repeat")
     rng = np.random.default_rng(args.seed)
 
+    # a keyed table's ids are its keys: drawn from those it holds, where its files can be read
+    keys = {name: keyed.keys_of(store.path, name) for name in tables
+            if store.table(name).keyed and not args.indices and not args.remote}
+
     def batch() -> list[nearrec.TableLookup]:
         """The given bags, or fresh uniform ones: each repeat draws its own, so that what the
         DRAM tiers serve and how fast is not one batch read again."""
@@ -73,7 +78,9 @@ def cmd_lookup(args: argparse.Namespace) -> int:
                 if off is None and idx.ndim == 1:
                     off = np.arange(0, len(idx), args.pooling)
             else:
-                idx = rng.integers(0, rows, args.batch * args.pooling)
+                held = keys.get(name)
+                idx = (rng.integers(0, rows, args.batch * args.pooling) if held is None
+                       else held[rng.integers(0, len(held), args.batch * args.pooling)])
                 off = np.arange(0, len(idx), args.pooling)
             reqs.append(nearrec.TableLookup(name, idx, off, mode=args.mode))
         return reqs
