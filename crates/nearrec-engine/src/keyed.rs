@@ -21,7 +21,9 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::request::{Indices, PoolingMode, TableLookup};
+use nearrec_kernels::reference::BagSum;
+
+use crate::request::{Indices, TableLookup};
 
 /// Keys a task resolves when a batch's are resolved on the worker pool.
 const RESOLVE_CHUNK: usize = 4096;
@@ -106,17 +108,17 @@ pub(crate) struct Resolved {
 }
 
 impl Keys {
-    /// Resolves `t`'s keys at positions `lo..hi` (those its bags read; the others resolve to
-    /// the zero row, read by nothing), in chunks on `pool` when one is given.
+    /// Resolves table `table`'s keys `ids` at positions `lo..hi` (those its bags read; the
+    /// others resolve to the zero row, read by nothing), in chunks on `pool` when one is given.
     pub(crate) fn resolve(
         &self,
-        t: &TableLookup<'_>,
-        lo: usize,
-        hi: usize,
+        table: &str,
+        ids: Indices<'_>,
+        (lo, hi): (usize, usize),
         pool: Option<&rayon::ThreadPool>,
     ) -> Result<Resolved> {
-        let n = t.indices.len();
-        let keys: Vec<u64> = (lo..hi).map(|p| t.indices.get(p) as u64).collect();
+        let n = ids.len();
+        let keys: Vec<u64> = (lo..hi).map(|p| ids.get(p) as u64).collect();
         let mut found = vec![MISSING; keys.len()];
         match pool {
             Some(pool) if keys.len() > RESOLVE_CHUNK => pool.install(|| {
@@ -139,7 +141,7 @@ impl Keys {
                 (None, Unknown::Error) => {
                     self.refused.fetch_add(1, Relaxed);
                     return Err(EngineError::UnknownKey {
-                        table: t.table.to_owned(),
+                        table: table.to_owned(),
                         position,
                         key: key as i64,
                     });
@@ -244,37 +246,14 @@ pub(crate) fn load_one(reader: &StoreReader, i: usize, policy: &KeyPolicy) -> Re
     }))
 }
 
-/// Pools one bag from its rows (`rows[i]` the `i`-th index's, decoded) as the kernels do:
-/// weighted rows added with one rounding, mean divided by the count, max from `-inf`.
+/// Pools one bag from its rows (`rows[i]` the `i`-th index's, decoded; `t`'s weights from
+/// position `lo`) as the reference kernel pools a bag.
 pub(crate) fn pool_bag(t: &TableLookup<'_>, lo: usize, rows: &[f32], dim: usize, out: &mut [f32]) {
-    let n = rows.len() / dim.max(1);
-    let mut acc = vec![
-        if t.mode == PoolingMode::Max {
-            f32::NEG_INFINITY
-        } else {
-            0.0
-        };
-        dim
-    ];
+    let mut bag = BagSum::new(t.mode, dim);
     for (i, row) in rows.chunks_exact(dim).enumerate() {
-        let w = t.per_sample_weights.map(|w| w[lo + i]);
-        for (a, &v) in acc.iter_mut().zip(row) {
-            match (t.mode, w) {
-                (PoolingMode::Max, _) => *a = a.max(v),
-                (_, Some(w)) => *a = w.mul_add(v, *a),
-                (_, None) => *a += v,
-            }
-        }
+        bag.add(row, t.per_sample_weights.map(|w| w[lo + i]));
     }
-    if n == 0 {
-        out.fill(0.0);
-    } else if t.mode == PoolingMode::Mean {
-        for (o, a) in out.iter_mut().zip(&acc) {
-            *o = a / n as f32;
-        }
-    } else {
-        out.copy_from_slice(&acc);
-    }
+    bag.finish(out);
 }
 
 /// `t` with its indices replaced by `rows` (a keyed table's keys resolved).

@@ -88,15 +88,9 @@ fn pool_rows<'t, I: RowIndex>(
 ) -> Result<(), IndexError> {
     let dim = table.dim();
     let mut row = vec![0f32; dim];
-    let mut acc = vec![0f32; dim];
+    let mut bag = BagSum::new(job.mode, dim);
     for b in 0..job.bags() {
-        let init = if job.mode == PoolingMode::Max {
-            f32::NEG_INFINITY
-        } else {
-            0.0
-        };
-        acc.iter_mut().for_each(|a| *a = init);
-        let mut count = 0usize;
+        bag.reset();
         for pos in job.bounds[b]..job.bounds[b + 1] {
             let value = job.indices[pos].to_i64();
             if value < 0 || value as u64 >= table.rows() {
@@ -108,28 +102,70 @@ fn pool_rows<'t, I: RowIndex>(
             if job.padding_idx == Some(value as u64) {
                 continue;
             }
-            count += 1;
             table.dtype().decode_row(row_of(value as u64), &mut row);
-            let w = job.weights.map(|w| w[pos]);
-            for (a, &v) in acc.iter_mut().zip(&row) {
-                match (job.mode, w) {
-                    // a weighted row is added with one rounding, as PyTorch does (see fast.rs)
-                    (PoolingMode::Sum | PoolingMode::Mean, Some(w)) => *a = w.mul_add(v, *a),
-                    (PoolingMode::Sum | PoolingMode::Mean, None) => *a += v,
-                    (PoolingMode::Max, _) => *a = a.max(v),
-                }
-            }
+            bag.add(&row, job.weights.map(|w| w[pos]));
         }
-        let dst = out.bag(b);
-        if count == 0 {
-            dst.fill(0.0);
-        } else if job.mode == PoolingMode::Mean {
-            for (d, a) in dst.iter_mut().zip(&acc) {
-                *d = a / count as f32;
-            }
-        } else {
-            dst.copy_from_slice(&acc);
-        }
+        bag.finish(out.bag(b));
     }
     Ok(())
+}
+
+/// One bag pooled a decoded row at a time, as the reference pools every bag: a weighted row
+/// added with one rounding (as PyTorch does, see fast.rs), max from `-inf`, mean divided by
+/// the rows' count at the end, an empty bag zeros. Also what pools a bag whose rows were
+/// gathered by hand (a keyed table's bag holding init rows).
+#[derive(Debug, Clone)]
+pub struct BagSum {
+    mode: PoolingMode,
+    acc: Vec<f32>,
+    count: usize,
+}
+
+impl BagSum {
+    /// An empty bag of `dim` values pooled by `mode`.
+    pub fn new(mode: PoolingMode, dim: usize) -> Self {
+        let mut bag = Self {
+            mode,
+            acc: vec![0.0; dim],
+            count: 0,
+        };
+        bag.reset();
+        bag
+    }
+
+    /// Empties the bag for the next one.
+    pub fn reset(&mut self) {
+        let init = if self.mode == PoolingMode::Max {
+            f32::NEG_INFINITY
+        } else {
+            0.0
+        };
+        self.acc.fill(init);
+        self.count = 0;
+    }
+
+    /// Adds `row` (decoded, `dim` values) with its weight, if it has one.
+    pub fn add(&mut self, row: &[f32], weight: Option<f32>) {
+        self.count += 1;
+        for (a, &v) in self.acc.iter_mut().zip(row) {
+            match (self.mode, weight) {
+                (PoolingMode::Sum | PoolingMode::Mean, Some(w)) => *a = w.mul_add(v, *a),
+                (PoolingMode::Sum | PoolingMode::Mean, None) => *a += v,
+                (PoolingMode::Max, _) => *a = a.max(v),
+            }
+        }
+    }
+
+    /// The pooled bag into `dst`.
+    pub fn finish(&self, dst: &mut [f32]) {
+        if self.count == 0 {
+            dst.fill(0.0);
+        } else if self.mode == PoolingMode::Mean {
+            for (d, a) in dst.iter_mut().zip(&self.acc) {
+                *d = a / self.count as f32;
+            }
+        } else {
+            dst.copy_from_slice(&self.acc);
+        }
+    }
 }

@@ -93,7 +93,7 @@ impl Engine {
                     let pool = (hi - lo > self.config.inline_lookups && self.workers.threads() > 1)
                         .then(|| self.workers.get())
                         .transpose()?;
-                    Some(keys.resolve(t, lo, hi, pool.as_deref())?)
+                    Some(keys.resolve(t.table, t.indices, (lo, hi), pool.as_deref())?)
                 }
                 _ => None,
             });
@@ -415,15 +415,7 @@ impl Engine {
         };
         let meta = &self.tables[id];
         let dim = meta.dim as usize;
-        let by_key = TableLookup::new(
-            &meta.name,
-            Indices::I64(rows),
-            Bags::Fixed {
-                batch: rows.len(),
-                bag_size: 1,
-            },
-        );
-        let resolved = keys.resolve(&by_key, 0, rows.len(), None)?;
+        let resolved = keys.resolve(&meta.name, Indices::I64(rows), (0, rows.len()), None)?;
         self.read_slots_at(id, &resolved.rows, out, deltas)?;
         for &(position, key) in &resolved.init {
             keys.init_row(key, &mut out[position * dim..][..dim]);
