@@ -200,16 +200,68 @@ def test_bad_keys_are_refused_naming_the_table_and_nothing_is_written(tmp_path, 
         nearrec.from_numpy(tmp_path / "s", {"ids": rows}, keys={"other": [1, 2, 3]})
 
 
-def test_what_keyed_tables_do_not_take_yet_is_refused_not_misread(tmp_path):
+def test_what_keyed_tables_do_not_take_is_refused_not_misread(tmp_path):
     path = build(tmp_path / "s")
     store = nearrec.open(path, writable=True)
-    with pytest.raises(nearrec.Unsupported, match="keyed"):
-        store.write("ids", [1], np.ones((1, DIM), np.float32))
-    with pytest.raises(nearrec.Unsupported, match="keyed"):
-        store.remove("ids", [1])
     with pytest.raises(InvalidRequest, match="padding_idx"):
         store.lookup("ids", [1], [0], padding_idx=0)
+    # built without room: a new key is refused whole, naming it; nothing applied
+    keys, rows = keyed()
+    with pytest.raises(nearrec.KeysFull) as e:
+        store.write("ids", np.array([keys[0], 12345]), np.ones((2, DIM), np.float32))
+    assert (e.value.table, e.value.position) == ("ids", 1)
+    np.testing.assert_array_equal(store.read_rows("ids", keys[:1]), rows[:1])
     store.write("dense", [1], np.ones((1, DIM), np.float32))  # dense tables beside it write
+
+
+def test_live_keys_bad_limits_are_typed_errors_naming_the_table(tmp_path):
+    path = build(tmp_path / "s")
+    for limits, match in [({"ttl_s": 0}, "ttl_s = 0"), ({"ttl_s": -5}, "ttl_s = -5"),
+                          ({"cap": 0}, "cap = 0"), ({"admit_window_s": 0}, "admit_window_s")]:
+        with pytest.raises(InvalidRequest, match=match) as e:
+            nearrec.StoreConfig(key_limits={"ids": limits})
+        assert e.value.table == "ids"
+    with pytest.raises(InvalidRequest, match="cap = 501") as e:
+        nearrec.open(path, writable=True, key_limits={"ids": {"cap": 501}})
+    assert e.value.table == "ids"
+    with pytest.raises(InvalidRequest, match="not a keyed table") as e:
+        nearrec.open(path, writable=True, key_limits={"dense": {"cap": 5}})
+    assert e.value.table == "dense"
+    with pytest.raises(InvalidRequest, match="manual_clock"):
+        nearrec.open(path).advance_clock(5)
+
+
+def test_keys_written_evict_at_the_cap_and_survive_a_reopen(tmp_path):
+    """LFU eviction at a cap: the table never holds more than its cap, the keys read most
+    stay, every key held reads its last write, across compactions and a reopen."""
+    keys, rows = keyed()
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"ids": rows[:50]}, keys={"ids": keys[:50]},
+                       capacity={"ids": 80})
+    config = {"writable": True, "unknown_keys": "zero", "auto_compact": False,
+              "key_limits": {"ids": {"cap": 60, "evict": "lfu"}}}
+    store = nearrec.open(path, **config)
+    hot = keys[:5]
+    for _ in range(20):
+        store.lookup("ids", hot, np.arange(len(hot)))
+    written = {int(k): rows[i] for i, k in enumerate(keys[:50])}
+    for start in range(50, 200, 10):
+        new = keys[start:start + 10]
+        store.write("ids", new, rows[start:start + 10])
+        written.update({int(k): rows[start + i] for i, k in enumerate(new)})
+        if start == 100:
+            store.compact()
+        assert store.tables["ids"].keys == 60
+    assert store.stats()["keys_evicted"] == 200 - 60
+    store.close()
+    store = nearrec.open(path, **config)
+    assert store.tables["ids"].keys == 60
+    held = [k for k in written
+            if np.any(store.read_rows("ids", np.array([k], np.int64)) != 0)]
+    assert len(held) == 60
+    assert set(int(k) for k in hot) <= set(held)  # read most: never the victims
+    np.testing.assert_array_equal(store.read_rows("ids", np.array(held, np.int64)),
+                                  np.asarray([written[k] for k in held]))
 
 
 def test_a_torchrec_kjt_of_raw_ids_pools_through_nearrec_torch(tmp_path):

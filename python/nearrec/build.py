@@ -101,6 +101,7 @@ def _source_array(name: str, a: Any) -> npt.NDArray[Any]:
 
 def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[str, str] = "fp32",
                *, keys: Mapping[str, Any] | None = None,
+               capacity: Mapping[str, int] | None = None,
                overwrite: bool = False, block_bytes: int = 4096,
                progress: bool | None = None) -> StoreInfo:
     """Creates a store from ``{name: array}``; an array may be a ``.npy`` path, which is
@@ -112,6 +113,9 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
     ``keys`` makes tables keyed: ``{name: ids}``, one distinct integer id per row (int64, or
     uint64 whose bits are kept), and that table's lookups name those ids instead of row
     positions. A key the table does not hold answers as the store's ``unknown_keys`` says.
+    ``capacity``: ``{name: keys}``, the most keys a keyed table may hold once a live store
+    writes new ones (at least its keys; by default exactly them): the rows beyond its keys'
+    are written as zeros, room that new keys take.
     """
     if not isinstance(arrays, Mapping):
         raise InvalidRequest(f"arrays is a mapping from table name to rows, not "
@@ -121,6 +125,7 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
     block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     srcs = {name: _source_array(name, a) for name, a in arrays.items()}
     key_cols = _key_columns(keys, {n: a.shape[0] for n, a in srcs.items()})
+    spare = _spare_rows(capacity, key_cols)
     dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
               for n in srcs}
     total = sum(_data_bytes(a.shape[0], a.shape[1], dtypes[n], block_bytes)
@@ -131,10 +136,26 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
             rows, dim = a.shape
             key_col = key_cols.get(name)
             w.native.begin_table(name, rows, dim, dtypes[name], block_bytes,
-                                 keyed=key_col is not None)
+                                 spare=spare.get(name))
             _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])  # type: ignore[misc]
             w.native.finish_table(key_col)
         return w.commit()
+
+
+def _spare_rows(capacity: Mapping[str, int] | None,
+                keys: Mapping[str, npt.NDArray[np.int64]]) -> dict[str, int]:
+    """Each keyed table's rows beyond its keys' (``capacity`` less its keys; 0 by default)."""
+    if capacity is not None and not isinstance(capacity, Mapping):
+        raise InvalidRequest(f"capacity is a mapping from keyed table name to keys, not "
+                             f"{type(capacity).__name__}")
+    out = {name: 0 for name in keys}
+    for name, cap in (capacity or {}).items():
+        if name not in keys:
+            raise InvalidRequest(f"a capacity is given for table {name!r}, which is not a keyed "
+                                 f"table (give it keys)", table=name)
+        cap = count(cap, f"capacity of {name!r}", len(keys[name]), 2**32 - 2)
+        out[name] = cap - len(keys[name])
+    return out
 
 
 def _key_columns(keys: Mapping[str, Any] | None,
@@ -223,6 +244,7 @@ def _state_dict_tables(state_dict: Mapping[str, Any],
 def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
                     dtype: str = "fp32", *, tables: Iterable[str] | None = None,
                     keys: Mapping[str, Any] | None = None,
+                    capacity: Mapping[str, int] | None = None,
                     overwrite: bool = False, block_bytes: int = 4096,
                     progress: bool | None = None) -> StoreInfo:
     """Creates a store from the embedding weights of a PyTorch ``state_dict`` (of
@@ -231,7 +253,8 @@ def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
 
     ``keys`` makes tables keyed (as :func:`from_numpy` does): ``{table: ids}``, the ids an
     integer tensor or array with one id a row, or the name of the state dict's entry that holds
-    them (an id column kept beside the weights, e.g. ``{"user": "user.ids"}``)."""
+    them (an id column kept beside the weights, e.g. ``{"user": "user.ids"}``); ``capacity``
+    as for :func:`from_numpy`."""
     import torch
 
     _check_dtype(dtype)
@@ -247,13 +270,14 @@ def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
     weights = _state_dict_tables(state_dict, tables)
     key_cols = _key_columns(_state_dict_keys(state_dict, keys),
                             {n: int(t.shape[0]) for n, t in weights.items()})
+    spare = _spare_rows(capacity, key_cols)
     total = sum(_data_bytes(t.shape[0], t.shape[1], dtype, block_bytes) for t in weights.values())
     params = {"source": "state_dict", "dtype": dtype}
     with _Writer(path, overwrite, params, total, progress) as w, torch.no_grad():
         for name, t in weights.items():
             rows, dim = t.shape
             key_col = key_cols.get(name)
-            w.native.begin_table(name, rows, dim, dtype, block_bytes, keyed=key_col is not None)
+            w.native.begin_table(name, rows, dim, dtype, block_bytes, spare=spare.get(name))
             _feed(w.native, name, rows, dim,
                   lambda i, j, t=t: t[i:j].detach().to("cpu", torch.float32).numpy())  # type: ignore[misc]
             w.native.finish_table(key_col)

@@ -102,8 +102,15 @@ class StoreConfig:
     closes and read at the next open. ``unknown_keys``: what a key a keyed table does not hold
     answers — ``"error"`` (:class:`~nearrec.errors.UnknownKey` naming its position),
     ``"zero"`` (a row of zeros) or ``"init"`` (a row drawn from ``(key_seed, key)``, uniform in
-    ``±init_scale``); ``unknown_keys_by_table``: the same per table name. See
-    :func:`nearrec.open` for what each does."""
+    ``±init_scale``); ``unknown_keys_by_table``: the same per table name. ``key_limits``:
+    how a live keyed table's keys come and go, ``{table: {...}}`` with ``ttl_s`` (a key not
+    touched that long — read or written, or only written with ``touch="write"`` — is let go of
+    at the next compaction), ``admit_after`` / ``admit_window_s`` / ``admit_slots`` (a new key
+    takes a row at its Nth sighting within the window, counted in a sketch of 4 × slots bytes;
+    until then its writes are dropped, counted), ``cap`` (the most keys it holds) and ``evict``
+    (``"off"``: a new key past the cap is :class:`~nearrec.errors.KeysFull`; ``"lfu"`` /
+    ``"lru"``: a sampled key gives up its row). ``manual_clock``: TTLs and windows read a clock
+    only :meth:`Store.advance_clock` moves. See :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
     dram_budget: int | str | None = _default("dram_budget")
@@ -138,6 +145,8 @@ class StoreConfig:
     unknown_keys_by_table: Mapping[str, UnknownKeys] | None = None
     init_scale: float = _default("init_scale")
     key_seed: int = _default("key_seed")
+    key_limits: Mapping[str, Mapping[str, Any]] | None = None
+    manual_clock: bool = _default("manual_clock")
 
     def __post_init__(self) -> None:
         self.native()  # checked now: a bad value fails where it is given

@@ -108,6 +108,11 @@ class DeltaFull(NearrecError):
     """A write that does not fit the store's ``delta_budget``: nothing of it was applied."""
 
 
+class KeysFull(NearrecError):
+    """A write of a new key to a keyed table that holds its cap of keys, with eviction off:
+    nothing of the call was applied (``table`` and ``position`` name the key)."""
+
+
 class VersionNotServed(NearrecError):
     """A lookup pinned to a version of the store's repository that the store does not hold
     (neither served nor staged beside it): never answered from another version."""
@@ -156,6 +161,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "DeltaFull",
+    "KeysFull",
     "StoreLocked",
     "StoreReadOnly",
     "TableFull",

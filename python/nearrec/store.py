@@ -284,14 +284,24 @@ class Store:
                    allow_nonfinite: bool = False) -> int:
         """Several tables' rows in one atomic call (all of them or none): ``{table: (ids,
         rows)}``, each as :meth:`write` takes them (``None`` rows remove the ids, as
-        :meth:`remove` does)."""
-        return int(self._native.write_many(writes, flag(allow_nonfinite, "allow_nonfinite")))
+        :meth:`remove` does).
+
+        A keyed table's ids are keys: a key it holds has its row written (or, removed, is let
+        go of: unknown from then on, its row free); a new key takes a free row — once admitted
+        (``key_limits``), else its row is dropped, counted — and at the table's cap evicts a
+        key or, with eviction off, fails the whole call with
+        :class:`~nearrec.errors.KeysFull` naming it. ``tables[t].keys`` follows."""
+        version = int(self._native.write_many(writes, flag(allow_nonfinite, "allow_nonfinite")))
+        if isinstance(writes, Mapping) and any(
+                t in self._tables and self._tables[t].keyed for t in writes):
+            self._read_info()  # the keys held changed
+        return version
 
     def remove(self, table: str, ids: Any) -> int:
         """EMB_REMOVE: rows ``ids`` of ``table`` pool as zero rows until written again
-        (counted in ``stats()["removed_served"]``). Atomic and durable like :meth:`write`;
-        returns the new version."""
-        return int(self._native.write_many({table: (ids, None)}))
+        (counted in ``stats()["removed_served"]``); a keyed table's keys are let go of.
+        Atomic and durable like :meth:`write`; returns the new version."""
+        return self.write_many({table: (ids, None)})
 
     def create_table(self, name: str, rows: int, dim: int, dtype: str = "fp32", *,
                      init: str = "uniform", seed: int = 0) -> int:
@@ -409,7 +419,16 @@ class Store:
         old files until the switch) and moves the tables' base to the current version: the
         delta's memory is freed and the write-ahead log released. A writable store also
         compacts by itself when its delta is half full (``auto_compact``)."""
-        return Compaction(*self._native.compact())
+        done = Compaction(*self._native.compact())
+        if any(t.keyed for t in self._tables.values()):
+            self._read_info()  # keys past their TTL were let go of
+        return done
+
+    def advance_clock(self, seconds: int) -> int:
+        """Moves the clock keyed tables' TTLs and admission windows read ``seconds`` ahead — a
+        store opened with ``manual_clock=True`` (tests); returns the Unix time it reads now.
+        Keys past their TTL are let go of at the next :meth:`compact`."""
+        return int(self._native.advance_clock(count(seconds, "seconds", 0, 2**40)))
 
     def live_stats(self) -> dict[str, float]:
         """``version`` and ``base_version`` (what the table files hold); the write-ahead log's

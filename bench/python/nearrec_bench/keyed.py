@@ -23,6 +23,15 @@ From SSD, at a DRAM budget of 10 % and 25 % of the table's rows (direct I/O for 
 
 Every pass (the warm-up, each round) has batches of its own, drawn from one trace.
 
+Durable inserts of new keys (group ``inserts``): calls of ``insert_batch`` new keys each into a
+live keyed table with room for them (``capacity``), each call synced before it returns (the
+store's default ``durability = "sync"``; compactions in the background as the delta fills):
+
+- ``store.keyed.insert``: writes by key (each new key given a free row as its record is logged);
+- ``store.rows.write``: the same rows written by row number into a dense live table (what
+  deciding the keys' rows costs);
+- ``rocksdb.put``: a RocksDB ``WriteBatch`` of the keys' rows per call, ``sync=True``.
+
 With ``--scale-keys N``: a keyed table of N keys (fp16 rows) built, opened and looked up on the
 SSD tier — build time, index memory per key, lookups a second against the disk's limit.
 """
@@ -62,6 +71,10 @@ class KeyedBenchConfig:
     budgets: tuple[float, ...] = (0.10, 0.25)
     limit_reads: int = 200_000
     rocks: bool = True
+    #: the inserts: keys the table starts with, calls per round, new keys a call
+    insert_base: int = 100_000
+    insert_calls: int = 100
+    insert_batch: int = 256
     #: keys of the scale run (0: none)
     scale_keys: int = 0
     scale_dim: int = 16
@@ -70,7 +83,8 @@ class KeyedBenchConfig:
 
     @classmethod
     def quick(cls) -> KeyedBenchConfig:
-        return cls(rows=100_000, batches=10, rounds=3, limit_reads=50_000)
+        return cls(rows=100_000, batches=10, rounds=3, limit_reads=50_000, insert_base=10_000,
+                   insert_calls=30)
 
 
 def _time(fn: Callable[[int], Any], batches: int, threads: int = 1, first: int = 0) -> float:
@@ -249,8 +263,84 @@ def run(cfg: KeyedBenchConfig, log: Callable[[str], None] = print) -> list[Recor
             records.append(_measure("rocksdb.multiget", group, fn, cfg, model, log))
             db.close()
         gc.collect()
+    records.extend(_inserts(cfg, have_rocks, log))
     if cfg.scale_keys:
         records.extend(_scale(cfg, log))
+    return records
+
+
+def _inserts(cfg: KeyedBenchConfig, rocks: bool, log: Callable[[str], None]) -> list[Record]:
+    """Durable inserts of new keys a second (see the module docs), each system on the same
+    calls: a warm-up round, then `cfg.rounds` rounds of `cfg.insert_calls` calls."""
+    rng = np.random.default_rng(cfg.seed + 2)
+    n0, per, calls = cfg.insert_base, cfg.insert_batch, cfg.insert_calls
+    total = per * calls * (cfg.rounds + 1)
+    keys = np.unique(rng.integers(-(2**63), 2**63 - 1, (n0 + total) * 2, dtype=np.int64))
+    keys = rng.permutation(keys)[:n0 + total]
+    values = rng.standard_normal((n0 + total, cfg.dim)).astype(np.float32)
+    model = f"{n0}+{total}x{cfg.dim}"
+    keyed_path = cfg.scratch / f"keyed-insert-{model}"
+    rows_path = cfg.scratch / f"keyed-insert-rows-{model}"
+    nearrec.from_numpy(keyed_path, {"ids": values[:n0]}, keys={"ids": keys[:n0]},
+                       capacity={"ids": n0 + total}, overwrite=True)
+    nearrec.from_numpy(rows_path, {"ids": np.zeros((n0 + total, cfg.dim), np.float32)},
+                       overwrite=True)
+
+    def call(r: int, c: int) -> slice:
+        first = n0 + (r * calls + c) * per
+        return slice(first, first + per)
+
+    def measure(name: str, insert: Callable[[slice], Any]) -> Record:
+        rates = []
+        for r in range(cfg.rounds + 1):
+            start = time.perf_counter()
+            for c in range(calls):
+                insert(call(r, c))
+            rates.append(per * calls / (time.perf_counter() - start))
+        rounds = rates[1:]  # the first round warms
+        med = statistics.median(rounds)
+        log(f"  {'inserts':<9} {name:<20} {med / 1e3:8.1f} k keys/s durable  (rounds "
+            + ", ".join(f"{x / 1e3:.1f}" for x in rounds) + ")")
+        return Record("keyed", model, per, "-", name, samples_per_s=med, lookups_per_s=med,
+                      extra={"rounds_lookups_per_s": rounds, "group": "inserts",
+                             "keys_per_call": per})
+
+    records = []
+    store = nearrec.open(keyed_path, tier="ssd", writable=True, durability="sync")
+    records.append(measure("store.keyed.insert",
+                           lambda s: store.write("ids", keys[s], values[s])))
+    got = store.read_rows("ids", keys[n0 + total - per:])
+    np.testing.assert_array_equal(got, values[n0 + total - per:])  # every key written landed
+    records[-1].extra["keys_held"] = store.tables["ids"].keys
+    store.close()
+    store = nearrec.open(rows_path, tier="ssd", writable=True, durability="sync")
+    rows = np.arange(n0 + total)
+    records.append(measure("store.rows.write",
+                           lambda s: store.write("ids", rows[s], values[s])))
+    store.close()
+    if rocks:
+        from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+        path = cfg.scratch / f"keyed-insert-rocks-{model}"
+        shutil.rmtree(path, ignore_errors=True)
+        db = Rdict(str(path), Options(raw_mode=True))
+        sync = WriteOptions()
+        sync.sync = True
+        db.set_write_options(sync)
+        kb = keys.astype("<i8").tobytes()
+        vb = np.ascontiguousarray(values, "<f4").tobytes()
+        rb = cfg.dim * 4
+
+        def put(s: slice) -> None:
+            wb = WriteBatch(raw_mode=True)
+            for j in range(s.start, s.stop):
+                wb.put(kb[8 * j:8 * j + 8], vb[rb * j:rb * (j + 1)])
+            db.write(wb)
+
+        records.append(measure("rocksdb.put", put))
+        db.close()
+        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(keyed_path, ignore_errors=True)
+    shutil.rmtree(rows_path, ignore_errors=True)
     return records
 
 
@@ -369,6 +459,18 @@ def markdown(records: list[Record], command: str) -> str:
             if limit:
                 lines.append(f"| {g[4:]} | limit.random_read | "
                              f"{limit.extra['reads_per_s'] / 1e6:.3f} M reads/s | | | | | |")
+    inserts = [r for r in records if r.extra.get("group") == "inserts"]
+    if inserts:
+        lines += ["", f"## Durable inserts of new keys ({inserts[0].model}: keys at the start "
+                  f"+ keys inserted)", "",
+                  f"Calls of {inserts[0].batch} new keys each, every call synced before it "
+                  "returns; median of rounds.", "",
+                  "| system | k keys/s | spread | ÷ store.rows.write | ÷ rocksdb.put |",
+                  "|---|---|---|---|---|"]
+        for r in inserts:
+            lines.append(f"| {r.system} | {r.lookups_per_s / 1e3:.1f} | {_spread(rounds(r))} | "
+                         f"{ratio(r, find('inserts', 'store.rows.write'))} | "
+                         f"{ratio(r, find('inserts', 'rocksdb.put'))} |")
     scale = find("scale", "store.keyed.ssd")
     if scale:
         limit = find("scale", "limit.random_read")

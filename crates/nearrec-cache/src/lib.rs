@@ -26,12 +26,15 @@
 //! - `policy.rs`: `Policy` (LRU, LFU and their probabilistic-admission `_pa` variants),
 //!   `CacheConfig`;
 //! - `stats.rs`: `CacheStats`, always-on counters, and their `CacheStatsSnapshot`;
+//! - `admission.rs`: `Admission`, a keyed table's count of new keys' sightings (a count-min
+//!   sketch of fixed size, cleared each window) that decides when one is given a row;
 //! - `hash.rs`: the one hash the tiers place rows and keys with.
 //!
 //! `tests/caches.rs` holds one-set caches to exact LRU / LFU models (proptest), checks admission
 //! rates and whole rows under concurrent use; `tests/keyed.rs` holds keyed tables to a `HashMap`
 //! model and races inserts from many threads.
 
+mod admission;
 mod hash;
 mod hot;
 mod key_index;
@@ -40,6 +43,7 @@ mod policy;
 mod row_cache;
 mod stats;
 
+pub use admission::Admission;
 pub use hot::HotPartition;
 pub use key_index::{Full, Inserted, KeyIndex, MAX_ROWS as MAX_KEYED_ROWS, MISSING};
 pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Pool, Unknown, init_row};

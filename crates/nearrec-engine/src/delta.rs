@@ -523,6 +523,9 @@ impl TableDelta {
 #[derive(Debug, Clone, Copy)]
 pub struct DeltaView<'a> {
     tables: &'a [Option<Arc<TableDelta>>],
+    /// Per table, a keyed table's key delta: keys given rows (a 4-byte row number, see
+    /// [`crate::keyed::decode_row`]) or let go of since the base.
+    keys: &'a [Option<Arc<TableDelta>>],
     base: u64,
     version: u64,
 }
@@ -531,16 +534,36 @@ impl<'a> DeltaView<'a> {
     /// No delta: every row is the base's (a store that is not live).
     pub const NONE: DeltaView<'static> = DeltaView {
         tables: &[],
+        keys: &[],
         base: 0,
         version: 0,
     };
 
-    pub fn new(tables: &'a [Option<Arc<TableDelta>>], base: u64, version: u64) -> Self {
+    pub fn new(
+        tables: &'a [Option<Arc<TableDelta>>],
+        keys: &'a [Option<Arc<TableDelta>>],
+        base: u64,
+        version: u64,
+    ) -> Self {
         Self {
             tables,
+            keys,
             base,
             version,
         }
+    }
+
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Table `id`'s key delta, if it holds anything.
+    pub(crate) fn keys(&self, id: usize) -> Option<&'a TableDelta> {
+        self.keys.get(id)?.as_deref().filter(|d| !d.is_empty())
     }
 
     /// Table `id`'s delta, if it holds anything.

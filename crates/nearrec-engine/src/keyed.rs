@@ -11,15 +11,17 @@
 //! and the init rows, in the kernels' arithmetic. Each outcome is counted.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use nearrec_cache::{Inserted, KeyIndex, MISSING, Unknown};
+use nearrec_cache::{Admission, Inserted, KeyIndex, MISSING, Unknown};
 use nearrec_format::{FormatError, Memory, StoreReader, ZERO_ROW};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::delta::{DeltaRow, DeltaView, TableDelta};
 use crate::error::{EngineError, Result};
 use nearrec_kernels::reference::BagSum;
 
@@ -40,6 +42,12 @@ pub struct KeyPolicy {
     pub init_scale: f32,
     /// `init` rows are drawn from `(seed, key)`.
     pub seed: u64,
+    /// How the keys of live keyed tables come and go, by table name (tables not named keep
+    /// every key until it is removed, and refuse new keys once full).
+    pub live: BTreeMap<String, KeyLimits>,
+    /// TTLs and admission windows read a clock that only [`crate::Engine::advance_clock`]
+    /// moves (tests), not the system's.
+    pub manual_clock: bool,
 }
 
 impl Default for KeyPolicy {
@@ -49,7 +57,282 @@ impl Default for KeyPolicy {
             tables: BTreeMap::new(),
             init_scale: 0.01,
             seed: 0,
+            live: BTreeMap::new(),
+            manual_clock: false,
         }
+    }
+}
+
+/// What counts as a touch of a key's row, for its TTL and its eviction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Touch {
+    /// Lookups of the key and writes of it.
+    #[default]
+    ReadWrite,
+    /// Writes only (a key read but not trained on expires).
+    Write,
+}
+
+/// Which key gives up its row when a new key finds the table at its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Evict {
+    /// None: a write of a new key past the cap is refused (the facade's `KeysFull`).
+    #[default]
+    Off,
+    /// The least often touched of a sample of keys (counts halve at each compaction).
+    Lfu,
+    /// The least recently touched of a sample of keys.
+    Lru,
+}
+
+/// How one live keyed table's keys come and go (`docs/live.md`, "Keyed tables").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KeyLimits {
+    /// A key whose row was not touched for this many seconds is let go of at the next
+    /// compaction (`None`: never; at least 1).
+    pub ttl_s: Option<i64>,
+    pub touch: Touch,
+    /// A new key is given a row at its `admit_after`-th sighting (lookups of it and writes of
+    /// it) within a window; until then its writes are dropped (counted) and its lookups answer
+    /// as the table's unknown-key policy says. 0 or 1: at once.
+    pub admit_after: u8,
+    pub admit_window_s: u64,
+    /// Counters of the admission sketch per row of it (4 rows, a byte each).
+    pub admit_slots: u64,
+    /// The most keys the table holds (`None`: its capacity, `rows − 1`).
+    pub cap: Option<u64>,
+    pub evict: Evict,
+}
+
+impl Default for KeyLimits {
+    fn default() -> Self {
+        Self {
+            ttl_s: None,
+            touch: Touch::ReadWrite,
+            admit_after: 0,
+            admit_window_s: 3600,
+            admit_slots: 1 << 20,
+            cap: None,
+            evict: Evict::Off,
+        }
+    }
+}
+
+impl KeyLimits {
+    /// Whether rows' touches are kept (a TTL or eviction needs them).
+    pub fn tracks(&self) -> bool {
+        self.ttl_s.is_some() || self.evict != Evict::Off
+    }
+
+    /// Checks the limits alone (`check` checks them against their table).
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if let Some(ttl) = self.ttl_s.filter(|&t| t <= 0) {
+            return Err(format!(
+                "ttl_s = {ttl}: a TTL is at least a second (leave it unset for none)"
+            ));
+        }
+        if self.admit_window_s == 0 {
+            return Err("admit_window_s must be at least a second".into());
+        }
+        if self.cap == Some(0) {
+            return Err("cap = 0: a table holds at least one key".into());
+        }
+        Ok(())
+    }
+
+    fn check(&self, meta: &nearrec_format::TableMeta) -> Result<()> {
+        let bad = |reason: String| Err(EngineError::invalid(&meta.name, reason));
+        if !meta.is_keyed() {
+            return bad("keyed.live names a table addressed by position, not a keyed table".into());
+        }
+        if let Some(ttl) = self.ttl_s.filter(|&t| t <= 0) {
+            return bad(format!(
+                "ttl_s = {ttl}: a TTL is at least a second (leave it unset for none)"
+            ));
+        }
+        if self.admit_window_s == 0 {
+            return bad("admit_window_s must be at least a second".into());
+        }
+        let capacity = meta.rows.saturating_sub(1);
+        if let Some(cap) = self.cap
+            && (cap == 0 || cap > capacity)
+        {
+            return bad(format!(
+                "cap = {cap} keys, but the table has room for 1 to {capacity} (its rows less the \
+                 zero row; build it with a larger capacity for more)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The clock TTLs and admission windows read, in seconds since the Unix epoch.
+#[derive(Debug)]
+pub struct Clock {
+    manual: bool,
+    start: u64,
+    ahead: AtomicU64,
+}
+
+impl Clock {
+    pub(crate) fn new(manual: bool) -> Self {
+        Self {
+            manual,
+            start: unix_now(),
+            ahead: AtomicU64::new(0),
+        }
+    }
+
+    pub fn now(&self) -> u64 {
+        let base = if self.manual { self.start } else { unix_now() };
+        base + self.ahead.load(Relaxed)
+    }
+
+    pub(crate) fn advance(&self, seconds: u64) -> Result<u64> {
+        if !self.manual {
+            return Err(EngineError::Config(
+                "the clock is the system's: only a store opened with keyed.manual_clock moves \
+                 its clock by hand"
+                    .into(),
+            ));
+        }
+        self.ahead.fetch_add(seconds, Relaxed);
+        Ok(self.now())
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A live keyed table's touches and admission counts (see [`KeyLimits`]).
+#[derive(Debug)]
+pub struct KeyLife {
+    pub limits: KeyLimits,
+    /// Per row, when it was last touched (Unix seconds) and how often (empty unless tracked).
+    touched: Box<[AtomicU32]>,
+    count: Box<[AtomicU32]>,
+    admission: Option<Admission>,
+    clock: Arc<Clock>,
+    not_admitted: AtomicU64,
+    expired: AtomicU64,
+    evicted: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl KeyLife {
+    fn new(limits: KeyLimits, rows: u64, clock: Arc<Clock>, seed: u64) -> Self {
+        let now = clock.now();
+        let tracked = if limits.tracks() { rows as usize } else { 0 };
+        let admission = (limits.admit_after > 1).then(|| {
+            Admission::new(
+                limits.admit_after,
+                limits.admit_window_s,
+                limits.admit_slots,
+                seed,
+                now,
+            )
+        });
+        Self {
+            touched: (0..tracked).map(|_| AtomicU32::new(now as u32)).collect(),
+            count: (0..tracked).map(|_| AtomicU32::new(0)).collect(),
+            admission,
+            clock,
+            limits,
+            not_admitted: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// DRAM a table of `rows` rows under `limits` takes for them.
+    fn bytes_for(limits: &KeyLimits, rows: u64) -> u64 {
+        let tracked = if limits.tracks() { rows * 8 } else { 0 };
+        let sketch = if limits.admit_after > 1 {
+            Admission::bytes_for(limits.admit_slots)
+        } else {
+            0
+        };
+        tracked + sketch
+    }
+
+    pub fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// Whether its rows' touches are kept (for a TTL or eviction).
+    pub fn tracks(&self) -> bool {
+        self.limits.tracks()
+    }
+
+    /// The most keys the table holds.
+    pub fn cap(&self, rows: u64) -> u64 {
+        self.limits.cap.unwrap_or(rows.saturating_sub(1))
+    }
+
+    /// Row `row` touched at `now` (written; or read, when reads count).
+    pub fn touch(&self, row: u32, now: u64) {
+        if let (Some(t), Some(c)) = (self.touched.get(row as usize), self.count.get(row as usize)) {
+            t.store(now as u32, Relaxed);
+            let n = c.load(Relaxed);
+            c.store(n.saturating_add(1), Relaxed);
+        }
+    }
+
+    /// A key's row taken at `now` by a new key: its touches start again.
+    pub fn reset(&self, row: u32, now: u64) {
+        if let (Some(t), Some(c)) = (self.touched.get(row as usize), self.count.get(row as usize)) {
+            t.store(now as u32, Relaxed);
+            c.store(1, Relaxed);
+        }
+    }
+
+    /// A sighting of a key the table does not hold, at `now`: whether it is admitted (always,
+    /// without admission).
+    pub fn admit(&self, key: u64, now: u64) -> bool {
+        self.admission.as_ref().is_none_or(|a| a.admit(key, now))
+    }
+
+    /// Whether row `row`'s key has outlived its TTL at `now`.
+    pub fn expired(&self, row: u32, now: u64) -> bool {
+        match (self.limits.ttl_s, self.touched.get(row as usize)) {
+            (Some(ttl), Some(t)) => u64::from(t.load(Relaxed)) + ttl.max(1) as u64 <= now,
+            _ => false,
+        }
+    }
+
+    /// How much row `row`'s key is worth keeping (the least is evicted first).
+    pub fn score(&self, row: u32) -> u64 {
+        let at = |v: &[AtomicU32]| {
+            v.get(row as usize)
+                .map_or(0, |x| u64::from(x.load(Relaxed)))
+        };
+        match self.limits.evict {
+            Evict::Lfu => at(&self.count),
+            Evict::Lru | Evict::Off => at(&self.touched),
+        }
+    }
+
+    /// Halves every row's count (a compaction's aging: LFU forgets old popularity).
+    pub fn age(&self) {
+        for c in self.count.iter() {
+            c.store(c.load(Relaxed) / 2, Relaxed);
+        }
+    }
+
+    /// Counts what a write did with keys: dropped unadmitted, let go of expired, evicted,
+    /// refused at the cap.
+    pub fn count(&self, not_admitted: u64, expired: u64, evicted: u64, refused: u64) {
+        self.not_admitted.fetch_add(not_admitted, Relaxed);
+        self.expired.fetch_add(expired, Relaxed);
+        self.evicted.fetch_add(evicted, Relaxed);
+        self.refused.fetch_add(refused, Relaxed);
     }
 }
 
@@ -84,12 +367,26 @@ pub struct KeyReport {
     pub unknown_zero: u64,
     pub unknown_init: u64,
     pub unknown_refused: u64,
+    /// The most keys it may hold (its cap, else its rows less the zero row).
+    pub cap: u64,
+    /// DRAM its touches and admission counts take.
+    pub life_bytes: u64,
+    /// New keys' writes dropped before admission; keys let go of past their TTL; keys evicted
+    /// at the cap; writes of new keys refused at the cap.
+    pub not_admitted: u64,
+    pub expired: u64,
+    pub evicted: u64,
+    pub refused_full: u64,
 }
 
 /// One keyed table's index and its counters.
 #[derive(Debug)]
 pub(crate) struct Keys {
-    index: KeyIndex,
+    /// Keys to rows as of the tables' base (a live store's later changes are in its key
+    /// deltas); sized for every row, so it never fills. Written only by a compaction.
+    index: RwLock<KeyIndex>,
+    rows: u64,
+    life: Option<KeyLife>,
     unknown: Unknown,
     init_scale: f32,
     seed: u64,
@@ -109,34 +406,63 @@ pub(crate) struct Resolved {
 
 impl Keys {
     /// Resolves table `table`'s keys `ids` at positions `lo..hi` (those its bags read; the
-    /// others resolve to the zero row, read by nothing), in chunks on `pool` when one is given.
+    /// others resolve to the zero row, read by nothing), in chunks on `pool` when one is given,
+    /// as `delta` — the table's key delta in a live store's snapshot, if it has one — sees
+    /// them: a key it gave a row since the base is that row's, one it let go of is unknown.
     pub(crate) fn resolve(
         &self,
         table: &str,
         ids: Indices<'_>,
         (lo, hi): (usize, usize),
         pool: Option<&rayon::ThreadPool>,
+        delta: Option<(&TableDelta, DeltaView<'_>)>,
     ) -> Result<Resolved> {
         let n = ids.len();
         let keys: Vec<u64> = (lo..hi).map(|p| ids.get(p) as u64).collect();
         let mut found = vec![MISSING; keys.len()];
-        match pool {
-            Some(pool) if keys.len() > RESOLVE_CHUNK => pool.install(|| {
-                keys.par_chunks(RESOLVE_CHUNK)
-                    .zip(found.par_chunks_mut(RESOLVE_CHUNK))
-                    .for_each(|(k, f)| self.index.get_many(k, f));
-            }),
-            _ => self.index.get_many(&keys, &mut found),
+        {
+            let index = self.index();
+            match pool {
+                Some(pool) if keys.len() > RESOLVE_CHUNK => pool.install(|| {
+                    keys.par_chunks(RESOLVE_CHUNK)
+                        .zip(found.par_chunks_mut(RESOLVE_CHUNK))
+                        .for_each(|(k, f)| index.get_many(k, f));
+                }),
+                _ => index.get_many(&keys, &mut found),
+            }
         }
+        if let Some((d, view)) = delta {
+            for (key, row) in keys.iter().zip(found.iter_mut()) {
+                match d.get(*key, view.base(), view.version(), decode_row) {
+                    Some(DeltaRow::Written(r)) => *row = r,
+                    Some(DeltaRow::Removed) => *row = MISSING,
+                    None => {}
+                }
+            }
+        }
+        let now = self.life.as_ref().map_or(0, KeyLife::now);
+        let reads_touch = self
+            .life
+            .as_ref()
+            .is_some_and(|l| l.limits.touch == Touch::ReadWrite);
         let mut rows = vec![ZERO_ROW as i64; n];
         let mut init = Vec::new();
         let (mut hits, mut zero) = (0u64, 0u64);
         for (i, (&key, row)) in keys.iter().zip(found).enumerate() {
             let position = lo + i;
+            if row == MISSING
+                && let Some(life) = &self.life
+            {
+                // a lookup is a sighting of a key waiting for admission
+                life.admit(key, now);
+            }
             match ((row != MISSING).then_some(row), self.unknown) {
                 (Some(r), _) => {
                     rows[position] = i64::from(r);
                     hits += 1;
+                    if reads_touch && let Some(life) = &self.life {
+                        life.touch(r, now);
+                    }
                 }
                 (None, Unknown::Error) => {
                     self.refused.fetch_add(1, Relaxed);
@@ -156,33 +482,86 @@ impl Keys {
         Ok(Resolved { rows, init })
     }
 
+    /// The index as of the tables' base.
+    pub(crate) fn index(&self) -> RwLockReadGuard<'_, KeyIndex> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Folds a compaction's key changes into the index: each key given its row, or let go of.
+    pub(crate) fn fold(&self, changes: &[(u64, Option<u32>)]) {
+        let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+        for &(key, row) in changes {
+            index.remove(key);
+            if let Some(row) = row {
+                // sized for every row of the table: never full
+                let _ = index.insert(key, row);
+            }
+        }
+    }
+
+    pub(crate) fn life(&self) -> Option<&KeyLife> {
+        self.life.as_ref()
+    }
+
+    /// The most keys the table holds.
+    pub(crate) fn cap(&self) -> u64 {
+        self.life
+            .as_ref()
+            .map_or(self.rows.saturating_sub(1), |l| l.cap(self.rows))
+    }
+
     /// The row `Unknown::Init` gives `key`.
     pub(crate) fn init_row(&self, key: u64, out: &mut [f32]) {
         nearrec_cache::init_row(self.seed, self.init_scale, key, out);
     }
 
     pub(crate) fn report(&self, table: &str) -> KeyReport {
+        let index = self.index();
+        let life = self.life.as_ref();
+        let load = |f: fn(&KeyLife) -> &AtomicU64| life.map_or(0, |l| f(l).load(Relaxed));
         KeyReport {
             table: table.to_owned(),
-            keys: self.index.len(),
-            index_bytes: self.index.bytes(),
-            bytes_per_key: self.index.bytes_per_key(),
+            keys: index.len(),
+            index_bytes: index.bytes(),
+            bytes_per_key: index.bytes_per_key(),
             unknown: self.unknown,
             hits: self.hits.load(Relaxed),
             unknown_zero: self.zero.load(Relaxed),
             unknown_init: self.init.load(Relaxed),
             unknown_refused: self.refused.load(Relaxed),
+            cap: self.cap(),
+            life_bytes: life.map_or(0, |l| KeyLife::bytes_for(&l.limits, self.rows)),
+            not_admitted: load(|l| &l.not_admitted),
+            expired: load(|l| &l.expired),
+            evicted: load(|l| &l.evicted),
+            refused_full: load(|l| &l.refused),
         }
     }
 }
 
-/// DRAM the indexes of `reader`'s keyed tables take.
-pub(crate) fn index_bytes(reader: &StoreReader) -> u64 {
+/// A row as a key delta holds it.
+pub fn decode_row(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes.try_into().expect("a key delta's row is 4 bytes"))
+}
+
+/// Bytes of a key delta's row.
+pub const KEY_ROW_BYTES: usize = 4;
+
+/// DRAM the indexes of `reader`'s keyed tables take, with the touches and admission counts
+/// `policy` keeps of them. Each index is sized for every row of its table: a live store's new
+/// keys never make it grow.
+pub(crate) fn index_bytes(reader: &StoreReader, policy: &KeyPolicy) -> u64 {
     reader
         .tables()
         .iter()
         .filter(|t| t.is_keyed())
-        .map(|t| KeyIndex::bytes_for(t.entries()))
+        .map(|t| {
+            let life = policy
+                .live
+                .get(&t.name)
+                .map_or(0, |l| KeyLife::bytes_for(l, t.rows));
+            KeyIndex::bytes_for(t.rows.saturating_sub(1)) + life
+        })
         .sum()
 }
 
@@ -192,16 +571,41 @@ pub(crate) fn load(
     reader: &StoreReader,
     policy: &KeyPolicy,
     memory: &Memory,
+    clock: &Arc<Clock>,
 ) -> Result<Vec<Option<Arc<Keys>>>> {
-    memory.check(|| "the keyed tables' indexes".into(), index_bytes(reader))?;
+    for (name, limits) in &policy.live {
+        let meta = reader
+            .tables()
+            .iter()
+            .find(|t| &t.name == name)
+            .ok_or_else(|| EngineError::UnknownTable {
+                name: name.clone(),
+                available: reader
+                    .tables()
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        limits.check(meta)?;
+    }
+    memory.check(
+        || "the keyed tables' indexes".into(),
+        index_bytes(reader, policy),
+    )?;
     (0..reader.tables().len())
-        .map(|i| load_one(reader, i, policy).map(|k| k.map(Arc::new)))
+        .map(|i| load_one(reader, i, policy, clock).map(|k| k.map(Arc::new)))
         .collect()
 }
 
 /// Table `i`'s index, if it is keyed. A key given two rows, or a row two keys, is a
 /// corrupted store.
-pub(crate) fn load_one(reader: &StoreReader, i: usize, policy: &KeyPolicy) -> Result<Option<Keys>> {
+pub(crate) fn load_one(
+    reader: &StoreReader,
+    i: usize,
+    policy: &KeyPolicy,
+    clock: &Arc<Clock>,
+) -> Result<Option<Keys>> {
     let Some(entries) = reader.keys(i)? else {
         return Ok(None);
     };
@@ -214,7 +618,7 @@ pub(crate) fn load_one(reader: &StoreReader, i: usize, policy: &KeyPolicy) -> Re
         )
         .into()
     };
-    let mut index = KeyIndex::with_capacity(entries.len() as u64);
+    let mut index = KeyIndex::with_capacity(meta.rows.saturating_sub(1));
     let mut taken = vec![0u64; meta.rows.div_ceil(64) as usize];
     for &(key, row) in &entries {
         let (word, bit) = (row as usize / 64, 1u64 << (row % 64));
@@ -234,8 +638,18 @@ pub(crate) fn load_one(reader: &StoreReader, i: usize, policy: &KeyPolicy) -> Re
             Err(full) => unreachable!("an index sized for its keys took them all: {full}"),
         }
     }
+    let life = policy.live.get(&meta.name).map(|limits| {
+        KeyLife::new(
+            limits.clone(),
+            meta.rows,
+            clock.clone(),
+            policy.seed ^ i as u64,
+        )
+    });
     Ok(Some(Keys {
-        index,
+        index: RwLock::new(index),
+        rows: meta.rows,
+        life,
         unknown: policy.of(&meta.name),
         init_scale: policy.init_scale,
         seed: policy.seed,

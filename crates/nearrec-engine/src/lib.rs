@@ -66,7 +66,9 @@ pub use config::{EngineConfig, Tier};
 pub use engine::{Engine, Prepared};
 pub use error::{EngineError, Result};
 pub use infer::InferTimes;
-pub use keyed::{KeyPolicy, KeyReport};
+pub use keyed::{
+    Clock, Evict, KEY_ROW_BYTES, KeyLife, KeyLimits, KeyPolicy, KeyReport, Touch, decode_row,
+};
 pub use nearrec_cache::Unknown;
 pub use nearrec_format::Memory;
 pub use request::{Bags, Batch, Checked, Indices, PoolingMode, TableLookup, check, check_batch};

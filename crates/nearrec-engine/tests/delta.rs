@@ -239,7 +239,7 @@ proptest! {
                         let prepared = engine.prepare(&req).unwrap();
                         let mut got = vec![0f32; want.len()];
                         engine
-                            .execute_at(&req, &prepared, &mut got, DeltaView::new(&deltas, 0, at))
+                            .execute_at(&req, &prepared, &mut got, DeltaView::new(&deltas, &[], 0, at))
                             .unwrap();
                         for (k, (g, w)) in got.iter().zip(&want).enumerate() {
                             prop_assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0),

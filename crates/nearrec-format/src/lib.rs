@@ -98,7 +98,7 @@ pub use order::{OrderMeta, RowOrder};
 pub use reader::{StoreReader, TableCheck};
 pub use reorder::copy_ordered;
 pub use repo::{CURRENT_FILE, Pointer, Publish, Repository};
-pub use rewrite::{rewrite_table, write_table};
+pub use rewrite::{rewrite_keys, rewrite_table, write_table};
 pub use sums::{SECTOR_BYTES, SectorSums, SumsMeta};
 pub use sync::replace_file;
 pub use writer::{StoreOptions, StoreWriter, TableSpec, TableWriter};

@@ -246,6 +246,54 @@ fn check_chunk(
     Ok(())
 }
 
+/// Writes keyed table `meta`'s keys anew as the keys file beside table file name `file` (its
+/// `.nrt` replaced by `.keys`; one left by an interrupted compaction is replaced): `entries`,
+/// each key with its row, distinct keys and rows in `1..rows`, listed in row order. File and
+/// directory are fsynced. Returns the table's manifest entry naming it; its data file is
+/// untouched.
+pub fn rewrite_keys(
+    dir: &Path,
+    meta: &TableMeta,
+    file: &str,
+    entries: &mut [crate::KeyRow],
+) -> Result<TableMeta> {
+    if !meta.is_keyed() || !file.ends_with(".nrt") || file.contains('/') {
+        return Err(FormatError::invalid_table(
+            &meta.name,
+            format!("{file:?} cannot name a keyed table's new keys file"),
+        ));
+    }
+    entries.sort_unstable_by_key(|e| e.1);
+    if let Some(bad) = entries
+        .iter()
+        .find(|e| e.1 == 0 || u64::from(e.1) >= meta.rows)
+    {
+        return Err(FormatError::invalid_table(
+            &meta.name,
+            format!(
+                "key {} given row {}, not a key's row of {} rows",
+                bad.0, bad.1, meta.rows
+            ),
+        ));
+    }
+    if let Some(w) = entries.windows(2).find(|w| w[0].1 == w[1].1) {
+        return Err(FormatError::invalid_table(
+            &meta.name,
+            format!("row {} given to keys {} and {}", w[0].1, w[0].0, w[1].0),
+        ));
+    }
+    let (keys_file, crc32c) = write_beside(dir, file, ".keys", &crate::keys::encode(entries))?;
+    fsync_dir(dir)?;
+    Ok(TableMeta {
+        keys: Some(crate::KeysMeta {
+            file: keys_file,
+            crc32c,
+            count: entries.len() as u64,
+        }),
+        ..meta.clone()
+    })
+}
+
 /// Writes a new table `spec` as file `file` (a `.nrt` name no manifest uses yet; one left by
 /// an interrupted write is replaced) of store `dir`, row `r`'s values from `fill(r, row)`, with
 /// its sector sums beside it; file, sums and directory are fsynced. Returns its manifest entry.

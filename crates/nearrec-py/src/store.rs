@@ -597,6 +597,14 @@ impl NativeStore {
         detach(py, || self.api.version())?.map_err(|e| err(py, e))
     }
 
+    /// Moves a manual clock `seconds` ahead (an embedded store opened with `manual_clock`);
+    /// the Unix time it reads now.
+    fn advance_clock(&self, py: Python<'_>, seconds: u64) -> PyResult<u64> {
+        self.local(py, "advance_clock")?
+            .advance_clock(seconds)
+            .map_err(|e| err(py, e))
+    }
+
     /// The log's and the deltas' counters (an embedded store's; a node's are in `stats`).
     fn live_stats(&self, py: Python<'_>) -> PyResult<Vec<(&'static str, f64)>> {
         Ok(self.local(py, "live_stats")?.live_stats())

@@ -102,9 +102,10 @@ impl NativeStoreWriter {
         })
     }
 
-    /// Starts a table of `rows` rows of `dim` values stored as `dtype`; a `keyed` one is
-    /// finished with its keys, one per row.
-    #[pyo3(signature = (name, rows, dim, dtype_name = "fp32", block_bytes = 4096, keyed = false))]
+    /// Starts a table of `rows` rows of `dim` values stored as `dtype`; a keyed one (`spare`
+    /// given: rows of zeros after its keys', room for new keys of a live store) is finished
+    /// with its keys, one per row.
+    #[pyo3(signature = (name, rows, dim, dtype_name = "fp32", block_bytes = 4096, spare = None))]
     #[allow(clippy::too_many_arguments)]
     fn begin_table(
         &self,
@@ -114,7 +115,7 @@ impl NativeStoreWriter {
         dim: u32,
         dtype_name: &str,
         block_bytes: u32,
-        keyed: bool,
+        spare: Option<u64>,
     ) -> PyResult<()> {
         let dtype = dtype(py, dtype_name)?;
         self.with(py, |st| {
@@ -135,8 +136,8 @@ impl NativeStoreWriter {
                 block_bytes,
             };
             let store = st.store.as_mut().expect("checked in with()");
-            let table = if keyed {
-                store.keyed_table(spec, 0)
+            let table = if let Some(spare) = spare {
+                store.keyed_table(spec, spare)
             } else {
                 store.table(spec)
             };

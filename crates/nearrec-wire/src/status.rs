@@ -31,7 +31,9 @@ pub fn code_of(kind: ErrorKind) -> Code {
             Code::FailedPrecondition
         }
         // retryable: compaction frees the delta; memory and threads come back
-        K::DeltaFull | K::InsufficientMemory | K::ResourceExhausted => Code::ResourceExhausted,
+        K::DeltaFull | K::KeysFull | K::InsufficientMemory | K::ResourceExhausted => {
+            Code::ResourceExhausted
+        }
         // a concurrency conflict: the sender learns the replicas again and retries
         K::MembershipChanged => Code::Aborted,
         K::StoreIo => Code::Unavailable,

@@ -407,7 +407,7 @@ impl StoreApi for Store {
         let path = self.path();
         Ok(Info {
             name: self.name(),
-            tables: self.tables().iter().map(TableInfo::from).collect(),
+            tables: self.tables().iter().map(|t| self.table_info(t)).collect(),
             version: Store::version(self),
             tier: self.tier().name().to_owned(),
             writable: self.writable(),
@@ -432,7 +432,7 @@ impl StoreApi for Store {
     }
 
     fn table(&self, name: &str) -> Result<TableInfo> {
-        Ok(TableInfo::from(&Store::table(self, name)?))
+        Ok(self.table_info(&Store::table(self, name)?))
     }
 
     fn version(&self) -> Result<u64> {
@@ -581,6 +581,19 @@ impl From<&nearrec_format::TableMeta> for TableInfo {
             dim: t.dim,
             dtype: t.dtype,
             keys: t.is_keyed().then(|| t.entries()),
+        }
+    }
+}
+
+impl Store {
+    /// `t`'s info, a keyed table's keys as its writer has decided them (a reader's as of the
+    /// tables' base).
+    fn table_info(&self, t: &nearrec_format::TableMeta) -> TableInfo {
+        TableInfo {
+            keys: t
+                .is_keyed()
+                .then(|| self.keys_held(&t.name).unwrap_or(t.entries())),
+            ..TableInfo::from(t)
         }
     }
 }

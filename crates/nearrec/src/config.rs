@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use nearrec_cache::{CacheConfig, Policy};
 use nearrec_device::DeviceConfig;
-use nearrec_engine::{EngineConfig, KeyPolicy, Tier, Unknown};
+use nearrec_engine::{EngineConfig, KeyLimits, KeyPolicy, Tier, Unknown};
 use nearrec_plan::{Placement, Size};
 use serde::de::{Deserializer, MapAccess, Visitor, value::MapAccessDeserializer};
 use serde::{Deserialize, Serialize, Serializer};
@@ -137,6 +137,17 @@ pub struct StoreConfig {
     pub init_scale: f32,
     /// Keyed tables, `init`: the seed rows are drawn with.
     pub key_seed: u64,
+    /// Live keyed tables: how each one's keys come and go, by table name — `ttl_s` (a key
+    /// whose row is not touched that long is let go of at the next compaction; `touch`:
+    /// `read_write` or `write` says what counts), `admit_after` (a new key takes a row at its
+    /// Nth sighting within `admit_window_s`), `cap` (the most keys it holds) and `evict` (`off`:
+    /// a new key past the cap is refused, `KeysFull`; `lfu` / `lru`: a sampled key gives up
+    /// its row).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub key_limits: BTreeMap<String, KeyLimits>,
+    /// Keyed tables' TTLs and admission windows read a clock that only
+    /// `Store::advance_clock` moves (tests), not the system's.
+    pub manual_clock: bool,
 }
 
 /// When a write call returns (see [`StoreConfig::durability`]).
@@ -185,6 +196,8 @@ impl Default for StoreConfig {
             unknown_keys_by_table: BTreeMap::new(),
             init_scale: engine.keyed.init_scale,
             key_seed: engine.keyed.seed,
+            key_limits: BTreeMap::new(),
+            manual_clock: false,
         }
     }
 }
@@ -331,6 +344,15 @@ impl StoreConfig {
                 format!("{} must be in [0, 1]", self.admission_probability),
             );
         }
+        for (table, limits) in &self.key_limits {
+            if let Err(reason) = limits.validate() {
+                return Err(Error::InvalidRequest {
+                    table: Some(table.clone()),
+                    position: None,
+                    reason: format!("key_limits: {reason}"),
+                });
+            }
+        }
         if !self.init_scale.is_finite() || self.init_scale < 0.0 {
             return bad(
                 "init_scale",
@@ -419,6 +441,8 @@ impl StoreConfig {
                 tables: self.unknown_keys_by_table.clone(),
                 init_scale: self.init_scale,
                 seed: self.key_seed,
+                live: self.key_limits.clone(),
+                manual_clock: self.manual_clock,
             },
             ..EngineConfig::default()
         }
@@ -572,6 +596,17 @@ mod tests {
                 unknown_keys_by_table: [("users".to_owned(), Unknown::Init)].into(),
                 init_scale: 0.5,
                 key_seed: 9,
+                key_limits: [(
+                    "users".to_owned(),
+                    KeyLimits {
+                        ttl_s: Some(86_400),
+                        cap: Some(1000),
+                        evict: nearrec_engine::Evict::Lfu,
+                        ..KeyLimits::default()
+                    },
+                )]
+                .into(),
+                manual_clock: true,
             },
             StoreConfig::default()
                 .with_plan(PlanSource::File("a.plan.toml".into()))

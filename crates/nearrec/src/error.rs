@@ -86,6 +86,19 @@ pub enum Error {
     )]
     DeltaFull { used: u64, asked: u64, budget: u64 },
 
+    /// A write of a new key to a keyed table that holds its cap of keys, with eviction off:
+    /// nothing of the call was applied.
+    #[error(
+        "table {table:?}: key {key} at position {position} is new, and the table holds its cap \
+         of {cap} keys (evict = \"off\"): remove keys, raise the cap, or let it evict"
+    )]
+    KeysFull {
+        table: String,
+        position: usize,
+        key: u64,
+        cap: u64,
+    },
+
     /// A bug of ours (a panic caught at a thread boundary).
     #[error("internal error: {0}")]
     Internal(String),
@@ -167,6 +180,8 @@ pub enum ErrorKind {
     StoreLocked,
     /// A write that does not fit the delta's budget.
     DeltaFull,
+    /// A new key written to a keyed table at its cap, with eviction off.
+    KeysFull,
     /// A lookup pinned to a version the store does not hold (a sharded store moves it to
     /// another replica, or to the version every shard serves now).
     VersionNotServed,
@@ -194,7 +209,7 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Every kind, for tables kept in step with this one (the Python classes, the node's
     /// statuses).
-    pub const ALL: [ErrorKind; 26] = [
+    pub const ALL: [ErrorKind; 27] = [
         Self::InvalidRequest,
         Self::IndexOutOfRange,
         Self::UnknownKey,
@@ -211,6 +226,7 @@ impl ErrorKind {
         Self::StoreReadOnly,
         Self::StoreLocked,
         Self::DeltaFull,
+        Self::KeysFull,
         Self::VersionNotServed,
         Self::MembershipChanged,
         Self::Internal,
@@ -242,6 +258,7 @@ impl ErrorKind {
             Self::StoreReadOnly => "StoreReadOnly",
             Self::StoreLocked => "StoreLocked",
             Self::DeltaFull => "DeltaFull",
+            Self::KeysFull => "KeysFull",
             Self::VersionNotServed => "VersionNotServed",
             Self::MembershipChanged => "MembershipChanged",
             Self::Internal => "InternalError",
@@ -301,6 +318,9 @@ impl Error {
             Self::Held { table, .. } => (K::StoreLocked, Some(table.as_str()), None),
             Self::Transaction { .. } => (K::InvalidRequest, None, None),
             Self::DeltaFull { .. } => (K::DeltaFull, None, None),
+            Self::KeysFull {
+                table, position, ..
+            } => (K::KeysFull, Some(table.as_str()), Some(*position)),
             Self::VersionNotServed { .. } => (K::VersionNotServed, None, None),
             Self::MembershipChanged { .. } => (K::MembershipChanged, None, None),
             Self::Fenced { .. } => (K::StoreLocked, None, None),

@@ -44,7 +44,7 @@ impl Store {
         snapshot: &Snapshot,
     ) -> Result<(Vec<Rows>, u64)> {
         // the one validation: ids out of range are named by their position in the request
-        snapshot.engine().prepare(batch)?;
+        snapshot.engine().prepare_at(batch, snapshot.view())?;
         let ids: Vec<Vec<i64>> = batch.tables.iter().map(distinct).collect();
         let most = ids.iter().map(Vec::len).max().unwrap_or(0);
         let lengths: Vec<Vec<i64>> = ids
@@ -66,7 +66,7 @@ impl Store {
                 })
                 .collect(),
         );
-        let prepared = snapshot.engine().prepare(&rows)?;
+        let prepared = snapshot.engine().prepare_at(&rows, snapshot.view())?;
         let width = prepared.width();
         let mut out = vec![0f32; most * width];
         self.execute_at(&rows, &prepared, &mut out, snapshot)?;

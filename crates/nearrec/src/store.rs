@@ -662,7 +662,8 @@ impl Store {
     /// Validates `batch` (known tables, well-formed bags, weights, padding, one batch size):
     /// the output's shape, for a caller that pools into its own buffer with [`Store::execute`].
     pub fn prepare(&self, batch: &Batch<'_>) -> Result<Prepared> {
-        Ok(self.engine().prepare(batch)?)
+        let snapshot = self.snapshot();
+        Ok(snapshot.engine().prepare_at(batch, snapshot.view())?)
     }
 
     /// Pools `batch` into `out`, row-major `[prepared.batch(), prepared.width()]`, as the
@@ -682,9 +683,10 @@ impl Store {
         snapshot: &Snapshot,
     ) -> Result<Stages> {
         let engine = snapshot.engine();
-        if prepared.engine() != engine.id() {
-            // prepared before the store's tables changed: valid now only for the same shape
-            let again = engine.prepare(batch)?;
+        if prepared.engine() != engine.id() || !prepared.resolved_at(snapshot.view()) {
+            // prepared before the store's tables (or a keyed table's keys) changed: valid now
+            // only for the same shape
+            let again = engine.prepare_at(batch, snapshot.view())?;
             if (again.batch(), again.width()) != (prepared.batch(), prepared.width()) {
                 return Err(Error::invalid(
                     "the store's tables changed between prepare and execute, and the batch's \
@@ -868,7 +870,7 @@ impl Store {
     /// answers with it), and where the batch's time went (validating it counted as routing).
     pub fn lookup_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<(Pooled, Stages)> {
         let start = Instant::now();
-        let prepared = snapshot.engine().prepare(batch)?;
+        let prepared = snapshot.engine().prepare_at(batch, snapshot.view())?;
         let prepare = start.elapsed();
         let mut values = vec![0f32; prepared.batch() * prepared.width()];
         let mut stages = self.execute_at(batch, &prepared, &mut values, snapshot)?;
@@ -884,7 +886,7 @@ impl Store {
         snapshot: &Snapshot,
     ) -> Result<Read> {
         let start = Instant::now();
-        let prepared = snapshot.engine().prepare(batch)?;
+        let prepared = snapshot.engine().prepare_at(batch, snapshot.view())?;
         let prepare = start.elapsed();
         let mut stages = self.execute_at(batch, &prepared, out, snapshot)?;
         stages.route += prepare;
@@ -961,9 +963,14 @@ impl Store {
     }
 
     /// The SSD tier's counters and the DRAM tiers' totals (`None` for a DRAM-resident store).
-    /// The keyed tables' counters, summed over them (none without keyed tables): keys held,
-    /// the indexes' DRAM, lookups of keys held (`keyed_hits`) and of keys not held answered
-    /// with zeros, init rows or refused (`unknown_keys_zero`, `_init`, `_refused`).
+    /// The keyed tables' counters, summed over them (none without keyed tables): keys held
+    /// (a writer's exactly; a read-only store's as of its tables' base), the indexes' DRAM,
+    /// lookups of keys held (`keyed_hits`) and of keys not held answered with zeros, init rows
+    /// or refused (`unknown_keys_zero`, `_init`, `_refused`); live keys — new keys' writes
+    /// dropped before admission (`keys_not_admitted`), keys let go of past their TTL
+    /// (`keys_expired`), evicted at a cap (`keys_evicted`), new keys refused at a cap
+    /// (`keys_refused_full`) — and the DRAM their touches and admission counts take
+    /// (`keyed_life_bytes`).
     pub fn key_stats(&self) -> Vec<(String, f64)> {
         let reports = self.engine().key_report();
         if reports.is_empty() {
@@ -971,16 +978,38 @@ impl Store {
         }
         let sum =
             |f: fn(&nearrec_engine::KeyReport) -> u64| reports.iter().map(f).sum::<u64>() as f64;
+        let held = reports
+            .iter()
+            .map(|r| self.keys_held(&r.table).unwrap_or(r.keys))
+            .sum::<u64>() as f64;
         [
-            ("keyed_keys", sum(|r| r.keys)),
+            ("keyed_keys", held),
             ("keyed_index_bytes", sum(|r| r.index_bytes)),
             ("keyed_hits", sum(|r| r.hits)),
             ("unknown_keys_zero", sum(|r| r.unknown_zero)),
             ("unknown_keys_init", sum(|r| r.unknown_init)),
             ("unknown_keys_refused", sum(|r| r.unknown_refused)),
+            ("keys_not_admitted", sum(|r| r.not_admitted)),
+            ("keys_expired", sum(|r| r.expired)),
+            ("keys_evicted", sum(|r| r.evicted)),
+            ("keys_refused_full", sum(|r| r.refused_full)),
+            ("keyed_life_bytes", sum(|r| r.life_bytes)),
         ]
         .map(|(k, v)| (k.to_owned(), v))
         .into()
+    }
+
+    /// Keys keyed table `table` holds as its writer has decided them (`None`: not a keyed
+    /// table, or the store is not writable here).
+    pub fn keys_held(&self, table: &str) -> Option<u64> {
+        self.current().live.keys_held(table)
+    }
+
+    /// Moves the clock keyed tables' TTLs and admission windows read `seconds` ahead (a store
+    /// opened with `manual_clock`; else `InvalidRequest`); returns the time it reads now, in
+    /// Unix seconds.
+    pub fn advance_clock(&self, seconds: u64) -> Result<u64> {
+        Ok(self.engine().advance_clock(seconds)?)
     }
 
     pub fn stats(&self) -> Option<Stats> {

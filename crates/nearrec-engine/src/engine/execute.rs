@@ -32,9 +32,18 @@ pub struct Prepared {
     lookups: usize,
     /// Per request table: a keyed table's keys resolved to rows (`None`: ids are rows).
     keyed: Vec<Option<Resolved>>,
+    /// The (base, version) of the snapshot its keys were resolved at (`None`: it has none).
+    keys_at: Option<(u64, u64)>,
 }
 
 impl Prepared {
+    /// Whether its keys were resolved at the snapshot `view` reads (or it has none): else a
+    /// live store's keys may have changed since, and it must be prepared again.
+    pub fn resolved_at(&self, view: DeltaView<'_>) -> bool {
+        self.keys_at
+            .is_none_or(|at| at == (view.base(), view.version()))
+    }
+
     /// The [`Engine::id`] of the engine that prepared it (whose table ids it holds).
     pub fn engine(&self) -> u64 {
         self.engine
@@ -65,12 +74,18 @@ impl Engine {
     /// Validates `req`: known tables, well-formed bags, weights and padding, one batch size; a
     /// keyed table's keys are resolved to its rows (an unknown key answered by its policy).
     pub fn prepare(&self, req: &Batch<'_>) -> Result<Prepared> {
-        self.prepare_in(req, true)
+        self.prepare_in(req, true, DeltaView::NONE)
     }
 
-    /// [`Self::prepare`]; with `by_key` unset, a keyed table's ids are its row numbers (the
+    /// [`Self::prepare`] as a live store's snapshot sees keyed tables' keys (`view`'s key
+    /// deltas: keys given rows or let go of since the base).
+    pub fn prepare_at(&self, req: &Batch<'_>, view: DeltaView<'_>) -> Result<Prepared> {
+        self.prepare_in(req, true, view)
+    }
+
+    /// [`Self::prepare_at`]; with `by_key` unset, a keyed table's ids are its row numbers (the
     /// engine's own reads of rows it resolved).
-    fn prepare_in(&self, req: &Batch<'_>, by_key: bool) -> Result<Prepared> {
+    fn prepare_in(&self, req: &Batch<'_>, by_key: bool, view: DeltaView<'_>) -> Result<Prepared> {
         self.check_size(req)?;
         for t in &req.tables {
             if by_key && t.padding_idx.is_some() && self.keys_of(t.table).is_some() {
@@ -93,13 +108,18 @@ impl Engine {
                     let pool = (hi - lo > self.config.inline_lookups && self.workers.threads() > 1)
                         .then(|| self.workers.get())
                         .transpose()?;
-                    Some(keys.resolve(t.table, t.indices, (lo, hi), pool.as_deref())?)
+                    let delta = view.keys(id).map(|d| (d, view));
+                    Some(keys.resolve(t.table, t.indices, (lo, hi), pool.as_deref(), delta)?)
                 }
                 _ => None,
             });
             tables.push((id, width, checked));
             width += self.tables[id].dim as usize;
         }
+        let keys_at = keyed
+            .iter()
+            .any(Option::is_some)
+            .then(|| (view.base(), view.version()));
         Ok(Prepared {
             engine: self.id,
             batch: tables.first().map_or(0, |t| t.2.batch()),
@@ -107,6 +127,7 @@ impl Engine {
             tables,
             lookups,
             keyed,
+            keys_at,
         })
     }
 
@@ -415,7 +436,9 @@ impl Engine {
         };
         let meta = &self.tables[id];
         let dim = meta.dim as usize;
-        let resolved = keys.resolve(&meta.name, Indices::I64(rows), (0, rows.len()), None)?;
+        let delta = deltas.keys(id).map(|d| (d, deltas));
+        let resolved =
+            keys.resolve(&meta.name, Indices::I64(rows), (0, rows.len()), None, delta)?;
         self.read_slots_at(id, &resolved.rows, out, deltas)?;
         for &(position, key) in &resolved.init {
             keys.init_row(key, &mut out[position * dim..][..dim]);
@@ -479,7 +502,7 @@ impl Engine {
                     bag_size: 1,
                 },
             )]);
-            let prepared = self.prepare_in(&req, false)?;
+            let prepared = self.prepare_in(&req, false, DeltaView::NONE)?;
             return self.run(&req, &prepared, out, None, deltas).map(drop);
         }
         let view = self.view(id);

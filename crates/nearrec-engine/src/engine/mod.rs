@@ -18,7 +18,7 @@ use nearrec_format::{AlignedBuf, TableMeta};
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
-use crate::keyed::{KeyReport, Keys};
+use crate::keyed::{Clock, KeyLife, KeyReport, Keys};
 use crate::ssd::SsdTier;
 use crate::stats::IoStats;
 use crate::tiers::TierReport;
@@ -38,6 +38,8 @@ pub struct Engine {
     /// Each keyed table's index of keys to rows (`None` for tables addressed by position);
     /// shared with the engines derived from this one.
     keys: Vec<Option<Arc<Keys>>>,
+    /// What keyed tables' TTLs and admission windows read (shared with derived engines).
+    clock: Arc<Clock>,
     /// The SSD tier reads through a device the caller gave (a flash model, a faulty device),
     /// which cannot be reopened on other files.
     device_given: bool,
@@ -54,6 +56,56 @@ impl Engine {
     /// Table `name`'s keys, if it is keyed.
     pub(crate) fn keys_of(&self, name: &str) -> Option<&Keys> {
         self.keys[*self.by_name.get(name)?].as_deref()
+    }
+
+    /// Whether table `id` is keyed.
+    pub fn is_keyed(&self, id: usize) -> bool {
+        self.keys.get(id).is_some_and(Option::is_some)
+    }
+
+    /// Keyed table `id`'s keys and their rows as of the tables' base (empty for a table
+    /// addressed by position).
+    pub fn key_entries(&self, id: usize) -> Vec<(u64, u32)> {
+        self.keys[id]
+            .as_ref()
+            .map(|k| k.index().iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// Key `key`'s row in keyed table `id` as of the tables' base.
+    pub fn base_row_of(&self, id: usize, key: u64) -> Option<u32> {
+        self.keys[id].as_ref()?.index().get(key)
+    }
+
+    /// The most keys keyed table `id` holds (its cap, else its rows less the zero row).
+    pub fn key_cap(&self, id: usize) -> u64 {
+        self.keys[id].as_ref().map_or(0, |k| k.cap())
+    }
+
+    /// Keyed table `id`'s touches and admission counts, when its keys are limited.
+    pub fn key_life(&self, id: usize) -> Option<&KeyLife> {
+        self.keys[id].as_ref()?.life()
+    }
+
+    /// Folds a compaction's changes of keyed table `id`'s keys into its index (each key
+    /// given its row, or let go of with `None`).
+    ///
+    /// Only while every snapshot reads these keys from its key delta (at or past the
+    /// compaction's version), as for [`Engine::rebase`]'s rows.
+    pub fn fold_keys(&self, id: usize, changes: &[(u64, Option<u32>)]) {
+        if let Some(k) = &self.keys[id] {
+            k.fold(changes);
+        }
+    }
+
+    /// The clock keyed tables' TTLs and admission windows read (Unix seconds).
+    pub fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// Moves a manual clock (`keyed.manual_clock`) `seconds` ahead; the time it then reads.
+    pub fn advance_clock(&self, seconds: u64) -> Result<u64> {
+        self.clock.advance(seconds)
     }
 
     /// What each keyed table's index holds and its lookups found.

@@ -12,7 +12,7 @@ use super::Engine;
 use crate::config::{EngineConfig, Tier};
 use crate::error::{EngineError, Result};
 use crate::files::TableFiles;
-use crate::keyed::{self, Keys};
+use crate::keyed::{self, Clock, Keys};
 use crate::ssd::SsdTier;
 use crate::tiers;
 use nearrec_format::Memory;
@@ -48,7 +48,8 @@ impl Engine {
         let memory = Memory::probe();
         check_budget(&config, &memory)?;
         let budget = tiers_budget(reader, &config, &memory)?;
-        let keys = keyed::load(reader, &config.keyed, &memory)?;
+        let clock = Arc::new(Clock::new(config.keyed.manual_clock));
+        let keys = keyed::load(reader, &config.keyed, &memory, &clock)?;
         let files = TableFiles::new(
             device,
             reader.orders().to_vec(),
@@ -57,7 +58,8 @@ impl Engine {
         let dram = tiers::place(reader, &config, budget, &memory, &files, None)?;
         let ssd = SsdTier::new(files, dram, &config);
         let workers = Workers::shared("pool", config.resolved_threads());
-        let mut engine = Self::assemble(reader, config, workers, Vec::new(), Some(ssd), keys);
+        let mut engine =
+            Self::assemble(reader, config, workers, Vec::new(), Some(ssd), keys, clock);
         engine.device_given = true;
         Ok(engine)
     }
@@ -77,10 +79,11 @@ impl Engine {
         let total = reader.tables().iter().map(|t| t.data_bytes).sum();
         let memory = Memory::probe();
         check_budget(&config, &memory)?;
-        let tier = config.resolved_tier(total + keyed::index_bytes(reader), &memory);
+        let tier = config.resolved_tier(total + keyed::index_bytes(reader, &config.keyed), &memory);
         let config = config.with_tier(tier);
         let budget = tiers_budget(reader, &config, &memory)?;
-        let keys = keyed::load(reader, &config.keyed, &memory)?;
+        let clock = Arc::new(Clock::new(config.keyed.manual_clock));
+        let keys = keyed::load(reader, &config.keyed, &memory, &clock)?;
         let workers = Workers::shared("pool", config.resolved_threads());
         let (dram, ssd) = match config.tier {
             Tier::Dram | Tier::Auto => {
@@ -111,7 +114,9 @@ impl Engine {
                 (Vec::new(), Some(SsdTier::new(files, tiers, &config)))
             }
         };
-        Ok(Self::assemble(reader, config, workers, dram, ssd, keys))
+        Ok(Self::assemble(
+            reader, config, workers, dram, ssd, keys, clock,
+        ))
     }
 
     pub(super) fn assemble(
@@ -121,6 +126,7 @@ impl Engine {
         dram: Vec<Arc<AlignedBuf>>,
         ssd: Option<SsdTier>,
         keys: Vec<Option<Arc<Keys>>>,
+        clock: Arc<Clock>,
     ) -> Self {
         let tables = reader.manifest().tables.clone();
         let by_name = tables
@@ -136,6 +142,7 @@ impl Engine {
             dram,
             ssd,
             keys,
+            clock,
             device_given: false,
             workers,
             config,
@@ -187,7 +194,7 @@ fn sector_sums(
 /// The DRAM the tiers in front of the SSD tier may take: the budget, less what the keyed
 /// tables' indexes take of it (an explicit budget they do not fit is refused).
 fn tiers_budget(reader: &StoreReader, config: &EngineConfig, memory: &Memory) -> Result<u64> {
-    let index = keyed::index_bytes(reader);
+    let index = keyed::index_bytes(reader, &config.keyed);
     let budget = config.dram_tiers_budget(memory);
     match config.dram_budget_bytes {
         Some(b) if index > b => Err(EngineError::Config(format!(

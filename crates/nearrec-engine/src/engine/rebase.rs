@@ -86,7 +86,8 @@ impl Engine {
             .enumerate()
             .map(|(i, k)| match k {
                 Some(old) => Ok(self.keys[*old].clone()),
-                None => keyed::load_one(reader, i, &self.config.keyed).map(|k| k.map(Arc::new)),
+                None => keyed::load_one(reader, i, &self.config.keyed, &self.clock)
+                    .map(|k| k.map(Arc::new)),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self::assemble(
@@ -96,6 +97,7 @@ impl Engine {
             dram,
             ssd,
             keys,
+            self.clock.clone(),
         ))
     }
 

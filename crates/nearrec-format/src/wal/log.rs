@@ -273,14 +273,35 @@ impl Wal {
     /// the log's [`Durability`] says. All of the record is recovered after a crash, or none of
     /// it (then it was never acknowledged).
     pub fn append(&self, ops: &[Op]) -> Result<u64> {
-        self.shared.append(None, ops)
+        self.shared
+            .append(None, |_| Ok::<_, FormatError>(Some(ops)))
+            .map(|(lsn, _)| lsn)
+    }
+
+    /// Appends the record `build` makes, called with the record's sequence number while no
+    /// other record can be appended: what it decides is decided in log order (a keyed table's
+    /// rows for new keys). Returns the number and the operations once the record is as
+    /// durable as [`Self::append`]'s. An `Err` from `build` appends nothing, and so do no
+    /// operations (the number returned is then 0).
+    pub fn append_with<E: From<FormatError>>(
+        &self,
+        build: impl FnOnce(u64) -> std::result::Result<Vec<Op>, E>,
+    ) -> std::result::Result<(u64, Vec<Op>), E> {
+        self.shared
+            .append(None, |lsn| {
+                let ops = build(lsn)?;
+                Ok(if ops.is_empty() { None } else { Some(ops) })
+            })
+            .map(|(lsn, ops)| ops.map_or((0, Vec::new()), |ops| (lsn, ops)))
     }
 
     /// Appends `ops` as record `lsn` (at least the next record's number), the numbers between
     /// taken by records of no operations, all of them one group: a replica adopting its shard's
     /// count of writes as it catches up (each empty record is a 16-byte frame).
     pub fn append_at(&self, lsn: u64, ops: &[Op]) -> Result<u64> {
-        self.shared.append(Some(lsn), ops)
+        self.shared
+            .append(Some(lsn), |_| Ok::<_, FormatError>(Some(ops)))
+            .map(|(lsn, _)| lsn)
     }
 
     /// Waits until every record appended so far is on stable storage.
@@ -546,40 +567,50 @@ impl Shared {
         )
     }
 
-    fn append(&self, at: Option<u64>, ops: &[Op]) -> Result<u64> {
+    /// Appends the record `build` makes (`None`: nothing is appended).
+    fn append<O: AsRef<[Op]>, E: From<FormatError>>(
+        &self,
+        at: Option<u64>,
+        build: impl FnOnce(u64) -> std::result::Result<Option<O>, E>,
+    ) -> std::result::Result<(u64, Option<O>), E> {
         let mut state = self.lock();
         if let Some(why) = &state.failed {
-            return Err(self.failed(why));
+            return Err(self.failed(why).into());
         }
         let lsn = at.unwrap_or(state.next);
-        let invalid = |reason| FormatError::InvalidTable {
-            table: ops.first().map_or("", Op::table).to_owned(),
-            reason,
-        };
         if lsn < state.next {
             let next = state.next;
-            return Err(invalid(format!(
-                "record {lsn} is behind the log, whose next record is {next}"
-            )));
+            return Err(FormatError::InvalidTable {
+                table: String::new(),
+                reason: format!("record {lsn} is behind the log, whose next record is {next}"),
+            }
+            .into());
         }
+        let Some(ops) = build(lsn)? else {
+            return Ok((lsn, None));
+        };
+        let invalid = |reason| FormatError::InvalidTable {
+            table: ops.as_ref().first().map_or("", Op::table).to_owned(),
+            reason,
+        };
         let start = state.pending.len();
         for empty in state.next..lsn {
             record::encode(empty, &[], &mut state.pending).expect("an empty record encodes");
         }
-        if let Err(reason) = record::encode(lsn, ops, &mut state.pending) {
+        if let Err(reason) = record::encode(lsn, ops.as_ref(), &mut state.pending) {
             state.pending.truncate(start);
-            return Err(invalid(reason));
+            return Err(invalid(reason).into());
         }
         state.stats.records += lsn + 1 - state.next;
         state.next = lsn + 1;
         let sync = self.config.durability == Durability::Sync;
         loop {
             if let Some(why) = &state.failed {
-                return Err(self.failed(why));
+                return Err(self.failed(why).into());
             }
             let done = if sync { state.synced } else { state.written };
             if done >= lsn {
-                return Ok(lsn);
+                return Ok((lsn, Some(ops)));
             }
             if state.writing {
                 state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());

@@ -40,6 +40,16 @@ pub enum Op {
     },
     /// EMB_REMOVE of a whole table.
     DropTable { table: String },
+    /// Keys of keyed table `table` given rows: `keys[i]` is held by `rows[i]` from this record on
+    /// (the writer chose rows no key holds; the record's `Write` gives them their values).
+    AssignKeys {
+        table: String,
+        keys: Vec<u64>,
+        rows: Vec<u64>,
+    },
+    /// Keys of keyed table `table` let go of (removed, expired or evicted): unknown from this
+    /// record on, and their rows free.
+    ReleaseKeys { table: String, keys: Vec<u64> },
 }
 
 impl Op {
@@ -49,7 +59,9 @@ impl Op {
             Op::Write { table, .. }
             | Op::Remove { table, .. }
             | Op::CreateTable { table, .. }
-            | Op::DropTable { table } => table,
+            | Op::DropTable { table }
+            | Op::AssignKeys { table, .. }
+            | Op::ReleaseKeys { table, .. } => table,
         }
     }
 }
@@ -74,6 +86,8 @@ const WRITE: u8 = 1;
 const REMOVE: u8 = 2;
 const CREATE: u8 = 3;
 const DROP: u8 = 4;
+const ASSIGN: u8 = 5;
+const RELEASE: u8 = 6;
 
 /// Appends `ops`, framed as record `lsn`, to `out`. Fails (appending nothing) when the payload
 /// would pass [`MAX_PAYLOAD`] or an operation is malformed (rows not `ids × row_bytes`, a table
@@ -170,6 +184,24 @@ fn encode_op(op: &Op, out: &mut Vec<u8>) -> Result<(), String> {
         Op::DropTable { table } => {
             out.push(DROP);
             name(out, table)?;
+        }
+        Op::AssignKeys { table, keys, rows } => {
+            if keys.len() != rows.len() {
+                return Err(format!(
+                    "table {table:?}: {} keys assigned {} rows",
+                    keys.len(),
+                    rows.len()
+                ));
+            }
+            out.push(ASSIGN);
+            name(out, table)?;
+            ids(out, keys);
+            ids(out, rows);
+        }
+        Op::ReleaseKeys { table, keys } => {
+            out.push(RELEASE);
+            name(out, table)?;
+            ids(out, keys);
         }
     }
     Ok(())
@@ -293,6 +325,19 @@ fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
                 }
             }
             DROP => Op::DropTable { table: r.name()? },
+            ASSIGN => {
+                let table = r.name()?;
+                let keys = r.ids()?;
+                let rows = r.ids()?;
+                if keys.len() != rows.len() {
+                    return Err(format!("{} keys assigned {} rows", keys.len(), rows.len()));
+                }
+                Op::AssignKeys { table, keys, rows }
+            }
+            RELEASE => Op::ReleaseKeys {
+                table: r.name()?,
+                keys: r.ids()?,
+            },
             other => return Err(format!("operation kind {other}")),
         };
         ops.push(op);
@@ -336,6 +381,17 @@ mod tests {
                     init: seed.map_or(Init::Zeros, |seed| Init::Uniform { seed }),
                 }),
             table.prop_map(|table| Op::DropTable { table }),
+            (
+                table,
+                prop::collection::vec((any::<u64>(), any::<u64>()), 0..6)
+            )
+                .prop_map(|(table, pairs)| Op::AssignKeys {
+                    table,
+                    keys: pairs.iter().map(|p| p.0).collect(),
+                    rows: pairs.iter().map(|p| p.1).collect(),
+                }),
+            (table, prop::collection::vec(any::<u64>(), 0..6))
+                .prop_map(|(table, keys)| Op::ReleaseKeys { table, keys }),
         ]
     }
 

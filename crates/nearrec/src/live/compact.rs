@@ -24,9 +24,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use nearrec_engine::Engine;
+use std::collections::HashSet;
+
+use nearrec_engine::{Engine, decode_row};
 use nearrec_format::wal::Wal;
-use nearrec_format::{Manifest, StoreReader, TableMeta, files, orphans, rewrite_table};
+use nearrec_format::{
+    KeyRow, Manifest, StoreReader, TableMeta, files, orphans, rewrite_keys, rewrite_table,
+};
 
 use super::{Folded, Live, Snapshot, Writer, lock, lock_store_dir};
 use crate::error::{Error, Result};
@@ -34,6 +38,9 @@ use crate::pace::Pace;
 
 /// Per table, the rows a compaction folds: `(row, encoded bytes)`.
 type Changed = Vec<Vec<(u64, Box<[u8]>)>>;
+
+/// Per keyed table, the keys a compaction folds: each given its row, or let go of (`None`).
+type ChangedKeys = Vec<Vec<(u64, Option<u32>)>>;
 
 /// How long a compaction waits for the lookups on older snapshots to end.
 const GRACE: Duration = Duration::from_secs(60);
@@ -228,16 +235,32 @@ impl Live {
     /// docs); one at a time. Returns what it did.
     pub(crate) fn compact(&self) -> Result<Compaction> {
         let w = self.writer()?;
+        // keys past their TTL go in a record before the fold (taken before the compaction's
+        // lock: a change of the tables holds the gate the record needs, then waits for it)
+        self.expire()?;
         let mut previous = lock(&w.compacting);
+        // LFU counts age
+        let snap = self.snapshot();
+        for id in 0..snap.engine.tables().len() {
+            if let Some(life) = snap.engine.key_life(id) {
+                life.age();
+            }
+        }
+        drop(snap);
         self.compact_locked(w, &mut previous)
     }
 
     /// [`Live::compact`], by the caller that holds `w.compacting` (`previous`).
     pub(super) fn compact_locked(&self, w: &Writer, previous: &mut u64) -> Result<Compaction> {
         let start = Instant::now();
-        let (c, changed, engine) = {
+        let (c, changed, keys, engine) = {
             let snap = self.snapshot();
-            (snap.version, changed_rows(&snap), snap.engine.clone())
+            (
+                snap.version,
+                changed_rows(&snap),
+                changed_keys(&snap),
+                snap.engine.clone(),
+            )
         };
         let mut done = Compaction {
             version: c,
@@ -254,17 +277,22 @@ impl Live {
         let mut manifest = old.manifest().clone();
         let pace = Pace::new(w.compaction_rate);
         for (t, rows) in changed.iter().enumerate() {
-            if rows.is_empty() {
-                continue;
-            }
-            let rows: Vec<(u64, &[u8])> = rows.iter().map(|(r, b)| (*r, &b[..])).collect();
             let file = format!("table-{t:04}.{c:016x}.nrt");
-            let order = old.order(t).map(AsRef::as_ref);
-            manifest.tables[t] =
-                rewrite_table(&self.dir, &old.tables()[t], order, &file, &rows, &mut |n| {
-                    pace.take(n)
-                })?;
-            fail::fail_point!("compact::table", |_| std::process::abort());
+            if !rows.is_empty() {
+                let rows: Vec<(u64, &[u8])> = rows.iter().map(|(r, b)| (*r, &b[..])).collect();
+                let order = old.order(t).map(AsRef::as_ref);
+                manifest.tables[t] =
+                    rewrite_table(&self.dir, &old.tables()[t], order, &file, &rows, &mut |n| {
+                        pace.take(n)
+                    })?;
+                fail::fail_point!("compact::table", |_| std::process::abort());
+            }
+            if !keys[t].is_empty() {
+                let mut entries = keys_at(&engine, t, &keys[t]);
+                manifest.tables[t] =
+                    rewrite_keys(&self.dir, &manifest.tables[t], &file, &mut entries)?;
+                fail::fail_point!("compact::keys", |_| std::process::abort());
+            }
         }
         manifest.lsn = Some(c);
         manifest.format_version = manifest.needed_version();
@@ -273,14 +301,18 @@ impl Live {
         fail::fail_point!("compact::published", |_| std::process::abort());
         let new = StoreReader::open(&self.dir)?;
         drop(dir);
-        rebase(self, &engine, &new, c, &changed)?;
+        rebase(self, &engine, &new, c, &changed, &keys)?;
         w.wal.release(*previous)?;
         *previous = c;
         // the files this compaction replaced stay until the next one (a reader in another
         // process one compaction behind may still open them); the previous ones go now
         w.retire(&self.dir, unnamed(old.manifest(), &manifest));
         done.bytes = pace.bytes();
-        done.tables = changed.iter().filter(|r| !r.is_empty()).count();
+        done.tables = changed
+            .iter()
+            .zip(&keys)
+            .filter(|(r, k)| !r.is_empty() || !k.is_empty())
+            .count();
         done.rows = changed.iter().map(|r| r.len() as u64).sum();
         done.seconds = start.elapsed().as_secs_f64();
         self.compactions.add(&done);
@@ -346,9 +378,10 @@ pub(crate) fn follow(live: &Live) -> Result<()> {
     }
     let start = Instant::now();
     let changed = changed_rows(&snap);
+    let keys = changed_keys(&snap);
     let engine = snap.engine.clone();
     drop(snap);
-    rebase(live, &engine, &reader, c, &changed)?;
+    rebase(live, &engine, &reader, c, &changed, &keys)?;
     live.compactions.add(&Compaction {
         version: c,
         tables: changed.iter().filter(|r| !r.is_empty()).count(),
@@ -382,14 +415,45 @@ pub(super) fn changed_rows(snap: &Snapshot) -> Changed {
         .collect()
 }
 
-/// Moves `live` to base `c`, whose tables are `reader`'s and hold `changed` (see the module
-/// docs, step 4).
+/// Per keyed table, its keys' newest changes after `snap`'s base up to its version.
+pub(super) fn changed_keys(snap: &Snapshot) -> ChangedKeys {
+    snap.keys
+        .iter()
+        .map(|delta| {
+            delta
+                .as_ref()
+                .map(|d| {
+                    d.newest(snap.base, snap.version)
+                        .into_iter()
+                        .map(|(key, row)| (key, row.map(|b| decode_row(&b))))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Keyed table `t`'s keys and rows once `changes` are folded into its index's.
+fn keys_at(engine: &Engine, t: usize, changes: &[(u64, Option<u32>)]) -> Vec<KeyRow> {
+    let changed: HashSet<u64> = changes.iter().map(|c| c.0).collect();
+    let mut entries: Vec<KeyRow> = engine
+        .key_entries(t)
+        .into_iter()
+        .filter(|(key, _)| !changed.contains(key))
+        .collect();
+    entries.extend(changes.iter().filter_map(|&(key, row)| Some((key, row?))));
+    entries
+}
+
+/// Moves `live` to base `c`, whose tables are `reader`'s and hold `changed` and `keys` (see
+/// the module docs, step 4).
 pub(super) fn rebase(
     live: &Live,
     engine: &Engine,
     reader: &StoreReader,
     c: u64,
     changed: &Changed,
+    keys: &ChangedKeys,
 ) -> Result<()> {
     wait_until(|| live.oldest() >= c, c, "version")?;
     let rows: Vec<Vec<(u64, &[u8])>> = changed
@@ -400,6 +464,17 @@ pub(super) fn rebase(
     // delta (which holds the row's entry up to `c`), never from the tiers; the base moves in
     // the snapshot published below, after this returns.
     unsafe { engine.rebase(reader, &rows)? };
+    // likewise, every snapshot reads the changed keys from its key delta
+    for (t, changes) in keys.iter().enumerate() {
+        if !changes.is_empty() {
+            engine.fold_keys(t, changes);
+        }
+    }
+    if let Some(w) = &live.writer {
+        for book in lock(&w.books).values_mut() {
+            book.prune(c);
+        }
+    }
     live.publishing(|| {
         let current = live.snapshot();
         live.publish(Snapshot {
@@ -407,6 +482,7 @@ pub(super) fn rebase(
             base: c,
             engine: current.engine.clone(),
             deltas: current.deltas.clone(),
+            keys: current.keys.clone(),
             folded: Some(Arc::new(Folded {
                 from: current.base,
                 rows: changed
@@ -420,7 +496,8 @@ pub(super) fn rebase(
     live.publishing(|| {
         let oldest = live.oldest();
         let before = live.delta_bytes();
-        for d in live.snapshot().deltas.iter().flatten() {
+        let snap = live.snapshot();
+        for d in snap.deltas.iter().chain(&snap.keys).flatten() {
             d.fold(c, oldest, c);
         }
         let freed = before.saturating_sub(live.delta_bytes());

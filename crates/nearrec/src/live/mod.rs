@@ -11,9 +11,11 @@
 
 mod compact;
 mod follow;
+mod keys;
 mod tables;
 mod txn;
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -22,8 +24,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use nearrec_engine::Engine;
 use nearrec_engine::delta::{DeltaView, ENTRY_OVERHEAD, TableDelta};
+use nearrec_engine::{Engine, KEY_ROW_BYTES};
 use nearrec_format::wal::{Durability, Op, Record, Wal, WalConfig, WalStats};
 use nearrec_format::{FormatError, Manifest, files};
 
@@ -43,6 +45,8 @@ pub struct Snapshot {
     engine: Arc<Engine>,
     /// Per table of the engine (`None`: never written).
     deltas: Vec<Option<Arc<TableDelta>>>,
+    /// Per keyed table of the engine, its keys given rows or let go of (`None`: none).
+    keys: Vec<Option<Arc<TableDelta>>>,
     /// The last compaction's rows, for caches above the store that last looked before it.
     folded: Option<Arc<Folded>>,
 }
@@ -62,6 +66,7 @@ impl Snapshot {
             version,
             base: version,
             deltas: vec![None; engine.tables().len()],
+            keys: vec![None; engine.tables().len()],
             engine,
             folded: None,
         }
@@ -77,9 +82,24 @@ impl Snapshot {
     }
 
     /// The rows of each table (by id) written or removed after `version`, or `None` when
-    /// they cannot be told any more (folded by a compaction before the last one).
+    /// they cannot be told any more (folded by a compaction before the last one) — or a keyed
+    /// table changed since (its callers' ids are keys, and a row changed says not which).
     pub fn rows_after(&self, version: u64) -> Option<Vec<Vec<u64>>> {
         if version > self.version {
+            return None;
+        }
+        let keyed_changed = (0..self.deltas.len()).any(|id| {
+            self.engine.is_keyed(id)
+                && (self.deltas[id]
+                    .as_ref()
+                    .is_some_and(|d| !d.rows_after(version).is_empty())
+                    || self.keys[id]
+                        .as_ref()
+                        .is_some_and(|d| !d.rows_after(version).is_empty())
+                    || (version < self.base
+                        && self.folded.as_ref().is_none_or(|f| !f.rows[id].is_empty())))
+        });
+        if keyed_changed {
             return None;
         }
         let folded = match &self.folded {
@@ -111,7 +131,7 @@ impl Snapshot {
     }
 
     pub(crate) fn view(&self) -> DeltaView<'_> {
-        DeltaView::new(&self.deltas, self.base, self.version)
+        DeltaView::new(&self.deltas, &self.keys, self.base, self.version)
     }
 }
 
@@ -181,6 +201,9 @@ pub(super) struct Writer {
     retired: Mutex<Vec<String>>,
     /// The cross-shard transactions it has prepared, and the outcomes it keeps.
     txns: txn::Txns,
+    /// Each keyed table's keys as the log has decided them, by table name (taken under the
+    /// log's lock while a call's record is appended).
+    books: Mutex<HashMap<String, keys::KeyBook>>,
 }
 
 impl Live {
@@ -239,6 +262,7 @@ impl Live {
                 gate: RwLock::new(()),
                 retired: Mutex::new(retired),
                 txns: txn::Txns::default(),
+                books: Mutex::default(),
             });
             recovered.records
         } else {
@@ -249,6 +273,7 @@ impl Live {
             _ => live.replay(&records)?,
         }
         if let Some(w) = &live.writer {
+            live.build_books(w);
             *lock(&w.applied) = live.snapshot().version;
             w.used.store(live.delta_bytes(), Relaxed);
             live.recover_txns(w)?;
@@ -345,12 +370,41 @@ impl Live {
     }
 
     fn delta_bytes(&self) -> u64 {
-        self.snapshot()
-            .deltas
+        let snap = self.snapshot();
+        snap.deltas
             .iter()
+            .chain(&snap.keys)
             .flatten()
             .map(|d| d.bytes())
             .sum()
+    }
+
+    /// Keys keyed table `table` holds as the writer has decided them (`None`: not keyed, or
+    /// no writer here).
+    pub(crate) fn keys_held(&self, table: &str) -> Option<u64> {
+        let w = self.writer.as_ref()?;
+        lock(&w.books).get(table).map(keys::KeyBook::held)
+    }
+
+    /// Every keyed table's book, from its index and its key delta (the writer, at open and
+    /// after a change of the tables).
+    fn build_books(&self, w: &Writer) {
+        let snap = self.snapshot();
+        let engine = &snap.engine;
+        let books = (0..engine.tables().len())
+            .filter(|&id| engine.is_keyed(id))
+            .map(|id| {
+                let book = keys::KeyBook::build(
+                    engine,
+                    id,
+                    snap.keys[id].as_deref(),
+                    snap.base,
+                    snap.version,
+                );
+                (engine.tables()[id].name.clone(), book)
+            })
+            .collect();
+        *lock(&w.books) = books;
     }
 
     /// Makes `next` the snapshot lookups take from now on (and one whose readers compactions
@@ -376,9 +430,37 @@ impl Live {
         let current = self.snapshot();
         let engine = &current.engine;
         let mut deltas = current.deltas.clone();
+        let mut keys = current.keys.clone();
         for op in ops {
             let id = engine.table_id(op.table())?;
             let meta = &engine.tables()[id];
+            match op {
+                Op::AssignKeys { keys: k, rows, .. } => {
+                    let d = keys[id].get_or_insert_with(|| self.key_delta());
+                    for (key, row) in k.iter().zip(rows) {
+                        let row = u32::try_from(*row)
+                            .ok()
+                            .filter(|&r| r != 0 && u64::from(r) < meta.rows)
+                            .ok_or_else(|| {
+                                Error::Internal(format!(
+                                    "record {lsn} gives key {key} of table {:?} row {row}, not \
+                                     one of its rows",
+                                    meta.name
+                                ))
+                            })?;
+                        d.insert(lsn, *key, Some(&row.to_le_bytes()), oldest);
+                    }
+                    continue;
+                }
+                Op::ReleaseKeys { keys: k, .. } => {
+                    let d = keys[id].get_or_insert_with(|| self.key_delta());
+                    for key in k {
+                        d.insert(lsn, *key, None, oldest);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
             let delta = deltas[id].get_or_insert_with(|| {
                 Arc::new(TableDelta::new(
                     meta.row_bytes as usize,
@@ -404,6 +486,7 @@ impl Live {
                          published, not applied"
                     )));
                 }
+                Op::AssignKeys { .. } | Op::ReleaseKeys { .. } => unreachable!("applied above"),
             }
         }
         self.publish(Snapshot {
@@ -411,24 +494,37 @@ impl Live {
             base: current.base,
             engine: current.engine.clone(),
             deltas,
+            keys,
             folded: current.folded.clone(),
         });
         Ok(())
     }
 
-    /// Checks and encodes one call's rows into log operations (nothing is applied).
-    fn encode(engine: &Engine, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<Vec<Op>> {
+    /// A keyed table's key delta: keys to 4-byte row numbers.
+    fn key_delta(&self) -> Arc<TableDelta> {
+        Arc::new(TableDelta::new(KEY_ROW_BYTES, u64::MAX, self.delta_rows))
+    }
+
+    /// Checks and encodes one call's rows into log operations (nothing is applied). With
+    /// `by_key`, a keyed table's operations name keys (to be decided: [`keys::decide`]); else
+    /// a keyed table is refused (cross-shard transactions and catch-ups move rows by number).
+    fn encode(
+        engine: &Engine,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        by_key: bool,
+    ) -> Result<Vec<Op>> {
         writes
             .iter()
             .map(|w| {
                 let id = engine.table_id(w.table)?;
                 let meta = &engine.tables()[id];
-                if meta.is_keyed() {
-                    // a keyed table's ids are keys, not the row numbers below
+                let keyed = meta.is_keyed();
+                if keyed && !by_key {
                     return Err(Error::Unsupported {
                         verb: "write",
                         by: format!(
-                            "keyed table {:?} (writes by key are not served yet)",
+                            "keyed table {:?} in a cross-shard transaction or a catch-up",
                             meta.name
                         ),
                     });
@@ -443,18 +539,18 @@ impl Live {
                     .iter()
                     .enumerate()
                     .map(|(k, &v)| {
-                        u64::try_from(v)
-                            .ok()
-                            .filter(|&r| r < meta.rows)
-                            .ok_or_else(|| {
-                                bad(
-                                    k,
-                                    format!(
-                                        "ids[{k}] = {v} is not a row of its {} rows",
-                                        meta.rows
-                                    ),
-                                )
-                            })
+                        // a key is any 64 bits
+                        let id = if keyed {
+                            Some(v as u64)
+                        } else {
+                            u64::try_from(v).ok()
+                        };
+                        id.filter(|&r| keyed || r < meta.rows).ok_or_else(|| {
+                            bad(
+                                k,
+                                format!("ids[{k}] = {v} is not a row of its {} rows", meta.rows),
+                            )
+                        })
                     })
                     .collect::<Result<Vec<u64>>>()?;
                 let Some(values) = w.values else {
@@ -486,10 +582,47 @@ impl Live {
         let w = self.writer()?;
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
         let engine = self.snapshot().engine.clone();
-        let ops = Self::encode(&engine, writes, options)?;
+        let ops = Self::encode(&engine, writes, options, true)?;
         let need = Self::room(&engine, &ops);
         w.reserve(need)?;
-        self.log_and_apply(w, &ops, need)
+        if !ops.iter().any(|op| {
+            engine
+                .table_id(op.table())
+                .is_ok_and(|id| engine.is_keyed(id))
+        }) {
+            return self.log_and_apply(w, &ops, need);
+        }
+        // keys resolved to rows as the record is appended, in log order
+        let logged = w
+            .wal
+            .append_with(|lsn| keys::decide(&engine, &mut lock(&w.books), lsn, ops));
+        match logged {
+            Ok((0, _)) => {
+                // every key was new and not admitted: nothing to log
+                w.used.fetch_sub(need, Relaxed);
+                Ok(self.snapshot().version)
+            }
+            Ok((lsn, ops)) => self.apply_logged(w, lsn, &ops, need),
+            Err(e) => {
+                w.used.fetch_sub(need, Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Lets go of every keyed table's keys past their TTL, in a record of its own (a
+    /// compaction's first step); its version, or `None` when none had expired.
+    pub(crate) fn expire(&self) -> Result<Option<u64>> {
+        let w = self.writer()?;
+        let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
+        let engine = self.snapshot().engine.clone();
+        let (lsn, ops) = w
+            .wal
+            .append_with(|lsn| Ok::<_, Error>(keys::expire(&engine, &mut lock(&w.books), lsn)))?;
+        if lsn == 0 {
+            return Ok(None);
+        }
+        self.apply_logged(w, lsn, &ops, 0).map(Some)
     }
 
     /// A replica catching up: `writes` logged as record `count` (the numbers between taken by
@@ -507,7 +640,7 @@ impl Live {
             self.decide(tx, Decision::Abort, false)?;
         }
         let engine = self.snapshot().engine.clone();
-        let ops = Self::encode(&engine, writes, options)?;
+        let ops = Self::encode(&engine, writes, options, false)?;
         // the log to itself: no other record between the gap and this one's publication
         let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
         let version = w.wal.next_lsn() - 1;
@@ -552,17 +685,32 @@ impl Live {
         result.map(|()| lsn)
     }
 
-    /// What `ops`' entries will cost the deltas (a removed row's entry is counted like a row).
+    /// What `ops`' entries will cost the deltas (a removed row's entry is counted like a row;
+    /// a keyed table's written key like its row and two keys' entries, an eviction's and its
+    /// own).
     fn room(engine: &Engine, ops: &[Op]) -> u64 {
+        let key = KEY_ROW_BYTES as u64 + ENTRY_OVERHEAD;
         ops.iter()
-            .map(|op| match op {
-                Op::Write { table, ids, .. } | Op::Remove { table, ids } => {
-                    let rb = engine
-                        .table_id(table)
-                        .map_or(0, |id| engine.tables()[id].row_bytes);
-                    ids.len() as u64 * (rb + ENTRY_OVERHEAD)
+            .map(|op| {
+                let keyed = engine
+                    .table_id(op.table())
+                    .is_ok_and(|id| engine.is_keyed(id));
+                match op {
+                    Op::Write { table, ids, .. } => {
+                        let rb = engine
+                            .table_id(table)
+                            .map_or(0, |id| engine.tables()[id].row_bytes);
+                        ids.len() as u64 * (rb + ENTRY_OVERHEAD + if keyed { 2 * key } else { 0 })
+                    }
+                    Op::Remove { table, ids } if !keyed => {
+                        let rb = engine
+                            .table_id(table)
+                            .map_or(0, |id| engine.tables()[id].row_bytes);
+                        ids.len() as u64 * (rb + ENTRY_OVERHEAD)
+                    }
+                    Op::Remove { ids, .. } => ids.len() as u64 * key,
+                    _ => 0,
                 }
-                _ => 0,
             })
             .sum()
     }
@@ -577,6 +725,12 @@ impl Live {
                 return Err(e.into());
             }
         };
+        self.apply_logged(w, lsn, ops, need)
+    }
+
+    /// Applies and publishes record `lsn`, `ops`, logged with `need` bytes of room reserved,
+    /// in log order; its version.
+    fn apply_logged(&self, w: &Writer, lsn: u64, ops: &[Op], need: u64) -> Result<u64> {
         fail::fail_point!("live::logged", |_| std::process::abort());
         // apply in log order: wait for the record before this one
         let mut applied = lock(&w.applied);
@@ -585,9 +739,14 @@ impl Live {
         }
         let before = self.delta_bytes();
         let result = self.apply(lsn, ops);
-        // what pruning freed (the reservation assumed every entry stays)
-        let freed = (before + need).saturating_sub(self.delta_bytes());
-        w.used.fetch_sub(freed, Relaxed);
+        // what pruning freed (the reservation assumed every entry stays), or what the record
+        // took past its reservation (a TTL's keys, counted once decided)
+        let after = self.delta_bytes();
+        if after > before + need {
+            w.used.fetch_add(after - before - need, Relaxed);
+        } else {
+            w.used.fetch_sub(before + need - after, Relaxed);
+        }
         *applied = lsn;
         drop(applied);
         w.turn.notify_all();

@@ -171,6 +171,10 @@ fn publish(
         .iter()
         .map(|k| k.and_then(|old| current.deltas[old].clone()))
         .collect();
+    let keys = keep
+        .iter()
+        .map(|k| k.and_then(|old| current.keys[old].clone()))
+        .collect();
     drop(current);
     live.publishing(|| {
         live.publish(Snapshot {
@@ -178,6 +182,7 @@ fn publish(
             base: lsn,
             engine,
             deltas,
+            keys,
             folded: None,
         });
     });
@@ -187,6 +192,9 @@ fn publish(
     }
     if let Some(w) = w {
         w.retire_more(unnamed(old.manifest(), &manifest));
+        if let Op::DropTable { table } = op {
+            lock(&w.books).remove(table);
+        }
     }
     Ok(())
 }

@@ -118,7 +118,7 @@ impl Live {
         let w = self.writer()?;
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
         let engine = self.snapshot().engine.clone();
-        let ops = Self::encode(&engine, writes, options)?;
+        let ops = Self::encode(&engine, writes, options, false)?;
         let need = Self::room(&engine, &ops);
         let mut held = lock(&w.txns);
         match held.get(&tx).map(|h| h.state) {

@@ -1125,8 +1125,8 @@ fn suite_keys() -> Vec<u64> {
 
 /// A keyed table (`docs/format.md` §16) is looked up by raw key on every implementation: its
 /// bags pool the keys' rows, its rows are read by key, an unknown key is `UnknownKey` naming the
-/// table and position, `info` says how many keys it holds, and a write by key is refused
-/// rather than taken as row numbers.
+/// table and position, `info` says how many keys it holds; writes and removes name keys, and a
+/// new key with no row free is `KeysFull`, nothing of its call applied.
 pub fn keyed_tables_are_looked_up_by_key(open: Open) {
     let dir = tempfile::tempdir().unwrap();
     let keys = suite_keys();
@@ -1192,11 +1192,77 @@ pub fn keyed_tables_are_looked_up_by_key(open: Open) {
         (ErrorKind::UnknownKey, Some("k"), Some(1)),
         "{e}"
     );
+    // writes by key: a new key in a table with no free row is refused whole, naming it
+    let d = DIM as usize;
+    let new_key = 987_654_321i64;
+    assert!(!keys.contains(&(new_key as u64)));
+    let both = [ids[0], new_key];
+    let w = RowWrite {
+        table: "k",
+        ids: &both,
+        values: Some(&[0.5; 2 * DIM as usize]),
+    };
+    let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.table(), e.position()),
+        (ErrorKind::KeysFull, Some("k"), Some(1)),
+        "{e}"
+    );
+    let one = Batch::new(vec![TableLookup::new(
+        "k",
+        Indices::I64(&ids[..1]),
+        Bags::Lengths(Indices::I64(&[1])),
+    )]);
+    close(
+        &store.lookup(&one).unwrap().0.values,
+        &raw(picks[0]),
+        "nothing applied",
+    );
+    // an existing key's row is written, then the key removed
     let w = RowWrite {
         table: "k",
         ids: &ids[..1],
-        values: Some(&[0.5; DIM as usize]),
+        values: Some(&vec![0.5; d]),
     };
-    let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    store.write_many(&[w], WriteOptions::default()).unwrap();
+    close(
+        &store.lookup(&one).unwrap().0.values,
+        &vec![0.5; d],
+        "written by key",
+    );
+    store
+        .write_many(
+            &[RowWrite {
+                table: "k",
+                ids: &ids[..1],
+                values: None,
+            }],
+            WriteOptions::default(),
+        )
+        .unwrap();
+    let e = store.lookup(&one).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.position()),
+        (ErrorKind::UnknownKey, Some(0)),
+        "{e}"
+    );
+    assert_eq!(store.info().unwrap().tables[0].keys, Some(ROWS - 1));
+    // its row is free again: a new key takes it
+    let w = RowWrite {
+        table: "k",
+        ids: &[new_key],
+        values: Some(&vec![0.25; d]),
+    };
+    store.write_many(&[w], WriteOptions::default()).unwrap();
+    let fresh_ids = [new_key];
+    let fresh = Batch::new(vec![TableLookup::new(
+        "k",
+        Indices::I64(&fresh_ids),
+        Bags::Lengths(Indices::I64(&[1])),
+    )]);
+    close(
+        &store.lookup(&fresh).unwrap().0.values,
+        &vec![0.25; d],
+        "a new key",
+    );
 }

@@ -1,0 +1,206 @@
+//! Keyed tables written by key in a live store: a writer killed at each failpoint of the live
+//! path — after a call's record (new keys' rows decided) reached the log, and at each step of a
+//! compaction that writes a keys file — loses no acknowledged call and applies no partial one;
+//! read-only and writable opens, and a compaction after, agree with a model of the calls.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nearrec::{ErrorKind, RowWrite, Store, StoreConfig, WriteOptions};
+use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+
+const DIM: u32 = 4;
+const BUILT: u64 = 10;
+const SPARE: u64 = 100;
+const CALLS: u64 = 30;
+
+/// Where a crash test stops the writer (the failpoints in `nearrec::live`).
+const POINTS: [&str; 5] = [
+    "live::logged",
+    "compact::table",
+    "compact::keys",
+    "compact::manifest",
+    "compact::published",
+];
+
+/// How `std::process::abort` ends the child.
+const SIGABRT: i32 = 6;
+
+fn row(seed: u64) -> Vec<f32> {
+    (0..DIM).map(|j| seed as f32 * 0.5 - j as f32).collect()
+}
+
+/// A keyed table `k` of keys `1..=BUILT` with room for `SPARE` more.
+fn make_store(dir: &Path) -> PathBuf {
+    let path = dir.join("store");
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    let mut t = w
+        .keyed_table(TableSpec::new("k", BUILT, DIM, DType::Fp32), SPARE)
+        .unwrap();
+    let values: Vec<f32> = (1..=BUILT).flat_map(row).collect();
+    t.write_f32(&values).unwrap();
+    let keys: Vec<u64> = (1..=BUILT).collect();
+    w.finish_table_keyed(t, &keys).unwrap();
+    w.commit().unwrap();
+    path
+}
+
+fn config(writable: bool) -> StoreConfig {
+    let mut c = StoreConfig::from_toml("tier = \"ssd\"\ndram_budget = \"16KiB\"").unwrap();
+    c.writable = writable;
+    c.auto_compact = false;
+    c
+}
+
+/// Call `k`: two new keys and an old one written, and every fourth call a key removed.
+fn call(k: u64) -> (Vec<i64>, Vec<f32>, Option<i64>) {
+    let keys = vec![
+        1000 + 3 * k as i64,
+        1001 + 3 * k as i64,
+        1 + (k % BUILT) as i64,
+    ];
+    let values = keys.iter().flat_map(|&key| row(key as u64 + k)).collect();
+    let removed = (k % 4 == 3).then(|| 1001 + 3 * (k as i64 - 2));
+    (keys, values, removed)
+}
+
+fn apply(store: &Store, k: u64) {
+    let (keys, values, removed) = call(k);
+    let mut writes = vec![RowWrite {
+        table: "k",
+        ids: &keys,
+        values: Some(&values),
+    }];
+    let gone = removed.map(|r| [r]);
+    if let Some(gone) = &gone {
+        writes.push(RowWrite {
+            table: "k",
+            ids: gone,
+            values: None,
+        });
+    }
+    store.write_many(&writes, WriteOptions::default()).unwrap();
+}
+
+/// The keys held after calls `0..n`, with their rows.
+fn model(n: u64) -> HashMap<i64, Vec<f32>> {
+    let mut held: HashMap<i64, Vec<f32>> = (1..=BUILT as i64).map(|k| (k, row(k as u64))).collect();
+    for k in 0..n {
+        let (keys, values, removed) = call(k);
+        for (key, v) in keys.iter().zip(values.chunks_exact(DIM as usize)) {
+            held.insert(*key, v.to_vec());
+        }
+        if let Some(r) = removed {
+            held.remove(&r);
+        }
+    }
+    held
+}
+
+fn check(store: &Store, n: u64, what: &str) {
+    let want = model(n);
+    let mut keys: Vec<i64> = want.keys().copied().collect();
+    keys.sort_unstable();
+    let mut got = vec![0f32; keys.len() * DIM as usize];
+    store.read_rows("k", &keys, &mut got).unwrap();
+    let want_rows: Vec<f32> = keys.iter().flat_map(|k| want[k].clone()).collect();
+    assert_eq!(got, want_rows, "{what}: the keys' rows");
+    // and nothing else: every key ever written and not held is unknown
+    for k in 0..n.max(1) {
+        for key in call(k).0 {
+            if !want.contains_key(&key) {
+                let e = store
+                    .read_rows("k", &[key], &mut [0.0; DIM as usize])
+                    .unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::UnknownKey, "{what}: key {key}");
+            }
+        }
+    }
+}
+
+/// Run by [`a_keyed_writer_killed_at_each_point_loses_no_acknowledged_call`] in a child process:
+/// makes calls (each acknowledged in `acked` once it returns), compacts half-way, and is stopped
+/// at the failpoint `NEARREC_CRASH_POINT`.
+#[test]
+#[ignore = "the child half of the crash test"]
+fn keyed_crash_child() {
+    let (Ok(path), Ok(point)) = (
+        std::env::var("NEARREC_CRASH_STORE"),
+        std::env::var("NEARREC_CRASH_POINT"),
+    ) else {
+        return;
+    };
+    let path = PathBuf::from(path);
+    let s = Store::open(&path, &config(true)).unwrap();
+    let mut acked = String::new();
+    for k in 0..CALLS {
+        apply(&s, k);
+        acked.push_str(&format!("{k}\n"));
+        std::fs::write(path.with_extension("acked"), &acked).unwrap();
+        if k == 19 {
+            s.compact().unwrap();
+        }
+    }
+    fail::cfg(&point, "return").unwrap();
+    if point == "live::logged" {
+        apply(&s, CALLS);
+    } else {
+        s.compact().unwrap();
+    }
+    unreachable!("the failpoint {point} aborts the process");
+}
+
+#[test]
+fn a_keyed_writer_killed_at_each_point_loses_no_acknowledged_call() {
+    let exe = std::env::current_exe().unwrap();
+    for point in POINTS {
+        let dir = tempfile::tempdir().unwrap();
+        let path = make_store(dir.path());
+        let status = Command::new(&exe)
+            .args(["--exact", "keyed_crash_child", "--ignored", "--nocapture"])
+            .env("NEARREC_CRASH_STORE", &path)
+            .env("NEARREC_CRASH_POINT", point)
+            .status()
+            .unwrap();
+        // aborted at the failpoint (a panic would exit with a code)
+        assert_eq!(status.signal(), Some(SIGABRT), "{point}: {status}");
+        let acked = std::fs::read_to_string(path.with_extension("acked")).unwrap();
+        assert_eq!(acked.lines().count() as u64, CALLS, "{point}");
+        // the call cut after its log append is recovered whole
+        let calls = if point == "live::logged" {
+            CALLS + 1
+        } else {
+            CALLS
+        };
+        for writable in [false, true] {
+            let s = Store::open(&path, &config(writable)).unwrap();
+            assert_eq!(s.version(), calls, "{point}");
+            let what = format!("killed at {point}, reopened (writable: {writable})");
+            check(&s, calls, &what);
+            if writable {
+                assert_eq!(s.keys_held("k"), Some(model(calls).len() as u64), "{what}");
+                // new calls decide rows on the recovered book; compaction folds it all
+                apply(&s, calls);
+                s.compact().unwrap();
+                check(
+                    &s,
+                    calls + 1,
+                    &format!("{what}, then a call and a compaction"),
+                );
+                let checks = nearrec::verify(&path, None).unwrap();
+                assert!(
+                    checks.iter().all(|c| c.error.is_none()),
+                    "{point}: {checks:?}"
+                );
+            }
+        }
+        let s = Store::open(&path, &config(false)).unwrap();
+        check(
+            &s,
+            calls + 1,
+            &format!("killed at {point}, compacted, reopened"),
+        );
+    }
+}
