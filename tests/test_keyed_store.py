@@ -318,3 +318,26 @@ def test_a_keyed_tables_keys_are_read_back_and_the_cli_looks_them_up(tmp_path, c
                  "--json"]) == 0
     out = capsys.readouterr().out
     assert "first_row" in out and '"first_row": [0.0, 0.0' not in out
+
+
+@pytest.mark.parametrize("tier", ["dram", "ssd"])
+def test_a_default_row_answers_default_and_zero_still_answers_zeros(tmp_path, tier):
+    keys, rows = keyed()
+    default = np.arange(DIM, dtype=np.float32) + 1
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"ids": rows}, keys={"ids": keys}, default_rows={"ids": default})
+    ids = np.array([keys[3], 77, keys[4], 78], np.int64)  # 77 and 78 are not keys
+    assert not np.isin([77, 78], keys).any()
+    lengths = np.array([2, 2])
+    for policy, unknown in [("default", default), ("zero", np.zeros(DIM, np.float32))]:
+        store = nearrec.open(path, tier=tier, unknown_keys=policy, dram_budget="64KiB")
+        for mode in ["sum", "mean"]:
+            got = store.lookup("ids", ids, lengths=lengths, mode=mode)
+            want = np.stack([rows[3] + unknown, rows[4] + unknown])
+            np.testing.assert_allclose(got, want / (2 if mode == "mean" else 1), rtol=1e-6)
+        np.testing.assert_array_equal(store.read_rows("ids", ids[1:2]), unknown[None])
+        assert store.stats()[f"unknown_keys_{policy}"] == 5
+    with pytest.raises(InvalidRequest, match="default row is 8 finite values") as e:
+        nearrec.from_numpy(tmp_path / "t", {"ids": rows}, keys={"ids": keys},
+                           default_rows={"ids": default[:3]})
+    assert e.value.table == "ids"

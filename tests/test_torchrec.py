@@ -485,3 +485,69 @@ def test_sequence_embeddings_compile_and_export_as_one_op(tmp_path, options):
     assert copy._handle != ours._handle
     for a, b in zip(_Sequences(copy)(*batch(7, 3)), eager(*batch(7, 3)), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def managed(zch: int, hash_size: int | None) -> Any:
+    """A TorchRec managed-collision (ZCH) collection of two tables, trained on a few batches so
+    that its modules have given slots to some ids and not to others."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection as TorchRecEBC
+    from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+    from torchrec.modules.mc_modules import (
+        DistanceLFU_EvictionPolicy,
+        ManagedCollisionCollection,
+        MCHManagedCollisionModule,
+    )
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    torch.manual_seed(0)
+    tables = [EmbeddingBagConfig(name="t_user", embedding_dim=8, num_embeddings=zch,
+                                 feature_names=["user"]),
+              EmbeddingBagConfig(name="t_item", embedding_dim=4, num_embeddings=zch,
+                                 feature_names=["item"], pooling=PoolingType.MEAN)]
+    hash_fn = None if hash_size is None else (lambda ids, n: ids % n)
+    mcc = ManagedCollisionCollection(
+        {t.name: MCHManagedCollisionModule(
+            zch_size=zch, device=torch.device("cpu"), eviction_interval=1,
+            eviction_policy=DistanceLFU_EvictionPolicy(), input_hash_size=hash_size or 2**62,
+            input_hash_func=hash_fn) for t in tables},
+        tables)
+    module = ManagedCollisionEmbeddingBagCollection(TorchRecEBC(tables=tables), mcc)
+    rng = np.random.default_rng(1)
+    module.train()
+    for _ in range(4):
+        ids = torch.from_numpy(rng.integers(0, 10**12, 64))
+        module(KeyedJaggedTensor.from_lengths_sync(["user", "item"], ids,
+                                                   torch.full((32,), 2)))
+    return module.eval()
+
+
+@pytest.mark.parametrize("hash_size", [None, 1 << 30])
+@pytest.mark.parametrize("options", TIERS)
+def test_a_managed_collision_collection_is_served_by_key_with_torchrecs_outputs(
+        tmp_path, options, hash_size):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    module = managed(24, hash_size)
+    served = from_torchrec(module, tmp_path / "mc", **options)
+    mc = module._managed_collision_collection._managed_collision_modules["t_user"]
+    held = mc._mch_sorted_raw_ids[mc._mch_sorted_raw_ids != torch.iinfo(torch.int64).max]
+    assert 0 < len(held) <= 24
+    store = nearrec.open(tmp_path / "mc")
+    assert store.tables["t_user"].keyed and store.tables["t_user"].keys >= len(held)
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        # ids the modules hold slots for (their raw ids, before any hash) and ids they do not
+        known = held.numpy() if hash_size is None else held.numpy() + (1 << 30) * 7
+        ids = np.concatenate([rng.choice(known, 20), rng.integers(0, 10**12, 20)])
+        rng.shuffle(ids)
+        lengths = torch.from_numpy(rng.multinomial(40, [1 / 20] * 20))  # empty bags too
+        kjt = KeyedJaggedTensor.from_lengths_sync(["user", "item"], torch.from_numpy(ids),
+                                                  lengths)
+        want, _ = module(kjt)
+        got, remapped = served(kjt)
+        assert remapped is None
+        assert got.keys() == want.keys()
+        torch.testing.assert_close(got.values(), want.values(), rtol=1e-5, atol=1e-5)
+    # an id without a slot pools TorchRec's default slot, not zeros
+    default = module._embedding_module.embedding_bags["t_user"].weight[23]
+    assert default.abs().sum() > 0

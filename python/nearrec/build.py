@@ -102,6 +102,7 @@ def _source_array(name: str, a: Any) -> npt.NDArray[Any]:
 def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[str, str] = "fp32",
                *, keys: Mapping[str, Any] | None = None,
                capacity: Mapping[str, int] | None = None,
+               default_rows: Mapping[str, Any] | None = None,
                overwrite: bool = False, block_bytes: int = 4096,
                progress: bool | None = None) -> StoreInfo:
     """Creates a store from ``{name: array}``; an array may be a ``.npy`` path, which is
@@ -115,7 +116,10 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
     positions. A key the table does not hold answers as the store's ``unknown_keys`` says.
     ``capacity``: ``{name: keys}``, the most keys a keyed table may hold once a live store
     writes new ones (at least its keys; by default exactly them): the rows beyond its keys'
-    are written as zeros, room that new keys take.
+    are written as zeros, room that new keys take. ``default_rows``: ``{name: row}``, a keyed
+    table's default row — what its unknown keys pool as under ``unknown_keys="default"``
+    (zeros when not given; :func:`nearrec.torch.from_torchrec` gives a managed-collision
+    table's default slot).
     """
     if not isinstance(arrays, Mapping):
         raise InvalidRequest(f"arrays is a mapping from table name to rows, not "
@@ -126,6 +130,7 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
     srcs = {name: _source_array(name, a) for name, a in arrays.items()}
     key_cols = _key_columns(keys, {n: a.shape[0] for n, a in srcs.items()})
     spare = _spare_rows(capacity, key_cols)
+    defaults = _default_rows(default_rows, key_cols, {n: a.shape[1] for n, a in srcs.items()})
     dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
               for n in srcs}
     total = sum(_data_bytes(a.shape[0], a.shape[1], dtypes[n], block_bytes)
@@ -136,7 +141,7 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
             rows, dim = a.shape
             key_col = key_cols.get(name)
             w.native.begin_table(name, rows, dim, dtypes[name], block_bytes,
-                                 spare=spare.get(name))
+                                 spare=spare.get(name), default_row=defaults.get(name))
             _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])  # type: ignore[misc]
             w.native.finish_table(key_col)
         return w.commit()
@@ -155,6 +160,25 @@ def _spare_rows(capacity: Mapping[str, int] | None,
                                  f"table (give it keys)", table=name)
         cap = count(cap, f"capacity of {name!r}", len(keys[name]), 2**32 - 2)
         out[name] = cap - len(keys[name])
+    return out
+
+
+def _default_rows(rows: Mapping[str, Any] | None, keys: Mapping[str, Any],
+                  dims: Mapping[str, int]) -> dict[str, npt.NDArray[np.float32]]:
+    """Each keyed table's default row given, checked: ``dim`` finite values."""
+    if rows is not None and not isinstance(rows, Mapping):
+        raise InvalidRequest(f"default_rows is a mapping from keyed table name to a row, not "
+                             f"{type(rows).__name__}")
+    out = {}
+    for name, row in (rows or {}).items():
+        if name not in keys:
+            raise InvalidRequest(f"a default row is given for table {name!r}, which is not a "
+                                 f"keyed table (give it keys)", table=name)
+        got = np.ascontiguousarray(np.asarray(row, np.float32).reshape(-1))
+        if got.shape != (dims[name],) or not np.isfinite(got).all():
+            raise InvalidRequest(f"table {name!r}: a default row is {dims[name]} finite values, "
+                                 f"not {np.asarray(row).shape}", table=name)
+        out[name] = got
     return out
 
 

@@ -28,7 +28,7 @@ from .request import index_vector, is_bool, path_arg
 
 Tier = Literal["auto", "dram", "ssd"]
 Durability = Literal["sync", "async"]
-UnknownKeys = Literal["error", "zero", "init"]
+UnknownKeys = Literal["error", "zero", "init", "default"]
 
 
 # The names are Rust's (`Policy::name`); the extension does not list them, so they are written

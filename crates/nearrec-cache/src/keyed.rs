@@ -56,6 +56,10 @@ pub enum Unknown {
     Zero,
     /// Insert the key with a row drawn uniformly from `±init_scale`, seeded by `(seed, key)`.
     Init,
+    /// Pool the table's default row: a store's keyed table keeps it as row 0 (zeros, or the
+    /// default slot of the TorchRec managed-collision module it was built from); a table
+    /// without one (this DRAM table) pools zeros, as `Zero`.
+    Default,
 }
 
 impl std::str::FromStr for Unknown {
@@ -66,8 +70,9 @@ impl std::str::FromStr for Unknown {
             "error" => Ok(Self::Error),
             "zero" => Ok(Self::Zero),
             "init" => Ok(Self::Init),
+            "default" => Ok(Self::Default),
             _ => Err(format!(
-                "unknown-key policy {s:?}: expected error, zero or init"
+                "unknown-key policy {s:?}: expected error, zero, init or default"
             )),
         }
     }
@@ -498,7 +503,7 @@ impl KeyedTable {
                     hits += 1;
                     Some(r)
                 }
-                (None, Unknown::Zero) => {
+                (None, Unknown::Zero | Unknown::Default) => {
                     zero += 1;
                     None
                 }

@@ -5,10 +5,16 @@
 //! number and so, one to one, by key.
 //!
 //! A key the table does not hold answers as its [`Unknown`] policy says: an error naming its
-//! position ([`EngineError::UnknownKey`]), the table's zero row (row 0), or a row drawn from
-//! `(seed, key)` ([`nearrec_cache::init_row`]). Init keys are resolved to the zero row too, and
-//! each bag holding one is pooled again once the batch is done, from its rows read one by one
-//! and the init rows, in the kernels' arithmetic. Each outcome is counted.
+//! position ([`EngineError::UnknownKey`]), zeros (row 0, unless the table keeps a default row
+//! there), the table's default row (row 0), or a row drawn from `(seed, key)`
+//! ([`nearrec_cache::init_row`]). Init keys (and zeros in a table with a default row) are
+//! resolved to row 0 too, and each bag holding one is pooled again once the batch is done, from
+//! its rows read one by one and the substituted rows, in the kernels' arithmetic. Each outcome
+//! is counted.
+//!
+//! A live store's keyed table also keeps, when its keys expire or are evicted ([`KeyLimits`]),
+//! each row's last touch and touch count, and, with admission, a sketch of new keys' sightings
+//! ([`KeyLife`]); lookups touch the rows they find and count sightings of keys they do not.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -365,6 +371,7 @@ pub struct KeyReport {
     /// Lookups of keys held; of keys not held answered with zeros, with init rows, refused.
     pub hits: u64,
     pub unknown_zero: u64,
+    pub unknown_default: u64,
     pub unknown_init: u64,
     pub unknown_refused: u64,
     /// The most keys it may hold (its cap, else its rows less the zero row).
@@ -386,22 +393,26 @@ pub(crate) struct Keys {
     /// deltas); sized for every row, so it never fills. Written only by a compaction.
     index: RwLock<KeyIndex>,
     rows: u64,
+    /// Row 0 is a default row, not zeros (`docs/format.md` §16).
+    default_row: bool,
     life: Option<KeyLife>,
     unknown: Unknown,
     init_scale: f32,
     seed: u64,
     hits: AtomicU64,
     zero: AtomicU64,
+    default: AtomicU64,
     init: AtomicU64,
     refused: AtomicU64,
 }
 
 /// A keyed table's lookup resolved: the row of each index, and the (position, key) of each key
-/// answered with an init row (resolved to the zero row until its bag is pooled again).
+/// answered with an init row — or with zeros (`None`), in a table whose row 0 is a default row,
+/// not zeros — resolved to row 0 until its bag is pooled again.
 #[derive(Debug, Default)]
 pub(crate) struct Resolved {
     pub rows: Vec<i64>,
-    pub init: Vec<(usize, u64)>,
+    pub init: Vec<(usize, Option<u64>)>,
 }
 
 impl Keys {
@@ -447,7 +458,7 @@ impl Keys {
             .is_some_and(|l| l.limits.touch == Touch::ReadWrite);
         let mut rows = vec![ZERO_ROW as i64; n];
         let mut init = Vec::new();
-        let (mut hits, mut zero) = (0u64, 0u64);
+        let (mut hits, mut zero, mut default) = (0u64, 0u64, 0u64);
         for (i, (&key, row)) in keys.iter().zip(found).enumerate() {
             let position = lo + i;
             if row == MISSING
@@ -472,13 +483,20 @@ impl Keys {
                         key: key as i64,
                     });
                 }
+                (None, Unknown::Zero) if self.default_row => {
+                    zero += 1;
+                    init.push((position, None));
+                }
                 (None, Unknown::Zero) => zero += 1,
-                (None, Unknown::Init) => init.push((position, key)),
+                (None, Unknown::Default) => default += 1,
+                (None, Unknown::Init) => init.push((position, Some(key))),
             }
         }
         self.hits.fetch_add(hits, Relaxed);
         self.zero.fetch_add(zero, Relaxed);
-        self.init.fetch_add(init.len() as u64, Relaxed);
+        self.default.fetch_add(default, Relaxed);
+        let drawn = init.iter().filter(|i| i.1.is_some()).count();
+        self.init.fetch_add(drawn as u64, Relaxed);
         Ok(Resolved { rows, init })
     }
 
@@ -510,9 +528,12 @@ impl Keys {
             .map_or(self.rows.saturating_sub(1), |l| l.cap(self.rows))
     }
 
-    /// The row `Unknown::Init` gives `key`.
-    pub(crate) fn init_row(&self, key: u64, out: &mut [f32]) {
-        nearrec_cache::init_row(self.seed, self.init_scale, key, out);
+    /// The row `Unknown::Init` gives `key` (`None`: zeros).
+    pub(crate) fn init_row(&self, key: Option<u64>, out: &mut [f32]) {
+        match key {
+            Some(key) => nearrec_cache::init_row(self.seed, self.init_scale, key, out),
+            None => out.fill(0.0),
+        }
     }
 
     pub(crate) fn report(&self, table: &str) -> KeyReport {
@@ -527,6 +548,7 @@ impl Keys {
             unknown: self.unknown,
             hits: self.hits.load(Relaxed),
             unknown_zero: self.zero.load(Relaxed),
+            unknown_default: self.default.load(Relaxed),
             unknown_init: self.init.load(Relaxed),
             unknown_refused: self.refused.load(Relaxed),
             cap: self.cap(),
@@ -649,12 +671,14 @@ pub(crate) fn load_one(
     Ok(Some(Keys {
         index: RwLock::new(index),
         rows: meta.rows,
+        default_row: meta.keys.as_ref().is_some_and(|k| k.default),
         life,
         unknown: policy.of(&meta.name),
         init_scale: policy.init_scale,
         seed: policy.seed,
         hits: AtomicU64::new(0),
         zero: AtomicU64::new(0),
+        default: AtomicU64::new(0),
         init: AtomicU64::new(0),
         refused: AtomicU64::new(0),
     }))

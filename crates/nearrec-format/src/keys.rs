@@ -19,6 +19,10 @@ pub struct KeysMeta {
     pub crc32c: u32,
     /// Keys the table holds (entries in the file).
     pub count: u64,
+    /// Row 0 is the table's default row as given by its builder (a TorchRec managed-collision
+    /// module's default slot), not zeros.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
 }
 
 /// The row a keyed table keeps zeros in.

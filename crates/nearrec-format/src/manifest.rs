@@ -276,6 +276,7 @@ mod tests {
             file: "table-0000.keys".into(),
             crc32c: 5,
             count: 9,
+            default: false,
         });
         m.format_version = 4;
         assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));

@@ -289,6 +289,7 @@ pub fn rewrite_keys(
             file: keys_file,
             crc32c,
             count: entries.len() as u64,
+            default: meta.keys.as_ref().is_some_and(|k| k.default),
         }),
         ..meta.clone()
     })

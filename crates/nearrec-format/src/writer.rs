@@ -198,7 +198,19 @@ impl StoreWriter {
     /// §16): its zero row is written first, then the keys' rows must be written in order and
     /// the table handed back, with its keys, to [`Self::finish_table_keyed`], which adds the
     /// `spare` free rows. The store becomes format version 5.
-    pub fn keyed_table(&mut self, mut spec: TableSpec, spare: u64) -> Result<TableWriter> {
+    pub fn keyed_table(&mut self, spec: TableSpec, spare: u64) -> Result<TableWriter> {
+        self.keyed_table_with_default(spec, spare, None)
+    }
+
+    /// [`Self::keyed_table`] whose row 0 — what unknown keys pool as under the `default`
+    /// policy — is `default` (`dim` values) instead of zeros: a TorchRec managed-collision
+    /// table's default slot.
+    pub fn keyed_table_with_default(
+        &mut self,
+        mut spec: TableSpec,
+        spare: u64,
+        default: Option<&[f32]>,
+    ) -> Result<TableWriter> {
         let rows = spec.rows.checked_add(spare).and_then(|r| r.checked_add(1));
         if rows.is_none_or(|r| r > KEYED_ROWS) {
             return Err(FormatError::invalid_table(
@@ -213,9 +225,19 @@ impl StoreWriter {
         let keys = spec.rows;
         spec.rows = rows.expect("checked");
         let dim = spec.dim as usize;
+        if default.is_some_and(|d| d.len() != dim || d.iter().any(|v| !v.is_finite())) {
+            return Err(FormatError::invalid_table(
+                &spec.name,
+                format!("a default row is {dim} finite values"),
+            ));
+        }
         let mut table = self.table(spec)?;
-        table.write_f32(&vec![0.0; dim])?;
+        match default {
+            Some(row) => table.write_f32(row)?,
+            None => table.write_f32(&vec![0.0; dim])?,
+        }
         table.keyed = Some(keys);
+        table.default_row = default.is_some();
         Ok(table)
     }
 
@@ -273,6 +295,7 @@ impl StoreWriter {
         entries: &[KeyRow],
     ) -> Result<()> {
         table.keyed = None;
+        let table_default = table.default_row;
         self.finish_table_in(table, None)?;
         let meta = self.tables.last_mut().expect("just finished");
         let bytes = crate::keys::encode(entries);
@@ -284,6 +307,7 @@ impl StoreWriter {
             file,
             crc32c,
             count: entries.len() as u64,
+            default: table_default,
         });
         Ok(())
     }
@@ -404,6 +428,8 @@ pub struct TableWriter {
     rows_written: u64,
     /// Started by [`StoreWriter::keyed_table`] for this many keys: they come at the end.
     keyed: Option<u64>,
+    /// Its row 0 is a default row given by the caller, not zeros.
+    default_row: bool,
 }
 
 impl TableWriter {
@@ -435,6 +461,7 @@ impl TableWriter {
             chunk_bytes,
             rows_written: 0,
             keyed: None,
+            default_row: false,
         })
     }
 

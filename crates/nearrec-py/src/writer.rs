@@ -103,9 +103,11 @@ impl NativeStoreWriter {
     }
 
     /// Starts a table of `rows` rows of `dim` values stored as `dtype`; a keyed one (`spare`
-    /// given: rows of zeros after its keys', room for new keys of a live store) is finished
-    /// with its keys, one per row.
-    #[pyo3(signature = (name, rows, dim, dtype_name = "fp32", block_bytes = 4096, spare = None))]
+    /// given: rows of zeros after its keys', room for new keys of a live store; `default_row`:
+    /// its row 0, what unknown keys pool as under the `default` policy, else zeros) is
+    /// finished with its keys, one per row.
+    #[pyo3(signature = (name, rows, dim, dtype_name = "fp32", block_bytes = 4096, spare = None,
+                        default_row = None))]
     #[allow(clippy::too_many_arguments)]
     fn begin_table(
         &self,
@@ -116,7 +118,12 @@ impl NativeStoreWriter {
         dtype_name: &str,
         block_bytes: u32,
         spare: Option<u64>,
+        default_row: Option<PyReadonlyArray1<'_, f32>>,
     ) -> PyResult<()> {
+        let default_row = default_row
+            .map(|d| d.as_slice().map(<[f32]>::to_vec))
+            .transpose()
+            .map_err(|e| raise(py, "InvalidRequest", e.to_string(), Some(&name), None))?;
         let dtype = dtype(py, dtype_name)?;
         self.with(py, |st| {
             if st.table.is_some() {
@@ -137,7 +144,7 @@ impl NativeStoreWriter {
             };
             let store = st.store.as_mut().expect("checked in with()");
             let table = if let Some(spare) = spare {
-                store.keyed_table(spec, spare)
+                store.keyed_table_with_default(spec, spare, default_row.as_deref())
             } else {
                 store.table(spec)
             };

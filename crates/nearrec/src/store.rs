@@ -966,7 +966,8 @@ impl Store {
     /// The keyed tables' counters, summed over them (none without keyed tables): keys held
     /// (a writer's exactly; a read-only store's as of its tables' base), the indexes' DRAM,
     /// lookups of keys held (`keyed_hits`) and of keys not held answered with zeros, init rows
-    /// or refused (`unknown_keys_zero`, `_init`, `_refused`); live keys — new keys' writes
+    /// or refused (`unknown_keys_zero`, `_init`, `_refused`), or with the table's default row
+    /// (`unknown_keys_default`); live keys — new keys' writes
     /// dropped before admission (`keys_not_admitted`), keys let go of past their TTL
     /// (`keys_expired`), evicted at a cap (`keys_evicted`), new keys refused at a cap
     /// (`keys_refused_full`) — and the DRAM their touches and admission counts take
@@ -987,6 +988,7 @@ impl Store {
             ("keyed_index_bytes", sum(|r| r.index_bytes)),
             ("keyed_hits", sum(|r| r.hits)),
             ("unknown_keys_zero", sum(|r| r.unknown_zero)),
+            ("unknown_keys_default", sum(|r| r.unknown_default)),
             ("unknown_keys_init", sum(|r| r.unknown_init)),
             ("unknown_keys_refused", sum(|r| r.unknown_refused)),
             ("keys_not_admitted", sum(|r| r.not_admitted)),

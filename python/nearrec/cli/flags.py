@@ -55,9 +55,11 @@ def store_flags(p: argparse.ArgumentParser, config_flag: str = "--config") -> No
     g.add_argument("--plan", help="a plan file (nearrec plan) placing rows in DRAM")
     g.add_argument("--device", help="serve the SSD tier from a simulated drive (a preset or a "
                    "JSON parameter file)")
-    g.add_argument("--unknown-keys", choices=["error", "zero", "init"],
+    g.add_argument("--unknown-keys", choices=["error", "zero", "init", "default"],
                    help="what a key a keyed table does not hold answers: an UnknownKey error "
-                        "naming its position, a row of zeros, or a row drawn from the key "
+                        "naming its position, a row of zeros, a row drawn from the key, or "
+                        "the table's default row (row 0; a managed-collision table's default "
+                        "slot) "
                         f"(default: {d.unknown_keys})")
     g.add_argument("--scrub-rate", help="scrub the store in the background: its table files "
                    "read at this many bytes a second, e.g. 16MiB, pass after pass, every sector "

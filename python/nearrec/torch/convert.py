@@ -26,33 +26,144 @@ def from_torchrec(module: nn.Module, path: StorePath, *, dtype: str = "fp32",
     (``nearrec.open``'s: e.g. ``tier="ssd", dram_budget="1GiB"``). The module itself is left
     as it was; its other parts are copied. A table keeps its config's name unless two
     collections both have one of that name: then it is stored as ``PATH.NAME``, ``PATH`` the
-    collection's place in ``module``."""
+    collection's place in ``module``.
+
+    A ``ManagedCollisionEmbeddingBagCollection`` (TorchRec's managed-collision / ZCH tables,
+    ``MCHManagedCollisionModule``) becomes a keyed table per table: its keys the raw ids the
+    module has given slots (``_mch_sorted_raw_ids``), each with its slot's row
+    (``_mch_remapped_ids_mapping``), and its default row — what TorchRec pools for an id it
+    holds no slot for — the table's last slot, served under ``unknown_keys="default"``. The
+    copy answers as TorchRec's module does in eval mode (ids hashed first by the module's
+    ``input_hash_func``, when it has one); the ids it holds are those of the conversion, and new
+    ones come by writing them to the store (a writable store's keyed tables take writes by key).
+    """
     try:
         from torchrec.modules.embedding_modules import (
             EmbeddingBagCollection as TorchRecCollection,
+        )
+        from torchrec.modules.mc_embedding_modules import (
+            ManagedCollisionEmbeddingBagCollection as TorchRecManaged,
         )
     except ImportError as e:
         raise InvalidRequest(f"from_torchrec needs torchrec: {e}") from None
     if not isinstance(module, nn.Module):
         raise InvalidRequest(f"from_torchrec takes a torch module, not {type(module).__name__}")
+    managed = [(name, m) for name, m in module.named_modules() if isinstance(m, TorchRecManaged)]
+    inner = {id(m._embedding_module) for _, m in managed}
     found = [(name, m) for name, m in module.named_modules()
-             if isinstance(m, TorchRecCollection)]
-    if not found:
+             if isinstance(m, TorchRecCollection) and id(m) not in inner]
+    if not found and not managed:
         raise InvalidRequest(f"{type(module).__name__} holds no TorchRec EmbeddingBagCollection")
-    counts = Counter(c.name for _, m in found for c in m.embedding_bag_configs())
+    collections_of = [(n, m) for n, m in found] + [(n, m._embedding_module) for n, m in managed]
+    counts = Counter(c.name for _, m in collections_of for c in m.embedding_bag_configs())
+
+    def table_name(name: str, c: Any) -> str:
+        return c.name if counts[c.name] == 1 else f"{name or 'module'}.{c.name}"
+
     arrays: dict[str, Any] = {}
-    collections: list[tuple[Any, list[Any]]] = []
+    #: (the module, its tables' configs, weighted, its features' hashes: None unless managed)
+    collections: list[tuple[Any, list[Any], bool, dict[str, _Hash] | None]] = []
     for name, m in found:
         configs = []
         for c in m.embedding_bag_configs():
-            table = c.name if counts[c.name] == 1 else f"{name or 'module'}.{c.name}"
+            table = table_name(name, c)
             arrays[table] = m.embedding_bags[c.name].weight.detach().cpu().numpy()
             configs.append(dataclasses.replace(c, name=table))
-        collections.append((m, configs))
-    from_numpy(path, arrays, dtype, overwrite=overwrite)
+        collections.append((m, configs, m.is_weighted(), None))
+    keys: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
+    for name, m in managed:
+        configs, hashes = [], {}
+        ebc = m._embedding_module
+        for c in ebc.embedding_bag_configs():
+            table = table_name(name, c)
+            weight = ebc.embedding_bags[c.name].weight.detach().cpu().numpy()
+            ids, slots, default, hash_ = _managed_slots(m, c.name, table)
+            arrays[table], keys[table], defaults[table] = weight[slots], ids, weight[default]
+            configs.append(dataclasses.replace(c, name=table, num_embeddings=len(ids)))
+            if hash_ is not None:
+                hashes.update(dict.fromkeys(c.feature_names, hash_))
+        collections.append((m, configs, ebc.is_weighted(), hashes))
+    from_numpy(path, arrays, dtype, keys=keys, default_rows=defaults, overwrite=overwrite)
+    if keys:
+        by_table = dict(open_options.get("unknown_keys_by_table") or {})
+        open_options["unknown_keys_by_table"] = {**dict.fromkeys(keys, "default"), **by_table}
     store = open_store(path, **open_options)
     # the copy takes nearrec's collection where the module has TorchRec's
-    memo: dict[int, Any] = {id(m): EmbeddingBagCollection(store, configs,
-                                                          is_weighted=m.is_weighted())
-                            for m, configs in collections}
+    memo: dict[int, Any] = {}
+    for m, configs, weighted, hashed in collections:
+        ebc = EmbeddingBagCollection(store, configs, is_weighted=weighted)
+        memo[id(m)] = ebc if hashed is None else ManagedCollisionEmbeddingBagCollection(ebc,
+                                                                                         hashed)
     return copy.deepcopy(module, memo)
+
+
+class _Hash:
+    """A managed-collision module's ``input_hash_func`` over its ``input_hash_size``."""
+
+    def __init__(self, fn: Any, size: int):
+        self.fn, self.size = fn, size
+
+    def __call__(self, values: Any) -> Any:
+        return self.fn(values, self.size)
+
+
+def _managed_slots(module: Any, name: str, table: str) -> tuple[Any, Any, int, _Hash | None]:
+    """Table ``name`` of a managed-collision collection ``module``: the raw ids it holds slots
+    for, their slots' rows, the row TorchRec pools for any other id, and the module's
+    ``input_hash_func`` (``None``: ids are taken as given)."""
+    import numpy as np
+    from torchrec.modules.mc_modules import MCHManagedCollisionModule
+
+    mc = module._managed_collision_collection._managed_collision_modules[name]
+    if not isinstance(mc, MCHManagedCollisionModule):
+        raise InvalidRequest(f"table {table!r}: a {type(mc).__name__} remaps its ids; "
+                             f"from_torchrec serves MCHManagedCollisionModule's (ZCH)",
+                             table=table)
+    if module._return_remapped_features:
+        raise InvalidRequest(f"table {table!r}: the module returns its remapped ids "
+                             f"(return_remapped_features): slots stay inside nearrec",
+                             table=table)
+    sorted_ids = mc._mch_sorted_raw_ids.detach().cpu().numpy()
+    mapping = mc._mch_remapped_ids_mapping.detach().cpu().numpy() - mc._output_global_offset
+    empty = np.iinfo(np.int64).max
+    held = sorted_ids != empty
+    ids, slots = sorted_ids[held], mapping[held]
+    if (~held).any():
+        # TorchRec's search matches an id equal to the empty mark to the first empty slot
+        ids = np.append(ids, empty)
+        slots = np.append(slots, mapping[np.argmax(~held)])
+    default = mc._zch_size - 1
+    fn = mc._input_hash_func
+    return ids, slots, default, None if fn is None else _Hash(fn, mc._input_hash_size)
+
+
+class ManagedCollisionEmbeddingBagCollection(nn.Module):
+    """What :func:`from_torchrec` makes of TorchRec's ``ManagedCollisionEmbeddingBagCollection``:
+    its features' raw ids (hashed by the module's ``input_hash_func`` where it had one) looked up
+    in keyed tables by ``collection``; ``forward`` answers ``(pooled, None)`` as TorchRec's
+    does."""
+
+    def __init__(self, collection: EmbeddingBagCollection, hashes: dict[str, _Hash]):
+        super().__init__()
+        self.collection = collection
+        self._hashes = hashes
+
+    def forward(self, features: Any) -> tuple[Any, None]:
+        if self._hashes:
+            features = _hashed(features, self._hashes)
+        return self.collection(features), None
+
+
+def _hashed(features: Any, hashes: dict[str, _Hash]) -> Any:
+    """``features`` (a TorchRec KJT) with each feature in ``hashes`` hashed by its function."""
+    from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+
+    per = features.to_dict()
+    out = {}
+    for key, jt in per.items():
+        fn = hashes.get(key)
+        values = jt.values() if fn is None else fn(jt.values())
+        out[key] = JaggedTensor(values=values, lengths=jt.lengths(),
+                                weights=jt.weights_or_none())
+    return KeyedJaggedTensor.from_jt_dict(out)
