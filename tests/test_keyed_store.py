@@ -341,3 +341,41 @@ def test_a_default_row_answers_default_and_zero_still_answers_zeros(tmp_path, ti
         nearrec.from_numpy(tmp_path / "t", {"ids": rows}, keys={"ids": keys},
                            default_rows={"ids": default[:3]})
     assert e.value.table == "ids"
+
+
+@pytest.mark.parametrize("scheme,shards", [("row", 2), ("table-row", 3)])
+def test_a_keyed_table_cut_by_key_hash_serves_as_the_embedded_store(tmp_path, scheme, shards):
+    """`nearrec shard` cuts a keyed table by key hash (`key_part`): each shard its keys, their
+    rows and its share of the room; the router sends each key to its part and merges the bags;
+    an unknown key is named at the caller's position."""
+    from nearrec import distributed
+
+    keys, rows = keyed()
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"ids": rows, "dense": rows[:100]}, keys={"ids": keys},
+                       capacity={"ids": N + 60})
+    root = tmp_path / "shards"
+    plan = distributed.shard(path, root, shards, scheme=scheme)
+    nodes = [Node(f"{root / f'shard-{k}'}=s", "--tier", "ssd", "--dram-budget", "16KiB",
+                  "--unknown-keys", "zero") for k in range(plan.shards)]
+    try:
+        store = distributed.connect(root, [[f"{n.address}/s"] for n in nodes])
+        embedded = nearrec.open(path, unknown_keys="zero")
+        assert store.tables["ids"].keys == N
+        rng = np.random.default_rng(5)
+        ids = np.concatenate([rng.choice(keys, 300), rng.integers(-(2**63), 2**63 - 1, 20)])
+        rng.shuffle(ids)
+        lengths = rng.multinomial(len(ids), [1 / 40] * 40)
+        for mode in ["sum", "mean", "max"]:
+            np.testing.assert_allclose(store.lookup("ids", ids, lengths=lengths, mode=mode),
+                                       embedded.lookup("ids", ids, lengths=lengths, mode=mode),
+                                       rtol=1e-5, atol=1e-6)
+        known = ids[np.isin(ids, keys)][:50]
+        request = {"ids": (known, np.arange(len(known)))}
+        [(_, got_ids, got)] = store.lookup_rows(request)
+        [(_, want_ids, want)] = embedded.lookup_rows(request)
+        np.testing.assert_array_equal(got_ids, want_ids)
+        np.testing.assert_array_equal(got, want)
+    finally:
+        for n in nodes:
+            assert n.stop() == 0

@@ -72,7 +72,12 @@ proptest! {
 
 #[test]
 fn a_removed_key_is_unknown_until_written_again() {
-    for unknown in [Unknown::Error, Unknown::Zero, Unknown::Init, Unknown::Default] {
+    for unknown in [
+        Unknown::Error,
+        Unknown::Zero,
+        Unknown::Init,
+        Unknown::Default,
+    ] {
         let t = table(4, unknown);
         t.write(&[7, 8], &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0], false)
             .unwrap();
@@ -172,7 +177,12 @@ fn pools_like_a_plain_loop_under_each_policy() {
     let keys = [5i64, -7, 5, 1 << 40, 3, -7, 99];
     let bounds = [0usize, 3, 3, 7];
     let weights = [0.5f32, 2.0, 1.0, -1.0, 0.25, 1.0, 3.0];
-    for unknown in [Unknown::Error, Unknown::Zero, Unknown::Init, Unknown::Default] {
+    for unknown in [
+        Unknown::Error,
+        Unknown::Zero,
+        Unknown::Init,
+        Unknown::Default,
+    ] {
         let t = table(64, unknown);
         for (i, k) in [5i64, -7, 1 << 40, 3].into_iter().enumerate() {
             t.assign(k, &[i as f32 + 1.0, -(i as f32), 0.5 * i as f32])

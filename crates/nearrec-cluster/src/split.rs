@@ -11,10 +11,10 @@
 //! ids are range-checked as they are routed: a bad batch gets the engine's error, naming the
 //! table and the position in the caller's arrays, before any shard is asked.
 
-use nearrec::{Bags, Batch, Indices, Pooled, PoolingMode, Rows, TableLookup};
+use nearrec::{Bags, Batch, Error, ErrorKind, Indices, Pooled, PoolingMode, Rows, TableLookup};
 use nearrec_engine::EngineError;
 use nearrec_engine::check_batch;
-use nearrec_plan::ShardedTable;
+use nearrec_plan::{ShardedTable, key_part};
 use rustc_hash::FxHashMap;
 
 /// One shard's share of a batch: its lookups (borrowing `Split`'s arrays), and for each the
@@ -36,6 +36,9 @@ pub(crate) enum Owned {
         lengths: Vec<i64>,
         weights: Option<Vec<f32>>,
         mode: PoolingMode,
+        /// A keyed table's: each id's position in the caller's lookup (a shard's
+        /// `UnknownKey` names its own).
+        positions: Option<Vec<usize>>,
     },
 }
 
@@ -173,6 +176,8 @@ struct Parted {
     /// Per part, the bag (+ 1) it last took an id of.
     stamp: Vec<usize>,
     reached: u64,
+    /// A keyed table's: per part, the caller's position of each id.
+    positions: Option<Vec<Vec<usize>>>,
 }
 
 impl Parted {
@@ -189,6 +194,7 @@ impl Parted {
             counts: vec![0; bags],
             stamp: vec![0; parts],
             reached: 0,
+            positions: None,
         }
     }
 
@@ -238,8 +244,8 @@ impl Split {
             let table = &tables[t];
             split.tables.push((t, table.dim as usize));
             if table.parts.len() == 1 {
-                // checked here too, so that a bad batch costs no round trip
-                for b in 0..bags {
+                // checked here too, so that a bad batch costs no round trip (a key is any id)
+                for b in (0..bags).filter(|_| !table.keyed) {
                     for j in checked.bounds[b]..checked.bounds[b + 1] {
                         let id = lookup.indices.get(j);
                         if id < 0 || id as u64 >= table.rows {
@@ -254,6 +260,26 @@ impl Split {
             let parts = table.parts.len();
             let n = checked.bounds[bags] - checked.bounds[0];
             let mut out = Parted::new(parts, bags, n, lookup.per_sample_weights.is_some());
+            if table.keyed {
+                // each key to its part as it is, its position kept
+                out.positions = Some(vec![Vec::new(); parts]);
+                for b in 0..bags {
+                    for j in checked.bounds[b]..checked.bounds[b + 1] {
+                        let key = lookup.indices.get(j);
+                        let weight = lookup.per_sample_weights.map_or(0.0, |w| w[j]);
+                        let p = key_part(key as u64, parts);
+                        out.put(p, b, key, weight);
+                        if let Some(at) = &mut out.positions {
+                            at[p].push(j);
+                        }
+                    }
+                    let reached = out.end_bag();
+                    split.bag_shards += reached;
+                    split.spread_bags += u64::from(reached > 1);
+                }
+                split.finish_parts(k, t, table, lookup, bags, out);
+                continue;
+            }
             let firsts: Vec<u64> = table.parts[1..].iter().map(|p| p.first).collect();
             let padding = checked.padding;
             let rows = table.rows;
@@ -321,45 +347,105 @@ impl Split {
                 split.bag_shards += reached;
                 split.spread_bags += u64::from(reached > 1);
             }
-            let Parted {
+            split.finish_parts(k, t, table, lookup, bags, out);
+        }
+        Ok(split)
+    }
+
+    /// Request table `k` (the plan's table `t`), routed part by part into `out`, handed to the
+    /// shares of its parts, and its merge recorded.
+    fn finish_parts(
+        &mut self,
+        k: usize,
+        t: usize,
+        table: &ShardedTable,
+        lookup: &TableLookup<'_>,
+        bags: usize,
+        out: Parted,
+    ) {
+        let Parted {
+            ids,
+            lengths,
+            weights,
+            counts,
+            positions,
+            ..
+        } = out;
+        let weights: Vec<Option<Vec<f32>>> = weights
+            .into_iter()
+            .map(|w| lookup.per_sample_weights.map(|_| w))
+            .collect();
+        let mut positions = positions.map(Vec::into_iter);
+        self.split_bags += bags as u64;
+        let mode = match lookup.mode {
+            PoolingMode::Max => PoolingMode::Max,
+            _ => PoolingMode::Sum,
+        };
+        let mut slots = Vec::new();
+        for (p, ((ids, lengths), weights)) in ids.into_iter().zip(lengths).zip(weights).enumerate()
+        {
+            let at = positions.as_mut().and_then(Iterator::next);
+            if ids.is_empty() {
+                continue;
+            }
+            let routed = Owned::Routed {
+                table: t,
                 ids,
                 lengths,
                 weights,
-                counts,
-                ..
-            } = out;
-            let weights: Vec<Option<Vec<f32>>> = weights
-                .into_iter()
-                .map(|w| lookup.per_sample_weights.map(|_| w))
-                .collect();
-            split.split_bags += bags as u64;
-            let mode = match lookup.mode {
-                PoolingMode::Max => PoolingMode::Max,
-                _ => PoolingMode::Sum,
+                mode,
+                positions: at,
             };
-            let mut slots = Vec::new();
-            for (p, ((ids, lengths), weights)) in
-                ids.into_iter().zip(lengths).zip(weights).enumerate()
-            {
-                if ids.is_empty() {
-                    continue;
-                }
-                let routed = Owned::Routed {
-                    table: t,
-                    ids,
-                    lengths,
-                    weights,
-                    mode,
-                };
-                slots.push(split.push(table.parts[p].shard, k, routed));
-            }
-            split.merges.push(Merge::Parts {
-                slots,
-                counts,
-                mode: lookup.mode,
-            });
+            slots.push(self.push(table.parts[p].shard, k, routed));
         }
-        Ok(split)
+        self.merges.push(Merge::Parts {
+            slots,
+            counts,
+            mode: lookup.mode,
+        });
+    }
+
+    /// `e`, an error shard `shard` answered its share with, as the caller's request names
+    /// things: an `UnknownKey` at a position of a routed keyed lookup moves to the caller's
+    /// position of that key (the first routed lookup of the table long enough, when the
+    /// request names the table more than once).
+    pub fn caller_error(&self, shard: usize, e: Error, tables: &[ShardedTable]) -> Error {
+        let (Some(table), Some(position)) = (e.table(), e.position()) else {
+            return e;
+        };
+        if e.kind() != ErrorKind::UnknownKey {
+            return e;
+        }
+        let found = self.shares[shard].lookups.iter().find_map(|o| match o {
+            Owned::Routed {
+                table: t,
+                positions: Some(at),
+                ..
+            } if tables[*t].name == table => at.get(position).copied(),
+            _ => None,
+        });
+        match (found, e) {
+            (
+                Some(at),
+                Error::Remote {
+                    kind,
+                    code,
+                    message,
+                    table,
+                    ..
+                },
+            ) => Error::Remote {
+                kind,
+                code,
+                message: format!(
+                    "{message} (position {position} of shard {shard}'s share; {at} of the \
+                     request)"
+                ),
+                table,
+                position: Some(at),
+            },
+            (_, e) => e,
+        }
     }
 
     /// Adds `lookup` (for request table `k`) to shard `shard`'s share; where it is.
@@ -388,6 +474,7 @@ impl Split {
                 lengths,
                 weights,
                 mode,
+                ..
             } => {
                 let mut l = TableLookup::new(
                     &tables[*table].name,
@@ -499,6 +586,13 @@ impl Split {
             let Some(rows) = &answers[s] else { continue };
             for (rows, &k) in rows.iter().zip(&share.from) {
                 let table = &tables[self.tables[k].0];
+                if table.keyed {
+                    // keys come back as they went
+                    for (i, &key) in rows.ids.iter().enumerate() {
+                        out[k].push((key, rows.values[i * rows.dim..][..rows.dim].to_vec()));
+                    }
+                    continue;
+                }
                 let part = table.part_on(s).expect("a shard asked holds the table");
                 let (first, held) = (table.parts[part].first, table.parts[part].rows);
                 for (i, &local) in rows.ids.iter().enumerate() {
@@ -561,6 +655,7 @@ mod tests {
                     },
                 ],
                 hot: (0..500).map(|i| i * 7).collect(),
+                keyed: false,
             })
             .collect();
         let ids: Vec<i64> = (0..64 * 80).map(|i| (i * 7919) % rows as i64).collect();

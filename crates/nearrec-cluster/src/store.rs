@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::TryFutureExt;
 use futures::future::try_join_all;
 use nearrec::model::{Inferred, Tensor};
-use nearrec::plan::{ShardPlan, ShardedTable};
+use nearrec::plan::{ShardPlan, ShardedTable, key_part};
 use nearrec::{
     AsBatch, Batch, Compaction, Error, ErrorKind, Info, NewTable, PendingLookup, Pooled, Read,
     RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TableInfo, TierReport, Versioned,
@@ -486,6 +487,17 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
         let Some(got) = info.tables.iter().find(|x| x.name == want.name) else {
             return Err(misfit("is missing".into()));
         };
+        if want.keyed {
+            // a keyed part holds its keys (and room), whatever its nominal rows
+            if got.keys.is_none() || (got.dim, got.dtype) != (want.dim, want.dtype) {
+                return Err(misfit(format!(
+                    "is not a keyed table of dim {} {}",
+                    want.dim,
+                    want.dtype.name()
+                )));
+            }
+            continue;
+        }
         let rows = want.shard_rows(p);
         if (got.rows, got.dim, got.dtype) != (rows, want.dim, want.dtype) {
             return Err(misfit(format!(
@@ -650,15 +662,18 @@ impl Inner {
         let _visible = self.visible.read().unwrap_or_else(|p| p.into_inner());
         let asked: Vec<usize> = split.shards().collect();
         let version = (at > 0).then_some(at);
+        let tables = &self.plan.tables;
         let reads = asked.iter().map(|&s| {
-            let sub = split.batch_for(s, batch, &self.plan.tables);
-            self.shards[s].read(
-                &self.plan.store,
-                (self.options.hedge, at),
-                deadline,
-                move |c| start(c, &sub, version, deadline),
-                |a| a.1,
-            )
+            let sub = split.batch_for(s, batch, tables);
+            self.shards[s]
+                .read(
+                    &self.plan.store,
+                    (self.options.hedge, at),
+                    deadline,
+                    move |c| start(c, &sub, version, deadline),
+                    |a| a.1,
+                )
+                .map_err(move |e| split.caller_error(s, e, tables))
         });
         let got = self.runtime.block_on(try_join_all(reads))?;
         let mut answers: Vec<Option<T>> = (0..self.plan.shards).map(|_| None).collect();
@@ -730,6 +745,15 @@ impl Inner {
             let mut by_part: Vec<(Vec<i64>, Vec<f32>)> =
                 vec![Default::default(); table.parts.len()];
             for (j, &id) in w.ids.iter().enumerate() {
+                if table.keyed {
+                    // a key goes to its part as it is
+                    let p = key_part(id as u64, table.parts.len());
+                    by_part[p].0.push(id);
+                    if let Some(v) = w.values {
+                        by_part[p].1.extend_from_slice(&v[j * dim..][..dim]);
+                    }
+                    continue;
+                }
                 if id < 0 || id as u64 >= table.rows {
                     return Err(EngineError::IndexOutOfRange {
                         table: w.table.to_owned(),
@@ -931,9 +955,17 @@ impl StoreApi for ShardedStore {
         let (mut tier, mut writable) = (String::new(), true);
         // the cluster versions: those every shard's repository holds
         let mut versions: Option<Vec<u64>> = None;
+        // a keyed table's keys: its parts' together
+        let mut keys: Vec<Option<u64>> = vec![None; inner.plan.tables.len()];
         for s in &inner.shards {
             let info = s.any(&inner.plan.store, |c| c.info())?;
             s.seen.raise(info.version);
+            for (t, held) in inner.plan.tables.iter().zip(keys.iter_mut()) {
+                let part = info.tables.iter().find(|x| x.name == t.name && t.keyed);
+                if let Some(n) = part.and_then(|x| x.keys) {
+                    *held = Some(held.unwrap_or(0) + n);
+                }
+            }
             version += info.version;
             writable &= info.writable;
             versions = Some(match versions {
@@ -949,13 +981,13 @@ impl StoreApi for ShardedStore {
         }
         Ok(Info {
             name: inner.plan.store.clone(),
-            tables: (inner.plan.tables.iter())
-                .map(|t| TableInfo {
+            tables: (inner.plan.tables.iter().zip(keys))
+                .map(|(t, keys)| TableInfo {
                     name: t.name.clone(),
                     rows: t.rows,
                     dim: t.dim,
                     dtype: t.dtype,
-                    keys: None,
+                    keys,
                 })
                 .collect(),
             version,
@@ -984,6 +1016,15 @@ impl StoreApi for ShardedStore {
     fn table(&self, name: &str) -> nearrec::Result<TableInfo> {
         self.inner.live()?;
         let t = self.inner.table(name)?;
+        if t.keyed {
+            // its keys are its parts' together
+            return self
+                .info()?
+                .tables
+                .into_iter()
+                .find(|x| x.name == name)
+                .ok_or_else(|| Error::Internal(format!("table {name:?} left the plan")));
+        }
         Ok(TableInfo {
             name: t.name.clone(),
             rows: t.rows,

@@ -179,6 +179,67 @@ macro_rules! sharded_suite {
 }
 
 sharded_suite!(table, table_wise);
+
+/// A store cut into one shard of one replica.
+fn one_shard(path: &Path, writable: bool) -> Opened {
+    opened(sharded(path, writable, options(1, 1, Scheme::Table, 0)))
+}
+
+/// A keyed table cut by key hash (row-wise over two shards of two replicas each; and over
+/// four) is looked up by key as the embedded store looks it up.
+#[test]
+fn keyed_tables_are_looked_up_by_key_across_shards() {
+    suite::keyed_tables_are_looked_up_by_key(row_wise);
+    suite::keyed_tables_are_looked_up_by_key(table_row_wise);
+}
+
+/// An unknown key is named at its position in the caller's lookup, not in the share of the
+/// shard that found it unknown.
+#[test]
+fn an_unknown_key_on_another_shard_is_named_at_the_callers_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = suite::suite_keys();
+    let path = nearrec_testkit::write_keyed_store(
+        dir.path().join("keyed"),
+        "k",
+        &keys,
+        suite::DIM,
+        nearrec::format::DType::Fp32,
+        |_, i| i as f32,
+    );
+    let s = row_wise(&path, false);
+    let on = |part: usize| {
+        keys.iter()
+            .filter(move |&&k| nearrec::plan::key_part(k, 2) == part)
+    };
+    let unknown = (1u64..)
+        .find(|&k| nearrec::plan::key_part(k, 2) == 1 && !keys.contains(&k))
+        .unwrap();
+    let mut ids: Vec<i64> = on(0).take(3).map(|&k| k as i64).collect();
+    ids.push(unknown as i64);
+    ids.extend(on(1).take(2).map(|&k| k as i64));
+    let lengths = [ids.len() as i64];
+    let e = s
+        .store
+        .lookup(&Batch::new(vec![TableLookup::new(
+            "k",
+            Indices::I64(&ids),
+            Bags::Lengths(Indices::I64(&lengths)),
+        )]))
+        .unwrap_err();
+    assert_eq!(
+        (e.kind(), e.table(), e.position()),
+        (ErrorKind::UnknownKey, Some("k"), Some(3)),
+        "{e}"
+    );
+}
+
+/// Writes by key where the keyed table is on one shard of one replica (one call, no
+/// cross-shard transaction: those over keyed tables answer `Unsupported`).
+#[test]
+fn keyed_tables_are_written_by_key_on_one_shard() {
+    suite::keyed_tables_are_written_by_key(one_shard);
+}
 sharded_suite!(row, row_wise);
 sharded_suite!(table_row, table_row_wise);
 

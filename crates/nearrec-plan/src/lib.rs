@@ -54,5 +54,5 @@ pub use planner::{
     DEFAULT_STEPS, TraceTable, check_trace, make_plan, plan_trace_file, trace_tables,
 };
 pub use profile::{Distances, LruCurve, Profile};
-pub use shards::{Part, Scheme, ShardOptions, ShardPlan, ShardedTable, plan_shards};
+pub use shards::{Part, Scheme, ShardOptions, ShardPlan, ShardedTable, key_part, plan_shards};
 pub use units::{MAX_SIZE, Size, SizeError, parse_size};

@@ -119,6 +119,22 @@ pub struct ShardedTable {
     /// Rows kept on every shard of the table as well (ascending, only with several parts).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hot: Vec<u64>,
+    /// A keyed table (`docs/format.md` §16): its ids are keys, and part `k` of `n` holds the
+    /// keys `key` with [`key_part`]`(key, n) == k` — its row range is only its nominal share
+    /// (an even one). It has no hot rows.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keyed: bool,
+}
+
+/// The part of `parts` that holds key `key` of a keyed table cut by key hash: SplitMix64's
+/// finaliser of the key's 64 bits, modulo the parts. Stated here once: the cut, the router and
+/// anything placing keys (a client that shards its own writes) use this function.
+pub fn key_part(key: u64, parts: usize) -> usize {
+    let mut z = key;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z % parts as u64) as usize
 }
 
 /// Rows `first .. first + rows` of a table, on shard `shard`.
@@ -287,8 +303,10 @@ impl ShardPlan {
                     t.rows
                 )));
             }
-            if !t.hot.is_empty() && t.parts.len() < 2 {
-                return Err(named("hot rows on a table of one part".into()));
+            if !t.hot.is_empty() && (t.parts.len() < 2 || t.keyed) {
+                return Err(named(
+                    "hot rows on a table of one part, or a keyed one".into(),
+                ));
             }
             if t.hot.windows(2).any(|w| w[0] >= w[1]) || t.hot.last() >= Some(&t.rows) {
                 return Err(named(format!(
@@ -391,14 +409,25 @@ pub fn plan_shards(
             "needs a trace to find the hot rows by".into(),
         ));
     }
+    // a trace's ids of a keyed table are keys, not rows: its share of the lookups counts, and
+    // where they fall among the rows does not
+    let keyed = |name: &str| tables.iter().any(|t| t.name == name && t.is_keyed());
     if let Some(trace) = trace {
         let plan_tables: Vec<crate::PlanTable> = tables.iter().map(Into::into).collect();
-        crate::check_trace(&plan_tables, trace)?;
+        let rows: Vec<TraceTable<'_>> = trace.iter().filter(|t| !keyed(t.name)).cloned().collect();
+        crate::check_trace(&plan_tables, &rows)?;
     }
     let demand: Vec<Demand> = tables
         .iter()
         .map(|t| {
             let traced = trace.and_then(|tr| tr.iter().find(|x| x.name == t.name));
+            if t.is_keyed() {
+                let mut d = Demand::new(t, None);
+                d.lookups = traced.map_or(if trace.is_some() { 0.0 } else { 1.0 }, |x| {
+                    x.indices.len() as f64
+                });
+                return d;
+            }
             // a table the trace does not read costs its bytes alone
             let mut d = Demand::new(t, traced);
             if trace.is_some() && traced.is_none() {
@@ -445,7 +474,7 @@ pub fn plan_shards(
         .zip(parts)
         .zip(&demand)
         .map(|((t, parts), d)| {
-            let hot = if parts.len() > 1 {
+            let hot = if parts.len() > 1 && !t.is_keyed() {
                 d.hottest(options.replicate_hot)
             } else {
                 Vec::new()
@@ -462,6 +491,7 @@ pub fn plan_shards(
                 },
                 parts,
                 hot,
+                keyed: t.is_keyed(),
             }
         })
         .collect();

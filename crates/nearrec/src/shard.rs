@@ -7,6 +7,10 @@
 //! A later store cut by the same plan is published as the next version of every shard at once
 //! ([`publish_cut`]), for a sharded store to swap to (`nearrec-cluster`'s `versions.rs`).
 //!
+//! A keyed table is cut by key hash: part `k` of `n` holds the keys with
+//! `nearrec_plan::key_part(key, n) == k`, renumbered in its own keyed table with its default
+//! row and an even share of the table's spare rows.
+//!
 //! Each shard's manifest says which plan it was cut by, and which shard of it it is (its
 //! `params`' `shard`, a [`ShardTag`]): a store's `info` reports it, so that a router checks
 //! every replica is the shard it takes it for. A shard that holds every
@@ -18,6 +22,7 @@ use nearrec_engine::Tier;
 use nearrec_format::{
     FormatError, Pointer, Publish, Repository, StoreOptions, StoreReader, TableSpec,
 };
+use nearrec_plan::key_part;
 use nearrec_plan::shards::{SHARD_PLAN, ShardOptions, ShardPlan, plan_shards};
 use nearrec_plan::{TraceFile, trace_tables};
 use serde::{Deserialize, Serialize};
@@ -221,15 +226,6 @@ fn write_shard(reader: &StoreReader, plan: &ShardPlan, k: usize, to: &Path) -> R
         overwrite: false,
         params: serde_json::json!({ "shard": tag }),
     };
-    if let Some(t) = sources.iter().find(|t| t.is_keyed()) {
-        return Err(Error::Unsupported {
-            verb: "shard",
-            by: format!(
-                "keyed table {:?} (cutting keyed tables by key hash is not served yet)",
-                t.name
-            ),
-        });
-    }
     let mut writer = nearrec_format::StoreWriter::create(to, options)?;
     let held = plan.shard_tables(k);
     for &(t, p) in &held {
@@ -253,6 +249,10 @@ fn write_shard(reader: &StoreReader, plan: &ShardPlan, k: usize, to: &Path) -> R
                 ),
             })?;
         let sums = reader.sector_sums(i)?;
+        if table.keyed {
+            write_keyed_part(reader, i, table, p, sums.as_ref(), &mut writer)?;
+            continue;
+        }
         let mut spec = TableSpec::new(&table.name, table.shard_rows(p), table.dim, table.dtype);
         spec.block_bytes = sources[i].block_bytes;
         let mut w = writer.table(spec)?;
@@ -277,6 +277,49 @@ fn write_shard(reader: &StoreReader, plan: &ShardPlan, k: usize, to: &Path) -> R
         }
     }
     writer.commit()?;
+    Ok(())
+}
+
+/// Part `p` of keyed table `i` of `reader`'s store (the plan's `table`) into `writer`: the
+/// keys of the part ([`key_part`]), their rows copied as stored, its default row, and a share
+/// of the table's spare rows (room for new keys, an even share each).
+fn write_keyed_part(
+    reader: &StoreReader,
+    i: usize,
+    table: &nearrec_plan::ShardedTable,
+    p: usize,
+    sums: Option<&nearrec_format::SectorSums>,
+    writer: &mut nearrec_format::StoreWriter,
+) -> Result<()> {
+    let source = &reader.tables()[i];
+    let entries = reader.keys(i)?.unwrap_or_default();
+    let n = table.parts.len();
+    let mine: Vec<(u64, u32)> = entries
+        .iter()
+        .copied()
+        .filter(|&(key, _)| key_part(key, n) == p)
+        .collect();
+    let spare = (source.rows - 1 - entries.len() as u64).div_ceil(n as u64);
+    let rb = source.row_bytes as usize;
+    let mut zero = vec![0u8; rb];
+    reader.read_rows_encoded(i, &[0], sums, &mut zero)?;
+    let default = source.keys.as_ref().is_some_and(|k| k.default).then(|| {
+        let mut row = vec![0f32; source.dim as usize];
+        source.dtype.decode_row(&zero, &mut row);
+        row
+    });
+    let mut spec = TableSpec::new(&table.name, mine.len() as u64, table.dim, table.dtype);
+    spec.block_bytes = source.block_bytes;
+    let mut w = writer.keyed_table_with_default(spec, spare, default.as_deref())?;
+    let mut bytes = Vec::new();
+    for chunk in mine.chunks(CHUNK_ROWS as usize) {
+        let rows: Vec<u64> = chunk.iter().map(|e| u64::from(e.1)).collect();
+        bytes.resize(rows.len() * rb, 0);
+        reader.read_rows_encoded(i, &rows, sums, &mut bytes)?;
+        w.write_encoded(&bytes)?;
+    }
+    let keys: Vec<u64> = mine.iter().map(|e| e.0).collect();
+    writer.finish_table_keyed(w, &keys)?;
     Ok(())
 }
 

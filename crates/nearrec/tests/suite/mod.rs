@@ -58,6 +58,11 @@ macro_rules! store_api_suite {
         }
 
         #[test]
+        fn keyed_tables_are_written_by_key() {
+            crate::suite::keyed_tables_are_written_by_key($open);
+        }
+
+        #[test]
         fn bad_input_gets_a_typed_error_naming_table_and_position() {
             crate::suite::bad_input_gets_a_typed_error_naming_table_and_position($open);
         }
@@ -1117,7 +1122,7 @@ pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
 }
 
 /// Keys of the suite's keyed table: spread over the 64-bit range, negative as `i64` too.
-fn suite_keys() -> Vec<u64> {
+pub fn suite_keys() -> Vec<u64> {
     (0..ROWS)
         .map(|r| (r + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5555)
         .collect()
@@ -1125,8 +1130,7 @@ fn suite_keys() -> Vec<u64> {
 
 /// A keyed table (`docs/format.md` §16) is looked up by raw key on every implementation: its
 /// bags pool the keys' rows, its rows are read by key, an unknown key is `UnknownKey` naming the
-/// table and position, `info` says how many keys it holds; writes and removes name keys, and a
-/// new key with no row free is `KeysFull`, nothing of its call applied.
+/// table and position, and `info` says how many keys it holds.
 pub fn keyed_tables_are_looked_up_by_key(open: Open) {
     let dir = tempfile::tempdir().unwrap();
     let keys = suite_keys();
@@ -1192,7 +1196,27 @@ pub fn keyed_tables_are_looked_up_by_key(open: Open) {
         (ErrorKind::UnknownKey, Some("k"), Some(1)),
         "{e}"
     );
-    // writes by key: a new key in a table with no free row is refused whole, naming it
+}
+
+/// A writable keyed table built with no room: a new key is `KeysFull` naming the table and its
+/// position, nothing of its call applied; an existing key's row is written by key, the key
+/// removed (then unknown), and its freed row taken by a new key.
+pub fn keyed_tables_are_written_by_key(open: Open) {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = suite_keys();
+    let path = nearrec_testkit::write_keyed_store(
+        dir.path().join("keyed"),
+        "k",
+        &keys,
+        DIM,
+        DType::Fp32,
+        |_, i| value(0, i / u64::from(DIM), (i % u64::from(DIM)) as u32, 1.0),
+    );
+    let s = open(&path, true);
+    let store = &*s.store;
+    let raw = |r: usize| -> Vec<f32> { (0..DIM).map(|c| value(0, r as u64, c, 1.0)).collect() };
+    let picks = [17usize];
+    let ids: Vec<i64> = picks.iter().map(|&r| keys[r] as i64).collect();
     let d = DIM as usize;
     let new_key = 987_654_321i64;
     assert!(!keys.contains(&(new_key as u64)));
