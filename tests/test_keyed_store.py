@@ -379,3 +379,21 @@ def test_a_keyed_table_cut_by_key_hash_serves_as_the_embedded_store(tmp_path, sc
     finally:
         for n in nodes:
             assert n.stop() == 0
+
+
+def test_expired_keys_go_in_the_background_when_nothing_is_written(tmp_path):
+    import time
+
+    keys, rows = keyed()
+    path = build(tmp_path / "s")
+    store = nearrec.open(path, writable=True, manual_clock=True, unknown_keys="zero",
+                         key_limits={"ids": {"ttl_s": 10, "touch": "write"}})
+    store.lookup("ids", keys[:3], [0, 1, 2])  # reads do not count as touches here
+    store.advance_clock(11)
+    deadline = time.monotonic() + 10
+    while store.stats()["keyed_keys"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    st = store.stats()
+    assert (st["keyed_keys"], st["keys_expired"]) == (0, N)
+    np.testing.assert_array_equal(store.lookup("ids", keys[:3], [0, 1, 2]), np.zeros((3, DIM)))
+    assert st["compactions"] == 0  # let go of in a record, not by a compaction

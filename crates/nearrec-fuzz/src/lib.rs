@@ -579,18 +579,22 @@ pub fn wal_replay(data: &[u8]) {
         let rows: Vec<u8> = (0..ids.len() * 4)
             .map(|i| chunk.get(i % chunk.len()).copied().unwrap_or(0))
             .collect();
-        let op = if chunk[0] % 5 == 0 {
-            Op::Remove {
-                table: "t".into(),
-                ids,
-            }
-        } else {
-            Op::Write {
-                table: "t".into(),
+        let table = "t".to_owned();
+        let op = match chunk[0] % 6 {
+            0 => Op::Remove { table, ids },
+            // a keyed table's decisions: keys given rows, keys let go of
+            1 => Op::AssignKeys {
+                table,
+                rows: ids.iter().map(|k| k + 1).collect(),
+                keys: ids,
+            },
+            2 => Op::ReleaseKeys { table, keys: ids },
+            _ => Op::Write {
+                table,
                 ids,
                 row_bytes: 4,
                 rows,
-            }
+            },
         };
         written.push(vec![op]);
     }

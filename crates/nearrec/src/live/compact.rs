@@ -17,7 +17,9 @@
 //!    process one compaction behind still finds the records it needs ([`follow`]).
 //!
 //! A writable store compacts by itself ([`spawn`]) when its delta holds half its budget or a
-//! call waits for room; `Store::compact` runs one at once.
+//! call waits for room; `Store::compact` runs one at once. A compaction first lets go of keyed
+//! tables' keys past their TTL (a record of its own); the background compactor also does that
+//! every tenth of the shortest TTL, so that expired keys go when nothing is written.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -164,6 +166,7 @@ pub(crate) fn spawn<T: Send + Sync + 'static>(
     live: fn(&T) -> &Live,
 ) -> Result<()> {
     let run = move || {
+        let mut expired_at = Instant::now();
         loop {
             let work = signal.wait_work(Duration::from_secs(1));
             if work == Work::Stop {
@@ -173,6 +176,15 @@ pub(crate) fn spawn<T: Send + Sync + 'static>(
                 return;
             };
             let live = live(&inner);
+            // keys past their TTL let go of within a tenth of it, compaction or not
+            if let Some(every) = live.expiry_every()
+                && expired_at.elapsed() >= every
+            {
+                expired_at = Instant::now();
+                if let Err(e) = live.expire() {
+                    tracing::warn!(store = %live.dir.display(), "letting expired keys go failed: {e}");
+                }
+            }
             if (work == Work::Wanted || live.half_full())
                 && let Err(e) = live.compact()
             {
@@ -224,6 +236,17 @@ pub(crate) fn prepare_dir(dir: &std::path::Path, opened: &Manifest) -> Result<Ve
 }
 
 impl Live {
+    /// How often the background compactor lets expired keys go: a tenth of the shortest TTL
+    /// of a keyed table, at least a second (`None`: no table's keys expire).
+    fn expiry_every(&self) -> Option<Duration> {
+        let snap = self.snapshot();
+        let engine = &snap.engine;
+        (0..engine.tables().len())
+            .filter_map(|id| engine.key_life(id)?.limits.ttl_s)
+            .min()
+            .map(|ttl| Duration::from_secs((ttl as u64 / 10).max(1)))
+    }
+
     /// Whether the deltas hold half their budget.
     fn half_full(&self) -> bool {
         self.writer
