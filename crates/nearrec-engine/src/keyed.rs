@@ -146,6 +146,12 @@ impl KeyLimits {
         if self.cap == Some(0) {
             return Err("cap = 0: a table holds at least one key".into());
         }
+        if self.admit_slots > 1 << 32 {
+            return Err(format!(
+                "admit_slots = {}: at most 2^32 counters a row",
+                self.admit_slots
+            ));
+        }
         Ok(())
     }
 
@@ -154,13 +160,8 @@ impl KeyLimits {
         if !meta.is_keyed() {
             return bad("keyed.live names a table addressed by position, not a keyed table".into());
         }
-        if let Some(ttl) = self.ttl_s.filter(|&t| t <= 0) {
-            return bad(format!(
-                "ttl_s = {ttl}: a TTL is at least a second (leave it unset for none)"
-            ));
-        }
-        if self.admit_window_s == 0 {
-            return bad("admit_window_s must be at least a second".into());
+        if let Err(reason) = self.validate() {
+            return bad(reason);
         }
         let capacity = meta.rows.saturating_sub(1);
         if let Some(cap) = self.cap
@@ -506,15 +507,24 @@ impl Keys {
     }
 
     /// Folds a compaction's key changes into the index: each key given its row, or let go of.
-    pub(crate) fn fold(&self, changes: &[(u64, Option<u32>)]) {
+    pub(crate) fn fold(&self, table: &str, changes: &[(u64, Option<u32>)]) -> Result<()> {
         let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
-        for &(key, row) in changes {
+        // every key let go of first: the index then never holds more keys than the table
+        for &(key, _) in changes {
             index.remove(key);
+        }
+        for &(key, row) in changes {
             if let Some(row) = row {
-                // sized for every row of the table: never full
-                let _ = index.insert(key, row);
+                // sized for every row of the table, and the keys are at most its rows
+                index.insert(key, row).map_err(|full| {
+                    EngineError::invalid(
+                        table,
+                        format!("a compaction's keys do not fit the table's index: {full}"),
+                    )
+                })?;
             }
         }
+        Ok(())
     }
 
     pub(crate) fn life(&self) -> Option<&KeyLife> {

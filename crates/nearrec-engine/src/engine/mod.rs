@@ -92,9 +92,10 @@ impl Engine {
     ///
     /// Only while every snapshot reads these keys from its key delta (at or past the
     /// compaction's version), as for [`Engine::rebase`]'s rows.
-    pub fn fold_keys(&self, id: usize, changes: &[(u64, Option<u32>)]) {
-        if let Some(k) = &self.keys[id] {
-            k.fold(changes);
+    pub fn fold_keys(&self, id: usize, changes: &[(u64, Option<u32>)]) -> Result<()> {
+        match &self.keys[id] {
+            Some(k) => k.fold(&self.tables[id].name, changes),
+            None => Ok(()),
         }
     }
 

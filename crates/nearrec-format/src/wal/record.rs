@@ -89,6 +89,37 @@ const DROP: u8 = 4;
 const ASSIGN: u8 = 5;
 const RELEASE: u8 = 6;
 
+/// The bytes `ops` take in a record's payload (what [`MAX_PAYLOAD`] bounds): a caller that
+/// decides a record's operations checks it before it commits to them.
+pub fn payload_len(ops: &[Op]) -> usize {
+    let head = |table: &str| 1 + 2 + table.len();
+    ops.iter()
+        .map(|op| match op {
+            Op::Write {
+                table, ids, rows, ..
+            } => head(table) + 4 + 8 + 8 * ids.len() + rows.len(),
+            Op::Remove { table, ids } => head(table) + 8 + 8 * ids.len(),
+            Op::CreateTable { table, init, .. } => {
+                head(table)
+                    + 8
+                    + 4
+                    + 1
+                    + 1
+                    + if matches!(init, Init::Uniform { .. }) {
+                        8
+                    } else {
+                        0
+                    }
+            }
+            Op::DropTable { table } => head(table),
+            Op::AssignKeys { table, keys, rows } => {
+                head(table) + 16 + 8 * (keys.len() + rows.len())
+            }
+            Op::ReleaseKeys { table, keys } => head(table) + 8 + 8 * keys.len(),
+        })
+        .sum()
+}
+
 /// Appends `ops`, framed as record `lsn`, to `out`. Fails (appending nothing) when the payload
 /// would pass [`MAX_PAYLOAD`] or an operation is malformed (rows not `ids × row_bytes`, a table
 /// name over 65,535 bytes).
@@ -400,6 +431,7 @@ mod tests {
         fn records_round_trip(lsn in any::<u64>(), ops in prop::collection::vec(op(), 0..5)) {
             let mut bytes = vec![7u8; 3];
             encode(lsn, &ops, &mut bytes).unwrap();
+            prop_assert_eq!(payload_len(&ops), bytes.len() - 3 - FRAME_BYTES);
             match decode(&bytes[3..], lsn) {
                 Frame::Record(r, n) => {
                     prop_assert_eq!(n, bytes.len() - 3);

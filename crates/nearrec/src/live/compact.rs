@@ -260,7 +260,9 @@ impl Live {
         let w = self.writer()?;
         // keys past their TTL go in a record before the fold (taken before the compaction's
         // lock: a change of the tables holds the gate the record needs, then waits for it)
-        self.expire()?;
+        if self.expiry_every().is_some() {
+            self.expire()?;
+        }
         let mut previous = lock(&w.compacting);
         // LFU counts age
         let snap = self.snapshot();
@@ -324,7 +326,7 @@ impl Live {
         fail::fail_point!("compact::published", |_| std::process::abort());
         let new = StoreReader::open(&self.dir)?;
         drop(dir);
-        rebase(self, &engine, &new, c, &changed, &keys)?;
+        rebase(self, &engine, &new, (c, c), &changed, &keys)?;
         w.wal.release(*previous)?;
         *previous = c;
         // the files this compaction replaced stay until the next one (a reader in another
@@ -402,9 +404,11 @@ pub(crate) fn follow(live: &Live) -> Result<()> {
     let start = Instant::now();
     let changed = changed_rows(&snap);
     let keys = changed_keys(&snap);
+    // the changes folded go up to the version replayed, past `c`
+    let upto = snap.version;
     let engine = snap.engine.clone();
     drop(snap);
-    rebase(live, &engine, &reader, c, &changed, &keys)?;
+    rebase(live, &engine, &reader, (c, upto), &changed, &keys)?;
     live.compactions.add(&Compaction {
         version: c,
         tables: changed.iter().filter(|r| !r.is_empty()).count(),
@@ -468,17 +472,19 @@ fn keys_at(engine: &Engine, t: usize, changes: &[(u64, Option<u32>)]) -> Vec<Key
     entries
 }
 
-/// Moves `live` to base `c`, whose tables are `reader`'s and hold `changed` and `keys` (see
-/// the module docs, step 4).
+/// Moves `live` to base `c`, whose tables are `reader`'s and hold `changed` and `keys` — the
+/// rows and keys changed up to version `upto` (at least `c`: a reader that follows folds what
+/// it replayed past the writer's compaction too); see the module docs, step 4.
 pub(super) fn rebase(
     live: &Live,
     engine: &Engine,
     reader: &StoreReader,
-    c: u64,
+    (c, upto): (u64, u64),
     changed: &Changed,
     keys: &ChangedKeys,
 ) -> Result<()> {
-    wait_until(|| live.oldest() >= c, c, "version")?;
+    // no snapshot older than the changes may read the tiers or the index they change
+    wait_until(|| live.oldest() >= upto, upto, "version")?;
     let rows: Vec<Vec<(u64, &[u8])>> = changed
         .iter()
         .map(|rows| rows.iter().map(|(r, b)| (*r, &b[..])).collect())
@@ -490,7 +496,7 @@ pub(super) fn rebase(
     // likewise, every snapshot reads the changed keys from its key delta
     for (t, changes) in keys.iter().enumerate() {
         if !changes.is_empty() {
-            engine.fold_keys(t, changes);
+            engine.fold_keys(t, changes)?;
         }
     }
     if let Some(w) = &live.writer {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use nearrec_engine::delta::TableDelta;
 use nearrec_engine::{Engine, Evict, KeyLife, decode_row};
-use nearrec_format::wal::Op;
+use nearrec_format::wal::{MAX_PAYLOAD, Op, payload_len};
 
 use crate::error::{Error, Result};
 
@@ -50,6 +50,8 @@ pub(crate) struct KeyBook {
     rng: u64,
     /// The changes since [`KeyBook::begin`], while a call decides.
     journal: Option<Vec<Undo>>,
+    /// Rows the call deciding now gave new keys: never its victims (its keys are the newest).
+    given: std::collections::HashSet<u32>,
     saved: (u64, u64),
 }
 
@@ -78,6 +80,7 @@ impl KeyBook {
             },
             rng: 0x9e37_79b9_7f4a_7c15 ^ version,
             journal: None,
+            given: std::collections::HashSet::new(),
             saved: (0, 0),
         };
         book.set(0, true);
@@ -151,15 +154,18 @@ impl KeyBook {
     /// Starts a call's decisions (undone by [`Self::rollback`]).
     fn begin(&mut self) {
         self.journal = Some(Vec::new());
+        self.given.clear();
         self.saved = (self.held, self.cursor);
     }
 
     fn commit(&mut self) {
         self.journal = None;
+        self.given.clear();
     }
 
     /// Undoes every change since [`Self::begin`].
     fn rollback(&mut self) {
+        self.given.clear();
         let Some(journal) = self.journal.take() else {
             return;
         };
@@ -189,6 +195,7 @@ impl KeyBook {
 
     /// `key` given `row`, decided by record `lsn`.
     fn assign(&mut self, lsn: u64, key: u64, row: u32) {
+        self.given.insert(row);
         self.set(row, true);
         self.held += 1;
         if let Some(k) = self.key_of.get_mut(row as usize) {
@@ -236,7 +243,8 @@ impl KeyBook {
     }
 
     /// The key a table at its cap evicts: the least worth keeping of a sample of held rows
-    /// (`life.score`), with its row. `None` when no row is held.
+    /// (`life.score`) — not one the call deciding now gave a new key, while others are held —
+    /// with its row. `None` when no row is held.
     fn victim(&mut self, life: &KeyLife) -> Option<(u64, u32)> {
         if self.held == 0 || self.key_of.is_empty() {
             return None;
@@ -245,7 +253,7 @@ impl KeyBook {
         let mut found = 0;
         for _ in 0..SAMPLE * 64 {
             let row = (1 + self.next_random() % (self.rows - 1)) as u32;
-            if !self.is_taken(row) {
+            if !self.is_taken(row) || self.given.contains(&row) {
                 continue;
             }
             let score = life.score(row);
@@ -259,8 +267,10 @@ impl KeyBook {
         }
         let row = match best {
             Some((_, row)) => row,
-            // a sparse table: the first held row
-            None => (1..self.rows as u32).find(|&r| self.is_taken(r))?,
+            // a sparse sample: the first held row the call did not give, else any held one
+            None => (1..self.rows as u32)
+                .find(|&r| self.is_taken(r) && !self.given.contains(&r))
+                .or_else(|| (1..self.rows as u32).find(|&r| self.is_taken(r)))?,
         };
         Some((self.key_of[row as usize], row))
     }
@@ -424,6 +434,18 @@ pub(crate) fn decide(
                 other => out.push(other),
             }
         }
+        // a record too large to log is refused before anything is decided
+        let bytes = payload_len(&out);
+        if bytes > MAX_PAYLOAD {
+            return Err(Error::InvalidRequest {
+                table: touched.first().cloned(),
+                position: None,
+                reason: format!(
+                    "the call's record would hold {bytes} bytes, more than one record's \
+                     {MAX_PAYLOAD}: split it"
+                ),
+            });
+        }
         Ok(())
     })();
     for table in &touched {
@@ -447,10 +469,16 @@ pub(crate) fn decide(
     Ok(out)
 }
 
-/// The record that lets go of every key past its TTL at the engine's clock, decided as record
-/// `lsn` (empty when none has expired).
-pub(crate) fn expire(engine: &Engine, books: &mut HashMap<String, KeyBook>, lsn: u64) -> Vec<Op> {
+/// The record that lets go of keys past their TTL at the engine's clock, at most `most` of
+/// them (the rest wait for the next), decided as record `lsn` (empty when none has expired).
+pub(crate) fn expire(
+    engine: &Engine,
+    books: &mut HashMap<String, KeyBook>,
+    lsn: u64,
+    most: usize,
+) -> Vec<Op> {
     let mut out = Vec::new();
+    let mut left = most;
     let now = engine.now();
     for (table, book) in books.iter_mut() {
         let Some(life) = engine
@@ -460,7 +488,9 @@ pub(crate) fn expire(engine: &Engine, books: &mut HashMap<String, KeyBook>, lsn:
         else {
             continue;
         };
-        let gone = book.expired(life, now);
+        let mut gone = book.expired(life, now);
+        gone.truncate(left);
+        left -= gone.len();
         life.count(0, gone.len() as u64, 0, 0);
         for (key, row) in gone {
             book.release(lsn, key, row);

@@ -325,8 +325,9 @@ impl Live {
             return Ok(());
         };
         w.signal.stop();
-        let _compaction = lock(&w.compacting);
+        // the order a change of the tables takes them in: the gate, then the compaction's
         let _calls = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        let _compaction = lock(&w.compacting);
         if w.closed.swap(true, Relaxed) {
             return Ok(());
         }
@@ -434,6 +435,17 @@ impl Live {
         for op in ops {
             let id = engine.table_id(op.table())?;
             let meta = &engine.tables()[id];
+            if matches!(op, Op::AssignKeys { .. } | Op::ReleaseKeys { .. }) && !meta.is_keyed() {
+                return Err(FormatError::Corrupted {
+                    path: self.dir.clone(),
+                    reason: format!(
+                        "write-ahead log: record {lsn} gives keys rows in table {:?}, which is \
+                         not keyed",
+                        meta.name
+                    ),
+                }
+                .into());
+            }
             match op {
                 Op::AssignKeys { keys: k, rows, .. } => {
                     let d = keys[id].get_or_insert_with(|| self.key_delta());
@@ -581,6 +593,8 @@ impl Live {
     pub(crate) fn write(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> Result<u64> {
         let w = self.writer()?;
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
+        // closed while this call waited for the gate: its lock and log are let go of
+        let w = self.writer()?;
         let engine = self.snapshot().engine.clone();
         let ops = Self::encode(&engine, writes, options, true)?;
         let need = Self::room(&engine, &ops);
@@ -610,19 +624,41 @@ impl Live {
         }
     }
 
-    /// Lets go of every keyed table's keys past their TTL, in a record of its own (a
-    /// compaction's first step); its version, or `None` when none had expired.
+    /// Lets go of keyed tables' keys past their TTL, in a record of its own (a compaction's
+    /// first step, and the background compactor's every tenth of a TTL): at most
+    /// [`EXPIRED_PER_RECORD`] keys, and no more than the delta has room for; its version, or
+    /// `None` when none had expired. It waits for nothing: with the writers' gate wanted by a
+    /// change of the tables, or no room in the delta, it does nothing now.
     pub(crate) fn expire(&self) -> Result<Option<u64>> {
         let w = self.writer()?;
-        let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
-        let engine = self.snapshot().engine.clone();
-        let (lsn, ops) = w
-            .wal
-            .append_with(|lsn| Ok::<_, Error>(keys::expire(&engine, &mut lock(&w.books), lsn)))?;
-        if lsn == 0 {
+        let Ok(_gate) = w.gate.try_read() else {
+            return Ok(None);
+        };
+        if w.closed.load(Relaxed) {
             return Ok(None);
         }
-        self.apply_logged(w, lsn, &ops, 0).map(Some)
+        let entry = KEY_ROW_BYTES as u64 + ENTRY_OVERHEAD;
+        let free = w.budget.saturating_sub(w.used.load(Relaxed));
+        let most = EXPIRED_PER_RECORD.min((free / entry) as usize);
+        let need = most as u64 * entry;
+        if most == 0 || !w.try_reserve(need) {
+            return Ok(None);
+        }
+        let engine = self.snapshot().engine.clone();
+        let logged = w.wal.append_with(|lsn| {
+            Ok::<_, Error>(keys::expire(&engine, &mut lock(&w.books), lsn, most))
+        });
+        match logged {
+            Ok((0, _)) => {
+                w.used.fetch_sub(need, Relaxed);
+                Ok(None)
+            }
+            Ok((lsn, ops)) => self.apply_logged(w, lsn, &ops, need).map(Some),
+            Err(e) => {
+                w.used.fetch_sub(need, Relaxed);
+                Err(e)
+            }
+        }
     }
 
     /// A replica catching up: `writes` logged as record `count` (the numbers between taken by
@@ -643,6 +679,7 @@ impl Live {
         let ops = Self::encode(&engine, writes, options, false)?;
         // the log to itself: no other record between the gap and this one's publication
         let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        let w = self.writer()?;
         let version = w.wal.next_lsn() - 1;
         let refuse = |reason: String| Error::InvalidRequest {
             table: writes.first().map(|w| w.table.to_owned()),
@@ -825,6 +862,15 @@ impl Writer {
         lock(&self.retired).extend(files);
     }
 
+    /// Reserves `need` bytes of the delta's budget if they are free now.
+    fn try_reserve(&self, need: u64) -> bool {
+        self.used
+            .fetch_update(Relaxed, Relaxed, |used| {
+                (used + need <= self.budget).then_some(used + need)
+            })
+            .is_ok()
+    }
+
     /// Reserves `need` bytes of the delta's budget for a call, waiting up to the store's
     /// `write_wait_ms` for a compaction to free them; else the call is refused whole.
     fn reserve(&self, need: u64) -> Result<()> {
@@ -895,6 +941,9 @@ pub fn check_values(
     }
     Ok(())
 }
+
+/// The most keys one record lets go of past their TTL (8 MiB of keys): more wait for the next.
+pub(crate) const EXPIRED_PER_RECORD: usize = 1 << 20;
 
 /// How long a writable open waits for the store's writer lock before it refuses.
 /// The most records a catch-up's rows may be numbered past the replica's version

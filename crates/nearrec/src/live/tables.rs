@@ -59,6 +59,7 @@ impl Live {
     fn change(&self, op: Op) -> Result<u64> {
         let w = self.writer()?;
         let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        let w = self.writer()?;
         let mut previous = lock(&w.compacting);
         if let Op::CreateTable { table, .. } = &op
             && self.snapshot().engine.table_id(table).is_ok()

@@ -117,6 +117,8 @@ impl Live {
     ) -> Result<()> {
         let w = self.writer()?;
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
+        // closed while this call waited for the gate
+        let w = self.writer()?;
         let engine = self.snapshot().engine.clone();
         let ops = Self::encode(&engine, writes, options, false)?;
         let need = Self::room(&engine, &ops);
@@ -168,6 +170,7 @@ impl Live {
         // the log to itself from the decision to the outcome: no record follows a committed
         // transaction's rows until its file says they are logged
         let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        let w = self.writer()?;
         let mut held = lock(&w.txns);
         let state = held.get(&tx).map(|h| h.state);
         match (decision, state) {
