@@ -4,7 +4,10 @@ second sighting within a window, refused whole at the cap), removals, lookups of
 unknown keys, the clock advanced, compactions that let go of keys past their TTL, the store
 closed and opened again (its log recovered) — on the SSD tier behind DRAM tiers far smaller than
 the table. The model predicts everything: which keys are held and their rows, which writes are
-dropped before admission, which call is ``KeysFull`` at which position, which keys expire."""
+dropped before admission, which call is ``KeysFull`` at which position, which keys expire. A
+second machine fills a table that evicts at its cap (the victims are sampled, so it holds the
+store to what must be true: the cap, each held key's last write, every key a call gave a row
+held after it)."""
 
 from __future__ import annotations
 
@@ -157,3 +160,96 @@ class TestALiveKeyedTableIsItsModel(KeyedLiveStore.TestCase):  # type: ignore[mi
 @pytest.mark.slow
 class TestALiveKeyedTableIsItsModelMany(KeyedLiveStore.TestCase):  # type: ignore[misc,valid-type]
     settings = runs(300)
+
+
+#: a full table that evicts: which key goes is sampled, so the model holds what must be true
+EVICT_CAP = 16
+EVICT_CONFIG = {"tier": "ssd", "dram_budget": "18KiB", "writable": True, "auto_compact": False,
+                "unknown_keys": "error", "key_limits": {"t": {"cap": EVICT_CAP, "evict": "lru"}}}
+
+
+class EvictingKeyedStore(RuleBasedStateMachine):
+    """Writes of new keys past the cap evict, and the store must stay a consistent subset of
+    what was written: at most the cap of keys, each held key reading its last write, every key
+    a call gave a row held after it, a key evicted unknown (not a row of another key's)."""
+
+    @initialize()
+    def build(self) -> None:
+        import tempfile
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "store")
+        rng = np.random.default_rng(0)
+        rows = rng.standard_normal((BUILT, DIM), dtype=np.float32)
+        built = np.asarray(UNIVERSE[:BUILT], np.int64)
+        nearrec.from_numpy(self.path, {"t": rows}, keys={"t": built},
+                           capacity={"t": CAPACITY})
+        self.store = nearrec.open(self.path, **EVICT_CONFIG)
+        #: every key's last written row (held or evicted since)
+        self.last = {int(k): rows[i].copy() for i, k in enumerate(built)}
+        self.must = set(self.last)  # keys that must be held now
+
+    def teardown(self) -> None:
+        if hasattr(self, "store"):
+            self.store.close()
+            self.dir.cleanup()
+
+    def held(self) -> set[int]:
+        out = set()
+        for key in self.last:
+            try:
+                self.store.read_rows("t", np.asarray([key], np.int64))
+                out.add(key)
+            except nearrec.UnknownKey:
+                pass
+        return out
+
+    @rule(keys=keys_, data=st.data())
+    def write(self, keys: list[int], data: st.DataObject) -> None:
+        new = np.asarray(data.draw(st.lists(values, min_size=len(keys) * DIM,
+                                            max_size=len(keys) * DIM)), np.float32)
+        new = new.reshape(len(keys), DIM)
+        before = self.held()
+        self.store.write("t", np.asarray(keys, np.int64), new)
+        for key, row in zip(keys, new, strict=True):
+            self.last[key] = row
+        # the keys the call gave rows are held; the rest of what was held may have gone
+        self.must = {k for k in keys if k not in before} | (self.must & self.held())
+
+    @rule(keys=keys_)
+    def remove(self, keys: list[int]) -> None:
+        self.store.remove("t", np.asarray(keys, np.int64))
+        for key in keys:
+            self.last.pop(key, None)
+        self.must -= set(keys)
+
+    @rule()
+    def compact(self) -> None:
+        self.store.compact()
+
+    @rule()
+    def reopen(self) -> None:
+        self.store.close()
+        self.store = nearrec.open(self.path, **EVICT_CONFIG)
+
+    @precondition(lambda self: hasattr(self, "store"))
+    @invariant()
+    def a_consistent_subset_of_what_was_written(self) -> None:
+        held = self.held()
+        assert self.must <= held, self.must - held
+        assert len(held) <= EVICT_CAP
+        assert self.store.tables["t"].keys == len(held) == self.store.stats()["keyed_keys"]
+        if held:
+            keys = np.asarray(sorted(held), np.int64)
+            np.testing.assert_array_equal(self.store.read_rows("t", keys),
+                                          np.asarray([self.last[int(k)] for k in keys]))
+
+
+class TestAnEvictingKeyedTableStaysConsistent(  # type: ignore[misc,valid-type]
+        EvictingKeyedStore.TestCase):
+    settings = runs(15)
+
+
+@pytest.mark.slow
+class TestAnEvictingKeyedTableStaysConsistentMany(  # type: ignore[misc,valid-type]
+        EvictingKeyedStore.TestCase):
+    settings = runs(200)
