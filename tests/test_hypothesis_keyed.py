@@ -33,9 +33,12 @@ keys_ = st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=10)
 values = st.floats(-4, 4, allow_nan=False, width=32)
 
 
-class KeyedLiveStore(RuleBasedStateMachine):
-    @initialize()
-    def build(self) -> None:
+class BuiltKeyedStore(RuleBasedStateMachine):
+    """A keyed table `t` of the first BUILT keys with room for CAPACITY, opened as `config`
+    says; closed and removed at the end."""
+
+    def build_store(self, config: dict[str, object]) -> dict[int, np.ndarray]:
+        """Builds and opens the store; each key built and its row."""
         import tempfile
         self.dir = tempfile.TemporaryDirectory()
         self.path = os.path.join(self.dir.name, "store")
@@ -44,19 +47,25 @@ class KeyedLiveStore(RuleBasedStateMachine):
         built = np.asarray(UNIVERSE[:BUILT], np.int64)
         nearrec.from_numpy(self.path, {"t": rows}, keys={"t": built},
                            capacity={"t": CAPACITY})
-        self.store = nearrec.open(self.path, **CONFIG)
-        #: key → its row; key → when it was last written (seconds since the clock started)
-        self.held = {int(k): rows[i].copy() for i, k in enumerate(built)}
-        self.touched = dict.fromkeys(self.held, 0)
-        self.now = 0
-        #: the admission window: when it started, and each new key's sightings in it
-        self.window, self.seen = 0, dict[int, int]()
-        self.version = self.store.version
+        self.store = nearrec.open(self.path, **config)
+        return {int(k): rows[i].copy() for i, k in enumerate(built)}
 
     def teardown(self) -> None:
         if hasattr(self, "store"):
             self.store.close()
             self.dir.cleanup()
+
+
+class KeyedLiveStore(BuiltKeyedStore):
+    @initialize()
+    def build(self) -> None:
+        #: key → its row; key → when it was last written (seconds since the clock started)
+        self.held = self.build_store(CONFIG)
+        self.touched = dict.fromkeys(self.held, 0)
+        self.now = 0
+        #: the admission window: when it started, and each new key's sightings in it
+        self.window, self.seen = 0, dict[int, int]()
+        self.version = self.store.version
 
     def sighting(self, key: int) -> bool:
         """A new key seen now: whether it is admitted (its second sighting in the window)."""
@@ -168,30 +177,16 @@ EVICT_CONFIG = {"tier": "ssd", "dram_budget": "18KiB", "writable": True, "auto_c
                 "unknown_keys": "error", "key_limits": {"t": {"cap": EVICT_CAP, "evict": "lru"}}}
 
 
-class EvictingKeyedStore(RuleBasedStateMachine):
+class EvictingKeyedStore(BuiltKeyedStore):
     """Writes of new keys past the cap evict, and the store must stay a consistent subset of
     what was written: at most the cap of keys, each held key reading its last write, every key
     a call gave a row held after it, a key evicted unknown (not a row of another key's)."""
 
     @initialize()
     def build(self) -> None:
-        import tempfile
-        self.dir = tempfile.TemporaryDirectory()
-        self.path = os.path.join(self.dir.name, "store")
-        rng = np.random.default_rng(0)
-        rows = rng.standard_normal((BUILT, DIM), dtype=np.float32)
-        built = np.asarray(UNIVERSE[:BUILT], np.int64)
-        nearrec.from_numpy(self.path, {"t": rows}, keys={"t": built},
-                           capacity={"t": CAPACITY})
-        self.store = nearrec.open(self.path, **EVICT_CONFIG)
         #: every key's last written row (held or evicted since)
-        self.last = {int(k): rows[i].copy() for i, k in enumerate(built)}
+        self.last = self.build_store(EVICT_CONFIG)
         self.must = set(self.last)  # keys that must be held now
-
-    def teardown(self) -> None:
-        if hasattr(self, "store"):
-            self.store.close()
-            self.dir.cleanup()
 
     def held(self) -> set[int]:
         out = set()

@@ -1,6 +1,7 @@
 //! What the workspace's tests share, so that no test crate writes its own copy: a small store
 //! of patterned rows ([`write_store`], [`pattern`]; one keyed table, [`write_keyed_store`]), damage done to one of its bytes
-//! ([`flip_bits`]) and a seeded generator ([`Xorshift`]).
+//! ([`flip_bits`]), a seeded generator ([`Xorshift`]) and the two halves of a crash test
+//! ([`Crash`]).
 //! A dev-dependency only; nothing ships it.
 
 use std::path::{Path, PathBuf};
@@ -97,5 +98,61 @@ impl Xorshift {
     /// A number in `0..n` (0 for `n` 0).
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
+    }
+}
+
+/// A crash test (a writer killed at a failpoint) in two halves of one test binary: the parent
+/// runs the child test in a process of its own ([`Crash::run`]); the child makes calls,
+/// acknowledging each ([`Crash::acknowledge`]), until the failpoint aborts it.
+#[derive(Debug)]
+pub struct Crash {
+    /// The store the child writes.
+    pub store: PathBuf,
+    /// The failpoint that stops it.
+    pub point: String,
+    acked: String,
+}
+
+impl Crash {
+    const STORE: &'static str = "NEARREC_CRASH_STORE";
+    const POINT: &'static str = "NEARREC_CRASH_POINT";
+
+    /// In the child half: the store and failpoint the parent gave (`None`: run as a plain test,
+    /// the child half does nothing).
+    pub fn child() -> Option<Self> {
+        let (Ok(store), Ok(point)) = (std::env::var(Self::STORE), std::env::var(Self::POINT))
+        else {
+            return None;
+        };
+        Some(Self {
+            store: store.into(),
+            point,
+            acked: String::new(),
+        })
+    }
+
+    /// Call `k` returned: written down beside the store, for the parent to count.
+    pub fn acknowledge(&mut self, k: u64) {
+        self.acked.push_str(&format!("{k}\n"));
+        std::fs::write(self.store.with_extension("acked"), &self.acked).expect("the acked file");
+    }
+
+    /// Runs test `child` of this test binary on `store`, stopped at failpoint `point`: it must
+    /// end aborted (the failpoints abort; a panic or a clean exit would not); returns the calls
+    /// it acknowledged.
+    pub fn run(child: &str, store: &Path, point: &str) -> usize {
+        use std::os::unix::process::ExitStatusExt;
+        let exe = std::env::current_exe().expect("the test binary");
+        let status = std::process::Command::new(exe)
+            .args(["--exact", child, "--ignored", "--nocapture"])
+            .env(Self::STORE, store)
+            .env(Self::POINT, point)
+            .status()
+            .expect("the child runs");
+        // how `std::process::abort` ends a process
+        const SIGABRT: i32 = 6;
+        assert_eq!(status.signal(), Some(SIGABRT), "{point}: {status}");
+        let acked = std::fs::read_to_string(store.with_extension("acked")).expect("acked");
+        acked.lines().count()
     }
 }

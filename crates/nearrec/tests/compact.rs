@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use nearrec::{Bags, Batch, Indices, Store, StoreConfig, TableLookup};
 use nearrec_format::{DType, StoreOptions, StoreReader, StoreWriter, TableSpec};
@@ -28,7 +27,7 @@ const TIERS: [&str; 4] = [
     "tier = \"ssd\"\ndram_budget = \"32KiB\"\ncache_policy = \"lfu\"",
 ];
 
-use nearrec_testkit::pattern as base_value;
+use nearrec_testkit::{Crash, pattern as base_value};
 
 fn make_store(dir: &Path) -> PathBuf {
     let tables = TABLES.map(|(name, dim, dtype)| (name, ROWS, dim, dtype));
@@ -336,24 +335,19 @@ const POINTS: [&str; 4] = [
 #[test]
 #[ignore = "the child half of the crash test"]
 fn crash_child() {
-    let (Ok(path), Ok(point)) = (
-        std::env::var("NEARREC_CRASH_STORE"),
-        std::env::var("NEARREC_CRASH_POINT"),
-    ) else {
+    let Some(mut crash) = Crash::child() else {
         return;
     };
-    let path = PathBuf::from(path);
+    let point = crash.point.clone();
     let s = Store::open(
-        &path,
+        &crash.store,
         &config("tier = \"ssd\"\ndram_budget = \"32KiB\"", true),
     )
     .unwrap();
     let mut model = Model::default();
-    let mut acked = String::new();
     for k in 0..30 {
         model.call(&s, k);
-        acked.push_str(&format!("{k}\n"));
-        std::fs::write(path.with_extension("acked"), &acked).unwrap();
+        crash.acknowledge(k);
         if k == 19 {
             s.compact().unwrap();
         }
@@ -369,19 +363,10 @@ fn crash_child() {
 
 #[test]
 fn a_writer_killed_at_each_point_loses_no_acknowledged_write() {
-    let exe = std::env::current_exe().unwrap();
     for point in POINTS {
         let dir = tempfile::tempdir().unwrap();
         let path = make_store(dir.path());
-        let status = Command::new(&exe)
-            .args(["--exact", "crash_child", "--ignored", "--nocapture"])
-            .env("NEARREC_CRASH_STORE", &path)
-            .env("NEARREC_CRASH_POINT", point)
-            .status()
-            .unwrap();
-        assert!(!status.success(), "{point}: the child was not stopped");
-        let acked = std::fs::read_to_string(path.with_extension("acked")).unwrap();
-        assert_eq!(acked.lines().count(), 30, "{point}");
+        assert_eq!(Crash::run("crash_child", &path, point), 30, "{point}");
         // every acknowledged call, and the one cut after its log append whole or not at all
         let mut model = Model::default();
         let scratch = Store::open(

@@ -4,12 +4,11 @@
 //! read-only and writable opens, and a compaction after, agree with a model of the calls.
 
 use std::collections::HashMap;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use nearrec::{ErrorKind, RowWrite, Store, StoreConfig, WriteOptions};
 use nearrec_format::{DType, StoreOptions, StoreWriter, TableSpec};
+use nearrec_testkit::Crash;
 
 const DIM: u32 = 4;
 const BUILT: u64 = 10;
@@ -24,9 +23,6 @@ const POINTS: [&str; 5] = [
     "compact::manifest",
     "compact::published",
 ];
-
-/// How `std::process::abort` ends the child.
-const SIGABRT: i32 = 6;
 
 fn row(seed: u64) -> Vec<f32> {
     (0..DIM).map(|j| seed as f32 * 0.5 - j as f32).collect()
@@ -126,19 +122,14 @@ fn check(store: &Store, n: u64, what: &str) {
 #[test]
 #[ignore = "the child half of the crash test"]
 fn keyed_crash_child() {
-    let (Ok(path), Ok(point)) = (
-        std::env::var("NEARREC_CRASH_STORE"),
-        std::env::var("NEARREC_CRASH_POINT"),
-    ) else {
+    let Some(mut crash) = Crash::child() else {
         return;
     };
-    let path = PathBuf::from(path);
-    let s = Store::open(&path, &config(true)).unwrap();
-    let mut acked = String::new();
+    let point = crash.point.clone();
+    let s = Store::open(&crash.store, &config(true)).unwrap();
     for k in 0..CALLS {
         apply(&s, k);
-        acked.push_str(&format!("{k}\n"));
-        std::fs::write(path.with_extension("acked"), &acked).unwrap();
+        crash.acknowledge(k);
         if k == 19 {
             s.compact().unwrap();
         }
@@ -154,20 +145,11 @@ fn keyed_crash_child() {
 
 #[test]
 fn a_keyed_writer_killed_at_each_point_loses_no_acknowledged_call() {
-    let exe = std::env::current_exe().unwrap();
     for point in POINTS {
         let dir = tempfile::tempdir().unwrap();
         let path = make_store(dir.path());
-        let status = Command::new(&exe)
-            .args(["--exact", "keyed_crash_child", "--ignored", "--nocapture"])
-            .env("NEARREC_CRASH_STORE", &path)
-            .env("NEARREC_CRASH_POINT", point)
-            .status()
-            .unwrap();
-        // aborted at the failpoint (a panic would exit with a code)
-        assert_eq!(status.signal(), Some(SIGABRT), "{point}: {status}");
-        let acked = std::fs::read_to_string(path.with_extension("acked")).unwrap();
-        assert_eq!(acked.lines().count() as u64, CALLS, "{point}");
+        let acked = Crash::run("keyed_crash_child", &path, point) as u64;
+        assert_eq!(acked, CALLS, "{point}");
         // the call cut after its log append is recovered whole
         let calls = if point == "live::logged" {
             CALLS + 1

@@ -1128,25 +1128,37 @@ pub fn suite_keys() -> Vec<u64> {
         .collect()
 }
 
-/// A keyed table (`docs/format.md` §16) is looked up by raw key on every implementation: its
-/// bags pool the keys' rows, its rows are read by key, an unknown key is `UnknownKey` naming the
-/// table and position, and `info` says how many keys it holds.
-pub fn keyed_tables_are_looked_up_by_key(open: Open) {
-    let dir = tempfile::tempdir().unwrap();
+/// The suite's keyed store under `dir`: table `k` of [`suite_keys`], key `i`'s row
+/// [`keyed_row`]`(i)`; the keys and the store's path.
+fn keyed_store(dir: &Path) -> (Vec<u64>, PathBuf) {
     let keys = suite_keys();
     let path = nearrec_testkit::write_keyed_store(
-        dir.path().join("keyed"),
+        dir.join("keyed"),
         "k",
         &keys,
         DIM,
         DType::Fp32,
         |_, i| value(0, i / u64::from(DIM), (i % u64::from(DIM)) as u32, 1.0),
     );
+    (keys, path)
+}
+
+/// The row [`keyed_store`] gives its `r`-th key.
+fn keyed_row(r: usize) -> Vec<f32> {
+    (0..DIM).map(|c| value(0, r as u64, c, 1.0)).collect()
+}
+
+/// A keyed table (`docs/format.md` §16) is looked up by raw key on every implementation: its
+/// bags pool the keys' rows, its rows are read by key, an unknown key is `UnknownKey` naming the
+/// table and position, and `info` says how many keys it holds.
+pub fn keyed_tables_are_looked_up_by_key(open: Open) {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys, path) = keyed_store(dir.path());
     let s = open(&path, true);
     let store = &*s.store;
     let info = store.info().unwrap();
     assert_eq!(info.tables[0].keys, Some(ROWS));
-    let raw = |r: usize| -> Vec<f32> { (0..DIM).map(|c| value(0, r as u64, c, 1.0)).collect() };
+    let raw = keyed_row;
     let picks = [17usize, 3, 17, ROWS as usize - 1, 0];
     let ids: Vec<i64> = picks.iter().map(|&r| keys[r] as i64).collect();
     let lengths = [2i64, 0, 3];
@@ -1203,18 +1215,10 @@ pub fn keyed_tables_are_looked_up_by_key(open: Open) {
 /// removed (then unknown), and its freed row taken by a new key.
 pub fn keyed_tables_are_written_by_key(open: Open) {
     let dir = tempfile::tempdir().unwrap();
-    let keys = suite_keys();
-    let path = nearrec_testkit::write_keyed_store(
-        dir.path().join("keyed"),
-        "k",
-        &keys,
-        DIM,
-        DType::Fp32,
-        |_, i| value(0, i / u64::from(DIM), (i % u64::from(DIM)) as u32, 1.0),
-    );
+    let (keys, path) = keyed_store(dir.path());
     let s = open(&path, true);
     let store = &*s.store;
-    let raw = |r: usize| -> Vec<f32> { (0..DIM).map(|c| value(0, r as u64, c, 1.0)).collect() };
+    let raw = keyed_row;
     let picks = [17usize];
     let ids: Vec<i64> = picks.iter().map(|&r| keys[r] as i64).collect();
     let d = DIM as usize;
