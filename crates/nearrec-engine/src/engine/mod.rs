@@ -63,13 +63,12 @@ impl Engine {
         self.keys.get(id).is_some_and(Option::is_some)
     }
 
-    /// Keyed table `id`'s keys and their rows as of the tables' base (empty for a table
-    /// addressed by position).
-    pub fn key_entries(&self, id: usize) -> Vec<(u64, u32)> {
-        self.keys[id]
-            .as_ref()
-            .map(|k| k.index().iter().collect())
-            .unwrap_or_default()
+    /// Calls `f` with each of keyed table `id`'s keys and its row as of the tables' base (none
+    /// for a table addressed by position), the index read in place.
+    pub fn for_each_key(&self, id: usize, mut f: impl FnMut(u64, u32)) {
+        if let Some(k) = &self.keys[id] {
+            k.index().iter().for_each(|(key, row)| f(key, row));
+        }
     }
 
     /// Key `key`'s row in keyed table `id` as of the tables' base.

@@ -463,11 +463,12 @@ pub(super) fn changed_keys(snap: &Snapshot) -> ChangedKeys {
 /// Keyed table `t`'s keys and rows once `changes` are folded into its index's.
 fn keys_at(engine: &Engine, t: usize, changes: &[(u64, Option<u32>)]) -> Vec<KeyRow> {
     let changed: HashSet<u64> = changes.iter().map(|c| c.0).collect();
-    let mut entries: Vec<KeyRow> = engine
-        .key_entries(t)
-        .into_iter()
-        .filter(|(key, _)| !changed.contains(key))
-        .collect();
+    let mut entries: Vec<KeyRow> = Vec::new();
+    engine.for_each_key(t, |key, row| {
+        if !changed.contains(&key) {
+            entries.push((key, row));
+        }
+    });
     entries.extend(changes.iter().filter_map(|&(key, row)| Some((key, row?))));
     entries
 }

@@ -84,9 +84,7 @@ impl KeyBook {
             saved: (0, 0),
         };
         book.set(0, true);
-        for (key, row) in engine.key_entries(id) {
-            book.hold(key, row);
-        }
+        engine.for_each_key(id, |key, row| book.hold(key, row));
         let newest = delta.map(|d| d.newest(base, version)).unwrap_or_default();
         // rows the changed keys held at the base go first, then the rows they hold now
         for (key, _) in &newest {

@@ -606,17 +606,30 @@ impl Live {
         }) {
             return self.log_and_apply(w, &ops, need);
         }
-        // keys resolved to rows as the record is appended, in log order
-        let logged = w
-            .wal
-            .append_with(|lsn| keys::decide(&engine, &mut lock(&w.books), lsn, ops));
-        match logged {
+        // keys resolved to rows as the record is appended, in log order; with every key new
+        // and not admitted, nothing is logged
+        let decided = self.log_decided(w, need, |lsn| {
+            keys::decide(&engine, &mut lock(&w.books), lsn, ops)
+        })?;
+        Ok(decided.unwrap_or_else(|| self.snapshot().version))
+    }
+
+    /// Logs the record `decide` makes as it is appended (see [`Wal::append_with`]), whose
+    /// `need` bytes of room are reserved, then applies and publishes it in log order; its
+    /// version, or `None` when `decide` made no operations (nothing logged, the room given
+    /// back).
+    fn log_decided(
+        &self,
+        w: &Writer,
+        need: u64,
+        decide: impl FnOnce(u64) -> Result<Vec<Op>>,
+    ) -> Result<Option<u64>> {
+        match w.wal.append_with(decide) {
             Ok((0, _)) => {
-                // every key was new and not admitted: nothing to log
                 w.used.fetch_sub(need, Relaxed);
-                Ok(self.snapshot().version)
+                Ok(None)
             }
-            Ok((lsn, ops)) => self.apply_logged(w, lsn, &ops, need),
+            Ok((lsn, ops)) => self.apply_logged(w, lsn, &ops, need).map(Some),
             Err(e) => {
                 w.used.fetch_sub(need, Relaxed);
                 Err(e)
@@ -641,24 +654,13 @@ impl Live {
         let free = w.budget.saturating_sub(w.used.load(Relaxed));
         let most = EXPIRED_PER_RECORD.min((free / entry) as usize);
         let need = most as u64 * entry;
-        if most == 0 || !w.try_reserve(need) {
+        if most == 0 || w.try_reserve(need).is_err() {
             return Ok(None);
         }
         let engine = self.snapshot().engine.clone();
-        let logged = w.wal.append_with(|lsn| {
-            Ok::<_, Error>(keys::expire(&engine, &mut lock(&w.books), lsn, most))
-        });
-        match logged {
-            Ok((0, _)) => {
-                w.used.fetch_sub(need, Relaxed);
-                Ok(None)
-            }
-            Ok((lsn, ops)) => self.apply_logged(w, lsn, &ops, need).map(Some),
-            Err(e) => {
-                w.used.fetch_sub(need, Relaxed);
-                Err(e)
-            }
-        }
+        self.log_decided(w, need, |lsn| {
+            Ok(keys::expire(&engine, &mut lock(&w.books), lsn, most))
+        })
     }
 
     /// A replica catching up: `writes` logged as record `count` (the numbers between taken by
@@ -729,23 +731,15 @@ impl Live {
         let key = KEY_ROW_BYTES as u64 + ENTRY_OVERHEAD;
         ops.iter()
             .map(|op| {
-                let keyed = engine
-                    .table_id(op.table())
-                    .is_ok_and(|id| engine.is_keyed(id));
+                let id = engine.table_id(op.table()).ok();
+                let keyed = id.is_some_and(|id| engine.is_keyed(id));
+                let rb = id.map_or(0, |id| engine.tables()[id].row_bytes);
                 match op {
-                    Op::Write { table, ids, .. } => {
-                        let rb = engine
-                            .table_id(table)
-                            .map_or(0, |id| engine.tables()[id].row_bytes);
+                    Op::Write { ids, .. } => {
                         ids.len() as u64 * (rb + ENTRY_OVERHEAD + if keyed { 2 * key } else { 0 })
                     }
-                    Op::Remove { table, ids } if !keyed => {
-                        let rb = engine
-                            .table_id(table)
-                            .map_or(0, |id| engine.tables()[id].row_bytes);
-                        ids.len() as u64 * (rb + ENTRY_OVERHEAD)
-                    }
-                    Op::Remove { ids, .. } => ids.len() as u64 * key,
+                    Op::Remove { ids, .. } if keyed => ids.len() as u64 * key,
+                    Op::Remove { ids, .. } => ids.len() as u64 * (rb + ENTRY_OVERHEAD),
                     _ => 0,
                 }
             })
@@ -862,13 +856,14 @@ impl Writer {
         lock(&self.retired).extend(files);
     }
 
-    /// Reserves `need` bytes of the delta's budget if they are free now.
-    fn try_reserve(&self, need: u64) -> bool {
+    /// Reserves `need` bytes of the delta's budget if they are free now; else the bytes in
+    /// use.
+    fn try_reserve(&self, need: u64) -> std::result::Result<(), u64> {
         self.used
             .fetch_update(Relaxed, Relaxed, |used| {
                 (used + need <= self.budget).then_some(used + need)
             })
-            .is_ok()
+            .map(drop)
     }
 
     /// Reserves `need` bytes of the delta's budget for a call, waiting up to the store's
@@ -876,11 +871,8 @@ impl Writer {
     fn reserve(&self, need: u64) -> Result<()> {
         let deadline = Instant::now() + self.wait;
         loop {
-            let taken = self.used.fetch_update(Relaxed, Relaxed, |used| {
-                (used + need <= self.budget).then_some(used + need)
-            });
-            let used = match taken {
-                Ok(_) => return Ok(()),
+            let used = match self.try_reserve(need) {
+                Ok(()) => return Ok(()),
                 Err(used) => used,
             };
             let left = deadline.saturating_duration_since(Instant::now());
@@ -945,11 +937,11 @@ pub fn check_values(
 /// The most keys one record lets go of past their TTL (8 MiB of keys): more wait for the next.
 pub(crate) const EXPIRED_PER_RECORD: usize = 1 << 20;
 
-/// How long a writable open waits for the store's writer lock before it refuses.
 /// The most records a catch-up's rows may be numbered past the replica's version
 /// ([`Live::adopt`]): 16 MiB of empty records.
 pub(crate) const MAX_ADOPTED_GAP: u64 = 1 << 20;
 
+/// How long a writable open waits for the store's writer lock before it refuses.
 const WRITER_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// The `flock` on `dir`'s `WRITER.lock`, or `Locked`. A writer of this process that is going
