@@ -82,8 +82,8 @@ def test_bad_configurations_are_typed_errors(tmp_path):
         sim.run("rmc1", "rm-ssd", "ssd-x", **quick())
     with pytest.raises(nearrec.InvalidRequest, match="page size"):
         sim.run("rmc1", sim.device("rm-ssd", flash__page_bytes=3000), "rm-ssd", **quick())
-    with pytest.raises(nearrec.InvalidRequest, match='unknown dtype "fp8"; expected one of'):
-        sim.run("rmc1", "rm-ssd", "rm-ssd", dtype="fp8", **quick())
+    with pytest.raises(nearrec.InvalidRequest, match='unknown dtype "fp4"; expected one of'):
+        sim.run("rmc1", "rm-ssd", "rm-ssd", dtype="fp4", **quick())
     with pytest.raises(nearrec.InvalidRequest, match="cannot sweep"):
         sim.sweep(["rmc1"], over={"colour": [1]})
     with pytest.raises(nearrec.InvalidRequest, match="no device"):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_pools_as_frozen
 
 import nearrec
 
@@ -31,9 +32,9 @@ def test_frozen_v1_fixture_still_opens_and_pools():
     assert store.info.format_version == 1
     assert [t.dtype for t in store.tables.values()] == ["fp32", "fp16", "bf16", "int8"]
     expected = np.load(FIXTURE.parent / "v1_expected.npz")
-    for name in store.tables:
+    for name, t in store.tables.items():
         got = store.lookup(name, expected["indices"], expected["offsets"])
-        np.testing.assert_array_equal(got, expected[name])
+        assert_pools_as_frozen(got, expected[name], t.dtype)
     assert all(c.ok for c in nearrec.verify(FIXTURE))
 
 
@@ -46,9 +47,9 @@ def test_frozen_v4_fixture_a_live_store_still_opens_and_pools(tmp_path):
     assert store.info.format_version == 4 and not store.writable
     assert store.version == int(expected["version"]) == 16
     assert store.live_stats()["base_version"] == 8
-    for name in store.tables:
+    for name, t in store.tables.items():
         got = store.lookup(name, expected["indices"], expected["offsets"])
-        np.testing.assert_array_equal(got, expected[name])
+        assert_pools_as_frozen(got, expected[name], t.dtype)
     assert all(c.ok for c in nearrec.verify(v4))
     # a writer takes over where the log ends (on a copy: the fixture stays frozen)
     copy = tmp_path / "v4"
@@ -74,6 +75,29 @@ def test_frozen_v5_fixture_a_keyed_table_still_opens_and_pools():
         with pytest.raises(nearrec.UnknownKey):
             nearrec.open(v5, tier=tier).lookup("ids", expected["keys"], expected["offsets"])
     assert all(c.ok for c in nearrec.verify(v5))
+
+
+def test_frozen_v6_fixture_quantised_tables_still_open_and_pool():
+    """Format version 6: int4 (a specialised and a run-time width), int2 and fp8 tables
+    (`docs/format.md` §4), pooled in every mode, weighted too, on both tiers."""
+    v6 = FIXTURE.parent / "v6"
+    expected = np.load(FIXTURE.parent / "v6_expected.npz")
+    offsets = expected["offsets"]
+    for tier, tol in (("dram", 0.0), ("ssd", 1e-5)):  # the SSD tier adds rows as they land
+        store = nearrec.open(v6, tier=tier)
+        assert store.info.format_version == 6
+        assert [t.dtype for t in store.tables.values()] == ["int4", "int4", "int2", "fp8"]
+        for name in store.tables:
+            idx, w = expected[f"{name}_indices"], expected[f"{name}_weights"]
+            for mode in ("sum", "mean", "max"):
+                got = store.lookup(name, idx, offsets, mode=mode)
+                want = expected[f"{name}_{mode}"]
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+            got = store.lookup(name, idx, offsets, per_sample_weights=w)
+            np.testing.assert_allclose(got, expected[f"{name}_weighted"], rtol=tol, atol=tol)
+    assert all(c.ok for c in nearrec.verify(v6))
+    assert all(t.quant_error is not None and t.quant_error.values == t.rows * t.dim
+               for t in nearrec.info(v6).tables)
 
 
 def test_a_writable_open_makes_a_store_version_4(tmp_path):

@@ -30,7 +30,8 @@ The modules, lowest layer first: each imports only from the layers before it
   by unbounded 64-bit ids held in DRAM alone, and ``keyed.index_bytes``, the DRAM a store's
   keyed table's index takes.
 - {``build``, ``trace``, ``remote``, ``gpu``}: :func:`from_numpy`, :func:`from_state_dict` (both
-  take ``keys=`` for keyed tables),
+  take ``keys=`` for keyed tables), :func:`from_encoded` (rows already quantised, as FBGEMM
+  writes them),
   :func:`build`, :func:`update`, :func:`remove`; ``nearrec.trace`` (generators, ``.nrtrace``
   files, FBGEMM conversion, profiles); :func:`connect` and the pickling of a node's store
   (``RemoteStore`` is a deprecated alias of :class:`Store`); ``nearrec.gpu``, the HBM tier.
@@ -53,7 +54,7 @@ from __future__ import annotations
 
 from . import errors
 from ._native import __version__
-from .build import Updated, build, from_numpy, from_state_dict, remove, update
+from .build import Updated, build, from_encoded, from_numpy, from_state_dict, remove, update
 from .config import StoreConfig
 from .errors import (
     DeadlineExceeded,
@@ -84,6 +85,7 @@ from .errors import (
 from .keyed import KeyedTable
 from .manifest import (
     GcReport,
+    QuantError,
     StoreInfo,
     TableCheck,
     TableInfo,
@@ -137,6 +139,7 @@ __all__ = [
     "NearrecError",
     "Pending",
     "PooledBatch",
+    "QuantError",
     "Store",
     "StoreConfig",
     "StoreCorrupted",
@@ -161,6 +164,7 @@ __all__ = [
     "attach",
     "build",
     "errors",
+    "from_encoded",
     "from_numpy",
     "from_state_dict",
     "info",

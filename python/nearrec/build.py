@@ -33,12 +33,13 @@ from .units import parse_size
 #: rows are fed to the writer in chunks of about this many bytes
 CHUNK_BYTES = 16 << 20
 
-_DTYPES = ("fp32", "fp16", "bf16", "int8")
+#: the row dtypes a table may be stored as (``docs/format.md`` §4)
+DTYPES = ("fp32", "fp16", "bf16", "int8", "int4", "int2", "fp8")
 
 
 def _check_dtype(dtype: str) -> str:
-    if not isinstance(dtype, str) or dtype not in _DTYPES:
-        raise InvalidRequest(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     return dtype
 
 
@@ -108,8 +109,12 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
     """Creates a store from ``{name: array}``; an array may be a ``.npy`` path, which is
     memory-mapped and streamed, so tables larger than RAM build in bounded memory.
 
-    Rows are stored as ``dtype`` (``fp32``, ``fp16``, ``bf16`` or ``int8`` row-wise quantised),
-    one for all tables or ``{name: dtype}`` (unlisted tables are fp32).
+    Rows are stored as ``dtype``, one for all tables or ``{name: dtype}`` (unlisted tables are
+    fp32): ``fp32``, ``fp16``, ``bf16``; ``int8``, ``int4`` or ``int2`` row-wise quantised
+    (FBGEMM's fused row-wise layouts: codes with a scale and bias per row; int4 needs an even
+    dim, int2 a multiple of 4); ``fp8`` (e4m3, FBGEMM's HFP8). Quantised rows must be finite.
+    Each lossy table's encoding error against the given rows is in its
+    :attr:`TableInfo.quant_error` (``max_abs``, ``mean_abs``).
 
     ``keys`` makes tables keyed: ``{name: ids}``, one distinct integer id per row (int64, or
     uint64 whose bits are kept), and that table's lookups name those ids instead of row
@@ -144,6 +149,63 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
                                  spare=spare.get(name), default_row=defaults.get(name))
             _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])  # type: ignore[misc]
             w.native.finish_table(key_col)
+        return w.commit()
+
+
+def _encoded_dim(name: str, dtype: str, row_bytes: int) -> int:
+    """The dim of a ``dtype`` row of ``row_bytes`` bytes (every dtype's is whole bytes)."""
+    dim = {"fp32": row_bytes / 4, "fp16": row_bytes / 2, "bf16": row_bytes / 2,
+           "int8": row_bytes - 8, "int4": (row_bytes - 4) * 2, "int2": (row_bytes - 4) * 4,
+           "fp8": row_bytes}[dtype]
+    if dim != int(dim) or dim < 1:
+        raise InvalidRequest(f"table {name!r}: {row_bytes}-byte rows are not {dtype} rows",
+                             table=name)
+    return int(dim)
+
+
+def from_encoded(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[str, str], *,
+                 overwrite: bool = False, block_bytes: int = 4096,
+                 progress: bool | None = None) -> StoreInfo:
+    """Creates a store from rows already encoded: ``{name: uint8 [rows, row_bytes]}``, each row
+    in ``dtype``'s bytes (``docs/format.md`` §4), taken as they are — a quantised model's rows
+    served without quantising them again. For the row-wise dtypes these are FBGEMM's quantize
+    operators' bytes: ``int8`` as ``FloatToFused8BitRowwiseQuantized`` writes them (fp32
+    scale and bias last), ``int4`` / ``int2`` as ``FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf``
+    (fp16 scale and bias last); ``fp8`` rows are ``float8_e4m3fn`` bits. A table's dim follows
+    from its row bytes. A row whose scale or bias is not finite is refused, naming it."""
+    if not isinstance(arrays, Mapping):
+        raise InvalidRequest(f"arrays is a mapping from table name to rows, not "
+                             f"{type(arrays).__name__}")
+    if not isinstance(dtype, str | Mapping):
+        raise InvalidRequest(f"dtype is one name or a mapping from table to name, not {dtype!r}")
+    block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
+    srcs = {}
+    for name, a in arrays.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"a table name is a non-empty str, not {name!r}")
+        try:
+            arr = np.asarray(a)
+        except (ValueError, TypeError) as e:
+            raise InvalidRequest(f"table {name!r}: encoded rows are a 2-D uint8 array: {e}",
+                                 table=name) from None
+        if arr.ndim != 2 or arr.dtype != np.uint8:
+            raise InvalidRequest(f"table {name!r}: encoded rows are a 2-D uint8 array "
+                                 f"[rows, row_bytes], not {arr.dtype} of shape {arr.shape}",
+                                 table=name)
+        srcs[name] = arr
+    dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
+              for n in srcs}
+    dims = {n: _encoded_dim(n, dtypes[n], a.shape[1]) for n, a in srcs.items()}
+    total = sum(_data_bytes(a.shape[0], dims[n], dtypes[n], block_bytes)
+                for n, a in srcs.items())
+    params = {"source": "encoded", "dtype": dtypes}
+    with _Writer(path, overwrite, params, total, progress) as w:
+        for name, a in srcs.items():
+            w.native.begin_table(name, a.shape[0], dims[name], dtypes[name], block_bytes)
+            step = max(1, CHUNK_BYTES // max(a.shape[1], 1))
+            for i in range(0, a.shape[0], step):
+                w.native.write_encoded(np.ascontiguousarray(a[i:i + step]))
+            w.native.finish_table(None)
         return w.commit()
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _native
-from ._native import NativeStore
+from ._native import NativeStore, table_layout
 from .errors import InvalidRequest
 from .remote import DEFAULT_TIMEOUT, TOKEN_ENV, _credentials
 from .request import count, text
@@ -114,7 +114,7 @@ class ShardPlan:
         """Each shard's bytes of rows (its parts' and its hot rows')."""
         out = [0] * self.shards
         for t in self.tables:
-            row = _row_bytes(t.dtype, t.dim)
+            row = table_layout(1, t.dim, t.dtype)[0]
             for p in t.parts:
                 out[p.shard] += (p.rows + len(t.hot)) * row
         return out
@@ -127,10 +127,6 @@ class ShardPlan:
             for p in t.parts:
                 out[p.shard] += t.load * p.rows / t.rows
         return out
-
-
-def _row_bytes(dtype: str, dim: int) -> int:
-    return {"fp32": 4 * dim, "fp16": 2 * dim, "bf16": 2 * dim, "int8": dim + 8}[dtype]
 
 
 def _options(shards: int, replicas: int, scheme: str, replicate_hot: int

@@ -30,6 +30,18 @@ StorePath = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
+class QuantError:
+    """How far a table's stored rows are from the float rows it was built from."""
+
+    #: the largest absolute difference of one value
+    max_abs: float
+    #: the mean absolute difference over every value encoded
+    mean_abs: float
+    #: how many values were encoded
+    values: int
+
+
+@dataclass(frozen=True)
 class TableInfo:
     """One table of a store, as its manifest records it."""
 
@@ -49,6 +61,9 @@ class TableInfo:
     #: a keyed table's keys file and checksum (format version 5): its rows are found by raw
     #: 64-bit key; None for a table addressed by position
     keys: Any = None
+    #: the encoding error of a lossy dtype's rows against the float rows the builder was given;
+    #: None for fp32 rows and for rows given already encoded (a quantised model's bytes)
+    quant_error: QuantError | None = None
 
     @property
     def keyed(self) -> bool:
@@ -92,7 +107,8 @@ class StoreInfo:
             format_version=m["format_version"],
             created_by=m["created_by"],
             params=m.get("params"),
-            tables=tuple(TableInfo(**t) for t in m["tables"]),
+            tables=tuple(TableInfo(**{**t, "quant_error": QuantError(**t["quant_error"])})
+                         if "quant_error" in t else TableInfo(**t) for t in m["tables"]),
             attachments=tuple(a["name"] for a in m.get("attachments", [])),
         )
 

@@ -102,7 +102,8 @@ def workload(model: str, rows: int | None = None, dim: int | None = None,
     """A benchmark model's tables and dense layers as the drive sees them; ``rows``, ``dim`` and
     ``tables`` replace the model's own (for sweeps), ``table_bytes`` scales the rows to a total;
     ``placement="one-per-page"`` stores one row per flash page, as RecSSD's evaluation assumes;
-    ``dtype`` (fp32, fp16, bf16, int8) sets each row's bytes, as the store encodes it."""
+    ``dtype`` (fp32, fp16, bf16, int8, int4, int2, fp8) sets each row's bytes, as the store
+    encodes it."""
     rows = None if rows is None else count(rows, "rows")
     dim = None if dim is None else count(dim, "dim")
     tables = None if tables is None else count(tables, "tables")

@@ -79,7 +79,7 @@ pub enum FormatError {
     #[error("the repository at {path}: {reason}")]
     Repository { path: PathBuf, reason: String },
 
-    #[error("unknown dtype {0:?}; expected one of fp32, fp16, bf16, int8")]
+    #[error("unknown dtype {0:?}; expected one of fp32, fp16, bf16, int8, int4, int2, fp8")]
     UnknownDType(String),
 }
 

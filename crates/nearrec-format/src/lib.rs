@@ -21,8 +21,8 @@
 //!
 //! Modules:
 //! - `manifest.rs`, `header.rs`, `layout.rs`, `dtype.rs`: the manifest's envelope and body, the
-//!   table header, where each row sits (`RowLayout`), row encodings (fp32 / fp16 / bf16 / int8
-//!   row-wise with scale and bias);
+//!   table header, where each row sits (`RowLayout`), row encodings (fp32 / fp16 / bf16, int8 / int4 /
+//!   int2 row-wise with scale and bias, fp8 e4m3);
 //! - `writer.rs` (`StoreWriter`), `reader.rs` (`StoreReader`, `verify`), `chunks.rs` (the chunk
 //!   size both stream tables in, and the progress callback), `init.rs` (seeded random rows);
 //! - `sync.rs`: atomic replacement — a build's directory, `Manifest::publish`, `replace_file`;
@@ -82,7 +82,7 @@ mod writer;
 pub use aligned::{AlignedBuf, BUF_ALIGN};
 pub use attach::attach;
 pub use chunks::{CHUNK_BYTES, ProgressFn};
-pub use dtype::{DType, int8_scale_bias};
+pub use dtype::{DType, FP8_MAX, fp8_decode, fp8_encode, int8_scale_bias, nbit_scale_bias};
 pub use error::{FormatError, Result};
 pub use gc::gc;
 pub use header::{HEADER_BYTES, TABLE_MAGIC, TableHeader};
@@ -91,7 +91,7 @@ pub use keys::{KeyRow, KeysMeta, ZERO_ROW};
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 pub use leftovers::{GcReport, Leftover, orphans, retired};
 pub use manifest::{
-    Attachment, FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, TableMeta,
+    Attachment, FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, QuantError, TableMeta,
 };
 pub use memory::{Memory, Shortfall};
 pub use order::{OrderMeta, RowOrder};

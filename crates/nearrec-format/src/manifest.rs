@@ -10,7 +10,8 @@ use crate::sums::SumsMeta;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
-/// The newest format version this build reads and writes: version 5 has keyed tables
+/// The newest format version this build reads and writes: version 6 has tables of int4, int2
+/// or fp8 rows (dtype codes an older reader does not know). Version 5 has keyed tables
 /// ([`KeysMeta`]: rows addressed by raw 64-bit keys, which an older reader would serve by
 /// position). Version 4 is a live store's (its
 /// manifest records the log sequence number its tables hold, and the write-ahead log beside
@@ -18,7 +19,9 @@ pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
 /// Version 3 added sector checksums ([`crate::SectorSums`]), which every store written since
 /// has. Version 2 (row orders, attachments) and version 1 stores keep opening, without sector
 /// checks ("unprotected").
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
+/// The version of a store with keyed tables and only the dtypes of version 1.
+const KEYED_VERSION: u32 = 5;
 /// The version of a live store without keyed tables.
 const LIVE_VERSION: u32 = 4;
 /// The version of a store with sector checksums that is not live.
@@ -31,7 +34,7 @@ const ENVELOPE_BYTES: usize = 32;
 
 /// One table as the manifest records it. The table file's header repeats the layout fields; the
 /// reader requires both to agree.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TableMeta {
     pub name: String,
     /// File name relative to the store directory.
@@ -56,6 +59,21 @@ pub struct TableMeta {
     /// zeros); `None`: rows are addressed by position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<KeysMeta>,
+    /// How far the stored rows are from the float rows they were built from, when the builder
+    /// encoded them (a lossy dtype); `None`: stored exactly, or given already encoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant_error: Option<QuantError>,
+}
+
+/// The encoding error of a table's rows against the float rows they were built from.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct QuantError {
+    /// The largest absolute difference of one value.
+    pub max_abs: f32,
+    /// The mean absolute difference over every value encoded.
+    pub mean_abs: f64,
+    /// How many values were encoded.
+    pub values: u64,
 }
 
 impl TableMeta {
@@ -120,8 +138,10 @@ pub struct Manifest {
 impl Manifest {
     /// The oldest format version that can describe this manifest.
     pub fn needed_version(&self) -> u32 {
-        if self.tables.iter().any(TableMeta::is_keyed) {
+        if self.tables.iter().any(|t| t.dtype.since_version() > 1) {
             FORMAT_VERSION
+        } else if self.tables.iter().any(TableMeta::is_keyed) {
+            KEYED_VERSION
         } else if self.lsn.is_some() {
             LIVE_VERSION
         } else if self.tables.iter().any(|t| t.sums.is_some()) {
@@ -222,6 +242,7 @@ mod tests {
                 order: None,
                 sums: None,
                 keys: None,
+                quant_error: None,
             }],
             attachments: Vec::new(),
             lsn: None,
@@ -288,6 +309,28 @@ mod tests {
             m.tables[0].files().collect::<Vec<_>>(),
             ["table-0000.nrt", "table-0000.keys"]
         );
+    }
+
+    #[test]
+    fn new_dtypes_need_version_6() {
+        for dtype in [DType::Int4, DType::Int2, DType::Fp8] {
+            let mut m = sample();
+            m.tables[0].dtype = dtype;
+            m.format_version = 5;
+            assert!(matches!(Manifest::decode(&m.encode()), Err(Err(_))));
+            m.format_version = m.needed_version();
+            assert_eq!(m.format_version, 6);
+            assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+        }
+        let mut m = sample();
+        m.tables[0].quant_error = Some(QuantError {
+            max_abs: 0.5,
+            mean_abs: 0.125,
+            values: 40,
+        });
+        // an fp16 table with its error recorded needs no new reader
+        assert_eq!(m.needed_version(), 1);
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
     }
 
     #[test]

@@ -82,7 +82,9 @@ pub fn copy_ordered(
                     .unwrap_or_else(|e| e.into_inner())
                     .get_or_insert(e);
             }
+            Default::default()
         })?;
+        table.keep_error(meta.quant_error);
         if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(FormatError::io(src.path().join(&meta.file), e));
         }

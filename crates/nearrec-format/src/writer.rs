@@ -23,7 +23,7 @@ use crate::header::{TABLE_VERSION, TableHeader};
 use crate::keys::KeyRow;
 use crate::layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 use crate::manifest::Attachment;
-use crate::manifest::{MANIFEST_FILE, Manifest, TableMeta};
+use crate::manifest::{MANIFEST_FILE, Manifest, QuantError, TableMeta};
 use crate::order::{OrderMeta, RowOrder};
 use crate::sums::{SectorSums, SumsMeta};
 use crate::sync::{commit_dir, fsync_dir, is_store_or_empty};
@@ -82,6 +82,9 @@ impl TableSpec {
         }
         if self.dim == 0 || self.dim > 1 << 20 {
             return bad("dim must be between 1 and 1048576");
+        }
+        if let Err(why) = self.dtype.check_dim(self.dim) {
+            return bad(&why);
         }
         // The data region starts at file offset 4096, so blocks up to 4 KiB stay aligned in the file.
         if !self.block_bytes.is_power_of_two() || !(512..=4096).contains(&self.block_bytes) {
@@ -430,6 +433,47 @@ pub struct TableWriter {
     keyed: Option<u64>,
     /// Its row 0 is a default row given by the caller, not zeros.
     default_row: bool,
+    /// The encoding error of the rows given as floats so far (a lossy dtype).
+    error: ErrorSum,
+}
+
+/// The encoding error summed over rows: the largest, the sum and the count of absolute errors.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ErrorSum {
+    max: f32,
+    sum: f64,
+    values: u64,
+}
+
+impl ErrorSum {
+    fn add(mut self, other: ErrorSum) -> ErrorSum {
+        self.max = self.max.max(other.max);
+        self.sum += other.sum;
+        self.values += other.values;
+        self
+    }
+
+    /// `values` against `decoded`.
+    fn of(values: &[f32], decoded: &[f32]) -> ErrorSum {
+        let mut e = ErrorSum {
+            values: values.len() as u64,
+            ..ErrorSum::default()
+        };
+        for (a, b) in values.iter().zip(decoded) {
+            let d = (a - b).abs();
+            e.max = e.max.max(d);
+            e.sum += f64::from(d);
+        }
+        e
+    }
+
+    fn report(self) -> Option<QuantError> {
+        (self.values > 0).then(|| QuantError {
+            max_abs: self.max,
+            mean_abs: self.sum / self.values as f64,
+            values: self.values,
+        })
+    }
 }
 
 impl TableWriter {
@@ -462,11 +506,21 @@ impl TableWriter {
             rows_written: 0,
             keyed: None,
             default_row: false,
+            error: ErrorSum::default(),
         })
     }
 
     pub fn spec(&self) -> &TableSpec {
         &self.spec
+    }
+
+    /// Takes `error` as the table's encoding error (rows copied from a table built with it).
+    pub(crate) fn keep_error(&mut self, error: Option<QuantError>) {
+        self.error = error.map_or_else(ErrorSum::default, |q| ErrorSum {
+            max: q.max_abs,
+            sum: q.mean_abs * q.values as f64,
+            values: q.values,
+        });
     }
 
     pub fn rows_written(&self) -> u64 {
@@ -486,13 +540,28 @@ impl TableWriter {
             ));
         }
         let first = self.rows_written;
+        if self.spec.dtype.is_quantized()
+            && let Some(at) = values.iter().position(|v| !v.is_finite())
+        {
+            return Err(FormatError::invalid_table(
+                &self.spec.name,
+                format!(
+                    "row {} value {} is {}: {} rows hold finite values only",
+                    first + (at / dim) as u64,
+                    at % dim,
+                    values[at],
+                    self.spec.dtype
+                ),
+            ));
+        }
         self.write_with((values.len() / dim) as u64, |row, out| {
             let i = (row - first) as usize * dim;
             out.copy_from_slice(&values[i..i + dim]);
         })
     }
 
-    /// Appends rows already encoded in the table's dtype, back to back (`row_bytes` each).
+    /// Appends rows already encoded in the table's dtype, back to back (`row_bytes` each). A
+    /// row-wise quantised row's scale and bias must be finite.
     pub fn write_encoded(&mut self, bytes: &[u8]) -> Result<()> {
         let rb = self.layout.row_bytes as usize;
         if !bytes.len().is_multiple_of(rb) {
@@ -505,33 +574,59 @@ impl TableWriter {
             ));
         }
         let first = self.rows_written;
+        let (dtype, dim) = (self.spec.dtype, self.spec.dim as usize);
+        if dtype.code_bits().is_some()
+            && let Some((k, row)) = bytes.chunks_exact(rb).enumerate().find(|(_, row)| {
+                let (scale, bias) = dtype.scale_bias(row, dim);
+                !(scale.is_finite() && bias.is_finite())
+            })
+        {
+            let (scale, bias) = dtype.scale_bias(row, dim);
+            return Err(FormatError::invalid_table(
+                &self.spec.name,
+                format!(
+                    "row {}: scale {scale} and bias {bias}; a {dtype} row's are finite",
+                    first + k as u64
+                ),
+            ));
+        }
         self.write_rows((bytes.len() / rb) as u64, |row, out, _| {
             let i = (row - first) as usize * rb;
             out.copy_from_slice(&bytes[i..i + rb]);
+            ErrorSum::default()
         })
     }
 
-    /// Appends `n` rows produced by `fill(row, values)` (fp32, encoded here), in parallel.
+    /// Appends `n` rows produced by `fill(row, values)` (fp32, encoded here), in parallel. A
+    /// lossy dtype's encoding error is measured as the rows are encoded (the table's
+    /// [`QuantError`]).
     pub fn write_with(&mut self, n: u64, fill: impl Fn(u64, &mut [f32]) + Sync) -> Result<()> {
-        let dtype = self.spec.dtype;
+        let (dtype, dim) = (self.spec.dtype, self.spec.dim as usize);
         self.write_rows(n, |row, out, scratch| {
             match bytemuck::try_cast_slice_mut::<u8, f32>(out) {
                 // fp32 rows are filled in place (chunks are 4-byte aligned, rows 4-byte multiples).
-                Ok(values) if dtype == DType::Fp32 => fill(row, values),
+                Ok(values) if dtype == DType::Fp32 => {
+                    fill(row, values);
+                    ErrorSum::default()
+                }
                 _ => {
-                    fill(row, scratch);
-                    dtype.encode_row(scratch, out);
+                    let (values, decoded) = scratch.split_at_mut(dim);
+                    fill(row, values);
+                    dtype.encode_row(values, out);
+                    dtype.decode_row(out, decoded);
+                    ErrorSum::of(values, decoded)
                 }
             }
         })
     }
 
-    /// Places rows `rows_written..rows_written + n` with `place(row, encoded_row, fp32_scratch)`,
-    /// spans in parallel, handing each full chunk to the writer thread.
+    /// Places rows `rows_written..rows_written + n` with `place(row, encoded_row, fp32_scratch)`
+    /// (the scratch is `2 * dim` long; `place` returns the row's encoding error), spans in
+    /// parallel, handing each full chunk to the writer thread.
     pub(crate) fn write_rows(
         &mut self,
         n: u64,
-        place: impl Fn(u64, &mut [u8], &mut Vec<f32>) + Sync,
+        place: impl Fn(u64, &mut [u8], &mut [f32]) -> ErrorSum + Sync,
     ) -> Result<()> {
         let end = self.rows_written + n;
         if end > self.spec.rows {
@@ -552,19 +647,23 @@ impl TableWriter {
                 Some(c) => c,
                 None => self.pipeline.empty_buffer(self.chunk_bytes),
             };
-            chunk
+            let error = chunk
                 .par_chunks_mut(layout.span_bytes() as usize)
                 .enumerate()
-                .for_each_init(
-                    || vec![0f32; dim],
+                .map_init(
+                    || vec![0f32; 2 * dim],
                     |scratch, (s, span)| {
                         let span_first = chunk_first + s as u64 * rps;
+                        let mut error = ErrorSum::default();
                         for row in span_first.max(lo)..(span_first + rps).min(stop) {
                             let at = ((row - span_first) as usize) * rb;
-                            place(row, &mut span[at..at + rb], scratch);
+                            error = error.add(place(row, &mut span[at..at + rb], scratch));
                         }
+                        error
                     },
-                );
+                )
+                .reduce(ErrorSum::default, ErrorSum::add);
+            self.error = self.error.add(error);
             self.rows_written = stop;
             if stop == chunk_first + self.chunk_rows {
                 self.pipeline.send(chunk, self.chunk_bytes)?;
@@ -617,6 +716,7 @@ impl TableWriter {
             order: None,
             sums: None,
             keys: None,
+            quant_error: self.error.report(),
         };
         Ok((meta, sums))
     }

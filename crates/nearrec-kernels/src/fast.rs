@@ -5,7 +5,7 @@
 //! its rows once and writes its output row once; (2) rows `PREFETCH_AHEAD` lookups ahead are
 //! prefetched, so several cache misses are in flight across bags as well as within them; (3) the
 //! whole loop is compiled for AVX-512 and AVX2+FMA as well as the baseline and the best one is
-//! chosen at run time. Decoding (fp16 / bf16 / int8) happens in registers.
+//! chosen at run time. Decoding (fp16 / bf16 / fp8, int8 / int4 / int2) happens in registers.
 //!
 //! A task with a [`RowPatch`] (a live store's rows written since the table's file) runs the same
 //! loop with a cursor over the positions that read a patched row: one compare per lookup, and the
@@ -126,19 +126,19 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
 ) -> Result<(), IndexError> {
     debug_assert_eq!(out.bags(), job.bags());
     assert_eq!(counts.len(), job.bags());
+    macro_rules! go {
+        ($dec:ty) => {
+            by_width!(dim, W => run_found::<I, S, $dec, W>(dim, rows, job, out, counts, source))
+        };
+    }
     match dtype {
-        DType::Fp32 => {
-            by_width!(dim, W => run_found::<I, S, Fp32, W>(dim, rows, job, out, counts, source))
-        }
-        DType::Fp16 => {
-            by_width!(dim, W => run_found::<I, S, Fp16, W>(dim, rows, job, out, counts, source))
-        }
-        DType::Bf16 => {
-            by_width!(dim, W => run_found::<I, S, Bf16, W>(dim, rows, job, out, counts, source))
-        }
-        DType::Int8 => {
-            by_width!(dim, W => run_found::<I, S, Int8, W>(dim, rows, job, out, counts, source))
-        }
+        DType::Fp32 => go!(Fp32),
+        DType::Fp16 => go!(Fp16),
+        DType::Bf16 => go!(Bf16),
+        DType::Int8 => go!(Int8),
+        DType::Int4 => go!(Int4),
+        DType::Int2 => go!(Int2),
+        DType::Fp8 => go!(Fp8),
     }
 }
 
@@ -264,13 +264,20 @@ fn dispatch<I: RowIndex, const PATCHED: bool>(
         (DType::Fp16, true) => go!(Fp16, true),
         (DType::Bf16, true) => go!(Bf16, true),
         (DType::Int8, true) => go!(Int8, true),
-        // int8 rows carry their scale and bias, so most widths leave a gap at each block's end
+        (DType::Int4, true) => go!(Int4, true),
+        (DType::Int2, true) => go!(Int2, true),
+        (DType::Fp8, true) => go!(Fp8, true),
+        // row-wise quantised rows carry their scale and bias, so most widths leave a gap at
+        // each block's end
         (DType::Int8, false) => go!(Int8, false),
+        (DType::Int4, false) => go!(Int4, false),
+        (DType::Int2, false) => go!(Int2, false),
         // float rows of a specialised width always fill their blocks: only an odd width leaves
         // a gap, and that width runs the run-time-width loop
         (DType::Fp32, false) => run::<I, Fp32, 0, PATCHED, false>(table, job, out, patched),
         (DType::Fp16, false) => run::<I, Fp16, 0, PATCHED, false>(table, job, out, patched),
         (DType::Bf16, false) => run::<I, Bf16, 0, PATCHED, false>(table, job, out, patched),
+        (DType::Fp8, false) => run::<I, Fp8, 0, PATCHED, false>(table, job, out, patched),
     }
 }
 
@@ -410,6 +417,10 @@ impl Decode for Bf16 {
     }
 }
 
+/// Row-wise quantised rows are summed as FBGEMM's TBE sums them, so that a table of its bytes
+/// pools to its answer bit for bit: `acc = fma(scale, code, acc + bias)`, and with a weight
+/// `scale·w` and `bias·w` in place of scale and bias. Max decodes each value first
+/// (`fma(scale, code, bias)`, as [`DType::decode_row`] does).
 impl Decode for Int8 {
     const DTYPE: DType = DType::Int8;
     #[inline(always)]
@@ -417,17 +428,16 @@ impl Decode for Int8 {
         let dim = acc.len();
         let (scale, bias) = nearrec_format::int8_scale_bias(row, dim);
         for (a, &c) in acc.iter_mut().zip(&row[..dim]) {
-            *a += f32::from(c) * scale + bias;
+            *a = scale.mul_add(f32::from(c), *a + bias);
         }
     }
     #[inline(always)]
     fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
-        // the row decoded first (as `DType::decode_row` does), then the fused step: folding `w`
-        // into scale and bias would overflow them for large weights
         let dim = acc.len();
         let (scale, bias) = nearrec_format::int8_scale_bias(row, dim);
+        let (scale, bias) = (scale * w, bias * w);
         for (a, &c) in acc.iter_mut().zip(&row[..dim]) {
-            *a = w.mul_add(f32::from(c) * scale + bias, *a);
+            *a = scale.mul_add(f32::from(c), *a + bias);
         }
     }
     #[inline(always)]
@@ -435,7 +445,97 @@ impl Decode for Int8 {
         let dim = acc.len();
         let (scale, bias) = nearrec_format::int8_scale_bias(row, dim);
         for (a, &c) in acc.iter_mut().zip(&row[..dim]) {
-            *a = a.max(f32::from(c) * scale + bias);
+            *a = a.max(scale.mul_add(f32::from(c), bias));
+        }
+    }
+}
+
+/// `step(acc[j], code_j)` over a packed row of `BITS`-bit codes (8 / BITS to a byte, low bits
+/// first): one byte's codes a step, so the loop vectorises.
+#[inline(always)]
+fn nbit_codes<const BITS: usize>(codes: &[u8], acc: &mut [f32], step: impl Fn(&mut f32, f32)) {
+    let per = 8 / BITS;
+    let mask = (1u8 << BITS) - 1;
+    for (a, &byte) in acc.chunks_exact_mut(per).zip(codes) {
+        for (k, a) in a.iter_mut().enumerate() {
+            step(a, f32::from((byte >> (k * BITS)) & mask));
+        }
+    }
+}
+
+/// `BITS`-bit row-wise rows: packed codes, then an fp16 scale and bias (`DType::Int4` /
+/// `DType::Int2`), summed as [`Int8`] is.
+struct NBit<const BITS: usize>;
+type Int4 = NBit<4>;
+type Int2 = NBit<2>;
+
+impl<const BITS: usize> NBit<BITS> {
+    /// The row's codes and its `(scale, bias)`.
+    #[inline(always)]
+    fn split(row: &[u8], dim: usize) -> (&[u8], f32, f32) {
+        let packed = dim.div_ceil(8 / BITS);
+        let (codes, tail) = row.split_at(packed);
+        let scale = f16_to_f32(u16::from_le_bytes([tail[0], tail[1]]));
+        let bias = f16_to_f32(u16::from_le_bytes([tail[2], tail[3]]));
+        (codes, scale, bias)
+    }
+}
+
+impl<const BITS: usize> Decode for NBit<BITS> {
+    const DTYPE: DType = if BITS == 4 { DType::Int4 } else { DType::Int2 };
+    #[inline(always)]
+    fn add(row: &[u8], acc: &mut [f32]) {
+        let (codes, scale, bias) = Self::split(row, acc.len());
+        nbit_codes::<BITS>(codes, acc, |a, q| *a = scale.mul_add(q, *a + bias));
+    }
+    #[inline(always)]
+    fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
+        let (codes, scale, bias) = Self::split(row, acc.len());
+        let (scale, bias) = (scale * w, bias * w);
+        nbit_codes::<BITS>(codes, acc, |a, q| *a = scale.mul_add(q, *a + bias));
+    }
+    #[inline(always)]
+    fn max(row: &[u8], acc: &mut [f32]) {
+        let (codes, scale, bias) = Self::split(row, acc.len());
+        nbit_codes::<BITS>(codes, acc, |a, q| *a = a.max(scale.mul_add(q, bias)));
+    }
+}
+
+/// e4m3 (exponent bias 7, no infinities or NaN) → binary32, branch-free: the code's exponent
+/// and mantissa bits moved into place and re-biased by a multiply by 2^120, which also turns
+/// its subnormals into the right normal values. Exact for every code (tested against the
+/// format's table).
+#[inline(always)]
+pub(crate) fn fp8_to_f32(c: u8) -> f32 {
+    let c = u32::from(c);
+    let magnitude = f32::from_bits((c & 0x7f) << 20) * f32::from_bits(0x7b80_0000);
+    f32::from_bits(magnitude.to_bits() | ((c & 0x80) << 24))
+}
+
+/// fp8 rows (`DType::Fp8`): decoded, then added as fp32 rows are.
+struct Fp8;
+
+impl Decode for Fp8 {
+    const DTYPE: DType = DType::Fp8;
+    #[inline(always)]
+    fn add(row: &[u8], acc: &mut [f32]) {
+        let row = &row[..acc.len()];
+        for (a, &c) in acc.iter_mut().zip(row) {
+            *a += fp8_to_f32(c);
+        }
+    }
+    #[inline(always)]
+    fn axpy(row: &[u8], w: f32, acc: &mut [f32]) {
+        let row = &row[..acc.len()];
+        for (a, &c) in acc.iter_mut().zip(row) {
+            *a = w.mul_add(fp8_to_f32(c), *a);
+        }
+    }
+    #[inline(always)]
+    fn max(row: &[u8], acc: &mut [f32]) {
+        let row = &row[..acc.len()];
+        for (a, &c) in acc.iter_mut().zip(row) {
+            *a = a.max(fp8_to_f32(c));
         }
     }
 }
@@ -657,6 +757,14 @@ fn finish(mode: PoolingMode, count: usize, acc: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fp8_conversion_is_exact_for_every_code() {
+        for c in 0..=u8::MAX {
+            let want = nearrec_format::fp8_decode(c);
+            assert_eq!(fp8_to_f32(c).to_bits(), want.to_bits(), "{c:#04x}");
+        }
+    }
 
     #[test]
     fn f16_conversion_is_exact_for_every_value() {

@@ -66,15 +66,8 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
             let Some(bytes) = source.row(pos, b, value as u64) else {
                 continue;
             };
-            dtype.decode_row(bytes, &mut row);
             let w = job.weights.map(|w| w[pos]);
-            for (a, &v) in dst.iter_mut().zip(&row) {
-                match (job.mode, w) {
-                    (PoolingMode::Sum | PoolingMode::Mean, Some(w)) => *a = w.mul_add(v, *a),
-                    (PoolingMode::Sum | PoolingMode::Mean, None) => *a += v,
-                    (PoolingMode::Max, _) => *a = a.max(v),
-                }
-            }
+            add_row(job.mode, dtype, bytes, w, &mut row, dst);
         }
     }
     Ok(())
@@ -102,8 +95,12 @@ fn pool_rows<'t, I: RowIndex>(
             if job.padding_idx == Some(value as u64) {
                 continue;
             }
-            table.dtype().decode_row(row_of(value as u64), &mut row);
-            bag.add(&row, job.weights.map(|w| w[pos]));
+            bag.add_encoded(
+                table.dtype(),
+                row_of(value as u64),
+                job.weights.map(|w| w[pos]),
+                &mut row,
+            );
         }
         bag.finish(out.bag(b));
     }
@@ -111,8 +108,9 @@ fn pool_rows<'t, I: RowIndex>(
 }
 
 /// One bag pooled a decoded row at a time, as the reference pools every bag: a weighted row
-/// added with one rounding (as PyTorch does, see fast.rs), max from `-inf`, mean divided by
-/// the rows' count at the end, an empty bag zeros. Also what pools a bag whose rows were
+/// added with one rounding (as PyTorch does, see fast.rs), a row-wise quantised one as FBGEMM
+/// adds it ([`BagSum::add_encoded`]), max from `-inf`, mean divided by the rows' count at the
+/// end, an empty bag zeros. Also what pools a bag whose rows were
 /// gathered by hand (a keyed table's bag holding init rows).
 #[derive(Debug, Clone)]
 pub struct BagSum {
@@ -147,13 +145,21 @@ impl BagSum {
     /// Adds `row` (decoded, `dim` values) with its weight, if it has one.
     pub fn add(&mut self, row: &[f32], weight: Option<f32>) {
         self.count += 1;
-        for (a, &v) in self.acc.iter_mut().zip(row) {
-            match (self.mode, weight) {
-                (PoolingMode::Sum | PoolingMode::Mean, Some(w)) => *a = w.mul_add(v, *a),
-                (PoolingMode::Sum | PoolingMode::Mean, None) => *a += v,
-                (PoolingMode::Max, _) => *a = a.max(v),
-            }
-        }
+        add_values(self.mode, row, weight, &mut self.acc);
+    }
+
+    /// Adds `row`, encoded as `dtype`, with its weight, as the fast path does: a row-wise
+    /// quantised row (int8 / int4 / int2) summed as FBGEMM sums it, `acc = fma(scale·w, code,
+    /// acc + bias·w)`; any other row decoded into `scratch` (`dim` values), then added.
+    pub fn add_encoded(
+        &mut self,
+        dtype: DType,
+        row: &[u8],
+        weight: Option<f32>,
+        scratch: &mut [f32],
+    ) {
+        self.count += 1;
+        add_row(self.mode, dtype, row, weight, scratch, &mut self.acc);
     }
 
     /// The pooled bag into `dst`.
@@ -167,5 +173,38 @@ impl BagSum {
         } else {
             dst.copy_from_slice(&self.acc);
         }
+    }
+}
+
+/// Reduces decoded `row` (weight `weight`) into `acc` by `mode`.
+fn add_values(mode: PoolingMode, row: &[f32], weight: Option<f32>, acc: &mut [f32]) {
+    for (a, &v) in acc.iter_mut().zip(row) {
+        match (mode, weight) {
+            (PoolingMode::Sum | PoolingMode::Mean, Some(w)) => *a = w.mul_add(v, *a),
+            (PoolingMode::Sum | PoolingMode::Mean, None) => *a += v,
+            (PoolingMode::Max, _) => *a = a.max(v),
+        }
+    }
+}
+
+/// Reduces `row`, encoded as `dtype`, into `acc` by `mode`: a row-wise quantised row summed as
+/// FBGEMM sums it, `acc = fma(scale·w, code, acc + bias·w)`; any other, and every row under max,
+/// decoded into `scratch` first.
+fn add_row(
+    mode: PoolingMode,
+    dtype: DType,
+    row: &[u8],
+    weight: Option<f32>,
+    scratch: &mut [f32],
+    acc: &mut [f32],
+) {
+    if dtype.code_bits().is_none() || mode == PoolingMode::Max {
+        dtype.decode_row(row, scratch);
+        return add_values(mode, scratch, weight, acc);
+    }
+    let (scale, bias) = dtype.scale_bias(row, acc.len());
+    let (scale, bias) = weight.map_or((scale, bias), |w| (scale * w, bias * w));
+    for (j, a) in acc.iter_mut().enumerate() {
+        *a = scale.mul_add(dtype.code_at(row, j) as f32, *a + bias);
     }
 }

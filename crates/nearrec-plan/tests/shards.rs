@@ -21,6 +21,7 @@ fn table(name: &str, rows: u64, dim: u32) -> TableMeta {
         order: None,
         sums: None,
         keys: None,
+        quant_error: None,
     }
 }
 

@@ -186,6 +186,43 @@ impl NativeStoreWriter {
         })
     }
 
+    /// Appends rows already encoded in the table's dtype, from a C-contiguous `[n, row_bytes]`
+    /// uint8 array (a quantised model's bytes, taken as they are).
+    fn write_encoded(&self, py: Python<'_>, rows: PyReadonlyArray2<'_, u8>) -> PyResult<()> {
+        self.with(py, |st| {
+            let t = Self::table(py, st)?;
+            let name = t.spec().name.clone();
+            let [_, cols] = rows.shape() else {
+                unreachable!("2-D")
+            };
+            let rb = t.spec().dtype.row_bytes(t.spec().dim);
+            if *cols as u64 != rb {
+                return Err(raise(
+                    py,
+                    "InvalidRequest",
+                    format!(
+                        "table {name:?}: encoded rows have {cols} bytes, a {} row of dim {} has \
+                         {rb}",
+                        t.spec().dtype,
+                        t.spec().dim
+                    ),
+                    Some(&name),
+                    None,
+                ));
+            }
+            let slice = rows.as_slice().map_err(|_| {
+                raise(
+                    py,
+                    "InvalidRequest",
+                    "rows must be C-contiguous".into(),
+                    Some(&name),
+                    None,
+                )
+            })?;
+            detach(py, || t.write_encoded(slice))?.map_err(|e| format_err(py, e))
+        })
+    }
+
     /// Fills the rest of the current table with seeded U(−√(1/rows), √(1/rows)) values.
     fn write_random(&self, py: Python<'_>, seed: u64, table_index: u64) -> PyResult<()> {
         self.with(py, |st| {

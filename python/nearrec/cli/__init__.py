@@ -22,6 +22,7 @@ from typing import Any
 
 import nearrec
 
+from ..build import DTYPES
 from ..errors import InvalidRequest, NearrecError
 from .flags import Parser, common, parse_bytes, remote_flags, store_config, store_flags
 from .output import format_stats, human_bytes, human_time
@@ -59,8 +60,8 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument("--table-bytes", type=parse_bytes, help="total table bytes, e.g. 16GiB")
     b.add_argument("--npy", action="append", metavar="NAME=FILE.npy", help="a table from .npy")
     b.add_argument("--state-dict", metavar="FILE.pt", help="tables from a saved state dict")
-    b.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "int8"],
-                   help="how the rows are stored")
+    b.add_argument("--dtype", default="fp32", choices=DTYPES,
+                   help="how the rows are stored (int4 / int2 / fp8: FBGEMM's quantised rows)")
     b.add_argument("--seed", type=int, default=0, help="the random rows' seed")
     b.add_argument("--overwrite", action="store_true", help="replace a store at PATH")
     common(b)
@@ -336,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
                     help="consecutive ids (RecSSD's SEQ pattern)")
     si.add_argument("--pooling", help="lookups per table per sample to sweep")
     si.add_argument("--dim", help="embedding dimensions to sweep")
-    si.add_argument("--dtype", help="row dtypes to sweep: fp32, fp16, bf16, int8 (a row's bytes)")
+    si.add_argument("--dtype", help=f"row dtypes to sweep: {', '.join(DTYPES)} (a row's bytes)")
     si.add_argument("--tables", help="table counts to sweep")
     si.add_argument("--rows", help="rows per table to sweep")
     si.add_argument("--placement", default="packed", choices=["packed", "one-per-page"],

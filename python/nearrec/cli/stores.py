@@ -39,11 +39,19 @@ def cmd_build(args: argparse.Namespace) -> int:
                              seed=args.seed, dtype=args.dtype, variant=args.variant,
                              overwrite=args.overwrite, progress=args.progress)
     s = time.perf_counter() - t
+    errors = {t.name: asdict(t.quant_error) for t in info.tables if t.quant_error is not None}
     emit(args, {"path": str(info.path), "tables": len(info.tables), "bytes": info.total_bytes,
-                 "seconds": s, "bytes_per_s": info.total_bytes / s},
-          f"built {info.path}: {len(info.tables)} tables, {human_bytes(info.total_bytes)} in "
-          f"{human_time(s)} ({human_bytes(info.total_bytes / s)}/s)")
+                 "seconds": s, "bytes_per_s": info.total_bytes / s, "quant_error": errors},
+          "\n".join([f"built {info.path}: {len(info.tables)} tables, "
+                     f"{human_bytes(info.total_bytes)} in {human_time(s)} "
+                     f"({human_bytes(info.total_bytes / s)}/s)", *_quant_lines(info)]))
     return 0
+
+
+def _quant_lines(info: nearrec.StoreInfo) -> list[str]:
+    """One line per table stored lossily: its encoding error against the rows given."""
+    return [f"  {t.name} ({t.dtype}): max |error| {e.max_abs:.3g}, mean {e.mean_abs:.3g}"
+            for t in info.tables if (e := t.quant_error) is not None]
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -67,6 +75,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for t in info.tables:
         lines.append(f"{t.name:<{w}} {t.rows:>12,} {t.dim:>6} {t.dtype:>6} {t.row_bytes:>6} "
                      f"{100 * t.padding_ratio:>6.2f}  {'co-located' if t.colocated else 'by id'}")
+    if quant := _quant_lines(info):
+        lines += ["encoding error against the rows built from:", *quant]
     if info.attachments:
         lines.append(f"attachments: {', '.join(info.attachments)}")
     if versions is not None:

@@ -401,14 +401,14 @@ mod tests {
                 table,
                 any::<u64>(),
                 1u32..1000,
-                1u8..5,
+                1u8..8,
                 any::<Option<u64>>()
             )
                 .prop_map(|(table, rows, dim, code, seed)| Op::CreateTable {
                     table,
                     rows,
                     dim,
-                    dtype: DType::from_code(code).expect("codes 1-4"),
+                    dtype: DType::from_code(code).expect("codes 1-7"),
                     init: seed.map_or(Init::Zeros, |seed| Init::Uniform { seed }),
                 }),
             table.prop_map(|table| Op::DropTable { table }),
