@@ -43,8 +43,8 @@ def _check_dtype(dtype: str) -> str:
     return dtype
 
 
-def _data_bytes(rows: int, dim: int, dtype: str, block_bytes: int) -> int:
-    return table_layout(rows, dim, dtype, block_bytes)[1]
+def _data_bytes(name: str, rows: int, dim: int, dtype: str, block_bytes: int) -> int:
+    return table_layout(rows, dim, dtype, block_bytes, name)[1]
 
 
 class _Writer:
@@ -129,26 +129,49 @@ def from_numpy(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mapping[
     if not isinstance(arrays, Mapping):
         raise InvalidRequest(f"arrays is a mapping from table name to rows, not "
                              f"{type(arrays).__name__}")
+    srcs = {name: _source_array(name, a) for name, a in arrays.items()}
+    return _build(path, {n: (False, a) for n, a in srcs.items()}, _dtypes(dtype, srcs), "numpy",
+                  keys=keys, capacity=capacity, default_rows=default_rows, overwrite=overwrite,
+                  block_bytes=block_bytes, progress=progress)
+
+
+def _dtypes(dtype: str | Mapping[str, str], tables: Iterable[str]) -> dict[str, str]:
+    """Each table's dtype: ``dtype`` for all, or ``{name: dtype}`` with fp32 for the others."""
     if not isinstance(dtype, str | Mapping):
         raise InvalidRequest(f"dtype is one name or a mapping from table to name, not {dtype!r}")
+    return {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
+            for n in tables}
+
+
+def _build(path: StorePath, tables: Mapping[str, tuple[bool, npt.NDArray[Any]]],
+           dtypes: Mapping[str, str], source: str, *,
+           keys: Mapping[str, Any] | None = None, capacity: Mapping[str, int] | None = None,
+           default_rows: Mapping[str, Any] | None = None, overwrite: bool = False,
+           block_bytes: int = 4096, progress: bool | None = None) -> StoreInfo:
+    """Writes a store of ``tables``, ``{name: (encoded, rows)}``: float rows ``[rows, dim]``
+    encoded here, or (``encoded``) uint8 rows ``[rows, row_bytes]`` in ``dtypes[name]``'s
+    bytes, taken as they are; keyed tables as :func:`from_numpy` describes."""
     block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
-    srcs = {name: _source_array(name, a) for name, a in arrays.items()}
-    key_cols = _key_columns(keys, {n: a.shape[0] for n, a in srcs.items()})
+    dims = {n: _encoded_dim(n, dtypes[n], a.shape[1]) if enc else a.shape[1]
+            for n, (enc, a) in tables.items()}
+    key_cols = _key_columns(keys, {n: a.shape[0] for n, (_, a) in tables.items()})
     spare = _spare_rows(capacity, key_cols)
-    defaults = _default_rows(default_rows, key_cols, {n: a.shape[1] for n, a in srcs.items()})
-    dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
-              for n in srcs}
-    total = sum(_data_bytes(a.shape[0], a.shape[1], dtypes[n], block_bytes)
-                for n, a in srcs.items())
-    params = {"source": "numpy", "dtype": dtypes}
+    defaults = _default_rows(default_rows, key_cols, dims)
+    total = sum(_data_bytes(n, a.shape[0], dims[n], dtypes[n], block_bytes)
+                for n, (_, a) in tables.items())
+    params = {"source": source, "dtype": dict(dtypes)}
     with _Writer(path, overwrite, params, total, progress) as w:
-        for name, a in srcs.items():
-            rows, dim = a.shape
-            key_col = key_cols.get(name)
+        for name, (encoded, a) in tables.items():
+            rows, dim = a.shape[0], dims[name]
             w.native.begin_table(name, rows, dim, dtypes[name], block_bytes,
                                  spare=spare.get(name), default_row=defaults.get(name))
-            _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])  # type: ignore[misc]
-            w.native.finish_table(key_col)
+            if encoded:
+                step = max(1, CHUNK_BYTES // max(a.shape[1], 1))
+                for i in range(0, rows, step):
+                    w.native.write_encoded(np.ascontiguousarray(a[i:i + step]))
+            else:
+                _feed(w.native, name, rows, dim, lambda i, j, a=a: a[i:j])  # type: ignore[misc]
+            w.native.finish_table(key_cols.get(name))
         return w.commit()
 
 
@@ -176,9 +199,6 @@ def from_encoded(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mappin
     if not isinstance(arrays, Mapping):
         raise InvalidRequest(f"arrays is a mapping from table name to rows, not "
                              f"{type(arrays).__name__}")
-    if not isinstance(dtype, str | Mapping):
-        raise InvalidRequest(f"dtype is one name or a mapping from table to name, not {dtype!r}")
-    block_bytes = count(block_bytes, "block_bytes", 1, 2**30)
     srcs = {}
     for name, a in arrays.items():
         if not isinstance(name, str) or not name:
@@ -193,20 +213,8 @@ def from_encoded(path: StorePath, arrays: Mapping[str, Any], dtype: str | Mappin
                                  f"[rows, row_bytes], not {arr.dtype} of shape {arr.shape}",
                                  table=name)
         srcs[name] = arr
-    dtypes = {n: _check_dtype(dtype if isinstance(dtype, str) else dtype.get(n, "fp32"))
-              for n in srcs}
-    dims = {n: _encoded_dim(n, dtypes[n], a.shape[1]) for n, a in srcs.items()}
-    total = sum(_data_bytes(a.shape[0], dims[n], dtypes[n], block_bytes)
-                for n, a in srcs.items())
-    params = {"source": "encoded", "dtype": dtypes}
-    with _Writer(path, overwrite, params, total, progress) as w:
-        for name, a in srcs.items():
-            w.native.begin_table(name, a.shape[0], dims[name], dtypes[name], block_bytes)
-            step = max(1, CHUNK_BYTES // max(a.shape[1], 1))
-            for i in range(0, a.shape[0], step):
-                w.native.write_encoded(np.ascontiguousarray(a[i:i + step]))
-            w.native.finish_table(None)
-        return w.commit()
+    return _build(path, {n: (True, a) for n, a in srcs.items()}, _dtypes(dtype, srcs),
+                  "encoded", overwrite=overwrite, block_bytes=block_bytes, progress=progress)
 
 
 def _spare_rows(capacity: Mapping[str, int] | None,
@@ -357,7 +365,8 @@ def from_state_dict(path: StorePath, state_dict: Mapping[str, Any] | StorePath,
     key_cols = _key_columns(_state_dict_keys(state_dict, keys),
                             {n: int(t.shape[0]) for n, t in weights.items()})
     spare = _spare_rows(capacity, key_cols)
-    total = sum(_data_bytes(t.shape[0], t.shape[1], dtype, block_bytes) for t in weights.values())
+    total = sum(_data_bytes(n, t.shape[0], t.shape[1], dtype, block_bytes)
+                for n, t in weights.items())
     params = {"source": "state_dict", "dtype": dtype}
     with _Writer(path, overwrite, params, total, progress) as w, torch.no_grad():
         for name, t in weights.items():
@@ -417,7 +426,8 @@ def build(path: StorePath, model: str = "rmc1", *, rows: int | None = None,
                              row_bytes=row_bytes)
     if any(r <= 0 for r in table_rows):
         raise InvalidRequest(f"rows must be positive, got {rows}")
-    total = sum(_data_bytes(r, dim, dtype, block_bytes) for r in table_rows)
+    total = sum(_data_bytes(f"t{i}", r, dim, dtype, block_bytes)
+                for i, r in enumerate(table_rows))
     params = {"source": "random", "model": spec.name, "variant": variant, "seed": seed,
               "dtype": dtype, "init": "uniform(-sqrt(1/rows), sqrt(1/rows))",
               "pooling_factor": spec.pooling_factor(variant)}

@@ -274,10 +274,10 @@ class Store:
 
     def write(self, table: str, ids: Any, rows: Any, *, allow_nonfinite: bool = False) -> int:
         """EMB_WRITE: rows ``ids`` of ``table`` become ``rows`` (``[len(ids), dim]`` floats,
-        encoded with the table's dtype; int8 rows re-quantised row-wise). Atomic and durable
-        when it returns (``durability``), and seen by every lookup that starts after. NaN and
-        infinite values are refused unless ``allow_nonfinite``. Returns the store's new
-        version. Needs a store opened with ``writable=True``."""
+        encoded with the table's dtype: int8 / int4 / int2 rows re-quantised row-wise, fp8
+        rounded). Atomic and durable when it returns (``durability``), and seen by every lookup
+        that starts after. NaN and infinite values are refused unless ``allow_nonfinite``.
+        Returns the store's new version. Needs a store opened with ``writable=True``."""
         return self.write_many({table: (ids, rows)}, allow_nonfinite=allow_nonfinite)
 
     def write_many(self, writes: Mapping[str, tuple[Any, Any]], *,

@@ -296,18 +296,20 @@ impl NativeStoreWriter {
     }
 }
 
-/// `(row_bytes, data_bytes, rows_per_block, padding_ratio)` of a table of this shape.
+/// `(row_bytes, data_bytes, rows_per_block, padding_ratio)` of a table of this shape (a
+/// shape it cannot have is refused naming table `name`).
 #[pyfunction]
-#[pyo3(signature = (rows, dim, dtype_name = "fp32", block_bytes = 4096))]
+#[pyo3(signature = (rows, dim, dtype_name = "fp32", block_bytes = 4096, name = "-"))]
 pub(crate) fn table_layout(
     py: Python<'_>,
     rows: u64,
     dim: u32,
     dtype_name: &str,
     block_bytes: u32,
+    name: &str,
 ) -> PyResult<(u64, u64, u64, f64)> {
     let spec = TableSpec {
-        name: "-".into(),
+        name: name.into(),
         rows,
         dim,
         dtype: dtype(py, dtype_name)?,
