@@ -115,6 +115,45 @@ def _spread(r: Record) -> str:
     return "—" if s is None else f"±{100 * s:.0f} %"
 
 
+def sls_dtype_markdown(records: list[Record], command: str) -> str:
+    """``bench sls-dtypes``: each cell's samples/s per dtype, nearrec's ratio to FBGEMM's
+    int-n-bit TBE on the same bytes, and to nearrec's own fp32 and int8 tables."""
+    dtypes = list(dict.fromkeys(r.extra["dtype"] for r in records if r.bench == "sls.dtype"))
+    lines = [f"Command: `{command}`", "",
+             "The same float tables quantised once by FBGEMM's own operators into each dtype; "
+             "nearrec's store of those bytes (DRAM tier, 2 threads) against FBGEMM's CPU "
+             "inference TBE (`IntNBitTableBatchedEmbeddingBagsCodegen`, what TorchRec's "
+             "quantised collections run; its scalar reference kernel, one thread, on this "
+             "machine) holding the same bytes. Samples/s, median of interleaved rounds; "
+             "`× TBE`: nearrec ÷ TBE in the same dtype; `× fp32` / `× int8`: nearrec in the "
+             "dtype ÷ nearrec's fp32 / int8 tables of the same shape. TBE cells with more than "
+             "2M lookups a call are not run (minutes each). A ratio whose rounds spread beyond "
+             f"±{100 * SPREAD_LIMIT:.0f} % is marked unreliable.", "",
+             "| model | dist | batch | dtype | row B | nearrec | TBE | × TBE | × fp32 | × int8 "
+             "| nearrec p50 / p99 µs |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    cells: dict[tuple[str, str, int], dict[str, Record]] = {}
+    for r in records:
+        if r.bench == "sls.dtype":
+            cells.setdefault((r.model, r.dist, r.batch), {})[r.system] = r
+    for (model, dist, batch), c in cells.items():
+        for d in dtypes:
+            ours = c.get(f"nearrec[{d}]")
+            if ours is None:
+                continue
+            tbe = c.get(f"fbgemm.IntNBitTBE[{d}]")
+            base = {b: c.get(f"nearrec[{b}]") for b in ("fp32", "int8")}
+            ratio = {b: ratio_text(ours, r) if r is not None and d != b else "—"
+                     for b, r in base.items()}
+            lines.append(
+                f"| {model} | {dist} | {batch} | {d} | {ours.extra['row_bytes']} "
+                f"| {ours.samples_per_s:,.0f} "
+                f"| {f'{tbe.samples_per_s:,.0f}' if tbe else '—'} "
+                f"| {ratio_text(ours, tbe) if tbe else '—'} | {ratio['fp32']} | {ratio['int8']} "
+                f"| {ours.p50_us:,.0f} / {ours.p99_us:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def sls_markdown(records: list[Record], command: str) -> str:
     systems = ["nearrec", "torch.EmbeddingBag", "torch.EmbeddingBag[shared]", "fbgemm.SplitTBE",
                "torchrec.IntNBitTBE"]

@@ -26,7 +26,7 @@ import nearrec
 
 from . import _native
 from .harness import Harness
-from .report import Record, ratio_text, sls_markdown, summarise
+from .report import Record, ratio_text, sls_dtype_markdown, sls_markdown, summarise
 
 BATCHES = (1, 16, 64, 256, 1024)
 DISTS = ("uniform", "zipf1.05")
@@ -247,7 +247,173 @@ def run(cfg: SlsConfig, log: Callable[[str], None] = print) -> list[Record]:
     return records
 
 
-#: ``nearrec bench sls``
-HARNESSES = {"sls": Harness(SlsConfig, SlsConfig.quick, {"--models": "models", "--rows": "rows",
-                                                          "--scratch": "scratch"},
-                            run, sls_markdown)}
+
+
+# ---- row dtypes: nearrec's quantised tables against FBGEMM's int-n-bit TBE on the same bytes ----
+
+#: the row dtypes the dtype cells compare (``docs/format.md`` §4)
+DTYPES = ("fp32", "int8", "int4", "int2", "fp8")
+
+
+@dataclass
+class SlsDtypeConfig:
+    models: tuple[str, ...] = ("rmc1", "rmc2", "rmc3")
+    #: rows of every table (capped by the model's own): the same tables in every dtype
+    rows: int = 250_000
+    dtypes: tuple[str, ...] = DTYPES
+    batches: tuple[int, ...] = (16, 64, 256, 1024)
+    dists: tuple[str, ...] = DISTS
+    threads: int = 2
+    rounds: int = 5
+    seconds: float = 0.2
+    distinct_batches: int = 8
+    seed: int = 0
+    scratch: Path = Path("bench/scratch")
+
+    @classmethod
+    def quick(cls) -> SlsDtypeConfig:
+        return cls(models=("rmc1",), rows=50_000, batches=(64, 1024), rounds=3, seconds=0.05)
+
+
+def fbgemm_rows(x: Any, dtype: str) -> np.ndarray:
+    """``x`` (a float32 tensor) quantised by FBGEMM's own operators, in nearrec's bytes for
+    ``dtype`` (int8's scale and bias held to fp16, as the inference TBE holds them); fp32 and
+    fp8 rows as their bits."""
+    import fbgemm_gpu  # noqa: F401  (registers the operators)
+    import torch
+
+    if dtype == "fp32":
+        return x.numpy().view(np.uint8)
+    if dtype == "fp8":
+        return x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    if dtype == "int8":
+        q = torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(x).numpy()
+        sb = q[:, -8:].copy().view(np.float32).astype(np.float16).astype(np.float32)
+        return np.concatenate([q[:, :-8], sb.view(np.uint8)], axis=1)
+    bits = {"int4": 4, "int2": 2}[dtype]
+    return torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(x, bits).numpy()
+
+
+def int_nbit_tbe(tables: list[np.ndarray], dims: list[int], dtype: str) -> Any:
+    """FBGEMM's CPU inference TBE (``IntNBitTableBatchedEmbeddingBagsCodegen``, what TorchRec's
+    quantised collections run) holding ``tables``, nearrec's bytes of ``dtype``, as its own rows
+    (scale and bias moved first, rows padded to its alignment)."""
+    import torch
+    from fbgemm_gpu.split_embedding_configs import SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
+        IntNBitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    kind = {"fp32": SparseType.FP32, "int8": SparseType.INT8, "int4": SparseType.INT4,
+            "int2": SparseType.INT2, "fp8": SparseType.FP8}[dtype]
+    tbe = IntNBitTableBatchedEmbeddingBagsCodegen(
+        [(f"t{k}", q.shape[0], d, kind, EmbeddingLocation.HOST)
+         for k, (q, d) in enumerate(zip(tables, dims, strict=True))], device="cpu",
+        output_dtype=SparseType.FP32, row_alignment=16)
+    tbe.initialize_weights()
+    for k, q in enumerate(tables):
+        w = tbe.split_embedding_weights(split_scale_shifts=False)[k][0]
+        if dtype in ("fp32", "fp8"):
+            w[:, :q.shape[1]] = torch.from_numpy(q)
+            continue
+        tail = 8 if dtype == "int8" else 4
+        sb = q[:, -tail:].copy()
+        if dtype == "int8":
+            sb = sb.view(np.float32).astype(np.float16).view(np.uint8)
+        w[:, :4] = torch.from_numpy(sb)
+        w[:, 4:4 + q.shape[1] - tail] = torch.from_numpy(q[:, :-tail])
+    return tbe
+
+
+def run_dtypes(cfg: SlsDtypeConfig, log: Callable[[str], None] = print) -> list[Record]:
+    """Each model's tables in each dtype, from the same float rows quantised by FBGEMM: nearrec's
+    store of those bytes (DRAM tier) and FBGEMM's int-n-bit TBE holding the same bytes, all
+    interleaved round by round in each cell."""
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    records: list[Record] = []
+    rng = np.random.default_rng(cfg.seed)
+    cfg.scratch.mkdir(parents=True, exist_ok=True)
+    for model in cfg.models:
+        spec = nearrec.model_spec(model)
+        n_rows, dim, L = min(cfg.rows, max(spec.rows)), spec.dim, spec.lookups
+        n_tables = len(spec.rows)
+        log(f"[{model}] {n_tables} tables x {n_rows} rows x dim {dim}, in {', '.join(cfg.dtypes)}")
+        floats = [torch.from_numpy(rng.standard_normal((n_rows, dim), dtype=np.float32) * 0.1)
+                  for _ in range(n_tables)]
+        stores: dict[str, nearrec.Store] = {}
+        tbes: dict[str, Any] = {}
+        row_bytes: dict[str, int] = {}
+        for dtype in cfg.dtypes:
+            encoded = [fbgemm_rows(x, dtype) for x in floats]
+            path = cfg.scratch / f"sls-dtype-{model}-{dtype}"
+            nearrec.from_encoded(path, {f"t{k}": q for k, q in enumerate(encoded)}, dtype,
+                                 overwrite=True)
+            stores[dtype] = nearrec.open(path, threads=cfg.threads)
+            tbes[dtype] = int_nbit_tbe(encoded, [dim] * n_tables, dtype)
+            row_bytes[dtype] = encoded[0].shape[1]
+            del encoded
+        del floats
+        gc.collect()
+        names = [f"t{k}" for k in range(n_tables)]
+        perms = [rng.permutation(n_rows) for _ in names]
+        for dist in cfg.dists:
+            for batch in cfg.batches:
+                sets = make_batches(SlsConfig(distinct_batches=cfg.distinct_batches),
+                                    [n_rows] * n_tables, L, batch, dist, rng, perms)
+                offsets = np.arange(0, batch * L, L, dtype=np.int64)
+                reqs = [[nearrec.TableLookup(n, idx, offsets) for n, idx in zip(names, s,
+                                                                                 strict=True)]
+                        for s in sets]
+                cat_idx = [torch.from_numpy(np.concatenate(s)).int() for s in sets]
+                cat_off = torch.arange(0, batch * L * n_tables + 1, L, dtype=torch.int32)
+                systems: dict[str, Callable[[int], Any]] = {}
+                for dtype in cfg.dtypes:
+                    systems[f"nearrec[{dtype}]"] = (
+                        lambda i, reqs=reqs, s=stores[dtype]: s.lookup_many(reqs[i]))
+                    if batch * L * n_tables <= 2_000_000:  # a scalar kernel: bounded cells
+                        def tbe(i: int, mod=tbes[dtype]) -> Any:
+                            with torch.no_grad():
+                                return mod(cat_idx[i], cat_off)
+                        systems[f"fbgemm.IntNBitTBE[{dtype}]"] = tbe
+                for fn in systems.values():  # warm-up
+                    _time_calls(fn, 0.02, len(sets))
+                lat: dict[str, list[float]] = {s: [] for s in systems}
+                thr: dict[str, list[float]] = {s: [] for s in systems}
+                order = list(systems)
+                for rnd in range(cfg.rounds):  # interleaved, each round in a rotated order
+                    for s in order[rnd % len(order):] + order[:rnd % len(order)]:
+                        ls = _time_calls(systems[s], cfg.seconds, len(sets))
+                        lat[s].extend(ls)
+                        thr[s].append(batch * len(ls) / sum(ls))
+                for s in systems:
+                    dtype = s[s.index("[") + 1:-1]
+                    ls = np.array(lat[s]) * 1e6
+                    sps = float(np.median(thr[s]))
+                    records.append(Record(
+                        "sls.dtype", model, batch, dist, s, samples_per_s=sps,
+                        lookups_per_s=sps * L * n_tables, p50_us=float(np.percentile(ls, 50)),
+                        p99_us=float(np.percentile(ls, 99)),
+                        extra={"dtype": dtype, "row_bytes": row_bytes[dtype], "dim": dim,
+                               "rounds_samples_per_s": [round(x, 1) for x in thr[s]]}))
+                cell = {r.system: r for r in records[-len(systems):]}
+                log(f"  {dist:9} B={batch:5}: " + ", ".join(
+                    f"{s} {r.samples_per_s:,.0f}/s" for s, r in cell.items()))
+        del stores, tbes
+        gc.collect()
+        for dtype in cfg.dtypes:
+            nearrec.remove(cfg.scratch / f"sls-dtype-{model}-{dtype}")
+    summarise(records)
+    return records
+
+
+#: ``nearrec bench sls`` and ``nearrec bench sls-dtypes``
+HARNESSES = {
+    "sls": Harness(SlsConfig, SlsConfig.quick, {"--models": "models", "--rows": "rows",
+                                                "--scratch": "scratch"}, run, sls_markdown),
+    "sls-dtypes": Harness(SlsDtypeConfig, SlsDtypeConfig.quick,
+                          {"--models": "models", "--rows": "rows", "--scratch": "scratch"},
+                          run_dtypes, sls_dtype_markdown),
+}
