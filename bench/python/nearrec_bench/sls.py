@@ -282,16 +282,20 @@ def fbgemm_rows(x: Any, dtype: str) -> np.ndarray:
     import fbgemm_gpu  # noqa: F401  (registers the operators)
     import torch
 
+    out: np.ndarray
     if dtype == "fp32":
-        return x.numpy().view(np.uint8)
+        out = x.numpy().view(np.uint8)
+        return out
     if dtype == "fp8":
-        return x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+        out = x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+        return out
     if dtype == "int8":
         q = torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(x).numpy()
         sb = q[:, -8:].copy().view(np.float32).astype(np.float16).astype(np.float32)
         return np.concatenate([q[:, :-8], sb.view(np.uint8)], axis=1)
     bits = {"int4": 4, "int2": 2}[dtype]
-    return torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(x, bits).numpy()
+    out = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(x, bits).numpy()
+    return out
 
 
 def int_nbit_tbe(tables: list[np.ndarray], dims: list[int], dtype: str) -> Any:
@@ -374,7 +378,8 @@ def run_dtypes(cfg: SlsDtypeConfig, log: Callable[[str], None] = print) -> list[
                     systems[f"nearrec[{dtype}]"] = (
                         lambda i, reqs=reqs, s=stores[dtype]: s.lookup_many(reqs[i]))
                     if batch * L * n_tables <= 2_000_000:  # a scalar kernel: bounded cells
-                        def tbe(i: int, mod=tbes[dtype]) -> Any:
+                        def tbe(i: int, mod=tbes[dtype], cat_idx=cat_idx,
+                                cat_off=cat_off) -> Any:
                             with torch.no_grad():
                                 return mod(cat_idx[i], cat_off)
                         systems[f"fbgemm.IntNBitTBE[{dtype}]"] = tbe
