@@ -20,11 +20,13 @@ from . import report
 from .harness import Harness
 
 #: WHAT → the module that serves it
-MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-tuning": "ssd",
+MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd",
+           "ssd-tuning": "ssd",
            "ssd-verify": "ssd", "ssd-cost": "ssd", "cache": "cache", "colocate": "colocate",
            "keyed": "keyed",
            "e2e": "e2e", "ebc": "ebc", "build": "build", "gpu": "gpu", "flash-repro": "flash",
            "flash-check": "flash", "update": "update", "serve": "serve", "torchrec": "torchrec",
+           "torchrec-quant": "torchrec",
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
            "cluster-projection": "projection", "cluster-swap": "swap",

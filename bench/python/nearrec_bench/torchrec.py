@@ -272,8 +272,147 @@ def markdown(records: list[Record], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: ``nearrec bench torchrec``
-HARNESSES = {"torchrec": Harness(TorchRecConfig, TorchRecConfig.quick,
-                                 {"--rows": "rows", "--batches": "batches",
-                                  "--scratch": "scratch"},
-                                 run, markdown)}
+# ---- the model quantised for serving ---------------------------------------------------------
+
+#: TorchRec's quantisations compared, by the dtype nearrec keeps
+QUANTISED = ("int4", "int8", "fp16")
+
+
+def _quantised(model: Any, dtype: str) -> Any:
+    """``model`` with its collection quantised by TorchRec (``quantize_embeddings``)."""
+    import copy
+
+    import torch
+    from torchrec.inference.modules import quantize_embeddings
+
+    kind = {"int4": torch.quint4x2, "int8": torch.qint8, "fp16": torch.half}[dtype]
+    return quantize_embeddings(copy.deepcopy(model), dtype=kind, inplace=False).eval()
+
+
+def run_quantised(cfg: TorchRecConfig, log: Callable[[str], None] = print) -> list[Record]:
+    """The DLRM quantised by TorchRec to int4, int8 and fp16, each served from SSD by
+    ``from_torchrec`` (its bytes taken as they are) behind one DRAM budget — a share of the
+    fp16 tables' bytes, the same bytes for every dtype — beside TorchRec's own quantised model
+    (its CPU TBE, tables in DRAM) on the same batches."""
+    import torch
+
+    from nearrec.torch import from_torchrec
+
+    torch.set_num_threads(cfg.threads)
+    cfg.scratch.mkdir(parents=True, exist_ok=True)
+    model = _model(cfg)
+    fp16_bytes = cfg.tables * cfg.rows * cfg.dim * 2
+    budget = int(cfg.budget_share * fp16_bytes)
+    log(f"TorchRec DLRM quantised: {cfg.tables} tables x {cfg.rows:,} rows x dim {cfg.dim}; "
+        f"one DRAM budget of {budget / 2**20:,.0f} MiB ({100 * cfg.budget_share:g} % of the "
+        f"fp16 tables)")
+    theirs: dict[str, Any] = {}
+    ours: dict[str, Any] = {}
+    files: dict[str, list[str]] = {}
+    stores: dict[str, Any] = {}
+    for dtype in QUANTISED:
+        theirs[dtype] = _quantised(model, dtype)
+        path = cfg.scratch / f"torchrec-dlrm-{dtype}-{cfg.rows}"
+        ours[dtype] = from_torchrec(theirs[dtype], path, overwrite=True, tier="ssd",
+                                    dram_budget=budget, threads=cfg.threads)
+        stores[dtype] = ours[dtype].sparse_arch.embedding_bag_collection.store
+        files[dtype] = [str(path / t.file) for t in nearrec.info(path).tables]
+        log(f"  {dtype}: {nearrec.info(path).total_bytes / 2**20:,.0f} MiB of tables")
+    features = [f for c in model.sparse_arch.embedding_bag_collection.embedding_bag_configs()
+                for f in c.feature_names]
+    drop_page_cache()
+    records: list[Record] = []
+    for batch in cfg.batches:
+        batches = _batches(cfg, features, batch)
+        with torch.inference_mode():
+            dense, kjt = batches[0]
+            for dtype in QUANTISED:  # the same answers as TorchRec's quantised model
+                torch.testing.assert_close(ours[dtype](dense, kjt), theirs[dtype](dense, kjt),
+                                           rtol=1e-5, atol=1e-5)
+        walkers = {}
+        for dtype in QUANTISED:
+            walkers[f"torchrec[{dtype}]"] = _Walker(theirs[dtype], None, False, batches)
+            walkers[f"nearrec ssd[{dtype}]"] = _Walker(ours[dtype], None, False, batches)
+            walkers[f"nearrec ssd[{dtype}]"].run(cfg.warm_seconds)
+        before = {d: stores[d].stats() for d in QUANTISED}
+        per: dict[str, list[tuple[float, list[float]]]] = {s: [] for s in walkers}
+        disk: list[float] = []
+        order = list(walkers)
+        for rnd in range(cfg.rounds):
+            for s in order[rnd % len(order):] + order[:rnd % len(order)]:
+                per[s].append(walkers[s].run(cfg.seconds))
+            disk.append(_native.random_read(files["fp16"], cfg.limit_reads, 128)["items_per_s"])
+        cell: dict[str, Record] = {}
+        for s, rounds in per.items():
+            rates = [r for r, _ in rounds]
+            lat = np.concatenate([x for _, x in rounds]) * 1e6
+            dtype = s[s.index("[") + 1:-1]
+            extra: dict[str, Any] = {"dtype": dtype, "rounds_samples_per_s": rates}
+            if s.startswith("nearrec"):
+                after = stores[dtype].stats()
+                delta = {k: after[k] - before[dtype][k] for k in (
+                    "device_reads", "lookups_resident", "lookups_hot", "lookups_cache",
+                    "lookups_ssd")}
+                hits = delta["lookups_resident"] + delta["lookups_hot"] + delta["lookups_cache"]
+                samples = sum(len(x) for _, x in rounds) * batch
+                extra.update({"dram_hit_ratio": hits / max(1, hits + delta["lookups_ssd"]),
+                              "device_reads_per_sample": delta["device_reads"] / max(1, samples),
+                              "disk_reads_per_s": disk, "dram_budget_bytes": budget,
+                              "table_bytes": nearrec.info(
+                                  cfg.scratch / f"torchrec-dlrm-{dtype}-{cfg.rows}").total_bytes})
+            rec = Record("torchrec.quant", "dlrm", batch, f"zipf{cfg.alpha}", s,
+                         samples_per_s=float(np.median(rates)),
+                         lookups_per_s=float(np.median(rates)) * cfg.pooling * len(features),
+                         p50_us=float(np.percentile(lat, 50)),
+                         p99_us=float(np.percentile(lat, 99)), extra=extra)
+            cell[s] = rec
+            records.append(rec)
+        log(f"  batch {batch}: " + ", ".join(f"{s} {r.samples_per_s:,.0f}/s"
+                                             for s, r in cell.items())
+            + f"; disk {np.median(disk):,.0f} reads/s")
+    return records
+
+
+def quantised_markdown(records: list[Record], command: str) -> str:
+    first = next((r.extra for r in records if "dram_budget_bytes" in r.extra), {})
+    lines = [f"Command: `{command}`", "",
+             "The same `torchrec.models.dlrm.DLRM` as `bench torchrec` (RMC1's shapes), its "
+             "collection quantised by TorchRec (`quantize_embeddings`) to int4, int8 and fp16. "
+             "`torchrec[dtype]`: TorchRec's quantised model as it runs (its CPU inference TBE, "
+             "tables in DRAM); `nearrec ssd[dtype]`: that model after "
+             "`nearrec.torch.from_torchrec(..., tier=\"ssd\")`, its bytes taken as they are, "
+             "rows read with direct I/O behind one DRAM budget of "
+             f"{first.get('dram_budget_bytes', 0) / 2**20:,.0f} MiB for every dtype (a share of "
+             "the fp16 tables' bytes), so a narrower dtype keeps more of its tables in it. "
+             "Outputs checked against TorchRec's first. Samples/s: median of rotating rounds; "
+             "p50 / p99 µs per batch; 2 threads.", "",
+             "| batch | system | tables MiB | samples/s | × nearrec ssd[fp16] | × torchrec[same] "
+             "| p50 / p99 µs | DRAM hits | device reads / sample | disk reads/s |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    cells: dict[int, dict[str, Record]] = {}
+    for r in records:
+        cells.setdefault(r.batch, {})[r.system] = r
+    for batch, c in cells.items():
+        for s, r in c.items():
+            e = r.extra
+            base = c.get("nearrec ssd[fp16]")
+            peer = c.get(f"torchrec[{e['dtype']}]")
+            ours = s.startswith("nearrec")
+            lines.append(
+                f"| {batch} | {s} | "
+                f"{e['table_bytes'] / 2**20:,.0f} | " if ours else f"| {batch} | {s} | — | ")
+            lines[-1] += (
+                f"{r.samples_per_s:,.0f} | "
+                f"{ratio_text(r, base) if ours and base is not None and r is not base else '—'}"
+                f" | {ratio_text(r, peer) if ours and peer is not None else '—'} | "
+                f"{r.p50_us:,.0f} / {r.p99_us:,.0f} | "
+                + (f"{100 * e['dram_hit_ratio']:.0f} % | {e['device_reads_per_sample']:.2f} | "
+                   f"{np.median(e['disk_reads_per_s']):,.0f} |" if ours else "— | — | — |"))
+    return "\n".join(lines) + "\n"
+
+
+#: ``nearrec bench torchrec`` and ``torchrec-quant``
+_FLAGS = {"--rows": "rows", "--batches": "batches", "--scratch": "scratch"}
+HARNESSES = {"torchrec": Harness(TorchRecConfig, TorchRecConfig.quick, _FLAGS, run, markdown),
+             "torchrec-quant": Harness(TorchRecConfig, TorchRecConfig.quick, _FLAGS,
+                                       run_quantised, quantised_markdown)}

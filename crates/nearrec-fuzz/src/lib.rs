@@ -97,9 +97,9 @@ pub fn keys() -> Vec<u64> {
         .collect()
 }
 
-/// The small store the targets read, written at `path`: tables `a` (fp32, dim 4) and `b`
-/// (int8, dim 8) of [`ROWS`] rows, the testkit's pattern; a keyed table `k` (fp16, dim 4) of
-/// [`keys`] and 3 spare rows; and a model kept with them (its `model.json` and `dense.npz`
+/// The small store the targets read, written at `path`: tables `a` (fp32, dim 4), `b` (int8,
+/// dim 8) and `q` (int4, dim 8) of [`ROWS`] rows, the testkit's pattern; a keyed table `k`
+/// (fp16, dim 4) of [`keys`] and 3 spare rows; and a model kept with them (its `model.json` and `dense.npz`
 /// attachments): one linear layer over 2 dense features and `a`'s and `b`'s pooled vectors,
 /// then a sigmoid. What the seeds are made from.
 pub fn write_store(path: &Path) -> std::path::PathBuf {
@@ -111,6 +111,7 @@ pub fn write_store(path: &Path) -> std::path::PathBuf {
         ("a", 4u32, DType::Fp32),
         ("b", 8, DType::Int8),
         ("k", 4, DType::Fp16),
+        ("q", 8, DType::Int4),
     ]
     .into_iter()
     .enumerate()
@@ -251,7 +252,7 @@ impl Answers {
     fn of(store: &Store) -> Self {
         let ids: Vec<i64> = (0..ROWS as i64).collect();
         let keys: Vec<i64> = keys().into_iter().map(|k| k as i64).collect();
-        let rows = [("a", 4, &ids), ("b", 8, &ids), ("k", 4, &keys)]
+        let rows = [("a", 4, &ids), ("b", 8, &ids), ("k", 4, &keys), ("q", 8, &ids)]
             .iter()
             .map(|&(t, dim, ids)| {
                 let mut out = vec![0f32; ROWS as usize * dim];
@@ -346,7 +347,7 @@ pub fn store_dir(data: &[u8]) {
             continue;
         };
         let got = Answers::of(&store);
-        for ((table, got), want) in ["a", "b", "k"].iter().zip(&got.rows).zip(rows) {
+        for ((table, got), want) in ["a", "b", "k", "q"].iter().zip(&got.rows).zip(rows) {
             if let Ok(got) = got {
                 assert!(
                     got == want,

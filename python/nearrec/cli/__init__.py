@@ -354,11 +354,13 @@ def parser() -> argparse.ArgumentParser:
     si.set_defaults(func=cmd_simulate)
 
     be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "sls-dtypes", "ssd", "ssd-tuning", "ssd-verify",
+    be.add_argument("what", choices=["sls", "sls-dtypes", "ssd", "ssd-dtypes", "ssd-tuning",
+                                     "ssd-verify",
                                      "ssd-cost", "cache", "colocate", "keyed", "e2e", "ebc",
                                      "build", "gpu",
                                      "flash-repro", "flash-check", "update", "serve",
-                                     "torchrec", "restart", "cluster", "cluster-hedge",
+                                     "torchrec", "torchrec-quant", "restart", "cluster",
+                                     "cluster-hedge",
                                      "cluster-ingress", "cluster-write", "cluster-load",
                                      "cluster-projection", "cluster-swap", "torture",
                                      "soak", "abuse"],
