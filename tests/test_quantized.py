@@ -364,3 +364,39 @@ def test_cli_builds_quantised_tables_and_reports_the_error(tmp_path):
     shown = subprocess.run([*cli, "info", str(tmp_path / "s")], capture_output=True, text=True,
                            check=True).stdout
     assert "format v6" in shown and "t (int4): max |error|" in shown
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4", "int2", "fp8"])
+def test_means_are_fbgemms_within_one_rounding(tmp_path, dtype):
+    """FBGEMM's mean multiplies the sum by 1/n where nearrec divides by n, as EmbeddingBag does:
+    the same sums, then one rounding apart at most."""
+    rows, dim = 300, 32
+    rng = np.random.default_rng(5)
+    q = fbgemm_rows(torch.from_numpy(rng.standard_normal((rows, dim)).astype(np.float32)), dtype)
+    nearrec.from_encoded(tmp_path / "s", {"t": q}, dtype=dtype)
+    lengths = rng.integers(1, 30, 50)
+    idx = rng.integers(0, rows, int(lengths.sum()))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    got = nearrec.open(tmp_path / "s").lookup("t", idx, offsets[:-1], mode="mean")
+    tbe = tbe_for(dtype, rows, dim, PoolingMode.MEAN)
+    tbe_weights(tbe, q, dtype)
+    want = tbe(torch.from_numpy(idx).int(), torch.from_numpy(offsets).int()).numpy()
+    ulp = np.spacing(np.abs(want).astype(np.float32))
+    assert (np.abs(got - want) <= ulp).all()
+
+
+@pytest.mark.parametrize("dtype", ["int4", "fp8"])
+def test_the_gpu_tier_serves_quantised_tables(tmp_path, dtype):
+    """The GPU tier (its reference kernels, on the CPU) over a quantised store: it caches the
+    rows as the store decodes them and pools as EmbeddingBag over those rows."""
+    import gpu_checks
+
+    rng = np.random.default_rng(3)
+    arrays = {"a": rng.standard_normal((300, 16)).astype(np.float32),
+              "b": rng.standard_normal((200, 8)).astype(np.float32)}
+    nearrec.from_numpy(tmp_path / "s", arrays, dtype=dtype)
+    store = nearrec.open(tmp_path / "s")
+    decoded = {n: store.read_rows(n, np.arange(a.shape[0])) for n, a in arrays.items()}
+    assert any((decoded[n] != arrays[n]).any() for n in arrays)  # the rows are lossy
+    gpu_checks.check_tier_matches_embedding_bag(store, decoded, "cpu", "reference", "lfu",
+                                                "async_copy", "off")
