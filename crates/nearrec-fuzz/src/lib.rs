@@ -252,13 +252,18 @@ impl Answers {
     fn of(store: &Store) -> Self {
         let ids: Vec<i64> = (0..ROWS as i64).collect();
         let keys: Vec<i64> = keys().into_iter().map(|k| k as i64).collect();
-        let rows = [("a", 4, &ids), ("b", 8, &ids), ("k", 4, &keys), ("q", 8, &ids)]
-            .iter()
-            .map(|&(t, dim, ids)| {
-                let mut out = vec![0f32; ROWS as usize * dim];
-                store.read_rows(t, ids, &mut out).map(|()| out)
-            })
-            .collect();
+        let rows = [
+            ("a", 4, &ids),
+            ("b", 8, &ids),
+            ("k", 4, &keys),
+            ("q", 8, &ids),
+        ]
+        .iter()
+        .map(|&(t, dim, ids)| {
+            let mut out = vec![0f32; ROWS as usize * dim];
+            store.read_rows(t, ids, &mut out).map(|()| out)
+        })
+        .collect();
         Self {
             rows,
             outputs: infer(store),
