@@ -14,18 +14,11 @@ import nearrec
 
 torch = pytest.importorskip("torch")
 fbgemm = pytest.importorskip("fbgemm_gpu")
-from fbgemm_gpu.split_embedding_configs import SparseType  # noqa: E402
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import (  # noqa: E402
-    EmbeddingLocation,
-    PoolingMode,
-)
-from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (  # noqa: E402
-    IntNBitTableBatchedEmbeddingBagsCodegen,
-)
+from nearrec_bench.sls import fbgemm_rows, int_nbit_tbe  # noqa: E402
 
-BITS = {"int8": 8, "int4": 4, "int2": 2}
-SPARSE = {"int8": SparseType.INT8, "int4": SparseType.INT4, "int2": SparseType.INT2,
-          "fp8": SparseType.FP8}
+# FBGEMM's own quantisation (`fbgemm_rows`: its operators' bytes, in nearrec's layout) and its
+# CPU inference TBE holding the same bytes (`int_nbit_tbe`) are the benchmark's, so that the
+# tests hold nearrec to the very peer `bench sls-dtypes` times.
 
 
 def stored_rows(store_path: Path, table: str) -> np.ndarray:
@@ -40,13 +33,6 @@ def stored_rows(store_path: Path, table: str) -> np.ndarray:
     return np.stack([data[(i // per) * span + (i % per) * r:][:r] for i in range(t.rows)])
 
 
-def fbgemm_quantize(x: torch.Tensor, dtype: str) -> np.ndarray:
-    """FBGEMM's own quantisation of ``x``, in its operator's layout (codes, then scale, bias)."""
-    if dtype == "int8":
-        return torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(x).numpy()
-    return torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(x, BITS[dtype]).numpy()
-
-
 @pytest.mark.parametrize("dtype", ["int4", "int2"])
 @pytest.mark.parametrize("dim", [8, 64, 96, 128])  # FBGEMM's operator wants whole fp16s of codes
 def test_builder_writes_fbgemms_bytes(tmp_path, dtype, dim):
@@ -56,7 +42,7 @@ def test_builder_writes_fbgemms_bytes(tmp_path, dtype, dim):
     x[8] *= 1e-6  # a tiny range
     info = nearrec.from_numpy(tmp_path / "s", {"t": x}, dtype=dtype)
     np.testing.assert_array_equal(stored_rows(tmp_path / "s", "t"),
-                                  fbgemm_quantize(torch.from_numpy(x), dtype))
+                                  fbgemm_rows(torch.from_numpy(x), dtype))
     err = info.tables[0].quant_error
     decoded = nearrec.open(tmp_path / "s").read_rows("t", np.arange(300))
     assert err.values == x.size
@@ -71,41 +57,6 @@ def test_fp8_bytes_are_float8_e4m3fn_bits(tmp_path):
     nearrec.from_numpy(tmp_path / "s", {"t": x}, dtype="fp8")
     want = torch.from_numpy(np.clip(x, -448, 448)).to(torch.float8_e4m3fn).view(torch.uint8)
     np.testing.assert_array_equal(stored_rows(tmp_path / "s", "t"), want.numpy())
-
-
-def tbe_for(dtype: str, rows: int, dim: int, mode: PoolingMode):
-    return IntNBitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[("t", rows, dim, SPARSE[dtype], EmbeddingLocation.HOST)],
-        device="cpu", pooling_mode=mode, output_dtype=SparseType.FP32, row_alignment=16)
-
-
-def tbe_weights(tbe, q: np.ndarray, dtype: str) -> None:
-    """Puts FBGEMM's operator layout ``q`` into the TBE's rows (scale and bias first)."""
-    tbe.initialize_weights()
-    w = tbe.split_embedding_weights(split_scale_shifts=False)[0][0]
-    w.zero_()
-    if dtype == "fp8":
-        w[:, :q.shape[1]] = torch.from_numpy(q)
-    elif dtype == "int8":
-        # the TBE keeps an int8 row's scale and bias as fp16
-        sb = torch.from_numpy(q[:, -8:].copy()).view(torch.float32).half().view(torch.uint8)
-        w[:, :4] = sb
-        w[:, 4:4 + q.shape[1] - 8] = torch.from_numpy(q[:, :-8])
-    else:
-        w[:, :4] = torch.from_numpy(q[:, -4:])
-        w[:, 4:4 + q.shape[1] - 4] = torch.from_numpy(q[:, :-4])
-
-
-def fbgemm_rows(x: torch.Tensor, dtype: str) -> np.ndarray:
-    """``x`` quantised by FBGEMM in nearrec's layout for ``dtype`` (int8's scale and bias held to
-    fp16, as the TBE holds them)."""
-    if dtype == "fp8":
-        return x.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
-    q = fbgemm_quantize(x, dtype)
-    if dtype == "int8":
-        sb = q[:, -8:].copy().view(np.float32).astype(np.float16).astype(np.float32)
-        q = np.concatenate([q[:, :-8], sb.view(np.uint8)], axis=1)
-    return q
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4", "int2", "fp8"])
@@ -128,8 +79,7 @@ def test_pools_as_fbgemm_int_nbit_tbe(tmp_path, dtype, dim, weighted):
     if weighted == "overflowing":
         w = (np.sign(w) * 10.0 ** rng.uniform(36, 38.5, len(idx))).astype(np.float32)
     got = store.lookup("t", idx, offsets[:-1], per_sample_weights=w)
-    tbe = tbe_for(dtype, rows, dim, PoolingMode.SUM)
-    tbe_weights(tbe, q, dtype)
+    tbe = int_nbit_tbe([q], [dim], dtype)
     want = tbe(torch.from_numpy(idx).int(), torch.from_numpy(offsets).int(),
                None if w is None else torch.from_numpy(w)).numpy()
     if weighted == "overflowing":
@@ -199,8 +149,7 @@ def test_a_quantized_torchrec_dlrm_is_served_as_torchrec_serves_it(tmp_path, tie
 
 def test_a_quantized_dlrm_compiles_and_exports_with_the_lookup_as_one_op(tmp_path):
     """The graph capture takes the quantised model's dense part and nearrec's lookup, one op."""
-    from test_torchrec import _Flat, kjt
-    from torch.export import Dim
+    from test_torchrec import export_served, kjt
 
     from nearrec.torch import from_torchrec
 
@@ -213,12 +162,7 @@ def test_a_quantized_dlrm_compiles_and_exports_with_the_lookup_as_one_op(tmp_pat
             features, dense = kjt(theirs, batch, seed), torch.randn(batch, 5)
             torch.testing.assert_close(compiled(dense, features), model(dense, features),
                                        rtol=1e-5, atol=1e-5)
-    features, dense = kjt(theirs, 6, 1), torch.randn(6, 5)
-    batch = Dim("batch", min=1, max=4096)
-    program = torch.export.export(
-        _Flat(served, features.keys()), (dense, features.values(), features.lengths()),
-        dynamic_shapes=({0: batch}, {0: Dim.AUTO}, {0: 4 * batch}))
-    ops = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    program, ops = export_served(served, kjt(theirs, 6, 1), torch.randn(6, 5))
     assert torch.ops.nearrec.pooled_lookup.default in ops
     assert not any("fbgemm" in str(op) for op in ops)  # the quantised TBE is not in the graph
     for seed, n in ((4, 6), (5, 13)):
@@ -378,8 +322,7 @@ def test_means_are_fbgemms_within_one_rounding(tmp_path, dtype):
     idx = rng.integers(0, rows, int(lengths.sum()))
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     got = nearrec.open(tmp_path / "s").lookup("t", idx, offsets[:-1], mode="mean")
-    tbe = tbe_for(dtype, rows, dim, PoolingMode.MEAN)
-    tbe_weights(tbe, q, dtype)
+    tbe = int_nbit_tbe([q], [dim], dtype, "mean")
     want = tbe(torch.from_numpy(idx).int(), torch.from_numpy(offsets).int()).numpy()
     ulp = np.spacing(np.abs(want).astype(np.float32))
     assert (np.abs(got - want) <= ulp).all()

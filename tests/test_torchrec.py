@@ -396,8 +396,19 @@ class _Flat(torch.nn.Module):
                                                             lengths=lengths))
 
 
-def test_compile_and_export_keep_the_lookup_as_one_op(tmp_path):
+def export_served(served: Any, features: Any, dense: Any) -> tuple[Any, list[Any]]:
+    """``served`` exported on a KJT's tensors (``_Flat``) with the batch dynamic: the program
+    and the operations its graph calls."""
     from torch.export import Dim
+
+    batch = Dim("batch", min=1, max=4096)
+    program = torch.export.export(
+        _Flat(served, features.keys()), (dense, features.values(), features.lengths()),
+        dynamic_shapes=({0: batch}, {0: Dim.AUTO}, {0: 4 * batch}))
+    return program, [n.target for n in program.graph.nodes if n.op == "call_function"]
+
+
+def test_compile_and_export_keep_the_lookup_as_one_op(tmp_path):
     torch.manual_seed(8)
     model = dlrm().eval()
     served = from_torchrec(model, tmp_path / "dlrm", tier="ssd", dram_budget="8KiB")
@@ -412,12 +423,7 @@ def test_compile_and_export_keep_the_lookup_as_one_op(tmp_path):
                                        rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(compiled_ebc(features).values(),
                                        theirs(features).values(), rtol=1e-5, atol=1e-6)
-    features, dense = kjt(theirs, 6, 1), torch.randn(6, 5)
-    batch = Dim("batch", min=1, max=4096)
-    program = torch.export.export(
-        _Flat(served, features.keys()), (dense, features.values(), features.lengths()),
-        dynamic_shapes=({0: batch}, {0: Dim.AUTO}, {0: 4 * batch}))
-    ops = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    program, ops = export_served(served, kjt(theirs, 6, 1), torch.randn(6, 5))
     assert torch.ops.nearrec.pooled_lookup.default in ops
     for seed, n in ((4, 6), (5, 13)):
         features, dense = kjt(theirs, n, seed), torch.randn(n, 5)

@@ -256,19 +256,11 @@ DTYPES = ("fp32", "int8", "int4", "int2", "fp8")
 
 
 @dataclass
-class SlsDtypeConfig:
-    models: tuple[str, ...] = ("rmc1", "rmc2", "rmc3")
+class SlsDtypeConfig(SlsConfig):
     #: rows of every table (capped by the model's own): the same tables in every dtype
     rows: int = 250_000
     dtypes: tuple[str, ...] = DTYPES
     batches: tuple[int, ...] = (16, 64, 256, 1024)
-    dists: tuple[str, ...] = DISTS
-    threads: int = 2
-    rounds: int = 5
-    seconds: float = 0.2
-    distinct_batches: int = 8
-    seed: int = 0
-    scratch: Path = Path("bench/scratch")
 
     @classmethod
     def quick(cls) -> SlsDtypeConfig:
@@ -298,23 +290,29 @@ def fbgemm_rows(x: Any, dtype: str) -> np.ndarray:
     return out
 
 
-def int_nbit_tbe(tables: list[np.ndarray], dims: list[int], dtype: str) -> Any:
+def int_nbit_tbe(tables: list[np.ndarray], dims: list[int], dtype: str,
+                 mode: str = "sum") -> Any:
     """FBGEMM's CPU inference TBE (``IntNBitTableBatchedEmbeddingBagsCodegen``, what TorchRec's
     quantised collections run) holding ``tables``, nearrec's bytes of ``dtype``, as its own rows
-    (scale and bias moved first, rows padded to its alignment)."""
+    (scale and bias moved first, rows padded to its alignment), pooling by ``mode`` (sum or
+    mean)."""
     import torch
     from fbgemm_gpu.split_embedding_configs import SparseType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        EmbeddingLocation,
+        PoolingMode,
+    )
     from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
         IntNBitTableBatchedEmbeddingBagsCodegen,
     )
 
     kind = {"fp32": SparseType.FP32, "int8": SparseType.INT8, "int4": SparseType.INT4,
             "int2": SparseType.INT2, "fp8": SparseType.FP8}[dtype]
+    pooling = {"sum": PoolingMode.SUM, "mean": PoolingMode.MEAN}[mode]
     tbe = IntNBitTableBatchedEmbeddingBagsCodegen(
         [(f"t{k}", q.shape[0], d, kind, EmbeddingLocation.HOST)
          for k, (q, d) in enumerate(zip(tables, dims, strict=True))], device="cpu",
-        output_dtype=SparseType.FP32, row_alignment=16)
+        pooling_mode=pooling, output_dtype=SparseType.FP32, row_alignment=16)
     tbe.initialize_weights()
     for k, q in enumerate(tables):
         w = tbe.split_embedding_weights(split_scale_shifts=False)[k][0]
@@ -365,8 +363,7 @@ def run_dtypes(cfg: SlsDtypeConfig, log: Callable[[str], None] = print) -> list[
         perms = [rng.permutation(n_rows) for _ in names]
         for dist in cfg.dists:
             for batch in cfg.batches:
-                sets = make_batches(SlsConfig(distinct_batches=cfg.distinct_batches),
-                                    [n_rows] * n_tables, L, batch, dist, rng, perms)
+                sets = make_batches(cfg, [n_rows] * n_tables, L, batch, dist, rng, perms)
                 offsets = np.arange(0, batch * L, L, dtype=np.int64)
                 reqs = [[nearrec.TableLookup(n, idx, offsets) for n, idx in zip(names, s,
                                                                                  strict=True)]
