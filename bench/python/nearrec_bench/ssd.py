@@ -595,13 +595,14 @@ def run_dtypes(cfg: SsdDtypeConfig, log: Callable[[str], None] = print) -> list[
     L = cfg.lookups
     for dim in cfg.dims:
         paths = {d: _dtype_store(cfg, d, dim, log) for d in cfg.dtypes}
-        files = [str(p / nearrec.info(p).tables[0].file) for p in paths.values()]
+        infos = {d: nearrec.info(p) for d, p in paths.items()}
+        files = [str(paths[d] / i.tables[0].file) for d, i in infos.items()]
+        row_bytes = {d: i.tables[0].row_bytes for d, i in infos.items()}
         fp32_bytes = cfg.rows * 4 * dim
         for budget in cfg.budgets:
             stores = {d: nearrec.open(p, tier="ssd", io_queue_depth=cfg.queue_depth,
                                       dram_budget=int(budget * fp32_bytes))
                       for d, p in paths.items()}
-            row_bytes = {d: nearrec.info(p).tables[0].row_bytes for d, p in paths.items()}
             for batch in cfg.batches:
                 offsets = np.arange(0, batch * L, L, dtype=np.int64)
                 # one trace for every dtype: Zipf 1.05 over the rows, so that a budget helps;
@@ -647,7 +648,7 @@ def run_dtypes(cfg: SsdDtypeConfig, log: Callable[[str], None] = print) -> list[
                         samples_per_s=sps, lookups_per_s=sps * L, p50_us=p50, p99_us=p99,
                         extra={"dtype": d, "dim": dim, "row_bytes": row_bytes[d],
                                "budget": budget, "dram_budget_bytes": int(budget * fp32_bytes),
-                               "table_bytes": nearrec.info(paths[d]).total_bytes,
+                               "table_bytes": infos[d].total_bytes,
                                "reads_per_lookup": reads / lookups,
                                "useful_rows_per_read": (useful / row_bytes[d] / reads
                                                         if reads else 0.0),

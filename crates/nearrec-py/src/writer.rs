@@ -74,6 +74,27 @@ impl NativeStoreWriter {
     }
 }
 
+/// The rows of `array`, a C-contiguous 2-D array given to table `name`, which must have
+/// `width` columns (`wrong(name, columns)` says so when it has not).
+fn rows_of<'a, T: numpy::Element>(
+    py: Python<'_>,
+    name: &str,
+    array: &'a PyReadonlyArray2<'_, T>,
+    width: u64,
+    wrong: impl FnOnce(&str, usize) -> String,
+) -> PyResult<&'a [T]> {
+    let invalid = |reason: String| raise(py, "InvalidRequest", reason, Some(name), None);
+    let [_, cols] = array.shape() else {
+        unreachable!("2-D")
+    };
+    if *cols as u64 != width {
+        return Err(invalid(wrong(name, *cols)));
+    }
+    array
+        .as_slice()
+        .map_err(|_| invalid("rows must be C-contiguous".into()))
+}
+
 #[pymethods]
 impl NativeStoreWriter {
     #[new]
@@ -157,32 +178,11 @@ impl NativeStoreWriter {
     fn write_f32(&self, py: Python<'_>, values: PyReadonlyArray2<'_, f32>) -> PyResult<()> {
         self.with(py, |st| {
             let t = Self::table(py, st)?;
-            let name = t.spec().name.clone();
-            let [_, cols] = values.shape() else {
-                unreachable!("2-D")
-            };
-            if *cols != t.spec().dim as usize {
-                return Err(raise(
-                    py,
-                    "InvalidRequest",
-                    format!(
-                        "table {name:?}: rows have {cols} columns, the table's dim is {}",
-                        t.spec().dim
-                    ),
-                    Some(&name),
-                    None,
-                ));
-            }
-            let slice = values.as_slice().map_err(|_| {
-                raise(
-                    py,
-                    "InvalidRequest",
-                    "rows must be C-contiguous".into(),
-                    Some(&name),
-                    None,
-                )
+            let dim = t.spec().dim;
+            let rows = rows_of(py, &t.spec().name, &values, u64::from(dim), |name, cols| {
+                format!("table {name:?}: rows have {cols} columns, the table's dim is {dim}")
             })?;
-            detach(py, || t.write_f32(slice))?.map_err(|e| format_err(py, e))
+            detach(py, || t.write_f32(rows))?.map_err(|e| format_err(py, e))
         })
     }
 
@@ -191,35 +191,15 @@ impl NativeStoreWriter {
     fn write_encoded(&self, py: Python<'_>, rows: PyReadonlyArray2<'_, u8>) -> PyResult<()> {
         self.with(py, |st| {
             let t = Self::table(py, st)?;
-            let name = t.spec().name.clone();
-            let [_, cols] = rows.shape() else {
-                unreachable!("2-D")
-            };
-            let rb = t.spec().dtype.row_bytes(t.spec().dim);
-            if *cols as u64 != rb {
-                return Err(raise(
-                    py,
-                    "InvalidRequest",
-                    format!(
-                        "table {name:?}: encoded rows have {cols} bytes, a {} row of dim {} has \
-                         {rb}",
-                        t.spec().dtype,
-                        t.spec().dim
-                    ),
-                    Some(&name),
-                    None,
-                ));
-            }
-            let slice = rows.as_slice().map_err(|_| {
-                raise(
-                    py,
-                    "InvalidRequest",
-                    "rows must be C-contiguous".into(),
-                    Some(&name),
-                    None,
+            let (dtype, dim) = (t.spec().dtype, t.spec().dim);
+            let rb = dtype.row_bytes(dim);
+            let rows = rows_of(py, &t.spec().name, &rows, rb, |name, cols| {
+                format!(
+                    "table {name:?}: encoded rows have {cols} bytes, a {dtype} row of dim {dim} \
+                     has {rb}"
                 )
             })?;
-            detach(py, || t.write_encoded(slice))?.map_err(|e| format_err(py, e))
+            detach(py, || t.write_encoded(rows))?.map_err(|e| format_err(py, e))
         })
     }
 
