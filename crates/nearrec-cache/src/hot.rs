@@ -24,6 +24,10 @@ const ENTRIES_PER_ROW: usize = 2;
 /// Bytes of index per pinned row.
 const INDEX_BYTES: u64 = (ENTRIES_PER_ROW * std::mem::size_of::<Entry>()) as u64;
 
+/// Where a row's probe of the index starts, worked out once by [`HotPartition::prefetch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Home(usize);
+
 /// Pinned rows of one table, in their stored encoding.
 #[derive(Debug, Default)]
 pub struct HotPartition {
@@ -117,9 +121,21 @@ impl HotPartition {
 
     /// Where `row` sits among the pinned rows, if pinned.
     fn place(&self, row: u64) -> Option<usize> {
-        let mut i = self.home(row);
+        self.place_from(Home(self.home(row)), row)
+    }
+
+    /// [`Self::place`] from `row`'s home (worked out by [`Self::prefetch`]).
+    #[inline(always)]
+    fn place_from(&self, Home(mut i): Home, row: u64) -> Option<usize> {
+        if i >= self.slots {
+            // another partition's home
+            return None;
+        }
+        let entries = self.index.as_slice().as_ptr().cast::<Entry>();
         loop {
-            let Entry { key, place } = self.entries()[i];
+            // SAFETY: i < slots (checked above, kept by `next`); the index holds `slots`
+            // entries, every bit pattern one (see `entries`); read unaligned (packed)
+            let Entry { key, place } = unsafe { entries.add(i).read_unaligned() };
             if key == 0 {
                 return None;
             }
@@ -146,17 +162,29 @@ impl HotPartition {
         true
     }
 
-    /// As [`Self::get`], and asks for the row's cache lines (a read soon after finds them near).
-    pub fn get_prefetched(&self, row: u64) -> Option<&[u8]> {
-        let bytes = self.get(row)?;
+    /// As [`Self::get`] from `row`'s home ([`Self::prefetch`]), and asks for the row's cache
+    /// lines (a read soon after finds them near).
+    #[inline]
+    pub fn get_prefetched(&self, home: Home, row: u64) -> Option<&[u8]> {
+        let at = self.place_from(home, row)? * self.row_bytes;
+        // SAFETY: a place is below `rows`, and `data` holds `rows × row_bytes` bytes
+        let bytes = unsafe { self.data.as_slice().get_unchecked(at..at + self.row_bytes) };
         prefetch_row(bytes.as_ptr(), bytes.len());
         Some(bytes)
     }
 
-    /// Asks for the index line a [`Self::get`] of `row` starts at. Reads nothing.
-    pub fn prefetch(&self, row: u64) {
-        let entry: *const Entry = &self.entries()[self.home(row)];
-        prefetch_row(entry.cast(), std::mem::size_of::<Entry>());
+    /// Works out where a [`Self::get_prefetched`] of `row` starts, and asks for that index
+    /// line. Reads nothing.
+    #[inline]
+    pub fn prefetch(&self, row: u64) -> Home {
+        let home = self.home(row);
+        let entry = self
+            .index
+            .as_slice()
+            .as_ptr()
+            .wrapping_add(home * size_of::<Entry>());
+        prefetch_row(entry, size_of::<Entry>());
+        Home(home)
     }
 
     /// Where `row`'s probe starts: the hash scaled onto the index (no power-of-two size needed).

@@ -13,10 +13,12 @@
 //! Whole-table residency needs no type of its own: the engine keeps such a table's file image.
 //!
 //! Modules:
-//! - `row_cache.rs`: `RowCache` — hits read in two prefetchable steps, `probe` (the set's keys)
-//!   then `read` (the row, copied out and kept only if no writer touched its slot); misses offered
-//!   back, and a compaction's replaced rows written, under the shard's mutex; keys, marks and rows
-//!   in one huge-page buffer each; victims exact LRU / LFU for one thread;
+//! - `row_cache.rs`: `RowCache` — hits read in three prefetchable steps, `set` (the row hashed
+//!   once), `probe` (a byte tag per way, eight compared at once) and `read` (the key checked, the
+//!   row copied out and kept only if no writer touched its slot); misses offered back, and a
+//!   compaction's replaced rows written, under the shard's mutex; tags, heads (key, sequence
+//!   number, mark) and rows in one huge-page buffer each; victims exact LRU / LFU for one thread;
+//!   a cache with a slot for every row places rows by number and never evicts;
 //! - `hot.rs`: `HotPartition`, pinned rows behind an open-addressing index of its own, so that
 //!   probes can be prefetched a few lookups ahead;
 //! - `key_index.rs`: `KeyIndex`, the DRAM index of a keyed table whose rows live in a store
@@ -44,9 +46,9 @@ mod row_cache;
 mod stats;
 
 pub use admission::Admission;
-pub use hot::HotPartition;
+pub use hot::{Home, HotPartition};
 pub use key_index::{Full, Inserted, KeyIndex, MAX_ROWS as MAX_KEYED_ROWS, MISSING};
 pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Pool, Unknown, init_row};
 pub use policy::{CacheConfig, Policy, PolicyParseError};
-pub use row_cache::{Offer, RowCache, SLOT_OVERHEAD, Slot, words_as_bytes};
+pub use row_cache::{Offer, RowCache, SLOT_OVERHEAD, Set, Slot, words_as_bytes};
 pub use stats::{CacheStats, CacheStatsSnapshot};

@@ -1,7 +1,7 @@
 //! The row cache against plain reference models, its admission draw, its contents under
 //! concurrent use; the hot partition.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use nearrec_cache::{CacheConfig, HotPartition, Offer, Policy, RowCache, words_as_bytes};
@@ -18,7 +18,7 @@ fn bytes_of(row: u64) -> [u8; RB] {
 
 /// A cache with exactly one set of `ways` slots.
 fn one_set(ways: usize, policy: Policy, p: f64) -> RowCache {
-    let budget = ways as u64 * RowCache::slot_bytes(RB);
+    let budget = RowCache::budget_for_rows(ways as u64, RB, ways);
     let c = RowCache::new(
         budget,
         RB,
@@ -34,12 +34,27 @@ fn one_set(ways: usize, policy: Policy, p: f64) -> RowCache {
 }
 
 /// Serves `trace` through `cache` the way the engine does (look up; on a miss, offer the row);
-/// returns which accesses hit.
+/// returns which accesses hit. Accesses take turns between the two ways of reading: `get`, and
+/// the engine's set found ahead, `probe`, `read` and `count`.
 fn serve(cache: &RowCache, trace: &[u64]) -> Vec<bool> {
+    let mut out = vec![0u64; cache.words()];
     trace
         .iter()
-        .map(|&r| {
-            let hit = cache.get(r, |b| assert_eq!(b, bytes_of(r))).is_some();
+        .enumerate()
+        .map(|(i, &r)| {
+            let hit = if i % 2 == 0 {
+                cache.get(r, |b| assert_eq!(b, bytes_of(r))).is_some()
+            } else {
+                let hit = cache
+                    .set(r)
+                    .and_then(|set| cache.probe(set))
+                    .is_some_and(|at| cache.read(at, r, &mut out));
+                if hit {
+                    assert_eq!(&words_as_bytes(&out)[..RB], bytes_of(r));
+                }
+                cache.count(u64::from(hit), u64::from(!hit));
+                hit
+            };
             if !hit {
                 cache.offer(r, &bytes_of(r));
             }
@@ -90,6 +105,15 @@ fn reference_lfu(ways: usize, trace: &[u64]) -> Vec<bool> {
         .collect()
 }
 
+/// The policy's reference model (the `_pa` ones admitting everything: `p` = 1).
+fn reference(policy: Policy, ways: usize, trace: &[u64]) -> Vec<bool> {
+    if policy.frequency() {
+        reference_lfu(ways, trace)
+    } else {
+        reference_lru(ways, trace)
+    }
+}
+
 proptest! {
     #[test]
     fn one_set_lru_is_exact_lru(ways in 1usize..9, trace in prop::collection::vec(0u64..12, 1..300)) {
@@ -101,6 +125,46 @@ proptest! {
     fn one_set_lfu_is_exact_lfu(ways in 1usize..9, trace in prop::collection::vec(0u64..12, 1..300)) {
         let c = one_set(ways, Policy::Lfu, 0.5);
         prop_assert_eq!(serve(&c, &trace), reference_lfu(ways, &trace));
+    }
+
+    /// Admitting every row, the `_pa` policies are their plain ones.
+    #[test]
+    fn admitting_everything_pa_is_exact(
+        ways in 1usize..9,
+        policy in prop::sample::select(vec![Policy::LruPa, Policy::LfuPa]),
+        trace in prop::collection::vec(0u64..12, 1..300),
+    ) {
+        let c = one_set(ways, policy, 1.0);
+        prop_assert_eq!(serve(&c, &trace), reference(policy, ways, &trace));
+    }
+
+    /// Many sets, several shards: each set is its own exact LRU / LFU over the rows that map to
+    /// it (the set [`RowCache::set`] names is the one rows are admitted to and found in).
+    #[test]
+    fn every_set_is_exact(
+        sets in 1u64..600,
+        ways in 1usize..6,
+        policy in prop::sample::select(vec![Policy::Lru, Policy::Lfu]),
+        trace in prop::collection::vec(0u64..3_000, 1..1_500),
+    ) {
+        let c = RowCache::new(
+            sets * RowCache::budget_for_rows(ways as u64, RB, ways),
+            RB,
+            CacheConfig { policy, ways, ..CacheConfig::default() },
+        );
+        let mut by_set: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
+        for (i, &r) in trace.iter().enumerate() {
+            by_set.entry(c.set(r).unwrap().first_slot()).or_default().push((i, r));
+        }
+        let got = serve(&c, &trace);
+        let mut want = vec![false; trace.len()];
+        for accesses in by_set.values() {
+            let rows: Vec<u64> = accesses.iter().map(|a| a.1).collect();
+            for (&(i, _), hit) in accesses.iter().zip(reference(policy, ways, &rows)) {
+                want[i] = hit;
+            }
+        }
+        prop_assert_eq!(got, want);
     }
 
     /// Any shape of cache: hits return the row's own bytes, it never holds more than its
@@ -124,22 +188,59 @@ proptest! {
     }
 }
 
+/// The share of misses a full set admits is `p`, within five standard deviations of a
+/// binomial draw, in one set and over many sets and shards; free slots are taken whatever `p`;
+/// hits draw nothing (the rate over misses stays `p` however many hits come between them).
 #[test]
 fn admission_probability_is_honoured() {
-    for (p, lo, hi) in [(0.0, 0.0, 0.0), (0.5, 0.45, 0.55), (1.0, 1.0, 1.0)] {
-        let c = one_set(4, Policy::LfuPa, p);
-        // fill the set, then offer 4,000 fresh rows
-        for r in 0..4 {
-            assert_eq!(c.offer(r, &bytes_of(r)), Offer::Admitted { evicted: None });
+    for policy in [Policy::LruPa, Policy::LfuPa] {
+        for p in [0.0, 0.1, 0.5, 0.9, 1.0] {
+            for sets in [1u64, 512] {
+                let ways = 4;
+                let c = RowCache::new(
+                    sets * RowCache::budget_for_rows(ways, RB, ways as usize),
+                    RB,
+                    CacheConfig {
+                        policy,
+                        admission_probability: p,
+                        ways: ways as usize,
+                        seed: 11,
+                    },
+                );
+                // fill every set: rows offered until as many were admitted as there are slots
+                let mut r = 0u64;
+                while c.len() < c.capacity_rows() {
+                    c.offer(r, &bytes_of(r));
+                    r += 1;
+                }
+                let (n, before) = (8_000u64, c.stats());
+                let (mut admitted, mut hits) = (0u64, 0u64);
+                for k in 0..n {
+                    let fresh = 1_000_000 + k;
+                    if matches!(c.offer(fresh, &bytes_of(fresh)), Offer::Admitted { .. }) {
+                        admitted += 1;
+                    }
+                    // hits between misses: draws must not be spent on them
+                    for _ in 0..3 {
+                        hits += u64::from(c.get(fresh, |_| ()).is_some());
+                    }
+                }
+                let rate = admitted as f64 / n as f64;
+                let sd = (p * (1.0 - p) / n as f64).sqrt();
+                assert!(
+                    (rate - p).abs() <= 5.0 * sd + 1e-12,
+                    "{policy} p = {p}, {sets} sets: admitted {rate}"
+                );
+                assert_eq!(
+                    hits,
+                    3 * admitted,
+                    "{policy} p = {p}: an admitted row is held"
+                );
+                let s = c.stats();
+                assert_eq!(s.admissions - before.admissions, admitted);
+                assert_eq!(s.rejections - before.rejections, n - admitted);
+            }
         }
-        let admitted = (100..4_100)
-            .filter(|&r| matches!(c.offer(r, &bytes_of(r)), Offer::Admitted { .. }))
-            .count() as f64
-            / 4_000.0;
-        assert!(
-            (lo..=hi).contains(&admitted),
-            "p = {p}: admitted {admitted}"
-        );
     }
     // free slots are always taken, whatever p
     let c = one_set(4, Policy::LruPa, 0.0);
@@ -206,19 +307,27 @@ fn concurrent_readers_and_writers_see_whole_rows() {
     assert!(cache.len() <= cache.capacity_rows());
 }
 
-/// Bytes of `row` at `version`: every byte differs between versions and between rows, so a
-/// copy mixing two writes of a slot shows.
-fn versioned(row: u64, version: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (row as u8).wrapping_mul(31) ^ version.wrapping_mul(101) ^ i as u8)
-        .collect()
+/// Bytes of `row` at `version`: the version and the row in the first 8 bytes, then bytes that
+/// differ between versions and between rows, so a copy mixing two writes of a slot, or two
+/// rows, shows.
+fn versioned(row: u64, version: u32, len: usize) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..len)
+        .map(|i| (row as u8).wrapping_mul(31) ^ (version as u8).wrapping_mul(101) ^ i as u8)
+        .collect();
+    b[..4].copy_from_slice(&version.to_le_bytes());
+    b[4..8].copy_from_slice(&(row as u32).to_le_bytes());
+    b
 }
 
 /// Lock-free reads against admissions, evictions and replacements of the same slots: every row
-/// read is one whole write of that row (readers through `get` and through `probe` + `read` with
-/// a pause between them), never a mix.
+/// read is one whole write of that row (never a mix of two writes, never another row's), and
+/// never older than the newest write of it that had finished when the read began. Readers use
+/// `get` and the engine's way (`set`, then `probe`, then `read`, with pauses between, so that
+/// slots change under them); each row has one writer, which publishes a version once its write
+/// is done.
 #[test]
-fn lock_free_reads_never_see_a_torn_row() {
+fn lock_free_reads_never_see_a_torn_or_stale_row() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
     const LEN: usize = 300; // several lines, not a multiple of 8
     const ROWS: u64 = 256;
     let cache = Arc::new(RowCache::new(
@@ -229,32 +338,43 @@ fn lock_free_reads_never_see_a_torn_row() {
             ..CacheConfig::default()
         },
     ));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let check = |row: u64, bytes: &[u8]| {
+    // the newest version of each row whose write has finished (0: none yet)
+    let done: Arc<Vec<AtomicU32>> = Arc::new((0..ROWS).map(|_| AtomicU32::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (changed, hits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let check = move |row: u64, newest: u32, bytes: &[u8]| {
         assert_eq!(bytes.len(), LEN);
-        let v = (0..=255u8).find(|&v| versioned(row, v, 1)[0] == bytes[0]);
+        let version = u32::from_le_bytes(bytes[..4].try_into().unwrap());
         assert!(
-            v.is_some_and(|v| bytes == &versioned(row, v, LEN)[..]),
+            bytes == &versioned(row, version, LEN)[..],
             "row {row}: a torn or foreign copy"
+        );
+        assert!(
+            version >= newest,
+            "row {row}: version {version} read after version {newest} was written"
         );
     };
     let writers: Vec<_> = (0..2u64)
         .map(|t| {
-            let (c, stop) = (Arc::clone(&cache), Arc::clone(&stop));
+            let (c, stop, done) = (Arc::clone(&cache), Arc::clone(&stop), Arc::clone(&done));
             std::thread::spawn(move || {
                 let mut x = t + 7;
-                let mut version = 0u8;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     x = x
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
-                    let r = (x >> 33) % ROWS;
-                    version = version.wrapping_add(1);
+                    // writer t owns the rows r with r % 2 == t
+                    let r = (x >> 33) % (ROWS / 2) * 2 + t;
+                    let version = done[r as usize].load(Ordering::Relaxed) + 1;
+                    let bytes = versioned(r, version, LEN);
                     // admissions evict (ROWS rows, 64 slots); replacements rewrite in place
-                    if x & 1 == 0 {
-                        c.offer(r, &versioned(r, version, LEN));
+                    let written = if x & 1 == 0 {
+                        matches!(c.offer(r, &bytes), Offer::Admitted { .. })
                     } else {
-                        c.replace(r, &versioned(r, version, LEN));
+                        c.replace(r, &bytes)
+                    };
+                    if written {
+                        done[r as usize].store(version, Ordering::Release);
                     }
                 }
             })
@@ -262,36 +382,97 @@ fn lock_free_reads_never_see_a_torn_row() {
         .collect();
     let readers: Vec<_> = (0..2u64)
         .map(|t| {
-            let c = Arc::clone(&cache);
+            let (c, done) = (Arc::clone(&cache), Arc::clone(&done));
+            let (changed, hits) = (Arc::clone(&changed), Arc::clone(&hits));
             std::thread::spawn(move || {
-                let (mut x, mut hits) = (t + 1, 0u64);
+                let mut x = t + 1;
                 let mut out = vec![0u64; c.words()];
                 for i in 0..200_000u64 {
                     x = x
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
                     let r = (x >> 33) % ROWS;
+                    let newest = done[r as usize].load(Ordering::Acquire);
                     if i % 2 == 0 {
-                        hits += u64::from(c.get(r, |b| check(r, b)).is_some());
-                    } else if let Some(at) = c.probe(r) {
-                        std::hint::spin_loop();
-                        if c.read(at, r, &mut out) {
-                            check(r, &words_as_bytes(&out)[..LEN]);
-                            hits += 1;
-                        }
+                        let hit = c.get(r, |b| check(r, newest, b)).is_some();
+                        hits.fetch_add(u64::from(hit), Ordering::Relaxed);
+                        continue;
+                    }
+                    let Some(set) = c.set(r) else { continue };
+                    if i % 8 == 1 {
+                        std::thread::yield_now();
+                    }
+                    let Some(at) = c.probe(set) else { continue };
+                    if i % 8 == 3 {
+                        std::thread::yield_now();
+                    }
+                    if c.read(at, r, &mut out) {
+                        check(r, newest, &words_as_bytes(&out)[..LEN]);
+                        hits.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        changed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                hits
             })
         })
         .collect();
-    let hits: u64 = readers.into_iter().map(|t| t.join().unwrap()).sum();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    readers.into_iter().for_each(|t| t.join().unwrap());
+    stop.store(true, Ordering::Relaxed);
     writers.into_iter().for_each(|t| t.join().unwrap());
-    assert!(
-        hits > 1000,
-        "the readers hardly hit ({hits}): the test checked little"
+    let (hits, changed) = (
+        hits.load(Ordering::Relaxed),
+        changed.load(Ordering::Relaxed),
     );
+    assert!(
+        hits > 1000 && changed > 10,
+        "the readers hardly hit ({hits}) or never met a changed slot ({changed}): the test \
+         checked little"
+    );
+}
+
+/// A cache with a slot for every row of its table, told so, holds every row offered at once
+/// (rows placed by number: no set overflows); one placing by hash drops some of them.
+#[test]
+fn a_cache_told_its_rows_holds_them_all() {
+    for (rows, ways) in [(3_000u64, 4usize), (1_000, 16), (5, 1), (77, 8)] {
+        let budget = RowCache::budget_for_rows(rows, RB, ways);
+        let config = CacheConfig {
+            ways,
+            policy: Policy::Lru,
+            ..CacheConfig::default()
+        };
+        let told = RowCache::new(budget, RB, config).with_rows(rows);
+        let hashed = RowCache::new(budget, RB, config);
+        for r in 0..rows {
+            assert!(matches!(
+                told.offer(r, &bytes_of(r)),
+                Offer::Admitted { evicted: None }
+            ));
+            hashed.offer(r, &bytes_of(r));
+        }
+        for r in 0..rows {
+            assert_eq!(
+                told.get(r, <[u8]>::to_vec),
+                Some(bytes_of(r).to_vec()),
+                "row {r}"
+            );
+        }
+        assert_eq!(told.len(), rows);
+        // a row beyond them (outside the contract) is still cached, not a panic
+        let beyond = rows + 10 * told.capacity_rows();
+        told.offer(beyond, &bytes_of(beyond));
+        assert!(told.get(beyond, |_| ()).is_some());
+        if rows > 100 {
+            assert!(hashed.stats().evictions > 0, "{rows} rows, {ways} ways");
+        }
+        // rows beyond the count it was told still work, placed as hashed caches place them
+        let small = RowCache::new(budget, RB, config).with_rows(rows + told.capacity_rows());
+        assert!(matches!(
+            small.offer(rows, &bytes_of(rows)),
+            Offer::Admitted { .. }
+        ));
+        assert!(small.get(rows, |_| ()).is_some());
+    }
 }
 
 #[test]
@@ -361,7 +542,7 @@ proptest! {
         .unwrap();
         for &r in &rows {
             prop_assert_eq!(hot.get(r), Some(&bytes_of(r)[..]));
-            prop_assert_eq!(hot.get_prefetched(r), Some(&bytes_of(r)[..]));
+            prop_assert_eq!(hot.get_prefetched(hot.prefetch(r), r), Some(&bytes_of(r)[..]));
         }
         for p in probes {
             prop_assert_eq!(hot.get(p).is_some(), rows.contains(&p));

@@ -20,10 +20,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use nearrec_cache::{HotPartition, RowCache, Slot, words_as_bytes};
+use nearrec_cache::{Home, HotPartition, RowCache, Set, Slot, words_as_bytes};
 use nearrec_format::{DATA_OFFSET, SECTOR_BYTES, TableMeta};
 use nearrec_io::{ReadOp, Workers};
-use nearrec_kernels::{BagsOut, FIND_AHEAD, IndexError, PoolJob, RowIndex, RowPatch, RowSource};
+use nearrec_kernels::{
+    BagsOut, FIND_AHEAD, IndexError, PoolJob, RowIndex, RowPatch, RowSource, TOUCH_AHEAD,
+};
 use rayon::prelude::*;
 
 use crate::cells::{Cells, Ready};
@@ -467,33 +469,37 @@ impl SsdTier {
     }
 }
 
-/// Lookups [`TierSource`] keeps what `find` found for: more than `FIND_AHEAD` + 1, a power of
-/// two.
-const RING: usize = (FIND_AHEAD + 1).next_power_of_two();
+/// Lookups [`TierSource`] keeps what it worked out ahead for: more than `TOUCH_AHEAD` + 1, a
+/// power of two.
+const RING: usize = (TOUCH_AHEAD + 1).next_power_of_two();
 
 /// Lookups after its `find` that a lookup the hot partition lacks is probed in the row cache
 /// (whose set `find` asked for), so that its row's lines are asked for before the lookup.
 const LATER: usize = FIND_AHEAD / 2;
 
-/// What a table's DRAM side found for one position ahead of it.
+/// What a table's DRAM side worked out for one position ahead of it.
 #[derive(Clone, Copy)]
 enum Found<'a> {
+    /// Touched: the hot partition's probe starts here (its line asked for).
+    Home(Home),
+    /// Touched, or not in the hot partition: the row cache's set (its tags asked for).
+    Set(Set),
     Hot(&'a [u8]),
     Cache(Slot),
-    /// Not in the hot partition: the row cache's set is asked for, and this row probed
-    /// [`LATER`] lookups later.
-    Later(u64),
     Neither,
 }
 
 /// One table's DRAM side as the kernel's row source: a live table's patch (the rows written or
 /// removed since its file), then the hot partition, then the row cache; a lookup none of them
-/// holds is a miss, kept for the SSD. The first structure a lookup searches (the hot partition's
-/// index, else the cache's set) is asked for [`nearrec_kernels::TOUCH_AHEAD`] lookups ahead;
-/// the row is found, and its lines asked for, `FIND_AHEAD` ahead. A table with both searches its
-/// cache only for what the hot partition lacks (the hot partition takes most lookups by design;
-/// asking for every lookup's set as well costs more than it saves): that set is asked for at
-/// `find`, searched [`LATER`] lookups later, and the row's lines asked for then.
+/// holds is a miss, kept for the SSD.
+///
+/// Each step is worked out once and carried to the next through a ring of the positions ahead:
+/// [`nearrec_kernels::TOUCH_AHEAD`] lookups ahead, the first structure a lookup searches (the
+/// hot partition's index, else the cache's set) is located and its line asked for; `FIND_AHEAD`
+/// ahead it is searched and the row's lines asked for. A table with both searches its cache
+/// only for what the hot partition lacks (the hot partition takes most lookups by design;
+/// asking for every lookup's set as well costs more than it saves): that set is located and
+/// asked for at `find`, searched [`LATER`] lookups later, and the row's lines asked for then.
 struct TierSource<'a> {
     /// The patch and the positions that read it, from the next lookup's on.
     patch: Option<(&'a RowPatch, &'a [usize])>,
@@ -528,48 +534,76 @@ impl<'a> TierSource<'a> {
         }
     }
 
-    /// `find`'s search; `ahead`: the lookup is still `FIND_AHEAD` away.
-    fn look(&self, row: u64, ahead: bool) -> Found<'a> {
-        if let Some(h) = self.hot {
-            if let Some(bytes) = h.get_prefetched(row) {
-                return Found::Hot(bytes);
-            }
-            if ahead && let Some(c) = self.cache {
-                c.prefetch(row);
-                return Found::Later(row);
-            }
+    /// The first step: where the row's search starts.
+    #[inline(always)]
+    fn locate(&self, row: u64) -> Found<'a> {
+        match (self.hot, self.cache) {
+            (Some(h), _) => Found::Home(h.prefetch(row)),
+            (None, Some(c)) => c.set(row).map_or(Found::Neither, Found::Set),
+            (None, None) => Found::Neither,
         }
-        self.probe(row)
     }
 
-    fn probe(&self, row: u64) -> Found<'a> {
-        match self.cache.and_then(|c| c.probe(row)) {
+    /// The next step from `found`; `ahead`: the lookup is still `FIND_AHEAD` away (a row the
+    /// hot partition lacks then waits [`LATER`] lookups for its cache probe).
+    #[inline(always)]
+    fn search(&self, found: Found<'a>, row: u64, ahead: bool) -> Found<'a> {
+        match found {
+            Found::Home(home) => {
+                let hot = self.hot.expect("a home in the hot partition");
+                if let Some(bytes) = hot.get_prefetched(home, row) {
+                    return Found::Hot(bytes);
+                }
+                match self.cache.and_then(|c| c.set(row)) {
+                    Some(set) if ahead => Found::Set(set),
+                    Some(set) => self.probe(set),
+                    None => Found::Neither,
+                }
+            }
+            Found::Set(set) => self.probe(set),
+            found => found,
+        }
+    }
+
+    #[inline(always)]
+    fn probe(&self, set: Set) -> Found<'a> {
+        match self.cache.and_then(|c| c.probe(set)) {
             Some(slot) => Found::Cache(slot),
             None => Found::Neither,
         }
+    }
+
+    /// A cache hit whose slot changed since it was found: the row searched again, once.
+    #[cold]
+    fn read_again(&mut self, row: u64) -> bool {
+        let cache = self.cache.expect("found in the cache");
+        cache
+            .set(row)
+            .and_then(|set| cache.probe(set))
+            .is_some_and(|slot| cache.read(slot, row, &mut self.scratch))
     }
 }
 
 impl RowSource for TierSource<'_> {
     #[inline(always)]
-    fn touch(&mut self, row: u64) {
-        if let Some(h) = self.hot {
-            h.prefetch(row);
-        } else if let Some(c) = self.cache {
-            c.prefetch(row);
+    fn touch(&mut self, pos: usize, row: u64) {
+        if self.hot.is_some() || self.cache.is_some() {
+            self.ring[pos % RING] = (pos, self.locate(row));
         }
     }
 
     #[inline(always)]
     fn find(&mut self, pos: usize, row: u64) {
-        if self.hot.is_some() || self.cache.is_some() {
-            self.ring[pos % RING] = (pos, self.look(row, true));
+        let (at, found) = self.ring[pos % RING];
+        if at == pos {
+            self.ring[pos % RING].1 = self.search(found, row, true);
         }
-        if let Some(earlier) = pos.checked_sub(LATER)
-            && let (at, Found::Later(row)) = self.ring[earlier % RING]
+        if self.hot.is_some()
+            && let Some(earlier) = pos.checked_sub(LATER)
+            && let (at, Found::Set(set)) = self.ring[earlier % RING]
             && at == earlier
         {
-            self.ring[earlier % RING].1 = self.probe(row);
+            self.ring[earlier % RING].1 = self.probe(set);
         }
     }
 
@@ -589,29 +623,22 @@ impl RowSource for TierSource<'_> {
             }
         }
         let (at, found) = self.ring[pos % RING];
-        let found = match found {
-            _ if at != pos => self.look(row, false),
-            Found::Later(_) => self.probe(row),
-            found => found,
-        };
-        match found {
+        // a position touched ahead carries on from there; any other starts now
+        let found = if at == pos { found } else { self.locate(row) };
+        match self.search(self.search(found, row, false), row, false) {
             Found::Hot(bytes) => {
                 self.served[0] += 1;
                 return Some(bytes);
             }
             Found::Cache(slot) => {
                 let cache = self.cache.expect("found in the cache");
-                // a writer changed the slot since `find`: one more probe, then the SSD
-                let hit = cache.read(slot, row, &mut self.scratch)
-                    || cache
-                        .probe(row)
-                        .is_some_and(|slot| cache.read(slot, row, &mut self.scratch));
-                if hit {
+                // a writer changed the slot since it was found: one more search, then the SSD
+                if cache.read(slot, row, &mut self.scratch) || self.read_again(row) {
                     self.served[1] += 1;
                     return Some(&words_as_bytes(&self.scratch)[..self.row_bytes]);
                 }
             }
-            Found::Later(_) | Found::Neither => {}
+            Found::Home(_) | Found::Set(_) | Found::Neither => {}
         }
         self.misses.push((row, pos, bag));
         None

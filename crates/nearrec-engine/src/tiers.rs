@@ -182,7 +182,7 @@ pub(crate) fn place(
                     seed: config.cache.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                     ..config.cache
                 };
-                t.cache = Some(RowCache::new(p.cache_bytes, rb, cache));
+                t.cache = Some(RowCache::new(p.cache_bytes, rb, cache).with_rows(meta.rows));
             }
             Ok(t)
         })

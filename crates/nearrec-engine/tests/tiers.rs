@@ -281,6 +281,65 @@ fn rows_stored_together_are_read_together() {
     assert_eq!((reads(&path, false).0, reads(&moved, false).0), (40, 40));
 }
 
+/// A row cache large enough for every row serves every lookup once each row has been read:
+/// alone, and behind a hot partition (the lookups it lacks are searched in the cache later
+/// than the others), long batches included (more lookups ahead than the source's ring). Fails
+/// when a set or slot found ahead of a lookup is not the one its row is read from.
+#[test]
+fn a_cache_holding_every_row_serves_every_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader = StoreReader::open(store(dir.path())).unwrap();
+    let dram = Engine::from_reader(&reader, EngineConfig::default(), None).unwrap();
+    // slots for 64 times the rows: no 4-way set is asked to hold more than 4 of them
+    let whole = |t: usize| {
+        let (_, dim, dtype) = TABLES[t];
+        nearrec_cache::RowCache::budget_for_rows(64 * ROWS, dtype.row_bytes(dim) as usize, 4)
+    };
+    let layouts = [
+        placement(&[
+            ("a", cache(whole(0))),
+            ("b", cache(whole(1))),
+            ("c", cache(whole(2))),
+        ]),
+        placement(&[
+            ("a", hot((0..40).map(|i| i * 71), whole(0))),
+            ("b", hot((0..3).map(|i| i * 1000), whole(1))),
+            ("c", cache(whole(2))),
+        ]),
+    ];
+    for (l, p) in layouts.into_iter().enumerate() {
+        for policy in Policy::ALL {
+            let engine = Engine::from_reader(&reader, ssd(p.clone(), policy), None).unwrap();
+            // every row once (a free slot for each: nothing evicted, whatever the policy)
+            let all = Sample {
+                indices: (0..ROWS as i64).collect(),
+                offsets: (0..ROWS as i64).step_by(100).collect(),
+                weights: vec![1.0; ROWS as usize],
+            };
+            run(&engine, &all);
+            let before = engine.tier_report();
+            eprintln!("{:?}", before[0]);
+            for i in 0..4 {
+                let b = batch(7 + i, 200);
+                assert_close(
+                    &run(&engine, &b),
+                    &run(&dram, &b),
+                    &format!("layout {l} {policy}"),
+                );
+            }
+            for (r, was) in engine.tier_report().iter().zip(&before) {
+                assert_eq!(
+                    r.lookups_ssd, was.lookups_ssd,
+                    "layout {l} {policy}: table {} read rows its cache holds from the disk",
+                    r.table
+                );
+                assert!(r.lookups_cache > was.lookups_cache);
+                assert_eq!(r.cache.evictions, 0);
+            }
+        }
+    }
+}
+
 #[test]
 fn concurrent_readers_share_the_caches() {
     let dir = tempfile::tempdir().unwrap();

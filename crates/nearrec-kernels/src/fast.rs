@@ -155,7 +155,7 @@ fn run_found<I: RowIndex, S: RowSource, Dec: Decode, const D: usize>(
     let (start, end) = (job.bounds[0], job.bounds[job.bags()]);
     let value = |pos: usize| job.indices[pos].to_i64() as u64;
     for pos in start..end.min(start + TOUCH_AHEAD) {
-        source.touch(value(pos));
+        source.touch(pos, value(pos));
     }
     for pos in start..end.min(start + FIND_AHEAD) {
         source.find(pos, value(pos));
@@ -194,7 +194,8 @@ fn found_bag<I: RowIndex, S: RowSource, Dec: Decode>(
             let mut skipped = 0;
             for $pos in start..stop {
                 if $pos + TOUCH_AHEAD < end {
-                    source.touch(job.indices[$pos + TOUCH_AHEAD].to_i64() as u64);
+                    let ahead = $pos + TOUCH_AHEAD;
+                    source.touch(ahead, job.indices[ahead].to_i64() as u64);
                 }
                 if $pos + FIND_AHEAD < end {
                     let ahead = $pos + FIND_AHEAD;
@@ -591,23 +592,28 @@ fn prefetch_line(p: *const u8) {
 }
 
 /// Prefetches every cache line of the `row_bytes`-byte row at `p` (any address: never faults).
+/// The loops are plain counters: with a compile-time width they unroll to straight-line code,
+/// and with a run-time one (a cache's rows) they cost three instructions a line.
 #[inline(always)]
 pub fn prefetch_row(p: *const u8, row_bytes: usize) {
     if row_bytes.is_multiple_of(64) {
         // Rows of whole lines start on a line (the data region is block-aligned), so the row is
-        // exactly these lines; with a compile-time width this unrolls to straight-line code.
-        for line in (0..row_bytes).step_by(64) {
+        // exactly these lines.
+        let mut line = 0;
+        while line < row_bytes {
             prefetch_line(p.wrapping_add(line));
+            line += 64;
         }
     } else if row_bytes <= 64 {
         // At most two lines: the first byte's and the last byte's.
         prefetch_line(p);
         prefetch_line(p.wrapping_add(row_bytes - 1));
     } else {
-        let first = p as usize & !63;
-        let last = (p as usize).wrapping_add(row_bytes - 1) & !63;
-        for line in (first..=last).step_by(64) {
+        let last = p.wrapping_add(row_bytes - 1) as usize & !63;
+        let mut line = p as usize & !63;
+        while line <= last {
             prefetch_line(p.wrapping_add(line.wrapping_sub(p as usize)));
+            line += 64;
         }
     }
 }

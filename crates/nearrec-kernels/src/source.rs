@@ -17,8 +17,8 @@ pub const FIND_AHEAD: usize = 8;
 /// are out of range or padding (the kernel checks indices only when it reaches them), and the
 /// first lookups of a job get no `find`: `row` must answer for any position on its own.
 pub trait RowSource {
-    /// A hint: `row` is asked for [`TOUCH_AHEAD`] lookups from now.
-    fn touch(&mut self, row: u64);
+    /// A hint: `row` is asked for at position `pos`, [`TOUCH_AHEAD`] lookups from now.
+    fn touch(&mut self, pos: usize, row: u64);
     /// A hint: `row` is asked for at position `pos`, [`FIND_AHEAD`] lookups from now.
     fn find(&mut self, pos: usize, row: u64);
     /// The encoded bytes of `row`, wanted at position `pos` by bag `bag`, or `None`: the source

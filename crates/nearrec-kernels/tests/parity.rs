@@ -358,6 +358,7 @@ struct Partial<'t> {
     view: &'t TableView<'t>,
     absent: u64,
     lacked: Vec<(usize, usize, u64)>,
+    touched: Vec<(usize, u64)>,
     found: Vec<(usize, u64)>,
 }
 
@@ -368,13 +369,17 @@ impl Partial<'_> {
 }
 
 impl RowSource for Partial<'_> {
-    fn touch(&mut self, _row: u64) {}
+    fn touch(&mut self, pos: usize, row: u64) {
+        self.touched.push((pos, row));
+    }
     fn find(&mut self, pos: usize, row: u64) {
         self.found.push((pos, row));
     }
     fn row(&mut self, pos: usize, bag: usize, row: u64) -> Option<&[u8]> {
-        if let Some(&(_, hinted)) = self.found.iter().rev().find(|f| f.0 == pos) {
-            assert_eq!(hinted, row, "the hint for position {pos} named another row");
+        for hints in [&self.touched, &self.found] {
+            if let Some(&(_, hinted)) = hints.iter().rev().find(|f| f.0 == pos) {
+                assert_eq!(hinted, row, "the hint for position {pos} named another row");
+            }
         }
         if self.lacks(row) {
             self.lacked.push((pos, bag, row));
@@ -419,7 +424,7 @@ proptest! {
         for fast in [true, false] {
             let mut out = vec![f32::NAN; bags * stride];
             let mut counts = vec![usize::MAX; bags];
-            let mut src = Partial { view: &view, absent, lacked: Vec::new(), found: Vec::new() };
+            let mut src = Partial { view: &view, absent, lacked: Vec::new(), touched: Vec::new(), found: Vec::new() };
             let mut cells = BagsOut::from_slice(&mut out, stride, dim, bags);
             let res = if fast {
                 nearrec_kernels::pool_found(c.dtype, dim, c.rows, &job, &mut cells, &mut counts, &mut src)

@@ -285,8 +285,9 @@ mod tests {
         assert_eq!(c.working_set, 3);
         // the whole table serves every lookup
         assert_eq!(c.hits(8 * 64), 8.0);
-        // two pinned rows serve 5 of 8; as many bytes of LRU cache (2 or 3 slots) at most 5
-        assert!((2..=3).contains(&(2 * c.pin() / c.slot())));
+        // two pinned rows serve 5 of 8; as many bytes of LRU cache (1 to 3 slots: a slot costs
+        // about what a pinned row does) at most 5
+        assert!((1..=3).contains(&(2 * c.pin() / c.slot())));
         assert_eq!(c.hits(2 * c.pin()), 5.0);
         // one slot: the one lookup at distance 1 (5 right after 5)
         assert_eq!(c.hits(c.slot()), 1.0);

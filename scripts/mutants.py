@@ -1,0 +1,115 @@
+"""Deliberately broken variants of the row cache's hit path, each of which its guards must catch:
+
+    python scripts/mutants.py [--out bench/results/cache-guards]
+
+For every mutant it edits one line of the source in place (the text must occur exactly once),
+runs the tests that guard it, puts the source back, and records whether the tests failed (the
+mutant was caught). It exits non-zero when a mutant survives. Run it from the repository root
+with no other build running; it takes a few minutes (each mutant is a rebuild). Not part of the
+test suite: it is how a change to the hit path shows that its tests can still fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROW_CACHE = Path("crates/nearrec-cache/src/row_cache.rs")
+TIER_SOURCE = Path("crates/nearrec-engine/src/ssd.rs")
+CACHE_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-cache", "--test", "caches"]
+ENGINE_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-engine", "--test", "tiers"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: Path
+    old: str
+    new: str
+    tests: list[str]
+
+
+MUTANTS = [
+    Mutant("read keeps a copy that a writer changed meanwhile (no second sequence check)",
+           ROW_CACHE, "if seq.load(Ordering::Relaxed) != before {", "if false {", CACHE_TESTS),
+    Mutant("read copies a slot a writer is changing (odd sequence number not refused)",
+           ROW_CACHE, "if before & 1 == 1 {", "if false {", CACHE_TESTS),
+    Mutant("read takes the row of whatever key holds the tagged slot", ROW_CACHE,
+           "if stored.load(Ordering::Relaxed) != key {", "if false {", CACHE_TESTS),
+    Mutant("a writer changes the slot without making its sequence number odd", ROW_CACHE,
+           "seq.store(odd, Ordering::Relaxed);", "let _ = odd;", CACHE_TESTS),
+    Mutant("replace reports the row replaced without writing it (a stale row kept)", ROW_CACHE,
+           "self.write(set, way, row + 1, set.tag, bytes);\n        true",
+           "let _ = way;\n        true", CACHE_TESTS),
+    Mutant("the tag compare finds empty ways instead of the row's", ROW_CACHE,
+           "let x = tags ^ wanted;", "let x = tags;", CACHE_TESTS),
+    Mutant("an LRU hit does not move the row to most recent", ROW_CACHE,
+           "mark.store(now, Ordering::Relaxed);\n        }\n        Some(true)",
+           "let _ = now;\n        }\n        Some(true)", CACHE_TESTS),
+    Mutant("an LFU hit is not counted", ROW_CACHE,
+           "mark.load(Ordering::Relaxed).saturating_add(1)", "mark.load(Ordering::Relaxed)",
+           CACHE_TESTS),
+    Mutant("the admission draw ignores the probability", ROW_CACHE,
+           "if draw >= self.admit_below {", "if draw >= u64::MAX {", CACHE_TESTS),
+    Mutant("the admission draws repeat (the count never moves)", ROW_CACHE,
+           "*draws += 1;", "*draws += 0;", CACHE_TESTS),
+    Mutant("the tier source carries another row's set from touch to find", TIER_SOURCE,
+           "self.ring[pos % RING] = (pos, self.locate(row));",
+           "self.ring[pos % RING] = (pos, self.locate(row ^ 1));", ENGINE_TESTS),
+    Mutant("the tier source reads the slot found for the wrong position", TIER_SOURCE,
+           "let (at, found) = self.ring[pos % RING];\n        // a position touched",
+           "let (at, found) = self.ring[(pos + 1) % RING];\n        let at = at.wrapping_sub(1);\n"
+           "        // a position touched", ENGINE_TESTS),
+]
+
+
+def run(m: Mutant) -> dict[str, object]:
+    src = m.path.read_text()
+    if src.count(m.old) != 1:
+        raise SystemExit(f"{m.name}: {m.old!r} occurs {src.count(m.old)} times in {m.path}")
+    start = time.monotonic()
+    try:
+        m.path.write_text(src.replace(m.old, m.new))
+        done = subprocess.run(m.tests, capture_output=True, text=True)
+    finally:
+        m.path.write_text(src)
+    failed = [line.split(" ---")[0].strip() for line in done.stdout.splitlines()
+              if line.endswith("--- FAILED")]
+    built = "error[" not in done.stderr
+    return {"mutant": m.name, "file": str(m.path), "tests": " ".join(m.tests), "built": built,
+            "caught": done.returncode != 0 and built, "failed_tests": failed,
+            "seconds": round(time.monotonic() - start, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("bench/results/cache-guards"))
+    args = p.parse_args()
+    results = []
+    for m in MUTANTS:
+        r = run(m)
+        results.append(r)
+        print(f"{'caught ' if r['caught'] else 'SURVIVED'} {m.name}: {r['failed_tests']}",
+              flush=True)
+    command = " ".join(["python", *sys.argv])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"command": command, "mutants": results}, indent=2) + "\n")
+    lines = [f"<!-- produced by: {command} -->", "# The hit path's guards against broken variants",
+             "", f"Command: `{command}`. Each mutant is one edit of the source; caught: its "
+             "tests failed.", "", "| mutant | file | caught | tests that failed |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['mutant']} | `{r['file']}` | {'yes' if r['caught'] else '**no**'} | "
+              f"{', '.join(r['failed_tests']) or '—'} |" for r in results]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    if not all(r["caught"] for r in results):
+        raise SystemExit("a mutant survived its tests")
+
+
+if __name__ == "__main__":
+    main()
