@@ -5,10 +5,11 @@ lookup costs in the bag loop under callgrind (``bench/sls_callgrind.py`` counts 
 
     python bench/cache_callgrind.py count --out bench/results/cache-instructions
 
-runs each tier twice under callgrind (4 and 12 timed calls) and divides the difference of the bag
-loop's inclusive instructions (``fast::run_found``; ``fast::run`` for ``dram``) by the difference of the
-lookups: warm-up and set-up cancel, so the count is a hit's. It writes JSON + Markdown. One tier
-alone, for a rough look at its speed (no valgrind): ``python bench/cache_callgrind.py cache``.
+runs each tier twice under callgrind (4 and 12 timed calls) and divides the difference of the
+bag loop's inclusive instructions (``fast::run_found``; ``fast::run`` for ``dram``) by the
+difference of the lookups: warm-up and set-up cancel, so the count is a hit's. It writes JSON +
+Markdown. One tier alone, for a rough look at its speed (no valgrind): ``python
+bench/cache_callgrind.py cache``.
 Each table's lookups draw from ``--rows-used`` rows, which its cache holds with room to spare;
 every timed lookup is checked to have been a hit.
 """
@@ -127,7 +128,10 @@ def callgrind(args: argparse.Namespace, tier: str, reps: int, loop: str) -> tupl
              __file__, tier, "--reps", str(reps), "--batch", str(args.batch),
              "--rows-used", str(args.rows_used), "--scratch", args.scratch],
             capture_output=True, text=True, check=True)
-        lookups = int(re.search(r"^\w+: ([\d,]+) lookups", run.stdout, re.M)[1].replace(",", ""))
+        printed = re.search(r"^\w+: ([\d,]+) lookups", run.stdout, re.M)
+        if printed is None:
+            raise SystemExit(f"{tier} printed no lookup count: {run.stdout!r}")
+        lookups = int(printed[1].replace(",", ""))
         notes = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)],
                                capture_output=True, text=True, check=True).stdout
     # the multiversioned loop's dispatcher line counts the version it ran, inclusive

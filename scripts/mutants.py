@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROW_CACHE = Path("crates/nearrec-cache/src/row_cache.rs")
 TIER_SOURCE = Path("crates/nearrec-engine/src/ssd.rs")
@@ -68,7 +69,7 @@ MUTANTS = [
 ]
 
 
-def run(m: Mutant) -> dict[str, object]:
+def run(m: Mutant) -> dict[str, Any]:
     src = m.path.read_text()
     if src.count(m.old) != 1:
         raise SystemExit(f"{m.name}: {m.old!r} occurs {src.count(m.old)} times in {m.path}")
