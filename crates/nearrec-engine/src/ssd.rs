@@ -625,7 +625,8 @@ impl RowSource for TierSource<'_> {
         let (at, found) = self.ring[pos % RING];
         // a position touched ahead carries on from there; any other starts now
         let found = if at == pos { found } else { self.locate(row) };
-        match self.search(self.search(found, row, false), row, false) {
+        // not ahead, one search reaches the end: a home goes on to the cache's probe itself
+        match self.search(found, row, false) {
             Found::Hot(bytes) => {
                 self.served[0] += 1;
                 return Some(bytes);
