@@ -474,7 +474,8 @@ def _pinned(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[Re
             f"(rounds {', '.join(f'{g:,.0f}' for g in rounds)})")
         records.append(Record("serve-pinned", tier.name, cfg.bags, "zipf", system,
                               rate * cfg.bags, rate * cfg.bags * cfg.pooling * cfg.tables,
-                              extra={"requests_per_s": rate, "rounds": rounds}))
+                              extra={"requests_per_s": rate, "rounds": rounds,
+                                     "rows_per_table": tier.rows}))
     return records
 
 
@@ -682,19 +683,7 @@ def markdown(records: list[Record], command: str) -> str:
                              f"{r.extra['p999_us']:,.0f} | {r.extra['bytes_per_sample']:,.0f} | "
                              f"{r.extra['failed']} |")
         lines.append("")
-    pinned = [r for r in records if r.bench == "serve-pinned"]
-    if pinned:
-        lines += ["**One core each**: the system under test alone on CPU 1, the load generator "
-                  "on CPU 0 (the node's gRPC client is not charged to it); answered requests/s "
-                  "past saturation:", "", "| tier | system | requests/s | × embedded | rounds |",
-                  "|---|---|---:|---:|---|"]
-        for r in pinned:
-            emb = next((e for e in pinned if e.model == r.model and e.system == "embedded"), r)
-            ratio = r.samples_per_s / emb.samples_per_s if emb.samples_per_s else 0.0
-            rounds = ", ".join(f"{x:,.0f}" for x in r.extra["rounds"])
-            lines.append(f"| {r.model} | {r.system} | {r.extra['requests_per_s']:,.0f} | "
-                         f"{ratio:.2f}× | {rounds} |")
-        lines.append("")
+    lines += _pinned_markdown(records)
     cdf = [r for r in records if "cdf_us" in r.extra]
     if cdf:
         lines += ["**Latency CDF** at the load marked (EMB-SSD Fig. 7; µs at each percentile, "
@@ -811,7 +800,69 @@ def _legend(ax: Any, size: int) -> None:
         ax.legend(fontsize=size)
 
 
-#: ``nearrec bench serve``
+def _pinned_markdown(records: list[Record]) -> list[str]:
+    """The one-core-each table: each system's median, its spread, and the node's ratio to the
+    embedded store round by round (rounds are interleaved, so round k of each ran side by
+    side)."""
+    pinned = [r for r in records if r.bench == "serve-pinned"]
+    if not pinned:
+        return []
+    lines = ["**One core each**: the system under test alone on CPU 1, the load generator on "
+             "CPU 0 (the node's gRPC client is not charged to it); answered requests/s past "
+             "saturation, median of rounds; × embedded is the ratio of medians, and its range "
+             "over rounds the ratio round by round:", "",
+             "| tier | rows per table | system | requests/s | min–max | × embedded | "
+             "× embedded by round | rounds |", "|---|---:|---|---:|---:|---:|---:|---|"]
+    for r in pinned:
+        emb = next((e for e in pinned if e.model == r.model and e.system == "embedded"), r)
+        ratio = r.samples_per_s / emb.samples_per_s if emb.samples_per_s else 0.0
+        mine, theirs = r.extra["rounds"], emb.extra["rounds"]
+        by_round = [a / b for a, b in zip(mine, theirs, strict=False) if b]
+        spread = (f"{min(by_round):.2f}–{max(by_round):.2f}×" if by_round and r is not emb
+                  else "")
+        rounds = ", ".join(f"{x:,.0f}" for x in mine)
+        rows = r.extra.get("rows_per_table")
+        lines.append(f"| {r.model} | {f'{rows:,}' if rows else ''} | {r.system} | "
+                     f"{r.extra['requests_per_s']:,.0f} | {min(mine):,.0f}–{max(mine):,.0f} | "
+                     f"{ratio:.2f}× | {spread} | {rounds} |")
+    return [*lines, ""]
+
+
+def pinned_config() -> ServeConfig:
+    """``serve-pinned``: only the one-core-each comparison, with rounds enough for a spread."""
+    return ServeConfig(rounds=9)
+
+
+def pinned_quick() -> ServeConfig:
+    return replace(ServeConfig.quick(), rounds=2)
+
+
+def run_pinned(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
+    """The node and the embedded store, each on a core of its own, round by round."""
+    cfg.scratch.mkdir(parents=True, exist_ok=True)
+    records: list[Record] = []
+    for name in cfg.tiers:
+        tier = _tier(cfg, name, log)
+        records += _pinned(cfg, tier, log)
+        shutil.rmtree(tier.path, ignore_errors=True)
+    return records
+
+
+def pinned_markdown(records: list[Record], command: str) -> str:
+    return "\n".join([f"Command: `{command}`", "",
+                      "Batches of 64 bags × 20 Zipf(1.05) ids in each of 8 tables (dim 32, fp32; "
+                      "the SSD tier with a DRAM budget of ¼ of its tables), 4 connections of "
+                      "one open-loop load generator on CPU 0, offered past saturation; each "
+                      "round is a fresh load generator process (one warm-up run, not counted), "
+                      "node and embedded interleaved round by round. The embedded store's calls "
+                      "run on threads pinned to CPU 1, as the node's run on the node's CPU.", "",
+                      *_pinned_markdown(records)])
+
+
+#: ``nearrec bench serve``, and ``serve-pinned`` (its one-core-each part alone, more rounds)
 HARNESSES = {"serve": Harness(ServeConfig, ServeConfig.quick,
                               {"--rows": "rows", "--scratch": "scratch"}, run, markdown,
-                              figure=plot)}
+                              figure=plot),
+             "serve-pinned": Harness(pinned_config, pinned_quick,
+                                     {"--rows": "rows", "--scratch": "scratch"}, run_pinned,
+                                     pinned_markdown)}

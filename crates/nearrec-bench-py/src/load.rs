@@ -16,24 +16,63 @@ use pyo3::types::PyDict;
 pub(crate) struct EmbeddedStore {
     store: Arc<Store>,
     slots: Arc<tokio::sync::Semaphore>,
+    /// Whose blocking threads run the store's calls, each pinned to the CPUs the store was
+    /// opened on (the load generator's own threads may be elsewhere: see `new`).
+    runtime: tokio::runtime::Runtime,
 }
 
 #[pymethods]
 impl EmbeddedStore {
     /// The store at `path` opened with `config` (TOML); at most `in_flight` calls at once (the
-    /// node's `--max-in-flight`).
+    /// node's `--max-in-flight`). Its calls run on threads pinned to the CPUs of the thread
+    /// that opens it, as the node's run on the CPUs the node was started on: a caller that
+    /// opens it on CPU 1 and then moves to CPU 0 to generate load gives the store CPU 1 alone.
     #[new]
     #[pyo3(signature = (path, config, in_flight = 8))]
     fn new(py: Python<'_>, path: PathBuf, config: &str, in_flight: usize) -> PyResult<Self> {
         let config =
             StoreConfig::from_toml(config).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let cpus = affinity().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(in_flight.max(1))
+            .on_thread_start(move || {
+                // a thread made by a caller on other CPUs moves to the store's before it runs
+                // anything; a failure leaves it where it was (the run still measures)
+                let _ = set_affinity(&cpus);
+            })
+            .thread_name("embedded-store")
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         let store = py
             .detach(|| Store::open(&path, &config))
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         Ok(Self {
             store: Arc::new(store),
             slots: Arc::new(tokio::sync::Semaphore::new(in_flight.max(1))),
+            runtime,
         })
+    }
+}
+
+/// The CPUs this thread may run on.
+fn affinity() -> std::io::Result<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call writes at most its size
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::cpu_set_t>();
+        match libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) {
+            0 => Ok(set),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+}
+
+/// Moves this thread to the CPUs of `set`.
+fn set_affinity(set: &libc::cpu_set_t) -> std::io::Result<()> {
+    // SAFETY: `set` is a valid cpu_set_t of the size given
+    match unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), set) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
 
@@ -111,7 +150,7 @@ pub(crate) fn load_run<'py>(
         }
         "embedded" => {
             let e = embedded.ok_or_else(|| PyValueError::new_err("embedded needs a store"))?;
-            Mode::Embedded(e.store.clone(), e.slots.clone())
+            Mode::Embedded(e.store.clone(), e.slots.clone(), e.runtime.handle().clone())
         }
         "redis" => Mode::Redis(Arc::new(dims.unwrap_or_default())),
         other => return Err(PyValueError::new_err(format!("unknown mode {other:?}"))),

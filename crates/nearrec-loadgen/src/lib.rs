@@ -79,8 +79,14 @@ pub enum Mode {
     /// As `Raw`, but rows the client caches are not asked for.
     RawCached(Arc<ClientCache>),
     /// The store in this process: no network; at most as many calls at once as the semaphore
-    /// allows (the node's `max_in_flight`).
-    Embedded(Arc<Store>, Arc<tokio::sync::Semaphore>),
+    /// allows (the node's `max_in_flight`), each on a blocking thread of the runtime `Handle`
+    /// (as the node runs each on its own: a runtime whose threads sit on other cores than the
+    /// load generator's gives the store those cores alone).
+    Embedded(
+        Arc<Store>,
+        Arc<tokio::sync::Semaphore>,
+        tokio::runtime::Handle,
+    ),
     /// A Redis server holding each row as a value (`TABLE:ID` → little-endian float32): one
     /// pipelined `MGET` per request for every table's distinct ids, the client pools (HugeCTR
     /// HPS's distributed tier). `dims`: each table's width.
@@ -263,10 +269,11 @@ async fn one(
         at_version: 0,
     };
     match mode {
-        Mode::Embedded(s, slots) => {
+        Mode::Embedded(s, slots, runs_on) => {
             let _slot = slots.acquire().await.map_err(|e| e.to_string())?;
             let (s, batch) = (s.clone(), batch.clone());
-            let pooled = tokio::task::spawn_blocking(move || s.lookup(&batch.as_batch()))
+            let pooled = runs_on
+                .spawn_blocking(move || s.lookup(&batch.as_batch()))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;

@@ -359,6 +359,7 @@ def parser() -> argparse.ArgumentParser:
                                      "ssd-cost", "cache", "colocate", "keyed", "e2e", "ebc",
                                      "build", "gpu",
                                      "flash-repro", "flash-check", "update", "serve",
+                                     "serve-pinned",
                                      "torchrec", "torchrec-quant", "restart", "cluster",
                                      "cluster-hedge",
                                      "cluster-ingress", "cluster-write", "cluster-load",
