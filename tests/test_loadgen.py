@@ -58,3 +58,46 @@ def test_every_mode_answers_the_same_vectors(tmp_path):
                                     connections=2, dims={"a": 16, "b": 8})
         assert out["failed"] == 0 and out["sent"] == 100
         np.testing.assert_allclose(out["first"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_embedded_store_runs_on_the_cpus_it_was_opened_on(tmp_path):
+    """`bench serve-pinned` gives the embedded store a core of its own by opening it there and
+    generating load from another: every thread that runs its calls must sit on the opening
+    thread's CPUs, not on the load generator's (they once ran on the load generator's core)."""
+    import os
+    import threading
+
+    path = build(tmp_path)
+    everywhere = os.sched_getaffinity(0)
+    mine = {min(everywhere)}
+    seen: dict[int, set[int]] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        # the store's threads, by name, and the CPUs each may run on, while the load runs
+        while not done.is_set():
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{tid}/comm") as f:
+                        if f.read().strip() == "embedded-store":
+                            seen[int(tid)] = os.sched_getaffinity(int(tid))
+                except (FileNotFoundError, ProcessLookupError):
+                    pass
+            done.wait(0.01)
+
+    os.sched_setaffinity(0, mine)
+    try:
+        embedded = bench_native.EmbeddedStore(str(path), 'tier = "dram"')
+    finally:
+        os.sched_setaffinity(0, everywhere)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        out = bench_native.load_run("embedded", batches(4), rate=400.0, seconds=0.5,
+                                    connections=2, embedded=embedded)
+    finally:
+        done.set()
+        watcher.join()
+    assert out["failed"] == 0 and len(out["latencies_us"]) == out["sent"] > 0
+    assert seen, "no thread of the embedded store was seen running its calls"
+    assert all(cpus == mine for cpus in seen.values()), seen
