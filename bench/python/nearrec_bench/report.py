@@ -166,11 +166,17 @@ def sls_markdown(records: list[Record], command: str) -> str:
              "loads them); `[shared]` runs on a zero-copy view of nearrec's resident tables (same "
              "bytes, same huge pages), so its ratio compares kernels and threading alone. A ratio "
              f"whose rounds (nearrec's or the peer's) spread beyond ±{100 * SPREAD_LIMIT:.0f} % is "
-             "marked unreliable instead of given.", "",
+             "marked unreliable instead of given. `of gather limit`: the lookups/s of nearrec and "
+             "of torch.EmbeddingBag as a share of `limit.random_gather` (the machine's prefetched "
+             "random gather of rows of the model's size from DRAM, on the same threads, measured "
+             "in the same run): near 1 the loop waits on memory; well above 1 (Zipf) the rows "
+             "come from the CPU's caches, where instructions bound it.", "",
              "| model | dist | batch | " + " | ".join(present) + " | nearrec p50 / p99 µs | "
-             + " | ".join(f"× {s}" for s in present[1:]) + " | spread nearrec / torch |",
+             + " | ".join(f"× {s}" for s in present[1:]) + " | spread nearrec / torch | "
+             "of gather limit: nearrec / torch |",
              "|---|---|---:|" + "---:|" * len(present) + "---:|" + "---:|" * (len(present) - 1)
-             + "---:|"]
+             + "---:|---:|"]
+    limit = {r.model: r.lookups_per_s for r in records if r.system == "limit.random_gather"}
     cells: dict[tuple[str, str, int], dict[str, Record]] = {}
     for r in records:
         if r.batch:
@@ -181,9 +187,12 @@ def sls_markdown(records: list[Record], command: str) -> str:
         ratios = [ratio_text(ours, c[s]) if s in c else "—" for s in present[1:]]
         spread = " / ".join(_spread(c[s]) if s in c else "—"
                             for s in ("nearrec", "torch.EmbeddingBag"))
+        of_limit = " / ".join(f"{c[s].lookups_per_s / limit[model]:.2f}"
+                              if s in c and limit.get(model) else "—"
+                              for s in ("nearrec", "torch.EmbeddingBag"))
         lines.append(f"| {model} | {dist} | {batch} | " + " | ".join(vals)
                      + f" | {ours.p50_us:,.0f} / {ours.p99_us:,.0f} | " + " | ".join(ratios)
-                     + f" | {spread} |")
+                     + f" | {spread} | {of_limit} |")
     lines += ["", "Limits measured in the same run:", ""]
     for r in records:
         if r.system.startswith("limit."):
