@@ -592,15 +592,23 @@ fn prefetch_line(p: *const u8) {
 }
 
 /// Prefetches every cache line of the `row_bytes`-byte row at `p` (any address: never faults).
-/// The loops are plain counters: with a compile-time width they unroll to straight-line code,
-/// and with a run-time one (a cache's rows) they cost three instructions a line.
+/// A row's first and last lines are asked for at once and a loop covers the lines between, so
+/// a row of two lines (an fp32 row of width 32, a cache slot's head) costs two prefetches and
+/// a compare even when its width is known only at run time (a cache's rows); with a
+/// compile-time width the loop unrolls to straight-line code.
 #[inline(always)]
 pub fn prefetch_row(p: *const u8, row_bytes: usize) {
     if row_bytes.is_multiple_of(64) {
-        // Rows of whole lines start on a line (the data region is block-aligned), so the row is
-        // exactly these lines.
-        let mut line = 0;
-        while line < row_bytes {
+        // Rows of whole lines start on a line (the data region is block-aligned, a cache's or a
+        // hot partition's rows sit at multiples of their size in aligned buffers), so the row
+        // is exactly these lines.
+        if row_bytes == 0 {
+            return;
+        }
+        prefetch_line(p);
+        prefetch_line(p.wrapping_add(row_bytes - 64));
+        let mut line = 64;
+        while line + 64 < row_bytes {
             prefetch_line(p.wrapping_add(line));
             line += 64;
         }
