@@ -371,23 +371,29 @@ def _answered_per_s(out: dict[str, Any]) -> float:
     return float(len(out["latencies_us"]) / max(out["seconds"], 1e-9))
 
 
-def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
+def _tiers(cfg: ServeConfig, log: Callable[[str], None]) -> Iterator[Tier]:
+    """Each of ``cfg``'s tiers built in turn, its store removed once the caller moves on."""
     cfg.scratch.mkdir(parents=True, exist_ok=True)
-    records: list[Record] = []
     for name in cfg.tiers:
         tier = _tier(cfg, name, log)
+        yield tier
+        shutil.rmtree(tier.path, ignore_errors=True)
+
+
+def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
+    records: list[Record] = []
+    for tier in _tiers(cfg, log):
         records += _systems(cfg, tier, log)
         if cfg.pinned and (os.cpu_count() or 1) >= 2:
             records += _pinned(cfg, tier, log)
-        if name == "ssd":  # lookups that read a device are the ones that coalesce
+        if tier.name == "ssd":  # lookups that read a device are the ones that coalesce
             records += _coalescing(cfg, tier, log)
-        if name == "dram":
+        if tier.name == "dram":
             records += _clients(cfg, tier, log)
             if cfg.wire and can_make_namespaces():
                 records += _systems(cfg, tier, log, wire=True)
             elif cfg.wire:
                 log("wire: skipped (no network namespaces or no tc on this host)")
-        shutil.rmtree(tier.path, ignore_errors=True)
     return records
 
 
@@ -839,13 +845,7 @@ def pinned_quick() -> ServeConfig:
 
 def run_pinned(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
     """The node and the embedded store, each on a core of its own, round by round."""
-    cfg.scratch.mkdir(parents=True, exist_ok=True)
-    records: list[Record] = []
-    for name in cfg.tiers:
-        tier = _tier(cfg, name, log)
-        records += _pinned(cfg, tier, log)
-        shutil.rmtree(tier.path, ignore_errors=True)
-    return records
+    return [r for tier in _tiers(cfg, log) for r in _pinned(cfg, tier, log)]
 
 
 def pinned_markdown(records: list[Record], command: str) -> str:
