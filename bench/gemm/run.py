@@ -1,7 +1,7 @@
 """The GEMM crates against PyTorch's ``nn.Linear`` at the dense layers' shapes, alternated in
 one session; the medians go to ``bench/results/gemm-compare.{json,md}``.
 
-    python bench/gemm/run.py [--runs 3]
+    python bench/gemm/run.py [--runs 3] [--batches 16,64]
 """
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ def torch_linear(shapes: list[tuple[int, int, int]]) -> list[float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--batches", default="16,64", help="the products' rows (m), comma-separated")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q"], cwd=HERE, check=True)
     exe = HERE / "target" / "release" / "gemm-compare"
     rows: dict[tuple[int, int, int], dict[str, list[float]]] = {}
     for _ in range(args.runs):
-        lines = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+        lines = subprocess.run([exe, *args.batches.split(",")], check=True, capture_output=True, text=True).stdout
         got = [json.loads(line) for line in lines.splitlines()]
         shapes = [(g["m"], g["k"], g["n"]) for g in got]
         for g, t in zip(got, torch_linear(shapes), strict=True):
@@ -55,7 +56,7 @@ def main() -> None:
                 if name not in "mkn":
                     cell.setdefault(name, []).append(v)
             cell.setdefault("torch.linear.2t", []).append(t)
-    command = f"python bench/gemm/run.py --runs {args.runs}"
+    command = f"python bench/gemm/run.py --runs {args.runs} --batches {args.batches}"
     records = [{"m": m, "k": k, "n": n, **{s: {"median_gflops": statistics.median(v),
                                               "runs": [round(x, 1) for x in v]}
                                           for s, v in cell.items()}}

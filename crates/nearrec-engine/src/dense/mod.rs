@@ -1,7 +1,7 @@
 //! Dense layers for whole-model offload (RM-SSD): the bottom MLP, the interaction and the top MLP
 //! run in the engine, next to the embeddings, and only the model's outputs leave.
 //!
-//! `linear.rs` holds the FC layers (PyTorch's weight layout, SGEMM from the `gemm` crate);
+//! `linear.rs` holds the FC layers (given in PyTorch's weight layout, SGEMM from the `gemm` crate);
 //! `graph.rs` a dense part as a program of the operations the engine runs (a user's model);
 //! `model.rs` the model families (and the program, as one more), each cut into the work the dense features allow alone, the
 //! work each table's pooled vectors allow alone (its slice of the first layer it feeds, RM-SSD's
