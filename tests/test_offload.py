@@ -55,6 +55,11 @@ def test_offload_equals_the_pytorch_model(tmp_path, name, options, tier):
         got = off(dense, kjt)
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6)
+        # the KeyedJaggedTensor is read in one native call; the same batch given as the
+        # collection's TableLookups (in any order) takes the other path to the same outputs
+        # (on SSD, the first layer sums the tables' shares as their rows land: not bit-equal)
+        lookups = model.sparse.lookups(kjt)
+        torch.testing.assert_close(off(dense, lookups[::-1]), got, rtol=1e-5, atol=1e-7)
         times = off.last_times
         assert set(times) == {"total", "embeddings", "dense", "blocks", "finish", "route",
                               "io_wait", "pool"}
@@ -116,6 +121,9 @@ def test_what_offload_cannot_run_is_a_typed_error(tmp_path):
         off(dense[:, :100], kjt)
     with pytest.raises(nearrec.InvalidRequest, match="needs dense features"):
         off(None, kjt)
+    for features in (42, {"t0": [1]}):
+        with pytest.raises(nearrec.InvalidRequest):
+            off(dense, features)
     bad = KeyedJaggedTensor(kjt.keys(), kjt.values().clone(), kjt.lengths())
     bad.values()[-1] = ROWS  # the last value belongs to the last table, t7
     with pytest.raises(nearrec.IndexOutOfRange) as err:

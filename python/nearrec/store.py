@@ -114,6 +114,20 @@ class PooledBatch:
         return {k: self[k] for k in self.keys}
 
 
+
+def dense_features(dense: Any) -> npt.NDArray[np.float32] | None:
+    """A batch's dense features as the engine takes them: a contiguous float32 ``[batch,
+    features]`` array (None stays None)."""
+    if dense is None:
+        return None
+    given = as_array(dense, "dense features")
+    if given.dtype.kind not in "fiu":
+        raise InvalidRequest(f"dense features must be numbers (float32), not {given.dtype}")
+    out: npt.NDArray[np.float32] = np.ascontiguousarray(given, dtype=np.float32)
+    if out.ndim != 2:
+        raise InvalidRequest(f"dense features must be [batch, features], not shape {out.shape}")
+    return out
+
 class Store:
     """An open store: embedded in this process (:func:`nearrec.open`: tables resident in DRAM,
     or read from SSD with DRAM tiers in front) or on a storage node (:func:`nearrec.connect`),
@@ -531,15 +545,7 @@ class Store:
         """The engine's ``infer``: outputs and the seconds per part (``native_model`` None: the
         stored model); ``reqs`` matched to the model's inputs by name, or taken as they are
         with ``in_order``."""
-        if dense is not None:
-            dense = as_array(dense, "dense features")
-            if dense.dtype.kind not in "fiu":
-                raise InvalidRequest(f"dense features must be numbers (float32), not {dense.dtype}")
-            dense = np.ascontiguousarray(dense, dtype=np.float32)
-            if dense.ndim != 2:
-                raise InvalidRequest(f"dense features must be [batch, features], not shape "
-                                     f"{dense.shape}")
-        out, times = self._native.infer(native_model, dense, list(reqs), in_order)
+        out, times = self._native.infer(native_model, dense_features(dense), list(reqs), in_order)
         return out, dict(times)
 
     def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> Pending:

@@ -3,18 +3,21 @@
 //! `lengths()` and `weights_or_none()`), slices it into one `Batch` from its own buffers
 //! (`nearrec::jagged`; CPU tensors read in place), pools it and returns the `[batch, Σ dim]`
 //! tensor. Everything the Python module would otherwise do per batch happens here, so that the
-//! module costs what `Store.lookup_many` costs.
+//! module costs what `Store.lookup_many` costs. Whole-model offload reads its batches the same
+//! way (`infer`).
 
 use std::sync::{Arc, Mutex};
 
-use nearrec::{JaggedBlock, PoolingMode};
+use nearrec::{Batch, JaggedBlock, PoolingMode};
+use numpy::{PyArray2, PyReadonlyArray2};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
-use crate::convert::{index_view, weights_view};
+use crate::convert::{dense_features, index_view, weights_view};
 use crate::error::{err, raise};
-use crate::store::NativeStore;
+use crate::model::NativeModel;
+use crate::store::{NativeStore, Seconds};
 use crate::tensor;
 
 /// A collection's store tables, in output order.
@@ -117,6 +120,43 @@ impl NativeCollection {
     /// Pools `features` into a `[batch, Σ dim]` float32 tensor on the device of its values.
     fn forward<'py>(&self, features: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = features.py();
+        let (out, values) = self.with_batch(features, |batch| self.store.get().pool(py, batch))?;
+        let out = tensor::from_numpy(py, out.into_any())?;
+        if tensor::is_cpu(py, &values) {
+            Ok(out)
+        } else {
+            out.call_method1(intern!(py, "to"), (values.getattr(intern!(py, "device"))?,))
+        }
+    }
+
+    /// Whole-model offload of one batch: `model` on `dense` (`[batch, dense_width]` float32, or
+    /// None) and `features`, whose tables are the model's inputs in order. Returns what
+    /// `NativeStore.infer` returns.
+    fn infer<'py>(
+        &self,
+        model: &NativeModel,
+        dense: Option<PyReadonlyArray2<'py, f32>>,
+        features: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
+        let py = features.py();
+        let dense = dense_features(py, dense.as_ref())?;
+        let store = self.store.get();
+        let (out, _) = self.with_batch(features, |batch| {
+            store.infer_batch(py, Some(model), dense, batch, true)
+        })?;
+        Ok(out)
+    }
+}
+
+impl NativeCollection {
+    /// `f` on `features` sliced into one batch of this collection's tables, read from the
+    /// KeyedJaggedTensor's own buffers (held meanwhile); with its values tensor.
+    fn with_batch<'py, T>(
+        &self,
+        features: &Bound<'py, PyAny>,
+        f: impl FnOnce(&Batch<'_>) -> PyResult<T>,
+    ) -> PyResult<(T, Bound<'py, PyAny>)> {
+        let py = features.py();
         let keys = features.call_method0(intern!(py, "keys"))?;
         let values = features.call_method0(intern!(py, "values"))?;
         let lengths = features.call_method0(intern!(py, "lengths"))?;
@@ -125,7 +165,6 @@ impl NativeCollection {
             Err(_) => None,
         };
         let layout = self.layout(&keys)?;
-        let on_cpu = tensor::is_cpu(py, &values);
         let (_held_values, ids) = index_view(py, &values, "values")?;
         let (_held_lengths, lens) = index_view(py, &lengths, "lengths")?;
         let held_weights = weights.map(|w| weights_view(py, &w)).transpose()?;
@@ -145,11 +184,6 @@ impl NativeCollection {
             .collect::<Vec<_>>();
         let batch =
             nearrec::jagged(&blocks, layout.keys.len(), ids, lens, w).map_err(|e| err(py, e))?;
-        let out = tensor::from_numpy(py, self.store.get().pool(py, &batch)?.into_any())?;
-        if on_cpu {
-            Ok(out)
-        } else {
-            out.call_method1(intern!(py, "to"), (values.getattr(intern!(py, "device"))?,))
-        }
+        Ok((f(&batch)?, values))
     }
 }

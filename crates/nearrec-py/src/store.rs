@@ -29,7 +29,7 @@ use crate::progress;
 type CatchUpTuple = (usize, String, Option<(u64, u64, u64, u64)>, Option<String>);
 
 /// Seconds per named part of a call.
-type Seconds = Vec<(&'static str, f64)>;
+pub(crate) type Seconds = Vec<(&'static str, f64)>;
 
 /// A store's description: `(name, [(table, rows, dim, dtype)], version, tier, writable, model,
 /// stores, (path, served version, versions))`.
@@ -136,6 +136,45 @@ impl NativeStore {
             detach(py, || store.execute(batch, &prepared, slice))?.map_err(|e| err(py, e))?;
         }
         Ok(out)
+    }
+
+    /// [`Self::infer`] on a batch already made (the collection's, from a KeyedJaggedTensor).
+    pub(crate) fn infer_batch<'py>(
+        &self,
+        py: Python<'py>,
+        model: Option<&NativeModel>,
+        dense: &[f32],
+        batch: &Batch<'_>,
+        in_order: bool,
+    ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
+        let out = match model {
+            Some(m) => {
+                let store = self.local(py, "infer(model=)")?;
+                let m = &m.model;
+                detach(py, || {
+                    if in_order {
+                        store.infer_with(&m.dense, dense, batch)
+                    } else {
+                        store.infer_with(&m.dense, dense, &m.arrange(batch)?)
+                    }
+                })?
+            }
+            None => detach(py, || self.api.infer(dense, batch))?,
+        }
+        .map_err(|e| err(py, e))?;
+        let t = out.times;
+        let array = PyArray1::from_vec(py, out.outputs).reshape([out.batch, out.width])?;
+        let times = vec![
+            ("total", t.total.as_secs_f64()),
+            ("embeddings", t.embeddings.as_secs_f64()),
+            ("dense", t.dense.as_secs_f64()),
+            ("blocks", t.blocks.as_secs_f64()),
+            ("finish", t.finish.as_secs_f64()),
+            ("route", t.stages.route.as_secs_f64()),
+            ("io_wait", t.stages.io_wait.as_secs_f64()),
+            ("pool", t.stages.pool.as_secs_f64()),
+        ];
+        Ok((array, times))
     }
 }
 
@@ -514,36 +553,8 @@ impl NativeStore {
         in_order: bool,
     ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
         let held = HeldBatch::extract(lookups)?;
-        let batch = held.as_batch();
         let dense = dense_features(py, dense.as_ref())?;
-        let out = match model {
-            Some(m) => {
-                let store = self.local(py, "infer(model=)")?;
-                let m = &m.model;
-                detach(py, || {
-                    if in_order {
-                        store.infer_with(&m.dense, dense, &batch)
-                    } else {
-                        store.infer_with(&m.dense, dense, &m.arrange(&batch)?)
-                    }
-                })?
-            }
-            None => detach(py, || self.api.infer(dense, &batch))?,
-        }
-        .map_err(|e| err(py, e))?;
-        let t = out.times;
-        let array = PyArray1::from_vec(py, out.outputs).reshape([out.batch, out.width])?;
-        let times = vec![
-            ("total", t.total.as_secs_f64()),
-            ("embeddings", t.embeddings.as_secs_f64()),
-            ("dense", t.dense.as_secs_f64()),
-            ("blocks", t.blocks.as_secs_f64()),
-            ("finish", t.finish.as_secs_f64()),
-            ("route", t.stages.route.as_secs_f64()),
-            ("io_wait", t.stages.io_wait.as_secs_f64()),
-            ("pool", t.stages.pool.as_secs_f64()),
-        ];
-        Ok((array, times))
+        self.infer_batch(py, model, dense, &held.as_batch(), in_order)
     }
 
     /// The model kept with the store: its name, its inputs' names (features, or tables) and the

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .bags import EmbeddingBag, KeyedEmbeddingBag
 from .collection import EmbeddingBagCollection
-from .common import _features_arg as _features_arg  # for nearrec.capture
+from .common import _features_arg as _features_arg  # for nearrec.capture, nearrec.models
 from .convert import from_torchrec
 from .ops import _collections as _collections  # for nearrec.capture
 from .ops import pooled_lookup
