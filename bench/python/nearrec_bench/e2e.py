@@ -544,10 +544,12 @@ def markdown(records: list[Record], command: str) -> str:
         "| floor: MLP / I/O ms | spread (SSD nearrec) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for model, batch, place in keys:
-        if not place.startswith("dram"):
+        # one row per model and batch: a DRAM cell and its SSD twin, or either alone
+        if not place.startswith("dram") and (model, batch, place.replace("ssd@25%", "dram")) in by:
             continue
-        dram = by[(model, batch, place)]
-        ssd = by.get((model, batch, place.replace("dram", "ssd@25%")))
+        dram_place = place.replace("ssd@25%", "dram")
+        dram = by.get((model, batch, dram_place))
+        ssd = by.get((model, batch, dram_place.replace("dram", "ssd@25%")))
         ideal = _sps(dram, "torch")
         ours = ssd.get("nearrec") if ssd else None
         off = ssd.get("offload") if ssd else None
