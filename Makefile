@@ -71,7 +71,9 @@ rust-check:
 	python3 scripts/check_layers.py
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace -q
-	cargo run -q -p nearrec --example serve --release
+	# the facade end to end, as a test, in the dev profile that `cargo test` has just built it
+	# in (a release build was a second compile of the whole facade for the same check)
+	cargo run -q -p nearrec --example serve
 
 py-check: system-deps develop
 	$(VENV)/bin/ruff check python bench/python tests examples scripts
