@@ -5,6 +5,7 @@ get them instead of failing with a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,3 +173,18 @@ def test_every_harness_runs_the_same_path(monkeypatch, tmp_path):
     assert "![the figures](./serve-quick.png)" in text and (tmp_path / "serve-quick.png").exists()
     assert json.loads(js.read_text())["command"] == "nearrec bench serve --quick --rows 5"
     assert md.read_text().startswith("<!-- produced by: nearrec bench serve --quick --rows 5 -->")
+
+
+def test_serve_pinned_without_two_cpus_says_so_before_building_anything(tmp_path):
+    from nearrec_bench import serve
+
+    cfg = serve.pinned_quick()
+    cfg.scratch = tmp_path
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mine)})
+    try:
+        with pytest.raises(OSError, match="CPU 0 and the system under test on CPU 1"):
+            serve.run_pinned(cfg, log=lambda _: None)
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert not any(tmp_path.iterdir())

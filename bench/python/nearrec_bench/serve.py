@@ -23,6 +23,7 @@ share the cores (see the report's notes).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -384,7 +385,7 @@ def run(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
     records: list[Record] = []
     for tier in _tiers(cfg, log):
         records += _systems(cfg, tier, log)
-        if cfg.pinned and (os.cpu_count() or 1) >= 2:
+        if cfg.pinned and _can_pin():
             records += _pinned(cfg, tier, log)
         if tier.name == "ssd":  # lookups that read a device are the ones that coalesce
             records += _coalescing(cfg, tier, log)
@@ -461,6 +462,11 @@ def _systems(cfg: ServeConfig, tier: Tier, log: Callable[[str], None], wire: boo
                                           _median(c.served) * cfg.bags * cfg.pooling * cfg.tables,
                                           _median(c.p50), _median(c.p99), extra=extra))
     return records
+
+
+def _can_pin() -> bool:
+    """Whether CPUs 0 and 1, the load generator's and the system under test's, are ours."""
+    return {0, 1} <= os.sched_getaffinity(0)
 
 
 def _pinned(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[Record]:
@@ -845,6 +851,11 @@ def pinned_quick() -> ServeConfig:
 
 def run_pinned(cfg: ServeConfig, log: Callable[[str], None] = print) -> list[Record]:
     """The node and the embedded store, each on a core of its own, round by round."""
+    if not _can_pin():
+        # what pinning would have failed with, said before any store is built
+        raise OSError(errno.EINVAL, f"serve-pinned runs the load generator on CPU 0 and the "
+                      f"system under test on CPU 1; this process may use CPUs "
+                      f"{sorted(os.sched_getaffinity(0))}")
     return [r for tier in _tiers(cfg, log) for r in _pinned(cfg, tier, log)]
 
 
