@@ -87,6 +87,44 @@ impl NativeCollection {
         *last = Some(layout.clone());
         Ok(layout)
     }
+
+    /// `f` on `features` sliced into one batch of this collection's tables, read from the
+    /// KeyedJaggedTensor's own buffers (held meanwhile); with its values tensor.
+    fn with_batch<'py, T>(
+        &self,
+        features: &Bound<'py, PyAny>,
+        f: impl FnOnce(&Batch<'_>) -> PyResult<T>,
+    ) -> PyResult<(T, Bound<'py, PyAny>)> {
+        let py = features.py();
+        let keys = features.call_method0(intern!(py, "keys"))?;
+        let values = features.call_method0(intern!(py, "values"))?;
+        let lengths = features.call_method0(intern!(py, "lengths"))?;
+        let weights = match features.getattr(intern!(py, "weights_or_none")) {
+            Ok(f) => Some(f.call0()?).filter(|w| !w.is_none()),
+            Err(_) => None,
+        };
+        let layout = self.layout(&keys)?;
+        let (_held_values, ids) = index_view(py, &values, "values")?;
+        let (_held_lengths, lens) = index_view(py, &lengths, "lengths")?;
+        let held_weights = weights.map(|w| weights_view(py, &w)).transpose()?;
+        // SAFETY: the arrays are held (`_held_*`) for the rest of this call
+        let (ids, lens) = unsafe { (ids.indices(), lens.indices()) };
+        // SAFETY: as above
+        let w = held_weights.as_ref().map(|w| unsafe { w.1.floats() });
+        let blocks = self
+            .tables
+            .iter()
+            .zip(&layout.position)
+            .map(|((table, _, mode), &key)| JaggedBlock {
+                table,
+                key,
+                mode: *mode,
+            })
+            .collect::<Vec<_>>();
+        let batch =
+            nearrec::jagged(&blocks, layout.keys.len(), ids, lens, w).map_err(|e| err(py, e))?;
+        Ok((f(&batch)?, values))
+    }
 }
 
 #[pymethods]
@@ -145,45 +183,5 @@ impl NativeCollection {
             store.infer_batch(py, Some(model), dense, batch, true)
         })?;
         Ok(out)
-    }
-}
-
-impl NativeCollection {
-    /// `f` on `features` sliced into one batch of this collection's tables, read from the
-    /// KeyedJaggedTensor's own buffers (held meanwhile); with its values tensor.
-    fn with_batch<'py, T>(
-        &self,
-        features: &Bound<'py, PyAny>,
-        f: impl FnOnce(&Batch<'_>) -> PyResult<T>,
-    ) -> PyResult<(T, Bound<'py, PyAny>)> {
-        let py = features.py();
-        let keys = features.call_method0(intern!(py, "keys"))?;
-        let values = features.call_method0(intern!(py, "values"))?;
-        let lengths = features.call_method0(intern!(py, "lengths"))?;
-        let weights = match features.getattr(intern!(py, "weights_or_none")) {
-            Ok(f) => Some(f.call0()?).filter(|w| !w.is_none()),
-            Err(_) => None,
-        };
-        let layout = self.layout(&keys)?;
-        let (_held_values, ids) = index_view(py, &values, "values")?;
-        let (_held_lengths, lens) = index_view(py, &lengths, "lengths")?;
-        let held_weights = weights.map(|w| weights_view(py, &w)).transpose()?;
-        // SAFETY: the arrays are held (`_held_*`) for the rest of this call
-        let (ids, lens) = unsafe { (ids.indices(), lens.indices()) };
-        // SAFETY: as above
-        let w = held_weights.as_ref().map(|w| unsafe { w.1.floats() });
-        let blocks = self
-            .tables
-            .iter()
-            .zip(&layout.position)
-            .map(|((table, _, mode), &key)| JaggedBlock {
-                table,
-                key,
-                mode: *mode,
-            })
-            .collect::<Vec<_>>();
-        let batch =
-            nearrec::jagged(&blocks, layout.keys.len(), ids, lens, w).map_err(|e| err(py, e))?;
-        Ok((f(&batch)?, values))
     }
 }
