@@ -192,11 +192,7 @@ impl Linear {
         if parts == 1 {
             product(0);
         } else {
-            (0..n)
-                .step_by(block)
-                .collect::<Vec<_>>()
-                .into_par_iter()
-                .for_each(product);
+            (0..n).into_par_iter().step_by(block).for_each(product);
         }
     }
 
