@@ -114,7 +114,6 @@ class PooledBatch:
         return {k: self[k] for k in self.keys}
 
 
-
 def dense_features(dense: Any) -> npt.NDArray[np.float32] | None:
     """A batch's dense features as the engine takes them: a contiguous float32 ``[batch,
     features]`` array (None stays None)."""
@@ -127,6 +126,7 @@ def dense_features(dense: Any) -> npt.NDArray[np.float32] | None:
     if out.ndim != 2:
         raise InvalidRequest(f"dense features must be [batch, features], not shape {out.shape}")
     return out
+
 
 class Store:
     """An open store: embedded in this process (:func:`nearrec.open`: tables resident in DRAM,
