@@ -22,8 +22,11 @@ from typing import Any
 
 ROW_CACHE = Path("crates/nearrec-cache/src/row_cache.rs")
 TIER_SOURCE = Path("crates/nearrec-engine/src/ssd.rs")
+KERNELS = Path("crates/nearrec-kernels/src/fast.rs")
 CACHE_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-cache", "--test", "caches"]
 ENGINE_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-engine", "--test", "tiers"]
+DELTA_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-engine", "--test", "delta"]
+KERNEL_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-kernels", "--test", "parity"]
 
 
 @dataclass(frozen=True)
@@ -36,36 +39,49 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("read keeps a copy that a writer changed meanwhile (no second sequence check)",
-           ROW_CACHE, "if seq.load(Ordering::Relaxed) != before {", "if false {", CACHE_TESTS),
-    Mutant("read copies a slot a writer is changing (odd sequence number not refused)",
-           ROW_CACHE, "if before & 1 == 1 {", "if false {", CACHE_TESTS),
+    Mutant("an offer writes while readers hold the cache (nothing kept aside)", ROW_CACHE,
+           "            Err(TryLockError::WouldBlock) => {\n                if self.defer(",
+           "            Err(TryLockError::WouldBlock) => return self.offer_now(&mut 0, row, bytes),\n"
+           "            #[allow(unreachable_patterns)]\n"
+           "            Err(TryLockError::WouldBlock) => {\n                if self.defer(",
+           CACHE_TESTS),
+    Mutant("rows kept aside are dropped, never written", ROW_CACHE,
+           "            self.offer_now(draws, row, bytes);\n", "            let _ = (row, bytes);\n",
+           CACHE_TESTS),
+    Mutant("the last reader out leaves the rows kept aside unwritten", ROW_CACHE,
+           "        // the last reader out writes the rows kept aside while it read\n"
+           "        self.cache.settle();", "", CACHE_TESTS),
     Mutant("read takes the row of whatever key holds the tagged slot", ROW_CACHE,
            "if stored.load(Ordering::Relaxed) != key {", "if false {", CACHE_TESTS),
-    Mutant("a writer changes the slot without making its sequence number odd", ROW_CACHE,
-           "seq.store(odd, Ordering::Relaxed);", "let _ = odd;", CACHE_TESTS),
     Mutant("replace reports the row replaced without writing it (a stale row kept)", ROW_CACHE,
-           "self.write(set, way, row + 1, set.tag, bytes);\n        true",
-           "let _ = way;\n        true", CACHE_TESTS),
+           "way.inspect(|&way| self.write(set, way, row + 1, set.tag, bytes))",
+           "way.inspect(|&way| drop(way))", CACHE_TESTS),
     Mutant("the tag compare finds empty ways instead of the row's", ROW_CACHE,
-           "let x = tags ^ wanted;", "let x = tags;", CACHE_TESTS),
+           "let zero = zero_bytes(word ^ wanted);", "let zero = zero_bytes(word);", CACHE_TESTS),
     Mutant("an LRU hit does not move the row to most recent", ROW_CACHE,
-           "mark.store(now, Ordering::Relaxed);\n        }\n        Some(true)",
-           "let _ = now;\n        }\n        Some(true)", CACHE_TESTS),
+           "clock.store(now, Ordering::Relaxed);\n                mark.store(now, Ordering::Relaxed);",
+           "clock.store(now, Ordering::Relaxed);\n                let _ = mark;", CACHE_TESTS),
     Mutant("an LFU hit is not counted", ROW_CACHE,
-           "mark.load(Ordering::Relaxed).saturating_add(1)", "mark.load(Ordering::Relaxed)",
-           CACHE_TESTS),
+           "                mark.store(mark.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);",
+           "", CACHE_TESTS),
+    Mutant("a cache hit overwrites what the patch or the hot partition found", ROW_CACHE,
+           "if found.is_some() || row == SKIP || set.order", "if set.order", DELTA_TESTS),
     Mutant("the admission draw ignores the probability", ROW_CACHE,
            "if draw >= self.admit_below {", "if draw >= u64::MAX {", CACHE_TESTS),
     Mutant("the admission draws repeat (the count never moves)", ROW_CACHE,
            "*draws += 1;", "*draws += 0;", CACHE_TESTS),
-    Mutant("the tier source carries another row's set from touch to find", TIER_SOURCE,
-           "self.ring[pos % RING] = (pos, self.locate(row));",
-           "self.ring[pos % RING] = (pos, self.locate(row ^ 1));", ENGINE_TESTS),
-    Mutant("the tier source reads the slot found for the wrong position", TIER_SOURCE,
-           "let (at, found) = self.ring[pos % RING];\n        // a position touched",
-           "let (at, found) = self.ring[(pos + 1) % RING];\n        let at = at.wrapping_sub(1);\n"
-           "        // a position touched", ENGINE_TESTS),
+    Mutant("the tier source probes the hot partition for the next lookup's row", TIER_SOURCE,
+           "run.hot[i] = run.homes[i].and_then(|home| hot.get_prefetched(home, run.rows[i]));",
+           "run.hot[i] = run.homes[i].and_then(|home| hot.get_prefetched(home, run.rows[(i + 1) % n]));",
+           ENGINE_TESTS),
+    Mutant("the tier source locates the run after next from the next run's rows", TIER_SOURCE,
+           "self.locate(after, first + n + soon.len(), later);",
+           "self.locate(after, first + n + soon.len(), &soon[..later.len()]);", ENGINE_TESTS),
+    Mutant("the kernel pools a run's rows one position off", KERNELS,
+           "let i = $pos - run.first;", "let i = ($pos + 1 - run.first) % RUN;", KERNEL_TESTS),
+    Mutant("the kernel's runs skip a lookup between them", KERNELS,
+           "(self.first, self.len) = (pos, len);", "(self.first, self.len) = (pos, len + 1);",
+           KERNEL_TESTS),
 ]
 
 

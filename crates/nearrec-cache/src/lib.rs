@@ -2,9 +2,9 @@
 //!
 //! - [`HotPartition`] (RecSSD's static partitioning): rows chosen ahead from a profiled trace,
 //!   pinned, read without locks;
-//! - [`RowCache`]: a set-associative cache filled by misses, read without a lock (a seqlock per
-//!   slot; writers take their shard's mutex), with LRU or LFU victims and optional probabilistic
-//!   admission (HS-Rec);
+//! - [`RowCache`]: a set-associative cache filled by misses, read in place under a read lock
+//!   taken once per batch (writers that meet readers keep their rows aside for the last reader
+//!   out), with LRU or LFU victims and optional probabilistic admission (HS-Rec);
 //! - [`CacheStats`]: hits, misses, admissions, rejections and evictions, always on;
 //! - [`KeyIndex`]: a keyed table's keys to its row numbers, for tables kept in a store;
 //! - [`KeyedTable`]: rows addressed by unbounded 64-bit keys (DeepRec's EmbeddingVariable), a
@@ -13,12 +13,13 @@
 //! Whole-table residency needs no type of its own: the engine keeps such a table's file image.
 //!
 //! Modules:
-//! - `row_cache.rs`: `RowCache` — hits read in three prefetchable steps, `set` (the row hashed
-//!   once), `probe` (a byte tag per way, eight compared at once) and `read` (the key checked, the
-//!   row copied out and kept only if no writer touched its slot); misses offered back, and a
-//!   compaction's replaced rows written, under the shard's mutex; tags, heads (key, sequence
-//!   number, mark) and rows in one huge-page buffer each; victims exact LRU / LFU for one thread;
-//!   a cache with a slot for every row places rows by number and never evicts;
+//! - `row_cache.rs`: `RowCache` and its `Reader` — hits read in three prefetchable steps, each
+//!   for a run of lookups: `locate` (the row hashed once), `probe` (a byte tag per way, eight
+//!   compared at once) and `read` (the key checked, the row's bytes lent where they lie); misses
+//!   offered back, and a compaction's
+//!   replaced rows written, under the write lock, or kept aside while readers hold the cache;
+//!   tags, heads (key, mark) and rows in one huge-page buffer each; victims exact LRU / LFU for
+//!   one thread; a cache with a slot for every row places rows by number and never evicts;
 //! - `hot.rs`: `HotPartition`, pinned rows behind an open-addressing index of its own, so that
 //!   probes can be prefetched a few lookups ahead;
 //! - `key_index.rs`: `KeyIndex`, the DRAM index of a keyed table whose rows live in a store
@@ -50,5 +51,5 @@ pub use hot::{Home, HotPartition};
 pub use key_index::{Full, Inserted, KeyIndex, MAX_ROWS as MAX_KEYED_ROWS, MISSING};
 pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Pool, Unknown, init_row};
 pub use policy::{CacheConfig, Policy, PolicyParseError};
-pub use row_cache::{Offer, RowCache, SLOT_OVERHEAD, Set, Slot, words_as_bytes};
+pub use row_cache::{Offer, Reader, RowCache, SLOT_OVERHEAD, Set, Slot};
 pub use stats::{CacheStats, CacheStatsSnapshot};

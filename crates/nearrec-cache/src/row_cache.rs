@@ -1,58 +1,67 @@
-//! The dynamic row cache: set-associative, sharded, LRU / LFU victims, probabilistic admission,
-//! hits read without a lock.
+//! The dynamic row cache: set-associative, LRU / LFU victims, probabilistic admission, hits read
+//! in place.
 //!
-//! A row hashes to one set of `ways` slots; sets are spread over shards. A miss read from SSD is
-//! offered back: it takes a free slot of its set if there is one; otherwise the `_pa` policies
-//! admit it with probability `p` (HS-Rec: a one-off row must not push out a hot one), and it
-//! replaces the slot with the smallest mark. Writers — an offered row, a compaction's replaced
-//! row — take their shard's mutex, so they never meet. A cache told that it has a slot for every
-//! row of its table ([`RowCache::with_rows`]) places rows by number instead of by hash, so that
-//! no set is ever asked to hold more rows than it has ways: it never evicts.
+//! A row hashes to one set of `ways` slots. A miss read from SSD is offered back: it takes a free
+//! slot of its set if there is one; otherwise the `_pa` policies admit it with probability `p`
+//! (HS-Rec: a one-off row must not push out a hot one), and it replaces the slot with the
+//! smallest mark. A cache told that it has a slot for every row of its table
+//! ([`RowCache::with_rows`]) places rows by number instead of by hash, so that no set is ever
+//! asked to hold more rows than it has ways: it never evicts.
 //!
-//! Readers take no lock. Each slot carries a sequence number (a seqlock): a writer makes it odd
-//! while it changes the slot's key and row and even again after, and a reader copies the row out
-//! and keeps the copy only if the number was the same even value before and after — a row is
-//! never seen torn. A hit bumps the slot's mark (LRU: the shard's clock; LFU: its hit count) with
-//! plain atomic stores, not read-modify-writes: a bump may be lost when two threads hit one
-//! shard at once, so victims are exact for one thread and approximate under races (which row is
-//! kept never changes what a lookup returns).
+//! **Readers and writers never meet.** A reader — one table's share of a batch, or one
+//! [`RowCache::get`] — holds a [`Reader`], a read lock on the cache taken once for all its
+//! lookups; writers (an offered row, a warm-up's row, a compaction's replaced row) take the
+//! write lock. So a hit reads its row where it lies, with no copy, no sequence number and no
+//! retry: the slot cannot change while the reader holds the cache. A row offered while readers
+//! hold the cache is not waited for: it is kept aside ([`Offer::Deferred`], a few rows'
+//! worth) and written by whoever next finds the cache free — the last reader out, or the next
+//! writer. Only when the rows kept aside fill their room does an offer wait for the readers in
+//! (each a table's share of one batch) to finish; the lock prefers writers, so readers coming
+//! later wait behind it and it is never starved.
 //!
-//! A hit is three steps a caller spreads over the lookups ahead of it (the SSD tier does, through
-//! `nearrec_kernels::RowSource`), each asking for the lines the next one reads:
-//! [`RowCache::set`] hashes the row once and asks for its set's tags (a byte of the row's hash
-//! per way, eight ways to a word); [`RowCache::probe`] compares the tag with all of them at once
-//! (SWAR: no per-way loop) and asks for the matching slot's head (key, sequence number, mark) and
-//! row; [`RowCache::read`] checks the key, copies the row and marks the hit. A tag shared with
+//! A hit marks its slot (LRU: the shard's clock; LFU: its hit count) with plain atomic stores,
+//! not read-modify-writes: a mark may be lost when two readers hit one shard at once, so victims
+//! are exact for one thread and approximate under races (which row is kept never changes what a
+//! lookup returns).
+//!
+//! A hit is three steps, each taken for a run of lookups at once and a run apart (the SSD tier
+//! does, through `nearrec_kernels::RowSource`), each asking for the lines the next one reads:
+//! [`Reader::locate`] hashes each row once and asks for its set's tags (a byte of the row's hash
+//! per way, eight ways to a word); [`Reader::probe`] compares the tag with all of them at once
+//! (SWAR: no per-way loop) and asks for the matching slot's head (key, mark) and row;
+//! [`Reader::read`] checks the key, marks the hit and lends the row's bytes. A tag shared with
 //! another row of the set costs a key compare, never a wrong row.
 //!
 //! Indices are checked where they enter, not per access: [`Set`] and [`Slot`] are made only by
-//! this type, and [`RowCache::probe`] / [`RowCache::read`] compare them with the cache's size
-//! once (a [`Set`] of another cache is refused, not trusted), after which the set's slots, heads
-//! and rows are in bounds by construction (see `RowCache::new`).
+//! this type, and [`Reader::probe`] / [`Reader::read`] compare them with the cache's size once
+//! (one of another cache is refused or, if it lies inside this one, read as this cache's: its
+//! key still decides), after which the set's slots, heads and rows are in bounds by construction
+//! (see `RowCache::new`).
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use nearrec_format::AlignedBuf;
-use nearrec_kernels::prefetch_row;
+use nearrec_kernels::{SKIP, prefetch_line, prefetch_row};
 
 use crate::hash::{mix, scale};
 use crate::policy::CacheConfig;
 use crate::stats::{CacheStats, CacheStatsSnapshot};
 
-/// Bytes of bookkeeping per slot beside the row: its head (key, sequence number, mark) and its
-/// tag.
+/// Bytes of bookkeeping per slot beside the row: its head (key, mark) and its tag.
 pub const SLOT_OVERHEAD: u64 = 8 * HEAD_WORDS as u64 + 1;
-/// Words of a slot's head: key, sequence number, mark (the first two always on one line).
-const HEAD_WORDS: usize = 3;
+/// Words of a slot's head: key, mark (four heads to a line).
+const HEAD_WORDS: usize = 2;
 /// Keys are stored as `row + 1`, so a fresh (zeroed, untouched) table is all empty slots; an
 /// empty slot's tag is 0, a row's never is.
 const EMPTY: u64 = 0;
 const MAX_SHARDS: usize = 256;
-/// Reads [`RowCache::get`] tries while writers change the slot before it calls the lookup a miss.
-const READ_TRIES: usize = 1000;
-/// Words of a row (8 bytes each) that [`RowCache::get`] copies onto its stack.
-const STACK_WORDS: usize = 64;
+/// Bytes of offered rows a cache keeps aside while readers hold it (at least one row).
+const DEFERRED_BYTES: usize = 256 * 1024;
+/// Bytes of a row [`RowCache::get`] copies onto its stack.
+const STACK_BYTES: usize = 512;
+/// The row hash's multiplier (2^64 / φ, odd): the set comes from the product's high bits.
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 const LOW_BYTES: u64 = 0x0101_0101_0101_0101;
 const LOW_7_BITS: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 
@@ -65,49 +74,72 @@ pub enum Offer {
     Rejected,
     /// It was already cached (another batch admitted it first).
     Present,
+    /// Readers held the cache: the row is kept aside and offered when the cache is next free.
+    Deferred,
 }
 
-/// A row's set and tag, worked out once by [`RowCache::set`]: give it to [`RowCache::probe`].
+/// A row's set and tag, worked out once by [`Reader::locate`]: give it to [`Reader::probe`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Set {
-    /// The set's first slot.
-    base: u32,
-    /// The set's first word of tags.
-    tags: u32,
-    shard: u16,
+    /// The set's number: its slots start at `order × ways`, its tags at word
+    /// `order × tag_words`.
+    order: u32,
     tag: u8,
 }
 
 impl Set {
-    /// The set's first slot: rows with the same one share the set.
-    pub fn first_slot(self) -> usize {
-        self.base as usize
+    /// No set: a row skipped, or a cache with none.
+    pub const NONE: Set = Set {
+        order: u32::MAX,
+        tag: 0,
+    };
+
+    /// The set's number: rows with the same one share the set.
+    pub fn number(self) -> usize {
+        self.order as usize
     }
 }
 
-/// Where [`RowCache::probe`] found a slot whose tag is the row's: read it with
-/// [`RowCache::read`].
+/// Where [`Reader::probe`] found a slot whose tag is the row's: read it with [`Reader::read`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
     set: Set,
     way: u32,
 }
 
-/// What one shard's writers share, on a line of its own.
-#[derive(Debug)]
+impl Slot {
+    /// No slot: the set had no way with the row's tag.
+    pub const NONE: Slot = Slot {
+        set: Set::NONE,
+        way: 0,
+    };
+}
+
+/// The high bit of each zero byte of `x`, exactly (no false positives from borrows).
+#[inline(always)]
+fn zero_bytes(x: u64) -> u64 {
+    !(((x & LOW_7_BITS) + LOW_7_BITS) | x | LOW_7_BITS)
+}
+
+/// One shard's LRU clock, on a line of its own (sets are dealt to shards by their number's low
+/// bits, so that readers of different sets seldom share a clock).
+#[derive(Debug, Default)]
 #[repr(align(64))]
-struct Shard {
-    /// Held by writers; admission draws made so far (the draw is a hash of seed, set and count).
-    writer: Mutex<u64>,
-    /// LRU time of this shard's sets.
-    clock: AtomicU64,
+struct Clock(AtomicU64);
+
+/// Rows offered while readers held the cache (see the module docs).
+#[derive(Debug, Default)]
+struct Deferred {
+    rows: Vec<u64>,
+    /// `rows.len() × row_bytes` bytes, row by row.
+    bytes: Vec<u8>,
 }
 
 /// A set-associative cache of encoded rows (see the module docs).
 #[derive(Debug)]
 pub struct RowCache {
     row_bytes: usize,
-    /// Words a row takes (`row_bytes` rounded up to 8 bytes).
+    /// Words a row's place takes (`row_bytes` rounded up to 8 bytes).
     words: usize,
     ways: usize,
     /// Words of tags per set (`ways` bytes rounded up to a word; the padding stays 0).
@@ -118,14 +150,21 @@ pub struct RowCache {
     /// `Some(shift)`: rows are placed by number, row `r` in set `r >> shift` (every row has a
     /// slot; see [`Self::with_rows`]); `None`: by hash.
     by_number: Option<u32>,
-    /// Sets are laid out shard by shard (a shard's sets, and their slots, consecutive).
-    shard_bits: u32,
-    shards: Box<[Shard]>,
+    /// A set's shard is its number's low bits: `order & shard_mask`.
+    shard_mask: usize,
+    clocks: Box<[Clock]>,
+    /// Readers hold it shared, writers alone; it guards the admission draws made so far (the
+    /// draw is a hash of seed, set and count).
+    gate: RwLock<u64>,
+    deferred: Mutex<Deferred>,
+    /// Whether `deferred` holds rows (read without its lock by readers leaving).
+    any_deferred: AtomicBool,
     /// Set `s`'s tags at word `s × tag_words` (way `w`: byte `w % 8` of word `w / 8`, little
-    /// end first); slot `i`'s head at word `HEAD_WORDS × i` of `heads` (key, sequence number,
-    /// mark: the mark beside the sequence number, which a hit reads anyway); its row at word
-    /// `i × words` of `data`. One buffer each for all shards, so that large caches sit on huge
-    /// pages: a hit on 4 KiB pages misses the TLB as well as the cache.
+    /// end first); slot `i`'s head at word `HEAD_WORDS × i` of `heads` (key, mark); its row at
+    /// word `i × words` of `data`. One buffer each, so that large caches sit on huge pages: a
+    /// hit on 4 KiB pages misses the TLB as well as the cache. Tags and heads are only ever
+    /// accessed through atomics; rows are written only under the write lock and read only
+    /// under a read lock.
     tags: AlignedBuf,
     heads: AlignedBuf,
     data: AlignedBuf,
@@ -179,10 +218,10 @@ impl RowCache {
         let sets = sets / shards * shards;
         let p = config.admission_probability.clamp(0.0, 1.0);
         let (slots, tag_words) = (sets * ways, ways.div_ceil(8));
-        // The bounds every access relies on: a set's order is `shard × sets / shards + k` with
-        // `shard < shards` and `k < sets / shards`, so below `sets`: its slots end at or before
-        // `slots` and its tag words at or before `sets × tag_words`; `heads` has HEAD_WORDS
-        // words per slot and `data` `words` per slot.
+        // The bounds every access relies on: a set's number is below `sets`, so its slots end
+        // at or before `slots` and its tag words at or before `sets × tag_words`; `heads` has
+        // HEAD_WORDS words per slot and `data` `words` per slot; a shard (a number's low bits
+        // under `shard_mask`) is below `shards`.
         Self {
             row_bytes,
             words,
@@ -191,13 +230,11 @@ impl RowCache {
             sets,
             slots,
             by_number: None,
-            shard_bits: shards.ilog2(),
-            shards: (0..shards)
-                .map(|_| Shard {
-                    writer: Mutex::new(0),
-                    clock: AtomicU64::new(0),
-                })
-                .collect(),
+            shard_mask: shards - 1,
+            clocks: (0..shards).map(|_| Clock::default()).collect(),
+            gate: RwLock::new(0),
+            deferred: Mutex::default(),
+            any_deferred: AtomicBool::new(false),
             // zeroed pages, committed when used
             tags: AlignedBuf::zeroed(sets * tag_words * 8),
             heads: AlignedBuf::zeroed(slots * HEAD_WORDS * 8),
@@ -237,17 +274,12 @@ impl RowCache {
         &self.config
     }
 
-    /// The `u64` words a row copied out by [`Self::read`] takes.
-    pub fn words(&self) -> usize {
-        self.words
-    }
-
     pub fn stats(&self) -> CacheStatsSnapshot {
         self.stats.snapshot()
     }
 
-    /// Counts lookups that a caller of [`Self::probe`] / [`Self::read`] served (`hits`) or did
-    /// not (`misses`); [`Self::get`] counts its own.
+    /// Counts lookups that a [`Reader`]'s caller served (`hits`) or did not (`misses`);
+    /// [`Self::get`] counts its own.
     pub fn count(&self, hits: u64, misses: u64) {
         CacheStats::add(&self.stats.hits, hits);
         CacheStats::add(&self.stats.misses, misses);
@@ -262,10 +294,13 @@ impl RowCache {
         self.len() == 0
     }
 
-    fn writer<'a>(&self, shard: &'a Shard) -> std::sync::MutexGuard<'a, u64> {
-        // a panic while writing leaves the slot's sequence number odd: readers miss it, and the
-        // next write of the slot makes it even again
-        shard.writer.lock().unwrap_or_else(|e| e.into_inner())
+    /// Holds the cache for reading (see [`Reader`]): writers wait, or keep their rows aside,
+    /// until it is dropped.
+    pub fn reader(&self) -> Reader<'_> {
+        Reader {
+            cache: self,
+            held: Some(self.gate.read().unwrap_or_else(PoisonError::into_inner)),
+        }
     }
 
     /// Word `i` of `buf`.
@@ -276,11 +311,11 @@ impl RowCache {
     unsafe fn word(buf: &AlignedBuf, i: usize) -> &AtomicU64 {
         debug_assert!(i < buf.len() / 8);
         // SAFETY: in bounds (the caller's contract); the buffer is 8-aligned, zero-initialised,
-        // lives as long as `buf` and is only ever accessed through atomics (`as_words`)
+        // lives as long as `buf` and is only ever accessed through atomics
         unsafe { &*buf.as_slice().as_ptr().cast::<AtomicU64>().add(i) }
     }
 
-    /// Slot `slot`'s head: key, sequence number, mark.
+    /// Slot `slot`'s head: key, mark.
     fn head(&self, slot: usize) -> [&AtomicU64; HEAD_WORDS] {
         assert!(slot < self.slots);
         // SAFETY: slot < slots (asserted)
@@ -295,59 +330,47 @@ impl RowCache {
     unsafe fn head_unchecked(&self, slot: usize) -> [&AtomicU64; HEAD_WORDS] {
         let at = HEAD_WORDS * slot;
         // SAFETY: `heads` has HEAD_WORDS words per slot and slot < slots (the contract)
-        unsafe { [0, 1, 2].map(|k| Self::word(&self.heads, at + k)) }
+        unsafe { [Self::word(&self.heads, at), Self::word(&self.heads, at + 1)] }
     }
 
     fn key(&self, slot: usize) -> u64 {
         self.head(slot)[0].load(Ordering::Relaxed)
     }
 
-    /// Where `row` lives (its set's first slot, its shard and its tag); asks for the lines a
-    /// [`Self::probe`] of it reads, the set's tags.
+    /// Where `row` lives: its set and tag (hashed by one multiplication, whose high bits pick
+    /// the set and middle bits the tag, or placed by number).
     #[inline(always)]
-    pub fn set(&self, row: u64) -> Option<Set> {
+    fn locate(&self, row: u64) -> Option<Set> {
         if self.sets == 0 {
             return None;
         }
-        let (set, tag) = match self.by_number {
+        let (order, tag) = match self.by_number {
             // a row beyond those it was told of (outside the contract) is hashed
             Some(shift) if row >> shift < self.sets as u64 => ((row >> shift) as usize, row as u8),
             _ => {
-                let h = mix(row ^ self.config.seed);
-                (scale(h, self.sets), h as u8)
+                let h = (row ^ self.config.seed).wrapping_mul(GOLDEN);
+                (scale(h, self.sets), (h >> 32) as u8)
             }
         };
-        // sets are laid out shard by shard: set `s` is the `s >> shard_bits`-th of its shard
-        let shard = set & ((1 << self.shard_bits) - 1);
-        let order = shard * (self.sets >> self.shard_bits) + (set >> self.shard_bits);
-        let set = Set {
-            base: (order * self.ways) as u32,
-            tags: (order * self.tag_words) as u32,
-            shard: shard as u16,
+        Some(Set {
+            order: order as u32,
             tag: tag.max(1),
-        };
-        // a hint: a prefetch never faults, and nothing is read here
-        let tags = self
-            .tags
-            .as_slice()
-            .as_ptr()
-            .wrapping_add(8 * order * self.tag_words);
-        prefetch_row(tags, self.tag_words * 8);
-        Some(set)
+        })
     }
 
-    /// The first way at or after `from` of `set` whose tag is the set's, compared eight at a
-    /// time.
+    /// The first way at or after `from` of `set` (whose number is below `sets`) whose tag is
+    /// the set's, compared eight at a time.
     #[inline(always)]
     fn tagged(&self, set: Set, from: usize) -> Option<usize> {
-        let first = set.tags as usize;
+        debug_assert!((set.order as usize) < self.sets);
+        let first = set.order as usize * self.tag_words;
         let wanted = LOW_BYTES * u64::from(set.tag);
         for w in from / 8..self.tag_words {
-            // SAFETY: first + tag_words ≤ sets × tag_words (`probe` checked the set's base)
+            // SAFETY: first + tag_words ≤ sets × tag_words (the set's number is below `sets`)
             let tags = unsafe { Self::word(&self.tags, first + w) }.load(Ordering::Relaxed);
-            // bytes equal to the tag become 0; the high bit of each zero byte, exactly
+            // bytes equal to the tag become 0
             let x = tags ^ wanted;
-            let mut zero = !(((x & LOW_7_BITS) + LOW_7_BITS) | x | LOW_7_BITS);
+            let mut zero = zero_bytes(x);
             if w == from / 8 {
                 zero &= u64::MAX << (from % 8 * 8);
             }
@@ -358,144 +381,58 @@ impl RowCache {
         None
     }
 
-    /// Finds the first slot of `set` whose tag is its row's, if any, and asks for its head and
-    /// row: [`Self::read`] checks the key and copies the row (a write between the two makes the
-    /// read fail, never wrong). Takes no lock and counts nothing. `None` for a set of another
-    /// cache.
+    /// Slot `slot`'s row (`slot` below `slots`): a pointer only, nothing read.
     #[inline(always)]
-    pub fn probe(&self, set: Set) -> Option<Slot> {
-        if !self.holds(set) {
-            return None;
-        }
-        let way = self.tagged(set, 0)?;
-        let slot = set.base as usize + way;
-        // what `read` touches: the slot's head, and its row (pointers only: nothing is read)
-        let head = self
-            .heads
-            .as_slice()
-            .as_ptr()
-            .wrapping_add(HEAD_WORDS * 8 * slot);
-        prefetch_row(head, HEAD_WORDS * 8);
-        prefetch_row(self.row_ptr(slot).cast(), self.row_bytes);
-        Some(Slot {
-            set,
-            way: way as u32,
-        })
-    }
-
-    /// Slot `slot`'s row (`slot` below `slots`).
-    #[inline(always)]
-    fn row_ptr(&self, slot: usize) -> *const AtomicU64 {
+    fn row_ptr(&self, slot: usize) -> *const u8 {
         debug_assert!(slot < self.slots);
-        // in bounds of `data` (words per slot), but only ever a pointer: no access here
         self.data
             .as_slice()
             .as_ptr()
-            .cast::<AtomicU64>()
-            .wrapping_add(slot * self.words)
+            .wrapping_add(slot * self.words * 8)
     }
 
-    /// Copies `row`'s bytes from `at` (where [`Self::probe`] found its tag) into `out`'s first
-    /// [`Self::words`] words and marks the hit; `false` when the set no longer holds the row,
-    /// or a writer is changing its slot (the caller probes again or reads the row elsewhere).
+    /// Marks a hit of a slot of `set` (`LFU`: the policy counts hits).
     #[inline(always)]
-    pub fn read(&self, at: Slot, row: u64, out: &mut [u64]) -> bool {
-        let (set, way, key) = (at.set, at.way as usize, row.wrapping_add(1));
-        if !self.holds(set) || way >= self.ways || out.len() < self.words {
-            return false;
-        }
-        match self.copy_out(set, set.base as usize + way, key, out) {
-            Some(hit) => hit,
-            None => self.read_other_ways(set, way, key, out),
-        }
-    }
-
-    /// [`Self::read`] on from `way`, whose tag was another row's too: the set's next ways with
-    /// the tag.
-    #[cold]
-    fn read_other_ways(&self, set: Set, mut way: usize, key: u64, out: &mut [u64]) -> bool {
-        while let Some(next) = self.tagged(set, way + 1) {
-            way = next;
-            if let Some(hit) = self.copy_out(set, set.base as usize + way, key, out) {
-                return hit;
-            }
-        }
-        false
-    }
-
-    /// Whether `set` lies inside this cache (one made by another cache may not): its slots and
-    /// its tag words.
-    #[inline(always)]
-    fn holds(&self, set: Set) -> bool {
-        set.base as usize + self.ways <= self.slots
-            && set.tags as usize + self.tag_words <= self.sets * self.tag_words
-    }
-
-    /// [`Self::read`] of one slot: `None` when it holds another key.
-    #[inline(always)]
-    fn copy_out(&self, set: Set, slot: usize, key: u64, out: &mut [u64]) -> Option<bool> {
-        // `read` checked that the set lies inside the cache and the way below `ways`; `tagged`
-        // finds only ways below `ways` (tag padding is never written, a row's tag is never 0)
-        debug_assert!(slot < self.slots);
-        // SAFETY: slot < slots (above)
-        let [stored, seq, mark] = unsafe { self.head_unchecked(slot) };
-        let before = seq.load(Ordering::Acquire);
-        if stored.load(Ordering::Relaxed) != key {
-            return None;
-        }
-        if before & 1 == 1 {
-            return Some(false);
-        }
-        let src = self.row_ptr(slot);
-        for i in 0..self.words {
-            // SAFETY: slot < slots, i < words: inside `data`, accessed only through atomics;
-            // `read` checked that `out` has room for `words`
-            unsafe { *out.get_unchecked_mut(i) = (*src.add(i)).load(Ordering::Relaxed) };
-        }
-        fence(Ordering::Acquire);
-        if seq.load(Ordering::Relaxed) != before {
-            return Some(false);
-        }
-        if self.config.policy.frequency() {
+    fn mark<const LFU: bool>(&self, set: Set, mark: &AtomicU64) {
+        if LFU {
+            // a hit count: 2^64 hits are never reached
             mark.store(
-                mark.load(Ordering::Relaxed).saturating_add(1),
+                mark.load(Ordering::Relaxed).wrapping_add(1),
                 Ordering::Relaxed,
             );
         } else {
-            let clock = &self.shards[set.shard as usize].clock;
-            let now = clock.load(Ordering::Relaxed) + 1;
-            clock.store(now, Ordering::Relaxed);
+            // SAFETY: shard_mask < clocks.len() (see `new`)
+            let clock = unsafe {
+                self.clocks
+                    .get_unchecked(set.order as usize & self.shard_mask)
+            };
+            let now = clock.0.load(Ordering::Relaxed) + 1;
+            clock.0.store(now, Ordering::Relaxed);
             mark.store(now, Ordering::Relaxed);
         }
-        Some(true)
     }
 
-    /// Looks `row` up; on a hit, calls `read` with a copy of its bytes and counts the hit.
-    /// Rows are below `u64::MAX`.
+    /// Looks `row` up; on a hit, calls `read` with a copy of its bytes (taken with the cache
+    /// held, called with it free) and counts the hit. Rows are below `u64::MAX`.
     pub fn get<R>(&self, row: u64, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        let mut stack = [0u64; STACK_WORDS];
+        let mut stack = [0u8; STACK_BYTES];
         let mut heap = Vec::new();
-        let out = if self.words <= STACK_WORDS {
-            &mut stack[..]
+        let copy = if self.row_bytes <= STACK_BYTES {
+            &mut stack[..self.row_bytes]
         } else {
-            heap.resize(self.words, 0);
+            heap.resize(self.row_bytes, 0);
             &mut heap[..]
         };
-        let set = self.set(row);
-        // a writer changing the slot: probe again (writes are short), a bounded number of times
-        // (a writer that panicked mid-write leaves the slot unreadable: a miss, not a hang)
-        for _ in 0..READ_TRIES {
-            let Some(at) = set.and_then(|set| self.probe(set)) else {
-                break;
-            };
-            if self.read(at, row, out) {
-                self.count(1, 0);
-                return Some(read(&words_as_bytes(out)[..self.row_bytes]));
-            }
-            std::hint::spin_loop();
-        }
-        self.count(0, 1);
-        None
+        let hit = {
+            let reader = self.reader();
+            let (mut set, mut slot, mut found) = ([Set::NONE], [Slot::NONE], [None]);
+            reader.locate(&[row], &mut set);
+            reader.probe(&set, &mut slot);
+            reader.read(&slot, &[row], &mut found);
+            found[0].map(|bytes| copy.copy_from_slice(bytes)).is_some()
+        };
+        self.count(u64::from(hit), u64::from(!hit));
+        hit.then(|| read(copy))
     }
 
     /// The rows cached now, in no order (what warms another cache for the same table).
@@ -507,85 +444,108 @@ impl RowCache {
             .collect()
     }
 
-    /// Writes key `key` (0: empty), tag `tag` and `bytes` into slot `way` of `set` (the caller
-    /// holds its shard's writer lock), under the slot's sequence number.
+    /// The write lock: every reader has left (a poisoned lock is taken as it is: a write never
+    /// panics half-way, see [`Self::write`]).
+    fn write_lock(&self) -> RwLockWriteGuard<'_, u64> {
+        self.gate.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes key `key` (0: empty), tag `tag` and `bytes` into slot `way` of `set`; the caller
+    /// holds the write lock, so no reader is looking.
     fn write(&self, set: Set, way: usize, key: u64, tag: u8, bytes: &[u8]) {
-        let slot = set.base as usize + way;
-        let [stored, seq, _] = self.head(slot);
-        let now = seq.load(Ordering::Relaxed);
-        // odd (whatever a panicked writer left), then even again when done
-        let odd = now | 1;
-        seq.store(odd, Ordering::Relaxed);
-        fence(Ordering::Release);
+        let slot = set.order as usize * self.ways + way;
+        let [stored, _] = self.head(slot);
+        // SAFETY: the slot's bytes lie inside `data` (`write_shared` checks); the write lock
+        // keeps every reader out, and every other writer waits for it
+        unsafe { self.data.write_shared(slot * self.words * 8, bytes) };
         stored.store(key, Ordering::Relaxed);
-        // the tag: a hint readers check against the key, changed by this shard's writers only
-        let tags = set.tags as usize + way / 8;
+        let tags = set.order as usize * self.tag_words + way / 8;
         // SAFETY: inside the set's tag words (way < ways)
         let word = unsafe { Self::word(&self.tags, tags) };
         let shift = way % 8 * 8;
         let old = word.load(Ordering::Relaxed) & !(0xff << shift);
         word.store(old | u64::from(tag) << shift, Ordering::Relaxed);
-        let dst = self.row_ptr(slot);
-        for (i, chunk) in bytes.chunks(8).enumerate() {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: slot < slots, i < words: inside `data`, accessed only through atomics
-            unsafe { &*dst.add(i) }.store(u64::from_ne_bytes(word), Ordering::Relaxed);
-        }
-        seq.store(odd + 1, Ordering::Release);
     }
 
     /// The way of `row` in `set`, if it holds it.
     fn way_of(&self, set: Set, row: u64) -> Option<usize> {
-        (0..self.ways).find(|&w| self.key(set.base as usize + w) == row + 1)
+        let base = set.order as usize * self.ways;
+        (0..self.ways).find(|&w| self.key(base + w) == row + 1)
     }
 
     /// The first free way of `set`.
     fn free_way(&self, set: Set) -> Option<usize> {
-        (0..self.ways).find(|&w| self.key(set.base as usize + w) == EMPTY)
+        let base = set.order as usize * self.ways;
+        (0..self.ways).find(|&w| self.key(base + w) == EMPTY)
     }
 
     /// Replaces `row`'s bytes if it is cached (a live store's compaction: the row changed
-    /// below); returns whether it was. Neither a hit nor an admission: no counter moves.
+    /// below); returns whether it was. Waits for the readers in; rows kept aside are written
+    /// first, so an older copy of the row never lands after it. Neither a hit nor an
+    /// admission: no counter moves.
     pub fn replace(&self, row: u64, bytes: &[u8]) -> bool {
         assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
-        let Some(set) = self.set(row) else {
+        let Some(set) = self.locate(row) else {
             return false;
         };
-        let _writer = self.writer(&self.shards[set.shard as usize]);
-        let Some(way) = self.way_of(set, row) else {
-            return false;
+        let replaced = {
+            let mut draws = self.write_lock();
+            self.drain(&mut draws);
+            let way = self.way_of(set, row);
+            way.inspect(|&way| self.write(set, way, row + 1, set.tag, bytes))
+                .is_some()
         };
-        self.write(set, way, row + 1, set.tag, bytes);
-        true
+        self.settle();
+        replaced
     }
 
-    /// Offers a row read from below after a miss (see the module docs).
+    /// Offers a row read from below after a miss (see the module docs). Never call it while
+    /// holding a [`Reader`] of this cache: an offer that finds no room aside waits for every
+    /// reader to leave.
     pub fn offer(&self, row: u64, bytes: &[u8]) -> Offer {
         assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
-        let Some(set) = self.set(row) else {
+        let mut draws = match self.gate.try_write() {
+            Ok(draws) => draws,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                if self.defer(row, bytes) {
+                    return Offer::Deferred;
+                }
+                self.write_lock()
+            }
+        };
+        self.drain(&mut draws);
+        let offer = self.offer_now(&mut draws, row, bytes);
+        drop(draws);
+        self.settle();
+        offer
+    }
+
+    /// [`Self::offer`] with the write lock held (`draws`: its admission draws).
+    fn offer_now(&self, draws: &mut u64, row: u64, bytes: &[u8]) -> Offer {
+        let Some(set) = self.locate(row) else {
             CacheStats::add(&self.stats.rejections, 1);
             return Offer::Rejected;
         };
-        let mut draws = self.writer(&self.shards[set.shard as usize]);
         if self.way_of(set, row).is_some() {
             return Offer::Present;
         }
+        let base = set.order as usize * self.ways;
         let (way, evicted) = match self.free_way(set) {
             Some(way) => (way, None),
             None => {
                 if self.config.policy.probabilistic() {
                     *draws += 1;
-                    let draw = mix(self.config.seed ^ mix(u64::from(set.base)) ^ *draws);
+                    let draw = mix(self.config.seed ^ mix(u64::from(set.order)) ^ *draws);
                     if draw >= self.admit_below {
                         CacheStats::add(&self.stats.rejections, 1);
                         return Offer::Rejected;
                     }
                 }
                 let way = (0..self.ways)
-                    .min_by_key(|&w| self.head(set.base as usize + w)[2].load(Ordering::Relaxed))
+                    .min_by_key(|&w| self.head(base + w)[1].load(Ordering::Relaxed))
                     .expect("a set has at least one way");
-                (way, Some(self.key(set.base as usize + way) - 1))
+                (way, Some(self.key(base + way) - 1))
             }
         };
         self.admit(set, way, row, bytes);
@@ -595,29 +555,80 @@ impl RowCache {
         Offer::Admitted { evicted }
     }
 
-    /// Puts a row into a free way of its set, evicting nothing: a warm-up's rows, offered most
-    /// wanted first, so that a less wanted row never displaces a more wanted one. False when
-    /// its set is full or the row is cached already.
-    pub fn fill(&self, row: u64, bytes: &[u8]) -> bool {
-        assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
-        let Some(set) = self.set(row) else {
-            return false;
-        };
-        let _writer = self.writer(&self.shards[set.shard as usize]);
-        if self.way_of(set, row).is_some() {
-            return false;
+    /// Keeps an offered row aside while readers hold the cache; false when there is no room.
+    fn defer(&self, row: u64, bytes: &[u8]) -> bool {
+        {
+            let mut aside = self.deferred.lock().unwrap_or_else(PoisonError::into_inner);
+            if aside.bytes.len() + bytes.len() > DEFERRED_BYTES.max(bytes.len()) {
+                return false;
+            }
+            aside.rows.push(row);
+            aside.bytes.extend_from_slice(bytes);
+            self.any_deferred.store(true, Ordering::SeqCst);
         }
-        let Some(way) = self.free_way(set) else {
-            return false;
-        };
-        self.admit(set, way, row, bytes);
+        // the readers may all have left since the lock was tried
+        self.settle();
         true
     }
 
-    /// Writes `row` into way `way` of `set` (whose shard's writer the caller holds), marked as
-    /// just used.
+    /// Offers the rows kept aside; the caller holds the write lock (`draws`).
+    fn drain(&self, draws: &mut u64) {
+        if !self.any_deferred.load(Ordering::Relaxed) {
+            return;
+        }
+        let Deferred { rows, bytes } = {
+            let mut aside = self.deferred.lock().unwrap_or_else(PoisonError::into_inner);
+            self.any_deferred.store(false, Ordering::SeqCst);
+            std::mem::take(&mut *aside)
+        };
+        for (&row, bytes) in rows.iter().zip(bytes.chunks_exact(self.row_bytes.max(1))) {
+            self.offer_now(draws, row, bytes);
+        }
+    }
+
+    /// After the lock is let go: writes the rows kept aside if no one holds it now (whoever
+    /// does settles when they let go). The fence pairs with the one a deferring writer's store
+    /// of `any_deferred` is followed by (in its own `settle`): either that writer finds the
+    /// lock free, or this one finds its row.
+    fn settle(&self) {
+        fence(Ordering::SeqCst);
+        while self.any_deferred.load(Ordering::SeqCst) {
+            let mut draws = match self.gate.try_write() {
+                Ok(draws) => draws,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            self.drain(&mut draws);
+        }
+    }
+
+    /// Puts a row into a free way of its set, evicting nothing: a warm-up's rows, offered most
+    /// wanted first, so that a less wanted row never displaces a more wanted one. False when
+    /// its set is full or the row is cached already. Waits for the readers in.
+    pub fn fill(&self, row: u64, bytes: &[u8]) -> bool {
+        assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
+        let Some(set) = self.locate(row) else {
+            return false;
+        };
+        let filled = {
+            let mut draws = self.write_lock();
+            self.drain(&mut draws);
+            match self.free_way(set) {
+                Some(way) if self.way_of(set, row).is_none() => {
+                    self.admit(set, way, row, bytes);
+                    true
+                }
+                _ => false,
+            }
+        };
+        self.settle();
+        filled
+    }
+
+    /// Writes `row` into way `way` of `set` (the caller holds the write lock), marked as just
+    /// used.
     fn admit(&self, set: Set, way: usize, row: u64, bytes: &[u8]) {
-        let clock = &self.shards[set.shard as usize].clock;
+        let clock = &self.clocks[set.order as usize & self.shard_mask].0;
         let now = clock.load(Ordering::Relaxed) + 1;
         clock.store(now, Ordering::Relaxed);
         let mark = if self.config.policy.frequency() {
@@ -625,14 +636,206 @@ impl RowCache {
         } else {
             now
         };
-        self.head(set.base as usize + way)[2].store(mark, Ordering::Relaxed);
+        self.head(set.order as usize * self.ways + way)[1].store(mark, Ordering::Relaxed);
         self.write(set, way, row + 1, set.tag, bytes);
         CacheStats::add(&self.stats.admissions, 1);
     }
 }
 
-/// Words as their bytes (native order: what [`RowCache::read`] copied is what was written).
-pub fn words_as_bytes(words: &[u64]) -> &[u8] {
-    // SAFETY: u8 has no alignment or validity requirement; the length is in bytes
-    unsafe { std::slice::from_raw_parts(words.as_ptr().cast(), words.len() * 8) }
+/// A hold on a [`RowCache`] for reading, taken once for many lookups (one table's share of a
+/// batch): while it lives no slot changes, so a hit's row is read where it lies. Writers keep
+/// their rows aside meanwhile, and the last reader to leave writes them.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    cache: &'a RowCache,
+    /// `None` once let go (in `drop`, before the rows kept aside are written).
+    held: Option<RwLockReadGuard<'a, u64>>,
+}
+
+impl<'a> Reader<'a> {
+    pub fn cache(&self) -> &'a RowCache {
+        self.cache
+    }
+
+    /// Works out each row's set and tag ([`Set::NONE`] for a row of [`SKIP`], or when the
+    /// cache has no sets) and asks for the set's tags: what [`Self::probe`] reads.
+    #[inline]
+    pub fn locate(&self, rows: &[u64], sets: &mut [Set]) {
+        let c = self.cache;
+        // the fields a step reads, in locals: stores into `sets` cannot be seen to leave them be
+        let (n, seed, by_number) = (c.sets, c.config.seed, c.by_number);
+        let (tags, tag_bytes) = (c.tags.as_slice().as_ptr(), c.tag_words * 8);
+        for (&row, set) in rows.iter().zip(sets) {
+            let (order, tag) = match by_number {
+                _ if row == SKIP || n == 0 => (u32::MAX as usize, 0),
+                // a row beyond those it was told of (outside the contract) is hashed
+                Some(shift) if row >> shift < n as u64 => ((row >> shift) as usize, row as u8),
+                _ => {
+                    let h = (row ^ seed).wrapping_mul(GOLDEN);
+                    (scale(h, n), (h >> 32) as u8)
+                }
+            };
+            *set = Set {
+                order: order as u32,
+                tag: tag.max(1),
+            };
+            // a hint: a prefetch never faults, and nothing is read here
+            let at = tags.wrapping_add(order * tag_bytes);
+            prefetch_line(at);
+            prefetch_line(at.wrapping_add(tag_bytes - 1));
+        }
+    }
+
+    /// Finds the first slot of each set whose tag is its row's ([`Slot::NONE`] if none, or
+    /// for a set beyond this cache) and asks for its head and row: what [`Self::read`] reads.
+    #[inline]
+    pub fn probe(&self, sets: &[Set], slots: &mut [Slot]) {
+        let c = self.cache;
+        let (n, ways, tag_words) = (c.sets, c.ways, c.tag_words);
+        let tags = c.tags.as_slice().as_ptr().cast::<AtomicU64>();
+        let heads = c.heads.as_slice().as_ptr();
+        let (data, stride, row_bytes) = (c.data.as_slice().as_ptr(), c.words * 8, c.row_bytes);
+        for (&set, slot) in sets.iter().zip(slots) {
+            *slot = Slot::NONE;
+            if set.order as usize >= n {
+                continue;
+            }
+            let first = set.order as usize * tag_words;
+            let wanted = LOW_BYTES * u64::from(set.tag);
+            let mut way = None;
+            for w in 0..tag_words {
+                // SAFETY: first + w < (order + 1) × tag_words ≤ sets × tag_words, the tags'
+                // words; accessed only through atomics
+                let word = unsafe { &*tags.add(first + w) }.load(Ordering::Relaxed);
+                let zero = zero_bytes(word ^ wanted);
+                if zero != 0 {
+                    way = Some(w * 8 + zero.trailing_zeros() as usize / 8);
+                    break;
+                }
+            }
+            let Some(way) = way else {
+                continue;
+            };
+            let i = set.order as usize * ways + way;
+            // pointers only: nothing is read here
+            prefetch_line(heads.wrapping_add(HEAD_WORDS * 8 * i));
+            prefetch_row(data.wrapping_add(i * stride), row_bytes);
+            *slot = Slot {
+                set,
+                way: way as u32,
+            };
+        }
+    }
+
+    /// Sets `found[i]` to row `rows[i]`'s bytes where `slots[i]` holds it (or, when that
+    /// slot's tag was another row's too, the set's next way with the tag does), and marks the
+    /// hit; leaves the others as they are, and skips a lookup already found (`found[i]` is
+    /// `Some`) or of [`SKIP`]. Returns the hits.
+    #[inline]
+    pub fn read<'r>(&'r self, slots: &[Slot], rows: &[u64], found: &mut [Option<&'r [u8]>]) -> u64 {
+        if self.cache.config.policy.frequency() {
+            self.read_marking::<true>(slots, rows, found)
+        } else {
+            self.read_marking::<false>(slots, rows, found)
+        }
+    }
+
+    #[inline(always)]
+    fn read_marking<'r, const LFU: bool>(
+        &'r self,
+        slots: &[Slot],
+        rows: &[u64],
+        found: &mut [Option<&'r [u8]>],
+    ) -> u64 {
+        let c = self.cache;
+        let (n, ways, mask) = (c.sets, c.ways, c.shard_mask);
+        let heads = c.heads.as_slice().as_ptr().cast::<AtomicU64>();
+        let (data, stride, row_bytes) = (c.data.as_slice().as_ptr(), c.words * 8, c.row_bytes);
+        let clocks = c.clocks.as_ptr();
+        let mut hits = 0;
+        for ((&at, &row), found) in slots.iter().zip(rows).zip(found) {
+            let (set, way, key) = (at.set, at.way as usize, row.wrapping_add(1));
+            if found.is_some() || row == SKIP || set.order as usize >= n || way >= ways {
+                continue;
+            }
+            let slot = set.order as usize * ways + way;
+            // SAFETY: slot < sets × ways = slots (checked above): its head's words lie inside
+            // `heads`, accessed only through atomics
+            let (stored, mark) = unsafe {
+                (
+                    &*heads.add(HEAD_WORDS * slot),
+                    &*heads.add(HEAD_WORDS * slot + 1),
+                )
+            };
+            if stored.load(Ordering::Relaxed) != key {
+                if let Some(bytes) = self.row_in_other_ways::<LFU>(set, way, key) {
+                    *found = Some(bytes);
+                    hits += 1;
+                }
+                continue;
+            }
+            if LFU {
+                // a hit count: 2^64 hits are never reached
+                mark.store(
+                    mark.load(Ordering::Relaxed).wrapping_add(1),
+                    Ordering::Relaxed,
+                );
+            } else {
+                // SAFETY: order & shard_mask < clocks (see `RowCache::new`)
+                let clock = unsafe { &(*clocks.add(set.order as usize & mask)).0 };
+                let now = clock.load(Ordering::Relaxed) + 1;
+                clock.store(now, Ordering::Relaxed);
+                mark.store(now, Ordering::Relaxed);
+            }
+            // SAFETY: slot < slots, so its `stride ≥ row_bytes` bytes lie inside `data`;
+            // writers write rows only under the write lock, which this reader's read lock keeps
+            // out for as long as the bytes are borrowed (`'r`, no longer than `self`)
+            *found =
+                Some(unsafe { std::slice::from_raw_parts(data.add(slot * stride), row_bytes) });
+            hits += 1;
+        }
+        hits
+    }
+
+    /// A read on from `way`, whose tag was another row's too: the set's next ways with the tag.
+    #[cold]
+    fn row_in_other_ways<const LFU: bool>(
+        &self,
+        set: Set,
+        mut way: usize,
+        key: u64,
+    ) -> Option<&[u8]> {
+        let c = self.cache;
+        while let Some(next) = c.tagged(set, way + 1) {
+            way = next;
+            let slot = set.order as usize * c.ways + way;
+            let [stored, mark] = c.head(slot);
+            if stored.load(Ordering::Relaxed) == key {
+                c.mark::<LFU>(set, mark);
+                // SAFETY: slot < slots (`tagged` finds only ways below `ways`)
+                return Some(unsafe { self.bytes(slot) });
+            }
+        }
+        None
+    }
+
+    /// Slot `slot`'s row, borrowed for as long as this reader holds the cache.
+    ///
+    /// # Safety
+    /// `slot` is below `slots`.
+    #[inline(always)]
+    unsafe fn bytes(&self, slot: usize) -> &[u8] {
+        // SAFETY: slot < slots (the contract), so its `words × 8 ≥ row_bytes` bytes lie inside
+        // `data`; writers write rows only under the write lock, which this reader's read lock
+        // keeps out for as long as the bytes are borrowed (no longer than `self`)
+        unsafe { std::slice::from_raw_parts(self.cache.row_ptr(slot), self.cache.row_bytes) }
+    }
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        drop(self.held.take());
+        // the last reader out writes the rows kept aside while it read
+        self.cache.settle();
+    }
 }

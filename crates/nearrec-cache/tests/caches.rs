@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use nearrec_cache::{CacheConfig, HotPartition, Offer, Policy, RowCache, words_as_bytes};
+use nearrec_cache::{CacheConfig, HotPartition, Offer, Policy, Reader, RowCache, Set, Slot};
 use proptest::prelude::*;
 
 const RB: usize = 12;
@@ -14,6 +14,17 @@ fn bytes_of(row: u64) -> [u8; RB] {
     b[..8].copy_from_slice(&row.to_le_bytes());
     b[8..].copy_from_slice(&(row as u32 ^ 0xA5A5_A5A5).to_le_bytes());
     b
+}
+
+/// `row`'s bytes through `reader` the engine's way, one step at a time (`pause` between steps).
+fn find<'r>(reader: &'r Reader<'_>, row: u64, pause: impl Fn(usize)) -> Option<&'r [u8]> {
+    let (mut set, mut slot, mut found) = ([Set::NONE], [Slot::NONE], [None]);
+    reader.locate(&[row], &mut set);
+    pause(0);
+    reader.probe(&set, &mut slot);
+    pause(1);
+    reader.read(&slot, &[row], &mut found);
+    found[0]
 }
 
 /// A cache with exactly one set of `ways` slots.
@@ -35,9 +46,8 @@ fn one_set(ways: usize, policy: Policy, p: f64) -> RowCache {
 
 /// Serves `trace` through `cache` the way the engine does (look up; on a miss, offer the row);
 /// returns which accesses hit. Accesses take turns between the two ways of reading: `get`, and
-/// the engine's set found ahead, `probe`, `read` and `count`.
+/// the engine's: a reader, the set found ahead, `probe`, `row` and `count`.
 fn serve(cache: &RowCache, trace: &[u64]) -> Vec<bool> {
-    let mut out = vec![0u64; cache.words()];
     trace
         .iter()
         .enumerate()
@@ -45,13 +55,13 @@ fn serve(cache: &RowCache, trace: &[u64]) -> Vec<bool> {
             let hit = if i % 2 == 0 {
                 cache.get(r, |b| assert_eq!(b, bytes_of(r))).is_some()
             } else {
-                let hit = cache
-                    .set(r)
-                    .and_then(|set| cache.probe(set))
-                    .is_some_and(|at| cache.read(at, r, &mut out));
-                if hit {
-                    assert_eq!(&words_as_bytes(&out)[..RB], bytes_of(r));
+                let reader = cache.reader();
+                let found = find(&reader, r, |_| ());
+                if let Some(bytes) = found {
+                    assert_eq!(bytes, bytes_of(r));
                 }
+                let hit = found.is_some();
+                drop(reader);
                 cache.count(u64::from(hit), u64::from(!hit));
                 hit
             };
@@ -154,7 +164,11 @@ proptest! {
         );
         let mut by_set: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
         for (i, &r) in trace.iter().enumerate() {
-            by_set.entry(c.set(r).unwrap().first_slot()).or_default().push((i, r));
+            by_set.entry({
+                let mut set = [Set::NONE];
+                c.reader().locate(&[r], &mut set);
+                set[0].number()
+            }).or_default().push((i, r));
         }
         let got = serve(&c, &trace);
         let mut want = vec![false; trace.len()];
@@ -319,14 +333,14 @@ fn versioned(row: u64, version: u32, len: usize) -> Vec<u8> {
     b
 }
 
-/// Lock-free reads against admissions, evictions and replacements of the same slots: every row
+/// Reads in place against admissions, evictions and replacements of the same slots: every row
 /// read is one whole write of that row (never a mix of two writes, never another row's), and
 /// never older than the newest write of it that had finished when the read began. Readers use
-/// `get` and the engine's way (`set`, then `probe`, then `read`, with pauses between, so that
-/// slots change under them); each row has one writer, which publishes a version once its write
-/// is done.
+/// `get` and the engine's way (a reader held over `set`, `probe` and `row`, with pauses
+/// between, so that writers meet it and keep their rows aside); each row has one writer, which
+/// publishes a version once its write is done.
 #[test]
-fn lock_free_reads_never_see_a_torn_or_stale_row() {
+fn reads_never_see_a_torn_or_stale_row() {
     use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
     const LEN: usize = 300; // several lines, not a multiple of 8
     const ROWS: u64 = 256;
@@ -341,7 +355,7 @@ fn lock_free_reads_never_see_a_torn_or_stale_row() {
     // the newest version of each row whose write has finished (0: none yet)
     let done: Arc<Vec<AtomicU32>> = Arc::new((0..ROWS).map(|_| AtomicU32::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
-    let (changed, hits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (deferred, hits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let check = move |row: u64, newest: u32, bytes: &[u8]| {
         assert_eq!(bytes.len(), LEN);
         let version = u32::from_le_bytes(bytes[..4].try_into().unwrap());
@@ -357,6 +371,7 @@ fn lock_free_reads_never_see_a_torn_or_stale_row() {
     let writers: Vec<_> = (0..2u64)
         .map(|t| {
             let (c, stop, done) = (Arc::clone(&cache), Arc::clone(&stop), Arc::clone(&done));
+            let deferred = Arc::clone(&deferred);
             std::thread::spawn(move || {
                 let mut x = t + 7;
                 while !stop.load(Ordering::Relaxed) {
@@ -369,7 +384,9 @@ fn lock_free_reads_never_see_a_torn_or_stale_row() {
                     let bytes = versioned(r, version, LEN);
                     // admissions evict (ROWS rows, 64 slots); replacements rewrite in place
                     let written = if x & 1 == 0 {
-                        matches!(c.offer(r, &bytes), Offer::Admitted { .. })
+                        let offer = c.offer(r, &bytes);
+                        deferred.fetch_add(u64::from(offer == Offer::Deferred), Ordering::Relaxed);
+                        matches!(offer, Offer::Admitted { .. })
                     } else {
                         c.replace(r, &bytes)
                     };
@@ -383,10 +400,9 @@ fn lock_free_reads_never_see_a_torn_or_stale_row() {
     let readers: Vec<_> = (0..2u64)
         .map(|t| {
             let (c, done) = (Arc::clone(&cache), Arc::clone(&done));
-            let (changed, hits) = (Arc::clone(&changed), Arc::clone(&hits));
+            let hits = Arc::clone(&hits);
             std::thread::spawn(move || {
                 let mut x = t + 1;
-                let mut out = vec![0u64; c.words()];
                 for i in 0..200_000u64 {
                     x = x
                         .wrapping_mul(6364136223846793005)
@@ -398,19 +414,15 @@ fn lock_free_reads_never_see_a_torn_or_stale_row() {
                         hits.fetch_add(u64::from(hit), Ordering::Relaxed);
                         continue;
                     }
-                    let Some(set) = c.set(r) else { continue };
-                    if i % 8 == 1 {
-                        std::thread::yield_now();
-                    }
-                    let Some(at) = c.probe(set) else { continue };
-                    if i % 8 == 3 {
-                        std::thread::yield_now();
-                    }
-                    if c.read(at, r, &mut out) {
-                        check(r, newest, &words_as_bytes(&out)[..LEN]);
+                    let reader = c.reader();
+                    let pause = |step: usize| {
+                        if i % 8 == 1 + 2 * step as u64 {
+                            std::thread::yield_now();
+                        }
+                    };
+                    if let Some(bytes) = find(&reader, r, pause) {
+                        check(r, newest, bytes);
                         hits.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        changed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             })
@@ -419,15 +431,73 @@ fn lock_free_reads_never_see_a_torn_or_stale_row() {
     readers.into_iter().for_each(|t| t.join().unwrap());
     stop.store(true, Ordering::Relaxed);
     writers.into_iter().for_each(|t| t.join().unwrap());
-    let (hits, changed) = (
+    let (hits, deferred) = (
         hits.load(Ordering::Relaxed),
-        changed.load(Ordering::Relaxed),
+        deferred.load(Ordering::Relaxed),
     );
     assert!(
-        hits > 1000 && changed > 10,
-        "the readers hardly hit ({hits}) or never met a changed slot ({changed}): the test \
-         checked little"
+        hits > 1000 && deferred > 10,
+        "the readers hardly hit ({hits}) or writers never met a reader ({deferred} rows kept \
+         aside): the test checked little"
     );
+}
+
+/// A row offered while a reader holds the cache is kept aside, not written under the reader,
+/// and lands when the last reader leaves; once the room aside is full, an offer waits for the
+/// readers to leave rather than drop rows or write under them.
+#[test]
+fn rows_offered_under_a_reader_land_when_it_leaves() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    const ROWS: u64 = 1 << 16;
+    // a slot for every row, placed by number: nothing is evicted, so every row offered stays
+    let c = Arc::new(
+        RowCache::new(
+            RowCache::budget_for_rows(ROWS, RB, 16),
+            RB,
+            CacheConfig::default(),
+        )
+        .with_rows(ROWS),
+    );
+    let reader = c.reader();
+    assert_eq!(c.offer(5, &bytes_of(5)), Offer::Deferred);
+    assert!(find(&reader, 5, |_| ()).is_none());
+    drop(reader);
+    assert_eq!(c.get(5, |b| b.to_vec()), Some(bytes_of(5).to_vec()));
+    assert_eq!(c.stats().admissions, 1);
+
+    // another thread holds a reader until a timer lets it go; offers fill the room aside, and
+    // the one that finds it full returns only after the reader has left
+    let released = Arc::new(AtomicBool::new(false));
+    let (held_tx, held_rx) = mpsc::channel();
+    let holder = {
+        let (c, released) = (Arc::clone(&c), Arc::clone(&released));
+        std::thread::spawn(move || {
+            let reader = c.reader();
+            held_tx.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            released.store(true, Ordering::SeqCst);
+            drop(reader);
+        })
+    };
+    held_rx.recv().unwrap();
+    let mut row = 1_000u64;
+    while c.offer(row, &bytes_of(row)) == Offer::Deferred {
+        row += 1;
+        assert!(row < ROWS, "the room aside never filled");
+    }
+    assert!(
+        released.load(Ordering::SeqCst),
+        "an offer with no room aside wrote while a reader held the cache"
+    );
+    holder.join().unwrap();
+    for r in 1_000..=row {
+        assert_eq!(
+            c.get(r, |b| b.to_vec()),
+            Some(bytes_of(r).to_vec()),
+            "row {r} was lost"
+        );
+    }
 }
 
 /// A cache with a slot for every row of its table, told so, holds every row offered at once

@@ -14,18 +14,17 @@
 //! mapped to *slots* (positions in the file), when reads are planned, so rows stored together are
 //! read together while the DRAM tiers, keyed by row id, pay nothing for it.
 
+use std::cell::{Cell, RefCell};
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use nearrec_cache::{Home, HotPartition, RowCache, Set, Slot, words_as_bytes};
+use nearrec_cache::{Home, HotPartition, Reader, RowCache, Set, Slot};
 use nearrec_format::{DATA_OFFSET, SECTOR_BYTES, TableMeta};
 use nearrec_io::{ReadOp, Workers};
-use nearrec_kernels::{
-    BagsOut, FIND_AHEAD, IndexError, PoolJob, RowIndex, RowPatch, RowSource, TOUCH_AHEAD,
-};
+use nearrec_kernels::{BagsOut, IndexError, PoolJob, RUN, RowIndex, RowPatch, RowSource, SKIP};
 use rayon::prelude::*;
 
 use crate::cells::{Cells, Ready};
@@ -403,12 +402,12 @@ impl SsdTier {
         let patch = job
             .deltas
             .patch(job.id, job.req.indices, bounds[0]..bounds[batch], meta.rows);
-        let mut source = TierSource::new(
-            meta.row_bytes as usize,
+        let source = TierSource::new(
             patch.as_ref(),
             tiers.and_then(|t| t.hot.as_ref()),
             tiers.and_then(|t| t.cache.as_ref()),
         );
+        let mut misses = Vec::new();
         let mut counts = vec![0usize; batch];
         // SAFETY: a job pools only into its own table's columns
         let mut out = unsafe { cells.bags(job.col, dim) };
@@ -418,7 +417,8 @@ impl SsdTier {
             bounds: &[usize],
             out: &mut BagsOut<'_>,
             counts: &mut [usize],
-            source: &mut TierSource<'_>,
+            source: &TierSource<'_>,
+            misses: &mut Vec<Entry>,
         ) -> std::result::Result<(), IndexError> {
             let pool_job = PoolJob {
                 indices,
@@ -428,11 +428,13 @@ impl SsdTier {
                 padding_idx: job.checked.padding,
             };
             let (meta, dim) = (job.meta, job.meta.dim as usize);
-            nearrec_kernels::pool_found(meta.dtype, dim, meta.rows, &pool_job, out, counts, source)
+            nearrec_kernels::pool_found(
+                meta.dtype, dim, meta.rows, &pool_job, out, counts, source, misses,
+            )
         }
         let res = match job.req.indices {
-            Indices::I32(ix) => pool(job, ix, bounds, &mut out, &mut counts, &mut source),
-            Indices::I64(ix) => pool(job, ix, bounds, &mut out, &mut counts, &mut source),
+            Indices::I32(ix) => pool(job, ix, bounds, &mut out, &mut counts, &source, &mut misses),
+            Indices::I64(ix) => pool(job, ix, bounds, &mut out, &mut counts, &source, &mut misses),
         };
         res.map_err(
             |IndexError { position, value }| EngineError::IndexOutOfRange {
@@ -443,18 +445,15 @@ impl SsdTier {
                 rows: meta.rows,
             },
         )?;
-        let TierSource {
-            mut misses,
-            served,
-            cache,
-            ..
-        } = source;
+        let TierSource { served, cache, .. } = source;
+        let served = served.map(Cell::into_inner);
         if let Some(t) = tiers {
             IoStats::add(&t.served[1], served[0]);
             IoStats::add(&t.served[2], served[1]);
         }
-        if let Some(c) = cache {
-            c.count(served[1], misses.len() as u64);
+        if let Some(reader) = cache {
+            // let go here, before this batch's reads offer rows to the cache
+            reader.cache().count(served[1], misses.len() as u64);
         }
         if let Some(t) = self.dram.get(job.id) {
             IoStats::add(&t.served[3], misses.len() as u64);
@@ -469,180 +468,181 @@ impl SsdTier {
     }
 }
 
-/// Lookups [`TierSource`] keeps what it worked out ahead for: more than `TOUCH_AHEAD` + 1, a
-/// power of two.
-const RING: usize = (TOUCH_AHEAD + 1).next_power_of_two();
-
-/// Lookups after its `find` that a lookup the hot partition lacks is probed in the row cache
-/// (whose set `find` asked for), so that its row's lines are asked for before the lookup.
-const LATER: usize = FIND_AHEAD / 2;
-
-/// What a table's DRAM side worked out for one position ahead of it.
-#[derive(Clone, Copy)]
-enum Found<'a> {
-    /// Touched: the hot partition's probe starts here (its line asked for).
-    Home(Home),
-    /// Touched, or not in the hot partition: the row cache's set (its tags asked for).
-    Set(Set),
-    Hot(&'a [u8]),
-    Cache(Slot),
-    Neither,
+/// One table's DRAM side as the kernel's row source: a live table's patch (the rows written or
+/// removed since its file), then the hot partition, then the row cache (held for reading for
+/// the whole job: a hit is pooled from where its row lies); a lookup none of them holds is a
+/// miss, kept for the SSD.
+///
+/// The kernel asks for a run of lookups at a time ([`RUN`]) and names the rows of the next two.
+/// Finding a run's rows is a pipeline of three steps a run apart, each one short loop over the
+/// run that asks for the lines the next step reads: two runs ahead each lookup is *located*
+/// (the hot partition's index entry, else the cache's set and its tags asked for); one run
+/// ahead it is *probed* (the hot partition's entry read and the row asked for; else the cache's
+/// tags compared and the slot's head and row asked for); at its run it is *read* (the cache
+/// slot's key checked). A table with both tiers locates in the cache what the hot partition
+/// lacked when it probes, and probes and reads it at its run.
+struct TierSource<'a> {
+    /// The patch and the positions that read it, from the next run's on.
+    patch: Option<(&'a RowPatch, Cell<&'a [usize]>)>,
+    hot: Option<&'a HotPartition>,
+    cache: Option<Reader<'a>>,
+    /// Runs on their way, by their order modulo 3 (this run, the next one probed, the one
+    /// after located), and the place of the run the next call most likely asks for.
+    ahead: RefCell<([Prepared<'a>; 3], usize)>,
+    /// Lookups served by the hot partition, by the row cache.
+    served: [Cell<u64>; 2],
 }
 
-/// One table's DRAM side as the kernel's row source: a live table's patch (the rows written or
-/// removed since its file), then the hot partition, then the row cache; a lookup none of them
-/// holds is a miss, kept for the SSD.
-///
-/// Each step is worked out once and carried to the next through a ring of the positions ahead:
-/// [`nearrec_kernels::TOUCH_AHEAD`] lookups ahead, the first structure a lookup searches (the
-/// hot partition's index, else the cache's set) is located and its line asked for; `FIND_AHEAD`
-/// ahead it is searched and the row's lines asked for. A table with both searches its cache
-/// only for what the hot partition lacks (the hot partition takes most lookups by design;
-/// asking for every lookup's set as well costs more than it saves): that set is located and
-/// asked for at `find`, searched [`LATER`] lookups later, and the row's lines asked for then.
-struct TierSource<'a> {
-    /// The patch and the positions that read it, from the next lookup's on.
-    patch: Option<(&'a RowPatch, &'a [usize])>,
-    hot: Option<&'a HotPartition>,
-    cache: Option<&'a RowCache>,
-    /// `(position, found)` by position modulo [`RING`].
-    ring: [(usize, Found<'a>); RING],
-    /// Where a cache hit's row is copied.
-    scratch: Vec<u64>,
-    row_bytes: usize,
-    misses: Vec<Entry>,
-    /// Lookups served by the hot partition, by the row cache.
-    served: [u64; 2],
+/// A run of lookups on its way through [`TierSource`]'s pipeline.
+#[derive(Clone, Copy)]
+struct Prepared<'a> {
+    /// Its first position (`usize::MAX`: none) and its lookups.
+    first: usize,
+    len: usize,
+    rows: [u64; RUN],
+    /// Located: where each row's search of the hot partition starts.
+    homes: [Option<Home>; RUN],
+    /// Probed: the rows the hot partition holds.
+    hot: [Option<&'a [u8]>; RUN],
+    /// Located in the row cache (of a table with a hot partition: when probed, what it lacked).
+    sets: [Set; RUN],
+    /// Probed in the row cache (a table without a hot partition).
+    slots: [Slot; RUN],
+}
+
+impl Prepared<'_> {
+    const NONE: Self = Self {
+        first: usize::MAX,
+        len: 0,
+        rows: [SKIP; RUN],
+        homes: [None; RUN],
+        hot: [None; RUN],
+        sets: [Set::NONE; RUN],
+        slots: [Slot::NONE; RUN],
+    };
 }
 
 impl<'a> TierSource<'a> {
     fn new(
-        row_bytes: usize,
         patch: Option<&'a RowPatch>,
         hot: Option<&'a HotPartition>,
         cache: Option<&'a RowCache>,
     ) -> Self {
         Self {
-            patch: patch.map(|p| (p, p.read_positions())),
+            patch: patch.map(|p| (p, Cell::new(p.read_positions()))),
             hot,
-            cache,
-            ring: [(usize::MAX, Found::Neither); RING],
-            scratch: vec![0; cache.map_or(0, RowCache::words)],
-            row_bytes,
-            misses: Vec::new(),
-            served: [0; 2],
+            cache: cache.map(RowCache::reader),
+            ahead: RefCell::new(([Prepared::NONE; 3], 0)),
+            served: Default::default(),
         }
     }
 
-    /// The first step: where the row's search starts.
-    #[inline(always)]
-    fn locate(&self, row: u64) -> Found<'a> {
-        match (self.hot, self.cache) {
-            (Some(h), _) => Found::Home(h.prefetch(row)),
-            (None, Some(c)) => c.set(row).map_or(Found::Neither, Found::Set),
-            (None, None) => Found::Neither,
-        }
-    }
-
-    /// The next step from `found`; `ahead`: the lookup is still `FIND_AHEAD` away (a row the
-    /// hot partition lacks then waits [`LATER`] lookups for its cache probe).
-    #[inline(always)]
-    fn search(&self, found: Found<'a>, row: u64, ahead: bool) -> Found<'a> {
-        match found {
-            Found::Home(home) => {
-                let hot = self.hot.expect("a home in the hot partition");
-                if let Some(bytes) = hot.get_prefetched(home, row) {
-                    return Found::Hot(bytes);
-                }
-                match self.cache.and_then(|c| c.set(row)) {
-                    Some(set) if ahead => Found::Set(set),
-                    Some(set) => self.probe(set),
-                    None => Found::Neither,
-                }
+    /// The first step for the run of `rows` from `first`.
+    fn locate(&self, run: &mut Prepared<'a>, first: usize, rows: &[u64]) {
+        let n = rows.len().min(RUN);
+        (run.first, run.len) = (first, n);
+        run.rows[..n].copy_from_slice(&rows[..n]);
+        if let Some(hot) = self.hot {
+            for (home, &row) in run.homes.iter_mut().zip(&rows[..n]) {
+                *home = Some(hot.prefetch(row));
             }
-            Found::Set(set) => self.probe(set),
-            found => found,
+        } else if let Some(cache) = &self.cache {
+            cache.locate(&rows[..n], &mut run.sets[..n]);
         }
     }
 
-    #[inline(always)]
-    fn probe(&self, set: Set) -> Found<'a> {
-        match self.cache.and_then(|c| c.probe(set)) {
-            Some(slot) => Found::Cache(slot),
-            None => Found::Neither,
+    /// The second step, for a located run.
+    fn probe(&self, run: &mut Prepared<'a>) {
+        let n = run.len;
+        if let Some(hot) = self.hot {
+            for i in 0..n {
+                run.hot[i] = run.homes[i].and_then(|home| hot.get_prefetched(home, run.rows[i]));
+            }
+            if let Some(cache) = &self.cache {
+                let mut lacked = [SKIP; RUN];
+                for ((row, hot), &wanted) in lacked.iter_mut().zip(&run.hot).zip(&run.rows[..n]) {
+                    if hot.is_none() {
+                        *row = wanted;
+                    }
+                }
+                cache.locate(&lacked[..n], &mut run.sets[..n]);
+            }
+        } else if let Some(cache) = &self.cache {
+            cache.probe(&run.sets[..n], &mut run.slots[..n]);
         }
-    }
-
-    /// A cache hit whose slot changed since it was found: the row searched again, once.
-    #[cold]
-    fn read_again(&mut self, row: u64) -> bool {
-        let cache = self.cache.expect("found in the cache");
-        cache
-            .set(row)
-            .and_then(|set| cache.probe(set))
-            .is_some_and(|slot| cache.read(slot, row, &mut self.scratch))
     }
 }
 
 impl RowSource for TierSource<'_> {
-    #[inline(always)]
-    fn touch(&mut self, pos: usize, row: u64) {
-        if self.hot.is_some() || self.cache.is_some() {
-            self.ring[pos % RING] = (pos, self.locate(row));
-        }
-    }
-
-    #[inline(always)]
-    fn find(&mut self, pos: usize, row: u64) {
-        let (at, found) = self.ring[pos % RING];
-        if at == pos {
-            self.ring[pos % RING].1 = self.search(found, row, true);
-        }
-        if self.hot.is_some()
-            && let Some(earlier) = pos.checked_sub(LATER)
-            && let (at, Found::Set(set)) = self.ring[earlier % RING]
-            && at == earlier
-        {
-            self.ring[earlier % RING].1 = self.probe(set);
-        }
-    }
-
-    #[inline(always)]
-    fn row(&mut self, pos: usize, bag: usize, row: u64) -> Option<&[u8]> {
-        if let Some((patch, at)) = &mut self.patch {
+    fn resolve<'s>(
+        &'s self,
+        first: usize,
+        rows: &[u64],
+        ahead: &[u64],
+        found: &mut [Option<&'s [u8]>],
+    ) {
+        let n = rows.len().min(RUN);
+        let (rows, found) = (&rows[..n], &mut found[..n]);
+        if let Some((patch, at)) = &self.patch {
             // positions ascend, and so do the patch's: a cursor, no look-up per lookup
-            while at.first().is_some_and(|&p| p < pos) {
-                *at = &at[1..];
-            }
-            if at.first() == Some(&pos) {
-                *at = &at[1..];
+            let mut left = at.get();
+            while let Some((&pos, rest)) = left.split_first()
+                && pos < first + n
+            {
+                let i = pos.wrapping_sub(first);
                 // a position recorded for a row the patch lacks reads the tiers
-                if let Some(bytes) = patch.get(row) {
-                    return Some(bytes);
+                if i < n && rows[i] != SKIP {
+                    found[i] = patch.get(rows[i]);
+                }
+                left = rest;
+            }
+            at.set(left);
+        }
+        if self.hot.is_none() && self.cache.is_none() {
+            return;
+        }
+        let mut pipe = self.ahead.borrow_mut();
+        let (ring, at) = &mut *pipe;
+        let here = *at;
+        *at = (here + 1) % 3;
+        let [run, next, after] = ring
+            .get_disjoint_mut([here, (here + 1) % 3, (here + 2) % 3])
+            .expect("three places");
+        // this run as it was probed a call ago, or all its steps now
+        if run.first != first || run.len != n {
+            self.locate(run, first, rows);
+            self.probe(run);
+        }
+        // the next two runs a step on
+        let (soon, later) = ahead.split_at(ahead.len().min(RUN));
+        let later = &later[..later.len().min(RUN)];
+        if next.first != first + n || next.len != soon.len() {
+            self.locate(next, first + n, soon);
+        }
+        self.probe(next);
+        self.locate(after, first + n + soon.len(), later);
+        // the last step: what the hot partition holds, then the cache's slots' keys, for the
+        // lookups still wanted (not padding, not the patch's)
+        let mut served = [0u64; 2];
+        if self.hot.is_some() {
+            for i in 0..n {
+                if found[i].is_none() && rows[i] != SKIP {
+                    found[i] = run.hot[i];
+                    served[0] += u64::from(found[i].is_some());
                 }
             }
         }
-        let (at, found) = self.ring[pos % RING];
-        // a position touched ahead carries on from there; any other starts now
-        let found = if at == pos { found } else { self.locate(row) };
-        // not ahead, one search reaches the end: a home goes on to the cache's probe itself
-        match self.search(found, row, false) {
-            Found::Hot(bytes) => {
-                self.served[0] += 1;
-                return Some(bytes);
+        if let Some(cache) = &self.cache {
+            if self.hot.is_some() {
+                cache.probe(&run.sets[..n], &mut run.slots[..n]);
             }
-            Found::Cache(slot) => {
-                let cache = self.cache.expect("found in the cache");
-                // a writer changed the slot since it was found: one more search, then the SSD
-                if cache.read(slot, row, &mut self.scratch) || self.read_again(row) {
-                    self.served[1] += 1;
-                    return Some(&words_as_bytes(&self.scratch)[..self.row_bytes]);
-                }
-            }
-            Found::Home(_) | Found::Set(_) | Found::Neither => {}
+            // what the patch or the hot partition found, and padding, are passed over
+            served[1] = cache.read(&run.slots[..n], rows, found);
         }
-        self.misses.push((row, pos, bag));
-        None
+        drop(pipe);
+        for (count, n) in self.served.iter().zip(served) {
+            count.set(count.get() + n);
+        }
     }
 }
 

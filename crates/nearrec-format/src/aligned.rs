@@ -126,7 +126,7 @@ impl AlignedBuf {
     }
 
     /// The buffer as 8-byte atomic words (its length must be a multiple of 8), for structures
-    /// that threads read and write at once without a lock (the row cache's seqlocked slots).
+    /// that threads read and write at once without a lock (the row cache's tags and heads).
     /// A buffer used this way must not also be read through [`Self::as_slice`] while shared.
     pub fn as_words(&self) -> &[std::sync::atomic::AtomicU64] {
         assert!(self.len.is_multiple_of(8), "a whole number of words");

@@ -17,7 +17,7 @@ use nearrec_format::DType;
 
 use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 use crate::patch::RowPatch;
-use crate::source::{FIND_AHEAD, RowSource, TOUCH_AHEAD};
+use crate::source::{AHEAD, Lacked, RUN, RowSource, SKIP};
 use crate::table::TableView;
 
 /// Lookups between a prefetch and its use: enough to keep ~16 misses in flight per core.
@@ -107,9 +107,10 @@ pub fn pool_bags_patched<I: RowIndex>(
 
 /// Pools each bag of `job` from the rows `source` finds into `out`, as far as it holds them:
 /// a bag's cells get the reduction of its found rows (from zeros; max from `-inf`), not
-/// finished. The caller reduces the rows the source lacked into the same cells and then
-/// finishes each bag (mean's division, zeros for an empty bag) by `counts[b]`: the rows bag `b`
-/// counts (padding excluded; rows the source lacked included).
+/// finished; each lookup it lacked is pushed onto `lacked`, in order of position. The caller
+/// reduces those rows into the same cells and then finishes each bag (mean's division, zeros
+/// for an empty bag) by `counts[b]`: the rows bag `b` counts (padding excluded; rows the source
+/// lacked included).
 ///
 /// Indices are range-checked against `rows` as [`pool_bags`] checks them: the first bad one is
 /// returned, bags before it are written. `dim` and `dtype` are the rows' (every row the source
@@ -122,13 +123,14 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
     job: &PoolJob<'_, I>,
     out: &mut BagsOut<'_>,
     counts: &mut [usize],
-    source: &mut S,
+    source: &S,
+    lacked: &mut Vec<Lacked>,
 ) -> Result<(), IndexError> {
     debug_assert_eq!(out.bags(), job.bags());
     assert_eq!(counts.len(), job.bags());
     macro_rules! go {
         ($dec:ty) => {
-            by_width!(dim, W => run_found::<I, S, $dec, W>(dim, rows, job, out, counts, source))
+            by_width!(dim, W => run_found::<I, S, $dec, W>(dim, rows, job, out, counts, source, lacked))
         };
     }
     match dtype {
@@ -142,6 +144,67 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
     }
 }
 
+/// The run of lookups [`pool_found`] has asked its source for: positions `first..first + len`,
+/// their rows ([`SKIP`] for padding) and what the source found.
+struct Found<'s> {
+    first: usize,
+    len: usize,
+    rows: [u64; RUN],
+    found: [Option<&'s [u8]>; RUN],
+    /// The rows of the lookups after the run, as the source's hints.
+    ahead: [u64; AHEAD],
+}
+
+impl<'s> Found<'s> {
+    /// Asks `source` for the run from `pos` (up to [`RUN`] lookups, none past `end`), checking
+    /// its indices first: a run stops before a bad index, and a run that would start at one is
+    /// the error. The rows of the [`AHEAD`] lookups after it go along as hints, unchecked.
+    #[inline(never)]
+    fn next<I: RowIndex, S: RowSource>(
+        &mut self,
+        pos: usize,
+        end: usize,
+        rows: u64,
+        job: &PoolJob<'_, I>,
+        source: &'s S,
+    ) -> Result<(), IndexError> {
+        let padding = job.padding_idx.unwrap_or(SKIP);
+        let mut len = (end - pos).min(RUN);
+        for (i, (&index, row)) in job.indices[pos..pos + len]
+            .iter()
+            .zip(&mut self.rows)
+            .enumerate()
+        {
+            let value = index.to_i64();
+            // a negative index wraps to a huge u64: one compare catches both
+            if value as u64 >= rows {
+                if i == 0 {
+                    return Err(IndexError {
+                        position: pos,
+                        value,
+                    });
+                }
+                len = i;
+                break;
+            }
+            *row = if value as u64 == padding {
+                SKIP
+            } else {
+                value as u64
+            };
+        }
+        let after = &job.indices[pos + len..end.min(pos + len + AHEAD)];
+        for (row, &index) in self.ahead.iter_mut().zip(after) {
+            *row = index.to_i64() as u64;
+        }
+        self.found[..len].fill(None);
+        let (now, ahead) = (&self.rows[..len], &self.ahead[..after.len()]);
+        source.resolve(pos, now, ahead, &mut self.found[..len]);
+        (self.first, self.len) = (pos, len);
+        Ok(())
+    }
+}
+
 /// [`pool_found`]'s loop for one (dtype, width), `D == 0` as in [`run`].
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
 fn run_found<I: RowIndex, S: RowSource, Dec: Decode, const D: usize>(
@@ -150,23 +213,36 @@ fn run_found<I: RowIndex, S: RowSource, Dec: Decode, const D: usize>(
     job: &PoolJob<'_, I>,
     out: &mut BagsOut<'_>,
     counts: &mut [usize],
-    source: &mut S,
+    source: &S,
+    lacked: &mut Vec<Lacked>,
 ) -> Result<(), IndexError> {
-    let (start, end) = (job.bounds[0], job.bounds[job.bags()]);
-    let value = |pos: usize| job.indices[pos].to_i64() as u64;
-    for pos in start..end.min(start + TOUCH_AHEAD) {
-        source.touch(pos, value(pos));
-    }
-    for pos in start..end.min(start + FIND_AHEAD) {
-        source.find(pos, value(pos));
-    }
+    let mut run = Found {
+        first: job.bounds[0],
+        len: 0,
+        rows: [0; RUN],
+        found: [None; RUN],
+        ahead: [0; AHEAD],
+    };
+    let end = job.bounds[job.bags()];
     for (b, count) in counts.iter_mut().enumerate() {
         let walk = (job.bounds[b], job.bounds[b + 1]);
         *count = if D == 0 {
-            found_bag::<I, S, Dec>(rows, job, walk, b, end, source, out.bag(b))?
+            found_bag::<I, S, Dec>(
+                rows,
+                job,
+                walk,
+                b,
+                end,
+                source,
+                &mut run,
+                lacked,
+                out.bag(b),
+            )?
         } else {
             let mut fixed = [0f32; D];
-            let count = found_bag::<I, S, Dec>(rows, job, walk, b, end, source, &mut fixed)?;
+            let count = found_bag::<I, S, Dec>(
+                rows, job, walk, b, end, source, &mut run, lacked, &mut fixed,
+            )?;
             out.bag(b).copy_from_slice(&fixed);
             count
         };
@@ -175,46 +251,41 @@ fn run_found<I: RowIndex, S: RowSource, Dec: Decode, const D: usize>(
     Ok(())
 }
 
-/// Reduces the found rows of bag `b` (`walk`: its positions) into `acc`; returns the rows it
-/// counts. `end`: the job's last position, beyond which no hint is given.
+/// Reduces the found rows of bag `b` (`walk`: its positions) into `acc`, pushing the lookups
+/// the source lacked onto `lacked`; returns the rows it counts. `end`: the job's last position.
 #[inline(always)]
-fn found_bag<I: RowIndex, S: RowSource, Dec: Decode>(
+#[allow(clippy::too_many_arguments)]
+fn found_bag<'s, I: RowIndex, S: RowSource, Dec: Decode>(
     rows: u64,
     job: &PoolJob<'_, I>,
     (start, stop): (usize, usize),
     b: usize,
     end: usize,
-    source: &mut S,
+    source: &'s S,
+    run: &mut Found<'s>,
+    lacked: &mut Vec<Lacked>,
     acc: &mut [f32],
 ) -> Result<usize, IndexError> {
     macro_rules! walk {
         ($init:expr, |$row:ident, $pos:ident| $step:expr) => {{
             acc.fill($init);
-            let padding = job.padding_idx.unwrap_or(u64::MAX);
             let mut skipped = 0;
+            // the run's bounds in locals: only `next` moves them
+            let (mut first, mut last) = (run.first, run.first + run.len);
             for $pos in start..stop {
-                if $pos + TOUCH_AHEAD < end {
-                    let ahead = $pos + TOUCH_AHEAD;
-                    source.touch(ahead, job.indices[ahead].to_i64() as u64);
+                if $pos >= last {
+                    run.next($pos, end, rows, job, source)?;
+                    (first, last) = (run.first, run.first + run.len);
                 }
-                if $pos + FIND_AHEAD < end {
-                    let ahead = $pos + FIND_AHEAD;
-                    source.find(ahead, job.indices[ahead].to_i64() as u64);
-                }
-                let value = job.indices[$pos].to_i64();
-                // a negative index wraps to a huge u64: one compare catches both
-                if value as u64 >= rows {
-                    return Err(IndexError {
-                        position: $pos,
-                        value,
-                    });
-                }
-                if value as u64 == padding {
-                    skipped += 1;
-                    continue;
-                }
-                if let Some($row) = source.row($pos, b, value as u64) {
-                    $step;
+                let i = $pos - first;
+                debug_assert!(i < run.len && run.len <= RUN);
+                let (found, row) =
+                    // SAFETY: first ≤ pos < last = first + len, and len ≤ RUN
+                    unsafe { (*run.found.get_unchecked(i), *run.rows.get_unchecked(i)) };
+                match found {
+                    Some($row) => $step,
+                    None if row == SKIP => skipped += 1,
+                    None => lacked.push((row, $pos, b)),
                 }
             }
             Ok(stop - start - skipped)
@@ -581,7 +652,7 @@ impl Decode for Fp8 {
 
 /// Asks for the cache line holding `p`. Never faults, whatever `p`.
 #[inline(always)]
-fn prefetch_line(p: *const u8) {
+pub fn prefetch_line(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it never faults, whatever the address.
     unsafe {

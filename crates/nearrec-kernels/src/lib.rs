@@ -17,8 +17,9 @@
 //! - `table.rs`: `TableView`, a table's data region with its row arithmetic;
 //! - `patch.rs`: `RowPatch`, rows that stand in for the table's own in one task (a live store's
 //!   written and removed rows);
-//! - `source.rs`: `RowSource`, told ahead which rows are coming (`touch`, then `find`) before
-//!   `row` asks for one, so that probes of an index or a set's keys overlap across lookups.
+//! - `source.rs`: `RowSource`, asked for the rows of a run of lookups at once (`resolve`), with
+//!   the rows of the next two runs as hints, so that it can take each step of finding them (an
+//!   index or a set's tags, a slot's key, the row) for a whole run at a time, a run apart.
 //!
 //! `tests/parity.rs` holds the fast path to the twin (proptest over dtypes, widths, layouts,
 //! modes, weights, padding, bad indices; `pool_found` also completed with the rows it left and
@@ -31,8 +32,8 @@ pub mod reference;
 mod source;
 mod table;
 
-pub use fast::{pool_bags, pool_bags_patched, pool_found, prefetch_row};
+pub use fast::{pool_bags, pool_bags_patched, pool_found, prefetch_line, prefetch_row};
 pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 pub use patch::{RowHasher, RowPatch};
-pub use source::{FIND_AHEAD, RowSource, TOUCH_AHEAD};
+pub use source::{AHEAD, Lacked, RUN, RowSource, SKIP};
 pub use table::TableView;

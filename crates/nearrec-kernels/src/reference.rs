@@ -5,7 +5,7 @@ use nearrec_format::DType;
 
 use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 use crate::patch::RowPatch;
-use crate::source::RowSource;
+use crate::source::{Lacked, RowSource};
 use crate::table::TableView;
 
 /// Pools every bag of `job` from `table` into `out` (same contract as [`crate::pool_bags`]).
@@ -31,8 +31,10 @@ pub fn pool_bags_patched<I: RowIndex>(
     })
 }
 
-/// Pools the rows `source` finds, bag by bag, unfinished, with `counts`: the twin of
-/// [`crate::pool_found`]. It gives the source no hints: `row` alone must answer.
+/// Pools the rows `source` finds, bag by bag, unfinished, with `counts` and the lookups it
+/// lacked: the twin of [`crate::pool_found`]. It asks the source for one lookup at a time, with
+/// no hints.
+#[allow(clippy::too_many_arguments)]
 pub fn pool_found<I: RowIndex, S: RowSource>(
     dtype: DType,
     dim: usize,
@@ -40,7 +42,8 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
     job: &PoolJob<'_, I>,
     out: &mut BagsOut<'_>,
     counts: &mut [usize],
-    source: &mut S,
+    source: &S,
+    lacked: &mut Vec<Lacked>,
 ) -> Result<(), IndexError> {
     let mut row = vec![0f32; dim];
     for (b, count) in counts.iter_mut().enumerate().take(job.bags()) {
@@ -63,7 +66,10 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
                 continue;
             }
             *count += 1;
-            let Some(bytes) = source.row(pos, b, value as u64) else {
+            let mut found = [None];
+            source.resolve(pos, &[value as u64], &[], &mut found);
+            let Some(bytes) = found[0] else {
+                lacked.push((value as u64, pos, b));
                 continue;
             };
             let w = job.weights.map(|w| w[pos]);

@@ -1,27 +1,42 @@
 //! Rows that are not one table in memory: the SSD tier's DRAM tiers (a live table's patch, a
 //! pinned partition, a row cache) in front of a file. [`crate::pool_found`] pools the rows a
-//! [`RowSource`] finds and leaves the others to its caller.
+//! [`RowSource`] finds and hands the others back to its caller.
 
-/// Lookups between a [`RowSource::touch`] and the lookup itself.
-pub const TOUCH_AHEAD: usize = 16;
-/// Lookups between a [`RowSource::find`] and the lookup itself.
-pub const FIND_AHEAD: usize = 8;
+/// Lookups a [`RowSource`] is asked to find at once, at most.
+pub const RUN: usize = 32;
+
+/// Lookups after a run whose rows go with it as hints: the next two runs.
+pub const AHEAD: usize = 2 * RUN;
+
+/// Stands for a padding lookup in a run given to [`RowSource::resolve`]: nothing to find.
+pub const SKIP: u64 = u64::MAX;
+
+/// A lookup a [`RowSource`] did not hold: `(row, position, bag)`.
+pub type Lacked = (u64, usize, usize);
 
 /// Where [`crate::pool_found`] gets each lookup's row.
 ///
-/// The kernel walks a job's positions in order and says, ahead of each lookup, which row is
-/// coming, so that finding rows in structures that take two dependent memory reads (an index or
-/// a set's keys, then the row) overlaps across lookups: [`Self::touch`] [`TOUCH_AHEAD`] lookups
-/// ahead (ask for the lines a search starts at), [`Self::find`] [`FIND_AHEAD`] ahead (search,
-/// and ask for the row's lines), then [`Self::row`] at the lookup. Hints may name indices that
-/// are out of range or padding (the kernel checks indices only when it reaches them), and the
-/// first lookups of a job get no `find`: `row` must answer for any position on its own.
+/// The kernel walks a job's positions in order and asks for their rows a run at a time (up to
+/// [`RUN`] lookups), before it pools any of them, and tells the source the rows of the next two
+/// runs as well. A source whose rows take dependent memory reads to find (an index or a set's
+/// tags, then a slot's key, then the row) can so take one step for a whole run in one short
+/// loop — every lookup's line asked for — and the next step a run later, when the lines have
+/// come: a software pipeline whose stages are runs.
 pub trait RowSource {
-    /// A hint: `row` is asked for at position `pos`, [`TOUCH_AHEAD`] lookups from now.
-    fn touch(&mut self, pos: usize, row: u64);
-    /// A hint: `row` is asked for at position `pos`, [`FIND_AHEAD`] lookups from now.
-    fn find(&mut self, pos: usize, row: u64);
-    /// The encoded bytes of `row`, wanted at position `pos` by bag `bag`, or `None`: the source
-    /// does not hold it, and the caller pools it later (it counts towards the bag's rows).
-    fn row(&mut self, pos: usize, bag: usize, row: u64) -> Option<&[u8]>;
+    /// Finds the rows of the lookups at positions `first..first + rows.len()` (at most
+    /// [`RUN`]; runs come in ascending order, each position once): `found[i]`, `None` on
+    /// entry, becomes the encoded bytes of row `rows[i]`, or stays `None` when the source does
+    /// not hold it (the caller pools it later; it counts towards its bag's rows). A `rows[i]`
+    /// of [`SKIP`] is a padding lookup: its `found[i]` stays `None`. Rows are in range.
+    ///
+    /// `ahead`: the rows of the lookups that follow (at most [`AHEAD`]; fewer at the job's
+    /// end), in the runs the next calls will most likely ask for — hints, unchecked: they may
+    /// be out of range or padding, and a run may still come otherwise (after a bad index).
+    fn resolve<'s>(
+        &'s self,
+        first: usize,
+        rows: &[u64],
+        ahead: &[u64],
+        found: &mut [Option<&'s [u8]>],
+    );
 }

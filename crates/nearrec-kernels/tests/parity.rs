@@ -6,7 +6,8 @@
 
 use nearrec_format::{AlignedBuf, DType, RowLayout};
 use nearrec_kernels::{
-    BagsOut, IndexError, PoolJob, PoolingMode, RowIndex, RowPatch, RowSource, TableView, reference,
+    AHEAD, BagsOut, IndexError, PoolJob, PoolingMode, RUN, RowIndex, RowPatch, RowSource, SKIP,
+    TableView, reference,
 };
 use proptest::prelude::*;
 
@@ -352,14 +353,15 @@ proptest! {
     }
 }
 
-/// A [`RowSource`] over a table that lacks the rows `absent` picks, and records every lookup it
-/// was asked for and lacked; its hints are held to the lookups they announce.
+/// One call of [`RowSource::resolve`]: its first position, its rows, the rows ahead.
+type Asked = (usize, Vec<u64>, Vec<u64>);
+
+/// A [`RowSource`] over a table that lacks the rows `absent` picks, and records every run it was
+/// asked for (held afterwards to the job's positions).
 struct Partial<'t> {
     view: &'t TableView<'t>,
     absent: u64,
-    lacked: Vec<(usize, usize, u64)>,
-    touched: Vec<(usize, u64)>,
-    found: Vec<(usize, u64)>,
+    runs: std::cell::RefCell<Vec<Asked>>,
 }
 
 impl Partial<'_> {
@@ -369,23 +371,22 @@ impl Partial<'_> {
 }
 
 impl RowSource for Partial<'_> {
-    fn touch(&mut self, pos: usize, row: u64) {
-        self.touched.push((pos, row));
-    }
-    fn find(&mut self, pos: usize, row: u64) {
-        self.found.push((pos, row));
-    }
-    fn row(&mut self, pos: usize, bag: usize, row: u64) -> Option<&[u8]> {
-        for hints in [&self.touched, &self.found] {
-            if let Some(&(_, hinted)) = hints.iter().rev().find(|f| f.0 == pos) {
-                assert_eq!(hinted, row, "the hint for position {pos} named another row");
+    fn resolve<'s>(
+        &'s self,
+        first: usize,
+        rows: &[u64],
+        ahead: &[u64],
+        found: &mut [Option<&'s [u8]>],
+    ) {
+        assert!(rows.len() <= RUN && rows.len() == found.len() && ahead.len() <= AHEAD);
+        self.runs
+            .borrow_mut()
+            .push((first, rows.to_vec(), ahead.to_vec()));
+        for (f, &row) in found.iter_mut().zip(rows) {
+            assert!(f.is_none(), "a run's found rows must start empty");
+            if row != SKIP && !self.lacks(row) {
+                *f = Some(self.view.row(row));
             }
-        }
-        if self.lacks(row) {
-            self.lacked.push((pos, bag, row));
-            None
-        } else {
-            Some(self.view.row(row))
         }
     }
 }
@@ -424,14 +425,37 @@ proptest! {
         for fast in [true, false] {
             let mut out = vec![f32::NAN; bags * stride];
             let mut counts = vec![usize::MAX; bags];
-            let mut src = Partial { view: &view, absent, lacked: Vec::new(), touched: Vec::new(), found: Vec::new() };
+            let src = Partial { view: &view, absent, runs: Default::default() };
+            let mut lacked = Vec::new();
             let mut cells = BagsOut::from_slice(&mut out, stride, dim, bags);
             let res = if fast {
-                nearrec_kernels::pool_found(c.dtype, dim, c.rows, &job, &mut cells, &mut counts, &mut src)
+                nearrec_kernels::pool_found(c.dtype, dim, c.rows, &job, &mut cells, &mut counts, &src, &mut lacked)
             } else {
-                reference::pool_found(c.dtype, dim, c.rows, &job, &mut cells, &mut counts, &mut src)
+                reference::pool_found(c.dtype, dim, c.rows, &job, &mut cells, &mut counts, &src, &mut lacked)
             };
-            results.push((res, out, counts, src.lacked));
+            // runs ascend without gaps or overlaps, and name the rows at their positions
+            let mut next = bounds[0];
+            for (first, rows, ahead) in src.runs.into_inner() {
+                prop_assert!(first >= next, "a run from {} after one up to {}", first, next);
+                if fast {
+                    prop_assert_eq!(first, next);
+                }
+                for (i, &r) in rows.iter().enumerate() {
+                    let value = picks[first + i];
+                    let want = if c.padding == Some(value as u64) { SKIP } else { value as u64 };
+                    prop_assert_eq!(r, want, "position {}", first + i);
+                }
+                next = first + rows.len();
+                // the hints are the rows that follow, as far as the job goes
+                let after = &picks[next..picks.len().min(next + AHEAD)];
+                if fast {
+                    prop_assert_eq!(ahead.len(), after.len());
+                }
+                for (&h, &value) in ahead.iter().zip(after) {
+                    prop_assert_eq!(h, value as u64);
+                }
+            }
+            results.push((res, out, counts, lacked));
         }
         let (fast, slow) = (&results[0], &results[1]);
         prop_assert_eq!(fast.0, slow.0);
@@ -442,8 +466,8 @@ proptest! {
         let in_done = |pos: usize| pos < bounds[done];
         check_same(&c, &fast.1[..done * stride], &slow.1[..done * stride])?;
         prop_assert_eq!(&fast.2[..done], &slow.2[..done]);
-        let lacked = |l: &[(usize, usize, u64)]| -> Vec<(usize, usize, u64)> {
-            l.iter().copied().filter(|e| in_done(e.0)).collect()
+        let lacked = |l: &[(u64, usize, usize)]| -> Vec<(u64, usize, usize)> {
+            l.iter().copied().filter(|e| in_done(e.1)).collect()
         };
         prop_assert_eq!(lacked(&fast.3), lacked(&slow.3));
         if fast.0.is_err() {
@@ -452,7 +476,7 @@ proptest! {
         // the caller's part: the lacked rows added, then each bag finished
         let mut out = fast.1.clone();
         let mut row = vec![0f32; dim];
-        for &(pos, bag, r) in &fast.3 {
+        for &(r, pos, bag) in &fast.3 {
             c.dtype.decode_row(view.row(r), &mut row);
             let cell = &mut out[bag * stride..][..dim];
             for (a, &v) in cell.iter_mut().zip(&row) {
