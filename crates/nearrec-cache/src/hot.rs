@@ -9,7 +9,7 @@
 use nearrec_format::AlignedBuf;
 use nearrec_kernels::prefetch_row;
 
-use crate::hash::{mix, scale};
+use crate::hash::{fibonacci, scale};
 
 /// One index entry: `row + 1` (0: empty) and the row's place among the pinned rows.
 #[derive(Debug, Clone, Copy, Default)]
@@ -188,8 +188,9 @@ impl HotPartition {
     }
 
     /// Where `row`'s probe starts: the hash scaled onto the index (no power-of-two size needed).
+    #[inline(always)]
     fn home(&self, row: u64) -> usize {
-        scale(mix(row), self.slots)
+        scale(fibonacci(row), self.slots)
     }
 
     fn next(&self, i: usize) -> usize {

@@ -44,7 +44,7 @@ use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, T
 use nearrec_format::AlignedBuf;
 use nearrec_kernels::{SKIP, prefetch_line, prefetch_row};
 
-use crate::hash::{mix, scale};
+use crate::hash::{fibonacci, mix, scale};
 use crate::policy::CacheConfig;
 use crate::stats::{CacheStats, CacheStatsSnapshot};
 
@@ -60,8 +60,6 @@ const MAX_SHARDS: usize = 256;
 const DEFERRED_BYTES: usize = 256 * 1024;
 /// Bytes of a row [`RowCache::get`] copies onto its stack.
 const STACK_BYTES: usize = 512;
-/// The row hash's multiplier (2^64 / φ, odd): the set comes from the product's high bits.
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 const LOW_BYTES: u64 = 0x0101_0101_0101_0101;
 const LOW_7_BITS: u64 = 0x7f7f_7f7f_7f7f_7f7f;
 
@@ -348,7 +346,7 @@ impl RowCache {
             // a row beyond those it was told of (outside the contract) is hashed
             Some(shift) if row >> shift < self.sets as u64 => ((row >> shift) as usize, row as u8),
             _ => {
-                let h = (row ^ self.config.seed).wrapping_mul(GOLDEN);
+                let h = fibonacci(row ^ self.config.seed);
                 (scale(h, self.sets), (h >> 32) as u8)
             }
         };
@@ -671,7 +669,7 @@ impl<'a> Reader<'a> {
                 // a row beyond those it was told of (outside the contract) is hashed
                 Some(shift) if row >> shift < n as u64 => ((row >> shift) as usize, row as u8),
                 _ => {
-                    let h = (row ^ seed).wrapping_mul(GOLDEN);
+                    let h = fibonacci(row ^ seed);
                     (scale(h, n), (h >> 32) as u8)
                 }
             };

@@ -473,7 +473,8 @@ impl SsdTier {
 /// the whole job: a hit is pooled from where its row lies); a lookup none of them holds is a
 /// miss, kept for the SSD.
 ///
-/// The kernel asks for a run of lookups at a time ([`RUN`]) and names the rows of the next two.
+/// The kernel asks for a run of lookups at a time ([`RUN`]) and names the rows of the run after
+/// the next one.
 /// Finding a run's rows is a pipeline of three steps a run apart, each one short loop over the
 /// run that asks for the lines the next step reads: two runs ahead each lookup is *located*
 /// (the hot partition's index entry, else the cache's set and its tags asked for); one run
@@ -613,14 +614,12 @@ impl RowSource for TierSource<'_> {
             self.locate(run, first, rows);
             self.probe(run);
         }
-        // the next two runs a step on
-        let (soon, later) = ahead.split_at(ahead.len().min(RUN));
-        let later = &later[..later.len().min(RUN)];
-        if next.first != first + n || next.len != soon.len() {
-            self.locate(next, first + n, soon);
+        // the next two runs a step on (a next run not located a call ago, as a job's second
+        // is not, takes all its steps at its own call)
+        if next.first == first + n {
+            self.probe(next);
         }
-        self.probe(next);
-        self.locate(after, first + n + soon.len(), later);
+        self.locate(after, first + n + RUN, &ahead[..ahead.len().min(RUN)]);
         // the last step: what the hot partition holds, then the cache's slots' keys, for the
         // lookups still wanted (not padding, not the patch's)
         let mut served = [0u64; 2];

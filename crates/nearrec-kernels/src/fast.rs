@@ -151,14 +151,14 @@ struct Found<'s> {
     len: usize,
     rows: [u64; RUN],
     found: [Option<&'s [u8]>; RUN],
-    /// The rows of the lookups after the run, as the source's hints.
+    /// The rows of the run after the next one, as the source's hints.
     ahead: [u64; AHEAD],
 }
 
 impl<'s> Found<'s> {
     /// Asks `source` for the run from `pos` (up to [`RUN`] lookups, none past `end`), checking
     /// its indices first: a run stops before a bad index, and a run that would start at one is
-    /// the error. The rows of the [`AHEAD`] lookups after it go along as hints, unchecked.
+    /// the error. The rows of the run after the next go along as hints, unchecked.
     #[inline(never)]
     fn next<I: RowIndex, S: RowSource>(
         &mut self,
@@ -193,7 +193,8 @@ impl<'s> Found<'s> {
                 value as u64
             };
         }
-        let after = &job.indices[pos + len..end.min(pos + len + AHEAD)];
+        let after = (pos + len + RUN).min(end);
+        let after = &job.indices[after..end.min(after + AHEAD)];
         for (row, &index) in self.ahead.iter_mut().zip(after) {
             *row = index.to_i64() as u64;
         }

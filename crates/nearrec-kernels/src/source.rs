@@ -5,8 +5,8 @@
 /// Lookups a [`RowSource`] is asked to find at once, at most.
 pub const RUN: usize = 32;
 
-/// Lookups after a run whose rows go with it as hints: the next two runs.
-pub const AHEAD: usize = 2 * RUN;
+/// Lookups whose rows go with a run as hints: the run after the next one.
+pub const AHEAD: usize = RUN;
 
 /// Stands for a padding lookup in a run given to [`RowSource::resolve`]: nothing to find.
 pub const SKIP: u64 = u64::MAX;
@@ -17,8 +17,8 @@ pub type Lacked = (u64, usize, usize);
 /// Where [`crate::pool_found`] gets each lookup's row.
 ///
 /// The kernel walks a job's positions in order and asks for their rows a run at a time (up to
-/// [`RUN`] lookups), before it pools any of them, and tells the source the rows of the next two
-/// runs as well. A source whose rows take dependent memory reads to find (an index or a set's
+/// [`RUN`] lookups), before it pools any of them, and tells the source the rows of the run
+/// after the next one as well. A source whose rows take dependent memory reads to find (an index or a set's
 /// tags, then a slot's key, then the row) can so take one step for a whole run in one short
 /// loop — every lookup's line asked for — and the next step a run later, when the lines have
 /// come: a software pipeline whose stages are runs.
@@ -29,9 +29,10 @@ pub trait RowSource {
     /// not hold it (the caller pools it later; it counts towards its bag's rows). A `rows[i]`
     /// of [`SKIP`] is a padding lookup: its `found[i]` stays `None`. Rows are in range.
     ///
-    /// `ahead`: the rows of the lookups that follow (at most [`AHEAD`]; fewer at the job's
-    /// end), in the runs the next calls will most likely ask for — hints, unchecked: they may
-    /// be out of range or padding, and a run may still come otherwise (after a bad index).
+    /// `ahead`: the rows of the run after the next one (the [`AHEAD`] lookups from
+    /// `first + rows.len() + RUN`; fewer or none at the job's end), which a call two calls on
+    /// will most likely ask for — hints, unchecked: they may be out of range or padding, and
+    /// the run may still come otherwise (after a bad index).
     fn resolve<'s>(
         &'s self,
         first: usize,

@@ -446,8 +446,9 @@ proptest! {
                     prop_assert_eq!(r, want, "position {}", first + i);
                 }
                 next = first + rows.len();
-                // the hints are the rows that follow, as far as the job goes
-                let after = &picks[next..picks.len().min(next + AHEAD)];
+                // the hints are the rows of the run after the next, as far as the job goes
+                let from = (next + RUN).min(picks.len());
+                let after = &picks[from..picks.len().min(from + AHEAD)];
                 if fast {
                     prop_assert_eq!(ahead.len(), after.len());
                 }
