@@ -41,13 +41,14 @@ class Mutant:
 MUTANTS = [
     Mutant("an offer writes while readers hold the cache (nothing kept aside)", ROW_CACHE,
            "            Err(TryLockError::WouldBlock) => {\n                if self.defer(",
-           "            Err(TryLockError::WouldBlock) => return self.offer_now(&mut 0, row, bytes),\n"
+           "            Err(TryLockError::WouldBlock) => "
+           "return self.offer_now(&mut 0, row, bytes),\n"
            "            #[allow(unreachable_patterns)]\n"
            "            Err(TryLockError::WouldBlock) => {\n                if self.defer(",
            CACHE_TESTS),
     Mutant("rows kept aside are dropped, never written", ROW_CACHE,
-           "            self.offer_now(draws, row, bytes);\n", "            let _ = (row, bytes);\n",
-           CACHE_TESTS),
+           "            self.offer_now(draws, row, bytes);\n",
+           "            let _ = (row, bytes);\n", CACHE_TESTS),
     Mutant("the last reader out leaves the rows kept aside unwritten", ROW_CACHE,
            "        // the last reader out writes the rows kept aside while it read\n"
            "        self.cache.settle();", "", CACHE_TESTS),
@@ -59,11 +60,12 @@ MUTANTS = [
     Mutant("the tag compare finds empty ways instead of the row's", ROW_CACHE,
            "let zero = zero_bytes(word ^ wanted);", "let zero = zero_bytes(word);", CACHE_TESTS),
     Mutant("an LRU hit does not move the row to most recent", ROW_CACHE,
-           "clock.store(now, Ordering::Relaxed);\n                mark.store(now, Ordering::Relaxed);",
+           "clock.store(now, Ordering::Relaxed);\n"
+           "                mark.store(now, Ordering::Relaxed);",
            "clock.store(now, Ordering::Relaxed);\n                let _ = mark;", CACHE_TESTS),
     Mutant("an LFU hit is not counted", ROW_CACHE,
-           "                mark.store(mark.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);",
-           "", CACHE_TESTS),
+           "                    mark.load(Ordering::Relaxed).wrapping_add(1),\n",
+           "                    mark.load(Ordering::Relaxed),\n", CACHE_TESTS),
     Mutant("a cache hit overwrites what the patch or the hot partition found", ROW_CACHE,
            "if found.is_some() || row == SKIP || set.order", "if set.order", DELTA_TESTS),
     Mutant("the admission draw ignores the probability", ROW_CACHE,
@@ -72,14 +74,15 @@ MUTANTS = [
            "*draws += 1;", "*draws += 0;", CACHE_TESTS),
     Mutant("the tier source probes the hot partition for the next lookup's row", TIER_SOURCE,
            "run.hot[i] = run.homes[i].and_then(|home| hot.get_prefetched(home, run.rows[i]));",
-           "run.hot[i] = run.homes[i].and_then(|home| hot.get_prefetched(home, run.rows[(i + 1) % n]));",
+           "run.hot[i] = run.homes[i]"
+           ".and_then(|home| hot.get_prefetched(home, run.rows[(i + 1) % n]));",
            ENGINE_TESTS),
     Mutant("a located run keeps its rows out of order", TIER_SOURCE,
            "run.rows[..n].copy_from_slice(&rows[..n]);",
            "run.rows[..n].copy_from_slice(&rows[..n]);\n        run.rows[..n].reverse();",
            ENGINE_TESTS),
     Mutant("the kernel pools a run's rows one position off", KERNELS,
-           "let i = $pos - run.first;", "let i = ($pos + 1 - run.first) % RUN;", KERNEL_TESTS),
+           "let i = $pos - first;", "let i = ($pos + 1 - first) % RUN;", KERNEL_TESTS),
     Mutant("the kernel's runs skip a lookup between them", KERNELS,
            "(self.first, self.len) = (pos, len);", "(self.first, self.len) = (pos, len + 1);",
            KERNEL_TESTS),

@@ -480,8 +480,9 @@ impl SsdTier {
 /// (the hot partition's index entry, else the cache's set and its tags asked for); one run
 /// ahead it is *probed* (the hot partition's entry read and the row asked for; else the cache's
 /// tags compared and the slot's head and row asked for); at its run it is *read* (the cache
-/// slot's key checked). A table with both tiers locates in the cache what the hot partition
-/// lacked when it probes, and probes and reads it at its run.
+/// slot's key checked). A table with both tiers locates every row in both (the cache's tags of
+/// a row the hot partition holds are asked for in vain), so that what the hot partition lacks
+/// is probed in the cache a run before it is read.
 struct TierSource<'a> {
     /// The patch and the positions that read it, from the next run's on.
     patch: Option<(&'a RowPatch, Cell<&'a [usize]>)>,
@@ -505,9 +506,9 @@ struct Prepared<'a> {
     homes: [Option<Home>; RUN],
     /// Probed: the rows the hot partition holds.
     hot: [Option<&'a [u8]>; RUN],
-    /// Located in the row cache (of a table with a hot partition: when probed, what it lacked).
+    /// Located in the row cache (once probed, none where the hot partition holds the row).
     sets: [Set; RUN],
-    /// Probed in the row cache (a table without a hot partition).
+    /// Probed in the row cache.
     slots: [Slot; RUN],
 }
 
@@ -547,28 +548,26 @@ impl<'a> TierSource<'a> {
             for (home, &row) in run.homes.iter_mut().zip(&rows[..n]) {
                 *home = Some(hot.prefetch(row));
             }
-        } else if let Some(cache) = &self.cache {
+        }
+        // every row, the hot partition's too: its set's tags are on their way by the probe
+        if let Some(cache) = &self.cache {
             cache.locate(&rows[..n], &mut run.sets[..n]);
         }
     }
 
-    /// The second step, for a located run.
+    /// The second step, for a located run: the cache is probed for what the hot partition
+    /// lacks.
     fn probe(&self, run: &mut Prepared<'a>) {
         let n = run.len;
         if let Some(hot) = self.hot {
             for i in 0..n {
                 run.hot[i] = run.homes[i].and_then(|home| hot.get_prefetched(home, run.rows[i]));
-            }
-            if let Some(cache) = &self.cache {
-                let mut lacked = [SKIP; RUN];
-                for ((row, hot), &wanted) in lacked.iter_mut().zip(&run.hot).zip(&run.rows[..n]) {
-                    if hot.is_none() {
-                        *row = wanted;
-                    }
+                if run.hot[i].is_some() {
+                    run.sets[i] = Set::NONE;
                 }
-                cache.locate(&lacked[..n], &mut run.sets[..n]);
             }
-        } else if let Some(cache) = &self.cache {
+        }
+        if let Some(cache) = &self.cache {
             cache.probe(&run.sets[..n], &mut run.slots[..n]);
         }
     }
@@ -632,9 +631,6 @@ impl RowSource for TierSource<'_> {
             }
         }
         if let Some(cache) = &self.cache {
-            if self.hot.is_some() {
-                cache.probe(&run.sets[..n], &mut run.slots[..n]);
-            }
             // what the patch or the hot partition found, and padding, are passed over
             served[1] = cache.read(&run.slots[..n], rows, found);
         }
