@@ -113,6 +113,28 @@ impl Slot {
     };
 }
 
+/// Where `row` lives in a cache of `sets` sets (`None` when it has none): placed by number
+/// (`by_number`: row `r` in set `r >> shift`) or hashed by one multiplication, whose high bits
+/// pick the set and middle bits the tag. Writers' and readers' one way of finding a row's set.
+#[inline(always)]
+fn place(row: u64, sets: usize, seed: u64, by_number: Option<u32>) -> Option<Set> {
+    if sets == 0 {
+        return None;
+    }
+    let (order, tag) = match by_number {
+        // a row beyond those it was told of (outside the contract) is hashed
+        Some(shift) if row >> shift < sets as u64 => ((row >> shift) as usize, row as u8),
+        _ => {
+            let h = fibonacci(row ^ seed);
+            (scale(h, sets), (h >> 32) as u8)
+        }
+    };
+    Some(Set {
+        order: order as u32,
+        tag: tag.max(1),
+    })
+}
+
 /// The high bit of each zero byte of `x`, exactly (no false positives from borrows).
 #[inline(always)]
 fn zero_bytes(x: u64) -> u64 {
@@ -335,25 +357,10 @@ impl RowCache {
         self.head(slot)[0].load(Ordering::Relaxed)
     }
 
-    /// Where `row` lives: its set and tag (hashed by one multiplication, whose high bits pick
-    /// the set and middle bits the tag, or placed by number).
+    /// Where `row` lives: its set and tag (see [`place`]).
     #[inline(always)]
     fn locate(&self, row: u64) -> Option<Set> {
-        if self.sets == 0 {
-            return None;
-        }
-        let (order, tag) = match self.by_number {
-            // a row beyond those it was told of (outside the contract) is hashed
-            Some(shift) if row >> shift < self.sets as u64 => ((row >> shift) as usize, row as u8),
-            _ => {
-                let h = fibonacci(row ^ self.config.seed);
-                (scale(h, self.sets), (h >> 32) as u8)
-            }
-        };
-        Some(Set {
-            order: order as u32,
-            tag: tag.max(1),
-        })
+        place(row, self.sets, self.config.seed, self.by_number)
     }
 
     /// The first way at or after `from` of `set` (whose number is below `sets`) whose tag is
@@ -664,21 +671,12 @@ impl<'a> Reader<'a> {
         let (n, seed, by_number) = (c.sets, c.config.seed, c.by_number);
         let (tags, tag_bytes) = (c.tags.as_slice().as_ptr(), c.tag_words * 8);
         for (&row, set) in rows.iter().zip(sets) {
-            let (order, tag) = match by_number {
-                _ if row == SKIP || n == 0 => (u32::MAX as usize, 0),
-                // a row beyond those it was told of (outside the contract) is hashed
-                Some(shift) if row >> shift < n as u64 => ((row >> shift) as usize, row as u8),
-                _ => {
-                    let h = fibonacci(row ^ seed);
-                    (scale(h, n), (h >> 32) as u8)
-                }
-            };
-            *set = Set {
-                order: order as u32,
-                tag: tag.max(1),
+            *set = match row {
+                SKIP => Set::NONE,
+                row => place(row, n, seed, by_number).unwrap_or(Set::NONE),
             };
             // a hint: a prefetch never faults, and nothing is read here
-            let at = tags.wrapping_add(order * tag_bytes);
+            let at = tags.wrapping_add(set.order as usize * tag_bytes);
             prefetch_line(at);
             prefetch_line(at.wrapping_add(tag_bytes - 1));
         }

@@ -74,8 +74,9 @@ struct Routed {
     misses: Vec<(usize, usize)>,
 }
 
-/// One lookup: `(row, position in the request, bag)`.
-type Entry = (u64, usize, usize);
+/// One lookup: `(row, position in the request, bag)`, as the kernel hands back those the DRAM
+/// tiers lacked.
+type Entry = nearrec_kernels::Lacked;
 
 /// A batch's reads, where each distinct row lands, and which landings each read carries.
 #[derive(Default)]
