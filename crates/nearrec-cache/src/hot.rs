@@ -96,6 +96,11 @@ impl HotPartition {
         rows * (row_bytes as u64 + INDEX_BYTES)
     }
 
+    /// Bytes of each row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use nearrec_format::AlignedBuf;
-use nearrec_kernels::{SKIP, prefetch_line, prefetch_row};
+use nearrec_kernels::{RowRef, SKIP, prefetch_line, prefetch_row};
 
 use crate::hash::{fibonacci, mix, scale};
 use crate::policy::CacheConfig;
@@ -50,10 +50,11 @@ use crate::stats::{CacheStats, CacheStatsSnapshot};
 
 /// Bytes of bookkeeping per slot beside the row: its head (key, mark) and its tag.
 pub const SLOT_OVERHEAD: u64 = 8 * HEAD_WORDS as u64 + 1;
-/// Words of a slot's head: key, mark (four heads to a line).
+/// Words of a slot's head, just before its row: key, mark.
 const HEAD_WORDS: usize = 2;
-/// Keys are stored as `row + 1`, so a fresh (zeroed, untouched) table is all empty slots; an
-/// empty slot's tag is 0, a row's never is.
+/// An empty slot's key: a fresh (zeroed, untouched) cache is all empty slots. An empty slot's
+/// tag is 0, as is one row in 256's: a probe may so find an empty way, whose key then sends the
+/// read on to the set's later ways (rarely: only while the set has room).
 const EMPTY: u64 = 0;
 const MAX_SHARDS: usize = 256;
 /// Bytes of offered rows a cache keeps aside while readers hold it (at least one row).
@@ -61,7 +62,7 @@ const DEFERRED_BYTES: usize = 256 * 1024;
 /// Bytes of a row [`RowCache::get`] copies onto its stack.
 const STACK_BYTES: usize = 512;
 const LOW_BYTES: u64 = 0x0101_0101_0101_0101;
-const LOW_7_BITS: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
 /// What became of an offered row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,40 +78,45 @@ pub enum Offer {
 }
 
 /// A row's set and tag, worked out once by [`Reader::locate`]: give it to [`Reader::probe`].
+/// One word, stored and loaded whole: the set's number in the low 32 bits, the tag in each byte
+/// of the high 32 (so that a probe spreads it over a vector's lanes with one shuffle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Set {
-    /// The set's number: its slots start at `order × ways`, its tags at word
-    /// `order × tag_words`.
-    order: u32,
-    tag: u8,
-}
+pub struct Set(u64);
 
 impl Set {
     /// No set: a row skipped, or a cache with none.
-    pub const NONE: Set = Set {
-        order: u32::MAX,
-        tag: 0,
-    };
+    pub const NONE: Set = Set(u32::MAX as u64);
 
-    /// The set's number: rows with the same one share the set.
+    /// Tag bytes: each of the high four.
+    const TAG_BYTES: u64 = 0x0101_0101 << 32;
+
+    fn new(order: usize, tag: u8) -> Set {
+        debug_assert!(order < u32::MAX as usize);
+        Set(order as u64 | (u64::from(tag) * Self::TAG_BYTES))
+    }
+
+    /// The set's number: rows with the same one share the set. Its slots start at
+    /// `number × ways`, its tags at word `number × tag_words`.
     pub fn number(self) -> usize {
-        self.order as usize
+        self.0 as u32 as usize
+    }
+
+    /// The row's tag.
+    #[inline(always)]
+    fn tag(self) -> u8 {
+        (self.0 >> 32) as u8
     }
 }
 
-/// Where [`Reader::probe`] found a slot whose tag is the row's: read it with [`Reader::read`].
+/// Where [`Reader::probe`] found a way whose tag is the row's: the slot's number (its set's
+/// `number × ways` + the way). Read it with [`Reader::read`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slot {
-    set: Set,
-    way: u32,
-}
+pub struct Slot(u32);
 
 impl Slot {
-    /// No slot: the set had no way with the row's tag.
-    pub const NONE: Slot = Slot {
-        set: Set::NONE,
-        way: 0,
-    };
+    /// No slot: the set had no way with the row's tag (a cache has fewer than `u32::MAX`
+    /// slots, so no slot is this one).
+    pub const NONE: Slot = Slot(u32::MAX);
 }
 
 /// Where `row` lives in a cache of `sets` sets (`None` when it has none): placed by number
@@ -121,24 +127,108 @@ fn place(row: u64, sets: usize, seed: u64, by_number: Option<u32>) -> Option<Set
     if sets == 0 {
         return None;
     }
-    let (order, tag) = match by_number {
-        // a row beyond those it was told of (outside the contract) is hashed
-        Some(shift) if row >> shift < sets as u64 => ((row >> shift) as usize, row as u8),
-        _ => {
-            let h = fibonacci(row ^ seed);
-            (scale(h, sets), (h >> 32) as u8)
-        }
-    };
-    Some(Set {
-        order: order as u32,
-        tag: tag.max(1),
+    Some(match by_number {
+        Some(shift) => place_as::<true>(row, sets, seed, shift),
+        None => place_as::<false>(row, sets, seed, 0),
     })
 }
 
-/// The high bit of each zero byte of `x`, exactly (no false positives from borrows).
+/// [`place`] in a cache that has sets, placing by number (`BY_NUMBER`, by `shift`) or not.
 #[inline(always)]
-fn zero_bytes(x: u64) -> u64 {
-    !(((x & LOW_7_BITS) + LOW_7_BITS) | x | LOW_7_BITS)
+fn place_as<const BY_NUMBER: bool>(row: u64, sets: usize, seed: u64, shift: u32) -> Set {
+    if BY_NUMBER && row >> shift < sets as u64 {
+        Set((row >> shift) | ((row & 0xff) * Set::TAG_BYTES))
+    } else {
+        // a row beyond those the cache was told of (outside the contract) is hashed too
+        let h = fibonacci(row ^ seed);
+        // the tag: bits 32..40 of the hash, spread where `Set` keeps it
+        Set(scale(h, sets) as u64 | ((h >> 32 & 0xff) * Set::TAG_BYTES))
+    }
+}
+
+/// Row `row`'s key: `row + 2`. 0 is an empty slot's ([`EMPTY`]), and 1 would be [`SKIP`]'s,
+/// which no slot holds: a padding lookup matches no slot, whatever way its probe found. (Row
+/// `u64::MAX - 1`, whose key would be 0, is never offered: see [`RowCache::offer`].)
+#[inline(always)]
+fn key_of(row: u64) -> u64 {
+    row.wrapping_add(2)
+}
+
+/// The row whose key is `key` (not [`EMPTY`]).
+fn row_of(key: u64) -> u64 {
+    key - 2
+}
+
+/// The first way at or after `from` whose tag is `set`'s, of a set of `ways` ways
+/// whose `tag_words` words of tags are at `tags` (`TW`: that count where the caller knows it,
+/// 0 where only `tag_words` says). The tags are compared all at once: sixteen with SSE2 in a
+/// set of two words, else eight to a word (SWAR). The padding after the last way's tag is 0,
+/// as a tag may be: it is never a way. Writers' and readers' one way of searching a set's tags.
+///
+/// # Safety
+/// `tags` points at `tag_words` readable words that no one writes meanwhile (the cache is held).
+#[inline(always)]
+unsafe fn first_tagged<const TW: usize>(
+    tags: *const u64,
+    tag_words: usize,
+    ways: usize,
+    set: Set,
+    from: usize,
+) -> Option<usize> {
+    debug_assert!(ways <= tag_words * 8);
+    let tag_words = if TW == 0 { tag_words } else { TW };
+    #[cfg(target_arch = "x86_64")]
+    if TW == 2 {
+        use std::arch::x86_64::{
+            _mm_cmpeq_epi8, _mm_cvtsi64_si128, _mm_loadu_si128, _mm_movemask_epi8,
+            _mm_shuffle_epi32,
+        };
+        // SAFETY: two readable words at `tags` (the contract); SSE2 is part of x86_64
+        let equal = unsafe {
+            let got = _mm_loadu_si128(tags.cast());
+            // the set's high half, four tag bytes, in every lane
+            let wanted = _mm_shuffle_epi32::<0x55>(_mm_cvtsi64_si128(set.0 as i64));
+            _mm_movemask_epi8(_mm_cmpeq_epi8(got, wanted))
+        } as u32;
+        // the ways from `from` to the last (`ways` ≤ 16 here)
+        let equal = equal & ((1 << ways) - 1) & u32::MAX.checked_shl(from as u32).unwrap_or(0);
+        return (equal != 0).then(|| equal.trailing_zeros() as usize);
+    }
+    let wanted = LOW_BYTES * u64::from(set.tag());
+    for w in from / 8..tag_words {
+        // SAFETY: w < tag_words (the contract)
+        let mut x = unsafe { tags.add(w).read() } ^ wanted;
+        if w == from / 8 {
+            // the ways before `from` made unequal
+            x |= (1 << (from % 8 * 8)) - 1;
+        }
+        // bytes equal to the tag are 0 in `x`; the lowest byte flagged is the first of them
+        // exactly (a borrow starts only at a zero byte, so it can flag only bytes above one)
+        let zero = x.wrapping_sub(LOW_BYTES) & !x & HIGH_BITS;
+        if zero != 0 {
+            let way = w * 8 + zero.trailing_zeros() as usize / 8;
+            // past the last way: padding, and no way after it
+            return (way < ways).then_some(way);
+        }
+    }
+    None
+}
+
+/// Marks a hit of the slot whose mark is `mark` (`LFU`: counts it; LRU: stamps it with its
+/// shard's `clock`, moved on). Plain stores, not read-modify-writes (see the module docs).
+#[inline(always)]
+fn mark<const LFU: bool>(mark: &AtomicU64, clock: &AtomicU64) {
+    if LFU {
+        // a hit count: 2^64 hits are never reached
+        mark.store(
+            mark.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    } else {
+        let now = clock.load(Ordering::Relaxed) + 1;
+        clock.store(now, Ordering::Relaxed);
+        mark.store(now, Ordering::Relaxed);
+    }
 }
 
 /// One shard's LRU clock, on a line of its own (sets are dealt to shards by their number's low
@@ -159,9 +249,11 @@ struct Deferred {
 #[derive(Debug)]
 pub struct RowCache {
     row_bytes: usize,
-    /// Words a row's place takes (`row_bytes` rounded up to 8 bytes).
-    words: usize,
+    /// Bytes a slot takes in `data`: its head, then its row rounded up to whole words.
+    stride: usize,
     ways: usize,
+    /// `log2(ways)` where `ways` is a power of two: a slot's set is then its number shifted.
+    ways_shift: Option<u32>,
     /// Words of tags per set (`ways` bytes rounded up to a word; the padding stays 0).
     tag_words: usize,
     sets: usize,
@@ -180,13 +272,12 @@ pub struct RowCache {
     /// Whether `deferred` holds rows (read without its lock by readers leaving).
     any_deferred: AtomicBool,
     /// Set `s`'s tags at word `s × tag_words` (way `w`: byte `w % 8` of word `w / 8`, little
-    /// end first); slot `i`'s head at word `HEAD_WORDS × i` of `heads` (key, mark); its row at
-    /// word `i × words` of `data`. One buffer each, so that large caches sit on huge pages: a
-    /// hit on 4 KiB pages misses the TLB as well as the cache. Tags and heads are only ever
-    /// accessed through atomics; rows are written only under the write lock and read only
-    /// under a read lock.
+    /// end first); slot `i` at byte `i × stride` of `data`: its head (key, mark), then its row,
+    /// so that a hit's key and row are one run of lines. One buffer each, so that large caches
+    /// sit on huge pages: a hit on 4 KiB pages misses the TLB as well as the cache. Heads are
+    /// only ever accessed through atomics; tags and rows are written only under the write lock
+    /// and read under a read lock (or the write lock).
     tags: AlignedBuf,
-    heads: AlignedBuf,
     data: AlignedBuf,
     config: CacheConfig,
     /// A draw below this admits (`p × 2^64`).
@@ -225,7 +316,7 @@ impl RowCache {
     /// with slots for fewer than 2^32 rows (a larger budget is not used).
     pub fn new(budget_bytes: u64, row_bytes: usize, config: CacheConfig) -> Self {
         let ways = config.ways.max(1);
-        let words = row_bytes.div_ceil(8);
+        let stride = 8 * (HEAD_WORDS + row_bytes.div_ceil(8));
         let max_sets = (u32::MAX as usize - 1) / ways;
         let sets = usize::try_from(budget_bytes / Self::set_bytes(row_bytes, ways))
             .unwrap_or(usize::MAX)
@@ -239,13 +330,14 @@ impl RowCache {
         let p = config.admission_probability.clamp(0.0, 1.0);
         let (slots, tag_words) = (sets * ways, ways.div_ceil(8));
         // The bounds every access relies on: a set's number is below `sets`, so its slots end
-        // at or before `slots` and its tag words at or before `sets × tag_words`; `heads` has
-        // HEAD_WORDS words per slot and `data` `words` per slot; a shard (a number's low bits
+        // at or before `slots` and its tag words at or before `sets × tag_words`; `data` has
+        // `stride` bytes (HEAD_WORDS words and the row) per slot; a shard (a number's low bits
         // under `shard_mask`) is below `shards`.
         Self {
             row_bytes,
-            words,
+            stride,
             ways,
+            ways_shift: ways.is_power_of_two().then(|| ways.ilog2()),
             tag_words,
             sets,
             slots,
@@ -257,8 +349,7 @@ impl RowCache {
             any_deferred: AtomicBool::new(false),
             // zeroed pages, committed when used
             tags: AlignedBuf::zeroed(sets * tag_words * 8),
-            heads: AlignedBuf::zeroed(slots * HEAD_WORDS * 8),
-            data: AlignedBuf::zeroed(slots * words * 8),
+            data: AlignedBuf::zeroed(slots * stride),
             config,
             admit_below: if p >= 1.0 {
                 u64::MAX
@@ -278,6 +369,11 @@ impl RowCache {
             self.by_number = Some(self.ways.ilog2());
         }
         self
+    }
+
+    /// Bytes of each row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
     }
 
     /// Rows it can hold.
@@ -348,9 +444,10 @@ impl RowCache {
     /// `slot` is below `slots`.
     #[inline(always)]
     unsafe fn head_unchecked(&self, slot: usize) -> [&AtomicU64; HEAD_WORDS] {
-        let at = HEAD_WORDS * slot;
-        // SAFETY: `heads` has HEAD_WORDS words per slot and slot < slots (the contract)
-        unsafe { [Self::word(&self.heads, at), Self::word(&self.heads, at + 1)] }
+        let at = slot * self.stride / 8;
+        // SAFETY: `data` has `stride` bytes, its head's HEAD_WORDS words first, per slot and
+        // slot < slots (the contract)
+        unsafe { [Self::word(&self.data, at), Self::word(&self.data, at + 1)] }
     }
 
     fn key(&self, slot: usize) -> u64 {
@@ -363,27 +460,48 @@ impl RowCache {
         place(row, self.sets, self.config.seed, self.by_number)
     }
 
-    /// The first way at or after `from` of `set` (whose number is below `sets`) whose tag is
-    /// the set's, compared eight at a time.
+    /// Set `order`'s tags (`order` below `sets`): a pointer only, nothing read.
     #[inline(always)]
+    fn tags_of(&self, order: usize) -> *const u64 {
+        debug_assert!(order < self.sets);
+        self.tags
+            .as_slice()
+            .as_ptr()
+            .cast::<u64>()
+            .wrapping_add(order * self.tag_words)
+    }
+
+    /// The first way at or after `from` of `set` (whose number is below `sets`) whose tag is
+    /// the row's.
     fn tagged(&self, set: Set, from: usize) -> Option<usize> {
-        debug_assert!((set.order as usize) < self.sets);
-        let first = set.order as usize * self.tag_words;
-        let wanted = LOW_BYTES * u64::from(set.tag);
-        for w in from / 8..self.tag_words {
-            // SAFETY: first + tag_words ≤ sets × tag_words (the set's number is below `sets`)
-            let tags = unsafe { Self::word(&self.tags, first + w) }.load(Ordering::Relaxed);
-            // bytes equal to the tag become 0
-            let x = tags ^ wanted;
-            let mut zero = zero_bytes(x);
-            if w == from / 8 {
-                zero &= u64::MAX << (from % 8 * 8);
-            }
-            if zero != 0 {
-                return Some(w * 8 + zero.trailing_zeros() as usize / 8);
-            }
+        assert!(set.number() < self.sets);
+        // SAFETY: the set's tag words lie inside `tags` (its number is below `sets`); the
+        // caller holds the cache, so no one writes them
+        unsafe {
+            first_tagged::<0>(
+                self.tags_of(set.number()),
+                self.tag_words,
+                self.ways,
+                set,
+                from,
+            )
         }
-        None
+    }
+
+    /// The set slot `slot` belongs to.
+    #[inline(always)]
+    fn order_of(slot: usize, ways: usize, ways_shift: Option<u32>) -> usize {
+        match ways_shift {
+            Some(shift) => slot >> shift,
+            None => slot / ways,
+        }
+    }
+
+    /// The LRU clock of set `order`'s shard.
+    #[inline(always)]
+    fn clock(&self, order: usize) -> &AtomicU64 {
+        // SAFETY: order & shard_mask < clocks.len() (see `new`)
+        unsafe { &self.clocks.get_unchecked(order & self.shard_mask).0 }
     }
 
     /// Slot `slot`'s row (`slot` below `slots`): a pointer only, nothing read.
@@ -393,32 +511,11 @@ impl RowCache {
         self.data
             .as_slice()
             .as_ptr()
-            .wrapping_add(slot * self.words * 8)
-    }
-
-    /// Marks a hit of a slot of `set` (`LFU`: the policy counts hits).
-    #[inline(always)]
-    fn mark<const LFU: bool>(&self, set: Set, mark: &AtomicU64) {
-        if LFU {
-            // a hit count: 2^64 hits are never reached
-            mark.store(
-                mark.load(Ordering::Relaxed).wrapping_add(1),
-                Ordering::Relaxed,
-            );
-        } else {
-            // SAFETY: shard_mask < clocks.len() (see `new`)
-            let clock = unsafe {
-                self.clocks
-                    .get_unchecked(set.order as usize & self.shard_mask)
-            };
-            let now = clock.0.load(Ordering::Relaxed) + 1;
-            clock.0.store(now, Ordering::Relaxed);
-            mark.store(now, Ordering::Relaxed);
-        }
+            .wrapping_add(slot * self.stride + 8 * HEAD_WORDS)
     }
 
     /// Looks `row` up; on a hit, calls `read` with a copy of its bytes (taken with the cache
-    /// held, called with it free) and counts the hit. Rows are below `u64::MAX`.
+    /// held, called with it free) and counts the hit.
     pub fn get<R>(&self, row: u64, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let mut stack = [0u8; STACK_BYTES];
         let mut heap = Vec::new();
@@ -434,7 +531,10 @@ impl RowCache {
             reader.locate(&[row], &mut set);
             reader.probe(&set, &mut slot);
             reader.read(&slot, &[row], &mut found);
-            found[0].map(|bytes| copy.copy_from_slice(bytes)).is_some()
+            // SAFETY: a row found here is one of this cache's, `row_bytes` long
+            found[0]
+                .map(|row| copy.copy_from_slice(unsafe { row.bytes(self.row_bytes) }))
+                .is_some()
         };
         self.count(u64::from(hit), u64::from(!hit));
         hit.then(|| read(copy))
@@ -445,7 +545,7 @@ impl RowCache {
         (0..self.slots)
             .map(|i| self.key(i))
             .filter(|&k| k != EMPTY)
-            .map(|k| k - 1)
+            .map(row_of)
             .collect()
     }
 
@@ -458,13 +558,16 @@ impl RowCache {
     /// Writes key `key` (0: empty), tag `tag` and `bytes` into slot `way` of `set`; the caller
     /// holds the write lock, so no reader is looking.
     fn write(&self, set: Set, way: usize, key: u64, tag: u8, bytes: &[u8]) {
-        let slot = set.order as usize * self.ways + way;
+        let slot = set.number() * self.ways + way;
         let [stored, _] = self.head(slot);
         // SAFETY: the slot's bytes lie inside `data` (`write_shared` checks); the write lock
         // keeps every reader out, and every other writer waits for it
-        unsafe { self.data.write_shared(slot * self.words * 8, bytes) };
+        unsafe {
+            self.data
+                .write_shared(slot * self.stride + 8 * HEAD_WORDS, bytes)
+        };
         stored.store(key, Ordering::Relaxed);
-        let tags = set.order as usize * self.tag_words + way / 8;
+        let tags = set.number() * self.tag_words + way / 8;
         // SAFETY: inside the set's tag words (way < ways)
         let word = unsafe { Self::word(&self.tags, tags) };
         let shift = way % 8 * 8;
@@ -472,15 +575,23 @@ impl RowCache {
         word.store(old | u64::from(tag) << shift, Ordering::Relaxed);
     }
 
+    /// The tag of way `way` of set `order` (both in range).
+    fn tag_at(&self, order: usize, way: usize) -> u8 {
+        assert!(order < self.sets && way < self.ways);
+        // SAFETY: inside the set's tag words (checked above)
+        let word = unsafe { Self::word(&self.tags, order * self.tag_words + way / 8) };
+        (word.load(Ordering::Relaxed) >> (way % 8 * 8)) as u8
+    }
+
     /// The way of `row` in `set`, if it holds it.
     fn way_of(&self, set: Set, row: u64) -> Option<usize> {
-        let base = set.order as usize * self.ways;
-        (0..self.ways).find(|&w| self.key(base + w) == row + 1)
+        let base = set.number() * self.ways;
+        (0..self.ways).find(|&w| self.key(base + w) == key_of(row))
     }
 
     /// The first free way of `set`.
     fn free_way(&self, set: Set) -> Option<usize> {
-        let base = set.order as usize * self.ways;
+        let base = set.number() * self.ways;
         (0..self.ways).find(|&w| self.key(base + w) == EMPTY)
     }
 
@@ -490,6 +601,7 @@ impl RowCache {
     /// admission: no counter moves.
     pub fn replace(&self, row: u64, bytes: &[u8]) -> bool {
         assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
+        assert!(row < u64::MAX - 1, "row {row} is no table's");
         let Some(set) = self.locate(row) else {
             return false;
         };
@@ -497,7 +609,7 @@ impl RowCache {
             let mut draws = self.write_lock();
             self.drain(&mut draws);
             let way = self.way_of(set, row);
-            way.inspect(|&way| self.write(set, way, row + 1, set.tag, bytes))
+            way.inspect(|&way| self.write(set, way, key_of(row), set.tag(), bytes))
                 .is_some()
         };
         self.settle();
@@ -509,6 +621,7 @@ impl RowCache {
     /// reader to leave.
     pub fn offer(&self, row: u64, bytes: &[u8]) -> Offer {
         assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
+        assert!(row < u64::MAX - 1, "row {row} is no table's");
         let mut draws = match self.gate.try_write() {
             Ok(draws) => draws,
             Err(TryLockError::Poisoned(e)) => e.into_inner(),
@@ -535,13 +648,13 @@ impl RowCache {
         if self.way_of(set, row).is_some() {
             return Offer::Present;
         }
-        let base = set.order as usize * self.ways;
+        let base = set.number() * self.ways;
         let (way, evicted) = match self.free_way(set) {
             Some(way) => (way, None),
             None => {
                 if self.config.policy.probabilistic() {
                     *draws += 1;
-                    let draw = mix(self.config.seed ^ mix(u64::from(set.order)) ^ *draws);
+                    let draw = mix(self.config.seed ^ mix(set.number() as u64) ^ *draws);
                     if draw >= self.admit_below {
                         CacheStats::add(&self.stats.rejections, 1);
                         return Offer::Rejected;
@@ -550,7 +663,7 @@ impl RowCache {
                 let way = (0..self.ways)
                     .min_by_key(|&w| self.head(base + w)[1].load(Ordering::Relaxed))
                     .expect("a set has at least one way");
-                (way, Some(self.key(base + way) - 1))
+                (way, Some(row_of(self.key(base + way))))
             }
         };
         self.admit(set, way, row, bytes);
@@ -612,6 +725,7 @@ impl RowCache {
     /// its set is full or the row is cached already. Waits for the readers in.
     pub fn fill(&self, row: u64, bytes: &[u8]) -> bool {
         assert_eq!(bytes.len(), self.row_bytes, "row of the wrong size");
+        assert!(row < u64::MAX - 1, "row {row} is no table's");
         let Some(set) = self.locate(row) else {
             return false;
         };
@@ -633,16 +747,13 @@ impl RowCache {
     /// Writes `row` into way `way` of `set` (the caller holds the write lock), marked as just
     /// used.
     fn admit(&self, set: Set, way: usize, row: u64, bytes: &[u8]) {
-        let clock = &self.clocks[set.order as usize & self.shard_mask].0;
-        let now = clock.load(Ordering::Relaxed) + 1;
-        clock.store(now, Ordering::Relaxed);
-        let mark = if self.config.policy.frequency() {
-            1
+        let stamp = self.head(set.number() * self.ways + way)[1];
+        if self.config.policy.frequency() {
+            stamp.store(1, Ordering::Relaxed);
         } else {
-            now
-        };
-        self.head(set.order as usize * self.ways + way)[1].store(mark, Ordering::Relaxed);
-        self.write(set, way, row + 1, set.tag, bytes);
+            mark::<false>(stamp, self.clock(set.number()));
+        }
+        self.write(set, way, key_of(row), set.tag(), bytes);
         CacheStats::add(&self.stats.admissions, 1);
     }
 }
@@ -662,73 +773,132 @@ impl<'a> Reader<'a> {
         self.cache
     }
 
-    /// Works out each row's set and tag ([`Set::NONE`] for a row of [`SKIP`], or when the
-    /// cache has no sets) and asks for the set's tags: what [`Self::probe`] reads.
-    #[inline]
+    /// Works out each row's set and tag ([`Set::NONE`] when the cache has no sets) and asks
+    /// for the set's tags: what [`Self::probe`] reads. A row of [`SKIP`] is located as any
+    /// other: no slot holds it (see [`Self::read`]).
+    #[inline(never)]
     pub fn locate(&self, rows: &[u64], sets: &mut [Set]) {
         let c = self.cache;
+        if c.sets == 0 {
+            sets.iter_mut().for_each(|set| *set = Set::NONE);
+            return;
+        }
+        match (c.by_number, c.tag_words) {
+            (None, 2) => self.locate_in::<false, 2>(rows, sets, 0),
+            (None, 1) => self.locate_in::<false, 1>(rows, sets, 0),
+            (None, _) => self.locate_in::<false, 0>(rows, sets, 0),
+            (Some(shift), 2) => self.locate_in::<true, 2>(rows, sets, shift),
+            (Some(shift), _) => self.locate_in::<true, 0>(rows, sets, shift),
+        }
+    }
+
+    /// [`Self::locate`] in a cache that has sets, placing by number (`BY_NUMBER`, by `shift`)
+    /// or not, whose sets have `TW` words of tags (0: as many as the cache says).
+    #[inline(always)]
+    fn locate_in<const BY_NUMBER: bool, const TW: usize>(
+        &self,
+        rows: &[u64],
+        sets: &mut [Set],
+        shift: u32,
+    ) {
+        let c = self.cache;
         // the fields a step reads, in locals: stores into `sets` cannot be seen to leave them be
-        let (n, seed, by_number) = (c.sets, c.config.seed, c.by_number);
-        let (tags, tag_bytes) = (c.tags.as_slice().as_ptr(), c.tag_words * 8);
+        let (n, seed) = (c.sets, c.config.seed);
+        let tag_bytes = 8 * if TW == 0 { c.tag_words } else { TW };
+        let tags = c.tags.as_slice().as_ptr();
         for (&row, set) in rows.iter().zip(sets) {
-            *set = match row {
-                SKIP => Set::NONE,
-                row => place(row, n, seed, by_number).unwrap_or(Set::NONE),
-            };
+            *set = place_as::<BY_NUMBER>(row, n, seed, shift);
             // a hint: a prefetch never faults, and nothing is read here
-            let at = tags.wrapping_add(set.order as usize * tag_bytes);
+            let at = tags.wrapping_add(set.number() * tag_bytes);
             prefetch_line(at);
-            prefetch_line(at.wrapping_add(tag_bytes - 1));
+            if TW == 0 {
+                // one or two words of tags never cross a line (the buffer is aligned); more may
+                prefetch_line(at.wrapping_add(tag_bytes - 1));
+            }
         }
     }
 
     /// Finds the first slot of each set whose tag is its row's ([`Slot::NONE`] if none, or
-    /// for a set beyond this cache) and asks for its head and row: what [`Self::read`] reads.
-    #[inline]
+    /// for a set beyond this cache) and asks for its lines: what [`Self::read`] reads.
+    ///
+    /// Not inlined, as [`Self::read`] is not: a loop of its own keeps its values in registers.
+    #[inline(never)]
     pub fn probe(&self, sets: &[Set], slots: &mut [Slot]) {
         let c = self.cache;
-        let (n, ways, tag_words) = (c.sets, c.ways, c.tag_words);
-        let tags = c.tags.as_slice().as_ptr().cast::<AtomicU64>();
-        let heads = c.heads.as_slice().as_ptr();
-        let (data, stride, row_bytes) = (c.data.as_slice().as_ptr(), c.words * 8, c.row_bytes);
+        if c.tag_words == 2 && c.ways == 16 && c.stride <= 193 {
+            self.probe_in::<true>(sets, slots);
+        } else {
+            self.probe_in::<false>(sets, slots);
+        }
+    }
+
+    /// [`Self::probe`]; `USUAL`: the usual shape, whose loop is the shortest (16 ways, so two
+    /// words of tags compared at once, and slots of at most 193 bytes, four lines at most).
+    #[inline(always)]
+    fn probe_in<const USUAL: bool>(&self, sets: &[Set], slots: &mut [Slot]) {
+        let c = self.cache;
+        // the fields a step reads, in locals: stores into `slots` cannot be seen to leave them be
+        let n = c.sets;
+        let (tag_words, ways) = if USUAL {
+            (2, 16)
+        } else {
+            (c.tag_words, c.ways)
+        };
+        let tags = c.tags.as_slice().as_ptr().cast::<u64>();
+        let (data, stride) = (c.data.as_slice().as_ptr(), c.stride);
+        // a slot's lines: the lines of its first byte, of the bytes 64 and 128 on and of its
+        // last byte are all of them for a slot of up to 193 bytes, which starts anywhere (a
+        // shorter one asks for some line twice)
+        let last = stride - 1;
+        let (second, third) = (last.min(64), last.min(128));
+        let long = !USUAL && stride > 193;
         for (&set, slot) in sets.iter().zip(slots) {
-            *slot = Slot::NONE;
-            if set.order as usize >= n {
-                continue;
-            }
-            let first = set.order as usize * tag_words;
-            let wanted = LOW_BYTES * u64::from(set.tag);
-            let mut way = None;
-            for w in 0..tag_words {
-                // SAFETY: first + w < (order + 1) × tag_words ≤ sets × tag_words, the tags'
-                // words; accessed only through atomics
-                let word = unsafe { &*tags.add(first + w) }.load(Ordering::Relaxed);
-                let zero = zero_bytes(word ^ wanted);
-                if zero != 0 {
-                    way = Some(w * 8 + zero.trailing_zeros() as usize / 8);
-                    break;
+            let order = set.number();
+            let way = if order < n {
+                let at = tags.wrapping_add(order * tag_words);
+                // SAFETY: order < sets, so its tag words lie inside `tags`; writers keep out
+                // while this reader holds the cache
+                unsafe {
+                    if USUAL {
+                        first_tagged::<2>(at, 2, 16, set, 0)
+                    } else {
+                        first_tagged::<0>(at, tag_words, ways, set, 0)
+                    }
                 }
-            }
-            let Some(way) = way else {
-                continue;
+            } else {
+                None
             };
-            let i = set.order as usize * ways + way;
-            // pointers only: nothing is read here
-            prefetch_line(heads.wrapping_add(HEAD_WORDS * 8 * i));
-            prefetch_row(data.wrapping_add(i * stride), row_bytes);
-            *slot = Slot {
-                set,
-                way: way as u32,
+            *slot = match way {
+                Some(way) => {
+                    let i = order * ways + way;
+                    // pointers only: nothing is read here
+                    let at = data.wrapping_add(i * stride);
+                    prefetch_line(at);
+                    prefetch_line(at.wrapping_add(second));
+                    prefetch_line(at.wrapping_add(third));
+                    prefetch_line(at.wrapping_add(last));
+                    if long {
+                        prefetch_row(at, stride);
+                    }
+                    Slot(i as u32)
+                }
+                None => Slot::NONE,
             };
         }
     }
 
-    /// Sets `found[i]` to row `rows[i]`'s bytes where `slots[i]` holds it (or, when that
-    /// slot's tag was another row's too, the set's next way with the tag does), and marks the
-    /// hit; leaves the others as they are, and skips a lookup already found (`found[i]` is
-    /// `Some`) or of [`SKIP`]. Returns the hits.
-    #[inline]
-    pub fn read<'r>(&'r self, slots: &[Slot], rows: &[u64], found: &mut [Option<&'r [u8]>]) -> u64 {
+    /// Sets `found[i]` to row `rows[i]`'s bytes where `slots[i]` (its probe's) holds it — or,
+    /// when that slot's tag was another row's too, a later way of the set with the tag does —
+    /// and marks the hit; leaves the others as they are. A lookup given [`Slot::NONE`] is passed
+    /// over (as one found elsewhere should be); one of [`SKIP`] is never found (no slot holds
+    /// its key). Returns the hits.
+    #[inline(never)]
+    pub fn read<'r>(
+        &'r self,
+        slots: &[Slot],
+        rows: &[u64],
+        found: &mut [Option<RowRef<'r>>],
+    ) -> u64 {
         if self.cache.config.policy.frequency() {
             self.read_marking::<true>(slots, rows, found)
         } else {
@@ -741,75 +911,62 @@ impl<'a> Reader<'a> {
         &'r self,
         slots: &[Slot],
         rows: &[u64],
-        found: &mut [Option<&'r [u8]>],
+        found: &mut [Option<RowRef<'r>>],
     ) -> u64 {
         let c = self.cache;
-        let (n, ways, mask) = (c.sets, c.ways, c.shard_mask);
-        let heads = c.heads.as_slice().as_ptr().cast::<AtomicU64>();
-        let (data, stride, row_bytes) = (c.data.as_slice().as_ptr(), c.words * 8, c.row_bytes);
-        let clocks = c.clocks.as_ptr();
+        let (n, ways, ways_shift) = (c.slots, c.ways, c.ways_shift);
+        let (data, stride, row_bytes) = (c.data.as_slice().as_ptr(), c.stride, c.row_bytes);
         let mut hits = 0;
-        for ((&at, &row), found) in slots.iter().zip(rows).zip(found) {
-            let (set, way, key) = (at.set, at.way as usize, row.wrapping_add(1));
-            if found.is_some() || row == SKIP || set.order as usize >= n || way >= ways {
+        for ((&Slot(slot), &row), found) in slots.iter().zip(rows).zip(found) {
+            let slot = slot as usize;
+            if slot >= n {
                 continue;
             }
-            let slot = set.order as usize * ways + way;
-            // SAFETY: slot < sets × ways = slots (checked above): its head's words lie inside
-            // `heads`, accessed only through atomics
-            let (stored, mark) = unsafe {
-                (
-                    &*heads.add(HEAD_WORDS * slot),
-                    &*heads.add(HEAD_WORDS * slot + 1),
-                )
+            let at = data.wrapping_add(slot * stride);
+            // SAFETY: slot < slots (checked above), so its `stride` bytes lie inside `data`:
+            // first its head's words (8-aligned: `data` is, and `stride` a multiple of 8),
+            // accessed only through atomics
+            let (stored, stamp) = unsafe {
+                let head = at.cast::<AtomicU64>();
+                (&*head, &*head.add(1))
             };
-            if stored.load(Ordering::Relaxed) != key {
-                if let Some(bytes) = self.row_in_other_ways::<LFU>(set, way, key) {
-                    *found = Some(bytes);
+            if stored.load(Ordering::Relaxed) != key_of(row) {
+                if let Some(bytes) = self.row_in_later_ways::<LFU>(slot, row) {
+                    *found = Some(RowRef::new(bytes));
                     hits += 1;
                 }
                 continue;
             }
-            if LFU {
-                // a hit count: 2^64 hits are never reached
-                mark.store(
-                    mark.load(Ordering::Relaxed).wrapping_add(1),
-                    Ordering::Relaxed,
-                );
-            } else {
-                // SAFETY: order & shard_mask < clocks (see `RowCache::new`)
-                let clock = unsafe { &(*clocks.add(set.order as usize & mask)).0 };
-                let now = clock.load(Ordering::Relaxed) + 1;
-                clock.store(now, Ordering::Relaxed);
-                mark.store(now, Ordering::Relaxed);
-            }
-            // SAFETY: slot < slots, so its `stride ≥ row_bytes` bytes lie inside `data`;
-            // writers write rows only under the write lock, which this reader's read lock keeps
-            // out for as long as the bytes are borrowed (`'r`, no longer than `self`)
-            *found =
-                Some(unsafe { std::slice::from_raw_parts(data.add(slot * stride), row_bytes) });
+            mark::<LFU>(stamp, c.clock(RowCache::order_of(slot, ways, ways_shift)));
+            // SAFETY: slot < slots, so its row's `row_bytes` bytes (after its head) lie inside
+            // `data`; writers write rows only under the write lock, which this reader's read
+            // lock keeps out for as long as the bytes are borrowed (`'r`, no longer than `self`)
+            *found = Some(RowRef::new(unsafe {
+                std::slice::from_raw_parts(at.add(8 * HEAD_WORDS), row_bytes)
+            }));
             hits += 1;
         }
         hits
     }
 
-    /// A read on from `way`, whose tag was another row's too: the set's next ways with the tag.
+    /// A read on from slot `slot`, whose tag was another row's too: the set's later ways with
+    /// that tag, for `row`.
     #[cold]
-    fn row_in_other_ways<const LFU: bool>(
-        &self,
-        set: Set,
-        mut way: usize,
-        key: u64,
-    ) -> Option<&[u8]> {
+    fn row_in_later_ways<const LFU: bool>(&self, slot: usize, row: u64) -> Option<&[u8]> {
+        if row == SKIP {
+            return None;
+        }
         let c = self.cache;
+        let (order, mut way) = (slot / c.ways, slot % c.ways);
+        // the probe's tag: the slot's own (`order` < sets, as slot < slots)
+        let set = Set::new(order, c.tag_at(order, way));
         while let Some(next) = c.tagged(set, way + 1) {
             way = next;
-            let slot = set.order as usize * c.ways + way;
-            let [stored, mark] = c.head(slot);
-            if stored.load(Ordering::Relaxed) == key {
-                c.mark::<LFU>(set, mark);
-                // SAFETY: slot < slots (`tagged` finds only ways below `ways`)
-                return Some(unsafe { self.bytes(slot) });
+            let [stored, stamp] = c.head(order * c.ways + way);
+            if stored.load(Ordering::Relaxed) == key_of(row) {
+                mark::<LFU>(stamp, c.clock(order));
+                // SAFETY: order × ways + way < slots (`tagged` finds only ways below `ways`)
+                return Some(unsafe { self.bytes(order * c.ways + way) });
             }
         }
         None
@@ -821,7 +978,7 @@ impl<'a> Reader<'a> {
     /// `slot` is below `slots`.
     #[inline(always)]
     unsafe fn bytes(&self, slot: usize) -> &[u8] {
-        // SAFETY: slot < slots (the contract), so its `words × 8 ≥ row_bytes` bytes lie inside
+        // SAFETY: slot < slots (the contract), so its row's `row_bytes` bytes lie inside
         // `data`; writers write rows only under the write lock, which this reader's read lock
         // keeps out for as long as the bytes are borrowed (no longer than `self`)
         unsafe { std::slice::from_raw_parts(self.cache.row_ptr(slot), self.cache.row_bytes) }

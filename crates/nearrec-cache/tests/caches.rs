@@ -24,7 +24,8 @@ fn find<'r>(reader: &'r Reader<'_>, row: u64, pause: impl Fn(usize)) -> Option<&
     reader.probe(&set, &mut slot);
     pause(1);
     reader.read(&slot, &[row], &mut found);
-    found[0]
+    // SAFETY: a row this cache finds is one of its own, `row_bytes` long
+    found[0].map(|row| unsafe { row.bytes(reader.cache().row_bytes()) })
 }
 
 /// A cache with exactly one set of `ways` slots.

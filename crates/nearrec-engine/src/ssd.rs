@@ -24,7 +24,9 @@ use arc_swap::ArcSwap;
 use nearrec_cache::{Home, HotPartition, Reader, RowCache, Set, Slot};
 use nearrec_format::{DATA_OFFSET, SECTOR_BYTES, TableMeta};
 use nearrec_io::{ReadOp, Workers};
-use nearrec_kernels::{BagsOut, IndexError, PoolJob, RUN, RowIndex, RowPatch, RowSource, SKIP};
+use nearrec_kernels::{
+    BagsOut, IndexError, PoolJob, RUN, RowIndex, RowPatch, RowRef, RowSource, SKIP,
+};
 use rayon::prelude::*;
 
 use crate::cells::{Cells, Ready};
@@ -404,6 +406,7 @@ impl SsdTier {
             .deltas
             .patch(job.id, job.req.indices, bounds[0]..bounds[batch], meta.rows);
         let source = TierSource::new(
+            meta.row_bytes as usize,
             patch.as_ref(),
             tiers.and_then(|t| t.hot.as_ref()),
             tiers.and_then(|t| t.cache.as_ref()),
@@ -506,7 +509,7 @@ struct Prepared<'a> {
     /// Located: where each row's search of the hot partition starts.
     homes: [Option<Home>; RUN],
     /// Probed: the rows the hot partition holds.
-    hot: [Option<&'a [u8]>; RUN],
+    hot: [Option<RowRef<'a>>; RUN],
     /// Located in the row cache (once probed, none where the hot partition holds the row).
     sets: [Set; RUN],
     /// Probed in the row cache.
@@ -526,11 +529,16 @@ impl Prepared<'_> {
 }
 
 impl<'a> TierSource<'a> {
+    /// The tiers of a table whose rows are `row_bytes` long (each tier's are checked to be).
     fn new(
+        row_bytes: usize,
         patch: Option<&'a RowPatch>,
         hot: Option<&'a HotPartition>,
         cache: Option<&'a RowCache>,
     ) -> Self {
+        assert!(patch.is_none_or(|p| p.is_empty() || p.row_bytes() == row_bytes));
+        assert!(hot.is_none_or(|h| h.row_bytes() == row_bytes));
+        assert!(cache.is_none_or(|c| c.row_bytes() == row_bytes));
         Self {
             patch: patch.map(|p| (p, Cell::new(p.read_positions()))),
             hot,
@@ -538,6 +546,39 @@ impl<'a> TierSource<'a> {
             ahead: RefCell::new(([Prepared::NONE; 3], 0)),
             served: Default::default(),
         }
+    }
+
+    /// The patch's rows for the run of `rows` from `first`, which no tier then reads (`slots`:
+    /// the run's slots in the row cache, passed over where the patch has the row).
+    fn patch<'s>(
+        &'s self,
+        first: usize,
+        rows: &[u64],
+        found: &mut [Option<RowRef<'s>>],
+        mut slots: Option<&mut [Slot; RUN]>,
+    ) {
+        let Some((patch, at)) = &self.patch else {
+            return;
+        };
+        let n = rows.len();
+        // positions ascend, and so do the patch's: a cursor, no look-up per lookup
+        let mut left = at.get();
+        while let Some((&pos, rest)) = left.split_first()
+            && pos < first + n
+        {
+            let i = pos.wrapping_sub(first);
+            // a position recorded for a row the patch lacks reads the tiers
+            if i < n && rows[i] != SKIP {
+                found[i] = patch.get(rows[i]).map(RowRef::new);
+                if let Some(slots) = &mut slots
+                    && found[i].is_some()
+                {
+                    slots[i] = Slot::NONE;
+                }
+            }
+            left = rest;
+        }
+        at.set(left);
     }
 
     /// The first step for the run of `rows` from `first`.
@@ -562,7 +603,9 @@ impl<'a> TierSource<'a> {
         let n = run.len;
         if let Some(hot) = self.hot {
             for i in 0..n {
-                run.hot[i] = run.homes[i].and_then(|home| hot.get_prefetched(home, run.rows[i]));
+                run.hot[i] = run.homes[i]
+                    .and_then(|home| hot.get_prefetched(home, run.rows[i]))
+                    .map(RowRef::new);
                 if run.hot[i].is_some() {
                     run.sets[i] = Set::NONE;
                 }
@@ -574,32 +617,21 @@ impl<'a> TierSource<'a> {
     }
 }
 
-impl RowSource for TierSource<'_> {
+// SAFETY: every row found is a row of the patch, the hot partition or the row cache, each
+// checked in `new` to be the table's `row_bytes` long; `serve_dram` pools with the table's dtype
+// and dim, whose rows are that long (checked when the store was opened)
+unsafe impl RowSource for TierSource<'_> {
     fn resolve<'s>(
         &'s self,
         first: usize,
         rows: &[u64],
         ahead: &[u64],
-        found: &mut [Option<&'s [u8]>],
+        found: &mut [Option<RowRef<'s>>],
     ) {
         let n = rows.len().min(RUN);
         let (rows, found) = (&rows[..n], &mut found[..n]);
-        if let Some((patch, at)) = &self.patch {
-            // positions ascend, and so do the patch's: a cursor, no look-up per lookup
-            let mut left = at.get();
-            while let Some((&pos, rest)) = left.split_first()
-                && pos < first + n
-            {
-                let i = pos.wrapping_sub(first);
-                // a position recorded for a row the patch lacks reads the tiers
-                if i < n && rows[i] != SKIP {
-                    found[i] = patch.get(rows[i]);
-                }
-                left = rest;
-            }
-            at.set(left);
-        }
         if self.hot.is_none() && self.cache.is_none() {
+            self.patch(first, rows, found, None);
             return;
         }
         let mut pipe = self.ahead.borrow_mut();
@@ -620,6 +652,7 @@ impl RowSource for TierSource<'_> {
             self.probe(next);
         }
         self.locate(after, first + n + RUN, &ahead[..ahead.len().min(RUN)]);
+        self.patch(first, rows, found, Some(&mut run.slots));
         // the last step: what the hot partition holds, then the cache's slots' keys, for the
         // lookups still wanted (not padding, not the patch's)
         let mut served = [0u64; 2];

@@ -17,7 +17,7 @@ use nearrec_format::DType;
 
 use crate::job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 use crate::patch::RowPatch;
-use crate::source::{AHEAD, Lacked, RUN, RowSource, SKIP};
+use crate::source::{AHEAD, Lacked, RUN, RowRef, RowSource, SKIP};
 use crate::table::TableView;
 
 /// Lookups between a prefetch and its use: enough to keep ~16 misses in flight per core.
@@ -150,7 +150,7 @@ struct Found<'s> {
     first: usize,
     len: usize,
     rows: [u64; RUN],
-    found: [Option<&'s [u8]>; RUN],
+    found: [Option<RowRef<'s>>; RUN],
     /// The rows of the run after the next one, as the source's hints.
     ahead: [u64; AHEAD],
 }
@@ -169,29 +169,28 @@ impl<'s> Found<'s> {
         source: &'s S,
     ) -> Result<(), IndexError> {
         let padding = job.padding_idx.unwrap_or(SKIP);
-        let mut len = (end - pos).min(RUN);
-        for (i, (&index, row)) in job.indices[pos..pos + len]
-            .iter()
-            .zip(&mut self.rows)
-            .enumerate()
-        {
-            let value = index.to_i64();
-            // a negative index wraps to a huge u64: one compare catches both
-            if value as u64 >= rows {
-                if i == 0 {
-                    return Err(IndexError {
-                        position: pos,
-                        value,
-                    });
-                }
-                len = i;
-                break;
+        let indices = &job.indices[pos..pos + (end - pos).min(RUN)];
+        // every index checked and taken, without a branch (the loop runs straight through);
+        // a negative index wraps to a huge u64: one compare catches both
+        let mut bad = false;
+        for (&index, row) in indices.iter().zip(&mut self.rows) {
+            let value = index.to_i64() as u64;
+            bad |= value >= rows;
+            *row = if value == padding { SKIP } else { value };
+        }
+        let mut len = indices.len();
+        if bad {
+            let i = indices
+                .iter()
+                .position(|&index| index.to_i64() as u64 >= rows)
+                .expect("a bad index");
+            if i == 0 {
+                return Err(IndexError {
+                    position: pos,
+                    value: indices[0].to_i64(),
+                });
             }
-            *row = if value as u64 == padding {
-                SKIP
-            } else {
-                value as u64
-            };
+            len = i;
         }
         let after = (pos + len + RUN).min(end);
         let after = &job.indices[after..end.min(after + AHEAD)];
@@ -267,27 +266,38 @@ fn found_bag<'s, I: RowIndex, S: RowSource, Dec: Decode>(
     lacked: &mut Vec<Lacked>,
     acc: &mut [f32],
 ) -> Result<usize, IndexError> {
+    // every row a source finds is this long (its safety contract)
+    let row_bytes = Dec::DTYPE.row_bytes(acc.len() as u32) as usize;
     macro_rules! walk {
         ($init:expr, |$row:ident, $pos:ident| $step:expr) => {{
             acc.fill($init);
             let mut skipped = 0;
-            // the run's bounds in locals: only `next` moves them
-            let (mut first, mut last) = (run.first, run.first + run.len);
-            for $pos in start..stop {
-                if $pos >= last {
-                    run.next($pos, end, rows, job, source)?;
-                    (first, last) = (run.first, run.first + run.len);
+            let mut pos = start;
+            while pos < stop {
+                if pos >= run.first + run.len {
+                    run.next(pos, end, rows, job, source)?;
                 }
-                let i = $pos - first;
-                debug_assert!(i < run.len && run.len <= RUN);
-                let (found, row) =
-                    // SAFETY: first ≤ pos < last = first + len, and len ≤ RUN
-                    unsafe { (*run.found.get_unchecked(i), *run.rows.get_unchecked(i)) };
-                match found {
-                    Some($row) => $step,
-                    None if row == SKIP => skipped += 1,
-                    None => lacked.push((row, $pos, b)),
+                // the bag's lookups in this run, in a loop of their own: positions ascend, so
+                // `first ≤ pos < first + len`, and `pos < stop`
+                let (base, from) = (run.first, pos - run.first);
+                let to = (stop - base).min(run.len);
+                for (i, (&found, &row)) in run.found[from..to]
+                    .iter()
+                    .zip(&run.rows[from..to])
+                    .enumerate()
+                {
+                    let $pos = pos + i;
+                    match found {
+                        Some(found) => {
+                            // SAFETY: a found row is `row_bytes` long (`RowSource`'s contract)
+                            let $row = unsafe { found.bytes(row_bytes) };
+                            $step
+                        }
+                        None if row == SKIP => skipped += 1,
+                        None => lacked.push((row, $pos, b)),
+                    }
                 }
+                pos = base + to;
             }
             Ok(stop - start - skipped)
         }};

@@ -35,5 +35,5 @@ mod table;
 pub use fast::{pool_bags, pool_bags_patched, pool_found, prefetch_line, prefetch_row};
 pub use job::{BagsOut, IndexError, PoolJob, PoolingMode, RowIndex};
 pub use patch::{RowHasher, RowPatch};
-pub use source::{AHEAD, Lacked, RUN, RowSource, SKIP};
+pub use source::{AHEAD, Lacked, RUN, RowRef, RowSource, SKIP};
 pub use table::TableView;

@@ -68,10 +68,12 @@ pub fn pool_found<I: RowIndex, S: RowSource>(
             *count += 1;
             let mut found = [None];
             source.resolve(pos, &[value as u64], &[], &mut found);
-            let Some(bytes) = found[0] else {
+            let Some(found) = found[0] else {
                 lacked.push((value as u64, pos, b));
                 continue;
             };
+            // SAFETY: a found row is as long as the call's rows (`RowSource`'s contract)
+            let bytes = unsafe { found.bytes(dtype.row_bytes(dim as u32) as usize) };
             let w = job.weights.map(|w| w[pos]);
             add_row(job.mode, dtype, bytes, w, &mut row, dst);
         }

@@ -6,8 +6,8 @@
 
 use nearrec_format::{AlignedBuf, DType, RowLayout};
 use nearrec_kernels::{
-    AHEAD, BagsOut, IndexError, PoolJob, PoolingMode, RUN, RowIndex, RowPatch, RowSource, SKIP,
-    TableView, reference,
+    AHEAD, BagsOut, IndexError, PoolJob, PoolingMode, RUN, RowIndex, RowPatch, RowRef, RowSource,
+    SKIP, TableView, reference,
 };
 use proptest::prelude::*;
 
@@ -370,13 +370,14 @@ impl Partial<'_> {
     }
 }
 
-impl RowSource for Partial<'_> {
+// SAFETY: every row found is a row of `view`, the job's table: as long as the call's rows
+unsafe impl RowSource for Partial<'_> {
     fn resolve<'s>(
         &'s self,
         first: usize,
         rows: &[u64],
         ahead: &[u64],
-        found: &mut [Option<&'s [u8]>],
+        found: &mut [Option<RowRef<'s>>],
     ) {
         assert!(rows.len() <= RUN && rows.len() == found.len() && ahead.len() <= AHEAD);
         self.runs
@@ -385,7 +386,7 @@ impl RowSource for Partial<'_> {
         for (f, &row) in found.iter_mut().zip(rows) {
             assert!(f.is_none(), "a run's found rows must start empty");
             if row != SKIP && !self.lacks(row) {
-                *f = Some(self.view.row(row));
+                *f = Some(RowRef::new(self.view.row(row)));
             }
         }
     }
