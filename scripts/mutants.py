@@ -27,6 +27,11 @@ CACHE_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-cache", "--tes
 ENGINE_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-engine", "--test", "tiers"]
 DELTA_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-engine", "--test", "delta"]
 KERNEL_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-kernels", "--test", "parity"]
+# how a row's key is made and undone
+KEY_OF = ("    row.wrapping_add(2)\n}\n\n/// The row whose key is `key` (not [`EMPTY`]).\n"
+          "fn row_of(key: u64) -> u64 {\n    key - 2\n}")
+# how a hit on the read path marks its slot
+HIT_MARK = "mark::<LFU>(stamp, c.clock(RowCache::order_of(slot, ways, ways_shift)));"
 
 
 @dataclass(frozen=True)
@@ -53,39 +58,44 @@ MUTANTS = [
            "        // the last reader out writes the rows kept aside while it read\n"
            "        self.cache.settle();", "", CACHE_TESTS),
     Mutant("read takes the row of whatever key holds the tagged slot", ROW_CACHE,
-           "if stored.load(Ordering::Relaxed) != key {", "if false {", CACHE_TESTS),
+           "if stored.load(Ordering::Relaxed) != key_of(row) {", "if false {", CACHE_TESTS),
+    Mutant("keys are row + 1, so a padding lookup's key is an empty slot's", ROW_CACHE,
+           KEY_OF, KEY_OF.replace("add(2)", "add(1)").replace("key - 2", "key - 1"),
+           CACHE_TESTS),
     Mutant("replace reports the row replaced without writing it (a stale row kept)", ROW_CACHE,
-           "way.inspect(|&way| self.write(set, way, row + 1, set.tag, bytes))",
+           "way.inspect(|&way| self.write(set, way, key_of(row), set.tag(), bytes))",
            "way.inspect(|&way| drop(way))", CACHE_TESTS),
-    Mutant("the tag compare finds empty ways instead of the row's", ROW_CACHE,
-           "let zero = zero_bytes(word ^ wanted);", "let zero = zero_bytes(word);", CACHE_TESTS),
+    Mutant("the 16-way tag compare (SSE2) finds empty ways instead of the row's", ROW_CACHE,
+           "_mm_cvtsi64_si128(set.0 as i64)", "_mm_cvtsi64_si128(0)", CACHE_TESTS),
+    Mutant("the 8-way tag compare (SWAR) finds empty ways instead of the row's", ROW_CACHE,
+           "let mut x = unsafe { tags.add(w).read() } ^ wanted;",
+           "let mut x = unsafe { tags.add(w).read() };", CACHE_TESTS),
     Mutant("an LRU hit does not move the row to most recent", ROW_CACHE,
-           "clock.store(now, Ordering::Relaxed);\n"
-           "                mark.store(now, Ordering::Relaxed);",
-           "clock.store(now, Ordering::Relaxed);\n                let _ = mark;", CACHE_TESTS),
+           HIT_MARK, f"if LFU {{ {HIT_MARK} }}", CACHE_TESTS),
     Mutant("an LFU hit is not counted", ROW_CACHE,
-           "                    mark.load(Ordering::Relaxed).wrapping_add(1),\n",
-           "                    mark.load(Ordering::Relaxed),\n", CACHE_TESTS),
-    Mutant("a cache hit overwrites what the patch or the hot partition found", ROW_CACHE,
-           "if found.is_some() || row == SKIP || set.order", "if set.order", DELTA_TESTS),
+           HIT_MARK, f"if !LFU {{ {HIT_MARK} }}", CACHE_TESTS),
+    Mutant("a cache hit overwrites what the patch found", TIER_SOURCE,
+           "                    slots[i] = Slot::NONE;\n", "", DELTA_TESTS),
     Mutant("the admission draw ignores the probability", ROW_CACHE,
            "if draw >= self.admit_below {", "if draw >= u64::MAX {", CACHE_TESTS),
     Mutant("the admission draws repeat (the count never moves)", ROW_CACHE,
            "*draws += 1;", "*draws += 0;", CACHE_TESTS),
     Mutant("the tier source probes the hot partition for the next lookup's row", TIER_SOURCE,
-           "run.hot[i] = run.homes[i].and_then(|home| hot.get_prefetched(home, run.rows[i]));",
-           "run.hot[i] = run.homes[i]"
-           ".and_then(|home| hot.get_prefetched(home, run.rows[(i + 1) % n]));",
+           ".and_then(|home| hot.get_prefetched(home, run.rows[i]))",
+           ".and_then(|home| hot.get_prefetched(home, run.rows[(i + 1) % n]))",
            ENGINE_TESTS),
     Mutant("a located run keeps its rows out of order", TIER_SOURCE,
            "run.rows[..n].copy_from_slice(&rows[..n]);",
            "run.rows[..n].copy_from_slice(&rows[..n]);\n        run.rows[..n].reverse();",
            ENGINE_TESTS),
-    Mutant("the kernel pools a run's rows one position off", KERNELS,
-           "let i = $pos - first;", "let i = ($pos + 1 - first) % RUN;", KERNEL_TESTS),
+    Mutant("the kernel pools a bag's share of a run one position off", KERNELS,
+           "let (base, from) = (run.first, pos - run.first);",
+           "let (base, from) = (run.first, pos + 1 - run.first);", KERNEL_TESTS),
     Mutant("the kernel's runs skip a lookup between them", KERNELS,
            "(self.first, self.len) = (pos, len);", "(self.first, self.len) = (pos, len + 1);",
            KERNEL_TESTS),
+    Mutant("the kernel takes a run's bad index as a row", KERNELS,
+           "bad |= value >= rows;", "bad |= false;", KERNEL_TESTS),
 ]
 
 

@@ -27,15 +27,16 @@
 //! A hit is three steps, each taken for a run of lookups at once and a run apart (the SSD tier
 //! does, through `nearrec_kernels::RowSource`), each asking for the lines the next one reads:
 //! [`Reader::locate`] hashes each row once and asks for its set's tags (a byte of the row's hash
-//! per way, eight ways to a word); [`Reader::probe`] compares the tag with all of them at once
-//! (SWAR: no per-way loop) and asks for the matching slot's head (key, mark) and row;
-//! [`Reader::read`] checks the key, marks the hit and lends the row's bytes. A tag shared with
-//! another row of the set costs a key compare, never a wrong row.
+//! per way); [`Reader::probe`] compares the tag with all of them at once (16 ways: one SSE2
+//! compare; else eight to a word) and asks for the matching slot's lines, its head (key, mark)
+//! and row lying together; [`Reader::read`] checks the key, marks the hit and lends the row.
+//! A tag shared with another row of the set costs a key compare, never a wrong row. Each step
+//! is a loop of its own (not inlined), so that its values stay in registers.
 //!
 //! Indices are checked where they enter, not per access: [`Set`] and [`Slot`] are made only by
 //! this type, and [`Reader::probe`] / [`Reader::read`] compare them with the cache's size once
 //! (one of another cache is refused or, if it lies inside this one, read as this cache's: its
-//! key still decides), after which the set's slots, heads and rows are in bounds by construction
+//! key still decides), after which the set's tags and slots are in bounds by construction
 //! (see `RowCache::new`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use nearrec_cache::{CacheConfig, HotPartition, Offer, Policy, Reader, RowCache, Set, Slot};
+use nearrec_kernels::SKIP;
 use proptest::prelude::*;
 
 const RB: usize = 12;
@@ -201,6 +202,36 @@ proptest! {
         prop_assert!(c.len() <= c.capacity_rows());
         prop_assert_eq!(c.len(), s.admissions - s.evictions);
     }
+}
+
+/// A padding lookup ([`SKIP`]) is never found, whatever slot a probe gave it: not a row's, and
+/// not an empty way's, whose tag (0) is also one row in 256's.
+#[test]
+fn padding_is_never_found() {
+    let config = CacheConfig {
+        ways: 16,
+        ..CacheConfig::default()
+    };
+    let c = RowCache::new(RowCache::budget_for_rows(64, RB, 16), RB, config).with_rows(64);
+    // every set keeps empty ways; row 0, whose tag is 0, is not cached
+    for r in (1..64).step_by(3) {
+        assert!(matches!(c.offer(r, &bytes_of(r)), Offer::Admitted { .. }));
+    }
+    let reader = c.reader();
+    let mut empty_ways = 0;
+    for r in 0..64u64 {
+        let (mut set, mut slot, mut found) = ([Set::NONE], [Slot::NONE], [None]);
+        reader.locate(&[r], &mut set);
+        reader.probe(&set, &mut slot);
+        empty_ways += u64::from(slot[0] != Slot::NONE && r % 3 != 1);
+        reader.read(&slot, &[SKIP], &mut found);
+        assert!(found[0].is_none(), "padding found in row {r}'s slot");
+    }
+    assert!(
+        empty_ways > 0,
+        "no probe met an empty way: the test shows nothing"
+    );
+    assert_eq!(find(&reader, SKIP, |_| {}), None);
 }
 
 /// The share of misses a full set admits is `p`, within five standard deviations of a
