@@ -478,15 +478,15 @@ impl SsdTier {
 /// miss, kept for the SSD.
 ///
 /// The kernel asks for a run of lookups at a time ([`RUN`]) and names the rows of the run after
-/// the next one.
-/// Finding a run's rows is a pipeline of three steps a run apart, each one short loop over the
-/// run that asks for the lines the next step reads: two runs ahead each lookup is *located*
-/// (the hot partition's index entry, else the cache's set and its tags asked for); one run
-/// ahead it is *probed* (the hot partition's entry read and the row asked for; else the cache's
-/// tags compared and the slot's head and row asked for); at its run it is *read* (the cache
-/// slot's key checked). A table with both tiers locates every row in both (the cache's tags of
-/// a row the hot partition holds are asked for in vain), so that what the hot partition lacks
-/// is probed in the cache a run before it is read.
+/// the next one. Finding a run's rows is a pipeline of three steps a run apart, each one short
+/// loop over the run that asks for the lines the next step reads: two runs ahead each lookup is
+/// *located* (the hot partition's index entry and the cache's set, whose tags are asked for);
+/// one run ahead it is *probed* (the hot partition's entry read and its row asked for; for what
+/// it lacks, the cache's tags compared and the slot's lines asked for); at its run it is *read*
+/// (the cache slot's key checked). A table with both tiers locates every row in both (the
+/// cache's tags of a row the hot partition holds are asked for in vain), so that what the hot
+/// partition lacks is probed in the cache a run before it is read. The patch's rows, found at
+/// the run itself, clear their lookups' slots, so that no tier overwrites them.
 struct TierSource<'a> {
     /// The patch and the positions that read it, from the next run's on.
     patch: Option<(&'a RowPatch, Cell<&'a [usize]>)>,
