@@ -11,13 +11,12 @@ older build on ``PYTHONPATH``). A diagnostic, not a result: the benchmark record
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 
 import nearrec
-from nearrec_bench.sls import zipf_rows
+from nearrec_bench.sls import _time_calls, zipf_rows
 
 ROWS = 200_000
 
@@ -45,12 +44,7 @@ def main() -> None:
             for s in sets]
     for i in range(200):
         store.lookup_many(reqs[i % len(reqs)])
-    took: list[float] = []
-    end = time.perf_counter() + args.seconds
-    while time.perf_counter() < end:
-        start = time.perf_counter()
-        store.lookup_many(reqs[len(took) % len(reqs)])
-        took.append(time.perf_counter() - start)
+    took = _time_calls(lambda i: store.lookup_many(reqs[i]), args.seconds, len(reqs))
     print(f"{args.model} zipf1.05 batch {args.batch}: {args.batch / np.median(took):,.0f} "
           f"samples/s (median of {len(took):,} calls; nearrec from {nearrec.__file__})")
 
