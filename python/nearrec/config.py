@@ -28,6 +28,7 @@ from .request import index_vector, is_bool, path_arg
 
 Tier = Literal["auto", "dram", "ssd"]
 Durability = Literal["sync", "async"]
+WalRecovery = Literal["tolerate_torn_tail", "absolute"]
 UnknownKeys = Literal["error", "zero", "init", "default"]
 
 
@@ -82,7 +83,11 @@ class StoreConfig:
     ``device``: a simulated drive (a preset such as ``"rm-ssd"``, a JSON file, or a parameter
     mapping). ``writable``: open for ``write`` / ``remove`` (one writing process per store);
     ``durability``: ``"sync"`` (a write returns once on disk) or ``"async"`` (once in the
-    kernel, on disk within ``durability_window_ms``); ``delta_budget``: memory for rows written
+    kernel, on disk within ``durability_window_ms``); ``wal_recovery``: what a bad record at
+    the end of the write-ahead log does to a writable open — ``"tolerate_torn_tail"`` (cut off
+    and reported) or ``"absolute"`` (the open is refused with
+    :class:`~nearrec.errors.StoreCorrupted` naming the record and the byte to cut at);
+    ``delta_budget``: memory for rows written
     since the tables' files; ``auto_compact``: fold them into new table files in the background
     when the delta is half full; ``compaction_rate``: bytes per second a compaction writes, and
     a swap reads to load the new version, at most — each of a swap's row reads counted as at
@@ -132,6 +137,7 @@ class StoreConfig:
     writable: bool = _default("writable")
     durability: Durability = _default("durability")
     durability_window_ms: int = _default("durability_window_ms")
+    wal_recovery: WalRecovery = _default("wal_recovery")
     delta_budget: int | str = _default("delta_budget")
     auto_compact: bool = _default("auto_compact")
     compaction_rate: int | str = _default("compaction_rate")

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nearrec_format::FormatError;
-use nearrec_format::wal::{Durability, Op, Record, SEGMENT_HEADER, Wal, WalConfig};
+use nearrec_format::wal::{
+    Durability, Op, Record, SEGMENT_HEADER, TailKind, Wal, WalConfig, WalRecovery,
+};
 use proptest::prelude::*;
 
 fn write(table: &str, id: u64, byte: u8) -> Op {
@@ -441,4 +443,80 @@ fn a_reader_replays_what_is_whole_and_writes_nothing() {
         torn,
         "a reader leaves the log as it is"
     );
+}
+
+/// Four calls appended and the log closed; the newest segment's path and where record 4 starts.
+fn four_records(dir: &Path) -> (PathBuf, usize) {
+    let (wal, _) = Wal::open(dir, WalConfig::default(), 0).unwrap();
+    let mut starts = Vec::new();
+    for call in calls(4) {
+        starts.push(wal.stats().bytes as usize);
+        wal.append(&call).unwrap();
+    }
+    (segments(dir)[0].clone(), starts[3])
+}
+
+fn recovering(recovery: WalRecovery) -> WalConfig {
+    WalConfig {
+        recovery,
+        ..WalConfig::default()
+    }
+}
+
+/// Issue 62, item 3: a flipped bit in the last record dropped an acknowledged write without a
+/// word, as a torn tail. Now `absolute` refuses the open, naming the record and the byte to cut
+/// at, and leaves the segment as it was; `tolerate_torn_tail` drops it and says so, telling a
+/// record written whole and damaged from one cut short.
+#[test]
+fn a_bad_last_record_is_reported_and_refused_when_recovery_is_absolute() {
+    for flip in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (seg, at) = four_records(dir.path());
+        let mut bytes = fs::read(&seg).unwrap();
+        if flip {
+            bytes[at + 20] ^= 0x10; // a bit of record 4's payload
+        } else {
+            // cut short: its last bytes never written (zeros, as the segment is zero-filled)
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            bytes[at + 16 + len / 2..at + 16 + len].fill(0);
+        }
+        fs::write(&seg, &bytes).unwrap();
+
+        let e = Wal::open(dir.path(), recovering(WalRecovery::Absolute), 0).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, FormatError::Corrupted { .. }), "{e}");
+        for said in [
+            "record 4",
+            &format!("byte {at}"),
+            &format!("truncate -s {at}"),
+        ] {
+            assert!(text.contains(said), "{said:?} in {text}");
+        }
+        assert_eq!(
+            fs::read(&seg).unwrap(),
+            bytes,
+            "a refused open cuts nothing"
+        );
+
+        let (_wal, rec) = Wal::open(dir.path(), WalConfig::default(), 0).unwrap();
+        assert_eq!(rec.records.len(), 3);
+        let dropped = rec.dropped.expect("the dropped record is reported");
+        assert_eq!((dropped.lsn, dropped.offset), (4, at as u64));
+        let kind = if flip {
+            TailKind::Damaged
+        } else {
+            TailKind::Torn
+        };
+        assert_eq!(dropped.kind, kind, "{dropped:?}");
+    }
+}
+
+/// The zeros past the last record are the segment's fill, not a bad record: nothing is
+/// dropped or refused, whatever the recovery mode.
+#[test]
+fn a_log_ending_in_its_fill_drops_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    four_records(dir.path());
+    let (_wal, rec) = Wal::open(dir.path(), recovering(WalRecovery::Absolute), 0).unwrap();
+    assert_eq!((rec.records.len(), rec.dropped), (4, None));
 }

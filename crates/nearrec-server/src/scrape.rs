@@ -449,6 +449,12 @@ impl Collector for NodeCollector {
                 "Background compactions that failed (the rows stay in the delta)",
                 "compaction_errors",
             ),
+            (
+                "wal_tail_dropped",
+                "Bad records at the end of a writable store's log that its open dropped \
+                 (wal_recovery = \"tolerate_torn_tail\"; the log names each)",
+                "wal_tail_dropped",
+            ),
         ] {
             let mut f = encoder.encode_descriptor(
                 metric,

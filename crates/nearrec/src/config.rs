@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use nearrec_cache::{CacheConfig, Policy};
 use nearrec_device::DeviceConfig;
 use nearrec_engine::{EngineConfig, KeyLimits, KeyPolicy, Tier, Unknown};
+pub use nearrec_format::wal::WalRecovery;
 use nearrec_plan::{Placement, Size};
 use serde::de::{Deserializer, MapAccess, Visitor, value::MapAccessDeserializer};
 use serde::{Deserialize, Serialize, Serializer};
@@ -86,6 +87,11 @@ pub struct StoreConfig {
     /// Writable stores, `async`: the longest a returned call waits to reach the disk, in ms
     /// (1–10000).
     pub durability_window_ms: u64,
+    /// Writable stores: what a bad record at the end of the write-ahead log does to the open —
+    /// `tolerate_torn_tail` (it is cut off, reported: a write a crash interrupted was never
+    /// acknowledged) or `absolute` (the open is refused, naming the record and the byte to cut
+    /// at). Either way a dropped record is reported, never silent (`docs/live.md`).
+    pub wal_recovery: WalRecovery,
     /// Writable stores: memory for rows written since the tables' files (each row's encoded
     /// bytes plus 48 bytes); a call that does not fit waits for compaction to free it.
     pub delta_budget: Size,
@@ -183,6 +189,7 @@ impl Default for StoreConfig {
             writable: false,
             durability: DurabilityMode::Sync,
             durability_window_ms: 10,
+            wal_recovery: WalRecovery::default(),
             delta_budget: Size(256 << 20),
             auto_compact: true,
             compaction_rate: Size(64 << 20),
@@ -583,6 +590,7 @@ mod tests {
                 writable: false,
                 durability: DurabilityMode::Async,
                 durability_window_ms: 50,
+                wal_recovery: WalRecovery::Absolute,
                 delta_budget: Size(64 << 20),
                 auto_compact: false,
                 compaction_rate: Size(100 << 20),

@@ -106,7 +106,7 @@ pub use batch::{
     PoolingMode, Read, TableLookup,
 };
 pub use coalesce::{Coalesced, Shape, coalesce};
-pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig};
+pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig, WalRecovery};
 pub use error::{Error, ErrorKind, Result};
 pub use jagged::{JaggedBlock, jagged};
 pub use live::{Compaction, Decision, RowWrite, Snapshot, Transaction, WriteOptions, check_values};

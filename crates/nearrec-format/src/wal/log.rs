@@ -44,6 +44,59 @@ pub enum Durability {
     Async { window: Duration },
 }
 
+/// What a writable open does with a bad record at the end of the newest segment (RocksDB's
+/// `WALRecoveryMode`, the two of its choices this log's group commit makes sense of). Either
+/// way the bad record is reported ([`Recovered::dropped`]), never dropped silently, and damage
+/// followed by intact records refuses the open.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WalRecovery {
+    /// The record and what follows it are cut off: a group cut by a crash before its sync
+    /// returned was never acknowledged.
+    #[default]
+    TolerateTornTail,
+    /// Any bad record refuses the open (`Corrupted`), naming it and the byte to cut at: the
+    /// operator decides, since a bad last record may also be an acknowledged one damaged.
+    Absolute,
+}
+
+/// A bad record at the end of the log that recovery dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedTail {
+    /// The segment it was in.
+    pub segment: PathBuf,
+    /// The sequence number it should have had.
+    pub lsn: u64,
+    /// Its byte offset in the segment, where the file was cut.
+    pub offset: u64,
+    /// The bytes dropped (up to the segment's last non-zero one).
+    pub bytes: u64,
+    /// Whether it looks damaged rather than torn ([`TailKind`]).
+    pub kind: TailKind,
+    /// Why it is not an intact record.
+    pub why: String,
+}
+
+/// What a bad record at the end of the log looks like (`docs/format.md` §12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailKind {
+    /// Cut short, or some of its sectors never written: a write a crash interrupted.
+    Torn,
+    /// Whole — its length within bounds, its own number, every byte present, no sector of it
+    /// left unwritten — yet its checksum fails: written whole, then changed (a flipped bit).
+    /// It may have been acknowledged.
+    Damaged,
+}
+
+impl TailKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Torn => "torn",
+            Self::Damaged => "damaged",
+        }
+    }
+}
+
 /// How the log writes.
 #[derive(Debug, Clone, Copy)]
 pub struct WalConfig {
@@ -56,6 +109,8 @@ pub struct WalConfig {
     /// sync that extends the file (ext4 on this project's virtio disks: ~100 µs instead of
     /// ~220 µs). At least one byte.
     pub zero_ahead: u64,
+    /// What a bad record at the end of the log does to the open.
+    pub recovery: WalRecovery,
 }
 
 impl Default for WalConfig {
@@ -64,6 +119,7 @@ impl Default for WalConfig {
             durability: Durability::Sync,
             segment_bytes: 64 << 20,
             zero_ahead: ZERO_AHEAD,
+            recovery: WalRecovery::default(),
         }
     }
 }
@@ -135,6 +191,8 @@ pub struct Recovered {
     pub records: Vec<Record>,
     /// Bytes dropped from the end of the log: a record cut short by a crash (never acknowledged).
     pub torn_bytes: u64,
+    /// The bad record at the end of the log that was dropped, if one was.
+    pub dropped: Option<DroppedTail>,
 }
 
 fn segment_name(first: u64) -> String {
@@ -189,9 +247,10 @@ impl Wal {
         let Scan {
             records,
             torn_bytes,
+            dropped,
             segments,
             next,
-        } = scan(dir, applied, true)?;
+        } = scan(dir, applied, Some(config.recovery))?;
         let mut segments = segments
             .into_iter()
             .map(|(first, path, bytes)| {
@@ -254,6 +313,7 @@ impl Wal {
             Recovered {
                 records,
                 torn_bytes,
+                dropped,
             },
         ))
     }
@@ -262,10 +322,11 @@ impl Wal {
     /// a reader in another process replays (the writer may be appending meanwhile; a record it
     /// has not finished is not read). Damage is refused as [`Wal::open`] refuses it.
     pub fn read(dir: &Path, applied: u64) -> Result<Recovered> {
-        let scan = scan(dir, applied, false)?;
+        let scan = scan(dir, applied, None)?;
         Ok(Recovered {
             records: scan.records,
             torn_bytes: scan.torn_bytes,
+            dropped: scan.dropped,
         })
     }
 
@@ -364,13 +425,16 @@ impl Drop for Wal {
 struct Scan {
     records: Vec<Record>,
     torn_bytes: u64,
+    dropped: Option<DroppedTail>,
     segments: Vec<(u64, PathBuf, u64)>,
     next: u64,
 }
 
-/// Reads the log in `dir` (see [`Wal::open`]); with `repair`, cuts a torn tail off the file and
-/// removes a newest segment cut while being made.
-fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
+/// Reads the log in `dir` (see [`Wal::open`]); a writer's open (`recovery` given) cuts a torn
+/// tail off the file as `recovery` says and removes a newest segment cut while being made. A
+/// reader drops a bad tail without a word: the writer may be appending it now.
+fn scan(dir: &Path, applied: u64, recovery: Option<WalRecovery>) -> Result<Scan> {
+    let repair = recovery.is_some();
     let mut found = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| FormatError::io(dir, e))? {
         let entry = entry.map_err(|e| FormatError::io(dir, e))?;
@@ -386,6 +450,7 @@ fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
     let mut records = Vec::new();
     let mut segments = Vec::new();
     let mut torn_bytes = 0u64;
+    let mut dropped = None;
     let mut next: Option<u64> = None;
     let last = found.len().checked_sub(1);
     for (i, (first, path)) in found.iter().enumerate() {
@@ -467,8 +532,29 @@ fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
                         );
                         return Err(corrupted(path, why));
                     }
-                    if bytes[at..].iter().any(|&b| b != 0) {
+                    if let Some(last) = bytes[at..].iter().rposition(|&b| b != 0) {
                         torn_bytes += (bytes.len() - at) as u64;
+                        let kind = tail_kind(&bytes, at, lsn);
+                        if recovery == Some(WalRecovery::Absolute) {
+                            let why = format!(
+                                "record {lsn} at byte {at} of {} is {} ({why}); wal_recovery = \
+                                 \"absolute\" refuses any bad record, so the log is not cut \
+                                 and the store does not open. To give up records {lsn} and \
+                                 later, cut the segment at byte {at} (`truncate -s {at}`), or \
+                                 open with wal_recovery = \"tolerate_torn_tail\"",
+                                path.display(),
+                                kind.name(),
+                            );
+                            return Err(corrupted(path, why));
+                        }
+                        dropped = Some(DroppedTail {
+                            segment: path.clone(),
+                            lsn,
+                            offset: at as u64,
+                            bytes: last as u64 + 1,
+                            kind,
+                            why,
+                        });
                     }
                     if repair {
                         let file = OpenOptions::new()
@@ -504,9 +590,45 @@ fn scan(dir: &Path, applied: u64, repair: bool) -> Result<Scan> {
     Ok(Scan {
         records,
         torn_bytes,
+        dropped,
         segments,
         next,
     })
+}
+
+/// Whether the bad record at byte `at` of a segment's `bytes`, which should be record `lsn`,
+/// looks torn or damaged. A crash leaves some of a group's sectors (or, for a write cut short,
+/// its end) unwritten, and the newest segment is zero-filled ahead, so what was not written
+/// reads as zeros. A record whose frame is whole (its length within bounds, its own number,
+/// all its bytes present), that does not end in 16 zero bytes and none of whose sectors'
+/// shares of 64 bytes or more is all zeros, was written whole and changed since. A flip in the
+/// length or number fields, or damage to a record whose last 16 bytes or a sector's share are
+/// zeros anyway (rows of zeros), reads as torn.
+fn tail_kind(bytes: &[u8], at: usize, lsn: u64) -> TailKind {
+    const SECTOR: usize = 512;
+    let zeros = |r: &[u8]| r.iter().all(|&b| b == 0);
+    let tail = &bytes[at..];
+    if tail.len() < record::FRAME_BYTES {
+        return TailKind::Torn;
+    }
+    let len = u32::from_le_bytes(tail[..4].try_into().expect("4 bytes")) as usize;
+    let found = u64::from_le_bytes(tail[8..16].try_into().expect("8 bytes"));
+    let end = at + record::FRAME_BYTES + len;
+    if len > record::MAX_PAYLOAD || found != lsn || end > bytes.len() {
+        return TailKind::Torn;
+    }
+    if zeros(&bytes[end.saturating_sub(16).max(at)..end]) {
+        return TailKind::Torn;
+    }
+    let mut from = at;
+    while from < end {
+        let to = ((from / SECTOR + 1) * SECTOR).min(end);
+        if to - from >= 64 && zeros(&bytes[from..to]) {
+            return TailKind::Torn;
+        }
+        from = to;
+    }
+    TailKind::Damaged
 }
 
 /// The first intact record numbered after `lsn` in `tail` (the bytes from a damaged record

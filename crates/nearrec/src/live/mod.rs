@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use nearrec_engine::delta::{DeltaView, ENTRY_OVERHEAD, TableDelta};
 use nearrec_engine::{Engine, KEY_ROW_BYTES};
-use nearrec_format::wal::{Durability, Op, Record, Wal, WalConfig, WalStats};
+use nearrec_format::wal::{Durability, Op, Record, TailKind, Wal, WalConfig, WalStats};
 use nearrec_format::{FormatError, Manifest, files};
 
 use crate::config::{DurabilityMode, StoreConfig};
@@ -167,6 +167,8 @@ pub(crate) struct Live {
     refreshing: Mutex<()>,
     /// A read-only store following its writer: what that did.
     follows: follow::FollowStats,
+    /// Bad records at the end of the log its open dropped (`wal_recovery`): 0 or 1.
+    tail_dropped: u64,
 }
 
 #[derive(Debug)]
@@ -231,6 +233,7 @@ impl Live {
             writer: None,
             refreshing: Mutex::new(()),
             follows: follow::FollowStats::default(),
+            tail_dropped: 0,
         };
         let records = if config.writable {
             let lock = writer_lock(dir)?;
@@ -243,9 +246,33 @@ impl Live {
             };
             let wal_config = WalConfig {
                 durability,
+                recovery: config.wal_recovery,
                 ..WalConfig::default()
             };
             let (wal, recovered) = Wal::open(dir, wal_config, base)?;
+            if let Some(d) = &recovered.dropped {
+                live.tail_dropped = 1;
+                tracing::warn!(
+                    target: "nearrec::store",
+                    store = %dir.display(),
+                    segment = %d.segment.display(),
+                    lsn = d.lsn,
+                    offset = d.offset,
+                    bytes = d.bytes,
+                    looks = d.kind.name(),
+                    "the write-ahead log's last record {} was bad ({}) and is dropped with \
+                     everything after it: {}",
+                    d.lsn,
+                    d.why,
+                    match d.kind {
+                        TailKind::Torn => "a write a crash interrupted, never acknowledged",
+                        TailKind::Damaged => {
+                            "it was written whole and damaged since, so it may have been \
+                             acknowledged (wal_recovery = \"absolute\" refuses such an open)"
+                        }
+                    }
+                );
+            }
             live.writer = Some(Writer {
                 lock: Mutex::new(Some(lock)),
                 closed: AtomicBool::new(false),
@@ -838,6 +865,7 @@ impl Live {
             ("follow_ms", self.follows.every_ms.load(Relaxed) as f64),
             ("follow_moved", self.follows.moved.load(Relaxed) as f64),
             ("follow_errors", self.follows.errors.load(Relaxed) as f64),
+            ("wal_tail_dropped", self.tail_dropped as f64),
         ]
     }
 }
