@@ -56,8 +56,9 @@ def open_store(request: pytest.FixtureRequest) -> Iterator[Open]:
             return nearrec.open(path, tier="dram", writable=writable)
         if request.param == "ssd":
             return nearrec.open(path, tier="ssd", dram_budget="16KiB", writable=writable)
+        # the suite swaps to stores beside the one served, not versions of a repository
         node = Node(f"{path}=s", "--tier", "ssd", "--dram-budget", "16KiB",
-                    *(["--writable"] if writable else []))
+                    "--swap-root", str(path.parent), *(["--writable"] if writable else []))
         nodes.append(node)
         return nearrec.connect(node.address, "s")
 

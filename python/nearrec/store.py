@@ -350,9 +350,10 @@ class Store:
         least its rows, the same model inputs — or the swap is refused with
         :class:`InvalidRequest` naming the difference; ``force`` serves it anyway. Returns the
         new store's version. On a node's store, ``path`` is on the node's file system: the node
-        takes it only from under its swap root (``nearrec serve --swap-root``, by default the
-        directory holding the served store; a relative ``path`` is taken from there) and only
-        for a caller who may read what it exposes.
+        takes it only from the store's own repository of versions or from under its swap root
+        (``nearrec serve --swap-root``, or ``[swap_roots]`` in the node's config; a relative
+        ``path`` is taken from there), never from a directory another served store uses, and
+        only for a caller who may read what it exposes.
 
         From a repository, the swap names a version (a path must be one of its versions'
         directories), and the repository's ``CURRENT`` pointer names it, atomically, before it

@@ -23,7 +23,12 @@ fn node(path: &Path, writable: bool) -> Opened {
     let toml = format!("tier = \"ssd\"\ndram_budget = \"16KiB\"\nwritable = {writable}");
     let mut stores = Stores::new();
     stores.insert("s", common::open(path, &toml)).unwrap();
-    let node = common::Node::start(stores, NodeConfig::default());
+    // the suite swaps to stores beside the one served, not versions of a repository
+    let config = NodeConfig {
+        swap_root: path.parent().map(Path::to_path_buf),
+        ..NodeConfig::default()
+    };
+    let node = common::Node::start(stores, config);
     let client = Client::connect(&node.addr.to_string(), "s", ClientOptions::default()).unwrap();
     Opened {
         store: Arc::new(client),

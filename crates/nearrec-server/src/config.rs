@@ -18,6 +18,7 @@
 //! dram_budget = "4GiB"
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -103,10 +104,14 @@ pub struct NodeConfig {
     /// trickles it in is answered `DEADLINE_EXCEEDED`); seconds in a file.
     #[serde(with = "seconds")]
     pub request_timeout: Duration,
-    /// The directory `Swap` may take stores from (`crate::swap`); `None`: the directory
-    /// holding the store served.
+    /// The directory `Swap` may take every store from (`crate::swap`), besides the versions
+    /// of a store's own repository; `None`: only those. Never another served store's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub swap_root: Option<PathBuf>,
+    /// A store's own swap root, by the name it is served under (`[swap_roots]`), in place of
+    /// `swap_root` for that store: tenants staging their next stores apart reach only their own.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub swap_roots: BTreeMap<String, PathBuf>,
     /// How the node logs on stderr: `text` (colour only on a terminal) or `json` (one object a
     /// line, for a log shipper).
     pub log_format: LogFormat,
@@ -120,6 +125,10 @@ pub struct NodeConfig {
     /// refusal of a token or a grant, one JSON line each; `None`: none kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit_log: Option<PathBuf>,
+    /// Refuse a call that changes what the node serves (`UNAVAILABLE`, nothing of it applied)
+    /// when its audit line cannot be written: the line is written as attempted before the call
+    /// runs. `false`: the log fails open, lost lines counted (`crate::audit`).
+    pub audit_required: bool,
 }
 
 /// The node's log lines on stderr.
@@ -266,6 +275,12 @@ impl NodeConfig {
                 return bad(key, "must be a positive number of seconds");
             }
         }
+        if self.audit_required && self.audit_log.is_none() {
+            return bad(
+                "audit_required",
+                "needs an audit log to require (audit_log, --audit-log)",
+            );
+        }
         self.store.validate()
     }
 
@@ -280,6 +295,12 @@ impl NodeConfig {
         }
         let mut stores = crate::Stores::open(&self.stores, &self.store)?;
         stores.open_sharded(&self.shards)?;
+        if let Some(name) = (self.swap_roots.keys()).find(|n| !stores.names().any(|s| s == *n)) {
+            return Err(format!(
+                "swap_roots names the store {name:?}, which the node does not serve; it serves: {}",
+                stores.names().collect::<Vec<_>>().join(", ")
+            ));
+        }
         Ok(stores)
     }
 
@@ -352,10 +373,12 @@ impl Default for NodeConfig {
             metrics_listen: None,
             tls: None,
             swap_root: None,
+            swap_roots: BTreeMap::new(),
             log_format: LogFormat::Text,
             access_log_every: 0,
             slow_request_ms: 1000,
             audit_log: None,
+            audit_required: false,
         }
     }
 }
@@ -510,6 +533,13 @@ pub const FLAGS: &[Flag] = &[
         "append one JSON line for every call that changes what the node serves (writes, transactions, tables, swaps, model updates, compactions) and every refused token or grant: who, from where, what, when, how it ended; never a token (docs/security.md)",
     ),
     flag(
+        "audit-required",
+        "audit_required",
+        FlagKind::Switch,
+        "",
+        "refuse a change (UNAVAILABLE, nothing applied) whose audit line cannot be written: each is logged as attempted before it runs (default: the log fails open, lost lines counted)",
+    ),
+    flag(
         "metrics-listen",
         "metrics_listen",
         FlagKind::Text,
@@ -542,7 +572,7 @@ pub const FLAGS: &[Flag] = &[
         "swap_root",
         FlagKind::Text,
         "DIR",
-        "the directory Swap may take stores from (default: the one holding each served store)",
+        "the directory Swap may take stores from, besides the versions of a store's own repository (never another served store's; per store: [swap_roots] in the config file)",
     ),
     flag(
         "insecure",
@@ -729,6 +759,9 @@ mod tests {
                 key: "k.pem".into(),
                 client_ca: None,
             }),
+            // --audit-required needs a log
+            audit_log: Some("audit.jsonl".into()),
+            swap_roots: [("s".to_owned(), PathBuf::from("/staging/s"))].into(),
             ..NodeConfig::default()
         };
         assert_eq!(NodeConfig::from_toml(&config.to_toml()).unwrap(), config);
@@ -759,6 +792,8 @@ mod tests {
         assert!(e.to_string().contains("log_format"), "{e}");
         let e = NodeConfig::from_toml("[store]\ntier = \"tape\"").unwrap_err();
         assert!(e.to_string().contains("store.tier"), "{e}");
+        let e = NodeConfig::from_toml("audit_required = true").unwrap_err();
+        assert!(e.to_string().contains("audit_required"), "{e}");
         let e = NodeConfig::from_toml("idle_timeout = -1.0").unwrap_err();
         assert!(e.to_string().contains("idle_timeout"), "{e}");
         let e = NodeConfig::default()

@@ -94,7 +94,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let acl = config.acl.as_deref().map(Acl::load).transpose()?;
-    let audit = config.audit_log.as_deref().map(Audit::open).transpose()?;
+    let audit = (config.audit_log.as_deref())
+        .map(|p| Audit::open(p, config.audit_required))
+        .transpose()?;
     let shared = Arc::new(Shared::new(stores, config.clone(), acl).with_audit(audit));
     if config.acl.is_some() || config.audit_log.is_some() || shared.stores.has_sharded() {
         tokio::spawn(reload_on_hangup(shared.clone(), config.acl.clone()));

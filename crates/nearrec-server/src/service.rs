@@ -25,7 +25,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::acl::{Acl, Permission, Principal};
 use crate::admission::{Held, Slot, deadline};
-use crate::audit::Audit;
+use crate::audit::{Audit, Phase};
 use crate::conns::ConnInfo;
 use crate::limits::Entered;
 use crate::node::Shared;
@@ -69,6 +69,11 @@ fn meant_shard(metadata: &MetadataMap) -> Result<Option<(String, usize)>, Status
         ))),
     }
 }
+
+/// What a call did, as its audit line says it, when the request alone does not say (a swap's
+/// resolved directory): an extension of its answer.
+#[derive(Debug, Clone)]
+struct Audited(String);
 
 /// What a call's request says of it before it runs: its size and deadline, and for the
 /// access and slow-request lines its store, tables, rows and token (kept to name the
@@ -419,6 +424,22 @@ impl NodeService {
         }
     }
 
+    /// What the store served as `name` may swap to (`crate::swap`): its swap root, its
+    /// directory, and the directories of every other store the node serves.
+    fn reach(&self, name: &str, store: &dyn StoreApi) -> swap::Reach {
+        let config = &self.0.config;
+        let root = config.swap_roots.get(name).or(config.swap_root.as_ref());
+        let others = (self.0.stores.iter())
+            .filter(|(n, _)| *n != name)
+            .filter_map(|(n, s)| Some((n.to_owned(), s.location()?)))
+            .collect();
+        swap::Reach {
+            root: root.cloned(),
+            served: store.location(),
+            others,
+        }
+    }
+
     /// The store a call named, as served: a request's empty name is the node's only store.
     fn served_name(&self, seen: &Seen) -> String {
         match self.0.stores.get(&seen.store, |_| true) {
@@ -428,23 +449,54 @@ impl NodeService {
     }
 
     /// The call's audit line, if the node keeps an audit log and the call belongs in it.
-    fn audit(&self, call: &'static str, code: tonic::Code, seen: &Seen) {
+    fn audit(&self, call: &'static str, code: tonic::Code, seen: &Seen, id: u64) {
         let Some(audit) = &self.0.audit else {
             return;
         };
-        if !Audit::wants(call, &seen.what, code) {
-            return;
+        if Audit::wants(call, &seen.what, code) {
+            // fails open: a lost outcome line is counted, and the call has happened
+            let _ = self.audit_line(audit, id, Phase::Outcome, call, format!("{code:?}"), seen);
         }
+    }
+
+    /// With `audit_required`, a change's attempt line, written before it runs: `UNAVAILABLE`
+    /// (and nothing of the call run) when it cannot be written.
+    fn attempt(&self, call: &'static str, seen: &Seen, id: u64) -> Result<(), Status> {
+        let Some(audit) = &self.0.audit else {
+            return Ok(());
+        };
+        if !audit.required || !Audit::changes(call, &seen.what) {
+            return Ok(());
+        }
+        self.audit_line(audit, id, Phase::Attempt, call, String::new(), seen)
+            .map_err(|e| {
+                Status::unavailable(format!(
+                    "{e}; the node refuses changes it cannot audit (audit_required)"
+                ))
+            })
+    }
+
+    fn audit_line(
+        &self,
+        audit: &Audit,
+        id: u64,
+        phase: Phase,
+        call: &'static str,
+        status: String,
+        seen: &Seen,
+    ) -> Result<(), String> {
         audit.record(crate::audit::Line {
             unix_ms: 0,
+            id,
+            phase,
             call,
             what: &seen.what,
             principal: &self.principal(seen.auth.as_ref()),
             peer: seen.peer,
             store: &self.served_name(seen),
             tables: &seen.tables,
-            status: format!("{code:?}"),
-        });
+            status,
+        })
     }
 
     /// The principal a token names, for a log line (`-` without an ACL, `?` for a token the ACL
@@ -471,12 +523,16 @@ impl NodeService {
     async fn observed<T>(
         &self,
         call: &'static str,
-        received: Seen,
+        mut received: Seen,
         sent: impl FnOnce(&T) -> usize,
         answer: impl Future<Output = Answer<T>>,
     ) -> Answer<T> {
         let start = Instant::now();
-        let mut answer = answer.await.map_err(bounded);
+        let id = self.0.audit.as_ref().map_or(0, Audit::next_id);
+        let mut answer = match self.attempt(call, &received, id) {
+            Ok(()) => answer.await.map_err(bounded),
+            Err(refused) => Err(refused), // `answer` never runs
+        };
         let (mut code, bytes) = match &answer {
             Ok(r) => (tonic::Code::Ok, sent(r.get_ref())),
             Err(s) => (s.code(), 0),
@@ -498,8 +554,13 @@ impl NodeService {
                 self.0.metrics.table(store, table, *rows);
             }
         }
+        if let Ok(r) = &answer
+            && let Some(Audited(what)) = r.extensions().get()
+        {
+            received.what.clone_from(what);
+        }
         self.log_call(call, code, seconds, &received);
-        self.audit(call, code, &received);
+        self.audit(call, code, &received, id);
         if let Ok(r) = &mut answer
             && call != "LookupStream"
         {
@@ -1061,8 +1122,7 @@ impl NodeService {
         let to = swap::target(&req)?;
         let to = match to {
             SwapTo::Path(p) => {
-                let root = self.0.config.swap_root.as_deref();
-                let path = swap::resolve(root, store.location().as_deref(), &p)?;
+                let path = swap::resolve(&self.reach(name, &*store), &p)?;
                 SwapTo::Path(path.to_string_lossy().into_owned())
             }
             by_version => by_version,
@@ -1101,7 +1161,10 @@ impl NodeService {
         let (from, to) = (swap::served(before.as_ref()), swap::served(after.as_ref()));
         tracing::info!(store = %name, principal = who, %from, %to, "{event}");
         let answer = pb::SwapResponse { version, staged: 0 };
-        Ok(holding(answer, Held::from(slot)))
+        let mut answer = holding(answer, Held::from(slot));
+        // the audit line names what was served, resolved, not what the request said
+        (answer.extensions_mut()).insert(Audited(format!("{event} to {to}")));
+        Ok(answer)
     }
 
     async fn call_info(&self, request: Request<pb::InfoRequest>) -> Answer<pb::InfoResponse> {

@@ -396,6 +396,186 @@ fn a_swap_is_confined_to_its_root_and_needs_what_it_exposes() {
     assert!(swap(&other, "ops", true).is_ok());
 }
 
+/// Issue 62, item 1: an admin of one store swapped it to a sibling store's directory (the old
+/// default root was the served store's parent) and read the sibling's rows. A swap now reaches
+/// only the store's own versions or its own root, never another served store's directory or
+/// repository, whatever the root; the audit line names the directory resolved.
+#[test]
+fn an_admin_of_one_store_cannot_swap_it_onto_another_stores_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let b2 = dir.path().join("b2");
+    let tables = [("t0", 40, 4, nearrec_format::DType::Fp32)];
+    let repo = nearrec::format::Repository::create(&b2.join("s")).unwrap();
+    let own = |v: u64| repo.version_path(v);
+    let s1 = nearrec_testkit::write_store(own(1), &tables, |_, i| i as f32);
+    nearrec_testkit::write_store(own(2), &tables, |_, i| -(i as f32));
+    let other = nearrec_testkit::write_store(b2.join("other"), &tables, |_, _| 1e6);
+    let theirs = nearrec::format::Repository::create(&b2.join("t")).unwrap();
+    nearrec_testkit::write_store(theirs.version_path(1), &tables, |_, _| 7.0);
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        format!(
+            "[principal.admin_s]\ntoken_sha256 = \"{}\"\nread = [\"s/*\"]\nwrite = [\"s/*\"]\n\
+             admin = [\"s/*\"]\n",
+            token_hash("admin_s")
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let mut stores = Stores::new();
+    for (name, path) in [
+        ("s", &s1),
+        ("other", &other),
+        ("t", &theirs.version_path(1)),
+    ] {
+        stores.insert(name, open(path, "tier = \"dram\"")).unwrap();
+    }
+    let node = Node::start(
+        stores,
+        NodeConfig {
+            acl: Some(acl),
+            audit_log: Some(audit.clone()),
+            ..NodeConfig::default()
+        },
+    );
+    let (c, rt) = (node.client(), &node.runtime);
+    let swap = |path: &str| {
+        let req = pb::SwapRequest {
+            store: "s".into(),
+            path: path.into(),
+            force: true,
+            ..Default::default()
+        };
+        rt.block_on(c.clone().swap(authorized(req, Some("admin_s"))))
+            .map(|r| r.into_inner().version)
+            .map_err(|s| (s.code(), s.message().to_owned()))
+    };
+    let first = || {
+        let batch = OwnedBatch::new(vec![OwnedLookup::with_lengths("t0", vec![1], vec![1])]);
+        let req = authorized(request("s", &batch, false, 0), Some("admin_s"));
+        let answer = rt.block_on(c.clone().lookup(req)).unwrap().into_inner();
+        f32::from_le_bytes(answer.pooled[..4].try_into().unwrap())
+    };
+    assert_eq!(first(), 4.0); // row 1 of `s`: values 4..8
+    for sibling in [
+        other.to_str().unwrap(),
+        "../other",
+        "../t/1",
+        theirs.path().to_str().unwrap(),
+    ] {
+        let (code, message) = swap(sibling).unwrap_err();
+        assert_eq!(code, Code::PermissionDenied, "{sibling}: {message}");
+        assert_eq!(first(), 4.0, "{sibling}");
+    }
+    drop(node);
+    // the probe's own layout: two plain stores side by side, no root set. The old default
+    // root, the served store's parent, reached the sibling
+    let plain = nearrec_testkit::write_store(b2.join("plain"), &tables, |_, i| i as f32);
+    let mut stores = Stores::new();
+    stores.insert("s", open(&plain, "tier = \"dram\"")).unwrap();
+    stores
+        .insert("other", open(&other, "tier = \"dram\""))
+        .unwrap();
+    let node = Node::start(stores, NodeConfig::default());
+    let req = pb::SwapRequest {
+        store: "s".into(),
+        path: other.to_str().unwrap().into(),
+        force: true,
+        ..Default::default()
+    };
+    let e = (node.runtime.block_on(node.client().swap(req))).unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    drop(node);
+    // a root over every store's directory still keeps the others out
+    let mut stores = Stores::new();
+    stores.insert("s", open(&s1, "tier = \"dram\"")).unwrap();
+    stores
+        .insert("other", open(&other, "tier = \"dram\""))
+        .unwrap();
+    let node = Node::start(
+        stores,
+        NodeConfig {
+            swap_root: Some(b2.clone()),
+            audit_log: Some(audit.clone()),
+            ..NodeConfig::default()
+        },
+    );
+    let (c, rt) = (node.client(), &node.runtime);
+    let req = |path: &str| pb::SwapRequest {
+        store: "s".into(),
+        path: path.into(),
+        ..Default::default()
+    };
+    let e = rt.block_on(c.clone().swap(req("other"))).unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    // its own next version, named relative to the root: served, and audited as resolved
+    rt.block_on(c.clone().swap(req("s/2"))).unwrap();
+    drop(node);
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let served = own(2).canonicalize().unwrap();
+    let last = log.lines().last().unwrap();
+    assert!(
+        last.contains(&format!("\"what\":\"swap to {}", served.display())),
+        "{last}"
+    );
+}
+
+/// Issue 62, item 2: with the audit log's file system full, every write was applied while its
+/// audit lines were lost. With `audit_required` a change whose attempt line cannot be written is
+/// refused, `UNAVAILABLE` naming the log, and nothing of it is applied; without, the log fails
+/// open and counts what it lost.
+#[test]
+fn a_change_that_cannot_be_audited_is_refused_when_the_audit_is_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    let write = |c: &mut pb::node_client::NodeClient<_>, rt: &tokio::runtime::Runtime, v: f32| {
+        let req = pb::WriteRequest {
+            store: "s".into(),
+            writes: vec![pb::TableRows {
+                table: "t0".into(),
+                ids: nearrec_wire::arrays::encode(vec![1i64]),
+                rows: nearrec_wire::arrays::encode(vec![v; 8]),
+                remove: false,
+            }],
+            allow_nonfinite: false,
+        };
+        rt.block_on(c.write(req)).map(|_| ())
+    };
+    let row1 = |c: &mut pb::node_client::NodeClient<_>, rt: &tokio::runtime::Runtime| {
+        let batch = OwnedBatch::new(vec![OwnedLookup::with_lengths("t0", vec![1], vec![1])]);
+        let answer = rt
+            .block_on(c.lookup(request("s", &batch, false, 0)))
+            .unwrap();
+        f32::from_le_bytes(answer.into_inner().pooled[..4].try_into().unwrap())
+    };
+    for required in [true, false] {
+        let node = node_of(
+            &path,
+            "tier = \"dram\"\nwritable = true",
+            NodeConfig {
+                audit_log: Some("/dev/full".into()), // every write: ENOSPC
+                audit_required: required,
+                ..NodeConfig::default()
+            },
+        );
+        let (mut c, rt) = (node.client(), &node.runtime);
+        let before = row1(&mut c, rt);
+        let answer = write(&mut c, rt, 42.0);
+        if required {
+            let s = answer.unwrap_err();
+            assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+            assert!(s.message().contains("/dev/full"), "{s:?}");
+            assert_eq!(row1(&mut c, rt), before, "nothing of the write applied");
+        } else {
+            answer.unwrap();
+            assert_eq!(row1(&mut c, rt), 42.0);
+            let lost = metric(&node.scrape(), "nearrec_audit_lines_failed_total");
+            assert!(lost >= 1.0, "{lost}");
+        }
+    }
+}
+
 /// A cross-shard write's steps are writes: a prepare needs write of its tables, every other
 /// step (commit, abort, forget, the list of what the store holds) write of the whole store; a
 /// transaction's id that is not 16 bytes, or a step the node does not know, is the caller's

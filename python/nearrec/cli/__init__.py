@@ -142,7 +142,8 @@ def parser() -> argparse.ArgumentParser:
     to.add_argument("--rollback", action="store_true",
                     help="the version served before the current one")
     to.add_argument("--to", metavar="DIR",
-                    help="with --remote: a store directory on the node (under its swap root)")
+                    help="with --remote: a store directory on the node (a version of the store's "
+                         "repository, or under its swap root)")
     sw.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
                     help="with --remote: fill the new version's DRAM tiers before the switch")
     sw.add_argument("--force", action="store_true",
