@@ -586,8 +586,8 @@ impl From<&nearrec_format::TableMeta> for TableInfo {
 }
 
 impl Store {
-    /// `t`'s info, a keyed table's keys as its writer has decided them (a reader's as of the
-    /// tables' base).
+    /// `t`'s info, a keyed table's keys as its writer has decided them (a reader's as it
+    /// serves them).
     fn table_info(&self, t: &nearrec_format::TableMeta) -> TableInfo {
         TableInfo {
             keys: t

@@ -1001,8 +1001,8 @@ impl Store {
         .into()
     }
 
-    /// Keys keyed table `table` holds as its writer has decided them (`None`: not a keyed
-    /// table, or the store is not writable here).
+    /// Keys keyed table `table` holds (`None`: not a keyed table): as its writer has decided
+    /// them, or, opened read-only, as this store serves them now.
     pub fn keys_held(&self, table: &str) -> Option<u64> {
         self.current().live.keys_held(table)
     }

@@ -186,3 +186,35 @@ fn a_keyed_writer_killed_at_each_point_loses_no_acknowledged_call() {
         );
     }
 }
+
+/// Issue 62, item 4: a read-only open reported the compacted key count (the base's) while it
+/// served the writer's later keys too. Its `info`, `keys_held` and `keyed_keys` follow the keys
+/// it serves, as the writer's do, before any compaction.
+#[test]
+fn a_reader_counts_the_keys_it_serves_not_the_compacted_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_store(dir.path());
+    let writer = Store::open(&path, &config(true)).unwrap();
+    for k in 0..CALLS {
+        apply(&writer, k);
+    }
+    // two of the base's keys let go of, and one of them written again
+    for key in [1i64, 2] {
+        let w = RowWrite {
+            table: "k",
+            ids: &[key],
+            values: None,
+        };
+        writer.write_many(&[w], WriteOptions::default()).unwrap();
+    }
+    writer.write("k", &[2], &row(77)).unwrap();
+    let held = (model(CALLS).len() - 1) as u64;
+    assert_eq!(writer.keys_held("k"), Some(held));
+    let reader = Store::open(&path, &config(false)).unwrap();
+    assert_eq!(reader.version(), writer.version());
+    let table = nearrec::StoreApi::table(&reader, "k").unwrap();
+    assert_eq!(table.keys, Some(held), "info's keys: served, not compacted");
+    assert_eq!(reader.keys_held("k"), Some(held));
+    let stats: HashMap<_, _> = reader.key_stats().into_iter().collect();
+    assert_eq!(stats["keyed_keys"], held as f64);
+}

@@ -407,11 +407,29 @@ impl Live {
             .sum()
     }
 
-    /// Keys keyed table `table` holds as the writer has decided them (`None`: not keyed, or
-    /// no writer here).
+    /// Keys keyed table `table` holds (`None`: not keyed): as the writer has decided them, or,
+    /// on a reader, as its snapshot serves them — the base's keys, less those its key delta
+    /// moved or let go of, plus those the delta gives a row.
     pub(crate) fn keys_held(&self, table: &str) -> Option<u64> {
-        let w = self.writer.as_ref()?;
-        lock(&w.books).get(table).map(keys::KeyBook::held)
+        if let Some(w) = &self.writer {
+            return lock(&w.books).get(table).map(keys::KeyBook::held);
+        }
+        let snap = self.snapshot();
+        let engine = &snap.engine;
+        let id = engine
+            .table_id(table)
+            .ok()
+            .filter(|&id| engine.is_keyed(id))?;
+        let base = engine.tables()[id].entries();
+        let Some(delta) = snap.keys[id].as_deref() else {
+            return Some(base);
+        };
+        let changed = delta.newest(snap.base, snap.version);
+        let gone = (changed.iter())
+            .filter(|(key, _)| engine.base_row_of(id, *key).is_some())
+            .count() as u64;
+        let given = changed.iter().filter(|(_, row)| row.is_some()).count() as u64;
+        Some(base - gone + given)
     }
 
     /// Every keyed table's book, from its index and its key delta (the writer, at open and
