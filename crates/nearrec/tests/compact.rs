@@ -456,3 +456,27 @@ fn changes_since_tells_a_cache_above_the_store_what_to_drop() {
         .unwrap();
     assert_ne!(s.changes_since(3).engine, engine);
 }
+
+/// Issue 62, item 5: a compaction killed between writing the manifest's temporary and its
+/// rename left `.MANIFEST.tmp-PID` for good, and `verify` failed on it at every later open.
+/// A writable open removes it (it holds the directory's lock: no manifest is being published).
+#[test]
+fn a_writable_open_removes_a_dead_compactions_manifest_temporary() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_store(dir.path());
+    let temp = path.join(format!(".{}.tmp-4194000", nearrec_format::MANIFEST_FILE));
+    std::fs::write(&temp, b"half a manifest").unwrap();
+    let leftovers = |p: &Path| {
+        let reader = StoreReader::open(p).unwrap();
+        nearrec_format::orphans(p, reader.manifest())
+            .into_iter()
+            .filter(|o| o.ours)
+            .count()
+    };
+    assert_eq!(leftovers(&path), 1);
+    drop(Store::open(&path, &config("tier = \"dram\"", false)).unwrap());
+    assert!(temp.exists(), "a read-only open writes nothing");
+    drop(Store::open(&path, &config("tier = \"dram\"", true)).unwrap());
+    assert!(!temp.exists());
+    assert_eq!(leftovers(&path), 0);
+}

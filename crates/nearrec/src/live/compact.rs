@@ -221,11 +221,14 @@ pub(crate) fn prepare_dir(dir: &std::path::Path, opened: &Manifest) -> Result<Ve
         m.format_version = m.needed_version();
         m.publish(dir)?;
     }
+    // under the directory's lock no manifest is being published, so a manifest's temporary
+    // is a dead writer's (a compaction killed before its rename), like an unnamed table file
+    let temp = format!(".{}.tmp-", nearrec_format::MANIFEST_FILE);
     let left: Vec<String> = orphans(dir, manifest)
         .into_iter()
         .filter(|o| o.ours)
         .filter_map(|o| o.path.file_name()?.to_str().map(str::to_owned))
-        .filter(|name| name.starts_with("table-"))
+        .filter(|name| name.starts_with("table-") || name.starts_with(&temp))
         .collect();
     remove_paced(dir, &left, 0);
     // what an earlier writer's compactions replaced goes with this one's first compaction
