@@ -218,3 +218,48 @@ fn a_reader_counts_the_keys_it_serves_not_the_compacted_ones() {
     let stats: HashMap<_, _> = reader.key_stats().into_iter().collect();
     assert_eq!(stats["keyed_keys"], held as f64);
 }
+
+/// Issue 62, item 6: a cap lowered below the keys a table holds was accepted and never
+/// enforced (359 held under a cap of 300). With eviction on, the next call that adds a key
+/// evicts down to the cap; with it off, the writable open is refused naming the table, the cap
+/// and the count.
+#[test]
+fn a_cap_below_the_keys_held_is_evicted_down_to_or_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_store(dir.path());
+    let writer = Store::open(&path, &config(true)).unwrap();
+    for k in 0..15 {
+        apply(&writer, k);
+    }
+    let held = writer.keys_held("k").unwrap();
+    assert!(held > 30, "{held}");
+    drop(writer);
+    let capped = |evict: &str| {
+        let mut c = StoreConfig::from_toml(&format!(
+            "tier = \"ssd\"\ndram_budget = \"16KiB\"\n[key_limits.k]\ncap = 20\nevict = \"{evict}\""
+        ))
+        .unwrap();
+        c.writable = true;
+        c.auto_compact = false;
+        c
+    };
+    let Err(e) = Store::open(&path, &capped("off")) else {
+        panic!("a cap below the keys held, eviction off: the open is refused");
+    };
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    let text = e.to_string();
+    for said in ["key_limits.k.cap", "20", &held.to_string()] {
+        assert!(text.contains(said), "{said:?} in {text}");
+    }
+    let s = Store::open(&path, &capped("lfu")).unwrap();
+    assert_eq!(
+        s.keys_held("k"),
+        Some(held),
+        "nothing evicted before a new key"
+    );
+    s.write("k", &[5_000_000], &row(1)).unwrap();
+    assert_eq!(s.keys_held("k"), Some(20));
+    drop(s);
+    let s = Store::open(&path, &capped("lfu")).unwrap();
+    assert_eq!(s.keys_held("k"), Some(20), "and so after a reopen");
+}

@@ -11,7 +11,9 @@
 //! (its table's admission sketch), at the first free row from a cursor; at the table's cap a
 //! key is evicted first (the least touched or least recently touched of a sample, as its
 //! [`Evict`] says) or, with eviction off, the call is refused whole ([`Error::KeysFull`]) and
-//! the book is rolled back. A compaction lets go of keys past their TTL ([`Live::expire`]), in
+//! the book is rolled back. A cap lowered below the keys a table holds is evicted down to at
+//! the next call that gives a key a row; with eviction off, the writable open is refused
+//! ([`over_caps`]). A compaction lets go of keys past their TTL ([`Live::expire`]), in
 //! a record of its own, before it folds.
 
 use std::collections::HashMap;
@@ -21,6 +23,34 @@ use nearrec_engine::{Engine, Evict, KeyLife, decode_row};
 use nearrec_format::wal::{MAX_PAYLOAD, Op, payload_len};
 
 use crate::error::{Error, Result};
+
+/// A writer's refusal of a keyed table that holds more keys than its cap while its eviction is
+/// off: nothing would ever bring it down to the cap, and every new key would be refused.
+pub(crate) fn over_caps(engine: &Engine, books: &HashMap<String, KeyBook>) -> Result<()> {
+    for (id, t) in engine.tables().iter().enumerate() {
+        let Some(book) = books.get(&t.name) else {
+            continue;
+        };
+        let cap = engine.key_cap(id);
+        let evicts = engine
+            .key_life(id)
+            .is_some_and(|l| l.limits.evict != Evict::Off);
+        if book.held() > cap && !evicts {
+            return Err(Error::Config {
+                key: format!("key_limits.{}.cap", t.name),
+                reason: format!(
+                    "{cap} is below the {} keys table {:?} holds, and its eviction is off: \
+                     raise the cap to at least {}, or set evict = \"lfu\" or \"lru\" to evict \
+                     down to it at the next new key",
+                    book.held(),
+                    t.name,
+                    book.held()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
 
 /// Rows a victim is drawn from when a table at its cap evicts.
 const SAMPLE: usize = 16;
@@ -374,7 +404,8 @@ pub(crate) fn decide(
                                     count.not_admitted += 1;
                                     continue;
                                 }
-                                if book.held() >= cap {
+                                // a cap lowered below the keys held is evicted down to here
+                                while book.held() >= cap {
                                     let victim = match life {
                                         Some(l) if l.limits.evict != Evict::Off => book.victim(l),
                                         _ => None,

@@ -301,6 +301,7 @@ impl Live {
         }
         if let Some(w) = &live.writer {
             live.build_books(w);
+            keys::over_caps(&live.snapshot().engine, &lock(&w.books))?;
             *lock(&w.applied) = live.snapshot().version;
             w.used.store(live.delta_bytes(), Relaxed);
             live.recover_txns(w)?;
