@@ -217,3 +217,43 @@ fn membership_and_an_adopted_count_survive_a_reopen() {
     let store = Store::open(&path, &config).unwrap();
     assert_eq!(store.version(), 1000);
 }
+
+/// Issue 62, item 7: a prepare reusing the id of a transaction already committed was accepted
+/// (its outcome was not kept, so the store had forgotten it). A transaction decided here is
+/// remembered, kept or not, and a prepare of its id is refused, typed; other ids prepare.
+#[test]
+fn a_prepare_of_a_finished_transactions_id_is_refused() {
+    use nearrec::{Decision, ErrorKind, RowWrite, WriteOptions};
+    let (_dir, path) = suite::fixture();
+    let config = StoreConfig {
+        writable: true,
+        ..StoreConfig::default()
+    };
+    let values = vec![1.5f32; suite::DIM as usize];
+    let store = Store::open(&path, &config).unwrap();
+    let prepare = |tx: u128, ids: &[i64]| {
+        let w = RowWrite {
+            table: "t0",
+            ids,
+            values: Some(&values),
+        };
+        store.prepare_write(tx, &[w], WriteOptions::default(), "", None)
+    };
+    // committed without its outcome kept (a participant), aborted, and kept then forgotten
+    prepare(1, &[1]).unwrap();
+    store.decide(1, Decision::Commit, false).unwrap();
+    prepare(2, &[2]).unwrap();
+    store.decide(2, Decision::Abort, false).unwrap();
+    prepare(3, &[3]).unwrap();
+    store.decide(3, Decision::Commit, true).unwrap();
+    store.forget(3).unwrap();
+    let version = store.version();
+    for (tx, id) in [(1u128, 4i64), (2, 2), (3, 3)] {
+        let e = prepare(tx, &[id]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{tx}: {e}");
+        assert!(e.to_string().contains("replayed"), "{e}");
+    }
+    assert!(store.transactions().unwrap().is_empty(), "nothing prepared");
+    assert_eq!(store.version(), version);
+    prepare(4, &[4]).unwrap();
+}

@@ -203,6 +203,8 @@ pub(super) struct Writer {
     retired: Mutex<Vec<String>>,
     /// The cross-shard transactions it has prepared, and the outcomes it keeps.
     txns: txn::Txns,
+    /// The transactions decided here lately, kept or not (a replayed prepare is refused).
+    finished: Mutex<txn::Finished>,
     /// Each keyed table's keys as the log has decided them, by table name (taken under the
     /// log's lock while a call's record is appended).
     books: Mutex<HashMap<String, keys::KeyBook>>,
@@ -289,6 +291,7 @@ impl Live {
                 gate: RwLock::new(()),
                 retired: Mutex::new(retired),
                 txns: txn::Txns::default(),
+                finished: Mutex::default(),
                 books: Mutex::default(),
             });
             recovered.records

@@ -13,14 +13,17 @@
 //! - Abort removes the prepared file and frees its room; asked to keep the outcome, it leaves
 //!   `aborted`, so that the same transaction's prepare arriving late is refused.
 //! - [`Live::forget`] drops a kept outcome; [`Live::transactions`] lists what the store holds.
+//! - A transaction decided here — committed or aborted, its outcome kept or not — is remembered
+//!   for [`REMEMBERED`] after (in memory: a restart forgets what it did not keep), so that a
+//!   prepare of its id, replayed or duplicated, is refused rather than prepared again.
 //!
 //! The shard that decides a transaction keeps its outcome until the coordinator has told every
 //! other shard; a coordinator that finds a transaction left prepared by one that died asks the
 //! deciding shard and settles it (`nearrec-cluster`'s `txn.rs`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use nearrec_format::wal::{Op, TxState, move_tx, read_txns, remove_tx, write_tx};
 
@@ -47,6 +50,41 @@ pub enum Decision {
 
 /// The transactions of a writable store: prepared, and the outcomes it keeps.
 pub(super) type Txns = std::sync::Mutex<BTreeMap<u128, Held>>;
+
+/// How long a transaction decided here is remembered: twenty times the age at which a router
+/// settles one its coordinator left (`nearrec-cluster`'s `SETTLE_AFTER`, 30 s), past which no
+/// coordinator still sends its prepare.
+pub const REMEMBERED: Duration = Duration::from_secs(600);
+
+/// The transactions decided here within [`REMEMBERED`]: each id's outcome, oldest first.
+#[derive(Debug, Default)]
+pub(super) struct Finished {
+    outcomes: HashMap<u128, (TxState, Instant)>,
+    order: VecDeque<(Instant, u128)>,
+}
+
+impl Finished {
+    /// `tx` decided as `state` now; what is older than [`REMEMBERED`] is let go of.
+    fn note(&mut self, tx: u128, state: TxState) {
+        let now = Instant::now();
+        while let Some(&(at, old)) = self.order.front()
+            && now.duration_since(at) > REMEMBERED
+        {
+            self.order.pop_front();
+            if self.outcomes.get(&old).is_some_and(|(_, t)| *t == at) {
+                self.outcomes.remove(&old);
+            }
+        }
+        self.outcomes.insert(tx, (state, now));
+        self.order.push_back((now, tx));
+    }
+
+    /// How `tx` ended here and how long ago, if within [`REMEMBERED`].
+    fn get(&self, tx: u128) -> Option<(TxState, Duration)> {
+        let (state, at) = self.outcomes.get(&tx)?;
+        Some((*state, at.elapsed())).filter(|(_, age)| *age <= REMEMBERED)
+    }
+}
 
 #[derive(Debug)]
 pub(super) struct Held {
@@ -123,6 +161,21 @@ impl Live {
         let ops = Self::encode(&engine, writes, options, false)?;
         let need = Self::room(&engine, &ops);
         let mut held = lock(&w.txns);
+        if let Some((state, age)) = lock(&w.finished).get(tx) {
+            let state = if state == TxState::Aborted {
+                "aborted"
+            } else {
+                "committed"
+            };
+            return Err(txn_error(
+                tx,
+                format!(
+                    "it was {state} here {:.0} s ago: a prepare of a finished transaction's id \
+                     (replayed, or duplicated) is refused",
+                    age.as_secs_f64()
+                ),
+            ));
+        }
         match held.get(&tx).map(|h| h.state) {
             Some(TxState::Prepared) => return Ok(()),
             Some(state) => {
@@ -233,6 +286,11 @@ impl Live {
                 return Err(txn_error(tx, "committed here: it cannot abort"));
             }
         }
+        let outcome = match decision {
+            Decision::Commit => TxState::Applied,
+            Decision::Abort => TxState::Aborted,
+        };
+        lock(&w.finished).note(tx, outcome);
         Ok(self.snapshot().version())
     }
 
@@ -261,6 +319,7 @@ impl Live {
             Some(state @ (TxState::Applied | TxState::Aborted)) => {
                 remove_tx(&self.dir, tx, state)?;
                 held.remove(&tx);
+                lock(&w.finished).note(tx, state);
                 Ok(())
             }
             Some(state) => Err(txn_error(
