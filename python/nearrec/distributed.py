@@ -186,7 +186,8 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
             token: str | None = None, token_file: _PathLike | None = None,
             timeout: float | None = DEFAULT_TIMEOUT, hedge: float | str | None = "p95",
             tls_ca: _PathLike | None = None, tls_cert: _PathLike | None = None,
-            tls_key: _PathLike | None = None, tls_domain: str | None = None) -> Store:
+            tls_key: _PathLike | None = None, tls_domain: str | None = None,
+            catch_up_every: float | None = 2.0) -> Store:
     """The sharded store of ``plan`` (a :class:`ShardPlan`, or the directory holding its
     ``shards.json``), shard ``k`` served by the nodes ``replicas[k]`` (``host:port`` or
     ``host:port/store``; one string is one replica). Every replica is checked against the
@@ -196,7 +197,12 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
     ``hedge``: when a read goes to a second replica of its shard too, the first answer
     winning and the other call cancelled — ``"p95"`` (the default: after the shard's observed
     95th percentile; any ``"pNN"``), a delay in seconds, or ``None`` (never). ``timeout`` is
-    each call's deadline, carried to the nodes; token and TLS as :func:`nearrec.connect`."""
+    each call's deadline, carried to the nodes; token and TLS as :func:`nearrec.connect`.
+
+    ``catch_up_every``: seconds between the router's background passes that catch up the
+    replicas that missed writes (:func:`catch_up`, on a thread of its own that ends with the
+    store); ``None``: only when :func:`catch_up` is called. Meanwhile
+    ``stats()["cluster_stale_replicas"]`` counts the replicas left out."""
     location = None
     if not isinstance(plan, ShardPlan):
         location = os.fspath(plan)
@@ -207,8 +213,8 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
                                        tls_domain)
     native = NativeStore.connect_sharded(plan.to_json(), location, shards,
                                          "off" if hedge is None else hedge,
-                                         token, timeout, tls)
-    how = (plan, shards, token is not None, timeout, hedge)
+                                         token, timeout, tls, catch_up_every)
+    how = (plan, shards, token is not None, timeout, hedge, catch_up_every)
     return Store._over(native, ";".join(",".join(s) for s in shards),
                        lambda s: (_reconnect, how))
 
@@ -250,7 +256,7 @@ def catch_up(store: Store, *, lease: float = 10.0) -> list[CaughtUp]:
 
 
 def _reconnect(plan: ShardPlan, replicas: list[list[str]], token: bool,
-               timeout: float | None, hedge: Any) -> Store:
+               timeout: float | None, hedge: Any, catch_up_every: float | None) -> Store:
     """A pickled sharded store connected again, its token from :data:`TOKEN_ENV`."""
     return connect(plan, replicas, token=os.environ.get(TOKEN_ENV) if token else None,
-                   timeout=timeout, hedge=hedge)
+                   timeout=timeout, hedge=hedge, catch_up_every=catch_up_every)

@@ -17,9 +17,9 @@ Discovery is Ray's: a node registers its address with the store's registry actor
 second, moving a shard's reads to the new address of a restarted replica; a read of a shard
 none of whose replicas answers waits for one within its deadline. A restarted replica that
 missed writes serves nothing until it has caught up (:func:`nearrec.distributed.catch_up`,
-which every connected store runs every :data:`CATCH_UP_EVERY` seconds). Nothing of discovery
-or scheduling is nearrec's own; which replicas are current is the replicas' own record
-(their shard's membership, ``docs/distributed.md``).
+which every connected store's router runs in the background, ``catch_up_every``). Nothing of
+discovery or scheduling is nearrec's own; which replicas are current is the replicas' own
+record (their shard's membership, ``docs/distributed.md``).
 
 A node binds to ``host`` (loopback by default: one machine). On several machines give each
 node the address of its Ray node (``host="node"``) and secure it (``node_args=["--tls-cert",
@@ -55,8 +55,6 @@ from .store import Store
 NAMESPACE = "nearrec"
 #: How often a connected store reads its registry for moved replicas (seconds).
 WATCH_EVERY = 0.5
-#: How often a connected store catches up the replicas that missed writes (seconds).
-CATCH_UP_EVERY = 2.0
 
 
 @ray.remote(num_cpus=0)
@@ -345,17 +343,12 @@ class _Watcher(threading.Thread):
         self.registry, self.epoch, self.addresses = registry, epoch, addresses
 
     def run(self) -> None:
-        last_catch_up = time.monotonic()
         while True:
             time.sleep(WATCH_EVERY)
             store = self.store()
             # (a call on an actor would start Ray again in a driver that shut it down)
             if store is None or not ray.is_initialized():
                 return
-            if time.monotonic() - last_catch_up >= CATCH_UP_EVERY:
-                last_catch_up = time.monotonic()
-                with contextlib.suppress(Exception):  # tried again next time
-                    distributed.catch_up(store)
             self._follow(store)
             del store  # not held while asleep: the store ends when its caller lets go
 

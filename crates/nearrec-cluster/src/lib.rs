@@ -22,7 +22,8 @@
 //! - keeps each shard's membership: a replica that missed a write is left out at the next epoch,
 //!   which every write carries, and one that was down catches up from a member — the differing
 //!   rows copied, the members fenced for the last pass — before it is admitted again
-//!   ([`members`](mod@members));
+//!   ([`members`](mod@members)), every router catching up its stale replicas in the
+//!   background ([`catch_up`](mod@catch_up));
 //! - reads each batch at one cluster version (a version of every shard's repository), and swaps
 //!   every shard to a new one so that no batch of any router reads two ([`versions`](mod@versions));
 //! - counts: batches, bags, the bags of split tables and the shards each reached (the fan-out),
@@ -32,9 +33,11 @@
 //! Modules: `split.rs` (cut and merge), `shard.rs` (a shard's replicas: hedging, failover,
 //! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `versions.rs`
 //! (the cluster version: pin, stage, switch, release), `members.rs` (membership, catch-up),
-//! `store.rs` (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
+//! `catch_up.rs` (catch-up in the background, every router's by default), `store.rs`
+//! (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
 //! conformance suite on sharded stores of every scheme over loopback nodes.
 
+mod catch_up;
 mod members;
 mod shard;
 mod split;

@@ -57,6 +57,9 @@ pub struct ShardedOptions {
     /// once on a replica and moved to another when it fails).
     pub client: ClientOptions,
     pub hedge: Hedge,
+    /// How often the router catches up, in the background, the replicas that missed writes
+    /// ([`ShardedStore::catch_up`], `catch_up.rs`); `None`: only when called.
+    pub catch_up_every: Option<Duration>,
 }
 
 impl Default for ShardedOptions {
@@ -67,7 +70,18 @@ impl Default for ShardedOptions {
                 q: 0.95,
                 min: Hedge::MIN,
             },
+            catch_up_every: Some(crate::catch_up::EVERY),
         }
+    }
+}
+
+/// A [`ShardedStore`] that does not keep it open.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakStore(std::sync::Weak<Inner>);
+
+impl WeakStore {
+    pub(crate) fn upgrade(&self) -> Option<ShardedStore> {
+        self.0.upgrade().map(|inner| ShardedStore { inner })
     }
 }
 
@@ -123,6 +137,7 @@ pub const REPLICAS_FILE: &str = "replicas.toml";
 /// hedge = "p95"          # "pNN", a delay in seconds, or "off"
 /// token_file = "/etc/nearrec/shards.token"   # the nodes' bearer token, if they ask for one
 /// tls_ca = "/etc/nearrec/ca.pem"             # the CA their certificates chain to (TLS)
+/// catch_up_every = 2.0   # seconds between background catch-ups of stale replicas (0: off)
 /// ```
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,6 +151,12 @@ pub struct ReplicasFile {
     pub token_file: Option<PathBuf>,
     #[serde(default)]
     pub tls_ca: Option<PathBuf>,
+    #[serde(default = "default_catch_up_every")]
+    pub catch_up_every: f64,
+}
+
+fn default_catch_up_every() -> f64 {
+    crate::catch_up::EVERY.as_secs_f64()
 }
 
 fn default_timeout() -> f64 {
@@ -160,6 +181,12 @@ impl ReplicasFile {
                 source: e,
             })?;
         let file: ReplicasFile = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if !(file.catch_up_every >= 0.0 && file.catch_up_every.is_finite()) {
+            return Err(bad(format!(
+                "catch_up_every must be seconds ≥ 0 (0: off), not {}",
+                file.catch_up_every
+            )));
+        }
         if !(file.timeout > 0.0 && file.timeout.is_finite()) {
             return Err(bad(format!(
                 "timeout must be seconds > 0, not {}",
@@ -193,7 +220,14 @@ impl ReplicasFile {
         let endpoints = (file.shards.iter())
             .map(|s| s.iter().map(|a| Endpoint::parse(a)).collect())
             .collect();
-        Ok((endpoints, ShardedOptions { client, hedge }))
+        let catch_up_every =
+            (file.catch_up_every > 0.0).then(|| Duration::from_secs_f64(file.catch_up_every));
+        let options = ShardedOptions {
+            client,
+            hedge,
+            catch_up_every,
+        };
+        Ok((endpoints, options))
     }
 }
 
@@ -290,7 +324,8 @@ impl ShardedStore {
         let tables = (plan.tables.iter().enumerate())
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
-        Ok(Self {
+        let every = options.catch_up_every;
+        let store = Self {
             inner: Arc::new(Inner {
                 plan,
                 location,
@@ -311,7 +346,28 @@ impl ShardedStore {
                 bag_shards: AtomicU64::new(0),
                 bags: AtomicU64::new(0),
             }),
-        })
+        };
+        if let Some(every) = every {
+            crate::catch_up::spawn(&store, every)?;
+        }
+        Ok(store)
+    }
+
+    /// A handle that does not keep the store open (the background catch-up's).
+    pub(crate) fn downgrade(&self) -> WeakStore {
+        WeakStore(Arc::downgrade(&self.inner))
+    }
+
+    /// Whether [`StoreApi::close`] was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Relaxed)
+    }
+
+    /// Each shard's replicas that take writes, and all of them.
+    pub(crate) fn members(&self) -> Vec<(usize, usize)> {
+        (self.inner.shards.iter())
+            .map(|s| (s.live_replicas().len(), s.all_replicas().len()))
+            .collect()
     }
 
     pub fn plan(&self) -> &ShardPlan {

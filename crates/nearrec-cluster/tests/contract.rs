@@ -85,7 +85,7 @@ fn sharded(path: &Path, writable: bool, options: ShardOptions) -> (ShardedStore,
         nodes.push(held);
         endpoints.push(at);
     }
-    let store = ShardedStore::open(dir.path(), &endpoints, ShardedOptions::default()).unwrap();
+    let store = ShardedStore::open(dir.path(), &endpoints, manual()).unwrap();
     (store, Cluster { nodes, _dir: dir })
 }
 
@@ -99,6 +99,14 @@ fn copy_dir(from: &Path, to: &Path) {
         } else {
             std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
         }
+    }
+}
+
+/// A router whose replicas are caught up only when a test calls for it.
+fn manual() -> ShardedOptions {
+    ShardedOptions {
+        catch_up_every: None,
+        ..ShardedOptions::default()
     }
 }
 
@@ -984,12 +992,7 @@ fn a_replica_that_was_down_catches_up_under_writes_and_serves_again() {
     let (_d, path) = suite::fixture();
     let (a, mut cluster) = sharded(&path, true, options(2, 2, Scheme::Row, 0));
     let dim = suite::DIM as usize;
-    let b = ShardedStore::open(
-        cluster._dir.path(),
-        &endpoints(&a),
-        ShardedOptions::default(),
-    )
-    .unwrap();
+    let b = ShardedStore::open(cluster._dir.path(), &endpoints(&a), manual()).unwrap();
     let routers = [&a, &b];
     // every row's value is the number of the write that made it: acknowledged ones recorded
     let next = AtomicU64::new(1);
@@ -1134,4 +1137,65 @@ fn a_copy_of_a_replica_with_its_membership_is_refused() {
     store.set_replicas(0, &given).unwrap();
     let stats = store.stats().unwrap();
     assert_eq!(stats.get("cluster_stale_replicas"), Some(0.0), "{stats:?}");
+}
+
+/// Issue 62, item 8: after router crashes the shards ran on one member each, and a router from
+/// `connect` never caught the others up. Every router now catches up its stale replicas in the
+/// background (`catch_up_every`), with no call to `catch_up`.
+#[test]
+fn a_router_catches_up_a_stale_replica_in_the_background() {
+    let (_d, path) = suite::fixture();
+    let (a, mut cluster) = sharded(&path, true, options(1, 2, Scheme::Row, 0));
+    let background = ShardedOptions {
+        catch_up_every: Some(Duration::from_millis(100)),
+        ..ShardedOptions::default()
+    };
+    let c = ShardedStore::open(cluster._dir.path(), &endpoints(&a), background).unwrap();
+    let stale = |s: &ShardedStore| s.stats().unwrap().get("cluster_stale_replicas");
+    let values = vec![3.0f32; suite::DIM as usize];
+    let write = |id: i64| {
+        let w = RowWrite {
+            table: "t0",
+            ids: &[id],
+            values: Some(&values),
+        };
+        a.write_many(&[w], WriteOptions::default()).unwrap();
+    };
+    // the second replica goes down; the next write leaves it out
+    let served = cluster._dir.path().join("copy-0-1");
+    let mut down = cluster.nodes[0].remove(1);
+    down.begin_drain();
+    drop(down);
+    write(5);
+    assert_eq!(stale(&a), Some(1.0));
+    // back at another address, behind: given to both routers; only `c` catches up on its own
+    let toml = "tier = \"ssd\"\ndram_budget = \"16KiB\"\nwritable = true";
+    let mut stores = Stores::new();
+    stores.insert("s", common::open(&served, toml)).unwrap();
+    cluster.nodes[0].push(common::Node::start(stores, NodeConfig::default()));
+    let back = Endpoint {
+        addr: cluster.nodes[0][1].addr.to_string(),
+        store: "s".into(),
+    };
+    let shard0 = vec![endpoints(&a)[0][0].clone(), back];
+    for r in [&a, &c] {
+        r.set_replicas(0, &shard0).unwrap();
+    }
+    assert_eq!(stale(&a), Some(1.0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while stale(&c) != Some(0.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not caught up in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let clients = direct(&cluster);
+    assert_eq!(
+        clients[0][0].version().unwrap(),
+        clients[0][1].version().unwrap()
+    );
+    // the manual router learns it at its next write
+    write(6);
+    assert_eq!(stale(&a), Some(0.0));
 }

@@ -231,7 +231,7 @@ impl NativeStore {
     /// shard `k` served by the nodes `replicas[k]` (each `ADDR` or `ADDR/STORE`); `hedge` is
     /// `"off"`, `"pNN"` or a delay in seconds (`nearrec_cluster::Hedge`).
     #[staticmethod]
-    #[pyo3(signature = (plan, location, replicas, hedge, token = None, timeout = None, tls = None))]
+    #[pyo3(signature = (plan, location, replicas, hedge, token = None, timeout = None, tls = None, catch_up_every = Some(2.0)))]
     #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn connect_sharded(
         py: Python<'_>,
@@ -242,6 +242,7 @@ impl NativeStore {
         token: Option<String>,
         timeout: Option<f64>,
         tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
+        catch_up_every: Option<f64>,
     ) -> PyResult<Self> {
         let origin = location
             .clone()
@@ -253,9 +254,17 @@ impl NativeStore {
             HedgeArg::Seconds(s) => Hedge::after(s),
         }
         .map_err(|m| raise(py, "InvalidRequest", m, None, None))?;
+        let catch_up_every = match catch_up_every {
+            Some(s) if !(s > 0.0 && s.is_finite()) => {
+                let m = format!("catch_up_every must be seconds > 0 or None (off), not {s}");
+                return Err(raise(py, "InvalidRequest", m, None, None));
+            }
+            s => s.map(std::time::Duration::from_secs_f64),
+        };
         let options = ShardedOptions {
             client: client_options(token, timeout, tls, 1),
             hedge,
+            catch_up_every,
         };
         let endpoints: Vec<Vec<Endpoint>> = (replicas.iter())
             .map(|shard| shard.iter().map(|a| Endpoint::parse(a)).collect())

@@ -101,9 +101,6 @@ pub async fn serve(
     if config.acl.is_some() || config.audit_log.is_some() || shared.stores.has_sharded() {
         tokio::spawn(reload_on_hangup(shared.clone(), config.acl.clone()));
     }
-    if shared.stores.has_sharded() {
-        tokio::spawn(catch_up_replicas(shared.clone()));
-    }
     let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(l) = listeners.metrics {
         let registry = scrape::registry(shared.clone());
@@ -354,26 +351,6 @@ async fn reload_on_hangup(shared: Arc<Shared>, acl: Option<std::path::PathBuf>) 
                     tracing::error!(%store, "replicas not reloaded, served as they were: {e}")
                 }
             }
-        }
-    }
-}
-
-/// How often a node in front of sharded stores catches up their replicas that missed writes.
-const CATCH_UP_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
-/// The most a catch-up's last pass holds a shard's writes.
-const CATCH_UP_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Every [`CATCH_UP_EVERY`], the sharded stores' replicas that missed writes (a node that was
-/// down) caught up from their shards' members and admitted again ([`Stores::catch_up`]).
-async fn catch_up_replicas(shared: Arc<Shared>) {
-    let mut every = tokio::time::interval(CATCH_UP_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        let stores = shared.stores.clone();
-        let done = tokio::task::spawn_blocking(move || stores.catch_up(CATCH_UP_LEASE)).await;
-        for (store, shard, replica, said) in done.unwrap_or_default() {
-            tracing::warn!(%store, shard, %replica, "{said}");
         }
     }
 }

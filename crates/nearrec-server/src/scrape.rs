@@ -419,6 +419,12 @@ impl Collector for NodeCollector {
                 "1 while a compaction runs",
                 Some("compacting"),
             ),
+            (
+                "cluster_stale_replicas",
+                "A sharded store: the replicas left out of their shards (missed writes), caught \
+                 up in the background",
+                Some("cluster_stale_replicas"),
+            ),
         ] {
             let mut f = encoder.encode_descriptor(
                 metric,

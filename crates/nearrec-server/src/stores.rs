@@ -153,29 +153,6 @@ impl Stores {
             .collect()
     }
 
-    /// Each sharded store's replicas that missed writes caught up and admitted again
-    /// ([`nearrec_cluster::ShardedStore::catch_up`], the members fenced for at most `lease`):
-    /// by store, shard and replica, what was done or why not.
-    pub fn catch_up(&self, lease: std::time::Duration) -> Vec<(String, usize, String, String)> {
-        let mut out = Vec::new();
-        for (name, _, store) in &self.sharded {
-            for (k, addr, done) in store.catch_up(lease) {
-                let said = match done {
-                    Ok(c) => format!(
-                        "caught up: {} rows copied, {} of them fenced; at {} writes, epoch {}",
-                        c.rows_before_fence + c.rows_fenced,
-                        c.rows_fenced,
-                        c.version,
-                        c.epoch
-                    ),
-                    Err(e) => format!("not caught up yet: {e}"),
-                };
-                out.push((name.clone(), k, addr, said));
-            }
-        }
-        out
-    }
-
     /// Whether any store is sharded (a reload has replicas to read).
     pub fn has_sharded(&self) -> bool {
         !self.sharded.is_empty()
