@@ -15,6 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("nearrec_v1_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    tonic_prost_build::configure().bytes(".").compile_fds(fds)?;
+    // requests that do not decode are INVALID_ARGUMENT (src/codec.rs)
+    tonic_prost_build::configure()
+        .bytes(".")
+        .codec_path("crate::codec::NodeCodec")
+        .compile_fds(fds)?;
     Ok(())
 }

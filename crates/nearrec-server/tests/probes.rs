@@ -218,6 +218,40 @@ fn silent_and_half_open_connections_are_closed_and_live_ones_kept() {
     });
 }
 
+/// Issue 62, item 12: a request whose protobuf does not decode was answered `INTERNAL`, the
+/// code of the node's own faults; it is the caller's mistake, `INVALID_ARGUMENT`.
+#[test]
+fn a_request_that_does_not_decode_is_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_of(&build(dir.path()), "tier = \"dram\"", NodeConfig::default());
+    node.runtime.block_on(async {
+        let client = raw_client(node.addr, 1 << 20).await;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri("http://node/nearrec.v1.Node/Lookup")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let mut ready = client.ready().await.unwrap();
+        let (answer, mut body) = ready.send_request(req, false).unwrap();
+        // a frame holding a field of wire type 7, which does not exist
+        body.send_data(Bytes::from_static(&[0, 0, 0, 0, 2, 0x0f, 0x01]), true)
+            .unwrap();
+        let head = answer.await.unwrap();
+        let status = match refused_with(&head) {
+            Some(code) => code,
+            None => {
+                let mut body = head.into_body();
+                while body.data().await.is_some() {}
+                let trailers = body.trailers().await.unwrap().unwrap();
+                trailers["grpc-status"].to_str().unwrap().parse().unwrap()
+            }
+        };
+        assert_eq!(status, Code::InvalidArgument as i32);
+    });
+}
+
 #[test]
 fn deadlines_passed_on_arrival_are_deadline_exceeded() {
     let dir = tempfile::tempdir().unwrap();

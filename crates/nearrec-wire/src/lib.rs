@@ -8,6 +8,7 @@
 //! - [`convert`]: `TableLookup` messages to the facade's [`nearrec::OwnedBatch`] and back, answers
 //!   to and from [`nearrec::Pooled`] and [`nearrec::Rows`], and every other call's arguments and
 //!   answers (writes, info, stats, compaction) — one function each way;
+//! - [`codec`]: prost's codec, a request that does not decode answered `INVALID_ARGUMENT`;
 //! - [`status`]: a [`nearrec::Error`] as a gRPC status carrying a `google.rpc.ErrorInfo` (its
 //!   [`nearrec::ErrorKind`], table and position), and back as a [`RemoteError`]; a stream's
 //!   per-request errors; `bounded`, a status whose echoed names are clipped so that its headers
@@ -18,6 +19,7 @@
 //! window and frame sizes both ends open with are here too, so that client and node agree.
 
 pub mod arrays;
+pub mod codec;
 pub mod convert;
 pub mod status;
 
