@@ -72,6 +72,9 @@ def test_the_systemd_unit_verifies_and_outlasts_the_drain(tmp_path):
     assert keys["ExecStart"].split()[1:] == ["serve", "--config", "/etc/nearrec/node.toml"]
     assert keys["User"] not in ("root", "0")
     assert float(keys["TimeoutStopSec"]) > node_toml()["drain_timeout"]
+    # the node's own filter shows the lines docs/operations.md tells operators to look for; a
+    # unit's RUST_LOG would replace it (it hid the warm-up and hot-set lines)
+    assert "RUST_LOG" not in keys.get("Environment", ""), keys.get("Environment")
     # verified as written, but for the paths and the user that exist on this machine
     here = Path(sys.executable).parent / "nearrec"
     me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
@@ -222,3 +225,44 @@ def test_the_node_tells_systemd_it_is_ready_and_that_it_drains(tmp_path, monkeyp
         assert node.stop() == 0
     assert "STOPPING=1" in sock.recv(4096).decode()
     sock.close()
+
+
+def test_the_shipped_config_takes_the_trainers_feed(tmp_path):
+    """docs/operations.md §3-4 against deploy/node.toml and deploy/acl.toml as shipped (paths,
+    addresses and tokens made this machine's; TLS left out on loopback): the trainer's
+    `nearrec update --remote` is applied, the ranker's write refused."""
+    import hashlib
+    store = tmp_path / "stores" / "rmc1"
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((64, 8), dtype=np.float32)
+    nearrec.from_numpy(store, {"t": table})
+    tokens = {"ranker": "ranker-token", "trainer": "trainer-token"}
+    acl = (DEPLOY / "acl.toml").read_text()
+    for who, zeros in (("ranker", "0" * 64), ("trainer", "1" * 64)):
+        acl = acl.replace(zeros, hashlib.sha256(tokens[who].encode()).hexdigest())
+    (tmp_path / "acl.toml").write_text(acl)
+    text = (DEPLOY / "node.toml").read_text().split("\n[tls]")[0]
+    for key, value in (("stores", f'["{store}=rmc1"]'), ("acl", f'"{tmp_path / "acl.toml"}"'),
+                       ("swap_root", f'"{tmp_path / "stores"}"'),
+                       ("hot_set_dir", f'"{tmp_path}"')):
+        text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M)
+        assert n == 1, key
+    (tmp_path / "node.toml").write_text(text)
+    node = Node("--config", str(tmp_path / "node.toml"))
+    try:
+        trainer = nearrec.connect(node.address, "rmc1", token=tokens["trainer"])
+        table[3] += 1.0
+        np.savez(tmp_path / "ckpt.npz", t=table)
+        (tmp_path / "token").write_text(tokens["trainer"])
+        done = subprocess.run(
+            [sys.executable, "-m", "nearrec.cli", "update", "--remote", node.address, "rmc1",
+             "--from", str(tmp_path / "ckpt.npz"), "--token-file", str(tmp_path / "token"),
+             "--json"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["tables"]["t"]["written"] == 1
+        np.testing.assert_array_equal(trainer.read_rows("t", np.array([3])), table[[3]])
+        ranker = nearrec.connect(node.address, "rmc1", token=tokens["ranker"])
+        with pytest.raises(nearrec.PermissionDenied):
+            ranker.write("t", np.array([1]), np.zeros((1, 8), np.float32))
+    finally:
+        assert node.stop() == 0

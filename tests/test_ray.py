@@ -308,6 +308,17 @@ def test_what_cannot_be_launched_is_a_typed_error(cluster, store_path, tmp_path)
     with pytest.raises(nearrec.InvalidRequest, match="spread"):
         distributed.shard(store_path, tmp_path / "s", 2, scheme="table")
         ShardedStore.launch(tmp_path / "s", name="bad", spread="everywhere")
+    # issue 62, items 10 and 13: more than the cluster has free is refused at once, naming the
+    # CPUs and the num_cpus that would fit (it waited out ready_timeout for Ray's bare
+    # GetTimeoutError); so is a strict spread over more replicas than nodes
+    distributed.shard(store_path, tmp_path / "big", 3, replicas=2, scheme="table")
+    with pytest.raises(nearrec.InvalidRequest, match=r"CPU: 12 asked .*num_cpus=0\.\d+ would fit"):
+        ShardedStore.launch(tmp_path / "big", name="big", num_cpus=2, ready_timeout=600)
+    with pytest.raises(nearrec.InvalidRequest, match="3 replicas on a Ray node of its own"):
+        ShardedStore.launch(tmp_path / "big", name="big", replicas=3, num_cpus=0.1,
+                            spread="strict")
+    with pytest.raises(ValueError):
+        ray.get_actor("big", namespace="nearrec")  # nothing of either was left running
 
 
 def _free_port() -> int:
@@ -351,6 +362,10 @@ def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path
     try:
         ShardedStore.launch(tmp_path / "cut2", name="dlrm2", num_cpus=0.25, tier="dram")
         ShardedStore.launch(tmp_path / "cut1", name="dlrm1", num_cpus=0.25, tier="dram")
+        # more Serve replicas than the cluster has CPUs for: refused at once (issue 62, 13)
+        with pytest.raises(nearrec.InvalidRequest, match="serve_model 'toobig'.* CPU"):
+            serve_model("dlrm2", model, name="toobig", num_replicas=40, ready_timeout=600,
+                        http_port=http, grpc_port=grpc_port)
         dense = serve_model("dlrm2", model, name="dense", route_prefix="/dense",
                             http_port=http, grpc_port=grpc_port, num_cpus=0.5,
                             max_batch_size=64, batch_wait_timeout_s=0.05)

@@ -752,6 +752,45 @@ def test_tls_and_client_certificates(tmp_path, store_path):
         assert node.stop() == 0
 
 
+def test_the_usual_self_signed_one_liner_is_named_once_and_the_docs_recipe_works(
+        tmp_path, store_path):
+    """Issue 62, item 19: `openssl req -x509` makes a CA certificate; served as the node's own,
+    rustls refuses it as `CaUsedAsEndEntity`, once said in nearrec's words. The recipe in
+    docs/serving.md ("TLS": a CA, then a leaf it signs) connects."""
+    import shutil
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", "self.key", "-out", "self.pem", "-days", "2", "-subj", "/CN=localhost",
+        "-addext", "subjectAltName=IP:127.0.0.1")
+    node = Node(str(store_path), "--tls-cert", str(tmp_path / "self.pem"), "--tls-key",
+                str(tmp_path / "self.key"))
+    try:
+        with pytest.raises(nearrec.Unavailable, match="is a CA certificate") as e:
+            nearrec.connect(node.address, tls_ca=tmp_path / "self.pem")
+        assert str(e.value).count("CaUsedAsEndEntity") <= 1, e.value
+    finally:
+        assert node.stop() == 0
+    docs = (Path(__file__).parent.parent / "docs" / "serving.md").read_text()
+    recipe = docs.split("<!-- tls-recipe -->")[1]
+    commands = [line.removeprefix("$ ") for line in recipe.splitlines()
+                if line.startswith("$ ")]
+    assert len(commands) == 4, commands
+    for command in commands:
+        subprocess.run(command, shell=True, check=True, capture_output=True, cwd=tmp_path)
+    node = Node(str(store_path), "--tls-cert", str(tmp_path / "node.pem"), "--tls-key",
+                str(tmp_path / "node.key"))
+    try:
+        remote = nearrec.connect(node.address, tls_ca=tmp_path / "ca.pem")
+        assert remote.lookup("a", np.array([1]), np.array([0])).shape[0] == 1
+    finally:
+        assert node.stop() == 0
+
+
 def test_a_stalled_tls_handshake_is_closed_at_the_handshake_timeout(tmp_path, store_path):
     """A client that connects to a TLS node and never finishes its handshake (nothing sent, or
     half a ClientHello) is closed once `--handshake-timeout` passes; clients that do finish are

@@ -118,7 +118,11 @@ class StoreInfo:
 
 
 def info(path: StorePath) -> StoreInfo:
-    """Reads and validates a store's manifest and table headers without loading any rows."""
+    """Reads and validates a store's manifest and table headers without loading any rows; of a
+    repository of versions, the served version's (as :func:`nearrec.open` opens it)."""
+    held = versions(path)
+    if held is not None:
+        path = Path(path_arg(path)) / str(held.current)
     return StoreInfo._from_json(path, read_manifest(path_arg(path)))
 
 
@@ -232,4 +236,5 @@ def versions(repository: StorePath) -> Versions | None:
     if found is None:
         return None
     held, current, history = found
-    return Versions(tuple(held), current, tuple(history))
+    # what was pruned since it was served is no version to go back to
+    return Versions(tuple(held), current, tuple(v for v in history if v in held))

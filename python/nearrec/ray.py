@@ -162,7 +162,7 @@ class ShardedStore:
                resources: dict[str, float] | None = None, spread: str = "soft",
                max_restarts: int = 3, host: str = "127.0.0.1",
                node_args: Sequence[str] = (), ready_timeout: float = 120.0,
-               **connect: Any) -> Store:
+               autoscaling: bool = False, **connect: Any) -> Store:
         """Starts the sharded store cut at ``shard_dir`` (``nearrec shard``) on Ray and
         returns it as a :class:`~nearrec.Store`: ``replicas`` nodes per shard (the plan's by
         default), each a detached actor named ``NAME/shard-K/replica-R`` declaring
@@ -171,7 +171,14 @@ class ShardedStore:
         waits for the nodes), restarted up to ``max_restarts`` times. Each node serves its
         shard with ``tier`` and ``dram_budget`` (read-only unless ``writable``; a writable
         store's replicas beyond the first serve copies of the shard made beside it, one writer
-        a store). ``connect`` goes to :meth:`connect` (``timeout``, ``hedge``, ``token``)."""
+        a store). ``connect`` goes to :meth:`connect` (``timeout``, ``hedge``, ``token``).
+
+        What it needs is checked first: shards × replicas actors of ``num_cpus`` CPUs (and
+        ``memory``, ``resources``) each, against what the cluster has free, and for ``strict``
+        as many Ray nodes as replicas. A launch that cannot fit is refused at once
+        (:class:`InvalidRequest` naming what it asked, what is free, and the ``num_cpus`` that
+        would fit); with ``autoscaling`` (an autoscaler adds nodes) it waits instead, and a
+        placement group still pending after ``ready_timeout`` is named (:class:`Unavailable`)."""
         plan = distributed.load_plan(shard_dir)
         root = Path(shard_dir).resolve()
         count = plan.replicas if replicas is None else replicas
@@ -183,6 +190,15 @@ class ShardedStore:
             ray.get_actor(name, namespace=NAMESPACE)
             raise StoreExists(f"a sharded store named {name!r} already runs: connect to it, "
                               f"or shut it down first")
+        _check_fits(f"the sharded store {name!r} ({plan.shards} shard(s) x {count} replica(s))",
+                    plan.shards * count, num_cpus, memory, resources, autoscaling)
+        if spread == "strict" and not autoscaling:
+            nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+            alive = len([n for n in nodes if n.get("Alive")])
+            if alive < count:
+                raise InvalidRequest(f"spread='strict' puts each of a shard's {count} replicas on "
+                                     f"a Ray node of its own, and this cluster has {alive}: ask "
+                                     f"fewer replicas, or spread='soft'")
         names = [[_actor_name(name, k, r) for r in range(count)] for k in range(plan.shards)]
         registry = _Registry.options(  # type: ignore[attr-defined]
             name=name, namespace=NAMESPACE, lifetime="detached").remote(
@@ -197,7 +213,14 @@ class ShardedStore:
                                      strategy="STRICT_SPREAD" if spread == "strict"
                                      else "SPREAD", name=f"{name}/shard-{k}",
                                      lifetime="detached")
-                ray.get(pg.ready(), timeout=ready_timeout)
+                try:
+                    ray.get(pg.ready(), timeout=ready_timeout)
+                except ray.exceptions.GetTimeoutError:
+                    raise Unavailable(
+                        f"placement group {name}/shard-{k} ({count} bundle(s) of "
+                        f"{num_cpus:g} CPU) is still pending after {ready_timeout:g} s: the "
+                        f"cluster has {_free()} free; shards {k}..{plan.shards - 1} were not "
+                        f"placed") from None
                 for r in range(count):
                     path = root / f"shard-{k}"
                     if writable and r > 0:
@@ -263,7 +286,8 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
                 route_prefix: str = "/", offload: bool = False, num_replicas: int = 1,
                 num_cpus: float = 1.0, max_batch_size: int = 64,
                 batch_wait_timeout_s: float = 0.002, host: str = "127.0.0.1",
-                http_port: int = 8000, grpc_port: int = 9000) -> Any:
+                http_port: int = 8000, grpc_port: int = 9000, ready_timeout: float = 120.0,
+                autoscaling: bool = False) -> Any:
     """Serves ``model`` on Ray Serve over a sharded store: an application ``name`` whose
     ``num_replicas`` replicas each hold the store (the Rust router) and run the model's dense
     part, requests batched together (``@serve.batch``: up to ``max_batch_size`` samples'
@@ -282,7 +306,12 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
     [[...]]}`` (a bad request: status 400 and ``{"error", "kind", "table"}``) — and gRPC on
     ``grpc_port`` (Ray Serve binds it on every interface): ``nearrec.serve.v1.Model/Predict``,
     ``nearrec/model_service.proto`` (``nearrec.ray.model_messages()`` for Python). Ray Serve
-    takes its ports once, when it first starts in the cluster."""
+    takes its ports once, when it first starts in the cluster.
+
+    Its replicas take ``num_replicas`` × ``num_cpus`` CPUs beside the store's nodes: checked
+    first against what the cluster has free, and refused at once when they cannot fit (as
+    :meth:`ShardedStore.launch`; ``autoscaling`` waits instead). A deployment not running
+    within ``ready_timeout`` seconds is deleted and :class:`Unavailable` names its status."""
     from ray import serve
     from ray.serve.config import HTTPOptions, gRPCOptions
 
@@ -292,6 +321,8 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
         raise InvalidRequest(f"serve_model takes one of nearrec's models (nearrec.models.build "
                              f"or load), not {type(model).__name__}")
     connect = functools.partial(ShardedStore.connect, store) if isinstance(store, str) else store
+    _check_fits(f"serve_model {name!r} ({num_replicas} replica(s))", num_replicas, num_cpus,
+                None, None, autoscaling)
     serve.start(http_options=HTTPOptions(host=host, port=http_port),
                 grpc_options=gRPCOptions(port=grpc_port,
                                          grpc_servicer_functions=[_serve.SERVICER]),
@@ -300,7 +331,28 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
                             int(getattr(model, "dense_features", 0) or 0), offload,
                             max_batch_size, batch_wait_timeout_s, num_replicas,
                             {"num_cpus": num_cpus})
-    return serve.run(app, name=name, route_prefix=route_prefix)
+    # serve.run waits for the application without end: it runs on a thread of its own, and a
+    # deployment not running within the timeout is deleted and named
+    done: dict[str, Any] = {}
+
+    def deploy() -> None:
+        try:
+            done["handle"] = serve.run(app, name=name, route_prefix=route_prefix)
+        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+            done["error"] = e
+
+    deploying = threading.Thread(target=deploy, daemon=True, name="nearrec-serve-run")
+    deploying.start()
+    deploying.join(ready_timeout)
+    if deploying.is_alive():
+        status = serve.status().applications.get(name)
+        said = getattr(status, "message", "") or str(getattr(status, "status", "not deployed"))
+        serve.delete(name)
+        raise Unavailable(f"serve_model {name!r} was not running after {ready_timeout:g} s "
+                          f"({said}); the cluster has {_free()} free")
+    if "error" in done:
+        raise done["error"]
+    return done["handle"]
 
 
 def model_messages() -> Any:
@@ -316,6 +368,43 @@ def shutdown_model(name: str = "nearrec-model") -> None:
     from ray import serve
 
     serve.delete(name)
+
+
+def _resources() -> tuple[dict[str, float], dict[str, float]]:
+    """What the cluster has free now, and in all."""
+    free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+    total: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    return free, total
+
+
+def _free() -> str:
+    """What the cluster has free now, for a refusal: ``2 of 4 CPU, ...``."""
+    free, total = _resources()
+    return ", ".join(f"{free.get(k, 0.0):g} of {total[k]:g} {k}" for k in ("CPU", "GPU", "memory")
+                     if k in total)
+
+
+def _check_fits(what: str, actors: int, num_cpus: float, memory: int | None,
+                resources: dict[str, float] | None, autoscaling: bool) -> None:
+    """Refuses ``what`` — ``actors`` actors of ``num_cpus`` CPUs (``memory`` bytes,
+    ``resources``) each — at once when the cluster has not that much free (unless an
+    autoscaler may add nodes): Ray would wait for them without end."""
+    if autoscaling:
+        return
+    free, total = _resources()
+    asked = {"CPU": actors * num_cpus} | ({"memory": actors * memory} if memory else {}) | {
+        k: actors * v for k, v in (resources or {}).items()}
+    short = {k: v for k, v in asked.items() if v > free.get(k, 0.0) + 1e-9}
+    if not short:
+        return
+    said = "; ".join(f"{k}: {v:g} asked ({actors} x {v / actors:g}), {free.get(k, 0.0):g} free "
+                     f"of {total.get(k, 0.0):g}" for k, v in short.items())
+    fit = int(free.get("CPU", 0.0) / actors * 100) / 100
+    hint = (f"; num_cpus={fit:g} would fit (or fewer replicas, or a bigger cluster)"
+            if "CPU" in short and fit > 0 else "")
+    raise InvalidRequest(f"{what} needs more than this Ray cluster has free: {said}{hint}. "
+                         f"Where an autoscaler adds nodes, pass autoscaling=True to wait for "
+                         f"them")
 
 
 def _replica_copy(root: Path, shard: int, replica: int) -> Path:

@@ -81,7 +81,9 @@ class PooledBatch:
     order; ``batch[name]`` is that table's ``[batch, dim]`` view (TorchRec's KeyedTensor shape)
     and ``batch.block(i)`` the ``i``-th request's. A table requested more than once in the batch
     (two features sharing it) has no single view: ``batch[name]`` then raises
-    :class:`~nearrec.errors.InvalidRequest` naming the requests, and ``block(i)`` picks one."""
+    :class:`~nearrec.errors.InvalidRequest` naming the requests, and ``block(i)`` picks one.
+    It is array-like too: ``np.asarray(batch)`` (``torch.as_tensor`` through numpy) is
+    ``values``, and ``shape`` and ``dtype`` are its."""
 
     values: npt.NDArray[np.float32]
     keys: tuple[str, ...]
@@ -112,6 +114,23 @@ class PooledBatch:
 
     def to_dict(self) -> dict[str, npt.NDArray[np.float32]]:
         return {k: self[k] for k in self.keys}
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``values``' shape, ``(batch, Σ dim)``."""
+        return tuple(self.values.shape)
+
+    @property
+    def dtype(self) -> np.dtype[np.float32]:
+        return self.values.dtype
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> npt.NDArray[Any]:
+        """``np.asarray(batch)`` is ``values`` (no copy unless ``dtype`` or ``copy`` ask)."""
+        if dtype is not None and np.dtype(dtype) != self.values.dtype:
+            if copy is False:
+                raise ValueError(f"a {np.dtype(dtype)} array of a float32 batch needs a copy")
+            return self.values.astype(dtype)
+        return self.values.copy() if copy else self.values
 
 
 def dense_features(dense: Any) -> npt.NDArray[np.float32] | None:
@@ -349,8 +368,10 @@ class Store:
         answer every request this one answers — each table with the same dim and dtype and at
         least its rows, the same model inputs — or the swap is refused with
         :class:`InvalidRequest` naming the difference; ``force`` serves it anyway. Returns the
-        new store's version. On a node's store, ``path`` is on the node's file system: the node
-        takes it only from the store's own repository of versions or from under its swap root
+        version now served: of a repository, its number (:attr:`served_version`); else the new
+        store's count of writes (:attr:`version`). On a node's store, ``path`` is on the node's
+        file system: the node takes it only from the store's own repository of versions or
+        from under its swap root
         (``nearrec serve --swap-root``, or ``[swap_roots]`` in the node's config; a relative
         ``path`` is taken from there), never from a directory another served store uses, and
         only for a caller who may read what it exposes.
@@ -364,16 +385,23 @@ class Store:
             raise InvalidRequest("swap to a path or to a version (one of them)")
         where = None if path is None else path_arg(path, "the store path")
         number = None if version is None else count(version, "version", minimum=1)
-        return self._change(lambda: self._native.swap(where, number, False, flag(warm, "warm"),
-                                                      flag(force, "force")))
+        self._change(lambda: self._native.swap(where, number, False, flag(warm, "warm"),
+                                               flag(force, "force")))
+        return self._served()
 
     def rollback(self, *, warm: bool = True, force: bool = False) -> int:
         """Serves the version served before the current one, for a store opened from a
         repository of versions, as :meth:`swap` would (checked unless ``force``, the pointer
         replaced atomically); each rollback goes one further back. Raises
-        :class:`InvalidRequest` when none served before is left."""
-        return self._change(lambda: self._native.swap(None, None, True, flag(warm, "warm"),
-                                                      flag(force, "force")))
+        :class:`InvalidRequest` when none served before is left. Returns the version now
+        served."""
+        self._change(lambda: self._native.swap(None, None, True, flag(warm, "warm"),
+                                               flag(force, "force")))
+        return self._served()
+
+    def _served(self) -> int:
+        """What a swap returns: the repository version served, else the count of writes."""
+        return self.served_version if self.served_version is not None else self.version
 
     def _change(self, call: Callable[[], int]) -> int:
         try:

@@ -90,6 +90,13 @@ fn tls_cause(addr: &str, e: &rustls::Error) -> String {
         E::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
             "the node's certificate has expired".to_owned()
         }
+        // webpki's refusal, inside rustls's `Other` (its Display is its name)
+        E::InvalidCertificate(C::Other(other)) if other.to_string() == "CaUsedAsEndEntity" => {
+            "the node's certificate is a CA certificate (basicConstraints CA:TRUE, as `openssl \
+             req -x509` makes by default): sign a leaf certificate for the node with it and \
+             serve that (docs/serving.md, \"TLS\")"
+                .to_owned()
+        }
         E::InvalidMessage(_) => "the node does not speak TLS: it is likely a plaintext node; \
              connect without a CA"
             .to_owned(),
@@ -101,7 +108,8 @@ fn tls_cause(addr: &str, e: &rustls::Error) -> String {
             "the node refused the handshake ({alert:?}): it may want a client certificate \
              (tls_cert=, tls_key=) its CA signs"
         ),
-        other => other.to_string(),
+        // rustls's own words, once
+        _ => return format!("TLS with the node at {addr} failed: {e}"),
     };
     format!("TLS with the node at {addr} failed: {why} ({e})")
 }

@@ -597,9 +597,12 @@ impl Inner {
     }
 
     fn describe(&self) -> String {
+        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
         format!(
-            "the sharded store {} ({} shards × {} replicas)",
-            self.plan.store, self.plan.shards, self.plan.replicas
+            "the sharded store {} ({} × {})",
+            self.plan.store,
+            plural(self.plan.shards, "shard"),
+            plural(self.plan.replicas, "replica")
         )
     }
 

@@ -211,7 +211,9 @@ impl Acl {
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<&Arc<Principal>, Status> {
         let Some(value) = metadata.get("authorization") else {
             return Err(Status::unauthenticated(
-                "the node needs a token: send authorization: Bearer TOKEN",
+                "the node needs a token: send authorization: Bearer TOKEN (Python: \
+                 nearrec.connect(..., token= or token_file=), or the NEARREC_TOKEN environment \
+                 variable; the command line: --token-file)",
             ));
         };
         let token = value

@@ -222,7 +222,7 @@ pub fn run(config: NodeConfig, ready: impl FnOnce(&Listeners, &Stores)) -> Resul
     // own subscriber already: colour only for a terminal, never into a file or a journal
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| "nearrec=info,nearrec_server=info".into())
+            .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into())
     };
     // written by a thread of their own from a bounded queue: a stderr nobody reads (a full
     // pipe) drops lines instead of blocking the request that logs one; `_flush` writes what
@@ -354,6 +354,11 @@ async fn reload_on_hangup(shared: Arc<Shared>, acl: Option<std::path::PathBuf>) 
         }
     }
 }
+
+/// What the node logs unless `RUST_LOG` says otherwise: every line the docs name — the node's
+/// (`nearrec_server`), the stores' loading, warm-up and hot sets (`nearrec::store`,
+/// `nearrec::warm`), a sharded store's router (`nearrec_cluster`) — at `info`.
+pub const DEFAULT_LOG_FILTER: &str = "nearrec=info,nearrec_server=info,nearrec_cluster=info";
 
 /// The line a started node prints: `listening on ADDR (stores: ...)[; metrics on ADDR]`.
 pub fn listening(listeners: &Listeners, stores: &Stores) -> String {

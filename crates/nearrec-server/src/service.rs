@@ -70,6 +70,9 @@ fn meant_shard(metadata: &MetadataMap) -> Result<Option<(String, usize)>, Status
     }
 }
 
+/// Calls whose time is their work, never logged as slow requests.
+const LONG_BY_NATURE: [&str; 2] = ["Swap", "Compact"];
+
 /// What a call did, as its audit line says it, when the request alone does not say (a swap's
 /// resolved directory): an extension of its answer.
 #[derive(Debug, Clone)]
@@ -391,7 +394,11 @@ impl NodeService {
     /// The call's access line, if sampled, and its slow-request line, if it was slow.
     fn log_call(&self, call: &'static str, code: tonic::Code, seconds: f64, seen: &Seen) {
         let config = &self.0.config;
-        let slow = config.slow_request_ms > 0 && seconds * 1e3 >= config.slow_request_ms as f64;
+        // a swap or a compaction takes as long as its work (a paced warm-up, a rewrite): not a
+        // slow request; its own lines say how long it took
+        let slow = config.slow_request_ms > 0
+            && seconds * 1e3 >= config.slow_request_ms as f64
+            && !LONG_BY_NATURE.contains(&call);
         let every = config.access_log_every;
         let sampled = every > 0
             && self

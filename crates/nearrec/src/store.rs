@@ -332,7 +332,7 @@ impl Store {
     /// Serves the store at `path` (a new version built offline) from the next call on: every
     /// lookup that starts after this returns reads it, lookups under way finish on the old
     /// one, none fails. The new store's DRAM tiers load at most `compaction_rate` bytes a
-    /// second while the old one serves. With `warm`, the new store's row caches are filled
+    /// second while the old one serves (unpaced when its tables total at most that). With `warm`, the new store's row caches are filled
     /// first with the rows the old one's DRAM tiers hold (read from the new store's files), so
     /// that the switch does not start cold; its hot partitions come from the config's plan as
     /// at open. A writable store takes the new store's writer lock and log; the old one's are
@@ -481,7 +481,11 @@ impl Store {
             crate::swap::check(&self.tables(), model.as_deref(), &reader)?;
         }
         self.reaped(reader.path());
-        let pace = pacer(self.inner.config.compaction_rate.0);
+        // a store whose tables the disk reads whole within a second of the rate is loaded
+        // unpaced: pacing its row reads (each counted as 4 KiB) would stretch it to seconds
+        let rate = self.inner.config.compaction_rate.0;
+        let bytes: u64 = reader.manifest().tables.iter().map(|t| t.data_bytes).sum();
+        let pace = if bytes <= rate { None } else { pacer(rate) };
         let (engine, _) = open_engine(&reader, &self.inner.config, pace.as_ref())?;
         if warm {
             engine.warm_from(old.live.snapshot().engine(), pace.as_ref())?;

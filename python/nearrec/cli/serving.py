@@ -100,8 +100,6 @@ def cmd_lookup(args: argparse.Namespace) -> int:
             "samples_per_s": b * repeat / sum(lat), "lookups_per_s": lookups / sum(lat),
             "first_row": out.values[0, :8].tolist() if b else []}
     stats = store.stats()
-    if stats and "batches" not in stats:
-        stats = {}  # a DRAM-resident store: nothing of the SSD tier to show
     if stats:
         data["stats"] = stats
     if args.output:
@@ -115,8 +113,9 @@ def cmd_lookup(args: argparse.Namespace) -> int:
             f"{data['lookups_per_s'] / 1e6:.2f}M lookups/s\n"
             f"last batch's first row: "
             f"{np.array2string(out.values[0, :8], precision=4) if b else '-'}")
-    if stats:
-        text += "\n" + format_stats(stats)
+    said = format_stats(stats) if stats else ""
+    if said:
+        text += "\n" + said
     emit(args, data, text)
     return 0
 

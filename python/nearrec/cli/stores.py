@@ -61,7 +61,6 @@ def cmd_info(args: argparse.Namespace) -> int:
         head = [f"{args.path}: a repository of versions {list(versions.versions)}, serving "
                 f"{versions.current}"
                 + (f" (served before: {list(versions.history)})" if versions.history else "")]
-        args.path = Path(args.path) / str(versions.current)
     info = nearrec.info(args.path)
     data = {"path": str(info.path), "format_version": info.format_version,
             "created_by": info.created_by, "params": info.params,
@@ -163,9 +162,20 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     version = nearrec.publish(args.repository, args.store, move=args.move)
-    emit(args, {"repository": str(args.repository), "version": version},
-          f"{args.store} is version {version} of {args.repository}; serve it with "
-          f"`nearrec swap {args.repository} --version {version}` (or --remote HOST:PORT NAME)")
+    held = nearrec.versions(args.repository)
+    served = held.current if held is not None else None
+    repo = Path(args.repository)
+    if served == version:
+        step = (f"it is the version {repo} serves: a node started on {repo} serves it, "
+                f"nothing to swap")
+    else:
+        # docs/serving.md, "Versions": a running node moves the pointer itself
+        step = (f"{repo} serves version {served}. To serve the new one on a node that serves "
+                f"{repo}: `nearrec swap --remote HOST:PORT {repo.name} --version {version}`; "
+                f"with no node running, `nearrec swap {repo} --version {version}` makes the "
+                f"next start serve it")
+    emit(args, {"repository": str(args.repository), "version": version, "served": served},
+         f"{args.store} is version {version} of {repo}; {step}")
     return 0
 
 
@@ -210,7 +220,11 @@ def cmd_shard(args: argparse.Namespace) -> int:
             "shard_bytes": sizes, "shard_load": loads,
             "tables": [{"table": t.name, "parts": [dataclasses.asdict(p) for p in t.parts],
                         "hot_rows": len(t.hot), "load": t.load} for t in plan.tables]}
-    lines = [f"{plan.store}: {plan.shards} shards × {plan.replicas} replicas, "
+    def plural(n: int, what: str) -> str:
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
+    lines = [f"{plan.store}: {plural(plan.shards, 'shard')} × "
+             f"{plural(plan.replicas, 'replica')}, "
              f"{plan.scheme}-wise (plan {plan.id})"]
     for k in range(plan.shards):
         held = ", ".join(t.name if len(t.parts) == 1 else f"{t.name}[{p.first}:{p.first + p.rows}]"
