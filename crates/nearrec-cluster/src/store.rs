@@ -1016,8 +1016,22 @@ impl StoreApi for ShardedStore {
         let mut versions: Option<Vec<u64>> = None;
         // a keyed table's keys: its parts' together
         let mut keys: Vec<Option<u64>> = vec![None; inner.plan.tables.len()];
+        // a shard none of whose replicas answers leaves the info to the plan and what this
+        // router saw of it last: a client still connects, and reaches the other shards' tables;
+        // what only that shard could say (its keyed parts' keys) is unknown. No shard
+        // answering is the store unavailable.
+        let mut down = Vec::new();
+        let mut failure = None;
         for s in &inner.shards {
-            let info = s.any(&inner.plan.store, |c| c.info())?;
+            let info = match s.any(&inner.plan.store, |c| c.info()) {
+                Ok(info) => info,
+                Err(e) => {
+                    version += s.seen.load();
+                    down.push(s.index);
+                    failure = Some(e);
+                    continue;
+                }
+            };
             s.seen.raise(info.version);
             for (t, held) in inner.plan.tables.iter().zip(keys.iter_mut()) {
                 let part = info.tables.iter().find(|x| x.name == t.name && t.keyed);
@@ -1038,6 +1052,14 @@ impl StoreApi for ShardedStore {
                 tier = info.tier;
             }
         }
+        if let Some(e) = failure
+            && down.len() == inner.shards.len()
+        {
+            return Err(e);
+        }
+        let unknown = |t: &nearrec_plan::shards::ShardedTable| {
+            t.keyed && t.parts.iter().any(|p| down.contains(&p.shard))
+        };
         Ok(Info {
             name: inner.plan.store.clone(),
             tables: (inner.plan.tables.iter().zip(keys))
@@ -1046,7 +1068,7 @@ impl StoreApi for ShardedStore {
                     rows: t.rows,
                     dim: t.dim,
                     dtype: t.dtype,
-                    keys,
+                    keys: keys.filter(|_| !unknown(t)),
                 })
                 .collect(),
             version,

@@ -1199,3 +1199,36 @@ fn a_router_catches_up_a_stale_replica_in_the_background() {
     write(6);
     assert_eq!(stale(&a), Some(0.0));
 }
+
+/// Issue 62, item 22: a front node with one shard down refused every new client, since its
+/// `Info` asked every shard. The info comes from the plan and the shards that answer: a client
+/// connects, reads the other shards' tables, and a call that needs the missing shard fails,
+/// typed, naming it; with no shard answering, `Info` fails too.
+#[test]
+fn a_shard_down_leaves_the_others_reachable_and_is_named() {
+    let (_d, path) = suite::fixture();
+    let (store, mut cluster) = sharded(&path, false, options(2, 1, Scheme::Table, 0));
+    let plan = store.plan().clone();
+    let on = |k: usize| {
+        let t = plan.tables.iter().find(|t| t.parts[0].shard == k).unwrap();
+        t.name.clone()
+    };
+    let (up, gone) = (on(0), on(1));
+    let mut down = cluster.nodes[1].remove(0);
+    down.begin_drain();
+    drop(down);
+    let info = store.info().unwrap();
+    assert_eq!(
+        info.tables.len(),
+        plan.tables.len(),
+        "every table, from the plan"
+    );
+    assert!(store.lookup(&one_per_bag(&up, &[1, 2])).is_ok());
+    let e = store.lookup(&one_per_bag(&gone, &[1])).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("shard 1"), "{e}");
+    let mut last = cluster.nodes[0].remove(0);
+    last.begin_drain();
+    drop(last);
+    assert_eq!(store.info().unwrap_err().kind(), ErrorKind::Unavailable);
+}
