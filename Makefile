@@ -19,7 +19,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Ray Serve (nearrec.ray: a sharded store's nodes as actors, on a local Ray cluster in the tests;
 # serve_model's gRPC ingress, its proto loaded by grpcio-tools).
 # TorchRec names the CUDA fbgemm-gpu wheel as a dependency, which breaks the CPU one: it is
-# installed without dependencies, its pure-Python ones by hand (shared/specs/baselines.md).
+# installed without dependencies, its pure-Python ones by hand.
 $(VENV)/.deps: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

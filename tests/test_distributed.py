@@ -326,3 +326,35 @@ def test_a_front_node_catches_up_a_replica_that_was_down(store_path, tmp_path):
         served.stop()
         if restarted is not None:
             restarted.stop()
+
+
+def test_a_front_node_with_a_shard_down_takes_new_clients_and_the_cli_prints_its_stats(
+        store_path, tmp_path):
+    """Issue 62, items 14 and 22: `nearrec lookup --remote` against a front node crashed on a
+    router's stats (`KeyError: 'dram_hit_ratio'`); a front node with one shard down refused every
+    new client. Its stats print (no `0.00 s` stage times), and with a shard down a new client
+    connects, reads the other shard's tables, and a call that needs the missing one is named."""
+    root = tmp_path / "s"
+    plan = distributed.shard(store_path, root, 2, scheme="table")
+    served = Served(root, plan)
+    try:
+        name_replicas(root, served.replicas(), 'timeout = 2.0\nhedge = "off"')
+        front = Node("--shards", f"{root}=dlrm")
+        try:
+            out = subprocess.run([sys.executable, "-m", "nearrec.cli", "lookup", "--remote",
+                                  front.address, "dlrm", "--batch", "4", "--repeat", "2"],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert "router: shards 2" in out.stdout and "0.00 s" not in out.stdout, out.stdout
+            served.nodes[1][0].stop()
+            remote = nearrec.connect(front.address, "dlrm", retries=0)
+            assert set(remote.tables) == {t.name for t in plan.tables}
+            up = plan.shard_tables(0)[0][0].name
+            gone = plan.shard_tables(1)[0][0].name
+            assert remote.lookup(up, np.array([1]), np.array([0])).shape[0] == 1
+            with pytest.raises(nearrec.Unavailable, match="shard 1"):
+                remote.lookup(gone, np.array([1]), np.array([0]))
+        finally:
+            front.stop()
+    finally:
+        served.stop()

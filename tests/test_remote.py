@@ -521,7 +521,8 @@ def test_tokens_and_grants_refuse_with_typed_errors(tmp_path, monkeypatch):
                    f'write = ["store/*"]\n')
     node = Node(str(path), "--writable", "--acl", str(acl), "--access-log-every", "1")
     try:
-        with pytest.raises(nearrec.Unauthenticated):
+        # no token: the refusal says how to give one (issue 62, item 21)
+        with pytest.raises(nearrec.Unauthenticated, match="token_file=.*NEARREC_TOKEN"):
             nearrec.connect(node.address)
         with pytest.raises(nearrec.Unauthenticated):
             nearrec.connect(node.address, token=guess)

@@ -319,3 +319,21 @@ def test_lookup_works_in_forked_child(tmp_path):
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     pytest.fail("lookup hung in a forked child")
+
+
+def test_a_pooled_batch_is_an_array_as_the_quick_start_says(tmp_path):
+    """Issue 62, item 18: `lookup_many` answers `[B, Σ dim]` as the README's quick start says;
+    `np.asarray(batch)` gave a 0-d object array."""
+    rng = np.random.default_rng(0)
+    users = rng.standard_normal((100, 8), dtype=np.float32)
+    nearrec.from_numpy(tmp_path / "s", {"users": users, "items": users[:, :4].copy()})
+    store = nearrec.open(tmp_path / "s")
+    batch = store.lookup_many({"users": (np.array([5, 6, 7]), np.array([0, 1])),
+                               "items": (np.array([1]), np.array([0, 1]))})
+    assert batch.shape == (2, 12) and batch.dtype == np.float32
+    got = np.asarray(batch)
+    assert got.shape == (2, 12) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, batch.values)
+    np.testing.assert_allclose(got[0, :8], users[5], rtol=1e-6)
+    assert np.asarray(batch, dtype=np.float64).dtype == np.float64
+    assert np.array(batch, copy=True) is not batch.values

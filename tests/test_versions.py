@@ -68,19 +68,59 @@ def test_publishing_numbers_versions_and_an_open_serves_the_pointer(tmp_path):
     assert info["tables"][0]["name"] == "t"
 
 
+def test_what_a_new_user_meets_around_versions(tmp_path):
+    """Issue 62, items 17, 20 and 21: `publish` printed a step that fails for version 1 and led
+    with the offline swap a running node does not follow; `trace gen --store REPO` refused a
+    repository; `info` listed pruned versions as served before; a swap by version returned the
+    count of writes."""
+    repo = tmp_path / "dlrm"
+
+    def publish(k: int) -> str:
+        out = subprocess.run([sys.executable, "-m", "nearrec.cli", "publish", str(repo),
+                              str(built(tmp_path, k))], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    first = publish(1)
+    assert "a node started on" in first and "swap" not in first, first
+    second = publish(2)
+    assert "nearrec swap --remote HOST:PORT dlrm --version 2" in second, second
+    assert "newest" in second and f"nearrec swap {repo}" not in second, second
+    nearrec.open(repo).swap(version=1, warm=False)  # CURRENT names 1
+    third = publish(3)
+    assert third.index("--remote") < third.index(f"nearrec swap {repo} --version 3"), third
+    trace = tmp_path / "t.nrtrace"
+    out = subprocess.run([sys.executable, "-m", "nearrec.cli", "trace", "gen", str(trace),
+                          "--store", str(repo), "--bags", "20"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and trace.is_file(), out.stderr
+    assert nearrec.info(repo).path == repo / "1"
+    store = nearrec.open(repo)
+    assert store.swap(version=2, warm=False) == 2
+    assert store.swap(version=3, warm=False) == 3 and store.rollback(warm=False) == 2
+    store.close()
+    assert 1 in nearrec.versions(repo).history
+    import shutil
+    shutil.rmtree(repo / "1")  # pruned, as keep_last does
+    history = nearrec.versions(repo).history
+    assert history and 1 not in history, history
+    assert cli("info", str(repo))["repository"]["history"] == list(history)
+
+
 def test_a_node_serves_the_current_version_across_restarts_and_rolls_back(tmp_path):
     repo = tmp_path / "repo" / "dlrm"
     for k in (1, 2, 3, 4):
         nearrec.publish(repo, built(tmp_path, k), move=True)
     config = tmp_path / "store.toml"
     config.write_text("keep_last = 3\n")
-    start = ("--log-format", "json", "--store-config", str(config))
+    start = ("--log-format", "json", "--store-config", str(config), "--slow-request-ms", "1")
     node = Node(str(repo), *start)
     try:
         remote = nearrec.connect(node.address, "dlrm")
         assert (remote.served_version, served(remote)) == (4, 4.0)
         assert remote.served_path.endswith("dlrm/4")
-        remote.swap(version=2)
+        assert remote.swap(version=2) == 2
         assert (remote.served_version, served(remote)) == (2, 2.0)
         metrics = node.metrics()
         assert ({"store": "dlrm"}, 2.0) in metrics["nearrec_store_served_version"]
@@ -93,6 +133,10 @@ def test_a_node_serves_the_current_version_across_restarts_and_rolls_back(tmp_pa
     assert by_message["store loaded"]["served_version"] == 4
     assert by_message["swap"]["from"].startswith("version 4") and \
         by_message["swap"]["to"].startswith("version 2")
+    # a swap takes as long as its warm-up: never a slow request (issue 62, item 21)
+    slow = [e["fields"].get("call") for e in events
+            if e["fields"].get("message") == "slow request"]
+    assert "Swap" not in slow, slow
     # versions beyond the newest three went once the swap let go of version 4: not 2, served
     assert nearrec.versions(repo).versions == (2, 3, 4)
 

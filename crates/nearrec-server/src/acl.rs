@@ -12,6 +12,7 @@
 //! read = ["rmc1/*"]                  # STORE/TABLE; a pattern without "/" is any store's
 //! write = ["rmc1/t_user*"]
 //! admin = ["rmc1/*"]                 # CreateTable / DropTable of matching names; Swap: "*"
+//! weight = 2.0                       # its share of the node's work (default 1; crate::fair)
 //! ```
 //!
 //! A principal's token is rotated without a gap: `token_sha256 = ["OLD", "NEW"]` (either token
@@ -71,6 +72,14 @@ struct PrincipalEntry {
     write: Vec<String>,
     #[serde(default)]
     admin: Vec<String>,
+    /// Its share of the node's work against the other principals' with requests waiting
+    /// (`crate::fair`): > 0, 1 by default.
+    #[serde(default = "one")]
+    weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// A principal's token hashes: one, or several while a token is rotated.
@@ -94,6 +103,8 @@ impl Hashes {
 #[derive(Debug, Clone)]
 pub struct Principal {
     pub name: String,
+    /// Its share of the node's work (`crate::fair`).
+    pub weight: f64,
     read: Vec<Pattern>,
     write: Vec<Pattern>,
     admin: Vec<Pattern>,
@@ -172,7 +183,15 @@ impl Acl {
         let mut by_hash = HashMap::new();
         for (name, p) in file.principal {
             let patterns = |v: &[String]| v.iter().map(|t| Pattern::parse(t)).collect();
+            if !(p.weight > 0.0 && p.weight.is_finite()) {
+                return Err(format!(
+                    "principal {name:?}: weight is its share of the node's work, a number > 0, \
+                     not {}",
+                    p.weight
+                ));
+            }
             let principal = Arc::new(Principal {
+                weight: p.weight,
                 read: patterns(&p.read),
                 write: patterns(&p.write),
                 admin: patterns(&p.admin),

@@ -4,7 +4,9 @@
 //! is dropped before it costs a device read (`DEADLINE_EXCEEDED`). A request keeps its place in
 //! the queue until its answer has left the node, not only until it is computed, and reserves its
 //! answer's bytes from its connection's budget and the node's ([`Admission::reserve`]) before
-//! it runs: answers a client does not read pin at most those budgets.
+//! it runs: answers a client does not read pin at most those budgets. The engine slots, and the
+//! CPU turns of DRAM-resident lookups, go to waiting requests in fair order between principals
+//! (`crate::fair`), each weighted by its ACL weight and charged by its request's cost.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,13 +16,17 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use crate::conns::BUDGET_UNIT;
+use crate::fair::{FairQueue, Ticket, Turn};
 use crate::metrics::Metrics;
 
 /// The node's admission: queue slots and engine slots, with what each refused.
 #[derive(Debug)]
 pub struct Admission {
     slots: Arc<Semaphore>,
-    running: Arc<Semaphore>,
+    /// The engine slots (`max_in_flight`).
+    running: Arc<FairQueue>,
+    /// The CPU turns of DRAM-resident work: one per core the node may run on.
+    cpu: Arc<FairQueue>,
     max_in_flight: usize,
     max_queued: usize,
     /// Requests refused because the queue was full.
@@ -59,11 +65,13 @@ impl From<Slot> for Held {
     }
 }
 
-/// Held while a request runs: its queue slot and its engine slot.
+/// Held while a request runs: its queue slot, its engine slot and, for DRAM-resident work,
+/// its CPU turn.
 #[derive(Debug)]
 pub struct Permit {
     slot: Slot,
-    _run: OwnedSemaphorePermit,
+    _run: Turn,
+    _cpu: Option<Turn>,
 }
 
 impl Permit {
@@ -87,7 +95,8 @@ impl Admission {
             unsent_bytes,
             unsent_full: AtomicU64::new(0),
             slots: Arc::new(Semaphore::new(max_in_flight + max_queued)),
-            running: Arc::new(Semaphore::new(max_in_flight)),
+            running: FairQueue::new(max_in_flight),
+            cpu: FairQueue::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
             max_in_flight,
             max_queued,
             overloaded: AtomicU64::new(0),
@@ -95,16 +104,35 @@ impl Admission {
         }
     }
 
-    /// Waits for an engine slot (until `deadline`), or refuses at once when the queue is full.
-    pub async fn admit(&self, deadline: Option<Instant>) -> Result<Permit, Status> {
+    /// Waits for an engine slot and, for DRAM-resident work (`cpu`), a CPU turn — each in fair
+    /// order between principals, `ticket` saying whose and what it costs — until `deadline`;
+    /// or refuses at once when the queue is full.
+    pub async fn admit(
+        &self,
+        deadline: Option<Instant>,
+        ticket: &Ticket,
+        cpu: bool,
+    ) -> Result<Permit, Status> {
         let slot = self.enter()?;
-        let run = match deadline {
-            Some(d) => tokio::time::timeout_at(d.into(), self.engine())
+        let turns = async {
+            let run = self.engine(ticket).await;
+            let cpu = match cpu {
+                true => Some(self.cpu.turn(ticket).await),
+                false => None,
+            };
+            (run, cpu)
+        };
+        let (run, cpu) = match deadline {
+            Some(d) => tokio::time::timeout_at(d.into(), turns)
                 .await
                 .map_err(|_| self.expire())?,
-            None => self.engine().await,
+            None => turns.await,
         };
-        Ok(Permit { slot, _run: run })
+        Ok(Permit {
+            slot,
+            _run: run,
+            _cpu: cpu,
+        })
     }
 
     /// Reserves `bytes` of answer from the node's budget and from `conn`'s (the connection's,
@@ -154,13 +182,9 @@ impl Admission {
         }
     }
 
-    /// One of the `max_in_flight` engine slots, once one is free.
-    pub async fn engine(&self) -> OwnedSemaphorePermit {
-        self.running
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the node never closes its semaphores")
+    /// One of the `max_in_flight` engine slots, in its turn.
+    pub async fn engine(&self, ticket: &Ticket) -> Turn {
+        self.running.turn(ticket).await
     }
 
     /// Counts a request dropped at its deadline and answers it.
@@ -341,12 +365,13 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_refuses_and_a_waiting_request_expires() {
         let a = Admission::new(1, 1, 1 << 20);
-        let running = a.admit(None).await.unwrap();
+        let t = Ticket::new("p".into(), 1.0, 1.0);
+        let running = a.admit(None, &t, false).await.unwrap();
         // one waits (and expires at its deadline), the next finds the queue full
         let soon = Instant::now() + Duration::from_millis(30);
-        let (waiting, refused) = tokio::join!(a.admit(Some(soon)), async {
+        let (waiting, refused) = tokio::join!(a.admit(Some(soon), &t, false), async {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            a.admit(None).await
+            a.admit(None, &t, false).await
         });
         assert_eq!(waiting.unwrap_err().code(), tonic::Code::DeadlineExceeded);
         assert_eq!(refused.unwrap_err().code(), tonic::Code::ResourceExhausted);
@@ -354,7 +379,7 @@ mod tests {
         assert_eq!(a.overloaded.load(Ordering::Relaxed), 1);
         assert_eq!(a.in_flight(), 1);
         drop(running);
-        assert!(a.admit(None).await.is_ok());
+        assert!(a.admit(None, &t, true).await.is_ok());
     }
 
     #[test]

@@ -133,6 +133,15 @@ impl Coalescer {
     }
 }
 
+/// A coalesced engine batch's ticket: its own principal, charged its first request's bags.
+fn coalesced(bags: usize) -> crate::fair::Ticket {
+    crate::fair::Ticket::new(
+        "coalesced lookups".into(),
+        1.0,
+        crate::fair::cost(bags as u64),
+    )
+}
+
 /// The gatherer: one engine batch at a time per free engine slot, until the node drops it.
 async fn gather(
     mut rx: mpsc::UnboundedReceiver<Waiting>,
@@ -151,7 +160,8 @@ async fn gather(
                 None => return,
             },
         };
-        let run = admission.engine().await;
+        // a coalesced batch is many principals' small lookups: charged as one of its own
+        let run = admission.engine(&coalesced(first.bags)).await;
         let until = first.arrived + window;
         let mut bags = first.bags;
         let mut group = vec![first];

@@ -54,6 +54,7 @@ pub mod audit;
 pub mod coalesce;
 pub mod config;
 pub mod conns;
+pub mod fair;
 pub mod limits;
 pub mod metrics;
 pub mod node;

@@ -27,6 +27,7 @@ use crate::acl::{Acl, Permission, Principal};
 use crate::admission::{Held, Slot, deadline};
 use crate::audit::{Audit, Phase};
 use crate::conns::ConnInfo;
+use crate::fair::{self, Ticket};
 use crate::limits::Entered;
 use crate::node::Shared;
 use crate::send::{Answered, Hold};
@@ -41,6 +42,9 @@ struct Caller {
     principal: Option<Arc<Principal>>,
     shard: Option<(String, usize)>,
     _entered: Option<Arc<Entered>>,
+    /// Whom its work is charged to in the node's fair queues (`crate::fair`): the principal,
+    /// without an ACL the client's address; and its weight.
+    share: (Arc<str>, f64),
 }
 
 impl Caller {
@@ -52,6 +56,11 @@ impl Caller {
     /// The principal's name, if the node has an ACL.
     fn who(&self) -> Option<String> {
         self.principal.as_ref().map(|p| p.name.clone())
+    }
+
+    /// Its request's ticket in the node's fair queues: a request of `ids` ids (or rows).
+    fn ticket(&self, ids: u64) -> Ticket {
+        Ticket::new(self.share.0.clone(), self.share.1, fair::cost(ids))
     }
 }
 
@@ -67,6 +76,26 @@ fn meant_shard(metadata: &MetadataMap) -> Result<Option<(String, usize)>, Status
         None => Err(Status::invalid_argument(format!(
             "{SHARD_HEADER} must be PLAN/SHARD, not {value:?}"
         ))),
+    }
+}
+
+/// How a call runs once admitted ([`NodeService::run`]).
+struct How {
+    /// Whose it is and what it costs, in the fair queues.
+    ticket: Ticket,
+    /// On the task that decoded it (a small DRAM-resident lookup), else a blocking thread.
+    inline: bool,
+    /// It takes a CPU turn too: DRAM-resident work, bound by the cores, not a device.
+    cpu: bool,
+}
+
+impl How {
+    fn blocking(ticket: Ticket, cpu: bool) -> Self {
+        Self {
+            ticket,
+            inline: false,
+            cpu,
+        }
     }
 }
 
@@ -275,13 +304,18 @@ impl NodeService {
         };
         let entered = (self.0.quotas).enter(&who, conn.map(|c| &c.mark))?;
         caller._entered = Some(Arc::new(entered));
+        caller.share.0 = who.into();
         Ok(caller)
     }
 
     /// The principal a call's token names, and the shard it means, without a place.
     fn authenticate(&self, metadata: &MetadataMap, call: &'static str) -> Result<Caller, Status> {
         let shard = meant_shard(metadata)?;
-        let caller = |principal| Caller {
+        let caller = |principal: Option<Arc<Principal>>| Caller {
+            share: match &principal {
+                Some(p) => (p.name.as_str().into(), p.weight),
+                None => ("-".into(), 1.0),
+            },
             principal,
             shard,
             _entered: None,
@@ -588,7 +622,7 @@ impl NodeService {
         &self,
         call: &'static str,
         deadline: Option<Instant>,
-        inline: bool,
+        how: How,
         work: F,
     ) -> Result<(T, Slot), Status>
     where
@@ -596,7 +630,10 @@ impl NodeService {
         F: FnOnce() -> nearrec::Result<T> + Send + 'static,
     {
         let queued = Instant::now();
-        let permit = self.0.admission.admit(deadline).await?;
+        let permit = (self.0.admission)
+            .admit(deadline, &how.ticket, how.cpu)
+            .await?;
+        let inline = how.inline;
         self.0
             .metrics
             .stage(call, "queue", queued.elapsed().as_secs_f64());
@@ -680,8 +717,13 @@ impl NodeService {
                 return Ok((convert::pooled(id, version, pooled), held));
             }
         }
+        let how = How {
+            ticket: caller.ticket(lookups as u64),
+            inline,
+            cpu: store.resident(),
+        };
         let ((answer, stages), slot) = self
-            .run(call, deadline, inline, move || {
+            .run(call, deadline, how, move || {
                 lookup(&*store, id, (raw, at), &batch, limit)
             })
             .await?;
@@ -808,7 +850,9 @@ impl NodeService {
                                 // a revoked token ends the stream; a revoked grant fails the
                                 // requests that need it
                                 let caller = match node.stream_caller(&metadata, &mut last) {
-                                    Ok(c) => c,
+                                    // charged as the stream's opener (its address, without
+                                    // an ACL)
+                                    Ok(c) => Caller { share: _opened.share.clone(), ..c },
                                     Err(status) => {
                                         let _ = tx.send(Err(bounded(status))).await;
                                         return;
@@ -859,8 +903,12 @@ impl NodeService {
         let batch = convert::batch(&req.tables).map_err(bad)?;
         self.fits(batch.as_batch())?;
         let dense: Vec<f32> = decode(&req.dense, "", "dense").map_err(bad)?;
+        let ids: usize = (batch.as_batch().tables.iter())
+            .map(|t| t.indices.len())
+            .sum();
+        let how = How::blocking(caller.ticket(ids as u64), store.resident());
         let (out, slot) = self
-            .run("Infer", deadline, false, move || {
+            .run("Infer", deadline, how, move || {
                 store.infer(&dense, &batch.as_batch())
             })
             .await?;
@@ -887,8 +935,10 @@ impl NodeService {
         let options = WriteOptions {
             allow_nonfinite: req.allow_nonfinite,
         };
+        let rows = writes.iter().map(|(_, ids, _)| ids.len() as u64).sum();
+        let how = How::blocking(caller.ticket(rows), false);
         let (version, slot) = self
-            .run("Write", deadline, false, move || {
+            .run("Write", deadline, how, move || {
                 store.write_many(&convert::row_writes(&writes), options)
             })
             .await?;
@@ -910,9 +960,12 @@ impl NodeService {
         let count = weights.len();
         let who = caller.who();
         let ((), slot) = self
-            .run("UpdateModel", deadline, false, move || {
-                store.update_model(&convert::tensors(&weights))
-            })
+            .run(
+                "UpdateModel",
+                deadline,
+                How::blocking(caller.ticket(0), false),
+                move || store.update_model(&convert::tensors(&weights)),
+            )
             .await?;
         tracing::info!(store = %name, principal = who, weights = count, "model updated");
         Ok(holding(pb::UpdateModelResponse {}, Held::from(slot)))
@@ -961,51 +1014,56 @@ impl NodeService {
         let lease = Duration::try_from_secs_f64(req.lease_seconds)
             .map_err(|_| Status::invalid_argument(format!("lease {} s", req.lease_seconds)))?;
         let (answer, slot) = self
-            .run("Transaction", deadline, false, move || {
-                let membership = |m: nearrec::Membership| pb::TransactionResponse {
-                    version: 0,
-                    transactions: Vec::new(),
-                    membership: Some(convert::membership(m)),
-                };
-                let version = match step {
-                    Step::List => {
-                        let listed = store.transactions()?;
-                        return Ok(pb::TransactionResponse {
-                            version: store.version()?,
-                            transactions: listed.iter().map(convert::transaction).collect(),
-                            membership: None,
-                        });
-                    }
-                    Step::Prepare => {
-                        let w = convert::row_writes(&writes);
-                        store.prepare_write(tx, &w, options, &req.note, req.epoch)?;
-                        store.version()?
-                    }
-                    Step::Membership => return Ok(membership(store.membership()?)),
-                    Step::SetMembership => {
-                        let to = convert::unmembership(req.membership.clone());
-                        let expected = req.epoch.unwrap_or(0);
-                        let set = store.set_membership(expected, to.epoch, &to.members)?;
-                        return Ok(membership(set));
-                    }
-                    Step::Fence => store.fence(req.epoch.unwrap_or(0), lease)?,
-                    Step::Adopt => {
-                        let w = convert::row_writes(&writes);
-                        store.adopt(&w, options, req.count)?
-                    }
-                    Step::Commit => store.decide(tx, Decision::Commit, req.keep)?,
-                    Step::Abort => store.decide(tx, Decision::Abort, req.keep)?,
-                    Step::Forget => {
-                        store.forget(tx)?;
-                        store.version()?
-                    }
-                };
-                Ok(pb::TransactionResponse {
-                    version,
-                    transactions: Vec::new(),
-                    membership: None,
-                })
-            })
+            .run(
+                "Transaction",
+                deadline,
+                How::blocking(caller.ticket(0), false),
+                move || {
+                    let membership = |m: nearrec::Membership| pb::TransactionResponse {
+                        version: 0,
+                        transactions: Vec::new(),
+                        membership: Some(convert::membership(m)),
+                    };
+                    let version = match step {
+                        Step::List => {
+                            let listed = store.transactions()?;
+                            return Ok(pb::TransactionResponse {
+                                version: store.version()?,
+                                transactions: listed.iter().map(convert::transaction).collect(),
+                                membership: None,
+                            });
+                        }
+                        Step::Prepare => {
+                            let w = convert::row_writes(&writes);
+                            store.prepare_write(tx, &w, options, &req.note, req.epoch)?;
+                            store.version()?
+                        }
+                        Step::Membership => return Ok(membership(store.membership()?)),
+                        Step::SetMembership => {
+                            let to = convert::unmembership(req.membership.clone());
+                            let expected = req.epoch.unwrap_or(0);
+                            let set = store.set_membership(expected, to.epoch, &to.members)?;
+                            return Ok(membership(set));
+                        }
+                        Step::Fence => store.fence(req.epoch.unwrap_or(0), lease)?,
+                        Step::Adopt => {
+                            let w = convert::row_writes(&writes);
+                            store.adopt(&w, options, req.count)?
+                        }
+                        Step::Commit => store.decide(tx, Decision::Commit, req.keep)?,
+                        Step::Abort => store.decide(tx, Decision::Abort, req.keep)?,
+                        Step::Forget => {
+                            store.forget(tx)?;
+                            store.version()?
+                        }
+                    };
+                    Ok(pb::TransactionResponse {
+                        version,
+                        transactions: Vec::new(),
+                        membership: None,
+                    })
+                },
+            )
             .await?;
         Ok(holding(answer, Held::from(slot)))
     }
@@ -1027,14 +1085,19 @@ impl NodeService {
             (self.0.config.shape()).check([(req.table.as_str(), 0, ids.len())].into_iter()),
         )?;
         let (version, slot) = self
-            .run("Remove", deadline, false, move || {
-                let w = RowWrite {
-                    table: &req.table,
-                    ids: &ids,
-                    values: None,
-                };
-                store.write_many(&[w], WriteOptions::default())
-            })
+            .run(
+                "Remove",
+                deadline,
+                How::blocking(caller.ticket(0), false),
+                move || {
+                    let w = RowWrite {
+                        table: &req.table,
+                        ids: &ids,
+                        values: None,
+                    };
+                    store.write_many(&[w], WriteOptions::default())
+                },
+            )
             .await?;
         Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
     }
@@ -1075,15 +1138,20 @@ impl NodeService {
             other => return Err(invalid(format!("init {other:?} is not uniform or zeros"))),
         };
         let (version, slot) = self
-            .run("CreateTable", deadline, false, move || {
-                store.create_table(&NewTable {
-                    name: &req.name,
-                    rows: req.rows,
-                    dim: req.dim,
-                    dtype,
-                    init,
-                })
-            })
+            .run(
+                "CreateTable",
+                deadline,
+                How::blocking(caller.ticket(0), false),
+                move || {
+                    store.create_table(&NewTable {
+                        name: &req.name,
+                        rows: req.rows,
+                        dim: req.dim,
+                        dtype,
+                        init,
+                    })
+                },
+            )
             .await?;
         Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
     }
@@ -1104,9 +1172,12 @@ impl NodeService {
             [req.name.as_str()],
         )?;
         let (version, slot) = self
-            .run("DropTable", deadline, false, move || {
-                store.drop_table(&req.name)
-            })
+            .run(
+                "DropTable",
+                deadline,
+                How::blocking(caller.ticket(0), false),
+                move || store.drop_table(&req.name),
+            )
             .await?;
         Ok(holding(pb::WriteResponse { version }, Held::from(slot)))
     }
@@ -1119,7 +1190,12 @@ impl NodeService {
         self.allow(&caller, "Swap", |p| p.allow_all(Permission::Admin, name))?;
         if req.release {
             let (_, slot) = self
-                .run("Swap", deadline, false, move || store.release())
+                .run(
+                    "Swap",
+                    deadline,
+                    How::blocking(caller.ticket(0), false),
+                    move || store.release(),
+                )
                 .await?;
             let who = caller.who();
             tracing::info!(store = %name, principal = who, "held versions released");
@@ -1149,20 +1225,28 @@ impl NodeService {
         let (event, name) = (swap::event(&to), name.to_owned());
         if req.stage {
             let (staged, slot) = self
-                .run("Swap", deadline, false, move || {
-                    store.stage(&to, req.warm, req.force)
-                })
+                .run(
+                    "Swap",
+                    deadline,
+                    How::blocking(caller.ticket(0), false),
+                    move || store.stage(&to, req.warm, req.force),
+                )
                 .await?;
             tracing::info!(store = %name, principal = who, staged, "version staged");
             let answer = pb::SwapResponse { version: 0, staged };
             return Ok(holding(answer, Held::from(slot)));
         }
         let (answer, slot) = self
-            .run("Swap", deadline, false, move || {
-                let before = store.info().ok();
-                let version = store.swap(&to, req.warm, req.force);
-                version.map(|v| (v, before, store.info().ok()))
-            })
+            .run(
+                "Swap",
+                deadline,
+                How::blocking(caller.ticket(0), false),
+                move || {
+                    let before = store.info().ok();
+                    let version = store.swap(&to, req.warm, req.force);
+                    version.map(|v| (v, before, store.info().ok()))
+                },
+            )
             .await?;
         let (version, before, after) = answer;
         let (from, to) = (swap::served(before.as_ref()), swap::served(after.as_ref()));
@@ -1223,9 +1307,12 @@ impl NodeService {
             p.allow(Permission::Read, name, &req.table)
         })?;
         let (digests, slot) = self
-            .run("RowDigests", deadline, false, move || {
-                store.row_digests(&req.table, req.first, req.count)
-            })
+            .run(
+                "RowDigests",
+                deadline,
+                How::blocking(caller.ticket(0), false),
+                move || store.row_digests(&req.table, req.first, req.count),
+            )
             .await?;
         let answer = pb::RowDigestsResponse {
             digests: nearrec_wire::arrays::encode(digests),
@@ -1243,7 +1330,12 @@ impl NodeService {
         let (name, store) = self.store(&caller, &req.store)?;
         self.allow(&caller, "Compact", |p| p.allow_all(Permission::Admin, name))?;
         let (done, slot) = self
-            .run("Compact", deadline, false, move || store.compact())
+            .run(
+                "Compact",
+                deadline,
+                How::blocking(caller.ticket(0), false),
+                move || store.compact(),
+            )
             .await?;
         Ok(holding(convert::compaction(done), Held::from(slot)))
     }

@@ -1172,6 +1172,62 @@ fn a_greedy_principal_is_held_to_its_share_and_others_are_served() {
     );
 }
 
+/// Issue 62, item 9's question: a probe's 600 streams on one connection were all answered with
+/// `--max-calls-per-principal` 300 or 512, though a connection's stream cap is 256. HTTP/2's
+/// `SETTINGS_MAX_CONCURRENT_STREAMS` binds the client: streams past the cap wait in the client,
+/// unopened, until one closes, so the node never has more than the cap open on one connection
+/// and a share above the cap never binds a single connection. A share below it does.
+#[test]
+fn streams_past_a_connections_cap_wait_in_the_client_not_at_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = build(dir.path());
+    for share in [6, 3] {
+        let config = NodeConfig {
+            max_streams_per_connection: 4,
+            max_calls_per_principal: share,
+            ..NodeConfig::default()
+        };
+        let node = node_of(&path, "tier = \"dram\"", config);
+        let rt = &node.runtime;
+        let mut c = node.client();
+        let open = |c: &mut pb::node_client::NodeClient<_>| {
+            rt.block_on(async {
+                let (tx, rx) = tokio::sync::mpsc::channel(4);
+                let outgoing = tokio_stream::wrappers::ReceiverStream::new(rx);
+                let opened =
+                    tokio::time::timeout(Duration::from_millis(500), c.lookup_stream(outgoing));
+                tx.send(lookup_of(2)).await.unwrap();
+                match opened.await {
+                    Err(_) => Err(None), // still waiting in the client
+                    Ok(Err(s)) => Err(Some(s.code())),
+                    Ok(Ok(answers)) => {
+                        let mut answers = answers.into_inner();
+                        match answers.message().await {
+                            Ok(Some(_)) => Ok((tx, answers)),
+                            Ok(None) => Err(Some(Code::Unknown)),
+                            Err(s) => Err(Some(s.code())),
+                        }
+                    }
+                }
+            })
+        };
+        let mut streams = Vec::new();
+        for k in 0..4 {
+            match open(&mut c) {
+                Ok(s) => streams.push(s),
+                Err(code) => {
+                    assert_eq!(share, 3, "stream {k}: {code:?}");
+                    assert_eq!((k, code), (3, Some(Code::ResourceExhausted)));
+                }
+            }
+        }
+        if share == 6 {
+            // a fifth waits in the client, neither opened nor refused
+            assert_eq!(open(&mut c).err(), Some(None));
+        }
+    }
+}
+
 /// A principal's large lookups of DRAM-resident tables run off the async workers, so that its
 /// share binds them as it binds any call. Run on the worker that decoded them (up to 65,536 ids
 /// did), each held it from start to end: on a node of one worker no two were ever open at once,

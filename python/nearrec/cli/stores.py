@@ -162,20 +162,21 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     version = nearrec.publish(args.repository, args.store, move=args.move)
-    held = nearrec.versions(args.repository)
-    served = held.current if held is not None else None
     repo = Path(args.repository)
-    if served == version:
-        step = (f"it is the version {repo} serves: a node started on {repo} serves it, "
-                f"nothing to swap")
+    held = nearrec.versions(repo)
+    if held is None or held.versions == (version,):
+        step = f"a node started on {repo} serves it"
     else:
-        # docs/serving.md, "Versions": a running node moves the pointer itself
-        step = (f"{repo} serves version {served}. To serve the new one on a node that serves "
-                f"{repo}: `nearrec swap --remote HOST:PORT {repo.name} --version {version}`; "
-                f"with no node running, `nearrec swap {repo} --version {version}` makes the "
-                f"next start serve it")
-    emit(args, {"repository": str(args.repository), "version": version, "served": served},
-         f"{args.store} is version {version} of {repo}; {step}")
+        # docs/serving.md, "Versions": a running node moves the pointer itself; one started
+        # later serves what CURRENT names (without it, the newest version)
+        pointed = (repo / "CURRENT").is_file()
+        later = (f"a node started later serves version {held.current} (CURRENT): `nearrec "
+                 f"swap {repo} --version {version}` moves the pointer" if pointed else
+                 "a node started later serves it (the newest; no CURRENT pointer)")
+        step = (f"to serve it on a running node: `nearrec swap --remote HOST:PORT {repo.name} "
+                f"--version {version}`; {later}")
+    emit(args, {"repository": str(repo), "version": version}, f"{args.store} is version "
+         f"{version} of {repo}; {step}")
     return 0
 
 
