@@ -557,3 +557,19 @@ def test_a_managed_collision_collection_is_served_by_key_with_torchrecs_outputs(
     # an id without a slot pools TorchRec's default slot, not zeros
     default = module._embedding_module.embedding_bags["t_user"].weight[23]
     assert default.abs().sum() > 0
+
+
+def test_a_newcomers_first_screen_holds_nearrecs_output_only():
+    """Issue 62, item 11: the quick start's TorchRec part printed PyTorch's internal notice
+    `is_fx_tracing will return true ...` (TorchRec's KeyedJaggedTensor asks is_fx_tracing());
+    with nearrec.torch imported it is not printed."""
+    code = ("import torch, torchrec, nearrec.torch\n"
+            "torchrec.KeyedJaggedTensor.from_lengths_sync(keys=['f'], values=torch.arange(3), "
+            "lengths=torch.tensor([2, 1]))\n"
+            "from torch.fx._symbolic_trace import is_fx_tracing\n"
+            "assert not is_fx_tracing()\n"
+            "print('done')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
+    assert "is_fx_tracing" not in out.stderr, out.stderr

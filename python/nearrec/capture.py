@@ -15,10 +15,7 @@ taken from the program's values, or a stack of such vectors ``[batch, n, d]``.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import operator
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +151,7 @@ def capture(model: nn.Module, dense: Tensor | None, features: Any) -> Captured:
     args = tuple(t for t in (dense, features.values(), features.lengths(), weights)
                  if t is not None)
     try:
-        with torch.no_grad(), _quiet_fx_tracing():
+        with torch.no_grad():
             program = torch.export.export(flat, args)
     except InvalidRequest:
         raise
@@ -163,22 +160,6 @@ def capture(model: nn.Module, dense: Tensor | None, features: Any) -> Captured:
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                              ) from e
     return _Reader(program, name, dense).read()
-
-
-@contextlib.contextmanager
-def _quiet_fx_tracing() -> Iterator[None]:
-    """PyTorch's one-time ``is_fx_tracing will return true for both ...`` log line, which
-    TorchRec's modules trigger under the ``torch.export`` that :func:`capture` runs, kept off
-    the caller's screen: it speaks of PyTorch's internals, not of the caller's model."""
-    def not_that_line(record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("is_fx_tracing will return true")
-
-    log = logging.getLogger("torch.fx._symbolic_trace")
-    log.addFilter(not_that_line)
-    try:
-        yield
-    finally:
-        log.removeFilter(not_that_line)
 
 
 @dataclass

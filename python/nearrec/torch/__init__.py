@@ -17,6 +17,8 @@ checks they share. Everything public is imported from here, ``nearrec.torch``.
 
 from __future__ import annotations
 
+import logging
+
 from .bags import EmbeddingBag, KeyedEmbeddingBag
 from .collection import EmbeddingBagCollection
 from .common import _features_arg as _features_arg  # for nearrec.capture, nearrec.models
@@ -35,6 +37,35 @@ for _public in (EmbeddingBag, EmbeddingBagCollection, EmbeddingCollection, Jagge
                 KeyedEmbeddingBag, KeyedJaggedTensor, KeyedTensor):
     _public.__module__ = __name__
 del _public
+
+
+
+def _quiet_fx_tracing_notice() -> None:
+    """PyTorch logs once per process ``is_fx_tracing will return true for both fx.symbolic_trace
+    and torch.export ...`` the first time anything asks ``is_fx_tracing()`` — which TorchRec
+    does on its own, building a ``KeyedJaggedTensor`` (``make demo``'s first screen showed it).
+    It speaks of PyTorch's internals, not of anything a caller does: it is taken here, once,
+    unprinted, so that a user of nearrec with TorchRec sees nearrec's output only."""
+    try:
+        from torch.fx import _symbolic_trace
+    except ImportError:  # a PyTorch without it: nothing to take
+        return
+    notice = getattr(_symbolic_trace, "is_fx_tracing_warning", None)
+    log = logging.getLogger(_symbolic_trace.__name__)
+    if notice is None:
+        return
+
+    def not_that_line(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("is_fx_tracing will return true")
+
+    log.addFilter(not_that_line)
+    try:
+        notice()
+    finally:
+        log.removeFilter(not_that_line)
+
+
+_quiet_fx_tracing_notice()
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "EmbeddingCollection", "JaggedTensor",
            "KeyedEmbeddingBag", "KeyedJaggedTensor", "KeyedTensor", "from_torchrec",
