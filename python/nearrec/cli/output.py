@@ -70,6 +70,8 @@ def format_stats(s: dict[str, float | str | bool]) -> str:
                 f"{q} {human_time(n(k) / 1e6) if float(s[k]) > 0 else '-':>9}"
                 for (q, _), k in zip(quantiles, keys, strict=True)))
     router = {k: float(v) for k, v in s.items() if k.startswith("cluster_")}
+    if "cluster_shards" in router:  # the shards first, then the counters
+        router = {"cluster_shards": router.pop("cluster_shards"), **router}
     if router:
         lines.append("router: " + ", ".join(
             f"{k.removeprefix('cluster_').replace('_', ' ')} {v:,.0f}" for k, v in router.items()))

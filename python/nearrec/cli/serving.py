@@ -100,6 +100,8 @@ def cmd_lookup(args: argparse.Namespace) -> int:
             "samples_per_s": b * repeat / sum(lat), "lookups_per_s": lookups / sum(lat),
             "first_row": out.values[0, :8].tolist() if b else []}
     stats = store.stats()
+    if stats and "batches" not in stats and not any(k.startswith("cluster_") for k in stats):
+        stats = {}  # a DRAM-resident store: no SSD tier, no router to show
     if stats:
         data["stats"] = stats
     if args.output:
