@@ -72,11 +72,14 @@ def wait_for(check, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def test_replicas_spread_answer_and_survive_a_killed_node(cluster, store_path, tmp_path):
+def test_replicas_spread_answer_and_survive_a_killed_node(cluster, store_path, tmp_path, capfd):
     shards = tmp_path / "shards"
     distributed.shard(store_path, shards, 2, replicas=2, scheme="row")
     store = ShardedStore.launch(shards, name="spread", spread="strict", num_cpus=0.5,
                                 tier="ssd", dram_budget="8KiB", timeout=30.0)
+    # Ray's warning that such actors cannot restart once their group is removed does not apply
+    # (the groups are removed only at shutdown) and is not printed (issue 62, item 21)
+    assert "restartable detached actor" not in capfd.readouterr().err
     try:
         actors = ShardedStore.actors("spread")
         where = [[ray.get(a.where.remote()) for a in shard] for shard in actors]

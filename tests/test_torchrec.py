@@ -573,3 +573,33 @@ def test_a_newcomers_first_screen_holds_nearrecs_output_only():
                          timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
     assert "is_fx_tracing" not in out.stderr, out.stderr
+
+
+def test_the_operations_walkthrough_trains_on_and_feeds_the_store(tmp_path):
+    """docs/operations.md §1, 2 and 4 as a user runs them (issue 62, item 21: §4 fed a
+    `ckpt-2.pt` the page never showed how to make): its train.py, export.py and continue.py,
+    then `nearrec update` from the continued checkpoint writes the rows it changed and its dense
+    weights, and nothing else."""
+    import re
+    from pathlib import Path
+    page = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    for name in ("train.py", "export.py", "continue.py"):
+        block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S)
+                     if b.startswith(f"# {name}"))
+        (tmp_path / name).write_text(block)
+
+    def run(*args: str) -> str:
+        out = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=600)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    run("train.py", "ckpt-1.pt", "1")
+    run("export.py", "ckpt-1.pt", "build-1")
+    run("continue.py", "ckpt-1.pt", "ckpt-2.pt", "16")
+    done = json.loads(run("-m", "nearrec.cli", "update", "build-1", "--from", "ckpt-2.pt",
+                          "--json"))
+    written = {t: d["written"] for t, d in done["tables"].items()}
+    assert written["t_item"] == written["t_geo"] == 0, written
+    assert 1_900 < written["t_user"] < 2_048, written  # 2,048 draws of 200,000 users
+    assert len(done["dense"]) == 8, done["dense"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import os
 import re
 import signal
@@ -207,6 +208,12 @@ class ShardedStore:
         log_dir = str(root / "logs")
         node = ray.remote(_Node)
         actors: list[Any] = []
+        # Ray warns, once per actor, that a restartable detached actor in a placement group
+        # cannot be restarted once its group is removed: these groups are detached too and
+        # removed only by shutdown(), which stops the actors anyway; restarts meanwhile are
+        # Ray's as promised
+        quiet = _Without("Scheduling a restartable detached actor with a placement group")
+        logging.getLogger("ray.actor").addFilter(quiet)
         try:
             for k in range(plan.shards):
                 pg = placement_group([{"CPU": num_cpus}] * count,
@@ -236,6 +243,8 @@ class ShardedStore:
         except BaseException:
             ShardedStore.shutdown(name)
             raise
+        finally:
+            logging.getLogger("ray.actor").removeFilter(quiet)
         del registry
         return ShardedStore.connect(name, **connect)
 
@@ -375,6 +384,17 @@ def _resources() -> tuple[dict[str, float], dict[str, float]]:
     free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
     total: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
     return free, total
+
+
+class _Without(logging.Filter):
+    """Drops the log records that start with ``prefix``."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
 
 
 def _free() -> str:

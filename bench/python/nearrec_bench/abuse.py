@@ -80,6 +80,9 @@ class AbuseConfig:
     #: kept from the node's, as another machine's would be
     node_cpus: tuple[int, ...] = (0,)
     abuser_nice: int = 19
+    #: more flags for the node (an A/B of one of its settings: `--cpu-turns 64` lifts the
+    #: bound on DRAM-resident work at once, and with it the fair order between principals)
+    node_flags: tuple[str, ...] = ()
     scratch: Path = Path("bench/scratch")
 
     @classmethod
@@ -281,7 +284,8 @@ def run(cfg: AbuseConfig, log: Callable[[str], None] = print) -> list[Record]:
         f'[principal.{who}]\ntoken_sha256 = "{hashlib.sha256(who.encode()).hexdigest()}"\n'
         'read = ["*"]\n\n' for who in ("good", "greedy")))
     flags = ("--tier", "dram", "--acl", str(acl), "--max-calls-per-principal",
-             str(cfg.max_calls_per_principal), "--request-timeout", str(cfg.request_timeout_s))
+             str(cfg.max_calls_per_principal), "--request-timeout", str(cfg.request_timeout_s),
+             *cfg.node_flags)
     phases: dict[str, list[dict[str, float]]] = {p: [] for p in PHASES}
     totals = {k: 0 for k in ("cut", "opened", "answered", "refused")}
     # the abusers run in a process of their own: their threads do not take the good clients'

@@ -104,6 +104,14 @@ impl Admission {
         }
     }
 
+    /// The same, with `turns` CPU turns in place of one per core.
+    pub fn with_cpu_turns(self, turns: usize) -> Self {
+        Self {
+            cpu: FairQueue::new(turns),
+            ..self
+        }
+    }
+
     /// Waits for an engine slot and, for DRAM-resident work (`cpu`), a CPU turn — each in fair
     /// order between principals, `ticket` saying whose and what it costs — until `deadline`;
     /// or refuses at once when the queue is full.

@@ -45,6 +45,9 @@ pub struct NodeConfig {
     pub insecure: bool,
     /// Engine calls running at once; more wait in the queue.
     pub max_in_flight: usize,
+    /// DRAM-resident lookups and inferences running at once, taken in fair order between
+    /// principals (`crate::fair`); 0: one per core the node may run on.
+    pub cpu_turns: usize,
     /// Requests waiting for an engine slot; past them a request is refused
     /// (`RESOURCE_EXHAUSTED`).
     pub max_queued: usize,
@@ -344,6 +347,7 @@ impl Default for NodeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             insecure: false,
             max_in_flight: 8,
+            cpu_turns: 0,
             max_queued: 256,
             max_message_bytes: 64 << 20,
             // measured (`nearrec bench serve`, SSD tier, bench/results/serve.md): batches of up
@@ -587,6 +591,13 @@ pub const FLAGS: &[Flag] = &[
         FlagKind::Int,
         "N",
         "engine calls running at once",
+    ),
+    flag(
+        "cpu-turns",
+        "cpu_turns",
+        FlagKind::Int,
+        "N",
+        "DRAM-resident lookups and inferences running at once, in fair order between principals (0: one per core the node may run on)",
     ),
     flag(
         "max-queued",

@@ -54,11 +54,11 @@ pub struct Shared {
 impl Shared {
     pub fn new(stores: Stores, config: NodeConfig, acl: Option<Acl>) -> Self {
         let (unsent, _) = config.unsent_budgets();
-        let admission = Arc::new(Admission::new(
-            config.max_in_flight,
-            config.max_queued,
-            unsent,
-        ));
+        let mut admission = Admission::new(config.max_in_flight, config.max_queued, unsent);
+        if config.cpu_turns > 0 {
+            admission = admission.with_cpu_turns(config.cpu_turns);
+        }
+        let admission = Arc::new(admission);
         let metrics = Metrics::default();
         let coalescers = stores
             .iter()
