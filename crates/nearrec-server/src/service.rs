@@ -720,7 +720,7 @@ impl NodeService {
         let how = How {
             ticket: caller.ticket(lookups as u64),
             inline,
-            cpu: store.resident(),
+            cpu: store.resident() && !inline,
         };
         let ((answer, stages), slot) = self
             .run(call, deadline, how, move || {
