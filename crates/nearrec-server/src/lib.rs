@@ -22,6 +22,8 @@
 //! - [`admission`]: at most `max_in_flight` engine calls and `max_queued` waiting, refused past
 //!   that (`RESOURCE_EXHAUSTED`); the client's `grpc-timeout` as a deadline checked before the
 //!   engine; each answer's bytes reserved from its connection's and the node's budgets;
+//! - [`fair`]: the engine slots and the CPU turns of large DRAM-resident work handed out in
+//!   start-time fair order between principals, by each request's cost over its ACL weight;
 //! - [`coalesce`]: per store, concurrent small pooled lookups that read a device run as one
 //!   engine batch (`nearrec::coalesce`), each keeping its queue place, deadline and error;
 //! - [`conns`]: connections bounded — the descriptor limit raised and a cap under it, deadlines
@@ -35,9 +37,10 @@
 //! - [`acl`]: bearer tokens → principals through an ACL file of token hashes, `read` / `write` /
 //!   `admin` grants on `STORE/TABLE` patterns, reloaded whole on SIGHUP;
 //! - [`audit`]: the audit log, a JSON line for every call that changes what the node serves and
-//!   every refused token or grant (`--audit-log`);
-//! - [`swap`]: where a `Swap` may take a store from (under the swap root) and the grants what it
-//!   exposes needs;
+//!   every refused token or grant (`--audit-log`; `--audit-required` refuses a change whose line
+//!   cannot be written);
+//! - [`swap`]: where a `Swap` may take a store from (its repository's versions, its swap root,
+//!   never another served store's directory) and the grants what it exposes needs;
 //! - [`metrics`] + [`scrape`] + [`process`]: the families calls update and what a scrape
 //!   reads then (the stores, the process), on `/metrics` at an address of its own;
 //! - [`node`]: [`Shared`], what every call of a node shares.
