@@ -1,34 +1,44 @@
 //! Every router keeps its shards at their replicas: a thread of its own catches up, every
-//! [`EVERY`], the replicas that missed writes ([`ShardedStore::catch_up`]) — a node that was
+//! [`EVERY`], the replicas that missed writes (`ShardedStore::catch_up`) — a node that was
 //! down, or one a router that died left out — so that redundancy comes back without anyone
 //! calling for it (`ShardedOptions::catch_up_every`; `None` turns it off). It says when a
 //! shard runs below its replicas, and when it is whole again; `cluster_stale_replicas` in the
-//! store's stats counts the replicas left out meanwhile. The thread holds the store only while
-//! a pass runs, and ends with it.
+//! store's stats counts the replicas left out meanwhile. The store gives the thread its pass
+//! (`store.rs`), which holds the store only while it runs and ends with it.
 
 use std::time::Duration;
 
-use crate::store::ShardedStore;
+use crate::members::CaughtUp;
 
 /// How often a router catches up its stale replicas by default.
 pub const EVERY: Duration = Duration::from_secs(2);
 /// How long a catch-up may fence a shard's members for its last pass.
-const LEASE: Duration = Duration::from_secs(10);
+pub const LEASE: Duration = Duration::from_secs(10);
 
-/// Starts `store`'s background catch-up, a pass every `every`.
-pub(crate) fn spawn(store: &ShardedStore, every: Duration) -> nearrec::Result<()> {
-    let weak = store.downgrade();
-    let name = store.plan().store.clone();
-    let mut last = store.members();
+/// What one pass did: each replica caught up (or why not), by shard and address; and each
+/// shard's members and replicas after it.
+pub(crate) type Pass = (
+    Vec<(usize, String, nearrec::Result<CaughtUp>)>,
+    Vec<(usize, usize)>,
+);
+
+/// Starts store `name`'s background catch-up: `pass` every `every`, until it answers `None`
+/// (the store is gone or closed); `last`: each shard's members and replicas now.
+pub(crate) fn spawn(
+    name: String,
+    every: Duration,
+    mut last: Vec<(usize, usize)>,
+    mut pass: impl FnMut() -> Option<Pass> + Send + 'static,
+) -> nearrec::Result<()> {
     std::thread::Builder::new()
         .name("nearrec-catch-up".into())
         .spawn(move || {
             loop {
                 std::thread::sleep(every);
-                let Some(store) = weak.upgrade().filter(|s| !s.is_closed()) else {
+                let Some((done, now)) = pass() else {
                     return;
                 };
-                for (shard, replica, done) in store.catch_up(LEASE) {
+                for (shard, replica, done) in done {
                     match done {
                         Ok(c) => tracing::info!(
                             store = %name, shard, %replica, rows = c.rows_before_fence + c.rows_fenced,
@@ -39,7 +49,6 @@ pub(crate) fn spawn(store: &ShardedStore, every: Duration) -> nearrec::Result<()
                         ),
                     }
                 }
-                let now = store.members();
                 say(&name, &last, &now);
                 last = now;
             }
@@ -47,7 +56,6 @@ pub(crate) fn spawn(store: &ShardedStore, every: Duration) -> nearrec::Result<()
         .map(|_| ())
         .map_err(|e| nearrec::Error::Internal(format!("cannot start the catch-up thread: {e}")))
 }
-
 /// A line for each shard whose count of members changed: below its replicas (a warning), or
 /// whole again.
 fn say(store: &str, before: &[(usize, usize)], now: &[(usize, usize)]) {

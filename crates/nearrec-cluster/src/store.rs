@@ -19,11 +19,11 @@ use nearrec_client::{Client, ClientOptions, Started};
 use nearrec_engine::EngineError;
 use rustc_hash::FxHashMap;
 
-use crate::members;
 use crate::shard::{Hedge, Replica, Shard};
 use crate::split::{HotRanks, Split};
 use crate::txn::{self, Settled};
 use crate::versions;
+use crate::{catch_up, members};
 
 /// A replica of a shard: the node's address and the name it serves the shard's store as
 /// (empty: the node's only store).
@@ -70,18 +70,8 @@ impl Default for ShardedOptions {
                 q: 0.95,
                 min: Hedge::MIN,
             },
-            catch_up_every: Some(crate::catch_up::EVERY),
+            catch_up_every: Some(catch_up::EVERY),
         }
-    }
-}
-
-/// A [`ShardedStore`] that does not keep it open.
-#[derive(Debug, Clone)]
-pub(crate) struct WeakStore(std::sync::Weak<Inner>);
-
-impl WeakStore {
-    pub(crate) fn upgrade(&self) -> Option<ShardedStore> {
-        self.0.upgrade().map(|inner| ShardedStore { inner })
     }
 }
 
@@ -156,7 +146,7 @@ pub struct ReplicasFile {
 }
 
 fn default_catch_up_every() -> f64 {
-    crate::catch_up::EVERY.as_secs_f64()
+    catch_up::EVERY.as_secs_f64()
 }
 
 fn default_timeout() -> f64 {
@@ -348,23 +338,24 @@ impl ShardedStore {
             }),
         };
         if let Some(every) = every {
-            crate::catch_up::spawn(&store, every)?;
+            // the thread holds the store only while a pass runs, and ends with it
+            let weak = Arc::downgrade(&store.inner);
+            let pass = move || {
+                let inner = weak.upgrade()?;
+                let store = ShardedStore { inner };
+                if store.inner.closed.load(Ordering::Relaxed) {
+                    return None;
+                }
+                Some((store.catch_up(catch_up::LEASE), store.members()))
+            };
+            let name = store.plan().store.clone();
+            catch_up::spawn(name, every, store.members(), pass)?;
         }
         Ok(store)
     }
 
-    /// A handle that does not keep the store open (the background catch-up's).
-    pub(crate) fn downgrade(&self) -> WeakStore {
-        WeakStore(Arc::downgrade(&self.inner))
-    }
-
-    /// Whether [`StoreApi::close`] was called.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.inner.closed.load(Ordering::Relaxed)
-    }
-
     /// Each shard's replicas that take writes, and all of them.
-    pub(crate) fn members(&self) -> Vec<(usize, usize)> {
+    fn members(&self) -> Vec<(usize, usize)> {
         (self.inner.shards.iter())
             .map(|s| (s.live_replicas().len(), s.all_replicas().len()))
             .collect()
