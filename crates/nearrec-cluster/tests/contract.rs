@@ -978,6 +978,20 @@ fn a_swap_moves_every_shard_and_no_batch_of_any_router_reads_two_versions() {
     drop(cluster);
 }
 
+/// Shard 0's second replica started again (writable) from `served`, its files as it left them,
+/// at a new address: the shard's replicas as `router` should be given them, its first kept.
+fn back_behind(cluster: &mut Cluster, served: &Path, router: &ShardedStore) -> Vec<Endpoint> {
+    let toml = "tier = \"ssd\"\ndram_budget = \"16KiB\"\nwritable = true";
+    let mut stores = Stores::new();
+    stores.insert("s", common::open(served, toml)).unwrap();
+    cluster.nodes[0].push(common::Node::start(stores, NodeConfig::default()));
+    let back = Endpoint {
+        addr: cluster.nodes[0][1].addr.to_string(),
+        store: "s".into(),
+    };
+    vec![endpoints(router)[0][0].clone(), back]
+}
+
 /// A replica down while two routers write, restarted behind at another address, is left out
 /// of its shard (every router learns it at its next write), catches up from the member while
 /// both routers go on writing, and is admitted again: afterwards its rows and count of writes
@@ -1053,15 +1067,7 @@ fn a_replica_that_was_down_catches_up_under_writes_and_serves_again() {
     drop(down);
     assert_eq!(stale(&a), Some(1.0));
     // back, behind, at another address: given to both routers, stale in both
-    let toml = "tier = \"ssd\"\ndram_budget = \"16KiB\"\nwritable = true";
-    let mut stores = Stores::new();
-    stores.insert("s", common::open(&served, toml)).unwrap();
-    cluster.nodes[0].push(common::Node::start(stores, NodeConfig::default()));
-    let back = Endpoint {
-        addr: cluster.nodes[0][1].addr.to_string(),
-        store: "s".into(),
-    };
-    let shard0 = vec![endpoints(&a)[0][0].clone(), back];
+    let shard0 = back_behind(&mut cluster, &served, &a);
     for r in routers {
         r.set_replicas(0, &shard0).unwrap();
         assert_eq!(stale(r), Some(1.0));
@@ -1169,15 +1175,7 @@ fn a_router_catches_up_a_stale_replica_in_the_background() {
     write(5);
     assert_eq!(stale(&a), Some(1.0));
     // back at another address, behind: given to both routers; only `c` catches up on its own
-    let toml = "tier = \"ssd\"\ndram_budget = \"16KiB\"\nwritable = true";
-    let mut stores = Stores::new();
-    stores.insert("s", common::open(&served, toml)).unwrap();
-    cluster.nodes[0].push(common::Node::start(stores, NodeConfig::default()));
-    let back = Endpoint {
-        addr: cluster.nodes[0][1].addr.to_string(),
-        store: "s".into(),
-    };
-    let shard0 = vec![endpoints(&a)[0][0].clone(), back];
+    let shard0 = back_behind(&mut cluster, &served, &a);
     for r in [&a, &c] {
         r.set_replicas(0, &shard0).unwrap();
     }

@@ -61,11 +61,7 @@ async fn raw_call(
     headers: &[(&str, &str)],
     message: &impl prost::Message,
 ) -> http::Response<h2::RecvStream> {
-    let mut req = http::Request::builder()
-        .method("POST")
-        .uri(format!("http://node/nearrec.v1.Node/{method}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers");
+    let mut req = grpc_head(method);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -73,6 +69,15 @@ async fn raw_call(
     let (answer, mut body) = ready.send_request(req.body(()).unwrap(), false).unwrap();
     body.send_data(framed(message), true).unwrap();
     answer.await.unwrap()
+}
+
+/// The head of a gRPC call of the node's `method`, as a stock client sends it.
+fn grpc_head(method: &str) -> http::request::Builder {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://node/nearrec.v1.Node/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
 }
 
 /// The `grpc-status` of an answer that ended with its head (a refusal), if it did.
@@ -226,13 +231,7 @@ fn a_request_that_does_not_decode_is_invalid_argument() {
     let node = node_of(&build(dir.path()), "tier = \"dram\"", NodeConfig::default());
     node.runtime.block_on(async {
         let client = raw_client(node.addr, 1 << 20).await;
-        let req = http::Request::builder()
-            .method("POST")
-            .uri("http://node/nearrec.v1.Node/Lookup")
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
+        let req = grpc_head("Lookup").body(()).unwrap();
         let mut ready = client.ready().await.unwrap();
         let (answer, mut body) = ready.send_request(req, false).unwrap();
         // a frame holding a field of wire type 7, which does not exist
@@ -1041,13 +1040,7 @@ fn a_trickling_client_is_cut_at_the_request_timeout_and_holds_up_no_one() {
             let addr = node.addr;
             rt.spawn(async move {
                 let client = raw_client(addr, 1 << 20).await;
-                let req = http::Request::builder()
-                    .method("POST")
-                    .uri("http://node/nearrec.v1.Node/Lookup")
-                    .header("content-type", "application/grpc")
-                    .header("te", "trailers")
-                    .body(())
-                    .unwrap();
+                let req = grpc_head("Lookup").body(()).unwrap();
                 let mut ready = client.ready().await.unwrap();
                 let (answer, mut body) = ready.send_request(req, false).unwrap();
                 let bytes = framed(&lookup_of(64));
