@@ -314,12 +314,12 @@ def test_what_cannot_be_launched_is_a_typed_error(cluster, store_path, tmp_path)
     # issue 62, items 10 and 13: more than the cluster has free is refused at once, naming the
     # CPUs and the num_cpus that would fit (it waited out ready_timeout for Ray's bare
     # GetTimeoutError); so is a strict spread over more replicas than nodes
-    distributed.shard(store_path, tmp_path / "big", 3, replicas=2, scheme="table")
-    with pytest.raises(nearrec.InvalidRequest, match=r"CPU: 12 asked .*num_cpus=0\.\d+ would fit"):
+    distributed.shard(store_path, tmp_path / "big", 3, replicas=2, scheme="row")
+    with pytest.raises(nearrec.InvalidRequest, match=r"CPU: 12 asked .*num_cpus=[\d.]+ would"):
         ShardedStore.launch(tmp_path / "big", name="big", num_cpus=2, ready_timeout=600)
-    with pytest.raises(nearrec.InvalidRequest, match="3 replicas on a Ray node of its own"):
-        ShardedStore.launch(tmp_path / "big", name="big", replicas=3, num_cpus=0.1,
-                            spread="strict")
+    with pytest.raises(nearrec.InvalidRequest, match="4 replicas on a Ray node of its own"):
+        ShardedStore.launch(tmp_path / "big", name="big", replicas=4, num_cpus=0.1,
+                            spread="strict")  # three Ray nodes
     with pytest.raises(ValueError):
         ray.get_actor("big", namespace="nearrec")  # nothing of either was left running
 

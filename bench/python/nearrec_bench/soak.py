@@ -297,7 +297,10 @@ def run(cfg: SoakConfig, log: Callable[[str], None] = print) -> list[Record]:
     tally = Tally()
     samples: list[tuple[float, float, int, int]] = []
     events: list[dict[str, Any]] = []
-    flags = ("--writable", "--tier", "ssd", "--dram-budget", cfg.dram_budget)
+    # the swap's target is a store beside main, not a version of a repository: the node is
+    # given their directory as its swap root
+    flags = ("--writable", "--tier", "ssd", "--dram-budget", cfg.dram_budget, "--swap-root",
+             str(main.parent))
     with node(main, "main", *flags, extra=[f"{live}=live"]) as served:
         writers = max(1, cfg.clients // 10)
         clients = [Client(k, cfg, served.address, refs, dense, k < writers, tally)
