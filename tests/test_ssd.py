@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,10 @@ def same(got: np.ndarray, want: np.ndarray, mode: str) -> None:
     if mode == "max":
         np.testing.assert_array_equal(got, want)
     else:
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        # the tiers may add a bag's rows in another order (the SSD tier pools rows as their
+        # reads land): a float32 sum of up to 11 rows of magnitude ≤ 4 differs by up to ~3e-6
+        # where the terms cancel (a CI run met 1.1e-6 at a sum of 0.011)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=5e-6)
 
 
 @pytest.mark.parametrize("table", [t[0] for t in TABLES])
@@ -38,7 +42,10 @@ def same(got: np.ndarray, want: np.ndarray, mode: str) -> None:
 ])
 def test_ssd_matches_dram(stores, table, mode, include_last, padding, weighted):
     dram, ssd = stores
-    rng = np.random.default_rng(hash((table, mode, include_last, padding, weighted)) % 2**32)
+    # a seed of the case's own (str hashes change from process to process: a failure would
+    # not come back)
+    case = repr((table, mode, include_last, padding, weighted)).encode()
+    rng = np.random.default_rng(zlib.crc32(case))
     rows = dram.table(table).rows
     lengths = rng.integers(0, 12, 40)
     lengths[rng.random(40) < 0.2] = 0
