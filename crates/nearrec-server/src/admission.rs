@@ -5,7 +5,7 @@
 //! the queue until its answer has left the node, not only until it is computed, and reserves its
 //! answer's bytes from its connection's budget and the node's ([`Admission::reserve`]) before
 //! it runs: answers a client does not read pin at most those budgets. The engine slots, and the
-//! CPU turns of DRAM-resident lookups, go to waiting requests in fair order between principals
+//! CPU turns of large DRAM-resident work, go to waiting requests in fair order between principals
 //! (`crate::fair`), each weighted by its ACL weight and charged by its request's cost.
 
 use std::sync::Arc;
@@ -25,7 +25,7 @@ pub struct Admission {
     slots: Arc<Semaphore>,
     /// The engine slots (`max_in_flight`).
     running: Arc<FairQueue>,
-    /// The CPU turns of DRAM-resident work: one per core the node may run on.
+    /// The CPU turns of large DRAM-resident work (`crate::fair`).
     cpu: Arc<FairQueue>,
     max_in_flight: usize,
     max_queued: usize,
@@ -88,27 +88,27 @@ pub struct Slot {
 }
 
 impl Admission {
-    /// `unsent_bytes`: the most bytes of answers the node holds computed and not yet sent.
-    pub fn new(max_in_flight: usize, max_queued: usize, unsent_bytes: usize) -> Self {
+    /// `unsent_bytes`: the most bytes of answers the node holds computed and not yet sent;
+    /// `cpu_turns`: large DRAM-resident jobs run at once (0: one per core the node may run on).
+    pub fn new(
+        max_in_flight: usize,
+        max_queued: usize,
+        unsent_bytes: usize,
+        cpu_turns: usize,
+    ) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu_turns = if cpu_turns == 0 { cores } else { cpu_turns };
         Self {
             unsent: Arc::new(Semaphore::new(unsent_bytes / BUDGET_UNIT)),
             unsent_bytes,
             unsent_full: AtomicU64::new(0),
             slots: Arc::new(Semaphore::new(max_in_flight + max_queued)),
             running: FairQueue::new(max_in_flight),
-            cpu: FairQueue::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            cpu: FairQueue::new(cpu_turns),
             max_in_flight,
             max_queued,
             overloaded: AtomicU64::new(0),
             expired: AtomicU64::new(0),
-        }
-    }
-
-    /// The same, with `turns` CPU turns in place of one per core.
-    pub fn with_cpu_turns(self, turns: usize) -> Self {
-        Self {
-            cpu: FairQueue::new(turns),
-            ..self
         }
     }
 
@@ -372,7 +372,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_refuses_and_a_waiting_request_expires() {
-        let a = Admission::new(1, 1, 1 << 20);
+        let a = Admission::new(1, 1, 1 << 20, 1);
         let t = Ticket::new("p".into(), 1.0, 1.0);
         let running = a.admit(None, &t, false).await.unwrap();
         // one waits (and expires at its deadline), the next finds the queue full
@@ -392,7 +392,7 @@ mod tests {
 
     #[test]
     fn unsent_answers_are_bounded_per_connection_and_per_node() {
-        let a = Admission::new(1, 1, 4 << 20);
+        let a = Admission::new(1, 1, 4 << 20, 0);
         let conn = Arc::new(Semaphore::new((3 << 20) / BUDGET_UNIT));
         let first = a.reserve(2 << 20, Some(&conn)).unwrap();
         let refused = a.reserve(2 << 20, Some(&conn)).unwrap_err();

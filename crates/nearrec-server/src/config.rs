@@ -45,7 +45,7 @@ pub struct NodeConfig {
     pub insecure: bool,
     /// Engine calls running at once; more wait in the queue.
     pub max_in_flight: usize,
-    /// DRAM-resident lookups and inferences running at once, taken in fair order between
+    /// Large DRAM-resident lookups and inferences running at once, taken in fair order between
     /// principals (`crate::fair`); 0: one per core the node may run on.
     pub cpu_turns: usize,
     /// Requests waiting for an engine slot; past them a request is refused
@@ -597,7 +597,7 @@ pub const FLAGS: &[Flag] = &[
         "cpu_turns",
         FlagKind::Int,
         "N",
-        "DRAM-resident lookups and inferences running at once, in fair order between principals (0: one per core the node may run on)",
+        "large DRAM-resident lookups (past 8,192 ids) and inferences running at once, in fair order between principals (0: one per core the node may run on)",
     ),
     flag(
         "max-queued",

@@ -12,9 +12,10 @@
 //! at `V`).
 //!
 //! The node keeps two pools ([`crate::admission::Admission`]): its engine slots
-//! (`max_in_flight`), which every call takes, and the CPU turns of DRAM-resident lookups and
-//! inferences — as many as the node's cores — so that what runs at once on those cores is
-//! chosen fairly, rather than time-sliced by the kernel among every principal's threads.
+//! (`max_in_flight`), which every call takes, and the CPU turns that large DRAM-resident
+//! lookups and inferences take — as many as the node's cores — so that the jobs that run at
+//! once on those cores are chosen fairly, rather than time-sliced by the kernel among every
+//! principal's threads; small lookups run at once on the async worker that decoded them.
 //! A turn is given back when dropped; a request given up while it waits (its deadline, a
 //! cancelled call) never holds one.
 

@@ -54,11 +54,12 @@ pub struct Shared {
 impl Shared {
     pub fn new(stores: Stores, config: NodeConfig, acl: Option<Acl>) -> Self {
         let (unsent, _) = config.unsent_budgets();
-        let mut admission = Admission::new(config.max_in_flight, config.max_queued, unsent);
-        if config.cpu_turns > 0 {
-            admission = admission.with_cpu_turns(config.cpu_turns);
-        }
-        let admission = Arc::new(admission);
+        let admission = Arc::new(Admission::new(
+            config.max_in_flight,
+            config.max_queued,
+            unsent,
+            config.cpu_turns,
+        ));
         let metrics = Metrics::default();
         let coalescers = stores
             .iter()
