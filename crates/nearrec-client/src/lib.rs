@@ -10,9 +10,10 @@
 //! connect limits, [`Retry`] and keepalive. A forked child makes its own connection on its first
 //! call. A call whose connection failed (a refused handshake, a reset) is `UNAVAILABLE`, saying
 //! what failed (`failure.rs`): a connection problem to retry, not an answer of the node's. Calls
-//! that change nothing are made again after `UNAVAILABLE` or `Overloaded`, within their
-//! deadline; writes never. Several addresses (comma-separated) are tried in order, and a call
-//! that finds its node gone moves the client to the next.
+//! whose verb allows it (`nearrec_wire::verbs`, the table the node reads too) are made again
+//! after `UNAVAILABLE` or `Overloaded`, within their deadline; writes never. Several addresses
+//! (comma-separated) are tried in order, and a call that finds its node gone moves the client
+//! to the next.
 //! Each verb it implements is one call to the node, built and read by `nearrec-wire`'s `convert`;
 //! `submit` puts a call in flight and returns a [`Pending`].
 //!
@@ -33,6 +34,7 @@ use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::v1 as pb;
 use nearrec_wire::v1::node_client::NodeClient;
 use nearrec_wire::v1::transaction_request::Step;
+use nearrec_wire::verbs::Call;
 use nearrec_wire::{RemoteError, convert};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Response, Status};
@@ -64,13 +66,14 @@ pub struct ClientOptions {
     pub shard: Option<(String, usize)>,
 }
 
-/// Retries of the calls that change nothing (lookups, inference, info, stats, digests): made
-/// again after `UNAVAILABLE` (no connection, a node stopping) or the node's own
-/// `RESOURCE_EXHAUSTED` (a full queue: `Overloaded`), after a pause drawn at random below
-/// `backoff` × 2^(try − 1), at most `max_backoff` (full jitter, so that clients refused
-/// together do not come back together), never past the call's deadline. A write, a table
-/// created or dropped, a swap or a compaction is never made again: a call whose connection
-/// failed may have been applied, and nothing in it says so.
+/// Retries of the calls whose verb says they may be made again (`nearrec_wire::verbs`: lookups,
+/// inference, info, stats, digests, a transaction's decision): made again after `UNAVAILABLE`
+/// (no connection, a node stopping) or the node's own `RESOURCE_EXHAUSTED` (a full queue:
+/// `Overloaded`), after a pause drawn at random below `backoff` × 2^(try − 1), at most
+/// `max_backoff` (full jitter, so that clients refused together do not come back together),
+/// never past the call's deadline. A write, a table created or dropped, a swap or a compaction
+/// is never made again: a call whose connection failed may have been applied, and nothing in
+/// it says so.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Retry {
     /// Tries in all, the first included (1: none again).
@@ -98,14 +101,6 @@ impl Retry {
             .min(self.max_backoff);
         ceiling.mul_f64(fastrand::f64())
     }
-}
-
-/// Whether a call may be made again: twice answers as once (it changes nothing, or a
-/// transaction's step done again is done already).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Again {
-    Safe,
-    Never,
 }
 
 /// How the client checks the node and shows itself: PEM bytes.
@@ -416,16 +411,18 @@ impl Client {
     }
 
     /// One call on this process's connection: `f` given the node's client and the request
-    /// made of `message`. A call that changes nothing (`Again::Safe`) is made again after a
-    /// transient refusal, as [`Retry`] says, within the deadline the first try set; a
-    /// connection found gone moves the client to its next address, if it has several.
-    fn call<M, T, F, Fut>(&self, again: Again, message: M, f: F) -> nearrec::Result<T>
+    /// made of `message`. A call its verb says may be made again (`nearrec_wire::verbs`: it
+    /// changes nothing, or done twice it is done once) is made again after a transient refusal,
+    /// as [`Retry`] says, within the deadline the first try set; a connection found gone moves
+    /// the client to its next address, if it has several.
+    fn call<M, T, F, Fut>(&self, message: M, f: F) -> nearrec::Result<T>
     where
-        M: Clone,
+        M: Clone + Call,
         F: Fn(NodeClient<Channel>, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
+        let again = message.verb().retry;
         let mut tries = 0;
         loop {
             let conn = self.conn()?;
@@ -439,7 +436,7 @@ impl Client {
             if e.code == Code::Unavailable {
                 self.fail_over(&conn);
             }
-            if again == Again::Never || !transient(&e) || tries >= self.options.retry.attempts {
+            if !again || !transient(&e) || tries >= self.options.retry.attempts {
                 return Err(e.into());
             }
             let pause = self.options.retry.pause(tries);
@@ -531,16 +528,12 @@ impl Client {
             SwapTo::Version(v) => req.version = *v,
             SwapTo::Previous => req.rollback = true,
         }
-        self.call(Again::Never, req, |mut node, req| async move {
-            node.swap(req).await
-        })
+        self.call(req, |mut node, req| async move { node.swap(req).await })
     }
 
     /// A pooled lookup's call.
     fn pooled(&self, req: pb::LookupRequest) -> nearrec::Result<(Pooled, Read)> {
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.lookup(req).await
-        })?;
+        let answer = self.call(req, |mut node, req| async move { node.lookup(req).await })?;
         let read = Read {
             version: answer.version,
             ..Read::default()
@@ -550,9 +543,7 @@ impl Client {
 
     /// A raw lookup's call.
     fn rows(&self, req: pb::LookupRequest) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.lookup(req).await
-        })?;
+        let answer = self.call(req, |mut node, req| async move { node.lookup(req).await })?;
         Ok((convert::unraw(&answer)?, answer.version))
     }
 
@@ -560,9 +551,7 @@ impl Client {
         let req = pb::StatsRequest {
             store: self.store.clone(),
         };
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.stats(req).await
-        })?;
+        let answer = self.call(req, |mut node, req| async move { node.stats(req).await })?;
         Ok(convert::unstats(answer))
     }
 }
@@ -583,9 +572,7 @@ impl StoreApi for Client {
         let req = pb::InfoRequest {
             store: self.store.clone(),
         };
-        convert::uninfo(self.call(Again::Safe, req, |mut node, req| async move {
-            node.info(req).await
-        })?)
+        convert::uninfo(self.call(req, |mut node, req| async move { node.info(req).await })?)
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
@@ -625,9 +612,7 @@ impl StoreApi for Client {
             dense: encode_slice(dense),
             tables: convert::tables(batch),
         };
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.infer(req).await
-        })?;
+        let answer = self.call(req, |mut node, req| async move { node.infer(req).await })?;
         Ok(Inferred {
             outputs: decode(&answer.outputs, "", "outputs")?,
             batch: answer.batch as usize,
@@ -641,9 +626,10 @@ impl StoreApi for Client {
             store: self.store.clone(),
             weights: convert::weights(weights),
         };
-        self.call(Again::Never, req, |mut node, req| async move {
-            node.update_model(req).await
-        })?;
+        self.call(
+            req,
+            |mut node, req| async move { node.update_model(req).await },
+        )?;
         Ok(())
     }
 
@@ -654,9 +640,7 @@ impl StoreApi for Client {
             allow_nonfinite: options.allow_nonfinite,
         };
         Ok(self
-            .call(Again::Never, req, |mut node, req| async move {
-                node.write(req).await
-            })?
+            .call(req, |mut node, req| async move { node.write(req).await })?
             .version)
     }
 
@@ -675,9 +659,10 @@ impl StoreApi for Client {
             epoch,
             ..self.transaction(tx, Step::Prepare)
         };
-        self.call(Again::Never, req, |mut node, req| async move {
-            node.transaction(req).await
-        })?;
+        self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
         Ok(())
     }
 
@@ -690,27 +675,29 @@ impl StoreApi for Client {
             keep,
             ..self.transaction(tx, step)
         };
-        // each step is done already when done again: safe to send again
         Ok(self
-            .call(Again::Safe, req, |mut node, req| async move {
-                node.transaction(req).await
-            })?
+            .call(
+                req,
+                |mut node, req| async move { node.transaction(req).await },
+            )?
             .version)
     }
 
     fn forget(&self, tx: u128) -> nearrec::Result<()> {
         let req = self.transaction(tx, Step::Forget);
-        self.call(Again::Safe, req, |mut node, req| async move {
-            node.transaction(req).await
-        })?;
+        self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
         Ok(())
     }
 
     fn transactions(&self) -> nearrec::Result<Vec<Transaction>> {
         let req = self.transaction(0, Step::List);
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.transaction(req).await
-        })?;
+        let answer = self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
         answer
             .transactions
             .iter()
@@ -720,9 +707,10 @@ impl StoreApi for Client {
 
     fn membership(&self) -> nearrec::Result<Membership> {
         let req = self.transaction(0, Step::Membership);
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.transaction(req).await
-        })?;
+        let answer = self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
         Ok(convert::unmembership(answer.membership))
     }
 
@@ -742,10 +730,10 @@ impl StoreApi for Client {
             membership: Some(convert::membership(to)),
             ..self.transaction(0, Step::SetMembership)
         };
-        // a compare-and-set: sent again after it took, it is refused; the caller reads again
-        let answer = self.call(Again::Never, req, |mut node, req| async move {
-            node.transaction(req).await
-        })?;
+        let answer = self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
         Ok(convert::unmembership(answer.membership))
     }
 
@@ -756,9 +744,10 @@ impl StoreApi for Client {
             ..self.transaction(0, Step::Fence)
         };
         Ok(self
-            .call(Again::Safe, req, |mut node, req| async move {
-                node.transaction(req).await
-            })?
+            .call(
+                req,
+                |mut node, req| async move { node.transaction(req).await },
+            )?
             .version)
     }
 
@@ -775,9 +764,10 @@ impl StoreApi for Client {
             ..self.transaction(0, Step::Adopt)
         };
         Ok(self
-            .call(Again::Never, req, |mut node, req| async move {
-                node.transaction(req).await
-            })?
+            .call(
+                req,
+                |mut node, req| async move { node.transaction(req).await },
+            )?
             .version)
     }
 
@@ -796,9 +786,10 @@ impl StoreApi for Client {
             seed,
         };
         Ok(self
-            .call(Again::Never, req, |mut node, req| async move {
-                node.create_table(req).await
-            })?
+            .call(
+                req,
+                |mut node, req| async move { node.create_table(req).await },
+            )?
             .version)
     }
 
@@ -808,9 +799,10 @@ impl StoreApi for Client {
             name: name.to_owned(),
         };
         Ok(self
-            .call(Again::Never, req, |mut node, req| async move {
-                node.drop_table(req).await
-            })?
+            .call(
+                req,
+                |mut node, req| async move { node.drop_table(req).await },
+            )?
             .version)
     }
 
@@ -828,10 +820,8 @@ impl StoreApi for Client {
             release: true,
             ..Default::default()
         };
-        self.call(Again::Safe, req, |mut node, req| async move {
-            node.swap(req).await
-        })
-        .map(drop)
+        self.call(req, |mut node, req| async move { node.swap(req).await })
+            .map(drop)
     }
 
     fn refresh(&self) -> nearrec::Result<u64> {
@@ -842,9 +832,7 @@ impl StoreApi for Client {
         let req = pb::CompactRequest {
             store: self.store.clone(),
         };
-        let answer = self.call(Again::Never, req, |mut node, req| async move {
-            node.compact(req).await
-        })?;
+        let answer = self.call(req, |mut node, req| async move { node.compact(req).await })?;
         Ok(convert::uncompaction(answer))
     }
 
@@ -855,9 +843,10 @@ impl StoreApi for Client {
             first,
             count,
         };
-        let answer = self.call(Again::Safe, req, |mut node, req| async move {
-            node.row_digests(req).await
-        })?;
+        let answer = self.call(
+            req,
+            |mut node, req| async move { node.row_digests(req).await },
+        )?;
         decode(&answer.digests, table, "digests")
     }
 

@@ -18,13 +18,11 @@
 //! A principal's token is rotated without a gap: `token_sha256 = ["OLD", "NEW"]` (either token
 //! names it; SIGHUP), clients moved to the new one, then the old hash dropped (SIGHUP again).
 //!
-//! `*` matches any run of characters. What a call needs: `Lookup`, `LookupStream` and `Infer`
-//! read every table they name, `RowDigests` its table; `Write` and `Remove` write them,
-//! `UpdateModel` every table (a `*` pattern) of the store; `Transaction` writes its tables to
-//! prepare them, and the whole store for its other steps; `CreateTable` and `DropTable`
-//! admin the table; `Swap` and `Compact` admin of every table (a `*` pattern) of the store;
-//! `Info` and `Stats` any grant on the store. A call with no token is `UNAUTHENTICATED`, one whose token
-//! the file does not list too; a grant it lacks is `PERMISSION_DENIED` naming the table.
+//! `*` matches any run of characters. What a call needs is its verb's grant, in the table of
+//! verbs (`nearrec_wire::verbs`, shown in `docs/protocol.md`): read, write or admin of each table
+//! it names or of every table of the store (a `*` pattern), or any grant on the store. A call
+//! with no token is `UNAUTHENTICATED`, one whose token the file does not list too; a grant it
+//! lacks is `PERMISSION_DENIED` naming the table.
 //! Without an ACL file every call is allowed (the node then listens on loopback only, unless
 //! told `--insecure`).
 
@@ -37,23 +35,8 @@ use sha2::{Digest, Sha256};
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 
-/// What a call does to a table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Permission {
-    Read,
-    Write,
-    Admin,
-}
-
-impl Permission {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::Admin => "admin",
-        }
-    }
-}
+use nearrec_wire::verbs::Grant;
+pub use nearrec_wire::verbs::Permission;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -250,6 +233,21 @@ impl Acl {
 }
 
 impl Principal {
+    /// `PERMISSION_DENIED` unless the principal holds `grant` (a verb's, `nearrec_wire::verbs`)
+    /// on `store` for a request naming `tables`.
+    pub fn holds<'a>(
+        &self,
+        grant: Grant,
+        store: &str,
+        mut tables: impl Iterator<Item = &'a str>,
+    ) -> Result<(), Status> {
+        match grant {
+            Grant::Tables(p) => tables.try_for_each(|t| self.allow(p, store, t)),
+            Grant::Store(p) => self.allow_all(p, store),
+            Grant::Any => self.allow_any(store),
+        }
+    }
+
     fn grants(&self, permission: Permission) -> &[Pattern] {
         match permission {
             Permission::Read => &self.read,

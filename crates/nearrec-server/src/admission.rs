@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use nearrec_wire::verbs::VERBS;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
@@ -252,34 +253,12 @@ impl<S> tower::Layer<S> for ExpiredLayer {
     }
 }
 
-/// The node's calls by name, for a call refused before its handler ran.
-const CALLS: [&str; 15] = [
-    "Lookup",
-    "LookupStream",
-    "Infer",
-    "Write",
-    "Remove",
-    "CreateTable",
-    "DropTable",
-    "Swap",
-    "Info",
-    "Stats",
-    "Compact",
-    "RowDigests",
-    "UpdateModel",
-    "Transaction",
-    "Check",
-];
-
-/// The call a request's path names (`/nearrec.v1.Node/Lookup` → `Lookup`), `"other"` for one
-/// the node does not serve.
+/// The call a request's path names (`/nearrec.v1.Node/Lookup` → `Lookup`, one of the table of
+/// verbs' RPCs, or the health service's `Check`), `"other"` for one the node does not serve.
 fn call_of(path: &str) -> &'static str {
     let name = path.rsplit('/').next().unwrap_or("");
-    CALLS
-        .iter()
-        .find(|c| **c == name)
-        .copied()
-        .unwrap_or("other")
+    let rpcs = VERBS.iter().map(|v| v.rpc).chain(["Check"]);
+    rpcs.into_iter().find(|c| *c == name).unwrap_or("other")
 }
 
 /// Answers a call whose `grpc-timeout` has passed when it arrives, or will within the timers'

@@ -1,6 +1,7 @@
 //! The audit log (`audit_log`, `docs/security.md`): one JSON object a line for every call that
-//! changes what a node serves — writes and removals, a write's transaction steps and a
-//! replica's membership, tables created and dropped, swaps, model updates, compactions — and
+//! changes what a node serves (its verb's row says so, `nearrec_wire::verbs`: writes and
+//! removals, a write's transaction steps and a replica's membership, tables created and
+//! dropped, swaps, model updates, compactions) and
 //! for every call refused for its token or its grants: when, who (the principal its token
 //! names, `-` without an ACL, `?` for a token the ACL does not know; the peer's address), what
 //! (the call, its step or target, the store, each table and its rows) and how it ended (the
@@ -28,20 +29,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The calls that change what a node serves.
-const CHANGES: [&str; 8] = [
-    "Write",
-    "Remove",
-    "Transaction",
-    "UpdateModel",
-    "CreateTable",
-    "DropTable",
-    "Swap",
-    "Compact",
-];
-
-/// The steps of a `Transaction` that change nothing (reads of what a replica holds).
-const READ_STEPS: [&str; 2] = ["list", "membership"];
+use nearrec_wire::verbs::Verb;
 
 /// Which of a call's lines a line is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -172,19 +160,14 @@ impl Audit {
         Ok(())
     }
 
-    /// Whether a call changes what the node serves (a transaction's `what` its step).
-    pub fn changes(call: &str, what: &str) -> bool {
-        CHANGES.contains(&call) && !(call == "Transaction" && READ_STEPS.contains(&what))
-    }
-
-    /// Whether a call belongs in the log: it changes what the node serves, or it was refused
-    /// for its token or grants.
-    pub fn wants(call: &str, what: &str, code: tonic::Code) -> bool {
+    /// Whether a call belongs in the log: its verb changes what the node serves
+    /// (`nearrec_wire::verbs`), or it was refused for its token or grants.
+    pub fn wants(verb: &Verb, code: tonic::Code) -> bool {
         let refused = matches!(
             code,
             tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
         );
-        refused || Self::changes(call, what)
+        refused || verb.changes
     }
 
     /// A new call's number, for [`Line::id`].
@@ -287,15 +270,16 @@ mod tests {
 
     #[test]
     fn changes_and_refusals_are_audited_reads_are_not() {
-        assert!(Audit::wants("Write", "", Code::Ok));
-        assert!(Audit::wants("Swap", "version 2", Code::FailedPrecondition));
-        assert!(Audit::wants("Transaction", "prepare", Code::Ok));
-        assert!(Audit::wants("Transaction", "adopt", Code::Ok));
-        assert!(!Audit::wants("Transaction", "list", Code::Ok));
-        assert!(!Audit::wants("Transaction", "membership", Code::Ok));
-        assert!(!Audit::wants("Lookup", "", Code::Ok));
-        assert!(!Audit::wants("Lookup", "", Code::InvalidArgument));
-        assert!(Audit::wants("Lookup", "", Code::PermissionDenied));
-        assert!(Audit::wants("Info", "", Code::Unauthenticated));
+        use nearrec_wire::verbs::*;
+        assert!(Audit::wants(WRITE, Code::Ok));
+        assert!(Audit::wants(SWAP, Code::FailedPrecondition));
+        assert!(Audit::wants(PREPARE, Code::Ok));
+        assert!(Audit::wants(ADOPT, Code::Ok));
+        assert!(!Audit::wants(LIST, Code::Ok));
+        assert!(!Audit::wants(MEMBERSHIP, Code::Ok));
+        assert!(!Audit::wants(LOOKUP, Code::Ok));
+        assert!(!Audit::wants(LOOKUP, Code::InvalidArgument));
+        assert!(Audit::wants(LOOKUP, Code::PermissionDenied));
+        assert!(Audit::wants(INFO, Code::Unauthenticated));
     }
 }

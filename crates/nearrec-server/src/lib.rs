@@ -17,8 +17,10 @@
 //! - [`stores`]: the stores a node serves by name, any implementation of the contract; a store
 //!   the caller holds no grant on is one the node does not serve; `inline`, whether a lookup runs
 //!   on the async worker (never waiting on a device) or on a blocking thread;
-//! - [`service`]: `nearrec.v1.Node` — each call authenticated, authorized, decoded, admitted, run
-//!   and observed; a lookup stream runs up to 4 requests at once and answers in order;
+//! - [`service`]: `nearrec.v1.Node` — each call's row of the table of verbs
+//!   (`nearrec_wire::verbs`: its grant, audit, admission, limits) applied once around its
+//!   handler, which decodes, runs and answers; a lookup stream runs up to 4 requests at once
+//!   and answers in order;
 //! - [`admission`]: at most `max_in_flight` engine calls and `max_queued` waiting, refused past
 //!   that (`RESOURCE_EXHAUSTED`); the client's `grpc-timeout` as a deadline checked before the
 //!   engine; each answer's bytes reserved from its connection's and the node's budgets;

@@ -22,6 +22,7 @@ pub mod arrays;
 pub mod codec;
 pub mod convert;
 pub mod status;
+pub mod verbs;
 
 pub use status::{RemoteError, status_of};
 

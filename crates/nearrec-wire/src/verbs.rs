@@ -1,0 +1,278 @@
+//! The node's verbs, declared once: one row for each RPC of `nearrec.v1.Node` and one for each
+//! step of a `Transaction` (each a verb of its own), saying the grant it needs, whether it
+//! changes what the node serves (and so is audited), how the node admits it and limits it, and
+//! whether a client may make it again. The node reads the table around every call — its
+//! dispatch, ACL check, audit lines, admission and limits — and the client reads it for its
+//! retries; a request names its row ([`Call::verb`]). `tests/verbs.rs` holds the table to the
+//! proto's service descriptor (an RPC without a row, or a row without an RPC, fails it) and to
+//! `docs/protocol.md`'s table of verbs ([`markdown`]).
+//!
+//! Adding an RPC: the proto, its row here, its request's [`Call`] impl, the trait method and its
+//! implementations, the node's handler.
+
+use crate::v1 as pb;
+use pb::transaction_request::Step;
+
+/// What a call does to a table, as a principal's grants say it (`nearrec-server`'s ACL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permission {
+    Read,
+    Write,
+    Admin,
+}
+
+impl Permission {
+    /// The grant's name in an ACL file.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Admin => "admin",
+        }
+    }
+}
+
+/// What a caller must hold for a verb.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// The permission on each table the request names.
+    Tables(Permission),
+    /// The permission on every table of the store (a `*` pattern).
+    Store(Permission),
+    /// Any grant on the store: enough to know it exists.
+    Any,
+}
+
+/// How the node admits a verb to its engine, and what it charges the caller's share
+/// (`nearrec-server`'s `admission` and `fair`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Pooled where the rows are: charged by its ids. On a DRAM-resident store a CPU turn (a
+    /// small one runs at once on the async worker); else an engine slot, small ones coalesced.
+    Lookup,
+    /// The kept model run: an engine slot charged by its ids, and a CPU turn when
+    /// DRAM-resident.
+    Infer,
+    /// An engine slot charged by the rows it writes.
+    Rows,
+    /// An engine slot at the base charge.
+    Slot,
+    /// Not queued: what a store holds and its counters, answered at once.
+    Free,
+}
+
+impl Admit {
+    /// Whether the request's tables and ids are held to the node's limits on one request
+    /// (`max_tables_per_request`, `max_bags_per_request`, `max_indices_per_request`).
+    pub const fn limited(self) -> bool {
+        matches!(self, Self::Lookup | Self::Infer | Self::Rows)
+    }
+}
+
+/// One verb of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verb {
+    /// The RPC that carries it.
+    pub rpc: &'static str,
+    /// A `Transaction`'s step; `None`: the RPC's own row.
+    pub step: Option<Step>,
+    pub grant: Grant,
+    /// It changes what the node serves: audited (an attempt line first with `audit_required`).
+    pub changes: bool,
+    pub admit: Admit,
+    /// A client may make it again after `UNAVAILABLE` or `Overloaded`: twice answers as once.
+    pub retry: bool,
+    /// Checked against the shard a router means (`SHARD_HEADER`); `Info` is not: it is how a
+    /// router learns what a node serves.
+    pub shard: bool,
+    /// Its time is its work (a paced warm-up, a rewrite): never logged as a slow request.
+    pub long: bool,
+}
+
+impl Verb {
+    /// Its name in logs, metrics and errors: the RPC's, a step's as `Transaction.prepare`.
+    pub fn name(&self) -> String {
+        match self.step {
+            None => self.rpc.to_owned(),
+            Some(s) => format!("{}.{}", self.rpc, step_name(s)),
+        }
+    }
+}
+
+/// A step's name as the audit log writes it (`STEP_SET_MEMBERSHIP` → `set_membership`).
+pub fn step_name(step: Step) -> String {
+    step.as_str_name()
+        .trim_start_matches("STEP_")
+        .to_lowercase()
+}
+
+/// The table: each row once, as a constant of its own and in [`VERBS`].
+macro_rules! verbs {
+    ($(
+        $(#[$doc:meta])*
+        $id:ident = $rpc:literal $(. $step:ident)?:
+            $grant:expr, $changes:ident, $admit:ident, $retry:ident $(, $flag:ident)*;
+    )*) => {
+        $(
+            $(#[$doc])*
+            pub const $id: &Verb = &Verb {
+                rpc: $rpc,
+                step: verbs!(@step $($step)?),
+                grant: $grant,
+                changes: verbs!(@changes $changes),
+                admit: Admit::$admit,
+                retry: verbs!(@retry $retry),
+                shard: !verbs!(@has any_shard $($flag)*),
+                long: verbs!(@has long $($flag)*),
+            };
+        )*
+        /// Every verb, RPCs in the proto's order, each `Transaction` step after its RPC's row.
+        pub const VERBS: &[&Verb] = &[$($id),*];
+    };
+    (@step) => { None };
+    (@step $s:ident) => { Some(Step::$s) };
+    (@changes changes) => { true };
+    (@changes reads) => { false };
+    (@retry again) => { true };
+    (@retry once) => { false };
+    (@has $want:ident) => { false };
+    (@has long long $($rest:ident)*) => { true };
+    (@has any_shard any_shard $($rest:ident)*) => { true };
+    (@has $want:ident $other:ident $($rest:ident)*) => { verbs!(@has $want $($rest)*) };
+}
+
+use Grant::{Any, Store, Tables};
+use Permission::{Admin, Read, Write};
+
+verbs! {
+    LOOKUP = "Lookup": Tables(Read), reads, Lookup, again;
+    LOOKUP_STREAM = "LookupStream": Tables(Read), reads, Lookup, again;
+    INFER = "Infer": Tables(Read), reads, Infer, again;
+    WRITE = "Write": Tables(Write), changes, Rows, once;
+    REMOVE = "Remove": Tables(Write), changes, Rows, once;
+    CREATE_TABLE = "CreateTable": Tables(Admin), changes, Slot, once;
+    DROP_TABLE = "DropTable": Tables(Admin), changes, Slot, once;
+    /// A swap, a stage or a release of held versions.
+    SWAP = "Swap": Store(Admin), changes, Slot, once, long;
+    INFO = "Info": Any, reads, Free, again, any_shard;
+    STATS = "Stats": Any, reads, Free, again;
+    COMPACT = "Compact": Store(Admin), changes, Slot, once, long;
+    ROW_DIGESTS = "RowDigests": Tables(Read), reads, Slot, again;
+    UPDATE_MODEL = "UpdateModel": Store(Write), changes, Slot, once;
+    /// A step this node does not know: refused (`INVALID_ARGUMENT`) once the caller is known
+    /// to hold write of the store.
+    TRANSACTION = "Transaction": Store(Write), changes, Slot, once;
+    LIST = "Transaction".List: Store(Write), reads, Slot, again;
+    PREPARE = "Transaction".Prepare: Tables(Write), changes, Rows, once;
+    /// Each step done again is done already.
+    COMMIT = "Transaction".Commit: Store(Write), changes, Slot, again;
+    ABORT = "Transaction".Abort: Store(Write), changes, Slot, again;
+    FORGET = "Transaction".Forget: Store(Write), changes, Slot, again;
+    MEMBERSHIP = "Transaction".Membership: Store(Write), reads, Slot, again;
+    /// A compare-and-set: sent again after it took, it is refused.
+    SET_MEMBERSHIP = "Transaction".SetMembership: Store(Admin), changes, Slot, once;
+    FENCE = "Transaction".Fence: Store(Admin), changes, Slot, again;
+    /// Rows written outside any write's checks.
+    ADOPT = "Transaction".Adopt: Store(Admin), changes, Rows, once;
+}
+
+/// The verb of a `Transaction` of step number `step` ([`TRANSACTION`] for one this node does
+/// not know).
+pub fn transaction(step: i32) -> &'static Verb {
+    let step = Step::try_from(step).ok();
+    (VERBS.iter())
+        .find(|v| v.rpc == TRANSACTION.rpc && step.is_some() && v.step == step)
+        .copied()
+        .unwrap_or(TRANSACTION)
+}
+
+/// A request, by the verb it is.
+pub trait Call {
+    fn verb(&self) -> &'static Verb;
+}
+
+/// Requests whose RPC is one verb.
+macro_rules! calls {
+    ($($request:ty => $verb:ident),* $(,)?) => {$(
+        impl Call for $request {
+            fn verb(&self) -> &'static Verb {
+                $verb
+            }
+        }
+    )*};
+}
+
+calls!(
+    pb::LookupRequest => LOOKUP,
+    pb::InferRequest => INFER,
+    pb::WriteRequest => WRITE,
+    pb::RemoveRequest => REMOVE,
+    pb::CreateTableRequest => CREATE_TABLE,
+    pb::DropTableRequest => DROP_TABLE,
+    pb::SwapRequest => SWAP,
+    pb::InfoRequest => INFO,
+    pb::StatsRequest => STATS,
+    pb::CompactRequest => COMPACT,
+    pb::RowDigestsRequest => ROW_DIGESTS,
+    pb::UpdateModelRequest => UPDATE_MODEL,
+);
+
+impl Call for pb::TransactionRequest {
+    fn verb(&self) -> &'static Verb {
+        transaction(self.step)
+    }
+}
+
+/// The table as `docs/protocol.md` shows it ("Verbs"): one line a verb.
+pub fn markdown() -> String {
+    let mut out = String::from(
+        "| verb | grant | audited | admitted as | retried by the client |\n|---|---|---|---|---|\n",
+    );
+    for v in VERBS {
+        let grant = match v.grant {
+            Tables(p) => format!("{} of each table named", p.name()),
+            Store(p) => format!("{} of the store", p.name()),
+            Any => "any grant on the store".to_owned(),
+        };
+        let admit = match v.admit {
+            Admit::Lookup => "lookup",
+            Admit::Infer => "inference",
+            Admit::Rows => "slot, by rows",
+            Admit::Slot => "slot",
+            Admit::Free => "not queued",
+        };
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        out += &format!(
+            "| `{}` | {grant} | {} | {admit} | {} |\n",
+            v.name(),
+            yes(v.changes),
+            yes(v.retry)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transaction_finds_its_step_and_an_unknown_step_the_strictest_row() {
+        assert_eq!(transaction(Step::Prepare as i32), PREPARE);
+        assert_eq!(transaction(Step::List as i32), LIST);
+        assert_eq!(transaction(99), TRANSACTION);
+        let request = pb::TransactionRequest {
+            step: Step::Fence as i32,
+            ..Default::default()
+        };
+        assert_eq!(request.verb().name(), "Transaction.fence");
+    }
+
+    #[test]
+    fn flags_land_on_their_rows_only() {
+        let long: Vec<_> = VERBS.iter().filter(|v| v.long).map(|v| v.rpc).collect();
+        assert_eq!(long, ["Swap", "Compact"]);
+        let anywhere: Vec<_> = VERBS.iter().filter(|v| !v.shard).map(|v| v.rpc).collect();
+        assert_eq!(anywhere, ["Info"]);
+    }
+}
