@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nearrec::{
-    AsBatch, Batch, Compaction, ErrorKind, Inferred, Info, NewTable, Pooled, Read, RowWrite, Rows,
-    Stats, Store, StoreApi, Submitted, SwapTo, TierReport, Versioned, WriteOptions,
+    AsBatch, Batch, Compaction, ErrorKind, Inference, Inferred, Info, Pooled, Read, RowWrite, Rows,
+    Stats, Store, StoreApi, Submitted, SwapTo, TierReport, Versioned, Versions, WriteOptions,
+    Writes,
 };
 use nearrec_client::{Client, ClientOptions, Retry};
 use nearrec_format::DType;
@@ -67,32 +68,8 @@ impl StoreApi for Flaky {
     fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
         StoreApi::submit(&self.store, batch)
     }
-    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
-        StoreApi::infer(&self.store, dense, batch)
-    }
-    fn update_model(&self, weights: &[nearrec::model::Tensor<'_>]) -> nearrec::Result<()> {
-        self.enter("update_model")?;
-        StoreApi::update_model(&self.store, weights)
-    }
-    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
-        self.enter("write")?;
-        StoreApi::write_many(&self.store, writes, options)
-    }
-    fn create_table(&self, table: &NewTable<'_>) -> nearrec::Result<u64> {
-        StoreApi::create_table(&self.store, table)
-    }
-    fn drop_table(&self, name: &str) -> nearrec::Result<u64> {
-        StoreApi::drop_table(&self.store, name)
-    }
-    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
-        self.enter("swap")?;
-        StoreApi::swap(&self.store, to, warm, force)
-    }
     fn refresh(&self) -> nearrec::Result<u64> {
         StoreApi::refresh(&self.store)
-    }
-    fn compact(&self) -> nearrec::Result<Compaction> {
-        StoreApi::compact(&self.store)
     }
     fn stats(&self) -> nearrec::Result<Stats> {
         StoreApi::stats(&self.store)
@@ -102,6 +79,52 @@ impl StoreApi for Flaky {
     }
     fn close(&self) -> nearrec::Result<()> {
         StoreApi::close(&self.store)
+    }
+    fn writes(&self) -> Option<&dyn Writes> {
+        Some(self)
+    }
+    fn versions(&self) -> Option<&dyn Versions> {
+        Some(self)
+    }
+    fn inference(&self) -> Option<&dyn Inference> {
+        Some(self)
+    }
+}
+
+impl Inference for Flaky {
+    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
+        Inference::infer(&self.store, dense, batch)
+    }
+    fn update_model(&self, weights: &[nearrec::model::Tensor<'_>]) -> nearrec::Result<()> {
+        self.enter("update_model")?;
+        Inference::update_model(&self.store, weights)
+    }
+}
+
+impl Writes for Flaky {
+    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
+        self.enter("write")?;
+        Writes::write_many(&self.store, writes, options)
+    }
+    fn compact(&self) -> nearrec::Result<Compaction> {
+        Writes::compact(&self.store)
+    }
+}
+
+impl Versions for Flaky {
+    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
+        self.enter("swap")?;
+        Versions::swap(&self.store, to, warm, force)
+    }
+    fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> nearrec::Result<(Pooled, Read)> {
+        Versions::lookup_version(&self.store, batch, version)
+    }
+    fn lookup_rows_version(
+        &self,
+        batch: &Batch<'_>,
+        version: u64,
+    ) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        Versions::lookup_rows_version(&self.store, batch, version)
     }
 }
 

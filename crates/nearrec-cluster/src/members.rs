@@ -28,7 +28,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use nearrec::{Error, ErrorKind, Membership, RowWrite, StoreApi, WriteOptions};
+use nearrec::{Error, ErrorKind, Membership, Replica as _, RowWrite, StoreApi, WriteOptions};
 use nearrec_client::Client;
 
 use crate::shard::{Replica, Shard, on_each};

@@ -11,9 +11,9 @@ use futures::future::try_join_all;
 use nearrec::model::{Inferred, Tensor};
 use nearrec::plan::{ShardPlan, ShardedTable, key_part};
 use nearrec::{
-    AsBatch, Batch, Compaction, Error, ErrorKind, Info, NewTable, PendingLookup, Pooled, Read,
-    RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TableInfo, TierReport, Versioned,
-    WriteOptions,
+    AsBatch, Batch, Compaction, Error, ErrorKind, Inference, Info, PendingLookup, Pooled, Read,
+    RowWrite, Rows, Stats, StoreApi, Submitted, SwapTo, TableInfo, TierReport, Versioned, Versions,
+    WriteOptions, Writes,
 };
 use nearrec_client::{Client, ClientOptions, Started};
 use nearrec_engine::EngineError;
@@ -991,8 +991,8 @@ impl Inner {
 /// What a sharded store does with each verb: lookups split by shard and merged, at one cluster
 /// version; a write to the one node of its shard, or atomically to every replica of every
 /// shard it touches (`txn.rs`); a swap of every shard at once (`versions.rs`); digests where
-/// each part's rows are; counters added up. Verbs that change the plan's tables answer
-/// `Unsupported` naming the verb (a new table is a new plan).
+/// each part's rows are; counters added up. It has no [`nearrec::Schema`] (a new table is a new
+/// plan) and is no [`nearrec::Replica`] (it drives its replicas with it).
 impl StoreApi for ShardedStore {
     fn describe(&self) -> String {
         self.inner.describe()
@@ -1118,18 +1118,6 @@ impl StoreApi for ShardedStore {
         self.inner.lookup_rows(batch, None)
     }
 
-    fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> nearrec::Result<(Pooled, Read)> {
-        self.inner.lookup(batch, Some(version))
-    }
-
-    fn lookup_rows_version(
-        &self,
-        batch: &Batch<'_>,
-        version: u64,
-    ) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        self.inner.lookup_rows(batch, Some(version))
-    }
-
     fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
         self.inner.live()?;
         let inner = self.inner.clone();
@@ -1143,51 +1131,46 @@ impl StoreApi for ShardedStore {
         }))
     }
 
-    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
-        let inner = &self.inner;
-        inner.live()?;
-        let k = inner.keeper()?;
-        inner.shards[k].any(&inner.plan.store, |c| c.infer(dense, batch))
-    }
-
-    fn update_model(&self, weights: &[Tensor<'_>]) -> nearrec::Result<()> {
-        let inner = &self.inner;
-        inner.live()?;
-        let k = inner.keeper()?;
-        inner.shards[k].each(&inner.plan.store, |c| c.update_model(weights))
-    }
-
-    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
-        self.inner.write_many(writes, options)
-    }
-
-    fn create_table(&self, _table: &NewTable<'_>) -> nearrec::Result<u64> {
-        Err(Error::unsupported("create_table", self.describe()))
-    }
-
-    fn drop_table(&self, _name: &str) -> nearrec::Result<u64> {
-        Err(Error::unsupported("drop_table", self.describe()))
-    }
-
-    /// Every shard to the version `to` names, at once for this router's batches and never
-    /// half for any router's (`versions.rs`); returns the shards' counts of writes there,
-    /// summed.
-    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
-        let inner = &self.inner;
-        inner.live()?;
-        let _switch = inner.switching.write().unwrap_or_else(|p| p.into_inner());
-        let (_, counts) = versions::switch(
-            &inner.plan.store,
-            &inner.shards,
-            &inner.pin,
-            to,
-            (warm, force),
-        )?;
-        Ok(counts.iter().sum())
-    }
-
     fn refresh(&self) -> nearrec::Result<u64> {
         self.inner.version()
+    }
+
+    fn row_digests(&self, table: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
+        self.inner.row_digests(table, first, count)
+    }
+
+    fn stats(&self) -> nearrec::Result<Stats> {
+        self.inner.stats()
+    }
+
+    fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
+        self.inner.tier_report()
+    }
+
+    fn close(&self) -> nearrec::Result<()> {
+        self.inner.closed.store(true, Ordering::Relaxed);
+        for s in &self.inner.shards {
+            s.close();
+        }
+        Ok(())
+    }
+
+    fn writes(&self) -> Option<&dyn Writes> {
+        Some(self)
+    }
+
+    fn versions(&self) -> Option<&dyn Versions> {
+        Some(self)
+    }
+
+    fn inference(&self) -> Option<&dyn Inference> {
+        Some(self)
+    }
+}
+
+impl Writes for ShardedStore {
+    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
+        self.inner.write_many(writes, options)
     }
 
     fn compact(&self) -> nearrec::Result<Compaction> {
@@ -1210,25 +1193,52 @@ impl StoreApi for ShardedStore {
         }
         Ok(done)
     }
+}
 
-    fn row_digests(&self, table: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
-        self.inner.row_digests(table, first, count)
+impl Versions for ShardedStore {
+    /// Every shard to the version `to` names, at once for this router's batches and never
+    /// half for any router's (`versions.rs`); returns the shards' counts of writes there,
+    /// summed.
+    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
+        let inner = &self.inner;
+        inner.live()?;
+        let _switch = inner.switching.write().unwrap_or_else(|p| p.into_inner());
+        let (_, counts) = versions::switch(
+            &inner.plan.store,
+            &inner.shards,
+            &inner.pin,
+            to,
+            (warm, force),
+        )?;
+        Ok(counts.iter().sum())
     }
 
-    fn stats(&self) -> nearrec::Result<Stats> {
-        self.inner.stats()
+    fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> nearrec::Result<(Pooled, Read)> {
+        self.inner.lookup(batch, Some(version))
     }
 
-    fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
-        self.inner.tier_report()
+    fn lookup_rows_version(
+        &self,
+        batch: &Batch<'_>,
+        version: u64,
+    ) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        self.inner.lookup_rows(batch, Some(version))
+    }
+}
+
+impl Inference for ShardedStore {
+    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
+        let inner = &self.inner;
+        inner.live()?;
+        let k = inner.keeper()?;
+        inner.shards[k].any(&inner.plan.store, |c| c.infer(dense, batch))
     }
 
-    fn close(&self) -> nearrec::Result<()> {
-        self.inner.closed.store(true, Ordering::Relaxed);
-        for s in &self.inner.shards {
-            s.close();
-        }
-        Ok(())
+    fn update_model(&self, weights: &[Tensor<'_>]) -> nearrec::Result<()> {
+        let inner = &self.inner;
+        inner.live()?;
+        let k = inner.keeper()?;
+        inner.shards[k].each(&inner.plan.store, |c| c.update_model(weights))
     }
 }
 

@@ -34,7 +34,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use nearrec::{Decision, Error, ErrorKind, RowWrite, StoreApi, Transaction, TxState, WriteOptions};
+use nearrec::{
+    Decision, Error, ErrorKind, Replica as _, RowWrite, Transaction, TxState, WriteOptions,
+};
 
 use crate::members;
 use crate::shard::{Replica, Shard, on_each};

@@ -21,7 +21,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use nearrec::{Error, ErrorKind, StoreApi, SwapTo};
+use nearrec::{Error, ErrorKind, Replica as _, StoreApi, SwapTo, Versions as _};
 
 use crate::shard::{Replica, Shard, on_each};
 

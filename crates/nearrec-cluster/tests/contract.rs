@@ -20,6 +20,7 @@ mod suite;
 #[path = "../../nearrec-server/tests/common/mod.rs"]
 mod common;
 
+use nearrec::prelude::*;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;

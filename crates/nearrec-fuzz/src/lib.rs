@@ -200,7 +200,8 @@ fn infer(store: &Store) -> nearrec::Result<Vec<f32>> {
             )
         })
         .collect();
-    Ok(store.infer(&dense, &nearrec::Batch::new(tables))?.outputs)
+    let batch = nearrec::Batch::new(tables);
+    Ok(nearrec::Inference::infer(store, &dense, &batch)?.outputs)
 }
 
 /// Where [`write_store`]'s store is kept for the targets that open it.

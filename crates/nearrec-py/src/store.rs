@@ -159,7 +159,11 @@ impl NativeStore {
                     }
                 })?
             }
-            None => detach(py, || self.api.infer(dense, batch))?,
+            None => detach(py, || {
+                self.api
+                    .able(self.api.inference(), "infer")?
+                    .infer(dense, batch)
+            })?,
         }
         .map_err(|e| err(py, e))?;
         let t = out.times;
@@ -392,7 +396,12 @@ impl NativeStore {
             dtype,
             init,
         };
-        detach(py, || self.api.create_table(&table))?.map_err(|e| err(py, e))
+        detach(py, || {
+            self.api
+                .able(self.api.schema(), "create_table")?
+                .create_table(&table)
+        })?
+        .map_err(|e| err(py, e))
     }
 
     /// What changed since `version`: (version, base, engine id, per table the rows written or
@@ -432,8 +441,12 @@ impl NativeStore {
         let values = values
             .as_slice()
             .map_err(|_| contiguous(py, "values", table))?;
-        let done = detach(py, || self.api.sync_table(table, values, tolerance))?
-            .map_err(|e| err(py, e))?;
+        let done = detach(py, || {
+            self.api
+                .able(self.api.writes(), "sync_table")?
+                .sync_table(table, values, tolerance)
+        })?
+        .map_err(|e| err(py, e))?;
         Ok((done.compared, done.written, done.calls, done.version))
     }
 
@@ -459,7 +472,12 @@ impl NativeStore {
                 return Err(raise(py, "InvalidRequest", why.into(), None, None));
             }
         };
-        detach(py, || self.api.swap(&to, warm, force))?.map_err(|e| err(py, e))
+        detach(py, || {
+            self.api
+                .able(self.api.versions(), "swap")?
+                .swap(&to, warm, force)
+        })?
+        .map_err(|e| err(py, e))
     }
 
     /// Replaces dense weights of the model kept with the store, `(name, float32 array)` each
@@ -471,12 +489,22 @@ impl NativeStore {
     ) -> PyResult<()> {
         let arrays = crate::model::weight_arrays(py, &weights)?;
         let tensors = crate::model::tensors(&arrays);
-        detach(py, || self.api.update_model(&tensors))?.map_err(|e| err(py, e))
+        detach(py, || {
+            self.api
+                .able(self.api.inference(), "update_model")?
+                .update_model(&tensors)
+        })?
+        .map_err(|e| err(py, e))
     }
 
     /// Drops a table (EMB_REMOVE of a table).
     fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<u64> {
-        detach(py, || self.api.drop_table(name))?.map_err(|e| err(py, e))
+        detach(py, || {
+            self.api
+                .able(self.api.schema(), "drop_table")?
+                .drop_table(name)
+        })?
+        .map_err(|e| err(py, e))
     }
 
     /// The config the store was opened with, as TOML.
@@ -599,7 +627,12 @@ impl NativeStore {
         let writes = py_writes(writes, allow_nonfinite)?;
         let slices = row_writes(py, &writes)?;
         let options = nearrec::WriteOptions { allow_nonfinite };
-        detach(py, || self.api.write_many(&slices, options))?.map_err(|e| err(py, e))
+        detach(py, || {
+            self.api
+                .able(self.api.writes(), "write")?
+                .write_many(&slices, options)
+        })?
+        .map_err(|e| err(py, e))
     }
 
     /// The newest version the store's writer has logged, served from now on.
@@ -609,7 +642,10 @@ impl NativeStore {
 
     /// Folds the deltas into new table files: (version, tables, rows, bytes, seconds).
     fn compact(&self, py: Python<'_>) -> PyResult<(u64, usize, u64, u64, f64)> {
-        let c = detach(py, || self.api.compact())?.map_err(|e| err(py, e))?;
+        let c = detach(py, || {
+            self.api.able(self.api.writes(), "compact")?.compact()
+        })?
+        .map_err(|e| err(py, e))?;
         Ok((c.version, c.tables, c.rows, c.bytes, c.seconds))
     }
 

@@ -21,7 +21,9 @@ pub(crate) fn pooled(
     at: Option<u64>,
 ) -> nearrec::Result<(nearrec::Pooled, nearrec::Read)> {
     match at {
-        Some(v) => store.lookup_version(batch, v),
+        Some(v) => store
+            .able(store.versions(), "lookup_version")?
+            .lookup_version(batch, v),
         None => store.lookup(batch),
     }
 }

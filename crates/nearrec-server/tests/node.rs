@@ -3,6 +3,7 @@
 //! raw, streamed); errors arrive with their kind, table and position; the node's own refusals
 //! (unknown store, expired deadline, full queue) have their codes; health and reflection answer.
 
+use nearrec::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -15,6 +15,7 @@ use nearrec::plan::{
     DEFAULT_STEPS, Generator, Ids, PlanTable, TableData, TraceFile, Variant, table_seed,
     write_trace,
 };
+use nearrec::prelude::*;
 use nearrec::{AsBatch, OwnedBatch, Pooled, Store, StoreConfig, StoreReader};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;

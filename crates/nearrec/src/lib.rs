@@ -4,14 +4,16 @@
 //! node share. Open a [`Store`] with a [`StoreConfig`] (serde, TOML); pool a [`Batch`] of
 //! [`TableLookup`]s with [`Store::lookup`]; pipeline batches with [`Store::submit`] /
 //! [`Store::stream`] and cut large ones with [`Store::lookup_split`]; run the model kept with the
-//! store next to its embeddings with [`Store::infer`]. A store opened `writable` takes
-//! [`Store::write_many`] / [`Store::remove`] while it serves (`docs/live.md`). Plans (where rows
+//! store next to its embeddings with [`Inference::infer`]. A store opened `writable` takes
+//! [`Writes::write_many`] / [`Store::remove`] while it serves (`docs/live.md`). Plans (where rows
 //! live in a DRAM budget) come from [`plan`]; a plan file applies through [`StoreConfig::plan`].
 //! `examples/serve.rs` walks through all of it (`cargo run -p nearrec --example serve --release`).
 //!
-//! The store's verbs are one trait, [`StoreApi`]: [`Store`] implements it here and
-//! `nearrec_client::Client` for a store on a storage node; the node serves any implementation
-//! and the Python binding holds any, both as an `Arc<dyn StoreApi>`. One conformance suite,
+//! The store's verbs are one contract, a narrow core ([`StoreApi`]) and capability traits it hands
+//! out ([`Writes`], [`Schema`], [`Versions`], [`Replica`], [`Inference`]): [`Store`] implements it
+//! here, `nearrec_client::Client` for a store on a storage node and
+//! `nearrec_cluster::ShardedStore` for a sharded one; the node serves any implementation and the
+//! Python binding holds any, both as an `Arc<dyn StoreApi>`. One conformance suite,
 //! `tests/suite/`, holds every implementation to the same answers and typed errors.
 //!
 //! ```no_run
@@ -35,28 +37,30 @@
 //! (serving).
 //!
 //! Modules:
-//! - `api.rs`: `StoreApi`, the contract (a verb an implementation cannot serve answers
-//!   `Unsupported`, naming it), with the verbs made of other verbs written once for all
-//!   (`sync_table`, a trainer's table written where it differs); `Info`, `NewTable`, `Submitted`;
+//! - `api/`: the contract — `StoreApi`, the narrow core every store implements (a read-only
+//!   store), and its capabilities, each a trait handed out as an `Option` (`caps.rs`: `Writes`,
+//!   `Schema`, `Versions`, `Replica`, `Inference`); verbs made of other verbs written once for
+//!   all (`sync.rs`: row digests, `sync_table`); `Info`, `NewTable`, `Submitted`; [`prelude`];
 //! - `config.rs`: `StoreConfig` — serde, TOML and JSON, unknown keys refused, the defaults the
 //!   engine's, `validate()`;
-//! - `store.rs`: `Store`, opened as its config says (engine, simulated drive, plan file or
-//!   placement); `prepare` / `execute` into the caller's buffer, stats, tier report; `Served`,
-//!   the directory being served, swapped whole by `Store::swap`;
+//! - `store/`: `Store`, opened as its config says (engine, simulated drive, plan file or
+//!   placement), the contract's core (`mod.rs`); its versions swapped and pinned (`serve.rs`),
+//!   its writes and tables (`writes.rs`), a replica's verbs (`replica.rs`), the model kept with
+//!   it (`infer.rs`); `prepare` / `execute` into the caller's buffer, stats, tier report;
 //! - `batch.rs`: `Batch`, `OwnedBatch`, `Pooled`, batches from a trace file; `jagged.rs`: a
 //!   KeyedJaggedTensor-shaped request as a `Batch` of slices of its arrays;
 //! - `pipeline.rs`: `submit` → `Pending`, `stream`, `lookup_split`, on lanes shared by the
 //!   process's stores;
 //! - `raw.rs`: `Store::lookup_rows`, a batch's distinct rows per table at one version (the node's
 //!   `raw` lookups); `coalesce.rs`: small batches of one `Shape` as one engine batch, split back;
-//! - `model.rs` + `infer.rs`: the model kept with a store (`save`, `StoredModel`, a family or a
-//!   program), run next to its embeddings by `Store::infer`;
+//! - `model.rs`: the model kept with a store (`save`, `StoredModel`, a family or a program),
+//!   run next to its embeddings by `store/infer.rs`;
 //! - `live/`: live stores — `mod.rs` (the writer's lock and log, calls applied in log order and
 //!   published as `Snapshot`s read through arc-swap), `compact.rs` (compaction, crash-safe at each
 //!   step), `tables.rs` (`create_table` / `drop_table`), `follow.rs` (a read-only store following
 //!   its writer every `follow_ms`), `txn.rs` (the store's part in a write across shards:
 //!   prepared, committed or aborted transactions, their `txn/` files recovered on open);
-//! - `membership.rs` + `replica.rs`: a store as a replica of its shard — its membership (an
+//! - `membership.rs` + `store/replica.rs`: a store as a replica of its shard — its membership (an
 //!   epoch and the shard's members, kept in `MEMBERSHIP`) checked by every write, the fence of
 //!   a catch-up, the rows a replica catching up adopts at its shard's count of writes;
 //! - `versions.rs`: a store opened from a repository of versions (`REPO/NAME/1`, `2`, ... and
@@ -81,7 +85,6 @@ pub mod batch;
 pub mod coalesce;
 pub mod config;
 mod error;
-mod infer;
 pub mod jagged;
 mod live;
 mod membership;
@@ -89,7 +92,6 @@ pub mod model;
 mod pace;
 pub mod pipeline;
 mod raw;
-mod replica;
 mod scrub;
 pub mod shard;
 mod store;
@@ -98,9 +100,15 @@ pub mod versions;
 mod warm;
 
 pub use api::{
-    Info, MAX_DIGEST_ROWS, NewTable, PendingLookup, StoreApi, Submitted, Synced, TableInfo,
-    Versioned, check_digest_rows, row_digest,
+    Inference, Info, MAX_DIGEST_ROWS, NewTable, PendingLookup, Replica, Rows, Schema, Stats,
+    StoreApi, Submitted, Synced, TableInfo, Versioned, Versions, Writes, check_digest_rows,
+    row_digest,
 };
+/// The contract's traits, to call any verb on a concrete store: `use nearrec::prelude::*;`.
+pub mod prelude {
+    pub use crate::{Inference, Replica, Schema, StoreApi, Versions, Writes};
+}
+
 pub use batch::{
     AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
     PoolingMode, Read, TableLookup,
@@ -114,9 +122,8 @@ pub use membership::{MEMBERSHIP_FILE, Membership};
 pub use model::{Inferred, SavedModel, StoredModel};
 pub use nearrec_format::wal::TxState;
 pub use pipeline::{Pending, Stream};
-pub use raw::Rows;
 pub use scrub::scrub;
-pub use store::{Changes, Stats, Store, TableData, Tables};
+pub use store::{Changes, Store, TableData, Tables};
 pub use versions::{Located, SwapTo};
 
 pub use nearrec_cache::CacheStatsSnapshot;

@@ -2,7 +2,7 @@
 //! store alone: its configuration (`model.json`) and dense weights (`dense.npz`, numpy's archive
 //! of a PyTorch `state_dict` without the sparse part), both checksummed attachments, written by
 //! [`save`] and read into the engine's [`DenseModel`] by [`StoredModel::load`];
-//! [`Store::infer`](crate::Store::infer) runs it next to the embeddings and returns only its
+//! [`Store::infer`](crate::Inference::infer) runs it next to the embeddings and returns only its
 //! outputs. No Python and no model zoo on this path: the weights' names and the family's layer
 //! conventions (docs/format.md, "Model attachments") say everything. This module reads a store
 //! through its reader, not the [`Store`](crate::Store), which holds the model it loads.
@@ -116,7 +116,7 @@ pub struct Tensor<'a> {
 
 /// Keeps a model with the store at `path`: its configuration and its dense weights as two
 /// checksummed attachments (each written atomically), what
-/// [`Store::infer`](crate::Store::infer) and Python's `nearrec.models.load` read back. The weights go as a numpy `.npz` archive (no pickle).
+/// [`Store::infer`](crate::Inference::infer) and Python's `nearrec.models.load` read back. The weights go as a numpy `.npz` archive (no pickle).
 pub fn save(path: &std::path::Path, config: &ModelConfig, weights: &[Tensor<'_>]) -> Result<()> {
     let npz = write_npz(weights).map_err(|e| Error::invalid(format!("model weights: {e}")))?;
     nearrec_format::attach(path, WEIGHTS_ATTACHMENT, &npz)?;

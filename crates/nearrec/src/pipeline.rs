@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use nearrec_io::Workers;
 
+use crate::api::{PendingLookup, Submitted};
 use crate::batch::{AsBatch, Bags, Batch, Pooled, TableLookup};
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -263,4 +264,21 @@ fn split<'a>(
             Part { tables }
         })
         .collect()
+}
+
+impl PendingLookup for Pending {
+    fn is_done(&self) -> bool {
+        Pending::is_done(self)
+    }
+
+    fn wait(self: Box<Self>) -> Result<Pooled> {
+        Pending::wait(*self)
+    }
+
+    fn wait_timeout(
+        self: Box<Self>,
+        timeout: Duration,
+    ) -> std::result::Result<Result<Pooled>, Submitted> {
+        Pending::wait_timeout(*self, timeout).map_err(|p| Box::new(p) as Submitted)
+    }
 }

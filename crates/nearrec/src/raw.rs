@@ -6,38 +6,16 @@
 //! followed by empty bags up to the largest `n` — so that every table's misses go to the device
 //! in one submission, exactly as a pooled lookup's do.
 
+use crate::api::Rows;
 use crate::batch::{Bags, Batch, Indices, PoolingMode, TableLookup};
 use crate::error::Result;
 use crate::live::Snapshot;
 use crate::store::Store;
 
-/// One table's distinct rows of a batch.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rows {
-    pub table: String,
-    pub dim: usize,
-    /// Distinct, ascending.
-    pub ids: Vec<i64>,
-    /// Row-major `[ids.len(), dim]`.
-    pub values: Vec<f32>,
-}
-
 impl Store {
     /// Each table's distinct rows `batch` reads (tables in request order; a table named twice
-    /// answers twice), validated as a lookup is, at one version of the store: returns the rows
-    /// and that version.
-    pub fn lookup_rows(&self, batch: &Batch<'_>) -> Result<(Vec<Rows>, u64)> {
-        self.lookup_rows_at(batch, &self.snapshot())
-    }
-
-    /// [`Store::lookup_rows`] at version `version` of the repository the store is served
-    /// from, as [`Store::lookup_version`].
-    pub fn lookup_rows_version(&self, batch: &Batch<'_>, version: u64) -> Result<(Vec<Rows>, u64)> {
-        let snapshot = self.snapshot_of(version)?;
-        self.lookup_rows_at(batch, &snapshot)
-    }
-
-    /// [`Store::lookup_rows`] at `snapshot`.
+    /// answers twice), validated as a lookup is, at `snapshot`: the rows and its version
+    /// (`StoreApi::lookup_rows`).
     pub(crate) fn lookup_rows_at(
         &self,
         batch: &Batch<'_>,

@@ -25,7 +25,6 @@ use nearrec_format::{
 use nearrec_plan::key_part;
 use nearrec_plan::shards::{SHARD_PLAN, ShardOptions, ShardPlan, plan_shards};
 use nearrec_plan::{TraceFile, trace_tables};
-use serde::{Deserialize, Serialize};
 
 use crate::config::StoreConfig;
 use crate::error::{Error, Result};
@@ -33,16 +32,7 @@ use crate::model::{CONFIG_ATTACHMENT, WEIGHTS_ATTACHMENT};
 use crate::store::Store;
 use crate::versions::Located;
 
-/// What a shard store says of itself (its manifest's `params.shard`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShardTag {
-    /// The plan's id.
-    pub plan: String,
-    pub shard: usize,
-    /// The sharded store's name.
-    pub store: String,
-}
+pub use crate::api::ShardTag;
 
 /// Rows copied per read.
 const CHUNK_ROWS: u64 = 16 << 10;
@@ -321,13 +311,6 @@ fn write_keyed_part(
     let keys: Vec<u64> = mine.iter().map(|e| e.0).collect();
     writer.finish_table_keyed(w, &keys)?;
     Ok(())
-}
-
-impl ShardTag {
-    /// The tag of the store `manifest` describes, if it is a shard.
-    pub fn of(manifest: &nearrec_format::Manifest) -> Option<Self> {
-        serde_json::from_value(manifest.params.get("shard")?.clone()).ok()
-    }
 }
 
 /// The tag of the store at `dir` (the version a repository there serves), if it is a shard.

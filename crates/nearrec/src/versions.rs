@@ -11,7 +11,7 @@ use nearrec_format::{Pointer, Repository, StoreReader};
 
 use crate::error::{Error, Result};
 
-/// What a swap serves next ([`crate::StoreApi::swap`]).
+/// What a swap serves next ([`crate::StoreApi::swap`](crate::Versions::swap)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SwapTo {
     /// A store directory on the serving side's file system; in a repository, one of its
@@ -21,6 +21,13 @@ pub enum SwapTo {
     Version(u64),
     /// The version served before the current one (a rollback).
     Previous,
+}
+
+impl SwapTo {
+    /// The store directory at `path`.
+    pub fn path(path: impl AsRef<std::path::Path>) -> Self {
+        Self::Path(path.as_ref().to_string_lossy().into_owned())
+    }
 }
 
 /// A store found from a path: the store there, or the current version of the repository

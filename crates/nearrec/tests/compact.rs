@@ -3,6 +3,7 @@
 //! follow it, calls that wait for it when the delta is full, and a writer killed at each step
 //! of it (or after a log append) that loses no acknowledged write and applies no partial call.
 
+use nearrec::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -452,8 +453,14 @@ fn changes_since_tells_a_cache_above_the_store_what_to_drop() {
     );
     assert_eq!(rows(&s.changes_since(2), "a"), vec![5]);
     let engine = s.changes_since(3).engine;
-    s.create_table("n", 10, 2, DType::Fp32, nearrec::Init::Zeros)
-        .unwrap();
+    s.create_table(&nearrec::NewTable {
+        name: "n",
+        rows: 10,
+        dim: 2,
+        dtype: DType::Fp32,
+        init: nearrec::Init::Zeros,
+    })
+    .unwrap();
     assert_ne!(s.changes_since(3).engine, engine);
 }
 

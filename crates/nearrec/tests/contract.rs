@@ -4,6 +4,7 @@
 #[macro_use]
 mod suite;
 
+use nearrec::prelude::*;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -201,7 +202,7 @@ fn membership_and_an_adopted_count_survive_a_reopen() {
     };
     assert_eq!(v, 1000);
     let store = Store::open(&path, &config).unwrap();
-    let m = store.membership();
+    let m = store.membership().unwrap();
     assert_eq!(
         (m.epoch, m.members.as_slice(), m.is_member()),
         (3, &[42][..], false)

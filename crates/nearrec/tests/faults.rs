@@ -9,6 +9,7 @@
 //! Failpoints are the process's: this file is its own test binary, and one test runs every
 //! fault in turn.
 
+use nearrec::prelude::*;
 use std::path::Path;
 
 use nearrec::{ErrorKind, Store, StoreConfig};

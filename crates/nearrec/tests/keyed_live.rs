@@ -3,6 +3,7 @@
 //! compaction that writes a keys file — loses no acknowledged call and applies no partial one;
 //! read-only and writable opens, and a compaction after, agree with a model of the calls.
 
+use nearrec::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

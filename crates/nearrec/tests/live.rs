@@ -2,6 +2,7 @@
 //! tier, survive a reopen (the log replayed), reach read-only openers on `refresh`, are refused
 //! whole when bad, and never show a reader half of a call; one writer per store.
 
+use nearrec::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! those a compaction wrote; a background scrub that counts what it found and stops with its
 //! store.
 
+use nearrec::prelude::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,7 @@
 //! later store cut by the same plan is one version of every shard; what cannot be cut is
 //! refused, typed.
 
+use nearrec::prelude::*;
 use std::path::Path;
 
 use nearrec::format::Repository;

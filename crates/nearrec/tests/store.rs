@@ -2,6 +2,7 @@
 //! rows themselves, pipelines (submit, stream, sub-batches) held to plain lookups, a placement
 //! from the config applied, and the stored model's `infer` held to the same model built by hand.
 
+use nearrec::prelude::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

@@ -2,6 +2,8 @@
 //! lookups under way finishing on the old one, none failing and none seeing half of each; row
 //! caches warmed from the old version; a writable store's lock and log moving with it.
 
+use nearrec::SwapTo;
+use nearrec::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,7 +73,7 @@ fn a_swapped_store_serves_the_next_lookup() {
             Bags::Lengths(Indices::I64(&lengths)),
         )]);
         let prepared = s.prepare(&batch).unwrap();
-        s.swap(&v2, false, false).unwrap();
+        s.swap(&SwapTo::path(&v2), false, false).unwrap();
         assert_eq!(s.path(), v2.canonicalize().unwrap_or(v2.clone()));
         assert_eq!(
             both(&s, &[5]).unwrap(),
@@ -82,15 +84,15 @@ fn a_swapped_store_serves_the_next_lookup() {
         s.execute(&batch, &prepared, &mut out).unwrap();
         assert_eq!(out, vec![-7.0; 16]);
         // and back
-        s.swap(&v1, true, false).unwrap();
+        s.swap(&SwapTo::path(&v1), true, false).unwrap();
         assert_eq!(
             both(&s, &[9]).unwrap(),
             [vec![9.0; 16], vec![9.0; 8]].concat()
         );
-        let err = s.swap(&v1, false, false).unwrap_err();
+        let err = s.swap(&SwapTo::path(&v1), false, false).unwrap_err();
         assert!(err.to_string().contains("being served"), "{err}");
         let err = s
-            .swap(dir.path().join("nothing"), false, false)
+            .swap(&SwapTo::path(dir.path().join("nothing")), false, false)
             .unwrap_err();
         assert!(matches!(err, Error::Format(_)), "{err}");
         assert_eq!(
@@ -133,8 +135,12 @@ fn no_lookup_fails_or_mixes_versions_across_swaps() {
             })
             .collect();
         for k in 0..20 {
-            s.swap(if k % 2 == 0 { &v2 } else { &v1 }, k % 3 == 0, false)
-                .unwrap();
+            s.swap(
+                &SwapTo::path(if k % 2 == 0 { &v2 } else { &v1 }),
+                k % 3 == 0,
+                false,
+            )
+            .unwrap();
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         done.store(true, Ordering::Relaxed);
@@ -154,7 +160,7 @@ fn warm_swaps_start_with_the_old_working_set() {
     for warm in [false, true] {
         let s = Store::open(&v1, &c).unwrap();
         both(&s, &hot).unwrap(); // the old version's working set, in its caches
-        s.swap(&v2, warm, false).unwrap();
+        s.swap(&SwapTo::path(&v2), warm, false).unwrap();
         let before = s.stats().unwrap().get("device_reads").unwrap();
         let v = both(&s, &hot).unwrap();
         assert_eq!(v[24], -13.0);
@@ -178,7 +184,7 @@ fn a_writable_store_takes_the_new_stores_lock_and_log() {
     c.writable = true;
     let s = Store::open(&v1, &c).unwrap();
     s.write("a", &[1], &[0.5; 16]).unwrap();
-    s.swap(&v2, true, false).unwrap();
+    s.swap(&SwapTo::path(&v2), true, false).unwrap();
     assert_eq!(s.version(), 0);
     s.write("a", &[2], &[0.25; 16]).unwrap();
     let v = both(&s, &[1, 2]).unwrap();
@@ -213,7 +219,7 @@ fn a_writable_store_swaps_back_at_once() {
     let s = Store::open(&v1, &c).unwrap();
     for i in 0..40i64 {
         let to = if i % 2 == 0 { &v2 } else { &v1 };
-        s.swap(to, false, false).unwrap();
+        s.swap(&SwapTo::path(to), false, false).unwrap();
         s.write("a", &[i % 8], &[i as f32; 16]).unwrap();
     }
     assert_eq!(both(&s, &[39 % 8]).unwrap()[..16], [39.0; 16]);
@@ -248,7 +254,7 @@ fn a_store_that_would_fail_the_served_requests_is_refused_unless_forced() {
     ];
     for (name, tables, table, says) in cases {
         let path = store_of(dir.path(), name, &tables, 1.0);
-        let err = s.swap(&path, false, false).unwrap_err();
+        let err = s.swap(&SwapTo::path(&path), false, false).unwrap_err();
         assert_eq!(
             err.kind(),
             nearrec::ErrorKind::InvalidRequest,
@@ -268,10 +274,14 @@ fn a_store_that_would_fail_the_served_requests_is_refused_unless_forced() {
         ("b", ROWS, 8, fp32),
         ("c", 5, 4, fp32),
     ];
-    s.swap(store_of(dir.path(), "grown", &grown, 1.0), false, false)
-        .unwrap();
     s.swap(
-        store_of(dir.path(), "other", &[("z", 5, 4, fp32)], 1.0),
+        &SwapTo::path(store_of(dir.path(), "grown", &grown, 1.0)),
+        false,
+        false,
+    )
+    .unwrap();
+    s.swap(
+        &SwapTo::path(store_of(dir.path(), "other", &[("z", 5, 4, fp32)], 1.0)),
         false,
         true,
     )
@@ -280,7 +290,7 @@ fn a_store_that_would_fail_the_served_requests_is_refused_unless_forced() {
     // a file, or a path holding a NUL, is not a store directory: a caller's error
     std::fs::write(dir.path().join("file"), b"x").unwrap();
     for bad in [dir.path().join("file"), dir.path().join("v1\0x")] {
-        let err = s.swap(&bad, false, true).unwrap_err();
+        let err = s.swap(&SwapTo::path(&bad), false, true).unwrap_err();
         assert_eq!(err.kind(), nearrec::ErrorKind::InvalidRequest, "{err}");
     }
 }

@@ -2,6 +2,8 @@
 //! followed by read-only openers, redone after a writer killed between its log append and its
 //! manifest, refused whole when bad, and never in the way of lookups of the other tables.
 
+use nearrec::SwapTo;
+use nearrec::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -63,7 +65,13 @@ fn created_and_dropped_tables_are_served_at_once_and_after_a_reopen() {
         let s = Store::open(&path, &config(tier, true)).unwrap();
         s.write("a", &[3], &[-1.0; 8]).unwrap();
         let v = s
-            .create_table("n", ROWS, 6, DType::Fp16, Init::Uniform { seed: 9 })
+            .create_table(&nearrec::NewTable {
+                name: "n",
+                rows: ROWS,
+                dim: 6,
+                dtype: DType::Fp16,
+                init: Init::Uniform { seed: 9 },
+            })
             .unwrap();
         // everything before was folded, then the table was made: versions 1 and 2
         assert_eq!((v, s.version()), (2, 2), "{tier}");
@@ -76,8 +84,14 @@ fn created_and_dropped_tables_are_served_at_once_and_after_a_reopen() {
                 "{tier}: row {r}"
             );
         }
-        s.create_table("z", ROWS, 4, DType::Fp32, Init::Zeros)
-            .unwrap();
+        s.create_table(&nearrec::NewTable {
+            name: "z",
+            rows: ROWS,
+            dim: 4,
+            dtype: DType::Fp32,
+            init: Init::Zeros,
+        })
+        .unwrap();
         assert_eq!(rows(&s, "z", &[11]).unwrap(), vec![0.0; 4]);
         // written, compacted and read like any table
         s.write("n", &[7], &[0.5; 6]).unwrap();
@@ -135,14 +149,26 @@ fn bad_changes_are_typed_errors_and_change_nothing() {
     let path = make_store(dir.path());
     let s = Store::open(&path, &config("tier = \"dram\"", true)).unwrap();
     let err = s
-        .create_table("a", 10, 4, DType::Fp32, Init::Zeros)
+        .create_table(&nearrec::NewTable {
+            name: "a",
+            rows: 10,
+            dim: 4,
+            dtype: DType::Fp32,
+            init: Init::Zeros,
+        })
         .unwrap_err();
     assert!(
         matches!(err, Error::InvalidRequest { ref table, .. } if table.as_deref() == Some("a")),
         "{err}"
     );
     let err = s
-        .create_table("x", 10, 0, DType::Fp32, Init::Zeros)
+        .create_table(&nearrec::NewTable {
+            name: "x",
+            rows: 10,
+            dim: 0,
+            dtype: DType::Fp32,
+            init: Init::Zeros,
+        })
         .unwrap_err();
     assert!(err.to_string().contains("\"x\""), "{err}");
     let err = s.drop_table("nope").unwrap_err();
@@ -152,7 +178,13 @@ fn bad_changes_are_typed_errors_and_change_nothing() {
     drop(s);
     let r = Store::open(&path, &config("tier = \"dram\"", false)).unwrap();
     let err = r
-        .create_table("x", 10, 4, DType::Fp32, Init::Zeros)
+        .create_table(&nearrec::NewTable {
+            name: "x",
+            rows: 10,
+            dim: 4,
+            dtype: DType::Fp32,
+            init: Init::Zeros,
+        })
         .unwrap_err();
     assert!(matches!(err, Error::ReadOnly { .. }), "{err}");
     assert!(matches!(
@@ -169,8 +201,14 @@ fn a_reader_follows_created_and_dropped_tables() {
         let w = Store::open(&path, &config("tier = \"dram\"", true)).unwrap();
         let r = Store::open(&path, &config(tier, false)).unwrap();
         w.write("b", &[1], &[7.0; 4]).unwrap();
-        w.create_table("n", ROWS, 6, DType::Fp16, Init::Uniform { seed: 1 })
-            .unwrap();
+        w.create_table(&nearrec::NewTable {
+            name: "n",
+            rows: ROWS,
+            dim: 6,
+            dtype: DType::Fp16,
+            init: Init::Uniform { seed: 1 },
+        })
+        .unwrap();
         w.write("n", &[2], &[3.0; 6]).unwrap();
         w.drop_table("a").unwrap();
         w.write("b", &[2], &[8.0; 4]).unwrap();
@@ -212,8 +250,14 @@ fn lookups_of_other_tables_go_on_while_tables_change() {
     };
     for k in 0..10 {
         let name = format!("t{k}");
-        s.create_table(&name, ROWS, 4, DType::Fp32, Init::Zeros)
-            .unwrap();
+        s.create_table(&nearrec::NewTable {
+            name: &name,
+            rows: ROWS,
+            dim: 4,
+            dtype: DType::Fp32,
+            init: Init::Zeros,
+        })
+        .unwrap();
         s.write(&name, &[1], &[1.0; 4]).unwrap();
         if k % 2 == 1 {
             s.drop_table(&name).unwrap();
@@ -234,7 +278,13 @@ fn tables_crash_child() {
     let s = Store::open(&path, &config("tier = \"ssd\"", true)).unwrap();
     s.write("a", &[1], &[2.0; 8]).unwrap();
     fail::cfg("tables::logged", "return").unwrap();
-    let _ = s.create_table("n", ROWS, 6, DType::Fp16, Init::Uniform { seed: 4 });
+    let _ = s.create_table(&nearrec::NewTable {
+        name: "n",
+        rows: ROWS,
+        dim: 6,
+        dtype: DType::Fp16,
+        init: Init::Uniform { seed: 4 },
+    });
     unreachable!("the failpoint aborts the process");
 }
 
@@ -363,7 +413,7 @@ proptest! {
                 Step::Create(dim) => {
                     created += 1;
                     let name = format!("n{created}");
-                    s.create_table(&name, ROWS, dim, DType::Fp32, Init::Zeros).unwrap();
+                    s.create_table(&nearrec::NewTable { name: &name, rows: ROWS, dim, dtype: DType::Fp32, init: Init::Zeros }).unwrap();
                     model.insert(name, vec![vec![0.0; dim as usize]; ROWS as usize]);
                 }
                 Step::Drop(t) if names.len() > 1 => {
@@ -378,7 +428,7 @@ proptest! {
                 Step::Swap => {
                     at = 1 - at;
                     // the two stores' tables differ as the steps made them: forced
-                    s.swap(&paths[at], true, true).unwrap();
+                    s.swap(&SwapTo::path(&paths[at]), true, true).unwrap();
                 }
                 Step::Reopen => {
                     let version = s.version();

@@ -3,6 +3,7 @@
 //! or failed leaving it as it was, writable versions, and `keep_last` pruning only what no call
 //! still reads.
 
+use nearrec::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -156,16 +157,21 @@ fn a_refused_swap_leaves_the_pointer_and_a_path_inside_names_a_version() {
     .unwrap();
     let s = Store::open(repo.path(), &StoreConfig::default()).unwrap();
     let before = std::fs::read(repo.path().join("CURRENT")).unwrap();
-    let e = s.swap_to(&SwapTo::Version(3), false, false).unwrap_err();
+    let e = s.swap(&SwapTo::Version(3), false, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     assert_eq!(std::fs::read(repo.path().join("CURRENT")).unwrap(), before);
     assert_eq!(probe(&s), 5.0);
     // a path outside the repository is refused; a version's directory is that version
     let e = s
-        .swap(other.with_file_name("elsewhere"), false, false)
+        .swap(
+            &SwapTo::path(other.with_file_name("elsewhere")),
+            false,
+            false,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("not a version"), "{e}");
-    s.swap(repo.version_path(2), false, false).unwrap();
+    s.swap(&SwapTo::path(repo.version_path(2)), false, false)
+        .unwrap();
     assert_eq!((probe(&s), s.served_version()), (10.0, Some(2)));
     assert_eq!(
         repo.pointer().unwrap(),
@@ -188,9 +194,9 @@ fn a_writable_repository_writes_to_the_version_it_serves() {
     let row = [42f32; 8];
     s.write("a", &[5], &row).unwrap();
     assert_eq!(probe(&s), 42.0);
-    s.swap_to(&SwapTo::Version(1), false, false).unwrap();
+    s.swap(&SwapTo::Version(1), false, false).unwrap();
     assert_eq!(probe(&s), 5.0, "version 1 never saw the write");
-    s.rollback(false, false).unwrap();
+    s.swap(&SwapTo::Previous, false, false).unwrap();
     assert_eq!(probe(&s), 42.0, "version 2 kept it");
     drop(s);
     // and a restart reads it back from version 2's log
@@ -227,7 +233,7 @@ fn keep_last_prunes_old_versions_once_no_call_reads_them() {
         })
     };
     std::thread::sleep(std::time::Duration::from_millis(20));
-    s.swap_to(&SwapTo::Version(4), false, false).unwrap();
+    s.swap(&SwapTo::Version(4), false, false).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
     stop.store(true, Ordering::Relaxed);
     assert!(reader.join().unwrap() > 0);
@@ -241,7 +247,7 @@ fn keep_last_prunes_old_versions_once_no_call_reads_them() {
     assert_eq!(repo.versions().unwrap(), vec![4, 5]);
     assert_eq!(probe(&s), 20.0);
     // the rollback target went with them: nothing to roll back to
-    let e = s.rollback(false, false).unwrap_err();
+    let e = s.swap(&SwapTo::Previous, false, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     // nothing left aside half-removed
     let names: Vec<String> = std::fs::read_dir(repo.path())
@@ -294,7 +300,7 @@ fn a_staged_version_answers_pinned_lookups_then_switches_keeping_the_one_it_repl
     let e = s.stage(&SwapTo::Version(1), false, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "the served one: {e}");
 
-    s.swap_to(&SwapTo::Version(2), false, false).unwrap();
+    s.swap(&SwapTo::Version(2), false, false).unwrap();
     assert_eq!((probe(&s), s.served_version()), (10.0, Some(2)));
     assert_eq!(repo.current().unwrap(), 2);
     // the replaced version still answers lookups pinned to it, until the next stage
@@ -310,7 +316,7 @@ fn a_staged_version_answers_pinned_lookups_then_switches_keeping_the_one_it_repl
         ErrorKind::VersionNotServed
     );
     // a swap to another version lets go of what was staged
-    s.swap_to(&SwapTo::Version(1), false, false).unwrap();
+    s.swap(&SwapTo::Version(1), false, false).unwrap();
     assert_eq!((probe(&s), s.held_versions()), (5.0, vec![]));
     // a store not from a repository stages nothing
     let plain = Store::open(built(dir.path(), 7), &StoreConfig::default()).unwrap();
@@ -345,7 +351,7 @@ fn a_pinned_lookup_never_reads_another_version_while_a_staged_swap_switches() {
         })
         .collect();
     std::thread::sleep(std::time::Duration::from_millis(20));
-    s.swap_to(&SwapTo::Version(2), false, false).unwrap();
+    s.swap(&SwapTo::Version(2), false, false).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
     stop.store(true, Ordering::Relaxed);
     for r in readers {

@@ -2,6 +2,7 @@
 //! DRAM from its first lookup; one opened with `warm` a recorded trace's most requested rows; a
 //! damaged kept hot set starts the store cold, a damaged `warm` file refuses the open.
 
+use nearrec::prelude::*;
 use std::path::{Path, PathBuf};
 
 use nearrec::{Bags, Batch, ErrorKind, Indices, Store, StoreConfig, TableLookup};

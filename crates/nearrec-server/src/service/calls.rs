@@ -24,7 +24,11 @@ impl NodeService {
         let dense: Vec<f32> = decode(&req.dense, "", "dense").map_err(bad)?;
         let store = call.store.clone();
         let (out, held) = self
-            .work(&call, move || store.infer(&dense, &batch.as_batch()))
+            .work(&call, move || {
+                store
+                    .able(store.inference(), "infer")?
+                    .infer(&dense, &batch.as_batch())
+            })
             .await?;
         let metrics = &self.0.metrics;
         metrics.stages("Infer", &out.times.stages);
@@ -49,7 +53,9 @@ impl NodeService {
         let store = call.store.clone();
         let (version, held) = self
             .work(&call, move || {
-                store.write_many(&convert::row_writes(&writes), options)
+                store
+                    .able(store.writes(), "write")?
+                    .write_many(&convert::row_writes(&writes), options)
             })
             .await?;
         Ok(holding(pb::WriteResponse { version }, held))
@@ -69,7 +75,9 @@ impl NodeService {
                     ids: &ids,
                     values: None,
                 };
-                store.write_many(&[w], WriteOptions::default())
+                store
+                    .able(store.writes(), "remove")?
+                    .write_many(&[w], WriteOptions::default())
             })
             .await?;
         Ok(holding(pb::WriteResponse { version }, held))
@@ -85,7 +93,9 @@ impl NodeService {
         let store = call.store.clone();
         let ((), held) = self
             .work(&call, move || {
-                store.update_model(&convert::tensors(&weights))
+                store
+                    .able(store.inference(), "update_model")?
+                    .update_model(&convert::tensors(&weights))
             })
             .await?;
         let (store, principal) = (call.name, call.caller.who());
@@ -124,13 +134,14 @@ impl NodeService {
         let store = call.store.clone();
         let (answer, held) = self
             .work(&call, move || {
+                let replica = store.able(store.replica(), "transaction")?;
                 let membership = |m: nearrec::Membership| pb::TransactionResponse {
                     membership: Some(convert::membership(m)),
                     ..Default::default()
                 };
                 let version = match step {
                     Step::List => {
-                        let listed = store.transactions()?;
+                        let listed = replica.transactions()?;
                         return Ok(pb::TransactionResponse {
                             version: store.version()?,
                             transactions: listed.iter().map(convert::transaction).collect(),
@@ -139,25 +150,25 @@ impl NodeService {
                     }
                     Step::Prepare => {
                         let w = convert::row_writes(&writes);
-                        store.prepare_write(tx, &w, options, &req.note, req.epoch)?;
+                        replica.prepare_write(tx, &w, options, &req.note, req.epoch)?;
                         store.version()?
                     }
-                    Step::Membership => return Ok(membership(store.membership()?)),
+                    Step::Membership => return Ok(membership(replica.membership()?)),
                     Step::SetMembership => {
                         let to = convert::unmembership(req.membership.clone());
                         let expected = req.epoch.unwrap_or(0);
-                        let set = store.set_membership(expected, to.epoch, &to.members)?;
+                        let set = replica.set_membership(expected, to.epoch, &to.members)?;
                         return Ok(membership(set));
                     }
-                    Step::Fence => store.fence(req.epoch.unwrap_or(0), lease)?,
+                    Step::Fence => replica.fence(req.epoch.unwrap_or(0), lease)?,
                     Step::Adopt => {
                         let w = convert::row_writes(&writes);
-                        store.adopt(&w, options, req.count)?
+                        replica.adopt(&w, options, req.count)?
                     }
-                    Step::Commit => store.decide(tx, Decision::Commit, req.keep)?,
-                    Step::Abort => store.decide(tx, Decision::Abort, req.keep)?,
+                    Step::Commit => replica.decide(tx, Decision::Commit, req.keep)?,
+                    Step::Abort => replica.decide(tx, Decision::Abort, req.keep)?,
                     Step::Forget => {
-                        store.forget(tx)?;
+                        replica.forget(tx)?;
                         store.version()?
                     }
                 };
@@ -198,13 +209,15 @@ impl NodeService {
         let store = call.store.clone();
         let (version, held) = self
             .work(&call, move || {
-                store.create_table(&NewTable {
-                    name: &req.name,
-                    rows: req.rows,
-                    dim: req.dim,
-                    dtype,
-                    init,
-                })
+                store
+                    .able(store.schema(), "create_table")?
+                    .create_table(&NewTable {
+                        name: &req.name,
+                        rows: req.rows,
+                        dim: req.dim,
+                        dtype,
+                        init,
+                    })
             })
             .await?;
         Ok(holding(pb::WriteResponse { version }, held))
@@ -217,7 +230,11 @@ impl NodeService {
     ) -> Answer<pb::WriteResponse> {
         let store = call.store.clone();
         let (version, held) = self
-            .work(&call, move || store.drop_table(&req.name))
+            .work(&call, move || {
+                store
+                    .able(store.schema(), "drop_table")?
+                    .drop_table(&req.name)
+            })
             .await?;
         Ok(holding(pb::WriteResponse { version }, held))
     }
@@ -229,7 +246,11 @@ impl NodeService {
     ) -> Answer<pb::SwapResponse> {
         let (name, store, who) = (call.name, call.store.clone(), call.caller.who());
         if req.release {
-            let (_, held) = self.work(&call, move || store.release()).await?;
+            let (_, held) = self
+                .work(&call, move || {
+                    store.able(store.replica(), "release")?.release()
+                })
+                .await?;
             tracing::info!(store = %name, principal = who, "held versions released");
             return Ok(holding(pb::SwapResponse::default(), held));
         }
@@ -254,7 +275,11 @@ impl NodeService {
         let event = swap::event(&to);
         if req.stage {
             let (staged, held) = self
-                .work(&call, move || store.stage(&to, req.warm, req.force))
+                .work(&call, move || {
+                    store
+                        .able(store.replica(), "stage")?
+                        .stage(&to, req.warm, req.force)
+                })
                 .await?;
             tracing::info!(store = %name, principal = who, staged, "version staged");
             return Ok(holding(pb::SwapResponse { version: 0, staged }, held));
@@ -262,7 +287,8 @@ impl NodeService {
         let (answer, held) = self
             .work(&call, move || {
                 let before = store.info().ok();
-                let version = store.swap(&to, req.warm, req.force);
+                let version = (store.able(store.versions(), "swap"))
+                    .and_then(|v| v.swap(&to, req.warm, req.force));
                 version.map(|v| (v, before, store.info().ok()))
             })
             .await?;
@@ -329,7 +355,11 @@ impl NodeService {
         _req: pb::CompactRequest,
     ) -> Answer<pb::CompactResponse> {
         let store = call.store.clone();
-        let (done, held) = self.work(&call, move || store.compact()).await?;
+        let (done, held) = self
+            .work(&call, move || {
+                store.able(store.writes(), "compact")?.compact()
+            })
+            .await?;
         Ok(holding(convert::compaction(done), held))
     }
 }

@@ -200,7 +200,8 @@ fn lookup(
     let batch = batch.as_batch();
     if raw {
         let (rows, version) = match at {
-            Some(v) => store.lookup_rows_version(&batch, v)?,
+            Some(v) => (store.able(store.versions(), "lookup_rows_version")?)
+                .lookup_rows_version(&batch, v)?,
             None => store.lookup_rows(&batch)?,
         };
         let bytes: usize = rows

@@ -1,9 +1,9 @@
-//! `nearrec.v1.Node`: every call passes through [`NodeService::around`], which applies its
+//! `nearrec.v1.Node`: every call passes through `NodeService::around`, which applies its
 //! verb's row of the table of verbs (`nearrec_wire::verbs`) once — the caller authenticated and
 //! given its place, the store found (and the router's shard checked), the grant checked, the
 //! limits on one request applied, the audit lines written, the call counted and logged — and
-//! hands the handler a [`Checked`] call; the handler decodes its arguments, runs its work on the
-//! store's contract ([`StoreApi`]) as its verb is admitted ([`NodeService::work`]: on a blocking
+//! hands the handler a `Checked` call; the handler decodes its arguments, runs its work on the
+//! store's contract ([`StoreApi`]) as its verb is admitted (`NodeService::work`: on a blocking
 //! thread, or on the async worker itself for a lookup that never waits on a device) and encodes
 //! the answer. Nothing here decides what a lookup means.
 //!

@@ -104,6 +104,21 @@ macro_rules! store_api_suite {
     };
 }
 
+/// The store's capability `$cap` (`store.writes()` and the rest), or the case ends here, said on
+/// stderr: the implementation has none, so the case is not its (each runner's
+/// `capabilities_are_...` test holds which it has).
+macro_rules! needs {
+    ($store:expr, $cap:ident) => {
+        match $store.$cap() {
+            Some(c) => c,
+            None => {
+                eprintln!("skipped: {} has no {}", $store.describe(), stringify!($cap));
+                return;
+            }
+        }
+    };
+}
+
 pub const ROWS: u64 = 300;
 pub const DIM: u32 = 8;
 /// The suite's tables: name and dtype.
@@ -334,6 +349,7 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
     let (_dir, path) = fixture();
     let s = open(&path, true);
     let store = &*s.store;
+    let writes = needs!(store, writes);
     let v0 = store.version().unwrap();
     let ids = [4i64, 9];
     let new: Vec<f32> = (0..2 * DIM).map(|i| i as f32 + 0.25).collect();
@@ -342,7 +358,7 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
         ids: &ids,
         values: Some(&new),
     };
-    let v1 = store.write_many(&[w], WriteOptions::default()).unwrap();
+    let v1 = writes.write_many(&[w], WriteOptions::default()).unwrap();
     assert!(v1 > v0);
     assert_eq!(store.version().unwrap(), v1);
     let (pooled, read) = store.lookup(&rows_batch(&ids)).unwrap();
@@ -362,7 +378,7 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
             values: Some(&one),
         },
     ];
-    let v2 = store.write_many(&calls, WriteOptions::default()).unwrap();
+    let v2 = writes.write_many(&calls, WriteOptions::default()).unwrap();
     assert!(v2 > v1);
     let (pooled, _) = store.lookup(&rows_batch(&ids)).unwrap();
     assert_eq!(&pooled.values[..DIM as usize], &[0.0; DIM as usize]);
@@ -377,7 +393,7 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
         ids: &[1],
         values: Some(&nan),
     };
-    let e = store
+    let e = writes
         .write_many(&[bad], WriteOptions::default())
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
@@ -395,8 +411,10 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
     let (_dir, path) = fixture();
     let s = open(&path, true);
     let store = &*s.store;
+    let replica = needs!(store, replica);
+    let writes = needs!(store, writes);
     let d = DIM as usize;
-    let m = store.membership().unwrap();
+    let m = replica.membership().unwrap();
     let me = m.replica;
     assert!(
         me != 0 && m.epoch == 0 && m.members.is_empty() && m.is_member(),
@@ -409,48 +427,52 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
         values: Some(&new),
     };
     // a write at another epoch is refused before it is prepared
-    let e = (store.prepare_write(1, &[w], WriteOptions::default(), "", Some(3))).unwrap_err();
+    let e = (replica.prepare_write(1, &[w], WriteOptions::default(), "", Some(3))).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
-    assert!(store.transactions().unwrap().is_empty());
+    assert!(replica.transactions().unwrap().is_empty());
     // compare-and-set: from the epoch held, forward only
-    let e = store.set_membership(1, 2, &[me]).unwrap_err();
+    let e = replica.set_membership(1, 2, &[me]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
-    let e = store.set_membership(0, 0, &[me]).unwrap_err();
+    let e = replica.set_membership(0, 0, &[me]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
-    let m = store.set_membership(0, 4, &[77, me]).unwrap();
+    let m = replica.set_membership(0, 4, &[77, me]).unwrap();
     assert_eq!((m.epoch, m.members.len()), (4, 2));
-    assert_eq!(store.membership().unwrap(), m);
+    assert_eq!(replica.membership().unwrap(), m);
     // past epoch 0, a write sent to one replica alone is refused: it would miss the others
-    let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
+    let e = writes
+        .write_many(&[w], WriteOptions::default())
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
-    store
+    replica
         .prepare_write(1, &[w], WriteOptions::default(), "", Some(4))
         .unwrap();
     // a fence waits for what is prepared to be decided, then holds the count of writes
     let fenced = std::thread::scope(|scope| {
-        let fence = scope.spawn(|| store.fence(4, Duration::from_secs(20)));
+        let fence = scope.spawn(|| replica.fence(4, Duration::from_secs(20)));
         std::thread::sleep(Duration::from_millis(100));
         assert!(
             !fence.is_finished(),
             "the fence drains the prepared write first"
         );
-        let v = store.decide(1, Decision::Commit, false).unwrap();
+        let v = replica.decide(1, Decision::Commit, false).unwrap();
         (fence.join().unwrap().unwrap(), v)
     });
     assert_eq!(fenced.0, fenced.1);
-    let m = store.membership().unwrap();
+    let m = replica.membership().unwrap();
     assert!(m.fenced_at_ms.is_some() && !m.fence_expired(), "{m:?}");
-    let e = (store.prepare_write(2, &[w], WriteOptions::default(), "", Some(4))).unwrap_err();
+    let e = (replica.prepare_write(2, &[w], WriteOptions::default(), "", Some(4))).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreLocked, "fenced: {e}");
-    let e = store.fence(3, Duration::from_secs(1)).unwrap_err();
+    let e = replica.fence(3, Duration::from_secs(1)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
     // a member does not adopt rows
-    let e = store.adopt(&[w], WriteOptions::default(), 99).unwrap_err();
+    let e = replica
+        .adopt(&[w], WriteOptions::default(), 99)
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
     // out: no write at all is taken; the fence is lifted
-    let m = store.set_membership(4, 5, &[77]).unwrap();
+    let m = replica.set_membership(4, 5, &[77]).unwrap();
     assert!(!m.is_member() && m.fenced_at_ms.is_none(), "{m:?}");
-    let e = (store.prepare_write(2, &[w], WriteOptions::default(), "", Some(5))).unwrap_err();
+    let e = (replica.prepare_write(2, &[w], WriteOptions::default(), "", Some(5))).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
     // rows copied from a replica ahead: its count becomes this one's; int8 rows read and
     // adopted stay the same rows
@@ -470,12 +492,12 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
             values: Some(&int8),
         },
     ];
-    let e = store
+    let e = replica
         .adopt(&copied, WriteOptions::default(), v)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "not behind: {e}");
     assert_eq!(
-        store
+        replica
             .adopt(&copied, WriteOptions::default(), v + 40)
             .unwrap(),
         v + 40
@@ -487,21 +509,21 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
     assert_eq!(got, new);
     // no rows: only the count; behind it: refused
     assert_eq!(
-        store.adopt(&[], WriteOptions::default(), v + 41).unwrap(),
+        replica.adopt(&[], WriteOptions::default(), v + 41).unwrap(),
         v + 41
     );
     assert_eq!(
-        store.adopt(&[], WriteOptions::default(), v + 41).unwrap(),
+        replica.adopt(&[], WriteOptions::default(), v + 41).unwrap(),
         v + 41
     );
-    let e = store.adopt(&[], WriteOptions::default(), v).unwrap_err();
+    let e = replica.adopt(&[], WriteOptions::default(), v).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     // back in: writes at the new epoch are taken and counted on from the adopted count
-    store.set_membership(5, 6, &[me, 77]).unwrap();
-    store
+    replica.set_membership(5, 6, &[me, 77]).unwrap();
+    replica
         .prepare_write(3, &[w], WriteOptions::default(), "", Some(6))
         .unwrap();
-    assert_eq!(store.decide(3, Decision::Commit, false).unwrap(), v + 42);
+    assert_eq!(replica.decide(3, Decision::Commit, false).unwrap(), v + 42);
 }
 
 /// A cross-shard write as one shard takes part in it: prepared (durable, not served), then
@@ -510,6 +532,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     let (_dir, path) = fixture();
     let s = open(&path, true);
     let store = &*s.store;
+    let replica = needs!(store, replica);
     let d = DIM as usize;
     let ids = [5i64, 6];
     let before = {
@@ -525,18 +548,18 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     };
     let (t1, t2, t3) = (0x11u128 << 100 | 1, 0x22u128 << 100 | 2, 3u128);
     let v0 = store.version().unwrap();
-    store
+    replica
         .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None)
         .unwrap();
     // again: the same transaction, prepared already
-    store
+    replica
         .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None)
         .unwrap();
     let mut out = vec![0f32; 2 * d];
     store.read_rows("t0", &ids, &mut out).unwrap();
     assert_eq!(out, before, "a prepared write is not served");
     assert_eq!(store.version().unwrap(), v0);
-    let listed = store.transactions().unwrap();
+    let listed = replica.transactions().unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!((listed[0].tx, listed[0].state), (t1, TxState::Prepared));
     assert_eq!(listed[0].note, "decider=0/0");
@@ -546,7 +569,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         ids: &[7, 6],
         values: Some(&new),
     };
-    let e = store
+    let e = replica
         .prepare_write(t2, &[other], WriteOptions::default(), "", None)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
@@ -556,11 +579,11 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         ids: &[6],
         values: Some(&new[..d]),
     };
-    store
+    replica
         .prepare_write(t2, &[apart], WriteOptions::default(), "", None)
         .unwrap();
     // bad input is refused as a write's is, and nothing is prepared
-    let e = store
+    let e = replica
         .prepare_write(
             t3,
             &[RowWrite {
@@ -576,29 +599,29 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     assert_eq!((e.table(), e.position()), (Some("t2"), Some(1)), "{e}");
     // commit: served at a new version; again: done already
-    let v1 = store.decide(t1, Decision::Commit, true).unwrap();
+    let v1 = replica.decide(t1, Decision::Commit, true).unwrap();
     assert!(v1 > v0);
-    assert_eq!(store.decide(t1, Decision::Commit, true).unwrap(), v1);
+    assert_eq!(replica.decide(t1, Decision::Commit, true).unwrap(), v1);
     store.read_rows("t0", &ids, &mut out).unwrap();
     assert_eq!(out, new);
     // abort: never served; kept, a late prepare of it is refused; an abort cannot commit
-    store.decide(t2, Decision::Abort, true).unwrap();
+    replica.decide(t2, Decision::Abort, true).unwrap();
     let mut one = vec![0f32; d];
     store.read_rows("t1", &[6], &mut one).unwrap();
     assert_eq!(one, row(1, 6));
-    let e = store
+    let e = replica
         .prepare_write(t2, &[apart], WriteOptions::default(), "", None)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
-    let e = store.decide(t2, Decision::Commit, false).unwrap_err();
+    let e = replica.decide(t2, Decision::Commit, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
-    let e = store.decide(t1, Decision::Abort, false).unwrap_err();
+    let e = replica.decide(t1, Decision::Abort, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     // an unknown transaction: nothing to commit; its abort is kept when asked
-    let e = store.decide(t3, Decision::Commit, false).unwrap_err();
+    let e = replica.decide(t3, Decision::Commit, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
-    store.decide(t3, Decision::Abort, true).unwrap();
-    let mut states: Vec<_> = (store.transactions().unwrap().iter())
+    replica.decide(t3, Decision::Abort, true).unwrap();
+    let mut states: Vec<_> = (replica.transactions().unwrap().iter())
         .map(|t| (t.tx, t.state))
         .collect();
     states.sort_unstable_by_key(|s| s.0);
@@ -611,9 +634,9 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         ]
     );
     for t in [t1, t2, t3] {
-        store.forget(t).unwrap();
+        replica.forget(t).unwrap();
     }
-    assert!(store.transactions().unwrap().is_empty());
+    assert!(replica.transactions().unwrap().is_empty());
     assert_eq!(store.version().unwrap(), v1);
 }
 
@@ -621,6 +644,8 @@ pub fn bad_input_gets_a_typed_error_naming_table_and_position(open: Open) {
     let (_dir, path) = fixture();
     let s = open(&path, false);
     let store = &*s.store;
+    let writes = needs!(store, writes);
+    let inference = needs!(store, inference);
     let check = |batch: &Batch<'_>, kind: ErrorKind, table: &str, position: Option<usize>| {
         let e = store.lookup(batch).unwrap_err();
         assert_eq!(e.kind(), kind, "{e}");
@@ -669,10 +694,12 @@ pub fn bad_input_gets_a_typed_error_naming_table_and_position(open: Open) {
         ids: &[0],
         values: Some(&one),
     };
-    let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
+    let e = writes
+        .write_many(&[w], WriteOptions::default())
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreReadOnly, "{e}");
     // a model the store does not keep
-    let e = store.infer(&[], &rows_batch(&ids[..1])).unwrap_err();
+    let e = inference.infer(&[], &rows_batch(&ids[..1])).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     // nothing failed for good: the store still answers
     assert!(store.lookup(&rows_batch(&ids[..2])).is_ok());
@@ -682,6 +709,7 @@ pub fn readers_see_whole_writes_while_writes_go_on(open: Open) {
     let (_dir, path) = fixture();
     let s = open(&path, true);
     let store = s.store.clone();
+    let writes = needs!(store, writes);
     let ids: Vec<i64> = (0..32).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..2)
@@ -712,7 +740,7 @@ pub fn readers_see_whole_writes_while_writes_go_on(open: Open) {
             ids: &ids,
             values: Some(&values),
         };
-        store.write_many(&[w], WriteOptions::default()).unwrap();
+        writes.write_many(&[w], WriteOptions::default()).unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     for r in readers {
@@ -726,7 +754,9 @@ pub fn tables_are_created_dropped_compacted_and_synced(open: Open) {
     let (_dir, path) = fixture();
     let s = open(&path, true);
     let store = &*s.store;
-    let v = store
+    let writes = needs!(store, writes);
+    let schema = needs!(store, schema);
+    let v = schema
         .create_table(&NewTable {
             name: "fresh",
             rows: 50,
@@ -745,19 +775,19 @@ pub fn tables_are_created_dropped_compacted_and_synced(open: Open) {
     let mut values = vec![0f32; 50 * 4];
     values[4..8].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
     values[196..200].copy_from_slice(&[5.0; 4]);
-    let synced = store.sync_table("fresh", &values, 0.0).unwrap();
+    let synced = writes.sync_table("fresh", &values, 0.0).unwrap();
     assert_eq!((synced.compared, synced.written), (50, 2));
-    assert_eq!(store.sync_table("fresh", &values, 0.0).unwrap().written, 0);
+    assert_eq!(writes.sync_table("fresh", &values, 0.0).unwrap().written, 0);
     store.read_rows("fresh", &[1, 49], &mut out).unwrap();
     assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0]);
-    let done = store.compact().unwrap();
+    let done = writes.compact().unwrap();
     assert_eq!(done.version, store.version().unwrap());
     store.read_rows("fresh", &[1, 49], &mut out).unwrap();
     assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0]);
-    store.drop_table("fresh").unwrap();
+    schema.drop_table("fresh").unwrap();
     let e = store.table("fresh").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::UnknownTable, "{e}");
-    let e = store.drop_table("fresh").unwrap_err();
+    let e = schema.drop_table("fresh").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::UnknownTable, "{e}");
     assert_eq!(e.table(), Some("fresh"), "{e}");
 }
@@ -766,6 +796,7 @@ pub fn a_training_feed_compares_digests_where_the_rows_are(open: Open) {
     let (_dir, path) = fixture();
     let s = open(&path, true);
     let store = &*s.store;
+    let writes = needs!(store, writes);
     let (rows, dim) = (ROWS as usize, DIM as usize);
     // each row's digest is the digest of the row as served, every table's dtype
     for (t, &(name, _)) in TABLES.iter().enumerate() {
@@ -805,7 +836,7 @@ pub fn a_training_feed_compares_digests_where_the_rows_are(open: Open) {
         let values: Vec<f32> = (0..ROWS)
             .flat_map(|r| (0..DIM).map(move |c| value(t, r, c, 1.0)))
             .collect();
-        let done = store.sync_table(name, &values, 0.0).unwrap();
+        let done = writes.sync_table(name, &values, 0.0).unwrap();
         assert_eq!(
             (done.compared, done.written, done.calls),
             (ROWS, 0, 0),
@@ -817,7 +848,7 @@ pub fn a_training_feed_compares_digests_where_the_rows_are(open: Open) {
     values[3 * dim] += 0.001;
     values[7 * dim + 1] += 1.0;
     let before = store.version().unwrap();
-    let done = store.sync_table("t0", &values, 0.01).unwrap();
+    let done = writes.sync_table("t0", &values, 0.01).unwrap();
     assert_eq!((done.written, done.calls), (1, 1));
     assert_eq!(done.version, store.version().unwrap());
     assert!(done.version > before);
@@ -825,8 +856,8 @@ pub fn a_training_feed_compares_digests_where_the_rows_are(open: Open) {
     store.read_rows("t0", &[7], &mut out).unwrap();
     assert_eq!(out, values[7 * dim..8 * dim]);
     // no tolerance: the small change is a change too, and then nothing is left
-    assert_eq!(store.sync_table("t0", &values, 0.0).unwrap().written, 1);
-    assert_eq!(store.sync_table("t0", &values, 0.0).unwrap().written, 0);
+    assert_eq!(writes.sync_table("t0", &values, 0.0).unwrap().written, 1);
+    assert_eq!(writes.sync_table("t0", &values, 0.0).unwrap().written, 0);
     let digests = store.row_digests("t0", 0, ROWS).unwrap();
     assert_eq!(digests[3], nearrec::row_digest(&values[3 * dim..4 * dim]));
 }
@@ -837,24 +868,25 @@ pub fn a_swap_serves_the_new_store_and_refuses_an_incompatible_one(open: Open) {
     let other = write_store(dir.path(), "other", &TABLES[..1], 1.0);
     let s = open(&path, false);
     let store = &*s.store;
+    let versions = needs!(store, versions);
     let ids = [3i64, 8];
     let (before, _) = store.lookup(&rows_batch(&ids)).unwrap();
-    let e = store.swap(&to(&other), false, false).unwrap_err();
+    let e = versions.swap(&to(&other), false, false).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     assert_eq!(
         store.lookup(&rows_batch(&ids)).unwrap().0.values,
         before.values
     );
-    store.swap(&to(&next), true, false).unwrap();
+    versions.swap(&to(&next), true, false).unwrap();
     let (after, _) = store.lookup(&rows_batch(&ids)).unwrap();
     let negated: Vec<f32> = before.values.iter().map(|v| -v).collect();
     close(&after.values, &negated, "after the swap");
     // with force, a store that answers less is served too
-    store.swap(&to(&other), false, true).unwrap();
+    versions.swap(&to(&other), false, true).unwrap();
     assert_eq!(store.info().unwrap().tables.len(), 1);
     // a store not served from a repository has no versions to swap to
     for by_version in [SwapTo::Version(1), SwapTo::Previous] {
-        let e = store.swap(&by_version, false, false).unwrap_err();
+        let e = versions.swap(&by_version, false, false).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     }
 }
@@ -888,6 +920,7 @@ pub fn versions_swap_roll_back_and_survive_a_reopen(open: Open) {
     let served = |store: &dyn StoreApi| store.lookup(&rows_batch(&ids)).unwrap().0.values;
     let s = open(&path, false);
     let store = &*s.store;
+    let versions = needs!(store, versions);
     let first = served(store);
     let info = store.info().unwrap();
     assert_eq!(
@@ -896,14 +929,14 @@ pub fn versions_swap_roll_back_and_survive_a_reopen(open: Open) {
     );
     assert!(info.path.ends_with("dlrm/1"), "{}", info.path);
 
-    store.swap(&SwapTo::Version(3), true, false).unwrap();
+    versions.swap(&SwapTo::Version(3), true, false).unwrap();
     let doubled: Vec<f32> = first.iter().map(|v| v * 2.0).collect();
     close(&served(store), &doubled, "version 3");
-    store.swap(&SwapTo::Version(2), false, false).unwrap();
+    versions.swap(&SwapTo::Version(2), false, false).unwrap();
     let negated: Vec<f32> = first.iter().map(|v| -v).collect();
     close(&served(store), &negated, "version 2");
     // a rollback goes to the version served before (3), not the one numbered before (1)
-    store.swap(&SwapTo::Previous, false, false).unwrap();
+    versions.swap(&SwapTo::Previous, false, false).unwrap();
     close(&served(store), &doubled, "rolled back to 3");
     assert_eq!(store.info().unwrap().served_version, Some(3));
 
@@ -911,7 +944,7 @@ pub fn versions_swap_roll_back_and_survive_a_reopen(open: Open) {
         (SwapTo::Version(9), ErrorKind::StoreNotFound),
         (SwapTo::Version(3), ErrorKind::InvalidRequest), // served now
     ] {
-        let e = store.swap(&bad, false, false).unwrap_err();
+        let e = versions.swap(&bad, false, false).unwrap_err();
         assert_eq!(e.kind(), kind, "{bad:?}: {e}");
     }
     // a refused swap leaves what is served, and what a restart serves, as it was
@@ -925,9 +958,18 @@ pub fn versions_swap_roll_back_and_survive_a_reopen(open: Open) {
         "after a reopen"
     );
     close(&served(&*s.store), &doubled, "version 3 after a reopen");
-    s.store.swap(&SwapTo::Previous, false, false).unwrap();
+    s.store
+        .versions()
+        .expect("versions, as before")
+        .swap(&SwapTo::Previous, false, false)
+        .unwrap();
     close(&served(&*s.store), &first, "rolled back to 1");
-    let e = s.store.swap(&SwapTo::Previous, false, false).unwrap_err();
+    let e = s
+        .store
+        .versions()
+        .expect("versions, as before")
+        .swap(&SwapTo::Previous, false, false)
+        .unwrap_err();
     assert_eq!(
         e.kind(),
         ErrorKind::InvalidRequest,
@@ -1053,22 +1095,23 @@ pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
     };
     let s = open(&path, true);
     let store = &*s.store;
+    let inference = needs!(store, inference);
     assert!(store.info().unwrap().model);
-    let out = store.infer(&[], &rows_batch(&ids)).unwrap();
+    let out = inference.infer(&[], &rows_batch(&ids)).unwrap();
     close(&out.outputs, &want(&old, 0.5), "the kept model");
 
     let new: Vec<f32> = (0..DIM).map(|c| 1.0 - c as f32 * 0.2).collect();
-    store.update_model(&top(&new, &[-2.0])).unwrap();
-    let out = store.infer(&[], &rows_batch(&ids)).unwrap();
+    inference.update_model(&top(&new, &[-2.0])).unwrap();
+    let out = inference.infer(&[], &rows_batch(&ids)).unwrap();
     close(&out.outputs, &want(&new, -2.0), "after the update");
     // a partial update keeps the rest; a trainer's wrapper prefix finds the kept name
     let bias = Tensor {
         name: "model.top.bias",
         ..top(&new, &[3.0])[1]
     };
-    store.update_model(&[bias]).unwrap();
+    inference.update_model(&[bias]).unwrap();
     close(
-        &store.infer(&[], &rows_batch(&ids)).unwrap().outputs,
+        &inference.infer(&[], &rows_batch(&ids)).unwrap().outputs,
         &want(&new, 3.0),
         "after an update of the bias alone",
     );
@@ -1094,12 +1137,12 @@ pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
         (twice.to_vec(), "twice"),
         (Vec::new(), "no weights"),
     ] {
-        let e = store.update_model(&bad).unwrap_err();
+        let e = inference.update_model(&bad).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
         assert!(e.to_string().contains(says), "{says}: {e}");
     }
     close(
-        &store.infer(&[], &rows_batch(&ids)).unwrap().outputs,
+        &inference.infer(&[], &rows_batch(&ids)).unwrap().outputs,
         &want(&new, 3.0),
         "after the refused updates",
     );
@@ -1108,16 +1151,31 @@ pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
     // durable: a reopen runs the updated weights; a read-only store refuses an update
     let s = open(&path, false);
     close(
-        &s.store.infer(&[], &rows_batch(&ids)).unwrap().outputs,
+        &s.store
+            .inference()
+            .expect("inference, as before")
+            .infer(&[], &rows_batch(&ids))
+            .unwrap()
+            .outputs,
         &want(&new, 3.0),
         "after a reopen",
     );
-    let e = s.store.update_model(&top(&old, &[0.0])).unwrap_err();
+    let e = s
+        .store
+        .inference()
+        .expect("inference, as before")
+        .update_model(&top(&old, &[0.0]))
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreReadOnly, "{e}");
     // and a store that keeps no model says so
     let (_other, bare) = fixture();
     let s = open(&bare, true);
-    let e = s.store.update_model(&top(&old, &[0.0])).unwrap_err();
+    let e = s
+        .store
+        .inference()
+        .expect("inference, as before")
+        .update_model(&top(&old, &[0.0]))
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
 }
 
@@ -1218,6 +1276,7 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
     let (keys, path) = keyed_store(dir.path());
     let s = open(&path, true);
     let store = &*s.store;
+    let writes = needs!(store, writes);
     let raw = keyed_row;
     let picks = [17usize];
     let ids: Vec<i64> = picks.iter().map(|&r| keys[r] as i64).collect();
@@ -1230,7 +1289,9 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
         ids: &both,
         values: Some(&[0.5; 2 * DIM as usize]),
     };
-    let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
+    let e = writes
+        .write_many(&[w], WriteOptions::default())
+        .unwrap_err();
     assert_eq!(
         (e.kind(), e.table(), e.position()),
         (ErrorKind::KeysFull, Some("k"), Some(1)),
@@ -1252,13 +1313,13 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
         ids: &ids[..1],
         values: Some(&vec![0.5; d]),
     };
-    store.write_many(&[w], WriteOptions::default()).unwrap();
+    writes.write_many(&[w], WriteOptions::default()).unwrap();
     close(
         &store.lookup(&one).unwrap().0.values,
         &vec![0.5; d],
         "written by key",
     );
-    store
+    writes
         .write_many(
             &[RowWrite {
                 table: "k",
@@ -1281,7 +1342,7 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
         ids: &[new_key],
         values: Some(&vec![0.25; d]),
     };
-    store.write_many(&[w], WriteOptions::default()).unwrap();
+    writes.write_many(&[w], WriteOptions::default()).unwrap();
     let fresh_ids = [new_key];
     let fresh = Batch::new(vec![TableLookup::new(
         "k",

@@ -1,25 +1,90 @@
-//! A store as a replica of its shard: its membership read and changed, the fence of a
+//! A store as a replica of its shard ([`Replica`]): a version staged beside the served one and
+//! let go, its part in a write across shards, its membership read and changed, the fence of a
 //! catch-up, the rows a replica catching up adopts, and the check every write passes
 //! (`crate::membership` keeps the state; `docs/distributed.md`, "A replica catching up").
 
 use std::sync::RwLockReadGuard;
 use std::time::Duration;
 
+use super::{Store, lock};
+use crate::api::Replica;
 use crate::error::{Error, Result};
-use crate::live::{RowWrite, WriteOptions};
+use crate::live::{Decision, RowWrite, Transaction, WriteOptions};
 use crate::membership::{Membership, changed, now_ms};
-use crate::store::Store;
+use crate::versions::SwapTo;
 
-impl Store {
-    /// The replica's membership of its shard.
-    pub fn membership(&self) -> Membership {
-        self.inner.place.read().clone()
+impl Replica for Store {
+    /// Opens version `to` of the repository the store is served from beside the served one,
+    /// checked as a swap checks it (unless `force`) and warmed from it (with `warm`), without
+    /// serving it: a later swap to it switches at once, and lookups pinned to its number
+    /// ([`crate::Versions::lookup_version`]) are answered from it meanwhile. After that swap the
+    /// version it replaced stays open for lookups pinned to it, until the next stage or swap.
+    /// This is how a sharded store moves every shard to a new version without a batch that
+    /// reads two: stage everywhere, switch everywhere, then pin its batches to the new one.
+    /// Staging lets go of what was held before. Returns the staged version's number.
+    fn stage(&self, to: &SwapTo, warm: bool, force: bool) -> Result<u64> {
+        let Some(repo) = &self.inner.repo else {
+            return Err(self.no_repository("stage a version"));
+        };
+        let _lock = repo.lock()?;
+        let served = self.served_version().unwrap_or(0);
+        let (version, path, _) = crate::versions::target(repo, served, to)?;
+        if version == served {
+            return Err(Error::invalid(format!(
+                "version {version} is the one served; stage another"
+            )));
+        }
+        self.release()?;
+        let staged = self.open_version(&path, warm, force)?;
+        lock(&self.inner.held).staged = Some((version, staged));
+        Ok(version)
+    }
+
+    /// Lets go of the versions held open beside the served one ([`Replica::stage`]): lookups
+    /// pinned to them are refused from now on (`VersionNotServed`), their memory freed once
+    /// the calls on them end. A sharded store releases them once every shard serves the new
+    /// version, so that every router moves to it on its next batch.
+    fn release(&self) -> Result<()> {
+        let gone = lock(&self.inner.held).take_all();
+        for old in gone {
+            self.retire(old);
+        }
+        Ok(())
+    }
+
+    /// At membership epoch `epoch` (`crate::membership`; `None`: the shard's only replica).
+    fn prepare_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+        epoch: Option<u64>,
+    ) -> Result<()> {
+        let _admitted = self.admit(epoch)?;
+        self.current().live.prepare_write(tx, writes, options, note)
+    }
+
+    fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {
+        self.current().live.decide(tx, decision, keep)
+    }
+
+    fn forget(&self, tx: u128) -> Result<()> {
+        self.current().live.forget(tx)
+    }
+
+    fn transactions(&self) -> Result<Vec<Transaction>> {
+        self.current().live.transactions()
+    }
+
+    fn membership(&self) -> Result<Membership> {
+        Ok(self.inner.place.read().clone())
     }
 
     /// Makes `members` (ids, any order) the shard's members at `epoch` on this replica if it
     /// is at epoch `expected` now (a compare-and-set; else [`Error::MembershipChanged`] naming
     /// the one it holds), durably; lifts a fence. `epoch` must be past `expected`.
-    pub fn set_membership(&self, expected: u64, epoch: u64, members: &[u64]) -> Result<Membership> {
+    fn set_membership(&self, expected: u64, epoch: u64, members: &[u64]) -> Result<Membership> {
         let name = || self.name();
         self.inner.place.change(|m| {
             if m.epoch != expected || epoch <= expected {
@@ -47,7 +112,7 @@ impl Store {
     /// `lease`. Returns the store's count of writes then, which holds while fenced. Refused
     /// unless the replica is a member at `epoch`; when what is prepared does not drain within
     /// the lease, the fence is lifted again and the call refused.
-    pub fn fence(&self, epoch: u64, lease: Duration) -> Result<u64> {
+    fn fence(&self, epoch: u64, lease: Duration) -> Result<u64> {
         let name = || self.name();
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let started = std::time::Instant::now();
@@ -69,7 +134,7 @@ impl Store {
                 )
             });
             if !holding {
-                return Ok(self.version());
+                return Ok(self.snapshot().version());
             }
             if started.elapsed() + Duration::from_millis(2) >= lease {
                 self.inner.place.change(|m| {
@@ -91,16 +156,18 @@ impl Store {
     /// from the member now). Only a replica that is no member adopts rows; a fenced member
     /// adopts a count alone (a catch-up making every replica's count one). `count` must be past
     /// the version (or at it, with no rows), by at most 2²⁰. Returns the version after.
-    pub fn adopt(&self, writes: &[RowWrite<'_>], options: WriteOptions, count: u64) -> Result<u64> {
+    fn adopt(&self, writes: &[RowWrite<'_>], options: WriteOptions, count: u64) -> Result<u64> {
         let state = self.inner.place.read();
         let fenced_count = writes.is_empty() && state.fenced_at_ms.is_some();
         if state.is_member() && !fenced_count {
             let why = "a member takes writes, not a catch-up's rows (a fenced one, a count)".into();
             return Err(changed(self.name(), &state, why));
         }
-        self.adopt_served(writes, options, count)
+        self.current().live.adopt(writes, options, count)
     }
+}
 
+impl Store {
     /// Checks that a prepare at `epoch` (`None`: a write sent to one replica) may be taken, and
     /// holds the check until the returned guard drops: a change or a fence waits for it. A
     /// write without an epoch is taken only by a replica whose membership never changed.

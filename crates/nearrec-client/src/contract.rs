@@ -1,0 +1,359 @@
+//! The contract over the node's calls: the core and every capability, each verb one call
+//! (`nearrec_wire::convert` builds and reads its messages; the verb's row in
+//! `nearrec_wire::verbs` says whether it is made again).
+
+use std::time::{Duration, Instant};
+
+use nearrec::model::Tensor;
+use nearrec::{
+    AsBatch, Batch, Compaction, Decision, Inference, Inferred, Info, Membership, NewTable, Pooled,
+    Read, Replica, RowWrite, Rows, Schema, Stats, StoreApi, Submitted, SwapTo, TierReport,
+    Transaction, Versioned, Versions, WriteOptions, Writes,
+};
+use nearrec_wire::arrays::{decode, encode_slice};
+use nearrec_wire::convert;
+use nearrec_wire::v1 as pb;
+use nearrec_wire::v1::transaction_request::Step;
+
+use crate::{Client, Pending};
+
+/// Each verb one call to the node. `refresh` reads the node's version (the node follows the
+/// store's writer by itself). The node answers for its store: every capability is the
+/// client's, and a verb its store lacks comes back refused, typed.
+impl StoreApi for Client {
+    fn describe(&self) -> String {
+        let store = if self.store.is_empty() {
+            "the store"
+        } else {
+            &self.store
+        };
+        format!("{store} on the node at {}", self.address())
+    }
+
+    fn info(&self) -> nearrec::Result<Info> {
+        let req = pb::InfoRequest {
+            store: self.store.clone(),
+        };
+        convert::uninfo(self.call(req, |mut node, req| async move { node.info(req).await })?)
+    }
+
+    fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
+        self.pooled(self.lookup_request(batch, false, None))
+    }
+
+    fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        self.rows(self.lookup_request(batch, true, None))
+    }
+
+    fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
+        let deadline = self.options.timeout.map(|t| Instant::now() + t);
+        let conn = self.conn()?;
+        let req = self.lookup_request(&batch.as_batch(), false, None);
+        let started = self.start(&conn, req, deadline, convert::unpooled);
+        Ok(Box::new(Pending {
+            runtime: conn.runtime.clone(),
+            started,
+        }))
+    }
+
+    fn refresh(&self) -> nearrec::Result<u64> {
+        self.version()
+    }
+
+    fn row_digests(&self, table: &str, first: u64, count: u64) -> nearrec::Result<Vec<u64>> {
+        let req = pb::RowDigestsRequest {
+            store: self.store.clone(),
+            table: table.to_owned(),
+            first,
+            count,
+        };
+        let answer = self.call(
+            req,
+            |mut node, req| async move { node.row_digests(req).await },
+        )?;
+        decode(&answer.digests, table, "digests")
+    }
+
+    fn stats(&self) -> nearrec::Result<Stats> {
+        Ok(self.stats_and_tiers()?.0)
+    }
+
+    fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
+        Ok(self.stats_and_tiers()?.1)
+    }
+
+    /// Lets go of this process's connection (calls under way finish); every later call is
+    /// `Unavailable`.
+    fn close(&self) -> nearrec::Result<()> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Ok(())
+    }
+
+    fn writes(&self) -> Option<&dyn Writes> {
+        Some(self)
+    }
+
+    fn schema(&self) -> Option<&dyn Schema> {
+        Some(self)
+    }
+
+    fn versions(&self) -> Option<&dyn Versions> {
+        Some(self)
+    }
+
+    fn replica(&self) -> Option<&dyn Replica> {
+        Some(self)
+    }
+
+    fn inference(&self) -> Option<&dyn Inference> {
+        Some(self)
+    }
+}
+
+impl Writes for Client {
+    fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
+        let req = pb::WriteRequest {
+            store: self.store.clone(),
+            writes: convert::writes(writes),
+            allow_nonfinite: options.allow_nonfinite,
+        };
+        Ok(self
+            .call(req, |mut node, req| async move { node.write(req).await })?
+            .version)
+    }
+
+    fn compact(&self) -> nearrec::Result<Compaction> {
+        let req = pb::CompactRequest {
+            store: self.store.clone(),
+        };
+        let answer = self.call(req, |mut node, req| async move { node.compact(req).await })?;
+        Ok(convert::uncompaction(answer))
+    }
+}
+
+impl Schema for Client {
+    fn create_table(&self, t: &NewTable<'_>) -> nearrec::Result<u64> {
+        let (init, seed) = match t.init {
+            nearrec::Init::Zeros => ("zeros", 0),
+            nearrec::Init::Uniform { seed } => ("uniform", seed),
+        };
+        let req = pb::CreateTableRequest {
+            store: self.store.clone(),
+            name: t.name.to_owned(),
+            rows: t.rows,
+            dim: t.dim,
+            dtype: t.dtype.name().to_owned(),
+            init: init.to_owned(),
+            seed,
+        };
+        Ok(self
+            .call(
+                req,
+                |mut node, req| async move { node.create_table(req).await },
+            )?
+            .version)
+    }
+
+    fn drop_table(&self, name: &str) -> nearrec::Result<u64> {
+        let req = pb::DropTableRequest {
+            store: self.store.clone(),
+            name: name.to_owned(),
+        };
+        Ok(self
+            .call(
+                req,
+                |mut node, req| async move { node.drop_table(req).await },
+            )?
+            .version)
+    }
+}
+
+impl Versions for Client {
+    fn swap(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
+        Ok(self.swap_call(to, warm, force, false)?.version)
+    }
+
+    fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> nearrec::Result<(Pooled, Read)> {
+        self.pooled(self.lookup_request(batch, false, Some(version)))
+    }
+
+    fn lookup_rows_version(
+        &self,
+        batch: &Batch<'_>,
+        version: u64,
+    ) -> nearrec::Result<Versioned<Vec<Rows>>> {
+        self.rows(self.lookup_request(batch, true, Some(version)))
+    }
+}
+
+impl Replica for Client {
+    fn stage(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
+        Ok(self.swap_call(to, warm, force, true)?.staged)
+    }
+
+    fn release(&self) -> nearrec::Result<()> {
+        let req = pb::SwapRequest {
+            store: self.store.clone(),
+            release: true,
+            ..Default::default()
+        };
+        self.call(req, |mut node, req| async move { node.swap(req).await })
+            .map(drop)
+    }
+
+    fn prepare_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+        epoch: Option<u64>,
+    ) -> nearrec::Result<()> {
+        let req = pb::TransactionRequest {
+            writes: convert::writes(writes),
+            allow_nonfinite: options.allow_nonfinite,
+            note: note.to_owned(),
+            epoch,
+            ..self.transaction(tx, Step::Prepare)
+        };
+        self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
+        Ok(())
+    }
+
+    fn decide(&self, tx: u128, decision: Decision, keep: bool) -> nearrec::Result<u64> {
+        let step = match decision {
+            Decision::Commit => Step::Commit,
+            Decision::Abort => Step::Abort,
+        };
+        let req = pb::TransactionRequest {
+            keep,
+            ..self.transaction(tx, step)
+        };
+        Ok(self
+            .call(
+                req,
+                |mut node, req| async move { node.transaction(req).await },
+            )?
+            .version)
+    }
+
+    fn forget(&self, tx: u128) -> nearrec::Result<()> {
+        let req = self.transaction(tx, Step::Forget);
+        self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
+        Ok(())
+    }
+
+    fn transactions(&self) -> nearrec::Result<Vec<Transaction>> {
+        let req = self.transaction(0, Step::List);
+        let answer = self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
+        answer
+            .transactions
+            .iter()
+            .map(convert::untransaction)
+            .collect()
+    }
+
+    fn membership(&self) -> nearrec::Result<Membership> {
+        let req = self.transaction(0, Step::Membership);
+        let answer = self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
+        Ok(convert::unmembership(answer.membership))
+    }
+
+    fn set_membership(
+        &self,
+        expected: u64,
+        epoch: u64,
+        members: &[u64],
+    ) -> nearrec::Result<Membership> {
+        let to = Membership {
+            epoch,
+            members: members.to_vec(),
+            ..Membership::default()
+        };
+        let req = pb::TransactionRequest {
+            epoch: Some(expected),
+            membership: Some(convert::membership(to)),
+            ..self.transaction(0, Step::SetMembership)
+        };
+        let answer = self.call(
+            req,
+            |mut node, req| async move { node.transaction(req).await },
+        )?;
+        Ok(convert::unmembership(answer.membership))
+    }
+
+    fn fence(&self, epoch: u64, lease: Duration) -> nearrec::Result<u64> {
+        let req = pb::TransactionRequest {
+            epoch: Some(epoch),
+            lease_seconds: lease.as_secs_f64(),
+            ..self.transaction(0, Step::Fence)
+        };
+        Ok(self
+            .call(
+                req,
+                |mut node, req| async move { node.transaction(req).await },
+            )?
+            .version)
+    }
+
+    fn adopt(
+        &self,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        count: u64,
+    ) -> nearrec::Result<u64> {
+        let req = pb::TransactionRequest {
+            writes: convert::writes(writes),
+            allow_nonfinite: options.allow_nonfinite,
+            count,
+            ..self.transaction(0, Step::Adopt)
+        };
+        Ok(self
+            .call(
+                req,
+                |mut node, req| async move { node.transaction(req).await },
+            )?
+            .version)
+    }
+}
+
+impl Inference for Client {
+    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
+        let req = pb::InferRequest {
+            store: self.store.clone(),
+            dense: encode_slice(dense),
+            tables: convert::tables(batch),
+        };
+        let answer = self.call(req, |mut node, req| async move { node.infer(req).await })?;
+        Ok(Inferred {
+            outputs: decode(&answer.outputs, "", "outputs")?,
+            batch: answer.batch as usize,
+            width: answer.width as usize,
+            times: Default::default(),
+        })
+    }
+
+    fn update_model(&self, weights: &[Tensor<'_>]) -> nearrec::Result<()> {
+        let req = pb::UpdateModelRequest {
+            store: self.store.clone(),
+            weights: convert::weights(weights),
+        };
+        self.call(
+            req,
+            |mut node, req| async move { node.update_model(req).await },
+        )?;
+        Ok(())
+    }
+}
