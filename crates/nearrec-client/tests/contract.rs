@@ -33,10 +33,19 @@ fn node(path: &Path, writable: bool) -> Opened {
     Opened {
         store: Arc::new(client),
         keep: Box::new(node),
+        lacks: Vec::new(),
     }
 }
 
 store_api_suite!(node);
+
+/// A node's store, through its client, has every capability: the node answers for its store.
+#[test]
+fn a_client_has_every_capability() {
+    let (_dir, path) = suite::fixture();
+    let s = node(&path, false);
+    assert_eq!(suite::capabilities(&*s.store), suite::EVERY);
+}
 
 /// A closed client's calls are `Unavailable`; the node goes on serving others.
 #[test]

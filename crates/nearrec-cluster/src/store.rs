@@ -1163,8 +1163,9 @@ impl StoreApi for ShardedStore {
         Some(self)
     }
 
+    /// Only where a shard keeps the model and holds every table whole.
     fn inference(&self) -> Option<&dyn Inference> {
-        Some(self)
+        self.inner.keeper.map(|_| self as &dyn Inference)
     }
 }
 

@@ -18,13 +18,14 @@ fn embedded(path: &Path, toml: &str, writable: bool) -> Opened {
     Opened {
         store: Arc::new(Store::open(path, &config).unwrap()),
         keep: Box::new(()),
+        lacks: Vec::new(),
     }
 }
 
 mod dram {
     use super::*;
 
-    fn open(path: &Path, writable: bool) -> Opened {
+    pub fn open(path: &Path, writable: bool) -> Opened {
         embedded(path, "tier = \"dram\"", writable)
     }
 
@@ -41,6 +42,17 @@ mod ssd {
     }
 
     store_api_suite!(open);
+}
+
+/// An embedded store has every capability, read-only or not (a read-only one refuses writes,
+/// typed, when asked).
+#[test]
+fn an_embedded_store_has_every_capability() {
+    let (_dir, path) = suite::fixture();
+    for writable in [false, true] {
+        let s = dram::open(&path, writable);
+        assert_eq!(suite::capabilities(&*s.store), suite::EVERY);
+    }
 }
 
 /// Closing a writable store lets go of its writer lock before `close` returns.

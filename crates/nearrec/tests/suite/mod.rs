@@ -23,6 +23,9 @@ use nearrec_testkit::Xorshift;
 pub struct Opened {
     pub store: Arc<dyn StoreApi>,
     pub keep: Box<dyn std::any::Any>,
+    /// What this store cannot do beyond its capabilities' traits, each with why: a case that
+    /// needs one ends where it asks (`lacking!`). Said by the runner that knows the store.
+    pub lacks: Vec<(&'static str, &'static str)>,
 }
 
 /// Opens the store at `path` as the implementation under test serves it, writable or not.
@@ -115,6 +118,39 @@ macro_rules! needs {
                 eprintln!("skipped: {} has no {}", $store.describe(), stringify!($cap));
                 return;
             }
+        }
+    };
+}
+
+/// Which capabilities `store` hands out, by name (what the runner's own test holds it to).
+pub fn capabilities(store: &dyn StoreApi) -> Vec<&'static str> {
+    let has = [
+        ("writes", store.writes().is_some()),
+        ("schema", store.schema().is_some()),
+        ("versions", store.versions().is_some()),
+        ("replica", store.replica().is_some()),
+        ("inference", store.inference().is_some()),
+    ];
+    has.iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| *name)
+        .collect()
+}
+
+/// Every capability: an embedded store's and a node's.
+pub const EVERY: [&str; 5] = ["writes", "schema", "versions", "replica", "inference"];
+
+/// The case ends here, said on stderr, when the store under test lacks `$what`
+/// ([`Opened::lacks`]).
+macro_rules! lacking {
+    ($opened:expr, $what:literal) => {
+        if let Some((_, why)) = $opened.lacks.iter().find(|(w, _)| *w == $what) {
+            eprintln!(
+                "skipped: {} lacks {}: {why}",
+                $opened.store.describe(),
+                $what
+            );
+            return;
         }
     };
 }
@@ -867,6 +903,7 @@ pub fn a_swap_serves_the_new_store_and_refuses_an_incompatible_one(open: Open) {
     let next = write_store(dir.path(), "next", &TABLES, -1.0);
     let other = write_store(dir.path(), "other", &TABLES[..1], 1.0);
     let s = open(&path, false);
+    lacking!(s, "path swaps");
     let store = &*s.store;
     let versions = needs!(store, versions);
     let ids = [3i64, 8];
@@ -919,6 +956,7 @@ pub fn versions_swap_roll_back_and_survive_a_reopen(open: Open) {
     let ids = [3i64, 8];
     let served = |store: &dyn StoreApi| store.lookup(&rows_batch(&ids)).unwrap().0.values;
     let s = open(&path, false);
+    lacking!(s, "a repository's versions");
     let store = &*s.store;
     let versions = needs!(store, versions);
     let first = served(store);
@@ -1275,6 +1313,7 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
     let dir = tempfile::tempdir().unwrap();
     let (keys, path) = keyed_store(dir.path());
     let s = open(&path, true);
+    lacking!(s, "keyed writes through a transaction");
     let store = &*s.store;
     let writes = needs!(store, writes);
     let raw = keyed_row;
@@ -1283,6 +1322,11 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
     let d = DIM as usize;
     let new_key = 987_654_321i64;
     assert!(!keys.contains(&(new_key as u64)));
+    let one = Batch::new(vec![TableLookup::new(
+        "k",
+        Indices::I64(&ids[..1]),
+        Bags::Lengths(Indices::I64(&[1])),
+    )]);
     let both = [ids[0], new_key];
     let w = RowWrite {
         table: "k",
@@ -1297,11 +1341,6 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
         (ErrorKind::KeysFull, Some("k"), Some(1)),
         "{e}"
     );
-    let one = Batch::new(vec![TableLookup::new(
-        "k",
-        Indices::I64(&ids[..1]),
-        Bags::Lengths(Indices::I64(&[1])),
-    )]);
     close(
         &store.lookup(&one).unwrap().0.values,
         &raw(picks[0]),
