@@ -3,6 +3,7 @@
 //! its target's function, on stable: CI's smoke run of the fuzz targets, and every crash found a
 //! regression test for good. With `NEARREC_FUZZ_SEEDS=1` it first writes the valid seeds.
 
+use nearrec::prelude::*;
 use std::path::{Path, PathBuf};
 
 /// `fuzz/KIND/TARGET`: `seeds` or `corpus`.
@@ -64,7 +65,7 @@ fn the_request_seeds_are_answered_or_refused_where_they_should_be() {
                     (nearrec::ErrorKind::IndexOutOfRange, Some("a"))
                 );
             }
-            _ => assert_eq!(got.unwrap().batch, 4, "{name}"),
+            _ => assert_eq!(got.unwrap().0.batch, 4, "{name}"),
         }
     }
 }

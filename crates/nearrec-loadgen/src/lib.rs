@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nearrec::{AsBatch, IndexVec, OwnedBags, OwnedBatch, OwnedLookup, Store};
+use nearrec::{AsBatch, IndexVec, OwnedBags, OwnedBatch, OwnedLookup, Store, StoreApi};
 use nearrec_wire::convert;
 use nearrec_wire::v1 as pb;
 use nearrec_wire::v1::node_client::NodeClient;
@@ -273,7 +273,7 @@ async fn one(
             let _slot = slots.acquire().await.map_err(|e| e.to_string())?;
             let (s, batch) = (s.clone(), batch.clone());
             let pooled = runs_on
-                .spawn_blocking(move || s.lookup(&batch.as_batch()))
+                .spawn_blocking(move || s.lookup(&batch.as_batch()).map(|(p, _)| p))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;

@@ -748,7 +748,7 @@ impl NativeStore {
         let py = slf.py();
         let this = slf.get();
         let store = this.local(py, "table_array")?;
-        let meta = store.table(name).map_err(|e| err(py, e))?;
+        let meta = store.table_meta(name).map_err(|e| err(py, e))?;
         if meta.dtype != DType::Fp32 || !meta.layout().is_dense() {
             return Err(raise(
                 py,

@@ -100,7 +100,7 @@ fn answers_over_the_network_equal_the_embedded_stores() {
     for seed in 0..24u64 {
         let b = batch(seed, 1 + (seed as usize * 7) % 40);
         for (name, local) in ["dram", "ssd"].iter().zip(&embedded) {
-            let want = local.lookup(&b.as_batch()).unwrap();
+            let want = local.lookup(&b.as_batch()).unwrap().0;
             let got = node
                 .runtime
                 .block_on(client.lookup(request(name, &b, false, seed)))
@@ -162,7 +162,7 @@ fn answers_over_the_network_equal_the_embedded_stores() {
             continue;
         }
         assert!(a.error.is_none());
-        let want = embedded[1].lookup(&batches[i].as_batch()).unwrap();
+        let want = embedded[1].lookup(&batches[i].as_batch()).unwrap().0;
         same(
             &convert::unpooled(a).unwrap(),
             &want,
@@ -579,7 +579,7 @@ fn small_lookups_that_read_the_device_coalesce_and_answer_as_if_alone() {
             }
             let a = a.as_ref().unwrap();
             assert_eq!(a.id, i as u64);
-            let want = local.lookup(&b.as_batch()).unwrap();
+            let want = local.lookup(&b.as_batch()).unwrap().0;
             same(
                 &convert::unpooled(a).unwrap(),
                 &want,
@@ -624,7 +624,7 @@ fn small_lookups_that_read_the_device_coalesce_and_answer_as_if_alone() {
         let got = ask(&node, &service, request("s", &big, false, 1), Some("200m")).unwrap();
         same(
             &convert::unpooled(&got).unwrap(),
-            &local.lookup(&big.as_batch()).unwrap(),
+            &local.lookup(&big.as_batch()).unwrap().0,
             "big",
         );
     }
@@ -681,7 +681,8 @@ fn lookups_pinned_to_a_version_coalesce_only_with_their_own_and_read_it() {
         let a = a.as_ref().unwrap();
         let want = local[usize::from(pins[i % 3] == 2)]
             .lookup(&b.as_batch())
-            .unwrap();
+            .unwrap()
+            .0;
         same(
             &convert::unpooled(a).unwrap(),
             &want,

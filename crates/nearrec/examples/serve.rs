@@ -197,7 +197,7 @@ fn main() -> Result<()> {
     );
 
     // The SSD tier's counters (the checks' own lookups count too).
-    let stats = store.stats().ok_or("the SSD tier keeps stats")?;
+    let stats = store.stats()?;
     let get = |k: &str| stats.get(k).unwrap_or(f64::NAN);
     println!(
         "dram hit ratio {:.3} (the plan expected {:.3}), device reads {}, device {}",
@@ -213,16 +213,16 @@ fn main() -> Result<()> {
 /// land, so the order of a bag's additions, and its last bits, may differ).
 fn same(store: &Store, batch: &OwnedBatch, got: &Pooled, how: &str) -> Result<()> {
     let want = store.lookup(&batch.as_batch())?;
-    if got.batch != want.batch || got.tables != want.tables {
-        return Err(format!("{how}: shape {:?} vs {:?}", got.tables, want.tables).into());
+    if got.batch != want.0.batch || got.tables != want.0.tables {
+        return Err(format!("{how}: shape {:?} vs {:?}", got.tables, want.0.tables).into());
     }
-    let at = got.values.iter().zip(&want.values).position(|(x, y)| {
+    let at = got.values.iter().zip(&want.0.values).position(|(x, y)| {
         (x - y).abs() > 1e-5 * (1.0 + y.abs()) // fp32 sums of POOLING rows
     });
     match at {
         Some(i) => Err(format!(
             "{how}: value {i} is {} not {}",
-            got.values[i], want.values[i]
+            got.values[i], want.0.values[i]
         )
         .into()),
         None => Ok(()),

@@ -17,6 +17,7 @@
 //! `tests/suite/`, holds every implementation to the same answers and typed errors.
 //!
 //! ```no_run
+//! use nearrec::prelude::*;
 //! use nearrec::{Batch, Indices, Bags, Store, StoreConfig, TableLookup};
 //!
 //! let config = StoreConfig::from_toml("tier = \"ssd\"\ndram_budget = \"1GiB\"")?;
@@ -27,7 +28,7 @@
 //!     Indices::I64(&ids),
 //!     Bags::Lengths(Indices::I64(&lengths)),
 //! )]);
-//! let pooled = store.lookup(&batch)?; // [2, dim]
+//! let (pooled, read) = store.lookup(&batch)?; // [2, dim], at version read.version
 //! # Ok::<(), nearrec::Error>(())
 //! ```
 //!

@@ -129,7 +129,8 @@ impl Store {
         let store = self.clone();
         pool.spawn(move || {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                store.lookup(&batch.as_batch())
+                let batch = batch.as_batch();
+                store.lookup_at(&batch, &store.snapshot()).map(|(p, _)| p)
             }));
             slot.put(result.unwrap_or_else(|_| {
                 Err(Error::Internal(
@@ -165,7 +166,7 @@ impl Store {
         let prepared = self.prepare(batch)?;
         let (bags, width) = (prepared.batch(), prepared.width());
         if bags <= sub_batch {
-            return self.lookup(batch);
+            return self.lookup_at(batch, &self.snapshot()).map(|(p, _)| p);
         }
         let parts = split(batch, &prepared, sub_batch);
         // every sub-batch reads the version the batch started at

@@ -94,7 +94,7 @@ fn served(source: &Path) -> Result<(StoreReader, String)> {
     };
     let store = Store::open(source, &config)?;
     let (dir, name) = (store.path(), store.name());
-    let logged = store.version();
+    let logged = store.snapshot().version();
     let folded = store.manifest().lsn.unwrap_or(0);
     if logged > folded {
         return Err(Error::invalid(format!(

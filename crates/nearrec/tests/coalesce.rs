@@ -3,6 +3,7 @@
 //! split answer what each answers by itself, on the DRAM and SSD tiers; batches that
 //! differ in shape or are malformed do not coalesce.
 
+use nearrec::prelude::*;
 use std::path::Path;
 
 use nearrec::{
@@ -144,13 +145,13 @@ proptest! {
             let merged = coalesce(&refs).expect("parts of one shape coalesce");
             prop_assert_eq!(merged.bags.len(), parts.len());
             let pooled = store.lookup(&merged.batch.as_batch()).unwrap();
-            for (k, (got, part)) in pooled.split(&merged.bags).into_iter().zip(&parts).enumerate() {
+            for (k, (got, part)) in pooled.0.split(&merged.bags).into_iter().zip(&parts).enumerate() {
                 let alone = store.lookup(&part.as_batch()).unwrap();
-                prop_assert_eq!((got.batch, &got.tables), (alone.batch, &alone.tables));
+                prop_assert_eq!((got.batch, &got.tables), (alone.0.batch, &alone.0.tables));
                 // the SSD tier adds a bag's rows as their reads land: equal up to rounding
-                let close = got.values.iter().zip(&alone.values)
+                let close = got.values.iter().zip(&alone.0.values)
                     .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
-                prop_assert!(close, "part {} on {}: {:?} != {:?}", k, tier, got.values, alone.values);
+                prop_assert!(close, "part {} on {}: {:?} != {:?}", k, tier, got.values, alone.0.values);
             }
         }
     }

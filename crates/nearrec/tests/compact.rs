@@ -100,7 +100,7 @@ impl Model {
                 Indices::I64(&ids),
                 Bags::Lengths(Indices::I64(&lengths)),
             )]);
-            let got = store.lookup(&batch).unwrap().values;
+            let got = store.lookup(&batch).unwrap().0.values;
             for (r, g) in got.chunks(dim as usize).enumerate() {
                 let want = self.row(t, r as u64);
                 let close = g
@@ -164,7 +164,7 @@ fn compaction_moves_the_base_on_every_tier() {
         drop(s);
         for writable in [true, false] {
             let s = Store::open(&path, &config(tier, writable)).unwrap();
-            assert_eq!(s.version(), 90);
+            assert_eq!(s.version().unwrap(), 90);
             model.check(&s, &format!("{tier}, reopened (writable: {writable})"));
         }
     }
@@ -222,7 +222,7 @@ fn a_read_only_store_that_follows_serves_what_its_writer_acknowledged() {
             writer.compact().unwrap();
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while reader.version() != writer.version() {
+        while reader.version().unwrap() != writer.version().unwrap() {
             assert!(std::time::Instant::now() < deadline, "not followed in 10 s");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -256,7 +256,7 @@ fn a_compaction_does_not_launder_a_damaged_row() {
             Indices::I64(&ids),
             Bags::Lengths(Indices::I64(&lengths)),
         )]);
-        s.lookup(&batch).map(|p| p.values)
+        s.lookup(&batch).map(|p| p.0.values)
     };
     let kind = |r: nearrec::Result<Vec<f32>>| r.unwrap_err().kind();
     assert_eq!(kind(one(100)), nearrec::ErrorKind::StoreCorrupted);
@@ -384,7 +384,7 @@ fn a_writer_killed_at_each_point_loses_no_acknowledged_write() {
                 &config("tier = \"ssd\"\ndram_budget = \"32KiB\"", writable),
             )
             .unwrap();
-            let version = s.version();
+            let version = s.version().unwrap();
             let mut want = model.clone();
             if point == "live::logged" {
                 // synced to the log but never acknowledged: recovery keeps it, whole

@@ -148,7 +148,7 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     store
         .prepare_write(b, &[w(&[2])], WriteOptions::default(), "decider=1/0", None)
         .unwrap();
-    let v0 = store.version();
+    let v0 = store.version().unwrap();
     store.close().unwrap();
     drop(store);
     // `b` was decided (its file moved) and the writer died before logging its rows
@@ -157,7 +157,7 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     let mut out = vec![0f32; d];
     store.read_rows("t0", &[2], &mut out).unwrap();
     assert_eq!(out, values, "a decided transaction is logged on open");
-    assert_eq!(store.version(), v0 + 1);
+    assert_eq!(store.version().unwrap(), v0 + 1);
     let mut listed: Vec<_> = (store.transactions().unwrap().into_iter())
         .map(|t| (t.tx, t.state, t.note))
         .collect();
@@ -185,7 +185,7 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     store.close().unwrap();
     drop(store);
     let store = Store::open(&path, &config).unwrap();
-    assert_eq!(store.version(), v0 + 2);
+    assert_eq!(store.version().unwrap(), v0 + 2);
     assert!(store.transactions().unwrap().is_empty());
 }
 
@@ -219,7 +219,7 @@ fn membership_and_an_adopted_count_survive_a_reopen() {
         (m.epoch, m.members.as_slice(), m.is_member()),
         (3, &[42][..], false)
     );
-    assert_eq!(store.version(), 1000);
+    assert_eq!(store.version().unwrap(), 1000);
     let mut got = row;
     got.fill(0.0);
     store.read_rows("t0", &[7], &mut got).unwrap();
@@ -228,7 +228,7 @@ fn membership_and_an_adopted_count_survive_a_reopen() {
     store.compact().unwrap();
     store.close().unwrap();
     let store = Store::open(&path, &config).unwrap();
-    assert_eq!(store.version(), 1000);
+    assert_eq!(store.version().unwrap(), 1000);
 }
 
 /// Issue 62, item 7: a prepare reusing the id of a transaction already committed was accepted
@@ -260,13 +260,13 @@ fn a_prepare_of_a_finished_transactions_id_is_refused() {
     prepare(3, &[3]).unwrap();
     store.decide(3, Decision::Commit, true).unwrap();
     store.forget(3).unwrap();
-    let version = store.version();
+    let version = store.version().unwrap();
     for (tx, id) in [(1u128, 4i64), (2, 2), (3, 3)] {
         let e = prepare(tx, &[id]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{tx}: {e}");
         assert!(e.to_string().contains("replayed"), "{e}");
     }
     assert!(store.transactions().unwrap().is_empty(), "nothing prepared");
-    assert_eq!(store.version(), version);
+    assert_eq!(store.version().unwrap(), version);
     prepare(4, &[4]).unwrap();
 }

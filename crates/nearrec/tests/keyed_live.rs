@@ -159,7 +159,7 @@ fn a_keyed_writer_killed_at_each_point_loses_no_acknowledged_call() {
         };
         for writable in [false, true] {
             let s = Store::open(&path, &config(writable)).unwrap();
-            assert_eq!(s.version(), calls, "{point}");
+            assert_eq!(s.version().unwrap(), calls, "{point}");
             let what = format!("killed at {point}, reopened (writable: {writable})");
             check(&s, calls, &what);
             if writable {
@@ -212,7 +212,7 @@ fn a_reader_counts_the_keys_it_serves_not_the_compacted_ones() {
     let held = (model(CALLS).len() - 1) as u64;
     assert_eq!(writer.keys_held("k"), Some(held));
     let reader = Store::open(&path, &config(false)).unwrap();
-    assert_eq!(reader.version(), writer.version());
+    assert_eq!(reader.version().unwrap(), writer.version().unwrap());
     let table = nearrec::StoreApi::table(&reader, "k").unwrap();
     assert_eq!(table.keys, Some(held), "info's keys: served, not compacted");
     assert_eq!(reader.keys_held("k"), Some(held));

@@ -50,7 +50,7 @@ fn rows_of(store: &Store, t: usize, rows: &[i64]) -> Vec<Vec<f32>> {
     )]);
     let pooled = store.lookup(&batch).unwrap();
     let dim = TABLES[t].1 as usize;
-    pooled.values.chunks(dim).map(<[f32]>::to_vec).collect()
+    pooled.0.values.chunks(dim).map(<[f32]>::to_vec).collect()
 }
 
 /// What the table's encoding makes of `values` (int8 and fp16 round).
@@ -80,7 +80,7 @@ fn writes_and_removes_are_seen_at_once_and_after_a_reopen() {
         let v1 = s.write("a", &[5], &new_row(0, 1)).unwrap();
         let v2 = s.remove("a", &[6]).unwrap();
         assert!(v2 > v1, "{tier}");
-        assert_eq!(s.version(), v2);
+        assert_eq!(s.version().unwrap(), v2);
         let after = rows_of(&s, 0, &[5, 6, 7]);
         assert_eq!(after[0], encoded(0, &new_row(0, 1)), "{tier}");
         assert_eq!(
@@ -103,7 +103,7 @@ fn writes_and_removes_are_seen_at_once_and_after_a_reopen() {
         // the log is replayed on open, writable or not
         for writable in [true, false] {
             let s = Store::open(&path, &config(tier, writable)).unwrap();
-            assert_eq!(s.version(), 3, "{tier}");
+            assert_eq!(s.version().unwrap(), 3, "{tier}");
             assert_eq!(rows_of(&s, 0, &[5])[0], encoded(0, &new_row(0, 1)));
             assert_eq!(rows_of(&s, 0, &[6])[0], vec![0.0; 8]);
             assert_eq!(rows_of(&s, 2, &[9])[0], encoded(2, &new_row(2, 3)));
@@ -144,7 +144,7 @@ fn a_damaged_last_write_is_reported_or_refused_never_dropped_silently() {
     assert!(e.to_string().contains(&format!("record {last}")), "{e}");
 
     let s = Store::open(&path, &config("tier = \"dram\"", true)).unwrap();
-    assert_eq!(s.version(), last - 1);
+    assert_eq!(s.version().unwrap(), last - 1);
     assert_eq!(
         rows_of(&s, 0, &[5]),
         before,
@@ -167,7 +167,7 @@ fn one_writer_and_readers_that_refresh() {
     writer.write("a", &[1], &new_row(0, 7)).unwrap();
     writer.write("b", &[2], &new_row(1, 8)).unwrap();
     // a reader keeps the version it has until it refreshes
-    assert_eq!(reader.version(), 0);
+    assert_eq!(reader.version().unwrap(), 0);
     assert_eq!(rows_of(&reader, 0, &[1])[0].len(), 8);
     assert_ne!(rows_of(&reader, 0, &[1])[0], encoded(0, &new_row(0, 7)));
     assert_eq!(reader.refresh().unwrap(), 2);
@@ -183,7 +183,7 @@ fn one_writer_and_readers_that_refresh() {
     // the lock goes with the writer
     drop(writer);
     let again = Store::open(&path, &config("tier = \"dram\"", true)).unwrap();
-    assert_eq!(again.version(), 2);
+    assert_eq!(again.version().unwrap(), 2);
 }
 
 #[test]
@@ -256,7 +256,7 @@ fn bad_calls_are_typed_errors_and_apply_nothing() {
             assert_eq!(*p, position, "{err}");
         }
     }
-    assert_eq!(s.version(), 0);
+    assert_eq!(s.version().unwrap(), 0);
     let stats: HashMap<_, _> = s.live_stats().into_iter().collect();
     assert_eq!((stats["log_records"], stats["delta_rows"]), (0.0, 0.0));
     // allowed, a non-finite row is written
@@ -299,7 +299,7 @@ fn a_full_delta_refuses_the_call_whole() {
     };
     assert!(matches!(err, Error::DeltaFull { .. }), "{err}");
     assert_eq!(n, (1u64 << 20) / (300 * 80));
-    assert_eq!(s.version(), n);
+    assert_eq!(s.version().unwrap(), n);
     // without the old reader, a rewrite of the same rows replaces them
     drop(held);
     s.write("a", &ids[..1], &values[..8]).unwrap();
@@ -347,7 +347,7 @@ fn readers_never_see_half_of_a_call() {
                                 })
                                 .collect(),
                         );
-                        let v = s.lookup(&batch).unwrap().values;
+                        let v = s.lookup(&batch).unwrap().0.values;
                         // a = [x; 8], b = [x; 4], c = [x; 6]: one x everywhere
                         let x = v[0];
                         assert!(v.iter().all(|&y| y == x), "{tier}: a torn batch {v:?}");
@@ -437,7 +437,7 @@ proptest! {
                     }
                 }
                 Step::Compact => {
-                    let version = s.version();
+                    let version = s.version().unwrap();
                     let done = s.compact().unwrap();
                     prop_assert_eq!(done.version, version);
                     let stats: HashMap<_, _> = s.live_stats().into_iter().collect();
@@ -445,10 +445,10 @@ proptest! {
                     prop_assert_eq!(stats["delta_rows"], 0.0);
                 }
                 Step::Reopen => {
-                    let version = s.version();
+                    let version = s.version().unwrap();
                     drop(s);
                     s = Store::open(&path, &c).unwrap();
-                    prop_assert_eq!(s.version(), version);
+                    prop_assert_eq!(s.version().unwrap(), version);
                 }
             }
         }

@@ -99,9 +99,9 @@ fn lookups_on_every_tier_equal_the_rows() {
         for seed in 0..4 {
             let b = batch(seed, 33);
             let got = s.lookup(&nearrec::AsBatch::as_batch(&b)).unwrap();
-            assert_eq!(got.batch, 33);
-            assert_eq!(got.width(), 3 * DIM as usize);
-            close(&got.values, &expected(&b));
+            assert_eq!(got.0.batch, 33);
+            assert_eq!(got.0.width(), 3 * DIM as usize);
+            close(&got.0.values, &expected(&b));
         }
         let expect_tier = match config.tier {
             Tier::Auto => Tier::Ssd, // 1 KiB does not hold 48 KB of tables
@@ -224,8 +224,8 @@ proptest! {
         match s.lookup(&b) {
             Ok(whole) => {
                 let parts = s.lookup_split(&b, sub).unwrap();
-                prop_assert_eq!(parts.batch, whole.batch);
-                close(&parts.values, &whole.values);
+                prop_assert_eq!(parts.batch, whole.0.batch);
+                close(&parts.values, &whole.0.values);
             }
             // (offsets of an empty batch, say): the split fails the same way
             Err(e) => prop_assert_eq!(
@@ -254,14 +254,14 @@ fn a_placement_in_the_config_is_applied_and_checked() {
     let toml = "tier = \"ssd\"\n[plan.tables.t0]\nresident = true\n[plan.tables.t1]\nhot_rows = [1, 2, 3]\ncache_bytes = \"4KiB\"\n";
     let config = StoreConfig::from_toml(toml).unwrap();
     let s = Store::open(&path, &config).unwrap();
-    let report = s.tier_report();
+    let report = s.tier_report().unwrap();
     assert!(report[0].resident);
     assert_eq!(report[1].hot_rows, 3);
     assert!(report[1].cache_rows > 0);
     assert!(!report[2].resident && report[2].hot_rows == 0 && report[2].cache_rows == 0);
     let b = batch(3, 20);
     close(
-        &s.lookup(&nearrec::AsBatch::as_batch(&b)).unwrap().values,
+        &s.lookup(&nearrec::AsBatch::as_batch(&b)).unwrap().0.values,
         &expected(&b),
     );
     assert_eq!(s.manifest().tables.len(), TABLES.len());

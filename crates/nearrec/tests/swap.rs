@@ -51,7 +51,7 @@ fn both(s: &Store, ids: &[i64]) -> nearrec::Result<Vec<f32>> {
             .map(|t| TableLookup::new(t, Indices::I64(ids), Bags::Lengths(Indices::I64(&lengths))))
             .to_vec(),
     );
-    Ok(s.lookup(&batch)?.values)
+    Ok(s.lookup(&batch)?.0.values)
 }
 
 #[test]
@@ -185,7 +185,7 @@ fn a_writable_store_takes_the_new_stores_lock_and_log() {
     let s = Store::open(&v1, &c).unwrap();
     s.write("a", &[1], &[0.5; 16]).unwrap();
     s.swap(&SwapTo::path(&v2), true, false).unwrap();
-    assert_eq!(s.version(), 0);
+    assert_eq!(s.version().unwrap(), 0);
     s.write("a", &[2], &[0.25; 16]).unwrap();
     let v = both(&s, &[1, 2]).unwrap();
     assert_eq!((&v[..16], &v[24..40]), (&[-1.0; 16][..], &[0.25; 16][..]));

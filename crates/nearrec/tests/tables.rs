@@ -44,7 +44,7 @@ fn rows(s: &Store, table: &str, ids: &[i64]) -> nearrec::Result<Vec<f32>> {
         Indices::I64(ids),
         Bags::Lengths(Indices::I64(&lengths)),
     )]);
-    Ok(s.lookup(&batch)?.values)
+    Ok(s.lookup(&batch)?.0.values)
 }
 
 /// Row `r` of a table created with `Init::Uniform { seed }` at `position`, as fp16 stores it.
@@ -74,7 +74,7 @@ fn created_and_dropped_tables_are_served_at_once_and_after_a_reopen() {
             })
             .unwrap();
         // everything before was folded, then the table was made: versions 1 and 2
-        assert_eq!((v, s.version()), (2, 2), "{tier}");
+        assert_eq!((v, s.version().unwrap()), (2, 2), "{tier}");
         assert_eq!(s.tables().len(), 3);
         let got = rows(&s, "n", &[0, 7, 499]).unwrap();
         for (k, r) in [0u64, 7, 499].into_iter().enumerate() {
@@ -102,7 +102,7 @@ fn created_and_dropped_tables_are_served_at_once_and_after_a_reopen() {
             .file
             .clone();
         let v = s.drop_table("a").unwrap();
-        assert_eq!(s.version(), v);
+        assert_eq!(s.version().unwrap(), v);
         let err = rows(&s, "a", &[1]).unwrap_err();
         assert!(
             matches!(
@@ -125,11 +125,11 @@ fn created_and_dropped_tables_are_served_at_once_and_after_a_reopen() {
             !path.join(&a_file).exists(),
             "{tier}: a's file {a_file} is left"
         );
-        let version = s.version();
+        let version = s.version().unwrap();
         drop(s);
         for writable in [true, false] {
             let s = Store::open(&path, &config(tier, writable)).unwrap();
-            assert_eq!(s.version(), version);
+            assert_eq!(s.version().unwrap(), version);
             assert_eq!(rows(&s, "n", &[7, 0]).unwrap()[..6], [0.5; 6]);
             assert_eq!(
                 &rows(&s, "n", &[0]).unwrap()[..],
@@ -173,7 +173,7 @@ fn bad_changes_are_typed_errors_and_change_nothing() {
     assert!(err.to_string().contains("\"x\""), "{err}");
     let err = s.drop_table("nope").unwrap_err();
     assert!(err.to_string().contains("nope"), "{err}");
-    assert_eq!(s.version(), 0);
+    assert_eq!(s.version().unwrap(), 0);
     assert_eq!(s.tables().len(), 2);
     drop(s);
     let r = Store::open(&path, &config("tier = \"dram\"", false)).unwrap();
@@ -214,7 +214,7 @@ fn a_reader_follows_created_and_dropped_tables() {
         w.write("b", &[2], &[8.0; 4]).unwrap();
         // until it refreshes, the reader serves what it opened
         assert_eq!(rows(&r, "a", &[5]).unwrap(), vec![5.0; 8]);
-        assert_eq!(r.refresh().unwrap(), w.version(), "{tier}");
+        assert_eq!(r.refresh().unwrap(), w.version().unwrap(), "{tier}");
         assert!(rows(&r, "a", &[5]).is_err());
         assert_eq!(rows(&r, "n", &[2]).unwrap(), vec![3.0; 6]);
         assert_eq!(
@@ -300,11 +300,11 @@ fn a_writer_killed_after_logging_a_change_has_it_redone() {
     assert!(!status.success());
     // a reader stops before the change it cannot see in the manifest yet
     let r = Store::open(&path, &config("tier = \"dram\"", false)).unwrap();
-    assert_eq!(r.version(), 1);
+    assert_eq!(r.version().unwrap(), 1);
     assert!(rows(&r, "n", &[0]).is_err());
     // the writer's open redoes it
     let w = Store::open(&path, &config("tier = \"dram\"", true)).unwrap();
-    assert_eq!(w.version(), 2);
+    assert_eq!(w.version().unwrap(), 2);
     assert_eq!(
         &rows(&w, "n", &[3]).unwrap()[..],
         &uniform_row(4, 2, 3, 6)[..]
@@ -431,10 +431,10 @@ proptest! {
                     s.swap(&SwapTo::path(&paths[at]), true, true).unwrap();
                 }
                 Step::Reopen => {
-                    let version = s.version();
+                    let version = s.version().unwrap();
                     drop(s);
                     s = Store::open(&paths[at], &c).unwrap();
-                    prop_assert_eq!(s.version(), version);
+                    prop_assert_eq!(s.version().unwrap(), version);
                 }
             }
             let model = &models[at];

@@ -30,7 +30,7 @@ fn probe(s: &Store) -> f32 {
         Indices::I64(&ids),
         Bags::Lengths(Indices::I64(&lengths)),
     )]);
-    s.lookup(&batch).unwrap().values[0]
+    s.lookup(&batch).unwrap().0.values[0]
 }
 
 /// A repository `dlrm` in `dir` holding versions 1..=n (version k's rows are k × r).

@@ -35,12 +35,16 @@ fn lookup(store: &Store, ids: &[i64]) -> Vec<f32> {
             bag_size: 1,
         },
     )]);
-    store.lookup(&batch).unwrap().values
+    store.lookup(&batch).unwrap().0.values
 }
 
 /// Table `a`'s lookups served by its row cache and by the SSD tier so far.
 fn served_from(store: &Store) -> (u64, u64) {
-    let a = store.tier_report().into_iter().find(|t| t.table == "a");
+    let a = store
+        .tier_report()
+        .unwrap()
+        .into_iter()
+        .find(|t| t.table == "a");
     let a = a.unwrap();
     (a.lookups_cache, a.lookups_ssd)
 }

@@ -355,8 +355,9 @@ impl Store {
         Tables(self.engine())
     }
 
-    /// Table `name`, or [`nearrec_engine::EngineError::UnknownTable`] naming the others.
-    pub fn table(&self, name: &str) -> Result<TableMeta> {
+    /// Table `name` as the engine holds it, or [`nearrec_engine::EngineError::UnknownTable`]
+    /// naming the others ([`StoreApi::table`]: as the contract says it).
+    pub fn table_meta(&self, name: &str) -> Result<TableMeta> {
         let engine = self.engine();
         let id = engine.table_id(name)?;
         Ok(engine.tables()[id].clone())
@@ -422,19 +423,9 @@ impl Store {
         self.current().live.snapshot()
     }
 
-    /// The store's version: the number of the last write applied (0 before any).
-    pub fn version(&self) -> u64 {
-        self.snapshot().version()
-    }
-
     /// Whether the store was opened for writing.
     pub fn writable(&self) -> bool {
         self.current().live.writable()
-    }
-
-    /// Pools `batch`: one `[batch, Σ dim]` output, tables in request order.
-    pub fn lookup(&self, batch: &Batch<'_>) -> Result<Pooled> {
-        Ok(self.lookup_at(batch, &self.snapshot())?.0)
     }
 
     /// [`Store::lookup`] at `snapshot`: every table read at that version (the storage node
@@ -497,7 +488,9 @@ impl Store {
             .then_some(TableData { engine, id }))
     }
 
-    pub fn stats(&self) -> Option<Stats> {
+    /// The SSD tier's counters and its DRAM tiers' totals (`None`: DRAM-resident), what
+    /// [`StoreApi::stats`] adds the live store's and the keyed tables' to.
+    fn tier_stats(&self) -> Option<Stats> {
         let engine = self.engine();
         let (io, device) = (engine.io_stats()?, engine.device()?);
         let mut values = io.snapshot();
@@ -531,11 +524,6 @@ impl Store {
         })
     }
 
-    /// Per table: what its DRAM tiers hold and served (empty for a DRAM-resident store).
-    pub fn tier_report(&self) -> Vec<TierReport> {
-        self.engine().tier_report()
-    }
-
     /// What the simulated drive has done, when the store is served from one.
     pub fn flash_stats(&self) -> Option<FlashStats> {
         self.inner.flash.as_ref().map(|f| f.stats())
@@ -553,7 +541,7 @@ impl StoreApi for Store {
         Ok(Info {
             name: self.name(),
             tables: self.tables().iter().map(|t| self.table_info(t)).collect(),
-            version: Store::version(self),
+            version: self.snapshot().version(),
             tier: self.tier().name().to_owned(),
             writable: self.writable(),
             model: self.keeps_model(),
@@ -577,11 +565,11 @@ impl StoreApi for Store {
     }
 
     fn table(&self, name: &str) -> Result<TableInfo> {
-        Ok(self.table_info(&Store::table(self, name)?))
+        Ok(self.table_info(&self.table_meta(name)?))
     }
 
     fn version(&self) -> Result<u64> {
-        Ok(Store::version(self))
+        Ok(self.snapshot().version())
     }
 
     fn shard(&self) -> Result<Option<ShardTag>> {
@@ -628,7 +616,7 @@ impl StoreApi for Store {
     }
 
     fn stats(&self) -> Result<Stats> {
-        let mut stats = Store::stats(self).unwrap_or_else(|| Stats {
+        let mut stats = self.tier_stats().unwrap_or_else(|| Stats {
             device: "dram".into(),
             direct_io: false,
             block_bytes: 0,
@@ -641,7 +629,7 @@ impl StoreApi for Store {
     }
 
     fn tier_report(&self) -> Result<Vec<TierReport>> {
-        Ok(Store::tier_report(self))
+        Ok(self.engine().tier_report())
     }
 
     /// Lets go of the writer now (a writable store): calls under way finish, the log is
