@@ -1,12 +1,15 @@
 """The store's conformance suite from Python (the twin of `crates/nearrec/tests/suite/`): every
 kind of store — embedded on the DRAM tier, embedded on the SSD tier behind DRAM tiers smaller
-than its tables, and a node's through `nearrec.connect` — gives the same answers to the same
-calls, against a pooling written here from the rows' values, and the same typed errors."""
+than its tables, a node's through `nearrec.connect`, and a store cut into two shards on two
+nodes through `nearrec.distributed.connect` — gives the same answers to the same calls, against
+a pooling written here from the rows' values, and the same typed errors. A case that needs a
+capability the store lacks (`Store.capabilities`), or what its opener says it lacks, is
+skipped, saying which."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +24,12 @@ from nearrec import (
     TableLookup,
     Unavailable,
     UnknownTable,
+    distributed,
 )
 
 ROWS, DIM = 300, 8
 DTYPES = {"t0": "fp32", "t1": "fp16"}
 
-Open = Callable[[Path, bool], nearrec.Store]
 
 
 def values(sign: float = 1.0) -> dict[str, np.ndarray]:
@@ -46,24 +49,47 @@ def served(t: str) -> np.ndarray:
     return v.astype(np.float16).astype(np.float32) if DTYPES[t] == "fp16" else v
 
 
-@pytest.fixture(params=["dram", "ssd", "node"])
-def open_store(request: pytest.FixtureRequest) -> Iterator[Open]:
-    """Opens a store directory as the implementation under test serves it."""
-    nodes: list[Node] = []
+class Open:
+    """Opens a store directory as the implementation under test serves it; `lacks` is what that
+    implementation cannot do beyond its capabilities, each with why."""
 
-    def opener(path: Path, writable: bool) -> nearrec.Store:
-        if request.param == "dram":
+    def __init__(self, kind: str):
+        self.kind, self.nodes, self.lacks = kind, list[Node](), dict[str, str]()
+        if kind == "sharded":
+            self.lacks["path swaps"] = ("a sharded store swaps to versions every shard holds "
+                                        "(nearrec shard --publish), not to a directory")
+
+    def __call__(self, path: Path, writable: bool) -> nearrec.Store:
+        flags = ["--tier", "ssd", "--dram-budget", "16KiB", *(["--writable"] if writable else [])]
+        if self.kind == "dram":
             return nearrec.open(path, tier="dram", writable=writable)
-        if request.param == "ssd":
+        if self.kind == "ssd":
             return nearrec.open(path, tier="ssd", dram_budget="16KiB", writable=writable)
-        # the suite swaps to stores beside the one served, not versions of a repository
-        node = Node(f"{path}=s", "--tier", "ssd", "--dram-budget", "16KiB",
-                    "--swap-root", str(path.parent), *(["--writable"] if writable else []))
-        nodes.append(node)
-        return nearrec.connect(node.address, "s")
+        if self.kind == "node":
+            # the suite swaps to stores beside the one served, not versions of a repository
+            node = Node(f"{path}=s", "--swap-root", str(path.parent), *flags)
+            self.nodes.append(node)
+            return nearrec.connect(node.address, "s")
+        root = path.parent / f"{path.name}-shards"
+        plan = distributed.shard(path, root, 2, scheme="row")
+        shards = [Node(f"{root}/shard-{k}=s", *flags) for k in range(plan.shards)]
+        self.nodes += shards
+        return distributed.connect(root, [[f"{n.address}/s"] for n in shards])
 
+    def needs(self, store: nearrec.Store, capability: str) -> None:
+        if capability not in store.capabilities:
+            pytest.skip(f"{self.kind}: the store has no {capability}")
+
+    def lacking(self, what: str) -> None:
+        if what in self.lacks:
+            pytest.skip(f"{self.kind} lacks {what}: {self.lacks[what]}")
+
+
+@pytest.fixture(params=["dram", "ssd", "node", "sharded"])
+def open_store(request: pytest.FixtureRequest) -> Iterator[Open]:
+    opener = Open(request.param)
     yield opener
-    for node in nodes:
+    for node in opener.nodes:
         assert node.stop() == 0
 
 
@@ -141,8 +167,9 @@ def test_bad_input_gets_a_typed_error_naming_table_and_position(open_store: Open
     assert b.value.table == "t1"
     with pytest.raises(StoreReadOnly):
         store.write("t0", [0], np.zeros((1, DIM), np.float32))
-    with pytest.raises(InvalidRequest):  # no model is kept with it
-        store.infer(None, [TableLookup("t0", np.array([1]), np.array([0]))])
+    if "inference" in store.capabilities:
+        with pytest.raises(InvalidRequest):  # no model is kept with it
+            store.infer(None, [TableLookup("t0", np.array([1]), np.array([0]))])
     assert store.lookup("t0", np.array([1]), np.array([0])).shape == (1, DIM)
 
 
@@ -174,6 +201,7 @@ def test_readers_see_whole_writes_while_writes_go_on(open_store: Open, tmp_path:
 
 def test_tables_are_created_dropped_compacted_and_synced(open_store: Open, tmp_path: Path):
     store = open_store(write_store(tmp_path / "s"), True)
+    open_store.needs(store, "schema")
     v = store.create_table("fresh", 50, 4, init="zeros")
     assert store.version == v and store.table("fresh").rows == 50
     trainer = np.zeros((50, 4), np.float32)
@@ -194,6 +222,7 @@ def test_a_swap_serves_the_new_store_and_refuses_an_incompatible_one(open_store:
     path = write_store(tmp_path / "s")
     negated = write_store(tmp_path / "next", sign=-1.0)
     smaller = write_store(tmp_path / "other", tables=("t0",))
+    open_store.lacking("path swaps")
     store = open_store(path, False)
     before = store.read_rows("t0", [3, 8])
     with pytest.raises(InvalidRequest):
@@ -233,3 +262,13 @@ def test_closing_lets_go_at_once(open_store: Open, tmp_path: Path):
     else:
         with pytest.raises(Unavailable):
             store.read_rows("t0", [1])
+
+
+def test_capabilities_are_the_implementations(open_store: Open, tmp_path: Path):
+    store = open_store(write_store(tmp_path / "s"), False)
+    every = {"writes", "schema", "versions", "replica", "inference"}
+    want = {"writes", "versions"} if open_store.kind == "sharded" else every
+    assert store.capabilities == want
+    if "schema" not in store.capabilities:
+        with pytest.raises(nearrec.Unsupported, match="create_table"):
+            store.create_table("fresh", 10, 4)

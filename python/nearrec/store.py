@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,9 @@ from .request import (
     progress_enabled,
     text,
 )
+
+#: What a store can do beyond its core (:attr:`Store.capabilities`).
+Capability = Literal["writes", "schema", "versions", "replica", "inference"]
 
 
 @dataclass(frozen=True)
@@ -282,6 +285,17 @@ class Store:
             raise UnknownTable(
                 f"unknown table {name!r}; the store has: {', '.join(self._tables)}", table=name
             ) from None
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What the store can do beyond lookups, info and counters (a read-only store):
+        ``"writes"`` (writes, removals, compaction, ``sync_table``), ``"schema"`` (tables
+        created and dropped), ``"versions"`` (swaps, pinned lookups), ``"replica"`` (a shard
+        replica's verbs), ``"inference"`` (the kept model run and updated). An embedded store
+        and a node's have every one (a read-only store refuses writes, typed, when asked); a
+        sharded store creates no tables and is no replica. A call a store has no capability
+        for raises :class:`Unsupported` naming it."""
+        return frozenset(cast("list[Capability]", self._native.capabilities))
 
     @property
     def threads(self) -> int:
