@@ -1155,6 +1155,10 @@ impl StoreApi for ShardedStore {
         Ok(())
     }
 
+    fn concrete(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn writes(&self) -> Option<&dyn Writes> {
         Some(self)
     }

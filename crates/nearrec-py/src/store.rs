@@ -44,14 +44,12 @@ type InfoTuple = (
     (String, Option<u64>, Vec<u64>),
 );
 
-/// An open store, whatever serves it.
+/// An open store, whatever serves it: every verb through the contract; what only an embedded
+/// store or a router has (not store verbs) through the implementation itself
+/// (`StoreApi::concrete`).
 #[pyclass(module = "nearrec._native", frozen)]
 pub(crate) struct NativeStore {
     api: Arc<dyn StoreApi>,
-    /// The embedded store itself, for what only it has.
-    local: Option<Store>,
-    /// A sharded store's router, for what only it has (its replicas moved).
-    sharded: Option<ShardedStore>,
 }
 
 /// A finished batch's output as a `[batch, width]` numpy array (the vector moves in, no copy).
@@ -102,29 +100,34 @@ fn client_options(
 }
 
 impl NativeStore {
+    /// The implementation, if it is a `T`.
+    fn concrete<T: 'static>(&self) -> Option<&T> {
+        self.api.concrete()?.downcast_ref()
+    }
+
     /// The sharded store's router, or `Unsupported` naming `verb`.
     fn router(&self, py: Python<'_>, verb: &'static str) -> PyResult<&ShardedStore> {
-        self.sharded
-            .as_ref()
-            .ok_or_else(|| err(py, nearrec::Error::unsupported(verb, self.api.describe())))
+        let router = self.concrete::<ShardedStore>();
+        self.api.able(router, verb).map_err(|e| err(py, e))
     }
 
     /// The embedded store, or `Unsupported` naming `verb`.
     fn local(&self, py: Python<'_>, verb: &'static str) -> PyResult<&Store> {
-        self.local
-            .as_ref()
-            .ok_or_else(|| err(py, nearrec::Error::unsupported(verb, self.api.describe())))
+        let store = self.concrete::<Store>();
+        self.api.able(store, verb).map_err(|e| err(py, e))
     }
 
-    /// Pools `batch` into a new numpy array, the GIL released meanwhile: an embedded store
-    /// pools straight into the array (its shape prepared first); any
-    /// other gives its answer, which the array takes without a copy.
+    /// Pools `batch` into a new numpy array, the GIL released meanwhile. Through the contract,
+    /// a store gives its answer, which the array takes without a copy. The one fast path: an
+    /// embedded store prepares the batch's shape, then pools straight into the array (no
+    /// answer vector to allocate); `tests/test_contract.py`'s submitted lookups (the
+    /// contract's `submit`) are held equal to it on the DRAM and SSD tiers.
     pub(crate) fn pool<'py>(
         &self,
         py: Python<'py>,
         batch: &Batch<'_>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let Some(store) = &self.local else {
+        let Some(store) = self.concrete::<Store>() else {
             let (pooled, _) = detach(py, || self.api.lookup(batch))?.map_err(|e| err(py, e))?;
             return array(py, pooled);
         };
@@ -200,9 +203,7 @@ impl NativeStore {
             b.finish_and_clear();
         }
         Ok(Self {
-            api: Arc::new(store.clone()),
-            local: Some(store),
-            sharded: None,
+            api: Arc::new(store),
         })
     }
 
@@ -226,8 +227,6 @@ impl NativeStore {
             detach(py, || Client::connect(addr, store, options))?.map_err(|e| err(py, e))?;
         Ok(Self {
             api: Arc::new(client),
-            local: None,
-            sharded: None,
         })
     }
 
@@ -278,9 +277,7 @@ impl NativeStore {
         })?
         .map_err(|e| err(py, e))?;
         Ok(Self {
-            api: Arc::new(store.clone()),
-            local: None,
-            sharded: Some(store),
+            api: Arc::new(store),
         })
     }
 
@@ -343,13 +340,16 @@ impl NativeStore {
             ("replica", api.replica().is_some()),
             ("inference", api.inference().is_some()),
         ];
-        has.iter().filter(|(_, on)| *on).map(|(name, _)| *name).collect()
+        has.iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| *name)
+            .collect()
     }
 
     /// Whether the store is embedded in this process (`nearrec.open`).
     #[getter]
     fn embedded(&self) -> bool {
-        self.local.is_some()
+        self.concrete::<Store>().is_some()
     }
 
     /// The store's directory on this machine (`None`: not on this machine).
@@ -625,7 +625,7 @@ impl NativeStore {
     /// What the simulated drive has done (JSON of `nearrec_device::FlashStats`), or None when the
     /// store is not on one (or not in this process).
     fn flash_stats(&self) -> Option<String> {
-        let st = self.local.as_ref()?.flash_stats()?;
+        let st = self.concrete::<Store>()?.flash_stats()?;
         serde_json::to_string(&st).ok()
     }
 

@@ -154,6 +154,14 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// rather than when its last reference goes. Every later call fails.
     fn close(&self) -> Result<()>;
 
+    /// The implementation itself, for a surface that knows it (to downcast): what only an
+    /// embedded store has (its tables' memory, its config, sub-batches, a caller's model, the
+    /// simulated drive; a fast path pooling into the caller's buffer), what only a router has
+    /// (its replicas moved). `None`: nothing beyond the contract (a node's store).
+    fn concrete(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
     /// Its writes, if it takes any ([`Writes`]).
     fn writes(&self) -> Option<&dyn Writes> {
         None

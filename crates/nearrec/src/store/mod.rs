@@ -650,6 +650,10 @@ impl StoreApi for Store {
         closed
     }
 
+    fn concrete(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn writes(&self) -> Option<&dyn Writes> {
         Some(self)
     }
