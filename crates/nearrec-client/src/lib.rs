@@ -461,7 +461,7 @@ impl Client {
     /// answer and the version it was read at. Dropping it cancels the call (the node sees the
     /// stream reset). What a router awaits many of at once, hedging and failing over itself.
     /// With `at`, the node answers as that version of its repository does, or refuses
-    /// (`StoreApi::lookup_version`).
+    /// (`Versions::lookup_version`).
     pub fn start_lookup(
         &self,
         batch: &Batch<'_>,

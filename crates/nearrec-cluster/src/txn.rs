@@ -4,7 +4,7 @@
 //! replica in one order.
 //!
 //! 1. Every replica (not stale) of every shard the call touches prepares its share under one
-//!    transaction id: checked, durable, not served ([`nearrec::StoreApi::prepare_write`]). The
+//!    transaction id: checked, durable, not served ([`nearrec::Replica::prepare_write`]). The
 //!    note kept with it names the deciding replica — the first live replica of the lowest
 //!    shard — and the shards that take part.
 //! 2. If a shard has no replica that prepared, every prepared share is aborted and the call

@@ -1,12 +1,12 @@
 //! Cluster versions. A sharded store whose shards are served from repositories of versions
 //! (`DIR/shard-K/1, 2, ...`; `nearrec shard --publish` cuts a new store by the same plan into
 //! version V of every shard) reads each batch at one version, its router's *pin*: every shard's
-//! share of the batch asks for that version (`StoreApi::lookup_version`), and a replica that
+//! share of the batch asks for that version (`Versions::lookup_version`), and a replica that
 //! does not hold it refuses rather than answer from another. A swap moves every shard to a new
 //! version without a batch that reads two:
 //!
 //! 1. **stage** — every live replica opens version V beside the one it serves
-//!    (`StoreApi::stage`), checked and warmed; any refusal fails the swap, nothing switched;
+//!    (`Replica::stage`), checked and warmed; any refusal fails the swap, nothing switched;
 //! 2. **switch** — every live replica serves V, keeping the version it replaced open for
 //!    lookups pinned to it (batches of this router and of others still read the old version,
 //!    on every shard); a replica that fails its switch is stale; a shard none of whose

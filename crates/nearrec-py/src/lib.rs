@@ -4,10 +4,11 @@
 //! Its stubs, `python/nearrec/_native.pyi`, are checked against the built module by stubtest.
 //!
 //! Modules:
-//! - `store.rs`: `NativeStore`, the one store class, over an `Arc<dyn StoreApi>` — the embedded
-//!   `nearrec::Store` (its constructor; `nearrec.open`), a node's store through
+//! - `store.rs`: `NativeStore`, the one store class, over an `Arc<dyn StoreApi>` alone — the
+//!   embedded `nearrec::Store` (its constructor; `nearrec.open`), a node's store through
 //!   `nearrec-client` (`connect`; `nearrec.connect`) or a sharded store through
-//!   `nearrec-cluster` (`connect_sharded`; `nearrec.distributed.connect`); lookups, `submit` → `NativePending`,
+//!   `nearrec-cluster` (`connect_sharded`; `nearrec.distributed.connect`); its capabilities;
+//!   lookups, `submit` → `NativePending`,
 //!   `stream` → `NativeStream`, `infer`, writes, stats; what only an embedded store has answers
 //!   `Unsupported`. Also the store on disk without opening it: verify, gc, manifest, attachments;
 //! - `lookup.rs`: the native `TableLookup`, its arrays converted once at construction and

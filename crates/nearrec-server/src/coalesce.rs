@@ -43,7 +43,7 @@ pub struct Coalescer {
 struct Waiting {
     call: &'static str,
     batch: OwnedBatch,
-    /// The version it is pinned to (`StoreApi::lookup_version`).
+    /// The version it is pinned to (`Versions::lookup_version`).
     at: Option<u64>,
     bags: usize,
     deadline: Option<Instant>,

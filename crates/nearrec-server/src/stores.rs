@@ -14,7 +14,7 @@ use tonic::Status;
 pub const FOLLOW_MS: u64 = 1000;
 
 /// `batch` pooled as version `at` of the store's repository answers it (a pinned lookup,
-/// `StoreApi::lookup_version`), or as the store is now.
+/// `Versions::lookup_version`), or as the store is now.
 pub(crate) fn pooled(
     store: &dyn StoreApi,
     batch: &nearrec::Batch<'_>,

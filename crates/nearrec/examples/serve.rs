@@ -6,7 +6,7 @@
 //! cargo run -p nearrec --example serve --release -- [DIR]    # DIR: a temporary directory
 //! ```
 //!
-//! Every pipelined result is checked against a plain `Store::lookup` of the same batch; a
+//! Every pipelined result is checked against a plain `StoreApi::lookup` of the same batch; a
 //! mismatch exits non-zero, so CI (`make test`) runs this as a test of the facade too.
 
 use nearrec::format::{DType, StoreOptions, StoreWriter, TableSpec, UniformInit};

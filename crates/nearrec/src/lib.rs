@@ -2,7 +2,7 @@
 //!
 //! This crate is the product: what Python (`nearrec`), the `nearrec` command and the storage
 //! node share. Open a [`Store`] with a [`StoreConfig`] (serde, TOML); pool a [`Batch`] of
-//! [`TableLookup`]s with [`Store::lookup`]; pipeline batches with [`Store::submit`] /
+//! [`TableLookup`]s with [`StoreApi::lookup`]; pipeline batches with [`Store::submit`] /
 //! [`Store::stream`] and cut large ones with [`Store::lookup_split`]; run the model kept with the
 //! store next to its embeddings with [`Inference::infer`]. A store opened `writable` takes
 //! [`Writes::write_many`] / [`Store::remove`] while it serves (`docs/live.md`). Plans (where rows

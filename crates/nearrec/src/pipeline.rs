@@ -156,7 +156,7 @@ impl Store {
         }
     }
 
-    /// [`Store::lookup`] with the bags cut into sub-batches of at most `sub_batch` bags that
+    /// `StoreApi::lookup` with the bags cut into sub-batches of at most `sub_batch` bags that
     /// flow through two at a time (one reading while the other pools), each pooled into its
     /// rows of the one output.
     pub fn lookup_split(&self, batch: &Batch<'_>, sub_batch: usize) -> Result<Pooled> {

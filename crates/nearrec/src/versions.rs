@@ -11,7 +11,7 @@ use nearrec_format::{Pointer, Repository, StoreReader};
 
 use crate::error::{Error, Result};
 
-/// What a swap serves next ([`crate::StoreApi::swap`](crate::Versions::swap)).
+/// What a swap serves next ([`crate::Versions::swap`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SwapTo {
     /// A store directory on the serving side's file system; in a repository, one of its

@@ -57,7 +57,7 @@ impl Info {
     }
 }
 
-/// RM_create_table's arguments ([`StoreApi::create_table`](crate::Schema::create_table)).
+/// RM_create_table's arguments ([`crate::Schema::create_table`]).
 #[derive(Debug, Clone, Copy)]
 pub struct NewTable<'a> {
     pub name: &'a str,

@@ -61,7 +61,7 @@ pub(crate) struct Inner {
 }
 
 /// The number of the version a store serves, and what it holds open beside it: one staged
-/// ([`Store::stage`]) and the one a swap to a staged version replaced. A lookup pinned to any
+/// ([`crate::Replica::stage`]) and the one a swap to a staged version replaced. A lookup pinned to any
 /// of their numbers is answered from it ([`Store::lookup_version`]).
 #[derive(Debug, Default)]
 struct Held {
@@ -428,7 +428,7 @@ impl Store {
         self.current().live.writable()
     }
 
-    /// [`Store::lookup`] at `snapshot`: every table read at that version (the storage node
+    /// [`StoreApi::lookup`] at `snapshot`: every table read at that version (the storage node
     /// answers with it), and where the batch's time went (validating it counted as routing).
     pub fn lookup_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<(Pooled, Stages)> {
         let start = Instant::now();

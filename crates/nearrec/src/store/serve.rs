@@ -29,7 +29,7 @@ impl Versions for Store {
     /// naming the difference. Returns the new store's version.
     ///
     /// A store opened from a repository swaps only to its versions (a version's directory, or
-    /// [`Store::swap_to`](crate::Versions::swap) a version number), and the repository's pointer names the new
+    /// [`Versions::swap`] to a version number), and the repository's pointer names the new
     /// version before it is served, so that a restart serves it too.
     ///
     /// What `to` names: a store directory, a version of the repository the store is served
@@ -60,8 +60,8 @@ impl Versions for Store {
         }
     }
 
-    /// [`Store::lookup`] as version `version` of the repository the store is served from
-    /// answers it: the served version, or one held beside it ([`Store::stage`](crate::Replica::stage)); any other is
+    /// [`crate::StoreApi::lookup`] as version `version` of the repository the store is served from
+    /// answers it: the served version, or one held beside it ([`crate::Replica::stage`]); any other is
     /// refused with [`Error::VersionNotServed`], never answered from another version.
     fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> Result<(Pooled, Read)> {
         let snapshot = self.snapshot_of(version)?;
@@ -76,7 +76,7 @@ impl Versions for Store {
 
 impl Store {
     /// The versions held open beside the served one: the staged one and the one a staged
-    /// swap replaced ([`Store::stage`](crate::Replica::stage)), by number.
+    /// swap replaced ([`crate::Replica::stage`]), by number.
     pub fn held_versions(&self) -> Vec<u64> {
         lock(&self.inner.held).versions().map(|(v, _)| *v).collect()
     }
@@ -143,7 +143,7 @@ impl Store {
 
     /// Serves `next` from the next call on, once `commit` (the repository's pointer) has
     /// succeeded — its error leaves the old one served. A version held open beside the served
-    /// one ([`Store::stage`]) replaces it under the lock that lookups pinned to a version take,
+    /// one ([`crate::Replica::stage`]) replaces it under the lock that lookups pinned to a version take,
     /// and the old one stays open beside it for them; a version opened for this swap lets go
     /// of the old one and whatever was held, once their calls end. Returns the new store's
     /// version.
