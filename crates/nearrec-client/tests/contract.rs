@@ -44,7 +44,7 @@ store_api_suite!(node);
 fn a_client_has_every_capability() {
     let (_dir, path) = suite::fixture();
     let s = node(&path, false);
-    assert_eq!(suite::capabilities(&*s.store), suite::EVERY);
+    assert_eq!(s.store.capabilities(), nearrec::CAPABILITIES);
 }
 
 /// A closed client's calls are `Unavailable`; the node goes on serving others.

@@ -211,9 +211,9 @@ fn a_sharded_store_has_writes_versions_and_a_whole_shards_model() {
     let (_dir, path) = suite::fixture();
     suite::keep_model(&path, &[0.25; suite::DIM as usize], 0.0);
     let s = row_wise(&path, true);
-    assert_eq!(suite::capabilities(&*s.store), ["writes", "versions"]);
+    assert_eq!(s.store.capabilities(), ["writes", "versions"]);
     let s = one_shard(&path, true);
-    let caps = suite::capabilities(&*s.store);
+    let caps = s.store.capabilities();
     assert_eq!(caps, ["writes", "versions", "inference"]);
 }
 

@@ -332,18 +332,7 @@ impl NativeStore {
     /// `schema`, `versions`, `replica`, `inference`.
     #[getter]
     fn capabilities(&self) -> Vec<&'static str> {
-        let api = &*self.api;
-        let has = [
-            ("writes", api.writes().is_some()),
-            ("schema", api.schema().is_some()),
-            ("versions", api.versions().is_some()),
-            ("replica", api.replica().is_some()),
-            ("inference", api.inference().is_some()),
-        ];
-        has.iter()
-            .filter(|(_, on)| *on)
-            .map(|(name, _)| *name)
-            .collect()
+        self.api.capabilities()
     }
 
     /// Whether the store is embedded in this process (`nearrec.open`).

@@ -101,8 +101,8 @@ pub mod versions;
 mod warm;
 
 pub use api::{
-    Inference, Info, MAX_DIGEST_ROWS, NewTable, PendingLookup, Replica, Rows, Schema, Stats,
-    StoreApi, Submitted, Synced, TableInfo, Versioned, Versions, Writes, check_digest_rows,
+    CAPABILITIES, Inference, Info, MAX_DIGEST_ROWS, NewTable, PendingLookup, Replica, Rows, Schema,
+    Stats, StoreApi, Submitted, Synced, TableInfo, Versioned, Versions, Writes, check_digest_rows,
     row_digest,
 };
 /// The contract's traits, to call any verb on a concrete store: `use nearrec::prelude::*;`.

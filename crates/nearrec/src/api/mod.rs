@@ -26,6 +26,9 @@ pub use caps::{Inference, Replica, Schema, Versions, Writes};
 pub use sync::{MAX_DIGEST_ROWS, Synced, check_digest_rows, row_digest};
 pub use types::{Info, NewTable, Rows, ShardTag, Stats, TableInfo};
 
+/// Every capability's name, as surfaces show them (Python's `Store.capabilities`).
+pub const CAPABILITIES: [&str; 5] = ["writes", "schema", "versions", "replica", "inference"];
+
 /// An answer and the version of the store it read.
 pub type Versioned<T> = (T, u64);
 
@@ -189,6 +192,20 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
 }
 
 impl dyn StoreApi + '_ {
+    /// The names of the capabilities it hands out, in [`CAPABILITIES`]' order.
+    pub fn capabilities(&self) -> Vec<&'static str> {
+        let has = [
+            self.writes().is_some(),
+            self.schema().is_some(),
+            self.versions().is_some(),
+            self.replica().is_some(),
+            self.inference().is_some(),
+        ];
+        (CAPABILITIES.iter().zip(has))
+            .filter_map(|(name, on)| on.then_some(*name))
+            .collect()
+    }
+
     /// `capability` (one of this store's, `store.writes()` and the rest), or
     /// [`Error::Unsupported`] naming `verb` and the store: how a surface answers "this store
     /// cannot do that", once, typed.

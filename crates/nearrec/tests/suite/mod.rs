@@ -122,24 +122,6 @@ macro_rules! needs {
     };
 }
 
-/// Which capabilities `store` hands out, by name (what the runner's own test holds it to).
-pub fn capabilities(store: &dyn StoreApi) -> Vec<&'static str> {
-    let has = [
-        ("writes", store.writes().is_some()),
-        ("schema", store.schema().is_some()),
-        ("versions", store.versions().is_some()),
-        ("replica", store.replica().is_some()),
-        ("inference", store.inference().is_some()),
-    ];
-    has.iter()
-        .filter(|(_, on)| *on)
-        .map(|(name, _)| *name)
-        .collect()
-}
-
-/// Every capability: an embedded store's and a node's.
-pub const EVERY: [&str; 5] = ["writes", "schema", "versions", "replica", "inference"];
-
 /// The case ends here, said on stderr, when the store under test lacks `$what`
 /// ([`Opened::lacks`]).
 macro_rules! lacking {
