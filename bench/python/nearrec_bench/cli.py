@@ -1,8 +1,8 @@
 """``nearrec bench WHAT``: the registry of harnesses (WHAT → the module whose ``HARNESSES``
 declares it), the flags they take, and the one path every harness runs: its parser, its config
-from the flags, the run, and its records (JSON + Markdown) under ``--out``. The product's CLI
-(``nearrec.cli``) reads WHAT, imports this module only when ``nearrec bench`` runs and hands it
-the rest of the command line."""
+from the flags, the run, and its records (JSON + Markdown) under ``--out``. This package adds the
+``bench`` command to the product's CLI (:func:`register`, its entry point in the
+``nearrec.cli`` group, ``bench/pyproject.toml``); the product never imports it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from nearrec.cli import common, parse_bytes
+from nearrec.cli.output import emit
 
+from . import _native as _native  # built, not only on the path
 from . import report
 from .harness import Harness
 
@@ -136,3 +138,24 @@ def run(args: argparse.Namespace, command: str) -> tuple[Path, Path, str]:
             md += f"\n![the figures](./{name}.png)\n"
     js, mdp = report.write(records, out, name, command, md)
     return js, mdp, md
+
+
+def register(sub: Any, cls: type[argparse.ArgumentParser]) -> None:
+    """Adds ``bench WHAT [FLAGS]`` to the product's CLI (``sub``, its subparsers): WHAT's own
+    parser (``cls``) reads the flags when it runs."""
+    be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
+    be.add_argument("what", choices=sorted(MODULES),
+                    help="the harness (docs/results.md says what each measures)")
+    be.add_argument("flags", nargs=argparse.REMAINDER,
+                    help="the harness's own flags, which `nearrec bench WHAT --help` lists")
+    be.set_defaults(func=lambda args: command(args, cls))
+
+
+def command(args: argparse.Namespace, cls: type[argparse.ArgumentParser]) -> int:
+    """``nearrec bench WHAT FLAGS``: the harness run, its records written and shown."""
+    parse(args.what, args.flags, args, cls)  # --out's default too
+    line = "nearrec " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("nearrec") \
+        else "nearrec bench " + " ".join(sys.argv[2:])
+    js, mdp, md = run(args, line)
+    emit(args, {"json": str(js), "markdown": str(mdp)}, md + f"\nwrote {js} and {mdp}")
+    return 0

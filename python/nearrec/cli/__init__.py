@@ -39,7 +39,40 @@ from .stores import (
     cmd_update,
     cmd_verify,
 )
-from .workloads import cmd_bench, cmd_colocate, cmd_infer, cmd_plan, cmd_simulate, cmd_trace
+from .workloads import cmd_colocate, cmd_infer, cmd_plan, cmd_simulate, cmd_trace
+
+#: Entry points by which other distributions add a command (``register(subparsers, Parser)``):
+#: the benchmark package (``bench/``, nearrec-bench) adds ``bench``.
+COMMANDS_GROUP = "nearrec.cli"
+
+
+def commands_of_others(sub: Any) -> None:
+    """The commands other installed distributions add (:data:`COMMANDS_GROUP`). ``bench``
+    without the benchmark package says how to get it."""
+    from importlib.metadata import entry_points
+
+    added = set()
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            register = ep.load()
+        except ImportError as e:  # installed, but not built (or not importable here)
+            if not (e.name or "").startswith(ep.value.split(".")[0]):
+                raise
+            continue
+        register(sub, Parser)
+        added.add(ep.name)
+    if "bench" not in added:
+        be = sub.add_parser("bench", help="benchmarks against peers (the nearrec-bench package)")
+        be.add_argument("what", nargs="?")
+        be.add_argument("flags", nargs=argparse.REMAINDER)
+        be.set_defaults(func=_no_bench)
+
+
+def _no_bench(args: argparse.Namespace) -> int:
+    print("nearrec: error: `nearrec bench` needs the benchmark package (nearrec-bench), which "
+          "the nearrec wheel leaves out: in a checkout, run `make develop` or "
+          "`pip install ./bench`", file=sys.stderr)
+    return 2
 
 
 def parser() -> argparse.ArgumentParser:
@@ -354,23 +387,7 @@ def parser() -> argparse.ArgumentParser:
     common(si)
     si.set_defaults(func=cmd_simulate)
 
-    be = sub.add_parser("bench", help="benchmarks against peers; results under bench/results/")
-    be.add_argument("what", choices=["sls", "sls-dtypes", "ssd", "ssd-dtypes", "ssd-tuning",
-                                     "ssd-verify",
-                                     "ssd-cost", "cache", "colocate", "keyed", "e2e", "ebc",
-                                     "build", "gpu",
-                                     "flash-repro", "flash-check", "update", "serve",
-                                     "serve-pinned",
-                                     "torchrec", "torchrec-quant", "restart", "cluster",
-                                     "cluster-hedge",
-                                     "cluster-ingress", "cluster-write", "cluster-load",
-                                     "cluster-projection", "cluster-swap", "torture",
-                                     "soak", "abuse"],
-                    help="the harness (docs/results.md says what each measures)")
-    # each harness declares its flags in the benchmark package, which reads them (cmd_bench)
-    be.add_argument("flags", nargs=argparse.REMAINDER,
-                    help="the harness's own flags, which `nearrec bench WHAT --help` lists")
-    be.set_defaults(func=cmd_bench)
+    commands_of_others(sub)
     for verb, example in EXAMPLES.items():
         sub.choices[verb].epilog = "example:\n  " + example
     return p
@@ -466,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
-    "cmd_bench", "cmd_build", "cmd_colocate", "cmd_compact", "cmd_gc", "cmd_infer", "cmd_info",
+    "cmd_build", "cmd_colocate", "cmd_compact", "cmd_gc", "cmd_infer", "cmd_info",
     "cmd_lookup", "cmd_plan", "cmd_predict", "cmd_publish", "cmd_scrub", "cmd_serve",
     "cmd_simulate",
     "cmd_swap", "cmd_trace", "cmd_update", "cmd_verify", "common", "format_stats", "human_bytes",

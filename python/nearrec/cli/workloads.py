@@ -1,13 +1,12 @@
 """The verbs that work from traces, models and simulated drives: ``trace`` (generate, import,
 inspect, profile), ``plan`` and ``colocate`` (a store placed or laid out for a trace),
-``infer`` (a model benchmark over a trace), ``simulate`` (the flash device model) and
-``bench`` (the harnesses of the separate benchmark package)."""
+``infer`` (a model benchmark over a trace) and ``simulate`` (the flash device model). ``bench``
+is the benchmark package's own (``nearrec_bench.cli.register``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,7 +20,7 @@ import nearrec
 from ..errors import InvalidRequest
 from ..specs import scaled_rows
 from ..units import parse_size
-from .flags import Parser, store_config
+from .flags import store_config
 from .output import emit, human_time
 
 
@@ -250,25 +249,4 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             cells.append(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}")
         lines.append("  ".join(cells))
     emit(args, reports, f"device {dev['name']} (simulated)\n" + "\n".join(lines))
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    # the harnesses are a separate distribution (bench/ in the repository), not in this wheel;
-    # each declares its flags there, and WHAT's parser reads the rest of the command line
-    try:
-        import nearrec_bench._native  # noqa: F401  (built, not only on the path)
-        from nearrec_bench.cli import parse, run
-    except ImportError as e:
-        if not (e.name or "").startswith("nearrec_bench"):
-            raise
-        print("nearrec: error: `nearrec bench` needs the benchmark package (nearrec-bench), which "
-              "the nearrec wheel leaves out: in a checkout, run `make develop` or "
-              "`pip install ./bench`", file=sys.stderr)
-        return 2
-    parse(args.what, args.flags, args, Parser)  # --out's default too
-    command = "nearrec " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("nearrec") \
-        else "nearrec bench " + " ".join(sys.argv[2:])
-    js, mdp, md = run(args, command)
-    emit(args, {"json": str(js), "markdown": str(mdp)}, md + f"\nwrote {js} and {mdp}")
     return 0
