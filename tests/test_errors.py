@@ -192,3 +192,18 @@ def test_malformed_requests_never_crash(mixed_store, idx, offsets, include_last,
     n = len(offsets) - 1 if include_last else len(offsets)
     assert out.shape == (max(n, 0), 32)
     assert np.isfinite(out).all()
+
+
+def test_sync_tables_arguments_are_refused_typed_by_the_binding(tmp_path):
+    """`sync_table`'s values and tolerance are checked once, natively (Python restates none of
+    it): a 1-D or integer array and a tolerance that is no number are `InvalidRequest`."""
+    nearrec.from_numpy(tmp_path / "s", {"t": np.zeros((10, 4), np.float32)})
+    store = nearrec.open(tmp_path / "s", writable=True)
+    for values, tolerance, says in [(np.zeros(40, np.float32), 0.0, "must be 2-D"),
+                                    (np.zeros((10, 4), np.int64), 0.0, "must be floats"),
+                                    (np.zeros((10, 4)), True, "not True"),
+                                    (np.zeros((10, 4)), "x", "not 'x'")]:
+        with pytest.raises(InvalidRequest, match=says) as e:
+            store.sync_table("t", values, tolerance=tolerance)
+        assert store.version == 0, e.value
+    assert store.sync_table("t", np.ones((10, 4)), tolerance=0).written == 10

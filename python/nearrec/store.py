@@ -434,14 +434,7 @@ class Store:
         whole table, ``[rows, dim]`` floats, as a trainer holds it) by more than ``tolerance``
         in any value — compared as the table stores them, so an fp16 or int8 table is not
         rewritten for its rounding — in atomic, durable calls of up to 16,384 rows."""
-        arr = as_array(values, "values", text(table, "table"))
-        if arr.ndim != 2 or arr.dtype.kind != "f":
-            raise InvalidRequest(f"table {table!r}: values are a 2-D float array [rows, dim], "
-                                 f"not {arr.dtype} of shape {arr.shape}", table=table)
-        if isinstance(tolerance, bool) or not isinstance(tolerance, int | float):
-            raise InvalidRequest(f"tolerance is a number, not {tolerance!r}")
-        native = np.ascontiguousarray(arr, dtype=np.float32)
-        return Synced(*self._native.sync_table(table, native, float(tolerance)))
+        return Synced(*self._native.sync_table(text(table, "table"), values, tolerance))
 
     def update_model(self, weights: Mapping[str, Any]) -> None:
         """Replaces dense weights of the model kept with the store (:func:`nearrec.models.save`)

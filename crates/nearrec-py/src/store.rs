@@ -433,15 +433,30 @@ impl NativeStore {
         Ok((c.version, c.base, c.engine, rows))
     }
 
-    /// Writes the rows of a table that differ from `values` (the whole table) by more than
-    /// `tolerance`: (compared, written, calls, version).
+    /// Writes the rows of a table that differ from `values` (the whole table, `[rows, dim]`
+    /// floats) by more than `tolerance` (a number): (compared, written, calls, version).
     fn sync_table(
         &self,
         py: Python<'_>,
         table: &str,
-        values: PyReadonlyArray2<'_, f32>,
-        tolerance: f32,
+        values: &Bound<'_, PyAny>,
+        tolerance: &Bound<'_, PyAny>,
     ) -> PyResult<(u64, u64, u64, u64)> {
+        let values = float_rows(py, values, table, false)?;
+        let number = tolerance.cast::<pyo3::types::PyBool>().is_err();
+        let tolerance = (tolerance.extract::<f32>().ok())
+            .filter(|_| number)
+            .ok_or_else(|| {
+                let what = crate::convert::repr(tolerance);
+                raise(
+                    py,
+                    "InvalidRequest",
+                    format!("tolerance is a number, not {what}"),
+                    None,
+                    None,
+                )
+            })?;
+        let values = values.readonly();
         let values = values
             .as_slice()
             .map_err(|_| contiguous(py, "values", table))?;
