@@ -32,7 +32,6 @@ from ._native import weights_vector as weights_vector
 from .errors import InvalidRequest, StoreIOError, StoreNotFound
 
 PoolingModeName = Literal["sum", "mean", "max"]
-MODES = ("sum", "mean", "max")
 
 
 class TableLookup(NativeTableLookup):
@@ -73,9 +72,10 @@ def is_bool(x: Any) -> bool:
 # ``padding``: see ``nearrec._native``'s stubs); these wrap the others.
 
 
-def mode_name(mode: Any, table: str | None) -> PoolingModeName:
-    """``mode`` checked: ``"sum"``, ``"mean"`` or ``"max"``."""
-    return cast(PoolingModeName, pooling_mode(mode, table))
+def mode_name(mode: Any, table: str | None, what: str = "mode") -> PoolingModeName:
+    """``mode`` checked, natively: ``"sum"``, ``"mean"`` or ``"max"`` (``what``: the
+    argument's name in the error)."""
+    return cast(PoolingModeName, pooling_mode(mode, table, what))
 
 
 def count(x: Any, what: str, minimum: int = 1, maximum: int | None = None) -> int:

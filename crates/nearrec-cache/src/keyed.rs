@@ -24,7 +24,7 @@
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, fence};
 
-use nearrec_kernels::prefetch_row;
+use nearrec_kernels::{PoolingMode, prefetch_row};
 
 use crate::hash::mix;
 
@@ -52,11 +52,11 @@ pub enum Unknown {
     /// Fail the lookup with [`KeyedError::UnknownKey`] (nothing is pooled).
     #[default]
     Error,
-    /// Pool a row of zeros (it counts towards `mean`), and count it.
+    /// PoolingMode a row of zeros (it counts towards `mean`), and count it.
     Zero,
     /// Insert the key with a row drawn uniformly from `±init_scale`, seeded by `(seed, key)`.
     Init,
-    /// Pool the table's default row: a store's keyed table keeps it as row 0 (zeros, or the
+    /// PoolingMode the table's default row: a store's keyed table keeps it as row 0 (zeros, or the
     /// default slot of the TorchRec managed-collision module it was built from); a table
     /// without one (this DRAM table) pools zeros, as `Zero`.
     Default,
@@ -99,14 +99,6 @@ pub struct KeyedConfig {
     /// `Unknown::Init` draws from `[-init_scale, init_scale)`.
     pub init_scale: f32,
     pub seed: u64,
-}
-
-/// How rows are pooled into bags.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pool {
-    Sum,
-    Mean,
-    Max,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -537,13 +529,13 @@ impl KeyedTable {
     }
 
     /// Pools the bags `bounds` (`batch + 1` positions into `keys`) into `out` (`batch × dim`),
-    /// optionally weighted per key (`Pool::Sum` only). Empty bags give zeros.
+    /// optionally weighted per key (`PoolingMode::Sum` only). Empty bags give zeros.
     pub fn pool(
         &self,
         keys: &[i64],
         bounds: &[usize],
         weights: Option<&[f32]>,
-        mode: Pool,
+        mode: PoolingMode,
         out: &mut [f32],
     ) -> Result<(), KeyedError> {
         self.check_bags(keys.len(), bounds, weights, mode, out.len())?;
@@ -559,7 +551,7 @@ impl KeyedTable {
         rows: &[Option<u32>],
         bounds: &[usize],
         weights: Option<&[f32]>,
-        mode: Pool,
+        mode: PoolingMode,
         out: &mut [f32],
     ) -> Result<(), KeyedError> {
         self.check_bags(rows.len(), bounds, weights, mode, out.len())?;
@@ -582,7 +574,7 @@ impl KeyedTable {
         n: usize,
         bounds: &[usize],
         weights: Option<&[f32]>,
-        mode: Pool,
+        mode: PoolingMode,
         out: usize,
     ) -> Result<(), KeyedError> {
         let dim = self.config.dim;
@@ -608,7 +600,7 @@ impl KeyedTable {
             if w.len() != n {
                 return Err(invalid(format!("{} weights for {n} keys", w.len())));
             }
-            if mode != Pool::Sum {
+            if mode != PoolingMode::Sum {
                 return Err(invalid("per-key weights need sum pooling".into()));
             }
         }
@@ -620,14 +612,14 @@ impl KeyedTable {
         rows: &[Option<u32>],
         bounds: &[usize],
         weights: Option<&[f32]>,
-        mode: Pool,
+        mode: PoolingMode,
         out: &mut [f32],
     ) {
         let dim = self.config.dim;
         let mut row = vec![0f32; dim];
         for (b, cell) in out.chunks_exact_mut(dim).enumerate() {
             let (lo, hi) = (bounds[b], bounds[b + 1]);
-            cell.fill(if mode == Pool::Max && hi > lo {
+            cell.fill(if mode == PoolingMode::Max && hi > lo {
                 f32::NEG_INFINITY
             } else {
                 0.0
@@ -643,13 +635,13 @@ impl KeyedTable {
                 }
                 let v = |j: usize| row[j];
                 match (mode, weights) {
-                    (Pool::Max, _) => (0..dim).for_each(|j| cell[j] = cell[j].max(v(j))),
+                    (PoolingMode::Max, _) => (0..dim).for_each(|j| cell[j] = cell[j].max(v(j))),
                     // one rounding, as PyTorch (and nearrec-kernels' fast.rs) add weighted rows
                     (_, Some(w)) => (0..dim).for_each(|j| cell[j] = w[k].mul_add(v(j), cell[j])),
                     (_, None) => (0..dim).for_each(|j| cell[j] += v(j)),
                 }
             }
-            if mode == Pool::Mean && hi > lo {
+            if mode == PoolingMode::Mean && hi > lo {
                 let n = (hi - lo) as f32;
                 cell.iter_mut().for_each(|a| *a /= n);
             }

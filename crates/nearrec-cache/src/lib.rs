@@ -49,7 +49,7 @@ mod stats;
 pub use admission::Admission;
 pub use hot::{Home, HotPartition};
 pub use key_index::{Full, Inserted, KeyIndex, MAX_ROWS as MAX_KEYED_ROWS, MISSING};
-pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Pool, Unknown, init_row};
+pub use keyed::{KeyedConfig, KeyedError, KeyedStats, KeyedTable, Unknown, init_row};
 pub use policy::{CacheConfig, Policy, PolicyParseError};
 pub use row_cache::{Offer, Reader, RowCache, SLOT_OVERHEAD, Set, Slot};
 pub use stats::{CacheStats, CacheStatsSnapshot};

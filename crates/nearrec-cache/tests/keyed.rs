@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use nearrec_cache::{KeyedConfig, KeyedError, KeyedTable, Pool, Unknown};
+use nearrec_cache::{KeyedConfig, KeyedError, KeyedTable, Unknown};
+use nearrec_kernels::PoolingMode as Pool;
 use proptest::prelude::*;
 
 fn table(capacity: u64, unknown: Unknown) -> KeyedTable {

@@ -410,18 +410,20 @@ pub(crate) fn float_rows<'py>(
     Ok(a.cast_into::<PyArray2<f32>>()?)
 }
 
-/// A pooling mode by name: `"sum"`, `"mean"` or `"max"`.
+/// A pooling mode by name: `"sum"`, `"mean"` or `"max"` (the argument's name `what` in the
+/// error: `mode`, an EmbeddingBag config's `pooling`).
 pub(crate) fn mode(
     py: Python<'_>,
     mode: &Bound<'_, PyAny>,
     t: Option<&str>,
+    what: &str,
 ) -> PyResult<PoolingMode> {
     mode.extract::<&str>()
         .ok()
         .and_then(PoolingMode::from_name)
         .ok_or_else(|| {
             let msg = format!(
-                "{}mode must be 'sum', 'mean' or 'max', not {}",
+                "{}{what} must be 'sum', 'mean' or 'max', not {}",
                 at_table(t),
                 repr(mode)
             );
@@ -466,11 +468,15 @@ pub(crate) fn weights_vector<'py>(
     Ok(weights_array(py, &flat, table, &flat)?.0.into_bound(py))
 }
 
-/// `mode` checked: `"sum"`, `"mean"` or `"max"`.
+/// `mode` checked: `"sum"`, `"mean"` or `"max"`; `what` names the argument in the error.
 #[pyfunction]
-#[pyo3(signature = (mode, table = None))]
-pub(crate) fn pooling_mode(mode: &Bound<'_, PyAny>, table: Option<&str>) -> PyResult<&'static str> {
-    self::mode(mode.py(), mode, table).map(PoolingMode::name)
+#[pyo3(signature = (mode, table = None, what = "mode"))]
+pub(crate) fn pooling_mode(
+    mode: &Bound<'_, PyAny>,
+    table: Option<&str>,
+    what: &str,
+) -> PyResult<&'static str> {
+    self::mode(mode.py(), mode, table, what).map(PoolingMode::name)
 }
 
 /// `padding_idx` as an int (None stays None; a bool is not row 1).

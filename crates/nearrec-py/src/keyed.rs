@@ -1,6 +1,7 @@
 //! Keyed tables (`nearrec_cache::KeyedTable`): rows by unbounded 64-bit keys, in DRAM.
 
-use nearrec_cache::{KeyedConfig, KeyedError, KeyedTable, Pool, Unknown};
+use nearrec::PoolingMode;
+use nearrec_cache::{KeyedConfig, KeyedError, KeyedTable, Unknown};
 use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
 };
@@ -35,13 +36,9 @@ impl NativeKeyedTable {
         raise(py, "InvalidRequest", m, Some(self.table.name()), None)
     }
 
-    fn mode(&self, py: Python<'_>, mode: &str) -> PyResult<Pool> {
-        match mode {
-            "sum" => Ok(Pool::Sum),
-            "mean" => Ok(Pool::Mean),
-            "max" => Ok(Pool::Max),
-            m => Err(self.invalid(py, format!("unknown mode {m:?}: sum, mean or max"))),
-        }
+    fn mode(&self, py: Python<'_>, mode: &str) -> PyResult<PoolingMode> {
+        PoolingMode::from_name(mode)
+            .ok_or_else(|| self.invalid(py, format!("unknown mode {mode:?}: sum, mean or max")))
     }
 }
 
@@ -228,7 +225,7 @@ impl NativeKeyedTable {
         let keys = keys.as_slice()?;
         let bounds: Vec<usize> = (0..=keys.len()).collect();
         pooled(py, keys.len(), self.dim(), |out| {
-            self.table.pool(keys, &bounds, None, Pool::Sum, out)
+            self.table.pool(keys, &bounds, None, PoolingMode::Sum, out)
         })
     }
 

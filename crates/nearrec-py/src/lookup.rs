@@ -140,7 +140,7 @@ impl PyTableLookup {
                 (Some(a), Some(raw))
             }
         };
-        let mode = crate::convert::mode(py, mode, Some(&t))?;
+        let mode = crate::convert::mode(py, mode, Some(&t), "mode")?;
         let include_last_offset = real_bool(include_last_offset).ok_or_else(|| {
             invalid(format!(
                 "table {t:?}: include_last_offset must be True or False, not {}",

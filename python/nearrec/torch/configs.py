@@ -4,9 +4,10 @@ against the store, the feature -> table mapping, each table's pooling."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from ..errors import InvalidRequest, UnknownTable
+from ..request import mode_name
 from ..store import PoolingModeName
 
 
@@ -79,7 +80,4 @@ def _pooling(p: Any, table: str) -> PoolingModeName:
     if name == "none":
         raise InvalidRequest(f"table {table!r}: pooling NONE is a sequence embedding, which an "
                              "EmbeddingBagCollection does not pool", table=table)
-    if name not in ("sum", "mean", "max"):
-        raise InvalidRequest(f"table {table!r}: pooling must be 'sum', 'mean', 'max' or "
-                             f"TorchRec's PoolingType.SUM / MEAN, not {p!r:.60}", table=table)
-    return cast(PoolingModeName, name)
+    return mode_name(name, table, "pooling")
