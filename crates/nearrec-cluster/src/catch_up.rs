@@ -4,7 +4,7 @@
 //! calling for it (`ShardedOptions::catch_up_every`; `None` turns it off). It says when a
 //! shard runs below its replicas, and when it is whole again; `cluster_stale_replicas` in the
 //! store's stats counts the replicas left out meanwhile. The store gives the thread its pass
-//! (`store.rs`), which holds the store only while it runs and ends with it.
+//! (`store/`), which holds the store only while it runs and ends with it.
 
 use std::time::Duration;
 

@@ -33,9 +33,11 @@
 //! Modules: `split.rs` (cut and merge), `shard.rs` (a shard's replicas: hedging, failover,
 //! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `versions.rs`
 //! (the cluster version: pin, stage, switch, release), `members.rs` (membership, catch-up),
-//! `catch_up.rs` (catch-up in the background, every router's by default), `store.rs`
-//! (`ShardedStore`, the verbs). Tests: `tests/contract.rs` runs the
-//! conformance suite on sharded stores of every scheme over loopback nodes.
+//! `catch_up.rs` (catch-up in the background, every router's by default), `store/`
+//! (`ShardedStore`: opened, split and merged; its verbs in `contract.rs`, writes routed in
+//! `writes.rs`, counters in `counters.rs`, `replicas.toml` in `replicas.rs`). Tests:
+//! `tests/contract.rs` runs the whole conformance suite on sharded stores of every scheme over
+//! loopback nodes.
 
 mod catch_up;
 mod members;

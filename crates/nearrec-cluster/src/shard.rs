@@ -12,7 +12,7 @@
 //! while the deadline allows; past it, or at once without a deadline, the call fails with
 //! [`nearrec::Error::Shard`] naming the shard, never with a partial answer.
 //!
-//! Writes are the router's (`store.rs`, and `txn.rs` where a shard has several replicas): a
+//! Writes are the router's (`store/writes.rs`, and `txn.rs` where a shard has several replicas): a
 //! replica that failed a write the others took is stale, held out of reads and writes for good
 //! (until it is copied again and given anew).
 

@@ -1,0 +1,128 @@
+//! A sharded store's writes: each row routed to its shard (a keyed table's by key hash, a hot
+//! row to every shard that holds it), written on the one replica of a shard, or committed
+//! across shards and replicas whole (`crate::txn`).
+
+use std::sync::atomic::Ordering;
+
+use nearrec::plan::key_part;
+use nearrec::{Error, RowWrite, WriteOptions, Writes};
+use nearrec_engine::EngineError;
+
+use super::{Inner, Routed};
+use crate::txn;
+
+impl Inner {
+    /// Each write's rows on their shards; a row kept on several shards (a hot row) goes to
+    /// each.
+    fn route_writes<'a>(
+        &self,
+        writes: &[RowWrite<'a>],
+        options: WriteOptions,
+    ) -> nearrec::Result<Vec<Routed<'a>>> {
+        let mut out: Vec<Routed<'a>> = Vec::new();
+        for w in writes {
+            let t = self.find(w.table)?;
+            let (table, hot) = (&self.plan.tables[t], &self.hot[t]);
+            let dim = table.dim as usize;
+            if let Some(v) = w.values {
+                nearrec::check_values(w.table, w.ids.len(), dim, v, options)?;
+            }
+            let mut by_part: Vec<(Vec<i64>, Vec<f32>)> =
+                vec![Default::default(); table.parts.len()];
+            for (j, &id) in w.ids.iter().enumerate() {
+                if table.keyed {
+                    // a key goes to its part as it is
+                    let p = key_part(id as u64, table.parts.len());
+                    by_part[p].0.push(id);
+                    if let Some(v) = w.values {
+                        by_part[p].1.extend_from_slice(&v[j * dim..][..dim]);
+                    }
+                    continue;
+                }
+                if id < 0 || id as u64 >= table.rows {
+                    return Err(EngineError::IndexOutOfRange {
+                        table: w.table.to_owned(),
+                        position: j,
+                        bag: j,
+                        value: id,
+                        rows: table.rows,
+                    }
+                    .into());
+                }
+                let id = id as u64;
+                let home = table.part_of(id);
+                let mut put = |p: usize, local: u64| {
+                    by_part[p].0.push(local as i64);
+                    if let Some(v) = w.values {
+                        by_part[p].1.extend_from_slice(&v[j * dim..][..dim]);
+                    }
+                };
+                put(home, id - table.parts[home].first);
+                if let Some(rank) = hot.rank(id) {
+                    for p in 0..table.parts.len() {
+                        put(p, table.parts[p].rows + u64::from(rank));
+                    }
+                }
+            }
+            for (p, (ids, values)) in by_part.into_iter().enumerate() {
+                if !ids.is_empty() {
+                    let values = w.values.map(|_| values);
+                    out.push((table.parts[p].shard, w.table, ids, values));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn write_many(
+        &self,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> nearrec::Result<u64> {
+        self.live()?;
+        if !self.writable {
+            return Err(Error::ReadOnly {
+                path: self.describe(),
+            });
+        }
+        let routed = self.route_writes(writes, options)?;
+        let _switch = self.switching.read().unwrap_or_else(|p| p.into_inner());
+        let mut shards: Vec<usize> = routed.iter().map(|r| r.0).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let calls: Vec<Vec<RowWrite<'_>>> = (shards.iter())
+            .map(|&k| {
+                (routed.iter().filter(|r| r.0 == k))
+                    .map(|(_, table, ids, values)| RowWrite {
+                        table,
+                        ids,
+                        values: values.as_deref(),
+                    })
+                    .collect()
+            })
+            .collect();
+        if let [s] = shards.as_slice()
+            && let [replica] = self.shards[*s].all_replicas().as_slice()
+            && self.shards[*s].epoch() == 0
+        {
+            // one node, the shard's only replica ever: one call
+            let v = replica.client.write_many(&calls[0], options)?;
+            self.shards[*s].seen.raise(v);
+        } else if !shards.is_empty() {
+            // several shards, or several replicas of one: two-phase commit, so that every
+            // replica takes the writes of every router in one order (a row another router's
+            // write holds is not written until that one is done)
+            txn::Coordinator {
+                store: &self.plan.store,
+                all: &self.shards,
+                visible: &self.visible,
+                pin: self.pin.load(Ordering::Relaxed),
+            }
+            .write(&shards, &calls, options, self.options.client.timeout)?;
+        }
+        // the version that holds it: each written shard's count as its commit answered, the
+        // others' as last seen (asking every shard for its count was a round trip to each
+        // after every write)
+        Ok(self.version_of(&[]))
+    }
+}
