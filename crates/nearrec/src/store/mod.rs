@@ -1,16 +1,18 @@
 //! [`Store`]: an open store, served as its [`StoreConfig`] says — the engine over its tables,
 //! the simulated drive when asked, the placement its plan resolves to, and the model kept with
-//! it. Cheap to clone; clones share everything, so one store serves many threads and the
-//! background pipelines ([`crate::pipeline`]).
+//! it, and the contract's core over it. Cheap to clone; clones share everything, so one store
+//! serves many threads and the background pipelines ([`crate::pipeline`]). `read.rs`: a batch
+//! pooled at a snapshot; `serve.rs`: versions swapped ([`Versions`]); `writes.rs`: writes,
+//! tables and counters ([`Writes`], [`Schema`]); `replica.rs` ([`Replica`]); `infer.rs`
+//! ([`Inference`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
 use nearrec_device::{FlashDevice, FlashStats};
-use nearrec_engine::{Engine, Prepared, Stages, Tier, TierReport};
+use nearrec_engine::{Engine, Tier, TierReport};
 use nearrec_format::{Manifest, ProgressFn, Repository, StoreReader, TableMeta, files};
 use nearrec_io::MemDevice;
 
@@ -28,6 +30,7 @@ use crate::scrub::Scrub;
 use crate::versions::Located;
 
 mod infer;
+mod read;
 mod replica;
 mod serve;
 mod writes;
@@ -318,14 +321,6 @@ impl Store {
         self.inner.served.load()
     }
 
-    /// [`Store::lookup_at`] with the version `snapshot` is and where the time went: what the
-    /// contract's lookups answer.
-    pub(crate) fn read_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<(Pooled, Read)> {
-        let (pooled, stages) = self.lookup_at(batch, snapshot)?;
-        let version = snapshot.version();
-        Ok((pooled, Read { version, stages }))
-    }
-
     /// The manifest as the store serves it now: its tables (with those created or dropped
     /// since it was opened), attachments and how it was made.
     pub fn manifest(&self) -> Manifest {
@@ -378,45 +373,6 @@ impl Store {
         self.snapshot().engine().clone()
     }
 
-    /// Validates `batch` (known tables, well-formed bags, weights, padding, one batch size):
-    /// the output's shape, for a caller that pools into its own buffer with [`Store::execute`].
-    pub fn prepare(&self, batch: &Batch<'_>) -> Result<Prepared> {
-        let snapshot = self.snapshot();
-        Ok(snapshot.engine().prepare_at(batch, snapshot.view())?)
-    }
-
-    /// Pools `batch` into `out`, row-major `[prepared.batch(), prepared.width()]`, as the
-    /// store is now (every write that returned before is seen).
-    pub fn execute(&self, batch: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
-        self.execute_at(batch, prepared, out, &self.snapshot())
-            .map(drop)
-    }
-
-    /// [`Store::execute`] at `snapshot` (the parts of one batch read one version). Returns where
-    /// the batch's time went.
-    pub fn execute_at(
-        &self,
-        batch: &Batch<'_>,
-        prepared: &Prepared,
-        out: &mut [f32],
-        snapshot: &Snapshot,
-    ) -> Result<Stages> {
-        let engine = snapshot.engine();
-        if prepared.engine() != engine.id() || !prepared.resolved_at(snapshot.view()) {
-            // prepared before the store's tables (or a keyed table's keys) changed: valid now
-            // only for the same shape
-            let again = engine.prepare_at(batch, snapshot.view())?;
-            if (again.batch(), again.width()) != (prepared.batch(), prepared.width()) {
-                return Err(Error::invalid(
-                    "the store's tables changed between prepare and execute, and the batch's \
-                     output shape with them; prepare it again",
-                ));
-            }
-            return Ok(engine.execute_at(batch, &again, out, snapshot.view())?);
-        }
-        Ok(engine.execute_at(batch, prepared, out, snapshot.view())?)
-    }
-
     /// What a lookup starting now reads: the version of every table as of the last write that
     /// returned.
     pub fn snapshot(&self) -> Arc<Snapshot> {
@@ -428,55 +384,6 @@ impl Store {
         self.current().live.writable()
     }
 
-    /// [`StoreApi::lookup`] at `snapshot`: every table read at that version (the storage node
-    /// answers with it), and where the batch's time went (validating it counted as routing).
-    pub fn lookup_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<(Pooled, Stages)> {
-        let start = Instant::now();
-        let prepared = snapshot.engine().prepare_at(batch, snapshot.view())?;
-        let prepare = start.elapsed();
-        let mut values = vec![0f32; prepared.batch() * prepared.width()];
-        let mut stages = self.execute_at(batch, &prepared, &mut values, snapshot)?;
-        stages.route += prepare;
-        Ok((self.pooled(batch, prepared.batch(), values), stages))
-    }
-
-    /// [`Store::lookup_at`] into `out`, the caller's `[batch, Σ dim]` buffer.
-    pub fn lookup_into_at(
-        &self,
-        batch: &Batch<'_>,
-        out: &mut [f32],
-        snapshot: &Snapshot,
-    ) -> Result<Read> {
-        let start = Instant::now();
-        let prepared = snapshot.engine().prepare_at(batch, snapshot.view())?;
-        let prepare = start.elapsed();
-        let mut stages = self.execute_at(batch, &prepared, out, snapshot)?;
-        stages.route += prepare;
-        Ok(Read {
-            version: snapshot.version(),
-            stages,
-        })
-    }
-
-    pub(crate) fn pooled(&self, batch: &Batch<'_>, bags: usize, values: Vec<f32>) -> Pooled {
-        let engine = self.engine();
-        let tables = batch
-            .tables
-            .iter()
-            .map(|t| {
-                let dim = engine
-                    .table_id(t.table)
-                    .map_or(0, |id| engine.tables()[id].dim as usize);
-                (t.table.to_owned(), dim)
-            })
-            .collect();
-        Pooled {
-            values,
-            batch: bags,
-            tables,
-        }
-    }
-
     /// Table `table`'s data region when it is whole in DRAM, rows in row-id order: the tables'
     /// base (a live store's rows written since its last compaction are not in it).
     pub fn table_data(&self, table: &str) -> Result<Option<TableData>> {
@@ -486,42 +393,6 @@ impl Store {
             .table_data(id)
             .is_some()
             .then_some(TableData { engine, id }))
-    }
-
-    /// The SSD tier's counters and its DRAM tiers' totals (`None`: DRAM-resident), what
-    /// [`StoreApi::stats`] adds the live store's and the keyed tables' to.
-    fn tier_stats(&self) -> Option<Stats> {
-        let engine = self.engine();
-        let (io, device) = (engine.io_stats()?, engine.device()?);
-        let mut values = io.snapshot();
-        let reports = engine.tier_report();
-        let sum = |f: fn(&TierReport) -> u64| reports.iter().map(f).sum::<u64>() as f64;
-        let lookups = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache + r.lookups_ssd);
-        let dram = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache);
-        values.extend(
-            [
-                ("dram_tier_bytes", sum(|r| r.bytes)),
-                ("lookups_resident", sum(|r| r.lookups_resident)),
-                ("lookups_hot", sum(|r| r.lookups_hot)),
-                ("lookups_cache", sum(|r| r.lookups_cache)),
-                ("lookups_ssd", sum(|r| r.lookups_ssd)),
-                (
-                    "dram_hit_ratio",
-                    if lookups > 0.0 { dram / lookups } else { 0.0 },
-                ),
-                ("cache_admissions", sum(|r| r.cache.admissions)),
-                ("cache_rejections", sum(|r| r.cache.rejections)),
-                ("cache_evictions", sum(|r| r.cache.evictions)),
-                ("unprotected_tables", engine.unprotected_tables() as f64),
-            ]
-            .map(|(k, v)| (k.to_owned(), v)),
-        );
-        Some(Stats {
-            device: device.kind().to_owned(),
-            direct_io: device.direct(),
-            block_bytes: device.block_size(),
-            values,
-        })
     }
 
     /// What the simulated drive has done, when the store is served from one.

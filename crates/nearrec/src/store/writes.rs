@@ -1,9 +1,12 @@
 //! Writes to the served store ([`Writes`]: rows written and removed, compaction) and its tables
 //! created and dropped ([`Schema`]), with what a cache above the store reads of them: the
-//! changes since a version, the live store's and the keyed tables' counters.
+//! changes since a version; and its counters — the live store's, the keyed tables', the SSD
+//! tier's and its DRAM tiers' (what `StoreApi::stats` gathers).
+
+use nearrec_engine::TierReport;
 
 use super::{Changes, Store};
-use crate::api::{NewTable, Schema, Writes};
+use crate::api::{NewTable, Schema, Stats, Writes};
 use crate::error::Result;
 use crate::live::{Compaction, RowWrite, WriteOptions};
 
@@ -156,5 +159,41 @@ impl Store {
     /// Unix seconds.
     pub fn advance_clock(&self, seconds: u64) -> Result<u64> {
         Ok(self.engine().advance_clock(seconds)?)
+    }
+
+    /// The SSD tier's counters and its DRAM tiers' totals (`None`: DRAM-resident), what
+    /// [`StoreApi::stats`] adds the live store's and the keyed tables' to.
+    pub(super) fn tier_stats(&self) -> Option<Stats> {
+        let engine = self.engine();
+        let (io, device) = (engine.io_stats()?, engine.device()?);
+        let mut values = io.snapshot();
+        let reports = engine.tier_report();
+        let sum = |f: fn(&TierReport) -> u64| reports.iter().map(f).sum::<u64>() as f64;
+        let lookups = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache + r.lookups_ssd);
+        let dram = sum(|r| r.lookups_resident + r.lookups_hot + r.lookups_cache);
+        values.extend(
+            [
+                ("dram_tier_bytes", sum(|r| r.bytes)),
+                ("lookups_resident", sum(|r| r.lookups_resident)),
+                ("lookups_hot", sum(|r| r.lookups_hot)),
+                ("lookups_cache", sum(|r| r.lookups_cache)),
+                ("lookups_ssd", sum(|r| r.lookups_ssd)),
+                (
+                    "dram_hit_ratio",
+                    if lookups > 0.0 { dram / lookups } else { 0.0 },
+                ),
+                ("cache_admissions", sum(|r| r.cache.admissions)),
+                ("cache_rejections", sum(|r| r.cache.rejections)),
+                ("cache_evictions", sum(|r| r.cache.evictions)),
+                ("unprotected_tables", engine.unprotected_tables() as f64),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        Some(Stats {
+            device: device.kind().to_owned(),
+            direct_io: device.direct(),
+            block_bytes: device.block_size(),
+            values,
+        })
     }
 }
