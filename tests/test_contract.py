@@ -1,7 +1,8 @@
 """The store's conformance suite from Python (the twin of `crates/nearrec/tests/suite/`): every
 kind of store — embedded on the DRAM tier, embedded on the SSD tier behind DRAM tiers smaller
-than its tables, a node's through `nearrec.connect`, and a store cut into two shards on two
-nodes through `nearrec.distributed.connect` — gives the same answers to the same calls, against
+than its tables, a node's through `nearrec.connect`, a store cut into two shards on two nodes
+through `nearrec.distributed.connect`, and the same shards launched on a Ray cluster of two
+nodes by `nearrec.ray.ShardedStore` — gives the same answers to the same calls, against
 a pooling written here from the rows' values, and the same typed errors. A case that needs a
 capability the store lacks (`Store.capabilities`), or what its opener says it lacks, is
 skipped, saying which."""
@@ -55,7 +56,8 @@ class Open:
 
     def __init__(self, kind: str):
         self.kind, self.nodes, self.lacks = kind, list[Node](), dict[str, str]()
-        if kind == "sharded":
+        self.launched = list[str]()
+        if kind in ("sharded", "ray"):
             self.lacks["path swaps"] = ("a sharded store swaps to versions every shard holds "
                                         "(nearrec shard --publish), not to a directory")
 
@@ -72,6 +74,12 @@ class Open:
             return nearrec.connect(node.address, "s")
         root = path.parent / f"{path.name}-shards"
         plan = distributed.shard(path, root, 2, scheme="row")
+        if self.kind == "ray":
+            from nearrec.ray import ShardedStore
+            name = f"contract-{path.parent.name}-{len(self.launched)}"
+            self.launched.append(name)
+            return ShardedStore.launch(root, name=name, num_cpus=0.25, tier="ssd",
+                                       dram_budget="16KiB", writable=writable, timeout=30.0)
         shards = [Node(f"{root}/shard-{k}=s", *flags) for k in range(plan.shards)]
         self.nodes += shards
         return distributed.connect(root, [[f"{n.address}/s"] for n in shards])
@@ -85,12 +93,35 @@ class Open:
             pytest.skip(f"{self.kind} lacks {what}: {self.lacks[what]}")
 
 
-@pytest.fixture(params=["dram", "ssd", "node", "sharded"])
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """A Ray cluster of two nodes on this machine, for the `ray` store."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    c.add_node(num_cpus=2)
+    c.wait_for_nodes()
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(params=["dram", "ssd", "node", "sharded", "ray"])
 def open_store(request: pytest.FixtureRequest) -> Iterator[Open]:
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
     opener = Open(request.param)
     yield opener
     for node in opener.nodes:
         assert node.stop() == 0
+    if opener.launched:
+        from nearrec.ray import ShardedStore
+        for name in opener.launched:
+            ShardedStore.shutdown(name)
 
 
 def pool(t: str, ids: np.ndarray, lengths: np.ndarray, mode: str,
@@ -267,7 +298,7 @@ def test_closing_lets_go_at_once(open_store: Open, tmp_path: Path):
 def test_capabilities_are_the_implementations(open_store: Open, tmp_path: Path):
     store = open_store(write_store(tmp_path / "s"), False)
     every = {"writes", "schema", "versions", "replica", "inference"}
-    want = {"writes", "versions"} if open_store.kind == "sharded" else every
+    want = {"writes", "versions"} if open_store.kind in ("sharded", "ray") else every
     assert store.capabilities == want
     if "schema" not in store.capabilities:
         with pytest.raises(nearrec.Unsupported, match="create_table"):
