@@ -52,11 +52,11 @@ pub enum Unknown {
     /// Fail the lookup with [`KeyedError::UnknownKey`] (nothing is pooled).
     #[default]
     Error,
-    /// PoolingMode a row of zeros (it counts towards `mean`), and count it.
+    /// Pool a row of zeros (it counts towards `mean`), and count it.
     Zero,
     /// Insert the key with a row drawn uniformly from `±init_scale`, seeded by `(seed, key)`.
     Init,
-    /// PoolingMode the table's default row: a store's keyed table keeps it as row 0 (zeros, or the
+    /// Pool the table's default row: a store's keyed table keeps it as row 0 (zeros, or the
     /// default slot of the TorchRec managed-collision module it was built from); a table
     /// without one (this DRAM table) pools zeros, as `Zero`.
     Default,
