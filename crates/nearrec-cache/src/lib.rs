@@ -13,7 +13,8 @@
 //! Whole-table residency needs no type of its own: the engine keeps such a table's file image.
 //!
 //! Modules:
-//! - `row_cache.rs`: `RowCache` and its `Reader` — hits read in three prefetchable steps, each
+//! - `row_cache/`: `RowCache` (`mod.rs`: layout, placement, marks), its writes (`write.rs`) and
+//!   its `Reader` (`read.rs`) — hits read in three prefetchable steps, each
 //!   for a run of lookups: `locate` (the row hashed once), `probe` (a byte tag per way, eight
 //!   compared at once) and `read` (the key checked, the row's bytes lent where they lie); misses
 //!   offered back, and a compaction's

@@ -7,9 +7,10 @@
 //! a [`RowSource`] finds — the SSD tier's DRAM tiers — with the same loop.
 //!
 //! Modules:
-//! - `fast.rs`: the fast path — `pool_bags`; `pool_bags_patched`, the same loop with a cursor
+//! - `fast/`: the fast path — `pool_bags`; `pool_bags_patched`, the same loop with a cursor
 //!   over a live table's patched positions, compiled only into its patched instances;
-//!   `pool_found`; `prefetch_row`. AVX-512 and AVX2 versions are picked at run time;
+//!   `pool_found`; `prefetch_row`. AVX-512 and AVX2 versions are picked at run time; a dtype's
+//!   row decoding, one `Decode` each, in `fast/decode.rs`;
 //! - `reference.rs`: the scalar twin of each of the three, decode then reduce, one value at a time;
 //! - `job.rs`: `PoolJob` (a run of one table's bags: indices, bag bounds, weights, mode, padding
 //!   index), `BagsOut` (the cells the pooled bags are written to), `PoolingMode`, `RowIndex`

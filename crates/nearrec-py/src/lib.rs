@@ -4,13 +4,14 @@
 //! Its stubs, `python/nearrec/_native.pyi`, are checked against the built module by stubtest.
 //!
 //! Modules:
-//! - `store.rs`: `NativeStore`, the one store class, over an `Arc<dyn StoreApi>` alone — the
+//! - `store/`: `NativeStore`, the one store class, over an `Arc<dyn StoreApi>` alone — the
 //!   embedded `nearrec::Store` (its constructor; `nearrec.open`), a node's store through
 //!   `nearrec-client` (`connect`; `nearrec.connect`) or a sharded store through
 //!   `nearrec-cluster` (`connect_sharded`; `nearrec.distributed.connect`); its capabilities;
-//!   lookups, `submit` → `NativePending`,
-//!   `stream` → `NativeStream`, `infer`, writes, stats; what only an embedded store has answers
-//!   `Unsupported`. Also the store on disk without opening it: verify, gc, manifest, attachments;
+//!   its verbs (`verbs.rs`: lookups, `infer`, writes, stats); `submit` → `NativePending`,
+//!   `stream` → `NativeStream` (`pending.rs`); what only an embedded store has answers
+//!   `Unsupported`;
+//! - `files.rs`: a store on disk without opening it: verify, scrub, gc, manifest, attachments;
 //! - `lookup.rs`: the native `TableLookup`, its arrays converted once at construction and
 //!   viewed by the engine without a copy; `HeldBatch`, a call's lookups held so that it runs
 //!   without the GIL;
@@ -42,6 +43,7 @@ mod config;
 mod convert;
 mod device;
 mod error;
+mod files;
 mod keyed;
 mod lookup;
 mod model;
@@ -105,15 +107,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::device_fit, m)?)?;
     m.add_function(wrap_pyfunction!(device::device_read_rate, m)?)?;
     m.add_function(wrap_pyfunction!(device::disk_read_rate, m)?)?;
-    m.add_function(wrap_pyfunction!(store::verify_store, m)?)?;
-    m.add_function(wrap_pyfunction!(store::scrub_store, m)?)?;
-    m.add_function(wrap_pyfunction!(store::store_gc, m)?)?;
-    m.add_function(wrap_pyfunction!(store::repo_publish, m)?)?;
-    m.add_function(wrap_pyfunction!(store::repo_versions, m)?)?;
-    m.add_function(wrap_pyfunction!(store::read_manifest, m)?)?;
-    m.add_function(wrap_pyfunction!(store::read_keys, m)?)?;
-    m.add_function(wrap_pyfunction!(store::store_attach, m)?)?;
-    m.add_function(wrap_pyfunction!(store::store_read_attachment, m)?)?;
+    m.add_function(wrap_pyfunction!(files::verify_store, m)?)?;
+    m.add_function(wrap_pyfunction!(files::scrub_store, m)?)?;
+    m.add_function(wrap_pyfunction!(files::store_gc, m)?)?;
+    m.add_function(wrap_pyfunction!(files::repo_publish, m)?)?;
+    m.add_function(wrap_pyfunction!(files::repo_versions, m)?)?;
+    m.add_function(wrap_pyfunction!(files::read_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(files::read_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(files::store_attach, m)?)?;
+    m.add_function(wrap_pyfunction!(files::store_read_attachment, m)?)?;
     m.add_function(wrap_pyfunction!(writer::table_layout, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_generate_table, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_write, m)?)?;
