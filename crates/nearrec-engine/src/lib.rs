@@ -18,9 +18,11 @@
 //!   `rebase` to a compaction's new base, `derive` over created or dropped tables sharing the
 //!   others' tiers, `warm_from` to fill a swapped-in version's row caches from the old one's);
 //! - `config.rs`: `EngineConfig`, `Tier` (`Dram`, `Ssd`, or `Auto` by the DRAM budget);
-//! - `keyed.rs`: keyed tables — each one's DRAM index of keys to rows (`nearrec_cache::KeyIndex`)
+//! - `keyed/`: keyed tables — each one's DRAM index of keys to rows (`nearrec_cache::KeyIndex`)
 //!   built at open, a batch's keys resolved to rows in `prepare`, the unknown-key policy
 //!   (`KeyPolicy`: error, zero row, init row; bags with init keys pooled again), `KeyReport`;
+//!   a live table's TTL, cap and admission, and each row's touches (`keyed/life.rs`: `KeyLimits`,
+//!   `KeyLife`);
 //! - `tiers.rs`: each table's DRAM tiers — whole table, hot partition, row cache — laid out from a
 //!   `Placement` (checked against the store whatever tier `Auto` picks) within the DRAM budget;
 //!   `TierReport`;
@@ -32,8 +34,8 @@
 //!   `read_batch`, each row pooled into its bags as its read lands and offered to the row cache;
 //!   its files behind an `ArcSwap`, so that a compaction moves it to new ones;
 //! - `cells.rs`: the shared `[batch, Σ dim]` output both paths pool into;
-//! - `delta.rs`: a live table's delta — versioned entries in per-shard slabs behind a filter —
-//!   `DeltaView`, what one snapshot reads, and the `RowPatch` each pooling task takes from it;
+//! - `delta/`: a live table's delta — versioned entries in per-shard slabs behind a filter —
+//!   `DeltaView` (`view.rs`), what one snapshot reads, and the `RowPatch` each pooling task takes from it;
 //! - `stats.rs`: `IoStats` counters and latency `Histogram`s behind a store's stats; `Stages`,
 //!   where one batch's time went (route, I/O wait, pooling);
 //! - `dense/` (`linear.rs`: FC layers, SGEMM from the `gemm` crate; `model.rs`: DLRM, Wide & Deep,

@@ -23,7 +23,8 @@
 //! - `manifest.rs`, `header.rs`, `layout.rs`, `dtype.rs`: the manifest's envelope and body, the
 //!   table header, where each row sits (`RowLayout`), row encodings (fp32 / fp16 / bf16, int8 / int4 /
 //!   int2 row-wise with scale and bias, fp8 e4m3);
-//! - `writer.rs` (`StoreWriter`), `reader.rs` (`StoreReader`, `verify`), `chunks.rs` (the chunk
+//! - `writer/` (`StoreWriter`; `table.rs`, one table's `TableWriter`; `pipeline.rs`, its writer
+//!   thread), `reader.rs` (`StoreReader`, `verify`), `chunks.rs` (the chunk
 //!   size both stream tables in, and the progress callback), `init.rs` (seeded random rows);
 //! - `sync.rs`: atomic replacement — a build's directory, `Manifest::publish`, `replace_file`;
 //! - `order.rs` + `reorder.rs`: row orders of co-located tables, and `copy_ordered`, the
@@ -33,7 +34,7 @@
 //! - `keys.rs`: keyed tables' keys files (`KeysMeta`), and the zero row every keyed table has;
 //! - `wal/`: the write-ahead log — `record.rs` (one write call as checksummed operations: write,
 //!   remove, create, drop), `log.rs` (segments appended with group commit, sync or async,
-//!   recovered with a torn tail cut, read by other processes without writing);
+//!   read by other processes without writing), `scan.rs` (segments read back, a torn tail cut);
 //! - `rewrite.rs`: table files written into a live store — `rewrite_table` (compaction's
 //!   copy-on-write, every sector it copies checked first) and `write_table` (a created table);
 //! - `leftovers.rs` + `gc.rs`: what killed writers leave (build temporaries nobody holds the lock

@@ -6,6 +6,7 @@
 
 mod log;
 mod record;
+mod scan;
 mod txn;
 
 pub use log::{
