@@ -24,6 +24,7 @@
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, fence};
 
+use nearrec_kernels::reference::BagSum;
 use nearrec_kernels::{PoolingMode, prefetch_row};
 
 use crate::hash::mix;
@@ -607,6 +608,7 @@ impl KeyedTable {
         Ok(())
     }
 
+    /// Pools resolved rows as the kernels' reference pools every bag ([`BagSum`]).
     fn pool_resolved(
         &self,
         rows: &[Option<u32>],
@@ -617,14 +619,10 @@ impl KeyedTable {
     ) {
         let dim = self.config.dim;
         let mut row = vec![0f32; dim];
+        let mut bag = BagSum::new(mode, dim);
         for (b, cell) in out.chunks_exact_mut(dim).enumerate() {
-            let (lo, hi) = (bounds[b], bounds[b + 1]);
-            cell.fill(if mode == PoolingMode::Max && hi > lo {
-                f32::NEG_INFINITY
-            } else {
-                0.0
-            });
-            for k in lo..hi {
+            bag.reset();
+            for k in bounds[b]..bounds[b + 1] {
                 if let Some(&Some(ahead)) = rows.get(k + AHEAD) {
                     let p = self.values[ahead as usize * dim..].as_ptr();
                     prefetch_row(p.cast(), dim * 4);
@@ -633,18 +631,9 @@ impl KeyedTable {
                     Some(r) => self.read_row(r, &mut row),
                     None => row.fill(0.0),
                 }
-                let v = |j: usize| row[j];
-                match (mode, weights) {
-                    (PoolingMode::Max, _) => (0..dim).for_each(|j| cell[j] = cell[j].max(v(j))),
-                    // one rounding, as PyTorch (and nearrec-kernels' fast.rs) add weighted rows
-                    (_, Some(w)) => (0..dim).for_each(|j| cell[j] = w[k].mul_add(v(j), cell[j])),
-                    (_, None) => (0..dim).for_each(|j| cell[j] += v(j)),
-                }
+                bag.add(&row, weights.map(|w| w[k]));
             }
-            if mode == PoolingMode::Mean && hi > lo {
-                let n = (hi - lo) as f32;
-                cell.iter_mut().for_each(|a| *a /= n);
-            }
+            bag.finish(cell);
         }
     }
 
