@@ -30,7 +30,7 @@
 //!   reads, hedges and the
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).
 //!
-//! Modules: `split.rs` (cut and merge), `shard.rs` (a shard's replicas: hedging, failover,
+//! Modules: `split/` (cut and merge; `parted.rs`, a table's ids routed to its parts), `shard.rs` (a shard's replicas: hedging, failover,
 //! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `versions.rs`
 //! (the cluster version: pin, stage, switch, release), `members.rs` (membership, catch-up),
 //! `catch_up.rs` (catch-up in the background, every router's by default), `store/`

@@ -54,8 +54,8 @@
 //!   process's stores;
 //! - `raw.rs`: `Store::lookup_rows`, a batch's distinct rows per table at one version (the node's
 //!   `raw` lookups); `coalesce.rs`: small batches of one `Shape` as one engine batch, split back;
-//! - `model.rs`: the model kept with a store (`save`, `StoredModel`, a family or a program),
-//!   run next to its embeddings by `store/infer.rs`;
+//! - `model/`: the model kept with a store (`save`, `StoredModel`, a family or a program; its
+//!   dense part built in `build.rs`), run next to its embeddings by `store/infer.rs`;
 //! - `live/`: live stores — `mod.rs` (the writer's lock and log, calls applied in log order and
 //!   published as `Snapshot`s read through arc-swap), `compact.rs` (compaction, crash-safe at each
 //!   step), `tables.rs` (`create_table` / `drop_table`), `follow.rs` (a read-only store following
