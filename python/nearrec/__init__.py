@@ -20,9 +20,10 @@ The modules, lowest layer first: each imports only from the layers before it
   argument; the eight benchmark models' shapes.
 - ``config``: :class:`StoreConfig`, the mirror of Rust's (defaults read from Rust, values checked
   by Rust, TOML in and out).
-- ``manifest``: a store on disk without opening it: :func:`info`, :func:`attach` /
+- {``manifest``, ``answers``}: a store on disk without opening it: :func:`info`, :func:`attach` /
   :func:`read_attachment`, :func:`verify`, :func:`scrub`, :func:`gc`; a repository of versions:
-  :func:`publish`, :func:`versions`.
+  :func:`publish`, :func:`versions`. What a store's calls answer: ``Table``, ``PooledBatch``,
+  ``Changes``, ``Synced``, ``Compaction``.
 - {``store``, ``keyed``}: :class:`Store`, one class over the store's contract
   (``nearrec::StoreApi``) whatever serves it — ``open``, lookups, ``submit`` → ``Pending``,
   ``lookup_stream``, ``infer``, writes, swaps, stats — each a call of the binding's

@@ -41,7 +41,7 @@ import nearrec
 
 from .harness import Harness
 from .report import Record
-from .serve import node, scrape
+from .served import node, scrape
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 

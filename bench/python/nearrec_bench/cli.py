@@ -22,7 +22,7 @@ from . import report
 from .harness import Harness
 
 #: WHAT → the module that serves it
-MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd",
+MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd_dtypes",
            "ssd-tuning": "ssd",
            "ssd-verify": "ssd", "ssd-cost": "ssd", "cache": "cache", "colocate": "colocate",
            "keyed": "keyed",

@@ -44,7 +44,7 @@ from nearrec import trace as nt
 from .cache import generator, in_memory
 from .harness import Harness
 from .report import Record, rounds_spread
-from .serve import can_make_namespaces, namespace, node
+from .served import can_make_namespaces, namespace, node
 
 
 @dataclass

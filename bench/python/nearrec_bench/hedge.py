@@ -45,7 +45,7 @@ from nearrec import trace as nt
 from .cache import generator, in_memory
 from .harness import Harness
 from .report import Record, rounds_spread
-from .serve import node
+from .served import node
 
 
 @dataclass

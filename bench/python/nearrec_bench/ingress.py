@@ -41,7 +41,7 @@ from nearrec import trace as nt
 from .cache import generator
 from .harness import Harness
 from .report import Record
-from .serve import _free_port
+from .served import free_port
 
 
 @dataclass
@@ -117,7 +117,7 @@ def run(cfg: IngressConfig, log: Callable[[str], None] = print) -> list[Record]:
         return KeyedJaggedTensor(tables, torch.from_numpy(values),
                                  lengths=torch.from_numpy(lengths))
 
-    http, grpc_port = _free_port(), _free_port()
+    http, grpc_port = free_port(), free_port()
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     try:
         ShardedStore.launch(cut2, name="ingress2", tier="dram", num_cpus=1)

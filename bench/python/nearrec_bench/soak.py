@@ -41,7 +41,7 @@ import nearrec
 from . import _native
 from .harness import Harness
 from .report import Record
-from .serve import node
+from .served import node
 
 KINDS = ("lookup", "infer", "live", "write")
 

@@ -41,7 +41,7 @@ from nearrec import TableLookup, distributed
 
 from .harness import Harness
 from .report import Record, rounds_spread
-from .serve import node
+from .served import node
 from .update import _open_loop
 
 #: batches scheduled this long after a swap returned still count as during it

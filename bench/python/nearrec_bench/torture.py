@@ -47,7 +47,7 @@ import nearrec
 
 from .harness import Harness
 from .report import Record
-from .serve import node
+from .served import node
 
 #: the tables the stream writes (rows, dim), and the one it creates and drops
 TABLES = {"a": (4000, 16), "b": (1000, 8)}

@@ -37,7 +37,7 @@ from nearrec import distributed
 
 from .harness import Harness
 from .report import Record, rounds_spread
-from .serve import node
+from .served import node
 
 
 @dataclass

@@ -15,7 +15,7 @@ def emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 def human_time(x: float) -> str:
     """A duration for people: ``214 µs``, ``26.0 ms``, ``1.18 s``."""
-    return humanize.metric(x, "s").replace("μ", "µ")
+    return str(humanize.metric(x, "s")).replace("μ", "µ")
 
 
 def human_bytes(n: float) -> str:
