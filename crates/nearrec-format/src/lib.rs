@@ -34,7 +34,7 @@
 //! - `keys.rs`: keyed tables' keys files (`KeysMeta`), and the zero row every keyed table has;
 //! - `wal/`: the write-ahead log — `record.rs` (one write call as checksummed operations: write,
 //!   remove, create, drop), `log.rs` (segments appended with group commit, sync or async,
-//!   read by other processes without writing), `scan.rs` (segments read back, a torn tail cut);
+//!   read by other processes without writing; `log/scan.rs`: segments read back, a torn tail cut);
 //! - `rewrite.rs`: table files written into a live store — `rewrite_table` (compaction's
 //!   copy-on-write, every sector it copies checked first) and `write_table` (a created table);
 //! - `leftovers.rs` + `gc.rs`: what killed writers leave (build temporaries nobody holds the lock

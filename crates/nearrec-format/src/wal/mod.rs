@@ -6,7 +6,6 @@
 
 mod log;
 mod record;
-mod scan;
 mod txn;
 
 pub use log::{

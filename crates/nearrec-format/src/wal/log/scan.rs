@@ -4,9 +4,7 @@
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use super::log::{
-    DroppedTail, SEGMENT_HEADER, TailKind, WalRecovery, parse_segment_name, read_header,
-};
+use super::{DroppedTail, SEGMENT_HEADER, TailKind, WalRecovery, parse_segment_name, read_header};
 use crate::error::{FormatError, Result};
 use crate::files::IN_STORE;
 use crate::sync::fsync_dir;

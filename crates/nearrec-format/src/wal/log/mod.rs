@@ -24,7 +24,10 @@ use crate::error::{FormatError, Result};
 use crate::files::{IN_STORE, open_regular};
 use crate::sync::fsync_dir;
 use crate::wal::record::{self, Op, Record};
-use crate::wal::scan::{Scan, scan};
+
+mod scan;
+
+use scan::{Scan, scan};
 
 /// Magic of a segment file's header.
 pub const WAL_MAGIC: [u8; 8] = *b"NRWAL\0\0\0";
