@@ -35,16 +35,15 @@ from ._native import read_keys as _read_keys
 from .errors import InvalidRequest, StoreCorrupted, StoreIOError, StoreNotFound
 from .request import (
     PoolingModeName,
+    TableLookup,
     as_array,
     count,
     flag,
     index_vector,
     is_bool,
     key_vector,
-    mode_name,
     path_arg,
     regular_file,
-    weights_vector,
 )
 
 UNKNOWN_POLICIES = ("error", "zero", "init")
@@ -52,28 +51,15 @@ I64 = npt.NDArray[np.int64]
 F32 = npt.NDArray[np.float32]
 
 
-def _bounds(n: int, offsets: Any, lengths: Any, include_last_offset: bool, table: str) -> I64:
-    if offsets is not None and lengths is not None:
-        raise InvalidRequest(f"table {table!r}: give offsets or lengths, not both", table=table)
-    if not is_bool(include_last_offset):
-        raise InvalidRequest(f"table {table!r}: include_last_offset must be True or False, not "
-                             f"{include_last_offset!r}", table=table)
-    if lengths is not None:
-        lens = index_vector(lengths, table, "lengths")
-        if lens.size and lens.min() < 0:
-            pos = int(np.argmax(lens < 0))
-            raise InvalidRequest(f"table {table!r}: lengths[{pos}] = {lens[pos]} is negative",
-                                 table=table, position=pos)
-        return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    if offsets is None:
-        return np.arange(n + 1, dtype=np.int64)  # one key per bag
-    o = index_vector(offsets, table, "offsets")
-    return o if include_last_offset else np.append(o, n)
-
-
-def _weights(w: Any, table: str) -> F32 | None:
-    """``per_sample_weights`` checked as a store lookup's are, flattened."""
-    return None if w is None else weights_vector(w, table)
+def _bags(table: str, ids: I64, offsets: Any, lengths: Any, include_last_offset: bool,
+          mode: PoolingModeName, per_sample_weights: Any) -> TableLookup:
+    """A table's bags as a store's lookup takes them (converted and checked natively, as
+    :class:`~nearrec.TableLookup` converts them); with neither offsets nor lengths, one id a
+    bag."""
+    if offsets is None and lengths is None:
+        lengths = np.ones(len(ids), np.int64)
+    return TableLookup(table, ids, offsets, lengths, per_sample_weights, mode,
+                       include_last_offset)
 
 
 def _rows(x: Any, what: str, table: str) -> F32:
@@ -216,9 +202,8 @@ class KeyedTable:
         """Pools bags of keys like ``torch.nn.EmbeddingBag``: ``offsets`` (or ``lengths``; with
         neither, one key per bag); returns ``[bags, dim]`` float32."""
         k = key_vector(keys, self.name)
-        return np.asarray(self._native.pool(
-            k, _bounds(len(k), offsets, lengths, include_last_offset, self.name),
-            mode_name(mode, self.name), _weights(per_sample_weights, self.name)))
+        return np.asarray(self._native.pool(_bags(self.name, k, offsets, lengths,
+                                                  include_last_offset, mode, per_sample_weights)))
 
     def read(self, keys: Any) -> F32:
         """The rows of ``keys`` (``[n, dim]``), unknown keys handled by the policy."""
@@ -236,15 +221,16 @@ class KeyedTable:
     def read_rows(self, rows: Any) -> F32:
         """Rows by index (as :meth:`resolve` gives them; -1: zeros), ``[n, dim]``."""
         r = index_vector(rows, self.name, "rows")
-        return np.asarray(self._native.pool_rows(r, np.arange(len(r) + 1, dtype=np.int64)))
+        return np.asarray(self._native.pool_rows(_bags(self.name, r, None, None, False, "sum",
+                                                       None)))
 
     def pool_rows(self, rows: Any, offsets: Any, mode: PoolingModeName = "sum",
                   per_sample_weights: Any = None, include_last_offset: bool = False) -> F32:
         """As :meth:`lookup`, for row indices from :meth:`resolve`."""
         r = index_vector(rows, self.name, "rows")
-        return np.asarray(self._native.pool_rows(
-            r, _bounds(len(r), offsets, None, include_last_offset, self.name),
-            mode_name(mode, self.name), _weights(per_sample_weights, self.name)))
+        return np.asarray(self._native.pool_rows(_bags(self.name, r, offsets, None,
+                                                       include_last_offset, mode,
+                                                       per_sample_weights)))
 
     def export(self) -> tuple[I64, F32]:
         """Every key held and its row: ``(keys [n], values [n, dim])``, in no particular order."""

@@ -1,6 +1,8 @@
 //! Keyed tables (`nearrec_cache::KeyedTable`): rows by unbounded 64-bit keys, in DRAM.
 
-use nearrec::PoolingMode;
+use std::borrow::Cow;
+
+use nearrec::{Indices, PoolingMode};
 use nearrec_cache::{KeyedConfig, KeyedError, KeyedTable, Unknown};
 use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
@@ -8,7 +10,8 @@ use numpy::{
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::error::{detach, raise};
+use crate::error::{detach, err, raise};
+use crate::lookup::PyTableLookup;
 
 fn keyed_err(py: Python<'_>, e: KeyedError) -> PyErr {
     let msg = e.to_string();
@@ -35,11 +38,6 @@ impl NativeKeyedTable {
     fn invalid(&self, py: Python<'_>, m: String) -> PyErr {
         raise(py, "InvalidRequest", m, Some(self.table.name()), None)
     }
-
-    fn mode(&self, py: Python<'_>, mode: &str) -> PyResult<PoolingMode> {
-        PoolingMode::from_name(mode)
-            .ok_or_else(|| self.invalid(py, format!("unknown mode {mode:?}: sum, mean or max")))
-    }
 }
 
 /// A new `[bags, dim]` array that `fill` pools into, the GIL released meanwhile.
@@ -58,12 +56,34 @@ fn pooled<'py>(
     Ok(out)
 }
 
-/// Bag bounds as positions (a negative one becomes one past any end, which the table refuses).
-fn bounds_of(bounds: &[i64]) -> Vec<usize> {
-    bounds
-        .iter()
-        .map(|&b| usize::try_from(b).unwrap_or(usize::MAX))
-        .collect()
+/// What a table pools of a [`PyTableLookup`] (built over this table's keys or row indices): its
+/// ids as 64-bit values, its bags' bounds as the engine checks a store's, its weights and mode.
+struct Bags<'a> {
+    ids: Cow<'a, [i64]>,
+    bounds: Vec<usize>,
+    weights: Option<&'a [f32]>,
+    mode: PoolingMode,
+}
+
+impl<'a> Bags<'a> {
+    fn of(py: Python<'_>, lookup: &'a PyTableLookup) -> PyResult<Self> {
+        let view = lookup.view();
+        let bounds = (view.bag_bounds()).map_err(|e| err(py, nearrec::Error::from(e)))?;
+        let ids = match view.indices {
+            Indices::I64(ids) => Cow::Borrowed(ids),
+            Indices::I32(ids) => Cow::Owned(ids.iter().map(|&i| i64::from(i)).collect()),
+        };
+        Ok(Bags {
+            ids,
+            bounds,
+            weights: view.per_sample_weights,
+            mode: view.mode,
+        })
+    }
+
+    fn batch(&self) -> usize {
+        self.bounds.len() - 1
+    }
 }
 
 #[pymethods]
@@ -155,25 +175,15 @@ impl NativeKeyedTable {
         detach(py, || self.table.remove(keys))
     }
 
-    /// Pools bags (`bounds`: `batch + 1` positions into `keys`) into `[batch, dim]`.
-    #[pyo3(signature = (keys, bounds, mode = "sum", per_sample_weights = None))]
+    /// Pools the bags of `lookup`, a `TableLookup` of keys, into `[batch, dim]`.
     fn pool<'py>(
         &self,
         py: Python<'py>,
-        keys: PyReadonlyArray1<'py, i64>,
-        bounds: PyReadonlyArray1<'py, i64>,
-        mode: &str,
-        per_sample_weights: Option<PyReadonlyArray1<'py, f32>>,
+        lookup: PyRef<'py, PyTableLookup>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let mode = self.mode(py, mode)?;
-        let keys = keys.as_slice()?;
-        let bounds = bounds_of(bounds.as_slice()?);
-        let weights = per_sample_weights
-            .as_ref()
-            .map(|w| w.as_slice())
-            .transpose()?;
-        pooled(py, bounds.len().saturating_sub(1), self.dim(), |out| {
-            self.table.pool(keys, &bounds, weights, mode, out)
+        let bags = Bags::of(py, &lookup)?;
+        pooled(py, bags.batch(), self.dim(), |out| {
+            (self.table).pool(&bags.ids, &bags.bounds, bags.weights, bags.mode, out)
         })
     }
 
@@ -190,29 +200,17 @@ impl NativeKeyedTable {
         Ok(PyArray1::from_vec(py, rows))
     }
 
-    /// Pools bags of row indices (as [`Self::resolve`] gives them; -1: a zero row).
-    #[pyo3(signature = (rows, bounds, mode = "sum", per_sample_weights = None))]
+    /// Pools the bags of `lookup`, a `TableLookup` of row indices (as [`Self::resolve`] gives
+    /// them; -1: a zero row).
     fn pool_rows<'py>(
         &self,
         py: Python<'py>,
-        rows: PyReadonlyArray1<'py, i64>,
-        bounds: PyReadonlyArray1<'py, i64>,
-        mode: &str,
-        per_sample_weights: Option<PyReadonlyArray1<'py, f32>>,
+        lookup: PyRef<'py, PyTableLookup>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let mode = self.mode(py, mode)?;
-        let rows: Vec<Option<u32>> = rows
-            .as_slice()?
-            .iter()
-            .map(|&r| u32::try_from(r).ok())
-            .collect();
-        let bounds = bounds_of(bounds.as_slice()?);
-        let weights = per_sample_weights
-            .as_ref()
-            .map(|w| w.as_slice())
-            .transpose()?;
-        pooled(py, bounds.len().saturating_sub(1), self.dim(), |out| {
-            self.table.pool_rows(&rows, &bounds, weights, mode, out)
+        let bags = Bags::of(py, &lookup)?;
+        let rows: Vec<Option<u32>> = bags.ids.iter().map(|&r| u32::try_from(r).ok()).collect();
+        pooled(py, bags.batch(), self.dim(), |out| {
+            (self.table).pool_rows(&rows, &bags.bounds, bags.weights, bags.mode, out)
         })
     }
 
