@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nearrec
 from nearrec_bench import soak
-from nearrec_bench.serve import node
+from nearrec_bench.served import node
 
 
 def test_a_short_soak_answers_every_call_and_every_checked_answer_is_right(tmp_path,

@@ -50,7 +50,7 @@ def test_every_mode_answers_the_same_vectors(tmp_path):
     finally:
         assert node.stop() == 0
     # a real redis-server holding the rows answers the same (the benchmark's HPS-like peer)
-    from nearrec_bench.serve import redis_server
+    from nearrec_bench.served import redis_server
     with redis_server() as redis:
         bench_native.redis_load(redis, {t: local.read_rows(t, np.arange(n))
                                         for t, n in (("a", 500), ("b", 300))})

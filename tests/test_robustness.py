@@ -468,7 +468,7 @@ def test_damaged_rows_are_never_served(tmp_path, opening, table, how, at):
 
 def scraped(metrics: str) -> dict[tuple[str, str], float]:
     """A node's ``/metrics`` read with Prometheus's own parser: (sample, store) → value."""
-    from nearrec_bench.serve import scrape
+    from nearrec_bench.served import scrape
 
     return {(s.name, s.labels.get("store", "")): s.value
             for f in scrape(metrics) for s in f.samples}
@@ -477,7 +477,7 @@ def scraped(metrics: str) -> dict[tuple[str, str], float]:
 @pytest.mark.parametrize(("table", "how", "at"), SWEEP)
 def test_damaged_rows_are_never_served_by_a_node_and_its_scrub_finds_them(
         tmp_path, table, how, at):
-    from nearrec_bench.serve import node
+    from nearrec_bench.served import node
 
     path, arrays = corrupt_store(tmp_path)
     damage(path, table, how, at)
