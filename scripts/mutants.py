@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROW_CACHE = Path("crates/nearrec-cache/src/row_cache.rs")
+ROW_CACHE = Path("crates/nearrec-cache/src/row_cache")
 TIER_SOURCE = Path("crates/nearrec-engine/src/ssd.rs")
-KERNELS = Path("crates/nearrec-kernels/src/fast.rs")
+KERNELS = Path("crates/nearrec-kernels/src/fast")
 CACHE_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-cache", "--test", "caches"]
 ENGINE_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-engine", "--test", "tiers"]
 DELTA_TESTS = ["cargo", "test", "--offline", "-q", "-p", "nearrec-engine", "--test", "delta"]
@@ -99,20 +99,28 @@ MUTANTS = [
 ]
 
 
+def holding(m: Mutant) -> Path:
+    """The file of ``m.path`` (a file, or a module's folder) that holds ``m.old`` once."""
+    files = sorted(m.path.glob("*.rs")) if m.path.is_dir() else [m.path]
+    found = [(f, f.read_text().count(m.old)) for f in files]
+    if [n for _, n in found if n] != [1]:
+        raise SystemExit(f"{m.name}: {m.old!r} occurs {[n for _, n in found]} times in {files}")
+    return next(f for f, n in found if n)
+
+
 def run(m: Mutant) -> dict[str, Any]:
-    src = m.path.read_text()
-    if src.count(m.old) != 1:
-        raise SystemExit(f"{m.name}: {m.old!r} occurs {src.count(m.old)} times in {m.path}")
+    path = holding(m)
+    src = path.read_text()
     start = time.monotonic()
     try:
-        m.path.write_text(src.replace(m.old, m.new))
+        path.write_text(src.replace(m.old, m.new))
         done = subprocess.run(m.tests, capture_output=True, text=True)
     finally:
-        m.path.write_text(src)
+        path.write_text(src)
     failed = [line.split(" ---")[0].strip() for line in done.stdout.splitlines()
               if line.endswith("--- FAILED")]
     built = "error[" not in done.stderr
-    return {"mutant": m.name, "file": str(m.path), "tests": " ".join(m.tests), "built": built,
+    return {"mutant": m.name, "file": str(path), "tests": " ".join(m.tests), "built": built,
             "caught": done.returncode != 0 and built, "failed_tests": failed,
             "seconds": round(time.monotonic() - start, 1)}
 

@@ -4,7 +4,7 @@ model of your own): :func:`capture`.
 
 ``torch.export`` traces the model on an example batch; its nearrec collections appear in the
 graph as one ``nearrec::pooled_lookup`` op each, and everything after them is read op by op into
-``nearrec::model::GraphSpec`` (``crates/nearrec/src/model.rs``): linear layers (their activation
+``nearrec::model::GraphSpec`` (``crates/nearrec/src/model/``): linear layers (their activation
 folded in), ReLU / sigmoid / tanh, concatenation, slicing and splitting of columns, element-wise
 sums and products, and DLRM's interaction (a stack of vectors multiplied by its own transpose,
 then a fixed set of pairs picked out: pairwise dot products, in whatever order the model picks
