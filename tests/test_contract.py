@@ -60,6 +60,8 @@ class Open:
         if kind in ("sharded", "ray"):
             self.lacks["path swaps"] = ("a sharded store swaps to versions every shard holds "
                                         "(nearrec shard --publish), not to a directory")
+            self.lacks["its table files at the path"] = ("each shard serves a copy of its part, "
+                                                         "cut from the path")
 
     def __call__(self, path: Path, writable: bool) -> nearrec.Store:
         flags = ["--tier", "ssd", "--dram-budget", "16KiB", *(["--writable"] if writable else [])]
@@ -303,3 +305,23 @@ def test_capabilities_are_the_implementations(open_store: Open, tmp_path: Path):
     if "schema" not in store.capabilities:
         with pytest.raises(nearrec.Unsupported, match="create_table"):
             store.create_table("fresh", 10, 4)
+
+
+def test_a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one(open_store: Open,
+                                                                           tmp_path: Path):
+    path = write_store(tmp_path / "s")
+    store = open_store(path, False)
+    checks = store.scrub(rate="1GiB")
+    for t in DTYPES:
+        mine = [c for c in checks if c.table == t or c.table.startswith(f"{t} on ")]
+        assert mine and all(c.ok and c.bytes > 0 for c in mine), checks
+    open_store.lacking("its table files at the path")
+    f = path / next(t.file for t in nearrec.info(path).tables if t.name == "t1")
+    data = bytearray(f.read_bytes())
+    data[4096 + 5] ^= 0x40
+    f.write_bytes(bytes(data))
+    damaged = [c for c in store.scrub() if not c.ok]
+    assert [c.table for c in damaged] == ["t1"], damaged
+    np.testing.assert_allclose(store.lookup("t0", [1, 2], offsets=[0, 1]),
+                               served("t0")[[1, 2]], rtol=1e-6)
+

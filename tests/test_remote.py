@@ -174,6 +174,19 @@ def test_the_cli_looks_up_on_a_node_and_prints_what_its_stats_carry(served):
     assert not stats or (stats["direct_io"] is True and stats["block_bytes"] > 0), stats
 
 
+def test_the_cli_scrubs_a_node_s_store_on_the_node(served):
+    # the node reads its own disk; only the checks come back, as a local scrub prints them
+    local, remote = served
+    out = subprocess.run([sys.executable, "-m", "nearrec.cli", "scrub", "--remote",
+                          remote.address, "s", "--rate", "0", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] and {t["table"] for t in report["tables"]} == set(local.tables)
+    assert [(c.table, c.bytes) for c in remote.scrub()] == [
+        (t["table"], t["bytes"]) for t in report["tables"]]
+
+
 def how_of(store: nearrec.Store) -> Any:
     """How a node's store was connected: what its pickle carries."""
     return store.__reduce__()[1][0]

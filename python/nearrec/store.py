@@ -54,6 +54,7 @@ from .request import (
     progress_enabled,
     text,
 )
+from .units import parse_size
 
 #: What a store can do beyond its core (:attr:`Store.capabilities`).
 Capability = Literal["writes", "schema", "versions", "replica", "inference"]
@@ -534,6 +535,16 @@ class Store:
         (``cache_hits``, ``_misses``, ``_admissions``, ``_rejections``, ``_evictions``). Empty
         for a DRAM-resident store."""
         return [dict(r) for r in self._native.tier_report()]
+
+    def scrub(self, rate: int | str = 0) -> list[TableCheck]:
+        """One scrub pass where the store's data lies — this process's disk, a storage node's
+        (its own disk, read there: nothing but the checks crosses the network), or every
+        replica of a sharded store's (each check naming its node): every table read from the
+        device at most ``rate`` bytes a second (a size such as ``"64MiB"``; 0: as fast as the
+        disk goes) and checked against its sector checksums, as :func:`nearrec.scrub` checks a
+        store directory. It changes nothing; lookups go on meanwhile."""
+        checks = self._native.scrub(parse_size(rate))
+        return [TableCheck(*c) for c in checks]
 
     def read_rows(self, table: str, rows: Any) -> npt.NDArray[np.float32]:
         """The given rows of a table, decoded to float32: ``[len(rows), dim]``. ``rows`` is a

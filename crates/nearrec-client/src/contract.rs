@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use nearrec::model::Tensor;
 use nearrec::{
     AsBatch, Batch, Compaction, Decision, Inference, Inferred, Info, Membership, NewTable, Pooled,
-    Read, Replica, RowWrite, Rows, Schema, Stats, StoreApi, Submitted, SwapTo, TierReport,
-    Transaction, Versioned, Versions, WriteOptions, Writes,
+    Read, Replica, RowWrite, Rows, Schema, Stats, StoreApi, Submitted, SwapTo, TableCheck,
+    TierReport, Transaction, Versioned, Versions, WriteOptions, Writes,
 };
 use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::convert;
@@ -76,6 +76,17 @@ impl StoreApi for Client {
 
     fn stats(&self) -> nearrec::Result<Stats> {
         Ok(self.stats_and_tiers()?.0)
+    }
+
+    /// On the node, of the node's disk: as long as the pass takes (the client's timeout
+    /// bounds it).
+    fn scrub(&self, rate: u64) -> nearrec::Result<Vec<TableCheck>> {
+        let req = pb::ScrubRequest {
+            store: self.store.clone(),
+            rate,
+        };
+        let answer = self.call(req, |mut node, req| async move { node.scrub(req).await })?;
+        Ok(convert::unscrubbed(answer))
     }
 
     fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {

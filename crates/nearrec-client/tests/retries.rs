@@ -77,6 +77,9 @@ impl StoreApi for Flaky {
     fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
         StoreApi::tier_report(&self.store)
     }
+    fn scrub(&self, rate: u64) -> nearrec::Result<Vec<nearrec::TableCheck>> {
+        StoreApi::scrub(&self.store, rate)
+    }
     fn close(&self) -> nearrec::Result<()> {
         StoreApi::close(&self.store)
     }

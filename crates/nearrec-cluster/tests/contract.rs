@@ -49,6 +49,10 @@ fn sharded(path: &Path, writable: bool, options: ShardOptions) -> (ShardedStore,
         "a sharded store swaps to versions every shard holds (nearrec shard --publish), not \
          to a directory",
     )];
+    lacks.push((
+        "its table files at the path",
+        "each shard serves a copy of its part, cut from the path",
+    ));
     // a repository's served version is cut; its other versions are not published
     let reader = nearrec::Located::open(path).unwrap().reader;
     if reader.path() != path {

@@ -4,8 +4,8 @@
 
 use nearrec::{
     Bags, Batch, CacheStatsSnapshot, Compaction, IndexVec, Indices, Info, OwnedBags, OwnedBatch,
-    OwnedLookup, Pooled, PoolingMode, RowWrite, Rows, Stats, TableInfo, TableLookup, TierReport,
-    Transaction, TxState,
+    OwnedLookup, Pooled, PoolingMode, RowWrite, Rows, Stats, TableCheck, TableInfo, TableLookup,
+    TierReport, Transaction, TxState,
 };
 
 use nearrec::model::Tensor;
@@ -555,6 +555,28 @@ pub fn untransaction(t: &pb::TransactionState) -> nearrec::Result<Transaction> {
         note: t.note.clone(),
         age: std::time::Duration::try_from_secs_f64(t.age_seconds).unwrap_or_default(),
     })
+}
+
+/// A scrub pass's checks (the node's side); a sound table's error is empty.
+pub fn scrubbed(checks: Vec<TableCheck>) -> pb::ScrubResponse {
+    let tables = checks.into_iter().map(|c| pb::TableScrubbed {
+        table: c.table,
+        bytes: c.bytes,
+        error: c.error.unwrap_or_default(),
+    });
+    pb::ScrubResponse {
+        tables: tables.collect(),
+    }
+}
+
+/// [`scrubbed`]'s checks back (the client's side).
+pub fn unscrubbed(r: pb::ScrubResponse) -> Vec<TableCheck> {
+    let checks = r.tables.into_iter().map(|t| TableCheck {
+        table: t.table,
+        bytes: t.bytes,
+        error: (!t.error.is_empty()).then_some(t.error),
+    });
+    checks.collect()
 }
 
 #[cfg(test)]

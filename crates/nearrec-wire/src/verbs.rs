@@ -174,6 +174,8 @@ verbs! {
     FENCE = "Transaction".Fence: Store(Admin), changes, Slot, again;
     /// Rows written outside any write's checks.
     ADOPT = "Transaction".Adopt: Store(Admin), changes, Rows, once;
+    /// One scrub pass over the node's own disk: every table read back, at the caller's rate.
+    SCRUB = "Scrub": Store(Admin), reads, Slot, again, long;
 }
 
 /// The verb of a `Transaction` of step number `step` ([`TRANSACTION`] for one this node does
@@ -215,6 +217,7 @@ calls!(
     pb::CompactRequest => COMPACT,
     pb::RowDigestsRequest => ROW_DIGESTS,
     pb::UpdateModelRequest => UPDATE_MODEL,
+    pb::ScrubRequest => SCRUB,
 );
 
 impl Call for pb::TransactionRequest {
@@ -271,7 +274,7 @@ mod tests {
     #[test]
     fn flags_land_on_their_rows_only() {
         let long: Vec<_> = VERBS.iter().filter(|v| v.long).map(|v| v.rpc).collect();
-        assert_eq!(long, ["Swap", "Compact"]);
+        assert_eq!(long, ["Swap", "Compact", "Scrub"]);
         let anywhere: Vec<_> = VERBS.iter().filter(|v| !v.shard).map(|v| v.rpc).collect();
         assert_eq!(anywhere, ["Info"]);
     }

@@ -87,10 +87,10 @@ fn the_check_fails_on_a_row_removed_or_an_rpc_added() {
         assert!(!problems.is_empty(), "without {gone:?} nothing failed");
     }
     let mut more = rpcs.clone();
-    more.push("Scrub".to_owned());
+    more.push("Cursor".to_owned());
     assert_eq!(
         mismatches(&rows(), &more, &steps),
-        ["(\"Scrub\", None) has no row"]
+        ["(\"Cursor\", None) has no row"]
     );
     let mut stray = rows();
     stray.push(("Lookup", Some(1)));

@@ -113,7 +113,8 @@ def parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("scrub", help="check a store another process may be serving, at a "
                                       "bounded rate, reading every sector from the device")
-    sc.add_argument("path", help="a store directory")
+    remote_flags(sc, "a store directory (with --remote: the node scrubs its own disk; "
+                     "raise --timeout for a large store)")
     sc.add_argument("--rate", default="64MiB", help="bytes a second at most (default: "
                     "%(default)s; 0: as fast as the disk goes)")
     common(sc)

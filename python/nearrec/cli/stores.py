@@ -89,6 +89,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_scrub(args: argparse.Namespace) -> int:
+    if args.remote:
+        return _checked(args, lambda: open_store(args, "scrub").scrub(args.rate))
+    if not args.path:
+        raise InvalidRequest("nearrec scrub needs a store: a PATH, or --remote HOST:PORT")
     return _checked(args, lambda: nearrec.scrub(args.path, args.rate, progress=args.progress))
 
 

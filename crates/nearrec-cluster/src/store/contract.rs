@@ -11,11 +11,12 @@ use std::time::Duration;
 use nearrec::model::{Inferred, Tensor};
 use nearrec::{
     AsBatch, Batch, Compaction, Error, Inference, Info, PendingLookup, Pooled, Read, RowWrite,
-    Rows, Stats, StoreApi, Submitted, SwapTo, TableInfo, TierReport, Versioned, Versions,
-    WriteOptions, Writes,
+    Rows, Stats, StoreApi, Submitted, SwapTo, TableCheck, TableInfo, TierReport, Versioned,
+    Versions, WriteOptions, Writes,
 };
 
 use super::{Inner, ShardedStore};
+use crate::shard::on_each;
 use crate::versions;
 
 /// What a sharded store does with each verb: lookups split by shard and merged, at one cluster
@@ -175,6 +176,23 @@ impl StoreApi for ShardedStore {
 
     fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
         self.inner.tier_report()
+    }
+
+    /// Every replica of every shard at once, each on its node's disk; a check names its table
+    /// `TABLE on ADDRESS`. A replica that cannot be reached fails the call.
+    fn scrub(&self, rate: u64) -> nearrec::Result<Vec<TableCheck>> {
+        self.inner.live()?;
+        let shards = self.inner.shards.iter();
+        let replicas: Vec<_> = shards.flat_map(|s| s.all_replicas().to_vec()).collect();
+        let passes = on_each(&replicas, |r| r.client.scrub(rate));
+        let mut checks = Vec::new();
+        for (r, pass) in replicas.iter().zip(passes) {
+            checks.extend(pass?.into_iter().map(|c| TableCheck {
+                table: format!("{} on {}", c.table, r.addr),
+                ..c
+            }));
+        }
+        Ok(checks)
     }
 
     fn close(&self) -> nearrec::Result<()> {

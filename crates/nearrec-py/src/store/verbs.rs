@@ -311,6 +311,16 @@ impl NativeStore {
         Ok(self.local(py, "live_stats")?.live_stats())
     }
 
+    /// One scrub pass where the store's data lies (a node's: on the node's disk; a sharded
+    /// store's: every replica's, each check naming its node): `[(table, bytes, error or None)]`.
+    fn scrub(&self, py: Python<'_>, rate: u64) -> PyResult<Vec<(String, u64, Option<String>)>> {
+        let checks = detach(py, || self.api.scrub(rate))?.map_err(|e| err(py, e))?;
+        Ok(checks
+            .into_iter()
+            .map(|c| (c.table, c.bytes, c.error))
+            .collect())
+    }
+
     /// Every counter: the device's kind (`dram` for a DRAM-resident store), whether reads are
     /// direct and its block size, the SSD tier's counters and latency percentiles (µs), the
     /// DRAM tiers' totals and the live store's counters.

@@ -15,6 +15,17 @@ use super::{Answer, Audited, Checked, NodeService, bad, holding};
 use crate::swap;
 
 impl NodeService {
+    /// One scrub pass of the node's disk, in an engine slot for as long as it takes.
+    pub(super) async fn call_scrub(
+        &self,
+        call: Checked<'_>,
+        req: pb::ScrubRequest,
+    ) -> Answer<pb::ScrubResponse> {
+        let store = call.store.clone();
+        let (checks, held) = self.work(&call, move || store.scrub(req.rate)).await?;
+        Ok(holding(convert::scrubbed(checks), held))
+    }
+
     pub(super) async fn call_infer(
         &self,
         call: Checked<'_>,

@@ -632,6 +632,7 @@ node! {
     row_digests(pb::RowDigestsRequest) -> pb::RowDigestsResponse = call_row_digests;
     update_model(pb::UpdateModelRequest) -> pb::UpdateModelResponse = call_update_model;
     transaction(pb::TransactionRequest) -> pb::TransactionResponse = call_transaction;
+    scrub(pb::ScrubRequest) -> pb::ScrubResponse = call_scrub;
 }
 
 /// `answer`, holding `held` until it has left (`crate::send`).

@@ -189,7 +189,8 @@ store_only!(
     pb::UpdateModelRequest,
     pb::InfoRequest,
     pb::StatsRequest,
-    pb::CompactRequest
+    pb::CompactRequest,
+    pb::ScrubRequest
 );
 
 impl Summary for pb::SwapRequest {

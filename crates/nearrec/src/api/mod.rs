@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use nearrec_engine::TierReport;
+use nearrec_format::TableCheck;
 
 use crate::batch::{AsBatch, Bags, Batch, Indices, Pooled, Read, TableLookup};
 use crate::error::{Error, Result};
@@ -152,6 +153,12 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
 
     /// Per table: what its DRAM tiers hold and served (empty for a DRAM-resident store).
     fn tier_report(&self) -> Result<Vec<TierReport>>;
+
+    /// One scrub pass where the store's data lies: every table read back from its device (not
+    /// a page cache) at most `rate` bytes a second (0: as fast as it reads) and checked against
+    /// its sector sums and checksums ([`crate::scrub`]); per table, the bytes checked and the
+    /// damage found. It changes nothing, and lookups go on meanwhile.
+    fn scrub(&self, rate: u64) -> Result<Vec<TableCheck>>;
 
     /// Lets go of what the handle holds now — a writable store's writer lock, a connection —
     /// rather than when its last reference goes. Every later call fails.

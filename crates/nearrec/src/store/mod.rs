@@ -13,7 +13,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 
 use nearrec_device::{FlashDevice, FlashStats};
 use nearrec_engine::{Engine, Tier, TierReport};
-use nearrec_format::{Manifest, ProgressFn, Repository, StoreReader, TableMeta, files};
+use nearrec_format::{Manifest, ProgressFn, Repository, StoreReader, TableCheck, TableMeta, files};
 use nearrec_io::MemDevice;
 
 use crate::api::{
@@ -336,7 +336,7 @@ impl Store {
 
     /// Checks every data byte of the store's files against their checksums, every attachment,
     /// and lists what interrupted writes left ([`crate::verify`] on this store's path).
-    pub fn verify(&self, progress: Option<&ProgressFn>) -> Result<Vec<nearrec_format::TableCheck>> {
+    pub fn verify(&self, progress: Option<&ProgressFn>) -> Result<Vec<TableCheck>> {
         crate::verify(self.path(), progress)
     }
 
@@ -484,6 +484,12 @@ impl StoreApi for Store {
     /// version. (A writable store is always at its newest.)
     fn refresh(&self) -> Result<u64> {
         self.current().live.refresh()
+    }
+
+    /// The table files of the version served when it begins, read as `nearrec scrub` reads
+    /// them.
+    fn scrub(&self, rate: u64) -> Result<Vec<TableCheck>> {
+        Ok(crate::scrub(&StoreReader::open(self.path())?, rate, None))
     }
 
     fn stats(&self) -> Result<Stats> {

@@ -104,6 +104,11 @@ macro_rules! store_api_suite {
         fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one() {
             crate::suite::a_model_update_runs_its_new_weights_and_refuses_a_bad_one($open);
         }
+
+        #[test]
+        fn a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one() {
+            crate::suite::a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one($open);
+        }
     };
 }
 
@@ -1375,4 +1380,41 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
         &vec![0.25; d],
         "a new key",
     );
+}
+
+/// A scrub pass checks every table where its data lies (a router's: each part on each of its
+/// replicas, named `TABLE on ADDRESS`) and finds a byte rotted on disk, naming its table; the
+/// store serves on.
+pub fn a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, false);
+    let store = &*s.store;
+    let checks = store.scrub(0).unwrap();
+    for &(name, _) in &TABLES {
+        let of = |t: &str| t == name || t.starts_with(&format!("{name} on "));
+        let checked: Vec<_> = checks.iter().filter(|c| of(&c.table)).collect();
+        assert!(!checked.is_empty(), "{name} was not scrubbed: {checks:?}");
+        assert!(
+            checked.iter().all(|c| c.error.is_none() && c.bytes > 0),
+            "{checked:?}"
+        );
+    }
+    lacking!(s, "its table files at the path");
+    nearrec_testkit::flip_bits(&path, 1, 5, 0x40);
+    let checks = store.scrub(0).unwrap();
+    let damaged: Vec<_> = checks.iter().filter(|c| c.error.is_some()).collect();
+    assert_eq!(damaged.len(), 1, "{checks:?}");
+    assert_eq!(damaged[0].table, TABLES[1].0);
+    // the sound tables serve on, as before
+    let t0 = OwnedBatch::new(vec![OwnedLookup::with_lengths(
+        "t0",
+        vec![1, 2],
+        vec![1, 1],
+    )]);
+    let got = store
+        .lookup(&nearrec::AsBatch::as_batch(&t0))
+        .unwrap()
+        .0
+        .values;
+    close(&got, &[row(0, 1), row(0, 2)].concat(), "t0 after the scrub");
 }
