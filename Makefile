@@ -70,6 +70,8 @@ rust-check:
 	python3 scripts/check_layers.py --self-test
 	python3 scripts/check_layers.py
 	cargo clippy --workspace --all-targets -- -D warnings
+	# every doc comment's links resolve (a link to a private item, or to a file that moved, fails)
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 	cargo test --workspace -q
 	# the facade end to end, as a test, in the dev profile that `cargo test` has just built it
 	# in (a release build was a second compile of the whole facade for the same check)

@@ -4,7 +4,7 @@
 //! A sharded store is a plan (`shards.json`, [`nearrec::plan::ShardPlan`], cut by
 //! `nearrec shard` — `nearrec::shard`) and one ordinary store per shard, each served by one or
 //! more storage nodes (its replicas). The router here:
-//! - splits a batch by shard ([`split`](mod@split)): a whole table goes to its shard as asked; a
+//! - splits a batch by shard (`split/`): a whole table goes to its shard as asked; a
 //!   table cut into row ranges is split bag by bag into local rows, hot rows replicated on every
 //!   shard of the table going with their bag's other ids; every check the engine makes comes
 //!   first, so a bad batch gets the engine's error naming the caller's table and position;
@@ -13,19 +13,19 @@
 //!   the shards that held part of the bag);
 //! - reads one replica of each shard, hedging to a second after the shard's observed p95 and
 //!   moving a failed sub-request to another replica within the call's deadline
-//!   ([`shard`](mod@shard)); a shard no replica of which answers fails the call, naming the shard
+//!   (`shard.rs`); a shard no replica of which answers fails the call, naming the shard
 //!   — never a partial answer;
 //! - writes a call's rows to the one node of their shard; a call whose rows span shards (hot
 //!   rows are on every shard of their table), or a shard of several replicas, commits on all of
-//!   them or none, by two-phase commit ([`txn`](mod@txn)) — replicas take every router's writes
+//!   them or none, by two-phase commit (`txn.rs`) — replicas take every router's writes
 //!   in one order — a prepared write its router left settled by the next router that meets it;
 //! - keeps each shard's membership: a replica that missed a write is left out at the next epoch,
 //!   which every write carries, and one that was down catches up from a member — the differing
 //!   rows copied, the members fenced for the last pass — before it is admitted again
-//!   ([`members`](mod@members)), every router catching up its stale replicas in the
-//!   background ([`catch_up`](mod@catch_up));
+//!   (`members.rs`), every router catching up its stale replicas in the
+//!   background (`catch_up.rs`);
 //! - reads each batch at one cluster version (a version of every shard's repository), and swaps
-//!   every shard to a new one so that no batch of any router reads two ([`versions`](mod@versions));
+//!   every shard to a new one so that no batch of any router reads two (`versions.rs`);
 //! - counts: batches, bags, the bags of split tables and the shards each reached (the fan-out),
 //!   reads, hedges and the
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).

@@ -309,7 +309,7 @@ fn pristine() -> &'static Pristine {
 
 /// A store directory with bytes of one of its files changed — which file, which bytes and how
 /// taken from the input: its first byte picks the file, then each group of four a byte (three
-/// bytes of offset, one to xor it with) — opened on each of [`CHECKED_TIERS`], every row read
+/// bytes of offset, one to xor it with) — opened on each of `CHECKED_TIERS`, every row read
 /// (a keyed table's by key) and the kept model run: each tier refuses (a typed error at open,
 /// at the read or at the model's load) or answers as the store was written. A row or an output
 /// served other than written is a finding — damage served silently — not only a crash.

@@ -78,7 +78,7 @@ impl Activation {
 const TRANSPOSED_OUTPUTS: usize = 512;
 
 /// One FC layer: `outputs × inputs` weights (given row-major, as `nn.Linear.weight`, and held
-/// transposed up to [`TRANSPOSED_OUTPUTS`]), a bias, an activation.
+/// transposed up to `TRANSPOSED_OUTPUTS`), a bias, an activation.
 #[derive(Debug, Clone)]
 pub struct Linear {
     inputs: usize,
