@@ -70,7 +70,7 @@ rust-check:
 	python3 scripts/check_layers.py --self-test
 	python3 scripts/check_layers.py
 	cargo clippy --workspace --all-targets -- -D warnings
-	# every doc comment's links resolve (a link to a private item, or to a file that moved, fails)
+	# every doc comment's links resolve (one to a private item, or to an item gone, fails)
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 	cargo test --workspace -q
 	# the facade end to end, as a test, in the dev profile that `cargo test` has just built it
