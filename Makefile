@@ -121,7 +121,7 @@ bench-quick: develop
 # cannot rot (a module that fails to import, a broken docstring reference, fails the build).
 docs: develop
 	$(VENV)/bin/pdoc -o target/docs --docformat restructuredtext nearrec $(addprefix nearrec.,\
-	    store manifest config keyed remote distributed ray request trace plan datasets specs torch \
+	    store answers manifest config keyed remote distributed ray request trace plan datasets specs torch \
 	    capture models gpu \
 	    simulate cli)
 
