@@ -279,22 +279,31 @@ pub(crate) fn catch_up(
     r: usize,
     lease: Duration,
 ) -> nearrec::Result<CaughtUp> {
-    let mut tries = 0;
+    let (mut tries, mut copied) = (0, CaughtUp::default());
     loop {
-        match catch_up_once(store, shard, pin, r, lease) {
+        match catch_up_once(store, shard, pin, r, lease, &mut copied) {
             Err(e) if e.kind() == ErrorKind::MembershipChanged && tries < 3 => tries += 1,
-            done => return done,
+            // the rows every try copied, not the last one's alone
+            done => {
+                return done.map(|d| CaughtUp {
+                    rows_before_fence: copied.rows_before_fence,
+                    rows_fenced: copied.rows_fenced,
+                    ..d
+                });
+            }
         }
     }
 }
 
-/// One try of [`catch_up`].
+/// One try of [`catch_up`]; the rows it copies are added to `copied` as they are, so that a
+/// try cut short still counts them.
 fn catch_up_once(
     store: &str,
     shard: &Shard,
     pin: u64,
     r: usize,
     lease: Duration,
+    copied: &mut CaughtUp,
 ) -> nearrec::Result<CaughtUp> {
     let fail = |kind, reason: String| Error::Shard {
         store: store.to_owned(),
@@ -349,6 +358,7 @@ fn catch_up_once(
         ));
     };
     let (rows_before_fence, _) = copy_differing(source, &target)?;
+    copied.rows_before_fence += rows_before_fence;
     // the last pass: the members fenced, every write of theirs in
     let fenced = on_each(&sources, |(_, m)| m.client.fence(learned.epoch, lease));
     let lift = |why: Error| {
@@ -369,6 +379,7 @@ fn catch_up_once(
         )));
     }
     let (rows_fenced, copied_to) = copy_differing(source, &target).map_err(lift)?;
+    copied.rows_fenced += rows_fenced;
     // one count of writes on every replica: the replica's copies were writes of its own
     let version = count.max(copied_to);
     target
