@@ -111,3 +111,17 @@ class Node:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
+
+
+def damage(path: Path, table: str, how: str, at: int) -> None:
+    """Flips one bit (an exponent bit of fp32 rows: a NaN or a huge value), or zeroes a 512-byte
+    sector, at data-region byte ``at`` of ``table``'s file."""
+    t = next(t for t in nearrec.info(path).tables if t.name == table)
+    f = path / t.file
+    data = bytearray(f.read_bytes())
+    if how == "flip":
+        data[4096 + at] ^= 0x40
+    else:
+        lo = 4096 + at // 512 * 512
+        data[lo:lo + 512] = bytes(512)
+    f.write_bytes(bytes(data))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Node
+from conftest import Node, damage
 
 import nearrec
 from nearrec import (
@@ -316,10 +316,7 @@ def test_a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one(open_
         mine = [c for c in checks if c.table == t or c.table.startswith(f"{t} on ")]
         assert mine and all(c.ok and c.bytes > 0 for c in mine), checks
     open_store.lacking("its table files at the path")
-    f = path / next(t.file for t in nearrec.info(path).tables if t.name == "t1")
-    data = bytearray(f.read_bytes())
-    data[4096 + 5] ^= 0x40
-    f.write_bytes(bytes(data))
+    damage(path, "t1", "flip", 5)
     damaged = [c for c in store.scrub() if not c.ok]
     assert [c.table for c in damaged] == ["t1"], damaged
     np.testing.assert_allclose(store.lookup("t0", [1, 2], offsets=[0, 1]),

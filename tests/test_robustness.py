@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import damage
 
 import nearrec
 import nearrec.plan
@@ -417,20 +418,6 @@ def corrupt_store(root: Path) -> tuple[Path, dict[str, np.ndarray]]:
     path = root / "s"
     nearrec.from_numpy(path, arrays, dtype={"f32": "fp32", "f16": "fp16", "i8": "int8"})
     return path, arrays
-
-
-def damage(path: Path, table: str, how: str, at: int) -> None:
-    """Flips one bit (an exponent bit of fp32 rows: a NaN or a huge value), or zeroes a 512-byte
-    sector, at data-region byte ``at`` of ``table``'s file."""
-    t = next(t for t in nearrec.info(path).tables if t.name == table)
-    f = path / t.file
-    data = bytearray(f.read_bytes())
-    if how == "flip":
-        data[4096 + at] ^= 0x40
-    else:
-        lo = 4096 + at // 512 * 512
-        data[lo:lo + 512] = bytes(512)
-    f.write_bytes(bytes(data))
 
 
 OPENINGS = {
