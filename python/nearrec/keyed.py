@@ -1,5 +1,6 @@
 """Keyed tables: embedding rows addressed by unbounded 64-bit feature ids (DeepRec's
-EmbeddingVariable), held in DRAM in a lock-free open-addressing hash table (HS-Rec §2.4).
+EmbeddingVariable), held in DRAM: the keys in the index a store's keyed table keeps (five keys a
+cache line), the rows beside it.
 
 A keyed table holds at most ``capacity`` keys, each with one fp32 row of ``dim`` values; its
 memory (:meth:`KeyedTable.bytes_for`) is fixed when it is made. A key the table does not hold
@@ -147,7 +148,7 @@ class KeyedTable:
 
     @staticmethod
     def bytes_for(capacity: int, dim: int) -> int:
-        """DRAM a table of this shape takes: its slots and rows for the whole capacity."""
+        """DRAM a table of this shape takes: its index and rows for the whole capacity."""
         return int(NativeKeyedTable.bytes_for(count(capacity, "capacity", 1, 2**40),
                                               count(dim, "dim", 1, 2**20)))
 

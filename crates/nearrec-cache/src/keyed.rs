@@ -1,50 +1,30 @@
 //! Keyed tables: rows addressed by unbounded 64-bit feature ids (DeepRec's EmbeddingVariable),
-//! held in DRAM in a dense open-addressing hash table (HS-Rec §2.4).
+//! held in DRAM: the keys in a [`KeyIndex`] (the index a store's keyed table keeps, a cache line
+//! per five keys), the rows apart, densely, fp32.
 //!
-//! Slots keep a state (empty / being written / ready), the key and the index of the key's row,
-//! 16 bytes together so that a probe touches one cache line; rows live apart, densely, in the
-//! order keys arrived. Lookups prefetch the slots and rows of keys a few positions ahead, so
-//! several cache misses are in flight at once (as the DRAM kernels do for rows). Inserts claim an empty slot with a
-//! compare-and-swap, write key, row index and row, then publish the slot with a release store;
-//! readers probe without locks, acquire the state and read what it publishes. Slots are at least
-//! twice the row capacity, so probes stay short and always meet an empty slot. Rows are fp32,
-//! kept as `AtomicU32` bits: no `unsafe`, and plain loads on the hit path.
-//!
-//! Writes ([`KeyedTable::write`]) replace a row atomically: each row has a sequence number, odd
-//! while a writer changes it (a seqlock), and readers copy a row and take it only if the number
-//! was even and unchanged around the copy, so a reader sees a row wholly before or wholly after
-//! a write. A removed key's slot turns *deleted* (HS-Rec's state bits): lookups treat the key as
-//! unknown, probes of other keys pass over it, and writing the key again revives the slot and
-//! its row.
+//! One reader-writer lock guards both: lookups from many threads share it, each resolving its
+//! whole batch of keys ([`KeyIndex::get_many`], prefetched) and pooling under it, so a bag
+//! never meets a row half-written; a call that writes takes it alone, whole, so a reader sees
+//! all of a call or none of it. A removed key gives its row back (the next new key may take
+//! it): the table holds at most `capacity` keys at once.
 //!
 //! A key not in the table is handled by [`Unknown`]: an error naming its position, a zero row,
 //! or a row initialised from `(seed, key)` alone (so the same key gets the same row whichever
-//! thread, batch or run meets it first). Each outcome is counted.
+//! thread, batch or run meets it first; racing inserts of a key agree on one row). Each outcome
+//! is counted.
 
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, fence};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use nearrec_kernels::reference::BagSum;
 use nearrec_kernels::{PoolingMode, prefetch_row};
 
 use crate::hash::mix;
+use crate::key_index::{KeyIndex, MISSING};
 
-const EMPTY: u32 = 0;
-const BUSY: u32 = 1;
-const READY: u32 = 2;
-/// A removed key: its row is kept for the key's next write.
-const DELETED: u32 = 3;
-/// Keys between a slot's prefetch and its probe (and between a row's prefetch and its use).
+/// Rows between a row's prefetch and its use.
 const AHEAD: usize = 8;
-
-/// One slot of the hash table.
-#[derive(Default)]
-#[repr(C, align(16))]
-struct Slot {
-    key: AtomicI64,
-    row: AtomicU32,
-    state: AtomicU32,
-}
 
 /// What a lookup of a key the table does not hold does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -139,14 +119,7 @@ pub struct KeyedStats {
 pub struct KeyedTable {
     name: String,
     config: KeyedConfig,
-    mask: usize,
-    slots: Box<[Slot]>,
-    values: Box<[AtomicU32]>,
-    /// Per row: its seqlock's number (odd while a writer changes the row).
-    seqs: Box<[AtomicU32]>,
-    next_row: AtomicU64,
-    /// Keys removed and not written again.
-    deleted: AtomicU64,
+    held: RwLock<Held>,
     /// Calls that changed rows (writes, removes): what a cache of rows above the table follows.
     version: AtomicU64,
     hits: AtomicU64,
@@ -155,12 +128,47 @@ pub struct KeyedTable {
     initialised: AtomicU64,
 }
 
-/// `n` values from `make`, or `None` when the memory for them cannot be had.
-fn try_filled<T>(n: usize, make: impl Fn() -> T) -> Option<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).ok()?;
-    v.extend((0..n).map(|_| make()));
-    Some(v)
+/// The keys and their rows. Row `r` (as [`KeyedTable::find`] gives it) is the index's `r + 1`
+/// (the index keeps 0 for an empty slot).
+struct Held {
+    index: KeyIndex,
+    /// `capacity × dim` values, row after row.
+    values: Vec<f32>,
+    /// Rows handed out so far.
+    used: u32,
+    /// Rows of removed keys, for the next new keys.
+    free: Vec<u32>,
+}
+
+impl Held {
+    fn row(&self, r: u32, dim: usize) -> &[f32] {
+        &self.values[r as usize * dim..(r as usize + 1) * dim]
+    }
+
+    /// Rows of `keys` (`MISSING` for a key not held, else the row + 1).
+    fn lookup(&self, keys: &[i64]) -> Vec<u32> {
+        let keys: &[u64] = bytemuck::cast_slice(keys);
+        let mut rows = vec![MISSING; keys.len()];
+        self.index.get_many(keys, &mut rows);
+        rows
+    }
+
+    /// Gives `key` a row unless it holds one: `(row, inserted)`, or `None` when full.
+    fn insert(&mut self, key: i64, capacity: u64) -> Option<(u32, bool)> {
+        if let Some(r) = self.index.get(key as u64) {
+            return Some((r - 1, false));
+        }
+        let row = match self.free.pop() {
+            Some(r) => r,
+            None if u64::from(self.used) < capacity => {
+                self.used += 1;
+                self.used - 1
+            }
+            None => return None,
+        };
+        (self.index.insert(key as u64, row + 1)).expect("the index is sized past the capacity");
+        Some((row, true))
+    }
 }
 
 impl KeyedTable {
@@ -181,30 +189,27 @@ impl KeyedTable {
         // A capacity the host cannot back is refused before anything is allocated (the allocator
         // might grant it, leaving the OOM killer to the first writes); what the check lets
         // through is still allocated fallibly.
-        nearrec_format::Memory::probe().check(
-            || format!("keyed table {name:?}"),
-            Self::bytes_for(config.capacity, config.dim),
-        )?;
-        let slots = (config.capacity as usize * 2).next_power_of_two();
-        let oom = || KeyedError::OutOfMemory {
-            table: name.to_owned(),
-            bytes: Self::bytes_for(config.capacity, config.dim),
-        };
-        let slots_vec = try_filled(slots, Slot::default).ok_or_else(oom)?;
-        let values = (config.capacity as usize)
+        let bytes = Self::bytes_for(config.capacity, config.dim);
+        nearrec_format::Memory::probe().check(|| format!("keyed table {name:?}"), bytes)?;
+        let mut values = Vec::new();
+        (config.capacity as usize)
             .checked_mul(config.dim)
-            .and_then(|n| try_filled(n, || AtomicU32::new(0)))
-            .ok_or_else(oom)?;
-        let seqs = try_filled(config.capacity as usize, || AtomicU32::new(0)).ok_or_else(oom)?;
+            .and_then(|n| values.try_reserve_exact(n).ok().map(|()| n))
+            .map(|n| values.resize(n, 0.0))
+            .ok_or_else(|| KeyedError::OutOfMemory {
+                table: name.to_owned(),
+                bytes,
+            })?;
+        let held = Held {
+            index: KeyIndex::with_capacity(config.capacity),
+            values,
+            used: 0,
+            free: Vec::new(),
+        };
         Ok(Self {
             name: name.to_owned(),
             config,
-            mask: slots - 1,
-            slots: slots_vec.into_boxed_slice(),
-            values: values.into_boxed_slice(),
-            seqs: seqs.into_boxed_slice(),
-            next_row: AtomicU64::new(0),
-            deleted: AtomicU64::new(0),
+            held: RwLock::new(held),
             version: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             unknown_errors: AtomicU64::new(0),
@@ -213,12 +218,10 @@ impl KeyedTable {
         })
     }
 
-    /// Bytes the table takes: slots and the rows (with their sequence numbers) for its whole
-    /// capacity.
+    /// Bytes the table takes: its index and the rows for its whole capacity.
     pub fn bytes_for(capacity: u64, dim: usize) -> u64 {
-        let slots = (capacity * 2).next_power_of_two();
-        (slots * std::mem::size_of::<Slot>() as u64)
-            .saturating_add(capacity.saturating_mul(dim as u64 + 1).saturating_mul(4))
+        KeyIndex::bytes_for(capacity)
+            .saturating_add(capacity.saturating_mul(dim as u64).saturating_mul(4))
     }
 
     pub fn name(&self) -> &str {
@@ -231,18 +234,12 @@ impl KeyedTable {
 
     /// How many calls have changed rows so far ([`Self::write`], [`Self::remove`], `assign`).
     pub fn version(&self) -> u64 {
-        self.version.load(Acquire)
+        self.version.load(Relaxed)
     }
 
-    /// Keys held (removed ones not counted).
+    /// Keys held.
     pub fn len(&self) -> u64 {
-        let rows = self.next_row.load(Acquire).min(self.config.capacity);
-        rows.saturating_sub(self.deleted.load(Relaxed))
-    }
-
-    /// Rows handed out so far (a removed key keeps its row for its next write).
-    fn rows_used(&self) -> u64 {
-        self.next_row.load(Acquire).min(self.config.capacity)
+        self.read().index.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -260,107 +257,36 @@ impl KeyedTable {
         }
     }
 
-    /// The row of `key`, if the table holds it. Lock-free.
+    fn read(&self) -> RwLockReadGuard<'_, Held> {
+        self.held.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_lock(&self) -> RwLockWriteGuard<'_, Held> {
+        self.held.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn full(&self) -> KeyedError {
+        KeyedError::Full {
+            table: self.name.clone(),
+            capacity: self.config.capacity,
+        }
+    }
+
+    /// The row of `key`, if the table holds it.
     pub fn find(&self, key: i64) -> Option<u32> {
-        let mut i = self.home(key);
-        loop {
-            let slot = &self.slots[i];
-            match slot.state.load(Acquire) {
-                EMPTY => return None,
-                READY if slot.key.load(Relaxed) == key => return Some(slot.row.load(Relaxed)),
-                DELETED if slot.key.load(Relaxed) == key => return None,
-                READY | DELETED => i = (i + 1) & self.mask,
-                _ => std::hint::spin_loop(), // being written: look again
-            }
-        }
+        self.read().index.get(key as u64).map(|r| r - 1)
     }
 
-    /// Inserts `key` with the row `fill` writes (fp32, `dim` values) unless the table holds it;
-    /// returns its row and whether it was inserted. Safe from many threads at once: one of
-    /// several racing inserts of a key wins, the others get its row.
-    pub fn insert(
-        &self,
-        key: i64,
-        fill: impl FnOnce(&mut [f32]),
-    ) -> Result<(u32, bool), KeyedError> {
-        // the row is made before a slot is claimed, so nothing can fail while it is claimed
-        let mut fill = Some(fill);
-        let mut values = Vec::new();
-        let mut i = self.home(key);
-        loop {
-            let slot = &self.slots[i];
-            match slot.state.load(Acquire) {
-                READY if slot.key.load(Relaxed) == key => {
-                    return Ok((slot.row.load(Relaxed), false));
-                }
-                DELETED if slot.key.load(Relaxed) == key => {
-                    // a removed key written again: its slot and row come back
-                    if let Some(fill) = fill.take() {
-                        values.resize(self.config.dim, 0.0);
-                        fill(&mut values);
-                    }
-                    if slot
-                        .state
-                        .compare_exchange(DELETED, BUSY, Acquire, Relaxed)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    let row = slot.row.load(Relaxed);
-                    self.store_row(row, &values);
-                    self.deleted.fetch_sub(1, Relaxed);
-                    slot.state.store(READY, Release);
-                    return Ok((row, true));
-                }
-                READY | DELETED => i = (i + 1) & self.mask,
-                EMPTY => {
-                    if let Some(fill) = fill.take() {
-                        values.resize(self.config.dim, 0.0);
-                        fill(&mut values);
-                    }
-                    if slot
-                        .state
-                        .compare_exchange(EMPTY, BUSY, Acquire, Relaxed)
-                        .is_err()
-                    {
-                        continue; // taken meanwhile: look at it again
-                    }
-                    let row = self.next_row.fetch_add(1, Relaxed);
-                    if row >= self.config.capacity {
-                        self.next_row.fetch_sub(1, Relaxed);
-                        slot.state.store(EMPTY, Release);
-                        return Err(KeyedError::Full {
-                            table: self.name.clone(),
-                            capacity: self.config.capacity,
-                        });
-                    }
-                    self.store_row(row as u32, &values);
-                    slot.key.store(key, Relaxed);
-                    slot.row.store(row as u32, Relaxed);
-                    slot.state.store(READY, Release);
-                    return Ok((row as u32, true));
-                }
-                _ => std::hint::spin_loop(),
-            }
-        }
-    }
-
-    /// Sets `key`'s row to `values`, inserting the key if needed; a reader sees the old row or
-    /// the new one whole. Returns whether the key was inserted.
+    /// Sets `key`'s row to `values`, inserting the key if needed. Returns whether the key was
+    /// inserted.
     pub fn assign(&self, key: i64, values: &[f32]) -> Result<bool, KeyedError> {
-        self.check_width(values.len())?;
-        let (row, inserted) = self.insert(key, |v| v.copy_from_slice(values))?;
-        if !inserted {
-            self.store_row(row, values);
-        }
-        self.version.fetch_add(1, Release);
-        Ok(inserted)
+        self.write(&[key], values, true).map(|n| n == 1)
     }
 
     /// Upserts the rows of `keys` (`values`: `keys.len() × dim`, row after row; a repeated key
-    /// takes its last row), each replaced atomically. The call is checked whole before any row
-    /// changes: the width, finite values (unless `allow_nonfinite`), and room for the keys it
-    /// adds. Returns how many keys it inserted.
+    /// takes its last row), as one change readers see whole. The call is checked whole before
+    /// any row changes: the width, finite values (unless `allow_nonfinite`), and room for the
+    /// keys it adds. Returns how many keys it inserted.
     pub fn write(
         &self,
         keys: &[i64],
@@ -368,165 +294,145 @@ impl KeyedTable {
         allow_nonfinite: bool,
     ) -> Result<u64, KeyedError> {
         let dim = self.config.dim;
+        let invalid = |reason: String| KeyedError::Invalid {
+            table: self.name.clone(),
+            reason,
+        };
         if values.len() != keys.len() * dim {
-            return Err(KeyedError::Invalid {
-                table: self.name.clone(),
-                reason: format!(
-                    "{} keys need {} values ({} × dim {dim}), not {}",
-                    keys.len(),
-                    keys.len() * dim,
-                    keys.len(),
-                    values.len()
-                ),
-            });
+            return Err(invalid(format!(
+                "{} keys need {} values ({} × dim {dim}), not {}",
+                keys.len(),
+                keys.len() * dim,
+                keys.len(),
+                values.len()
+            )));
         }
         if !allow_nonfinite && let Some(at) = values.iter().position(|v| !v.is_finite()) {
-            return Err(KeyedError::Invalid {
-                table: self.name.clone(),
-                reason: format!(
-                    "the row of key {} at position {} holds {} (pass allow_nonfinite to write it)",
-                    keys[at / dim],
-                    at / dim,
-                    values[at]
-                ),
-            });
+            return Err(invalid(format!(
+                "the row of key {} at position {} holds {} (pass allow_nonfinite to write it)",
+                keys[at / dim],
+                at / dim,
+                values[at]
+            )));
         }
-        let mut fresh: Vec<i64> = keys
-            .iter()
-            .copied()
-            .filter(|&k| self.slot_of(k).is_none())
+        let mut held = self.write_lock();
+        let mut fresh: Vec<i64> = (keys.iter().copied())
+            .filter(|&k| held.index.get(k as u64).is_none())
             .collect();
         fresh.sort_unstable();
         fresh.dedup();
-        if self.rows_used() + fresh.len() as u64 > self.config.capacity {
-            return Err(KeyedError::Full {
-                table: self.name.clone(),
-                capacity: self.config.capacity,
-            });
+        if held.index.len() + fresh.len() as u64 > self.config.capacity {
+            return Err(self.full());
         }
         let mut inserted = 0;
         for (&key, row) in keys.iter().zip(values.chunks_exact(dim)) {
-            inserted += u64::from(self.assign(key, row)?);
+            let (r, new) = (held.insert(key, self.config.capacity)).expect("room was checked");
+            inserted += u64::from(new);
+            held.values[r as usize * dim..(r as usize + 1) * dim].copy_from_slice(row);
         }
+        self.version.fetch_add(1, Relaxed);
         Ok(inserted)
     }
 
-    /// Removes `keys` (EMB_REMOVE): their slots turn deleted, lookups treat them as unknown
-    /// until they are written again. Keys the table does not hold are passed over. Returns how
-    /// many were removed.
+    /// Removes `keys` (EMB_REMOVE): lookups treat them as unknown until they are written again,
+    /// and their rows go to the next new keys. Keys the table does not hold are passed over.
+    /// Returns how many were removed.
     pub fn remove(&self, keys: &[i64]) -> u64 {
+        let mut held = self.write_lock();
         let mut removed = 0;
         for &key in keys {
-            while let Some(slot) = self.slot_of(key) {
-                match slot.state.compare_exchange(READY, DELETED, AcqRel, Relaxed) {
-                    Ok(_) => {
-                        self.deleted.fetch_add(1, Relaxed);
-                        removed += 1;
-                        break;
-                    }
-                    Err(DELETED) => break,
-                    Err(_) => std::hint::spin_loop(), // being written: look again
-                }
+            if let Some(r) = held.index.remove(key as u64) {
+                held.free.push(r - 1);
+                removed += 1;
             }
         }
         if removed > 0 {
-            self.version.fetch_add(1, Release);
+            self.version.fetch_add(1, Relaxed);
         }
         removed
     }
 
-    /// The slot of `key`, held or deleted (a deleted key keeps its slot and row for its next
-    /// write); waits out a slot being written.
-    fn slot_of(&self, key: i64) -> Option<&Slot> {
-        let mut i = self.home(key);
-        loop {
-            let slot = &self.slots[i];
-            match slot.state.load(Acquire) {
-                EMPTY => return None,
-                READY | DELETED if slot.key.load(Relaxed) == key => return Some(slot),
-                READY | DELETED => i = (i + 1) & self.mask,
-                _ => std::hint::spin_loop(),
-            }
-        }
-    }
-
-    /// Every key held and its row, in slot order (no meaning to it).
+    /// Every key held and its row, in no particular order.
     pub fn entries(&self) -> Vec<(i64, u32)> {
-        self.slots
-            .iter()
-            .filter(|s| s.state.load(Acquire) == READY)
-            .map(|s| (s.key.load(Relaxed), s.row.load(Relaxed)))
+        let held = self.read();
+        (held.index.iter())
+            .map(|(k, r)| (k as i64, r - 1))
             .collect()
     }
 
-    /// Copies row `row` (as [`Self::find`] returns it) into `out` (`dim` values), whole: as it
-    /// was before or after any write.
+    /// Copies row `row` (as [`Self::find`] returns it) into `out` (`dim` values).
     pub fn read_row(&self, row: u32, out: &mut [f32]) {
-        let at = row as usize * self.config.dim;
-        let seq = &self.seqs[row as usize];
-        loop {
-            let before = seq.load(Acquire);
-            if before & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            for (o, v) in out.iter_mut().zip(&self.values[at..at + self.config.dim]) {
-                *o = f32::from_bits(v.load(Relaxed));
-            }
-            fence(Acquire);
-            if seq.load(Relaxed) == before {
-                return;
-            }
-        }
+        out.copy_from_slice(self.read().row(row, self.config.dim));
     }
 
     /// The row of every key as the unknown-key policy has it (`None`: a zero row). Fails before
     /// pooling anything on the first unknown key under `Unknown::Error`.
     pub fn resolve(&self, keys: &[i64]) -> Result<Vec<Option<u32>>, KeyedError> {
-        let mut rows = Vec::with_capacity(keys.len());
-        let (mut hits, mut zero, mut init) = (0u64, 0u64, 0u64);
-        let mut result = Ok(());
-        for (position, &key) in keys.iter().enumerate() {
-            if let Some(&ahead) = keys.get(position + AHEAD) {
-                let slot = &self.slots[self.home(ahead)];
-                prefetch_row((slot as *const Slot).cast(), std::mem::size_of::<Slot>());
-            }
-            let row = match (self.find(key), self.config.unknown) {
-                (Some(r), _) => {
-                    hits += 1;
-                    Some(r)
-                }
-                (None, Unknown::Zero | Unknown::Default) => {
-                    zero += 1;
-                    None
-                }
-                (None, Unknown::Init) => match self.insert(key, |v| self.init_row(key, v)) {
-                    Ok((r, inserted)) => {
-                        init += u64::from(inserted);
-                        hits += u64::from(!inserted);
-                        Some(r)
-                    }
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                },
-                (None, Unknown::Error) => {
+        self.resolved(keys).map(|(rows, _)| rows)
+    }
+
+    /// [`Self::resolve`], and the read guard the rows stay valid under.
+    fn resolved(
+        &self,
+        keys: &[i64],
+    ) -> Result<(Vec<Option<u32>>, RwLockReadGuard<'_, Held>), KeyedError> {
+        let mut held = self.read();
+        let mut found = held.lookup(keys);
+        let missing = found.iter().filter(|&&r| r == MISSING).count() as u64;
+        // keys pooled as zeros, or inserted here: the rest are hits
+        let mut unknown = missing;
+        if missing > 0 {
+            match self.config.unknown {
+                Unknown::Error => {
+                    let position = found.iter().position(|&r| r == MISSING).unwrap_or(0);
                     self.unknown_errors.fetch_add(1, Relaxed);
-                    result = Err(KeyedError::UnknownKey {
+                    return Err(KeyedError::UnknownKey {
                         table: self.name.clone(),
                         position,
-                        key,
+                        key: keys[position],
                     });
+                }
+                Unknown::Zero | Unknown::Default => {
+                    self.unknown_zero.fetch_add(missing, Relaxed);
+                }
+                Unknown::Init => {
+                    drop(held);
+                    unknown = self.insert_new(keys, &found)?;
+                    held = self.read();
+                    found = held.lookup(keys);
+                }
+            }
+        }
+        self.hits.fetch_add(keys.len() as u64 - unknown, Relaxed);
+        let rows = (found.iter())
+            .map(|&r| (r != MISSING).then(|| r - 1))
+            .collect();
+        Ok((rows, held))
+    }
+
+    /// Inserts the keys `found` misses with their `Unknown::Init` rows; how many it inserted
+    /// (a key another thread inserted meanwhile keeps that row).
+    fn insert_new(&self, keys: &[i64], found: &[u32]) -> Result<u64, KeyedError> {
+        let (dim, capacity) = (self.config.dim, self.config.capacity);
+        let mut held = self.write_lock();
+        let mut init = 0;
+        let mut result = Ok(());
+        for (&key, _) in keys.iter().zip(found).filter(|(_, r)| **r == MISSING) {
+            match held.insert(key, capacity) {
+                Some((r, true)) => {
+                    let at = r as usize * dim;
+                    self.init_row(key, &mut held.values[at..at + dim]);
+                    init += 1;
+                }
+                Some((_, false)) => {}
+                None => {
+                    result = Err(self.full());
                     break;
                 }
-            };
-            rows.push(row);
+            }
         }
-        self.hits.fetch_add(hits, Relaxed);
-        self.unknown_zero.fetch_add(zero, Relaxed);
         self.initialised.fetch_add(init, Relaxed);
-        result.map(|()| rows)
+        result.map(|()| init)
     }
 
     /// Pools the bags `bounds` (`batch + 1` positions into `keys`) into `out` (`batch × dim`),
@@ -540,13 +446,13 @@ impl KeyedTable {
         out: &mut [f32],
     ) -> Result<(), KeyedError> {
         self.check_bags(keys.len(), bounds, weights, mode, out.len())?;
-        let rows = self.resolve(keys)?;
-        self.pool_resolved(&rows, bounds, weights, mode, out);
+        let (rows, held) = self.resolved(keys)?;
+        self.pool_resolved(&held, &rows, bounds, weights, mode, out);
         Ok(())
     }
 
     /// As [`Self::pool`], for keys already resolved to rows ([`Self::resolve`]; `None`: a zero
-    /// row). A row the table does not hold is an error.
+    /// row). A row the table has not handed out is an error.
     pub fn pool_rows(
         &self,
         rows: &[Option<u32>],
@@ -556,17 +462,14 @@ impl KeyedTable {
         out: &mut [f32],
     ) -> Result<(), KeyedError> {
         self.check_bags(rows.len(), bounds, weights, mode, out.len())?;
-        let held = self.rows_used();
-        if let Some(p) = rows
-            .iter()
-            .position(|r| r.is_some_and(|r| u64::from(r) >= held))
-        {
+        let held = self.read();
+        if let Some(p) = rows.iter().position(|r| r.is_some_and(|r| r >= held.used)) {
             return Err(KeyedError::Invalid {
                 table: self.name.clone(),
                 reason: format!("row {:?} at position {p} is not held", rows[p]),
             });
         }
-        self.pool_resolved(rows, bounds, weights, mode, out);
+        self.pool_resolved(&held, rows, bounds, weights, mode, out);
         Ok(())
     }
 
@@ -611,6 +514,7 @@ impl KeyedTable {
     /// Pools resolved rows as the kernels' reference pools every bag ([`BagSum`]).
     fn pool_resolved(
         &self,
+        held: &Held,
         rows: &[Option<u32>],
         bounds: &[usize],
         weights: Option<&[f32]>,
@@ -618,67 +522,24 @@ impl KeyedTable {
         out: &mut [f32],
     ) {
         let dim = self.config.dim;
-        let mut row = vec![0f32; dim];
+        let zeros = vec![0f32; dim];
         let mut bag = BagSum::new(mode, dim);
         for (b, cell) in out.chunks_exact_mut(dim).enumerate() {
             bag.reset();
             for k in bounds[b]..bounds[b + 1] {
                 if let Some(&Some(ahead)) = rows.get(k + AHEAD) {
-                    let p = self.values[ahead as usize * dim..].as_ptr();
-                    prefetch_row(p.cast(), dim * 4);
+                    prefetch_row(held.row(ahead, dim).as_ptr().cast(), dim * 4);
                 }
-                match rows[k] {
-                    Some(r) => self.read_row(r, &mut row),
-                    None => row.fill(0.0),
-                }
-                bag.add(&row, weights.map(|w| w[k]));
+                let row = rows[k].map_or(&zeros[..], |r| held.row(r, dim));
+                bag.add(row, weights.map(|w| w[k]));
             }
             bag.finish(cell);
         }
     }
 
-    /// `values` must be one row.
-    fn check_width(&self, n: usize) -> Result<(), KeyedError> {
-        if n == self.config.dim {
-            Ok(())
-        } else {
-            Err(KeyedError::Invalid {
-                table: self.name.clone(),
-                reason: format!("rows have {} values, got {n}", self.config.dim),
-            })
-        }
-    }
-
-    /// Writes row `row` under its seqlock (writers of one row take turns).
-    fn store_row(&self, row: u32, values: &[f32]) {
-        let seq = &self.seqs[row as usize];
-        let mut s = seq.load(Relaxed);
-        loop {
-            if s & 1 == 1 {
-                std::hint::spin_loop();
-                s = seq.load(Relaxed);
-                continue;
-            }
-            match seq.compare_exchange_weak(s, s + 1, Acquire, Relaxed) {
-                Ok(_) => break,
-                Err(now) => s = now,
-            }
-        }
-        fence(Release);
-        let at = row as usize * self.config.dim;
-        for (slot, v) in self.values[at..at + self.config.dim].iter().zip(values) {
-            slot.store(v.to_bits(), Relaxed);
-        }
-        seq.store(s + 2, Release);
-    }
-
     /// The row `Unknown::Init` gives `key`: uniform in `±init_scale`, from `(seed, key)` only.
     pub fn init_row(&self, key: i64, out: &mut [f32]) {
         init_row(self.config.seed, self.config.init_scale, key as u64, out);
-    }
-
-    fn home(&self, key: i64) -> usize {
-        mix(key as u64) as usize & self.mask
     }
 }
 

@@ -8,7 +8,7 @@
 //! - [`CacheStats`]: hits, misses, admissions, rejections and evictions, always on;
 //! - [`KeyIndex`]: a keyed table's keys to its row numbers, for tables kept in a store;
 //! - [`KeyedTable`]: rows addressed by unbounded 64-bit keys (DeepRec's EmbeddingVariable), a
-//!   lock-free open-addressing hash table with a policy for unknown keys.
+//!   `KeyIndex` and its rows under one reader-writer lock, with a policy for unknown keys.
 //!
 //! Whole-table residency needs no type of its own: the engine keeps such a table's file image.
 //!
@@ -25,7 +25,7 @@
 //!   probes can be prefetched a few lookups ahead;
 //! - `key_index.rs`: `KeyIndex`, the DRAM index of a keyed table whose rows live in a store
 //!   (raw 64-bit keys to row numbers, five keys to a cache line, seeded hash);
-//! - `keyed.rs`: `KeyedTable` — state per slot, keys apart from rows, CAS inserts (HS-Rec §2.4);
+//! - `keyed.rs`: `KeyedTable` — a `KeyIndex`, the rows apart, a lock readers share per batch;
 //!   the unknown-key policy `Unknown` (error / zero / init), counted;
 //! - `policy.rs`: `Policy` (LRU, LFU and their probabilistic-admission `_pa` variants),
 //!   `CacheConfig`;

@@ -95,7 +95,7 @@ fn a_removed_key_is_unknown_until_written_again() {
                 assert_eq!(out, init);
             }
         }
-        // written again, the key takes its old slot and row: no capacity is used
+        // written again, the key takes a row given back by a removal: the table holds 4 keys
         t.write(&[7], &[3.0; 3], false).unwrap();
         t.write(&[1, 2], &[0.0; 6], false).unwrap();
         assert_eq!(row_of(&t, 7), Some(vec![3.0; 3]));
@@ -293,6 +293,16 @@ fn a_full_table_says_so_and_keeps_serving() {
     assert!(matches!(err, Err(KeyedError::Full { capacity: 10, .. })));
     t.pool(&[9000], &[0, 1], None, Pool::Sum, &mut out).unwrap();
     assert_eq!(out, vec![9.0; 3]);
+    // a removed key's row goes to the next new key: the capacity counts the keys held
+    assert_eq!(t.remove(&[0, 42]), 1);
+    t.pool(&[5], &[0, 1], None, Pool::Sum, &mut out).unwrap();
+    let mut init = vec![0f32; 3];
+    t.init_row(5, &mut init);
+    assert_eq!((out, t.len(), t.find(0)), (init, 10, None));
+    assert!(matches!(
+        t.assign(6, &[1.0; 3]),
+        Err(KeyedError::Full { .. })
+    ));
 }
 
 #[test]
