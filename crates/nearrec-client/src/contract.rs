@@ -34,7 +34,7 @@ impl StoreApi for Client {
         let req = pb::InfoRequest {
             store: self.store.clone(),
         };
-        convert::uninfo(self.call(req, |mut node, req| async move { node.info(req).await })?)
+        convert::uninfo(self.call(req)?)
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
@@ -67,10 +67,7 @@ impl StoreApi for Client {
             first,
             count,
         };
-        let answer = self.call(
-            req,
-            |mut node, req| async move { node.row_digests(req).await },
-        )?;
+        let answer = self.call(req)?;
         decode(&answer.digests, table, "digests")
     }
 
@@ -85,7 +82,7 @@ impl StoreApi for Client {
             store: self.store.clone(),
             rate,
         };
-        let answer = self.call(req, |mut node, req| async move { node.scrub(req).await })?;
+        let answer = self.call(req)?;
         Ok(convert::unscrubbed(answer))
     }
 
@@ -100,25 +97,7 @@ impl StoreApi for Client {
         Ok(())
     }
 
-    fn writes(&self) -> Option<&dyn Writes> {
-        Some(self)
-    }
-
-    fn schema(&self) -> Option<&dyn Schema> {
-        Some(self)
-    }
-
-    fn versions(&self) -> Option<&dyn Versions> {
-        Some(self)
-    }
-
-    fn replica(&self) -> Option<&dyn Replica> {
-        Some(self)
-    }
-
-    fn inference(&self) -> Option<&dyn Inference> {
-        Some(self)
-    }
+    nearrec::capable!(writes, schema, versions, replica, inference);
 }
 
 impl Writes for Client {
@@ -128,16 +107,14 @@ impl Writes for Client {
             writes: convert::writes(writes),
             allow_nonfinite: options.allow_nonfinite,
         };
-        Ok(self
-            .call(req, |mut node, req| async move { node.write(req).await })?
-            .version)
+        Ok(self.call(req)?.version)
     }
 
     fn compact(&self) -> nearrec::Result<Compaction> {
         let req = pb::CompactRequest {
             store: self.store.clone(),
         };
-        let answer = self.call(req, |mut node, req| async move { node.compact(req).await })?;
+        let answer = self.call(req)?;
         Ok(convert::uncompaction(answer))
     }
 }
@@ -157,12 +134,7 @@ impl Schema for Client {
             init: init.to_owned(),
             seed,
         };
-        Ok(self
-            .call(
-                req,
-                |mut node, req| async move { node.create_table(req).await },
-            )?
-            .version)
+        Ok(self.call(req)?.version)
     }
 
     fn drop_table(&self, name: &str) -> nearrec::Result<u64> {
@@ -170,12 +142,7 @@ impl Schema for Client {
             store: self.store.clone(),
             name: name.to_owned(),
         };
-        Ok(self
-            .call(
-                req,
-                |mut node, req| async move { node.drop_table(req).await },
-            )?
-            .version)
+        Ok(self.call(req)?.version)
     }
 }
 
@@ -208,8 +175,7 @@ impl Replica for Client {
             release: true,
             ..Default::default()
         };
-        self.call(req, |mut node, req| async move { node.swap(req).await })
-            .map(drop)
+        self.call(req).map(drop)
     }
 
     fn prepare_write(
@@ -227,10 +193,7 @@ impl Replica for Client {
             epoch,
             ..self.transaction(tx, Step::Prepare)
         };
-        self.call(
-            req,
-            |mut node, req| async move { node.transaction(req).await },
-        )?;
+        self.call(req)?;
         Ok(())
     }
 
@@ -243,29 +206,18 @@ impl Replica for Client {
             keep,
             ..self.transaction(tx, step)
         };
-        Ok(self
-            .call(
-                req,
-                |mut node, req| async move { node.transaction(req).await },
-            )?
-            .version)
+        Ok(self.call(req)?.version)
     }
 
     fn forget(&self, tx: u128) -> nearrec::Result<()> {
         let req = self.transaction(tx, Step::Forget);
-        self.call(
-            req,
-            |mut node, req| async move { node.transaction(req).await },
-        )?;
+        self.call(req)?;
         Ok(())
     }
 
     fn transactions(&self) -> nearrec::Result<Vec<Transaction>> {
         let req = self.transaction(0, Step::List);
-        let answer = self.call(
-            req,
-            |mut node, req| async move { node.transaction(req).await },
-        )?;
+        let answer = self.call(req)?;
         answer
             .transactions
             .iter()
@@ -275,10 +227,7 @@ impl Replica for Client {
 
     fn membership(&self) -> nearrec::Result<Membership> {
         let req = self.transaction(0, Step::Membership);
-        let answer = self.call(
-            req,
-            |mut node, req| async move { node.transaction(req).await },
-        )?;
+        let answer = self.call(req)?;
         Ok(convert::unmembership(answer.membership))
     }
 
@@ -298,10 +247,7 @@ impl Replica for Client {
             membership: Some(convert::membership(to)),
             ..self.transaction(0, Step::SetMembership)
         };
-        let answer = self.call(
-            req,
-            |mut node, req| async move { node.transaction(req).await },
-        )?;
+        let answer = self.call(req)?;
         Ok(convert::unmembership(answer.membership))
     }
 
@@ -311,12 +257,7 @@ impl Replica for Client {
             lease_seconds: lease.as_secs_f64(),
             ..self.transaction(0, Step::Fence)
         };
-        Ok(self
-            .call(
-                req,
-                |mut node, req| async move { node.transaction(req).await },
-            )?
-            .version)
+        Ok(self.call(req)?.version)
     }
 
     fn adopt(
@@ -331,12 +272,7 @@ impl Replica for Client {
             count,
             ..self.transaction(0, Step::Adopt)
         };
-        Ok(self
-            .call(
-                req,
-                |mut node, req| async move { node.transaction(req).await },
-            )?
-            .version)
+        Ok(self.call(req)?.version)
     }
 }
 
@@ -347,7 +283,7 @@ impl Inference for Client {
             dense: encode_slice(dense),
             tables: convert::tables(batch),
         };
-        let answer = self.call(req, |mut node, req| async move { node.infer(req).await })?;
+        let answer = self.call(req)?;
         Ok(Inferred {
             outputs: decode(&answer.outputs, "", "outputs")?,
             batch: answer.batch as usize,
@@ -361,10 +297,7 @@ impl Inference for Client {
             store: self.store.clone(),
             weights: convert::weights(weights),
         };
-        self.call(
-            req,
-            |mut node, req| async move { node.update_model(req).await },
-        )?;
+        self.call(req)?;
         Ok(())
     }
 }

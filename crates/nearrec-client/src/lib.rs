@@ -408,24 +408,18 @@ impl Client {
         }
     }
 
-    /// One call on this process's connection: `f` given the node's client and the request
-    /// made of `message`. A call its verb says may be made again (`nearrec_wire::verbs`: it
+    /// One call on this process's connection, of the RPC `message` is the request of. A call its verb says may be made again (`nearrec_wire::verbs`: it
     /// changes nothing, or done twice it is done once) is made again after a transient refusal,
     /// as [`Retry`] says, within the deadline the first try set; a connection found gone moves
     /// the client to its next address, if it has several.
-    fn call<M, T, F, Fut>(&self, message: M, f: F) -> nearrec::Result<T>
-    where
-        M: Clone + Call,
-        F: Fn(NodeClient<Channel>, Request<M>) -> Fut,
-        Fut: Future<Output = Result<Response<T>, Status>>,
-    {
+    fn call<M: Call>(&self, message: M) -> nearrec::Result<M::Reply> {
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let again = message.verb().retry;
         let mut tries = 0;
         loop {
             let conn = self.conn()?;
             let request = self.request(message.clone(), deadline);
-            let status = match conn.runtime.block_on(f(conn.node.clone(), request)) {
+            let status = match conn.runtime.block_on(M::send(conn.node.clone(), request)) {
                 Ok(answer) => return Ok(answer.into_inner()),
                 Err(s) => s,
             };
@@ -526,12 +520,12 @@ impl Client {
             SwapTo::Version(v) => req.version = *v,
             SwapTo::Previous => req.rollback = true,
         }
-        self.call(req, |mut node, req| async move { node.swap(req).await })
+        self.call(req)
     }
 
     /// A pooled lookup's call.
     fn pooled(&self, req: pb::LookupRequest) -> nearrec::Result<(Pooled, Read)> {
-        let answer = self.call(req, |mut node, req| async move { node.lookup(req).await })?;
+        let answer = self.call(req)?;
         let read = Read {
             version: answer.version,
             ..Read::default()
@@ -541,7 +535,7 @@ impl Client {
 
     /// A raw lookup's call.
     fn rows(&self, req: pb::LookupRequest) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        let answer = self.call(req, |mut node, req| async move { node.lookup(req).await })?;
+        let answer = self.call(req)?;
         Ok((convert::unraw(&answer)?, answer.version))
     }
 
@@ -549,7 +543,7 @@ impl Client {
         let req = pb::StatsRequest {
             store: self.store.clone(),
         };
-        let answer = self.call(req, |mut node, req| async move { node.stats(req).await })?;
+        let answer = self.call(req)?;
         Ok(convert::unstats(answer))
     }
 }

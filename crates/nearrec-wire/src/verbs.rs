@@ -7,10 +7,17 @@
 //! proto's service descriptor (an RPC without a row, or a row without an RPC, fails it) and to
 //! `docs/protocol.md`'s table of verbs ([`markdown`]).
 //!
-//! Adding an RPC: the proto, its row here, its request's [`Call`] impl, the trait method and its
-//! implementations, the node's handler.
+//! Adding an RPC: the proto, its row here, its line in `calls!` (its request's [`Call`]: the
+//! verb and the RPC), the trait method and its implementations, the node's handler.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
 
 use crate::v1 as pb;
+use pb::node_client::NodeClient;
 use pb::transaction_request::Step;
 
 /// What a call does to a table, as a principal's grants say it (`nearrec-server`'s ACL).
@@ -188,42 +195,51 @@ pub fn transaction(step: i32) -> &'static Verb {
         .unwrap_or(TRANSACTION)
 }
 
-/// A request, by the verb it is.
-pub trait Call {
+/// What an RPC's call on a client gives: the node's answer, or its status.
+pub type Sent<T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send>>;
+
+/// A request, by the verb it is and the RPC that carries it.
+pub trait Call: Clone + Send + 'static {
+    /// What the node answers.
+    type Reply;
     fn verb(&self) -> &'static Verb;
+    /// The request's RPC on a client of the node.
+    fn send(node: NodeClient<Channel>, request: Request<Self>) -> Sent<Self::Reply>;
 }
 
-/// Requests whose RPC is one verb.
+/// Requests and their unary RPCs; those whose RPC is one verb name it, the rest how to find it.
 macro_rules! calls {
-    ($($request:ty => $verb:ident),* $(,)?) => {$(
+    ($($method:ident($request:ty) -> $reply:ty = $verb:expr;)*) => {$(
         impl Call for $request {
+            type Reply = $reply;
+
             fn verb(&self) -> &'static Verb {
-                $verb
+                let verb: fn(&Self) -> &'static Verb = $verb;
+                verb(self)
+            }
+
+            fn send(mut node: NodeClient<Channel>, request: Request<Self>) -> Sent<$reply> {
+                Box::pin(async move { node.$method(request).await })
             }
         }
     )*};
 }
 
-calls!(
-    pb::LookupRequest => LOOKUP,
-    pb::InferRequest => INFER,
-    pb::WriteRequest => WRITE,
-    pb::RemoveRequest => REMOVE,
-    pb::CreateTableRequest => CREATE_TABLE,
-    pb::DropTableRequest => DROP_TABLE,
-    pb::SwapRequest => SWAP,
-    pb::InfoRequest => INFO,
-    pb::StatsRequest => STATS,
-    pb::CompactRequest => COMPACT,
-    pb::RowDigestsRequest => ROW_DIGESTS,
-    pb::UpdateModelRequest => UPDATE_MODEL,
-    pb::ScrubRequest => SCRUB,
-);
-
-impl Call for pb::TransactionRequest {
-    fn verb(&self) -> &'static Verb {
-        transaction(self.step)
-    }
+calls! {
+    lookup(pb::LookupRequest) -> pb::LookupResponse = |_| LOOKUP;
+    infer(pb::InferRequest) -> pb::InferResponse = |_| INFER;
+    write(pb::WriteRequest) -> pb::WriteResponse = |_| WRITE;
+    remove(pb::RemoveRequest) -> pb::WriteResponse = |_| REMOVE;
+    create_table(pb::CreateTableRequest) -> pb::WriteResponse = |_| CREATE_TABLE;
+    drop_table(pb::DropTableRequest) -> pb::WriteResponse = |_| DROP_TABLE;
+    swap(pb::SwapRequest) -> pb::SwapResponse = |_| SWAP;
+    info(pb::InfoRequest) -> pb::InfoResponse = |_| INFO;
+    stats(pb::StatsRequest) -> pb::StatsResponse = |_| STATS;
+    compact(pb::CompactRequest) -> pb::CompactResponse = |_| COMPACT;
+    row_digests(pb::RowDigestsRequest) -> pb::RowDigestsResponse = |_| ROW_DIGESTS;
+    update_model(pb::UpdateModelRequest) -> pb::UpdateModelResponse = |_| UPDATE_MODEL;
+    transaction(pb::TransactionRequest) -> pb::TransactionResponse = |r| transaction(r.step);
+    scrub(pb::ScrubRequest) -> pb::ScrubResponse = |_| SCRUB;
 }
 
 /// The table as `docs/protocol.md` shows it ("Verbs"): one line a verb.

@@ -207,13 +207,7 @@ impl StoreApi for ShardedStore {
         Some(self)
     }
 
-    fn writes(&self) -> Option<&dyn Writes> {
-        Some(self)
-    }
-
-    fn versions(&self) -> Option<&dyn Versions> {
-        Some(self)
-    }
+    nearrec::capable!(writes, versions);
 
     /// Only where a shard keeps the model and holds every table whole.
     fn inference(&self) -> Option<&dyn Inference> {

@@ -198,6 +198,19 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// Inside an `impl StoreApi`: the getters of the capabilities the implementation has whole,
+/// each answering `Some(self)` (`capable!(writes, versions)`); a capability it has only
+/// sometimes keeps a getter of its own.
+#[macro_export]
+macro_rules! capable {
+    ($($getter:ident),* $(,)?) => { $($crate::capable!(@ $getter);)* };
+    (@ writes) => { fn writes(&self) -> Option<&dyn $crate::Writes> { Some(self) } };
+    (@ schema) => { fn schema(&self) -> Option<&dyn $crate::Schema> { Some(self) } };
+    (@ versions) => { fn versions(&self) -> Option<&dyn $crate::Versions> { Some(self) } };
+    (@ replica) => { fn replica(&self) -> Option<&dyn $crate::Replica> { Some(self) } };
+    (@ inference) => { fn inference(&self) -> Option<&dyn $crate::Inference> { Some(self) } };
+}
+
 impl dyn StoreApi + '_ {
     /// The names of the capabilities it hands out, in [`CAPABILITIES`]' order.
     pub fn capabilities(&self) -> Vec<&'static str> {

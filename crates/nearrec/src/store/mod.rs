@@ -16,10 +16,7 @@ use nearrec_engine::{Engine, Tier, TierReport};
 use nearrec_format::{Manifest, ProgressFn, Repository, StoreReader, TableCheck, TableMeta, files};
 use nearrec_io::MemDevice;
 
-use crate::api::{
-    Inference, Info, Replica, Rows, Schema, ShardTag, Stats, StoreApi, Submitted, TableInfo,
-    Versioned, Versions, Writes,
-};
+use crate::api::{Info, Rows, ShardTag, Stats, StoreApi, Submitted, TableInfo, Versioned};
 use crate::batch::{AsBatch, Batch, Pooled, Read};
 use crate::config::{PlanSource, StoreConfig};
 use crate::error::{Error, Result};
@@ -531,25 +528,7 @@ impl StoreApi for Store {
         Some(self)
     }
 
-    fn writes(&self) -> Option<&dyn Writes> {
-        Some(self)
-    }
-
-    fn schema(&self) -> Option<&dyn Schema> {
-        Some(self)
-    }
-
-    fn versions(&self) -> Option<&dyn Versions> {
-        Some(self)
-    }
-
-    fn replica(&self) -> Option<&dyn Replica> {
-        Some(self)
-    }
-
-    fn inference(&self) -> Option<&dyn Inference> {
-        Some(self)
-    }
+    crate::capable!(writes, schema, versions, replica, inference);
 }
 
 impl Store {
