@@ -80,6 +80,14 @@ where
         })
 }
 
+/// [`detach`] over a call of the facade, its error raised as its Python class.
+pub(crate) fn run<T: Send>(
+    py: Python<'_>,
+    f: impl Send + FnOnce() -> nearrec::Result<T>,
+) -> PyResult<T> {
+    detach(py, f)?.map_err(|e| err(py, e))
+}
+
 /// Panics inside [`detach`], so that tests can see a panic arrive as `InternalError`.
 #[pyfunction]
 pub(crate) fn panic_at_the_boundary(py: Python<'_>, message: String) -> PyResult<()> {

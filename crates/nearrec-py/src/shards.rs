@@ -8,7 +8,7 @@ use nearrec::plan::shards::ShardPlan;
 use nearrec::plan::{Scheme, ShardOptions};
 use pyo3::prelude::*;
 
-use crate::error::{detach, err, plan_error};
+use crate::error::{detach, err, plan_error, run};
 
 fn options(
     shards: usize,
@@ -37,10 +37,9 @@ pub(crate) fn shard_plan(
     trace: Option<PathBuf>,
 ) -> PyResult<String> {
     let options = options(shards, replicas, scheme, replicate_hot).map_err(|e| err(py, e))?;
-    let plan = detach(py, || {
+    let plan = run(py, || {
         nearrec::shard::plan_store(&store, trace.as_deref(), &options)
-    })?
-    .map_err(|e| err(py, e))?;
+    })?;
     Ok(plan.to_json())
 }
 
@@ -61,10 +60,9 @@ pub(crate) fn shard_store(
     trace: Option<PathBuf>,
 ) -> PyResult<String> {
     let options = options(shards, replicas, scheme, replicate_hot).map_err(|e| err(py, e))?;
-    let plan = detach(py, || {
+    let plan = run(py, || {
         nearrec::shard::shard_store(&store, trace.as_deref(), &options, &out, overwrite)
-    })?
-    .map_err(|e| err(py, e))?;
+    })?;
     Ok(plan.to_json())
 }
 
@@ -79,17 +77,16 @@ pub(crate) fn shard_write(
 ) -> PyResult<()> {
     let plan = ShardPlan::parse(plan.as_bytes(), Path::new("the plan given"))
         .map_err(|e| plan_error(py, e))?;
-    detach(py, || {
+    run(py, || {
         nearrec::shard::cut_store(&store, &plan, &out, overwrite)
-    })?
-    .map_err(|e| err(py, e))
+    })
 }
 
 /// Cuts the store at `store` by the plan of the sharded store at `dir` and publishes it as the
 /// next version of every shard; returns the version.
 #[pyfunction]
 pub(crate) fn shard_publish(py: Python<'_>, store: PathBuf, dir: PathBuf) -> PyResult<u64> {
-    detach(py, || nearrec::shard::publish_cut(&store, &dir))?.map_err(|e| err(py, e))
+    run(py, || nearrec::shard::publish_cut(&store, &dir))
 }
 
 /// The plan in `dir` (`shards.json`), checked, as JSON.

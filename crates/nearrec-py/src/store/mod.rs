@@ -23,7 +23,7 @@ use pyo3::types::{PyList, PyMapping, PyString, PyTuple};
 
 use crate::config::NativeConfig;
 use crate::convert::{dense_features, float_rows, i64_vector, type_name};
-use crate::error::{detach, err, format_err, raise};
+use crate::error::{detach, err, format_err, raise, run};
 use crate::lookup::HeldBatch;
 use crate::model::NativeModel;
 use crate::progress;
@@ -136,7 +136,7 @@ impl NativeStore {
         batch: &Batch<'_>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let Some(store) = self.concrete::<Store>() else {
-            let (pooled, _) = detach(py, || self.api.lookup(batch))?.map_err(|e| err(py, e))?;
+            let (pooled, _) = run(py, || self.api.lookup(batch))?;
             return array(py, pooled);
         };
         let prepared = store.prepare(batch).map_err(|e| err(py, e))?;
@@ -144,7 +144,7 @@ impl NativeStore {
         {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            detach(py, || store.execute(batch, &prepared, slice))?.map_err(|e| err(py, e))?;
+            run(py, || store.execute(batch, &prepared, slice))?;
         }
         Ok(out)
     }
@@ -199,14 +199,13 @@ impl NativeStore {
     #[new]
     #[pyo3(signature = (path, config, progress = false))]
     fn new(py: Python<'_>, path: PathBuf, config: &NativeConfig, progress: bool) -> PyResult<Self> {
-        let located = detach(py, || Located::open(&path))?.map_err(|e| err(py, e))?;
+        let located = run(py, || Located::open(&path))?;
         let total = located.reader.tables().iter().map(|t| t.data_bytes).sum();
         let bar = progress::bar(progress, total, "loading");
         let cb = progress::callback(&bar);
-        let store = detach(py, || {
+        let store = run(py, || {
             Store::from_located(located, &config.config, cb.as_ref())
-        })?
-        .map_err(|e| err(py, e))?;
+        })?;
         if let Some(b) = bar {
             b.finish_and_clear();
         }
@@ -231,8 +230,7 @@ impl NativeStore {
         attempts: u32,
     ) -> PyResult<Self> {
         let options = client_options(token, timeout, tls, attempts);
-        let client =
-            detach(py, || Client::connect(addr, store, options))?.map_err(|e| err(py, e))?;
+        let client = run(py, || Client::connect(addr, store, options))?;
         Ok(Self {
             api: Arc::new(client),
         })
@@ -280,10 +278,9 @@ impl NativeStore {
         let endpoints: Vec<Vec<Endpoint>> = (replicas.iter())
             .map(|shard| shard.iter().map(|a| Endpoint::parse(a)).collect())
             .collect();
-        let store = detach(py, || {
+        let store = run(py, || {
             ShardedStore::connect(plan, location, &endpoints, options)
-        })?
-        .map_err(|e| err(py, e))?;
+        })?;
         Ok(Self {
             api: Arc::new(store),
         })
@@ -304,7 +301,7 @@ impl NativeStore {
     ) -> PyResult<()> {
         let router = self.router(py, "set_shard_replicas")?;
         let endpoints: Vec<Endpoint> = replicas.iter().map(|a| Endpoint::parse(a)).collect();
-        detach(py, || router.set_replicas(shard, &endpoints))?.map_err(|e| err(py, e))
+        run(py, || router.set_replicas(shard, &endpoints))
     }
 
     /// Catches up a sharded store's replicas that are stale but answer, each from a member of
@@ -357,7 +354,7 @@ impl NativeStore {
 
     /// `(name, [(table, rows, dim, dtype)], version, tier, writable, model, stores)`.
     fn info(&self, py: Python<'_>) -> PyResult<InfoTuple> {
-        let i = detach(py, || self.api.info())?.map_err(|e| err(py, e))?;
+        let i = run(py, || self.api.info())?;
         let tables = i
             .tables
             .into_iter()

@@ -145,7 +145,7 @@ impl NativeStream {
             return Ok(None);
         };
         drop(window);
-        let pooled = detach(py, || front.wait())?.map_err(|e| err(py, e))?;
+        let pooled = run(py, || front.wait())?;
         array(py, pooled).map(Some)
     }
 }

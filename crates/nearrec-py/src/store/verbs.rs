@@ -26,12 +26,11 @@ impl NativeStore {
             dtype,
             init,
         };
-        detach(py, || {
+        run(py, || {
             self.api
                 .able(self.api.schema(), "create_table")?
                 .create_table(&table)
-        })?
-        .map_err(|e| err(py, e))
+        })
     }
 
     /// What changed since `version`: (version, base, engine id, per table the rows written or
@@ -86,12 +85,11 @@ impl NativeStore {
         let values = values
             .as_slice()
             .map_err(|_| contiguous(py, "values", table))?;
-        let done = detach(py, || {
+        let done = run(py, || {
             self.api
                 .able(self.api.writes(), "sync_table")?
                 .sync_table(table, values, tolerance)
-        })?
-        .map_err(|e| err(py, e))?;
+        })?;
         Ok((done.compared, done.written, done.calls, done.version))
     }
 
@@ -117,12 +115,11 @@ impl NativeStore {
                 return Err(raise(py, "InvalidRequest", why.into(), None, None));
             }
         };
-        detach(py, || {
+        run(py, || {
             self.api
                 .able(self.api.versions(), "swap")?
                 .swap(&to, warm, force)
-        })?
-        .map_err(|e| err(py, e))
+        })
     }
 
     /// Replaces dense weights of the model kept with the store, `(name, float32 array)` each
@@ -134,22 +131,20 @@ impl NativeStore {
     ) -> PyResult<()> {
         let arrays = crate::model::weight_arrays(py, &weights)?;
         let tensors = crate::model::tensors(&arrays);
-        detach(py, || {
+        run(py, || {
             self.api
                 .able(self.api.inference(), "update_model")?
                 .update_model(&tensors)
-        })?
-        .map_err(|e| err(py, e))
+        })
     }
 
     /// Drops a table (EMB_REMOVE of a table).
     fn drop_table(&self, py: Python<'_>, name: &str) -> PyResult<u64> {
-        detach(py, || {
+        run(py, || {
             self.api
                 .able(self.api.schema(), "drop_table")?
                 .drop_table(name)
-        })?
-        .map_err(|e| err(py, e))
+        })
     }
 
     /// The config the store was opened with, as TOML.
@@ -171,7 +166,7 @@ impl NativeStore {
         let batch = held.as_batch();
         if let Some(sub) = sub_batch {
             let store = self.local(py, "lookup_many(sub_batch=)")?;
-            let pooled = detach(py, || store.lookup_split(&batch, sub))?.map_err(|e| err(py, e))?;
+            let pooled = run(py, || store.lookup_split(&batch, sub))?;
             return array(py, pooled);
         }
         self.pool(py, &batch)
@@ -188,8 +183,7 @@ impl NativeStore {
         u64,
     )> {
         let held = HeldBatch::extract(lookups)?;
-        let (rows, version) =
-            detach(py, || self.api.lookup_rows(&held.as_batch()))?.map_err(|e| err(py, e))?;
+        let (rows, version) = run(py, || self.api.lookup_rows(&held.as_batch()))?;
         let rows = rows
             .into_iter()
             .map(|r| {
@@ -244,7 +238,7 @@ impl NativeStore {
     #[allow(clippy::type_complexity)]
     fn model_inputs(&self, py: Python<'_>) -> PyResult<(String, Vec<String>, Vec<String>)> {
         let store = self.local(py, "model_inputs")?;
-        let model = detach(py, || store.model())?.map_err(|e| err(py, e))?;
+        let model = run(py, || store.model())?;
         Ok((
             model.name.clone(),
             model.inputs.clone(),
@@ -272,30 +266,28 @@ impl NativeStore {
         let writes = py_writes(writes, allow_nonfinite)?;
         let slices = row_writes(py, &writes)?;
         let options = nearrec::WriteOptions { allow_nonfinite };
-        detach(py, || {
+        run(py, || {
             self.api
                 .able(self.api.writes(), "write")?
                 .write_many(&slices, options)
-        })?
-        .map_err(|e| err(py, e))
+        })
     }
 
     /// The newest version the store's writer has logged, served from now on.
     fn refresh(&self, py: Python<'_>) -> PyResult<u64> {
-        detach(py, || self.api.refresh())?.map_err(|e| err(py, e))
+        run(py, || self.api.refresh())
     }
 
     /// Folds the deltas into new table files: (version, tables, rows, bytes, seconds).
     fn compact(&self, py: Python<'_>) -> PyResult<(u64, usize, u64, u64, f64)> {
-        let c = detach(py, || {
+        let c = run(py, || {
             self.api.able(self.api.writes(), "compact")?.compact()
-        })?
-        .map_err(|e| err(py, e))?;
+        })?;
         Ok((c.version, c.tables, c.rows, c.bytes, c.seconds))
     }
 
     fn version(&self, py: Python<'_>) -> PyResult<u64> {
-        detach(py, || self.api.version())?.map_err(|e| err(py, e))
+        run(py, || self.api.version())
     }
 
     /// Moves a manual clock `seconds` ahead (an embedded store opened with `manual_clock`);
@@ -314,7 +306,7 @@ impl NativeStore {
     /// One scrub pass where the store's data lies (a node's: on the node's disk; a sharded
     /// store's: every replica's, each check naming its node): `[(table, bytes, error or None)]`.
     fn scrub(&self, py: Python<'_>, rate: u64) -> PyResult<Vec<(String, u64, Option<String>)>> {
-        let checks = detach(py, || self.api.scrub(rate))?.map_err(|e| err(py, e))?;
+        let checks = run(py, || self.api.scrub(rate))?;
         Ok(checks
             .into_iter()
             .map(|c| (c.table, c.bytes, c.error))
@@ -325,7 +317,7 @@ impl NativeStore {
     /// direct and its block size, the SSD tier's counters and latency percentiles (µs), the
     /// DRAM tiers' totals and the live store's counters.
     fn stats(&self, py: Python<'_>) -> PyResult<Vec<(String, PyStat)>> {
-        let stats = detach(py, || self.api.stats())?.map_err(|e| err(py, e))?;
+        let stats = run(py, || self.api.stats())?;
         let mut out: Vec<(String, PyStat)> = vec![
             ("device".into(), PyStat::Owned(stats.device)),
             ("direct_io".into(), PyStat::Flag(stats.direct_io)),
@@ -346,7 +338,7 @@ impl NativeStore {
     /// Per table: what its DRAM tiers hold (`resident`, `hot_rows`, `cache_rows`, `bytes`) and
     /// the lookups each tier served, with the row cache's counters; `[]` for DRAM-resident stores.
     fn tier_report(&self, py: Python<'_>) -> PyResult<Vec<Vec<(&'static str, PyStat)>>> {
-        let report = detach(py, || self.api.tier_report())?.map_err(|e| err(py, e))?;
+        let report = run(py, || self.api.tier_report())?;
         Ok(report
             .into_iter()
             .map(|r| {
@@ -378,23 +370,21 @@ impl NativeStore {
         name: &str,
         rows: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let dim = detach(py, || self.api.table(name))?
-            .map_err(|e| err(py, e))?
-            .dim as usize;
+        let dim = run(py, || self.api.table(name))?.dim as usize;
         let rows = i64_vector(py, rows, name, "rows")?.readonly();
         let rows = rows.as_slice().map_err(|_| contiguous(py, "rows", name))?;
         let out = PyArray2::<f32>::zeros(py, [rows.len(), dim], false);
         {
             let mut rw = out.readwrite();
             let slice = rw.as_slice_mut().expect("new arrays are contiguous");
-            detach(py, || self.api.read_rows(name, rows, slice))?.map_err(|e| err(py, e))?;
+            run(py, || self.api.read_rows(name, rows, slice))?;
         }
         Ok(out)
     }
 
     /// Lets go of the writer lock or the connection now; later calls fail.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        detach(py, || self.api.close())?.map_err(|e| err(py, e))
+        run(py, || self.api.close())
     }
 
     /// A zero-copy read-only `[rows, dim]` float32 view of a dense fp32 table (for peers and
