@@ -95,19 +95,32 @@ impl KeyIndex {
     /// An empty index with room for `keys` keys at its intended load (it takes more and stays
     /// correct, with longer probes: it never grows by itself).
     pub fn with_capacity(keys: u64) -> Self {
-        let seed = std::collections::hash_map::RandomState::new().hash_one(0x6b65_7973u64);
-        Self::with_seed(keys, seed)
+        Self::with_seed(keys, Self::random_seed())
+    }
+
+    /// [`Self::with_capacity`], or `None` when the memory cannot be had.
+    pub fn try_with_capacity(keys: u64) -> Option<Self> {
+        let memory = AlignedBuf::try_zeroed(usize::try_from(Self::bytes_for(keys)).ok()?)?;
+        Some(Self::over(memory, Self::random_seed()))
     }
 
     /// [`Self::with_capacity`] with a given hash seed (tests that need one layout).
     pub fn with_seed(keys: u64, seed: u64) -> Self {
-        let n = Self::buckets_for(keys) as usize;
+        Self::over(AlignedBuf::zeroed(Self::bytes_for(keys) as usize), seed)
+    }
+
+    /// An empty index in `memory` (zeroed, whole buckets long).
+    fn over(memory: AlignedBuf, seed: u64) -> Self {
         Self {
-            memory: AlignedBuf::zeroed(n * size_of::<Bucket>()),
+            memory,
             seed,
             len: 0,
             longest: 0,
         }
+    }
+
+    fn random_seed() -> u64 {
+        std::collections::hash_map::RandomState::new().hash_one(0x6b65_7973u64)
     }
 
     fn buckets(&self) -> &[Bucket] {

@@ -145,6 +145,10 @@ impl Held {
         &self.values[r as usize * dim..(r as usize + 1) * dim]
     }
 
+    fn row_mut(&mut self, r: u32, dim: usize) -> &mut [f32] {
+        &mut self.values[r as usize * dim..(r as usize + 1) * dim]
+    }
+
     /// Rows of `keys` (`MISSING` for a key not held, else the row + 1).
     fn lookup(&self, keys: &[i64]) -> Vec<u32> {
         let keys: &[u64] = bytemuck::cast_slice(keys);
@@ -191,17 +195,18 @@ impl KeyedTable {
         // through is still allocated fallibly.
         let bytes = Self::bytes_for(config.capacity, config.dim);
         nearrec_format::Memory::probe().check(|| format!("keyed table {name:?}"), bytes)?;
+        let oom = || KeyedError::OutOfMemory {
+            table: name.to_owned(),
+            bytes,
+        };
         let mut values = Vec::new();
-        (config.capacity as usize)
+        let n = (config.capacity as usize)
             .checked_mul(config.dim)
-            .and_then(|n| values.try_reserve_exact(n).ok().map(|()| n))
-            .map(|n| values.resize(n, 0.0))
-            .ok_or_else(|| KeyedError::OutOfMemory {
-                table: name.to_owned(),
-                bytes,
-            })?;
+            .filter(|&n| values.try_reserve_exact(n).is_ok())
+            .ok_or_else(oom)?;
+        values.resize(n, 0.0);
         let held = Held {
-            index: KeyIndex::with_capacity(config.capacity),
+            index: KeyIndex::try_with_capacity(config.capacity).ok_or_else(oom)?,
             values,
             used: 0,
             free: Vec::new(),
@@ -328,7 +333,7 @@ impl KeyedTable {
         for (&key, row) in keys.iter().zip(values.chunks_exact(dim)) {
             let (r, new) = (held.insert(key, self.config.capacity)).expect("room was checked");
             inserted += u64::from(new);
-            held.values[r as usize * dim..(r as usize + 1) * dim].copy_from_slice(row);
+            held.row_mut(r, dim).copy_from_slice(row);
         }
         self.version.fetch_add(1, Relaxed);
         Ok(inserted)
@@ -398,6 +403,8 @@ impl KeyedTable {
                 Unknown::Init => {
                     drop(held);
                     unknown = self.insert_new(keys, &found)?;
+                    // every key again, not only those inserted: while no lock was held, a key
+                    // found before may have been removed and its row given to another key
                     held = self.read();
                     found = held.lookup(keys);
                 }
@@ -420,8 +427,7 @@ impl KeyedTable {
         for (&key, _) in keys.iter().zip(found).filter(|(_, r)| **r == MISSING) {
             match held.insert(key, capacity) {
                 Some((r, true)) => {
-                    let at = r as usize * dim;
-                    self.init_row(key, &mut held.values[at..at + dim]);
+                    self.init_row(key, held.row_mut(r, dim));
                     init += 1;
                 }
                 Some((_, false)) => {}

@@ -408,10 +408,10 @@ impl Client {
         }
     }
 
-    /// One call on this process's connection, of the RPC `message` is the request of. A call its verb says may be made again (`nearrec_wire::verbs`: it
-    /// changes nothing, or done twice it is done once) is made again after a transient refusal,
-    /// as [`Retry`] says, within the deadline the first try set; a connection found gone moves
-    /// the client to its next address, if it has several.
+    /// One call of `message`'s RPC on this process's connection. A call its verb says may be
+    /// made again (`nearrec_wire::verbs`: it changes nothing, or done twice it is done once) is
+    /// made again after a transient refusal, as [`Retry`] says, within the deadline the first
+    /// try set; a connection found gone moves the client to its next address, if it has several.
     fn call<M: Call>(&self, message: M) -> nearrec::Result<M::Reply> {
         let deadline = self.options.timeout.map(|t| Instant::now() + t);
         let again = message.verb().retry;

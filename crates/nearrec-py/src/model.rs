@@ -106,8 +106,7 @@ pub(crate) fn model_save(
     let config = model_config(py, config_json)?;
     let arrays = weight_arrays(py, &weights)?;
     let tensors = tensors(&arrays);
-    crate::error::detach(py, || nearrec::model::save(&path, &config, &tensors))?
-        .map_err(|e| crate::error::err(py, e))
+    crate::error::run(py, || nearrec::model::save(&path, &config, &tensors))
 }
 
 fn model_config(py: Python<'_>, json: &str) -> PyResult<nearrec::model::ModelConfig> {
