@@ -187,6 +187,28 @@ def test_the_cli_scrubs_a_node_s_store_on_the_node(served):
         (t["table"], t["bytes"]) for t in report["tables"]]
 
 
+def test_the_cli_shows_what_a_node_serves(served):
+    # what the node serves, as its client sees it: tables with their shapes, version, tier
+    local, remote = served
+    cli = [sys.executable, "-m", "nearrec.cli", "info", "--remote", remote.address, "s"]
+    out = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert [(t["name"], t["rows"], t["dim"], t["dtype"]) for t in info["tables"]] == [
+        (t.name, t.rows, t.dim, t.dtype) for t in local.tables.values()]
+    assert (info["version"], info["tier"], info["name"]) == (remote.version, remote.tier,
+                                                             remote.name)
+    assert set(info["capabilities"]) == set(remote.capabilities)
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"{remote.name} on {remote.address}: version "), out.stdout
+    for t in local.tables.values():
+        assert f"{t.rows:>12,} {t.dim:>6} {t.dtype:>6}" in out.stdout, out.stdout
+    # a store the node does not serve is refused, named
+    out = subprocess.run([*cli[:-1], "nope"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "nope" in out.stderr, out.stderr
+
+
 def how_of(store: nearrec.Store) -> Any:
     """How a node's store was connected: what its pickle carries."""
     return store.__reduce__()[1][0]

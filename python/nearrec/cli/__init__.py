@@ -101,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
 
     i = sub.add_parser("info", help="show a store's manifest (a repository's: its versions "
-                                    "and the served one's)")
-    i.add_argument("path", help="a store directory, or a repository of versions")
+                                    "and the served one's), or what a node serves (--remote)")
+    remote_flags(i, "a store directory, or a repository of versions")
     common(i)
     i.set_defaults(func=cmd_info)
 

@@ -55,6 +55,8 @@ def _quant_lines(info: nearrec.StoreInfo) -> list[str]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.remote or not args.path:
+        return _served_info(args, open_store(args, "info"))
     versions = nearrec.versions(args.path)
     head: list[str] = []
     if versions is not None:  # a repository: its versions, then the served one's manifest
@@ -81,6 +83,33 @@ def cmd_info(args: argparse.Namespace) -> int:
     if versions is not None:
         data["repository"] = asdict(versions)
     emit(args, data | {"attachments": list(info.attachments)}, "\n".join(head + lines))
+    return 0
+
+
+def _served_info(args: argparse.Namespace, store: nearrec.Store) -> int:
+    """What a node serves as the store ``args`` named: its tables, version, tier, versions
+    held, capabilities, and the node's other stores the caller may see."""
+    with store:
+        tables = list(store.tables.values())
+        d = {"name": store.name, "node": args.remote, "version": store.version,
+             "tier": store.tier, "writable": store.writable, "model": store.has_model,
+             "path": store.served_path, "served_version": store.served_version,
+             "versions": list(store.versions), "capabilities": sorted(store.capabilities),
+             "stores": list(store.stores), "tables": [asdict(t) for t in tables]}
+    w = max([20, *(len(t.name) for t in tables)])
+    served = "" if d["served_version"] is None else \
+        f", version {d['served_version']} of {d['versions']}"
+    lines = [f"{d['name']} on {args.remote}: version {d['version']}, {d['tier']}, "
+             f"{'writable' if d['writable'] else 'read-only'}"
+             f"{', a model kept' if d['model'] else ''}",
+             f"serves {d['path']}{served}",
+             f"capabilities: {', '.join(d['capabilities']) or 'reads only'}",
+             f"{'table':<{w}} {'rows':>12} {'dim':>6} {'dtype':>6} {'keys':>12}"]
+    lines += [f"{t.name:<{w}} {t.rows:>12,} {t.dim:>6} {t.dtype:>6} "
+              f"{'' if t.keys is None else f'{t.keys:,}':>12}" for t in tables]
+    if len(d["stores"]) > 1:
+        lines.append(f"stores on the node: {', '.join(d['stores'])}")
+    emit(args, d, "\n".join(lines))
     return 0
 
 
