@@ -1,6 +1,7 @@
-"""Requests for a served DLRM as `nearrec.ray.serve_model` takes them (JSON bodies), and the
-model's answer to one computed here, straight from the model: the reference the serving tests
-(`test_serve_model.py`, `test_ray.py`) hold the served answers to."""
+"""Requests for a served model as `nearrec.ray.serve_model` takes them (JSON bodies), and the
+model's answer to one computed here, straight from the model (nearrec's DLRM, or TorchRec's):
+the reference the serving tests (`test_serve_model.py`, `test_ray.py`) hold the served answers
+to."""
 
 from __future__ import annotations
 
@@ -32,3 +33,49 @@ def answer(model: Any, body: dict[str, Any]) -> np.ndarray:
     kjt = KeyedJaggedTensor(tables, torch.from_numpy(values), lengths=torch.from_numpy(lengths))
     with torch.no_grad():
         return model(torch.tensor(body["dense"], dtype=torch.float32), kjt).numpy()
+
+
+def body_for(rng: np.random.Generator, inputs: list[str], rows: list[int], dense: int,
+             batch: int) -> dict[str, Any]:
+    """A body of `batch` samples for a model of `inputs` (its features: a TorchRec model's),
+    input `k` reading a table of `rows[k]` rows."""
+    lengths = {f: rng.integers(0, 4, batch) for f in inputs}
+    return {"dense": rng.standard_normal((batch, dense)).astype(np.float32).tolist(),
+            "features": {f: {"ids": rng.integers(0, n, int(lengths[f].sum())).tolist(),
+                             "lengths": lengths[f].tolist()}
+                         for f, n in zip(inputs, rows, strict=True)}}
+
+
+def torchrec_answer(model: Any, body: dict[str, Any]) -> np.ndarray:
+    """What TorchRec's `model` outputs for `body` run by itself."""
+    import torchrec
+
+    f = body["features"]
+    keys = list(f)
+    kjt = torchrec.KeyedJaggedTensor(
+        keys=keys, values=torch.tensor([i for k in keys for i in f[k]["ids"]], dtype=torch.int64),
+        lengths=torch.tensor([n for k in keys for n in f[k]["lengths"]], dtype=torch.int64))
+    with torch.inference_mode():
+        return model(torch.tensor(body["dense"]), kjt).numpy()
+
+
+#: A body's inputs for `torchrec_dlrm`'s model, and the rows of the table each reads.
+TORCHREC_INPUTS, TORCHREC_ROWS = ["f0", "f_shared", "f1", "f2"], [100, 100, 150, 200]
+
+
+def torchrec_dlrm(path: Any) -> tuple[Any, Any]:
+    """TorchRec's DLRM (`test_torchrec.dlrm`: 5 dense features) and its copy over a nearrec
+    store at `path`, which keeps the copy's captured model (`nearrec.models.save`)."""
+    import pytest
+
+    pytest.importorskip("torchrec")
+    from test_torchrec import dlrm
+
+    import nearrec.models
+    from nearrec.torch import from_torchrec
+
+    torch.manual_seed(6)
+    theirs = dlrm().eval()
+    ours = from_torchrec(theirs, path)
+    nearrec.models.save(ours, path)
+    return theirs, ours

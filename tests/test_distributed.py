@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import Node
+from dlrm_requests import TORCHREC_INPUTS, TORCHREC_ROWS, body_for, torchrec_answer, torchrec_dlrm
 
 import nearrec
 import nearrec.torch
@@ -279,6 +280,44 @@ def test_a_node_serves_a_sharded_store_at_one_address(store_path, tmp_path):
     r = subprocess.run([sys.executable, "-m", "nearrec.cli", "serve", "--shards", str(root)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "replicas.toml" in r.stderr, r.stderr
+
+
+def test_a_kept_model_runs_on_a_sharded_store_and_a_front_node(tmp_path):
+    """A TorchRec DLRM kept with its store, cut so that no shard holds every table: the router
+    pools across the shards and runs the dense part itself (the model read from a shard), on
+    a sharded store and behind a front node, equal to TorchRec's model."""
+    import torch
+
+    from nearrec.torch import KeyedJaggedTensor
+
+    theirs, _ = torchrec_dlrm(tmp_path / "dlrm")
+    root = tmp_path / "s"
+    plan = distributed.shard(tmp_path / "dlrm", root, 2, scheme="table")
+    for k in range(plan.shards):
+        assert any(all(p.shard != k for p in t.parts) for t in plan.tables), k
+    served = Served(root, plan)
+    try:
+        name_replicas(root, served.replicas(), 'timeout = 5.0\nhedge = "off"')
+        front = Node("--shards", f"{root}=dlrm")
+        try:
+            stores = {"sharded": distributed.connect(root, served.replicas()),
+                      "front": nearrec.connect(front.address, "dlrm")}
+            rng = np.random.default_rng(9)
+            for batch in (1, 7):
+                body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, batch)
+                f = body["features"]
+                kjt = KeyedJaggedTensor(
+                    TORCHREC_INPUTS,
+                    torch.tensor([i for k in TORCHREC_INPUTS for i in f[k]["ids"]]),
+                    lengths=torch.tensor([n for k in TORCHREC_INPUTS for n in f[k]["lengths"]]))
+                want = torchrec_answer(theirs, body)
+                for name, store in stores.items():
+                    got = store.infer(np.asarray(body["dense"], np.float32), kjt)
+                    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
+        finally:
+            front.stop()
+    finally:
+        served.stop()
 
 
 def test_a_front_node_catches_up_a_replica_that_was_down(store_path, tmp_path):

@@ -19,7 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
-from dlrm_requests import answer, request
+from dlrm_requests import (
+    TORCHREC_INPUTS,
+    TORCHREC_ROWS,
+    answer,
+    body_for,
+    request,
+    torchrec_answer,
+    torchrec_dlrm,
+)
 from ray.cluster_utils import Cluster
 
 import nearrec
@@ -361,10 +369,14 @@ def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path
     nearrec.models.save(model, path)
     distributed.shard(path, tmp_path / "cut2", 2, scheme="table")
     distributed.shard(path, tmp_path / "cut1", 1, scheme="table")
+    # a TorchRec DLRM, kept with its store and cut so that no shard holds all its tables
+    theirs, ours = torchrec_dlrm(tmp_path / "torchrec")
+    distributed.shard(tmp_path / "torchrec", tmp_path / "cut-tr", 2, scheme="table")
     http, grpc_port = _free_port(), _free_port()
     try:
         ShardedStore.launch(tmp_path / "cut2", name="dlrm2", num_cpus=0.25, tier="dram")
         ShardedStore.launch(tmp_path / "cut1", name="dlrm1", num_cpus=0.25, tier="dram")
+        ShardedStore.launch(tmp_path / "cut-tr", name="tr", num_cpus=0.25, tier="dram")
         # more Serve replicas than the cluster has CPUs for: refused at once (issue 62, 13)
         with pytest.raises(nearrec.InvalidRequest, match="serve_model 'toobig'.* CPU"):
             serve_model("dlrm2", model, name="toobig", num_replicas=40, ready_timeout=600,
@@ -436,10 +448,37 @@ def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path
         assert results["good"][0] == 200
         np.testing.assert_allclose(np.asarray(results["good"][1]["outputs"]),
                                    answer(model, bodies[4]), rtol=1e-5, atol=1e-6)
+        # the TorchRec DLRM, its dense part in the replicas, and whole through Store.infer (the
+        # router runs it: no shard holds every table)
+        for app, offload in (("tr", False), ("tr-whole", True)):
+            serve_model("tr", ours, name=app, route_prefix=f"/{app}", offload=offload,
+                        http_port=http, grpc_port=grpc_port, num_cpus=0.25)
+        for app in ("tr", "tr-whole"):
+            for b in (1, 5):
+                body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, b)
+                status, got = _post(f"http://127.0.0.1:{http}/{app}", body)
+                assert status == 200, (app, got)
+                np.testing.assert_allclose(np.asarray(got["outputs"]),
+                                           torchrec_answer(theirs, body), rtol=1e-4, atol=1e-5)
+        # gRPC: features named by the model's inputs
+        msg = pb.PredictRequest(
+            batch=len(body["dense"]), dense=np.asarray(body["dense"], np.float32).tobytes(),
+            features=[pb.Feature(table=t, ids=np.asarray(f["ids"], np.int64).tobytes(),
+                                 lengths=np.asarray(f["lengths"], np.int64).tobytes())
+                      for t, f in body["features"].items()])
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            reply = channel.unary_unary(
+                "/nearrec.serve.v1.Model/Predict",
+                request_serializer=pb.PredictRequest.SerializeToString,
+                response_deserializer=pb.PredictResponse.FromString)(
+                    msg, metadata=(("application", "tr-whole"),), timeout=60)
+        out = np.frombuffer(reply.outputs, np.float32).reshape(reply.batch, reply.width)
+        np.testing.assert_allclose(out, torchrec_answer(theirs, body), rtol=1e-4, atol=1e-5)
     finally:
-        for app in ("dense", "whole"):
+        for app in ("dense", "whole", "tr", "tr-whole"):
             with contextlib.suppress(Exception):
                 shutdown_model(app)
         serve.shutdown()
-        ShardedStore.shutdown("dlrm2")
-        ShardedStore.shutdown("dlrm1")
+        for name in ("dlrm2", "dlrm1", "tr"):
+            ShardedStore.shutdown(name)
+

@@ -3,9 +3,10 @@ deployment, its requests over HTTP (JSON) and gRPC (``model_service.proto``), an
 batching.
 
 A replica of the deployment holds the sharded store (the Rust router, connected once) and the
-model: its dense part rebuilt here over that store (``nearrec.models.rebuild``), or with
-``offload`` none, the whole model then run on the store's nodes (``Store.infer``: the router
-sends it to the shard that holds every table of the model and keeps it). Requests are
+model: its dense part rebuilt here over that store (``nearrec.models.rebuild``; any model
+``nearrec.models.kept`` gives), or with ``offload`` none, the model kept with the store then run
+by ``Store.infer`` (on the shard that holds every table of the model, else by the router over
+the vectors it pools). Requests are
 checked one by one as they arrive, so a bad one is answered alone; checked requests wait up
 to the batch timeout for others (``@serve.batch``), run as one batch — one lookup of every
 table, one pass of the MLPs — and each gets its rows of the outputs back. A batch the store
@@ -62,8 +63,9 @@ class Request:
     @classmethod
     def checked(cls, batch: int, dense: Any, features: Mapping[str, tuple[Any, Any]],
                 tables: Sequence[str], dense_features: int) -> Request:
-        """A request of ``batch`` samples against a model of ``tables`` and ``dense_features``,
-        or an :class:`~nearrec.errors.InvalidRequest` naming what is wrong."""
+        """A request of ``batch`` samples against a model of inputs ``tables`` (its tables, or a
+        captured model's features) and ``dense_features``, or an
+        :class:`~nearrec.errors.InvalidRequest` naming what is wrong (``table``: the input)."""
         if not isinstance(batch, int) or batch < 1:
             raise InvalidRequest(f"batch is a count of samples ≥ 1, not {batch!r}")
         d: npt.NDArray[np.float32] | None = None
@@ -83,7 +85,7 @@ class Request:
             name = (missing or unknown)[0]
             raise InvalidRequest(f"table {name!r}: " + (
                 "the model reads it and the request has none" if missing
-                else f"the model reads no such table (it reads {list(tables)})"), table=name)
+                else f"the model has no such input (its inputs: {list(tables)})"), table=name)
         ids, lengths = {}, {}
         for t in tables:
             try:
@@ -102,7 +104,7 @@ class Request:
     def from_json(cls, body: Any, tables: Sequence[str], dense_features: int) -> Request:
         """``{"dense": [[...]], "features": {"t0": {"ids": [...], "lengths": [...]}}}``."""
         if not isinstance(body, Mapping) or not isinstance(body.get("features"), Mapping):
-            raise InvalidRequest('a request is {"dense": [[...]], "features": {TABLE: {"ids": '
+            raise InvalidRequest('a request is {"dense": [[...]], "features": {INPUT: {"ids": '
                                  '[...], "lengths": [...]}}}')
         features = {}
         for t, f in body["features"].items():
@@ -137,7 +139,9 @@ class Runner:
     def __init__(self, store: Store, config: dict[str, Any], weights: dict[str, np.ndarray],
                  dense_features: int, offload: bool):
         self.store = store
-        self.tables: list[str] = list(config["tables"])
+        #: the model's inputs, which a request's features are keyed by: its tables, or a
+        #: captured model's features
+        self.inputs: list[str] = list(config.get("features") or config["tables"])
         self.dense_features = dense_features
         self.model: Any = None
         if not offload:
@@ -153,9 +157,9 @@ class Runner:
 
         from .torch import KeyedJaggedTensor
 
-        values = np.concatenate([it.ids[t] for t in self.tables for it in items])
-        lengths = np.concatenate([it.lengths[t] for t in self.tables for it in items])
-        features = KeyedJaggedTensor(self.tables, torch.from_numpy(values),
+        values = np.concatenate([it.ids[t] for t in self.inputs for it in items])
+        lengths = np.concatenate([it.lengths[t] for t in self.inputs for it in items])
+        features = KeyedJaggedTensor(self.inputs, torch.from_numpy(values),
                                      lengths=torch.from_numpy(lengths))
         dense = (np.concatenate([it.dense for it in items if it.dense is not None])
                  if self.dense_features else None)
@@ -224,7 +228,7 @@ def deployment(connect: Callable[[], Store], config: dict[str, Any],
                 return JSONResponse({"error": f"the body is not JSON: {e}",
                                      "kind": "InvalidRequest"}, status_code=400)
             try:
-                item = Request.from_json(body, self.runner.tables, self.runner.dense_features)
+                item = Request.from_json(body, self.runner.inputs, self.runner.dense_features)
                 out = await self._answer(item)
             except NearrecError as e:
                 status = 400 if isinstance(e, InvalidRequest) or e.table else 500
@@ -233,7 +237,7 @@ def deployment(connect: Callable[[], Store], config: dict[str, Any],
             return JSONResponse({"outputs": out.tolist()})
 
         async def Predict(self, message: Any) -> Any:  # noqa: N802 (the RPC's name)
-            item = Request.from_proto(message, self.runner.tables, self.runner.dense_features)
+            item = Request.from_proto(message, self.runner.inputs, self.runner.dense_features)
             out = await self._answer(item)
             return messages().PredictResponse(batch=out.shape[0], width=out.shape[1],
                                               outputs=out.tobytes())

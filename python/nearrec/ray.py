@@ -300,18 +300,23 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
     """Serves ``model`` on Ray Serve over a sharded store: an application ``name`` whose
     ``num_replicas`` replicas each hold the store (the Rust router) and run the model's dense
     part, requests batched together (``@serve.batch``: up to ``max_batch_size`` samples'
-    requests, waiting at most ``batch_wait_timeout_s``); with ``offload`` the whole model runs
-    on the store's nodes instead (``Store.infer``: the shard that holds every table of the model
-    and keeps it, ``nearrec.models.save``). Returns Ray Serve's handle of the deployment.
+    requests, waiting at most ``batch_wait_timeout_s``); with ``offload`` the model kept with
+    the store (``nearrec.models.save`` before the cut) runs through ``Store.infer`` instead: on
+    the nodes of the shard that holds every table of the model, else on the router over the
+    vectors it pools. Returns Ray Serve's handle of the deployment.
 
     ``store`` is the name a store was launched as (:meth:`ShardedStore.launch`), or a function
     of no arguments each replica calls for its store (``functools.partial(
-    nearrec.distributed.connect, plan, replicas)``). ``model`` is one of nearrec's models
-    (``nearrec.models.build`` / ``load``) over a store of the same tables: its configuration and
-    dense weights go to the replicas, which rebuild it over theirs.
+    nearrec.distributed.connect, plan, replicas)``). ``model`` is any model nearrec keeps
+    (``nearrec.models.kept``), over a store of the same tables: one of nearrec's models
+    (``nearrec.models.build`` / ``load``), or a captured one — a TorchRec DLRM after
+    ``nearrec.torch.from_torchrec``, quantised or not, a model of your own, or their
+    :class:`~nearrec.models.Offloaded` form. Its configuration and dense weights go to the
+    replicas, which rebuild it over theirs; a request names the model's inputs (its tables, or
+    a captured model's features).
 
     Ingress: HTTP on ``host:http_port`` at ``route_prefix`` — ``POST`` a JSON body ``{"dense":
-    [[...]], "features": {TABLE: {"ids": [...], "lengths": [...]}}}``, get ``{"outputs":
+    [[...]], "features": {INPUT: {"ids": [...], "lengths": [...]}}}``, get ``{"outputs":
     [[...]]}`` (a bad request: status 400 and ``{"error", "kind", "table"}``) — and gRPC on
     ``grpc_port`` (Ray Serve binds it on every interface): ``nearrec.serve.v1.Model/Predict``,
     ``nearrec/model_service.proto`` (``nearrec.ray.model_messages()`` for Python). Ray Serve
@@ -325,10 +330,9 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
     from ray.serve.config import HTTPOptions, gRPCOptions
 
     from . import _serve
+    from .models import kept
 
-    if not callable(getattr(model, "kept_config", None)):
-        raise InvalidRequest(f"serve_model takes one of nearrec's models (nearrec.models.build "
-                             f"or load), not {type(model).__name__}")
+    config, weights, dense_width = kept(model)
     connect = functools.partial(ShardedStore.connect, store) if isinstance(store, str) else store
     _check_fits(f"serve_model {name!r} ({num_replicas} replica(s))", num_replicas, num_cpus,
                 None, None, autoscaling)
@@ -336,10 +340,8 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
                 grpc_options=gRPCOptions(port=grpc_port,
                                          grpc_servicer_functions=[_serve.SERVICER]),
                 proxy_location="HeadOnly")
-    app = _serve.deployment(connect, model.kept_config(), dict(model.dense_weights()),
-                            int(getattr(model, "dense_features", 0) or 0), offload,
-                            max_batch_size, batch_wait_timeout_s, num_replicas,
-                            {"num_cpus": num_cpus})
+    app = _serve.deployment(connect, config, weights, dense_width, offload, max_batch_size,
+                            batch_wait_timeout_s, num_replicas, {"num_cpus": num_cpus})
     # serve.run waits for the application without end: it runs on a thread of its own, and a
     # deployment not running within the timeout is deleted and named
     done: dict[str, Any] = {}

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use nearrec::model::Tensor;
 use nearrec::{
     AsBatch, Batch, Compaction, Decision, Inference, Inferred, Info, Membership, NewTable, Pooled,
-    Read, Replica, RowWrite, Rows, Schema, Stats, StoreApi, Submitted, SwapTo, TableCheck,
-    TierReport, Transaction, Versioned, Versions, WriteOptions, Writes,
+    Read, Replica, RowWrite, Rows, SavedModel, Schema, Stats, StoreApi, Submitted, SwapTo,
+    TableCheck, TierReport, Transaction, Versioned, Versions, WriteOptions, Writes,
 };
 use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::convert;
@@ -299,5 +299,12 @@ impl Inference for Client {
         };
         self.call(req)?;
         Ok(())
+    }
+
+    fn saved_model(&self) -> nearrec::Result<SavedModel> {
+        let req = pb::ModelRequest {
+            store: self.store.clone(),
+        };
+        convert::unsaved_model(&self.call(req)?)
     }
 }

@@ -102,6 +102,9 @@ impl Inference for Flaky {
         self.enter("update_model")?;
         Inference::update_model(&self.store, weights)
     }
+    fn saved_model(&self) -> nearrec::Result<nearrec::SavedModel> {
+        Inference::saved_model(&self.store)
+    }
 }
 
 impl Writes for Flaky {

@@ -26,6 +26,9 @@
 //!   background (`catch_up.rs`);
 //! - reads each batch at one cluster version (a version of every shard's repository), and swaps
 //!   every shard to a new one so that no batch of any router reads two (`versions.rs`);
+//! - runs the model its shards keep: on the nodes of the shard that holds every table whole,
+//!   else itself — the lookups split and merged as any, the dense part on the router's core,
+//!   the model read from a shard (the `Model` verb) once per cluster version (`store/infer.rs`);
 //! - counts: batches, bags, the bags of split tables and the shards each reached (the fan-out),
 //!   reads, hedges and the
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).
@@ -35,8 +38,8 @@
 //! (the cluster version: pin, stage, switch, release), `members.rs` (membership, catch-up),
 //! `catch_up.rs` (catch-up in the background, every router's by default), `store/`
 //! (`ShardedStore`: opened, split and merged; its verbs in `contract.rs`, writes routed in
-//! `writes.rs`, counters in `counters.rs`, `replicas.toml` in `replicas.rs`). Tests:
-//! `tests/contract.rs` runs the whole conformance suite on sharded stores of every scheme over
+//! `writes.rs`, the model run in `infer.rs`, counters in `counters.rs`, `replicas.toml` in
+//! `replicas.rs`). Tests: `tests/contract.rs` runs the whole conformance suite on sharded stores of every scheme over
 //! loopback nodes.
 
 mod catch_up;

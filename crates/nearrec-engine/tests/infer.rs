@@ -287,12 +287,16 @@ fn offload_matches_the_plain_model_on_every_tier() {
                 let (_, pooled) = engine.lookup(&req).unwrap();
                 let want = twin(&dense, &pooled, batch);
                 let (got, times) = engine.infer(&model, &dense, &req).unwrap();
-                assert_eq!(got.len(), batch * model.outputs(), "{tier} {name} {batch}");
-                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-                        "{tier} {name} batch {batch}: output {k}: {g} vs {w}"
-                    );
+                // the same layers on vectors pooled elsewhere (a node's, a sharded store's)
+                let apart = model.forward(&dense, &pooled, batch).unwrap();
+                for got in [&got, &apart] {
+                    assert_eq!(got.len(), batch * model.outputs(), "{tier} {name} {batch}");
+                    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                            "{tier} {name} batch {batch}: output {k}: {g} vs {w}"
+                        );
+                    }
                 }
                 assert!(times.total >= times.embeddings, "{times:?}");
                 // the embeddings' stages are parts of their wall time; only the SSD tier waits
@@ -322,6 +326,11 @@ fn requests_that_do_not_fit_the_model_are_typed_errors() {
     let (_, model, _, width) = models().remove(0);
     let parts = request_parts(3, 1);
     let req = request(&parts);
+    // pooled vectors that do not fit the model
+    let err = model
+        .forward(&values(3 * width, 1), &[0.0; 5], 3)
+        .unwrap_err();
+    assert!(err.0.contains("pooled values"), "{err}");
     // dense features of the wrong size
     let err = engine
         .infer(&model, &values(3 * width + 1, 1), &req)

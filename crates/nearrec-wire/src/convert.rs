@@ -345,6 +345,30 @@ pub fn tensors(owned: &[OwnedWeight]) -> Vec<Tensor<'_>> {
         .collect()
 }
 
+/// The kept model as it travels (the node's side).
+pub fn saved_model(saved: &nearrec::SavedModel) -> pb::ModelResponse {
+    let shapes: Vec<Vec<usize>> = (saved.weights())
+        .map(|(_, shape, _)| shape.iter().map(|&d| d as usize).collect())
+        .collect();
+    let tensors: Vec<Tensor<'_>> = (saved.weights().zip(&shapes))
+        .map(|((name, _, values), shape)| Tensor {
+            name,
+            shape,
+            values,
+        })
+        .collect();
+    pb::ModelResponse {
+        config: saved.config_json(),
+        weights: weights(&tensors),
+    }
+}
+
+/// [`saved_model`] back (the client's side).
+pub fn unsaved_model(m: &pb::ModelResponse) -> nearrec::Result<nearrec::SavedModel> {
+    let owned = unweights(&m.weights)?;
+    nearrec::SavedModel::from_json(&m.config, &tensors(&owned))
+}
+
 /// What a store holds (the node's side); `name` is the store's name on the node.
 pub fn info(name: &str, i: Info) -> pb::InfoResponse {
     pb::InfoResponse {

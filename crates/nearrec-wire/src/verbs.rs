@@ -183,6 +183,8 @@ verbs! {
     ADOPT = "Transaction".Adopt: Store(Admin), changes, Rows, once;
     /// One scrub pass over the node's own disk: every table read back, at the caller's rate.
     SCRUB = "Scrub": Store(Admin), reads, Slot, again, long;
+    /// The kept model's configuration and weights, read from the store's attachments.
+    MODEL = "Model": Store(Read), reads, Slot, again;
 }
 
 /// The verb of a `Transaction` of step number `step` ([`TRANSACTION`] for one this node does
@@ -240,6 +242,7 @@ calls! {
     update_model(pb::UpdateModelRequest) -> pb::UpdateModelResponse = |_| UPDATE_MODEL;
     transaction(pb::TransactionRequest) -> pb::TransactionResponse = |r| transaction(r.step);
     scrub(pb::ScrubRequest) -> pb::ScrubResponse = |_| SCRUB;
+    model(pb::ModelRequest) -> pb::ModelResponse = |_| MODEL;
 }
 
 /// The table as `docs/protocol.md` shows it ("Verbs"): one line a verb.

@@ -13,8 +13,9 @@
 //!
 //! Each shard's manifest says which plan it was cut by, and which shard of it it is (its
 //! `params`' `shard`, a [`ShardTag`]): a store's `info` reports it, so that a router checks
-//! every replica is the shard it takes it for. A shard that holds every
-//! table of a kept model whole keeps the model too (whole-model offload on that node).
+//! every replica is the shard it takes it for. Every shard keeps the store's model: a shard
+//! that holds every table whole runs it (whole-model offload on that node), else a router
+//! reads it from a shard and runs the dense part itself.
 
 use std::path::Path;
 
@@ -257,9 +258,9 @@ fn write_shard(reader: &StoreReader, plan: &ShardPlan, k: usize, to: &Path) -> R
         }
         writer.finish_table(w)?;
     }
-    let whole = held.len() == plan.tables.len()
-        && held.iter().all(|&(t, _)| plan.tables[t].parts.len() == 1);
-    if keeps_model && whole {
+    // every shard keeps the model: the one that holds every table whole runs it, else the
+    // router does, reading it from any shard (`nearrec-cluster`'s `store/infer.rs`)
+    if keeps_model {
         for name in model {
             if let Some(bytes) = reader.read_attachment(name)? {
                 writer.attach(name, &bytes)?;

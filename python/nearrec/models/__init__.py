@@ -30,7 +30,7 @@ The modules live by concern: :mod:`.layers` (``mlp``, ``linear_shapes``, ``Stage
 :mod:`.families` (what every model shares, DLRM, WND, MTWND and NCF, and whole-model offload:
 ``Offloaded``, ``offload``), :mod:`.sequence` (DIN, DIEN and ``SequenceSparse``),
 :mod:`.catalog` (``build``), :mod:`.pipeline` (``infer``, ``split``), :mod:`.saving` (``save``,
-``load``, ``rebuild``). Everything public is imported from here, ``nearrec.models``.
+``load``, ``rebuild``, ``kept``). Everything public is imported from here, ``nearrec.models``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .layers import Stages, linear_shapes, mlp
 from .pipeline import InferResult, infer, split
 from .saving import CONFIG_ATTACHMENT as CONFIG_ATTACHMENT
 from .saving import WEIGHTS_ATTACHMENT as WEIGHTS_ATTACHMENT
-from .saving import load, rebuild, save
+from .saving import kept, load, rebuild, save
 from .sequence import DIEN, DIN, SequenceSparse
 
 # The public nn.Module classes keep the module they had before this package was cut into
@@ -55,5 +55,5 @@ for _public in (DIEN, DIN, DLRM, NCF, MultiTaskWideAndDeep, Offloaded, SequenceS
 del _public
 
 __all__ = ["DIEN", "DIN", "DLRM", "NCF", "OFFLOADABLE", "InferResult", "MultiTaskWideAndDeep",
-           "Offloaded", "SequenceSparse", "Stages", "WideAndDeep", "build", "infer",
+           "Offloaded", "SequenceSparse", "Stages", "WideAndDeep", "build", "infer", "kept",
            "linear_shapes", "load", "mlp", "offload", "rebuild", "save", "split"]

@@ -182,7 +182,11 @@ class Offloaded(nn.Module):
     ``example`` (a ``(dense, features)`` batch; a TorchRec DLRM needs none) into the operations
     the engine runs (:mod:`nearrec.capture`: linear layers, activations, concatenation, sums and
     products, DLRM's interaction); anything else is an :class:`~nearrec.errors.InvalidRequest`
-    naming the operation. Its inputs are its collections' features."""
+    naming the operation. Its inputs are its collections' features.
+
+    Over a node or a sharded store the vectors are pooled there and the engine's dense part
+    runs here, on them (``nearrec::StoreApi::infer_model``); to run it on the nodes, keep it
+    with the store (:func:`save`) and call ``store.infer(dense, features)``."""
 
     def __init__(self, model: nn.Module, example: tuple[Tensor | None, Any] | None = None, *,
                  captured: Captured | None = None):
@@ -257,17 +261,13 @@ class Offloaded(nn.Module):
 
 
 def _check_sparse(sparse: Any) -> EmbeddingBagCollection:
-    """A sparse part the engine can run a model next to: a collection over an embedded
-    store."""
+    """A sparse part the engine can run a model over: a collection over a store (embedded:
+    next to its reads; a node or a sharded store: on the vectors it pools)."""
     if not isinstance(sparse, EmbeddingBagCollection) or sparse.store is None \
             or sparse.keyed or sparse.gpu_tier is not None:
         raise InvalidRequest("whole-model offload needs the model's sparse part to be "
                              "EmbeddingBagCollections over a store, without keyed tables or "
                              "a GPU tier")
-    if not sparse.store.embedded:
-        raise InvalidRequest("a storage node runs the model kept with its store, not one "
-                             "built here: keep it with nearrec.models.save(model, path) and "
-                             "call remote.infer(dense, features)")
     return sparse
 
 

@@ -24,6 +24,25 @@ CONFIG_ATTACHMENT = "model.json"
 WEIGHTS_ATTACHMENT = "dense.npz"
 
 
+def kept(model: nn.Module, example: tuple[Tensor | None, Any] | None = None
+         ) -> tuple[dict[str, Any], dict[str, np.ndarray], int]:
+    """What :func:`save` keeps of ``model`` — its configuration and dense weights — and its
+    dense features per sample: what :func:`rebuild` makes the model again from, over any store
+    of the same tables (``nearrec.ray.serve_model`` sends it to its replicas). ``model`` is one
+    of nearrec's models, or any model :func:`offload` takes (its :class:`Offloaded` form, or
+    the module and ``example`` to capture it on: a TorchRec DLRM after ``from_torchrec``, a
+    model of your own)."""
+    if isinstance(model, nn.Module) and not isinstance(model, _Model):
+        offloaded = model if isinstance(model, Offloaded) else Offloaded(model, example)
+        if offloaded.captured is not None:
+            return (offloaded.captured.config(), dict(offloaded.captured.weights),
+                    int(offloaded.native.dense_width))
+        model = offloaded.model
+    if not isinstance(model, _Model):
+        raise InvalidRequest(f"a kept model is a torch module, not {type(model).__name__}")
+    return model.kept_config(), dict(model.dense_weights()), int(model.dense_features)
+
+
 def save(model: nn.Module, store: str | Path | Store,
          example: tuple[Tensor | None, Any] | None = None) -> None:
     """Keeps ``model``'s configuration and dense weights with the store's tables (two
@@ -36,20 +55,16 @@ def save(model: nn.Module, store: str | Path | Store,
     program is kept, and ``store.infer(dense, features)`` takes features keyed by the model's
     features."""
     path = store.info.path if isinstance(store, Store) else Path(path_arg(store, "the store"))
-    if isinstance(model, nn.Module) and not isinstance(model, _Model):
-        offloaded = model if isinstance(model, Offloaded) else Offloaded(model, example)
-        if offloaded.captured is None:
-            model = offloaded.model
-        else:
-            if Path(offloaded.store.info.path).resolve() != Path(path).resolve():
-                raise InvalidRequest(f"the model reads the store at {offloaded.store.info.path}, "
-                                     f"not {path}: keep it with the store it reads")
-            model_save(str(path), json.dumps(offloaded.captured.config()),
-                       list(offloaded.captured.weights.items()))
-            return
-    if not isinstance(model, _Model):
+    if not isinstance(model, nn.Module):
         raise InvalidRequest(f"save takes a torch module, not {type(model).__name__}")
-    model_save(str(path), json.dumps(model.kept_config()), model.dense_weights())
+    if not isinstance(model, _Model | Offloaded):
+        model = Offloaded(model, example)
+    if isinstance(model, Offloaded) and model.captured is not None and \
+            Path(model.store.info.path).resolve() != Path(path).resolve():
+        raise InvalidRequest(f"the model reads the store at {model.store.info.path}, not "
+                             f"{path}: keep it with the store it reads")
+    config, weights, _ = kept(model)
+    model_save(str(path), json.dumps(config), list(weights.items()))
 
 
 def load(store: Store, **collection: Any) -> nn.Module:

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use nearrec::model::{Inferred, Tensor};
 use nearrec::{
     AsBatch, Batch, Compaction, Error, Inference, Info, PendingLookup, Pooled, Read, RowWrite,
     Rows, Stats, StoreApi, Submitted, SwapTo, TableCheck, TableInfo, TierReport, Versioned,
@@ -96,7 +95,7 @@ impl StoreApi for ShardedStore {
             version,
             tier,
             writable,
-            model: inner.keeper.is_some(),
+            model: !inner.models.is_empty(),
             stores: Vec::new(),
             path: (inner.location.as_ref())
                 .map(|p| p.to_string_lossy().into_owned())
@@ -209,9 +208,9 @@ impl StoreApi for ShardedStore {
 
     nearrec::capable!(writes, versions);
 
-    /// Only where a shard keeps the model and holds every table whole.
+    /// Where its shards keep a model (`infer.rs`).
     fn inference(&self) -> Option<&dyn Inference> {
-        self.inner.keeper.map(|_| self as &dyn Inference)
+        (!self.inner.models.is_empty()).then_some(self as &dyn Inference)
     }
 }
 
@@ -270,22 +269,6 @@ impl Versions for ShardedStore {
         version: u64,
     ) -> nearrec::Result<Versioned<Vec<Rows>>> {
         self.inner.lookup_rows(batch, Some(version))
-    }
-}
-
-impl Inference for ShardedStore {
-    fn infer(&self, dense: &[f32], batch: &Batch<'_>) -> nearrec::Result<Inferred> {
-        let inner = &self.inner;
-        inner.live()?;
-        let k = inner.keeper()?;
-        inner.shards[k].any(&inner.plan.store, |c| c.infer(dense, batch))
-    }
-
-    fn update_model(&self, weights: &[Tensor<'_>]) -> nearrec::Result<()> {
-        let inner = &self.inner;
-        inner.live()?;
-        let k = inner.keeper()?;
-        inner.shards[k].each(&inner.plan.store, |c| c.update_model(weights))
     }
 }
 

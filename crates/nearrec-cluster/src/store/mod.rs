@@ -12,7 +12,8 @@ use futures::TryFutureExt;
 use futures::future::try_join_all;
 use nearrec::plan::{ShardPlan, ShardedTable};
 use nearrec::{
-    Batch, Error, ErrorKind, Info, Pooled, Read, Rows, StoreApi, SwapTo, Versioned, Versions,
+    Batch, Error, ErrorKind, Info, Pooled, Read, Rows, StoreApi, StoredModel, SwapTo, Versioned,
+    Versions,
 };
 use nearrec_client::{Client, ClientOptions, Started};
 use nearrec_engine::EngineError;
@@ -26,6 +27,7 @@ use crate::{catch_up, members};
 
 mod contract;
 mod counters;
+mod infer;
 mod replicas;
 mod writes;
 
@@ -98,6 +100,12 @@ struct Inner {
     /// The shard that keeps the store's model and holds every table whole (whole-model
     /// offload on its nodes).
     keeper: Option<usize>,
+    /// The shards whose nodes keep the model (every shard of a cut since issue 64; before,
+    /// the keeper alone).
+    models: Vec<usize>,
+    /// The model the router runs itself when no shard holds every table, and the cluster
+    /// version it was read at (`infer.rs`).
+    model: std::sync::Mutex<Option<(u64, Arc<StoredModel>)>>,
     /// Every replica takes writes.
     writable: bool,
     tables: FxHashMap<String, usize>,
@@ -166,7 +174,7 @@ impl ShardedStore {
         let mut shards = Vec::with_capacity(plan.shards);
         // each replica's (repository version served, count of writes), by shard
         let mut served = Vec::with_capacity(plan.shards);
-        let (mut keeper, mut writable) = (None, true);
+        let (mut keeper, mut models, mut writable) = (None, Vec::new(), true);
         for (k, endpoints) in replicas.iter().enumerate() {
             // a shard that holds every table whole serves the model it keeps
             let whole = plan.shard_tables(k).len() == plan.tables.len()
@@ -178,6 +186,9 @@ impl ShardedStore {
                 writable &= info.writable;
                 if info.model && whole {
                     keeper.get_or_insert(k);
+                }
+                if info.model && models.last() != Some(&k) {
+                    models.push(k);
                 }
                 held.push(replica);
                 versions.push((info.served_version, info.version));
@@ -222,6 +233,8 @@ impl ShardedStore {
                 location,
                 shards,
                 keeper,
+                models,
+                model: std::sync::Mutex::default(),
                 writable,
                 tables,
                 hot,
@@ -525,16 +538,6 @@ impl Inner {
             .fetch_add(split.bag_shards, Ordering::Relaxed);
         self.bags.fetch_add(split.batch as u64, Ordering::Relaxed);
         Ok(split)
-    }
-
-    /// The shard that serves the model, or why none does.
-    fn keeper(&self) -> nearrec::Result<usize> {
-        self.keeper.ok_or_else(|| Error::NoModel {
-            path: self.describe(),
-            reason: "no shard keeps a model and holds every table whole; run the dense part \
-                     beside the sharded store"
-                .into(),
-        })
     }
 
     fn deadline(&self) -> Option<Instant> {

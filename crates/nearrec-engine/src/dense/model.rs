@@ -176,6 +176,42 @@ impl DenseModel {
         }
     }
 
+    /// The model on pooled vectors already in hand — `pooled` is `[batch, Σ table_dims]`, the
+    /// tables in the model's order, `dense` `[batch, dense_width]` — as [`crate::Engine::infer`]
+    /// computes it beside its reads: for vectors pooled elsewhere (a node's or a sharded
+    /// store's lookup). Returns `[batch, outputs]`.
+    pub fn forward(
+        &self,
+        dense: &[f32],
+        pooled: &[f32],
+        batch: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let dims = self.table_dims();
+        let width: usize = dims.iter().sum();
+        if dense.len() != batch * self.dense_width() || pooled.len() != batch * width {
+            return Err(ModelError(format!(
+                "{batch} samples take {} dense features and {} pooled values, not {} and {}",
+                batch * self.dense_width(),
+                batch * width,
+                dense.len(),
+                pooled.len()
+            )));
+        }
+        let early = self.early_dense(dense, batch);
+        let mut at = 0;
+        let parts = (dims.iter().enumerate())
+            .map(|(k, &dim)| {
+                let block: Vec<f32> = (pooled.chunks_exact(width.max(1)))
+                    .flat_map(|row| &row[at..at + dim])
+                    .copied()
+                    .collect();
+                at += dim;
+                self.early_table(k, &block, batch)
+            })
+            .collect();
+        Ok(self.finish(early, parts, pooled, batch))
+    }
+
     /// The work the dense features allow on their own (`dense`: `[batch, dense_width]`).
     pub(crate) fn early_dense(&self, dense: &[f32], batch: usize) -> Early {
         match &self.kind {

@@ -159,17 +159,9 @@ impl NativeStore {
         in_order: bool,
     ) -> PyResult<(Bound<'py, PyArray2<f32>>, Seconds)> {
         let out = match model {
-            Some(m) => {
-                let store = self.local(py, "infer(model=)")?;
-                let m = &m.model;
-                detach(py, || {
-                    if in_order {
-                        store.infer_with(&m.dense, dense, batch)
-                    } else {
-                        store.infer_with(&m.dense, dense, &m.arrange(batch)?)
-                    }
-                })?
-            }
+            Some(m) => detach(py, || {
+                self.api.infer_model(&m.model, dense, batch, in_order)
+            })?,
             None => detach(py, || {
                 self.api
                     .able(self.api.inference(), "infer")?

@@ -114,6 +114,20 @@ impl NodeService {
         Ok(holding(pb::UpdateModelResponse {}, held))
     }
 
+    pub(super) async fn call_model(
+        &self,
+        call: Checked<'_>,
+        _req: pb::ModelRequest,
+    ) -> Answer<pb::ModelResponse> {
+        let store = call.store.clone();
+        let (saved, held) = self
+            .work(&call, move || {
+                store.able(store.inference(), "model")?.saved_model()
+            })
+            .await?;
+        Ok(holding(convert::saved_model(&saved), held))
+    }
+
     pub(super) async fn call_transaction(
         &self,
         call: Checked<'_>,

@@ -633,6 +633,7 @@ node! {
     update_model(pb::UpdateModelRequest) -> pb::UpdateModelResponse = call_update_model;
     transaction(pb::TransactionRequest) -> pb::TransactionResponse = call_transaction;
     scrub(pb::ScrubRequest) -> pb::ScrubResponse = call_scrub;
+    model(pb::ModelRequest) -> pb::ModelResponse = call_model;
 }
 
 /// `answer`, holding `held` until it has left (`crate::send`).

@@ -190,7 +190,8 @@ store_only!(
     pb::InfoRequest,
     pb::StatsRequest,
     pb::CompactRequest,
-    pb::ScrubRequest
+    pb::ScrubRequest,
+    pb::ModelRequest
 );
 
 impl Summary for pb::SwapRequest {

@@ -20,7 +20,7 @@ use crate::batch::{Batch, Pooled, Read};
 use crate::error::Result;
 use crate::live::{Compaction, Decision, RowWrite, Transaction, WriteOptions};
 use crate::membership::Membership;
-use crate::model::{Inferred, Tensor};
+use crate::model::{Inferred, SavedModel, Tensor};
 use crate::versions::SwapTo;
 
 use super::sync::{self, Synced};
@@ -139,4 +139,8 @@ pub trait Inference: Send + Sync {
     /// rest stay): each a weight the model keeps, of its shape, finite, or the whole update is
     /// refused. Durable when it returns; inferences from the next on run the new weights.
     fn update_model(&self, weights: &[Tensor<'_>]) -> Result<()>;
+
+    /// The model as the store keeps it (configuration and dense weights), read and checked,
+    /// not built: what a router builds to run the dense part itself.
+    fn saved_model(&self) -> Result<SavedModel>;
 }

@@ -11,13 +11,14 @@
 //! digests, and a training feed's [`Writes::sync_table`], `docs/live.md`).
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use nearrec_engine::TierReport;
+use nearrec_engine::{EngineError, InferTimes, TierReport};
 use nearrec_format::TableCheck;
 
 use crate::batch::{AsBatch, Bags, Batch, Indices, Pooled, Read, TableLookup};
 use crate::error::{Error, Result};
+use crate::model::{Inferred, StoredModel};
 
 mod caps;
 mod sync;
@@ -93,6 +94,55 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// Pools `batch` (EMB_READ): one `[batch, Σ dim]` output, tables in request order, every
     /// table read at one version.
     fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)>;
+
+    /// Runs `model` (a dense part the caller built: Python's `nearrec.models.offload`) on this
+    /// store's lookups: `batch` names the model's inputs in any order
+    /// ([`StoredModel::arrange`]), or with `in_order` is already its tables in input order.
+    /// Here the vectors are pooled through [`StoreApi::lookup`] (a node's, a sharded store's)
+    /// and the dense part runs on the caller's core; the embedded store runs it beside its
+    /// reads.
+    fn infer_model(
+        &self,
+        model: &StoredModel,
+        dense: &[f32],
+        batch: &Batch<'_>,
+        in_order: bool,
+    ) -> Result<Inferred> {
+        let start = Instant::now();
+        let arranged;
+        let batch = if in_order {
+            batch
+        } else {
+            arranged = model.arrange(batch)?;
+            &arranged
+        };
+        let (pooled, _) = self.lookup(batch)?;
+        let embeddings = start.elapsed();
+        let dims = model.dense.table_dims();
+        let wrong = (pooled.tables.iter().zip(&dims)).find(|((_, d), want)| d != *want);
+        if let Some(((table, dim), want)) = wrong {
+            return Err(Error::InvalidRequest {
+                table: Some(table.clone()),
+                position: None,
+                reason: format!("is {dim} wide; the model's input takes {want}"),
+            });
+        }
+        let outputs = (model.dense)
+            .forward(dense, &pooled.values, pooled.batch)
+            .map_err(EngineError::Model)?;
+        let total = start.elapsed();
+        Ok(Inferred {
+            batch: pooled.batch,
+            width: model.dense.outputs(),
+            outputs,
+            times: InferTimes {
+                total,
+                embeddings,
+                finish: total - embeddings,
+                ..InferTimes::default()
+            },
+        })
+    }
 
     /// [`StoreApi::lookup`] into `out` (`[batch, Σ dim]` float32, the caller's buffer), where
     /// the implementation can pool straight into it.

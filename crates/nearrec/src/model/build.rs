@@ -134,6 +134,14 @@ pub(super) fn bad(reason: String) -> Error {
 pub(super) struct Weights(pub(super) HashMap<String, (Vec<u64>, Vec<f32>)>);
 
 impl Weights {
+    pub(super) fn of(tensors: &[Tensor<'_>]) -> Self {
+        let owned = |t: &Tensor<'_>| {
+            let shape = t.shape.iter().map(|&d| d as u64).collect();
+            (t.name.to_owned(), (shape, t.values.to_vec()))
+        };
+        Self(tensors.iter().map(owned).collect())
+    }
+
     /// The weights as numpy's uncompressed `.npz`, arrays in name order.
     pub(super) fn to_npz(&self) -> std::result::Result<Vec<u8>, String> {
         let mut arrays: Vec<(&str, &[u64], &[f32])> = (self.0.iter())

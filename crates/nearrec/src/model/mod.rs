@@ -221,6 +221,35 @@ impl SavedModel {
         Ok(Self { config, weights })
     }
 
+    /// A model as it travels (a node's `Model` answer): its configuration as JSON, its
+    /// `tables` named ([`Self::config_json`]), and its weights.
+    pub fn from_json(config: &str, weights: &[Tensor<'_>]) -> Result<Self> {
+        let config: ModelConfig = serde_json::from_str(config)
+            .map_err(|e| Error::invalid(format!("a model's configuration: {e}")))?;
+        if config.tables.is_none() {
+            return Err(Error::invalid(
+                "a model's configuration names no input tables",
+            ));
+        }
+        Ok(Self {
+            config,
+            weights: Weights::of(weights),
+        })
+    }
+
+    /// The configuration as JSON.
+    pub fn config_json(&self) -> String {
+        serde_json::to_string(&self.config).expect("a configuration serialises")
+    }
+
+    /// The model built for the engine, its inputs of widths `dim_of` gives by table.
+    pub fn build(&self, dim_of: impl Fn(&str) -> Option<usize>) -> Result<StoredModel> {
+        let dims = (self.config.tables.iter().flatten())
+            .map(|t| dim_of(t).ok_or_else(|| Error::invalid(format!("no table {t:?}"))))
+            .collect::<Result<Vec<_>>>()?;
+        StoredModel::assemble(self.config.clone(), &self.weights, &dims)
+    }
+
     /// The dense weights: `(name, shape, values)` per array.
     pub fn weights(&self) -> impl Iterator<Item = (&str, &[u64], &[f32])> {
         self.weights
@@ -264,11 +293,12 @@ fn kept_name(weights: &Weights, name: &str) -> Result<String> {
 /// ones of their names (a partial update keeps the rest): each must be a weight the model
 /// keeps, of its shape, finite and named once. The model is built from them before anything
 /// is written, so an update that would not run is refused whole. Returns the new weights
-/// attachment (`dense.npz`) and the model.
+/// attachment (`dense.npz`) and the model (`None` on a shard that lacks some of its tables:
+/// there the names and shapes are what is checked).
 pub(crate) fn updated(
     reader: &StoreReader,
     updates: &[Tensor<'_>],
-) -> Result<(Vec<u8>, StoredModel)> {
+) -> Result<(Vec<u8>, Option<StoredModel>)> {
     let SavedModel {
         config,
         mut weights,
@@ -298,16 +328,16 @@ pub(crate) fn updated(
         }
         values.copy_from_slice(t.values);
     }
-    let dims = config
-        .tables
-        .iter()
-        .flatten()
-        .map(|t| table_dim(reader.tables(), t))
-        .collect::<Result<Vec<_>>>()?;
     let npz = weights
         .to_npz()
         .map_err(|e| Error::invalid(format!("model weights: {e}")))?;
-    let model = StoredModel::assemble(config, &weights, &dims)?;
+    // a shard that keeps the model for its router may hold only some of its tables
+    let dims = (config.tables.iter().flatten())
+        .map(|t| table_dim(reader.tables(), t).ok())
+        .collect::<Option<Vec<_>>>();
+    let model = dims
+        .map(|dims| StoredModel::assemble(config, &weights, &dims))
+        .transpose()?;
     Ok((npz, model))
 }
 
@@ -341,15 +371,7 @@ impl StoredModel {
     /// PyTorch model in memory, by the rules [`StoredModel::load`] reads a store's by. Weights
     /// that do not fit the family are an `InvalidRequest`.
     pub fn from_parts(config: ModelConfig, weights: &[Tensor<'_>], dims: &[usize]) -> Result<Self> {
-        let w = Weights(
-            weights
-                .iter()
-                .map(|t| {
-                    let shape = t.shape.iter().map(|&d| d as u64).collect();
-                    (t.name.to_owned(), (shape, t.values.to_vec()))
-                })
-                .collect(),
-        );
+        let w = Weights::of(weights);
         let name = config.model.clone();
         Self::assemble(config, &w, dims).map_err(|e| match e {
             Error::BadModel { reason, .. } => Error::invalid(format!("{name}: {reason}")),

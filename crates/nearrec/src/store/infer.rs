@@ -13,7 +13,7 @@ use nearrec_format::StoreReader;
 use super::{Kept, Store, lock, weights_file};
 use crate::api::Inference;
 use crate::error::{Error, Result};
-use crate::model::{Inferred, StoredModel, Tensor};
+use crate::model::{Inferred, SavedModel, StoredModel, Tensor};
 
 impl Inference for Store {
     /// Runs the model kept with the store on one batch: `dense` is the row-major `[batch,
@@ -44,16 +44,22 @@ impl Inference for Store {
         drop(reader);
         let manifest =
             nearrec_format::attach(&served.path, crate::model::WEIGHTS_ATTACHMENT, &npz)?;
-        served.model.store(Some(Arc::new(Kept {
-            model: Arc::new(model),
-            weights: weights_file(&manifest),
-        })));
+        served.model.store(model.map(|model| {
+            Arc::new(Kept {
+                model: Arc::new(model),
+                weights: weights_file(&manifest),
+            })
+        }));
         tracing::info!(
             store = %served.path.display(),
             weights = weights.len(),
             "model weights updated"
         );
         Ok(())
+    }
+
+    fn saved_model(&self) -> Result<SavedModel> {
+        SavedModel::read(&StoreReader::open(&self.served().path)?)
     }
 }
 

@@ -21,7 +21,7 @@ use crate::batch::{AsBatch, Batch, Pooled, Read};
 use crate::config::{PlanSource, StoreConfig};
 use crate::error::{Error, Result};
 use crate::live::{Live, Snapshot};
-use crate::model::StoredModel;
+use crate::model::{Inferred, StoredModel};
 use crate::pace::Pace;
 use crate::scrub::Scrub;
 use crate::versions::Located;
@@ -400,6 +400,20 @@ impl Store {
 
 /// The embedded store: the core of the contract, and every capability.
 impl StoreApi for Store {
+    /// The dense part beside the reads (`infer.rs`), not after them.
+    fn infer_model(
+        &self,
+        model: &StoredModel,
+        dense: &[f32],
+        batch: &Batch<'_>,
+        in_order: bool,
+    ) -> Result<Inferred> {
+        if in_order {
+            return self.infer_with(&model.dense, dense, batch);
+        }
+        self.infer_with(&model.dense, dense, &model.arrange(batch)?)
+    }
+
     fn describe(&self) -> String {
         format!("the store at {}", self.path().display())
     }

@@ -1140,6 +1140,14 @@ pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
         &want(&new, 3.0),
         "after an update of the bias alone",
     );
+    // the model as kept, with its weights as updated
+    let saved = inference.saved_model().unwrap();
+    assert_eq!(saved.config.tables.as_deref(), Some(&["t0".to_owned()][..]));
+    let mut kept: Vec<(&str, Vec<f32>)> = (saved.weights())
+        .map(|(name, _, values)| (name, values.to_vec()))
+        .collect();
+    kept.sort_by_key(|w| w.0);
+    assert_eq!(kept, [("top.bias", vec![3.0]), ("top.weight", new.clone())]);
 
     // refused whole, naming the weight: unknown, misshapen, non-finite, twice, none
     let short = [0f32; 3];
@@ -1171,9 +1179,9 @@ pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
         &want(&new, 3.0),
         "after the refused updates",
     );
-    drop(s);
-
     // durable: a reopen runs the updated weights; a read-only store refuses an update
+    lacking!(s, "its model's updates at the path");
+    drop(s);
     let s = open(&path, false);
     close(
         &s.store
@@ -1192,16 +1200,15 @@ pub fn a_model_update_runs_its_new_weights_and_refuses_a_bad_one(open: Open) {
         .update_model(&top(&old, &[0.0]))
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreReadOnly, "{e}");
-    // and a store that keeps no model says so
+    // and a store that keeps no model says so: by its capabilities, or naming what is missing
     let (_other, bare) = fixture();
     let s = open(&bare, true);
-    let e = s
-        .store
-        .inference()
-        .expect("inference, as before")
-        .update_model(&top(&old, &[0.0]))
-        .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    if let Some(inference) = s.store.inference() {
+        let e = inference.update_model(&top(&old, &[0.0])).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+        let e = inference.saved_model().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    }
 }
 
 /// Keys of the suite's keyed table: spread over the 64-bit range, negative as `i64` too.
