@@ -450,8 +450,9 @@ def test_a_model_on_ray_serve_answers_http_and_grpc_in_batches(cluster, tmp_path
                                    answer(model, bodies[4]), rtol=1e-5, atol=1e-6)
         # the TorchRec DLRM, its dense part in the replicas, and whole through Store.infer (the
         # router runs it: no shard holds every table)
-        for app, offload in (("tr", False), ("tr-whole", True)):
-            serve_model("tr", ours, name=app, route_prefix=f"/{app}", offload=offload,
+        # (the second: the model read from the store, no Python model given)
+        for app, given, offload in (("tr", ours, False), ("tr-whole", None, True)):
+            serve_model("tr", given, name=app, route_prefix=f"/{app}", offload=offload,
                         http_port=http, grpc_port=grpc_port, num_cpus=0.25)
         for app in ("tr", "tr-whole"):
             for b in (1, 5):

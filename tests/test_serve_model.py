@@ -141,6 +141,11 @@ def test_every_kept_model_is_served_equal_to_itself(served, tmp_path, front):
                 assert len({p.shard for t in distributed.load_plan(
                     tmp_path / f"cut-{name}").tables for p in t.parts}) == 2
         try:
+            # the model as the store keeps it, read through it (a sharded store: from a shard)
+            _, loaded, _ = kept(nearrec.models.load(over))
+            assert loaded.keys() == weights.keys(), name
+            for k, w in weights.items():
+                np.testing.assert_array_equal(loaded[k], w, err_msg=f"{name} {k}")
             # the dense part in the replica, and the model kept with the store (Store.infer: on
             # the sharded store, run by the router over the vectors it pools)
             for offload in (False, True):

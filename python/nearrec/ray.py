@@ -291,7 +291,8 @@ class ShardedStore:
         ray.kill(registry, no_restart=True)
 
 
-def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "nearrec-model",
+def serve_model(store: str | Callable[[], Store], model: Any = None, *,
+                name: str = "nearrec-model",
                 route_prefix: str = "/", offload: bool = False, num_replicas: int = 1,
                 num_cpus: float = 1.0, max_batch_size: int = 64,
                 batch_wait_timeout_s: float = 0.002, host: str = "127.0.0.1",
@@ -307,8 +308,9 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
 
     ``store`` is the name a store was launched as (:meth:`ShardedStore.launch`), or a function
     of no arguments each replica calls for its store (``functools.partial(
-    nearrec.distributed.connect, plan, replicas)``). ``model`` is any model nearrec keeps
-    (``nearrec.models.kept``), over a store of the same tables: one of nearrec's models
+    nearrec.distributed.connect, plan, replicas)``). ``model`` is the model kept with the
+    store (``None``, the default: read from it, ``nearrec.models.load``) or any model nearrec
+    keeps (``nearrec.models.kept``), over a store of the same tables: one of nearrec's models
     (``nearrec.models.build`` / ``load``), or a captured one — a TorchRec DLRM after
     ``nearrec.torch.from_torchrec``, quantised or not, a model of your own, or their
     :class:`~nearrec.models.Offloaded` form. Its configuration and dense weights go to the
@@ -330,10 +332,16 @@ def serve_model(store: str | Callable[[], Store], model: Any, *, name: str = "ne
     from ray.serve.config import HTTPOptions, gRPCOptions
 
     from . import _serve
-    from .models import kept
+    from .models import kept, load
 
-    config, weights, dense_width = kept(model)
     connect = functools.partial(ShardedStore.connect, store) if isinstance(store, str) else store
+    if model is None:
+        over = connect()
+        try:
+            model = load(over)
+        finally:
+            over.close()
+    config, weights, dense_width = kept(model)
     _check_fits(f"serve_model {name!r} ({num_replicas} replica(s))", num_replicas, num_cpus,
                 None, None, autoscaling)
     serve.start(http_options=HTTPOptions(host=host, port=http_port),

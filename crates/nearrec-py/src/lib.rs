@@ -29,8 +29,8 @@
 //!   table and position; `error_kinds`, which a test holds to `nearrec.errors`; `detach`, the GIL
 //!   released and a panic answered as `InternalError`;
 //! - `model.rs`: `NativeModel`, a `nearrec::StoredModel` built from a PyTorch model's
-//!   configuration and weights (for `nearrec.models`' offload); `model_save` / `model_read`, the
-//!   model kept with a store, through the facade;
+//!   configuration and weights (for `nearrec.models`' offload); `model_save`, a model kept with a
+//!   store, through the facade;
 //! - `writer.rs` (the streaming store writer, the co-located copy), `progress.rs` (bars on
 //!   stderr), `plan.rs` (the planner and plan files), `shards.rs` (shard plans, a store cut
 //!   into shards), `trace.rs` (generators, trace files,
@@ -88,7 +88,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(convert::jagged, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(model::model_save, m)?)?;
-    m.add_function(wrap_pyfunction!(model::model_read, m)?)?;
     m.add_class::<plan::NativePlan>()?;
     m.add_function(wrap_pyfunction!(plan::plan_make, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan_check_trace, m)?)?;

@@ -2,7 +2,6 @@
 //! weights; `NativeStore.infer` runs them next to the embeddings.
 
 use nearrec::{SavedModel, StoredModel};
-use nearrec_format::StoreReader;
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
@@ -67,22 +66,9 @@ impl NativeModel {
     }
 }
 
-/// The model kept with the store at `path`, read and checked but not built
-/// (`nearrec::SavedModel`): its configuration as JSON (its `tables` filled in) and its dense
-/// weights as `(name, float32 array)`.
-#[pyfunction]
-#[allow(clippy::type_complexity)]
-pub(crate) fn model_read<'py>(
-    py: Python<'py>,
-    path: std::path::PathBuf,
-) -> PyResult<(String, Vec<(String, Bound<'py, PyAny>)>)> {
-    let saved = crate::error::detach(py, || {
-        StoreReader::open(&path)
-            .map_err(nearrec::Error::from)
-            .and_then(|r| SavedModel::read(&r))
-    })?
-    .map_err(|e| crate::error::err(py, e))?;
-    let config = serde_json::to_string(&saved.config).expect("a model config serialises");
+/// A kept model as Python takes it (`NativeStore.saved_model`): its configuration as JSON
+/// (its `tables` filled in) and its dense weights as `(name, float32 array)`.
+pub(crate) fn saved_to_py<'py>(py: Python<'py>, saved: &SavedModel) -> PyResult<SavedPy<'py>> {
     let weights = saved
         .weights()
         .map(|(name, shape, values)| {
@@ -91,8 +77,11 @@ pub(crate) fn model_read<'py>(
             Ok((name.to_owned(), array.into_any()))
         })
         .collect::<PyResult<_>>()?;
-    Ok((config, weights))
+    Ok((saved.config_json(), weights))
 }
+
+/// A kept model's configuration (JSON) and its weights by name.
+pub(crate) type SavedPy<'py> = (String, Vec<(String, Bound<'py, PyAny>)>);
 
 /// Keeps a model with the store at `path` (`nearrec::model::save`): its configuration
 /// (`nearrec::model::ModelConfig` as JSON) and its dense weights, `(name, float32 array)` each.

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._native import model_read, model_save
+from .._native import model_save
 from ..capture import Captured
 from ..errors import InvalidRequest
 from ..request import path_arg
@@ -70,13 +70,15 @@ def save(model: nn.Module, store: str | Path | Store,
 def load(store: Store, **collection: Any) -> nn.Module:
     """The model :func:`save` kept with ``store``'s tables, its sparse part over ``store``
     (``collection`` as for :func:`build`): one of nearrec's models, or for a captured model its
-    :class:`Offloaded` form, which runs in the engine. The attachments are read and checked by
-    the engine (``nearrec::SavedModel``): a store that keeps none is an
-    :class:`~nearrec.errors.InvalidRequest`, damaged ones a
+    :class:`Offloaded` form, which runs in the engine. ``store`` is any store: embedded, a
+    node's (``nearrec.connect``) or a sharded one (the model read from a shard). The
+    attachments are read and checked by the engine (``nearrec::SavedModel``): a store that
+    keeps none is an :class:`~nearrec.errors.InvalidRequest` (a sharded store whose shards keep
+    none, :class:`~nearrec.errors.Unsupported`), damaged ones a
     :class:`~nearrec.errors.StoreCorrupted`."""
     if not isinstance(store, Store):
         raise InvalidRequest(f"load takes an open nearrec.Store, not {type(store).__name__}")
-    raw, arrays = model_read(str(store.info.path))
+    raw, arrays = store._native.saved_model()
     return rebuild(store, json.loads(raw), dict(arrays), **collection)
 
 

@@ -233,6 +233,18 @@ impl NativeStore {
         self.infer_batch(py, model, dense, &held.as_batch(), in_order)
     }
 
+    /// The model kept with the store, read and checked, not built: its configuration as JSON
+    /// (its `tables` named) and its dense weights, from any store that keeps one (a node's and
+    /// a sharded store's through the `Model` verb).
+    fn saved_model<'py>(&self, py: Python<'py>) -> PyResult<crate::model::SavedPy<'py>> {
+        let saved = run(py, || {
+            (self.api)
+                .able(self.api.inference(), "saved_model")?
+                .saved_model()
+        })?;
+        crate::model::saved_to_py(py, &saved)
+    }
+
     /// The model kept with the store: its name, its inputs' names (features, or tables) and the
     /// table each input reads, in input order.
     #[allow(clippy::type_complexity)]
