@@ -7,6 +7,9 @@ FBGEMM    ?= fbgemm-gpu-cpu==1.9.0
 TORCHREC  ?= torchrec==1.9.2
 RECBOLE   ?= recbole==1.2.1
 RAY       ?= ray[serve]==2.60.0
+PYTRITON  ?= nvidia-pytriton==0.7.0
+# tritonclient's gRPC side pins protobuf < 7: the grpc family at the last release built for it
+GRPC      ?= 1.81.1
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -17,15 +20,22 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # through rocksdict (`bench update`'s peer), grpcio with its health and reflection clients (stock
 # clients of the storage node), prometheus-client (its parser reads the node's metrics), Ray and
 # Ray Serve (nearrec.ray: a sharded store's nodes as actors, on a local Ray cluster in the tests;
-# serve_model's gRPC ingress, its proto loaded by grpcio-tools).
+# serve_model's gRPC ingress, its proto loaded by grpcio-tools), Triton's clients.
 # TorchRec names the CUDA fbgemm-gpu wheel as a dependency, which breaks the CPU one: it is
 # installed without dependencies, its pure-Python ones by hand.
 $(VENV)/.deps: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy import-linter==2.16 matplotlib $(TORCH)
-	$(PIP) install -q pdoc $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions rocksdict==0.3.29 grpcio grpcio-health-checking grpcio-reflection grpcio-tools prometheus-client "$(RAY)"
+	$(PIP) install -q pdoc $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions rocksdict==0.3.29 grpcio==$(GRPC) grpcio-health-checking==$(GRPC) grpcio-reflection==$(GRPC) grpcio-tools==$(GRPC) prometheus-client "$(RAY)" "tritonclient[grpc,http]==2.73.0"
 	$(PIP) install -q --no-deps $(TORCHREC)
+	# Triton Inference Server for tests/test_triton.py: the server and its Python backend from the
+	# nvidia-pytriton wheel, unpacked, not installed (its Python side pins numpy < 2); and numpy < 2
+	# in a directory of its own, first on the backend's path (its stub reads numpy 1's arrays only)
+	rm -rf $(VENV)/triton && $(PIP) download -q --no-deps $(PYTRITON) -d $(VENV)/triton/wheel
+	$(PY) -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.startswith(('pytriton/tritonserver/', 'nvidia_pytriton.libs/'))])" $(VENV)/triton/wheel/*.whl $(VENV)/triton
+	chmod +x $(VENV)/triton/pytriton/tritonserver/bin/tritonserver $(VENV)/triton/pytriton/tritonserver/python_backend_stubs/*/triton_python_backend_stub
+	$(PIP) install -q --target $(VENV)/triton/numpy1 "numpy<2"
 	# MovieLens-100K for the loader test, fetched (never committed: its licence forbids
 	# redistribution) inside the recbole wheel; the test skips if the registry is unreachable.
 	-$(PIP) download -q --no-deps $(RECBOLE) -d .cache/datasets

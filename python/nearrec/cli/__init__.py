@@ -26,7 +26,7 @@ from ..build import DTYPES
 from ..errors import InvalidRequest, NearrecError
 from .flags import Parser, common, parse_bytes, remote_flags, store_config, store_flags
 from .output import format_stats, human_bytes, human_time
-from .serving import cmd_lookup, cmd_predict, cmd_serve, flag_dest
+from .serving import cmd_lookup, cmd_predict, cmd_serve, cmd_triton, flag_dest
 from .stores import (
     cmd_build,
     cmd_compact,
@@ -312,6 +312,23 @@ def parser() -> argparse.ArgumentParser:
     common(inf)
     inf.set_defaults(func=cmd_infer)
 
+    tn = sub.add_parser("triton", help="serve a store on Triton Inference Server")
+    tnsub = tn.add_subparsers(dest="triton_cmd", required=True, help="what to do")
+    te = tnsub.add_parser("export", help="write a Triton model repository that serves the "
+                          "store's kept model (or its pooled lookups) with its Python backend")
+    te.add_argument("store", help="the store's directory (with --remote: its name on the node)")
+    te.add_argument("repo", help="the model repository to write into")
+    te.add_argument("--name", default="nearrec", help="the Triton model's name")
+    te.add_argument("--remote", help="HOST:PORT: serve the store through that node")
+    te.add_argument("--max-batch-size", type=int, default=64, help="Triton's max_batch_size")
+    te.add_argument("--queue-delay-us", type=int, default=500,
+                    help="the dynamic batcher's longest wait for more requests")
+    te.add_argument("--instances", type=int, default=1, help="model instances (CPU)")
+    te.add_argument("--python-path", action="append", default=[],
+                    help="a directory put first on the Python backend's path (numpy < 2 for "
+                         "its stub); repeat for more")
+    tn.set_defaults(func=cmd_triton)
+
     pl = sub.add_parser("plan", help="place a store's rows in a DRAM budget from a trace")
     pl.add_argument("store", help="the store to place")
     pl.add_argument("trace", help="a .nrtrace file (nearrec trace gen)")
@@ -414,6 +431,8 @@ EXAMPLES = {
     "lookup": "nearrec lookup /data/rmc1 --batch 64 --pooling 80 --tier ssd --dram-budget 1GiB",
     "trace": "nearrec trace gen rmc1.nrtrace --model rmc1 --generator zipf --alpha 1.1",
     "predict": "nearrec predict /data/dlrm --inputs day_0.tsv --out ctr.csv",
+    "triton": "nearrec triton export /data/dlrm /models --name dlrm --python-path "
+              "/opt/numpy1",
     "infer": "nearrec infer /data/rmc1 rmc1.nrtrace --model rmc1 --offload",
     "plan": "nearrec plan /data/rmc1 rmc1.nrtrace --budget 4GiB --out plan.toml",
     "colocate": "nearrec colocate /data/rmc1 rmc1.nrtrace /data/rmc1-colocated",

@@ -189,3 +189,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
           f"in {human_time(spent)} ({n / spent if spent else 0:,.0f} samples/s, store on "
           f"{store.tier})")
     return 0
+
+
+def cmd_triton(args: argparse.Namespace) -> int:
+    from ..triton import export
+
+    where = export(args.store, args.repo, name=args.name, remote=args.remote,
+                   max_batch_size=args.max_batch_size, queue_delay_us=args.queue_delay_us,
+                   instances=args.instances, python_path=args.python_path)
+    print(f"wrote {where} (config.pbtxt, 1/model.py): tritonserver --model-repository "
+          f"{where.parent}")
+    return 0

@@ -1,0 +1,229 @@
+"""A store on the real Triton Inference Server (`nearrec triton export`, `nearrec.triton`): the
+`tritonserver` binary of the nvidia-pytriton wheel (`make test` unpacks it under
+`.venv/triton`) started on loopback ports on an exported repository, asked through
+`tritonclient.grpc` and `tritonclient.http`: readiness and metadata; a TorchRec DLRM's
+predictions, quantised and not, equal to TorchRec's; concurrent requests batched and each
+answered exactly; a bad request answered as an error naming its input while the next is
+served; a store without a model as pooled lookups, equal to `nearrec.open`'s; a store served
+through a node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import Node
+from dlrm_requests import TORCHREC_INPUTS, TORCHREC_ROWS, body_for, torchrec_answer, torchrec_dlrm
+
+import nearrec
+from nearrec.triton import export, padded
+
+TRITON = Path(sys.prefix) / "triton"
+SERVER = TRITON / "pytriton" / "tritonserver"
+grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed")
+httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed")
+if not (SERVER / "bin" / "tritonserver").exists():
+    pytest.skip(f"no tritonserver under {TRITON} (make's environment unpacks it)",
+                allow_module_level=True)
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Triton:
+    """`tritonserver` on `repo`, on loopback ports; stopped on close."""
+
+    def __init__(self, repo: Path, tmp: Path):
+        backends = tmp / "backends" / "python"
+        backends.mkdir(parents=True)
+        for f in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            (backends / f).symlink_to(SERVER / "backends" / "python" / f)
+        stub = SERVER / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}"
+        (backends / "triton_python_backend_stub").symlink_to(stub / "triton_python_backend_stub")
+        self.http, self.grpc, metrics = _port(), _port(), _port()
+        env = dict(os.environ, LD_LIBRARY_PATH=str(TRITON / "nvidia_pytriton.libs"))
+        self.log = open(tmp / "triton.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(SERVER / "bin" / "tritonserver"), "--model-repository", str(repo),
+             "--backend-directory", str(tmp / "backends"), "--http-address", "127.0.0.1",
+             "--grpc-address", "127.0.0.1", "--http-port", str(self.http), "--grpc-port",
+             str(self.grpc), "--metrics-port", str(metrics), "--allow-metrics", "false"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.grpc}")
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if self.client.is_server_ready():
+                    break
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            assert self.proc.poll() is None, (tmp / "triton.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp / "triton.log").read_text()[-3000:]
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def _inputs(module: Any, body: dict[str, Any]) -> list[Any]:
+    """`body`'s tensors as the exported model takes them, for `module`'s client."""
+    dense = np.asarray(body["dense"], np.float32)
+    tensors = {"dense": dense} if dense.size else {}
+    for f, x in body["features"].items():
+        tensors[f] = padded(x["ids"], x["lengths"])
+        tensors[f"{f}__lengths"] = np.asarray(x["lengths"], np.int64).reshape(-1, 1)
+    out = []
+    for name, a in tensors.items():
+        t = module.InferInput(name, list(a.shape), "FP32" if a.dtype == np.float32 else "INT64")
+        t.set_data_from_numpy(a)
+        out.append(t)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Triton, dict[str, Any]]]:
+    """A repository of three models — a TorchRec DLRM, its int8-quantised form, and a store
+    without a model — served by one `tritonserver`."""
+    import torch
+    from test_quantized import quantized_dlrm
+
+    from nearrec.torch import from_torchrec
+
+    tmp = tmp_path_factory.mktemp("triton")
+    repo = tmp / "repo"
+    theirs, _ = torchrec_dlrm(tmp / "dlrm")
+    torch.manual_seed(7)
+    quantized = quantized_dlrm()
+    import nearrec.models
+
+    nearrec.models.save(from_torchrec(quantized, tmp / "int8"), tmp / "int8")
+    rng = np.random.default_rng(3)
+    nearrec.from_numpy(tmp / "plain", {"a": rng.standard_normal((50, 4), dtype=np.float32),
+                                       "b": rng.standard_normal((30, 8), dtype=np.float32)})
+    numpy1 = [TRITON / "numpy1"]
+    for name in ("dlrm", "int8", "plain"):
+        export(tmp / name, repo, name=name, python_path=numpy1, queue_delay_us=20000)
+    server = Triton(repo, tmp)
+    try:
+        yield server, {"dlrm": theirs, "int8": quantized, "plain": tmp / "plain"}
+    finally:
+        server.stop()
+
+
+def test_the_server_is_ready_and_describes_the_models(served):
+    server, _ = served
+    assert server.client.is_model_ready("dlrm")
+    meta = server.client.get_model_metadata("dlrm", as_json=True)
+    names = {i["name"]: i["datatype"] for i in meta["inputs"]}
+    assert names == {"dense": "FP32", **{f: "INT64" for f in TORCHREC_INPUTS},
+                     **{f"{f}__lengths": "INT64" for f in TORCHREC_INPUTS}}
+    assert [o["name"] for o in meta["outputs"]] == ["predictions"]
+
+
+@pytest.mark.parametrize("model", ["dlrm", "int8"])
+def test_predictions_equal_torchrecs_over_grpc_and_http(served, model):
+    server, models = served
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
+    rng = np.random.default_rng(4)
+    for batch in (1, 6):
+        body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, batch)
+        want = torchrec_answer(models[model], body)
+        got = server.client.infer(model, _inputs(grpcclient, body)).as_numpy("predictions")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        got = http.infer(model, _inputs(httpclient, body)).as_numpy("predictions")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_concurrent_requests_are_batched_and_each_answered_exactly(served):
+    server, models = served
+    rng = np.random.default_rng(5)
+    bodies = [body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, int(rng.integers(1, 5)))
+              for _ in range(12)]
+    got: list[Any] = [None] * len(bodies)
+
+    def send(k: int) -> None:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+        got[k] = client.infer("dlrm", _inputs(grpcclient, bodies[k])).as_numpy("predictions")
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for body, out in zip(bodies, got, strict=True):
+        np.testing.assert_allclose(out, torchrec_answer(models["dlrm"], body), rtol=1e-4,
+                                   atol=1e-5)
+    stats = server.client.get_inference_statistics("dlrm", as_json=True)
+    s = stats["model_stats"][0]
+    assert int(s["execution_count"]) < int(s["inference_count"]), s  # batched
+
+
+def test_a_bad_request_is_an_error_naming_its_input_and_the_next_is_served(served):
+    server, models = served
+    rng = np.random.default_rng(6)
+    body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, 3)
+    past = {**body, "features": {**body["features"], "f1": {"ids": [10_000],
+                                                              "lengths": [1, 0, 0]}}}
+    with pytest.raises(Exception, match="t1") as e:
+        server.client.infer("dlrm", _inputs(grpcclient, past))
+    assert "InferenceServerException" in type(e.value).__name__
+    # a length past its row of ids
+    ins = _inputs(grpcclient, body)
+    for t in ins:
+        if t.name() == "f2__lengths":
+            t.set_data_from_numpy(np.full((3, 1), 99, np.int64))
+    with pytest.raises(Exception, match="f2__lengths: sample 0"):
+        server.client.infer("dlrm", ins)
+    got = server.client.infer("dlrm", _inputs(grpcclient, body)).as_numpy("predictions")
+    np.testing.assert_allclose(got, torchrec_answer(models["dlrm"], body), rtol=1e-4, atol=1e-5)
+
+
+def test_a_store_without_a_model_answers_its_pooled_lookups(served):
+    server, models = served
+    local = nearrec.open(models["plain"])
+    rng = np.random.default_rng(7)
+    body = body_for(rng, ["a", "b"], [50, 30], 0, 5)
+    got = server.client.infer("plain", _inputs(grpcclient, body)).as_numpy("pooled")
+    want = local.lookup_many([nearrec.TableLookup(t, f["ids"], lengths=f["lengths"])
+                              for t, f in body["features"].items()]).values
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_store_served_through_a_node(tmp_path):
+    theirs, _ = torchrec_dlrm(tmp_path / "dlrm")
+    node = Node(f"{tmp_path / 'dlrm'}=dlrm")
+    try:
+        # by the command line this time
+        r = subprocess.run([sys.executable, "-m", "nearrec.cli", "triton", "export", "dlrm",
+                            str(tmp_path / "repo"), "--name", "remote", "--remote", node.address,
+                            "--python-path", str(TRITON / "numpy1")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
+        server = Triton(tmp_path / "repo", tmp_path)
+        try:
+            body = body_for(np.random.default_rng(8), TORCHREC_INPUTS, TORCHREC_ROWS, 5, 4)
+            got = server.client.infer("remote", _inputs(grpcclient, body))
+            np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(theirs, body),
+                                       rtol=1e-4, atol=1e-5)
+        finally:
+            server.stop()
+    finally:
+        node.stop()
