@@ -42,12 +42,12 @@ The modules, lowest layer first: each imports only from the layers before it
   ``EmbeddingCollection`` over a store, ``KeyedJaggedTensor``; ``from_torchrec``; the
   ``nearrec::`` custom ops that ``torch.compile`` / ``torch.export`` see.
 - ``capture``: a user's model traced by ``torch.export`` into the engine's dense program.
-- {``nearrec.models``, ``plan``, ``simulate``, ``datasets``, ``ray``, ``triton``}: the eight benchmark models as
-  PyTorch modules, ``save`` / ``load`` with a store, ``infer`` pipelined, ``offload`` whole into
-  the engine; ``nearrec.plan`` (the planner and plan files, co-located copies); ``nearrec.simulate``
-  (the flash device model); ``nearrec.datasets`` (Criteo, FBGEMM files, MovieLens-100K);
-  ``nearrec.ray`` (a sharded store's nodes as Ray actors: ``ShardedStore.launch``);
-  ``nearrec.triton`` (a Triton model repository from a store: ``export``).
+- {``nearrec.models``, ``plan``, ``simulate``, ``datasets``, ``ray``, ``triton``}: the eight
+  benchmark models as PyTorch modules, ``save`` / ``load`` with a store, ``infer`` pipelined,
+  ``offload`` whole into the engine; ``nearrec.plan`` (the planner and plan files, co-located
+  copies); ``nearrec.simulate`` (the flash device model); ``nearrec.datasets`` (Criteo, FBGEMM
+  files, MovieLens-100K); ``nearrec.ray`` (a sharded store's nodes as Ray actors:
+  ``ShardedStore.launch``); ``nearrec.triton`` (a Triton model repository from a store: ``export``).
 - ``cli``: the ``nearrec`` command (``cli/__init__.py`` the command tree, the verbs by what they
   touch in ``stores``, ``serving``, ``workloads``).
 """
