@@ -227,3 +227,16 @@ def test_a_store_served_through_a_node(tmp_path):
             server.stop()
     finally:
         node.stop()
+
+
+def test_what_cannot_be_exported_is_refused_by_name(tmp_path):
+    rng = np.random.default_rng(1)
+    nearrec.from_numpy(tmp_path / "s", {"a": rng.standard_normal((5, 4), dtype=np.float32)})
+    for name in ("", "a/b", 'x"y'):
+        with pytest.raises(nearrec.InvalidRequest, match="name"):
+            export(tmp_path / "s", tmp_path / "repo", name=name)
+    with pytest.raises(nearrec.InvalidRequest, match="max_batch_size"):
+        export(tmp_path / "s", tmp_path / "repo", max_batch_size=0)
+    with pytest.raises(nearrec.StoreNotFound):
+        export(tmp_path / "nowhere", tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()  # nothing written for a refused export

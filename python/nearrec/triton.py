@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import site
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,8 +61,9 @@ def export(store: str | os.PathLike[str], repo: str | os.PathLike[str], *,
     (numpy < 2 for the stub)."""
     location = ({"remote": remote, "store": os.fspath(store)} if remote else
                 {"path": str(Path(path_arg(store, "the store")).resolve())})
-    if not isinstance(name, str) or not name or "/" in name:
-        raise InvalidRequest(f"a Triton model's name is a word, not {name!r}")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise InvalidRequest(f"a Triton model's name is letters, digits, '_', '.' and '-', "
+                             f"not {name!r}")
     max_batch_size = count(max_batch_size, "max_batch_size")
     queue_delay_us = count(queue_delay_us, "queue_delay_us", 0)
     instances = count(instances, "instances")
@@ -74,7 +76,8 @@ def export(store: str | os.PathLike[str], repo: str | os.PathLike[str], *,
     (where / "1").mkdir(parents=True, exist_ok=True)
     parameters = {"location": json.dumps(location), "kind": kind, "inputs": json.dumps(inputs),
                   "dense": str(dense)}
-    config = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {int(max_batch_size)}",
+    config = [f"name: {json.dumps(name)}", 'backend: "python"',
+              f"max_batch_size: {int(max_batch_size)}",
               f"dynamic_batching {{ max_queue_delay_microseconds: {int(queue_delay_us)} }}",
               "input [", ",\n".join(tensors[0]), "]", "output [", ",\n".join(tensors[1]), "]",
               f"instance_group [ {{ kind: KIND_CPU count: {int(instances)} }} ]",
@@ -104,7 +107,7 @@ def _shapes(store: Store) -> tuple[tuple[list[str], list[str]], str, list[str], 
 
     def tensor(name: str, dtype: str, dims: str, ragged: bool = False) -> str:
         tail = " allow_ragged_batch: true" if ragged else ""
-        return f'  {{ name: "{name}" data_type: {dtype} dims: [ {dims} ]{tail} }}'
+        return f"  {{ name: {json.dumps(name)} data_type: {dtype} dims: [ {dims} ]{tail} }}"
 
     if store.has_model:
         raw, arrays = store._native.saved_model()
