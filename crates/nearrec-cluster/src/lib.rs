@@ -39,8 +39,8 @@
 //! `catch_up.rs` (catch-up in the background, every router's by default), `store/`
 //! (`ShardedStore`: opened, split and merged; its verbs in `contract.rs`, writes routed in
 //! `writes.rs`, the model run in `infer.rs`, counters in `counters.rs`, `replicas.toml` in
-//! `replicas.rs`). Tests: `tests/contract.rs` runs the whole conformance suite on sharded stores of every scheme over
-//! loopback nodes.
+//! `replicas.rs`). Tests: `tests/contract.rs` runs the whole conformance suite on sharded stores
+//! of every scheme over loopback nodes.
 
 mod catch_up;
 mod members;

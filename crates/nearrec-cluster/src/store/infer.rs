@@ -64,12 +64,7 @@ impl Inner {
         }
         let k = self.kept()?;
         let saved = self.shards[k].any(&self.plan.store, |c| c.saved_model())?;
-        let dim_of = |name: &str| {
-            (self.plan.tables.iter())
-                .find(|t| t.name == name)
-                .map(|t| t.dim as usize)
-        };
-        let model = Arc::new(saved.build(dim_of)?);
+        let model = Arc::new(saved.build(|t| Ok(self.plan.tables[self.find(t)?].dim as usize))?);
         *lock(&self.model) = Some((pin, model.clone()));
         Ok(model)
     }

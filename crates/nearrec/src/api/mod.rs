@@ -96,8 +96,8 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)>;
 
     /// Runs `model` (a dense part the caller built: Python's `nearrec.models.offload`) on this
-    /// store's lookups: `batch` names the model's inputs in any order
-    /// ([`StoredModel::arrange`]), or with `in_order` is already its tables in input order.
+    /// store's lookups: `batch` names the model's inputs in any order, or with `in_order` is
+    /// already its tables in input order ([`StoredModel::inputs_of`]).
     /// Here the vectors are pooled through [`StoreApi::lookup`] (a node's, a sharded store's)
     /// and the dense part runs on the caller's core; the embedded store runs it beside its
     /// reads.
@@ -109,14 +109,7 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
         in_order: bool,
     ) -> Result<Inferred> {
         let start = Instant::now();
-        let arranged;
-        let batch = if in_order {
-            batch
-        } else {
-            arranged = model.arrange(batch)?;
-            &arranged
-        };
-        let (pooled, _) = self.lookup(batch)?;
+        let (pooled, _) = self.lookup(&model.inputs_of(batch, in_order)?)?;
         let embeddings = start.elapsed();
         let dims = model.dense.table_dims();
         let wrong = (pooled.tables.iter().zip(&dims)).find(|((_, d), want)| d != *want);

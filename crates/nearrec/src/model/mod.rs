@@ -242,10 +242,11 @@ impl SavedModel {
         serde_json::to_string(&self.config).expect("a configuration serialises")
     }
 
-    /// The model built for the engine, its inputs of widths `dim_of` gives by table.
-    pub fn build(&self, dim_of: impl Fn(&str) -> Option<usize>) -> Result<StoredModel> {
+    /// The model built for the engine, each input table's width as `dim_of` gives it (the
+    /// store's tables, or a sharded store's plan).
+    pub fn build(&self, dim_of: impl Fn(&str) -> Result<usize>) -> Result<StoredModel> {
         let dims = (self.config.tables.iter().flatten())
-            .map(|t| dim_of(t).ok_or_else(|| Error::invalid(format!("no table {t:?}"))))
+            .map(|t| dim_of(t))
             .collect::<Result<Vec<_>>>()?;
         StoredModel::assemble(self.config.clone(), &self.weights, &dims)
     }
@@ -331,13 +332,11 @@ pub(crate) fn updated(
     let npz = weights
         .to_npz()
         .map_err(|e| Error::invalid(format!("model weights: {e}")))?;
-    // a shard that keeps the model for its router may hold only some of its tables
-    let dims = (config.tables.iter().flatten())
-        .map(|t| table_dim(reader.tables(), t).ok())
-        .collect::<Option<Vec<_>>>();
-    let model = dims
-        .map(|dims| StoredModel::assemble(config, &weights, &dims))
-        .transpose()?;
+    let model = match (SavedModel { config, weights }).build(|t| table_dim(reader.tables(), t)) {
+        // a shard that keeps the model for its router may hold only some of its tables
+        Err(Error::Engine(EngineError::UnknownTable { .. })) => None,
+        built => Some(built?),
+    };
     Ok((npz, model))
 }
 
@@ -346,14 +345,8 @@ impl StoredModel {
     pub fn load(reader: &StoreReader) -> Result<Self> {
         let path = reader.path().display().to_string();
         let saved = SavedModel::read(reader)?;
-        let dims = saved
-            .config
-            .tables
-            .iter()
-            .flatten()
-            .map(|t| table_dim(reader.tables(), t))
-            .collect::<Result<Vec<_>>>()?;
-        Self::assemble(saved.config, &saved.weights, &dims).map_err(|e| match e {
+        let built = saved.build(|t| table_dim(reader.tables(), t));
+        built.map_err(|e| match e {
             Error::InvalidRequest { reason, .. } => Error::NoModel {
                 path: path.clone(),
                 reason,
@@ -427,6 +420,15 @@ impl StoredModel {
             inputs,
             pooling,
         })
+    }
+
+    /// `batch` as the model's inputs: as it is when `in_order` (already its tables in input
+    /// order), else [`Self::arrange`]d.
+    pub fn inputs_of<'a>(&'a self, batch: &Batch<'a>, in_order: bool) -> Result<Batch<'a>> {
+        if in_order {
+            return Ok(batch.clone());
+        }
+        self.arrange(batch)
     }
 
     /// `batch`'s lookups in the model's input order, matched by input name (the table, or the

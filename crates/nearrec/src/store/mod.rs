@@ -408,10 +408,7 @@ impl StoreApi for Store {
         batch: &Batch<'_>,
         in_order: bool,
     ) -> Result<Inferred> {
-        if in_order {
-            return self.infer_with(&model.dense, dense, batch);
-        }
-        self.infer_with(&model.dense, dense, &model.arrange(batch)?)
+        self.infer_with(&model.dense, dense, &model.inputs_of(batch, in_order)?)
     }
 
     fn describe(&self) -> String {
