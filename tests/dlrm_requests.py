@@ -59,6 +59,25 @@ def torchrec_answer(model: Any, body: dict[str, Any]) -> np.ndarray:
         return model(torch.tensor(body["dense"]), kjt).numpy()
 
 
+def tensors(module: Any, body: dict[str, Any]) -> list[Any]:
+    """`body`'s tensors as a store's model takes them on Triton and over the Open Inference
+    Protocol (`nearrec.triton`, `docs/serving.md`), as `module`'s `InferInput`s (tritonclient's
+    grpc or http, or KServe's)."""
+    from nearrec.triton import padded
+
+    dense = np.asarray(body["dense"], np.float32)
+    arrays = {"dense": dense} if dense.size else {}
+    for f, x in body["features"].items():
+        arrays[f] = padded(x["ids"], x["lengths"])
+        arrays[f"{f}__lengths"] = np.asarray(x["lengths"], np.int64).reshape(-1, 1)
+    out = []
+    for name, a in arrays.items():
+        t = module.InferInput(name, list(a.shape), "FP32" if a.dtype == np.float32 else "INT64")
+        t.set_data_from_numpy(a)
+        out.append(t)
+    return out
+
+
 #: A body's inputs for `torchrec_dlrm`'s model, and the rows of the table each reads.
 TORCHREC_INPUTS, TORCHREC_ROWS = ["f0", "f_shared", "f1", "f2"], [100, 100, 150, 200]
 

@@ -21,10 +21,17 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import Node
-from dlrm_requests import TORCHREC_INPUTS, TORCHREC_ROWS, body_for, torchrec_answer, torchrec_dlrm
+from dlrm_requests import (
+    TORCHREC_INPUTS,
+    TORCHREC_ROWS,
+    body_for,
+    tensors,
+    torchrec_answer,
+    torchrec_dlrm,
+)
 
 import nearrec
-from nearrec.triton import export, padded
+from nearrec.triton import export
 
 TRITON = Path(sys.prefix) / "triton"
 SERVER = TRITON / "pytriton" / "tritonserver"
@@ -83,21 +90,6 @@ class Triton:
         self.log.close()
 
 
-def _inputs(module: Any, body: dict[str, Any]) -> list[Any]:
-    """`body`'s tensors as the exported model takes them, for `module`'s client."""
-    dense = np.asarray(body["dense"], np.float32)
-    tensors = {"dense": dense} if dense.size else {}
-    for f, x in body["features"].items():
-        tensors[f] = padded(x["ids"], x["lengths"])
-        tensors[f"{f}__lengths"] = np.asarray(x["lengths"], np.int64).reshape(-1, 1)
-    out = []
-    for name, a in tensors.items():
-        t = module.InferInput(name, list(a.shape), "FP32" if a.dtype == np.float32 else "INT64")
-        t.set_data_from_numpy(a)
-        out.append(t)
-    return out
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Triton, dict[str, Any]]]:
     """A repository of three models — a TorchRec DLRM, its int8-quantised form, and a store
@@ -146,9 +138,9 @@ def test_predictions_equal_torchrecs_over_grpc_and_http(served, model):
     for batch in (1, 6):
         body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, batch)
         want = torchrec_answer(models[model], body)
-        got = server.client.infer(model, _inputs(grpcclient, body)).as_numpy("predictions")
+        got = server.client.infer(model, tensors(grpcclient, body)).as_numpy("predictions")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-        got = http.infer(model, _inputs(httpclient, body)).as_numpy("predictions")
+        got = http.infer(model, tensors(httpclient, body)).as_numpy("predictions")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -161,7 +153,7 @@ def test_concurrent_requests_are_batched_and_each_answered_exactly(served):
 
     def send(k: int) -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
-        got[k] = client.infer("dlrm", _inputs(grpcclient, bodies[k])).as_numpy("predictions")
+        got[k] = client.infer("dlrm", tensors(grpcclient, bodies[k])).as_numpy("predictions")
 
     threads = [threading.Thread(target=send, args=(k,)) for k in range(len(bodies))]
     for t in threads:
@@ -183,16 +175,16 @@ def test_a_bad_request_is_an_error_naming_its_input_and_the_next_is_served(serve
     past = {**body, "features": {**body["features"], "f1": {"ids": [10_000],
                                                               "lengths": [1, 0, 0]}}}
     with pytest.raises(Exception, match="t1") as e:
-        server.client.infer("dlrm", _inputs(grpcclient, past))
+        server.client.infer("dlrm", tensors(grpcclient, past))
     assert "InferenceServerException" in type(e.value).__name__
     # a length past its row of ids
-    ins = _inputs(grpcclient, body)
+    ins = tensors(grpcclient, body)
     for t in ins:
         if t.name() == "f2__lengths":
             t.set_data_from_numpy(np.full((3, 1), 99, np.int64))
     with pytest.raises(Exception, match="f2__lengths: sample 0"):
         server.client.infer("dlrm", ins)
-    got = server.client.infer("dlrm", _inputs(grpcclient, body)).as_numpy("predictions")
+    got = server.client.infer("dlrm", tensors(grpcclient, body)).as_numpy("predictions")
     np.testing.assert_allclose(got, torchrec_answer(models["dlrm"], body), rtol=1e-4, atol=1e-5)
 
 
@@ -201,7 +193,7 @@ def test_a_store_without_a_model_answers_its_pooled_lookups(served):
     local = nearrec.open(models["plain"])
     rng = np.random.default_rng(7)
     body = body_for(rng, ["a", "b"], [50, 30], 0, 5)
-    got = server.client.infer("plain", _inputs(grpcclient, body)).as_numpy("pooled")
+    got = server.client.infer("plain", tensors(grpcclient, body)).as_numpy("pooled")
     want = local.lookup_many([nearrec.TableLookup(t, f["ids"], lengths=f["lengths"])
                               for t, f in body["features"].items()]).values
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
@@ -220,7 +212,7 @@ def test_a_store_served_through_a_node(tmp_path):
         server = Triton(tmp_path / "repo", tmp_path)
         try:
             body = body_for(np.random.default_rng(8), TORCHREC_INPUTS, TORCHREC_ROWS, 5, 4)
-            got = server.client.infer("remote", _inputs(grpcclient, body))
+            got = server.client.infer("remote", tensors(grpcclient, body))
             np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(theirs, body),
                                        rtol=1e-4, atol=1e-5)
         finally:

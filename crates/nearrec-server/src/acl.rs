@@ -245,6 +245,7 @@ impl Principal {
             Grant::Tables(p) => tables.try_for_each(|t| self.allow(p, store, t)),
             Grant::Store(p) => self.allow_all(p, store),
             Grant::Any => self.allow_any(store),
+            Grant::Known => Ok(()),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The nearrec storage node: stores served over gRPC (`nearrec.v1.Node`, `docs/protocol.md`),
-//! next to the standard `grpc.health.v1.Health` service and server reflection, so that stock
-//! tools (grpcurl, grpcio's health stub) work against it.
+//! and as models over the Open Inference Protocol (`inference.GRPCInferenceService`, which
+//! Triton's and KServe's clients speak), next to the standard `grpc.health.v1.Health` service
+//! and server reflection, so that stock tools (grpcurl, grpcio's health stub) work against it.
 //!
 //! A thin surface over the store's contract: `nearrec-wire` decodes each call into the facade's
 //! request, [`admission`] bounds what waits and drops what expired before it reads the device,
@@ -17,9 +18,9 @@
 //! - [`stores`]: the stores a node serves by name, any implementation of the contract; a store
 //!   the caller holds no grant on is one the node does not serve; `inline`, whether a lookup runs
 //!   on the async worker (never waiting on a device) or on a blocking thread;
-//! - [`service`]: `nearrec.v1.Node` — each call's row of the table of verbs
-//!   (`nearrec_wire::verbs`: its grant, audit, admission, limits) applied once around its
-//!   handler, which decodes, runs and answers; a lookup stream runs up to 4 requests at once
+//! - [`service`]: `nearrec.v1.Node` and `inference.GRPCInferenceService` — each call's row of
+//!   the table of verbs (`nearrec_wire::verbs`: its grant, audit, admission, limits) applied
+//!   once around its handler, which decodes, runs and answers; a lookup stream runs up to 4 requests at once
 //!   and answers in order;
 //! - [`admission`]: at most `max_in_flight` engine calls and `max_queued` waiting, refused past
 //!   that (`RESOURCE_EXHAUSTED`); the client's `grpc-timeout` as a deadline checked before the
@@ -73,6 +74,7 @@ pub mod swap;
 use std::future::Future;
 use std::sync::Arc;
 
+use nearrec_wire::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use nearrec_wire::v1 as pb;
 use sd_notify::NotifyState::{Ready, Status, Stopping};
 use tokio::net::TcpListener;
@@ -153,7 +155,10 @@ pub async fn serve(
     let conn_stats = shared.conns.clone();
     let admission = shared.admission.clone();
     let slow = shared.slow.clone();
-    let node = pb::node_server::NodeServer::new(NodeService(shared))
+    let node = pb::node_server::NodeServer::new(NodeService(shared.clone()))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let oip = GrpcInferenceServiceServer::new(NodeService(shared))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
@@ -190,6 +195,7 @@ pub async fn serve(
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(node)
+        .add_service(oip)
         .serve_with_incoming_shutdown(incoming, stop);
     tokio::pin!(server);
     tokio::select! {

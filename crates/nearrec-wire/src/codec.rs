@@ -41,10 +41,15 @@ impl<U: prost::Message + Default> Decoder for NodeDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         self.0.decode(buf).map_err(|s| {
-            let name = std::any::type_name::<U>().rsplit("::").next().unwrap_or("");
+            let path = std::any::type_name::<U>();
+            let name = path.rsplit("::").next().unwrap_or("");
+            let package = match path.contains("::inference::") {
+                true => "inference",
+                false => "nearrec.v1",
+            };
             if name.ends_with("Request") {
                 Status::invalid_argument(format!(
-                    "the request does not decode as nearrec.v1.{name}: {}",
+                    "the request does not decode as {package}.{name}: {}",
                     s.message()
                 ))
             } else {

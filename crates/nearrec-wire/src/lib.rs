@@ -9,18 +9,22 @@
 //!   to and from [`nearrec::Pooled`] and [`nearrec::Rows`], and every other call's arguments and
 //!   answers (writes, info, stats, compaction) — one function each way;
 //! - [`codec`]: prost's codec, a request that does not decode answered `INVALID_ARGUMENT`;
+//! - [`oip`]: the Open Inference Protocol's tensors ([`inference`]) to and from a batch and an
+//!   answer: how a store and its kept model are models there;
 //! - [`status`]: a [`nearrec::Error`] as a gRPC status carrying a `google.rpc.ErrorInfo` (its
 //!   [`nearrec::ErrorKind`], table and position), and back as a [`RemoteError`]; a stream's
 //!   per-request errors; `bounded`, a status whose echoed names are clipped so that its headers
 //!   fit every client's limit.
 //!
-//! `build.rs` compiles `proto/nearrec/v1/node.proto` in pure Rust (protox and tonic-prost-build,
-//! no protoc needed) and keeps the encoded descriptor set for server reflection. The HTTP/2
-//! window and frame sizes both ends open with are here too, so that client and node agree.
+//! `build.rs` compiles `proto/nearrec/v1/node.proto` and `proto/inference/grpc_predict_v2.proto`
+//! in pure Rust (protox and tonic-prost-build, no protoc needed) and keeps the encoded
+//! descriptor set for server reflection. The HTTP/2 window and frame sizes both ends open with
+//! are here too, so that client and node agree.
 
 pub mod arrays;
 pub mod codec;
 pub mod convert;
+pub mod oip;
 pub mod status;
 pub mod verbs;
 
@@ -60,7 +64,15 @@ pub mod v1 {
     #![allow(missing_docs, missing_debug_implementations, clippy::all)]
     tonic::include_proto!("nearrec.v1");
 
-    /// The package's encoded `FileDescriptorSet`, for server reflection.
+    /// The encoded `FileDescriptorSet` of this package and [`super::inference`], for server
+    /// reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/nearrec_v1_descriptor.bin"));
+}
+
+/// The generated `inference` package: the Open Inference Protocol's gRPC service
+/// (`proto/inference/grpc_predict_v2.proto`), which the node serves beside `nearrec.v1.Node`.
+pub mod inference {
+    #![allow(missing_docs, missing_debug_implementations, clippy::all)]
+    tonic::include_proto!("inference");
 }

@@ -1,10 +1,11 @@
 //! The node's verbs, declared once: one row for each RPC of `nearrec.v1.Node` and one for each
-//! step of a `Transaction` (each a verb of its own), saying the grant it needs, whether it
-//! changes what the node serves (and so is audited), how the node admits it and limits it, and
-//! whether a client may make it again. The node reads the table around every call — its
-//! dispatch, ACL check, audit lines, admission and limits — and the client reads it for its
-//! retries; a request names its row ([`Call::verb`]). `tests/verbs.rs` holds the table to the
-//! proto's service descriptor (an RPC without a row, or a row without an RPC, fails it) and to
+//! step of a `Transaction` (each a verb of its own), then one for each RPC of the Open Inference
+//! Protocol's `inference.GRPCInferenceService`, which the node serves beside it, saying the
+//! grant it needs, whether it changes what the node serves (and so is audited), how the node
+//! admits it and limits it, and whether a client may make it again. The node reads the table
+//! around every call — its dispatch, ACL check, audit lines, admission and limits — and the
+//! client reads it for its retries; a request names its row ([`Verbed::verb`]). `tests/verbs.rs` holds the table to the
+//! protos' service descriptors (an RPC without a row, or a row without an RPC, fails it) and to
 //! `docs/protocol.md`'s table of verbs ([`markdown`]).
 //!
 //! Adding an RPC: the proto, its row here, its line in `calls!` (its request's [`Call`]: the
@@ -48,6 +49,9 @@ pub enum Grant {
     Store(Permission),
     /// Any grant on the store: enough to know it exists.
     Any,
+    /// A caller the node knows (any token of its ACL), whatever its grants: a call about the
+    /// node, not a store.
+    Known,
 }
 
 /// How the node admits a verb to its engine, and what it charges the caller's share
@@ -148,7 +152,7 @@ macro_rules! verbs {
     (@has $want:ident $other:ident $($rest:ident)*) => { verbs!(@has $want $($rest)*) };
 }
 
-use Grant::{Any, Store, Tables};
+use Grant::{Any, Known, Store, Tables};
 use Permission::{Admin, Read, Write};
 
 verbs! {
@@ -185,6 +189,15 @@ verbs! {
     SCRUB = "Scrub": Store(Admin), reads, Slot, again, long;
     /// The kept model's configuration and weights, read from the store's attachments.
     MODEL = "Model": Store(Read), reads, Slot, again;
+    // `inference.GRPCInferenceService` (`crate::oip`): the node, then its models (a store's
+    // kept model, `STORE`, and its pooled lookups, `STORE.pooled`)
+    SERVER_LIVE = "ServerLive": Known, reads, Free, again, any_shard;
+    SERVER_READY = "ServerReady": Known, reads, Free, again, any_shard;
+    SERVER_METADATA = "ServerMetadata": Known, reads, Free, again, any_shard;
+    MODEL_READY = "ModelReady": Any, reads, Free, again;
+    MODEL_METADATA = "ModelMetadata": Any, reads, Free, again;
+    /// The kept model run, or lookups pooled, on the protocol's tensors.
+    MODEL_INFER = "ModelInfer": Tables(Read), reads, Infer, again;
 }
 
 /// The verb of a `Transaction` of step number `step` ([`TRANSACTION`] for one this node does
@@ -200,11 +213,15 @@ pub fn transaction(step: i32) -> &'static Verb {
 /// What an RPC's call on a client gives: the node's answer, or its status.
 pub type Sent<T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send>>;
 
-/// A request, by the verb it is and the RPC that carries it.
-pub trait Call: Clone + Send + 'static {
+/// A request, by the verb it is.
+pub trait Verbed {
+    fn verb(&self) -> &'static Verb;
+}
+
+/// A request of `nearrec.v1.Node`, by the verb it is and the RPC that carries it.
+pub trait Call: Verbed + Clone + Send + 'static {
     /// What the node answers.
     type Reply;
-    fn verb(&self) -> &'static Verb;
     /// The request's RPC on a client of the node.
     fn send(node: NodeClient<Channel>, request: Request<Self>) -> Sent<Self::Reply>;
 }
@@ -212,13 +229,15 @@ pub trait Call: Clone + Send + 'static {
 /// Requests and their unary RPCs; those whose RPC is one verb name it, the rest how to find it.
 macro_rules! calls {
     ($($method:ident($request:ty) -> $reply:ty = $verb:expr;)*) => {$(
-        impl Call for $request {
-            type Reply = $reply;
-
+        impl Verbed for $request {
             fn verb(&self) -> &'static Verb {
                 let verb: fn(&Self) -> &'static Verb = $verb;
                 verb(self)
             }
+        }
+
+        impl Call for $request {
+            type Reply = $reply;
 
             fn send(mut node: NodeClient<Channel>, request: Request<Self>) -> Sent<$reply> {
                 Box::pin(async move { node.$method(request).await })
@@ -245,6 +264,26 @@ calls! {
     model(pb::ModelRequest) -> pb::ModelResponse = |_| MODEL;
 }
 
+/// The Open Inference Protocol's requests, each its RPC's verb.
+macro_rules! verbed {
+    ($($request:ident = $verb:ident;)*) => {$(
+        impl Verbed for crate::inference::$request {
+            fn verb(&self) -> &'static Verb {
+                $verb
+            }
+        }
+    )*};
+}
+
+verbed! {
+    ServerLiveRequest = SERVER_LIVE;
+    ServerReadyRequest = SERVER_READY;
+    ServerMetadataRequest = SERVER_METADATA;
+    ModelReadyRequest = MODEL_READY;
+    ModelMetadataRequest = MODEL_METADATA;
+    ModelInferRequest = MODEL_INFER;
+}
+
 /// The table as `docs/protocol.md` shows it ("Verbs"): one line a verb.
 pub fn markdown() -> String {
     let mut out = String::from(
@@ -255,6 +294,7 @@ pub fn markdown() -> String {
             Tables(p) => format!("{} of each table named", p.name()),
             Store(p) => format!("{} of the store", p.name()),
             Any => "any grant on the store".to_owned(),
+            Known => "a known caller".to_owned(),
         };
         let admit = match v.admit {
             Admit::Lookup => "lookup",
@@ -295,6 +335,9 @@ mod tests {
         let long: Vec<_> = VERBS.iter().filter(|v| v.long).map(|v| v.rpc).collect();
         assert_eq!(long, ["Swap", "Compact", "Scrub"]);
         let anywhere: Vec<_> = VERBS.iter().filter(|v| !v.shard).map(|v| v.rpc).collect();
-        assert_eq!(anywhere, ["Info"]);
+        assert_eq!(
+            anywhere,
+            ["Info", "ServerLive", "ServerReady", "ServerMetadata"]
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! The table of verbs against the protocol itself: every RPC of the proto's `Node` service has
-//! exactly one row and every row an RPC; every step of a `Transaction` exactly one row; and
+//! The table of verbs against the protocols themselves: every RPC of the proto's `Node` service
+//! and of the Open Inference Protocol's `GRPCInferenceService` has exactly one row and every row
+//! an RPC; every step of a `Transaction` exactly one row; and
 //! `docs/protocol.md` shows the table as it is.
 
 use std::collections::BTreeMap;
@@ -9,16 +10,30 @@ use nearrec_wire::verbs::{self, VERBS};
 use prost::Message as _;
 use prost_types::FileDescriptorSet;
 
-/// The proto's `Node` RPCs and `TransactionRequest.Step` values, as its descriptor has them.
+/// The RPCs of `Node` and `GRPCInferenceService`, and `TransactionRequest.Step`'s values, as
+/// the descriptors have them.
 fn proto() -> (Vec<String>, Vec<(String, i32)>) {
     let fds = FileDescriptorSet::decode(FILE_DESCRIPTOR_SET).expect("the descriptor set decodes");
+    let service = |package: &str, name: &str| {
+        let file = (fds.file.iter())
+            .find(|f| f.package() == package)
+            .unwrap_or_else(|| panic!("{package} is compiled"));
+        let service = (file.service.iter())
+            .find(|s| s.name() == name)
+            .unwrap_or_else(|| panic!("the {name} service"));
+        service
+            .method
+            .iter()
+            .map(|m| m.name().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let mut rpcs = service("nearrec.v1", "Node");
+    let oip = service("inference", "GRPCInferenceService");
+    assert_eq!(oip.len(), 6, "{oip:?}");
+    rpcs.extend(oip);
     let file = (fds.file.iter())
         .find(|f| f.package() == "nearrec.v1")
         .expect("nearrec.v1 is compiled");
-    let node = (file.service.iter())
-        .find(|s| s.name() == "Node")
-        .expect("the Node service");
-    let rpcs = node.method.iter().map(|m| m.name().to_owned()).collect();
     let transaction = (file.message_type.iter())
         .find(|m| m.name() == "TransactionRequest")
         .expect("TransactionRequest");

@@ -9,7 +9,8 @@
 //!
 //! - `seen.rs`: what a request says before it runs (store, tables, rows, bags, deadline);
 //! - `lookup.rs`: lookups and lookup streams;
-//! - `calls.rs`: every other call.
+//! - `calls.rs`: every other call of `nearrec.v1.Node`;
+//! - `oip.rs`: the Open Inference Protocol's calls (`inference.GRPCInferenceService`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use std::time::Instant;
 use nearrec::StoreApi;
 use nearrec_wire::status::bounded;
 use nearrec_wire::v1 as pb;
-use nearrec_wire::verbs::{Admit, Call, LOOKUP, LOOKUP_STREAM, Verb};
+use nearrec_wire::verbs::{Admit, LOOKUP, LOOKUP_STREAM, Verb, Verbed};
 use nearrec_wire::{SHARD_HEADER, parse_shard_header, status_of};
 use tokio::sync::Semaphore;
 use tokio_stream::Stream;
@@ -38,6 +39,7 @@ use crate::swap;
 
 mod calls;
 mod lookup;
+mod oip;
 mod seen;
 
 use seen::{Seen, Summary};
@@ -517,7 +519,7 @@ impl NodeService {
     /// call observed ([`NodeService::observed`]).
     async fn around<'s, M, T, F, Fut>(&'s self, request: Request<M>, handler: F) -> Answer<T>
     where
-        M: Call + Summary + prost::Message,
+        M: Verbed + Summary + prost::Message,
         T: prost::Message,
         F: FnOnce(&'s Self, Checked<'s>, M) -> Fut,
         Fut: Future<Output = Answer<T>>,

@@ -5,6 +5,8 @@
 
 use std::time::Instant;
 
+use nearrec_wire::inference as oip_pb;
+use nearrec_wire::oip;
 use nearrec_wire::v1 as pb;
 use nearrec_wire::verbs::step_name;
 use tonic::Request;
@@ -192,6 +194,61 @@ store_only!(
     pb::CompactRequest,
     pb::ScrubRequest,
     pb::ModelRequest
+);
+
+/// The Open Inference Protocol's calls: a model's name is its store's ([`oip::store_of`]); an
+/// inference's inputs are its tables (or the features of its model), each of as many rows as
+/// its ids tensor has values, in bags of its samples.
+impl Summary for oip_pb::ModelInferRequest {
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        let inputs = self.inputs.iter().filter(|t| is_lookup(&t.name));
+        let rows = |t: &oip_pb::model_infer_request::InferInputTensor| {
+            t.shape.iter().map(|&d| d.max(0) as u64).product()
+        };
+        let tables = inputs.map(|t| (t.name.clone(), rows(t)));
+        (oip::store_of(&self.model_name).0, tables.collect())
+    }
+
+    fn bags(&self) -> Vec<usize> {
+        let inputs = self.inputs.iter().filter(|t| is_lookup(&t.name));
+        inputs
+            .map(|t| t.shape.first().map_or(0, |&b| b.max(0) as usize))
+            .collect()
+    }
+}
+
+/// Whether an inference's input is the ids of a lookup.
+fn is_lookup(input: &str) -> bool {
+    input != oip::DENSE && !input.ends_with(oip::LENGTHS)
+}
+
+impl Summary for oip_pb::ModelReadyRequest {
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        (oip::store_of(&self.name).0, Vec::new())
+    }
+}
+
+impl Summary for oip_pb::ModelMetadataRequest {
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        (oip::store_of(&self.name).0, Vec::new())
+    }
+}
+
+/// Calls about the node, naming no store.
+macro_rules! node_only {
+    ($($t:ty),*) => {$(
+        impl Summary for $t {
+            fn summary(&self) -> (&str, Vec<(String, u64)>) {
+                ("", Vec::new())
+            }
+        }
+    )*};
+}
+
+node_only!(
+    oip_pb::ServerLiveRequest,
+    oip_pb::ServerReadyRequest,
+    oip_pb::ServerMetadataRequest
 );
 
 impl Summary for pb::SwapRequest {
