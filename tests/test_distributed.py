@@ -301,7 +301,9 @@ def test_a_kept_model_runs_on_a_sharded_store_and_a_front_node(tmp_path):
         front = Node("--shards", f"{root}=dlrm")
         try:
             stores = {"sharded": distributed.connect(root, served.replicas()),
-                      "front": nearrec.connect(front.address, "dlrm")}
+                      "front": nearrec.connect(front.address, "dlrm"),
+                      # as the front node opens it: the nodes its replicas.toml names
+                      "dir": distributed.open_dir(root)}
             rng = np.random.default_rng(9)
             for batch in (1, 7):
                 body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, batch)

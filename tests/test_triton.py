@@ -5,7 +5,7 @@
 predictions, quantised and not, equal to TorchRec's; concurrent requests batched and each
 answered exactly; a bad request answered as an error naming its input while the next is
 served; a store without a model as pooled lookups, equal to `nearrec.open`'s; a store served
-through a node."""
+through a node, and a sharded store whose tables span its shards."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from dlrm_requests import (
 )
 
 import nearrec
+import nearrec.distributed
 from nearrec.triton import export
 
 TRITON = Path(sys.prefix) / "triton"
@@ -221,6 +222,32 @@ def test_a_store_served_through_a_node(tmp_path):
         node.stop()
 
 
+def test_a_sharded_store_exported_by_the_cli(tmp_path):
+    from test_distributed import Served, name_replicas
+
+    theirs, _ = torchrec_dlrm(tmp_path / "dlrm")
+    root = tmp_path / "s"
+    plan = nearrec.distributed.shard(tmp_path / "dlrm", root, 2, scheme="table")
+    served = Served(root, plan)
+    try:
+        name_replicas(root, served.replicas(), 'timeout = 5.0\nhedge = "off"')
+        r = subprocess.run([sys.executable, "-m", "nearrec.cli", "triton", "export", str(root),
+                            str(tmp_path / "repo"), "--name", "sharded", "--sharded",
+                            "--python-path", str(TRITON / "numpy1")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
+        server = Triton(tmp_path / "repo", tmp_path)
+        try:
+            body = body_for(np.random.default_rng(9), TORCHREC_INPUTS, TORCHREC_ROWS, 5, 5)
+            got = server.client.infer("sharded", tensors(grpcclient, body))
+            np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(theirs, body),
+                                       rtol=1e-4, atol=1e-5)
+        finally:
+            server.stop()
+    finally:
+        served.stop()
+
+
 def test_what_cannot_be_exported_is_refused_by_name(tmp_path):
     rng = np.random.default_rng(1)
     nearrec.from_numpy(tmp_path / "s", {"a": rng.standard_normal((5, 4), dtype=np.float32)})
@@ -231,4 +258,6 @@ def test_what_cannot_be_exported_is_refused_by_name(tmp_path):
         export(tmp_path / "s", tmp_path / "repo", max_batch_size=0)
     with pytest.raises(nearrec.StoreNotFound):
         export(tmp_path / "nowhere", tmp_path / "repo")
+    with pytest.raises(nearrec.InvalidRequest, match="not both"):
+        export(tmp_path / "s", tmp_path / "repo", remote="127.0.0.1:1", sharded=True)
     assert not (tmp_path / "repo").exists()  # nothing written for a refused export

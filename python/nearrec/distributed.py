@@ -20,7 +20,9 @@
   the shard, never a partial answer. A write goes to every replica of the shard its rows are
   on; a call whose rows span shards commits on all of them or none (two-phase commit, the
   router coordinating), and a lookup through the same store never sees part of it.
-  ``nearrec.ray`` starts the nodes as Ray actors and returns this.
+  ``nearrec.ray`` starts the nodes as Ray actors and returns this. :func:`open_dir`: the same,
+  its nodes and options as its directory's ``replicas.toml`` names them (what ``nearrec serve
+  --shards`` reads).
 - :func:`catch_up`: the replicas that missed writes (a node that was down, restarted behind)
   brought back: the rows that differ copied from a member of their shard, the members fenced
   for the last pass, then admitted again (``nearrec.ray`` does it by itself every few
@@ -217,6 +219,16 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
     how = (plan, shards, token is not None, timeout, hedge, catch_up_every)
     return Store._over(native, ";".join(",".join(s) for s in shards),
                        lambda s: (_reconnect, how))
+
+
+def open_dir(directory: _PathLike) -> Store:
+    """The sharded store in ``directory`` (``nearrec shard``'s), through the nodes its
+    ``replicas.toml`` names, with the timeout, hedge, token file, CA and catch-up period it
+    gives (``docs/distributed.md``) — as a front node (``nearrec serve --shards``) opens it."""
+    where = os.fspath(directory)
+    native = NativeStore.open_sharded(where)
+    label = ";".join(",".join(s) for s in native.shard_replicas())
+    return Store._over(native, label, lambda s: (open_dir, (where,)))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A store on Triton Inference Server: :func:`export` writes a model repository whose Python
 backend model serves the store's kept model (a TorchRec DLRM after ``from_torchrec``, one of
 nearrec's models, a captured model of your own) — or, for a store that keeps none, its pooled
-lookups — from the store opened in the Triton instance, or through a node.
+lookups — from the store opened in the Triton instance, or through a node or a sharded store.
 
 Tensors, each with the batch first (``max_batch_size`` > 0, so Triton's dynamic batcher groups
 requests; a group runs as one store call, each request answered with its own rows):
@@ -47,20 +47,29 @@ def _open(location: dict[str, str]) -> Store:
 
     if location.get("remote"):
         return nearrec.connect(location["remote"], location.get("store", ""))
+    if location.get("sharded"):
+        from .distributed import open_dir
+
+        return open_dir(location["sharded"])
     return nearrec.open(location["path"])
 
 
 def export(store: str | os.PathLike[str], repo: str | os.PathLike[str], *,
-           name: str = "nearrec", remote: str | None = None, max_batch_size: int = 64,
-           queue_delay_us: int = 500, instances: int = 1,
+           name: str = "nearrec", remote: str | None = None, sharded: bool = False,
+           max_batch_size: int = 64, queue_delay_us: int = 500, instances: int = 1,
            python_path: Sequence[str | os.PathLike[str]] = ()) -> Path:
     """Writes the model ``name`` into the Triton model repository ``repo``
     (``repo/name/config.pbtxt``, ``repo/name/1/model.py``) serving the store at ``store`` —
-    or with ``remote`` (``host:port``), the store named ``store`` on that node. Returns the
-    model's directory. ``python_path``: directories put first on the Python backend's path
+    or with ``remote`` (``host:port``), the store named ``store`` on that node; with
+    ``sharded``, the sharded store in the directory ``store`` through the nodes its
+    ``replicas.toml`` names (:func:`nearrec.distributed.open_dir`). Returns the model's
+    directory. ``python_path``: directories put first on the Python backend's path
     (numpy < 2 for the stub)."""
+    if remote and sharded:
+        raise InvalidRequest("a store is served through a node (remote) or sharded, not both")
+    local = str(Path(path_arg(store, "the store")).resolve()) if not remote else ""
     location = ({"remote": remote, "store": os.fspath(store)} if remote else
-                {"path": str(Path(path_arg(store, "the store")).resolve())})
+                {"sharded": local} if sharded else {"path": local})
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise InvalidRequest(f"a Triton model's name is letters, digits, '_', '.' and '-', "
                              f"not {name!r}")

@@ -316,10 +316,15 @@ def parser() -> argparse.ArgumentParser:
     tnsub = tn.add_subparsers(dest="triton_cmd", required=True, help="what to do")
     te = tnsub.add_parser("export", help="write a Triton model repository that serves the "
                           "store's kept model (or its pooled lookups) with its Python backend")
-    te.add_argument("store", help="the store's directory (with --remote: its name on the node)")
+    te.add_argument("store", help="the store's directory (with --remote: its name on the node; "
+                    "with --sharded: the sharded store's directory)")
     te.add_argument("repo", help="the model repository to write into")
     te.add_argument("--name", default="nearrec", help="the Triton model's name")
-    te.add_argument("--remote", help="HOST:PORT: serve the store through that node")
+    where = te.add_mutually_exclusive_group()
+    where.add_argument("--remote", help="HOST:PORT: serve the store through that node")
+    where.add_argument("--sharded", action="store_true",
+                       help="STORE is a sharded store (nearrec shard): serve it through the "
+                            "nodes its replicas.toml names")
     te.add_argument("--max-batch-size", type=int, default=64, help="Triton's max_batch_size")
     te.add_argument("--queue-delay-us", type=int, default=500,
                     help="the dynamic batcher's longest wait for more requests")

@@ -195,8 +195,9 @@ def cmd_triton(args: argparse.Namespace) -> int:
     from ..triton import export
 
     where = export(args.store, args.repo, name=args.name, remote=args.remote,
-                   max_batch_size=args.max_batch_size, queue_delay_us=args.queue_delay_us,
-                   instances=args.instances, python_path=args.python_path)
+                   sharded=args.sharded, max_batch_size=args.max_batch_size,
+                   queue_delay_us=args.queue_delay_us, instances=args.instances,
+                   python_path=args.python_path)
     print(f"wrote {where} (config.pbtxt, 1/model.py): tritonserver --model-repository "
           f"{where.parent}")
     return 0

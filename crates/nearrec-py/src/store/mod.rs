@@ -278,6 +278,16 @@ impl NativeStore {
         })
     }
 
+    /// The sharded store in `directory`: its plan, and its shards' nodes and the way to reach
+    /// them as its `replicas.toml` names them (`ShardedStore::open_dir`).
+    #[staticmethod]
+    fn open_sharded(py: Python<'_>, directory: PathBuf) -> PyResult<Self> {
+        let store = run(py, || ShardedStore::open_dir(&directory))?;
+        Ok(Self {
+            api: Arc::new(store),
+        })
+    }
+
     /// A sharded store's replicas: each shard's nodes' addresses, as served now.
     fn shard_replicas(&self, py: Python<'_>) -> PyResult<Vec<Vec<String>>> {
         Ok(self.router(py, "shard_replicas")?.replicas())
