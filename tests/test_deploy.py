@@ -1,9 +1,11 @@
 """The deployment files in ``deploy/`` as an operator uses them: the node config loads and
 validates as the node reads it, the ACL is one the node serves with, the systemd unit passes
 ``systemd-analyze verify`` and drains inside its stop timeout, and the Dockerfile builds a
-non-root image from the wheel whose health check asks the node's ``/readyz``. (The image is
-built only where a Docker daemon runs; this project's machines have none, and the test says
-so when it skips that part.)"""
+non-root image from the wheel whose health check asks the node's ``/readyz``; the Triton model
+repository is what ``nearrec triton export`` writes, by Triton's own config schema; the KServe
+runtime and service are read strictly by the kserve SDK's models and run ``nearrec serve`` as
+its parser takes it. (The image is built only where a Docker daemon runs; this project's
+machines have none, and the test says so when it skips that part.)"""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -266,3 +269,117 @@ def test_the_shipped_config_takes_the_trainers_feed(tmp_path):
             ranker.write("t", np.array([1]), np.zeros((1, 8), np.float32))
     finally:
         assert node.stop() == 0
+
+
+def test_the_triton_example_is_what_the_export_writes(tmp_path):
+    """`deploy/triton/`: parsed by Triton's own `ModelConfig` schema, and equal to what
+    `nearrec triton export` writes for the model it says (a TorchRec DLRM), but for the store's
+    place and the instances."""
+    import ast
+
+    from dlrm_requests import torchrec_dlrm
+    from google.protobuf import text_format
+
+    config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
+                                     reason="tritonclient is not installed")
+    from nearrec.triton import export
+
+    def parsed(path: Path) -> Any:
+        return text_format.Parse(path.read_text(), config_pb2.ModelConfig())
+
+    example = parsed(DEPLOY / "triton" / "dlrm" / "config.pbtxt")
+    torchrec_dlrm(tmp_path / "dlrm")
+    written = parsed(export(tmp_path / "dlrm", tmp_path / "repo", name="dlrm") / "config.pbtxt")
+    assert json.loads(example.parameters["nearrec_location"].string_value) == {
+        "path": "/stores/dlrm"}
+    assert example.instance_group[0].kind == config_pb2.ModelInstanceGroup.KIND_CPU
+    for config in (example, written):
+        config.parameters["nearrec_location"].string_value = ""
+        config.instance_group[0].count = 1
+    assert example == written
+    # its model.py puts paths first, then takes the model from nearrec.triton, as the export's
+    for model in (DEPLOY / "triton" / "dlrm" / "1" / "model.py",
+                  tmp_path / "repo" / "dlrm" / "1" / "model.py"):
+        tree = ast.parse(model.read_text())
+        imports = [n for n in tree.body if isinstance(n, ast.ImportFrom)]
+        assert [(i.module, [a.name for a in i.names]) for i in imports][-1] == (
+            "nearrec.triton", ["TritonPythonModel"])
+        assert "sys.path[:0] = [" in model.read_text()
+
+
+#: The kserve SDK's models reading YAML documents strictly, in a process of its own (its
+#: protobuf module and tritonclient's both register the `inference` package): every key one the
+#: model has, every value of its type. Reads `[(document, model name)]` as JSON on stdin.
+KSERVE_STRICT = """
+import json, re, sys
+import kserve.models, kubernetes.client.models as k8s
+
+def strict(data, klass, at):
+    if m := re.fullmatch(r"[lL]ist\\[(.+)\\]", klass):
+        assert isinstance(data, list), (at, klass, data)
+        return [strict(d, m.group(1), f"{at}[{i}]") for i, d in enumerate(data)]
+    if m := re.fullmatch(r"dict\\(str, (.+)\\)|Dict\\[str, (.+)\\]", klass):
+        assert isinstance(data, dict), (at, klass, data)
+        return {k: strict(v, m.group(1) or m.group(2), f"{at}.{k}") for k, v in data.items()}
+    simple = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+    if klass in simple:
+        assert isinstance(data, simple[klass]), (at, klass, data)
+        return data
+    if klass == "object":
+        return data
+    model = getattr(kserve.models, klass, None) or getattr(k8s, klass)
+    assert isinstance(data, dict), (at, klass, data)
+    by_key = {key: attr for attr, key in model.attribute_map.items()}
+    unknown = sorted(set(data) - set(by_key))
+    assert not unknown, f"{at}: {klass} has no field {unknown}"
+    return model(**{by_key[k]: strict(v, model.openapi_types[by_key[k]], f"{at}.{k}")
+                    for k, v in data.items()})
+
+for doc, klass in json.load(sys.stdin):
+    strict(doc, klass, klass)
+print("ok")
+"""
+
+
+def _kserve_reads(docs: list[tuple[Any, str]]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", KSERVE_STRICT], input=json.dumps(docs),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_kserve_runtime_and_service_are_ones_kserve_takes():
+    """`deploy/kserve/`: the ServingRuntime and the InferenceService read strictly by the kserve
+    SDK's models; the service names the runtime and a format it supports over the protocol it
+    speaks; the container's arguments are ones `nearrec serve` takes, listening on the port the
+    runtime declares, its probes on the node's metrics port."""
+    import importlib.util
+
+    yaml = pytest.importorskip("yaml")
+    if importlib.util.find_spec("kserve") is None:
+        pytest.skip("KServe's SDK is not installed")
+    from nearrec.cli import parser
+
+    runtime = yaml.safe_load((DEPLOY / "kserve" / "servingruntime.yaml").read_text())
+    service = yaml.safe_load((DEPLOY / "kserve" / "inferenceservice.yaml").read_text())
+    done = _kserve_reads([(runtime, "V1alpha1ServingRuntime"),
+                          (service, "V1beta1InferenceService")])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    # the check can fail: a misspelt field
+    typo = json.loads(json.dumps(service))
+    typo["spec"]["predictor"]["model"]["storageURI"] = typo["spec"]["predictor"]["model"].pop(
+        "storageUri")
+    bad = _kserve_reads([(typo, "V1beta1InferenceService")])
+    assert bad.returncode != 0 and "has no field ['storageURI']" in bad.stderr, bad.stderr
+    assert (runtime["kind"], service["kind"]) == ("ServingRuntime", "InferenceService")
+    model = service["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    spec = runtime["spec"]
+    assert model["modelFormat"]["name"] in [f["name"] for f in spec["supportedModelFormats"]]
+    assert model["protocolVersion"] in spec["protocolVersions"] == ["grpc-v2"]
+    container = spec["containers"][0]
+    args = parser().parse_args(["serve", *[a.replace("{{.Name}}", service["metadata"]["name"])
+                                           for a in container["args"]]])
+    assert args.stores == ["/mnt/models=dlrm"] and args.node_acl == "/etc/nearrec/acl.toml"
+    assert args.node_listen.rsplit(":", 1)[1] == str(container["ports"][0]["containerPort"])
+    metrics = args.node_metrics_listen.rsplit(":", 1)[1]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": int(metrics)}
