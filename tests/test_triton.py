@@ -9,13 +9,10 @@ through a node, and a sharded store whose tables span its shards."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,62 +30,13 @@ from dlrm_requests import (
 import nearrec
 import nearrec.distributed
 from nearrec.triton import export
+from nearrec_bench.served import TRITON, Triton, tritonserver
 
-TRITON = Path(sys.prefix) / "triton"
-SERVER = TRITON / "pytriton" / "tritonserver"
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed")
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed")
-if not (SERVER / "bin" / "tritonserver").exists():
+if not (TRITON / "pytriton" / "tritonserver" / "bin" / "tritonserver").exists():
     pytest.skip(f"no tritonserver under {TRITON} (make's environment unpacks it)",
                 allow_module_level=True)
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Triton:
-    """`tritonserver` on `repo`, on loopback ports; stopped on close."""
-
-    def __init__(self, repo: Path, tmp: Path):
-        backends = tmp / "backends" / "python"
-        backends.mkdir(parents=True)
-        for f in ("libtriton_python.so", "triton_python_backend_utils.py"):
-            (backends / f).symlink_to(SERVER / "backends" / "python" / f)
-        stub = SERVER / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}"
-        (backends / "triton_python_backend_stub").symlink_to(stub / "triton_python_backend_stub")
-        self.http, self.grpc, metrics = _port(), _port(), _port()
-        env = dict(os.environ, LD_LIBRARY_PATH=str(TRITON / "nvidia_pytriton.libs"))
-        self.log = open(tmp / "triton.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [str(SERVER / "bin" / "tritonserver"), "--model-repository", str(repo),
-             "--backend-directory", str(tmp / "backends"), "--http-address", "127.0.0.1",
-             "--grpc-address", "127.0.0.1", "--http-port", str(self.http), "--grpc-port",
-             str(self.grpc), "--metrics-port", str(metrics), "--allow-metrics", "false"],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.client = grpcclient.InferenceServerClient(f"127.0.0.1:{self.grpc}")
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if self.client.is_server_ready():
-                    break
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
-            assert self.proc.poll() is None, (tmp / "triton.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp / "triton.log").read_text()[-3000:]
-            time.sleep(0.3)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +62,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Triton, d
     numpy1 = [TRITON / "numpy1"]
     for name in ("dlrm", "int8", "plain"):
         export(tmp / name, repo, name=name, python_path=numpy1, queue_delay_us=20000)
-    server = Triton(repo, tmp)
-    try:
+    with tritonserver(repo, tmp) as server:
         yield server, {"dlrm": theirs, "int8": quantized, "plain": tmp / "plain"}
-    finally:
-        server.stop()
+
+
+def _client(server: Triton) -> Any:
+    return grpcclient.InferenceServerClient(server.grpc)
 
 
 def test_the_server_is_ready_and_describes_the_models(served):
     server, _ = served
-    assert server.client.is_model_ready("dlrm")
-    meta = server.client.get_model_metadata("dlrm", as_json=True)
+    assert _client(server).is_model_ready("dlrm")
+    meta = _client(server).get_model_metadata("dlrm", as_json=True)
     names = {i["name"]: i["datatype"] for i in meta["inputs"]}
     assert names == {"dense": "FP32", **{f: "INT64" for f in TORCHREC_INPUTS},
                      **{f"{f}__lengths": "INT64" for f in TORCHREC_INPUTS}}
@@ -134,12 +83,12 @@ def test_the_server_is_ready_and_describes_the_models(served):
 @pytest.mark.parametrize("model", ["dlrm", "int8"])
 def test_predictions_equal_torchrecs_over_grpc_and_http(served, model):
     server, models = served
-    http = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}")
+    http = httpclient.InferenceServerClient(server.http)
     rng = np.random.default_rng(4)
     for batch in (1, 6):
         body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, batch)
         want = torchrec_answer(models[model], body)
-        got = server.client.infer(model, tensors(grpcclient, body)).as_numpy("predictions")
+        got = _client(server).infer(model, tensors(grpcclient, body)).as_numpy("predictions")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         got = http.infer(model, tensors(httpclient, body)).as_numpy("predictions")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
@@ -153,7 +102,7 @@ def test_concurrent_requests_are_batched_and_each_answered_exactly(served):
     got: list[Any] = [None] * len(bodies)
 
     def send(k: int) -> None:
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+        client = grpcclient.InferenceServerClient(server.grpc)
         got[k] = client.infer("dlrm", tensors(grpcclient, bodies[k])).as_numpy("predictions")
 
     threads = [threading.Thread(target=send, args=(k,)) for k in range(len(bodies))]
@@ -164,7 +113,7 @@ def test_concurrent_requests_are_batched_and_each_answered_exactly(served):
     for body, out in zip(bodies, got, strict=True):
         np.testing.assert_allclose(out, torchrec_answer(models["dlrm"], body), rtol=1e-4,
                                    atol=1e-5)
-    stats = server.client.get_inference_statistics("dlrm", as_json=True)
+    stats = _client(server).get_inference_statistics("dlrm", as_json=True)
     s = stats["model_stats"][0]
     assert int(s["execution_count"]) < int(s["inference_count"]), s  # batched
 
@@ -176,7 +125,7 @@ def test_a_bad_request_is_an_error_naming_its_input_and_the_next_is_served(serve
     past = {**body, "features": {**body["features"], "f1": {"ids": [10_000],
                                                               "lengths": [1, 0, 0]}}}
     with pytest.raises(Exception, match="t1") as e:
-        server.client.infer("dlrm", tensors(grpcclient, past))
+        _client(server).infer("dlrm", tensors(grpcclient, past))
     assert "InferenceServerException" in type(e.value).__name__
     # a length past its row of ids
     ins = tensors(grpcclient, body)
@@ -184,8 +133,8 @@ def test_a_bad_request_is_an_error_naming_its_input_and_the_next_is_served(serve
         if t.name() == "f2__lengths":
             t.set_data_from_numpy(np.full((3, 1), 99, np.int64))
     with pytest.raises(Exception, match="f2__lengths: sample 0"):
-        server.client.infer("dlrm", ins)
-    got = server.client.infer("dlrm", tensors(grpcclient, body)).as_numpy("predictions")
+        _client(server).infer("dlrm", ins)
+    got = _client(server).infer("dlrm", tensors(grpcclient, body)).as_numpy("predictions")
     np.testing.assert_allclose(got, torchrec_answer(models["dlrm"], body), rtol=1e-4, atol=1e-5)
 
 
@@ -194,7 +143,7 @@ def test_a_store_without_a_model_answers_its_pooled_lookups(served):
     local = nearrec.open(models["plain"])
     rng = np.random.default_rng(7)
     body = body_for(rng, ["a", "b"], [50, 30], 0, 5)
-    got = server.client.infer("plain", tensors(grpcclient, body)).as_numpy("pooled")
+    got = _client(server).infer("plain", tensors(grpcclient, body)).as_numpy("pooled")
     want = local.lookup_many([nearrec.TableLookup(t, f["ids"], lengths=f["lengths"])
                               for t, f in body["features"].items()]).values
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
@@ -210,14 +159,11 @@ def test_a_store_served_through_a_node(tmp_path):
                             "--python-path", str(TRITON / "numpy1")],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
-        server = Triton(tmp_path / "repo", tmp_path)
-        try:
+        with tritonserver(tmp_path / "repo", tmp_path) as server:
             body = body_for(np.random.default_rng(8), TORCHREC_INPUTS, TORCHREC_ROWS, 5, 4)
-            got = server.client.infer("remote", tensors(grpcclient, body))
+            got = _client(server).infer("remote", tensors(grpcclient, body))
             np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(theirs, body),
                                        rtol=1e-4, atol=1e-5)
-        finally:
-            server.stop()
     finally:
         node.stop()
 
@@ -236,14 +182,11 @@ def test_a_sharded_store_exported_by_the_cli(tmp_path):
                             "--python-path", str(TRITON / "numpy1")],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
-        server = Triton(tmp_path / "repo", tmp_path)
-        try:
+        with tritonserver(tmp_path / "repo", tmp_path) as server:
             body = body_for(np.random.default_rng(9), TORCHREC_INPUTS, TORCHREC_ROWS, 5, 5)
-            got = server.client.infer("sharded", tensors(grpcclient, body))
+            got = _client(server).infer("sharded", tensors(grpcclient, body))
             np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(theirs, body),
                                        rtol=1e-4, atol=1e-5)
-        finally:
-            server.stop()
     finally:
         served.stop()
 

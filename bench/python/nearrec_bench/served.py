@@ -1,6 +1,8 @@
 """The processes a harness serves from, on loopback or in network namespaces it makes: a storage
 node (``nearrec serve``, its metrics read with Prometheus's own parser), Debian's
-``redis-server``, a namespace joined by a veth pair limited by tc."""
+``redis-server``, Triton Inference Server (the ``tritonserver`` of the nvidia-pytriton wheel,
+which ``make`` unpacks under ``.venv/triton``), a namespace joined by a veth pair limited by
+tc."""
 
 from __future__ import annotations
 
@@ -160,3 +162,65 @@ def redis_server(netns: str | None = None, host: str = "127.0.0.1") -> Iterator[
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+#: Where ``make`` unpacks Triton Inference Server's binary and Python backend (with numpy < 2,
+#: which its stub needs, in ``numpy1``).
+TRITON = Path(sys.prefix) / "triton"
+
+
+@dataclass
+class Triton:
+    """A running ``tritonserver``: its gRPC and HTTP addresses, and its log."""
+
+    grpc: str
+    http: str
+    log: Path
+
+
+@contextmanager
+def tritonserver(repo: Path, work: Path, ready_s: float = 120.0) -> Iterator[Triton]:
+    """``tritonserver`` on the model repository ``repo``, on loopback ports, its Python backend
+    with this Python's stub (linked under ``work``); stopped (SIGTERM) after. Raises with the
+    server's log if it does not come up."""
+    import tritonclient.grpc as grpcclient
+
+    server = TRITON / "pytriton" / "tritonserver"
+    backends = Path(tempfile.mkdtemp(prefix="backends-", dir=work))
+    python = backends / "python"
+    python.mkdir()
+    for f in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        (python / f).symlink_to(server / "backends" / "python" / f)
+    stub = server / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}"
+    (python / "triton_python_backend_stub").symlink_to(stub / "triton_python_backend_stub")
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    env = dict(os.environ, LD_LIBRARY_PATH=str(TRITON / "nvidia_pytriton.libs"))
+    log = backends / "triton.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [str(server / "bin" / "tritonserver"), "--model-repository", str(repo),
+             "--backend-directory", str(backends), "--http-address", "127.0.0.1",
+             "--grpc-address", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
+             "--metrics-port", str(metrics), "--allow-metrics", "false"],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+        deadline = time.monotonic() + ready_s
+        while True:
+            try:
+                if client.is_server_ready():
+                    break
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tritonserver did not come up: {log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        client.close()
+        yield Triton(f"127.0.0.1:{grpc}", f"127.0.0.1:{http}", log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
