@@ -33,7 +33,7 @@ MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd_d
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
            "cluster-projection": "projection", "cluster-swap": "swap",
-           "torture": "torture", "soak": "soak", "abuse": "abuse"}
+           "torture": "torture", "soak": "soak", "abuse": "abuse", "triton": "triton_serving"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
@@ -60,7 +60,7 @@ FLAGS = {
                       "(colocate: 0 = no DRAM tier)", value=_split(float)),
     "--traces": Flag("cache, colocate: traces, e.g. k1,zipf1.05 (k<K>[-recssd], zipf<a>)",
                      value=_split(str)),
-    "--batches": Flag("cache, e2e: batch sizes, e.g. 1,64", value=_split(int)),
+    "--batches": Flag("cache, e2e, triton: batch sizes, e.g. 1,64", value=_split(int)),
     "--places": Flag("e2e: where the models run, dram,ssd (default both)", value=_split(str)),
     "--no-recssd": Flag("e2e: skip the pass at RecSSD's row counts", {"action": "store_true"},
                         lambda given: False),
@@ -73,7 +73,8 @@ FLAGS = {
     "--scale-keys": Flag("keyed: also build and look up a keyed table of this many keys",
                          {"type": int}),
     "--minutes": Flag("soak: how long the load runs", {"type": float}),
-    "--clients": Flag("soak: clients, each its own connection and schedule", {"type": int}),
+    "--clients": Flag("soak, triton: clients, each its own connection and schedule",
+                      {"type": int}),
 }
 #: besides these, every harness takes the flags of every ``nearrec`` command (``--json``,
 #: ``--progress``, ``--debug``: ``nearrec.cli.common``)
