@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import InvalidRequest, NearrecError
+from .request import TableLookup
 from .store import Store
 
 #: The proto of the gRPC ingress, loaded at run time (``grpc.protos_and_services``: no
@@ -157,14 +158,19 @@ class Runner:
 
         from .torch import KeyedJaggedTensor
 
+        dense = (np.concatenate([it.dense for it in items if it.dense is not None])
+                 if self.dense_features else None)
+        if self.model is None:
+            # one lookup per input straight to the store: no KeyedJaggedTensor to build and
+            # take apart again (a quarter of a 64-sample RMC1 request's time)
+            lookups = [TableLookup(t, np.concatenate([it.ids[t] for it in items]),
+                                   lengths=np.concatenate([it.lengths[t] for it in items]))
+                       for t in self.inputs]
+            return np.asarray(self.store.infer(dense, lookups), dtype=np.float32)
         values = np.concatenate([it.ids[t] for t in self.inputs for it in items])
         lengths = np.concatenate([it.lengths[t] for t in self.inputs for it in items])
         features = KeyedJaggedTensor(self.inputs, torch.from_numpy(values),
                                      lengths=torch.from_numpy(lengths))
-        dense = (np.concatenate([it.dense for it in items if it.dense is not None])
-                 if self.dense_features else None)
-        if self.model is None:
-            return np.asarray(self.store.infer(dense, features), dtype=np.float32)
         with torch.no_grad():
             out = self.model(None if dense is None else torch.from_numpy(dense), features)
         return np.ascontiguousarray(out.detach().numpy(), dtype=np.float32).reshape(

@@ -199,8 +199,10 @@ class TritonPythonModel:
                 raise InvalidRequest(f"input {f}__lengths: sample {int(bad[0])} has length "
                                      f"{int(lengths[bad[0]])}, not 0 to the {ids.shape[1]} ids "
                                      "of its row", table=f, position=int(bad[0]))
-            keep = np.arange(ids.shape[1]) < lengths[:, None]
-            features[f] = (ids[keep], lengths)
+            if (lengths == ids.shape[1]).all():  # every sample fills its row: as it is
+                features[f] = (ids.reshape(-1), lengths)
+            else:
+                features[f] = (ids[np.arange(ids.shape[1]) < lengths[:, None]], lengths)
         batch = len(next(iter(features.values()))[1]) if features else 0
         return Request.checked(batch, dense, features, self.inputs, self.dense)
 

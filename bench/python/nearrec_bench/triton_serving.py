@@ -11,6 +11,8 @@ tier). The same requests — ``batch`` samples of the spec's lookups a table, a 
   (``nearrec.v1.Node/Infer``), nearrec's Rust client;
 - ``oip``: the node's Open Inference Protocol (``inference.GRPCInferenceService/ModelInfer``)
   through ``tritonclient.grpc``, no nearrec code on the client side;
+- ``oip.raw``: the same messages built once by ``tritonclient`` and sent as bytes by a bare
+  ``grpcio`` stub: the protocol's cost without the client's per-request work;
 - ``triton``: Triton Inference Server's Python backend serving the store opened in the Triton
   instance (``nearrec triton export``), through ``tritonclient.grpc``;
 - ``triton.node``: the same through the node (``--remote``);
@@ -47,7 +49,7 @@ from .report import Record
 from .served import TRITON, node, scrape, stage_seconds, tritonserver
 
 #: The systems, in the order the tables show them.
-SYSTEMS = ("in-process", "native", "oip", "triton", "triton.node", "triton.echo")
+SYSTEMS = ("in-process", "native", "oip", "oip.raw", "triton", "triton.node", "triton.echo")
 
 ECHO = '''"""Triton's own hop: the tensors of the exported model taken, zeros answered at once."""
 import sys
@@ -81,6 +83,8 @@ class TritonConfig:
     load: float = 0.5
     clients: int = 8
     queue_delay_us: int = 200
+    #: native and OIP requests sent alternately, one at a time, for what the node saw of each
+    pairs: int = 200
     seed: int = 0
     scratch: Path = Path("bench/scratch")
     #: filled by the run: the offered rate per batch size, each system's one-at-a-time rate
@@ -88,7 +92,7 @@ class TritonConfig:
 
     @classmethod
     def quick(cls) -> TritonConfig:
-        return cls(rows=10_000, requests=60, rounds=2, batches=(1, 64))
+        return cls(rows=10_000, requests=60, rounds=2, batches=(1, 64), pairs=40)
 
 
 @dataclass
@@ -203,7 +207,7 @@ def run(cfg: TritonConfig, log: Callable[[str], None] = print) -> list[Record]:
     results: dict[tuple[int, str], list[tuple[list[float], float]]] = {}
     alone: dict[tuple[int, str], float] = {}
     #: per batch and call, what the node saw of one call: seconds from handler to answer,
-    #: seconds sending it, 1, bytes received
+    #: seconds sending it, bytes received
     node_side: dict[tuple[int, str], list[float]] = {}
     with node(path, "s", "--tier", "dram") as served:
         _export(cfg, path, repo, served.address, width=1)
@@ -222,7 +226,8 @@ def run(cfg: TritonConfig, log: Callable[[str], None] = print) -> list[Record]:
                 log(f"batch {batch}: one at a time "
                     + ", ".join(f"{s} {alone[(batch, s)]:,.0f}/s" for s in SYSTEMS)
                     + f"; offering {rate:,.1f} requests/s")
-                before = _node_side(served.metrics)
+                node_side.update({(batch, call): v for call, v in
+                                  systems.node_side(served.metrics, cfg.pairs).items()})
                 for round_ in range(cfg.rounds):
                     order = list(SYSTEMS)
                     order = order[round_ % len(order):] + order[:round_ % len(order)]
@@ -233,10 +238,6 @@ def run(cfg: TritonConfig, log: Callable[[str], None] = print) -> list[Record]:
                     log(f"  round {round_ + 1}: " + "  ".join(
                         f"{s} p50 {1e6 * statistics.median(results[(batch, s)][-1][0]):,.0f} µs"
                         for s in SYSTEMS))
-                after = _node_side(served.metrics)
-                for call in ("Infer", "ModelInfer"):
-                    delta = [a - b for a, b in zip(after[call], before[call], strict=True)]
-                    node_side[(batch, call)] = [x / max(delta[2], 1) for x in delta]
             for c in clients:
                 c.close()
             remote.close()
@@ -255,10 +256,11 @@ def run(cfg: TritonConfig, log: Callable[[str], None] = print) -> list[Record]:
                    "requests_per_s": rps, "offered_per_s": cfg.offered[batch],
                    "alone_per_s": alone[(batch, name)], "requests": cfg.requests,
                    "clients": cfg.clients, "rows": cfg.rows, "tables": len(tables),
-                   "queue_delay_us": cfg.queue_delay_us, "load": cfg.load}))
-        call = {"native": "Infer", "oip": "ModelInfer"}.get(name)
+                   "queue_delay_us": cfg.queue_delay_us, "load": cfg.load,
+                   "pairs": cfg.pairs}))
+        call = {"native": "Infer", "oip": "ModelInfer", "oip.raw": "ModelInfer"}.get(name)
         if call is not None:
-            total, send, _, received = node_side[(batch, call)]
+            total, send, received = node_side[(batch, call)]
             records[-1].extra.update(node_total_us=1e6 * total, node_send_us=1e6 * send,
                                      request_bytes=received)
     return records
@@ -285,6 +287,10 @@ class _Systems:
         self.local, self.remote, self.clients, self.bodies = local, remote, clients, bodies
         self.lookups = [b.lookups_of() for b in bodies]
         self.tensors = [[b.tensors(grpcclient) for b in bodies] for _ in clients]
+        from tritonclient.grpc._utils import _get_inference_request
+
+        self.raw = [_get_inference_request("s", t, "", "", None, 0, False, False, 0, None,
+                                           None).SerializeToString() for t in self.tensors[0]]
 
     def call(self, name: str, i: int) -> Callable[[int], None]:
         """Client ``i``'s call of system ``name``: ``call(k)`` sends request ``k``."""
@@ -293,10 +299,31 @@ class _Systems:
             store = self.local if name == "in-process" else self.remote
             return lambda k: store.infer(bodies[k % n].dense, lookups[k % n])
         c, mine = self.clients[i], self.tensors[i]
+        if name == "oip.raw":
+            raw = self.raw
+            return lambda k: c.raw(raw[k % n], timeout=60)
         server, model = {"oip": (c.node, "s"), "triton": (c.triton, "embedded"),
                          "triton.node": (c.triton, "remote"),
                          "triton.echo": (c.triton, "echo")}[name]
         return lambda k: server.infer(model, mine[k % n])
+
+    def node_side(self, metrics: str, pairs: int) -> dict[str, list[float]]:
+        """What the node saw of one native ``Infer`` and one OIP ``ModelInfer`` (sent raw),
+        ``pairs`` of each sent alternately one at a time, so that the machine's drift falls on
+        both: per call its mean seconds from handler to answer and sending the answer, and its
+        request bytes."""
+        calls = {"Infer": self.call("native", 0), "ModelInfer": self.call("oip.raw", 0)}
+        before = _node_side(metrics)
+        for k in range(pairs):
+            for call in calls.values():
+                call(k)
+        after = _node_side(metrics)
+        out = {}
+        for name in calls:
+            total, send, count, received = (a - b for a, b in
+                                            zip(after[name], before[name], strict=True))
+            out[name] = [total / count, send / count, received / count]
+        return out
 
     def alone(self, name: str) -> float:
         """System ``name``'s requests a second one at a time, after its first answer is held
@@ -321,12 +348,20 @@ class _Clients:
     """One load thread's connections: a tritonclient to the node's OIP and one to Triton."""
 
     def __init__(self, grpcclient: Any, node_address: str, triton: str):
+        import grpc
+
         self.node = grpcclient.InferenceServerClient(node_address)
         self.triton = grpcclient.InferenceServerClient(triton)
+        big = [("grpc.max_send_message_length", 1 << 30),
+               ("grpc.max_receive_message_length", 1 << 30)]
+        self.channel = grpc.insecure_channel(node_address, options=big)
+        # serialized messages in, the answer's bytes out: no per-request work in Python
+        self.raw = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
 
     def close(self) -> None:
         self.node.close()
         self.triton.close()
+        self.channel.close()
 
 
 def markdown(records: list[Record], command: str) -> str:
@@ -364,17 +399,20 @@ def markdown(records: list[Record], command: str) -> str:
     oip, native = cells[(top, "oip")], cells[(top, "native")]
     triton, inproc = cells[(top, "triton")], cells[(top, "in-process")]
     echo = cells[(top, "triton.echo")]
+    node_ratio = oip.extra["node_total_us"] / native.extra["node_total_us"]
     lines += [f"Goals at batch {top}: the node's OIP p50 ÷ its native protocol's "
-              f"**{oip.p50_us / native.p50_us:.2f}×** (goal ≤ 1.15×); Triton's Python "
+              f"**{oip.p50_us / native.p50_us:.2f}×** (goal ≤ 1.15×; the node's own time for "
+              f"the two calls {node_ratio:.2f}×, below); Triton's Python "
               f"backend with the store embedded ÷ the model in-process "
               f"**{triton.p50_us / inproc.p50_us:.2f}×** (goal ≤ 1.5×), of which Triton's own "
               f"hop (echo) is {echo.p50_us:,.0f} µs.", "",
               "What the node saw of one call, batch by batch (its `total` and `send` stages, "
-              "`nearrec_request_seconds`; request bytes, `nearrec_received_bytes_total`):", "",
+              "`nearrec_request_seconds`; request bytes, `nearrec_received_bytes_total`), native "
+              f"and OIP requests sent alternately one at a time, {e['pairs']} of each:", "",
               "| batch | call | node µs (handler to answer) | send µs | request bytes |",
               "|---:|---|---:|---:|---:|"]
     for r in records:
-        if "node_total_us" in r.extra:
+        if "node_total_us" in r.extra and r.system != "oip.raw":
             call = "Infer (native)" if r.system == "native" else "ModelInfer (OIP)"
             lines.append(f"| {r.batch} | {call} | {r.extra['node_total_us']:,.0f} | "
                          f"{r.extra['node_send_us']:,.0f} | {r.extra['request_bytes']:,.0f} |")
