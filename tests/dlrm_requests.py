@@ -82,19 +82,37 @@ def tensors(module: Any, body: dict[str, Any]) -> list[Any]:
 TORCHREC_INPUTS, TORCHREC_ROWS = ["f0", "f_shared", "f1", "f2"], [100, 100, 150, 200]
 
 
-def torchrec_dlrm(path: Any) -> tuple[Any, Any]:
-    """TorchRec's DLRM (`test_torchrec.dlrm`: 5 dense features) and its copy over a nearrec
-    store at `path`, which keeps the copy's captured model (`nearrec.models.save`)."""
+def torchrec_dlrm(path: Any, steps: int = 20) -> tuple[Any, Any]:
+    """TorchRec's DLRM (`test_torchrec.dlrm`: 5 dense features) trained `steps` steps of SGD on
+    random clicks — its tables and its MLPs both moved off their initial values — and its copy
+    over a nearrec store at `path`, which keeps the copy's captured model
+    (`nearrec.models.save`)."""
     import pytest
 
     pytest.importorskip("torchrec")
+    import torchrec
     from test_torchrec import dlrm
 
     import nearrec.models
     from nearrec.torch import from_torchrec
 
     torch.manual_seed(6)
-    theirs = dlrm().eval()
+    theirs = dlrm()
+    rng = np.random.default_rng(6)
+    optimizer = torch.optim.SGD(theirs.parameters(), lr=0.1)
+    for _ in range(steps):
+        body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, 16)
+        f = body["features"]
+        kjt = torchrec.KeyedJaggedTensor(
+            list(f), torch.tensor([i for k in f for i in f[k]["ids"]], dtype=torch.int64),
+            lengths=torch.tensor([n for k in f for n in f[k]["lengths"]], dtype=torch.int64))
+        clicks = torch.from_numpy(rng.integers(0, 2, (16, 1)).astype(np.float32))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            theirs(torch.tensor(body["dense"]), kjt), clicks)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    theirs = theirs.eval()
     ours = from_torchrec(theirs, path)
     nearrec.models.save(ours, path)
     return theirs, ours
