@@ -149,26 +149,31 @@ def test_a_store_without_a_model_answers_its_pooled_lookups(served):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def _exported_and_served(tmp_path: Any, theirs: Any, store: str, *how: str) -> None:
+    """`store` exported by the command line as the model `m` (`how`: its flags), served by
+    `tritonserver`, answering as TorchRec's `theirs` does."""
+    r = subprocess.run([sys.executable, "-m", "nearrec.cli", "triton", "export", store,
+                        str(tmp_path / "repo"), "--name", "m", *how,
+                        "--python-path", str(TRITON / "numpy1")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
+    with tritonserver(tmp_path / "repo", tmp_path) as server:
+        body = body_for(np.random.default_rng(8), TORCHREC_INPUTS, TORCHREC_ROWS, 5, 4)
+        got = _client(server).infer("m", tensors(grpcclient, body))
+        np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(theirs, body),
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_a_store_served_through_a_node(tmp_path):
     theirs, _ = torchrec_dlrm(tmp_path / "dlrm")
     node = Node(f"{tmp_path / 'dlrm'}=dlrm")
     try:
-        # by the command line this time
-        r = subprocess.run([sys.executable, "-m", "nearrec.cli", "triton", "export", "dlrm",
-                            str(tmp_path / "repo"), "--name", "remote", "--remote", node.address,
-                            "--python-path", str(TRITON / "numpy1")],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
-        with tritonserver(tmp_path / "repo", tmp_path) as server:
-            body = body_for(np.random.default_rng(8), TORCHREC_INPUTS, TORCHREC_ROWS, 5, 4)
-            got = _client(server).infer("remote", tensors(grpcclient, body))
-            np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(theirs, body),
-                                       rtol=1e-4, atol=1e-5)
+        _exported_and_served(tmp_path, theirs, "dlrm", "--remote", node.address)
     finally:
         node.stop()
 
 
-def test_a_sharded_store_exported_by_the_cli(tmp_path):
+def test_a_sharded_store_whose_tables_span_its_shards(tmp_path):
     from test_distributed import Served, name_replicas
 
     theirs, _ = torchrec_dlrm(tmp_path / "dlrm")
@@ -177,16 +182,7 @@ def test_a_sharded_store_exported_by_the_cli(tmp_path):
     served = Served(root, plan)
     try:
         name_replicas(root, served.replicas(), 'timeout = 5.0\nhedge = "off"')
-        r = subprocess.run([sys.executable, "-m", "nearrec.cli", "triton", "export", str(root),
-                            str(tmp_path / "repo"), "--name", "sharded", "--sharded",
-                            "--python-path", str(TRITON / "numpy1")],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0 and "wrote" in r.stdout, r.stderr
-        with tritonserver(tmp_path / "repo", tmp_path) as server:
-            body = body_for(np.random.default_rng(9), TORCHREC_INPUTS, TORCHREC_ROWS, 5, 5)
-            got = _client(server).infer("sharded", tensors(grpcclient, body))
-            np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(theirs, body),
-                                       rtol=1e-4, atol=1e-5)
+        _exported_and_served(tmp_path, theirs, str(root), "--sharded")
     finally:
         served.stop()
 
