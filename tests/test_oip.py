@@ -158,13 +158,21 @@ def test_bad_requests_are_named_and_the_next_is_served(node):
     with pytest.raises(InferenceServerException, match="its output is \"predictions\""):
         client.infer("dlrm", tensors(grpcclient, body), headers=ranker,
                      outputs=[grpcclient.InferRequestedOutput("pooled")])
+    # pooled lookups take no dense features, and need an input
+    plain = _table_body(models["paths"]["plain"], rng, 2)
+    with pytest.raises(InferenceServerException, match="dense"):
+        client.infer("plain.pooled", tensors(grpcclient, {**plain, "dense": [[1.0], [2.0]]}),
+                     headers=ranker)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("plain.pooled", [], headers=ranker)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     got = client.infer("dlrm", tensors(grpcclient, body), headers=ranker)
     np.testing.assert_allclose(got.as_numpy("predictions"), torchrec_answer(models["dlrm"], body),
                                rtol=1e-4, atol=1e-5)
     # counted as the native calls are, by call and status
     calls = {(s[0]["call"], s[0]["code"]): s[1]
              for s in served.metrics()["nearrec_requests"] if "call" in s[0]}
-    assert calls[("ModelInfer", "Ok")] >= 1 and calls[("ModelInfer", "InvalidArgument")] >= 4
+    assert calls[("ModelInfer", "Ok")] >= 1 and calls[("ModelInfer", "InvalidArgument")] >= 6
 
 
 #: KServe's client, in a process of its own: its protobuf module and tritonclient's both register

@@ -302,6 +302,15 @@ impl Inputs {
                 features.push(Self::feature(tensor, lengths, &mut batch)?);
             }
         }
+        if features.is_empty() {
+            return Err(Error::InvalidRequest {
+                table: None,
+                position: None,
+                reason: "the request gives no input's ids (each input `INPUT` with \
+                         `INPUT__lengths`)"
+                    .into(),
+            });
+        }
         Ok(Self {
             batch: batch.unwrap_or(0),
             dense,
@@ -606,6 +615,13 @@ mod tests {
             assert_eq!((e.table(), e.position()), (Some(input), position), "{e}");
             assert!(e.to_string().contains(says), "{e} (wanted {says:?})");
         }
+        let e = Inputs::of(&request(&[(
+            "dense",
+            "FP32",
+            &[1, 1],
+            encode_slice(&[1f32]),
+        )]));
+        assert!(e.unwrap_err().to_string().contains("no input's ids"));
         let mut short = request(&[("a", "INT64", &[1, 1], ints(&[1]))]);
         short.raw_input_contents.push(ints(&[1]));
         let e = Inputs::of(&short).unwrap_err();

@@ -68,24 +68,37 @@ impl NodeService {
     ) -> Answer<pb::ModelInferResponse> {
         oip::check_version(&req.model_name, &req.model_version).map_err(bad)?;
         let pooled = oip::store_of(&req.model_name).1;
+        if pooled {
+            oip::check_outputs(&req, oip::POOLED).map_err(bad)?;
+        }
         let inputs = Inputs::of(&req).map_err(bad)?;
         let store = call.store.clone();
-        let ((output, batch, width, values), held) = self
+        let ((output, batch, width, values, stages), held) = self
             .work(&call, move || {
                 if !pooled {
                     let model = store.able(store.inference(), "infer")?;
                     match model.infer(&inputs.dense, &inputs.lookups()) {
                         Ok(out) => {
-                            return Ok((oip::PREDICTIONS, out.batch, out.width, out.outputs));
+                            let (b, w, stages) = (out.batch, out.width, out.times.stages);
+                            return Ok((oip::PREDICTIONS, b, w, out.outputs, stages));
                         }
                         Err(Error::NoModel { .. }) => {}
                         Err(e) => return Err(e),
                     }
                 }
-                let (out, _) = store.lookup(&inputs.lookups())?;
-                Ok((oip::POOLED, out.batch, out.width(), out.values))
+                if !inputs.dense.is_empty() {
+                    return Err(Error::InvalidRequest {
+                        table: Some(oip::DENSE.to_owned()),
+                        position: None,
+                        reason: "is no input of a store's pooled lookups".into(),
+                    });
+                }
+                let (out, read) = store.lookup(&inputs.lookups())?;
+                Ok((oip::POOLED, out.batch, out.width(), out.values, read.stages))
             })
             .await?;
+        self.0.metrics.stages(call.verb.rpc, &stages);
+        // a store's own model answers `predictions`, or `pooled` when it keeps none
         oip::check_outputs(&req, output).map_err(bad)?;
         Ok(holding(
             oip::answer(&req, output, batch, width, values),
