@@ -154,10 +154,6 @@ class Runner:
         self.batches = 0
 
     def _outputs(self, items: Sequence[Request]) -> npt.NDArray[np.float32]:
-        import torch
-
-        from .torch import KeyedJaggedTensor
-
         dense = (np.concatenate([it.dense for it in items if it.dense is not None])
                  if self.dense_features else None)
         if self.model is None:
@@ -167,6 +163,10 @@ class Runner:
                                    lengths=np.concatenate([it.lengths[t] for it in items]))
                        for t in self.inputs]
             return np.asarray(self.store.infer(dense, lookups), dtype=np.float32)
+        import torch
+
+        from .torch import KeyedJaggedTensor
+
         values = np.concatenate([it.ids[t] for t in self.inputs for it in items])
         lengths = np.concatenate([it.lengths[t] for t in self.inputs for it in items])
         features = KeyedJaggedTensor(self.inputs, torch.from_numpy(values),

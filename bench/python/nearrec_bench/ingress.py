@@ -81,6 +81,21 @@ def _requests(cfg: IngressConfig, model: Any, path: Path) -> list[dict[str, Any]
     return out
 
 
+def kept_model(path: Path, family: str, rows: int, seed: int, log: Callable[[str], None]
+               ) -> tuple[Path, Any]:
+    """A store of ``family`` built at ``path`` (``rows`` a table) keeping that model with its
+    dense weights seeded: the store's path and the model."""
+    import nearrec.models
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building {path} ({rows:,} rows a table)")
+    nearrec.build(path, family, rows=rows, seed=seed, overwrite=True, progress=False)
+    with nearrec.open(path) as store:
+        model = nearrec.models.build(family, store, seed=seed + 1).eval()
+        nearrec.models.save(model, path)
+    return path, model
+
+
 def run(cfg: IngressConfig, log: Callable[[str], None] = print) -> list[Record]:
     import grpc
     import ray
@@ -91,13 +106,8 @@ def run(cfg: IngressConfig, log: Callable[[str], None] = print) -> list[Record]:
     from nearrec.ray import ShardedStore, model_messages, serve_model, shutdown_model
     from nearrec.torch import KeyedJaggedTensor
 
-    cfg.scratch.mkdir(parents=True, exist_ok=True)
     tag = f"ingress-{cfg.model}-{cfg.rows}"
-    path = cfg.scratch / tag
-    log(f"building {path} ({cfg.rows:,} rows a table)")
-    nearrec.build(path, cfg.model, rows=cfg.rows, seed=cfg.seed, overwrite=True, progress=False)
-    model = nearrec.models.build(cfg.model, nearrec.open(path), seed=cfg.seed + 1).eval()
-    nearrec.models.save(model, path)
+    path, model = kept_model(cfg.scratch / tag, cfg.model, cfg.rows, cfg.seed, log)
     cut2, cut1 = cfg.scratch / f"{tag}-cut2", cfg.scratch / f"{tag}-cut1"
     distributed.shard(path, cut2, 2, scheme="table", overwrite=True)
     distributed.shard(path, cut1, 1, scheme="table", overwrite=True)

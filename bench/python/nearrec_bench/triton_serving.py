@@ -34,7 +34,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from nearrec import trace as nt
 
 from .cache import generator
 from .harness import Harness
+from .ingress import kept_model
 from .report import Record
 from .served import TRITON, node, scrape, stage_seconds, tritonserver
 
@@ -87,8 +88,6 @@ class TritonConfig:
     pairs: int = 200
     seed: int = 0
     scratch: Path = Path("bench/scratch")
-    #: filled by the run: the offered rate per batch size, each system's one-at-a-time rate
-    offered: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def quick(cls) -> TritonConfig:
@@ -189,16 +188,8 @@ def _export(cfg: TritonConfig, path: Path, repo: Path, node_address: str, width:
 def run(cfg: TritonConfig, log: Callable[[str], None] = print) -> list[Record]:
     import tritonclient.grpc as grpcclient
 
-    import nearrec.models
-
-    cfg.scratch.mkdir(parents=True, exist_ok=True)
     tag = f"triton-{cfg.model}-{cfg.rows}"
-    path = cfg.scratch / tag
-    log(f"building {path} ({cfg.rows:,} rows a table)")
-    nearrec.build(path, cfg.model, rows=cfg.rows, seed=cfg.seed, overwrite=True, progress=False)
-    with nearrec.open(path) as s:
-        model = nearrec.models.build(cfg.model, s, seed=cfg.seed + 1).eval()
-        nearrec.models.save(model, path)
+    path, model = kept_model(cfg.scratch / tag, cfg.model, cfg.rows, cfg.seed, log)
     tables, dense = list(model.table_names), int(model.dense_features)
     work = cfg.scratch / f"{tag}-triton"
     repo = work / "repo"
@@ -206,6 +197,7 @@ def run(cfg: TritonConfig, log: Callable[[str], None] = print) -> list[Record]:
     work.mkdir(parents=True)
     results: dict[tuple[int, str], list[tuple[list[float], float]]] = {}
     alone: dict[tuple[int, str], float] = {}
+    offered: dict[int, float] = {}
     #: per batch and call, what the node saw of one call: seconds from handler to answer,
     #: seconds sending it, bytes received
     node_side: dict[tuple[int, str], list[float]] = {}
@@ -222,7 +214,7 @@ def run(cfg: TritonConfig, log: Callable[[str], None] = print) -> list[Record]:
                 for name in SYSTEMS:
                     alone[(batch, name)] = systems.alone(name)
                 rate = cfg.load * min(alone[(batch, s)] for s in SYSTEMS)
-                cfg.offered[batch] = rate
+                offered[batch] = rate
                 log(f"batch {batch}: one at a time "
                     + ", ".join(f"{s} {alone[(batch, s)]:,.0f}/s" for s in SYSTEMS)
                     + f"; offering {rate:,.1f} requests/s")
@@ -253,7 +245,7 @@ def run(cfg: TritonConfig, log: Callable[[str], None] = print) -> list[Record]:
             p50_us=1e6 * statistics.median(p50s), p99_us=1e6 * statistics.median(p99s),
             extra={"rounds_p50_us": [1e6 * x for x in p50s],
                    "rounds_p99_us": [1e6 * x for x in p99s],
-                   "requests_per_s": rps, "offered_per_s": cfg.offered[batch],
+                   "requests_per_s": rps, "offered_per_s": offered[batch],
                    "alone_per_s": alone[(batch, name)], "requests": cfg.requests,
                    "clients": cfg.clients, "rows": cfg.rows, "tables": len(tables),
                    "queue_delay_us": cfg.queue_delay_us, "load": cfg.load,
@@ -298,14 +290,19 @@ class _Systems:
         if name in ("in-process", "native"):
             store = self.local if name == "in-process" else self.remote
             return lambda k: store.infer(bodies[k % n].dense, lookups[k % n])
-        c, mine = self.clients[i], self.tensors[i]
         if name == "oip.raw":
-            raw = self.raw
-            return lambda k: c.raw(raw[k % n], timeout=60)
-        server, model = {"oip": (c.node, "s"), "triton": (c.triton, "embedded"),
-                         "triton.node": (c.triton, "remote"),
-                         "triton.echo": (c.triton, "echo")}[name]
+            raw, send = self.raw, self.clients[i].raw
+            return lambda k: send(raw[k % n], timeout=60)
+        server, model = self._target(name, i)
+        mine = self.tensors[i]
         return lambda k: server.infer(model, mine[k % n])
+
+    def _target(self, name: str, i: int) -> tuple[Any, str]:
+        """Which of client ``i``'s connections system ``name`` is asked through, and the model
+        it asks."""
+        c = self.clients[i]
+        return {"oip": (c.node, "s"), "triton": (c.triton, "embedded"),
+                "triton.node": (c.triton, "remote"), "triton.echo": (c.triton, "echo")}[name]
 
     def node_side(self, metrics: str, pairs: int) -> dict[str, list[float]]:
         """What the node saw of one native ``Infer`` and one OIP ``ModelInfer`` (sent raw),
@@ -330,9 +327,7 @@ class _Systems:
         to the model in-process (the echo's excepted)."""
         call = self.call(name, 0)
         if name in ("oip", "triton", "triton.node"):
-            c = self.clients[0]
-            server, model = {"oip": (c.node, "s"), "triton": (c.triton, "embedded"),
-                             "triton.node": (c.triton, "remote")}[name]
+            server, model = self._target(name, 0)
             got = server.infer(model, self.tensors[0][0]).as_numpy("predictions")
             want = self.local.infer(self.bodies[0].dense, self.lookups[0])
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

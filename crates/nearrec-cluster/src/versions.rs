@@ -68,14 +68,14 @@ pub(crate) fn switch(
 ) -> nearrec::Result<(u64, Vec<u64>)> {
     let old = pin.load(Ordering::Acquire);
     if old == 0 {
-        return Err(invalid(format!(
+        return Err(Error::invalid(format!(
             "the shards of {store} are not served from repositories of versions: cut the store \
              with nearrec shard (each shard a repository) and publish new versions with \
              nearrec shard --publish"
         )));
     }
     if let SwapTo::Path(p) = to {
-        return Err(invalid(format!(
+        return Err(Error::invalid(format!(
             "a sharded store swaps to a version every shard holds, not to a path ({p}): publish \
              the new store's cut (nearrec shard NEW --publish DIR), then swap to its version"
         )));
@@ -157,14 +157,6 @@ pub(crate) fn switch(
     pin.store(version, Ordering::Release);
     on_each(&live, |(_, r)| r.client.release());
     Ok((version, counts))
-}
-
-fn invalid(reason: String) -> Error {
-    Error::InvalidRequest {
-        table: None,
-        position: None,
-        reason,
-    }
 }
 
 #[cfg(test)]

@@ -24,11 +24,7 @@ fn invalid(table: &str, reason: String) -> nearrec::Error {
 /// A request's tables as an owned batch; refuses an empty table list.
 pub fn batch(tables: &[pb::TableLookup]) -> nearrec::Result<OwnedBatch> {
     if tables.is_empty() {
-        return Err(nearrec::Error::InvalidRequest {
-            table: None,
-            position: None,
-            reason: "the request names no table".into(),
-        });
+        return Err(nearrec::Error::invalid("the request names no table"));
     }
     Ok(OwnedBatch::new(
         tables.iter().map(lookup).collect::<nearrec::Result<_>>()?,
@@ -559,11 +555,7 @@ pub fn transaction(t: &Transaction) -> pb::TransactionState {
 
 /// [`transaction`] back (the client's side).
 pub fn untransaction(t: &pb::TransactionState) -> nearrec::Result<Transaction> {
-    let bad = |reason: String| nearrec::Error::InvalidRequest {
-        table: None,
-        position: None,
-        reason,
-    };
+    let bad = |reason: String| nearrec::Error::invalid(reason);
     let tx = <[u8; 16]>::try_from(&t.tx[..]).map_err(|_| {
         bad(format!(
             "a transaction's id of {} bytes, not 16",

@@ -59,11 +59,9 @@ pub fn check_version(model: &str, version: &str) -> Result<()> {
     if version.is_empty() || version == VERSION {
         return Ok(());
     }
-    Err(Error::InvalidRequest {
-        table: None,
-        position: None,
-        reason: format!("model {model:?} has version {VERSION} only, not {version:?}"),
-    })
+    Err(Error::invalid(format!(
+        "model {model:?} has version {VERSION} only, not {version:?}"
+    )))
 }
 
 /// A model as the protocol shows it.
@@ -259,15 +257,11 @@ impl Inputs {
     pub fn of(req: &pb::ModelInferRequest) -> Result<Self> {
         let raw = &req.raw_input_contents;
         if !raw.is_empty() && raw.len() != req.inputs.len() {
-            return Err(Error::InvalidRequest {
-                table: None,
-                position: None,
-                reason: format!(
-                    "raw_input_contents holds {} tensors for the request's {} inputs",
-                    raw.len(),
-                    req.inputs.len()
-                ),
-            });
+            return Err(Error::invalid(format!(
+                "raw_input_contents holds {} tensors for the request's {} inputs",
+                raw.len(),
+                req.inputs.len()
+            )));
         }
         let tensors: Vec<Tensor<'_>> = (req.inputs.iter().enumerate())
             .map(|(k, t)| Tensor { t, raw: raw.get(k) })
@@ -303,13 +297,9 @@ impl Inputs {
             }
         }
         if features.is_empty() {
-            return Err(Error::InvalidRequest {
-                table: None,
-                position: None,
-                reason: "the request gives no input's ids (each input `INPUT` with \
-                         `INPUT__lengths`)"
-                    .into(),
-            });
+            return Err(Error::invalid(
+                "the request gives no input's ids (each input `INPUT` with `INPUT__lengths`)",
+            ));
         }
         Ok(Self {
             batch: batch.unwrap_or(0),

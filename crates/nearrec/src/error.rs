@@ -340,7 +340,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
+    /// `InvalidRequest` naming no table or position: a request wrong as a whole.
+    pub fn invalid(reason: impl Into<String>) -> Self {
         Self::InvalidRequest {
             table: None,
             position: None,
