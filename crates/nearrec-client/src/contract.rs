@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use nearrec::model::Tensor;
 use nearrec::{
-    AsBatch, Batch, Compaction, Decision, Inference, Inferred, Info, Membership, NewTable, Pooled,
-    Read, Replica, RowWrite, Rows, SavedModel, Schema, Stats, StoreApi, Submitted, SwapTo,
-    TableCheck, TierReport, Transaction, Versioned, Versions, WriteOptions, Writes,
+    AsBatch, Batch, Compaction, Decision, Fed, FeedCursor, Feeds, Inference, Inferred, Info,
+    Membership, NewTable, Pooled, Read, Replica, RowWrite, Rows, SavedModel, Schema, Stats,
+    StoreApi, Submitted, SwapTo, TableCheck, TierReport, Transaction, Versioned, Versions,
+    WriteOptions, Writes,
 };
 use nearrec_wire::arrays::{decode, encode_slice};
 use nearrec_wire::convert;
@@ -116,6 +117,40 @@ impl Writes for Client {
         };
         let answer = self.call(req)?;
         Ok(convert::uncompaction(answer))
+    }
+
+    fn feed(
+        &self,
+        feed: &str,
+        cursor: FeedCursor,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> nearrec::Result<Fed> {
+        let req = pb::FeedRequest {
+            store: self.store.clone(),
+            feed: feed.to_owned(),
+            cursor: Some(convert::cursor(cursor)),
+            writes: convert::writes(writes),
+            allow_nonfinite: options.allow_nonfinite,
+        };
+        let answer = self.call(req)?;
+        Ok(Fed {
+            version: answer.version,
+            applied: answer.applied,
+            cursor: convert::uncursor(answer.cursor),
+        })
+    }
+
+    fn feed_status(&self) -> nearrec::Result<Feeds> {
+        let req = pb::FeedStatusRequest {
+            store: self.store.clone(),
+        };
+        let answer = self.call(req)?;
+        Ok(answer
+            .feeds
+            .into_iter()
+            .map(|(name, c)| (name, convert::uncursor(Some(c))))
+            .collect())
     }
 }
 

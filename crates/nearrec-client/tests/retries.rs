@@ -115,6 +115,19 @@ impl Writes for Flaky {
     fn compact(&self) -> nearrec::Result<Compaction> {
         Writes::compact(&self.store)
     }
+    fn feed(
+        &self,
+        feed: &str,
+        cursor: nearrec::FeedCursor,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> nearrec::Result<nearrec::Fed> {
+        self.enter("feed")?;
+        Writes::feed(&self.store, feed, cursor, writes, options)
+    }
+    fn feed_status(&self) -> nearrec::Result<nearrec::Feeds> {
+        Writes::feed_status(&self.store)
+    }
 }
 
 impl Versions for Flaky {
@@ -203,6 +216,22 @@ fn a_read_is_made_again_after_a_transient_refusal_and_a_write_never() {
             1,
             "{kind:?}: a write is made once"
         );
+        // a feed's file is sent again: its cursor makes it apply once
+        let cursor = nearrec::FeedCursor {
+            sequence: 1,
+            ..Default::default()
+        };
+        let fed = client
+            .feed("f", cursor, &[write], WriteOptions::default())
+            .unwrap();
+        assert!(fed.applied, "{kind:?}");
+        assert_eq!(calls.lock().unwrap()["feed"], 3, "{kind:?}: sent again");
+        let again = client
+            .feed("f", cursor, &[write], WriteOptions::default())
+            .unwrap();
+        assert!(!again.applied, "{kind:?}: the store had it");
+        assert_eq!(again.version, fed.version, "{kind:?}: nothing written");
+        assert_eq!(client.feed_status().unwrap()["f"].sequence, 1);
         let e = client.swap(&SwapTo::Version(1), false, false).unwrap_err();
         assert_eq!(e.kind(), kind, "{e}");
         assert_eq!(

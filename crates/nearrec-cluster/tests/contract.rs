@@ -50,6 +50,11 @@ fn sharded(path: &Path, writable: bool, options: ShardOptions) -> (ShardedStore,
          to a directory",
     )];
     lacks.push((
+        "feeds",
+        "a sharded store's feed (its cursor on every shard in one transaction) is not there \
+         yet: refused, Unsupported",
+    ));
+    lacks.push((
         "its table files at the path",
         "each shard serves a copy of its part, cut from the path",
     ));

@@ -75,6 +75,21 @@ pub enum FormatError {
         first: u64,
     },
 
+    /// A delta file (`docs/format.md` §17) that cannot be applied: malformed, not the tables'
+    /// shape, out of its feed's sequence. Nothing of it is applied.
+    #[error(
+        "delta file {}{}{}: {reason}",
+        path.display(),
+        row.map_or_else(String::new, |r| format!(", row {r}")),
+        column.as_ref().map_or_else(String::new, |c| format!(", column {c:?}"))
+    )]
+    BadDelta {
+        path: PathBuf,
+        row: Option<u64>,
+        column: Option<String>,
+        reason: String,
+    },
+
     /// A repository of versions refused a call: the directory, and why.
     #[error("the repository at {path}: {reason}")]
     Repository { path: PathBuf, reason: String },

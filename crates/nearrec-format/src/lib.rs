@@ -49,6 +49,8 @@
 //! - `npz.rs` + `pyliteral.rs`: numpy's `.npz` archives, read and written as numpy does (a plan's
 //!   hot rows, a model's dense weights), the `.npy` header parsed as numpy checks it;
 //! - `aligned.rs`: `AlignedBuf`, block-aligned buffers, large ones on huge-page-advised mappings;
+//! - `delta/`: delta files, a trainer's changed rows as Arrow IPC or Parquet (`read.rs`
+//!   checked against the tables, `write.rs`), applied by a feeder (`docs/format.md` §17);
 //! - `error.rs`: `FormatError`.
 //!
 //! Tests: `tests/attach.rs`, `tests/reorder.rs`, `tests/wal.rs`; the Python tests' frozen stores
@@ -57,6 +59,7 @@
 mod aligned;
 mod attach;
 mod chunks;
+pub mod delta;
 mod dtype;
 mod error;
 pub mod files;
@@ -92,7 +95,8 @@ pub use keys::{KeyRow, KeysMeta, ZERO_ROW};
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 pub use leftovers::{GcReport, Leftover, orphans, retired};
 pub use manifest::{
-    Attachment, FORMAT_VERSION, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, QuantError, TableMeta,
+    Attachment, FORMAT_VERSION, FeedCursor, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, QuantError,
+    TableMeta,
 };
 pub use memory::{Memory, Shortfall};
 pub use order::{OrderMeta, RowOrder};

@@ -1,5 +1,7 @@
 //! The store manifest: a checksummed binary envelope around a JSON body.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
@@ -10,7 +12,9 @@ use crate::sums::SumsMeta;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
-/// The newest format version this build reads and writes: version 6 has tables of int4, int2
+/// The newest format version this build reads and writes: version 7 has applied delta feeds
+/// (its write-ahead log holds their cursors, [`FeedCursor`], which an older reader would take
+/// for a damaged record). Version 6 has tables of int4, int2
 /// or fp8 rows (dtype codes an older reader does not know). Version 5 has keyed tables
 /// ([`KeysMeta`]: rows addressed by raw 64-bit keys, which an older reader would serve by
 /// position). Version 4 is a live store's (its
@@ -19,7 +23,9 @@ pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
 /// Version 3 added sector checksums ([`crate::SectorSums`]), which every store written since
 /// has. Version 2 (row orders, attachments) and version 1 stores keep opening, without sector
 /// checks ("unprotected").
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
+/// The version of a store with tables of int4, int2 or fp8 rows and no feed.
+const NBIT_VERSION: u32 = 6;
 /// The version of a store with keyed tables and only the dtypes of version 1.
 const KEYED_VERSION: u32 = 5;
 /// The version of a live store without keyed tables.
@@ -133,13 +139,37 @@ pub struct Manifest {
     /// later records are replayed on top of them at open. `None`: not live (no log).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lsn: Option<u64>,
+    /// The delta feeds applied to the store (version 7), each with the last delta it applied
+    /// as of `lsn` (the log's later records move them on).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub feeds: BTreeMap<String, FeedCursor>,
+}
+
+/// Where a delta feed stands in a store: the last delta file it applied (`docs/format.md`
+/// §17), kept in the same log record as that file's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FeedCursor {
+    /// The file's sequence number.
+    pub sequence: u64,
+    /// The producer's training step, if the file said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// The producer's wall time when it wrote the file (ms since the Unix epoch), if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_time_ms: Option<u64>,
+    /// The store's wall time when it logged the file's rows (ms since the Unix epoch).
+    pub applied_ms: u64,
+    /// The file's rows.
+    pub rows: u64,
 }
 
 impl Manifest {
     /// The oldest format version that can describe this manifest.
     pub fn needed_version(&self) -> u32 {
-        if self.tables.iter().any(|t| t.dtype.since_version() > 1) {
+        if !self.feeds.is_empty() {
             FORMAT_VERSION
+        } else if self.tables.iter().any(|t| t.dtype.since_version() > 1) {
+            NBIT_VERSION
         } else if self.tables.iter().any(TableMeta::is_keyed) {
             KEYED_VERSION
         } else if self.lsn.is_some() {
@@ -246,6 +276,7 @@ mod tests {
             }],
             attachments: Vec::new(),
             lsn: None,
+            feeds: Default::default(),
         }
     }
 

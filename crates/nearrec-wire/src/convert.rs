@@ -3,9 +3,9 @@
 //! engine's one validation, as for every other surface.
 
 use nearrec::{
-    Bags, Batch, CacheStatsSnapshot, Compaction, IndexVec, Indices, Info, OwnedBags, OwnedBatch,
-    OwnedLookup, Pooled, PoolingMode, RowWrite, Rows, Stats, TableCheck, TableInfo, TableLookup,
-    TierReport, Transaction, TxState,
+    Bags, Batch, CacheStatsSnapshot, Compaction, FeedCursor, IndexVec, Indices, Info, OwnedBags,
+    OwnedBatch, OwnedLookup, Pooled, PoolingMode, RowWrite, Rows, Stats, TableCheck, TableInfo,
+    TableLookup, TierReport, Transaction, TxState,
 };
 
 use nearrec::model::Tensor;
@@ -300,6 +300,29 @@ pub fn row_writes(owned: &[OwnedWrite]) -> Vec<RowWrite<'_>> {
             values: values.as_deref(),
         })
         .collect()
+}
+
+/// A feed's cursor on the wire.
+pub fn cursor(c: FeedCursor) -> pb::FeedCursor {
+    pb::FeedCursor {
+        sequence: c.sequence,
+        step: c.step,
+        wall_time_ms: c.wall_time_ms,
+        applied_ms: c.applied_ms,
+        rows: c.rows,
+    }
+}
+
+/// [`cursor`] back (a missing one is the zero cursor).
+pub fn uncursor(c: Option<pb::FeedCursor>) -> FeedCursor {
+    let c = c.unwrap_or_default();
+    FeedCursor {
+        sequence: c.sequence,
+        step: c.step,
+        wall_time_ms: c.wall_time_ms,
+        applied_ms: c.applied_ms,
+        rows: c.rows,
+    }
 }
 
 /// A model update's weights (the client's side).

@@ -189,6 +189,9 @@ verbs! {
     SCRUB = "Scrub": Store(Admin), reads, Slot, again, long;
     /// The kept model's configuration and weights, read from the store's attachments.
     MODEL = "Model": Store(Read), reads, Slot, again;
+    /// Sent again, a file the feed applied is not applied twice (its cursor says so).
+    FEED = "Feed": Tables(Write), changes, Rows, again;
+    FEED_STATUS = "FeedStatus": Store(Read), reads, Free, again;
     // `inference.GRPCInferenceService` (`crate::oip`): the node, then its models (a store's
     // kept model, `STORE`, and its pooled lookups, `STORE.pooled`)
     SERVER_LIVE = "ServerLive": Known, reads, Free, again, any_shard;
@@ -262,6 +265,8 @@ calls! {
     transaction(pb::TransactionRequest) -> pb::TransactionResponse = |r| transaction(r.step);
     scrub(pb::ScrubRequest) -> pb::ScrubResponse = |_| SCRUB;
     model(pb::ModelRequest) -> pb::ModelResponse = |_| MODEL;
+    feed(pb::FeedRequest) -> pb::FeedResponse = |_| FEED;
+    feed_status(pb::FeedStatusRequest) -> pb::FeedStatusResponse = |_| FEED_STATUS;
 }
 
 /// The Open Inference Protocol's requests, each its RPC's verb.

@@ -86,6 +86,7 @@ pub mod batch;
 pub mod coalesce;
 pub mod config;
 mod error;
+pub mod feed;
 pub mod jagged;
 mod live;
 mod membership;
@@ -118,7 +119,9 @@ pub use coalesce::{Coalesced, Shape, coalesce};
 pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig, WalRecovery};
 pub use error::{Error, ErrorKind, Result};
 pub use jagged::{JaggedBlock, jagged};
-pub use live::{Compaction, Decision, RowWrite, Snapshot, Transaction, WriteOptions, check_values};
+pub use live::{
+    Compaction, Decision, Fed, Feeds, RowWrite, Snapshot, Transaction, WriteOptions, check_values,
+};
 pub use membership::{MEMBERSHIP_FILE, Membership};
 pub use model::{Inferred, SavedModel, StoredModel};
 pub use nearrec_format::wal::TxState;
@@ -131,7 +134,8 @@ pub use nearrec_cache::CacheStatsSnapshot;
 pub use nearrec_engine::{InferTimes, Prepared, Stages, Tier, TierReport};
 pub use nearrec_format::wal::Init;
 pub use nearrec_format::{
-    GcReport, Leftover, Manifest, ProgressFn, StoreReader, TableCheck, TableMeta, attach, gc,
+    FeedCursor, GcReport, Leftover, Manifest, ProgressFn, StoreReader, TableCheck, TableMeta,
+    attach, gc,
 };
 pub use nearrec_plan::{Placement, Size, TablePlacement};
 

@@ -2,6 +2,7 @@
 //! all together or not at all, framed with its log sequence number and a CRC-32C.
 
 use crate::dtype::DType;
+use crate::manifest::FeedCursor;
 
 /// Bytes before a record's payload: its length, its CRC-32C and its sequence number.
 pub const FRAME_BYTES: usize = 16;
@@ -50,18 +51,22 @@ pub enum Op {
     /// Keys of keyed table `table` let go of (removed, expired or evicted): unknown from this
     /// record on, and their rows free.
     ReleaseKeys { table: String, keys: Vec<u64> },
+    /// Delta feed `feed` has applied the delta file `cursor` names: the record's other
+    /// operations are that file's rows (version 7, `docs/format.md` §17).
+    Cursor { feed: String, cursor: FeedCursor },
 }
 
 impl Op {
-    /// The table the operation changes.
-    pub fn table(&self) -> &str {
+    /// The table the operation changes (`None`: a feed's cursor, which changes none).
+    pub fn table(&self) -> Option<&str> {
         match self {
             Op::Write { table, .. }
             | Op::Remove { table, .. }
             | Op::CreateTable { table, .. }
             | Op::DropTable { table }
             | Op::AssignKeys { table, .. }
-            | Op::ReleaseKeys { table, .. } => table,
+            | Op::ReleaseKeys { table, .. } => Some(table),
+            Op::Cursor { .. } => None,
         }
     }
 }
@@ -88,6 +93,10 @@ const CREATE: u8 = 3;
 const DROP: u8 = 4;
 const ASSIGN: u8 = 5;
 const RELEASE: u8 = 6;
+const CURSOR: u8 = 7;
+/// A cursor's bytes after its feed's name: sequence, step, wall time, applied time, rows, and
+/// which of step and wall time it holds.
+const CURSOR_BYTES: usize = 5 * 8 + 1;
 
 /// The bytes `ops` take in a record's payload (what [`MAX_PAYLOAD`] bounds): a caller that
 /// decides a record's operations checks it before it commits to them.
@@ -116,6 +125,7 @@ pub fn payload_len(ops: &[Op]) -> usize {
                 head(table) + 16 + 8 * (keys.len() + rows.len())
             }
             Op::ReleaseKeys { table, keys } => head(table) + 8 + 8 * keys.len(),
+            Op::Cursor { feed, .. } => head(feed) + CURSOR_BYTES,
         })
         .sum()
 }
@@ -233,6 +243,22 @@ fn encode_op(op: &Op, out: &mut Vec<u8>) -> Result<(), String> {
             out.push(RELEASE);
             name(out, table)?;
             ids(out, keys);
+        }
+        Op::Cursor { feed, cursor } => {
+            out.push(CURSOR);
+            name(out, feed)?;
+            let has =
+                u8::from(cursor.step.is_some()) | (u8::from(cursor.wall_time_ms.is_some()) << 1);
+            out.push(has);
+            for v in [
+                cursor.sequence,
+                cursor.step.unwrap_or(0),
+                cursor.wall_time_ms.unwrap_or(0),
+                cursor.applied_ms,
+                cursor.rows,
+            ] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
         }
     }
     Ok(())
@@ -369,6 +395,24 @@ fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
                 table: r.name()?,
                 keys: r.ids()?,
             },
+            CURSOR => {
+                let feed = r.name()?;
+                let has = r.u8()?;
+                if has > 3 {
+                    return Err(format!("a cursor's flags {has}"));
+                }
+                let (sequence, step, wall) = (r.u64()?, r.u64()?, r.u64()?);
+                Op::Cursor {
+                    feed,
+                    cursor: FeedCursor {
+                        sequence,
+                        step: (has & 1 != 0).then_some(step),
+                        wall_time_ms: (has & 2 != 0).then_some(wall),
+                        applied_ms: r.u64()?,
+                        rows: r.u64()?,
+                    },
+                }
+            }
             other => return Err(format!("operation kind {other}")),
         };
         ops.push(op);
@@ -423,6 +467,18 @@ mod tests {
                 }),
             (table, prop::collection::vec(any::<u64>(), 0..6))
                 .prop_map(|(table, keys)| Op::ReleaseKeys { table, keys }),
+            (table, any::<(u64, Option<u64>, Option<u64>, u64, u64)>()).prop_map(
+                |(feed, (sequence, step, wall_time_ms, applied_ms, rows))| Op::Cursor {
+                    feed,
+                    cursor: FeedCursor {
+                        sequence,
+                        step,
+                        wall_time_ms,
+                        applied_ms,
+                        rows,
+                    },
+                }
+            ),
         ]
     }
 

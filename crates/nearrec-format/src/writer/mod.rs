@@ -392,6 +392,7 @@ impl StoreWriter {
             tables: std::mem::take(&mut self.tables),
             attachments: std::mem::take(&mut self.attachments),
             lsn: None,
+            feeds: Default::default(),
         };
         manifest.format_version = manifest.needed_version();
         let mpath = self.tmp.join(MANIFEST_FILE);

@@ -128,6 +128,55 @@ impl NodeService {
         Ok(holding(convert::saved_model(&saved), held))
     }
 
+    pub(super) async fn call_feed(
+        &self,
+        call: Checked<'_>,
+        req: pb::FeedRequest,
+    ) -> Answer<pb::FeedResponse> {
+        let writes = convert::unwrites(&req.writes).map_err(bad)?;
+        let options = WriteOptions {
+            allow_nonfinite: req.allow_nonfinite,
+        };
+        let cursor = convert::uncursor(req.cursor);
+        let store = call.store.clone();
+        let (fed, held) = self
+            .work(&call, move || {
+                store.able(store.writes(), "feed")?.feed(
+                    &req.feed,
+                    cursor,
+                    &convert::row_writes(&writes),
+                    options,
+                )
+            })
+            .await?;
+        Ok(holding(
+            pb::FeedResponse {
+                version: fed.version,
+                applied: fed.applied,
+                cursor: Some(convert::cursor(fed.cursor)),
+            },
+            held,
+        ))
+    }
+
+    pub(super) async fn call_feed_status(
+        &self,
+        call: Checked<'_>,
+        _req: pb::FeedStatusRequest,
+    ) -> Answer<pb::FeedStatusResponse> {
+        let store = call.store.clone();
+        let (feeds, _) = self
+            .work(&call, move || {
+                store.able(store.writes(), "feed_status")?.feed_status()
+            })
+            .await?;
+        let feeds = feeds
+            .into_iter()
+            .map(|(name, c)| (name, convert::cursor(c)))
+            .collect();
+        Ok(Response::new(pb::FeedStatusResponse { feeds }))
+    }
+
     pub(super) async fn call_transaction(
         &self,
         call: Checked<'_>,

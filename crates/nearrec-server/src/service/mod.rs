@@ -636,6 +636,8 @@ node! {
     transaction(pb::TransactionRequest) -> pb::TransactionResponse = call_transaction;
     scrub(pb::ScrubRequest) -> pb::ScrubResponse = call_scrub;
     model(pb::ModelRequest) -> pb::ModelResponse = call_model;
+    feed(pb::FeedRequest) -> pb::FeedResponse = call_feed;
+    feed_status(pb::FeedStatusRequest) -> pb::FeedStatusResponse = call_feed_status;
 }
 
 /// `answer`, holding `held` until it has left (`crate::send`).

@@ -140,6 +140,18 @@ impl Summary for pb::WriteRequest {
     }
 }
 
+impl Summary for pb::FeedRequest {
+    fn summary(&self) -> (&str, Vec<(String, u64)>) {
+        let tables = self.writes.iter().map(|t| (t.table.clone(), ids(&t.ids)));
+        (&self.store, tables.collect())
+    }
+
+    fn what(&self) -> String {
+        let sequence = self.cursor.as_ref().map_or(0, |c| c.sequence);
+        format!("feed {:?} file {sequence}", self.feed)
+    }
+}
+
 impl Summary for pb::TransactionRequest {
     fn summary(&self) -> (&str, Vec<(String, u64)>) {
         let tables = self.writes.iter().map(|t| (t.table.clone(), ids(&t.ids)));
@@ -193,7 +205,8 @@ store_only!(
     pb::StatsRequest,
     pb::CompactRequest,
     pb::ScrubRequest,
-    pb::ModelRequest
+    pb::ModelRequest,
+    pb::FeedStatusRequest
 );
 
 /// The Open Inference Protocol's calls: a model's name is its store's ([`oip::store_of`]); an

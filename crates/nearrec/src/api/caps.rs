@@ -18,10 +18,11 @@ use super::types::Rows;
 use super::{NewTable, StoreApi, Versioned};
 use crate::batch::{Batch, Pooled, Read};
 use crate::error::Result;
-use crate::live::{Compaction, Decision, RowWrite, Transaction, WriteOptions};
+use crate::live::{Compaction, Decision, Fed, Feeds, RowWrite, Transaction, WriteOptions};
 use crate::membership::Membership;
 use crate::model::{Inferred, SavedModel, Tensor};
 use crate::versions::SwapTo;
+use nearrec_format::FeedCursor;
 
 use super::sync::{self, Synced};
 
@@ -33,6 +34,22 @@ pub trait Writes: StoreApi {
 
     /// Folds every write so far into new table files.
     fn compact(&self) -> Result<Compaction>;
+
+    /// Applies delta file `cursor.sequence` of feed `feed` (its rows, `writes`, as
+    /// [`Writes::write_many`] takes them) and moves the feed's cursor to it, in one atomic call
+    /// whose log record holds both: a file at or before the cursor is not applied again
+    /// (`applied: false`), one past the next is refused as a gap (`docs/live.md`, "Delta
+    /// feeds").
+    fn feed(
+        &self,
+        feed: &str,
+        cursor: FeedCursor,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> Result<Fed>;
+
+    /// Each delta feed the store has applied, with the last file it applied.
+    fn feed_status(&self) -> Result<Feeds>;
 
     /// Writes the rows of `table` that differ from `values` (the whole table as a trainer
     /// holds it) by more than `tolerance`, comparing what the store would store with what it

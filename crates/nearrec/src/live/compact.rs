@@ -281,13 +281,14 @@ impl Live {
     /// [`Live::compact`], by the caller that holds `w.compacting` (`previous`).
     pub(super) fn compact_locked(&self, w: &Writer, previous: &mut u64) -> Result<Compaction> {
         let start = Instant::now();
-        let (c, changed, keys, engine) = {
+        let (c, changed, keys, engine, feeds) = {
             let snap = self.snapshot();
             (
                 snap.version,
                 changed_rows(&snap),
                 changed_keys(&snap),
                 snap.engine.clone(),
+                snap.feeds.clone(),
             )
         };
         let mut done = Compaction {
@@ -323,7 +324,9 @@ impl Live {
             }
         }
         manifest.lsn = Some(c);
-        manifest.format_version = manifest.needed_version();
+        manifest.feeds = (*feeds).clone();
+        // never lowered: the log after `c` may hold what only the version read
+        manifest.format_version = manifest.needed_version().max(manifest.format_version);
         fail::fail_point!("compact::manifest", |_| std::process::abort());
         manifest.publish(&self.dir)?;
         fail::fail_point!("compact::published", |_| std::process::abort());
@@ -388,7 +391,7 @@ pub(crate) fn follow(live: &Live) -> Result<()> {
         }
         let engine = Arc::new(Engine::from_reader(&reader, engine.config().clone(), None)?);
         drop(snap);
-        live.publish(Snapshot::fresh(engine, c));
+        live.publish(Snapshot::fresh(engine, c, reader.manifest().feeds.clone()));
         live.replay(
             &records
                 .into_iter()
@@ -516,6 +519,7 @@ pub(super) fn rebase(
             engine: current.engine.clone(),
             deltas: current.deltas.clone(),
             keys: current.keys.clone(),
+            feeds: current.feeds.clone(),
             folded: Some(Arc::new(Folded {
                 from: current.base,
                 rows: changed

@@ -362,12 +362,15 @@ pub(crate) fn decide(
     let mut counts: HashMap<String, Counts> = HashMap::new();
     let result = (|| {
         for op in ops {
-            let id = engine.table_id(op.table())?;
+            let Some(table) = op.table().map(str::to_owned) else {
+                out.push(op);
+                continue;
+            };
+            let id = engine.table_id(&table)?;
             if !engine.is_keyed(id) {
                 out.push(op);
                 continue;
             }
-            let table = op.table().to_owned();
             let book = books
                 .get_mut(&table)
                 .ok_or_else(|| Error::Internal(format!("keyed table {table:?} has no key book")))?;

@@ -10,6 +10,7 @@
 //! Compaction ([`compact`]) folds the deltas into new table files and moves the base.
 
 mod compact;
+mod feed;
 mod follow;
 mod keys;
 mod tables;
@@ -28,15 +29,19 @@ use arc_swap::ArcSwap;
 use nearrec_engine::delta::{DeltaView, ENTRY_OVERHEAD, TableDelta};
 use nearrec_engine::{Engine, KEY_ROW_BYTES};
 use nearrec_format::wal::{Durability, Op, Record, TailKind, Wal, WalConfig, WalStats};
-use nearrec_format::{FormatError, Manifest, files};
+use nearrec_format::{FeedCursor, FormatError, Manifest, files};
 
 use crate::config::{DurabilityMode, StoreConfig};
 use crate::error::{Error, Result};
 
 pub use compact::Compaction;
 pub(crate) use compact::{CompactionStats, Signal, spawn};
+pub use feed::Fed;
 pub use txn::{Decision, Transaction};
 pub use write::check_values;
+
+/// Delta feeds by name, each with the last file it applied.
+pub type Feeds = std::collections::BTreeMap<String, FeedCursor>;
 
 /// What one lookup reads: the engine over the tables, which hold everything up to `base`, and
 /// the deltas as of `version`.
@@ -49,6 +54,8 @@ pub struct Snapshot {
     deltas: Vec<Option<Arc<TableDelta>>>,
     /// Per keyed table of the engine, its keys given rows or let go of (`None`: none).
     keys: Vec<Option<Arc<TableDelta>>>,
+    /// Each delta feed applied, with the last file it applied as of this version.
+    feeds: Arc<Feeds>,
     /// The last compaction's rows, for caches above the store that last looked before it.
     folded: Option<Arc<Folded>>,
 }
@@ -62,16 +69,23 @@ pub(crate) struct Folded {
 }
 
 impl Snapshot {
-    /// Version `version` of tables that hold everything up to it: no delta.
-    fn fresh(engine: Arc<Engine>, version: u64) -> Self {
+    /// Version `version` of tables that hold everything up to it: no delta; `feeds` as the
+    /// manifest has them.
+    fn fresh(engine: Arc<Engine>, version: u64, feeds: Feeds) -> Self {
         Self {
             version,
             base: version,
             deltas: vec![None; engine.tables().len()],
             keys: vec![None; engine.tables().len()],
+            feeds: Arc::new(feeds),
             engine,
             folded: None,
         }
+    }
+
+    /// Each delta feed applied, with the last file it applied.
+    pub fn feeds(&self) -> &Feeds {
+        &self.feeds
     }
 
     pub fn version(&self) -> u64 {
@@ -210,6 +224,11 @@ pub(super) struct Writer {
     /// Each keyed table's keys as the log has decided them, by table name (taken under the
     /// log's lock while a call's record is appended).
     books: Mutex<HashMap<String, keys::KeyBook>>,
+    /// Each delta feed's cursor as the log has decided it (taken under the log's lock while a
+    /// feed's record is appended; before the books).
+    cursors: Mutex<Feeds>,
+    /// The manifest's version is one whose readers know a feed's cursor.
+    feeds_marked: AtomicBool,
 }
 
 impl Live {
@@ -227,7 +246,7 @@ impl Live {
         let delta_rows = budget / (min_row + ENTRY_OVERHEAD);
         // the tables hold the log's records up to the manifest's position
         let base = manifest.lsn.unwrap_or(0);
-        let first = Arc::new(Snapshot::fresh(engine, base));
+        let first = Arc::new(Snapshot::fresh(engine, base, manifest.feeds.clone()));
         let mut live = Self {
             dir: dir.to_owned(),
             compactions: CompactionStats::default(),
@@ -295,6 +314,10 @@ impl Live {
                 txns: txn::Txns::default(),
                 finished: Mutex::default(),
                 books: Mutex::default(),
+                cursors: Mutex::default(),
+                feeds_marked: AtomicBool::new(
+                    manifest.format_version >= nearrec_format::FORMAT_VERSION,
+                ),
             });
             recovered.records
         } else {
@@ -306,6 +329,7 @@ impl Live {
         }
         if let Some(w) = &live.writer {
             live.build_books(w);
+            *lock(&w.cursors) = (*live.snapshot().feeds).clone();
             keys::over_caps(&live.snapshot().engine, &lock(&w.books))?;
             *lock(&w.applied) = live.snapshot().version;
             w.used.store(live.delta_bytes(), Relaxed);

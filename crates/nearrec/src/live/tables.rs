@@ -157,7 +157,8 @@ fn publish(
         }
     }
     manifest.lsn = Some(lsn);
-    manifest.format_version = manifest.needed_version();
+    manifest.feeds = (*live.snapshot().feeds).clone();
+    manifest.format_version = manifest.needed_version().max(manifest.format_version);
     manifest.publish(&live.dir)?;
     let reader = StoreReader::open(&live.dir)?;
     drop(dir);
@@ -176,6 +177,7 @@ fn publish(
         .iter()
         .map(|k| k.and_then(|old| current.keys[old].clone()))
         .collect();
+    let current_feeds = current.feeds.clone();
     drop(current);
     live.publishing(|| {
         live.publish(Snapshot {
@@ -184,6 +186,7 @@ fn publish(
             engine,
             deltas,
             keys,
+            feeds: current_feeds,
             folded: None,
         });
     });

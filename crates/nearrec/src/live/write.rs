@@ -12,8 +12,18 @@ impl Live {
         let engine = &current.engine;
         let mut deltas = current.deltas.clone();
         let mut keys = current.keys.clone();
+        let mut feeds = None;
         for op in ops {
-            let id = engine.table_id(op.table())?;
+            let table = match op {
+                Op::Cursor { feed, cursor } => {
+                    feeds
+                        .get_or_insert_with(|| (*current.feeds).clone())
+                        .insert(feed.clone(), *cursor);
+                    continue;
+                }
+                _ => op.table().unwrap_or_default(),
+            };
+            let id = engine.table_id(table)?;
             let meta = &engine.tables()[id];
             if matches!(op, Op::AssignKeys { .. } | Op::ReleaseKeys { .. }) && !meta.is_keyed() {
                 return Err(FormatError::Corrupted {
@@ -78,7 +88,9 @@ impl Live {
                          published, not applied"
                     )));
                 }
-                Op::AssignKeys { .. } | Op::ReleaseKeys { .. } => unreachable!("applied above"),
+                Op::AssignKeys { .. } | Op::ReleaseKeys { .. } | Op::Cursor { .. } => {
+                    unreachable!("applied above")
+                }
             }
         }
         self.publish(Snapshot {
@@ -87,6 +99,7 @@ impl Live {
             engine: current.engine.clone(),
             deltas,
             keys,
+            feeds: feeds.map_or_else(|| current.feeds.clone(), Arc::new),
             folded: current.folded.clone(),
         });
         Ok(())
@@ -179,11 +192,7 @@ impl Live {
         let ops = Self::encode(&engine, writes, options, true)?;
         let need = Self::room(&engine, &ops);
         w.reserve(need)?;
-        if !ops.iter().any(|op| {
-            engine
-                .table_id(op.table())
-                .is_ok_and(|id| engine.is_keyed(id))
-        }) {
+        if !Self::keyed(&engine, &ops) {
             return self.log_and_apply(w, &ops, need);
         }
         // keys resolved to rows as the record is appended, in log order; with every key new
@@ -304,6 +313,16 @@ impl Live {
         result.map(|()| lsn)
     }
 
+    /// Whether `ops` write or remove rows of a keyed table (their keys decided as they are
+    /// logged: [`keys::decide`]).
+    pub(super) fn keyed(engine: &Engine, ops: &[Op]) -> bool {
+        ops.iter().any(|op| {
+            op.table()
+                .and_then(|t| engine.table_id(t).ok())
+                .is_some_and(|id| engine.is_keyed(id))
+        })
+    }
+
     /// What `ops`' entries will cost the deltas (a removed row's entry is counted like a row;
     /// a keyed table's written key like its row and two keys' entries, an eviction's and its
     /// own).
@@ -311,7 +330,7 @@ impl Live {
         let key = KEY_ROW_BYTES as u64 + ENTRY_OVERHEAD;
         ops.iter()
             .map(|op| {
-                let id = engine.table_id(op.table()).ok();
+                let id = op.table().and_then(|t| engine.table_id(t).ok());
                 let keyed = id.is_some_and(|id| engine.is_keyed(id));
                 let rb = id.map_or(0, |id| engine.tables()[id].row_bytes);
                 match op {

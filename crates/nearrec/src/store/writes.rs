@@ -8,7 +8,8 @@ use nearrec_engine::TierReport;
 use super::{Changes, Store};
 use crate::api::{NewTable, Schema, Stats, Writes};
 use crate::error::Result;
-use crate::live::{Compaction, RowWrite, WriteOptions};
+use crate::live::{Compaction, Fed, Feeds, RowWrite, WriteOptions};
+use nearrec_format::FeedCursor;
 
 impl Writes for Store {
     /// EMB_WRITE: upserts rows of several tables in one atomic call (all of its rows or none),
@@ -25,6 +26,21 @@ impl Writes for Store {
     /// writable store also compacts by itself (`auto_compact`). Lookups go on meanwhile.
     fn compact(&self) -> Result<Compaction> {
         self.current().live.compact()
+    }
+
+    fn feed(
+        &self,
+        feed: &str,
+        cursor: FeedCursor,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> Result<Fed> {
+        let _admitted = self.admit(None)?;
+        self.current().live.feed(feed, cursor, writes, options)
+    }
+
+    fn feed_status(&self) -> Result<Feeds> {
+        Ok(self.current().live.snapshot().feeds().clone())
     }
 }
 

@@ -106,6 +106,11 @@ macro_rules! store_api_suite {
         }
 
         #[test]
+        fn a_feed_applies_each_file_once_with_its_cursor() {
+            crate::suite::a_feed_applies_each_file_once_with_its_cursor($open);
+        }
+
+        #[test]
         fn a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one() {
             crate::suite::a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one($open);
         }
@@ -141,6 +146,9 @@ macro_rules! lacking {
         }
     };
 }
+
+mod feed;
+pub use feed::*;
 
 pub const ROWS: u64 = 300;
 pub const DIM: u32 = 8;

@@ -486,7 +486,12 @@ impl Shared {
             return Ok((lsn, None));
         };
         let invalid = |reason| FormatError::InvalidTable {
-            table: ops.as_ref().first().map_or("", Op::table).to_owned(),
+            table: ops
+                .as_ref()
+                .first()
+                .and_then(Op::table)
+                .unwrap_or_default()
+                .to_owned(),
             reason,
         };
         let start = state.pending.len();

@@ -1,0 +1,365 @@
+//! The feeder (`docs/live.md`, "Delta feeds"): delta files (`docs/format.md` §17) applied in
+//! sequence order to any store that writes — embedded, on a node, sharded — each file one
+//! atomic call that moves the feed's cursor with its rows ([`Writes::feed`]), so that a feeder
+//! killed at any moment and started again applies each file exactly once: it starts after the
+//! cursor the store holds, and a file the store took before a kill is not taken again.
+//!
+//! Where deltas come from is a [`DeltaSource`]: a directory today ([`DirSource`]); a broker's
+//! consumer is another implementation of the same three calls.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use nearrec_format::delta::{self, Delta, Shape, Values};
+use nearrec_format::{FeedCursor, FormatError};
+
+use crate::api::{StoreApi, Writes};
+use crate::error::{Error, Result};
+use crate::live::{RowWrite, WriteOptions};
+use crate::model::Tensor;
+
+/// A dense weight that goes with a delta: name, shape, values.
+pub type Weight = (String, Vec<usize>, Vec<f32>);
+
+/// Where a feed's delta files come from.
+pub trait DeltaSource: Send {
+    /// The sequence numbers of the deltas there now, in order.
+    fn list(&mut self) -> Result<Vec<u64>>;
+
+    /// Delta `sequence`, read whole and checked against the store's tables (`shapes`), and the
+    /// dense weights that go with it, if the producer wrote them.
+    fn read(
+        &mut self,
+        sequence: u64,
+        shapes: &dyn Fn(&str) -> Option<Shape>,
+    ) -> Result<(Delta, Option<Vec<Weight>>)>;
+
+    /// Waits until new deltas may have come, at most `timeout`.
+    fn wait(&mut self, timeout: Duration);
+}
+
+/// Delta files in a directory, named by their sequence (`<sequence>.arrow` / `.parquet`, the
+/// dense weights `<sequence>.dense.npz` beside them), found by listing it every `poll`. A
+/// producer writes each file under another name and renames it (as [`delta::write`] does):
+/// a file that does not read yet is read again at the next poll while the feeder watches.
+#[derive(Debug)]
+pub struct DirSource {
+    dir: PathBuf,
+    poll: Duration,
+    files: Vec<(u64, PathBuf)>,
+}
+
+impl DirSource {
+    pub fn new(dir: impl Into<PathBuf>, poll: Duration) -> Self {
+        Self {
+            dir: dir.into(),
+            poll,
+            files: Vec::new(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl DeltaSource for DirSource {
+    fn list(&mut self) -> Result<Vec<u64>> {
+        self.files = delta::list(&self.dir)?;
+        Ok(self.files.iter().map(|(s, _)| *s).collect())
+    }
+
+    fn read(
+        &mut self,
+        sequence: u64,
+        shapes: &dyn Fn(&str) -> Option<Shape>,
+    ) -> Result<(Delta, Option<Vec<Weight>>)> {
+        let path = match self.files.iter().find(|(s, _)| *s == sequence) {
+            Some((_, p)) => p.clone(),
+            None => self
+                .dir
+                .join(delta::file_name(sequence, delta::Encoding::Arrow)),
+        };
+        let d = delta::read(&path, shapes)?;
+        let dense = match d.dense() {
+            None => None,
+            Some(p) => {
+                let bytes =
+                    nearrec_format::files::read_regular(&p, 0).map_err(|e| FormatError::Io {
+                        path: p.clone(),
+                        source: e,
+                    })?;
+                let arrays = nearrec_format::npz::read_npz_f32(&bytes).map_err(|reason| {
+                    FormatError::BadDelta {
+                        path: p.clone(),
+                        row: None,
+                        column: None,
+                        reason: format!("its dense weights: {reason}"),
+                    }
+                })?;
+                Some(
+                    arrays
+                        .into_iter()
+                        .map(|(name, a)| {
+                            (
+                                name,
+                                a.shape.iter().map(|&n| n as usize).collect(),
+                                a.values,
+                            )
+                        })
+                        .collect(),
+                )
+            }
+        };
+        Ok((d, dense))
+    }
+
+    fn wait(&mut self, timeout: Duration) {
+        std::thread::sleep(self.poll.min(timeout));
+    }
+}
+
+/// How a feeder runs.
+#[derive(Debug, Clone)]
+pub struct FeedOptions {
+    /// The feed's name: its cursor's, in the store.
+    pub name: String,
+    /// The first sequence to apply when the store holds no cursor of the feed (else its
+    /// first file's); with a cursor, the store's decides and a `from` past it is a gap.
+    pub from: Option<u64>,
+    pub write: WriteOptions,
+}
+
+impl Default for FeedOptions {
+    fn default() -> Self {
+        Self {
+            name: "default".into(),
+            from: None,
+            write: WriteOptions::default(),
+        }
+    }
+}
+
+/// One delta file the feeder applied.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Applied {
+    pub sequence: u64,
+    pub rows: u64,
+    /// The store's version that holds it.
+    pub version: u64,
+    /// `false`: the store had it already (a feeder before this one applied it).
+    pub applied: bool,
+    /// From the producer's wall time to the store logging it (`None`: the file gave none).
+    pub lag: Option<Duration>,
+    /// The feed's cursor after it.
+    pub cursor: FeedCursor,
+}
+
+/// Applies a source's deltas to a store, in order, each once.
+pub struct Feeder<'a> {
+    store: &'a dyn StoreApi,
+    source: Box<dyn DeltaSource + 'a>,
+    options: FeedOptions,
+}
+
+impl std::fmt::Debug for Feeder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Feeder")
+            .field("store", &self.store.describe())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Feeder<'a> {
+    /// A feeder of `store` (which must write: [`Writes`]) from `source`.
+    pub fn new(
+        store: &'a dyn StoreApi,
+        source: Box<dyn DeltaSource + 'a>,
+        options: FeedOptions,
+    ) -> Result<Self> {
+        store.able(store.writes(), "feed")?;
+        Ok(Self {
+            store,
+            source,
+            options,
+        })
+    }
+
+    fn writes(&self) -> &dyn Writes {
+        self.store.writes().expect("checked by new")
+    }
+
+    /// The store's cursor of this feed: the last sequence it applied.
+    pub fn cursor(&self) -> Result<Option<FeedCursor>> {
+        Ok(self
+            .writes()
+            .feed_status()?
+            .get(&self.options.name)
+            .copied())
+    }
+
+    /// Applies every delta the source holds after the store's cursor, in order; `each` is
+    /// told of each as it is applied. A gap in the sequence stops it (typed, naming the file
+    /// that follows it) after the files before the gap; nothing of a refused file is applied.
+    pub fn apply_pending(&mut self, each: &mut dyn FnMut(&Applied)) -> Result<Vec<Applied>> {
+        let cursor = self.cursor()?.map(|c| c.sequence);
+        let mut expected = match (cursor, self.options.from) {
+            (Some(c), _) => Some(c + 1),
+            (None, from) => from,
+        };
+        let mut done = Vec::new();
+        for sequence in self.source.list()? {
+            if cursor.is_some_and(|c| sequence <= c)
+                || self.options.from.is_some_and(|f| sequence < f)
+            {
+                continue;
+            }
+            if let Some(e) = expected
+                && sequence != e
+            {
+                return Err(Error::Format(FormatError::BadDelta {
+                    path: self.describe_file(sequence),
+                    row: None,
+                    column: None,
+                    reason: format!(
+                        "feed {:?} needs sequence {e} next{}, and the first file after it is {sequence}",
+                        self.options.name,
+                        cursor
+                            .map_or_else(String::new, |c| format!(" (the store has applied {c})")),
+                    ),
+                }));
+            }
+            let applied = self.apply_one(sequence)?;
+            each(&applied);
+            done.push(applied);
+            expected = Some(sequence + 1);
+        }
+        Ok(done)
+    }
+
+    /// Applies deltas as they come until `stop` is set, every `poll` at most; `each` is told
+    /// of each. A file that does not read is tried again at the next poll (a producer that
+    /// writes in place, not by rename, may not have finished it), and so is a gap; an error
+    /// of the store ends the run.
+    pub fn watch(
+        &mut self,
+        stop: &AtomicBool,
+        poll: Duration,
+        each: &mut dyn FnMut(&Applied),
+        refused: &mut dyn FnMut(&Error),
+    ) -> Result<u64> {
+        let mut count = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            match self.apply_pending(each) {
+                Ok(done) => count += done.len() as u64,
+                Err(e @ Error::Format(_)) => refused(&e),
+                Err(e) => return Err(e),
+            }
+            let left = poll.saturating_sub(started.elapsed());
+            if !left.is_zero() && !stop.load(Ordering::Relaxed) {
+                self.source.wait(left);
+            }
+        }
+        Ok(count)
+    }
+
+    fn describe_file(&self, sequence: u64) -> PathBuf {
+        PathBuf::from(delta::file_name(sequence, delta::Encoding::Arrow))
+    }
+
+    /// Reads delta `sequence`, applies its dense weights (an update the next file's retry
+    /// repeats harmlessly), then its rows with the feed's cursor in one call.
+    fn apply_one(&mut self, sequence: u64) -> Result<Applied> {
+        let info = self.store.info()?;
+        let shapes = |table: &str| {
+            info.tables.iter().find(|t| t.name == table).map(|t| Shape {
+                rows: t.rows,
+                dim: t.dim,
+                dtype: t.dtype,
+                keyed: t.keys.is_some(),
+            })
+        };
+        let (delta, dense) = self.source.read(sequence, &shapes)?;
+        if let Some(weights) = &dense {
+            let inference = self
+                .store
+                .able(self.store.inference(), "a delta's dense weights")?;
+            let tensors: Vec<Tensor<'_>> = weights
+                .iter()
+                .map(|(name, shape, values)| Tensor {
+                    name,
+                    shape,
+                    values,
+                })
+                .collect();
+            inference.update_model(&tensors)?;
+        }
+        let decoded = decode(&delta, &shapes);
+        let mut writes = Vec::with_capacity(2 * delta.tables.len());
+        // deletes first: a keyed table at its cap takes the file's new keys in the room its
+        // deleted keys leave (a file names each id once, so the order changes nothing else)
+        for (t, values) in delta.tables.iter().zip(&decoded) {
+            if !t.deletes.is_empty() {
+                writes.push(RowWrite {
+                    table: &t.table,
+                    ids: &t.deletes,
+                    values: None,
+                });
+            }
+            if !t.upserts.is_empty() {
+                writes.push(RowWrite {
+                    table: &t.table,
+                    ids: &t.upserts,
+                    values: Some(values),
+                });
+            }
+        }
+        let h = delta.header;
+        let cursor = FeedCursor {
+            sequence: h.sequence,
+            step: h.step,
+            wall_time_ms: h.wall_time_ms,
+            applied_ms: 0,
+            rows: delta.rows() as u64,
+        };
+        let fed = self
+            .writes()
+            .feed(&self.options.name, cursor, &writes, self.options.write)?;
+        let lag = fed
+            .cursor
+            .wall_time_ms
+            .map(|w| Duration::from_millis(fed.cursor.applied_ms.saturating_sub(w)));
+        Ok(Applied {
+            sequence,
+            rows: cursor.rows,
+            version: fed.version,
+            applied: fed.applied,
+            lag,
+            cursor: fed.cursor,
+        })
+    }
+}
+
+/// Each table's upserted values as float32 (encoded rows decoded).
+fn decode<'d>(delta: &'d Delta, shapes: &dyn Fn(&str) -> Option<Shape>) -> Vec<Cow<'d, [f32]>> {
+    delta
+        .tables
+        .iter()
+        .map(|t| match &t.values {
+            Values::F32(v) => Cow::Borrowed(&v[..]),
+            Values::Encoded(bytes) => {
+                let shape = shapes(&t.table).expect("checked as the file was read");
+                let (dim, rb) = (shape.dim as usize, shape.row_bytes());
+                let mut out = vec![0f32; t.upserts.len() * dim];
+                for (row, o) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(dim)) {
+                    shape.dtype.decode_row(row, o);
+                }
+                Cow::Owned(out)
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,129 @@
+//! Delta feeds on a live store (`docs/live.md`, "Delta feeds"): a delta file's rows and its
+//! feed's cursor logged in one record, so that a feeder killed at any moment and started again
+//! applies each file once. The cursors are decided in log order as the record is appended
+//! (one feeder's retry of a file it already applied logs nothing), replayed with the log, and
+//! written to the manifest by each compaction.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::*;
+
+/// What one delta applied to a store did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fed {
+    /// The store's version after it (the one that holds the file's rows).
+    pub version: u64,
+    /// `false`: the feed had applied this file (or a later one) before, and nothing was
+    /// written now.
+    pub applied: bool,
+    /// The feed's cursor after the call.
+    pub cursor: FeedCursor,
+}
+
+impl Live {
+    /// Applies `writes` — delta file `cursor.sequence` of feed `feed` — with the feed's cursor,
+    /// in one record: all of it or none, durable when it returns. A file at or before the
+    /// feed's cursor is not applied again (`applied: false`); one past the next is a gap,
+    /// refused. A feed the store has not seen starts at any sequence.
+    pub(crate) fn feed(
+        &self,
+        feed: &str,
+        cursor: FeedCursor,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> Result<Fed> {
+        if feed.is_empty() || feed.len() > u16::MAX as usize {
+            return Err(Error::invalid(format!(
+                "a feed's name is 1 to {} bytes, not {}",
+                u16::MAX,
+                feed.len()
+            )));
+        }
+        let w = self.writer()?;
+        let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
+        let w = self.writer()?;
+        self.mark_feeds(w)?;
+        let engine = self.snapshot().engine.clone();
+        let ops = Self::encode(&engine, writes, options, true)?;
+        let keyed = Self::keyed(&engine, &ops);
+        let need = Self::room(&engine, &ops);
+        w.reserve(need)?;
+        let mut held = None;
+        let decided = self.log_decided(w, need, |lsn| {
+            let mut cursors = lock(&w.cursors);
+            match cursors.get(feed) {
+                Some(h) if h.sequence >= cursor.sequence => {
+                    held = Some(*h);
+                    return Ok(Vec::new());
+                }
+                Some(h) if h.sequence + 1 < cursor.sequence => {
+                    return Err(Error::invalid(format!(
+                        "feed {feed:?} has applied file {} last: file {} would skip {}",
+                        h.sequence,
+                        cursor.sequence,
+                        if h.sequence + 2 == cursor.sequence {
+                            format!("file {}", h.sequence + 1)
+                        } else {
+                            format!("files {} to {}", h.sequence + 1, cursor.sequence - 1)
+                        }
+                    )));
+                }
+                _ => {}
+            }
+            let mut ops = if keyed {
+                keys::decide(&engine, &mut lock(&w.books), lsn, ops)?
+            } else {
+                ops
+            };
+            let applied = FeedCursor {
+                applied_ms: now_ms(),
+                ..cursor
+            };
+            ops.push(Op::Cursor {
+                feed: feed.to_owned(),
+                cursor: applied,
+            });
+            cursors.insert(feed.to_owned(), applied);
+            Ok(ops)
+        })?;
+        Ok(match (decided, held) {
+            (Some(version), _) => Fed {
+                version,
+                applied: true,
+                cursor: self.snapshot().feeds.get(feed).copied().unwrap_or(cursor),
+            },
+            (None, held) => Fed {
+                version: self.snapshot().version,
+                applied: false,
+                cursor: held.unwrap_or(cursor),
+            },
+        })
+    }
+
+    /// Lifts the store's format to the version whose readers know a feed's cursor (once, before
+    /// its first cursor is logged): an older nearrec refuses the store rather than take the
+    /// cursor's record for a damaged one.
+    fn mark_feeds(&self, w: &Writer) -> Result<()> {
+        if w.feeds_marked.load(Relaxed) {
+            return Ok(());
+        }
+        let dir = lock_store_dir(&self.dir)?;
+        let mut manifest = nearrec_format::StoreReader::open(&self.dir)?
+            .manifest()
+            .clone();
+        if manifest.format_version < nearrec_format::FORMAT_VERSION {
+            manifest.format_version = nearrec_format::FORMAT_VERSION;
+            manifest.publish(&self.dir)?;
+        }
+        drop(dir);
+        w.feeds_marked.store(true, Relaxed);
+        Ok(())
+    }
+}
+
+/// The wall clock in ms since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,113 @@
+//! The suite's case for delta feeds (`Writes::feed`): each file applied once with its cursor,
+//! a file sent again taken as done, a gap and a bad file refused with nothing moved, the
+//! cursors durable across a compaction and a reopen.
+
+use nearrec::{ErrorKind, FeedCursor, RowWrite, WriteOptions};
+
+use super::{DIM, Open, fixture, rows_batch};
+
+/// A feed's files applied in order, each once: the cursor moves with the rows, in one call.
+pub fn a_feed_applies_each_file_once_with_its_cursor(open: Open) {
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = &*s.store;
+    let writes = needs!(store, writes);
+    lacking!(s, "feeds");
+    let d = DIM as usize;
+    let file = |sequence: u64| FeedCursor {
+        sequence,
+        step: Some(100 * sequence),
+        wall_time_ms: Some(1_700_000_000_000 + sequence),
+        applied_ms: 0,
+        rows: 2,
+    };
+    let opts = WriteOptions::default();
+    let rows: Vec<f32> = (0..2 * d).map(|i| i as f32 * 0.5 - 1.0).collect();
+    let w = RowWrite {
+        table: "t0",
+        ids: &[3, 8],
+        values: Some(&rows),
+    };
+    assert!(writes.feed_status().unwrap().is_empty());
+    // a feed the store has not seen starts anywhere
+    let fed = writes.feed("trainer", file(5), &[w], opts).unwrap();
+    assert!(fed.applied);
+    assert_eq!(fed.version, store.version().unwrap());
+    assert_eq!(fed.cursor.sequence, 5);
+    assert_eq!(fed.cursor.step, Some(500));
+    assert!(
+        fed.cursor.applied_ms >= 1_700_000_000_000,
+        "{:?}",
+        fed.cursor
+    );
+    let (pooled, read) = store.lookup(&rows_batch(&[3, 8])).unwrap();
+    assert_eq!((pooled.values, read.version), (rows.clone(), fed.version));
+    // sent again, or an older file: done already, nothing written
+    for sequence in [5, 4] {
+        let again = writes.feed("trainer", file(sequence), &[w], opts).unwrap();
+        assert!(!again.applied, "file {sequence}");
+        assert_eq!(again.version, fed.version, "file {sequence}");
+        assert_eq!(again.cursor.sequence, 5, "file {sequence}");
+    }
+    // a gap is refused, and so is a bad file: neither moves anything
+    let e = writes.feed("trainer", file(7), &[w], opts).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert!(e.to_string().contains("would skip file 6"), "{e}");
+    let nan = [f32::NAN; 8];
+    let bad = RowWrite {
+        table: "t0",
+        ids: &[1],
+        values: Some(&nan),
+    };
+    let e = writes.feed("trainer", file(6), &[bad], opts).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.table()),
+        (ErrorKind::InvalidRequest, Some("t0")),
+        "{e}"
+    );
+    assert_eq!(store.version().unwrap(), fed.version);
+    assert_eq!(writes.feed_status().unwrap()["trainer"].sequence, 5);
+    // the next file, a remove; another feed beside it keeps its own cursor
+    let remove = RowWrite {
+        table: "t0",
+        ids: &[3],
+        values: None,
+    };
+    let next = writes.feed("trainer", file(6), &[remove], opts).unwrap();
+    assert!(next.applied && next.version > fed.version);
+    let (pooled, _) = store.lookup(&rows_batch(&[3])).unwrap();
+    assert_eq!(pooled.values, vec![0.0; d]);
+    let other = writes.feed("other", file(1), &[], opts).unwrap();
+    assert!(other.applied, "a file of no rows moves its cursor");
+    let status = writes.feed_status().unwrap();
+    assert_eq!(
+        status
+            .iter()
+            .map(|(k, c)| (k.as_str(), c.sequence))
+            .collect::<Vec<_>>(),
+        [("other", 1), ("trainer", 6)]
+    );
+    // durable: through a compaction and a reopen, read-only too
+    lacking!(s, "its table files at the path");
+    writes.compact().unwrap();
+    let after = writes.feed("trainer", file(7), &[w], opts).unwrap();
+    assert!(after.applied);
+    drop(s);
+    let s = open(&path, false);
+    let status = s
+        .store
+        .writes()
+        .expect("writes, as before")
+        .feed_status()
+        .unwrap();
+    assert_eq!(status["trainer"].sequence, 7);
+    assert_eq!(status["trainer"].step, Some(700));
+    assert_eq!(status["other"].sequence, 1);
+    let e = (s
+        .store
+        .writes()
+        .unwrap()
+        .feed("trainer", file(8), &[w], opts))
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreReadOnly, "{e}");
+}
