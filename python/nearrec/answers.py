@@ -146,3 +146,25 @@ class Compaction:
     rows: int
     bytes: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class FeedCursor:
+    """Where a delta feed stands in a store (:meth:`Store.feed_status`): the ``sequence`` of
+    the last delta file it applied, the producer's ``step`` and ``wall_time_ms`` as that file
+    said (``None`` when it did not), the store's ``applied_ms`` when it logged the file's rows
+    (ms since the Unix epoch) and the file's ``rows``."""
+
+    sequence: int
+    step: int | None
+    wall_time_ms: int | None
+    applied_ms: int
+    rows: int
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """From the producer writing the file to the store logging it (``None``: the file gave
+        no wall time)."""
+        if self.wall_time_ms is None:
+            return None
+        return max(0, self.applied_ms - self.wall_time_ms) / 1000.0

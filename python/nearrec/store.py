@@ -20,6 +20,7 @@ import numpy.typing as npt
 from ._native import NativeStore
 from .answers import Changes as Changes  # re-exported: what the store's calls answer
 from .answers import Compaction as Compaction
+from .answers import FeedCursor as FeedCursor
 from .answers import PooledBatch as PooledBatch
 from .answers import Synced as Synced
 from .answers import Table as Table
@@ -383,6 +384,13 @@ class Store:
         if any(t.keyed for t in self._tables.values()):
             self._read_info()  # keys past their TTL were let go of
         return done
+
+    def feed_status(self) -> dict[str, FeedCursor]:
+        """Each delta feed applied to the store (``nearrec feed``, :func:`nearrec.feed.apply`),
+        by name, with the last delta file it applied: its sequence, the producer's step and
+        wall time, and when the store logged it (``FeedCursor.lag_seconds``)."""
+        return {name: FeedCursor(sequence, step, wall, applied, rows)
+                for name, sequence, step, wall, applied, rows in self._native.feed_status()}
 
     def advance_clock(self, seconds: int) -> int:
         """Moves the clock keyed tables' TTLs and admission windows read ``seconds`` ahead — a

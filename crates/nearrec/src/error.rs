@@ -368,6 +368,8 @@ fn format_class(e: &FormatError) -> Class<'_> {
         FormatError::UnknownDType(_) | FormatError::Repository { .. } => {
             (K::InvalidRequest, None, None)
         }
+        // a delta file names a row of itself, not of a table
+        FormatError::BadDelta { .. } => (K::InvalidRequest, None, None),
         _ => (K::Other, None, None),
     }
 }

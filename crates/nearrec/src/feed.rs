@@ -9,8 +9,7 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nearrec_format::delta::{self, Delta, Shape, Values};
 use nearrec_format::{FeedCursor, FormatError};
@@ -35,27 +34,22 @@ pub trait DeltaSource: Send {
         sequence: u64,
         shapes: &dyn Fn(&str) -> Option<Shape>,
     ) -> Result<(Delta, Option<Vec<Weight>>)>;
-
-    /// Waits until new deltas may have come, at most `timeout`.
-    fn wait(&mut self, timeout: Duration);
 }
 
 /// Delta files in a directory, named by their sequence (`<sequence>.arrow` / `.parquet`, the
-/// dense weights `<sequence>.dense.npz` beside them), found by listing it every `poll`. A
-/// producer writes each file under another name and renames it (as [`delta::write`] does):
-/// a file that does not read yet is read again at the next poll while the feeder watches.
+/// dense weights `<sequence>.dense.npz` beside them), found by listing it. A producer writes
+/// each file under another name and renames it (as [`delta::write`] does): a watching feeder
+/// reads a file that does not read yet again at its next pass.
 #[derive(Debug)]
 pub struct DirSource {
     dir: PathBuf,
-    poll: Duration,
     files: Vec<(u64, PathBuf)>,
 }
 
 impl DirSource {
-    pub fn new(dir: impl Into<PathBuf>, poll: Duration) -> Self {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
-            poll,
             files: Vec::new(),
         }
     }
@@ -114,10 +108,6 @@ impl DeltaSource for DirSource {
             }
         };
         Ok((d, dense))
-    }
-
-    fn wait(&mut self, timeout: Duration) {
-        std::thread::sleep(self.poll.min(timeout));
     }
 }
 
@@ -238,33 +228,6 @@ impl<'a> Feeder<'a> {
             expected = Some(sequence + 1);
         }
         Ok(done)
-    }
-
-    /// Applies deltas as they come until `stop` is set, every `poll` at most; `each` is told
-    /// of each. A file that does not read is tried again at the next poll (a producer that
-    /// writes in place, not by rename, may not have finished it), and so is a gap; an error
-    /// of the store ends the run.
-    pub fn watch(
-        &mut self,
-        stop: &AtomicBool,
-        poll: Duration,
-        each: &mut dyn FnMut(&Applied),
-        refused: &mut dyn FnMut(&Error),
-    ) -> Result<u64> {
-        let mut count = 0;
-        while !stop.load(Ordering::Relaxed) {
-            let started = Instant::now();
-            match self.apply_pending(each) {
-                Ok(done) => count += done.len() as u64,
-                Err(e @ Error::Format(_)) => refused(&e),
-                Err(e) => return Err(e),
-            }
-            let left = poll.saturating_sub(started.elapsed());
-            if !left.is_zero() && !stop.load(Ordering::Relaxed) {
-                self.source.wait(left);
-            }
-        }
-        Ok(count)
     }
 
     fn describe_file(&self, sequence: u64) -> PathBuf {

@@ -60,7 +60,10 @@
 //!   published as `Snapshot`s read through arc-swap), `compact.rs` (compaction, crash-safe at each
 //!   step), `tables.rs` (`create_table` / `drop_table`), `follow.rs` (a read-only store following
 //!   its writer every `follow_ms`), `txn.rs` (the store's part in a write across shards:
-//!   prepared, committed or aborted transactions, their `txn/` files recovered on open);
+//!   prepared, committed or aborted transactions, their `txn/` files recovered on open),
+//!   `feed.rs` (a delta file's rows and its feed's cursor in one record, decided in log order);
+//! - `feed.rs`: the feeder — delta files (`nearrec_format::delta`) from a `DeltaSource` applied
+//!   in sequence order to any store that writes, each once;
 //! - `membership.rs` + `store/replica.rs`: a store as a replica of its shard — its membership (an
 //!   epoch and the shard's members, kept in `MEMBERSHIP`) checked by every write, the fence of
 //!   a catch-up, the rows a replica catching up adopts at its shard's count of writes;

@@ -68,7 +68,7 @@ fn feeder<'a>(store: &'a Store, dir: &Path, from: Option<u64>) -> Feeder<'a> {
         from,
         ..FeedOptions::default()
     };
-    let source = Box::new(DirSource::new(dir, Duration::from_millis(10)));
+    let source = Box::new(DirSource::new(dir));
     Feeder::new(store, source, options).unwrap()
 }
 

@@ -1,12 +1,12 @@
-"""The ``nearrec`` command line: build, info, verify, gc, update, compact, publish, swap,
+"""The ``nearrec`` command line: build, info, verify, gc, update, feed, compact, publish, swap,
 shard, serve, lookup, predict, trace, infer, plan, colocate, simulate, bench.
 
 Human-readable output by default, ``--json`` for machines; progress bars on long work when
 stderr is a terminal (``--progress`` forces them). Errors print one line and exit with status 2
 (bad input) or 1 (the store, the system, a missing extra); ``--debug`` shows the traceback.
 
-The verbs live by what they touch: :mod:`.stores` (build, info, verify, gc, update, compact,
-publish, swap, shard),
+The verbs live by what they touch: :mod:`.stores` (build, info, verify, gc, update, feed,
+compact, publish, swap, shard),
 :mod:`.serving` (serve, lookup, predict), :mod:`.workloads` (trace, plan, colocate, infer,
 simulate, bench); the flags they share are in :mod:`.flags`, what they print in :mod:`.output`.
 This module holds the command tree (:func:`parser`) and :func:`main`.
@@ -30,6 +30,7 @@ from .serving import cmd_lookup, cmd_predict, cmd_serve, cmd_triton, flag_dest
 from .stores import (
     cmd_build,
     cmd_compact,
+    cmd_feed,
     cmd_gc,
     cmd_info,
     cmd_publish,
@@ -151,6 +152,27 @@ def parser() -> argparse.ArgumentParser:
     store_flags(up)
     common(up)
     up.set_defaults(func=cmd_update)
+
+    fe = sub.add_parser("feed", help="apply a trainer's delta files to a store as they come, "
+                                     "each once (here or on a node)")
+    fe.add_argument("dir", help="a directory of delta files (<sequence>.arrow / .parquet, "
+                                "docs/format.md §17)")
+    remote_flags(fe, "the store")
+    fe.add_argument("--to", metavar="STORE", help="the store (as PATH)")
+    fe.add_argument("--name", default="default",
+                    help="the feed's name: its cursor's in the store (default: %(default)s)")
+    fe.add_argument("--from", dest="start", type=int, metavar="SEQ",
+                    help="the first sequence, when the store has never seen the feed")
+    fe.add_argument("--watch", action="store_true",
+                    help="follow the directory until interrupted, printing each file applied")
+    fe.add_argument("--poll", type=float, default=0.2, metavar="S",
+                    help="with --watch: how often the directory is listed (default: %(default)s)")
+    fe.add_argument("--durability", choices=["sync", "async"], default="sync",
+                    help="a store opened here: whether each file's call waits for the disk "
+                         "(default: %(default)s)")
+    store_flags(fe)
+    common(fe)
+    fe.set_defaults(func=cmd_feed)
 
     cp = sub.add_parser("compact", help="fold a live store's logged writes into its table files")
     cp.add_argument("path", help="a store directory (no other writer may hold it)")
@@ -426,6 +448,8 @@ EXAMPLES = {
     "update": "nearrec update --remote 10.0.0.5:50051 rmc1 --from ckpt.pt "
               "--token-file ~/.nearrec/token",
     "compact": "nearrec compact /data/rmc1",
+    "feed": "nearrec feed /deltas/dlrm dlrm --remote 10.0.0.5:50051 --watch --token-file "
+            "~/.nearrec/token",
     "publish": "nearrec publish /models/dlrm /scratch/dlrm-retrained",
     "shard": "nearrec shard /data/rmc1 --shards 4 --scheme auto --trace rmc1.nrtrace "
              "--replicate-hot 10000 --out /data/rmc1-4",

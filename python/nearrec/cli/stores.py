@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import nearrec
 
+from .. import feed
 from ..errors import InvalidRequest, NearrecError
 from .flags import open_store, store_config
 from .output import emit, human_bytes, human_time
@@ -177,6 +179,42 @@ def cmd_update(args: argparse.Namespace) -> int:
                         if done.dense else []))
           + f"\n{rows:,} rows in {human_time(seconds)}; the store is at version {store.version}"
           + (f", compacted ({human_bytes(compacted.bytes)} written)" if compacted else ""))
+    return 0
+
+
+def cmd_feed(args: argparse.Namespace) -> int:
+    if args.to:
+        if args.path:
+            raise InvalidRequest("nearrec feed: the store is PATH or --to, not both")
+        args.path = args.to
+    store = open_store(args, "feed", writable=True)
+
+    def said(a: feed.Applied) -> str:
+        lag = "" if a.lag_seconds is None else f", {human_time(a.lag_seconds)} after it was written"
+        state = "applied" if a.applied else "applied before"
+        return f"file {a.sequence}: {a.rows:,} rows {state} (version {a.version}{lag})"
+
+    if not args.watch:
+        done = feed.apply(args.dir, store, name=args.name, start=args.start)
+        cursor = store.feed_status().get(args.name)
+        emit(args, {"applied": [asdict(a) for a in done],
+                    "cursor": asdict(cursor) if cursor else None},
+             "\n".join([said(a) for a in done]
+                       + [f"feed {args.name!r}: {len(done)} file(s) applied; the store has "
+                          + (f"applied file {cursor.sequence} last" if cursor else "none")]))
+        return 0
+
+    def each(a: feed.Applied) -> None:
+        print(json.dumps(asdict(a)) if args.json else said(a), flush=True)
+
+    def refused(e: Exception) -> None:
+        print(f"nearrec feed: waiting: {e}", file=sys.stderr, flush=True)
+
+    try:
+        feed.watch(args.dir, store, name=args.name, start=args.start, poll=args.poll,
+                           on_applied=each, on_refused=refused)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

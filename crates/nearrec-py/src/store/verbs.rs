@@ -298,6 +298,64 @@ impl NativeStore {
         Ok((c.version, c.tables, c.rows, c.bytes, c.seconds))
     }
 
+    /// Each delta feed the store has applied, with the last file it applied: (name, sequence,
+    /// step, wall_time_ms, applied_ms, rows).
+    #[allow(clippy::type_complexity)]
+    fn feed_status(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Vec<(String, u64, Option<u64>, Option<u64>, u64, u64)>> {
+        let feeds = run(py, || {
+            self.api
+                .able(self.api.writes(), "feed_status")?
+                .feed_status()
+        })?;
+        Ok(feeds
+            .into_iter()
+            .map(|(name, c)| {
+                (
+                    name,
+                    c.sequence,
+                    c.step,
+                    c.wall_time_ms,
+                    c.applied_ms,
+                    c.rows,
+                )
+            })
+            .collect())
+    }
+
+    /// Applies the delta files of directory `dir` after the store's cursor of feed `name`
+    /// (from sequence `start` when the store holds none), in order, each once
+    /// (`nearrec::feed`): per file (sequence, rows, version, applied, lag in seconds or None).
+    #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (dir, name, start=None, allow_nonfinite=false))]
+    fn feed_dir(
+        &self,
+        py: Python<'_>,
+        dir: std::path::PathBuf,
+        name: String,
+        start: Option<u64>,
+        allow_nonfinite: bool,
+    ) -> PyResult<Vec<(u64, u64, u64, bool, Option<f64>)>> {
+        let options = nearrec::feed::FeedOptions {
+            name,
+            from: start,
+            write: nearrec::WriteOptions { allow_nonfinite },
+        };
+        let done = run(py, || {
+            let source = Box::new(nearrec::feed::DirSource::new(dir));
+            nearrec::feed::Feeder::new(&*self.api, source, options)?.apply_pending(&mut |_| {})
+        })?;
+        Ok(done
+            .iter()
+            .map(|a| {
+                let lag = a.lag.map(|l| l.as_secs_f64());
+                (a.sequence, a.rows, a.version, a.applied, lag)
+            })
+            .collect())
+    }
+
     fn version(&self, py: Python<'_>) -> PyResult<u64> {
         run(py, || self.api.version())
     }
