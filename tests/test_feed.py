@@ -6,6 +6,7 @@ column."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import nearrec
+import nearrec.feed
 from nearrec.errors import InvalidRequest
 
 DIM = 8
@@ -162,6 +164,13 @@ def test_the_command_feeds_a_node_and_a_killed_feeder_applies_nothing_twice(
         assert [a["sequence"] for a in applied] == [1, 2, 3]
         remote = nearrec.connect(node.address, "s")
         assert remote.feed_status()["trainer"].sequence == 3
+        metrics = node.metrics()
+        labels = {"store": "s", "feed": "trainer"}
+        assert (labels, 3.0) in metrics["nearrec_feed_applied_sequence"]
+        [(_, lag)] = metrics["nearrec_feed_lag_seconds"]
+        assert 0 <= lag < 60, lag
+        [(_, at)] = metrics["nearrec_feed_applied_timestamp_seconds"]
+        assert abs(at - time.time()) < 60, at
         version = remote.version
         # a second feeder (the first was killed after its last call) finds only the new file
         delta(deltas, 4, {"b": ([4], np.full((1, DIM), 4, np.float32))})
@@ -171,3 +180,122 @@ def test_the_command_feeds_a_node_and_a_killed_feeder_applies_nothing_twice(
         np.testing.assert_array_equal(rows_of(remote, "b", [4]), np.full((1, DIM), 4, np.float32))
     finally:
         assert node.stop() == 0
+
+
+def test_a_torchrec_training_loop_feeds_a_node_as_it_trains(tmp_path: Path) -> None:
+    """The done-when of delta feeds: TorchRec's DLRM trained 300 steps with a Publisher on,
+    a node fed by ``nearrec feed --watch`` at the same time (files applied while the loop
+    runs); after the last file the node's tables are the trained tables and its inferences
+    the trained model's, each file applied once, in order."""
+    pytest.importorskip("torchrec")
+    import torch
+    import torchrec
+    from conftest import Node
+    from dlrm_requests import TORCHREC_INPUTS, TORCHREC_ROWS, body_for, torchrec_answer
+    from test_torchrec import dlrm
+
+    import nearrec.models as nm
+    from nearrec.torch import from_torchrec
+
+    torch.manual_seed(7)
+    model = dlrm()
+    nm.save(nm.offload(from_torchrec(model.eval(), tmp_path / "dlrm")), tmp_path / "dlrm")
+    model.train()
+    deltas = tmp_path / "deltas"
+    publisher = nearrec.feed.Publisher(deltas, model, every_steps=20, dense_every=3)
+    node = Node(str(tmp_path / "dlrm"), "--writable")
+    feeder = subprocess.Popen(
+        [sys.executable, "-m", "nearrec.cli", "feed", str(deltas), "--remote", node.address,
+         "--watch", "--poll", "0.05", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        remote = nearrec.connect(node.address)
+
+        def caught_up(timeout: float = 60.0) -> None:
+            want = publisher.next_sequence - 1
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                cursor = remote.feed_status().get("default")
+                if cursor is not None and cursor.sequence == want:
+                    return
+                time.sleep(0.05)
+            raise AssertionError(f"the node did not reach file {want}: {remote.feed_status()}")
+
+        rng = np.random.default_rng(7)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(300):
+            body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, 16)
+            f = body["features"]
+            kjt = torchrec.KeyedJaggedTensor(
+                list(f), torch.tensor([i for k in f for i in f[k]["ids"]], dtype=torch.int64),
+                lengths=torch.tensor([n for k in f for n in f[k]["lengths"]], dtype=torch.int64))
+            clicks = torch.from_numpy(rng.integers(0, 2, (16, 1)).astype(np.float32))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                model(torch.tensor(body["dense"]), kjt), clicks)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            publisher.step(kjt)
+            if step == 149:
+                caught_up()  # applied while the loop runs, not only at its end
+        assert publisher.flush() is not None
+        caught_up()
+        model.eval()
+        ebc = model.sparse_arch.embedding_bag_collection
+        for t in ("t0", "t1", "t2"):
+            want = ebc.embedding_bags[t].weight.detach().numpy()
+            np.testing.assert_array_equal(remote.read_rows(t, np.arange(len(want))), want)
+        for batch in (1, 6, 64):
+            body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, batch)
+            f = body["features"]
+            kjt = torchrec.KeyedJaggedTensor(
+                list(f), torch.tensor([i for k in f for i in f[k]["ids"]], dtype=torch.int64),
+                lengths=torch.tensor([n for k in f for n in f[k]["lengths"]], dtype=torch.int64))
+            np.testing.assert_allclose(remote.infer(torch.tensor(body["dense"]), kjt),
+                                       torchrec_answer(model, body), rtol=1e-5, atol=1e-6)
+    finally:
+        feeder.send_signal(signal.SIGINT)
+        out, err = feeder.communicate(timeout=30)
+        assert node.stop() == 0
+    assert feeder.returncode == 0, err
+    applied = [json.loads(line) for line in out.splitlines()]
+    files = publisher.next_sequence - 1
+    assert [a["sequence"] for a in applied] == list(range(1, files + 1)), err
+    assert all(a["applied"] for a in applied) and files == 16
+
+
+def test_a_sharded_store_takes_each_file_on_every_shard(store_dir: Path) -> None:
+    """``nearrec feed --sharded``: a 2 × 2 sharded store (its tables cut by rows) takes each
+    file's rows where they live and the cursor on every shard in one transaction; a feeder
+    started again applies nothing twice."""
+    from test_distributed import Served, name_replicas
+
+    from nearrec import distributed
+
+    deltas = store_dir / "deltas"
+    root = store_dir / "shards"
+    plan = distributed.shard(store_dir / "store", root, 2, replicas=2, scheme="row")
+    served = Served(root, plan)
+    try:
+        name_replicas(root, served.replicas(), "")
+        rows = {s: np.full((3, DIM), s, np.float32) for s in (1, 2)}
+        delta(deltas, 1, {"a": ([0, 25, 49], rows[1])})
+        delta(deltas, 2, {"b": ([1, 48, 30], rows[2])}, {"a": [25]})
+        cmd = [sys.executable, "-m", "nearrec.cli", "feed", str(deltas), "--sharded", str(root),
+               "--json"]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert [a["sequence"] for a in json.loads(out.stdout)["applied"]] == [1, 2]
+        store = distributed.open_dir(root)
+        assert store.feed_status()["default"].sequence == 2
+        np.testing.assert_array_equal(rows_of(store, "a", [0, 25, 49]),
+                                      [rows[1][0], np.zeros(DIM), rows[1][2]])
+        np.testing.assert_array_equal(rows_of(store, "b", [1, 48, 30]), rows[2])
+        # every replica of every shard holds the cursor
+        for shard in served.nodes:
+            for node in shard:
+                assert nearrec.connect(node.address, "s").feed_status()["default"].sequence == 2
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        assert out.returncode == 0 and json.loads(out.stdout)["applied"] == [], out.stderr
+    finally:
+        served.stop()

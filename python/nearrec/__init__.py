@@ -30,15 +30,16 @@ The modules, lowest layer first: each imports only from the layers before it
   ``NativeStore`` (a keyed table's lookups name raw 64-bit keys); :class:`KeyedTable`, rows
   by unbounded 64-bit ids held in DRAM alone, and ``keyed.index_bytes``, the DRAM a store's
   keyed table's index takes.
-- {``build``, ``feed``, ``trace``, ``remote``, ``gpu``}: :func:`from_numpy`,
+- {``build``, ``trace``, ``remote``, ``gpu``}: :func:`from_numpy`,
   :func:`from_state_dict` (both take ``keys=`` for keyed tables), :func:`from_encoded` (rows
   already quantised, as FBGEMM writes them), :func:`build`, :func:`update`, :func:`remove`;
-  ``nearrec.feed`` (a trainer's delta files applied to a store, each once: ``apply``,
-  ``watch``); ``nearrec.trace`` (generators, ``.nrtrace``
+  ``nearrec.trace`` (generators, ``.nrtrace``
   files, FBGEMM conversion, profiles); :func:`connect` and the pickling of a node's store
   (``RemoteStore`` is a deprecated alias of :class:`Store`); ``nearrec.gpu``, the HBM tier.
-- ``distributed``: a store cut into shards (``plan_shards``, ``shard``, ``load_plan``) and
-  ``connect``, a :class:`Store` over the Rust router that serves it from several nodes.
+- {``distributed``, ``feed``}: a store cut into shards (``plan_shards``, ``shard``,
+  ``load_plan``) and ``connect``, a :class:`Store` over the Rust router that serves it from
+  several nodes; ``nearrec.feed``, a trainer's delta files applied to a store each once
+  (``apply``, ``watch``) and written by its training loop (``Publisher``).
 - ``nearrec.torch``: ``EmbeddingBag``, ``KeyedEmbeddingBag``, ``EmbeddingBagCollection`` and
   ``EmbeddingCollection`` over a store, ``KeyedJaggedTensor``; ``from_torchrec``; the
   ``nearrec::`` custom ops that ``torch.compile`` / ``torch.export`` see.
@@ -55,7 +56,7 @@ The modules, lowest layer first: each imports only from the layers before it
 
 from __future__ import annotations
 
-from . import errors, feed
+from . import errors
 from ._native import __version__
 from .build import Updated, build, from_encoded, from_numpy, from_state_dict, remove, update
 from .config import StoreConfig
@@ -131,7 +132,6 @@ __all__ = [
     "MODELS",
     "Changes",
     "FeedCursor",
-    "feed",
     "Compaction",
     "DeltaFull",
     "KeysFull",

@@ -16,7 +16,7 @@ HOT_ROW_OVERHEAD: int
 __all__ = [
     "__version__", "FORMAT_VERSION", "CACHE_SLOT_OVERHEAD", "HOT_ROW_OVERHEAD", "NativeStore",
     "NativePending", "NativeStream", "NativeCollection", "StoreConfig", "TableLookup",
-    "parse_size", "model_save", "as_array", "index_vector", "weights_vector",
+    "parse_size", "model_save", "delta_write", "as_array", "index_vector", "weights_vector",
     "pooling_mode", "padding_idx", "jagged", "key_index_bytes",
     "NativeStoreWriter", "NativeKeyedTable", "NativeModel", "cache_simulate", "device_simulate",
     "device_preset", "device_fit", "device_read_rate", "disk_read_rate", "verify_store",
@@ -187,6 +187,14 @@ class NativeStore:
     def close(self) -> None: ...
 
 def parse_size(text: str) -> int: ...
+def delta_write(
+    path: str | PathLike[str],
+    sequence: int,
+    step: int | None,
+    wall_time_ms: int | None,
+    upserts: Sequence[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32]]],
+    deletes: Sequence[tuple[str, npt.NDArray[np.int64]]],
+) -> None: ...
 def model_save(
     path: _Path, config_json: str, weights: list[tuple[str, npt.NDArray[np.float32]]]
 ) -> None: ...

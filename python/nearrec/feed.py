@@ -1,6 +1,7 @@
 """Delta feeds: a trainer's changed rows applied to a served store as it trains.
 
-A producer writes delta files (``docs/format.md`` §17: Arrow IPC or Parquet rows of
+A producer — :class:`Publisher` in a PyTorch / TorchRec training loop, or any program that
+writes the format — writes delta files (``docs/format.md`` §17: Arrow IPC or Parquet rows of
 ``(table, id, op, values)``, named by a sequence number) into a directory; :func:`apply` applies
 the files after the store's cursor, in order, each in one atomic call that also moves the feed's
 cursor (``docs/live.md``, "Delta feeds"), so a feeder killed at any moment and started again
@@ -13,13 +14,20 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from . import _native
+from .build import _split_state_dict
 from .errors import InvalidRequest
+from .request import count
 from .store import Store
 
-__all__ = ["Applied", "apply", "watch"]
+__all__ = ["Applied", "Publisher", "apply", "watch"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +90,114 @@ def watch(
                 on_refused(e)
         stop.wait(max(0.0, poll - (time.monotonic() - started)))
     return count
+
+
+def _sequences(directory: Path) -> list[int]:
+    """The sequences of the delta files in ``directory`` (``<digits>.arrow`` / ``.parquet``)."""
+    out = []
+    for p in directory.iterdir():
+        stem, _, ext = p.name.rpartition(".")
+        if ext in ("arrow", "parquet") and stem.isdigit() and len(stem) <= 20:
+            out.append(int(stem))
+    return sorted(out)
+
+
+class Publisher:
+    """The training loop's side of a delta feed: call :meth:`step` after each optimizer step
+    with the step's ``KeyedJaggedTensor`` (or a list of them); every ``every_steps`` steps it
+    writes one delta file into ``directory`` holding the rows of each ``EmbeddingBagCollection``
+    table of ``model`` that the steps since the last file touched — found by the KJTs' ids,
+    not by diffing whole tables — as the tables hold them after the step, with the model's
+    dense weights beside it every ``dense_every`` files (0: never but at :meth:`flush`).
+
+    Rows an optimizer changes without their ids in the step's features (weight decay or
+    momentum on untouched rows) are not seen: such a trainer publishes whole tables with
+    :func:`nearrec.update` instead. Files are numbered on from the largest sequence in the
+    directory (or from ``start``), each written whole under its name (a feeder never reads
+    half of one); the dense weights first, so a feeder that reads a file finds them."""
+
+    def __init__(self, directory: str | os.PathLike[str], model: Any, *,
+                 every_steps: int = 1000, dense_every: int = 0,
+                 start: int | None = None) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.every_steps = count(every_steps, "every_steps", minimum=1)
+        self.dense_every = count(dense_every, "dense_every", minimum=0)
+        self._model = model
+        self._weights: dict[str, Any] = {}
+        self._features: dict[str, list[str]] = {}
+        for m in model.modules():
+            configs = getattr(m, "embedding_bag_configs", None)
+            if not callable(configs) or not hasattr(m, "embedding_bags"):
+                continue
+            for c in configs():
+                self._weights[c.name] = m.embedding_bags[c.name].weight
+                for f in c.feature_names:
+                    self._features.setdefault(f, []).append(c.name)
+        if not self._weights:
+            raise InvalidRequest(f"{type(model).__name__} holds no EmbeddingBagCollection whose "
+                                 "rows a delta could carry")
+        taken = _sequences(self.directory)
+        self.next_sequence = count(start, "start", minimum=0) if start is not None \
+            else (taken[-1] + 1 if taken else 1)
+        self._touched: dict[str, list[Any]] = {}
+        self.steps = 0
+        self.files = 0
+
+    def step(self, features: Any | Iterable[Any]) -> Path | None:
+        """Records the ids a training step's ``KeyedJaggedTensor`` (or several) touched; every
+        ``every_steps`` steps, writes a delta file (:meth:`publish`) and returns its path."""
+        batches: list[Any] = list(features) if isinstance(features, list | tuple) \
+            else [features]
+        for kjt in batches:
+            for key in kjt.keys():
+                for table in self._features.get(key, ()):
+                    self._touched.setdefault(table, []).append(kjt[key].values().detach())
+        self.steps += 1
+        if self.steps % self.every_steps == 0:
+            return self.publish()
+        return None
+
+    def publish(self, *, dense: bool | None = None) -> Path | None:
+        """Writes a delta file of the rows touched since the last one, with the dense weights
+        when ``dense`` (default: every ``dense_every`` files); its path, or ``None`` when there
+        was nothing to write."""
+        import torch
+
+        if dense is None:
+            dense = self.dense_every > 0 and (self.files + 1) % self.dense_every == 0
+        upserts = []
+        with torch.no_grad():
+            for table, parts in sorted(self._touched.items()):
+                ids = torch.unique(torch.cat(parts).to("cpu", torch.int64))
+                w = self._weights[table]
+                rows = w[ids.to(w.device)].to("cpu", torch.float32).numpy()
+                upserts.append((table, np.ascontiguousarray(ids.numpy()), rows))
+        if not upserts and not dense:
+            return None
+        sequence = self.next_sequence
+        if dense:
+            self._write_dense(sequence)
+        path = self.directory / f"{sequence:020d}.arrow"
+        _native.delta_write(path, sequence, self.steps, int(time.time() * 1000), upserts, [])
+        self._touched.clear()
+        self.next_sequence += 1
+        self.files += 1
+        return path
+
+    def flush(self) -> Path | None:
+        """Writes what is touched and not yet published, with the dense weights (a training
+        run's end)."""
+        return self.publish(dense=True)
+
+    def _write_dense(self, sequence: int) -> None:
+        state = self._model.state_dict()
+        _, names = _split_state_dict(state, None)
+        arrays = {n: state[n].detach().to("cpu").float().numpy() for n in names}
+        final = self.directory / f"{sequence:020d}.dense.npz"
+        tmp = self.directory / f".{final.name}.tmp"
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.rename(final)

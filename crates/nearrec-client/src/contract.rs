@@ -220,12 +220,15 @@ impl Replica for Client {
         options: WriteOptions,
         note: &str,
         epoch: Option<u64>,
+        feed: Option<(&str, FeedCursor)>,
     ) -> nearrec::Result<()> {
         let req = pb::TransactionRequest {
             writes: convert::writes(writes),
             allow_nonfinite: options.allow_nonfinite,
             note: note.to_owned(),
             epoch,
+            feed: feed.map(|(f, _)| f.to_owned()).unwrap_or_default(),
+            cursor: feed.map(|(_, c)| convert::cursor(c)),
             ..self.transaction(tx, Step::Prepare)
         };
         self.call(req)?;

@@ -35,7 +35,8 @@ use std::sync::{Arc, RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use nearrec::{
-    Decision, Error, ErrorKind, Replica as _, RowWrite, Transaction, TxState, WriteOptions,
+    Decision, Error, ErrorKind, FeedCursor, Replica as _, RowWrite, Transaction, TxState,
+    WriteOptions,
 };
 
 use crate::members;
@@ -120,12 +121,15 @@ impl Coordinator<'_> {
     /// all of them or none. Retried while a prepare is refused because another transaction holds
     /// a row, within the call's `timeout` (none: without end), settling each time the
     /// transactions older than it ([`SETTLE_AFTER`] without one).
+    /// `feed`: the rows are that feed's delta file, its cursor committed with them on every
+    /// shard of `shards`.
     pub fn write(
         &self,
         shards: &[usize],
         calls: &[Vec<RowWrite<'_>>],
         options: WriteOptions,
         timeout: Option<Duration>,
+        feed: Option<(&str, FeedCursor)>,
     ) -> nearrec::Result<()> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let settle_after = timeout.unwrap_or(SETTLE_AFTER);
@@ -135,7 +139,7 @@ impl Coordinator<'_> {
         let mut pause = Duration::from_millis(5);
         let mut learned = false;
         loop {
-            match self.attempt(shards, calls, options) {
+            match self.attempt(shards, calls, options, feed) {
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -177,6 +181,7 @@ impl Coordinator<'_> {
         shards: &[usize],
         calls: &[Vec<RowWrite<'_>>],
         options: WriteOptions,
+        feed: Option<(&str, FeedCursor)>,
     ) -> nearrec::Result<()> {
         let tx = fastrand::u128(..);
         let mut shares = Vec::new();
@@ -206,7 +211,7 @@ impl Coordinator<'_> {
         .to_string();
         // phase one
         let mut prepared = on_each(&shares, |s| {
-            (s.replica.client).prepare_write(tx, s.calls, options, &note, Some(s.epoch))
+            (s.replica.client).prepare_write(tx, s.calls, options, &note, Some(s.epoch), feed)
         });
         // refused: a replica said no (a held row, a full delta), or no replica of a shard (or not
         // the decider) could answer; a replica that could not answer where another of its shard

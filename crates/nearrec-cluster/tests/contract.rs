@@ -50,11 +50,6 @@ fn sharded(path: &Path, writable: bool, options: ShardOptions) -> (ShardedStore,
          to a directory",
     )];
     lacks.push((
-        "feeds",
-        "a sharded store's feed (its cursor on every shard in one transaction) is not there \
-         yet: refused, Unsupported",
-    ));
-    lacks.push((
         "its table files at the path",
         "each shard serves a copy of its part, cut from the path",
     ));
@@ -336,7 +331,7 @@ fn a_write_across_shards_commits_on_every_replica_or_nowhere() {
     };
     for c in &clients[1] {
         // no note a router reads: left alone by settling, whatever its age
-        c.prepare_write(99, &[hold], WriteOptions::default(), "", None)
+        c.prepare_write(99, &[hold], WriteOptions::default(), "", None, None)
             .unwrap();
     }
     values[dim + 2] = 7.0;
@@ -433,6 +428,7 @@ fn a_write_its_router_left_prepared_is_settled_as_its_decider_says() {
                 WriteOptions::default(),
                 "decider=0/0 shards=0,1",
                 None,
+                None,
             )
             .unwrap();
         }
@@ -485,6 +481,7 @@ fn a_write_its_router_left_prepared_is_settled_as_its_decider_says() {
             &[w],
             WriteOptions::default(),
             "decider=0/0 shards=0,1",
+            None,
             None,
         )
         .unwrap();

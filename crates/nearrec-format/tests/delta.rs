@@ -86,6 +86,17 @@ fn written_files_read_back_in_both_encodings() {
 }
 
 #[test]
+fn a_file_of_no_rows_reads_as_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    for encoding in [Encoding::Arrow, Encoding::Parquet] {
+        let p = path(dir.path(), 3, encoding);
+        delta::write(&p, &header(3), &[], None).unwrap();
+        let back = delta::read(&p, shapes).unwrap();
+        assert_eq!((back.header, back.rows()), (header(3), 0), "{encoding:?}");
+    }
+}
+
+#[test]
 fn encoded_rows_and_deleted_rows_are_taken_as_they_are() {
     let dir = tempfile::tempdir().unwrap();
     let rb = DType::Int8.row_bytes(16) as usize;

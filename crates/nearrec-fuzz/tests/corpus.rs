@@ -182,6 +182,63 @@ mod seeds {
         let path = tmp.path().join("t.nrtrace");
         nearrec::plan::write_trace(&path, 4, 0, &trace, false).unwrap();
         put("trace_file", "two-tables", &std::fs::read(&path).unwrap());
+        // delta files: float32 rows of two tables with a delete (Arrow IPC), keys of the keyed
+        // table, and int8 rows taken as they are (Parquet)
+        {
+            use nearrec::format::delta::{self, Changes, Encoding, Header, Values};
+            let header = Header {
+                sequence: 1,
+                step: Some(10),
+                wall_time_ms: Some(1_700_000_000_000),
+            };
+            let f32s = vec![
+                Changes {
+                    table: "a".into(),
+                    upserts: vec![1, 5],
+                    values: Values::F32((0..8).map(|i| i as f32 * 0.5).collect()),
+                    deletes: vec![9],
+                    deleted: None,
+                },
+                Changes {
+                    table: "k".into(),
+                    upserts: vec![nearrec_fuzz::keys()[3] as i64, -1],
+                    values: Values::F32(vec![0.25; 8]),
+                    deletes: vec![nearrec_fuzz::keys()[0] as i64],
+                    deleted: None,
+                },
+            ];
+            let rb = nearrec::format::DType::Int8.row_bytes(8) as usize;
+            let mut rows = vec![0u8; 2 * rb];
+            for (k, row) in rows.chunks_exact_mut(rb).enumerate() {
+                let v: Vec<f32> = (0..8).map(|j| (k * 8 + j) as f32 * 0.1).collect();
+                nearrec::format::DType::Int8.encode_row(&v, row);
+            }
+            let int8 = vec![Changes {
+                table: "b".into(),
+                upserts: vec![0, 96],
+                values: Values::Encoded(rows),
+                deletes: vec![],
+                deleted: None,
+            }];
+            for (name, tables, encoding, dtype, kind) in [
+                ("float32", f32s, Encoding::Arrow, None, 0u8),
+                (
+                    "int8",
+                    int8,
+                    Encoding::Parquet,
+                    Some(nearrec::format::DType::Int8),
+                    1,
+                ),
+            ] {
+                let path = tmp.path().join(delta::file_name(1, encoding));
+                delta::write(&path, &header, &tables, dtype).unwrap();
+                put(
+                    "delta_file",
+                    name,
+                    &[&[kind][..], &std::fs::read(&path).unwrap()].concat(),
+                );
+            }
+        }
         // lookups of every pooling mode, with weights and padding, and one id out of range
         for (name, mode, weights, padding, bad) in [
             ("sum", pb::PoolingMode::Sum, false, None, false),

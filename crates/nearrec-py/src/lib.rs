@@ -12,6 +12,7 @@
 //!   `stream` → `NativeStream` (`pending.rs`); what only an embedded store has answers
 //!   `Unsupported`;
 //! - `files.rs`: a store on disk without opening it: verify, scrub, gc, manifest, attachments;
+//! - `delta.rs`: delta files written (a trainer's changed rows, `nearrec.feed.Publisher`);
 //! - `lookup.rs`: the native `TableLookup`, its arrays converted once at construction and
 //!   viewed by the engine without a copy; `HeldBatch`, a call's lookups held so that it runs
 //!   without the GIL;
@@ -41,6 +42,7 @@ mod cache;
 mod collection;
 mod config;
 mod convert;
+mod delta;
 mod device;
 mod error;
 mod files;
@@ -88,6 +90,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(convert::jagged, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(model::model_save, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_write, m)?)?;
     m.add_class::<plan::NativePlan>()?;
     m.add_function(wrap_pyfunction!(plan::plan_make, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan_check_trace, m)?)?;

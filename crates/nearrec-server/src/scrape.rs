@@ -6,8 +6,9 @@
 //! per store the directory and repository version it serves, its lookups per tier, DRAM hit
 //! ratio, device reads, bytes read, reads refused as corrupted, what its scrub checked and
 //! found, version, rows waiting in the delta, and the engine's own stage percentiles (`route`,
-//! `io_wait`, `pool`, `end_to_end`). Per-tier lookups, reads and stages are the SSD tier's; a
-//! DRAM-resident store reports zeros for them.
+//! `io_wait`, `pool`, `end_to_end`); per delta feed of a store, the last file it applied, its
+//! lag and when. Per-tier lookups, reads and stages are the SSD tier's; a DRAM-resident store
+//! reports zeros for them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -119,6 +120,12 @@ struct Reason {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabel {
     store: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreFeed {
+    store: String,
+    feed: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -498,6 +505,64 @@ impl Collector for NodeCollector {
                 }
             }
         }
+        feeds(&mut encoder, s)?;
         Ok(())
     }
+}
+
+/// What a feed's gauge reads of its cursor (`None`: nothing to report).
+type CursorValue = fn(&nearrec::FeedCursor) -> Option<f64>;
+
+/// Each store's delta feeds (`Writes::feed_status`): the last file applied, how long after the
+/// producer wrote it, and when.
+fn feeds(encoder: &mut DescriptorEncoder, s: &Shared) -> std::fmt::Result {
+    let mut cursors = Vec::new();
+    for name in s.stores.names() {
+        let Ok((_, store)) = s.stores.get(name, |_| true) else {
+            continue;
+        };
+        // a store that cannot tell (read-only elsewhere, a router without feeds) is left out
+        if let Some(Ok(feeds)) = store.writes().map(|w| w.feed_status()) {
+            cursors.extend(
+                feeds
+                    .into_iter()
+                    .map(|(feed, c)| (name.to_owned(), feed, c)),
+            );
+        }
+    }
+    let families: [(&str, &str, CursorValue); 3] = [
+        (
+            "feed_applied_sequence",
+            "The sequence of the last delta file a feed applied to the store",
+            |c| Some(c.sequence as f64),
+        ),
+        (
+            "feed_lag_seconds",
+            "From the producer writing a feed's last applied delta file (its wall time) to the \
+             store logging its rows",
+            |c| {
+                c.wall_time_ms
+                    .map(|w| c.applied_ms.saturating_sub(w) as f64 / 1000.0)
+            },
+        ),
+        (
+            "feed_applied_timestamp_seconds",
+            "When the store logged a feed's last applied delta file, in seconds since the epoch",
+            |c| Some(c.applied_ms as f64 / 1000.0),
+        ),
+    ];
+    for (metric, help, value) in families {
+        let mut f =
+            encoder.encode_descriptor(metric, help, None, ConstGauge::new(0.0f64).metric_type())?;
+        for (store, feed, c) in &cursors {
+            if let Some(v) = value(c) {
+                let labels = StoreFeed {
+                    store: store.clone(),
+                    feed: feed.clone(),
+                };
+                ConstGauge::new(v).encode(f.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -307,6 +307,19 @@ impl<'a> Feeder<'a> {
     }
 }
 
+/// The refusal of delta file `sequence` of feed `feed` by a store whose cursor is at `held`,
+/// more than one file before it: it would skip the files between (every store says it so).
+pub fn gap(feed: &str, held: u64, sequence: u64) -> Error {
+    let skipped = if held + 2 == sequence {
+        format!("file {}", held + 1)
+    } else {
+        format!("files {} to {}", held + 1, sequence - 1)
+    };
+    Error::invalid(format!(
+        "feed {feed:?} has applied file {held} last: file {sequence} would skip {skipped}"
+    ))
+}
+
 /// Each table's upserted values as float32 (encoded rows decoded).
 fn decode<'d>(delta: &'d Delta, shapes: &dyn Fn(&str) -> Option<Shape>) -> Vec<Cow<'d, [f32]>> {
     delta

@@ -143,10 +143,24 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     let (a, b) = (0xa_u128, 0xb_u128);
     let store = Store::open(&path, &config).unwrap();
     store
-        .prepare_write(a, &[w(&[1])], WriteOptions::default(), "decider=0/0", None)
+        .prepare_write(
+            a,
+            &[w(&[1])],
+            WriteOptions::default(),
+            "decider=0/0",
+            None,
+            None,
+        )
         .unwrap();
     store
-        .prepare_write(b, &[w(&[2])], WriteOptions::default(), "decider=1/0", None)
+        .prepare_write(
+            b,
+            &[w(&[2])],
+            WriteOptions::default(),
+            "decider=1/0",
+            None,
+            None,
+        )
         .unwrap();
     let v0 = store.version().unwrap();
     store.close().unwrap();
@@ -171,7 +185,7 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     );
     // `a` still holds row 1
     let e = store
-        .prepare_write(7, &[w(&[1])], WriteOptions::default(), "", None)
+        .prepare_write(7, &[w(&[1])], WriteOptions::default(), "", None, None)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
     store.read_rows("t0", &[1], &mut out).unwrap();
@@ -250,7 +264,7 @@ fn a_prepare_of_a_finished_transactions_id_is_refused() {
             ids,
             values: Some(&values),
         };
-        store.prepare_write(tx, &[w], WriteOptions::default(), "", None)
+        store.prepare_write(tx, &[w], WriteOptions::default(), "", None, None)
     };
     // committed without its outcome kept (a participant), aborted, and kept then forgotten
     prepare(1, &[1]).unwrap();

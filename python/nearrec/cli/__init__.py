@@ -159,6 +159,9 @@ def parser() -> argparse.ArgumentParser:
                                 "docs/format.md §17)")
     remote_flags(fe, "the store")
     fe.add_argument("--to", metavar="STORE", help="the store (as PATH)")
+    fe.add_argument("--sharded", metavar="DIR",
+                    help="a sharded store (nearrec shard's directory), through the nodes its "
+                         "replicas.toml names: each file on every shard in one transaction")
     fe.add_argument("--name", default="default",
                     help="the feed's name: its cursor's in the store (default: %(default)s)")
     fe.add_argument("--from", dest="start", type=int, metavar="SEQ",

@@ -183,11 +183,15 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_feed(args: argparse.Namespace) -> int:
-    if args.to:
-        if args.path:
-            raise InvalidRequest("nearrec feed: the store is PATH or --to, not both")
-        args.path = args.to
-    store = open_store(args, "feed", writable=True)
+    if sum(map(bool, (args.path, args.to, args.sharded))) > 1:
+        raise InvalidRequest("nearrec feed: the store is one of PATH, --to and --sharded")
+    if args.sharded:
+        from ..distributed import open_dir
+
+        store = open_dir(args.sharded)
+    else:
+        args.path = args.path or args.to
+        store = open_store(args, "feed", writable=True)
 
     def said(a: feed.Applied) -> str:
         lag = "" if a.lag_seconds is None else f", {human_time(a.lag_seconds)} after it was written"

@@ -240,20 +240,20 @@ impl Writes for ShardedStore {
         Ok(done)
     }
 
-    /// Not yet: a file's rows and its cursor on every shard in one transaction (issue 65's
-    /// next step). Refused, typed, so a feeder says so before it reads a file.
+    /// Every shard takes the file's rows and its cursor in one transaction (`writes.rs`).
     fn feed(
         &self,
-        _feed: &str,
-        _cursor: FeedCursor,
-        _writes: &[RowWrite<'_>],
-        _options: WriteOptions,
+        feed: &str,
+        cursor: FeedCursor,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
     ) -> nearrec::Result<Fed> {
-        Err(Error::unsupported("feed", self.describe()))
+        self.inner.feed(feed, cursor, writes, options)
     }
 
     fn feed_status(&self) -> nearrec::Result<Feeds> {
-        Err(Error::unsupported("feed_status", self.describe()))
+        self.inner.live()?;
+        self.inner.feed_status()
     }
 }
 

@@ -1,11 +1,12 @@
 //! A sharded store's writes: each row routed to its shard (a keyed table's by key hash, a hot
 //! row to every shard that holds it), written on the one replica of a shard, or committed
-//! across shards and replicas whole (`crate::txn`).
+//! across shards and replicas whole (`crate::txn`); a delta file of a feed committed on every
+//! shard with its cursor.
 
 use std::sync::atomic::Ordering;
 
 use nearrec::plan::key_part;
-use nearrec::{Error, RowWrite, WriteOptions, Writes};
+use nearrec::{Error, Fed, FeedCursor, Feeds, RowWrite, WriteOptions, Writes};
 use nearrec_engine::EngineError;
 
 use super::{Inner, Routed};
@@ -118,11 +119,110 @@ impl Inner {
                 visible: &self.visible,
                 pin: self.pin.load(Ordering::Relaxed),
             }
-            .write(&shards, &calls, options, self.options.client.timeout)?;
+            .write(&shards, &calls, options, self.options.client.timeout, None)?;
         }
         // the version that holds it: each written shard's count as its commit answered, the
         // others' as last seen (asking every shard for its count was a round trip to each
         // after every write)
         Ok(self.version_of(&[]))
+    }
+
+    /// A delta file of feed `feed` (`Writes::feed`): its rows and its cursor in one
+    /// transaction on every shard, so that every shard holds the file with its cursor or none
+    /// does; a file the shards hold already is not sent again, one past the next is refused.
+    pub(super) fn feed(
+        &self,
+        feed: &str,
+        cursor: FeedCursor,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+    ) -> nearrec::Result<Fed> {
+        self.live()?;
+        if !self.writable {
+            return Err(Error::ReadOnly {
+                path: self.describe(),
+            });
+        }
+        let held = self.feed_status()?.get(feed).copied();
+        match held {
+            Some(h) if h.sequence >= cursor.sequence => {
+                return Ok(Fed {
+                    version: self.version_of(&[]),
+                    applied: false,
+                    cursor: h,
+                });
+            }
+            Some(h) if h.sequence + 1 < cursor.sequence => {
+                return Err(nearrec::feed::gap(feed, h.sequence, cursor.sequence));
+            }
+            _ => {}
+        }
+        let routed = self.route_writes(writes, options)?;
+        let _switch = self.switching.read().unwrap_or_else(|p| p.into_inner());
+        let shards: Vec<usize> = (0..self.shards.len()).collect();
+        let calls: Vec<Vec<RowWrite<'_>>> = (shards.iter())
+            .map(|&k| {
+                (routed.iter().filter(|r| r.0 == k))
+                    .map(|(_, table, ids, values)| RowWrite {
+                        table,
+                        ids,
+                        values: values.as_deref(),
+                    })
+                    .collect()
+            })
+            .collect();
+        txn::Coordinator {
+            store: &self.plan.store,
+            all: &self.shards,
+            visible: &self.visible,
+            pin: self.pin.load(Ordering::Relaxed),
+        }
+        .write(
+            &shards,
+            &calls,
+            options,
+            self.options.client.timeout,
+            Some((feed, cursor)),
+        )?;
+        let cursor = self.feed_status()?.get(feed).copied().unwrap_or(cursor);
+        Ok(Fed {
+            version: self.version_of(&[]),
+            applied: true,
+            cursor,
+        })
+    }
+
+    /// Each feed the shards have applied, with the last file every shard holds (the least of
+    /// the shards'; within a shard, the furthest of its replicas': one that caught up by
+    /// copying rows takes cursors from the next file on). A feed some shard lacks is left out.
+    pub(super) fn feed_status(&self) -> nearrec::Result<Feeds> {
+        let mut all: Option<Feeds> = None;
+        for s in &self.shards {
+            let mut shard = Feeds::new();
+            for (_, r) in s.live_replicas() {
+                for (name, c) in r.client.feed_status()? {
+                    let e = shard.entry(name).or_insert(c);
+                    if c.sequence > e.sequence {
+                        *e = c;
+                    }
+                }
+            }
+            all = Some(match all {
+                None => shard,
+                Some(mut seen) => {
+                    seen.retain(|name, c| match shard.get(name) {
+                        Some(o) => {
+                            if o.sequence < c.sequence {
+                                *c = *o;
+                            }
+                            true
+                        }
+                        None => false,
+                    });
+                    seen
+                }
+            });
+        }
+        Ok(all.unwrap_or_default())
     }
 }

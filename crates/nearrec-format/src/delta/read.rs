@@ -218,9 +218,10 @@ impl<F: Fn(&str) -> Option<Shape>> Reader<'_, F> {
     fn batch(&mut self, batch: &RecordBatch) -> std::result::Result<(), Refusal> {
         let first = self.row;
         let c = &self.columns;
-        let tables = Strings::of(batch.column(c.table)).map_err(|r| (first, "table", r))?;
-        let ids = Ints::of(batch.column(c.id)).map_err(|r| (first, "id", r))?;
-        let ops = OpColumn::of(batch.column(c.op)).map_err(|r| (first, "op", r))?;
+        let tables =
+            Strings::of(batch.column(c.table).as_ref()).map_err(|r| (first, "table", r))?;
+        let ids = Ints::of(batch.column(c.id).as_ref()).map_err(|r| (first, "id", r))?;
+        let ops = OpColumn::of(batch.column(c.op).as_ref()).map_err(|r| (first, "op", r))?;
         let values = Rows::of(batch.column(c.values)).map_err(|r| (first, "values", r))?;
         let encoded = c.encoded;
         for i in 0..batch.num_rows() {
@@ -357,20 +358,16 @@ enum Strings<'a> {
     Plain(&'a arrow_array::StringArray),
     Large(&'a arrow_array::LargeStringArray),
     View(&'a arrow_array::StringViewArray),
-    /// Keys into `values` (null where the dictionary's keys are).
+    /// Each row's key into `values` (null where the dictionary's keys are), every one checked
+    /// to be one of its values.
     Dict {
-        keys: Vec<usize>,
-        dict: &'a dyn arrow_array::AnyDictionaryArray,
+        keys: Ints<'a>,
         values: Box<Strings<'a>>,
     },
 }
 
 impl<'a> Strings<'a> {
-    fn of(a: &'a ArrayRef) -> std::result::Result<Self, String> {
-        Self::of_dyn(a.as_ref())
-    }
-
-    fn of_dyn(a: &'a dyn Array) -> std::result::Result<Self, String> {
+    fn of(a: &'a dyn Array) -> std::result::Result<Self, String> {
         if let Some(s) = a.as_string_opt::<i32>() {
             Ok(Self::Plain(s))
         } else if let Some(s) = a.as_string_opt::<i64>() {
@@ -378,10 +375,17 @@ impl<'a> Strings<'a> {
         } else if let Some(s) = a.as_string_view_opt() {
             Ok(Self::View(s))
         } else if let Some(d) = a.as_any_dictionary_opt() {
+            let values = d.values().as_ref();
+            let keys = Ints::of(d.keys())?;
+            let n = values.len() as i128;
+            if let Some(k) =
+                (0..d.keys().len()).find_map(|i| keys.get(i).filter(|k| !(0..n).contains(k)))
+            {
+                return Err(format!("a dictionary key {k} past its {n} values"));
+            }
             Ok(Self::Dict {
-                keys: d.normalized_keys(),
-                dict: d,
-                values: Box::new(Self::of_dyn(d.values().as_ref())?),
+                keys,
+                values: Box::new(Self::of(values)?),
             })
         } else {
             Err(format!("{} is not a string column", a.data_type()))
@@ -393,13 +397,7 @@ impl<'a> Strings<'a> {
             Self::Plain(s) => s.is_valid(i).then(|| s.value(i)),
             Self::Large(s) => s.is_valid(i).then(|| s.value(i)),
             Self::View(s) => s.is_valid(i).then(|| s.value(i)),
-            Self::Dict {
-                keys, dict, values, ..
-            } => dict
-                .keys()
-                .is_valid(i)
-                .then(|| values.get(keys[i]))
-                .flatten(),
+            Self::Dict { keys, values } => values.get(keys.get(i)? as usize),
         }
     }
 }
@@ -408,7 +406,7 @@ impl<'a> Strings<'a> {
 struct Ints<'a>(Box<dyn Fn(usize) -> Option<i128> + 'a>);
 
 impl<'a> Ints<'a> {
-    fn of(a: &'a ArrayRef) -> std::result::Result<Self, String> {
+    fn of(a: &'a dyn Array) -> std::result::Result<Self, String> {
         macro_rules! ints {
             ($($t:ty),*) => {
                 $(if let Some(p) = a.as_primitive_opt::<$t>() {
@@ -435,7 +433,7 @@ enum OpColumn<'a> {
 }
 
 impl<'a> OpColumn<'a> {
-    fn of(a: &'a ArrayRef) -> std::result::Result<Self, String> {
+    fn of(a: &'a dyn Array) -> std::result::Result<Self, String> {
         Ints::of(a)
             .map(Self::Codes)
             .or_else(|_| Strings::of(a).map(Self::Names))

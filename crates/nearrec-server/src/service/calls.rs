@@ -224,7 +224,9 @@ impl NodeService {
                     }
                     Step::Prepare => {
                         let w = convert::row_writes(&writes);
-                        replica.prepare_write(tx, &w, options, &req.note, req.epoch)?;
+                        let feed = (!req.feed.is_empty())
+                            .then(|| (req.feed.as_str(), convert::uncursor(req.cursor)));
+                        replica.prepare_write(tx, &w, options, &req.note, req.epoch, feed)?;
                         store.version()?
                     }
                     Step::Membership => return Ok(membership(replica.membership()?)),

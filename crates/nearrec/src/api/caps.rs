@@ -108,7 +108,9 @@ pub trait Replica: Send + Sync {
     /// another prepared transaction holds one of its rows. `note` is the coordinator's, kept
     /// with it. `epoch`: the membership epoch of the shard's replicas its sender holds
     /// (refused, [`crate::ErrorKind::MembershipChanged`], by a replica at another, or by one
-    /// that is no member); `None` for a shard of one replica.
+    /// that is no member); `None` for a shard of one replica. `feed`: the writes are delta file
+    /// `cursor.sequence` of that feed (a sharded store's [`Writes::feed`]): the cursor is
+    /// committed with them, and a commit that finds the feed at or past it logs nothing.
     fn prepare_write(
         &self,
         tx: u128,
@@ -116,6 +118,7 @@ pub trait Replica: Send + Sync {
         options: WriteOptions,
         note: &str,
         epoch: Option<u64>,
+        feed: Option<(&str, FeedCursor)>,
     ) -> Result<()>;
 
     /// A cross-shard write's second phase: transaction `tx` committed (its rows logged and

@@ -32,13 +32,7 @@ impl Live {
         writes: &[RowWrite<'_>],
         options: WriteOptions,
     ) -> Result<Fed> {
-        if feed.is_empty() || feed.len() > u16::MAX as usize {
-            return Err(Error::invalid(format!(
-                "a feed's name is 1 to {} bytes, not {}",
-                u16::MAX,
-                feed.len()
-            )));
-        }
+        check_name(feed)?;
         let w = self.writer()?;
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
         let w = self.writer()?;
@@ -57,16 +51,7 @@ impl Live {
                     return Ok(Vec::new());
                 }
                 Some(h) if h.sequence + 1 < cursor.sequence => {
-                    return Err(Error::invalid(format!(
-                        "feed {feed:?} has applied file {} last: file {} would skip {}",
-                        h.sequence,
-                        cursor.sequence,
-                        if h.sequence + 2 == cursor.sequence {
-                            format!("file {}", h.sequence + 1)
-                        } else {
-                            format!("files {} to {}", h.sequence + 1, cursor.sequence - 1)
-                        }
-                    )));
+                    return Err(crate::feed::gap(feed, h.sequence, cursor.sequence));
                 }
                 _ => {}
             }
@@ -103,7 +88,7 @@ impl Live {
     /// Lifts the store's format to the version whose readers know a feed's cursor (once, before
     /// its first cursor is logged): an older nearrec refuses the store rather than take the
     /// cursor's record for a damaged one.
-    fn mark_feeds(&self, w: &Writer) -> Result<()> {
+    pub(super) fn mark_feeds(&self, w: &Writer) -> Result<()> {
         if w.feeds_marked.load(Relaxed) {
             return Ok(());
         }
@@ -119,6 +104,18 @@ impl Live {
         w.feeds_marked.store(true, Relaxed);
         Ok(())
     }
+}
+
+/// A feed's name: 1 to 65,535 bytes (a log record's string).
+pub(super) fn check_name(feed: &str) -> Result<()> {
+    if feed.is_empty() || feed.len() > u16::MAX as usize {
+        return Err(Error::invalid(format!(
+            "a feed's name is 1 to {} bytes, not {}",
+            u16::MAX,
+            feed.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The wall clock in ms since the Unix epoch.

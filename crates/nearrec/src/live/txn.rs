@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nearrec_format::wal::{Op, TxState, move_tx, read_txns, remove_tx, write_tx};
 
-use super::{Live, RowWrite, WriteOptions, Writer, lock};
+use super::{FeedCursor, Live, RowWrite, WriteOptions, Writer, lock};
 use crate::error::{Error, Result};
 
 /// What a store holds of one transaction.
@@ -152,13 +152,24 @@ impl Live {
         writes: &[RowWrite<'_>],
         options: WriteOptions,
         note: &str,
+        feed: Option<(&str, FeedCursor)>,
     ) -> Result<()> {
         let w = self.writer()?;
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
         // closed while this call waited for the gate
         let w = self.writer()?;
         let engine = self.snapshot().engine.clone();
-        let ops = Self::encode(&engine, writes, options, false)?;
+        let mut ops = Self::encode(&engine, writes, options, false)?;
+        if let Some((feed, cursor)) = feed {
+            super::feed::check_name(feed)?;
+            self.mark_feeds(w)?;
+            // the cursor is checked as the commit logs it (`apply_committed`): a replica that
+            // caught up by copying rows holds no cursor, and takes the next one as it comes
+            ops.push(Op::Cursor {
+                feed: feed.to_owned(),
+                cursor,
+            });
+        }
         let need = Self::room(&engine, &ops);
         let mut held = lock(&w.txns);
         if let Some((state, age)) = lock(&w.finished).get(tx) {
@@ -297,7 +308,37 @@ impl Live {
     /// Logs and applies committed transaction `tx`'s rows (the caller holds the gate), then
     /// moves its file to `applied` (`keep`) or removes it.
     fn apply_committed(&self, w: &Writer, tx: u128, h: &mut Held, keep: bool) -> Result<()> {
-        self.log_and_apply(w, &h.ops, h.need)?;
+        // a delta file's share: logged with its cursor unless the feed has taken the file
+        // (another router's commit of it), stamped when logged
+        // (the caller holds the gate whole: no feed's record is decided meanwhile)
+        let fed = h.ops.iter_mut().find_map(|op| match op {
+            Op::Cursor { feed, cursor } => Some((feed.clone(), cursor)),
+            _ => None,
+        });
+        let fed = match fed {
+            Some((feed, cursor)) => {
+                let held = lock(&w.cursors).get(&feed).map(|c| c.sequence);
+                if held.is_some_and(|s| s >= cursor.sequence) {
+                    None
+                } else {
+                    cursor.applied_ms = super::feed::now_ms();
+                    Some(Some((feed, *cursor)))
+                }
+            }
+            None => Some(None),
+        };
+        match fed {
+            // taken before: nothing logged
+            None => {
+                w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
+            }
+            Some(cursor) => {
+                self.log_and_apply(w, &h.ops, h.need)?;
+                if let Some((feed, cursor)) = cursor {
+                    lock(&w.cursors).insert(feed, cursor);
+                }
+            }
+        }
         (h.ops, h.need) = (Vec::new(), 0);
         if keep {
             move_tx(&self.dir, tx, TxState::Committed, TxState::Applied)?;

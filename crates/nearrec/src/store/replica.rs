@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::live::{Decision, RowWrite, Transaction, WriteOptions};
 use crate::membership::{Membership, changed, now_ms};
 use crate::versions::SwapTo;
+use nearrec_format::FeedCursor;
 
 impl Replica for Store {
     /// Opens version `to` of the repository the store is served from beside the served one,
@@ -60,9 +61,12 @@ impl Replica for Store {
         options: WriteOptions,
         note: &str,
         epoch: Option<u64>,
+        feed: Option<(&str, FeedCursor)>,
     ) -> Result<()> {
         let _admitted = self.admit(epoch)?;
-        self.current().live.prepare_write(tx, writes, options, note)
+        self.current()
+            .live
+            .prepare_write(tx, writes, options, note, feed)
     }
 
     fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {

@@ -111,3 +111,61 @@ pub fn a_feed_applies_each_file_once_with_its_cursor(open: Open) {
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreReadOnly, "{e}");
 }
+
+/// A delta file's share prepared by two routers (a router's retry beside another's): the
+/// first commit logs its rows with the cursor, the second finds the feed past it and logs
+/// nothing; a feed's share at a gap is taken (a replica that caught up holds no cursor).
+pub fn a_feeds_share_commits_once(open: Open) {
+    use nearrec::Decision;
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = &*s.store;
+    let replica = needs!(store, replica);
+    let writes = needs!(store, writes);
+    let d = DIM as usize;
+    let one = vec![1.0f32; d];
+    let two = vec![2.0f32; d];
+    let w = |ids: &'static [i64], v| RowWrite {
+        table: "t0",
+        ids,
+        values: Some(v),
+    };
+    let file = FeedCursor {
+        sequence: 3,
+        rows: 1,
+        ..FeedCursor::default()
+    };
+    let opts = WriteOptions::default();
+    let feed = Some(("trainer", file));
+    replica
+        .prepare_write(1, &[w(&[4], &one)], opts, "", None, feed)
+        .unwrap();
+    replica
+        .prepare_write(2, &[w(&[5], &two)], opts, "", None, feed)
+        .unwrap();
+    let v1 = replica.decide(1, Decision::Commit, false).unwrap();
+    let c = writes.feed_status().unwrap()["trainer"];
+    assert_eq!((c.sequence, c.rows), (3, 1));
+    assert!(c.applied_ms > 0, "stamped as the commit logged it: {c:?}");
+    let v2 = replica.decide(2, Decision::Commit, false).unwrap();
+    assert_eq!(v2, v1, "the second share logged nothing");
+    let (pooled, _) = store.lookup(&rows_batch(&[4, 5])).unwrap();
+    assert_eq!(&pooled.values[..d], &one[..]);
+    assert_ne!(
+        &pooled.values[d..],
+        &two[..],
+        "the second share's row was not written"
+    );
+    assert!(replica.transactions().unwrap().is_empty());
+    // the next file through the store's own feed goes on from the committed cursor
+    let next = FeedCursor {
+        sequence: 4,
+        ..file
+    };
+    assert!(
+        writes
+            .feed("trainer", next, &[w(&[6], &two)], opts)
+            .unwrap()
+            .applied
+    );
+}

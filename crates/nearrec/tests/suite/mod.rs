@@ -111,6 +111,11 @@ macro_rules! store_api_suite {
         }
 
         #[test]
+        fn a_feeds_share_commits_once() {
+            crate::suite::a_feeds_share_commits_once($open);
+        }
+
+        #[test]
         fn a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one() {
             crate::suite::a_scrub_reads_every_table_where_it_lies_and_names_the_damaged_one($open);
         }
@@ -458,7 +463,8 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
         values: Some(&new),
     };
     // a write at another epoch is refused before it is prepared
-    let e = (replica.prepare_write(1, &[w], WriteOptions::default(), "", Some(3))).unwrap_err();
+    let e =
+        (replica.prepare_write(1, &[w], WriteOptions::default(), "", Some(3), None)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
     assert!(replica.transactions().unwrap().is_empty());
     // compare-and-set: from the epoch held, forward only
@@ -475,7 +481,7 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
     replica
-        .prepare_write(1, &[w], WriteOptions::default(), "", Some(4))
+        .prepare_write(1, &[w], WriteOptions::default(), "", Some(4), None)
         .unwrap();
     // a fence waits for what is prepared to be decided, then holds the count of writes
     let fenced = std::thread::scope(|scope| {
@@ -491,7 +497,8 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
     assert_eq!(fenced.0, fenced.1);
     let m = replica.membership().unwrap();
     assert!(m.fenced_at_ms.is_some() && !m.fence_expired(), "{m:?}");
-    let e = (replica.prepare_write(2, &[w], WriteOptions::default(), "", Some(4))).unwrap_err();
+    let e =
+        (replica.prepare_write(2, &[w], WriteOptions::default(), "", Some(4), None)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreLocked, "fenced: {e}");
     let e = replica.fence(3, Duration::from_secs(1)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
@@ -503,7 +510,8 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
     // out: no write at all is taken; the fence is lifted
     let m = replica.set_membership(4, 5, &[77]).unwrap();
     assert!(!m.is_member() && m.fenced_at_ms.is_none(), "{m:?}");
-    let e = (replica.prepare_write(2, &[w], WriteOptions::default(), "", Some(5))).unwrap_err();
+    let e =
+        (replica.prepare_write(2, &[w], WriteOptions::default(), "", Some(5), None)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::MembershipChanged, "{e}");
     // rows copied from a replica ahead: its count becomes this one's; int8 rows read and
     // adopted stay the same rows
@@ -552,7 +560,7 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
     // back in: writes at the new epoch are taken and counted on from the adopted count
     replica.set_membership(5, 6, &[me, 77]).unwrap();
     replica
-        .prepare_write(3, &[w], WriteOptions::default(), "", Some(6))
+        .prepare_write(3, &[w], WriteOptions::default(), "", Some(6), None)
         .unwrap();
     assert_eq!(replica.decide(3, Decision::Commit, false).unwrap(), v + 42);
 }
@@ -580,11 +588,11 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     let (t1, t2, t3) = (0x11u128 << 100 | 1, 0x22u128 << 100 | 2, 3u128);
     let v0 = store.version().unwrap();
     replica
-        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None)
+        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None, None)
         .unwrap();
     // again: the same transaction, prepared already
     replica
-        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None)
+        .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None, None)
         .unwrap();
     let mut out = vec![0f32; 2 * d];
     store.read_rows("t0", &ids, &mut out).unwrap();
@@ -601,7 +609,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         values: Some(&new),
     };
     let e = replica
-        .prepare_write(t2, &[other], WriteOptions::default(), "", None)
+        .prepare_write(t2, &[other], WriteOptions::default(), "", None, None)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
     assert_eq!(e.table(), Some("t0"), "{e}");
@@ -611,7 +619,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         values: Some(&new[..d]),
     };
     replica
-        .prepare_write(t2, &[apart], WriteOptions::default(), "", None)
+        .prepare_write(t2, &[apart], WriteOptions::default(), "", None, None)
         .unwrap();
     // bad input is refused as a write's is, and nothing is prepared
     let e = replica
@@ -624,6 +632,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
             }],
             WriteOptions::default(),
             "",
+            None,
             None,
         )
         .unwrap_err();
@@ -641,7 +650,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     store.read_rows("t1", &[6], &mut one).unwrap();
     assert_eq!(one, row(1, 6));
     let e = replica
-        .prepare_write(t2, &[apart], WriteOptions::default(), "", None)
+        .prepare_write(t2, &[apart], WriteOptions::default(), "", None, None)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
     let e = replica.decide(t2, Decision::Commit, false).unwrap_err();
