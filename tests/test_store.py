@@ -100,6 +100,31 @@ def test_frozen_v6_fixture_quantised_tables_still_open_and_pool():
                for t in nearrec.info(v6).tables)
 
 
+
+def test_frozen_v7_fixture_a_fed_store_still_opens_with_its_cursor(tmp_path):
+    """A store fed by a delta feed (format version 7): v1's tables, three delta files applied
+    and compacted (their cursor in the manifest), two more in the log (cursor records)."""
+    v7 = FIXTURE.parent / "v7"
+    expected = np.load(FIXTURE.parent / "v7_expected.npz")
+    store = nearrec.open(v7)
+    assert store.info.format_version == 7 and not store.writable
+    assert store.version == int(expected["version"]) == 5
+    assert store.live_stats()["base_version"] == 3
+    cursor = store.feed_status()["trainer"]
+    assert (cursor.sequence, cursor.step, cursor.wall_time_ms, cursor.rows) == \
+        (5, 500, 1_764_000_000_005, 12)
+    for name, t in store.tables.items():
+        got = store.lookup(name, expected["indices"], expected["offsets"])
+        assert_pools_as_frozen(got, expected[name], t.dtype)
+    assert all(c.ok for c in nearrec.verify(v7))
+    # a writer goes on from the log's cursor (on a copy: the fixture stays frozen)
+    copy = tmp_path / "v7"
+    shutil.copytree(v7, copy)
+    w = nearrec.open(copy, writable=True)
+    assert w.feed_status()["trainer"].sequence == 5
+    w.compact()
+    assert w.feed_status()["trainer"].sequence == 5
+
 def test_a_writable_open_makes_a_store_version_4(tmp_path):
     path = small(tmp_path)
     assert nearrec.info(path).format_version == 3
