@@ -205,7 +205,7 @@ fn a_read_is_made_again_after_a_transient_refusal_and_a_write_never() {
         let write = RowWrite {
             table: "t",
             ids: &[5],
-            values: Some(&row),
+            values: Some(nearrec::RowValues::F32(&row)),
         };
         let e = client
             .write_many(&[write], WriteOptions::default())

@@ -441,7 +441,7 @@ fn copy_differing(source: &Replica, target: &Replica) -> nearrec::Result<(u64, u
             let w = RowWrite {
                 table: name,
                 ids: chunk,
-                values: Some(&values),
+                values: Some(nearrec::RowValues::F32(&values)),
             };
             let options = WriteOptions {
                 allow_nonfinite: true,

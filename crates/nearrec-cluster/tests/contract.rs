@@ -27,7 +27,9 @@ use std::time::Duration;
 
 use nearrec::plan::shards::ShardPlan;
 use nearrec::plan::{Scheme, ShardOptions, TraceTable, plan_shards};
-use nearrec::{Bags, Batch, ErrorKind, Indices, RowWrite, StoreApi, TableLookup, WriteOptions};
+use nearrec::{
+    Bags, Batch, ErrorKind, Indices, RowValues, RowWrite, StoreApi, TableLookup, WriteOptions,
+};
 use nearrec_cluster::{Endpoint, Hedge, ShardedOptions, ShardedStore};
 use nearrec_server::{NodeConfig, Stores};
 use suite::Opened;
@@ -315,7 +317,7 @@ fn a_write_across_shards_commits_on_every_replica_or_nowhere() {
     let w = RowWrite {
         table: "t0",
         ids: &ids,
-        values: Some(&values),
+        values: Some(RowValues::F32(&values)),
     };
     let e = store.write_many(&[w], WriteOptions::default()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
@@ -327,7 +329,7 @@ fn a_write_across_shards_commits_on_every_replica_or_nowhere() {
     let hold = RowWrite {
         table: "t0",
         ids: &[held_row],
-        values: Some(&one),
+        values: Some(RowValues::F32(&one)),
     };
     for c in &clients[1] {
         // no note a router reads: left alone by settling, whatever its age
@@ -338,7 +340,7 @@ fn a_write_across_shards_commits_on_every_replica_or_nowhere() {
     let w = RowWrite {
         table: "t0",
         ids: &ids,
-        values: Some(&values),
+        values: Some(RowValues::F32(&values)),
     };
     let quick = ShardedStore::open(
         cluster._dir.path(),
@@ -420,7 +422,7 @@ fn a_write_its_router_left_prepared_is_settled_as_its_decider_says() {
             let w = RowWrite {
                 table: "t0",
                 ids: &[3],
-                values: Some(values),
+                values: Some(RowValues::F32(values)),
             };
             c.prepare_write(
                 tx,
@@ -473,7 +475,7 @@ fn a_write_its_router_left_prepared_is_settled_as_its_decider_says() {
     let w = RowWrite {
         table: "t0",
         ids: &[3],
-        values: Some(&a_rows),
+        values: Some(RowValues::F32(&a_rows)),
     };
     clients[1][0]
         .prepare_write(
@@ -502,7 +504,7 @@ fn a_write_its_router_left_prepared_is_settled_as_its_decider_says() {
     let w = RowWrite {
         table: "t0",
         ids: &ids,
-        values: Some(&fresh),
+        values: Some(RowValues::F32(&fresh)),
     };
     quick.write_many(&[w], WriteOptions::default()).unwrap();
     assert_eq!(
@@ -771,7 +773,7 @@ fn a_replica_behind_its_shard_serves_no_reads_and_takes_no_writes() {
     let w = RowWrite {
         table: "t0",
         ids: &[3],
-        values: Some(&values),
+        values: Some(RowValues::F32(&values)),
     };
     clients[0][0]
         .write_many(&[w], WriteOptions::default())
@@ -798,7 +800,7 @@ fn a_replica_behind_its_shard_serves_no_reads_and_takes_no_writes() {
     let w = RowWrite {
         table: "t0",
         ids: &[4],
-        values: Some(&newer),
+        values: Some(RowValues::F32(&newer)),
     };
     router.write_many(&[w], WriteOptions::default()).unwrap();
     let mut out = vec![0f32; dim];
@@ -834,7 +836,7 @@ fn two_routers_writing_one_row_leave_its_replicas_alike() {
                     let w = RowWrite {
                         table: "t0",
                         ids: &[3, 4],
-                        values: Some(&[values.clone(), values].concat()),
+                        values: Some(RowValues::F32(&[values.clone(), values].concat())),
                     };
                     router.write_many(&[w], WriteOptions::default()).unwrap();
                 }
@@ -1015,7 +1017,7 @@ fn a_replica_that_was_down_catches_up_under_writes_and_serves_again() {
         let w = RowWrite {
             table: "t0",
             ids: &[id],
-            values: Some(&values),
+            values: Some(RowValues::F32(&values)),
         };
         router.write_many(&[w], WriteOptions::default()).unwrap();
         let mut acked = acked.lock().unwrap();
@@ -1164,7 +1166,7 @@ fn a_router_catches_up_a_stale_replica_in_the_background() {
         let w = RowWrite {
             table: "t0",
             ids: &[id],
-            values: Some(&values),
+            values: Some(RowValues::F32(&values)),
         };
         a.write_many(&[w], WriteOptions::default()).unwrap();
     };

@@ -309,7 +309,7 @@ mod seeds {
         let write = nearrec::RowWrite {
             table: "a",
             ids: &ids,
-            values: Some(&values),
+            values: Some(nearrec::RowValues::F32(&values)),
         };
         let weight = nearrec::model::Tensor {
             name: "top.0.weight",

@@ -820,6 +820,7 @@ fn writes_over_the_network_are_seen_by_the_next_lookup() {
                 ids: nearrec_wire::arrays::encode(ids.clone()),
                 rows: nearrec_wire::arrays::encode(rows.clone()),
                 remove: false,
+                encoded: false,
             }],
             allow_nonfinite: false,
         }))
@@ -847,6 +848,7 @@ fn writes_over_the_network_are_seen_by_the_next_lookup() {
                 ids: nearrec_wire::arrays::encode(vec![1i64]),
                 rows: nearrec_wire::arrays::encode(vec![f32::NAN; DIM as usize]),
                 remove: false,
+                encoded: false,
             }],
             allow_nonfinite: false,
         }))
@@ -964,6 +966,7 @@ fn the_acl_names_who_may_read_write_and_administer_which_tables() {
             ids: nearrec_wire::arrays::encode(vec![1i64]),
             rows: nearrec_wire::arrays::encode(vec![0.5f32; DIM as usize]),
             remove: false,
+            encoded: false,
         }],
         allow_nonfinite: false,
     };

@@ -572,6 +572,7 @@ fn a_change_that_cannot_be_audited_is_refused_when_the_audit_is_required() {
                 ids: nearrec_wire::arrays::encode(vec![1i64]),
                 rows: nearrec_wire::arrays::encode(vec![v; 8]),
                 remove: false,
+                encoded: false,
             }],
             allow_nonfinite: false,
         };
@@ -663,6 +664,7 @@ read = [\"s/*\"]
             .collect::<Vec<u8>>()
             .into(),
         remove: false,
+        encoded: false,
     };
     let step = |who: &str, step: Step, tx: &[u8], writes: Vec<pb::TableRows>| {
         let req = pb::TransactionRequest {

@@ -4,10 +4,11 @@
 
 use nearrec::{
     Bags, Batch, CacheStatsSnapshot, Compaction, FeedCursor, IndexVec, Indices, Info, OwnedBags,
-    OwnedBatch, OwnedLookup, Pooled, PoolingMode, RowWrite, Rows, Stats, TableCheck, TableInfo,
-    TableLookup, TierReport, Transaction, TxState,
+    OwnedBatch, OwnedLookup, OwnedValues, Pooled, PoolingMode, RowValues, RowWrite, Rows, Stats,
+    TableCheck, TableInfo, TableLookup, TierReport, Transaction, TxState,
 };
 
+use bytes::Bytes;
 use nearrec::model::Tensor;
 
 use crate::arrays::{decode, encode, encode_slice};
@@ -263,14 +264,19 @@ pub fn writes(writes: &[RowWrite<'_>]) -> Vec<pb::TableRows> {
         .map(|w| pb::TableRows {
             table: w.table.to_owned(),
             ids: encode_slice(w.ids),
-            rows: encode_slice(w.values.unwrap_or_default()),
+            rows: match w.values {
+                None => Bytes::new(),
+                Some(RowValues::F32(v)) => encode_slice(v),
+                Some(RowValues::Encoded(b)) => Bytes::copy_from_slice(b),
+            },
             remove: w.values.is_none(),
+            encoded: matches!(w.values, Some(RowValues::Encoded(_))),
         })
         .collect()
 }
 
 /// A write call's rows decoded (the node's side): `(table, ids, values or None to remove)`.
-pub type OwnedWrite = (String, Vec<i64>, Option<Vec<f32>>);
+pub type OwnedWrite = (String, Vec<i64>, Option<OwnedValues>);
 
 /// [`writes`] back (the node's side); a remove that carries rows is refused.
 pub fn unwrites(writes: &[pb::TableRows]) -> nearrec::Result<Vec<OwnedWrite>> {
@@ -284,8 +290,12 @@ pub fn unwrites(writes: &[pb::TableRows]) -> nearrec::Result<Vec<OwnedWrite>> {
                 }
                 return Ok((w.table.clone(), ids, None));
             }
-            let rows: Vec<f32> = decode(&w.rows, &w.table, "rows")?;
-            Ok((w.table.clone(), ids, Some(rows)))
+            let values = if w.encoded {
+                OwnedValues::Encoded(w.rows.to_vec())
+            } else {
+                OwnedValues::F32(decode(&w.rows, &w.table, "rows")?)
+            };
+            Ok((w.table.clone(), ids, Some(values)))
         })
         .collect()
 }
@@ -297,7 +307,7 @@ pub fn row_writes(owned: &[OwnedWrite]) -> Vec<RowWrite<'_>> {
         .map(|(table, ids, values)| RowWrite {
             table,
             ids,
-            values: values.as_deref(),
+            values: values.as_ref().map(OwnedValues::as_values),
         })
         .collect()
 }

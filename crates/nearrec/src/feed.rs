@@ -7,7 +7,6 @@
 //! Where deltas come from is a [`DeltaSource`]: a directory today ([`DirSource`]); a broker's
 //! consumer is another implementation of the same three calls.
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,7 +15,7 @@ use nearrec_format::{FeedCursor, FormatError};
 
 use crate::api::{StoreApi, Writes};
 use crate::error::{Error, Result};
-use crate::live::{RowWrite, WriteOptions};
+use crate::live::{RowValues, RowWrite, WriteOptions};
 use crate::model::Tensor;
 
 /// A dense weight that goes with a delta: name, shape, values.
@@ -261,11 +260,11 @@ impl<'a> Feeder<'a> {
                 .collect();
             inference.update_model(&tensors)?;
         }
-        let decoded = decode(&delta, &shapes);
-        let mut writes = Vec::with_capacity(2 * delta.tables.len());
         // deletes first: a keyed table at its cap takes the file's new keys in the room its
-        // deleted keys leave (a file names each id once, so the order changes nothing else)
-        for (t, values) in delta.tables.iter().zip(&decoded) {
+        // deleted keys leave (a file names each id once, so the order changes nothing else);
+        // encoded rows go as they are
+        let mut writes = Vec::with_capacity(2 * delta.tables.len());
+        for t in &delta.tables {
             if !t.deletes.is_empty() {
                 writes.push(RowWrite {
                     table: &t.table,
@@ -277,7 +276,10 @@ impl<'a> Feeder<'a> {
                 writes.push(RowWrite {
                     table: &t.table,
                     ids: &t.upserts,
-                    values: Some(values),
+                    values: Some(match &t.values {
+                        Values::F32(v) => RowValues::F32(v),
+                        Values::Encoded(b) => RowValues::Encoded(b),
+                    }),
                 });
             }
         }
@@ -318,24 +320,4 @@ pub fn gap(feed: &str, held: u64, sequence: u64) -> Error {
     Error::invalid(format!(
         "feed {feed:?} has applied file {held} last: file {sequence} would skip {skipped}"
     ))
-}
-
-/// Each table's upserted values as float32 (encoded rows decoded).
-fn decode<'d>(delta: &'d Delta, shapes: &dyn Fn(&str) -> Option<Shape>) -> Vec<Cow<'d, [f32]>> {
-    delta
-        .tables
-        .iter()
-        .map(|t| match &t.values {
-            Values::F32(v) => Cow::Borrowed(&v[..]),
-            Values::Encoded(bytes) => {
-                let shape = shapes(&t.table).expect("checked as the file was read");
-                let (dim, rb) = (shape.dim as usize, shape.row_bytes());
-                let mut out = vec![0f32; t.upserts.len() * dim];
-                for (row, o) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(dim)) {
-                    shape.dtype.decode_row(row, o);
-                }
-                Cow::Owned(out)
-            }
-        })
-        .collect()
 }

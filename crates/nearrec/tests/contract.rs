@@ -8,7 +8,7 @@ use nearrec::prelude::*;
 use std::path::Path;
 use std::sync::Arc;
 
-use nearrec::{Store, StoreConfig};
+use nearrec::{RowValues, Store, StoreConfig};
 
 use suite::Opened;
 
@@ -138,7 +138,7 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     let w = |id: &'static [i64]| RowWrite {
         table: "t0",
         ids: id,
-        values: Some(&values),
+        values: Some(RowValues::F32(&values)),
     };
     let (a, b) = (0xa_u128, 0xb_u128);
     let store = Store::open(&path, &config).unwrap();
@@ -217,7 +217,7 @@ fn membership_and_an_adopted_count_survive_a_reopen() {
     let w = RowWrite {
         table: "t0",
         ids: &[7],
-        values: Some(&row),
+        values: Some(RowValues::F32(&row)),
     };
     let v = {
         let store = Store::open(&path, &config).unwrap();
@@ -262,7 +262,7 @@ fn a_prepare_of_a_finished_transactions_id_is_refused() {
         let w = RowWrite {
             table: "t0",
             ids,
-            values: Some(&values),
+            values: Some(RowValues::F32(&values)),
         };
         store.prepare_write(tx, &[w], WriteOptions::default(), "", None, None)
     };

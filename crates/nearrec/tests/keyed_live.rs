@@ -68,7 +68,7 @@ fn apply(store: &Store, k: u64) {
     let mut writes = vec![RowWrite {
         table: "k",
         ids: &keys,
-        values: Some(&values),
+        values: Some(nearrec::RowValues::F32(&values)),
     }];
     let gone = removed.map(|r| [r]);
     if let Some(gone) = &gone {

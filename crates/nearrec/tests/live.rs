@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nearrec::{
-    Bags, Batch, Error, Indices, RowWrite, Store, StoreApi, StoreConfig, TableLookup, WriteOptions,
+    Bags, Batch, Error, Indices, RowValues, RowWrite, Store, StoreApi, StoreConfig, TableLookup,
+    WriteOptions,
 };
 use nearrec_format::DType;
 use proptest::prelude::*;
@@ -199,7 +200,7 @@ fn bad_calls_are_typed_errors_and_apply_nothing() {
             vec![RowWrite {
                 table: "a",
                 ids: &[1, 2],
-                values: Some(&good),
+                values: Some(RowValues::F32(&good)),
             }],
             "2 ids need 16 values",
             None,
@@ -208,7 +209,7 @@ fn bad_calls_are_typed_errors_and_apply_nothing() {
             vec![RowWrite {
                 table: "a",
                 ids: &[300],
-                values: Some(&good),
+                values: Some(RowValues::F32(&good)),
             }],
             "ids[0] = 300",
             Some(0),
@@ -228,12 +229,12 @@ fn bad_calls_are_typed_errors_and_apply_nothing() {
                 RowWrite {
                     table: "a",
                     ids: &[1],
-                    values: Some(&good),
+                    values: Some(RowValues::F32(&good)),
                 },
                 RowWrite {
                     table: "b",
                     ids: &[4],
-                    values: Some(&nan),
+                    values: Some(RowValues::F32(&nan)),
                 },
             ],
             "rows[0][3] is NaN",
@@ -263,7 +264,7 @@ fn bad_calls_are_typed_errors_and_apply_nothing() {
     let w = RowWrite {
         table: "b",
         ids: &[4],
-        values: Some(&nan),
+        values: Some(RowValues::F32(&nan)),
     };
     s.write_many(
         &[w],
@@ -321,7 +322,7 @@ fn readers_never_see_half_of_a_call() {
             let writes = [("a", &a), ("b", &b), ("c", &cc)].map(|(table, v)| RowWrite {
                 table,
                 ids: &[17],
-                values: Some(v.as_slice()),
+                values: Some(RowValues::F32(v.as_slice())),
             });
             s.write_many(&writes, WriteOptions::default()).unwrap();
         };

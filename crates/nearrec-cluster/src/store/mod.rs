@@ -481,7 +481,7 @@ type Start<T> =
     fn(&Client, &Batch<'_>, Option<u64>, Option<Instant>) -> nearrec::Result<Started<(T, u64)>>;
 
 /// A write's rows on one shard: `(shard, table, local ids, values)`.
-type Routed<'a> = (usize, &'a str, Vec<i64>, Option<Vec<f32>>);
+type Routed<'a> = (usize, &'a str, Vec<i64>, Option<nearrec::OwnedValues>);
 
 impl Inner {
     fn client_options(&self) -> ClientOptions {

@@ -6,7 +6,9 @@
 use std::sync::atomic::Ordering;
 
 use nearrec::plan::key_part;
-use nearrec::{Error, Fed, FeedCursor, Feeds, RowWrite, WriteOptions, Writes};
+use nearrec::{
+    Error, Fed, FeedCursor, Feeds, OwnedValues, RowValues, RowWrite, WriteOptions, Writes,
+};
 use nearrec_engine::EngineError;
 
 use super::{Inner, Routed};
@@ -24,20 +26,43 @@ impl Inner {
         for w in writes {
             let t = self.find(w.table)?;
             let (table, hot) = (&self.plan.tables[t], &self.hot[t]);
-            let dim = table.dim as usize;
-            if let Some(v) = w.values {
-                nearrec::check_values(w.table, w.ids.len(), dim, v, options)?;
-            }
-            let mut by_part: Vec<(Vec<i64>, Vec<f32>)> =
-                vec![Default::default(); table.parts.len()];
+            // a row's width in its values: float32 values or encoded bytes
+            let width = match w.values {
+                None => 0,
+                Some(RowValues::F32(v)) => {
+                    nearrec::check_values(w.table, w.ids.len(), table.dim as usize, v, options)?;
+                    table.dim as usize
+                }
+                Some(RowValues::Encoded(b)) => {
+                    let (dtype, dim) = (table.dtype, table.dim);
+                    nearrec::check_encoded(w.table, w.ids.len(), dtype, dim, b, options)?;
+                    dtype.row_bytes(dim) as usize
+                }
+            };
+            let empty = || match w.values {
+                None => None,
+                Some(RowValues::F32(_)) => Some(OwnedValues::F32(Vec::new())),
+                Some(RowValues::Encoded(_)) => Some(OwnedValues::Encoded(Vec::new())),
+            };
+            let mut by_part: Vec<(Vec<i64>, Option<OwnedValues>)> = (0..table.parts.len())
+                .map(|_| (Vec::new(), empty()))
+                .collect();
+            // row `j` of the write's values onto a part's
+            let copy = |to: &mut Option<OwnedValues>, j: usize| match (to, w.values) {
+                (Some(OwnedValues::F32(o)), Some(RowValues::F32(v))) => {
+                    o.extend_from_slice(&v[j * width..][..width]);
+                }
+                (Some(OwnedValues::Encoded(o)), Some(RowValues::Encoded(b))) => {
+                    o.extend_from_slice(&b[j * width..][..width]);
+                }
+                _ => {}
+            };
             for (j, &id) in w.ids.iter().enumerate() {
                 if table.keyed {
                     // a key goes to its part as it is
                     let p = key_part(id as u64, table.parts.len());
                     by_part[p].0.push(id);
-                    if let Some(v) = w.values {
-                        by_part[p].1.extend_from_slice(&v[j * dim..][..dim]);
-                    }
+                    copy(&mut by_part[p].1, j);
                     continue;
                 }
                 if id < 0 || id as u64 >= table.rows {
@@ -54,9 +79,7 @@ impl Inner {
                 let home = table.part_of(id);
                 let mut put = |p: usize, local: u64| {
                     by_part[p].0.push(local as i64);
-                    if let Some(v) = w.values {
-                        by_part[p].1.extend_from_slice(&v[j * dim..][..dim]);
-                    }
+                    copy(&mut by_part[p].1, j);
                 };
                 put(home, id - table.parts[home].first);
                 if let Some(rank) = hot.rank(id) {
@@ -67,7 +90,6 @@ impl Inner {
             }
             for (p, (ids, values)) in by_part.into_iter().enumerate() {
                 if !ids.is_empty() {
-                    let values = w.values.map(|_| values);
                     out.push((table.parts[p].shard, w.table, ids, values));
                 }
             }
@@ -97,7 +119,7 @@ impl Inner {
                     .map(|(_, table, ids, values)| RowWrite {
                         table,
                         ids,
-                        values: values.as_deref(),
+                        values: values.as_ref().map(OwnedValues::as_values),
                     })
                     .collect()
             })
@@ -166,7 +188,7 @@ impl Inner {
                     .map(|(_, table, ids, values)| RowWrite {
                         table,
                         ids,
-                        values: values.as_deref(),
+                        values: values.as_ref().map(OwnedValues::as_values),
                     })
                     .collect()
             })

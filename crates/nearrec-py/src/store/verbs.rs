@@ -578,7 +578,11 @@ pub(crate) fn row_writes<'a>(
                 .map(|r| r.as_slice())
                 .transpose()
                 .map_err(|_| contiguous(py, "rows", table))?;
-            Ok(nearrec::RowWrite { table, ids, values })
+            Ok(nearrec::RowWrite {
+                table,
+                ids,
+                values: values.map(nearrec::RowValues::F32),
+            })
         })
         .collect()
 }

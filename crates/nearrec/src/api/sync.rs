@@ -4,7 +4,7 @@
 
 use super::{StoreApi, Writes};
 use crate::error::{Error, Result};
-use crate::live::{RowWrite, WriteOptions};
+use crate::live::{RowValues, RowWrite, WriteOptions};
 
 /// Rows compared and written per write call of [`Writes::sync_table`].
 const CHUNK_ROWS: usize = 16 << 10;
@@ -158,7 +158,7 @@ pub(crate) fn sync_table<S: Writes + ?Sized>(
             let w = RowWrite {
                 table,
                 ids: &changed,
-                values: Some(&rows),
+                values: Some(RowValues::F32(&rows)),
             };
             done.version = store.write_many(&[w], WriteOptions::default())?;
             done.written += changed.len() as u64;

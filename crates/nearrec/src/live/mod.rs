@@ -38,7 +38,7 @@ pub use compact::Compaction;
 pub(crate) use compact::{CompactionStats, Signal, spawn};
 pub use feed::Fed;
 pub use txn::{Decision, Transaction};
-pub use write::check_values;
+pub use write::{check_encoded, check_values};
 
 /// Delta feeds by name, each with the last file it applied.
 pub type Feeds = std::collections::BTreeMap<String, FeedCursor>;
@@ -151,13 +151,38 @@ impl Snapshot {
     }
 }
 
-/// One table's rows written by a call: ids and float32 values, `ids.len() × dim` of them.
+/// One table's rows written by a call: ids and their rows' values.
 #[derive(Debug, Clone, Copy)]
 pub struct RowWrite<'a> {
     pub table: &'a str,
     pub ids: &'a [i64],
     /// `None`: the rows are removed.
-    pub values: Option<&'a [f32]>,
+    pub values: Option<RowValues<'a>>,
+}
+
+/// A write's rows: float32 values (`ids.len() × dim`), encoded with the table's dtype as they
+/// are written; or rows already in the table's encoding (`ids.len() × row_bytes`: FBGEMM's
+/// fused row-wise layouts for int8 / int4 / int2, `docs/format.md` §4), taken as they are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowValues<'a> {
+    F32(&'a [f32]),
+    Encoded(&'a [u8]),
+}
+
+/// [`RowValues`] owned (a write decoded from the wire, or split by a router).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OwnedValues {
+    F32(Vec<f32>),
+    Encoded(Vec<u8>),
+}
+
+impl OwnedValues {
+    pub fn as_values(&self) -> RowValues<'_> {
+        match self {
+            OwnedValues::F32(v) => RowValues::F32(v),
+            OwnedValues::Encoded(b) => RowValues::Encoded(b),
+        }
+    }
 }
 
 /// How a call's rows are checked.

@@ -158,19 +158,28 @@ impl Live {
                         })
                     })
                     .collect::<Result<Vec<u64>>>()?;
-                let Some(values) = w.values else {
-                    return Ok(Op::Remove {
-                        table: meta.name.clone(),
-                        ids,
-                    });
-                };
-                let dim = meta.dim as usize;
-                check_values(&meta.name, ids.len(), dim, values, options)?;
                 let rb = meta.row_bytes as usize;
-                let mut rows = vec![0u8; ids.len() * rb];
-                for (out, v) in rows.chunks_exact_mut(rb).zip(values.chunks_exact(dim)) {
-                    meta.dtype.encode_row(v, out);
-                }
+                let rows = match w.values {
+                    None => {
+                        return Ok(Op::Remove {
+                            table: meta.name.clone(),
+                            ids,
+                        });
+                    }
+                    Some(RowValues::F32(values)) => {
+                        let dim = meta.dim as usize;
+                        check_values(&meta.name, ids.len(), dim, values, options)?;
+                        let mut rows = vec![0u8; ids.len() * rb];
+                        for (out, v) in rows.chunks_exact_mut(rb).zip(values.chunks_exact(dim)) {
+                            meta.dtype.encode_row(v, out);
+                        }
+                        rows
+                    }
+                    Some(RowValues::Encoded(bytes)) => {
+                        check_encoded(&meta.name, ids.len(), meta.dtype, meta.dim, bytes, options)?;
+                        bytes.to_vec()
+                    }
+                };
                 Ok(Op::Write {
                     table: meta.name.clone(),
                     ids,
@@ -467,6 +476,49 @@ pub fn check_values(
                 values[at]
             ),
         });
+    }
+    Ok(())
+}
+
+/// Rows of `table` already in its encoding (`dtype`, `dim`): `rows` of them, each of
+/// `row_bytes`, every value they decode to finite unless `options` allow otherwise. Every implementation checks encoded rows with this.
+pub fn check_encoded(
+    table: &str,
+    rows: usize,
+    dtype: nearrec_format::DType,
+    dim: u32,
+    bytes: &[u8],
+    options: WriteOptions,
+) -> Result<()> {
+    let rb = dtype.row_bytes(dim) as usize;
+    if bytes.len() != rows * rb {
+        return Err(Error::InvalidRequest {
+            table: Some(table.to_owned()),
+            position: None,
+            reason: format!(
+                "{rows} ids need {} bytes of {dtype} rows ({rows} × {rb}), not {}",
+                rows * rb,
+                bytes.len()
+            ),
+        });
+    }
+    if options.allow_nonfinite {
+        return Ok(());
+    }
+    let mut decoded = vec![0f32; dim as usize];
+    for (row, b) in bytes.chunks_exact(rb).enumerate() {
+        // a scale or bias not finite decodes to values that are not (0 × ∞ is NaN)
+        dtype.decode_row(b, &mut decoded);
+        if let Some(col) = decoded.iter().position(|v| !v.is_finite()) {
+            return Err(Error::InvalidRequest {
+                table: Some(table.to_owned()),
+                position: Some(row),
+                reason: format!(
+                    "rows[{row}][{col}] decodes to {} (pass allow_nonfinite to write it)",
+                    decoded[col]
+                ),
+            });
+        }
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use nearrec_engine::TierReport;
 use super::{Changes, Store};
 use crate::api::{NewTable, Schema, Stats, Writes};
 use crate::error::Result;
-use crate::live::{Compaction, Fed, Feeds, RowWrite, WriteOptions};
+use crate::live::{Compaction, Fed, Feeds, RowValues, RowWrite, WriteOptions};
 use nearrec_format::FeedCursor;
 
 impl Writes for Store {
@@ -67,7 +67,7 @@ impl Store {
         let w = RowWrite {
             table,
             ids,
-            values: Some(values),
+            values: Some(RowValues::F32(values)),
         };
         self.write_many(&[w], WriteOptions::default())
     }

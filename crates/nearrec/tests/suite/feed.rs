@@ -1,8 +1,9 @@
-//! The suite's case for delta feeds (`Writes::feed`): each file applied once with its cursor,
+//! The suite's cases for delta feeds (`Writes::feed`): each file applied once with its cursor,
 //! a file sent again taken as done, a gap and a bad file refused with nothing moved, the
-//! cursors durable across a compaction and a reopen.
+//! cursors durable across a compaction and a reopen; a feed's share committed once; rows in a
+//! table's encoding written as they are.
 
-use nearrec::{ErrorKind, FeedCursor, RowWrite, WriteOptions};
+use nearrec::{ErrorKind, FeedCursor, RowValues, RowWrite, WriteOptions};
 
 use super::{DIM, Open, fixture, rows_batch};
 
@@ -26,7 +27,7 @@ pub fn a_feed_applies_each_file_once_with_its_cursor(open: Open) {
     let w = RowWrite {
         table: "t0",
         ids: &[3, 8],
-        values: Some(&rows),
+        values: Some(RowValues::F32(&rows)),
     };
     assert!(writes.feed_status().unwrap().is_empty());
     // a feed the store has not seen starts anywhere
@@ -57,7 +58,7 @@ pub fn a_feed_applies_each_file_once_with_its_cursor(open: Open) {
     let bad = RowWrite {
         table: "t0",
         ids: &[1],
-        values: Some(&nan),
+        values: Some(RowValues::F32(&nan)),
     };
     let e = writes.feed("trainer", file(6), &[bad], opts).unwrap_err();
     assert_eq!(
@@ -128,7 +129,7 @@ pub fn a_feeds_share_commits_once(open: Open) {
     let w = |ids: &'static [i64], v| RowWrite {
         table: "t0",
         ids,
-        values: Some(v),
+        values: Some(RowValues::F32(v)),
     };
     let file = FeedCursor {
         sequence: 3,
@@ -168,4 +169,54 @@ pub fn a_feeds_share_commits_once(open: Open) {
             .unwrap()
             .applied
     );
+}
+
+/// Rows already in a table's encoding (int8 row-wise, as a delta file carries them) written as
+/// they are: read back as their own decoding, bit for bit; a wrong length or a row whose scale
+/// is not finite refused naming the table and row.
+pub fn encoded_rows_are_written_as_they_are(open: Open) {
+    use nearrec::format::DType;
+    let (_dir, path) = fixture();
+    let s = open(&path, true);
+    let store = &*s.store;
+    let writes = needs!(store, writes);
+    let rb = DType::Int8.row_bytes(DIM) as usize;
+    let mut bytes = vec![0u8; 2 * rb];
+    for (k, row) in bytes.chunks_exact_mut(rb).enumerate() {
+        let v: Vec<f32> = (0..DIM).map(|j| (k as f32 + 1.0) * (j as f32 * 0.37 - 1.1)).collect();
+        DType::Int8.encode_row(&v, row);
+    }
+    let ids = [7i64, 250];
+    let w = RowWrite {
+        table: "t2",
+        ids: &ids,
+        values: Some(RowValues::Encoded(&bytes)),
+    };
+    writes.write_many(&[w], WriteOptions::default()).unwrap();
+    let mut want = vec![0f32; 2 * DIM as usize];
+    for (row, out) in bytes.chunks_exact(rb).zip(want.chunks_exact_mut(DIM as usize)) {
+        DType::Int8.decode_row(row, out);
+    }
+    let mut got = vec![0f32; 2 * DIM as usize];
+    store.read_rows("t2", &ids, &mut got).unwrap();
+    assert_eq!(
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    let version = store.version().unwrap();
+    let short = RowWrite {
+        values: Some(RowValues::Encoded(&bytes[..rb + 1])),
+        ..w
+    };
+    let e = writes.write_many(&[short], WriteOptions::default()).unwrap_err();
+    assert_eq!((e.kind(), e.table()), (ErrorKind::InvalidRequest, Some("t2")), "{e}");
+    let mut nan = bytes.clone();
+    nan[rb + DIM as usize..rb + DIM as usize + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let bad = RowWrite {
+        values: Some(RowValues::Encoded(&nan)),
+        ..w
+    };
+    let e = writes.write_many(&[bad], WriteOptions::default()).unwrap_err();
+    assert_eq!((e.table(), e.position()), (Some("t2"), Some(1)), "{e}");
+    assert_eq!(store.version().unwrap(), version, "nothing written");
 }

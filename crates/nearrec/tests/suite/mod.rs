@@ -14,7 +14,7 @@ use nearrec::format::DType;
 use nearrec::model::{GraphSpec, ModelConfig, OpSpec, Tensor};
 use nearrec::{
     Bags, Batch, Decision, ErrorKind, Indices, NewTable, OwnedBatch, OwnedLookup, PoolingMode,
-    RowWrite, StoreApi, SwapTo, TableLookup, TxState, WriteOptions,
+    RowValues, RowWrite, StoreApi, SwapTo, TableLookup, TxState, WriteOptions,
 };
 use nearrec_testkit::Xorshift;
 
@@ -113,6 +113,11 @@ macro_rules! store_api_suite {
         #[test]
         fn a_feeds_share_commits_once() {
             crate::suite::a_feeds_share_commits_once($open);
+        }
+
+        #[test]
+        fn encoded_rows_are_written_as_they_are() {
+            crate::suite::encoded_rows_are_written_as_they_are($open);
         }
 
         #[test]
@@ -392,7 +397,7 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
     let w = RowWrite {
         table: "t0",
         ids: &ids,
-        values: Some(&new),
+        values: Some(RowValues::F32(&new)),
     };
     let v1 = writes.write_many(&[w], WriteOptions::default()).unwrap();
     assert!(v1 > v0);
@@ -411,7 +416,7 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
         RowWrite {
             table: "t1",
             ids: &[2],
-            values: Some(&one),
+            values: Some(RowValues::F32(&one)),
         },
     ];
     let v2 = writes.write_many(&calls, WriteOptions::default()).unwrap();
@@ -427,7 +432,7 @@ pub fn writes_are_read_back_at_their_version(open: Open) {
     let bad = RowWrite {
         table: "t0",
         ids: &[1],
-        values: Some(&nan),
+        values: Some(RowValues::F32(&nan)),
     };
     let e = writes
         .write_many(&[bad], WriteOptions::default())
@@ -460,7 +465,7 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
     let w = RowWrite {
         table: "t0",
         ids: &[9],
-        values: Some(&new),
+        values: Some(RowValues::F32(&new)),
     };
     // a write at another epoch is refused before it is prepared
     let e =
@@ -523,12 +528,12 @@ pub fn a_replica_changes_membership_is_fenced_and_adopts_rows(open: Open) {
         RowWrite {
             table: "t0",
             ids: &[9],
-            values: Some(&new),
+            values: Some(RowValues::F32(&new)),
         },
         RowWrite {
             table: "t2",
             ids: &[0, 1, 299],
-            values: Some(&int8),
+            values: Some(RowValues::F32(&int8)),
         },
     ];
     let e = replica
@@ -583,7 +588,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     let w = RowWrite {
         table: "t0",
         ids: &ids,
-        values: Some(&new),
+        values: Some(RowValues::F32(&new)),
     };
     let (t1, t2, t3) = (0x11u128 << 100 | 1, 0x22u128 << 100 | 2, 3u128);
     let v0 = store.version().unwrap();
@@ -606,7 +611,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     let other = RowWrite {
         table: "t0",
         ids: &[7, 6],
-        values: Some(&new),
+        values: Some(RowValues::F32(&new)),
     };
     let e = replica
         .prepare_write(t2, &[other], WriteOptions::default(), "", None, None)
@@ -616,7 +621,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     let apart = RowWrite {
         table: "t1",
         ids: &[6],
-        values: Some(&new[..d]),
+        values: Some(RowValues::F32(&new[..d])),
     };
     replica
         .prepare_write(t2, &[apart], WriteOptions::default(), "", None, None)
@@ -628,7 +633,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
             &[RowWrite {
                 table: "t2",
                 ids: &[1, ROWS as i64],
-                values: Some(&new),
+                values: Some(RowValues::F32(&new)),
             }],
             WriteOptions::default(),
             "",
@@ -732,7 +737,7 @@ pub fn bad_input_gets_a_typed_error_naming_table_and_position(open: Open) {
     let w = RowWrite {
         table: "t0",
         ids: &[0],
-        values: Some(&one),
+        values: Some(RowValues::F32(&one)),
     };
     let e = writes
         .write_many(&[w], WriteOptions::default())
@@ -778,7 +783,7 @@ pub fn readers_see_whole_writes_while_writes_go_on(open: Open) {
         let w = RowWrite {
             table: "t0",
             ids: &ids,
-            values: Some(&values),
+            values: Some(RowValues::F32(&values)),
         };
         writes.write_many(&[w], WriteOptions::default()).unwrap();
     }
@@ -1342,7 +1347,7 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
     let w = RowWrite {
         table: "k",
         ids: &both,
-        values: Some(&[0.5; 2 * DIM as usize]),
+        values: Some(RowValues::F32(&[0.5; 2 * DIM as usize])),
     };
     let e = writes
         .write_many(&[w], WriteOptions::default())
@@ -1361,7 +1366,7 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
     let w = RowWrite {
         table: "k",
         ids: &ids[..1],
-        values: Some(&vec![0.5; d]),
+        values: Some(RowValues::F32(&vec![0.5; d])),
     };
     writes.write_many(&[w], WriteOptions::default()).unwrap();
     close(
@@ -1390,7 +1395,7 @@ pub fn keyed_tables_are_written_by_key(open: Open) {
     let w = RowWrite {
         table: "k",
         ids: &[new_key],
-        values: Some(&vec![0.25; d]),
+        values: Some(RowValues::F32(&vec![0.25; d])),
     };
     writes.write_many(&[w], WriteOptions::default()).unwrap();
     let fresh_ids = [new_key];
