@@ -33,7 +33,8 @@ MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd_d
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
            "cluster-projection": "projection", "cluster-swap": "swap",
-           "torture": "torture", "soak": "soak", "abuse": "abuse", "triton": "triton_serving"}
+           "torture": "torture", "soak": "soak", "abuse": "abuse", "triton": "triton_serving",
+           "feed-kills": "feed"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
