@@ -46,17 +46,33 @@ def body_for(rng: np.random.Generator, inputs: list[str], rows: list[int], dense
                          for f, n in zip(inputs, rows, strict=True)}}
 
 
-def torchrec_answer(model: Any, body: dict[str, Any]) -> np.ndarray:
-    """What TorchRec's `model` outputs for `body` run by itself."""
+def torchrec_kjt(body: dict[str, Any]) -> Any:
+    """`body`'s features as TorchRec's KeyedJaggedTensor."""
     import torchrec
 
     f = body["features"]
-    keys = list(f)
-    kjt = torchrec.KeyedJaggedTensor(
-        keys=keys, values=torch.tensor([i for k in keys for i in f[k]["ids"]], dtype=torch.int64),
-        lengths=torch.tensor([n for k in keys for n in f[k]["lengths"]], dtype=torch.int64))
+    return torchrec.KeyedJaggedTensor(
+        list(f), torch.tensor([i for k in f for i in f[k]["ids"]], dtype=torch.int64),
+        lengths=torch.tensor([n for k in f for n in f[k]["lengths"]], dtype=torch.int64))
+
+
+def torchrec_answer(model: Any, body: dict[str, Any]) -> np.ndarray:
+    """What TorchRec's `model` outputs for `body` run by itself."""
     with torch.inference_mode():
-        return model(torch.tensor(body["dense"]), kjt).numpy()
+        return model(torch.tensor(body["dense"]), torchrec_kjt(body)).numpy()
+
+
+def train_step(model: Any, optimizer: Any, rng: np.random.Generator) -> Any:
+    """One SGD step of `torchrec_dlrm`'s model on 16 random samples and clicks; the step's KJT."""
+    body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, 16)
+    kjt = torchrec_kjt(body)
+    clicks = torch.from_numpy(rng.integers(0, 2, (16, 1)).astype(np.float32))
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(
+        model(torch.tensor(body["dense"]), kjt), clicks)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return kjt
 
 
 def tensors(module: Any, body: dict[str, Any]) -> list[Any]:
@@ -90,7 +106,6 @@ def torchrec_dlrm(path: Any, steps: int = 20) -> tuple[Any, Any]:
     import pytest
 
     pytest.importorskip("torchrec")
-    import torchrec
     from test_torchrec import dlrm
 
     import nearrec.models
@@ -101,17 +116,7 @@ def torchrec_dlrm(path: Any, steps: int = 20) -> tuple[Any, Any]:
     rng = np.random.default_rng(6)
     optimizer = torch.optim.SGD(theirs.parameters(), lr=0.1)
     for _ in range(steps):
-        body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, 16)
-        f = body["features"]
-        kjt = torchrec.KeyedJaggedTensor(
-            list(f), torch.tensor([i for k in f for i in f[k]["ids"]], dtype=torch.int64),
-            lengths=torch.tensor([n for k in f for n in f[k]["lengths"]], dtype=torch.int64))
-        clicks = torch.from_numpy(rng.integers(0, 2, (16, 1)).astype(np.float32))
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            theirs(torch.tensor(body["dense"]), kjt), clicks)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        train_step(theirs, optimizer, rng)
     theirs = theirs.eval()
     ours = from_torchrec(theirs, path)
     nearrec.models.save(ours, path)

@@ -189,9 +189,15 @@ def test_a_torchrec_training_loop_feeds_a_node_as_it_trains(tmp_path: Path) -> N
     the trained model's, each file applied once, in order."""
     pytest.importorskip("torchrec")
     import torch
-    import torchrec
     from conftest import Node
-    from dlrm_requests import TORCHREC_INPUTS, TORCHREC_ROWS, body_for, torchrec_answer
+    from dlrm_requests import (
+        TORCHREC_INPUTS,
+        TORCHREC_ROWS,
+        body_for,
+        torchrec_answer,
+        torchrec_kjt,
+        train_step,
+    )
     from test_torchrec import dlrm
 
     import nearrec.models as nm
@@ -224,18 +230,7 @@ def test_a_torchrec_training_loop_feeds_a_node_as_it_trains(tmp_path: Path) -> N
         rng = np.random.default_rng(7)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for step in range(300):
-            body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, 16)
-            f = body["features"]
-            kjt = torchrec.KeyedJaggedTensor(
-                list(f), torch.tensor([i for k in f for i in f[k]["ids"]], dtype=torch.int64),
-                lengths=torch.tensor([n for k in f for n in f[k]["lengths"]], dtype=torch.int64))
-            clicks = torch.from_numpy(rng.integers(0, 2, (16, 1)).astype(np.float32))
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                model(torch.tensor(body["dense"]), kjt), clicks)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            publisher.step(kjt)
+            publisher.step(train_step(model, optimizer, rng))
             if step == 149:
                 caught_up()  # applied while the loop runs, not only at its end
         assert publisher.flush() is not None
@@ -247,12 +242,9 @@ def test_a_torchrec_training_loop_feeds_a_node_as_it_trains(tmp_path: Path) -> N
             np.testing.assert_array_equal(remote.read_rows(t, np.arange(len(want))), want)
         for batch in (1, 6, 64):
             body = body_for(rng, TORCHREC_INPUTS, TORCHREC_ROWS, 5, batch)
-            f = body["features"]
-            kjt = torchrec.KeyedJaggedTensor(
-                list(f), torch.tensor([i for k in f for i in f[k]["ids"]], dtype=torch.int64),
-                lengths=torch.tensor([n for k in f for n in f[k]["lengths"]], dtype=torch.int64))
-            np.testing.assert_allclose(remote.infer(torch.tensor(body["dense"]), kjt),
-                                       torchrec_answer(model, body), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                remote.infer(torch.tensor(body["dense"]), torchrec_kjt(body)),
+                torchrec_answer(model, body), rtol=1e-5, atol=1e-6)
     finally:
         feeder.send_signal(signal.SIGINT)
         out, err = feeder.communicate(timeout=30)

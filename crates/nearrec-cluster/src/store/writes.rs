@@ -113,17 +113,7 @@ impl Inner {
         let mut shards: Vec<usize> = routed.iter().map(|r| r.0).collect();
         shards.sort_unstable();
         shards.dedup();
-        let calls: Vec<Vec<RowWrite<'_>>> = (shards.iter())
-            .map(|&k| {
-                (routed.iter().filter(|r| r.0 == k))
-                    .map(|(_, table, ids, values)| RowWrite {
-                        table,
-                        ids,
-                        values: values.as_ref().map(OwnedValues::as_values),
-                    })
-                    .collect()
-            })
-            .collect();
+        let calls = per_shard(&routed, &shards);
         if let [s] = shards.as_slice()
             && let [replica] = self.shards[*s].all_replicas().as_slice()
             && self.shards[*s].epoch() == 0
@@ -135,13 +125,13 @@ impl Inner {
             // several shards, or several replicas of one: two-phase commit, so that every
             // replica takes the writes of every router in one order (a row another router's
             // write holds is not written until that one is done)
-            txn::Coordinator {
-                store: &self.plan.store,
-                all: &self.shards,
-                visible: &self.visible,
-                pin: self.pin.load(Ordering::Relaxed),
-            }
-            .write(&shards, &calls, options, self.options.client.timeout, None)?;
+            self.coordinator().write(
+                &shards,
+                &calls,
+                options,
+                self.options.client.timeout,
+                None,
+            )?;
         }
         // the version that holds it: each written shard's count as its commit answered, the
         // others' as last seen (asking every shard for its count was a round trip to each
@@ -182,24 +172,8 @@ impl Inner {
         let routed = self.route_writes(writes, options)?;
         let _switch = self.switching.read().unwrap_or_else(|p| p.into_inner());
         let shards: Vec<usize> = (0..self.shards.len()).collect();
-        let calls: Vec<Vec<RowWrite<'_>>> = (shards.iter())
-            .map(|&k| {
-                (routed.iter().filter(|r| r.0 == k))
-                    .map(|(_, table, ids, values)| RowWrite {
-                        table,
-                        ids,
-                        values: values.as_ref().map(OwnedValues::as_values),
-                    })
-                    .collect()
-            })
-            .collect();
-        txn::Coordinator {
-            store: &self.plan.store,
-            all: &self.shards,
-            visible: &self.visible,
-            pin: self.pin.load(Ordering::Relaxed),
-        }
-        .write(
+        let calls = per_shard(&routed, &shards);
+        self.coordinator().write(
             &shards,
             &calls,
             options,
@@ -247,4 +221,29 @@ impl Inner {
         }
         Ok(all.unwrap_or_default())
     }
+
+    /// The coordinator of a write across this store's shards (`crate::txn`).
+    fn coordinator(&self) -> txn::Coordinator<'_> {
+        txn::Coordinator {
+            store: &self.plan.store,
+            all: &self.shards,
+            visible: &self.visible,
+            pin: self.pin.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The routed rows of each of `shards`, as the calls a shard takes.
+fn per_shard<'a>(routed: &'a [Routed<'a>], shards: &[usize]) -> Vec<Vec<RowWrite<'a>>> {
+    (shards.iter())
+        .map(|&k| {
+            (routed.iter().filter(|r| r.0 == k))
+                .map(|(_, table, ids, values)| RowWrite {
+                    table,
+                    ids,
+                    values: values.as_ref().map(OwnedValues::as_values),
+                })
+                .collect()
+        })
+        .collect()
 }

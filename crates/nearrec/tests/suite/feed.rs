@@ -183,7 +183,9 @@ pub fn encoded_rows_are_written_as_they_are(open: Open) {
     let rb = DType::Int8.row_bytes(DIM) as usize;
     let mut bytes = vec![0u8; 2 * rb];
     for (k, row) in bytes.chunks_exact_mut(rb).enumerate() {
-        let v: Vec<f32> = (0..DIM).map(|j| (k as f32 + 1.0) * (j as f32 * 0.37 - 1.1)).collect();
+        let v: Vec<f32> = (0..DIM)
+            .map(|j| (k as f32 + 1.0) * (j as f32 * 0.37 - 1.1))
+            .collect();
         DType::Int8.encode_row(&v, row);
     }
     let ids = [7i64, 250];
@@ -194,7 +196,10 @@ pub fn encoded_rows_are_written_as_they_are(open: Open) {
     };
     writes.write_many(&[w], WriteOptions::default()).unwrap();
     let mut want = vec![0f32; 2 * DIM as usize];
-    for (row, out) in bytes.chunks_exact(rb).zip(want.chunks_exact_mut(DIM as usize)) {
+    for (row, out) in bytes
+        .chunks_exact(rb)
+        .zip(want.chunks_exact_mut(DIM as usize))
+    {
         DType::Int8.decode_row(row, out);
     }
     let mut got = vec![0f32; 2 * DIM as usize];
@@ -208,15 +213,23 @@ pub fn encoded_rows_are_written_as_they_are(open: Open) {
         values: Some(RowValues::Encoded(&bytes[..rb + 1])),
         ..w
     };
-    let e = writes.write_many(&[short], WriteOptions::default()).unwrap_err();
-    assert_eq!((e.kind(), e.table()), (ErrorKind::InvalidRequest, Some("t2")), "{e}");
+    let e = writes
+        .write_many(&[short], WriteOptions::default())
+        .unwrap_err();
+    assert_eq!(
+        (e.kind(), e.table()),
+        (ErrorKind::InvalidRequest, Some("t2")),
+        "{e}"
+    );
     let mut nan = bytes.clone();
     nan[rb + DIM as usize..rb + DIM as usize + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     let bad = RowWrite {
         values: Some(RowValues::Encoded(&nan)),
         ..w
     };
-    let e = writes.write_many(&[bad], WriteOptions::default()).unwrap_err();
+    let e = writes
+        .write_many(&[bad], WriteOptions::default())
+        .unwrap_err();
     assert_eq!((e.table(), e.position()), (Some("t2"), Some(1)), "{e}");
     assert_eq!(store.version().unwrap(), version, "nothing written");
 }
