@@ -15,6 +15,7 @@ use nearrec_format::{FeedCursor, FormatError};
 
 use crate::api::{StoreApi, Writes};
 use crate::error::{Error, Result};
+pub use crate::live::gap;
 use crate::live::{RowValues, RowWrite, WriteOptions};
 use crate::model::Tensor;
 
@@ -307,17 +308,4 @@ impl<'a> Feeder<'a> {
             cursor: fed.cursor,
         })
     }
-}
-
-/// The refusal of delta file `sequence` of feed `feed` by a store whose cursor is at `held`,
-/// more than one file before it: it would skip the files between (every store says it so).
-pub fn gap(feed: &str, held: u64, sequence: u64) -> Error {
-    let skipped = if held + 2 == sequence {
-        format!("file {}", held + 1)
-    } else {
-        format!("files {} to {}", held + 1, sequence - 1)
-    };
-    Error::invalid(format!(
-        "feed {feed:?} has applied file {held} last: file {sequence} would skip {skipped}"
-    ))
 }

@@ -5,7 +5,7 @@
 //! - `read.rs`: a file read and checked against the tables it names ([`read`]): a malformed
 //!   file, a wrong dim or dtype, an unknown table, a row out of range or named twice is refused,
 //!   naming the file, row and column, before anything of it is applied;
-//! - `write.rs`: a file written whole under its name ([`write`]): a producer's, the evicted
+//! - `write.rs`: a file written whole under its name ([`write()`]): a producer's, the evicted
 //!   keys' log's, the tests'.
 //!
 //! A file's rows are grouped by table here ([`Changes`]); its header ([`Header`]) comes from its

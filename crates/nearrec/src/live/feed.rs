@@ -51,7 +51,7 @@ impl Live {
                     return Ok(Vec::new());
                 }
                 Some(h) if h.sequence + 1 < cursor.sequence => {
-                    return Err(crate::feed::gap(feed, h.sequence, cursor.sequence));
+                    return Err(gap(feed, h.sequence, cursor.sequence));
                 }
                 _ => {}
             }
@@ -104,6 +104,19 @@ impl Live {
         w.feeds_marked.store(true, Relaxed);
         Ok(())
     }
+}
+
+/// The refusal of delta file `sequence` of feed `feed` by a store whose cursor is at `held`,
+/// more than one file before it: it would skip the files between (every store says it so).
+pub fn gap(feed: &str, held: u64, sequence: u64) -> Error {
+    let skipped = if held + 2 == sequence {
+        format!("file {}", held + 1)
+    } else {
+        format!("files {} to {}", held + 1, sequence - 1)
+    };
+    Error::invalid(format!(
+        "feed {feed:?} has applied file {held} last: file {sequence} would skip {skipped}"
+    ))
 }
 
 /// A feed's name: 1 to 65,535 bytes (a log record's string).

@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 
 pub use compact::Compaction;
 pub(crate) use compact::{CompactionStats, Signal, spawn};
-pub use feed::Fed;
+pub use feed::{Fed, gap};
 pub use txn::{Decision, Transaction};
 pub use write::{check_encoded, check_values};
 
