@@ -7,7 +7,7 @@
 //! Where deltas come from is a [`DeltaSource`]: a directory today ([`DirSource`]); a broker's
 //! consumer is another implementation of the same three calls.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nearrec_format::delta::{self, Delta, Shape, Values};
@@ -52,10 +52,6 @@ impl DirSource {
             dir: dir.into(),
             files: Vec::new(),
         }
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 

@@ -72,15 +72,21 @@ fn feeder<'a>(store: &'a Store, dir: &Path, from: Option<u64>) -> Feeder<'a> {
     Feeder::new(store, source, options).unwrap()
 }
 
+/// A temporary directory with an empty `deltas/` in it.
+fn deltas_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let deltas = dir.path().join("deltas");
+    std::fs::create_dir(&deltas).unwrap();
+    (dir, deltas)
+}
+
 fn sequences(done: &[Applied]) -> Vec<u64> {
     done.iter().map(|a| a.sequence).collect()
 }
 
 #[test]
 fn files_are_applied_in_order_once_across_restarts() {
-    let dir = tempfile::tempdir().unwrap();
-    let deltas = dir.path().join("deltas");
-    std::fs::create_dir(&deltas).unwrap();
+    let (dir, deltas) = deltas_dir();
     let path = nearrec_testkit::write_store(
         dir.path().join("store"),
         &[("t", 100, DIM as u32, DType::Fp32)],
@@ -138,9 +144,7 @@ fn files_are_applied_in_order_once_across_restarts() {
 
 #[test]
 fn a_feed_starts_from_a_given_sequence_and_refuses_a_file_that_misfits() {
-    let dir = tempfile::tempdir().unwrap();
-    let deltas = dir.path().join("deltas");
-    std::fs::create_dir(&deltas).unwrap();
+    let (dir, deltas) = deltas_dir();
     let path = nearrec_testkit::write_store(
         dir.path().join("store"),
         &[("t", 100, DIM as u32, DType::Fp32)],
@@ -203,9 +207,7 @@ fn a_feed_starts_from_a_given_sequence_and_refuses_a_file_that_misfits() {
 
 #[test]
 fn int8_rows_and_keyed_deletes_are_fed() {
-    let dir = tempfile::tempdir().unwrap();
-    let deltas = dir.path().join("deltas");
-    std::fs::create_dir(&deltas).unwrap();
+    let (dir, deltas) = deltas_dir();
     let keys = [10u64, 20, 30];
     let path = nearrec_testkit::write_keyed_store(
         dir.path().join("store"),

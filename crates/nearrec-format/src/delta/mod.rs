@@ -133,6 +133,17 @@ pub enum Values {
     Encoded(Vec<u8>),
 }
 
+impl Values {
+    /// No rows yet, float32 or `encoded`.
+    pub fn empty(encoded: bool) -> Self {
+        if encoded {
+            Values::Encoded(Vec::new())
+        } else {
+            Values::F32(Vec::new())
+        }
+    }
+}
+
 /// One table's rows of a delta file, in the file's order: upserted ids with their values, and
 /// deleted ids (with the rows as they were, when the file holds them).
 #[derive(Debug, Clone, PartialEq)]
@@ -149,17 +160,10 @@ pub struct Changes {
 impl Changes {
     /// No rows of `table` yet, its values float32 or `encoded`.
     pub fn new(table: &str, encoded: bool) -> Self {
-        let empty = || {
-            if encoded {
-                Values::Encoded(Vec::new())
-            } else {
-                Values::F32(Vec::new())
-            }
-        };
         Self {
             table: table.to_owned(),
             upserts: Vec::new(),
-            values: empty(),
+            values: Values::empty(encoded),
             deletes: Vec::new(),
             deleted: None,
         }

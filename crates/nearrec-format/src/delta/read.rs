@@ -67,7 +67,7 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
             (schema, Box::new(r))
         }
     };
-    let header = header(&schema, named).map_err(|(column, reason)| bad(None, column, reason))?;
+    let header = header(&schema, named).map_err(|reason| bad(None, None, reason))?;
     let columns =
         Columns::of(&schema).map_err(|(column, reason)| bad(None, Some(column), reason))?;
     let mut reader = Reader {
@@ -100,47 +100,35 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
 type Refusal = (u64, &'static str, String);
 
 /// The file's header from its schema's metadata, its sequence the one its name gives.
-fn header(
-    schema: &Schema,
-    named: u64,
-) -> std::result::Result<Header, (Option<&'static str>, String)> {
+fn header(schema: &Schema, named: u64) -> std::result::Result<Header, String> {
     let meta = schema.metadata();
-    let number = |key: &str| -> std::result::Result<Option<u64>, (Option<&'static str>, String)> {
+    let number = |key: &str| -> std::result::Result<Option<u64>, String> {
         meta.get(key)
             .map(|v| {
-                v.trim().parse::<u64>().map_err(|_| {
-                    (
-                        None,
-                        format!("schema metadata {key:?} = {v:?} is not a whole number"),
-                    )
-                })
+                (v.trim().parse::<u64>())
+                    .map_err(|_| format!("schema metadata {key:?} = {v:?} is not a whole number"))
             })
             .transpose()
     };
     match meta.get(FORMAT_KEY) {
         Some(v) if v == DELTA_VERSION => {}
         Some(v) => {
-            return Err((
-                None,
-                format!(
-                    "schema metadata {FORMAT_KEY:?} = {v:?}: this nearrec reads delta format \
-                     {DELTA_VERSION}"
-                ),
+            return Err(format!(
+                "schema metadata {FORMAT_KEY:?} = {v:?}: this nearrec reads delta format \
+                 {DELTA_VERSION}"
             ));
         }
         None => {
-            return Err((
-                None,
-                format!("no schema metadata {FORMAT_KEY:?}: not a nearrec delta file"),
+            return Err(format!(
+                "no schema metadata {FORMAT_KEY:?}: not a nearrec delta file"
             ));
         }
     }
-    let sequence = number(SEQUENCE_KEY)?
-        .ok_or_else(|| (None, format!("no schema metadata {SEQUENCE_KEY:?}")))?;
+    let sequence =
+        number(SEQUENCE_KEY)?.ok_or_else(|| format!("no schema metadata {SEQUENCE_KEY:?}"))?;
     if sequence != named {
-        return Err((
-            None,
-            format!("its schema says sequence {sequence}, its name {named}"),
+        return Err(format!(
+            "its schema says sequence {sequence}, its name {named}"
         ));
     }
     Ok(Header {
@@ -335,10 +323,8 @@ impl<F: Fn(&str) -> Option<Shape>> Reader<'_, F> {
                     match (value, had) {
                         (Some(v), true) => {
                             check(&v)?;
-                            let to = changes.deleted.get_or_insert_with(|| match encoded {
-                                Some(_) => Values::Encoded(Vec::new()),
-                                None => Values::F32(Vec::new()),
-                            });
+                            let to = (changes.deleted)
+                                .get_or_insert_with(|| Values::empty(encoded.is_some()));
                             v.push_to(to);
                         }
                         (None, _) => changes.deleted = None,

@@ -4,9 +4,8 @@
 //! (one feeder's retry of a file it already applied logs nothing), replayed with the log, and
 //! written to the manifest by each compaction.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use super::*;
+use crate::membership::now_ms;
 
 /// What one delta applied to a store did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,12 +41,13 @@ impl Live {
         let keyed = Self::keyed(&engine, &ops);
         let need = Self::room(&engine, &ops);
         w.reserve(need)?;
-        let mut held = None;
+        // the feed's cursor after the call: the one logged now, or the one that took it before
+        let mut after = None;
         let decided = self.log_decided(w, need, |lsn| {
             let mut cursors = lock(&w.cursors);
             match cursors.get(feed) {
                 Some(h) if h.sequence >= cursor.sequence => {
-                    held = Some(*h);
+                    after = Some(*h);
                     return Ok(Vec::new());
                 }
                 Some(h) if h.sequence + 1 < cursor.sequence => {
@@ -69,19 +69,13 @@ impl Live {
                 cursor: applied,
             });
             cursors.insert(feed.to_owned(), applied);
+            after = Some(applied);
             Ok(ops)
         })?;
-        Ok(match (decided, held) {
-            (Some(version), _) => Fed {
-                version,
-                applied: true,
-                cursor: self.snapshot().feeds.get(feed).copied().unwrap_or(cursor),
-            },
-            (None, held) => Fed {
-                version: self.snapshot().version,
-                applied: false,
-                cursor: held.unwrap_or(cursor),
-            },
+        Ok(Fed {
+            version: decided.unwrap_or_else(|| self.snapshot().version),
+            applied: decided.is_some(),
+            cursor: after.unwrap_or(cursor),
         })
     }
 
@@ -129,11 +123,4 @@ pub(super) fn check_name(feed: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// The wall clock in ms since the Unix epoch.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

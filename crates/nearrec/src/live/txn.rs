@@ -29,6 +29,7 @@ use nearrec_format::wal::{Op, TxState, move_tx, read_txns, remove_tx, write_tx};
 
 use super::{FeedCursor, Live, RowWrite, WriteOptions, Writer, lock};
 use crate::error::{Error, Result};
+use crate::membership::now_ms;
 
 /// What a store holds of one transaction.
 #[derive(Debug, Clone, PartialEq)]
@@ -308,35 +309,24 @@ impl Live {
     /// Logs and applies committed transaction `tx`'s rows (the caller holds the gate), then
     /// moves its file to `applied` (`keep`) or removes it.
     fn apply_committed(&self, w: &Writer, tx: u128, h: &mut Held, keep: bool) -> Result<()> {
-        // a delta file's share: logged with its cursor unless the feed has taken the file
-        // (another router's commit of it), stamped when logged
-        // (the caller holds the gate whole: no feed's record is decided meanwhile)
-        let fed = h.ops.iter_mut().find_map(|op| match op {
-            Op::Cursor { feed, cursor } => Some((feed.clone(), cursor)),
+        // a delta file's share carries its feed's cursor: logged with it, stamped as it is
+        // logged, unless the feed has taken the file since (another router's commit of it);
+        // the caller holds the gate whole, so no feed's record is decided meanwhile
+        let (mut stamped, mut taken) = (None, false);
+        if let Some((feed, cursor)) = h.ops.iter_mut().find_map(|op| match op {
+            Op::Cursor { feed, cursor } => Some((feed.as_str(), cursor)),
             _ => None,
-        });
-        let fed = match fed {
-            Some((feed, cursor)) => {
-                let held = lock(&w.cursors).get(&feed).map(|c| c.sequence);
-                if held.is_some_and(|s| s >= cursor.sequence) {
-                    None
-                } else {
-                    cursor.applied_ms = super::feed::now_ms();
-                    Some(Some((feed, *cursor)))
-                }
-            }
-            None => Some(None),
-        };
-        match fed {
-            // taken before: nothing logged
-            None => {
-                w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
-            }
-            Some(cursor) => {
-                self.log_and_apply(w, &h.ops, h.need)?;
-                if let Some((feed, cursor)) = cursor {
-                    lock(&w.cursors).insert(feed, cursor);
-                }
+        }) {
+            taken = (lock(&w.cursors).get(feed)).is_some_and(|c| c.sequence >= cursor.sequence);
+            cursor.applied_ms = now_ms();
+            stamped = Some((feed.to_owned(), *cursor));
+        }
+        if taken {
+            w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
+        } else {
+            self.log_and_apply(w, &h.ops, h.need)?;
+            if let Some((feed, cursor)) = stamped {
+                lock(&w.cursors).insert(feed, cursor);
             }
         }
         (h.ops, h.need) = (Vec::new(), 0);
