@@ -5,7 +5,9 @@ writes the format — writes delta files (``docs/format.md`` §17: Arrow IPC or 
 ``(table, id, op, values)``, named by a sequence number) into a directory; :func:`apply` applies
 the files after the store's cursor, in order, each in one atomic call that also moves the feed's
 cursor (``docs/live.md``, "Delta feeds"), so a feeder killed at any moment and started again
-applies each file exactly once. :func:`watch` keeps doing so as files come. The store may be
+applies each file exactly once (a file larger than ``part_bytes`` takes several calls, the
+cursor moved by the last: it is applied again from its start after a kill between them, its
+rows set to the same values). :func:`watch` keeps doing so as files come. The store may be
 embedded (``nearrec.open(..., writable=True)``) or on a node (``nearrec.connect``).
 """
 
@@ -32,12 +34,13 @@ __all__ = ["Applied", "Publisher", "apply", "watch"]
 
 @dataclass(frozen=True)
 class Applied:
-    """One delta file applied: its ``sequence`` and ``rows``, the store's ``version`` that
-    holds it, ``applied`` (``False``: the store had it already) and ``lag_seconds`` from the
+    """One delta file applied: its ``sequence``, ``rows`` and ``calls`` (more than one for a
+    file larger than ``part_bytes``), the store's ``version`` that holds it, ``applied`` (``False``: the store had it already) and ``lag_seconds`` from the
     producer's wall time to the store logging it (``None``: the file gave none)."""
 
     sequence: int
     rows: int
+    calls: int
     version: int
     applied: bool
     lag_seconds: float | None
@@ -50,13 +53,19 @@ def apply(
     name: str = "default",
     start: int | None = None,
     allow_nonfinite: bool = False,
+    part_bytes: int | None = None,
 ) -> list[Applied]:
     """Applies the delta files of ``directory`` after ``store``'s cursor of feed ``name``, in
     sequence order, each once; ``start``: the first sequence when the store has never seen
     the feed. A gap in the sequence, or a file that does not fit the store (unknown table,
     wrong dim or dtype, a row out of range), raises :class:`InvalidRequest` naming the file,
-    row and column, after the files before it; nothing of that file is applied."""
-    done = store._native.feed_dir(os.fspath(directory), name, start, allow_nonfinite)
+    row and column, after the files before it; nothing of that file is applied.
+
+    A file of more than ``part_bytes`` bytes of ids and rows (default 32 MiB: inside a node's
+    default message limit and a store's default delta budget) is applied in calls of at most
+    that, in order, the cursor moved by the last: a reader may see its first calls' rows first."""
+    parts = None if part_bytes is None else count(part_bytes, "part_bytes", minimum=1)
+    done = store._native.feed_dir(os.fspath(directory), name, start, allow_nonfinite, parts)
     return [Applied(*a) for a in done]
 
 
@@ -67,6 +76,7 @@ def watch(
     name: str = "default",
     start: int | None = None,
     poll: float = 0.2,
+    part_bytes: int | None = None,
     stop: threading.Event | None = None,
     on_applied: Callable[[Applied], None] | None = None,
     on_refused: Callable[[InvalidRequest], None] | None = None,
@@ -81,7 +91,7 @@ def watch(
     while not stop.is_set():
         started = time.monotonic()
         try:
-            for a in apply(directory, store, name=name, start=start):
+            for a in apply(directory, store, name=name, start=start, part_bytes=part_bytes):
                 count += 1
                 if on_applied is not None:
                     on_applied(a)

@@ -4,6 +4,12 @@
 //! killed at any moment and started again applies each file exactly once: it starts after the
 //! cursor the store holds, and a file the store took before a kill is not taken again.
 //!
+//! A file larger than [`FeedOptions::part_bytes`] is applied in several calls, in order, the
+//! cursor moved by the last only: a reader may see its first calls' rows before the rest, and
+//! a feeder killed between them applies the file again from its start. Its rows are set, not
+//! added to (an upsert writes a row's values, a delete lets a row go), so the store ends as
+//! if the file had been applied once.
+//!
 //! Where deltas come from is a [`DeltaSource`]: a directory today ([`DirSource`]); a broker's
 //! consumer is another implementation of the same three calls.
 
@@ -116,6 +122,10 @@ pub struct FeedOptions {
     /// first file's); with a cursor, the store's decides and a `from` past it is a gap.
     pub from: Option<u64>,
     pub write: WriteOptions,
+    /// The most bytes (ids and rows) one call carries: a file that holds more is applied in
+    /// parts of at most this. The default, 32 MiB, keeps a call inside a node's default
+    /// message limit (64 MiB) and a store's default delta budget (256 MiB).
+    pub part_bytes: usize,
 }
 
 impl Default for FeedOptions {
@@ -124,6 +134,7 @@ impl Default for FeedOptions {
             name: "default".into(),
             from: None,
             write: WriteOptions::default(),
+            part_bytes: 32 << 20,
         }
     }
 }
@@ -133,6 +144,8 @@ impl Default for FeedOptions {
 pub struct Applied {
     pub sequence: u64,
     pub rows: u64,
+    /// The calls it took: 1, or more for a file larger than [`FeedOptions::part_bytes`].
+    pub calls: usize,
     /// The store's version that holds it.
     pub version: u64,
     /// `false`: the store had it already (a feeder before this one applied it).
@@ -197,6 +210,17 @@ impl<'a> Feeder<'a> {
             (None, from) => from,
         };
         let mut done = Vec::new();
+        // the store's tables as this pass found them: a file naming a table created since is
+        // refused now and read again at the next pass
+        let info = self.store.info()?;
+        let shapes = |table: &str| {
+            info.tables.iter().find(|t| t.name == table).map(|t| Shape {
+                rows: t.rows,
+                dim: t.dim,
+                dtype: t.dtype,
+                keyed: t.keys.is_some(),
+            })
+        };
         for sequence in self.source.list()? {
             if cursor.is_some_and(|c| sequence <= c)
                 || self.options.from.is_some_and(|f| sequence < f)
@@ -218,7 +242,7 @@ impl<'a> Feeder<'a> {
                     ),
                 }));
             }
-            let applied = self.apply_one(sequence)?;
+            let applied = self.apply_one(sequence, &shapes)?;
             each(&applied);
             done.push(applied);
             expected = Some(sequence + 1);
@@ -232,17 +256,12 @@ impl<'a> Feeder<'a> {
 
     /// Reads delta `sequence`, applies its dense weights (an update the next file's retry
     /// repeats harmlessly), then its rows with the feed's cursor in one call.
-    fn apply_one(&mut self, sequence: u64) -> Result<Applied> {
-        let info = self.store.info()?;
-        let shapes = |table: &str| {
-            info.tables.iter().find(|t| t.name == table).map(|t| Shape {
-                rows: t.rows,
-                dim: t.dim,
-                dtype: t.dtype,
-                keyed: t.keys.is_some(),
-            })
-        };
-        let (delta, dense) = self.source.read(sequence, &shapes)?;
+    fn apply_one(
+        &mut self,
+        sequence: u64,
+        shapes: &dyn Fn(&str) -> Option<Shape>,
+    ) -> Result<Applied> {
+        let (delta, dense) = self.source.read(sequence, shapes)?;
         if let Some(weights) = &dense {
             let inference = self
                 .store
@@ -288,9 +307,15 @@ impl<'a> Feeder<'a> {
             applied_ms: 0,
             rows: delta.rows() as u64,
         };
+        let mut parts = parts(&writes, self.options.part_bytes);
+        let calls = parts.len();
+        let last = parts.pop().unwrap_or_default();
+        for part in &parts {
+            self.writes().write_many(part, self.options.write)?;
+        }
         let fed = self
             .writes()
-            .feed(&self.options.name, cursor, &writes, self.options.write)?;
+            .feed(&self.options.name, cursor, &last, self.options.write)?;
         let lag = fed
             .cursor
             .wall_time_ms
@@ -298,10 +323,102 @@ impl<'a> Feeder<'a> {
         Ok(Applied {
             sequence,
             rows: cursor.rows,
+            calls,
             version: fed.version,
             applied: fed.applied,
             lag,
             cursor: fed.cursor,
         })
+    }
+}
+
+/// A file's writes cut, in order, into calls of at most `limit` bytes of ids and rows each: a
+/// row is never cut, and one wider than `limit` is a call of its own. One call when it fits.
+fn parts<'w>(writes: &[RowWrite<'w>], limit: usize) -> Vec<Vec<RowWrite<'w>>> {
+    let mut parts = vec![Vec::new()];
+    let mut room = limit;
+    for w in writes {
+        let n = w.ids.len();
+        let row = 8 + w
+            .values
+            .map_or(0, |v| v.bytes().checked_div(n).unwrap_or(0));
+        let mut at = 0;
+        while at < n {
+            let mut fit = (room / row).min(n - at);
+            if fit == 0 {
+                if parts.last().is_some_and(|p| !p.is_empty()) {
+                    parts.push(Vec::new());
+                    room = limit;
+                    continue;
+                }
+                fit = 1;
+            }
+            let end = at + fit;
+            parts.last_mut().expect("one at least").push(RowWrite {
+                table: w.table,
+                ids: &w.ids[at..end],
+                values: w.values.map(|v| v.rows(at..end, n)),
+            });
+            room = room.saturating_sub(fit * row);
+            at = end;
+        }
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cut(writes: &[RowWrite<'_>], limit: usize) -> Vec<Vec<(String, Vec<i64>, usize)>> {
+        parts(writes, limit)
+            .iter()
+            .map(|p| {
+                p.iter()
+                    .map(|w| {
+                        let bytes = w.values.map_or(0, RowValues::bytes);
+                        (w.table.to_owned(), w.ids.to_vec(), bytes)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_file_is_cut_into_calls_in_order_never_inside_a_row() {
+        let ids: Vec<i64> = (0..10).collect();
+        let values: Vec<f32> = (0..40).map(|v| v as f32).collect();
+        let writes = [
+            RowWrite {
+                table: "d",
+                ids: &ids[..3],
+                values: None,
+            },
+            RowWrite {
+                table: "a",
+                ids: &ids,
+                values: Some(RowValues::F32(&values)),
+            },
+        ];
+        // it fits: one call, as it is
+        assert_eq!(cut(&writes, 1 << 20).len(), 1);
+        // 24 bytes a row of `a` (8 of id, 16 of values), 8 a delete: 50 bytes a call
+        let got = cut(&writes, 50);
+        let want = vec![
+            vec![("d".into(), vec![0, 1, 2], 0), ("a".into(), vec![0], 16)],
+            vec![("a".into(), vec![1, 2], 32)],
+            vec![("a".into(), vec![3, 4], 32)],
+            vec![("a".into(), vec![5, 6], 32)],
+            vec![("a".into(), vec![7, 8], 32)],
+            vec![("a".into(), vec![9], 16)],
+        ];
+        assert_eq!(got, want);
+        // each call's values are its rows' own
+        let p = parts(&writes, 50);
+        assert_eq!(p[2][0].values, Some(RowValues::F32(&values[12..20])));
+        // a row wider than the limit goes alone
+        let got = cut(&writes[1..], 10);
+        assert_eq!(got.len(), 10);
+        assert!(got.iter().all(|c| c.len() == 1 && c[0].1.len() == 1));
     }
 }

@@ -9,7 +9,9 @@ use nearrec::feed::{Applied, DirSource, FeedOptions, Feeder};
 use nearrec::format::DType;
 use nearrec::format::delta::{self, Changes, Encoding, Header, Values};
 use nearrec::prelude::*;
-use nearrec::{Bags, Batch, Indices, Store, StoreConfig, TableLookup};
+use nearrec::{
+    Bags, Batch, Indices, RowValues, RowWrite, Store, StoreConfig, TableLookup, WriteOptions,
+};
 
 const DIM: usize = 4;
 
@@ -140,6 +142,59 @@ fn files_are_applied_in_order_once_across_restarts() {
     let store = writable(&path);
     assert_eq!(store.feed_status().unwrap()["default"].sequence, 5);
     assert_eq!(row(&store, "t", 6)[0], 4.06);
+}
+
+#[test]
+fn a_file_larger_than_a_call_is_applied_in_parts_and_again_whole_after_a_kill() {
+    let (dir, deltas) = deltas_dir();
+    let path = nearrec_testkit::write_store(
+        dir.path().join("store"),
+        &[("t", 1000, DIM as u32, DType::Fp32)],
+        nearrec_testkit::pattern,
+    );
+    let store = writable(&path);
+    let ids: Vec<i64> = (0..600).collect();
+    let deletes: Vec<i64> = (900..950).collect();
+    publish(&deltas, 1, "t", &ids, &deletes);
+    // a feeder killed inside file 1 had applied its first call's rows (the deletes, and some
+    // upserts at the values the file gives them) and not moved the cursor
+    let first: Vec<f32> = ids[..100]
+        .iter()
+        .flat_map(|&id| (0..DIM).map(move |j| 1.0 + id as f32 / 100.0 + j as f32))
+        .collect();
+    let partial = [
+        RowWrite {
+            table: "t",
+            ids: &deletes,
+            values: None,
+        },
+        RowWrite {
+            table: "t",
+            ids: &ids[..100],
+            values: Some(RowValues::F32(&first)),
+        },
+    ];
+    store.write_many(&partial, WriteOptions::default()).unwrap();
+    assert!(store.feed_status().unwrap().is_empty());
+    // 24 bytes a row: 4,096-byte calls take 170 rows, the file's 650 in 4
+    let options = FeedOptions {
+        part_bytes: 4096,
+        ..FeedOptions::default()
+    };
+    let mut feeder = Feeder::new(&store, Box::new(DirSource::new(&deltas)), options).unwrap();
+    let done = feeder.apply_pending(&mut |_| {}).unwrap();
+    assert_eq!(sequences(&done), [1]);
+    assert_eq!((done[0].calls, done[0].rows), (4, 650));
+    assert_eq!(store.feed_status().unwrap()["default"].sequence, 1);
+    for id in [0, 99, 100, 599] {
+        assert_eq!(row(&store, "t", id)[0], 1.0 + id as f32 / 100.0, "row {id}");
+    }
+    assert_eq!(row(&store, "t", 920), vec![0.0; DIM], "deleted");
+    assert_eq!(
+        row(&store, "t", 700)[0],
+        nearrec_testkit::pattern(0, 700 * DIM as u64),
+        "untouched"
+    );
 }
 
 #[test]

@@ -170,6 +170,9 @@ def parser() -> argparse.ArgumentParser:
                     help="follow the directory until interrupted, printing each file applied")
     fe.add_argument("--poll", type=float, default=0.2, metavar="S",
                     help="with --watch: how often the directory is listed (default: %(default)s)")
+    fe.add_argument("--part-bytes", type=parse_bytes, metavar="BYTES",
+                    help="the most ids and rows one call carries (default 32MiB): a larger "
+                         "file is applied in calls of this, its cursor moved by the last")
     fe.add_argument("--durability", choices=["sync", "async"], default="sync",
                     help="a store opened here: whether each file's call waits for the disk "
                          "(default: %(default)s)")

@@ -196,10 +196,12 @@ def cmd_feed(args: argparse.Namespace) -> int:
     def said(a: feed.Applied) -> str:
         lag = "" if a.lag_seconds is None else f", {human_time(a.lag_seconds)} after it was written"
         state = "applied" if a.applied else "applied before"
-        return f"file {a.sequence}: {a.rows:,} rows {state} (version {a.version}{lag})"
+        calls = "" if a.calls == 1 else f" in {a.calls} calls"
+        return f"file {a.sequence}: {a.rows:,} rows {state}{calls} (version {a.version}{lag})"
 
     if not args.watch:
-        done = feed.apply(args.dir, store, name=args.name, start=args.start)
+        done = feed.apply(args.dir, store, name=args.name, start=args.start,
+                          part_bytes=args.part_bytes)
         cursor = store.feed_status().get(args.name)
         emit(args, {"applied": [asdict(a) for a in done],
                     "cursor": asdict(cursor) if cursor else None},
@@ -216,7 +218,7 @@ def cmd_feed(args: argparse.Namespace) -> int:
 
     try:
         feed.watch(args.dir, store, name=args.name, start=args.start, poll=args.poll,
-                           on_applied=each, on_refused=refused)
+                   part_bytes=args.part_bytes, on_applied=each, on_refused=refused)
     except KeyboardInterrupt:
         pass
     return 0

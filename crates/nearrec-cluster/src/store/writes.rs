@@ -26,36 +26,25 @@ impl Inner {
         for w in writes {
             let t = self.find(w.table)?;
             let (table, hot) = (&self.plan.tables[t], &self.hot[t]);
-            // a row's width in its values: float32 values or encoded bytes
-            let width = match w.values {
-                None => 0,
+            match w.values {
+                None => {}
                 Some(RowValues::F32(v)) => {
                     nearrec::check_values(w.table, w.ids.len(), table.dim as usize, v, options)?;
-                    table.dim as usize
                 }
                 Some(RowValues::Encoded(b)) => {
                     let (dtype, dim) = (table.dtype, table.dim);
                     nearrec::check_encoded(w.table, w.ids.len(), dtype, dim, b, options)?;
-                    dtype.row_bytes(dim) as usize
                 }
-            };
-            let empty = || match w.values {
-                None => None,
-                Some(RowValues::F32(_)) => Some(OwnedValues::F32(Vec::new())),
-                Some(RowValues::Encoded(_)) => Some(OwnedValues::Encoded(Vec::new())),
-            };
+            }
+            let n = w.ids.len();
             let mut by_part: Vec<(Vec<i64>, Option<OwnedValues>)> = (0..table.parts.len())
-                .map(|_| (Vec::new(), empty()))
+                .map(|_| (Vec::new(), w.values.map(OwnedValues::empty_like)))
                 .collect();
             // row `j` of the write's values onto a part's
-            let copy = |to: &mut Option<OwnedValues>, j: usize| match (to, w.values) {
-                (Some(OwnedValues::F32(o)), Some(RowValues::F32(v))) => {
-                    o.extend_from_slice(&v[j * width..][..width]);
+            let copy = |to: &mut Option<OwnedValues>, j: usize| {
+                if let (Some(o), Some(v)) = (to, w.values) {
+                    o.extend(v.rows(j..j + 1, n));
                 }
-                (Some(OwnedValues::Encoded(o)), Some(RowValues::Encoded(b))) => {
-                    o.extend_from_slice(&b[j * width..][..width]);
-                }
-                _ => {}
             };
             for (j, &id) in w.ids.iter().enumerate() {
                 if table.keyed {

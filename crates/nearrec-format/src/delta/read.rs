@@ -13,6 +13,7 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, Field, Schema};
+use rustc_hash::FxHashMap;
 
 use super::{
     Changes, DELTA_VERSION, DTYPE_KEY, Delta, Encoding, FORMAT_KEY, Header, Op, SEQUENCE_KEY,
@@ -197,7 +198,7 @@ struct Reader<'a, F> {
     /// Table name → its index in `tables` and its shape.
     index: HashMap<String, (usize, Shape)>,
     /// Per table of `tables`: each id named so far, with its row.
-    seen: Vec<HashMap<i64, u64>>,
+    seen: Vec<FxHashMap<i64, u64>>,
     /// The file's row the batch starts at.
     row: u64,
 }
@@ -239,7 +240,7 @@ impl<F: Fn(&str) -> Option<Shape>> Reader<'_, F> {
                     }
                     let at = self.tables.len();
                     self.tables.push(Changes::new(name, encoded.is_some()));
-                    self.seen.push(HashMap::new());
+                    self.seen.push(FxHashMap::default());
                     self.index.insert(name.to_owned(), (at, shape));
                     (at, shape)
                 }

@@ -327,9 +327,10 @@ impl NativeStore {
 
     /// Applies the delta files of directory `dir` after the store's cursor of feed `name`
     /// (from sequence `start` when the store holds none), in order, each once
-    /// (`nearrec::feed`): per file (sequence, rows, version, applied, lag in seconds or None).
+    /// (`nearrec::feed`), in calls of at most `part_bytes` (None: the feeder's default): per
+    /// file (sequence, rows, calls, version, applied, lag in seconds or None).
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (dir, name, start=None, allow_nonfinite=false))]
+    #[pyo3(signature = (dir, name, start=None, allow_nonfinite=false, part_bytes=None))]
     fn feed_dir(
         &self,
         py: Python<'_>,
@@ -337,11 +338,14 @@ impl NativeStore {
         name: String,
         start: Option<u64>,
         allow_nonfinite: bool,
-    ) -> PyResult<Vec<(u64, u64, u64, bool, Option<f64>)>> {
+        part_bytes: Option<usize>,
+    ) -> PyResult<Vec<(u64, u64, usize, u64, bool, Option<f64>)>> {
+        let defaults = nearrec::feed::FeedOptions::default();
         let options = nearrec::feed::FeedOptions {
             name,
             from: start,
             write: nearrec::WriteOptions { allow_nonfinite },
+            part_bytes: part_bytes.unwrap_or(defaults.part_bytes),
         };
         let done = run(py, || {
             let source = Box::new(nearrec::feed::DirSource::new(dir));
@@ -351,7 +355,7 @@ impl NativeStore {
             .iter()
             .map(|a| {
                 let lag = a.lag.map(|l| l.as_secs_f64());
-                (a.sequence, a.rows, a.version, a.applied, lag)
+                (a.sequence, a.rows, a.calls, a.version, a.applied, lag)
             })
             .collect())
     }

@@ -176,11 +176,50 @@ pub enum OwnedValues {
     Encoded(Vec<u8>),
 }
 
+impl<'a> RowValues<'a> {
+    /// Rows `range` of these values, which hold `rows` rows of one width.
+    pub fn rows(self, range: std::ops::Range<usize>, rows: usize) -> RowValues<'a> {
+        fn cut<T>(v: &[T], range: std::ops::Range<usize>, rows: usize) -> &[T] {
+            let width = v.len().checked_div(rows).unwrap_or(0);
+            &v[range.start * width..range.end * width]
+        }
+        match self {
+            RowValues::F32(v) => RowValues::F32(cut(v, range, rows)),
+            RowValues::Encoded(b) => RowValues::Encoded(cut(b, range, rows)),
+        }
+    }
+
+    /// Their size in bytes.
+    pub fn bytes(self) -> usize {
+        match self {
+            RowValues::F32(v) => 4 * v.len(),
+            RowValues::Encoded(b) => b.len(),
+        }
+    }
+}
+
 impl OwnedValues {
     pub fn as_values(&self) -> RowValues<'_> {
         match self {
             OwnedValues::F32(v) => RowValues::F32(v),
             OwnedValues::Encoded(b) => RowValues::Encoded(b),
+        }
+    }
+
+    /// No rows yet, of the kind of `like`.
+    pub fn empty_like(like: RowValues<'_>) -> Self {
+        match like {
+            RowValues::F32(_) => OwnedValues::F32(Vec::new()),
+            RowValues::Encoded(_) => OwnedValues::Encoded(Vec::new()),
+        }
+    }
+
+    /// Appends `rows`, of this kind (rows of the other kind are a caller's bug: ignored).
+    pub fn extend(&mut self, rows: RowValues<'_>) {
+        match (self, rows) {
+            (OwnedValues::F32(o), RowValues::F32(v)) => o.extend_from_slice(v),
+            (OwnedValues::Encoded(o), RowValues::Encoded(b)) => o.extend_from_slice(b),
+            _ => debug_assert!(false, "rows of another kind"),
         }
     }
 }
