@@ -203,24 +203,16 @@ impl<'a> Feeder<'a> {
     /// Applies every delta the source holds after the store's cursor, in order; `each` is
     /// told of each as it is applied. A gap in the sequence stops it (typed, naming the file
     /// that follows it) after the files before the gap; nothing of a refused file is applied.
+    /// The next file is read while one is applied (one file ahead, on a thread of its own).
     pub fn apply_pending(&mut self, each: &mut dyn FnMut(&Applied)) -> Result<Vec<Applied>> {
         let cursor = self.cursor()?.map(|c| c.sequence);
         let mut expected = match (cursor, self.options.from) {
             (Some(c), _) => Some(c + 1),
             (None, from) => from,
         };
-        let mut done = Vec::new();
-        // the store's tables as this pass found them: a file naming a table created since is
-        // refused now and read again at the next pass
-        let info = self.store.info()?;
-        let shapes = |table: &str| {
-            info.tables.iter().find(|t| t.name == table).map(|t| Shape {
-                rows: t.rows,
-                dim: t.dim,
-                dtype: t.dtype,
-                keyed: t.keys.is_some(),
-            })
-        };
+        // the files to apply, up to a gap (refused once the files before it are applied)
+        let mut todo = Vec::new();
+        let mut gap = None;
         for sequence in self.source.list()? {
             if cursor.is_some_and(|c| sequence <= c)
                 || self.options.from.is_some_and(|f| sequence < f)
@@ -230,8 +222,8 @@ impl<'a> Feeder<'a> {
             if let Some(e) = expected
                 && sequence != e
             {
-                return Err(Error::Format(FormatError::BadDelta {
-                    path: self.describe_file(sequence),
+                gap = Some(Error::Format(FormatError::BadDelta {
+                    path: PathBuf::from(delta::file_name(sequence, delta::Encoding::Arrow)),
                     row: None,
                     column: None,
                     reason: format!(
@@ -241,95 +233,130 @@ impl<'a> Feeder<'a> {
                             .map_or_else(String::new, |c| format!(" (the store has applied {c})")),
                     ),
                 }));
+                break;
             }
-            let applied = self.apply_one(sequence, &shapes)?;
-            each(&applied);
-            done.push(applied);
+            todo.push(sequence);
             expected = Some(sequence + 1);
         }
-        Ok(done)
-    }
-
-    fn describe_file(&self, sequence: u64) -> PathBuf {
-        PathBuf::from(delta::file_name(sequence, delta::Encoding::Arrow))
-    }
-
-    /// Reads delta `sequence`, applies its dense weights (an update the next file's retry
-    /// repeats harmlessly), then its rows with the feed's cursor in one call.
-    fn apply_one(
-        &mut self,
-        sequence: u64,
-        shapes: &dyn Fn(&str) -> Option<Shape>,
-    ) -> Result<Applied> {
-        let (delta, dense) = self.source.read(sequence, shapes)?;
-        if let Some(weights) = &dense {
-            let inference = self
-                .store
-                .able(self.store.inference(), "a delta's dense weights")?;
-            let tensors: Vec<Tensor<'_>> = weights
-                .iter()
-                .map(|(name, shape, values)| Tensor {
-                    name,
-                    shape,
-                    values,
-                })
-                .collect();
-            inference.update_model(&tensors)?;
-        }
-        // deletes first: a keyed table at its cap takes the file's new keys in the room its
-        // deleted keys leave (a file names each id once, so the order changes nothing else);
-        // encoded rows go as they are
-        let mut writes = Vec::with_capacity(2 * delta.tables.len());
-        for t in &delta.tables {
-            if !t.deletes.is_empty() {
-                writes.push(RowWrite {
-                    table: &t.table,
-                    ids: &t.deletes,
-                    values: None,
-                });
-            }
-            if !t.upserts.is_empty() {
-                writes.push(RowWrite {
-                    table: &t.table,
-                    ids: &t.upserts,
-                    values: Some(match &t.values {
-                        Values::F32(v) => RowValues::F32(v),
-                        Values::Encoded(b) => RowValues::Encoded(b),
-                    }),
-                });
-            }
-        }
-        let h = delta.header;
-        let cursor = FeedCursor {
-            sequence: h.sequence,
-            step: h.step,
-            wall_time_ms: h.wall_time_ms,
-            applied_ms: 0,
-            rows: delta.rows() as u64,
+        // the store's tables as this pass found them: a file naming a table created since is
+        // refused now and read again at the next pass
+        let info = self.store.info()?;
+        let shapes = move |table: &str| {
+            info.tables.iter().find(|t| t.name == table).map(|t| Shape {
+                rows: t.rows,
+                dim: t.dim,
+                dtype: t.dtype,
+                keyed: t.keys.is_some(),
+            })
         };
-        let mut parts = parts(&writes, self.options.part_bytes);
-        let calls = parts.len();
-        let last = parts.pop().unwrap_or_default();
-        for part in &parts {
-            self.writes().write_many(part, self.options.write)?;
+        let Self {
+            store,
+            source,
+            options,
+        } = self;
+        let (store, options) = (*store, &*options);
+        let done = std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            scope.spawn(move || {
+                for sequence in todo {
+                    let read = source.read(sequence, &shapes);
+                    let failed = read.is_err();
+                    // a send fails once the applier has stopped
+                    if tx.send((sequence, read)).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            let mut done = Vec::new();
+            for (sequence, read) in rx {
+                let (delta, dense) = read?;
+                let applied = apply_one(store, options, sequence, delta, dense)?;
+                each(&applied);
+                done.push(applied);
+            }
+            Ok::<_, Error>(done)
+        })?;
+        match gap {
+            Some(e) => Err(e),
+            None => Ok(done),
         }
-        let fed = self
-            .writes()
-            .feed(&self.options.name, cursor, &last, self.options.write)?;
-        let lag = fed
-            .cursor
-            .wall_time_ms
-            .map(|w| Duration::from_millis(fed.cursor.applied_ms.saturating_sub(w)));
-        Ok(Applied {
-            sequence,
-            rows: cursor.rows,
-            calls,
-            version: fed.version,
-            applied: fed.applied,
-            lag,
-            cursor: fed.cursor,
-        })
     }
+}
+
+/// Applies delta `sequence` (read): its dense weights (an update the next file's retry
+/// repeats harmlessly), then its rows with the feed's cursor — in one call, or in parts of
+/// `options.part_bytes` with the cursor in the last.
+fn apply_one(
+    store: &dyn StoreApi,
+    options: &FeedOptions,
+    sequence: u64,
+    delta: Delta,
+    dense: Option<Vec<Weight>>,
+) -> Result<Applied> {
+    let writes_to = store.able(store.writes(), "feed")?;
+    if let Some(weights) = &dense {
+        let inference = store.able(store.inference(), "a delta's dense weights")?;
+        let tensors: Vec<Tensor<'_>> = weights
+            .iter()
+            .map(|(name, shape, values)| Tensor {
+                name,
+                shape,
+                values,
+            })
+            .collect();
+        inference.update_model(&tensors)?;
+    }
+    // deletes first: a keyed table at its cap takes the file's new keys in the room its
+    // deleted keys leave (a file names each id once, so the order changes nothing else);
+    // encoded rows go as they are
+    let mut writes = Vec::with_capacity(2 * delta.tables.len());
+    for t in &delta.tables {
+        if !t.deletes.is_empty() {
+            writes.push(RowWrite {
+                table: &t.table,
+                ids: &t.deletes,
+                values: None,
+            });
+        }
+        if !t.upserts.is_empty() {
+            writes.push(RowWrite {
+                table: &t.table,
+                ids: &t.upserts,
+                values: Some(match &t.values {
+                    Values::F32(v) => RowValues::F32(v),
+                    Values::Encoded(b) => RowValues::Encoded(b),
+                }),
+            });
+        }
+    }
+    let h = delta.header;
+    let cursor = FeedCursor {
+        sequence: h.sequence,
+        step: h.step,
+        wall_time_ms: h.wall_time_ms,
+        applied_ms: 0,
+        rows: delta.rows() as u64,
+    };
+    let mut parts = parts(&writes, options.part_bytes);
+    let calls = parts.len();
+    let last = parts.pop().unwrap_or_default();
+    for part in &parts {
+        writes_to.write_many(part, options.write)?;
+    }
+    let fed = writes_to.feed(&options.name, cursor, &last, options.write)?;
+    let lag = fed
+        .cursor
+        .wall_time_ms
+        .map(|w| Duration::from_millis(fed.cursor.applied_ms.saturating_sub(w)));
+    Ok(Applied {
+        sequence,
+        rows: cursor.rows,
+        calls,
+        version: fed.version,
+        applied: fed.applied,
+        lag,
+        cursor: fed.cursor,
+    })
 }
 
 /// A file's writes cut, in order, into calls of at most `limit` bytes of ids and rows each: a
