@@ -35,3 +35,34 @@ def test_a_row_no_file_wrote_is_a_violation(tmp_path):
     t = feed.rounds("embedded", cfg, store_path, deltas, lambda _: None, kill_once,
                     lambda p: nearrec.open(p))
     assert t.violations and "table a differs" in t.violations[0], t.violations
+
+
+def test_the_rate_harness_files_hold_what_write_many_is_given(tmp_path):
+    """`nearrec bench feed` sets a feed against write_many of the same rows: its int8 files'
+    encoded rows must decode to the float32 rows write_many gets, and its fp32 files must hold
+    them bit for bit — else the two would not write the same store."""
+    from nearrec_bench import feed_rate
+
+    cfg = feed_rate.FeedRateConfig(rows=500, dim=16, cell_rows=120, file_rows=(60,),
+                                   scratch=tmp_path)
+    rng = np.random.default_rng(0)
+    nearrec.from_numpy(tmp_path / "s", {t: rng.standard_normal((500, 16), dtype=np.float32)
+                                        for t in feed_rate.TABLES}, {"f": "fp32", "q": "int8"})
+    fed = nearrec.open(tmp_path / "s", writable=True)
+    deltas = tmp_path / "d"
+    deltas.mkdir()
+    sequence = 0
+    expected = {}
+    for table in feed_rate.TABLES:
+        for ids, rows, floats in feed_rate._files(cfg, table, 60, seed=len(table)):
+            sequence += 1
+            feed_rate.publish(deltas, sequence, table, ids, rows)
+            assert rows.dtype == (np.uint8 if table == "q" else np.float32)
+            expected.setdefault(table, {}).update(zip(ids.tolist(), floats, strict=True))
+    done = nearrec.feed.apply(deltas, fed)
+    assert [a.sequence for a in done] == [1, 2, 3, 4] and all(a.calls == 1 for a in done)
+    for table, rows in expected.items():
+        ids = np.array(list(rows), np.int64)
+        want = np.stack(list(rows.values()))
+        # int8 rows written as they are decode to exactly what the harness computed
+        np.testing.assert_array_equal(fed.read_rows(table, ids), want)

@@ -35,8 +35,9 @@ __all__ = ["Applied", "Publisher", "apply", "watch"]
 @dataclass(frozen=True)
 class Applied:
     """One delta file applied: its ``sequence``, ``rows`` and ``calls`` (more than one for a
-    file larger than ``part_bytes``), the store's ``version`` that holds it, ``applied`` (``False``: the store had it already) and ``lag_seconds`` from the
-    producer's wall time to the store logging it (``None``: the file gave none)."""
+    file larger than ``part_bytes``), the store's ``version`` that holds it, ``applied``
+    (``False``: the store had it already) and ``lag_seconds`` from the producer's wall time to
+    the store logging it (``None``: the file gave none)."""
 
     sequence: int
     rows: int

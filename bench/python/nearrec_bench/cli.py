@@ -34,7 +34,7 @@ MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd_d
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
            "cluster-projection": "projection", "cluster-swap": "swap",
            "torture": "torture", "soak": "soak", "abuse": "abuse", "triton": "triton_serving",
-           "feed-kills": "feed"}
+           "feed-kills": "feed", "feed": "feed_rate"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
