@@ -89,16 +89,27 @@ def publish(directory: Path, sequence: int, seed: int) -> None:
         row = bytes(dim) + np.array([0.0, float(sequence)], np.float32).tobytes()
         values = pa.array([row] * 12, pa.binary(dim + 8))
         field_ = pa.field("values", pa.binary(dim + 8), metadata={"nearrec.dtype": "int8"})
-    schema = pa.schema([("table", pa.string()), ("id", pa.int64()), ("op", pa.int8()), field_],
+    write_delta(directory, sequence, [pa.array(tables), pa.array(ids, pa.int64()),
+                                      pa.array(ops, pa.int8()), values], field_)
+
+
+def write_delta(directory: Path, sequence: int, columns: list[Any], values: Any) -> Path:
+    """Delta file ``sequence`` of ``directory`` (``docs/format.md`` §17) of pyarrow's
+    ``columns`` — table, id, op, values, the last of field ``values`` — with the producer's wall
+    time now, as a trainer outside nearrec writes it: under another name, then renamed into
+    place whole."""
+    import pyarrow as pa
+
+    table, ids, ops, _ = columns
+    schema = pa.schema([("table", table.type), ("id", ids.type), ("op", ops.type), values],
                        metadata={"nearrec.delta": "1", "nearrec.sequence": str(sequence),
                                  "nearrec.wall_time_ms": str(int(time.time() * 1000))})
-    table = pa.table([pa.array(tables), pa.array(ids, pa.int64()), pa.array(ops, pa.int8()),
-                      values], schema=schema)
     path = directory / f"{sequence:020d}.arrow"
     tmp = directory / f".{path.name}.tmp"
     with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_stream(f, schema) as w:
-        w.write_table(table)
+        w.write_table(pa.table(columns, schema=schema))
     tmp.rename(path)
+    return path
 
 
 class Model:

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,11 @@ import nearrec.feed
 from nearrec import distributed
 
 from . import _native
+from .feed import write_delta
 from .harness import Harness
 from .report import Record, rounds_spread
 from .served import node
+from .writes import writable_node, writable_shards
 
 SYSTEMS = ("node", "shard.2x1")
 TABLES = ("f", "q")
@@ -113,16 +115,8 @@ def publish(directory: Path, sequence: int, table: str, ids: np.ndarray,
         values = pa.FixedSizeListArray.from_arrays(pa.array(rows.ravel()), rows.shape[1])
         field_ = pa.field("values", values.type)
     names = pa.DictionaryArray.from_arrays(np.zeros(len(ids), np.int32), [table])
-    schema = pa.schema([("table", names.type), ("id", pa.int64()), ("op", pa.int8()), field_],
-                       metadata={"nearrec.delta": "1", "nearrec.sequence": str(sequence),
-                                 "nearrec.wall_time_ms": str(int(time.time() * 1000))})
-    batch = pa.table([names, pa.array(ids), pa.array(np.zeros(len(ids), np.int8)), values],
-                     schema=schema)
-    path = directory / f"{sequence:020d}.arrow"
-    tmp = directory / f".{path.name}.tmp"
-    with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_stream(f, batch.schema) as w:
-        w.write_table(batch)
-    tmp.rename(path)
+    write_delta(directory, sequence, [names, pa.array(ids), pa.array(np.zeros(len(ids), np.int8)),
+                                      values], field_)
     return time.time()
 
 
@@ -142,38 +136,6 @@ def _files(cfg: FeedRateConfig, table: str, file_rows: int, seed: int
     return out
 
 
-def _systems(cfg: FeedRateConfig, path: Path, cut: Path, work: Path
-             ) -> dict[str, Callable[[], Any]]:
-    def whole() -> Any:
-        @contextmanager
-        def opened() -> Iterator[nearrec.Store]:
-            shutil.rmtree(work, ignore_errors=True)
-            shutil.copytree(path, work / "whole")
-            with node(work / "whole", "s", "--writable", "--tier", "dram") as n:
-                store = nearrec.connect(n.address, "s", retries=0)
-                yield store
-                store.close()
-        return opened()
-
-    def sharded() -> Any:
-        @contextmanager
-        def opened() -> Iterator[nearrec.Store]:
-            shutil.rmtree(work, ignore_errors=True)
-            with ExitStack() as stack:
-                addresses = []
-                for k in range(2):
-                    shutil.copytree(cut / f"shard-{k}", work / f"shard-{k}")
-                    n = stack.enter_context(node(work / f"shard-{k}", "s", "--writable",
-                                                 "--tier", "dram"))
-                    addresses.append([f"{n.address}/s"])
-                store = distributed.connect(cut, addresses, hedge=None)
-                yield store
-                store.close()
-        return opened()
-
-    return {"node": whole, "shard.2x1": sharded}
-
-
 def _rates(cfg: FeedRateConfig, path: Path, cut: Path, log: Callable[[str], None]
            ) -> list[Record]:
     """(a): rows per second of ``feed`` and ``write_many`` in each cell."""
@@ -182,7 +144,9 @@ def _rates(cfg: FeedRateConfig, path: Path, cut: Path, log: Callable[[str], None
     files = {(t, n): _files(cfg, t, n, cfg.seed + 10 * i + j)
              for i, t in enumerate(TABLES) for j, n in enumerate(cfg.file_rows)}
     got: dict[tuple[str, str, int, str], list[float]] = {}
-    systems = _systems(cfg, path, cut, work)
+    systems: dict[str, Callable[[], Any]] = {
+        "node": lambda: writable_node(path, work),
+        "shard.2x1": lambda: writable_shards(cut, 2, 1, work)}
     for rnd in range(cfg.rounds):
         for system, opened in systems.items():
             with opened() as store:

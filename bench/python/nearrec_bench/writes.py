@@ -79,6 +79,29 @@ def _copies(cut: Path, shards: int, replicas: int, into: Path) -> list[list[Path
     return out
 
 
+@contextmanager
+def writable_node(path: Path, work: Path) -> Iterator[nearrec.Store]:
+    """A fresh copy of the store at ``path`` (under ``work``, emptied first) served writable
+    from DRAM by one node, through ``nearrec.connect``."""
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(path, work / "whole")
+    with node(work / "whole", "s", "--writable", "--tier", "dram") as n:
+        store = nearrec.connect(n.address, "s", retries=0)
+        yield store
+        store.close()
+
+
+@contextmanager
+def writable_shards(cut: Path, shards: int, replicas: int, work: Path
+                    ) -> Iterator[nearrec.Store]:
+    """A fresh copy (under ``work``) of each of ``cut``'s ``shards`` for each of ``replicas``,
+    each on a writable node, through the router."""
+    with _nodes(_copies(cut, shards, replicas, work)) as addresses:
+        store = distributed.connect(cut, addresses, hedge=None)
+        yield store
+        store.close()
+
+
 def run(cfg: WriteConfig, log: Callable[[str], None] = print) -> list[Record]:
     cfg.scratch.mkdir(parents=True, exist_ok=True)
     tag = f"writes-{cfg.tables}x{cfg.rows}x{cfg.dim}"
@@ -97,31 +120,12 @@ def run(cfg: WriteConfig, log: Callable[[str], None] = print) -> list[Record]:
              for k in range(64)]
     work = cfg.scratch / f"{tag}-nodes"
 
-    def whole() -> Any:
-        @contextmanager
-        def opened() -> Iterator[nearrec.Store]:
-            if work.exists():
-                shutil.rmtree(work)
-            shutil.copytree(path, work / "whole")
-            with node(work / "whole", "s", "--writable", "--tier", "dram") as n:
-                store = nearrec.connect(n.address, "s", retries=0)
-                yield store
-                store.close()
-        return opened()
-
-    def sharded(shards: int, replicas: int) -> Any:
-        @contextmanager
-        def opened() -> Iterator[nearrec.Store]:
-            dirs = _copies(cuts[shards], shards, replicas, work)
-            with _nodes(dirs) as addresses:
-                store = distributed.connect(cuts[shards], addresses, hedge=None)
-                yield store
-                store.close()
-        return opened()
-
     systems: dict[str, Callable[[], Any]] = {
-        "node": whole, "shard.1x1": lambda: sharded(1, 1), "shard.1x2": lambda: sharded(1, 2),
-        "shard.2x1": lambda: sharded(2, 1), "shard.2x2": lambda: sharded(2, 2)}
+        "node": lambda: writable_node(path, work),
+        "shard.1x1": lambda: writable_shards(cuts[1], 1, 1, work),
+        "shard.1x2": lambda: writable_shards(cuts[1], 1, 2, work),
+        "shard.2x1": lambda: writable_shards(cuts[2], 2, 1, work),
+        "shard.2x2": lambda: writable_shards(cuts[2], 2, 2, work)}
     results: dict[str, list[list[float]]] = {s: [] for s in systems}
     for round_ in range(cfg.rounds):
         order = list(systems)

@@ -348,7 +348,7 @@ pub fn weights(weights: &[Tensor<'_>]) -> Vec<pb::Weight> {
 }
 
 /// A model update's weights decoded (the node's side): `(name, shape, values)`.
-pub type OwnedWeight = (String, Vec<usize>, Vec<f32>);
+pub use nearrec::model::OwnedWeight;
 
 /// [`weights`] back (the node's side).
 pub fn unweights(weights: &[pb::Weight]) -> nearrec::Result<Vec<OwnedWeight>> {
@@ -363,16 +363,7 @@ pub fn unweights(weights: &[pb::Weight]) -> nearrec::Result<Vec<OwnedWeight>> {
 }
 
 /// [`unweights`] as the facade's call.
-pub fn tensors(owned: &[OwnedWeight]) -> Vec<Tensor<'_>> {
-    owned
-        .iter()
-        .map(|(name, shape, values)| Tensor {
-            name,
-            shape,
-            values,
-        })
-        .collect()
-}
+pub use nearrec::model::tensors;
 
 /// The kept model as it travels (the node's side).
 pub fn saved_model(saved: &nearrec::SavedModel) -> pb::ModelResponse {

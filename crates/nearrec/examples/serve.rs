@@ -10,7 +10,7 @@
 //! mismatch exits non-zero, so CI (`make test`) runs this as a test of the facade too.
 
 use nearrec::format::{DType, StoreOptions, StoreWriter, TableSpec, UniformInit};
-use nearrec::model::{ModelConfig, Tensor};
+use nearrec::model::{ModelConfig, OwnedWeight};
 use nearrec::plan::{
     DEFAULT_STEPS, Generator, Ids, PlanTable, TableData, TraceFile, Variant, table_seed,
     write_trace,
@@ -61,7 +61,7 @@ fn main() -> Result<()> {
         ("bottom", vec![DENSE, 64, DIM]),
         ("top", vec![(TABLES + 1) * DIM, 64, 1]),
     ];
-    let mut weights: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let mut weights: Vec<OwnedWeight> = Vec::new();
     for (prefix, sizes) in &layers {
         for (j, io) in sizes.windows(2).enumerate() {
             let (inputs, outputs) = (io[0], io[1]);
@@ -81,14 +81,7 @@ fn main() -> Result<()> {
             weights.push((format!("{prefix}.{}.bias", 2 * j), vec![outputs], b));
         }
     }
-    let tensors: Vec<Tensor<'_>> = weights
-        .iter()
-        .map(|(name, shape, values)| Tensor {
-            name,
-            shape,
-            values,
-        })
-        .collect();
+    let tensors = nearrec::model::tensors(&weights);
     let model = ModelConfig {
         model: "rmc1".into(),
         variant: "deeprecsys".into(),

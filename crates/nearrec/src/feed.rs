@@ -23,10 +23,7 @@ use crate::api::{StoreApi, Writes};
 use crate::error::{Error, Result};
 pub use crate::live::gap;
 use crate::live::{RowValues, RowWrite, WriteOptions};
-use crate::model::Tensor;
-
-/// A dense weight that goes with a delta: name, shape, values.
-pub type Weight = (String, Vec<usize>, Vec<f32>);
+use crate::model::{self, OwnedWeight};
 
 /// Where a feed's delta files come from.
 pub trait DeltaSource: Send {
@@ -39,7 +36,7 @@ pub trait DeltaSource: Send {
         &mut self,
         sequence: u64,
         shapes: &dyn Fn(&str) -> Option<Shape>,
-    ) -> Result<(Delta, Option<Vec<Weight>>)>;
+    ) -> Result<(Delta, Option<Vec<OwnedWeight>>)>;
 }
 
 /// Delta files in a directory, named by their sequence (`<sequence>.arrow` / `.parquet`, the
@@ -71,7 +68,7 @@ impl DeltaSource for DirSource {
         &mut self,
         sequence: u64,
         shapes: &dyn Fn(&str) -> Option<Shape>,
-    ) -> Result<(Delta, Option<Vec<Weight>>)> {
+    ) -> Result<(Delta, Option<Vec<OwnedWeight>>)> {
         let path = match self.files.iter().find(|(s, _)| *s == sequence) {
             Some((_, p)) => p.clone(),
             None => self
@@ -255,6 +252,7 @@ impl<'a> Feeder<'a> {
             options,
         } = self;
         let (store, options) = (*store, &*options);
+        let writes = store.writes().expect("checked by new");
         let done = std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             scope.spawn(move || {
@@ -270,7 +268,7 @@ impl<'a> Feeder<'a> {
             let mut done = Vec::new();
             for (sequence, read) in rx {
                 let (delta, dense) = read?;
-                let applied = apply_one(store, options, sequence, delta, dense)?;
+                let applied = apply_one(store, writes, options, sequence, delta, dense)?;
                 each(&applied);
                 done.push(applied);
             }
@@ -288,23 +286,15 @@ impl<'a> Feeder<'a> {
 /// `options.part_bytes` with the cursor in the last.
 fn apply_one(
     store: &dyn StoreApi,
+    writes_to: &dyn Writes,
     options: &FeedOptions,
     sequence: u64,
     delta: Delta,
-    dense: Option<Vec<Weight>>,
+    dense: Option<Vec<OwnedWeight>>,
 ) -> Result<Applied> {
-    let writes_to = store.able(store.writes(), "feed")?;
     if let Some(weights) = &dense {
         let inference = store.able(store.inference(), "a delta's dense weights")?;
-        let tensors: Vec<Tensor<'_>> = weights
-            .iter()
-            .map(|(name, shape, values)| Tensor {
-                name,
-                shape,
-                values,
-            })
-            .collect();
-        inference.update_model(&tensors)?;
+        inference.update_model(&model::tensors(weights))?;
     }
     // deletes first: a keyed table at its cap takes the file's new keys in the room its
     // deleted keys leave (a file names each id once, so the order changes nothing else);

@@ -74,6 +74,15 @@ fn feeder<'a>(store: &'a Store, dir: &Path, from: Option<u64>) -> Feeder<'a> {
     Feeder::new(store, source, options).unwrap()
 }
 
+/// A store of one fp32 table `t` of `rows` rows (the test kit's pattern) in `dir`.
+fn table_t(dir: &tempfile::TempDir, rows: u64) -> std::path::PathBuf {
+    nearrec_testkit::write_store(
+        dir.path().join("store"),
+        &[("t", rows, DIM as u32, DType::Fp32)],
+        nearrec_testkit::pattern,
+    )
+}
+
 /// A temporary directory with an empty `deltas/` in it.
 fn deltas_dir() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -89,11 +98,7 @@ fn sequences(done: &[Applied]) -> Vec<u64> {
 #[test]
 fn files_are_applied_in_order_once_across_restarts() {
     let (dir, deltas) = deltas_dir();
-    let path = nearrec_testkit::write_store(
-        dir.path().join("store"),
-        &[("t", 100, DIM as u32, DType::Fp32)],
-        nearrec_testkit::pattern,
-    );
+    let path = table_t(&dir, 100);
     let store = writable(&path);
     publish(&deltas, 1, "t", &[1, 2], &[]);
     publish(&deltas, 2, "t", &[2, 3], &[1]);
@@ -147,11 +152,7 @@ fn files_are_applied_in_order_once_across_restarts() {
 #[test]
 fn a_file_larger_than_a_call_is_applied_in_parts_and_again_whole_after_a_kill() {
     let (dir, deltas) = deltas_dir();
-    let path = nearrec_testkit::write_store(
-        dir.path().join("store"),
-        &[("t", 1000, DIM as u32, DType::Fp32)],
-        nearrec_testkit::pattern,
-    );
+    let path = table_t(&dir, 1000);
     let store = writable(&path);
     let ids: Vec<i64> = (0..600).collect();
     let deletes: Vec<i64> = (900..950).collect();
@@ -200,11 +201,7 @@ fn a_file_larger_than_a_call_is_applied_in_parts_and_again_whole_after_a_kill() 
 #[test]
 fn a_feed_starts_from_a_given_sequence_and_refuses_a_file_that_misfits() {
     let (dir, deltas) = deltas_dir();
-    let path = nearrec_testkit::write_store(
-        dir.path().join("store"),
-        &[("t", 100, DIM as u32, DType::Fp32)],
-        nearrec_testkit::pattern,
-    );
+    let path = table_t(&dir, 100);
     let store = writable(&path);
     for s in 1..=3 {
         publish(&deltas, s, "t", &[s as i64], &[]);

@@ -118,6 +118,21 @@ pub struct Tensor<'a> {
     pub values: &'a [f32],
 }
 
+/// A [`Tensor`] owned: name, shape, values (a weight read from a file or off the wire).
+pub type OwnedWeight = (String, Vec<usize>, Vec<f32>);
+
+/// Owned weights as the tensors the model's calls take.
+pub fn tensors(owned: &[OwnedWeight]) -> Vec<Tensor<'_>> {
+    owned
+        .iter()
+        .map(|(name, shape, values)| Tensor {
+            name,
+            shape,
+            values,
+        })
+        .collect()
+}
+
 /// Keeps a model with the store at `path`: its configuration and its dense weights as two
 /// checksummed attachments (each written atomically), what
 /// [`Store::infer`](crate::Inference::infer) and Python's `nearrec.models.load` read back. The weights go as a numpy `.npz` archive (no pickle).
