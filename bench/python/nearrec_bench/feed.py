@@ -203,6 +203,14 @@ def rounds(system: str, cfg: FeedKillsConfig, store_path: Path, deltas: Path,
     return tally
 
 
+def _ready(proc: subprocess.Popen[str]) -> None:
+    """Wait for the child's ``ready`` line (its imports done, about to feed)."""
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"the feeder did not start: {proc.communicate()[1][-400:]}")
+
+
 def _kill(proc: subprocess.Popen[str], after: float) -> None:
     time.sleep(after)
     proc.send_signal(signal.SIGKILL)
@@ -218,10 +226,7 @@ def embedded(cfg: FeedKillsConfig, root: Path, log: Callable[[str], None]) -> Ta
     def kill_once(store: Path, deltas: Path, after: float) -> None:
         proc = subprocess.Popen([sys.executable, "-c", child, str(store), str(deltas), FEED],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != "ready":
-            proc.kill()
-            raise RuntimeError(f"the feeder did not start: {proc.communicate()[1][-400:]}")
+        _ready(proc)
         _kill(proc, after)
 
     def open_store(path: Path) -> nearrec.Store:
@@ -237,12 +242,17 @@ def through_node(cfg: FeedKillsConfig, root: Path, log: Callable[[str], None]) -
     """``nearrec feed`` sending the files to a node, killed; the node goes on."""
     served: dict[str, Any] = {}
 
+    # the command as its console script runs it, once its imports are done: a loaded host
+    # takes longer than any fixed head start to start an interpreter
+    child = ("import sys, nearrec.cli; print('ready', flush=True); "
+             "sys.exit(nearrec.cli.main(sys.argv[1:]))")
+
     def kill_once(store: Path, deltas: Path, after: float) -> None:
-        proc = subprocess.Popen([sys.executable, "-m", "nearrec.cli", "feed", str(deltas), "s",
+        proc = subprocess.Popen([sys.executable, "-c", child, "feed", str(deltas), "s",
                                  "--remote", served["address"], "--name", FEED],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        # the command is ready once its interpreter has started: a short, fixed head start
-        _kill(proc, 0.25 + after)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _ready(proc)
+        _kill(proc, after)
 
     def open_store(path: Path) -> nearrec.Store:
         return nearrec.connect(served["address"], "s")
