@@ -111,7 +111,7 @@ test-slow: develop
 # both in `make test` (crates/nearrec-fuzz/tests/corpus.rs). Record each run in fuzz/RESULTS.md.
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := manifest table_header shard_plan trace_file lookup_request wal_replay store_dir \
-	wire_messages placement_plan delta_file
+	wire_messages placement_plan delta_file tzrec_dump
 fuzz:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	for t in $(FUZZ_TARGETS); do \

@@ -163,6 +163,9 @@ class NativeStore:
         start: int | None = None,
         allow_nonfinite: bool = False,
         part_bytes: int | None = None,
+        format: str = "nearrec",
+        prefix: str | None = None,
+        tables: Mapping[str, str] | None = None,
     ) -> list[tuple[int, int, int, int, bool, float | None]]: ...
     def live_stats(self) -> list[tuple[str, float]]: ...
     def tier_report(self) -> list[list[tuple[str, float | str | bool]]]: ...

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from .errors import InvalidRequest
 from .request import count
 from .store import Store
 
-__all__ = ["Applied", "Publisher", "apply", "watch"]
+__all__ = ["Applied", "Publisher", "apply", "from_dynamicemb", "watch"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ def apply(
     start: int | None = None,
     allow_nonfinite: bool = False,
     part_bytes: int | None = None,
+    format: str = "nearrec",
+    prefix: str | None = None,
+    tables: Mapping[str, str] | None = None,
 ) -> list[Applied]:
     """Applies the delta files of ``directory`` after ``store``'s cursor of feed ``name``, in
     sequence order, each once; ``start``: the first sequence when the store has never seen
@@ -64,9 +67,16 @@ def apply(
 
     A file of more than ``part_bytes`` bytes of ids and rows (default 32 MiB: inside a node's
     default message limit and a store's default delta budget) is applied in calls of at most
-    that, in order, the cursor moved by the last: a reader may see its first calls' rows first."""
+    that, in order, the cursor moved by the last: a reader may see its first calls' rows first.
+
+    ``format="tzrec"``: ``directory`` holds TorchEasyRec's delta embedding dumps (its
+    ``delta_embedding_dump_config``'s ``output_dir``; ``prefix`` its ``file_prefix``, default
+    ``delta_embedding``), each whole step one delta whose sequence is its global step (steps
+    come every N apart: none is a gap); an ``embedding_name``'s rows go to the table of that
+    name, or the one ``tables`` maps it to (``docs/live.md``, "TorchEasyRec's dumps")."""
     parts = None if part_bytes is None else count(part_bytes, "part_bytes", minimum=1)
-    done = store._native.feed_dir(os.fspath(directory), name, start, allow_nonfinite, parts)
+    done = store._native.feed_dir(os.fspath(directory), name, start, allow_nonfinite, parts,
+                                  format, prefix, dict(tables) if tables else None)
     return [Applied(*a) for a in done]
 
 
@@ -81,18 +91,22 @@ def watch(
     stop: threading.Event | None = None,
     on_applied: Callable[[Applied], None] | None = None,
     on_refused: Callable[[InvalidRequest], None] | None = None,
+    format: str = "nearrec",
+    prefix: str | None = None,
+    tables: Mapping[str, str] | None = None,
 ) -> int:
     """Applies ``directory``'s delta files as they come, every ``poll`` seconds, until
     ``stop`` is set (or forever); returns the files applied. A file that is refused (a gap, a
     file not whole yet, one that does not fit) is reported to ``on_refused`` and tried again
     at the next poll — a producer may still be writing it or the one before it; an error of
-    the store itself ends the watch."""
+    the store itself ends the watch. ``format``, ``prefix``, ``tables``: as :func:`apply`'s."""
     stop = stop or threading.Event()
     count = 0
     while not stop.is_set():
         started = time.monotonic()
         try:
-            for a in apply(directory, store, name=name, start=start, part_bytes=part_bytes):
+            for a in apply(directory, store, name=name, start=start, part_bytes=part_bytes,
+                           format=format, prefix=prefix, tables=tables):
                 count += 1
                 if on_applied is not None:
                     on_applied(a)
@@ -101,6 +115,85 @@ def watch(
                 on_refused(e)
         stop.wait(max(0.0, poll - (time.monotonic() - started)))
     return count
+
+
+def from_dynamicemb(results: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+                    directory: str | os.PathLike[str], *, step: int | None = None,
+                    sequence: int | None = None, tables: Mapping[str, str] | None = None,
+                    evictions: bool = True) -> Path | None:
+    """Writes NVIDIA dynamicemb's incremental dump as one delta file in ``directory`` (for
+    :func:`apply` / ``nearrec feed``); its path, or ``None`` when the dump holds nothing.
+
+    ``results`` is what ``dynamicemb.incremental_dump(model, score_threshold, pg)`` returns —
+    ``{collection_path: DeltaDumpResult}`` — or a list of them, one a rank, for dumps made
+    without a process group (each rank's keys its own). Per table ``table_names[i]`` (the
+    store's keyed table of that name, or the one ``tables`` maps ``name`` or
+    ``"collection_path.name"`` to): ``keys[i]`` with their embeddings ``values[i]`` are
+    upserts; ``erased_keys[i]`` (explicit erases) are deletes, and so are ``evicted_keys[i]``
+    (tables made with ``evicted_item_mode=RETAIN_KEY``) unless ``evictions=False`` — a nearrec
+    keyed table does not evict as the trainer's hash table does, so a key it let go of is sent.
+    Optimizer states and scores stay with the trainer. ``step`` is the trainer's; ``sequence``
+    defaults to the one after the directory's last."""
+    per_rank = [results] if isinstance(results, Mapping) else list(results)
+    names = dict(tables or {})
+    ups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    gone: dict[str, list[np.ndarray]] = {}
+    for rank in per_rank:
+        for path, dump in rank.items():
+            for i, name in enumerate(dump.table_names):
+                table = names.get(f"{path}.{name}", names.get(name, name))
+                keys = _keys(dump.keys[i])
+                values = np.ascontiguousarray(_host(dump.values[i]), np.float32)
+                if values.ndim != 2 or len(values) != len(keys):
+                    raise InvalidRequest(f"dynamicemb table {name!r} of {path!r}: "
+                                         f"{len(keys)} keys and values of shape {values.shape}",
+                                         table=table)
+                ups.setdefault(table, []).append((keys, values))
+                removed = [dump.erased_keys[i]] + ([dump.evicted_keys[i]] if evictions else [])
+                gone.setdefault(table, []).extend(_keys(k) for k in removed if k is not None)
+    upserts, deletes = [], []
+    for table, parts in ups.items():
+        keys = np.concatenate([k for k, _ in parts])
+        values = np.concatenate([v for _, v in parts])
+        unique, first = np.unique(keys, return_index=True)
+        if len(unique) != len(keys):
+            again = np.setdiff1d(np.arange(len(keys)), first)[0]
+            raise InvalidRequest(f"dynamicemb dump: key {keys[again]} of table {table!r} twice "
+                                 "(two ranks' dumps of one key)", table=table,
+                                 position=int(again))
+        if len(keys):
+            upserts.append((table, keys, values))
+    for table, lost in gone.items():
+        # a key evicted or erased and then admitted again is the table's: its upsert stands
+        dropped = np.setdiff1d(np.concatenate(lost or [np.empty(0, np.int64)]),
+                               np.concatenate([k for k, _ in ups[table]]))
+        if len(dropped):
+            deletes.append((table, dropped))
+    if not upserts and not deletes:
+        return None
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if sequence is None:
+        taken = _sequences(directory)
+        sequence = taken[-1] + 1 if taken else 1
+    path = directory / f"{count(sequence, 'sequence', minimum=0):020d}.arrow"
+    _native.delta_write(path, sequence, step, int(time.time() * 1000), upserts, deletes)
+    return path
+
+
+def _host(x: Any) -> np.ndarray:
+    """A torch tensor (on any device) or an array, as numpy."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _keys(x: Any) -> np.ndarray:
+    """Keys as a delta file's ids: int64, a uint64 key its bits."""
+    keys = _host(x).reshape(-1)
+    if keys.dtype == np.uint64:
+        return keys.view(np.int64)
+    return keys.astype(np.int64, copy=False)
 
 
 def _sequences(directory: Path) -> list[int]:

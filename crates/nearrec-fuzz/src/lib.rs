@@ -7,7 +7,8 @@
 //! A parser must refuse what it cannot read with an error, never panic; what it reads must
 //! survive being written back (the written form parses to the same value). A request must be
 //! answered or refused the same way by every tier that serves it: a wrong answer is a finding,
-//! not only a crash. The targets live here but for `delta.rs` (a trainer's delta files).
+//! not only a crash. The targets live here but for `delta.rs` (a trainer's delta files and
+//! TorchEasyRec's dumps).
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -21,13 +22,13 @@ use prost::Message as _;
 
 mod delta;
 
-pub use delta::delta_file;
+pub use delta::{delta_file, tzrec_dump};
 
 /// A target: what it checks of one input.
 pub type Check = fn(&[u8]);
 
 /// Every target, by the name its corpus folder and its `fuzz_target` have.
-pub const TARGETS: [(&str, Check); 10] = [
+pub const TARGETS: [(&str, Check); 11] = [
     ("manifest", manifest),
     ("placement_plan", placement_plan),
     ("store_dir", store_dir),
@@ -38,6 +39,7 @@ pub const TARGETS: [(&str, Check); 10] = [
     ("lookup_request", lookup_request),
     ("wire_messages", wire_messages),
     ("delta_file", delta_file),
+    ("tzrec_dump", tzrec_dump),
 ];
 
 /// A store's manifest (`MANIFEST`): refused, or read and written back to itself.

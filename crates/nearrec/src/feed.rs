@@ -10,13 +10,16 @@
 //! added to (an upsert writes a row's values, a delete lets a row go), so the store ends as
 //! if the file had been applied once.
 //!
-//! Where deltas come from is a [`DeltaSource`]: a directory today ([`DirSource`]); a broker's
-//! consumer is another implementation of the same three calls.
+//! Where deltas come from is a [`DeltaSource`]: a directory of delta files ([`DirSource`]), or
+//! of TorchEasyRec's delta embedding dumps ([`TzrecSource`]); a broker's consumer is another
+//! implementation of the same calls.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nearrec_format::delta::{self, Delta, Shape, Values};
+use std::collections::BTreeMap;
+
+use nearrec_format::delta::{self, Delta, Shape, Values, tzrec};
 use nearrec_format::{FeedCursor, FormatError};
 
 use crate::api::{StoreApi, Writes};
@@ -29,6 +32,14 @@ use crate::model::{self, OwnedWeight};
 pub trait DeltaSource: Send {
     /// The sequence numbers of the deltas there now, in order.
     fn list(&mut self) -> Result<Vec<u64>>;
+
+    /// Its sequences run 1, 2, 3, … so that one missing is a gap, refused (`true`, a delta
+    /// directory's); `false`: they are the producer's steps, every so many apart, each next one
+    /// listed the next to apply — the store's cursor then holds the step, and as its sequence
+    /// the deltas of the feed applied so far (a store's cursor moves one at a time).
+    fn consecutive(&self) -> bool {
+        true
+    }
 
     /// Delta `sequence`, read whole and checked against the store's tables (`shapes`), and the
     /// dense weights that go with it, if the producer wrote them.
@@ -110,13 +121,102 @@ impl DeltaSource for DirSource {
     }
 }
 
+/// The source of directory `dir` holding deltas of `format`: `"nearrec"` (delta files,
+/// [`DirSource`]) or `"tzrec"` (TorchEasyRec's dumps of file prefix `prefix`, their
+/// embedding names mapped by `tables`: [`TzrecSource`]).
+pub fn dir_source(
+    dir: impl Into<PathBuf>,
+    format: &str,
+    prefix: Option<&str>,
+    tables: BTreeMap<String, String>,
+) -> Result<Box<dyn DeltaSource>> {
+    match format {
+        "nearrec" if prefix.is_none() && tables.is_empty() => Ok(Box::new(DirSource::new(dir))),
+        "nearrec" => Err(Error::invalid(
+            "a file prefix and a map of table names are TorchEasyRec's dumps' (format \"tzrec\"): \
+             delta files name their tables",
+        )),
+        "tzrec" => Ok(Box::new(TzrecSource::new(dir, prefix, tables))),
+        other => Err(Error::invalid(format!(
+            "delta format {other:?}: one of \"nearrec\" (docs/format.md §17) and \"tzrec\" \
+             (TorchEasyRec's delta embedding dumps)"
+        ))),
+    }
+}
+
+/// TorchEasyRec's delta embedding dumps in a directory (its `delta_embedding_dump_config`'s
+/// `output_dir`), each whole step one delta of sequence = its global step: the files of
+/// `prefix` (its `file_prefix`, [`tzrec::PREFIX`] by default), one a step or one a rank of
+/// it under `step_<N>/` (a step waits for all its ranks). An `embedding_name` is the table of
+/// the same name, or the one `tables` maps it to.
+#[derive(Debug)]
+pub struct TzrecSource {
+    dir: PathBuf,
+    prefix: String,
+    tables: BTreeMap<String, String>,
+    steps: Vec<tzrec::Step>,
+}
+
+impl TzrecSource {
+    pub fn new(
+        dir: impl Into<PathBuf>,
+        prefix: Option<&str>,
+        tables: BTreeMap<String, String>,
+    ) -> Self {
+        Self {
+            dir: dir.into(),
+            prefix: prefix.unwrap_or(tzrec::PREFIX).to_owned(),
+            tables,
+            steps: Vec::new(),
+        }
+    }
+
+    fn table<'n>(&'n self, embedding: &'n str) -> &'n str {
+        self.tables.get(embedding).map_or(embedding, String::as_str)
+    }
+}
+
+impl DeltaSource for TzrecSource {
+    fn list(&mut self) -> Result<Vec<u64>> {
+        self.steps = tzrec::steps(&self.dir, &self.prefix)?;
+        Ok(self.steps.iter().map(|s| s.step).collect())
+    }
+
+    fn consecutive(&self) -> bool {
+        false
+    }
+
+    fn read(
+        &mut self,
+        sequence: u64,
+        shapes: &dyn Fn(&str) -> Option<Shape>,
+    ) -> Result<(Delta, Option<Vec<OwnedWeight>>)> {
+        let step = self
+            .steps
+            .iter()
+            .find(|s| s.step == sequence)
+            .ok_or_else(|| FormatError::BadDelta {
+                path: self.dir.clone(),
+                row: None,
+                column: None,
+                reason: format!("no whole dump of step {sequence} there"),
+            })?;
+        let mut d = tzrec::read_step(step, |name| shapes(self.table(name)))?;
+        for t in &mut d.tables {
+            t.table = self.table(&t.table).to_owned();
+        }
+        Ok((d, None))
+    }
+}
+
 /// How a feeder runs.
 #[derive(Debug, Clone)]
 pub struct FeedOptions {
     /// The feed's name: its cursor's, in the store.
     pub name: String,
     /// The first sequence to apply when the store holds no cursor of the feed (else its
-    /// first file's); with a cursor, the store's decides and a `from` past it is a gap.
+    /// first file's); with a cursor, the store's decides and a `from` past it is a gap. A
+    /// source of steps: the first step (the ones before it are skipped).
     pub from: Option<u64>,
     pub write: WriteOptions,
     /// The most bytes (ids and rows) one call carries: a file that holds more is applied in
@@ -139,6 +239,7 @@ impl Default for FeedOptions {
 /// One delta file the feeder applied.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Applied {
+    /// Its sequence in the source (a source of steps: its step).
     pub sequence: u64,
     pub rows: u64,
     /// The calls it took: 1, or more for a file larger than [`FeedOptions::part_bytes`].
@@ -202,7 +303,18 @@ impl<'a> Feeder<'a> {
     /// that follows it) after the files before the gap; nothing of a refused file is applied.
     /// The next file is read while one is applied (one file ahead, on a thread of its own).
     pub fn apply_pending(&mut self, each: &mut dyn FnMut(&Applied)) -> Result<Vec<Applied>> {
-        let cursor = self.cursor()?.map(|c| c.sequence);
+        let held = self.cursor()?;
+        // where the store is in the source's order: its last sequence, or for a source of
+        // steps its last step (the cursor's own sequence then counts the deltas applied)
+        let consecutive = self.source.consecutive();
+        let cursor = held.map(|c| {
+            if consecutive {
+                c.sequence
+            } else {
+                c.step.unwrap_or(0)
+            }
+        });
+        let mut dense = held.map_or(1, |c| c.sequence + 1);
         let mut expected = match (cursor, self.options.from) {
             (Some(c), _) => Some(c + 1),
             (None, from) => from,
@@ -217,6 +329,7 @@ impl<'a> Feeder<'a> {
                 continue;
             }
             if let Some(e) = expected
+                && consecutive
                 && sequence != e
             {
                 gap = Some(Error::Format(FormatError::BadDelta {
@@ -267,8 +380,13 @@ impl<'a> Feeder<'a> {
             });
             let mut done = Vec::new();
             for (sequence, read) in rx {
-                let (delta, dense) = read?;
-                let applied = apply_one(store, writes, options, sequence, delta, dense)?;
+                let (mut delta, weights) = read?;
+                if !consecutive {
+                    delta.header.sequence = dense;
+                    delta.header.step = Some(sequence);
+                    dense += 1;
+                }
+                let applied = apply_one(store, writes, options, sequence, delta, weights)?;
                 each(&applied);
                 done.push(applied);
             }

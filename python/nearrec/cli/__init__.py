@@ -156,7 +156,17 @@ def parser() -> argparse.ArgumentParser:
     fe = sub.add_parser("feed", help="apply a trainer's delta files to a store as they come, "
                                      "each once (here or on a node)")
     fe.add_argument("dir", help="a directory of delta files (<sequence>.arrow / .parquet, "
-                                "docs/format.md §17)")
+                                "docs/format.md §17), or of another format's (--format)")
+    fe.add_argument("--format", choices=["nearrec", "tzrec"], default="nearrec",
+                    help="what the directory holds: nearrec's delta files, or TorchEasyRec's "
+                         "delta embedding dumps (its delta_embedding_dump_config's output_dir; "
+                         "each step one delta, the cursor its global step) (default: "
+                         "%(default)s)")
+    fe.add_argument("--prefix", metavar="P",
+                    help="--format tzrec: the dumps' file_prefix (default: delta_embedding)")
+    fe.add_argument("--table", action="append", default=[], metavar="EMBEDDING=TABLE",
+                    help="--format tzrec: the store's table an embedding_name's rows go to "
+                         "(default: the table of that name); repeatable")
     remote_flags(fe, "the store")
     fe.add_argument("--to", metavar="STORE", help="the store (as PATH)")
     fe.add_argument("--sharded", metavar="DIR",
@@ -165,7 +175,9 @@ def parser() -> argparse.ArgumentParser:
     fe.add_argument("--name", default="default",
                     help="the feed's name: its cursor's in the store (default: %(default)s)")
     fe.add_argument("--from", dest="start", type=int, metavar="SEQ",
-                    help="the first sequence, when the store has never seen the feed")
+                    help="the first sequence (--format tzrec: the first step; a store built "
+                         "from step S's checkpoint takes S+1), when the store has never seen "
+                         "the feed")
     fe.add_argument("--watch", action="store_true",
                     help="follow the directory until interrupted, printing each file applied")
     fe.add_argument("--poll", type=float, default=0.2, metavar="S",

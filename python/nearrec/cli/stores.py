@@ -193,21 +193,32 @@ def cmd_feed(args: argparse.Namespace) -> int:
         args.path = args.path or args.to
         store = open_store(args, "feed", writable=True)
 
+    # a delta file's sequence, or a trainer's step (TorchEasyRec's dumps)
+    unit = "step" if args.format == "tzrec" else "file"
+
     def said(a: feed.Applied) -> str:
         lag = "" if a.lag_seconds is None else f", {human_time(a.lag_seconds)} after it was written"
         state = "applied" if a.applied else "applied before"
         calls = "" if a.calls == 1 else f" in {a.calls} calls"
-        return f"file {a.sequence}: {a.rows:,} rows {state}{calls} (version {a.version}{lag})"
+        return f"{unit} {a.sequence}: {a.rows:,} rows {state}{calls} (version {a.version}{lag})"
 
+    tables = {}
+    for t in args.table:
+        embedding, eq, table = t.partition("=")
+        if not (eq and embedding and table):
+            raise InvalidRequest(f"nearrec feed: --table {t!r} is not EMBEDDING=TABLE")
+        tables[embedding] = table
+    source = {"format": args.format, "prefix": args.prefix, "tables": tables or None}
     if not args.watch:
         done = feed.apply(args.dir, store, name=args.name, start=args.start,
-                          part_bytes=args.part_bytes)
+                          part_bytes=args.part_bytes, **source)
         cursor = store.feed_status().get(args.name)
         emit(args, {"applied": [asdict(a) for a in done],
                     "cursor": asdict(cursor) if cursor else None},
              "\n".join([said(a) for a in done]
                        + [f"feed {args.name!r}: {len(done)} file(s) applied; the store has "
-                          + (f"applied file {cursor.sequence} last" if cursor else "none")]))
+                          + (f"applied {unit} {cursor.step if unit == 'step' else cursor.sequence}"
+                             " last" if cursor else "none")]))
         return 0
 
     def each(a: feed.Applied) -> None:
@@ -218,7 +229,7 @@ def cmd_feed(args: argparse.Namespace) -> int:
 
     try:
         feed.watch(args.dir, store, name=args.name, start=args.start, poll=args.poll,
-                   part_bytes=args.part_bytes, on_applied=each, on_refused=refused)
+                   part_bytes=args.part_bytes, on_applied=each, on_refused=refused, **source)
     except KeyboardInterrupt:
         pass
     return 0

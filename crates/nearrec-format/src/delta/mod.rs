@@ -6,12 +6,15 @@
 //!   file, a wrong dim or dtype, an unknown table, a row out of range or named twice is refused,
 //!   naming the file, row and column, before anything of it is applied;
 //! - `write.rs`: a file written whole under its name ([`write()`]): a producer's, the evicted
-//!   keys' log's, the tests'.
+//!   keys' log's, the tests';
+//! - `tzrec.rs`: TorchEasyRec's delta embedding dumps, each step read as one delta
+//!   ([`tzrec::read_step`]).
 //!
 //! A file's rows are grouped by table here ([`Changes`]); its header ([`Header`]) comes from its
 //! schema's metadata.
 
 mod read;
+pub mod tzrec;
 mod write;
 
 use std::path::{Path, PathBuf};

@@ -71,14 +71,7 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
     let header = header(&schema, named).map_err(|reason| bad(None, None, reason))?;
     let columns =
         Columns::of(&schema).map_err(|(column, reason)| bad(None, Some(column), reason))?;
-    let mut reader = Reader {
-        shape_of: &shape_of,
-        columns,
-        tables: Vec::new(),
-        index: HashMap::new(),
-        seen: Vec::new(),
-        row: 0,
-    };
+    let mut reader = Reader::new(&shape_of, columns);
     for batch in batches {
         let batch = batch.map_err(|e| {
             bad(
@@ -98,7 +91,8 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
     })
 }
 
-type Refusal = (u64, &'static str, String);
+/// A row refused: the row, its column, why.
+pub(super) type Refusal = (u64, &'static str, String);
 
 /// The file's header from its schema's metadata, its sequence the one its name gives.
 fn header(schema: &Schema, named: u64) -> std::result::Result<Header, String> {
@@ -140,13 +134,13 @@ fn header(schema: &Schema, named: u64) -> std::result::Result<Header, String> {
 }
 
 /// Where the four columns are, and what the values hold.
-struct Columns {
-    table: usize,
-    id: usize,
-    op: usize,
-    values: usize,
+pub(super) struct Columns {
+    pub(super) table: usize,
+    pub(super) id: usize,
+    pub(super) op: usize,
+    pub(super) values: usize,
     /// Encoded rows of this dtype (a binary column); `None`: float32 lists.
-    encoded: Option<DType>,
+    pub(super) encoded: Option<DType>,
 }
 
 impl Columns {
@@ -191,7 +185,8 @@ impl Columns {
     }
 }
 
-struct Reader<'a, F> {
+/// A file's rows checked batch by batch and grouped by table.
+pub(super) struct Reader<'a, F> {
     shape_of: &'a F,
     columns: Columns,
     tables: Vec<Changes>,
@@ -203,8 +198,24 @@ struct Reader<'a, F> {
     row: u64,
 }
 
-impl<F: Fn(&str) -> Option<Shape>> Reader<'_, F> {
-    fn batch(&mut self, batch: &RecordBatch) -> std::result::Result<(), Refusal> {
+impl<'a, F: Fn(&str) -> Option<Shape>> Reader<'a, F> {
+    pub(super) fn new(shape_of: &'a F, columns: Columns) -> Self {
+        Self {
+            shape_of,
+            columns,
+            tables: Vec::new(),
+            index: HashMap::new(),
+            seen: Vec::new(),
+            row: 0,
+        }
+    }
+
+    /// The rows read, by table in the order the file first names them.
+    pub(super) fn into_tables(self) -> Vec<Changes> {
+        self.tables
+    }
+
+    pub(super) fn batch(&mut self, batch: &RecordBatch) -> std::result::Result<(), Refusal> {
         let first = self.row;
         let c = &self.columns;
         let tables =

@@ -325,12 +325,14 @@ impl NativeStore {
             .collect())
     }
 
-    /// Applies the delta files of directory `dir` after the store's cursor of feed `name`
-    /// (from sequence `start` when the store holds none), in order, each once
-    /// (`nearrec::feed`), in calls of at most `part_bytes` (None: the feeder's default): per
-    /// file (sequence, rows, calls, version, applied, lag in seconds or None).
-    #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (dir, name, start=None, allow_nonfinite=false, part_bytes=None))]
+    /// Applies the deltas of directory `dir` (of `format`: `nearrec::feed::dir_source`) after
+    /// the store's cursor of feed `name` (from sequence `start` when the store holds none), in
+    /// order, each once (`nearrec::feed`), in calls of at most `part_bytes` (None: the
+    /// feeder's default): per file (sequence, rows, calls, version, applied, lag in seconds or
+    /// None).
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    #[pyo3(signature = (dir, name, start=None, allow_nonfinite=false, part_bytes=None,
+                        format="nearrec", prefix=None, tables=None))]
     fn feed_dir(
         &self,
         py: Python<'_>,
@@ -339,6 +341,9 @@ impl NativeStore {
         start: Option<u64>,
         allow_nonfinite: bool,
         part_bytes: Option<usize>,
+        format: &str,
+        prefix: Option<String>,
+        tables: Option<std::collections::BTreeMap<String, String>>,
     ) -> PyResult<Vec<(u64, u64, usize, u64, bool, Option<f64>)>> {
         let defaults = nearrec::feed::FeedOptions::default();
         let options = nearrec::feed::FeedOptions {
@@ -348,7 +353,12 @@ impl NativeStore {
             part_bytes: part_bytes.unwrap_or(defaults.part_bytes),
         };
         let done = run(py, || {
-            let source = Box::new(nearrec::feed::DirSource::new(dir));
+            let source = nearrec::feed::dir_source(
+                dir,
+                format,
+                prefix.as_deref(),
+                tables.unwrap_or_default(),
+            )?;
             nearrec::feed::Feeder::new(&*self.api, source, options)?.apply_pending(&mut |_| {})
         })?;
         Ok(done
