@@ -88,7 +88,11 @@ pub fn tzrec_dump(data: &[u8]) {
         };
         assert!(t.deletes.is_empty(), "a dump holds upserts only");
         assert_eq!(v.len(), t.upserts.len() * shape.dim as usize);
-        assert!(v.iter().all(|x| x.is_finite()), "table {}: a value not finite", t.table);
+        assert!(
+            v.iter().all(|x| x.is_finite()),
+            "table {}: a value not finite",
+            t.table
+        );
         assert!(
             shape.keyed || t.upserts.iter().all(|&i| (0..ROWS as i64).contains(&i)),
             "table {}: an id out of its rows read",
