@@ -114,7 +114,10 @@ class StoreConfig:
     takes a row at its Nth sighting within the window, counted in a sketch of 4 × slots bytes;
     until then its writes are dropped, counted), ``cap`` (the most keys it holds) and ``evict``
     (``"off"``: a new key past the cap is :class:`~nearrec.errors.KeysFull`; ``"lfu"`` /
-    ``"lru"``: a sampled key gives up its row). ``manual_clock``: TTLs and windows read a clock
+    ``"lru"``: a sampled key gives up its row). ``evicted_log``: keep the keys a writable
+    store's keyed tables evict and let expire, with their rows as they were, in delta files in
+    ``evicted/`` beside the store, at most this many bytes of them (``None``: no log; see
+    ``docs/live.md``, "The evicted keys' log"). ``manual_clock``: TTLs and windows read a clock
     only :meth:`Store.advance_clock` moves. See :func:`nearrec.open` for what each does."""
 
     tier: Tier = _default("tier")
@@ -152,6 +155,7 @@ class StoreConfig:
     init_scale: float = _default("init_scale")
     key_seed: int = _default("key_seed")
     key_limits: Mapping[str, Mapping[str, Any]] | None = None
+    evicted_log: int | str | None = None
     manual_clock: bool = _default("manual_clock")
 
     def __post_init__(self) -> None:

@@ -95,8 +95,8 @@ pub use keys::{KeyRow, KeysMeta, ZERO_ROW};
 pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 pub use leftovers::{GcReport, Leftover, orphans, retired};
 pub use manifest::{
-    Attachment, FORMAT_VERSION, FeedCursor, MANIFEST_FILE, MANIFEST_MAGIC, Manifest, QuantError,
-    TableMeta,
+    Attachment, FEEDS_VERSION, FORMAT_VERSION, FeedCursor, MANIFEST_FILE, MANIFEST_MAGIC, Manifest,
+    QuantError, TableMeta,
 };
 pub use memory::{Memory, Shortfall};
 pub use order::{OrderMeta, RowOrder};

@@ -12,7 +12,10 @@ use crate::sums::SumsMeta;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
-/// The newest format version this build reads and writes: version 7 has applied delta feeds
+/// The newest format version this build reads and writes: version 8's write-ahead log tells
+/// the keys a keyed table evicted or let expire from the ones a caller removed (operation kinds
+/// 8 and 9, which an older reader would take for a damaged record). Version 7 has applied delta
+/// feeds
 /// (its write-ahead log holds their cursors, [`FeedCursor`], which an older reader would take
 /// for a damaged record). Version 6 has tables of int4, int2
 /// or fp8 rows (dtype codes an older reader does not know). Version 5 has keyed tables
@@ -23,7 +26,9 @@ pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
 /// Version 3 added sector checksums ([`crate::SectorSums`]), which every store written since
 /// has. Version 2 (row orders, attachments) and version 1 stores keep opening, without sector
 /// checks ("unprotected").
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
+/// The version of a store that has applied a delta feed (its log may hold cursors).
+pub const FEEDS_VERSION: u32 = 7;
 /// The version of a store with tables of int4, int2 or fp8 rows and no feed.
 const NBIT_VERSION: u32 = 6;
 /// The version of a store with keyed tables and only the dtypes of version 1.
@@ -167,7 +172,7 @@ impl Manifest {
     /// The oldest format version that can describe this manifest.
     pub fn needed_version(&self) -> u32 {
         if !self.feeds.is_empty() {
-            FORMAT_VERSION
+            FEEDS_VERSION
         } else if self.tables.iter().any(|t| t.dtype.since_version() > 1) {
             NBIT_VERSION
         } else if self.tables.iter().any(TableMeta::is_keyed) {

@@ -581,7 +581,7 @@ fn bits(values: &[f32]) -> Vec<u32> {
 /// calls the log was given, whole and in order, from the first; a cut alone (a crash mid-write)
 /// is always recovered, and returns every call written wholly before the cut.
 pub fn wal_replay(data: &[u8]) {
-    use nearrec::format::wal::{Op, Wal, WalConfig};
+    use nearrec::format::wal::{Op, Release, Wal, WalConfig};
     let [calls, cut_at, flip_at, flip, rest @ ..] = data else {
         return;
     };
@@ -610,7 +610,12 @@ pub fn wal_replay(data: &[u8]) {
                 rows: ids.iter().map(|k| k + 1).collect(),
                 keys: ids,
             },
-            2 => Op::ReleaseKeys { table, keys: ids },
+            2 => Op::ReleaseKeys {
+                table,
+                keys: ids,
+                cause: [Release::Removed, Release::Evicted, Release::Expired]
+                    [usize::from(chunk[0] / 6 % 3)],
+            },
             _ => Op::Write {
                 table,
                 ids,

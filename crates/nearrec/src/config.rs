@@ -151,6 +151,13 @@ pub struct StoreConfig {
     /// its row).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub key_limits: BTreeMap<String, KeyLimits>,
+    /// Writable stores with keyed tables: keep the keys they evict (at their cap) and let
+    /// expire (past their TTL) in an evicted keys' log beside the store (`evicted/`: delta
+    /// files, `op = delete` with the row as it was, `docs/live.md`), at most this many bytes of
+    /// it (the oldest files removed first; at least 1 MiB). `None`: no log. Each eviction then
+    /// reads its key's row as it is applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evicted_log: Option<Size>,
     /// Keyed tables' TTLs and admission windows read a clock that only
     /// `Store::advance_clock` moves (tests), not the system's.
     pub manual_clock: bool,
@@ -197,6 +204,7 @@ impl Default for StoreConfig {
             write_wait_ms: 10_000,
             follow_ms: None,
             keep_last: None,
+            evicted_log: None,
             warm: None,
             hot_set_dir: None,
             unknown_keys: engine.keyed.unknown,
@@ -389,6 +397,11 @@ impl StoreConfig {
                 "write_wait_ms",
                 format!("{} must be in 0..=600000", self.write_wait_ms),
             );
+        }
+        if let Some(Size(b)) = self.evicted_log
+            && b < 1 << 20
+        {
+            return bad("evicted_log", format!("{b} bytes is less than 1 MiB"));
         }
         if let Some(n) = self.keep_last
             && !(1..=1000).contains(&n)
@@ -598,6 +611,7 @@ mod tests {
                 write_wait_ms: 0,
                 follow_ms: Some(250),
                 keep_last: Some(3),
+                evicted_log: Some(Size(64 << 20)),
                 warm: Some("requests.nrtrace".into()),
                 hot_set_dir: Some("/var/lib/nearrec".into()),
                 unknown_keys: Unknown::Zero,

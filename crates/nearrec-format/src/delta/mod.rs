@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use crate::dtype::DType;
 
-pub use read::read;
+pub use read::{header_of, read};
 pub use write::write;
 
 /// The schema metadata key holding the delta format's version (`"1"`).

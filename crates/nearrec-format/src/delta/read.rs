@@ -91,6 +91,38 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
     })
 }
 
+/// Delta file `path`'s header alone (its schema's metadata, checked against its name), its
+/// rows not read: where a log of delta files (the evicted keys') says it has got to.
+pub fn header_of(path: &Path) -> Result<Header> {
+    let bad = |reason: String| FormatError::BadDelta {
+        path: path.to_owned(),
+        row: None,
+        column: None,
+        reason,
+    };
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let (named, encoding) = parse_name(name)
+        .ok_or_else(|| bad("its name is not <sequence>.arrow or <sequence>.parquet".into()))?;
+    let file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let schema = match encoding {
+        Encoding::Arrow => {
+            arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None)
+                .map_err(|e| bad(format!("not a readable file: {e}")))?
+                .schema()
+        }
+        Encoding::Parquet => {
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| bad(format!("not a readable file: {e}")))?
+                .schema()
+                .clone()
+        }
+    };
+    header(&schema, named).map_err(bad)
+}
+
 /// A row refused: the row, its column, why.
 pub(super) type Refusal = (u64, &'static str, String);
 

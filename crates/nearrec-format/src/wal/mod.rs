@@ -12,5 +12,5 @@ pub use log::{
     DroppedTail, Durability, Recovered, SEGMENT_HEADER, TailKind, WAL_MAGIC, Wal, WalConfig,
     WalRecovery, WalStats,
 };
-pub use record::{FRAME_BYTES, Init, MAX_PAYLOAD, Op, Record, encode, payload_len};
+pub use record::{FRAME_BYTES, Init, MAX_PAYLOAD, Op, Record, Release, encode, payload_len};
 pub use txn::{TXN_DIR, TxFile, TxState, move_tx, read_txns, remove_tx, tx_path, write_tx};

@@ -48,12 +48,28 @@ pub enum Op {
         keys: Vec<u64>,
         rows: Vec<u64>,
     },
-    /// Keys of keyed table `table` let go of (removed, expired or evicted): unknown from this
-    /// record on, and their rows free.
-    ReleaseKeys { table: String, keys: Vec<u64> },
+    /// Keys of keyed table `table` let go of (removed, evicted or expired: `cause`): unknown
+    /// from this record on, and their rows free.
+    ReleaseKeys {
+        table: String,
+        keys: Vec<u64>,
+        cause: Release,
+    },
     /// Delta feed `feed` has applied the delta file `cursor` names: the record's other
     /// operations are that file's rows (version 7, `docs/format.md` §17).
     Cursor { feed: String, cursor: FeedCursor },
+}
+
+/// Why keys were let go of: each its own operation kind (6, 8, 9), so that replay tells the
+/// keys a table let go of itself (its evicted keys' log) from the ones a caller removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// A caller removed them (kind 6).
+    Removed,
+    /// The table at its cap let them go for new keys (kind 8, version 8).
+    Evicted,
+    /// Their TTL passed (kind 9, version 8).
+    Expired,
 }
 
 impl Op {
@@ -94,6 +110,8 @@ const DROP: u8 = 4;
 const ASSIGN: u8 = 5;
 const RELEASE: u8 = 6;
 const CURSOR: u8 = 7;
+const EVICT: u8 = 8;
+const EXPIRE: u8 = 9;
 /// A cursor's bytes after its feed's name: sequence, step, wall time, applied time, rows, and
 /// which of step and wall time it holds.
 const CURSOR_BYTES: usize = 5 * 8 + 1;
@@ -124,7 +142,7 @@ pub fn payload_len(ops: &[Op]) -> usize {
             Op::AssignKeys { table, keys, rows } => {
                 head(table) + 16 + 8 * (keys.len() + rows.len())
             }
-            Op::ReleaseKeys { table, keys } => head(table) + 8 + 8 * keys.len(),
+            Op::ReleaseKeys { table, keys, .. } => head(table) + 8 + 8 * keys.len(),
             Op::Cursor { feed, .. } => head(feed) + CURSOR_BYTES,
         })
         .sum()
@@ -239,8 +257,12 @@ fn encode_op(op: &Op, out: &mut Vec<u8>) -> Result<(), String> {
             ids(out, keys);
             ids(out, rows);
         }
-        Op::ReleaseKeys { table, keys } => {
-            out.push(RELEASE);
+        Op::ReleaseKeys { table, keys, cause } => {
+            out.push(match cause {
+                Release::Removed => RELEASE,
+                Release::Evicted => EVICT,
+                Release::Expired => EXPIRE,
+            });
             name(out, table)?;
             ids(out, keys);
         }
@@ -341,7 +363,8 @@ fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
     let mut r = Reader { bytes: payload };
     let mut ops = Vec::new();
     while !r.bytes.is_empty() {
-        let op = match r.u8()? {
+        let kind = r.u8()?;
+        let op = match kind {
             WRITE => {
                 let table = r.name()?;
                 let row_bytes = r.u32()?;
@@ -391,9 +414,14 @@ fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
                 }
                 Op::AssignKeys { table, keys, rows }
             }
-            RELEASE => Op::ReleaseKeys {
+            RELEASE | EVICT | EXPIRE => Op::ReleaseKeys {
                 table: r.name()?,
                 keys: r.ids()?,
+                cause: match kind {
+                    RELEASE => Release::Removed,
+                    EVICT => Release::Evicted,
+                    _ => Release::Expired,
+                },
             },
             CURSOR => {
                 let feed = r.name()?;
@@ -465,8 +493,13 @@ mod tests {
                     keys: pairs.iter().map(|p| p.0).collect(),
                     rows: pairs.iter().map(|p| p.1).collect(),
                 }),
-            (table, prop::collection::vec(any::<u64>(), 0..6))
-                .prop_map(|(table, keys)| Op::ReleaseKeys { table, keys }),
+            (table, prop::collection::vec(any::<u64>(), 0..6), 0..3u8).prop_map(
+                |(table, keys, c)| Op::ReleaseKeys {
+                    table,
+                    keys,
+                    cause: [Release::Removed, Release::Evicted, Release::Expired][c as usize],
+                }
+            ),
             (table, any::<(u64, Option<u64>, Option<u64>, u64, u64)>()).prop_map(
                 |(feed, (sequence, step, wall_time_ms, applied_ms, rows))| Op::Cursor {
                     feed,

@@ -323,6 +323,11 @@ impl Live {
                 fail::fail_point!("compact::keys", |_| std::process::abort());
             }
         }
+        // the evicted keys' log holds every key let go of up to `c` before the tables move
+        // past it (replay adds only the ones after)
+        if let Some(log) = &w.evicted {
+            log.flush()?;
+        }
         manifest.lsn = Some(c);
         manifest.feeds = (*feeds).clone();
         // never lowered: the log after `c` may hold what only the version read

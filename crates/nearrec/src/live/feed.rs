@@ -35,10 +35,13 @@ impl Live {
         let w = self.writer()?;
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
         let w = self.writer()?;
-        self.mark_feeds(w)?;
+        self.mark_format(w, nearrec_format::FEEDS_VERSION)?;
         let engine = self.snapshot().engine.clone();
         let ops = Self::encode(&engine, writes, options, true)?;
         let keyed = Self::keyed(&engine, &ops);
+        if keyed {
+            self.mark_releases(w, &engine)?;
+        }
         let need = Self::room(&engine, &ops);
         w.reserve(need)?;
         // the feed's cursor after the call: the one logged now, or the one that took it before
@@ -79,23 +82,24 @@ impl Live {
         })
     }
 
-    /// Lifts the store's format to the version whose readers know a feed's cursor (once, before
-    /// its first cursor is logged): an older nearrec refuses the store rather than take the
-    /// cursor's record for a damaged one.
-    pub(super) fn mark_feeds(&self, w: &Writer) -> Result<()> {
-        if w.feeds_marked.load(Relaxed) {
+    /// Lifts the store's format to `version` at least (once, before the first record only its
+    /// readers know is logged: a feed's cursor, [`nearrec_format::FEEDS_VERSION`]; a key
+    /// evicted or expired, [`nearrec_format::FORMAT_VERSION`]): an older nearrec refuses the
+    /// store rather than take such a record for a damaged one.
+    pub(super) fn mark_format(&self, w: &Writer, version: u32) -> Result<()> {
+        if w.format_marked.load(Relaxed) >= version {
             return Ok(());
         }
         let dir = lock_store_dir(&self.dir)?;
         let mut manifest = nearrec_format::StoreReader::open(&self.dir)?
             .manifest()
             .clone();
-        if manifest.format_version < nearrec_format::FORMAT_VERSION {
-            manifest.format_version = nearrec_format::FORMAT_VERSION;
+        if manifest.format_version < version {
+            manifest.format_version = version;
             manifest.publish(&self.dir)?;
         }
         drop(dir);
-        w.feeds_marked.store(true, Relaxed);
+        w.format_marked.fetch_max(manifest.format_version, Relaxed);
         Ok(())
     }
 }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use nearrec_engine::delta::TableDelta;
 use nearrec_engine::{Engine, Evict, KeyLife, decode_row};
-use nearrec_format::wal::{MAX_PAYLOAD, Op, payload_len};
+use nearrec_format::wal::{MAX_PAYLOAD, Op, Release, payload_len};
 
 use crate::error::{Error, Result};
 
@@ -321,22 +321,38 @@ impl KeyBook {
     }
 }
 
-/// Appends `key` to `ops`' last operation when it is `kind`'s, else starts one.
-fn push_key(ops: &mut Vec<Op>, table: &str, key: u64, row: Option<u32>) {
+/// Appends `key` to `ops`' last operation when it is of the same kind (assigned row `row`, or
+/// let go of for `cause`) and table, else starts one.
+fn push_key(ops: &mut Vec<Op>, table: &str, key: u64, row: Result<u32, Release>) {
     match (ops.last_mut(), row) {
-        (Some(Op::AssignKeys { keys, rows, .. }), Some(r)) => {
+        (
+            Some(Op::AssignKeys {
+                keys,
+                rows,
+                table: t,
+            }),
+            Ok(r),
+        ) if t == table => {
             keys.push(key);
             rows.push(u64::from(r));
         }
-        (Some(Op::ReleaseKeys { keys, .. }), None) => keys.push(key),
-        (_, Some(r)) => ops.push(Op::AssignKeys {
+        (
+            Some(Op::ReleaseKeys {
+                keys,
+                cause,
+                table: t,
+            }),
+            Err(c),
+        ) if *cause == c && t == table => keys.push(key),
+        (_, Ok(r)) => ops.push(Op::AssignKeys {
             table: table.to_owned(),
             keys: vec![key],
             rows: vec![u64::from(r)],
         }),
-        (_, None) => ops.push(Op::ReleaseKeys {
+        (_, Err(cause)) => ops.push(Op::ReleaseKeys {
             table: table.to_owned(),
             keys: vec![key],
+            cause,
         }),
     }
 }
@@ -425,7 +441,7 @@ pub(crate) fn decide(
                                         });
                                     };
                                     book.release(lsn, vkey, vrow);
-                                    push_key(&mut out, &table, vkey, None);
+                                    push_key(&mut out, &table, vkey, Err(Release::Evicted));
                                     count.evicted += 1;
                                 }
                                 let r = book.free_row().ok_or_else(|| {
@@ -436,7 +452,7 @@ pub(crate) fn decide(
                                     ))
                                 })?;
                                 book.assign(lsn, key, r);
-                                push_key(&mut out, &table, key, Some(r));
+                                push_key(&mut out, &table, key, Ok(r));
                                 if let Some(l) = life {
                                     l.reset(r, now);
                                 }
@@ -459,7 +475,7 @@ pub(crate) fn decide(
                     for key in keys {
                         if let Some(r) = book.row_of(engine, id, key) {
                             book.release(lsn, key, r);
-                            push_key(&mut out, &table, key, None);
+                            push_key(&mut out, &table, key, Err(Release::Removed));
                         }
                     }
                 }
@@ -526,8 +542,44 @@ pub(crate) fn expire(
         life.count(0, gone.len() as u64, 0, 0);
         for (key, row) in gone {
             book.release(lsn, key, row);
-            push_key(&mut out, table, key, None);
+            push_key(&mut out, table, key, Err(Release::Expired));
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys let go of merge into the last operation only when it is of the same table and
+    /// cause: an expiry record of two tables once released the second's keys in the first.
+    #[test]
+    fn keys_let_go_of_merge_only_within_one_table_and_cause() {
+        let mut ops = Vec::new();
+        push_key(&mut ops, "a", 1, Err(Release::Expired));
+        push_key(&mut ops, "a", 2, Err(Release::Expired));
+        push_key(&mut ops, "b", 3, Err(Release::Expired));
+        push_key(&mut ops, "b", 4, Err(Release::Evicted));
+        push_key(&mut ops, "b", 5, Ok(7));
+        push_key(&mut ops, "c", 6, Ok(8));
+        let got: Vec<(String, Vec<u64>, Option<Release>)> = ops
+            .iter()
+            .map(|op| match op {
+                Op::ReleaseKeys { table, keys, cause } => {
+                    (table.clone(), keys.clone(), Some(*cause))
+                }
+                Op::AssignKeys { table, keys, .. } => (table.clone(), keys.clone(), None),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let want = vec![
+            ("a".to_owned(), vec![1, 2], Some(Release::Expired)),
+            ("b".to_owned(), vec![3], Some(Release::Expired)),
+            ("b".to_owned(), vec![4], Some(Release::Evicted)),
+            ("b".to_owned(), vec![5], None),
+            ("c".to_owned(), vec![6], None),
+        ];
+        assert_eq!(got, want);
+    }
 }

@@ -10,6 +10,7 @@
 //! Compaction ([`compact`]) folds the deltas into new table files and moves the base.
 
 mod compact;
+mod evicted;
 mod feed;
 mod follow;
 mod keys;
@@ -21,7 +22,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -291,8 +292,10 @@ pub(super) struct Writer {
     /// Each delta feed's cursor as the log has decided it (taken under the log's lock while a
     /// feed's record is appended; before the books).
     cursors: Mutex<Feeds>,
-    /// The manifest's version is one whose readers know a feed's cursor.
-    feeds_marked: AtomicBool,
+    /// The format version the store's manifest is known to have (raised by `mark_format`).
+    format_marked: AtomicU32,
+    /// The keys its keyed tables let go of by themselves, kept (`evicted_log`).
+    evicted: Option<evicted::Log>,
 }
 
 impl Live {
@@ -308,6 +311,7 @@ impl Live {
         let budget = config.delta_budget.0;
         let min_row = tables.iter().map(|t| t.row_bytes).min().unwrap_or(1).max(1);
         let delta_rows = budget / (min_row + ENTRY_OVERHEAD);
+        let keyed = tables.iter().any(|t| t.is_keyed());
         // the tables hold the log's records up to the manifest's position
         let base = manifest.lsn.unwrap_or(0);
         let first = Arc::new(Snapshot::fresh(engine, base, manifest.feeds.clone()));
@@ -379,9 +383,11 @@ impl Live {
                 finished: Mutex::default(),
                 books: Mutex::default(),
                 cursors: Mutex::default(),
-                feeds_marked: AtomicBool::new(
-                    manifest.format_version >= nearrec_format::FORMAT_VERSION,
-                ),
+                format_marked: AtomicU32::new(manifest.format_version),
+                evicted: match config.evicted_log {
+                    Some(bound) if keyed => Some(evicted::Log::open(dir, bound.0)?),
+                    _ => None,
+                },
             });
             recovered.records
         } else {
@@ -452,9 +458,10 @@ impl Live {
         if w.closed.swap(true, Relaxed) {
             return Ok(());
         }
-        let synced = w.wal.sync();
+        let synced = w.wal.sync().map_err(Error::from);
+        let kept = w.evicted.as_ref().map_or(Ok(()), evicted::Log::flush);
         lock(&w.lock).take();
-        synced.map_err(Error::from)
+        synced.and(kept)
     }
 
     /// The current snapshot: what a lookup starting now reads.
@@ -624,6 +631,11 @@ impl Drop for Live {
     fn drop(&mut self) {
         if let Some(w) = &self.writer {
             w.signal.stop();
+            // what is pending of the evicted keys' log (the log's records would give it again)
+            if let Some(Err(e)) = w.evicted.as_ref().map(evicted::Log::flush) {
+                tracing::warn!(target: "nearrec::store", store = %self.dir.display(),
+                    error = %e, "the evicted keys' log could not write what it held");
+            }
         }
     }
 }

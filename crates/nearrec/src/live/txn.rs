@@ -163,7 +163,7 @@ impl Live {
         let mut ops = Self::encode(&engine, writes, options, false)?;
         if let Some((feed, cursor)) = feed {
             super::feed::check_name(feed)?;
-            self.mark_feeds(w)?;
+            self.mark_format(w, nearrec_format::FEEDS_VERSION)?;
             // the cursor is checked as the commit logs it (`apply_committed`): a replica that
             // caught up by copying rows holds no cursor, and takes the next one as it comes
             ops.push(Op::Cursor {

@@ -13,6 +13,23 @@ impl Live {
         let mut deltas = current.deltas.clone();
         let mut keys = current.keys.clone();
         let mut feeds = None;
+        if let Some(log) = self.writer.as_ref().and_then(|w| w.evicted.as_ref()) {
+            for op in ops {
+                if let Op::ReleaseKeys {
+                    table,
+                    keys,
+                    cause:
+                        nearrec_format::wal::Release::Evicted | nearrec_format::wal::Release::Expired,
+                } = op
+                    && let Err(e) = log.add(lsn, table, keys, &current)
+                {
+                    // the keys are let go of all the same; their rows are not kept
+                    tracing::warn!(target: "nearrec::store", store = %self.dir.display(),
+                        table = %table, error = %e,
+                        "{} keys let go of at version {lsn} are not in the evicted keys' log", keys.len());
+                }
+            }
+        }
         for op in ops {
             let table = match op {
                 Op::Cursor { feed, cursor } => {
@@ -204,6 +221,7 @@ impl Live {
         if !Self::keyed(&engine, &ops) {
             return self.log_and_apply(w, &ops, need);
         }
+        self.mark_releases(w, &engine)?;
         // keys resolved to rows as the record is appended, in log order; with every key new
         // and not admitted, nothing is logged
         let decided = self.log_decided(w, need, |lsn| {
@@ -256,9 +274,24 @@ impl Live {
             return Ok(None);
         }
         let engine = self.snapshot().engine.clone();
+        self.mark_releases(w, &engine)?;
         self.log_decided(w, need, |lsn| {
             Ok(keys::expire(&engine, &mut lock(&w.books), lsn, most))
         })
+    }
+
+    /// Lifts the store's format to the version that tells evicted and expired keys from
+    /// removed ones (kinds 8 and 9) before a keyed table that may let keys go of itself logs.
+    pub(super) fn mark_releases(&self, w: &Writer, engine: &Engine) -> Result<()> {
+        let releases = (0..engine.tables().len()).any(|id| {
+            engine.key_life(id).is_some_and(|l| {
+                l.limits.evict != nearrec_engine::Evict::Off || l.limits.ttl_s.is_some()
+            })
+        });
+        if releases {
+            self.mark_format(w, nearrec_format::FORMAT_VERSION)?;
+        }
+        Ok(())
     }
 
     /// A replica catching up: `writes` logged as record `count` (the numbers between taken by
