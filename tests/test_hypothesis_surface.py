@@ -96,7 +96,7 @@ def _by_key(keys, batch, lengths, values):
 SETTINGS = ["tier", "dram_budget", "threads", "io_queue_depth", "io_rings", "merge_gap_bytes",
             "cache_policy", "admission_probability", "cache_ways", "durability",
             "durability_window_ms", "delta_budget", "compaction_rate", "scrub_rate",
-            "write_wait_ms", "follow_ms", "keep_last", "writable", "verify_reads"]
+            "write_wait_ms", "follow_ms", "keep_last", "writable", "verify_reads", "evicted_log"]
 VALUES = st.one_of(st.integers(-3, 1 << 40), st.floats(allow_nan=True), st.booleans(),
                    st.none(), st.sampled_from(["4GiB", "0", "1KB", "ssd", "dram", "auto", "lru",
                                                "lfu", "sync", "async", "bogus", "-1MiB", ""]),

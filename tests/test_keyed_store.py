@@ -420,3 +420,45 @@ def test_a_compaction_that_replaces_most_keys_keeps_every_new_one(tmp_path):
     store.close()
     store = nearrec.open(path, unknown_keys="zero")
     np.testing.assert_array_equal(store.read_rows("ids", new), values)
+
+
+def test_the_keys_a_table_evicts_are_kept_with_their_rows_and_fed_back(tmp_path):
+    """``evicted_log``: each key evicted at the cap is in ``evicted/`` once, with the row it
+    served, as delta files pyarrow reads; a caller's removes are not; and the log is a feed
+    that takes the keys back into another store."""
+    import pyarrow as pa
+
+    import nearrec.feed
+
+    keys, rows = keyed()
+    path = tmp_path / "s"
+    nearrec.from_numpy(path, {"ids": rows[:20]}, keys={"ids": keys[:20]}, capacity={"ids": 60})
+    config = {"writable": True, "unknown_keys": "zero", "auto_compact": False,
+              "evicted_log": "1MiB", "key_limits": {"ids": {"cap": 20, "evict": "lru"}}}
+    store = nearrec.open(path, **config)
+    store.remove("ids", keys[:2])  # a caller's: not kept
+    store.write("ids", keys[20:30], rows[20:30])  # 8 of the base evicted
+    store.compact()
+    store.write("ids", keys[30:35], rows[30:35])  # 5 more
+    store.close()
+    files = sorted((path / "evicted").glob("*.arrow"))
+    assert len(files) == 2
+    got = {}
+    for f in files:
+        t = pa.ipc.open_stream(f.read_bytes()).read_all()
+        assert set(t.column("op").to_pylist()) == {1}
+        assert set(t.column("table").to_pylist()) == {"ids"}
+        got.update(zip(t.column("id").to_pylist(), t.column("values").to_pylist(),
+                       strict=True))
+    assert len(got) == 13 and not set(got) & set(keys[:2].tolist())
+    position = {int(k): i for i, k in enumerate(keys)}
+    for key, values in got.items():
+        np.testing.assert_array_equal(np.array(values, np.float32), rows[position[key]])
+    # fed to a store holding every key: the evicted ones are let go of there too
+    other = tmp_path / "o"
+    nearrec.from_numpy(other, {"ids": rows[:40]}, keys={"ids": keys[:40]})
+    o = nearrec.open(other, writable=True, unknown_keys="zero")
+    assert [a.rows for a in nearrec.feed.apply(path / "evicted", o)] == [8, 5]
+    gone = np.array(list(got), np.int64)
+    np.testing.assert_array_equal(o.read_rows("ids", gone), np.zeros((13, DIM)))
+    assert o.stats()["keyed_keys"] == o.tables["ids"].keys == 40 - 13

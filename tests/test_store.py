@@ -125,6 +125,48 @@ def test_frozen_v7_fixture_a_fed_store_still_opens_with_its_cursor(tmp_path):
     w.compact()
     assert w.feed_status()["trainer"].sequence == 5
 
+
+def test_frozen_v8_fixture_evictions_and_expiries_replay_and_keep_their_log(tmp_path):
+    """Format version 8: a keyed table (30 keys, cap 30, LRU, TTL 10 s on writes, a manual
+    clock) given 10 new keys (10 evictions, kind 8), 2 keys removed (kind 6), the clock moved
+    past the TTL (every key expired in a background record, kind 9), then 3 keys written; not
+    compacted, so a reader replays all of it. Its evicted keys' log holds the 39 keys let go
+    of by the table itself, each with its row: all 40 but the one removed while it was held
+    (the other of the two removed had been evicted before)."""
+    import pyarrow as pa
+
+    v8 = FIXTURE.parent / "v8"
+    e = np.load(FIXTURE.parent / "v8_expected.npz")
+    keys, rows = e["keys"], e["rows"]
+    store = nearrec.open(v8, unknown_keys="zero")
+    assert store.info.format_version == 8 and store.version == int(e["version"]) == 4
+    assert store.live_stats()["base_version"] == 0
+    got = store.read_rows("ids", keys)
+    np.testing.assert_array_equal(got[40:43], rows[40:43])
+    assert not got[:40].any() and store.stats()["keyed_keys"] == 3
+    assert all(c.ok for c in nearrec.verify(v8))
+
+    def kept(path):
+        out = {}
+        for f in sorted((path / "evicted").glob("*.arrow")):
+            t = pa.ipc.open_stream(f.read_bytes()).read_all()
+            out.update(zip(t.column("id").to_pylist(), t.column("values").to_pylist(),
+                           strict=True))
+        return out
+
+    log = kept(v8)
+    assert len(log) == 39 and set(keys[2:40].tolist()) < set(log) < set(keys[:40].tolist())
+    position = {int(k): i for i, k in enumerate(keys)}
+    for key, values in log.items():
+        np.testing.assert_array_equal(np.array(values, np.float32), rows[position[key]])
+    # a writer replays the log onto its evicted keys' log, adding none twice (on a copy)
+    copy = tmp_path / "v8"
+    shutil.copytree(v8, copy)
+    w = nearrec.open(copy, writable=True, evicted_log="1MiB", unknown_keys="zero")
+    w.compact()
+    w.close()
+    assert kept(copy) == log and len(list((copy / "evicted").glob("*.arrow"))) == 1
+
 def test_a_writable_open_makes_a_store_version_4(tmp_path):
     path = small(tmp_path)
     assert nearrec.info(path).format_version == 3

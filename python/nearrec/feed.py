@@ -77,6 +77,8 @@ def apply(
     parts = None if part_bytes is None else count(part_bytes, "part_bytes", minimum=1)
     done = store._native.feed_dir(os.fspath(directory), name, start, allow_nonfinite, parts,
                                   format, prefix, dict(tables) if tables else None)
+    if any(a[4] for a in done):
+        store._read_info()  # a keyed table's keys held may have changed, as a write's would
     return [Applied(*a) for a in done]
 
 
