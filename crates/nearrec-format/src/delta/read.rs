@@ -56,16 +56,8 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
             (r.schema(), Box::new(r))
         }
         Encoding::Parquet => {
-            let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-                bytes::Bytes::from(bytes),
-            )
-            .map_err(|e| malformed(&e))?;
-            let schema = b.schema().clone();
-            let r = b
-                .with_batch_size(64 * 1024)
-                .build()
-                .map_err(|e| malformed(&e))?;
-            (schema, Box::new(r))
+            let (schema, batches) = parquet_batches(bytes).map_err(|e| malformed(&e))?;
+            (schema, Box::new(batches.into_iter().map(Ok)))
         }
     };
     let header = header(&schema, named).map_err(|reason| bad(None, None, reason))?;
@@ -88,6 +80,37 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
         path: path.to_owned(),
         header,
         tables: reader.tables,
+    })
+}
+
+/// A Parquet file's schema (as written, its metadata with it) and every batch of it. The
+/// `parquet` crate panics on some malformed files (found by fuzzing: a definition-level run
+/// past its page, `bit_chunk_iterator.rs` "offset + len out of bounds"): such a panic is this
+/// file's refusal, not the process's end.
+pub(super) fn parquet_batches(
+    bytes: Vec<u8>,
+) -> std::result::Result<(arrow_schema::SchemaRef, Vec<RecordBatch>), String> {
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            bytes::Bytes::from(bytes),
+        )
+        .map_err(|e| e.to_string())?;
+        let schema = b.schema().clone();
+        let batches = b
+            .with_batch_size(64 * 1024)
+            .build()
+            .map_err(|e| e.to_string())?
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| format!("a batch that does not read: {e}"))?;
+        Ok((schema, batches))
+    }));
+    read.unwrap_or_else(|panic| {
+        let said = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(format!("the Parquet reader failed on it ({said})"))
     })
 }
 

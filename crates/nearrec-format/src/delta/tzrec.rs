@@ -244,11 +244,8 @@ fn read_file<F: Fn(&str) -> Option<Shape>>(
         reason,
     };
     let bytes = crate::files::read_regular(path, 0).map_err(|e| FormatError::io(path, e))?;
-    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-        bytes::Bytes::from(bytes),
-    )
-    .map_err(|e| refused(None, None, format!("not a readable Parquet file: {e}")))?;
-    let schema = builder.schema().clone();
+    let (schema, batches) = super::read::parquet_batches(bytes)
+        .map_err(|e| refused(None, None, format!("not a readable Parquet file: {e}")))?;
     let invalid = contract(&schema).map_err(|(column, reason)| refused(None, column, reason))?;
     let at = |name: &'static str, want: &dyn Fn(&DataType) -> bool| {
         let i = schema
@@ -278,10 +275,6 @@ fn read_file<F: Fn(&str) -> Option<Shape>>(
         "embedding",
         &|t| matches!(t, DataType::List(f) | DataType::LargeList(f) if f.data_type() == &DataType::Float32),
     )?;
-    let batches = builder
-        .with_batch_size(64 * 1024)
-        .build()
-        .map_err(|e| refused(None, None, format!("not a readable Parquet file: {e}")))?;
     // the dump's columns as a delta's: table, id, op (all upserts), values
     let as_delta = std::sync::Arc::new(Schema::new(vec![
         schema.field(name_at).clone().with_name("table"),
@@ -308,13 +301,6 @@ fn read_file<F: Fn(&str) -> Option<Shape>>(
         refused(Some(row), Some(column), reason)
     };
     for batch in batches {
-        let batch = batch.map_err(|e| {
-            refused(
-                Some(first),
-                None,
-                format!("a batch that does not read: {e}"),
-            )
-        })?;
         let n = batch.num_rows();
         let int32 = |i: usize| batch.column(i).as_primitive::<Int32Type>();
         let (steps, ranks, worlds) = (
