@@ -11,6 +11,7 @@ use crate::ROWS;
 /// written back it reads the same.
 pub fn delta_file(data: &[u8]) {
     use nearrec::format::delta::{self, Encoding, Values};
+    let_parquet_panics_be_caught();
     let Some((&kind, bytes)) = data.split_first() else {
         return;
     };
@@ -72,6 +73,7 @@ pub fn delta_file(data: &[u8]) {
 /// of a keyed one), its values of the table's dim and finite.
 pub fn tzrec_dump(data: &[u8]) {
     use nearrec::format::delta::{Values, tzrec};
+    let_parquet_panics_be_caught();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("delta_embedding_step_1.parquet");
     std::fs::write(&path, data).expect("the file written");
@@ -116,4 +118,26 @@ fn shapes(t: &str) -> Option<Shape> {
         dtype,
         keyed,
     })
+}
+
+/// The `parquet` crate panics on some malformed files; nearrec's reader catches such a panic as
+/// the file's refusal (`delta::read`, `tzrec::read_step`). libFuzzer's panic hook aborts at
+/// every panic, caught or not: this hook lets the ones raised inside the Arrow and Parquet
+/// crates go on to their catch. One that nothing catches still ends the input as a crash
+/// (libfuzzer-sys aborts on a panic that leaves the target).
+fn let_parquet_panics_be_caught() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let inside = info.location().is_some_and(|l| {
+                ["/parquet-", "/arrow-"]
+                    .iter()
+                    .any(|c| l.file().contains(c))
+            });
+            if !inside {
+                previous(info);
+            }
+        }));
+    });
 }
