@@ -82,6 +82,20 @@ pub fn parse_name(name: &str) -> Option<(u64, Encoding)> {
     Some((stem.parse().ok()?, encoding))
 }
 
+/// What delta file `path`'s name says (its sequence and encoding), or its refusal naming it.
+fn named(path: &Path) -> crate::Result<(u64, Encoding)> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    parse_name(name).ok_or_else(|| crate::FormatError::BadDelta {
+        path: path.to_owned(),
+        row: None,
+        column: None,
+        reason: "its name is not <sequence>.arrow or <sequence>.parquet".into(),
+    })
+}
+
 /// What an applied row does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {

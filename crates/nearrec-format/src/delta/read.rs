@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 
 use super::{
     Changes, DELTA_VERSION, DTYPE_KEY, Delta, Encoding, FORMAT_KEY, Header, Op, SEQUENCE_KEY,
-    STEP_KEY, Shape, Values, WALL_TIME_KEY, parse_name,
+    STEP_KEY, Shape, Values, WALL_TIME_KEY,
 };
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
@@ -34,17 +34,7 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
         column: column.map(str::to_owned),
         reason,
     };
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    let (named, encoding) = parse_name(name).ok_or_else(|| {
-        bad(
-            None,
-            None,
-            "its name is not <sequence>.arrow or <sequence>.parquet".into(),
-        )
-    })?;
+    let (named, encoding) = super::named(path)?;
     let bytes = crate::files::read_regular(path, 0).map_err(|e| FormatError::io(path, e))?;
     let malformed =
         |e: &dyn std::fmt::Display| bad(None, None, format!("not a readable file: {e}"));
@@ -123,12 +113,7 @@ pub fn header_of(path: &Path) -> Result<Header> {
         column: None,
         reason,
     };
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    let (named, encoding) = parse_name(name)
-        .ok_or_else(|| bad("its name is not <sequence>.arrow or <sequence>.parquet".into()))?;
+    let (named, encoding) = super::named(path)?;
     let file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
     let schema = match encoding {
         Encoding::Arrow => {

@@ -13,7 +13,7 @@ use arrow_schema::{DataType, Field, Schema};
 
 use super::{
     Changes, DELTA_VERSION, DTYPE_KEY, Encoding, FORMAT_KEY, Header, Op, SEQUENCE_KEY, STEP_KEY,
-    Values, WALL_TIME_KEY, parse_name,
+    Values, WALL_TIME_KEY,
 };
 use crate::dtype::DType;
 use crate::error::{FormatError, Result};
@@ -34,12 +34,7 @@ pub fn write(
         column: None,
         reason,
     };
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    let (named, encoding) = parse_name(name)
-        .ok_or_else(|| bad("its name is not <sequence>.arrow or <sequence>.parquet".into()))?;
+    let (named, encoding) = super::named(path)?;
     if named != header.sequence {
         return Err(bad(format!(
             "its name says sequence {named}, its header {}",
