@@ -90,6 +90,7 @@ fn sharded(path: &Path, writable: bool, options: ShardOptions) -> (ShardedStore,
             name: &t.name,
             rows: t.rows,
             indices: &ids,
+            keys: false,
         })
         .collect();
     let traced = (options.replicate_hot > 0).then_some(trace.as_slice());

@@ -175,6 +175,7 @@ mod seeds {
                 pooling: 4,
                 generator: None,
                 first_reference_share: None,
+                keys: false,
                 offsets: &offsets,
                 indices: &ids,
             })

@@ -2,15 +2,20 @@
 //! that they can be used in place (numpy views over the bytes, or a memory map on request).
 //!
 //! ```text
-//! version 2 (written since the read path checks integrity):
+//! version 3 (a trace with a keyed table) and version 2 (one without; written since the read
+//! path checks integrity):
 //! 0   magic "NRTRACE\0"
-//! 8   u32 version (2)
+//! 8   u32 version (3 or 2)
 //! 12  u32 header length H
 //! 16  u32 CRC-32C of the H header bytes
 //! 20  u32 zero
 //! 24  H bytes of JSON: TraceHeader (bags, batch size, seed, per table: name, rows, pooling,
-//!     generator, lookups, the byte offsets of its two arrays and their CRC-32Cs)
+//!     generator, lookups, the byte offsets of its two arrays and their CRC-32Cs; from version
+//!     3, `keys: true` for a keyed table, whose indices are keys — a u64's bits — not rows)
 //! ..  per table, each array 64-byte aligned: offsets i64 × (bags + 1), indices i64 × lookups
+//!
+//! A trace with a keyed table is version 3 so that a build before keyed traces refuses it rather
+//! than read its keys as rows; one without stays version 2, which every build since reads.
 //!
 //! version 1 (still read, flagged unverified): no checksums; the JSON starts at byte 16.
 //! ```
@@ -32,8 +37,11 @@ use crate::error::{PlanError, Result};
 use crate::generate::{Generator, TableSpec, TableTrace};
 
 pub const MAGIC: &[u8; 8] = b"NRTRACE\0";
-pub const VERSION: u32 = 2;
-/// Where a version-2 header's JSON starts (a version-1 header's starts at 16).
+/// The newest version written (3: with a keyed table; a trace without is written as 2).
+pub const VERSION: u32 = 3;
+/// The version of a trace without keyed tables.
+const VERSION_ROWS: u32 = 2;
+/// Where a version-2 or -3 header's JSON starts (a version-1 header's starts at 16).
 const JSON_AT: usize = 24;
 const ALIGN: u64 = 64;
 
@@ -66,6 +74,10 @@ pub struct TableEntry {
     pub offsets_crc32c: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub indices_crc32c: Option<u32>,
+    /// A keyed table (`docs/format.md` §16): its indices are keys (a u64's bits), not rows in
+    /// `0..rows`; `rows` is the table's row count, as for any table (version 3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keys: bool,
 }
 
 /// A table's data to write: its description and its bags (CSR).
@@ -76,6 +88,8 @@ pub struct TableData<'a> {
     pub pooling: u32,
     pub generator: Option<Generator>,
     pub first_reference_share: Option<f64>,
+    /// The indices are a keyed table's keys, not rows.
+    pub keys: bool,
     pub offsets: &'a [i64],
     pub indices: &'a [i64],
 }
@@ -89,6 +103,7 @@ impl<'a> TableData<'a> {
             pooling: spec.pooling,
             generator: Some(spec.generator.clone()),
             first_reference_share: trace.first_reference_share,
+            keys: false,
             offsets: &trace.offsets,
             indices: &trace.indices,
         }
@@ -120,8 +135,19 @@ pub fn write_trace(
                 reason: "appears twice in the trace".into(),
             });
         }
-        check_csr(t.name, t.rows, bags, t.offsets, t.indices)?;
+        check_csr(
+            t.name,
+            (!t.keys).then_some(t.rows),
+            bags,
+            t.offsets,
+            t.indices,
+        )?;
     }
+    let version = if tables.iter().any(|t| t.keys) {
+        VERSION
+    } else {
+        VERSION_ROWS
+    };
     // two passes: the header's length depends on the offsets it holds
     let mut header = TraceHeader {
         bags,
@@ -140,6 +166,7 @@ pub fn write_trace(
                 indices_at: u64::MAX,
                 offsets_crc32c: Some(u32::MAX),
                 indices_crc32c: Some(u32::MAX),
+                keys: t.keys,
             })
             .collect(),
     };
@@ -162,7 +189,7 @@ pub fn write_trace(
     let result = (|| -> std::io::Result<()> {
         let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
         w.write_all(MAGIC)?;
-        w.write_all(&VERSION.to_le_bytes())?;
+        w.write_all(&version.to_le_bytes())?;
         w.write_all(&(json.len() as u32).to_le_bytes())?;
         w.write_all(&crc32c::crc32c(&json).to_le_bytes())?;
         w.write_all(&[0u8; 4])?;
@@ -208,7 +235,14 @@ pub(crate) fn tmp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-fn check_csr(table: &str, rows: u64, bags: u64, offsets: &[i64], indices: &[i64]) -> Result<()> {
+/// A table's bags well formed, and its indices rows in `0..rows` (any key where `rows` is `None`).
+fn check_csr(
+    table: &str,
+    rows: Option<u64>,
+    bags: u64,
+    offsets: &[i64],
+    indices: &[i64],
+) -> Result<()> {
     let bad = |reason: String| {
         Err(PlanError::BadSpec {
             table: table.to_owned(),
@@ -227,6 +261,9 @@ fn check_csr(table: &str, rows: u64, bags: u64, offsets: &[i64], indices: &[i64]
     if let Some(b) = offsets.windows(2).position(|w| w[0] > w[1]) {
         return bad(format!("offsets decrease at bag {b}"));
     }
+    let Some(rows) = rows else {
+        return Ok(());
+    };
     if let Some(p) = indices.iter().position(|&i| i < 0 || i as u64 >= rows) {
         return bad(format!(
             "index {} at position {p} is outside 0..{rows}",
@@ -307,15 +344,16 @@ impl TraceFile {
         let len = word(12) as usize;
         let json = match version {
             1 => bytes.get(16..16 + len),
-            VERSION => bytes.get(JSON_AT..JSON_AT + len),
+            VERSION_ROWS | VERSION => bytes.get(JSON_AT..JSON_AT + len),
             _ => {
                 return Err(bad(format!(
-                    "version {version}, this build reads 1 and {VERSION}"
+                    "version {version}, this build reads 1 to {VERSION}"
                 )));
             }
         }
         .ok_or_else(|| bad("truncated header".into()))?;
-        if version == VERSION && crc32c::crc32c(json) != word(16) {
+        let checked = version >= VERSION_ROWS;
+        if checked && crc32c::crc32c(json) != word(16) {
             return Err(bad("the header fails its checksum".into()));
         }
         let header: TraceHeader =
@@ -336,15 +374,22 @@ impl TraceFile {
             {
                 return Err(bad(format!("table {:?}: arrays outside the file", t.name)));
             }
-            if version == VERSION && (t.offsets_crc32c.is_none() || t.indices_crc32c.is_none()) {
+            if checked && (t.offsets_crc32c.is_none() || t.indices_crc32c.is_none()) {
                 return Err(bad(format!("table {:?}: no checksums", t.name)));
+            }
+            if t.keys && version < VERSION {
+                return Err(bad(format!(
+                    "table {:?}: keys in a version-{version} file (keyed traces are version \
+                     {VERSION})",
+                    t.name
+                )));
             }
         }
         let trace = Self {
             path: path.into(),
             bytes,
             header,
-            verified: version == VERSION,
+            verified: checked,
         };
         for i in 0..trace.header.tables.len() {
             let t = trace.table(i);
@@ -363,7 +408,7 @@ impl TraceFile {
             }
             check_csr(
                 &t.entry.name,
-                t.entry.rows,
+                (!t.entry.keys).then_some(t.entry.rows),
                 trace.header.bags,
                 t.offsets,
                 t.indices,

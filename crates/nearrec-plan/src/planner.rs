@@ -28,6 +28,9 @@ pub struct TraceTable<'a> {
     pub name: &'a str,
     pub rows: u64,
     pub indices: &'a [i64],
+    /// The indices are a keyed table's keys, not rows: a plan of DRAM needs them mapped to
+    /// rows first, through the store's key index ([`check_trace`] refuses them).
+    pub keys: bool,
 }
 
 /// The tables of a trace file, in its order.
@@ -39,6 +42,7 @@ pub fn trace_tables(trace: &TraceFile) -> Vec<TraceTable<'_>> {
                 name: &t.entry.name,
                 rows: t.entry.rows,
                 indices: t.indices,
+                keys: t.entry.keys,
             }
         })
         .collect()
@@ -83,6 +87,17 @@ pub fn check_trace(store: &[PlanTable], trace: &[TraceTable<'_>]) -> Result<()> 
                 ),
             ));
         };
+        if t.keys {
+            return Err(mismatch(
+                None,
+                format!(
+                    "the trace's table {:?} holds keys: a plan places rows, so its keys are \
+                     mapped to the rows they hold with the store open first (nearrec plan and \
+                     nearrec.plan.make_plan do)",
+                    t.name
+                ),
+            ));
+        }
         if t.rows != s.rows {
             return Err(mismatch(
                 None,

@@ -36,11 +36,13 @@ fn plan_dir() -> (tempfile::TempDir, PathBuf) {
             name: "big",
             rows: 5_000,
             indices: &big,
+            keys: false,
         },
         TraceTable {
             name: "tiny \"q\"",
             rows: 50,
             indices: &tiny,
+            keys: false,
         },
     ];
     let mut plan = make_plan(&store, &trace, 20_000, DEFAULT_STEPS).unwrap();

@@ -22,6 +22,7 @@ fn tr<'a>(name: &'a str, rows: u64, indices: &'a [i64]) -> TraceTable<'a> {
         name,
         rows,
         indices,
+        keys: false,
     }
 }
 
@@ -243,6 +244,7 @@ fn planning_from_a_trace_file_is_planning_from_its_tables() {
         pooling: 3,
         generator: None,
         first_reference_share: None,
+        keys: false,
         offsets: &offsets,
         indices,
     };

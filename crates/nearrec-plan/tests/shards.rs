@@ -113,11 +113,13 @@ fn a_trace_spreads_the_rows_it_reads_most() {
             name: "hot",
             rows: 10_000,
             indices: &hot,
+            keys: false,
         },
         TraceTable {
             name: "cold",
             rows: 1000,
             indices: &cold,
+            keys: false,
         },
     ];
     let mut o = options(4, Scheme::TableRow);
@@ -138,6 +140,7 @@ fn a_trace_spreads_the_rows_it_reads_most() {
         name: "hot",
         rows: 5,
         indices: &[0],
+        keys: false,
     }];
     let e = plan_shards("s", &tables, Some(&other), &o).unwrap_err();
     assert!(matches!(e, PlanError::TraceMismatch { .. }), "{e}");

@@ -145,3 +145,75 @@ fn trace_files_round_trip_and_reject_damage() {
     let err = write_trace(&path, 16, 9, &data, true).unwrap_err();
     assert!(err.to_string().contains("position 7"), "{err}");
 }
+
+/// A keyed table's trace holds keys — any u64's bits, past the rows and negative as i64 — in a
+/// version-3 file; a trace without keyed tables stays version 2; a version-2 file claiming keys
+/// is refused, and a DRAM plan refuses keys it was not given as rows.
+#[test]
+fn keyed_traces_hold_keys_in_version_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.nrtrace");
+    let offsets = [0i64, 2, 3];
+    let keys = [u64::MAX as i64, 1 << 40, 7];
+    let rows = [0i64, 1, 2];
+    let table = |name, keyed, indices| TableData {
+        name,
+        rows: 8,
+        pooling: 2,
+        generator: None,
+        first_reference_share: None,
+        keys: keyed,
+        offsets: &offsets,
+        indices,
+    };
+    let version = |p: &std::path::Path| std::fs::read(p).unwrap()[8];
+    // keys past the rows are refused in a table of rows
+    let err = write_trace(&path, 4, 0, &[table("k", false, &keys)], false).unwrap_err();
+    assert!(err.to_string().contains("position 0"), "{err}");
+
+    write_trace(&path, 4, 0, &[table("r", false, &rows)], false).unwrap();
+    assert_eq!(version(&path), 2);
+    assert!(!TraceFile::open(&path).unwrap().header().tables[0].keys);
+
+    let header = write_trace(
+        &path,
+        4,
+        0,
+        &[table("r", false, &rows), table("k", true, &keys)],
+        true,
+    )
+    .unwrap();
+    assert_eq!(version(&path), 3);
+    let file = TraceFile::open(&path).unwrap();
+    assert_eq!(file.header(), &header);
+    assert!(file.verified());
+    let k = file.table(1);
+    assert!(k.entry.keys && !file.table(0).entry.keys);
+    assert_eq!(k.indices, &keys[..]);
+
+    // a plan of DRAM takes rows: keys are mapped first, with the store open
+    let store = [nearrec_plan::PlanTable {
+        name: "k".into(),
+        rows: 8,
+        row_bytes: 16,
+        data_bytes: 128,
+    }];
+    let traced = nearrec_plan::trace_tables(&file);
+    let err = nearrec_plan::check_trace(&store, &traced[1..]).unwrap_err();
+    assert!(err.to_string().contains("holds keys"), "{err}");
+
+    // the version is not under the header's checksum: a file that says 2 and holds keys is
+    // refused by name, not read as rows
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8] = 2;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = TraceFile::open(&path).unwrap_err();
+    assert!(
+        err.to_string().contains("keys in a version-2 file"),
+        "{err}"
+    );
+    bytes[8] = 4;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = TraceFile::open(&path).unwrap_err();
+    assert!(err.to_string().contains("version 4"), "{err}");
+}

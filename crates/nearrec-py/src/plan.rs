@@ -13,7 +13,8 @@ use crate::error::{detach, plan_error, raise};
 /// A store table as the planner sees it: `(name, rows, row_bytes, data_bytes)`.
 type StoreTable = (String, u64, u64, u64);
 /// A trace table: `(name, rows, indices)`.
-type TraceArgs<'py> = (String, u64, PyReadonlyArray1<'py, i64>);
+/// A trace's table as Python passes it: name, rows, ids, and whether the ids are keys.
+type TraceArgs<'py> = (String, u64, PyReadonlyArray1<'py, i64>, bool);
 
 /// One table's plan as Python reads it.
 type TableTuple<'py> = (
@@ -121,10 +122,11 @@ fn tables(store: Vec<StoreTable>) -> Vec<PlanTable> {
 fn slices<'a>(py: Python<'_>, trace: &'a [TraceArgs<'_>]) -> PyResult<Vec<TraceTable<'a>>> {
     trace
         .iter()
-        .map(|(name, rows, ids)| {
+        .map(|(name, rows, ids, keys)| {
             Ok(TraceTable {
                 name,
                 rows: *rows,
+                keys: *keys,
                 indices: ids.as_slice().map_err(|_| {
                     raise(
                         py,

@@ -47,7 +47,7 @@ pub(crate) fn trace_generate_table<'py>(
 }
 
 /// Writes a trace file from `(entry_json, offsets, indices)` per table, where the entry gives
-/// name, rows, pooling, generator and first_reference_share. Returns the header as JSON.
+/// name, rows, pooling, generator, first_reference_share and keys (the indices are keys). Returns the header as JSON.
 #[pyfunction]
 pub(crate) fn trace_write(
     py: Python<'_>,
@@ -64,6 +64,8 @@ pub(crate) fn trace_write(
         pooling: u32,
         generator: Option<nearrec_plan::Generator>,
         first_reference_share: Option<f64>,
+        #[serde(default)]
+        keys: bool,
     }
     let entries = tables
         .iter()
@@ -92,6 +94,7 @@ pub(crate) fn trace_write(
             pooling: e.pooling,
             generator: e.generator.clone(),
             first_reference_share: e.first_reference_share,
+            keys: e.keys,
             offsets,
             indices,
         })

@@ -251,6 +251,7 @@ mod tests {
                 pooling: 2,
                 generator: None,
                 first_reference_share: None,
+                keys: false,
                 offsets,
                 indices: ids,
             })

@@ -5,9 +5,11 @@
 //!
 //! A hot set is a small JSON file, `NAME.hotset`: per table, the rows its DRAM tiers held when
 //! the store closed (hot rows first, then cached ones), replaced atomically. A trace is nearrec's
-//! `.nrtrace`; each table's rows are taken most requested first. Either way a table the store
-//! does not have is skipped with a warning, rows beyond a table are dropped, and each row cache
-//! takes as many rows as it holds; the rows are read from the table files as the SSD tier reads.
+//! `.nrtrace`; each table's rows are taken most requested first — a keyed table's trace holds
+//! keys, ranked so and mapped to the rows they hold through the store's key index (keys it does
+//! not hold are dropped). Either way a table the store does not have is skipped with a warning,
+//! rows beyond a table are dropped, and each row cache takes as many rows as it holds; the rows
+//! are read from the table files as the SSD tier reads.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,14 +42,23 @@ struct HotTable {
     rows: Vec<u64>,
 }
 
+/// One table's ids to warm, most wanted first.
+#[derive(Debug)]
+pub(crate) struct Wanted {
+    pub table: String,
+    pub ids: Vec<u64>,
+    /// The ids are a keyed table's keys (from a keyed trace), not rows.
+    pub keys: bool,
+}
+
 /// Where a store named `name` keeps its hot set in `dir`.
 pub(crate) fn hot_set_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.hotset"))
 }
 
-/// Per table, the rows the warm-up file at `path` names, most wanted first: a trace's most
-/// requested rows (an `.nrtrace`, told by its magic), or a kept hot set.
-pub(crate) fn read(path: &Path) -> Result<Vec<(String, Vec<u64>)>> {
+/// Per table, the rows (or keys) the warm-up file at `path` names, most wanted first: a trace's
+/// most requested ones (an `.nrtrace`, told by its magic), or a kept hot set's rows.
+pub(crate) fn read(path: &Path) -> Result<Vec<Wanted>> {
     let unreadable = |e: std::io::Error| {
         Error::invalid(format!(
             "the warm-up file {} cannot be read: {e}",
@@ -71,45 +82,70 @@ pub(crate) fn read(path: &Path) -> Result<Vec<(String, Vec<u64>)>> {
             set.format, set.version
         )));
     }
-    Ok(set.tables.into_iter().map(|t| (t.name, t.rows)).collect())
+    Ok(set
+        .tables
+        .into_iter()
+        .map(|t| Wanted {
+            table: t.name,
+            ids: t.rows,
+            keys: false,
+        })
+        .collect())
 }
 
-/// Each table of the trace at `path`, its rows most requested first (ties: lower row first).
-fn from_trace(path: &Path) -> Result<Vec<(String, Vec<u64>)>> {
+/// Each table of the trace at `path`, its rows (or a keyed table's keys, as u64) most requested
+/// first (ties: lower id first).
+fn from_trace(path: &Path) -> Result<Vec<Wanted>> {
     let trace = nearrec_plan::file::TraceFile::open(path)?;
     Ok((0..trace.header().tables.len())
         .map(|i| {
             let t = trace.table(i);
+            let keys = t.entry.keys;
             let mut counts: HashMap<u64, u64> = HashMap::new();
-            for &r in t.indices.iter().filter(|&&r| r >= 0) {
+            for &r in t.indices.iter().filter(|&&r| keys || r >= 0) {
                 *counts.entry(r as u64).or_default() += 1;
             }
-            let mut rows: Vec<(u64, u64)> = counts.into_iter().collect();
-            rows.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            let rows = rows.into_iter().map(|(r, _)| r).collect();
-            (t.entry.name.clone(), rows)
+            let mut ids: Vec<(u64, u64)> = counts.into_iter().collect();
+            ids.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            Wanted {
+                table: t.entry.name.clone(),
+                ids: ids.into_iter().map(|(r, _)| r).collect(),
+                keys,
+            }
         })
         .collect())
 }
 
 /// Fills `engine`'s row caches with `tables`' rows (from `from`), logging each table as it
-/// is done; returns the rows loaded.
-pub(crate) fn warm(
-    store: &str,
-    engine: &Engine,
-    tables: &[(String, Vec<u64>)],
-    from: &Path,
-) -> Result<u64> {
+/// is done; returns the rows loaded. Keys are mapped to the rows they hold as of the tables'
+/// base (a key written since lives in the log's delta, in memory).
+pub(crate) fn warm(store: &str, engine: &Engine, tables: &[Wanted], from: &Path) -> Result<u64> {
     let started = Instant::now();
     let from = from.display().to_string();
     tracing::info!(store, %from, tables = tables.len(), "warming the DRAM tiers");
     let mut loaded = 0u64;
-    for (done, (name, rows)) in tables.iter().enumerate() {
+    for (done, wanted) in tables.iter().enumerate() {
+        let name = &wanted.table;
         let Ok(id) = engine.table_id(name) else {
             tracing::warn!(store, table = %name, %from, "warm-up: the store has no such table");
             continue;
         };
-        let n = engine.warm(id, rows, None)?;
+        let n = if !wanted.keys {
+            engine.warm(id, &wanted.ids, None)?
+        } else if engine.is_keyed(id) {
+            let rows: Vec<u64> = (wanted.ids.iter())
+                .filter_map(|&key| engine.base_row_of(id, key).map(u64::from))
+                .collect();
+            engine.warm(id, &rows, None)?
+        } else {
+            tracing::warn!(
+                store,
+                table = %name,
+                %from,
+                "warm-up: the trace holds keys of a table the store addresses by row"
+            );
+            continue;
+        };
         loaded += n;
         tracing::info!(
             store,

@@ -48,6 +48,7 @@ fn each_shard_holds_its_parts_and_hot_rows_as_the_source_stores_them() {
             name,
             rows,
             indices: &ids,
+            keys: false,
         })
         .collect();
     let options = ShardOptions {

@@ -1,6 +1,7 @@
 //! Start-up warm-up: a store reopened with `hot_set_dir` serves the rows its last run held from
 //! DRAM from its first lookup; one opened with `warm` a recorded trace's most requested rows; a
-//! damaged kept hot set starts the store cold, a damaged `warm` file refuses the open.
+//! damaged kept hot set starts the store cold, a damaged `warm` file refuses the open; a keyed
+//! table warms from a trace of its keys.
 
 use nearrec::prelude::*;
 use std::path::{Path, PathBuf};
@@ -27,8 +28,13 @@ fn config(extra: &str) -> StoreConfig {
 
 /// One bag per row of `ids` in table `a`.
 fn lookup(store: &Store, ids: &[i64]) -> Vec<f32> {
+    lookup_in(store, "a", ids)
+}
+
+/// One bag per id (a row, or a keyed table's key) of `ids` in `table`.
+fn lookup_in(store: &Store, table: &str, ids: &[i64]) -> Vec<f32> {
     let batch = Batch::new(vec![TableLookup::new(
-        "a",
+        table,
         Indices::I64(ids),
         Bags::Fixed {
             batch: ids.len(),
@@ -40,11 +46,15 @@ fn lookup(store: &Store, ids: &[i64]) -> Vec<f32> {
 
 /// Table `a`'s lookups served by its row cache and by the SSD tier so far.
 fn served_from(store: &Store) -> (u64, u64) {
+    served_from_table(store, "a")
+}
+
+fn served_from_table(store: &Store, table: &str) -> (u64, u64) {
     let a = store
         .tier_report()
         .unwrap()
         .into_iter()
-        .find(|t| t.table == "a");
+        .find(|t| t.table == table);
     let a = a.unwrap();
     (a.lookups_cache, a.lookups_ssd)
 }
@@ -109,6 +119,7 @@ fn a_recorded_trace_warms_its_most_requested_rows() {
         pooling: 1,
         generator: None,
         first_reference_share: None,
+        keys: false,
         offsets: &offsets,
         indices: &indices,
     };
@@ -124,4 +135,67 @@ fn a_recorded_trace_warms_its_most_requested_rows() {
         (100, 0),
         "the most requested rows are in DRAM"
     );
+}
+
+/// A keyed table's trace holds keys (past the rows, the high bit set): the most requested keys'
+/// rows are warmed through the key index, keys the store does not hold are dropped, and a keyed
+/// trace of a table addressed by row is skipped, not read as rows.
+#[test]
+fn a_keyed_trace_warms_its_most_requested_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = |i: u64| (1u64 << 63) | (i * 1_000_003);
+    let keys: Vec<u64> = (0..ROWS).map(key).collect();
+    let path = nearrec_testkit::write_keyed_store(
+        dir.path().join("keyed"),
+        "k",
+        &keys,
+        DIM,
+        DType::Fp32,
+        |_, i| i as f32,
+    );
+    // keys 0..100 twenty times each, 1,900 others once, and 500 the store does not hold
+    let mut indices: Vec<i64> = (0..2000).map(|i| key(i % 100) as i64).collect();
+    indices.extend((0..1900).map(|i| key(1000 + i) as i64));
+    indices.extend((0..500).map(|i| key(ROWS + i) as i64));
+    let offsets: Vec<i64> = (0..=indices.len() as i64).collect();
+    let table = |name, keys| nearrec_plan::file::TableData {
+        name,
+        rows: ROWS + 1,
+        pooling: 1,
+        generator: None,
+        first_reference_share: None,
+        keys,
+        offsets: &offsets,
+        indices: &indices,
+    };
+    let trace = dir.path().join("keys.nrtrace");
+    nearrec_plan::file::write_trace(&trace, 64, 0, &[table("k", true)], false).unwrap();
+    let keyed =
+        StoreConfig::from_toml("tier = \"ssd\"\n[plan.tables.k]\ncache_bytes = 65536").unwrap();
+
+    let cold = Store::open(&path, &keyed).unwrap();
+    let hot: Vec<i64> = (0..100).map(|i| key(i) as i64).collect();
+    let want = lookup_in(&cold, "k", &hot);
+    assert_eq!(
+        served_from_table(&cold, "k"),
+        (0, 100),
+        "a cold start reads them"
+    );
+    drop(cold);
+    let store = Store::open(&path, &keyed.with_warm(&trace)).unwrap();
+    assert_eq!(lookup_in(&store, "k", &hot), want);
+    assert_eq!(
+        served_from_table(&store, "k"),
+        (100, 0),
+        "the most requested keys' rows are in DRAM"
+    );
+    drop(store);
+
+    // the same keys named as table `a` of a store addressed by row: skipped, the store opens cold
+    let rows = make_store(dir.path());
+    std::fs::remove_file(&trace).unwrap();
+    nearrec_plan::file::write_trace(&trace, 64, 0, &[table("a", true)], false).unwrap();
+    let store = Store::open(&rows, &config("").with_warm(&trace)).unwrap();
+    lookup(&store, &[0, 1, 2]);
+    assert_eq!(served_from(&store), (0, 3));
 }
