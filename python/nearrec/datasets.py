@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -90,13 +90,16 @@ def _open_text(path: Path) -> TextIO:
     return open(path, encoding="ascii", errors="strict")
 
 
-def criteo(path: str | Path, rows: int | Sequence[int] | None = CRITEO_KAGGLE_ROWS,
+def criteo(path: str | Path,
+           rows: int | Sequence[int] | Literal["keys"] | None = CRITEO_KAGGLE_ROWS,
            samples: int | None = None, batch_size: int = 64,
            chunk: int = 1 << 16) -> ClickLog:
     """Reads up to ``samples`` lines of a Criteo TSV file (``.gz`` read as gzip). ``rows``: the
-    hash size of every table (one int, or 26), or ``None`` to number each table's categories in
-    order of first appearance (row 0 is "missing"). Tables are named ``C1`` ... ``C26``. A line
-    without 40 fields, or with a non-hex category or non-integer feature, is an
+    hash size of every table (one int, or 26), ``None`` to number each table's categories in
+    order of first appearance (row 0 is "missing"), or ``"keys"`` for keyed tables: each
+    category's 32-bit value is its key, kept as it is, and a missing one is an empty bag (the
+    trace's tables are keyed, their ``rows`` the distinct keys seen). Tables are named ``C1`` ...
+    ``C26``. A line without 40 fields, or with a non-hex category or non-integer feature, is an
     :class:`InvalidTrace` that names the file and line."""
     path = _source(path)
     if samples is not None:
@@ -104,7 +107,8 @@ def criteo(path: str | Path, rows: int | Sequence[int] | None = CRITEO_KAGGLE_RO
     batch_size = count(batch_size, "batch_size")
     chunk = count(chunk, "chunk")
     sizes: list[int] | None
-    if rows is None:
+    keyed = isinstance(rows, str) and rows == "keys"
+    if rows is None or keyed:
         sizes = None
     elif isinstance(rows, int) and not isinstance(rows, bool):
         sizes = [rows] * CRITEO_SPARSE
@@ -136,7 +140,9 @@ def criteo(path: str | Path, rows: int | Sequence[int] | None = CRITEO_KAGGLE_RO
                     labels[i] = int(fields[0])
                     dense[i] = [int(x) if x else 0 for x in fields[1:14]]
                     cats = fields[14:]
-                    if sizes is None:
+                    if keyed:
+                        ids[i] = [int(c, 16) if c else -1 for c in cats]
+                    elif sizes is None:
                         ids[i] = [d.setdefault(c, len(d)) for d, c in zip(dicts, cats,
                                                                             strict=True)]
                     else:
@@ -149,11 +155,21 @@ def criteo(path: str | Path, rows: int | Sequence[int] | None = CRITEO_KAGGLE_RO
             label_parts.append(labels)
             seen += len(lines)
     all_ids = np.concatenate(ids_parts) if ids_parts else np.empty((0, CRITEO_SPARSE), np.int64)
-    counts = sizes if sizes is not None else [len(d) for d in dicts]
-    offsets = np.arange(len(all_ids) + 1, dtype=np.int64)
-    trace = Trace({f"C{t + 1}": TableTrace(f"C{t + 1}", counts[t], 1, offsets,
-                                           np.ascontiguousarray(all_ids[:, t]))
-                   for t in range(CRITEO_SPARSE)}, batch_size)
+    if keyed:
+        tables = {}
+        for t in range(CRITEO_SPARSE):
+            present = all_ids[:, t] >= 0  # a category's value is 32 bits: -1 is "missing"
+            keys = np.ascontiguousarray(all_ids[present, t])
+            offsets = np.concatenate([[0], np.cumsum(present, dtype=np.int64)])
+            tables[f"C{t + 1}"] = TableTrace(f"C{t + 1}", len(np.unique(keys)), 1, offsets,
+                                             keys, keys=True)
+        trace = Trace(tables, batch_size)
+    else:
+        counts = sizes if sizes is not None else [len(d) for d in dicts]
+        offsets = np.arange(len(all_ids) + 1, dtype=np.int64)
+        trace = Trace({f"C{t + 1}": TableTrace(f"C{t + 1}", counts[t], 1, offsets,
+                                               np.ascontiguousarray(all_ids[:, t]))
+                       for t in range(CRITEO_SPARSE)}, batch_size)
     return ClickLog(trace,
                     np.concatenate(dense_parts) if dense_parts
                     else np.empty((0, CRITEO_DENSE), np.float32),

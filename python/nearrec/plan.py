@@ -48,10 +48,12 @@ from ._native import (
     plan_make,
 )
 from .errors import InvalidRequest
+from .keyed import index_bytes
 from .manifest import StoreInfo
 from .manifest import info as store_info
 from .request import count, flag, path_arg, progress_enabled, regular_file
-from .trace import Trace, load
+from .store import Store, open_store
+from .trace import TableTrace, Trace, load
 from .units import parse_size
 
 #: Bookkeeping bytes beside the row itself, as the engine counts them: per row-cache slot, and
@@ -172,21 +174,59 @@ def _tables(si: StoreInfo) -> list[tuple[str, int, int, int]]:
     return [(t.name, t.rows, t.row_bytes, t.data_bytes) for t in si.tables]
 
 
-def _trace(tr: Trace, names: list[str] | None = None) -> list[tuple[str, int, Any]]:
+def _trace(tr: Trace, names: list[str] | None = None) -> list[tuple[str, int, Any, bool]]:
     if not isinstance(tr, Trace):
         raise InvalidRequest(f"a trace is a nearrec.trace.Trace or a trace file, not "
                              f"{type(tr).__name__}")
-    return [(n, tr[n].rows, np.ascontiguousarray(tr[n].indices, dtype=np.int64))
+    return [(n, tr[n].rows, np.ascontiguousarray(tr[n].indices, dtype=np.int64), tr[n].keys)
             for n in (tr.tables if names is None else names)]
 
 
-def make_plan(store: str | Path | StoreInfo, trace: str | Path | Trace, budget: int | str,
-              steps: int = 128) -> Plan:
+def _rows_of_keys(tr: Trace, store: Store) -> Trace:
+    """``tr`` with each keyed table's keys mapped to the rows they hold in ``store`` now
+    (:meth:`Store.key_rows`); keys it does not hold are dropped (a lookup of one reads no row),
+    each bag keeping the rest."""
+    tables = dict(tr.tables)
+    for name, t in tr.tables.items():
+        if not t.keys:
+            continue
+        rows = store.key_rows(name, np.ascontiguousarray(t.indices, dtype=np.int64))
+        held = rows >= 0
+        kept = np.concatenate([[0], np.cumsum(held, dtype=np.int64)])
+        tables[name] = TableTrace(name, store.table(name).rows, t.pooling,
+                                  kept[np.asarray(t.offsets)], rows[held], t.generator,
+                                  t.first_reference_share)
+    return Trace(tables, tr.batch_size, tr.seed, tr.path, tr.verified)
+
+
+def make_plan(store: str | Path | StoreInfo | Store, trace: str | Path | Trace,
+              budget: int | str, steps: int = 128) -> Plan:
     """Plans ``budget`` bytes of DRAM for ``store``'s tables from ``trace`` (see the module
-    docs; the planner is ``nearrec-plan``'s). Tables the trace does not cover get nothing."""
-    si = store if isinstance(store, StoreInfo) else store_info(store)
+    docs; the planner is ``nearrec-plan``'s). Tables the trace does not cover get nothing.
+
+    A keyed table's trace holds keys: they are mapped to the rows they hold now through the
+    store's key index, with the store open (an open embedded ``Store`` given is used as it is;
+    a path is opened on the SSD tier for the mapping and closed); keys it does not hold are
+    dropped. A key keeps its row while it is held, so the plan's hot rows stay its keys' until
+    they are let go of. A keyed table's key index takes its part of the DRAM budget when the
+    store is open (:func:`nearrec.keyed.index_bytes`), so the tiers are planned in what is left.
+    """
     tr = trace if isinstance(trace, Trace) else load(path_arg(trace, "the trace"))
-    native = plan_make(_tables(si), _trace(tr), parse_size(budget), count(steps, "steps"),
+    if isinstance(store, Store):
+        si = store.info
+        if any(t.keys for t in tr.tables.values()):
+            tr = _rows_of_keys(tr, store)
+    else:
+        si = store if isinstance(store, StoreInfo) else store_info(store)
+        if any(t.keys for t in tr.tables.values()):
+            with open_store(si.path, tier="ssd", progress=False) as opened:
+                tr = _rows_of_keys(tr, opened)
+    budget = parse_size(budget)
+    index = sum(index_bytes(t.rows - 1) for t in si.tables if t.keyed)
+    if index and index >= budget:
+        raise InvalidRequest(f"the keyed tables' key indexes take {index} bytes of DRAM, all of "
+                             f"the budget of {budget}: nothing is left to plan")
+    native = plan_make(_tables(si), _trace(tr), budget - index, count(steps, "steps"),
                                str(getattr(tr, "path", "") or ""), str(si.path))
     return Plan._from_native(native)
 
@@ -234,6 +274,9 @@ def colocate(store: str | Path, trace: str | Path | Trace, out: str | Path,
             raise InvalidRequest(f"no table {n!r} in the store (it has {list(by_name)})", table=n)
         if n not in tr.tables:
             raise InvalidRequest(f"the trace has no table {n!r}", table=n)
+    if keyed := [n for n in names if tr[n].keys]:
+        raise InvalidRequest(f"table {keyed[0]!r} is keyed: its rows are found by key, so it is "
+                             "not co-located (give tables= without it)", table=keyed[0])
     plan_check_trace(_tables(si), _trace(tr, names))
     orders = [colocation_order(t.name, t.rows, np.ascontiguousarray(tr[t.name].indices),
                                how) if t.name in names else None

@@ -561,6 +561,19 @@ class Store:
         self.table(table)
         return self._native.read_rows(table, rows)
 
+    def key_rows(self, table: str, keys: Any) -> npt.NDArray[np.int64]:
+        """The row each of keyed table ``table``'s ``keys`` holds now, −1 for a key it does not
+        hold — as a lookup resolves them, but no key is sighted, admitted or counted. ``keys``:
+        a 1-D int64 array (uint64 taken as its bits) or a list of ints. An embedded store's
+        (``Unsupported`` over a node); a table addressed by row is an ``InvalidRequest``. A key
+        keeps its row until it is let go of, so this is how a keyed trace's keys become the
+        rows a plan pins (``nearrec plan``)."""
+        self.table(table)
+        raw = np.asarray(keys)
+        if raw.dtype == np.uint64:
+            keys = np.ascontiguousarray(raw).view(np.int64)
+        return self._native.key_rows(table, keys)
+
     def table_array(self, name: str) -> npt.NDArray[np.float32]:
         """A read-only zero-copy ``[rows, dim]`` view of a dense fp32 table."""
         self.table(name)

@@ -8,6 +8,9 @@ stack-distance profiles (``../shared/specs/traces.md``).
   (``mmap=True`` maps it instead, for files nobody changes while they are in use).
   :meth:`Trace.to_fbgemm` / :func:`from_fbgemm` convert to and from FBGEMM's layout.
 - :func:`profile` gives a trace's stack-distance profile and LRU hit-ratio curve.
+- A keyed table's trace (``TableTrace(keys=True)``) holds its keys — any int64, a uint64's
+  bits — not rows: warm-up and ``nearrec plan`` map them to the rows they hold through the
+  store's key index (:meth:`nearrec.Store.key_rows`); a trace with one is file version 3.
 
 Example::
 
@@ -22,8 +25,8 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -137,15 +140,22 @@ class Profile:
         return float(ratio) if np.ndim(ratio) == 0 else ratio
 
 
-def profile(indices: Any) -> Profile:
-    """The stack-distance profile of a sequence of row ids (O(n log n))."""
+def profile(indices: Any, keys: bool = False) -> Profile:
+    """The stack-distance profile of a sequence of row ids (O(n log n)); with ``keys``, of a
+    keyed table's keys (any int64, their ``unique`` as uint64)."""
     ids = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).ravel()
-    return Profile(*trace_profile(ids))
+    if not keys:
+        return Profile(*trace_profile(ids))
+    distinct, codes = np.unique(ids, return_inverse=True)
+    unique, distances, counts = trace_profile(codes.astype(np.int64))
+    return Profile(distinct.view(np.uint64)[unique.astype(np.intp)], distances, counts)
 
 
 @dataclass(frozen=True)
 class TableTrace:
-    """One table's bags (CSR: ``offsets`` has ``bags + 1`` entries into ``indices``)."""
+    """One table's bags (CSR: ``offsets`` has ``bags + 1`` entries into ``indices``). With
+    ``keys``, a keyed table's: its ``indices`` are keys (a uint64's bits as int64), and ``rows``
+    only describes the table (its row count, or the distinct keys recorded)."""
 
     name: str
     rows: int
@@ -155,6 +165,8 @@ class TableTrace:
     generator: Generator | None = None
     #: stack-distance traces: the share of draws that took a never-used id
     first_reference_share: float | None = None
+    #: a keyed table's trace: ``indices`` are keys, not rows
+    keys: bool = False
 
     @property
     def bags(self) -> int:
@@ -166,12 +178,13 @@ class TableTrace:
         return TableLookup(self.name, self.indices[o[0]:o[-1]], o[:-1] - o[0])
 
     def profile(self) -> Profile:
-        return profile(self.indices)
+        return profile(self.indices, self.keys)
 
     def _entry(self) -> str:
         return json.dumps({"name": self.name, "rows": self.rows, "pooling": self.pooling,
                            "generator": self.generator.to_json() if self.generator else None,
-                           "first_reference_share": self.first_reference_share})
+                           "first_reference_share": self.first_reference_share,
+                           "keys": bool(self.keys)})
 
 
 @dataclass(frozen=True)
@@ -254,12 +267,24 @@ def generate(tables: Mapping[str, int] | Store, bags: int, pooling: int | Mappin
              generator: Generator, seed: int = 0, batch_size: int = 64,
              path: str | Path | None = None, overwrite: bool = False) -> Trace:
     """A trace over ``tables`` (name → rows, or a store's tables): ``bags`` samples, ``pooling``
-    lookups per bag (one number or per table). With ``path``, also written there."""
-    rows = ({n: t.rows for n, t in tables.tables.items()} if isinstance(tables, Store)
-            else dict(tables))
+    lookups per bag (one number or per table). With ``path``, also written there. A store's
+    keyed table gets a keyed trace: the generator draws over the keys its keys file holds (in
+    their row order), each id drawn becoming that key."""
+    keys: dict[str, npt.NDArray[np.int64]] = {}
+    if isinstance(tables, Store):
+        from .keyed import keys_of
+
+        keys = {n: keys_of(tables.path, n) for n, t in tables.tables.items() if t.keyed}
+        rows = {n: len(keys[n]) if n in keys else t.rows for n, t in tables.tables.items()}
+    else:
+        rows = dict(tables)
     per = pooling if isinstance(pooling, Mapping) else dict.fromkeys(rows, pooling)
     out = {n: generate_table(n, r, per[n], bags, generator, seed, i)
            for i, (n, r) in enumerate(rows.items())}
+    for n, held in keys.items():
+        t = out[n]
+        out[n] = replace(t, rows=tables.tables[n].rows if isinstance(tables, Store) else t.rows,
+                         indices=held[t.indices], keys=True)
     trace = Trace(out, batch_size, seed)
     return trace.save(path, overwrite) if path is not None else trace
 
@@ -308,15 +333,24 @@ def load(path: str | Path, mmap: bool = False) -> Trace:
         indices = array(t["indices_at"], t["lookups"])
         gen = Generator.from_json(t["generator"]) if t.get("generator") else None
         tables[t["name"]] = TableTrace(t["name"], t["rows"], t["pooling"], offsets, indices,
-                                       gen, t.get("first_reference_share"))
+                                       gen, t.get("first_reference_share"),
+                                       bool(t.get("keys", False)))
     return Trace(tables, header["batch_size"], header["seed"], p, verified)
 
 
 def from_fbgemm(indices: Any, offsets: Any, tables: Mapping[str, int], batch_size: int = 64,
-                pooling: int | None = None) -> Trace:
+                pooling: int | None = None, keyed: Collection[str] = ()) -> Trace:
     """A trace from FBGEMM's table-batched layout (``offsets`` of length ``T * B + 1``,
-    table-major, tables in ``tables``' order with their row counts)."""
-    idx = np.asarray(indices, dtype=np.int64)
+    table-major, tables in ``tables``' order with their row counts) — requests as a server
+    recorded them. The tables named in ``keyed`` are keyed: their ids are keys (int64, or
+    uint64 taken as their bits), kept as they are."""
+    if isinstance(keyed, str) or not all(isinstance(n, str) for n in keyed):
+        raise InvalidRequest(f"keyed is a collection of table names, not {keyed!r:.60}")
+    if unknown := set(keyed) - set(tables):
+        name = sorted(unknown)[0]
+        raise InvalidRequest(f"keyed names table {name!r}, which tables lacks", table=name)
+    raw = np.asarray(indices)
+    idx = raw.view(np.int64) if raw.dtype == np.uint64 else raw.astype(np.int64, copy=False)
     off = np.asarray(offsets, dtype=np.int64)
     t_count = len(tables)
     if t_count == 0 or (len(off) - 1) % t_count:
@@ -327,7 +361,8 @@ def from_fbgemm(indices: Any, offsets: Any, tables: Mapping[str, int], batch_siz
         o = off[i * b:(i + 1) * b + 1]
         lens = np.diff(o)
         out[name] = TableTrace(name, int(rows), pooling or int(lens.max(initial=0)),
-                               (o - o[0]).astype(np.int64), idx[o[0]:o[-1]].copy())
+                               (o - o[0]).astype(np.int64), idx[o[0]:o[-1]].copy(),
+                               keys=name in keyed)
     return Trace(out, batch_size)
 
 

@@ -264,3 +264,63 @@ fn a_cap_below_the_keys_held_is_evicted_down_to_or_refused() {
     let s = Store::open(&path, &capped("lfu")).unwrap();
     assert_eq!(s.keys_held("k"), Some(20), "and so after a reopen");
 }
+
+/// `key_rows` resolves keys as a lookup does — the base's keys, the log's new ones, not the
+/// removed — each to a row of its own, kept across a compaction; it sights and counts no key.
+#[test]
+fn key_rows_name_the_rows_keys_hold_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_store(dir.path());
+    let store = Store::open(&path, &config(true)).unwrap();
+    for k in 0..CALLS {
+        apply(&store, k);
+    }
+    let want = model(CALLS);
+    let mut keys: Vec<u64> = want.keys().map(|&k| k as u64).collect();
+    keys.sort_unstable();
+    let gone: Vec<u64> = (0..CALLS)
+        .filter_map(|k| call(k).2)
+        .map(|k| k as u64)
+        .collect();
+    assert!(!gone.is_empty());
+    let before: HashMap<_, _> = store.key_stats().into_iter().collect();
+    let rows = store.key_rows("k", &keys).unwrap();
+    let rows: Vec<i64> = rows
+        .iter()
+        .map(|r| i64::from(r.expect("a held key has a row")))
+        .collect();
+    let distinct: std::collections::HashSet<_> = rows.iter().collect();
+    assert_eq!(distinct.len(), keys.len(), "one row per key");
+    assert!(
+        store
+            .key_rows("k", &gone)
+            .unwrap()
+            .iter()
+            .all(Option::is_none)
+    );
+    assert_eq!(
+        store.key_rows("k", &[u64::MAX]).unwrap(),
+        vec![None],
+        "never written"
+    );
+    let after: HashMap<_, _> = store.key_stats().into_iter().collect();
+    assert_eq!(before, after, "nothing sighted or counted");
+    let table = nearrec::StoreApi::table(&store, "k").unwrap();
+    assert!(
+        rows.iter().all(|&r| r > 0 && (r as u64) < table.rows),
+        "row 0 is the zero row"
+    );
+    store.compact().unwrap();
+    let compacted: Vec<i64> = (store.key_rows("k", &keys).unwrap().iter())
+        .map(|r| i64::from(r.unwrap()))
+        .collect();
+    assert_eq!(compacted, rows, "a compaction keeps each key's row");
+    let e = nearrec_testkit::write_store(
+        dir.path().join("rows"),
+        &[("r", 4, DIM, DType::Fp32)],
+        nearrec_testkit::pattern,
+    );
+    let by_row = Store::open(&e, &config(false)).unwrap();
+    let e = by_row.key_rows("r", &[1]).unwrap_err();
+    assert!(e.to_string().contains("\"r\""), "{e}");
+}

@@ -303,6 +303,9 @@ def parser() -> argparse.ArgumentParser:
                     "(default: Kaggle's cardinalities)")
     ti.add_argument("--dictionary", action="store_true",
                     help="criteo: number categories by first appearance instead of hashing")
+    ti.add_argument("--keys", action="store_true",
+                    help="criteo: keyed tables, each category's 32-bit value its key (a missing "
+                         "one an empty bag)")
     ti.add_argument("--history", type=int, default=20, help="movielens: items in the history bag")
     ti.add_argument("--batch-size", type=int, default=64, help="the batch size hint stored")
     ti.add_argument("--overwrite", action="store_true", help="replace a file at PATH")

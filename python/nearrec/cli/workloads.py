@@ -25,10 +25,7 @@ from .output import emit, human_time
 
 
 def _trace_tables(args: argparse.Namespace) -> tuple[dict[str, int], int]:
-    """Tables (name → rows) and pooling factor of ``trace gen``: a store's, or a model's."""
-    if args.store:
-        tables = {t.name: t.rows for t in nearrec.info(args.store).tables}
-        return tables, args.pooling or 80
+    """Tables (name → rows) and pooling factor of ``trace gen --model``."""
     spec = nearrec.model_spec(args.model)
     rows = scaled_rows(spec, args.variant, rows=args.rows)
     return ({f"t{i}": r for i, r in enumerate(rows)},
@@ -45,10 +42,17 @@ def cmd_trace(args: argparse.Namespace) -> int:
             gen = nt.Generator.uniform()
         else:
             gen = nt.Generator.stack_distance(args.k, args.sd_variant, args.ids)
-        tables, pooling = _trace_tables(args)
         t = time.perf_counter()
-        tr = nt.generate(tables, args.bags, pooling, gen, seed=args.seed,
-                         batch_size=args.batch_size, path=args.path, overwrite=args.overwrite)
+        if args.store:  # its tables (a keyed one's trace draws its keys)
+            with nearrec.open(args.store, tier="ssd", progress=False) as store:
+                tr = nt.generate(store, args.bags, args.pooling or 80, gen, seed=args.seed,
+                                 batch_size=args.batch_size, path=args.path,
+                                 overwrite=args.overwrite)
+        else:
+            tables, pooling = _trace_tables(args)
+            tr = nt.generate(tables, args.bags, pooling, gen, seed=args.seed,
+                             batch_size=args.batch_size, path=args.path,
+                             overwrite=args.overwrite)
         s = time.perf_counter() - t
         lookups = sum(len(tt.indices) for tt in tr.tables.values())
         emit(args, {"path": str(tr.path), "tables": len(tr.tables), "bags": tr.bags,
@@ -60,9 +64,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
         from .. import datasets
 
         if args.format == "criteo":
-            tr = datasets.criteo(args.source, rows=None if args.dictionary else
-                                 (args.hash_rows or datasets.CRITEO_KAGGLE_ROWS),
-                                 samples=args.samples, batch_size=args.batch_size).trace
+            if args.keys and (args.dictionary or args.hash_rows):
+                raise InvalidRequest("--keys keeps each category's value as its key: it takes "
+                                     "neither --dictionary nor --hash-rows")
+            rows: Any = "keys" if args.keys else None if args.dictionary else (
+                args.hash_rows or datasets.CRITEO_KAGGLE_ROWS)
+            tr = datasets.criteo(args.source, rows=rows, samples=args.samples,
+                                 batch_size=args.batch_size).trace
         elif args.format == "fbgemm":
             tr = datasets.fbgemm_file(args.source, batch_size=args.batch_size)
         else:
@@ -75,7 +83,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     tr = nt.load(args.path)
     rows = []
     for name, tt in tr.tables.items():
-        row: dict[str, Any] = {"table": name, "rows": tt.rows, "pooling": tt.pooling,
+        row: dict[str, Any] = {"table": name, "rows": tt.rows, "keys": tt.keys,
+                               "pooling": tt.pooling,
                                "bags": tt.bags, "lookups": len(tt.indices),
                                "generator": str(tt.generator) if tt.generator else "imported",
                                "first_reference_share": tt.first_reference_share}
@@ -91,12 +100,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
              f"seed {tr.seed}"]
     for r in rows:
         share = r["first_reference_share"]
-        line = (f"  {r['table']:<12} {r['rows']:>11,} rows  L={r['pooling']:<4} "
+        line = (f"  {r['table']:<12} {r['rows']:>11,} {'keys' if r['keys'] else 'rows'}  "
+                f"L={r['pooling']:<4} "
                 f"{r['lookups']:>12,} lookups  {r['generator']}"
                 + (f"  first refs {100 * share:.1f} %" if share is not None else ""))
         if "working_set" in r:
-            line += (f"\n    working set {r['working_set']:,} rows "
-                     f"({100 * r['working_set'] / r['rows']:.1f} %), first references "
+            line += (f"\n    working set {r['working_set']:,} {'keys' if r['keys'] else 'rows'} "
+                     f"({100 * r['working_set'] / max(1, r['rows']):.1f} %), first references "
                      f"{100 * r['profiled_first_reference_share']:.1f} %; LRU hit ratio "
                      + ", ".join(f"{int(c):,} rows {100 * h:.1f} %"
                                  for c, h in r["lru_hit_ratio"].items()))

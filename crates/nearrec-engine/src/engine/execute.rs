@@ -422,6 +422,29 @@ impl Engine {
         self.read_rows_at(id, rows, out, DeltaView::NONE)
     }
 
+    /// The row each of keyed table `id`'s `keys` holds as a live store's snapshot sees them
+    /// (`None`: the table does not hold it); reads only — no key is sighted, admitted or
+    /// counted. Refused for a table addressed by row.
+    pub fn key_rows_at(
+        &self,
+        id: usize,
+        keys: &[u64],
+        deltas: DeltaView<'_>,
+    ) -> Result<Vec<Option<u32>>> {
+        let Some(k) = &self.keys[id] else {
+            return Err(EngineError::invalid(
+                &self.tables[id].name,
+                "the table is addressed by row, not by key",
+            ));
+        };
+        let delta = deltas.keys(id).map(|d| (d, deltas));
+        let found = k.rows_of(keys, None, delta);
+        Ok(found
+            .into_iter()
+            .map(|r| (r != nearrec_cache::MISSING).then_some(r))
+            .collect())
+    }
+
     /// [`Self::read_rows`] as a live store's snapshot sees them (a written row is the delta's,
     /// a removed one zeros). A keyed table's `rows` are keys.
     pub fn read_rows_at(

@@ -161,27 +161,7 @@ impl Keys {
     ) -> Result<Resolved> {
         let n = ids.len();
         let keys: Vec<u64> = (lo..hi).map(|p| ids.get(p) as u64).collect();
-        let mut found = vec![MISSING; keys.len()];
-        {
-            let index = self.index();
-            match pool {
-                Some(pool) if keys.len() > RESOLVE_CHUNK => pool.install(|| {
-                    keys.par_chunks(RESOLVE_CHUNK)
-                        .zip(found.par_chunks_mut(RESOLVE_CHUNK))
-                        .for_each(|(k, f)| index.get_many(k, f));
-                }),
-                _ => index.get_many(&keys, &mut found),
-            }
-        }
-        if let Some((d, view)) = delta {
-            for (key, row) in keys.iter().zip(found.iter_mut()) {
-                match d.get(*key, view.base(), view.version(), decode_row) {
-                    Some(DeltaRow::Written(r)) => *row = r,
-                    Some(DeltaRow::Removed) => *row = MISSING,
-                    None => {}
-                }
-            }
-        }
+        let found = self.rows_of(&keys, pool, delta);
         let now = self.life.as_ref().map_or(0, KeyLife::now);
         let reads_touch = self
             .life
@@ -229,6 +209,39 @@ impl Keys {
         let drawn = init.iter().filter(|i| i.1.is_some()).count();
         self.init.fetch_add(drawn as u64, Relaxed);
         Ok(Resolved { rows, init })
+    }
+
+    /// The row each of `keys` holds (`MISSING`: none) as `delta` sees them — the table's key
+    /// delta in a live store's snapshot, if it has one — over the index as of the base; in
+    /// chunks on `pool` when one is given. Reads only: no key is sighted or counted.
+    pub(crate) fn rows_of(
+        &self,
+        keys: &[u64],
+        pool: Option<&rayon::ThreadPool>,
+        delta: Option<(&TableDelta, DeltaView<'_>)>,
+    ) -> Vec<u32> {
+        let mut found = vec![MISSING; keys.len()];
+        {
+            let index = self.index();
+            match pool {
+                Some(pool) if keys.len() > RESOLVE_CHUNK => pool.install(|| {
+                    keys.par_chunks(RESOLVE_CHUNK)
+                        .zip(found.par_chunks_mut(RESOLVE_CHUNK))
+                        .for_each(|(k, f)| index.get_many(k, f));
+                }),
+                _ => index.get_many(keys, &mut found),
+            }
+        }
+        if let Some((d, view)) = delta {
+            for (key, row) in keys.iter().zip(found.iter_mut()) {
+                match d.get(*key, view.base(), view.version(), decode_row) {
+                    Some(DeltaRow::Written(r)) => *row = r,
+                    Some(DeltaRow::Removed) => *row = MISSING,
+                    None => {}
+                }
+            }
+        }
+        found
     }
 
     /// The index as of the tables' base.

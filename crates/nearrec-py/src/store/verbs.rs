@@ -466,6 +466,25 @@ impl NativeStore {
         Ok(out)
     }
 
+    /// The row each of keyed table `name`'s `keys` holds now, −1 where it holds none (an
+    /// embedded store's; nothing sighted or counted).
+    fn key_rows<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let store = self.local(py, "key_rows")?;
+        let keys = i64_vector(py, keys, name, "keys")?.readonly();
+        let keys = keys.as_slice().map_err(|_| contiguous(py, "keys", name))?;
+        let keys: Vec<u64> = keys.iter().map(|&k| k as u64).collect();
+        let rows = run(py, || store.key_rows(name, &keys))?;
+        Ok(PyArray1::from_vec(
+            py,
+            rows.into_iter().map(|r| r.map_or(-1, i64::from)).collect(),
+        ))
+    }
+
     /// Lets go of the writer lock or the connection now; later calls fail.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         run(py, || self.api.close())

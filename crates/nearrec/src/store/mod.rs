@@ -392,6 +392,16 @@ impl Store {
             .then_some(TableData { engine, id }))
     }
 
+    /// The row each of keyed table `table`'s `keys` holds now (`None`: not held), as a lookup
+    /// would resolve them but without sighting or counting any: how a keyed trace's keys become
+    /// the rows a plan places. Refused, naming the table, for a table addressed by row.
+    pub fn key_rows(&self, table: &str, keys: &[u64]) -> Result<Vec<Option<u32>>> {
+        let snapshot = self.snapshot();
+        let engine = snapshot.engine();
+        let id = engine.table_id(table)?;
+        Ok(engine.key_rows_at(id, keys, snapshot.view())?)
+    }
+
     /// What the simulated drive has done, when the store is served from one.
     pub fn flash_stats(&self) -> Option<FlashStats> {
         self.inner.flash.as_ref().map(|f| f.stats())
