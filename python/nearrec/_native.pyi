@@ -199,6 +199,7 @@ def delta_write(
     wall_time_ms: int | None,
     upserts: Sequence[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32]]],
     deletes: Sequence[tuple[str, npt.NDArray[np.int64]]],
+    dtype: str | None = None,
 ) -> None: ...
 def model_save(
     path: _Path, config_json: str, weights: list[tuple[str, npt.NDArray[np.float32]]]

@@ -278,6 +278,47 @@ def _key_columns(keys: Mapping[str, Any] | None,
 _TORCHREC_TABLES = (".embedding_bags.", ".embeddings.")
 
 
+class _Hash:
+    """A managed-collision module's ``input_hash_func`` over its ``input_hash_size``."""
+
+    def __init__(self, fn: Any, size: int):
+        self.fn, self.size = fn, size
+
+    def __call__(self, values: Any) -> Any:
+        return self.fn(values, self.size)
+
+
+def _managed_slots(module: Any, name: str, table: str) -> tuple[Any, Any, int, _Hash | None]:
+    """Table ``name`` of a TorchRec managed-collision collection ``module`` (a
+    ``ManagedCollisionEmbeddingBagCollection``): the raw ids it holds slots for, their slots'
+    rows, the row TorchRec pools for any other id, and the module's ``input_hash_func``
+    (``None``: ids are taken as given). What ``nearrec.torch.from_torchrec`` builds a keyed table
+    from, and ``nearrec.feed.Publisher`` publishes by key."""
+    from torchrec.modules.mc_modules import MCHManagedCollisionModule
+
+    mc = module._managed_collision_collection._managed_collision_modules[name]
+    if not isinstance(mc, MCHManagedCollisionModule):
+        raise InvalidRequest(f"table {table!r}: a {type(mc).__name__} remaps its ids; "
+                             f"nearrec serves and publishes MCHManagedCollisionModule's (ZCH)",
+                             table=table)
+    if module._return_remapped_features:
+        raise InvalidRequest(f"table {table!r}: the module returns its remapped ids "
+                             f"(return_remapped_features): slots stay inside nearrec",
+                             table=table)
+    sorted_ids = mc._mch_sorted_raw_ids.detach().cpu().numpy()
+    mapping = mc._mch_remapped_ids_mapping.detach().cpu().numpy() - mc._output_global_offset
+    empty = np.iinfo(np.int64).max
+    held = sorted_ids != empty
+    ids, slots = sorted_ids[held], mapping[held]
+    if (~held).any():
+        # TorchRec's search matches an id equal to the empty mark to the first empty slot
+        ids = np.append(ids, empty)
+        slots = np.append(slots, mapping[np.argmax(~held)])
+    default = mc._zch_size - 1
+    fn = mc._input_hash_func
+    return ids, slots, default, None if fn is None else _Hash(fn, mc._input_hash_size)
+
+
 def _split_state_dict(state_dict: Mapping[str, Any], tables: Iterable[str] | None,
                       prefix: Mapping[str, str] | None = None
                       ) -> tuple[dict[str, Any], list[str]]:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from .build import _split_state_dict
+from .build import _check_dtype, _managed_slots, _split_state_dict
 from .errors import InvalidRequest
 from .request import count
 from .store import Store
@@ -208,6 +208,40 @@ def _sequences(directory: Path) -> list[int]:
     return sorted(out)
 
 
+class _Managed:
+    """A managed-collision table of a :class:`Publisher`: its module, its ids' hash, and the
+    ids and slots the last file published."""
+
+    def __init__(self, module: Any, hash_: Any, ids: Any, slots: Any) -> None:
+        self.module, self.hash = module, hash_
+        self.ids, self.slots = ids, slots
+
+    def changes(self, table: str, touched: Any) -> tuple[Any, Any, Any, tuple[Any, Any]]:
+        """Since the last file: the ids to upsert and the slots holding their rows — the
+        touched ones (raw ids, hashed here) that hold a slot, and those admitted or moved — the
+        ids evicted, and the (ids, slots) held now."""
+        import torch
+
+        ids, slots, _, _ = _managed_slots(self.module, table, table)
+        if self.hash is not None and len(touched):
+            touched = self.hash(touched)
+        order = np.argsort(ids, kind="stable")
+        ids, slots = ids[order], slots[order]
+        before = np.argsort(self.ids, kind="stable")
+        was_ids, was_slots = self.ids[before], self.slots[before]
+        at = np.minimum(np.searchsorted(was_ids, ids), max(len(was_ids) - 1, 0))
+        same = (len(was_ids) > 0) & (was_ids[at] == ids) & (was_slots[at] == slots) \
+            if len(was_ids) else np.zeros(len(ids), bool)
+        # the empty mark, held while a slot is empty, reads an empty slot that misses train:
+        # its row goes in every file
+        mark = ids[ids == np.iinfo(np.int64).max]
+        want = np.union1d(np.union1d(ids[~same], mark), np.intersect1d(touched.numpy(), ids))
+        rows = slots[np.searchsorted(ids, want)]
+        gone = np.setdiff1d(was_ids, ids)
+        return (torch.from_numpy(want.astype(np.int64)), torch.from_numpy(rows.astype(np.int64)),
+                gone.astype(np.int64), (ids, slots))
+
+
 class Publisher:
     """The training loop's side of a delta feed: call :meth:`step` after each optimizer step
     with the step's ``KeyedJaggedTensor`` (or a list of them); every ``every_steps`` steps it
@@ -215,6 +249,21 @@ class Publisher:
     table of ``model`` that the steps since the last file touched — found by the KJTs' ids,
     not by diffing whole tables — as the tables hold them after the step, with the model's
     dense weights beside it every ``dense_every`` files (0: never but at :meth:`flush`).
+
+    A TorchRec ``ManagedCollisionEmbeddingBagCollection`` (ZCH, ``MCHManagedCollisionModule``)
+    is published by key, as :func:`nearrec.torch.from_torchrec` serves it (a keyed table per
+    table): the raw ids (hashed by the module's ``input_hash_func``) the steps touched that hold
+    a slot, with their slots' rows; the ids the module admitted or moved to another slot since
+    the last file; and deletes for the ids it evicted — from its slot table, a sort of the ids
+    it holds, not a diff of rows. Its default slot (what TorchRec pools for an id it holds no
+    slot for) is not carried: the served table answers unknown ids with the default row it was
+    built with.
+
+    ``dtype``: the rows' encoding in the files — ``"fp32"``, or the store's own (``"fp16"``,
+    ``"int8"``, ``"int4"``, ...), encoded here as a store's writer encodes them (int8 / int4 /
+    int2 row-wise with their scale and bias, as FBGEMM lays them) and applied as they are, so
+    that a quantised store takes a trainer's rows without quantising them again; a store whose
+    tables are of another dtype refuses such a file, naming the table.
 
     Rows an optimizer changes without their ids in the step's features (weight decay or
     momentum on untouched rows) are not seen: such a trainer publishes whole tables with
@@ -224,22 +273,32 @@ class Publisher:
 
     def __init__(self, directory: str | os.PathLike[str], model: Any, *,
                  every_steps: int = 1000, dense_every: int = 0,
-                 start: int | None = None) -> None:
+                 start: int | None = None, dtype: str = "fp32") -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.every_steps = count(every_steps, "every_steps", minimum=1)
         self.dense_every = count(dense_every, "dense_every", minimum=0)
+        self.dtype = _check_dtype(dtype)
         self._model = model
         self._weights: dict[str, Any] = {}
         self._features: dict[str, list[str]] = {}
+        #: managed-collision tables: their module, hash, and the (ids, slots) last published
+        self._managed: dict[str, _Managed] = {}
+        managed = [m for m in model.modules() if hasattr(m, "_managed_collision_collection")
+                   and hasattr(m, "_embedding_module")]
+        inner = {id(m._embedding_module) for m in managed}
         for m in model.modules():
             configs = getattr(m, "embedding_bag_configs", None)
-            if not callable(configs) or not hasattr(m, "embedding_bags"):
+            if id(m) in inner or not callable(configs) or not hasattr(m, "embedding_bags"):
                 continue
             for c in configs():
-                self._weights[c.name] = m.embedding_bags[c.name].weight
-                for f in c.feature_names:
-                    self._features.setdefault(f, []).append(c.name)
+                self._add(c, m.embedding_bags[c.name].weight)
+        for m in managed:
+            ebc = m._embedding_module
+            for c in ebc.embedding_bag_configs():
+                self._add(c, ebc.embedding_bags[c.name].weight)
+                ids, slots, _, hash_ = _managed_slots(m, c.name, c.name)
+                self._managed[c.name] = _Managed(m, hash_, ids, slots)
         if not self._weights:
             raise InvalidRequest(f"{type(model).__name__} holds no EmbeddingBagCollection whose "
                                  "rows a delta could carry")
@@ -249,6 +308,14 @@ class Publisher:
         self._touched: dict[str, list[Any]] = {}
         self.steps = 0
         self.files = 0
+
+    def _add(self, config: Any, weight: Any) -> None:
+        if config.name in self._weights:
+            raise InvalidRequest(f"two collections of the model have a table {config.name!r}: "
+                                 "a delta names tables by name", table=config.name)
+        self._weights[config.name] = weight
+        for f in config.feature_names:
+            self._features.setdefault(f, []).append(config.name)
 
     def step(self, features: Any | Iterable[Any]) -> Path | None:
         """Records the ids a training step's ``KeyedJaggedTensor`` (or several) touched; every
@@ -265,27 +332,41 @@ class Publisher:
         return None
 
     def publish(self, *, dense: bool | None = None) -> Path | None:
-        """Writes a delta file of the rows touched since the last one, with the dense weights
-        when ``dense`` (default: every ``dense_every`` files); its path, or ``None`` when there
-        was nothing to write."""
+        """Writes a delta file of the rows touched since the last one (and a managed table's
+        admitted, moved and evicted ids), with the dense weights when ``dense`` (default: every
+        ``dense_every`` files); its path, or ``None`` when there was nothing to write."""
         import torch
 
         if dense is None:
             dense = self.dense_every > 0 and (self.files + 1) % self.dense_every == 0
-        upserts = []
+        upserts, deletes = [], []
+        held: dict[str, tuple[Any, Any]] = {}
         with torch.no_grad():
-            for table, parts in sorted(self._touched.items()):
-                ids = torch.unique(torch.cat(parts).to("cpu", torch.int64))
+            for table in sorted(set(self._touched) | set(self._managed)):
+                parts = self._touched.get(table, [])
+                touched = torch.unique(torch.cat(parts).to("cpu", torch.int64)) if parts \
+                    else torch.zeros(0, dtype=torch.int64)
                 w = self._weights[table]
-                rows = w[ids.to(w.device)].to("cpu", torch.float32).numpy()
-                upserts.append((table, np.ascontiguousarray(ids.numpy()), rows))
-        if not upserts and not dense:
+                managed = self._managed.get(table)
+                if managed is None:
+                    ids, rows = touched, touched
+                else:
+                    ids, rows, gone, held[table] = managed.changes(table, touched)
+                    if len(gone):
+                        deletes.append((table, gone))
+                if len(ids):
+                    values = w[rows.to(w.device)].to("cpu", torch.float32).numpy()
+                    upserts.append((table, np.ascontiguousarray(ids.numpy()), values))
+        if not upserts and not deletes and not dense:
             return None
         sequence = self.next_sequence
         if dense:
             self._write_dense(sequence)
         path = self.directory / f"{sequence:020d}.arrow"
-        _native.delta_write(path, sequence, self.steps, int(time.time() * 1000), upserts, [])
+        _native.delta_write(path, sequence, self.steps, int(time.time() * 1000), upserts,
+                            deletes, self.dtype)
+        for table, (ids, slots) in held.items():
+            self._managed[table].ids, self._managed[table].slots = ids, slots
         self._touched.clear()
         self.next_sequence += 1
         self.files += 1

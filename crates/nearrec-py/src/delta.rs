@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use nearrec_format::DType;
 use nearrec_format::delta::{self, Changes, Header, Values};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -18,9 +19,11 @@ type Upserts<'py> = (
 );
 
 /// Writes delta file `path` (named `<sequence>.arrow` or `.parquet`) atomically: per table
-/// its upserted rows and its deleted ids, the header in the schema's metadata.
+/// its upserted rows and its deleted ids, the header in the schema's metadata. With `dtype`
+/// (other than fp32), the rows are written encoded in it, as a store's writer encodes them.
 #[pyfunction]
-#[pyo3(signature = (path, sequence, step, wall_time_ms, upserts, deletes))]
+#[pyo3(signature = (path, sequence, step, wall_time_ms, upserts, deletes, dtype = None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn delta_write(
     py: Python<'_>,
     path: PathBuf,
@@ -29,22 +32,41 @@ pub(crate) fn delta_write(
     wall_time_ms: Option<u64>,
     upserts: Vec<Upserts<'_>>,
     deletes: Vec<(String, PyReadonlyArray1<'_, i64>)>,
+    dtype: Option<&str>,
 ) -> PyResult<()> {
+    let dtype = dtype
+        .map(|d| d.parse::<DType>().map_err(|e| format_err(py, e)))
+        .transpose()?
+        .filter(|&d| d != DType::Fp32);
     let mut tables: BTreeMap<String, Changes> = BTreeMap::new();
     for (name, ids, rows) in &upserts {
         let t = tables
             .entry(name.clone())
-            .or_insert_with(|| Changes::new(name, false));
+            .or_insert_with(|| Changes::new(name, dtype.is_some()));
         t.upserts.extend_from_slice(ids.as_slice()?);
-        let Values::F32(values) = &mut t.values else {
-            unreachable!("float32 rows")
-        };
-        values.extend(rows.as_array().iter());
+        let rows = rows.as_array();
+        match (&mut t.values, dtype) {
+            (Values::F32(values), None) => values.extend(rows.iter()),
+            (Values::Encoded(bytes), Some(d)) => {
+                let dim = rows.ncols() as u32;
+                d.check_dim(dim).map_err(|reason| {
+                    crate::error::raise(py, "InvalidRequest", reason, Some(name), None)
+                })?;
+                let width = d.row_bytes(dim) as usize;
+                for row in rows.rows() {
+                    let at = bytes.len();
+                    bytes.resize(at + width, 0);
+                    let row: Vec<f32> = row.iter().copied().collect();
+                    d.encode_row(&row, &mut bytes[at..]);
+                }
+            }
+            _ => unreachable!("the values made for the dtype"),
+        }
     }
     for (name, ids) in &deletes {
         let t = tables
             .entry(name.clone())
-            .or_insert_with(|| Changes::new(name, false));
+            .or_insert_with(|| Changes::new(name, dtype.is_some()));
         t.deletes.extend_from_slice(ids.as_slice()?);
     }
     let header = Header {
@@ -53,5 +75,5 @@ pub(crate) fn delta_write(
         wall_time_ms,
     };
     let tables: Vec<Changes> = tables.into_values().collect();
-    detach(py, || delta::write(&path, &header, &tables, None))?.map_err(|e| format_err(py, e))
+    detach(py, || delta::write(&path, &header, &tables, dtype))?.map_err(|e| format_err(py, e))
 }

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from ..build import _build, _dtypes
+from ..build import _build, _dtypes, _Hash, _managed_slots
 from ..errors import InvalidRequest
 from ..manifest import StorePath
 from ..store import open_store
@@ -94,6 +94,9 @@ def from_torchrec(module: nn.Module, path: StorePath, *, dtype: str = "fp32",
         collections.append((m, configs, m.is_weighted(), None))
     keys: dict[str, Any] = {}
     defaults: dict[str, Any] = {}
+    #: a managed table's room: as many keys as its module has slots (a live store then takes
+    #: the keys the module admits later, as a Publisher's deltas bring them)
+    capacity: dict[str, int] = {}
     for name, m in managed:
         configs, hashes = [], {}
         ebc = m._embedding_module
@@ -103,13 +106,14 @@ def from_torchrec(module: nn.Module, path: StorePath, *, dtype: str = "fp32",
             ids, slots, default, hash_ = _managed_slots(m, c.name, table)
             arrays[table] = (False, weight[slots])
             keys[table], defaults[table] = ids, weight[default]
+            capacity[table] = max(len(ids), default + 1)
             configs.append(dataclasses.replace(c, name=table, num_embeddings=len(ids)))
             if hash_ is not None:
                 hashes.update(dict.fromkeys(c.feature_names, hash_))
         collections.append((m, configs, ebc.is_weighted(), hashes))
     floats = [t for t in arrays if t not in kept]
     _build(path, arrays, {**_dtypes(dtype, floats), **kept}, "torchrec", keys=keys,
-           default_rows=defaults, overwrite=overwrite)
+           capacity=capacity, default_rows=defaults, overwrite=overwrite)
     if keys:
         by_table = dict(open_options.get("unknown_keys_by_table") or {})
         open_options["unknown_keys_by_table"] = {**dict.fromkeys(keys, "default"), **by_table}
@@ -178,46 +182,6 @@ def _quantized_rows(weight: Any, config: Any, table: str) -> tuple[str, Any]:
         raise InvalidRequest(f"table {table!r}: row {row}'s scale and bias are not finite",
                              table=table, position=row)
     return dtype, out
-
-
-class _Hash:
-    """A managed-collision module's ``input_hash_func`` over its ``input_hash_size``."""
-
-    def __init__(self, fn: Any, size: int):
-        self.fn, self.size = fn, size
-
-    def __call__(self, values: Any) -> Any:
-        return self.fn(values, self.size)
-
-
-def _managed_slots(module: Any, name: str, table: str) -> tuple[Any, Any, int, _Hash | None]:
-    """Table ``name`` of a managed-collision collection ``module``: the raw ids it holds slots
-    for, their slots' rows, the row TorchRec pools for any other id, and the module's
-    ``input_hash_func`` (``None``: ids are taken as given)."""
-    import numpy as np
-    from torchrec.modules.mc_modules import MCHManagedCollisionModule
-
-    mc = module._managed_collision_collection._managed_collision_modules[name]
-    if not isinstance(mc, MCHManagedCollisionModule):
-        raise InvalidRequest(f"table {table!r}: a {type(mc).__name__} remaps its ids; "
-                             f"from_torchrec serves MCHManagedCollisionModule's (ZCH)",
-                             table=table)
-    if module._return_remapped_features:
-        raise InvalidRequest(f"table {table!r}: the module returns its remapped ids "
-                             f"(return_remapped_features): slots stay inside nearrec",
-                             table=table)
-    sorted_ids = mc._mch_sorted_raw_ids.detach().cpu().numpy()
-    mapping = mc._mch_remapped_ids_mapping.detach().cpu().numpy() - mc._output_global_offset
-    empty = np.iinfo(np.int64).max
-    held = sorted_ids != empty
-    ids, slots = sorted_ids[held], mapping[held]
-    if (~held).any():
-        # TorchRec's search matches an id equal to the empty mark to the first empty slot
-        ids = np.append(ids, empty)
-        slots = np.append(slots, mapping[np.argmax(~held)])
-    default = mc._zch_size - 1
-    fn = mc._input_hash_func
-    return ids, slots, default, None if fn is None else _Hash(fn, mc._input_hash_size)
 
 
 class ManagedCollisionEmbeddingBagCollection(nn.Module):
