@@ -115,6 +115,7 @@ FUZZ_TARGETS := manifest table_header shard_plan trace_file lookup_request wal_r
 fuzz:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	for t in $(FUZZ_TARGETS); do \
+	    mkdir -p fuzz/corpus/$$t; \
 	    cargo +nightly fuzz run -O $$t fuzz/corpus/$$t fuzz/seeds/$$t -- \
 	        -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	        > fuzz/$$t.log 2>&1; rc=$$?; tail -12 fuzz/$$t.log; [ $$rc -eq 0 ] || exit $$rc; \

@@ -41,9 +41,12 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
     // the schema as written, its metadata with it (a Parquet reader's own drops it)
     let (schema, batches): (_, Box<dyn Iterator<Item = _>>) = match encoding {
         Encoding::Arrow => {
-            let r = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-                .map_err(|e| malformed(&e))?;
-            (r.schema(), Box::new(r))
+            let r = caught("Arrow IPC", || {
+                arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(|e| malformed(&e))?;
+            (r.schema(), Box::new(Caught(r)))
         }
         Encoding::Parquet => {
             let (schema, batches) = parquet_batches(bytes).map_err(|e| malformed(&e))?;
@@ -73,14 +76,44 @@ pub fn read(path: &Path, shape_of: impl Fn(&str) -> Option<Shape>) -> Result<Del
     })
 }
 
-/// A Parquet file's schema (as written, its metadata with it) and every batch of it. The
-/// `parquet` crate panics on some malformed files (found by fuzzing: a definition-level run
-/// past its page, `bit_chunk_iterator.rs` "offset + len out of bounds"): such a panic is this
-/// file's refusal, not the process's end.
+/// `read` run with a panic inside it taken as an error: the `arrow-ipc` and `parquet` crates
+/// panic on some malformed files (found by fuzzing: in `parquet` a definition-level run past
+/// its page, `bit_chunk_iterator.rs` "offset + len out of bounds"; in `arrow-ipc` a stream's
+/// malformed message), and such a panic is the file's refusal, not the process's end.
+fn caught<T>(
+    reader: &str,
+    read: impl FnOnce() -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
+        let said = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(format!("the {reader} reader failed on it ({said})"))
+    })
+}
+
+/// An Arrow IPC stream's batches, each read under [`caught`].
+struct Caught<R>(R);
+
+impl<R: Iterator<Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>>> Iterator
+    for Caught<R>
+{
+    type Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let next = caught("Arrow IPC", || Ok(self.0.next()));
+        next.unwrap_or_else(|e| Some(Err(arrow_schema::ArrowError::IpcError(e))))
+    }
+}
+
+/// A Parquet file's schema (as written, its metadata with it) and every batch of it, read
+/// under [`caught`].
 pub(super) fn parquet_batches(
     bytes: Vec<u8>,
 ) -> std::result::Result<(arrow_schema::SchemaRef, Vec<RecordBatch>), String> {
-    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+    caught("Parquet", move || {
         let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
             bytes::Bytes::from(bytes),
         )
@@ -93,14 +126,6 @@ pub(super) fn parquet_batches(
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| format!("a batch that does not read: {e}"))?;
         Ok((schema, batches))
-    }));
-    read.unwrap_or_else(|panic| {
-        let said = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        Err(format!("the Parquet reader failed on it ({said})"))
     })
 }
 
@@ -116,18 +141,18 @@ pub fn header_of(path: &Path) -> Result<Header> {
     let (named, encoding) = super::named(path)?;
     let file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
     let schema = match encoding {
-        Encoding::Arrow => {
+        Encoding::Arrow => caught("Arrow IPC", || {
             arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(file), None)
-                .map_err(|e| bad(format!("not a readable file: {e}")))?
-                .schema()
-        }
-        Encoding::Parquet => {
+                .map(|r| r.schema())
+                .map_err(|e| e.to_string())
+        }),
+        Encoding::Parquet => caught("Parquet", || {
             parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-                .map_err(|e| bad(format!("not a readable file: {e}")))?
-                .schema()
-                .clone()
-        }
-    };
+                .map(|b| b.schema().clone())
+                .map_err(|e| e.to_string())
+        }),
+    }
+    .map_err(|e| bad(format!("not a readable file: {e}")))?;
     header(&schema, named).map_err(bad)
 }
 
