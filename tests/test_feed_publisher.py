@@ -139,3 +139,16 @@ def test_a_publisher_writes_the_stores_int8_rows(tmp_path: Path) -> None:
         nearrec.feed.apply(tmp_path / "deltas", other)
     with pytest.raises(nearrec.InvalidRequest, match="dtype"):
         nearrec.feed.Publisher(tmp_path / "x", module, dtype="int9")
+
+
+def test_a_publisher_numbers_on_from_the_files_there(tmp_path: Path) -> None:
+    module = collection()
+    deltas = tmp_path / "deltas"
+    deltas.mkdir()
+    (deltas / "00000000000000000007.arrow").write_bytes(b"")
+    (deltas / "notes.txt").write_text("not a delta file")
+    assert nearrec.feed.Publisher(deltas, module).next_sequence == 8
+    # two files of one sequence: refused, naming them, not numbered past
+    (deltas / "7.parquet").write_bytes(b"")
+    with pytest.raises(NearrecError, match="sequence 7"):
+        nearrec.feed.Publisher(deltas, module)

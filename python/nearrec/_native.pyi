@@ -16,7 +16,8 @@ HOT_ROW_OVERHEAD: int
 __all__ = [
     "__version__", "FORMAT_VERSION", "CACHE_SLOT_OVERHEAD", "HOT_ROW_OVERHEAD", "NativeStore",
     "NativePending", "NativeStream", "NativeCollection", "StoreConfig", "TableLookup",
-    "parse_size", "model_save", "delta_write", "as_array", "index_vector", "weights_vector",
+    "parse_size", "model_save", "delta_write", "delta_sequences", "as_array", "index_vector",
+    "weights_vector",
     "pooling_mode", "padding_idx", "jagged", "key_index_bytes",
     "NativeStoreWriter", "NativeKeyedTable", "NativeModel", "cache_simulate", "device_simulate",
     "device_preset", "device_fit", "device_read_rate", "disk_read_rate", "verify_store",
@@ -201,6 +202,7 @@ def delta_write(
     deletes: Sequence[tuple[str, npt.NDArray[np.int64]]],
     dtype: str | None = None,
 ) -> None: ...
+def delta_sequences(directory: str | PathLike[str]) -> list[int]: ...
 def model_save(
     path: _Path, config_json: str, weights: list[tuple[str, npt.NDArray[np.float32]]]
 ) -> None: ...

@@ -176,8 +176,7 @@ def from_dynamicemb(results: Mapping[str, Any] | Iterable[Mapping[str, Any]],
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if sequence is None:
-        taken = _sequences(directory)
-        sequence = taken[-1] + 1 if taken else 1
+        sequence = _next_sequence(directory)
     path = directory / f"{count(sequence, 'sequence', minimum=0):020d}.arrow"
     _native.delta_write(path, sequence, step, int(time.time() * 1000), upserts, deletes)
     return path
@@ -198,14 +197,10 @@ def _keys(x: Any) -> np.ndarray:
     return keys.astype(np.int64, copy=False)
 
 
-def _sequences(directory: Path) -> list[int]:
-    """The sequences of the delta files in ``directory`` (``<digits>.arrow`` / ``.parquet``)."""
-    out = []
-    for p in directory.iterdir():
-        stem, _, ext = p.name.rpartition(".")
-        if ext in ("arrow", "parquet") and stem.isdigit() and len(stem) <= 20:
-            out.append(int(stem))
-    return sorted(out)
+def _next_sequence(directory: Path) -> int:
+    """The sequence after the largest of the delta files in ``directory`` (1 when none)."""
+    taken = _native.delta_sequences(directory)
+    return taken[-1] + 1 if taken else 1
 
 
 class _Managed:
@@ -302,9 +297,8 @@ class Publisher:
         if not self._weights:
             raise InvalidRequest(f"{type(model).__name__} holds no EmbeddingBagCollection whose "
                                  "rows a delta could carry")
-        taken = _sequences(self.directory)
         self.next_sequence = count(start, "start", minimum=0) if start is not None \
-            else (taken[-1] + 1 if taken else 1)
+            else _next_sequence(self.directory)
         self._touched: dict[str, list[Any]] = {}
         self.steps = 0
         self.files = 0

@@ -77,3 +77,11 @@ pub(crate) fn delta_write(
     let tables: Vec<Changes> = tables.into_values().collect();
     detach(py, || delta::write(&path, &header, &tables, dtype))?.map_err(|e| format_err(py, e))
 }
+
+/// The sequences of the delta files in `directory`, ascending (`nearrec_format::delta::list`:
+/// two files of one sequence are refused, naming them).
+#[pyfunction]
+pub(crate) fn delta_sequences(py: Python<'_>, directory: PathBuf) -> PyResult<Vec<u64>> {
+    let files = detach(py, || delta::list(&directory))?.map_err(|e| format_err(py, e))?;
+    Ok(files.into_iter().map(|(sequence, _)| sequence).collect())
+}

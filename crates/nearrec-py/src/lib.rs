@@ -91,6 +91,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(model::model_save, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_write, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_sequences, m)?)?;
     m.add_class::<plan::NativePlan>()?;
     m.add_function(wrap_pyfunction!(plan::plan_make, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan_check_trace, m)?)?;
