@@ -224,9 +224,10 @@ class _Managed:
         ids, slots = ids[order], slots[order]
         before = np.argsort(self.ids, kind="stable")
         was_ids, was_slots = self.ids[before], self.slots[before]
-        at = np.minimum(np.searchsorted(was_ids, ids), max(len(was_ids) - 1, 0))
-        same = (len(was_ids) > 0) & (was_ids[at] == ids) & (was_slots[at] == slots) \
-            if len(was_ids) else np.zeros(len(ids), bool)
+        same = np.zeros(len(ids), bool)
+        if len(was_ids):
+            at = np.minimum(np.searchsorted(was_ids, ids), len(was_ids) - 1)
+            same = (was_ids[at] == ids) & (was_slots[at] == slots)
         # the empty mark, held while a slot is empty, reads an empty slot that misses train:
         # its row goes in every file
         mark = ids[ids == np.iinfo(np.int64).max]

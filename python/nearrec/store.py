@@ -50,6 +50,7 @@ from .request import (
     count,
     flag,
     jagged_lookups,
+    key_vector,
     lookups,
     path_arg,
     progress_enabled,
@@ -569,10 +570,7 @@ class Store:
         keeps its row until it is let go of, so this is how a keyed trace's keys become the
         rows a plan pins (``nearrec plan``)."""
         self.table(table)
-        raw = np.asarray(keys)
-        if raw.dtype == np.uint64:
-            keys = np.ascontiguousarray(raw).view(np.int64)
-        return self._native.key_rows(table, keys)
+        return self._native.key_rows(table, key_vector(keys, table))
 
     def table_array(self, name: str) -> npt.NDArray[np.float32]:
         """A read-only zero-copy ``[rows, dim]`` view of a dense fp32 table."""

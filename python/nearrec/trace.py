@@ -270,21 +270,21 @@ def generate(tables: Mapping[str, int] | Store, bags: int, pooling: int | Mappin
     lookups per bag (one number or per table). With ``path``, also written there. A store's
     keyed table gets a keyed trace: the generator draws over the keys its keys file holds (in
     their row order), each id drawn becoming that key."""
-    keys: dict[str, npt.NDArray[np.int64]] = {}
+    #: a store's keyed tables: the keys they hold, and their rows
+    keys: dict[str, tuple[npt.NDArray[np.int64], int]] = {}
     if isinstance(tables, Store):
         from .keyed import keys_of
 
-        keys = {n: keys_of(tables.path, n) for n, t in tables.tables.items() if t.keyed}
-        rows = {n: len(keys[n]) if n in keys else t.rows for n, t in tables.tables.items()}
+        keys = {n: (keys_of(tables.path, n), t.rows) for n, t in tables.tables.items()
+                if t.keyed}
+        rows = {n: len(keys[n][0]) if n in keys else t.rows for n, t in tables.tables.items()}
     else:
         rows = dict(tables)
     per = pooling if isinstance(pooling, Mapping) else dict.fromkeys(rows, pooling)
     out = {n: generate_table(n, r, per[n], bags, generator, seed, i)
            for i, (n, r) in enumerate(rows.items())}
-    for n, held in keys.items():
-        t = out[n]
-        out[n] = replace(t, rows=tables.tables[n].rows if isinstance(tables, Store) else t.rows,
-                         indices=held[t.indices], keys=True)
+    for n, (held, table_rows) in keys.items():
+        out[n] = replace(out[n], rows=table_rows, indices=held[out[n].indices], keys=True)
     trace = Trace(out, batch_size, seed)
     return trace.save(path, overwrite) if path is not None else trace
 

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use nearrec_engine::Engine;
+use nearrec_engine::delta::DeltaView;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -133,8 +134,10 @@ pub(crate) fn warm(store: &str, engine: &Engine, tables: &[Wanted], from: &Path)
         let n = if !wanted.keys {
             engine.warm(id, &wanted.ids, None)?
         } else if engine.is_keyed(id) {
-            let rows: Vec<u64> = (wanted.ids.iter())
-                .filter_map(|&key| engine.base_row_of(id, key).map(u64::from))
+            let rows: Vec<u64> = (engine.key_rows_at(id, &wanted.ids, DeltaView::NONE)?)
+                .into_iter()
+                .flatten()
+                .map(u64::from)
                 .collect();
             engine.warm(id, &rows, None)?
         } else {
