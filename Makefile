@@ -13,7 +13,7 @@ GRPC      ?= 1.81.1
 DEMO_STORE ?= bench/scratch/demo-rmc1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-slow develop system-deps rust-check py-check docs bench bench-quick wheel wheel-smoke fuzz clean
+.PHONY: demo test test-slow develop build-deps system-deps rust-check py-check docs bench bench-quick wheel wheel-smoke fuzz clean
 
 # The environment: a virtualenv with the build tool, test tools, PyTorch (CPU use of the default
 # wheel), FBGEMM's CPU build and TorchRec (the peers, and the KeyedJaggedTensor tests), RocksDB
@@ -45,7 +45,7 @@ $(VENV)/.deps: pyproject.toml Makefile
 # product (`nearrec`), then the benchmark harnesses (`nearrec_bench`: bench/pyproject.toml, a
 # distribution of its own that the product wheel leaves out; maturin's -m takes only a Cargo.toml,
 # so it is built from bench/, and told which environment).
-develop: $(VENV)/.deps
+develop: build-deps $(VENV)/.deps
 	$(VENV)/bin/maturin develop --release -q
 	cd bench && VIRTUAL_ENV=$(CURDIR)/$(VENV) $(CURDIR)/$(VENV)/bin/maturin develop --release -q
 
@@ -56,26 +56,32 @@ demo: develop
 	nearrec lookup $(DEMO_STORE) --batch 256 --pooling 80 --repeat 50
 	$(PY) examples/quickstart.py
 
-# Debian packages the tests use, which pip cannot install: redis-server (the storage node's
-# benchmark peer, started and stopped by the tests and the benchmark), openssl (the TLS tests'
-# certificates). Installed when missing, as root (CI, a fresh container); without root the
-# missing ones are named in one line before anything runs, rather than as test failures at
-# the end of a long run.
-# COMMAND:PACKAGE: redis-server (the peer), openssl (test certificates), systemd-analyze
-# (deploy/nearrec.service verified)
-SYSTEM_DEPS := redis-server:redis-server openssl:openssl systemd-analyze:systemd
-system-deps:
-	@missing=""; for p in $(SYSTEM_DEPS); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p##*:}"; done; \
+# Debian packages pip cannot install, as COMMAND:PACKAGE. To build: protoc (etcd-client, the
+# router's etcd client, compiles etcd's protos with it). For the tests as well: redis-server (the
+# storage node's benchmark peer, started and stopped by the tests and the benchmark), openssl (the
+# TLS tests' certificates), systemd-analyze (deploy/nearrec.service verified), etcd (a sharded
+# store's membership, the partition tests' three members). Installed when missing, as root (CI, a
+# fresh container); without root the missing ones are named in one line before anything runs,
+# rather than as a build failure or test failures at the end of a long run.
+BUILD_DEPS  := protoc:protobuf-compiler
+SYSTEM_DEPS := $(BUILD_DEPS) redis-server:redis-server openssl:openssl systemd-analyze:systemd etcd:etcd-server
+define apt_need
+	@missing=""; for p in $(1); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p##*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-	    echo "make: the tests need the Debian package(s)$$missing: apt-get install -y$$missing (as root)" >&2; \
+	    echo "make: this needs the Debian package(s)$$missing: apt-get install -y$$missing (as root)" >&2; \
 	    exit 1; \
 	fi; \
 	apt-get update -q && apt-get install -y -q $$missing
+endef
+build-deps:
+	$(call apt_need,$(BUILD_DEPS))
+system-deps:
+	$(call apt_need,$(SYSTEM_DEPS))
 
 # The Rust layer contract (scripts/check_layers.py: the crate ladder, no module cycles) runs
 # first: it takes a second and names the file and line at fault.
-rust-check:
+rust-check: build-deps
 	cargo fmt --all --check
 	python3 scripts/check_layers.py --self-test
 	python3 scripts/check_layers.py
@@ -137,7 +143,7 @@ docs: develop
 	    simulate cli)
 
 # The product's wheel (abi3: one wheel for CPython >= 3.10), into dist/.
-wheel: $(VENV)/.deps
+wheel: build-deps $(VENV)/.deps
 	$(VENV)/bin/maturin build --release -q -o dist
 
 # That wheel alone in a fresh virtualenv, as a user without torch or matplotlib installs it: the

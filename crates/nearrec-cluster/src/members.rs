@@ -20,18 +20,28 @@
 //!   decided); a fence past its lease, with no newer epoch anywhere, is lifted by the next
 //!   router whose write it holds up, with an epoch of the same members ([`settle_fences`]).
 //!
-//! Changes are compare-and-sets of each replica's epoch, the replicas left out first and the
-//! members after, so of two changes from one epoch the one that reaches a replica first wins
-//! there and the other stops. Under a partition in which two routers each reach a different
-//! replica and not the other, this is no consensus: each may go on with its own (documented).
+//! **With etcd** (`etcd.rs`), the shard's record there is its membership: learned from it, and
+//! changed by a transaction that compares the record's revision first, so of two changes from
+//! one epoch exactly one is made, whatever the network does; the replicas are then told, those
+//! left out first. A replica left out without its word (it did not answer) is waited out — its
+//! node's hold of it runs out — before the members take a write it lacks. A router that cannot
+//! reach etcd makes no change: the write that needed one fails, `Unavailable` naming etcd.
+//!
+//! **Without etcd**, changes are compare-and-sets of each replica's epoch, the replicas left
+//! out first and the members after, so of two changes from one epoch the one that reaches a
+//! replica first wins there and the other stops. Under a partition in which two routers each
+//! reach a different replica and not the other, this is no consensus: each may go on with its
+//! own (documented).
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nearrec::{Error, ErrorKind, Membership, Replica as _, RowWrite, StoreApi, WriteOptions};
 use nearrec_client::Client;
 
+use crate::etcd::{Seen, ShardMap, ShardRecord};
 use crate::shard::{Replica, Shard, on_each};
+use std::sync::Arc;
 
 /// Rows of one table a catch-up compares per call, and the values it copies per call at most.
 const DIGEST_ROWS: u64 = 1 << 16;
@@ -46,6 +56,9 @@ pub(crate) struct Learned {
     /// Each replica's membership and count of writes, as it answered (`None`: it did not, or
     /// it serves another version than the one read).
     pub answers: Vec<Option<(Membership, u64)>>,
+    /// The shard's record in etcd as read (its membership kept there): `Ok(None)` without
+    /// etcd, `Err` why etcd did not answer.
+    pub etcd: Result<Option<Seen>, String>,
 }
 
 /// What a replica answers of its place: its membership, its count of writes, and the version
@@ -55,25 +68,16 @@ fn ask(client: &Client) -> nearrec::Result<(Membership, u64, Option<u64>)> {
     Ok((client.membership()?, info.version, info.served_version))
 }
 
-/// Learns shard `shard`'s membership from its replicas, those serving cluster version `pin`
-/// (0: any): marks each replica live or stale as the module says, brings members behind the
-/// shard's epoch to it, and keeps the epoch and members for the router's writes. With
-/// `by_count`, a member whose count of writes is behind the others' is stale too (when no
-/// write can be under way between them: a replica given anew, a store connecting). A replica
-/// this router saw miss a write stays stale until an epoch past that one names it again.
-pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
-    let replicas = shard.all_replicas();
-    let answers: Vec<Option<(Membership, u64)>> = on_each(&replicas, |r| {
-        let (m, count, served) = ask(&r.client).ok()?;
-        (pin == 0 || served.unwrap_or(0) == pin).then_some((m, count))
-    });
+/// The epoch and members replicas that answered `answers` name: the highest epoch any holds,
+/// and the members every replica at it names (every replica at epoch 0).
+fn of_answers(replicas: &[Arc<Replica>], answers: &[Option<(Membership, u64)>]) -> (u64, Vec<u64>) {
     let epoch = (answers.iter().flatten())
         .map(|(m, _)| m.epoch)
         .max()
         .unwrap_or(0);
-    let mut members: Vec<u64> = if epoch == 0 {
+    let members: Vec<u64> = if epoch == 0 {
         // every replica: those that do not answer too, by the ids they answered before
-        (replicas.iter().zip(&answers))
+        (replicas.iter().zip(answers))
             .map(|(r, a)| {
                 a.as_ref()
                     .map_or_else(|| r.id.load(Relaxed), |(m, _)| m.replica)
@@ -89,6 +93,38 @@ pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
             all.retain(|id| m.members.contains(id));
             all
         })
+    };
+    (epoch, members)
+}
+
+/// Learns shard `shard`'s membership from its replicas, those serving cluster version `pin`
+/// (0: any), or from its record in etcd where it is kept there: marks each replica live or
+/// stale as the module says, brings members behind the shard's epoch to it, and keeps the epoch
+/// and members for the router's writes. With `by_count`, a member whose count of writes is
+/// behind the others' is stale too (when no write can be under way between them: a replica
+/// given anew, a store connecting). A replica this router saw miss a write stays stale until an
+/// epoch past that one names it again.
+pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
+    let replicas = shard.all_replicas();
+    let answers: Vec<Option<(Membership, u64)>> = on_each(&replicas, |r| {
+        let (m, count, served) = ask(&r.client).ok()?;
+        (pin == 0 || served.unwrap_or(0) == pin).then_some((m, count))
+    });
+    let etcd = match &shard.etcd {
+        Some(map) => (map.blocking(map.read(shard.index))).map(Some),
+        None => Ok(None),
+    };
+    let kept = match &etcd {
+        Ok(Some(Seen {
+            record: Some(r), ..
+        })) => Some((r.epoch, r.members.clone())),
+        // etcd did not answer: the members this router knows, read on, changed by no one
+        Err(_) => Some(shard.membership.lock().unwrap().clone()).filter(|(e, _)| *e > 0),
+        _ => None,
+    };
+    let (epoch, mut members) = match kept {
+        Some(kept) => kept,
+        None => of_answers(&replicas, &answers),
     };
     members.sort_unstable();
     // members behind the epoch that names them: the change that named them was decided
@@ -131,6 +167,7 @@ pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
         epoch,
         members,
         answers,
+        etcd,
     }
 }
 
@@ -159,7 +196,9 @@ pub(crate) fn check_ids(store: &str, shard: &Shard) -> nearrec::Result<()> {
 
 /// Installs epoch `learned.epoch + 1` naming `members` on the replicas at `order` (indices into
 /// the shard's replicas, those left out first), each from the epoch it answered. Stops at the
-/// first that refuses (another change got there first): the caller learns again.
+/// first that refuses (another change got there first): the caller learns again. With etcd,
+/// the change is made there first ([`decide`]), and the members `learned` named that it leaves
+/// out are told before anyone else, or waited out.
 fn change(
     shard: &Shard,
     learned: &Learned,
@@ -168,7 +207,29 @@ fn change(
 ) -> nearrec::Result<u64> {
     let replicas = shard.all_replicas();
     let epoch = learned.epoch + 1;
-    for &r in order {
+    let mut order = order.to_vec();
+    if let Some(map) = &shard.etcd {
+        let (decided, hold) = decide(map, shard, learned, epoch, members)?;
+        let id = |r: usize| {
+            (learned.answers[r].as_ref())
+                .map_or_else(|| replicas[r].id.load(Relaxed), |(m, _)| m.replica)
+        };
+        let left: Vec<usize> = (0..replicas.len())
+            .filter(|&r| learned.members.contains(&id(r)) && !members.contains(&id(r)))
+            .collect();
+        let told = on_each(&left, |&r| match &learned.answers[r] {
+            Some((m, _)) => replicas[r]
+                .client
+                .set_membership(m.epoch, epoch, members)
+                .is_ok(),
+            None => false,
+        });
+        if told.contains(&false) {
+            map.wait_out(decided, hold);
+        }
+        order.retain(|r| !left.contains(r));
+    }
+    for &r in &order {
         let Some((m, _)) = &learned.answers[r] else {
             continue;
         };
@@ -176,6 +237,45 @@ fn change(
     }
     *shard.membership.lock().unwrap() = (epoch, members.to_vec());
     Ok(epoch)
+}
+
+/// Makes epoch `epoch`, naming `members`, shard `shard`'s record in etcd (`map`) if it is still the one
+/// `learned` read: when it was made, and the hold time a replica it leaves out is waited out
+/// for. `MembershipChanged` when another change was made first (the caller learns again),
+/// `Unavailable` naming etcd when it did not answer.
+fn decide(
+    map: &ShardMap,
+    shard: &Shard,
+    learned: &Learned,
+    epoch: u64,
+    members: &[u64],
+) -> nearrec::Result<(Instant, Duration)> {
+    let seen = match &learned.etcd {
+        Ok(Some(seen)) => seen,
+        Ok(None) => unreachable!("learned without etcd"),
+        Err(why) => return Err(map.unavailable(shard.index, why)),
+    };
+    let hold = seen.record.as_ref().map_or(map.hold, ShardRecord::hold);
+    let mut sorted = members.to_vec();
+    sorted.sort_unstable();
+    let record = ShardRecord {
+        epoch,
+        members: sorted,
+        hold_ms: u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
+    };
+    match map.blocking(map.change(shard.index, seen, &record)) {
+        Ok(true) => Ok((Instant::now(), hold)),
+        Ok(false) => Err(Error::MembershipChanged {
+            store: format!("shard {} of {}", shard.index, map.store()),
+            epoch: learned.epoch,
+            member: true,
+            reason: format!(
+                "another router changed the shard's membership in etcd first (from epoch {})",
+                learned.epoch
+            ),
+        }),
+        Err(why) => Err(map.unavailable(shard.index, why)),
+    }
 }
 
 /// The replicas of `learned` in the order a change installs on them: those `members` leaves
@@ -196,10 +296,14 @@ fn install_order(learned: &Learned, members: &[u64]) -> Vec<usize> {
 }
 
 /// Leaves the replicas `gone` (by id) out of the shard, after they missed a write the others
-/// took: the next epoch, without them, installed on the members (the ones left out are not
-/// asked: they are likely down, and at the older epoch they are no members anyway). Tried
-/// again on the epoch another router's change made.
-pub(crate) fn exclude(shard: &Shard, pin: u64, gone: &[u64]) {
+/// took: the next epoch, without them, installed on the members (without etcd the ones left
+/// out are not asked: they are likely down, and at the older epoch they are no members anyway;
+/// with etcd they are told, or waited out). Tried again on the epoch another router's change
+/// made. Without etcd this is done as well as it can be, and answers `Ok`; with etcd a change
+/// not made — etcd did not answer, or three other changes won — is the error: the write that
+/// needed it must not go on without it.
+pub(crate) fn exclude(shard: &Shard, pin: u64, gone: &[u64]) -> nearrec::Result<()> {
+    let mut outcome = Ok(());
     for _ in 0..3 {
         let learned = learn(shard, pin, false);
         let members: Vec<u64> = (learned.members.iter())
@@ -207,17 +311,27 @@ pub(crate) fn exclude(shard: &Shard, pin: u64, gone: &[u64]) {
             .copied()
             .collect();
         if members.len() == learned.members.len() {
-            return;
+            return Ok(());
         }
         let order: Vec<usize> = (install_order(&learned, &members).into_iter())
             .filter(|&r| {
                 (learned.answers[r].as_ref()).is_some_and(|(m, _)| members.contains(&m.replica))
             })
             .collect();
-        if change(shard, &learned, &members, &order).is_ok() {
-            learn(shard, pin, false);
-            return;
+        outcome = change(shard, &learned, &members, &order).map(drop);
+        match &outcome {
+            Ok(()) => {
+                learn(shard, pin, false);
+                return Ok(());
+            }
+            Err(e) if e.kind() != ErrorKind::MembershipChanged => break,
+            Err(_) => {}
         }
+    }
+    if shard.etcd.is_none() {
+        Ok(())
+    } else {
+        outcome
     }
 }
 
@@ -225,7 +339,16 @@ pub(crate) fn exclude(shard: &Shard, pin: u64, gone: &[u64]) {
 /// a member behind the others' count of writes (it was down while they were written, at epoch
 /// 0, before any router left it out) is left out now.
 pub(crate) fn learn_anew(shard: &Shard, pin: u64) {
-    let learned = learn(shard, pin, true);
+    let mut learned = learn(shard, pin, true);
+    if let Ok(Some(Seen { record: None, .. })) = &learned.etcd
+        && !learned.members.is_empty()
+    {
+        // the first router of a shard kept in etcd: the record made from what the replicas
+        // say, at an epoch past theirs (epoch 0's "every replica" is no set etcd can keep)
+        let order = install_order(&learned, &learned.members);
+        let _ = change(shard, &learned, &learned.members.clone(), &order);
+        learned = learn(shard, pin, true);
+    }
     let newest = (learned.answers.iter().flatten())
         .map(|(_, count)| *count)
         .max()
@@ -236,7 +359,9 @@ pub(crate) fn learn_anew(shard: &Shard, pin: u64) {
         .map(|(m, _)| m.replica)
         .collect();
     if !behind.is_empty() {
-        exclude(shard, pin, &behind);
+        // not made now (etcd down): the next write that reaches them, or a catch-up, leaves
+        // them out
+        let _ = exclude(shard, pin, &behind);
     }
 }
 

@@ -24,6 +24,8 @@ use arc_swap::ArcSwap;
 use nearrec::{Error, ErrorKind, StoreApi};
 use nearrec_client::{Client, Started};
 
+use crate::etcd::ShardMap;
+
 /// How long a replica that failed a read is held out of reads.
 const HOLD_OUT: Duration = Duration::from_secs(1);
 /// The sub-request latencies a shard keeps for its hedge delay.
@@ -251,6 +253,8 @@ pub(crate) struct Shard {
     /// The shard's membership as this router last learned it: the epoch its writes are sent
     /// at, and the members by id (`members.rs`).
     pub membership: Mutex<(u64, Vec<u64>)>,
+    /// Where the membership is decided, when it is kept in etcd (`etcd.rs`).
+    pub etcd: Option<ShardMap>,
 }
 
 /// Whether another replica may serve what `e` refused.
@@ -262,7 +266,7 @@ fn transient(e: &Error) -> bool {
 }
 
 impl Shard {
-    pub fn new(index: usize, replicas: Vec<Replica>) -> Self {
+    pub fn new(index: usize, replicas: Vec<Replica>, etcd: Option<ShardMap>) -> Self {
         Shard {
             index,
             replicas: ArcSwap::from_pointee(replicas.into_iter().map(Arc::new).collect()),
@@ -272,6 +276,7 @@ impl Shard {
             seen: Seen::default(),
             writing: Mutex::new(()),
             membership: Mutex::default(),
+            etcd,
         }
     }
 

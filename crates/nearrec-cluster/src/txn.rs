@@ -251,7 +251,14 @@ impl Coordinator<'_> {
             .filter(|(_, p)| p.is_err())
             .map(|(s, _)| (s.at.0, s.replica.clone()))
             .collect();
-        self.leave_out(&missed);
+        if let Err(e) = self.leave_out(&missed) {
+            // kept in etcd, and not left out: committed without them, they would serve reads
+            // that miss it
+            on_each(&shares, |s| {
+                s.replica.client.decide(tx, Decision::Abort, false)
+            });
+            return Err(e);
+        }
         // phase two: the decision, then everyone else, this router's lookups waiting until every
         // shard serves it
         let visible = self.visible.write().unwrap_or_else(|p| p.into_inner());
@@ -334,7 +341,7 @@ impl Coordinator<'_> {
             })
             .collect();
         on_each(&rest, |s| commit(s));
-        self.leave_out(&failed.into_inner().unwrap());
+        let left_out = self.leave_out(&failed.into_inner().unwrap());
         if let Some(k) = (shards.iter().zip(&first)).find_map(|(&k, f)| f.is_none().then_some(k)) {
             return Err(self.error(
                 k,
@@ -349,22 +356,38 @@ impl Coordinator<'_> {
         // dropped by the next settling pass that finds no replica holding the transaction
         let decider = shares[0].replica.clone();
         std::thread::spawn(move || decider.client.forget(tx));
-        Ok(())
+        // committed; but a replica that missed its commit and is still a member in etcd could
+        // serve a read without it until settled: the caller is not told it succeeded
+        left_out.map_err(|e| {
+            self.error(
+                e_shard(&e),
+                ErrorKind::Unavailable,
+                format!(
+                    "transaction {tx:032x} is committed, but a replica that missed its commit \
+                     could not be left out of its shard: {e}"
+                ),
+            )
+        })
     }
 
     /// Replicas that missed a write the others of their shard took: stale here at once, and
     /// left out of their shards' membership (`members.rs`), so that every router learns it at
-    /// its next write.
-    fn leave_out(&self, missed: &[(usize, Arc<Replica>)]) {
+    /// its next write. The first shard whose change could not be made where etcd keeps it.
+    fn leave_out(&self, missed: &[(usize, Arc<Replica>)]) -> nearrec::Result<()> {
         let mut by_shard: HashMap<usize, Vec<u64>> = HashMap::new();
         for (k, replica) in missed {
             replica.mark_stale(self.all[*k].epoch());
             let id = replica.id.load(std::sync::atomic::Ordering::Relaxed);
             by_shard.entry(*k).or_default().push(id);
         }
+        let mut outcome = Ok(());
         for (k, gone) in by_shard {
-            members::exclude(&self.all[k], self.pin, &gone);
+            let done = members::exclude(&self.all[k], self.pin, &gone);
+            if outcome.is_ok() {
+                outcome = done;
+            }
         }
+        outcome
     }
 
     fn error(&self, shard: usize, kind: ErrorKind, reason: String) -> Error {
@@ -374,6 +397,14 @@ impl Coordinator<'_> {
             kind,
             reason,
         }
+    }
+}
+
+/// The shard an error names (0 when it names none).
+fn e_shard(e: &Error) -> usize {
+    match e {
+        Error::Shard { shard, .. } => *shard,
+        _ => 0,
     }
 }
 

@@ -61,6 +61,7 @@ pub mod coalesce;
 pub mod config;
 pub mod conns;
 pub mod fair;
+mod hold;
 pub mod limits;
 pub mod metrics;
 pub mod node;
@@ -102,6 +103,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let acl = config.acl.as_deref().map(Acl::load).transpose()?;
+    // the shard replicas kept in etcd: held from before the node listens until it has drained
+    let (holds_stop, holds_stopped) = tokio::sync::watch::channel(false);
+    hold::start(
+        &stores,
+        &config,
+        listeners.grpc.local_addr()?,
+        &holds_stopped,
+    )
+    .await?;
     let audit = (config.audit_log.as_deref())
         .map(|p| Audit::open(p, config.audit_required))
         .transpose()?;
@@ -206,6 +216,7 @@ pub async fn serve(
         } => tracing::warn!("drain timed out after {:?}; stopping", config.drain_timeout),
     }
     let _ = metrics_stop.send(());
+    let _ = holds_stop.send(true);
     tracing::info!("drained: stopped");
     Ok(())
 }

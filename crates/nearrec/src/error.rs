@@ -79,6 +79,15 @@ pub enum Error {
     #[error("{store} is fenced while a replica of its shard catches up: {reason}")]
     Fenced { store: String, reason: String },
 
+    /// A replica whose node keeps its shard's membership in etcd, and which is not held now: it
+    /// could not renew its lease there within its hold, or etcd names it no member. It serves
+    /// no reads and takes no writes until it is held again (its router asks another replica).
+    #[error(
+        "{store} is not held by its shard's membership in etcd: {reason}; it serves no reads and \
+         takes no writes until it is"
+    )]
+    Unheld { store: String, reason: String },
+
     /// A write that does not fit the delta's budget: nothing of it was applied.
     #[error(
         "the store's delta is full: {used} of {budget} bytes in use, the call needs {asked}; \
@@ -324,6 +333,7 @@ impl Error {
             Self::VersionNotServed { .. } => (K::VersionNotServed, None, None),
             Self::MembershipChanged { .. } => (K::MembershipChanged, None, None),
             Self::Fenced { .. } => (K::StoreLocked, None, None),
+            Self::Unheld { .. } => (K::Unavailable, None, None),
             Self::Shard { kind, .. } => (*kind, None, None),
             Self::Engine(e) => engine_class(e),
             Self::Format(e) => format_class(e),

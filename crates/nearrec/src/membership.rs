@@ -18,10 +18,19 @@
 //! and admits it at the next epoch. Only a change of membership lifts a fence: a fence past its
 //! lease still refuses writes (lifting it by itself could let a write reach the members and miss
 //! a replica just admitted), but says so, and a router may then settle it.
+//!
+//! Where the shard's membership is kept in etcd, its node **holds** the replica
+//! ([`Store::hold`]): each time it renews its lease there and reads the shard's record, it
+//! installs an epoch newer than the replica's, and holds it for the record's hold time from
+//! when that round began if the record names it a member. A replica that is not held — cut off
+//! from etcd past its hold, or left out — serves no reads and takes no writes
+//! ([`crate::Error::Unheld`]): a router that leaves it out waits one hold time (or for it to
+//! say it is out) before the members take a write it lacks.
 
 use std::path::{Path, PathBuf};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
 
@@ -74,6 +83,26 @@ pub(crate) struct Place {
     /// Held shared by a write from its check to its prepare (or log); taken whole by a change
     /// and by a fence, which so wait out the writes under way.
     state: RwLock<Membership>,
+    /// Until when the replica is held ([`Store::hold`]), in nanoseconds past [`anchor`];
+    /// [`UNHELD_NEVER`] for a store whose membership is not kept in etcd (always served).
+    held_until: AtomicU64,
+}
+
+/// `Place::held_until` of a store nobody holds.
+const UNHELD_NEVER: u64 = u64::MAX;
+
+/// `Place::held_until` of a replica let go of (etcd names it no member).
+const LET_GO: u64 = 1;
+
+/// The instant the process's holds are counted from.
+fn anchor() -> Instant {
+    static ANCHOR: OnceLock<Instant> = OnceLock::new();
+    *ANCHOR.get_or_init(Instant::now)
+}
+
+fn nanos_since_anchor(at: Instant) -> u64 {
+    let since = at.saturating_duration_since(anchor());
+    u64::try_from(since.as_nanos()).unwrap_or(UNHELD_NEVER - 1)
 }
 
 impl Place {
@@ -104,7 +133,47 @@ impl Place {
         Ok(Self {
             file,
             state: RwLock::new(membership),
+            held_until: AtomicU64::new(UNHELD_NEVER),
         })
+    }
+
+    /// Refuses (`Unheld`) a replica that must be held and is not, now.
+    pub(crate) fn check_held(&self, store: impl FnOnce() -> String) -> Result<()> {
+        let until = self.held_until.load(Ordering::Acquire);
+        if until == UNHELD_NEVER {
+            return Ok(());
+        }
+        let now = nanos_since_anchor(Instant::now());
+        if now < until {
+            return Ok(());
+        }
+        let reason = if until == 0 {
+            "it has not been held since its node started".to_owned()
+        } else if until == LET_GO {
+            "etcd names it no member of its shard".to_owned()
+        } else {
+            format!(
+                "its hold ran out {} ms ago",
+                Duration::from_nanos(now - until).as_millis()
+            )
+        };
+        Err(Error::Unheld {
+            store: store(),
+            reason,
+        })
+    }
+
+    /// Makes the replica served only while held, from now on, and not held yet.
+    pub(crate) fn require_hold(&self) {
+        let _ =
+            self.held_until
+                .compare_exchange(UNHELD_NEVER, 0, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Holds the replica until `until`; `None` lets go of it now (etcd names it no member).
+    pub(crate) fn set_held(&self, until: Option<Instant>) {
+        let until = until.map_or(LET_GO, |at| nanos_since_anchor(at).max(LET_GO + 1));
+        self.held_until.store(until, Ordering::Release);
     }
 
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, Membership> {

@@ -21,6 +21,7 @@ impl Store {
         batch: &Batch<'_>,
         snapshot: &Snapshot,
     ) -> Result<(Vec<Rows>, u64)> {
+        self.inner.place.check_held(|| self.name())?;
         // the one validation: ids out of range are named by their position in the request
         snapshot.engine().prepare_at(batch, snapshot.view())?;
         let ids: Vec<Vec<i64>> = batch.tables.iter().map(distinct).collect();

@@ -19,6 +19,7 @@ use nearrec_client::{Client, ClientOptions, Started};
 use nearrec_engine::EngineError;
 use rustc_hash::FxHashMap;
 
+use crate::etcd::{EtcdOptions, ShardMap};
 use crate::shard::{Hedge, Replica, Shard};
 use crate::split::{HotRanks, Split};
 use crate::txn::{self, Settled};
@@ -68,6 +69,10 @@ pub struct ShardedOptions {
     /// How often the router catches up, in the background, the replicas that missed writes
     /// ([`ShardedStore::catch_up`], `catch_up.rs`); `None`: only when called.
     pub catch_up_every: Option<Duration>,
+    /// Where the shards' membership is kept (`etcd.rs`): `None` keeps it in the replicas' own
+    /// `MEMBERSHIP` files alone, which no partition-safe change can be made from
+    /// (`docs/distributed.md`).
+    pub etcd: Option<EtcdOptions>,
 }
 
 impl Default for ShardedOptions {
@@ -79,6 +84,7 @@ impl Default for ShardedOptions {
                 min: Hedge::MIN,
             },
             catch_up_every: Some(catch_up::EVERY),
+            etcd: None,
         }
     }
 }
@@ -171,6 +177,22 @@ impl ShardedStore {
             ));
         }
         let client = client_options(&options);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("nearrec-router")
+            .enable_time()
+            .enable_io()
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start the router's runtime: {e}")))?;
+        let etcd = match &options.etcd {
+            Some(etcd) => Some(runtime.block_on(ShardMap::connect(
+                etcd,
+                &plan.store,
+                &plan.id,
+                runtime.handle().clone(),
+            ))?),
+            None => None,
+        };
         let mut shards = Vec::with_capacity(plan.shards);
         // each replica's (repository version served, count of writes), by shard
         let mut served = Vec::with_capacity(plan.shards);
@@ -193,7 +215,7 @@ impl ShardedStore {
                 held.push(replica);
                 versions.push((info.served_version, info.version));
             }
-            shards.push(Shard::new(k, held));
+            shards.push(Shard::new(k, held, etcd.clone()));
             served.push(versions);
         }
         let pinned: Vec<Vec<Option<u64>>> = (served.iter())
@@ -215,13 +237,6 @@ impl ShardedStore {
             members::learn_anew(shard, pin);
             members::check_ids(&plan.store, shard)?;
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("nearrec-router")
-            .enable_time()
-            .enable_io()
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot start the router's runtime: {e}")))?;
         let hot = plan.tables.iter().map(HotRanks::of).collect();
         let tables = (plan.tables.iter().enumerate())
             .map(|(i, t)| (t.name.clone(), i))

@@ -9,6 +9,7 @@ use nearrec_client::ClientOptions;
 
 use super::{Endpoint, ShardedOptions};
 use crate::catch_up;
+use crate::etcd::EtcdOptions;
 use crate::shard::Hedge;
 
 /// The file in a sharded store's directory that names each shard's nodes.
@@ -23,6 +24,9 @@ pub const REPLICAS_FILE: &str = "replicas.toml";
 /// token_file = "/etc/nearrec/shards.token"   # the nodes' bearer token, if they ask for one
 /// tls_ca = "/etc/nearrec/ca.pem"             # the CA their certificates chain to (TLS)
 /// catch_up_every = 2.0   # seconds between background catch-ups of stale replicas (0: off)
+/// etcd = ["10.0.0.5:2379", "10.0.0.6:2379", "10.0.0.7:2379"]   # membership kept in etcd
+/// etcd_prefix = "/nearrec/dlrm"   # its keys' prefix (default /nearrec/<plan id>)
+/// etcd_hold = 2.0        # seconds a replica is held per renewal of its lease (a new record's)
 /// ```
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +42,16 @@ pub struct ReplicasFile {
     pub tls_ca: Option<PathBuf>,
     #[serde(default = "default_catch_up_every")]
     pub catch_up_every: f64,
+    #[serde(default)]
+    pub etcd: Vec<String>,
+    #[serde(default)]
+    pub etcd_prefix: Option<String>,
+    #[serde(default = "default_hold")]
+    pub etcd_hold: f64,
+}
+
+fn default_hold() -> f64 {
+    crate::etcd::DEFAULT_HOLD.as_secs_f64()
 }
 
 fn default_catch_up_every() -> f64 {
@@ -107,10 +121,22 @@ impl ReplicasFile {
             .collect();
         let catch_up_every =
             (file.catch_up_every > 0.0).then(|| Duration::from_secs_f64(file.catch_up_every));
+        if !(file.etcd_hold >= 0.1 && file.etcd_hold.is_finite()) {
+            return Err(bad(format!(
+                "etcd_hold must be seconds ≥ 0.1, not {}",
+                file.etcd_hold
+            )));
+        }
+        let etcd = (!file.etcd.is_empty()).then(|| EtcdOptions {
+            prefix: file.etcd_prefix.clone(),
+            hold: Duration::from_secs_f64(file.etcd_hold),
+            ..EtcdOptions::new(file.etcd.clone())
+        });
         let options = ShardedOptions {
             client,
             hedge,
             catch_up_every,
+            etcd,
         };
         Ok((endpoints, options))
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use nearrec::{AsBatch, Batch, Located, NewTable, Pooled, Store, StoreApi, Submitted, SwapTo};
 use nearrec_client::{Client, ClientOptions, ClientTls, Retry};
+use nearrec_cluster::etcd::EtcdOptions;
 use nearrec_cluster::{Endpoint, Hedge, ShardedOptions, ShardedStore};
 use nearrec_format::DType;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
@@ -230,9 +231,11 @@ impl NativeStore {
 
     /// Connects to a sharded store: its plan `plan` (JSON; read from `location`, if given),
     /// shard `k` served by the nodes `replicas[k]` (each `ADDR` or `ADDR/STORE`); `hedge` is
-    /// `"off"`, `"pNN"` or a delay in seconds (`nearrec_cluster::Hedge`).
+    /// `"off"`, `"pNN"` or a delay in seconds (`nearrec_cluster::Hedge`); `etcd`: the
+    /// endpoints of the etcd the shards' membership is kept in, the prefix of its keys and
+    /// the hold time in seconds (`nearrec_cluster::etcd`).
     #[staticmethod]
-    #[pyo3(signature = (plan, location, replicas, hedge, token = None, timeout = None, tls = None, catch_up_every = Some(2.0)))]
+    #[pyo3(signature = (plan, location, replicas, hedge, token = None, timeout = None, tls = None, catch_up_every = Some(2.0), etcd = None))]
     #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn connect_sharded(
         py: Python<'_>,
@@ -244,6 +247,7 @@ impl NativeStore {
         timeout: Option<f64>,
         tls: Option<(Option<Vec<u8>>, Option<String>, Option<(Vec<u8>, Vec<u8>)>)>,
         catch_up_every: Option<f64>,
+        etcd: Option<(Vec<String>, Option<String>, f64)>,
     ) -> PyResult<Self> {
         let origin = location
             .clone()
@@ -262,10 +266,23 @@ impl NativeStore {
             }
             s => s.map(std::time::Duration::from_secs_f64),
         };
+        let etcd = match etcd {
+            Some((_, _, hold)) if !(hold >= 0.1 && hold.is_finite()) => {
+                let m = format!("etcd_hold must be seconds ≥ 0.1, not {hold}");
+                return Err(raise(py, "InvalidRequest", m, None, None));
+            }
+            Some((endpoints, prefix, hold)) => Some(EtcdOptions {
+                prefix,
+                hold: std::time::Duration::from_secs_f64(hold),
+                ..EtcdOptions::new(endpoints)
+            }),
+            None => None,
+        };
         let options = ShardedOptions {
             client: client_options(token, timeout, tls, 1),
             hedge,
             catch_up_every,
+            etcd,
         };
         let endpoints: Vec<Vec<Endpoint>> = (replicas.iter())
             .map(|shard| shard.iter().map(|a| Endpoint::parse(a)).collect())

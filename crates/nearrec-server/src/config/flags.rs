@@ -72,6 +72,20 @@ pub const FLAGS: &[Flag] = &[
         "serve a sharded store (nearrec shard) through the router: its directory, whose replicas.toml names each shard's nodes (several: comma-separated; docs/distributed.md)",
     ),
     flag(
+        "etcd",
+        "etcd",
+        FlagKind::List,
+        "HOST:PORT",
+        "etcd's endpoints, where the shards whose replicas this node serves keep their membership: each writable replica is held there by the node's lease and serves only while held (comma-separated; docs/distributed.md)",
+    ),
+    flag(
+        "etcd-prefix",
+        "etcd_prefix",
+        FlagKind::Text,
+        "PREFIX",
+        "the prefix of the sharded stores' keys in etcd (default /nearrec/<plan id>)",
+    ),
+    flag(
         "listen",
         "listen",
         FlagKind::Text,

@@ -41,6 +41,15 @@ pub struct NodeConfig {
     /// node serves it through the router (`nearrec_cluster`), so that a client needs one
     /// address. The name defaults to the plan's.
     pub shards: Vec<String>,
+    /// etcd's client endpoints (`host:port`) where the shards whose replicas this node serves
+    /// keep their membership (`docs/distributed.md`, "Membership in etcd"): each writable shard
+    /// replica is held there by the node's lease, and serves only while held. Empty: none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub etcd: Vec<String>,
+    /// The prefix of the sharded stores' keys in etcd; `None`: `/nearrec/<plan id>`, as the
+    /// routers' default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_prefix: Option<String>,
     /// How every store is opened (`[store]`).
     pub store: StoreConfig,
     /// Where the node listens: loopback unless asked otherwise.
@@ -347,6 +356,8 @@ impl Default for NodeConfig {
         Self {
             stores: Vec::new(),
             shards: Vec::new(),
+            etcd: Vec::new(),
+            etcd_prefix: None,
             store: StoreConfig::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             insecure: false,

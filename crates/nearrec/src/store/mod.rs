@@ -479,6 +479,7 @@ impl StoreApi for Store {
 
     /// Decoded from the tables' bytes as the store is now, not pooled.
     fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
+        self.inner.place.check_held(|| self.name())?;
         let snapshot = self.snapshot();
         let engine = snapshot.engine();
         let id = engine.table_id(table)?;

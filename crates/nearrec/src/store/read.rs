@@ -43,6 +43,7 @@ impl Store {
         out: &mut [f32],
         snapshot: &Snapshot,
     ) -> Result<Stages> {
+        self.inner.place.check_held(|| self.name())?;
         let engine = snapshot.engine();
         if prepared.engine() != engine.id() || !prepared.resolved_at(snapshot.view()) {
             // prepared before the store's tables (or a keyed table's keys) changed: valid now

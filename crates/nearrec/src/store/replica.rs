@@ -172,10 +172,60 @@ impl Replica for Store {
 }
 
 impl Store {
+    /// Makes this replica served only while held ([`Store::hold`]), from now on: its node keeps
+    /// its shard's membership in etcd. Until the first hold it serves nothing.
+    pub fn require_hold(&self) {
+        self.inner.place.require_hold();
+    }
+
+    /// The shard's membership as etcd keeps it, read by the replica's node in a round that
+    /// began at `began` and renewed its lease there: an epoch past the replica's is installed
+    /// (durably; a fence lifted, as any change lifts it), and the replica is held until
+    /// `began + hold` if the members at its epoch then name it, let go of now if not. Refused (`MembershipChanged`,
+    /// and the replica let go of) when etcd's epoch is behind the replica's: its epoch was not
+    /// decided there. Returns the replica's membership after.
+    pub fn hold(
+        &self,
+        epoch: u64,
+        members: &[u64],
+        began: std::time::Instant,
+        hold: Duration,
+    ) -> Result<Membership> {
+        let place = &self.inner.place;
+        let now = place.read().clone();
+        if epoch < now.epoch {
+            place.set_held(None);
+            let why = format!(
+                "etcd keeps the shard at epoch {epoch}, behind this replica's: its epoch was not \
+                 decided there"
+            );
+            return Err(changed(self.name(), &now, why));
+        }
+        let m = if epoch > now.epoch {
+            // a router's change may have moved it meanwhile: installed only over an older one
+            place.change(|m| {
+                if epoch > m.epoch {
+                    m.epoch = epoch;
+                    m.members = members.to_vec();
+                    m.members.sort_unstable();
+                    m.members.dedup();
+                    m.fenced_at_ms = None;
+                }
+                Ok(())
+            })?
+        } else {
+            now
+        };
+        // at the epoch it holds now: etcd's, or a later one a router installed meanwhile
+        place.set_held(m.members.contains(&m.replica).then(|| began + hold));
+        Ok(m)
+    }
+
     /// Checks that a prepare at `epoch` (`None`: a write sent to one replica) may be taken, and
     /// holds the check until the returned guard drops: a change or a fence waits for it. A
     /// write without an epoch is taken only by a replica whose membership never changed.
     pub(crate) fn admit(&self, epoch: Option<u64>) -> Result<RwLockReadGuard<'_, Membership>> {
+        self.inner.place.check_held(|| self.name())?;
         let m = self.inner.place.read();
         let refuse = match epoch {
             _ if !m.is_member() => Some("it is no member of its shard (it is catching up)".into()),

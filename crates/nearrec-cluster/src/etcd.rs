@@ -1,0 +1,339 @@
+//! A sharded store's membership kept in etcd (`docs/distributed.md`, "Membership in etcd"): the
+//! keys, the transactions that change them, and the hold a replica's node keeps there.
+//!
+//! Under the store's prefix (`/nearrec/<plan id>` unless given):
+//!
+//! - `shards/<k>`: shard `k`'s record ([`ShardRecord`]: epoch, members by id, hold time), JSON.
+//!   Changed only by a transaction that compares its revision with the one the change was
+//!   decided from ([`ShardMap::change`]): of two routers changing one epoch, one wins and the
+//!   other learns, so no two memberships are ever installed at one epoch.
+//! - `shards/<k>/replicas/<id>`: each replica its node holds, on the node's lease (its address),
+//!   gone when the lease is.
+//!
+//! A replica's node runs [`hold`]: every quarter of the hold time it renews its lease and reads
+//! its shard's record, and holds the replica (`nearrec::Store::hold`) for the hold time from
+//! when that round began. A router that leaves a replica out without its word waits one hold
+//! time after its change before the members take a write the replica lacks
+//! ([`ShardMap::wait_out`]): by then the replica serves nothing.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use nearrec::{Error, ErrorKind, Membership};
+
+/// How long a replica is held for each renewal, unless the router's options say otherwise.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(2);
+
+/// Where a sharded store's membership is kept: etcd's client endpoints (`host:port`, or URLs),
+/// the prefix of its keys, the hold time of a shard record this router creates, and each
+/// call's deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    /// `None`: `/nearrec/<plan id>`.
+    pub prefix: Option<String>,
+    pub hold: Duration,
+    pub timeout: Duration,
+}
+
+impl EtcdOptions {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        EtcdOptions {
+            endpoints,
+            prefix: None,
+            hold: DEFAULT_HOLD,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A shard's membership as etcd keeps it, under `shards/<k>`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardRecord {
+    pub epoch: u64,
+    /// Replica ids, ascending.
+    pub members: Vec<u64>,
+    /// How long a replica is held for each renewal of its lease, milliseconds: its node holds
+    /// it so long, and a router that leaves it out without its word waits so long.
+    pub hold_ms: u64,
+}
+
+impl ShardRecord {
+    pub fn hold(&self) -> Duration {
+        Duration::from_millis(self.hold_ms)
+    }
+}
+
+/// A shard's record as read, with the revision a change of it compares (0: there is none yet).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Seen {
+    pub record: Option<ShardRecord>,
+    pub revision: i64,
+}
+
+/// One sharded store's keys in one etcd cluster.
+#[derive(Clone)]
+pub struct ShardMap {
+    client: etcd_client::Client,
+    /// The sharded store's name, for errors.
+    store: String,
+    prefix: String,
+    /// Named in errors: the endpoints as given.
+    endpoints: String,
+    pub(crate) hold: Duration,
+    timeout: Duration,
+    /// The runtime a blocking caller's calls run on.
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for ShardMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardMap")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardMap {
+    /// The keys of sharded store `store`, cut as plan `plan_id`, in the etcd `options` names,
+    /// its blocking callers' calls run on `runtime`. Connects lazily: an etcd down now is an
+    /// error of the first call, not of this.
+    pub async fn connect(
+        options: &EtcdOptions,
+        store: &str,
+        plan_id: &str,
+        runtime: tokio::runtime::Handle,
+    ) -> nearrec::Result<Self> {
+        if options.endpoints.is_empty() {
+            return Err(Error::Config {
+                key: "etcd".into(),
+                reason: "no endpoints given".into(),
+            });
+        }
+        if options.hold < Duration::from_millis(100) {
+            return Err(Error::Config {
+                key: "etcd_hold".into(),
+                reason: format!("{:?} is below 100 ms", options.hold),
+            });
+        }
+        let prefix = (options.prefix.clone())
+            .unwrap_or_else(|| format!("/nearrec/{plan_id}"))
+            .trim_end_matches('/')
+            .to_owned();
+        let connect = ConnectOptions::new()
+            .with_connect_timeout(options.timeout)
+            .with_timeout(options.timeout)
+            .with_keep_alive(Duration::from_secs(1), options.timeout)
+            // a member cut off from the quorum refuses at once rather than waiting
+            .with_require_leader(true);
+        let client = etcd_client::Client::connect(&options.endpoints, Some(connect))
+            .await
+            .map_err(|e| Error::Config {
+                key: "etcd".into(),
+                reason: format!("{}: {e}", options.endpoints.join(",")),
+            })?;
+        Ok(ShardMap {
+            client,
+            store: store.to_owned(),
+            prefix,
+            endpoints: options.endpoints.join(","),
+            hold: options.hold,
+            timeout: options.timeout,
+            runtime,
+        })
+    }
+
+    /// `f` run to its end from a thread outside the runtime (a router's caller).
+    pub(crate) fn blocking<F: Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    /// The sharded store's name.
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    fn shard_key(&self, shard: usize) -> String {
+        format!("{}/shards/{shard}", self.prefix)
+    }
+
+    fn replica_key(&self, shard: usize, replica: u64) -> String {
+        format!("{}/shards/{shard}/replicas/{replica:016x}", self.prefix)
+    }
+
+    /// `Unavailable`, naming etcd and shard `shard`.
+    pub(crate) fn unavailable(&self, shard: usize, why: impl std::fmt::Display) -> Error {
+        Error::Shard {
+            store: self.store.clone(),
+            shard,
+            kind: ErrorKind::Unavailable,
+            reason: format!(
+                "etcd at {} did not answer ({why}): a change of the shard's membership needs its \
+                 quorum",
+                self.endpoints
+            ),
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        f: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(Ok(t)) => Ok(t),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+        }
+    }
+
+    /// Shard `shard`'s record, read linearizably (through the quorum).
+    pub async fn read(&self, shard: usize) -> Result<Seen, String> {
+        let mut kv = self.client.kv_client();
+        let got = self.bounded(kv.get(self.shard_key(shard), None)).await?;
+        let Some(kv) = got.kvs().first() else {
+            return Ok(Seen::default());
+        };
+        let record = serde_json::from_slice(kv.value()).map_err(|e| {
+            format!(
+                "the record at {} is not a shard's: {e}",
+                self.shard_key(shard)
+            )
+        })?;
+        Ok(Seen {
+            record: Some(record),
+            revision: kv.mod_revision(),
+        })
+    }
+
+    /// Makes `next` shard `shard`'s record if it is still as `from` saw it (a compare of its
+    /// revision, then a put, in one transaction): `Ok(false)` when another change got there
+    /// first.
+    pub async fn change(
+        &self,
+        shard: usize,
+        from: &Seen,
+        next: &ShardRecord,
+    ) -> Result<bool, String> {
+        let key = self.shard_key(shard);
+        let compare = if from.revision == 0 {
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+        } else {
+            Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)
+        };
+        let value = serde_json::to_vec(next).expect("a shard record serializes");
+        let txn = Txn::new()
+            .when([compare])
+            .and_then([TxnOp::put(key, value, None)]);
+        let mut kv = self.client.kv_client();
+        Ok(self.bounded(kv.txn(txn)).await?.succeeded())
+    }
+
+    /// Waits one hold time from `since` (a change that left replicas out without their word):
+    /// a replica held before it is held no longer.
+    pub fn wait_out(&self, since: Instant, hold: Duration) {
+        // a tenth more: the two sides' clocks run at rates that may differ a little
+        let until = since + hold + hold / 10;
+        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// What a node's hold of one replica reports each round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// Held at the record's epoch for its hold time from the round's start.
+    Held(Membership),
+    /// etcd names it no member (let go), or it answered what the replica refused.
+    Out(String),
+    /// etcd did not answer within the round: the replica's hold runs out by itself.
+    NoAnswer(String),
+}
+
+/// Holds one replica of shard `shard` for its node, until `stop` resolves: every quarter of the
+/// hold time, its lease renewed (granted anew, and `shards/<k>/replicas/<id>` put on it, when it
+/// is lost), then the shard's record read and given to `apply` with the instant the round began
+/// (`nearrec::Store::hold`). Rounds that etcd does not answer in time apply nothing: the hold
+/// runs out by itself. `report` hears each round's outcome when it changes.
+pub async fn hold(
+    map: ShardMap,
+    shard: usize,
+    replica: u64,
+    address: String,
+    apply: impl Fn(&ShardRecord, Instant) -> nearrec::Result<Membership>,
+    mut report: impl FnMut(&Held),
+    stop: impl Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    let mut lease: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    let mut last: Option<Held> = None;
+    // the record's, once read: the router that made it decided how long a hold is
+    let mut hold = map.hold;
+    loop {
+        let began = Instant::now();
+        let round = async {
+            if lease.is_none() {
+                lease = Some(grant(&map, shard, replica, &address).await?);
+            }
+            let (keeper, stream) = lease.as_mut().expect("granted above");
+            map.bounded(keeper.keep_alive()).await?;
+            let alive = map.bounded(stream.message()).await?;
+            if alive.is_none_or(|r| r.ttl() <= 0) {
+                lease = None;
+                return Err("the lease ran out in etcd; granted anew next round".to_owned());
+            }
+            map.read(shard).await
+        };
+        let outcome = match tokio::time::timeout(hold / 2, round).await {
+            // the lease's stream may have died with its connection: a new lease next round
+            // (the old one runs out in etcd by itself)
+            Err(_) => {
+                lease = None;
+                Held::NoAnswer(format!("no answer within {:?}", hold / 2))
+            }
+            Ok(Err(why)) => {
+                lease = None;
+                Held::NoAnswer(why)
+            }
+            Ok(Ok(Seen { record: None, .. })) => {
+                Held::Out("the shard has no record in etcd yet (no router has made it)".into())
+            }
+            Ok(Ok(Seen {
+                record: Some(r), ..
+            })) => {
+                hold = r.hold();
+                match apply(&r, began) {
+                    Ok(m) if m.members.contains(&m.replica) => Held::Held(m),
+                    Ok(m) => Held::Out(format!("etcd names it no member at epoch {}", m.epoch)),
+                    Err(e) => Held::Out(e.to_string()),
+                }
+            }
+        };
+        if last.as_ref() != Some(&outcome) {
+            report(&outcome);
+            last = Some(outcome);
+        }
+        let next = began + hold / 4;
+        tokio::select! {
+            () = tokio::time::sleep_until(next.into()) => {}
+            () = &mut stop => return,
+        }
+    }
+}
+
+/// A lease for replica `replica`'s node, its key put on it, kept alive by the stream returned.
+async fn grant(
+    map: &ShardMap,
+    shard: usize,
+    replica: u64,
+    address: &str,
+) -> Result<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream), String> {
+    let mut client = map.client.clone();
+    let ttl = i64::try_from(map.hold.as_secs().max(1) * 2).unwrap_or(i64::MAX);
+    let lease = map.bounded(client.lease_grant(ttl, None)).await?;
+    let put = PutOptions::new().with_lease(lease.id());
+    let key = map.replica_key(shard, replica);
+    (map.bounded(client.put(key, address, Some(put))).await)?;
+    map.bounded(client.lease_keep_alive(lease.id())).await
+}

@@ -1,0 +1,420 @@
+//! A sharded store whose membership is kept in etcd (`etcd.rs`, `docs/distributed.md`,
+//! "Membership in etcd"), against a real etcd (Debian's `etcd-server`, which `make test`
+//! installs) started on free loopback ports: the record made by the first router and changed
+//! only by transactions; replicas held by their nodes' leases, and serving nothing once cut
+//! off from etcd past their hold or named no member there; a router without etcd failing the
+//! write that needs a change, `Unavailable` naming etcd, with nothing of it applied.
+
+#[path = "../../nearrec-server/tests/common/mod.rs"]
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nearrec::plan::shards::ShardPlan;
+use nearrec::plan::{Scheme, ShardOptions, plan_shards};
+use nearrec::{
+    Bags, Batch, ErrorKind, Indices, Replica as _, RowValues, RowWrite, StoreApi, TableLookup,
+    WriteOptions,
+};
+use nearrec_cluster::etcd::{EtcdOptions, Seen, ShardMap, ShardRecord};
+use nearrec_cluster::{Endpoint, ShardedOptions, ShardedStore};
+use nearrec_server::{NodeConfig, Stores};
+
+/// A one-member etcd on free loopback ports, its data in a directory of its own; killed when
+/// dropped.
+struct Etcd {
+    child: Option<Child>,
+    data: tempfile::TempDir,
+    client: String,
+    peer: String,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Etcd {
+    fn start() -> Self {
+        let mut etcd = Etcd {
+            child: None,
+            data: tempfile::tempdir().unwrap(),
+            client: format!("127.0.0.1:{}", free_port()),
+            peer: format!("127.0.0.1:{}", free_port()),
+        };
+        etcd.restart();
+        etcd
+    }
+
+    /// Started (again, from its data) and answering.
+    fn restart(&mut self) {
+        let (client, peer) = (
+            format!("http://{}", self.client),
+            format!("http://{}", self.peer),
+        );
+        let log = std::fs::File::create(self.data.path().join("etcd.log")).unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", "n0", "--data-dir"])
+            .arg(self.data.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("n0={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd (Debian's etcd-server: `make system-deps` installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        loop {
+            let up = runtime.block_on(async {
+                let mut c = etcd_client::Client::connect([&self.client], None).await?;
+                c.get("/", None).await
+            });
+            if up.is_ok() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "etcd did not start: {up:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn options(&self, hold: Duration) -> EtcdOptions {
+        EtcdOptions {
+            hold,
+            timeout: Duration::from_millis(500),
+            ..EtcdOptions::new(vec![self.client.clone()])
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+const HOLD: Duration = Duration::from_millis(600);
+const TOML: &str = "tier = \"dram\"\nwritable = true";
+
+/// A writable store of one shard with two replicas, each on a node that holds it in `etcd`.
+struct Cluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<common::Node>,
+    served: Vec<PathBuf>,
+    plan: ShardPlan,
+}
+
+impl Cluster {
+    fn start(etcd: &Etcd) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let source = common::build(&dir.path().join("source"));
+        let reader = nearrec::Located::open(&source).unwrap().reader;
+        let options = ShardOptions {
+            shards: 1,
+            replicas: 2,
+            scheme: Scheme::Table,
+            replicate_hot: 0,
+        };
+        let plan = plan_shards("s", reader.tables(), None, &options).unwrap();
+        let out = dir.path().join("cut");
+        nearrec::shard::write_shards(&reader, &plan, &out, false).unwrap();
+        let mut cluster = Cluster {
+            dir,
+            nodes: Vec::new(),
+            served: Vec::new(),
+            plan,
+        };
+        for r in 0..2 {
+            let copy = cluster.dir.path().join(format!("replica-{r}"));
+            copy_dir(&ShardPlan::shard_dir(&out, 0), &copy);
+            cluster.served.push(copy);
+            cluster.nodes.push(node(&cluster.served[r], etcd));
+        }
+        cluster
+    }
+
+    fn endpoints(&self) -> Vec<Vec<Endpoint>> {
+        vec![
+            (self.nodes.iter())
+                .map(|n| Endpoint::parse(&format!("{}/s", n.addr)))
+                .collect(),
+        ]
+    }
+
+    fn router(&self, etcd: &Etcd) -> ShardedStore {
+        let options = ShardedOptions {
+            catch_up_every: None,
+            etcd: Some(etcd.options(HOLD)),
+            client: nearrec_client::ClientOptions {
+                timeout: Some(Duration::from_secs(5)),
+                ..nearrec_client::ClientOptions::default()
+            },
+            ..ShardedOptions::default()
+        };
+        let cut = self.dir.path().join("cut");
+        ShardedStore::open(&cut, &self.endpoints(), options).unwrap()
+    }
+
+    fn client(&self, r: usize) -> nearrec_client::Client {
+        let addr = self.nodes[r].addr.to_string();
+        nearrec_client::Client::connect(&addr, "s", nearrec_client::ClientOptions::default())
+            .unwrap()
+    }
+}
+
+fn node(served: &Path, etcd: &Etcd) -> common::Node {
+    let mut stores = Stores::new();
+    stores.insert("s", common::open(served, TOML)).unwrap();
+    let config = NodeConfig {
+        etcd: vec![etcd.client.clone()],
+        ..NodeConfig::default()
+    };
+    common::Node::start(stores, config)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+fn write(store: &dyn StoreApi, id: i64, value: f32) -> nearrec::Result<u64> {
+    let values = vec![value; common::DIM as usize];
+    let w = RowWrite {
+        table: "t0",
+        ids: &[id],
+        values: Some(RowValues::F32(&values)),
+    };
+    store
+        .writes()
+        .expect("writable")
+        .write_many(&[w], WriteOptions::default())
+}
+
+fn read(store: &dyn StoreApi, id: i64) -> nearrec::Result<f32> {
+    let ids = [id];
+    let batch = Batch::new(vec![TableLookup::new(
+        "t0",
+        Indices::I64(&ids),
+        Bags::Fixed {
+            batch: 1,
+            bag_size: 1,
+        },
+    )]);
+    Ok(store.lookup(&batch)?.0.values[0])
+}
+
+/// Waits until `f` holds, for at most `within`.
+fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn record(etcd: &Etcd, plan: &ShardPlan) -> Seen {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let map = runtime
+        .block_on(ShardMap::connect(
+            &etcd.options(HOLD),
+            "s",
+            &plan.id,
+            runtime.handle().clone(),
+        ))
+        .unwrap();
+    runtime.block_on(map.read(0)).unwrap()
+}
+
+/// The first router makes the shard's record, naming both replicas; the nodes hold them, and
+/// writes and reads go through as without etcd.
+#[test]
+fn the_first_router_makes_the_record_and_the_nodes_hold_their_replicas() {
+    let etcd = Etcd::start();
+    let cluster = Cluster::start(&etcd);
+    // before any router: no record, so no node holds its replica, which serves nothing
+    std::thread::sleep(HOLD / 2);
+    let refused = read(&cluster.client(0), 3).unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Unavailable, "{refused}");
+    assert!(refused.to_string().contains("etcd"), "{refused}");
+    let router = cluster.router(&etcd);
+    let seen = record(&etcd, &cluster.plan);
+    let made = seen.record.expect("a record");
+    assert!(made.epoch >= 1);
+    let mut ids: Vec<u64> = (0..2)
+        .map(|r| cluster.client(r).membership().unwrap().replica)
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(made.members, ids);
+    assert_eq!(made.hold(), HOLD);
+    // held within a round: reads and writes go through
+    until(HOLD * 2, "both replicas held", || {
+        (0..2).all(|r| read(&cluster.client(r), 3).is_ok())
+    });
+    write(&router, 3, 7.0).unwrap();
+    for r in 0..2 {
+        assert_eq!(read(&cluster.client(r), 3).unwrap(), 7.0);
+    }
+    assert_eq!(read(&router, 3).unwrap(), 7.0);
+}
+
+/// Two changes decided from one record: exactly one is made.
+#[test]
+fn of_two_changes_from_one_record_one_is_made() {
+    let etcd = Etcd::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let map = runtime
+        .block_on(ShardMap::connect(
+            &etcd.options(HOLD),
+            "s",
+            "plan",
+            runtime.handle().clone(),
+        ))
+        .unwrap();
+    let at = |epoch, members: &[u64]| ShardRecord {
+        epoch,
+        members: members.to_vec(),
+        hold_ms: 600,
+    };
+    let none = runtime.block_on(map.read(0)).unwrap();
+    assert_eq!(none, Seen::default());
+    assert!(
+        runtime
+            .block_on(map.change(0, &none, &at(1, &[1, 2])))
+            .unwrap()
+    );
+    // a second creation from "no record" loses
+    assert!(
+        !runtime
+            .block_on(map.change(0, &none, &at(1, &[1])))
+            .unwrap()
+    );
+    let one = runtime.block_on(map.read(0)).unwrap();
+    assert_eq!(one.record, Some(at(1, &[1, 2])));
+    // two routers from epoch 1: one leaves 2 out, the other 1; the second is refused
+    assert!(runtime.block_on(map.change(0, &one, &at(2, &[1]))).unwrap());
+    assert!(!runtime.block_on(map.change(0, &one, &at(2, &[2]))).unwrap());
+    assert_eq!(
+        runtime.block_on(map.read(0)).unwrap().record,
+        Some(at(2, &[1]))
+    );
+}
+
+/// etcd gone: within a hold no replica serves (it cannot know it is still a member), and a
+/// router's write that must leave a replica out fails `Unavailable` naming etcd, nothing of it
+/// applied. etcd back: the replicas are held again, and the write goes through.
+#[test]
+fn without_etcd_replicas_stop_serving_and_no_change_is_made() {
+    let mut etcd = Etcd::start();
+    let mut cluster = Cluster::start(&etcd);
+    let router = cluster.router(&etcd);
+    until(HOLD * 2, "held", || read(&router, 5).is_ok());
+    write(&router, 5, 1.0).unwrap();
+    etcd.kill();
+    let cut = Instant::now();
+    until(HOLD * 2, "replica 0 unheld", || {
+        read(&cluster.client(0), 5).is_err_and(|e| e.to_string().contains("etcd"))
+    });
+    assert!(
+        cut.elapsed() >= HOLD / 4,
+        "let go before its hold could run out"
+    );
+    // replica 1 down as well: a write that reaches replica 0 alone must leave 1 out first
+    let mut down = cluster.nodes.remove(1);
+    down.begin_drain();
+    drop(down);
+    let refused = write(&router, 5, 2.0).unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Unavailable, "{refused}");
+    assert!(refused.to_string().contains("etcd"), "{refused}");
+    etcd.restart();
+    until(HOLD * 3, "replica 0 held again", || {
+        read(&cluster.client(0), 5).is_ok()
+    });
+    assert_eq!(
+        read(&cluster.client(0), 5).unwrap(),
+        1.0,
+        "the refused write was applied"
+    );
+    // with etcd, the write leaves replica 1 out and goes through
+    write(&router, 5, 3.0).unwrap();
+    assert_eq!(read(&cluster.client(0), 5).unwrap(), 3.0);
+    let left = record(&etcd, &cluster.plan).record.unwrap();
+    assert_eq!(
+        left.members,
+        vec![cluster.client(0).membership().unwrap().replica]
+    );
+}
+
+/// A replica that etcd names no member — another router left it out while this node could
+/// not be told — stops serving within one round of its hold, and says why.
+#[test]
+fn a_replica_etcd_names_no_member_stops_serving() {
+    let etcd = Etcd::start();
+    let cluster = Cluster::start(&etcd);
+    let router = cluster.router(&etcd);
+    until(HOLD * 2, "held", || {
+        (0..2).all(|r| read(&cluster.client(r), 1).is_ok())
+    });
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let map = runtime
+        .block_on(ShardMap::connect(
+            &etcd.options(HOLD),
+            "s",
+            &cluster.plan.id,
+            runtime.handle().clone(),
+        ))
+        .unwrap();
+    let seen = runtime.block_on(map.read(0)).unwrap();
+    let was = seen.record.clone().unwrap();
+    let out = cluster.client(1).membership().unwrap().replica;
+    let next = ShardRecord {
+        epoch: was.epoch + 1,
+        members: (was.members.iter())
+            .filter(|&&m| m != out)
+            .copied()
+            .collect(),
+        ..was
+    };
+    assert!(runtime.block_on(map.change(0, &seen, &next)).unwrap());
+    let changed = Instant::now();
+    until(HOLD + HOLD / 10, "replica 1 let go", || {
+        read(&cluster.client(1), 1).is_err_and(|e| e.to_string().contains("no member"))
+    });
+    assert!(changed.elapsed() <= HOLD + HOLD / 10);
+    assert_eq!(cluster.client(1).membership().unwrap().epoch, next.epoch);
+    // the router learns at its next write (replica 0 at the new epoch refuses the old one)
+    write(&router, 1, 4.0).unwrap();
+    assert_eq!(read(&router, 1).unwrap(), 4.0);
+    assert!(read(&cluster.client(1), 1).is_err());
+}
