@@ -60,11 +60,12 @@ demo: develop
 # router's etcd client, compiles etcd's protos with it). For the tests as well: redis-server (the
 # storage node's benchmark peer, started and stopped by the tests and the benchmark), openssl (the
 # TLS tests' certificates), systemd-analyze (deploy/nearrec.service verified), etcd (a sharded
-# store's membership, the partition tests' three members). Installed when missing, as root (CI, a
+# store's membership, the partition tests' three members), nft (the partition tests' drops between
+# network namespaces). Installed when missing, as root (CI, a
 # fresh container); without root the missing ones are named in one line before anything runs,
 # rather than as a build failure or test failures at the end of a long run.
 BUILD_DEPS  := protoc:protobuf-compiler
-SYSTEM_DEPS := $(BUILD_DEPS) redis-server:redis-server openssl:openssl systemd-analyze:systemd etcd:etcd-server
+SYSTEM_DEPS := $(BUILD_DEPS) redis-server:redis-server openssl:openssl systemd-analyze:systemd etcd:etcd-server nft:nftables
 define apt_need
 	@missing=""; for p in $(1); do command -v $${p%%:*} >/dev/null || missing="$$missing $${p##*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \

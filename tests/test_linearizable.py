@@ -129,3 +129,23 @@ def test_a_changed_read_is_found_where_no_order_explains_it(seed: int) -> None:
     changed[i] = Op("read", "k", history[i].value + rng.choice([1, 2, 3]), history[i].invoke,
                     history[i].complete)
     assert bool(check(changed, initial=0)) == brute_force(changed)
+
+
+def test_many_writes_without_answers_that_no_read_saw_are_decided_at_once() -> None:
+    # 60 writes that never answered, none read, among a real register's calls: left out, so the
+    # search stays within a small budget; a changed read among them is still found
+    history = register_history(3, clients=3, calls=20)
+    lost = [w("k", 1000 + i, float(i) / 10, None) for i in range(60)]
+    assert check(history + lost, initial=0, budget=200_000)
+    reads = [i for i, op in enumerate(history) if op.kind == "read" and op.complete is not None]
+    bad = list(history)
+    bad[reads[-1]] = Op("read", "k", 999, bad[reads[-1]].invoke, bad[reads[-1]].complete)
+    assert not check(bad + lost, initial=0, budget=200_000)
+
+
+def test_a_search_past_its_budget_is_undecided_not_passed() -> None:
+    history = register_history(4, clients=3, calls=30)
+    verdict = check(history, initial=0, budget=10)
+    assert not verdict and verdict.undecided, verdict
+    assert "undecided" in str(verdict)
+    assert check(history, initial=0)

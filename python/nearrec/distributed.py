@@ -189,7 +189,8 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
             timeout: float | None = DEFAULT_TIMEOUT, hedge: float | str | None = "p95",
             tls_ca: _PathLike | None = None, tls_cert: _PathLike | None = None,
             tls_key: _PathLike | None = None, tls_domain: str | None = None,
-            catch_up_every: float | None = 2.0) -> Store:
+            catch_up_every: float | None = 2.0, etcd: str | Sequence[str] | None = None,
+            etcd_prefix: str | None = None, etcd_hold: float = 2.0) -> Store:
     """The sharded store of ``plan`` (a :class:`ShardPlan`, or the directory holding its
     ``shards.json``), shard ``k`` served by the nodes ``replicas[k]`` (``host:port`` or
     ``host:port/store``; one string is one replica). Every replica is checked against the
@@ -204,7 +205,14 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
     ``catch_up_every``: seconds between the router's background passes that catch up the
     replicas that missed writes (:func:`catch_up`, on a thread of its own that ends with the
     store); ``None``: only when :func:`catch_up` is called. Meanwhile
-    ``stats()["cluster_stale_replicas"]`` counts the replicas left out."""
+    ``stats()["cluster_stale_replicas"]`` counts the replicas left out.
+
+    ``etcd``: the endpoints (``"host:port,..."`` or a list) of the etcd cluster the shards'
+    membership is kept in — the nodes serving the replicas given the same (``nearrec serve
+    --etcd``) — under ``etcd_prefix`` (default ``/nearrec/<plan id>``); ``etcd_hold``: seconds a
+    replica is held per renewal of its node's lease, for a shard whose record this router makes.
+    Without it, membership is the replicas' own, unsafe under partitions
+    (``docs/distributed.md``, "Membership in etcd")."""
     location = None
     if not isinstance(plan, ShardPlan):
         location = os.fspath(plan)
@@ -213,10 +221,14 @@ def connect(plan: ShardPlan | _PathLike, replicas: Sequence[Sequence[str] | str]
               else [text(a, "a replica's address") for a in r] for r in replicas]
     token, timeout, tls = _credentials(token, token_file, timeout, tls_ca, tls_cert, tls_key,
                                        tls_domain)
+    kept = None
+    if etcd is not None:
+        endpoints = [e for e in (etcd.split(",") if isinstance(etcd, str) else etcd) if e]
+        kept = ([text(e, "an etcd endpoint") for e in endpoints], etcd_prefix, float(etcd_hold))
     native = NativeStore.connect_sharded(plan.to_json(), location, shards,
                                          "off" if hedge is None else hedge,
-                                         token, timeout, tls, catch_up_every)
-    how = (plan, shards, token is not None, timeout, hedge, catch_up_every)
+                                         token, timeout, tls, catch_up_every, kept)
+    how = (plan, shards, token is not None, timeout, hedge, catch_up_every, kept)
     return Store._over(native, ";".join(",".join(s) for s in shards),
                        lambda s: (_reconnect, how))
 
@@ -268,7 +280,10 @@ def catch_up(store: Store, *, lease: float = 10.0) -> list[CaughtUp]:
 
 
 def _reconnect(plan: ShardPlan, replicas: list[list[str]], token: bool,
-               timeout: float | None, hedge: Any, catch_up_every: float | None) -> Store:
+               timeout: float | None, hedge: Any, catch_up_every: float | None,
+               kept: tuple[list[str], str | None, float] | None = None) -> Store:
     """A pickled sharded store connected again, its token from :data:`TOKEN_ENV`."""
+    etcd, prefix, hold = kept if kept is not None else (None, None, 2.0)
     return connect(plan, replicas, token=os.environ.get(TOKEN_ENV) if token else None,
-                   timeout=timeout, hedge=hedge, catch_up_every=catch_up_every)
+                   timeout=timeout, hedge=hedge, catch_up_every=catch_up_every, etcd=etcd,
+                   etcd_prefix=prefix, etcd_hold=hold)

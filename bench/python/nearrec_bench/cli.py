@@ -34,7 +34,7 @@ MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd_d
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
            "cluster-projection": "projection", "cluster-swap": "swap",
            "torture": "torture", "soak": "soak", "abuse": "abuse", "triton": "triton_serving",
-           "feed-kills": "feed", "feed": "feed_rate"}
+           "feed-kills": "feed", "feed": "feed_rate", "partitions": "partitions"}
 
 
 def _split(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
@@ -76,6 +76,10 @@ FLAGS = {
     "--minutes": Flag("soak: how long the load runs", {"type": float}),
     "--clients": Flag("soak, triton: clients, each its own connection and schedule",
                       {"type": int}),
+    "--schedules": Flag("partitions: nemesis schedules to run", {"type": int}),
+    "--no-etcd": Flag("partitions: membership kept by the replicas alone (the run must find "
+                      "split-brain)", {"action": "store_true"}, lambda given: False),
+    "--seed": Flag("partitions: the schedules' seed", {"type": int}),
 }
 #: besides these, every harness takes the flags of every ``nearrec`` command (``--json``,
 #: ``--progress``, ``--debug``: ``nearrec.cli.common``)

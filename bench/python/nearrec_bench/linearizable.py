@@ -7,7 +7,11 @@ A history is a list of :class:`Op`, each with the time it was invoked and the ti
 came. A write that failed for sure (the store refused it before it could take effect) took no
 effect and is left out; a write whose answer never came (a timeout, a crash, a partition) may
 have taken effect at any time after it was invoked, or never — its completion is taken as
-infinitely late; a read with no answer says nothing and is left out.
+infinitely late; a read with no answer says nothing and is left out. Such a write whose value no
+read returned is left out too (exactly: had it taken effect, no read saw it before it was
+overwritten, so the history is linearizable with it never taking effect), which keeps the search
+small where many writes had no answer. A search past ``budget`` steps on one key gives up and
+says so (the verdict is then neither yes nor no).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class Verdict:
     ops: tuple[Op, ...] = ()
     stuck: Op | None = None
     keys: int = 0
+    #: the search on ``key`` gave up (its budget spent): neither linearizable nor not
+    undecided: bool = False
 
     def __bool__(self) -> bool:
         return self.ok
@@ -53,12 +59,16 @@ class Verdict:
     def __str__(self) -> str:
         if self.ok:
             return f"linearizable ({self.keys} keys)"
+        if self.undecided:
+            return (f"undecided: key {self.key!r}, {len(self.ops)} operations, past the search's "
+                    f"budget")
         return (f"not linearizable: key {self.key!r}, {len(self.ops)} operations; no order "
                 f"takes it past {self.stuck}")
 
 
-def check(history: Iterable[Op], initial: Any = None) -> Verdict:
-    """Whether ``history`` is linearizable as a set of registers, each ``initial`` at first."""
+def check(history: Iterable[Op], initial: Any = None, budget: int = 20_000_000) -> Verdict:
+    """Whether ``history`` is linearizable as a set of registers, each ``initial`` at first;
+    ``budget``: the search's steps on one key before it gives up."""
     by_key: dict[Hashable, list[Op]] = defaultdict(list)
     for op in history:
         if op.kind not in ("write", "read"):
@@ -69,10 +79,20 @@ def check(history: Iterable[Op], initial: Any = None) -> Verdict:
             continue  # no effect, or no answer to check
         by_key[op.key].append(op)
     for key, ops in by_key.items():
-        stuck = _check_register(ops, initial)
+        read = {op.value for op in ops if op.kind == "read"}
+        ops = [op for op in ops if op.kind == "read" or op.complete is not None
+               or op.value in read]
+        try:
+            stuck = _check_register(ops, initial, budget)
+        except _Spent:
+            return Verdict(False, key, tuple(ops), None, len(by_key), undecided=True)
         if stuck is not None:
             return Verdict(False, key, tuple(ops), stuck, len(by_key))
     return Verdict(True, keys=len(by_key))
+
+
+class _Spent(Exception):
+    """The search's budget ran out."""
 
 
 class _Entry:
@@ -87,7 +107,7 @@ class _Entry:
         self.next: _Entry | None = None
 
 
-def _check_register(ops: list[Op], initial: Any) -> Op | None:
+def _check_register(ops: list[Op], initial: Any, budget: int) -> Op | None:
     """``None`` when ``ops`` (one key's) linearize as a register, else the operation whose
     return the deepest search could not get past."""
     events = []
@@ -130,6 +150,9 @@ def _check_register(ops: list[Op], initial: Any) -> Op | None:
     entry = head.next
     while head.next is not None:
         assert entry is not None
+        budget -= 1
+        if budget < 0:
+            raise _Spent
         if entry.call:
             op = ops[entry.op]
             if op.kind == "write":

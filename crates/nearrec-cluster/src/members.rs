@@ -301,11 +301,39 @@ fn install_order(learned: &Learned, members: &[u64]) -> Vec<usize> {
 /// with etcd they are told, or waited out). Tried again on the epoch another router's change
 /// made. Without etcd this is done as well as it can be, and answers `Ok`; with etcd a change
 /// not made — etcd did not answer, or three other changes won — is the error: the write that
-/// needed it must not go on without it.
-pub(crate) fn exclude(shard: &Shard, pin: u64, gone: &[u64]) -> nearrec::Result<()> {
+/// needed it must not go on without it; so is, with etcd, a shard whose epoch moved past `at`
+/// (the epoch the write was prepared at: another router changed the members it was sent to,
+/// and it is tried again at the new one), and a change that would leave no member.
+pub(crate) fn exclude(
+    shard: &Shard,
+    pin: u64,
+    gone: &[u64],
+    at: Option<u64>,
+) -> nearrec::Result<()> {
     let mut outcome = Ok(());
     for _ in 0..3 {
         let learned = learn(shard, pin, false);
+        if let Some(map) = &shard.etcd {
+            if at.is_some_and(|at| learned.epoch != at) {
+                return Err(Error::MembershipChanged {
+                    store: format!("shard {} of {}", shard.index, map.store()),
+                    epoch: learned.epoch,
+                    member: true,
+                    reason: format!(
+                        "the write was prepared at epoch {}, and the shard's members changed \
+                         since",
+                        at.unwrap_or(0)
+                    ),
+                });
+            }
+            if learned.members.iter().all(|id| gone.contains(id)) {
+                return Err(map.unavailable(
+                    shard.index,
+                    "every member of the shard missed the write: leaving them out would leave \
+                     none",
+                ));
+            }
+        }
         let members: Vec<u64> = (learned.members.iter())
             .filter(|id| !gone.contains(id))
             .copied()
@@ -361,7 +389,7 @@ pub(crate) fn learn_anew(shard: &Shard, pin: u64) {
     if !behind.is_empty() {
         // not made now (etcd down): the next write that reaches them, or a catch-up, leaves
         // them out
-        let _ = exclude(shard, pin, &behind);
+        let _ = exclude(shard, pin, &behind, None);
     }
 }
 

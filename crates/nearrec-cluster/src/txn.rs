@@ -23,15 +23,14 @@
 //! transactions older than the call's deadline (their router is gone: no call of it runs
 //! longer) and tries again while its deadline allows.
 //!
-//! What readers see: each shard serves its share from its commit on. While the decider and one
-//! replica of every other shard commit, this router's lookups wait (and the ones under way are
-//! waited for), and each shard's read floor is raised to the version its commit made, so a
-//! lookup through this router sees a cross-shard write whole or not at all. A lookup through
-//! another router may read one shard's share a round trip before another's; a lookup that
-//! starts after the write returned sees all of it through any router.
+//! What readers see: each shard serves its share from its commit on, and a replica holding it
+//! prepared makes a lookup of its rows wait for its decision (`nearrec`'s `live/txn.rs`); each
+//! shard's read floor is raised to the version its commit made. A lookup of several shards of a
+//! writable store is read again until two reads agree (`store/mod.rs`, `fan_out`), so through
+//! any router it sees a cross-shard write whole or not at all.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nearrec::{
@@ -110,8 +109,6 @@ pub(crate) struct Coordinator<'a> {
     /// The sharded store's name, for errors.
     pub store: &'a str,
     pub all: &'a [Shard],
-    /// Held by the store's lookups; taken whole while a write's shares commit.
-    pub visible: &'a RwLock<()>,
     /// The cluster version read (replicas serving another are not asked of their membership).
     pub pin: u64,
 }
@@ -234,6 +231,27 @@ impl Coordinator<'_> {
                 Some((k, first))
             })
         });
+        // the deciding replica missed it where another of its shard prepared: aborted, the
+        // decider left out as any replica that missed a write, and tried again (with another)
+        let decider_missed = said_no.is_none()
+            && prepared[0].as_ref().is_err_and(missed)
+            && (shares.iter().zip(&prepared)).any(|(s, p)| s.at.0 == decider.0 && p.is_ok());
+        if decider_missed {
+            on_each(&shares, |s| {
+                s.replica.client.decide(tx, Decision::Abort, false)
+            });
+            let epochs: HashMap<usize, u64> = shares.iter().map(|s| (s.at.0, s.epoch)).collect();
+            self.leave_out(&[(decider.0, shares[0].replica.clone())], Some(&epochs))?;
+            return Err(Error::MembershipChanged {
+                store: self.store.to_owned(),
+                epoch: self.all[decider.0].epoch(),
+                member: false,
+                reason: format!(
+                    "the deciding replica ({}) missed the prepare and is left out: tried again",
+                    shares[0].replica.addr
+                ),
+            });
+        }
         if let Some((k, first)) = refused {
             // nothing committed: every share that prepared is aborted (a prepare still on its way
             // to a replica, past its deadline, is settled as one whose router is gone)
@@ -251,7 +269,8 @@ impl Coordinator<'_> {
             .filter(|(_, p)| p.is_err())
             .map(|(s, _)| (s.at.0, s.replica.clone()))
             .collect();
-        if let Err(e) = self.leave_out(&missed) {
+        let epochs: HashMap<usize, u64> = shares.iter().map(|s| (s.at.0, s.epoch)).collect();
+        if let Err(e) = self.leave_out(&missed, Some(&epochs)) {
             // kept in etcd, and not left out: committed without them, they would serve reads
             // that miss it
             on_each(&shares, |s| {
@@ -259,9 +278,7 @@ impl Coordinator<'_> {
             });
             return Err(e);
         }
-        // phase two: the decision, then everyone else, this router's lookups waiting until every
-        // shard serves it
-        let visible = self.visible.write().unwrap_or_else(|p| p.into_inner());
+        // phase two: the decision, then everyone else
         let decided = shares[0].replica.client.decide(tx, Decision::Commit, true);
         if let Ok(v) = decided {
             self.all[decider.0].seen.raise(v);
@@ -269,7 +286,7 @@ impl Coordinator<'_> {
         if let Err(e) = decided {
             return match state_at(&shares[0].replica, tx) {
                 Some(Some(TxState::Applied | TxState::Committed)) => {
-                    self.finish(tx, &shares, &prepared, visible)
+                    self.finish(tx, &shares, &prepared)
                 }
                 // aborted there (by a router settling it as abandoned): aborted everywhere
                 Some(Some(TxState::Aborted) | None) => {
@@ -289,12 +306,12 @@ impl Coordinator<'_> {
                 )),
             };
         }
-        self.finish(tx, &shares, &prepared, visible)
+        self.finish(tx, &shares, &prepared)
     }
 
-    /// After the decision: one replica of every other shard commits, while `visible` keeps this
-    /// router's lookups waiting, each shard's read floor raised to the version it committed at
-    /// (a lookup after reads no replica that has not committed yet); then the other replicas
+    /// After the decision: one replica of every other shard commits, each shard's read floor
+    /// raised to the version it committed at (a lookup after reads no replica that has not
+    /// committed yet); then the other replicas
     /// commit, a replica that fails it stale; the decider forgets (on a thread of its own). A
     /// shard none of whose replicas took the commit holds it prepared until settled: the call
     /// fails, naming it, though it is committed.
@@ -303,7 +320,6 @@ impl Coordinator<'_> {
         tx: u128,
         shares: &[Share<'_>],
         prepared: &[nearrec::Result<()>],
-        visible: RwLockWriteGuard<'_, ()>,
     ) -> nearrec::Result<()> {
         let ready: Vec<&Share<'_>> = (shares.iter().zip(prepared))
             .skip(1)
@@ -332,7 +348,6 @@ impl Coordinator<'_> {
                 .find(|s| commit(s))
                 .map(|s| s.at)
         });
-        drop(visible);
         // the rest: the replicas after the one that committed (those before it failed)
         let rest: Vec<&Share<'_>> = (ready.iter().copied())
             .filter(|s| match shards.iter().position(|&k| k == s.at.0) {
@@ -341,7 +356,7 @@ impl Coordinator<'_> {
             })
             .collect();
         on_each(&rest, |s| commit(s));
-        let left_out = self.leave_out(&failed.into_inner().unwrap());
+        let left_out = self.leave_out(&failed.into_inner().unwrap(), None);
         if let Some(k) = (shards.iter().zip(&first)).find_map(|(&k, f)| f.is_none().then_some(k)) {
             return Err(self.error(
                 k,
@@ -373,7 +388,13 @@ impl Coordinator<'_> {
     /// Replicas that missed a write the others of their shard took: stale here at once, and
     /// left out of their shards' membership (`members.rs`), so that every router learns it at
     /// its next write. The first shard whose change could not be made where etcd keeps it.
-    fn leave_out(&self, missed: &[(usize, Arc<Replica>)]) -> nearrec::Result<()> {
+    /// `prepared_at`: each shard's epoch its shares were prepared at, before any commit (the
+    /// change is refused if the shard has moved past it since).
+    fn leave_out(
+        &self,
+        missed: &[(usize, Arc<Replica>)],
+        prepared_at: Option<&HashMap<usize, u64>>,
+    ) -> nearrec::Result<()> {
         let mut by_shard: HashMap<usize, Vec<u64>> = HashMap::new();
         for (k, replica) in missed {
             replica.mark_stale(self.all[*k].epoch());
@@ -382,7 +403,8 @@ impl Coordinator<'_> {
         }
         let mut outcome = Ok(());
         for (k, gone) in by_shard {
-            let done = members::exclude(&self.all[k], self.pin, &gone);
+            let at = prepared_at.and_then(|e| e.get(&k).copied());
+            let done = members::exclude(&self.all[k], self.pin, &gone, at);
             if outcome.is_ok() {
                 outcome = done;
             }

@@ -10,13 +10,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use nearrec::StoreApi;
-use nearrec_cluster::etcd::{EtcdOptions, Held, ShardMap, hold};
+use nearrec_cluster::etcd::{EtcdOptions, Held, ShardMap, ShardRecord, hold};
 
 use crate::config::NodeConfig;
 use crate::stores::Stores;
 
-/// The replicas of `stores` to hold, each made to serve only while held, and a task holding
-/// each, until `stop` changes. Nothing without `config.etcd`.
+/// The replicas of `stores` to hold, each made to serve only while held, and held on a thread
+/// of its own (its own runtime: request handlers that block cannot starve the renewals) until
+/// `stop` changes. Nothing without `config.etcd`.
 pub(crate) async fn start(
     stores: &Stores,
     config: &NodeConfig,
@@ -26,6 +27,7 @@ pub(crate) async fn start(
     if config.etcd.is_empty() {
         return Ok(());
     }
+    let mut held = Vec::new();
     for (name, store) in stores.iter() {
         let Some(tag) = store.shard().map_err(|e| e.to_string())? else {
             continue;
@@ -42,44 +44,65 @@ pub(crate) async fn start(
             continue;
         }
         local.require_hold();
-        let options = EtcdOptions {
-            prefix: config.etcd_prefix.clone(),
-            ..EtcdOptions::new(config.etcd.clone())
-        };
-        let handle = tokio::runtime::Handle::current();
-        let map = ShardMap::connect(&options, &tag.store, &tag.plan, handle)
-            .await
-            .map_err(|e| format!("store {name}: {e}"))?;
-        let held = store.clone();
-        let apply = move |r: &nearrec_cluster::etcd::ShardRecord, began| {
-            let s = embedded(&held).expect("an embedded store");
-            s.hold(r.epoch, &r.members, began, r.hold())
-        };
-        let address = format!("{listen}/{name}");
-        let (name, shard) = (name.to_owned(), tag.shard);
-        let report = move |h: &Held| match h {
-            Held::Held(m) => {
-                tracing::info!(store = %name, shard, epoch = m.epoch, "held in etcd");
-            }
-            Held::Out(why) => tracing::warn!(store = %name, shard, "not held: {why}"),
-            Held::NoAnswer(why) => {
-                tracing::warn!(store = %name, shard, "etcd did not answer: {why}");
-            }
-        };
-        let mut stop = stop.clone();
-        tokio::spawn(hold(
-            map,
-            tag.shard,
-            replica,
-            address,
-            apply,
-            report,
-            async move {
-                let _ = stop.wait_for(|&s| s).await;
-            },
-        ));
+        held.push((name.to_owned(), store.clone(), tag, replica));
     }
-    Ok(())
+    if held.is_empty() {
+        return Ok(());
+    }
+    let options = EtcdOptions {
+        prefix: config.etcd_prefix.clone(),
+        ..EtcdOptions::new(config.etcd.clone())
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the holds' runtime: {e}"))?;
+    let (connected, connecting) = tokio::sync::oneshot::channel();
+    let mut stop = stop.clone();
+    let work = async move {
+        let mut maps = Vec::with_capacity(held.len());
+        for (name, _, tag, _) in &held {
+            let handle = tokio::runtime::Handle::current();
+            match ShardMap::connect(&options, &tag.store, &tag.plan, handle).await {
+                Ok(map) => maps.push(map),
+                Err(e) => {
+                    let _ = connected.send(Err(format!("store {name}: {e}")));
+                    return;
+                }
+            }
+        }
+        let _ = connected.send(Ok(()));
+        for ((name, store, tag, replica), map) in held.into_iter().zip(maps) {
+            let apply = move |r: &ShardRecord, began| {
+                let s = embedded(&store).expect("an embedded store");
+                s.hold(r.epoch, &r.members, began, r.hold())
+            };
+            let address = format!("{listen}/{name}");
+            let shard = tag.shard;
+            let report = move |h: &Held| match h {
+                Held::Held(m) => {
+                    tracing::info!(store = %name, shard, epoch = m.epoch, "held in etcd");
+                }
+                Held::Out(why) => tracing::warn!(store = %name, shard, "not held: {why}"),
+                Held::NoAnswer(why) => {
+                    tracing::warn!(store = %name, shard, "etcd did not answer: {why}");
+                }
+            };
+            let mut stopped = stop.clone();
+            let until = async move {
+                let _ = stopped.wait_for(|&s| s).await;
+            };
+            tokio::spawn(hold(map, shard, replica, address, apply, report, until));
+        }
+        let _ = stop.wait_for(|&s| s).await;
+    };
+    std::thread::Builder::new()
+        .name("nearrec-hold".into())
+        .spawn(move || runtime.block_on(work))
+        .map_err(|e| format!("cannot start the holds' thread: {e}"))?;
+    connecting
+        .await
+        .map_err(|_| "the holds' thread stopped".to_owned())?
 }
 
 fn embedded(store: &Arc<dyn StoreApi>) -> Option<&nearrec::Store> {

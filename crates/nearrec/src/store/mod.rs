@@ -446,7 +446,7 @@ impl StoreApi for Store {
     }
 
     fn resident(&self) -> bool {
-        self.tier() == Tier::Dram
+        self.tier() == Tier::Dram && !self.current().live.has_undecided()
     }
 
     fn location(&self) -> Option<PathBuf> {
@@ -466,21 +466,30 @@ impl StoreApi for Store {
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)> {
-        self.read_at(batch, &self.snapshot())
+        self.read_at(batch, &*self.read_snapshot(batch, None)?)
     }
 
     fn lookup_into(&self, batch: &Batch<'_>, out: &mut [f32]) -> Result<Read> {
-        self.lookup_into_at(batch, out, &self.snapshot())
+        self.lookup_into_at(batch, out, &*self.read_snapshot(batch, None)?)
     }
 
     fn lookup_rows(&self, batch: &Batch<'_>) -> Result<Versioned<Vec<Rows>>> {
-        self.lookup_rows_at(batch, &self.snapshot())
+        self.lookup_rows_at(batch, &*self.read_snapshot(batch, None)?)
     }
 
-    /// Decoded from the tables' bytes as the store is now, not pooled.
+    /// Decoded from the tables' bytes as the store is now, not pooled; held or not (a
+    /// catch-up compares and copies the rows of a replica that is no member). Rows a write
+    /// prepared here and undecided holds are read once it is decided, as a lookup's are.
     fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
-        self.inner.place.check_held(|| self.name())?;
-        let snapshot = self.snapshot();
+        let asked = Batch::new(vec![crate::TableLookup::new(
+            table,
+            crate::Indices::I64(rows),
+            crate::Bags::Fixed {
+                batch: rows.len(),
+                bag_size: 1,
+            },
+        )]);
+        let snapshot = self.read_snapshot(&asked, None)?;
         let engine = snapshot.engine();
         let id = engine.table_id(table)?;
         let dim = engine.tables()[id].dim as usize;

@@ -599,9 +599,16 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     replica
         .prepare_write(t1, &[w], WriteOptions::default(), "decider=0/0", None, None)
         .unwrap();
+    // a prepared write is not served: a read of its rows waits for its decision (another
+    // replica may serve it already), and is refused past the wait, naming the row; other rows
+    // are read at once
     let mut out = vec![0f32; 2 * d];
-    store.read_rows("t0", &ids, &mut out).unwrap();
-    assert_eq!(out, before, "a prepared write is not served");
+    let e = store.read_rows("t0", &ids, &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
+    assert!(e.to_string().contains("row 5"), "{e}");
+    let mut seventh = vec![0f32; d];
+    store.read_rows("t0", &[7], &mut seventh).unwrap();
+    assert_eq!(seventh, row(0, 7));
     assert_eq!(store.version().unwrap(), v0);
     let listed = replica.transactions().unwrap();
     assert_eq!(listed.len(), 1);
