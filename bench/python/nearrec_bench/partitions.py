@@ -561,7 +561,7 @@ def _schedule(cfg: PartitionsConfig, net: Net, index: int, root: Path, lay: Layo
     found = judge(history, last)
     if "failed" in last:
         found.insert(0, f"the last check could not run: {last['failed']}")
-    ops = defaultdict(int)
+    ops: defaultdict[str, int] = defaultdict(int)
     for h in history:
         ops[f"{h['kind']}.{h['outcome']}"] += 1
     return {"schedule": index, "faults": timeline, "ops": dict(ops), "stale_after": last["stale"],

@@ -494,13 +494,18 @@ type Start<T> =
 /// Reads of several shards of a writable store made before one is given up on (`fan_out`).
 const SETTLE_READS: usize = 8;
 
-/// Whether two answers of one shard hold the same values, bit for bit (a NaN equals itself).
+/// Whether two answers of one shard hold the same values: equal to rounding (the SSD tier sums
+/// a bag's rows in the order they land, so two reads of one state may differ in the last bits;
+/// a write's values differ by more), a NaN equal to itself.
 trait Same {
     fn same(&self, other: &Self) -> bool;
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    a.len() == b.len()
+        && (a.iter().zip(b)).all(|(x, y)| {
+            x.to_bits() == y.to_bits() || (x - y).abs() <= 1e-5 * x.abs().max(y.abs()).max(1.0)
+        })
 }
 
 impl Same for nearrec::Pooled {
@@ -648,10 +653,10 @@ impl Inner {
     ///
     /// A write across shards commits on each shard in turn, so a read of several shards of a
     /// writable store could see one shard's share of it and not another's. Such a read is
-    /// read again, until two reads in a row answer alike: then at the moment the second began
-    /// every shard held what both answered (a replica holding a write prepared and undecided on
-    /// the rows a read asks for waits for its decision before it answers), which no write was
-    /// half way through. Past [`SETTLE_READS`] reads, `Unavailable`.
+    /// read again, until two reads in a row answer alike (to rounding): then at the moment the
+    /// second began every shard held what both answered (a replica holding a write prepared and
+    /// undecided on the rows a read asks for waits for its decision before it answers), which
+    /// no write was half way through. Past [`SETTLE_READS`] reads, `Unavailable`.
     fn fan_out<T: Send + Same>(
         &self,
         split: &Split,

@@ -579,11 +579,6 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
     let replica = needs!(store, replica);
     let d = DIM as usize;
     let ids = [5i64, 6];
-    let before = {
-        let mut out = vec![0f32; 2 * d];
-        store.read_rows("t0", &ids, &mut out).unwrap();
-        out
-    };
     let new: Vec<f32> = (0..2 * d).map(|i| i as f32 - 3.5).collect();
     let w = RowWrite {
         table: "t0",

@@ -1,0 +1,98 @@
+"""The partition harness (``nearrec bench partitions``), short: its checks on hand-made
+outcomes, then one schedule with the membership in etcd (no anomaly) and one without, which must
+find the split-brain ``docs/distributed.md`` describes. The runs need root (network
+namespaces), nft and etcd (``make system-deps``); they are skipped, said, where those lack."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nearrec_bench import partitions as p
+
+
+def h(router: int, kind: str, ids: list[int], values: list[int], invoke: float,
+      complete: float, outcome: str = "ok", error: str | None = None) -> dict[str, Any]:
+    return {"router": router, "thread": 0, "kind": kind, "ids": ids, "values": values,
+            "invoke": int(invoke * 1e9), "complete": int(complete * 1e9), "outcome": outcome,
+            "error": error}
+
+
+def replicas(rows0: dict[int, int], rows1: dict[int, int] | None = None,
+             versions: tuple[int, int] = (1, 1)) -> dict[str, Any]:
+    def one(rows: dict[int, int], version: int) -> dict[str, Any]:
+        return {"version": version, "digests": str(sorted(rows.items())),
+                "rows": {str(k): v for k, v in rows.items()}}
+    rows1 = rows0 if rows1 is None else rows1
+    return {"n00": one(rows0, versions[0]), "n01": one(rows1, versions[1]),
+            "n10": one({}, 1), "n11": one({}, 1)}
+
+
+def test_a_clean_history_passes() -> None:
+    history = [h(0, "write", [1], [5], 0, 1), h(1, "read", [1], [5], 2, 3),
+               h(0, "write", [10, 42], [7, 7], 3, 4), h(1, "read", [10, 42], [7, 7], 5, 6)]
+    last = {"reads": [h(-1, "read", [1], [5], 9, 10)], "replicas": replicas({1: 5})}
+    assert p.judge(history + last["reads"], last) == []
+
+
+@pytest.mark.parametrize("history,last,found", [
+    # a read that returns what was overwritten before it began
+    ([h(0, "write", [1], [5], 0, 1), h(0, "write", [1], [6], 2, 3),
+      h(1, "read", [1], [5], 4, 5)], None, "not linearizable"),
+    # one row of a cross-shard write without the other
+    ([h(0, "write", [10, 42], [7, 7], 0, 1), h(1, "read", [10, 42], [7, 0], 2, 3)], None,
+     "half of a cross-shard write"),
+    # a router's read going back to a value written before the one it read
+    ([h(0, "write", [1], [5], 0, 1), h(0, "write", [1], [6], 2, 3),
+      h(1, "read", [1], [6], 4, 5), h(1, "read", [1], [5], 6, 7)], None, "went back"),
+    # a write reported failed (not in doubt) whose value is read: it was applied after all
+    ([h(0, "write", [1], [5], 0, 1, "fail", "Unavailable: no replica prepared the write"),
+      h(1, "read", [1], [5], 2, 3)], None, "not linearizable"),
+    # replicas that differ after the heal
+    ([], {"reads": [], "replicas": replicas({1: 5}, {1: 6}, (3, 2))}, "replicas differ"),
+    # a replica that does not serve after the heal
+    ([], {"reads": [], "replicas": {**replicas({}), "n01": {"error": "Unavailable"}}},
+     "does not serve after the heal"),
+])
+def test_each_anomaly_is_found(history: list[dict[str, Any]], last: dict[str, Any] | None,
+                               found: str) -> None:
+    last = last or {"reads": [], "replicas": replicas({})}
+    anomalies = p.judge(history + last["reads"], last)
+    assert any(found in a for a in anomalies), anomalies
+
+
+def test_a_write_in_doubt_may_have_been_applied() -> None:
+    history = [h(0, "write", [1], [5], 0, 1, "fail", "Unavailable: transaction 01 is in doubt"),
+               h(1, "read", [1], [5], 2, 3)]
+    assert p.judge(history, {"reads": [], "replicas": replicas({})}) == []
+
+
+def _can_run() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("etcd") is None:
+        return "etcd is not installed (Debian's etcd-server; make system-deps)"
+    return p.nft_works()
+
+
+@pytest.mark.skipif(_can_run() is not None, reason=str(_can_run()))
+def test_with_etcd_a_schedule_of_partitions_finds_nothing(tmp_path: Path) -> None:
+    cfg = p.PartitionsConfig(schedules=1, seconds=8.0, seed=5, scratch=tmp_path,
+                             faults=("split-routers", "partition-replica", "kill-replica"))
+    [record] = p.run(cfg, print)
+    [result] = record.extra["results"]
+    assert result["faults"], "the schedule did nothing"
+    assert result["anomalies"] == [], result
+    assert result["ops"].get("write.ok", 0) > 50 and result["ops"].get("read.ok", 0) > 50
+
+
+@pytest.mark.skipif(_can_run() is not None, reason=str(_can_run()))
+def test_without_etcd_the_documented_split_brain_is_found(tmp_path: Path) -> None:
+    cfg = p.PartitionsConfig(schedules=1, seconds=10.0, etcd=False, scratch=tmp_path)
+    [record] = p.run(cfg, print)
+    [result] = record.extra["results"]
+    assert result["anomalies"], "no anomaly: the harness no longer finds the split"
