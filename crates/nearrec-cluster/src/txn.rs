@@ -289,18 +289,23 @@ impl Coordinator<'_> {
                     self.finish(tx, &shares, &prepared)
                 }
                 // aborted there (by a router settling it as abandoned): aborted everywhere
-                Some(Some(TxState::Aborted) | None) => {
+                Some(Some(TxState::Aborted)) => {
                     on_each(&shares[1..], |s| {
                         s.replica.client.decide(tx, Decision::Abort, false)
                     });
                     Err(e)
                 }
-                Some(Some(TxState::Prepared)) | None => Err(self.error(
+                // held no more there: decided and forgotten meanwhile (a router settling it
+                // forgets it once no replica holds it), committed or aborted — which, this
+                // router cannot tell (found by the partition harness: a committed write was
+                // reported as failed)
+                Some(None | Some(TxState::Prepared)) | None => Err(self.error(
                     decider.0,
                     ErrorKind::Unavailable,
                     format!(
                         "transaction {tx:032x} is in doubt: its deciding replica ({}) did not \
-                     take its commit ({e}); the next write that meets it settles it",
+                         answer its commit ({e}), and its outcome could not be read there; it \
+                         is applied everywhere or nowhere once settled",
                         shares[0].replica.addr
                     ),
                 )),
