@@ -23,14 +23,15 @@
 //! transactions older than the call's deadline (their router is gone: no call of it runs
 //! longer) and tries again while its deadline allows.
 //!
-//! What readers see: each shard serves its share from its commit on, and a replica holding it
-//! prepared makes a lookup of its rows wait for its decision (`nearrec`'s `live/txn.rs`); each
-//! shard's read floor is raised to the version its commit made. A lookup of several shards of a
-//! writable store is read again until two reads agree (`store/mod.rs`, `fan_out`), so through
-//! any router it sees a cross-shard write whole or not at all.
+//! What readers see: each shard serves its share from its commit on. While the decider and one
+//! replica of every other shard commit, this router's lookups wait (and the ones under way are
+//! waited for), and each shard's read floor is raised to the version its commit made, so a
+//! lookup through this router sees a cross-shard write whole or not at all. A lookup through
+//! another router may read one shard's share a round trip before another's; a lookup that
+//! starts after the write returned sees all of it through any router.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use nearrec::{
@@ -109,6 +110,8 @@ pub(crate) struct Coordinator<'a> {
     /// The sharded store's name, for errors.
     pub store: &'a str,
     pub all: &'a [Shard],
+    /// Held by the store's lookups; taken whole while a write's shares commit.
+    pub visible: &'a RwLock<()>,
     /// The cluster version read (replicas serving another are not asked of their membership).
     pub pin: u64,
 }
@@ -278,7 +281,9 @@ impl Coordinator<'_> {
             });
             return Err(e);
         }
-        // phase two: the decision, then everyone else
+        // phase two: the decision, then everyone else, this router's lookups waiting until every
+        // shard serves it
+        let visible = self.visible.write().unwrap_or_else(|p| p.into_inner());
         let decided = shares[0].replica.client.decide(tx, Decision::Commit, true);
         if let Ok(v) = decided {
             self.all[decider.0].seen.raise(v);
@@ -286,7 +291,7 @@ impl Coordinator<'_> {
         if let Err(e) = decided {
             return match state_at(&shares[0].replica, tx) {
                 Some(Some(TxState::Applied | TxState::Committed)) => {
-                    self.finish(tx, &shares, &prepared)
+                    self.finish(tx, &shares, &prepared, visible)
                 }
                 // aborted there (by a router settling it as abandoned): aborted everywhere
                 Some(Some(TxState::Aborted)) => {
@@ -296,10 +301,37 @@ impl Coordinator<'_> {
                     Err(e)
                 }
                 // held no more there: decided and forgotten meanwhile (a router settling it
-                // forgets it once no replica holds it), committed or aborted — which, this
-                // router cannot tell (found by the partition harness: a committed write was
-                // reported as failed)
-                Some(None | Some(TxState::Prepared)) | None => Err(self.error(
+                // forgets it once no replica holds it), committed or aborted. An abort kept
+                // there tells which: refused, it was committed (found by the partition harness:
+                // a committed write was reported failed)
+                Some(None) => match shares[0].replica.client.decide(tx, Decision::Abort, true) {
+                    Ok(_) => {
+                        on_each(&shares[1..], |s| {
+                            s.replica.client.decide(tx, Decision::Abort, false)
+                        });
+                        Err(e)
+                    }
+                    // refused as committed there (a Transaction error)
+                    Err(refused) if refused.kind() == ErrorKind::InvalidRequest => Err(self.error(
+                        decider.0,
+                        ErrorKind::Unavailable,
+                        format!(
+                            "transaction {tx:032x} is committed: its deciding replica ({}) \
+                                 did not answer its commit ({e}), and it was settled meanwhile",
+                            shares[0].replica.addr
+                        ),
+                    )),
+                    Err(_) => Err(self.error(
+                        decider.0,
+                        ErrorKind::Unavailable,
+                        format!(
+                            "transaction {tx:032x} is in doubt: its deciding replica ({}) did \
+                             not answer its commit ({e}), nor its abort after",
+                            shares[0].replica.addr
+                        ),
+                    )),
+                },
+                Some(Some(TxState::Prepared)) | None => Err(self.error(
                     decider.0,
                     ErrorKind::Unavailable,
                     format!(
@@ -311,12 +343,12 @@ impl Coordinator<'_> {
                 )),
             };
         }
-        self.finish(tx, &shares, &prepared)
+        self.finish(tx, &shares, &prepared, visible)
     }
 
-    /// After the decision: one replica of every other shard commits, each shard's read floor
-    /// raised to the version it committed at (a lookup after reads no replica that has not
-    /// committed yet); then the other replicas
+    /// After the decision: one replica of every other shard commits, while `visible` keeps this
+    /// router's lookups waiting, each shard's read floor raised to the version it committed at
+    /// (a lookup after reads no replica that has not committed yet); then the other replicas
     /// commit, a replica that fails it stale; the decider forgets (on a thread of its own). A
     /// shard none of whose replicas took the commit holds it prepared until settled: the call
     /// fails, naming it, though it is committed.
@@ -325,6 +357,7 @@ impl Coordinator<'_> {
         tx: u128,
         shares: &[Share<'_>],
         prepared: &[nearrec::Result<()>],
+        visible: RwLockWriteGuard<'_, ()>,
     ) -> nearrec::Result<()> {
         let ready: Vec<&Share<'_>> = (shares.iter().zip(prepared))
             .skip(1)
@@ -353,6 +386,7 @@ impl Coordinator<'_> {
                 .find(|s| commit(s))
                 .map(|s| s.at)
         });
+        drop(visible);
         // the rest: the replicas after the one that committed (those before it failed)
         let rest: Vec<&Share<'_>> = (ready.iter().copied())
             .filter(|s| match shards.iter().position(|&k| k == s.at.0) {

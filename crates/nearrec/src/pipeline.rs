@@ -130,8 +130,7 @@ impl Store {
         pool.spawn(move || {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let batch = batch.as_batch();
-                let snapshot = store.read_snapshot(&batch, None)?;
-                store.lookup_at(&batch, &snapshot).map(|(p, _)| p)
+                store.lookup_at(&batch, &store.snapshot()).map(|(p, _)| p)
             }));
             slot.put(result.unwrap_or_else(|_| {
                 Err(Error::Internal(
@@ -167,11 +166,11 @@ impl Store {
         let prepared = self.prepare(batch)?;
         let (bags, width) = (prepared.batch(), prepared.width());
         if bags <= sub_batch {
-            return (self.lookup_at(batch, &*self.read_snapshot(batch, None)?)).map(|(p, _)| p);
+            return self.lookup_at(batch, &self.snapshot()).map(|(p, _)| p);
         }
         let parts = split(batch, &prepared, sub_batch);
         // every sub-batch reads the version the batch started at
-        let snapshot = self.read_snapshot(batch, None)?;
+        let snapshot = self.snapshot();
         let mut values = vec![0f32; bags * width];
         let chunks: Vec<&mut [f32]> = values.chunks_mut(sub_batch * width.max(1)).collect();
         let work = Mutex::new(parts.iter().zip(chunks));

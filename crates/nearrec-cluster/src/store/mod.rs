@@ -120,6 +120,9 @@ struct Inner {
     options: ShardedOptions,
     runtime: tokio::runtime::Runtime,
     closed: AtomicBool,
+    /// Held by a lookup; taken whole while a cross-shard write commits (`txn.rs`), so that no
+    /// lookup of this router reads one shard's share of it without the others'.
+    visible: std::sync::RwLock<()>,
     /// The cluster version every batch reads at (`versions.rs`); 0: the shards are not
     /// served from repositories, each read takes what is served.
     pin: AtomicU64,
@@ -253,6 +256,7 @@ impl ShardedStore {
                 options,
                 runtime,
                 closed: AtomicBool::new(false),
+                visible: std::sync::RwLock::new(()),
                 pin: AtomicU64::new(pin),
                 switching: std::sync::RwLock::new(()),
                 batches: AtomicU64::new(0),
@@ -491,40 +495,6 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
 type Start<T> =
     fn(&Client, &Batch<'_>, Option<u64>, Option<Instant>) -> nearrec::Result<Started<(T, u64)>>;
 
-/// Reads of several shards of a writable store made before one is given up on (`fan_out`).
-const SETTLE_READS: usize = 8;
-
-/// Whether two answers of one shard hold the same values: equal to rounding (the SSD tier sums
-/// a bag's rows in the order they land, so two reads of one state may differ in the last bits;
-/// a write's values differ by more), a NaN equal to itself.
-trait Same {
-    fn same(&self, other: &Self) -> bool;
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len()
-        && (a.iter().zip(b)).all(|(x, y)| {
-            x.to_bits() == y.to_bits() || (x - y).abs() <= 1e-5 * x.abs().max(y.abs()).max(1.0)
-        })
-}
-
-impl Same for nearrec::Pooled {
-    fn same(&self, other: &Self) -> bool {
-        (self.batch, &self.tables) == (other.batch, &other.tables)
-            && same_bits(&self.values, &other.values)
-    }
-}
-
-impl Same for Vec<nearrec::Rows> {
-    fn same(&self, other: &Self) -> bool {
-        self.len() == other.len()
-            && (self.iter().zip(other)).all(|(a, b)| {
-                (&a.table, a.dim, &a.ids) == (&b.table, b.dim, &b.ids)
-                    && same_bits(&a.values, &b.values)
-            })
-    }
-}
-
 /// A write's rows on one shard: `(shard, table, local ids, values)`.
 type Routed<'a> = (usize, &'a str, Vec<i64>, Option<nearrec::OwnedValues>);
 
@@ -650,49 +620,7 @@ impl Inner {
     /// Each shard's share of `split` asked at once at cluster version `at` (0: what each
     /// serves; `start` begins one on a replica's client): the answers by shard (`None` for a
     /// shard not asked), and the version the read saw.
-    ///
-    /// A write across shards commits on each shard in turn, so a read of several shards of a
-    /// writable store could see one shard's share of it and not another's. Such a read is
-    /// read again, until two reads in a row answer alike (to rounding): then at the moment the
-    /// second began every shard held what both answered (a replica holding a write prepared and
-    /// undecided on the rows a read asks for waits for its decision before it answers), which
-    /// no write was half way through. Past [`SETTLE_READS`] reads, `Unavailable`.
-    fn fan_out<T: Send + Same>(
-        &self,
-        split: &Split,
-        batch: &Batch<'_>,
-        at: u64,
-        start: Start<T>,
-    ) -> nearrec::Result<(Vec<Option<T>>, u64)> {
-        let (mut answers, mut version) = self.fan_out_once(split, batch, at, start)?;
-        if !self.writable || split.shards().nth(1).is_none() {
-            return Ok((answers, version));
-        }
-        for _ in 1..SETTLE_READS {
-            let (again, v) = self.fan_out_once(split, batch, at, start)?;
-            let alike = (answers.iter().zip(&again)).all(|(a, b)| match (a, b) {
-                (Some(a), Some(b)) => a.same(b),
-                (None, None) => true,
-                _ => false,
-            });
-            if alike {
-                return Ok((again, v));
-            }
-            (answers, version) = (again, v);
-        }
-        let _ = version;
-        Err(Error::Shard {
-            store: self.plan.store.clone(),
-            shard: split.shards().next().unwrap_or(0),
-            kind: ErrorKind::Unavailable,
-            reason: format!(
-                "the rows read were written between each of {SETTLE_READS} reads of the shards: \
-                 no read saw every shard at one moment"
-            ),
-        })
-    }
-
-    fn fan_out_once<T: Send>(
+    fn fan_out<T: Send>(
         &self,
         split: &Split,
         batch: &Batch<'_>,
@@ -700,6 +628,7 @@ impl Inner {
         start: Start<T>,
     ) -> nearrec::Result<(Vec<Option<T>>, u64)> {
         let deadline = self.deadline();
+        let _visible = self.visible.read().unwrap_or_else(|p| p.into_inner());
         let asked: Vec<usize> = split.shards().collect();
         let version = (at > 0).then_some(at);
         let tables = &self.plan.tables;

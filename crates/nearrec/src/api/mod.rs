@@ -63,9 +63,8 @@ pub trait StoreApi: Send + Sync + std::fmt::Debug {
     /// Its tables, version, tier and whether it keeps a model.
     fn info(&self) -> Result<Info>;
 
-    /// Whether a lookup here never waits — every row in DRAM, no device read, and no write
-    /// prepared here and undecided that a lookup of its rows would wait for — so that a node
-    /// may run it on its async workers. Asked per request: it may change.
+    /// Whether every row is in DRAM here, so that a lookup never waits on a device (a node
+    /// runs such lookups on its async workers).
     fn resident(&self) -> bool {
         false
     }

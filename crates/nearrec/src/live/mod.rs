@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -284,10 +284,6 @@ pub(super) struct Writer {
     retired: Mutex<Vec<String>>,
     /// The cross-shard transactions it has prepared, and the outcomes it keeps.
     txns: txn::Txns,
-    /// Told at each decision: a lookup of rows an undecided transaction holds waits on it.
-    decided: Condvar,
-    /// Transactions prepared here and not yet decided (a lookup's check without the lock).
-    undecided: AtomicUsize,
     /// The transactions decided here lately, kept or not (a replayed prepare is refused).
     finished: Mutex<txn::Finished>,
     /// Each keyed table's keys as the log has decided them, by table name (taken under the
@@ -384,8 +380,6 @@ impl Live {
                 gate: RwLock::new(()),
                 retired: Mutex::new(retired),
                 txns: txn::Txns::default(),
-                decided: Condvar::new(),
-                undecided: AtomicUsize::new(0),
                 finished: Mutex::default(),
                 books: Mutex::default(),
                 cursors: Mutex::default(),

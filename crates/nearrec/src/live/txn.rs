@@ -22,13 +22,12 @@
 //! deciding shard and settles it (`nearrec-cluster`'s `txn.rs`).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
 use nearrec_format::wal::{Op, TxState, move_tx, read_txns, remove_tx, write_tx};
 
 use super::{FeedCursor, Live, RowWrite, WriteOptions, Writer, lock};
-use crate::batch::{Batch, Indices};
 use crate::error::{Error, Result};
 use crate::membership::now_ms;
 
@@ -224,7 +223,6 @@ impl Live {
                 need,
             },
         );
-        recount(w, &held);
         Ok(())
     }
 
@@ -260,6 +258,21 @@ impl Live {
             }
             (Decision::Commit, Some(TxState::Applied))
             | (Decision::Abort, Some(TxState::Aborted)) => {}
+            // decided here and forgotten since: as it was decided
+            (Decision::Commit, None)
+                if lock(&w.finished)
+                    .get(tx)
+                    .is_some_and(|(s, _)| s == TxState::Applied) => {}
+            (Decision::Abort, None)
+                if lock(&w.finished)
+                    .get(tx)
+                    .is_some_and(|(s, _)| s == TxState::Applied) =>
+            {
+                return Err(txn_error(
+                    tx,
+                    "committed here (and forgotten): it cannot abort",
+                ));
+            }
             (Decision::Abort, None) => {
                 if keep {
                     write_tx(&self.dir, tx, TxState::Aborted, "", &[])?;
@@ -304,48 +317,8 @@ impl Live {
             Decision::Commit => TxState::Applied,
             Decision::Abort => TxState::Aborted,
         };
-        recount(w, &held);
-        drop(held);
-        w.decided.notify_all();
         lock(&w.finished).note(tx, outcome);
         Ok(self.snapshot().version())
-    }
-
-    /// Whether a transaction prepared here is not yet decided (a lookup may wait for one).
-    pub(crate) fn has_undecided(&self) -> bool {
-        (self.writer.as_ref()).is_some_and(|w| w.undecided.load(Acquire) > 0)
-    }
-
-    /// Waits, for at most `within`, until no transaction prepared here and not yet decided
-    /// holds a row `batch` reads: a lookup that started after one replica of the shard (or
-    /// another shard) committed such a transaction must see it, and it is served here from
-    /// its commit on. Then the lookup takes its snapshot. Refused (`StoreLocked`, naming the
-    /// row and the transaction) past `within`: the transaction's coordinator is gone, and it
-    /// is served once settled. A store that takes no writes holds none.
-    pub(crate) fn wait_undecided(&self, batch: &Batch<'_>, within: Duration) -> Result<()> {
-        let Some(w) = self.writer.as_ref() else {
-            return Ok(());
-        };
-        if w.undecided.load(Acquire) == 0 {
-            return Ok(());
-        }
-        let deadline = Instant::now() + within;
-        let mut held = lock(&w.txns);
-        loop {
-            let hit = (held.iter())
-                .filter(|(_, h)| h.state == TxState::Prepared)
-                .find_map(|(&tx, h)| read_overlap(batch, &h.ops).map(|(t, r)| (t, r, tx)));
-            let Some((table, row, tx)) = hit else {
-                return Ok(());
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Held { table, row, tx });
-            }
-            held = (w.decided.wait_timeout(held, left))
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-        }
     }
 
     /// Logs and applies committed transaction `tx`'s rows (the caller holds the gate), then
@@ -446,36 +419,6 @@ impl Live {
             }
             held.insert(f.tx, h);
         }
-        recount(w, &held);
         Ok(())
     }
-}
-
-/// `w.undecided` made the count of `held`'s prepared transactions.
-fn recount(w: &Writer, held: &BTreeMap<u128, Held>) {
-    let n = (held.values())
-        .filter(|h| h.state == TxState::Prepared)
-        .count();
-    w.undecided.store(n, Release);
-}
-
-/// The first row a lookup of `batch` reads that `ops` write or remove: its table and id.
-/// (Keyed tables' lookups name keys, not rows, and no transaction writes them.)
-fn read_overlap(batch: &Batch<'_>, ops: &[Op]) -> Option<(String, u64)> {
-    ops.iter().find_map(|op| {
-        let (Op::Write { table, ids, .. } | Op::Remove { table, ids }) = op else {
-            return None;
-        };
-        let rows: HashSet<u64> = ids.iter().copied().collect();
-        (batch.tables.iter())
-            .filter(|t| t.table == table.as_str())
-            .find_map(|t| {
-                let hit = |id: i64| u64::try_from(id).ok().filter(|r| rows.contains(r));
-                match t.indices {
-                    Indices::I32(ids) => ids.iter().find_map(|&i| hit(i64::from(i))),
-                    Indices::I64(ids) => ids.iter().find_map(|&i| hit(i)),
-                }
-            })
-            .map(|row| (table.clone(), row))
-    })
 }

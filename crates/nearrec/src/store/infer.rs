@@ -72,7 +72,7 @@ impl Store {
         dense: &[f32],
         batch: &Batch<'_>,
     ) -> Result<Inferred> {
-        let snapshot = self.read_snapshot(batch, None)?;
+        let snapshot = self.snapshot();
         let (outputs, times) = snapshot
             .engine()
             .infer_at(model, dense, batch, snapshot.view())?;

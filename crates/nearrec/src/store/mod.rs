@@ -446,7 +446,7 @@ impl StoreApi for Store {
     }
 
     fn resident(&self) -> bool {
-        self.tier() == Tier::Dram && !self.current().live.has_undecided()
+        self.tier() == Tier::Dram
     }
 
     fn location(&self) -> Option<PathBuf> {
@@ -466,30 +466,21 @@ impl StoreApi for Store {
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)> {
-        self.read_at(batch, &*self.read_snapshot(batch, None)?)
+        self.read_at(batch, &self.snapshot())
     }
 
     fn lookup_into(&self, batch: &Batch<'_>, out: &mut [f32]) -> Result<Read> {
-        self.lookup_into_at(batch, out, &*self.read_snapshot(batch, None)?)
+        self.lookup_into_at(batch, out, &self.snapshot())
     }
 
     fn lookup_rows(&self, batch: &Batch<'_>) -> Result<Versioned<Vec<Rows>>> {
-        self.lookup_rows_at(batch, &*self.read_snapshot(batch, None)?)
+        self.lookup_rows_at(batch, &self.snapshot())
     }
 
     /// Decoded from the tables' bytes as the store is now, not pooled; held or not (a
-    /// catch-up compares and copies the rows of a replica that is no member). Rows a write
-    /// prepared here and undecided holds are read once it is decided, as a lookup's are.
+    /// catch-up compares and copies the rows of a replica that is no member).
     fn read_rows(&self, table: &str, rows: &[i64], out: &mut [f32]) -> Result<()> {
-        let asked = Batch::new(vec![crate::TableLookup::new(
-            table,
-            crate::Indices::I64(rows),
-            crate::Bags::Fixed {
-                batch: rows.len(),
-                bag_size: 1,
-            },
-        )]);
-        let snapshot = self.read_snapshot(&asked, None)?;
+        let snapshot = self.snapshot();
         let engine = snapshot.engine();
         let id = engine.table_id(table)?;
         let dim = engine.tables()[id].dim as usize;

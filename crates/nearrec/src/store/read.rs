@@ -2,8 +2,7 @@
 //! the caller's buffer (`execute`, the Python binding's fast path) or a new one; the contract's
 //! lookups are these at the current snapshot, a pinned one's at a held version's.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nearrec_engine::{Prepared, Stages};
 
@@ -11,10 +10,6 @@ use super::Store;
 use crate::batch::{Batch, Pooled, Read};
 use crate::error::{Error, Result};
 use crate::live::Snapshot;
-
-/// How long a lookup waits for a transaction prepared on its rows to be decided (its
-/// coordinator commits within a round trip; one that died leaves it for settling).
-const UNDECIDED_WAIT: Duration = Duration::from_secs(2);
 
 impl Store {
     /// [`Store::lookup_at`] with the version `snapshot` is and where the time went: what the
@@ -35,24 +30,8 @@ impl Store {
     /// Pools `batch` into `out`, row-major `[prepared.batch(), prepared.width()]`, as the
     /// store is now (every write that returned before is seen).
     pub fn execute(&self, batch: &Batch<'_>, prepared: &Prepared, out: &mut [f32]) -> Result<()> {
-        self.execute_at(batch, prepared, out, &*self.read_snapshot(batch, None)?)
+        self.execute_at(batch, prepared, out, &self.snapshot())
             .map(drop)
-    }
-
-    /// The snapshot a lookup of `batch` reads — the served version's, or held version
-    /// `version`'s — taken once no transaction prepared here and undecided holds a row it reads
-    /// (`Live::wait_undecided`, for at most [`UNDECIDED_WAIT`]): a lookup never answers a row
-    /// as it was before a write that another replica already serves.
-    pub(crate) fn read_snapshot(
-        &self,
-        batch: &Batch<'_>,
-        version: Option<u64>,
-    ) -> Result<Arc<Snapshot>> {
-        self.current().live.wait_undecided(batch, UNDECIDED_WAIT)?;
-        match version {
-            None => Ok(self.snapshot()),
-            Some(v) => self.snapshot_of(v),
-        }
     }
 
     /// [`Store::execute`] at `snapshot` (the parts of one batch read one version). Returns where

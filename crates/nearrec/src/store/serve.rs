@@ -64,12 +64,12 @@ impl Versions for Store {
     /// answers it: the served version, or one held beside it ([`crate::Replica::stage`]); any other is
     /// refused with [`Error::VersionNotServed`], never answered from another version.
     fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> Result<(Pooled, Read)> {
-        let snapshot = self.read_snapshot(batch, Some(version))?;
+        let snapshot = self.snapshot_of(version)?;
         self.read_at(batch, &snapshot)
     }
 
     fn lookup_rows_version(&self, batch: &Batch<'_>, version: u64) -> Result<Versioned<Vec<Rows>>> {
-        let snapshot = self.read_snapshot(batch, Some(version))?;
+        let snapshot = self.snapshot_of(version)?;
         self.lookup_rows_at(batch, &snapshot)
     }
 }
