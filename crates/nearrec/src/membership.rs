@@ -62,6 +62,16 @@ impl Membership {
         self.epoch == 0 || self.members.contains(&self.replica)
     }
 
+    /// `members` (ids, any order) made the shard's members at `epoch`; a fence lifted, as any
+    /// change lifts it.
+    pub(crate) fn install(&mut self, epoch: u64, members: &[u64]) {
+        self.epoch = epoch;
+        self.members = members.to_vec();
+        self.members.sort_unstable();
+        self.members.dedup();
+        self.fenced_at_ms = None;
+    }
+
     /// Whether a fence is held past its lease (a router may settle it).
     pub fn fence_expired(&self) -> bool {
         self.fenced_at_ms

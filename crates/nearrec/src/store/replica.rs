@@ -101,11 +101,7 @@ impl Replica for Store {
                     ),
                 ));
             }
-            m.epoch = epoch;
-            m.members = members.to_vec();
-            m.members.sort_unstable();
-            m.members.dedup();
-            m.fenced_at_ms = None;
+            m.install(epoch, members);
             Ok(())
         })
     }
@@ -205,11 +201,7 @@ impl Store {
             // a router's change may have moved it meanwhile: installed only over an older one
             place.change(|m| {
                 if epoch > m.epoch {
-                    m.epoch = epoch;
-                    m.members = members.to_vec();
-                    m.members.sort_unstable();
-                    m.members.dedup();
-                    m.fenced_at_ms = None;
+                    m.install(epoch, members);
                 }
                 Ok(())
             })?
