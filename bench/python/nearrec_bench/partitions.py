@@ -40,7 +40,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +87,10 @@ class PartitionsConfig:
     faults: tuple[str, ...] = FAULTS
     #: where each schedule's files go
     scratch: Path = Path("bench/scratch")
-    #: with etcd off, the schedules are the documented split alone
+    #: keep every schedule's files (those with anomalies are kept always); with etcd off, the
+    #: schedules are the documented split alone
     keep_files: bool = False
     progress_file: Path | None = None
-    records: list[dict[str, Any]] = field(default_factory=list)
 
 
 def quick() -> PartitionsConfig:
@@ -704,8 +704,7 @@ def run(cfg: PartitionsConfig, log: Callable[[str], None] = print) -> list[Recor
                    extra={"schedules": len(results), "anomalies": anomalies,
                           "schedules_with_anomalies": with_any, "ops_ok": ok,
                           "ops_failed": failed, "config": {k: str(v) for k, v in
-                                                           asdict(cfg).items()
-                                                           if k != "records"},
+                                                           asdict(cfg).items()},
                           "results": results})]
 
 
