@@ -402,7 +402,7 @@ impl Client {
     fn transaction(&self, tx: u128, step: Step) -> pb::TransactionRequest {
         pb::TransactionRequest {
             store: self.store.clone(),
-            tx: tx.to_le_bytes().to_vec().into(),
+            tx: convert::tx(tx),
             step: step as i32,
             ..Default::default()
         }
@@ -448,24 +448,30 @@ impl Client {
             raw,
             id: 0,
             at_version: at.unwrap_or(0),
+            expect: Vec::new(),
         }
     }
 
     /// Starts a lookup of `batch` on the client's runtime, made once: a future of its pooled
-    /// answer and the version it was read at. Dropping it cancels the call (the node sees the
-    /// stream reset). What a router awaits many of at once, hedging and failing over itself.
-    /// With `at`, the node answers as that version of its repository does, or refuses
-    /// (`Versions::lookup_version`).
+    /// answer, the version it was read at and its rows' last writers. Dropping it cancels the
+    /// call (the node sees the stream reset). What a router awaits many of at once, hedging
+    /// and failing over itself. With `at`, the node answers as that version of its repository
+    /// does, or refuses (`Versions::lookup_version`); `expect`: transactions the answer must
+    /// include (a replica holding one prepared waits for it).
     pub fn start_lookup(
         &self,
         batch: &Batch<'_>,
         at: Option<u64>,
         deadline: Option<Instant>,
-    ) -> nearrec::Result<Started<(Pooled, u64)>> {
+        expect: &[u128],
+    ) -> nearrec::Result<Started<Answered<Pooled>>> {
         let conn = self.conn()?;
-        let req = self.lookup_request(batch, false, at);
+        let req = pb::LookupRequest {
+            expect: expect.iter().map(|&t| convert::tx(t)).collect(),
+            ..self.lookup_request(batch, false, at)
+        };
         Ok(self.start(&conn, req, deadline, |a| {
-            Ok((convert::unpooled(a)?, a.version))
+            Answered::of(a, convert::unpooled(a)?)
         }))
     }
 
@@ -475,11 +481,15 @@ impl Client {
         batch: &Batch<'_>,
         at: Option<u64>,
         deadline: Option<Instant>,
-    ) -> nearrec::Result<Started<(Vec<Rows>, u64)>> {
+        expect: &[u128],
+    ) -> nearrec::Result<Started<Answered<Vec<Rows>>>> {
         let conn = self.conn()?;
-        let req = self.lookup_request(batch, true, at);
+        let req = pb::LookupRequest {
+            expect: expect.iter().map(|&t| convert::tx(t)).collect(),
+            ..self.lookup_request(batch, true, at)
+        };
         Ok(self.start(&conn, req, deadline, |a| {
-            Ok((convert::unraw(a)?, a.version))
+            Answered::of(a, convert::unraw(a)?)
         }))
     }
 
@@ -545,6 +555,27 @@ impl Client {
         };
         let answer = self.call(req)?;
         Ok(convert::unstats(answer))
+    }
+}
+
+/// A node's answer to a lookup started on a client ([`Client::start_lookup`]).
+#[derive(Debug)]
+pub struct Answered<T> {
+    pub value: T,
+    /// The store's version it was read at.
+    pub version: u64,
+    /// The transactions that last wrote the rows read, lately (a replica whose shard writes in
+    /// two phases; `nearrec::WRITERS_KEPT`).
+    pub writers: Vec<nearrec::LastWriter>,
+}
+
+impl<T> Answered<T> {
+    fn of(answer: &pb::LookupResponse, value: T) -> nearrec::Result<Self> {
+        Ok(Self {
+            value,
+            version: answer.version,
+            writers: convert::unwriters(answer)?,
+        })
     }
 }
 

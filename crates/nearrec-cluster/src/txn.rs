@@ -23,15 +23,15 @@
 //! transactions older than the call's deadline (their router is gone: no call of it runs
 //! longer) and tries again while its deadline allows.
 //!
-//! What readers see: each shard serves its share from its commit on. While the decider and one
-//! replica of every other shard commit, this router's lookups wait (and the ones under way are
-//! waited for), and each shard's read floor is raised to the version its commit made, so a
-//! lookup through this router sees a cross-shard write whole or not at all. A lookup through
-//! another router may read one shard's share a round trip before another's; a lookup that
-//! starts after the write returned sees all of it through any router.
+//! What readers see: each shard serves its share from its commit on, and each shard's read
+//! floor at this router is raised to the version its commit made. A lookup, through any router,
+//! sees the write whole or not at all: a replica's lookup waits for the transactions prepared
+//! there before it came that hold its rows, and the answers of one read of several shards are
+//! checked against each other, a shard that has not shown a transaction another shows read
+//! again (`crate::store`'s `reads.rs`; `docs/distributed.md`, "Reads while writes go on").
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nearrec::{
@@ -110,8 +110,6 @@ pub(crate) struct Coordinator<'a> {
     /// The sharded store's name, for errors.
     pub store: &'a str,
     pub all: &'a [Shard],
-    /// Held by the store's lookups; taken whole while a write's shares commit.
-    pub visible: &'a RwLock<()>,
     /// The cluster version read (replicas serving another are not asked of their membership).
     pub pin: u64,
 }
@@ -281,9 +279,7 @@ impl Coordinator<'_> {
             });
             return Err(e);
         }
-        // phase two: the decision, then everyone else, this router's lookups waiting until every
-        // shard serves it
-        let visible = self.visible.write().unwrap_or_else(|p| p.into_inner());
+        // phase two: the decision, then everyone else
         let decided = shares[0].replica.client.decide(tx, Decision::Commit, true);
         if let Ok(v) = decided {
             self.all[decider.0].seen.raise(v);
@@ -291,7 +287,7 @@ impl Coordinator<'_> {
         if let Err(e) = decided {
             return match state_at(&shares[0].replica, tx) {
                 Some(Some(TxState::Applied | TxState::Committed)) => {
-                    self.finish(tx, &shares, &prepared, visible)
+                    self.finish(tx, &shares, &prepared)
                 }
                 // aborted there (by a router settling it as abandoned): aborted everywhere
                 Some(Some(TxState::Aborted)) => {
@@ -343,35 +339,29 @@ impl Coordinator<'_> {
                 )),
             };
         }
-        self.finish(tx, &shares, &prepared, visible)
+        self.finish(tx, &shares, &prepared)
     }
 
-    /// After the decision: one replica of every other shard commits, while `visible` keeps this
-    /// router's lookups waiting, each shard's read floor raised to the version it committed at
-    /// (a lookup after reads no replica that has not committed yet); then the other replicas
-    /// commit, a replica that fails it stale; the decider forgets (on a thread of its own). A
+    /// After the decision: every other replica commits at once, each shard's read floor raised
+    /// to the version it committed at (a lookup after reads no replica that has not committed
+    /// yet), a replica that fails it left out; the decider forgets (on a thread of its own). A
     /// shard none of whose replicas took the commit holds it prepared until settled: the call
-    /// fails, naming it, though it is committed.
+    /// fails, naming it, though it is committed. Lookups meanwhile, of this router or another,
+    /// see the write whole or not at all (`crate::store`'s `reads.rs`).
     fn finish(
         &self,
         tx: u128,
         shares: &[Share<'_>],
         prepared: &[nearrec::Result<()>],
-        visible: RwLockWriteGuard<'_, ()>,
     ) -> nearrec::Result<()> {
         let ready: Vec<&Share<'_>> = (shares.iter().zip(prepared))
             .skip(1)
             .filter(|(_, p)| p.is_ok())
             .map(|(s, _)| s)
             .collect();
-        // the decider's shard has its commit: the others need one replica's each first
-        let decided = shares[0].at.0;
-        let mut shards: Vec<usize> = (ready.iter().map(|s| s.at.0))
-            .filter(|&k| k != decided)
-            .collect();
-        shards.dedup();
         let failed = std::sync::Mutex::new(Vec::new());
-        let commit = |s: &Share<'_>| {
+        // every other replica at once
+        let done = on_each(&ready, |s| {
             let done = s.replica.client.decide(tx, Decision::Commit, false);
             if let Ok(v) = done {
                 self.all[s.at.0].seen.raise(v);
@@ -379,24 +369,15 @@ impl Coordinator<'_> {
                 failed.lock().unwrap().push((s.at.0, s.replica.clone()));
             }
             done.is_ok()
-        };
-        // the first wave: a replica of each shard, trying the next where one fails
-        let first: Vec<Option<At>> = on_each(&shards, |&k| {
-            (ready.iter().filter(|s| s.at.0 == k))
-                .find(|s| commit(s))
-                .map(|s| s.at)
         });
-        drop(visible);
-        // the rest: the replicas after the one that committed (those before it failed)
-        let rest: Vec<&Share<'_>> = (ready.iter().copied())
-            .filter(|s| match shards.iter().position(|&k| k == s.at.0) {
-                Some(k) => first[k].is_some_and(|f| s.at.1 > f.1),
-                None => true,
-            })
-            .collect();
-        on_each(&rest, |s| commit(s));
+        // a shard (other than the decider's, which has its commit) none of whose replicas took
+        // it
+        let decided = shares[0].at.0;
+        let untold = (ready.iter().map(|s| s.at.0))
+            .filter(|&k| k != decided)
+            .find(|&k| !(ready.iter().zip(&done)).any(|(s, &d)| s.at.0 == k && d));
         let left_out = self.leave_out(&failed.into_inner().unwrap(), None);
-        if let Some(k) = (shards.iter().zip(&first)).find_map(|(&k, f)| f.is_none().then_some(k)) {
+        if let Some(k) = untold {
             return Err(self.error(
                 k,
                 ErrorKind::Unavailable,

@@ -267,6 +267,7 @@ async fn one(
         raw,
         id: 0,
         at_version: 0,
+        expect: Vec::new(),
     };
     match mode {
         Mode::Embedded(s, slots, runs_on) => {

@@ -7,13 +7,11 @@
 //! moved past.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
-use nearrec::StoreApi;
 use nearrec_cluster::etcd::{EtcdOptions, Held, ShardMap, ShardRecord, hold};
 
 use crate::config::NodeConfig;
-use crate::stores::Stores;
+use crate::stores::{Stores, embedded};
 
 /// The replicas of `stores` to hold, each made to serve only while held, and held on a thread
 /// of its own (its own runtime: request handlers that block cannot starve the renewals) until
@@ -103,8 +101,4 @@ pub(crate) async fn start(
     connecting
         .await
         .map_err(|_| "the holds' thread stopped".to_owned())?
-}
-
-fn embedded(store: &Arc<dyn StoreApi>) -> Option<&nearrec::Store> {
-    store.concrete()?.downcast_ref::<nearrec::Store>()
 }

@@ -28,6 +28,52 @@ pub(crate) fn pooled(
     }
 }
 
+/// The embedded store `store` is, if it is one (not a sharded store's router).
+pub(crate) fn embedded(store: &Arc<dyn StoreApi>) -> Option<&Store> {
+    store.concrete()?.downcast_ref::<Store>()
+}
+
+/// Before a lookup of a replica whose shard writes in two phases: waits (on a blocking thread)
+/// until the transactions prepared there that hold a row of `batch`, and those of `expect`,
+/// are decided — at most a second, or to the call's deadline (`docs/distributed.md`, "Reads
+/// while writes go on"). At once where nothing is held, as on every store that takes no
+/// writes across shards.
+pub(crate) async fn settle(
+    store: &Arc<dyn StoreApi>,
+    batch: &nearrec::OwnedBatch,
+    expect: &[u128],
+    deadline: Option<std::time::Instant>,
+) -> nearrec::Result<()> {
+    use nearrec::AsBatch as _;
+    let Some(local) = embedded(store) else {
+        return Ok(());
+    };
+    let txns = local.awaited(&batch.as_batch(), expect);
+    if txns.is_empty() {
+        return Ok(());
+    }
+    let until = std::time::Instant::now() + SETTLE_WAIT;
+    let until = deadline.map_or(until, |d| d.min(until));
+    let store = store.clone();
+    let settled = tokio::task::spawn_blocking(move || {
+        embedded(&store).expect("embedded").settle(&txns, until)
+    });
+    settled
+        .await
+        .map_err(|e| nearrec::Error::invalid(e.to_string()))?
+}
+
+/// How long a lookup waits at most for a prepared transaction holding one of its rows.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The transactions that last wrote `batch`'s rows on an embedded store (none elsewhere).
+pub(crate) fn writers(
+    store: &Arc<dyn StoreApi>,
+    batch: &nearrec::Batch<'_>,
+) -> Vec<nearrec::LastWriter> {
+    embedded(store).map_or_else(Vec::new, |s| s.writers(batch))
+}
+
 /// Stores by name; a request's empty name means the only one.
 #[derive(Debug, Clone, Default)]
 pub struct Stores {

@@ -3,9 +3,9 @@
 //! engine's one validation, as for every other surface.
 
 use nearrec::{
-    Bags, Batch, CacheStatsSnapshot, Compaction, FeedCursor, IndexVec, Indices, Info, OwnedBags,
-    OwnedBatch, OwnedLookup, OwnedValues, Pooled, PoolingMode, RowValues, RowWrite, Rows, Stats,
-    TableCheck, TableInfo, TableLookup, TierReport, Transaction, TxState,
+    Bags, Batch, CacheStatsSnapshot, Compaction, FeedCursor, IndexVec, Indices, Info, LastWriter,
+    OwnedBags, OwnedBatch, OwnedLookup, OwnedValues, Pooled, PoolingMode, RowValues, RowWrite,
+    Rows, Stats, TableCheck, TableInfo, TableLookup, TierReport, Transaction, TxState,
 };
 
 use bytes::Bytes;
@@ -570,27 +570,57 @@ pub fn unmembership(m: Option<pb::Membership>) -> nearrec::Membership {
 
 pub fn transaction(t: &Transaction) -> pb::TransactionState {
     pb::TransactionState {
-        tx: t.tx.to_le_bytes().to_vec().into(),
+        tx: tx(t.tx),
         state: t.state.name().to_owned(),
         note: t.note.clone(),
         age_seconds: t.age.as_secs_f64(),
     }
 }
 
+/// A transaction's id as sent: 16 bytes, little-endian.
+pub fn tx(tx: u128) -> Bytes {
+    tx.to_le_bytes().to_vec().into()
+}
+
+/// [`tx`] back.
+pub fn untx(b: &[u8]) -> nearrec::Result<u128> {
+    let b = <[u8; 16]>::try_from(b).map_err(|_| {
+        nearrec::Error::invalid(format!("a transaction's id of {} bytes, not 16", b.len()))
+    })?;
+    Ok(u128::from_le_bytes(b))
+}
+
+/// The last writers of a lookup's rows, as its answer carries them.
+pub fn writers(writers: Vec<LastWriter>) -> Vec<pb::LastWriter> {
+    (writers.into_iter())
+        .map(|w| pb::LastWriter {
+            tx: tx(w.tx),
+            note: w.note.to_string(),
+        })
+        .collect()
+}
+
+/// [`writers`] back (the client's side).
+pub fn unwriters(r: &pb::LookupResponse) -> nearrec::Result<Vec<LastWriter>> {
+    (r.writers.iter())
+        .map(|w| {
+            Ok(LastWriter {
+                tx: untx(&w.tx)?,
+                note: w.note.as_str().into(),
+            })
+        })
+        .collect()
+}
+
 /// [`transaction`] back (the client's side).
 pub fn untransaction(t: &pb::TransactionState) -> nearrec::Result<Transaction> {
     let bad = |reason: String| nearrec::Error::invalid(reason);
-    let tx = <[u8; 16]>::try_from(&t.tx[..]).map_err(|_| {
-        bad(format!(
-            "a transaction's id of {} bytes, not 16",
-            t.tx.len()
-        ))
-    })?;
+    let tx = untx(&t.tx)?;
     let state = (TxState::ALL.into_iter())
         .find(|s| s.name() == t.state)
         .ok_or_else(|| bad(format!("{:?} is not a transaction's state", t.state)))?;
     Ok(Transaction {
-        tx: u128::from_le_bytes(tx),
+        tx,
         state,
         note: t.note.clone(),
         age: std::time::Duration::try_from_secs_f64(t.age_seconds).unwrap_or_default(),

@@ -123,8 +123,8 @@ pub use config::{DeviceSource, DurabilityMode, PlanSource, StoreConfig, WalRecov
 pub use error::{Error, ErrorKind, Result};
 pub use jagged::{JaggedBlock, jagged};
 pub use live::{
-    Compaction, Decision, Fed, Feeds, OwnedValues, RowValues, RowWrite, Snapshot, Transaction,
-    WriteOptions, check_encoded, check_values,
+    Compaction, Decision, Fed, Feeds, LastWriter, OwnedValues, RowValues, RowWrite, Snapshot,
+    Transaction, WRITERS_KEPT, WriteOptions, check_encoded, check_values,
 };
 pub use membership::{MEMBERSHIP_FILE, Membership};
 pub use model::{Inferred, SavedModel, StoredModel};

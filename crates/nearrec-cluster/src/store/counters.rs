@@ -68,6 +68,7 @@ impl Inner {
             counted("hedges", sum(|c| &c.hedges)),
             counted("hedge_wins", sum(|c| &c.hedge_wins)),
             counted("retries", sum(|c| &c.retries)),
+            counted("reads_again", self.reads_again.load(Ordering::Relaxed)),
             counted("failures", sum(|c| &c.failures)),
             counted(
                 "stale_replicas",

@@ -8,14 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::TryFutureExt;
-use futures::future::try_join_all;
 use nearrec::plan::{ShardPlan, ShardedTable};
-use nearrec::{
-    Batch, Error, ErrorKind, Info, Pooled, Read, Rows, StoreApi, StoredModel, SwapTo, Versioned,
-    Versions,
-};
-use nearrec_client::{Client, ClientOptions, Started};
+use nearrec::{Batch, Error, ErrorKind, Info, StoreApi, StoredModel, SwapTo, Versions};
+use nearrec_client::{Client, ClientOptions};
 use nearrec_engine::EngineError;
 use rustc_hash::FxHashMap;
 
@@ -29,6 +24,7 @@ use crate::{catch_up, members};
 mod contract;
 mod counters;
 mod infer;
+mod reads;
 mod replicas;
 mod writes;
 
@@ -120,9 +116,6 @@ struct Inner {
     options: ShardedOptions,
     runtime: tokio::runtime::Runtime,
     closed: AtomicBool,
-    /// Held by a lookup; taken whole while a cross-shard write commits (`txn.rs`), so that no
-    /// lookup of this router reads one shard's share of it without the others'.
-    visible: std::sync::RwLock<()>,
     /// The cluster version every batch reads at (`versions.rs`); 0: the shards are not
     /// served from repositories, each read takes what is served.
     pin: AtomicU64,
@@ -134,6 +127,9 @@ struct Inner {
     split_bags: AtomicU64,
     bag_shards: AtomicU64,
     bags: AtomicU64,
+    /// Shards' shares read again, their answers not agreeing on a write across shards
+    /// (`reads.rs`).
+    reads_again: AtomicU64,
 }
 
 impl ShardedStore {
@@ -256,11 +252,11 @@ impl ShardedStore {
                 options,
                 runtime,
                 closed: AtomicBool::new(false),
-                visible: std::sync::RwLock::new(()),
                 pin: AtomicU64::new(pin),
                 switching: std::sync::RwLock::new(()),
                 batches: AtomicU64::new(0),
                 spread_bags: AtomicU64::new(0),
+                reads_again: AtomicU64::new(0),
                 split_bags: AtomicU64::new(0),
                 bag_shards: AtomicU64::new(0),
                 bags: AtomicU64::new(0),
@@ -490,11 +486,6 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
     Ok(info)
 }
 
-/// How a read of one shard's share begins on a replica's client (at a version of its
-/// repository, when one is given).
-type Start<T> =
-    fn(&Client, &Batch<'_>, Option<u64>, Option<Instant>) -> nearrec::Result<Started<(T, u64)>>;
-
 /// A write's rows on one shard: `(shard, table, local ids, values)`.
 type Routed<'a> = (usize, &'a str, Vec<i64>, Option<nearrec::OwnedValues>);
 
@@ -557,127 +548,6 @@ impl Inner {
 
     fn deadline(&self) -> Option<Instant> {
         self.options.client.timeout.map(|t| Instant::now() + t)
-    }
-
-    /// The version a read of `answered` shards (shard, version) saw: each shard's version as it
-    /// answered, the others' as last seen.
-    fn version_of(&self, answered: &[(usize, u64)]) -> u64 {
-        (self.shards.iter())
-            .map(|s| {
-                answered
-                    .iter()
-                    .find(|(k, _)| *k == s.index)
-                    .map_or_else(|| s.seen.load(), |a| a.1)
-            })
-            .sum()
-    }
-
-    /// `read` at the cluster version: at the router's pin — moved to the version the shards
-    /// serve now, and `read` again, when a shard no longer holds it (another router switched
-    /// them), within the call's deadline — or at `at` when the caller names one.
-    fn pinned<T>(
-        &self,
-        at: Option<u64>,
-        read: impl Fn(u64) -> nearrec::Result<T>,
-    ) -> nearrec::Result<T> {
-        if let Some(at) = at {
-            return read(at);
-        }
-        let deadline = self.deadline();
-        let mut tries = 0;
-        loop {
-            let pin = self.pin.load(Ordering::Acquire);
-            let e = match read(pin) {
-                Err(e) if pin > 0 && e.kind() == ErrorKind::VersionNotServed => e,
-                done => return done,
-            };
-            tries += 1;
-            let now = versions::served(&self.shards);
-            if now != pin {
-                let moved =
-                    self.pin
-                        .compare_exchange(pin, now, Ordering::AcqRel, Ordering::Acquire);
-                if moved.is_ok() {
-                    for s in &self.shards {
-                        s.seen.repin(now, 0);
-                    }
-                }
-                continue;
-            }
-            // the shards are between two versions: wait for the switch to end
-            let pause = std::time::Duration::from_millis(20);
-            let late = match deadline {
-                Some(d) => Instant::now() + pause >= d,
-                None => tries >= 50,
-            };
-            if late {
-                return Err(e);
-            }
-            std::thread::sleep(pause);
-        }
-    }
-
-    /// Each shard's share of `split` asked at once at cluster version `at` (0: what each
-    /// serves; `start` begins one on a replica's client): the answers by shard (`None` for a
-    /// shard not asked), and the version the read saw.
-    fn fan_out<T: Send>(
-        &self,
-        split: &Split,
-        batch: &Batch<'_>,
-        at: u64,
-        start: Start<T>,
-    ) -> nearrec::Result<(Vec<Option<T>>, u64)> {
-        let deadline = self.deadline();
-        let _visible = self.visible.read().unwrap_or_else(|p| p.into_inner());
-        let asked: Vec<usize> = split.shards().collect();
-        let version = (at > 0).then_some(at);
-        let tables = &self.plan.tables;
-        let reads = asked.iter().map(|&s| {
-            let sub = split.batch_for(s, batch, tables);
-            self.shards[s]
-                .read(
-                    &self.plan.store,
-                    (self.options.hedge, at),
-                    deadline,
-                    move |c| start(c, &sub, version, deadline),
-                    |a| a.1,
-                )
-                .map_err(move |e| split.caller_error(s, e, tables))
-        });
-        let got = self.runtime.block_on(try_join_all(reads))?;
-        let mut answers: Vec<Option<T>> = (0..self.plan.shards).map(|_| None).collect();
-        let mut versions = Vec::with_capacity(asked.len());
-        for (&s, (answer, version)) in asked.iter().zip(got) {
-            answers[s] = Some(answer);
-            versions.push((s, version));
-        }
-        Ok((answers, self.version_of(&versions)))
-    }
-
-    /// Pools `batch`: every shard it needs asked at once, at one cluster version (`at`, or
-    /// the router's), the answers merged.
-    fn lookup(&self, batch: &Batch<'_>, at: Option<u64>) -> nearrec::Result<(Pooled, Read)> {
-        let split = self.split(batch)?;
-        let (answers, version) = self.pinned(at, |at| {
-            self.fan_out(&split, batch, at, Client::start_lookup)
-        })?;
-        let read = Read {
-            version,
-            ..Read::default()
-        };
-        Ok((split.merge(&answers, &self.plan.tables), read))
-    }
-
-    fn lookup_rows(
-        &self,
-        batch: &Batch<'_>,
-        at: Option<u64>,
-    ) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        let split = self.split(batch)?;
-        let (answers, version) = self.pinned(at, |at| {
-            self.fan_out(&split, batch, at, Client::start_lookup_rows)
-        })?;
-        Ok((split.merge_rows(&answers, &self.plan.tables), version))
     }
 
     /// The shards' versions, summed: the number of writes every shard has applied.

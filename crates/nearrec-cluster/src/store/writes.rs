@@ -216,7 +216,6 @@ impl Inner {
         txn::Coordinator {
             store: &self.plan.store,
             all: &self.shards,
-            visible: &self.visible,
             pin: self.pin.load(Ordering::Relaxed),
         }
     }

@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::seen::Seen;
 use super::{Answer, Answers, Caller, Checked, How, NodeService, bad, conn_budget, holding};
 use crate::admission::{Held, deadline};
-use crate::stores::{inline, pooled};
+use crate::stores::{inline, pooled, settle, writers};
 
 /// How many requests of one stream run at once (batch i + 1 while batch i is answered).
 const STREAM_DEPTH: usize = 4;
@@ -55,6 +55,12 @@ impl NodeService {
             (lookups, view.tables.iter().map(|t| t.declared_bags()).max())
         };
         let bytes = answer_bytes(&*store, &batch.as_batch(), raw, limit).map_err(bad)?;
+        let expect: Vec<u128> = (req.expect.iter().map(|t| convert::untx(t)))
+            .collect::<nearrec::Result<_>>()
+            .map_err(bad)?;
+        settle(&store, &batch, &expect, call.deadline)
+            .await
+            .map_err(bad)?;
         let mut held = Held {
             slot: None,
             bytes: Some(self.0.admission.reserve(bytes, call.conn.as_ref())?),
@@ -66,9 +72,15 @@ impl NodeService {
             let coalescer = &self.0.coalescers[name];
             if let Some(bags) = bags.filter(|&b| coalescer.takes(b)) {
                 let rpc = call.verb.rpc;
+                // a store that takes writes says which wrote the rows read: the batch kept
+                let kept = store.writes().is_some().then(|| batch.clone());
                 let lookup = coalescer.lookup(rpc, (batch, at), bags, call.deadline);
                 let (pooled, version) = lookup.await?;
-                return Ok((convert::pooled(id, version, pooled), held));
+                let mut answer = convert::pooled(id, version, pooled);
+                if let Some(batch) = kept {
+                    answer.writers = convert::writers(writers(&store, &batch.as_batch()));
+                }
+                return Ok((answer, held));
             }
         }
         let how = How {
@@ -78,7 +90,9 @@ impl NodeService {
         };
         let ((answer, stages), slot) = self
             .run(call.verb.rpc, call.deadline, how, move || {
-                lookup(&*store, id, (raw, at), &batch, limit)
+                let (mut answer, stages) = lookup(&*store, id, (raw, at), &batch, limit)?;
+                answer.writers = convert::writers(writers(&store, &batch.as_batch()));
+                Ok((answer, stages))
             })
             .await?;
         if let Some(stages) = stages {

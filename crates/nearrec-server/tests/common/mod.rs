@@ -148,6 +148,7 @@ pub fn request(store: &str, batch: &OwnedBatch, raw: bool, id: u64) -> pb::Looku
         raw,
         id,
         at_version: 0,
+        expect: Vec::new(),
     }
 }
 

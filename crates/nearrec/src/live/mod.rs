@@ -14,6 +14,7 @@ mod evicted;
 mod feed;
 mod follow;
 mod keys;
+mod settled;
 mod tables;
 mod txn;
 mod write;
@@ -38,6 +39,7 @@ use crate::error::{Error, Result};
 pub use compact::Compaction;
 pub(crate) use compact::{CompactionStats, Signal, spawn};
 pub use feed::{Fed, gap};
+pub use settled::{LastWriter, WRITERS_KEPT};
 pub use txn::{Decision, Transaction};
 pub use write::{check_encoded, check_values};
 
@@ -286,6 +288,10 @@ pub(super) struct Writer {
     txns: txn::Txns,
     /// The transactions decided here lately, kept or not (a replayed prepare is refused).
     finished: Mutex<txn::Finished>,
+    /// Signalled as a transaction is decided: lookups waiting for one go on (`settled.rs`).
+    decided: Condvar,
+    /// Each row's last writer among the transactions applied lately (`settled.rs`).
+    last_writers: Mutex<settled::LastWriters>,
     /// Each keyed table's keys as the log has decided them, by table name (taken under the
     /// log's lock while a call's record is appended).
     books: Mutex<HashMap<String, keys::KeyBook>>,
@@ -381,6 +387,8 @@ impl Live {
                 retired: Mutex::new(retired),
                 txns: txn::Txns::default(),
                 finished: Mutex::default(),
+                decided: Condvar::new(),
+                last_writers: Mutex::default(),
                 books: Mutex::default(),
                 cursors: Mutex::default(),
                 format_marked: AtomicU32::new(manifest.format_version),

@@ -99,9 +99,24 @@ pub(super) struct Held {
 }
 
 impl Held {
-    /// Whether it holds rows against other transactions.
-    fn holds(&self) -> bool {
+    /// Whether it holds rows against other transactions (and lookups of them wait).
+    pub(super) fn holds(&self) -> bool {
         matches!(self.state, TxState::Prepared | TxState::Committed)
+    }
+
+    /// Its rows, while it holds them.
+    pub(super) fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    /// The first row it writes: its table and id.
+    pub(super) fn first_row(&self) -> Option<(String, u64)> {
+        self.ops.iter().find_map(|op| match op {
+            Op::Write { table, ids, .. } | Op::Remove { table, ids } => {
+                Some((table.clone(), *ids.first()?))
+            }
+            _ => None,
+        })
     }
 }
 
@@ -121,7 +136,7 @@ fn txn_error(tx: u128, reason: impl Into<String>) -> Error {
 }
 
 /// The rows `ops` write or remove, by table.
-fn rows_of(ops: &[Op]) -> HashMap<&str, HashSet<u64>> {
+pub(super) fn rows_of(ops: &[Op]) -> HashMap<&str, HashSet<u64>> {
     let mut rows: HashMap<&str, HashSet<u64>> = HashMap::new();
     for op in ops {
         if let Op::Write { table, ids, .. } | Op::Remove { table, ids } = op {
@@ -318,6 +333,9 @@ impl Live {
             Decision::Abort => TxState::Aborted,
         };
         lock(&w.finished).note(tx, outcome);
+        drop(held);
+        // lookups waiting for it go on (`settled.rs`)
+        w.decided.notify_all();
         Ok(self.snapshot().version())
     }
 
@@ -340,6 +358,7 @@ impl Live {
             w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
         } else {
             self.log_and_apply(w, &h.ops, h.need)?;
+            lock(&w.last_writers).note(tx, &h.note, &h.ops);
             if let Some((feed, cursor)) = stamped {
                 lock(&w.cursors).insert(feed, cursor);
             }

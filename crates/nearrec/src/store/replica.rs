@@ -4,12 +4,13 @@
 //! (`crate::membership` keeps the state; `docs/distributed.md`, "A replica catching up").
 
 use std::sync::RwLockReadGuard;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Store, lock};
 use crate::api::Replica;
+use crate::batch::Batch;
 use crate::error::{Error, Result};
-use crate::live::{Decision, RowWrite, Transaction, WriteOptions};
+use crate::live::{Decision, LastWriter, RowWrite, Transaction, WriteOptions};
 use crate::membership::{Membership, changed, now_ms};
 use crate::versions::SwapTo;
 use nearrec_format::FeedCursor;
@@ -168,6 +169,28 @@ impl Replica for Store {
 }
 
 impl Store {
+    /// The transactions a lookup of `batch` coming now waits for ([`Store::settle`]): those
+    /// prepared here that hold one of its rows, and those of `expect` still held here
+    /// (`docs/distributed.md`, "Reads while writes go on"). None on a store that takes no
+    /// writes, and none while no write across shards is under way: a node asks before every
+    /// lookup of a replica.
+    pub fn awaited(&self, batch: &Batch<'_>, expect: &[u128]) -> Vec<u128> {
+        self.current().live.awaited(batch, expect)
+    }
+
+    /// Waits until none of `txns` is held prepared here (each decided, its rows applied or
+    /// let go of); past `until`, `StoreLocked` naming a row one still holds.
+    pub fn settle(&self, txns: &[u128], until: Instant) -> Result<()> {
+        self.current().live.settle(txns, until)
+    }
+
+    /// The transactions that last wrote `batch`'s rows within [`crate::WRITERS_KEPT`], each
+    /// once with its coordinator's note: what a router checks the answers of one read of
+    /// several shards against each other with.
+    pub fn writers(&self, batch: &Batch<'_>) -> Vec<LastWriter> {
+        self.current().live.writers(batch)
+    }
+
     /// Makes this replica served only while held ([`Store::hold`]), from now on: its node keeps
     /// its shard's membership in etcd. Until the first hold it serves nothing.
     pub fn require_hold(&self) {

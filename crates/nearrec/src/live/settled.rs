@@ -1,0 +1,205 @@
+//! What a lookup of a replica in a cluster that writes in two phases waits for, and what it
+//! says of the rows it read (`docs/distributed.md`, "Reads while writes go on").
+//!
+//! - A lookup first waits until every transaction prepared here *before it came* that holds one
+//!   of its rows is decided ([`Live::awaited`], [`Live::settle`]): a transaction is decided
+//!   only once every replica has prepared it, so a read that comes after the decision — after
+//!   another read saw it anywhere — sees it here too. Those prepared after the lookup came are
+//!   concurrent with it and not waited for: a row written without pause never starves a reader.
+//! - Its answer names the transaction that last wrote each row it read, within
+//!   [`WRITERS_KEPT`] ([`Live::writers`]), with the coordinator's note (the shards it wrote):
+//!   a router reading several shards checks the answers against each other and reads again a
+//!   shard that has not shown a transaction another shard's answer shows, naming it
+//!   (`expect`: waited for as if it held a row read).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nearrec_format::wal::Op;
+
+use super::{Live, lock};
+use crate::batch::Batch;
+use crate::error::{Error, Result};
+
+/// How long a row is remembered as last written by a transaction. A router's read of several
+/// shards that takes longer than half of it is read again whole (`nearrec-cluster`).
+pub const WRITERS_KEPT: Duration = Duration::from_secs(10);
+
+/// The transaction that last wrote a row a lookup read, and its coordinator's note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastWriter {
+    pub tx: u128,
+    pub note: Arc<str>,
+}
+
+/// Each row's last writer among the transactions applied within [`WRITERS_KEPT`].
+#[derive(Debug, Default)]
+pub(super) struct LastWriters {
+    /// By table, each row's last writer.
+    rows: HashMap<String, HashMap<u64, u128>>,
+    /// The transactions applied, oldest first.
+    order: VecDeque<Applied>,
+}
+
+/// A transaction applied: when, which, its note and rows.
+type Applied = (Instant, LastWriter, Vec<(String, u64)>);
+
+impl LastWriters {
+    /// Transaction `tx` (its note, its rows) applied now.
+    pub(super) fn note(&mut self, tx: u128, note: &str, ops: &[Op]) {
+        self.expire();
+        let mut rows = Vec::new();
+        for op in ops {
+            if let Op::Write { table, ids, .. } | Op::Remove { table, ids } = op {
+                let of = self.rows.entry(table.clone()).or_default();
+                for &id in ids {
+                    of.insert(id, tx);
+                    rows.push((table.clone(), id));
+                }
+            }
+        }
+        let note = Arc::from(note);
+        self.order
+            .push_back((Instant::now(), LastWriter { tx, note }, rows));
+    }
+
+    fn expire(&mut self) {
+        while let Some((at, _, _)) = self.order.front()
+            && at.elapsed() > WRITERS_KEPT
+        {
+            let (_, w, rows) = self.order.pop_front().expect("front");
+            for (table, id) in rows {
+                if let Some(of) = self.rows.get_mut(&table)
+                    && of.get(&id) == Some(&w.tx)
+                {
+                    of.remove(&id);
+                }
+            }
+        }
+        self.rows.retain(|_, of| !of.is_empty());
+    }
+
+    /// The last writers of `batch`'s rows, each once.
+    fn of(&mut self, batch: &Batch<'_>) -> Vec<LastWriter> {
+        self.expire();
+        let mut txs = HashSet::new();
+        for t in &batch.tables {
+            let Some(of) = self.rows.get(t.table) else {
+                continue;
+            };
+            for i in 0..t.indices.len() {
+                if let Some(&tx) = of.get(&(t.indices.get(i) as u64)) {
+                    txs.insert(tx);
+                }
+            }
+        }
+        if txs.is_empty() {
+            return Vec::new();
+        }
+        (self.order.iter())
+            .filter(|(_, w, _)| txs.remove(&w.tx))
+            .map(|(_, w, _)| w.clone())
+            .collect()
+    }
+}
+
+/// Whether `ops` write or remove a row `batch` reads.
+fn reads_any(batch: &Batch<'_>, ops: &[Op]) -> bool {
+    let rows = super::txn::rows_of(ops);
+    batch.tables.iter().any(|t| {
+        rows.get(t.table)
+            .is_some_and(|of| (0..t.indices.len()).any(|i| of.contains(&(t.indices.get(i) as u64))))
+    })
+}
+
+impl Live {
+    /// The transactions a lookup of `batch` coming now waits for: those prepared here (or
+    /// committed, not yet applied) that hold one of its rows, and those of `expect` held
+    /// here. Nothing on a store that takes no writes.
+    pub(crate) fn awaited(&self, batch: &Batch<'_>, expect: &[u128]) -> Vec<u128> {
+        let Ok(w) = self.writer() else {
+            return Vec::new();
+        };
+        (lock(&w.txns).iter())
+            .filter(|(tx, h)| h.holds() && (expect.contains(tx) || reads_any(batch, h.ops())))
+            .map(|(&tx, _)| tx)
+            .collect()
+    }
+
+    /// Waits until none of `txns` is held prepared here; past `until`, `StoreLocked` naming a
+    /// row one still holds.
+    pub(crate) fn settle(&self, txns: &[u128], until: Instant) -> Result<()> {
+        let w = self.writer()?;
+        let mut held = lock(&w.txns);
+        loop {
+            let Some((&tx, h)) =
+                (txns.iter()).find_map(|tx| held.get_key_value(tx).filter(|(_, h)| h.holds()))
+            else {
+                return Ok(());
+            };
+            let now = Instant::now();
+            if now >= until {
+                let (table, row) = h.first_row().unwrap_or_default();
+                return Err(Error::Held { table, row, tx });
+            }
+            held = (w.decided.wait_timeout(held, until - now))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The transactions that last wrote `batch`'s rows within [`WRITERS_KEPT`], each once.
+    pub(crate) fn writers(&self, batch: &Batch<'_>) -> Vec<LastWriter> {
+        match self.writer() {
+            Ok(w) => lock(&w.last_writers).of(batch),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nearrec_engine::{Bags, Indices, TableLookup};
+
+    fn write(table: &str, ids: Vec<u64>) -> Op {
+        Op::Remove {
+            table: table.to_owned(),
+            ids,
+        }
+    }
+
+    #[test]
+    fn a_row_names_its_last_writer_once_and_each_writer_once() {
+        let mut w = LastWriters::default();
+        w.note(1, "a", &[write("t", vec![1, 2])]);
+        w.note(2, "b", &[write("t", vec![2, 3]), write("u", vec![1])]);
+        let ids = [1i64, 2, 2, 3];
+        let lengths = [4i64];
+        let batch = Batch::new(vec![TableLookup::new(
+            "t",
+            Indices::I64(&ids),
+            Bags::Lengths(Indices::I64(&lengths)),
+        )]);
+        let got: Vec<u128> = w.of(&batch).iter().map(|w| w.tx).collect();
+        assert_eq!(got, vec![1, 2]);
+        let only = [2i64];
+        let one = [1i64];
+        let batch = Batch::new(vec![TableLookup::new(
+            "t",
+            Indices::I64(&only),
+            Bags::Lengths(Indices::I64(&one)),
+        )]);
+        let got = w.of(&batch);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].tx, &*got[0].note), (2, "b"));
+        // a table no transaction wrote
+        let batch = Batch::new(vec![TableLookup::new(
+            "v",
+            Indices::I64(&only),
+            Bags::Lengths(Indices::I64(&one)),
+        )]);
+        assert!(w.of(&batch).is_empty());
+    }
+}
