@@ -473,16 +473,22 @@ pub(crate) fn settle(all: &[Shard], older_than: Duration) -> Settled {
     let mut outcomes: HashMap<u128, Option<Decision>> = HashMap::new();
     let mut held: Vec<(At, Arc<Replica>, Transaction, Note)> = Vec::new();
     let mut unreachable = false;
-    for (k, shard) in all.iter().enumerate() {
-        for (r, replica) in shard.all_replicas().iter().enumerate() {
-            let Ok(listed) = replica.client.transactions() else {
-                unreachable = true;
-                continue;
-            };
-            for t in listed {
-                if let Some(note) = Note::parse(&t.note) {
-                    held.push(((k, r), replica.clone(), t, note));
-                }
+    let replicas: Vec<(At, Arc<Replica>)> = (all.iter().enumerate())
+        .flat_map(|(k, shard)| {
+            let all = shard.all_replicas();
+            (0..all.len()).map(move |r| ((k, r), all[r].clone()))
+        })
+        .collect();
+    // asked at once: a replica cut off costs one deadline, not one each
+    let lists = on_each(&replicas, |(_, replica)| replica.client.transactions());
+    for ((at, replica), listed) in replicas.into_iter().zip(lists) {
+        let Ok(listed) = listed else {
+            unreachable = true;
+            continue;
+        };
+        for t in listed {
+            if let Some(note) = Note::parse(&t.note) {
+                held.push((at, replica.clone(), t, note));
             }
         }
     }
