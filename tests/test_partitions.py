@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nearrec_bench import partitions as p
-from nearrec_bench.partition_checks import judge
+from nearrec_bench.partition_checks import costs, judge, phases
 
 
 def h(router: int, kind: str, ids: list[int], values: list[int], invoke: float,
@@ -101,3 +101,18 @@ def test_without_etcd_the_documented_split_brain_is_found(tmp_path: Path) -> Non
     [record] = p.run(cfg, print)
     [result] = record.extra["results"]
     assert result["anomalies"], "no anomaly: the harness no longer finds the split"
+
+
+def test_each_call_counts_for_the_fault_under_way_when_it_began() -> None:
+    history = [h(0, "write", [1], [1], 0.1, 0.2), h(0, "write", [1], [2], 1.5, 1.6),
+               h(1, "write", [1], [3], 0.9, 1.1), h(0, "read", [1], [], 1.2, 1.3, "fail", "x"),
+               h(0, "write", [1], [4], 3.0, 3.01)]
+    got = phases(history, [("partition-replica", 1.0e9, 2.0e9)])
+    # begun before the fault and still running when it began: the fault's
+    assert sorted(got["partition-replica"]["write"]) == [100.0, 200.0]
+    assert got["partition-replica"]["read"] == [-1.0]
+    assert got["none"]["write"] == [100.0, 10.0]
+    cost = costs([{"phases": got}])
+    assert cost["partition-replica"]["read"]["error_rate"] == 1.0
+    assert cost["none"]["write"] == {"calls": 2, "error_rate": 0.0, "p50_ms": 100.0,
+                                     "p99_ms": 100.0}

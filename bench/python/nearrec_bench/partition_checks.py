@@ -1,9 +1,11 @@
 """The partition harness's workload and the checks of what it saw (``partitions.py`` runs it):
 replicas alike, final reads as every replica holds them, no pair read half, no router read
-going back, each row's history linearizable (``linearizable.py``)."""
+going back, each row's history linearizable (``linearizable.py``); and what each fault cost
+the routers' calls."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 from .linearizable import Op, check
@@ -98,3 +100,39 @@ def judge(history: list[dict[str, Any]], last: dict[str, Any]) -> list[str]:
 def in_doubt(error: str | None) -> bool:
     """Whether a write's error leaves its outcome open (the router says when it is)."""
     return error is not None and ("in doubt" in error or "is committed" in error)
+
+
+def phases(history: list[dict[str, Any]],
+           windows: list[tuple[str, float, float]]) -> dict[str, dict[str, list[float]]]:
+    """Each call's latency (ms; -1: failed) by what the nemesis was doing when it began — a
+    fault's window (a call begun before and still running counts as the fault's), or none —
+    and by kind (write, read)."""
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for h in history:
+        phase = next((what for what, b, e in windows
+                      if b <= h["invoke"] <= e or h["invoke"] < b <= h["complete"]), "none")
+        took = (h["complete"] - h["invoke"]) / 1e6 if h["outcome"] == "ok" else -1.0
+        out[phase][h["kind"]].append(round(took, 2))
+    return {k: dict(v) for k, v in out.items()}
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def costs(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per phase (a fault, or none) and kind: calls, error rate, p50 and p99 of the answered
+    ones (ms), over every schedule."""
+    pooled: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        for phase, kinds in r.get("phases", {}).items():
+            for kind, took in kinds.items():
+                pooled[phase][kind].extend(took)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for phase, kinds in sorted(pooled.items()):
+        out[phase] = {}
+        for kind, took in sorted(kinds.items()):
+            ok = sorted(t for t in took if t >= 0)
+            out[phase][kind] = {"calls": len(took), "error_rate": 1 - len(ok) / len(took),
+                                "p50_ms": _quantile(ok, 0.5), "p99_ms": _quantile(ok, 0.99)}
+    return out

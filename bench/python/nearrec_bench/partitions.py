@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .harness import Harness
-from .partition_checks import DIM, PAIRS, ROWS, SINGLES, judge
+from .partition_checks import DIM, PAIRS, ROWS, SINGLES, costs, judge, phases
 from .report import Record
 
 #: the network: a /24 of private addresses inside the namespaces alone
@@ -566,8 +566,10 @@ def _schedule(cfg: PartitionsConfig, net: Net, index: int, root: Path, lay: Layo
     ops: defaultdict[str, int] = defaultdict(int)
     for h in history:
         ops[f"{h['kind']}.{h['outcome']}"] += 1
+    windows = [(f.what, (start + f.at) * 1e9, (start + f.at + f.lasts) * 1e9) for f in faults]
     return {"schedule": index, "faults": timeline, "ops": dict(ops), "stale_after": last["stale"],
-            "anomalies": found, "root": str(root)}
+            "anomalies": found, "root": str(root),
+            "phases": phases([h for h in history if h["router"] >= 0], windows)}
 
 
 def _worker_ready(p: Proc) -> None:
@@ -612,6 +614,9 @@ def run(cfg: PartitionsConfig, log: Callable[[str], None] = print) -> list[Recor
                 shutil.rmtree(root, ignore_errors=True)
     finally:
         net.down()
+    cost = costs(results)
+    for r in results:
+        r.pop("phases", None)
     anomalies = sum(len(r["anomalies"]) for r in results)
     with_any = sum(1 for r in results if r["anomalies"])
     ok = sum(r["ops"].get("write.ok", 0) + r["ops"].get("read.ok", 0) for r in results)
@@ -620,7 +625,8 @@ def run(cfg: PartitionsConfig, log: Callable[[str], None] = print) -> list[Recor
     return [Record("partitions", "2x2", 0, "nemesis", system, 0.0, 0.0,
                    extra={"schedules": len(results), "anomalies": anomalies,
                           "schedules_with_anomalies": with_any, "ops_ok": ok,
-                          "ops_failed": failed, "config": {k: str(v) for k, v in
+                          "ops_failed": failed, "costs": cost,
+                          "config": {k: str(v) for k, v in
                                                            asdict(cfg).items()},
                           "results": results})]
 
@@ -637,6 +643,15 @@ def markdown(records: list[Record], command: str) -> str:
         for s in r.extra["results"]:
             for a in s["anomalies"][:3]:
                 lines.append(f"- {r.system} schedule {s['schedule']}: {a[:300]}")
+    for r in records:
+        lines += ["", f"What each fault costs the routers' calls ({r.system}; a call counts for "
+                  "the fault under way when it began, or still running when it began):", "",
+                  "| during | kind | calls | failed | p50 ms | p99 ms |",
+                  "|---|---|---|---|---|---|"]
+        for phase, kinds in r.extra["costs"].items():
+            for kind, c in kinds.items():
+                lines.append(f"| {phase} | {kind} | {c['calls']} | {100 * c['error_rate']:.1f} % "
+                             f"| {c['p50_ms']:.1f} | {c['p99_ms']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
