@@ -256,6 +256,8 @@ class CaughtUp:
     version: int = 0
     #: The shard's membership epoch that admitted it.
     epoch: int = 0
+    #: How long the members were fenced (their writes waited): from the fence to the admission.
+    fenced_seconds: float = 0.0
     #: Why it is not caught up (``None``: it is); it is tried again at the next call.
     error: str | None = None
 

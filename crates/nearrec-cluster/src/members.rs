@@ -255,6 +255,15 @@ fn decide(
         Ok(None) => unreachable!("learned without etcd"),
         Err(why) => return Err(map.unavailable(shard.index, why)),
     };
+    if members.is_empty() {
+        // whatever asked it: a shard without members serves nothing, and no router could
+        // ever name one again (found by the partition harness: a catch-up leaving its only
+        // member out)
+        return Err(map.unavailable(
+            shard.index,
+            "the change would leave the shard no member: not made",
+        ));
+    }
     let hold = seen.record.as_ref().map_or(map.hold, ShardRecord::hold);
     let mut sorted = members.to_vec();
     sorted.sort_unstable();
@@ -419,6 +428,9 @@ pub struct CaughtUp {
     pub version: u64,
     /// The epoch that admitted it.
     pub epoch: u64,
+    /// How long the members were fenced: from the fence to the admission that lifted it (what
+    /// the catch-up cost their writes, which waited meanwhile).
+    pub fenced: Duration,
 }
 
 /// Catches replica `r` of `shard` up from a member, as the module says, and admits it. Each
@@ -483,6 +495,16 @@ fn catch_up_once(
             ..CaughtUp::default()
         });
     }
+    // the shard's only member: it took every write the shard took (one it missed was left
+    // without it, so failed everywhere), and is current
+    if learned.members == [mine.replica] {
+        target.set_stale(false);
+        return Ok(CaughtUp {
+            epoch: learned.epoch,
+            version: target.client.version()?,
+            ..CaughtUp::default()
+        });
+    }
     // still named a member (it came back behind, or missed a write no router saw): out first;
     // at an older epoch than the shard's: brought to it as no member
     if learned.members.contains(&mine.replica) {
@@ -513,6 +535,7 @@ fn catch_up_once(
     let (rows_before_fence, _) = copy_differing(source, &target)?;
     copied.rows_before_fence += rows_before_fence;
     // the last pass: the members fenced, every write of theirs in
+    let fenced_at = Instant::now();
     let fenced = on_each(&sources, |(_, m)| m.client.fence(learned.epoch, lease));
     let lift = |why: Error| {
         let order = install_order(&learned, &learned.members);
@@ -556,12 +579,14 @@ fn catch_up_once(
             .filter(|&q| q != r),
     );
     let epoch = change(shard, &learned, &members, &order).map_err(lift)?;
+    let fenced = fenced_at.elapsed();
     learn(shard, pin, false);
     Ok(CaughtUp {
         rows_before_fence,
         rows_fenced,
         version,
         epoch,
+        fenced,
     })
 }
 

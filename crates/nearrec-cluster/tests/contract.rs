@@ -1177,6 +1177,11 @@ fn a_replica_that_was_down_catches_up_under_writes_and_serves_again() {
     let done = result.as_ref().unwrap();
     assert_eq!(*k, 0);
     assert!(done.rows_before_fence > 0, "{done:?}");
+    // the members were fenced for the last pass, within its lease
+    assert!(
+        done.fenced > Duration::ZERO && done.fenced < Duration::from_secs(10),
+        "{done:?}"
+    );
     assert_eq!(stale(&a), Some(0.0));
     // the other router learns it at its next catch-up pass (or write)
     assert!(b.catch_up(Duration::from_secs(10)).is_empty());

@@ -35,7 +35,12 @@ mod verbs;
 pub(crate) use pending::{NativePending, NativeStream};
 
 /// One replica's catch-up: shard, address, what it did, why it failed.
-type CatchUpTuple = (usize, String, Option<(u64, u64, u64, u64)>, Option<String>);
+type CatchUpTuple = (
+    usize,
+    String,
+    Option<(u64, u64, u64, u64, f64)>,
+    Option<String>,
+);
 
 /// Seconds per named part of a call.
 pub(crate) type Seconds = Vec<(&'static str, f64)>;
@@ -325,8 +330,8 @@ impl NativeStore {
 
     /// Catches up a sharded store's replicas that are stale but answer, each from a member of
     /// its shard, the members fenced for at most `lease` seconds: per replica `(shard, address,
-    /// (rows copied before the fence, under it, count of writes, epoch) or None, error or
-    /// None)`.
+    /// (rows copied before the fence, under it, count of writes, epoch, seconds fenced) or
+    /// None, error or None)`.
     fn catch_up(&self, py: Python<'_>, lease: f64) -> PyResult<Vec<CatchUpTuple>> {
         let router = self.router(py, "catch_up")?;
         let lease = Duration::try_from_secs_f64(lease)
@@ -338,7 +343,13 @@ impl NativeStore {
                 Ok(c) => (
                     k,
                     addr,
-                    Some((c.rows_before_fence, c.rows_fenced, c.version, c.epoch)),
+                    Some((
+                        c.rows_before_fence,
+                        c.rows_fenced,
+                        c.version,
+                        c.epoch,
+                        c.fenced.as_secs_f64(),
+                    )),
                     None,
                 ),
                 Err(e) => (k, addr, None, Some(e.to_string())),

@@ -33,6 +33,11 @@ pub struct LastWriter {
     pub note: Arc<str>,
 }
 
+/// A transaction that writes more rows than this is remembered by its tables alone: a lookup
+/// of any row of them names it (a delta file of a feed writes many; the memory stays bounded
+/// by the transactions, not their rows, and naming a writer too many only costs a second read).
+const ROWS_REMEMBERED: usize = 4096;
+
 /// Each row's last writer among the transactions applied within [`WRITERS_KEPT`].
 #[derive(Debug, Default)]
 pub(super) struct LastWriters {
@@ -42,16 +47,31 @@ pub(super) struct LastWriters {
     order: VecDeque<Applied>,
 }
 
-/// A transaction applied: when, which, its note and rows.
-type Applied = (Instant, LastWriter, Vec<(String, u64)>);
+/// A transaction applied: when, which, and what it wrote — its rows, or past
+/// [`ROWS_REMEMBERED`] its tables.
+#[derive(Debug)]
+struct Applied {
+    at: Instant,
+    writer: LastWriter,
+    rows: Vec<(String, u64)>,
+    tables: Vec<String>,
+}
 
 impl LastWriters {
     /// Transaction `tx` (its note, its rows) applied now.
     pub(super) fn note(&mut self, tx: u128, note: &str, ops: &[Op]) {
         self.expire();
-        let mut rows = Vec::new();
-        for op in ops {
-            if let Op::Write { table, ids, .. } | Op::Remove { table, ids } = op {
+        let written = ops.iter().filter_map(|op| match op {
+            Op::Write { table, ids, .. } | Op::Remove { table, ids } => Some((table, ids)),
+            _ => None,
+        });
+        let (mut rows, mut tables) = (Vec::new(), Vec::new());
+        if written.clone().map(|(_, ids)| ids.len()).sum::<usize>() > ROWS_REMEMBERED {
+            tables = written.map(|(table, _)| table.clone()).collect();
+            tables.sort_unstable();
+            tables.dedup();
+        } else {
+            for (table, ids) in written {
                 let of = self.rows.entry(table.clone()).or_default();
                 for &id in ids {
                     of.insert(id, tx);
@@ -59,19 +79,26 @@ impl LastWriters {
                 }
             }
         }
-        let note = Arc::from(note);
-        self.order
-            .push_back((Instant::now(), LastWriter { tx, note }, rows));
+        let writer = LastWriter {
+            tx,
+            note: Arc::from(note),
+        };
+        self.order.push_back(Applied {
+            at: Instant::now(),
+            writer,
+            rows,
+            tables,
+        });
     }
 
     fn expire(&mut self) {
-        while let Some((at, _, _)) = self.order.front()
-            && at.elapsed() > WRITERS_KEPT
+        while let Some(first) = self.order.front()
+            && first.at.elapsed() > WRITERS_KEPT
         {
-            let (_, w, rows) = self.order.pop_front().expect("front");
-            for (table, id) in rows {
+            let gone = self.order.pop_front().expect("front");
+            for (table, id) in gone.rows {
                 if let Some(of) = self.rows.get_mut(&table)
-                    && of.get(&id) == Some(&w.tx)
+                    && of.get(&id) == Some(&gone.writer.tx)
                 {
                     of.remove(&id);
                 }
@@ -80,7 +107,8 @@ impl LastWriters {
         self.rows.retain(|_, of| !of.is_empty());
     }
 
-    /// The last writers of `batch`'s rows, each once.
+    /// The last writers of `batch`'s rows, each once (and every transaction remembered by a
+    /// table it reads).
     fn of(&mut self, batch: &Batch<'_>) -> Vec<LastWriter> {
         self.expire();
         let mut txs = HashSet::new();
@@ -94,12 +122,12 @@ impl LastWriters {
                 }
             }
         }
-        if txs.is_empty() {
-            return Vec::new();
-        }
+        let wide = |a: &Applied| {
+            (a.tables.iter()).any(|table| batch.tables.iter().any(|t| t.table == table))
+        };
         (self.order.iter())
-            .filter(|(_, w, _)| txs.remove(&w.tx))
-            .map(|(_, w, _)| w.clone())
+            .filter(|a| txs.remove(&a.writer.tx) || wide(a))
+            .map(|a| a.writer.clone())
             .collect()
     }
 }
@@ -201,5 +229,14 @@ mod tests {
             Bags::Lengths(Indices::I64(&one)),
         )]);
         assert!(w.of(&batch).is_empty());
+        // a transaction of more rows is named by any lookup of its tables
+        let many: Vec<u64> = (100..100 + ROWS_REMEMBERED as u64 + 1).collect();
+        w.note(3, "c", &[write("v", many)]);
+        let got: Vec<u128> = w.of(&batch).iter().map(|w| w.tx).collect();
+        assert_eq!(got, vec![3]);
+        assert!(
+            !w.rows.contains_key("v"),
+            "its rows are not kept one by one"
+        );
     }
 }
