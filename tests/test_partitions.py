@@ -96,11 +96,12 @@ def test_with_etcd_a_schedule_of_partitions_finds_nothing(tmp_path: Path) -> Non
 @pytest.mark.skipif(_can_run() is not None, reason=str(_can_run()))
 def test_without_etcd_the_documented_split_brain_is_found(tmp_path: Path) -> None:
     # the split lasts all but three seconds of the run: long enough for both routers to leave
-    # the other's replica out and go on apart (their writes wait out deadlines first)
-    cfg = p.PartitionsConfig(schedules=1, seconds=12.0, etcd=False, scratch=tmp_path)
+    # the other's replica out and go on apart (their writes wait out deadlines first). It is
+    # found in 4 schedules of 5 (bench/results/partitions-no-etcd.md): three, one must
+    cfg = p.PartitionsConfig(schedules=3, seconds=12.0, etcd=False, scratch=tmp_path)
     [record] = p.run(cfg, print)
-    [result] = record.extra["results"]
-    assert result["anomalies"], "no anomaly: the harness no longer finds the split"
+    found = [r["anomalies"] for r in record.extra["results"]]
+    assert any(found), "no anomaly: the harness no longer finds the split"
 
 
 def test_each_call_counts_for_the_fault_under_way_when_it_began() -> None:
