@@ -1,7 +1,8 @@
 """The partition harness (``nearrec bench partitions``), short: its checks on hand-made
-outcomes, then one schedule with the membership in etcd (no anomaly at all) and one without, which must find the split-brain ``docs/distributed.md`` describes. The
-runs need root (network namespaces), nft and etcd (``make system-deps``); they are skipped,
-said, where those lack."""
+outcomes, then one schedule with the membership in etcd (no anomaly at all) and, without,
+schedules that must find the split-brain ``docs/distributed.md`` describes. The runs need root
+(network namespaces), nft and etcd (``make system-deps``); they are skipped, said, where those
+lack."""
 
 from __future__ import annotations
 
