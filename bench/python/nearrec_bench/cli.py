@@ -32,6 +32,7 @@ MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd_d
            "torchrec-quant": "torchrec",
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",
+           "cluster-catch-up": "catch_up",
            "cluster-projection": "projection", "cluster-swap": "swap",
            "torture": "torture", "soak": "soak", "abuse": "abuse", "triton": "triton_serving",
            "feed-kills": "feed", "feed": "feed_rate", "partitions": "partitions"}
