@@ -276,6 +276,88 @@ def test_a_replica_killed_under_writes_catches_up_and_serves_again(cluster, stor
         ShardedStore.shutdown("catchup")
 
 
+def test_membership_kept_in_an_etcd_ray_started_survives_a_killed_member(cluster, store_path,
+                                                                          tmp_path):
+    shards = tmp_path / "shards"
+    distributed.shard(store_path, shards, 2, replicas=2, scheme="row")
+    store = ShardedStore.launch(shards, name="etcd", writable=True, num_cpus=0.5, timeout=30.0)
+    stop = threading.Event()
+    try:
+        members = ShardedStore.etcd_actors("etcd")
+        assert len(members) == 3
+        where = [ray.get(m.where.remote()) for m in members]
+        # one a Ray node (the cluster has three), on loopback, its data under the shards
+        assert len({w[2] for w in where}) == 3, where
+        assert all(w[0].startswith("http://127.0.0.1:") for w in where), where
+        assert sorted(p.name for p in (shards / "etcd").iterdir() if p.is_dir()) == [
+            "e0", "e1", "e2"]
+        acked: dict[int, int] = {}
+        errors: list[Exception] = []
+
+        def write() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                row = (n * 37) % ROWS["a"]
+                try:
+                    store.write("a", [row], np.full((1, DIMS["a"]), n, np.float32))
+                    acked[row] = n
+                except Exception as e:  # noqa: BLE001 - collected, checked below
+                    errors.append(e)
+                time.sleep(0.01)
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        time.sleep(0.5)
+        # a member killed under writes: the other two keep the quorum, Ray restarts it as the
+        # member it was
+        ray.get(members[0].kill_etcd.remote())
+        wait_for(lambda: (w := _where(members[0])) is not None and w[1] not in (0, where[0][1]),
+                 "the etcd member restarted")
+        time.sleep(1.5)
+        stop.set()
+        writer.join()
+        assert not errors, errors[:3]
+        assert acked
+        # a replica whose hold lapsed while etcd chose a leader is left out, and caught up by
+        # the router in the background: every replica serves again, with every write
+        wait_for(lambda: store.stats()["cluster_stale_replicas"] == 0, "every replica a member")
+        for k in range(2):
+            first, n = _part(shards, "a", k)
+            rows = sorted(r for r in acked if first <= r < first + n)
+            want = np.asarray([acked[r] for r in rows], np.float32)
+            for a in ShardedStore.actors("etcd")[k]:
+                replica = nearrec.connect(_where(a)[0])
+                got: list[np.ndarray] = []
+
+                def served(replica=replica, rows=rows, first=first, got=got) -> bool:
+                    try:
+                        got.append(replica.read_rows("a", [r - first for r in rows])[:, 0])
+                        return True
+                    except nearrec.Unavailable:  # held a quarter hold after its admission
+                        return False
+
+                wait_for(served, "the replica served")
+                np.testing.assert_array_equal(got[-1], want)
+                replica.close()
+        # the replicas are held by etcd: with its quorum gone they stop within a hold
+        for m in members[1:]:
+            ray.kill(m, no_restart=True)
+        failed = None
+        end = time.monotonic() + 20
+        while failed is None and time.monotonic() < end:
+            try:
+                store.write("a", [1], np.zeros((1, DIMS["a"]), np.float32))
+                time.sleep(0.2)
+            except nearrec.NearrecError as e:
+                failed = e
+        assert failed is not None, "writes went on without etcd's quorum"
+        assert "etcd" in str(failed) or "held" in str(failed), failed
+    finally:
+        stop.set()
+        ShardedStore.shutdown("etcd")
+
+
 def _part(shards: Path, table: str, shard: int) -> tuple[int, int]:
     """The first row and the row count of ``table``'s part on shard ``shard``."""
     plan = distributed.load_plan(shards)

@@ -18,8 +18,11 @@ second, moving a shard's reads to the new address of a restarted replica; a read
 none of whose replicas answers waits for one within its deadline. A restarted replica that
 missed writes serves nothing until it has caught up (:func:`nearrec.distributed.catch_up`,
 which every connected store's router runs in the background, ``catch_up_every``). Nothing of
-discovery or scheduling is nearrec's own; which replicas are current is the replicas' own
-record (their shard's membership, ``docs/distributed.md``).
+discovery or scheduling is nearrec's own. Which replicas are current is kept in etcd for a
+writable store of several replicas (``docs/distributed.md``, "Membership in etcd"): the
+cluster the launch is given (``etcd="host:port,..."``), or three members it starts as Ray
+actors (``NAME/etcd-I``) on distinct Ray nodes where the cluster has them, each running Debian's
+``etcd`` with its data under the shard directory, restarted by Ray as the nodes are.
 
 A node binds to ``host`` (loopback by default: one machine). On several machines give each
 node the address of its Ray node (``host="node"``) and secure it (``node_args=["--tls-cert",
@@ -31,10 +34,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import json
 import logging
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -48,7 +54,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from . import distributed
+from . import distributed, remote
 from .errors import InvalidRequest, StoreExists, StoreNotFound, Unavailable
 from .store import Store
 
@@ -62,9 +68,10 @@ WATCH_EVERY = 0.5
 class _Registry:
     """A sharded store's registry: its plan, and each replica's address as it last started."""
 
-    def __init__(self, plan: str, location: str, replicas: int, names: list[list[str]]):
+    def __init__(self, plan: str, location: str, replicas: int, names: list[list[str]],
+                 etcd: tuple[str, str, int] | None):
         shards = len(names)
-        self.plan, self.location, self.names = plan, location, names
+        self.plan, self.location, self.names, self.etcd_kept = plan, location, names, etcd
         self.addresses: list[list[str | None]] = [[None] * replicas for _ in range(shards)]
         self.epoch = 0
 
@@ -77,6 +84,14 @@ class _Registry:
 
     def describe(self) -> tuple[str, str, list[list[str]]]:
         return self.plan, self.location, self.names
+
+    def keep_etcd(self, etcd: tuple[str, str, int]) -> None:
+        self.etcd_kept = etcd
+
+    def etcd(self) -> tuple[str, str, int] | None:
+        """Where the membership is kept: etcd's endpoints, the store's prefix there, and how
+        many members the launch started (0: a cluster it was given); ``None``: not in etcd."""
+        return self.etcd_kept
 
 
 class _Node:
@@ -129,6 +144,130 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
+class _Etcd:
+    """One member of the etcd cluster a launch starts for its store's membership: ``etcd`` as
+    this actor's child, dying with it. Its ports and the cluster it joined are kept beside its
+    data (under the shard directory): restarted by Ray, it starts again at once as the member
+    it was (``--initial-cluster-state existing``); the first time, the launch starts it once
+    every member has its ports (:meth:`start`)."""
+
+    def __init__(self, name: str, data: str, host: str, log_dir: str):
+        binary = shutil.which("etcd")
+        here = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        if binary is None:
+            raise Unavailable(f"etcd is not installed on Ray node {here}: `apt-get install "
+                              f"etcd-server` on every node (Debian's package), or pass "
+                              f"etcd='host:port,...' to launch")
+        self.binary, self.name, self.data = binary, name, Path(data)
+        self.host = here if host == "node" else host
+        self.log = Path(log_dir) / f"etcd-{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        kept = self.data.with_suffix(".json")
+        if kept.exists():
+            self.urls = json.loads(kept.read_text())
+            if (self.data / "member").exists():
+                self._run("existing")
+        else:
+            self.urls = {"peer": f"http://{self.host}:{_free_port(self.host)}",
+                         "client": f"http://{self.host}:{_free_port(self.host)}"}
+
+    def urls_of(self) -> dict[str, str]:
+        """Its peer and client URLs."""
+        return dict(self.urls)
+
+    def start(self, cluster: str) -> None:
+        """Starts it as a member of ``cluster`` (``NAME=PEER_URL,...``), new."""
+        self.urls["cluster"] = cluster
+        self.data.parent.mkdir(parents=True, exist_ok=True)
+        self.data.with_suffix(".json").write_text(json.dumps(self.urls))
+        self._run("new")
+
+    def _run(self, state: str) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        u = self.urls
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "--name", self.name, "--data-dir", str(self.data),
+                 "--listen-peer-urls", u["peer"], "--initial-advertise-peer-urls", u["peer"],
+                 "--listen-client-urls", u["client"], "--advertise-client-urls", u["client"],
+                 "--initial-cluster", u["cluster"], "--initial-cluster-state", state],
+                stdout=log, stderr=log, preexec_fn=_die_with_parent)
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        assert self.proc is not None
+        self.proc.wait()
+        os._exit(1)  # the actor goes with its etcd, and Ray restarts both
+
+    def where(self) -> tuple[str, int, str]:
+        """Its client URL, its etcd's process id (0 before it starts) and its Ray node."""
+        pid = self.proc.pid if self.proc is not None else 0
+        return self.urls["client"], pid, ray.get_runtime_context().get_node_id()
+
+    def kill_etcd(self) -> None:
+        """Kills its etcd (SIGKILL), as a crash would: the actor follows, Ray restarts both."""
+        if self.proc is not None:
+            self.proc.kill()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _start_etcd(name: str, root: Path, members: int, host: str, max_restarts: int,
+                ready_timeout: float) -> str:
+    """Starts ``members`` etcd members as actors ``NAME/etcd-I``, one a Ray node where the
+    cluster has as many (else spread as it can), their data under ``root/etcd``: their client
+    endpoints, comma-separated."""
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    alive = len([n for n in nodes if n.get("Alive")])
+    pg = placement_group([{"CPU": 0.01}] * members,
+                         strategy="STRICT_SPREAD" if alive >= members else "SPREAD",
+                         name=f"{name}/etcd", lifetime="detached")
+    try:
+        ray.get(pg.ready(), timeout=ready_timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise Unavailable(f"placement group {name}/etcd ({members} members) is still pending "
+                          f"after {ready_timeout:g} s: the cluster has {_free()} free") from None
+    actor = ray.remote(_Etcd)
+    actors: list[Any] = [actor.options(
+        name=f"{name}/etcd-{i}", namespace=NAMESPACE, lifetime="detached",
+        max_restarts=max_restarts, max_task_retries=-1, num_cpus=0.01,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+    ).remote(f"e{i}", str(root / "etcd" / f"e{i}"), host, str(root / "logs"))
+        for i in range(members)]
+    urls = ray.get([a.urls_of.remote() for a in actors], timeout=ready_timeout)
+    cluster = ",".join(f"e{i}={u['peer']}" for i, u in enumerate(urls))
+    ray.get([a.start.remote(cluster) for a in actors], timeout=ready_timeout)
+    return ",".join(u["client"].removeprefix("http://") for u in urls)
+
+
+def _wait_held(name: str, plan: distributed.ShardPlan, timeout: float) -> None:
+    """Waits until every replica of the store ``name`` is held by its shard's membership in
+    etcd and serves (a read of one of its rows answers): its node holds it a quarter hold
+    after the first router made the shard's record."""
+    end = time.monotonic() + timeout
+    _, addresses = ray.get(_registry(name).view.remote())
+    for k, shard in enumerate(addresses):
+        table = plan.shard_tables(k)[0][0].name
+        for address in shard:
+            while True:
+                try:
+                    at, _, store = address.rpartition("/")
+                    replica = remote.connect(at, store, retries=0)
+                    replica.read_rows(table, [0])
+                    replica.close()
+                    break
+                except Unavailable as e:
+                    if time.monotonic() > end:
+                        raise Unavailable(f"shard {k}'s replica {address} is not held by its "
+                                          f"membership in etcd {timeout:g} s after the "
+                                          f"launch: {e}") from None
+                    time.sleep(0.1)
+
+
 def _node_args(tier: str, dram_budget: int | str | None, writable: bool,
                node_args: Sequence[str]) -> list[str]:
     args = ["--tier", tier]
@@ -163,7 +302,8 @@ class ShardedStore:
                resources: dict[str, float] | None = None, spread: str = "soft",
                max_restarts: int = 3, host: str = "127.0.0.1",
                node_args: Sequence[str] = (), ready_timeout: float = 120.0,
-               autoscaling: bool = False, **connect: Any) -> Store:
+               autoscaling: bool = False, etcd: str | Sequence[str] | bool | None = None,
+               etcd_members: int = 3, **connect: Any) -> Store:
         """Starts the sharded store cut at ``shard_dir`` (``nearrec shard``) on Ray and
         returns it as a :class:`~nearrec.Store`: ``replicas`` nodes per shard (the plan's by
         default), each a detached actor named ``NAME/shard-K/replica-R`` declaring
@@ -179,7 +319,15 @@ class ShardedStore:
         as many Ray nodes as replicas. A launch that cannot fit is refused at once
         (:class:`InvalidRequest` naming what it asked, what is free, and the ``num_cpus`` that
         would fit); with ``autoscaling`` (an autoscaler adds nodes) it waits instead, and a
-        placement group still pending after ``ready_timeout`` is named (:class:`Unavailable`)."""
+        placement group still pending after ``ready_timeout`` is named (:class:`Unavailable`).
+
+        The membership of a writable store of several replicas is kept in etcd
+        (``docs/distributed.md``, "Membership in etcd"): ``etcd="host:port,..."`` (or a list)
+        names a cluster to use, under the prefix ``/nearrec/NAME``; by default the launch
+        starts ``etcd_members`` members as actors ``NAME/etcd-I``, one a Ray node where there
+        are as many, with Debian's ``etcd`` (refused, naming the node, where it is missing) and
+        their data under ``shard_dir/etcd``; ``etcd=False`` keeps the membership in the replicas
+        alone (unsafe under partitions). A read-only store needs none."""
         plan = distributed.load_plan(shard_dir)
         root = Path(shard_dir).resolve()
         count = plan.replicas if replicas is None else replicas
@@ -201,9 +349,15 @@ class ShardedStore:
                                      f"a Ray node of its own, and this cluster has {alive}: ask "
                                      f"fewer replicas, or spread='soft'")
         names = [[_actor_name(name, k, r) for r in range(count)] for k in range(plan.shards)]
+        kept: tuple[str, str, int] | None = None
+        if etcd is not None and etcd is not False and etcd is not True:
+            given = etcd if isinstance(etcd, str) else ",".join(etcd)
+            kept = (given, f"/nearrec/{name}", 0)
+        elif writable and count > 1 and etcd is not False:
+            kept = ("", f"/nearrec/{name}", etcd_members)
         registry = _Registry.options(  # type: ignore[attr-defined]
             name=name, namespace=NAMESPACE, lifetime="detached").remote(
-            plan.to_json(), str(root), count, names)
+            plan.to_json(), str(root), count, names, kept)
         args = _node_args(tier, dram_budget, writable, node_args)
         log_dir = str(root / "logs")
         node = ray.remote(_Node)
@@ -215,6 +369,13 @@ class ShardedStore:
         quiet = _Without("Scheduling a restartable detached actor with a placement group")
         logging.getLogger("ray.actor").addFilter(quiet)
         try:
+            if kept is not None and kept[2]:
+                endpoints = _start_etcd(name, root, etcd_members, host, max_restarts,
+                                        ready_timeout)
+                kept = (endpoints, kept[1], kept[2])
+                ray.get(registry.keep_etcd.remote(kept))
+            if kept is not None:
+                args += ["--etcd", kept[0], "--etcd-prefix", kept[1]]
             for k in range(plan.shards):
                 pg = placement_group([{"CPU": num_cpus}] * count,
                                      strategy="STRICT_SPREAD" if spread == "strict"
@@ -246,7 +407,10 @@ class ShardedStore:
         finally:
             logging.getLogger("ray.actor").removeFilter(quiet)
         del registry
-        return ShardedStore.connect(name, **connect)
+        store = ShardedStore.connect(name, **connect)
+        if kept is not None:
+            _wait_held(name, plan, ready_timeout)
+        return store
 
     @staticmethod
     def connect(name: str = "nearrec", **connect: Any) -> Store:
@@ -263,6 +427,10 @@ class ShardedStore:
             raise Unavailable(f"the sharded store {name!r} has replicas that never started: "
                               f"{missing} (shard, replica)")
         plan = distributed.ShardPlan._from_json(plan_json)
+        kept = ray.get(registry.etcd.remote())
+        if kept is not None:
+            connect.setdefault("etcd", kept[0])
+            connect.setdefault("etcd_prefix", kept[1])
         store = distributed.connect(plan, addresses, **connect)
         _Watcher(store, registry, epoch, addresses).start()
         return store
@@ -272,6 +440,14 @@ class ShardedStore:
         """The node actors of the sharded store ``name``: ``[shard][replica]``."""
         _, _, names = ray.get(_registry(name).describe.remote())
         return [[ray.get_actor(n, namespace=NAMESPACE) for n in shard] for shard in names]
+
+    @staticmethod
+    def etcd_actors(name: str = "nearrec") -> list[Any]:
+        """The etcd members the launch of ``name`` started (none where it was given a cluster,
+        or keeps no membership in etcd)."""
+        kept = ray.get(_registry(name).etcd.remote())
+        return [ray.get_actor(f"{name}/etcd-{i}", namespace=NAMESPACE)
+                for i in range(kept[2] if kept is not None else 0)]
 
     @staticmethod
     def shutdown(name: str = "nearrec") -> None:
@@ -288,6 +464,14 @@ class ShardedStore:
         for k in range(len(names)):
             with contextlib.suppress(Exception):
                 remove_placement_group(ray.util.get_placement_group(f"{name}/shard-{k}"))
+        kept = ray.get(registry.etcd.remote())
+        for i in range(kept[2] if kept is not None else 0):
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(f"{name}/etcd-{i}", namespace=NAMESPACE),
+                         no_restart=True)
+        if kept is not None and kept[2]:
+            with contextlib.suppress(Exception):
+                remove_placement_group(ray.util.get_placement_group(f"{name}/etcd"))
         ray.kill(registry, no_restart=True)
 
 
