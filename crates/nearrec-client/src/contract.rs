@@ -312,6 +312,29 @@ impl Replica for Client {
         };
         Ok(self.call(req)?.version)
     }
+
+    fn key_digests(
+        &self,
+        table: &str,
+        after: Option<u64>,
+        count: u64,
+    ) -> nearrec::Result<Vec<(u64, u64)>> {
+        let req = pb::TransactionRequest {
+            table: table.to_owned(),
+            after,
+            count,
+            ..self.transaction(0, Step::Keys)
+        };
+        let answer = self.call(req)?;
+        if answer.keys.len() != answer.digests.len() {
+            return Err(nearrec::Error::Internal(format!(
+                "the node answered {} keys of table {table:?} with {} digests",
+                answer.keys.len(),
+                answer.digests.len()
+            )));
+        }
+        Ok(answer.keys.into_iter().zip(answer.digests).collect())
+    }
 }
 
 impl Inference for Client {

@@ -112,6 +112,9 @@ pub(crate) struct Coordinator<'a> {
     pub all: &'a [Shard],
     /// The cluster version read (replicas serving another are not asked of their membership).
     pub pin: u64,
+    /// A shard's refusal of its share (by its index), as the caller's call names things: the
+    /// table and position of the caller's write, not of the share.
+    pub to_caller: &'a dyn Fn(usize, Error) -> Error,
 }
 
 impl Coordinator<'_> {
@@ -263,7 +266,7 @@ impl Coordinator<'_> {
             return Err(if missed(&e) {
                 self.error(k, e.kind(), format!("no replica prepared the write: {e}"))
             } else {
-                e
+                (self.to_caller)(k, e)
             });
         }
         let missed: Vec<(usize, Arc<Replica>)> = (shares.iter().zip(&prepared))

@@ -10,8 +10,7 @@
 //! The suite runs whole on each scheme, from its one list: a case that needs a capability the
 //! sharded store lacks (`Schema`, `Replica`; `Inference` without a shard holding every table
 //! whole) ends where it asks, said; so does one that needs what the runner says it lacks (a
-//! swap to a directory, a repository's other versions, keyed writes through a transaction:
-//! `Cluster::lacks`). Its own swaps are tested below.
+//! swap to a directory, a repository's other versions: `Cluster::lacks`). Its own swaps are tested below.
 
 #[path = "../../nearrec/tests/suite/mod.rs"]
 #[macro_use]
@@ -76,11 +75,6 @@ fn sharded(path: &Path, writable: bool, options: ShardOptions) -> (ShardedStore,
         "the runner cuts the store at the path again at each open: an update went to the \
          shards' copies",
     ));
-    if options.shards > 1 || options.replicas > 1 {
-        let why = "keyed rows written across shards or to replicas (a transaction) are refused \
-                   (Unsupported)";
-        lacks.push(("keyed writes through a transaction", why));
-    }
     // every table read mostly at its rows 0..20, the hottest
     let ids: Vec<i64> = (0..4000)
         .map(|i| if i % 4 == 0 { i % 300 } else { i % 20 })
@@ -273,10 +267,120 @@ fn an_unknown_key_on_another_shard_is_named_at_the_callers_position() {
 }
 
 /// Writes by key where the keyed table is on one shard of one replica (one call, no
-/// cross-shard transaction: those over keyed tables answer `Unsupported`).
+/// cross-shard transaction; the suite runs the case through one on every other scheme).
 #[test]
 fn keyed_tables_are_written_by_key_on_one_shard() {
     suite::keyed_tables_are_written_by_key(one_shard);
+}
+
+/// Issue 66: a keyed table with room for new keys, cut by key over two shards of two replicas
+/// each, written through transactions (new keys, old keys, removals, in calls that span both
+/// parts); then a replica that missed writes — new keys, a key rewritten, a key removed — is
+/// caught up by key, each replica's keys holding rows of its own: after it, both replicas of
+/// each shard hold the same keys with the same rows, and the caught-up one serves every
+/// acknowledged write alone.
+#[test]
+fn keyed_tables_are_written_across_shards_and_replicas_and_caught_up_by_key() {
+    use nearrec::format::{DType, StoreOptions, StoreWriter, TableSpec};
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    let dim = suite::DIM as usize;
+    let path = dir.path().join("keyed");
+    let built: Vec<u64> = (0..200u64).map(|i| i * 7_919 + 13).collect();
+    let mut w = StoreWriter::create(&path, StoreOptions::default()).unwrap();
+    let spec = TableSpec::new("k", built.len() as u64, suite::DIM, DType::Fp32);
+    let mut t = w.keyed_table(spec, 400).unwrap();
+    t.write_f32(&vec![1.0; built.len() * dim]).unwrap();
+    w.finish_table_keyed(t, &built).unwrap();
+    w.commit().unwrap();
+    let (store, mut cluster) = sharded(&path, true, options(2, 2, Scheme::Row, 0));
+    let mut want: HashMap<i64, f32> = built.iter().map(|&k| (k as i64, 1.0)).collect();
+    let write = |want: &mut HashMap<i64, f32>, keys: &[i64], value: Option<f32>| {
+        let values = value.map(|v| vec![v; keys.len() * dim]);
+        let w = RowWrite {
+            table: "k",
+            ids: keys,
+            values: values.as_deref().map(RowValues::F32),
+        };
+        store.write_many(&[w], WriteOptions::default()).unwrap();
+        for &k in keys {
+            match value {
+                Some(v) => want.insert(k, v),
+                None => want.remove(&k),
+            };
+        }
+    };
+    let part = |k: i64| nearrec::plan::key_part(k as u64, 2);
+    let new_keys: Vec<i64> = (0..40).map(|i| 1_000_000 + i * 31).collect();
+    assert!((0..2).all(|p| new_keys.iter().any(|&k| part(k) == p)));
+    // new keys and old ones in one call over both parts, then a removal over both
+    write(&mut want, &new_keys[..20], Some(2.0));
+    write(
+        &mut want,
+        &[built[0] as i64, built[1] as i64, new_keys[0]],
+        Some(3.0),
+    );
+    write(&mut want, &[built[2] as i64, built[3] as i64], None);
+    let check = |store: &ShardedStore, want: &HashMap<i64, f32>, what: &str| {
+        let mut keys: Vec<i64> = want.keys().copied().collect();
+        keys.sort_unstable();
+        let got = store.lookup(&one_per_bag("k", &keys)).unwrap().0.values;
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(got[i * dim], want[k], "{what}: key {k}");
+        }
+    };
+    check(&store, &want, "through transactions");
+    let e = store
+        .lookup(&one_per_bag("k", &[built[2] as i64]))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnknownKey, "{e}");
+    // shard 0's second replica goes down; what it misses: new keys, a key rewritten, a key
+    // removed, on shard 0's part
+    let served = cluster._dir.path().join("copy-0-1");
+    let mut down = cluster.nodes[0].remove(1);
+    down.begin_drain();
+    drop(down);
+    let on0: Vec<i64> = new_keys.iter().copied().filter(|&k| part(k) == 0).collect();
+    let old0: Vec<i64> = (built.iter().map(|&k| k as i64))
+        .filter(|&k| part(k) == 0 && want.contains_key(&k))
+        .take(2)
+        .collect();
+    write(&mut want, &new_keys[20..], Some(4.0));
+    write(&mut want, &on0[..1], Some(5.0));
+    write(&mut want, &old0[..1], None);
+    write(&mut want, &old0[1..2], Some(6.0));
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.get("cluster_stale_replicas"), Some(1.0), "{stats:?}");
+    let shard0 = back_behind(&mut cluster, &served, &store);
+    store.set_replicas(0, &shard0).unwrap();
+    let caught = store.catch_up(Duration::from_secs(10));
+    assert_eq!(caught.len(), 1, "{caught:?}");
+    let done = caught[0].2.as_ref().unwrap();
+    assert!(done.rows_before_fence > 0, "{done:?}");
+    let clients = direct(&cluster);
+    let digests = |c: &nearrec_client::Client| {
+        use nearrec::Replica as _;
+        c.key_digests("k", None, 1 << 16).unwrap()
+    };
+    for (k, replicas) in clients.iter().enumerate() {
+        let (l, r) = (digests(&replicas[0]), digests(&replicas[1]));
+        let held: Vec<i64> = l.iter().map(|&(key, _)| key as i64).collect();
+        let mut of_part: Vec<i64> = want.keys().copied().filter(|&key| part(key) == k).collect();
+        of_part.sort_unstable_by_key(|&key| key as u64);
+        assert_eq!(held, of_part, "shard {k}: its keys");
+        assert_eq!(l, r, "shard {k}: both replicas' keys and rows");
+    }
+    // paged: from after a key on, in order
+    let all = digests(&clients[1][0]);
+    let after = all[4].0;
+    let page = {
+        use nearrec::Replica as _;
+        clients[1][0].key_digests("k", Some(after), 3).unwrap()
+    };
+    assert_eq!(page, all[5..8]);
+    // the member goes: the caught-up replica serves every acknowledged write alone
+    drop(cluster.nodes[0].remove(0));
+    check(&store, &want, "the caught-up replica alone");
 }
 fn one_per_bag<'a>(table: &'a str, ids: &'a [i64]) -> Batch<'a> {
     Batch::new(vec![TableLookup::new(

@@ -185,6 +185,7 @@ verbs! {
     FENCE = "Transaction".Fence: Store(Admin), changes, Slot, again;
     /// Rows written outside any write's checks.
     ADOPT = "Transaction".Adopt: Store(Admin), changes, Rows, once;
+    KEY_DIGESTS = "Transaction".Keys: Store(Write), reads, Slot, again;
     /// One scrub pass over the node's own disk: every table read back, at the caller's rate.
     SCRUB = "Scrub": Store(Admin), reads, Slot, again, long;
     /// The kept model's configuration and weights, read from the store's attachments.

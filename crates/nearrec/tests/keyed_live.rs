@@ -324,3 +324,103 @@ fn key_rows_name_the_rows_keys_hold_now() {
     let e = by_row.key_rows("r", &[1]).unwrap_err();
     assert!(e.to_string().contains("\"r\""), "{e}");
 }
+
+/// Issue 66: a keyed table's rows through a transaction — a shard's part in a write across
+/// shards or replicas — are written by key: nothing served while prepared, the new keys given
+/// rows as the commit logs them, a removal by key; a restart before the commit keeps the
+/// prepared keys, and they commit after it. Under a cap that does not evict, a prepare makes
+/// room for its new keys (the commit cannot be refused): one past the cap, counting the new
+/// keys of those prepared before it, is `KeysFull` naming the table and position.
+#[test]
+fn a_transaction_writes_keys_decided_at_its_commit() {
+    use nearrec::{Decision, Replica as _};
+    let dir = tempfile::tempdir().unwrap();
+    let path = make_store(dir.path());
+    let store = Store::open(&path, &config(true)).unwrap();
+    let none = WriteOptions::default();
+    let written = |ids: &'static [i64], v: f32| RowWrite {
+        table: "k",
+        ids,
+        values: Some(nearrec::RowValues::F32(Box::leak(
+            vec![v; ids.len() * DIM as usize].into_boxed_slice(),
+        ))),
+    };
+    let read = |store: &Store, key: i64| {
+        let mut out = vec![0f32; DIM as usize];
+        store.read_rows("k", &[key], &mut out).map(|()| out[0])
+    };
+    store
+        .prepare_write(1, &[written(&[5000, 1], 7.0)], none, "", None, None)
+        .unwrap();
+    assert_eq!(
+        read(&store, 5000).unwrap_err().kind(),
+        ErrorKind::UnknownKey
+    );
+    assert_eq!(
+        read(&store, 1).unwrap(),
+        row(1)[0],
+        "not served while prepared"
+    );
+    // a restart with it prepared: still held, then committed
+    drop(store);
+    let store = Store::open(&path, &config(true)).unwrap();
+    store.decide(1, Decision::Commit, false).unwrap();
+    assert_eq!(
+        (read(&store, 5000).unwrap(), read(&store, 1).unwrap()),
+        (7.0, 7.0)
+    );
+    assert_eq!(store.keys_held("k"), Some(BUILT + 1));
+    let gone = RowWrite {
+        table: "k",
+        ids: &[2],
+        values: None,
+    };
+    store
+        .prepare_write(2, &[gone], none, "", None, None)
+        .unwrap();
+    store.decide(2, Decision::Commit, false).unwrap();
+    assert_eq!(read(&store, 2).unwrap_err().kind(), ErrorKind::UnknownKey);
+    // the keys in order with their rows' digests, paged
+    let all = store.key_digests("k", None, 100).unwrap();
+    let mut keys: Vec<u64> = (1..=BUILT).filter(|&k| k != 2).chain([5000]).collect();
+    keys.sort_unstable();
+    assert_eq!(all.iter().map(|&(k, _)| k).collect::<Vec<_>>(), keys);
+    let five = all.iter().find(|&&(k, _)| k == 5000).unwrap().1;
+    assert_eq!(five, nearrec::row_digest(&[7.0; DIM as usize]));
+    assert_eq!(store.key_digests("k", Some(keys[2]), 2).unwrap(), all[3..5]);
+    let e = store
+        .key_digests("k", None, nearrec::MAX_DIGEST_ROWS + 1)
+        .unwrap_err();
+    assert_eq!(
+        (e.kind(), e.table()),
+        (ErrorKind::InvalidRequest, Some("k")),
+        "{e}"
+    );
+    drop(store);
+    // a cap of two keys more than held, eviction off
+    let mut capped = StoreConfig::from_toml(&format!(
+        "tier = \"ssd\"\ndram_budget = \"16KiB\"\n[key_limits.k]\ncap = {}\nevict = \"off\"",
+        BUILT + 2
+    ))
+    .unwrap();
+    capped.writable = true;
+    capped.auto_compact = false;
+    let store = Store::open(&path, &capped).unwrap();
+    store
+        .prepare_write(3, &[written(&[6000, 3], 1.0)], none, "", None, None)
+        .unwrap();
+    let e = store
+        .prepare_write(4, &[written(&[4, 7000, 7001], 1.0)], none, "", None, None)
+        .unwrap_err();
+    assert_eq!(
+        (e.kind(), e.table(), e.position()),
+        (ErrorKind::KeysFull, Some("k"), Some(2)),
+        "{e}"
+    );
+    store.decide(3, Decision::Abort, false).unwrap();
+    store
+        .prepare_write(4, &[written(&[4, 7000, 7001], 1.0)], none, "", None, None)
+        .unwrap();
+    store.decide(4, Decision::Commit, false).unwrap();
+    assert_eq!(store.keys_held("k"), Some(BUILT + 2));
+}

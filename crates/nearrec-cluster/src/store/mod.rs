@@ -486,9 +486,6 @@ fn check_replica(plan: &ShardPlan, k: usize, client: &Client) -> nearrec::Result
     Ok(info)
 }
 
-/// A write's rows on one shard: `(shard, table, local ids, values)`.
-type Routed<'a> = (usize, &'a str, Vec<i64>, Option<nearrec::OwnedValues>);
-
 impl Inner {
     fn client_options(&self) -> ClientOptions {
         client_options(&self.options)

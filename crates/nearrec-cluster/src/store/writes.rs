@@ -11,7 +11,7 @@ use nearrec::{
 };
 use nearrec_engine::EngineError;
 
-use super::{Inner, Routed};
+use super::Inner;
 use crate::txn;
 
 impl Inner {
@@ -37,21 +37,27 @@ impl Inner {
                 }
             }
             let n = w.ids.len();
-            let mut by_part: Vec<(Vec<i64>, Option<OwnedValues>)> = (0..table.parts.len())
-                .map(|_| (Vec::new(), w.values.map(OwnedValues::empty_like)))
+            let mut by_part: Vec<Routed<'a>> = (table.parts.iter())
+                .map(|p| Routed {
+                    shard: p.shard,
+                    table: w.table,
+                    ids: Vec::new(),
+                    values: w.values.map(OwnedValues::empty_like),
+                    positions: Vec::new(),
+                })
                 .collect();
-            // row `j` of the write's values onto a part's
-            let copy = |to: &mut Option<OwnedValues>, j: usize| {
-                if let (Some(o), Some(v)) = (to, w.values) {
+            // id `j` of the write, and its row of values, onto a part's
+            let put = |to: &mut Routed<'a>, j: usize, id: i64| {
+                to.ids.push(id);
+                to.positions.push(j);
+                if let (Some(o), Some(v)) = (&mut to.values, w.values) {
                     o.extend(v.rows(j..j + 1, n));
                 }
             };
             for (j, &id) in w.ids.iter().enumerate() {
                 if table.keyed {
                     // a key goes to its part as it is
-                    let p = key_part(id as u64, table.parts.len());
-                    by_part[p].0.push(id);
-                    copy(&mut by_part[p].1, j);
+                    put(&mut by_part[key_part(id as u64, table.parts.len())], j, id);
                     continue;
                 }
                 if id < 0 || id as u64 >= table.rows {
@@ -66,22 +72,14 @@ impl Inner {
                 }
                 let id = id as u64;
                 let home = table.part_of(id);
-                let mut put = |p: usize, local: u64| {
-                    by_part[p].0.push(local as i64);
-                    copy(&mut by_part[p].1, j);
-                };
-                put(home, id - table.parts[home].first);
+                put(&mut by_part[home], j, (id - table.parts[home].first) as i64);
                 if let Some(rank) = hot.rank(id) {
-                    for p in 0..table.parts.len() {
-                        put(p, table.parts[p].rows + u64::from(rank));
+                    for (p, part) in by_part.iter_mut().enumerate() {
+                        put(part, j, (table.parts[p].rows + u64::from(rank)) as i64);
                     }
                 }
             }
-            for (p, (ids, values)) in by_part.into_iter().enumerate() {
-                if !ids.is_empty() {
-                    out.push((table.parts[p].shard, w.table, ids, values));
-                }
-            }
+            out.extend(by_part.into_iter().filter(|r| !r.ids.is_empty()));
         }
         Ok(out)
     }
@@ -99,7 +97,7 @@ impl Inner {
         }
         let routed = self.route_writes(writes, options)?;
         let _switch = self.switching.read().unwrap_or_else(|p| p.into_inner());
-        let mut shards: Vec<usize> = routed.iter().map(|r| r.0).collect();
+        let mut shards: Vec<usize> = routed.iter().map(|r| r.shard).collect();
         shards.sort_unstable();
         shards.dedup();
         let calls = per_shard(&routed, &shards);
@@ -108,19 +106,16 @@ impl Inner {
             && self.shards[*s].epoch() == 0
         {
             // one node, the shard's only replica ever: one call
-            let v = replica.client.write_many(&calls[0], options)?;
+            let v = (replica.client.write_many(&calls[0], options))
+                .map_err(|e| caller_error(&routed, *s, e))?;
             self.shards[*s].seen.raise(v);
         } else if !shards.is_empty() {
             // several shards, or several replicas of one: two-phase commit, so that every
             // replica takes the writes of every router in one order (a row another router's
             // write holds is not written until that one is done)
-            self.coordinator().write(
-                &shards,
-                &calls,
-                options,
-                self.options.client.timeout,
-                None,
-            )?;
+            let to_caller = |k: usize, e: Error| caller_error(&routed, k, e);
+            let timeout = self.options.client.timeout;
+            (self.coordinator(&to_caller)).write(&shards, &calls, options, timeout, None)?;
         }
         // the version that holds it: each written shard's count as its commit answered, the
         // others' as last seen (asking every shard for its count was a round trip to each
@@ -162,13 +157,10 @@ impl Inner {
         let _switch = self.switching.read().unwrap_or_else(|p| p.into_inner());
         let shards: Vec<usize> = (0..self.shards.len()).collect();
         let calls = per_shard(&routed, &shards);
-        self.coordinator().write(
-            &shards,
-            &calls,
-            options,
-            self.options.client.timeout,
-            Some((feed, cursor)),
-        )?;
+        let to_caller = |k: usize, e: Error| caller_error(&routed, k, e);
+        let timeout = self.options.client.timeout;
+        let share = Some((feed, cursor));
+        (self.coordinator(&to_caller)).write(&shards, &calls, options, timeout, share)?;
         let cursor = self.feed_status()?.get(feed).copied().unwrap_or(cursor);
         Ok(Fed {
             version: self.version_of(&[]),
@@ -211,27 +203,84 @@ impl Inner {
         Ok(all.unwrap_or_default())
     }
 
-    /// The coordinator of a write across this store's shards (`crate::txn`).
-    fn coordinator(&self) -> txn::Coordinator<'_> {
+    /// The coordinator of a write across this store's shards (`crate::txn`); `to_caller`: a
+    /// shard's refusal of its share as the caller's call names things.
+    fn coordinator<'a>(
+        &'a self,
+        to_caller: &'a dyn Fn(usize, Error) -> Error,
+    ) -> txn::Coordinator<'a> {
         txn::Coordinator {
             store: &self.plan.store,
             all: &self.shards,
             pin: self.pin.load(Ordering::Relaxed),
+            to_caller,
         }
     }
+}
+
+/// One of a caller's writes, its rows on one shard.
+struct Routed<'a> {
+    shard: usize,
+    table: &'a str,
+    /// The shard's ids (a keyed table's: the keys).
+    ids: Vec<i64>,
+    values: Option<OwnedValues>,
+    /// Each id's position in the caller's write.
+    positions: Vec<usize>,
 }
 
 /// The routed rows of each of `shards`, as the calls a shard takes.
 fn per_shard<'a>(routed: &'a [Routed<'a>], shards: &[usize]) -> Vec<Vec<RowWrite<'a>>> {
     (shards.iter())
         .map(|&k| {
-            (routed.iter().filter(|r| r.0 == k))
-                .map(|(_, table, ids, values)| RowWrite {
-                    table,
-                    ids,
-                    values: values.as_ref().map(OwnedValues::as_values),
+            (routed.iter().filter(|r| r.shard == k))
+                .map(|r| RowWrite {
+                    table: r.table,
+                    ids: &r.ids,
+                    values: r.values.as_ref().map(OwnedValues::as_values),
                 })
                 .collect()
         })
         .collect()
+}
+
+/// `e`, shard `shard`'s refusal of its share naming a table and a position in it (a new key
+/// past its table's cap), as the caller's write names them: the position in the first of the
+/// caller's writes of that table routed there.
+fn caller_error(routed: &[Routed<'_>], shard: usize, e: Error) -> Error {
+    let (Some(table), Some(position)) = (e.table(), e.position()) else {
+        return e;
+    };
+    let Some(at) = (routed.iter())
+        .find(|r| r.shard == shard && r.table == table)
+        .and_then(|r| r.positions.get(position).copied())
+    else {
+        return e;
+    };
+    match e {
+        Error::Remote {
+            kind,
+            code,
+            message,
+            table,
+            ..
+        } => Error::Remote {
+            kind,
+            code,
+            message: format!(
+                "{message} (position {position} of shard {shard}'s share; {at} of the call)"
+            ),
+            table,
+            position: Some(at),
+        },
+        Error::KeysFull {
+            table, key, cap, ..
+        } => Error::KeysFull {
+            table,
+            position: at,
+            key,
+            cap,
+        },
+        e => e,
+    }
 }

@@ -191,7 +191,7 @@ impl NodeService {
         };
         let tx = match (step, <[u8; 16]>::try_from(&req.tx[..])) {
             (_, Ok(b)) => u128::from_le_bytes(b),
-            (Step::List, Err(_)) if req.tx.is_empty() => 0,
+            (Step::List | Step::Keys, Err(_)) if req.tx.is_empty() => 0,
             (_, Err(_)) => {
                 return Err(Status::invalid_argument(format!(
                     "a transaction's id is 16 bytes, not {}",
@@ -219,7 +219,7 @@ impl NodeService {
                         return Ok(pb::TransactionResponse {
                             version: store.version()?,
                             transactions: listed.iter().map(convert::transaction).collect(),
-                            membership: None,
+                            ..Default::default()
                         });
                     }
                     Step::Prepare => {
@@ -237,6 +237,15 @@ impl NodeService {
                         return Ok(membership(set));
                     }
                     Step::Fence => replica.fence(req.epoch.unwrap_or(0), lease)?,
+                    Step::Keys => {
+                        let keyed = replica.key_digests(&req.table, req.after, req.count)?;
+                        let (keys, digests) = keyed.into_iter().unzip();
+                        return Ok(pb::TransactionResponse {
+                            keys,
+                            digests,
+                            ..Default::default()
+                        });
+                    }
                     Step::Adopt => {
                         let w = convert::row_writes(&writes);
                         replica.adopt(&w, options, req.count)?

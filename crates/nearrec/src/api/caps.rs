@@ -148,6 +148,12 @@ pub trait Replica: Send + Sync {
     /// A replica catching up (no member) takes rows copied from a live one as its write
     /// number `count`, its shard's count of writes becoming its own; its version after.
     fn adopt(&self, writes: &[RowWrite<'_>], options: WriteOptions, count: u64) -> Result<u64>;
+
+    /// Keyed table `table`'s keys past `after` (from the first: `None`), in order, at most
+    /// `count` (≤ [`crate::MAX_DIGEST_ROWS`]), each with the digest of its row as served now
+    /// ([`crate::row_digest`]): what a catch-up compares a keyed table by, its keys' rows being
+    /// each replica's own. Refused for a table addressed by row.
+    fn key_digests(&self, table: &str, after: Option<u64>, count: u64) -> Result<Vec<(u64, u64)>>;
 }
 
 /// The model kept with the store, run next to its embeddings.

@@ -37,7 +37,7 @@ impl Live {
         let w = self.writer()?;
         self.mark_format(w, nearrec_format::FEEDS_VERSION)?;
         let engine = self.snapshot().engine.clone();
-        let ops = Self::encode(&engine, writes, options, true)?;
+        let ops = Self::encode(&engine, writes, options)?;
         let keyed = Self::keyed(&engine, &ops);
         if keyed {
             self.mark_releases(w, &engine)?;
@@ -59,7 +59,7 @@ impl Live {
                 _ => {}
             }
             let mut ops = if keyed {
-                keys::decide(&engine, &mut lock(&w.books), lsn, ops)?
+                keys::decide(&engine, &mut lock(&w.books), lsn, ops, false)?
             } else {
                 ops
             };

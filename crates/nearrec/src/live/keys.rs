@@ -174,6 +174,19 @@ impl KeyBook {
         }
     }
 
+    /// Every key held now, in order.
+    pub(crate) fn keys(&self, engine: &Engine, id: usize) -> Vec<u64> {
+        let mut keys = Vec::with_capacity(self.held as usize);
+        engine.for_each_key(id, |key, _| {
+            if !self.changed.contains_key(&key) {
+                keys.push(key);
+            }
+        });
+        (self.changed.iter()).for_each(|(&key, &(_, row))| keys.extend(row.map(|_| key)));
+        keys.sort_unstable();
+        keys
+    }
+
     /// Keys held now.
     pub(crate) fn held(&self) -> u64 {
         self.held
@@ -366,12 +379,15 @@ struct Counts {
 
 /// Decides call `ops` — whose keyed tables' `Write`s and `Remove`s name keys — as record `lsn`:
 /// the record's operations, every key resolved to its row (see the module docs). On an error
-/// nothing is decided.
+/// nothing is decided. `copied`: the keys are a member's, copied to a replica catching up
+/// (`Live::adopt`): every one is admitted, and none evicted for it (the member's keys fit the
+/// cap, and those the replica holds beyond them are removed first).
 pub(crate) fn decide(
     engine: &Engine,
     books: &mut HashMap<String, KeyBook>,
     lsn: u64,
     ops: Vec<Op>,
+    copied: bool,
 ) -> Result<Vec<Op>> {
     let mut out = Vec::with_capacity(ops.len() + 2);
     let mut touched: Vec<String> = Vec::new();
@@ -419,12 +435,12 @@ pub(crate) fn decide(
                                 r
                             }
                             None => {
-                                if life.is_some_and(|l| !l.admit(key, now)) {
+                                if !copied && life.is_some_and(|l| !l.admit(key, now)) {
                                     count.not_admitted += 1;
                                     continue;
                                 }
                                 // a cap lowered below the keys held is evicted down to here
-                                while book.held() >= cap {
+                                while !copied && book.held() >= cap {
                                     let victim = match life {
                                         Some(l) if l.limits.evict != Evict::Off => book.victim(l),
                                         _ => None,

@@ -4,7 +4,10 @@
 //! - [`Live::prepare_write`] checks and encodes the call as a write would, reserves its room in the
 //!   delta, and makes it durable in `txn/<id>.prepared` — nothing of it is served. It is refused
 //!   while another prepared transaction holds one of its rows (no waiting: the coordinator
-//!   aborts and tries again, so two coordinators never wait on each other).
+//!   aborts and tries again, so two coordinators never wait on each other). A keyed table's
+//!   rows are named by key, held by key, and decided as the commit logs them, as a write's
+//!   are; under a cap that does not evict, the prepare makes room for its new keys
+//!   ([`keys_fit`]), so that no commit is refused.
 //! - [`Live::decide`] with commit moves the file to `committed` (the decision, durable), then
 //!   logs and applies the rows as one record with the log to itself, and moves the file to
 //!   `applied` when asked to keep the outcome, else removes it. A crash between the two finds
@@ -25,8 +28,10 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
+use nearrec_engine::{Engine, Evict};
 use nearrec_format::wal::{Op, TxState, move_tx, read_txns, remove_tx, write_tx};
 
+use super::keys::KeyBook;
 use super::{FeedCursor, Live, RowWrite, WriteOptions, Writer, lock};
 use crate::error::{Error, Result};
 use crate::membership::now_ms;
@@ -159,6 +164,62 @@ fn overlap(mine: &HashMap<&str, HashSet<u64>>, other: &[Op]) -> Option<(String, 
     })
 }
 
+/// Refuses a prepare ([`Error::KeysFull`]) whose new keys of a keyed table that does not evict
+/// would take it past its cap, counting the new keys of every transaction held before it:
+/// each commits without asking again (a commit cannot fail on it), so the prepare makes room.
+fn keys_fit(
+    engine: &Engine,
+    books: &HashMap<String, KeyBook>,
+    ops: &[Op],
+    held: &BTreeMap<u128, Held>,
+) -> Result<()> {
+    for op in ops {
+        let Op::Write { table, ids, .. } = op else {
+            continue;
+        };
+        let (Some(book), Ok(id)) = (books.get(table), engine.table_id(table)) else {
+            continue;
+        };
+        if engine
+            .key_life(id)
+            .is_some_and(|l| l.limits.evict != Evict::Off)
+        {
+            continue;
+        }
+        let new = |ids: &[u64]| -> HashSet<u64> {
+            (ids.iter().copied())
+                .filter(|&key| book.row_of(engine, id, key).is_none())
+                .collect()
+        };
+        let mut taken: HashSet<u64> = HashSet::new();
+        for h in held.values().filter(|h| h.holds()) {
+            for other in &h.ops {
+                if let Op::Write { table: t, ids, .. } = other
+                    && t == table
+                {
+                    taken.extend(new(ids));
+                }
+            }
+        }
+        let cap = engine.key_cap(id);
+        let mut count = book.held() + taken.len() as u64;
+        for (position, &key) in ids.iter().enumerate() {
+            if book.row_of(engine, id, key).is_none() && taken.insert(key) {
+                count += 1;
+                if count > cap {
+                    return Err(Error::KeysFull {
+                        table: table.clone(),
+                        position,
+                        key,
+                        cap,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Live {
     /// Prepares transaction `tx`: the call checked, its room reserved and its rows durable, none
     /// of it served until it commits. Again for a transaction already prepared: nothing to do.
@@ -175,7 +236,7 @@ impl Live {
         // closed while this call waited for the gate
         let w = self.writer()?;
         let engine = self.snapshot().engine.clone();
-        let mut ops = Self::encode(&engine, writes, options, false)?;
+        let mut ops = Self::encode(&engine, writes, options)?;
         if let Some((feed, cursor)) = feed {
             super::feed::check_name(feed)?;
             self.mark_format(w, nearrec_format::FEEDS_VERSION)?;
@@ -223,6 +284,7 @@ impl Live {
                 });
             }
         }
+        keys_fit(&engine, &lock(&w.books), &ops, &held)?;
         w.reserve(need)?;
         if let Err(e) = write_tx(&self.dir, tx, TxState::Prepared, note, &ops) {
             w.used.fetch_sub(need, Relaxed);
@@ -357,7 +419,10 @@ impl Live {
         if taken {
             w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
         } else {
-            self.log_and_apply(w, &h.ops, h.need)?;
+            // a keyed table's keys decided now, as a write's are (the prepare made room for
+            // its new keys under a cap that does not evict)
+            let engine = self.snapshot().engine.clone();
+            self.log_call(w, &engine, h.ops.clone(), h.need)?;
             lock(&w.last_writers).note(tx, &h.note, &h.ops);
             if let Some((feed, cursor)) = stamped {
                 lock(&w.cursors).insert(feed, cursor);

@@ -127,14 +127,12 @@ impl Live {
         Arc::new(TableDelta::new(KEY_ROW_BYTES, u64::MAX, self.delta_rows))
     }
 
-    /// Checks and encodes one call's rows into log operations (nothing is applied). With
-    /// `by_key`, a keyed table's operations name keys (to be decided: [`keys::decide`]); else
-    /// a keyed table is refused (cross-shard transactions and catch-ups move rows by number).
+    /// Checks and encodes one call's rows into log operations (nothing is applied); a keyed
+    /// table's operations name keys, decided as they are logged ([`keys::decide`]).
     pub(super) fn encode(
         engine: &Engine,
         writes: &[RowWrite<'_>],
         options: WriteOptions,
-        by_key: bool,
     ) -> Result<Vec<Op>> {
         writes
             .iter()
@@ -142,15 +140,6 @@ impl Live {
                 let id = engine.table_id(w.table)?;
                 let meta = &engine.tables()[id];
                 let keyed = meta.is_keyed();
-                if keyed && !by_key {
-                    return Err(Error::Unsupported {
-                        verb: "write",
-                        by: format!(
-                            "keyed table {:?} in a cross-shard transaction or a catch-up",
-                            meta.name
-                        ),
-                    });
-                }
                 let bad = |position: usize, reason: String| Error::InvalidRequest {
                     table: Some(meta.name.clone()),
                     position: Some(position),
@@ -215,17 +204,31 @@ impl Live {
         // closed while this call waited for the gate: its lock and log are let go of
         let w = self.writer()?;
         let engine = self.snapshot().engine.clone();
-        let ops = Self::encode(&engine, writes, options, true)?;
+        let ops = Self::encode(&engine, writes, options)?;
         let need = Self::room(&engine, &ops);
         w.reserve(need)?;
-        if !Self::keyed(&engine, &ops) {
+        self.log_call(w, &engine, ops, need)
+    }
+
+    /// Logs and applies call `ops` ([`Self::encode`]'s, `need` bytes of room reserved for
+    /// them), a keyed table's keys resolved to rows as the record is appended, in log order;
+    /// its version. With every key new and not admitted, nothing is logged.
+    pub(super) fn log_call(
+        &self,
+        w: &Writer,
+        engine: &Engine,
+        ops: Vec<Op>,
+        need: u64,
+    ) -> Result<u64> {
+        if !Self::keyed(engine, &ops) {
             return self.log_and_apply(w, &ops, need);
         }
-        self.mark_releases(w, &engine)?;
-        // keys resolved to rows as the record is appended, in log order; with every key new
-        // and not admitted, nothing is logged
+        if let Err(e) = self.mark_releases(w, engine) {
+            w.used.fetch_sub(need, Relaxed);
+            return Err(e);
+        }
         let decided = self.log_decided(w, need, |lsn| {
-            keys::decide(&engine, &mut lock(&w.books), lsn, ops)
+            keys::decide(engine, &mut lock(&w.books), lsn, ops, false)
         })?;
         Ok(decided.unwrap_or_else(|| self.snapshot().version))
     }
@@ -309,7 +312,11 @@ impl Live {
             self.decide(tx, Decision::Abort, false)?;
         }
         let engine = self.snapshot().engine.clone();
-        let ops = Self::encode(&engine, writes, options, false)?;
+        let ops = Self::encode(&engine, writes, options)?;
+        let keyed = Self::keyed(&engine, &ops);
+        if keyed {
+            self.mark_releases(w, &engine)?;
+        }
         // the log to itself: no other record between the gap and this one's publication
         let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
         let w = self.writer()?;
@@ -337,10 +344,27 @@ impl Live {
         }
         let need = Self::room(&engine, &ops);
         w.reserve(need)?;
+        // a member's keys: decided here as record `count` (the log is this call's alone), every
+        // one taken
+        let ops = if keyed {
+            match keys::decide(&engine, &mut lock(&w.books), count, ops, true) {
+                Ok(ops) => ops,
+                Err(e) => {
+                    w.used.fetch_sub(need, Relaxed);
+                    return Err(e);
+                }
+            }
+        } else {
+            ops
+        };
         let lsn = match w.wal.append_at(count, &ops) {
             Ok(lsn) => lsn,
             Err(e) => {
                 w.used.fetch_sub(need, Relaxed);
+                if keyed {
+                    // decided and never logged: the books as the log has them
+                    self.build_books(w);
+                }
                 return Err(e.into());
             }
         };

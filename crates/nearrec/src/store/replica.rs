@@ -7,7 +7,7 @@ use std::sync::RwLockReadGuard;
 use std::time::{Duration, Instant};
 
 use super::{Store, lock};
-use crate::api::Replica;
+use crate::api::{MAX_DIGEST_ROWS, Replica, StoreApi, row_digest};
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::live::{Decision, LastWriter, RowWrite, Transaction, WriteOptions};
@@ -165,6 +165,25 @@ impl Replica for Store {
             return Err(changed(self.name(), &state, why));
         }
         self.current().live.adopt(writes, options, count)
+    }
+
+    fn key_digests(&self, table: &str, after: Option<u64>, count: u64) -> Result<Vec<(u64, u64)>> {
+        if count > MAX_DIGEST_ROWS {
+            return Err(Error::InvalidRequest {
+                table: Some(table.to_owned()),
+                position: None,
+                reason: format!(
+                    "{count} keys' digests asked in one call; at most {MAX_DIGEST_ROWS}"
+                ),
+            });
+        }
+        let keys = self.current().live.keys_after(table, after, count)?;
+        let dim = StoreApi::table(self, table)?.dim as usize;
+        let ids: Vec<i64> = keys.iter().map(|&k| k as i64).collect();
+        let mut rows = vec![0f32; ids.len() * dim];
+        self.read_rows(table, &ids, &mut rows)?;
+        let digests = rows.chunks_exact(dim.max(1)).map(row_digest);
+        Ok(keys.into_iter().zip(digests).collect())
     }
 }
 
