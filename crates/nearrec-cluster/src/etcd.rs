@@ -9,12 +9,17 @@
 //!   other learns, so no two memberships are ever installed at one epoch.
 //! - `shards/<k>/replicas/<id>`: each replica its node holds, on the node's lease (its address),
 //!   gone when the lease is.
+//! - `shards/<k>/fresh`: a change that left replicas out without their word ([`Fresh`]), on a
+//!   lease of one hold from when it was made: while it lives, a replica it left out may still
+//!   be held.
 //!
 //! A replica's node runs [`hold`]: every quarter of the hold time it renews its lease and reads
 //! its shard's record, and holds the replica (`nearrec::Store::hold`) for the hold time from
 //! when that round began. A router that leaves a replica out without its word waits one hold
 //! time after its change before the members take a write the replica lacks
-//! ([`ShardMap::wait_out`]): by then the replica serves nothing.
+//! ([`ShardMap::wait_out`]): by then the replica serves nothing. A router that learns the
+//! record while the change is fresh — its maker gone, or still waiting — and cannot tell those
+//! replicas itself waits until the change is no longer fresh.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -64,6 +69,16 @@ impl ShardRecord {
     pub fn hold(&self) -> Duration {
         Duration::from_millis(self.hold_ms)
     }
+}
+
+/// A change of a shard's record that left replicas out without their word, kept beside it for
+/// one hold (and a tenth) from when it was made, under `shards/<k>/fresh`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fresh {
+    /// The epoch the change made.
+    pub epoch: u64,
+    /// The replicas it left out, by id.
+    pub left: Vec<u64>,
 }
 
 /// A shard's record as read, with the revision a change of it compares (0: there is none yet).
@@ -160,6 +175,10 @@ impl ShardMap {
         format!("{}/shards/{shard}", self.prefix)
     }
 
+    fn fresh_key(&self, shard: usize) -> String {
+        format!("{}/shards/{shard}/fresh", self.prefix)
+    }
+
     fn replica_key(&self, shard: usize, replica: u64) -> String {
         format!("{}/shards/{shard}/replicas/{replica:016x}", self.prefix)
     }
@@ -210,12 +229,14 @@ impl ShardMap {
 
     /// Makes `next` shard `shard`'s record if it is still as `from` saw it (a compare of its
     /// revision, then a put, in one transaction): `Ok(false)` when another change got there
-    /// first.
+    /// first. `fresh`: the change leaves replicas out without their word, kept fresh on that
+    /// lease ([`Self::fresh_lease`]) in the same transaction.
     pub async fn change(
         &self,
         shard: usize,
         from: &Seen,
         next: &ShardRecord,
+        fresh: Option<(&Fresh, i64)>,
     ) -> Result<bool, String> {
         let key = self.shard_key(shard);
         let compare = if from.revision == 0 {
@@ -224,11 +245,46 @@ impl ShardMap {
             Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)
         };
         let value = serde_json::to_vec(next).expect("a shard record serializes");
-        let txn = Txn::new()
-            .when([compare])
-            .and_then([TxnOp::put(key, value, None)]);
+        let mut puts = vec![TxnOp::put(key, value, None)];
+        if let Some((fresh, lease)) = fresh {
+            let value = serde_json::to_vec(fresh).expect("a fresh change serializes");
+            let on = PutOptions::new().with_lease(lease);
+            puts.push(TxnOp::put(self.fresh_key(shard), value, Some(on)));
+        }
+        let txn = Txn::new().when([compare]).and_then(puts);
         let mut kv = self.client.kv_client();
         Ok(self.bounded(kv.txn(txn)).await?.succeeded())
+    }
+
+    /// A lease for a change kept fresh for `hold` and a tenth (whole seconds, at least one:
+    /// etcd's leases count seconds).
+    pub async fn fresh_lease(&self, hold: Duration) -> Result<i64, String> {
+        let ttl = (hold + hold / 10).as_secs_f64().ceil().max(1.0) as i64;
+        let mut client = self.client.clone();
+        Ok(self.bounded(client.lease_grant(ttl, None)).await?.id())
+    }
+
+    /// The change of shard `shard`'s record kept fresh now, if any.
+    pub async fn fresh(&self, shard: usize) -> Result<Option<Fresh>, String> {
+        let mut kv = self.client.kv_client();
+        let got = self.bounded(kv.get(self.fresh_key(shard), None)).await?;
+        let Some(kv) = got.kvs().first() else {
+            return Ok(None);
+        };
+        serde_json::from_slice(kv.value()).map(Some).map_err(|e| {
+            format!(
+                "the key {} is not a fresh change: {e}",
+                self.fresh_key(shard)
+            )
+        })
+    }
+
+    /// Ends a change's freshness before its lease does (its router told the replicas it left
+    /// out, or waited them out): no router learning it waits any more. Best effort: the lease
+    /// runs out by itself.
+    pub async fn settled(&self, lease: i64) {
+        let mut client = self.client.clone();
+        let _ = self.bounded(client.lease_revoke(lease)).await;
     }
 
     /// Waits one hold time from `since` (a change that left replicas out without their word):

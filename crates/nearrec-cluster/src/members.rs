@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use nearrec::{Error, ErrorKind, Membership, Replica as _, RowWrite, StoreApi, WriteOptions};
 use nearrec_client::Client;
 
-use crate::etcd::{Seen, ShardMap, ShardRecord};
+use crate::etcd::{Fresh, Seen, ShardMap, ShardRecord};
 use crate::shard::{Replica, Shard, on_each};
 use std::sync::Arc;
 
@@ -47,15 +47,18 @@ use std::sync::Arc;
 const DIGEST_ROWS: u64 = 1 << 16;
 const COPY_VALUES: usize = 2 << 20;
 
+/// A replica's membership and count of writes, as it answered (`None`: it did not, or it
+/// serves another version than the one read).
+type Answer = Option<(Membership, u64)>;
+
 /// What a router learned of a shard's membership.
 #[derive(Debug)]
 pub(crate) struct Learned {
     pub epoch: u64,
     /// The members by id.
     pub members: Vec<u64>,
-    /// Each replica's membership and count of writes, as it answered (`None`: it did not, or
-    /// it serves another version than the one read).
-    pub answers: Vec<Option<(Membership, u64)>>,
+    /// Each replica's answer.
+    pub answers: Vec<Answer>,
     /// The shard's record in etcd as read (its membership kept there): `Ok(None)` without
     /// etcd, `Err` why etcd did not answer.
     pub etcd: Result<Option<Seen>, String>,
@@ -70,7 +73,7 @@ fn ask(client: &Client) -> nearrec::Result<(Membership, u64, Option<u64>)> {
 
 /// The epoch and members replicas that answered `answers` name: the highest epoch any holds,
 /// and the members every replica at it names (every replica at epoch 0).
-fn of_answers(replicas: &[Arc<Replica>], answers: &[Option<(Membership, u64)>]) -> (u64, Vec<u64>) {
+fn of_answers(replicas: &[Arc<Replica>], answers: &[Answer]) -> (u64, Vec<u64>) {
     let epoch = (answers.iter().flatten())
         .map(|(m, _)| m.epoch)
         .max()
@@ -106,7 +109,7 @@ fn of_answers(replicas: &[Arc<Replica>], answers: &[Option<(Membership, u64)>]) 
 /// epoch past that one names it again.
 pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
     let replicas = shard.all_replicas();
-    let answers: Vec<Option<(Membership, u64)>> = on_each(&replicas, |r| {
+    let answers: Vec<Answer> = on_each(&replicas, |r| {
         let (m, count, served) = ask(&r.client).ok()?;
         (pin == 0 || served.unwrap_or(0) == pin).then_some((m, count))
     });
@@ -162,12 +165,66 @@ pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
             }
         }
     }
+    if let (Some(map), Ok(Some(seen))) = (&shard.etcd, &etcd) {
+        let hold = seen.record.as_ref().map_or(map.hold, ShardRecord::hold);
+        wait_fresh(
+            map,
+            shard.index,
+            &replicas,
+            &answers,
+            (epoch, &members),
+            hold,
+        );
+    }
     *shard.membership.lock().unwrap() = (epoch, members.clone());
     Learned {
         epoch,
         members,
         answers,
         etcd,
+    }
+}
+
+/// Waits out the change that made shard `shard`'s epoch `epoch` (naming `members`) while it is
+/// fresh in etcd ([`Fresh`]: made less than a hold ago, leaving replicas out without their
+/// word, its router gone or still waiting them out) — unless each replica it left out answers
+/// here at that epoch, or takes it now: until then one may still be held, serving reads that
+/// miss what the members take. One hold (and a tenth) from now at most, since the change was
+/// made before: cut short when it is fresh no more (its router settled it). etcd not answering
+/// the question: the whole hold.
+fn wait_fresh(
+    map: &ShardMap,
+    shard: usize,
+    replicas: &[Arc<Replica>],
+    answers: &[Answer],
+    (epoch, members): (u64, &[u64]),
+    hold: Duration,
+) {
+    let start = Instant::now();
+    let fresh = match map.blocking(map.fresh(shard)) {
+        Ok(Some(f)) if f.epoch == epoch => f,
+        Ok(_) => return,
+        Err(_) => return map.wait_out(start, hold),
+    };
+    let unsure = fresh.left.iter().any(|&id| {
+        let at = (replicas.iter().zip(answers)).find_map(|(r, a)| {
+            a.as_ref()
+                .filter(|(m, _)| m.replica == id)
+                .map(|(m, _)| (r, m))
+        });
+        match at {
+            Some((_, m)) if m.epoch >= epoch => false,
+            Some((r, m)) => r.client.set_membership(m.epoch, epoch, members).is_err(),
+            None => true,
+        }
+    });
+    let until = start + hold + hold / 10;
+    while unsure && Instant::now() < until {
+        match map.blocking(map.fresh(shard)) {
+            Ok(Some(f)) if f.epoch == epoch => std::thread::sleep(hold / 20),
+            Ok(_) => return,
+            Err(_) => return map.wait_out(start, hold),
+        }
     }
 }
 
@@ -209,7 +266,7 @@ fn change(
     let epoch = learned.epoch + 1;
     let mut order = order.to_vec();
     if let Some(map) = &shard.etcd {
-        let (decided, hold) = decide(map, shard, learned, epoch, members)?;
+        let (decided, hold, fresh) = decide(map, shard, learned, epoch, members)?;
         let id = |r: usize| {
             (learned.answers[r].as_ref())
                 .map_or_else(|| replicas[r].id.load(Relaxed), |(m, _)| m.replica)
@@ -227,6 +284,9 @@ fn change(
         if told.contains(&false) {
             map.wait_out(decided, hold);
         }
+        if let Some(lease) = fresh {
+            map.blocking(map.settled(lease));
+        }
         order.retain(|r| !left.contains(r));
     }
     for &r in &order {
@@ -240,16 +300,17 @@ fn change(
 }
 
 /// Makes epoch `epoch`, naming `members`, shard `shard`'s record in etcd (`map`) if it is still the one
-/// `learned` read: when it was made, and the hold time a replica it leaves out is waited out
-/// for. `MembershipChanged` when another change was made first (the caller learns again),
-/// `Unavailable` naming etcd when it did not answer.
+/// `learned` read: when it was made, the hold time a replica it leaves out is waited out for,
+/// and — when it leaves members out — the lease that keeps it fresh meanwhile ([`Fresh`]; to
+/// be settled once they are told or waited out). `MembershipChanged` when another change was
+/// made first (the caller learns again), `Unavailable` naming etcd when it did not answer.
 fn decide(
     map: &ShardMap,
     shard: &Shard,
     learned: &Learned,
     epoch: u64,
     members: &[u64],
-) -> nearrec::Result<(Instant, Duration)> {
+) -> nearrec::Result<(Instant, Duration, Option<i64>)> {
     let seen = match &learned.etcd {
         Ok(Some(seen)) => seen,
         Ok(None) => unreachable!("learned without etcd"),
@@ -272,15 +333,33 @@ fn decide(
         members: sorted,
         hold_ms: u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
     };
+    let left: Vec<u64> = (learned.members.iter())
+        .filter(|id| !members.contains(id))
+        .copied()
+        .collect();
+    let fresh = Fresh { epoch, left };
+    let lease = match fresh.left.is_empty() {
+        true => None,
+        false => Some(
+            (map.blocking(map.fresh_lease(hold)))
+                .map_err(|why| map.unavailable(shard.index, why))?,
+        ),
+    };
+    let fresh = lease.map(|lease| (&fresh, lease));
     let outcome = outcome(
         &record,
-        map.blocking(map.change(shard.index, seen, &record)),
-        || map.blocking(map.change(shard.index, seen, &record)),
+        map.blocking(map.change(shard.index, seen, &record, fresh)),
+        || map.blocking(map.change(shard.index, seen, &record, fresh)),
         || map.blocking(map.read(shard.index)),
     );
+    if outcome != Ok(true)
+        && let Some(lease) = lease
+    {
+        map.blocking(map.settled(lease));
+    }
     match outcome {
         // made: its hold is waited out from now (a change answered late was made earlier)
-        Ok(true) => Ok((Instant::now(), hold)),
+        Ok(true) => Ok((Instant::now(), hold, lease)),
         Ok(false) => Err(Error::MembershipChanged {
             store: format!("shard {} of {}", shard.index, map.store()),
             epoch: learned.epoch,
@@ -480,11 +559,13 @@ pub(crate) fn catch_up(
     loop {
         match catch_up_once(store, shard, pin, r, lease, &mut copied) {
             Err(e) if e.kind() == ErrorKind::MembershipChanged && tries < 3 => tries += 1,
-            // the rows every try copied, not the last one's alone
+            // the rows every try copied and the time every try fenced, not the last one's
+            // alone (a try that finds the replica admitted meanwhile fences nothing)
             done => {
                 return done.map(|d| CaughtUp {
                     rows_before_fence: copied.rows_before_fence,
                     rows_fenced: copied.rows_fenced,
+                    fenced: copied.fenced,
                     ..d
                 });
             }
@@ -566,12 +647,48 @@ fn catch_up_once(
     };
     let (rows_before_fence, _) = copy_differing(source, &target)?;
     copied.rows_before_fence += rows_before_fence;
-    // the last pass: the members fenced, every write of theirs in
+    // the last pass: the members fenced, every write of theirs in; how long counted whatever
+    // its end
     let fenced_at = Instant::now();
-    let fenced = on_each(&sources, |(_, m)| m.client.fence(learned.epoch, lease));
+    let done = fenced_pass(
+        store,
+        shard,
+        (pin, lease),
+        &learned,
+        &sources,
+        (r, mine.replica),
+        copied,
+    );
+    copied.fenced += fenced_at.elapsed();
+    let (epoch, version) = done?;
+    learn(shard, pin, false);
+    Ok(CaughtUp {
+        rows_before_fence,
+        version,
+        epoch,
+        ..CaughtUp::default()
+    })
+}
+
+/// Store `store`'s catch-up's last pass, from `learned`: the members (`sources`, the first copied from)
+/// fenced for at most `lease`, the rows that differ copied again to replica `r` (id `id`), one
+/// count of writes everywhere, and the replica admitted; the epoch that admits it and the
+/// count. On an error the fence is lifted.
+fn fenced_pass(
+    store: &str,
+    shard: &Shard,
+    (pin, lease): (u64, Duration),
+    learned: &Learned,
+    sources: &[(usize, Arc<Replica>)],
+    (r, id): (usize, u64),
+    copied: &mut CaughtUp,
+) -> nearrec::Result<(u64, u64)> {
+    let target = shard.all_replicas()[r].clone();
+    let source = &sources[0].1;
+    let fenced = on_each(sources, |(_, m)| m.client.fence(learned.epoch, lease));
     let lift = |why: Error| {
-        let order = install_order(&learned, &learned.members);
-        let _ = change(shard, &learned, &learned.members, &order);
+        let order = install_order(learned, &learned.members);
+        let _ = change(shard, learned, &learned.members, &order);
         learn(shard, pin, false);
         why
     };
@@ -581,10 +698,12 @@ fn catch_up_once(
     }
     let count = counts[0];
     if counts.iter().any(|&c| c != count) {
-        return Err(lift(fail(
-            ErrorKind::Internal,
-            format!("the members' counts of writes differ under the fence: {counts:?}"),
-        )));
+        return Err(lift(Error::Shard {
+            store: store.to_owned(),
+            shard: shard.index,
+            kind: ErrorKind::Internal,
+            reason: format!("the members' counts of writes differ under the fence: {counts:?}"),
+        }));
     }
     let (rows_fenced, copied_to) = copy_differing(source, &target).map_err(lift)?;
     copied.rows_fenced += rows_fenced;
@@ -595,7 +714,7 @@ fn catch_up_once(
         .adopt(&[], WriteOptions::default(), version)
         .map_err(lift)?;
     if version > count {
-        for (_, m) in &sources {
+        for (_, m) in sources {
             m.client
                 .adopt(&[], WriteOptions::default(), version)
                 .map_err(lift)?;
@@ -603,23 +722,15 @@ fn catch_up_once(
     }
     // admitted: on it first, then on the members (which lifts their fences)
     let mut members = learned.members.clone();
-    members.push(mine.replica);
+    members.push(id);
     let mut order = vec![r];
     order.extend(
-        install_order(&learned, &learned.members)
+        install_order(learned, &learned.members)
             .into_iter()
             .filter(|&q| q != r),
     );
-    let epoch = change(shard, &learned, &members, &order).map_err(lift)?;
-    let fenced = fenced_at.elapsed();
-    learn(shard, pin, false);
-    Ok(CaughtUp {
-        rows_before_fence,
-        rows_fenced,
-        version,
-        epoch,
-        fenced,
-    })
+    let epoch = change(shard, learned, &members, &order).map_err(lift)?;
+    Ok((epoch, version))
 }
 
 /// Copies the rows of every table of the shard that differ between `source` and `target` to

@@ -311,20 +311,28 @@ fn of_two_changes_from_one_record_one_is_made() {
     assert_eq!(none, Seen::default());
     assert!(
         runtime
-            .block_on(map.change(0, &none, &at(1, &[1, 2])))
+            .block_on(map.change(0, &none, &at(1, &[1, 2]), None))
             .unwrap()
     );
     // a second creation from "no record" loses
     assert!(
         !runtime
-            .block_on(map.change(0, &none, &at(1, &[1])))
+            .block_on(map.change(0, &none, &at(1, &[1]), None))
             .unwrap()
     );
     let one = runtime.block_on(map.read(0)).unwrap();
     assert_eq!(one.record, Some(at(1, &[1, 2])));
     // two routers from epoch 1: one leaves 2 out, the other 1; the second is refused
-    assert!(runtime.block_on(map.change(0, &one, &at(2, &[1]))).unwrap());
-    assert!(!runtime.block_on(map.change(0, &one, &at(2, &[2]))).unwrap());
+    assert!(
+        runtime
+            .block_on(map.change(0, &one, &at(2, &[1]), None))
+            .unwrap()
+    );
+    assert!(
+        !runtime
+            .block_on(map.change(0, &one, &at(2, &[2]), None))
+            .unwrap()
+    );
     assert_eq!(
         runtime.block_on(map.read(0)).unwrap().record,
         Some(at(2, &[1]))
@@ -406,7 +414,7 @@ fn a_replica_etcd_names_no_member_stops_serving() {
             .collect(),
         ..was
     };
-    assert!(runtime.block_on(map.change(0, &seen, &next)).unwrap());
+    assert!(runtime.block_on(map.change(0, &seen, &next, None)).unwrap());
     let changed = Instant::now();
     until(HOLD + HOLD / 10, "replica 1 let go", || {
         read(&cluster.client(1), 1).is_err_and(|e| e.to_string().contains("no member"))
@@ -417,4 +425,59 @@ fn a_replica_etcd_names_no_member_stops_serving() {
     write(&router, 1, 4.0).unwrap();
     assert_eq!(read(&router, 1).unwrap(), 4.0);
     assert!(read(&cluster.client(1), 1).is_err());
+}
+
+/// A change that leaves a replica out without its word is kept fresh in etcd for one hold (and
+/// a tenth) from when it was made: a router that learns it meanwhile — its maker gone before
+/// telling the replica or waiting it out — and cannot reach that replica itself (here, one it
+/// was never given) waits until one hold has passed before its write commits, for until then
+/// the replica may still be held and serve reads that miss the write.
+#[test]
+fn a_change_its_router_left_unfinished_is_waited_out_by_the_router_that_learns_it() {
+    use nearrec_cluster::etcd::Fresh;
+    let etcd = Etcd::start();
+    let cluster = Cluster::start(&etcd);
+    let router = cluster.router(&etcd);
+    until(HOLD * 2, "held", || {
+        (0..2).all(|r| read(&cluster.client(r), 1).is_ok())
+    });
+    write(&router, 1, 1.0).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let map = runtime
+        .block_on(ShardMap::connect(
+            &etcd.options(HOLD),
+            "s",
+            &cluster.plan.id,
+            runtime.handle().clone(),
+        ))
+        .unwrap();
+    // another router's change, leaving out a replica this router does not know, made and never
+    // finished (no one told, no wait)
+    let seen = runtime.block_on(map.read(0)).unwrap();
+    let was = seen.record.clone().unwrap();
+    let next = ShardRecord {
+        epoch: was.epoch + 1,
+        // a hold well past what the write takes by itself
+        hold_ms: 3_000,
+        ..was
+    };
+    let fresh = Fresh {
+        epoch: next.epoch,
+        left: vec![0x5eed],
+    };
+    let lease = runtime.block_on(map.fresh_lease(next.hold())).unwrap();
+    let made = runtime.block_on(map.change(0, &seen, &next, Some((&fresh, lease))));
+    assert!(made.unwrap());
+    let made_at = Instant::now();
+    assert_eq!(runtime.block_on(map.fresh(0)).unwrap(), Some(fresh));
+    // both replicas take the new epoch from their nodes: the router's next write, at the old
+    // one, is refused, and the router learns the change
+    until(HOLD * 2, "the new epoch on both", || {
+        (0..2).all(|r| cluster.client(r).membership().unwrap().epoch == next.epoch)
+    });
+    write(&router, 2, 2.0).unwrap();
+    // and waits it out before the write commits: one hold (and a tenth) since the change
+    let waited = made_at.elapsed();
+    assert!(waited >= next.hold() * 11 / 10, "went on after {waited:?}");
+    assert_eq!(read(&router, 2).unwrap(), 2.0);
 }
