@@ -256,6 +256,23 @@ impl ShardMap {
         Ok(self.bounded(kv.txn(txn)).await?.succeeded())
     }
 
+    /// [`Self::change`] from a caller outside the runtime, made sure of: a change etcd did not
+    /// answer is sent again and judged by the record after ([`outcome`]).
+    pub(crate) fn change_surely(
+        &self,
+        shard: usize,
+        from: &Seen,
+        next: &ShardRecord,
+        fresh: Option<(&Fresh, i64)>,
+    ) -> Result<bool, String> {
+        outcome(
+            next,
+            self.blocking(self.change(shard, from, next, fresh)),
+            || self.blocking(self.change(shard, from, next, fresh)),
+            || self.blocking(self.read(shard)),
+        )
+    }
+
     /// A lease for a change kept fresh for `hold` and a tenth (whole seconds, at least one:
     /// etcd's leases count seconds).
     pub async fn fresh_lease(&self, hold: Duration) -> Result<i64, String> {
@@ -293,6 +310,31 @@ impl ShardMap {
         // a tenth more: the two sides' clocks run at rates that may differ a little
         let until = since + hold + hold / 10;
         std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// Whether a change making `ours` the shard's record was made (`Ok(false)`: another change was
+/// made first), from etcd's answer to it (`first`). Without one the transaction may have been
+/// applied all the same (a leader lost with it in flight, an answer past the deadline): it is
+/// sent `again` with the same compare, so that at most one of the two is applied; refused, the
+/// record `read` after says whether it is ours (the first was applied) or another's. `Err`: etcd
+/// answered neither.
+fn outcome(
+    ours: &ShardRecord,
+    first: Result<bool, String>,
+    again: impl FnOnce() -> Result<bool, String>,
+    read: impl FnOnce() -> Result<Seen, String>,
+) -> Result<bool, String> {
+    let Err(why) = first else {
+        return first;
+    };
+    match again() {
+        Ok(true) => Ok(true),
+        Ok(false) => match read() {
+            Ok(now) => Ok(now.record.as_ref() == Some(ours)),
+            Err(e) => Err(format!("{why}; sent again, refused; then a read: {e}")),
+        },
+        Err(e) => Err(format!("{why}; sent again: {e}")),
     }
 }
 
@@ -392,4 +434,48 @@ async fn grant(
     let key = map.replica_key(shard, replica);
     (map.bounded(client.put(key, address, Some(put))).await)?;
     map.bounded(client.lease_keep_alive(lease.id())).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A change etcd did not answer is sent again with the same compare: made then, it is made;
+    /// refused, the record read after tells whether the first was applied (ours) or another
+    /// change came first; etcd answering neither is unknown (`Unavailable`).
+    #[test]
+    fn a_change_without_an_answer_is_sent_again_and_judged_by_the_record_after() {
+        let record = |epoch: u64, members: Vec<u64>| ShardRecord {
+            epoch,
+            members,
+            hold_ms: 1000,
+        };
+        let ours = record(4, vec![1]);
+        let seen = |r: ShardRecord| {
+            Ok(Seen {
+                record: Some(r),
+                revision: 11,
+            })
+        };
+        let lost = || Err::<bool, String>("no answer".into());
+        let unread = || -> Result<Seen, String> { panic!("read only when the second is refused") };
+        // answered at once: as answered, nothing sent again
+        let never = || -> Result<bool, String> { panic!("not sent again") };
+        assert_eq!(outcome(&ours, Ok(true), never, unread), Ok(true));
+        assert_eq!(outcome(&ours, Ok(false), never, unread), Ok(false));
+        // no answer: the second made it
+        assert_eq!(outcome(&ours, lost(), || Ok(true), unread), Ok(true));
+        // the second refused: the first was applied (ours), or another's came first
+        assert_eq!(
+            outcome(&ours, lost(), || Ok(false), || seen(ours.clone())),
+            Ok(true)
+        );
+        let other = || seen(record(4, vec![2]));
+        assert_eq!(outcome(&ours, lost(), || Ok(false), other), Ok(false));
+        // etcd answers neither: unknown, both failures named
+        let e = outcome(&ours, lost(), lost, unread).unwrap_err();
+        assert!(e.contains("no answer; sent again: no answer"), "{e}");
+        let e = outcome(&ours, lost(), || Ok(false), || Err("down".into())).unwrap_err();
+        assert!(e.contains("down"), "{e}");
+    }
 }

@@ -22,7 +22,7 @@
 //! - keeps each shard's membership: a replica that missed a write is left out at the next epoch,
 //!   which every write carries, and one that was down catches up from a member — the differing
 //!   rows copied, the members fenced for the last pass — before it is admitted again
-//!   (`members.rs`), every router catching up its stale replicas in the
+//!   (`members/`), every router catching up its stale replicas in the
 //!   background (`catch_up.rs`); with etcd, each shard's epoch and members are decided there by
 //!   transactions, and each replica is held by its node's lease (`etcd.rs`);
 //! - reads each batch at one cluster version (a version of every shard's repository), and swaps
@@ -36,7 +36,7 @@
 //!
 //! Modules: `split/` (cut and merge; `parted.rs`, a table's ids routed to its parts), `shard.rs` (a shard's replicas: hedging, failover,
 //! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `versions.rs`
-//! (the cluster version: pin, stage, switch, release), `members.rs` (membership, catch-up),
+//! (the cluster version: pin, stage, switch, release), `members/` (membership, catch-up),
 //! `etcd.rs` (membership kept in etcd: records, transactions, a replica's hold),
 //! `catch_up.rs` (catch-up in the background, every router's by default), `store/`
 //! (`ShardedStore`: opened, split and merged; its verbs in `contract.rs`, writes routed in

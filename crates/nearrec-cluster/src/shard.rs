@@ -98,7 +98,7 @@ pub(crate) struct Replica {
     /// The shard's epoch when it missed a write, if it did: stale until an epoch past it names
     /// it a member again (it caught up).
     missed_at: Mutex<Option<u64>>,
-    /// Its id in the shard's membership (`members.rs`; 0 until learned).
+    /// Its id in the shard's membership (`members/`; 0 until learned).
     pub id: AtomicU64,
 }
 
@@ -136,7 +136,7 @@ impl Replica {
         self.missed_at.lock().unwrap().is_some_and(|e| e >= epoch)
     }
 
-    /// Stale (no reads, no writes), or not: as the shard's membership says (`members.rs`).
+    /// Stale (no reads, no writes), or not: as the shard's membership says (`members/`).
     pub fn set_stale(&self, stale: bool) {
         if !stale {
             *self.missed_at.lock().unwrap() = None;
@@ -251,7 +251,7 @@ pub(crate) struct Shard {
     /// Held by this router's two-phase writes to the shard, taken in shard order.
     writing: Mutex<()>,
     /// The shard's membership as this router last learned it: the epoch its writes are sent
-    /// at, and the members by id (`members.rs`).
+    /// at, and the members by id (`members/`).
     pub membership: Mutex<(u64, Vec<u64>)>,
     /// Where the membership is decided, when it is kept in etcd (`etcd.rs`).
     pub etcd: Option<ShardMap>,

@@ -409,7 +409,7 @@ impl Coordinator<'_> {
     }
 
     /// Replicas that missed a write the others of their shard took: stale here at once, and
-    /// left out of their shards' membership (`members.rs`), so that every router learns it at
+    /// left out of their shards' membership (`members/`), so that every router learns it at
     /// its next write. The first shard whose change could not be made where etcd keeps it.
     /// `prepared_at`: each shard's epoch its shares were prepared at, before any commit (the
     /// change is refused if the shard has moved past it since).

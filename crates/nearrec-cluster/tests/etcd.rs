@@ -244,16 +244,23 @@ fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-fn record(etcd: &Etcd, plan: &ShardPlan) -> Seen {
+/// Plan `plan_id`'s keys in `etcd`, read and changed from a runtime of their own (as another
+/// router would).
+fn shard_map(etcd: &Etcd, plan_id: &str) -> (tokio::runtime::Runtime, ShardMap) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let map = runtime
         .block_on(ShardMap::connect(
             &etcd.options(HOLD),
             "s",
-            &plan.id,
+            plan_id,
             runtime.handle().clone(),
         ))
         .unwrap();
+    (runtime, map)
+}
+
+fn record(etcd: &Etcd, plan: &ShardPlan) -> Seen {
+    let (runtime, map) = shard_map(etcd, &plan.id);
     runtime.block_on(map.read(0)).unwrap()
 }
 
@@ -293,15 +300,7 @@ fn the_first_router_makes_the_record_and_the_nodes_hold_their_replicas() {
 #[test]
 fn of_two_changes_from_one_record_one_is_made() {
     let etcd = Etcd::start();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let map = runtime
-        .block_on(ShardMap::connect(
-            &etcd.options(HOLD),
-            "s",
-            "plan",
-            runtime.handle().clone(),
-        ))
-        .unwrap();
+    let (runtime, map) = shard_map(&etcd, "plan");
     let at = |epoch, members: &[u64]| ShardRecord {
         epoch,
         members: members.to_vec(),
@@ -394,15 +393,7 @@ fn a_replica_etcd_names_no_member_stops_serving() {
     until(HOLD * 2, "held", || {
         (0..2).all(|r| read(&cluster.client(r), 1).is_ok())
     });
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let map = runtime
-        .block_on(ShardMap::connect(
-            &etcd.options(HOLD),
-            "s",
-            &cluster.plan.id,
-            runtime.handle().clone(),
-        ))
-        .unwrap();
+    let (runtime, map) = shard_map(&etcd, &cluster.plan.id);
     let seen = runtime.block_on(map.read(0)).unwrap();
     let was = seen.record.clone().unwrap();
     let out = cluster.client(1).membership().unwrap().replica;
@@ -442,15 +433,7 @@ fn a_change_its_router_left_unfinished_is_waited_out_by_the_router_that_learns_i
         (0..2).all(|r| read(&cluster.client(r), 1).is_ok())
     });
     write(&router, 1, 1.0).unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let map = runtime
-        .block_on(ShardMap::connect(
-            &etcd.options(HOLD),
-            "s",
-            &cluster.plan.id,
-            runtime.handle().clone(),
-        ))
-        .unwrap();
+    let (runtime, map) = shard_map(&etcd, &cluster.plan.id);
     // another router's change, leaving out a replica this router does not know, made and never
     // finished (no one told, no wait)
     let seen = runtime.block_on(map.read(0)).unwrap();

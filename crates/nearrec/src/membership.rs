@@ -1,7 +1,7 @@
 //! A replica's place in its shard: the membership every write to a replicated shard checks, the
 //! fence a catch-up holds on the live replicas, and the rows a replica catching up adopts
 //! (`docs/distributed.md`, "A replica catching up"; the router's side is `nearrec-cluster`'s
-//! `members.rs`).
+//! `members/`).
 //!
 //! Each replica keeps a [`Membership`]: its own id, an epoch, and the shard's members at that
 //! epoch by id. The shard's members are those named at the highest epoch any replica holds;

@@ -300,7 +300,7 @@ impl ShardedStore {
 
     /// Catches up every replica that is stale but answers — a node that was down, restarted
     /// behind its shard's others, or one that missed a write — from a member of its shard, and
-    /// admits it again (`members.rs`): what each catch-up did, or why it failed, by shard and
+    /// admits it again (`members/`): what each catch-up did, or why it failed, by shard and
     /// address. Learns every shard's membership first (a change another router made, a fence
     /// a catch-up left past its lease). The members of a shard are fenced for at most `lease`
     /// while a replica's last pass is copied; their writes wait meanwhile.

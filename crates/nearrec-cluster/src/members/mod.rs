@@ -33,19 +33,18 @@
 //! reach a different replica and not the other, this is no consensus: each may go on with its
 //! own (documented).
 
+mod copy;
+
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use nearrec::{Error, ErrorKind, Membership, Replica as _, RowWrite, StoreApi, WriteOptions};
+use nearrec::{Error, ErrorKind, Membership, Replica as _, StoreApi, WriteOptions};
 use nearrec_client::Client;
 
 use crate::etcd::{Fresh, Seen, ShardMap, ShardRecord};
 use crate::shard::{Replica, Shard, on_each};
-use std::sync::Arc;
-
-/// Rows of one table a catch-up compares per call, and the values it copies per call at most.
-const DIGEST_ROWS: u64 = 1 << 16;
-const COPY_VALUES: usize = 2 << 20;
+use copy::copy_differing;
 
 /// A replica's membership and count of writes, as it answered (`None`: it did not, or it
 /// serves another version than the one read).
@@ -346,12 +345,7 @@ fn decide(
         ),
     };
     let fresh = lease.map(|lease| (&fresh, lease));
-    let outcome = outcome(
-        &record,
-        map.blocking(map.change(shard.index, seen, &record, fresh)),
-        || map.blocking(map.change(shard.index, seen, &record, fresh)),
-        || map.blocking(map.read(shard.index)),
-    );
+    let outcome = map.change_surely(shard.index, seen, &record, fresh);
     if outcome != Ok(true)
         && let Some(lease) = lease
     {
@@ -370,31 +364,6 @@ fn decide(
             ),
         }),
         Err(why) => Err(map.unavailable(shard.index, why)),
-    }
-}
-
-/// Whether a change making `ours` the shard's record was made (`Ok(false)`: another change was
-/// made first), from etcd's answer to it (`first`). Without one the transaction may have been
-/// applied all the same (a leader lost with it in flight, an answer past the deadline): it is
-/// sent `again` with the same compare, so that at most one of the two is applied; refused, the
-/// record `read` after says whether it is ours (the first was applied) or another's. `Err`: etcd
-/// answered neither.
-fn outcome(
-    ours: &ShardRecord,
-    first: Result<bool, String>,
-    again: impl FnOnce() -> Result<bool, String>,
-    read: impl FnOnce() -> Result<Seen, String>,
-) -> Result<bool, String> {
-    let Err(why) = first else {
-        return first;
-    };
-    match again() {
-        Ok(true) => Ok(true),
-        Ok(false) => match read() {
-            Ok(now) => Ok(now.record.as_ref() == Some(ours)),
-            Err(e) => Err(format!("{why}; sent again, refused; then a read: {e}")),
-        },
-        Err(e) => Err(format!("{why}; sent again: {e}")),
     }
 }
 
@@ -731,175 +700,4 @@ fn fenced_pass(
     );
     let epoch = change(shard, learned, &members, &order).map_err(lift)?;
     Ok((epoch, version))
-}
-
-/// Copies the rows of every table of the shard that differ between `source` and `target` to
-/// `target`, each call adopted as its next write; the rows copied, and `target`'s count of
-/// writes after. A keyed table is compared by key (each replica's keys have rows of its own):
-/// the keys `target` holds and `source` does not are removed first, then the keys whose rows
-/// differ or that `target` lacks are written.
-fn copy_differing(source: &Replica, target: &Replica) -> nearrec::Result<(u64, u64)> {
-    let (from, to) = (&source.client, &target.client);
-    let mut copy = Copy {
-        to,
-        copied: 0,
-        version: to.version()?,
-    };
-    for table in from.info()?.tables {
-        let (name, rows) = (&table.name, table.rows);
-        if table.keys.is_some() {
-            let (differ, gone) = differing_keys(from, to, name)?;
-            copy.adopt(name, &gone, None)?;
-            copy.rows(from, name, table.dim as usize, &differ)?;
-            continue;
-        }
-        let mut ids: Vec<i64> = Vec::new();
-        let mut first = 0;
-        while first < rows {
-            let n = DIGEST_ROWS.min(rows - first);
-            let (a, b) = (
-                from.row_digests(name, first, n)?,
-                to.row_digests(name, first, n)?,
-            );
-            ids.extend(
-                (a.iter().zip(&b).enumerate())
-                    .filter(|(_, (x, y))| x != y)
-                    .map(|(k, _)| (first + k as u64) as i64),
-            );
-            first += n;
-        }
-        copy.rows(from, name, table.dim as usize, &ids)?;
-    }
-    Ok((copy.copied, copy.version))
-}
-
-/// A catch-up's calls to the replica it copies to, each adopted as its next write.
-struct Copy<'a> {
-    to: &'a Client,
-    copied: u64,
-    version: u64,
-}
-
-impl Copy<'_> {
-    /// Rows (or keys) `ids` of `table` read from `from` and written.
-    fn rows(&mut self, from: &Client, table: &str, dim: usize, ids: &[i64]) -> nearrec::Result<()> {
-        for chunk in ids.chunks((COPY_VALUES / dim.max(1)).max(1)) {
-            let mut values = vec![0f32; chunk.len() * dim];
-            from.read_rows(table, chunk, &mut values)?;
-            self.adopt(table, chunk, Some(&values))?;
-        }
-        Ok(())
-    }
-
-    /// `ids` of `table` written with `values`, or removed (`None`), as the next write.
-    fn adopt(&mut self, table: &str, ids: &[i64], values: Option<&[f32]>) -> nearrec::Result<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let w = RowWrite {
-            table,
-            ids,
-            values: values.map(nearrec::RowValues::F32),
-        };
-        let options = WriteOptions {
-            allow_nonfinite: true,
-        };
-        self.version = self.to.adopt(&[w], options, self.version + 1)?;
-        self.copied += ids.len() as u64;
-        Ok(())
-    }
-}
-
-/// Keyed table `table`'s keys to copy from `from` to `to` — those whose rows differ, or that
-/// only `from` holds — and those to remove from `to`, which only it holds.
-fn differing_keys(
-    from: &Client,
-    to: &Client,
-    table: &str,
-) -> nearrec::Result<(Vec<i64>, Vec<i64>)> {
-    let (a, b) = (all_key_digests(from, table)?, all_key_digests(to, table)?);
-    let (mut differ, mut gone) = (Vec::new(), Vec::new());
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() || j < b.len() {
-        match (a.get(i), b.get(j)) {
-            (Some(&(x, dx)), Some(&(y, dy))) if x == y => {
-                if dx != dy {
-                    differ.push(x as i64);
-                }
-                (i, j) = (i + 1, j + 1);
-            }
-            (Some(&(x, _)), Some(&(y, _))) if y < x => {
-                gone.push(y as i64);
-                j += 1;
-            }
-            (Some(&(x, _)), _) => {
-                differ.push(x as i64);
-                i += 1;
-            }
-            (None, Some(&(y, _))) => {
-                gone.push(y as i64);
-                j += 1;
-            }
-            (None, None) => break,
-        }
-    }
-    Ok((differ, gone))
-}
-
-/// Every key of keyed table `table` on `replica`, in order, with its row's digest.
-fn all_key_digests(replica: &Client, table: &str) -> nearrec::Result<Vec<(u64, u64)>> {
-    let mut all: Vec<(u64, u64)> = Vec::new();
-    loop {
-        let after = all.last().map(|&(key, _)| key);
-        let page = replica.key_digests(table, after, DIGEST_ROWS)?;
-        let last = (page.len() as u64) < DIGEST_ROWS;
-        all.extend(page);
-        if last {
-            return Ok(all);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A change etcd did not answer is sent again with the same compare: made then, it is made;
-    /// refused, the record read after tells whether the first was applied (ours) or another
-    /// change came first; etcd answering neither is unknown (`Unavailable`).
-    #[test]
-    fn a_change_without_an_answer_is_sent_again_and_judged_by_the_record_after() {
-        let record = |epoch: u64, members: Vec<u64>| ShardRecord {
-            epoch,
-            members,
-            hold_ms: 1000,
-        };
-        let ours = record(4, vec![1]);
-        let seen = |r: ShardRecord| {
-            Ok(Seen {
-                record: Some(r),
-                revision: 11,
-            })
-        };
-        let lost = || Err::<bool, String>("no answer".into());
-        let unread = || -> Result<Seen, String> { panic!("read only when the second is refused") };
-        // answered at once: as answered, nothing sent again
-        let never = || -> Result<bool, String> { panic!("not sent again") };
-        assert_eq!(outcome(&ours, Ok(true), never, unread), Ok(true));
-        assert_eq!(outcome(&ours, Ok(false), never, unread), Ok(false));
-        // no answer: the second made it
-        assert_eq!(outcome(&ours, lost(), || Ok(true), unread), Ok(true));
-        // the second refused: the first was applied (ours), or another's came first
-        assert_eq!(
-            outcome(&ours, lost(), || Ok(false), || seen(ours.clone())),
-            Ok(true)
-        );
-        let other = || seen(record(4, vec![2]));
-        assert_eq!(outcome(&ours, lost(), || Ok(false), other), Ok(false));
-        // etcd answers neither: unknown, both failures named
-        let e = outcome(&ours, lost(), lost, unread).unwrap_err();
-        assert!(e.contains("no answer; sent again: no answer"), "{e}");
-        let e = outcome(&ours, lost(), || Ok(false), || Err("down".into())).unwrap_err();
-        assert!(e.contains("down"), "{e}");
-    }
 }
