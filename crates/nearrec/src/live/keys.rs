@@ -22,6 +22,7 @@ use nearrec_engine::delta::TableDelta;
 use nearrec_engine::{Engine, Evict, KeyLife, decode_row};
 use nearrec_format::wal::{MAX_PAYLOAD, Op, Release, payload_len};
 
+use super::{Live, lock};
 use crate::error::{Error, Result};
 
 /// A writer's refusal of a keyed table that holds more keys than its cap while its eviction is
@@ -50,6 +51,33 @@ pub(crate) fn over_caps(engine: &Engine, books: &HashMap<String, KeyBook>) -> Re
         }
     }
     Ok(())
+}
+
+impl Live {
+    /// Keyed table `table`'s keys past `after` (from the first: `None`), in order, at most
+    /// `count`, as the writer has decided them: what a replica's catch-up compares by key.
+    /// Refused for a table addressed by row, and by a store that takes no writes.
+    pub(crate) fn keys_after(
+        &self,
+        table: &str,
+        after: Option<u64>,
+        count: u64,
+    ) -> Result<Vec<u64>> {
+        let w = self.writer()?;
+        let engine = self.snapshot().engine.clone();
+        let id = engine.table_id(table)?;
+        let books = lock(&w.books);
+        let Some(book) = books.get(table) else {
+            return Err(Error::InvalidRequest {
+                table: Some(table.to_owned()),
+                position: None,
+                reason: "is addressed by row, not by key: its rows are compared by number".into(),
+            });
+        };
+        let keys = book.keys(&engine, id);
+        let from = after.map_or(0, |a| keys.partition_point(|&k| k <= a));
+        Ok(keys[from..].iter().take(count as usize).copied().collect())
+    }
 }
 
 /// Rows a victim is drawn from when a table at its cap evicts.

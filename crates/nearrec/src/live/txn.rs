@@ -24,6 +24,7 @@
 //! other shard; a coordinator that finds a transaction left prepared by one that died asks the
 //! deciding shard and settles it (`nearrec-cluster`'s `txn.rs`).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
@@ -422,7 +423,7 @@ impl Live {
             // a keyed table's keys decided now, as a write's are (the prepare made room for
             // its new keys under a cap that does not evict)
             let engine = self.snapshot().engine.clone();
-            self.log_call(w, &engine, h.ops.clone(), h.need)?;
+            self.log_call(w, &engine, Cow::Borrowed(&h.ops), h.need)?;
             lock(&w.last_writers).note(tx, &h.note, &h.ops);
             if let Some((feed, cursor)) = stamped {
                 lock(&w.cursors).insert(feed, cursor);

@@ -2,6 +2,8 @@
 //! replayed records, a transaction's decided writes, a catch-up's adopted rows, expiry), and
 //! the writer's budget for the deltas.
 
+use std::borrow::Cow;
+
 use super::*;
 
 impl Live {
@@ -207,22 +209,24 @@ impl Live {
         let ops = Self::encode(&engine, writes, options)?;
         let need = Self::room(&engine, &ops);
         w.reserve(need)?;
-        self.log_call(w, &engine, ops, need)
+        self.log_call(w, &engine, Cow::Owned(ops), need)
     }
 
     /// Logs and applies call `ops` ([`Self::encode`]'s, `need` bytes of room reserved for
     /// them), a keyed table's keys resolved to rows as the record is appended, in log order;
-    /// its version. With every key new and not admitted, nothing is logged.
+    /// its version. With every key new and not admitted, nothing is logged. Borrowed `ops` are
+    /// copied only to be decided (a keyed table's).
     pub(super) fn log_call(
         &self,
         w: &Writer,
         engine: &Engine,
-        ops: Vec<Op>,
+        ops: Cow<'_, [Op]>,
         need: u64,
     ) -> Result<u64> {
         if !Self::keyed(engine, &ops) {
             return self.log_and_apply(w, &ops, need);
         }
+        let ops = ops.into_owned();
         if let Err(e) = self.mark_releases(w, engine) {
             w.used.fetch_sub(need, Relaxed);
             return Err(e);
