@@ -102,6 +102,10 @@ pub struct ShardPlan {
     pub shards: usize,
     pub replicas: usize,
     pub tables: Vec<ShardedTable>,
+    /// The plans this one was made from by tables created and dropped, oldest (the cut's)
+    /// first: a shard tagged with one of them is this store's, behind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<String>,
 }
 
 /// One table of a sharded store.
@@ -235,18 +239,109 @@ impl ShardPlan {
         Ok(path)
     }
 
-    /// The id of this plan's content (every field but `id`).
+    /// The id of this plan's content (every field but `id`; `parents` only where there are
+    /// some, so that a cut's id is what it was before plans had them).
     fn digest(&self) -> String {
-        let content = serde_json::to_vec(&(
+        let fields = (
             self.format,
             &self.store,
             self.scheme,
             self.shards,
             self.replicas,
             &self.tables,
-        ))
+        );
+        let content = if self.parents.is_empty() {
+            serde_json::to_vec(&fields)
+        } else {
+            serde_json::to_vec(&(fields, &self.parents))
+        }
         .expect("a plan serializes");
         format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&content))
+    }
+
+    /// The id of the cut this plan descends from: what names the store where plans change
+    /// (its keys in etcd).
+    pub fn root(&self) -> &str {
+        self.parents.first().unwrap_or(&self.id)
+    }
+
+    /// Whether `id` is this plan or one it was made from.
+    pub fn descends_from(&self, id: &str) -> bool {
+        self.id == id || self.parents.iter().any(|p| p == id)
+    }
+
+    /// The plan with a new table of `rows` × `dim` values in `dtype` (a name no table has),
+    /// placed as the plan's scheme places a table no trace has read (its cost its bytes alone):
+    /// whole on the least loaded shard (`table`), over every shard (`row`), or over as many
+    /// as its cost asks (`table-row`), each part on the least loaded shard without one. Its
+    /// parents are this plan's and this plan.
+    pub fn with_table(&self, name: &str, rows: u64, dim: u32, dtype: DType) -> ShardPlan {
+        let n = self.shards;
+        let bytes = |t: &ShardedTable| t.rows as f64 * t.dtype.row_bytes(t.dim) as f64;
+        let new_bytes = rows as f64 * dtype.row_bytes(dim) as f64;
+        let total = (self.tables.iter().map(bytes).sum::<f64>() + new_bytes).max(1.0);
+        let mut load = vec![0f64; n];
+        for t in &self.tables {
+            for p in &t.parts {
+                let share = p.rows as f64 / t.rows as f64;
+                load[p.shard] += share * (0.5 * bytes(t) / total + 0.5 * t.load);
+            }
+        }
+        let cost = 0.5 * new_bytes / total;
+        let most = n.min(rows as usize).max(1);
+        let groups = match self.scheme {
+            Scheme::Table | Scheme::Auto => 1,
+            Scheme::Row => most,
+            Scheme::TableRow => ((cost * n as f64 - 1e-9).ceil() as usize).clamp(1, most),
+        };
+        let g = groups as u64;
+        let mut parts: Vec<Part> = Vec::with_capacity(groups);
+        for k in 0..g {
+            let (first, end) = (rows * k / g, rows * (k + 1) / g);
+            let shard = (0..n)
+                .filter(|&s| parts.iter().all(|p| p.shard != s))
+                .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
+                .expect("a table has at most one part per shard");
+            load[shard] += cost / g as f64;
+            parts.push(Part {
+                shard,
+                first,
+                rows: end - first,
+            });
+        }
+        let mut plan = self.clone();
+        plan.tables.push(ShardedTable {
+            name: name.to_owned(),
+            rows,
+            dim,
+            dtype,
+            load: 0.0,
+            parts,
+            hot: Vec::new(),
+            keyed: false,
+        });
+        plan.descend(self);
+        plan
+    }
+
+    /// The plan without table `name`; `None` where no table has that name. A plan a shard of
+    /// which would hold no table is refused by its check: the reason, naming the shard.
+    pub fn without_table(&self, name: &str) -> Option<std::result::Result<ShardPlan, String>> {
+        let mut plan = self.clone();
+        let at = plan.tables.iter().position(|t| t.name == name)?;
+        plan.tables.remove(at);
+        if let Err((_, reason)) = plan.check() {
+            return Some(Err(reason));
+        }
+        plan.descend(self);
+        Some(Ok(plan))
+    }
+
+    /// Makes this plan a child of `parent`: its lineage, then its own id.
+    fn descend(&mut self, parent: &ShardPlan) {
+        self.parents = parent.parents.clone();
+        self.parents.push(parent.id.clone());
+        self.id = self.digest();
     }
 
     /// What makes a plan one: shard and replica counts in range; every table's parts
@@ -503,6 +598,7 @@ pub fn plan_shards(
         shards: n,
         replicas: options.replicas,
         tables: out,
+        parents: Vec::new(),
     };
     plan.check().map_err(|(_, reason)| {
         invalid(

@@ -219,3 +219,45 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_table_created_is_placed_as_the_scheme_places_one_and_the_plan_descends_from_its_parent() {
+    let tables = [table("a", 1000, 8), table("b", 10, 8), table("c", 10, 8)];
+    let by_table = plan_shards("s", &tables, None, &options(3, Scheme::Table)).unwrap();
+    // whole, on the shard that holds least (a holds most; b and c tie: the lower one)
+    let grown = by_table.with_table("n", 50, 4, DType::Fp16);
+    let n = grown.tables.last().unwrap();
+    let least = (by_table.tables[1].parts[0].shard).min(by_table.tables[2].parts[0].shard);
+    assert_eq!(n.parts.len(), 1);
+    assert_eq!(n.parts[0].shard, least);
+    // the tables it had are as they were; the child names its parent and reads back whole
+    assert_eq!(grown.tables[..3], by_table.tables[..]);
+    assert_eq!(grown.parents, vec![by_table.id.clone()]);
+    assert_eq!(grown.root(), by_table.id);
+    assert!(grown.descends_from(&by_table.id) && !by_table.descends_from(&grown.id));
+    let read = ShardPlan::parse(grown.to_json().as_bytes(), std::path::Path::new("x")).unwrap();
+    assert_eq!(read, grown);
+    // a cut's id is what it was before plans had parents
+    assert!(!by_table.to_json().contains("parents"));
+
+    // row-wise: over every shard, in even ranges
+    let by_row = plan_shards("s", &tables, None, &options(3, Scheme::Row)).unwrap();
+    let grown = by_row.with_table("n", 10, 4, DType::Fp32);
+    let n = grown.tables.last().unwrap();
+    assert_eq!(n.parts.iter().map(|p| p.rows).collect::<Vec<_>>(), [3, 3, 4]);
+    let mut shards: Vec<usize> = n.parts.iter().map(|p| p.shard).collect();
+    shards.sort_unstable();
+    assert_eq!(shards, [0, 1, 2]);
+    // fewer rows than shards: a part a row
+    assert_eq!(by_row.with_table("m", 2, 4, DType::Fp32).tables[3].parts.len(), 2);
+
+    // dropped: gone, the rest as they were, two generations down from the cut
+    let dropped = grown.without_table("b").unwrap().unwrap();
+    assert!(dropped.tables.iter().all(|t| t.name != "b"));
+    assert_eq!(dropped.parents, vec![by_row.id.clone(), grown.id.clone()]);
+    assert_eq!(dropped.root(), by_row.id);
+    assert!(grown.without_table("nope").is_none());
+    // a shard left without a table is no plan: said, naming the shard
+    let reason = by_table.without_table("b").unwrap().unwrap_err();
+    assert!(reason.contains("holds no table"), "{reason}");
+}
