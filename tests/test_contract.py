@@ -300,7 +300,7 @@ def test_closing_lets_go_at_once(open_store: Open, tmp_path: Path):
 def test_capabilities_are_the_implementations(open_store: Open, tmp_path: Path):
     store = open_store(write_store(tmp_path / "s"), False)
     every = {"writes", "schema", "versions", "replica", "inference"}
-    want = {"writes", "versions"} if open_store.kind in ("sharded", "ray") else every
+    want = {"writes", "schema", "versions"} if open_store.kind in ("sharded", "ray") else every
     assert store.capabilities == want
     if "schema" not in store.capabilities:
         with pytest.raises(nearrec.Unsupported, match="create_table"):

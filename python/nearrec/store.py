@@ -205,7 +205,8 @@ class Store:
         created and dropped), ``"versions"`` (swaps, pinned lookups), ``"replica"`` (a shard
         replica's verbs), ``"inference"`` (the kept model run and updated). An embedded store
         and a node's have every one (a read-only store refuses writes, typed, when asked); a
-        sharded store creates no tables and is no replica. A call a store has no capability
+        sharded store is no replica (its tables are created and dropped as a new plan every
+        shard moves to). A call a store has no capability
         for raises :class:`Unsupported` naming it."""
         return frozenset(cast("list[Capability]", self._native.capabilities))
 

@@ -335,6 +335,24 @@ impl Replica for Client {
         }
         Ok(answer.keys.into_iter().zip(answer.digests).collect())
     }
+
+    fn retag(
+        &self,
+        expected: &str,
+        plan: &str,
+        previous: Option<&str>,
+    ) -> nearrec::Result<nearrec::shard::ShardTag> {
+        let req = pb::TransactionRequest {
+            expected: expected.to_owned(),
+            plan: plan.to_owned(),
+            previous: previous.map(str::to_owned),
+            ..self.transaction(0, Step::Retag)
+        };
+        let tag = self.call(req)?.shard.ok_or_else(|| {
+            nearrec::Error::Internal("the node answered a retag without the tag".into())
+        })?;
+        Ok(convert::unshard_tag(tag))
+    }
 }
 
 impl Inference for Client {

@@ -139,6 +139,9 @@ pub struct Client {
     options: ClientOptions,
     /// `None` once closed.
     conn: Arc<Mutex<Option<Arc<Conn>>>>,
+    /// The shard sent with every call: `options.shard`, its plan moved on by
+    /// [`Client::set_shard_plan`].
+    shard: Arc<std::sync::RwLock<Option<(String, usize)>>>,
 }
 
 /// A client's runtime, let go on a thread of its own when its last holder goes inside an async
@@ -321,9 +324,19 @@ impl Client {
         Ok(Self {
             addrs,
             store: store.to_owned(),
+            shard: Arc::new(std::sync::RwLock::new(options.shard.clone())),
             options,
             conn: Arc::new(Mutex::new(Some(Arc::new(conn)))),
         })
+    }
+
+    /// Sends plan `plan` with every call from now on, for the shard it named (a router whose
+    /// plan moved on: a change of the sharded store's tables); nothing where it names none.
+    pub fn set_shard_plan(&self, plan: &str) {
+        let mut shard = self.shard.write().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, _)) = shard.as_mut() {
+            *at = plan.to_owned();
+        }
     }
 
     /// The address of the node the client is connected to now.
@@ -390,7 +403,7 @@ impl Client {
         {
             r.metadata_mut().insert("authorization", v);
         }
-        if let Some((plan, shard)) = &self.options.shard
+        if let Some((plan, shard)) = &*self.shard.read().unwrap_or_else(|p| p.into_inner())
             && let Ok(v) = nearrec_wire::shard_header(plan, *shard).parse()
         {
             r.metadata_mut().insert(nearrec_wire::SHARD_HEADER, v);

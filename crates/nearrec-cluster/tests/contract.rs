@@ -209,20 +209,21 @@ fn one_shard(path: &Path, writable: bool) -> Opened {
     opened(sharded(path, writable, options(1, 1, Scheme::Table, 0)))
 }
 
-/// A sharded store writes, swaps its versions and runs the model its shards keep (on the
-/// shard that holds every table whole, else on the router); it creates no tables (a new table
-/// is a new plan) and is no replica (it drives its replicas with that).
+/// A sharded store writes, creates and drops tables, swaps its versions and runs the model its
+/// shards keep (on the shard that holds every table whole, else on the router); it is no
+/// replica (it drives its replicas with that).
 #[test]
-fn a_sharded_store_has_writes_versions_and_its_model() {
+fn a_sharded_store_has_writes_schema_versions_and_its_model() {
     let (_dir, path) = suite::fixture();
     let s = row_wise(&path, true);
-    assert_eq!(s.store.capabilities(), ["writes", "versions"]);
+    assert_eq!(s.store.capabilities(), ["writes", "schema", "versions"]);
     suite::keep_model(&path, &[0.25; suite::DIM as usize], 0.0);
     let s = row_wise(&path, true);
-    assert_eq!(s.store.capabilities(), ["writes", "versions", "inference"]);
+    let all = ["writes", "schema", "versions", "inference"];
+    assert_eq!(s.store.capabilities(), all);
     let s = one_shard(&path, true);
     let caps = s.store.capabilities();
-    assert_eq!(caps, ["writes", "versions", "inference"]);
+    assert_eq!(caps, all);
 }
 
 /// An unknown key is named at its position in the caller's lookup, not in the share of the
@@ -1431,4 +1432,121 @@ fn a_shard_down_leaves_the_others_reachable_and_is_named() {
     last.begin_drain();
     drop(last);
     assert_eq!(store.info().unwrap_err().kind(), ErrorKind::Unavailable);
+}
+
+/// Each replica's shard tag, asked directly.
+fn tags(cluster: &Cluster) -> Vec<nearrec::shard::ShardTag> {
+    (direct(cluster).iter().flatten())
+        .map(|c| c.info().unwrap().shard.unwrap())
+        .collect()
+}
+
+/// A table created through one router is a new plan every replica moves to while another
+/// router reads on undisturbed; that router learns it at its first call naming the table; a
+/// drop through it reaches the first; two changes from routers at the same plan both land
+/// (the second learns the first's plan and tries again); a change a replica cannot take is
+/// undone everywhere.
+#[test]
+fn tables_created_and_dropped_through_one_router_reach_every_shard_and_router() {
+    let (_dir, path) = suite::fixture();
+    let (a, mut cluster) = sharded(&path, true, options(2, 2, Scheme::Row, 0));
+    let dir = cluster._dir.path().to_path_buf();
+    let b = Arc::new(ShardedStore::open(&dir, &endpoints(&a), manual()).unwrap());
+    let before = a.plan();
+    let ids: Vec<i64> = (0..40).collect();
+    let (want, _) = b.lookup(&spanning(&ids)).unwrap();
+    // b reads throughout the changes below: every answer whole and as it was
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (b, ids, stop) = (b.clone(), ids.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (got, _) = b.lookup(&spanning(&ids)).unwrap();
+                assert_eq!(got.values, want.values);
+                reads += 1;
+            }
+            reads
+        })
+    };
+
+    let fresh = |name| nearrec::NewTable {
+        name,
+        rows: 10,
+        dim: 4,
+        dtype: nearrec::format::DType::Fp32,
+        init: nearrec::Init::Zeros,
+    };
+    let schema = a.schema().unwrap();
+    schema.create_table(&fresh("fresh")).unwrap();
+    let plan = a.plan();
+    assert_eq!(plan.parents, vec![before.id.clone()]);
+    let parts = &plan.tables.last().unwrap().parts;
+    assert_eq!(parts.len(), 2, "row-wise: a part on each shard");
+    // every replica at the new plan alone; shards.json says it
+    assert!(
+        tags(&cluster)
+            .iter()
+            .all(|t| t.plan == plan.id && t.previous.is_none())
+    );
+    assert_eq!(ShardPlan::read(&dir).unwrap(), plan);
+    // written through a, across both shards; read through b, which learns the plan
+    let values: Vec<f32> = (0..40).map(|v| v as f32).collect();
+    let all: Vec<i64> = (0..10).collect();
+    let w = RowWrite {
+        table: "fresh",
+        ids: &all,
+        values: Some(RowValues::F32(&values)),
+    };
+    a.writes()
+        .unwrap()
+        .write_many(&[w], WriteOptions::default())
+        .unwrap();
+    let mut out = vec![0f32; 40];
+    b.read_rows("fresh", &all, &mut out).unwrap();
+    assert_eq!(out, values);
+    assert_eq!(b.plan().id, plan.id);
+    // a router opened now reads it from the plan in the directory
+    let c = ShardedStore::open(&dir, &endpoints(&a), manual()).unwrap();
+    c.read_rows("fresh", &all, &mut out).unwrap();
+    assert_eq!(out, values);
+
+    // dropped through b: gone from a and from every replica
+    b.schema().unwrap().drop_table("fresh").unwrap();
+    let e = a.read_rows("fresh", &all, &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnknownTable, "{e}");
+    for client in direct(&cluster).iter().flatten() {
+        assert!(client.table("fresh").is_err());
+    }
+    assert_eq!(a.plan().parents.len(), 2);
+
+    // b and a both at the same plan; b creates y, then a, not knowing, creates x: a's stage is
+    // refused at shard 0, it learns y's plan and tries again from it
+    c.schema().unwrap().create_table(&fresh("y")).unwrap();
+    schema.create_table(&fresh("x")).unwrap();
+    let names: Vec<String> = a.plan().tables.iter().map(|t| t.name.clone()).collect();
+    assert!(
+        names.contains(&"x".into()) && names.contains(&"y".into()),
+        "{names:?}"
+    );
+    b.read_rows("x", &all, &mut out).unwrap();
+    b.read_rows("y", &all, &mut out).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+
+    // a replica down: the change is refused naming its shard, and undone on the others
+    let at = a.plan();
+    drop(cluster.nodes[1].remove(1));
+    let e = schema.create_table(&fresh("z")).unwrap_err();
+    assert!(matches!(e, nearrec::Error::Shard { shard: 1, .. }), "{e}");
+    assert_eq!(a.plan(), at);
+    assert!(
+        tags(&cluster)
+            .iter()
+            .all(|t| t.plan == at.id && t.previous.is_none())
+    );
+    for client in direct(&cluster).iter().flatten() {
+        assert!(client.table("z").is_err());
+    }
+    assert_eq!(ShardPlan::read(&dir).unwrap(), at);
 }

@@ -244,12 +244,20 @@ fn a_table_created_is_placed_as_the_scheme_places_one_and_the_plan_descends_from
     let by_row = plan_shards("s", &tables, None, &options(3, Scheme::Row)).unwrap();
     let grown = by_row.with_table("n", 10, 4, DType::Fp32);
     let n = grown.tables.last().unwrap();
-    assert_eq!(n.parts.iter().map(|p| p.rows).collect::<Vec<_>>(), [3, 3, 4]);
+    assert_eq!(
+        n.parts.iter().map(|p| p.rows).collect::<Vec<_>>(),
+        [3, 3, 4]
+    );
     let mut shards: Vec<usize> = n.parts.iter().map(|p| p.shard).collect();
     shards.sort_unstable();
     assert_eq!(shards, [0, 1, 2]);
     // fewer rows than shards: a part a row
-    assert_eq!(by_row.with_table("m", 2, 4, DType::Fp32).tables[3].parts.len(), 2);
+    assert_eq!(
+        by_row.with_table("m", 2, 4, DType::Fp32).tables[3]
+            .parts
+            .len(),
+        2
+    );
 
     // dropped: gone, the rest as they were, two generations down from the cut
     let dropped = grown.without_table("b").unwrap().unwrap();

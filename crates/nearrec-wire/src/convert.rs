@@ -412,11 +412,27 @@ pub fn info(name: &str, i: Info) -> pb::InfoResponse {
         path: i.path,
         served_version: i.served_version.unwrap_or(0),
         versions: i.versions,
-        shard: i.shard.map(|t| pb::ShardTag {
-            plan: t.plan,
-            shard: t.shard as u32,
-            store: t.store,
-        }),
+        shard: i.shard.map(shard_tag),
+    }
+}
+
+/// A shard's tag on the wire.
+pub fn shard_tag(t: nearrec::shard::ShardTag) -> pb::ShardTag {
+    pb::ShardTag {
+        plan: t.plan,
+        shard: t.shard as u32,
+        store: t.store,
+        previous: t.previous,
+    }
+}
+
+/// [`shard_tag`] back.
+pub fn unshard_tag(t: pb::ShardTag) -> nearrec::shard::ShardTag {
+    nearrec::shard::ShardTag {
+        plan: t.plan,
+        shard: t.shard as usize,
+        store: t.store,
+        previous: t.previous,
     }
 }
 
@@ -452,11 +468,7 @@ pub fn uninfo(i: pb::InfoResponse) -> nearrec::Result<Info> {
         path: i.path,
         served_version: (i.served_version > 0).then_some(i.served_version),
         versions: i.versions,
-        shard: i.shard.map(|t| nearrec::shard::ShardTag {
-            plan: t.plan,
-            shard: t.shard as usize,
-            store: t.store,
-        }),
+        shard: i.shard.map(unshard_tag),
     })
 }
 

@@ -186,6 +186,8 @@ verbs! {
     /// Rows written outside any write's checks.
     ADOPT = "Transaction".Adopt: Store(Admin), changes, Rows, once;
     KEY_DIGESTS = "Transaction".Keys: Store(Write), reads, Slot, again;
+    /// A compare-and-set done again as nothing: the tag it set is the one asked.
+    RETAG = "Transaction".Retag: Store(Admin), changes, Slot, again;
     /// One scrub pass over the node's own disk: every table read back, at the caller's rate.
     SCRUB = "Scrub": Store(Admin), reads, Slot, again, long;
     /// The kept model's configuration and weights, read from the store's attachments.

@@ -212,6 +212,7 @@ fn write_shard(reader: &StoreReader, plan: &ShardPlan, k: usize, to: &Path) -> R
         plan: plan.id.clone(),
         shard: k,
         store: plan.store.clone(),
+        previous: None,
     };
     let options = StoreOptions {
         overwrite: false,

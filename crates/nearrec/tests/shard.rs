@@ -201,3 +201,58 @@ fn a_store_published_into_a_cut_is_the_next_version_of_every_shard() {
     let e = publish_cut(&other, &out).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
 }
+
+/// A shard's tag moves by compare-and-set (`Replica::retag`), durably: refused from a plan it
+/// is not at, naming the one it is; done again as nothing; kept across a reopen; refused on a
+/// store that is no shard and on one opened read-only.
+#[test]
+fn a_shard_is_retagged_by_compare_and_set_and_keeps_its_tag() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = source(dir.path());
+    let options = ShardOptions {
+        shards: 2,
+        replicas: 1,
+        scheme: Scheme::Row,
+        replicate_hot: 0,
+    };
+    let out = dir.path().join("sharded");
+    let plan = shard_store(&src, None, &options, &out, false).unwrap();
+    let shard = ShardPlan::shard_dir(&out, 1);
+    let writable = StoreConfig {
+        writable: true,
+        ..StoreConfig::default()
+    };
+    let store = Store::open(&shard, &writable).unwrap();
+    let replica = store.replica().unwrap();
+    let tag = replica.retag(&plan.id, "next", Some(&plan.id)).unwrap();
+    assert_eq!(
+        (tag.plan.as_str(), tag.previous.as_deref()),
+        ("next", Some(plan.id.as_str()))
+    );
+    assert_eq!(store.shard().unwrap(), Some(tag.clone()));
+    assert!(tag.takes("next") && tag.takes(&plan.id) && !tag.takes("other"));
+    // done again: nothing; from a plan it is not at: refused, naming the one it is at
+    assert_eq!(
+        replica.retag(&plan.id, "next", Some(&plan.id)).unwrap(),
+        tag
+    );
+    let e = replica.retag(&plan.id, "third", None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert!(e.to_string().contains("is of plan next"), "{e}");
+    let tag = replica.retag("next", "next", None).unwrap();
+    drop(store);
+    let store = Store::open(&shard, &writable).unwrap();
+    assert_eq!(store.shard().unwrap(), Some(tag));
+    assert_eq!(shard_tag(&shard).unwrap().unwrap().plan, "next");
+    drop(store);
+    let read_only = Store::open(&shard, &StoreConfig::default()).unwrap();
+    let e = read_only
+        .replica()
+        .unwrap()
+        .retag("next", "x", None)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreReadOnly, "{e}");
+    let plain = Store::open(&src, &writable).unwrap();
+    let e = plain.replica().unwrap().retag("a", "b", None).unwrap_err();
+    assert!(e.to_string().contains("no shard"), "{e}");
+}

@@ -21,8 +21,9 @@ use crate::versions;
 /// What a sharded store does with each verb: lookups split by shard and merged, at one cluster
 /// version; a write to the one node of its shard, or atomically to every replica of every
 /// shard it touches (`txn.rs`); a swap of every shard at once (`versions.rs`); digests where
-/// each part's rows are; counters added up. It has no [`nearrec::Schema`] (a new table is a new
-/// plan) and is no [`nearrec::Replica`] (it drives its replicas with it).
+/// each part's rows are; counters added up; a table created or dropped by a new plan every
+/// shard moves to (`schema.rs`). It is no [`nearrec::Replica`] (it drives its replicas with
+/// it).
 impl StoreApi for ShardedStore {
     fn describe(&self) -> String {
         self.inner.describe()
@@ -36,7 +37,8 @@ impl StoreApi for ShardedStore {
         // the cluster versions: those every shard's repository holds
         let mut versions: Option<Vec<u64>> = None;
         // a keyed table's keys: its parts' together
-        let mut keys: Vec<Option<u64>> = vec![None; inner.plan.tables.len()];
+        let layout = inner.layout();
+        let mut keys: Vec<Option<u64>> = vec![None; layout.plan.tables.len()];
         // a shard none of whose replicas answers leaves the info to the plan and what this
         // router saw of it last: a client still connects, and reaches the other shards' tables;
         // what only that shard could say (its keyed parts' keys) is unknown. No shard
@@ -44,7 +46,7 @@ impl StoreApi for ShardedStore {
         let mut down = Vec::new();
         let mut failure = None;
         for s in &inner.shards {
-            let info = match s.any(&inner.plan.store, |c| c.info()) {
+            let info = match s.any(&inner.name, |c| c.info()) {
                 Ok(info) => info,
                 Err(e) => {
                     version += s.seen.load();
@@ -54,7 +56,7 @@ impl StoreApi for ShardedStore {
                 }
             };
             s.seen.raise(info.version);
-            for (t, held) in inner.plan.tables.iter().zip(keys.iter_mut()) {
+            for (t, held) in layout.plan.tables.iter().zip(keys.iter_mut()) {
                 let part = info.tables.iter().find(|x| x.name == t.name && t.keyed);
                 if let Some(n) = part.and_then(|x| x.keys) {
                     *held = Some(held.unwrap_or(0) + n);
@@ -82,8 +84,8 @@ impl StoreApi for ShardedStore {
             t.keyed && t.parts.iter().any(|p| down.contains(&p.shard))
         };
         Ok(Info {
-            name: inner.plan.store.clone(),
-            tables: (inner.plan.tables.iter().zip(keys))
+            name: inner.name.clone(),
+            tables: (layout.plan.tables.iter().zip(keys))
                 .map(|(t, keys)| TableInfo {
                     name: t.name.clone(),
                     rows: t.rows,
@@ -117,7 +119,12 @@ impl StoreApi for ShardedStore {
 
     fn table(&self, name: &str) -> nearrec::Result<TableInfo> {
         self.inner.live()?;
-        let t = self.inner.table(name)?;
+        let layout = self.inner.learning(|| {
+            let layout = self.inner.layout();
+            layout.table(name)?;
+            Ok(layout)
+        })?;
+        let t = layout.table(name)?;
         if t.keyed {
             // its keys are its parts' together
             return self
@@ -141,20 +148,22 @@ impl StoreApi for ShardedStore {
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> nearrec::Result<(Pooled, Read)> {
-        self.inner.lookup(batch, None)
+        self.inner.learning(|| self.inner.lookup(batch, None))
     }
 
     fn lookup_rows(&self, batch: &Batch<'_>) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        self.inner.lookup_rows(batch, None)
+        self.inner.learning(|| self.inner.lookup_rows(batch, None))
     }
 
     fn submit(&self, batch: Box<dyn AsBatch>) -> nearrec::Result<Submitted> {
         self.inner.live()?;
         let inner = self.inner.clone();
-        let task = self
-            .inner
-            .runtime
-            .spawn_blocking(move || inner.lookup(&batch.as_batch(), None).map(|(p, _)| p));
+        let task = self.inner.runtime.spawn_blocking(move || {
+            let batch = batch.as_batch();
+            inner
+                .learning(|| inner.lookup(&batch, None))
+                .map(|(p, _)| p)
+        });
         Ok(Box::new(Pending {
             inner: self.inner.clone(),
             task,
@@ -206,7 +215,7 @@ impl StoreApi for ShardedStore {
         Some(self)
     }
 
-    nearrec::capable!(writes, versions);
+    nearrec::capable!(writes, schema, versions);
 
     /// Where its shards keep a model (`infer.rs`).
     fn inference(&self) -> Option<&dyn Inference> {
@@ -216,7 +225,8 @@ impl StoreApi for ShardedStore {
 
 impl Writes for ShardedStore {
     fn write_many(&self, writes: &[RowWrite<'_>], options: WriteOptions) -> nearrec::Result<u64> {
-        self.inner.write_many(writes, options)
+        self.inner
+            .learning(|| self.inner.write_many(writes, options))
     }
 
     fn compact(&self) -> nearrec::Result<Compaction> {
@@ -230,7 +240,7 @@ impl Writes for ShardedStore {
             seconds: 0.0,
         };
         for s in &inner.shards {
-            let c = s.each(&inner.plan.store, |c| c.compact())?;
+            let c = s.each(&inner.name, |c| c.compact())?;
             done.version += c.version;
             done.tables += c.tables;
             done.rows += c.rows;
@@ -265,18 +275,14 @@ impl Versions for ShardedStore {
         let inner = &self.inner;
         inner.live()?;
         let _switch = inner.switching.write().unwrap_or_else(|p| p.into_inner());
-        let (_, counts) = versions::switch(
-            &inner.plan.store,
-            &inner.shards,
-            &inner.pin,
-            to,
-            (warm, force),
-        )?;
+        let (_, counts) =
+            versions::switch(&inner.name, &inner.shards, &inner.pin, to, (warm, force))?;
         Ok(counts.iter().sum())
     }
 
     fn lookup_version(&self, batch: &Batch<'_>, version: u64) -> nearrec::Result<(Pooled, Read)> {
-        self.inner.lookup(batch, Some(version))
+        self.inner
+            .learning(|| self.inner.lookup(batch, Some(version)))
     }
 
     fn lookup_rows_version(
@@ -284,7 +290,8 @@ impl Versions for ShardedStore {
         batch: &Batch<'_>,
         version: u64,
     ) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        self.inner.lookup_rows(batch, Some(version))
+        self.inner
+            .learning(|| self.inner.lookup_rows(batch, Some(version)))
     }
 }
 

@@ -15,7 +15,8 @@ impl Inner {
         count: u64,
     ) -> nearrec::Result<Vec<u64>> {
         self.live()?;
-        let table = self.table(name)?;
+        let layout = self.layout();
+        let table = layout.table(name)?;
         nearrec::check_digest_rows(name, table.rows, first, count)?;
         let end = first + count;
         let mut out = Vec::with_capacity(count as usize);
@@ -25,7 +26,7 @@ impl Inner {
                 continue;
             }
             let shard = &self.shards[part.shard];
-            let got = shard.any(&self.plan.store, |c| {
+            let got = shard.any(&self.name, |c| {
                 c.row_digests(name, from - part.first, to - from)
             })?;
             out.extend(got);
@@ -38,7 +39,7 @@ impl Inner {
         let mut total: Vec<(String, f64)> = Vec::new();
         let mut first: Option<Stats> = None;
         for s in &self.shards {
-            let stats = s.any(&self.plan.store, |c| c.stats())?;
+            let stats = s.any(&self.name, |c| c.stats())?;
             for (k, v) in &stats.values {
                 match total.iter_mut().find(|(n, _)| n == k) {
                     Some(t) => t.1 += v,
@@ -58,7 +59,7 @@ impl Inner {
                 .sum::<u64>()
         };
         total.extend([
-            counted("shards", self.plan.shards as u64),
+            counted("shards", self.shards.len() as u64),
             counted("batches", self.batches.load(Ordering::Relaxed)),
             counted("bags", self.bags.load(Ordering::Relaxed)),
             counted("split_bags", self.split_bags.load(Ordering::Relaxed)),
@@ -91,7 +92,7 @@ impl Inner {
         self.live()?;
         let mut out: Vec<TierReport> = Vec::new();
         for s in &self.shards {
-            for r in s.any(&self.plan.store, |c| c.tier_report())? {
+            for r in s.any(&self.name, |c| c.tier_report())? {
                 let Some(t) = out.iter_mut().find(|t| t.table == r.table) else {
                     out.push(r);
                     continue;

@@ -17,7 +17,7 @@ impl Inference for ShardedStore {
         let inner = &self.inner;
         inner.live()?;
         match inner.keeper {
-            Some(k) => inner.shards[k].any(&inner.plan.store, |c| c.infer(dense, batch)),
+            Some(k) => inner.shards[k].any(&inner.name, |c| c.infer(dense, batch)),
             None => self.infer_model(&*inner.model()?, dense, batch, false),
         }
     }
@@ -29,7 +29,7 @@ impl Inference for ShardedStore {
         inner.live()?;
         inner.kept()?;
         for &k in &inner.models {
-            inner.shards[k].each(&inner.plan.store, |c| c.update_model(weights))?;
+            inner.shards[k].each(&inner.name, |c| c.update_model(weights))?;
         }
         *lock(&inner.model) = None;
         Ok(())
@@ -39,7 +39,7 @@ impl Inference for ShardedStore {
         let inner = &self.inner;
         inner.live()?;
         let k = inner.kept()?;
-        inner.shards[k].any(&inner.plan.store, |c| c.saved_model())
+        inner.shards[k].any(&inner.name, |c| c.saved_model())
     }
 }
 
@@ -63,8 +63,9 @@ impl Inner {
             return Ok(model.clone());
         }
         let k = self.kept()?;
-        let saved = self.shards[k].any(&self.plan.store, |c| c.saved_model())?;
-        let model = Arc::new(saved.build(|t| Ok(self.plan.tables[self.find(t)?].dim as usize))?);
+        let saved = self.shards[k].any(&self.name, |c| c.saved_model())?;
+        let layout = self.layout();
+        let model = Arc::new(saved.build(|t| Ok(layout.table(t)?.dim as usize))?);
         *lock(&self.model) = Some((pin, model.clone()));
         Ok(model)
     }

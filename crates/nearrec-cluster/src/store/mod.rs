@@ -26,6 +26,7 @@ mod counters;
 mod infer;
 mod reads;
 mod replicas;
+mod schema;
 mod writes;
 
 pub use replicas::{REPLICAS_FILE, ReplicasFile};
@@ -94,9 +95,52 @@ pub struct ShardedStore {
     inner: Arc<Inner>,
 }
 
+/// The plan batches are split by, with what the router keeps of it: replaced whole when the
+/// store's tables change (`schema.rs`), a batch split and merged by one.
+#[derive(Debug)]
+struct Layout {
+    plan: ShardPlan,
+    tables: FxHashMap<String, usize>,
+    /// Each table's hot rows by id.
+    hot: Vec<HotRanks>,
+}
+
+impl Layout {
+    fn new(plan: ShardPlan) -> Self {
+        let hot = plan.tables.iter().map(HotRanks::of).collect();
+        let tables = (plan.tables.iter().enumerate())
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Self { plan, tables, hot }
+    }
+
+    fn find(&self, name: &str) -> Result<usize, EngineError> {
+        self.tables
+            .get(name)
+            .copied()
+            .ok_or_else(|| EngineError::UnknownTable {
+                name: name.to_owned(),
+                available: (self.plan.tables.iter())
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    fn table(&self, name: &str) -> nearrec::Result<&ShardedTable> {
+        Ok(&self.plan.tables[self.find(name)?])
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
-    plan: ShardPlan,
+    /// The store's name (its plans'), its replicas per shard: what no change of its tables
+    /// changes.
+    name: String,
+    replicas: usize,
+    layout: arc_swap::ArcSwap<Layout>,
+    /// One change of the tables at a time from this router.
+    changing: std::sync::Mutex<()>,
     location: Option<PathBuf>,
     shards: Vec<Shard>,
     /// The shard that keeps the store's model and holds every table whole (whole-model
@@ -110,9 +154,6 @@ struct Inner {
     model: std::sync::Mutex<Option<(u64, Arc<StoredModel>)>>,
     /// Every replica takes writes.
     writable: bool,
-    tables: FxHashMap<String, usize>,
-    /// Each table's hot rows by id.
-    hot: Vec<HotRanks>,
     options: ShardedOptions,
     runtime: tokio::runtime::Runtime,
     closed: AtomicBool,
@@ -184,7 +225,7 @@ impl ShardedStore {
             Some(etcd) => Some(runtime.block_on(ShardMap::connect(
                 etcd,
                 &plan.store,
-                &plan.id,
+                plan.root(),
                 runtime.handle().clone(),
             ))?),
             None => None,
@@ -233,22 +274,19 @@ impl ShardedStore {
             members::learn_anew(shard, pin);
             members::check_ids(&plan.store, shard)?;
         }
-        let hot = plan.tables.iter().map(HotRanks::of).collect();
-        let tables = (plan.tables.iter().enumerate())
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
         let every = options.catch_up_every;
         let store = Self {
             inner: Arc::new(Inner {
-                plan,
+                name: plan.store.clone(),
+                replicas: plan.replicas,
+                layout: arc_swap::ArcSwap::from_pointee(Layout::new(plan)),
+                changing: std::sync::Mutex::new(()),
                 location,
                 shards,
                 keeper,
                 models,
                 model: std::sync::Mutex::default(),
                 writable,
-                tables,
-                hot,
                 options,
                 runtime,
                 closed: AtomicBool::new(false),
@@ -273,7 +311,7 @@ impl ShardedStore {
                 }
                 Some((store.catch_up(catch_up::LEASE), store.members()))
             };
-            let name = store.plan().store.clone();
+            let name = store.inner.name.clone();
             catch_up::spawn(name, every, store.members(), pass)?;
         }
         Ok(store)
@@ -286,8 +324,9 @@ impl ShardedStore {
             .collect()
     }
 
-    pub fn plan(&self) -> &ShardPlan {
-        &self.inner.plan
+    /// The plan batches are split by now (a change of the tables replaces it).
+    pub fn plan(&self) -> ShardPlan {
+        self.inner.layout().plan.clone()
     }
 
     /// Settles the cross-shard writes older than `older_than` that routers left prepared on
@@ -328,7 +367,7 @@ impl ShardedStore {
             }
             for (r, replica) in shard.all_replicas().iter().enumerate() {
                 if replica.is_stale() && learned.answers[r].is_some() {
-                    let result = members::catch_up(&self.inner.plan.store, shard, pin, r, lease);
+                    let result = members::catch_up(&self.inner.name, shard, pin, r, lease);
                     done.push((shard.index, replica.addr.clone(), result));
                 }
             }
@@ -351,7 +390,7 @@ impl ShardedStore {
         let Some(s) = inner.shards.get(shard) else {
             return Err(invalid(
                 None,
-                format!("shard {shard} of a plan of {} shards", inner.plan.shards),
+                format!("shard {shard} of a plan of {} shards", inner.shards.len()),
             ));
         };
         if endpoints.is_empty() {
@@ -363,7 +402,8 @@ impl ShardedStore {
                 replicas.push(kept);
                 continue;
             }
-            let (replica, _) = connect_replica(&inner.plan, shard, e, &inner.client_options())?;
+            let plan = &inner.layout().plan;
+            let (replica, _) = connect_replica(plan, shard, e, &inner.client_options())?;
             // stale until its membership is learned: behind what the shard served, it missed
             // writes while it was away
             replica.set_stale(true);
@@ -373,7 +413,7 @@ impl ShardedStore {
         s.set_replicas(replicas);
         let pin = inner.pin.load(Ordering::Relaxed);
         members::learn_anew(s, pin);
-        if let Err(e) = members::check_ids(&inner.plan.store, s) {
+        if let Err(e) = members::check_ids(&inner.name, s) {
             s.set_replicas(before.to_vec());
             members::learn(s, pin, false);
             return Err(e);
@@ -508,30 +548,27 @@ impl Inner {
         let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
         format!(
             "the sharded store {} ({} × {})",
-            self.plan.store,
-            plural(self.plan.shards, "shard"),
-            plural(self.plan.replicas, "replica")
+            self.name,
+            plural(self.shards.len(), "shard"),
+            plural(self.replicas, "replica")
         )
     }
 
-    fn find(&self, name: &str) -> Result<usize, EngineError> {
-        self.tables
-            .get(name)
-            .copied()
-            .ok_or_else(|| EngineError::UnknownTable {
-                name: name.to_owned(),
-                available: (self.plan.tables.iter())
-                    .map(|t| t.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+    /// The plan and what the router keeps of it, now.
+    fn layout(&self) -> Arc<Layout> {
+        self.layout.load_full()
     }
 
-    fn split(&self, batch: &Batch<'_>) -> nearrec::Result<Split> {
+    /// `batch` split by `layout`.
+    fn split(&self, batch: &Batch<'_>, layout: &Layout) -> nearrec::Result<Split> {
         self.live()?;
-        let split = Split::new(batch, &self.plan.tables, &self.hot, self.plan.shards, |n| {
-            self.find(n)
-        })?;
+        let split = Split::new(
+            batch,
+            &layout.plan.tables,
+            &layout.hot,
+            self.shards.len(),
+            |n| layout.find(n),
+        )?;
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.spread_bags
             .fetch_add(split.spread_bags, Ordering::Relaxed);
@@ -552,14 +589,10 @@ impl Inner {
         self.live()?;
         let mut total = 0;
         for s in &self.shards {
-            let v = s.any(&self.plan.store, |c| c.version())?;
+            let v = s.any(&self.name, |c| c.version())?;
             s.seen.raise(v);
             total += v;
         }
         Ok(total)
-    }
-
-    fn table(&self, name: &str) -> nearrec::Result<&ShardedTable> {
-        Ok(&self.plan.tables[self.find(name)?])
     }
 }

@@ -10,6 +10,7 @@ use futures::TryFutureExt;
 use futures::future::try_join_all;
 use nearrec::{Batch, Error, ErrorKind, Pooled, Read, Rows, Versioned, WRITERS_KEPT};
 use nearrec_client::{Answered, Client, Started};
+use nearrec_plan::shards::ShardedTable;
 
 use super::Inner;
 use crate::split::Split;
@@ -143,19 +144,18 @@ impl Inner {
     /// it — until the answers agree, at most [`READS`] times.
     fn fan_out<T: Send>(
         &self,
-        split: &Split,
+        (split, tables): (&Split, &[ShardedTable]),
         batch: &Batch<'_>,
         at: u64,
         start: Start<T>,
     ) -> nearrec::Result<(Vec<Option<T>>, u64)> {
         let deadline = self.deadline();
         let version = (at > 0).then_some(at);
-        let tables = &self.plan.tables;
         let read = |s: usize, expect: Vec<u128>| {
             let sub = split.batch_for(s, batch, tables);
             (self.shards[s])
                 .read(
-                    &self.plan.store,
+                    &self.name,
                     (self.options.hedge, at),
                     deadline,
                     move |c| start(c, &sub, version, deadline, &expect),
@@ -231,7 +231,7 @@ impl Inner {
             self.reads_again
                 .fetch_add(again.len() as u64, Ordering::Relaxed);
         }
-        let mut answers: Vec<Option<T>> = (0..self.plan.shards).map(|_| None).collect();
+        let mut answers: Vec<Option<T>> = (0..self.shards.len()).map(|_| None).collect();
         let mut versions = Vec::with_capacity(asked.len());
         for (&s, answer) in asked.iter().zip(got) {
             let answer = answer.expect("every shard asked answered");
@@ -248,15 +248,16 @@ impl Inner {
         batch: &Batch<'_>,
         at: Option<u64>,
     ) -> nearrec::Result<(Pooled, Read)> {
-        let split = self.split(batch)?;
+        let layout = self.layout();
+        let (split, tables) = (self.split(batch, &layout)?, &layout.plan.tables);
         let (answers, version) = self.pinned(at, |at| {
-            self.fan_out(&split, batch, at, Client::start_lookup)
+            self.fan_out((&split, tables), batch, at, Client::start_lookup)
         })?;
         let read = Read {
             version,
             ..Read::default()
         };
-        Ok((split.merge(&answers, &self.plan.tables), read))
+        Ok((split.merge(&answers, tables), read))
     }
 
     pub(super) fn lookup_rows(
@@ -264,11 +265,12 @@ impl Inner {
         batch: &Batch<'_>,
         at: Option<u64>,
     ) -> nearrec::Result<Versioned<Vec<Rows>>> {
-        let split = self.split(batch)?;
+        let layout = self.layout();
+        let (split, tables) = (self.split(batch, &layout)?, &layout.plan.tables);
         let (answers, version) = self.pinned(at, |at| {
-            self.fan_out(&split, batch, at, Client::start_lookup_rows)
+            self.fan_out((&split, tables), batch, at, Client::start_lookup_rows)
         })?;
-        Ok((split.merge_rows(&answers, &self.plan.tables), version))
+        Ok((split.merge_rows(&answers, tables), version))
     }
 }
 

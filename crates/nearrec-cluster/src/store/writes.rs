@@ -23,9 +23,10 @@ impl Inner {
         options: WriteOptions,
     ) -> nearrec::Result<Vec<Routed<'a>>> {
         let mut out: Vec<Routed<'a>> = Vec::new();
+        let layout = self.layout();
         for w in writes {
-            let t = self.find(w.table)?;
-            let (table, hot) = (&self.plan.tables[t], &self.hot[t]);
+            let t = layout.find(w.table)?;
+            let (table, hot) = (&layout.plan.tables[t], &layout.hot[t]);
             match w.values {
                 None => {}
                 Some(RowValues::F32(v)) => {
@@ -210,7 +211,7 @@ impl Inner {
         to_caller: &'a dyn Fn(usize, Error) -> Error,
     ) -> txn::Coordinator<'a> {
         txn::Coordinator {
-            store: &self.plan.store,
+            store: &self.name,
             all: &self.shards,
             pin: self.pin.load(Ordering::Relaxed),
             to_caller,

@@ -191,7 +191,7 @@ impl NodeService {
         };
         let tx = match (step, <[u8; 16]>::try_from(&req.tx[..])) {
             (_, Ok(b)) => u128::from_le_bytes(b),
-            (Step::List | Step::Keys, Err(_)) if req.tx.is_empty() => 0,
+            (Step::List | Step::Keys | Step::Retag, Err(_)) if req.tx.is_empty() => 0,
             (_, Err(_)) => {
                 return Err(Status::invalid_argument(format!(
                     "a transaction's id is 16 bytes, not {}",
@@ -243,6 +243,14 @@ impl NodeService {
                         return Ok(pb::TransactionResponse {
                             keys,
                             digests,
+                            ..Default::default()
+                        });
+                    }
+                    Step::Retag => {
+                        let previous = req.previous.as_deref();
+                        let tag = replica.retag(&req.expected, &req.plan, previous)?;
+                        return Ok(pb::TransactionResponse {
+                            shard: Some(convert::shard_tag(tag)),
                             ..Default::default()
                         });
                     }

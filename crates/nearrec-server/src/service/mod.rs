@@ -216,7 +216,8 @@ impl NodeService {
     }
 
     /// The store a call names; `NOT_FOUND` lists only the stores the caller holds a grant on.
-    /// A call meant for a shard the store is not is refused `UNAVAILABLE` ([`SHARD_HEADER`]):
+    /// A call meant for a shard the store is not (another shard, or of a plan it is not at nor
+    /// moving from) is refused `UNAVAILABLE` ([`SHARD_HEADER`]):
     /// to the router that sent it, the replica it meant is not at this address.
     fn store(&self, caller: &Caller, name: &str) -> Result<(&str, Arc<dyn StoreApi>), Status> {
         let (name, store) = self.named(caller, name)?;
@@ -225,7 +226,8 @@ impl NodeService {
         };
         let is = store.shard().map_err(bad)?;
         if let Some(tag) = &is
-            && (tag.plan.as_str(), tag.shard) == (plan.as_str(), *shard)
+            && tag.takes(plan)
+            && tag.shard == *shard
         {
             return Ok((name, store));
         }

@@ -4,7 +4,7 @@
 //! | capability | embedded `Store` | node (`Client`) | sharded router |
 //! |---|---|---|---|
 //! | [`Writes`] | yes (refused `ReadOnly` when opened read-only) | yes | yes (two-phase across shards) |
-//! | [`Schema`] | yes | yes | no |
+//! | [`Schema`] | yes | yes | yes (a new plan every shard moves to) |
 //! | [`Versions`] | yes | yes | yes (every shard at once) |
 //! | [`Replica`] | yes | yes | no (it drives its replicas with it) |
 //! | [`Inference`] | yes (refused `NoModel` without a kept model) | yes | yes |
@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use super::types::Rows;
-use super::{NewTable, StoreApi, Versioned};
+use super::{NewTable, ShardTag, StoreApi, Versioned};
 use crate::batch::{Batch, Pooled, Read};
 use crate::error::Result;
 use crate::live::{Compaction, Decision, Fed, Feeds, RowWrite, Transaction, WriteOptions};
@@ -154,6 +154,13 @@ pub trait Replica: Send + Sync {
     /// ([`crate::row_digest`]): what a catch-up compares a keyed table by, its keys' rows being
     /// each replica's own. Refused for a table addressed by row.
     fn key_digests(&self, table: &str, after: Option<u64>, count: u64) -> Result<Vec<(u64, u64)>>;
+
+    /// Makes the store shard of plan `plan`, still taking calls of routers at `previous`
+    /// meanwhile where one is given (a change of the sharded store's tables under way), if it
+    /// is now of plan `expected` (compare-and-set; its tag unchanged otherwise, and refused
+    /// naming the plan it is of), durably; the tag after. Done already (its tag `plan` and
+    /// `previous`), it is done again as nothing. Refused for a store that is no shard.
+    fn retag(&self, expected: &str, plan: &str, previous: Option<&str>) -> Result<ShardTag>;
 }
 
 /// The model kept with the store, run next to its embeddings.

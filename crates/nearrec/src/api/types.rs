@@ -88,12 +88,23 @@ pub struct ShardTag {
     pub shard: usize,
     /// The sharded store's name.
     pub store: String,
+    /// The plan it was at before a change of the tables still under way (its router stages
+    /// the new plan everywhere, publishes it, then lets go of this one): calls of routers at
+    /// it are taken meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
 }
 
 impl ShardTag {
     /// The tag of the store `manifest` describes, if it is a shard.
     pub fn of(manifest: &nearrec_format::Manifest) -> Option<Self> {
         serde_json::from_value(manifest.params.get("shard")?.clone()).ok()
+    }
+
+    /// Whether a call of a router at plan `plan` is this shard's to take: its plan, or the one
+    /// it is moving from.
+    pub fn takes(&self, plan: &str) -> bool {
+        self.plan == plan || self.previous.as_deref() == Some(plan)
     }
 }
 

@@ -131,6 +131,8 @@ struct Served {
     model: ArcSwapOption<Kept>,
     /// One update of the model's weights at a time.
     updating: Mutex<()>,
+    /// The shard it is of a sharded store, as its manifest says now ([`crate::Replica::retag`]).
+    tag: ArcSwapOption<ShardTag>,
 }
 
 /// The model kept with a served store, and the weights file it was read from.
@@ -159,6 +161,7 @@ impl Served {
             live,
             model: ArcSwapOption::empty(),
             updating: Mutex::new(()),
+            tag: ArcSwapOption::new(ShardTag::of(reader.manifest()).map(Arc::new)),
         });
         if let Some(signal) = compactor {
             crate::live::spawn(signal, Arc::downgrade(&served), |s| &s.live)?;
@@ -307,12 +310,6 @@ impl Store {
         self.inner.served.load_full()
     }
 
-    /// `f` of the served store's manifest as opened (a field of it; its tables as served now
-    /// are [`Store::manifest`]'s, which copies them).
-    pub(crate) fn with_opened<T>(&self, f: impl FnOnce(&Manifest) -> T) -> T {
-        f(&self.current().manifest)
-    }
-
     /// The store served now, without touching its count (for one call).
     fn current(&self) -> arc_swap::Guard<Arc<Served>> {
         self.inner.served.load()
@@ -441,7 +438,7 @@ impl StoreApi for Store {
                 Some(r) => r.versions()?,
                 None => Vec::new(),
             },
-            shard: ShardTag::of(&self.manifest()),
+            shard: self.shard()?,
         })
     }
 
@@ -462,7 +459,7 @@ impl StoreApi for Store {
     }
 
     fn shard(&self) -> Result<Option<ShardTag>> {
-        Ok(self.with_opened(ShardTag::of))
+        Ok(self.current().tag.load_full().map(|t| (*t).clone()))
     }
 
     fn lookup(&self, batch: &Batch<'_>) -> Result<(Pooled, Read)> {

@@ -7,7 +7,7 @@ use std::sync::RwLockReadGuard;
 use std::time::{Duration, Instant};
 
 use super::{Store, lock};
-use crate::api::{MAX_DIGEST_ROWS, Replica, StoreApi, row_digest};
+use crate::api::{MAX_DIGEST_ROWS, Replica, ShardTag, StoreApi, row_digest};
 use crate::batch::Batch;
 use crate::error::{Error, Result};
 use crate::live::{Decision, LastWriter, RowWrite, Transaction, WriteOptions};
@@ -184,6 +184,13 @@ impl Replica for Store {
         self.read_rows(table, &ids, &mut rows)?;
         let digests = rows.chunks_exact(dim.max(1)).map(row_digest);
         Ok(keys.into_iter().zip(digests).collect())
+    }
+
+    fn retag(&self, expected: &str, plan: &str, previous: Option<&str>) -> Result<ShardTag> {
+        let served = self.current();
+        let tag = served.live.retag(expected, plan, previous)?;
+        served.tag.store(Some(std::sync::Arc::new(tag.clone())));
+        Ok(tag)
     }
 }
 
