@@ -1,8 +1,16 @@
 //! A sharded store's membership kept in etcd (`docs/distributed.md`, "Membership in etcd"): the
 //! keys, the transactions that change them, and the hold a replica's node keeps there.
 //!
-//! Under the store's prefix (`/nearrec/<plan id>` unless given):
+//! Under the store's prefix (`/nearrec/<id of the plan it was cut by>` unless given):
 //!
+//! - `served`: the store's record ([`StoreRecord`]: the plan its batches are split by, and the
+//!   cluster version they read), JSON. Changed only by a transaction that compares its revision
+//!   ([`ShardMap::change_store`]): a change of the tables (a new plan) and a swap (a new version)
+//!   are each decided there, so that of two routers making either at once one wins and the other
+//!   learns, and a router learns the plan there rather than from a file.
+//! - `changing`: the id of the plan a router is moving the shards to (a change of the tables
+//!   under way, `store/schema.rs`), on that router's lease: put only where there is none, so one
+//!   change at a time; gone with the router, and what it staged is then undone by the next.
 //! - `shards/<k>`: shard `k`'s record ([`ShardRecord`]: epoch, members by id, hold time), JSON.
 //!   Changed only by a transaction that compares its revision with the one the change was
 //!   decided from ([`ShardMap::change`]): of two routers changing one epoch, one wins and the
@@ -79,6 +87,44 @@ pub struct Fresh {
     pub epoch: u64,
     /// The replicas it left out, by id.
     pub left: Vec<u64>,
+}
+
+/// The sharded store's record, under `served`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreRecord {
+    /// The plan batches are split by.
+    pub plan: nearrec::plan::ShardPlan,
+    /// The cluster version batches read (0: the shards are not served from repositories).
+    pub version: u64,
+}
+
+/// The store's record as read, with the revision a change of it compares (0: none yet).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SeenStore {
+    pub record: Option<StoreRecord>,
+    pub revision: i64,
+}
+
+/// A change of the tables holding the store's `changing` key: its lease kept alive while this
+/// lives, revoked when it is dropped (the key gone with it).
+#[derive(Debug)]
+pub struct Changing {
+    map: ShardMap,
+    lease: i64,
+    alive: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Changing {
+    fn drop(&mut self) {
+        self.alive.abort();
+        let (map, lease) = (self.map.clone(), self.lease);
+        // best effort, without waiting: the lease runs out by itself
+        self.map.runtime.spawn(async move {
+            let mut client = map.client.clone();
+            let _ = map.bounded(client.lease_revoke(lease)).await;
+        });
+    }
 }
 
 /// A shard's record as read, with the revision a change of it compares (0: there is none yet).
@@ -171,6 +217,14 @@ impl ShardMap {
         &self.store
     }
 
+    fn store_key(&self) -> String {
+        format!("{}/served", self.prefix)
+    }
+
+    fn changing_key(&self) -> String {
+        format!("{}/changing", self.prefix)
+    }
+
     fn shard_key(&self, shard: usize) -> String {
         format!("{}/shards/{shard}", self.prefix)
     }
@@ -227,6 +281,154 @@ impl ShardMap {
         })
     }
 
+    /// The store's record, read linearizably; its plan checked whole.
+    pub async fn read_store(&self) -> Result<SeenStore, String> {
+        let mut kv = self.client.kv_client();
+        let key = self.store_key();
+        let got = self.bounded(kv.get(key.clone(), None)).await?;
+        let Some(kv) = got.kvs().first() else {
+            return Ok(SeenStore::default());
+        };
+        let bad = |e: String| format!("the record at {key} is not a sharded store's: {e}");
+        let record: StoreRecord =
+            serde_json::from_slice(kv.value()).map_err(|e| bad(e.to_string()))?;
+        // its plan's id is its content's, as a plan file's must be
+        let json = serde_json::to_vec(&record.plan).expect("a plan serializes");
+        nearrec::plan::ShardPlan::parse(&json, std::path::Path::new(&key))
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(SeenStore {
+            record: Some(record),
+            revision: kv.mod_revision(),
+        })
+    }
+
+    /// Makes `next` the store's record if it is still as `from` saw it and no change of the
+    /// tables holds `changing` (compares, then a put, in one transaction): `Ok(false)` when
+    /// another change got there first.
+    pub async fn change_store(&self, from: &SeenStore, next: &StoreRecord) -> Result<bool, String> {
+        let key = self.store_key();
+        let compare = if from.revision == 0 {
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+        } else {
+            Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)
+        };
+        let value = serde_json::to_vec(next).expect("a store record serializes");
+        let unchanging = Compare::create_revision(self.changing_key(), CompareOp::Equal, 0);
+        let txn = Txn::new()
+            .when([compare, unchanging])
+            .and_then([TxnOp::put(key, value, None)]);
+        let mut kv = self.client.kv_client();
+        Ok(self.bounded(kv.txn(txn)).await?.succeeded())
+    }
+
+    /// Takes the store's `changing` key for a change of the tables to plan `plan`, if no other
+    /// change holds it and the store's record is still as `from` saw it: the change's lease,
+    /// kept alive until the [`Changing`] is dropped. `Ok(None)`: another change holds it, or
+    /// the record moved.
+    pub async fn begin_change(
+        &self,
+        from: &SeenStore,
+        plan: &str,
+    ) -> Result<Option<Changing>, String> {
+        let ttl = self.hold.as_secs().max(5) as i64 * 2;
+        let mut client = self.client.clone();
+        let lease = self.bounded(client.lease_grant(ttl, None)).await?.id();
+        let key = self.changing_key();
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::mod_revision(self.store_key(), CompareOp::Equal, from.revision),
+            ])
+            .and_then([TxnOp::put(
+                key,
+                plan,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let mut kv = self.client.kv_client();
+        if !self.bounded(kv.txn(txn)).await?.succeeded() {
+            let _ = self.bounded(client.lease_revoke(lease)).await;
+            return Ok(None);
+        }
+        let (mut keeper, mut stream) = self.bounded(client.lease_keep_alive(lease)).await?;
+        let every = Duration::from_secs(ttl as u64) / 3;
+        let alive = self.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if keeper.keep_alive().await.is_err() || stream.message().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Some(Changing {
+            map: self.clone(),
+            lease,
+            alive,
+        }))
+    }
+
+    /// The plan a change of the tables under way moves to, if one holds `changing`.
+    pub async fn changing(&self) -> Result<Option<String>, String> {
+        let mut kv = self.client.kv_client();
+        let got = self.bounded(kv.get(self.changing_key(), None)).await?;
+        Ok(got
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+    }
+
+    /// Ends change `changing`, making `next` the store's record if it is still as `from` saw
+    /// it and `changing` still holds the key, in one transaction (compared, the record put, the
+    /// key let go).
+    pub async fn end_change(
+        &self,
+        changing: &Changing,
+        from: &SeenStore,
+        next: &StoreRecord,
+    ) -> Result<bool, String> {
+        let value = serde_json::to_vec(next).expect("a store record serializes");
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(self.store_key(), CompareOp::Equal, from.revision),
+                // still this change's: its lease ran out, and another router may be undoing it
+                Compare::lease(self.changing_key(), CompareOp::Equal, changing.lease),
+            ])
+            .and_then([
+                TxnOp::put(self.store_key(), value, None),
+                TxnOp::delete(self.changing_key(), None),
+            ]);
+        let mut kv = self.client.kv_client();
+        Ok(self.bounded(kv.txn(txn)).await?.succeeded())
+    }
+
+    /// [`Self::change_store`] from a caller outside the runtime, made sure of as
+    /// [`Self::change_surely`] is.
+    pub(crate) fn change_store_surely(
+        &self,
+        from: &SeenStore,
+        next: &StoreRecord,
+    ) -> Result<bool, String> {
+        outcome(
+            next,
+            self.blocking(self.change_store(from, next)),
+            || self.blocking(self.change_store(from, next)),
+            || self.blocking(self.read_store()).map(|s| s.record),
+        )
+    }
+
+    /// `Unavailable`, naming etcd, for a change of the whole store (`what`).
+    pub(crate) fn store_unavailable(&self, what: &str, why: impl std::fmt::Display) -> Error {
+        Error::Remote {
+            kind: ErrorKind::Unavailable,
+            code: 14,
+            message: format!(
+                "{}: etcd at {} did not answer ({why}): {what} needs its quorum",
+                self.store, self.endpoints
+            ),
+            table: None,
+            position: None,
+        }
+    }
+
     /// Makes `next` shard `shard`'s record if it is still as `from` saw it (a compare of its
     /// revision, then a put, in one transaction): `Ok(false)` when another change got there
     /// first. `fresh`: the change leaves replicas out without their word, kept fresh on that
@@ -269,7 +471,7 @@ impl ShardMap {
             next,
             self.blocking(self.change(shard, from, next, fresh)),
             || self.blocking(self.change(shard, from, next, fresh)),
-            || self.blocking(self.read(shard)),
+            || self.blocking(self.read(shard)).map(|s| s.record),
         )
     }
 
@@ -313,17 +515,17 @@ impl ShardMap {
     }
 }
 
-/// Whether a change making `ours` the shard's record was made (`Ok(false)`: another change was
+/// Whether a change making `ours` a record (a shard's, the store's) was made (`Ok(false)`: another change was
 /// made first), from etcd's answer to it (`first`). Without one the transaction may have been
 /// applied all the same (a leader lost with it in flight, an answer past the deadline): it is
 /// sent `again` with the same compare, so that at most one of the two is applied; refused, the
 /// record `read` after says whether it is ours (the first was applied) or another's. `Err`: etcd
 /// answered neither.
-fn outcome(
-    ours: &ShardRecord,
+fn outcome<R: PartialEq>(
+    ours: &R,
     first: Result<bool, String>,
     again: impl FnOnce() -> Result<bool, String>,
-    read: impl FnOnce() -> Result<Seen, String>,
+    read: impl FnOnce() -> Result<Option<R>, String>,
 ) -> Result<bool, String> {
     let Err(why) = first else {
         return first;
@@ -331,7 +533,7 @@ fn outcome(
     match again() {
         Ok(true) => Ok(true),
         Ok(false) => match read() {
-            Ok(now) => Ok(now.record.as_ref() == Some(ours)),
+            Ok(now) => Ok(now.as_ref() == Some(ours)),
             Err(e) => Err(format!("{why}; sent again, refused; then a read: {e}")),
         },
         Err(e) => Err(format!("{why}; sent again: {e}")),
@@ -451,14 +653,11 @@ mod tests {
             hold_ms: 1000,
         };
         let ours = record(4, vec![1]);
-        let seen = |r: ShardRecord| {
-            Ok(Seen {
-                record: Some(r),
-                revision: 11,
-            })
-        };
+        let seen = |r: ShardRecord| Ok(Some(r));
         let lost = || Err::<bool, String>("no answer".into());
-        let unread = || -> Result<Seen, String> { panic!("read only when the second is refused") };
+        let unread = || -> Result<Option<ShardRecord>, String> {
+            panic!("read only when the second is refused")
+        };
         // answered at once: as answered, nothing sent again
         let never = || -> Result<bool, String> { panic!("not sent again") };
         assert_eq!(outcome(&ours, Ok(true), never, unread), Ok(true));

@@ -7,6 +7,9 @@
 //!
 //! 1. **stage** — every live replica opens version V beside the one it serves
 //!    (`Replica::stage`), checked and warmed; any refusal fails the swap, nothing switched;
+//!    then, where the store's record is kept in etcd, the record moved to V by a compare of its
+//!    revision (`decide`): of two routers swapping at once one goes on, the other releases
+//!    what it staged and fails; none while a change of the tables is under way;
 //! 2. **switch** — every live replica serves V, keeping the version it replaced open for
 //!    lookups pinned to it (batches of this router and of others still read the old version,
 //!    on every shard); a replica that fails its switch is stale; a shard none of whose
@@ -65,6 +68,7 @@ pub(crate) fn switch(
     pin: &AtomicU64,
     to: &SwapTo,
     (warm, force): (bool, bool),
+    decide: &dyn Fn(u64, u64) -> nearrec::Result<()>,
 ) -> nearrec::Result<(u64, Vec<u64>)> {
     let old = pin.load(Ordering::Acquire);
     if old == 0 {
@@ -121,6 +125,13 @@ pub(crate) fn switch(
         });
     };
 
+    // decided (in etcd, where the store's record is kept there): of two routers swapping at
+    // once, one switches
+    if let Err(e) = decide(old, version) {
+        on_each(&live, |(_, r)| r.client.release());
+        return Err(e);
+    }
+
     // 2. switch everywhere: each keeps the version it replaced for reads still pinned to it
     let switched = on_each(&live, |(_, r)| {
         r.client.swap(&SwapTo::Version(version), false, force)
@@ -144,6 +155,7 @@ pub(crate) fn switch(
         on_each(&back, |(_, r)| {
             r.client.swap(&SwapTo::Version(old), false, true)
         });
+        let _ = decide(version, old);
         return Err(first_error.expect("a shard without a switched replica had an error"));
     }
 

@@ -464,3 +464,93 @@ fn a_change_its_router_left_unfinished_is_waited_out_by_the_router_that_learns_i
     assert!(waited >= next.hold() * 11 / 10, "went on after {waited:?}");
     assert_eq!(read(&router, 2).unwrap(), 2.0);
 }
+
+/// Version `v` published into each replica's repository: a copy of its version 1.
+fn publish_copy(cluster: &Cluster, v: u64) {
+    for served in &cluster.served {
+        let repo = nearrec::format::Repository::detect(served).unwrap();
+        let copy = cluster.dir.path().join(format!("copy-{v}"));
+        copy_dir(&repo.version_path(1), &copy);
+        let at = repo.publish(&copy, nearrec::format::Publish::Move).unwrap();
+        assert_eq!(at, v);
+    }
+}
+
+/// With etcd, the store's plan and version are its record there: a change of the tables or a
+/// swap is refused while another change holds the store, and a swap moves the record's
+/// version; a table created through one router is decided there and learned from there by a
+/// router whose `shards.json` is older; a change a router left staged (it died between its
+/// stage and its decision) is undone by the next change.
+#[test]
+fn the_store_s_plan_and_version_are_decided_in_etcd() {
+    let etcd = Etcd::start();
+    let cluster = Cluster::start(&etcd);
+    publish_copy(&cluster, 2);
+    let a = cluster.router(&etcd);
+    let cut = cluster.dir.path().join("cut");
+    let old = ShardPlan::read(&cut).unwrap();
+    let fresh = |name| nearrec::NewTable {
+        name,
+        rows: 8,
+        dim: common::DIM,
+        dtype: nearrec::format::DType::Fp32,
+        init: nearrec::Init::Zeros,
+    };
+    let (runtime, map) = shard_map(&etcd, &old.id);
+
+    // another change holds the store: a change of the tables and a swap are refused, typed
+    let seen = runtime.block_on(map.read_store()).unwrap();
+    let held = runtime
+        .block_on(map.begin_change(&seen, "another"))
+        .unwrap()
+        .expect("no change holds the store");
+    let e = a
+        .schema()
+        .unwrap()
+        .create_table(&fresh("fresh"))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
+    let versions = a.versions().unwrap();
+    let e = versions
+        .swap(&nearrec::SwapTo::Version(2), false, false)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
+    // let go: the swap goes through, and the record says its version
+    drop(held);
+    until(Duration::from_secs(5), "the change let go", || {
+        runtime.block_on(map.changing()).unwrap().is_none()
+    });
+    versions
+        .swap(&nearrec::SwapTo::Version(2), false, false)
+        .unwrap();
+    let stored = runtime.block_on(map.read_store()).unwrap().record.unwrap();
+    assert_eq!((stored.version, &stored.plan), (2, &old));
+
+    a.schema().unwrap().create_table(&fresh("fresh")).unwrap();
+    let plan = a.plan();
+    let stored = runtime.block_on(map.read_store()).unwrap().record.unwrap();
+    assert_eq!((stored.version, &stored.plan), (2, &plan));
+    // a router opened from an older shards.json takes the plan etcd holds
+    old.write(&cut).unwrap();
+    let b = cluster.router(&etcd);
+    assert_eq!(b.plan().id, plan.id);
+    b.table("fresh").unwrap();
+
+    // a router staged a change to plan x on replica 1 (its tag, a part of x's table) and died
+    let x = plan.with_table("left", 8, common::DIM, nearrec::format::DType::Fp32);
+    let replica = cluster.client(1);
+    replica.retag(&plan.id, &x.id, Some(&plan.id)).unwrap();
+    nearrec::Schema::create_table(&replica, &fresh("left")).unwrap();
+    // the next change undoes it there first
+    b.schema().unwrap().create_table(&fresh("second")).unwrap();
+    for r in 0..2 {
+        let info = cluster.client(r).info().unwrap();
+        let tag = info.shard.unwrap();
+        assert_eq!((tag.plan, tag.previous), (b.plan().id, None));
+        let names: Vec<String> = info.tables.into_iter().map(|t| t.name).collect();
+        assert!(!names.contains(&"left".to_owned()), "{names:?}");
+        assert!(names.contains(&"second".to_owned()), "{names:?}");
+    }
+    // a's next call naming it learns the plan, from etcd
+    a.table("second").unwrap();
+}

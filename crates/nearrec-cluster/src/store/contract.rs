@@ -275,8 +275,15 @@ impl Versions for ShardedStore {
         let inner = &self.inner;
         inner.live()?;
         let _switch = inner.switching.write().unwrap_or_else(|p| p.into_inner());
-        let (_, counts) =
-            versions::switch(&inner.name, &inner.shards, &inner.pin, to, (warm, force))?;
+        let decide = |from, to| inner.decide_version(from, to);
+        let (_, counts) = versions::switch(
+            &inner.name,
+            &inner.shards,
+            &inner.pin,
+            to,
+            (warm, force),
+            &decide,
+        )?;
         Ok(counts.iter().sum())
     }
 

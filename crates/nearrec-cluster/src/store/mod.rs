@@ -230,6 +230,11 @@ impl ShardedStore {
             ))?),
             None => None,
         };
+        // a change of the tables since the plan was read: etcd has the plan made by it
+        let plan = match &etcd {
+            Some(map) => schema::newest_plan(map, plan)?,
+            None => plan,
+        };
         let mut shards = Vec::with_capacity(plan.shards);
         // each replica's (repository version served, count of writes), by shard
         let mut served = Vec::with_capacity(plan.shards);

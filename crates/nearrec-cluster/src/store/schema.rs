@@ -26,6 +26,7 @@ use nearrec::plan::ShardPlan;
 use nearrec::{Error, ErrorKind, NewTable, Replica as _, Schema, StoreApi};
 
 use super::{Inner, Layout, ShardedStore};
+use crate::etcd::{SeenStore, ShardMap, StoreRecord};
 use crate::shard::Replica;
 
 impl Schema for ShardedStore {
@@ -124,8 +125,8 @@ impl Inner {
     }
 
     /// A change of the tables, as the module says: `next` makes the new plan from the served
-    /// one, `stage` does a replica's part of it (on replica `r` of shard `k`) before its tag
-    /// moves. Tried once more from the plan another router published, where one came first.
+    /// one, `stage` does a replica's part of it (on replica `r` of shard `k`) once its tag
+    /// moved. Tried again from the plan another router published, where one came first.
     /// Returns the plan replaced.
     fn change(
         &self,
@@ -133,46 +134,168 @@ impl Inner {
         stage: impl Fn(&Replica, usize, &ShardPlan) -> nearrec::Result<()>,
     ) -> nearrec::Result<ShardPlan> {
         let _one = self.changing.lock().unwrap_or_else(|p| p.into_inner());
-        let mut tries = 0;
-        loop {
+        for tries in 1.. {
             let now = self.layout().plan.clone();
             let new = next(&now)?;
-            match self.stage(&now, &new, &stage) {
-                Err(e) if tries == 0 && self.learn_plan()? => {
-                    tracing::info!(store = %self.name, error = %e, "the plan moved; trying again");
-                    tries += 1;
+            let Some(map) = self.etcd() else {
+                match self.stage(&now, &new, &stage, false) {
+                    Err(e) if tries == 1 && self.learn_plan()? => {
+                        tracing::info!(store = %self.name, error = %e, "the plan moved; again");
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                    Ok(()) => {
+                        self.publish(new)?;
+                        return Ok(now);
+                    }
                 }
-                Err(e) => return Err(e),
-                Ok(()) => {
-                    self.publish(new)?;
-                    return Ok(now);
-                }
+            };
+            // with etcd: decided there, one change at a time
+            let unavailable = |e| map.store_unavailable("a change of the tables", e);
+            let seen = self.store_record(map)?;
+            if seen.record.as_ref().map(|r| &r.plan.id) != Some(&now.id) && tries < 5 {
+                continue; // the plan moved: learned
             }
+            let Some(held) = map
+                .blocking(map.begin_change(&seen, &new.id))
+                .map_err(unavailable)?
+            else {
+                if tries < 5 {
+                    std::thread::sleep(std::time::Duration::from_millis(100 * tries));
+                    continue;
+                }
+                let other = map.blocking(map.changing()).ok().flatten();
+                return Err(self.locked(&format!(
+                    "another router is changing the store's tables (to plan {})",
+                    other.as_deref().unwrap_or("?")
+                )));
+            };
+            self.stage(&now, &new, &stage, true)?;
+            // decided: the record names the new plan (a swap may have moved the version since)
+            let decided = (0..3).find_map(|_| {
+                let seen = map.blocking(map.read_store()).ok()?;
+                let version = seen.record.as_ref().map_or(0, |r| r.version);
+                let next = StoreRecord {
+                    plan: new.clone(),
+                    version,
+                };
+                map.blocking(map.end_change(&held, &seen, &next))
+                    .ok()
+                    .filter(|&done| done)
+            });
+            drop(held);
+            if decided.is_none() {
+                // not decided, or not known to be: the replicas take both plans' calls; the
+                // next change finds which etcd holds, and undoes the stage where it is not
+                return Err(unavailable(format!(
+                    "the change to plan {} was staged but etcd did not take it",
+                    new.id
+                )));
+            }
+            self.publish(new)?;
+            return Ok(now);
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// The store's record in etcd, made from this router's plan where there is none; a newer
+    /// plan there is learned (this router moves to it). Where etcd holds a plan neither this
+    /// router's nor one descending from it, that is an error: the two were not cut alike.
+    fn store_record(&self, map: &ShardMap) -> nearrec::Result<SeenStore> {
+        let unavailable = |e| map.store_unavailable("the store's plan", e);
+        let now = self.layout();
+        let seen = map.blocking(map.read_store()).map_err(unavailable)?;
+        let Some(record) = &seen.record else {
+            let first = StoreRecord {
+                plan: now.plan.clone(),
+                version: self.pin.load(std::sync::atomic::Ordering::Acquire),
+            };
+            map.blocking(map.change_store(&seen, &first))
+                .map_err(unavailable)?;
+            let seen = map.blocking(map.read_store()).map_err(unavailable)?;
+            if seen.record.is_none() {
+                // not made: a change of the tables holds the store
+                return Err(self.locked("another router is changing the store's tables"));
+            }
+            return Ok(seen);
+        };
+        if record.plan.id != now.plan.id {
+            if !record.plan.descends_from(&now.plan.id) {
+                return Err(Error::invalid(format!(
+                    "{}: etcd holds plan {} for the store, which is not this router's ({}) nor \
+                     made from it",
+                    self.describe(),
+                    record.plan.id,
+                    now.plan.id
+                )));
+            }
+            self.adopt(record.plan.clone());
+        }
+        Ok(seen)
+    }
+
+    /// A swap's decision (`versions.rs`): where the store's record is kept in etcd, its version
+    /// moved from `from` to `to` by a compare of its revision; refused where another router
+    /// moved it first, or a change of the tables is under way. Nothing to decide without etcd.
+    pub(super) fn decide_version(&self, from: u64, to: u64) -> nearrec::Result<()> {
+        let Some(map) = self.etcd() else {
+            return Ok(());
+        };
+        let seen = self.store_record(map)?;
+        let record = seen.record.clone().expect("store_record makes one");
+        let refused = |why: String| self.locked(&format!("the swap to version {to}: {why}"));
+        if record.version != from {
+            return Err(refused(format!(
+                "etcd says the store is at version {}, not this router's {from} (another router \
+                 swapped it)",
+                record.version
+            )));
+        }
+        let next = StoreRecord {
+            version: to,
+            ..record
+        };
+        match map.change_store_surely(&seen, &next) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(refused(
+                "another router changed the store's record first (a swap, or a change of its \
+                 tables)"
+                    .into(),
+            )),
+            Err(e) => Err(map.store_unavailable("a swap", e)),
         }
     }
 
     /// Step 1: every replica of every shard at `new`, taking `now`'s calls still; on a
-    /// refusal, what was staged undone.
+    /// refusal, what was staged undone. With `tidy` (this router holds etcd's `changing`), a
+    /// change a router left staged on a replica (it died, or lost etcd) is undone there first.
     fn stage(
         &self,
         now: &ShardPlan,
         new: &ShardPlan,
         stage: &impl Fn(&Replica, usize, &ShardPlan) -> nearrec::Result<()>,
+        tidy: bool,
     ) -> nearrec::Result<()> {
         let mut staged: Vec<(usize, Arc<Replica>)> = Vec::new();
         for shard in &self.shards {
             for r in shard.all_replicas().iter() {
-                let done = stage(r, shard.index, new)
-                    .and_then(|()| r.client.retag(&now.id, &new.id, Some(&now.id)));
+                let k = shard.index;
+                let tidied = if tidy { tidy_up(r, k, now) } else { Ok(()) };
+                let retagged =
+                    tidied.and_then(|()| r.client.retag(&now.id, &new.id, Some(&now.id)).map(drop));
+                let done = retagged.and_then(|()| {
+                    staged.push((k, r.clone()));
+                    stage(r, k, new)
+                });
                 if let Err(e) = done {
                     for (k, s) in staged.iter().rev() {
-                        let _ = s.client.retag(&new.id, &now.id, None);
-                        undo_part(s, *k, now, new);
+                        if s.client.retag(&new.id, &now.id, None).is_ok() {
+                            undo_part(s, *k, now, new);
+                        }
                     }
-                    undo_part(r, shard.index, now, new);
                     return Err(Error::Shard {
                         store: self.name.clone(),
-                        shard: shard.index,
+                        shard: k,
                         kind: e.kind(),
                         reason: format!(
                             "replica {} did not take the change of the tables (plan {} to {}), \
@@ -181,7 +304,6 @@ impl Inner {
                         ),
                     });
                 }
-                staged.push((shard.index, r.clone()));
             }
         }
         Ok(())
@@ -204,8 +326,24 @@ impl Inner {
         Ok(())
     }
 
+    /// `StoreLocked`: `why`, and to try again once it is done.
+    fn locked(&self, why: &str) -> Error {
+        Error::Remote {
+            kind: ErrorKind::StoreLocked,
+            code: 9,
+            message: format!("{}: {why}: try again once it is done", self.describe()),
+            table: None,
+            position: None,
+        }
+    }
+
+    /// Where the store's record is kept, if in etcd.
+    fn etcd(&self) -> Option<&ShardMap> {
+        self.shards.first().and_then(|s| s.etcd.as_ref())
+    }
+
     /// Splits batches by `plan` from now on; every replica's calls name it.
-    fn adopt(&self, plan: ShardPlan) {
+    pub(super) fn adopt(&self, plan: ShardPlan) {
         for shard in &self.shards {
             for r in shard.all_replicas().iter() {
                 r.client.set_shard_plan(&plan.id);
@@ -214,13 +352,21 @@ impl Inner {
         self.layout.store(Arc::new(Layout::new(plan)));
     }
 
-    /// Moves to the plan in `shards.json` where it descends from this router's (another
-    /// router changed the tables): whether it moved.
+    /// Moves to the plan in etcd, or without etcd in `shards.json`, where it descends from this
+    /// router's (another router changed the tables): whether it moved.
     pub(super) fn learn_plan(&self) -> nearrec::Result<bool> {
-        let Some(dir) = &self.location else {
-            return Ok(false);
+        let read = match (self.etcd(), &self.location) {
+            (Some(map), _) => {
+                let seen = map.blocking(map.read_store());
+                let seen = seen.map_err(|e| map.store_unavailable("the store's plan", e))?;
+                match seen.record {
+                    Some(record) => record.plan,
+                    None => return Ok(false),
+                }
+            }
+            (None, Some(dir)) => ShardPlan::read(dir)?,
+            (None, None) => return Ok(false),
         };
-        let read = ShardPlan::read(dir)?;
         let now = self.layout();
         if read.id == now.plan.id || !read.descends_from(&now.plan.id) {
             return Ok(false);
@@ -243,6 +389,42 @@ impl Inner {
             done => done,
         }
     }
+}
+
+/// The plan a router opening the store with `plan` splits batches by: the one in etcd's
+/// record where that one descends from `plan` (a change of the tables since `shards.json` was
+/// read or written), else `plan`.
+pub(super) fn newest_plan(map: &ShardMap, plan: ShardPlan) -> nearrec::Result<ShardPlan> {
+    let seen = map.blocking(map.read_store());
+    let seen = seen.map_err(|e| map.store_unavailable("the store's plan", e))?;
+    match seen.record {
+        Some(record) if record.plan.id != plan.id && record.plan.descends_from(&plan.id) => {
+            Ok(record.plan)
+        }
+        _ => Ok(plan),
+    }
+}
+
+/// Replica `r` of shard `k` as plan `now` has it, where a change a router left staged (its tag
+/// a plan made from `now`) or undone half (a part of a table `now` lacks) left it otherwise.
+/// Only while this router holds etcd's `changing`: no other change is under way.
+fn tidy_up(r: &Replica, k: usize, now: &ShardPlan) -> nearrec::Result<()> {
+    let info = r.client.info()?;
+    if let Some(tag) = &info.shard
+        && tag.plan != now.id
+        && tag.previous.as_deref() == Some(now.id.as_str())
+    {
+        r.client.retag(&tag.plan, &now.id, None)?;
+    }
+    let placed: Vec<&str> = (now.shard_tables(k).iter())
+        .map(|&(t, _)| now.tables[t].name.as_str())
+        .collect();
+    for t in &info.tables {
+        if !placed.contains(&t.name.as_str()) {
+            r.client.drop_table(&t.name)?;
+        }
+    }
+    Ok(())
 }
 
 /// A staged part of `new` dropped from replica `r` of shard `k` (a table `now` lacks).
