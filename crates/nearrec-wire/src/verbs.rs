@@ -186,8 +186,9 @@ verbs! {
     /// Rows written outside any write's checks.
     ADOPT = "Transaction".Adopt: Store(Admin), changes, Rows, once;
     KEY_DIGESTS = "Transaction".Keys: Store(Write), reads, Slot, again;
-    /// A compare-and-set done again as nothing: the tag it set is the one asked.
-    RETAG = "Transaction".Retag: Store(Admin), changes, Slot, again;
+    /// A compare-and-set done again as nothing: the tag it set is the one asked. Taken from a
+    /// router at any plan: it is how one behind the router's is brought to it.
+    RETAG = "Transaction".Retag: Store(Admin), changes, Slot, again, any_shard;
     /// One scrub pass over the node's own disk: every table read back, at the caller's rate.
     SCRUB = "Scrub": Store(Admin), reads, Slot, again, long;
     /// The kept model's configuration and weights, read from the store's attachments.
@@ -342,10 +343,20 @@ mod tests {
     fn flags_land_on_their_rows_only() {
         let long: Vec<_> = VERBS.iter().filter(|v| v.long).map(|v| v.rpc).collect();
         assert_eq!(long, ["Swap", "Compact", "Scrub"]);
-        let anywhere: Vec<_> = VERBS.iter().filter(|v| !v.shard).map(|v| v.rpc).collect();
+        let anywhere: Vec<_> = VERBS
+            .iter()
+            .filter(|v| !v.shard)
+            .map(|v| v.name())
+            .collect();
         assert_eq!(
             anywhere,
-            ["Info", "ServerLive", "ServerReady", "ServerMetadata"]
+            [
+                "Info",
+                "Transaction.retag",
+                "ServerLive",
+                "ServerReady",
+                "ServerMetadata"
+            ]
         );
     }
 }

@@ -245,8 +245,12 @@ impl ShardedStore {
                 && plan.tables.iter().all(|t| t.parts.len() == 1);
             let mut held = Vec::with_capacity(endpoints.len());
             let mut versions = Vec::with_capacity(endpoints.len());
+            let mut brought = Vec::new();
             for e in endpoints {
-                let (replica, info) = connect_replica(&plan, k, e, &client)?;
+                let (replica, info, moved) = connect_replica(&plan, k, e, &client)?;
+                if moved {
+                    brought.push(held.len());
+                }
                 writable &= info.writable;
                 if info.model && whole {
                     keeper.get_or_insert(k);
@@ -258,13 +262,13 @@ impl ShardedStore {
                 versions.push((info.served_version, info.version));
             }
             shards.push(Shard::new(k, held, etcd.clone()));
-            served.push(versions);
+            served.push((versions, brought));
         }
         let pinned: Vec<Vec<Option<u64>>> = (served.iter())
-            .map(|s| s.iter().map(|v| v.0).collect())
+            .map(|(s, _)| s.iter().map(|v| v.0).collect())
             .collect();
         let pin = versions::pin_of(&pinned);
-        for (shard, versions) in shards.iter().zip(&served) {
+        for (shard, (versions, brought)) in shards.iter().zip(&served) {
             // reads start from the newest count any replica of the shard holds at the version
             // read
             let at_pin = |v: &Option<u64>| v.unwrap_or(0) == pin;
@@ -278,6 +282,7 @@ impl ShardedStore {
             // member is catching up: it serves no reads and takes no writes until caught up
             members::learn_anew(shard, pin);
             members::check_ids(&plan.store, shard)?;
+            leave_out(shard, pin, brought);
         }
         let every = options.catch_up_every;
         let store = Self {
@@ -353,8 +358,13 @@ impl ShardedStore {
         lease: Duration,
     ) -> Vec<(usize, String, nearrec::Result<crate::CaughtUp>)> {
         let pin = self.inner.pin.load(Ordering::Relaxed);
+        let plan = self.inner.layout();
         let mut done = Vec::new();
         for shard in &self.inner.shards {
+            // one left out of a change of the tables (down): brought to the plan first
+            for r in shard.all_replicas().iter().filter(|r| r.is_stale()) {
+                let _ = schema::bring_forward(&r.client, shard.index, &plan.plan);
+            }
             let mut learned = members::settle_fences(shard, pin);
             // one left out during a swap serves the old version: it catches up at the new
             let behind: Vec<_> = (shard.all_replicas().iter().zip(&learned.answers))
@@ -402,13 +412,17 @@ impl ShardedStore {
             return Err(invalid(None, format!("shard {shard} needs a replica")));
         }
         let mut replicas = Vec::with_capacity(endpoints.len());
+        let mut brought = Vec::new();
         for e in endpoints {
             if let Some(kept) = s.replica(&e.addr) {
                 replicas.push(kept);
                 continue;
             }
             let plan = &inner.layout().plan;
-            let (replica, _) = connect_replica(plan, shard, e, &inner.client_options())?;
+            let (replica, _, moved) = connect_replica(plan, shard, e, &inner.client_options())?;
+            if moved {
+                brought.push(replicas.len());
+            }
             // stale until its membership is learned: behind what the shard served, it missed
             // writes while it was away
             replica.set_stale(true);
@@ -423,6 +437,7 @@ impl ShardedStore {
             members::learn(s, pin, false);
             return Err(e);
         }
+        leave_out(s, pin, &brought);
         Ok(())
     }
 }
@@ -443,14 +458,15 @@ fn invalid(table: Option<&str>, reason: String) -> Error {
     }
 }
 
-/// A replica of shard `k` of `plan` at `e`, connected and checked against the plan: the
-/// replica and what its node says of the store (whether it keeps a model, takes writes).
+/// A replica of shard `k` of `plan` at `e`, connected (brought to the plan where it is behind
+/// it) and checked against the plan: the replica, what its node says of the store (whether it
+/// keeps a model, takes writes), and whether it was brought to the plan (it missed writes).
 fn connect_replica(
     plan: &ShardPlan,
     k: usize,
     e: &Endpoint,
     options: &ClientOptions,
-) -> nearrec::Result<(Replica, Info)> {
+) -> nearrec::Result<(Replica, Info, bool)> {
     let options = ClientOptions {
         shard: Some((plan.id.clone(), k)),
         ..options.clone()
@@ -461,8 +477,28 @@ fn connect_replica(
         kind: err.kind(),
         reason: format!("replica {}: {err}", e.addr),
     })?;
+    // behind the plan (left out of a change of the tables): brought to it, and stale until
+    // caught up; one that cannot be is refused by the check below
+    let moved = schema::bring_forward(&client, k, plan).unwrap_or(false);
     let info = check_replica(plan, k, &client)?;
-    Ok((Replica::new(client, e.addr.clone()), info))
+    Ok((Replica::new(client, e.addr.clone()), info, moved))
+}
+
+/// Leaves the replicas of `shard` at `moved` (brought to the plan: they missed writes) out of
+/// its members, stale until caught up.
+fn leave_out(shard: &Shard, pin: u64, moved: &[usize]) {
+    let replicas = shard.all_replicas();
+    let ids: Vec<u64> = (moved.iter())
+        .filter_map(|&r| {
+            replicas[r].set_stale(true);
+            nearrec::Replica::membership(&replicas[r].client)
+                .ok()
+                .map(|m| m.replica)
+        })
+        .collect();
+    if !ids.is_empty() {
+        let _ = members::exclude(shard, pin, &ids, None);
+    }
 }
 
 /// The store behind `client`, if it is shard `k` of `plan`; else a typed error naming the

@@ -25,6 +25,8 @@ use nearrec::format::TableSpec;
 use nearrec::plan::ShardPlan;
 use nearrec::{Error, ErrorKind, NewTable, Replica as _, Schema, StoreApi};
 
+use nearrec_client::Client;
+
 use super::{Inner, Layout, ShardedStore};
 use crate::etcd::{SeenStore, ShardMap, StoreRecord};
 use crate::shard::Replica;
@@ -277,33 +279,63 @@ impl Inner {
         tidy: bool,
     ) -> nearrec::Result<()> {
         let mut staged: Vec<(usize, Arc<Replica>)> = Vec::new();
+        let undo = |staged: &[(usize, Arc<Replica>)], k: usize, addr: &str, e: Error| {
+            for (k, s) in staged.iter().rev() {
+                if s.client.retag(&new.id, &now.id, None).is_ok() {
+                    undo_part(s, *k, now, new);
+                }
+            }
+            Error::Shard {
+                store: self.name.clone(),
+                shard: k,
+                kind: e.kind(),
+                reason: format!(
+                    "replica {addr} did not take the change of the tables (plan {} to {}), \
+                     undone: {e}",
+                    now.id, new.id
+                ),
+            }
+        };
         for shard in &self.shards {
+            let k = shard.index;
+            let mut left = Vec::new();
             for r in shard.all_replicas().iter() {
-                let k = shard.index;
                 let tidied = if tidy { tidy_up(r, k, now) } else { Ok(()) };
                 let retagged =
                     tidied.and_then(|()| r.client.retag(&now.id, &new.id, Some(&now.id)).map(drop));
-                let done = retagged.and_then(|()| {
-                    staged.push((k, r.clone()));
-                    stage(r, k, new)
-                });
-                if let Err(e) = done {
-                    for (k, s) in staged.iter().rev() {
-                        if s.client.retag(&new.id, &now.id, None).is_ok() {
-                            undo_part(s, *k, now, new);
+                match retagged {
+                    // down: left out of its shard, brought to the plan when it is back
+                    Err(e) if unanswered(&e) => left.push(r.clone()),
+                    Err(e) => return Err(undo(&staged, k, &r.addr, e)),
+                    Ok(()) => {
+                        staged.push((k, r.clone()));
+                        if let Err(e) = stage(r, k, new) {
+                            return Err(undo(&staged, k, &r.addr, e));
                         }
                     }
-                    return Err(Error::Shard {
-                        store: self.name.clone(),
-                        shard: k,
-                        kind: e.kind(),
-                        reason: format!(
-                            "replica {} did not take the change of the tables (plan {} to {}), \
-                             undone: {e}",
-                            r.addr, now.id, new.id
-                        ),
-                    });
                 }
+            }
+            if left.is_empty() {
+                continue;
+            }
+            let pin = self.pin.load(std::sync::atomic::Ordering::Acquire);
+            let ids: Vec<u64> = (left.iter())
+                .map(|r| r.id.load(std::sync::atomic::Ordering::Relaxed))
+                .collect();
+            let out = if staged.iter().any(|(j, _)| *j == k) {
+                left.iter().for_each(|r| r.mark_stale(shard.epoch()));
+                crate::members::exclude(shard, pin, &ids, None)
+            } else {
+                Err(Error::Remote {
+                    kind: ErrorKind::Unavailable,
+                    code: 14,
+                    message: "no replica of the shard answered".into(),
+                    table: None,
+                    position: None,
+                })
+            };
+            if let Err(e) = out {
+                return Err(undo(&staged, k, &left[0].addr, e));
             }
         }
         Ok(())
@@ -391,6 +423,59 @@ impl Inner {
     }
 }
 
+/// Replica `client` of shard `k` brought to plan `plan` where it is behind it (at a plan `plan`
+/// was made from: left out of a change of the tables while it was down) or its tables are not
+/// those `plan` places on it: its tag moved, a missing or misshapen part created (its rows zero
+/// until a catch-up copies them), a part of a table `plan` lacks dropped. Whether it changed:
+/// then it missed writes, and is to be left out of its shard and caught up. A replica of
+/// another plan is left as it is (the router's check refuses it).
+pub(super) fn bring_forward(client: &Client, k: usize, plan: &ShardPlan) -> nearrec::Result<bool> {
+    let info = client.info()?;
+    let Some(tag) = info.shard.as_ref() else {
+        return Ok(false);
+    };
+    let mut changed = false;
+    if tag.plan != plan.id {
+        if !plan.parents.contains(&tag.plan) {
+            return Ok(false);
+        }
+        client.retag(&tag.plan, &plan.id, None)?;
+        changed = true;
+    }
+    let placed = plan.shard_tables(k);
+    for t in &info.tables {
+        let fits = placed.iter().any(|&(i, p)| {
+            let want = &plan.tables[i];
+            want.name == t.name
+                && (want.keyed
+                    || (want.shard_rows(p), want.dim, want.dtype) == (t.rows, t.dim, t.dtype))
+        });
+        if !fits {
+            client.drop_table(&t.name)?;
+            changed = true;
+        }
+    }
+    for &(i, p) in &placed {
+        let want = &plan.tables[i];
+        let held = info.tables.iter().any(|t| {
+            t.name == want.name
+                && (want.keyed
+                    || (want.shard_rows(p), want.dim, want.dtype) == (t.rows, t.dim, t.dtype))
+        });
+        if !held {
+            client.create_table(&NewTable {
+                name: &want.name,
+                rows: want.shard_rows(p),
+                dim: want.dim,
+                dtype: want.dtype,
+                init: nearrec::Init::Zeros,
+            })?;
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
 /// The plan a router opening the store with `plan` splits batches by: the one in etcd's
 /// record where that one descends from `plan` (a change of the tables since `shards.json` was
 /// read or written), else `plan`.
@@ -403,6 +488,14 @@ pub(super) fn newest_plan(map: &ShardMap, plan: ShardPlan) -> nearrec::Result<Sh
         }
         _ => Ok(plan),
     }
+}
+
+/// Whether `e` is a replica that did not answer (down, or cut off), rather than one that refused.
+fn unanswered(e: &Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Unavailable | ErrorKind::DeadlineExceeded
+    )
 }
 
 /// Replica `r` of shard `k` as plan `now` has it, where a change a router left staged (its tag
