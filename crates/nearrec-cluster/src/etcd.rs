@@ -17,6 +17,10 @@
 //!   other learns, so no two memberships are ever installed at one epoch.
 //! - `shards/<k>/replicas/<id>`: each replica its node holds, on the node's lease (its address),
 //!   gone when the lease is.
+//! - `shards/<k>/fence`: a catch-up's fence of the shard's members ([`Fence`]), on a lease of
+//!   the fence's own: put only where there is none and the shard's record is as the catch-up
+//!   read it, so that one catch-up at a time fences a shard; gone when the catch-up admits its
+//!   replica or gives up, or with its lease.
 //! - `shards/<k>/fresh`: a change that left replicas out without their word ([`Fresh`]), on a
 //!   lease of one hold from when it was made: while it lives, a replica it left out may still
 //!   be held.
@@ -127,6 +131,15 @@ impl Drop for Changing {
     }
 }
 
+/// A catch-up's fence of a shard's members, kept under `shards/<k>/fence`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fence {
+    /// The epoch its members are fenced at.
+    pub epoch: u64,
+    /// The replica being caught up, by id.
+    pub replica: u64,
+}
+
 /// A shard's record as read, with the revision a change of it compares (0: there is none yet).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Seen {
@@ -227,6 +240,10 @@ impl ShardMap {
 
     fn shard_key(&self, shard: usize) -> String {
         format!("{}/shards/{shard}", self.prefix)
+    }
+
+    fn fence_key(&self, shard: usize) -> String {
+        format!("{}/shards/{shard}/fence", self.prefix)
     }
 
     fn fresh_key(&self, shard: usize) -> String {
@@ -483,6 +500,51 @@ impl ShardMap {
         Ok(self.bounded(client.lease_grant(ttl, None)).await?.id())
     }
 
+    /// Takes shard `shard`'s fence for `lease` (whole seconds, at least one), if no catch-up
+    /// holds it and the shard's record is still as `from` saw it: the fence's lease, to let go
+    /// of with [`Self::settled`]. `Ok(None)`: another catch-up holds it, or the record moved.
+    pub async fn fence(
+        &self,
+        shard: usize,
+        from: &Seen,
+        fence: &Fence,
+        lease: Duration,
+    ) -> Result<Option<i64>, String> {
+        let ttl = lease.as_secs_f64().ceil().max(1.0) as i64;
+        let mut client = self.client.clone();
+        let id = self.bounded(client.lease_grant(ttl, None)).await?.id();
+        let key = self.fence_key(shard);
+        let value = serde_json::to_vec(fence).expect("a fence serializes");
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::mod_revision(self.shard_key(shard), CompareOp::Equal, from.revision),
+            ])
+            .and_then([TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+        let mut kv = self.client.kv_client();
+        if self.bounded(kv.txn(txn)).await?.succeeded() {
+            return Ok(Some(id));
+        }
+        let _ = self.bounded(client.lease_revoke(id)).await;
+        Ok(None)
+    }
+
+    /// The fence a catch-up holds on shard `shard`, if any.
+    pub async fn fenced(&self, shard: usize) -> Result<Option<Fence>, String> {
+        let mut kv = self.client.kv_client();
+        let got = self.bounded(kv.get(self.fence_key(shard), None)).await?;
+        let Some(kv) = got.kvs().first() else {
+            return Ok(None);
+        };
+        serde_json::from_slice(kv.value())
+            .map(Some)
+            .map_err(|e| format!("the key {} is not a fence: {e}", self.fence_key(shard)))
+    }
+
     /// The change of shard `shard`'s record kept fresh now, if any.
     pub async fn fresh(&self, shard: usize) -> Result<Option<Fresh>, String> {
         let mut kv = self.client.kv_client();
@@ -498,9 +560,9 @@ impl ShardMap {
         })
     }
 
-    /// Ends a change's freshness before its lease does (its router told the replicas it left
-    /// out, or waited them out): no router learning it waits any more. Best effort: the lease
-    /// runs out by itself.
+    /// Ends a change's freshness (its router told the replicas it left out, or waited them
+    /// out: no router learning it waits any more), or a fence (its catch-up is done), before its
+    /// lease does. Best effort: the lease runs out by itself.
     pub async fn settled(&self, lease: i64) {
         let mut client = self.client.clone();
         let _ = self.bounded(client.lease_revoke(lease)).await;

@@ -19,7 +19,7 @@ use nearrec::{
     Bags, Batch, ErrorKind, Indices, Replica as _, RowValues, RowWrite, StoreApi, TableLookup,
     WriteOptions,
 };
-use nearrec_cluster::etcd::{EtcdOptions, Seen, ShardMap, ShardRecord};
+use nearrec_cluster::etcd::{EtcdOptions, Fence, Seen, ShardMap, ShardRecord};
 use nearrec_cluster::{Endpoint, ShardedOptions, ShardedStore};
 use nearrec_server::{NodeConfig, Stores};
 
@@ -553,4 +553,49 @@ fn the_store_s_plan_and_version_are_decided_in_etcd() {
     }
     // a's next call naming it learns the plan, from etcd
     a.table("second").unwrap();
+}
+
+/// A catch-up takes its shard's fence in etcd first: while another catch-up holds it, none
+/// fences the members (the catch-up is refused, naming it, and the members take writes); once
+/// it is let go, the catch-up admits its replica and lets its own fence go.
+#[test]
+fn one_catch_up_at_a_time_holds_a_shard_s_fence_in_etcd() {
+    let etcd = Etcd::start();
+    let mut cluster = Cluster::start(&etcd);
+    let router = cluster.router(&etcd);
+    until(HOLD * 2, "both replicas held", || {
+        (0..2).all(|r| read(&cluster.client(r), 3).is_ok())
+    });
+    // replica 1 down: the write that misses it leaves it out; back at another address, stale
+    let served = cluster.served[1].clone();
+    drop(cluster.nodes.remove(1));
+    write(&router, 3, 5.0).unwrap();
+    cluster.nodes.push(node(&served, &etcd));
+    router.set_replicas(0, &cluster.endpoints()[0]).unwrap();
+    // another router's catch-up holds the shard's fence
+    let (runtime, map) = shard_map(&etcd, &cluster.plan.id);
+    let seen = runtime.block_on(map.read(0)).unwrap();
+    let fence = Fence {
+        epoch: seen.record.as_ref().unwrap().epoch,
+        replica: 99,
+    };
+    let other = runtime
+        .block_on(map.fence(0, &seen, &fence, Duration::from_secs(30)))
+        .unwrap()
+        .expect("no fence yet");
+    let tried = router.catch_up(Duration::from_secs(5));
+    assert!(
+        matches!(&tried[..], [(0, _, Err(e))] if e.to_string().contains("holds the shard's fence")),
+        "{tried:?}"
+    );
+    // its members were never fenced by it: they take writes
+    write(&router, 4, 6.0).unwrap();
+    runtime.block_on(map.settled(other));
+    let done = router.catch_up(Duration::from_secs(5));
+    assert!(matches!(&done[..], [(0, _, Ok(_))]), "{done:?}");
+    assert_eq!(runtime.block_on(map.fenced(0)).unwrap(), None);
+    until(HOLD * 2, "the caught-up replica serves", || {
+        read(&cluster.client(1), 4).is_ok_and(|v| v == 6.0)
+    });
+    assert_eq!(read(&cluster.client(1), 3).unwrap(), 5.0);
 }

@@ -9,6 +9,7 @@ use nearrec::{Error, ErrorKind, Replica as _, StoreApi, WriteOptions};
 
 use super::copy::copy_differing;
 use super::{Learned, change, install_order, learn};
+use crate::etcd::Fence;
 use crate::shard::{Replica, Shard, on_each};
 
 /// What a catch-up did.
@@ -167,11 +168,14 @@ fn fenced_pass(
 ) -> nearrec::Result<(u64, u64)> {
     let target = shard.all_replicas()[r].clone();
     let source = &sources[0].1;
+    // with etcd, the fence is taken there first: one catch-up at a time fences a shard
+    let held = fence_in_etcd(store, shard, learned, (id, lease))?;
     let fenced = on_each(sources, |(_, m)| m.client.fence(learned.epoch, lease));
     let lift = |why: Error| {
         let order = install_order(learned, &learned.members);
         let _ = change(shard, learned, &learned.members, &order);
         learn(shard, pin, false);
+        let_go(shard, held);
         why
     };
     let mut counts = Vec::with_capacity(fenced.len());
@@ -212,5 +216,56 @@ fn fenced_pass(
             .filter(|&q| q != r),
     );
     let epoch = change(shard, learned, &members, &order).map_err(lift)?;
+    let_go(shard, held);
     Ok((epoch, version))
+}
+
+/// Shard `shard`'s fence taken in etcd for replica `id`'s catch-up, for `lease`, where its
+/// membership is kept there: its lease. Refused (`MembershipChanged`, so that the catch-up
+/// learns and tries again) where another catch-up holds it or the record moved; `Unavailable`
+/// where etcd does not answer.
+fn fence_in_etcd(
+    store: &str,
+    shard: &Shard,
+    learned: &Learned,
+    (id, lease): (u64, Duration),
+) -> nearrec::Result<Option<i64>> {
+    let Some(map) = &shard.etcd else {
+        return Ok(None);
+    };
+    let seen = match &learned.etcd {
+        Ok(Some(seen)) => seen.clone(),
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(map.unavailable(shard.index, e)),
+    };
+    let fence = Fence {
+        epoch: learned.epoch,
+        replica: id,
+    };
+    match map.blocking(map.fence(shard.index, &seen, &fence, lease)) {
+        Ok(Some(held)) => Ok(Some(held)),
+        Ok(None) => {
+            let other = map.blocking(map.fenced(shard.index)).ok().flatten();
+            Err(Error::MembershipChanged {
+                store: format!("shard {} of {store}", shard.index),
+                epoch: learned.epoch,
+                member: false,
+                reason: match other {
+                    Some(f) => format!(
+                        "another catch-up (of replica {:016x}) holds the shard's fence in etcd",
+                        f.replica
+                    ),
+                    None => "the shard's record in etcd moved".into(),
+                },
+            })
+        }
+        Err(e) => Err(map.unavailable(shard.index, e)),
+    }
+}
+
+/// Lets go of a fence taken in etcd.
+fn let_go(shard: &Shard, held: Option<i64>) {
+    if let (Some(map), Some(lease)) = (&shard.etcd, held) {
+        map.blocking(map.settled(lease));
+    }
 }
