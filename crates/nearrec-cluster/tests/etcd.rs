@@ -357,6 +357,11 @@ fn without_etcd_replicas_stop_serving_and_no_change_is_made() {
         cut.elapsed() >= HOLD / 4,
         "let go before its hold could run out"
     );
+    // a router opens all the same (it reads on without etcd; each read is refused here only
+    // because no replica is held now)
+    let second = cluster.router(&etcd);
+    let e = read(&second, 5).unwrap_err();
+    assert!(e.to_string().contains("not held"), "{e}");
     // replica 1 down as well: a write that reaches replica 0 alone must leave 1 out first
     let mut down = cluster.nodes.remove(1);
     down.begin_drain();

@@ -180,6 +180,17 @@ impl Place {
                 .compare_exchange(UNHELD_NEVER, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 
+    /// Lets go of a replica that must be held (its node holds it in etcd) now: told by a router
+    /// that it is no member, it serves nothing until a round of its node's hold finds it named
+    /// again. A replica served without a hold is left as it is.
+    pub(crate) fn let_go(&self) {
+        let _ = self
+            .held_until
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |until| {
+                (until != UNHELD_NEVER).then_some(LET_GO)
+            });
+    }
+
     /// Holds the replica until `until`; `None` lets go of it now (etcd names it no member).
     pub(crate) fn set_held(&self, until: Option<Instant>) {
         let until = until.map_or(LET_GO, |at| nanos_since_anchor(at).max(LET_GO + 1));

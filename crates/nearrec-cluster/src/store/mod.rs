@@ -232,7 +232,7 @@ impl ShardedStore {
         };
         // a change of the tables since the plan was read: etcd has the plan made by it
         let plan = match &etcd {
-            Some(map) => schema::newest_plan(map, plan)?,
+            Some(map) => schema::newest_plan(map, plan),
             None => plan,
         };
         let mut shards = Vec::with_capacity(plan.shards);
@@ -363,7 +363,7 @@ impl ShardedStore {
         for shard in &self.inner.shards {
             // one left out of a change of the tables (down): brought to the plan first
             for r in shard.all_replicas().iter().filter(|r| r.is_stale()) {
-                let _ = schema::bring_forward(&r.client, shard.index, &plan.plan);
+                let _ = schema::conform(&r.client, shard.index, &plan.plan, false);
             }
             let mut learned = members::settle_fences(shard, pin);
             // one left out during a swap serves the old version: it catches up at the new
@@ -479,7 +479,7 @@ fn connect_replica(
     })?;
     // behind the plan (left out of a change of the tables): brought to it, and stale until
     // caught up; one that cannot be is refused by the check below
-    let moved = schema::bring_forward(&client, k, plan).unwrap_or(false);
+    let moved = schema::conform(&client, k, plan, false).unwrap_or(false);
     let info = check_replica(plan, k, &client)?;
     Ok((Replica::new(client, e.addr.clone()), info, moved))
 }

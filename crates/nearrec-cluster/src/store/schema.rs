@@ -3,21 +3,24 @@
 //! swap moves them to a version, so that no batch reads one shard at one plan and another at
 //! the other:
 //!
-//! 1. **stage** — shard by shard, replica by replica (in that order, so that of two routers
-//!    changing the tables at once the first to reach shard 0 goes on and the other stops
-//!    there), each replica takes its part of a new table (`create_table`), then the new plan
-//!    as its tag, still taking the calls of routers at the old one ([`Replica::retag`], a
-//!    compare-and-set of the old plan). Any refusal undoes what was staged, and the change
-//!    fails;
-//! 2. **publish** — the new plan replaces `shards.json` (atomically) and this router's: its
+//! 1. **stage** — shard by shard, replica by replica, each replica takes the new plan as its
+//!    tag while still taking the calls of routers at the old one ([`Replica::retag`], a
+//!    compare-and-set of the old plan: of two routers changing the tables at once, the first
+//!    to reach shard 0 goes on, the other stops there), then its part of a new table. A
+//!    replica that does not answer is left out of its shard (stale, brought to the plan when
+//!    it is back: [`conform`]); any refusal undoes what was staged, and the change fails;
+//! 2. **decide** — with etcd, in the store's record there ([`crate::etcd::StoreRecord`]), under
+//!    the `changing` key this change took before its stage (one change at a time; a stage a
+//!    router left when it died is undone by the next, [`conform`]); without etcd, nothing more;
+//! 3. **publish** — the new plan replaces `shards.json` (atomically) and this router's: its
 //!    batches are split by it, and its replicas' calls name it;
-//! 3. **release** — every replica takes calls of routers at the new plan only; a dropped
+//! 4. **release** — every replica takes calls of routers at the new plan only; a dropped
 //!    table's parts go then, when no router reads them.
 //!
 //! Another router learns the new plan when a call is refused for naming the old one (after
-//! the release) or names a table its plan lacks: it reads `shards.json` again, moves to the plan
-//! there if it descends from its own, and makes the call again, once ([`Inner::learning`]).
-//! Every replica must answer a change: one that does not fails it, undone.
+//! the release) or names a table its plan lacks: it reads the plan again (etcd's record, else
+//! `shards.json`), moves to it if it descends from its own, and makes the call again, once
+//! ([`Inner::learning`]).
 
 use std::sync::Arc;
 
@@ -300,7 +303,11 @@ impl Inner {
             let k = shard.index;
             let mut left = Vec::new();
             for r in shard.all_replicas().iter() {
-                let tidied = if tidy { tidy_up(r, k, now) } else { Ok(()) };
+                let tidied = if tidy {
+                    conform(&r.client, k, now, true).map(drop)
+                } else {
+                    Ok(())
+                };
                 let retagged =
                     tidied.and_then(|()| r.client.retag(&now.id, &new.id, Some(&now.id)).map(drop));
                 match retagged {
@@ -423,46 +430,50 @@ impl Inner {
     }
 }
 
-/// Replica `client` of shard `k` brought to plan `plan` where it is behind it (at a plan `plan`
-/// was made from: left out of a change of the tables while it was down) or its tables are not
-/// those `plan` places on it: its tag moved, a missing or misshapen part created (its rows zero
-/// until a catch-up copies them), a part of a table `plan` lacks dropped. Whether it changed:
-/// then it missed writes, and is to be left out of its shard and caught up. A replica of
-/// another plan is left as it is (the router's check refuses it).
-pub(super) fn bring_forward(client: &Client, k: usize, plan: &ShardPlan) -> nearrec::Result<bool> {
+/// Replica `client` of shard `k` made as plan `plan` has it, where it is behind it (at a plan
+/// `plan` was made from: left out of a change of the tables while it was down) or — with
+/// `staged`, only while this router holds etcd's `changing`, so that no other change is under
+/// way — where a change a router left staged has it ahead (its tag a plan made from `plan`,
+/// taking `plan`'s calls still): its tag moved, a missing or misshapen part created (its rows
+/// zero until a catch-up copies them), a part of a table `plan` lacks dropped. Whether it
+/// changed: then it missed writes, and is to be left out of its shard and caught up. A replica
+/// of another plan is left as it is (the router's check refuses it).
+pub(super) fn conform(
+    client: &Client,
+    k: usize,
+    plan: &ShardPlan,
+    staged: bool,
+) -> nearrec::Result<bool> {
     let info = client.info()?;
     let Some(tag) = info.shard.as_ref() else {
         return Ok(false);
     };
     let mut changed = false;
     if tag.plan != plan.id {
-        if !plan.parents.contains(&tag.plan) {
+        let behind = plan.parents.contains(&tag.plan);
+        let ahead = staged && tag.previous.as_deref() == Some(plan.id.as_str());
+        if !behind && !ahead {
             return Ok(false);
         }
         client.retag(&tag.plan, &plan.id, None)?;
         changed = true;
     }
     let placed = plan.shard_tables(k);
+    let fits = |t: &nearrec::TableInfo, (i, p): (usize, usize)| {
+        let want = &plan.tables[i];
+        want.name == t.name
+            && (want.keyed
+                || (want.shard_rows(p), want.dim, want.dtype) == (t.rows, t.dim, t.dtype))
+    };
     for t in &info.tables {
-        let fits = placed.iter().any(|&(i, p)| {
-            let want = &plan.tables[i];
-            want.name == t.name
-                && (want.keyed
-                    || (want.shard_rows(p), want.dim, want.dtype) == (t.rows, t.dim, t.dtype))
-        });
-        if !fits {
+        if !placed.iter().any(|&at| fits(t, at)) {
             client.drop_table(&t.name)?;
             changed = true;
         }
     }
     for &(i, p) in &placed {
-        let want = &plan.tables[i];
-        let held = info.tables.iter().any(|t| {
-            t.name == want.name
-                && (want.keyed
-                    || (want.shard_rows(p), want.dim, want.dtype) == (t.rows, t.dim, t.dtype))
-        });
-        if !held {
+        if !info.tables.iter().any(|t| fits(t, (i, p))) {
+            let want = &plan.tables[i];
             client.create_table(&NewTable {
                 name: &want.name,
                 rows: want.shard_rows(p),
@@ -478,15 +489,19 @@ pub(super) fn bring_forward(client: &Client, k: usize, plan: &ShardPlan) -> near
 
 /// The plan a router opening the store with `plan` splits batches by: the one in etcd's
 /// record where that one descends from `plan` (a change of the tables since `shards.json` was
-/// read or written), else `plan`.
-pub(super) fn newest_plan(map: &ShardMap, plan: ShardPlan) -> nearrec::Result<ShardPlan> {
-    let seen = map.blocking(map.read_store());
-    let seen = seen.map_err(|e| map.store_unavailable("the store's plan", e))?;
-    match seen.record {
-        Some(record) if record.plan.id != plan.id && record.plan.descends_from(&plan.id) => {
-            Ok(record.plan)
+/// read or written), else `plan` — `plan` too where etcd does not answer now: a router reads on
+/// without etcd, and learns a newer plan at the first call that needs it.
+pub(super) fn newest_plan(map: &ShardMap, plan: ShardPlan) -> ShardPlan {
+    match map.blocking(map.read_store()) {
+        Ok(SeenStore {
+            record: Some(record),
+            ..
+        }) if record.plan.id != plan.id && record.plan.descends_from(&plan.id) => record.plan,
+        Ok(_) => plan,
+        Err(e) => {
+            tracing::warn!(store = %plan.store, error = %e, "etcd did not answer for the store's plan");
+            plan
         }
-        _ => Ok(plan),
     }
 }
 
@@ -496,28 +511,6 @@ fn unanswered(e: &Error) -> bool {
         e.kind(),
         ErrorKind::Unavailable | ErrorKind::DeadlineExceeded
     )
-}
-
-/// Replica `r` of shard `k` as plan `now` has it, where a change a router left staged (its tag
-/// a plan made from `now`) or undone half (a part of a table `now` lacks) left it otherwise.
-/// Only while this router holds etcd's `changing`: no other change is under way.
-fn tidy_up(r: &Replica, k: usize, now: &ShardPlan) -> nearrec::Result<()> {
-    let info = r.client.info()?;
-    if let Some(tag) = &info.shard
-        && tag.plan != now.id
-        && tag.previous.as_deref() == Some(now.id.as_str())
-    {
-        r.client.retag(&tag.plan, &now.id, None)?;
-    }
-    let placed: Vec<&str> = (now.shard_tables(k).iter())
-        .map(|&(t, _)| now.tables[t].name.as_str())
-        .collect();
-    for t in &info.tables {
-        if !placed.contains(&t.name.as_str()) {
-            r.client.drop_table(&t.name)?;
-        }
-    }
-    Ok(())
 }
 
 /// A staged part of `new` dropped from replica `r` of shard `k` (a table `now` lacks).

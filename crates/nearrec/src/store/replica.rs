@@ -91,20 +91,29 @@ impl Replica for Store {
     /// the one it holds), durably; lifts a fence. `epoch` must be past `expected`.
     fn set_membership(&self, expected: u64, epoch: u64, members: &[u64]) -> Result<Membership> {
         let name = || self.name();
-        self.inner.place.change(|m| {
-            if m.epoch != expected || epoch <= expected {
-                return Err(changed(
-                    name(),
-                    m,
-                    format!(
-                        "asked to go from epoch {expected} to {epoch} (an epoch only moves \
+        self.inner
+            .place
+            .change(|m| {
+                if m.epoch != expected || epoch <= expected {
+                    return Err(changed(
+                        name(),
+                        m,
+                        format!(
+                            "asked to go from epoch {expected} to {epoch} (an epoch only moves \
                          forward, from the one held)"
-                    ),
-                ));
-            }
-            m.install(epoch, members);
-            Ok(())
-        })
+                        ),
+                    ));
+                }
+                m.install(epoch, members);
+                Ok(())
+            })
+            .inspect(|m| {
+                // told it is out: it serves nothing from now on, not until its hold runs out (its
+                // router may let the members take a write it lacks as soon as it answers this)
+                if !m.is_member() {
+                    self.inner.place.let_go();
+                }
+            })
     }
 
     /// Fences the replica for a catch-up's last pass: new prepares and writes are refused

@@ -33,11 +33,17 @@
 //! record while the change is fresh — its maker gone, or still waiting — and cannot tell those
 //! replicas itself waits until the change is no longer fresh.
 
+mod hold;
+mod store;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
-use nearrec::{Error, ErrorKind, Membership};
+use nearrec::{Error, ErrorKind};
+
+pub use hold::{Held, hold};
+pub use store::{Changing, SeenStore, StoreRecord};
 
 /// How long a replica is held for each renewal, unless the router's options say otherwise.
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(2);
@@ -91,44 +97,6 @@ pub struct Fresh {
     pub epoch: u64,
     /// The replicas it left out, by id.
     pub left: Vec<u64>,
-}
-
-/// The sharded store's record, under `served`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoreRecord {
-    /// The plan batches are split by.
-    pub plan: nearrec::plan::ShardPlan,
-    /// The cluster version batches read (0: the shards are not served from repositories).
-    pub version: u64,
-}
-
-/// The store's record as read, with the revision a change of it compares (0: none yet).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SeenStore {
-    pub record: Option<StoreRecord>,
-    pub revision: i64,
-}
-
-/// A change of the tables holding the store's `changing` key: its lease kept alive while this
-/// lives, revoked when it is dropped (the key gone with it).
-#[derive(Debug)]
-pub struct Changing {
-    map: ShardMap,
-    lease: i64,
-    alive: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Changing {
-    fn drop(&mut self) {
-        self.alive.abort();
-        let (map, lease) = (self.map.clone(), self.lease);
-        // best effort, without waiting: the lease runs out by itself
-        self.map.runtime.spawn(async move {
-            let mut client = map.client.clone();
-            let _ = map.bounded(client.lease_revoke(lease)).await;
-        });
-    }
 }
 
 /// A catch-up's fence of a shard's members, kept under `shards/<k>/fence`.
@@ -230,14 +198,6 @@ impl ShardMap {
         &self.store
     }
 
-    fn store_key(&self) -> String {
-        format!("{}/served", self.prefix)
-    }
-
-    fn changing_key(&self) -> String {
-        format!("{}/changing", self.prefix)
-    }
-
     fn shard_key(&self, shard: usize) -> String {
         format!("{}/shards/{shard}", self.prefix)
     }
@@ -296,154 +256,6 @@ impl ShardMap {
             record: Some(record),
             revision: kv.mod_revision(),
         })
-    }
-
-    /// The store's record, read linearizably; its plan checked whole.
-    pub async fn read_store(&self) -> Result<SeenStore, String> {
-        let mut kv = self.client.kv_client();
-        let key = self.store_key();
-        let got = self.bounded(kv.get(key.clone(), None)).await?;
-        let Some(kv) = got.kvs().first() else {
-            return Ok(SeenStore::default());
-        };
-        let bad = |e: String| format!("the record at {key} is not a sharded store's: {e}");
-        let record: StoreRecord =
-            serde_json::from_slice(kv.value()).map_err(|e| bad(e.to_string()))?;
-        // its plan's id is its content's, as a plan file's must be
-        let json = serde_json::to_vec(&record.plan).expect("a plan serializes");
-        nearrec::plan::ShardPlan::parse(&json, std::path::Path::new(&key))
-            .map_err(|e| bad(e.to_string()))?;
-        Ok(SeenStore {
-            record: Some(record),
-            revision: kv.mod_revision(),
-        })
-    }
-
-    /// Makes `next` the store's record if it is still as `from` saw it and no change of the
-    /// tables holds `changing` (compares, then a put, in one transaction): `Ok(false)` when
-    /// another change got there first.
-    pub async fn change_store(&self, from: &SeenStore, next: &StoreRecord) -> Result<bool, String> {
-        let key = self.store_key();
-        let compare = if from.revision == 0 {
-            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
-        } else {
-            Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)
-        };
-        let value = serde_json::to_vec(next).expect("a store record serializes");
-        let unchanging = Compare::create_revision(self.changing_key(), CompareOp::Equal, 0);
-        let txn = Txn::new()
-            .when([compare, unchanging])
-            .and_then([TxnOp::put(key, value, None)]);
-        let mut kv = self.client.kv_client();
-        Ok(self.bounded(kv.txn(txn)).await?.succeeded())
-    }
-
-    /// Takes the store's `changing` key for a change of the tables to plan `plan`, if no other
-    /// change holds it and the store's record is still as `from` saw it: the change's lease,
-    /// kept alive until the [`Changing`] is dropped. `Ok(None)`: another change holds it, or
-    /// the record moved.
-    pub async fn begin_change(
-        &self,
-        from: &SeenStore,
-        plan: &str,
-    ) -> Result<Option<Changing>, String> {
-        let ttl = self.hold.as_secs().max(5) as i64 * 2;
-        let mut client = self.client.clone();
-        let lease = self.bounded(client.lease_grant(ttl, None)).await?.id();
-        let key = self.changing_key();
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                Compare::mod_revision(self.store_key(), CompareOp::Equal, from.revision),
-            ])
-            .and_then([TxnOp::put(
-                key,
-                plan,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let mut kv = self.client.kv_client();
-        if !self.bounded(kv.txn(txn)).await?.succeeded() {
-            let _ = self.bounded(client.lease_revoke(lease)).await;
-            return Ok(None);
-        }
-        let (mut keeper, mut stream) = self.bounded(client.lease_keep_alive(lease)).await?;
-        let every = Duration::from_secs(ttl as u64) / 3;
-        let alive = self.runtime.spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if keeper.keep_alive().await.is_err() || stream.message().await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(Some(Changing {
-            map: self.clone(),
-            lease,
-            alive,
-        }))
-    }
-
-    /// The plan a change of the tables under way moves to, if one holds `changing`.
-    pub async fn changing(&self) -> Result<Option<String>, String> {
-        let mut kv = self.client.kv_client();
-        let got = self.bounded(kv.get(self.changing_key(), None)).await?;
-        Ok(got
-            .kvs()
-            .first()
-            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
-    }
-
-    /// Ends change `changing`, making `next` the store's record if it is still as `from` saw
-    /// it and `changing` still holds the key, in one transaction (compared, the record put, the
-    /// key let go).
-    pub async fn end_change(
-        &self,
-        changing: &Changing,
-        from: &SeenStore,
-        next: &StoreRecord,
-    ) -> Result<bool, String> {
-        let value = serde_json::to_vec(next).expect("a store record serializes");
-        let txn = Txn::new()
-            .when([
-                Compare::mod_revision(self.store_key(), CompareOp::Equal, from.revision),
-                // still this change's: its lease ran out, and another router may be undoing it
-                Compare::lease(self.changing_key(), CompareOp::Equal, changing.lease),
-            ])
-            .and_then([
-                TxnOp::put(self.store_key(), value, None),
-                TxnOp::delete(self.changing_key(), None),
-            ]);
-        let mut kv = self.client.kv_client();
-        Ok(self.bounded(kv.txn(txn)).await?.succeeded())
-    }
-
-    /// [`Self::change_store`] from a caller outside the runtime, made sure of as
-    /// [`Self::change_surely`] is.
-    pub(crate) fn change_store_surely(
-        &self,
-        from: &SeenStore,
-        next: &StoreRecord,
-    ) -> Result<bool, String> {
-        outcome(
-            next,
-            self.blocking(self.change_store(from, next)),
-            || self.blocking(self.change_store(from, next)),
-            || self.blocking(self.read_store()).map(|s| s.record),
-        )
-    }
-
-    /// `Unavailable`, naming etcd, for a change of the whole store (`what`).
-    pub(crate) fn store_unavailable(&self, what: &str, why: impl std::fmt::Display) -> Error {
-        Error::Remote {
-            kind: ErrorKind::Unavailable,
-            code: 14,
-            message: format!(
-                "{}: etcd at {} did not answer ({why}): {what} needs its quorum",
-                self.store, self.endpoints
-            ),
-            table: None,
-            position: None,
-        }
     }
 
     /// Makes `next` shard `shard`'s record if it is still as `from` saw it (a compare of its
@@ -600,104 +412,6 @@ fn outcome<R: PartialEq>(
         },
         Err(e) => Err(format!("{why}; sent again: {e}")),
     }
-}
-
-/// What a node's hold of one replica reports each round.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Held {
-    /// Held at the record's epoch for its hold time from the round's start.
-    Held(Membership),
-    /// etcd names it no member (let go), or it answered what the replica refused.
-    Out(String),
-    /// etcd did not answer within the round: the replica's hold runs out by itself.
-    NoAnswer(String),
-}
-
-/// Holds one replica of shard `shard` for its node, until `stop` resolves: every quarter of the
-/// hold time, its lease renewed (granted anew, and `shards/<k>/replicas/<id>` put on it, when it
-/// is lost), then the shard's record read and given to `apply` with the instant the round began
-/// (`nearrec::Store::hold`). Rounds that etcd does not answer in time apply nothing: the hold
-/// runs out by itself. `report` hears each round's outcome when it changes.
-pub async fn hold(
-    map: ShardMap,
-    shard: usize,
-    replica: u64,
-    address: String,
-    apply: impl Fn(&ShardRecord, Instant) -> nearrec::Result<Membership>,
-    mut report: impl FnMut(&Held),
-    stop: impl Future<Output = ()>,
-) {
-    tokio::pin!(stop);
-    let mut lease: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
-    let mut last: Option<Held> = None;
-    // the record's, once read: the router that made it decided how long a hold is
-    let mut hold = map.hold;
-    loop {
-        let began = Instant::now();
-        let round = async {
-            if lease.is_none() {
-                lease = Some(grant(&map, shard, replica, &address).await?);
-            }
-            let (keeper, stream) = lease.as_mut().expect("granted above");
-            map.bounded(keeper.keep_alive()).await?;
-            let alive = map.bounded(stream.message()).await?;
-            if alive.is_none_or(|r| r.ttl() <= 0) {
-                lease = None;
-                return Err("the lease ran out in etcd; granted anew next round".to_owned());
-            }
-            map.read(shard).await
-        };
-        let outcome = match tokio::time::timeout(hold / 2, round).await {
-            // the lease's stream may have died with its connection: a new lease next round
-            // (the old one runs out in etcd by itself)
-            Err(_) => {
-                lease = None;
-                Held::NoAnswer(format!("no answer within {:?}", hold / 2))
-            }
-            Ok(Err(why)) => {
-                lease = None;
-                Held::NoAnswer(why)
-            }
-            Ok(Ok(Seen { record: None, .. })) => {
-                Held::Out("the shard has no record in etcd yet (no router has made it)".into())
-            }
-            Ok(Ok(Seen {
-                record: Some(r), ..
-            })) => {
-                hold = r.hold();
-                match apply(&r, began) {
-                    Ok(m) if m.members.contains(&m.replica) => Held::Held(m),
-                    Ok(m) => Held::Out(format!("etcd names it no member at epoch {}", m.epoch)),
-                    Err(e) => Held::Out(e.to_string()),
-                }
-            }
-        };
-        if last.as_ref() != Some(&outcome) {
-            report(&outcome);
-            last = Some(outcome);
-        }
-        let next = began + hold / 4;
-        tokio::select! {
-            () = tokio::time::sleep_until(next.into()) => {}
-            () = &mut stop => return,
-        }
-    }
-}
-
-/// A lease for replica `replica`'s node, its key put on it, kept alive by the stream returned.
-async fn grant(
-    map: &ShardMap,
-    shard: usize,
-    replica: u64,
-    address: &str,
-) -> Result<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream), String> {
-    let mut client = map.client.clone();
-    let ttl = i64::try_from(map.hold.as_secs().max(1) * 2).unwrap_or(i64::MAX);
-    let lease = map.bounded(client.lease_grant(ttl, None)).await?;
-    let put = PutOptions::new().with_lease(lease.id());
-    let key = map.replica_key(shard, replica);
-    (map.bounded(client.put(key, address, Some(put))).await)?;
-    map.bounded(client.lease_keep_alive(lease.id())).await
 }
 
 #[cfg(test)]
