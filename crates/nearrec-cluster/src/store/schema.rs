@@ -179,6 +179,9 @@ impl Inner {
             // decided: the record names the new plan (a swap may have moved the version since)
             let decided = (0..3).find_map(|_| {
                 let seen = map.blocking(map.read_store()).ok()?;
+                if seen.record.as_ref().is_some_and(|r| r.plan.id == new.id) {
+                    return Some(true); // an answer lost: it was taken
+                }
                 let version = seen.record.as_ref().map_or(0, |r| r.version);
                 let next = StoreRecord {
                     plan: new.clone(),
