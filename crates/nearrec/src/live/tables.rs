@@ -24,7 +24,6 @@ use nearrec_format::{
 
 use super::compact::unnamed;
 use super::{Live, Snapshot, Writer, lock, lock_store_dir};
-use crate::api::ShardTag;
 use crate::error::{Error, Result};
 
 impl Live {
@@ -57,41 +56,20 @@ impl Live {
         })
     }
 
-    /// [`crate::Replica::retag`]: the manifest's `params.shard` replaced (atomically, under the
-    /// directory's lock every manifest change takes, so that none replaces it with an older
-    /// one); the tag after, for the served store to report.
-    pub(crate) fn retag(
+    /// The manifest's `params` changed by `f` (a shard's tag, [`crate::Replica::retag`]),
+    /// atomically, under the directory's lock every manifest change takes, so that none
+    /// replaces it with an older one; nothing written where `f` refuses. A writer's call.
+    pub(crate) fn change_params<T>(
         &self,
-        expected: &str,
-        plan: &str,
-        previous: Option<&str>,
-    ) -> Result<ShardTag> {
+        f: impl FnOnce(&mut serde_json::Value) -> Result<T>,
+    ) -> Result<T> {
         self.writer()?;
         let dir = lock_store_dir(&self.dir)?;
         let mut manifest = StoreReader::open(&self.dir)?.manifest().clone();
-        let Some(mut tag) = ShardTag::of(&manifest) else {
-            return Err(Error::invalid(format!(
-                "{} is no shard of a sharded store: it has no plan to change",
-                self.dir.display()
-            )));
-        };
-        if tag.plan == plan && tag.previous.as_deref() == previous {
-            return Ok(tag);
-        }
-        if tag.plan != expected {
-            return Err(Error::invalid(format!(
-                "shard {} is of plan {}, not {expected}: another change of the sharded store's \
-                 tables came first (learn its plan and try again)",
-                tag.shard, tag.plan
-            )));
-        }
-        tag.plan = plan.to_owned();
-        tag.previous = previous.map(str::to_owned);
-        let value = serde_json::to_value(&tag).expect("a shard tag serializes");
-        manifest.params["shard"] = value;
+        let done = f(&mut manifest.params)?;
         manifest.publish(&self.dir)?;
         drop(dir);
-        Ok(tag)
+        Ok(done)
     }
 
     fn change(&self, op: Op) -> Result<u64> {

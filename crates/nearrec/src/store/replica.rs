@@ -197,7 +197,31 @@ impl Replica for Store {
 
     fn retag(&self, expected: &str, plan: &str, previous: Option<&str>) -> Result<ShardTag> {
         let served = self.current();
-        let tag = served.live.retag(expected, plan, previous)?;
+        let path = served.path.clone();
+        let tag = served.live.change_params(|params| {
+            let shard = params.get("shard").cloned();
+            let Some(mut tag) = shard.and_then(|t| serde_json::from_value::<ShardTag>(t).ok())
+            else {
+                return Err(Error::invalid(format!(
+                    "{} is no shard of a sharded store: it has no plan to change",
+                    path.display()
+                )));
+            };
+            if tag.plan == plan && tag.previous.as_deref() == previous {
+                return Ok(tag);
+            }
+            if tag.plan != expected {
+                return Err(Error::invalid(format!(
+                    "shard {} is of plan {}, not {expected}: another change of the sharded \
+                     store's tables came first (learn its plan and try again)",
+                    tag.shard, tag.plan
+                )));
+            }
+            tag.plan = plan.to_owned();
+            tag.previous = previous.map(str::to_owned);
+            params["shard"] = serde_json::to_value(&tag).expect("a shard tag serializes");
+            Ok(tag)
+        })?;
         served.tag.store(Some(std::sync::Arc::new(tag.clone())));
         Ok(tag)
     }
