@@ -24,7 +24,7 @@
 //!   rows copied, the members fenced for the last pass — before it is admitted again
 //!   (`members/`), every router catching up its stale replicas in the
 //!   background (`catch_up.rs`); with etcd, each shard's epoch and members are decided there by
-//!   transactions, and each replica is held by its node's lease (`etcd.rs`);
+//!   transactions, and each replica is held by its node's lease (`etcd/`);
 //! - reads each batch at one cluster version (a version of every shard's repository), and swaps
 //!   every shard to a new one so that no batch of any router reads two (`versions.rs`);
 //! - runs the model its shards keep: on the nodes of the shard that holds every table whole,
@@ -37,7 +37,7 @@
 //! Modules: `split/` (cut and merge; `parted.rs`, a table's ids routed to its parts), `shard.rs` (a shard's replicas: hedging, failover,
 //! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `versions.rs`
 //! (the cluster version: pin, stage, switch, release), `members/` (membership, catch-up),
-//! `etcd.rs` (membership kept in etcd: records, transactions, a replica's hold),
+//! `etcd/` (membership kept in etcd: records, transactions, a replica's hold),
 //! `catch_up.rs` (catch-up in the background, every router's by default), `store/`
 //! (`ShardedStore`: opened, split and merged; its verbs in `contract.rs`, writes routed in
 //! `writes.rs`, the model run in `infer.rs`, counters in `counters.rs`, `replicas.toml` in

@@ -253,7 +253,7 @@ pub(crate) struct Shard {
     /// The shard's membership as this router last learned it: the epoch its writes are sent
     /// at, and the members by id (`members/`).
     pub membership: Mutex<(u64, Vec<u64>)>,
-    /// Where the membership is decided, when it is kept in etcd (`etcd.rs`).
+    /// Where the membership is decided, when it is kept in etcd (`etcd/`).
     pub etcd: Option<ShardMap>,
 }
 

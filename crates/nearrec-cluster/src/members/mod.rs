@@ -20,7 +20,7 @@
 //!   decided); a fence past its lease, with no newer epoch anywhere, is lifted by the next
 //!   router whose write it holds up, with an epoch of the same members ([`settle_fences`]).
 //!
-//! **With etcd** (`etcd.rs`), the shard's record there is its membership: learned from it, and
+//! **With etcd** (`etcd/`), the shard's record there is its membership: learned from it, and
 //! changed by a transaction that compares the record's revision first, so of two changes from
 //! one epoch exactly one is made, whatever the network does; the replicas are then told, those
 //! left out first. A replica left out without its word (it did not answer) is waited out — its

@@ -66,7 +66,7 @@ pub struct ShardedOptions {
     /// How often the router catches up, in the background, the replicas that missed writes
     /// ([`ShardedStore::catch_up`], `catch_up.rs`); `None`: only when called.
     pub catch_up_every: Option<Duration>,
-    /// Where the shards' membership is kept (`etcd.rs`): `None` keeps it in the replicas' own
+    /// Where the shards' membership is kept (`etcd/`): `None` keeps it in the replicas' own
     /// `MEMBERSHIP` files alone, which no partition-safe change can be made from
     /// (`docs/distributed.md`).
     pub etcd: Option<EtcdOptions>,
