@@ -270,11 +270,7 @@ impl ShardMap {
         fresh: Option<(&Fresh, i64)>,
     ) -> Result<bool, String> {
         let key = self.shard_key(shard);
-        let compare = if from.revision == 0 {
-            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
-        } else {
-            Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)
-        };
+        let compare = still(&key, from.revision);
         let value = serde_json::to_vec(next).expect("a shard record serializes");
         let mut puts = vec![TxnOp::put(key, value, None)];
         if let Some((fresh, lease)) = fresh {
@@ -347,29 +343,28 @@ impl ShardMap {
 
     /// The fence a catch-up holds on shard `shard`, if any.
     pub async fn fenced(&self, shard: usize) -> Result<Option<Fence>, String> {
+        self.get_json(self.fence_key(shard), "a fence").await
+    }
+
+    /// The change of shard `shard`'s record kept fresh now, if any.
+    pub async fn fresh(&self, shard: usize) -> Result<Option<Fresh>, String> {
+        self.get_json(self.fresh_key(shard), "a fresh change").await
+    }
+
+    /// The JSON value at `key` (`what` it is, for errors), if there is one.
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: String,
+        what: &str,
+    ) -> Result<Option<T>, String> {
         let mut kv = self.client.kv_client();
-        let got = self.bounded(kv.get(self.fence_key(shard), None)).await?;
+        let got = self.bounded(kv.get(key.clone(), None)).await?;
         let Some(kv) = got.kvs().first() else {
             return Ok(None);
         };
         serde_json::from_slice(kv.value())
             .map(Some)
-            .map_err(|e| format!("the key {} is not a fence: {e}", self.fence_key(shard)))
-    }
-
-    /// The change of shard `shard`'s record kept fresh now, if any.
-    pub async fn fresh(&self, shard: usize) -> Result<Option<Fresh>, String> {
-        let mut kv = self.client.kv_client();
-        let got = self.bounded(kv.get(self.fresh_key(shard), None)).await?;
-        let Some(kv) = got.kvs().first() else {
-            return Ok(None);
-        };
-        serde_json::from_slice(kv.value()).map(Some).map_err(|e| {
-            format!(
-                "the key {} is not a fresh change: {e}",
-                self.fresh_key(shard)
-            )
-        })
+            .map_err(|e| format!("the key {key} is not {what}: {e}"))
     }
 
     /// Ends a change's freshness (its router told the replicas it left out, or waited them
@@ -386,6 +381,16 @@ impl ShardMap {
         // a tenth more: the two sides' clocks run at rates that may differ a little
         let until = since + hold + hold / 10;
         std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// The compare of a record's key `key` with the revision it was read at (0: there was none,
+/// so it must still not exist).
+fn still(key: &str, revision: i64) -> Compare {
+    if revision == 0 {
+        Compare::create_revision(key, CompareOp::Equal, 0)
+    } else {
+        Compare::mod_revision(key, CompareOp::Equal, revision)
     }
 }
 

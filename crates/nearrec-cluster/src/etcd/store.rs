@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use nearrec::{Error, ErrorKind};
 
-use super::{ShardMap, outcome};
+use super::{ShardMap, outcome, still};
 
 /// The sharded store's record, under `served`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -81,11 +81,7 @@ impl ShardMap {
     /// another change got there first.
     pub async fn change_store(&self, from: &SeenStore, next: &StoreRecord) -> Result<bool, String> {
         let key = self.store_key();
-        let compare = if from.revision == 0 {
-            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
-        } else {
-            Compare::mod_revision(key.clone(), CompareOp::Equal, from.revision)
-        };
+        let compare = still(&key, from.revision);
         let value = serde_json::to_vec(next).expect("a store record serializes");
         let unchanging = Compare::create_revision(self.changing_key(), CompareOp::Equal, 0);
         let txn = Txn::new()
