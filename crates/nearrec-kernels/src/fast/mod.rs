@@ -210,7 +210,7 @@ impl<'s> Found<'s> {
 }
 
 /// [`pool_found`]'s loop for one (dtype, width), `D == 0` as in [`run`].
-#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma+f16c"))]
 fn run_found<I: RowIndex, S: RowSource, Dec: Decode, const D: usize>(
     dim: usize,
     rows: u64,
@@ -419,7 +419,7 @@ pub fn prefetch_row(p: *const u8, row_bytes: usize) {
 /// accumulator is then the output row itself. `PATCHED`: `patched` stands in for some rows.
 /// `DENSE`: the table's rows are back to back ([`TableView::is_dense`]), so a row's offset is
 /// one multiply (a shift at a specialised width) instead of a division.
-#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma+f16c"))]
 fn run<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, const DENSE: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
@@ -613,7 +613,9 @@ fn finish(mode: PoolingMode, count: usize, acc: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::decode::{f16_to_f32, fp8_to_f32};
+    use nearrec_format::DType;
+
+    use super::decode::{f16_pair, f16_to_f32, fp8_to_f32, sixteen_codes};
 
     #[test]
     fn fp8_conversion_is_exact_for_every_code() {
@@ -634,5 +636,54 @@ mod tests {
                 assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}");
             }
         }
+    }
+
+    #[test]
+    fn f16_pairs_convert_exactly_in_both_lanes() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let other = h.rotate_left(7);
+            let [a, b] = h.to_le_bytes();
+            let [c, d] = other.to_le_bytes();
+            for (got, bytes_first) in [
+                (f16_pair([a, b, c, d]).0, true),
+                (f16_pair([c, d, a, b]).1, false),
+            ] {
+                if want.is_nan() {
+                    assert!(got.is_nan(), "{h:#06x} first={bytes_first}");
+                } else {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{h:#06x} first={bytes_first}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The vectorised unpack against the format's code-by-code reading, over every byte value
+    /// in every position of a step.
+    #[test]
+    fn sixteen_codes_are_the_format_s_codes() {
+        fn check<const BITS: usize>(dtype: DType) {
+            for v in 0..=u8::MAX {
+                for at in 0..2 * BITS {
+                    let mut bytes = [0x5au8; 16];
+                    bytes[at] = v;
+                    let got = sixteen_codes::<BITS>(&bytes);
+                    for (j, &q) in got.iter().enumerate() {
+                        assert_eq!(
+                            q,
+                            dtype.code_at(&bytes, j) as f32,
+                            "{dtype:?} byte {at} = {v:#x}, code {j}"
+                        );
+                    }
+                }
+            }
+        }
+        check::<8>(DType::Int8);
+        check::<4>(DType::Int4);
+        check::<2>(DType::Int2);
     }
 }
