@@ -43,6 +43,7 @@ fn main() {
         for dtype in [
             DType::Fp32,
             DType::Fp16,
+            DType::Fp8,
             DType::Int8,
             DType::Int4,
             DType::Int2,
