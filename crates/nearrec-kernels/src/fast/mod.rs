@@ -368,6 +368,16 @@ fn dispatch<I: RowIndex, const PATCHED: bool>(
     }
 }
 
+/// Byte offset of `row` in `table`, `DENSE` as in [`run`].
+#[inline(always)]
+fn row_offset<const DENSE: bool>(table: &TableView<'_>, row: u64) -> usize {
+    if DENSE {
+        (row as usize).wrapping_mul(table.row_bytes())
+    } else {
+        table.offset(row)
+    }
+}
+
 /// Asks for the cache line holding `p`. Never faults, whatever `p`.
 #[inline(always)]
 pub fn prefetch_line(p: *const u8) {
@@ -431,6 +441,15 @@ fn run<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, const DENS
     } else {
         &[]
     };
+    // The first lookups' rows, asked for before the loop (which asks `PREFETCH_AHEAD` ahead of
+    // itself), and their offsets kept as the loop keeps the ones it prefetches (see `reduce`).
+    let mut ring = [0usize; PREFETCH_AHEAD];
+    let (first, last) = (job.bounds[0], job.bounds[job.bags()].min(job.indices.len()));
+    for pos in first..last.min(first + PREFETCH_AHEAD) {
+        let offset = row_offset::<DENSE>(table, job.indices[pos].to_i64() as u64);
+        ring[pos % PREFETCH_AHEAD] = offset;
+        prefetch_row(table.addr_at(offset), table.row_bytes());
+    }
     for b in 0..job.bags() {
         let (start, end) = (job.bounds[b], job.bounds[b + 1]);
         let walk = Walk {
@@ -440,14 +459,16 @@ fn run<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, const DENS
         };
         if D == 0 {
             let dst = out.bag(b);
-            let count = accumulate::<I, Dec, D, PATCHED, DENSE>(table, job, walk, &mut at, dst)?;
+            let count =
+                accumulate::<I, Dec, D, PATCHED, DENSE>(table, job, walk, &mut at, &mut ring, dst)?;
             finish(job.mode, count, dst);
         } else {
             // A fresh accumulator per bag: dead on the error path, so the compiler keeps it in
             // registers through the row loop instead of storing it back after every row.
             let mut fixed = [0f32; D];
-            let count =
-                accumulate::<I, Dec, D, PATCHED, DENSE>(table, job, walk, &mut at, &mut fixed)?;
+            let count = accumulate::<I, Dec, D, PATCHED, DENSE>(
+                table, job, walk, &mut at, &mut ring, &mut fixed,
+            )?;
             finish(job.mode, count, &mut fixed);
             out.bag(b).copy_from_slice(&fixed);
         }
@@ -471,6 +492,7 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, con
     job: &PoolJob<'_, I>,
     walk: Walk<'_>,
     at: &mut &[usize],
+    ring: &mut [usize; PREFETCH_AHEAD],
     acc: &mut [f32],
 ) -> Result<usize, IndexError> {
     // One specialised loop per reduction and per padding / no padding, so the per-lookup body has
@@ -485,9 +507,9 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, con
     macro_rules! walk {
         ($step:expr) => {
             if job.padding_idx.is_some() {
-                reduce::<I, true, PATCHED, DENSE>(table, job, row_bytes, walk, at, $step)
+                reduce::<I, true, PATCHED, DENSE>(table, job, row_bytes, walk, at, ring, $step)
             } else {
-                reduce::<I, false, PATCHED, DENSE>(table, job, row_bytes, walk, at, $step)
+                reduce::<I, false, PATCHED, DENSE>(table, job, row_bytes, walk, at, ring, $step)
             }
         };
     }
@@ -529,14 +551,20 @@ fn accumulate<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, con
 /// rows counted.
 ///
 /// The body is kept short on purpose: the loop is bound by memory latency, and the fewer
-/// instructions a lookup takes, the more lookups the out-of-order window holds in flight.
+/// instructions a lookup takes, the more lookups the out-of-order window holds in flight. So a
+/// row's offset in a table with gaps (a division, as a multiply by the inverse, and a
+/// remainder) is worked out once, when its row is prefetched, and kept in `ring` (at its
+/// position modulo `PREFETCH_AHEAD`) until the loop reaches it; back-to-back rows' offsets are
+/// one multiply and not kept.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool, const DENSE: bool>(
     table: &TableView<'_>,
     job: &PoolJob<'_, I>,
     row_bytes: usize,
     walk: Walk<'_>,
     at: &mut &[usize],
+    ring: &mut [usize; PREFETCH_AHEAD],
     mut step: impl FnMut(&[u8], usize),
 ) -> Result<usize, IndexError> {
     let (start, end) = (walk.start, walk.end);
@@ -560,12 +588,18 @@ fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool, const DENSE: bool>(
         .enumerate()
         .map(|(k, ix)| (start + k, ix))
     {
+        // this lookup's offset, kept when its row was prefetched (a table with gaps)
+        let kept = ring[pos % PREFETCH_AHEAD];
         if pos < prefetch_end {
             // SAFETY: pos + PREFETCH_AHEAD < indices.len() by `prefetch_end`.
             let ahead = unsafe { job.indices.get_unchecked(pos + PREFETCH_AHEAD) }.to_i64();
             // An out-of-range index prefetches a meaningless address, which is harmless; it is
             // reported when the loop reaches it.
-            prefetch_row(table.addr_at(offset(ahead as u64)), row_bytes);
+            let ahead = offset(ahead as u64);
+            if !DENSE {
+                ring[pos % PREFETCH_AHEAD] = ahead;
+            }
+            prefetch_row(table.addr_at(ahead), row_bytes);
         }
         let patched = PATCHED && at.first() == Some(&pos);
         if patched {
@@ -583,8 +617,11 @@ fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool, const DENSE: bool>(
             skipped += 1;
             continue;
         }
-        // SAFETY: `value < rows`, checked above, and `row_bytes` is the table's.
-        let own = || unsafe { table.row_at(offset(value as u64), row_bytes) };
+        let at_row = if DENSE { offset(value as u64) } else { kept };
+        debug_assert_eq!(at_row, offset(value as u64));
+        // SAFETY: `value < rows`, checked above, so `at_row` (its offset) is inside the
+        // table, and `row_bytes` is the table's.
+        let own = || unsafe { table.row_at(at_row, row_bytes) };
         let row = if patched {
             // a position recorded for a row the patch lacks reads the table (never stale: the
             // patch holds every row that differs)
