@@ -22,6 +22,9 @@
 //!   the rows of the next two runs as hints, so that it can take each step of finding them (an
 //!   index or a set's tags, a slot's key, the row) for a whole run at a time, a run apart.
 //!
+//! `examples/row_cost.rs` prints what a row costs by dtype and width from a table in the
+//! caches (where the decode, not memory, binds).
+//!
 //! `tests/parity.rs` holds the fast path to the twin (proptest over dtypes, widths, layouts,
 //! modes, weights, padding, bad indices; `pool_found` also completed with the rows it left and
 //! compared with the whole table's pooling).
