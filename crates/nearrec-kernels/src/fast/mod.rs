@@ -368,11 +368,12 @@ fn dispatch<I: RowIndex, const PATCHED: bool>(
     }
 }
 
-/// Byte offset of `row` in `table`, `DENSE` as in [`run`].
+/// Byte offset of `row` in `table` (`row_bytes`: its rows' bytes, a constant where the width
+/// is), `DENSE` as in [`run`].
 #[inline(always)]
-fn row_offset<const DENSE: bool>(table: &TableView<'_>, row: u64) -> usize {
+fn row_offset<const DENSE: bool>(table: &TableView<'_>, row_bytes: usize, row: u64) -> usize {
     if DENSE {
-        (row as usize).wrapping_mul(table.row_bytes())
+        (row as usize).wrapping_mul(row_bytes)
     } else {
         table.offset(row)
     }
@@ -446,7 +447,8 @@ fn run<I: RowIndex, Dec: Decode, const D: usize, const PATCHED: bool, const DENS
     let mut ring = [0usize; PREFETCH_AHEAD];
     let (first, last) = (job.bounds[0], job.bounds[job.bags()].min(job.indices.len()));
     for pos in first..last.min(first + PREFETCH_AHEAD) {
-        let offset = row_offset::<DENSE>(table, job.indices[pos].to_i64() as u64);
+        let offset =
+            row_offset::<DENSE>(table, table.row_bytes(), job.indices[pos].to_i64() as u64);
         ring[pos % PREFETCH_AHEAD] = offset;
         prefetch_row(table.addr_at(offset), table.row_bytes());
     }
@@ -570,13 +572,7 @@ fn reduce<I: RowIndex, const PAD: bool, const PATCHED: bool, const DENSE: bool>(
     let (start, end) = (walk.start, walk.end);
     let rows = table.rows();
     debug_assert!(row_bytes == table.row_bytes() && DENSE == table.is_dense());
-    let offset = |row: u64| {
-        if DENSE {
-            (row as usize).wrapping_mul(row_bytes)
-        } else {
-            table.offset(row)
-        }
-    };
+    let offset = |row: u64| row_offset::<DENSE>(table, row_bytes, row);
     // Prefetch only within this job's indices.
     let prefetch_end = job.bounds[job.bags()]
         .min(job.indices.len())
