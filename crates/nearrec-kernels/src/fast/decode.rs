@@ -33,7 +33,7 @@ fn u16_at(row: &[u8], j: usize) -> u16 {
 /// IEEE binary16 → binary32, branch-free so it vectorises; exact for every input (tested against
 /// `half` over all 65,536 values).
 #[inline(always)]
-pub(super) fn f16_to_f32(h: u16) -> f32 {
+fn f16_to_f32(h: u16) -> f32 {
     let h = u32::from(h);
     let shifted = (h & 0x7fff) << 13;
     // Re-bias the exponent by multiplying by 2^112; subnormals come out right by the same multiply.
@@ -149,7 +149,7 @@ impl Decode for Bf16 {
 /// In cache, this made an int4 row of dim 32 / 64 1.5× / 2.2× faster than taking each code
 /// from its own byte (`examples/row_cost.rs`), int2 rows 1.8× / 3.7×.
 #[inline(always)]
-pub(super) fn sixteen_codes<const BITS: usize>(bytes: &[u8]) -> [f32; 16] {
+fn sixteen_codes<const BITS: usize>(bytes: &[u8]) -> [f32; 16] {
     let bytes = &bytes[..2 * BITS];
     match BITS {
         8 => std::array::from_fn(|j| f32::from(bytes[j])),
@@ -248,7 +248,7 @@ impl<const BITS: usize> NBit<BITS> {
 /// AVX-512 builds inline it), [`f16_to_f32`] twice elsewhere, which cost about a third of an
 /// int4 row of dim 32 in cache.
 #[inline(always)]
-pub(super) fn f16_pair(bytes: [u8; 4]) -> (f32, f32) {
+fn f16_pair(bytes: [u8; 4]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("f16c") {
         use std::arch::x86_64::{_mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_movehdup_ps};
@@ -294,7 +294,7 @@ impl<const BITS: usize> Decode for NBit<BITS> {
 /// place are one whenever the code's exponent is small), and each such multiply took a
 /// microcode assist, ~20× the row's cost on tables of small values.
 #[inline(always)]
-pub(super) fn fp8_to_f32(c: u8) -> f32 {
+fn fp8_to_f32(c: u8) -> f32 {
     let c = u32::from(c);
     let normal = ((c & 0x7f) << 20) + (120 << 23);
     let subnormal = ((c & 7) as f32 * f32::from_bits(0x3b00_0000)).to_bits(); // 2^-9
@@ -327,5 +327,82 @@ impl Decode for Fp8 {
         for (a, &c) in acc.iter_mut().zip(row) {
             *a = a.max(fp8_to_f32(c));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nearrec_format::DType;
+
+    use super::{f16_pair, f16_to_f32, fp8_to_f32, sixteen_codes};
+
+    #[test]
+    fn fp8_conversion_is_exact_for_every_code() {
+        for c in 0..=u8::MAX {
+            let want = nearrec_format::fp8_decode(c);
+            assert_eq!(fp8_to_f32(c).to_bits(), want.to_bits(), "{c:#04x}");
+        }
+    }
+
+    #[test]
+    fn f16_conversion_is_exact_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{h:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_pairs_convert_exactly_in_both_lanes() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let other = h.rotate_left(7);
+            let [a, b] = h.to_le_bytes();
+            let [c, d] = other.to_le_bytes();
+            for (got, bytes_first) in [
+                (f16_pair([a, b, c, d]).0, true),
+                (f16_pair([c, d, a, b]).1, false),
+            ] {
+                if want.is_nan() {
+                    assert!(got.is_nan(), "{h:#06x} first={bytes_first}");
+                } else {
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{h:#06x} first={bytes_first}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The vectorised unpack against the format's code-by-code reading, over every byte value
+    /// in every position of a step.
+    #[test]
+    fn sixteen_codes_are_the_format_s_codes() {
+        fn check<const BITS: usize>(dtype: DType) {
+            for v in 0..=u8::MAX {
+                for at in 0..2 * BITS {
+                    let mut bytes = [0x5au8; 16];
+                    bytes[at] = v;
+                    let got = sixteen_codes::<BITS>(&bytes);
+                    for (j, &q) in got.iter().enumerate() {
+                        assert_eq!(
+                            q,
+                            dtype.code_at(&bytes, j) as f32,
+                            "{dtype:?} byte {at} = {v:#x}, code {j}"
+                        );
+                    }
+                }
+            }
+        }
+        check::<8>(DType::Int8);
+        check::<4>(DType::Int4);
+        check::<2>(DType::Int2);
     }
 }
