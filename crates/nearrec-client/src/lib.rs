@@ -462,6 +462,7 @@ impl Client {
             id: 0,
             at_version: at.unwrap_or(0),
             expect: Vec::new(),
+            out_dtype: convert::out_dtype(batch.out).into(),
         }
     }
 

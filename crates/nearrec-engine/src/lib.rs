@@ -73,6 +73,8 @@ pub use keyed::{
 };
 pub use nearrec_cache::Unknown;
 pub use nearrec_format::Memory;
-pub use request::{Bags, Batch, Checked, Indices, PoolingMode, TableLookup, check, check_batch};
+pub use request::{
+    Bags, Batch, Checked, Indices, OutDtype, PoolingMode, TableLookup, check, check_batch,
+};
 pub use stats::{Histogram, IoStats, Stages};
 pub use tiers::TierReport;

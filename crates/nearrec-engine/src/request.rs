@@ -6,6 +6,7 @@
 //! and the position.
 
 pub use nearrec_kernels::PoolingMode;
+pub use nearrec_kernels::out::OutDtype;
 
 use crate::error::{EngineError, Result};
 
@@ -206,15 +207,25 @@ impl<'a> TableLookup<'a> {
 }
 
 /// One batch: the same number of bags (samples) for every table. The output is
-/// `[batch, Σ dim]` fp32, tables in request order.
+/// `[batch, Σ dim]` fp32, tables in request order, each value as `out` gives it back (pooled
+/// in fp32, then rounded once: `nearrec_kernels::out`).
 #[derive(Debug, Clone, Default)]
 pub struct Batch<'a> {
     pub tables: Vec<TableLookup<'a>>,
+    pub out: OutDtype,
 }
 
 impl<'a> Batch<'a> {
     pub fn new(tables: Vec<TableLookup<'a>>) -> Self {
-        Self { tables }
+        Self {
+            tables,
+            out: OutDtype::F32,
+        }
+    }
+
+    /// The batch answered in `out`.
+    pub fn with_out(self, out: OutDtype) -> Self {
+        Self { out, ..self }
     }
 }
 

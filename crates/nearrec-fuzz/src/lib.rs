@@ -484,8 +484,23 @@ pub fn wire_messages(data: &[u8]) {
             };
             if let Ok(p) = convert::unpooled(&r) {
                 assert_eq!(Some(p.values.len()), p.batch.checked_mul(p.width()));
-                let back = convert::unpooled(&convert::pooled(r.id, r.version, p.clone()));
-                let key = |p: &nearrec::Pooled| (p.batch, p.tables.clone(), bits(&p.values));
+                // read in the dtype it came in and written back in it: fp32 bit for bit, fp16 /
+                // bf16 but for NaNs' payloads, int8 (quantised again) its shape
+                let dtype = convert::unout_dtype(r.dtype, "dtype").expect("a dtype it read");
+                let back = convert::unpooled(&convert::pooled(r.id, r.version, p.clone(), dtype));
+                let key = |p: &nearrec::Pooled| {
+                    let values = match dtype {
+                        nearrec::OutDtype::F32 => bits(&p.values),
+                        nearrec::OutDtype::Int8 => Vec::new(),
+                        _ => bits(
+                            &p.values
+                                .iter()
+                                .map(|v| if v.is_nan() { f32::NAN } else { *v })
+                                .collect::<Vec<_>>(),
+                        ),
+                    };
+                    (p.batch, p.tables.clone(), values)
+                };
                 assert_eq!(back.as_ref().map(key).ok(), Some(key(&p)));
             }
             if let Ok(tables) = convert::unraw(&r) {

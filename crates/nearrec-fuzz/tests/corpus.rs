@@ -320,7 +320,21 @@ mod seeds {
         for (name, bytes) in [
             (
                 "pooled",
-                message(0, &|| convert::pooled(1, 2, pooled.clone()).encode_to_vec()),
+                message(0, &|| {
+                    convert::pooled(1, 2, pooled.clone(), nearrec::OutDtype::F32).encode_to_vec()
+                }),
+            ),
+            (
+                "pooled_int8",
+                message(0, &|| {
+                    convert::pooled(1, 2, pooled.clone(), nearrec::OutDtype::Int8).encode_to_vec()
+                }),
+            ),
+            (
+                "pooled_bf16",
+                message(0, &|| {
+                    convert::pooled(1, 2, pooled.clone(), nearrec::OutDtype::Bf16).encode_to_vec()
+                }),
             ),
             (
                 "raw",

@@ -15,6 +15,8 @@
 //! - `job.rs`: `PoolJob` (a run of one table's bags: indices, bag bounds, weights, mode, padding
 //!   index), `BagsOut` (the cells the pooled bags are written to), `PoolingMode`, `RowIndex`
 //!   (int32 / int64 ids), `IndexError`;
+//! - `out.rs`: a pooled answer in the dtype its caller asks for (`OutDtype`: fp32, fp16, bf16,
+//!   FBGEMM's fused row-wise int8), encoded for a wire, decoded, or rounded in place;
 //! - `table.rs`: `TableView`, a table's data region with its row arithmetic;
 //! - `patch.rs`: `RowPatch`, rows that stand in for the table's own in one task (a live store's
 //!   written and removed rows);
@@ -31,6 +33,7 @@
 
 mod fast;
 mod job;
+pub mod out;
 mod patch;
 pub mod reference;
 mod source;

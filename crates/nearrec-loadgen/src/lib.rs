@@ -268,6 +268,7 @@ async fn one(
         id: 0,
         at_version: 0,
         expect: Vec::new(),
+        out_dtype: convert::out_dtype(batch.out).into(),
     };
     match mode {
         Mode::Embedded(s, slots, runs_on) => {

@@ -14,7 +14,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 
-use crate::convert::{dense_features, index_view, weights_view};
+use crate::convert::{self, dense_features, index_view, weights_view};
 use crate::error::{err, raise};
 use crate::model::NativeModel;
 use crate::store::{NativeStore, Seconds};
@@ -26,6 +26,8 @@ pub(crate) struct NativeCollection {
     store: Py<NativeStore>,
     /// Per output block: the table, the feature (KJT key) it reads, its pooling.
     tables: Vec<(String, String, PoolingMode)>,
+    /// The dtype its answers come in.
+    out: nearrec::OutDtype,
     /// The layout of the last key order seen: a model sends the same keys batch after batch.
     last: Mutex<Option<Arc<Layout>>>,
 }
@@ -129,13 +131,17 @@ impl NativeCollection {
 
 #[pymethods]
 impl NativeCollection {
-    /// `tables`: per output block `(table, feature, mode)`.
+    /// `tables`: per output block `(table, feature, mode)`; `out_dtype`: the answer's (a name;
+    /// None: fp32).
     #[new]
+    #[pyo3(signature = (store, tables, out_dtype = None))]
     fn new(
         py: Python<'_>,
         store: Py<NativeStore>,
         tables: Vec<(String, String, String)>,
+        out_dtype: Option<&str>,
     ) -> PyResult<Self> {
+        let out = convert::out_dtype(py, out_dtype)?;
         let tables = tables
             .into_iter()
             .map(
@@ -151,6 +157,7 @@ impl NativeCollection {
         Ok(Self {
             store,
             tables,
+            out,
             last: Mutex::new(None),
         })
     }
@@ -158,7 +165,9 @@ impl NativeCollection {
     /// Pools `features` into a `[batch, Σ dim]` float32 tensor on the device of its values.
     fn forward<'py>(&self, features: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = features.py();
-        let (out, values) = self.with_batch(features, |batch| self.store.get().pool(py, batch))?;
+        let (out, values) = self.with_batch(features, |batch| {
+            self.store.get().pool(py, &batch.clone().with_out(self.out))
+        })?;
         let out = tensor::from_numpy(py, out.into_any())?;
         if tensor::is_cpu(py, &values) {
             Ok(out)

@@ -479,6 +479,18 @@ pub(crate) fn pooling_mode(
     self::mode(mode.py(), mode, table, what).map(PoolingMode::name)
 }
 
+/// An answer's dtype by name (`fp32`, `fp16`, `bf16`, `int8`; `float32`, `float16`,
+/// `bfloat16`); None is fp32.
+pub(crate) fn out_dtype(py: Python<'_>, name: Option<&str>) -> PyResult<nearrec::OutDtype> {
+    let Some(name) = name else {
+        return Ok(nearrec::OutDtype::F32);
+    };
+    nearrec::OutDtype::parse(name).ok_or_else(|| {
+        let msg = format!("out_dtype {name:?} is not one of 'fp32', 'fp16', 'bf16', 'int8'");
+        raise(py, "InvalidRequest", msg, None, None)
+    })
+}
+
 /// `padding_idx` as an int (None stays None; a bool is not row 1).
 #[pyfunction]
 pub(crate) fn padding_idx(p: &Bound<'_, PyAny>, table: &str) -> PyResult<Option<i64>> {

@@ -222,6 +222,7 @@ impl PyTableLookup {
 #[derive(Clone)]
 pub(crate) struct HeldBatch {
     lookups: Arc<[Py<PyTableLookup>]>,
+    out: nearrec::OutDtype,
 }
 
 impl HeldBatch {
@@ -266,12 +267,18 @@ impl HeldBatch {
             .collect::<PyResult<Vec<_>>>()?;
         Ok(Self {
             lookups: lookups.into(),
+            out: nearrec::OutDtype::F32,
         })
+    }
+
+    /// The batch answered in `out`.
+    pub(crate) fn with_out(self, out: nearrec::OutDtype) -> Self {
+        Self { out, ..self }
     }
 }
 
 impl AsBatch for HeldBatch {
     fn as_batch(&self) -> Batch<'_> {
-        Batch::new(self.lookups.iter().map(|l| l.get().view()).collect())
+        Batch::new(self.lookups.iter().map(|l| l.get().view()).collect()).with_out(self.out)
     }
 }

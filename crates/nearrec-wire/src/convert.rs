@@ -4,8 +4,8 @@
 
 use nearrec::{
     Bags, Batch, CacheStatsSnapshot, Compaction, FeedCursor, IndexVec, Indices, Info, LastWriter,
-    OwnedBags, OwnedBatch, OwnedLookup, OwnedValues, Pooled, PoolingMode, RowValues, RowWrite,
-    Rows, Stats, TableCheck, TableInfo, TableLookup, TierReport, Transaction, TxState,
+    OutDtype, OwnedBags, OwnedBatch, OwnedLookup, OwnedValues, Pooled, PoolingMode, RowValues,
+    RowWrite, Rows, Stats, TableCheck, TableInfo, TableLookup, TierReport, Transaction, TxState,
 };
 
 use bytes::Bytes;
@@ -163,7 +163,16 @@ fn table(t: &TableLookup<'_>) -> pb::TableLookup {
 }
 
 /// A pooled answer (the node's side).
-pub fn pooled(id: u64, version: u64, p: Pooled) -> pb::LookupResponse {
+pub fn pooled(id: u64, version: u64, p: Pooled, out: OutDtype) -> pb::LookupResponse {
+    let pooled = match out {
+        OutDtype::F32 => encode(p.values),
+        _ => {
+            let widths: Vec<usize> = p.tables.iter().map(|t| t.1).collect();
+            let mut bytes = Vec::new();
+            nearrec::out::encode(&p.values, &widths, out, &mut bytes);
+            Bytes::from(bytes)
+        }
+    };
     pb::LookupResponse {
         id,
         batch: p.batch as u64,
@@ -175,10 +184,36 @@ pub fn pooled(id: u64, version: u64, p: Pooled) -> pb::LookupResponse {
                 dim: dim as u32,
             })
             .collect(),
-        pooled: encode(p.values),
+        pooled,
         version,
+        dtype: out_dtype(out).into(),
         ..Default::default()
     }
+}
+
+/// A pooled answer's dtype on the wire.
+pub fn out_dtype(out: OutDtype) -> pb::OutDtype {
+    match out {
+        OutDtype::F32 => pb::OutDtype::Fp32,
+        OutDtype::F16 => pb::OutDtype::Fp16,
+        OutDtype::Bf16 => pb::OutDtype::Bf16,
+        OutDtype::Int8 => pb::OutDtype::Int8,
+    }
+}
+
+/// A message's dtype field as the facade's; an unknown one refused, naming `field`.
+pub fn unout_dtype(value: i32, field: &str) -> nearrec::Result<OutDtype> {
+    Ok(match pb::OutDtype::try_from(value) {
+        Ok(pb::OutDtype::Fp32) => OutDtype::F32,
+        Ok(pb::OutDtype::Fp16) => OutDtype::F16,
+        Ok(pb::OutDtype::Bf16) => OutDtype::Bf16,
+        Ok(pb::OutDtype::Int8) => OutDtype::Int8,
+        Err(_) => {
+            return Err(nearrec::Error::invalid(format!(
+                "{field} {value} is no OutDtype (OUT_DTYPE_FP32, _FP16, _BF16 or _INT8)"
+            )));
+        }
+    })
 }
 
 /// A raw answer (the node's side).
@@ -201,20 +236,37 @@ pub fn raw(id: u64, version: u64, rows: Vec<Rows>) -> pb::LookupResponse {
 
 /// A pooled answer back as the facade's (the client's side), its size checked.
 pub fn unpooled(r: &pb::LookupResponse) -> nearrec::Result<Pooled> {
-    let values: Vec<f32> = decode(&r.pooled, "", "pooled")?;
+    let dtype = unout_dtype(r.dtype, "the answer's dtype").map_err(|e| {
+        nearrec::Error::Internal(format!("the node's answer is not understood here: {e}"))
+    })?;
     let tables: Vec<(String, usize)> = r
         .tables
         .iter()
         .map(|t| (t.table.clone(), t.dim as usize))
         .collect();
-    let width: usize = tables.iter().map(|t| t.1).sum();
+    let widths: Vec<usize> = tables.iter().map(|t| t.1).collect();
+    let width: usize = widths.iter().sum();
     let batch = usize::try_from(r.batch).unwrap_or(usize::MAX);
-    if Some(values.len()) != batch.checked_mul(width) {
-        return Err(nearrec::Error::Internal(format!(
-            "the node answered {} floats for a [{batch}, {width}] batch",
-            values.len()
-        )));
-    }
+    let wrong = || {
+        nearrec::Error::Internal(format!(
+            "the node answered {} bytes of {} for a [{batch}, {width}] batch",
+            r.pooled.len(),
+            dtype.name()
+        ))
+    };
+    let values = if dtype == OutDtype::F32 {
+        let values: Vec<f32> = decode(&r.pooled, "", "pooled")?;
+        if Some(values.len()) != batch.checked_mul(width) {
+            return Err(wrong());
+        }
+        values
+    } else {
+        // the answer's bytes bound its size: a batch over them is refused before allocating
+        let floats = batch.checked_mul(width).filter(|&n| n <= r.pooled.len());
+        let mut values = vec![0f32; floats.ok_or_else(wrong)?];
+        nearrec::out::decode(&r.pooled, &widths, dtype, &mut values).map_err(|_| wrong())?;
+        values
+    };
     Ok(Pooled {
         values,
         batch,

@@ -14,7 +14,7 @@ use nearrec_plan::TraceFile;
 use crate::error::{Error, Result};
 
 use nearrec_engine::Stages;
-pub use nearrec_engine::{Bags, Batch, Indices, PoolingMode, TableLookup};
+pub use nearrec_engine::{Bags, Batch, Indices, OutDtype, PoolingMode, TableLookup};
 
 /// A batch whose buffers something owns, so that it can be sent to a background pipeline
 /// ([`crate::Store::submit`], [`crate::Store::stream`]): an [`OwnedBatch`], or a binding's type
@@ -132,11 +132,16 @@ impl OwnedLookup {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OwnedBatch {
     pub tables: Vec<OwnedLookup>,
+    /// The dtype of the answer ([`Batch::out`]).
+    pub out: OutDtype,
 }
 
 impl OwnedBatch {
     pub fn new(tables: Vec<OwnedLookup>) -> Self {
-        Self { tables }
+        Self {
+            tables,
+            out: OutDtype::F32,
+        }
     }
 
     /// Bags `bags` (bag numbers of the trace, `start..stop`) of every table of `trace`: one
@@ -189,7 +194,7 @@ impl OwnedBatch {
 
 impl AsBatch for OwnedBatch {
     fn as_batch(&self) -> Batch<'_> {
-        Batch::new(self.tables.iter().map(OwnedLookup::view).collect())
+        Batch::new(self.tables.iter().map(OwnedLookup::view).collect()).with_out(self.out)
     }
 }
 
@@ -206,6 +211,13 @@ impl Pooled {
     /// Σ dim: the output's columns.
     pub fn width(&self) -> usize {
         self.tables.iter().map(|t| t.1).sum()
+    }
+
+    /// The values as `out` gives them back (`nearrec_kernels::out::round`), where they were
+    /// pooled in fp32: what a router answers after merging its shards' answers.
+    pub fn round_to(&mut self, out: OutDtype) {
+        let widths: Vec<usize> = self.tables.iter().map(|t| t.1).collect();
+        nearrec_kernels::out::round(&mut self.values, &widths, out);
     }
 
     /// Bag `bag`'s pooled vector of request `k` (its position in the batch).

@@ -115,7 +115,7 @@ pub mod prelude {
 }
 
 pub use batch::{
-    AsBatch, Bags, Batch, IndexVec, Indices, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
+    AsBatch, Bags, Batch, IndexVec, Indices, OutDtype, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
     PoolingMode, Read, TableLookup,
 };
 pub use coalesce::{Coalesced, Shape, coalesce};
@@ -141,6 +141,9 @@ pub use nearrec_format::{
     FeedCursor, GcReport, Leftover, Manifest, ProgressFn, StoreReader, TableCheck, TableMeta,
     attach, gc,
 };
+/// A pooled answer in the dtype its caller asks for ([`OutDtype`]): encoded for a wire, decoded,
+/// rounded in place.
+pub use nearrec_kernels::out;
 pub use nearrec_plan::{Placement, Size, TablePlacement};
 
 /// The planner and traces: generators, trace files, profiles, the DRAM budget split, plan

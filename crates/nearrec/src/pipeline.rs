@@ -203,9 +203,11 @@ impl Store {
     }
 }
 
-/// One sub-batch: per table its lookups of bags `lo..hi`, bag lengths owned.
+/// One sub-batch: per table its lookups of bags `lo..hi`, bag lengths owned; answered in the
+/// batch's dtype (each bag's vectors are rounded on their own).
 struct Part<'a> {
     tables: Vec<(TableLookup<'a>, Vec<i64>)>,
+    out: nearrec_engine::OutDtype,
 }
 
 impl Part<'_> {
@@ -222,6 +224,7 @@ impl Part<'_> {
                 })
                 .collect(),
         )
+        .with_out(self.out)
     }
 }
 
@@ -262,7 +265,10 @@ fn split<'a>(
                     (part, lengths)
                 })
                 .collect();
-            Part { tables }
+            Part {
+                tables,
+                out: batch.out,
+            }
         })
         .collect()
 }

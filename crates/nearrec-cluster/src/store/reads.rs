@@ -257,7 +257,10 @@ impl Inner {
             version,
             ..Read::default()
         };
-        Ok((split.merge(&answers, tables), read))
+        // the shards answer in fp32 (a table cut by rows is summed here), rounded once merged
+        let mut pooled = split.merge(&answers, tables);
+        pooled.round_to(batch.out);
+        Ok((pooled, read))
     }
 
     pub(super) fn lookup_rows(

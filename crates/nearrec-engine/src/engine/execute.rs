@@ -15,7 +15,7 @@ use crate::cells::{Cells, Ready};
 use crate::delta::DeltaView;
 use crate::error::{EngineError, Result};
 use crate::keyed::{self, Resolved};
-use crate::request::{Bags, Batch, Checked, Indices, TableLookup, check_batch};
+use crate::request::{Bags, Batch, Checked, Indices, OutDtype, TableLookup, check_batch};
 use crate::ssd::SsdJob;
 use crate::stats::Stages;
 use nearrec_format::Memory;
@@ -176,7 +176,18 @@ impl Engine {
         deltas: DeltaView<'_>,
     ) -> Result<Stages> {
         let _inside = fork_gate();
-        self.run(req, prepared, out, None, deltas)
+        let stages = self.run(req, prepared, out, None, deltas)?;
+        if req.out != OutDtype::F32 {
+            nearrec_kernels::out::round(out, &self.widths(prepared), req.out);
+        }
+        Ok(stages)
+    }
+
+    /// Each request table's columns in the output, in request order.
+    pub fn widths(&self, prepared: &Prepared) -> Vec<usize> {
+        (prepared.tables.iter())
+            .map(|(id, ..)| self.tables()[*id].dim as usize)
+            .collect()
     }
 
     /// [`Self::execute`], handing each table's pooled `[batch, dim]` block to `ready` (with the

@@ -120,6 +120,7 @@ pub(crate) struct NativeStream {
     pub(super) store: Arc<dyn StoreApi>,
     pub(super) batches: Py<pyo3::types::PyIterator>,
     pub(super) depth: usize,
+    pub(super) out: nearrec::OutDtype,
     pub(super) window: Mutex<VecDeque<Submitted>>,
 }
 
@@ -134,7 +135,7 @@ impl NativeStream {
         while window.len() < self.depth {
             match self.batches.bind(py).clone().next() {
                 Some(item) => {
-                    let held = HeldBatch::extract(&item?)?;
+                    let held = HeldBatch::extract(&item?)?.with_out(self.out);
                     let pending = self.store.submit(Box::new(held)).map_err(|e| err(py, e))?;
                     window.push_back(pending);
                 }

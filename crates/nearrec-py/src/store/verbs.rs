@@ -152,17 +152,18 @@ impl NativeStore {
         Ok(self.local(py, "config")?.config().to_toml())
     }
 
-    /// Pools a batch (a list of `TableLookup`): the `[batch, Σ dim]` float32 output. With
-    /// `sub_batch`, the bags flow through in sub-batches of that many, two at a time (an
-    /// embedded store's).
-    #[pyo3(signature = (lookups, sub_batch = None))]
+    /// Pools a batch (a list of `TableLookup`): the `[batch, Σ dim]` float32 output, each value
+    /// as `out_dtype` (a name; None: fp32) gives it back. With `sub_batch`, the bags flow
+    /// through in sub-batches of that many, two at a time (an embedded store's).
+    #[pyo3(signature = (lookups, sub_batch = None, out_dtype = None))]
     fn lookup<'py>(
         &self,
         py: Python<'py>,
         lookups: &Bound<'py, PyAny>,
         sub_batch: Option<usize>,
+        out_dtype: Option<&str>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let held = HeldBatch::extract(lookups)?;
+        let held = HeldBatch::extract(lookups)?.with_out(crate::convert::out_dtype(py, out_dtype)?);
         let batch = held.as_batch();
         if let Some(sub) = sub_batch {
             let store = self.local(py, "lookup_many(sub_batch=)")?;
@@ -195,18 +196,31 @@ impl NativeStore {
         Ok((rows, version))
     }
 
-    /// Starts a lookup in the background; returns its handle at once.
-    fn submit(&self, py: Python<'_>, lookups: &Bound<'_, PyAny>) -> PyResult<NativePending> {
-        let held = HeldBatch::extract(lookups)?;
+    /// Starts a lookup in the background, answered in `out_dtype`; returns its handle at once.
+    #[pyo3(signature = (lookups, out_dtype = None))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        lookups: &Bound<'_, PyAny>,
+        out_dtype: Option<&str>,
+    ) -> PyResult<NativePending> {
+        let held = HeldBatch::extract(lookups)?.with_out(crate::convert::out_dtype(py, out_dtype)?);
         let pending = self.api.submit(Box::new(held)).map_err(|e| err(py, e))?;
         Ok(NativePending::new(pending))
     }
 
     /// The results of `batches` (an iterable of lists of `TableLookup`) in order, `depth` of them
-    /// in flight.
-    fn stream(&self, batches: &Bound<'_, PyAny>, depth: usize) -> PyResult<NativeStream> {
+    /// in flight, answered in `out_dtype`.
+    #[pyo3(signature = (batches, depth, out_dtype = None))]
+    fn stream(
+        &self,
+        batches: &Bound<'_, PyAny>,
+        depth: usize,
+        out_dtype: Option<&str>,
+    ) -> PyResult<NativeStream> {
         Ok(NativeStream {
             store: self.api.clone(),
+            out: crate::convert::out_dtype(batches.py(), out_dtype)?,
             batches: batches.try_iter()?.unbind(),
             depth: depth.max(1),
             window: Mutex::new(VecDeque::new()),

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use nearrec::{AsBatch, OwnedBatch, Stages, StoreApi};
+use nearrec::{AsBatch, OutDtype, OwnedBatch, Stages, StoreApi};
 use nearrec_wire::convert;
 use nearrec_wire::status::{bounded, stream_error};
 use nearrec_wire::v1 as pb;
@@ -45,7 +45,10 @@ impl NodeService {
         req: pb::LookupRequest,
     ) -> Result<(pb::LookupResponse, Held), Status> {
         let (name, store) = (call.name, call.store.clone());
+        // pooled in fp32 here, answered in the asked dtype (a store's own rounding not applied
+        // twice: an int8 vector quantised again would not be the same)
         let batch = convert::batch(&req.tables).map_err(bad)?;
+        let out = convert::unout_dtype(req.out_dtype, "out_dtype").map_err(bad)?;
         let limit = self.0.config.max_message_bytes;
         let (id, raw) = (req.id, req.raw);
         let at = (req.at_version > 0).then_some(req.at_version);
@@ -54,7 +57,7 @@ impl NodeService {
             let lookups: usize = view.tables.iter().map(|t| t.indices.len()).sum();
             (lookups, view.tables.iter().map(|t| t.declared_bags()).max())
         };
-        let bytes = answer_bytes(&*store, &batch.as_batch(), raw, limit).map_err(bad)?;
+        let bytes = answer_bytes(&*store, &batch.as_batch(), (raw, out), limit).map_err(bad)?;
         let expect: Vec<u128> = (req.expect.iter().map(|t| convert::untx(t)))
             .collect::<nearrec::Result<_>>()
             .map_err(bad)?;
@@ -76,7 +79,7 @@ impl NodeService {
                 let kept = store.writes().is_some().then(|| batch.clone());
                 let lookup = coalescer.lookup(rpc, (batch, at), bags, call.deadline);
                 let (pooled, version) = lookup.await?;
-                let mut answer = convert::pooled(id, version, pooled);
+                let mut answer = convert::pooled(id, version, pooled, out);
                 if let Some(batch) = kept {
                     answer.writers = convert::writers(writers(&store, &batch.as_batch()));
                 }
@@ -90,7 +93,7 @@ impl NodeService {
         };
         let ((answer, stages), slot) = self
             .run(call.verb.rpc, call.deadline, how, move || {
-                let (mut answer, stages) = lookup(&*store, id, (raw, at), &batch, limit)?;
+                let (mut answer, stages) = lookup(&*store, id, (raw, at, out), &batch, limit)?;
                 answer.writers = convert::writers(writers(&store, &batch.as_batch()));
                 Ok((answer, stages))
             })
@@ -203,11 +206,12 @@ impl NodeService {
 }
 
 /// A lookup on the facade: pooled at one version, with where its time went, or the distinct
-/// rows when `raw`; as version `at` of the store's repository answers it, when one is given.
+/// rows when `raw`; as version `at` of the store's repository answers it, when one is given;
+/// pooled answers in `out`.
 fn lookup(
     store: &dyn StoreApi,
     id: u64,
-    (raw, at): (bool, Option<u64>),
+    (raw, at, out): (bool, Option<u64>, OutDtype),
     batch: &OwnedBatch,
     limit: usize,
 ) -> nearrec::Result<(pb::LookupResponse, Option<Stages>)> {
@@ -226,22 +230,25 @@ fn lookup(
         return Ok((convert::raw(id, version, rows), None));
     }
     let (pooled, read) = pooled(store, &batch, at)?;
-    Ok((convert::pooled(id, read.version, pooled), Some(read.stages)))
+    Ok((
+        convert::pooled(id, read.version, pooled, out),
+        Some(read.stages),
+    ))
 }
 
 /// The bytes of the answer `batch` declares — pooled, or at most its distinct rows with their
-/// ids when `raw` — refused before anything is prepared when a pooled one would be over the
-/// message limit (a raw one is checked once its distinct rows are known).
+/// ids when `raw` — refused before anything is prepared when a pooled one (in `out`) would be
+/// over the message limit (a raw one is checked once its distinct rows are known).
 fn answer_bytes(
     store: &dyn StoreApi,
     batch: &nearrec::Batch<'_>,
-    raw: bool,
+    (raw, out): (bool, OutDtype),
     limit: usize,
 ) -> nearrec::Result<usize> {
-    let (mut width, mut rows) = (0usize, 0usize);
+    let (mut widths, mut rows) = (Vec::with_capacity(batch.tables.len()), 0usize);
     for t in &batch.tables {
         let dim = store.table(t.table)?.dim as usize;
-        width += dim;
+        widths.push(dim);
         rows = rows.saturating_add(t.indices.len().saturating_mul(dim * 4 + 8));
     }
     if raw {
@@ -250,7 +257,7 @@ fn answer_bytes(
     let Some(t) = batch.tables.iter().rev().max_by_key(|t| t.declared_bags()) else {
         return Ok(0);
     };
-    let bytes = t.declared_bags().saturating_mul(width).saturating_mul(4);
+    let bytes = out.bytes(t.declared_bags(), &widths);
     too_large(t.table, bytes, limit)?;
     Ok(bytes)
 }

@@ -149,6 +149,7 @@ pub fn request(store: &str, batch: &OwnedBatch, raw: bool, id: u64) -> pb::Looku
         id,
         at_version: 0,
         expect: Vec::new(),
+        out_dtype: convert::out_dtype(batch.out).into(),
     }
 }
 

@@ -41,6 +41,11 @@ macro_rules! store_api_suite {
         }
 
         #[test]
+        fn answers_come_in_the_dtype_asked() {
+            crate::suite::answers_come_in_the_dtype_asked($open);
+        }
+
+        #[test]
         fn writes_are_read_back_at_their_version() {
             crate::suite::writes_are_read_back_at_their_version($open);
         }
@@ -372,6 +377,97 @@ pub fn lookups_pool_as_the_reference_for_every_mode(open: Open) {
     store.read_rows("t2", &[5, 0], &mut out).unwrap();
     let want: Vec<f32> = [5, 0].iter().flat_map(|&r| row(2, r)).collect();
     close(&out, &want, "read_rows");
+}
+
+/// A lookup asked in fp16, bf16 or int8 answers its fp32 answer rounded once, whatever serves
+/// it — pooled in fp32 where the rows are, rounded where the answer leaves — by `lookup`,
+/// `lookup_into`, `submit` and `stream`.
+pub fn answers_come_in_the_dtype_asked(open: Open) {
+    use nearrec::{AsBatch, OutDtype};
+    let (_dir, path) = fixture();
+    let s = open(&path, false);
+    let store = &*s.store;
+    let mut rng = Xorshift::new(5);
+    let batch = 7;
+    let parts: Vec<Bagged> = (0..TABLES.len()).map(|_| bags(&mut rng, batch)).collect();
+    let owned = OwnedBatch::new(
+        (TABLES.iter().zip(&parts))
+            .map(|((name, _), b)| {
+                OwnedLookup::with_lengths(*name, b.ids.clone(), b.lengths.clone())
+            })
+            .collect(),
+    );
+    let (fp32, _) = store.lookup(&owned.as_batch()).unwrap();
+    let widths = vec![DIM as usize; TABLES.len()];
+    for out in [OutDtype::F16, OutDtype::Bf16, OutDtype::Int8] {
+        let asked = OwnedBatch {
+            out,
+            ..owned.clone()
+        };
+        let (got, _) = store.lookup(&asked.as_batch()).unwrap();
+        assert_eq!(
+            (got.batch, &got.tables),
+            (fp32.batch, &fp32.tables),
+            "{out:?}"
+        );
+        let mut want = fp32.values.clone();
+        nearrec::out::round(&mut want, &widths, out);
+        // one rounding of the fp32 answer: the same but where the fp32 answers differ in their
+        // last bits (the SSD tier sums rows in the order they land), then by one step of the
+        // dtype at most
+        let same = got.values.iter().zip(&want).filter(|(g, w)| g == w).count();
+        if out != OutDtype::Int8 {
+            let n = want.len();
+            assert!(same * 10 >= n * 9, "{out:?}: {same} of {n} as rounded");
+        }
+        // int8: each bag's vector of each table lies on its own grid of 256 steps
+        for segment in got.values.chunks(DIM as usize) {
+            let lo = segment.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = segment.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let step = (hi - lo) / 255.0;
+            if out == OutDtype::Int8 && step > 0.0 {
+                let off = |v: f32| ((v - lo) / step - ((v - lo) / step).round()).abs();
+                assert!(
+                    segment.iter().all(|&v| off(v) < 1e-2),
+                    "{out:?}: {segment:?}"
+                );
+            }
+        }
+        for (i, ((g, w), v)) in got.values.iter().zip(&want).zip(&fp32.values).enumerate() {
+            let bag = i / (DIM as usize * TABLES.len());
+            let segment = &fp32.values[i - i % DIM as usize..][..DIM as usize];
+            let step = match out {
+                OutDtype::F16 => v.abs() / 1024.0,
+                OutDtype::Bf16 => v.abs() / 128.0,
+                _ => {
+                    let lo = segment.iter().copied().fold(f32::INFINITY, f32::min);
+                    let hi = segment.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    (hi - lo) / 255.0
+                }
+            };
+            assert!(
+                g == w || (g - w).abs() <= step * 1.01 + 1e-6,
+                "{out:?}: bag {bag} value {i}: got {g}, want {w} (fp32 {v})"
+            );
+            if out != OutDtype::Int8 {
+                let mut again = [*g];
+                nearrec::out::round(&mut again, &[1], out);
+                assert_eq!(again[0], *g, "{out:?}: value {i} is not a {}", out.name());
+            }
+        }
+        let mut into = vec![f32::NAN; got.values.len()];
+        store.lookup_into(&asked.as_batch(), &mut into).unwrap();
+        assert_eq!(into, got.values, "{out:?}: lookup_into");
+        let submitted = store
+            .submit(Box::new(asked.clone()))
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(submitted.values, got.values, "{out:?}: submit");
+        let mut streamed = store.stream(vec![Box::new(asked) as Box<dyn AsBatch>], 1);
+        let streamed = streamed.next().unwrap().unwrap();
+        assert_eq!(streamed.values, got.values, "{out:?}: stream");
+    }
 }
 
 /// One bag of one id per row of `ids` in table `t0`.
