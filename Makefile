@@ -26,7 +26,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 $(VENV)/.deps: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" ruff mypy import-linter==2.16 matplotlib $(TORCH)
+	$(PIP) install -q "maturin>=1.7,<2" "numpy>=1.24" "ml_dtypes>=0.5" "pytest>=8" "hypothesis>=6.100" ruff mypy import-linter==2.16 matplotlib $(TORCH)
 	$(PIP) install -q pdoc $(FBGEMM) tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions rocksdict==0.3.29 grpcio==$(GRPC) grpcio-health-checking==$(GRPC) grpcio-reflection==$(GRPC) grpcio-tools==$(GRPC) prometheus-client "$(RAY)" "tritonclient[grpc,http]==2.73.0" kserve==0.21.0 pyarrow==22.0.0
 	$(PIP) install -q --no-deps $(TORCHREC)
 	# Triton Inference Server for tests/test_triton.py: the server and its Python backend from the

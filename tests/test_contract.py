@@ -282,6 +282,47 @@ def test_submitted_and_streamed_lookups_answer_as_lookups_do(open_store: Open, t
     assert store.tier == "dram" or {r["table"] for r in store.tier_report()} == set(DTYPES)
 
 
+def test_answers_come_in_the_dtype_asked(open_store: Open, tmp_path: Path):
+    """Every store answers fp16 / bf16 / int8 as its fp32 answer rounded once (pooled in fp32
+    where the rows are): by lookup_many, submit and lookup_stream, in the asked numpy dtype."""
+    import ml_dtypes
+
+    store = open_store(write_store(tmp_path / "s"), False)
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 6, 9)
+    reqs = [TableLookup(t, rng.integers(0, ROWS, lengths.sum()), lengths=lengths) for t in DTYPES]
+    fp32 = store.lookup_many(reqs).values
+    kinds = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "int8": np.float32}
+    for out, kind in kinds.items():
+        got = store.lookup_many(reqs, out_dtype=out).values
+        assert got.dtype == kind and got.shape == fp32.shape, (out, got.dtype)
+        wide = got.astype(np.float32)
+        if out == "int8":
+            want = fp32.copy()
+            nearrec._native.round_out(want, [DIM] * len(DTYPES), "int8")
+            if open_store.kind == "dram":  # its fp32 answer is the same every time
+                assert np.array_equal(wide, want)
+            # on each bag's vector of each table's grid of 256 steps, within a step of the fp32
+            for seg, ref in zip(wide.reshape(-1, DIM), fp32.reshape(-1, DIM), strict=True):
+                step = (seg.max() - seg.min()) / 255
+                if step > 0:
+                    k = (seg - seg.min()) / step
+                    assert np.abs(k - np.round(k)).max() < 1e-2, seg
+                assert np.abs(seg - ref).max() <= step * 0.51 + 1e-6
+        else:
+            want = fp32.astype(kind).astype(np.float32)
+            # one rounding: as numpy rounds this fp32 answer, bar the SSD tier's last bits
+            assert np.mean(wide == want) >= 0.9, out
+            np.testing.assert_allclose(wide, fp32, rtol=2.0 ** -7 if out == "bf16" else 2.0 ** -10,
+                                       atol=1e-6)
+        assert np.array_equal(store.submit(reqs, out_dtype=out).result().values.astype(np.float32),
+                              wide), out
+        streamed = next(iter(store.lookup_stream([reqs], out_dtype=out))).values
+        assert streamed.dtype == kind and np.array_equal(streamed.astype(np.float32), wide), out
+    with pytest.raises(InvalidRequest, match='out_dtype "int4" is not one of'):
+        store.lookup_many(reqs, out_dtype="int4")
+
+
 def test_closing_lets_go_at_once(open_store: Open, tmp_path: Path):
     path = write_store(tmp_path / "s")
     with open_store(path, True) as store:

@@ -47,13 +47,13 @@ class PooledBatch:
     (two features sharing it) has no single view: ``batch[name]`` then raises
     :class:`~nearrec.errors.InvalidRequest` naming the requests, and ``block(i)`` picks one.
     It is array-like too: ``np.asarray(batch)`` (``torch.as_tensor`` through numpy) is
-    ``values``, and ``shape`` and ``dtype`` are its."""
+    ``values``, and ``shape`` and ``dtype`` are its: float32, or the ``out_dtype`` asked."""
 
-    values: npt.NDArray[np.float32]
+    values: npt.NDArray[Any]
     keys: tuple[str, ...]
     dims: tuple[int, ...]
 
-    def block(self, i: int) -> npt.NDArray[np.float32]:
+    def block(self, i: int) -> npt.NDArray[Any]:
         """The ``[batch, dim]`` columns of request ``i`` (its position in the batch)."""
         if not -len(self.keys) <= i < len(self.keys):
             raise InvalidRequest(f"request {i} is not in a batch of {len(self.keys)}",
@@ -62,7 +62,7 @@ class PooledBatch:
         at = sum(self.dims[:i])
         return self.values[:, at:at + self.dims[i]]
 
-    def __getitem__(self, table: str) -> npt.NDArray[np.float32]:
+    def __getitem__(self, table: str) -> npt.NDArray[Any]:
         where = [i for i, k in enumerate(self.keys) if k == table]
         if not where:
             raise UnknownTable(f"table {table!r} is not in this batch; it has: "
@@ -76,7 +76,7 @@ class PooledBatch:
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys)
 
-    def to_dict(self) -> dict[str, npt.NDArray[np.float32]]:
+    def to_dict(self) -> dict[str, npt.NDArray[Any]]:
         return {k: self[k] for k in self.keys}
 
     @property

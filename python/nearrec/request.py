@@ -32,6 +32,12 @@ from ._native import weights_vector as weights_vector
 from .errors import InvalidRequest, StoreIOError, StoreNotFound
 
 PoolingModeName = Literal["sum", "mean", "max"]
+#: A pooled answer's dtype (``out_dtype``): pooled in float32 where the rows are, then each value
+#: rounded once — to nearest even for fp16 / bf16; for int8, each bag's vector of each table
+#: quantised row-wise as FBGEMM's ``FloatToFused8BitRowwiseQuantized`` does and dequantised as its
+#: ``Fused8BitRowwiseQuantizedToFloat`` does (the answer is then float32).
+OutDtypeName = Literal["fp32", "fp16", "bf16", "int8"]
+_OUT_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 class TableLookup(NativeTableLookup):
@@ -76,6 +82,35 @@ def mode_name(mode: Any, table: str | None, what: str = "mode") -> PoolingModeNa
     """``mode`` checked, natively: ``"sum"``, ``"mean"`` or ``"max"`` (``what``: the
     argument's name in the error)."""
     return cast(PoolingModeName, pooling_mode(mode, table, what))
+
+
+def out_dtype(value: Any) -> str | None:
+    """``out_dtype`` as the binding names it: a name (``"fp32"``, ``"fp16"``, ``"bf16"``,
+    ``"int8"``, or ``float32``, ``float16``, ``bfloat16``), a numpy dtype (``ml_dtypes``'
+    bfloat16 among them) or a torch dtype; ``None`` is fp32. The binding refuses other names."""
+    if value is None or isinstance(value, str):
+        return None if value is None else _OUT_NAMES.get(value, value)
+    name = str(value)
+    if name.startswith("torch."):
+        return _OUT_NAMES.get(name[6:], name[6:])
+    try:
+        name = str(np.dtype(value).name)
+    except TypeError:
+        raise InvalidRequest(f"out_dtype is a dtype or its name ('fp32', 'fp16', 'bf16', "
+                             f"'int8'), not {type(value).__name__} {value!r:.60}") from None
+    return _OUT_NAMES.get(name, name)
+
+
+def narrowed(values: npt.NDArray[np.float32], out: str | None) -> npt.NDArray[Any]:
+    """A float32 answer whose values ``out`` rounded already, in ``out``'s numpy dtype (exact):
+    float16 for fp16, ``ml_dtypes.bfloat16`` for bf16; float32 otherwise."""
+    if out == "fp16":
+        return values.astype(np.float16)
+    if out == "bf16":
+        import ml_dtypes
+
+        return values.astype(ml_dtypes.bfloat16)
+    return values
 
 
 def count(x: Any, what: str, minimum: int = 1, maximum: int | None = None) -> int:

@@ -41,8 +41,11 @@ from .manifest import gc as gc
 from .manifest import info as info
 from .manifest import read_attachment as read_attachment
 from .manifest import verify as verify
+from .request import (  # re-exported: the public names
+    OutDtypeName as OutDtypeName,
+)
 from .request import (
-    PoolingModeName as PoolingModeName,  # re-exported: the public names
+    PoolingModeName as PoolingModeName,
 )
 from .request import TableLookup as TableLookup
 from .request import (
@@ -52,9 +55,13 @@ from .request import (
     jagged_lookups,
     key_vector,
     lookups,
+    narrowed,
     path_arg,
     progress_enabled,
     text,
+)
+from .request import (
+    out_dtype as out_name,
 )
 from .units import parse_size
 
@@ -442,15 +449,17 @@ class Store:
         include_last_offset: bool = False,
         padding_idx: int | None = None,
         lengths: Any = None,
-    ) -> npt.NDArray[np.float32]:
+        out_dtype: OutDtypeName | Any = None,
+    ) -> npt.NDArray[Any]:
         """Pools the bags of one table exactly as ``torch.nn.EmbeddingBag`` does; returns
-        ``[batch, dim]`` float32."""
+        ``[batch, dim]`` float32, or in ``out_dtype`` (see :meth:`lookup_many`)."""
         req = TableLookup(table, indices, offsets, lengths, per_sample_weights, mode,
                           include_last_offset, padding_idx)
-        return self.lookup_many([req]).values
+        return self.lookup_many([req], out_dtype=out_dtype).values
 
     def lookup_many(self, requests: Sequence[TableLookup] | Mapping[str, Any],
-                    sub_batch: int | None = None) -> PooledBatch:
+                    sub_batch: int | None = None,
+                    out_dtype: OutDtypeName | Any = None) -> PooledBatch:
         """Pools several tables' bags in one call (one bag per sample per table), in parallel;
         returns the ``[batch, Σ dim]`` output with per-table views.
 
@@ -458,10 +467,19 @@ class Store:
         ``indices``, ``(indices, offsets)`` pairs or :class:`TableLookup`. With ``sub_batch``,
         the bags are cut into sub-batches of that many that flow through two at a time (one
         reading while the other pools; useful for large batches on the SSD tier).
+
+        ``out_dtype`` (``"fp32"`` by default, ``"fp16"``, ``"bf16"``, ``"int8"``, or a numpy or
+        torch dtype) is the answer's: the bags are pooled in float32 where the rows are and each
+        value rounded once before it leaves — so a storage node sends half or about a quarter
+        of the bytes. fp16 answers are ``float16`` arrays, bf16 ones ``ml_dtypes.bfloat16``;
+        int8 answers are each bag's vector of each table quantised row-wise as FBGEMM's
+        ``FloatToFused8BitRowwiseQuantized`` does, sent with its scale and bias, and come back
+        dequantised as ``Fused8BitRowwiseQuantizedToFloat`` does, float32.
         """
         reqs = lookups(requests)
         sub = None if sub_batch is None else count(sub_batch, "sub_batch")
-        return self._pooled(self._native.lookup(reqs, sub), reqs)
+        out = out_name(out_dtype)
+        return self._pooled(self._native.lookup(reqs, sub, out), reqs, out)
 
     def lookup_rows(self, requests: Sequence[TableLookup] | Mapping[str, Any]
                     ) -> list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float32]]]:
@@ -504,20 +522,24 @@ class Store:
         out, times = self._native.infer(native_model, dense_features(dense), list(reqs), in_order)
         return out, dict(times)
 
-    def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any]) -> Pending:
+    def submit(self, requests: Sequence[TableLookup] | Mapping[str, Any],
+               out_dtype: OutDtypeName | Any = None) -> Pending:
         """Starts :meth:`lookup_many` in the background and returns at once; ``.result()`` on
         the handle collects the :class:`PooledBatch` (or raises the lookup's error). Batches
         submitted together run concurrently: the reads of one overlap the pooling of another
         and whatever the caller does meanwhile. Malformed requests raise here, as
         :meth:`lookup_many` would."""
         reqs = lookups(requests)
-        return Pending(self, self._native.submit(reqs), reqs)
+        out = out_name(out_dtype)
+        return Pending(self, self._native.submit(reqs, out), reqs, out)
 
     def lookup_stream(self, batches: Iterable[Sequence[TableLookup] | Mapping[str, Any]],
-                      depth: int = 2) -> Iterator[PooledBatch]:
-        """The results of ``batches`` in order, keeping ``depth`` of them in flight: batch
-        i + 1 is read while the caller works on batch i."""
+                      depth: int = 2,
+                      out_dtype: OutDtypeName | Any = None) -> Iterator[PooledBatch]:
+        """The results of ``batches`` in order (each in ``out_dtype``), keeping ``depth`` of
+        them in flight: batch i + 1 is read while the caller works on batch i."""
         depth = count(depth, "depth")
+        out = out_name(out_dtype)
         if not isinstance(batches, Iterable):
             raise InvalidRequest(f"batches must be an iterable of batches, not "
                                  f"{type(batches).__name__}")
@@ -528,15 +550,15 @@ class Store:
                 sent.append(lookups(b))
                 yield sent[-1]
 
-        native = self._native.stream(feed(), depth)
-        return (self._pooled(values, sent.popleft()) for values in native)
+        native = self._native.stream(feed(), depth, out)
+        return (self._pooled(values, sent.popleft(), out) for values in native)
 
-    def _pooled(self, values: npt.NDArray[np.float32], reqs: Sequence[TableLookup]
-                ) -> PooledBatch:
+    def _pooled(self, values: npt.NDArray[np.float32], reqs: Sequence[TableLookup],
+                out: str | None = None) -> PooledBatch:
         keys = tuple(r.table for r in reqs)
         tables = self._tables
         dims = tuple(tables[k].dim if k in tables else self.table(k).dim for k in keys)
-        return PooledBatch(values, keys, dims)
+        return PooledBatch(narrowed(values, out), keys, dims)
 
     def tier_report(self) -> list[dict[str, Any]]:
         """Per table, the DRAM tiers in front of the SSD tier: what they hold (``resident``,
@@ -639,11 +661,11 @@ class Pending:
     """A submitted batch. :meth:`result` waits for it and returns its :class:`PooledBatch`, or
     raises the error the lookup raised (typed, as a direct call would)."""
 
-    def __init__(self, store: Store, native: Any, reqs: list[TableLookup]):
-        self._store, self._native, self._reqs = store, native, reqs
+    def __init__(self, store: Store, native: Any, reqs: list[TableLookup], out: str | None):
+        self._store, self._native, self._reqs, self._out = store, native, reqs, out
 
     def done(self) -> bool:
         return bool(self._native.done())
 
     def result(self, timeout: float | None = None) -> PooledBatch:
-        return self._store._pooled(self._native.result(timeout), self._reqs)
+        return self._store._pooled(self._native.result(timeout), self._reqs, self._out)

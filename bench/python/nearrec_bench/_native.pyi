@@ -59,6 +59,7 @@ def load_run(
     cache: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] | None = None,
     embedded: EmbeddedStore | None = None,
     dims: dict[str, int] | None = None,
+    out_dtype: str = "fp32",
 ) -> dict[str, Any]: ...
 @final
 class EmbeddedStore:

@@ -28,7 +28,7 @@ MODULES = {"sls": "sls", "sls-dtypes": "sls", "ssd": "ssd", "ssd-dtypes": "ssd_d
            "keyed": "keyed",
            "e2e": "e2e", "ebc": "ebc", "build": "build", "gpu": "gpu", "flash-repro": "flash",
            "flash-check": "flash", "update": "update", "serve": "serve",
-           "serve-pinned": "serve", "torchrec": "torchrec",
+           "serve-pinned": "serve", "serve-dtypes": "wire_dtypes", "torchrec": "torchrec",
            "torchrec-quant": "torchrec",
            "restart": "restart", "cluster": "cluster", "cluster-hedge": "hedge",
            "cluster-ingress": "ingress", "cluster-write": "writes", "cluster-load": "cluster",

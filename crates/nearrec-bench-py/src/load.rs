@@ -89,10 +89,11 @@ type Cached<'py> = HashMap<String, (PyReadonlyArray1<'py, i64>, PyReadonlyArray2
 /// `store`, `connections` connections; `cache`: table → (ids, rows) the client holds),
 /// "redis" against the Redis server at `target` (`dims`: table → width), or "embedded" on the
 /// `embedded` store (opened once, so that its DRAM tiers stay warm from run to run, as the
-/// node's do). Returns latencies (µs, from
-/// each intended send time), counts, wire bytes and the first request's output.
+/// node's do). Pooled answers come in `out_dtype` (`fp32`, `fp16`, `bf16`, `int8`). Returns
+/// latencies (µs, from each intended send time), counts, wire bytes and the first request's
+/// output.
 #[pyfunction]
-#[pyo3(signature = (mode, batches, rate, seconds, target = None, store = None, connections = 1, seed = 0, cache = None, embedded = None, dims = None))]
+#[pyo3(signature = (mode, batches, rate, seconds, target = None, store = None, connections = 1, seed = 0, cache = None, embedded = None, dims = None, out_dtype = "fp32"))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn load_run<'py>(
     py: Python<'py>,
@@ -107,7 +108,10 @@ pub(crate) fn load_run<'py>(
     cache: Option<Cached<'py>>,
     embedded: Option<&EmbeddedStore>,
     dims: Option<HashMap<String, usize>>,
+    out_dtype: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let out = nearrec::OutDtype::parse(out_dtype)
+        .ok_or_else(|| PyValueError::new_err(format!("out_dtype {out_dtype:?}")))?;
     let owned: Vec<OwnedBatch> = batches
         .iter()
         .map(|b| {
@@ -123,6 +127,7 @@ pub(crate) fn load_run<'py>(
                     .collect(),
             )
         })
+        .map(|b| OwnedBatch { out, ..b })
         .collect();
     if owned.is_empty() {
         return Err(PyValueError::new_err("no batches"));

@@ -491,6 +491,40 @@ pub(crate) fn out_dtype(py: Python<'_>, name: Option<&str>) -> PyResult<nearrec:
     })
 }
 
+/// `values` (a C-contiguous `[batch, Σ widths]` float32 array) rounded in place as `out_dtype`
+/// gives them back: what a store does to its answer, for answers pooled elsewhere (the GPU
+/// tier's, keyed tables').
+#[pyfunction]
+pub(crate) fn round_out(
+    values: &Bound<'_, numpy::PyArray2<f32>>,
+    widths: Vec<usize>,
+    out_dtype: &str,
+) -> PyResult<()> {
+    let py = values.py();
+    let out = self::out_dtype(py, Some(out_dtype))?;
+    let mut rw = values.try_readwrite()?;
+    let shape = rw.shape().to_vec();
+    if shape[1] != widths.iter().sum::<usize>() {
+        let msg = format!(
+            "round_out: {} columns, but the widths sum to {}",
+            shape[1],
+            widths.iter().sum::<usize>()
+        );
+        return Err(raise(py, "InvalidRequest", msg, None, None));
+    }
+    let slice = rw.as_slice_mut().map_err(|_| {
+        raise(
+            py,
+            "InvalidRequest",
+            "round_out takes a C-contiguous array".into(),
+            None,
+            None,
+        )
+    })?;
+    nearrec::out::round(slice, &widths, out);
+    Ok(())
+}
+
 /// `padding_idx` as an int (None stays None; a bool is not row 1).
 #[pyfunction]
 pub(crate) fn padding_idx(p: &Bound<'_, PyAny>, table: &str) -> PyResult<Option<i64>> {

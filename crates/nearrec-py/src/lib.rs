@@ -84,6 +84,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lookup::PyTableLookup>()?;
     m.add_function(wrap_pyfunction!(convert::py_as_array, m)?)?;
     m.add_function(wrap_pyfunction!(convert::index_vector, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::round_out, m)?)?;
     m.add_function(wrap_pyfunction!(convert::weights_vector, m)?)?;
     m.add_function(wrap_pyfunction!(convert::pooling_mode, m)?)?;
     m.add_function(wrap_pyfunction!(convert::padding_idx, m)?)?;

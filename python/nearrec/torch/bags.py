@@ -10,9 +10,9 @@ from torch import Tensor, nn
 
 from ..errors import InvalidRequest
 from ..keyed import KeyedTable
-from ..request import as_array, flag, mode_name, padding
+from ..request import OutDtypeName, TableLookup, as_array, flag, mode_name, padding
 from ..store import PoolingModeName, Store, Synced
-from .common import _device_of, _not_traced, _numpy, _table_name
+from .common import _device_of, _not_traced, _numpy, _table_name, answer_dtype, typed_answer
 
 
 class EmbeddingBag(nn.Module):
@@ -22,11 +22,15 @@ class EmbeddingBag(nn.Module):
     ``nn.EmbeddingBag.forward``: 1-D ``input`` with ``offsets`` (``include_last_offset`` as in
     PyTorch), or 2-D ``[batch, bag_size]`` input without; empty bags give zeros; ``padding_idx``
     rows are skipped and not counted for mean; ``per_sample_weights`` only with ``mode="sum"``.
+    ``out_dtype`` (``"fp16"``, ``"bf16"``, ``"int8"`` or a torch dtype) is the output's, as
+    :meth:`nearrec.Store.lookup_many` gives it.
     """
 
     def __init__(self, store: Store, table: str, mode: PoolingModeName = "sum",
-                 include_last_offset: bool = False, padding_idx: int | None = None):
+                 include_last_offset: bool = False, padding_idx: int | None = None,
+                 out_dtype: OutDtypeName | Any = None):
         super().__init__()
+        self.out_dtype = answer_dtype(out_dtype)
         info = store.table(_table_name(table))
         mode = mode_name(mode, table)
         include_last_offset = flag(include_last_offset, "include_last_offset")
@@ -59,12 +63,12 @@ class EmbeddingBag(nn.Module):
     def forward(self, input: Tensor, offsets: Tensor | None = None,
                 per_sample_weights: Tensor | None = None) -> Tensor:
         _not_traced(self)
-        out = self.store.lookup(
-            self.table, _numpy(input), offsets=_numpy(offsets),
-            per_sample_weights=_numpy(per_sample_weights), mode=self.mode,
-            include_last_offset=self.include_last_offset, padding_idx=self.padding_idx,
-        )
-        result = torch.from_numpy(out)
+        req = TableLookup(self.table, _numpy(input), _numpy(offsets), None,
+                          _numpy(per_sample_weights), self.mode, self.include_last_offset,
+                          self.padding_idx)
+        # float32 as the store rounded it, then the asked dtype (exact)
+        out = self.store._native.lookup([req], None, self.out_dtype)
+        result = typed_answer(torch.from_numpy(out), [self.embedding_dim], self.out_dtype, True)
         device = _device_of(input)
         return result if device.type == "cpu" else result.to(device)
 

@@ -15,9 +15,17 @@ from .._native import NativeCollection
 from ..build import update
 from ..errors import InvalidRequest, UnknownTable
 from ..keyed import KeyedTable
-from ..request import flag, jagged
+from ..request import OutDtypeName, flag, jagged
 from ..store import Changes, PoolingModeName, Store, Synced, TableLookup
-from .common import _device_arg, _device_of, _features_arg, _not_traced, _table_name
+from .common import (
+    _device_arg,
+    _device_of,
+    _features_arg,
+    _not_traced,
+    _table_name,
+    answer_dtype,
+    typed_answer,
+)
 from .configs import _check_configs, _configs, _features, _pooling
 from .ops import _positions, _register
 from .tensors import KeyedJaggedTensor, KeyedTensor, _keyed_like
@@ -54,6 +62,12 @@ class EmbeddingBagCollection(nn.Module):
     its stable row indices on the host (its unknown-key policy applied there), and the GPU
     caches those rows. Pooling ``"sum"`` / ``"mean"`` only. On a CPU ``device`` the tier runs
     its reference path (for tests). Without either, nothing changes.
+
+    ``out_dtype`` (``"fp16"``, ``"bf16"``, ``"int8"``, or ``torch.float16`` / ``torch.bfloat16``)
+    is the output's, as :meth:`nearrec.Store.lookup_many` gives it: pooled in float32, rounded
+    once where the store is (a node sends the narrower answer), then a float16 / bfloat16
+    tensor; int8 answers come back dequantised, float32. Keyed tables' and the GPU tier's
+    columns are rounded the same way here.
     """
 
     def __init__(self, store: Store | None, tables: Sequence[Any] | None = None,
@@ -62,8 +76,10 @@ class EmbeddingBagCollection(nn.Module):
                  device: torch.device | str | None = None,
                  hbm_budget: int | str | None = None, cache_policy: str = "lfu_pa",
                  admission_probability: float = 0.5, keyed: Sequence[KeyedTable] = (),
-                 is_weighted: bool | None = None):
+                 is_weighted: bool | None = None, out_dtype: OutDtypeName | Any = None):
         super().__init__()
+        #: the output's dtype, by name (None: float32)
+        self.out_dtype = answer_dtype(out_dtype)
         if isinstance(keyed, KeyedTable) or not isinstance(keyed, Sequence) or \
                 not all(isinstance(k, KeyedTable) for k in keyed):
             raise InvalidRequest(f"keyed must be a sequence of KeyedTable, not {keyed!r:.60}")
@@ -154,7 +170,12 @@ class EmbeddingBagCollection(nn.Module):
             return None
         return NativeCollection(self.store._native, [
             (self.feature_names[f], f, self.pooling[self.feature_names[f]])
-            for f in self.features])
+            for f in self.features], self.out_dtype)
+
+    def _answer(self, values: torch.Tensor, rounded: bool = False) -> torch.Tensor:
+        """A float32 output in the collection's ``out_dtype``; ``rounded``: the store rounded
+        it already (rounding int8 again would not give the same values)."""
+        return typed_answer(values, self.dims, self.out_dtype, rounded)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled with its store (which opens again where it is unpickled); keyed tables and
@@ -256,7 +277,7 @@ class EmbeddingBagCollection(nn.Module):
         out = torch.ops.nearrec.pooled_lookup(
             self._handle, features.values(), features.lengths(), weights,
             positions, len(keys))
-        return KeyedTensor(self.features, self.dims, out)
+        return KeyedTensor(self.features, self.dims, self._answer(out))
 
     def _eager(self, features: Any) -> KeyedTensor:
         _not_traced(self)
@@ -267,7 +288,8 @@ class EmbeddingBagCollection(nn.Module):
         # store tables only: one native call reads the KJT's own buffers (CPU tensors in place,
         # no per-table copies), pools and returns the tensor
         try:
-            return KeyedTensor(self.features, self.dims, self._native.forward(features))
+            out = self._native.forward(features)
+            return KeyedTensor(self.features, self.dims, self._answer(out, rounded=True))
         except AttributeError:
             _features_arg(features)
             raise
@@ -287,10 +309,10 @@ class EmbeddingBagCollection(nn.Module):
         """Keyed tables or the GPU tier beside the store: each part pooled where it lives."""
         batch, values, lengths, bounds, weights, slices = self._parse(features)
         if self.gpu_tier is not None:
-            return KeyedTensor(self.features, self.dims, self.gpu_tier.pool_concat([
+            return KeyedTensor(self.features, self.dims, self._answer(self.gpu_tier.pool_concat([
                 (table, self._gpu_ids(table, values[lo:hi]), bounds[k * batch:(k + 1) * batch] - lo,
                  None if weights is None else weights[lo:hi], self.pooling[table])
-                for table, k, lo, hi in slices]))
+                for table, k, lo, hi in slices])))
         reqs, parts = [], []
         for table, k, lo, hi in slices:
             w = None if weights is None else weights[lo:hi]
@@ -308,7 +330,7 @@ class EmbeddingBagCollection(nn.Module):
         device = _device_of(features.values())
         if device.type != "cpu":
             out = out.to(device)
-        return KeyedTensor(self.features, self.dims, out)
+        return KeyedTensor(self.features, self.dims, self._answer(out))
 
     def _gpu_ids(self, table: str, values: Any) -> Any:
         """What the GPU tier caches by: row numbers; a keyed table's ids resolved to its row

@@ -1,5 +1,5 @@
-"""What the torch modules share: argument checks, the device of the input, and the refusal
-of ``torch.jit.trace``."""
+"""What the torch modules share: argument checks, the device of the input, an answer in the
+asked ``out_dtype``, and the refusal of ``torch.jit.trace``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,35 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._native import round_out
 from ..errors import InvalidRequest
+from ..request import out_dtype as _out_name
+
+_TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def answer_dtype(value: Any) -> str | None:
+    """``out_dtype`` of a module, by name (``None``: float32); an unknown one refused here."""
+    name = _out_name(value)
+    if name not in (None, "fp32", "fp16", "bf16", "int8"):
+        raise InvalidRequest(f'out_dtype "{name}" is not one of \'fp32\', \'fp16\', \'bf16\', '
+                             f'\'int8\'')
+    return None if name == "fp32" else name
+
+
+def typed_answer(values: Tensor, dims: list[int], out: str | None, rounded: bool) -> Tensor:
+    """A float32 ``[batch, Σ dims]`` answer in ``out``: rounded once as a store rounds its
+    answers (unless the store did: ``rounded``), as a float16 / bfloat16 tensor for fp16 / bf16
+    (exact once rounded), float32 for int8."""
+    if out is None:
+        return values
+    if out == "int8":
+        if rounded:
+            return values
+        cpu = values.detach().to("cpu", torch.float32).contiguous().numpy().copy()
+        round_out(cpu, dims, out)
+        return torch.from_numpy(cpu).to(values.device)
+    return values.to(_TORCH_DTYPES[out])
 
 
 def _numpy(t: Any) -> Any:
