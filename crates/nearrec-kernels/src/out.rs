@@ -80,7 +80,14 @@ pub fn encode(values: &[f32], widths: &[usize], dtype: OutDtype, out: &mut Vec<u
             }
         }
         OutDtype::F16 => narrow::<f16>(values, bytes),
-        OutDtype::Bf16 => narrow::<bf16>(values, bytes),
+        OutDtype::Bf16 => match bytemuck::try_cast_slice_mut::<u8, u16>(bytes) {
+            Ok(halves) => narrow_bf16(values, halves),
+            Err(_) => {
+                for (b, v) in bytes.chunks_exact_mut(2).zip(values) {
+                    b.copy_from_slice(&bf16_bits(*v).to_le_bytes());
+                }
+            }
+        },
         OutDtype::Int8 => {
             let mut at = 0;
             for segment in segments(values, widths) {
@@ -133,7 +140,7 @@ pub fn round(values: &mut [f32], widths: &[usize], dtype: OutDtype) {
     match dtype {
         OutDtype::F32 => {}
         OutDtype::F16 => round_half::<f16>(values),
-        OutDtype::Bf16 => round_half::<bf16>(values),
+        OutDtype::Bf16 => round_bf16(values),
         OutDtype::Int8 => {
             let mut codes = Vec::new();
             for segment in segments_mut(values, widths) {
@@ -171,7 +178,34 @@ impl Half for bf16 {
     }
 }
 
+/// `v` as bfloat16's bits, rounded to nearest even (a NaN stays a NaN, quiet): what
+/// `half::bf16::from_f32` gives, in a form the compiler vectorises.
+#[inline(always)]
+fn bf16_bits(v: f32) -> u16 {
+    let bits = v.to_bits();
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+    let nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
+    (if nan { (bits >> 16) | 0x40 } else { rounded }) as u16
+}
+
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn narrow_bf16(values: &[f32], out: &mut [u16]) {
+    for (h, &v) in out.iter_mut().zip(values) {
+        *h = bf16_bits(v).to_le();
+    }
+}
+
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn round_bf16(values: &mut [f32]) {
+    for v in values {
+        *v = f32::from_bits(u32::from(bf16_bits(*v)) << 16);
+    }
+}
+
 fn narrow<H: Half>(values: &[f32], bytes: &mut [u8]) {
+    if let Ok(halves) = bytemuck::try_cast_slice_mut::<u8, H>(bytes) {
+        return H::from_f32s(halves, values);
+    }
     let mut block = [H::default(); BLOCK];
     for (src, dst) in values.chunks(BLOCK).zip(bytes.chunks_mut(BLOCK * 2)) {
         let block = &mut block[..src.len()];
@@ -200,15 +234,43 @@ fn round_half<H: Half>(values: &mut [f32]) {
     }
 }
 
-/// FBGEMM's row-wise quantisation of one vector into `codes`: its scale and bias.
+/// FBGEMM's row-wise quantisation of one vector into `codes`: its scale and bias. (Under
+/// `multiversion`: the round to nearest even is one instruction with SSE4.1, a call without.)
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
 fn quantize(values: &[f32], codes: &mut [u8]) -> (f32, f32) {
-    let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
-    let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // the least and most in 16 lanes (one running minimum would be a chain of dependent steps)
+    let (mut lo, mut hi) = ([f32::INFINITY; 16], [f32::NEG_INFINITY; 16]);
+    let chunks = values.chunks_exact(16);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for ((l, h), &v) in lo.iter_mut().zip(&mut hi).zip(chunk) {
+            // (compared as `std::min_element` compares: one `vminps`, `vmaxps`)
+            *l = if v < *l { v } else { *l };
+            *h = if v > *h { v } else { *h };
+        }
+    }
+    let lo = rest
+        .iter()
+        .chain(&lo)
+        .copied()
+        .fold(f32::INFINITY, f32::min);
+    let hi = rest
+        .iter()
+        .chain(&hi)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
     let range = hi - lo;
     let inverse = 255.0 / (range + 1e-8);
     for (c, v) in codes.iter_mut().zip(values) {
-        // a saturating cast: FBGEMM's codes lie in 0..=255 for finite vectors
-        *c = ((v - lo) * inverse).round_ties_even() as u8;
+        // FBGEMM's codes lie in 0..=255 for finite vectors; clamped, a NaN to 0
+        let code = ((v - lo) * inverse).round_ties_even().clamp(0.0, 255.0);
+        // SAFETY: not a NaN (`clamp` keeps one: it is 0 here), `code` is a whole number in
+        // 0..=255 (a saturating `as u8` would not vectorise)
+        *c = if code.is_nan() {
+            0
+        } else {
+            unsafe { code.to_int_unchecked::<u8>() }
+        };
     }
     (range / 255.0, lo)
 }
@@ -342,6 +404,43 @@ mod tests {
         round(&mut rounded, &widths, OutDtype::Int8);
         assert_eq!((rounded[0], rounded[4]), (0.0, 100.0));
         assert!((rounded[7] - 355.0).abs() < 1e-3, "{}", rounded[7]);
+    }
+
+    #[test]
+    fn bf16_bits_are_halfs_for_every_kind_of_value() {
+        let mut x = 0x1234_5678u32;
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-40,
+            f32::INFINITY,
+        ];
+        let mut values: Vec<f32> = specials.iter().flat_map(|&v| [v, -v]).collect();
+        values.extend([
+            f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xffc0_1234),
+        ]);
+        // ties: a half-way mantissa with an even and an odd bit above it
+        values.extend([f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000)]);
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            values.push(f32::from_bits(x));
+        }
+        for v in values {
+            let want = bf16::from_f32(v);
+            let got = bf16_bits(v);
+            if v.is_nan() {
+                assert!(bf16::from_bits(got).is_nan(), "{v:?} -> {got:#x}");
+            } else {
+                assert_eq!(got, want.to_bits(), "{v:?} ({:#x})", v.to_bits());
+            }
+        }
     }
 
     #[test]
