@@ -264,11 +264,11 @@ fn quantize(values: &[f32], codes: &mut [u8]) -> (f32, f32) {
     for (c, v) in codes.iter_mut().zip(values) {
         // FBGEMM's codes lie in 0..=255 for finite vectors; clamped, a NaN to 0
         let code = ((v - lo) * inverse).round_ties_even().clamp(0.0, 255.0);
-        // SAFETY: not a NaN (`clamp` keeps one: it is 0 here), `code` is a whole number in
-        // 0..=255 (a saturating `as u8` would not vectorise)
         *c = if code.is_nan() {
             0
         } else {
+            // SAFETY: not a NaN (`clamp` keeps one: 0 above), a whole number in 0..=255 (a
+            // saturating `as u8` would not vectorise)
             unsafe { code.to_int_unchecked::<u8>() }
         };
     }
