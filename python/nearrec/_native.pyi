@@ -17,7 +17,7 @@ __all__ = [
     "__version__", "FORMAT_VERSION", "CACHE_SLOT_OVERHEAD", "HOT_ROW_OVERHEAD", "NativeStore",
     "NativePending", "NativeStream", "NativeCollection", "StoreConfig", "TableLookup",
     "parse_size", "model_save", "delta_write", "delta_sequences", "as_array", "index_vector",
-    "weights_vector",
+    "round_out", "weights_vector",
     "pooling_mode", "padding_idx", "jagged", "key_index_bytes",
     "NativeStoreWriter", "NativeKeyedTable", "NativeModel", "cache_simulate", "device_simulate",
     "device_preset", "device_fit", "device_read_rate", "disk_read_rate", "verify_store",
