@@ -74,20 +74,9 @@ pub fn encode(values: &[f32], widths: &[usize], dtype: OutDtype, out: &mut Vec<u
     out.resize(start + dtype.bytes(bags(values, widths), widths), 0);
     let bytes = &mut out[start..];
     match dtype {
-        OutDtype::F32 => {
-            for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
-                b.copy_from_slice(&v.to_le_bytes());
-            }
-        }
+        OutDtype::F32 => bytes.copy_from_slice(bytemuck::cast_slice(values)),
         OutDtype::F16 => narrow::<f16>(values, bytes),
-        OutDtype::Bf16 => match bytemuck::try_cast_slice_mut::<u8, u16>(bytes) {
-            Ok(halves) => narrow_bf16(values, halves),
-            Err(_) => {
-                for (b, v) in bytes.chunks_exact_mut(2).zip(values) {
-                    b.copy_from_slice(&bf16_bits(*v).to_le_bytes());
-                }
-            }
-        },
+        OutDtype::Bf16 => narrow::<bf16>(values, bytes),
         OutDtype::Int8 => {
             let mut at = 0;
             for segment in segments(values, widths) {
@@ -114,11 +103,7 @@ pub fn decode(
         return Err(want);
     }
     match dtype {
-        OutDtype::F32 => {
-            for (v, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *v = f32::from_le_bytes(b.try_into().expect("four bytes"));
-            }
-        }
+        OutDtype::F32 => bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(bytes),
         OutDtype::F16 => widen::<f16>(bytes, out),
         OutDtype::Bf16 => widen::<bf16>(bytes, out),
         OutDtype::Int8 => {
@@ -140,7 +125,7 @@ pub fn round(values: &mut [f32], widths: &[usize], dtype: OutDtype) {
     match dtype {
         OutDtype::F32 => {}
         OutDtype::F16 => round_half::<f16>(values),
-        OutDtype::Bf16 => round_bf16(values),
+        OutDtype::Bf16 => round_half::<bf16>(values),
         OutDtype::Int8 => {
             let mut codes = Vec::new();
             for segment in segments_mut(values, widths) {
@@ -171,7 +156,7 @@ impl Half for f16 {
 
 impl Half for bf16 {
     fn from_f32s(dst: &mut [Self], src: &[f32]) {
-        dst.convert_from_f32_slice(src);
+        narrow_bf16(src, bytemuck::cast_slice_mut(dst));
     }
     fn to_f32s(src: &[Self], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
@@ -191,14 +176,7 @@ fn bf16_bits(v: f32) -> u16 {
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
 fn narrow_bf16(values: &[f32], out: &mut [u16]) {
     for (h, &v) in out.iter_mut().zip(values) {
-        *h = bf16_bits(v).to_le();
-    }
-}
-
-#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn round_bf16(values: &mut [f32]) {
-    for v in values {
-        *v = f32::from_bits(u32::from(bf16_bits(*v)) << 16);
+        *h = bf16_bits(v);
     }
 }
 

@@ -3,13 +3,14 @@ asked ``out_dtype``, and the refusal of ``torch.jit.trace``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import Tensor, nn
 
 from .._native import round_out
 from ..errors import InvalidRequest
+from ..request import OutDtypeName
 from ..request import out_dtype as _out_name
 
 _TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -18,7 +19,7 @@ _TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 def answer_dtype(value: Any) -> str | None:
     """``out_dtype`` of a module, by name (``None``: float32); an unknown one refused here."""
     name = _out_name(value)
-    if name not in (None, "fp32", "fp16", "bf16", "int8"):
+    if name is not None and name not in get_args(OutDtypeName):
         raise InvalidRequest(f'out_dtype "{name}" is not one of \'fp32\', \'fp16\', \'bf16\', '
                              f'\'int8\'')
     return None if name == "fp32" else name
