@@ -72,11 +72,14 @@ def lookups(rng: np.random.Generator, bags: int = 16) -> list[TableLookup]:
     return out
 
 
-def wait_for(check, what: str, timeout: float = 60.0) -> None:
+def wait_for(check, what: str, timeout: float = 60.0, explain=None) -> None:
+    """Waits for ``check``; past ``timeout`` fails saying ``what``, and ``explain()``'s account
+    of the state it found (what a failure on a loaded machine needs to be read)."""
     end = time.monotonic() + timeout
     while not check():
         if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout} s: {what}")
+            why = f"; {explain()}" if explain is not None else ""
+            raise AssertionError(f"not within {timeout} s: {what}{why}")
         time.sleep(0.2)
 
 
@@ -253,7 +256,18 @@ def test_a_replica_killed_under_writes_catches_up_and_serves_again(cluster, stor
             return (moved[0].rsplit("/", 1)[0] in s._native.shard_replicas()[0]
                     and stats["cluster_stale_replicas"] == 0)
 
-        wait_for(lambda: current(store) and current(other), "caught up and admitted")
+        def explain() -> str:
+            # what each router serves and what a catch-up called now says
+            return "; ".join(
+                f"router {i}: replicas {s._native.shard_replicas()}, "
+                f"stale {s.stats()['cluster_stale_replicas']}, "
+                f"catch_up {distributed.catch_up(s)}"
+                for i, s in enumerate((store, other)))
+
+        # the full suite on two cores: the node's restart, etcd and both routers' passes share
+        # them with the writers
+        wait_for(lambda: current(store) and current(other), "caught up and admitted",
+                 timeout=120.0, explain=explain)
         time.sleep(0.5)
         stop.set()
         for t in writers:
