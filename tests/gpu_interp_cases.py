@@ -32,3 +32,17 @@ def test_grouped_tables_interpreted(tmp_path):
     tier = gpu_checks.check_tier_matches_embedding_bag(store, arrays, "cpu", "triton", "lfu_pa",
                                                        "async_copy", "off", batches=3)
     assert tier._shared is not None
+
+
+def test_the_hit_path_harness_checks_every_way():
+    # `nearrec bench gpu-hit` on a small table: every way (the tier's fused kernel per probe,
+    # policy and shape; the harness's own pooling by slot; PyTorch's gathers) is checked against
+    # F.embedding_bag before it is timed, and raises where one differs
+    from nearrec_bench import gpu_hit
+
+    cfg = gpu_hit.GpuHitConfig(rows=1000, dim=16, pooling=4, bags=(16,), rounds=1)
+    records = gpu_hit.run(cfg, log=lambda line: None)
+    cells = [r for r in records if r.batch == 16]
+    assert len(cells) == len(gpu_hit.WAYS) + 2
+    assert all(r.p50_us > 0 and r.extra["row_bytes_per_s"] > 0 for r in cells)
+    assert "| 16 | probe_pool[tags,lfu,BLOCK_L=8,warps=1] |" in gpu_hit.markdown(records, "x")

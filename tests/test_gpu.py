@@ -217,9 +217,17 @@ def test_budget_is_split_by_table_bytes(store):
 
 
 def test_tags_digest_keys():
-    keys = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**40 + 5, -1, -(2**40)], dtype=torch.int64)
+    keys = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**40 + 5, -1, -(2**40), 2**62 + 3],
+                        dtype=torch.int64)
     assert key_tags(keys).tolist() == [key_tag(int(k)) for k in keys]
-    assert key_tags(keys).dtype == torch.int32 and key_tag(12345) == 12345
+    assert key_tags(keys).dtype == torch.uint8
+    assert all(0 <= key_tag(int(k)) < 256 for k in keys)
+    # a digest, not the key's low byte: keys alike in their low bits (multiples of 256, as a
+    # keyed table's ids may be) and consecutive ones both spread over the 256 tags
+    for keys in (torch.arange(0, 2**16, dtype=torch.int64) * 256,
+                 torch.arange(2**40, 2**40 + 2**16, dtype=torch.int64)):
+        counts = torch.bincount(key_tags(keys).long(), minlength=256)
+        assert counts.min() > 128 and counts.max() < 384, counts
 
 
 def test_concurrent_callers_get_their_own_results(store):

@@ -26,7 +26,9 @@ import the product as ``nearrec`` and their limits, baselines and load generator
   nearrec from DRAM and from SSD.
 - ``flash`` (``flash-repro``, ``flash-check``): the papers' device-level experiments on the flash
   model beside the papers' numbers; the model fitted to this disk against the engine on it.
-- ``gpu``: the GPU tier against the CPU and AIBox- and EVStore-like designs (on a lent GPU).
+- ``gpu``: the GPU tier against the CPU and AIBox- and EVStore-like designs (on a lent GPU);
+  ``gpu_hit`` (``gpu-hit``): its hit path's row bandwidth against the card's copy and read, and
+  against the same pooling with the slots given.
 - ``serve``: the storage node against host-side pooling (with and without a client cache),
   Redis and the embedded store, open loop (``nearrec-loadgen``), on loopback and behind a
   tc-limited veth pair.

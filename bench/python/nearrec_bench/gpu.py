@@ -385,7 +385,7 @@ def _bandwidth(cfg: GpuBenchConfig, tier: Any, table: str, copy_bw: float, pool:
                 t = float(np.median(lat))
                 hits = int((flags == 0).sum())
                 row_bytes = hits * cache.dim * 4
-                probe_bytes = bags * pool * cache.state.ways * (4 if tags else 8)
+                probe_bytes = bags * pool * cache.state.ways * (1 if tags else 8)
                 recs.append(Record(
                     "gpu-bandwidth", cfg.model, bags, "uniform-hits",
                     f"probe_pool[{'tags' if tags else 'keys'},BLOCK_L={bl},warps={nw}]", bags / t,

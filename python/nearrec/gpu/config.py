@@ -57,9 +57,10 @@ class GpuCacheConfig:
     the CPU reference and the kernels decide alike). ``near_data_pooling``: ``"on"`` asks the
     store for pooled partial sums of the misses the cache will not admit, ``"off"`` fetches
     every missed row, ``"auto"`` picks per batch whichever moves fewer bytes (it applies to
-    the ``_pa`` policies, the ones that refuse misses). ``probe_tags``: probes compare 32-bit
-    tags first and load full keys only where a tag matches (half the probe bytes, one more
-    dependent load; measured slower on an H100, so off by default).
+    the ``_pa`` policies, the ones that refuse misses). ``probe_tags``: probes compare each
+    slot's 8-bit tag first and load full keys only where a tag matches (an eighth of the probe's
+    bytes, one more dependent load; on an H200 the all-hit path pools rows at 1.4× the rate of
+    comparing every key, ``bench/results/gpu-hit-h200.md``); ``False`` compares the keys.
     """
 
     hbm_budget: int | str | None = None
@@ -71,7 +72,7 @@ class GpuCacheConfig:
     seed: int = 0
     transfer: TransferMode | str = TransferMode.ZERO_COPY
     near_data_pooling: NearDataPooling = "off"
-    probe_tags: bool = False
+    probe_tags: bool = True
 
     @property
     def ways(self) -> int:
@@ -132,21 +133,23 @@ class GpuCacheConfig:
 
 
 def slot_bytes(dim: int) -> int:
-    """HBM bytes of one slot: key (8) + counter (4) + an fp32 row."""
-    return 8 + 4 + 4 * dim
+    """HBM bytes of one slot: key (8) + tag (1) + counter (4) + an fp32 row."""
+    return 8 + 1 + 4 + 4 * dim
 
 
 def key_tag(key: int) -> int:
-    """The 32-bit tag of a key: low word XOR high word, as a signed int32 (equal to the key
-    for row ids below 2**31)."""
-    t = (key ^ (key >> 32)) & 0xFFFFFFFF
-    return t - (1 << 32) if t >= 1 << 31 else t
+    """The 8-bit tag of a key: its eight bytes folded by XOR (a few shifts, cheaper on the GPU
+    than a second multiplicative hash), so that keys alike in their low byte differ in it."""
+    t = key ^ (key >> 32)
+    t ^= t >> 16
+    return (t ^ (t >> 8)) & 0xFF
 
 
 def key_tags(keys: torch.Tensor) -> torch.Tensor:
-    """:func:`key_tag` of an int64 tensor, as int32."""
-    t = (keys ^ (keys >> 32)) & 0xFFFFFFFF
-    return torch.where(t >= 1 << 31, t - (1 << 32), t).to(torch.int32)
+    """:func:`key_tag` of an int64 tensor, as uint8."""
+    t = keys ^ (keys >> 32)
+    t = t ^ (t >> 16)
+    return ((t ^ (t >> 8)) & 0xFF).to(torch.uint8)
 
 
 def set_index(keys: torch.Tensor, num_sets: int) -> torch.Tensor:

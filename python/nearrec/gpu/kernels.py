@@ -5,9 +5,10 @@
 semantics both follow are in :mod:`nearrec.gpu.reference`.
 
 - ``_probe_pool_kernel``: one program per bag. Each step takes ``BLOCK_L`` lookups of the bag,
-  loads the ``[BLOCK_L, ways]`` tile of their sets' keys (a set's keys are contiguous, so each
-  row of the tile is one coalesced load: the warp-wide compare of HS-Rec), reduces the matches to
-  a way per lookup, gathers the hit rows as a ``[BLOCK_L, dim]`` tile and adds its weighted
+  loads the ``[BLOCK_L, ways]`` tile of their sets' 8-bit tags (a set's tags are contiguous, so
+  each row of the tile is one coalesced load: the warp-wide compare of HS-Rec, on an eighth of
+  the keys' bytes), loads the keys only where a tag matches, reduces the matches to a way per
+  lookup, gathers the hit rows as a ``[BLOCK_L, dim]`` tile and adds its weighted
   column sums to the bag's accumulator: hit rows are never written out. Misses are flagged for
   the host; they add nothing here.
 - ``_lookup_kernel``: the same probe for ``BLOCK_L`` independent keys, hit rows copied out.
@@ -29,9 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
+from . import config
 from .state import CacheState, GroupItem
 
-HASH_MULT: tl.constexpr = tl.constexpr(0x2545F4914F6CDD1D)
+HASH_MULT: tl.constexpr = tl.constexpr(config.HASH_MULT)
 
 
 @triton.jit
@@ -42,20 +44,24 @@ def _set_of(keys, num_sets):
 
 @triton.jit
 def _tag_of(keys):
-    t = (keys ^ (keys >> 32)) & 0xFFFFFFFF
-    return tl.where(t >= 0x80000000, t - 0x100000000, t).to(tl.int32)
+    # the key's eight bytes folded by XOR
+    t = keys ^ (keys >> 32)
+    t = t ^ (t >> 16)
+    return ((t ^ (t >> 8)) & 0xFF).to(tl.int32)
 
 
 @triton.jit
 def _probe(keys_ptr, tags_ptr, key, valid, set_base, num_sets, WAYS: tl.constexpr,
            TAGS: tl.constexpr):
     ways = tl.arange(0, WAYS)
-    base = (set_base + _set_of(tl.where(valid, key, 0), num_sets)) * WAYS
+    k = tl.where(valid, key, 0)
+    base = (set_base + _set_of(k, num_sets)) * WAYS
     at = base[:, None] + ways[None, :]
     if TAGS:
-        # compare 32-bit tags (half the bytes), then load the full key only where a tag matches
-        tags = tl.load(tags_ptr + at, mask=valid[:, None], other=0)
-        maybe = (tags == _tag_of(key)[:, None]) & valid[:, None]
+        # compare the set's 8-bit tags (an eighth of the bytes of its keys), then load the
+        # full key only where a tag matches
+        tags = tl.load(tags_ptr + at, mask=valid[:, None], other=0).to(tl.int32)
+        maybe = (tags == _tag_of(k)[:, None]) & valid[:, None]
         cand = tl.load(keys_ptr + at, mask=maybe, other=-1)
         match = maybe & (cand == key[:, None])
     else:
@@ -65,6 +71,17 @@ def _probe(keys_ptr, tags_ptr, key, valid, set_base, num_sets, WAYS: tl.constexp
     hit = way >= 0
     slot = base + tl.where(hit, way, 0)
     return hit, slot
+
+
+@triton.jit
+def _touch(counters_ptr, slot, hit, tick, FREQUENCY: tl.constexpr):
+    # a hit's counter: LFU adds 1 (a relaxed atomic: the count needs no order with anything,
+    # and an acq_rel one cost the hit path 15 % of its bandwidth), LRU stores the tick
+    if FREQUENCY:
+        tl.atomic_add(counters_ptr + slot, tl.full(slot.shape, 1, tl.int32), mask=hit,
+                      sem="relaxed")
+    else:
+        tl.store(counters_ptr + slot, tl.full(slot.shape, 0, tl.int32) + tick, mask=hit)
 
 
 @triton.jit
@@ -93,10 +110,7 @@ def _probe_pool_kernel(indices_ptr, offsets_ptr, weights_ptr, keys_ptr, tags_ptr
         acc += tl.sum(r, axis=0)
         flag = tl.where(hit, 0, tl.where(valid, 1, 2))
         tl.store(flags_ptr + pos, flag.to(tl.int8), mask=m)
-        if FREQUENCY:
-            tl.atomic_add(counters_ptr + slot, tl.full([BLOCK_L], 1, tl.int32), mask=hit)
-        else:
-            tl.store(counters_ptr + slot, tl.full([BLOCK_L], 0, tl.int32) + tick, mask=hit)
+        _touch(counters_ptr, slot, hit, tick, FREQUENCY)
         i += BLOCK_L
     tl.store(out_ptr + bag * dim + cols, acc, mask=dmask)
 
@@ -141,10 +155,7 @@ def _probe_pool_group_kernel(meta_ptr, keys_ptr, tags_ptr, rows_ptr, counters_pt
         acc += tl.sum(r, axis=0)
         flag = tl.where(hit, 0, tl.where(valid, 1, 2))
         tl.store(flags_ptr + flag_base + pos, flag.to(tl.int8), mask=m)
-        if FREQUENCY:
-            tl.atomic_add(counters_ptr + slot, tl.full([BLOCK_L], 1, tl.int32), mask=hit)
-        else:
-            tl.store(counters_ptr + slot, tl.full([BLOCK_L], 0, tl.int32) + tick, mask=hit)
+        _touch(counters_ptr, slot, hit, tick, FREQUENCY)
         i += BLOCK_L
     tl.store(out_ptr + bag * out_stride + t * dim + cols, acc, mask=dmask)
 
@@ -165,10 +176,7 @@ def _lookup_kernel(idx_ptr, keys_ptr, tags_ptr, rows_ptr, counters_ptr, out_ptr,
     tl.store(out_ptr + pos[:, None] * dim + cols[None, :], r, mask=m[:, None] & dmask[None, :])
     flag = tl.where(hit, 0, tl.where(valid, 1, 2))
     tl.store(flags_ptr + pos, flag.to(tl.int8), mask=m)
-    if FREQUENCY:
-        tl.atomic_add(counters_ptr + slot, tl.full([BLOCK_L], 1, tl.int32), mask=hit)
-    else:
-        tl.store(counters_ptr + slot, tl.full([BLOCK_L], 0, tl.int32) + tick, mask=hit)
+    _touch(counters_ptr, slot, hit, tick, FREQUENCY)
 
 
 @triton.jit
@@ -231,7 +239,7 @@ def _replace_kernel(in_keys_ptr, in_sets_ptr, src_ptr, src_row_ptr, n, keys_ptr,
                     tl.store(counters_ptr + slot, 1)
                 else:
                     tl.store(counters_ptr + slot, tick)
-                tl.store(tags_ptr + slot, _tag_of(key))
+                tl.store(tags_ptr + slot, _tag_of(key).to(tl.uint8))
                 tl.store(keys_ptr + slot, key)
             tl.debug_barrier()
             k += 1
@@ -248,19 +256,25 @@ def block(n: int, at_least: int = 16) -> int:
     return max(at_least, triton.next_power_of_2(max(n, 1)))
 
 
+def _shape(programs: int) -> tuple[int, int]:
+    """BLOCK_L and warps of a pooling kernel of ``programs`` bags: one warp of 8 lookups a step
+    once there are 2,048 (more programs resident: on an H200, 69 % of the copy bandwidth at
+    65,536 bags against 57 % with (16, 2), ``bench gpu-hit``), wide steps while there are few
+    (measured on an H100, ``bench gpu``)."""
+    return (8, 1) if programs >= 2048 else (32, 4)
+
+
 # ---- launchers: the same signatures as nearrec.gpu.reference ----
 
 def probe_pool(state: CacheState, indices: torch.Tensor, offsets: torch.Tensor,
                weights: torch.Tensor | None, table_rows: int, tick: int, out: torch.Tensor,
                flags: torch.Tensor, block_l: int | None = None, num_warps: int | None = None,
-               tags: bool = False) -> None:
+               tags: bool = True) -> None:
     bags = offsets.numel() - 1
     if bags <= 0:
         return
     if block_l is None or num_warps is None:
-        # measured on an H100 (bench gpu, dim 128, 80 lookups per bag): wide steps while there
-        # are few bags, narrow programs (more of them resident) once the GPU is full
-        block_l, num_warps = (16, 2) if bags >= 8192 else (32, 4)
+        block_l, num_warps = _shape(bags)
     _probe_pool_kernel[(bags,)](
         indices, offsets, weights if weights is not None else indices, state.keys, state.tags,
         state.rows, state.counters, out, flags, state.num_sets, table_rows, tick, state.dim,
@@ -269,7 +283,7 @@ def probe_pool(state: CacheState, indices: torch.Tensor, offsets: torch.Tensor,
 
 
 def probe_pool_group(state: CacheState, items: list[GroupItem], out: torch.Tensor,
-                     flags: torch.Tensor, tags: bool = False) -> None:
+                     flags: torch.Tensor, tags: bool = True) -> None:
     """One launch for several tables whose caches are views of ``state`` (same dim, same
     bag count): ``out`` is ``[bags, tables * dim]``, ``flags`` every table's flags in order."""
     if not items:
@@ -289,7 +303,7 @@ def probe_pool_group(state: CacheState, items: list[GroupItem], out: torch.Tenso
     meta = torch.tensor(rows, dtype=torch.int64)
     if state.device.type == "cuda":
         meta = meta.pin_memory().to(state.device, non_blocking=True)
-    block_l, num_warps = (16, 2) if bags * len(items) >= 8192 else (32, 4)
+    block_l, num_warps = _shape(bags * len(items))
     _probe_pool_group_kernel[(bags, len(items))](
         meta, state.keys, state.tags, state.rows, state.counters, out, flags, out.stride(0),
         state.dim, HAS_WEIGHTS=any_w, FREQUENCY=state.frequency, WAYS=state.ways, TAGS=tags,

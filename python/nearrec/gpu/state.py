@@ -14,9 +14,9 @@ from .config import EMPTY_KEY, key_tag
 class CacheState:
     """Slots of one table's cache, set-major: slot ``s * ways + w`` is way ``w`` of set ``s``.
 
-    ``keys`` int64 [slots] (``EMPTY_KEY`` = free); ``tags`` int32 [slots], a 32-bit digest of
-    each key (:func:`nearrec.gpu.config.key_tag`) that probes compare first, at half the bytes
-    of the keys; ``rows`` float32 [slots, dim];
+    ``keys`` int64 [slots] (``EMPTY_KEY`` = free); ``tags`` uint8 [slots], an 8-bit digest of
+    each key (:func:`nearrec.gpu.config.key_tag`) that probes compare first, at an eighth of
+    the bytes of the keys; ``rows`` float32 [slots, dim];
     ``counters`` int32 [slots] (LFU: accesses since admission; LRU: tick of the last access);
     ``locks`` int32 [num_sets], a sequence number per set, odd while a replace holds the set;
     ``owner`` int32 [num_sets]: which table a set belongs to when several tables share one
@@ -42,7 +42,7 @@ class CacheState:
         slots = num_sets * ways
         return cls(
             keys=torch.full((slots,), EMPTY_KEY, dtype=torch.int64, device=device),
-            tags=torch.full((slots,), key_tag(EMPTY_KEY), dtype=torch.int32, device=device),
+            tags=torch.full((slots,), key_tag(EMPTY_KEY), dtype=torch.uint8, device=device),
             rows=torch.zeros((slots, dim), dtype=torch.float32, device=device),
             counters=torch.zeros((slots,), dtype=torch.int32, device=device),
             locks=torch.zeros((num_sets,), dtype=torch.int32, device=device),
