@@ -50,8 +50,8 @@ class GpuCacheConfig:
     """Builds a :class:`~nearrec.gpu.GpuEmbeddingCache` (one table) or a
     :class:`~nearrec.gpu.GpuTier` (several tables sharing ``hbm_budget``).
 
-    ``hbm_budget`` is bytes (or a size such as ``"8GiB"``) for all slots (key 8 B + counter 4 B
-    + row ``4 * dim`` B each); ``slots`` overrides it with an exact slot count per table
+    ``hbm_budget`` is bytes (or a size such as ``"8GiB"``) for all slots (key 8 B + tag 1 B +
+    counter 4 B + row ``4 * dim`` B each); ``slots`` overrides it with an exact slot count per table
     (rounded down to whole sets). ``admission_probability`` applies to the ``_pa`` policies;
     ``seed`` makes admission decisions reproducible (they are a hash of key, tick and seed, so
     the CPU reference and the kernels decide alike). ``near_data_pooling``: ``"on"`` asks the
