@@ -85,6 +85,9 @@ class PartitionsConfig:
     #: keep every schedule's files (those with anomalies are kept always); with etcd off, the
     #: schedules are the documented split alone
     keep_files: bool = False
+    #: stop at the first schedule with an anomaly (a test that needs one found, not a count:
+    #: each such schedule waits out the heal's minute)
+    until_found: bool = False
     progress_file: Path | None = None
 
 
@@ -612,6 +615,8 @@ def run(cfg: PartitionsConfig, log: Callable[[str], None] = print) -> list[Recor
                     f.write(json.dumps(result) + "\n")
             if not cfg.keep_files and not result["anomalies"]:
                 shutil.rmtree(root, ignore_errors=True)
+            if cfg.until_found and result["anomalies"]:
+                break
     finally:
         net.down()
     cost = costs(results)
