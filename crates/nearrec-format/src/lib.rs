@@ -96,7 +96,7 @@ pub use layout::{DATA_OFFSET, DEFAULT_BLOCK_BYTES, RowLayout};
 pub use leftovers::{GcReport, Leftover, orphans, retired};
 pub use manifest::{
     Attachment, FEEDS_VERSION, FORMAT_VERSION, FeedCursor, MANIFEST_FILE, MANIFEST_MAGIC, Manifest,
-    QuantError, TableMeta,
+    QuantError, RELEASES_VERSION, TXN_VERSION, TableMeta,
 };
 pub use memory::{Memory, Shortfall};
 pub use order::{OrderMeta, RowOrder};

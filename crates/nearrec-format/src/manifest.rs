@@ -12,7 +12,10 @@ use crate::sums::SumsMeta;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
-/// The newest format version this build reads and writes: version 8's write-ahead log tells
+/// The newest format version this build reads and writes: version 9's write-ahead log holds
+/// the steps of cross-shard writes (operation kinds 10 and 11: a share prepared, a decision),
+/// which an older reader would take for a damaged record. Version 8's
+/// write-ahead log tells
 /// the keys a keyed table evicted or let expire from the ones a caller removed (operation kinds
 /// 8 and 9, which an older reader would take for a damaged record). Version 7 has applied delta
 /// feeds
@@ -26,7 +29,11 @@ pub const MANIFEST_MAGIC: [u8; 8] = *b"NRSTORE\0";
 /// Version 3 added sector checksums ([`crate::SectorSums`]), which every store written since
 /// has. Version 2 (row orders, attachments) and version 1 stores keep opening, without sector
 /// checks ("unprotected").
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
+/// The version of a store whose log may hold a cross-shard write's steps.
+pub const TXN_VERSION: u32 = 9;
+/// The version of a store whose keyed tables let keys go of themselves (kinds 8 and 9).
+pub const RELEASES_VERSION: u32 = 8;
 /// The version of a store that has applied a delta feed (its log may hold cursors).
 pub const FEEDS_VERSION: u32 = 7;
 /// The version of a store with tables of int4, int2 or fp8 rows and no feed.

@@ -617,8 +617,25 @@ pub fn wal_replay(data: &[u8]) {
             .map(|i| chunk.get(i % chunk.len()).copied().unwrap_or(0))
             .collect();
         let table = "t".to_owned();
-        let op = match chunk[0] % 6 {
+        let tx = u128::from(chunk[0]) << 64 | ids.len() as u128;
+        let op = match chunk[0] % 8 {
             0 => Op::Remove { table, ids },
+            // a cross-shard write's steps: a share prepared (the rows held inside), a decision
+            6 => Op::Prepare {
+                tx,
+                note: "decider=0/0".into(),
+                ops: vec![Op::Write {
+                    table,
+                    ids,
+                    row_bytes: 4,
+                    rows,
+                }],
+            },
+            7 => Op::Decide {
+                tx,
+                commit: chunk[0] & 0x10 != 0,
+                keep: chunk[0] & 0x20 != 0,
+            },
             // a keyed table's decisions: keys given rows, keys let go of
             1 => Op::AssignKeys {
                 table,

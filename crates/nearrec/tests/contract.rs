@@ -122,11 +122,12 @@ fn a_follower_runs_the_weights_its_writer_updated() {
 }
 
 /// A prepared transaction outlives its writer: reopened, it is still prepared (and still holds
-/// its rows); a commit whose file says decided but whose rows a crash kept from the log is
-/// logged on open, once.
+/// its rows), across a compaction that folds its record away too; a decision kept is kept; a
+/// forget holds once the store closes; a `committed` file an older build left (decided, its
+/// rows not logged) is logged on open, once.
 #[test]
 fn prepared_and_decided_transactions_survive_a_reopen() {
-    use nearrec::format::wal::{TxState, move_tx};
+    use nearrec::format::wal::{Op, TxState, write_tx};
     use nearrec::{Decision, ErrorKind, RowWrite, WriteOptions};
     let (_dir, path) = suite::fixture();
     let config = StoreConfig {
@@ -140,44 +141,50 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
         ids: id,
         values: Some(RowValues::F32(&values)),
     };
-    let (a, b) = (0xa_u128, 0xb_u128);
+    let held = |store: &Store| {
+        let mut listed: Vec<_> = (store.transactions().unwrap().into_iter())
+            .map(|t| (t.tx, t.state, t.note))
+            .collect();
+        listed.sort_by_key(|t| t.0);
+        listed
+    };
+    let (a, b, c) = (0xa_u128, 0xb_u128, 0xc_u128);
     let store = Store::open(&path, &config).unwrap();
-    store
-        .prepare_write(
-            a,
-            &[w(&[1])],
-            WriteOptions::default(),
-            "decider=0/0",
-            None,
-            None,
-        )
-        .unwrap();
-    store
-        .prepare_write(
-            b,
-            &[w(&[2])],
-            WriteOptions::default(),
-            "decider=1/0",
-            None,
-            None,
-        )
-        .unwrap();
     let v0 = store.version().unwrap();
-    store.close().unwrap();
+    for (tx, id, note) in [
+        (a, &[1i64][..], "decider=0/0"),
+        (b, &[2][..], "decider=1/0"),
+    ] {
+        let row = RowWrite {
+            table: "t0",
+            ids: id,
+            values: Some(RowValues::F32(&values)),
+        };
+        (store.prepare_write(tx, &[row], WriteOptions::default(), note, None, None)).unwrap();
+    }
+    // a prepare is no write: the count of writes stays
+    assert_eq!(store.version().unwrap(), v0);
+    // the writer dies (no close): both come back prepared from the log alone
     drop(store);
-    // `b` was decided (its file moved) and the writer died before logging its rows
-    move_tx(&path, b, TxState::Prepared, TxState::Committed).unwrap();
+    let store = Store::open(&path, &config).unwrap();
+    assert_eq!(
+        held(&store),
+        [
+            (a, TxState::Prepared, "decider=0/0".to_owned()),
+            (b, TxState::Prepared, "decider=1/0".to_owned()),
+        ]
+    );
+    store.decide(b, Decision::Commit, true).unwrap();
+    assert_eq!(store.version().unwrap(), v0 + 1);
+    // a compaction folds the records away: the checkpoint holds them
+    store.compact().unwrap();
+    drop(store);
     let store = Store::open(&path, &config).unwrap();
     let mut out = vec![0f32; d];
     store.read_rows("t0", &[2], &mut out).unwrap();
-    assert_eq!(out, values, "a decided transaction is logged on open");
-    assert_eq!(store.version().unwrap(), v0 + 1);
-    let mut listed: Vec<_> = (store.transactions().unwrap().into_iter())
-        .map(|t| (t.tx, t.state, t.note))
-        .collect();
-    listed.sort_by_key(|t| t.0);
+    assert_eq!(out, values, "a committed transaction's rows");
     assert_eq!(
-        listed,
+        held(&store),
         [
             (a, TxState::Prepared, "decider=0/0".to_owned()),
             (b, TxState::Applied, "decider=1/0".to_owned()),
@@ -190,16 +197,36 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}");
     store.read_rows("t0", &[1], &mut out).unwrap();
     assert_ne!(out, values);
+    store.close().unwrap();
+    drop(store);
+    // an older build's store: `c` decided, its rows not yet logged
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let ops = [Op::Write {
+        table: "t0".into(),
+        ids: vec![3],
+        row_bytes: bytes.len() as u32,
+        rows: bytes,
+    }];
+    write_tx(&path, c, TxState::Committed, "decider=2/0", &ops).unwrap();
+    let store = Store::open(&path, &config).unwrap();
+    store.read_rows("t0", &[3], &mut out).unwrap();
+    assert_eq!(out, values, "a decided transaction is logged on open");
+    assert_eq!(store.version().unwrap(), v0 + 2);
+    assert_eq!(
+        held(&store)[2],
+        (c, TxState::Applied, "decider=2/0".to_owned())
+    );
     store.decide(a, Decision::Commit, false).unwrap();
     store.read_rows("t0", &[1], &mut out).unwrap();
     assert_eq!(out, values);
     store.forget(b).unwrap();
+    store.forget(c).unwrap();
     assert!(store.transactions().unwrap().is_empty());
-    // and nothing is redone on the next open
+    // and nothing is redone, nor brought back, on the next open
     store.close().unwrap();
     drop(store);
     let store = Store::open(&path, &config).unwrap();
-    assert_eq!(store.version().unwrap(), v0 + 2);
+    assert_eq!(store.version().unwrap(), v0 + 3);
     assert!(store.transactions().unwrap().is_empty());
 }
 

@@ -1,8 +1,8 @@
 //! The write-ahead log of a live store (`docs/format.md` §12): each write call is one record,
 //! appended with group commit and acknowledged once durable; on open the records the tables do
 //! not hold yet are replayed, and a record cut short by a crash is dropped. A store's part in a
-//! cross-shard write, its prepared transactions and the outcomes it keeps, are files beside the
-//! log (`txn.rs`).
+//! cross-shard write — a share prepared, a decision — is a record of the log too; what it holds
+//! of them is checkpointed in files beside the log (`txn.rs`).
 
 mod log;
 mod record;
@@ -13,4 +13,7 @@ pub use log::{
     WalRecovery, WalStats,
 };
 pub use record::{FRAME_BYTES, Init, MAX_PAYLOAD, Op, Record, Release, encode, payload_len};
-pub use txn::{TXN_DIR, TxFile, TxState, move_tx, read_txns, remove_tx, tx_path, write_tx};
+pub use txn::{
+    TXN_DIR, TXN_LOG_DIR, TxFile, TxState, move_tx, read_checkpoint, read_txns, remove_tx, tx_path,
+    txn_log_dir, write_checkpoint, write_tx,
+};

@@ -58,6 +58,18 @@ pub enum Op {
     /// Delta feed `feed` has applied the delta file `cursor` names: the record's other
     /// operations are that file's rows (version 7, `docs/format.md` §17).
     Cursor { feed: String, cursor: FeedCursor },
+    /// Transaction `tx`'s share of a cross-shard write prepared here (kind 10, version 9):
+    /// `ops` held, none of them applied, until a [`Op::Decide`] of `tx`; `note` the
+    /// coordinator's.
+    Prepare {
+        tx: u128,
+        note: String,
+        ops: Vec<Op>,
+    },
+    /// Transaction `tx` decided (kind 11, version 9): committed — the record's other operations
+    /// are its rows, applied as a write's are — or aborted; `keep`: its outcome kept until the
+    /// coordinator lets it go (not logged: only the deciding replica keeps one).
+    Decide { tx: u128, commit: bool, keep: bool },
 }
 
 /// Why keys were let go of: each its own operation kind (6, 8, 9), so that replay tells the
@@ -73,7 +85,8 @@ pub enum Release {
 }
 
 impl Op {
-    /// The table the operation changes (`None`: a feed's cursor, which changes none).
+    /// The table the operation changes (`None`: a feed's cursor or a transaction's step,
+    /// which change none).
     pub fn table(&self) -> Option<&str> {
         match self {
             Op::Write { table, .. }
@@ -82,8 +95,14 @@ impl Op {
             | Op::DropTable { table }
             | Op::AssignKeys { table, .. }
             | Op::ReleaseKeys { table, .. } => Some(table),
-            Op::Cursor { .. } => None,
+            Op::Cursor { .. } | Op::Prepare { .. } | Op::Decide { .. } => None,
         }
+    }
+
+    /// Whether it is a step of a transaction ([`Op::Prepare`], [`Op::Decide`]): the store's
+    /// part in a cross-shard write, not a change of rows.
+    pub fn is_txn(&self) -> bool {
+        matches!(self, Op::Prepare { .. } | Op::Decide { .. })
     }
 }
 
@@ -112,6 +131,10 @@ const RELEASE: u8 = 6;
 const CURSOR: u8 = 7;
 const EVICT: u8 = 8;
 const EXPIRE: u8 = 9;
+const PREPARE: u8 = 10;
+const DECIDE: u8 = 11;
+/// A transaction id's bytes.
+const TX_BYTES: usize = 16;
 /// A cursor's bytes after its feed's name: sequence, step, wall time, applied time, rows, and
 /// which of step and wall time it holds.
 const CURSOR_BYTES: usize = 5 * 8 + 1;
@@ -144,6 +167,8 @@ pub fn payload_len(ops: &[Op]) -> usize {
             }
             Op::ReleaseKeys { table, keys, .. } => head(table) + 8 + 8 * keys.len(),
             Op::Cursor { feed, .. } => head(feed) + CURSOR_BYTES,
+            Op::Prepare { note, ops, .. } => 1 + TX_BYTES + 4 + note.len() + 4 + payload_len(ops),
+            Op::Decide { .. } => 1 + TX_BYTES + 1,
         })
         .sum()
 }
@@ -282,6 +307,30 @@ fn encode_op(op: &Op, out: &mut Vec<u8>) -> Result<(), String> {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
+        Op::Prepare { tx, note, ops } => {
+            if ops.iter().any(Op::is_txn) {
+                return Err(format!(
+                    "transaction {tx:032x}: a prepare holds another step"
+                ));
+            }
+            let n = u32::try_from(note.len())
+                .map_err(|_| format!("a note of {} bytes is too long", note.len()))?;
+            out.push(PREPARE);
+            out.extend_from_slice(&tx.to_le_bytes());
+            out.extend_from_slice(&n.to_le_bytes());
+            out.extend_from_slice(note.as_bytes());
+            // the held operations, as a record's payload of their own, behind their length
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            ops.iter().try_for_each(|op| encode_op(op, out))?;
+            let len = u32::try_from(out.len() - at - 4).map_err(|_| "a prepare too large")?;
+            out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        }
+        Op::Decide { tx, commit, keep } => {
+            out.push(DECIDE);
+            out.extend_from_slice(&tx.to_le_bytes());
+            out.push(u8::from(*commit) | (u8::from(*keep) << 1));
+        }
     }
     Ok(())
 }
@@ -348,6 +397,11 @@ impl<'a> Reader<'a> {
     fn name(&mut self) -> Result<String, String> {
         let n = self.u16()? as usize;
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "a table name is not UTF-8".into())
+    }
+    fn tx(&mut self) -> Result<u128, String> {
+        Ok(u128::from_le_bytes(
+            self.take(TX_BYTES)?.try_into().expect("16"),
+        ))
     }
     fn ids(&mut self) -> Result<Vec<u64>, String> {
         let n = usize::try_from(self.u64()?).map_err(|_| "too many ids")?;
@@ -441,6 +495,36 @@ fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
                     },
                 }
             }
+            PREPARE => {
+                let tx = r.tx()?;
+                let n = r.u32()? as usize;
+                let note = String::from_utf8(r.take(n)?.to_vec())
+                    .map_err(|_| "a transaction's note is not UTF-8")?;
+                let n = r.u32()? as usize;
+                let held = decode_ops(r.take(n)?)?;
+                if held.iter().any(Op::is_txn) {
+                    return Err(format!(
+                        "transaction {tx:032x}: a prepare holds another step"
+                    ));
+                }
+                Op::Prepare {
+                    tx,
+                    note,
+                    ops: held,
+                }
+            }
+            DECIDE => {
+                let tx = r.tx()?;
+                let flags = r.u8()?;
+                if flags > 3 {
+                    return Err(format!("a decision's flags {flags}"));
+                }
+                Op::Decide {
+                    tx,
+                    commit: flags & 1 != 0,
+                    keep: flags & 2 != 0,
+                }
+            }
             other => return Err(format!("operation kind {other}")),
         };
         ops.push(op);
@@ -453,7 +537,19 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Every operation: a row's, a feed's cursor, or a transaction's step (a prepare holding
+    /// operations of the first two kinds).
     fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => row_op(),
+            1 => (any::<u128>(), "[a-z =/,0-9]{0,12}", prop::collection::vec(row_op(), 0..4))
+                .prop_map(|(tx, note, ops)| Op::Prepare { tx, note, ops }),
+            1 => any::<(u128, bool, bool)>()
+                .prop_map(|(tx, commit, keep)| Op::Decide { tx, commit, keep }),
+        ]
+    }
+
+    fn row_op() -> impl Strategy<Value = Op> {
         let table = "[a-z]{1,8}";
         prop_oneof![
             (table, prop::collection::vec(any::<u64>(), 0..6), 1u32..9).prop_flat_map(

@@ -13,7 +13,9 @@
 //! the note (the coordinator's, UTF-8), the operations as one log record ([`super::encode`],
 //! sequence number 0), and a CRC-32C of everything before it. Files are written under a
 //! temporary name, synced, renamed into place and the directory synced; a state change is a
-//! rename, synced likewise.
+//! rename, synced likewise. Since version 9 a store's steps of a transaction are records of
+//! logs — a prepare and an abort of the transactions' own log (`txn/log`), a commit of the
+//! store's, with its rows — and the files a checkpoint of them (`CHECKPOINT` names how far).
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -26,6 +28,14 @@ use crate::sync::fsync_dir;
 /// The directory of a store that holds its transactions.
 pub const TXN_DIR: &str = "txn";
 const MAGIC: &[u8; 8] = b"NRTXN001";
+/// `txn/CHECKPOINT`: how far the files hold every transaction the store held — the record of
+/// the store's log and the record of the transactions' own log (`txn/log`: prepares and aborts)
+/// — (magic `NRTXC002`, the two numbers, a CRC-32C); the steps after them are replayed over the
+/// files on open.
+const CHECKPOINT: &str = "CHECKPOINT";
+/// The transactions' own log's directory in `txn/`.
+pub const TXN_LOG_DIR: &str = "log";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"NRTXC002";
 
 /// Where a transaction stands on this store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,6 +148,9 @@ pub fn read_txns(dir: &Path) -> Result<Vec<TxFile>> {
             let _ = fs::remove_file(&path);
             continue;
         }
+        if name == CHECKPOINT || name == TXN_LOG_DIR {
+            continue;
+        }
         let bad = |reason: String| FormatError::Corrupted {
             path: path.clone(),
             reason,
@@ -168,6 +181,74 @@ pub fn read_txns(dir: &Path) -> Result<Vec<TxFile>> {
     }
     out.sort_by_key(|f| f.tx);
     Ok(out)
+}
+
+/// The directory of store `dir`'s transactions' own log (`txn/log`), made (durably) when
+/// `make` and missing.
+pub fn txn_log_dir(dir: &Path, make: bool) -> Result<PathBuf> {
+    let txn = dir.join(TXN_DIR);
+    let log = txn.join(TXN_LOG_DIR);
+    if make && !log.exists() {
+        let new_txn = !txn.exists();
+        fs::create_dir_all(&log).map_err(|e| FormatError::io(&log, e))?;
+        if new_txn {
+            fsync_dir(dir)?;
+        }
+        fsync_dir(&txn)?;
+    }
+    Ok(log)
+}
+
+/// Writes `txn/CHECKPOINT`: the files hold every transaction the store held as of record
+/// `upto.0` of the store's log and record `upto.1` of the transactions' own, durably.
+pub fn write_checkpoint(dir: &Path, upto: (u64, u64)) -> Result<()> {
+    let txn = dir.join(TXN_DIR);
+    let path = txn.join(CHECKPOINT);
+    let mut bytes = Vec::with_capacity(28);
+    bytes.extend_from_slice(CHECKPOINT_MAGIC);
+    bytes.extend_from_slice(&upto.0.to_le_bytes());
+    bytes.extend_from_slice(&upto.1.to_le_bytes());
+    bytes.extend_from_slice(&crc32c::crc32c(&bytes).to_le_bytes());
+    let created = !txn.exists();
+    fs::create_dir_all(&txn).map_err(|e| FormatError::io(&txn, e))?;
+    if created {
+        fsync_dir(dir)?;
+    }
+    let tmp = txn.join(format!(".checkpoint.tmp-{}", std::process::id()));
+    let written = File::create(&tmp)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(FormatError::io(&path, e));
+    }
+    fsync_dir(&txn)
+}
+
+/// The records `txn/CHECKPOINT` names, of the store's log and of the transactions' own
+/// (`(0, 0)` without one: the files are all there is, as in a store of an older build).
+pub fn read_checkpoint(dir: &Path) -> Result<(u64, u64)> {
+    let path = dir.join(TXN_DIR).join(CHECKPOINT);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
+        Err(e) => return Err(FormatError::io(&path, e)),
+    };
+    let bad = |reason: &str| FormatError::Corrupted {
+        path: path.clone(),
+        reason: reason.into(),
+    };
+    if bytes.len() != 28 || &bytes[..8] != CHECKPOINT_MAGIC {
+        return Err(bad(
+            "not a transactions' checkpoint (magic NRTXC002, 28 bytes)",
+        ));
+    }
+    let crc = u32::from_le_bytes(bytes[24..].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&bytes[..24]) != crc {
+        return Err(bad("its checksum does not match"));
+    }
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    Ok((word(8), word(16)))
 }
 
 fn parse(bytes: &[u8]) -> Result<(u128, String, Vec<Op>), String> {
@@ -226,5 +307,25 @@ mod tests {
         remove_tx(dir.path(), tx, TxState::Committed).unwrap();
         remove_tx(dir.path(), tx, TxState::Committed).unwrap();
         assert!(read_txns(dir.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_beside_the_files_and_a_damaged_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_checkpoint(dir.path()).unwrap(), (0, 0));
+        write_checkpoint(dir.path(), (41, 3)).unwrap();
+        write_checkpoint(dir.path(), (42, 7)).unwrap();
+        assert_eq!(read_checkpoint(dir.path()).unwrap(), (42, 7));
+        fs::create_dir_all(dir.path().join(TXN_DIR).join(TXN_LOG_DIR)).unwrap();
+        assert!(
+            read_txns(dir.path()).unwrap().is_empty(),
+            "not a transaction"
+        );
+        let path = dir.path().join(TXN_DIR).join(CHECKPOINT);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[10] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let e = read_checkpoint(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("CHECKPOINT"), "{e}");
     }
 }

@@ -300,6 +300,9 @@ impl Live {
         }
         let _running = Running::start(&self.compactions.running);
         tracing::info!(store = %self.dir.display(), version = c, "compaction started");
+        // the transactions held, in files, before the tables move past the records that hold
+        // them (taken before the directory's lock: a commit holds them while it may take that)
+        self.checkpoint_txns(w)?;
         // the directory's short lock: no attach or gc while the new files are unnamed
         let dir = lock_store_dir(&self.dir)?;
         let old = StoreReader::open(&self.dir)?;

@@ -84,7 +84,8 @@ impl Live {
 
     /// Lifts the store's format to `version` at least (once, before the first record only its
     /// readers know is logged: a feed's cursor, [`nearrec_format::FEEDS_VERSION`]; a key
-    /// evicted or expired, [`nearrec_format::FORMAT_VERSION`]): an older nearrec refuses the
+    /// evicted or expired, [`nearrec_format::RELEASES_VERSION`]; a transaction's step,
+    /// [`nearrec_format::TXN_VERSION`]): an older nearrec refuses the
     /// store rather than take such a record for a damaged one.
     pub(super) fn mark_format(&self, w: &Writer, version: u32) -> Result<()> {
         if w.format_marked.load(Relaxed) >= version {

@@ -288,6 +288,14 @@ pub(super) struct Writer {
     txns: txn::Txns,
     /// The transactions decided here lately, kept or not (a replayed prepare is refused).
     finished: Mutex<txn::Finished>,
+    /// Whether the log after the base may hold a transaction's step (one was logged, or
+    /// replayed on open): until then a store that never took part in one writes no checkpoint.
+    stepped: AtomicBool,
+    /// The transactions' own log (`txn/log`: prepares and aborts, which are no writes and so
+    /// take no number of the store's log), opened on open where it exists, else at the first
+    /// step; and the configuration it opens with.
+    txn_log: std::sync::OnceLock<Wal>,
+    wal_config: WalConfig,
     /// Signalled as a transaction is decided: lookups waiting for one go on (`settled.rs`).
     decided: Condvar,
     /// Each row's last writer among the transactions applied lately (`settled.rs`).
@@ -332,7 +340,7 @@ impl Live {
             follows: follow::FollowStats::default(),
             tail_dropped: 0,
         };
-        let records = if config.writable {
+        let (records, txn_records) = if config.writable {
             let lock = writer_lock(dir)?;
             let retired = compact::prepare_dir(dir, manifest)?;
             let durability = match config.durability {
@@ -347,6 +355,7 @@ impl Live {
                 ..WalConfig::default()
             };
             let (wal, recovered) = Wal::open(dir, wal_config, base)?;
+            let (txn_log, txn_records) = txn::open_log(dir, wal_config)?;
             if let Some(d) = &recovered.dropped {
                 live.tail_dropped = 1;
                 tracing::warn!(
@@ -387,6 +396,9 @@ impl Live {
                 retired: Mutex::new(retired),
                 txns: txn::Txns::default(),
                 finished: Mutex::default(),
+                stepped: AtomicBool::new(false),
+                txn_log,
+                wal_config,
                 decided: Condvar::new(),
                 last_writers: Mutex::default(),
                 books: Mutex::default(),
@@ -397,9 +409,9 @@ impl Live {
                     _ => None,
                 },
             });
-            recovered.records
+            (recovered.records, txn_records)
         } else {
-            Wal::read(dir, base)?.records
+            (Wal::read(dir, base)?.records, Vec::new())
         };
         match &live.writer {
             Some(w) if tables::redo(&live, w, &records)? => {}
@@ -411,7 +423,7 @@ impl Live {
             keys::over_caps(&live.snapshot().engine, &lock(&w.books))?;
             *lock(&w.applied) = live.snapshot().version;
             w.used.store(live.delta_bytes(), Relaxed);
-            live.recover_txns(w)?;
+            live.recover_txns(w, &records, &txn_records)?;
         }
         Ok(live)
     }
@@ -466,10 +478,14 @@ impl Live {
         if w.closed.swap(true, Relaxed) {
             return Ok(());
         }
-        let synced = w.wal.sync().map_err(Error::from);
+        let synced = (w.wal.sync())
+            .and_then(|()| w.txn_log.get().map_or(Ok(()), Wal::sync))
+            .map_err(Error::from);
         let kept = w.evicted.as_ref().map_or(Ok(()), evicted::Log::flush);
+        // the forgets since the last checkpoint, which the log does not hold
+        let txns = self.checkpoint_txns(w);
         lock(&w.lock).take();
-        synced.and(kept)
+        synced.and(kept).and(txns)
     }
 
     /// The current snapshot: what a lookup starting now reads.

@@ -86,6 +86,8 @@ impl Live {
                 reason: "the store has a table of that name already".into(),
             });
         }
+        // (which keeps the transactions held in files: the table change is the only record
+        // past the base it moves, the gate held whole)
         self.compact_locked(w, &mut previous)?;
         // no call can append meanwhile: the record gets the next number
         let lsn = w.wal.next_lsn();

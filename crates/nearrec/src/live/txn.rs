@@ -1,24 +1,32 @@
 //! A live store as a participant of a cross-shard write: two-phase commit (`docs/distributed.md`,
-//! "Writes").
+//! "Writes"), each step a record of the write-ahead log, group-committed with the writes.
 //!
 //! - [`Live::prepare_write`] checks and encodes the call as a write would, reserves its room in the
-//!   delta, and makes it durable in `txn/<id>.prepared` — nothing of it is served. It is refused
-//!   while another prepared transaction holds one of its rows (no waiting: the coordinator
-//!   aborts and tries again, so two coordinators never wait on each other). A keyed table's
-//!   rows are named by key, held by key, and decided as the commit logs them, as a write's
-//!   are; under a cap that does not evict, the prepare makes room for its new keys
-//!   ([`keys_fit`]), so that no commit is refused.
-//! - [`Live::decide`] with commit moves the file to `committed` (the decision, durable), then
-//!   logs and applies the rows as one record with the log to itself, and moves the file to
-//!   `applied` when asked to keep the outcome, else removes it. A crash between the two finds
-//!   `committed` on open and logs the rows again: nothing was logged after them, so the second
-//!   record writes what the first did.
-//! - Abort removes the prepared file and frees its room; asked to keep the outcome, it leaves
+//!   delta, and logs it held ([`Op::Prepare`]) — nothing of it is served. It is refused while
+//!   another prepared transaction holds one of its rows (no waiting: the coordinator aborts and
+//!   tries again, so two coordinators never wait on each other). A keyed table's rows are named
+//!   by key, held by key, and decided as the commit logs them, as a write's are; under a cap
+//!   that does not evict, the prepare makes room for its new keys ([`keys_fit`]), so that no
+//!   commit is refused.
+//! - [`Live::decide`] with commit logs the decision and the rows as one record
+//!   ([`Op::Decide`] and the rows, applied as a write's are): the outcome is durable exactly
+//!   when the rows are. Kept when asked (the deciding shard's), as applied.
+//! - Abort logs the decision and frees the room; asked to keep the outcome, it stays
 //!   `aborted`, so that the same transaction's prepare arriving late is refused.
-//! - [`Live::forget`] drops a kept outcome; [`Live::transactions`] lists what the store holds.
+//! - [`Live::forget`] drops a kept outcome (not logged: only the deciding replica keeps one, and
+//!   one a crash brings back is forgotten again by the next router that settles);
+//!   [`Live::transactions`] lists what the store holds.
 //! - A transaction decided here — committed or aborted, its outcome kept or not — is remembered
 //!   for [`REMEMBERED`] after (in memory: a restart forgets what it did not keep), so that a
 //!   prepare of its id, replayed or duplicated, is refused rather than prepared again.
+//! - What the store holds of its transactions is checkpointed in `txn/`, one file each, and
+//!   `txn/CHECKPOINT` naming the record of the log they hold up to ([`Live::checkpoint_txns`]):
+//!   before a compaction moves the tables' base past the records, on open and on close. On
+//!   open the files are read, then the log's steps after the checkpoint replayed over them in
+//!   order (each says where its transaction stands from then on). A forget is not logged: one
+//!   a crash keeps from a checkpoint comes back as a kept outcome, which the next router that
+//!   settles forgets again. A store of an older build may hold `committed` files (decided,
+//!   rows not yet logged): their rows are logged on open.
 //!
 //! The shard that decides a transaction keeps its outcome until the coordinator has told every
 //! other shard; a coordinator that finds a transaction left prepared by one that died asks the
@@ -30,7 +38,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
 use nearrec_engine::{Engine, Evict};
-use nearrec_format::wal::{Op, TxState, move_tx, read_txns, remove_tx, write_tx};
+use nearrec_format::wal::{
+    Op, Record, TXN_DIR, TxState, Wal, WalConfig, read_checkpoint, read_txns, remove_tx,
+    txn_log_dir, write_checkpoint, write_tx,
+};
 
 use super::keys::KeyBook;
 use super::{FeedCursor, Live, RowWrite, WriteOptions, Writer, lock};
@@ -249,6 +260,7 @@ impl Live {
             });
         }
         let need = Self::room(&engine, &ops);
+        self.mark_format(w, nearrec_format::TXN_VERSION)?;
         let mut held = lock(&w.txns);
         if let Some((state, age)) = lock(&w.finished).get(tx) {
             let state = if state == TxState::Aborted {
@@ -287,10 +299,20 @@ impl Live {
         }
         keys_fit(&engine, &lock(&w.books), &ops, &held)?;
         w.reserve(need)?;
-        if let Err(e) = write_tx(&self.dir, tx, TxState::Prepared, note, &ops) {
+        // logged with the rows held (another prepare of one of them waits for the lock, and is
+        // refused once it is held); the room stays reserved until the decision
+        let record = [Op::Prepare {
+            tx,
+            note: note.to_owned(),
+            ops,
+        }];
+        if let Err(e) = self.txn_step(w, &record) {
             w.used.fetch_sub(need, Relaxed);
-            return Err(e.into());
+            return Err(e);
         }
+        let [Op::Prepare { ops, .. }] = record else {
+            unreachable!("a prepare's record")
+        };
         held.insert(
             tx,
             Held {
@@ -310,24 +332,22 @@ impl Live {
     /// one, and abort of a committed one, are refused.
     pub(crate) fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {
         let w = self.writer()?;
-        // the log to itself from the decision to the outcome: no record follows a committed
-        // transaction's rows until its file says they are logged
-        let _gate = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        // a delta file's share is decided with the writers' gate whole, so that no record of
+        // its feed is logged meanwhile (`apply_committed`); any other share as a write is
+        let feed = (lock(&w.txns).get(&tx))
+            .is_some_and(|h| h.ops.iter().any(|op| matches!(op, Op::Cursor { .. })));
+        let (_whole, _shared);
+        if feed {
+            _whole = w.gate.write().unwrap_or_else(|p| p.into_inner());
+        } else {
+            _shared = w.gate.read().unwrap_or_else(|p| p.into_inner());
+        }
         let w = self.writer()?;
         let mut held = lock(&w.txns);
         let state = held.get(&tx).map(|h| h.state);
         match (decision, state) {
-            (Decision::Commit, Some(TxState::Prepared)) => {
-                move_tx(&self.dir, tx, TxState::Prepared, TxState::Committed)?;
-                let h = held.get_mut(&tx).expect("held");
-                h.state = TxState::Committed;
-                self.apply_committed(w, tx, h, keep)?;
-                if !keep {
-                    held.remove(&tx);
-                }
-            }
-            // a commit whose rows failed to reach the log (an I/O error): again
-            (Decision::Commit, Some(TxState::Committed)) => {
+            // a store of an older build: decided, its rows not yet logged
+            (Decision::Commit, Some(TxState::Prepared | TxState::Committed)) => {
                 let h = held.get_mut(&tx).expect("held");
                 self.apply_committed(w, tx, h, keep)?;
                 if !keep {
@@ -353,6 +373,9 @@ impl Live {
             }
             (Decision::Abort, None) => {
                 if keep {
+                    // the decider's refusal of a transaction a router left (`settle`): a file,
+                    // not a record — no other replica logs it, and a record would put this
+                    // one's count of writes ahead of theirs
                     write_tx(&self.dir, tx, TxState::Aborted, "", &[])?;
                     held.insert(
                         tx,
@@ -367,11 +390,14 @@ impl Live {
                 }
             }
             (Decision::Abort, Some(TxState::Prepared)) => {
-                if keep {
-                    move_tx(&self.dir, tx, TxState::Prepared, TxState::Aborted)?;
-                } else {
-                    remove_tx(&self.dir, tx, TxState::Prepared)?;
-                }
+                self.txn_step(
+                    w,
+                    &[Op::Decide {
+                        tx,
+                        commit: false,
+                        keep,
+                    }],
+                )?;
                 let h = held.get_mut(&tx).expect("held");
                 w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
                 h.ops = Vec::new();
@@ -402,8 +428,27 @@ impl Live {
         Ok(self.snapshot().version())
     }
 
-    /// Logs and applies committed transaction `tx`'s rows (the caller holds the gate), then
-    /// moves its file to `applied` (`keep`) or removes it.
+    /// Logs a transaction's step that writes no row (a prepare, an abort) in the
+    /// transactions' own log: it is no write, so it takes no number of the store's log (a
+    /// replica's count of writes, which its shard's replicas compare, stays the count of the
+    /// writes it took). The caller holds the transactions, so the log opens once.
+    fn txn_step(&self, w: &Writer, step: &[Op]) -> Result<()> {
+        w.stepped.store(true, Relaxed);
+        let log = match w.txn_log.get() {
+            Some(log) => log,
+            None => {
+                let (log, _) = Wal::open(&txn_log_dir(&self.dir, true)?, w.wal_config, 0)?;
+                w.txn_log.get_or_init(|| log)
+            }
+        };
+        log.append(step)?;
+        Ok(())
+    }
+
+    /// Logs committed transaction `tx`'s decision and rows as one record and applies it (the
+    /// caller holds the gate), then holds it as applied (`keep`: until forgotten). A record
+    /// that fails to reach the log leaves it as it was: the decision is for the caller to
+    /// send again.
     fn apply_committed(&self, w: &Writer, tx: u128, h: &mut Held, keep: bool) -> Result<()> {
         // a delta file's share carries its feed's cursor: logged with it, stamped as it is
         // logged, unless the feed has taken the file since (another router's commit of it);
@@ -417,24 +462,36 @@ impl Live {
             cursor.applied_ms = now_ms();
             stamped = Some((feed.to_owned(), *cursor));
         }
+        let decision = Op::Decide {
+            tx,
+            commit: true,
+            keep,
+        };
         if taken {
+            // the decision alone: the feed logged the file's rows itself
+            self.txn_step(w, &[decision])?;
             w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
         } else {
             // a keyed table's keys decided now, as a write's are (the prepare made room for
             // its new keys under a cap that does not evict)
+            let mut record = Vec::with_capacity(h.ops.len() + 1);
+            record.push(decision);
+            w.stepped.store(true, Relaxed);
+            record.append(&mut h.ops);
             let engine = self.snapshot().engine.clone();
-            self.log_call(w, &engine, Cow::Borrowed(&h.ops), h.need)?;
-            lock(&w.last_writers).note(tx, &h.note, &h.ops);
+            if let Err(e) = self.log_call(w, &engine, Cow::Borrowed(&record), h.need) {
+                // the room reserved again, the rows held again: nothing was logged
+                w.used.fetch_add(h.need, Relaxed);
+                h.ops = record.split_off(1);
+                return Err(e);
+            }
+            h.need = 0;
+            lock(&w.last_writers).note(tx, &h.note, &record);
             if let Some((feed, cursor)) = stamped {
                 lock(&w.cursors).insert(feed, cursor);
             }
         }
-        (h.ops, h.need) = (Vec::new(), 0);
-        if keep {
-            move_tx(&self.dir, tx, TxState::Committed, TxState::Applied)?;
-        } else {
-            remove_tx(&self.dir, tx, TxState::Committed)?;
-        }
+        h.ops = Vec::new();
         h.state = TxState::Applied;
         h.since = SystemTime::now();
         Ok(())
@@ -448,7 +505,10 @@ impl Live {
         match held.get(&tx).map(|h| h.state) {
             None => Ok(()),
             Some(state @ (TxState::Applied | TxState::Aborted)) => {
-                remove_tx(&self.dir, tx, state)?;
+                // not logged: only the decider forgets, and a record would put its count of
+                // writes ahead of its shard's other replicas'; the next checkpoint drops its
+                // file, and an outcome a crash brings back is forgotten again by the next
+                // router that settles (`nearrec-cluster`'s `txn.rs`)
                 held.remove(&tx);
                 lock(&w.finished).note(tx, state);
                 Ok(())
@@ -475,35 +535,149 @@ impl Live {
             .collect())
     }
 
-    /// On a writable open, after the log's records: the transactions' files read back. A
-    /// prepared one takes its room again; a committed one (a crash before it was logged, or
-    /// after and before its file said so) is logged now and kept as applied.
-    pub(super) fn recover_txns(&self, w: &Writer) -> Result<()> {
-        let engine = self.snapshot().engine.clone();
+    /// On a writable open, after the log's records are applied: the transactions' files read
+    /// back, the steps of `records` (the log after the base) replayed over them in order, the
+    /// room of the ones still prepared reserved, and the files written anew to match. A
+    /// `committed` file of an older build has its rows logged now.
+    pub(super) fn recover_txns(
+        &self,
+        w: &Writer,
+        records: &[Record],
+        txn_records: &[Record],
+    ) -> Result<()> {
         let mut held = lock(&w.txns);
         for f in read_txns(&self.dir)? {
-            let need = Self::room(&engine, &f.ops);
-            let mut h = Held {
+            let h = Held {
                 state: f.state,
                 note: f.note,
                 since: f.since,
                 ops: f.ops,
                 need: 0,
             };
-            match f.state {
-                TxState::Prepared => {
-                    w.used.fetch_add(need, Relaxed);
-                    h.need = need;
-                }
-                TxState::Committed => {
-                    w.used.fetch_add(need, Relaxed);
-                    h.need = need;
-                    self.apply_committed(w, f.tx, &mut h, true)?;
+            held.insert(f.tx, h);
+        }
+        // the files hold everything up to their checkpoint; the steps after it are replayed:
+        // the transactions' own log's (prepares, aborts), then the commits of the store's (a
+        // transaction's commit comes after its prepare)
+        let (store_at, txn_at) = read_checkpoint(&self.dir)?;
+        let steps = (txn_records.iter().filter(|r| r.lsn > txn_at))
+            .chain(records.iter().filter(|r| r.lsn > store_at))
+            .flat_map(|r| &r.ops)
+            .filter(|op| op.is_txn());
+        for op in steps {
+            w.stepped.store(true, Relaxed);
+            replay_step(&mut held, op);
+        }
+        let engine = self.snapshot().engine.clone();
+        for h in held.values_mut() {
+            match h.state {
+                TxState::Prepared | TxState::Committed => {
+                    h.need = Self::room(&engine, &h.ops);
+                    w.used.fetch_add(h.need, Relaxed);
                 }
                 TxState::Applied | TxState::Aborted => h.ops = Vec::new(),
             }
-            held.insert(f.tx, h);
         }
+        let committed: Vec<u128> = (held.iter())
+            .filter(|(_, h)| h.state == TxState::Committed)
+            .map(|(&tx, _)| tx)
+            .collect();
+        for tx in committed {
+            let h = held.get_mut(&tx).expect("held");
+            self.apply_committed(w, tx, h, true)?;
+        }
+        drop(held);
+        self.checkpoint_txns(w)
+    }
+
+    /// Writes the transactions held, each in its file in `txn/`, removes the files of those no
+    /// longer held, and names the log's record they hold up to: what the log's records will
+    /// not hold once the tables' base moves past them (a compaction), and what a forget left
+    /// out of the log (an open, a close).
+    pub(super) fn checkpoint_txns(&self, w: &Writer) -> Result<()> {
+        // every step is logged (and synced) with the transactions held: under their lock the
+        // log's last record is one the files will hold
+        let held = lock(&w.txns);
+        if held.is_empty() && !w.stepped.load(Relaxed) && !self.dir.join(TXN_DIR).exists() {
+            return Ok(());
+        }
+        let log = w.txn_log.get();
+        let upto = (w.wal.next_lsn() - 1, log.map_or(0, |l| l.next_lsn() - 1));
+        let files = read_txns(&self.dir)?;
+        for f in &files {
+            if held.get(&f.tx).is_none_or(|h| h.state != f.state) {
+                remove_tx(&self.dir, f.tx, f.state)?;
+            }
+        }
+        for (&tx, h) in held.iter() {
+            if !files.iter().any(|f| f.tx == tx && f.state == h.state) {
+                write_tx(&self.dir, tx, h.state, &h.note, &h.ops)?;
+            }
+        }
+        write_checkpoint(&self.dir, upto)?;
+        // what the checkpoint holds of the transactions' own log goes
+        log.map_or(Ok(()), |l| l.release(upto.1))?;
         Ok(())
     }
+}
+
+/// One of the log's operations replayed over the transactions held: a step says where its
+/// transaction stands from then on, whatever the files said (they may be newer than the step);
+/// any other operation is not theirs.
+fn replay_step(held: &mut BTreeMap<u128, Held>, op: &Op) {
+    let since = SystemTime::now();
+    match op {
+        Op::Prepare { tx, note, ops } => {
+            held.insert(
+                *tx,
+                Held {
+                    state: TxState::Prepared,
+                    note: note.clone(),
+                    since,
+                    ops: ops.clone(),
+                    need: 0,
+                },
+            );
+        }
+        Op::Decide { tx, commit, keep } => {
+            let state = if *commit {
+                TxState::Applied
+            } else {
+                TxState::Aborted
+            };
+            if *keep {
+                let note = held.get(tx).map(|h| h.note.clone()).unwrap_or_default();
+                held.insert(
+                    *tx,
+                    Held {
+                        state,
+                        note,
+                        since,
+                        ops: Vec::new(),
+                        need: 0,
+                    },
+                );
+            } else {
+                held.remove(tx);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Opens the transactions' own log where one exists (`txn/log`), with the steps after the
+/// checkpoint's; none: nothing (it opens at the first step).
+pub(super) fn open_log(
+    dir: &std::path::Path,
+    config: WalConfig,
+) -> Result<(std::sync::OnceLock<Wal>, Vec<Record>)> {
+    let at = txn_log_dir(dir, false)?;
+    let log = std::sync::OnceLock::new();
+    if !at.exists() {
+        return Ok((log, Vec::new()));
+    }
+    let (_, after) = read_checkpoint(dir)?;
+    let (wal, recovered) = Wal::open(&at, config, after)?;
+    let _ = log.set(wal);
+    Ok((log, recovered.records))
 }

@@ -40,6 +40,9 @@ impl Live {
                         .insert(feed.clone(), *cursor);
                     continue;
                 }
+                // a transaction's step changes no table: its bookkeeping is the writer's
+                // (`txn.rs`), and a commit's rows are the record's other operations
+                op if op.is_txn() => continue,
                 _ => op.table().unwrap_or_default(),
             };
             let id = engine.table_id(table)?;
@@ -107,7 +110,11 @@ impl Live {
                          published, not applied"
                     )));
                 }
-                Op::AssignKeys { .. } | Op::ReleaseKeys { .. } | Op::Cursor { .. } => {
+                Op::AssignKeys { .. }
+                | Op::ReleaseKeys { .. }
+                | Op::Cursor { .. }
+                | Op::Prepare { .. }
+                | Op::Decide { .. } => {
                     unreachable!("applied above")
                 }
             }
@@ -296,7 +303,7 @@ impl Live {
             })
         });
         if releases {
-            self.mark_format(w, nearrec_format::FORMAT_VERSION)?;
+            self.mark_format(w, nearrec_format::RELEASES_VERSION)?;
         }
         Ok(())
     }

@@ -149,7 +149,10 @@ pub fn a_feeds_share_commits_once(open: Open) {
     assert_eq!((c.sequence, c.rows), (3, 1));
     assert!(c.applied_ms > 0, "stamped as the commit logged it: {c:?}");
     let v2 = replica.decide(2, Decision::Commit, false).unwrap();
-    assert_eq!(v2, v1, "the second share logged nothing");
+    assert_eq!(
+        v2, v1,
+        "the second share logged no write (its decision alone)"
+    );
     let (pooled, _) = store.lookup(&rows_batch(&[4, 5])).unwrap();
     assert_eq!(&pooled.values[..d], &one[..]);
     assert_ne!(

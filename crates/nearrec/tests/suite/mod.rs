@@ -703,6 +703,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         Ok(()) => assert_eq!(out, before, "a prepared write is not served"),
         Err(e) => assert_eq!(e.kind(), ErrorKind::StoreLocked, "{e}"),
     }
+    // nothing of it served, and no write counted (its record is in the transactions' own log)
     assert_eq!(store.version().unwrap(), v0);
     let listed = replica.transactions().unwrap();
     assert_eq!(listed.len(), 1);
@@ -783,6 +784,7 @@ pub fn a_prepared_write_commits_or_aborts_whole(open: Open) {
         replica.forget(t).unwrap();
     }
     assert!(replica.transactions().unwrap().is_empty());
+    // no write after the commit: aborts and forgets are none
     assert_eq!(store.version().unwrap(), v1);
 }
 
