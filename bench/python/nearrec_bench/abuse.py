@@ -68,6 +68,8 @@ class AbuseConfig:
     tricklers: int = 200
     flood: int = 400
     greedy: int = 32
+    #: the greedy principal's batches, this many times the good clients'
+    greedy_scale: int = 16
     #: the node's limits under test
     #: a quarter of the node's engine slots (max_in_flight 8)
     max_calls_per_principal: int = 2
@@ -218,8 +220,8 @@ def _good(cfg: AbuseConfig, stores: list[Any], tables: list[str], seconds: float
 
 def _greedy(cfg: AbuseConfig, address: str, tables: list[str], k: int, stop: threading.Event,
             answered: Count, refused: Count) -> None:
-    """The greedy principal's thread: batches 16 times the good clients', as fast as it gets
-    answers, never retried."""
+    """The greedy principal's thread: batches ``greedy_scale`` times the good clients', as fast
+    as it gets answers, never retried."""
     store = None
     while store is None and not stop.is_set():
         try:  # connecting asks the node for the store's tables: a call of the principal's too
@@ -231,7 +233,7 @@ def _greedy(cfg: AbuseConfig, address: str, tables: list[str], k: int, stop: thr
     rng = np.random.default_rng([cfg.seed, 1000 + k])
     while not stop.is_set():
         try:
-            store.lookup_many(_lookups(rng, cfg, tables, 16))
+            store.lookup_many(_lookups(rng, cfg, tables, cfg.greedy_scale))
             answered.add()
         except Exception:  # noqa: BLE001 - refused past its share
             refused.add()
@@ -330,8 +332,8 @@ def run(cfg: AbuseConfig, log: Callable[[str], None] = print) -> list[Record]:
             extra.update(tricklers=cfg.tricklers, tricklers_cut=totals["cut"], flood=cfg.flood,
                          flood_opened=totals["opened"], request_timeout_s=cfg.request_timeout_s)
         if phase == "greedy":
-            extra.update(greedy_threads=cfg.greedy, greedy_answered=totals["answered"],
-                         greedy_refused=totals["refused"],
+            extra.update(greedy_threads=cfg.greedy, greedy_scale=cfg.greedy_scale,
+                         greedy_answered=totals["answered"], greedy_refused=totals["refused"],
                          max_calls_per_principal=cfg.max_calls_per_principal)
         extra["node_refused"] = refused
         records.append(Record("abuse", "rmc1", cfg.batch, "uniform", f"good clients, {phase}",
@@ -366,7 +368,8 @@ def markdown(records: list[Record], command: str) -> str:
         f"tricklers (a body byte every 100 ms; request timeout "
         f"{slow.extra['request_timeout_s']:g} s) and {slow.extra['flood']} idle connections; "
         f"beside {greedy.extra['greedy_threads']} closed-loop threads of a greedy principal "
-        f"(batches 16 times as large; its share: {greedy.extra['max_calls_per_principal']} "
+        f"(batches {greedy.extra.get('greedy_scale', 16)} times as large; its share: "
+        f"{greedy.extra['max_calls_per_principal']} "
         f"calls). {_cores(alone.extra)}",
         "",
         "| good clients | answered/s | errors | p50 ms | p99 ms (median of rounds) "

@@ -261,13 +261,17 @@ impl Stores {
 /// holds a worker long: the async workers decode every request, and one principal's large
 /// lookups held there would keep the others' waiting behind them. Measured (`nearrec bench
 /// abuse`, the node on one core): beside a greedy principal's lookups of 16 Ki ids, the good
-/// clients' p99 was 17× their p99 alone when up to 64 Ki ids ran inline, 1.9× with 8 Ki.
+/// clients' p99 was 17× their p99 alone when up to 64 Ki ids ran inline, 1.9× with 8 Ki; with
+/// the fair CPU turns, up to 15.6× with 16 Ki inline and 1,400× with 32 Ki (beside lookups of
+/// 32 Ki ids), against 1.0–1.3× with 8 Ki (`bench/results/abuse-inline-ab.log`). The node's
+/// `inline_lookups` (`--inline-lookups`) sets it otherwise.
 pub const INLINE_LOOKUPS: usize = 1 << 13;
 
 /// Whether a lookup of `lookups` ids on `store` runs on the async worker that decoded it:
 /// when every row is in DRAM (it never waits on a device) and it is small. Handing it to a
 /// blocking thread instead costs two thread switches per request — measured at a fifth of a
 /// DRAM node's throughput on one core (`nearrec bench serve`, docs/serving.md).
-pub fn inline(store: &dyn StoreApi, lookups: usize) -> bool {
-    store.resident() && lookups <= INLINE_LOOKUPS
+/// `most`: the node's `inline_lookups`, [`INLINE_LOOKUPS`] unless configured.
+pub fn inline(store: &dyn StoreApi, lookups: usize, most: usize) -> bool {
+    store.resident() && lookups <= most
 }

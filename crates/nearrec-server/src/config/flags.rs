@@ -188,7 +188,14 @@ pub const FLAGS: &[Flag] = &[
         "cpu_turns",
         FlagKind::Int,
         "N",
-        "large DRAM-resident lookups (past 8,192 ids) and inferences running at once, in fair order between principals (0: one per core the node may run on)",
+        "large DRAM-resident lookups (past --inline-lookups ids) and inferences running at once, in fair order between principals (0: one per core the node may run on)",
+    ),
+    flag(
+        "inline-lookups",
+        "inline_lookups",
+        FlagKind::Int,
+        "N",
+        "DRAM-resident lookups of at most N ids run on the async worker that decoded them, larger ones on a blocking thread with a CPU turn",
     ),
     flag(
         "max-queued",

@@ -61,6 +61,9 @@ pub struct NodeConfig {
     /// Large DRAM-resident lookups and inferences running at once, taken in fair order between
     /// principals (`crate::fair`); 0: one per core the node may run on.
     pub cpu_turns: usize,
+    /// DRAM-resident lookups of at most this many ids run on the async worker that decoded them;
+    /// larger ones on a blocking thread with a CPU turn (`crate::stores::inline`).
+    pub inline_lookups: usize,
     /// Requests waiting for an engine slot; past them a request is refused
     /// (`RESOURCE_EXHAUSTED`).
     pub max_queued: usize,
@@ -363,6 +366,7 @@ impl Default for NodeConfig {
             insecure: false,
             max_in_flight: 8,
             cpu_turns: 0,
+            inline_lookups: crate::stores::INLINE_LOOKUPS,
             max_queued: 256,
             max_message_bytes: 64 << 20,
             // measured (`nearrec bench serve`, SSD tier, bench/results/serve.md): batches of up

@@ -68,7 +68,7 @@ impl NodeService {
             slot: None,
             bytes: Some(self.0.admission.reserve(bytes, call.conn.as_ref())?),
         };
-        let inline = inline(&*store, lookups);
+        let inline = inline(&*store, lookups, self.0.config.inline_lookups);
         // small lookups that read a device coalesce (on DRAM-resident tables the transport,
         // not the engine, is what a request costs: they run at once)
         if !raw && !store.resident() {
