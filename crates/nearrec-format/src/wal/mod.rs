@@ -14,6 +14,6 @@ pub use log::{
 };
 pub use record::{FRAME_BYTES, Init, MAX_PAYLOAD, Op, Record, Release, encode, payload_len};
 pub use txn::{
-    TXN_DIR, TXN_LOG_DIR, TxFile, TxState, move_tx, read_checkpoint, read_txns, remove_tx, tx_path,
+    TXN_DIR, TXN_LOG_DIR, TxFile, TxState, read_checkpoint, read_txns, remove_tx, tx_path,
     txn_log_dir, write_checkpoint, write_tx,
 };

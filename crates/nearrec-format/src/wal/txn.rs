@@ -12,18 +12,18 @@
 //! A file is magic `NRTXN001`, the id (16 bytes, little-endian), the note's length (`u32`) and
 //! the note (the coordinator's, UTF-8), the operations as one log record ([`super::encode`],
 //! sequence number 0), and a CRC-32C of everything before it. Files are written under a
-//! temporary name, synced, renamed into place and the directory synced; a state change is a
-//! rename, synced likewise. Since version 9 a store's steps of a transaction are records of
+//! temporary name, synced, renamed into place and the directory synced
+//! ([`crate::sync::replace_file`]); a state change writes the new state's file and removes the
+//! old one's. Since version 9 a store's steps of a transaction are records of
 //! logs — a prepare and an abort of the transactions' own log (`txn/log`), a commit of the
 //! store's, with its rows — and the files a checkpoint of them (`CHECKPOINT` names how far).
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::record::{Frame, Op, decode, encode};
 use crate::error::{FormatError, Result};
-use crate::sync::fsync_dir;
+use crate::sync::{fsync_dir, replace_file};
 
 /// The directory of a store that holds its transactions.
 pub const TXN_DIR: &str = "txn";
@@ -84,7 +84,6 @@ pub fn tx_path(dir: &Path, tx: u128, state: TxState) -> PathBuf {
 
 /// Writes transaction `tx`'s file in `state`, durably.
 pub fn write_tx(dir: &Path, tx: u128, state: TxState, note: &str, ops: &[Op]) -> Result<()> {
-    let txn = dir.join(TXN_DIR);
     let path = tx_path(dir, tx, state);
     let mut bytes = Vec::with_capacity(64 + note.len());
     bytes.extend_from_slice(MAGIC);
@@ -97,27 +96,18 @@ pub fn write_tx(dir: &Path, tx: u128, state: TxState, note: &str, ops: &[Op]) ->
     })?;
     let crc = crc32c::crc32c(&bytes);
     bytes.extend_from_slice(&crc.to_le_bytes());
-    let created = !txn.exists();
-    fs::create_dir_all(&txn).map_err(|e| FormatError::io(&txn, e))?;
-    if created {
-        fsync_dir(dir)?;
-    }
-    let tmp = txn.join(format!(".{tx:032x}.tmp-{}", std::process::id()));
-    let written = File::create(&tmp)
-        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
-        .and_then(|()| fs::rename(&tmp, &path));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(FormatError::io(&path, e));
-    }
-    fsync_dir(&txn)
+    made_txn_dir(dir)?;
+    replace_file(&path, &bytes)
 }
 
-/// Moves transaction `tx`'s file from state `from` to `to`, durably (its contents stay).
-pub fn move_tx(dir: &Path, tx: u128, from: TxState, to: TxState) -> Result<()> {
-    let (a, b) = (tx_path(dir, tx, from), tx_path(dir, tx, to));
-    fs::rename(&a, &b).map_err(|e| FormatError::io(&a, e))?;
-    fsync_dir(&dir.join(TXN_DIR))
+/// Store `dir`'s `txn/`, made (and its making synced) when missing.
+fn made_txn_dir(dir: &Path) -> Result<PathBuf> {
+    let txn = dir.join(TXN_DIR);
+    if !txn.exists() {
+        fs::create_dir_all(&txn).map_err(|e| FormatError::io(&txn, e))?;
+        fsync_dir(dir)?;
+    }
+    Ok(txn)
 }
 
 /// Removes transaction `tx`'s file in `state`, durably (none there is no error).
@@ -186,14 +176,10 @@ pub fn read_txns(dir: &Path) -> Result<Vec<TxFile>> {
 /// The directory of store `dir`'s transactions' own log (`txn/log`), made (durably) when
 /// `make` and missing.
 pub fn txn_log_dir(dir: &Path, make: bool) -> Result<PathBuf> {
-    let txn = dir.join(TXN_DIR);
-    let log = txn.join(TXN_LOG_DIR);
+    let log = dir.join(TXN_DIR).join(TXN_LOG_DIR);
     if make && !log.exists() {
-        let new_txn = !txn.exists();
-        fs::create_dir_all(&log).map_err(|e| FormatError::io(&log, e))?;
-        if new_txn {
-            fsync_dir(dir)?;
-        }
+        let txn = made_txn_dir(dir)?;
+        fs::create_dir(&log).map_err(|e| FormatError::io(&log, e))?;
         fsync_dir(&txn)?;
     }
     Ok(log)
@@ -202,27 +188,12 @@ pub fn txn_log_dir(dir: &Path, make: bool) -> Result<PathBuf> {
 /// Writes `txn/CHECKPOINT`: the files hold every transaction the store held as of record
 /// `upto.0` of the store's log and record `upto.1` of the transactions' own, durably.
 pub fn write_checkpoint(dir: &Path, upto: (u64, u64)) -> Result<()> {
-    let txn = dir.join(TXN_DIR);
-    let path = txn.join(CHECKPOINT);
     let mut bytes = Vec::with_capacity(28);
     bytes.extend_from_slice(CHECKPOINT_MAGIC);
     bytes.extend_from_slice(&upto.0.to_le_bytes());
     bytes.extend_from_slice(&upto.1.to_le_bytes());
     bytes.extend_from_slice(&crc32c::crc32c(&bytes).to_le_bytes());
-    let created = !txn.exists();
-    fs::create_dir_all(&txn).map_err(|e| FormatError::io(&txn, e))?;
-    if created {
-        fsync_dir(dir)?;
-    }
-    let tmp = txn.join(format!(".checkpoint.tmp-{}", std::process::id()));
-    let written = File::create(&tmp)
-        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
-        .and_then(|()| fs::rename(&tmp, &path));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(FormatError::io(&path, e));
-    }
-    fsync_dir(&txn)
+    replace_file(&made_txn_dir(dir)?.join(CHECKPOINT), &bytes)
 }
 
 /// The records `txn/CHECKPOINT` names, of the store's log and of the transactions' own
@@ -291,7 +262,9 @@ mod tests {
         assert_eq!(read.len(), 1);
         assert_eq!((read[0].tx, read[0].state), (tx, TxState::Prepared));
         assert_eq!((read[0].note.as_str(), &read[0].ops), ("decider=0/0", &ops));
-        move_tx(dir.path(), tx, TxState::Prepared, TxState::Committed).unwrap();
+        // a state change, as a checkpoint makes it: the new state's file, the old one's gone
+        write_tx(dir.path(), tx, TxState::Committed, "decider=0/0", &ops).unwrap();
+        remove_tx(dir.path(), tx, TxState::Prepared).unwrap();
         assert_eq!(read_txns(dir.path()).unwrap()[0].state, TxState::Committed);
         // a flipped byte anywhere is refused, naming the file
         let path = tx_path(dir.path(), tx, TxState::Committed);
