@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,8 @@ from nearrec.plan import make_plan
 from nearrec_bench import _native
 from nearrec_bench.cache import (
     CacheBenchConfig,
-    _batches,
     _store,
+    _timed,
     _warm,
     generator,
     in_memory,
@@ -48,22 +47,18 @@ from nearrec_bench.ssd import drop_page_cache
 def _per_batch(store: nearrec.Store, tr: nt.Trace, warm: int, batch: int,
                seconds: float) -> dict[str, list[float]]:
     """The timed part, batch by batch: latency (s), device reads, lookups the SSD tier served."""
-    out: dict[str, list[float]] = {"lat": [], "reads": [], "ssd": []}
+    out: dict[str, list[float]] = {"reads": [], "ssd": []}
     before = store.stats()
-    start = time.perf_counter()
-    for b in _batches(tr, warm, tr.bags, batch):
-        if len(b[0].offsets) < batch:
-            break
-        t = time.perf_counter()
-        store.lookup_many(b)
-        out["lat"].append(time.perf_counter() - t)
+
+    def count() -> None:
+        nonlocal before
         after = store.stats()
         for key, name in (("reads", "device_reads"), ("ssd", "lookups_ssd")):
             # (a DRAM-resident store counts neither)
             out[key].append(float(after.get(name, 0)) - float(before.get(name, 0)))
         before = after
-        if time.perf_counter() - start > seconds:
-            break
+
+    out["lat"] = _timed(store.lookup_many, tr, warm, batch, seconds, after=count)
     return out
 
 

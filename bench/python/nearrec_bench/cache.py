@@ -174,8 +174,9 @@ def _warm(fn: Callable[[list[Any]], Any], tr: nt.Trace, warm: int, batch: int,
 
 
 def _timed(fn: Callable[[list[Any]], Any], tr: nt.Trace, warm: int, batch: int,
-           seconds: float) -> list[float]:
-    """Serves the timed part until it ends or `seconds` pass; each batch's latency."""
+           seconds: float, after: Callable[[], None] | None = None) -> list[float]:
+    """Serves the timed part until it ends or `seconds` pass; each batch's latency (`after`
+    called after each batch, untimed)."""
     lat: list[float] = []
     start = time.perf_counter()
     for b in _batches(tr, warm, tr.bags, batch):
@@ -184,6 +185,8 @@ def _timed(fn: Callable[[list[Any]], Any], tr: nt.Trace, warm: int, batch: int,
         t = time.perf_counter()
         fn(b)
         lat.append(time.perf_counter() - t)
+        if after is not None:
+            after()
         if time.perf_counter() - start > seconds and len(lat) >= 4:
             break
     return lat
