@@ -1,10 +1,91 @@
-//! The write path of a live store: a call encoded, logged and applied to the deltas (also
-//! replayed records, a transaction's decided writes, a catch-up's adopted rows, expiry), and
-//! the writer's budget for the deltas.
+//! The write path of a live store: what a call writes ([`RowWrite`], [`RowValues`],
+//! [`WriteOptions`]), the call encoded, logged and applied to the deltas (also replayed records,
+//! a transaction's decided writes, a catch-up's adopted rows, expiry), and the writer's budget
+//! for the deltas.
 
 use std::borrow::Cow;
 
 use super::*;
+
+/// One table's rows written by a call: ids and their rows' values.
+#[derive(Debug, Clone, Copy)]
+pub struct RowWrite<'a> {
+    pub table: &'a str,
+    pub ids: &'a [i64],
+    /// `None`: the rows are removed.
+    pub values: Option<RowValues<'a>>,
+}
+
+/// A write's rows: float32 values (`ids.len() × dim`), encoded with the table's dtype as they
+/// are written; or rows already in the table's encoding (`ids.len() × row_bytes`: FBGEMM's
+/// fused row-wise layouts for int8 / int4 / int2, `docs/format.md` §4), taken as they are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowValues<'a> {
+    F32(&'a [f32]),
+    Encoded(&'a [u8]),
+}
+
+/// [`RowValues`] owned (a write decoded from the wire, or split by a router).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OwnedValues {
+    F32(Vec<f32>),
+    Encoded(Vec<u8>),
+}
+
+impl<'a> RowValues<'a> {
+    /// Rows `range` of these values, which hold `rows` rows of one width.
+    pub fn rows(self, range: std::ops::Range<usize>, rows: usize) -> RowValues<'a> {
+        fn cut<T>(v: &[T], range: std::ops::Range<usize>, rows: usize) -> &[T] {
+            let width = v.len().checked_div(rows).unwrap_or(0);
+            &v[range.start * width..range.end * width]
+        }
+        match self {
+            RowValues::F32(v) => RowValues::F32(cut(v, range, rows)),
+            RowValues::Encoded(b) => RowValues::Encoded(cut(b, range, rows)),
+        }
+    }
+
+    /// Their size in bytes.
+    pub fn bytes(self) -> usize {
+        match self {
+            RowValues::F32(v) => 4 * v.len(),
+            RowValues::Encoded(b) => b.len(),
+        }
+    }
+}
+
+impl OwnedValues {
+    pub fn as_values(&self) -> RowValues<'_> {
+        match self {
+            OwnedValues::F32(v) => RowValues::F32(v),
+            OwnedValues::Encoded(b) => RowValues::Encoded(b),
+        }
+    }
+
+    /// No rows yet, of the kind of `like`.
+    pub fn empty_like(like: RowValues<'_>) -> Self {
+        match like {
+            RowValues::F32(_) => OwnedValues::F32(Vec::new()),
+            RowValues::Encoded(_) => OwnedValues::Encoded(Vec::new()),
+        }
+    }
+
+    /// Appends `rows`, of this kind (rows of the other kind are a caller's bug: ignored).
+    pub fn extend(&mut self, rows: RowValues<'_>) {
+        match (self, rows) {
+            (OwnedValues::F32(o), RowValues::F32(v)) => o.extend_from_slice(v),
+            (OwnedValues::Encoded(o), RowValues::Encoded(b)) => o.extend_from_slice(b),
+            _ => debug_assert!(false, "rows of another kind"),
+        }
+    }
+}
+
+/// How a call's rows are checked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteOptions {
+    /// Accept NaN and infinite values (refused by default: a NaN row poisons every bag).
+    pub allow_nonfinite: bool,
+}
 
 impl Live {
     /// Applies record `lsn` (the next one), `ops`, to the deltas and publishes it.
