@@ -6,12 +6,14 @@
 //! - the **hot-partition curve**: the second-half lookups that the `k` rows most frequent in the
 //!   first half would serve if pinned (RecSSD's static partition);
 //! - the **LRU curve**: the second half's hit ratio for a row cache of `c` rows, from Mattson
-//!   stack distances ([`Profile`]).
+//!   stack distances ([`Profile`]), the cache warmed by the first half as a serving cache is
+//!   (scored cold, it would be charged for every row the first half brought in, which the pinned
+//!   rows ranked on that half are not).
 //!
-//! Every number here is computed as `nearrec.plan` computes it in Python (numpy), down to the
-//! floating-point operations, so that both plan alike.
+//! Hits are not all a table's lookups cost: each DRAM structure a lookup probes costs it time
+//! whether it hits or not ([`PROBE_COST`]), so a table's bytes are split between pinned rows and
+//! a row cache by the reads the split saves less what its probes cost.
 
-use std::borrow::Cow;
 use std::cmp::Reverse;
 
 use nearrec_format::TableMeta;
@@ -25,6 +27,13 @@ pub use nearrec_cache::SLOT_OVERHEAD;
 pub const HOT_ROW_OVERHEAD: u64 = nearrec_cache::HotPartition::ROW_OVERHEAD;
 /// Splits of a table's share tried between hot partition and row cache (the hot share).
 pub const SPLITS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
+/// What a lookup's probe of one DRAM structure (a hot partition, a row cache) costs, in device
+/// reads: a table with both probes twice for every lookup. Measured on RMC1 at K = 0 (issue 67,
+/// `docs/results.md` "Pinned rows and a row cache, or one of them"): a second structure costs
+/// 7–8 ns a lookup, and a read from this machine's disk 10–13 µs of its time (75–95k reads/s),
+/// 1/1,500 of a read; a disk ten times faster makes it 1/150. Pinned rows beside a row cache
+/// must save at least one read in a thousand lookups.
+pub const PROBE_COST: f64 = 1e-3;
 /// Points of the curve a plan keeps per table (for plots).
 pub const CURVE_POINTS: usize = 65;
 
@@ -71,7 +80,9 @@ pub(crate) struct TableCurves {
     pub hot_hits: Vec<f64>,
     /// The second half.
     test: Vec<u64>,
-    /// Its LRU curve.
+    /// The first half, in order (what warms the cache the second half is scored on).
+    train: Vec<u64>,
+    /// Its LRU curve, warmed by the first half.
     lru: LruCurve,
     pub working_set: u64,
     /// LRU hit ratio with a cache of 10 % of the working set.
@@ -116,9 +127,10 @@ impl TableCurves {
     pub fn new(table: &PlanTable, ids: &[i64]) -> Self {
         let half = ids.len() / 2;
         let as_ids = |s: &[i64]| s.iter().map(|&i| i as u64).collect::<Vec<u64>>();
-        let mut train = as_ids(&ids[..half]);
-        train.sort_unstable();
-        let (rows, counts) = runs(&train);
+        let train = as_ids(&ids[..half]);
+        let mut sorted = train.clone();
+        sorted.sort_unstable();
+        let (rows, counts) = runs(&sorted);
         let mut by_count: Vec<usize> = (0..rows.len()).collect();
         // numpy: a stable argsort of -count over rows sorted by id
         by_count.sort_unstable_by_key(|&i| (Reverse(counts[i]), rows[i]));
@@ -135,7 +147,7 @@ impl TableCurves {
             acc += test_rows.binary_search(row).map_or(0, |j| test_counts[j]);
             hot_hits.push(acc as f64);
         }
-        let profile = Profile::of(test.iter().copied());
+        let profile = Profile::after(train.iter().copied(), test.iter().copied());
         let working_set = profile.working_set();
         let lru = profile.lru_curve();
         let locality = if test.is_empty() {
@@ -149,6 +161,7 @@ impl TableCurves {
             order,
             hot_hits,
             test,
+            train,
             lru,
             working_set,
             locality,
@@ -178,9 +191,14 @@ impl TableCurves {
     }
 
     /// The best split of `nbytes` into pinned rows and row-cache bytes, each tried on the
-    /// second half with the pinned rows taken out: (hits, hot rows, cache bytes).
+    /// second half with the pinned rows taken out, with the cache and (rows pinned) without it:
+    /// (hits, hot rows, cache bytes). Best by the reads a split saves less what its probes
+    /// cost ([`PROBE_COST`] a lookup for each structure): rows are pinned beside a cache only
+    /// where they save more reads than the second probe costs, and on a tie the cache alone
+    /// wins (its hit costs no more than a pinned row's, measured).
     pub fn split(&self, nbytes: u64) -> (f64, usize, u64) {
-        let mut best = (-1.0, 0, 0);
+        let probe = self.lookups as f64 * PROBE_COST;
+        let mut best = (f64::NEG_INFINITY, (0.0, 0, 0));
         let mut tried = None;
         for f in SPLITS {
             let k = floor_div(f * nbytes as f64, self.pin() as f64) as u64;
@@ -191,34 +209,41 @@ impl TableCurves {
             }
             tried = Some(k);
             let cache = nbytes.saturating_sub(k as u64 * self.pin());
-            let rest: Cow<'_, [u64]> = if k > 0 {
-                let hot: FxHashSet<u64> = self.order[..k].iter().copied().collect();
-                Cow::Owned(
-                    self.test
-                        .iter()
-                        .copied()
-                        .filter(|r| !hot.contains(r))
-                        .collect(),
-                )
-            } else {
-                Cow::Borrowed(&self.test)
-            };
-            let cached = match (rest.is_empty(), k) {
-                (true, _) => 0.0,
-                (false, 0) => self.lru.hit_ratio(cache / self.slot()) * rest.len() as f64,
-                (false, _) => {
-                    Profile::of(rest.iter().copied())
-                        .lru_curve()
-                        .hit_ratio(cache / self.slot())
-                        * rest.len() as f64
+            let hot = self.hot_hits[k];
+            let pinned = u8::from(k > 0);
+            let with = (
+                hot + self.cached(k, cache),
+                pinned + u8::from(cache >= self.slot()),
+            );
+            let without = (hot, pinned);
+            for ((hits, probes), cache) in [(with, cache), (without, 0)] {
+                let score = hits - probe * f64::from(probes);
+                if score > best.0 + 1e-9 {
+                    best = (score, (hits, k, cache));
                 }
-            };
-            let hits = self.hot_hits[k] + cached;
-            if hits > best.0 + 1e-9 {
-                best = (hits, k, cache);
             }
         }
-        best
+        best.1
+    }
+
+    /// The second half's hits in a (warm) row cache of `cache` bytes beside the first `k`
+    /// rows of `order` pinned: the lookups of the rows not pinned.
+    fn cached(&self, k: usize, cache: u64) -> f64 {
+        if k == 0 {
+            return self.lru.hit_ratio(cache / self.slot()) * self.test.len() as f64;
+        }
+        let hot: FxHashSet<u64> = self.order[..k].iter().copied().collect();
+        let unpinned = |ids: &[u64]| -> Vec<u64> {
+            ids.iter().copied().filter(|r| !hot.contains(r)).collect()
+        };
+        let rest = unpinned(&self.test);
+        if rest.is_empty() {
+            return 0.0;
+        }
+        Profile::after(unpinned(&self.train).into_iter(), rest.iter().copied())
+            .lru_curve()
+            .hit_ratio(cache / self.slot())
+            * rest.len() as f64
     }
 
     /// The hot-partition and LRU hit ratios on a grid of [`CURVE_POINTS`] sizes from 0 to the
@@ -285,25 +310,37 @@ mod tests {
         assert_eq!(c.working_set, 3);
         // the whole table serves every lookup
         assert_eq!(c.hits(8 * 64), 8.0);
-        // two pinned rows serve 5 of 8; as many bytes of LRU cache (1 to 3 slots: a slot costs
-        // about what a pinned row does) at most 5
-        assert!((1..=3).contains(&(2 * c.pin() / c.slot())));
-        assert_eq!(c.hits(2 * c.pin()), 5.0);
-        // one slot: the one lookup at distance 1 (5 right after 5)
-        assert_eq!(c.hits(c.slot()), 1.0);
+        // two pinned rows serve 5 of 8; as many bytes of cache (two slots: a slot costs about
+        // what a pinned row does), warmed by the first half, 6 (distances 1 3 2 0 1 2 2 2)
+        assert_eq!(2 * c.pin() / c.slot(), 2);
+        assert_eq!(c.hits(2 * c.pin()), 6.0);
+        // one slot: the two lookups at distance 1
+        assert_eq!(c.hits(c.slot()), 2.0);
         assert_eq!(c.hits(0), 0.0);
     }
 
     #[test]
-    fn a_split_pins_rows_that_stay_hot() {
-        // the first half's busy rows, 1 and 2, are the second half's only rows, alternating
-        // (LRU distance 2): pinned, they serve all 6; a cache of the same bytes fewer
+    fn a_split_pins_rows_a_scan_would_push_out() {
+        // the first half's busy rows, 1 and 2, come back in the second half between rows seen
+        // once: pinned, they serve 3 of 8; a cache of the same bytes (two slots) loses them to
+        // the scan and serves 1
+        let ids = [1, 1, 2, 2, 1, 2, 1, 2, 1, 3, 4, 5, 2, 6, 7, 1];
+        let c = TableCurves::new(&table(10, 64), &ids);
+        let nbytes = 2 * c.pin();
+        assert_eq!(c.hits(nbytes), 3.0);
+        assert_eq!(c.split(nbytes), (3.0, 2, 0));
+        assert_eq!(c.split(0), (0.0, 0, 0));
+    }
+
+    #[test]
+    fn a_split_keeps_one_structure_when_pinning_buys_nothing() {
+        // the second half alternates the first half's busy rows: pinned, they serve all 8, and
+        // so does a warm cache of the same bytes, probed once where pinned rows beside it would
+        // make two probes: the cache alone
         let ids = [1, 1, 2, 2, 9, 8, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2];
         let c = TableCurves::new(&table(10, 64), &ids);
         let nbytes = 2 * c.pin();
-        assert!(nbytes / c.slot() >= 1);
-        assert_eq!(c.split(nbytes), (8.0, 2, 0));
-        assert_eq!(c.split(0), (0.0, 0, 0));
+        assert_eq!(c.split(nbytes), (8.0, 0, nbytes));
     }
 
     #[test]

@@ -6,11 +6,14 @@
 //! marginal gain: each step gives the next slice of bytes to the table whose lookups it saves
 //! most reads for (misses cost a device read each), looking ahead past steps such as "keep the
 //! whole table". Each table's share is then split between a hot partition and a row cache by
-//! trying a few splits on the trace with the hot rows taken out. Bytes no curve could use (the
-//! trace was too short to show their value) become row caches, spread by lookups. The curves are
-//! LRU's; the engine's caches may run LFU or admission, which the benchmark compares.
+//! trying a few splits on the trace with the hot rows taken out, weighing the reads a split
+//! saves against the probes it costs every lookup (pinned rows beside a cache probe twice:
+//! [`PROBE_COST`](crate::curves::PROBE_COST)). Bytes no curve could use (the trace was too short
+//! to show their value) become row caches, spread by lookups over the tables that have a cache
+//! or no pinned rows. The curves are LRU's, warmed as a serving cache is; the engine's caches
+//! may run LFU or admission, which the benchmark compares.
 //!
-//! This is `nearrec.plan.make_plan` of the Python package, step for step.
+//! `nearrec.plan.make_plan` of the Python package calls it.
 
 use rustc_hash::FxHashMap;
 
@@ -148,9 +151,19 @@ pub fn make_plan(
         .map(|t| TableCurves::new(tables[t.name], t.indices))
         .collect();
     let (given, left) = greedy(&curves, budget, steps);
+    let splits: Vec<(f64, usize, u64)> = curves
+        .iter()
+        .zip(&given)
+        .map(|(c, &b)| match b < c.table.data_bytes {
+            true => c.split(b),
+            false => (c.lookups as f64, 0, 0),
+        })
+        .collect();
     // bytes no curve could use (the trace saw too little) still serve as row caches: spread them
-    // over the tables not kept whole, in proportion to their lookups
-    let open = |i: usize| given[i] < curves[i].table.data_bytes;
+    // over the tables not kept whole, in proportion to their lookups — but not beside pinned rows
+    // that have no cache, where they would add a second probe to every lookup (PROBE_COST)
+    let open =
+        |i: usize| given[i] < curves[i].table.data_bytes && (splits[i].1 == 0 || splits[i].2 > 0);
     let weight: u64 = (0..curves.len())
         .filter(|&i| open(i))
         .map(|i| curves[i].lookups)
@@ -182,7 +195,7 @@ pub fn make_plan(
             tp.resident = true;
             tp.expected_hit_ratio = 1.0;
         } else if b.saturating_add(leftover) > 0 {
-            let (hits, k, cache) = c.split(b);
+            let (hits, k, cache) = splits[i];
             tp.hot_rows = c.order[..k].to_vec();
             tp.cache_bytes = cache + leftover;
             tp.expected_hit_ratio = hits / c.lookups.max(1) as f64;

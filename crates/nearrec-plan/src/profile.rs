@@ -97,16 +97,34 @@ pub struct Profile {
 impl Profile {
     /// Profiles `trace` in O(n log n).
     pub fn of(trace: impl ExactSizeIterator<Item = u64>) -> Self {
-        let mut counter = DistanceCounter::new(trace.len());
-        let mut last: FxHashMap<u64, usize> = FxHashMap::default();
+        Self::after(std::iter::empty(), trace)
+    }
+
+    /// Profiles `trace` as a cache that has already seen `warm` meets it: `warm`'s accesses move
+    /// the stack but are not counted, so a row `warm` used comes back at its true distance, not
+    /// as a first reference. The working set is still `trace`'s distinct rows. A serving cache
+    /// is warm: scored cold, a trace's second half would charge an LRU cache for every row its
+    /// first half brought in, which pinned rows ranked on that first half are not charged.
+    pub fn after(
+        warm: impl ExactSizeIterator<Item = u64>,
+        trace: impl ExactSizeIterator<Item = u64>,
+    ) -> Self {
+        let mut counter = DistanceCounter::new(warm.len() + trace.len());
+        // each row's last access, and whether `trace` has used it yet
+        let mut last: FxHashMap<u64, (usize, bool)> = FxHashMap::default();
+        for id in warm {
+            let now = counter.time();
+            counter.access(last.insert(id, (now, false)).map(|l| l.0));
+        }
         let mut unique = Vec::new();
         let mut histogram: FxHashMap<u64, u64> = FxHashMap::default();
         for id in trace {
             let now = counter.time();
-            let d = counter.access(last.insert(id, now));
-            if d == 0 {
+            let before = last.insert(id, (now, true));
+            if !before.is_some_and(|l| l.1) {
                 unique.push(id);
             }
+            let d = counter.access(before.map(|l| l.0));
             *histogram.entry(d).or_default() += 1;
         }
         let mut pairs: Vec<(u64, u64)> = histogram.into_iter().collect();
@@ -136,8 +154,8 @@ impl Profile {
         first as f64 / self.accesses().max(1) as f64
     }
 
-    /// The hit ratio of an LRU cache of `capacity` rows over the trace (cold start): the share of
-    /// accesses at distances `1..=capacity`.
+    /// The hit ratio of an LRU cache of `capacity` rows over the trace (cold start, or warmed as
+    /// [`Profile::after`] says): the share of accesses at distances `1..=capacity`.
     pub fn lru_hit_ratio(&self, capacity: u64) -> f64 {
         let end = self.distances.partition_point(|&d| d <= capacity);
         let start = self.distances.partition_point(|&d| d == 0);
@@ -245,5 +263,21 @@ mod tests {
             assert_eq!(curve.hit_ratio(c), p.lru_hit_ratio(c), "capacity {c}");
         }
         assert_eq!(Profile::default().lru_curve().hit_ratio(3), 0.0);
+    }
+
+    #[test]
+    fn a_warm_prefix_moves_the_stack_but_is_not_counted() {
+        let p = Profile::after([5u64, 6].into_iter(), [5u64, 7, 6].into_iter());
+        // 5: one row (6) since its last use, distance 2; 7: first; 6: 5 and 7 since, distance 3
+        assert_eq!(p.distances, vec![0, 2, 3]);
+        assert_eq!(p.counts, vec![1, 1, 1]);
+        assert_eq!(p.unique, vec![5, 7, 6], "the scored part's working set");
+        assert!((p.lru_hit_ratio(2) - 1.0 / 3.0).abs() < 1e-12);
+        // cold, the same three accesses are all first references
+        assert_eq!(Profile::of([5u64, 7, 6].into_iter()).lru_hit_ratio(3), 0.0);
+        assert_eq!(
+            Profile::after(std::iter::empty(), [5u64, 6, 5].into_iter()),
+            Profile::of([5u64, 6, 5].into_iter())
+        );
     }
 }
