@@ -30,7 +30,7 @@ pub const SPLITS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
 /// What a lookup's probe of one DRAM structure (a hot partition, a row cache) costs, in device
 /// reads: a table with both probes twice for every lookup. Measured on RMC1 at K = 0 (issue 67,
 /// `docs/results.md` "Pinned rows and a row cache, or one of them"): a second structure costs
-/// 7–8 ns a lookup, and a read from this machine's disk 10–13 µs of its time (75–95k reads/s),
+/// 6.5–7 ns a lookup, and a read from this machine's disk 10–13 µs of its time (75–95k reads/s),
 /// 1/1,500 of a read; a disk ten times faster makes it 1/150. Pinned rows beside a row cache
 /// must save at least one read in a thousand lookups.
 pub const PROBE_COST: f64 = 1e-3;
@@ -194,13 +194,16 @@ impl TableCurves {
     /// second half with the pinned rows taken out, with the cache and (rows pinned) without it:
     /// (hits, hot rows, cache bytes). Best by the reads a split saves less what its probes
     /// cost ([`PROBE_COST`] a lookup for each structure): rows are pinned beside a cache only
-    /// where they save more reads than the second probe costs, and on a tie the cache alone
-    /// wins (its hit costs no more than a pinned row's, measured).
+    /// where they save more reads than the second probe costs. On a tie the most rows pinned
+    /// and the least cache win: a pinned row's hit marks nothing, a cache hit marks its slot
+    /// for the policy, and where pinned rows serve the whole trace they were measured faster
+    /// than the same bytes of cache (`docs/results.md`, "Pinned rows and a row cache, or one of
+    /// them").
     pub fn split(&self, nbytes: u64) -> (f64, usize, u64) {
         let probe = self.lookups as f64 * PROBE_COST;
         let mut best = (f64::NEG_INFINITY, (0.0, 0, 0));
         let mut tried = None;
-        for f in SPLITS {
+        for f in SPLITS.into_iter().rev() {
             let k = floor_div(f * nbytes as f64, self.pin() as f64) as u64;
             let k = k.min(self.order.len() as u64) as usize;
             if tried == Some(k) {
@@ -216,7 +219,7 @@ impl TableCurves {
                 pinned + u8::from(cache >= self.slot()),
             );
             let without = (hot, pinned);
-            for ((hits, probes), cache) in [(with, cache), (without, 0)] {
+            for ((hits, probes), cache) in [(without, 0), (with, cache)] {
                 let score = hits - probe * f64::from(probes);
                 if score > best.0 + 1e-9 {
                     best = (score, (hits, k, cache));
@@ -333,14 +336,19 @@ mod tests {
     }
 
     #[test]
-    fn a_split_keeps_one_structure_when_pinning_buys_nothing() {
+    fn a_split_keeps_one_structure_where_a_second_buys_nothing() {
         // the second half alternates the first half's busy rows: pinned, they serve all 8, and
-        // so does a warm cache of the same bytes, probed once where pinned rows beside it would
-        // make two probes: the cache alone
+        // so does a warm cache of the same bytes; both beside each other would probe twice.
+        // One structure, the pinned rows (their hits mark nothing)
         let ids = [1, 1, 2, 2, 9, 8, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2];
         let c = TableCurves::new(&table(10, 64), &ids);
-        let nbytes = 2 * c.pin();
-        assert_eq!(c.split(nbytes), (8.0, 0, nbytes));
+        let nbytes = 4 * c.pin();
+        assert_eq!(c.split(nbytes), (8.0, 4, 0));
+        // a row the first half never read comes back in the second: a cache alone serves all
+        // but its first read (7), pinned rows beside a cache as many with two probes
+        let ids = [1, 1, 2, 2, 9, 8, 1, 2, 1, 2, 3, 1, 3, 2, 3, 1];
+        let c = TableCurves::new(&table(10, 64), &ids);
+        assert_eq!(c.split(nbytes), (7.0, 0, nbytes));
     }
 
     #[test]

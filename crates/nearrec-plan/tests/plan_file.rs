@@ -26,12 +26,14 @@ fn plan_dir() -> (tempfile::TempDir, PathBuf) {
             data_bytes: 50 * 64,
         },
     ];
-    // 150 busy rows, each back every 450 lookups between rows read once: a cache of the
-    // budget's bytes loses them to the scan, pinned they stay (so the plan has hot rows)
+    // 150 busy rows, each back every 450 lookups between rows read once (a cache of the
+    // budget's bytes would lose them to the scan; pinned they stay), and rows read twice close
+    // together, new all along (only a cache serves them): the plan pins rows and keeps a cache
     let big: Vec<i64> = (0..6_000i64)
         .map(|i| match i % 3 {
             0 => i / 3 % 150,
-            _ => 150 + i * 7919 % 4_850,
+            1 => 4_999 - i / 6,
+            _ => 150 + i * 7919 % 3_800,
         })
         .collect();
     let tiny: Vec<i64> = (0..6_000i64).map(|i| i * 31 % 50).collect();
@@ -49,7 +51,7 @@ fn plan_dir() -> (tempfile::TempDir, PathBuf) {
             keys: false,
         },
     ];
-    let mut plan = make_plan(&store, &trace, 20_000, DEFAULT_STEPS).unwrap();
+    let mut plan = make_plan(&store, &trace, 24_000, DEFAULT_STEPS).unwrap();
     plan.trace = "t.nrtrace".into();
     plan.store = "s".into();
     let path = dir.path().join("p.toml");
@@ -61,7 +63,7 @@ fn plan_dir() -> (tempfile::TempDir, PathBuf) {
         "a saved plan loads as its placement"
     );
     assert!(back.tables["tiny \"q\""].resident);
-    assert!(!back.tables["big"].hot_rows.is_empty());
+    assert!(!back.tables["big"].hot_rows.is_empty() && back.tables["big"].cache_bytes > 0);
     (dir, path)
 }
 
