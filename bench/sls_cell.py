@@ -42,14 +42,15 @@ def main() -> None:
     p.add_argument("--rows-used", default="0",
                    help="comma-separated: 0 serves the ids as drawn, K folds them into K rows")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="pooling threads (0: every core)")
     p.add_argument("--scratch", type=Path, default=Path("bench/scratch"))
     p.add_argument("--name", default="", help="record bench/results/NAME.{json,md}")
     args = p.parse_args()
     path = args.scratch / f"sls-cell-{args.model}-{args.rows}"
     if not path.exists():
         nearrec.build(path, args.model, rows=args.rows, seed=1, progress=False)
-    store = nearrec.open(path)
-    threads = os.cpu_count() or 1
+    threads = args.threads or os.cpu_count() or 1
+    store = nearrec.open(path, threads=threads)
     names = list(store.tables)
     lookups = nearrec.model_spec(args.model).lookups
     n = args.batch * lookups
@@ -115,7 +116,8 @@ def _torch_calls(bags: list[Any], sets: list[list[np.ndarray]],
 def record(args: argparse.Namespace, got: dict[str, list[float]], threads: int,
            per_sample: int) -> None:
     command = (f"python bench/sls_cell.py {args.model} --batch {args.batch} --rows {args.rows} "
-               f"--seconds {args.seconds} --rows-used {args.rows_used} --rounds {args.rounds}"
+               f"--seconds {args.seconds} --rows-used {args.rows_used} --rounds {args.rounds} "
+               f"--threads {threads}"
                + (" --torch" if args.torch else "") + f" --name {args.name}")
     out = {"command": command, "environment": environment(), "threads": threads,
            "lookups_per_sample": per_sample, "samples_per_s": got}
