@@ -239,6 +239,22 @@ impl ShardMap {
         }
     }
 
+    /// [`Self::read`] from a caller outside the runtime. A read etcd refused at once is sent once
+    /// more after [`REFUSED_PAUSE`]: a member just lost refuses connections until the client's
+    /// balancer drops it, and the next read likely goes to another. A read that went
+    /// unanswered for half the timeout or more is not sent again.
+    pub(crate) fn read_now(&self, shard: usize) -> Result<Seen, String> {
+        let start = Instant::now();
+        match self.blocking(self.read(shard)) {
+            Err(why) if start.elapsed() < self.timeout / 2 => {
+                std::thread::sleep(REFUSED_PAUSE);
+                (self.blocking(self.read(shard)))
+                    .map_err(|again| format!("{why}; read again: {again}"))
+            }
+            got => got,
+        }
+    }
+
     /// Shard `shard`'s record, read linearizably (through the quorum).
     pub async fn read(&self, shard: usize) -> Result<Seen, String> {
         let mut kv = self.client.kv_client();
@@ -295,8 +311,11 @@ impl ShardMap {
         outcome(
             next,
             self.blocking(self.change(shard, from, next, fresh)),
-            || self.blocking(self.change(shard, from, next, fresh)),
-            || self.blocking(self.read(shard)).map(|s| s.record),
+            || {
+                std::thread::sleep(REFUSED_PAUSE);
+                self.blocking(self.change(shard, from, next, fresh))
+            },
+            || self.read_now(shard).map(|s| s.record),
         )
     }
 
@@ -393,6 +412,11 @@ fn still(key: &str, revision: i64) -> Compare {
         Compare::mod_revision(key, CompareOp::Equal, revision)
     }
 }
+
+/// How long a call etcd refused waits before it is sent again: time for the client's balancer
+/// to drop a member that was just lost (seen in the suite: a change sent again at once to the
+/// member a test had killed, refused twice).
+pub(crate) const REFUSED_PAUSE: Duration = Duration::from_millis(200);
 
 /// Whether a change making `ours` a record (a shard's, the store's) was made (`Ok(false)`: another change was
 /// made first), from etcd's answer to it (`first`). Without one the transaction may have been

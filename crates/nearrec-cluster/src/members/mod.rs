@@ -115,7 +115,7 @@ pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
         (pin == 0 || served.unwrap_or(0) == pin).then_some((m, count))
     });
     let etcd = match &shard.etcd {
-        Some(map) => (map.blocking(map.read(shard.index))).map(Some),
+        Some(map) => map.read_now(shard.index).map(Some),
         None => Ok(None),
     };
     let kept = match &etcd {
