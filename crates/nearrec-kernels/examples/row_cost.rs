@@ -10,7 +10,16 @@ use nearrec_format::{AlignedBuf, DType, RowLayout};
 use nearrec_kernels::{BagsOut, PoolJob, PoolingMode, TableView, pool_bags};
 
 fn main() {
-    let (rows, bags, per_bag) = (4096u64, 256usize, 40usize);
+    // the table's rows, the bags and their lookups (`ROWS`, `BAGS`, `PER_BAG` to change them:
+    // RMC2's bags are 120 lookups)
+    let var = |name: &str, default: usize| {
+        std::env::var(name).map_or(default, |v| v.parse().expect("a count"))
+    };
+    let (rows, bags, per_bag) = (
+        var("ROWS", 4096) as u64,
+        var("BAGS", 256),
+        var("PER_BAG", 40),
+    );
     // rounds of 20 calls a cell, the best one kept (`ROUNDS`, 9 unless set: more for a profile)
     let rounds: usize = std::env::var("ROUNDS").map_or(9, |r| r.parse().expect("a count"));
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
