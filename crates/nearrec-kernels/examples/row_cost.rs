@@ -11,7 +11,8 @@ use nearrec_kernels::{BagsOut, PoolJob, PoolingMode, TableView, pool_bags};
 
 fn main() {
     // the table's rows, the bags and their lookups (`ROWS`, `BAGS`, `PER_BAG` to change them:
-    // RMC2's bags are 120 lookups)
+    // RMC2's bags are 120 lookups), and the floats from one bag's output to the next (`STRIDE`:
+    // a store's answer holds every table's bag of a sample side by side; 0 = the width)
     let var = |name: &str, default: usize| {
         std::env::var(name).map_or(default, |v| v.parse().expect("a count"))
     };
@@ -20,6 +21,7 @@ fn main() {
         var("BAGS", 256),
         var("PER_BAG", 40),
     );
+    let stride = var("STRIDE", 0);
     // rounds of 20 calls a cell, the best one kept (`ROUNDS`, 9 unless set: more for a profile)
     let rounds: usize = std::env::var("ROUNDS").map_or(9, |r| r.parse().expect("a count"));
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -71,7 +73,8 @@ fn main() {
                 );
             }
             let table = TableView::new(buf.as_slice(), layout, dtype, dim).unwrap();
-            let mut out = vec![0f32; bags * dim as usize];
+            let stride = stride.max(dim as usize);
+            let mut out = vec![0f32; bags * stride];
             let mut cost = |weighted: bool| {
                 let job = PoolJob {
                     indices: &indices[..],
@@ -84,7 +87,7 @@ fn main() {
                 for _ in 0..rounds {
                     let t = Instant::now();
                     for _ in 0..20 {
-                        let mut o = BagsOut::from_slice(&mut out, dim as usize, dim as usize, bags);
+                        let mut o = BagsOut::from_slice(&mut out, stride, dim as usize, bags);
                         pool_bags(&table, black_box(&job), &mut o).unwrap();
                     }
                     best = best.min(t.elapsed().as_secs_f64() / (20 * bags * per_bag) as f64);
