@@ -232,6 +232,9 @@ impl TableCurves {
     /// The second half's hits in a (warm) row cache of `cache` bytes beside the first `k`
     /// rows of `order` pinned: the lookups of the rows not pinned.
     fn cached(&self, k: usize, cache: u64) -> f64 {
+        if cache < self.slot() {
+            return 0.0;
+        }
         if k == 0 {
             return self.lru.hit_ratio(cache / self.slot()) * self.test.len() as f64;
         }

@@ -151,19 +151,16 @@ pub fn make_plan(
         .map(|t| TableCurves::new(tables[t.name], t.indices))
         .collect();
     let (given, left) = greedy(&curves, budget, steps);
-    let splits: Vec<(f64, usize, u64)> = curves
+    // each table not kept whole: its share split between pinned rows and a row cache
+    let splits: Vec<Option<(f64, usize, u64)>> = curves
         .iter()
         .zip(&given)
-        .map(|(c, &b)| match b < c.table.data_bytes {
-            true => c.split(b),
-            false => (c.lookups as f64, 0, 0),
-        })
+        .map(|(c, &b)| (b < c.table.data_bytes).then(|| c.split(b)))
         .collect();
     // bytes no curve could use (the trace saw too little) still serve as row caches: spread them
     // over the tables not kept whole, in proportion to their lookups — but not beside pinned rows
     // that have no cache, where they would add a second probe to every lookup (PROBE_COST)
-    let open =
-        |i: usize| given[i] < curves[i].table.data_bytes && (splits[i].1 == 0 || splits[i].2 > 0);
+    let open = |i: usize| splits[i].is_some_and(|(_, k, cache)| k == 0 || cache > 0);
     let weight: u64 = (0..curves.len())
         .filter(|&i| open(i))
         .map(|i| curves[i].lookups)
@@ -190,15 +187,17 @@ pub fn make_plan(
             expected_hit_ratio: 0.0,
             curve: c.curve(budget),
         };
-        let b = given[i];
-        if b >= c.table.data_bytes {
-            tp.resident = true;
-            tp.expected_hit_ratio = 1.0;
-        } else if b.saturating_add(leftover) > 0 {
-            let (hits, k, cache) = splits[i];
-            tp.hot_rows = c.order[..k].to_vec();
-            tp.cache_bytes = cache + leftover;
-            tp.expected_hit_ratio = hits / c.lookups.max(1) as f64;
+        match splits[i] {
+            None => {
+                tp.resident = true;
+                tp.expected_hit_ratio = 1.0;
+            }
+            Some((hits, k, cache)) if given[i].saturating_add(leftover) > 0 => {
+                tp.hot_rows = c.order[..k].to_vec();
+                tp.cache_bytes = cache + leftover;
+                tp.expected_hit_ratio = hits / c.lookups.max(1) as f64;
+            }
+            Some(_) => {}
         }
         out.push(tp);
     }
