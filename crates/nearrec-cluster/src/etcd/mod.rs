@@ -311,10 +311,7 @@ impl ShardMap {
         outcome(
             next,
             self.blocking(self.change(shard, from, next, fresh)),
-            || {
-                std::thread::sleep(REFUSED_PAUSE);
-                self.blocking(self.change(shard, from, next, fresh))
-            },
+            || self.blocking(self.change(shard, from, next, fresh)),
             || self.read_now(shard).map(|s| s.record),
         )
     }
@@ -421,9 +418,9 @@ pub(crate) const REFUSED_PAUSE: Duration = Duration::from_millis(200);
 /// Whether a change making `ours` a record (a shard's, the store's) was made (`Ok(false)`: another change was
 /// made first), from etcd's answer to it (`first`). Without one the transaction may have been
 /// applied all the same (a leader lost with it in flight, an answer past the deadline): it is
-/// sent `again` with the same compare, so that at most one of the two is applied; refused, the
-/// record `read` after says whether it is ours (the first was applied) or another's. `Err`: etcd
-/// answered neither.
+/// sent `again`, after [`REFUSED_PAUSE`], with the same compare, so that at most one of the two
+/// is applied; refused, the record `read` after says whether it is ours (the first was applied)
+/// or another's. `Err`: etcd answered neither.
 fn outcome<R: PartialEq>(
     ours: &R,
     first: Result<bool, String>,
@@ -433,6 +430,7 @@ fn outcome<R: PartialEq>(
     let Err(why) = first else {
         return first;
     };
+    std::thread::sleep(REFUSED_PAUSE);
     match again() {
         Ok(true) => Ok(true),
         Ok(false) => match read() {

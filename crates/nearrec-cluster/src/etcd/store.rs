@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use nearrec::{Error, ErrorKind};
 
-use super::{REFUSED_PAUSE, ShardMap, outcome, still};
+use super::{ShardMap, outcome, still};
 
 /// The sharded store's record, under `served`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -180,10 +180,7 @@ impl ShardMap {
         outcome(
             next,
             self.blocking(self.change_store(from, next)),
-            || {
-                std::thread::sleep(REFUSED_PAUSE);
-                self.blocking(self.change_store(from, next))
-            },
+            || self.blocking(self.change_store(from, next)),
             || self.blocking(self.read_store()).map(|s| s.record),
         )
     }
