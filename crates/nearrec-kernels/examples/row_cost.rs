@@ -23,7 +23,7 @@ fn main() {
     );
     let stride = var("STRIDE", 0);
     // rounds of 20 calls a cell, the best one kept (`ROUNDS`, 9 unless set: more for a profile)
-    let rounds: usize = std::env::var("ROUNDS").map_or(9, |r| r.parse().expect("a count"));
+    let rounds = var("ROUNDS", 9);
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         state ^= state << 13;
