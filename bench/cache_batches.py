@@ -35,9 +35,8 @@ from nearrec_bench.cache import (
     _store,
     _timed,
     _warm,
-    generator,
     in_memory,
-    trace_file,
+    made_trace,
     warm_part,
 )
 from nearrec_bench.report import environment
@@ -67,7 +66,10 @@ def _summary(got: dict[str, list[float]], batch: int, per_sample: int) -> dict[s
     reads = np.array(got["reads"])
     ssd = np.array(got["ssd"])
     missing = reads > 0
-    q = lambda a, p: float(np.percentile(a, p)) if len(a) else 0.0  # noqa: E731
+
+    def q(a: np.ndarray, p: float) -> float:
+        return float(np.percentile(a, p)) if len(a) else 0.0
+
     return {
         "batches": len(lat),
         "samples_per_s_median": batch / float(np.median(lat)),
@@ -109,12 +111,7 @@ def main() -> None:
         "environment": environment(), "budget_bytes": budget, "cells": {}}
     disks = []
     for tname in a.traces.split(","):
-        tp = trace_file(cfg, a.model, tname)
-        if not tp.exists():
-            print(f"trace {tname}")
-            nt.generate(nearrec.open(info.path, tier="ssd"), cfg.bags[a.model], spec.lookups,
-                        generator(tname), seed=cfg.seed, path=tp, overwrite=True)
-        tr = in_memory(nt.load(tp))
+        tr = in_memory(nt.load(made_trace(cfg, a.model, tname, info.path)))
         warm = int(tr.bags * cfg.warm_share)
         plan = make_plan(info, warm_part(tr, warm), budget)
         cell: dict[str, Any] = {"plan_expected_hit_ratio": plan.expected_hit_ratio,
@@ -154,7 +151,10 @@ def main() -> None:
 
 
 def markdown(res: dict[str, Any]) -> str:
-    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+
+    def med(rs: list[dict[str, Any]], k: str) -> float:
+        return float(statistics.median(r[k] for r in rs))
+
     lines = [f"<!-- produced by: {res['command']} -->", f"Command: `{res['command']}`", "",
              f"DRAM budget {res['budget_bytes']:,} bytes; disk random reads/s in the same run: "
              + ", ".join(f"{d:,.0f}" for d in res["disk_reads_per_s"]) + ". Medians of rounds.",

@@ -140,6 +140,19 @@ def trace_file(cfg: CacheBenchConfig, model: str, trace: str) -> Path:
     return cfg.scratch / f"cache-{model}-{trace}-{cfg.bags[model]}-{cfg.seed}.nrtrace"
 
 
+def made_trace(cfg: CacheBenchConfig, model: str, trace: str, store: Path,
+               log: Callable[[str], None] = print) -> Path:
+    """`model`'s trace `trace` ([`trace_file`]), generated over the store at `store` the first
+    time it is asked for."""
+    tp = trace_file(cfg, model, trace)
+    if not tp.exists():
+        log(f"  trace {trace}")
+        nt.generate(nearrec.open(store, tier="ssd"), cfg.bags[model],
+                    nearrec.model_spec(model).lookups, generator(trace), seed=cfg.seed, path=tp,
+                    overwrite=True)
+    return tp
+
+
 def in_memory(tr: nt.Trace) -> nt.Trace:
     """`tr` with its offsets and indices copied into memory: no system pays for reading the
     trace file."""
@@ -301,14 +314,8 @@ def run(cfg: CacheBenchConfig, log: Callable[[str], None] = print) -> list[Recor
             for t in info.tables}
         spec = nearrec.model_spec(model)
         per_sample = spec.lookups * len(info.tables)
-        traces: dict[str, Path] = {}
-        for tname in sorted({c.trace for c in mcells}):
-            tp = trace_file(cfg, model, tname)
-            if not tp.exists():
-                log(f"  trace {tname}")
-                nt.generate(nearrec.open(info.path, tier="ssd"), cfg.bags[model], spec.lookups,
-                            generator(tname), seed=cfg.seed, path=tp, overwrite=True)
-            traces[tname] = tp
+        traces = {tname: made_trace(cfg, model, tname, info.path, log)
+                  for tname in sorted({c.trace for c in mcells})}
         for cell in mcells:
             tr = in_memory(nt.load(traces[cell.trace]))
             warm = int(tr.bags * cfg.warm_share)

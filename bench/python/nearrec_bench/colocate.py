@@ -27,9 +27,8 @@ from .cache import (
     _store,
     _timed,
     _warm,
-    generator,
     in_memory,
-    trace_file,
+    made_trace,
     warm_part,
 )
 from .harness import Harness
@@ -62,11 +61,7 @@ def run(cfg: ColocateBenchConfig, log: Callable[[str], None] = print) -> list[Re
     per_sample = spec.lookups * len(info.tables)
     records: list[Record] = []
     for tname in cfg.traces:
-        tp = trace_file(cfg, model, tname)
-        if not tp.exists():
-            nt.generate(nearrec.open(info.path, tier="ssd"), cfg.bags[model], spec.lookups,
-                        generator(tname), seed=cfg.seed, path=tp, overwrite=True)
-        tr = in_memory(nt.load(tp))
+        tr = in_memory(nt.load(made_trace(cfg, model, tname, info.path, log)))
         warm = int(tr.bags * cfg.warm_share)
         head = warm_part(tr, warm)
         stores = {"by_id": path}
