@@ -29,7 +29,7 @@ import numpy as np
 
 import nearrec
 from nearrec_bench.report import environment
-from nearrec_bench.sls import _time_calls, zipf_rows
+from nearrec_bench.sls import _time_calls, embedding_bags, zipf_rows
 
 
 def main() -> None:
@@ -64,10 +64,8 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(threads)
-        bags = [torch.nn.EmbeddingBag.from_pretrained(
-            torch.from_numpy(store.table_array(t)).clone(), mode="sum", freeze=True)
-            for t in names]
-        systems["torch.EmbeddingBag"] = bags
+        systems["torch.EmbeddingBag"] = embedding_bags(
+            [torch.from_numpy(store.table_array(t)) for t in names])
     used = [int(k) for k in args.rows_used.split(",")]
     got: dict[str, list[float]] = {}
     for r in range(args.rounds):

@@ -93,17 +93,23 @@ def _time_calls(fn: Callable[[int], Any], seconds: float, n_batches: int) -> lis
             return lat
 
 
+def embedding_bags(weights: list[Any], copy: bool = True) -> list[Any]:
+    """One summing ``nn.EmbeddingBag`` a table of `weights` (tensors), over its own copy of the
+    rows (as users run it) or, with ``copy=False``, over the same memory."""
+    import torch
+
+    return [torch.nn.EmbeddingBag.from_pretrained(w.clone() if copy else w, mode="sum",
+                                                  freeze=True) for w in weights]
+
+
 def _peers(store: nearrec.Store, names: list[str], threads: int) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(threads)
     peers: dict[str, Any] = {}
     weights = [torch.from_numpy(store.table_array(n)) for n in names]
-    peers["torch.EmbeddingBag"] = [
-        torch.nn.EmbeddingBag.from_pretrained(w.clone(), mode="sum", freeze=True)
-        for w in weights]
-    peers["torch.EmbeddingBag[shared]"] = [
-        torch.nn.EmbeddingBag.from_pretrained(w, mode="sum", freeze=True) for w in weights]
+    peers["torch.EmbeddingBag"] = embedding_bags(weights)
+    peers["torch.EmbeddingBag[shared]"] = embedding_bags(weights, copy=False)
     try:
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
             EmbeddingLocation,
