@@ -16,7 +16,11 @@ fall on both shards of a two-shard cut. Systems:
 - ``shard.2x2``: two shards of two replicas each.
 
 Each call alone, ``writes`` per system and round, rounds in a rotated order; p50 / p99 and the
-rounds' spread. Every node and the router share this machine's cores and its one disk.
+rounds' spread. Every node and the router share this machine's cores and its one disk. Two
+ways, each system in each round: **back to back** (the next call as soon as one answers), and
+**apart** (``gap_us`` between calls, not timed: a two-phase write answers once its decider
+committed, its other replicas' commits on their way after — back to back, the next call meets
+them on the one disk).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class WriteConfig:
     rows_per_write: int = 64
     writes: int = 300
     rounds: int = 3
+    #: the pause after each call in the calls made apart
+    gap_us: int = 3000
     seed: int = 0
     scratch: Path = Path("bench/scratch")
 
@@ -126,7 +132,19 @@ def run(cfg: WriteConfig, log: Callable[[str], None] = print) -> list[Record]:
         "shard.1x2": lambda: writable_shards(cuts[1], 1, 2, work),
         "shard.2x1": lambda: writable_shards(cuts[2], 2, 1, work),
         "shard.2x2": lambda: writable_shards(cuts[2], 2, 2, work)}
+    def timed(store: nearrec.Store, gap: float) -> list[float]:
+        lat = []
+        for k in range(cfg.writes):
+            table, ids, rows = calls[k % len(calls)]
+            t = time.perf_counter()
+            store.write(table, ids, rows)
+            lat.append(time.perf_counter() - t)
+            if gap:
+                time.sleep(gap)
+        return lat
+
     results: dict[str, list[list[float]]] = {s: [] for s in systems}
+    apart: dict[str, list[list[float]]] = {s: [] for s in systems}
     for round_ in range(cfg.rounds):
         order = list(systems)
         order = order[round_ % len(order):] + order[:round_ % len(order)]
@@ -134,31 +152,37 @@ def run(cfg: WriteConfig, log: Callable[[str], None] = print) -> list[Record]:
             with systems[name]() as store:
                 for table, ids, rows in calls[:5]:
                     store.write(table, ids, rows)
-                lat = []
-                for k in range(cfg.writes):
-                    table, ids, rows = calls[k % len(calls)]
-                    t = time.perf_counter()
-                    store.write(table, ids, rows)
-                    lat.append(time.perf_counter() - t)
+                results[name].append(timed(store, 0.0))
+                apart[name].append(timed(store, cfg.gap_us / 1e6))
                 # what was written is what is read
                 table, ids, rows = calls[(cfg.writes - 1) % len(calls)]
                 np.testing.assert_array_equal(store.read_rows(table, ids), rows)
-            results[name].append(lat)
         log(f"  round {round_ + 1}: " + "  ".join(
-            f"{s}: p50 {1e6 * statistics.median(v[-1]):,.0f} µs" for s, v in results.items()))
+            f"{s}: p50 {1e6 * statistics.median(v[-1]):,.0f} µs "
+            f"({1e6 * statistics.median(apart[s][-1]):,.0f} apart)"
+            for s, v in results.items()))
     shutil.rmtree(work, ignore_errors=True)
+
+    def p50s(rounds: list[list[float]]) -> list[float]:
+        return [1e6 * statistics.median(r) for r in rounds]
+
+    def p99(rounds: list[list[float]]) -> float:
+        return 1e6 * statistics.median([float(np.percentile(r, 99)) for r in rounds])
+
     records = []
     for name, rounds in results.items():
-        p50s = [statistics.median(r) for r in rounds]
-        p99s = [float(np.percentile(r, 99)) for r in rounds]
         rate = 1.0 / statistics.median([statistics.mean(r) for r in rounds])
         records.append(Record(
             "cluster-write", f"{cfg.tables}x{cfg.rows}x{cfg.dim}", cfg.rows_per_write,
             "uniform", name, samples_per_s=rate, lookups_per_s=rate * cfg.rows_per_write,
-            p50_us=1e6 * statistics.median(p50s), p99_us=1e6 * statistics.median(p99s),
-            extra={"rounds_p50_us": [1e6 * x for x in p50s],
-                   "rounds_p99_us": [1e6 * x for x in p99s], "writes": cfg.writes,
-                   "rows_per_write": cfg.rows_per_write, "dim": cfg.dim}))
+            p50_us=statistics.median(p50s(rounds)), p99_us=p99(rounds),
+            extra={"rounds_p50_us": p50s(rounds),
+                   "rounds_p99_us": [1e6 * float(np.percentile(r, 99)) for r in rounds],
+                   "apart_p50_us": statistics.median(p50s(apart[name])),
+                   "apart_p99_us": p99(apart[name]),
+                   "apart_rounds_p50_us": p50s(apart[name]), "gap_us": cfg.gap_us,
+                   "writes": cfg.writes, "rows_per_write": cfg.rows_per_write,
+                   "dim": cfg.dim}))
     return records
 
 
@@ -170,16 +194,24 @@ def markdown(records: list[Record], command: str) -> str:
              f"Write calls of {e['rows_per_write']} random rows × dim {e['dim']} (fp32) of one "
              f"table of `{records[0].model}` (tables × rows × dim), cut row-wise; every node "
              "writable, sync durability, on this machine's one disk. Each call alone, "
-             f"{e['writes']} per system and round; medians of rounds, spread = half the rounds' "
-             "range over their median.", "",
-             "| system | p50 µs (rounds) | p99 µs | p50 ÷ node (spread) | calls/s |",
-             "|---|---:|---:|---:|---:|"]
+             f"{e['writes']} per system and round, back to back and then apart "
+             f"({e['gap_us']:,} µs between calls, not timed); medians of rounds, spread = half "
+             "the rounds' range over their median.", "",
+             "| system | back to back: p50 µs (rounds) | p99 µs | p50 ÷ node (spread) | calls/s "
+             "| apart: p50 µs (rounds) | p99 µs | p50 ÷ node (spread) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cell(p50: float, rounds: list[float], p99: float, node_p50: float) -> str:
+        each = ", ".join(f"{v:,.0f}" for v in rounds)
+        return (f"{p50:,.0f} ({each}) | {p99:,.0f} | {p50 / node_p50:.2f} "
+                f"({rounds_spread(rounds):.0%})")
+
     for r in records:
-        rounds = r.extra["rounds_p50_us"]
-        p50s = ", ".join(f"{v:,.0f}" for v in rounds)
-        lines.append(f"| {r.system} | {r.p50_us:,.0f} ({p50s}) | {r.p99_us:,.0f} | "
-                     f"{r.p50_us / node_.p50_us:.2f} ({rounds_spread(rounds):.0%}) "
-                     f"| {r.samples_per_s:,.0f} |")
+        x = r.extra
+        together = cell(r.p50_us, x["rounds_p50_us"], r.p99_us, node_.p50_us)
+        alone = cell(x["apart_p50_us"], x["apart_rounds_p50_us"], x["apart_p99_us"],
+                     node_.extra["apart_p50_us"])
+        lines.append(f"| {r.system} | {together} | {r.samples_per_s:,.0f} | {alone} |")
     return "\n".join(lines) + "\n"
 
 

@@ -199,6 +199,28 @@ impl Versions for Client {
     }
 }
 
+impl Client {
+    /// Transaction `tx`'s prepare of `writes`, with its coordinator's note, the shard's epoch
+    /// and the delta file it is, if one.
+    fn prepare(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        (note, epoch, feed): (&str, Option<u64>, Option<(&str, FeedCursor)>),
+    ) -> pb::TransactionRequest {
+        pb::TransactionRequest {
+            writes: convert::writes(writes),
+            allow_nonfinite: options.allow_nonfinite,
+            note: note.to_owned(),
+            epoch,
+            feed: feed.map(|(f, _)| f.to_owned()).unwrap_or_default(),
+            cursor: feed.map(|(_, c)| convert::cursor(c)),
+            ..self.transaction(tx, Step::Prepare)
+        }
+    }
+}
+
 impl Replica for Client {
     fn stage(&self, to: &SwapTo, warm: bool, force: bool) -> nearrec::Result<u64> {
         Ok(self.swap_call(to, warm, force, true)?.staged)
@@ -222,14 +244,23 @@ impl Replica for Client {
         epoch: Option<u64>,
         feed: Option<(&str, FeedCursor)>,
     ) -> nearrec::Result<()> {
+        let req = self.prepare(tx, writes, options, (note, epoch, feed));
+        self.call(req)?;
+        Ok(())
+    }
+
+    fn hold_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+        epoch: Option<u64>,
+        feed: Option<(&str, FeedCursor)>,
+    ) -> nearrec::Result<()> {
         let req = pb::TransactionRequest {
-            writes: convert::writes(writes),
-            allow_nonfinite: options.allow_nonfinite,
-            note: note.to_owned(),
-            epoch,
-            feed: feed.map(|(f, _)| f.to_owned()).unwrap_or_default(),
-            cursor: feed.map(|(_, c)| convert::cursor(c)),
-            ..self.transaction(tx, Step::Prepare)
+            hold: true,
+            ..self.prepare(tx, writes, options, (note, epoch, feed))
         };
         self.call(req)?;
         Ok(())

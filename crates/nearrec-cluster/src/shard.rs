@@ -250,6 +250,8 @@ pub(crate) struct Shard {
     pub seen: Seen,
     /// Held by this router's two-phase writes to the shard, taken in shard order.
     writing: Mutex<()>,
+    /// This router's commits on their way to the shard after their writes answered.
+    pub committing: crate::txn::Committing,
     /// The shard's membership as this router last learned it: the epoch its writes are sent
     /// at, and the members by id (`members/`).
     pub membership: Mutex<(u64, Vec<u64>)>,
@@ -275,6 +277,7 @@ impl Shard {
             counters: Counters::default(),
             seen: Seen::default(),
             writing: Mutex::new(()),
+            committing: crate::txn::Committing::default(),
             membership: Mutex::default(),
             etcd,
         }
@@ -571,7 +574,9 @@ impl Shard {
     }
 
     /// Closes every replica's client.
+    /// Closes the replicas' connections once this router's commits to them have landed.
     pub fn close(&self) {
+        self.committing.wait(None);
         for r in self.replicas.load().iter() {
             let _ = r.client.close();
         }

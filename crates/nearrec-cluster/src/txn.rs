@@ -31,7 +31,7 @@
 //! again (`crate::store`'s `reads.rs`; `docs/distributed.md`, "Reads while writes go on").
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nearrec::{
@@ -109,7 +109,7 @@ struct Share<'a> {
 pub(crate) struct Coordinator<'a> {
     /// The sharded store's name, for errors.
     pub store: &'a str,
-    pub all: &'a [Shard],
+    pub all: &'a Arc<[Shard]>,
     /// The cluster version read (replicas serving another are not asked of their membership).
     pub pin: u64,
     /// A shard's refusal of its share (by its index), as the caller's call names things: the
@@ -124,6 +124,10 @@ impl Coordinator<'_> {
     /// transactions older than it ([`SETTLE_AFTER`] without one).
     /// `feed`: the rows are that feed's delta file, its cursor committed with them on every
     /// shard of `shards`.
+    ///
+    /// Returns once the deciding replica committed: the other replicas' commits are on their
+    /// way ([`Rest`]; a delta file's, whose cursor the caller reads back, are not). Each
+    /// shard whose commit is on its way, with the least count of writes it will have.
     pub fn write(
         &self,
         shards: &[usize],
@@ -131,7 +135,7 @@ impl Coordinator<'_> {
         options: WriteOptions,
         timeout: Option<Duration>,
         feed: Option<(&str, FeedCursor)>,
-    ) -> nearrec::Result<()> {
+    ) -> nearrec::Result<Vec<(usize, u64)>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let settle_after = timeout.unwrap_or(SETTLE_AFTER);
         // this router's writes to these shards take their turns in shard order (no two of them
@@ -163,6 +167,14 @@ impl Coordinator<'_> {
                         }
                         continue;
                     }
+                    // a row held by this router's last write, its commit on its way: at
+                    // once when it has landed
+                    if shards
+                        .iter()
+                        .any(|&k| self.all[k].committing.wait(deadline))
+                    {
+                        continue;
+                    }
                     // a row held by a transaction its router left, or a fence its catch-up
                     // left: settled once they are old enough
                     settle(self.all, settle_after);
@@ -183,7 +195,7 @@ impl Coordinator<'_> {
         calls: &[Vec<RowWrite<'_>>],
         options: WriteOptions,
         feed: Option<(&str, FeedCursor)>,
-    ) -> nearrec::Result<()> {
+    ) -> nearrec::Result<Vec<(usize, u64)>> {
         let tx = fastrand::u128(..);
         let mut shares = Vec::new();
         for (i, &k) in shards.iter().enumerate() {
@@ -210,9 +222,13 @@ impl Coordinator<'_> {
             shards: shards.to_vec(),
         }
         .to_string();
-        // phase one
+        // phase one; the decider's share held, not logged: its commit logs it whole
         let mut prepared = on_each(&shares, |s| {
-            (s.replica.client).prepare_write(tx, s.calls, options, &note, Some(s.epoch), feed)
+            let (client, epoch) = (&s.replica.client, Some(s.epoch));
+            match s.at == decider {
+                true => client.hold_write(tx, s.calls, options, &note, epoch, feed),
+                false => client.prepare_write(tx, s.calls, options, &note, epoch, feed),
+            }
         });
         // refused: a replica said no (a held row, a full delta), or no replica of a shard (or not
         // the decider) could answer; a replica that could not answer where another of its shard
@@ -283,105 +299,208 @@ impl Coordinator<'_> {
             return Err(e);
         }
         // phase two: the decision, then everyone else
-        let decided = shares[0].replica.client.decide(tx, Decision::Commit, true);
-        if let Ok(v) = decided {
-            self.all[decider.0].seen.raise(v);
+        let v = match shares[0].replica.client.decide(tx, Decision::Commit, true) {
+            Ok(v) => v,
+            Err(e) => return self.undecided(tx, &shares, &prepared, e),
+        };
+        let rest = self.rest(tx, &shares, &prepared, v);
+        if feed.is_some() {
+            // a delta file's: its cursor is read back from every shard once the call returns
+            return rest.finish().map(|()| Vec::new());
         }
-        if let Err(e) = decided {
-            return match state_at(&shares[0].replica, tx) {
-                Some(Some(TxState::Applied | TxState::Committed)) => {
-                    self.finish(tx, &shares, &prepared)
-                }
-                // aborted there (by a router settling it as abandoned): aborted everywhere
-                Some(Some(TxState::Aborted)) => {
-                    on_each(&shares[1..], |s| {
-                        s.replica.client.decide(tx, Decision::Abort, false)
-                    });
-                    Err(e)
-                }
-                // held no more there: decided and forgotten meanwhile (a router settling it
-                // forgets it once no replica holds it), committed or aborted. An abort kept
-                // there tells which: refused, it was committed (found by the partition harness:
-                // a committed write was reported failed)
-                Some(None) => match shares[0].replica.client.decide(tx, Decision::Abort, true) {
-                    Ok(_) => {
-                        on_each(&shares[1..], |s| {
-                            s.replica.client.decide(tx, Decision::Abort, false)
-                        });
-                        Err(e)
-                    }
-                    // refused as committed there (a Transaction error)
-                    Err(refused) if refused.kind() == ErrorKind::InvalidRequest => Err(self.error(
-                        decider.0,
-                        ErrorKind::Unavailable,
-                        format!(
-                            "transaction {tx:032x} is committed: its deciding replica ({}) \
-                                 did not answer its commit ({e}), and it was settled meanwhile",
-                            shares[0].replica.addr
-                        ),
-                    )),
-                    Err(_) => Err(self.error(
-                        decider.0,
-                        ErrorKind::Unavailable,
-                        format!(
-                            "transaction {tx:032x} is in doubt: its deciding replica ({}) did \
-                             not answer its commit ({e}), nor its abort after",
-                            shares[0].replica.addr
-                        ),
-                    )),
-                },
-                Some(Some(TxState::Prepared)) | None => Err(self.error(
-                    decider.0,
-                    ErrorKind::Unavailable,
-                    format!(
-                        "transaction {tx:032x} is in doubt: its deciding replica ({}) did not \
-                         answer its commit ({e}), and its outcome could not be read there; it \
-                         is applied everywhere or nowhere once settled",
-                        shares[0].replica.addr
-                    ),
-                )),
-            };
+        // the decider's shard at the count its commit made; each other shard one past the
+        // count this router last saw of it
+        let mut pending = vec![(decider.0, v)];
+        for &k in shards.iter().filter(|&&k| k != decider.0) {
+            pending.push((k, self.all[k].seen.load() + 1));
         }
-        self.finish(tx, &shares, &prepared)
+        rest.send();
+        Ok(pending)
     }
 
-    /// After the decision: every other replica commits at once, each shard's read floor raised
-    /// to the version it committed at (a lookup after reads no replica that has not committed
-    /// yet), a replica that fails it left out; the decider forgets (on a thread of its own). A
-    /// shard none of whose replicas took the commit holds it prepared until settled: the call
-    /// fails, naming it, though it is committed. Lookups meanwhile, of this router or another,
-    /// see the write whole or not at all (`crate::store`'s `reads.rs`).
-    fn finish(
+    /// The decider did not answer transaction `tx`'s commit (`e`): what its state there says.
+    fn undecided(
         &self,
         tx: u128,
         shares: &[Share<'_>],
         prepared: &[nearrec::Result<()>],
-    ) -> nearrec::Result<()> {
-        let ready: Vec<&Share<'_>> = (shares.iter().zip(prepared))
-            .skip(1)
-            .filter(|(_, p)| p.is_ok())
-            .map(|(s, _)| s)
-            .collect();
-        let failed = std::sync::Mutex::new(Vec::new());
-        // every other replica at once
-        let done = on_each(&ready, |s| {
-            let done = s.replica.client.decide(tx, Decision::Commit, false);
-            if let Ok(v) = done {
-                self.all[s.at.0].seen.raise(v);
-            } else {
-                failed.lock().unwrap().push((s.at.0, s.replica.clone()));
+        e: Error,
+    ) -> nearrec::Result<Vec<(usize, u64)>> {
+        let decider = shares[0].at;
+        match state_at(&shares[0].replica, tx) {
+            Some(Some(TxState::Applied | TxState::Committed)) => self
+                .rest(tx, shares, prepared, 0)
+                .finish()
+                .map(|()| Vec::new()),
+            // aborted there (by a router settling it as abandoned): aborted everywhere
+            Some(Some(TxState::Aborted)) => {
+                on_each(&shares[1..], |s| {
+                    s.replica.client.decide(tx, Decision::Abort, false)
+                });
+                Err(e)
             }
-            done.is_ok()
+            // held no more there: decided and forgotten meanwhile (a router settling it
+            // forgets it once no replica holds it), committed or aborted. An abort kept
+            // there tells which: refused, it was committed (found by the partition harness:
+            // a committed write was reported failed)
+            Some(None) => match shares[0].replica.client.decide(tx, Decision::Abort, true) {
+                Ok(_) => {
+                    on_each(&shares[1..], |s| {
+                        s.replica.client.decide(tx, Decision::Abort, false)
+                    });
+                    // refused there as not prepared: the share it held (not logged) was lost
+                    // to a restart since
+                    if e.kind() != ErrorKind::InvalidRequest {
+                        return Err(e);
+                    }
+                    Err(self.error(
+                        decider.0,
+                        ErrorKind::Unavailable,
+                        format!(
+                            "transaction {tx:032x} is aborted, nothing of it applied: its \
+                             deciding replica ({}) lost its share before the commit ({e})",
+                            shares[0].replica.addr
+                        ),
+                    ))
+                }
+                // refused as committed there (a Transaction error)
+                Err(refused) if refused.kind() == ErrorKind::InvalidRequest => Err(self.error(
+                    decider.0,
+                    ErrorKind::Unavailable,
+                    format!(
+                        "transaction {tx:032x} is committed: its deciding replica ({}) \
+                         did not answer its commit ({e}), and it was settled meanwhile",
+                        shares[0].replica.addr
+                    ),
+                )),
+                Err(_) => Err(self.error(
+                    decider.0,
+                    ErrorKind::Unavailable,
+                    format!(
+                        "transaction {tx:032x} is in doubt: its deciding replica ({}) did \
+                         not answer its commit ({e}), nor its abort after",
+                        shares[0].replica.addr
+                    ),
+                )),
+            },
+            Some(Some(TxState::Prepared)) | None => Err(self.error(
+                decider.0,
+                ErrorKind::Unavailable,
+                format!(
+                    "transaction {tx:032x} is in doubt: its deciding replica ({}) did not \
+                     answer its commit ({e}), and its outcome could not be read there; it \
+                     is applied everywhere or nowhere once settled",
+                    shares[0].replica.addr
+                ),
+            )),
+        }
+    }
+
+    /// What is left of transaction `tx` once its decider (`shares[0]`) committed, at count
+    /// `decided_at` (0: not known).
+    fn rest(
+        &self,
+        tx: u128,
+        shares: &[Share<'_>],
+        prepared: &[nearrec::Result<()>],
+        decided_at: u64,
+    ) -> Rest {
+        Rest {
+            store: self.store.to_owned(),
+            all: self.all.clone(),
+            pin: self.pin,
+            tx,
+            decider: shares[0].replica.clone(),
+            decided: (shares[0].at.0, decided_at),
+            ready: (shares.iter().zip(prepared))
+                .skip(1)
+                .filter(|(_, p)| p.is_ok())
+                .map(|(s, _)| (s.at, s.replica.clone()))
+                .collect(),
+        }
+    }
+
+    /// Replicas that missed a write the others of their shard took: [`leave_out`].
+    fn leave_out(
+        &self,
+        missed: &[(usize, Arc<Replica>)],
+        prepared_at: Option<&HashMap<usize, u64>>,
+    ) -> nearrec::Result<()> {
+        leave_out(self.all, self.pin, missed, prepared_at)
+    }
+
+    fn error(&self, shard: usize, kind: ErrorKind, reason: String) -> Error {
+        shard_error(self.store, shard, kind, reason)
+    }
+}
+
+/// A transaction its decider committed, and the other replicas that prepared it: their commits
+/// are what is left. Sent after the call answered ([`Rest::send`]): the call is committed from
+/// the decider's commit on, and until a replica's commit lands its lookups of the rows wait
+/// for it, as for any transaction prepared before them (`docs/distributed.md`, "Reads while
+/// writes go on"), so no read through any router sees the write in part or goes back.
+struct Rest {
+    store: String,
+    all: Arc<[Shard]>,
+    pin: u64,
+    tx: u128,
+    decider: Arc<Replica>,
+    /// The decider's shard, and the count of writes its commit made there.
+    decided: (usize, u64),
+    /// Every other replica that prepared it.
+    ready: Vec<(At, Arc<Replica>)>,
+}
+
+impl Rest {
+    /// [`Rest::finish`] on a thread of its own, counted by the shards it commits to until it
+    /// ends (a write of this router that meets one of its rows waits for it; so does closing
+    /// the router).
+    fn send(self) {
+        let mut shards: Vec<usize> = self.ready.iter().map(|(at, _)| at.0).collect();
+        shards.dedup();
+        let sending = Sending::new(self.all.clone(), shards);
+        std::thread::spawn(move || {
+            let _sending = sending;
+            let (store, tx) = (self.store.clone(), self.tx);
+            if let Err(e) = self.finish() {
+                tracing::warn!(target: "nearrec::cluster", store = %store, tx = %format!("{tx:032x}"),
+                    error = %e, "a write's commit did not reach every replica after it answered");
+            }
         });
+    }
+
+    /// Every other replica commits at once, a replica that fails it left out; then each
+    /// shard's read floor at this router is raised to the counts its commits made — once all
+    /// of them landed, so that no read meanwhile finds a replica whose commit is on its way
+    /// behind another's (it waits for the rows the transaction holds there) — and the decider
+    /// forgets (off the path: an outcome left kept, a forget lost, is dropped by the next
+    /// settling pass that finds no replica holding the transaction). A shard none of whose
+    /// replicas took the commit holds it prepared until settled: named in the error, the
+    /// decider keeping the outcome for the settling pass.
+    fn finish(self) -> nearrec::Result<()> {
+        let tx = self.tx;
+        let done = on_each(&self.ready, |(_, replica)| {
+            replica.client.decide(tx, Decision::Commit, false)
+        });
+        let failed: Vec<(usize, Arc<Replica>)> = (self.ready.iter().zip(&done))
+            .filter(|(_, d)| d.is_err())
+            .map(|((at, replica), _)| (at.0, replica.clone()))
+            .collect();
+        self.all[self.decided.0].seen.raise(self.decided.1);
+        for ((at, _), done) in self.ready.iter().zip(&done) {
+            if let Ok(v) = done {
+                self.all[at.0].seen.raise(*v);
+            }
+        }
         // a shard (other than the decider's, which has its commit) none of whose replicas took
         // it
-        let decided = shares[0].at.0;
-        let untold = (ready.iter().map(|s| s.at.0))
-            .filter(|&k| k != decided)
-            .find(|&k| !(ready.iter().zip(&done)).any(|(s, &d)| s.at.0 == k && d));
-        let left_out = self.leave_out(&failed.into_inner().unwrap(), None);
+        let untold = (self.ready.iter().map(|(at, _)| at.0))
+            .filter(|&k| k != self.decided.0)
+            .find(|&k| !(self.ready.iter().zip(&done)).any(|((at, _), d)| at.0 == k && d.is_ok()));
+        let left_out = leave_out(&self.all, self.pin, &failed, None);
         if let Some(k) = untold {
-            return Err(self.error(
+            return Err(shard_error(
+                &self.store,
                 k,
                 ErrorKind::Unavailable,
                 format!(
@@ -390,14 +509,12 @@ impl Coordinator<'_> {
                 ),
             ));
         }
-        // the decider forgets off the call's path: an outcome left kept (a forget lost) is
-        // dropped by the next settling pass that finds no replica holding the transaction
-        let decider = shares[0].replica.clone();
-        std::thread::spawn(move || decider.client.forget(tx));
+        let _ = self.decider.client.forget(tx);
         // committed; but a replica that missed its commit and is still a member in etcd could
-        // serve a read without it until settled: the caller is not told it succeeded
+        // serve a read without it until settled
         left_out.map_err(|e| {
-            self.error(
+            shard_error(
+                &self.store,
                 e_shard(&e),
                 ErrorKind::Unavailable,
                 format!(
@@ -407,41 +524,102 @@ impl Coordinator<'_> {
             )
         })
     }
+}
 
-    /// Replicas that missed a write the others of their shard took: stale here at once, and
-    /// left out of their shards' membership (`members/`), so that every router learns it at
-    /// its next write. The first shard whose change could not be made where etcd keeps it.
-    /// `prepared_at`: each shard's epoch its shares were prepared at, before any commit (the
-    /// change is refused if the shard has moved past it since).
-    fn leave_out(
-        &self,
-        missed: &[(usize, Arc<Replica>)],
-        prepared_at: Option<&HashMap<usize, u64>>,
-    ) -> nearrec::Result<()> {
-        let mut by_shard: HashMap<usize, Vec<u64>> = HashMap::new();
-        for (k, replica) in missed {
-            replica.mark_stale(self.all[*k].epoch());
-            let id = replica.id.load(std::sync::atomic::Ordering::Relaxed);
-            by_shard.entry(*k).or_default().push(id);
+/// This router's commits on their way to a shard after their writes answered, counted.
+#[derive(Debug, Default)]
+pub(crate) struct Committing {
+    count: Mutex<usize>,
+    done: Condvar,
+}
+
+impl Committing {
+    /// Waits until none is on its way, at most until `deadline`; whether any was.
+    pub fn wait(&self, deadline: Option<Instant>) -> bool {
+        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        if *count == 0 {
+            return false;
         }
-        let mut outcome = Ok(());
-        for (k, gone) in by_shard {
-            let at = prepared_at.and_then(|e| e.get(&k).copied());
-            let done = members::exclude(&self.all[k], self.pin, &gone, at);
-            if outcome.is_ok() {
-                outcome = done;
+        while *count > 0 {
+            count = match deadline.map(|d| d.saturating_duration_since(Instant::now())) {
+                None => self.done.wait(count).unwrap_or_else(|p| p.into_inner()),
+                Some(left) if left.is_zero() => break,
+                Some(left) => match self.done.wait_timeout(count, left) {
+                    Ok((c, _)) => c,
+                    Err(p) => p.into_inner().0,
+                },
+            };
+        }
+        true
+    }
+}
+
+/// Counts one commit on its way on each of `shards` while it lives.
+struct Sending {
+    all: Arc<[Shard]>,
+    shards: Vec<usize>,
+}
+
+impl Sending {
+    fn new(all: Arc<[Shard]>, shards: Vec<usize>) -> Self {
+        for &k in &shards {
+            *all[k]
+                .committing
+                .count
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) += 1;
+        }
+        Sending { all, shards }
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        for &k in &self.shards {
+            let c = &self.all[k].committing;
+            let mut count = c.count.lock().unwrap_or_else(|p| p.into_inner());
+            *count -= 1;
+            if *count == 0 {
+                c.done.notify_all();
             }
         }
-        outcome
     }
+}
 
-    fn error(&self, shard: usize, kind: ErrorKind, reason: String) -> Error {
-        Error::Shard {
-            store: self.store.to_owned(),
-            shard,
-            kind,
-            reason,
+/// Replicas that missed a write the others of their shard took: stale here at once, and left
+/// out of their shards' membership (`members/`), so that every router learns it at its next
+/// write. The first shard whose change could not be made where etcd keeps it. `prepared_at`:
+/// each shard's epoch its shares were prepared at, before any commit (the change is refused if
+/// the shard has moved past it since).
+fn leave_out(
+    all: &[Shard],
+    pin: u64,
+    missed: &[(usize, Arc<Replica>)],
+    prepared_at: Option<&HashMap<usize, u64>>,
+) -> nearrec::Result<()> {
+    let mut by_shard: HashMap<usize, Vec<u64>> = HashMap::new();
+    for (k, replica) in missed {
+        replica.mark_stale(all[*k].epoch());
+        let id = replica.id.load(std::sync::atomic::Ordering::Relaxed);
+        by_shard.entry(*k).or_default().push(id);
+    }
+    let mut outcome = Ok(());
+    for (k, gone) in by_shard {
+        let at = prepared_at.and_then(|e| e.get(&k).copied());
+        let done = members::exclude(&all[k], pin, &gone, at);
+        if outcome.is_ok() {
+            outcome = done;
         }
+    }
+    outcome
+}
+
+fn shard_error(store: &str, shard: usize, kind: ErrorKind, reason: String) -> Error {
+    Error::Shard {
+        store: store.to_owned(),
+        shard,
+        kind,
+        reason,
     }
 }
 

@@ -589,6 +589,23 @@ fn a_write_across_shards_commits_on_every_replica_or_nowhere() {
     let (pooled, read) = store.lookup(&one_per_bag("t0", &ids)).unwrap();
     assert_eq!(pooled.values, values);
     assert_eq!(read.version, v1);
+    // written again at once, twice: each write answers once its decider committed, its other
+    // replicas' commits on their way and holding the rows; the next write of them waits for
+    // those, and a lookup after sees the last, at the version the write answered
+    let twice = [values.clone(), values.iter().map(|v| v + 1.0).collect()];
+    let mut version = v1;
+    for values in &twice {
+        let w = RowWrite {
+            table: "t0",
+            ids: &ids,
+            values: Some(RowValues::F32(values)),
+        };
+        version = store.write_many(&[w], WriteOptions::default()).unwrap();
+    }
+    assert_eq!(version, v1 + 4);
+    let (pooled, read) = store.lookup(&one_per_bag("t0", &ids)).unwrap();
+    assert_eq!(pooled.values, twice[1]);
+    assert_eq!(read.version, version);
 }
 
 /// The endpoints a sharded store's replicas are served at.

@@ -230,6 +230,77 @@ fn prepared_and_decided_transactions_survive_a_reopen() {
     assert!(store.transactions().unwrap().is_empty());
 }
 
+/// The deciding replica's share is held, not logged: it holds its rows as a prepare does, and
+/// its commit logs it with the rows in one record (one write counted, the note back with the
+/// kept outcome after the writer dies); a share the writer dies holding is forgotten, and its
+/// commit refused.
+#[test]
+fn a_held_share_is_logged_by_its_commit_and_forgotten_by_a_crash() {
+    use nearrec::format::wal::TxState;
+    use nearrec::{Decision, ErrorKind, RowWrite, WriteOptions};
+    let (_dir, path) = suite::fixture();
+    let config = StoreConfig {
+        writable: true,
+        ..StoreConfig::default()
+    };
+    let d = suite::DIM as usize;
+    let values: Vec<f32> = (0..d).map(|i| i as f32 * 0.25 + 1.0).collect();
+    let w = |id: &'static [i64]| RowWrite {
+        table: "t0",
+        ids: id,
+        values: Some(RowValues::F32(&values)),
+    };
+    let note = "decider=0/0 shards=0,1";
+    let (a, b) = (0xa_u128, 0xb_u128);
+    let store = Store::open(&path, &config).unwrap();
+    let v0 = store.version().unwrap();
+    let opts = WriteOptions::default();
+    store
+        .hold_write(a, &[w(&[1])], opts, note, None, None)
+        .unwrap();
+    store
+        .hold_write(b, &[w(&[2])], opts, note, None, None)
+        .unwrap();
+    let e = store
+        .prepare_write(7, &[w(&[1])], opts, "", None, None)
+        .unwrap_err();
+    assert_eq!(
+        e.kind(),
+        ErrorKind::StoreLocked,
+        "a held share holds its rows: {e}"
+    );
+    let states: Vec<_> = store
+        .transactions()
+        .unwrap()
+        .iter()
+        .map(|t| t.state)
+        .collect();
+    assert_eq!(states, [TxState::Prepared, TxState::Prepared]);
+    assert_eq!(store.decide(a, Decision::Commit, true).unwrap(), v0 + 1);
+    // the writer dies (no close, no checkpoint)
+    drop(store);
+    let store = Store::open(&path, &config).unwrap();
+    let listed: Vec<_> = (store.transactions().unwrap().into_iter())
+        .map(|t| (t.tx, t.state, t.note))
+        .collect();
+    assert_eq!(listed, [(a, TxState::Applied, note.to_owned())]);
+    assert_eq!(store.version().unwrap(), v0 + 1);
+    let mut out = vec![0f32; d];
+    store.read_rows("t0", &[1], &mut out).unwrap();
+    assert_eq!(out, values, "the commit's record holds the rows");
+    store.read_rows("t0", &[2], &mut out).unwrap();
+    assert_ne!(out, values);
+    // `b` was never logged: forgotten, its commit refused, its row free
+    let e = store.decide(b, Decision::Commit, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    store
+        .prepare_write(7, &[w(&[2])], opts, "", None, None)
+        .unwrap();
+    store.decide(7, Decision::Abort, false).unwrap();
+    store.forget(a).unwrap();
+    assert!(store.transactions().unwrap().is_empty());
+}
+
 /// A replica's membership and the count of writes it adopted survive a reopen: the membership
 /// in its `MEMBERSHIP` file, the count in the empty records of its log.
 #[test]

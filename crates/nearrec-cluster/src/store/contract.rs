@@ -45,7 +45,9 @@ impl StoreApi for ShardedStore {
         // answering is the store unavailable.
         let mut down = Vec::new();
         let mut failure = None;
-        for s in &inner.shards {
+        for s in inner.shards.iter() {
+            // this router's writes counted: asked once their commits have landed
+            s.committing.wait(inner.deadline());
             let info = match s.any(&inner.name, |c| c.info()) {
                 Ok(info) => info,
                 Err(e) => {
@@ -205,7 +207,7 @@ impl StoreApi for ShardedStore {
 
     fn close(&self) -> nearrec::Result<()> {
         self.inner.closed.store(true, Ordering::Relaxed);
-        for s in &self.inner.shards {
+        for s in self.inner.shards.iter() {
             s.close();
         }
         Ok(())
@@ -239,7 +241,7 @@ impl Writes for ShardedStore {
             bytes: 0,
             seconds: 0.0,
         };
-        for s in &inner.shards {
+        for s in inner.shards.iter() {
             let c = s.each(&inner.name, |c| c.compact())?;
             done.version += c.version;
             done.tables += c.tables;

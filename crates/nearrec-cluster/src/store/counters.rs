@@ -38,7 +38,7 @@ impl Inner {
         self.live()?;
         let mut total: Vec<(String, f64)> = Vec::new();
         let mut first: Option<Stats> = None;
-        for s in &self.shards {
+        for s in self.shards.iter() {
             let stats = s.any(&self.name, |c| c.stats())?;
             for (k, v) in &stats.values {
                 match total.iter_mut().find(|(n, _)| n == k) {
@@ -91,7 +91,7 @@ impl Inner {
     pub(super) fn tier_report(&self) -> nearrec::Result<Vec<TierReport>> {
         self.live()?;
         let mut out: Vec<TierReport> = Vec::new();
-        for s in &self.shards {
+        for s in self.shards.iter() {
             for r in s.any(&self.name, |c| c.tier_report())? {
                 let Some(t) = out.iter_mut().find(|t| t.table == r.table) else {
                     out.push(r);

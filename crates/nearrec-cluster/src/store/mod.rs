@@ -142,7 +142,8 @@ struct Inner {
     /// One change of the tables at a time from this router.
     changing: std::sync::Mutex<()>,
     location: Option<PathBuf>,
-    shards: Vec<Shard>,
+    /// Shared with the threads that commit a write's other replicas after it answered.
+    shards: Arc<[Shard]>,
     /// The shard that keeps the store's model and holds every table whole (whole-model
     /// offload on its nodes).
     keeper: Option<usize>,
@@ -292,7 +293,7 @@ impl ShardedStore {
                 layout: arc_swap::ArcSwap::from_pointee(Layout::new(plan)),
                 changing: std::sync::Mutex::new(()),
                 location,
-                shards,
+                shards: shards.into(),
                 keeper,
                 models,
                 model: std::sync::Mutex::default(),
@@ -360,7 +361,7 @@ impl ShardedStore {
         let pin = self.inner.pin.load(Ordering::Relaxed);
         let plan = self.inner.layout();
         let mut done = Vec::new();
-        for shard in &self.inner.shards {
+        for shard in self.inner.shards.iter() {
             // one left out of a change of the tables (down): brought to the plan first
             for r in shard.all_replicas().iter().filter(|r| r.is_stale()) {
                 let _ = schema::conform(&r.client, shard.index, &plan.plan, false);
@@ -625,11 +626,13 @@ impl Inner {
         self.options.client.timeout.map(|t| Instant::now() + t)
     }
 
-    /// The shards' versions, summed: the number of writes every shard has applied.
+    /// The shards' versions, summed: the number of writes every shard has applied (this
+    /// router's among them: asked once their commits have landed).
     fn version(&self) -> nearrec::Result<u64> {
         self.live()?;
         let mut total = 0;
-        for s in &self.shards {
+        for s in self.shards.iter() {
+            s.committing.wait(self.deadline());
             let v = s.any(&self.name, |c| c.version())?;
             s.seen.raise(v);
             total += v;

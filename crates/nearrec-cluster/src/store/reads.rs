@@ -115,7 +115,7 @@ impl Inner {
                     self.pin
                         .compare_exchange(pin, now, Ordering::AcqRel, Ordering::Acquire);
                 if moved.is_ok() {
-                    for s in &self.shards {
+                    for s in self.shards.iter() {
                         s.seen.repin(now, 0);
                     }
                 }

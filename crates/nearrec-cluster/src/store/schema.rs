@@ -302,7 +302,7 @@ impl Inner {
                 ),
             }
         };
-        for shard in &self.shards {
+        for shard in self.shards.iter() {
             let k = shard.index;
             let mut left = Vec::new();
             for r in shard.all_replicas().iter() {
@@ -360,7 +360,7 @@ impl Inner {
         }
         let id = new.id.clone();
         self.adopt(new);
-        for shard in &self.shards {
+        for shard in self.shards.iter() {
             for r in shard.all_replicas().iter() {
                 let _ = r.client.retag(&id, &id, None);
             }
@@ -386,7 +386,7 @@ impl Inner {
 
     /// Splits batches by `plan` from now on; every replica's calls name it.
     pub(super) fn adopt(&self, plan: ShardPlan) {
-        for shard in &self.shards {
+        for shard in self.shards.iter() {
             for r in shard.all_replicas().iter() {
                 r.client.set_shard_plan(&plan.id);
             }

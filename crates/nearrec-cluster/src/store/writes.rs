@@ -102,6 +102,7 @@ impl Inner {
         shards.sort_unstable();
         shards.dedup();
         let calls = per_shard(&routed, &shards);
+        let mut pending = Vec::new();
         if let [s] = shards.as_slice()
             && let [replica] = self.shards[*s].all_replicas().as_slice()
             && self.shards[*s].epoch() == 0
@@ -116,12 +117,16 @@ impl Inner {
             // write holds is not written until that one is done)
             let to_caller = |k: usize, e: Error| caller_error(&routed, k, e);
             let timeout = self.options.client.timeout;
-            (self.coordinator(&to_caller)).write(&shards, &calls, options, timeout, None)?;
+            pending =
+                (self.coordinator(&to_caller)).write(&shards, &calls, options, timeout, None)?;
         }
-        // the version that holds it: each written shard's count as its commit answered, the
-        // others' as last seen (asking every shard for its count was a round trip to each
-        // after every write)
-        Ok(self.version_of(&[]))
+        // the version that holds it: each written shard's count as its commit answered (one
+        // past the count last seen where its commit is on its way), the others' as last seen
+        // (asking every shard for its count was a round trip to each after every write)
+        for (k, least) in &mut pending {
+            *least = (*least).max(self.shards[*k].seen.load());
+        }
+        Ok(self.version_of(&pending))
     }
 
     /// A delta file of feed `feed` (`Writes::feed`): its rows and its cursor in one
@@ -175,7 +180,7 @@ impl Inner {
     /// copying rows takes cursors from the next file on). A feed some shard lacks is left out.
     pub(super) fn feed_status(&self) -> nearrec::Result<Feeds> {
         let mut all: Option<Feeds> = None;
-        for s in &self.shards {
+        for s in self.shards.iter() {
             let mut shard = Feeds::new();
             for (_, r) in s.live_replicas() {
                 for (name, c) in r.client.feed_status()? {

@@ -226,7 +226,11 @@ impl NodeService {
                         let w = convert::row_writes(&writes);
                         let feed = (!req.feed.is_empty())
                             .then(|| (req.feed.as_str(), convert::uncursor(req.cursor)));
-                        replica.prepare_write(tx, &w, options, &req.note, req.epoch, feed)?;
+                        let (note, epoch) = (&req.note, req.epoch);
+                        match req.hold {
+                            true => replica.hold_write(tx, &w, options, note, epoch, feed)?,
+                            false => replica.prepare_write(tx, &w, options, note, epoch, feed)?,
+                        }
                         store.version()?
                     }
                     Step::Membership => return Ok(membership(replica.membership()?)),

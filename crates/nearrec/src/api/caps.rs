@@ -121,6 +121,22 @@ pub trait Replica: Send + Sync {
         feed: Option<(&str, FeedCursor)>,
     ) -> Result<()>;
 
+    /// The deciding replica's share of a cross-shard write: checked and held as
+    /// [`Replica::prepare_write`] holds it, but not logged until its commit logs it with the
+    /// decision and the rows in one record — one sync on the call's path instead of two. A
+    /// crash before the commit forgets it; the commit is then refused, and the transaction,
+    /// which the decider holds nothing of, is aborted everywhere (`docs/distributed.md`,
+    /// "Writes").
+    fn hold_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+        epoch: Option<u64>,
+        feed: Option<(&str, FeedCursor)>,
+    ) -> Result<()>;
+
     /// A cross-shard write's second phase: transaction `tx` committed (its rows logged and
     /// served) or aborted; `keep` keeps the outcome until [`Replica::forget`] (the deciding
     /// shard's). The store's version after.

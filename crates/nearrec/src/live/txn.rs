@@ -113,6 +113,9 @@ pub(super) struct Held {
     ops: Vec<Op>,
     /// The room reserved in the delta for them.
     need: u64,
+    /// Its prepare is a record of the transactions' log; a deciding replica's is not (held in
+    /// memory, and logged whole by its commit: [`Live::prepare_write`]).
+    logged: bool,
 }
 
 impl Held {
@@ -235,6 +238,9 @@ fn keys_fit(
 impl Live {
     /// Prepares transaction `tx`: the call checked, its room reserved and its rows durable, none
     /// of it served until it commits. Again for a transaction already prepared: nothing to do.
+    /// Not `logged` (the deciding replica's share): held in memory only, its commit logging
+    /// the prepare with the rows in one record — a crash before forgets it, and the decider,
+    /// holding nothing of it, has it aborted (a decider that never prepared decides abort).
     pub(crate) fn prepare_write(
         &self,
         tx: u128,
@@ -242,6 +248,7 @@ impl Live {
         options: WriteOptions,
         note: &str,
         feed: Option<(&str, FeedCursor)>,
+        logged: bool,
     ) -> Result<()> {
         let w = self.writer()?;
         let _gate = w.gate.read().unwrap_or_else(|p| p.into_inner());
@@ -306,7 +313,7 @@ impl Live {
             note: note.to_owned(),
             ops,
         }];
-        if let Err(e) = self.txn_step(w, &record) {
+        if logged && let Err(e) = self.txn_step(w, &record) {
             w.used.fetch_sub(need, Relaxed);
             return Err(e);
         }
@@ -321,6 +328,7 @@ impl Live {
                 since: SystemTime::now(),
                 ops,
                 need,
+                logged,
             },
         );
         Ok(())
@@ -385,6 +393,7 @@ impl Live {
                             since: SystemTime::now(),
                             ops: Vec::new(),
                             need: 0,
+                            logged: true,
                         },
                     );
                 }
@@ -446,9 +455,10 @@ impl Live {
     }
 
     /// Logs committed transaction `tx`'s decision and rows as one record and applies it (the
-    /// caller holds the gate), then holds it as applied (`keep`: until forgotten). A record
-    /// that fails to reach the log leaves it as it was: the decision is for the caller to
-    /// send again.
+    /// caller holds the gate), then holds it as applied (`keep`: until forgotten); a prepare
+    /// not logged goes first in the record, so that its note comes back with the outcome. A
+    /// record that fails to reach the log leaves it as it was: the decision is for the caller
+    /// to send again.
     fn apply_committed(&self, w: &Writer, tx: u128, h: &mut Held, keep: bool) -> Result<()> {
         // a delta file's share carries its feed's cursor: logged with it, stamped as it is
         // logged, unless the feed has taken the file since (another router's commit of it);
@@ -462,27 +472,35 @@ impl Live {
             cursor.applied_ms = now_ms();
             stamped = Some((feed.to_owned(), *cursor));
         }
-        let decision = Op::Decide {
+        let mut steps = Vec::with_capacity(h.ops.len() + 2);
+        if !h.logged {
+            steps.push(Op::Prepare {
+                tx,
+                note: h.note.clone(),
+                ops: Vec::new(),
+            });
+        }
+        steps.push(Op::Decide {
             tx,
             commit: true,
             keep,
-        };
+        });
         if taken {
             // the decision alone: the feed logged the file's rows itself
-            self.txn_step(w, &[decision])?;
+            self.txn_step(w, &steps)?;
             w.used.fetch_sub(std::mem::take(&mut h.need), Relaxed);
         } else {
             // a keyed table's keys decided now, as a write's are (the prepare made room for
             // its new keys under a cap that does not evict)
-            let mut record = Vec::with_capacity(h.ops.len() + 1);
-            record.push(decision);
+            let mut record = steps;
+            let first_row = record.len();
             w.stepped.store(true, Relaxed);
             record.append(&mut h.ops);
             let engine = self.snapshot().engine.clone();
             if let Err(e) = self.log_call(w, &engine, Cow::Borrowed(&record), h.need) {
                 // the room reserved again, the rows held again: nothing was logged
                 w.used.fetch_add(h.need, Relaxed);
-                h.ops = record.split_off(1);
+                h.ops = record.split_off(first_row);
                 return Err(e);
             }
             h.need = 0;
@@ -553,6 +571,7 @@ impl Live {
                 since: f.since,
                 ops: f.ops,
                 need: 0,
+                logged: true,
             };
             held.insert(f.tx, h);
         }
@@ -636,6 +655,7 @@ fn replay_step(held: &mut BTreeMap<u128, Held>, op: &Op) {
                     since,
                     ops: ops.clone(),
                     need: 0,
+                    logged: true,
                 },
             );
         }
@@ -655,6 +675,7 @@ fn replay_step(held: &mut BTreeMap<u128, Held>, op: &Op) {
                         since,
                         ops: Vec::new(),
                         need: 0,
+                        logged: true,
                     },
                 );
             } else {

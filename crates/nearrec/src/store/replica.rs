@@ -67,7 +67,22 @@ impl Replica for Store {
         let _admitted = self.admit(epoch)?;
         self.current()
             .live
-            .prepare_write(tx, writes, options, note, feed)
+            .prepare_write(tx, writes, options, note, feed, true)
+    }
+
+    fn hold_write(
+        &self,
+        tx: u128,
+        writes: &[RowWrite<'_>],
+        options: WriteOptions,
+        note: &str,
+        epoch: Option<u64>,
+        feed: Option<(&str, FeedCursor)>,
+    ) -> Result<()> {
+        let _admitted = self.admit(epoch)?;
+        self.current()
+            .live
+            .prepare_write(tx, writes, options, note, feed, false)
     }
 
     fn decide(&self, tx: u128, decision: Decision, keep: bool) -> Result<u64> {
