@@ -167,12 +167,10 @@ impl Coordinator<'_> {
                         }
                         continue;
                     }
-                    // a row held by this router's last write, its commit on its way: at
-                    // once when it has landed
-                    if shards
-                        .iter()
-                        .any(|&k| self.all[k].committing.wait(deadline))
-                    {
+                    // a row held by this router's last write, its commit on its way: again
+                    // as soon as it lands, within the pause (one stuck on a replica that does
+                    // not answer is not waited for longer)
+                    if shards.iter().any(|&k| self.all[k].committing.landed(pause)) {
                         continue;
                     }
                     // a row held by a transaction its router left, or a fence its catch-up
@@ -533,21 +531,27 @@ pub(crate) struct Committing {
     done: Condvar,
 }
 
+/// How long a call of a router waits for its own commits on their way to a shard before it
+/// goes on without them (`version`, `info`).
+pub(crate) const COMMITS_AWAITED: Duration = Duration::from_millis(200);
+
 impl Committing {
-    /// Waits until none is on its way, at most until `deadline`; whether any was.
-    pub fn wait(&self, deadline: Option<Instant>) -> bool {
+    /// Waits until none is on its way, at most `within`: whether there were some and they all
+    /// landed.
+    pub fn landed(&self, within: Duration) -> bool {
+        let until = Instant::now() + within;
         let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
         if *count == 0 {
             return false;
         }
         while *count > 0 {
-            count = match deadline.map(|d| d.saturating_duration_since(Instant::now())) {
-                None => self.done.wait(count).unwrap_or_else(|p| p.into_inner()),
-                Some(left) if left.is_zero() => break,
-                Some(left) => match self.done.wait_timeout(count, left) {
-                    Ok((c, _)) => c,
-                    Err(p) => p.into_inner().0,
-                },
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            count = match self.done.wait_timeout(count, left) {
+                Ok((c, _)) => c,
+                Err(p) => p.into_inner().0,
             };
         }
         true

@@ -47,7 +47,7 @@ impl StoreApi for ShardedStore {
         let mut failure = None;
         for s in inner.shards.iter() {
             // this router's writes counted: asked once their commits have landed
-            s.committing.wait(inner.deadline());
+            s.committing.landed(crate::txn::COMMITS_AWAITED);
             let info = match s.any(&inner.name, |c| c.info()) {
                 Ok(info) => info,
                 Err(e) => {
@@ -207,7 +207,16 @@ impl StoreApi for ShardedStore {
 
     fn close(&self) -> nearrec::Result<()> {
         self.inner.closed.store(true, Ordering::Relaxed);
+        // this router's commits on their way land first, within a call's deadline (one that
+        // does not is settled later, as a router's that died)
+        let timeout = self
+            .inner
+            .options
+            .client
+            .timeout
+            .unwrap_or(crate::txn::SETTLE_AFTER);
         for s in self.inner.shards.iter() {
+            s.committing.landed(timeout);
             s.close();
         }
         Ok(())
