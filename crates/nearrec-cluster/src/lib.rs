@@ -17,7 +17,7 @@
 //!   — never a partial answer;
 //! - writes a call's rows to the one node of their shard; a call whose rows span shards (hot
 //!   rows are on every shard of their table), or a shard of several replicas, commits on all of
-//!   them or none, by two-phase commit (`txn.rs`) — replicas take every router's writes
+//!   them or none, by two-phase commit (`txn/`) — replicas take every router's writes
 //!   in one order — a prepared write its router left settled by the next router that meets it;
 //! - keeps each shard's membership: a replica that missed a write is left out at the next epoch,
 //!   which every write carries, and one that was down catches up from a member — the differing
@@ -35,7 +35,7 @@
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).
 //!
 //! Modules: `split/` (cut and merge; `parted.rs`, a table's ids routed to its parts), `shard.rs` (a shard's replicas: hedging, failover,
-//! writes to all), `txn.rs` (writes across shards: two-phase commit, settling), `versions.rs`
+//! writes to all), `txn/` (writes across shards: two-phase commit, settling; the commits after the answer in `commits.rs`), `versions.rs`
 //! (the cluster version: pin, stage, switch, release), `members/` (membership, catch-up),
 //! `etcd/` (membership kept in etcd: records, transactions, a replica's hold),
 //! `catch_up.rs` (catch-up in the background, every router's by default), `store/`

@@ -12,7 +12,7 @@
 //! while the deadline allows; past it, or at once without a deadline, the call fails with
 //! [`nearrec::Error::Shard`] naming the shard, never with a partial answer.
 //!
-//! Writes are the router's (`store/writes.rs`, and `txn.rs` where a shard has several replicas): a
+//! Writes are the router's (`store/writes.rs`, and `txn/` where a shard has several replicas): a
 //! replica that failed a write the others took is stale, held out of reads and writes for good
 //! (until it is copied again and given anew).
 
@@ -328,7 +328,7 @@ impl Shard {
             .collect()
     }
 
-    /// This shard's turn for one of this router's two-phase writes (`txn.rs`).
+    /// This shard's turn for one of this router's two-phase writes (`txn/`).
     pub fn lock_writes(&self) -> std::sync::MutexGuard<'_, ()> {
         self.writing.lock().unwrap_or_else(|e| e.into_inner())
     }

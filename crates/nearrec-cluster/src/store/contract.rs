@@ -20,7 +20,7 @@ use crate::versions;
 
 /// What a sharded store does with each verb: lookups split by shard and merged, at one cluster
 /// version; a write to the one node of its shard, or atomically to every replica of every
-/// shard it touches (`txn.rs`); a swap of every shard at once (`versions.rs`); digests where
+/// shard it touches (`txn/`); a swap of every shard at once (`versions.rs`); digests where
 /// each part's rows are; counters added up; a table created or dropped by a new plan every
 /// shard moves to (`schema.rs`). It is no [`nearrec::Replica`] (it drives its replicas with
 /// it).

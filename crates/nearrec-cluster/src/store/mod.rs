@@ -342,7 +342,7 @@ impl ShardedStore {
 
     /// Settles the cross-shard writes older than `older_than` that routers left prepared on
     /// the replicas (a router that died between the two phases): each committed or aborted
-    /// everywhere as its deciding replica says (`txn.rs`). A write that meets one settles it
+    /// everywhere as its deciding replica says (`txn/`). A write that meets one settles it
     /// by itself; this is for an operator, or a router starting.
     pub fn settle(&self, older_than: Duration) -> Settled {
         txn::settle(&self.inner.shards, older_than)

@@ -30,7 +30,7 @@
 //!
 //! The shard that decides a transaction keeps its outcome until the coordinator has told every
 //! other shard; a coordinator that finds a transaction left prepared by one that died asks the
-//! deciding shard and settles it (`nearrec-cluster`'s `txn.rs`).
+//! deciding shard and settles it (`nearrec-cluster`'s `txn/`).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -526,7 +526,7 @@ impl Live {
                 // not logged: only the decider forgets, and a record would put its count of
                 // writes ahead of its shard's other replicas'; the next checkpoint drops its
                 // file, and an outcome a crash brings back is forgotten again by the next
-                // router that settles (`nearrec-cluster`'s `txn.rs`)
+                // router that settles (`nearrec-cluster`'s `txn/`)
                 held.remove(&tx);
                 lock(&w.finished).note(tx, state);
                 Ok(())

@@ -1,0 +1,169 @@
+//! A write's commits after it answered: the other replicas' ([`Rest`], sent on a thread of the
+//! router's once the decider committed), counted per shard ([`Committing`]) so that the
+//! router's own next calls can wait for them.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use nearrec::{Decision, ErrorKind, Replica as _};
+
+use super::{At, e_shard, leave_out, shard_error};
+use crate::shard::{Replica, Shard, on_each};
+
+/// A transaction its decider committed, and the other replicas that prepared it: their commits
+/// are what is left. Sent after the call answered ([`Rest::send`]): the call is committed from
+/// the decider's commit on, and until a replica's commit lands its lookups of the rows wait
+/// for it, as for any transaction prepared before them (`docs/distributed.md`, "Reads while
+/// writes go on"), so no read through any router sees the write in part or goes back.
+pub(super) struct Rest {
+    pub(super) store: String,
+    pub(super) all: Arc<[Shard]>,
+    pub(super) pin: u64,
+    pub(super) tx: u128,
+    pub(super) decider: Arc<Replica>,
+    /// The decider's shard, and the count of writes its commit made there.
+    pub(super) decided: (usize, u64),
+    /// Every other replica that prepared it.
+    pub(super) ready: Vec<(At, Arc<Replica>)>,
+}
+
+impl Rest {
+    /// [`Rest::finish`] on a thread of its own, counted by the shards it commits to until it
+    /// ends (a write of this router that meets one of its rows waits for it; so does closing
+    /// the router).
+    pub(super) fn send(self) {
+        let mut shards: Vec<usize> = self.ready.iter().map(|(at, _)| at.0).collect();
+        shards.dedup();
+        let sending = Sending::new(self.all.clone(), shards);
+        std::thread::spawn(move || {
+            let _sending = sending;
+            let (store, tx) = (self.store.clone(), self.tx);
+            if let Err(e) = self.finish() {
+                tracing::warn!(target: "nearrec::cluster", store = %store, tx = %format!("{tx:032x}"),
+                    error = %e, "a write's commit did not reach every replica after it answered");
+            }
+        });
+    }
+
+    /// Every other replica commits at once, a replica that fails it left out; then each
+    /// shard's read floor at this router is raised to the counts its commits made — once all
+    /// of them landed, so that no read meanwhile finds a replica whose commit is on its way
+    /// behind another's (it waits for the rows the transaction holds there) — and the decider
+    /// forgets (off the path: an outcome left kept, a forget lost, is dropped by the next
+    /// settling pass that finds no replica holding the transaction). A shard none of whose
+    /// replicas took the commit holds it prepared until settled: named in the error, the
+    /// decider keeping the outcome for the settling pass.
+    pub(super) fn finish(self) -> nearrec::Result<()> {
+        let tx = self.tx;
+        let done = on_each(&self.ready, |(_, replica)| {
+            replica.client.decide(tx, Decision::Commit, false)
+        });
+        let failed: Vec<(usize, Arc<Replica>)> = (self.ready.iter().zip(&done))
+            .filter(|(_, d)| d.is_err())
+            .map(|((at, replica), _)| (at.0, replica.clone()))
+            .collect();
+        self.all[self.decided.0].seen.raise(self.decided.1);
+        for ((at, _), done) in self.ready.iter().zip(&done) {
+            if let Ok(v) = done {
+                self.all[at.0].seen.raise(*v);
+            }
+        }
+        // a shard (other than the decider's, which has its commit) none of whose replicas took
+        // it
+        let untold = (self.ready.iter().map(|(at, _)| at.0))
+            .filter(|&k| k != self.decided.0)
+            .find(|&k| !(self.ready.iter().zip(&done)).any(|((at, _), d)| at.0 == k && d.is_ok()));
+        let left_out = leave_out(&self.all, self.pin, &failed, None);
+        if let Some(k) = untold {
+            return Err(shard_error(
+                &self.store,
+                k,
+                ErrorKind::Unavailable,
+                format!(
+                    "transaction {tx:032x} is committed, but no replica of the shard took its \
+                 commit: it is served there once settled"
+                ),
+            ));
+        }
+        let _ = self.decider.client.forget(tx);
+        // committed; but a replica that missed its commit and is still a member in etcd could
+        // serve a read without it until settled
+        left_out.map_err(|e| {
+            shard_error(
+                &self.store,
+                e_shard(&e),
+                ErrorKind::Unavailable,
+                format!(
+                    "transaction {tx:032x} is committed, but a replica that missed its commit \
+                     could not be left out of its shard: {e}"
+                ),
+            )
+        })
+    }
+}
+
+/// This router's commits on their way to a shard after their writes answered, counted.
+#[derive(Debug, Default)]
+pub(crate) struct Committing {
+    count: Mutex<usize>,
+    done: Condvar,
+}
+
+/// How long a call of a router waits for its own commits on their way to a shard before it
+/// goes on without them (`version`, `info`).
+pub(crate) const COMMITS_AWAITED: Duration = Duration::from_millis(200);
+
+impl Committing {
+    /// Waits until none is on its way, at most `within`: whether there were some and they all
+    /// landed.
+    pub fn landed(&self, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        if *count == 0 {
+            return false;
+        }
+        while *count > 0 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            count = match self.done.wait_timeout(count, left) {
+                Ok((c, _)) => c,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        true
+    }
+}
+
+/// Counts one commit on its way on each of `shards` while it lives.
+struct Sending {
+    all: Arc<[Shard]>,
+    shards: Vec<usize>,
+}
+
+impl Sending {
+    fn new(all: Arc<[Shard]>, shards: Vec<usize>) -> Self {
+        for &k in &shards {
+            *all[k]
+                .committing
+                .count
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) += 1;
+        }
+        Sending { all, shards }
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        for &k in &self.shards {
+            let c = &self.all[k].committing;
+            let mut count = c.count.lock().unwrap_or_else(|p| p.into_inner());
+            *count -= 1;
+            if *count == 0 {
+                c.done.notify_all();
+            }
+        }
+    }
+}
