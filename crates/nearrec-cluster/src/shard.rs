@@ -17,7 +17,7 @@
 //! (until it is copied again and given anew).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -236,6 +236,51 @@ impl Seen {
     }
 }
 
+/// This router's commits on their way to a shard after their writes answered, counted
+/// (`txn/commits.rs`).
+#[derive(Debug, Default)]
+pub(crate) struct Committing {
+    count: Mutex<usize>,
+    done: Condvar,
+}
+
+impl Committing {
+    /// One more on its way.
+    pub fn begin(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    }
+
+    /// One landed (or given up on).
+    pub fn end(&self) {
+        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        *count -= 1;
+        if *count == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    /// Waits until none is on its way, at most `within`: whether there were some and they all
+    /// landed.
+    pub fn landed(&self, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        if *count == 0 {
+            return false;
+        }
+        while *count > 0 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            count = match self.done.wait_timeout(count, left) {
+                Ok((c, _)) => c,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        true
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Shard {
     pub index: usize,
@@ -251,7 +296,7 @@ pub(crate) struct Shard {
     /// Held by this router's two-phase writes to the shard, taken in shard order.
     writing: Mutex<()>,
     /// This router's commits on their way to the shard after their writes answered.
-    pub committing: crate::txn::Committing,
+    pub committing: Committing,
     /// The shard's membership as this router last learned it: the epoch its writes are sent
     /// at, and the members by id (`members/`).
     pub membership: Mutex<(u64, Vec<u64>)>,
@@ -277,7 +322,7 @@ impl Shard {
             counters: Counters::default(),
             seen: Seen::default(),
             writing: Mutex::new(()),
-            committing: crate::txn::Committing::default(),
+            committing: Committing::default(),
             membership: Mutex::default(),
             etcd,
         }

@@ -1,9 +1,9 @@
 //! A write's commits after it answered: the other replicas' ([`Rest`], sent on a thread of the
-//! router's once the decider committed), counted per shard ([`Committing`]) so that the
+//! router's once the decider committed), counted per shard ([`crate::shard::Committing`]) so that the
 //! router's own next calls can wait for them.
 
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use nearrec::{Decision, ErrorKind, Replica as _};
 
@@ -39,8 +39,9 @@ impl Rest {
             let _sending = sending;
             let (store, tx) = (self.store.clone(), self.tx);
             if let Err(e) = self.finish() {
-                tracing::warn!(target: "nearrec::cluster", store = %store, tx = %format!("{tx:032x}"),
-                    error = %e, "a write's commit did not reach every replica after it answered");
+                tracing::warn!(target: "nearrec::cluster", store = %store,
+                    tx = %format!("{tx:032x}"), error = %e,
+                    "a write's commit did not reach every replica after it answered");
             }
         });
     }
@@ -102,39 +103,9 @@ impl Rest {
     }
 }
 
-/// This router's commits on their way to a shard after their writes answered, counted.
-#[derive(Debug, Default)]
-pub(crate) struct Committing {
-    count: Mutex<usize>,
-    done: Condvar,
-}
-
 /// How long a call of a router waits for its own commits on their way to a shard before it
 /// goes on without them (`version`, `info`).
 pub(crate) const COMMITS_AWAITED: Duration = Duration::from_millis(200);
-
-impl Committing {
-    /// Waits until none is on its way, at most `within`: whether there were some and they all
-    /// landed.
-    pub fn landed(&self, within: Duration) -> bool {
-        let until = Instant::now() + within;
-        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
-        if *count == 0 {
-            return false;
-        }
-        while *count > 0 {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            count = match self.done.wait_timeout(count, left) {
-                Ok((c, _)) => c,
-                Err(p) => p.into_inner().0,
-            };
-        }
-        true
-    }
-}
 
 /// Counts one commit on its way on each of `shards` while it lives.
 struct Sending {
@@ -145,11 +116,7 @@ struct Sending {
 impl Sending {
     fn new(all: Arc<[Shard]>, shards: Vec<usize>) -> Self {
         for &k in &shards {
-            *all[k]
-                .committing
-                .count
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) += 1;
+            all[k].committing.begin();
         }
         Sending { all, shards }
     }
@@ -158,12 +125,7 @@ impl Sending {
 impl Drop for Sending {
     fn drop(&mut self) {
         for &k in &self.shards {
-            let c = &self.all[k].committing;
-            let mut count = c.count.lock().unwrap_or_else(|p| p.into_inner());
-            *count -= 1;
-            if *count == 0 {
-                c.done.notify_all();
-            }
+            self.all[k].committing.end();
         }
     }
 }

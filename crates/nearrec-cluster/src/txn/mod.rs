@@ -44,8 +44,8 @@ use crate::shard::{Replica, Shard, on_each};
 
 mod commits;
 
+pub(crate) use commits::COMMITS_AWAITED;
 use commits::Rest;
-pub(crate) use commits::{COMMITS_AWAITED, Committing};
 
 /// A replica of the plan: shard and place in the shard's replica list.
 pub(crate) type At = (usize, usize);
