@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nearrec::{Decision, ErrorKind, Replica as _};
 
-use super::{At, e_shard, leave_out, shard_error};
+use super::{At, Coordinator, Share, e_shard, leave_out, shard_error};
 use crate::shard::{Replica, Shard, on_each};
 
 /// A transaction its decider committed, and the other replicas that prepared it: their commits
@@ -16,18 +16,42 @@ use crate::shard::{Replica, Shard, on_each};
 /// for it, as for any transaction prepared before them (`docs/distributed.md`, "Reads while
 /// writes go on"), so no read through any router sees the write in part or goes back.
 pub(super) struct Rest {
-    pub(super) store: String,
-    pub(super) all: Arc<[Shard]>,
-    pub(super) pin: u64,
-    pub(super) tx: u128,
-    pub(super) decider: Arc<Replica>,
+    store: String,
+    all: Arc<[Shard]>,
+    pin: u64,
+    tx: u128,
+    decider: Arc<Replica>,
     /// The decider's shard, and the count of writes its commit made there.
-    pub(super) decided: (usize, u64),
+    decided: (usize, u64),
     /// Every other replica that prepared it.
-    pub(super) ready: Vec<(At, Arc<Replica>)>,
+    ready: Vec<(At, Arc<Replica>)>,
 }
 
 impl Rest {
+    /// What is left of transaction `tx` once its decider (`shares[0]`) committed, at count
+    /// `decided_at` (0: not known).
+    pub(super) fn new(
+        by: &Coordinator<'_>,
+        tx: u128,
+        shares: &[Share<'_>],
+        prepared: &[nearrec::Result<()>],
+        decided_at: u64,
+    ) -> Self {
+        Rest {
+            store: by.store.to_owned(),
+            all: by.all.clone(),
+            pin: by.pin,
+            tx,
+            decider: shares[0].replica.clone(),
+            decided: (shares[0].at.0, decided_at),
+            ready: (shares.iter().zip(prepared))
+                .skip(1)
+                .filter(|(_, p)| p.is_ok())
+                .map(|(s, _)| (s.at, s.replica.clone()))
+                .collect(),
+        }
+    }
+
     /// [`Rest::finish`] on a thread of its own, counted by the shards it commits to until it
     /// ends (a write of this router that meets one of its rows waits for it; so does closing
     /// the router).
@@ -37,10 +61,9 @@ impl Rest {
         let sending = Sending::new(self.all.clone(), shards);
         std::thread::spawn(move || {
             let _sending = sending;
-            let (store, tx) = (self.store.clone(), self.tx);
             if let Err(e) = self.finish() {
-                tracing::warn!(target: "nearrec::cluster", store = %store,
-                    tx = %format!("{tx:032x}"), error = %e,
+                tracing::warn!(target: "nearrec::cluster", store = %self.store,
+                    tx = %format!("{:032x}", self.tx), error = %e,
                     "a write's commit did not reach every replica after it answered");
             }
         });
@@ -54,7 +77,7 @@ impl Rest {
     /// settling pass that finds no replica holding the transaction). A shard none of whose
     /// replicas took the commit holds it prepared until settled: named in the error, the
     /// decider keeping the outcome for the settling pass.
-    pub(super) fn finish(self) -> nearrec::Result<()> {
+    pub(super) fn finish(&self) -> nearrec::Result<()> {
         let tx = self.tx;
         let done = on_each(&self.ready, |(_, replica)| {
             replica.client.decide(tx, Decision::Commit, false)

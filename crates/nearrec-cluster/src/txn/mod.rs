@@ -6,14 +6,17 @@
 //! 1. Every replica (not stale) of every shard the call touches prepares its share under one
 //!    transaction id: checked, durable, not served ([`nearrec::Replica::prepare_write`]). The
 //!    note kept with it names the deciding replica — the first live replica of the lowest
-//!    shard — and the shards that take part.
+//!    shard — and the shards that take part. The decider only holds its share, unlogged
+//!    ([`nearrec::Replica::hold_write`]): its commit logs it whole.
 //! 2. If a shard has no replica that prepared, every prepared share is aborted and the call
 //!    fails with what the shard answered; a replica that failed where another of its shard
 //!    prepared is stale from then on (it missed the write), as for a one-shard write.
-//! 3. The deciding replica commits first, keeping the outcome: from that moment the call is
-//!    committed. Then every other replica commits, and the decider forgets the outcome.
+//! 3. The deciding replica commits, keeping the outcome: from that moment the call is
+//!    committed, and it returns. Every other replica's commit is sent after, and then the
+//!    decider forgets the outcome (`commits.rs`).
 //!
-//! A router that dies between the phases leaves shares prepared: they hold their rows against
+//! A router that dies between the phases, or before the commits after the answer land, leaves
+//! shares prepared: they hold their rows against
 //! other transactions (a later prepare on one of them is refused, `StoreLocked`). [`settle`]
 //! finds them — every replica lists what it holds — and asks the decider: a transaction it
 //! committed commits everywhere; one it never committed is aborted there first (kept, so that
@@ -23,8 +26,9 @@
 //! transactions older than the call's deadline (their router is gone: no call of it runs
 //! longer) and tries again while its deadline allows.
 //!
-//! What readers see: each shard serves its share from its commit on, and each shard's read
-//! floor at this router is raised to the version its commit made. A lookup, through any router,
+//! What readers see: each replica serves its share from its commit on, and each shard's read
+//! floor at this router is raised to the versions its commits made once all of them landed. A
+//! lookup, through any router,
 //! sees the write whole or not at all: a replica's lookup waits for the transactions prepared
 //! there before it came that hold its rows, and the answers of one read of several shards are
 //! checked against each other, a shard that has not shown a transaction another shows read
@@ -306,7 +310,7 @@ impl Coordinator<'_> {
             Ok(v) => v,
             Err(e) => return self.undecided(tx, &shares, &prepared, e),
         };
-        let rest = self.rest(tx, &shares, &prepared, v);
+        let rest = Rest::new(self, tx, &shares, &prepared, v);
         if feed.is_some() {
             // a delta file's: its cursor is read back from every shard once the call returns
             return rest.finish().map(|()| Vec::new());
@@ -331,10 +335,11 @@ impl Coordinator<'_> {
     ) -> nearrec::Result<Vec<(usize, u64)>> {
         let decider = shares[0].at;
         match state_at(&shares[0].replica, tx) {
-            Some(Some(TxState::Applied | TxState::Committed)) => self
-                .rest(tx, shares, prepared, 0)
-                .finish()
-                .map(|()| Vec::new()),
+            Some(Some(TxState::Applied | TxState::Committed)) => {
+                Rest::new(self, tx, shares, prepared, 0)
+                    .finish()
+                    .map(|()| Vec::new())
+            }
             // aborted there (by a router settling it as abandoned): aborted everywhere
             Some(Some(TxState::Aborted)) => {
                 on_each(&shares[1..], |s| {
@@ -396,30 +401,6 @@ impl Coordinator<'_> {
                     shares[0].replica.addr
                 ),
             )),
-        }
-    }
-
-    /// What is left of transaction `tx` once its decider (`shares[0]`) committed, at count
-    /// `decided_at` (0: not known).
-    fn rest(
-        &self,
-        tx: u128,
-        shares: &[Share<'_>],
-        prepared: &[nearrec::Result<()>],
-        decided_at: u64,
-    ) -> Rest {
-        Rest {
-            store: self.store.to_owned(),
-            all: self.all.clone(),
-            pin: self.pin,
-            tx,
-            decider: shares[0].replica.clone(),
-            decided: (shares[0].at.0, decided_at),
-            ready: (shares.iter().zip(prepared))
-                .skip(1)
-                .filter(|(_, p)| p.is_ok())
-                .map(|(s, _)| (s.at, s.replica.clone()))
-                .collect(),
         }
     }
 
