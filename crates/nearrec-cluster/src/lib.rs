@@ -35,7 +35,7 @@
 //!   hedges that won, retries, failures (`cluster_*` in [`nearrec::StoreApi::stats`]).
 //!
 //! Modules: `split/` (cut and merge; `parted.rs`, a table's ids routed to its parts), `shard.rs` (a shard's replicas: hedging, failover,
-//! writes to all), `txn/` (writes across shards: two-phase commit, settling; the commits after the answer in `commits.rs`), `versions.rs`
+//! writes to all; `committing.rs`, this router's commits on their way to it), `txn/` (writes across shards: two-phase commit, settling; the commits after the answer in `commits.rs`), `versions.rs`
 //! (the cluster version: pin, stage, switch, release), `members/` (membership, catch-up),
 //! `etcd/` (membership kept in etcd: records, transactions, a replica's hold),
 //! `catch_up.rs` (catch-up in the background, every router's by default), `store/`
@@ -45,6 +45,7 @@
 //! of every scheme over loopback nodes.
 
 mod catch_up;
+mod committing;
 pub mod etcd;
 mod members;
 mod shard;

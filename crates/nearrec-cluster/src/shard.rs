@@ -17,13 +17,14 @@
 //! (until it is copied again and given anew).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use nearrec::{Error, ErrorKind, StoreApi};
 use nearrec_client::{Client, Started};
 
+use crate::committing::Committing;
 use crate::etcd::ShardMap;
 
 /// How long a replica that failed a read is held out of reads.
@@ -233,51 +234,6 @@ impl Seen {
     /// Reads move to cluster version `at`, whose counts start over, at `count`.
     pub fn repin(&self, at: u64, count: u64) {
         *self.0.lock().unwrap() = (at, count);
-    }
-}
-
-/// This router's commits on their way to a shard after their writes answered, counted
-/// (`txn/commits.rs`).
-#[derive(Debug, Default)]
-pub(crate) struct Committing {
-    count: Mutex<usize>,
-    done: Condvar,
-}
-
-impl Committing {
-    /// One more on its way.
-    pub fn begin(&self) {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-    }
-
-    /// One landed (or given up on).
-    pub fn end(&self) {
-        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
-        *count -= 1;
-        if *count == 0 {
-            self.done.notify_all();
-        }
-    }
-
-    /// Waits until none is on its way, at most `within`: whether there were some and they all
-    /// landed.
-    pub fn landed(&self, within: Duration) -> bool {
-        let until = Instant::now() + within;
-        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
-        if *count == 0 {
-            return false;
-        }
-        while *count > 0 {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            count = match self.done.wait_timeout(count, left) {
-                Ok((c, _)) => c,
-                Err(p) => p.into_inner().0,
-            };
-        }
-        true
     }
 }
 

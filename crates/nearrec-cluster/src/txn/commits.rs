@@ -1,5 +1,5 @@
 //! A write's commits after it answered: the other replicas' ([`Rest`], sent on a thread of the
-//! router's once the decider committed), counted per shard ([`crate::shard::Committing`]) so that the
+//! router's once the decider committed), counted per shard ([`crate::committing::Committing`]) so that the
 //! router's own next calls can wait for them.
 
 use std::sync::Arc;

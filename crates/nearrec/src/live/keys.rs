@@ -16,7 +16,7 @@
 //! ([`over_caps`]). A compaction lets go of keys past their TTL ([`Live::expire`]), in
 //! a record of its own, before it folds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use nearrec_engine::delta::TableDelta;
 use nearrec_engine::{Engine, Evict, KeyLife, decode_row};
@@ -590,6 +590,60 @@ pub(crate) fn expire(
         }
     }
     out
+}
+
+/// Refuses a prepare ([`Error::KeysFull`]) whose new keys of a keyed table that does not evict
+/// would take it past its cap, counting the new keys of every transaction held before it (`held`, their operations):
+/// each commits without asking again (a commit cannot fail on it), so the prepare makes room.
+pub(super) fn keys_fit<'a>(
+    engine: &Engine,
+    books: &HashMap<String, KeyBook>,
+    ops: &[Op],
+    held: impl Iterator<Item = &'a [Op]> + Clone,
+) -> Result<()> {
+    for op in ops {
+        let Op::Write { table, ids, .. } = op else {
+            continue;
+        };
+        let (Some(book), Ok(id)) = (books.get(table), engine.table_id(table)) else {
+            continue;
+        };
+        if engine
+            .key_life(id)
+            .is_some_and(|l| l.limits.evict != Evict::Off)
+        {
+            continue;
+        }
+        let new = |ids: &[u64]| -> HashSet<u64> {
+            (ids.iter().copied())
+                .filter(|&key| book.row_of(engine, id, key).is_none())
+                .collect()
+        };
+        let mut taken: HashSet<u64> = HashSet::new();
+        for other in held.clone().flatten() {
+            if let Op::Write { table: t, ids, .. } = other
+                && t == table
+            {
+                taken.extend(new(ids));
+            }
+        }
+        let cap = engine.key_cap(id);
+        let mut count = book.held() + taken.len() as u64;
+        for (position, &key) in ids.iter().enumerate() {
+            if book.row_of(engine, id, key).is_none() && taken.insert(key) {
+                count += 1;
+                if count > cap {
+                    return Err(Error::KeysFull {
+                        table: table.clone(),
+                        position,
+                        key,
+                        cap,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //!   another prepared transaction holds one of its rows (no waiting: the coordinator aborts and
 //!   tries again, so two coordinators never wait on each other). A keyed table's rows are named
 //!   by key, held by key, and decided as the commit logs them, as a write's are; under a cap
-//!   that does not evict, the prepare makes room for its new keys ([`keys_fit`]), so that no
+//!   that does not evict, the prepare makes room for its new keys ([`super::keys::keys_fit`]), so that no
 //!   commit is refused.
 //! - [`Live::decide`] with commit logs the decision and the rows as one record
 //!   ([`Op::Decide`] and the rows, applied as a write's are): the outcome is durable exactly
@@ -37,13 +37,12 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime};
 
-use nearrec_engine::{Engine, Evict};
 use nearrec_format::wal::{
     Op, Record, TXN_DIR, TxState, Wal, WalConfig, read_checkpoint, read_txns, remove_tx,
     txn_log_dir, write_checkpoint, write_tx,
 };
 
-use super::keys::KeyBook;
+use super::keys::keys_fit;
 use super::{FeedCursor, Live, RowWrite, WriteOptions, Writer, lock};
 use crate::error::{Error, Result};
 use crate::membership::now_ms;
@@ -179,62 +178,6 @@ fn overlap(mine: &HashMap<&str, HashSet<u64>>, other: &[Op]) -> Option<(String, 
     })
 }
 
-/// Refuses a prepare ([`Error::KeysFull`]) whose new keys of a keyed table that does not evict
-/// would take it past its cap, counting the new keys of every transaction held before it:
-/// each commits without asking again (a commit cannot fail on it), so the prepare makes room.
-fn keys_fit(
-    engine: &Engine,
-    books: &HashMap<String, KeyBook>,
-    ops: &[Op],
-    held: &BTreeMap<u128, Held>,
-) -> Result<()> {
-    for op in ops {
-        let Op::Write { table, ids, .. } = op else {
-            continue;
-        };
-        let (Some(book), Ok(id)) = (books.get(table), engine.table_id(table)) else {
-            continue;
-        };
-        if engine
-            .key_life(id)
-            .is_some_and(|l| l.limits.evict != Evict::Off)
-        {
-            continue;
-        }
-        let new = |ids: &[u64]| -> HashSet<u64> {
-            (ids.iter().copied())
-                .filter(|&key| book.row_of(engine, id, key).is_none())
-                .collect()
-        };
-        let mut taken: HashSet<u64> = HashSet::new();
-        for h in held.values().filter(|h| h.holds()) {
-            for other in &h.ops {
-                if let Op::Write { table: t, ids, .. } = other
-                    && t == table
-                {
-                    taken.extend(new(ids));
-                }
-            }
-        }
-        let cap = engine.key_cap(id);
-        let mut count = book.held() + taken.len() as u64;
-        for (position, &key) in ids.iter().enumerate() {
-            if book.row_of(engine, id, key).is_none() && taken.insert(key) {
-                count += 1;
-                if count > cap {
-                    return Err(Error::KeysFull {
-                        table: table.clone(),
-                        position,
-                        key,
-                        cap,
-                    });
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 impl Live {
     /// Prepares transaction `tx`: the call checked, its room reserved and its rows durable, none
     /// of it served until it commits. Again for a transaction already prepared: nothing to do.
@@ -304,7 +247,8 @@ impl Live {
                 });
             }
         }
-        keys_fit(&engine, &lock(&w.books), &ops, &held)?;
+        let others = held.values().filter(|h| h.holds()).map(Held::ops);
+        keys_fit(&engine, &lock(&w.books), &ops, others)?;
         w.reserve(need)?;
         // logged with the rows held (another prepare of one of them waits for the lock, and is
         // refused once it is held); the room stays reserved until the decision
