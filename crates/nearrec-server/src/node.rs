@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use arc_swap::ArcSwapOption;
+use nearrec_wire::arrays::Spare;
 
 use crate::acl::Acl;
 use crate::admission::Admission;
@@ -49,7 +50,14 @@ pub struct Shared {
     pub ready: Arc<AtomicBool>,
     /// The audit log, when the node keeps one (`audit_log`).
     pub audit: Option<Audit>,
+    /// Lookups' arrays kept between requests, at most [`SPARE_BYTES`]: what a request's ids
+    /// were decoded into and its answer pooled into, taken again by the next one.
+    pub spare: Arc<Spare>,
 }
+
+/// The most memory a node keeps in [`Shared::spare`]: a few dozen requests' arrays at the
+/// benchmark's shape (40 KiB of ids, 64 KiB pooled), a fixed sliver beside a store's budget.
+pub const SPARE_BYTES: usize = 16 << 20;
 
 impl Shared {
     pub fn new(stores: Stores, config: NodeConfig, acl: Option<Acl>) -> Self {
@@ -95,6 +103,7 @@ impl Shared {
             calls: AtomicU64::new(0),
             ready: Arc::default(),
             audit: None,
+            spare: Arc::new(Spare::new(SPARE_BYTES)),
         }
     }
 

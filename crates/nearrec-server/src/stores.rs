@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::path::PathBuf;
 
 use nearrec::{Store, StoreApi, StoreConfig};
+use nearrec_wire::arrays::Spare;
 use tonic::Status;
 
 /// How often a node's read-only stores look for their writer's records, in ms, unless the
@@ -20,11 +21,24 @@ pub(crate) fn pooled(
     batch: &nearrec::Batch<'_>,
     at: Option<u64>,
 ) -> nearrec::Result<(nearrec::Pooled, nearrec::Read)> {
-    match at {
-        Some(v) => store
+    pooled_in(store, batch, at, Spare::none())
+}
+
+/// [`pooled`]; an embedded store's answer as the store is now pooled into a vector `spare`
+/// kept.
+pub(crate) fn pooled_in(
+    store: &dyn StoreApi,
+    batch: &nearrec::Batch<'_>,
+    at: Option<u64>,
+    spare: &Spare,
+) -> nearrec::Result<(nearrec::Pooled, nearrec::Read)> {
+    let local = store.concrete().and_then(|s| s.downcast_ref::<Store>());
+    match (at, local) {
+        (Some(v), _) => store
             .able(store.versions(), "lookup_version")?
             .lookup_version(batch, v),
-        None => store.lookup(batch),
+        (None, Some(local)) => local.lookup_reusing(batch, spare.take()),
+        (None, None) => store.lookup(batch),
     }
 }
 

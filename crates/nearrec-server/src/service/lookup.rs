@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nearrec::{AsBatch, OutDtype, OwnedBatch, Stages, StoreApi};
+use nearrec_wire::arrays::Spare;
 use nearrec_wire::convert;
 use nearrec_wire::status::{bounded, stream_error};
 use nearrec_wire::v1 as pb;
@@ -21,7 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::seen::Seen;
 use super::{Answer, Answers, Caller, Checked, How, NodeService, bad, conn_budget, holding};
 use crate::admission::{Held, deadline};
-use crate::stores::{inline, pooled, settle, writers};
+use crate::stores::{inline, pooled_in, settle, writers};
 
 /// How many requests of one stream run at once (batch i + 1 while batch i is answered).
 const STREAM_DEPTH: usize = 4;
@@ -47,7 +48,8 @@ impl NodeService {
         let (name, store) = (call.name, call.store.clone());
         // pooled in fp32 here, answered in the asked dtype (a store's own rounding not applied
         // twice: an int8 vector quantised again would not be the same)
-        let batch = convert::batch(&req.tables).map_err(bad)?;
+        let spare = &self.0.spare;
+        let batch = convert::batch_in(&req.tables, spare).map_err(bad)?;
         let out = convert::unout_dtype(req.out_dtype, "out_dtype").map_err(bad)?;
         let limit = self.0.config.max_message_bytes;
         let (id, raw) = (req.id, req.raw);
@@ -91,10 +93,13 @@ impl NodeService {
             inline,
             cpu: store.resident() && !inline,
         };
+        let spare = spare.clone();
         let ((answer, stages), slot) = self
             .run(call.verb.rpc, call.deadline, how, move || {
-                let (mut answer, stages) = lookup(&*store, id, (raw, at, out), &batch, limit)?;
+                let (mut answer, stages) =
+                    lookup(&*store, id, (raw, at, out), &batch, (limit, &spare))?;
                 answer.writers = convert::writers(writers(&store, &batch.as_batch()));
+                convert::recycle(batch, &spare);
                 Ok((answer, stages))
             })
             .await?;
@@ -207,13 +212,13 @@ impl NodeService {
 
 /// A lookup on the facade: pooled at one version, with where its time went, or the distinct
 /// rows when `raw`; as version `at` of the store's repository answers it, when one is given;
-/// pooled answers in `out`.
+/// pooled answers in `out`, from a vector `spare` kept and given back to it once sent.
 fn lookup(
     store: &dyn StoreApi,
     id: u64,
     (raw, at, out): (bool, Option<u64>, OutDtype),
     batch: &OwnedBatch,
-    limit: usize,
+    (limit, spare): (usize, &Arc<Spare>),
 ) -> nearrec::Result<(pb::LookupResponse, Option<Stages>)> {
     let batch = batch.as_batch();
     if raw {
@@ -229,9 +234,9 @@ fn lookup(
         too_large(rows.first().map_or("", |r| r.table.as_str()), bytes, limit)?;
         return Ok((convert::raw(id, version, rows), None));
     }
-    let (pooled, read) = pooled(store, &batch, at)?;
+    let (pooled, read) = pooled_in(store, &batch, at, spare)?;
     Ok((
-        convert::pooled(id, read.version, pooled, out),
+        convert::pooled_in(id, read.version, pooled, out, spare),
         Some(read.stages),
     ))
 }

@@ -62,6 +62,16 @@ impl Node {
             .enable_all()
             .build()
             .unwrap();
+        Self::start_on(runtime, addr, stores, config)
+    }
+
+    /// [`Node::start_at`] on `runtime` (one whose threads a test marks, say).
+    pub fn start_on(
+        runtime: tokio::runtime::Runtime,
+        addr: std::net::SocketAddr,
+        stores: Stores,
+        config: NodeConfig,
+    ) -> Self {
         let bind =
             |at: std::net::SocketAddr| runtime.block_on(tokio::net::TcpListener::bind(at)).unwrap();
         let listeners = Listeners {

@@ -1,43 +1,77 @@
 //! A lookup's request and answer. A request's arrays are decoded once, here, into an
 //! [`OwnedBatch`]; what they mean (bags against ids, ids against rows, weights, padding) is the
 //! engine's one validation, as for every other surface. A pooled answer travels in the dtype
-//! asked (`out_dtype`), encoded once.
+//! asked (`out_dtype`), encoded once. The node decodes into, and answers from, vectors its
+//! [`Spare`] keeps between requests ([`batch_in`], [`recycle`], [`pooled_in`]).
 
 use nearrec::{
     Bags, Batch, IndexVec, Indices, OutDtype, OwnedBags, OwnedBatch, OwnedLookup, Pooled,
     PoolingMode, Rows, TableLookup,
 };
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::invalid;
-use crate::arrays::{decode, encode, encode_slice};
+use crate::arrays::{Spare, decode, decode_in, encode, encode_slice};
 use crate::v1 as pb;
 
 /// A request's tables as an owned batch; refuses an empty table list.
 pub fn batch(tables: &[pb::TableLookup]) -> nearrec::Result<OwnedBatch> {
+    batch_in(tables, Spare::none())
+}
+
+/// [`batch`], its arrays decoded into vectors `spare` kept.
+pub fn batch_in(tables: &[pb::TableLookup], spare: &Spare) -> nearrec::Result<OwnedBatch> {
     if tables.is_empty() {
         return Err(nearrec::Error::invalid("the request names no table"));
     }
-    Ok(OwnedBatch::new(
-        tables.iter().map(lookup).collect::<nearrec::Result<_>>()?,
-    ))
+    let mut owned = Vec::with_capacity(tables.len());
+    for t in tables {
+        match lookup(t, spare) {
+            Ok(l) => owned.push(l),
+            Err(e) => {
+                recycle(OwnedBatch::new(owned), spare);
+                return Err(e);
+            }
+        }
+    }
+    Ok(OwnedBatch::new(owned))
+}
+
+/// A batch's arrays given back to `spare` once it is served.
+pub fn recycle(batch: OwnedBatch, spare: &Spare) {
+    let give = |v: IndexVec| match v {
+        IndexVec::I32(v) => spare.give(v),
+        IndexVec::I64(v) => spare.give(v),
+    };
+    for t in batch.tables {
+        give(t.indices);
+        match t.bags {
+            OwnedBags::Offsets { offsets: v, .. } | OwnedBags::Lengths(v) => give(v),
+            OwnedBags::Fixed { .. } => {}
+        }
+        if let Some(w) = t.per_sample_weights {
+            spare.give(w);
+        }
+    }
 }
 
 fn indices(
     bytes: &[u8],
     kind: pb::IndexType,
-    table: &str,
-    field: &str,
+    (table, field): (&str, &str),
+    spare: &Spare,
 ) -> nearrec::Result<IndexVec> {
     Ok(match kind {
-        pb::IndexType::Int32 => IndexVec::I32(decode(bytes, table, field)?),
-        _ => IndexVec::I64(decode(bytes, table, field)?),
+        pb::IndexType::Int32 => IndexVec::I32(decode_in(bytes, table, field, spare)?),
+        _ => IndexVec::I64(decode_in(bytes, table, field, spare)?),
     })
 }
 
 /// One table's part of a request.
-pub fn lookup(t: &pb::TableLookup) -> nearrec::Result<OwnedLookup> {
+fn lookup(t: &pb::TableLookup, spare: &Spare) -> nearrec::Result<OwnedLookup> {
     let name = t.table.as_str();
     let kind = match pb::IndexType::try_from(t.index_type) {
         Ok(k @ (pb::IndexType::Int32 | pb::IndexType::Int64)) => k,
@@ -53,11 +87,11 @@ pub fn lookup(t: &pb::TableLookup) -> nearrec::Result<OwnedLookup> {
     };
     let bags = match &t.bags {
         Some(pb::table_lookup::Bags::Offsets(o)) => OwnedBags::Offsets {
-            offsets: indices(&o.offsets, kind, name, "offsets")?,
+            offsets: indices(&o.offsets, kind, (name, "offsets"), spare)?,
             include_last_offset: o.include_last_offset,
         },
         Some(pb::table_lookup::Bags::Lengths(l)) => {
-            OwnedBags::Lengths(indices(l, kind, name, "lengths")?)
+            OwnedBags::Lengths(indices(l, kind, (name, "lengths"), spare)?)
         }
         Some(pb::table_lookup::Bags::Fixed(f)) => {
             let size = |v: u64, what: &str| {
@@ -84,10 +118,10 @@ pub fn lookup(t: &pb::TableLookup) -> nearrec::Result<OwnedLookup> {
     };
     Ok(OwnedLookup {
         table: t.table.clone(),
-        indices: indices(&t.ids, kind, name, "ids")?,
+        indices: indices(&t.ids, kind, (name, "ids"), spare)?,
         bags,
         per_sample_weights: (!t.per_sample_weights.is_empty())
-            .then(|| decode(&t.per_sample_weights, name, "per_sample_weights"))
+            .then(|| decode_in(&t.per_sample_weights, name, "per_sample_weights", spare))
             .transpose()?,
         mode,
         padding_idx: t.padding_idx,
@@ -155,16 +189,50 @@ fn table(t: &TableLookup<'_>) -> pb::TableLookup {
 }
 
 /// A pooled answer (the node's side).
-pub fn pooled(id: u64, version: u64, p: Pooled, out: OutDtype) -> pb::LookupResponse {
+pub fn pooled(id: u64, version: u64, mut p: Pooled, out: OutDtype) -> pb::LookupResponse {
     let pooled = match out {
-        OutDtype::F32 => encode(p.values),
+        OutDtype::F32 => encode(std::mem::take(&mut p.values)),
+        _ => Bytes::from(encoded(&p.values, &p.tables, out, Vec::new())),
+    };
+    answer(id, version, p, pooled, out)
+}
+
+/// [`pooled`], its values (or their encoding in `out`) lent from `spare`, and the pooled
+/// vector given back to it.
+pub fn pooled_in(
+    id: u64,
+    version: u64,
+    mut p: Pooled,
+    out: OutDtype,
+    spare: &Arc<Spare>,
+) -> pb::LookupResponse {
+    let values = std::mem::take(&mut p.values);
+    let pooled = match out {
+        OutDtype::F32 => Spare::lend(spare, values),
         _ => {
-            let widths: Vec<usize> = p.tables.iter().map(|t| t.1).collect();
-            let mut bytes = Vec::new();
-            nearrec::out::encode(&p.values, &widths, out, &mut bytes);
-            Bytes::from(bytes)
+            let mut bytes = spare.take::<u8>();
+            bytes.clear();
+            let bytes = encoded(&values, &p.tables, out, bytes);
+            spare.give(values);
+            Spare::lend(spare, bytes)
         }
     };
+    answer(id, version, p, pooled, out)
+}
+
+/// `values` (the tables' columns side by side) in `out`, appended to `bytes`.
+fn encoded(
+    values: &[f32],
+    tables: &[(String, usize)],
+    out: OutDtype,
+    mut bytes: Vec<u8>,
+) -> Vec<u8> {
+    let widths: Vec<usize> = tables.iter().map(|t| t.1).collect();
+    nearrec::out::encode(values, &widths, out, &mut bytes);
+    bytes
+}
+
+fn answer(id: u64, version: u64, p: Pooled, pooled: Bytes, out: OutDtype) -> pb::LookupResponse {
     pb::LookupResponse {
         id,
         batch: p.batch as u64,
@@ -331,7 +399,7 @@ mod tests {
         );
         assert_eq!(wire[0].ids.len(), 4 * 4, "four ids of four bytes");
         for (sent, got) in batch.tables.iter().zip(&wire) {
-            let back = lookup(got).unwrap();
+            let back = lookup(got, Spare::none()).unwrap();
             assert_eq!(
                 widened(&back.indices),
                 widened(&sent.indices),

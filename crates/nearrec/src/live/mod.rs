@@ -376,12 +376,15 @@ impl Live {
 
     /// The writer, or `ReadOnly` (also once it is closed).
     fn writer(&self) -> Result<&Writer> {
-        self.writer
-            .as_ref()
-            .filter(|w| !w.closed.load(Relaxed))
-            .ok_or_else(|| Error::ReadOnly {
-                path: self.dir.display().to_string(),
-            })
+        self.open_writer().ok_or_else(|| Error::ReadOnly {
+            path: self.dir.display().to_string(),
+        })
+    }
+
+    /// The writer, if the store has one still open: for a read's question whose answer on a
+    /// store without one is "nothing" (no error made and dropped on every lookup).
+    fn open_writer(&self) -> Option<&Writer> {
+        self.writer.as_ref().filter(|w| !w.closed.load(Relaxed))
     }
 
     /// Lets go of the writer now: the compactor stops, calls and a compaction under way

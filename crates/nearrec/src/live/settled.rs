@@ -146,7 +146,7 @@ impl Live {
     /// committed, not yet applied) that hold one of its rows, and those of `expect` held
     /// here. Nothing on a store that takes no writes.
     pub(crate) fn awaited(&self, batch: &Batch<'_>, expect: &[u128]) -> Vec<u128> {
-        let Ok(w) = self.writer() else {
+        let Some(w) = self.open_writer() else {
             return Vec::new();
         };
         (lock(&w.txns).iter())
@@ -179,9 +179,9 @@ impl Live {
 
     /// The transactions that last wrote `batch`'s rows within [`WRITERS_KEPT`], each once.
     pub(crate) fn writers(&self, batch: &Batch<'_>) -> Vec<LastWriter> {
-        match self.writer() {
-            Ok(w) => lock(&w.last_writers).of(batch),
-            Err(_) => Vec::new(),
+        match self.open_writer() {
+            Some(w) => lock(&w.last_writers).of(batch),
+            None => Vec::new(),
         }
     }
 }

@@ -451,7 +451,10 @@ impl StoreApi for Store {
     }
 
     fn table(&self, name: &str) -> Result<TableInfo> {
-        Ok(self.table_info(&self.table_meta(name)?))
+        // read in place: a node asks on every lookup, a copy of the table's meta would cost
+        // its names' allocations each time
+        let engine = self.engine();
+        Ok(self.table_info(&engine.tables()[engine.table_id(name)?]))
     }
 
     fn version(&self) -> Result<u64> {

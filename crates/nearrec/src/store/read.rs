@@ -15,7 +15,23 @@ impl Store {
     /// [`Store::lookup_at`] with the version `snapshot` is and where the time went: what the
     /// contract's lookups answer.
     pub(crate) fn read_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<(Pooled, Read)> {
-        let (pooled, stages) = self.lookup_at(batch, snapshot)?;
+        self.read_reusing(batch, snapshot, Vec::new())
+    }
+
+    /// [`crate::StoreApi::lookup`] into `values`, a vector kept from an earlier answer: its
+    /// memory reused (resized to the output and zeroed), its contents not read. A server
+    /// answering batch after batch so allocates no output (the storage node does).
+    pub fn lookup_reusing(&self, batch: &Batch<'_>, values: Vec<f32>) -> Result<(Pooled, Read)> {
+        self.read_reusing(batch, &self.snapshot(), values)
+    }
+
+    fn read_reusing(
+        &self,
+        batch: &Batch<'_>,
+        snapshot: &Snapshot,
+        values: Vec<f32>,
+    ) -> Result<(Pooled, Read)> {
+        let (pooled, stages) = self.pool_at(batch, snapshot, values)?;
         let version = snapshot.version();
         Ok((pooled, Read { version, stages }))
     }
@@ -68,10 +84,21 @@ impl Store {
     /// [`crate::StoreApi::lookup`] at `snapshot`: every table read at that version (the storage node
     /// answers with it), and where the batch's time went (validating it counted as routing).
     pub fn lookup_at(&self, batch: &Batch<'_>, snapshot: &Snapshot) -> Result<(Pooled, Stages)> {
+        self.pool_at(batch, snapshot, Vec::new())
+    }
+
+    /// [`Store::lookup_at`] into `values` (see [`Store::lookup_reusing`]).
+    fn pool_at(
+        &self,
+        batch: &Batch<'_>,
+        snapshot: &Snapshot,
+        mut values: Vec<f32>,
+    ) -> Result<(Pooled, Stages)> {
         let start = Instant::now();
         let prepared = snapshot.engine().prepare_at(batch, snapshot.view())?;
         let prepare = start.elapsed();
-        let mut values = vec![0f32; prepared.batch() * prepared.width()];
+        values.clear();
+        values.resize(prepared.batch() * prepared.width(), 0.0);
         let mut stages = self.execute_at(batch, &prepared, &mut values, snapshot)?;
         stages.route += prepare;
         Ok((self.pooled(batch, prepared.batch(), values), stages))
