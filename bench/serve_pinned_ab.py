@@ -40,7 +40,8 @@ def run_once(side: str, args: argparse.Namespace) -> dict[str, list[float]]:
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{side}: {out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got: dict[str, list[float]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return got
 
 
 def main() -> None:
