@@ -47,6 +47,10 @@ pub fn decode_in<T: Element>(
 ) -> nearrec::Result<Vec<T>> {
     let len = whole::<T>(bytes, table, field)?;
     let mut out = spare.take::<T>();
+    if out.capacity() < len {
+        // too small: growing it would copy what it held, fresh zeroed memory costs less
+        out = vec![T::zeroed(); len];
+    }
     // a kept vector keeps its length: only what it lacks is zeroed before the copy
     out.resize(len, T::zeroed());
     bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(bytes);
@@ -136,14 +140,6 @@ impl Spare {
         v
     }
 
-    /// A vector of `len` zeros, in kept memory if there is some.
-    pub fn zeros<T: Element>(&self, len: usize) -> Vec<T> {
-        let mut v = self.take::<T>();
-        v.clear();
-        v.resize(len, T::zeroed());
-        v
-    }
-
     /// Keeps `v` for a later [`Spare::take`], or frees it if this spare is full.
     pub fn give<T: Element>(&self, v: Vec<T>) {
         let bytes = v.capacity() * size_of::<T>();
@@ -229,7 +225,7 @@ mod tests {
         assert_eq!(bytes.len(), 32);
         drop(bytes);
         assert_eq!(spare.kept(), 128);
-        assert_eq!(spare.zeros::<i64>(2), vec![0, 0]);
+        assert_eq!(spare.take::<i64>().capacity(), 16);
         // past the bound: freed, not kept
         spare.give(vec![0f32; 300]);
         assert_eq!(spare.kept(), 0);

@@ -97,8 +97,15 @@ impl Store {
         let start = Instant::now();
         let prepared = snapshot.engine().prepare_at(batch, snapshot.view())?;
         let prepare = start.elapsed();
-        values.clear();
-        values.resize(prepared.batch() * prepared.width(), 0.0);
+        let len = prepared.batch() * prepared.width();
+        if values.capacity() < len {
+            // fresh memory comes zeroed (calloc); a kept vector too small to reuse would be
+            // grown by copying what it held, then zeroed again
+            values = vec![0f32; len];
+        } else {
+            values.clear();
+            values.resize(len, 0.0);
+        }
         let mut stages = self.execute_at(batch, &prepared, &mut values, snapshot)?;
         stages.route += prepare;
         Ok((self.pooled(batch, prepared.batch(), values), stages))
