@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nearrec_bench.serve import _tiers, pinned_config
+from nearrec_bench.serve import _tiers, pinned_command, pinned_config
 from nearrec_bench.served import node
 
 ALLOCATOR = ("malloc", "free", "realloc", "calloc", "_int_malloc", "_int_free", "cfree",
@@ -37,12 +36,7 @@ def record(out: Path, seconds: float) -> float:
                   saturation_seconds=seconds + 4)
     tier = next(_tiers(cfg, print))
     with node(tier.path, "s", *tier.flags, cpus={1}) as served:
-        job = {"cfg": {k: v for k, v in cfg.__dict__.items() if isinstance(v, int | float | str)},
-               "path": str(tier.path), "rows": tier.rows, "config": tier.config,
-               "mode": "pooled", "address": served.address, "seed": 7}
-        load = subprocess.Popen([sys.executable, "-c",
-                                 "import sys; from nearrec_bench.serve import pinned_child; "
-                                 "pinned_child(sys.argv[1])", json.dumps(job)],
+        load = subprocess.Popen(pinned_command(cfg, tier, "pooled", served.address, 7),
                                 stdout=subprocess.PIPE, text=True)
         time.sleep(2.0)  # the child's warm-up run, then its counted round
         subprocess.run(["perf", "record", "-q", "--call-graph", "dwarf", "-F", "499",

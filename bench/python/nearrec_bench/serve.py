@@ -350,16 +350,23 @@ def _pinned(cfg: ServeConfig, tier: Tier, log: Callable[[str], None]) -> list[Re
     return records
 
 
+def pinned_command(cfg: ServeConfig, tier: Tier, mode: str, address: str, seed: int
+                   ) -> list[str]:
+    """The command of a load generator on CPU 0 (:func:`pinned_child`) driving ``mode`` at
+    ``address``; it prints each of ``cfg.rounds`` rounds' answered requests/s."""
+    job = {"cfg": {k: v for k, v in cfg.__dict__.items() if isinstance(v, int | float | str)},
+           "path": str(tier.path), "rows": tier.rows, "config": tier.config, "mode": mode,
+           "address": address, "seed": seed}
+    return [sys.executable, "-c",
+            "import sys; from nearrec_bench.serve import pinned_child; "
+            "pinned_child(sys.argv[1])", json.dumps(job)]
+
+
 def _pinned_rounds(cfg: ServeConfig, tier: Tier, mode: str, address: str, seed: int
                    ) -> list[float]:
     """Saturation rounds from a load generator in a child process on CPU 0; in ``embedded``
     mode the child's store is on CPU 1 (its threads made there)."""
-    job = {"cfg": {k: v for k, v in cfg.__dict__.items() if isinstance(v, int | float | str)},
-           "path": str(tier.path), "rows": tier.rows, "config": tier.config, "mode": mode,
-           "address": address, "seed": seed}
-    out = subprocess.run([sys.executable, "-c",
-                          "import sys; from nearrec_bench.serve import pinned_child; "
-                          "pinned_child(sys.argv[1])", json.dumps(job)],
+    out = subprocess.run(pinned_command(cfg, tier, mode, address, seed),
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"the pinned load generator failed: {out.stderr}")
