@@ -99,6 +99,9 @@ pub(crate) struct Replica {
     /// The shard's epoch when it missed a write, if it did: stale until an epoch past it names
     /// it a member again (it caught up).
     missed_at: Mutex<Option<u64>>,
+    /// The last epoch this router learned that named it no member, while it has not been live
+    /// since (0: none): an epoch past it that names it is a catch-up's admission.
+    out_at: AtomicU64,
     /// Its id in the shard's membership (`members/`; 0 until learned).
     pub id: AtomicU64,
 }
@@ -111,6 +114,7 @@ impl Replica {
             held_out_until: Mutex::new(None),
             stale: AtomicBool::new(false),
             missed_at: Mutex::new(None),
+            out_at: AtomicU64::new(0),
             id: AtomicU64::new(0),
         }
     }
@@ -137,10 +141,24 @@ impl Replica {
         self.missed_at.lock().unwrap().is_some_and(|e| e >= epoch)
     }
 
+    /// Named no member at `epoch` (as this router learned the shard's membership).
+    pub fn left_out_at(&self, epoch: u64) {
+        self.out_at.fetch_max(epoch, Ordering::Relaxed);
+    }
+
+    /// Named a member at `epoch` after this router learned it was none, and not live since:
+    /// only a catch-up names a replica again, once it made the replica's count of writes its
+    /// members' under their fence (`members/`).
+    pub fn admitted_at(&self, epoch: u64) -> bool {
+        let out = self.out_at.load(Ordering::Relaxed);
+        out != 0 && out < epoch
+    }
+
     /// Stale (no reads, no writes), or not: as the shard's membership says (`members/`).
     pub fn set_stale(&self, stale: bool) {
         if !stale {
             *self.missed_at.lock().unwrap() = None;
+            self.out_at.store(0, Ordering::Relaxed);
         }
         self.stale.store(stale, Ordering::Relaxed);
     }

@@ -1606,3 +1606,53 @@ fn tables_created_and_dropped_through_one_router_reach_every_shard_and_router() 
         "the part's rows were written"
     );
 }
+
+/// A router that held a replica stale learns that another router caught it up and admitted it
+/// though a write is on its way to it — committed on the member, not yet on it, so its count
+/// is a write behind — and holds it live: the epoch that names it again is a catch-up's, which
+/// made the counts one under a fence. (Found by CI: two routers writing without pause each
+/// held the replica the other had just admitted a write behind, left it out and caught it up
+/// again, back and forth, for as long as the writes went on.)
+#[test]
+fn a_router_learns_another_s_catch_up_though_a_write_is_on_its_way() {
+    let (_d, path) = suite::fixture();
+    let (a, mut cluster) = sharded(&path, true, options(1, 2, Scheme::Row, 0));
+    let b = ShardedStore::open(cluster._dir.path(), &endpoints(&a), manual()).unwrap();
+    let stale = |s: &ShardedStore| s.stats().unwrap().get("cluster_stale_replicas");
+    let values = vec![4.0f32; suite::DIM as usize];
+    let row = |id: &'static [i64]| RowWrite {
+        table: "t0",
+        ids: id,
+        values: Some(RowValues::F32(&values)),
+    };
+    // the second replica down: the next write leaves it out; back behind, stale in both routers
+    let served = cluster._dir.path().join("copy-0-1");
+    let mut down = cluster.nodes[0].remove(1);
+    down.begin_drain();
+    drop(down);
+    a.write_many(&[row(&[5])], WriteOptions::default()).unwrap();
+    let shard0 = back_behind(&mut cluster, &served, &a);
+    for r in [&a, &b] {
+        r.set_replicas(0, &shard0).unwrap();
+        assert_eq!(stale(r), Some(1.0));
+    }
+    let caught = a.catch_up(Duration::from_secs(10));
+    assert!(matches!(caught.as_slice(), [(0, _, Ok(_))]), "{caught:?}");
+    // a write on its way: prepared on both at the epoch, committed on the member alone
+    let clients = direct(&cluster);
+    let (member, back) = (&clients[0][0], &clients[0][1]);
+    let epoch = member.membership().unwrap().epoch;
+    let at = Some(epoch);
+    for c in [member, back] {
+        (c.prepare_write(7, &[row(&[9])], WriteOptions::default(), "", at, None)).unwrap();
+    }
+    member.decide(7, nearrec::Decision::Commit, false).unwrap();
+    assert!(back.version().unwrap() < member.version().unwrap());
+    // the other router learns the admission: nothing to catch up, nothing left out
+    let again = b.catch_up(Duration::from_secs(10));
+    assert!(again.is_empty(), "{again:?}");
+    assert_eq!(stale(&b), Some(0.0));
+    assert_eq!(member.membership().unwrap().epoch, epoch);
+    back.decide(7, nearrec::Decision::Commit, false).unwrap();
+    assert_eq!(back.version().unwrap(), member.version().unwrap());
+}

@@ -4,9 +4,12 @@
 //! Every replica keeps an epoch and the shard's members at it. A router takes the members to be
 //! those named at the highest epoch a replica holds (where replicas at that epoch name different
 //! sets — two changes that raced — only those all of them name), and of those, the ones whose
-//! count of writes is the newest: the others missed a write. Only members serve reads and take
-//! writes, and every prepare carries the epoch, which a replica at another refuses: a router
-//! that missed a change learns it at its next write, before the write lands anywhere.
+//! count of writes is the newest: the others missed a write. Not so one the router learned was
+//! left out and a later epoch names: only a catch-up names a replica again, having made the
+//! counts one under a fence, so a count behind it now is a write on its way. Only members serve
+//! reads and take writes, and every prepare carries the epoch, which a replica at another
+//! refuses: a router that missed a change learns it at its next write, before the write lands
+//! anywhere.
 //!
 //! - **A replica that missed a write** the others took is left out: the router that saw it
 //!   install the next epoch, without it, on the members ([`exclude`]).
@@ -106,7 +109,8 @@ fn of_answers(replicas: &[Arc<Replica>], answers: &[Answer]) -> (u64, Vec<u64>) 
 /// stale as the module says, brings members behind the shard's epoch to it, and keeps the epoch
 /// and members for the router's writes. With `by_count`, a member whose count of writes is
 /// behind the others' is stale too (when no write can be under way between them: a replica
-/// given anew, a store connecting). A replica this router saw miss a write stays stale until an
+/// given anew, a store connecting); not one it learned was left out and that a later epoch
+/// names (a catch-up admitted it). A replica this router saw miss a write stays stale until an
 /// epoch past that one names it again.
 pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
     let replicas = shard.all_replicas();
@@ -152,16 +156,23 @@ pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
             Some((m, count)) => {
                 r.id.store(m.replica, Relaxed);
                 // behind the others: missed a write (`by_count`), or is taking one now — as
-                // it was, then
-                let behind = *count < newest && (by_count || r.is_stale());
+                // it was, then; unless a catch-up admitted it since it was left out, which
+                // made its count the members' (a write of another router's that its members
+                // committed first is on its way to it)
+                let admitted = named(m.replica) && r.admitted_at(epoch);
+                let behind = *count < newest && (by_count || (r.is_stale() && !admitted));
                 let live = named(m.replica) && !behind && !r.missed_since(epoch);
                 r.set_stale(!live);
+                if !named(m.replica) {
+                    r.left_out_at(epoch);
+                }
             }
             // not answering: held out of reads as any replica that misses; a member left as it
             // is (a write it misses leaves it out), anything else stale
             None => {
                 if !named(r.id.load(Relaxed)) {
                     r.set_stale(true);
+                    r.left_out_at(epoch);
                 }
             }
         }
