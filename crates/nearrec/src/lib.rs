@@ -42,8 +42,8 @@
 //!   store), and its capabilities, each a trait handed out as an `Option` (`caps.rs`: `Writes`,
 //!   `Schema`, `Versions`, `Replica`, `Inference`); verbs made of other verbs written once for
 //!   all (`sync.rs`: row digests, `sync_table`); `Info`, `NewTable`, `Submitted`; [`prelude`];
-//! - `config.rs`: `StoreConfig` — serde, TOML and JSON, unknown keys refused, the defaults the
-//!   engine's, `validate()`;
+//! - `config/`: `StoreConfig` — serde, TOML and JSON, unknown keys refused, the defaults the
+//!   engine's, `validate()`; where a plan and a drive come from (`sources.rs`);
 //! - `store/`: `Store`, opened as its config says (engine, simulated drive, plan file or
 //!   placement), the contract's core (`mod.rs`); its versions swapped and pinned (`serve.rs`),
 //!   its writes and tables (`writes.rs`), a replica's verbs (`replica.rs`), the model kept with
