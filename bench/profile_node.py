@@ -23,10 +23,10 @@ from typing import Any
 from nearrec_bench.serve import _tiers, pinned_command, pinned_config
 from nearrec_bench.served import node
 
-ALLOCATOR = ("malloc", "free", "realloc", "calloc", "_int_malloc", "_int_free", "cfree",
-             "malloc_consolidate", "_int_realloc", "unlink_chunk", "__GI___libc_free",
-             "__GI___libc_malloc", "__libc_malloc", "_mid_memalign", "__libc_calloc",
-             "__GI___libc_realloc", "tcache_get", "tcache_put")
+# glibc's entry points; its internals (`_int_*`, `tcache_*`) are matched by prefix below
+ALLOCATOR = ("malloc", "free", "realloc", "calloc", "cfree", "malloc_consolidate",
+             "unlink_chunk", "__GI___libc_free", "__GI___libc_malloc", "__libc_malloc",
+             "_mid_memalign", "__libc_calloc", "__GI___libc_realloc")
 OWNERS = ("nearrec", "tonic", "h2::", "hyper", "tower", "axum", "http::", "http_body",
           "bytes::", "prost", "tokio")
 

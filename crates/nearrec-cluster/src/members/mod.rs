@@ -159,11 +159,11 @@ pub(crate) fn learn(shard: &Shard, pin: u64, by_count: bool) -> Learned {
                 // it was, then; unless a catch-up admitted it since it was left out, which
                 // made its count the members' (a write of another router's that its members
                 // committed first is on its way to it)
-                let admitted = named(m.replica) && r.admitted_at(epoch);
+                let member = named(m.replica);
+                let admitted = member && r.admitted_at(epoch);
                 let behind = *count < newest && (by_count || (r.is_stale() && !admitted));
-                let live = named(m.replica) && !behind && !r.missed_since(epoch);
-                r.set_stale(!live);
-                if !named(m.replica) {
+                r.set_stale(!(member && !behind && !r.missed_since(epoch)));
+                if !member {
                     r.left_out_at(epoch);
                 }
             }
