@@ -126,19 +126,15 @@ pub fn target(repo: &Repository, served: u64, to: &SwapTo) -> Result<(u64, PathB
 }
 
 /// Removes the versions of `repo` beyond its `keep_last` newest, apart from the current one
-/// and those in `held` (still being let go). Under the repository's lock, taken only if free:
-/// whoever holds it is swapping, and prunes after. A version that cannot be removed is left
-/// for the next swap.
-pub(crate) fn prune(repo: &Repository, keep_last: usize, held: &[u64]) -> Result<Vec<u64>> {
+/// and those in `held` (still being let go), under the repository's lock; false, removing
+/// nothing, when someone holds the lock. A version that cannot be removed is left for the next
+/// prune.
+pub(crate) fn prune(repo: &Repository, keep_last: usize, held: &[u64]) -> Result<bool> {
     let Some(_lock) = repo.try_lock()? else {
-        return Ok(Vec::new());
+        return Ok(false);
     };
-    let beyond = repo.beyond(keep_last, held)?;
-    let mut removed = Vec::new();
-    for v in beyond {
-        if repo.remove(v).is_ok() {
-            removed.push(v);
-        }
+    for v in repo.beyond(keep_last, held)? {
+        let _ = repo.remove(v);
     }
-    Ok(removed)
+    Ok(true)
 }

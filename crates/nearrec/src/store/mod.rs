@@ -45,9 +45,9 @@ pub(crate) struct Inner {
     config: StoreConfig,
     /// The store directory being served; replaced whole by [`Store::swap`].
     served: ArcSwap<Served>,
-    /// Versions swapped out and being let go on threads of their own, by path: a swap back to
-    /// one waits for it to have let go of its writer lock.
-    reaping: Mutex<Vec<(PathBuf, std::thread::JoinHandle<()>)>>,
+    /// Versions swapped out and being let go on threads of their own: a swap back to one
+    /// waits for it to have let go of its writer lock.
+    reaping: Mutex<Vec<serve::Reaping>>,
     /// The repository of versions the store is served from, when it was opened from one
     /// ([`crate::versions`]).
     repo: Option<Repository>,
@@ -98,22 +98,6 @@ impl Held {
     fn take_all(&mut self) -> impl Iterator<Item = Arc<Served>> + use<> {
         let (staged, previous) = (self.staged.take(), self.previous.take());
         staged.into_iter().chain(previous).map(|(_, s)| s)
-    }
-}
-
-impl Inner {
-    /// Removes the repository's versions beyond `keep_last`, if the config says, once `gone`
-    /// (a version swapped out) has been let go: never one still being let go by another swap.
-    fn prune(&self, gone: &Path) {
-        let (Some(repo), Some(keep)) = (&self.repo, self.config.keep_last) else {
-            return;
-        };
-        let held: Vec<u64> = lock(&self.reaping)
-            .iter()
-            .filter(|(p, t)| p != gone && !t.is_finished())
-            .filter_map(|(p, _)| repo.version_of(p))
-            .collect();
-        let _ = crate::versions::prune(repo, keep as usize, &held);
     }
 }
 
@@ -563,14 +547,6 @@ impl Store {
                 .then(|| self.keys_held(&t.name).unwrap_or(t.entries())),
             ..TableInfo::from(t)
         }
-    }
-}
-
-/// Waits (up to a minute) until `this` is the last reference, then drops it here.
-fn last_holder<T>(this: Arc<T>) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while Arc::strong_count(&this) > 1 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 

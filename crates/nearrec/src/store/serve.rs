@@ -2,12 +2,13 @@
 //! while it serves ([`Versions`]), lookups pinned to a version, what a swap opens, checks and
 //! lets go of. A version staged beside the served one is a replica's verb (`replica.rs`).
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use nearrec_format::StoreReader;
 
-use super::{Next, Served, Store, last_holder, lock, open_engine, pacer};
+use super::{Inner, Next, Served, Store, lock, open_engine, pacer};
 use crate::api::Rows;
 use crate::api::{Versioned, Versions};
 use crate::batch::{Batch, Pooled, Read};
@@ -185,24 +186,33 @@ impl Store {
     /// Lets go of `old`, a version no longer served: on a thread of its own, once the calls on
     /// it end, not on the thread of the lookup that happens to let it go last (its tables'
     /// memory, its device, its log take milliseconds to let go); then the versions beyond
-    /// `keep_last` go.
+    /// `keep_last` go, once the repository's lock is free.
     pub(super) fn retire(&self, old: Arc<Served>) {
-        let old_path = old.path.clone();
-        let old_engine = old.live.snapshot().engine().clone();
+        let path = old.path.clone();
+        let engine = old.live.snapshot().engine().clone();
         let inner = Arc::downgrade(&self.inner);
+        let (let_go, done) = mpsc::channel::<()>();
         let reaper = move || {
             let gone = old.path.clone();
             last_holder(old);
-            last_holder(old_engine);
-            if let Some(inner) = inner.upgrade() {
-                inner.prune(&gone);
+            last_holder(engine);
+            drop(let_go);
+            // the swap that retired it holds the lock until it returns, a swap in another
+            // process may hold it a while: tried again until taken, the store held only while
+            // trying (one let go of stops it)
+            while let Some(inner) = inner.upgrade() {
+                if inner.prune(&gone) {
+                    return;
+                }
+                drop(inner);
+                std::thread::sleep(PRUNE_RETRY);
             }
         };
         match std::thread::Builder::new()
             .name("nearrec-reaper".into())
             .spawn(reaper)
         {
-            Ok(thread) => lock(&self.inner.reaping).push((old_path, thread)),
+            Ok(_) => lock(&self.inner.reaping).push(Reaping { path, done }),
             Err(e) => drop(e), // no thread: the old version goes wherever its last call ends
         }
     }
@@ -232,15 +242,58 @@ impl Store {
     fn reaped(&self, path: &Path) {
         let waiting = {
             let mut reaping = lock(&self.inner.reaping);
-            reaping.retain(|(_, t)| !t.is_finished());
+            reaping.retain(|r| !r.let_go());
             let (mine, rest) = std::mem::take(&mut *reaping)
                 .into_iter()
-                .partition::<Vec<_>, _>(|(p, _)| p == path);
+                .partition::<Vec<_>, _>(|r| r.path == path);
             *reaping = rest;
             mine
         };
-        for (_, thread) in waiting {
-            let _ = thread.join();
+        for r in waiting {
+            let _ = r.done.recv();
         }
+    }
+}
+
+/// How often a reaper tries the repository's lock again to prune.
+const PRUNE_RETRY: Duration = Duration::from_millis(20);
+
+/// A version swapped out, being let go on a reaper thread of its own.
+#[derive(Debug)]
+pub(super) struct Reaping {
+    path: PathBuf,
+    /// Disconnected once the version is let go (the reaper may prune after).
+    done: mpsc::Receiver<()>,
+}
+
+impl Reaping {
+    fn let_go(&self) -> bool {
+        matches!(self.done.try_recv(), Err(mpsc::TryRecvError::Disconnected))
+    }
+}
+
+impl Inner {
+    /// Removes the repository's versions beyond `keep_last`, if the config says, now that
+    /// `gone` (a version swapped out) has been let go: never one another swap still lets go.
+    /// False when the repository's lock is held (by a swap, here or in another process).
+    fn prune(&self, gone: &Path) -> bool {
+        let (Some(repo), Some(keep)) = (&self.repo, self.config.keep_last) else {
+            return true;
+        };
+        let held: Vec<u64> = lock(&self.reaping)
+            .iter()
+            .filter(|r| r.path != gone && !r.let_go())
+            .filter_map(|r| repo.version_of(&r.path))
+            .collect();
+        // an error leaves what it could not remove for the next swap's reaper
+        crate::versions::prune(repo, keep as usize, &held).unwrap_or(true)
+    }
+}
+
+/// Waits (up to a minute) until `this` is the last reference, then drops it here.
+fn last_holder<T>(this: Arc<T>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Arc::strong_count(&this) > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
