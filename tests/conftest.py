@@ -70,6 +70,14 @@ class Lookups:
         return self.collection(self.batches[i]).values()
 
 
+def sigint_default() -> None:
+    """A child's SIGINT set back to its default (``Popen``'s ``preexec_fn``), for a test that
+    interrupts it: a suite run in the background (``pytest &`` from a script) inherits SIGINT
+    ignored and hands that on, and a program started so keeps it ignored (a background job is
+    not the terminal's Ctrl-C's to stop)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Node:
     """`nearrec serve` in a child process; stops it (SIGTERM) on close."""
 

@@ -68,17 +68,12 @@ def test_a_missing_extra_is_named_with_its_install(store, tmp_path):
                               "installed: pip install 'nearrec[torch]'")
 
 
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_ends_in_one_line_and_status_130(store):
-    # SIGINT set back to its default in the child: a suite run in the background (`pytest &`
-    # from a script) inherits SIGINT ignored and hands that on, and a program started so keeps
-    # it ignored (a background job is not the terminal's Ctrl-C's to stop)
+    from conftest import sigint_default
+
     proc = subprocess.Popen([sys.executable, "-m", "nearrec.cli", "lookup", str(store),
                              "--repeat", "100000000"], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_sigint_default)
+                            preexec_fn=sigint_default)
     try:
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
