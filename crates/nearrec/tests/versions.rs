@@ -207,17 +207,7 @@ fn a_writable_repository_writes_to_the_version_it_serves() {
 #[test]
 fn keep_last_prunes_old_versions_once_no_call_reads_them() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = repository(dir.path(), 5);
-    repo.set_pointer(&Pointer {
-        current: 1,
-        history: vec![],
-    })
-    .unwrap();
-    let config = StoreConfig {
-        keep_last: Some(2),
-        ..StoreConfig::default()
-    };
-    let s = Store::open(repo.path(), &config).unwrap();
+    let (repo, s) = keeping_two(dir.path(), 5);
     // lookups run on version 1 throughout the swap; none fails
     let stop = Arc::new(AtomicBool::new(false));
     let reader = {
@@ -238,11 +228,7 @@ fn keep_last_prunes_old_versions_once_no_call_reads_them() {
     stop.store(true, Ordering::Relaxed);
     assert!(reader.join().unwrap() > 0);
     // versions beyond the two newest go, the served one stays, once the reaper has the lock
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while repo.versions().unwrap() != vec![4, 5] && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(repo.versions().unwrap(), vec![4, 5]);
+    assert_eq!(pruned_to(&repo, &[4, 5]), vec![4, 5]);
     assert_eq!(probe(&s), 20.0);
     // the rollback target went with them: nothing to roll back to
     let e = s.swap(&SwapTo::Previous, false, false).unwrap_err();
@@ -261,17 +247,7 @@ fn keep_last_prunes_once_the_repository_s_lock_is_free_again() {
     // the old version is let go while another holds the repository's lock (CI, stop 84: the
     // swap's own lock, not yet released when its last holder let go): the prune waits for it
     let dir = tempfile::tempdir().unwrap();
-    let repo = repository(dir.path(), 4);
-    repo.set_pointer(&Pointer {
-        current: 1,
-        history: vec![],
-    })
-    .unwrap();
-    let config = StoreConfig {
-        keep_last: Some(2),
-        ..StoreConfig::default()
-    };
-    let s = Store::open(repo.path(), &config).unwrap();
+    let (repo, s) = keeping_two(dir.path(), 4);
     let old = s.engine();
     s.swap(&SwapTo::Version(4), false, false).unwrap();
     let held = repo.lock().unwrap();
@@ -283,12 +259,35 @@ fn keep_last_prunes_once_the_repository_s_lock_is_free_again() {
         "pruned under another's lock"
     );
     drop(held);
+    assert_eq!(pruned_to(&repo, &[3, 4]), vec![3, 4]);
+    assert_eq!(probe(&s), 20.0);
+}
+
+/// A repository in `dir` of versions 1..=n (as [`repository`]), served from version 1 with
+/// `keep_last` 2.
+fn keeping_two(dir: &Path, n: u64) -> (Repository, Store) {
+    let repo = repository(dir, n);
+    repo.set_pointer(&Pointer {
+        current: 1,
+        history: vec![],
+    })
+    .unwrap();
+    let config = StoreConfig {
+        keep_last: Some(2),
+        ..StoreConfig::default()
+    };
+    let s = Store::open(repo.path(), &config).unwrap();
+    (repo, s)
+}
+
+/// `repo`'s versions once they are `want`, or as they are after 30 s (the reaper prunes on a
+/// thread of its own).
+fn pruned_to(repo: &Repository, want: &[u64]) -> Vec<u64> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while repo.versions().unwrap() != vec![3, 4] && std::time::Instant::now() < deadline {
+    while repo.versions().unwrap() != want && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    assert_eq!(repo.versions().unwrap(), vec![3, 4]);
-    assert_eq!(probe(&s), 20.0);
+    repo.versions().unwrap()
 }
 
 /// Row 5's first value as version `version` answers it.
