@@ -8,12 +8,14 @@ use std::path::{Path, PathBuf};
 use nearrec_device::DeviceConfig;
 use nearrec_plan::Placement;
 use serde::de::{Deserializer, MapAccess, Visitor, value::MapAccessDeserializer};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// Where a store's DRAM placement comes from.
-#[derive(Debug, Clone, PartialEq)]
+/// Where a store's DRAM placement comes from. Written as what it holds (a path, a table); read
+/// as either, its refusal saying what either may be.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
 pub enum PlanSource {
     /// A plan file (`nearrec plan`, `nearrec_plan::Plan::save`).
     File(PathBuf),
@@ -21,8 +23,9 @@ pub enum PlanSource {
     Placement(Placement),
 }
 
-/// Which simulated drive serves the SSD tier.
-#[derive(Debug, Clone, PartialEq)]
+/// Which simulated drive serves the SSD tier. Written and read as [`PlanSource`] is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
 pub enum DeviceSource {
     /// A shipped parameter set (`rm-ssd`, `cosmos-plus`, `this-disk`), or a JSON file of one.
     Preset(String),
@@ -62,15 +65,6 @@ impl DeviceSource {
     }
 }
 
-impl Serialize for PlanSource {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        match self {
-            PlanSource::File(path) => path.serialize(s),
-            PlanSource::Placement(p) => p.serialize(s),
-        }
-    }
-}
-
 impl<'de> Deserialize<'de> for PlanSource {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         d.deserialize_any(TextOrTable {
@@ -79,15 +73,6 @@ impl<'de> Deserialize<'de> for PlanSource {
             text: |v| PlanSource::File(PathBuf::from(v)),
             table: PlanSource::Placement,
         })
-    }
-}
-
-impl Serialize for DeviceSource {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        match self {
-            DeviceSource::Preset(name) => name.serialize(s),
-            DeviceSource::Config(cfg) => cfg.serialize(s),
-        }
     }
 }
 
